@@ -1,0 +1,93 @@
+"""Closed-form formulas of REFERENCE.md, kept apart from the simulation so tests can compare.
+
+Nothing here is used to *produce* a simulated number; these only cross-check them.
+"""
+
+from simsp.config import Model, Parallel, Scenario
+
+
+def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                           recompute: str = "none", ffn: int | None = None,
+                           hidden_dropout: bool = True, attention_dropout: bool = True) -> int:
+    """Activation bytes one layer keeps per rank (K22 Table 2; §1 term table).
+
+    K22 assumes dropout on and ffn = 4h; the masks' terms (sbh each, as²b/t) and the 16sbh/t of
+    the MLP's 4h tensors are adjusted here when those assumptions do not hold. Full recompute
+    keeps the layer input only: 2sbh, or 2sbh/t when SP keeps it sharded.
+    """
+    f = ffn or 4 * h
+    seq_div = t if sp else 1
+    if recompute == "full":
+        return 2 * s * b * h // seq_div
+    masks = 2 * s * b * h if hidden_dropout else 0
+    replicated = (8 * s * b * h + masks) // seq_div  # LN inputs, QKV/fc1 inputs, dropout masks
+    sharded = (8 * s * b * h + 4 * s * b * f) // t  # q, k, v, proj input, GeLU input and output
+    core = 0
+    if recompute != "selective":
+        per_head = (4 + (1 if attention_dropout else 0)) if attention_dropout else 2
+        core = per_head * a * s * s * b // t  # softmax out, mask, dropout out (K22 5as²b)
+    return replicated + sharded + core
+
+
+def table2_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, recompute: str) -> float:
+    """K22 Table 2 verbatim (dropout on, ffn 4h), as a float, for the paper's own cases."""
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh
+    if recompute == "selective":
+        return 34 * sbh / t if sp else sbh * (10 + 24 / t)
+    if sp:
+        return sbh / t * (34 + 5 * a * s / h)
+    return sbh * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+def layer_gemm_flops(s: int, b: int, h: int, ffn: int | None = None) -> int:
+    """Forward GEMM FLOPs of one layer (K22 App. A): 24bsh² + 4bs²h with ffn = 4h."""
+    f = ffn or 4 * h
+    return 2 * s * b * h * 3 * h + 2 * b * s * s * h * 2 + 2 * s * b * h * h + 4 * s * b * h * f
+
+
+def model_flops(m: Model, p: Parallel) -> float:
+    """Model FLOPs per iteration: 72BLsh²(1 + s/(6h) + v/(12hL)), B = global batch (K22 §6.3)."""
+    B, L, s, h, v = p.global_batch, m.num_layers, m.seq_length, m.hidden_size, m.vocab_size
+    return 72 * B * L * s * h * h * (1 + s / (6 * h) + v / (12 * h * L))
+
+
+def hardware_flops(m: Model, p: Parallel) -> float:
+    """Hardware FLOPs: selective adds the attention core again; full uses N21's 96BLsh² form."""
+    B, L, s, h, v = p.global_batch, m.num_layers, m.seq_length, m.hidden_size, m.vocab_size
+    if p.recompute_granularity == "full":
+        return 96 * B * L * s * h * h * (1 + s / (6 * h) + v / (16 * h * L))
+    if p.recompute_granularity == "selective":
+        return 72 * B * L * s * h * h * (1 + s / (3 * h) + v / (12 * h * L))
+    return model_flops(m, p)
+
+
+def parameter_count(m: Model) -> int:
+    """Exact parameters of our GPT: layers (12h² + 13h with ffn 4h), embeddings, final LN."""
+    h, f = m.hidden_size, m.ffn
+    per_layer = 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h
+    return m.num_layers * per_layer + (m.vocab_size + m.seq_length) * h + 2 * h
+
+
+def n21_parameter_count(m: Model) -> float:
+    """N21 Eq. 2: P = 12Lh²(1 + 13/(12h) + (v+s)/(12Lh))."""
+    L, h = m.num_layers, m.hidden_size
+    return 12 * L * h * h * (1 + 13 / (12 * h) + (m.vocab_size + m.seq_length) / (12 * L * h))
+
+
+def first_stage_activation_bytes(sc: Scenario) -> float:
+    """Stage 0's activations under 1F1B / interleaving (K22 Eq. 5/6, §4.2.3) + embedding mask."""
+    m, p = sc.model, sc.parallel
+    t, sp = p.tp, p.sequence_parallel
+    s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
+    per_layer = layer_activation_bytes(s, b, h, a, t, sp, p.recompute_granularity, m.ffn,
+                                       m.hidden_dropout > 0, m.attention_dropout > 0)
+    in_flight = min(p.pp, p.num_micro_batches)
+    total = per_layer * m.num_layers / p.pp * in_flight
+    if p.schedule_name == "interleaved":
+        chunks = m.num_layers // p.pp // p.num_layers_per_virtual_pipeline_stage
+        total *= 1 + (p.pp - 1) / (p.pp * chunks)
+    if m.hidden_dropout > 0:
+        total += s * b * h * in_flight / (t if sp else 1)  # embedding dropout mask, K22 §4.3
+    return total

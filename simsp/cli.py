@@ -1,0 +1,34 @@
+"""The `simsp` command: subcommands live in simsp/commands/, each with add_parser and run."""
+
+import importlib
+import sys
+
+from simsp.errors import UserError
+from simsp.flags import Parser
+
+COMMANDS = ("run", "layer", "verify", "ring")
+
+
+def build_parser() -> Parser:
+    """The top-level parser with one subparser per command module."""
+    parser = Parser(prog="simsp", description="Simulate GPT training on emulated A100 clusters.")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name in COMMANDS:
+        module = importlib.import_module(f"simsp.commands.{name}")
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse, dispatch, and turn a UserError into one `error:` line with exit 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UserError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

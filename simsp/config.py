@@ -1,0 +1,303 @@
+"""Frozen, validated configuration: model, parallel layout, cluster and run sections of a scenario.
+
+Every field has the name of its Megatron-LM flag (dashes become underscores), in TOML, in the
+dataclasses and on the command line alike. Cross-field checks live in `validate`.
+"""
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+import tomllib
+
+from simsp.errors import UserError
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
+MODE_CHOICES = ("numeric", "meta")
+DTYPE_CHOICES = ("float64", "float32")
+GPU_CHOICES = ("A100-SXM4-80GB",)
+
+
+@dataclass(frozen=True)
+class Model:
+    """GPT shape (K22 notation: L layers, h hidden, a heads, s sequence, v vocabulary)."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    seq_length: int = 32
+    vocab_size: int = 128
+    ffn_hidden_size: int | None = None  # None means 4h
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+
+    @property
+    def ffn(self) -> int:
+        """FFN width: ffn_hidden_size, or 4h when unset."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Megatron-LM parallel layout: t, p, d, SP, recompute, batches and the pipeline schedule."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    data_parallel_size: int = 1
+    sequence_parallel: bool = False
+    recompute_granularity: str = "none"
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None  # None: one micro-batch per DP replica
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    schedule: str | None = None  # None: interleaved if virtual stages are set, else 1f1b
+    distributed_optimizer: bool = False
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_model_parallel_size
+
+    @property
+    def dp(self) -> int:
+        return self.data_parallel_size
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        """B: samples per iteration (global_batch_size, or one micro-batch per replica)."""
+        return self.global_batch_size or self.micro_batch_size * self.dp
+
+    @property
+    def num_micro_batches(self) -> int:
+        """m: micro-batches per pipeline per iteration = B / (b * d)."""
+        return self.global_batch // (self.micro_batch_size * self.dp)
+
+    @property
+    def schedule_name(self) -> str:
+        if self.schedule:
+            return self.schedule
+        return "interleaved" if self.num_layers_per_virtual_pipeline_stage else "1f1b"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """DGX A100 nodes: NVLink/NVSwitch inside a node, one HDR InfiniBand NIC per GPU between nodes."""
+
+    gpu: str = "A100-SXM4-80GB"
+    gpus_per_node: int = 8
+    nodes: int = 1
+    nvlink_bandwidth_GBps: float = 300.0  # per GPU per direction (REFERENCE.md §6)
+    ib_bandwidth_GBps: float = 25.0  # per NIC per direction: 200 Gb/s HDR
+    nvlink_latency_us: float = 2.0  # per hop through the NVSwitch
+    ib_latency_us: float = 5.0  # per InfiniBand hop (NIC to leaf, leaf to spine, ...)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class Run:
+    """How to execute: numeric (numpy arrays) or meta (shapes only), seed, numeric dtype."""
+
+    mode: str = "numeric"
+    seed: int = 1234
+    numeric_dtype: str = "float64"
+    name: str = "default"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole, validated scenario."""
+
+    model: Model = field(default_factory=Model)
+    parallel: Parallel = field(default_factory=Parallel)
+    cluster: Cluster = field(default_factory=Cluster)
+    run: Run = field(default_factory=Run)
+
+
+SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
+
+
+def _field_types(cls) -> dict[str, type]:
+    """Map each dataclass field to the python type its value must have."""
+    kinds = {}
+    for f in fields(cls):
+        text = str(f.type)
+        kinds[f.name] = (
+            bool if "bool" in text else int if "int" in text else float if "float" in text else str
+        )
+    return kinds
+
+
+def _coerce(section: str, key: str, value, kind: type):
+    """Check one value's type: bool is not an int, an int is a fine float."""
+    name = f"{section}.{key}"
+    if value is None:
+        return None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise UserError(name, f"must be true or false, got {value!r}")
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(name, f"must be an integer, got {value!r}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(name, f"must be a number, got {value!r}")
+        value = float(value)
+    elif not isinstance(value, str):
+        raise UserError(name, f"must be a string, got {value!r}")
+    return value
+
+
+def _build_section(section: str, values: dict):
+    """Build one section's dataclass from a dict, rejecting unknown keys."""
+    cls = SECTIONS[section]
+    kinds = _field_types(cls)
+    for key in values:
+        if key not in kinds:
+            known = ", ".join(sorted(kinds))
+            raise UserError(f"{section}.{key}", f"unknown key (known: {known})")
+    return cls(**{k: _coerce(section, k, v, kinds[k]) for k, v in values.items()})
+
+
+def read_toml(path: str | Path) -> dict:
+    """Read a scenario file into nested dicts, turning I/O and syntax problems into UserErrors."""
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise UserError("scenario", f"file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError("scenario", f"{path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise UserError("scenario", f"cannot read {path}: {exc.strerror}") from None
+    for section, body in data.items():
+        if section not in SECTIONS:
+            raise UserError(section, f"unknown section (known: {', '.join(SECTIONS)})")
+        if not isinstance(body, dict):
+            raise UserError(section, "must be a table ([section])")
+    return data
+
+
+def load_scenario(path: str | Path | None = None, overrides: dict | None = None) -> Scenario:
+    """Scenario from an optional TOML file, then `overrides` {(section, key): value}, validated."""
+    data = read_toml(path) if path else {}
+    for (section, key), value in (overrides or {}).items():
+        data.setdefault(section, {})[key] = value
+    if path and "name" not in data.get("run", {}):
+        data.setdefault("run", {})["name"] = Path(path).stem
+    scenario = Scenario(**{s: _build_section(s, data.get(s, {})) for s in SECTIONS})
+    validate(scenario)
+    return scenario
+
+
+def _positive(section: str, obj, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value <= 0:
+            raise UserError(f"{section}.{name}", f"must be positive, got {value}")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check(condition: bool, name: str, reason: str) -> None:
+    if not condition:
+        raise UserError(name, reason)
+
+
+def validate_model(m: Model) -> None:
+    """Shape checks of the model alone."""
+    _positive("model", m, ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                           "vocab_size", "ffn_hidden_size"))
+    _check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size",
+           f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
+    for name in ("hidden_dropout", "attention_dropout"):
+        p = getattr(m, name)
+        _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
+
+
+def validate_parallel(m: Model, p: Parallel) -> None:
+    """Cross-field checks between the model and the parallel layout."""
+    _positive("parallel", p, ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                              "data_parallel_size", "micro_batch_size", "global_batch_size",
+                              "num_layers_per_virtual_pipeline_stage"))
+    _choice("parallel.recompute_granularity", p.recompute_granularity, RECOMPUTE_CHOICES)
+    if p.schedule is not None:
+        _choice("parallel.schedule", p.schedule, SCHEDULE_CHOICES)
+    t = p.tp
+    _check(m.num_attention_heads % t == 0, "parallel.tensor_model_parallel_size",
+           f"num_attention_heads={m.num_attention_heads} is not divisible by {t}")
+    _check(m.ffn % t == 0, "parallel.tensor_model_parallel_size",
+           f"ffn_hidden_size={m.ffn} is not divisible by {t}")
+    _check(m.vocab_size % t == 0, "parallel.tensor_model_parallel_size",
+           f"vocab_size={m.vocab_size} is not divisible by {t} (the vocabulary is split over TP)")
+    if p.sequence_parallel:
+        _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
+        _check(m.seq_length % t == 0, "parallel.sequence_parallel",
+               f"seq_length={m.seq_length} is not divisible by tensor_model_parallel_size={t}")
+    _check(m.num_layers % p.pp == 0, "parallel.pipeline_model_parallel_size",
+           f"num_layers={m.num_layers} is not divisible by {p.pp} stages")
+    _check(p.global_batch % (p.micro_batch_size * p.dp) == 0, "parallel.global_batch_size",
+           f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
+           f"{p.micro_batch_size * p.dp}")
+    _validate_schedule(m, p)
+
+
+def _validate_schedule(m: Model, p: Parallel) -> None:
+    """Interleaving needs virtual stages that tile the layers and m a multiple of p."""
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    if p.schedule_name != "interleaved":
+        _check(virtual is None, "parallel.num_layers_per_virtual_pipeline_stage",
+               f"only applies to the interleaved schedule, not {p.schedule_name}")
+        return
+    _check(virtual is not None, "parallel.schedule",
+           "interleaved needs num_layers_per_virtual_pipeline_stage")
+    _check(p.pp > 1, "parallel.schedule", "interleaved needs pipeline_model_parallel_size > 1")
+    per_stage = m.num_layers // p.pp
+    _check(per_stage % virtual == 0, "parallel.num_layers_per_virtual_pipeline_stage",
+           f"{virtual} does not divide the {per_stage} layers of each pipeline stage")
+    _check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",
+           f"interleaving needs the {p.num_micro_batches} micro-batches to be a multiple of "
+           f"pipeline_model_parallel_size={p.pp}")
+
+
+def validate_cluster(c: Cluster, p: Parallel) -> None:
+    """The cluster must exist and hold every rank."""
+    _choice("cluster.gpu", c.gpu, GPU_CHOICES)
+    _positive("cluster", c, ("gpus_per_node", "nodes", "nvlink_bandwidth_GBps",
+                             "ib_bandwidth_GBps"))
+    for name in ("nvlink_latency_us", "ib_latency_us"):
+        _check(getattr(c, name) >= 0, f"cluster.{name}", "must not be negative")
+    _check(p.world_size <= c.num_gpus, "cluster.nodes",
+           f"the layout needs t*p*d={p.world_size} GPUs but {c.nodes} node(s) of "
+           f"{c.gpus_per_node} hold {c.num_gpus}")
+
+
+def validate(s: Scenario) -> None:
+    """Every cross-field check; raises UserError naming the first bad field."""
+    validate_model(s.model)
+    validate_parallel(s.model, s.parallel)
+    validate_cluster(s.cluster, s.parallel)
+    _choice("run.mode", s.run.mode, MODE_CHOICES)
+    _choice("run.numeric_dtype", s.run.numeric_dtype, DTYPE_CHOICES)
+
+
+def with_overrides(s: Scenario, **sections) -> Scenario:
+    """A copy with some fields replaced, e.g. with_overrides(s, parallel={"tensor_model_parallel_size": 2})."""
+    parts = {name: replace(getattr(s, name), **values) for name, values in sections.items()}
+    result = replace(s, **parts)
+    validate(result)
+    return result

@@ -1,0 +1,141 @@
+"""Backward pass of one transformer layer on one TP rank, freeing saved tensors as it uses them.
+
+Overlap as Megatron-LM's column-parallel backward does it (K22 §4.2.2, §5): under SP the
+LN output is all-gathered again while the input-gradient GEMM runs, and the input gradient's
+all-reduce (TP) or reduce-scatter (SP) runs while the weight-gradient GEMM runs.
+"""
+
+from simsp.model import mappings, ops
+from simsp.model.layer import LayerSpec, attention_core, layer_forward, merge_qkv_grads
+import math
+
+
+def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str):
+    """dy (s, b, n/t) of y = x W + b with x kept as `saved_input` -> dx (s_l, b, k)."""
+    weight = w[f"{prefix}.weight"]
+    gather = None
+    if r.tp.sequence_parallel:
+        gather = mappings.start(r, mappings.all_gather_seq(
+            r, saved_input, f"{prefix}_regather", label="all_gather_ln_output"))
+    dx_full = yield from ops.linear_grad_input(r, dy, weight, f"d_{prefix}_input")  # (s, b, k)
+    x_full = (yield from mappings.finish(gather)) if gather else saved_input  # (s, b, k)
+    reduce = mappings.start(r, mappings.enter_backward(r, dx_full, f"{prefix}_enter_grad"))
+    yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight", f"{prefix}.bias",
+                                      f"d_{prefix}_weight")
+    dx = yield from mappings.finish(reduce)  # (s_l, b, k)
+    if x_full is not saved_input:
+        r.free(x_full)
+    if dx is not dx_full:
+        r.free(dx_full)
+    r.free(saved_input, dy)
+    return dx
+
+
+def row_parallel_backward(r, spec, dout, mask, saved_input, w: dict, g: dict, prefix: str):
+    """Through hidden dropout, bias, f̄/ḡ and x W: dout (s_l, b, h) -> dx (s, b, k/t)."""
+    dropped = yield from ops.dropout_backward(r, dout, mask, spec.model.hidden_dropout,
+                                              f"d_{prefix}_dropout")
+    r.free(mask)
+    yield from ops.bias_grad(r, dropped, g, f"{prefix}.bias", f"d_{prefix}_bias")
+    dfull = yield from mappings.exit_backward(r, dropped, f"{prefix}_exit_grad")  # (s, b, h)
+    if dfull is not dropped and dropped is not dout:
+        r.free(dropped)
+    dx = yield from ops.linear_grad_input(r, dfull, w[f"{prefix}.weight"], f"d_{prefix}_input")
+    yield from ops.linear_grad_weight(r, dfull, saved_input, g, f"{prefix}.weight", None,
+                                      f"d_{prefix}_weight")
+    r.free(saved_input)
+    if dfull is not dout:
+        r.free(dfull)
+    return dx
+
+
+def mlp_backward(r, spec, w, g, saved, dout):
+    """MLP block backward; dout (s_l, b, h) -> gradient at the block input (s_l, b, h)."""
+    dg = yield from row_parallel_backward(r, spec, dout, saved.pop("mlp_dropout_mask", None),
+                                          saved.pop("fc2_input"), w, g, "mlp.fc2")
+    dh = yield from ops.gelu_backward(r, dg, saved["gelu_input"], "d_gelu_input")
+    r.free(dg, saved.pop("gelu_input"))
+    dy2 = yield from column_parallel_backward(r, dh, saved.pop("fc1_input"), w, g, "mlp.fc1")
+    dln = yield from ops.layernorm_backward(r, dy2, saved["ln2_input"], w["ln2.gamma"], g,
+                                            "ln2", "d_ln2_input")
+    r.free(dy2, saved.pop("ln2_input"))
+    dres = yield from ops.add(r, dout, dln, "d_residual")
+    r.free(dout, dln)
+    return dres
+
+
+def core_backward(r, spec, q, k, v, probs, mask, dropped, dctx):
+    """Backward of softmax(QKᵀ/√d) -> dropout -> ·V. All (b, a/t, s, ·); returns dq, dk, dv."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    ddropped = yield from ops.batched_matmul(r, dctx, v, "d_attention_dropout_output",
+                                             transpose_b=True)  # (b, a/t, s, s)
+    dv = yield from ops.batched_matmul(r, dropped, dctx, "d_v", transpose_a=True)
+    r.free(dctx, v, None if dropped is probs else dropped)
+    dprobs = yield from ops.dropout_backward(r, ddropped, mask, spec.model.attention_dropout,
+                                             "d_softmax_output")
+    if dprobs is not ddropped:
+        r.free(ddropped)
+    r.free(mask)
+    dscores = yield from ops.softmax_backward(r, dprobs, probs, "d_attention_scores")
+    r.free(dprobs, probs)
+    dq = yield from ops.batched_matmul(r, dscores, k, "d_q", scale=scale)
+    dk = yield from ops.batched_matmul(r, dscores, q, "d_k", transpose_a=True, scale=scale)
+    r.free(dscores, q, k)
+    return dq, dk, dv
+
+
+def attention_backward(r, spec, w, g, saved, dres):
+    """Attention block backward; dres (s_l, b, h) -> gradient at the layer input (s_l, b, h)."""
+    dproj = yield from row_parallel_backward(r, spec, dres, saved.pop("attn_dropout_mask", None),
+                                             saved.pop("proj_input"), w, g, "attn.proj")
+    s, b, width = dproj.shape
+    q, k, v = saved.pop("q"), saved.pop("k"), saved.pop("v")
+    dctx = yield from ops.reshape_copy(r, dproj, (s, b, q.shape[1], q.shape[3]), None,
+                                       "d_context_heads")
+    r.free(dproj)
+    dctx_t = yield from ops.reshape_copy(r, dctx, (b, q.shape[1], s, q.shape[3]), (1, 2, 0, 3),
+                                         "d_context")  # (b, a/t, s, d)
+    r.free(dctx)
+    probs, mask, dropped = yield from _core_tensors(r, spec, saved, q, k, v)
+    dq, dk, dv = yield from core_backward(r, spec, q, k, v, probs, mask, dropped, dctx_t)
+    dqkv = yield from merge_qkv_grads(r, dq, dk, dv)  # (s, b, 3h/t)
+    r.free(dq, dk, dv)
+    dy1 = yield from column_parallel_backward(r, dqkv, saved.pop("qkv_input"), w, g,
+                                              "attn.qkv")
+    dln = yield from ops.layernorm_backward(r, dy1, saved["ln1_input"], w["ln1.gamma"], g,
+                                            "ln1", "d_ln1_input")
+    r.free(dy1, saved.pop("ln1_input"))
+    dx = yield from ops.add(r, dres, dln, "d_layer_input")
+    r.free(dres, dln)
+    return dx
+
+
+def _core_tensors(r, spec, saved, q, k, v):
+    """The softmax output, mask and dropout output: saved, or recomputed (selective)."""
+    if "softmax_output" in saved:
+        probs = saved.pop("softmax_output")
+        mask = saved.pop("softmax_dropout_mask", None)
+        dropped = saved.pop("attention_dropout_output", probs)
+        return probs, mask, dropped
+    phase, r.phase = r.phase, "recompute"
+    probs, mask, dropped, context = yield from attention_core(r, spec, q, k, v)
+    r.free(context)
+    r.phase = phase
+    return probs, mask, dropped
+
+
+def layer_backward(r, spec: LayerSpec, w: dict, g: dict, saved: dict, dout):
+    """dout (s_l, b, h) -> dx (s_l, b, h); frees every saved tensor as backward consumes it.
+
+    Full recompute first re-runs the forward from the kept `layer_input`, saving as usual."""
+    if spec.recompute == "full":
+        phase, r.phase = r.phase, "recompute"
+        layer_input = saved.pop("layer_input")
+        out, saved = yield from layer_forward(r, spec, w, layer_input, keep=True)
+        r.free(out)
+        r.phase = phase
+    saved = dict(saved)
+    dres = yield from mlp_backward(r, spec, w, g, saved, dout)
+    dx = yield from attention_backward(r, spec, w, g, saved, dres)
+    assert not saved, f"saved tensors left after backward: {sorted(saved)}"
+    return dx

@@ -1,0 +1,111 @@
+"""Tensor/sequence-parallel region boundaries, as Megatron-LM's mappings.py, over ring collectives.
+
+K22 §4.2.2 names them: f (forward identity, backward all-reduce), f̄ (forward all-reduce, backward
+identity), g (forward all-gather, backward reduce-scatter), ḡ (forward reduce-scatter, backward
+all-gather). Entering a TP block is f (no SP) or g (SP); leaving it is f̄ or ḡ.
+Gathers and scatters act on the sequence axis (axis 0 of an (s, b, h) tensor), so a flat
+s-major buffer splits into whole sequence chunks.
+"""
+
+from simsp.model.tensor import Tensor
+
+
+def _bytes_sent(kind: str, n: int, full_bytes: int) -> int:
+    """Bytes one rank sends in a ring collective of `full_bytes` (REFERENCE.md §5)."""
+    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+    return steps * full_bytes // n
+
+
+def _run(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple, tag: str,
+         label: str | None = None):
+    """Run one ring collective of this rank's TP group; returns the output tensor.
+
+    Bytes sent are counted under `label` (default: the collective's kind)."""
+    n = r.tp.size
+    full_bytes = x.itemsize * _numel(full_shape)
+    r.count_comm(label or kind, _bytes_sent(kind, n, full_bytes))
+    start = r.env.now
+    buffer = None if x.data is None else x.data.reshape(-1)  # (numel,)
+    collective = getattr(r.tp.comm, kind)
+    result = yield from collective(r.tp.members, r.rank, buffer, full_bytes, tag)
+    if r.trace is not None:
+        r.trace.add_span(r.rank, "tp_comm", f"{kind} {tag}", start, r.env.now,
+                         {"phase": r.phase, "bytes": full_bytes})
+    if kind == "all_reduce":
+        if r.numeric:
+            x.data = result.reshape(x.shape)
+        return x
+    out = r.alloc(out_shape, x.itemsize, tag, category="communication")
+    if r.numeric:
+        out.data = result.reshape(out_shape)
+    return out
+
+
+def _numel(shape: tuple) -> int:
+    count = 1
+    for n in shape:
+        count *= n
+    return count
+
+
+def all_reduce(r, x: Tensor, tag: str, label: str | None = None):
+    """Sum x over the TP group in place (ring: reduce-scatter then all-gather)."""
+    if r.tp.size == 1:
+        return x
+    return (yield from _run(r, "all_reduce", x, x.shape, x.shape, tag, label))
+
+
+def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None):
+    """(s/t, ...) shards -> the full (s, ...) tensor, as a new tensor."""
+    if r.tp.size == 1:
+        return x
+    full = (x.shape[0] * r.tp.size,) + x.shape[1:]
+    return (yield from _run(r, "all_gather", x, full, full, tag, label))
+
+
+def reduce_scatter_seq(r, x: Tensor, tag: str):
+    """(s, ...) partial sums -> this rank's (s/t, ...) chunk of the sum, as a new tensor."""
+    if r.tp.size == 1:
+        return x
+    part = (x.shape[0] // r.tp.size,) + x.shape[1:]
+    return (yield from _run(r, "reduce_scatter", x, x.shape, part, tag))
+
+
+def start(r, generator):
+    """Launch a collective on the communication stream; `yield from finish(...)` waits."""
+    return r.env.process(generator)
+
+
+def finish(process):
+    """Wait for a collective started with `start`, returning its result."""
+    result = yield process
+    return result
+
+
+# Megatron's conjugate pairs. Entering: f / g.  Leaving: f̄ / ḡ.
+def enter_forward(r, x: Tensor, tag: str):
+    """f forward is the identity; g forward all-gathers the sequence (SP)."""
+    if r.tp.sequence_parallel:
+        return (yield from all_gather_seq(r, x, tag))
+    return x
+
+
+def enter_backward(r, dx: Tensor, tag: str):
+    """f backward all-reduces; g backward reduce-scatters the sequence (SP)."""
+    if r.tp.sequence_parallel:
+        return (yield from reduce_scatter_seq(r, dx, tag))
+    return (yield from all_reduce(r, dx, tag))
+
+
+def exit_forward(r, y: Tensor, tag: str):
+    """f̄ forward all-reduces; ḡ forward reduce-scatters the sequence (SP)."""
+    if r.tp.sequence_parallel:
+        return (yield from reduce_scatter_seq(r, y, tag))
+    return (yield from all_reduce(r, y, tag))
+
+
+def exit_backward(r, dy: Tensor, tag: str):
+    """f̄ backward is the identity; ḡ backward all-gathers the sequence (SP)."""
+    if r.tp.sequence_parallel:
+        return (yield from all_gather_seq(r, dy, tag))
+    return dy

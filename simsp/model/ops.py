@@ -1,0 +1,201 @@
+"""Ops on an emulated rank: each allocates its output, computes (numeric mode) and takes its time.
+
+Every op is a simpy generator (`y = yield from linear(r, ...)`). Math lives in kernels.py; this
+file adds what a GPU run has on top of the math: ledger entries, FLOP counts and kernel time.
+GEMM FLOPs are 2mkn (K22 App. A); element-wise kernels are timed by bytes read and written.
+"""
+
+import numpy as np
+
+from simsp.model import kernels
+from simsp.model.tensor import FP16, FP32, MASK, Tensor
+
+
+def _data(t: Tensor | None):
+    return None if t is None else t.data
+
+
+def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str):
+    """y = x @ w + b. x (..., k), w (k, n) -> y (..., n)."""
+    k, n = w.shape
+    m = x.numel // k
+    y = r.alloc(x.shape[:-1] + (n,), FP16, name)
+    if r.numeric:
+        y.data = kernels.linear_forward(x.data, w.data, _data(b))
+    yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, k, n))
+    return y
+
+
+def linear_grad_input(r, dy: Tensor, w: Tensor, name: str):
+    """dx = dy @ w^T. dy (..., n), w (k, n) -> dx (..., k)."""
+    k, n = w.shape
+    m = dy.numel // n
+    dx = r.alloc(dy.shape[:-1] + (k,), FP16, name)
+    if r.numeric:
+        dx.data = dy.data @ w.data.T
+    yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, n, k))
+    return dx
+
+
+def linear_grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str | None,
+                       name: str):
+    """Accumulate dW = x^T dy (and db = sum dy) into the fp32 main gradients."""
+    k, n = x.shape[-1], dy.shape[-1]
+    m = dy.numel // n
+    if r.numeric:
+        x2, dy2 = x.data.reshape(m, k), dy.data.reshape(m, n)  # (m, k), (m, n)
+        grads[w_name].data += x2.T @ dy2
+        if b_name:
+            grads[b_name].data += dy2.sum(axis=0)
+    yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(k, m, n))
+
+
+def bias_grad(r, dy: Tensor, grads: dict, b_name: str, name: str):
+    """Accumulate db = sum of dy over all but the last axis."""
+    if r.numeric:
+        grads[b_name].data += dy.data.reshape(-1, dy.shape[-1]).sum(axis=0)
+    yield from r.compute(name, "elementwise", nbytes=dy.nbytes)
+
+
+def layernorm(r, x: Tensor, gamma: Tensor, beta: Tensor, name: str):
+    """LayerNorm over the hidden (last) axis."""
+    y = r.alloc(x.shape, FP16, name)
+    if r.numeric:
+        y.data = kernels.layernorm_forward(x.data, gamma.data, beta.data)
+    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes)
+    return y
+
+
+def layernorm_backward(r, dy: Tensor, x: Tensor, gamma: Tensor, grads: dict, prefix: str,
+                       name: str):
+    """dx of LayerNorm; dgamma, dbeta accumulate into grads[prefix.gamma/beta]."""
+    dx = r.alloc(x.shape, FP16, name)
+    if r.numeric:
+        dx.data, dgamma, dbeta = kernels.layernorm_backward(dy.data, x.data, gamma.data)
+        grads[f"{prefix}.gamma"].data += dgamma
+        grads[f"{prefix}.beta"].data += dbeta
+    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
+    return dx
+
+
+def add_bias(r, x: Tensor, b: Tensor, name: str):
+    """x + b in place (fused into the next kernel in Megatron; timed as one pass)."""
+    if r.numeric:
+        x.data = x.data + b.data
+    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes)
+    return x
+
+
+def add(r, x: Tensor, y: Tensor, name: str):
+    """Residual add: a new tensor x + y."""
+    z = r.alloc(x.shape, FP16, name)
+    if r.numeric:
+        z.data = x.data + y.data
+    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
+    return z
+
+
+def gelu(r, x: Tensor, name: str):
+    y = r.alloc(x.shape, FP16, name)
+    if r.numeric:
+        y.data = kernels.gelu_forward(x.data)
+    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes)
+    return y
+
+
+def gelu_backward(r, dy: Tensor, x: Tensor, name: str):
+    dx = r.alloc(x.shape, FP16, name)
+    if r.numeric:
+        dx.data = kernels.gelu_backward(dy.data, x.data)
+    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
+    return dx
+
+
+def dropout_mask(r, p: float, site: int, starts: tuple, shape: tuple, name: str):
+    """The keep-mask (1 byte/element) drawn from global coordinates, so every layout agrees."""
+    mask = r.alloc(shape, MASK, name)
+    if r.numeric:
+        mask.data = kernels.keep_mask(p, r.seed, site, starts, shape)
+    return mask
+
+
+def dropout(r, x: Tensor, mask: Tensor | None, p: float, name: str):
+    """x * mask / (1 - p); with no mask (p == 0) a no-op that returns x."""
+    if mask is None:
+        return x
+    y = r.alloc(x.shape, FP16, name)
+    if r.numeric:
+        y.data = kernels.dropout_forward(x.data, mask.data, p)
+    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes + mask.nbytes)
+    return y
+
+
+def dropout_backward(r, dy: Tensor, mask: Tensor | None, p: float, name: str):
+    if mask is None:
+        return dy
+    dx = r.alloc(dy.shape, FP16, name)
+    if r.numeric:
+        dx.data = kernels.dropout_backward(dy.data, mask.data, p)
+    yield from r.compute(name, "elementwise", nbytes=2 * dy.nbytes + mask.nbytes)
+    return dx
+
+
+def batched_matmul(r, a: Tensor, b: Tensor, name: str, transpose_b: bool = False,
+                   transpose_a: bool = False, scale: float = 1.0):
+    """a @ b over leading batch axes: (..., m, k) @ (..., k, n) -> (..., m, n)."""
+    m = a.shape[-1] if transpose_a else a.shape[-2]
+    k = a.shape[-2] if transpose_a else a.shape[-1]
+    n = b.shape[-2] if transpose_b else b.shape[-1]
+    batch = a.numel // (m * k)
+    out = r.alloc(a.shape[:-2] + (m, n), FP16, name)
+    if r.numeric:
+        left = np.swapaxes(a.data, -1, -2) if transpose_a else a.data
+        right = np.swapaxes(b.data, -1, -2) if transpose_b else b.data
+        out.data = scale * (left @ right)
+    yield from r.compute(name, "gemm", 2 * batch * m * k * n, gemm=(m, k, n))
+    return out
+
+
+def causal_softmax(r, scores: Tensor, name: str):
+    probs = r.alloc(scores.shape, FP16, name)
+    if r.numeric:
+        probs.data = kernels.causal_softmax_forward(scores.data)
+    yield from r.compute(name, "elementwise", nbytes=2 * scores.nbytes)
+    return probs
+
+
+def softmax_backward(r, dprobs: Tensor, probs: Tensor, name: str):
+    dscores = r.alloc(probs.shape, FP16, name)
+    if r.numeric:
+        dscores.data = kernels.softmax_backward(dprobs.data, probs.data)
+    yield from r.compute(name, "elementwise", nbytes=3 * probs.nbytes)
+    return dscores
+
+
+def reshape_copy(r, x: Tensor, shape: tuple, perm: tuple | None, name: str,
+                 itemsize: int = FP16):
+    """A new tensor holding x transposed by `perm` then reshaped (a copy kernel on GPU)."""
+    out_shape = tuple(shape)
+    y = r.alloc(out_shape, itemsize, name)
+    if r.numeric:
+        data = x.data if perm is None else np.transpose(x.data, perm)
+        y.data = np.ascontiguousarray(data).reshape(out_shape)
+    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes)
+    return y
+
+
+def accumulate(r, total: Tensor, extra: Tensor, name: str):
+    """total += extra (gradient of a residual branch), in place."""
+    if r.numeric:
+        total.data = total.data + extra.data
+    yield from r.compute(name, "elementwise", nbytes=3 * total.nbytes)
+    return total
+
+
+def fp32_copy(r, x: Tensor, name: str):
+    """A float32 copy of x (the loss is computed on fp32 logits, K22 §4.3)."""
+    y = r.alloc(x.shape, FP32, name)
+    if r.numeric:
+        y.data = x.data.copy()
+    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
+    return y

@@ -1,0 +1,100 @@
+"""One emulated rank as the model code sees it: allocate/free/save tensors, run timed kernels.
+
+The model code is a simpy process per rank; every op allocates its outputs in the rank's
+ledger, computes (numeric mode), and holds the compute stream for the cost model's time.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simsp.costmodel import kernel_time
+from simsp.engine.ledger import Ledger
+from simsp.model.tensor import Tensor
+
+PHASES = ("forward", "backward", "recompute")
+
+
+@dataclass
+class TPGroup:
+    """This rank's tensor-parallel group: members in ring order, its index, SP on or off."""
+
+    members: tuple[int, ...]
+    index: int
+    sequence_parallel: bool
+    comm: object = None  # simsp.engine.communicator.Communicator, None when t == 1
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+@dataclass
+class Rank:
+    """Everything one rank's program touches: its ledger, its clock, its counters."""
+
+    rank: int
+    env: object  # simpy.Environment
+    ledger: Ledger
+    tp: TPGroup
+    mode: str = "numeric"
+    dtype: np.dtype = np.float64
+    seed: int = 0
+    trace: object = None
+    scope: str = ""
+    phase: str = "forward"
+    flops: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    comm_bytes: dict = field(default_factory=dict)  # (phase, kind) -> bytes sent by this rank
+    busy_s: dict = field(default_factory=dict)  # kernel kind -> seconds on the compute stream
+
+    @property
+    def numeric(self) -> bool:
+        return self.mode == "numeric"
+
+    def key(self, name: str) -> str:
+        return f"{self.scope}{name}"
+
+    def alloc(self, shape, itemsize: int, name: str, category: str = "temporaries",
+              data: np.ndarray | None = None) -> Tensor:
+        """A new tensor in this rank's ledger (data only in numeric mode)."""
+        tensor = Tensor(tuple(shape), itemsize, data if self.numeric else None)
+        tensor.key = self._unique_key(self.key(name))
+        self.ledger.alloc(tensor.key, tensor.nbytes, category, op=name)
+        return tensor
+
+    def _unique_key(self, key: str) -> str:
+        if key not in self.ledger.live:
+            return key
+        n = 1
+        while f"{key}#{n}" in self.ledger.live:
+            n += 1
+        return f"{key}#{n}"
+
+    def free(self, *tensors: Tensor) -> None:
+        """Release tensors from the ledger (None entries are skipped)."""
+        for tensor in tensors:
+            if tensor is not None and tensor.key is not None:
+                self.ledger.free(tensor.key, op=f"free {tensor.key}")
+                tensor.key = None
+
+    def save(self, tensor: Tensor, name: str) -> Tensor:
+        """Keep a tensor for backward: it moves to the activations category under `name`."""
+        tensor.key = self.ledger.retag(tensor.key, "activations", self._unique_key(self.key(name)))
+        return tensor
+
+    def compute(self, name: str, kind: str, flops: int = 0, nbytes: int = 0,
+                gemm: tuple[int, int, int] | None = None):
+        """Hold the compute stream for one kernel's modelled time; count its GEMM FLOPs."""
+        if kind == "gemm":
+            self.flops[self.phase] += flops
+        duration = kernel_time(kind, flops, nbytes, gemm)
+        self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
+        start = self.env.now
+        yield self.env.timeout(duration)
+        if self.trace is not None:
+            self.trace.add_span(self.rank, "compute", name, start, self.env.now,
+                                {"phase": self.phase, "kind": kind})
+
+    def count_comm(self, kind: str, nbytes: int) -> None:
+        key = (self.phase, kind)
+        self.comm_bytes[key] = self.comm_bytes.get(key, 0) + nbytes

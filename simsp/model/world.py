@@ -1,0 +1,54 @@
+"""A simulated cluster ready for rank programs: simpy env, topology, links, collectives, ranks."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import build_topology
+from simsp.config import Scenario
+from simsp.engine.communicator import Communicator
+from simsp.engine.ledger import Ledger
+from simsp.engine.network import Network
+from simsp.engine.trace import Trace
+from simsp.hardware import GPUS
+from simsp.model.rank import Rank, TPGroup
+
+
+@dataclass
+class World:
+    """Everything one simulation shares; `ranks` holds the simulated ranks only."""
+
+    scenario: Scenario
+    env: simpy.Environment
+    grid: RankGrid
+    network: Network
+    comm: Communicator
+    trace: Trace
+    ranks: dict = field(default_factory=dict)  # global rank -> Rank
+
+
+def build_world(sc: Scenario, simulated: list[int] | None = None) -> World:
+    """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike."""
+    env = simpy.Environment()
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    trace = Trace()
+    network = Network(env, build_topology(sc.cluster), trace=trace)
+    ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
+    present = None if simulated is None else set(ranks)
+    comm = Communicator(env, network, present=present)
+    world = World(sc, env, grid, network, comm, trace)
+    for rank in ranks:
+        world.ranks[rank] = _make_rank(world, rank)
+    return world
+
+
+def _make_rank(world: World, rank: int) -> Rank:
+    sc = world.scenario
+    members = world.grid.tp_group(rank)
+    tp = TPGroup(members, members.index(rank), sc.parallel.sequence_parallel, world.comm)
+    ledger = Ledger(rank, GPUS[sc.cluster.gpu].memory_bytes, clock=lambda: world.env.now)
+    return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
+                dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace)
