@@ -24,8 +24,8 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool 
     sharded = (8 * s * b * h + 4 * s * b * f) // t  # q, k, v, proj input, GeLU input and output
     core = 0
     if recompute != "selective":
-        per_head = (4 + (1 if attention_dropout else 0)) if attention_dropout else 2
-        core = per_head * a * s * s * b // t  # softmax out, mask, dropout out (K22 5as²b)
+        # softmax output 2as²b; with dropout also its mask as²b and output 2as²b (K22 5as²b)
+        core = (5 if attention_dropout else 2) * a * s * s * b // t
     return replicated + sharded + core
 
 

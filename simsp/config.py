@@ -293,6 +293,8 @@ def validate(s: Scenario) -> None:
     validate_cluster(s.cluster, s.parallel)
     _choice("run.mode", s.run.mode, MODE_CHOICES)
     _choice("run.numeric_dtype", s.run.numeric_dtype, DTYPE_CHOICES)
+    _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
+           "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
 
 
 def with_overrides(s: Scenario, **sections) -> Scenario:

@@ -10,7 +10,8 @@ from simsp.model.layer import LayerSpec, attention_core, layer_forward, merge_qk
 import math
 
 
-def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str):
+def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
+                             has_bias: bool = True):
     """dy (s, b, n/t) of y = x W + b with x kept as `saved_input` -> dx (s_l, b, k)."""
     weight = w[f"{prefix}.weight"]
     gather = None
@@ -20,7 +21,8 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str):
     dx_full = yield from ops.linear_grad_input(r, dy, weight, f"d_{prefix}_input")  # (s, b, k)
     x_full = (yield from mappings.finish(gather)) if gather else saved_input  # (s, b, k)
     reduce = mappings.start(r, mappings.enter_backward(r, dx_full, f"{prefix}_enter_grad"))
-    yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight", f"{prefix}.bias",
+    yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight",
+                                      f"{prefix}.bias" if has_bias else None,
                                       f"d_{prefix}_weight")
     dx = yield from mappings.finish(reduce)  # (s_l, b, k)
     if x_full is not saved_input:

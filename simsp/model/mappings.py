@@ -16,20 +16,22 @@ def _bytes_sent(kind: str, n: int, full_bytes: int) -> int:
     return steps * full_bytes // n
 
 
-def _run(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple, tag: str,
-         label: str | None = None):
-    """Run one ring collective of this rank's TP group; returns the output tensor.
+def run_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple, tag: str,
+                   label: str | None = None, group: tuple | None = None, track: str = "tp_comm"):
+    """Run one ring collective over `group` (default: this rank's TP group); returns the output.
 
     Bytes sent are counted under `label` (default: the collective's kind)."""
-    n = r.tp.size
+    group = group or r.tp.members
+    n = len(group)
     full_bytes = x.itemsize * _numel(full_shape)
     r.count_comm(label or kind, _bytes_sent(kind, n, full_bytes))
     start = r.env.now
     buffer = None if x.data is None else x.data.reshape(-1)  # (numel,)
     collective = getattr(r.tp.comm, kind)
-    result = yield from collective(r.tp.members, r.rank, buffer, full_bytes, tag)
+    result = yield from collective(group, r.rank, buffer, full_bytes, tag,
+                                   elem_bytes=x.itemsize)
     if r.trace is not None:
-        r.trace.add_span(r.rank, "tp_comm", f"{kind} {tag}", start, r.env.now,
+        r.trace.add_span(r.rank, track, f"{kind} {tag}", start, r.env.now,
                          {"phase": r.phase, "bytes": full_bytes})
     if kind == "all_reduce":
         if r.numeric:
@@ -52,7 +54,7 @@ def all_reduce(r, x: Tensor, tag: str, label: str | None = None):
     """Sum x over the TP group in place (ring: reduce-scatter then all-gather)."""
     if r.tp.size == 1:
         return x
-    return (yield from _run(r, "all_reduce", x, x.shape, x.shape, tag, label))
+    return (yield from run_collective(r, "all_reduce", x, x.shape, x.shape, tag, label))
 
 
 def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None):
@@ -60,7 +62,7 @@ def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None):
     if r.tp.size == 1:
         return x
     full = (x.shape[0] * r.tp.size,) + x.shape[1:]
-    return (yield from _run(r, "all_gather", x, full, full, tag, label))
+    return (yield from run_collective(r, "all_gather", x, full, full, tag, label))
 
 
 def reduce_scatter_seq(r, x: Tensor, tag: str):
@@ -68,7 +70,7 @@ def reduce_scatter_seq(r, x: Tensor, tag: str):
     if r.tp.size == 1:
         return x
     part = (x.shape[0] // r.tp.size,) + x.shape[1:]
-    return (yield from _run(r, "reduce_scatter", x, x.shape, part, tag))
+    return (yield from run_collective(r, "reduce_scatter", x, x.shape, part, tag))
 
 
 def start(r, generator):

@@ -1,0 +1,88 @@
+"""`simsp layer`: one transformer layer forward then backward on one TP group; bytes, FLOPs, time."""
+
+import json
+
+from simsp import analytic
+from simsp.costmodel import calibration_table
+from simsp.flags import add_scenario_arguments, scenario_from_args
+from simsp.hardware import LinkCalibration
+from simsp.model.layer_sim import simulate_layer
+from simsp.units import format_bytes, format_seconds
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("layer", help="one layer, forward then backward, per rank")
+    add_scenario_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(handler=run)
+
+
+def _comm_by_phase(rank) -> dict:
+    """{phase: {collective kind: bytes sent by this rank}}, sorted for stable output."""
+    out = {"forward": {}, "backward": {}}
+    for (phase, kind), nbytes in sorted(rank.comm_bytes.items()):
+        out["backward" if phase == "recompute" else phase].setdefault(kind, 0)
+        out["backward" if phase == "recompute" else phase][kind] += nbytes
+    return out
+
+
+def layer_report(result) -> dict:
+    """The JSON document of `simsp layer` (keys fixed by issue #2 and #4)."""
+    sc = result.scenario
+    m, p = sc.model, sc.parallel
+    formula = analytic.layer_activation_bytes(
+        m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tp,
+        p.sequence_parallel, p.recompute_granularity, m.ffn, m.hidden_dropout > 0,
+        m.attention_dropout > 0)
+    first = result.ranks[0]
+    report = {
+        "scenario": sc.run.name,
+        "mode": sc.run.mode,
+        "tensor_model_parallel_size": p.tp,
+        "sequence_parallel": p.sequence_parallel,
+        "recompute_granularity": p.recompute_granularity,
+        "activation_bytes_per_rank": [rec.activation_bytes for rec in result.records],
+        "saved_tensors": [{"name": n, "bytes": b} for n, b in result.records[0].saved],
+        "formula_bytes": formula,
+        "peak_bytes_per_rank": [r.ledger.peak_total for r in result.ranks],
+        "flops": dict(first.flops),
+        "comm_bytes_per_rank": [_comm_by_phase(r) for r in result.ranks],
+        "forward_time_s": result.forward_time_s,
+        "backward_time_s": result.backward_time_s,
+        "cost_model": calibration_table(),
+        "link_calibration": LinkCalibration().describe(),
+    }
+    if result.max_rel_err is not None:
+        report["max_rel_err"] = result.max_rel_err
+    return report
+
+
+def _print_table(report: dict) -> None:
+    print(f"layer: t={report['tensor_model_parallel_size']} SP={report['sequence_parallel']} "
+          f"recompute={report['recompute_granularity']} mode={report['mode']}")
+    print(f"{'saved tensor (rank 0)':<28}{'bytes':>14}")
+    for item in report["saved_tensors"]:
+        print(f"{item['name']:<28}{item['bytes']:>14}")
+    measured = report["activation_bytes_per_rank"][0]
+    print(f"{'activations (ledger)':<28}{measured:>14}  {format_bytes(measured)}")
+    print(f"{'formula (K22 Table 2)':<28}{report['formula_bytes']:>14}")
+    print(f"peak per rank: {', '.join(format_bytes(b) for b in report['peak_bytes_per_rank'])}")
+    flops = report["flops"]
+    print(f"GEMM FLOPs rank 0: forward {flops['forward']:.4g}, backward {flops['backward']:.4g}, "
+          f"recompute {flops['recompute']:.4g}")
+    for phase, kinds in report["comm_bytes_per_rank"][0].items():
+        for kind, nbytes in kinds.items():
+            print(f"comm rank 0 {phase:<9}{kind:<24}{nbytes:>14}")
+    print(f"forward {format_seconds(report['forward_time_s'])}, "
+          f"backward {format_seconds(report['backward_time_s'])}")
+    if "max_rel_err" in report:
+        print(f"max relative error vs single-device reference: {report['max_rel_err']:.3e}")
+
+
+def run(args) -> int:
+    report = layer_report(simulate_layer(scenario_from_args(args)))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=False))
+    else:
+        _print_table(report)
+    return 0

@@ -1,0 +1,77 @@
+"""Vocabulary-parallel word embedding + learned positions + embedding dropout (first stage).
+
+Each TP rank holds v/t rows of the word table; a token outside its rows contributes zeros and
+the partial sums meet in f̄ (all-reduce) or, under SP, ḡ (reduce-scatter) (Megatron-LM
+VocabParallelEmbedding). Keeps the dropout mask (sbh/t under SP) for backward (K22 §4.3).
+"""
+
+import numpy as np
+
+from simsp.model import mappings, ops
+from simsp.model.dropout_sites import site_id
+from simsp.model.tensor import FP16
+
+
+def _vocab_range(r, word) -> tuple[int, int]:
+    rows = word.shape[0]
+    return r.tp.index * rows, (r.tp.index + 1) * rows
+
+
+def _local_tokens(r, word, tokens: np.ndarray):
+    """Tokens relative to this rank's rows, and which of them this rank owns. (s, b) each."""
+    start, end = _vocab_range(r, word)
+    owned = (tokens >= start) & (tokens < end)
+    return np.where(owned, tokens - start, 0), owned
+
+
+def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple,
+                      sample_offset: int):
+    """tokens (s, b) -> x (s_l, b, h) and the stash {name: tensor} kept for backward."""
+    s, b = shape
+    word = w["embedding.word"]
+    partial = r.alloc((s, b, model.hidden_size), FP16, "word_embedding")  # (s, b, h)
+    if r.numeric:
+        local, owned = _local_tokens(r, word, tokens)
+        partial.data = word.data[local] * owned[..., None]
+    yield from r.compute("word_embedding", "elementwise", nbytes=2 * partial.nbytes)
+    x = yield from mappings.exit_forward(r, partial, "embedding_exit")  # (s_l, b, h)
+    if x is not partial:
+        r.free(partial)
+    seq_start = r.tp.index * x.shape[0] if r.tp.sequence_parallel else 0
+    if r.numeric:
+        position = w["embedding.position"].data[seq_start:seq_start + x.shape[0]]  # (s_l, h)
+        x.data = x.data + position[:, None, :]
+    yield from r.compute("position_embedding", "elementwise", nbytes=3 * x.nbytes)
+    p = model.hidden_dropout
+    if p == 0:
+        return x, {}
+    mask = ops.dropout_mask(r, p, site_id(-1, "embedding"), (seq_start, sample_offset, 0),
+                            x.shape, "embedding_dropout_mask")
+    r.save(mask, "embedding_dropout_mask")
+    out = yield from ops.dropout(r, x, mask, p, "embedding_output")
+    r.free(x)
+    return out, {"embedding_dropout_mask": mask}
+
+
+def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx):
+    """Gradient at the embedding output dx (s_l, b, h) -> word and position gradients."""
+    mask = saved.get("embedding_dropout_mask")
+    demb = yield from ops.dropout_backward(r, dx, mask, model.hidden_dropout, "d_embedding")
+    r.free(mask)
+    if demb is not dx:
+        r.free(dx)
+    seq_start = r.tp.index * demb.shape[0] if r.tp.sequence_parallel else 0
+    if r.numeric:
+        rows = demb.data.sum(axis=1)  # (s_l, h)
+        g["embedding.position"].data[seq_start:seq_start + rows.shape[0]] += rows
+    dfull = yield from mappings.exit_backward(r, demb, "embedding_exit_grad")  # (s, b, h)
+    if r.numeric:
+        word = w["embedding.word"]
+        local, owned = _local_tokens(r, word, tokens)
+        contrib = dfull.data * owned[..., None]  # (s, b, h)
+        np.add.at(g["embedding.word"].data, local.reshape(-1),
+                  contrib.reshape(-1, contrib.shape[-1]))
+    yield from r.compute("d_word_embedding", "elementwise", nbytes=2 * dfull.nbytes)
+    r.free(demb)
+    if dfull is not demb:
+        r.free(dfull)

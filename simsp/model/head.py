@@ -1,0 +1,98 @@
+"""Last stage: final LN, tied output projection (vocab-parallel) and cross-entropy on fp32 logits.
+
+Kept for backward (K22 §4.3): final LN input 2sbh/t, output-projection input 2sbh/t, fp32 logits
+4sbv/t. The loss is Megatron-LM's vocab-parallel cross-entropy: the row maxima are all-gathered
+(a ring collective of s·b·t fp32 values; Megatron all-reduces with MAX), the sums of exponentials
+and the target logits all-reduced. Row maxima and sums (8sb bytes) are ignored as K22 ignores
+LN statistics.
+"""
+
+import numpy as np
+
+from simsp.model import mappings, ops
+from simsp.model.layer_backward import column_parallel_backward
+from simsp.model.tensor import FP32, Tensor
+
+
+def _transposed(t: Tensor) -> Tensor:
+    """A ledger-less view of a (v/t, h) table as the (h, v/t) weight of y = x W."""
+    return Tensor(t.shape[::-1], t.itemsize, None if t.data is None else t.data.T)
+
+
+def _loss_terms(r, logits: Tensor, targets: np.ndarray):
+    """Per-token max (s, b), sum of exponentials (s, b) and target logit (s, b), TP-reduced."""
+    s, b, v_local = logits.shape
+    maxima = r.alloc((s, b), FP32, "logit_max", data=None)
+    if r.numeric:
+        maxima.data = logits.data.max(axis=-1)
+    gathered = yield from mappings.all_gather_seq(r, _flat_rows(r, maxima), "loss_max")
+    row_max = None
+    if r.numeric:
+        row_max = gathered.data.reshape(r.tp.size, s, b).max(axis=0)  # (s, b)
+    if gathered.key != maxima.key:
+        r.free(gathered)
+    r.free(maxima)
+    stats = r.alloc((2, s, b), FP32, "loss_stats")
+    if r.numeric:
+        start = r.tp.index * v_local
+        local = targets - start
+        owned = (local >= 0) & (local < v_local)
+        picked = np.take_along_axis(logits.data, np.where(owned, local, 0)[..., None], -1)[..., 0]
+        stats.data = np.stack([np.exp(logits.data - row_max[..., None]).sum(-1), picked * owned])
+    yield from r.compute("loss_stats", "elementwise", nbytes=logits.nbytes)
+    stats = yield from mappings.all_reduce(r, stats, "loss_sums")
+    return row_max, stats
+
+
+def _flat_rows(r, maxima: Tensor) -> Tensor:
+    """(s, b) -> a (1, s·b) tensor so the ring gathers one row per rank."""
+    view = Tensor((1, maxima.numel), maxima.itemsize, None if maxima.data is None
+                  else maxima.data.reshape(1, -1))
+    view.key = maxima.key
+    return view
+
+
+def head_forward(r, model, w: dict, x: Tensor, targets: np.ndarray | None):
+    """x (s_l, b, h) -> summed token loss (a float in numeric mode), stash for backward."""
+    r.save(x, "final_ln_input")
+    y = yield from ops.layernorm(r, x, w["final_ln.gamma"], w["final_ln.beta"], "final_ln")
+    r.save(y, "output_proj_input")
+    y_full = yield from mappings.enter_forward(r, y, "head_enter")  # (s, b, h)
+    logits = yield from ops.linear(r, y_full, _transposed(w["embedding.word"]), None,
+                                   "logits")  # (s, b, v/t)
+    if y_full is not y:
+        r.free(y_full)
+    logits32 = yield from ops.fp32_copy(r, logits, "logits_fp32")
+    r.free(logits)
+    r.save(logits32, "logits_fp32")
+    row_max, stats = yield from _loss_terms(r, logits32, targets)
+    loss_sum = None
+    if r.numeric:
+        loss_sum = float((np.log(stats.data[0]) + row_max - stats.data[1]).sum())
+    stash = {"final_ln_input": x, "output_proj_input": y, "logits_fp32": logits32,
+             "row_max": row_max, "stats": stats}
+    return loss_sum, stash
+
+
+def head_backward(r, model, w: dict, g: dict, targets, stash: dict, dloss: float):
+    """d(loss)/d(x) (s_l, b, h) for loss = dloss · summed token loss."""
+    logits32, stats = stash["logits_fp32"], stash["stats"]
+    s, b, v_local = logits32.shape
+    dlogits = r.alloc(logits32.shape, 2, "d_logits")  # (s, b, v/t)
+    if r.numeric:
+        probs = np.exp(logits32.data - stash["row_max"][..., None]) / stats.data[0][..., None]
+        local = targets - r.tp.index * v_local
+        owned = (local >= 0) & (local < v_local)
+        onehot = np.zeros_like(probs)
+        np.put_along_axis(onehot, np.where(owned, local, 0)[..., None], owned[..., None], -1)
+        dlogits.data = (probs - onehot) * dloss
+    yield from r.compute("d_logits", "elementwise", nbytes=logits32.nbytes + dlogits.nbytes)
+    r.free(logits32, stats)
+    head = {"output.weight": _transposed(w["embedding.word"])}
+    head_grads = {"output.weight": _transposed(g["embedding.word"])}
+    dy = yield from column_parallel_backward(r, dlogits, stash["output_proj_input"], head,
+                                             head_grads, "output", has_bias=False)
+    dx = yield from ops.layernorm_backward(r, dy, stash["final_ln_input"], w["final_ln.gamma"],
+                                           g, "final_ln", "d_final_ln_input")
+    r.free(dy, stash["final_ln_input"])
+    return dx

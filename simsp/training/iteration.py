@@ -1,0 +1,86 @@
+"""One training iteration on the simulated cluster: a simpy process per rank, then the results.
+
+`representative=True` (meta mode) simulates only the ranks with tp = 0 and dp = 0: the other
+ranks of a TP group or DP replica provably do the same work at the same times, so their
+collectives still move their bytes over the links but they are not simulated one by one.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simsp.config import Scenario
+from simsp.model.params import init_params, param_shapes
+from simsp.model.weights import allocate_params
+from simsp.model.world import World, build_world
+from simsp.training import p2p
+from simsp.training.finalize import data_parallel_gather_params, finalize_grads
+from simsp.training.optimizer import adam_step, allocate_optimizer
+from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
+from simsp.training.steps import RankState, backward_step, forward_step
+
+
+@dataclass
+class Run:
+    """State shared by all rank programs of one iteration."""
+
+    sc: Scenario
+    world: World
+    plans: dict
+    mailbox: p2p.Mailbox
+    tokens: np.ndarray | None = None  # (s, B)
+    targets: np.ndarray | None = None  # (s, B)
+    canonical: dict | None = None  # full parameters (numeric mode)
+    losses: dict = field(default_factory=dict)  # (dp, micro_batch) -> summed token loss
+    states: dict = field(default_factory=dict)  # rank -> RankState
+    end_s: dict = field(default_factory=dict)  # rank -> time its program finished
+
+    def rank_of(self, tp: int, dp: int, pp: int) -> int:
+        return self.world.grid.rank_of(tp, dp, pp)
+
+    @property
+    def loss(self) -> float | None:
+        """Mean token loss over the global batch (numeric mode)."""
+        if not self.losses or None in self.losses.values():
+            return None
+        m, p = self.sc.model, self.sc.parallel
+        return sum(self.losses.values()) / (m.seq_length * p.global_batch)
+
+
+def rank_program(r, run: Run, plan: StagePlan):
+    """Allocate the stage's parameters and optimizer, run its schedule, reduce, step."""
+    shapes = param_shapes(run.sc.model)
+    names = stage_param_names(shapes, plan)
+    weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
+    shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
+    optimizer = allocate_optimizer(r, weights, shard)
+    state = run.states[r.rank] = RankState(weights, grads)
+    for step in plan.steps:
+        work = forward_step if step.kind == "F" else backward_step
+        yield from work(r, run, plan, state, step.micro_batch, step.chunk)
+    r.phase, r.scope = "backward", ""
+    yield from finalize_grads(r, run, plan, grads)
+    yield from adam_step(r, optimizer, weights, grads)
+    yield from data_parallel_gather_params(r, run, weights)
+    run.end_s[r.rank] = r.env.now
+
+
+def simulate_iteration(sc: Scenario, representative: bool = False) -> Run:
+    """Simulate one iteration; every simulated rank's ledger, counters and trace are kept."""
+    if representative and sc.run.mode == "numeric":
+        representative = False  # numbers need every rank's data
+    grid_ranks = None
+    if representative:
+        from simsp.cluster.grid import RankGrid
+        p = sc.parallel
+        grid = RankGrid(p.tp, p.pp, p.dp)
+        grid_ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+    world = build_world(sc, simulated=grid_ranks)
+    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env))
+    if sc.run.mode == "numeric":
+        run.tokens, run.targets = global_batch(sc)
+        run.canonical = init_params(sc.model, sc.run.seed, np.dtype(sc.run.numeric_dtype))
+    for rank, r in sorted(world.ranks.items()):
+        world.env.process(rank_program(r, run, run.plans[rank]))
+    world.env.run()
+    return run

@@ -1,0 +1,53 @@
+"""Mixed-precision Adam (K22 §4: 18 bytes per parameter): fp16 weights, fp32 main gradients,
+fp32 master weights and Adam moments m, v — optionally sharded over DP (distributed optimizer)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simsp.model.tensor import FP32
+
+ADAM_LR, ADAM_BETAS, ADAM_EPS = 1e-3, (0.9, 0.999), 1e-8
+STATE_TENSORS = ("master", "adam_m", "adam_v")  # fp32 each: 12 bytes per parameter
+
+
+@dataclass
+class AdamState:
+    """One rank's optimizer tensors, keyed like its weights."""
+
+    tensors: dict  # (state name, param name) -> Tensor
+
+
+def allocate_optimizer(r, weights: dict, shard_over: int = 1) -> AdamState:
+    """fp32 master weights and Adam moments; 1/shard_over of each with the distributed optimizer."""
+    tensors = {}
+    for name, weight in weights.items():
+        numel = -(-weight.numel // shard_over)
+        for state in STATE_TENSORS:
+            data = None
+            if r.numeric:
+                data = weight.data.reshape(-1).copy() if state == "master" else np.zeros(
+                    weight.numel, dtype=r.dtype)
+            tensors[(state, name)] = r.alloc((numel,), FP32, f"{state}.{name}", "optimizer",
+                                             data if shard_over == 1 else None)
+    return AdamState(tensors)
+
+
+def adam_step(r, state: AdamState, weights: dict, grads: dict, step: int = 1):
+    """One Adam update of the master weights, copied back to the fp16 weights (Kingma & Ba)."""
+    b1, b2 = ADAM_BETAS
+    numel = 0
+    for name, weight in weights.items():
+        numel += state.tensors[("master", name)].numel
+        if not r.numeric or state.tensors[("master", name)].data is None:
+            continue
+        g = grads[name].data.reshape(-1)  # (n,)
+        m, v = state.tensors[("adam_m", name)], state.tensors[("adam_v", name)]
+        master = state.tensors[("master", name)]
+        m.data = b1 * m.data + (1 - b1) * g
+        v.data = b2 * v.data + (1 - b2) * g * g
+        m_hat, v_hat = m.data / (1 - b1 ** step), v.data / (1 - b2 ** step)
+        master.data = master.data - ADAM_LR * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
+        weight.data = master.data.reshape(weight.shape).astype(weight.data.dtype)
+    # reads grad, master, m, v (4 B each) and writes master, m, v (4 B) and the fp16 weight (2 B)
+    yield from r.compute("adam_step", "elementwise", nbytes=30 * numel)

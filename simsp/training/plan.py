@@ -1,0 +1,100 @@
+"""What one rank does in an iteration: its coordinates, model chunks, layers and schedule."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simsp.cluster.grid import RankGrid
+from simsp.config import Scenario
+from simsp.training.schedules import Step, build_schedule
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Rank `rank` at (tp, dp, pp); virtual stage k = chunk·p + pp holds layers k·Lc..(k+1)·Lc−1."""
+
+    rank: int
+    tp: int
+    dp: int
+    pp: int
+    p: int
+    v: int
+    layers_per_chunk: int
+    steps: tuple[Step, ...]
+
+    def virtual_stage(self, chunk: int) -> int:
+        return chunk * self.p + self.pp
+
+    def layers(self, chunk: int) -> range:
+        k = self.virtual_stage(chunk)
+        return range(k * self.layers_per_chunk, (k + 1) * self.layers_per_chunk)
+
+    def all_layers(self) -> list[int]:
+        return [i for chunk in range(self.v) for i in self.layers(chunk)]
+
+    def is_first(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == 0
+
+    def is_last(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == self.p * self.v - 1
+
+    @property
+    def holds_embedding(self) -> bool:
+        return self.pp == 0
+
+    @property
+    def holds_head(self) -> bool:
+        return self.pp == self.p - 1
+
+
+def chunks_per_stage(sc: Scenario) -> int:
+    """v: model chunks per pipeline stage (1 unless interleaved)."""
+    per_stage = sc.model.num_layers // sc.parallel.pp
+    virtual = sc.parallel.num_layers_per_virtual_pipeline_stage
+    return per_stage // virtual if virtual else 1
+
+
+def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
+    """A plan for every rank of the grid."""
+    p, v = sc.parallel.pp, chunks_per_stage(sc)
+    m = sc.parallel.num_micro_batches
+    schedule = build_schedule(sc.parallel.schedule_name, p, m, v)
+    per_chunk = sc.model.num_layers // (p * v)
+    plans = {}
+    for rank in range(grid.world_size):
+        c = grid.coords(rank)
+        plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
+                                tuple(schedule[c.pp]))
+    return plans
+
+
+def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
+    """Canonical names of the parameters this stage holds (tied word table on first and last)."""
+    wanted = {f"layers.{i}." for i in plan.all_layers()}
+    names = []
+    for name in shapes:
+        if name.startswith("layers."):
+            keep = name[:name.index(".", 7) + 1] in wanted
+        elif name == "embedding.word":
+            keep = plan.holds_embedding or plan.holds_head
+        elif name == "embedding.position":
+            keep = plan.holds_embedding
+        else:  # final_ln
+            keep = plan.holds_head
+        if keep:
+            names.append(name)
+    return names
+
+
+def global_batch(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic token ids and next-token targets for the whole global batch, (s, B) each."""
+    rng = np.random.default_rng(sc.run.seed + 7)
+    s, B, v = sc.model.seq_length, sc.parallel.global_batch, sc.model.vocab_size
+    tokens = rng.integers(0, v, size=(s + 1, B))
+    return tokens[:-1], tokens[1:]
+
+
+def sample_offset(sc: Scenario, dp: int, micro_batch: int) -> int:
+    """Global index of the first sample of this replica's micro-batch."""
+    per_replica = sc.parallel.global_batch // sc.parallel.dp
+    return dp * per_replica + micro_batch * sc.parallel.micro_batch_size

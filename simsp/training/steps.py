@@ -1,0 +1,110 @@
+"""One schedule step on one rank: the forward or backward of a model chunk for a micro-batch.
+
+A chunk is the embedding (first virtual stage), its layers, and the head and loss (last virtual
+stage); activations and their gradients cross stages point-to-point (training/p2p.py).
+"""
+
+from dataclasses import dataclass, field
+
+from simsp.model.embedding import embedding_backward, embedding_forward
+from simsp.model.head import head_backward, head_forward
+from simsp.model.layer import LayerSpec, layer_forward
+from simsp.model.layer_backward import layer_backward
+from simsp.model.tensor import FP16
+from simsp.training import p2p
+from simsp.training.plan import StagePlan, sample_offset
+
+
+@dataclass
+class RankState:
+    """A rank's parameters (full canonical names), per-layer views, and pending stashes."""
+
+    weights: dict
+    grads: dict
+    stashes: dict = field(default_factory=dict)  # (micro_batch, chunk) -> saved tensors
+
+    def layer(self, i: int) -> tuple[dict, dict]:
+        prefix = f"layers.{i}."
+        w = {k.removeprefix(prefix): t for k, t in self.weights.items() if k.startswith(prefix)}
+        g = {k.removeprefix(prefix): t for k, t in self.grads.items() if k.startswith(prefix)}
+        return w, g
+
+
+def _activation_shape(run, r) -> tuple:
+    m, b = run.sc.model, run.sc.parallel.micro_batch_size
+    s = m.seq_length // (r.tp.size if r.tp.sequence_parallel else 1)
+    return (s, b, m.hidden_size)
+
+
+def _micro_batch_data(run, plan: StagePlan, mb: int):
+    """This replica's micro-batch of tokens and targets, (s, b) each (None in meta mode)."""
+    if run.tokens is None:
+        return None, None
+    start = sample_offset(run.sc, plan.dp, mb)
+    stop = start + run.sc.parallel.micro_batch_size
+    return run.tokens[:, start:stop], run.targets[:, start:stop]
+
+
+def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
+    """Embedding or receive, the chunk's layers, then the loss or a send downstream."""
+    sc, k = run.sc, plan.virtual_stage(chunk)
+    tokens, targets = _micro_batch_data(run, plan, mb)
+    offset = sample_offset(sc, plan.dp, mb)
+    r.phase, r.scope = "forward", f"mb{mb}.c{chunk}."
+    stash = {"layers": []}
+    if plan.is_first(chunk):
+        x, stash["embedding"] = yield from embedding_forward(
+            r, sc.model, state.weights, tokens, (sc.model.seq_length, sc.parallel.micro_batch_size),
+            offset)
+    else:
+        x = yield from p2p.recv(r, run.mailbox, ("act", mb, k, plan.tp, plan.dp),
+                                _activation_shape(run, r), FP16, "recv_activation")
+    for i in plan.layers(chunk):
+        r.scope = f"mb{mb}.L{i}."
+        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
+        w, _ = state.layer(i)
+        if spec.recompute == "full":
+            r.save(x, "layer_input")
+            out, _ = yield from layer_forward(r, spec, w, x, keep=False)
+            stash["layers"].append({"layer_input": x})
+        else:
+            out, saved = yield from layer_forward(r, spec, w, x)
+            stash["layers"].append(saved)
+        x = out
+    r.scope = f"mb{mb}.c{chunk}."
+    if plan.is_last(chunk):
+        loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
+        run.losses[(plan.dp, mb)] = loss
+    else:
+        dst = run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p)
+        p2p.send(r, run.world.network, run.mailbox, dst, x, ("act", mb, k + 1, plan.tp, plan.dp))
+    state.stashes[(mb, chunk)] = stash
+
+
+def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
+    """The loss gradient or a receive, the chunk's layers backwards, then embedding or a send."""
+    sc, k = run.sc, plan.virtual_stage(chunk)
+    tokens, targets = _micro_batch_data(run, plan, mb)
+    stash = state.stashes.pop((mb, chunk))
+    r.phase, r.scope = "backward", f"mb{mb}.c{chunk}."
+    if plan.is_last(chunk):
+        dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
+        dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
+                                      stash["head"], dloss)
+    else:
+        dx = yield from p2p.recv(r, run.mailbox, ("grad", mb, k, plan.tp, plan.dp),
+                                 _activation_shape(run, r), FP16, "recv_gradient")
+    offset = sample_offset(sc, plan.dp, mb)
+    for i, saved in zip(reversed(plan.layers(chunk)), reversed(stash["layers"])):
+        r.scope = f"mb{mb}.L{i}."
+        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
+        w, g = state.layer(i)
+        dx = yield from layer_backward(r, spec, w, g, saved, dx)
+        r.phase = "backward"
+    r.scope = f"mb{mb}.c{chunk}."
+    if plan.is_first(chunk):
+        yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
+                                      stash["embedding"], dx)
+    else:
+        dst = run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p)
+        p2p.send(r, run.world.network, run.mailbox, dst, dx, ("grad", mb, k - 1, plan.tp, plan.dp))
