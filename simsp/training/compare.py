@@ -42,4 +42,22 @@ def compare_with_reference(run) -> dict:
     for dp in range(sc.parallel.dp):
         for name, grad in gathered_grads(run, dp).items():
             errors[name] = max(errors.get(name, 0.0), relative_error(grad, ref[name]))
+    errors["embedding_output"] = relative_error(embedding_output_grad(run),
+                                                ref["embedding_output"])
     return errors
+
+
+def embedding_output_grad(run) -> np.ndarray:
+    """The gradient at the embedding output for the whole global batch, (s, B, h)."""
+    sc = run.sc
+    s, B, h = sc.model.seq_length, sc.parallel.global_batch, sc.model.hidden_size
+    full = np.zeros((s, B, h))
+    b, t = sc.parallel.micro_batch_size, sc.parallel.tp
+    per_replica = B // sc.parallel.dp
+    for (tp, dp, mb), grad in run.embedding_grads.items():
+        if sc.parallel.sequence_parallel or tp == 0:
+            rows = s // t if sc.parallel.sequence_parallel else s
+            start = tp * rows if sc.parallel.sequence_parallel else 0
+            col = dp * per_replica + mb * b
+            full[start:start + rows, col:col + b] = grad
+    return full

@@ -31,6 +31,8 @@ class Run:
     tokens: np.ndarray | None = None  # (s, B)
     targets: np.ndarray | None = None  # (s, B)
     canonical: dict | None = None  # full parameters (numeric mode)
+    embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
+    embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb) -> grad at emb. output
     losses: dict = field(default_factory=dict)  # (dp, micro_batch) -> summed token loss
     states: dict = field(default_factory=dict)  # rank -> RankState
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
@@ -65,8 +67,12 @@ def rank_program(r, run: Run, plan: StagePlan):
     run.end_s[r.rank] = r.env.now
 
 
-def simulate_iteration(sc: Scenario, representative: bool = False) -> Run:
-    """Simulate one iteration; every simulated rank's ledger, counters and trace are kept."""
+def simulate_iteration(sc: Scenario, representative: bool = False, canonical: dict | None = None,
+                       embedding_delta: np.ndarray | None = None) -> Run:
+    """Simulate one iteration; every simulated rank's ledger, counters and trace are kept.
+
+    Numeric mode may pass the full parameters and a perturbation of the embedding output
+    (finite differences)."""
     if representative and sc.run.mode == "numeric":
         representative = False  # numbers need every rank's data
     grid_ranks = None
@@ -79,7 +85,9 @@ def simulate_iteration(sc: Scenario, representative: bool = False) -> Run:
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env))
     if sc.run.mode == "numeric":
         run.tokens, run.targets = global_batch(sc)
-        run.canonical = init_params(sc.model, sc.run.seed, np.dtype(sc.run.numeric_dtype))
+        run.canonical = canonical or init_params(sc.model, sc.run.seed,
+                                                 np.dtype(sc.run.numeric_dtype))
+        run.embedding_delta = embedding_delta
     for rank, r in sorted(world.ranks.items()):
         world.env.process(rank_program(r, run, run.plans[rank]))
     world.env.run()

@@ -45,6 +45,15 @@ def _micro_batch_data(run, plan: StagePlan, mb: int):
     return run.tokens[:, start:stop], run.targets[:, start:stop]
 
 
+def _local_block(run, r, full, offset: int):
+    """This rank's (s_l, b, h) block of a global (s, B, h) array."""
+    b = run.sc.parallel.micro_batch_size
+    block = full[:, offset:offset + b]  # (s, b, h)
+    if r.tp.sequence_parallel:
+        block = block.reshape(r.tp.size, -1, *block.shape[1:])[r.tp.index]
+    return block
+
+
 def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
     """Embedding or receive, the chunk's layers, then the loss or a send downstream."""
     sc, k = run.sc, plan.virtual_stage(chunk)
@@ -56,6 +65,8 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
         x, stash["embedding"] = yield from embedding_forward(
             r, sc.model, state.weights, tokens, (sc.model.seq_length, sc.parallel.micro_batch_size),
             offset)
+        if run.embedding_delta is not None:
+            x.data = x.data + _local_block(run, r, run.embedding_delta, offset)
     else:
         x = yield from p2p.recv(r, run.mailbox, ("act", mb, k, plan.tp, plan.dp),
                                 _activation_shape(run, r), FP16, "recv_activation")
@@ -103,6 +114,8 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         r.phase = "backward"
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_first(chunk):
+        if r.numeric:
+            run.embedding_grads[(plan.tp, plan.dp, mb)] = dx.data.copy()  # (s_l, b, h)
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
     else:

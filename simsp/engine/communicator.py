@@ -1,0 +1,190 @@
+"""Collectives called from inside per-rank simpy processes, NCCL-communicator style.
+
+Every member of a group calls the same collective; the k-th call of each member on a group
+meets the k-th call of the others (key: (group, k)). When all expected members have arrived one
+ring runs over the network and each caller gets its own result:
+    result = yield from comm.all_reduce(group, rank, buffer, nbytes, tag)
+Shortcut `present`: only these ranks run programs; the others are assumed to behave exactly like
+them (meta mode), so the ring still moves their bytes but the rendezvous does not wait for them.
+Shortcut timing="closed_form": skip the flows and wait the closed-form ring time instead.
+Point-to-point: `comm.send(src, dst, payload, nbytes, tag)` and
+`payload = yield from comm.recv(dst, src, tag)` match in FIFO order per (src, dst, tag).
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
+                                      element_count)
+from simsp.engine.network import Network
+from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS,
+                                    bytes_sent_per_rank, chunk_counts, chunk_offsets)
+from simsp.engine.ring_timing import collective_time
+from simsp.engine.trace import Trace
+from simsp.errors import SimulationError
+
+STEPWISE, CLOSED_FORM = "stepwise", "closed_form"
+
+__all__ = ["Communicator", "collective_time", "STEPWISE", "CLOSED_FORM"]
+
+
+@dataclass
+class _Meeting:
+    """One pending collective: who is expected, who has arrived with what."""
+
+    collective: str
+    group: tuple[int, ...]
+    nbytes: int
+    tag: str
+    expected: frozenset[int]
+    done: simpy.Event
+    elem_bytes: int
+    buffers: dict[int, object] = field(default_factory=dict)
+
+
+class Communicator:
+    """Rendezvous and ring execution of collectives over one Network (rank r on GPU r)."""
+
+    def __init__(self, env: simpy.Environment, network: Network, present: set[int] | None = None,
+                 elem_bytes: int = DEFAULT_ELEM_BYTES, trace: Trace | None = None,
+                 timing: str = STEPWISE):
+        if timing not in (STEPWISE, CLOSED_FORM):
+            raise ValueError(f"timing must be {STEPWISE} or {CLOSED_FORM}, got {timing!r}")
+        self.env = env
+        self.network = network
+        self.present = None if present is None else frozenset(present)
+        self.elem_bytes = elem_bytes
+        self.trace = trace if trace is not None else network.trace
+        self.timing = timing
+        self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
+        self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
+        self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
+        self._mailboxes: dict[tuple[int, int, str], simpy.Store] = {}  # (src, dst, tag) -> FIFO
+
+    def send(self, src: int, dst: int, payload, nbytes: int, tag: str = "") -> simpy.Event:
+        """Send `payload` (None in meta mode) of `nbytes` from rank src to rank dst over the
+        network; returns the delivery event, which the sender may wait on or not."""
+        delivered = self.network.transfer(src, dst, nbytes, tag or f"p2p {src}->{dst}")
+        mailbox = self._mailbox(src, dst, tag)
+        delivered.callbacks.append(lambda _event: mailbox.put(payload))
+        return delivered
+
+    def recv(self, dst: int, src: int, tag: str = ""):
+        """Wait for the next message from src to dst with `tag`; return its payload."""
+        return (yield self._mailbox(src, dst, tag).get())
+
+    def _mailbox(self, src: int, dst: int, tag: str) -> simpy.Store:
+        """The FIFO of delivered messages from src to dst under `tag`."""
+        key = (src, dst, tag)
+        if key not in self._mailboxes:
+            self._mailboxes[key] = simpy.Store(self.env)
+        return self._mailboxes[key]
+
+    def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
+                   elem_bytes: int | None = None):
+        """Sum of every member's buffer, same shape (None in meta mode). Use with `yield from`."""
+        return (yield from self._call(ALL_REDUCE, group, rank, buffer, nbytes, tag, elem_bytes))
+
+    def reduce_scatter(self, group, rank: int, buffer, nbytes: int, tag: str = "",
+                       elem_bytes: int | None = None):
+        """This member's chunk of the sum (1-D; None in meta). `nbytes` is the full size S."""
+        return (yield from self._call(REDUCE_SCATTER, group, rank, buffer, nbytes, tag,
+                                      elem_bytes))
+
+    def all_gather(self, group, rank: int, chunk, nbytes: int, tag: str = "",
+                   elem_bytes: int | None = None):
+        """Concatenation of every member's chunk (1-D; None in meta). `nbytes` is the whole S."""
+        return (yield from self._call(ALL_GATHER, group, rank, chunk, nbytes, tag, elem_bytes))
+
+    def _call(self, collective: str, group, rank: int, buffer, nbytes: int, tag: str,
+              elem_bytes: int | None = None):
+        """Join the rendezvous, wait for the ring to finish, return this member's result.
+
+        `elem_bytes` (default: the communicator's) sizes the elements, e.g. 4 for fp32 grads."""
+        group = tuple(group)
+        meeting = self._join(collective, group, rank, buffer, nbytes, tag,
+                             elem_bytes or self.elem_bytes)
+        results = yield meeting.done
+        return results[group.index(rank)]
+
+    def _join(self, collective, group, rank, buffer, nbytes, tag, elem_bytes) -> _Meeting:
+        """Register `rank`'s arrival at its next call on `group`; start the ring if it is last."""
+        expected = self._expected(group, rank, buffer)
+        sequence = self._calls.get((group, rank), 0)
+        self._calls[(group, rank)] = sequence + 1
+        key = (group, sequence)
+        if key not in self._meetings:
+            self._meetings[key] = _Meeting(collective, group, nbytes, tag, expected,
+                                           self.env.event(), elem_bytes)
+        meeting = self._meetings[key]
+        if (meeting.collective, meeting.nbytes, meeting.tag) != (collective, nbytes, tag):
+            raise SimulationError(f"rank {rank} called {collective} {tag!r} ({nbytes} B) on "
+                                  f"{group} where others called {meeting.collective} "
+                                  f"{meeting.tag!r} ({meeting.nbytes} B)")
+        meeting.buffers[rank] = buffer
+        if len(meeting.buffers) == len(expected):
+            del self._meetings[key]
+            self.env.process(self._execute(meeting))
+        return meeting
+
+    def _expected(self, group: tuple[int, ...], rank: int, buffer) -> frozenset[int]:
+        """The members whose arrival the rendezvous waits for, checking `rank` may call."""
+        if rank not in group:
+            raise SimulationError(f"rank {rank} is not a member of group {group}")
+        if self.present is None:
+            return frozenset(group)
+        if rank not in self.present:
+            raise SimulationError(f"rank {rank} is not present but called a collective")
+        expected = frozenset(group) & self.present
+        if buffer is not None and len(expected) < len(group):
+            raise SimulationError("absent ranks have no data: the present-rank shortcut is "
+                                  "meta only")
+        return expected
+
+    def _execute(self, meeting: _Meeting):
+        """Run the ring (or wait its closed-form time), record stats and spans, hand out results."""
+        buffers = [meeting.buffers.get(rank) for rank in meeting.group]
+        if self.timing == STEPWISE:
+            ring = RING_COLLECTIVES[meeting.collective]
+            results, stats = yield from ring(self.env, self.network, list(meeting.group), buffers,
+                                             meeting.nbytes, meeting.elem_bytes,
+                                             meeting.tag or meeting.collective)
+        else:
+            results, stats = yield from self._closed_form(meeting, buffers)
+        self.stats.append(stats)
+        for rank in sorted(meeting.expected):
+            self.trace.add_span(rank, "comm", meeting.tag or meeting.collective, stats.start_s,
+                                stats.end_s, {"collective": meeting.collective,
+                                              "nbytes": meeting.nbytes, "group": meeting.group})
+        meeting.done.succeed(results)
+
+    def _closed_form(self, meeting: _Meeting, buffers: list):
+        """Wait collective_time without simulating flows; results computed directly."""
+        n, start_s = len(meeting.group), self.env.now
+        counts = chunk_counts(element_count(meeting.nbytes, meeting.elem_bytes), n)
+        chunk_bytes = [c * meeting.elem_bytes for c in counts]
+        yield self.env.timeout(collective_time(meeting.collective, self.network.graph,
+                                               list(meeting.group), meeting.nbytes,
+                                               self.network.calibration, meeting.elem_bytes))
+        steps = STEPS[meeting.collective](n)
+        sent = tuple(bytes_sent_per_rank(steps, chunk_bytes))
+        received = sent[-1:] + sent[:-1]  # each rank receives what its predecessor sends
+        stats = CollectiveStats(meeting.collective, meeting.group, meeting.nbytes, len(steps),
+                                sent, received, start_s, self.env.now)
+        return _direct_results(meeting.collective, buffers, counts), stats
+
+
+def _direct_results(collective: str, buffers: list, counts: list[int]) -> list:
+    """What the ring computes, without the ring: sum, its chunks, or the concatenation."""
+    if all(b is None for b in buffers):
+        return [None] * len(buffers)
+    if collective == ALL_GATHER:
+        whole = np.concatenate([np.asarray(b).reshape(-1) for b in buffers])  # (count,)
+        return [whole.copy() for _ in buffers]
+    total = sum(np.asarray(b) for b in buffers)  # shape of one buffer
+    if collective == ALL_REDUCE:
+        return [total.copy() for _ in buffers]
+    flat = total.reshape(-1)  # (count,)
+    return [flat[o:o + c].copy() for o, c in zip(chunk_offsets(counts), counts)]
