@@ -1,43 +1,59 @@
-"""A100 compute cost model: kernel FLOPs and bytes -> seconds (K22 §6 hardware, REFERENCE.md §6).
+"""A100 compute cost model: one kernel's FLOPs or bytes -> seconds (REFERENCE.md §6).
 
-GEMMs run at a calibrated fraction of the 312 TFLOP/s tensor-core peak that grows with the GEMM's
-size; memory-bound kernels move their bytes at a calibrated fraction of HBM bandwidth; every kernel
-pays a launch overhead. All constants live in `A100_COMPUTE` and are reported with results.
+GEMMs run at a fraction of the tensor-core peak that grows with their arithmetic intensity;
+memory-bound kernels (LN, dropout, GeLU, softmax, adds, copies) stream their bytes at a fraction
+of HBM bandwidth; every kernel pays a launch overhead. Collectives are timed by the engine.
+The constants are `simsp.hardware.ComputeCalibration`; `calibration(cal)` swaps them for a
+block of code (the calibration script's fit does).
 """
 
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict
+
+from simsp.hardware import A100_COMPUTE, ComputeCalibration
+
+_ACTIVE = [A100_COMPUTE]  # stack: the last entry times every kernel
 
 
-@dataclass(frozen=True)
-class ComputeCalibration:
-    """Named constants of the compute model (calibrated against K22 Table 4)."""
-
-    peak_flops: float = 312e12  # A100 dense fp16/bf16 tensor core
-    hbm_bandwidth_Bps: float = 2.0e12  # A100-SXM4-80GB HBM2e
-    gemm_max_efficiency: float = 0.80  # fraction of peak reached by large GEMMs
-    gemm_half_size: float = 256.0  # smallest GEMM dim at which efficiency is half the max
-    memory_efficiency: float = 0.75  # fraction of HBM bandwidth reached by element-wise kernels
-    launch_overhead_s: float = 4e-6  # per kernel
+def active_calibration() -> ComputeCalibration:
+    """The constants kernels are timed with now."""
+    return _ACTIVE[-1]
 
 
-A100_COMPUTE = ComputeCalibration()
+@contextmanager
+def calibration(cal: ComputeCalibration):
+    """Time every kernel inside the `with` block with `cal`."""
+    _ACTIVE.append(cal)
+    try:
+        yield cal
+    finally:
+        _ACTIVE.pop()
 
 
-def gemm_efficiency(m: int, k: int, n: int, cal: ComputeCalibration = A100_COMPUTE) -> float:
-    """Fraction of peak a GEMM reaches: a saturating curve in its smallest dimension."""
-    smallest = min(m, k, n)
-    return cal.gemm_max_efficiency * smallest / (smallest + cal.gemm_half_size)
+def gemm_intensity(m: int, k: int, n: int) -> float:
+    """FLOPs per byte of a 16-bit (m,k)x(k,n) GEMM reading A, B and writing C once:
+    2mkn / 2(mk + kn + mn). Symmetric, so forward, input-grad and weight-grad GEMMs agree."""
+    return m * k * n / (m * k + k * n + m * n)
 
 
-def kernel_time(kind: str, flops: int, nbytes: int, gemm=None,
-                cal: ComputeCalibration = A100_COMPUTE) -> float:
-    """Seconds for one kernel: GEMMs by FLOPs, everything else by bytes moved."""
+def gemm_efficiency(m: int, k: int, n: int, cal: ComputeCalibration | None = None) -> float:
+    """Fraction of peak one GEMM reaches: E_max · I / (I + I_half), saturating in intensity I."""
+    cal = cal or active_calibration()
+    intensity = gemm_intensity(m, k, n)
+    return cal.gemm_max_efficiency * intensity / (intensity + cal.gemm_half_intensity)
+
+
+def kernel_time(kind: str, flops: int, nbytes: int, gemm: tuple | None = None,
+                cal: ComputeCalibration | None = None) -> float:
+    """Seconds for one kernel: a "gemm" by its FLOPs and shape (m, k, n), anything else by the
+    bytes it reads and writes; plus the launch overhead."""
+    cal = cal or active_calibration()
     if kind == "gemm":
-        m, k, n = gemm
-        return cal.launch_overhead_s + flops / (cal.peak_flops * gemm_efficiency(m, k, n, cal))
+        rate = cal.peak_flops * gemm_efficiency(*gemm, cal)
+        return cal.launch_overhead_s + flops / rate
     return cal.launch_overhead_s + nbytes / (cal.hbm_bandwidth_Bps * cal.memory_efficiency)
 
 
-def calibration_table(cal: ComputeCalibration = A100_COMPUTE) -> dict:
+def calibration_table(cal: ComputeCalibration | None = None) -> dict:
     """The constants as a plain dict, for reports."""
-    return asdict(cal)
+    return asdict(cal or active_calibration())

@@ -61,6 +61,7 @@ class Communicator:
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
+        self._plans: dict[tuple, tuple] = {}  # closed-form plans by (collective, group, S, elem)
         self._mailboxes: dict[tuple[int, int, str], simpy.Store] = {}  # (src, dst, tag) -> FIFO
 
     def send(self, src: int, dst: int, payload, nbytes: int, tag: str = "") -> simpy.Event:
@@ -162,18 +163,27 @@ class Communicator:
 
     def _closed_form(self, meeting: _Meeting, buffers: list):
         """Wait collective_time without simulating flows; results computed directly."""
-        n, start_s = len(meeting.group), self.env.now
-        counts = chunk_counts(element_count(meeting.nbytes, meeting.elem_bytes), n)
-        chunk_bytes = [c * meeting.elem_bytes for c in counts]
-        yield self.env.timeout(collective_time(meeting.collective, self.network.graph,
-                                               list(meeting.group), meeting.nbytes,
-                                               self.network.calibration, meeting.elem_bytes))
-        steps = STEPS[meeting.collective](n)
-        sent = tuple(bytes_sent_per_rank(steps, chunk_bytes))
+        start_s = self.env.now
+        duration, counts, steps, sent = self._closed_form_plan(
+            meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        yield self.env.timeout(duration)
         received = sent[-1:] + sent[:-1]  # each rank receives what its predecessor sends
-        stats = CollectiveStats(meeting.collective, meeting.group, meeting.nbytes, len(steps),
+        stats = CollectiveStats(meeting.collective, meeting.group, meeting.nbytes, steps,
                                 sent, received, start_s, self.env.now)
         return _direct_results(meeting.collective, buffers, counts), stats
+
+    def _closed_form_plan(self, collective: str, group: tuple, nbytes: int, elem_bytes: int):
+        """(duration, chunk counts, step count, bytes sent per rank), memoised per call shape."""
+        key = (collective, group, nbytes, elem_bytes)
+        if key not in self._plans:
+            n = len(group)
+            counts = chunk_counts(element_count(nbytes, elem_bytes), n)
+            steps = STEPS[collective](n)
+            sent = tuple(bytes_sent_per_rank(steps, [c * elem_bytes for c in counts]))
+            duration = collective_time(collective, self.network.graph, list(group), nbytes,
+                                       self.network.calibration, elem_bytes)
+            self._plans[key] = (duration, counts, len(steps), sent)
+        return self._plans[key]
 
 
 def _direct_results(collective: str, buffers: list, counts: list[int]) -> list:

@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simsp.cluster.grid import RankGrid
 from simsp.config import Scenario
+from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.model.params import init_params, param_shapes
+from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
 from simsp.model.world import World, build_world
 from simsp.training import p2p
@@ -34,6 +37,7 @@ class Run:
     embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
     embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb) -> grad at emb. output
     losses: dict = field(default_factory=dict)  # (dp, micro_batch) -> summed token loss
+    layers: object = field(default_factory=DirectLayers)  # or LayerTemplates (meta shortcut)
     states: dict = field(default_factory=dict)  # rank -> RankState
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
 
@@ -67,22 +71,47 @@ def rank_program(r, run: Run, plan: StagePlan):
     run.end_s[r.rank] = r.env.now
 
 
-def simulate_iteration(sc: Scenario, representative: bool = False, canonical: dict | None = None,
+@dataclass(frozen=True)
+class Shortcuts:
+    """The scale shortcuts of meta mode, each shown equal to the full simulation in
+    tests/test_shortcuts.py: one simulated rank per TP group and DP replica, whole-collective
+    timing, and layer templates (which need the other two)."""
+
+    representative: bool = False
+    closed_form: bool = False
+    templates: bool = False
+
+    @classmethod
+    def for_scale(cls, sc: Scenario) -> "Shortcuts":
+        """All shortcuts in meta mode; none in numeric mode, whose numbers need every rank."""
+        meta = sc.run.mode == "meta"
+        return cls(meta, meta, meta)
+
+
+def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
+    if not shortcuts.representative:
+        return None
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    return [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+
+
+def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
+                       canonical: dict | None = None,
                        embedding_delta: np.ndarray | None = None) -> Run:
     """Simulate one iteration; every simulated rank's ledger, counters and trace are kept.
 
     Numeric mode may pass the full parameters and a perturbation of the embedding output
     (finite differences)."""
-    if representative and sc.run.mode == "numeric":
-        representative = False  # numbers need every rank's data
-    grid_ranks = None
-    if representative:
-        from simsp.cluster.grid import RankGrid
-        p = sc.parallel
-        grid = RankGrid(p.tp, p.pp, p.dp)
-        grid_ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
-    world = build_world(sc, simulated=grid_ranks)
+    if sc.run.mode == "numeric" and shortcuts.representative:
+        raise ValueError("numeric mode needs every rank: no representative shortcut")
+    if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):
+        raise ValueError("layer templates need the representative and closed-form shortcuts")
+    world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
+                        timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env))
+    if shortcuts.templates:
+        run.layers = LayerTemplates()
     if sc.run.mode == "numeric":
         run.tokens, run.targets = global_batch(sc)
         run.canonical = canonical or init_params(sc.model, sc.run.seed,

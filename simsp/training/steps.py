@@ -74,13 +74,12 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
         r.scope = f"mb{mb}.L{i}."
         spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
         w, _ = state.layer(i)
-        if spec.recompute == "full":
+        full = spec.recompute == "full"
+        if full:
             r.save(x, "layer_input")
-            out, _ = yield from layer_forward(r, spec, w, x, keep=False)
-            stash["layers"].append({"layer_input": x})
-        else:
-            out, saved = yield from layer_forward(r, spec, w, x)
-            stash["layers"].append(saved)
+        out, saved = yield from run.layers.run(
+            r, ("F", full), x, lambda: layer_forward(r, spec, w, x, keep=not full))
+        stash["layers"].append({"layer_input": x} if full else saved)
         x = out
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_last(chunk):
@@ -110,7 +109,8 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         r.scope = f"mb{mb}.L{i}."
         spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
         w, g = state.layer(i)
-        dx = yield from layer_backward(r, spec, w, g, saved, dx)
+        dx = yield from run.layers.run(
+            r, ("B",), dx, lambda: layer_backward(r, spec, w, g, saved, dx))
         r.phase = "backward"
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_first(chunk):

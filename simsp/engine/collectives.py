@@ -1,0 +1,186 @@
+"""Ring collectives executed step by step over a Network, as simpy process bodies.
+
+Each rank of the ring runs its own loop: at every step it sends one chunk to its successor over
+the network, waits for the chunk from its predecessor, and adds it (reduce-scatter) or stores it
+(all-gather). Time emerges from the transfers. Numeric mode moves and adds real numpy chunks;
+meta mode (buffers None) moves sizes only. Use as `results, stats = yield from ring_...(...)`.
+"""
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import simpy
+
+from simsp.engine.network import Network
+from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, RingStep,
+                                    all_gather_steps, chunk_counts, chunk_offsets,
+                                    reduce_scatter_steps)
+
+DEFAULT_ELEM_BYTES = 2  # fp16/bf16 training dtype (DESIGN.md: accounting uses the training dtype)
+
+
+@dataclass(frozen=True)
+class CollectiveStats:
+    """What one collective did: steps, bytes per ring position, and when it ran."""
+
+    collective: str
+    gpus: tuple[int, ...]
+    nbytes: int  # S: the full (reduced or gathered) message size
+    steps: int
+    bytes_sent: tuple[int, ...]  # per ring position
+    bytes_received: tuple[int, ...]  # per ring position
+    start_s: float
+    end_s: float
+
+    @property
+    def time_s(self) -> float:
+        """Seconds from the first send to the last delivery."""
+        return self.end_s - self.start_s
+
+    def followed_by(self, other: "CollectiveStats", collective: str) -> "CollectiveStats":
+        """Stats of this collective then `other` on the same ring, as one `collective`."""
+        return CollectiveStats(
+            collective, self.gpus, self.nbytes, self.steps + other.steps,
+            tuple(a + b for a, b in zip(self.bytes_sent, other.bytes_sent)),
+            tuple(a + b for a, b in zip(self.bytes_received, other.bytes_received)),
+            self.start_s, other.end_s)
+
+
+def element_count(nbytes: int, elem_bytes: int) -> int:
+    """Elements in an `nbytes` message of `elem_bytes`-byte elements (must divide exactly)."""
+    if nbytes < 0 or elem_bytes < 1 or nbytes % elem_bytes:
+        raise ValueError(f"{nbytes} bytes is not a whole number of {elem_bytes}-byte elements")
+    return nbytes // elem_bytes
+
+
+def _is_meta(arrays: list | None) -> bool:
+    """True when no rank has data (meta mode); mixing data and None is an error."""
+    if arrays is None or all(a is None for a in arrays):
+        return True
+    if any(a is None for a in arrays):
+        raise ValueError("either every rank passes a buffer (numeric) or none does (meta)")
+    return False
+
+
+def _split(buffer: np.ndarray, counts: list[int]) -> list[np.ndarray]:
+    """A private copy of `buffer`, flattened and cut into chunks of `counts` elements."""
+    flat = np.array(buffer, copy=True).reshape(-1)  # (count,)
+    if flat.size != sum(counts):
+        raise ValueError(f"buffer has {flat.size} elements, the message has {sum(counts)}")
+    return [flat[o:o + c] for o, c in zip(chunk_offsets(counts), counts)]  # n x (counts[c],)
+
+
+def ring_reduce_scatter(env: simpy.Environment, network: Network, gpus: list[int],
+                        buffers: list[np.ndarray] | None, nbytes: int,
+                        elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = REDUCE_SCATTER):
+    """Ring reduce-scatter of an S = `nbytes` message: rank i ends with chunk i of the sum.
+
+    Returns (results, stats): results[i] is a 1-D array (numeric) or None (meta).
+    """
+    n = len(gpus)
+    counts = chunk_counts(element_count(nbytes, elem_bytes), n)
+    holdings = None if _is_meta(buffers) else [_split(b, counts) for b in buffers]
+    stats = yield from _run_steps(env, network, gpus, reduce_scatter_steps(n), holdings,
+                                  [c * elem_bytes for c in counts], REDUCE_SCATTER, label)
+    results = [None] * n if holdings is None else [holdings[i][i] for i in range(n)]
+    return results, stats
+
+
+def ring_all_gather(env: simpy.Environment, network: Network, gpus: list[int],
+                    chunks: list[np.ndarray] | None, nbytes: int,
+                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_GATHER):
+    """Ring all-gather: rank i contributes chunk i; every rank ends with the S = `nbytes` whole.
+
+    Returns (results, stats): results[i] is the 1-D concatenation (numeric) or None (meta).
+    """
+    n = len(gpus)
+    counts = chunk_counts(element_count(nbytes, elem_bytes), n)
+    holdings = None if _is_meta(chunks) else _own_chunks(chunks, counts)
+    stats = yield from _run_steps(env, network, gpus, all_gather_steps(n), holdings,
+                                  [c * elem_bytes for c in counts], ALL_GATHER, label)
+    results = [None] * n if holdings is None else [np.concatenate(h) for h in holdings]
+    return results, stats
+
+
+def ring_all_reduce(env: simpy.Environment, network: Network, gpus: list[int],
+                    buffers: list[np.ndarray] | None, nbytes: int,
+                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_REDUCE):
+    """Ring all-reduce = reduce-scatter then all-gather (REFERENCE.md §5). Results keep shape."""
+    reduced, first = yield from ring_reduce_scatter(env, network, gpus, buffers, nbytes,
+                                                    elem_bytes, f"{label}/{REDUCE_SCATTER}")
+    gathered, second = yield from ring_all_gather(env, network, gpus, reduced, nbytes,
+                                                  elem_bytes, f"{label}/{ALL_GATHER}")
+    if not _is_meta(buffers):
+        gathered = [g.reshape(np.shape(b)) for g, b in zip(gathered, buffers)]
+    return gathered, first.followed_by(second, ALL_REDUCE)
+
+
+RING_COLLECTIVES = {ALL_REDUCE: ring_all_reduce, REDUCE_SCATTER: ring_reduce_scatter,
+                    ALL_GATHER: ring_all_gather}
+
+
+def _own_chunks(chunks: list[np.ndarray], counts: list[int]) -> list[list[np.ndarray | None]]:
+    """All-gather start: rank r holds only its own chunk r, checked against the chunk sizes."""
+    holdings = []
+    for rank, chunk in enumerate(chunks):
+        flat = np.asarray(chunk).reshape(-1)  # (counts[rank],)
+        if flat.size != counts[rank]:
+            raise ValueError(f"rank {rank} contributes {flat.size} elements, "
+                             f"its chunk has {counts[rank]}")
+        holdings.append([flat if c == rank else None for c in range(len(counts))])
+    return holdings
+
+
+def _run_steps(env: simpy.Environment, network: Network, gpus: list[int], steps: list[RingStep],
+               holdings: list | None, chunk_bytes: list[int], collective: str, label: str):
+    """Run one process per ring position through `steps`; return the stats when all finish."""
+    ring = _Ring(env, network, list(gpus), steps, holdings, chunk_bytes, label)
+    start_s = env.now
+    yield env.all_of([env.process(ring.rank_loop(rank)) for rank in range(len(gpus))])
+    return CollectiveStats(collective, tuple(gpus), sum(chunk_bytes), len(steps),
+                           tuple(ring.sent), tuple(ring.received), start_s, env.now)
+
+
+class _Ring:
+    """The shared state of one ring phase: the plan, each rank's chunks, inboxes, byte counts."""
+
+    def __init__(self, env, network, gpus, steps, holdings, chunk_bytes, label):
+        self.env, self.network, self.gpus, self.steps = env, network, gpus, steps
+        self.holdings = holdings  # [rank][chunk] -> (counts[chunk],) array, or None in meta mode
+        self.chunk_bytes = chunk_bytes
+        self.label = label
+        n = len(gpus)
+        self.inboxes = [[env.event() for _ in range(n)] for _ in steps]  # [step][rank]
+        self.sent, self.received = [0] * n, [0] * n
+
+    def rank_loop(self, rank: int):
+        """One rank's side of the ring: send, wait for the incoming chunk, add or store it."""
+        for index, step in enumerate(self.steps):
+            delivered = self._send(index, step, rank)
+            incoming = yield self.inboxes[index][rank]
+            yield delivered
+            self._receive(step, rank, incoming)
+
+    def _send(self, index: int, step: RingStep, rank: int) -> simpy.Event:
+        """Put this rank's chunk for `step` on the wire; its inbox fills on delivery."""
+        out = step.send_of(rank)
+        payload = None if self.holdings is None else self.holdings[rank][out.chunk]
+        delivered = self.network.transfer(self.gpus[rank], self.gpus[out.dst],
+                                          self.chunk_bytes[out.chunk], f"{self.label} step {index}")
+        delivered.callbacks.append(partial(_post, self.inboxes[index][out.dst], payload))
+        self.sent[rank] += self.chunk_bytes[out.chunk]
+        return delivered
+
+    def _receive(self, step: RingStep, rank: int, incoming) -> None:
+        """Add (reduce-scatter) or store (all-gather) the chunk that arrived."""
+        chunk = step.receive_of(rank).chunk
+        self.received[rank] += self.chunk_bytes[chunk]
+        if self.holdings is not None:
+            mine = self.holdings[rank][chunk]
+            self.holdings[rank][chunk] = mine + incoming if step.reduce else incoming
+
+
+def _post(inbox: simpy.Event, payload, _delivered: simpy.Event) -> None:
+    """Hand a delivered chunk to the receiving rank."""
+    inbox.succeed(payload)

@@ -1,0 +1,121 @@
+"""Pure planning of ring collectives: chunk sizes, who sends which chunk to whom at every step.
+
+The message is split into n chunks (the first count % n chunks one element longer, as
+numpy.array_split does). Textbook ring (tinygrad schedule/allreduce.py):
+- reduce-scatter step k: chunk c moves from rank (c+k+1) % n to (c+k+2) % n and is added there,
+  so after n-1 steps rank c holds chunk c summed over all ranks;
+- all-gather step k: chunk c moves from rank (c+k) % n to (c+k+1) % n and is copied there;
+- all-reduce = the reduce-scatter steps followed by the all-gather steps (REFERENCE.md §5).
+"""
+
+from dataclasses import dataclass
+
+REDUCE_SCATTER, ALL_GATHER, ALL_REDUCE = "reduce_scatter", "all_gather", "all_reduce"
+COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
+
+
+@dataclass(frozen=True)
+class Send:
+    """At one step, rank `src` sends chunk `chunk` to rank `dst` (ranks are ring positions)."""
+
+    src: int
+    dst: int
+    chunk: int
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """One ring step: every rank sends one chunk to its successor. `reduce`: add, else copy."""
+
+    phase: str  # REDUCE_SCATTER or ALL_GATHER
+    index: int  # step number within the phase, from 0
+    sends: tuple[Send, ...]  # one per rank, ordered by src
+
+    @property
+    def reduce(self) -> bool:
+        """Receivers add the chunk (reduce-scatter) rather than copy it (all-gather)."""
+        return self.phase == REDUCE_SCATTER
+
+    def send_of(self, rank: int) -> Send:
+        """What `rank` sends at this step."""
+        return self.sends[rank]
+
+    def receive_of(self, rank: int) -> Send:
+        """What `rank` receives at this step (the send whose dst is `rank`)."""
+        return self.sends[(rank - 1) % len(self.sends)]
+
+
+def chunk_counts(count: int, n: int) -> list[int]:
+    """Elements in each of n chunks of a `count`-element message (numpy.array_split sizes)."""
+    if n < 1 or count < 0:
+        raise ValueError(f"cannot split {count} elements into {n} chunks")
+    base, extra = divmod(count, n)
+    return [base + (1 if c < extra else 0) for c in range(n)]
+
+
+def chunk_offsets(counts: list[int]) -> list[int]:
+    """Start element of every chunk (prefix sums of `counts`)."""
+    offsets, start = [], 0
+    for size in counts:
+        offsets.append(start)
+        start += size
+    return offsets
+
+
+def _phase(phase: str, n: int, first_hop: int) -> list[RingStep]:
+    """n-1 steps in which chunk c leaves rank (c + step + first_hop) % n for the next rank."""
+    steps = []
+    for step in range(n - 1):
+        moves = [Send(src=(c + step + first_hop) % n, dst=(c + step + first_hop + 1) % n, chunk=c)
+                 for c in range(n)]
+        steps.append(RingStep(phase, step, tuple(sorted(moves, key=lambda s: s.src))))
+    return steps
+
+
+def reduce_scatter_steps(n: int) -> list[RingStep]:
+    """Chunk c starts at rank c+1 and ends, fully reduced, at rank c after n-1 steps."""
+    return _phase(REDUCE_SCATTER, n, first_hop=1)
+
+
+def all_gather_steps(n: int) -> list[RingStep]:
+    """Chunk c starts at rank c and reaches every other rank after n-1 steps."""
+    return _phase(ALL_GATHER, n, first_hop=0)
+
+
+def all_reduce_steps(n: int) -> list[RingStep]:
+    """The reduce-scatter's steps then the all-gather's: 2(n-1) steps."""
+    return reduce_scatter_steps(n) + all_gather_steps(n)
+
+
+STEPS = {REDUCE_SCATTER: reduce_scatter_steps, ALL_GATHER: all_gather_steps,
+         ALL_REDUCE: all_reduce_steps}
+
+
+def bytes_sent_per_rank(steps: list[RingStep], chunk_bytes: list[int]) -> list[int]:
+    """Bytes each rank sends over `steps`, given every chunk's size in bytes."""
+    sent = [0] * len(chunk_bytes)
+    for step in steps:
+        for send in step.sends:
+            sent[send.src] += chunk_bytes[send.chunk]
+    return sent
+
+
+# Holdings: holdings[rank][chunk] = the ranks whose contributions that chunk's copy contains.
+Holdings = list[list[frozenset[int]]]
+
+
+def initial_holdings(collective: str, n: int) -> Holdings:
+    """Before a reduction every rank holds its own data; before an all-gather only its chunk."""
+    if collective == ALL_GATHER:
+        return [[frozenset({r}) if c == r else frozenset() for c in range(n)] for r in range(n)]
+    return [[frozenset({r}) for _ in range(n)] for r in range(n)]
+
+
+def apply_step(holdings: Holdings, step: RingStep) -> Holdings:
+    """Holdings after `step`: receivers add (reduce-scatter) or replace (all-gather) the chunk."""
+    after = [list(row) for row in holdings]
+    for send in step.sends:
+        incoming = holdings[send.src][send.chunk]
+        own = holdings[send.dst][send.chunk]
+        after[send.dst][send.chunk] = own | incoming if step.reduce else incoming
+    return after

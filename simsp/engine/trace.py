@@ -1,0 +1,60 @@
+"""The trace: what happened, when. Spans of work on a rank's tracks and point-to-point transfers.
+
+Plain records, no I/O: metrics and reports read them later.
+"""
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Span(NamedTuple):
+    """Rank `rank` spent [start_s, end_s) on `name` on one track ("compute", "comm", ...).
+
+    A NamedTuple: a paper-scale run records millions, and tuples are cheap to make."""
+
+    rank: int
+    track: str
+    name: str
+    start_s: float
+    end_s: float
+    args: dict = {}
+
+    @property
+    def duration_s(self) -> float:
+        """Length of the span in seconds."""
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """`nbytes` moved from GPU `src` to GPU `dst` over [start_s, end_s)."""
+
+    src: int
+    dst: int
+    nbytes: int
+    start_s: float
+    end_s: float
+    label: str
+
+
+@dataclass
+class Trace:
+    """Every span and transfer of one simulation, in the order they were recorded."""
+
+    spans: list[Span] = field(default_factory=list)
+    transfers: list[TransferRecord] = field(default_factory=list)
+
+    def add_span(self, rank: int, track: str, name: str, start_s: float, end_s: float,
+                 args: dict | None = None) -> Span:
+        """Record one span and return it."""
+        span = Span(rank, track, name, start_s, end_s, dict(args or {}))
+        self.spans.append(span)
+        return span
+
+    def add_transfer(self, record: TransferRecord) -> None:
+        """Record one finished point-to-point transfer."""
+        self.transfers.append(record)
+
+    def spans_of(self, rank: int, track: str | None = None) -> list[Span]:
+        """The spans of `rank`, optionally only those on `track`, in recording order."""
+        return [s for s in self.spans if s.rank == rank and (track is None or s.track == track)]

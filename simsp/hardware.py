@@ -1,0 +1,104 @@
+"""Hardware specs and every calibration constant, in one place (REFERENCE.md §6).
+
+Sections: GPU specs; link calibration (what fraction of a link's speed NCCL rings achieve).
+A compute cost-model section (op FLOPs and bytes -> seconds) belongs here too.
+"""
+
+from dataclasses import dataclass
+
+from simsp.units import GiB
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator: memory capacity, dense 16-bit tensor-core peak and HBM bandwidth."""
+
+    name: str
+    memory_bytes: int
+    peak_flops: float  # dense fp16/bf16 tensor-core FLOP/s
+    hbm_bandwidth_Bps: float  # bytes/s
+
+
+A100_SXM4_80GB = GPUSpec(
+    name="A100-SXM4-80GB",
+    memory_bytes=80 * GiB,  # 80 GiB HBM2e (REFERENCE.md §6)
+    peak_flops=312e12,  # 312 TFLOP/s dense fp16/bf16 (REFERENCE.md §2, §6)
+    hbm_bandwidth_Bps=2.0e12,  # ~2.0 TB/s (REFERENCE.md §6)
+)
+
+GPUS = {A100_SXM4_80GB.name: A100_SXM4_80GB}
+
+
+# ---------------------------------------------------------------------------------------------
+# Links
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LinkCalibration:
+    """Achieved fractions of the configured link speeds, and extra software latency.
+
+    The network divides each link's configured bandwidth among the flows crossing it after
+    scaling it by the efficiency of its kind, so a ring's busbw lands at link speed x efficiency.
+    """
+
+    # nccl-tests all_reduce on one DGX A100 (8 GPUs, NVSwitch) reports busbw ~230 GB/s for large
+    # messages against 300 GB/s of NVLink per GPU per direction: 0.78 x 300 = 234 GB/s.
+    nvlink_efficiency: float = 0.78
+    # NCCL over HDR InfiniBand reaches ~22-23 GB/s of a NIC's 25 GB/s (200 Gb/s) per direction.
+    ib_efficiency: float = 0.90
+    # Software cost added to every point-to-point transfer (NCCL step synchronisation) on top of
+    # the cluster's per-hop link latencies. Zero: the configured nvlink_latency_us (2 us per
+    # switch hop) already exceeds NCCL's measured per-step latency on NVLink (~1 us, LL protocol).
+    transfer_overhead_s: float = 0.0
+
+    def efficiency(self, kind: str) -> float:
+        """Achieved fraction of bandwidth for a link of `kind` ("nvlink" or "ib")."""
+        fractions = {"nvlink": self.nvlink_efficiency, "ib": self.ib_efficiency}
+        if kind not in fractions:
+            raise ValueError(f"unknown link kind {kind!r} (known: {', '.join(fractions)})")
+        return fractions[kind]
+
+    def describe(self) -> str:
+        """One line stating the constants, printed with every result that depends on them."""
+        return (f"nvlink_efficiency={self.nvlink_efficiency:g} ib_efficiency={self.ib_efficiency:g}"
+                f" transfer_overhead_s={self.transfer_overhead_s:g}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Compute (kernel FLOPs and bytes -> seconds; the formulas are in simsp/costmodel.py)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ComputeCalibration:
+    """Achieved fractions of an A100's tensor-core peak and HBM bandwidth, and the launch cost.
+
+    A GEMM runs at gemm_max_efficiency x I / (I + gemm_half_intensity) of peak, I being its
+    arithmetic intensity in FLOPs per byte of operands (roofline: low-intensity GEMMs such as the
+    attention batched GEMMs with inner size d = h/a are partly bandwidth-bound); memory-bound
+    kernels stream their bytes at memory_efficiency x HBM bandwidth; every kernel adds
+    launch_overhead_s. Fitted by benchmarks/calibrate_table4.py: least squares of the relative
+    errors of the ten K22 Table 4 times (22B layer, t = 8, five configurations) over
+    gemm_max_efficiency <= 1 and memory_efficiency <= 0.9 (streaming kernels reach ~1.8 TB/s);
+    the launch overhead is set, not fitted (the ten times cannot separate it from bandwidth).
+    """
+
+    peak_flops: float = A100_SXM4_80GB.peak_flops  # 312 TFLOP/s dense fp16/bf16
+    hbm_bandwidth_Bps: float = A100_SXM4_80GB.hbm_bandwidth_Bps  # 2.0 TB/s
+    gemm_max_efficiency: float = 1.0  # fitted; the asymptote, never reached by a finite GEMM
+    gemm_half_intensity: float = 376.0  # fitted; FLOP/B at which a GEMM gets half of the max
+    memory_efficiency: float = 0.9  # fitted (at its 0.9 bound): 1.8 TB/s for element-wise kernels
+    launch_overhead_s: float = 2e-6  # set: gap between back-to-back kernels on a busy stream
+
+    def describe(self) -> str:
+        """One line stating the constants, printed with every result that depends on them."""
+        return (f"gemm_max_efficiency={self.gemm_max_efficiency:g} "
+                f"gemm_half_intensity={self.gemm_half_intensity:g} "
+                f"memory_efficiency={self.memory_efficiency:g} "
+                f"launch_overhead_s={self.launch_overhead_s:g}")
+
+
+A100_COMPUTE = ComputeCalibration()

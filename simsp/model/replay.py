@@ -1,0 +1,139 @@
+"""Layer templates: record a layer's forward or backward once, replay it for every later layer.
+
+Used only in meta mode with one simulated rank per TP group and whole-collective timing: there a
+layer step's duration and its ledger traffic cannot depend on the step (no waiting on other
+ranks, no link contention), so replaying the recording is exact; tests/test_shortcuts.py shows
+it gives the same iteration time and ledgers as executing every op.
+"""
+
+from dataclasses import dataclass
+
+from simsp.model.tensor import Tensor
+
+INPUT = "<input>"  # the layer's input tensor, allocated outside the layer's scope
+SKIPPED_TRACKS = ("pp_comm", "dp_comm")  # other processes of the rank; never part of a layer
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    key: str  # relative to the scope, or INPUT
+    shape: tuple
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class Template:
+    """What one layer step did on its rank, relative to its start time and key scope."""
+
+    duration_s: float
+    ops: tuple  # (offset_s, delta_bytes, relative key, category, op)
+    counters: tuple  # (name of Rank dict, key, delta)
+    spans: tuple  # (track, name, start offset, end offset, args)
+    result: object  # TensorShape, or (TensorShape, {name: TensorShape})
+
+
+class DirectLayers:
+    """Run every layer op for real (numeric mode, or the full simulation)."""
+
+    def run(self, r, kind: tuple, x: Tensor, body):
+        return (yield from body())
+
+
+class LayerTemplates:
+    """Record the first layer step of each kind, replay it afterwards."""
+
+    def __init__(self):
+        self.templates: dict[tuple, Template] = {}
+
+    def run(self, r, kind: tuple, x: Tensor, body):
+        """Run `body()` (a layer forward/backward generator) or replay its template."""
+        if kind in self.templates:
+            return (yield from _replay(r, self.templates[kind], x))
+        start = _Snapshot(r, x)
+        result = yield from body()
+        self.templates[kind] = start.template(r, result)
+        return result
+
+
+_COUNTERS = ("flops", "comm_bytes", "busy_s")
+
+
+class _Snapshot:
+    """The rank's state at the start of a recorded layer step."""
+
+    def __init__(self, r, x: Tensor):
+        self.t0, self.scope, self.input_key = r.env.now, r.scope, x.key
+        self.n_events = len(r.ledger.events)
+        self.n_spans = len(r.trace.spans) if r.trace is not None else 0
+        self.counters = {name: dict(getattr(r, name)) for name in _COUNTERS}
+
+    def relative(self, key: str) -> str | None:
+        if key == self.input_key:
+            return INPUT
+        return key[len(self.scope):] if key.startswith(self.scope) else None
+
+    def template(self, r, result) -> Template:
+        ops = tuple((e.time_s - self.t0, e.delta_bytes, rel, e.category, e.op)
+                    for e in r.ledger.events[self.n_events:]
+                    if (rel := self.relative(e.key)) is not None)
+        counters = tuple((name, key, value - self.counters[name].get(key, 0))
+                         for name in _COUNTERS for key, value in getattr(r, name).items()
+                         if value != self.counters[name].get(key, 0))
+        spans = ()
+        if r.trace is not None:
+            spans = _merge_by_track([s for s in r.trace.spans[self.n_spans:]
+                                     if s.rank == r.rank and s.track not in SKIPPED_TRACKS],
+                                    self.t0)
+        return Template(r.env.now - self.t0, ops, counters, spans, self._shape(result))
+
+    def _shape(self, result):
+        if isinstance(result, tuple):
+            out, saved = result
+            return (self._one(out), {name: self._one(t) for name, t in saved.items()})
+        return self._one(result)
+
+    def _one(self, t: Tensor) -> TensorShape:
+        return TensorShape(self.relative(t.key) or t.key, t.shape, t.itemsize)
+
+
+def _merge_by_track(spans: list, t0: float) -> tuple:
+    """One span per track covering the step's spans on it (a paper-scale trace stays small)."""
+    merged = {}
+    for s in spans:
+        start, end, count, busy = merged.get(s.track, (s.start_s, s.end_s, 0, 0.0))
+        merged[s.track] = (min(start, s.start_s), max(end, s.end_s), count + 1,
+                           busy + s.end_s - s.start_s)
+    return tuple((track, "layer step", start - t0, end - t0,
+                  {"spans": count, "busy_s": busy})
+                 for track, (start, end, count, busy) in merged.items())
+
+
+def _replay(r, tpl: Template, x: Tensor):
+    """Apply a template's ledger traffic, counters and spans at this step's time and scope."""
+    t0, scope, input_key = r.env.now, r.scope, x.key
+    for offset, delta, rel, category, op in tpl.ops:
+        key = input_key if rel == INPUT else scope + rel
+        if delta > 0:
+            r.ledger.alloc(key, delta, category, op, time_s=t0 + offset)
+        else:
+            r.ledger.free(key, op, time_s=t0 + offset)
+    for name, key, delta in tpl.counters:
+        counter = getattr(r, name)
+        counter[key] = counter.get(key, 0) + delta
+    if r.trace is not None:
+        label = f"{scope}{'forward' if isinstance(tpl.result, tuple) else 'backward'}"
+        for track, _name, start, end, args in tpl.spans:
+            r.trace.add_span(r.rank, track, label, t0 + start, t0 + end, args)
+    yield r.env.timeout(tpl.duration_s)
+    return _rebuild(tpl.result, scope, input_key)
+
+
+def _rebuild(result, scope: str, input_key: str):
+    """Meta tensors standing for the template's results, keyed in this step's scope."""
+    def one(shape: TensorShape) -> Tensor:
+        key = input_key if shape.key == INPUT else scope + shape.key
+        return Tensor(shape.shape, shape.itemsize, None, key)
+    if isinstance(result, tuple):
+        out, saved = result
+        return one(out), {name: one(s) for name, s in saved.items()}
+    return one(result)

@@ -1,0 +1,153 @@
+"""`simsp ring`: nccl-tests style table, --json, --explain and one-line errors."""
+
+import importlib.util
+import json
+
+import pytest
+
+from simsp.commands import ring
+from simsp.config import Cluster
+from simsp.errors import UserError
+from simsp.flags import Parser
+from simsp.hardware import LinkCalibration
+
+NVLINK_GBPS = Cluster().nvlink_bandwidth_GBps * LinkCalibration().nvlink_efficiency
+IB_GBPS = Cluster().ib_bandwidth_GBps * LinkCalibration().ib_efficiency
+
+
+def simsp_ring(argv: list[str]) -> int:
+    """Run `simsp ring ARGV` through a parser holding only the ring command (as cli.main does)."""
+    parser = Parser(prog="simsp")
+    ring.add_parser(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
+    try:
+        args = parser.parse_args(["ring", *argv])
+        return args.handler(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=__import__("sys").stderr)
+        return 2
+    except SystemExit as exc:
+        return exc.code
+
+
+def output(capsys, argv):
+    assert simsp_ring(argv) == 0
+    return capsys.readouterr().out
+
+
+def table_rows(text):
+    """(size, count, time_us, algbw, busbw) of every data line."""
+    rows = []
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            size, count, _, _, time_us, algbw, busbw = line.split()
+            rows.append((int(size), int(count), float(time_us), float(algbw), float(busbw)))
+    return rows
+
+
+def test_sweep_table_has_one_row_per_size_with_nccl_busbw(capsys):
+    rows = table_rows(output(capsys, ["--ranks", "8", "--min-size", "8", "--max-size", "1M",
+                                      "--step-factor", "4"]))
+    assert [r[0] for r in rows] == [8 * 4 ** k for k in range(9)]
+    assert all(count == size // 4 for size, count, *_ in rows)  # float32 elements
+    for size, _, time_us, algbw, busbw in rows:
+        assert algbw == pytest.approx(size / (time_us * 1e-6) / 1e9, abs=0.006)
+        assert busbw == pytest.approx(algbw * 2 * 7 / 8, abs=0.011)  # NCCL: 2(n-1)/n
+
+
+def test_large_message_busbw_reaches_achieved_nvlink_on_one_node(capsys):
+    (row,) = table_rows(output(capsys, ["--ranks", "8", "--size", "512M"]))
+    assert 0.98 * NVLINK_GBPS < row[4] <= NVLINK_GBPS
+
+
+def test_two_nodes_are_bound_by_infiniband(capsys):
+    (row,) = table_rows(output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "512M"]))
+    assert 0.95 * IB_GBPS < row[4] <= IB_GBPS
+
+
+def test_json_has_exactly_the_documented_keys(capsys):
+    result = json.loads(output(capsys, ["--ranks", "8", "--size", "1M", "--json"]))
+    assert list(result) == ["collective", "ranks", "size_bytes", "time_s", "algbw_GBps",
+                            "busbw_GBps", "bytes_sent_per_rank", "steps"]
+    assert (result["collective"], result["ranks"], result["size_bytes"]) == (
+        "all_reduce", 8, 1 << 20)
+    assert result["bytes_sent_per_rank"] == [2 * 7 * (1 << 20) // 8] * 8
+    assert result["steps"] == 14
+    assert result["algbw_GBps"] == pytest.approx((1 << 20) / result["time_s"] / 1e9)
+    assert result["busbw_GBps"] == pytest.approx(result["algbw_GBps"] * 14 / 8)
+
+
+@pytest.mark.parametrize("collective,steps,factor", [("reduce_scatter", 3, 3 / 4),
+                                                     ("all_gather", 3, 3 / 4)])
+def test_json_for_reduce_scatter_and_all_gather(capsys, collective, steps, factor):
+    result = json.loads(output(capsys, ["--ranks", "4", "--size", "4K", "--collective",
+                                        collective, "--json"]))
+    assert result["steps"] == steps
+    assert result["bytes_sent_per_rank"] == [3 * 4096 // 4] * 4
+    assert result["busbw_GBps"] == pytest.approx(result["algbw_GBps"] * factor)
+
+
+def explain_moves(text):
+    """The send/receive part of every per-rank step line of --explain."""
+    return [line.split("|")[0].replace("reduce", "apply").replace("copy", "apply")
+            for line in text.splitlines() if line.startswith("  rank") and "send" in line]
+
+
+def test_explain_all_reduce_is_reduce_scatter_then_all_gather(capsys):
+    base = ["--ranks", "4", "--size", "64", "--explain", "--collective"]
+    all_reduce = output(capsys, base + ["all_reduce"])
+    reduce_scatter = output(capsys, base + ["reduce_scatter"])
+    all_gather = output(capsys, base + ["all_gather"])
+    assert explain_moves(all_reduce) == explain_moves(reduce_scatter) + explain_moves(all_gather)
+    assert len(explain_moves(all_reduce)) == 2 * 3 * 4
+    assert "  rank 0: send c3 to 1, recv c2 from 3, reduce c2 | holds c0=0 c1=0 c2=0+3 c3=0" in (
+        all_reduce)
+    final = [line for line in all_reduce.splitlines() if line.startswith("  rank")][-4:]
+    assert all(line.endswith("holds c0=all c1=all c2=all c3=all") for line in final)
+    assert "bytes sent per rank [96, 96, 96, 96] = reduce_scatter [48, 48, 48, 48] + " \
+           "all_gather [48, 48, 48, 48]" in all_reduce
+
+
+def test_explain_handles_sizes_not_divisible_by_the_ranks(capsys):
+    text = output(capsys, ["--ranks", "3", "--size", "16", "--explain"])
+    assert "chunks (elements): c0 = [0, 2), c1 = [2, 3), c2 = [3, 4)" in text
+    # chunks of 8, 4, 4 B; rank i sends 2S minus the chunks it keeps (i in RS, i+1 in AG).
+    assert "bytes sent per rank [20, 24, 20]" in text
+
+
+def test_output_is_deterministic(capsys):
+    argv = ["--ranks", "16", "--nodes", "2", "--min-size", "8", "--max-size", "64M",
+            "--step-factor", "8"]
+    assert output(capsys, argv) == output(capsys, argv)
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["--ranks", "9", "--size", "8"], "--ranks"),
+    (["--ranks", "16", "--nodes", "1", "--size", "8"], "--ranks"),
+    (["--ranks", "16", "--nodes", "2", "--size", "64", "--explain"], "--explain"),
+    (["--ranks", "4", "--size", "12Q"], "--size"),
+    (["--ranks", "4", "--size", "6"], "--size"),
+    (["--ranks", "4"], "--size"),
+    (["--ranks", "4", "--min-size", "8", "--max-size", "64", "--json"], "--json"),
+    (["--ranks", "4", "--min-size", "1M", "--max-size", "8"], "--min-size"),
+    (["--ranks", "1", "--size", "8"], "--ranks"),
+    (["--ranks", "four", "--size", "8"], "argument --ranks"),
+    (["--ranks", "4", "--size", "8", "--collective", "broadcast"], "argument --collective"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(capsys, argv, field):
+    assert simsp_ring(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith(f"error: {field}")
+
+
+def _all_commands_exist() -> bool:
+    """simsp.cli loads every command module: the real CLI works once all of them exist."""
+    from simsp.cli import COMMANDS
+    return all(importlib.util.find_spec(f"simsp.commands.{name}") for name in COMMANDS)
+
+
+@pytest.mark.skipif(not _all_commands_exist(), reason="other simsp commands do not exist yet")
+def test_through_the_real_cli(capsys):
+    from simsp.cli import main
+    assert main(["ring", "--ranks", "2", "--size", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"] == 2
