@@ -179,13 +179,15 @@ def read_toml(path: str | Path) -> dict:
         raise UserError("scenario", f"file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError("scenario", f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise UserError("scenario", f"{path} is not UTF-8 text") from None
     except OSError as exc:
         raise UserError("scenario", f"cannot read {path}: {exc.strerror}") from None
     for section, body in data.items():
+        if not isinstance(body, dict):
+            raise UserError(section, f"must be inside a [section] (known: {', '.join(SECTIONS)})")
         if section not in SECTIONS:
             raise UserError(section, f"unknown section (known: {', '.join(SECTIONS)})")
-        if not isinstance(body, dict):
-            raise UserError(section, "must be a table ([section])")
     return data
 
 
@@ -293,6 +295,7 @@ def validate(s: Scenario) -> None:
     validate_cluster(s.cluster, s.parallel)
     _choice("run.mode", s.run.mode, MODE_CHOICES)
     _choice("run.numeric_dtype", s.run.numeric_dtype, DTYPE_CHOICES)
+    _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")
     _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
 

@@ -201,18 +201,12 @@ def test_flag_overrides_a_bad_file_value_but_not_a_bad_key(capsys, tmp_path):
                           "model.hiden_size")
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="config.read_toml catches TOMLDecodeError but not the "
-                          "UnicodeDecodeError tomllib raises for non-UTF-8 bytes")
 def test_non_utf8_scenario_file(capsys, tmp_path):
     path = tmp_path / "binary.toml"
     path.write_bytes(b"\xff\xfe[model]\n")
     assert_one_error_line(*cli(capsys, ["layer", str(path)]), "scenario")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="run.seed is not validated: numpy's default_rng rejects a negative "
-                          "seed deep inside params.init_params")
 def test_negative_seed(capsys):
     assert_one_error_line(*cli(capsys, ["layer", "--seed=-1"]), "run.seed")
 

@@ -279,9 +279,6 @@ def test_layer_runs_on_the_shipped_pipeline_scenarios(name):
     assert measured(result) == [expected] * p.tp
 
 
-@pytest.mark.xfail(strict=True, raises=UserError,
-                   reason="layer_sim.simulate_layer forces p = 1 but keeps the "
-                   "interleaved schedule, so with_overrides fails validation")
 @pytest.mark.parametrize("name", ["paper-175b", "paper-530b"])
 def test_layer_runs_on_the_shipped_interleaved_scenarios(name):
     sc = load_scenario(SCENARIOS / f"{name}.toml")
@@ -289,9 +286,6 @@ def test_layer_runs_on_the_shipped_interleaved_scenarios(name):
     assert measured(result) == [34 * sc.model.seq_length * sc.model.hidden_size // 8] * 8
 
 
-@pytest.mark.xfail(strict=True, raises=UserError,
-                   reason="layer_sim._layer_inputs builds a 1-layer copy of the "
-                   "original scenario (p > 1 kept): num_layers=1 is not divisible by p")
 def test_layer_runs_in_numeric_mode_with_pipeline_stages():
     sc = load_scenario(SCENARIOS / "tiny.toml")  # t 2, SP, p 2, d 2, selective, numeric
     result = simulate_layer(sc)

@@ -26,6 +26,17 @@ def _comm_by_phase(rank) -> dict:
     return out
 
 
+def oom_report(oom) -> dict | None:
+    """An out-of-memory verdict as JSON: who asked for what, and the largest live tensors."""
+    if oom is None:
+        return None
+    return {"rank": oom.rank, "op": oom.op, "tensor": oom.key, "time_s": oom.time_s,
+            "bytes_asked": oom.bytes_asked, "bytes_in_use": oom.bytes_in_use,
+            "capacity_bytes": oom.capacity_bytes,
+            "largest_live": [{"name": t.key, "category": t.category, "bytes": t.nbytes}
+                             for t in oom.largest_live]}
+
+
 def layer_report(result) -> dict:
     """The JSON document of `simsp layer` (keys fixed by issue #2 and #4)."""
     sc = result.scenario
@@ -45,6 +56,7 @@ def layer_report(result) -> dict:
         "saved_tensors": [{"name": n, "bytes": b} for n, b in result.records[0].saved],
         "formula_bytes": formula,
         "peak_bytes_per_rank": [r.ledger.peak_total for r in result.ranks],
+        "oom_per_rank": [oom_report(r.ledger.oom) for r in result.ranks],
         "flops": dict(first.flops),
         "comm_bytes_per_rank": [_comm_by_phase(r) for r in result.ranks],
         "forward_time_s": result.forward_time_s,

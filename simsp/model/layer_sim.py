@@ -47,13 +47,19 @@ class LayerResult:
         return max(rec.backward_end_s for rec in self.records) - self.forward_time_s
 
 
+def one_tp_group(sc: Scenario) -> Scenario:
+    """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism)."""
+    return with_overrides(sc, model={"num_layers": 1}, parallel={
+        "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
+        "num_layers_per_virtual_pipeline_stage": None, "schedule": None})
+
+
 def _layer_inputs(sc: Scenario):
     """Canonical one-layer parameters, layer input x and output gradient dout, each (s, b, h)."""
     m, b = sc.model, sc.parallel.micro_batch_size
     rng = np.random.default_rng(sc.run.seed + 1)
     shape = (m.seq_length, b, m.hidden_size)
-    one_layer = with_overrides(sc, model={"num_layers": 1})
-    params = init_params(one_layer.model, sc.run.seed, np.dtype(sc.run.numeric_dtype))
+    params = init_params(m, sc.run.seed, np.dtype(sc.run.numeric_dtype))
     return params, rng.normal(size=shape), rng.normal(size=shape)
 
 
@@ -94,9 +100,8 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
 
 def simulate_layer(sc: Scenario) -> LayerResult:
     """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results."""
-    one_tp_group = with_overrides(sc, parallel={"pipeline_model_parallel_size": 1,
-                                                "data_parallel_size": 1})
-    world = build_world(one_tp_group)
+    sc = one_tp_group(sc)
+    world = build_world(sc)
     numeric = sc.run.mode == "numeric"
     params, x, dout = _layer_inputs(sc) if numeric else (None, None, None)
     shapes = {n: s for n, s in param_shapes(sc.model).items() if n.startswith(PREFIX)}

@@ -79,7 +79,10 @@ class Rank:
 
     def save(self, tensor: Tensor, name: str) -> Tensor:
         """Keep a tensor for backward: it moves to the activations category under `name`."""
-        tensor.key = self.ledger.retag(tensor.key, "activations", self._unique_key(self.key(name)))
+        target = self.key(name)
+        if tensor.key != target:
+            target = self._unique_key(target)
+        tensor.key = self.ledger.retag(tensor.key, "activations", target)
         return tensor
 
     def compute(self, name: str, kind: str, flops: int = 0, nbytes: int = 0,
