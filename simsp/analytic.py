@@ -77,14 +77,21 @@ def n21_parameter_count(m: Model) -> float:
 
 
 def first_stage_activation_bytes(sc: Scenario) -> float:
-    """Stage 0's activations under 1F1B / interleaving (K22 Eq. 5/6, §4.2.3) + embedding mask."""
+    """Stage 0's activations under 1F1B / interleaving (K22 Eq. 5/6, §4.2.3) + embedding mask.
+
+    Full recompute adds the one layer whose activations are rebuilt during backward (its input
+    is the kept one), which K22's stored-bytes formula leaves out."""
     m, p = sc.model, sc.parallel
     t, sp = p.tp, p.sequence_parallel
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
     per_layer = layer_activation_bytes(s, b, h, a, t, sp, p.recompute_granularity, m.ffn,
                                        m.hidden_dropout > 0, m.attention_dropout > 0)
-    in_flight = min(p.pp, p.num_micro_batches)
+    # 1F1B keeps at most p micro-batches in flight on stage 0; GPipe keeps all m (N21 §2.2)
+    in_flight = p.num_micro_batches if p.schedule_name == "gpipe" else min(p.pp, p.num_micro_batches)
     total = per_layer * m.num_layers / p.pp * in_flight
+    if p.recompute_granularity == "full":  # at backward's peak one layer's set is recomputed
+        total += layer_activation_bytes(s, b, h, a, t, sp, "none", m.ffn, m.hidden_dropout > 0,
+                                        m.attention_dropout > 0) - per_layer
     if p.schedule_name == "interleaved":
         chunks = m.num_layers // p.pp // p.num_layers_per_virtual_pipeline_stage
         total *= 1 + (p.pp - 1) / (p.pp * chunks)

@@ -33,7 +33,8 @@ class OutOfMemory:
 class MemorySummary:
     peak_total: int
     peak_time_s: float
-    peak_by_category: dict
+    peak_by_category: dict  # each category's own peak
+    at_peak: dict  # each category's bytes at the moment of the total peak
     oom: OutOfMemory | None
 
 
@@ -47,6 +48,7 @@ def summarize(events: list, categories: tuple, rank: int, capacity: int) -> Memo
     current = dict.fromkeys(categories, 0)
     peaks = dict.fromkeys(categories, 0)
     live, total, peak, peak_time, oom = {}, 0, 0, 0.0, None
+    at_peak = dict(current)
     for event in sorted(events, key=lambda e: e.time_s):
         if event.delta_bytes > 0 and oom is None and total + event.delta_bytes > capacity:
             oom = OutOfMemory(rank, event.op, event.key, event.time_s, event.delta_bytes, total,
@@ -57,7 +59,7 @@ def summarize(events: list, categories: tuple, rank: int, capacity: int) -> Memo
             live[event.key] = LiveTensor(event.key, event.category, event.delta_bytes, event.op)
             peaks[event.category] = max(peaks[event.category], current[event.category])
             if total > peak:
-                peak, peak_time = total, event.time_s
+                peak, peak_time, at_peak = total, event.time_s, dict(current)
         else:
             live.pop(event.key, None)
-    return MemorySummary(peak, peak_time, peaks, oom)
+    return MemorySummary(peak, peak_time, peaks, at_peak, oom)

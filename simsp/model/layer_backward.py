@@ -17,14 +17,15 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
     gather = None
     if r.tp.sequence_parallel:
         gather = mappings.start(r, mappings.all_gather_seq(
-            r, saved_input, f"{prefix}_regather", label="all_gather_ln_output"))
+            r, saved_input, f"{prefix}_regather", label="all_gather_ln_output", blocking=False))
     dx_full = yield from ops.linear_grad_input(r, dy, weight, f"d_{prefix}_input")  # (s, b, k)
-    x_full = (yield from mappings.finish(gather)) if gather else saved_input  # (s, b, k)
-    reduce = mappings.start(r, mappings.enter_backward(r, dx_full, f"{prefix}_enter_grad"))
+    x_full = (yield from mappings.finish(r, gather)) if gather else saved_input  # (s, b, k)
+    reduce = mappings.start(r, mappings.enter_backward(r, dx_full, f"{prefix}_enter_grad",
+                                                       blocking=False))
     yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight",
                                       f"{prefix}.bias" if has_bias else None,
                                       f"d_{prefix}_weight")
-    dx = yield from mappings.finish(reduce)  # (s_l, b, k)
+    dx = yield from mappings.finish(r, reduce)  # (s_l, b, k)
     if x_full is not saved_input:
         r.free(x_full)
     if dx is not dx_full:

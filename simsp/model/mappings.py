@@ -17,10 +17,12 @@ def _bytes_sent(kind: str, n: int, full_bytes: int) -> int:
 
 
 def run_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple, tag: str,
-                   label: str | None = None, group: tuple | None = None, track: str = "tp_comm"):
+                   label: str | None = None, group: tuple | None = None, track: str = "tp_comm",
+                   blocking: bool = True):
     """Run one ring collective over `group` (default: this rank's TP group); returns the output.
 
-    Bytes sent are counted under `label` (default: the collective's kind)."""
+    Bytes sent are counted under `label` (default: the collective's kind); a blocking call's
+    whole duration is exposed communication (an async one's is counted by `finish`)."""
     group = group or r.tp.members
     n = len(group)
     full_bytes = x.itemsize * _numel(full_shape)
@@ -30,6 +32,8 @@ def run_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple,
     collective = getattr(r.tp.comm, kind)
     result = yield from collective(group, r.rank, buffer, full_bytes, tag,
                                    elem_bytes=x.itemsize)
+    if blocking:
+        r.count_exposed(track, r.env.now - start)
     if r.trace is not None:
         r.trace.add_span(r.rank, track, f"{kind} {tag}", start, r.env.now,
                          {"phase": r.phase, "bytes": full_bytes})
@@ -50,27 +54,30 @@ def _numel(shape: tuple) -> int:
     return count
 
 
-def all_reduce(r, x: Tensor, tag: str, label: str | None = None):
+def all_reduce(r, x: Tensor, tag: str, label: str | None = None, blocking: bool = True):
     """Sum x over the TP group in place (ring: reduce-scatter then all-gather)."""
     if r.tp.size == 1:
         return x
-    return (yield from run_collective(r, "all_reduce", x, x.shape, x.shape, tag, label))
+    return (yield from run_collective(r, "all_reduce", x, x.shape, x.shape, tag, label,
+                                      blocking=blocking))
 
 
-def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None):
+def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None, blocking: bool = True):
     """(s/t, ...) shards -> the full (s, ...) tensor, as a new tensor."""
     if r.tp.size == 1:
         return x
     full = (x.shape[0] * r.tp.size,) + x.shape[1:]
-    return (yield from run_collective(r, "all_gather", x, full, full, tag, label))
+    return (yield from run_collective(r, "all_gather", x, full, full, tag, label,
+                                      blocking=blocking))
 
 
-def reduce_scatter_seq(r, x: Tensor, tag: str):
+def reduce_scatter_seq(r, x: Tensor, tag: str, blocking: bool = True):
     """(s, ...) partial sums -> this rank's (s/t, ...) chunk of the sum, as a new tensor."""
     if r.tp.size == 1:
         return x
     part = (x.shape[0] // r.tp.size,) + x.shape[1:]
-    return (yield from run_collective(r, "reduce_scatter", x, x.shape, part, tag))
+    return (yield from run_collective(r, "reduce_scatter", x, x.shape, part, tag,
+                                      blocking=blocking))
 
 
 def start(r, generator):
@@ -78,9 +85,11 @@ def start(r, generator):
     return r.env.process(generator)
 
 
-def finish(process):
-    """Wait for a collective started with `start`, returning its result."""
+def finish(r, process, track: str = "tp_comm"):
+    """Wait for a collective started with `start`; the wait is exposed communication."""
+    start_s = r.env.now
     result = yield process
+    r.count_exposed(track, r.env.now - start_s)
     return result
 
 
@@ -92,11 +101,11 @@ def enter_forward(r, x: Tensor, tag: str):
     return x
 
 
-def enter_backward(r, dx: Tensor, tag: str):
+def enter_backward(r, dx: Tensor, tag: str, blocking: bool = True):
     """f backward all-reduces; g backward reduce-scatters the sequence (SP)."""
     if r.tp.sequence_parallel:
-        return (yield from reduce_scatter_seq(r, dx, tag))
-    return (yield from all_reduce(r, dx, tag))
+        return (yield from reduce_scatter_seq(r, dx, tag, blocking=blocking))
+    return (yield from all_reduce(r, dx, tag, blocking=blocking))
 
 
 def exit_forward(r, y: Tensor, tag: str):

@@ -46,6 +46,7 @@ class Rank:
     flops: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
     comm_bytes: dict = field(default_factory=dict)  # (phase, kind) -> bytes sent by this rank
     busy_s: dict = field(default_factory=dict)  # kernel kind -> seconds on the compute stream
+    exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
 
     @property
     def numeric(self) -> bool:
@@ -97,6 +98,11 @@ class Rank:
         if self.trace is not None:
             self.trace.add_span(self.rank, "compute", name, start, self.env.now,
                                 {"phase": self.phase, "kind": kind})
+
+    def count_exposed(self, track: str, seconds: float) -> None:
+        """Time the program waited on communication that no compute hid."""
+        if seconds > 0:
+            self.exposed_s[track] = self.exposed_s.get(track, 0.0) + seconds
 
     def count_comm(self, kind: str, nbytes: int) -> None:
         key = (self.phase, kind)

@@ -55,7 +55,7 @@ class LayerTemplates:
         return result
 
 
-_COUNTERS = ("flops", "comm_bytes", "busy_s")
+_COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s")
 
 
 class _Snapshot:

@@ -40,6 +40,13 @@ class Run:
     layers: object = field(default_factory=DirectLayers)  # or LayerTemplates (meta shortcut)
     states: dict = field(default_factory=dict)  # rank -> RankState
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
+    steps: dict = field(default_factory=dict)  # rank -> [(kind, mb, chunk, begin_s, end_s)]
+
+    def record_step(self, r, kind: str, mb: int, chunk: int, begin_s: float) -> None:
+        """A schedule step's busy interval: from its input's arrival to its end."""
+        self.steps.setdefault(r.rank, []).append((kind, mb, chunk, begin_s, r.env.now))
+        if r.trace is not None:
+            r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, r.env.now, {})
 
     def rank_of(self, tp: int, dp: int, pp: int) -> int:
         return self.world.grid.rank_of(tp, dp, pp)

@@ -47,6 +47,7 @@ def recv(r, mailbox: Mailbox, key: tuple, shape: tuple, itemsize: int, name: str
     """Wait for `key`'s delivery and return it as a new tensor in this rank's ledger."""
     start = r.env.now
     data, _sent = yield mailbox.take(key)
+    r.count_exposed("pp_wait", r.env.now - start)
     if r.trace is not None and r.env.now > start:
         r.trace.add_span(r.rank, "pp_comm", f"recv {key[0]} mb{key[1]}", start, r.env.now, {})
     return r.alloc(shape, itemsize, name, category="communication", data=data)

@@ -70,6 +70,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     else:
         x = yield from p2p.recv(r, run.mailbox, ("act", mb, k, plan.tp, plan.dp),
                                 _activation_shape(run, r), FP16, "recv_activation")
+    begin = r.env.now
     for i in plan.layers(chunk):
         r.scope = f"mb{mb}.L{i}."
         spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
@@ -89,6 +90,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
         dst = run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p)
         p2p.send(r, run.world.network, run.mailbox, dst, x, ("act", mb, k + 1, plan.tp, plan.dp))
     state.stashes[(mb, chunk)] = stash
+    run.record_step(r, "F", mb, chunk, begin)
 
 
 def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
@@ -104,6 +106,7 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
     else:
         dx = yield from p2p.recv(r, run.mailbox, ("grad", mb, k, plan.tp, plan.dp),
                                  _activation_shape(run, r), FP16, "recv_gradient")
+    begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
     for i, saved in zip(reversed(plan.layers(chunk)), reversed(stash["layers"])):
         r.scope = f"mb{mb}.L{i}."
@@ -121,3 +124,4 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
     else:
         dst = run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p)
         p2p.send(r, run.world.network, run.mailbox, dst, dx, ("grad", mb, k - 1, plan.tp, plan.dp))
+    run.record_step(r, "B", mb, chunk, begin)

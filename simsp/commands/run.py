@@ -1,0 +1,35 @@
+"""`simsp run`: one training iteration of a scenario — time, MFU/HFU, bubble, memory, reports."""
+
+import json
+from pathlib import Path
+
+from simsp.flags import add_scenario_arguments, scenario_from_args
+from simsp.metrics import collect
+from simsp.training.iteration import Shortcuts, simulate_iteration
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="simulate one training iteration (the main job)")
+    add_scenario_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="report folder (default: reports/<scenario>/)")
+    parser.add_argument("--no-shortcuts", action="store_true",
+                        help="meta mode: simulate every rank and every ring step (slow)")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    sc = scenario_from_args(args)
+    shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
+    result = simulate_iteration(sc, shortcuts)
+    metrics = collect(result, shortcuts)
+    from simsp.report import summary_text, write_reports
+    out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
+    written = write_reports(result, metrics, out_dir)
+    if args.json:
+        print(json.dumps(metrics, indent=2))
+    else:
+        print(summary_text(metrics))
+        print("reports: " + ", ".join(str(path) for path in written))
+    return 0

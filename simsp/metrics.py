@@ -1,0 +1,127 @@
+"""Metrics of one simulated iteration: pure functions of its trace, ledgers and step records.
+
+MFU and HFU are computed as K22 §6.3 does (REFERENCE.md §2): the closed-form model and hardware
+FLOPs with B = global batch over (iteration time · GPUs · 312 TFLOP/s); the FLOPs the simulated
+GEMMs actually counted are reported beside them.
+"""
+
+from dataclasses import asdict
+
+from simsp import analytic
+from simsp.costmodel import calibration_table
+from simsp.hardware import GPUS, LinkCalibration
+
+
+def iteration_time(run) -> float:
+    """From the first op to the last rank's optimizer step."""
+    return max(run.end_s.values())
+
+
+def stage_ranks(run) -> list[int]:
+    """One simulated rank per pipeline stage (tp = 0, dp = 0), in stage order."""
+    return [run.rank_of(0, 0, pp) for pp in range(run.sc.parallel.pp)]
+
+
+def bubble(run) -> tuple[float, list[float]]:
+    """N21 §2.2.1 bubble: (pipeline time − busiest stage's step time) / busiest step time.
+
+    Step time runs from a step's input being ready to its end (p2p waits are bubble). Also the
+    per-stage fraction (last step end − own step time) / own step time."""
+    busy, last = [], []
+    for rank in stage_ranks(run):
+        steps = run.steps.get(rank, [])
+        busy.append(sum(end - begin for *_, begin, end in steps))
+        last.append(max((end for *_, end in steps), default=0.0))
+    ideal = max(busy)
+    per_stage = [(end - own) / own if own else 0.0 for end, own in zip(last, busy)]
+    return (max(last) - ideal) / ideal if ideal else 0.0, per_stage
+
+
+def _counted_flops(run) -> tuple[float, float]:
+    """GEMM FLOPs the simulation counted, over all ranks: (model, model + recompute)."""
+    p = run.sc.parallel
+    represented = p.world_size / len(run.world.ranks)  # each simulated rank stands for this many
+    model = hardware = 0.0
+    for r in run.world.ranks.values():
+        model += (r.flops["forward"] + r.flops["backward"]) * represented
+        hardware += (r.flops["forward"] + r.flops["backward"] + r.flops["recompute"]) * represented
+    return model, hardware
+
+
+def _oom(oom) -> dict | None:
+    if oom is None:
+        return None
+    return {"op": oom.op, "tensor": oom.key, "time_s": oom.time_s,
+            "bytes_asked": oom.bytes_asked, "bytes_in_use": oom.bytes_in_use,
+            "capacity_bytes": oom.capacity_bytes,
+            "largest_live": [{"name": t.key, "category": t.category, "bytes": t.nbytes}
+                             for t in oom.largest_live]}
+
+
+def rank_memory(run, rank: int) -> dict:
+    """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict."""
+    c = run.world.grid.coords(rank)
+    simulated = rank in run.world.ranks
+    source = rank if simulated else run.rank_of(0, 0, c.pp)  # an identical representative
+    summary = run.world.ranks[source].ledger.summary()
+    peaks = summary.peak_by_category
+    return {"rank": rank, "tp": c.tp, "pp": c.pp, "dp": c.dp,
+            "peak_bytes": summary.peak_total,
+            "activation_peak_bytes": peaks["activations"],
+            "weights_bytes": peaks["weights"], "gradients_bytes": peaks["gradients"],
+            "optimizer_bytes": peaks["optimizer"],
+            "oom": _oom(summary.oom), "simulated": simulated,
+            "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks}
+
+
+def exposed_comm(run) -> list[dict]:
+    """Per stage: seconds its program waited on TP/DP/pipeline communication, by track."""
+    return [dict(sorted(run.world.ranks[rank].exposed_s.items())) for rank in stage_ranks(run)]
+
+
+def collect(run, shortcuts) -> dict:
+    """Every metric of `simsp run`, JSON-ready (keys of issue #5 first)."""
+    sc = run.sc
+    m, p = sc.model, sc.parallel
+    t_iter = iteration_time(run)
+    gpus, peak = p.world_size, GPUS[sc.cluster.gpu].peak_flops
+    bubble_all, bubble_stages = bubble(run)
+    counted_model, counted_hw = _counted_flops(run)
+    exposed = exposed_comm(run)
+    ranks = [rank_memory(run, rank) for rank in range(p.world_size)]
+    return {
+        "iteration_time_s": t_iter,
+        "tokens_per_s": p.global_batch * m.seq_length / t_iter,
+        "mfu": analytic.model_flops(m, p) / (t_iter * gpus * peak),
+        "hfu": analytic.hardware_flops(m, p) / (t_iter * gpus * peak),
+        "bubble_fraction": bubble_all,
+        "ranks": ranks,
+        "scenario": sc.run.name,
+        "mode": sc.run.mode,
+        "layout": _layout(sc),
+        "bubble_fraction_per_stage": bubble_stages,
+        "exposed_comm_s_per_stage": exposed,
+        "exposed_comm_s": max(sum(v for k, v in e.items() if k != "pp_wait") for e in exposed),
+        "model_flops": analytic.model_flops(m, p),
+        "hardware_flops": analytic.hardware_flops(m, p),
+        "counted_model_flops": counted_model,
+        "counted_hardware_flops": counted_hw,
+        "mfu_counted": counted_model / (t_iter * gpus * peak),
+        "hfu_counted": counted_hw / (t_iter * gpus * peak),
+        "first_stage_activation_formula_bytes": analytic.first_stage_activation_bytes(sc),
+        "oom": any(r["oom"] is not None for r in ranks),
+        "loss": run.loss,
+        "calibration": {"compute": calibration_table(), "links": LinkCalibration().describe()},
+        "shortcuts": asdict(shortcuts),
+    }
+
+
+def _layout(sc) -> dict:
+    p, m = sc.parallel, sc.model
+    return {"t": p.tp, "p": p.pp, "d": p.dp, "sequence_parallel": p.sequence_parallel,
+            "recompute": p.recompute_granularity, "schedule": p.schedule_name,
+            "micro_batch": p.micro_batch_size, "global_batch": p.global_batch,
+            "micro_batches": p.num_micro_batches, "layers": m.num_layers,
+            "hidden": m.hidden_size, "heads": m.num_attention_heads, "seq": m.seq_length,
+            "vocab": m.vocab_size, "gpus": p.world_size, "nodes": sc.cluster.nodes,
+            "distributed_optimizer": p.distributed_optimizer}

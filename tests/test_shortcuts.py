@@ -1,0 +1,93 @@
+"""Each scale shortcut gives the same answer as the full simulation on a small case (DESIGN.md)."""
+
+import pytest
+
+from simsp.config import load_scenario
+from simsp.training.iteration import Shortcuts, simulate_iteration
+
+FULL = Shortcuts()
+REPRESENTATIVE = Shortcuts(representative=True)
+CLOSED_FORM = Shortcuts(closed_form=True)
+NO_TEMPLATES = Shortcuts(representative=True, closed_form=True)
+SCALE = Shortcuts(representative=True, closed_form=True, templates=True)
+
+
+def small_meta(**parallel):
+    """t 2 with SP, p 2, d 2 on two nodes (DP crosses InfiniBand), meta mode."""
+    overrides = {("model", "num_layers"): 4, ("model", "hidden_size"): 256,
+                 ("model", "num_attention_heads"): 8, ("model", "seq_length"): 128,
+                 ("run", "mode"): "meta", ("cluster", "nodes"): 2, ("cluster", "gpus_per_node"): 4,
+                 ("parallel", "tensor_model_parallel_size"): 2,
+                 ("parallel", "sequence_parallel"): True,
+                 ("parallel", "pipeline_model_parallel_size"): 2,
+                 ("parallel", "data_parallel_size"): 2,
+                 ("parallel", "recompute_granularity"): "selective",
+                 ("parallel", "global_batch_size"): 8}
+    overrides.update({("parallel", k): v for k, v in parallel.items()})
+    return load_scenario(None, overrides)
+
+
+def stage_summaries(run):
+    """Peak and per-category peaks of each pipeline stage's tp=0, dp=0 rank."""
+    out = []
+    for pp in range(run.sc.parallel.pp):
+        summary = run.world.ranks[run.rank_of(0, 0, pp)].ledger.summary()
+        out.append((summary.peak_total, summary.peak_by_category, summary.at_peak))
+    return out
+
+
+def _events(events):
+    """Ledger events in time order, times rounded to the picosecond."""
+    rows = [(round(e.time_s, 12), e.key, e.category, e.delta_bytes) for e in events]
+    return sorted(rows)
+
+
+def iteration_time(run):
+    return max(run.end_s.values())
+
+
+@pytest.mark.parametrize("parallel", [{}, {"num_layers_per_virtual_pipeline_stage": 1}])
+def test_representative_ranks_match_every_rank(parallel):
+    """Simulating one rank per TP group and DP replica changes neither time nor memory."""
+    sc = small_meta(**parallel)
+    full, rep = simulate_iteration(sc, FULL), simulate_iteration(sc, REPRESENTATIVE)
+    assert len(rep.world.ranks) == sc.parallel.pp < len(full.world.ranks)
+    assert iteration_time(rep) == pytest.approx(iteration_time(full), rel=1e-12)
+    assert stage_summaries(rep) == stage_summaries(full)
+    # every simulated rank of the full run has the ledger of its stage's representative
+    for rank, r in full.world.ranks.items():
+        pp = full.world.grid.coords(rank).pp
+        twin = rep.world.ranks[rep.rank_of(0, 0, pp)].ledger.summary()
+        assert r.ledger.summary().peak_total == twin.peak_total
+
+
+def test_closed_form_collectives_match_stepwise_rings():
+    """Timing each collective as a whole stays within 1% of moving every ring step."""
+    sc = small_meta()
+    stepwise, closed = simulate_iteration(sc, FULL), simulate_iteration(sc, CLOSED_FORM)
+    assert iteration_time(closed) == pytest.approx(iteration_time(stepwise), rel=0.01)
+    assert stage_summaries(closed) == stage_summaries(stepwise)
+
+
+@pytest.mark.parametrize("parallel", [{}, {"recompute_granularity": "full"},
+                                      {"num_layers_per_virtual_pipeline_stage": 1},
+                                      {"sequence_parallel": False, "schedule": "gpipe"}])
+def test_layer_templates_match_executing_every_op(parallel):
+    """Replaying a recorded layer step is exact (to float rounding of summed durations): same
+    time, same ledger events, same counters."""
+    sc = small_meta(**parallel)
+    executed, replayed = simulate_iteration(sc, NO_TEMPLATES), simulate_iteration(sc, SCALE)
+    assert iteration_time(replayed) == pytest.approx(iteration_time(executed), rel=1e-12)
+    for rank, r in executed.world.ranks.items():
+        twin = replayed.world.ranks[rank]
+        assert _events(twin.ledger.events) == _events(r.ledger.events)
+        assert stage_summaries(replayed) == stage_summaries(executed)
+        assert twin.flops == r.flops and twin.comm_bytes == r.comm_bytes
+        assert twin.exposed_s == pytest.approx(r.exposed_s)
+
+
+def test_numeric_mode_refuses_the_representative_shortcut():
+    sc = load_scenario(None, {("parallel", "tensor_model_parallel_size"): 2})
+    with pytest.raises(ValueError):
+        simulate_iteration(sc, REPRESENTATIVE)
+    assert Shortcuts.for_scale(sc) == FULL
