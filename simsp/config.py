@@ -98,7 +98,7 @@ class Cluster:
     nvlink_bandwidth_GBps: float = 300.0  # per GPU per direction (REFERENCE.md §6)
     ib_bandwidth_GBps: float = 25.0  # per NIC per direction: 200 Gb/s HDR
     nvlink_latency_us: float = 2.0  # per hop through the NVSwitch
-    ib_latency_us: float = 5.0  # per InfiniBand hop (NIC to leaf, leaf to spine, ...)
+    ib_latency_us: float = 1.0  # per InfiniBand link (GPU-NIC-leaf-spine: a cross-rail route has 4)
 
     @property
     def num_gpus(self) -> int:

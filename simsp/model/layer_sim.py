@@ -9,7 +9,7 @@ from simsp.model.grad_sync import sync_sequence_parallel_grads
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
 from simsp.model.params import init_params, layer_param_names, param_shapes
-from simsp.model.reference import reference_layer
+from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
 from simsp.model.weights import allocate_params, gather_grads
 from simsp.model.world import build_world
@@ -116,13 +116,6 @@ def simulate_layer(sc: Scenario) -> LayerResult:
     if numeric:
         result.max_rel_err = _compare_with_reference(sc, result, params, x, dout)
     return result
-
-
-def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """max |actual - expected| / max |expected| (0 when both are zero)."""
-    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-    diff = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
-    return diff / scale if scale > 0 else diff
 
 
 def _compare_with_reference(sc, result: LayerResult, params, x, dout) -> float:

@@ -57,13 +57,20 @@ def bias_grad(r, dy: Tensor, grads: dict, b_name: str, name: str):
     yield from r.compute(name, "elementwise", nbytes=dy.nbytes)
 
 
-def layernorm(r, x: Tensor, gamma: Tensor, beta: Tensor, name: str):
-    """LayerNorm over the hidden (last) axis."""
-    y = r.alloc(x.shape, FP16, name)
+def elementwise(r, shape: tuple, name: str, compute, nbytes: int, itemsize: int = FP16):
+    """A new tensor from a memory-bound kernel moving `nbytes`; `compute()` gives its data."""
+    out = r.alloc(shape, itemsize, name)
     if r.numeric:
-        y.data = kernels.layernorm_forward(x.data, gamma.data, beta.data)
-    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes)
-    return y
+        out.data = compute()
+    yield from r.compute(name, "elementwise", nbytes=nbytes)
+    return out
+
+
+def layernorm(r, x: Tensor, gamma: Tensor, beta: Tensor, name: str):
+    """LayerNorm over the hidden (last) axis: reads x, writes y."""
+    return (yield from elementwise(
+        r, x.shape, name, lambda: kernels.layernorm_forward(x.data, gamma.data, beta.data),
+        2 * x.nbytes))
 
 
 def layernorm_backward(r, dy: Tensor, x: Tensor, gamma: Tensor, grads: dict, prefix: str,
@@ -88,27 +95,18 @@ def add_bias(r, x: Tensor, b: Tensor, name: str):
 
 def add(r, x: Tensor, y: Tensor, name: str):
     """Residual add: a new tensor x + y."""
-    z = r.alloc(x.shape, FP16, name)
-    if r.numeric:
-        z.data = x.data + y.data
-    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
-    return z
+    return (yield from elementwise(r, x.shape, name, lambda: x.data + y.data, 3 * x.nbytes))
 
 
 def gelu(r, x: Tensor, name: str):
-    y = r.alloc(x.shape, FP16, name)
-    if r.numeric:
-        y.data = kernels.gelu_forward(x.data)
-    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes)
-    return y
+    """GeLU (tanh form, kernels.gelu_forward)."""
+    return (yield from elementwise(r, x.shape, name, lambda: kernels.gelu_forward(x.data),
+                                   2 * x.nbytes))
 
 
 def gelu_backward(r, dy: Tensor, x: Tensor, name: str):
-    dx = r.alloc(x.shape, FP16, name)
-    if r.numeric:
-        dx.data = kernels.gelu_backward(dy.data, x.data)
-    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
-    return dx
+    return (yield from elementwise(r, x.shape, name, lambda: kernels.gelu_backward(dy.data, x.data),
+                                   3 * x.nbytes))
 
 
 def dropout_mask(r, p: float, site: int, starts: tuple, shape: tuple, name: str):
@@ -157,19 +155,15 @@ def batched_matmul(r, a: Tensor, b: Tensor, name: str, transpose_b: bool = False
 
 
 def causal_softmax(r, scores: Tensor, name: str):
-    probs = r.alloc(scores.shape, FP16, name)
-    if r.numeric:
-        probs.data = kernels.causal_softmax_forward(scores.data)
-    yield from r.compute(name, "elementwise", nbytes=2 * scores.nbytes)
-    return probs
+    return (yield from elementwise(r, scores.shape, name,
+                                   lambda: kernels.causal_softmax_forward(scores.data),
+                                   2 * scores.nbytes))
 
 
 def softmax_backward(r, dprobs: Tensor, probs: Tensor, name: str):
-    dscores = r.alloc(probs.shape, FP16, name)
-    if r.numeric:
-        dscores.data = kernels.softmax_backward(dprobs.data, probs.data)
-    yield from r.compute(name, "elementwise", nbytes=3 * probs.nbytes)
-    return dscores
+    return (yield from elementwise(r, probs.shape, name,
+                                   lambda: kernels.softmax_backward(dprobs.data, probs.data),
+                                   3 * probs.nbytes))
 
 
 def reshape_copy(r, x: Tensor, shape: tuple, perm: tuple | None, name: str,
@@ -194,8 +188,4 @@ def accumulate(r, total: Tensor, extra: Tensor, name: str):
 
 def fp32_copy(r, x: Tensor, name: str):
     """A float32 copy of x (the loss is computed on fp32 logits, K22 §4.3)."""
-    y = r.alloc(x.shape, FP32, name)
-    if r.numeric:
-        y.data = x.data.copy()
-    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
-    return y
+    return (yield from elementwise(r, x.shape, name, lambda: x.data.copy(), 3 * x.nbytes, FP32))

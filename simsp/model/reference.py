@@ -10,6 +10,8 @@ Dropout masks come from dropout_sites (global coordinates, see that module).
 
 from types import SimpleNamespace
 
+import numpy as np
+
 from simsp.model import kernels as K
 from simsp.model.dropout_sites import attention_keep, hidden_keep
 from simsp.model.params import layer_param_names
@@ -107,6 +109,13 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     ordered = {name: grads[name] for name in params}  # canonical parameter order
     ordered["embedding_output"] = grads["embedding_output"]
     return loss, ordered
+
+
+def relative_error(actual, expected) -> float:
+    """max |actual − expected| / max |expected| (the absolute difference if expected is zero)."""
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    diff = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
+    return diff / scale if scale > 0 else diff
 
 
 def reference_layer(params, x, dout, i, model, seed, sample_offset=0):

@@ -3,15 +3,8 @@
 import numpy as np
 
 from simsp.model.params import param_shapes
-from simsp.model.reference import reference_forward_backward
+from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
-
-
-def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """max |actual − expected| / max |expected| (the absolute difference if expected is zero)."""
-    scale = float(np.max(np.abs(expected)))
-    diff = float(np.max(np.abs(actual - expected)))
-    return diff / scale if scale > 0 else diff
 
 
 def _holder_stage(name: str, run) -> int:
