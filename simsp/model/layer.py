@@ -130,19 +130,17 @@ def _free_core(r, probs, mask, dropped):
     r.free(probs, mask, None if dropped is probs else dropped)
 
 
-def _row_parallel_out(r, spec, x, weight, bias, name: str):
-    """x @ W (partial sums) -> f̄/ḡ -> + bias -> hidden dropout. Returns output, mask."""
+def _row_parallel_out(r, spec, x, weight, bias, name: str, residual, out_name: str):
+    """x @ W (partial sums) -> f̄/ḡ -> residual + dropout(· + bias). Returns output, mask."""
     partial = yield from ops.linear(r, x, weight, None, f"{name}_output")  # (s, b, h)
     reduced = yield from mappings.exit_forward(r, partial, f"{name}_exit")  # (s_l, b, h)
     if reduced is not partial:
         r.free(partial)
-    yield from ops.add_bias(r, reduced, bias, f"{name}_bias")
     mask = _hidden_mask(r, spec, f"{name}_out", reduced)
-    dropped = yield from ops.dropout(r, reduced, mask, spec.model.hidden_dropout,
-                                     f"{name}_dropout")
-    if dropped is not reduced:
-        r.free(reduced)
-    return dropped, mask
+    out = yield from ops.bias_dropout_add(r, reduced, bias, mask, spec.model.hidden_dropout,
+                                          residual, out_name)  # (s_l, b, h)
+    r.free(reduced)
+    return out, mask
 
 
 def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
@@ -172,11 +170,9 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
                                           "proj_input")  # (s, b, h/t)
     r.free(context)
     stash.put("proj_input", proj_in)
-    attn, attn_mask = yield from _row_parallel_out(r, spec, proj_in, w["attn.proj.weight"],
-                                                   w["attn.proj.bias"], "attn")
+    residual, attn_mask = yield from _row_parallel_out(
+        r, spec, proj_in, w["attn.proj.weight"], w["attn.proj.bias"], "attn", x, "ln2_input")
     stash.put("attn_dropout_mask", attn_mask)
-    residual = yield from ops.add(r, x, attn, "ln2_input")  # (s_l, b, h)
-    r.free(attn)
     stash.put("ln2_input", residual)
     out = yield from _mlp_forward(r, spec, w, residual, stash)
     if not keep:
@@ -196,9 +192,8 @@ def _mlp_forward(r, spec, w, residual, stash: Stash):
     stash.put("gelu_input", h1)
     g = yield from ops.gelu(r, h1, "fc2_input")  # (s, b, f/t)
     stash.put("fc2_input", g)
-    mlp, mlp_mask = yield from _row_parallel_out(r, spec, g, w["mlp.fc2.weight"],
-                                                 w["mlp.fc2.bias"], "mlp")
+    out, mlp_mask = yield from _row_parallel_out(r, spec, g, w["mlp.fc2.weight"],
+                                                 w["mlp.fc2.bias"], "mlp", residual,
+                                                 "layer_output")
     stash.put("mlp_dropout_mask", mlp_mask)
-    out = yield from ops.add(r, residual, mlp, "layer_output")  # (s_l, b, h)
-    r.free(mlp)
     return out

@@ -92,8 +92,8 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.phase = "backward"
     dout = r.alloc(shape, FP16, "d_layer_output", data=_seq_shard(r, dout_full))
     dx = yield from layer_backward(r, spec, w, g, saved, dout)
+    rec.backward_end_s = r.env.now  # Megatron reduces SP-partial grads once per iteration
     yield from sync_sequence_parallel_grads(r, g, PREFIX)
-    rec.backward_end_s = r.env.now
     rec.dx, rec.grads = dx.data, g
     r.free(dx)
 

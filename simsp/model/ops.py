@@ -85,12 +85,16 @@ def layernorm_backward(r, dy: Tensor, x: Tensor, gamma: Tensor, grads: dict, pre
     return dx
 
 
-def add_bias(r, x: Tensor, b: Tensor, name: str):
-    """x + b in place (fused into the next kernel in Megatron; timed as one pass)."""
-    if r.numeric:
-        x.data = x.data + b.data
-    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes)
-    return x
+def bias_dropout_add(r, x: Tensor, bias: Tensor, mask: Tensor | None, p: float,
+                     residual: Tensor, name: str):
+    """residual + dropout(x + bias) as one kernel, as Megatron-LM's bias_dropout_add_fused_train:
+    reads x and the residual, writes the output (and the mask drawn on the fly)."""
+    def compute():
+        biased = x.data + bias.data
+        return residual.data + (biased if mask is None
+                                else kernels.dropout_forward(biased, mask.data, p))
+    moved = 3 * x.nbytes + (mask.nbytes if mask is not None else 0)
+    return (yield from elementwise(r, x.shape, name, compute, moved))
 
 
 def add(r, x: Tensor, y: Tensor, name: str):

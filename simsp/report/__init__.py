@@ -1,0 +1,33 @@
+"""Reports of one run: summary.md, metrics.json, trace.json (Perfetto) and memory.png.
+
+Every file is a deterministic function of the run: the same scenario gives the same bytes.
+"""
+
+import json
+from pathlib import Path
+
+from simsp.report.chrome_trace import write_chrome_trace
+from simsp.report.memory_plot import write_memory_plot
+from simsp.report.summary_md import summary_text, write_summary
+
+__all__ = ["metrics_json", "summary_text", "write_chrome_trace", "write_memory_plot",
+           "write_reports", "write_summary"]
+
+
+def metrics_json(metrics: dict) -> str:
+    """The metrics document: indented JSON in the dict's own key order, newline-terminated."""
+    return json.dumps(metrics, indent=2, sort_keys=False) + "\n"
+
+
+def write_reports(run, metrics: dict, out_dir) -> list[Path]:
+    """Write summary.md, metrics.json, trace.json and (with matplotlib) memory.png to `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_summary(metrics, out / "summary.md")]
+    (out / "metrics.json").write_text(metrics_json(metrics))
+    written.append(out / "metrics.json")
+    written.append(write_chrome_trace(run, out / "trace.json"))
+    plot = write_memory_plot(run, out / "memory.png")
+    if plot is not None:
+        written.append(plot)
+    return written

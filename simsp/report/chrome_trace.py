@@ -1,0 +1,201 @@
+"""Chrome trace event format (opens in Perfetto, ui.perfetto.dev): one process per simulated rank.
+
+Each process has one thread per track (compute, TP communication, pipeline transfers, DP
+communication, schedule) holding complete ("X") events for the spans, and a memory counter
+("C") built from the rank's ledger. Timestamps are microseconds rounded to the nanosecond.
+Output is deterministic: events in a fixed order, compact JSON.
+
+Paper-scale runs record hundreds of thousands of spans and millions of ledger events, so the
+memory counter is downsampled to at most `MAX_MEMORY_POINTS` per rank (the peak kept exactly),
+and the detail tracks of a rank (compute, TP communication) are coarsened when they exceed
+`MAX_DETAIL_SPANS`; the schedule and pipeline tracks are always complete.
+"""
+
+import json
+from operator import itemgetter
+from pathlib import Path
+
+import numpy as np
+
+from simsp.engine.ledger import CATEGORIES
+
+TRACKS = (("compute", "compute"), ("tp_comm", "TP communication"),
+          ("pp_comm", "pipeline transfers"), ("dp_comm", "DP communication"),
+          ("schedule", "schedule"))
+COARSENED = ("compute", "tp_comm")  # tracks whose spans may be merged within a schedule step
+MAX_MEMORY_POINTS = 2000  # per rank
+MAX_DETAIL_SPANS = 4000  # per rank and detail track before merging inside schedule steps
+LANE_STRIDE = 10  # thread ids: 10 * (track index + 1) + lane
+
+
+def _us(seconds: float) -> float:
+    """Seconds -> microseconds, rounded to the nanosecond (short, exact JSON numbers)."""
+    return round(seconds * 1e6, 3)
+
+
+# ---------------------------------------------------------------- memory timeline
+
+def memory_timeline(events: list, max_points: int = MAX_MEMORY_POINTS):
+    """Ledger events -> (times_s, bytes per category (n, 6) int64), at most `max_points` rows.
+
+    Events are replayed in time order (stable, ties in recording order, as the ledger's summary
+    does). The timeline is split into max_points // 2 equal time buckets and each keeps its
+    highest and lowest state, so the maximum of the total is exactly the ledger's peak."""
+    if not events:
+        return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
+    n, code = len(events), {c: i for i, c in enumerate(CATEGORIES)}
+    times = np.fromiter(map(itemgetter(0), events), dtype=float, count=n)
+    columns = np.fromiter(map(code.__getitem__, map(itemgetter(2), events)), np.int64, n)
+    deltas = np.fromiter(map(itemgetter(3), events), dtype=np.int64, count=n)
+    order = np.argsort(times, kind="stable")
+    steps = np.zeros((n, len(CATEGORIES)), dtype=np.int64)
+    steps[np.arange(n), columns[order]] = deltas[order]
+    state = np.cumsum(steps, axis=0)  # (n, 6): bytes per category after each event
+    times = times[order]
+    keep = _downsample(times, state.sum(axis=1), max_points)
+    return times[keep], state[keep]
+
+
+def _downsample(times: np.ndarray, total: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to keep: all if few enough, else each time bucket's max and min (and the ends).
+
+    The first maximum and first minimum of each bucket, so the choice is deterministic."""
+    n = len(times)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(1, (max_points - 2) // 2)
+    span = times[-1] - times[0]
+    ids = np.zeros(n, dtype=np.int64) if span <= 0 else np.minimum(
+        ((times - times[0]) / span * buckets).astype(np.int64), buckets - 1)
+    new_bucket = np.r_[True, ids[1:] != ids[:-1]]
+    starts, bucket = np.flatnonzero(new_bucket), np.cumsum(new_bucket) - 1
+    keep = [[0, n - 1]]
+    for reduce in (np.maximum, np.minimum):
+        hits = np.flatnonzero(total == reduce.reduceat(total, starts)[bucket])
+        keep.append(hits[np.r_[True, bucket[hits][1:] != bucket[hits][:-1]]])
+    return np.unique(np.concatenate(keep))
+
+
+def _counter_events(pid: int, events: list) -> list[dict]:
+    """The "memory" counter (bytes per category; the stack is the total) and "memory total"."""
+    times, state = memory_timeline(events)
+    out = []
+    for t, row in zip(times.tolist(), state.tolist()):
+        ts = _us(t)
+        out.append({"ph": "C", "pid": pid, "name": "memory", "ts": ts,
+                    "args": dict(zip(CATEGORIES, row))})
+        out.append({"ph": "C", "pid": pid, "name": "memory total", "ts": ts,
+                    "args": {"bytes": sum(row)}})
+    return out
+
+
+# ---------------------------------------------------------------- spans
+
+def _coarsen(spans: list, steps: list) -> list:
+    """Merge a detail track's spans that fall in the same schedule step into one span each.
+
+    Spans outside every step (embedding, gradient reduction, optimizer) are kept as they are.
+    The merged span covers first start to last end and records how many spans it holds."""
+    bounds = sorted((s.start_s, s.end_s, s.name) for s in steps)
+    begins = [b[0] for b in bounds]
+    groups, loose = {}, []
+    for span in spans:
+        i = int(np.searchsorted(begins, span.start_s, side="right")) - 1
+        if i >= 0 and span.end_s <= bounds[i][1]:
+            groups.setdefault(i, []).append(span)
+        else:
+            loose.append(span)
+    merged = []
+    for i, members in groups.items():
+        first = members[0]
+        busy = sum(s.end_s - s.start_s for s in members)
+        count = sum(int(s.args.get("spans", 1)) for s in members)
+        merged.append(first._replace(
+            name=f"{first.track} {bounds[i][2]}", start_s=min(s.start_s for s in members),
+            end_s=max(s.end_s for s in members), args={"busy_s": busy, "spans": count}))
+    return merged + loose
+
+
+def _lanes(spans: list) -> list[list[tuple[float, float, object]]]:
+    """Spans as [(ts_us, end_us, span)] per lane, each lane sorted by start, longest first.
+
+    Perfetto needs the slices of one thread to nest; sends and receives of the pipeline track
+    overlap, so a span goes to the first lane whose previous span has ended."""
+    rows = sorted(((_us(s.start_s), _us(s.end_s), i) for i, s in enumerate(spans)),
+                  key=lambda r: (r[0], -r[1], r[2]))
+    lanes, lane_end = [], []
+    for ts, end, i in rows:
+        lane = 0
+        while lane < len(lanes) and lane_end[lane] > ts:
+            lane += 1
+        if lane == len(lanes):
+            lanes.append([])
+            lane_end.append(end)
+        lanes[lane].append((ts, end, spans[i]))
+        lane_end[lane] = end
+    return lanes
+
+
+def _args(args: dict) -> dict:
+    """Span arguments for JSON, floats rounded to 1e-9 (seconds: nanoseconds)."""
+    return {k: round(v, 9) if isinstance(v, float) else v for k, v in args.items()}
+
+
+def _rank_events(pid: int, spans_by_track: dict) -> tuple[list[dict], list[dict]]:
+    """(thread metadata, X events) of one rank; tracks in TRACKS order, unknown ones after."""
+    known = [t for t, _ in TRACKS]
+    names = dict(TRACKS)
+    order = known + sorted(t for t in spans_by_track if t not in names)
+    meta, xs = [], []
+    for index, track in enumerate(order):
+        spans = spans_by_track.get(track, [])
+        if track in COARSENED and len(spans) > MAX_DETAIL_SPANS:
+            spans = _coarsen(spans, spans_by_track.get("schedule", []))
+        lanes = _lanes(spans) or [[]]
+        base = LANE_STRIDE * (index + 1)
+        for lane, placed in enumerate(lanes):
+            label = names.get(track, track) + (f" #{lane + 1}" if lane else "")
+            meta.append({"ph": "M", "pid": pid, "tid": base + lane, "name": "thread_name",
+                         "args": {"name": label}})
+            meta.append({"ph": "M", "pid": pid, "tid": base + lane, "name": "thread_sort_index",
+                         "args": {"sort_index": base + lane}})
+            for ts, end, span in placed:
+                event = {"ph": "X", "pid": pid, "tid": base + lane, "name": span.name,
+                         "ts": ts, "dur": round(max(end - ts, 0.0), 3)}
+                if span.args:
+                    event["args"] = _args(span.args)
+                xs.append(event)
+    return meta, xs
+
+
+# ---------------------------------------------------------------- document
+
+def trace_events(run) -> list[dict]:
+    """Every trace event of `run`: per rank (in pipeline order) metadata, spans, memory."""
+    grid = run.world.grid
+    by_rank = {rank: {} for rank in run.world.ranks}
+    for span in run.world.trace.spans:
+        if span.rank in by_rank:
+            by_rank[span.rank].setdefault(span.track, []).append(span)
+    ranks = sorted(run.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
+    events = []
+    for position, rank in enumerate(ranks):
+        c = grid.coords(rank)
+        events.append({"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
+                       "args": {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}})
+        events.append({"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
+                       "args": {"sort_index": position}})
+        meta, xs = _rank_events(rank, by_rank[rank])
+        events += meta + xs
+        events += _counter_events(rank, run.world.ranks[rank].ledger.events)
+    return events
+
+
+def write_chrome_trace(run, path) -> Path:
+    """Write `run`'s trace as Chrome trace JSON to `path` and return the path."""
+    path = Path(path)
+    doc = {"displayTimeUnit": "ms", "traceEvents": trace_events(run),
+           "otherData": {"scenario": run.sc.run.name, "mode": run.sc.run.mode,
+                         "memory_unit": "bytes", "time_unit": "us"}}
+    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    return path

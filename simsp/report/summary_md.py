@@ -1,0 +1,177 @@
+"""The human report of `simsp run`: Markdown built from the metrics dict alone.
+
+The same text is printed to stdout and written to summary.md. Units: memory in GiB with two
+decimals (MiB when every figure is below 1 GiB, as for the numeric toy models), times through
+units.format_seconds (three decimals in s, ms or us), percentages with one decimal.
+"""
+
+from pathlib import Path
+
+from simsp.units import GiB, MiB, format_bytes, format_seconds
+
+MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
+                  ("optimizer", "optimizer"), ("activations", "activations (peak)"),
+                  ("temporaries", "temporaries"), ("communication", "communication"))
+COMM_TRACKS = (("tp_comm", "TP comm"), ("pp_comm", "pipeline comm"),
+               ("pp_wait", "pipeline wait"), ("dp_comm", "DP comm"))
+
+
+def pct(fraction: float) -> str:
+    """0.5143 -> '51.4%'."""
+    return f"{fraction * 100:.1f}%"
+
+
+def _table(header: list[str], rows: list[list[str]], right_from: int = 1) -> list[str]:
+    """A Markdown table; columns from `right_from` on are right-aligned (numbers)."""
+    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+    return ["| " + " | ".join(row) + " |" for row in [header, align, *rows]]
+
+
+def stage_rows(metrics: dict) -> list[dict]:
+    """The rank with tp = 0, dp = 0 of each pipeline stage, in stage order."""
+    rows = [r for r in metrics["ranks"] if r["tp"] == 0 and r["dp"] == 0]
+    return sorted(rows, key=lambda r: r["pp"])
+
+
+def _memory_unit(stages: list[dict]) -> tuple[str, int]:
+    """GiB, or MiB when no stage reaches 1 GiB (two decimals of GiB would all read 0.00)."""
+    return ("GiB", GiB) if max(r["peak_bytes"] for r in stages) >= GiB else ("MiB", MiB)
+
+
+# ---------------------------------------------------------------- sections
+
+def _header(m: dict) -> list[str]:
+    lay = m["layout"]
+    sp = "SP" if lay["sequence_parallel"] else "no SP"
+    extra = ", distributed optimizer" if lay.get("distributed_optimizer") else ""
+    return [
+        f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
+        f"Layout: t={lay['t']} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
+        f"({lay['nodes']} node{'s' if lay['nodes'] != 1 else ''}), {sp}, "
+        f"recompute {lay['recompute']}, schedule {lay['schedule']}, micro-batch "
+        f"{lay['micro_batch']}, global batch {lay['global_batch']} "
+        f"({lay['micro_batches']} micro-batches per replica){extra}.",
+        f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
+        f"v={lay['vocab']}.", ""]
+
+
+def _performance(m: dict) -> list[str]:
+    rows = [["iteration time", format_seconds(m["iteration_time_s"])],
+            ["tokens/s", f"{m['tokens_per_s']:,.0f}"],
+            ["MFU (K22 model FLOPs)", pct(m["mfu"])],
+            ["HFU (K22 hardware FLOPs)", pct(m["hfu"])],
+            ["MFU (counted FLOPs)", pct(m["mfu_counted"])],
+            ["HFU (counted FLOPs)", pct(m["hfu_counted"])],
+            ["model FLOPs (K22 / counted)",
+             f"{m['model_flops']:.4g} / {m['counted_model_flops']:.4g}"],
+            ["hardware FLOPs (K22 / counted)",
+             f"{m['hardware_flops']:.4g} / {m['counted_hardware_flops']:.4g}"],
+            ["bubble fraction", pct(m["bubble_fraction"])],
+            ["exposed communication (worst stage, excl. pipeline wait)",
+             format_seconds(m["exposed_comm_s"])]]
+    if m.get("loss") is not None:
+        rows.append(["loss", f"{m['loss']:.6f}"])
+    rows.append(["out of memory", "**yes**" if m["oom"] else "no"])
+    return ["## Performance", "", *_table(["metric", "value"], rows), ""]
+
+
+def _stages(m: dict, stages: list[dict]) -> list[str]:
+    exposed = m["exposed_comm_s_per_stage"]
+    keys = {k for e in exposed for k in e}
+    tracks = [(k, n) for k, n in COMM_TRACKS if k in keys]
+    tracks += [(k, k) for k in sorted(keys - {k for k, _ in COMM_TRACKS})]
+    header = ["stage", "rank", "bubble"] + [f"{name} exposed" for _, name in tracks]
+    rows = []
+    for stage, (bubble, e) in enumerate(zip(m["bubble_fraction_per_stage"], exposed)):
+        rank = stages[stage]["rank"] if stage < len(stages) else "?"
+        rows.append([str(stage), str(rank), pct(bubble)]
+                    + [format_seconds(e.get(k, 0.0)) for k, _ in tracks])
+    return ["## Pipeline stages: bubble and exposed communication", "",
+            *_table(header, rows), ""]
+
+
+def _memory(m: dict, stages: list[dict]) -> list[str]:
+    unit, scale = _memory_unit(stages)
+    header = ["stage", "rank"] + [f"{name} ({unit})" for _, name in MEMORY_COLUMNS]
+    header += [f"peak total ({unit})", "verdict"]
+    rows = []
+    for r in stages:
+        peaks = r["peak_by_category_bytes"]
+        cells = [f"{peaks.get(c, 0) / scale:.2f}" for c, _ in MEMORY_COLUMNS]
+        verdict = "**OOM**" if r["oom"] else "fits"
+        rows.append([str(r["pp"]), str(r["rank"]), *cells, f"{r['peak_bytes'] / scale:.2f}",
+                     verdict])
+    lines = ["## Memory per pipeline stage (rank tp 0, dp 0)", "",
+             "Each category's own peak; the peak total is the highest sum at one moment.", "",
+             *_table(header, rows), ""]
+    for r in stages:
+        if r["oom"]:
+            lines += _oom(r)
+    return lines
+
+
+def _oom(r: dict) -> list[str]:
+    o = r["oom"]
+    lines = [f"### Out of memory on stage {r['pp']} (rank {r['rank']})", "",
+             f"The first allocation that did not fit: op `{o['op']}` (tensor `{o['tensor']}`) "
+             f"at t = {format_seconds(o['time_s'])} asked for {format_bytes(o['bytes_asked'])} "
+             f"with {format_bytes(o['bytes_in_use'])} in use of "
+             f"{format_bytes(o['capacity_bytes'])} capacity.", ""]
+    if o["largest_live"]:
+        rows = [[f"`{t['name']}`", t["category"], format_bytes(t["bytes"])]
+                for t in o["largest_live"]]
+        lines += ["Largest live tensors at that moment:", "",
+                  *_table(["tensor", "category", "size"], rows, right_from=2), ""]
+    return lines
+
+
+def _activations(m: dict, stages: list[dict]) -> list[str]:
+    formula = m["first_stage_activation_formula_bytes"]
+    measured = stages[0]["activation_peak_bytes"]
+    diff = pct((measured - formula) / formula) if formula else "n/a"
+    rows = [["formula (K22 §4.2.3)", format_bytes(formula), f"{formula:,.0f}"],
+            ["measured (ledger, stage 0 activation peak)", format_bytes(measured),
+             f"{measured:,}"],
+            ["difference (measured vs formula)", diff, ""]]
+    return ["## First-stage activation memory", "",
+            *_table(["", "size", "bytes"], rows), ""]
+
+
+def _value(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _calibration(m: dict) -> list[str]:
+    lines = ["## Calibration constants", ""]
+    rows = []
+    for group, values in m.get("calibration", {}).items():
+        if isinstance(values, dict):
+            rows += [[group, f"`{k}`", _value(v)] for k, v in values.items()]
+        else:
+            rows.append([group, "", f"`{values}`"])
+    lines += _table(["group", "constant", "value"], rows, right_from=2) if rows else ["(none)"]
+    shortcuts = m.get("shortcuts", {})
+    used = [k for k, v in shortcuts.items() if v]
+    lines += ["", "## Shortcuts", "",
+              "Used: " + (", ".join(used) if used else "none (full simulation)") + "."
+              + (f" Not used: {', '.join(k for k, v in shortcuts.items() if not v)}."
+                 if used and len(used) < len(shortcuts) else ""), ""]
+    return lines
+
+
+# ---------------------------------------------------------------- entry points
+
+def summary_text(metrics: dict) -> str:
+    """The Markdown report of one run's metrics (what `simsp run` prints)."""
+    stages = stage_rows(metrics)
+    lines = (_header(metrics) + _performance(metrics) + _stages(metrics, stages)
+             + _memory(metrics, stages) + _activations(metrics, stages)
+             + _calibration(metrics))
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_summary(metrics: dict, path) -> Path:
+    """Write summary_text(metrics) to `path` and return the path."""
+    path = Path(path)
+    path.write_text(summary_text(metrics))
+    return path
