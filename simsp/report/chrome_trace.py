@@ -6,11 +6,13 @@ communication, schedule) holding complete ("X") events for the spans, and a memo
 Output is deterministic: events in a fixed order, compact JSON.
 
 Paper-scale runs record hundreds of thousands of spans and millions of ledger events, so the
-memory counter is downsampled to at most `MAX_MEMORY_POINTS` per rank (the peak kept exactly),
-and the detail tracks of a rank (compute, TP communication) are coarsened when they exceed
-`MAX_DETAIL_SPANS`; the schedule and pipeline tracks are always complete.
+file is kept to a budget (~50 MB for the 530B model): the memory counter is downsampled to at
+most `MAX_MEMORY_POINTS` per rank and `MEMORY_POINTS_BUDGET` over all ranks (the peak kept
+exactly), and a detail track (compute, TP communication) with more spans than its share of
+`SPAN_BUDGET` has its spans merged per schedule step. Schedule and pipeline tracks stay complete.
 """
 
+import gc
 import json
 from operator import itemgetter
 from pathlib import Path
@@ -24,8 +26,10 @@ TRACKS = (("compute", "compute"), ("tp_comm", "TP communication"),
           ("schedule", "schedule"))
 COARSENED = ("compute", "tp_comm")  # tracks whose spans may be merged within a schedule step
 MAX_MEMORY_POINTS = 2000  # per rank
-MAX_DETAIL_SPANS = 4000  # per rank and detail track before merging inside schedule steps
-LANE_STRIDE = 10  # thread ids: 10 * (track index + 1) + lane
+MEMORY_POINTS_BUDGET = 80_000  # over all ranks
+MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
+SPAN_BUDGET = 300_000  # spans of the detail tracks over all ranks, before merging
+MIN_DETAIL_SPANS = 1000  # per rank and detail track, whatever the budget
 
 
 def _us(seconds: float) -> float:
@@ -39,8 +43,9 @@ def memory_timeline(events: list, max_points: int = MAX_MEMORY_POINTS):
     """Ledger events -> (times_s, bytes per category (n, 6) int64), at most `max_points` rows.
 
     Events are replayed in time order (stable, ties in recording order, as the ledger's summary
-    does). The timeline is split into max_points // 2 equal time buckets and each keeps its
-    highest and lowest state, so the maximum of the total is exactly the ledger's peak."""
+    does). Beyond `max_points` events, the timeline is split into (max_points - 2) // 2 equal
+    time buckets that each keep their highest and lowest state, plus the first and last, so the
+    maximum of the total is exactly the ledger's peak."""
     if not events:
         return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
     n, code = len(events), {c: i for i, c in enumerate(CATEGORIES)}
@@ -76,9 +81,9 @@ def _downsample(times: np.ndarray, total: np.ndarray, max_points: int) -> np.nda
     return np.unique(np.concatenate(keep))
 
 
-def _counter_events(pid: int, events: list) -> list[dict]:
+def _counter_events(pid: int, events: list, max_points: int) -> list[dict]:
     """The "memory" counter (bytes per category; the stack is the total) and "memory total"."""
-    times, state = memory_timeline(events)
+    times, state = memory_timeline(events, max_points)
     out = []
     for t, row in zip(times.tolist(), state.tolist()):
         ts = _us(t)
@@ -141,26 +146,27 @@ def _args(args: dict) -> dict:
     return {k: round(v, 9) if isinstance(v, float) else v for k, v in args.items()}
 
 
-def _rank_events(pid: int, spans_by_track: dict) -> tuple[list[dict], list[dict]]:
+def _rank_events(pid: int, spans_by_track: dict,
+                 max_detail: int) -> tuple[list[dict], list[dict]]:
     """(thread metadata, X events) of one rank; tracks in TRACKS order, unknown ones after."""
     known = [t for t, _ in TRACKS]
     names = dict(TRACKS)
     order = known + sorted(t for t in spans_by_track if t not in names)
     meta, xs = [], []
-    for index, track in enumerate(order):
+    tid = 0  # threads numbered 1, 2, ... in display order: each track, then its extra lanes
+    for track in order:
         spans = spans_by_track.get(track, [])
-        if track in COARSENED and len(spans) > MAX_DETAIL_SPANS:
+        if track in COARSENED and len(spans) > max_detail:
             spans = _coarsen(spans, spans_by_track.get("schedule", []))
-        lanes = _lanes(spans) or [[]]
-        base = LANE_STRIDE * (index + 1)
-        for lane, placed in enumerate(lanes):
+        for lane, placed in enumerate(_lanes(spans) or [[]]):
+            tid += 1
             label = names.get(track, track) + (f" #{lane + 1}" if lane else "")
-            meta.append({"ph": "M", "pid": pid, "tid": base + lane, "name": "thread_name",
+            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
                          "args": {"name": label}})
-            meta.append({"ph": "M", "pid": pid, "tid": base + lane, "name": "thread_sort_index",
-                         "args": {"sort_index": base + lane}})
+            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
+                         "args": {"sort_index": tid}})
             for ts, end, span in placed:
-                event = {"ph": "X", "pid": pid, "tid": base + lane, "name": span.name,
+                event = {"ph": "X", "pid": pid, "tid": tid, "name": span.name,
                          "ts": ts, "dur": round(max(end - ts, 0.0), 3)}
                 if span.args:
                     event["args"] = _args(span.args)
@@ -178,6 +184,9 @@ def trace_events(run) -> list[dict]:
         if span.rank in by_rank:
             by_rank[span.rank].setdefault(span.track, []).append(span)
     ranks = sorted(run.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
+    max_detail = max(MIN_DETAIL_SPANS, SPAN_BUDGET // (len(COARSENED) * len(ranks)))
+    max_points = min(MAX_MEMORY_POINTS,
+                     max(MIN_MEMORY_POINTS, MEMORY_POINTS_BUDGET // max(len(ranks), 1)))
     events = []
     for position, rank in enumerate(ranks):
         c = grid.coords(rank)
@@ -185,17 +194,23 @@ def trace_events(run) -> list[dict]:
                        "args": {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}})
         events.append({"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
                        "args": {"sort_index": position}})
-        meta, xs = _rank_events(rank, by_rank[rank])
+        meta, xs = _rank_events(rank, by_rank[rank], max_detail)
         events += meta + xs
-        events += _counter_events(rank, run.world.ranks[rank].ledger.events)
+        events += _counter_events(rank, run.world.ranks[rank].ledger.events, max_points)
     return events
 
 
 def write_chrome_trace(run, path) -> Path:
     """Write `run`'s trace as Chrome trace JSON to `path` and return the path."""
     path = Path(path)
-    doc = {"displayTimeUnit": "ms", "traceEvents": trace_events(run),
-           "otherData": {"scenario": run.sc.run.name, "mode": run.sc.run.mode,
-                         "memory_unit": "bytes", "time_unit": "us"}}
-    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    collecting = gc.isenabled()
+    gc.disable()  # ~10^6 fresh dicts: the cyclic collector would rescan them over and over
+    try:
+        doc = {"displayTimeUnit": "ms", "traceEvents": trace_events(run),
+               "otherData": {"scenario": run.sc.run.name, "mode": run.sc.run.mode,
+                             "memory_unit": "bytes", "time_unit": "us"}}
+        path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    finally:
+        if collecting:
+            gc.enable()
     return path

@@ -12,8 +12,8 @@ from simsp.units import GiB, MiB, format_bytes, format_seconds
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
                   ("optimizer", "optimizer"), ("activations", "activations (peak)"),
                   ("temporaries", "temporaries"), ("communication", "communication"))
-COMM_TRACKS = (("tp_comm", "TP comm"), ("pp_comm", "pipeline comm"),
-               ("pp_wait", "pipeline wait"), ("dp_comm", "DP comm"))
+COMM_TRACKS = (("tp_comm", "TP comm exposed"), ("pp_comm", "pipeline comm exposed"),
+               ("pp_wait", "pipeline wait"), ("dp_comm", "DP comm exposed"))
 
 
 def pct(fraction: float) -> str:
@@ -21,9 +21,19 @@ def pct(fraction: float) -> str:
     return f"{fraction * 100:.1f}%"
 
 
-def _table(header: list[str], rows: list[list[str]], right_from: int = 1) -> list[str]:
-    """A Markdown table; columns from `right_from` on are right-aligned (numbers)."""
-    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+def seconds(t: float) -> str:
+    """Three decimals in s, ms or us; an exact zero is just 0."""
+    return format_seconds(t) if t else "0"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("h") else "s")
+
+
+def _table(header: list[str], rows: list[list[str]], right_from: int = 1,
+           left: tuple[int, ...] = ()) -> list[str]:
+    """A Markdown table; columns from `right_from` on (except `left`) are right-aligned."""
+    align = ["---" if i < right_from or i in left else "---:" for i in range(len(header))]
     return ["| " + " | ".join(row) + " |" for row in [header, align, *rows]]
 
 
@@ -47,16 +57,16 @@ def _header(m: dict) -> list[str]:
     return [
         f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
         f"Layout: t={lay['t']} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
-        f"({lay['nodes']} node{'s' if lay['nodes'] != 1 else ''}), {sp}, "
-        f"recompute {lay['recompute']}, schedule {lay['schedule']}, micro-batch "
-        f"{lay['micro_batch']}, global batch {lay['global_batch']} "
-        f"({lay['micro_batches']} micro-batches per replica){extra}.",
+        f"({_plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}, schedule "
+        f"{lay['schedule']}, micro-batch {lay['micro_batch']}, global batch "
+        f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
+        f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
         f"v={lay['vocab']}.", ""]
 
 
 def _performance(m: dict) -> list[str]:
-    rows = [["iteration time", format_seconds(m["iteration_time_s"])],
+    rows = [["iteration time", seconds(m["iteration_time_s"])],
             ["tokens/s", f"{m['tokens_per_s']:,.0f}"],
             ["MFU (K22 model FLOPs)", pct(m["mfu"])],
             ["HFU (K22 hardware FLOPs)", pct(m["hfu"])],
@@ -68,7 +78,7 @@ def _performance(m: dict) -> list[str]:
              f"{m['hardware_flops']:.4g} / {m['counted_hardware_flops']:.4g}"],
             ["bubble fraction", pct(m["bubble_fraction"])],
             ["exposed communication (worst stage, excl. pipeline wait)",
-             format_seconds(m["exposed_comm_s"])]]
+             seconds(m["exposed_comm_s"])]]
     if m.get("loss") is not None:
         rows.append(["loss", f"{m['loss']:.6f}"])
     rows.append(["out of memory", "**yes**" if m["oom"] else "no"])
@@ -80,12 +90,12 @@ def _stages(m: dict, stages: list[dict]) -> list[str]:
     keys = {k for e in exposed for k in e}
     tracks = [(k, n) for k, n in COMM_TRACKS if k in keys]
     tracks += [(k, k) for k in sorted(keys - {k for k, _ in COMM_TRACKS})]
-    header = ["stage", "rank", "bubble"] + [f"{name} exposed" for _, name in tracks]
+    header = ["stage", "rank", "bubble"] + [name for _, name in tracks]
     rows = []
     for stage, (bubble, e) in enumerate(zip(m["bubble_fraction_per_stage"], exposed)):
         rank = stages[stage]["rank"] if stage < len(stages) else "?"
         rows.append([str(stage), str(rank), pct(bubble)]
-                    + [format_seconds(e.get(k, 0.0)) for k, _ in tracks])
+                    + [seconds(e.get(k, 0.0)) for k, _ in tracks])
     return ["## Pipeline stages: bubble and exposed communication", "",
             *_table(header, rows), ""]
 
@@ -103,7 +113,7 @@ def _memory(m: dict, stages: list[dict]) -> list[str]:
                      verdict])
     lines = ["## Memory per pipeline stage (rank tp 0, dp 0)", "",
              "Each category's own peak; the peak total is the highest sum at one moment.", "",
-             *_table(header, rows), ""]
+             *_table(header, rows, left=(len(header) - 1,)), ""]
     for r in stages:
         if r["oom"]:
             lines += _oom(r)
@@ -128,7 +138,7 @@ def _oom(r: dict) -> list[str]:
 def _activations(m: dict, stages: list[dict]) -> list[str]:
     formula = m["first_stage_activation_formula_bytes"]
     measured = stages[0]["activation_peak_bytes"]
-    diff = pct((measured - formula) / formula) if formula else "n/a"
+    diff = f"{(measured - formula) / formula * 100:+.1f}%" if formula else "n/a"
     rows = [["formula (K22 §4.2.3)", format_bytes(formula), f"{formula:,.0f}"],
             ["measured (ledger, stage 0 activation peak)", format_bytes(measured),
              f"{measured:,}"],

@@ -1,0 +1,52 @@
+"""End-to-end iteration time of the paper scenarios vs K22 Table 5, and MFU/HFU as K22 computes
+them (REFERENCE.md §2-3: the 22B and 175B rows are the calibration rows)."""
+
+from pathlib import Path
+
+import pytest
+
+from simsp import analytic
+from simsp.config import load_scenario
+from simsp.metrics import collect
+from simsp.training.iteration import Shortcuts, simulate_iteration
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+FULL_RECOMPUTE = {("parallel", "recompute_granularity"): "full",
+                  ("parallel", "sequence_parallel"): False}
+# model -> (full recompute s, present work s, MFU, HFU) from K22 Table 5
+TABLE5 = {"22b": (1.42, 1.10, 0.415, 0.437), "175b": (18.13, 13.75, 0.514, 0.528)}
+
+
+def metrics_of(sc):
+    shortcuts = Shortcuts.for_scale(sc)
+    return collect(simulate_iteration(sc, shortcuts), shortcuts)
+
+
+@pytest.mark.parametrize("model", sorted(TABLE5))
+@pytest.mark.parametrize("variant", ["present", "full"])
+def test_iteration_time_within_10_percent_of_table5(model, variant):
+    overrides = FULL_RECOMPUTE if variant == "full" else {}
+    sc = load_scenario(SCENARIOS / f"paper-{model}.toml", overrides)
+    full_s, present_s, _, _ = TABLE5[model]
+    published = full_s if variant == "full" else present_s
+    measured = metrics_of(sc)["iteration_time_s"]
+    assert measured == pytest.approx(published, rel=0.10)
+
+
+@pytest.mark.parametrize("model", sorted(TABLE5))
+def test_mfu_and_hfu_formulas_reproduce_the_published_percentages(model):
+    """K22's own iteration time through our MFU/HFU formulas gives K22's own MFU/HFU."""
+    sc = load_scenario(SCENARIOS / f"paper-{model}.toml")
+    _, present_s, mfu, hfu = TABLE5[model]
+    gpu_seconds = present_s * sc.parallel.world_size * 312e12
+    assert analytic.model_flops(sc.model, sc.parallel) / gpu_seconds == pytest.approx(mfu, abs=0.002)
+    assert analytic.hardware_flops(sc.model, sc.parallel) / gpu_seconds == pytest.approx(hfu, abs=0.002)
+
+
+def test_reported_mfu_uses_the_simulated_time():
+    sc = load_scenario(SCENARIOS / "paper-22b.toml")
+    m = metrics_of(sc)
+    gpu_seconds = m["iteration_time_s"] * sc.parallel.world_size * 312e12
+    assert m["mfu"] == pytest.approx(m["model_flops"] / gpu_seconds, rel=1e-12)
+    assert m["hfu"] == pytest.approx(m["hardware_flops"] / gpu_seconds, rel=1e-12)
+    assert m["tokens_per_s"] == pytest.approx(4 * 2048 / m["iteration_time_s"], rel=1e-12)
