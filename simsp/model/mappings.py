@@ -80,9 +80,9 @@ def reduce_scatter_seq(r, x: Tensor, tag: str, blocking: bool = True):
                                       blocking=blocking))
 
 
-def start(r, generator):
-    """Launch a collective on the communication stream; `yield from finish(...)` waits."""
-    return r.env.process(generator)
+def start(r, generator, name: str = "collective"):
+    """Launch a collective on the rank's communication stream; `yield from finish(...)` waits."""
+    return r.comm_stream.launch(name, generator)
 
 
 def finish(r, process, track: str = "tp_comm"):

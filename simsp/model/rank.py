@@ -1,7 +1,9 @@
 """One emulated rank as the model code sees it: allocate/free/save tensors, run timed kernels.
 
-The model code is a simpy process per rank; every op allocates its outputs in the rank's
-ledger, computes (numeric mode), and holds the compute stream for the cost model's time.
+The model code is a simpy process per rank and is the device's compute stream: its kernels run
+one at a time in program order. Every op allocates its outputs in the rank's ledger, computes
+(numeric mode), and takes the cost model's time. Collectives that may overlap compute are
+launched on the device's communication stream (engine/streams.py), in issue order.
 """
 
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ class Rank:
     comm_bytes: dict = field(default_factory=dict)  # (phase, kind) -> bytes sent by this rank
     busy_s: dict = field(default_factory=dict)  # kernel kind -> seconds on the compute stream
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
+    comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
 
     @property
     def numeric(self) -> bool:

@@ -11,6 +11,7 @@ from simsp.config import Scenario
 from simsp.engine.communicator import STEPWISE, Communicator
 from simsp.engine.ledger import Ledger
 from simsp.engine.network import Network
+from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.hardware import GPUS
 from simsp.model.rank import Rank, TPGroup
@@ -55,5 +56,8 @@ def _make_rank(world: World, rank: int) -> Rank:
     members = world.grid.tp_group(rank)
     tp = TPGroup(members, members.index(rank), sc.parallel.sequence_parallel, world.comm)
     ledger = Ledger(rank, GPUS[sc.cluster.gpu].memory_bytes, clock=lambda: world.env.now)
+    # collectives record their own spans (by role, on tp/dp tracks); the stream's go unused
+    comm_stream = Stream(world.env, rank, COMM, Trace())
     return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
-                dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace)
+                dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
+                comm_stream=comm_stream)
