@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from simsp.config import DTYPE_CHOICES, MODE_CHOICES, SCHEDULE_CHOICES, Scenario, load_scenario
+from simsp.errors import UserError
 
 # flag -> (section, key, python type, choices); every flag defaults to "not given".
 SCENARIO_FLAGS = {
@@ -76,7 +77,6 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     if args.scn_recompute is not None:
         found[("parallel", "recompute_granularity")] = args.scn_recompute
     if getattr(args, _dest("--sequence-parallel")) and getattr(args, _dest("--no-sequence-parallel")):
-        from simsp.errors import UserError
         raise UserError("--sequence-parallel", "conflicts with --no-sequence-parallel")
     return found
 

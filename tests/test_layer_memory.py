@@ -13,7 +13,6 @@ import pytest
 
 from simsp import analytic
 from simsp.config import load_scenario
-from simsp.errors import UserError
 from simsp.model import layer as layer_module
 from simsp.model.layer_sim import simulate_layer
 from simsp.training.iteration import simulate_iteration

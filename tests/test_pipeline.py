@@ -3,7 +3,6 @@ bubbles equal to N21's, 18 bytes per parameter, nothing left allocated."""
 
 import pytest
 
-from simsp import analytic
 from simsp.config import load_scenario
 from simsp.metrics import collect
 from simsp.model.params import param_shapes

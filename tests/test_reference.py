@@ -99,7 +99,7 @@ def test_sgd_step_decreases_loss(tiny):
 
 def plain_loss(params, model, tokens, targets):
     """Independent no-dropout forward with explicit per-head column indices and loops."""
-    h, a, d = model.hidden_size, model.num_attention_heads, model.head_dim
+    a, d = model.num_attention_heads, model.head_dim
     s = tokens.shape[0]
 
     def ln(x, g, b):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
+from simsp.report import summary_text, write_reports
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
 
@@ -24,7 +25,6 @@ def run(args) -> int:
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     result = simulate_iteration(sc, shortcuts)
     metrics = collect(result, shortcuts)
-    from simsp.report import summary_text, write_reports
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
     written = write_reports(result, metrics, out_dir)
     if args.json:
