@@ -70,7 +70,8 @@ def rank_memory(run, rank: int) -> dict:
             "activation_peak_bytes": peaks["activations"],
             "weights_bytes": peaks["weights"], "gradients_bytes": peaks["gradients"],
             "optimizer_bytes": peaks["optimizer"],
-            "oom": _oom(summary.oom), "simulated": simulated,
+            "oom": summary.oom is not None, "oom_detail": _oom(summary.oom),
+            "simulated": simulated,
             "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks}
 
 
@@ -109,7 +110,7 @@ def collect(run, shortcuts) -> dict:
         "mfu_counted": counted_model / (t_iter * gpus * peak),
         "hfu_counted": counted_hw / (t_iter * gpus * peak),
         "first_stage_activation_formula_bytes": analytic.first_stage_activation_bytes(sc),
-        "oom": any(r["oom"] is not None for r in ranks),
+        "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
         "calibration": {"compute": calibration_table(), "links": LinkCalibration().describe()},
         "shortcuts": asdict(shortcuts),

@@ -207,7 +207,8 @@ def test_summary_has_the_key_figures_and_a_row_per_stage(case):
 def test_summary_reports_the_out_of_memory_verdict(oom_case):
     _, metrics = oom_case
     assert metrics["oom"]
-    oom = metrics["ranks"][0]["oom"]
+    assert metrics["ranks"][0]["oom"] is True
+    oom = metrics["ranks"][0]["oom_detail"]
     text = summary_text(metrics)
     assert "**OOM**" in text and "### Out of memory on stage 0 (rank 0)" in text
     assert f"op `{oom['op']}`" in text and "80.00 GiB capacity" in text

@@ -121,7 +121,7 @@ def _memory(m: dict, stages: list[dict]) -> list[str]:
 
 
 def _oom(r: dict) -> list[str]:
-    o = r["oom"]
+    o = r["oom_detail"]
     lines = [f"### Out of memory on stage {r['pp']} (rank {r['rank']})", "",
              f"The first allocation that did not fit: op `{o['op']}` (tensor `{o['tensor']}`) "
              f"at t = {format_seconds(o['time_s'])} asked for {format_bytes(o['bytes_asked'])} "
