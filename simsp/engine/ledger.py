@@ -23,6 +23,9 @@ class MemEvent(NamedTuple):
     op: str
 
 
+_new_event = tuple.__new__
+
+
 @dataclass
 class Ledger:
     """Live tensors and running totals per category of one rank, and its event log."""
@@ -65,7 +68,8 @@ class Ledger:
     def _change(self, key: str, category: str, delta: int, op: str, time_s) -> None:
         self.current[category] += delta
         now = self.clock() if time_s is None else time_s
-        self.events.append(MemEvent(now, key, category, delta, op))
+        # tuple.__new__ skips NamedTuple's Python-level constructor: paper-scale runs make millions
+        self.events.append(_new_event(MemEvent, (now, key, category, delta, op)))
         self._summary = None
 
     def summary(self) -> MemorySummary:

@@ -5,6 +5,7 @@ simulation clock (replayed layer templates) count exactly where they belong.
 """
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def summarize(events: list, categories: tuple, rank: int, capacity: int) -> Memo
     peaks = dict.fromkeys(categories, 0)
     live, total, peak, peak_time, oom = {}, 0, 0, 0.0, None
     at_peak = dict(current)
-    for event in sorted(events, key=lambda e: e.time_s):
+    for event in sorted(events, key=itemgetter(0)):  # time_s; stable for equal times
         if event.delta_bytes > 0 and oom is None and total + event.delta_bytes > capacity:
             oom = OutOfMemory(rank, event.op, event.key, event.time_s, event.delta_bytes, total,
                               capacity, largest(live))

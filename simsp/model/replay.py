@@ -132,7 +132,7 @@ def _rebuild(result, scope: str, input_key: str):
     """Meta tensors standing for the template's results, keyed in this step's scope."""
     def one(shape: TensorShape) -> Tensor:
         key = input_key if shape.key == INPUT else scope + shape.key
-        return Tensor(shape.shape, shape.itemsize, None, key)
+        return Tensor.meta(shape.shape, shape.itemsize, key)
     if isinstance(result, tuple):
         out, saved = result
         return one(out), {name: one(s) for name, s in saved.items()}

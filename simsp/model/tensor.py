@@ -35,3 +35,10 @@ class Tensor:
         self.shape = tuple(int(n) for n in self.shape)
         if self.data is not None and tuple(self.data.shape) != self.shape:
             raise ValueError(f"data shape {self.data.shape} != tensor shape {self.shape}")
+
+    @classmethod
+    def meta(cls, shape: tuple, itemsize: int, key: str | None) -> "Tensor":
+        """A shape-only tensor from an already-checked shape (fast: replayed layers make many)."""
+        tensor = object.__new__(cls)
+        tensor.shape, tensor.itemsize, tensor.data, tensor.key = shape, itemsize, None, key
+        return tensor

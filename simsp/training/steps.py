@@ -22,12 +22,16 @@ class RankState:
     weights: dict
     grads: dict
     stashes: dict = field(default_factory=dict)  # (micro_batch, chunk) -> saved tensors
+    _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
     def layer(self, i: int) -> tuple[dict, dict]:
-        prefix = f"layers.{i}."
-        w = {k.removeprefix(prefix): t for k, t in self.weights.items() if k.startswith(prefix)}
-        g = {k.removeprefix(prefix): t for k, t in self.grads.items() if k.startswith(prefix)}
-        return w, g
+        """Layer i's weights and gradients keyed by suffix ("ln1.gamma", ...)."""
+        if i not in self._layers:
+            prefix = f"layers.{i}."
+            self._layers[i] = tuple(
+                {k.removeprefix(prefix): t for k, t in table.items() if k.startswith(prefix)}
+                for table in (self.weights, self.grads))
+        return self._layers[i]
 
 
 def _activation_shape(run, r) -> tuple:
