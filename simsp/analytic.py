@@ -77,24 +77,45 @@ def n21_parameter_count(m: Model) -> float:
 
 
 def first_stage_activation_bytes(sc: Scenario) -> float:
-    """Stage 0's activations under 1F1B / interleaving (K22 Eq. 5/6, §4.2.3) + embedding mask.
+    """Stage 0's activation peak: K22 Eq. 5/6 (§4.2.3) with the interleave factor, plus the
+    terms outside the layers (K22 §4.3), counted for the micro-batches stage 0 really holds.
 
-    Full recompute adds the one layer whose activations are rebuilt during backward (its input
-    is the kept one), which K22's stored-bytes formula leaves out."""
+    Beyond K22's text: interleaving keeps chunk 0's embedding mask for up to 2p − 1 micro-batches
+    (its warm-up runs all v chunks of p micro-batches, then chunk 0 of p − 1 more), not p; with
+    p = 1 stage 0 is also the last stage and holds one micro-batch's head tensors; full recompute
+    adds the one layer whose activations are rebuilt during backward (K22 counts stored inputs)."""
     m, p = sc.model, sc.parallel
     t, sp = p.tp, p.sequence_parallel
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
     per_layer = layer_activation_bytes(s, b, h, a, t, sp, p.recompute_granularity, m.ffn,
                                        m.hidden_dropout > 0, m.attention_dropout > 0)
-    # 1F1B keeps at most p micro-batches in flight on stage 0; GPipe keeps all m (N21 §2.2)
-    in_flight = p.num_micro_batches if p.schedule_name == "gpipe" else min(p.pp, p.num_micro_batches)
-    total = per_layer * m.num_layers / p.pp * in_flight
-    if p.recompute_granularity == "full":  # at backward's peak one layer's set is recomputed
-        total += layer_activation_bytes(s, b, h, a, t, sp, "none", m.ffn, m.hidden_dropout > 0,
-                                        m.attention_dropout > 0) - per_layer
+    total = per_layer * m.num_layers / p.pp * _layer_micro_batches(p)
     if p.schedule_name == "interleaved":
         chunks = m.num_layers // p.pp // p.num_layers_per_virtual_pipeline_stage
         total *= 1 + (p.pp - 1) / (p.pp * chunks)
-    if m.hidden_dropout > 0:
-        total += s * b * h * in_flight / (t if sp else 1)  # embedding dropout mask, K22 §4.3
-    return total
+    seq_split = t if sp else 1
+    if m.hidden_dropout > 0:  # embedding dropout mask, sbh/t per micro-batch (K22 §4.3)
+        total += s * b * h / seq_split * _embedding_micro_batches(p)
+    recomputed = 0
+    if p.recompute_granularity == "full":
+        recomputed = layer_activation_bytes(s, b, h, a, t, sp, "none", m.ffn,
+                                            m.hidden_dropout > 0, m.attention_dropout > 0) - per_layer
+    head = 0
+    if p.pp == 1:  # final LN input, output-projection input, fp32 logits (K22 §4.3)
+        head = 4 * s * b * h / seq_split + 4 * s * b * m.vocab_size / t
+    # the head's tensors are freed by its backward before any layer is recomputed
+    return total + max(recomputed, head)
+
+
+def _layer_micro_batches(p: Parallel) -> int:
+    """Micro-batches in flight on stage 0: all m under GPipe, at most p under 1F1B (N21 §2.2)."""
+    m = p.num_micro_batches
+    return m if p.schedule_name == "gpipe" else min(p.pp, m)
+
+
+def _embedding_micro_batches(p: Parallel) -> int:
+    """Micro-batches whose chunk-0 forward is done and backward not, on stage 0 at its peak."""
+    m = p.num_micro_batches
+    if p.schedule_name == "interleaved":
+        return min(2 * p.pp - 1, m)
+    return _layer_micro_batches(p)

@@ -1,6 +1,7 @@
 """End-to-end iteration time of the paper scenarios vs K22 Table 5, and MFU/HFU as K22 computes
 them (REFERENCE.md §2-3: the 22B and 175B rows are the calibration rows)."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -22,15 +23,30 @@ def metrics_of(sc):
     return collect(simulate_iteration(sc, shortcuts), shortcuts)
 
 
+@functools.lru_cache(maxsize=None)
+def paper_run(model: str, variant: str):
+    """(scenario, metrics) of a paper scenario, simulated once per test session."""
+    overrides = FULL_RECOMPUTE if variant == "full" else {}
+    sc = load_scenario(SCENARIOS / f"paper-{model}.toml", overrides)
+    return sc, metrics_of(sc)
+
+
 @pytest.mark.parametrize("model", sorted(TABLE5))
 @pytest.mark.parametrize("variant", ["present", "full"])
 def test_iteration_time_within_10_percent_of_table5(model, variant):
-    overrides = FULL_RECOMPUTE if variant == "full" else {}
-    sc = load_scenario(SCENARIOS / f"paper-{model}.toml", overrides)
     full_s, present_s, _, _ = TABLE5[model]
     published = full_s if variant == "full" else present_s
-    measured = metrics_of(sc)["iteration_time_s"]
+    measured = paper_run(model, variant)[1]["iteration_time_s"]
     assert measured == pytest.approx(published, rel=0.10)
+
+
+@pytest.mark.parametrize("model", sorted(TABLE5))
+@pytest.mark.parametrize("variant", ["present", "full"])
+def test_first_stage_activations_equal_the_formula_on_paper_layouts(model, variant):
+    """Stage 0's ledger peak vs K22's first-stage formula with its embedding/head terms."""
+    sc, metrics = paper_run(model, variant)
+    measured = metrics["ranks"][0]["activation_peak_bytes"]
+    assert measured == pytest.approx(analytic.first_stage_activation_bytes(sc), rel=0.01)
 
 
 @pytest.mark.parametrize("model", sorted(TABLE5))
