@@ -48,10 +48,11 @@ def _counted_flops(run) -> tuple[float, float]:
     return model, hardware
 
 
-def _oom(oom) -> dict | None:
+def oom_report(oom) -> dict | None:
+    """An out-of-memory verdict as JSON: who asked for what, and the largest live tensors."""
     if oom is None:
         return None
-    return {"op": oom.op, "tensor": oom.key, "time_s": oom.time_s,
+    return {"rank": oom.rank, "op": oom.op, "tensor": oom.key, "time_s": oom.time_s,
             "bytes_asked": oom.bytes_asked, "bytes_in_use": oom.bytes_in_use,
             "capacity_bytes": oom.capacity_bytes,
             "largest_live": [{"name": t.key, "category": t.category, "bytes": t.nbytes}
@@ -70,7 +71,7 @@ def rank_memory(run, rank: int) -> dict:
             "activation_peak_bytes": peaks["activations"],
             "weights_bytes": peaks["weights"], "gradients_bytes": peaks["gradients"],
             "optimizer_bytes": peaks["optimizer"],
-            "oom": summary.oom is not None, "oom_detail": _oom(summary.oom),
+            "oom": summary.oom is not None, "oom_detail": oom_report(summary.oom),
             "simulated": simulated,
             "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks}
 

@@ -1,6 +1,8 @@
 """Whole iterations: numbers equal to one device, memory equal to K22's first-stage formula,
 bubbles equal to N21's, 18 bytes per parameter, nothing left allocated."""
 
+import math
+
 import pytest
 
 from simsp.config import load_scenario
@@ -97,7 +99,7 @@ def test_weights_gradients_optimizer_are_18_bytes_per_parameter():
     plans = stage_plans(sc, grid)
     for row in metrics["ranks"]:
         names = stage_param_names(shapes, plans[row["rank"]])
-        params = sum(_numel(local_shape(n, shapes[n], sc.parallel.tp)) for n in names)
+        params = sum(math.prod(local_shape(n, shapes[n], sc.parallel.tp)) for n in names)
         assert (row["weights_bytes"], row["gradients_bytes"], row["optimizer_bytes"]) == (
             2 * params, 4 * params, 12 * params)
 
@@ -127,9 +129,3 @@ def test_counted_gemm_flops_equal_the_k22_model_flops():
     metrics = run_metrics(big_meta(recompute_granularity="none"))
     assert metrics["counted_model_flops"] == pytest.approx(metrics["model_flops"], rel=1e-9)
 
-
-def _numel(shape):
-    count = 1
-    for n in shape:
-        count *= n
-    return count

@@ -6,6 +6,7 @@ from simsp import analytic
 from simsp.costmodel import calibration_table
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.hardware import LinkCalibration
+from simsp.metrics import oom_report
 from simsp.model.layer_sim import simulate_layer
 from simsp.units import format_bytes, format_seconds
 
@@ -24,17 +25,6 @@ def _comm_by_phase(rank) -> dict:
         out["backward" if phase == "recompute" else phase].setdefault(kind, 0)
         out["backward" if phase == "recompute" else phase][kind] += nbytes
     return out
-
-
-def oom_report(oom) -> dict | None:
-    """An out-of-memory verdict as JSON: who asked for what, and the largest live tensors."""
-    if oom is None:
-        return None
-    return {"rank": oom.rank, "op": oom.op, "tensor": oom.key, "time_s": oom.time_s,
-            "bytes_asked": oom.bytes_asked, "bytes_in_use": oom.bytes_in_use,
-            "capacity_bytes": oom.capacity_bytes,
-            "largest_live": [{"name": t.key, "category": t.category, "bytes": t.nbytes}
-                             for t in oom.largest_live]}
 
 
 def layer_report(result) -> dict:

@@ -7,6 +7,8 @@ Gathers and scatters act on the sequence axis (axis 0 of an (s, b, h) tensor), s
 s-major buffer splits into whole sequence chunks.
 """
 
+import math
+
 from simsp.model.tensor import Tensor
 
 
@@ -25,7 +27,7 @@ def run_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple,
     whole duration is exposed communication (an async one's is counted by `finish`)."""
     group = group or r.tp.members
     n = len(group)
-    full_bytes = x.itemsize * _numel(full_shape)
+    full_bytes = x.itemsize * math.prod(full_shape)
     r.count_comm(label or kind, _bytes_sent(kind, n, full_bytes))
     start = r.env.now
     buffer = None if x.data is None else x.data.reshape(-1)  # (numel,)
@@ -46,12 +48,6 @@ def run_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple,
         out.data = result.reshape(out_shape)
     return out
 
-
-def _numel(shape: tuple) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
 
 
 def all_reduce(r, x: Tensor, tag: str, label: str | None = None, blocking: bool = True):
