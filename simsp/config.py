@@ -99,6 +99,11 @@ class Cluster:
     ib_bandwidth_GBps: float = 25.0  # per NIC per direction: 200 Gb/s HDR
     nvlink_latency_us: float = 2.0  # per hop through the NVSwitch
     ib_latency_us: float = 1.0  # per InfiniBand link (GPU-NIC-leaf-spine: a cross-rail route has 4)
+    # Achieved fractions of link speed and the per-transfer software cost: the link calibration
+    # (simsp.hardware.LinkCalibration documents the defaults; `simsp calibrate` fits them).
+    nvlink_efficiency: float = 0.78
+    ib_efficiency: float = 0.90
+    transfer_overhead_us: float = 0.0
 
     @property
     def num_gpus(self) -> int:
@@ -281,8 +286,10 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
     _choice("cluster.gpu", c.gpu, GPU_CHOICES)
     _positive("cluster", c, ("gpus_per_node", "nodes", "nvlink_bandwidth_GBps",
                              "ib_bandwidth_GBps"))
-    for name in ("nvlink_latency_us", "ib_latency_us"):
+    for name in ("nvlink_latency_us", "ib_latency_us", "transfer_overhead_us"):
         _check(getattr(c, name) >= 0, f"cluster.{name}", "must not be negative")
+    for name in ("nvlink_efficiency", "ib_efficiency"):
+        _check(0 < getattr(c, name) <= 1, f"cluster.{name}", "must be in (0, 1]")
     _check(p.world_size <= c.num_gpus, "cluster.nodes",
            f"the layout needs t*p*d={p.world_size} GPUs but {c.nodes} node(s) of "
            f"{c.gpus_per_node} hold {c.num_gpus}")

@@ -55,6 +55,12 @@ class LinkCalibration:
     # switch hop) already exceeds NCCL's measured per-step latency on NVLink (~1 us, LL protocol).
     transfer_overhead_s: float = 0.0
 
+    @classmethod
+    def from_cluster(cls, cluster) -> "LinkCalibration":
+        """The link calibration a scenario's [cluster] section states (defaults: the above)."""
+        return cls(cluster.nvlink_efficiency, cluster.ib_efficiency,
+                   cluster.transfer_overhead_us * 1e-6)
+
     def efficiency(self, kind: str) -> float:
         """Achieved fraction of bandwidth for a link of `kind` ("nvlink" or "ib")."""
         fractions = {"nvlink": self.nvlink_efficiency, "ib": self.ib_efficiency}

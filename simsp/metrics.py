@@ -113,7 +113,7 @@ def collect(run, shortcuts) -> dict:
         "first_stage_activation_formula_bytes": analytic.first_stage_activation_bytes(sc),
         "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
-        "calibration": {"compute": calibration_table(), "links": LinkCalibration().describe()},
+        "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": asdict(shortcuts),
     }
 

@@ -52,7 +52,7 @@ def layer_report(result) -> dict:
         "forward_time_s": result.forward_time_s,
         "backward_time_s": result.backward_time_s,
         "cost_model": calibration_table(),
-        "link_calibration": LinkCalibration().describe(),
+        "link_calibration": LinkCalibration.from_cluster(sc.cluster).describe(),
     }
     if result.max_rel_err is not None:
         report["max_rel_err"] = result.max_rel_err

@@ -162,7 +162,7 @@ def _header(collective: str, cluster: Cluster, gpus: list[int]) -> list[str]:
         f"# simsp ring: {collective}, {len(gpus)} ranks on {cluster.nodes} node(s) of "
         f"{cluster.gpus_per_node} GPUs, ring {ring} (stepwise simulation)",
         f"# links: NVLink {cluster.nvlink_bandwidth_GBps:g} GB/s, IB "
-        f"{cluster.ib_bandwidth_GBps:g} GB/s per direction; {LinkCalibration().describe()}",
+        f"{cluster.ib_bandwidth_GBps:g} GB/s per direction; {LinkCalibration.from_cluster(cluster).describe()}",
         f"# busbw = algbw * {BUS_FACTOR_TEXT[collective]} (NCCL PERFORMANCE.md); "
         f"GB/s = 1e9 B/s; size = full message S",
         "#",

@@ -13,7 +13,7 @@ from simsp.engine.ledger import Ledger
 from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
-from simsp.hardware import GPUS
+from simsp.hardware import GPUS, LinkCalibration
 from simsp.model.rank import Rank, TPGroup
 
 
@@ -40,7 +40,8 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp)
     trace = Trace()
-    network = Network(env, build_topology(sc.cluster), trace=trace)
+    network = Network(env, build_topology(sc.cluster), LinkCalibration.from_cluster(sc.cluster),
+                      trace=trace)
     ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
