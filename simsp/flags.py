@@ -34,6 +34,14 @@ SWITCHES = {  # flag -> (section, key, value)
     "--sequence-parallel": ("parallel", "sequence_parallel", True),
     "--no-sequence-parallel": ("parallel", "sequence_parallel", False),
     "--distributed-optimizer": ("parallel", "distributed_optimizer", True),
+    "--overlap-p2p-communication": ("parallel", "overlap_p2p_communication", True),
+    "--no-scatter-gather-tensors-in-pipeline":
+        ("parallel", "scatter_gather_tensors_in_pipeline", False),
+    "--overlap-grad-reduce": ("parallel", "overlap_grad_reduce", True),
+    "--overlap-param-gather": ("parallel", "overlap_param_gather", True),
+    "--accumulate-allreduce-grads-in-fp32": ("parallel", "accumulate_allreduce_grads_in_fp32", True),
+    "--no-accumulate-allreduce-grads-in-fp32":
+        ("parallel", "accumulate_allreduce_grads_in_fp32", False),
 }
 
 
