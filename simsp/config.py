@@ -59,6 +59,7 @@ class Parallel:
     scatter_gather_tensors_in_pipeline: bool = True
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    ddp_bucket_size: int | None = None  # parameters per DP bucket; None: max(40M, 1M*d)
     accumulate_allreduce_grads_in_fp32: bool = True  # Megatron turns it on for bf16
 
     @property
@@ -246,7 +247,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     """Cross-field checks between the model and the parallel layout."""
     _positive("parallel", p, ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                               "data_parallel_size", "micro_batch_size", "global_batch_size",
-                              "num_layers_per_virtual_pipeline_stage"))
+                              "num_layers_per_virtual_pipeline_stage", "ddp_bucket_size"))
     _choice("parallel.recompute_granularity", p.recompute_granularity, RECOMPUTE_CHOICES)
     if p.schedule is not None:
         _choice("parallel.schedule", p.schedule, SCHEDULE_CHOICES)

@@ -24,6 +24,7 @@ SCENARIO_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage":
         ("parallel", "num_layers_per_virtual_pipeline_stage", int, None),
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES),
+    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None),
     "--nodes": ("cluster", "nodes", int, None),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None),
     "--mode": ("run", "mode", str, MODE_CHOICES),

@@ -47,11 +47,12 @@ class Bucket:
     gathered: bool = False
 
 
-def bucket_size(d: int, overlap_grad_reduce: bool) -> int | None:
-    """Megatron DDP: max(40M, 1M·d) parameters, or unlimited without --overlap-grad-reduce."""
+def bucket_size(d: int, overlap_grad_reduce: bool, given: int | None = None) -> int | None:
+    """Megatron DDP: --ddp-bucket-size or max(40M, 1M·d) parameters; unlimited without
+    --overlap-grad-reduce (distributed_data_parallel.py)."""
     if not overlap_grad_reduce:
         return None
-    return max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * d)
+    return given or max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * d)
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
@@ -129,7 +130,7 @@ class GradSync:
 
     def _buckets(self, p) -> list[Bucket]:
         """Every chunk's buckets, chunks in order, each chunk's in buffer (reverse) order."""
-        size = bucket_size(len(self.group), p.overlap_grad_reduce)
+        size = bucket_size(len(self.group), p.overlap_grad_reduce, p.ddp_bucket_size)
         pad = math.lcm(len(self.group), 128) if self.distributed else 1
         shared = "embedding.word" if self.distributed and not self.plan.holds_embedding else None
         buckets = []
