@@ -24,7 +24,7 @@ import simpy
 
 from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
-from simsp.model.mappings import run_collective
+from simsp.model.mappings import _bytes_sent
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
 
@@ -158,23 +158,29 @@ class GradSync:
                         self._launch_reduce(r, run, bucket)
 
     def _launch_reduce(self, r, run, bucket: Bucket) -> None:
-        bucket.reduce = self.stream.launch("dp bucket", self._reduce(r, bucket))
-
-    def _reduce(self, r, bucket: Bucket):
-        """All-reduce (or reduce-scatter) one bucket of the gradient buffer over DP."""
+        kind = "reduce_scatter" if self.distributed else "all_reduce"
         flat = self._flat(bucket)
-        if self.distributed:  # each rank keeps the sum of its 1/d shard, in place in Megatron
-            shard = (bucket.numel // len(self.group),)
-            out = yield from run_collective(r, "reduce_scatter", flat, flat.shape, shard,
-                                            "dp_grads", label="reduce_scatter_dp",
-                                            group=self.group, track="dp_comm", blocking=False)
-            r.free(out)
-            return
-        out = yield from run_collective(r, "all_reduce", flat, flat.shape, flat.shape,
-                                        "dp_grads", label="all_reduce_dp", group=self.group,
-                                        track="dp_comm", blocking=False)
-        if r.numeric:
-            self._unflat(bucket, out.data)
+        bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads")
+        if r.numeric and not self.distributed:
+            bucket.reduce.callbacks.append(lambda event: self._unflat(bucket, event.value))
+
+    def _launch(self, r, kind: str, flat: Tensor, label: str, tag: str) -> simpy.Process:
+        """Issue one DP collective on the DP stream, in place in Megatron's contiguous buffer
+        (nothing allocated); bytes are counted now, so no layer step records them."""
+        full_bytes = flat.nbytes * (len(self.group) if kind == "all_gather" else 1)
+        r.count_comm(label, _bytes_sent(kind, len(self.group), full_bytes))
+        return self.stream.launch(label, self._collective(r, kind, flat, full_bytes, tag))
+
+    def _collective(self, r, kind: str, flat: Tensor, full_bytes: int, tag: str):
+        """The ring itself, with a span on the DP track; returns the flat result (numeric)."""
+        start = r.env.now
+        buffer = None if flat.data is None else flat.data  # (numel,)
+        result = yield from getattr(r.tp.comm, kind)(self.group, r.rank, buffer, full_bytes,
+                                                     tag, elem_bytes=flat.itemsize)
+        if r.trace is not None:
+            r.trace.add_span(r.rank, "dp_comm", f"{kind} {tag}", start, r.env.now,
+                             {"bytes": full_bytes})
+        return result
 
     def _flat(self, bucket: Bucket) -> Tensor:
         """The bucket's slice of the contiguous gradient buffer: a ledger-less view."""
@@ -203,13 +209,10 @@ class GradSync:
         r.count_exposed("dp_comm", r.env.now - start)
 
     # ------------------------------------------------------------------ parameter all-gather
-    def _gather(self, r, bucket: Bucket):
+    def _gather(self, r, bucket: Bucket) -> simpy.Process:
         """All-gather one bucket's updated fp16 parameters over DP (in place in Megatron)."""
-        flat = Tensor((bucket.numel // len(self.group),), FP16, None)
-        out = yield from run_collective(r, "all_gather", flat, (bucket.numel,),
-                                        (bucket.numel,), "dp_params", label="all_gather_dp",
-                                        group=self.group, track="dp_comm", blocking=False)
-        r.free(out)
+        shard = Tensor((bucket.numel // len(self.group),), FP16, None)
+        return self._launch(r, "all_gather", shard, "all_gather_dp", "dp_params")
 
     def gather_params(self, r, run):
         """After the step, distributed optimizer: all-gather every bucket (unless overlapped)."""
@@ -217,14 +220,14 @@ class GradSync:
             return
         start = r.env.now
         for bucket in self._forward_order():
-            yield self.stream.launch("dp gather", self._gather(r, bucket))
+            yield self._gather(r, bucket)
         r.count_exposed("dp_comm", r.env.now - start)
 
     def start_param_gather(self, r, run) -> None:
         """--overlap-param-gather: the previous step's first all-gather, issued at time 0."""
         if self.pending_gathers:
             bucket = self.pending_gathers[0]
-            bucket.gather = self.stream.launch("dp gather", self._gather(r, bucket))
+            bucket.gather = self._gather(r, bucket)
 
     def params_needed(self, r, run, chunk: int, modules: list):
         """Forward pre-hook: wait for the all-gathers up to these params', issue the next."""
@@ -239,4 +242,4 @@ class GradSync:
             bucket.gathered = True
             if self.pending_gathers:
                 nxt = self.pending_gathers[0]
-                nxt.gather = self.stream.launch("dp gather", self._gather(r, nxt))
+                nxt.gather = self._gather(r, nxt)
