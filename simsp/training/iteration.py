@@ -20,7 +20,8 @@ from simsp.training import p2p
 from simsp.training.finalize import data_parallel_gather_params, finalize_grads, optimizer_step
 from simsp.training.optimizer import allocate_optimizer
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
-from simsp.training.steps import RankState, run_schedule
+from simsp.training.stage_program import run_schedule
+from simsp.training.steps import RankState
 
 
 @dataclass
