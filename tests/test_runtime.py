@@ -216,3 +216,17 @@ def test_without_overlap_one_bucket_reduces_after_the_backward():
     expected = 4e-3 + collective_time("all_reduce", world.network.graph, [0, 1], total,
                                       world.network.calibration, 2)
     assert done == [pytest.approx(expected, rel=1e-12)]
+
+
+def test_overlapped_program_posts_each_direction_after_its_step():
+    """--overlap-p2p-communication (interleaved): send_forward_recv_forward after a forward,
+    send_backward_recv_backward after a backward; the first backward's receive is posted at
+    the end of the warm-up."""
+    from simsp.training.schedules import interleaved_one_f_one_b, interleaved_warmup
+    steps = interleaved_one_f_one_b(2, 2, 2)[1]  # F0 F1 | F0.1 B0.1 F1.1 B1.1 | B0 B1
+    program = megatron_program(steps, "interleaved", interleaved_warmup(2, 2, 2, 1), True)
+    assert calls(program) == [
+        "recv_forward", "F0", "send_forward_recv_forward", "F1", "send_forward_recv_forward",
+        "recv_backward", "F0.1", "send_forward_recv_forward", "B0.1",
+        "send_backward_recv_backward", "F1.1", "send_forward", "B1.1",
+        "send_backward_recv_backward", "B0", "send_backward_recv_backward", "B1", "send_backward"]

@@ -26,8 +26,11 @@ class Exchange:
     recvs: tuple[Step, ...] = ()
 
 
-def megatron_program(steps: list[Step], schedule: str, warmup: int) -> list:
+def megatron_program(steps: list[Step], schedule: str, warmup: int,
+                     overlap: bool = False) -> list:
     """Steps interleaved with Exchanges, in the order Megatron issues them."""
+    if overlap:
+        return _overlapped(steps, warmup)
     if schedule == "interleaved":
         phases = _interleaved_phases(steps, warmup)
         joined = [not (warmup == len(steps) // 2 and i == warmup - 1)
@@ -60,6 +63,19 @@ def _with_exchanges(phases: list[list[Step]], joined: list[bool]) -> list:
             program.append(Exchange(tuple(phase), tuple(phases[i + 1])))
         else:
             program += [Exchange(sends=tuple(phase)), Exchange(recvs=tuple(phases[i + 1]))]
+    return program
+
+
+def _overlapped(steps: list[Step], warmup: int) -> list:
+    """Interleaved with --overlap-p2p-communication: after each step, send its output and post
+    the receive of the next step of its kind (send_forward_recv_forward or
+    send_backward_recv_backward); the last warm-up step also posts the first backward's."""
+    program = [Exchange(recvs=steps[:1])]
+    for j, step in enumerate(steps):
+        later = [s for s in steps[j + 1:] if s.kind == step.kind][:1]
+        program += [step, Exchange((step,), tuple(later))]
+        if j == warmup - 1 and warmup < len(steps):
+            program.append(Exchange(recvs=tuple(s for s in steps if s.kind == BACKWARD)[:1]))
     return program
 
 

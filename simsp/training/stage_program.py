@@ -24,7 +24,7 @@ def run_schedule(r, run, plan: StagePlan, state: RankState):
     state.grad_sync = GradSync.for_rank(r, run, plan, state.grads)
     state.grad_sync.start_param_gather(r, run)
     program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,
-                               _warmup(run, plan))
+                               _warmup(run, plan), run.sc.parallel.overlap_p2p_communication)
     for action in program:
         if isinstance(action, Exchange):
             yield from _exchange(r, run, plan, state, action)
