@@ -44,7 +44,6 @@ class Bucket:
     ready: set = field(default_factory=set)
     reduce: simpy.Process | None = None
     gather: simpy.Process | None = None
-    gathered: bool = False
 
 
 def bucket_size(d: int, overlap_grad_reduce: bool, given: int | None = None) -> int | None:
@@ -122,11 +121,7 @@ class GradSync:
         self.last_micro_batch = p.num_micro_batches - 1
         self.stream = Stream(r.env, r.rank, "dp_comm", Trace())
         self.buckets = self._buckets(p)
-        self.pending_gathers = [b for b in self._forward_order()] if self.overlap_gather else []
-
-    @classmethod
-    def for_rank(cls, r, run, plan, grads: dict) -> "GradSync":
-        return cls(r, run, plan, grads)
+        self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
 
     def _buckets(self, p) -> list[Bucket]:
         """Every chunk's buckets, chunks in order, each chunk's in buffer (reverse) order."""
@@ -232,14 +227,11 @@ class GradSync:
     def params_needed(self, r, run, chunk: int, modules: list):
         """Forward pre-hook: wait for the all-gathers up to these params', issue the next."""
         names = {n for m in modules for n in module_params(self.plan, m, self.grads)}
-        while self.pending_gathers and any(
-                b.chunk == chunk and names & set(b.names) and not b.gathered
-                for b in self.pending_gathers):
+        while any(b.chunk == chunk and names & set(b.names) for b in self.pending_gathers):
             bucket = self.pending_gathers.pop(0)
             start = r.env.now
             yield bucket.gather
             r.count_exposed("dp_comm", r.env.now - start)
-            bucket.gathered = True
             if self.pending_gathers:
                 nxt = self.pending_gathers[0]
                 nxt.gather = self._gather(r, nxt)

@@ -21,7 +21,7 @@ from simsp.training.steps import RankState, activation_shape, backward_step, for
 
 def run_schedule(r, run, plan: StagePlan, state: RankState):
     """The stage's steps with Megatron's p2p calls between them (training/p2p_program.py)."""
-    state.grad_sync = GradSync.for_rank(r, run, plan, state.grads)
+    state.grad_sync = GradSync(r, run, plan, state.grads)
     state.grad_sync.start_param_gather(r, run)
     program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,
                                _warmup(run, plan), run.sc.parallel.overlap_p2p_communication)
