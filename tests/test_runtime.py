@@ -269,3 +269,15 @@ def test_overlapped_param_gather_chain_by_hand():
         now += seconds
     assert done == [pytest.approx(now, rel=1e-12)]
     assert r.exposed_s["dp_comm"] == pytest.approx(waited, rel=1e-9)
+
+
+@pytest.mark.parametrize("parallel,field", [
+    ({"overlap_p2p_communication": True}, "parallel.overlap_p2p_communication"),
+    ({"overlap_param_gather": True, "overlap_grad_reduce": True},
+     "parallel.overlap_param_gather"),
+    ({"ddp_bucket_size": 0}, "parallel.ddp_bucket_size")])
+def test_megatrons_own_checks_on_the_runtime_switches(parallel, field):
+    from simsp.errors import UserError
+    with pytest.raises(UserError) as caught:
+        load_scenario(None, {("parallel", k): v for k, v in parallel.items()})
+    assert caught.value.field == field
