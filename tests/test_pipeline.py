@@ -133,13 +133,13 @@ def test_counted_gemm_flops_equal_the_k22_model_flops():
 
 
 @pytest.mark.parametrize("extra", [
-    {"sequence_parallel": False},  # scatter/gather p2p (on by default without SP)
+    # scatter/gather p2p (on by default without SP), one bucket per parameter, overlapped
+    {"sequence_parallel": False, "overlap_grad_reduce": True, "ddp_bucket_size": 1},
     {"sequence_parallel": False, "scatter_gather_tensors_in_pipeline": False},
-    {"overlap_grad_reduce": True, "ddp_bucket_size": 3000},  # several buckets, overlapped
-    {"overlap_grad_reduce": True, "sequence_parallel": False, "ddp_bucket_size": 1},
+    {"overlap_grad_reduce": True, "ddp_bucket_size": 3000,  # several buckets, 2-byte grads
+     "accumulate_allreduce_grads_in_fp32": False},
     {"schedule": "interleaved", "num_layers_per_virtual_pipeline_stage": 1,
      "overlap_p2p_communication": True, "overlap_grad_reduce": True, "ddp_bucket_size": 5000},
-    {"accumulate_allreduce_grads_in_fp32": False, "overlap_grad_reduce": True},
 ])
 def test_numeric_runtime_variants_equal_the_single_device_reference(extra):
     """Megatron p2p calls, scatter/gather, bucketed and overlapped DP reduction: same numbers."""
