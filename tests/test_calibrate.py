@@ -6,9 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 import tomllib
 
+from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
+from simsp.calibrate.nccl_log import Row, row_collective
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster, load_scenario
@@ -30,7 +32,7 @@ def engine_time_s(cluster: Cluster, collective: str, nodes: int, per_node: int, 
     cluster = replace(cluster, nodes=nodes)
     gpus = [n * cluster.gpus_per_node + g for n in range(nodes) for g in range(per_node)]
     return collective_time(collective, build_topology(cluster), gpus, size,
-                           LinkCalibration.from_cluster(cluster), 4)
+                           calibration=LinkCalibration.from_cluster(cluster), elem_bytes=4)
 
 
 def count_of(collective: str, size: int, ranks: int) -> int:
@@ -240,6 +242,24 @@ def test_same_logs_give_byte_identical_output(capsys, tmp_path):
     log = generated_log(tmp_path, "one.txt", INTRA, noise=0.01)
     first = calibrate(capsys, tmp_path, log)
     assert calibrate(capsys, tmp_path, log) == first
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(REDOP)), st.integers(2, 64), st.integers(1, 10 ** 6))
+def test_row_reveals_its_collective(collective, ranks, per_rank):
+    """Any row nccl-tests prints (size, count as in setupArgs) names its collective."""
+    size = 4 * per_rank * ranks
+    row = Row(1, size, count_of(collective, size, ranks), "float", REDOP[collective], 1.0, 1.0)
+    assert row_collective(row, ranks) == collective
+
+
+def test_exact_log_is_reproduced_row_by_row(capsys, tmp_path):
+    """Every size's simsp time within the 2-decimal rounding of the printed times."""
+    _, out = calibrate(capsys, tmp_path, generated_log(tmp_path, "x.txt", INTRA))
+    rows = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    assert len(rows) == len(SIZES)
+    for fields in rows:
+        assert abs(float(fields[7])) < 0.05 and abs(float(fields[8])) < 0.05
 
 
 def test_collective_comes_from_the_table_without_a_binary_name(capsys, tmp_path):

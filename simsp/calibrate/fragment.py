@@ -29,7 +29,8 @@ def status_of(name: str, fits: list[TierFit]) -> str:
             return "held (no effect on these runs: not identifiable)"
     if name == "transfer_overhead_us":
         return "held (per-step cost on every hop: collinear with the per-hop latency in a tier)"
-    return "held (no run of its tier)"
+    tier = "one-node" if name.startswith("nvlink") else "multi-node"
+    return f"held at simsp's value (no {tier} run given)"
 
 
 def fragment_text(base: Cluster, links: dict, fits: list[TierFit],

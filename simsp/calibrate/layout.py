@@ -28,6 +28,7 @@ class Measurement:
 
     @property
     def ranks(self) -> int:
+        """Ranks in the run: nodes x ranks per node."""
         return self.nodes * self.ranks_per_node
 
     @property

@@ -47,7 +47,8 @@ def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float]) ->
     graph = build_topology(cluster)
     calibration = LinkCalibration.from_cluster(cluster)
     gpus = ring_gpus(cluster, m)
-    by_size = {size: collective_time(m.collective, graph, gpus, size, calibration, m.elem_bytes)
+    by_size = {size: collective_time(m.collective, graph, gpus, size, calibration=calibration,
+                                     elem_bytes=m.elem_bytes)
                for size in sorted(set(m.sizes_bytes))}
     return np.array([by_size[size] for size in m.sizes_bytes])  # (observations,)
 

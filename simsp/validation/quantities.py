@@ -66,7 +66,8 @@ def busbw_Bps(job: Job) -> float:
     cluster = job.scenario.cluster
     gpus = list(range(cluster.num_gpus))
     seconds = collective_time(job.collective, build_topology(cluster), gpus, job.size_bytes,
-                              LinkCalibration.from_cluster(cluster), BUSBW_ELEM_BYTES)
+                              calibration=LinkCalibration.from_cluster(cluster),
+                              elem_bytes=BUSBW_ELEM_BYTES)
     return busbw_GBps(job.collective, len(gpus), job.size_bytes, seconds) * GB
 
 

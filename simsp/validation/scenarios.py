@@ -20,6 +20,7 @@ class RowFlagParser(argparse.ArgumentParser):
         add_scenario_arguments(self, positional=False)
 
     def error(self, message):
+        """argparse's error: one UserError naming the row, instead of exiting."""
         raise UserError(self.where, f"flags: {message}")
 
 
