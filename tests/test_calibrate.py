@@ -344,3 +344,48 @@ def test_missing_file_and_bad_flags(capsys, tmp_path):
     log = generated_log(tmp_path, "ar.txt", INTRA)
     assert "--out" in error_of(capsys, log, "--out", tmp_path / "no" / "f.toml")
     assert "--transfer-overhead-us" in error_of(capsys, log, "--transfer-overhead-us", "-1")
+
+
+# ------------------------------------------------------------------------------------------
+# Format variants
+# ------------------------------------------------------------------------------------------
+
+def test_older_format_without_root_and_with_an_error_column(capsys, tmp_path):
+    """nccl-tests before the root column: `size count type redop time algbw busbw error ...`."""
+    def old(lines):
+        out = []
+        for text in lines:
+            if text.startswith("#       size"):
+                text = text.replace("    root", "").replace("#wrong", " error")
+            elif text.strip()[:1].isdigit():
+                fields = text.split()
+                del fields[4]
+                fields[7] = fields[11] = "2e-07"
+                text = "  ".join(fields)
+            out.append(text)
+        return out
+    fitted, _ = calibrate(capsys, tmp_path, broken(tmp_path, old))
+    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=0.02)
+
+
+def test_layout_from_flags_when_the_log_has_no_rank_lines(capsys, tmp_path):
+    path = broken(tmp_path, lambda lines: [t for t in lines if "Rank" not in t
+                                           and "nThread" not in t])
+    assert "pass --gpus-per-node" in error_of(capsys, path)
+    fitted, out = calibrate(capsys, tmp_path, path, "--gpus-per-node", "8")
+    assert "8 ranks on 1 node" in out
+    assert fitted["nvlink_latency_us"] == pytest.approx(3.3, rel=0.02)
+
+
+def test_rows_with_size_zero_are_skipped(capsys, tmp_path):
+    """all_gather on 8 ranks prints size 0 for 8 and 16 B (count/nranks = 0): no data moved."""
+    def zero_rows(lines):
+        i = row_line(lines, 0)
+        return lines[:i] + [f"{0:12d}  {0:12d}  {'float':>8s}  {'none':>6s}  {-1:6d}"
+                            + "     5.10    0.00    0.00      0     5.00    0.00    0.00      0"
+                            ] + lines[i:]
+    path = generated_log(tmp_path, "ag.txt", INTRA, "all_gather")
+    path.write_text("\n".join(zero_rows(path.read_text().splitlines())))
+    fitted, out = calibrate(capsys, tmp_path, path)
+    assert "1 size-0 row(s) skipped" in out
+    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=0.02)
