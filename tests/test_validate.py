@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from simsp.cli import main
+from simsp.commands.validate import report
 from simsp.config import load_scenario
 from simsp.metrics import collect
 from simsp.model.layer_sim import simulate_layer
 from simsp.training.iteration import Shortcuts, simulate_iteration
 from simsp.validation.measurements import read_measurements
-from simsp.validation.runner import BUNDLED, EXAMPLE, data_path
+from simsp.validation.runner import (BUNDLED, EXAMPLE, compare, data_path, load_sets,
+                                     select_groups)
 from simsp.validation.scenarios import scenario_of
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -43,9 +45,7 @@ def error_of(capsys, *argv) -> str:
 
 @pytest.fixture(scope="module")
 def bundled_cheap():
-    """The three fast bundled groups, run once through the command."""
-    from simsp.commands.validate import report
-    from simsp.validation.runner import compare, load_sets, select_groups
+    """The three fast bundled groups, run once through the command's report."""
     selected = select_groups(load_sets([]), ["table4", "memory", "nccl"])
     return report([(g, t, n, [compare(m, r) for m, r in rows]) for g, t, n, rows in selected])
 
