@@ -12,6 +12,9 @@ Prints one table per group (Calculon llm-validation style) with mean and worst |
 import json
 import sys
 
+from simsp.config import Cluster
+from simsp.costmodel import active_calibration, calibration_table
+from simsp.hardware import LinkCalibration
 from simsp.validation.runner import (EXAMPLE, check_all, compare, data_path, load_sets,
                                      select_groups, summary)
 
@@ -54,7 +57,9 @@ def report(results: list[tuple]) -> dict:
         everything += comparisons
         groups.append({"group": group, "title": title, "note": note,
                        "rows": [_row_json(c) for c in comparisons], **summary(comparisons)})
-    return {"groups": groups, **summary(everything)}
+    return {"groups": groups, **summary(everything),
+            "calibration": {"compute": calibration_table(),
+                            "links": LinkCalibration.from_cluster(Cluster()).describe()}}
 
 
 def _row_json(c) -> dict:
@@ -73,6 +78,8 @@ def text_lines(document: dict) -> list[str]:
         lines += [_row_text(r) for r in g["rows"]]
         lines += [_summary_text(g["group"], g), ""]
     lines.append(_summary_text("all", document))
+    lines.append(f"# compute: {active_calibration().describe()}")
+    lines.append(f"# links (unless a scenario sets them): {document['calibration']['links']}")
     return lines
 
 
