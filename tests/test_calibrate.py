@@ -2,7 +2,9 @@
 (times from the engine at those parameters) must give the parameters back; hand-made noisy logs
 within a stated tolerance; malformed logs give one `error:` line naming FILE:LINE."""
 
+import contextlib
 from dataclasses import replace
+import io
 from pathlib import Path
 import tomllib
 
@@ -138,6 +140,26 @@ def test_both_tiers_from_one_node_and_four_node_runs(capsys, tmp_path):
     fitted, _ = calibrate(capsys, tmp_path, four, one)
     for name in ("nvlink_efficiency", "nvlink_latency_us", "ib_efficiency", "ib_latency_us"):
         assert fitted[name] == pytest.approx(getattr(BOTH, name), rel=0.02), name
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.floats(0.2, 1.0), st.floats(0.5, 20.0), st.floats(0.2, 1.0), st.floats(0.5, 10.0),
+       st.integers(2, 8), st.integers(2, 4), st.integers(1, 8), st.sampled_from(sorted(REDOP)))
+def test_any_link_parameters_are_recovered(tmp_path_factory, nv_eff, nv_lat, ib_eff, ib_lat,
+                                           one_node_ranks, nodes, per_node, collective):
+    """Random parameters and layouts, started from simsp's defaults: within 2%. Latencies from
+    0.5 us: the log prints times to 0.01 us, so sub-microsecond steps would lose the digits."""
+    tmp_path = tmp_path_factory.mktemp("any")
+    truth = replace(Cluster(), nvlink_efficiency=nv_eff, nvlink_latency_us=nv_lat,
+                    ib_efficiency=ib_eff, ib_latency_us=ib_lat)
+    one = generated_log(tmp_path, "one.txt", truth, "all_reduce", 1, one_node_ranks)
+    many = generated_log(tmp_path, "many.txt", truth, collective, nodes, per_node)
+    out = tmp_path / "f.toml"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["calibrate", "nccl-tests", str(one), str(many), "--out", str(out)]) == 0
+    fitted = tomllib.loads(out.read_text())["cluster"]
+    for name in ("nvlink_efficiency", "nvlink_latency_us", "ib_efficiency", "ib_latency_us"):
+        assert fitted[name] == pytest.approx(getattr(truth, name), rel=0.02), name
 
 
 def test_simulating_with_the_fragment_reproduces_the_measurements(capsys, tmp_path):
