@@ -20,7 +20,7 @@ TYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint6
               "half": 2, "float": 4, "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
 RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
 HEADER_LINE = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
-BINARY_NAME = re.compile(r"\b([a-z_]+)_perf\b")
+BINARY_NAME = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")  # all_reduce_perf, all_reduce_perf_mpi
 TIME_COLUMNS = ("time", "algbw", "busbw")
 
 
