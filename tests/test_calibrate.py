@@ -5,6 +5,7 @@ within a stated tolerance; malformed logs give one `error:` line naming FILE:LIN
 import contextlib
 from dataclasses import replace
 import io
+import json
 from pathlib import Path
 import tomllib
 
@@ -411,3 +412,18 @@ def test_rows_with_size_zero_are_skipped(capsys, tmp_path):
     fitted, out = calibrate(capsys, tmp_path, path)
     assert "1 size-0 row(s) skipped" in out
     assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=0.02)
+
+
+def test_json_document_matches_the_fragment_and_the_rows(capsys, tmp_path):
+    log = generated_log(tmp_path, "one.txt", INTRA)
+    assert main(["calibrate", "nccl-tests", str(log), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    fragment = tomllib.loads(document["fragment"])["cluster"]
+    assert fragment["nvlink_efficiency"] == pytest.approx(
+        document["parameters"]["nvlink_efficiency"]["value"], rel=1e-6)
+    run = document["runs"][0]
+    assert (run["collective"], run["ranks"], run["nodes"], run["tier"]) == \
+        ("all_reduce", 8, 1, "intra")
+    assert [r["size_bytes"] for r in run["rows"]] == SIZES
+    assert all(abs(r["error_out_of_place_pct"]) < 0.05 for r in run["rows"])
+    assert document["parameters"]["transfer_overhead_us"]["std_error"] is None
