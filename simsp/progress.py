@@ -48,7 +48,9 @@ class StepProgress:
         self.bar.update(1)
 
     def close(self) -> None:
+        """Draw the final count and simulated time once, then clear the bar."""
         if self.bar is not None:
+            self.bar.refresh()
             self.bar.close()
 
 
