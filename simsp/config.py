@@ -11,6 +11,7 @@ import tomllib
 from simsp.errors import UserError
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
@@ -49,6 +50,8 @@ class Parallel:
     data_parallel_size: int = 1
     sequence_parallel: bool = False
     recompute_granularity: str = "none"
+    recompute_method: str | None = None  # full recompute only; None means uniform
+    recompute_num_layers: int | None = None  # full recompute only; None means 1
     micro_batch_size: int = 1
     global_batch_size: int | None = None  # None: one micro-batch per DP replica
     num_layers_per_virtual_pipeline_stage: int | None = None
@@ -261,6 +264,29 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
            f"{p.micro_batch_size * p.dp}")
     _validate_schedule(m, p)
+    _validate_recompute_method(m, p)
+
+
+def _validate_recompute_method(m: Model, p: Parallel) -> None:
+    """Megatron's --recompute-method/--recompute-num-layers: full granularity only; uniform
+    groups must tile each model chunk's layers, block cannot exceed them (transformer_block.py)."""
+    method, n = p.recompute_method, p.recompute_num_layers
+    _positive("parallel", p, ("recompute_num_layers",))
+    if method is not None:
+        _choice("parallel.recompute_method", method, RECOMPUTE_METHOD_CHOICES)
+    if p.recompute_granularity != "full":
+        for name in ("recompute_method", "recompute_num_layers"):
+            _check(getattr(p, name) is None, f"parallel.{name}",
+                   f"only applies to recompute_granularity full, not {p.recompute_granularity}")
+        return
+    per_chunk = p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp
+    n = n or 1
+    if method == "block":
+        _check(n <= per_chunk, "parallel.recompute_num_layers",
+               f"block recomputes {n} layers but each model chunk has {per_chunk}")
+    else:
+        _check(per_chunk % n == 0, "parallel.recompute_num_layers",
+               f"uniform groups of {n} do not divide the {per_chunk} layers of each model chunk")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:

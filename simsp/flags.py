@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from simsp.config import DTYPE_CHOICES, MODE_CHOICES, SCHEDULE_CHOICES, Scenario, load_scenario
+from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES,
+                          Scenario, load_scenario)
 from simsp.errors import UserError
 
 # flag -> (section, key, python type, choices); every flag defaults to "not given".
@@ -24,6 +25,8 @@ SCENARIO_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage":
         ("parallel", "num_layers_per_virtual_pipeline_stage", int, None),
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES),
+    "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES),
+    "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None),
     "--nodes": ("cluster", "nodes", int, None),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None),
     "--mode": ("run", "mode", str, MODE_CHOICES),

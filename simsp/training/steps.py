@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 
 from simsp.model.embedding import embedding_backward, embedding_forward
 from simsp.model.head import head_backward, head_forward
-from simsp.model.layer import LayerSpec, layer_forward
-from simsp.model.layer_backward import layer_backward
 from simsp.model.tensor import FP16
 from simsp.training import p2p
-from simsp.training.plan import StagePlan, sample_offset
+from simsp.training.plan import StagePlan, recompute_segments, sample_offset
+from simsp.training.recompute import segment_backward, segment_forward
 
 
 @dataclass
@@ -75,17 +74,9 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
         x = yield from p2p.recv(r, run.mailbox, ("act", mb, k, plan.tp, plan.dp),
                                 _activation_shape(run, r), FP16, "recv_activation")
     begin = r.env.now
-    for i in plan.layers(chunk):
-        r.scope = f"mb{mb}.L{i}."
-        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
-        w, _ = state.layer(i)
-        full = spec.recompute == "full"
-        if full:
-            r.save(x, "layer_input")
-        out, saved = yield from run.layers.run(
-            r, ("F", full), x, lambda: layer_forward(r, spec, w, x, keep=not full))
-        stash["layers"].append({"layer_input": x} if full else saved)
-        x = out
+    for segment in recompute_segments(sc, plan.layers(chunk)):
+        x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
+        stash["layers"].append(saved)
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_last(chunk):
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
@@ -112,12 +103,9 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
                                  _activation_shape(run, r), FP16, "recv_gradient")
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
-    for i, saved in zip(reversed(plan.layers(chunk)), reversed(stash["layers"])):
-        r.scope = f"mb{mb}.L{i}."
-        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
-        w, g = state.layer(i)
-        dx = yield from run.layers.run(
-            r, ("B",), dx, lambda: layer_backward(r, spec, w, g, saved, dx))
+    segments = recompute_segments(sc, plan.layers(chunk))
+    for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
+        dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_first(chunk):
