@@ -3,7 +3,7 @@
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """
 
-from simsp.config import Model, Parallel, Scenario
+from simsp.config import Model, Parallel, Scenario, padded_vocab_size
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -49,7 +49,8 @@ def layer_gemm_flops(s: int, b: int, h: int, ffn: int | None = None) -> int:
 
 def model_flops(m: Model, p: Parallel) -> float:
     """Model FLOPs per iteration: 72BLsh²(1 + s/(6h) + v/(12hL)), B = global batch (K22 §6.3)."""
-    B, L, s, h, v = p.global_batch, m.num_layers, m.seq_length, m.hidden_size, m.vocab_size
+    B, L, s, h = p.global_batch, m.num_layers, m.seq_length, m.hidden_size
+    v = padded_vocab_size(m, p.tp)  # Megatron counts the padded vocabulary's logits
     return 72 * B * L * s * h * h * (1 + s / (6 * h) + v / (12 * h * L))
 
 
@@ -68,7 +69,8 @@ def hardware_flops(m: Model, p: Parallel) -> float:
     """Hardware FLOPs: selective adds the attention core again; full adds one forward of each
     recomputed layer, 24Bsh² + 4Bs²h (K22 App. A) — N21's 96BLsh²(1 + s/6h + v/16hL) when
     every layer is recomputed."""
-    B, L, s, h, v = p.global_batch, m.num_layers, m.seq_length, m.hidden_size, m.vocab_size
+    B, L, s, h = p.global_batch, m.num_layers, m.seq_length, m.hidden_size
+    v = padded_vocab_size(m, p.tp)  # Megatron counts the padded vocabulary's logits
     if p.recompute_granularity == "full":
         return model_flops(m, p) + recomputed_layers(m, p) * B * (24 * s * h * h + 4 * s * s * h)
     if p.recompute_granularity == "selective":
@@ -115,7 +117,7 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
         total += s * b * h / seq_split * _embedding_micro_batches(p)
     head = 0
     if p.pp == 1:  # final LN input, output-projection input, fp32 logits (K22 §4.3)
-        head = 4 * s * b * h / seq_split + 4 * s * b * m.vocab_size / t
+        head = 4 * s * b * h / seq_split + 4 * s * b * sc.padded_vocab_size / t
     # the head's tensors are freed by its backward before any layer is recomputed
     return total + max(recomputed, head)
 

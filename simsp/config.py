@@ -27,6 +27,7 @@ class Model:
     num_attention_heads: int = 4
     seq_length: int = 32
     vocab_size: int = 128
+    make_vocab_size_divisible_by: int = 128  # Megatron pads v to a multiple of this times t
     ffn_hidden_size: int | None = None  # None means 4h
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -132,6 +133,23 @@ class Scenario:
     cluster: Cluster = field(default_factory=Cluster)
     run: Run = field(default_factory=Run)
 
+    @property
+    def padded_vocab_size(self) -> int:
+        """The vocabulary the embedding and the head hold (tokens still come from vocab_size)."""
+        return padded_vocab_size(self.model, self.parallel.tp)
+
+    @property
+    def padded_model(self) -> Model:
+        """The model as simulated: its vocabulary padded (every shape, FLOP and byte uses it)."""
+        return replace(self.model, vocab_size=self.padded_vocab_size)
+
+
+def padded_vocab_size(m: Model, t: int) -> int:
+    """v rounded up to a multiple of make_vocab_size_divisible_by · t (Megatron-LM
+    megatron/training/tokenizer/tokenizer.py `_vocab_size_with_padding`)."""
+    multiple = m.make_vocab_size_divisible_by * t
+    return -(-m.vocab_size // multiple) * multiple
+
 
 SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
 
@@ -231,7 +249,7 @@ def _check(condition: bool, name: str, reason: str) -> None:
 def validate_model(m: Model) -> None:
     """Shape checks of the model alone."""
     _positive("model", m, ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
-                           "vocab_size", "ffn_hidden_size"))
+                           "vocab_size", "ffn_hidden_size", "make_vocab_size_divisible_by"))
     _check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size",
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
     for name in ("hidden_dropout", "attention_dropout"):
@@ -252,8 +270,9 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"num_attention_heads={m.num_attention_heads} is not divisible by {t}")
     _check(m.ffn % t == 0, "parallel.tensor_model_parallel_size",
            f"ffn_hidden_size={m.ffn} is not divisible by {t}")
-    _check(m.vocab_size % t == 0, "parallel.tensor_model_parallel_size",
-           f"vocab_size={m.vocab_size} is not divisible by {t} (the vocabulary is split over TP)")
+    padded = padded_vocab_size(m, t)
+    _check(padded % t == 0, "parallel.tensor_model_parallel_size",
+           f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",

@@ -14,6 +14,7 @@ SCENARIO_FLAGS = {
     "--num-attention-heads": ("model", "num_attention_heads", int, None),
     "--seq-length": ("model", "seq_length", int, None),
     "--vocab-size": ("model", "vocab_size", int, None),
+    "--make-vocab-size-divisible-by": ("model", "make_vocab_size_divisible_by", int, None),
     "--ffn-hidden-size": ("model", "ffn_hidden_size", int, None),
     "--hidden-dropout": ("model", "hidden_dropout", float, None),
     "--attention-dropout": ("model", "attention_dropout", float, None),

@@ -37,7 +37,7 @@ def _finite_difference(sc, params, name: str, u: np.ndarray) -> float:
 def gradient_check(sc: Scenario, names: list[str] | None = None, track=list) -> dict:
     """{name: relative error of <grad, u> vs the finite difference} for the chosen tensors;
     `track` may wrap the list of names (a progress bar of tensors checked)."""
-    params = init_params(sc.model, sc.run.seed, np.dtype(sc.run.numeric_dtype))
+    params = init_params(sc.padded_model, sc.run.seed, np.dtype(sc.run.numeric_dtype))
     run = simulate_iteration(sc, canonical=params)
     analytic = gathered_grads(run)
     analytic[EMBEDDING_OUTPUT] = embedding_output_grad(run)

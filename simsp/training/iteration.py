@@ -70,7 +70,7 @@ class Run:
 
 def rank_program(r, run: Run, plan: StagePlan):
     """Allocate the stage's parameters and optimizer, run its schedule, reduce, step."""
-    shapes = param_shapes(run.sc.model)
+    shapes = param_shapes(run.sc.padded_model)
     names = stage_param_names(shapes, plan)
     weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
     shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
@@ -129,7 +129,7 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         run.layers = LayerTemplates()
     if sc.run.mode == "numeric":
         run.tokens, run.targets = global_batch(sc)
-        run.canonical = canonical or init_params(sc.model, sc.run.seed,
+        run.canonical = canonical or init_params(sc.padded_model, sc.run.seed,
                                                  np.dtype(sc.run.numeric_dtype))
         run.embedding_delta = embedding_delta
     for rank, r in sorted(world.ranks.items()):
