@@ -104,6 +104,7 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     t, sp = p.tp, p.sequence_parallel
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
     def layer(recompute: str) -> int:
+        """One layer's kept bytes under `recompute` in this layout."""
         return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
                                       m.hidden_dropout > 0, m.attention_dropout > 0)
     chunks = chunks_per_stage(m, p)
