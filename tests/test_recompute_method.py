@@ -177,3 +177,11 @@ def test_cli_flags_and_error_line():
     assert done.returncode == 2
     assert done.stderr.startswith("error: parallel.recompute_method:")
     assert done.stderr.count("\n") == 1
+
+
+def test_layer_command_runs_one_layer_as_its_own_group(capsys):
+    """`simsp layer` cuts the model to one layer: a group setting for 4 layers must not fail."""
+    from simsp.cli import main
+    code = main(["layer", "--num-layers", "4", "--recompute-granularity", "full",
+                 "--recompute-method", "block", "--recompute-num-layers", "2", "--json"])
+    assert code == 0 and '"layer_input"' in capsys.readouterr().out
