@@ -5,6 +5,7 @@ import sys
 
 from simsp.errors import UserError
 from simsp.flags import Parser
+from simsp.progress import add_quiet_flag
 
 COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate")
 
@@ -16,6 +17,7 @@ def build_parser() -> Parser:
     for name in COMMANDS:
         module = importlib.import_module(f"simsp.commands.{name}")
         module.add_parser(subparsers)
+        add_quiet_flag(subparsers.choices[name])
     return parser
 
 

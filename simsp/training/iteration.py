@@ -42,12 +42,20 @@ class Run:
     states: dict = field(default_factory=dict)  # rank -> RankState
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
     steps: dict = field(default_factory=dict)  # rank -> [(kind, mb, chunk, begin_s, end_s)]
+    on_step: object = None  # optional callback(run, now_s) after every schedule step (progress)
 
     def record_step(self, r, kind: str, mb: int, chunk: int, begin_s: float) -> None:
         """A schedule step's busy interval: from its input's arrival to its end."""
         self.steps.setdefault(r.rank, []).append((kind, mb, chunk, begin_s, r.env.now))
         if r.trace is not None:
             r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, r.env.now, {})
+        if self.on_step is not None:
+            self.on_step(self, r.env.now)
+
+    @property
+    def total_steps(self) -> int:
+        """Schedule steps of all simulated ranks in this iteration (the progress bar's total)."""
+        return sum(len(self.plans[rank].steps) for rank in self.world.ranks)
 
     def rank_of(self, tp: int, dp: int, pp: int) -> int:
         return self.world.grid.rank_of(tp, dp, pp)
@@ -63,7 +71,7 @@ class Run:
 
 def rank_program(r, run: Run, plan: StagePlan):
     """Allocate the stage's parameters and optimizer, run its schedule, reduce, step."""
-    shapes = param_shapes(run.sc.model)
+    shapes = param_shapes(run.sc.padded_model)
     names = stage_param_names(shapes, plan)
     weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
     shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
@@ -104,23 +112,23 @@ def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
 
 def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
                        canonical: dict | None = None,
-                       embedding_delta: np.ndarray | None = None) -> Run:
+                       embedding_delta: np.ndarray | None = None, on_step=None) -> Run:
     """Simulate one iteration; every simulated rank's ledger, counters and trace are kept.
 
     Numeric mode may pass the full parameters and a perturbation of the embedding output
-    (finite differences)."""
+    (finite differences); `on_step(run, now_s)` is called after every schedule step."""
     if sc.run.mode == "numeric" and shortcuts.representative:
         raise ValueError("numeric mode needs every rank: no representative shortcut")
     if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):
         raise ValueError("layer templates need the representative and closed-form shortcuts")
     world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
-    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env))
+    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
     if shortcuts.templates:
         run.layers = LayerTemplates()
     if sc.run.mode == "numeric":
         run.tokens, run.targets = global_batch(sc)
-        run.canonical = canonical or init_params(sc.model, sc.run.seed,
+        run.canonical = canonical or init_params(sc.padded_model, sc.run.seed,
                                                  np.dtype(sc.run.numeric_dtype))
         run.embedding_delta = embedding_delta
     for rank, r in sorted(world.ranks.items()):

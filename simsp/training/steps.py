@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 
 from simsp.model.embedding import embedding_backward, embedding_forward
 from simsp.model.head import head_backward, head_forward
-from simsp.model.layer import LayerSpec, layer_forward
-from simsp.model.layer_backward import layer_backward
 from simsp.model.tensor import FP16
 from simsp.training.grad_buckets import GradSync
-from simsp.training.plan import StagePlan, sample_offset
+from simsp.training.plan import StagePlan, recompute_segments, sample_offset
+from simsp.training.recompute import segment_backward, segment_forward
 
 
 @dataclass
@@ -80,18 +79,10 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     else:
         x = state.inbox.pop(("act", mb, k, plan.tp, plan.dp))
     begin = r.env.now
-    for i in plan.layers(chunk):
-        yield from state.grad_sync.params_needed(r, run, chunk, [i])
-        r.scope = f"mb{mb}.L{i}."
-        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
-        w, _ = state.layer(i)
-        full = spec.recompute == "full"
-        if full:
-            r.save(x, "layer_input")
-        out, saved = yield from run.layers.run(
-            r, ("F", full), x, lambda: layer_forward(r, spec, w, x, keep=not full))
-        stash["layers"].append({"layer_input": x} if full else saved)
-        x = out
+    for segment in recompute_segments(sc, plan.layers(chunk)):
+        yield from state.grad_sync.params_needed(r, run, chunk, list(segment.layers))
+        x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
+        stash["layers"].append(saved)
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_last(chunk):
         yield from state.grad_sync.params_needed(r, run, chunk, ["head"])
@@ -119,14 +110,11 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp))
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
-    for i, saved in zip(reversed(plan.layers(chunk)), reversed(stash["layers"])):
-        r.scope = f"mb{mb}.L{i}."
-        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
-        w, g = state.layer(i)
-        dx = yield from run.layers.run(
-            r, ("B",), dx, lambda: layer_backward(r, spec, w, g, saved, dx))
+    segments = recompute_segments(sc, plan.layers(chunk))
+    for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
+        dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
-        state.grad_sync.grads_ready(r, run, plan, chunk, mb, [i])
+        state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(segment.layers))
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_first(chunk):
         if r.numeric:
