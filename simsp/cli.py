@@ -6,7 +6,7 @@ import sys
 from simsp.errors import UserError
 from simsp.flags import Parser
 
-COMMANDS = ("run", "layer", "verify", "ring")
+COMMANDS = ("run", "layer", "verify", "ring", "sweep", "search")
 
 
 def build_parser() -> Parser:

@@ -30,14 +30,16 @@ def _exposed_by_kind(metrics: dict) -> dict:
     return {f"exposed_{kind}_s": max(stage.get(kind, 0.0) for stage in stages) for kind in kinds}
 
 
-def _oom_columns(metrics: dict) -> dict:
-    """The first out-of-memory stage and by how many bytes its request overflowed capacity."""
+def _oom_columns(metrics: dict, capacity_bytes: int) -> dict:
+    """The first out-of-memory stage, by how much its peak exceeds capacity (the bytes to cut),
+    and by how much the first allocation that failed overflowed."""
     for rank in sorted(metrics["ranks"], key=lambda r: (r["pp"], r["rank"])):
         detail = rank.get("oom_detail")
         if rank["oom"] and detail:
-            over = detail["bytes_in_use"] + detail["bytes_asked"] - detail["capacity_bytes"]
-            return {"oom_stage": rank["pp"], "oom_bytes_over": over}
-    return {"oom_stage": None, "oom_bytes_over": None}
+            first = detail["bytes_in_use"] + detail["bytes_asked"] - detail["capacity_bytes"]
+            return {"oom_stage": rank["pp"], "oom_bytes_over": rank["peak_bytes"] - capacity_bytes,
+                    "oom_first_overflow_bytes": first}
+    return {"oom_stage": None, "oom_bytes_over": None, "oom_first_overflow_bytes": None}
 
 
 def summary_columns(metrics: dict, capacity_bytes: int) -> dict:
@@ -53,7 +55,7 @@ def summary_columns(metrics: dict, capacity_bytes: int) -> dict:
            "bubble_fraction": metrics["bubble_fraction"], **_exposed_by_kind(metrics),
            "peak_bytes_max": peaks[peak_stage], "peak_stage": peak_stage,
            "capacity_bytes": capacity_bytes, "headroom_bytes": capacity_bytes - peaks[peak_stage],
-           "oom": metrics["oom"], **_oom_columns(metrics)}
+           "oom": metrics["oom"], **_oom_columns(metrics, capacity_bytes)}
     return row
 
 
