@@ -56,6 +56,12 @@ class Executor:
             return self._context.__exit__(*exc)
         return False
 
+    def parallelism(self) -> int:
+        """How many configurations run at once: the cluster's worker threads (1 in-process)."""
+        if self.client is None:
+            return 1
+        return max(1, sum(w["nthreads"] for w in self.client.scheduler_info()["workers"].values()))
+
     def results(self, jobs: dict):
         """Yield (digest, row) for each {digest: values} job as it completes."""
         if self.client is None:

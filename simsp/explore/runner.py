@@ -16,35 +16,43 @@ def _is_failure(row: dict) -> bool:
     return row.get("status") == "error"
 
 
-def _progress(total: int, done: int, quiet: bool) -> tqdm:
+def progress_bar(total: int, done: int, quiet: bool, what: str = "simsp sweep") -> tqdm:
+    """configs done / total, rate and ETA on stderr, with the failures so far."""
     bar = tqdm(total=total, initial=done, file=sys.stderr, disable=quiet, unit="config",
-               desc="simsp sweep", dynamic_ncols=True)
+               desc=what, dynamic_ncols=True)
     bar.set_postfix(failed=0)
+    bar.failed = 0
     return bar
 
 
-def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache,
-                 quiet: bool = True) -> dict:
-    """{digest: result row} for every configuration, simulating only what the cache lacks."""
+def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, bar=None) -> dict:
+    """{digest: result row} for every configuration, simulating only what the cache lacks;
+    `bar` (a progress_bar, or None) advances once per configuration."""
     digests = [c.digest() for c in configs]
     found = {d: cache.get(d) for d in dict.fromkeys(digests)}
     jobs = {d: c.values for d, c in zip(digests, configs) if found[d] is None}
-    failed = sum(_is_failure(row) for row in found.values() if row)
-    with _progress(len(found), len(found) - len(jobs), quiet) as bar:
-        for digest, row in executor.results(jobs):
-            cache.put(digest, row)
-            found[digest] = row
-            failed += _is_failure(row)
-            bar.set_postfix(failed=failed, refresh=False)
-            bar.update()
+    _advance(bar, [row for row in found.values() if row])
+    for digest, row in executor.results(jobs):
+        cache.put(digest, row)
+        found[digest] = row
+        _advance(bar, [row])
     return found
+
+
+def _advance(bar, rows: list[dict]) -> None:
+    if bar is None or not rows:
+        return
+    bar.failed += sum(_is_failure(row) for row in rows)
+    bar.set_postfix(failed=bar.failed, refresh=False)
+    bar.update(len(rows))
 
 
 def run_configs(configs: list[Config], executor: Executor, out: str | Path | None = None,
                 quiet: bool = True) -> list[dict]:
     """Table rows of every configuration, in configuration order (cache under out/cache)."""
     cache = ResultCache(Path(out) / "cache" if out is not None else None)
-    found = evaluate_all(configs, executor, cache, quiet)
+    with progress_bar(len({c.digest() for c in configs}), 0, quiet) as bar:
+        found = evaluate_all(configs, executor, cache, bar)
     return [table_row(i, c, configs[0], found[c.digest()]) for i, c in enumerate(configs)]
 
 
