@@ -13,6 +13,11 @@ from simsp.errors import UserError
 from simsp.explore.evaluate import evaluate
 
 
+# The scheduler's HTTP endpoint (and the dashboard, when bokeh is installed) on a free loopback
+# port: `dashboard_address=None` still binds port 8787, which another sweep may hold.
+LOOPBACK_ANY_PORT = "127.0.0.1:0"
+
+
 def default_workers() -> int:
     """One worker per core."""
     return os.cpu_count() or 1
@@ -32,7 +37,7 @@ def dask_client(workers: int | None, scheduler: str | None):
             yield client
         return
     with LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
-                      processes=True, dashboard_address=None, host="127.0.0.1",
+                      processes=True, dashboard_address=LOOPBACK_ANY_PORT, host="127.0.0.1",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 

@@ -4,6 +4,7 @@
     [[variant]]
     name = "K22 baseline"
     recompute_granularity = "full"           # any scenario field, or section.key
+    num_layers_per_virtual_pipeline_stage = "none"   # "none" unsets an optional field
     sequence_parallel = false
     base = "../scenarios/paper-175b.toml"    # optional: this variant's own base
 """
@@ -36,7 +37,7 @@ def _variant_values(where: str, body: dict, folder: Path, default_base) -> dict:
         field = table.get(key)
         if field is None:
             raise UserError(f"{where}.{key}", "unknown scenario field")
-        values[field.path] = value
+        values[field.path] = None if value == "none" and field.default is None else value
     return values
 
 
