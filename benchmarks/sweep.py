@@ -48,6 +48,9 @@ def on_dask(configs) -> tuple[float, float]:
 
 
 def measure(name: str, quick: bool) -> dict:
+
+
+    """Time one class of configurations on Dask and directly."""
     source, lists = CLASSES[name]
     configs = build_configs(source, lists)
     if quick:
@@ -62,6 +65,9 @@ def measure(name: str, quick: bool) -> dict:
 
 
 def main() -> int:
+
+
+    """Print the benchmark table and the load average around it."""
     quick = "--quick" in sys.argv[1:]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
           f"cores: {os.cpu_count()}, workers: {WORKERS}")

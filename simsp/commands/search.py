@@ -21,6 +21,9 @@ LAYOUT_KEYS = tuple(f.name for f in SECTIONS["parallel"].__dataclass_fields__.va
 
 
 def add_parser(subparsers) -> None:
+
+
+    """Register `simsp search` and its flags."""
     parser = subparsers.add_parser("search", help="find the fastest layout for N GPUs")
     parser.add_argument("scenario", nargs="?", help="scenario TOML (its model and cluster)")
     parser.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs to lay out")
@@ -49,6 +52,9 @@ def _base(args) -> dict:
 
 
 def _check(args, batch) -> None:
+
+
+    """Counts must be positive and the margin not negative."""
     for name, value in (("--gpus", args.gpus), ("--top", args.top), ("--global-batch-size", batch)):
         if value is None or value < 1:
             raise UserError(name, f"must be a positive integer, got {value}")
@@ -89,6 +95,9 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
 
 
 def run(args) -> int:
+
+
+    """Search, print the pruning summary and the explained ranking, write the report."""
     check_executor_arguments(args)
     base = _base(args)
     batch = args.global_batch_size or base[("parallel", "global_batch_size")]

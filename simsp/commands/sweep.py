@@ -9,6 +9,9 @@ from simsp.explore.fields import all_fields, switch_flags
 
 
 def _dest(field) -> str:
+
+
+    """argparse destination of a field's flag."""
     return f"sweep_{field.key}"
 
 
@@ -54,6 +57,9 @@ def check_executor_arguments(args) -> None:
 
 
 def add_parser(subparsers) -> None:
+
+
+    """Register `simsp sweep` and its flags."""
     parser = subparsers.add_parser("sweep", help="simulate every combination of comma-listed flags")
     parser.add_argument("source", nargs="?", help="scenario TOML or sweep TOML ([[variant]] tables)")
     add_field_arguments(parser)
@@ -79,6 +85,9 @@ def print_summary(frame, out: Path) -> None:
 
 
 def run(args) -> int:
+
+
+    """Expand the configurations, simulate them, write and print the results."""
     check_executor_arguments(args)
     configs = build_configs(args.source, field_lists(args))
     out = Path(args.out) if args.out else default_out(args.source, "sweep")

@@ -18,6 +18,8 @@ class ResultCache:
             self.folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, digest: str) -> Path:
+
+        """The file holding one configuration's row."""
         return self.folder / f"{digest}.json"
 
     def get(self, digest: str) -> dict | None:

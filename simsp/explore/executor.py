@@ -51,12 +51,16 @@ class Executor:
         self.client = None
 
     def __enter__(self):
+
+        """Start (or connect to) the Dask cluster unless in-process."""
         if self.scheduler or self.workers != 0:
             self._context = dask_client(self.workers, self.scheduler)
             self.client = self._context.__enter__()
         return self
 
     def __exit__(self, *exc):
+
+        """Close the client and, if embedded, the cluster."""
         if self._context is not None:
             return self._context.__exit__(*exc)
         return False

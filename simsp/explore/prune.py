@@ -52,6 +52,7 @@ def memory_verdict(sc: Scenario, margin: float) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _layer_seconds(sc: Scenario) -> float:
+    """Memoised forward + backward seconds of one layer alone."""
     result = simulate_layer(sc)
     return result.forward_time_s + result.backward_time_s
 

@@ -13,6 +13,9 @@ from simsp.explore.table import results_frame, table_row
 
 
 def _is_failure(row: dict) -> bool:
+
+
+    """An invalid configuration (OOM is a result, not a failure)."""
     return row.get("status") == "error"
 
 
@@ -40,6 +43,9 @@ def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, 
 
 
 def _advance(bar, rows: list[dict]) -> None:
+
+
+    """Advance the progress bar by finished rows, counting failures."""
     if bar is None or not rows:
         return
     bar.failed += sum(_is_failure(row) for row in rows)
