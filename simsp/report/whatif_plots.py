@@ -48,7 +48,7 @@ def plot_pareto(frame, path: Path) -> Path:
                label="out of memory")
     front = pareto_front(fits["iteration_time_s"].to_numpy(), fits["peak_bytes_max"].to_numpy())
     if len(front):
-        best = fits.iloc[front]
+        best = fits.iloc[front].sort_values("peak_bytes_max")
         ax.step(best["peak_bytes_max"] / GiB, best["iteration_time_s"], where="post",
                 color="#55a868", label="Pareto front")
     ax.axvline(frame["capacity_bytes"].max() / GiB, color="black", linestyle="--", label="capacity")
