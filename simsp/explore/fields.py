@@ -65,7 +65,8 @@ def by_key() -> dict[str, Field]:
 def switch_flags() -> dict[tuple[str, str], dict]:
     """(section, key) -> {value: switch flag}, e.g. sequence_parallel -> {True: ..., False: ...}."""
     table = {}
-    for flag, (section, key, value) in flags.SWITCHES.items():
+    for flag, entry in flags.SWITCHES.items():
+        section, key, value = entry[0], entry[1], entry[2]
         table.setdefault((section, key), {})[value] = flag
     return table
 
