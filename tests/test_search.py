@@ -81,7 +81,7 @@ def test_branch_and_bound_finds_the_exhaustive_top_k(tmp_path):
 
 
 def test_cli_search_explains_the_top_and_the_pruning(capsys, tmp_path):
-    args = ["search", "--gpus", "4", "--mode", "meta", "--num-layers", "4", "--hidden-size",
+    args = ["search", "--gpus", "4", "--num-layers", "4", "--hidden-size",
             "128", "--seq-length", "64", "--vocab-size", "256", "--global-batch-size", "4",
             "--top", "3", "--workers", "0", "--quiet", "--out", str(tmp_path)]
     assert main(args) == 0

@@ -17,7 +17,8 @@ from simsp.explore.table import results_frame, write_results
 from simsp.report.whatif import ranked, write_whatif_report
 from simsp.units import GiB, format_seconds
 
-LAYOUT_KEYS = tuple(f.name for f in SECTIONS["parallel"].__dataclass_fields__.values())
+# Fields the search sets itself: the layout, the node count (enough for N GPUs) and meta mode.
+LAYOUT_KEYS = (*SECTIONS["parallel"].__dataclass_fields__, "nodes", "mode")
 
 
 def add_parser(subparsers) -> None:
@@ -33,8 +34,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--objective", choices=OBJECTIVES, default="time")
     parser.add_argument("--margin", type=float, default=0.10, metavar="FRACTION",
                         help="prune on memory only beyond capacity x (1 + margin) (0.10)")
-    add_field_arguments(parser, skip=LAYOUT_KEYS)
-    add_executor_arguments(parser)
+    add_field_arguments(parser, skip=LAYOUT_KEYS, metavar="VALUE",
+                        title="model, cluster and run fields (one value each)")
+    add_executor_arguments(parser, "search-<N>gpus")
     parser.set_defaults(handler=run)
 
 

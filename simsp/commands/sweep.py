@@ -15,15 +15,16 @@ def _dest(field) -> str:
     return f"sweep_{field.key}"
 
 
-def add_field_arguments(parser, skip: tuple = ()) -> None:
+def add_field_arguments(parser, skip: tuple = (), metavar: str = "LIST",
+                        title: str = "scenario fields (each takes a comma-separated list)") -> None:
     """One flag per scenario field, each taking a comma list; switches may stand alone."""
-    group = parser.add_argument_group("scenario fields (each takes a comma-separated list)")
+    group = parser.add_argument_group(title)
     switches = switch_flags()
     for field in all_fields():
         if field.key in skip:
             continue
         lone = field.kind is bool and True in switches.get(field.path, {})
-        group.add_argument(field.flag, dest=_dest(field), default=None, metavar="LIST",
+        group.add_argument(field.flag, dest=_dest(field), default=None, metavar=metavar,
                            nargs="?" if lone else None, const="true" if lone else None,
                            help=f"{field.section}.{field.key}")
         if False in switches.get(field.path, {}):
@@ -37,10 +38,10 @@ def field_lists(args, skip: tuple = ()) -> dict:
             if f.key not in skip and getattr(args, _dest(f), None) is not None}
 
 
-def add_executor_arguments(parser) -> None:
+def add_executor_arguments(parser, command: str = "sweep") -> None:
     """--out, --workers, --scheduler, --quiet."""
     parser.add_argument("--out", metavar="DIR", default=None,
-                        help="results and report folder (default: reports/sweep-<name>/)")
+                        help=f"results and report folder (default: reports/{command}-<name>/)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="embedded Dask workers (default: one per core; 0: in this process)")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
