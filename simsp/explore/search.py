@@ -91,8 +91,9 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
         found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
                                                       objective, bar)
     bounds = {index: bound for bound, index, _ in survivors}
+    first = configs[min(found)] if found else None
     for index in sorted(found):
-        row = table_row(index, configs[index], configs[0], found[index])
+        row = table_row(index, configs[index], first, found[index])
         row["lower_bound"] = bounds[index]
         result.rows.append(row)
     return result

@@ -43,7 +43,7 @@ def ranked_table(frame, objective: str = "time") -> list[str]:
     """The markdown table of the simulated rows, best first."""
     kinds = exposed_kinds(frame)
     names = " / ".join(k[len("exposed_"):-2] for k in kinds) or "-"
-    lines = [f"| rank | # | variant | changes from #0 | time (s) | tokens/s | TFLOP/s/GPU | MFU | "
+    lines = [f"| rank | # | variant | changes from #{frame['index'].iloc[0]} | time (s) | tokens/s | TFLOP/s/GPU | MFU | "
              f"HFU | bubble | exposed {names} (s) | peak (GiB) | headroom (GiB) | verdict |",
              "|" + "---|" * 14]
     done = ranked(frame, objective)
@@ -70,7 +70,7 @@ def report_text(frame, pictures: list[Path], objective: str = "time", intro: lis
     lines = ["# What-if report", "", *intro,
              f"{len(frame)} configurations: {counts.get('ok', 0)} fit, {counts.get('oom', 0)} out "
              f"of memory, {counts.get('error', 0)} invalid. Ranked by {objective}; `changes` are "
-             "the flags that turn configuration #0 into each row.", "", *ranked_table(frame, objective),
+             f"the flags that turn configuration #{frame['index'].iloc[0]} into each row.", "", *ranked_table(frame, objective),
              *error_lines(frame)]
     if pictures:
         lines += ["", "## Pictures", ""] + [f"![{p.stem}]({p.name})" for p in pictures]
