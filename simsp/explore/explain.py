@@ -22,8 +22,10 @@ def exposed(row: dict) -> dict:
 
 
 def losses(row: dict) -> dict:
-    """Seconds lost to the bubble and to each kind of exposed communication."""
-    return {"bubble": bubble_seconds(row), **exposed(row)}
+    """Seconds lost to the bubble and to each kind of exposed communication; pipeline waits
+    (`*_wait`) are left out: they are part of the bubble (metrics.bubble counts them there)."""
+    kinds = {kind: seconds for kind, seconds in exposed(row).items() if not kind.endswith("_wait")}
+    return {"bubble": bubble_seconds(row), **kinds}
 
 
 def limits(row: dict) -> str:
@@ -32,6 +34,8 @@ def limits(row: dict) -> str:
     parts = [f"bubble {format_seconds(lost['bubble'])} ({row['bubble_fraction']:.1%})"]
     parts += [f"{kind} {format_seconds(seconds)}" for kind, seconds in lost.items()
               if kind != "bubble"]
+    parts += [f"{kind} {format_seconds(seconds)} (in the bubble)"
+              for kind, seconds in exposed(row).items() if kind.endswith("_wait")]
     largest = max(lost, key=lambda kind: (lost[kind], kind))
     return (f"{', '.join(parts)}; headroom {row['headroom_bytes'] / GiB:.1f} GiB; "
             f"largest loss: {largest}")
