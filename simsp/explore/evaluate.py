@@ -66,6 +66,8 @@ def evaluate(values: tuple) -> dict:
         metrics = simulate_metrics(overrides)
     except UserError as exc:
         return {"status": "error", "error": f"error: {exc}"}
+    except Exception as exc:  # noqa: BLE001  a simulator bug in one row must not end the sweep
+        return {"status": "error", "error": f"internal error: {type(exc).__name__}: {exc}"}
     capacity = GPUS[overrides[("cluster", "gpu")]].memory_bytes
     row = {"status": "oom" if metrics["oom"] else "ok", "error": None}
     row.update(summary_columns(metrics, capacity))
