@@ -36,7 +36,8 @@ def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, 
     jobs = {d: c.values for d, c in zip(digests, configs) if found[d] is None}
     _advance(bar, [row for row in found.values() if row])
     for digest, row in executor.results(jobs):
-        cache.put(digest, row)
+        if not str(row.get("error") or "").startswith("internal error"):
+            cache.put(digest, row)  # a crash is not a result: try it again next time
         found[digest] = row
         _advance(bar, [row])
     return found
