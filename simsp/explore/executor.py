@@ -30,7 +30,7 @@ def dask_client(workers: int | None, scheduler: str | None):
 
     if scheduler:
         try:
-            client = Client(scheduler, timeout="20s")
+            client = Client(scheduler, timeout="10s")
         except (OSError, TimeoutError) as exc:
             raise UserError("--scheduler", f"cannot reach {scheduler}: {exc}") from None
         with client:
