@@ -1,0 +1,122 @@
+"""Why an iteration ran out of memory, and which switches bring it under capacity.
+
+The explanation is measured, never guessed: the bytes by category come from the failing rank's
+ledger at the moment of the first allocation that did not fit, and each candidate switch (turn on
+SP, selective or full recompute, the distributed optimizer, a smaller micro-batch, more pipeline
+stages) is a real simulate_iteration of the modified scenario in meta mode, whose worst stage
+peak is compared with the capacity.
+"""
+
+import numpy as np
+
+from simsp.config import Scenario, with_overrides
+from simsp.engine.ledger import CATEGORIES
+from simsp.errors import UserError
+from simsp.metrics import iteration_time, stage_ranks
+from simsp.report.chrome_trace import memory_timeline
+from simsp.training.iteration import Shortcuts, simulate_iteration
+
+
+def bytes_at_failure(ledger) -> dict | None:
+    """{category: bytes in use} just before the first allocation that did not fit, largest first.
+
+    Replays the ledger in time order (as memory_summary.summarize does); None if it fits."""
+    times, state = memory_timeline(ledger.events, max_points=len(ledger.events) + 2)
+    total = state.sum(axis=1)  # (n,) bytes in use after each event
+    over = np.flatnonzero(total > ledger.capacity_bytes)
+    if len(over) == 0:
+        return None
+    before = state[over[0] - 1] if over[0] > 0 else np.zeros(len(CATEGORIES), np.int64)  # (6,)
+    in_use = {c: int(b) for c, b in zip(CATEGORIES, before.tolist())}
+    return dict(sorted(in_use.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def failing_stages(run) -> list[dict]:
+    """Each out-of-memory stage: rank, bytes by category at the failure, capacity."""
+    out = []
+    for stage, rank in enumerate(stage_ranks(run)):
+        ledger = run.world.ranks[rank].ledger
+        in_use = bytes_at_failure(ledger)
+        if in_use is not None:
+            out.append({"stage": stage, "rank": rank, "in_use_by_category_bytes": in_use,
+                        "capacity_bytes": ledger.capacity_bytes})
+    return out
+
+
+def _more_stages(sc: Scenario) -> dict | None:
+    """Parallel overrides doubling p (and the GPUs, or halving d), or None if the layers don't tile."""
+    p, layers = sc.parallel, sc.model.num_layers
+    if layers % (2 * p.pp):
+        return None
+    change = {"pipeline_model_parallel_size": 2 * p.pp}
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    if virtual:  # keep interleaving with the largest chunk that tiles the new stages
+        per_stage = layers // (2 * p.pp)
+        change["num_layers_per_virtual_pipeline_stage"] = max(
+            v for v in range(1, min(virtual, per_stage) + 1) if per_stage % v == 0)
+    if p.dp % 2 == 0:
+        change["data_parallel_size"] = p.dp // 2
+    return change
+
+
+def candidate_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
+    """[(description, Megatron flags, {section: {field: value}})] that could lower the peak."""
+    p = sc.parallel
+    out = []
+    if not p.sequence_parallel and p.tp > 1:
+        out.append(("sequence parallelism", "--sequence-parallel",
+                    {"parallel": {"sequence_parallel": True}}))
+    if p.recompute_granularity == "none":
+        out.append(("selective recompute", "--recompute-granularity selective",
+                    {"parallel": {"recompute_granularity": "selective"}}))
+        if not p.sequence_parallel and p.tp > 1:
+            out.append(("sequence parallelism + selective recompute (K22)",
+                        "--sequence-parallel --recompute-granularity selective",
+                        {"parallel": {"sequence_parallel": True,
+                                      "recompute_granularity": "selective"}}))
+    if p.recompute_granularity != "full":
+        out.append(("full recompute", "--recompute-granularity full",
+                    {"parallel": {"recompute_granularity": "full"}}))
+    if not p.distributed_optimizer and p.dp > 1:
+        out.append(("distributed optimizer", "--use-distributed-optimizer",
+                    {"parallel": {"distributed_optimizer": True}}))
+    if p.micro_batch_size > 1:
+        half = p.micro_batch_size // 2
+        out.append((f"micro-batch {half}", f"--micro-batch-size {half}",
+                    {"parallel": {"micro_batch_size": half}}))
+    stages = _more_stages(sc)
+    if stages:
+        gpus = sc.parallel.world_size * (1 if "data_parallel_size" in stages else 2)
+        nodes = -(-gpus // sc.cluster.gpus_per_node)
+        nodes = max(nodes, sc.cluster.nodes)
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in stages.items())
+        flags += f" --nodes {nodes}" if nodes != sc.cluster.nodes else ""
+        out.append((f"{stages['pipeline_model_parallel_size']} pipeline stages", flags,
+                    {"parallel": stages, "cluster": {"nodes": nodes}}))
+    return out
+
+
+def try_switch(sc: Scenario, change: dict) -> dict:
+    """Simulate the scenario with `change` (meta mode): worst stage peak, fits?, iteration time."""
+    try:
+        variant = with_overrides(sc, **change, run={"mode": "meta"})
+    except UserError as err:
+        return {"valid": False, "reason": str(err)}
+    run = simulate_iteration(variant, Shortcuts.for_scale(variant))
+    peaks = [run.world.ranks[rank].ledger.summary().peak_total for rank in stage_ranks(run)]
+    worst = int(np.argmax(peaks))
+    capacity = run.world.ranks[stage_ranks(run)[worst]].ledger.capacity_bytes
+    return {"valid": True, "peak_bytes": int(peaks[worst]), "worst_stage": worst,
+            "capacity_bytes": capacity, "fits": peaks[worst] <= capacity,
+            "iteration_time_s": iteration_time(run)}
+
+
+def explain_oom(run) -> dict | None:
+    """The out-of-memory explanation of `run` (None when every stage fits), JSON-ready."""
+    stages = failing_stages(run)
+    if not stages:
+        return None
+    switches = []
+    for name, flags, change in candidate_switches(run.sc):
+        switches.append({"switch": name, "flags": flags, **try_switch(run.sc, change)})
+    return {"stages": stages, "switches": switches}
