@@ -1,10 +1,13 @@
 """`simsp run`: one training iteration of a scenario — time, MFU/HFU, bubble, memory, reports."""
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
+from simsp.oom_advice import explain_oom
 from simsp.report import summary_text, write_reports
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
@@ -25,6 +28,8 @@ def run(args) -> int:
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     result = simulate_iteration(sc, shortcuts)
     metrics = collect(result, shortcuts)
+    metrics["command"] = shlex.join(["simsp", *sys.argv[1:]])
+    metrics["oom_explanation"] = explain_oom(result)
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
     written = write_reports(result, metrics, out_dir)
     if args.json:
