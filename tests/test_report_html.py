@@ -6,6 +6,7 @@ import os
 import re
 
 import pytest
+from browser import chromium, page_verdict, screenshot
 
 from simsp.config import load_scenario
 from simsp.engine.ledger import Ledger
@@ -158,3 +159,48 @@ def test_glossary_covers_the_terms_the_report_uses():
                  "SP", "TP", "PP", "DP", "micro-batch", "pipeline wait", "calibration"):
         assert word in terms
 
+
+
+# ---------------------------------------------------------------- in a real browser
+
+P175B_FIGURES = 4  # memory of every stage, schedule, exposed time, memory at peak
+
+
+def _browse(run, metrics, tmp_path, name):
+    """Write the reports, open report.html in headless Chromium; screenshot kept in tmp_path."""
+    out = tmp_path / name
+    write_reports(run, metrics, out)
+    verdict, console = page_verdict(out / "report.html", tmp_path)
+    shot = screenshot(out / "report.html", tmp_path / f"{name}.png", tmp_path)
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000
+    return verdict, console
+
+
+def test_175b_report_renders_in_chromium(tmp_path):
+    chromium()
+    run, metrics = simulate(P175B, None)
+    verdict, console = _browse(run, metrics, tmp_path, "report-175b")
+    assert console == [] and verdict["errors"] == []
+    assert verdict["images"] == verdict["rendered"] == P175B_FIGURES
+
+
+def test_175b_oom_report_renders_in_chromium(oom_175b, tmp_path):
+    chromium()
+    run, metrics = oom_175b
+    verdict, console = _browse(run, metrics, tmp_path, "report-175b-no-sp")
+    assert console == [] and verdict["errors"] == []
+    assert verdict["images"] == verdict["rendered"] == P175B_FIGURES + 1  # + the switches
+
+
+def test_the_browser_check_sees_script_errors_and_broken_pictures(tmp_path):
+    chromium()
+    page = tmp_path / "broken.html"
+    page.write_text('<html><head><script>window.__errors=[];window.onerror=function(m)'
+                    '{window.__errors.push(String(m));};</script></head><body>'
+                    '<img src="data:image/png;base64,AAAA"><pre id="page-check"></pre><script>'
+                    'window.addEventListener("load",function(){var i=document.images[0];'
+                    'document.getElementById("page-check").textContent=JSON.stringify('
+                    '{images:1,rendered:i.naturalWidth>0?1:0,errors:window.__errors});});'
+                    'undefinedFunction();</script></body></html>')
+    verdict, console = page_verdict(page, tmp_path)
+    assert verdict["rendered"] == 0 and verdict["errors"] and console
