@@ -59,17 +59,17 @@ def _more_stages(sc: Scenario) -> dict | None:
     return change
 
 
-def candidate_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
-    """[(description, Megatron flags, {section: {field: value}})] that could lower the peak."""
-    p = sc.parallel
+def _activation_switches(p) -> list[tuple[str, str, dict]]:
+    """SP and recompute (K22 §4-5): the switches that shrink the stored activations."""
     out = []
-    if not p.sequence_parallel and p.tp > 1:
+    sp = not p.sequence_parallel and p.tp > 1
+    if sp:
         out.append(("sequence parallelism", "--sequence-parallel",
                     {"parallel": {"sequence_parallel": True}}))
     if p.recompute_granularity == "none":
         out.append(("selective recompute", "--recompute-granularity selective",
                     {"parallel": {"recompute_granularity": "selective"}}))
-        if not p.sequence_parallel and p.tp > 1:
+        if sp:
             out.append(("sequence parallelism + selective recompute (K22)",
                         "--sequence-parallel --recompute-granularity selective",
                         {"parallel": {"sequence_parallel": True,
@@ -77,6 +77,26 @@ def candidate_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
     if p.recompute_granularity != "full":
         out.append(("full recompute", "--recompute-granularity full",
                     {"parallel": {"recompute_granularity": "full"}}))
+    return out
+
+
+def _stage_switch(sc: Scenario) -> list[tuple[str, str, dict]]:
+    """Twice the pipeline stages (fewer layers and optimizer state per GPU), if they tile."""
+    stages = _more_stages(sc)
+    if not stages:
+        return []
+    gpus = sc.parallel.world_size * (1 if "data_parallel_size" in stages else 2)
+    nodes = max(-(-gpus // sc.cluster.gpus_per_node), sc.cluster.nodes)
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in stages.items())
+    flags += f" --nodes {nodes}" if nodes != sc.cluster.nodes else ""
+    return [(f"{stages['pipeline_model_parallel_size']} pipeline stages", flags,
+             {"parallel": stages, "cluster": {"nodes": nodes}})]
+
+
+def candidate_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
+    """[(description, Megatron flags, {section: {field: value}})] that could lower the peak."""
+    p = sc.parallel
+    out = _activation_switches(p)
     if not p.distributed_optimizer and p.dp > 1:
         out.append(("distributed optimizer", "--use-distributed-optimizer",
                     {"parallel": {"distributed_optimizer": True}}))
@@ -84,16 +104,7 @@ def candidate_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
         half = p.micro_batch_size // 2
         out.append((f"micro-batch {half}", f"--micro-batch-size {half}",
                     {"parallel": {"micro_batch_size": half}}))
-    stages = _more_stages(sc)
-    if stages:
-        gpus = sc.parallel.world_size * (1 if "data_parallel_size" in stages else 2)
-        nodes = -(-gpus // sc.cluster.gpus_per_node)
-        nodes = max(nodes, sc.cluster.nodes)
-        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in stages.items())
-        flags += f" --nodes {nodes}" if nodes != sc.cluster.nodes else ""
-        out.append((f"{stages['pipeline_model_parallel_size']} pipeline stages", flags,
-                    {"parallel": stages, "cluster": {"nodes": nodes}}))
-    return out
+    return out + _stage_switch(sc)
 
 
 def try_switch(sc: Scenario, change: dict) -> dict:

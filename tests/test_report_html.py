@@ -121,6 +121,7 @@ def test_175b_without_sp_names_activations_and_switches_that_fit(oom_175b):
     text = summary_text(metrics)
     assert "Cause: **activations** are the largest part on every failing stage" in text
     assert "### Switches that would bring it under capacity" in text
+    assert "Switches that fit, each verified by its own simulated iteration: " in text
     assert "| full recompute | `--recompute-granularity full` |" in text
 
 
@@ -188,6 +189,8 @@ def test_175b_oom_report_renders_in_chromium(oom_175b, tmp_path):
     chromium()
     run, metrics = oom_175b
     verdict, console = _browse(run, metrics, tmp_path, "report-175b-no-sp")
+    assert '<p class="callout"><strong>Out of memory</strong>' in (
+        tmp_path / "report-175b-no-sp" / "report.html").read_text()
     assert console == [] and verdict["errors"] == []
     assert verdict["images"] == verdict["rendered"] == P175B_FIGURES + 1  # + the switches
 

@@ -79,8 +79,8 @@ def _memory_panel(ax, ledger, end_s: float, units, title: str) -> None:
     ax.axhline(ledger.capacity_bytes / scale, color="black", linestyle="--", linewidth=1,
                label="capacity")
     summary = ledger.summary()
-    ax.set_title(f"{title}: peak {summary.peak_total / scale:.1f}"
-                 + (" OUT OF MEMORY" if summary.oom else ""), fontsize=9,
+    ax.set_title(f"{title}: peak {summary.peak_total / scale:.1f} {units[0][0]}"
+                 + (", OUT OF MEMORY" if summary.oom else ""), fontsize=9,
                  color="#b00020" if summary.oom else "black")
     ax.grid(True, alpha=0.3)
 
@@ -105,10 +105,10 @@ def memory_over_time(run, label: str) -> bytes | None:
     for ax in axes[-1, :]:
         ax.set_xlabel(f"time ({units[1][0]})")
     handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.suptitle(f"Memory over one iteration, every pipeline stage: {label}", y=0.995)
     fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, 0.985))
-    fig.suptitle(f"Memory over one iteration, every pipeline stage: {label}", y=1.0)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+               bbox_to_anchor=(0.5, 0.965))
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     return png_bytes(plt, fig)
 
 
@@ -254,6 +254,10 @@ def switch_bars(explanation: dict, label: str) -> bytes | None:
     peaks = [s["peak_bytes"] / GiB for s in tried]
     colors = ["#55a868" if s["fits"] else "#c44e52" for s in tried]
     ax.barh(range(len(tried)), peaks, color=colors, height=0.6)
+    for y, (s, peak) in enumerate(zip(tried, peaks)):
+        ax.text(peak, y, f" {peak:.1f} GiB, iteration {s['iteration_time_s']:.2f} s",
+                va="center", fontsize=8)
+    ax.set_xlim(0, max(max(peaks), capacity / GiB) * 1.3)
     ax.axvline(capacity / GiB, color="black", linestyle="--", linewidth=1, label="capacity")
     ax.set_yticks(range(len(tried)), [s["switch"] for s in tried])
     ax.invert_yaxis()

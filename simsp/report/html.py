@@ -30,7 +30,9 @@ def figures_html(figures: list[tuple[str, str, bytes]]) -> str:
 
 def report_html(metrics: dict, figures: list[tuple[str, str, bytes]] = ()) -> str:
     """The whole page: the summary text, the figures, the glossary."""
-    body = to_html(summary_text(metrics)) + figures_html(list(figures)) + glossary_html()
+    text = to_html(summary_text(metrics)).replace(  # the out-of-memory verdict stands out
+        "<p><strong>Out of memory</strong>", '<p class="callout"><strong>Out of memory</strong>')
+    body = text + figures_html(list(figures)) + glossary_html()
     return page(f"simsp run: {variant_label(metrics)}", body)
 
 

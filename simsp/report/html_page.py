@@ -14,7 +14,9 @@ h1{font-size:26px;margin:8px 0 4px}h2{font-size:20px;margin:32px 0 8px;
  border-bottom:2px solid #e5e7eb;padding-bottom:4px}h3{font-size:16px;margin:20px 0 6px}
 table{border-collapse:collapse;margin:8px 0 12px;font-size:13.5px}
 th,td{border:1px solid #e0e3e8;padding:3px 9px;text-align:left}
-th{background:#f0f2f5}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f0f2f5}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;
+ white-space:nowrap}
+p.callout{background:#fdecee;border-left:5px solid #b00020;padding:10px 14px;border-radius:4px}
 tbody tr:nth-child(even){background:#fafbfc}
 code{background:#f0f2f5;padding:1px 4px;border-radius:3px;font-size:90%}
 figure{margin:18px 0}figure img{max-width:100%;border:1px solid #e5e7eb}

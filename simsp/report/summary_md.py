@@ -81,6 +81,24 @@ def _header(m: dict) -> list[str]:
         f"v={lay['vocab']}.", ""]
 
 
+def _verdict(m: dict) -> list[str]:
+    """Out of memory: the verdict, its cause and the switches that fit, before any table."""
+    explanation = m.get("oom_explanation")
+    if not m["oom"] or not explanation:
+        return []
+    stages = stage_rows(m)
+    failing = [r for r in stages if r["oom"]]
+    cause = next(iter(explanation["stages"][0]["in_use_by_category_bytes"]))
+    fits = [f"{s['switch']} (`{s['flags']}`: peak {format_bytes(s['peak_bytes'])}, "
+            f"iteration {seconds(s['iteration_time_s'])})"
+            for s in explanation["switches"] if s.get("fits")]
+    return [f"**Out of memory** on {len(failing)} of {len(stages)} pipeline stages; the largest "
+            f"category when the first allocation failed: **{cause}**. "
+            + ("Switches that fit, each verified by its own simulated iteration: "
+               + "; ".join(fits) + "." if fits else "None of the switches tried fits alone."),
+            ""]
+
+
 def _performance(m: dict) -> list[str]:
     rows = [["iteration time", seconds(m["iteration_time_s"])],
             ["tokens/s", f"{m['tokens_per_s']:,.0f}"],
@@ -241,7 +259,7 @@ def _calibration(m: dict) -> list[str]:
 def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
-    lines = (_header(metrics) + _provenance(metrics) + _performance(metrics) + _stages(metrics, stages)
+    lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
              + _memory(metrics, stages) + _activations(metrics, stages)
              + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
