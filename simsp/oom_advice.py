@@ -7,23 +7,33 @@ stages) is a real simulate_iteration of the modified scenario in meta mode, whos
 peak is compared with the capacity.
 """
 
+from operator import itemgetter
+
 import numpy as np
 
 from simsp.config import Scenario, with_overrides
 from simsp.engine.ledger import CATEGORIES
 from simsp.errors import UserError
 from simsp.metrics import iteration_time, stage_ranks
-from simsp.report.chrome_trace import memory_timeline
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
 
-def bytes_at_failure(ledger) -> dict | None:
-    """{category: bytes in use} just before the first allocation that did not fit, largest first.
+def category_states(events: list) -> np.ndarray:
+    """Bytes per category after each ledger event, events in time order (stable, ties in
+    recording order, as memory_summary.summarize reads them): (n, 6) int64."""
+    ordered = sorted(events, key=itemgetter(0))
+    code = {c: i for i, c in enumerate(CATEGORIES)}
+    deltas = np.zeros((len(ordered), len(CATEGORIES)), dtype=np.int64)  # (n, 6)
+    deltas[np.arange(len(ordered)), [code[e.category] for e in ordered]] = [
+        e.delta_bytes for e in ordered]
+    return np.cumsum(deltas, axis=0)
 
-    Replays the ledger in time order (as memory_summary.summarize does); None if it fits."""
-    times, state = memory_timeline(ledger.events, max_points=len(ledger.events) + 2)
-    total = state.sum(axis=1)  # (n,) bytes in use after each event
-    over = np.flatnonzero(total > ledger.capacity_bytes)
+
+def bytes_at_failure(ledger) -> dict | None:
+    """{category: bytes in use} just before the first allocation that did not fit, largest
+    first; None if every allocation fits."""
+    state = category_states(ledger.events)  # (n, 6)
+    over = np.flatnonzero(state.sum(axis=1) > ledger.capacity_bytes)
     if len(over) == 0:
         return None
     before = state[over[0] - 1] if over[0] > 0 else np.zeros(len(CATEGORIES), np.int64)  # (6,)
