@@ -24,7 +24,7 @@ def cell_color(chunk: int, held: int, n: int, gather: bool) -> tuple:
 def _ring(ax, data: dict, step: dict | None) -> None:
     """Ranks on a circle, InfiniBand hops red dashed, this step's sends as chunk-coloured arrows."""
     n, channel = data["ranks"], data["channels"][0]
-    angles = -np.pi / 2 + 2 * np.pi * np.arange(n) / n  # (n,) position angles
+    angles = np.pi / 2 - 2 * np.pi * np.arange(n) / n  # (n,) clockwise from the top, as the page
     xy = np.stack([np.cos(angles), np.sin(angles)], axis=1)  # (n, 2)
     for p in range(n):
         a, b = xy[p], xy[(p + 1) % n]
@@ -33,8 +33,11 @@ def _ring(ax, data: dict, step: dict | None) -> None:
                 linestyle="--" if ib else "-", linewidth=3 if ib else 1.5, zorder=1)
     for src, dst, chunk in (step["sends"] if step else []):
         a, b = 0.78 * xy[src], 0.78 * xy[dst]
+        color = colorsys.hls_to_rgb(chunk / n, 0.4, 0.65)
         ax.annotate("", xy=b, xytext=a, arrowprops={"arrowstyle": "-|>", "linewidth": 2,
-                    "color": colorsys.hls_to_rgb(chunk / n, 0.4, 0.65)})
+                    "color": color})
+        ax.text(*(0.62 * (xy[src] + xy[dst]) / 2), f"c{chunk}", color=color, fontsize=8,
+                ha="center", va="center")
     for p in range(n):
         ax.scatter(*xy[p], s=520, color="#dde8f6", edgecolors="#34495e", zorder=2)
         ax.text(*xy[p], f"r{channel['order'][p]}", ha="center", va="center", fontsize=9,
@@ -45,7 +48,7 @@ def _ring(ax, data: dict, step: dict | None) -> None:
     ax.axis("off")
 
 
-def _grid(ax, data: dict, holdings: list) -> None:
+def _grid(ax, data: dict, holdings: list, received: list) -> None:
     """The rank x chunk grid: coloured cells, 'all' where a chunk sums every rank."""
     n, gather = data["ranks"], data["collective"] == ALL_GATHER
     image = np.array([[cell_color(c, len(holdings[p][c]), n, gather) for c in range(n)]
@@ -55,11 +58,21 @@ def _grid(ax, data: dict, holdings: list) -> None:
         for c in range(n):
             held = len(holdings[p][c])
             text = "" if held == 0 else ("all" if held == n and not gather else str(held))
-            ax.text(c, p, text, ha="center", va="center", fontsize=7 if n > 8 else 9)
+            dark = held and sum(image[p, c]) < 1.6
+            ax.text(c, p, text, ha="center", va="center", fontsize=7 if n > 8 else 9,
+                    color="white" if dark else "black")
+    for _src, dst, chunk in received:  # the cells that just received a chunk
+        ax.add_patch(plt_rectangle(chunk, dst))
     ax.set_xticks(range(n), [f"c{c}" for c in range(n)], fontsize=7)
     ax.set_yticks(range(n), [f"r{data['channels'][0]['order'][p]}" for p in range(n)],
                   fontsize=7)
     ax.set_xlabel("chunk")
+
+
+def plt_rectangle(col: int, row: int):
+    """A black outline around one grid cell."""
+    from matplotlib.patches import Rectangle
+    return Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2.5)
 
 
 def step_slide(data: dict, k: int) -> bytes | None:
@@ -70,7 +83,7 @@ def step_slide(data: dict, k: int) -> bytes | None:
     step = data["steps"][k - 1] if k else None
     fig, (ring, grid) = plt.subplots(1, 2, figsize=(11, 5.4))
     _ring(ring, data, step)
-    _grid(grid, data, step["holdings"] if step else data["start"])
+    _grid(grid, data, step["holdings"] if step else data["start"], step["sends"] if step else [])
     if step:
         done = sum(s["time_s"] for s in data["steps"][:k])
         title = (f"{NAMES[step['phase']]} step {step['index'] + 1}/{data['ranks'] - 1}: each "
