@@ -85,6 +85,13 @@ def test_ring_html_and_png_flags_write_the_page_and_slides(tmp_path):
     assert names == ["compare.png"] + [f"step_{k:02d}.png" for k in range(7)]
 
 
+def test_the_lesson_explains_sixteen_ranks_on_two_nodes(tmp_path):
+    done = ring_cli("--ranks", "16", "--nodes", "2", "--size", "64M", "--explain", "--html",
+                    str(tmp_path / "ring16.html"))
+    assert done.returncode == 0, done.stderr
+    assert "all_gather step 15/15" in done.stdout and (tmp_path / "ring16.html").exists()
+
+
 @pytest.mark.parametrize("args, field", [
     (["--ranks", "32", "--nodes", "4", "--size", "1M", "--html", "x.html"], "--html"),
     (["--ranks", "4", "--min-size", "1K", "--max-size", "4K", "--html", "x.html"], "--html"),

@@ -22,11 +22,11 @@ from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
-from simsp.report.ring_lesson import write_ring_lesson
+from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
-MAX_EXPLAIN_RANKS = 16
+MAX_EXPLAIN_RANKS = 8
 BUS_FACTOR_TEXT = {ALL_REDUCE: "2(n-1)/n", REDUCE_SCATTER: "(n-1)/n", ALL_GATHER: "(n-1)/n"}
 
 
@@ -134,9 +134,10 @@ def _check_modes(args, sizes: list[int]) -> None:
                          ("--html", args.html), ("--png", args.png)):
         if wanted and len(sizes) > 1:
             raise UserError(flag, "needs a single --size")
-    if args.explain and args.ranks > MAX_EXPLAIN_RANKS:
+    limit = MAX_LESSON_RANKS if args.html or args.png else MAX_EXPLAIN_RANKS  # lesson: 16
+    if args.explain and args.ranks > limit:
         raise UserError("--explain", f"prints every step of every rank: use at most "
-                                     f"{MAX_EXPLAIN_RANKS} ranks, got {args.ranks}")
+                                     f"{limit} ranks, got {args.ranks}")
 
 
 # --------------------------------------------------------------------------------------------
