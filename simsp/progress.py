@@ -27,7 +27,7 @@ def bar(total: int | None, desc: str, unit: str) -> tqdm:
 
 
 def track(items, desc: str, unit: str, quiet: bool, total: int | None = None):
-    """`items` unchanged, or wrapped in a bar counting them (e.g. sizes done, parameters checked)."""
+    """`items` unchanged, or wrapped in a bar counting them (sizes done, parameters checked)."""
     if not wanted(quiet):
         return items
     return tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
