@@ -58,6 +58,13 @@ class Parallel:
     num_layers_per_virtual_pipeline_stage: int | None = None
     schedule: str | None = None  # None: interleaved if virtual stages are set, else 1f1b
     distributed_optimizer: bool = False
+    # Megatron-LM runtime switches (REFERENCE.md §7): p2p, scatter/gather, DP gradient overlap.
+    overlap_p2p_communication: bool = False
+    scatter_gather_tensors_in_pipeline: bool = True
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    ddp_bucket_size: int | None = None  # parameters per DP bucket; None: max(40M, 1M*d)
+    accumulate_allreduce_grads_in_fp32: bool = True  # Megatron turns it on for bf16
 
     @property
     def tp(self) -> int:
@@ -261,7 +268,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     """Cross-field checks between the model and the parallel layout."""
     _positive("parallel", p, ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                               "data_parallel_size", "micro_batch_size", "global_batch_size",
-                              "num_layers_per_virtual_pipeline_stage"))
+                              "num_layers_per_virtual_pipeline_stage", "ddp_bucket_size"))
     _choice("parallel.recompute_granularity", p.recompute_granularity, RECOMPUTE_CHOICES)
     if p.schedule is not None:
         _choice("parallel.schedule", p.schedule, SCHEDULE_CHOICES)
@@ -283,7 +290,17 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
            f"{p.micro_batch_size * p.dp}")
     _validate_schedule(m, p)
+    _validate_overlap(p)
     _validate_recompute_method(m, p)
+
+
+def _validate_overlap(p: Parallel) -> None:
+    """Megatron-LM's own checks (arguments.py, schedules.py) on the overlap switches."""
+    _check(not p.overlap_p2p_communication or p.schedule_name == "interleaved",
+           "parallel.overlap_p2p_communication", "needs the interleaved schedule (Megatron: "
+           "non-interleaved pipelining does not support overlapping p2p communication)")
+    _check(not p.overlap_param_gather or (p.distributed_optimizer and p.overlap_grad_reduce),
+           "parallel.overlap_param_gather", "needs distributed_optimizer and overlap_grad_reduce")
 
 
 def _validate_recompute_method(m: Model, p: Parallel) -> None:

@@ -28,6 +28,7 @@ SCENARIO_FLAGS = {
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES),
     "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES),
     "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None),
+    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None),
     "--nodes": ("cluster", "nodes", int, None),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None),
     "--mode": ("run", "mode", str, MODE_CHOICES),
@@ -38,6 +39,14 @@ SWITCHES = {  # flag -> (section, key, value)
     "--sequence-parallel": ("parallel", "sequence_parallel", True),
     "--no-sequence-parallel": ("parallel", "sequence_parallel", False),
     "--distributed-optimizer": ("parallel", "distributed_optimizer", True),
+    "--overlap-p2p-communication": ("parallel", "overlap_p2p_communication", True),
+    "--no-scatter-gather-tensors-in-pipeline":
+        ("parallel", "scatter_gather_tensors_in_pipeline", False),
+    "--overlap-grad-reduce": ("parallel", "overlap_grad_reduce", True),
+    "--overlap-param-gather": ("parallel", "overlap_param_gather", True),
+    "--accumulate-allreduce-grads-in-fp32": ("parallel", "accumulate_allreduce_grads_in_fp32", True),
+    "--no-accumulate-allreduce-grads-in-fp32":
+        ("parallel", "accumulate_allreduce_grads_in_fp32", False),
 }
 
 

@@ -17,10 +17,11 @@ from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
 from simsp.model.world import World, build_world
 from simsp.training import p2p
-from simsp.training.finalize import data_parallel_gather_params, finalize_grads
-from simsp.training.optimizer import adam_step, allocate_optimizer
+from simsp.training.finalize import data_parallel_gather_params, finalize_grads, optimizer_step
+from simsp.training.optimizer import allocate_optimizer
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
-from simsp.training.steps import RankState, backward_step, forward_step
+from simsp.training.stage_program import run_schedule
+from simsp.training.steps import RankState
 
 
 @dataclass
@@ -76,12 +77,10 @@ def rank_program(r, run: Run, plan: StagePlan):
     shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
     optimizer = allocate_optimizer(r, weights, shard)
     state = run.states[r.rank] = RankState(weights, grads)
-    for step in plan.steps:
-        work = forward_step if step.kind == "F" else backward_step
-        yield from work(r, run, plan, state, step.micro_batch, step.chunk)
+    yield from run_schedule(r, run, plan, state)
     r.phase, r.scope = "backward", ""
     yield from finalize_grads(r, run, plan, grads)
-    yield from adam_step(r, optimizer, weights, grads)
+    yield from optimizer_step(r, optimizer, weights, grads)
     yield from data_parallel_gather_params(r, run, weights)
     run.end_s[r.rank] = r.env.now
 
