@@ -7,7 +7,7 @@ from simsp.errors import UserError
 from simsp.flags import Parser
 from simsp.progress import add_quiet_flag
 
-COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate")
+COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate", "sweep", "search")
 
 
 def build_parser() -> Parser:

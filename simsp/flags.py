@@ -26,9 +26,9 @@ SCENARIO_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage":
         ("parallel", "num_layers_per_virtual_pipeline_stage", int, None),
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES),
+    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None),
     "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES),
     "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None),
-    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None),
     "--nodes": ("cluster", "nodes", int, None),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None),
     "--mode": ("run", "mode", str, MODE_CHOICES),
