@@ -10,7 +10,9 @@ from tqdm import tqdm
 
 
 def add_quiet_flag(parser) -> None:
-    """Give a subcommand's parser the `--quiet` switch."""
+    """Give a subcommand's parser the `--quiet` switch, unless it already defines its own."""
+    if "--quiet" in parser._option_string_actions:  # argparse's table of option strings
+        return
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar on stderr (default: shown when stderr is a terminal)")
 
