@@ -183,19 +183,28 @@ def slice_counts(counts: list[int], channels: int, index: int) -> list[int]:
 
 def channel_bytes(collective: str, counts: list[int], elem_bytes: int,
                   channels: list[Channel]) -> tuple[list[int], list[int]]:
-    """Bytes each group member sends and receives, in closed form: in a phase a ring position
-    sends every chunk but one (reduce-scatter: its own; all-gather: its successor's) and
-    receives what its predecessor sends."""
+    """Bytes each group member sends and receives over all channels, in closed form."""
     sent, received = [0] * len(counts), [0] * len(counts)
     for channel in channels:
         sizes = [s * elem_bytes for s in slice_counts(counts, len(channels), channel.index)]
-        total, order, n = sum(sizes), channel.order, len(channel.order)
-        for p, member in enumerate(order):
-            out = 0
-            if collective in (REDUCE_SCATTER, ALL_REDUCE):
-                out += total - sizes[member]
-            if collective in (ALL_GATHER, ALL_REDUCE):
-                out += total - sizes[order[(p + 1) % n]]
-            sent[member] += out
-            received[order[(p + 1) % n]] += out
+        order, n = channel.order, len(channel.order)
+        for p, out in enumerate(position_bytes_sent(collective, sizes, order)):
+            sent[order[p]] += out
+            received[order[(p + 1) % n]] += out  # a position receives what its predecessor sends
     return sent, received
+
+
+def position_bytes_sent(collective: str, sizes: list[int], order: tuple[int, ...]) -> list[int]:
+    """Bytes each position of one ring sends (`sizes`: bytes of every member's chunk slice): in
+    a phase a position sends every chunk but one (reduce-scatter: its own; all-gather: its
+    successor's)."""
+    total, n = sum(sizes), len(order)
+    sent = []
+    for p, member in enumerate(order):
+        out = 0
+        if collective in (REDUCE_SCATTER, ALL_REDUCE):
+            out += total - sizes[member]
+        if collective in (ALL_GATHER, ALL_REDUCE):
+            out += total - sizes[order[(p + 1) % n]]
+        sent.append(out)
+    return sent

@@ -8,9 +8,11 @@ import networkx as nx
 import numpy as np
 
 from simsp.cluster.topology import hop_route, route_latency_s
-from simsp.engine.collectives import DEFAULT_ELEM_BYTES, element_count
+from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, ChannelStats, CollectiveStats,
+                                      element_count)
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, Channel,
-                                    channel_rings, chunk_counts, slice_counts)
+                                    channel_bytes, channel_rings, chunk_counts,
+                                    position_bytes_sent, slice_counts)
 from simsp.hardware import LinkCalibration
 from simsp.units import GB
 
@@ -133,3 +135,24 @@ def _cyclic_meets(positions: list[int], chunks: list[int], n: int) -> np.ndarray
     a[positions], b[chunks] = 1.0, 1.0
     corr = np.fft.irfft(np.fft.rfft(a) * np.conj(np.fft.rfft(b)), n)  # (n,)
     return corr > 0.5
+
+
+def closed_form_stats(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
+                      calibration: LinkCalibration | None = None,
+                      elem_bytes: int = DEFAULT_ELEM_BYTES) -> CollectiveStats:
+    """What the stepwise ring would report (bytes exact, times from step_times), starting at 0."""
+    n = len(gpus)
+    counts = chunk_counts(element_count(nbytes, elem_bytes), n)
+    channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
+    times = step_times(collective, graph, gpus, nbytes, calibration, elem_bytes)
+    sent, received = channel_bytes(collective, counts, elem_bytes, channels)
+    per_channel = []
+    for channel, channel_times in zip(channels, times):
+        sizes = [s * elem_bytes for s in slice_counts(counts, len(channels), channel.index)]
+        per_channel.append(ChannelStats(
+            channel.index, tuple(gpus[m] for m in channel.order), channel.via, channel.rail,
+            sum(sizes), tuple(position_bytes_sent(collective, sizes, channel.order)), 0.0,
+            sum(channel_times)))
+    steps = (2 if collective == ALL_REDUCE else 1) * (n - 1)
+    return CollectiveStats(collective, tuple(gpus), nbytes, steps, tuple(sent), tuple(received),
+                           0.0, max(c.end_s for c in per_channel), tuple(per_channel))
