@@ -55,13 +55,12 @@ def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int]) -> None:
     """Rail-optimised leaves (one per rail per scalable unit) under one non-blocking spine."""
     ib_Bps = cluster.ib_bandwidth_GBps * GB
     ib_s = cluster.ib_latency_us * 1e-6
-    leaves: list[str] = []
+    leaves: dict[str, None] = {}  # an ordered set
     for node in nodes:
         for rail in range(cluster.gpus_per_node):
             leaf = leaf_name(node // NODES_PER_LEAF, rail)
             _link(graph, gpu_name(node * cluster.gpus_per_node + rail), leaf, ib_Bps, ib_s, "ib")
-            if leaf not in leaves:
-                leaves.append(leaf)
+            leaves[leaf] = None
     # Full bisection: a leaf's bundle of uplinks carries as much as all its downlinks (every
     # node of its scalable unit in the whole cluster, built or not).
     for leaf in leaves:
@@ -132,10 +131,15 @@ def hop_route(graph: nx.DiGraph, src: int, dst: int,
               via: int | None = None) -> tuple[tuple[str, str], ...]:
     """Edges of a transfer from GPU `src` to GPU `dst`, relayed through GPU `via` if given
     (NCCL PXN: NVLink to the GPU that owns the NIC on the destination's rail, then its NIC)."""
-    if via is None or via in (src, dst):
-        return tuple(route(graph, gpu_name(src), gpu_name(dst)))
-    return (tuple(route(graph, gpu_name(src), gpu_name(via)))
-            + tuple(route(graph, gpu_name(via), gpu_name(dst))))
+    cache = graph.graph.setdefault("hop_cache", {})
+    key = (src, dst, via)
+    if key not in cache:
+        if via is None or via in (src, dst):
+            cache[key] = tuple(_structural_route(graph, src, dst))
+        else:
+            cache[key] = (tuple(_structural_route(graph, src, via))
+                          + tuple(_structural_route(graph, via, dst)))
+    return cache[key]
 
 
 def route_latency_s(graph: nx.DiGraph, edges) -> float:

@@ -177,8 +177,8 @@ def _rail_channel(c: int, gpus: list[int], by_node: list[list[int]],
 
 
 def slice_counts(counts: list[int], channels: int, index: int) -> list[int]:
-    """Elements channel `index` carries of every chunk (each chunk split as array_split)."""
-    return [chunk_counts(count, channels)[index] for count in counts]
+    """Elements channel `index` carries of every chunk (each chunk split as chunk_counts)."""
+    return [count // channels + (index < count % channels) for count in counts]
 
 
 def channel_bytes(collective: str, counts: list[int], elem_bytes: int,

@@ -47,14 +47,14 @@ def channel_hops(graph: nx.DiGraph, gpus: list[int], channels: list[Channel],
     for edges in (e for channel in routes for e in channel):
         for edge in edges:
             load[edge] = load.get(edge, 0) + 1
-    capacity = {edge: _capacity_Bps(graph, edge, calibration) for edge in load}
-    hops = {}  # route -> (latency_s, rate_Bps); a ring has few distinct routes' shapes
+    share = {edge: _capacity_Bps(graph, edge, calibration) / count for edge, count in load.items()}
+    delay = {edge: graph.edges[edge]["latency_s"] for edge in load}
+    overhead_s = calibration.transfer_overhead_s
+    hops = {}  # route -> (latency_s, rate_Bps)
     for edges in (e for channel in routes for e in channel):
         if edges not in hops:
-            latency_s = route_latency_s(graph, edges)
-            latency_s += calibration.transfer_overhead_s if edges else 0.0
-            hops[edges] = (latency_s, min((capacity[e] / load[e] for e in edges),
-                                          default=float("inf")))
+            latency_s = sum(delay[e] for e in edges) + (overhead_s if edges else 0.0)
+            hops[edges] = (latency_s, min((share[e] for e in edges), default=float("inf")))
     return [[hops[edges] for edges in channel] for channel in routes]
 
 
