@@ -22,7 +22,8 @@ from simsp.hardware import LinkCalibration
 
 # A flow counts as drained when fewer than this fraction of its bytes remain (float rounding).
 DRAINED_FRACTION = 1e-9
-MEMO_LIMIT = 100_000  # memoised rate vectors kept before the memo starts afresh
+# Route ids held by the memo's keys before it starts afresh (~100 MB of keys and rates).
+MEMO_LIMIT = 2_000_000
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Network:
         self._updated_s = env.now
         self._route_ids: dict[tuple, int] = {}  # route edges -> small integer id
         self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}  # route ids -> rates
+        self._memo_size = 0  # route ids held by the memo's keys
         self._recompute_pending = False
         self._wake: tuple[float, int, int] | None = None  # (time, flow id, token) of the wake
         self._token = 0  # bumps when a new wake-up replaces the pending one
@@ -138,8 +140,10 @@ class Network:
         floats: fair_share breaks ties by first appearance)."""
         key = tuple(f.route_id for f in flows)
         if key not in self._memo:
-            if len(self._memo) > MEMO_LIMIT:
+            self._memo_size += len(key)
+            if self._memo_size > MEMO_LIMIT:
                 self._memo.clear()
+                self._memo_size = len(key)
             rates = max_min_rates({i: f.edges for i, f in enumerate(flows)}, self.capacity_Bps)
             self._memo[key] = tuple(rates[i] for i in range(len(flows)))
             self.rate_computations += 1
