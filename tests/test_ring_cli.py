@@ -202,3 +202,14 @@ def test_explain_gives_each_step_its_time_and_compares_ar_with_rs_plus_ag(capsys
     (line,) = [line for line in text.splitlines() if line.startswith("time: all_reduce")]
     ar, rs, ag = (6 * step_us, 3 * step_us, 3 * step_us)
     assert f"all_reduce {ar:.3f} us = reduce_scatter {rs:.3f} us + all_gather {ag:.3f} us" in line
+
+
+def test_tree_table_and_its_errors(capsys):
+    (row,) = table_rows(output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "256M",
+                                        "--nccl-algo", "tree"]))
+    assert row[4] > 8 * IB_GBPS
+    for argv in (["--ranks", "8", "--size", "8M", "--nccl-algo", "tree"],
+                 ["--ranks", "16", "--nodes", "2", "--size", "8M", "--nccl-algo", "tree",
+                  "--collective", "all_gather"]):
+        assert simsp_ring(argv) == 2
+        assert capsys.readouterr().err.startswith("error: --nccl-algo")

@@ -1,7 +1,7 @@
 """`simsp ring`: time ring collectives on the simulated cluster, in the style of nccl-tests.
 
     simsp ring --ranks N [--nodes K] [--collective C] (--size S | --min-size A --max-size B
-               [--step-factor F]) [--explain] [--json]
+               [--step-factor F]) [--nccl-algo {ring,tree}] [--explain] [--json]
 
 Every size is simulated step by step (meta mode) over the cluster's links, as NCCL's channels
 (one ring per GPU a node holds, laid out rail by rail across nodes); rings of more than
@@ -23,12 +23,14 @@ from simsp.engine.network import Network
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, STEPS,
                                     apply_step, bytes_sent_per_rank, chunk_counts, chunk_offsets,
                                     initial_holdings)
+from simsp.engine.tree import TREE, tree_all_reduce
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, step_times
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
+RING = "ring"
 MAX_EXPLAIN_RANKS = 8
 STEPWISE_MAX_RANKS = 32  # larger rings: closed form (the stepwise ring costs ~n^2 flow events)
 # The closed form plans n x channels hops per phase; 8192 ranks (on 1024 nodes) take ~1 s.
@@ -49,6 +51,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
     parser.add_argument("--step-factor", type=int, default=None,
                         help="multiply the size by this between sweep rows (default 2)")
+    parser.add_argument("--nccl-algo", choices=(RING, TREE), default=RING,
+                        help="NCCL algorithm (NCCL_ALGO): ring, or tree all-reduce across "
+                             "nodes (default ring)")
     parser.add_argument("--explain", action="store_true", help="print every ring step")
     parser.add_argument("--json", action="store_true", help="one JSON object (single --size)")
     parser.set_defaults(handler=run)
@@ -59,7 +64,10 @@ def run(args) -> int:
     sizes = _sizes(args)
     cluster, gpus = _placement(args.ranks, args.nodes)
     _check_modes(args, sizes)
+    _check_algo(args, cluster, gpus)
     graph = build_topology(cluster)
+    if args.nccl_algo == TREE:
+        return _run_tree(args, graph, cluster, gpus, sizes)
     if args.json:
         print(json.dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
                                                                sizes[0]))))
@@ -144,6 +152,40 @@ def _check_modes(args, sizes: list[int]) -> None:
     if args.explain and args.ranks > MAX_EXPLAIN_RANKS:
         raise UserError("--explain", f"prints every step of every rank: use at most "
                                      f"{MAX_EXPLAIN_RANKS} ranks, got {args.ranks}")
+
+
+def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
+    """The tree is NCCL's all-reduce across nodes, simulated stepwise on small groups."""
+    if args.nccl_algo != TREE:
+        return
+    if args.collective != ALL_REDUCE:
+        raise UserError("--nccl-algo", f"tree runs all_reduce only, not {args.collective}")
+    if cluster.nodes < 2:
+        raise UserError("--nccl-algo", "tree joins nodes: give --nodes 2 or more")
+    if args.explain or len(gpus) > STEPWISE_MAX_RANKS:
+        raise UserError("--nccl-algo", f"tree is simulated stepwise, without --explain, for at "
+                                       f"most {STEPWISE_MAX_RANKS} ranks")
+
+
+def _run_tree(args, graph, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
+    """Time NCCL's tree all-reduce at every size: the same table or JSON as the ring."""
+    rows = [_simulate_tree(graph, gpus, size) for size in sizes]
+    if args.json:
+        print(json.dumps(_json_result(ALL_REDUCE, rows[0])))
+        return 0
+    header = _header(ALL_REDUCE, cluster, gpus)
+    header[0] = header[0].replace("ring gpu", "tree over gpu")
+    print("\n".join(header + _table(rows)))
+    return 0
+
+
+def _simulate_tree(graph, gpus: list[int], nbytes: int) -> CollectiveStats:
+    """One meta-mode tree all-reduce of `nbytes` alone on the links."""
+    env = simpy.Environment()
+    process = env.process(tree_all_reduce(env, Network(env, graph), gpus, None, nbytes,
+                                          ELEM_BYTES))
+    env.run()
+    return process.value[1]
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class _Flow:
     delivered: simpy.Event
     remaining: float
     rate_Bps: float = 0.0
+    drained: simpy.Event | None = None  # succeeds when the last byte has left the sender
 
 
 class Network:
@@ -74,14 +75,16 @@ class Network:
         return self.trace.transfers
 
     def transfer(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str = "",
-                 via_gpu: int | None = None) -> simpy.Event:
+                 via_gpu: int | None = None, drained: simpy.Event | None = None) -> simpy.Event:
         """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event succeeds on delivery.
 
         `via_gpu`: relay through that GPU's links (NCCL PXN: NVLink to the GPU whose NIC is on
-        the destination's rail, then its NIC)."""
+        the destination's rail, then its NIC). `drained`: an event to succeed when the last byte
+        has left (one latency before delivery), so a pipelined sender can start its next slot."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
         flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu)
+        flow.drained = drained
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:
@@ -164,6 +167,8 @@ class Network:
 
     def _deliver_after_latency(self, flow: _Flow) -> None:
         """The last byte arrives one route latency after it left."""
+        if flow.drained is not None:
+            flow.drained.succeed()
         arrival = self.env.timeout(flow.latency_s)
         arrival.callbacks.append(partial(self._finish, flow))
 
