@@ -27,6 +27,7 @@ from simsp.engine.tree import TREE, tree_all_reduce
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, step_times
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
+from simsp.progress import track
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
@@ -76,11 +77,14 @@ def run(args) -> int:
         print("\n".join(explain(args.collective, args.ranks, sizes[0],
                                 _explain_times(graph, gpus, args.collective, sizes[0]))))
         print()
-    rows = [simulate(graph, gpus, args.collective, size) for size in sizes]
+    quiet = getattr(args, "quiet", False) or len(sizes) < 2
+    rows = [simulate(graph, gpus, args.collective, size)
+            for size in track(sizes, "sizes", "size", quiet)]
     lines = _header(args.collective, cluster, gpus) + _table(rows)
     if len(rows) == 1:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
-    print("\n".join(lines))
+    print("
+".join(lines))
     return 0
 
 
