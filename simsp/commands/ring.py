@@ -83,8 +83,7 @@ def run(args) -> int:
     lines = _header(args.collective, cluster, gpus) + _table(rows)
     if len(rows) == 1:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
-    print("
-".join(lines))
+    print("\n".join(lines))
     return 0
 
 
