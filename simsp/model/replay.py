@@ -8,9 +8,10 @@ it gives the same iteration time and ledgers as executing every op.
 
 from dataclasses import dataclass
 
+from simsp.engine.ledger import CATEGORIES
+from simsp.engine.mem_log import expand
+from simsp.engine.op_block import INPUT, OpBlock
 from simsp.model.tensor import Tensor
-
-INPUT = "<input>"  # the layer's input tensor, allocated outside the layer's scope
 SKIPPED_TRACKS = ("pp_comm", "dp_comm")  # other processes of the rank; never part of a layer
 
 
@@ -26,7 +27,7 @@ class Template:
     """What one layer step did on its rank, relative to its start time and key scope."""
 
     duration_s: float
-    ops: tuple  # (offset_s, delta_bytes, relative key, category, op)
+    block: OpBlock  # the step's ledger changes, applied as one record
     counters: tuple  # (name of Rank dict, key, delta)
     spans: tuple  # (track, name, start offset, end offset, args)
     result: object  # TensorShape, or (TensorShape, {name: TensorShape})
@@ -63,7 +64,7 @@ class _Snapshot:
 
     def __init__(self, r, x: Tensor):
         self.t0, self.scope, self.input_key = r.env.now, r.scope, x.key
-        self.n_events = len(r.ledger.events)
+        self.n_records = len(r.ledger.records)
         self.n_spans = len(r.trace.spans) if r.trace is not None else 0
         self.counters = {name: dict(getattr(r, name)) for name in _COUNTERS}
 
@@ -74,7 +75,7 @@ class _Snapshot:
 
     def template(self, r, result) -> Template:
         ops = tuple((e.time_s - self.t0, e.delta_bytes, rel, e.category, e.op)
-                    for e in r.ledger.events[self.n_events:]
+                    for e in expand(r.ledger.records[self.n_records:])
                     if (rel := self.relative(e.key)) is not None)
         counters = tuple((name, key, value - self.counters[name].get(key, 0))
                          for name in _COUNTERS for key, value in getattr(r, name).items()
@@ -84,7 +85,7 @@ class _Snapshot:
             spans = _merge_by_track([s for s in r.trace.spans[self.n_spans:]
                                      if s.rank == r.rank and s.track not in SKIPPED_TRACKS],
                                     self.t0)
-        return Template(r.env.now - self.t0, ops, counters, spans, self._shape(result))
+        return Template(r.env.now - self.t0, OpBlock(ops, CATEGORIES), counters, spans, self._shape(result))
 
     def _shape(self, result):
         if isinstance(result, tuple):
@@ -111,12 +112,7 @@ def _merge_by_track(spans: list, t0: float) -> tuple:
 def _replay(r, tpl: Template, x: Tensor):
     """Apply a template's ledger traffic, counters and spans at this step's time and scope."""
     t0, scope, input_key = r.env.now, r.scope, x.key
-    for offset, delta, rel, category, op in tpl.ops:
-        key = input_key if rel == INPUT else scope + rel
-        if delta > 0:
-            r.ledger.alloc(key, delta, category, op, time_s=t0 + offset)
-        else:
-            r.ledger.free(key, op, time_s=t0 + offset)
+    r.ledger.apply_block(tpl.block, t0, scope, input_key)
     for name, key, delta in tpl.counters:
         counter = getattr(r, name)
         counter[key] = counter.get(key, 0) + delta

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
+from simsp.engine.mem_log import sort_log
 
 TRACKS = (("compute", "compute"), ("tp_comm", "TP communication"),
           ("pp_comm", "pipeline transfers"), ("dp_comm", "DP communication"),
@@ -39,24 +40,23 @@ def _us(seconds: float) -> float:
 
 # ---------------------------------------------------------------- memory timeline
 
-def memory_timeline(events: list, max_points: int = MAX_MEMORY_POINTS):
-    """Ledger events -> (times_s, bytes per category (n, 6) int64), at most `max_points` rows.
+def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
+    """A ledger (or a list of MemEvents) -> (times_s, bytes per category (n, 6) int64), at most
+    `max_points` rows.
 
-    Events are replayed in time order (stable, ties in recording order, as the ledger's summary
-    does). Beyond `max_points` events, the timeline is split into (max_points - 2) // 2 equal
+    The log is read in time order (stable, ties in recording order, as the ledger's summary
+    does). Beyond `max_points` changes, the timeline is split into (max_points - 2) // 2 equal
     time buckets that each keep their highest and lowest state, plus the first and last, so the
     maximum of the total is exactly the ledger's peak."""
-    if not events:
+    records = log.records if hasattr(log, "records") else list(log)
+    if not records:
         return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
-    n, code = len(events), {c: i for i, c in enumerate(CATEGORIES)}
-    times = np.fromiter(map(itemgetter(0), events), dtype=float, count=n)
-    columns = np.fromiter(map(code.__getitem__, map(itemgetter(2), events)), np.int64, n)
-    deltas = np.fromiter(map(itemgetter(3), events), dtype=np.int64, count=n)
-    order = np.argsort(times, kind="stable")
-    steps = np.zeros((n, len(CATEGORIES)), dtype=np.int64)
-    steps[np.arange(n), columns[order]] = deltas[order]
-    state = np.cumsum(steps, axis=0)  # (n, 6): bytes per category after each event
-    times = times[order]
+    times, codes, deltas, _ = log.sorted_log() if hasattr(log, "records") else sort_log(
+        records, CATEGORIES)
+    n = len(times)
+    steps = np.zeros((n, len(CATEGORIES)), dtype=np.int64)  # (n, 6)
+    steps[np.arange(n), codes] = deltas
+    state = np.cumsum(steps, axis=0)  # (n, 6): bytes per category after each change
     keep = _downsample(times, state.sum(axis=1), max_points)
     return times[keep], state[keep]
 
@@ -81,9 +81,9 @@ def _downsample(times: np.ndarray, total: np.ndarray, max_points: int) -> np.nda
     return np.unique(np.concatenate(keep))
 
 
-def _counter_events(pid: int, events: list, max_points: int) -> list[dict]:
+def _counter_events(pid: int, ledger, max_points: int) -> list[dict]:
     """The "memory" counter (bytes per category; the stack is the total) and "memory total"."""
-    times, state = memory_timeline(events, max_points)
+    times, state = memory_timeline(ledger, max_points)
     out = []
     for t, row in zip(times.tolist(), state.tolist()):
         ts = _us(t)
@@ -196,7 +196,7 @@ def trace_events(run) -> list[dict]:
                        "args": {"sort_index": position}})
         meta, xs = _rank_events(rank, by_rank[rank], max_detail)
         events += meta + xs
-        events += _counter_events(rank, run.world.ranks[rank].ledger.events, max_points)
+        events += _counter_events(rank, run.world.ranks[rank].ledger, max_points)
     return events
 
 

@@ -44,7 +44,7 @@ def _time_unit(seconds: float) -> tuple[str, float]:
 
 def _draw(ax, ledger, title: str, end_s: float, units) -> None:
     (mem, scale), (tu, tscale) = units
-    times, state = memory_timeline(ledger.events)
+    times, state = memory_timeline(ledger)
     if len(times) == 0:
         ax.set_title(title + " (no memory events)")
         return

@@ -1,0 +1,91 @@
+"""The ledger's compact log: its two kinds of record, their expansion, and numpy columns.
+
+A MemEvent is one alloc (+bytes) or free (-bytes); a BlockRecord stands for every change of an
+OpBlock applied at a start time under a key scope. Summaries read the log as columns sorted by
+time (stable: ties keep recording order, blocks expanded in place), built with one argsort.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from simsp.engine.op_block import OpBlock, resolve
+
+
+class MemEvent(NamedTuple):
+    """One change of the ledger: +bytes on alloc, -bytes on free, at simulated time."""
+
+    time_s: float
+    key: str
+    category: str
+    delta_bytes: int
+    op: str
+
+
+class BlockRecord(NamedTuple):
+    """An OpBlock applied at `start_s` with keys under `scope` (its input tensor: `input_key`,
+    of category `input_code` when the block frees it, else -1)."""
+
+    start_s: float
+    block: OpBlock
+    scope: str
+    input_key: str
+    input_code: int
+
+
+class SortedLog(NamedTuple):
+    """Every change of a log as columns in time order (ties in recording order)."""
+
+    times: np.ndarray  # (n,) float seconds
+    codes: np.ndarray  # (n,) int64 index into the categories
+    deltas: np.ndarray  # (n,) int64 signed bytes
+    order: np.ndarray  # (n,) int64 position of each change in the expanded recording order
+
+
+def expand(records: list):
+    """Yield the MemEvents of a compact log, blocks expanded, in recording order."""
+    for record in records:
+        if type(record) is not BlockRecord:
+            yield record
+            continue
+        start, block, scope, input_key, input_code = record
+        for i, (offset, delta, rel, category, op) in enumerate(block.ops):
+            if i == block.input_free:
+                category = block.categories[input_code]
+            yield MemEvent(start + offset, resolve(rel, scope, input_key), category, delta, op)
+
+
+def sort_log(records: list, categories: tuple) -> SortedLog:
+    """The compact log as time-ordered columns: one stable argsort over all changes."""
+    times, codes, deltas = _columns(records, categories)
+    order = np.argsort(times, kind="stable")  # (n,)
+    return SortedLog(times[order], codes[order], deltas[order], order)
+
+
+def _columns(records: list, categories: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(times, category codes, deltas) of every change, in expanded recording order.
+
+    Each block's changes are written for all its records at once: start (m, 1) + offsets (k,)."""
+    code = {c: i for i, c in enumerate(categories)}
+    sizes = [1 if type(r) is not BlockRecord else r.block.size for r in records]
+    firsts = np.cumsum(sizes, dtype=np.int64) - sizes  # (records,) first change's position
+    n = int(sum(sizes))
+    times, codes, deltas = np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
+    singles, blocks = [], {}
+    for i, record in enumerate(records):
+        if type(record) is BlockRecord:
+            blocks.setdefault(id(record.block), (record.block, []))[1].append(i)
+        else:
+            singles.append(i)
+    at = firsts[singles]  # (singles,)
+    times[at] = [records[i][0] for i in singles]
+    codes[at] = [code[records[i][2]] for i in singles]
+    deltas[at] = [records[i][3] for i in singles]
+    for block, rows in blocks.values():
+        at = firsts[rows][:, None] + np.arange(block.size)  # (m, k)
+        starts = np.array([records[i][0] for i in rows])  # (m,)
+        times[at] = starts[:, None] + block.offsets  # float adds exactly as t0 + offset
+        codes[at], deltas[at] = block.codes, block.deltas
+        if block.input_free is not None:
+            codes[at[:, block.input_free]] = [records[i][4] for i in rows]
+    return times, codes, deltas
