@@ -6,6 +6,7 @@ ranks, no link contention), so replaying the recording is exact; tests/test_shor
 it gives the same iteration time and ledgers as executing every op.
 """
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from simsp.engine.ledger import CATEGORIES
@@ -116,7 +117,7 @@ def _replay(r, tpl: Template, x: Tensor):
     for name, key, delta in tpl.counters:
         counter = getattr(r, name)
         counter[key] = counter.get(key, 0) + delta
-    if r.trace is not None:
+    if r.trace is not None and tpl.spans:
         label = f"{scope}{'forward' if isinstance(tpl.result, tuple) else 'backward'}"
         for track, _name, start, end, args in tpl.spans:
             r.trace.add_span(r.rank, track, label, t0 + start, t0 + end, args)
@@ -125,11 +126,48 @@ def _replay(r, tpl: Template, x: Tensor):
 
 
 def _rebuild(result, scope: str, input_key: str):
-    """Meta tensors standing for the template's results, keyed in this step's scope."""
-    def one(shape: TensorShape) -> Tensor:
-        key = input_key if shape.key == INPUT else scope + shape.key
-        return Tensor.meta(shape.shape, shape.itemsize, key)
+    """Meta tensors standing for the template's results, keyed in this step's scope.
+
+    A forward's saved tensors are made only if something reads them: a replayed backward
+    never does, so most are never built."""
     if isinstance(result, tuple):
         out, saved = result
-        return one(out), {name: one(s) for name, s in saved.items()}
-    return one(result)
+        return _meta(out, scope, input_key), LazySaved(saved, scope, input_key)
+    return _meta(result, scope, input_key)
+
+
+def _meta(shape: TensorShape, scope: str, input_key: str) -> Tensor:
+    """The meta tensor of one template result, keyed in this step's scope."""
+    key = input_key if shape.key == INPUT else scope + shape.key
+    return Tensor.meta(shape.shape, shape.itemsize, key)
+
+
+class LazySaved(MutableMapping):
+    """A forward's saved tensors {name: Tensor}, built on first use."""
+
+    __slots__ = ("_shapes", "_scope", "_input_key", "_tensors")
+
+    def __init__(self, shapes: dict, scope: str, input_key: str):
+        self._shapes, self._scope, self._input_key = shapes, scope, input_key
+        self._tensors = None
+
+    def _built(self) -> dict:
+        if self._tensors is None:
+            self._tensors = {name: _meta(s, self._scope, self._input_key)
+                             for name, s in self._shapes.items()}
+        return self._tensors
+
+    def __getitem__(self, name):
+        return self._built()[name]
+
+    def __setitem__(self, name, tensor):
+        self._built()[name] = tensor
+
+    def __delitem__(self, name):
+        del self._built()[name]
+
+    def __iter__(self):
+        return iter(self._built())
+
+    def __len__(self):
+        return len(self._built())

@@ -12,6 +12,7 @@ import numpy as np
 from simsp.cluster.grid import RankGrid
 from simsp.config import Scenario
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
+from simsp.engine.gc_pause import gc_paused
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
@@ -126,5 +127,6 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         run.embedding_delta = embedding_delta
     for rank, r in sorted(world.ranks.items()):
         world.env.process(rank_program(r, run, run.plans[rank]))
-    world.env.run()
+    with gc_paused():
+        world.env.run()
     return run
