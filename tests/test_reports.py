@@ -81,7 +81,7 @@ def test_trace_has_a_process_per_simulated_rank_and_five_ordered_threads(case, t
 def test_trace_spans_are_complete_events_that_nest_per_thread(case, tmp_path):
     run, _ = case
     events = load_trace(run, tmp_path)["traceEvents"]
-    xs = [e for e in events if e["ph"] == "X"]
+    xs = [e for e in events if e["ph"] == "X" and not e["name"].startswith("arrive ")]
     assert len(xs) == len(run.world.trace.spans)  # small runs keep every span
     by_thread = defaultdict(list)
     for e in xs:
@@ -131,13 +131,67 @@ def test_detail_tracks_merge_per_schedule_step_over_budget(case, monkeypatch):
     xs = [e for e in events if e["ph"] == "X"]
     spans = run.world.trace.spans
     assert len(xs) < len(spans)
-    kept = [e for e in xs if names[e["pid"], e["tid"]] in THREADS[2:]]  # left whole
+    kept = [e for e in xs if names[e["pid"], e["tid"]] in THREADS[2:]
+            and not e["name"].startswith("arrive ")]  # left whole
     assert len(kept) == sum(1 for s in spans if s.track in ("pp_comm", "dp_comm", "schedule"))
     compute = [e for e in xs if names[e["pid"], e["tid"]] == "compute"]
     assert any(e["name"].startswith("compute F") for e in compute)
     # Merged spans say how many they hold: nothing is lost, only grouped.
     assert sum(e.get("args", {}).get("spans", 1) for e in compute) == sum(
         s.args.get("spans", 1) for s in spans if s.track == "compute")
+
+
+def test_every_event_has_a_category_naming_its_track(case):
+    run, _ = case
+    events = trace_events(run)
+    names = thread_names(events)
+    track_of = dict(zip(THREADS, ["compute", "tp_comm", "pp_comm", "dp_comm", "schedule"]))
+    for e in events:
+        expected = {"M": "__metadata", "C": "memory", "s": "p2p", "f": "p2p"}.get(e["ph"])
+        if e["ph"] == "X":
+            expected = track_of[names[e["pid"], e["tid"]]]
+        assert e["cat"] == expected
+
+
+def test_a_flow_arrow_links_each_pipeline_send_to_its_receive(case):
+    """Every send span (p2p.send names its receiver) starts one arrow; the arrow ends inside a
+    receive slice for the same micro-batch on the receiving rank, at the transfer's arrival."""
+    run, _ = case
+    events = trace_events(run)
+    names = thread_names(events)
+    sends = [s for s in run.world.trace.spans if s.track == "pp_comm" and s.name.startswith("send")]
+    assert sends  # p = 2: activations and gradients cross stages
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == len(ends) == len(sends) and set(starts) == set(ends)
+    xs = [e for e in events if e["ph"] == "X"]
+    for flow_id, start in starts.items():
+        end = ends[flow_id]
+        assert end["bp"] == "e" and names[start["pid"], start["tid"]] == "pipeline transfers"
+        send = _enclosing(xs, start)
+        recv = _enclosing(xs, end)
+        assert send["name"] == "send " + start["name"] and send["args"]["to"] == end["pid"]
+        assert recv["name"].split(" ", 1) in (["recv", end["name"]], ["arrive", end["name"]])
+        assert recv["ts"] + recv["dur"] == pytest.approx(send["ts"] + send["dur"], abs=2e-3)
+
+
+def _enclosing(xs, point):
+    """The one X slice on the point's thread that strictly contains its timestamp."""
+    hits = [e for e in xs if (e["pid"], e["tid"]) == (point["pid"], point["tid"])
+            and e["ts"] < point["ts"] < e["ts"] + e["dur"]]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def test_steps_detail_leaves_out_compute_and_tp_threads(case, tmp_path):
+    run, _ = case
+    doc = json.loads(write_chrome_trace(run, tmp_path / "t.json", detail="steps").read_text())
+    assert doc["otherData"]["detail"] == "steps"
+    names = set(thread_names(doc["traceEvents"]).values())
+    assert names == set(THREADS[2:])
+    full = trace_events(run, "full")
+    assert len(doc["traceEvents"]) == len(full) - sum(
+        1 for e in full if e.get("cat") in ("compute", "tp_comm")) - 4 * len(run.world.ranks)
 
 
 # ---------------------------------------------------------------- memory timeline

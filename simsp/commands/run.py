@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from simsp.engine.trace import TRACE_DETAILS
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
 from simsp.report import summary_text, write_reports
@@ -17,16 +18,20 @@ def add_parser(subparsers) -> None:
                         help="report folder (default: reports/<scenario>/)")
     parser.add_argument("--no-shortcuts", action="store_true",
                         help="meta mode: simulate every rank and every ring step (slow)")
+    parser.add_argument("--trace", choices=TRACE_DETAILS, default="steps",
+                        help="trace.json detail: none (no file), steps (schedule, pipeline "
+                             "transfers, DP communication, memory; default) or full (also "
+                             "compute and TP communication)")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
-    result = simulate_iteration(sc, shortcuts)
+    result = simulate_iteration(sc, shortcuts, trace=args.trace)
     metrics = collect(result, shortcuts)
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
-    written = write_reports(result, metrics, out_dir)
+    written = write_reports(result, metrics, out_dir, trace=args.trace)
     if args.json:
         print(json.dumps(metrics, indent=2))
     else:

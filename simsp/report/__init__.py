@@ -19,14 +19,16 @@ def metrics_json(metrics: dict) -> str:
     return json.dumps(metrics, indent=2, sort_keys=False) + "\n"
 
 
-def write_reports(run, metrics: dict, out_dir) -> list[Path]:
-    """Write summary.md, metrics.json, trace.json and (with matplotlib) memory.png to `out_dir`."""
+def write_reports(run, metrics: dict, out_dir, trace: str = "full") -> list[Path]:
+    """Write summary.md, metrics.json, trace.json (at detail `trace`; none for "none") and
+    (with matplotlib) memory.png to `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [write_summary(metrics, out / "summary.md")]
     (out / "metrics.json").write_text(metrics_json(metrics))
     written.append(out / "metrics.json")
-    written.append(write_chrome_trace(run, out / "trace.json"))
+    if trace != "none":
+        written.append(write_chrome_trace(run, out / "trace.json", detail=trace))
     plot = write_memory_plot(run, out / "memory.png")
     if plot is not None:
         written.append(plot)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
-from simsp.report.chrome_trace import memory_timeline
+from simsp.report.memory_timeline import memory_timeline
 from simsp.units import GiB, KiB, MiB
 
 COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer": "#8172b2",
