@@ -55,8 +55,9 @@ def data_parallel_gather_params(r, run, weights: dict):
     if len(group) == 1 or not run.sc.parallel.distributed_optimizer:
         return
     flat = Tensor((sum(w.numel for w in weights.values()),), FP16, None)
-    yield from run_collective(r, "all_gather", flat, flat.shape, flat.shape, "dp_params",
-                              label="all_gather_dp", group=group, track="dp_comm")
+    out = yield from run_collective(r, "all_gather", flat, flat.shape, flat.shape, "dp_params",
+                                    label="all_gather_dp", group=group, track="dp_comm")
+    r.free(out)  # gathered in place into Megatron's parameter buffer: no extra memory remains
 
 
 def tied_embedding_reduce(r, run, plan, grads: dict):
