@@ -21,8 +21,7 @@ from pathlib import Path
 from simsp.engine.ledger import CATEGORIES
 from simsp.engine.trace import DETAIL_TRACKS  # only at "full"; merged per step over budget
 from simsp.report.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
-from simsp.report.trace_spans import (coarsen, is_send, is_visible, lanes, receive_key, us,
-                                      with_arrivals)
+from simsp.report.trace_spans import coarsen, lanes, ns_array, pipeline_links, us
 
 __all__ = ["DETAILS", "MAX_MEMORY_POINTS", "TRACKS", "memory_timeline", "trace_events",
            "write_chrome_trace"]
@@ -45,8 +44,18 @@ def _args(args: dict) -> str:
     """`,"args":{...}` for span arguments (floats rounded to 1e-9 s), or "" when empty."""
     if not args:
         return ""
-    rounded = {k: round(v, 9) if isinstance(v, float) else v for k, v in args.items()}
-    return ',"args":' + json.dumps(rounded, separators=(",", ":"))
+    parts = []
+    for key, value in args.items():
+        kind = type(value)
+        if kind is int:
+            parts.append(f"{string(key)}:{value}")
+        elif kind is str:
+            parts.append(f"{string(key)}:{string(value)}")
+        elif kind is float:
+            parts.append(f"{string(key)}:{round(value, 9)!r}")
+        else:  # bools, lists...: the general encoder
+            parts.append(f"{string(key)}:{json.dumps(value, separators=(',', ':'))}")
+    return ',"args":{' + ",".join(parts) + "}"
 
 
 def _complete(pid: int, tid: int, cat: str, name: str, ts: float, dur: float,
@@ -68,17 +77,23 @@ def _flow(ph: str, flow_id: int, pid: int, tid: int, ts: float, name: str) -> st
 
 # ---------------------------------------------------------------- memory counter
 
+def _counter_template(pid: int) -> str:
+    """%-template of one memory sample: the "memory" counter (bytes per category; the stack is
+    the total) and the "memory total" counter, at the same timestamp."""
+    head = '{"ph":"C","cat":"memory","pid":' + str(pid) + ',"name":'
+    values = ",".join(f'"{c}":%d' for c in CATEGORIES)
+    return (f'{head}"memory","ts":%r,"args":{{{values}}}}},'
+            f'{head}"memory total","ts":%r,"args":{{"bytes":%d}}}}')
+
+
 def _counter_events(pid: int, ledger, max_points: int) -> list[str]:
-    """The "memory" counter (bytes per category; the stack is the total) and "memory total"."""
+    """The memory counters of one rank, one string per sample (two events each)."""
     times, state = memory_timeline(ledger, max_points)
-    head = f'{{"ph":"C","cat":"memory","pid":{pid},"name":'
-    out = []
-    for t, row in zip(times.tolist(), state.tolist()):
-        ts = us(t)
-        values = ",".join(f'"{c}":{b}' for c, b in zip(CATEGORIES, row))
-        out.append(f'{head}"memory","ts":{ts!r},"args":{{{values}}}}}')
-        out.append(f'{head}"memory total","ts":{ts!r},"args":{{"bytes":{sum(row)}}}}}')
-    return out
+    template = _counter_template(pid)
+    stamps = (ns_array(times) / 1e3).tolist()
+    totals = state.sum(axis=1).tolist()  # (points,)
+    return [template % (ts, *row, ts, total)
+            for ts, row, total in zip(stamps, state.tolist(), totals)]
 
 
 # ---------------------------------------------------------------- spans
@@ -104,52 +119,45 @@ def _rank_events(pid: int, spans_by_track: dict, max_detail: int, detail: str,
             label = names.get(track, track) + (f" #{lane + 1}" if lane else "")
             out.append(_metadata(pid, tid, "thread_name", {"name": label}))
             out.append(_metadata(pid, tid, "thread_sort_index", {"sort_index": tid}))
-            for ts, end, span in rows:
-                out.append(_complete(pid, tid, track, span.name, ts,
-                                     round(max(end - ts, 0.0), 3), span.args))
-                if track == "pp_comm":
-                    placed[id(span)] = tid
+            for ts, dur, span in rows:
+                out.append(_complete(pid, tid, track, span.name, ts, dur, span.args))
+            if track == "pp_comm":
+                placed.update((id(span), tid) for _, _, span in rows)
     return out
 
 
-def _flow_events(by_rank: dict, placed: dict) -> list[str]:
+def _flow_events(links: list, placed: dict) -> list[str]:
     """An arrow per pipeline send: from the middle of the send to the middle of its receive.
 
     Each end sits strictly inside its slice, so viewers bind it without ambiguity."""
-    receives = {receive_key(rank, s): s for rank, tracks in by_rank.items()
-                for s in tracks.get("pp_comm", ()) if not is_send(s) and is_visible(s)}
-    out, flow_id = [], 0
-    for rank in sorted(by_rank):
-        for send in by_rank[rank].get("pp_comm", ()):
-            recv = receives.get(receive_key(send.args["to"], send)) if is_send(send) else None
-            if recv is None:
-                continue
-            flow_id += 1
-            name = send.name.split(" ", 1)[1]
-            out.append(_flow("s", flow_id, rank, placed[id(send)],
-                             us((send.start_s + send.end_s) / 2), name))
-            out.append(_flow("f", flow_id, recv.rank, placed[id(recv)],
-                             us((recv.start_s + recv.end_s) / 2), name))
+    out = []
+    for flow_id, (send, recv) in enumerate(links, start=1):
+        name = send.name[5:]
+        out.append(_flow("s", flow_id, send.rank, placed[id(send)],
+                         us((send.start_s + send.end_s) / 2), name))
+        out.append(_flow("f", flow_id, recv.rank, placed[id(recv)],
+                         us((recv.start_s + recv.end_s) / 2), name))
     return out
 
 
 # ---------------------------------------------------------------- document
 
-def _spans_by_rank(run, detail: str) -> dict:
-    """{rank: {track: [Span]}} for the simulated ranks, detail tracks only at "full"."""
+def _spans_by_rank(run, detail: str) -> tuple[dict, list]:
+    """{rank: {track: [Span]}} for the simulated ranks (detail tracks only at "full"), and the
+    (send, receive) pairs of the pipeline transfers."""
     by_rank = {rank: {} for rank in run.world.ranks}
     skip = () if detail == "full" else DETAIL_TRACKS
     for span in run.world.trace.spans:
         if span.rank in by_rank and span.track not in skip:
             by_rank[span.rank].setdefault(span.track, []).append(span)
-    return with_arrivals(by_rank)
+    return by_rank, pipeline_links(by_rank)
 
 
 def _event_parts(run, detail: str) -> list[str]:
     """Every event of the trace as JSON text: per rank (pipeline order) metadata, spans, memory;
     then the flow arrows."""
     grid = run.world.grid
-    by_rank = _spans_by_rank(run, detail)
+    by_rank, links = _spans_by_rank(run, detail)
     ranks = sorted(run.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
     max_detail = max(MIN_DETAIL_SPANS, SPAN_BUDGET // (len(DETAIL_TRACKS) * len(ranks)))
     max_points = min(MAX_MEMORY_POINTS,
@@ -162,7 +170,7 @@ def _event_parts(run, detail: str) -> list[str]:
         parts.append(_metadata(rank, 0, "process_sort_index", {"sort_index": position}))
         parts += _rank_events(rank, by_rank[rank], max_detail, detail, placed)
         parts += _counter_events(rank, run.world.ranks[rank].ledger, max_points)
-    return parts + _flow_events(by_rank, placed)
+    return parts + _flow_events(links, placed)
 
 
 def trace_document(run, detail: str = "full") -> str:

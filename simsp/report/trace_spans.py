@@ -7,8 +7,13 @@ from simsp.engine.trace import Span
 
 
 def us(seconds: float) -> float:
-    """Seconds -> microseconds, rounded to the nanosecond (short, exact JSON numbers)."""
-    return round(seconds * 1e6, 3)
+    """Seconds -> microseconds rounded to the nanosecond: ns / 1000, whose repr is short."""
+    return round(seconds * 1e9) / 1e3
+
+
+def ns_array(seconds: list) -> np.ndarray:
+    """Seconds -> whole nanoseconds, (n,) float (rounded half to even, as round() does)."""
+    return np.rint(np.asarray(seconds, dtype=float) * 1e9)
 
 
 def coarsen(spans: list, steps: list) -> list:
@@ -36,54 +41,64 @@ def coarsen(spans: list, steps: list) -> list:
     return merged + loose
 
 
-def lanes(spans: list) -> list[list[tuple[float, float, object]]]:
-    """Spans as [(ts_us, end_us, span)] per lane, each lane sorted by start, longest first.
+def lanes(spans: list) -> list[list[tuple[float, float, Span]]]:
+    """Spans as [(ts_us, dur_us, span)] per lane, each lane sorted by start, longest first.
 
     Perfetto needs the slices of one thread to nest; sends and receives of the pipeline track
     overlap, so a span goes to the first lane whose previous span has ended."""
-    rows = sorted(((us(s.start_s), us(s.end_s), i) for i, s in enumerate(spans)),
-                  key=lambda r: (r[0], -r[1], r[2]))
-    lanes, lane_end = [], []
-    for ts, end, i in rows:
+    if not spans:
+        return []
+    start = ns_array([s.start_s for s in spans])  # (n,)
+    end = np.maximum(ns_array([s.end_s for s in spans]), start)  # (n,)
+    order = np.lexsort((np.arange(len(spans)), -end, start))  # (n,) by start, longest first
+    start, end = start[order], end[order]
+    ts, dur = (start / 1e3).tolist(), ((end - start) / 1e3).tolist()
+    ordered = [spans[i] for i in order.tolist()]
+    if np.all(start[1:] >= end[:-1]):  # nothing overlaps: one lane
+        return [list(zip(ts, dur, ordered))]
+    return _greedy_lanes(start.tolist(), end.tolist(), ts, dur, ordered)
+
+
+def _greedy_lanes(start: list, end: list, ts: list, dur: list, spans: list) -> list:
+    """Each span (in start order) into the first lane whose last span has ended."""
+    placed, lane_end = [], []
+    for i, span in enumerate(spans):
         lane = 0
-        while lane < len(lanes) and lane_end[lane] > ts:
+        while lane < len(placed) and lane_end[lane] > start[i]:
             lane += 1
-        if lane == len(lanes):
-            lanes.append([])
-            lane_end.append(end)
-        lanes[lane].append((ts, end, spans[i]))
-        lane_end[lane] = end
-    return lanes
-
-
-def is_send(span: Span) -> bool:
-    """A pipeline send: it names its receiver (p2p.send records `to`)."""
-    return span.track == "pp_comm" and span.name.startswith("send ") and "to" in span.args
+        if lane == len(placed):
+            placed.append([])
+            lane_end.append(end[i])
+        placed[lane].append((ts[i], dur[i], span))
+        lane_end[lane] = end[i]
+    return placed
 
 
 def is_visible(span: Span) -> bool:
     """A span that lasts at least a nanosecond once rounded for the trace."""
-    return us(span.end_s) > us(span.start_s)
+    return round(span.end_s * 1e9) > round(span.start_s * 1e9)
 
 
-def receive_key(rank: int, span: Span) -> tuple:
-    """(receiving rank, "act mb3", arrival time) of a send, or of a receive that waited."""
-    return rank, span.name.split(" ", 1)[1], span.end_s
+def pipeline_links(by_rank: dict) -> list[tuple[Span, Span]]:
+    """(send, receive) span pairs of every pipeline transfer between simulated ranks.
 
-
-def with_arrivals(by_rank: dict) -> dict:
-    """Add an "arrive" span on the receiver for each send whose receiver did not wait for it.
-
-    A receive that waited is a span ending at the arrival; one that did not wait (or for less
-    than a nanosecond) left none that can be seen, so the transfer (send start to arrival) is shown on the receiver, for the flow arrow to land."""
-    waited = {receive_key(rank, s) for rank, tracks in by_rank.items()
-              for s in tracks.get("pp_comm", ()) if s.name.startswith("recv ") and is_visible(s)}
-    for rank, tracks in list(by_rank.items()):
-        for send in [s for s in tracks.get("pp_comm", ()) if is_send(s)]:
-            dst = send.args["to"]
-            key = receive_key(dst, send)
-            if dst in by_rank and key not in waited:
-                arrive = Span(dst, "pp_comm", f"arrive {key[1]}", send.start_s, send.end_s,
-                              {"from": rank, "bytes": send.args.get("bytes", 0)})
-                by_rank[dst].setdefault("pp_comm", []).append(arrive)
-    return by_rank
+    p2p.send names the receiver (`to`); the receive is the receiver's wait ending at the
+    arrival. A receiver that did not wait (or for less than a nanosecond) left no visible
+    span, so an "arrive" span (send start to arrival) is added to its pipeline track for the
+    flow arrow to land on."""
+    waits = {(rank, s.name[5:], s.end_s): s for rank, tracks in by_rank.items()
+             for s in tracks.get("pp_comm", ()) if s.name[:5] == "recv " and is_visible(s)}
+    links = []
+    for rank in sorted(by_rank):
+        for send in list(by_rank[rank].get("pp_comm", ())):
+            dst = send.args.get("to")
+            if send.name[:5] != "send " or dst not in by_rank:
+                continue
+            what = send.name[5:]
+            recv = waits.get((dst, what, send.end_s))
+            if recv is None:
+                recv = Span(dst, "pp_comm", "arrive " + what, send.start_s, send.end_s,
+                            {"from": rank, "bytes": send.args.get("bytes", 0)})
+                by_rank[dst].setdefault("pp_comm", []).append(recv)
+            links.append((send, recv))
+    return links
