@@ -66,26 +66,42 @@ def _columns(records: list, categories: tuple) -> tuple[np.ndarray, np.ndarray, 
     """(times, category codes, deltas) of every change, in expanded recording order.
 
     Each block's changes are written for all its records at once: start (m, 1) + offsets (k,)."""
-    code = {c: i for i, c in enumerate(categories)}
-    sizes = [1 if type(r) is not BlockRecord else r.block.size for r in records]
-    firsts = np.cumsum(sizes, dtype=np.int64) - sizes  # (records,) first change's position
-    n = int(sum(sizes))
+    is_block = np.fromiter((type(r) is BlockRecord for r in records), bool, len(records))
+    block_rows = np.flatnonzero(is_block)  # (b,) positions of the block records
+    blocks = [records[i] for i in block_rows.tolist()]
+    sizes = np.ones(len(records), dtype=np.int64)  # (records,)
+    sizes[block_rows] = [r.block.size for r in blocks]
+    firsts = np.cumsum(sizes) - sizes  # (records,) first change's position
+    n = int(sizes.sum())
     times, codes, deltas = np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
-    singles, blocks = [], {}
-    for i, record in enumerate(records):
-        if type(record) is BlockRecord:
-            blocks.setdefault(id(record.block), (record.block, []))[1].append(i)
-        else:
-            singles.append(i)
-    at = firsts[singles]  # (singles,)
-    times[at] = [records[i][0] for i in singles]
-    codes[at] = [code[records[i][2]] for i in singles]
-    deltas[at] = [records[i][3] for i in singles]
-    for block, rows in blocks.values():
+    _fill_singles(records, np.flatnonzero(~is_block), firsts, categories, times, codes, deltas)
+    _fill_blocks(blocks, firsts[block_rows], times, codes, deltas)
+    return times, codes, deltas
+
+
+def _fill_singles(records, rows, firsts, categories, times, codes, deltas) -> None:
+    """Write the single changes (MemEvents at `rows`) into the columns."""
+    if not len(rows):
+        return
+    code = {c: i for i, c in enumerate(categories)}
+    stamps, _keys, names, sizes, _ops = zip(*[records[i] for i in rows.tolist()])
+    at = firsts[rows]  # (singles,)
+    times[at], deltas[at] = stamps, sizes
+    codes[at] = [code[c] for c in names]
+
+
+def _fill_blocks(blocks: list, firsts: np.ndarray, times, codes, deltas) -> None:
+    """Write every applied block's changes into the columns, one numpy pass per distinct block."""
+    if not blocks:
+        return
+    starts, kinds, _scopes, _inputs, input_codes = zip(*blocks)
+    starts, input_codes = np.array(starts), np.array(input_codes)  # (b,) each
+    groups = {}
+    for i, block in enumerate(kinds):
+        groups.setdefault(id(block), (block, []))[1].append(i)
+    for block, rows in groups.values():
         at = firsts[rows][:, None] + np.arange(block.size)  # (m, k)
-        starts = np.array([records[i][0] for i in rows])  # (m,)
-        times[at] = starts[:, None] + block.offsets  # float adds exactly as t0 + offset
+        times[at] = starts[rows][:, None] + block.offsets  # float adds exactly as t0 + offset
         codes[at], deltas[at] = block.codes, block.deltas
         if block.input_free is not None:
-            codes[at[:, block.input_free]] = [records[i][4] for i in rows]
-    return times, codes, deltas
+            codes[at[:, block.input_free]] = input_codes[rows]
