@@ -32,7 +32,7 @@ class Ledger:
     clock: callable = lambda: 0.0
     live: dict = field(default_factory=dict)  # key -> LiveTensor
     current: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-    records: list = field(default_factory=list)  # MemEvent | BlockRecord, in recording order
+    records: list = field(default_factory=list)  # MemEvent fields | BlockRecord, in order
     _cache: tuple = (-1, None, None)  # (records counted, SortedLog, MemorySummary)
 
     @property
@@ -50,14 +50,14 @@ class Ledger:
         live[key] = _new(LiveTensor, (key, category, nbytes, op))
         current[category] += nbytes
         now = self.clock() if time_s is None else time_s
-        self.records.append(_new(MemEvent, (now, key, category, nbytes, op)))
+        self.records.append((now, key, category, nbytes, op))  # a plain tuple: see mem_log
 
     def free(self, key: str, op: str = "free", time_s: float | None = None) -> None:
         """Release a live tensor."""
         tensor = self.live.pop(key)
         self.current[tensor.category] -= tensor.nbytes
         now = self.clock() if time_s is None else time_s
-        self.records.append(_new(MemEvent, (now, key, tensor.category, -tensor.nbytes, op)))
+        self.records.append((now, key, tensor.category, -tensor.nbytes, op))
 
     def retag(self, key: str, category: str, new_key: str | None = None) -> str:
         """Move a live tensor to another category (e.g. a temporary saved for backward)."""

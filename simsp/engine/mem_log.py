@@ -1,7 +1,8 @@
 """The ledger's compact log: its two kinds of record, their expansion, and numpy columns.
 
-A MemEvent is one alloc (+bytes) or free (-bytes); a BlockRecord stands for every change of an
-OpBlock applied at a start time under a key scope. Summaries read the log as columns sorted by
+A single change is one alloc (+bytes) or free (-bytes), kept as a plain tuple of MemEvent's
+fields (an exact tuple of atoms, which the garbage collector stops tracking); a BlockRecord
+stands for every change of an OpBlock applied at a start time under a key scope. Summaries read the log as columns sorted by
 time (stable: ties keep recording order, blocks expanded in place), built with one argsort.
 """
 
@@ -20,6 +21,9 @@ class MemEvent(NamedTuple):
     category: str
     delta_bytes: int
     op: str
+
+
+_new_event = tuple.__new__
 
 
 class BlockRecord(NamedTuple):
@@ -46,7 +50,7 @@ def expand(records: list):
     """Yield the MemEvents of a compact log, blocks expanded, in recording order."""
     for record in records:
         if type(record) is not BlockRecord:
-            yield record
+            yield _new_event(MemEvent, record)
             continue
         start, block, scope, input_key, input_code = record
         for i, (offset, delta, rel, category, op) in enumerate(block.ops):

@@ -32,8 +32,7 @@ _new_span = tuple.__new__  # skips NamedTuple's Python-level constructor on the 
 _NO_ARGS: dict = {}
 
 
-@dataclass(frozen=True)
-class TransferRecord:
+class TransferRecord(NamedTuple):
     """`nbytes` moved from GPU `src` to GPU `dst` over [start_s, end_s)."""
 
     src: int

@@ -29,7 +29,7 @@ class Template:
 
     duration_s: float
     block: OpBlock  # the step's ledger changes, applied as one record
-    counters: tuple  # (name of Rank dict, key, delta)
+    counters: tuple  # (name of Rank dict, ((key, delta), ...))
     spans: tuple  # (track, name, start offset, end offset, args)
     result: object  # TensorShape, or (TensorShape, {name: TensorShape})
 
@@ -78,15 +78,20 @@ class _Snapshot:
         ops = tuple((e.time_s - self.t0, e.delta_bytes, rel, e.category, e.op)
                     for e in expand(r.ledger.records[self.n_records:])
                     if (rel := self.relative(e.key)) is not None)
-        counters = tuple((name, key, value - self.counters[name].get(key, 0))
-                         for name in _COUNTERS for key, value in getattr(r, name).items()
-                         if value != self.counters[name].get(key, 0))
+        counters = tuple((name, changes) for name in _COUNTERS
+                         if (changes := self._changes(name, getattr(r, name))))
         spans = ()
         if r.trace is not None:
             spans = _merge_by_track([s for s in r.trace.spans[self.n_spans:]
                                      if s.rank == r.rank and s.track not in SKIPPED_TRACKS],
                                     self.t0)
         return Template(r.env.now - self.t0, OpBlock(ops, CATEGORIES), counters, spans, self._shape(result))
+
+    def _changes(self, name: str, counter: dict) -> tuple:
+        """(key, delta) of each entry of a Rank counter dict that moved during the step."""
+        before = self.counters[name]
+        return tuple((key, value - before.get(key, 0)) for key, value in counter.items()
+                     if value != before.get(key, 0))
 
     def _shape(self, result):
         if isinstance(result, tuple):
@@ -114,9 +119,10 @@ def _replay(r, tpl: Template, x: Tensor):
     """Apply a template's ledger traffic, counters and spans at this step's time and scope."""
     t0, scope, input_key = r.env.now, r.scope, x.key
     r.ledger.apply_block(tpl.block, t0, scope, input_key)
-    for name, key, delta in tpl.counters:
+    for name, changes in tpl.counters:
         counter = getattr(r, name)
-        counter[key] = counter.get(key, 0) + delta
+        for key, delta in changes:
+            counter[key] = counter.get(key, 0) + delta
     if r.trace is not None and tpl.spans:
         label = f"{scope}{'forward' if isinstance(tpl.result, tuple) else 'backward'}"
         for track, _name, start, end, args in tpl.spans:
