@@ -24,6 +24,7 @@ GIB, MIB = 2 ** 30, 2 ** 20
 
 
 def _run(scenario: str, *flags: str) -> list[str]:
+    """`simsp run` arguments for a paper scenario."""
     return ["run", f"scenarios/paper-{scenario}.toml", *flags]
 
 
@@ -126,6 +127,7 @@ def run_case(name: str, repeat: int, timeout: float) -> dict:
 
 
 def _metrics(path: str) -> dict:
+    """The metrics.json a `simsp run` wrote, or {} (ring, failures)."""
     return json.load(open(path)) if os.path.exists(path) else {}
 
 
@@ -144,10 +146,12 @@ def row(r: dict) -> str:
 
 
 def _seconds(s: float) -> str:
+    """Seconds as "12.34", or "45.6 ms" below a second."""
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f}"
 
 
 def _target(r: dict) -> str:
+    """The case's target and note, for the last column."""
     parts = [f"<= {_seconds(r['target_s'])}"] if r["target_s"] else []
     return ", ".join(parts + ([r["note"]] if r["note"] else []))
 
@@ -157,6 +161,7 @@ HEADER = ("| case | wall s | CPU s | peak RSS MiB | events | events / CPU s | it
 
 
 def main() -> int:
+    """Run the chosen cases one after another and print (and optionally save) the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(CASES), metavar="NAME",
                         help=f"run only these cases: {', '.join(CASES)}")

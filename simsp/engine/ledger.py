@@ -108,6 +108,7 @@ class Ledger:
         return self._summarized()[1]
 
     def _summarized(self) -> tuple[SortedLog, MemorySummary]:
+        """The sorted columns and the summary, recomputed only when records were added."""
         n, log, summary = self._cache
         if n != len(self.records):
             log = sort_log(self.records, CATEGORIES)

@@ -33,6 +33,7 @@ class OpBlock:
     """Immutable: the changes of one recorded step and their net effect on the live tensors."""
 
     def __init__(self, ops: tuple, categories: tuple):
+        """`ops`: (offset_s, delta_bytes, relative key, category, op) in recording order."""
         self.ops = tuple(BlockOp(*op) for op in ops)
         self.categories = categories
         code = {c: i for i, c in enumerate(categories)}

@@ -60,16 +60,19 @@ def _args(args: dict) -> str:
 
 def _complete(pid: int, tid: int, cat: str, name: str, ts: float, dur: float,
               args: dict) -> str:
+    """A complete ("X") event: one span on one thread."""
     return (f'{{"ph":"X","cat":{string(cat)},"pid":{pid},"tid":{tid},"name":{string(name)},'
             f'"ts":{ts!r},"dur":{dur!r}{_args(args)}}}')
 
 
 def _metadata(pid: int, tid: int, name: str, args: dict) -> str:
+    """A metadata ("M") event: a process or thread name or sort index."""
     return (f'{{"ph":"M","cat":"__metadata","pid":{pid},"tid":{tid},"name":{string(name)}'
             f'{_args(args)}}}')
 
 
 def _flow(ph: str, flow_id: int, pid: int, tid: int, ts: float, name: str) -> str:
+    """One end of a flow arrow: "s" binds to the slice around it, "f" to the enclosing one."""
     bind = ',"bp":"e"' if ph == "f" else ""
     return (f'{{"ph":"{ph}","cat":"p2p","id":{flow_id},"pid":{pid},"tid":{tid},'
             f'"name":{string(name)},"ts":{ts!r}{bind}}}')
