@@ -22,6 +22,7 @@ from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
+from simsp.progress import track
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
@@ -60,7 +61,9 @@ def run(args) -> int:
     if args.explain:
         print("\n".join(explain(args.collective, args.ranks, sizes[0])))
         print()
-    rows = [simulate(graph, gpus, args.collective, size) for size in sizes]
+    quiet = getattr(args, "quiet", False) or len(sizes) < 2
+    rows = [simulate(graph, gpus, args.collective, size)
+            for size in track(sizes, "sizes", "size", quiet)]
     print("\n".join(_header(args.collective, cluster, gpus) + _table(rows)))
     return 0
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from simsp.engine.trace import TRACE_DETAILS
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
+from simsp.progress import step_callback
 from simsp.report import summary_text, write_reports
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
@@ -28,7 +29,10 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
-    result = simulate_iteration(sc, shortcuts, trace=args.trace)
+    progress = step_callback(getattr(args, "quiet", False))
+    result = simulate_iteration(sc, shortcuts, on_step=progress, trace=args.trace)
+    if progress is not None:
+        progress.close()
     metrics = collect(result, shortcuts)
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
     written = write_reports(result, metrics, out_dir, trace=args.trace)
