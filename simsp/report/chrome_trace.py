@@ -4,7 +4,7 @@ Detail (`simsp run --trace`): "steps" keeps the schedule steps, pipeline transfe
 communication and a memory counter ("C") built from the rank's ledger; "full" adds the compute
 and TP-communication tracks, each its own thread. Every event carries a category (`cat`: its
 track, "memory", "p2p" for flows, "__metadata"), and a flow arrow (ph "s" -> "f") links each
-pipeline send to its receive. Timestamps are microseconds rounded to the nanosecond.
+pipeline send to its receive (the two p2p calls that moved it). Timestamps are microseconds rounded to the nanosecond.
 
 The file is written in one pass: each event is encoded straight to compact JSON text (no
 intermediate dicts), in a fixed order, so the same run gives the same bytes. It is kept to a
@@ -130,16 +130,15 @@ def _rank_events(pid: int, spans_by_track: dict, max_detail: int, detail: str,
 
 
 def _flow_events(links: list, placed: dict) -> list[str]:
-    """An arrow per pipeline send: from the middle of the send to the middle of its receive.
-
-    Each end sits strictly inside its slice, so viewers bind it without ambiguity."""
+    """An arrow per pipeline transfer, from the sender's p2p call to the receiver's: it leaves
+    a quarter into the transfer and lands a quarter before its end, both strictly inside the
+    two call slices (which enclose the transfer), so viewers bind it without ambiguity."""
     out = []
-    for flow_id, (send, recv) in enumerate(links, start=1):
-        name = send.name[5:]
-        out.append(_flow("s", flow_id, send.rank, placed[id(send)],
-                         us((send.start_s + send.end_s) / 2), name))
-        out.append(_flow("f", flow_id, recv.rank, placed[id(recv)],
-                         us((recv.start_s + recv.end_s) / 2), name))
+    for flow_id, (t, send, recv) in enumerate(links, start=1):
+        name = t.label.removeprefix("p2p ")
+        quarter = (t.end_s - t.start_s) / 4
+        out.append(_flow("s", flow_id, t.src, placed[id(send)], us(t.start_s + quarter), name))
+        out.append(_flow("f", flow_id, t.dst, placed[id(recv)], us(t.end_s - quarter), name))
     return out
 
 
@@ -153,7 +152,7 @@ def _spans_by_rank(run, detail: str) -> tuple[dict, list]:
     for span in run.world.trace.spans:
         if span.rank in by_rank and span.track not in skip:
             by_rank[span.rank].setdefault(span.track, []).append(span)
-    return by_rank, pipeline_links(by_rank)
+    return by_rank, pipeline_links(by_rank, run.world.trace.transfers)
 
 
 def _event_parts(run, detail: str) -> list[str]:

@@ -1,5 +1,7 @@
 """Spans of one rank laid out for the Chrome trace: merged when over budget, split into lanes
-that nest, and the receiving side of every pipeline send made visible (for its flow arrow)."""
+that nest, and each pipeline transfer tied to the p2p call spans of its two ranks."""
+
+from bisect import bisect_right
 
 import numpy as np
 
@@ -74,31 +76,27 @@ def _greedy_lanes(start: list, end: list, ts: list, dur: list, spans: list) -> l
     return placed
 
 
-def is_visible(span: Span) -> bool:
-    """A span that lasts at least a nanosecond once rounded for the trace."""
-    return round(span.end_s * 1e9) > round(span.start_s * 1e9)
-
-
-def pipeline_links(by_rank: dict) -> list[tuple[Span, Span]]:
-    """(send, receive) span pairs of every pipeline transfer between simulated ranks.
-
-    p2p.send names the receiver (`to`); the receive is the receiver's wait ending at the
-    arrival. A receiver that did not wait (or for less than a nanosecond) left no visible
-    span, so an "arrive" span (send start to arrival) is added to its pipeline track for the
-    flow arrow to land on."""
-    waits = {(rank, s.name[5:], s.end_s): s for rank, tracks in by_rank.items()
-             for s in tracks.get("pp_comm", ()) if s.name[:5] == "recv " and is_visible(s)}
+def pipeline_links(by_rank: dict, transfers: list) -> list[tuple]:
+    """(transfer, sender's span, receiver's span) of every pipeline transfer between simulated
+    ranks: each side's p2p call span (training/p2p.py) that encloses the transfer, since a call
+    is posted before its transfers start and completes after they end."""
+    calls = {rank: sorted(tracks.get("pp_comm", ()), key=lambda s: s.start_s)
+             for rank, tracks in by_rank.items()}
+    starts = {rank: [s.start_s for s in spans] for rank, spans in calls.items()}
     links = []
-    for rank in sorted(by_rank):
-        for send in list(by_rank[rank].get("pp_comm", ())):
-            dst = send.args.get("to")
-            if send.name[:5] != "send " or dst not in by_rank:
-                continue
-            what = send.name[5:]
-            recv = waits.get((dst, what, send.end_s))
-            if recv is None:
-                recv = Span(dst, "pp_comm", "arrive " + what, send.start_s, send.end_s,
-                            {"from": rank, "bytes": send.args.get("bytes", 0)})
-                by_rank[dst].setdefault("pp_comm", []).append(recv)
-            links.append((send, recv))
+    for t in transfers:
+        if not t.label.startswith("p2p") or t.src not in calls or t.dst not in calls:
+            continue
+        send = _enclosing(calls[t.src], starts[t.src], t)
+        recv = _enclosing(calls[t.dst], starts[t.dst], t)
+        if send is not None and recv is not None:
+            links.append((t, send, recv))
     return links
+
+
+def _enclosing(spans: list, starts: list, t) -> Span | None:
+    """The latest-starting span with start <= t.start_s and end >= t.end_s, if any."""
+    for i in range(bisect_right(starts, t.start_s) - 1, -1, -1):
+        if spans[i].end_s >= t.end_s:
+            return spans[i]
+    return None
