@@ -90,7 +90,8 @@ def test_run_json_reports_zero_transient_final_bytes_on_every_rank(tmp_path):
          "--data-parallel-size", "2", "--global-batch-size", "16", "--nodes", "2",
          "--distributed-optimizer", "--json",
          "--trace", "none", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, check=True, cwd=REPO)
+        capture_output=True, text=True, cwd=REPO)
+    assert out.returncode in (0, 1), out.stderr  # 1: the layout reports an out-of-memory
     ranks = json.loads(out.stdout)["ranks"]
     assert len(ranks) == 16
     for entry in ranks:
