@@ -64,7 +64,8 @@ def rank_memory(run, rank: int) -> dict:
     c = run.world.grid.coords(rank)
     simulated = rank in run.world.ranks
     source = rank if simulated else run.rank_of(0, 0, c.pp)  # an identical representative
-    summary = run.world.ranks[source].ledger.summary()
+    ledger = run.world.ranks[source].ledger
+    summary = ledger.summary()
     peaks = summary.peak_by_category
     return {"rank": rank, "tp": c.tp, "pp": c.pp, "dp": c.dp,
             "peak_bytes": summary.peak_total,
@@ -73,7 +74,8 @@ def rank_memory(run, rank: int) -> dict:
             "optimizer_bytes": peaks["optimizer"],
             "oom": summary.oom is not None, "oom_detail": oom_report(summary.oom),
             "simulated": simulated,
-            "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks}
+            "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks,
+            "final_bytes": ledger.final_bytes()}
 
 
 COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm")  # communication proper

@@ -140,6 +140,60 @@ def test_detail_tracks_merge_per_schedule_step_over_budget(case, monkeypatch):
         s.args.get("spans", 1) for s in spans if s.track == "compute")
 
 
+def test_every_event_has_a_category_naming_its_track(case):
+    run, _ = case
+    events = trace_events(run)
+    names = thread_names(events)
+    track_of = dict(zip(THREADS, ["compute", "tp_comm", "pp_comm", "dp_comm", "schedule"]))
+    for e in events:
+        expected = {"M": "__metadata", "C": "memory", "s": "p2p", "f": "p2p"}.get(e["ph"])
+        if e["ph"] == "X":
+            expected = track_of[names[e["pid"], e["tid"]]]
+        assert e["cat"] == expected
+
+
+def test_a_flow_arrow_links_each_pipeline_send_to_its_receive(case):
+    """Every pipeline transfer between simulated ranks starts one arrow inside a p2p call slice
+    of its sender and ends inside one of its receiver, within the transfer's time."""
+    run, _ = case
+    events = trace_events(run)
+    names = thread_names(events)
+    ranks = set(run.world.ranks)
+    transfers = [t for t in run.world.trace.transfers
+                 if t.label.startswith("p2p") and {t.src, t.dst} <= ranks]
+    assert transfers  # p = 2: activations and gradients cross stages
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == len(ends) == len(transfers) and set(starts) == set(ends)
+    xs = [e for e in events if e["ph"] == "X"]
+    for t, flow_id in zip(transfers, sorted(starts)):
+        start, end = starts[flow_id], ends[flow_id]
+        assert (start["pid"], end["pid"], end["bp"]) == (t.src, t.dst, "e")
+        assert t.start_s * 1e6 < start["ts"] < end["ts"] < t.end_s * 1e6
+        for point in (start, end):
+            assert names[point["pid"], point["tid"]] == "pipeline transfers"
+            assert _enclosing(xs, point)["cat"] == "pp_comm"
+
+
+def _enclosing(xs, point):
+    """The one X slice on the point's thread that strictly contains its timestamp."""
+    hits = [e for e in xs if (e["pid"], e["tid"]) == (point["pid"], point["tid"])
+            and e["ts"] < point["ts"] < e["ts"] + e["dur"]]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def test_steps_detail_leaves_out_compute_and_tp_threads(case, tmp_path):
+    run, _ = case
+    doc = json.loads(write_chrome_trace(run, tmp_path / "t.json", detail="steps").read_text())
+    assert doc["otherData"]["detail"] == "steps"
+    names = set(thread_names(doc["traceEvents"]).values())
+    assert names == set(THREADS[2:])
+    full = trace_events(run, "full")
+    assert len(doc["traceEvents"]) == len(full) - sum(
+        1 for e in full if e.get("cat") in ("compute", "tp_comm")) - 4 * len(run.world.ranks)
+
+
 # ---------------------------------------------------------------- memory timeline
 
 def replay(events):

@@ -4,6 +4,7 @@ import json
 import shlex
 from pathlib import Path
 
+from simsp.engine.trace import TRACE_DETAILS
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
 from simsp.progress import step_callback
@@ -20,6 +21,10 @@ def add_parser(subparsers) -> None:
                         help="report folder (default: reports/<scenario>/)")
     parser.add_argument("--no-shortcuts", action="store_true",
                         help="meta mode: simulate every rank and every ring step (slow)")
+    parser.add_argument("--trace", choices=TRACE_DETAILS, default="steps",
+                        help="trace.json detail: none (no file), steps (schedule, pipeline "
+                             "transfers, DP communication, memory; default) or full (also "
+                             "compute and TP communication)")
     parser.set_defaults(handler=run)
 
 
@@ -40,14 +45,14 @@ def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     progress = step_callback(getattr(args, "quiet", False))
-    result = simulate_iteration(sc, shortcuts, on_step=progress)
+    result = simulate_iteration(sc, shortcuts, on_step=progress, trace=args.trace)
     if progress is not None:
         progress.close()
     metrics = collect(result, shortcuts)
     metrics["command"] = reported_command(args.argv)
     metrics["oom_explanation"] = explain_oom(result)
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
-    written = write_reports(result, metrics, out_dir)
+    written = write_reports(result, metrics, out_dir, trace=args.trace)
     if args.json:
         print(json.dumps(metrics, indent=2))
     else:

@@ -1,42 +1,39 @@
 """Per-rank memory ledger: every tensor allocated and freed by name, category, bytes and time.
 
-Timelines, peaks and out-of-memory reports are all derived from its event log
-(engine/memory_summary.py); running totals track what is live now.
+The log is compact: an alloc or free is one record (a MemEvent tuple), and a replayed layer step
+is one record too (a BlockRecord: start time, block, key scope, input key) standing for the
+block's 60-74 changes. Peaks, timelines and out-of-memory verdicts are computed from the log with
+numpy (engine/memory_summary.py); `events` expands it into the full per-tensor log, which gives
+exactly the same figures (tests/test_ledger_compact.py). Running totals track what is live now.
 """
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
-from simsp.engine.memory_summary import LiveTensor, MemorySummary, OutOfMemory, largest, summarize
+from simsp.engine.mem_log import BlockRecord, MemEvent, SortedLog, expand, sort_log
+from simsp.engine.memory_summary import (LiveTensor, MemorySummary, OutOfMemory, largest,
+                                         summarize)
+from simsp.engine.op_block import INPUT, OpBlock, resolve
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "communication")
-__all__ = ["CATEGORIES", "Ledger", "LiveTensor", "MemEvent", "OutOfMemory"]
+# What may still be live when an iteration ends (DESIGN.md): the rest must be back to zero.
+PERSISTENT = ("weights", "gradients", "optimizer")
+__all__ = ["CATEGORIES", "PERSISTENT", "BlockRecord", "Ledger", "LiveTensor", "MemEvent",
+           "OpBlock", "OutOfMemory"]
 
 
-class MemEvent(NamedTuple):
-    """One change of the ledger: +bytes on alloc, -bytes on free, at simulated time."""
-
-    time_s: float
-    key: str
-    category: str
-    delta_bytes: int
-    op: str
-
-
-_new_event = tuple.__new__
+_new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 
 
 @dataclass
 class Ledger:
-    """Live tensors and running totals per category of one rank, and its event log."""
+    """Live tensors and running totals per category of one rank, and its compact log."""
 
     rank: int
     capacity_bytes: int
     clock: callable = lambda: 0.0
     live: dict = field(default_factory=dict)  # key -> LiveTensor
     current: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-    events: list = field(default_factory=list)
-    _summary: MemorySummary | None = None
+    records: list = field(default_factory=list)  # MemEvent fields | BlockRecord, in order
+    _cache: tuple = (-1, None, None)  # (records counted, SortedLog, MemorySummary)
 
     @property
     def total(self) -> int:
@@ -45,17 +42,22 @@ class Ledger:
     def alloc(self, key: str, nbytes: int, category: str, op: str,
               time_s: float | None = None) -> None:
         """Record a new tensor (at `time_s`, default now)."""
-        if key in self.live:
+        live, current = self.live, self.current
+        if key in live:
             raise KeyError(f"rank {self.rank}: tensor {key!r} allocated twice")
-        if category not in self.current:
+        if category not in current:
             raise KeyError(f"unknown memory category {category!r}")
-        self.live[key] = LiveTensor(key, category, nbytes, op)
-        self._change(key, category, nbytes, op, time_s)
+        live[key] = _new(LiveTensor, (key, category, nbytes, op))
+        current[category] += nbytes
+        now = self.clock() if time_s is None else time_s
+        self.records.append((now, key, category, nbytes, op))  # a plain tuple: see mem_log
 
     def free(self, key: str, op: str = "free", time_s: float | None = None) -> None:
         """Release a live tensor."""
         tensor = self.live.pop(key)
-        self._change(key, tensor.category, -tensor.nbytes, op, time_s)
+        self.current[tensor.category] -= tensor.nbytes
+        now = self.clock() if time_s is None else time_s
+        self.records.append((now, key, tensor.category, -tensor.nbytes, op))
 
     def retag(self, key: str, category: str, new_key: str | None = None) -> str:
         """Move a live tensor to another category (e.g. a temporary saved for backward)."""
@@ -65,18 +67,55 @@ class Ledger:
         self.alloc(new_key, tensor.nbytes, category, tensor.op)
         return new_key
 
-    def _change(self, key: str, category: str, delta: int, op: str, time_s) -> None:
-        self.current[category] += delta
-        now = self.clock() if time_s is None else time_s
-        # tuple.__new__ skips NamedTuple's Python-level constructor: paper-scale runs make millions
-        self.events.append(_new_event(MemEvent, (now, key, category, delta, op)))
-        self._summary = None
+    def apply_block(self, block: OpBlock, start_s: float, scope: str, input_key: str) -> None:
+        """Apply every change of `block` at `start_s` under `scope`, as one log record."""
+        live, current = self.live, self.current
+        input_code = -1
+        if block.input_free is not None:
+            input_code = self._free_input(block, input_key)
+        for rel in block.net_frees:
+            if rel != INPUT:
+                del live[scope + rel]
+        for rel, category, nbytes, op in block.net_allocs:
+            key = resolve(rel, scope, input_key)
+            if key in live:
+                raise KeyError(f"rank {self.rank}: tensor {key!r} allocated twice")
+            live[key] = _new(LiveTensor, (key, category, nbytes, op))
+        for category, delta in block.net_by_category:
+            current[category] += delta
+        self.records.append(_new(BlockRecord, (start_s, block, scope, input_key, input_code)))
+
+    def _free_input(self, block: OpBlock, input_key: str) -> int:
+        """Free a block's input tensor as its own category says; return that category's code."""
+        tensor = self.live.pop(input_key)
+        if tensor.nbytes != -block.ops[block.input_free].delta_bytes:
+            raise ValueError(f"rank {self.rank}: replayed input {input_key!r} has "
+                             f"{tensor.nbytes} bytes, the template's had a different size")
+        self.current[tensor.category] -= tensor.nbytes
+        return CATEGORIES.index(tensor.category)
+
+    @property
+    def events(self) -> list[MemEvent]:
+        """The full log, every block expanded into its changes, in recording order."""
+        return list(expand(self.records))
+
+    def sorted_log(self) -> SortedLog:
+        """The log as time-ordered numpy columns (cached until the next change)."""
+        return self._summarized()[0]
 
     def summary(self) -> MemorySummary:
-        """Peaks and OOM verdict from the time-ordered events (cached until the next change)."""
-        if self._summary is None:
-            self._summary = summarize(self.events, CATEGORIES, self.rank, self.capacity_bytes)
-        return self._summary
+        """Peaks and OOM verdict from the time-ordered log (cached until the next change)."""
+        return self._summarized()[1]
+
+    def _summarized(self) -> tuple[SortedLog, MemorySummary]:
+        """The sorted columns and the summary, recomputed only when records were added."""
+        n, log, summary = self._cache
+        if n != len(self.records):
+            log = sort_log(self.records, CATEGORIES)
+            summary = summarize(log, CATEGORIES, self.rank, self.capacity_bytes,
+                                lambda: self.events)
+            self._cache = (len(self.records), log, summary)
+        return log, summary
 
     @property
     def peak_total(self) -> int:
@@ -95,3 +134,7 @@ class Ledger:
 
     def live_bytes(self, category: str) -> int:
         return self.current[category]
+
+    def final_bytes(self) -> dict:
+        """Bytes still live now, by category (every category, in CATEGORIES order)."""
+        return dict(self.current)

@@ -1,15 +1,19 @@
-"""Peaks and the out-of-memory verdict of one rank, as a pure function of its ledger events.
+"""Peaks and the out-of-memory verdict of one rank, as a pure function of its ledger log.
 
-Events are read in time order (ties in the order recorded), so events stamped ahead of the
-simulation clock (replayed layer templates) count exactly where they belong.
+The log is read in time order (ties in the order recorded), so changes stamped ahead of the
+simulation clock (replayed layer templates) count exactly where they belong. Totals are
+cumulative sums over the sorted columns; tensor names are expanded only for an OOM's report.
 """
 
 from dataclasses import dataclass
-from operator import itemgetter
+from typing import NamedTuple
+
+import numpy as np
+
+from simsp.engine.mem_log import SortedLog
 
 
-@dataclass(frozen=True)
-class LiveTensor:
+class LiveTensor(NamedTuple):
     key: str
     category: str
     nbytes: int
@@ -44,23 +48,48 @@ def largest(live: dict, count: int = 5) -> tuple[LiveTensor, ...]:
     return tuple(sorted(live.values(), key=lambda t: (-t.nbytes, t.key))[:count])
 
 
-def summarize(events: list, categories: tuple, rank: int, capacity: int) -> MemorySummary:
-    """Replay `events` in time order: total and per-category peaks, and the first OOM."""
-    current = dict.fromkeys(categories, 0)
-    peaks = dict.fromkeys(categories, 0)
-    live, total, peak, peak_time, oom = {}, 0, 0, 0.0, None
-    at_peak = dict(current)
-    for event in sorted(events, key=itemgetter(0)):  # time_s; stable for equal times
-        if event.delta_bytes > 0 and oom is None and total + event.delta_bytes > capacity:
-            oom = OutOfMemory(rank, event.op, event.key, event.time_s, event.delta_bytes, total,
-                              capacity, largest(live))
-        total += event.delta_bytes
-        current[event.category] += event.delta_bytes
-        if event.delta_bytes > 0:
-            live[event.key] = LiveTensor(event.key, event.category, event.delta_bytes, event.op)
-            peaks[event.category] = max(peaks[event.category], current[event.category])
-            if total > peak:
-                peak, peak_time, at_peak = total, event.time_s, dict(current)
-        else:
-            live.pop(event.key, None)
+def summarize(log: SortedLog, categories: tuple, rank: int, capacity: int,
+              events=None) -> MemorySummary:
+    """Total and per-category peaks, the composition at the total peak, and the first OOM.
+
+    `events()` returns the expanded log in recording order (needed only to name an OOM)."""
+    total = np.cumsum(log.deltas)  # (n,) bytes live after each change
+    peaks = {c: _category_peak(log, i) for i, c in enumerate(categories)}
+    at_peak, peak, peak_time = dict.fromkeys(categories, 0), 0, 0.0
+    if len(total) and total.max() > 0:
+        i = int(np.argmax(total))  # first maximum: an allocation
+        peak, peak_time = int(total[i]), float(log.times[i])
+        at_peak = _composition(log, i + 1, categories)
+    over = np.flatnonzero((log.deltas > 0) & (total > capacity))  # (k,) allocations that fail
+    oom = None
+    if len(over):
+        oom = _out_of_memory(log, int(over[0]), total, rank, capacity, events())
     return MemorySummary(peak, peak_time, peaks, at_peak, oom)
+
+
+def _category_peak(log: SortedLog, code: int) -> int:
+    """A category's highest level (0 if never above): max of its own cumulative sum."""
+    deltas = log.deltas[log.codes == code]  # (m,)
+    return max(0, int(np.cumsum(deltas).max())) if len(deltas) else 0
+
+
+def _composition(log: SortedLog, count: int, categories: tuple) -> dict:
+    """Bytes per category after the first `count` changes."""
+    sums = np.zeros(len(categories), dtype=np.int64)  # (categories,)
+    np.add.at(sums, log.codes[:count], log.deltas[:count])
+    return dict(zip(categories, sums.tolist()))
+
+
+def _out_of_memory(log: SortedLog, j: int, total: np.ndarray, rank: int, capacity: int,
+                   events: list) -> OutOfMemory:
+    """The verdict for the failing change j (sorted position), naming the tensors live before it."""
+    live = {}
+    for position in log.order[:j].tolist():
+        e = events[position]
+        if e.delta_bytes > 0:
+            live[e.key] = LiveTensor(e.key, e.category, e.delta_bytes, e.op)
+        else:
+            live.pop(e.key, None)
+    asked = events[int(log.order[j])]
+    return OutOfMemory(rank, asked.op, asked.key, asked.time_s, asked.delta_bytes,
+                       int(total[j]) - asked.delta_bytes, capacity, largest(live))

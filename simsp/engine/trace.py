@@ -6,6 +6,9 @@ Plain records, no I/O: metrics and reports read them later.
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+TRACE_DETAILS = ("none", "steps", "full")  # `simsp run --trace`
+DETAIL_TRACKS = ("compute", "tp_comm")  # recorded only at "full"
+
 
 class Span(NamedTuple):
     """Rank `rank` spent [start_s, end_s) on `name` on one track ("compute", "comm", ...).
@@ -25,8 +28,11 @@ class Span(NamedTuple):
         return self.end_s - self.start_s
 
 
-@dataclass(frozen=True)
-class TransferRecord:
+_new_span = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
+_NO_ARGS: dict = {}
+
+
+class TransferRecord(NamedTuple):
     """`nbytes` moved from GPU `src` to GPU `dst` over [start_s, end_s)."""
 
     src: int
@@ -39,15 +45,22 @@ class TransferRecord:
 
 @dataclass
 class Trace:
-    """Every span and transfer of one simulation, in the order they were recorded."""
+    """Every span and transfer of one simulation, in the order they were recorded.
+
+    Spans on a track in `skip` are not recorded (a trace written at lower detail)."""
 
     spans: list[Span] = field(default_factory=list)
     transfers: list[TransferRecord] = field(default_factory=list)
+    skip: frozenset = frozenset()
 
     def add_span(self, rank: int, track: str, name: str, start_s: float, end_s: float,
-                 args: dict | None = None) -> Span:
-        """Record one span and return it."""
-        span = Span(rank, track, name, start_s, end_s, dict(args or {}))
+                 args: dict | None = None) -> Span | None:
+        """Record one span and return it (None when its track is skipped).
+
+        `args` is kept, not copied: callers pass a fresh dict and never change it after."""
+        if track in self.skip:
+            return None
+        span = _new_span(Span, (rank, track, name, start_s, end_s, args or _NO_ARGS))
         self.spans.append(span)
         return span
 

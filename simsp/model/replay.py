@@ -6,11 +6,13 @@ ranks, no link contention), so replaying the recording is exact; tests/test_shor
 it gives the same iteration time and ledgers as executing every op.
 """
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
+from simsp.engine.ledger import CATEGORIES
+from simsp.engine.mem_log import expand
+from simsp.engine.op_block import INPUT, OpBlock
 from simsp.model.tensor import Tensor
-
-INPUT = "<input>"  # the layer's input tensor, allocated outside the layer's scope
 SKIPPED_TRACKS = ("pp_comm", "dp_comm")  # other processes of the rank; never part of a layer
 
 
@@ -26,8 +28,8 @@ class Template:
     """What one layer step did on its rank, relative to its start time and key scope."""
 
     duration_s: float
-    ops: tuple  # (offset_s, delta_bytes, relative key, category, op)
-    counters: tuple  # (name of Rank dict, key, delta)
+    block: OpBlock  # the step's ledger changes, applied as one record
+    counters: tuple  # (name of Rank dict, ((key, delta), ...))
     spans: tuple  # (track, name, start offset, end offset, args)
     result: object  # TensorShape, or (TensorShape, {name: TensorShape})
 
@@ -63,7 +65,7 @@ class _Snapshot:
 
     def __init__(self, r, x: Tensor):
         self.t0, self.scope, self.input_key = r.env.now, r.scope, x.key
-        self.n_events = len(r.ledger.events)
+        self.n_records = len(r.ledger.records)
         self.n_spans = len(r.trace.spans) if r.trace is not None else 0
         self.counters = {name: dict(getattr(r, name)) for name in _COUNTERS}
 
@@ -74,17 +76,22 @@ class _Snapshot:
 
     def template(self, r, result) -> Template:
         ops = tuple((e.time_s - self.t0, e.delta_bytes, rel, e.category, e.op)
-                    for e in r.ledger.events[self.n_events:]
+                    for e in expand(r.ledger.records[self.n_records:])
                     if (rel := self.relative(e.key)) is not None)
-        counters = tuple((name, key, value - self.counters[name].get(key, 0))
-                         for name in _COUNTERS for key, value in getattr(r, name).items()
-                         if value != self.counters[name].get(key, 0))
+        counters = tuple((name, changes) for name in _COUNTERS
+                         if (changes := self._changes(name, getattr(r, name))))
         spans = ()
         if r.trace is not None:
             spans = _merge_by_track([s for s in r.trace.spans[self.n_spans:]
                                      if s.rank == r.rank and s.track not in SKIPPED_TRACKS],
                                     self.t0)
-        return Template(r.env.now - self.t0, ops, counters, spans, self._shape(result))
+        return Template(r.env.now - self.t0, OpBlock(ops, CATEGORIES), counters, spans, self._shape(result))
+
+    def _changes(self, name: str, counter: dict) -> tuple:
+        """(key, delta) of each entry of a Rank counter dict that moved during the step."""
+        before = self.counters[name]
+        return tuple((key, value - before.get(key, 0)) for key, value in counter.items()
+                     if value != before.get(key, 0))
 
     def _shape(self, result):
         if isinstance(result, tuple):
@@ -111,16 +118,12 @@ def _merge_by_track(spans: list, t0: float) -> tuple:
 def _replay(r, tpl: Template, x: Tensor):
     """Apply a template's ledger traffic, counters and spans at this step's time and scope."""
     t0, scope, input_key = r.env.now, r.scope, x.key
-    for offset, delta, rel, category, op in tpl.ops:
-        key = input_key if rel == INPUT else scope + rel
-        if delta > 0:
-            r.ledger.alloc(key, delta, category, op, time_s=t0 + offset)
-        else:
-            r.ledger.free(key, op, time_s=t0 + offset)
-    for name, key, delta in tpl.counters:
+    r.ledger.apply_block(tpl.block, t0, scope, input_key)
+    for name, changes in tpl.counters:
         counter = getattr(r, name)
-        counter[key] = counter.get(key, 0) + delta
-    if r.trace is not None:
+        for key, delta in changes:
+            counter[key] = counter.get(key, 0) + delta
+    if r.trace is not None and tpl.spans:
         label = f"{scope}{'forward' if isinstance(tpl.result, tuple) else 'backward'}"
         for track, _name, start, end, args in tpl.spans:
             r.trace.add_span(r.rank, track, label, t0 + start, t0 + end, args)
@@ -129,11 +132,48 @@ def _replay(r, tpl: Template, x: Tensor):
 
 
 def _rebuild(result, scope: str, input_key: str):
-    """Meta tensors standing for the template's results, keyed in this step's scope."""
-    def one(shape: TensorShape) -> Tensor:
-        key = input_key if shape.key == INPUT else scope + shape.key
-        return Tensor.meta(shape.shape, shape.itemsize, key)
+    """Meta tensors standing for the template's results, keyed in this step's scope.
+
+    A forward's saved tensors are made only if something reads them: a replayed backward
+    never does, so most are never built."""
     if isinstance(result, tuple):
         out, saved = result
-        return one(out), {name: one(s) for name, s in saved.items()}
-    return one(result)
+        return _meta(out, scope, input_key), LazySaved(saved, scope, input_key)
+    return _meta(result, scope, input_key)
+
+
+def _meta(shape: TensorShape, scope: str, input_key: str) -> Tensor:
+    """The meta tensor of one template result, keyed in this step's scope."""
+    key = input_key if shape.key == INPUT else scope + shape.key
+    return Tensor.meta(shape.shape, shape.itemsize, key)
+
+
+class LazySaved(MutableMapping):
+    """A forward's saved tensors {name: Tensor}, built on first use."""
+
+    __slots__ = ("_shapes", "_scope", "_input_key", "_tensors")
+
+    def __init__(self, shapes: dict, scope: str, input_key: str):
+        self._shapes, self._scope, self._input_key = shapes, scope, input_key
+        self._tensors = None
+
+    def _built(self) -> dict:
+        if self._tensors is None:
+            self._tensors = {name: _meta(s, self._scope, self._input_key)
+                             for name, s in self._shapes.items()}
+        return self._tensors
+
+    def __getitem__(self, name):
+        return self._built()[name]
+
+    def __setitem__(self, name, tensor):
+        self._built()[name] = tensor
+
+    def __delitem__(self, name):
+        del self._built()[name]
+
+    def __iter__(self):
+        return iter(self._built())
+
+    def __len__(self):
+        return len(self._built())

@@ -29,9 +29,9 @@ def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path
     return [out / name for name, _, _ in figures]
 
 
-def write_reports(run, metrics: dict, out_dir) -> list[Path]:
-    """Write summary.md, metrics.json, trace.json, report.html and (with matplotlib) the
-    figures and memory.png to `out_dir`."""
+def write_reports(run, metrics: dict, out_dir, trace: str = "full") -> list[Path]:
+    """Write summary.md, metrics.json, trace.json (at detail `trace`; none for "none"),
+    report.html and (with matplotlib) the figures and memory.png to `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = report_figures(run, metrics, variant_label(metrics))
@@ -39,7 +39,8 @@ def write_reports(run, metrics: dict, out_dir) -> list[Path]:
     written = [write_summary(metrics, out / "summary.md", links)]
     (out / "metrics.json").write_text(metrics_json(metrics))
     written.append(out / "metrics.json")
-    written.append(write_chrome_trace(run, out / "trace.json"))
+    if trace != "none":
+        written.append(write_chrome_trace(run, out / "trace.json", detail=trace))
     plot = write_memory_plot(run, out / "memory.png")
     if plot is not None:
         written.append(plot)

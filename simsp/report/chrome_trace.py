@@ -1,216 +1,198 @@
 """Chrome trace event format (opens in Perfetto, ui.perfetto.dev): one process per simulated rank.
 
-Each process has one thread per track (compute, TP communication, pipeline transfers, DP
-communication, schedule) holding complete ("X") events for the spans, and a memory counter
-("C") built from the rank's ledger. Timestamps are microseconds rounded to the nanosecond.
-Output is deterministic: events in a fixed order, compact JSON.
+Detail (`simsp run --trace`): "steps" keeps the schedule steps, pipeline transfers, DP
+communication and a memory counter ("C") built from the rank's ledger; "full" adds the compute
+and TP-communication tracks, each its own thread. Every event carries a category (`cat`: its
+track, "memory", "p2p" for flows, "__metadata"), and a flow arrow (ph "s" -> "f") links each
+pipeline send to its receive (the two p2p calls that moved it). Timestamps are microseconds rounded to the nanosecond.
 
-Paper-scale runs record hundreds of thousands of spans and millions of ledger events, so the
-file is kept to a budget (~50 MB for the 530B model): the memory counter is downsampled to at
-most `MAX_MEMORY_POINTS` per rank and `MEMORY_POINTS_BUDGET` over all ranks (the peak kept
-exactly), and a detail track (compute, TP communication) with more spans than its share of
-`SPAN_BUDGET` has its spans merged per schedule step. Schedule and pipeline tracks stay complete.
+The file is written in one pass: each event is encoded straight to compact JSON text (no
+intermediate dicts), in a fixed order, so the same run gives the same bytes. It is kept to a
+budget (~50 MB for the 530B model): the memory counter is downsampled to at most
+`MAX_MEMORY_POINTS` per rank and `MEMORY_POINTS_BUDGET` over all ranks (the peak kept exactly),
+and a detail track with more spans than its share of `SPAN_BUDGET` has its spans merged per
+schedule step.
 """
 
-import gc
 import json
-from operator import itemgetter
+from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-
 from simsp.engine.ledger import CATEGORIES
+from simsp.engine.trace import DETAIL_TRACKS  # only at "full"; merged per step over budget
+from simsp.report.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
+from simsp.report.trace_spans import coarsen, lanes, ns_array, pipeline_links, us
+
+__all__ = ["DETAILS", "MAX_MEMORY_POINTS", "TRACKS", "memory_timeline", "trace_events",
+           "write_chrome_trace"]
 
 TRACKS = (("compute", "compute"), ("tp_comm", "TP communication"),
           ("pp_comm", "pipeline transfers"), ("dp_comm", "DP communication"),
           ("schedule", "schedule"))
-COARSENED = ("compute", "tp_comm")  # tracks whose spans may be merged within a schedule step
-MAX_MEMORY_POINTS = 2000  # per rank
+DETAILS = ("steps", "full")  # `--trace none` writes no file
 MEMORY_POINTS_BUDGET = 80_000  # over all ranks
 MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
 SPAN_BUDGET = 300_000  # spans of the detail tracks over all ranks, before merging
 MIN_DETAIL_SPANS = 1000  # per rank and detail track, whatever the budget
 
-
-def _us(seconds: float) -> float:
-    """Seconds -> microseconds, rounded to the nanosecond (short, exact JSON numbers)."""
-    return round(seconds * 1e6, 3)
+string = lru_cache(maxsize=65536)(json.dumps)  # a JSON string literal
 
 
-# ---------------------------------------------------------------- memory timeline
+# ---------------------------------------------------------------- encoders
 
-def memory_timeline(events: list, max_points: int = MAX_MEMORY_POINTS):
-    """Ledger events -> (times_s, bytes per category (n, 6) int64), at most `max_points` rows.
-
-    Events are replayed in time order (stable, ties in recording order, as the ledger's summary
-    does). Beyond `max_points` events, the timeline is split into (max_points - 2) // 2 equal
-    time buckets that each keep their highest and lowest state, plus the first and last, so the
-    maximum of the total is exactly the ledger's peak."""
-    if not events:
-        return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
-    n, code = len(events), {c: i for i, c in enumerate(CATEGORIES)}
-    times = np.fromiter(map(itemgetter(0), events), dtype=float, count=n)
-    columns = np.fromiter(map(code.__getitem__, map(itemgetter(2), events)), np.int64, n)
-    deltas = np.fromiter(map(itemgetter(3), events), dtype=np.int64, count=n)
-    order = np.argsort(times, kind="stable")
-    steps = np.zeros((n, len(CATEGORIES)), dtype=np.int64)
-    steps[np.arange(n), columns[order]] = deltas[order]
-    state = np.cumsum(steps, axis=0)  # (n, 6): bytes per category after each event
-    times = times[order]
-    keep = _downsample(times, state.sum(axis=1), max_points)
-    return times[keep], state[keep]
+def _args(args: dict) -> str:
+    """`,"args":{...}` for span arguments (floats rounded to 1e-9 s), or "" when empty."""
+    if not args:
+        return ""
+    parts = []
+    for key, value in args.items():
+        kind = type(value)
+        if kind is int:
+            parts.append(f"{string(key)}:{value}")
+        elif kind is str:
+            parts.append(f"{string(key)}:{string(value)}")
+        elif kind is float:
+            parts.append(f"{string(key)}:{round(value, 9)!r}")
+        else:  # bools, lists...: the general encoder
+            parts.append(f"{string(key)}:{json.dumps(value, separators=(',', ':'))}")
+    return ',"args":{' + ",".join(parts) + "}"
 
 
-def _downsample(times: np.ndarray, total: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices to keep: all if few enough, else each time bucket's max and min (and the ends).
-
-    The first maximum and first minimum of each bucket, so the choice is deterministic."""
-    n = len(times)
-    if n <= max_points:
-        return np.arange(n)
-    buckets = max(1, (max_points - 2) // 2)
-    span = times[-1] - times[0]
-    ids = np.zeros(n, dtype=np.int64) if span <= 0 else np.minimum(
-        ((times - times[0]) / span * buckets).astype(np.int64), buckets - 1)
-    new_bucket = np.r_[True, ids[1:] != ids[:-1]]
-    starts, bucket = np.flatnonzero(new_bucket), np.cumsum(new_bucket) - 1
-    keep = [[0, n - 1]]
-    for reduce in (np.maximum, np.minimum):
-        hits = np.flatnonzero(total == reduce.reduceat(total, starts)[bucket])
-        keep.append(hits[np.r_[True, bucket[hits][1:] != bucket[hits][:-1]]])
-    return np.unique(np.concatenate(keep))
+def _complete(pid: int, tid: int, cat: str, name: str, ts: float, dur: float,
+              args: dict) -> str:
+    """A complete ("X") event: one span on one thread."""
+    return (f'{{"ph":"X","cat":{string(cat)},"pid":{pid},"tid":{tid},"name":{string(name)},'
+            f'"ts":{ts!r},"dur":{dur!r}{_args(args)}}}')
 
 
-def _counter_events(pid: int, events: list, max_points: int) -> list[dict]:
-    """The "memory" counter (bytes per category; the stack is the total) and "memory total"."""
-    times, state = memory_timeline(events, max_points)
-    out = []
-    for t, row in zip(times.tolist(), state.tolist()):
-        ts = _us(t)
-        out.append({"ph": "C", "pid": pid, "name": "memory", "ts": ts,
-                    "args": dict(zip(CATEGORIES, row))})
-        out.append({"ph": "C", "pid": pid, "name": "memory total", "ts": ts,
-                    "args": {"bytes": sum(row)}})
-    return out
+def _metadata(pid: int, tid: int, name: str, args: dict) -> str:
+    """A metadata ("M") event: a process or thread name or sort index."""
+    return (f'{{"ph":"M","cat":"__metadata","pid":{pid},"tid":{tid},"name":{string(name)}'
+            f'{_args(args)}}}')
+
+
+def _flow(ph: str, flow_id: int, pid: int, tid: int, ts: float, name: str) -> str:
+    """One end of a flow arrow: "s" binds to the slice around it, "f" to the enclosing one."""
+    bind = ',"bp":"e"' if ph == "f" else ""
+    return (f'{{"ph":"{ph}","cat":"p2p","id":{flow_id},"pid":{pid},"tid":{tid},'
+            f'"name":{string(name)},"ts":{ts!r}{bind}}}')
+
+
+# ---------------------------------------------------------------- memory counter
+
+def _counter_template(pid: int) -> str:
+    """%-template of one memory sample: the "memory" counter (bytes per category; the stack is
+    the total) and the "memory total" counter, at the same timestamp."""
+    head = '{"ph":"C","cat":"memory","pid":' + str(pid) + ',"name":'
+    values = ",".join(f'"{c}":%d' for c in CATEGORIES)
+    return (f'{head}"memory","ts":%r,"args":{{{values}}}}},'
+            f'{head}"memory total","ts":%r,"args":{{"bytes":%d}}}}')
+
+
+def _counter_events(pid: int, ledger, max_points: int) -> list[str]:
+    """The memory counters of one rank, one string per sample (two events each)."""
+    times, state = memory_timeline(ledger, max_points)
+    template = _counter_template(pid)
+    stamps = (ns_array(times) / 1e3).tolist()
+    totals = state.sum(axis=1).tolist()  # (points,)
+    return [template % (ts, *row, ts, total)
+            for ts, row, total in zip(stamps, state.tolist(), totals)]
 
 
 # ---------------------------------------------------------------- spans
 
-def _coarsen(spans: list, steps: list) -> list:
-    """Merge a detail track's spans that fall in the same schedule step into one span each.
-
-    Spans outside every step (embedding, gradient reduction, optimizer) are kept as they are.
-    The merged span covers first start to last end and records how many spans it holds."""
-    bounds = sorted((s.start_s, s.end_s, s.name) for s in steps)
-    begins = [b[0] for b in bounds]
-    groups, loose = {}, []
-    for span in spans:
-        i = int(np.searchsorted(begins, span.start_s, side="right")) - 1
-        if i >= 0 and span.end_s <= bounds[i][1]:
-            groups.setdefault(i, []).append(span)
-        else:
-            loose.append(span)
-    merged = []
-    for i, members in groups.items():
-        first = members[0]
-        busy = sum(s.end_s - s.start_s for s in members)
-        count = sum(int(s.args.get("spans", 1)) for s in members)
-        merged.append(first._replace(
-            name=f"{first.track} {bounds[i][2]}", start_s=min(s.start_s for s in members),
-            end_s=max(s.end_s for s in members), args={"busy_s": busy, "spans": count}))
-    return merged + loose
-
-
-def _lanes(spans: list) -> list[list[tuple[float, float, object]]]:
-    """Spans as [(ts_us, end_us, span)] per lane, each lane sorted by start, longest first.
-
-    Perfetto needs the slices of one thread to nest; sends and receives of the pipeline track
-    overlap, so a span goes to the first lane whose previous span has ended."""
-    rows = sorted(((_us(s.start_s), _us(s.end_s), i) for i, s in enumerate(spans)),
-                  key=lambda r: (r[0], -r[1], r[2]))
-    lanes, lane_end = [], []
-    for ts, end, i in rows:
-        lane = 0
-        while lane < len(lanes) and lane_end[lane] > ts:
-            lane += 1
-        if lane == len(lanes):
-            lanes.append([])
-            lane_end.append(end)
-        lanes[lane].append((ts, end, spans[i]))
-        lane_end[lane] = end
-    return lanes
-
-
-def _args(args: dict) -> dict:
-    """Span arguments for JSON, floats rounded to 1e-9 (seconds: nanoseconds)."""
-    return {k: round(v, 9) if isinstance(v, float) else v for k, v in args.items()}
-
-
-def _rank_events(pid: int, spans_by_track: dict,
-                 max_detail: int) -> tuple[list[dict], list[dict]]:
-    """(thread metadata, X events) of one rank; tracks in TRACKS order, unknown ones after."""
-    known = [t for t, _ in TRACKS]
+def _tracks_in_order(spans_by_track: dict, detail: str) -> list[str]:
+    """The rank's tracks to draw: TRACKS order (detail tracks only at "full"), unknown after."""
+    known = [t for t, _ in TRACKS if detail == "full" or t not in DETAIL_TRACKS]
     names = dict(TRACKS)
-    order = known + sorted(t for t in spans_by_track if t not in names)
-    meta, xs = [], []
+    return known + sorted(t for t in spans_by_track if t not in names)
+
+
+def _rank_events(pid: int, spans_by_track: dict, max_detail: int, detail: str,
+                 placed: dict) -> list[str]:
+    """Thread metadata and X events of one rank; `placed[id(span)]` gets each pp span's thread."""
+    names, out = dict(TRACKS), []
     tid = 0  # threads numbered 1, 2, ... in display order: each track, then its extra lanes
-    for track in order:
+    for track in _tracks_in_order(spans_by_track, detail):
         spans = spans_by_track.get(track, [])
-        if track in COARSENED and len(spans) > max_detail:
-            spans = _coarsen(spans, spans_by_track.get("schedule", []))
-        for lane, placed in enumerate(_lanes(spans) or [[]]):
+        if track in DETAIL_TRACKS and len(spans) > max_detail:
+            spans = coarsen(spans, spans_by_track.get("schedule", []))
+        for lane, rows in enumerate(lanes(spans) or [[]]):
             tid += 1
             label = names.get(track, track) + (f" #{lane + 1}" if lane else "")
-            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
-                         "args": {"name": label}})
-            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
-                         "args": {"sort_index": tid}})
-            for ts, end, span in placed:
-                event = {"ph": "X", "pid": pid, "tid": tid, "name": span.name,
-                         "ts": ts, "dur": round(max(end - ts, 0.0), 3)}
-                if span.args:
-                    event["args"] = _args(span.args)
-                xs.append(event)
-    return meta, xs
+            out.append(_metadata(pid, tid, "thread_name", {"name": label}))
+            out.append(_metadata(pid, tid, "thread_sort_index", {"sort_index": tid}))
+            for ts, dur, span in rows:
+                out.append(_complete(pid, tid, track, span.name, ts, dur, span.args))
+            if track == "pp_comm":
+                placed.update((id(span), tid) for _, _, span in rows)
+    return out
+
+
+def _flow_events(links: list, placed: dict) -> list[str]:
+    """An arrow per pipeline transfer, from the sender's p2p call to the receiver's: it leaves
+    a quarter into the transfer and lands a quarter before its end, both strictly inside the
+    two call slices (which enclose the transfer), so viewers bind it without ambiguity."""
+    out = []
+    for flow_id, (t, send, recv) in enumerate(links, start=1):
+        name = t.label.removeprefix("p2p ")
+        quarter = (t.end_s - t.start_s) / 4
+        out.append(_flow("s", flow_id, t.src, placed[id(send)], us(t.start_s + quarter), name))
+        out.append(_flow("f", flow_id, t.dst, placed[id(recv)], us(t.end_s - quarter), name))
+    return out
 
 
 # ---------------------------------------------------------------- document
 
-def trace_events(run) -> list[dict]:
-    """Every trace event of `run`: per rank (in pipeline order) metadata, spans, memory."""
-    grid = run.world.grid
+def _spans_by_rank(run, detail: str) -> tuple[dict, list]:
+    """{rank: {track: [Span]}} for the simulated ranks (detail tracks only at "full"), and the
+    (send, receive) pairs of the pipeline transfers."""
     by_rank = {rank: {} for rank in run.world.ranks}
+    skip = () if detail == "full" else DETAIL_TRACKS
     for span in run.world.trace.spans:
-        if span.rank in by_rank:
+        if span.rank in by_rank and span.track not in skip:
             by_rank[span.rank].setdefault(span.track, []).append(span)
+    return by_rank, pipeline_links(by_rank, run.world.trace.transfers)
+
+
+def _event_parts(run, detail: str) -> list[str]:
+    """Every event of the trace as JSON text: per rank (pipeline order) metadata, spans, memory;
+    then the flow arrows."""
+    grid = run.world.grid
+    by_rank, links = _spans_by_rank(run, detail)
     ranks = sorted(run.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
-    max_detail = max(MIN_DETAIL_SPANS, SPAN_BUDGET // (len(COARSENED) * len(ranks)))
+    max_detail = max(MIN_DETAIL_SPANS, SPAN_BUDGET // (len(DETAIL_TRACKS) * len(ranks)))
     max_points = min(MAX_MEMORY_POINTS,
                      max(MIN_MEMORY_POINTS, MEMORY_POINTS_BUDGET // max(len(ranks), 1)))
-    events = []
+    parts, placed = [], {}
     for position, rank in enumerate(ranks):
         c = grid.coords(rank)
-        events.append({"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
-                       "args": {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}})
-        events.append({"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
-                       "args": {"sort_index": position}})
-        meta, xs = _rank_events(rank, by_rank[rank], max_detail)
-        events += meta + xs
-        events += _counter_events(rank, run.world.ranks[rank].ledger.events, max_points)
-    return events
+        parts.append(_metadata(rank, 0, "process_name",
+                               {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}))
+        parts.append(_metadata(rank, 0, "process_sort_index", {"sort_index": position}))
+        parts += _rank_events(rank, by_rank[rank], max_detail, detail, placed)
+        parts += _counter_events(rank, run.world.ranks[rank].ledger, max_points)
+    return parts + _flow_events(links, placed)
 
 
-def write_chrome_trace(run, path) -> Path:
+def trace_document(run, detail: str = "full") -> str:
+    """The whole Chrome trace JSON text of `run` (compact, newline-terminated)."""
+    if detail not in DETAILS:
+        raise ValueError(f"trace detail must be one of {DETAILS}, got {detail!r}")
+    other = json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode,
+                        "detail": detail, "memory_unit": "bytes", "time_unit": "us"},
+                       separators=(",", ":"))
+    return ('{"displayTimeUnit":"ms","traceEvents":[' + ",".join(_event_parts(run, detail))
+            + '],"otherData":' + other + "}\n")
+
+
+def trace_events(run, detail: str = "full") -> list[dict]:
+    """The trace's events as dicts (for tests and tools; the writer never builds them)."""
+    return json.loads(trace_document(run, detail))["traceEvents"]
+
+
+def write_chrome_trace(run, path, detail: str = "full") -> Path:
     """Write `run`'s trace as Chrome trace JSON to `path` and return the path."""
     path = Path(path)
-    collecting = gc.isenabled()
-    gc.disable()  # ~10^6 fresh dicts: the cyclic collector would rescan them over and over
-    try:
-        doc = {"displayTimeUnit": "ms", "traceEvents": trace_events(run),
-               "otherData": {"scenario": run.sc.run.name, "mode": run.sc.run.mode,
-                             "memory_unit": "bytes", "time_unit": "us"}}
-        path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    finally:
-        if collecting:
-            gc.enable()
+    path.write_text(trace_document(run, detail))
     return path

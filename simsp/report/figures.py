@@ -71,7 +71,7 @@ def _grid(plt, panels: int, cols: int, height: float, width: float = 13.0):
 def _memory_panel(ax, ledger, end_s: float, units, title: str) -> None:
     """One stage's memory over time, stacked by category, with its capacity and peak."""
     (_, scale), (_, tscale) = units
-    times, state = memory_timeline(ledger.events, MEMORY_POINTS)  # (n,), (n, 6)
+    times, state = memory_timeline(ledger, MEMORY_POINTS)  # (n,), (n, 6)
     if len(times):
         times, state = np.append(times, end_s), np.vstack([state, state[-1:]])
         ax.stackplot(times / tscale, (state / scale).T, step="post", linewidth=0,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
-from simsp.report.chrome_trace import memory_timeline
+from simsp.report.memory_timeline import memory_timeline
 from simsp.units import GiB, KiB, MiB
 
 COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer": "#8172b2",
@@ -44,7 +44,7 @@ def _time_unit(seconds: float) -> tuple[str, float]:
 
 def _draw(ax, ledger, title: str, end_s: float, units) -> None:
     (mem, scale), (tu, tscale) = units
-    times, state = memory_timeline(ledger.events)
+    times, state = memory_timeline(ledger)
     if len(times) == 0:
         ax.set_title(title + " (no memory events)")
         return

@@ -12,6 +12,8 @@ import numpy as np
 from simsp.cluster.grid import RankGrid
 from simsp.config import Scenario
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
+from simsp.engine.gc_pause import gc_paused
+from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
@@ -110,19 +112,34 @@ def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
     return [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
 
 
+def _set_trace_detail(world: World, detail: str) -> None:
+    """Record no spans ("none"), all but the detail tracks ("steps"), or every span ("full")."""
+    if detail not in TRACE_DETAILS:
+        raise ValueError(f"trace detail must be one of {TRACE_DETAILS}, got {detail!r}")
+    if detail == "none":
+        for r in world.ranks.values():
+            r.trace = None
+    elif detail == "steps":
+        world.trace.skip = frozenset(DETAIL_TRACKS)
+
+
 def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
                        canonical: dict | None = None,
-                       embedding_delta: np.ndarray | None = None, on_step=None) -> Run:
+                       embedding_delta: np.ndarray | None = None, on_step=None,
+                       trace: str = "full") -> Run:
     """Simulate one iteration; every simulated rank's ledger, counters and trace are kept.
 
     Numeric mode may pass the full parameters and a perturbation of the embedding output
-    (finite differences); `on_step(run, now_s)` is called after every schedule step."""
+    (finite differences); `on_step(run, now_s)` is called after every schedule step. `trace`
+    ("none", "steps", "full") says which spans are recorded: none, all but compute and TP
+    communication, or all; results are the same."""
     if sc.run.mode == "numeric" and shortcuts.representative:
         raise ValueError("numeric mode needs every rank: no representative shortcut")
     if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):
         raise ValueError("layer templates need the representative and closed-form shortcuts")
     world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
+    _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
     if shortcuts.templates:
         run.layers = LayerTemplates()
@@ -133,5 +150,6 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         run.embedding_delta = embedding_delta
     for rank, r in sorted(world.ranks.items()):
         world.env.process(rank_program(r, run, run.plans[rank]))
-    world.env.run()
+    with gc_paused():
+        world.env.run()
     return run

@@ -1,0 +1,53 @@
+"""A rank's memory over time from its ledger: bytes per category after each change, downsampled.
+
+Shared by the Chrome trace's memory counter and the memory plot, so both show the exact peak:
+beyond a point budget the timeline keeps each time bucket's highest and lowest state.
+"""
+
+import numpy as np
+
+from simsp.engine.ledger import CATEGORIES
+from simsp.engine.mem_log import sort_log
+
+MAX_MEMORY_POINTS = 2000  # per rank
+
+
+def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
+    """A ledger (or a list of MemEvents) -> (times_s, bytes per category (n, 6) int64), at most
+    `max_points` rows.
+
+    The log is read in time order (stable, ties in recording order, as the ledger's summary
+    does). Beyond `max_points` changes, the timeline is split into (max_points - 2) // 2 equal
+    time buckets that each keep their highest and lowest state, plus the first and last, so the
+    maximum of the total is exactly the ledger's peak."""
+    records = log.records if hasattr(log, "records") else list(log)
+    if not records:
+        return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
+    times, codes, deltas, _ = log.sorted_log() if hasattr(log, "records") else sort_log(
+        records, CATEGORIES)
+    n = len(times)
+    steps = np.zeros((n, len(CATEGORIES)), dtype=np.int64)  # (n, 6)
+    steps[np.arange(n), codes] = deltas
+    state = np.cumsum(steps, axis=0)  # (n, 6): bytes per category after each change
+    keep = _downsample(times, state.sum(axis=1), max_points)
+    return times[keep], state[keep]
+
+
+def _downsample(times: np.ndarray, total: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to keep: all if few enough, else each time bucket's max and min (and the ends).
+
+    The first maximum and first minimum of each bucket, so the choice is deterministic."""
+    n = len(times)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(1, (max_points - 2) // 2)
+    span = times[-1] - times[0]
+    ids = np.zeros(n, dtype=np.int64) if span <= 0 else np.minimum(
+        ((times - times[0]) / span * buckets).astype(np.int64), buckets - 1)
+    new_bucket = np.r_[True, ids[1:] != ids[:-1]]
+    starts, bucket = np.flatnonzero(new_bucket), np.cumsum(new_bucket) - 1
+    keep = [[0, n - 1]]
+    for reduce in (np.maximum, np.minimum):
+        hits = np.flatnonzero(total == reduce.reduceat(total, starts)[bucket])
+        keep.append(hits[np.r_[True, bucket[hits][1:] != bucket[hits][:-1]]])
+    return np.unique(np.concatenate(keep))

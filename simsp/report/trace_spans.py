@@ -1,0 +1,102 @@
+"""Spans of one rank laid out for the Chrome trace: merged when over budget, split into lanes
+that nest, and each pipeline transfer tied to the p2p call spans of its two ranks."""
+
+from bisect import bisect_right
+
+import numpy as np
+
+from simsp.engine.trace import Span
+
+
+def us(seconds: float) -> float:
+    """Seconds -> microseconds rounded to the nanosecond: ns / 1000, whose repr is short."""
+    return round(seconds * 1e9) / 1e3
+
+
+def ns_array(seconds: list) -> np.ndarray:
+    """Seconds -> whole nanoseconds, (n,) float (rounded half to even, as round() does)."""
+    return np.rint(np.asarray(seconds, dtype=float) * 1e9)
+
+
+def coarsen(spans: list, steps: list) -> list:
+    """Merge a detail track's spans that fall in the same schedule step into one span each.
+
+    Spans outside every step (embedding, gradient reduction, optimizer) are kept as they are.
+    The merged span covers first start to last end and records how many spans it holds."""
+    bounds = sorted((s.start_s, s.end_s, s.name) for s in steps)
+    begins = [b[0] for b in bounds]
+    groups, loose = {}, []
+    for span in spans:
+        i = int(np.searchsorted(begins, span.start_s, side="right")) - 1
+        if i >= 0 and span.end_s <= bounds[i][1]:
+            groups.setdefault(i, []).append(span)
+        else:
+            loose.append(span)
+    merged = []
+    for i, members in groups.items():
+        first = members[0]
+        busy = sum(s.end_s - s.start_s for s in members)
+        count = sum(int(s.args.get("spans", 1)) for s in members)
+        merged.append(first._replace(
+            name=f"{first.track} {bounds[i][2]}", start_s=min(s.start_s for s in members),
+            end_s=max(s.end_s for s in members), args={"busy_s": busy, "spans": count}))
+    return merged + loose
+
+
+def lanes(spans: list) -> list[list[tuple[float, float, Span]]]:
+    """Spans as [(ts_us, dur_us, span)] per lane, each lane sorted by start, longest first.
+
+    Perfetto needs the slices of one thread to nest; sends and receives of the pipeline track
+    overlap, so a span goes to the first lane whose previous span has ended."""
+    if not spans:
+        return []
+    start = ns_array([s.start_s for s in spans])  # (n,)
+    end = np.maximum(ns_array([s.end_s for s in spans]), start)  # (n,)
+    order = np.lexsort((np.arange(len(spans)), -end, start))  # (n,) by start, longest first
+    start, end = start[order], end[order]
+    ts, dur = (start / 1e3).tolist(), ((end - start) / 1e3).tolist()
+    ordered = [spans[i] for i in order.tolist()]
+    if np.all(start[1:] >= end[:-1]):  # nothing overlaps: one lane
+        return [list(zip(ts, dur, ordered))]
+    return _greedy_lanes(start.tolist(), end.tolist(), ts, dur, ordered)
+
+
+def _greedy_lanes(start: list, end: list, ts: list, dur: list, spans: list) -> list:
+    """Each span (in start order) into the first lane whose last span has ended."""
+    placed, lane_end = [], []
+    for i, span in enumerate(spans):
+        lane = 0
+        while lane < len(placed) and lane_end[lane] > start[i]:
+            lane += 1
+        if lane == len(placed):
+            placed.append([])
+            lane_end.append(end[i])
+        placed[lane].append((ts[i], dur[i], span))
+        lane_end[lane] = end[i]
+    return placed
+
+
+def pipeline_links(by_rank: dict, transfers: list) -> list[tuple]:
+    """(transfer, sender's span, receiver's span) of every pipeline transfer between simulated
+    ranks: each side's p2p call span (training/p2p.py) that encloses the transfer, since a call
+    is posted before its transfers start and completes after they end."""
+    calls = {rank: sorted(tracks.get("pp_comm", ()), key=lambda s: s.start_s)
+             for rank, tracks in by_rank.items()}
+    starts = {rank: [s.start_s for s in spans] for rank, spans in calls.items()}
+    links = []
+    for t in transfers:
+        if not t.label.startswith("p2p") or t.src not in calls or t.dst not in calls:
+            continue
+        send = _enclosing(calls[t.src], starts[t.src], t)
+        recv = _enclosing(calls[t.dst], starts[t.dst], t)
+        if send is not None and recv is not None:
+            links.append((t, send, recv))
+    return links
+
+
+def _enclosing(spans: list, starts: list, t) -> Span | None:
+    """The latest-starting span with start <= t.start_s and end >= t.end_s, if any."""
+    for i in range(bisect_right(starts, t.start_s) - 1, -1, -1):
+        if spans[i].end_s >= t.end_s:
+            return spans[i]
+    return None
