@@ -1,11 +1,13 @@
 """`simsp run`: one training iteration of a scenario — time, MFU/HFU, bubble, memory, reports."""
 
 import json
+import shlex
 from pathlib import Path
 
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
 from simsp.progress import step_callback
+from simsp.oom_advice import explain_oom
 from simsp.report import summary_text, write_reports
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
@@ -21,6 +23,19 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def reported_command(argv: list[str]) -> str:
+    """The command that made a report, less where it went and how loudly (--out, --quiet):
+    the same configuration gives the same report bytes wherever it is written."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip or arg == "--quiet" or arg.startswith("--out="):
+            skip = False
+            continue
+        skip = arg == "--out"
+        kept += [] if skip else [arg]
+    return shlex.join(["simsp", *kept])
+
+
 def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
@@ -29,6 +44,8 @@ def run(args) -> int:
     if progress is not None:
         progress.close()
     metrics = collect(result, shortcuts)
+    metrics["command"] = reported_command(args.argv)
+    metrics["oom_explanation"] = explain_oom(result)
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
     written = write_reports(result, metrics, out_dir)
     if args.json:
