@@ -111,3 +111,11 @@ def test_explanations_from_a_hand_made_row():
                                    "tp_comm -500.000 ms, bubble +0.000 us")
     oom = {**row, "status": "oom", "oom_stage": 3, "oom_bytes_over": 1.5 * 2**30}
     assert why_lost(oom, best) == "OOM on stage 3 by 1.50 GiB (would take 12.000 s)"
+
+
+def test_compute_is_not_a_loss():
+    """The exposure breakdown's `compute` kind is the work itself, never listed as a loss."""
+    row = {"status": "ok", "iteration_time_s": 2.0, "bubble_fraction": 0.0,
+           "exposed_compute_s": 1.5, "exposed_dp_comm_s": 0.25, "headroom_bytes": 0}
+    assert limits(row) == ("bubble 0.000 us (0.0%), dp_comm 250.000 ms; headroom 0.0 GiB; "
+                           "largest loss: dp_comm")

@@ -89,9 +89,9 @@ def plot_stage_memory(frame, path: Path) -> Path:
 
 
 def exposed_kinds(frame) -> list[str]:
-    """`exposed_<kind>_s` columns, one per kind of communication."""
+    """`exposed_<kind>_s` columns, one per kind of exposed time other than compute itself."""
     return [c for c in frame.columns if c.startswith("exposed_") and c.endswith("_s")
-            and c != "exposed_comm_s"]
+            and c not in ("exposed_comm_s", "exposed_compute_s")]
 
 
 def plot_exposed(frame, path: Path) -> Path:
@@ -101,7 +101,7 @@ def plot_exposed(frame, path: Path) -> Path:
     time = frame["iteration_time_s"].to_numpy(dtype=float)  # (variants,)
     bottom = time - time / (1 + frame["bubble_fraction"].to_numpy(dtype=float))  # (variants,)
     ax.bar(_labels(frame), bottom, label="bubble", color="#bbbbbb")
-    for column in exposed_kinds(frame):
+    for column in (c for c in exposed_kinds(frame) if not c.endswith("_wait_s")):  # waits: bubble
         values = frame[column].fillna(0.0).to_numpy(dtype=float)  # (variants,)
         ax.bar(_labels(frame), values, bottom=bottom, label=column[len("exposed_"):-2])
         bottom += values
