@@ -114,6 +114,12 @@ def memory_over_time(run, label: str) -> bytes | None:
 
 # ---------------------------------------------------------------- the schedule
 
+def replayed(run) -> bool:
+    """Meta-mode layer templates: replayed layer steps keep one merged span per track, so
+    recompute is only inside the backward bars (the first, recorded layer alone has detail)."""
+    return hasattr(run.layers, "templates")
+
+
 def gantt_intervals(run, rank: int) -> dict[str, list[tuple[float, float]]]:
     """{kind: [(start_s, duration_s)]} of one stage: forward and backward steps, recompute,
     pipeline transfers, DP communication, and waits (gaps between consecutive steps)."""
@@ -124,8 +130,9 @@ def gantt_intervals(run, rank: int) -> dict[str, list[tuple[float, float]]]:
     for (*_, _, prev_end), (*_, begin, _) in zip(steps, steps[1:]):
         if begin > prev_end:
             out["wait"].append((prev_end, begin - prev_end))
+    detailed = not replayed(run)
     for span in run.world.trace.spans_of(rank):
-        if span.track == "compute" and span.args.get("phase") == "recompute":
+        if detailed and span.track == "compute" and span.args.get("phase") == "recompute":
             out["recompute"].append((span.start_s, span.duration_s))
         elif span.track == "pp_comm":
             out["transfer"].append((span.start_s, span.duration_s))
@@ -275,8 +282,10 @@ def report_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes
     made = [("memory_stages.png", "Memory over one iteration for every pipeline stage "
              "(stacked by category; dashed line: capacity).", memory_over_time(run, label)),
             ("schedule.png", "Pipeline schedule: forward and backward steps, recompute, waits "
-             "for input (grey), and pipeline transfers and DP communication below each row.",
-             schedule_gantt(run, label)),
+             "for input (grey), and pipeline transfers and DP communication below each row."
+             + (" Recompute is drawn inside the backward bars here: meta mode's replayed layer "
+                "templates keep no per-op detail (--no-shortcuts shows it)."
+                if replayed(run) else ""), schedule_gantt(run, label)),
             ("exposed.png", "Exposed time per stage: communication that no compute hid, and "
              "pipeline waits.", exposed_time_bars(metrics, label)),
             ("memory_at_peak.png", "Memory by category at each stage's peak moment.",
