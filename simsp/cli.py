@@ -5,8 +5,9 @@ import sys
 
 from simsp.errors import UserError
 from simsp.flags import Parser
+from simsp.progress import add_quiet_flag
 
-COMMANDS = ("run", "layer", "verify", "ring")
+COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate", "sweep", "search")
 
 
 def build_parser() -> Parser:
@@ -16,6 +17,7 @@ def build_parser() -> Parser:
     for name in COMMANDS:
         module = importlib.import_module(f"simsp.commands.{name}")
         module.add_parser(subparsers)
+        add_quiet_flag(subparsers.choices[name])
     return parser
 
 

@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from simsp.config import DTYPE_CHOICES, MODE_CHOICES, SCHEDULE_CHOICES, Scenario, load_scenario
+from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES,
+                          Scenario, load_scenario)
 from simsp.errors import UserError
 
 # flag -> (section, key, python type, choices); every flag defaults to "not given".
@@ -13,6 +14,7 @@ SCENARIO_FLAGS = {
     "--num-attention-heads": ("model", "num_attention_heads", int, None),
     "--seq-length": ("model", "seq_length", int, None),
     "--vocab-size": ("model", "vocab_size", int, None),
+    "--make-vocab-size-divisible-by": ("model", "make_vocab_size_divisible_by", int, None),
     "--ffn-hidden-size": ("model", "ffn_hidden_size", int, None),
     "--hidden-dropout": ("model", "hidden_dropout", float, None),
     "--attention-dropout": ("model", "attention_dropout", float, None),
@@ -24,6 +26,9 @@ SCENARIO_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage":
         ("parallel", "num_layers_per_virtual_pipeline_stage", int, None),
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES),
+    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None),
+    "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES),
+    "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None),
     "--nodes": ("cluster", "nodes", int, None),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None),
     "--mode": ("run", "mode", str, MODE_CHOICES),
@@ -34,6 +39,14 @@ SWITCHES = {  # flag -> (section, key, value)
     "--sequence-parallel": ("parallel", "sequence_parallel", True),
     "--no-sequence-parallel": ("parallel", "sequence_parallel", False),
     "--distributed-optimizer": ("parallel", "distributed_optimizer", True),
+    "--overlap-p2p-communication": ("parallel", "overlap_p2p_communication", True),
+    "--no-scatter-gather-tensors-in-pipeline":
+        ("parallel", "scatter_gather_tensors_in_pipeline", False),
+    "--overlap-grad-reduce": ("parallel", "overlap_grad_reduce", True),
+    "--overlap-param-gather": ("parallel", "overlap_param_gather", True),
+    "--accumulate-allreduce-grads-in-fp32": ("parallel", "accumulate_allreduce_grads_in_fp32", True),
+    "--no-accumulate-allreduce-grads-in-fp32":
+        ("parallel", "accumulate_allreduce_grads_in_fp32", False),
 }
 
 

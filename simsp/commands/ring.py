@@ -23,6 +23,7 @@ from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
 from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
+from simsp.progress import track
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
@@ -67,7 +68,9 @@ def run(args) -> int:
     if args.explain:
         print("\n".join(explain(args.collective, args.ranks, sizes[0])))
         print()
-    rows = [simulate(graph, gpus, args.collective, size) for size in sizes]
+    quiet = getattr(args, "quiet", False) or len(sizes) < 2
+    rows = [simulate(graph, gpus, args.collective, size)
+            for size in track(sizes, "sizes", "size", quiet)]
     print("\n".join(_header(args.collective, cluster, gpus) + _table(rows)))
     return 0
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
 from simsp.oom_advice import explain_oom
+from simsp.progress import step_callback
 from simsp.report import summary_text, write_reports
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
@@ -26,7 +27,10 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
-    result = simulate_iteration(sc, shortcuts)
+    progress = step_callback(getattr(args, "quiet", False))
+    result = simulate_iteration(sc, shortcuts, on_step=progress)
+    if progress is not None:
+        progress.close()
     metrics = collect(result, shortcuts)
     metrics["command"] = shlex.join(["simsp", *sys.argv[1:]])
     metrics["oom_explanation"] = explain_oom(result)

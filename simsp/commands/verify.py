@@ -5,6 +5,7 @@ import json
 
 from simsp.errors import UserError
 from simsp.flags import add_scenario_arguments, scenario_from_args
+from simsp.progress import track
 from simsp.training.compare import compare_with_reference
 from simsp.training.gradcheck import EPSILON, gradient_check
 from simsp.training.iteration import simulate_iteration
@@ -20,9 +21,9 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def verify_report(sc) -> dict:
+def verify_report(sc, quiet: bool = True) -> dict:
     """Finite-difference and reference errors for every parameter and the input embeddings."""
-    fd = gradient_check(sc)
+    fd = gradient_check(sc, track=lambda names: track(names, "gradient check", "param", quiet))
     ref = compare_with_reference(simulate_iteration(sc))
     worst_fd, worst_ref = max(fd.values()), max(ref.values())
     return {
@@ -42,7 +43,7 @@ def run(args) -> int:
     sc = scenario_from_args(args)
     if sc.run.mode != "numeric":
         raise UserError("run.mode", "verify needs numeric mode (--mode numeric)")
-    report = verify_report(sc)
+    report = verify_report(sc, getattr(args, "quiet", False))
     if args.json:
         print(json.dumps(report, indent=2))
     else:

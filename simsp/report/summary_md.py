@@ -14,8 +14,9 @@ from simsp.units import GiB, MiB, format_bytes, format_seconds
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
                   ("optimizer", "optimizer"), ("activations", "activations (peak)"),
                   ("temporaries", "temporaries"), ("communication", "communication"))
-COMM_TRACKS = (("tp_comm", "TP comm exposed"), ("pp_comm", "pipeline comm exposed"),
-               ("pp_wait", "pipeline wait"), ("dp_comm", "DP comm exposed"))
+COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
+               ("pp_transfer", "pipeline transfer exposed"), ("pp_wait", "pipeline wait"),
+               ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"))
 
 
 def pct(fraction: float) -> str:
@@ -120,7 +121,7 @@ def _performance(m: dict) -> list[str]:
 
 
 def _stages(m: dict, stages: list[dict]) -> list[str]:
-    exposed = m["exposed_comm_s_per_stage"]
+    exposed = m.get("exposed_s_per_stage") or m["exposed_comm_s_per_stage"]
     keys = {k for e in exposed for k in e}
     tracks = [(k, n) for k, n in COMM_TRACKS if k in keys]
     tracks += [(k, k) for k in sorted(keys - {k for k, _ in COMM_TRACKS})]
@@ -130,7 +131,7 @@ def _stages(m: dict, stages: list[dict]) -> list[str]:
         rank = stages[stage]["rank"] if stage < len(stages) else "?"
         rows.append([str(stage), str(rank), pct(bubble)]
                     + [seconds(e.get(k, 0.0)) for k, _ in tracks])
-    return ["## Pipeline stages: bubble and exposed communication", "",
+    return ["## Pipeline stages: bubble and where the iteration time went", "",
             *_table(header, rows), ""]
 
 

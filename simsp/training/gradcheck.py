@@ -34,15 +34,16 @@ def _finite_difference(sc, params, name: str, u: np.ndarray) -> float:
     return (_loss(sc, plus) - _loss(sc, minus)) / (2 * EPSILON)
 
 
-def gradient_check(sc: Scenario, names: list[str] | None = None) -> dict:
-    """{name: relative error of <grad, u> vs the finite difference} for the chosen tensors."""
-    params = init_params(sc.model, sc.run.seed, np.dtype(sc.run.numeric_dtype))
+def gradient_check(sc: Scenario, names: list[str] | None = None, track=list) -> dict:
+    """{name: relative error of <grad, u> vs the finite difference} for the chosen tensors;
+    `track` may wrap the list of names (a progress bar of tensors checked)."""
+    params = init_params(sc.padded_model, sc.run.seed, np.dtype(sc.run.numeric_dtype))
     run = simulate_iteration(sc, canonical=params)
     analytic = gathered_grads(run)
     analytic[EMBEDDING_OUTPUT] = embedding_output_grad(run)
     rng = np.random.default_rng(sc.run.seed + 99)
     errors = {}
-    for name in names or list(analytic):
+    for name in track(names or list(analytic)):
         u = _direction(rng, analytic[name].shape)
         exact = float(np.sum(analytic[name] * u))
         numeric = _finite_difference(sc, params, name, u)
