@@ -130,7 +130,7 @@ def test_175b_without_sp_names_activations_and_switches_that_fit(oom_175b):
 
 def test_markdown_subset_to_html():
     text = "# T\n\nA `x` and **y**.\n\n| a | b |\n| --- | ---: |\n| 1 | 2 |\n"
-    assert to_html(text) == ("<h1>T</h1>\n<p>A <code>x</code> and <strong>y</strong>.</p>\n"
+    assert to_html(text) == ("<h1 id=\"t\">T</h1>\n<p>A <code>x</code> and <strong>y</strong>.</p>\n"
                              "<table><thead><tr><th>a</th><th class=\"num\">b</th></tr></thead>"
                              "<tbody><tr><td>1</td><td class=\"num\">2</td></tr></tbody></table>")
 
