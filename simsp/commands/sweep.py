@@ -46,7 +46,6 @@ def add_executor_arguments(parser, command: str = "sweep") -> None:
                         help="embedded Dask workers (default: one per core; 0: in this process)")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="run on an existing Dask cluster, e.g. tcp://HOST:8786")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
 
 
 def check_executor_arguments(args) -> None:
