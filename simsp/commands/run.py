@@ -32,7 +32,7 @@ def run(args) -> int:
     if progress is not None:
         progress.close()
     metrics = collect(result, shortcuts)
-    metrics["command"] = shlex.join(["simsp", *sys.argv[1:]])
+    metrics["command"] = shlex.join(["simsp", *(a for a in sys.argv[1:] if a != "--quiet")])
     metrics["oom_explanation"] = explain_oom(result)
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
     written = write_reports(result, metrics, out_dir)
