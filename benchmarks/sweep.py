@@ -48,8 +48,6 @@ def on_dask(configs) -> tuple[float, float]:
 
 
 def measure(name: str, quick: bool) -> dict:
-
-
     """Time one class of configurations on Dask and directly."""
     source, lists = CLASSES[name]
     configs = build_configs(source, lists)
@@ -65,8 +63,6 @@ def measure(name: str, quick: bool) -> dict:
 
 
 def main() -> int:
-
-
     """Print the benchmark table and the load average around it."""
     quick = "--quick" in sys.argv[1:]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "

@@ -24,7 +24,9 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse, dispatch, and turn a UserError into one `error:` line with exit 2."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line as given, for reports that state what made them
     try:
         return args.handler(args)
     except UserError as exc:

@@ -149,7 +149,8 @@ def _layout(sc) -> dict:
             "micro_batch": p.micro_batch_size, "global_batch": p.global_batch,
             "micro_batches": p.num_micro_batches, "layers": m.num_layers,
             "hidden": m.hidden_size, "heads": m.num_attention_heads, "seq": m.seq_length,
-            "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size, "gpus": p.world_size, "nodes": sc.cluster.nodes,
+            "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size,
+            "gpus": p.world_size, "nodes": sc.cluster.nodes,
             "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p)}
 
 

@@ -10,7 +10,9 @@ from tqdm import tqdm
 
 
 def add_quiet_flag(parser) -> None:
-    """Give a subcommand's parser the `--quiet` switch."""
+    """Give a subcommand's parser the `--quiet` switch, unless it already defines its own."""
+    if "--quiet" in parser._option_string_actions:  # argparse's table of option strings
+        return
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar on stderr (default: shown when stderr is a terminal)")
 
@@ -27,7 +29,7 @@ def bar(total: int | None, desc: str, unit: str) -> tqdm:
 
 
 def track(items, desc: str, unit: str, quiet: bool, total: int | None = None):
-    """`items` unchanged, or wrapped in a bar counting them (e.g. sizes done, parameters checked)."""
+    """`items` unchanged, or wrapped in a bar counting them (sizes done, parameters checked)."""
     if not wanted(quiet):
         return items
     return tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,

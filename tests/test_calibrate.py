@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 import tomllib
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 import numpy as np
 import pytest
 
@@ -150,6 +150,12 @@ def test_any_link_parameters_are_recovered(tmp_path_factory, nv_eff, nv_lat, ib_
                                            one_node_ranks, nodes, per_node, collective):
     """Random parameters and layouts, started from simsp's defaults: within 2%. Latencies from
     0.5 us: the log prints times to 0.01 us, so sub-microsecond steps would lose the digits."""
+    # With NCCL channels a node's per_node rings share each GPU's NVLink: the inter-node log
+    # measures the NICs only while NVLink outruns per_node NICs. The fit judges
+    # identifiability at its start (ib_efficiency 0.9), so keep NVLink faster than per_node
+    # full-speed NICs (TODO calib: test identifiability along the fit, not only at the start).
+    assume(nv_eff * Cluster().nvlink_bandwidth_GBps
+           > 1.1 * per_node * Cluster().ib_bandwidth_GBps)
     tmp_path = tmp_path_factory.mktemp("any")
     truth = replace(Cluster(), nvlink_efficiency=nv_eff, nvlink_latency_us=nv_lat,
                     ib_efficiency=ib_eff, ib_latency_us=ib_lat)

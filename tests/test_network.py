@@ -2,6 +2,7 @@
 
 import pytest
 import simpy
+from hypothesis import given, settings, strategies as st
 
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
@@ -99,3 +100,86 @@ def test_max_min_fair_rates_on_a_textbook_example():
     rates = max_min_rates({1: (("a", "x"),), 2: (("a", "x"), ("b", "y")), 3: (("b", "y"),)},
                           {("a", "x"): 10.0, ("b", "y"): 4.0})
     assert rates == {1: 8.0, 2: 2.0, 3: 2.0}
+
+
+def _linear_scan_rates(flows, capacity_Bps):
+    """Oracle: the textbook progressive filling, scanning every link for the bottleneck."""
+    users = {}
+    for flow_id, edges in flows.items():
+        for edge in edges:
+            users.setdefault(edge, []).append(flow_id)
+    left = {edge: capacity_Bps[edge] for edge in users}
+    unfixed = {edge: len(ids) for edge, ids in users.items()}
+    rates = {flow_id: float("inf") for flow_id, edges in flows.items() if not edges}
+    while len(rates) < len(flows):
+        bottleneck = min((e for e in users if unfixed[e]), key=lambda e: left[e] / unfixed[e])
+        share = left[bottleneck] / unfixed[bottleneck]
+        for flow_id in users[bottleneck]:
+            if flow_id not in rates:
+                rates[flow_id] = share
+                for edge in flows[flow_id]:
+                    left[edge] = max(0.0, left[edge] - share)
+                    unfixed[edge] -= 1
+    return rates
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_heap_fair_share_equals_the_linear_scan_bit_for_bit(data):
+    links = [(f"a{i}", f"b{i}") for i in range(data.draw(st.integers(1, 8)))]
+    capacity = {link: data.draw(st.sampled_from([1.0, 2.0, 3.0, 10.0, 7.5])) for link in links}
+    flows = {i: tuple(data.draw(st.lists(st.sampled_from(links), max_size=4, unique=True)))
+             for i in range(data.draw(st.integers(0, 12)))}
+    assert max_min_rates(flows, capacity) == _linear_scan_rates(flows, capacity)
+
+
+class _NoMemo(dict):
+    """A memo that never remembers: every rate vector is solved afresh."""
+
+    def __contains__(self, key):
+        return False
+
+
+def test_memoised_rates_give_bit_identical_transfers():
+    # the same staggered transfers three times, 1 ms apart: later rounds hit the memo
+    plan = [(1e-3 * rep + 1e-6 * (s % 3), s, (s * 5 + 3) % 16, 10_000 * (s % 4 + 1))
+            for rep in range(3) for s in range(16)]
+    _, memoised = run_transfers(plan)
+    env = simpy.Environment()
+    network = Network(env, GRAPH, CAL)
+    network._memo = _NoMemo()
+
+    def one(index, start_s, src, dst, nbytes):
+        yield env.timeout(start_s)
+        yield network.transfer(src, dst, nbytes, label=f"t{index}")
+
+    for index, item in enumerate(plan):
+        env.process(one(index, *item))
+    env.run()
+    assert memoised.transfers == network.transfers
+    assert memoised.rate_computations < network.rate_computations
+
+
+def test_a_ring_step_solves_the_rates_once_per_instant():
+    env = simpy.Environment()
+    network = Network(env, GRAPH, CAL)
+    for src in range(8):  # eight hops start together: one solve, not eight
+        network.transfer(src, (src + 1) % 8, 1_000_000)
+    env.run()
+    assert network.rate_computations == 1  # all finish together: nothing left to solve
+
+
+def test_pxn_relay_crosses_nvlink_then_the_relays_nic():
+    arrivals = {}
+    env = simpy.Environment()
+    network = Network(env, GRAPH, CAL)
+    nbytes = 1_000_000
+
+    def send():
+        yield network.transfer(1, 8, nbytes, via_gpu=0)  # gpu1 -> gpu0's NIC (rail 0) -> gpu8
+        arrivals["t"] = env.now
+
+    env.process(send())
+    env.run()
+    assert arrivals["t"] == pytest.approx(NVLINK_LATENCY_S + 2 * IB_LATENCY_S + nbytes / IB_BPS,
+                                          rel=1e-12)

@@ -80,3 +80,13 @@ def test_progress_only_on_a_terminal_and_quiet_silences_it(name, marker, tmp_pat
     assert out == plain_out  # stdout unchanged by the bar
     quiet_out, quiet_err, _ = run_cli([*COMMANDS[name], "--quiet"], tmp_path, tty=True)
     assert quiet_err == "" and quiet_out == plain_out
+
+
+def test_every_command_accepts_quiet():
+    """--quiet is on every subcommand, also those that define their own (no argparse clash)."""
+    from simsp.cli import COMMANDS, build_parser
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert set(COMMANDS) <= set(commands)
+    for name in COMMANDS:
+        assert "--quiet" in commands[name]._option_string_actions

@@ -109,7 +109,8 @@ def test_layout_reports_the_method():
 def test_hardware_flops_count_the_recomputed_layers(method, n, virtual, recomputed):
     """Counted GEMM FLOPs = K22 model FLOPs + one forward (24bsh² + 4bs²h, App. A) per
     recomputed layer and micro-batch: all L (uniform), N per model chunk (block)."""
-    sc = meta(method, n, num_layers_per_virtual_pipeline_stage=virtual) if virtual else meta(method, n)
+    chunks = {"num_layers_per_virtual_pipeline_stage": virtual} if virtual else {}
+    sc = meta(method, n, **chunks)
     metrics = run_metrics(sc)
     extra = recomputed * 4 * B * (24 * S * H * H + 4 * S * S * H)  # 4 micro-batches
     assert metrics["counted_hardware_flops"] - metrics["counted_model_flops"] == extra
@@ -133,7 +134,8 @@ def test_layer_templates_match_executing_every_op(method, n):
     assert max(replayed.end_s.values()) == pytest.approx(max(executed.end_s.values()), rel=1e-12)
     for rank, r in executed.world.ranks.items():
         twin = replayed.world.ranks[rank]
-        rows = lambda ev: sorted((round(e.time_s, 12), e.key, e.category, e.delta_bytes) for e in ev)
+        rows = lambda ev: sorted((round(e.time_s, 12), e.key, e.category, e.delta_bytes)
+                                 for e in ev)
         assert rows(twin.ledger.events) == rows(r.ledger.events)
         assert twin.flops == r.flops
 

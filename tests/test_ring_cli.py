@@ -59,9 +59,11 @@ def test_large_message_busbw_reaches_achieved_nvlink_on_one_node(capsys):
     assert 0.98 * NVLINK_GBPS < row[4] <= NVLINK_GBPS
 
 
-def test_two_nodes_are_bound_by_infiniband(capsys):
-    (row,) = table_rows(output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "512M"]))
-    assert 0.95 * IB_GBPS < row[4] <= IB_GBPS
+def test_two_nodes_are_bound_by_all_eight_nics(capsys):
+    text = output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "512M"])
+    (row,) = table_rows(text)
+    assert 0.95 * 8 * IB_GBPS < row[4] <= 8 * IB_GBPS  # one channel per rail, 8 NICs per node
+    assert "NICs sending per node: 8 (rails 0,1,2,3,4,5,6,7)" in text
 
 
 def test_json_has_exactly_the_documented_keys(capsys):
@@ -132,6 +134,7 @@ def test_output_is_deterministic(capsys):
     (["--ranks", "1", "--size", "8"], "--ranks"),
     (["--ranks", "four", "--size", "8"], "argument --ranks"),
     (["--ranks", "4", "--size", "8", "--collective", "broadcast"], "argument --collective"),
+    (["--ranks", "100000", "--size", "1M"], "--ranks"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(capsys, argv, field):
     assert simsp_ring(argv) == 2
@@ -151,3 +154,62 @@ def test_through_the_real_cli(capsys):
     from simsp.cli import main
     assert main(["ring", "--ranks", "2", "--size", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ranks"] == 2
+
+
+def channel_rows(text):
+    """(channel, rail, bytes, sent per GPU, time_us, ring order) of the per-channel breakdown."""
+    rows = []
+    for line in text.splitlines():
+        parts = line[1:].split(maxsplit=5)
+        if line.startswith("#") and len(parts) == 6 and parts[0].isdigit() and parts[2].isdigit():
+            rows.append((int(parts[0]), parts[1], int(parts[2]), int(parts[3]), float(parts[4]),
+                         parts[5]))
+    return rows
+
+
+def test_two_nodes_print_one_channel_per_rail(capsys):
+    text = output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "1G"])
+    (row,) = table_rows(text)
+    rows = channel_rows(text)
+    assert [(r[0], r[1]) for r in rows] == [(c, str(c)) for c in range(8)]
+    assert all(r[2] == (1 << 30) // 8 for r in rows)  # each channel carries S/8
+    assert all(r[3] == 2 * 15 * (1 << 30) // (8 * 16) for r in rows)  # 2(n-1)/n of it per GPU
+    assert max(r[4] for r in rows) == pytest.approx(row[2], abs=0.011)
+    assert rows[1][5] == "1 2 3 4 5 6 7 0 ^1| 9 10 11 12 13 14 15 8 ^9|"
+
+
+def test_one_node_is_one_ring_and_unchanged(capsys):
+    text = output(capsys, ["--ranks", "8", "--size", "512M"])
+    assert [r[:2] for r in channel_rows(text)] == [(0, "-")]
+    assert "NICs sending per node: 0 (one node: NVLink only)" in text
+    (row,) = table_rows(text)
+    assert row[2] == pytest.approx(4043.06, abs=0.006)  # the figure before channels existed
+
+
+def test_big_rings_use_the_closed_form(capsys):
+    text = output(capsys, ["--ranks", "64", "--nodes", "8", "--size", "64M"])
+    assert "(closed-form timing)" in text and len(channel_rows(text)) == 8
+
+
+def test_explain_gives_each_step_its_time_and_compares_ar_with_rs_plus_ag(capsys):
+    text = output(capsys, ["--ranks", "4", "--size", "64", "--explain"])
+    # one NVSwitch hop (2 us) + a 16-byte chunk at 0.78 x 300 GB/s, per step
+    step_us = 2.0 + 16 / (0.78 * 300e9) * 1e6
+    titles = [line for line in text.splitlines() if "step" in line and "time" in line
+              and not line.startswith("time")]
+    assert len(titles) == 6
+    assert all(f"time {step_us:.3f} us" in line for line in titles)
+    (line,) = [line for line in text.splitlines() if line.startswith("time: all_reduce")]
+    ar, rs, ag = (6 * step_us, 3 * step_us, 3 * step_us)
+    assert f"all_reduce {ar:.3f} us = reduce_scatter {rs:.3f} us + all_gather {ag:.3f} us" in line
+
+
+def test_tree_table_and_its_errors(capsys):
+    (row,) = table_rows(output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "256M",
+                                        "--nccl-algo", "tree"]))
+    assert row[4] > 8 * IB_GBPS
+    for argv in (["--ranks", "8", "--size", "8M", "--nccl-algo", "tree"],
+                 ["--ranks", "16", "--nodes", "2", "--size", "8M", "--nccl-algo", "tree",
+                  "--collective", "all_gather"]):
+        assert simsp_ring(argv) == 2
+        assert capsys.readouterr().err.startswith("error: --nccl-algo")

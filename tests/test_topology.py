@@ -74,3 +74,34 @@ def test_leaves_serve_a_scalable_unit_and_uplinks_match_downlinks():
     assert graph.edges[leaf_name(1, 0), SPINE]["bandwidth_Bps"] == 1 * ib
     last_node_gpu = gpu_name(NODES_PER_LEAF * 8 + 5)
     assert route(graph, gpu_name(5), last_node_gpu)[1] == (leaf_name(0, 5), SPINE)
+
+
+def _networkx_route(graph, src, dst):
+    """Oracle: fewest hops (then latency) over a view where only src and dst may be GPUs."""
+    import networkx as nx
+
+    def transit(vertex):
+        return graph.nodes[vertex].get("kind") != "gpu" or vertex in (src, dst)
+
+    view = nx.subgraph_view(graph, filter_node=transit)
+    path = nx.shortest_path(view, src, dst, weight=lambda u, v, d: 1.0 + d["latency_s"])
+    return list(zip(path[:-1], path[1:]))
+
+
+def test_structural_routes_equal_networkx_shortest_paths():
+    graph = build_topology(Cluster(nodes=NODES_PER_LEAF + 2))
+    gpus = [0, 1, 7, 8, 15, NODES_PER_LEAF * 8 - 1, NODES_PER_LEAF * 8, NODES_PER_LEAF * 8 + 9]
+    for src in gpus:
+        for dst in gpus:
+            if src != dst:
+                assert route(graph, gpu_name(src), gpu_name(dst)) == _networkx_route(
+                    graph, gpu_name(src), gpu_name(dst))
+
+
+def test_only_the_nodes_hosting_ranks_are_built():
+    cluster = Cluster(nodes=100_000)
+    graph = build_topology(cluster, nodes=[0, 21])
+    assert sum(1 for _, d in graph.nodes(data=True) if d.get("kind") == "gpu") == 16
+    full = build_topology(Cluster(nodes=NODES_PER_LEAF * 2))
+    assert graph.edges[leaf_name(1, 3), SPINE] == full.edges[leaf_name(1, 3), SPINE]
+    assert route(graph, "gpu0", gpu_name(21 * 8)) == route(full, "gpu0", gpu_name(21 * 8))

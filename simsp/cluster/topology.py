@@ -6,6 +6,8 @@ of rail j (rail-optimised, as in the DGX SuperPOD); leaves meet at a non-blockin
 Edges carry `bandwidth_Bps` (bytes/s, per direction), `latency_s` and `kind` ("nvlink" | "ib").
 """
 
+from collections.abc import Iterable
+
 import networkx as nx
 
 from simsp.config import Cluster
@@ -49,60 +51,97 @@ def _add_node(graph: nx.DiGraph, cluster: Cluster, node: int) -> None:
         _link(graph, gpu, nvswitch_name(node), nvlink_Bps, half_hop_s, "nvlink")
 
 
-def _add_fabric(graph: nx.DiGraph, cluster: Cluster) -> None:
+def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int]) -> None:
     """Rail-optimised leaves (one per rail per scalable unit) under one non-blocking spine."""
     ib_Bps = cluster.ib_bandwidth_GBps * GB
     ib_s = cluster.ib_latency_us * 1e-6
-    downlinks: dict[str, int] = {}
-    for node in range(cluster.nodes):
+    leaves: dict[str, None] = {}  # an ordered set
+    for node in nodes:
         for rail in range(cluster.gpus_per_node):
             leaf = leaf_name(node // NODES_PER_LEAF, rail)
             _link(graph, gpu_name(node * cluster.gpus_per_node + rail), leaf, ib_Bps, ib_s, "ib")
-            downlinks[leaf] = downlinks.get(leaf, 0) + 1
-    # Full bisection: a leaf's bundle of uplinks carries as much as all its downlinks.
-    for leaf, count in downlinks.items():
+            leaves[leaf] = None
+    # Full bisection: a leaf's bundle of uplinks carries as much as all its downlinks (every
+    # node of its scalable unit in the whole cluster, built or not).
+    for leaf in leaves:
+        group = int(leaf[len("leaf"):leaf.index("/")])
+        count = min(NODES_PER_LEAF, cluster.nodes - group * NODES_PER_LEAF)
         _link(graph, leaf, SPINE, count * ib_Bps, ib_s, "ib")
 
 
-def build_topology(cluster: Cluster) -> nx.DiGraph:
-    """The whole cluster: `cluster.nodes` DGX nodes of `cluster.gpus_per_node` GPUs each."""
+def build_topology(cluster: Cluster, nodes: Iterable[int] | None = None) -> nx.DiGraph:
+    """The cluster's DGX nodes of `cluster.gpus_per_node` GPUs each: all of them, or only
+    `nodes` (those hosting ranks), with the leaves and spine they need."""
+    built = sorted(set(range(cluster.nodes) if nodes is None else nodes))
+    if built and not 0 <= built[0] <= built[-1] < cluster.nodes:
+        raise ValueError(f"nodes {built[0]}..{built[-1]} outside the cluster's {cluster.nodes}")
     graph = nx.DiGraph(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
                        nodes=cluster.nodes, route_cache={})
-    for node in range(cluster.nodes):
+    for node in built:
         graph.add_node(nvswitch_name(node), kind="switch")
         _add_node(graph, cluster, node)
-    _add_fabric(graph, cluster)
+    _add_fabric(graph, cluster, built)
     return graph
 
 
-def route(graph: nx.DiGraph, src: str, dst: str) -> list[tuple[str, str]]:
-    """Fewest-hop (then lowest-latency) path from GPU `src` to GPU `dst`; GPUs never forward.
+def nodes_hosting(gpus: Iterable[int], gpus_per_node: int) -> list[int]:
+    """The DGX nodes that hold these GPUs (rank r on GPU r), in order."""
+    return sorted({gpu // gpus_per_node for gpu in gpus})
 
-    Deterministic (networkx breaks ties by insertion order) and cached on the graph.
+
+def node_of(graph: nx.DiGraph, gpu: int) -> int:
+    """Index of the DGX node holding GPU `gpu`."""
+    return gpu // graph.graph["gpus_per_node"]
+
+
+def rail_of(graph: nx.DiGraph, gpu: int) -> int:
+    """The rail (NIC index in its node) of GPU `gpu`: its local index."""
+    return gpu % graph.graph["gpus_per_node"]
+
+
+def route(graph: nx.DiGraph, src: str, dst: str) -> list[tuple[str, str]]:
+    """The fewest-hop path from GPU `src` to GPU `dst`; GPUs never forward, so it is unique:
+    same node -> through the NVSwitch; same rail and leaf -> through that leaf; otherwise
+    GPU -> its rail's leaf -> spine -> the destination rail's leaf -> GPU. Cached on the graph.
     """
     cache = graph.graph.setdefault("route_cache", {})
     if (src, dst) not in cache:
-        cache[(src, dst)] = _shortest_route(graph, src, dst)
+        cache[(src, dst)] = _structural_route(graph, int(src[3:]), int(dst[3:]))
     return cache[(src, dst)]
 
 
-def _shortest_route(graph: nx.DiGraph, src: str, dst: str) -> list[tuple[str, str]]:
-    """Dijkstra over a view where only `src` and `dst` may be GPU vertices.
-
-    Edge weight 1 + latency_s: hop count decides, latency (microseconds) only breaks ties.
-    """
+def _structural_route(graph: nx.DiGraph, src: int, dst: int) -> list[tuple[str, str]]:
+    """The unique fewest-hop route of the rail-optimised fabric (tests compare it with
+    networkx's shortest path over the graph)."""
     if src == dst:
         return []
-
-    def transit(vertex: str) -> bool:
-        """Switches carry traffic through; a GPU only as the route's own end."""
-        return graph.nodes[vertex].get("kind") != "gpu" or vertex in (src, dst)
-
-    view = nx.subgraph_view(graph, filter_node=transit)
-    path = nx.shortest_path(view, src, dst, weight=lambda u, v, data: 1.0 + data["latency_s"])
+    per_node = graph.graph["gpus_per_node"]
+    (src_node, src_rail), (dst_node, dst_rail) = divmod(src, per_node), divmod(dst, per_node)
+    if src_node == dst_node:
+        path = [gpu_name(src), nvswitch_name(src_node), gpu_name(dst)]
+    else:
+        src_leaf = leaf_name(src_node // NODES_PER_LEAF, src_rail)
+        dst_leaf = leaf_name(dst_node // NODES_PER_LEAF, dst_rail)
+        middle = [src_leaf] if src_leaf == dst_leaf else [src_leaf, SPINE, dst_leaf]
+        path = [gpu_name(src), *middle, gpu_name(dst)]
     return list(zip(path[:-1], path[1:]))
 
 
-def route_latency_s(graph: nx.DiGraph, edges: list[tuple[str, str]]) -> float:
+def hop_route(graph: nx.DiGraph, src: int, dst: int,
+              via: int | None = None) -> tuple[tuple[str, str], ...]:
+    """Edges of a transfer from GPU `src` to GPU `dst`, relayed through GPU `via` if given
+    (NCCL PXN: NVLink to the GPU that owns the NIC on the destination's rail, then its NIC)."""
+    cache = graph.graph.setdefault("hop_cache", {})
+    key = (src, dst, via)
+    if key not in cache:
+        if via is None or via in (src, dst):
+            cache[key] = tuple(_structural_route(graph, src, dst))
+        else:
+            cache[key] = (tuple(_structural_route(graph, src, via))
+                          + tuple(_structural_route(graph, via, dst)))
+    return cache[key]
+
+
+def route_latency_s(graph: nx.DiGraph, edges) -> float:
     """Sum of the per-edge latencies along a route."""
     return sum(graph.edges[edge]["latency_s"] for edge in edges)

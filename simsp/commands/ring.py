@@ -1,10 +1,14 @@
 """`simsp ring`: time ring collectives on the simulated cluster, in the style of nccl-tests.
 
     simsp ring --ranks N [--nodes K] [--collective C] (--size S | --min-size A --max-size B
-               [--step-factor F]) [--explain] [--json]
+               [--step-factor F]) [--nccl-algo {ring,tree}] [--explain] [--json]
 
-Every size is simulated step by step (meta mode) over the cluster's links; the table shows
-nccl-tests' size, count, time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md).
+Every size is simulated step by step (meta mode) over the cluster's links, as NCCL's channels
+(one ring per GPU a node holds, laid out rail by rail across nodes); rings of more than
+32 ranks are timed in closed form (every step of every channel at its slowest hop, equal to the
+stepwise simulation on small rings: tests/test_communicator.py). The table shows nccl-tests'
+size, count, time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md); a single size
+adds the per-channel breakdown.
 """
 
 import json
@@ -19,15 +23,20 @@ from simsp.engine.network import Network
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, STEPS,
                                     apply_step, bytes_sent_per_rank, chunk_counts, chunk_offsets,
                                     initial_holdings)
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
+from simsp.engine.tree import TREE, tree_all_reduce
+from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, step_times
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
-from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
 from simsp.progress import track
+from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
+RING = "ring"
 MAX_EXPLAIN_RANKS = 8
+STEPWISE_MAX_RANKS = 32  # larger rings: closed form (the stepwise ring costs ~n^2 flow events)
+# The closed form plans n x channels hops per phase; 8192 ranks (on 1024 nodes) take ~1 s.
+MAX_RING_RANKS = 8192
 BUS_FACTOR_TEXT = {ALL_REDUCE: "2(n-1)/n", REDUCE_SCATTER: "(n-1)/n", ALL_GATHER: "(n-1)/n"}
 
 
@@ -44,6 +53,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
     parser.add_argument("--step-factor", type=int, default=None,
                         help="multiply the size by this between sweep rows (default 2)")
+    parser.add_argument("--nccl-algo", choices=(RING, TREE), default=RING,
+                        help="NCCL algorithm (NCCL_ALGO): ring, or tree all-reduce across "
+                             "nodes (default ring)")
     parser.add_argument("--explain", action="store_true", help="print every ring step")
     parser.add_argument("--json", action="store_true", help="one JSON object (single --size)")
     parser.add_argument("--html", metavar="FILE", default=None,
@@ -58,20 +70,27 @@ def run(args) -> int:
     sizes = _sizes(args)
     cluster, gpus = _placement(args.ranks, args.nodes)
     _check_modes(args, sizes)
+    _check_algo(args, cluster, gpus)
     graph = build_topology(cluster)
     if args.html or args.png:
         write_ring_lesson(args.collective, graph, gpus, sizes[0], args.html, args.png)
+    if args.nccl_algo == TREE:
+        return _run_tree(args, graph, cluster, gpus, sizes)
     if args.json:
         print(json.dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
                                                                sizes[0]))))
         return 0
     if args.explain:
-        print("\n".join(explain(args.collective, args.ranks, sizes[0])))
+        print("\n".join(explain(args.collective, args.ranks, sizes[0],
+                                _explain_times(graph, gpus, args.collective, sizes[0]))))
         print()
     quiet = getattr(args, "quiet", False) or len(sizes) < 2
     rows = [simulate(graph, gpus, args.collective, size)
             for size in track(sizes, "sizes", "size", quiet)]
-    print("\n".join(_header(args.collective, cluster, gpus) + _table(rows)))
+    lines = _header(args.collective, cluster, gpus) + _table(rows)
+    if len(rows) == 1:
+        lines += channel_lines(rows[0], cluster.gpus_per_node)
+    print("\n".join(lines))
     return 0
 
 
@@ -115,6 +134,10 @@ def _placement(ranks: int, nodes: int | None) -> tuple[Cluster, list[int]]:
     gpus_per_node = Cluster().gpus_per_node
     if ranks < 2:
         raise UserError("--ranks", f"a ring needs at least 2 ranks, got {ranks}")
+    if ranks > MAX_RING_RANKS:
+        raise UserError("--ranks", f"a ring of {ranks} ranks plans ~{ranks * gpus_per_node} "
+                                   f"channel hops for each of its {2 * (ranks - 1)} steps; the "
+                                   f"limit is {MAX_RING_RANKS} ranks")
     nodes = math.ceil(ranks / gpus_per_node) if nodes is None else nodes
     if nodes < 1:
         raise UserError("--nodes", f"must be positive, got {nodes}")
@@ -143,13 +166,50 @@ def _check_modes(args, sizes: list[int]) -> None:
                                      f"{limit} ranks, got {args.ranks}")
 
 
+def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
+    """The tree is NCCL's all-reduce across nodes, simulated stepwise on small groups."""
+    if args.nccl_algo != TREE:
+        return
+    if args.collective != ALL_REDUCE:
+        raise UserError("--nccl-algo", f"tree runs all_reduce only, not {args.collective}")
+    if cluster.nodes < 2:
+        raise UserError("--nccl-algo", "tree joins nodes: give --nodes 2 or more")
+    if args.explain or len(gpus) > STEPWISE_MAX_RANKS:
+        raise UserError("--nccl-algo", f"tree is simulated stepwise, without --explain, for at "
+                                       f"most {STEPWISE_MAX_RANKS} ranks")
+
+
+def _run_tree(args, graph, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
+    """Time NCCL's tree all-reduce at every size: the same table or JSON as the ring."""
+    rows = [_simulate_tree(graph, gpus, size) for size in sizes]
+    if args.json:
+        print(json.dumps(_json_result(ALL_REDUCE, rows[0])))
+        return 0
+    header = _header(ALL_REDUCE, cluster, gpus)
+    header[0] = header[0].replace("ring gpu", "tree over gpu")
+    print("\n".join(header + _table(rows)))
+    return 0
+
+
+def _simulate_tree(graph, gpus: list[int], nbytes: int) -> CollectiveStats:
+    """One meta-mode tree all-reduce of `nbytes` alone on the links."""
+    env = simpy.Environment()
+    process = env.process(tree_all_reduce(env, Network(env, graph), gpus, None, nbytes,
+                                          ELEM_BYTES))
+    env.run()
+    return process.value[1]
+
+
 # --------------------------------------------------------------------------------------------
 # Simulation and output
 # --------------------------------------------------------------------------------------------
 
 def simulate(graph, gpus: list[int], collective: str, nbytes: int,
              calibration: LinkCalibration | None = None) -> CollectiveStats:
-    """Run one meta-mode ring collective of `nbytes` alone on the links; return its stats."""
+    """Run one meta-mode ring collective of `nbytes` alone on the links; return its stats
+    (closed-form timing above STEPWISE_MAX_RANKS ranks)."""
+    if len(gpus) > STEPWISE_MAX_RANKS:
+        return closed_form_stats(collective, graph, gpus, nbytes, calibration, ELEM_BYTES)
     env = simpy.Environment()
     network = Network(env, graph, calibration)
     ring = RING_COLLECTIVES[collective](env, network, gpus, None, nbytes, ELEM_BYTES)
@@ -172,7 +232,8 @@ def _header(collective: str, cluster: Cluster, gpus: list[int]) -> list[str]:
     ring = " -> ".join(f"gpu{g}" for g in gpus[:4]) + (" -> ..." if len(gpus) > 4 else "")
     return [
         f"# simsp ring: {collective}, {len(gpus)} ranks on {cluster.nodes} node(s) of "
-        f"{cluster.gpus_per_node} GPUs, ring {ring} (stepwise simulation)",
+        f"{cluster.gpus_per_node} GPUs, ring {ring} "
+        f"({'stepwise simulation' if len(gpus) <= STEPWISE_MAX_RANKS else 'closed-form timing'})",
         f"# links: NVLink {cluster.nvlink_bandwidth_GBps:g} GB/s, IB "
         f"{cluster.ib_bandwidth_GBps:g} GB/s per direction; {LinkCalibration.from_cluster(cluster).describe()}",
         f"# busbw = algbw * {BUS_FACTOR_TEXT[collective]} (NCCL PERFORMANCE.md); "
@@ -201,11 +262,68 @@ def _table(rows: list[CollectiveStats]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# Per-channel breakdown
+# --------------------------------------------------------------------------------------------
+
+def channel_lines(stats: CollectiveStats, gpus_per_node: int) -> list[str]:
+    """Per NCCL channel: ring order, the rail its node crossings use, bytes and time."""
+    nics = _nics_per_node(stats, gpus_per_node)
+    lines = [f"# {len(stats.channels)} channel(s) (NCCL rings; across nodes one per GPU a node "
+             f"holds, rail by rail); NICs sending per node: {nics}",
+             "# ring order: | = node crossing, ^N = relayed through gpuN's NIC over NVLink (PXN)",
+             f"# {'channel':>7} {'rail':>4} {'bytes':>12} {'sent/GPU':>12} {'time (us)':>10}"
+             f"  ring order"]
+    for ch in stats.channels:
+        rail = "-" if ch.rail is None else str(ch.rail)
+        lines.append(f"# {ch.index:>7} {rail:>4} {ch.nbytes:>12} {max(ch.bytes_sent):>12} "
+                     f"{ch.time_s * 1e6:>10.2f}  {_ring_order(ch, gpus_per_node)}")
+    return lines
+
+
+def _ring_order(channel, gpus_per_node: int, shown: int = 24) -> str:
+    """'0 1 2 ^0| 8 9 ...': the ring's GPUs with node crossings and PXN relays marked."""
+    n, parts = len(channel.gpus), []
+    for p, gpu in enumerate(channel.gpus[:shown]):
+        nxt = channel.gpus[(p + 1) % n]
+        relay = "" if channel.via[p] is None else f" ^{channel.via[p]}"
+        cross = "|" if nxt // gpus_per_node != gpu // gpus_per_node else ""
+        parts.append(f"{gpu}{relay}{cross}")
+    return " ".join(parts) + (f" ... ({n} GPUs)" if n > shown else "")
+
+
+def _nics_per_node(stats: CollectiveStats, gpus_per_node: int) -> str:
+    """How many NICs each node sends through (min-max over nodes), and which rails."""
+    rails: dict[int, set[int]] = {}
+    for ch in stats.channels:
+        n = len(ch.gpus)
+        for p, gpu in enumerate(ch.gpus):
+            if ch.gpus[(p + 1) % n] // gpus_per_node != gpu // gpus_per_node:
+                nic = gpu if ch.via[p] is None else ch.via[p]
+                rails.setdefault(gpu // gpus_per_node, set()).add(nic % gpus_per_node)
+    if not rails:
+        return "0 (one node: NVLink only)"
+    counts = sorted({len(r) for r in rails.values()})
+    used = sorted(set().union(*rails.values()))
+    count = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{count} (rails {','.join(map(str, used))})"
+
+
+# --------------------------------------------------------------------------------------------
 # --explain
 # --------------------------------------------------------------------------------------------
 
-def explain(collective: str, n: int, nbytes: int) -> list[str]:
-    """Every step of the ring: what each rank sends, receives, reduces and then holds."""
+def _explain_times(graph, gpus: list[int], collective: str, nbytes: int) -> dict:
+    """Modelled time of every step (slowest channel, closed form) and the stepwise times of
+    the all-reduce, reduce-scatter and all-gather of this size, for --explain."""
+    per_channel = step_times(collective, graph, gpus, nbytes, None, ELEM_BYTES)
+    steps = [max(channel[i] for channel in per_channel) for i in range(len(per_channel[0]))]
+    whole = {c: simulate(graph, gpus, c, nbytes).time_s for c in COLLECTIVES}
+    return {"steps": steps, "whole": whole, "channels": len(per_channel)}
+
+
+def explain(collective: str, n: int, nbytes: int, times: dict | None = None) -> list[str]:
+    """Every step of the ring: what each rank sends, receives, reduces and then holds; with
+    `times` (from _explain_times) each step's modelled time and the AR = RS + AG time line."""
     counts = chunk_counts(nbytes // ELEM_BYTES, n)
     chunk_bytes = [c * ELEM_BYTES for c in counts]
     steps = STEPS[collective](n)
@@ -216,10 +334,30 @@ def explain(collective: str, n: int, nbytes: int) -> list[str]:
         title = f"{step.phase} step {step.index + 1}/{n - 1}"
         if collective == ALL_REDUCE:
             title += f"  (all_reduce step {overall + 1}/{len(steps)})"
+        if times is not None:
+            title += f"  time {times['steps'][overall] * 1e6:.3f} us"
         holdings = apply_step(holdings, step)
         lines.append(title)
         lines += [_rank_line(step, rank, holdings, n) for rank in range(n)]
-    return lines + _explain_summary(collective, n, nbytes, chunk_bytes)
+    lines += _explain_summary(collective, n, nbytes, chunk_bytes)
+    return lines + ([] if times is None else _time_lines(times))
+
+
+def _time_lines(times: dict) -> list[str]:
+    """Channels, and the all-reduce's time against reduce-scatter + all-gather."""
+    ar, rs, ag = (times["whole"][c] for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER))
+    lines = []
+    if times["channels"] > 1:
+        lines.append(f"runs as {times['channels']} channels (NCCL rings, one per rail), each "
+                     f"carrying a 1/{times['channels']} slice of every chunk; the plan above is "
+                     f"each channel's in ring positions (its GPU order: the channel table "
+                     f"below); a step's time is its slowest channel's")
+    lines.append(f"time: all_reduce {ar * 1e6:.3f} us = reduce_scatter {rs * 1e6:.3f} us + "
+                 f"all_gather {ag * 1e6:.3f} us ({(rs + ag) * 1e6:.3f} us, difference "
+                 f"{(ar - rs - ag) * 1e6:+.3f} us): the same 2(n-1) steps and bytes; as two "
+                 f"NCCL calls RS + AG pay one more launch and step latency, which simsp does "
+                 f"not model")
+    return lines
 
 
 def _explain_intro(collective: str, n: int, nbytes: int, counts: list[int]) -> list[str]:

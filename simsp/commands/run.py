@@ -2,13 +2,12 @@
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
-from simsp.oom_advice import explain_oom
 from simsp.progress import step_callback
+from simsp.oom_advice import explain_oom
 from simsp.report import summary_text, write_reports
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
@@ -24,6 +23,19 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def reported_command(argv: list[str]) -> str:
+    """The command that made a report, less where it went and how loudly (--out, --quiet):
+    the same configuration gives the same report bytes wherever it is written."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip or arg == "--quiet" or arg.startswith("--out="):
+            skip = False
+            continue
+        skip = arg == "--out"
+        kept += [] if skip else [arg]
+    return shlex.join(["simsp", *kept])
+
+
 def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
@@ -32,7 +44,7 @@ def run(args) -> int:
     if progress is not None:
         progress.close()
     metrics = collect(result, shortcuts)
-    metrics["command"] = shlex.join(["simsp", *(a for a in sys.argv[1:] if a != "--quiet")])
+    metrics["command"] = reported_command(args.argv)
     metrics["oom_explanation"] = explain_oom(result)
     out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
     written = write_reports(result, metrics, out_dir)

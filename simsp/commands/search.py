@@ -22,8 +22,6 @@ LAYOUT_KEYS = (*SECTIONS["parallel"].__dataclass_fields__, "nodes", "mode")
 
 
 def add_parser(subparsers) -> None:
-
-
     """Register `simsp search` and its flags."""
     parser = subparsers.add_parser("search", help="find the fastest layout for N GPUs")
     parser.add_argument("scenario", nargs="?", help="scenario TOML (its model and cluster)")
@@ -54,8 +52,6 @@ def _base(args) -> dict:
 
 
 def _check(args, batch) -> None:
-
-
     """Counts must be positive and the margin not negative."""
     for name, value in (("--gpus", args.gpus), ("--top", args.top), ("--global-batch-size", batch)):
         if value is None or value < 1:
@@ -97,8 +93,6 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
 
 
 def run(args) -> int:
-
-
     """Search, print the pruning summary and the explained ranking, write the report."""
     check_executor_arguments(args)
     base = _base(args)
@@ -107,7 +101,7 @@ def run(args) -> int:
     out = Path(args.out) if args.out else default_out(args.scenario, f"search-{args.gpus}gpus")
     with Executor(args.workers, args.scheduler) as executor:
         result = search(base, args.gpus, batch, executor, ResultCache(out / "cache"), args.top,
-                        args.objective, args.margin, args.quiet)
+                        args.objective, args.margin, getattr(args, "quiet", False))
     frame = results_frame(result.rows)
     lines = summary_lines(result, args, batch)
     print("\n".join(lines))

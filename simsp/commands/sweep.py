@@ -9,8 +9,6 @@ from simsp.explore.fields import all_fields, switch_flags
 
 
 def _dest(field) -> str:
-
-
     """argparse destination of a field's flag."""
     return f"sweep_{field.key}"
 
@@ -39,7 +37,7 @@ def field_lists(args, skip: tuple = ()) -> dict:
 
 
 def add_executor_arguments(parser, command: str = "sweep") -> None:
-    """--out, --workers, --scheduler, --quiet."""
+    """--out, --workers, --scheduler (--quiet comes with every command: simsp.progress)."""
     parser.add_argument("--out", metavar="DIR", default=None,
                         help=f"results and report folder (default: reports/{command}-<name>/)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
@@ -57,8 +55,6 @@ def check_executor_arguments(args) -> None:
 
 
 def add_parser(subparsers) -> None:
-
-
     """Register `simsp sweep` and its flags."""
     parser = subparsers.add_parser("sweep", help="simulate every combination of comma-listed flags")
     parser.add_argument("source", nargs="?", help="scenario TOML or sweep TOML ([[variant]] tables)")
@@ -85,12 +81,11 @@ def print_summary(frame, out: Path) -> None:
 
 
 def run(args) -> int:
-
-
     """Expand the configurations, simulate them, write and print the results."""
     check_executor_arguments(args)
     configs = build_configs(args.source, field_lists(args))
     out = Path(args.out) if args.out else default_out(args.source, "sweep")
-    frame = sweep_configs(configs, out, args.workers, args.scheduler, args.quiet)
+    frame = sweep_configs(configs, out, args.workers, args.scheduler,
+                          getattr(args, "quiet", False))
     print_summary(frame, out)
     return 0

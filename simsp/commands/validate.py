@@ -6,7 +6,8 @@ Without MEASUREMENTS: the bundled published set (simsp/validation/data/published
 Table 4 (table4), K22 Table 5 (table5), K22 Table 2 / Fig. 7 ratios (memory) and the nccl-tests
 single-node all-reduce (nccl). MEASUREMENTS: CSV or TOML files in the format of
 simsp/validation/measurements.py (`--print-example` prints a CSV to start from).
-Prints one table per group (Calculon llm-validation style) with mean and worst |error|.
+Prints one table per group (Calculon llm-validation style) with mean and worst |error|, and a
+line per group on stderr as it starts (not with --quiet).
 """
 
 import json
@@ -43,7 +44,8 @@ def run(args) -> int:
     check_all(selected)
     results = []
     for group, title, note, rows in selected:
-        sys.stderr.write(f"validate: {group}: {len(rows)} row(s)\n")
+        if not getattr(args, "quiet", False):
+            sys.stderr.write(f"validate: {group}: {len(rows)} row(s)\n")
         results.append((group, title, note, [compare(mset, row) for mset, row in rows]))
     document = report(results)
     print(json.dumps(document, indent=2) if args.json else "\n".join(text_lines(document)))

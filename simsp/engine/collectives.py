@@ -4,6 +4,8 @@ Each rank of the ring runs its own loop: at every step it sends one chunk to its
 the network, waits for the chunk from its predecessor, and adds it (reduce-scatter) or stores it
 (all-gather). Time emerges from the transfers. Numeric mode moves and adds real numpy chunks;
 meta mode (buffers None) moves sizes only. Use as `results, stats = yield from ring_...(...)`.
+A collective runs as NCCL's channels (ring_plan.channel_rings): concurrent rings, channel c
+carrying slice c of every chunk, so rank i still ends with its whole contiguous chunk i.
 """
 
 from dataclasses import dataclass
@@ -13,11 +15,36 @@ import numpy as np
 import simpy
 
 from simsp.engine.network import Network
-from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, RingStep,
-                                    all_gather_steps, chunk_counts, chunk_offsets,
-                                    reduce_scatter_steps)
+from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Channel, RingStep,
+                                    all_gather_steps, channel_rings, chunk_counts, chunk_offsets,
+                                    reduce_scatter_steps, slice_counts)
 
 DEFAULT_ELEM_BYTES = 2  # fp16/bf16 training dtype (DESIGN.md: accounting uses the training dtype)
+
+
+@dataclass(frozen=True)
+class ChannelStats:
+    """What one channel (ring) of a collective did: its ring, rail, bytes and span."""
+
+    index: int
+    gpus: tuple[int, ...]  # in ring order
+    via: tuple[int | None, ...]  # per ring position: the relaying GPU (PXN) or None
+    rail: int | None  # NIC index its node-crossing hops use; None inside one node
+    nbytes: int  # bytes of the message this channel carries
+    bytes_sent: tuple[int, ...]  # per ring position
+    start_s: float
+    end_s: float
+
+    @property
+    def time_s(self) -> float:
+        """Seconds from the channel's first send to its last delivery."""
+        return self.end_s - self.start_s
+
+    def followed_by(self, other: "ChannelStats") -> "ChannelStats":
+        """This channel's phase then `other`'s on the same ring."""
+        return ChannelStats(self.index, self.gpus, self.via, self.rail, self.nbytes,
+                            tuple(a + b for a, b in zip(self.bytes_sent, other.bytes_sent)),
+                            self.start_s, other.end_s)
 
 
 @dataclass(frozen=True)
@@ -32,6 +59,7 @@ class CollectiveStats:
     bytes_received: tuple[int, ...]  # per ring position
     start_s: float
     end_s: float
+    channels: tuple[ChannelStats, ...] = ()  # one per NCCL channel (empty: not recorded)
 
     @property
     def time_s(self) -> float:
@@ -44,7 +72,8 @@ class CollectiveStats:
             collective, self.gpus, self.nbytes, self.steps + other.steps,
             tuple(a + b for a, b in zip(self.bytes_sent, other.bytes_sent)),
             tuple(a + b for a, b in zip(self.bytes_received, other.bytes_received)),
-            self.start_s, other.end_s)
+            self.start_s, other.end_s,
+            tuple(a.followed_by(b) for a, b in zip(self.channels, other.channels)))
 
 
 def element_count(nbytes: int, elem_bytes: int) -> int:
@@ -81,8 +110,8 @@ def ring_reduce_scatter(env: simpy.Environment, network: Network, gpus: list[int
     n = len(gpus)
     counts = chunk_counts(element_count(nbytes, elem_bytes), n)
     holdings = None if _is_meta(buffers) else [_split(b, counts) for b in buffers]
-    stats = yield from _run_steps(env, network, gpus, reduce_scatter_steps(n), holdings,
-                                  [c * elem_bytes for c in counts], REDUCE_SCATTER, label)
+    stats = yield from _run_channels(env, network, gpus, reduce_scatter_steps(n), holdings,
+                                     counts, elem_bytes, REDUCE_SCATTER, label)
     results = [None] * n if holdings is None else [holdings[i][i] for i in range(n)]
     return results, stats
 
@@ -97,8 +126,8 @@ def ring_all_gather(env: simpy.Environment, network: Network, gpus: list[int],
     n = len(gpus)
     counts = chunk_counts(element_count(nbytes, elem_bytes), n)
     holdings = None if _is_meta(chunks) else _own_chunks(chunks, counts)
-    stats = yield from _run_steps(env, network, gpus, all_gather_steps(n), holdings,
-                                  [c * elem_bytes for c in counts], ALL_GATHER, label)
+    stats = yield from _run_channels(env, network, gpus, all_gather_steps(n), holdings,
+                                     counts, elem_bytes, ALL_GATHER, label)
     results = [None] * n if holdings is None else [np.concatenate(h) for h in holdings]
     return results, stats
 
@@ -132,24 +161,87 @@ def _own_chunks(chunks: list[np.ndarray], counts: list[int]) -> list[list[np.nda
     return holdings
 
 
-def _run_steps(env: simpy.Environment, network: Network, gpus: list[int], steps: list[RingStep],
-               holdings: list | None, chunk_bytes: list[int], collective: str, label: str):
-    """Run one process per ring position through `steps`; return the stats when all finish."""
-    ring = _Ring(env, network, list(gpus), steps, holdings, chunk_bytes, label)
+def _run_channels(env: simpy.Environment, network: Network, gpus: list[int],
+                  steps: list[RingStep], holdings: list | None, counts: list[int],
+                  elem_bytes: int, collective: str, label: str):
+    """Run every channel's ring concurrently (holdings[member][chunk] updated in place, numeric
+    mode); return the collective's stats when all finish."""
+    channels = channel_rings(list(gpus), network.graph.graph["gpus_per_node"])
+    rings = [_channel_ring(env, network, list(gpus), ch, len(channels), steps, holdings, counts,
+                           elem_bytes, label) for ch in channels]
     start_s = env.now
-    yield env.all_of([env.process(ring.rank_loop(rank)) for rank in range(len(gpus))])
-    return CollectiveStats(collective, tuple(gpus), sum(chunk_bytes), len(steps),
-                           tuple(ring.sent), tuple(ring.received), start_s, env.now)
+    ends = [env.all_of([env.process(ring.rank_loop(p)) for p in range(len(gpus))])
+            for ring in rings]
+    finished = {}
+    for ring, end in zip(rings, ends):
+        end.callbacks.append(lambda _e, ring=ring: finished.setdefault(ring.channel.index,
+                                                                        env.now))
+    yield env.all_of(ends)
+    if holdings is not None:
+        _gather_slices(rings, holdings)
+    return _collective_stats(collective, gpus, rings, len(steps), start_s, env.now, finished)
+
+
+def _channel_ring(env, network, gpus, channel: Channel, k: int, steps, holdings, counts,
+                  elem_bytes, label) -> "_Ring":
+    """The ring of one channel: slice `channel.index` of every chunk, in the channel's order."""
+    order = channel.order
+    sizes = slice_counts(counts, k, channel.index)  # elements per chunk (member index)
+    starts = [sum(chunk_counts(c, k)[:channel.index]) for c in counts]
+    chunk_bytes = [sizes[m] * elem_bytes for m in order]  # per ring chunk
+    mine = None
+    if holdings is not None:
+        mine = [[_piece(holdings[m][j], starts[j], sizes[j]) for j in order] for m in order]
+    name = label if k == 1 else f"{label} ch{channel.index}"
+    return _Ring(env, network, [gpus[m] for m in order], list(channel.via), steps, mine,
+                 chunk_bytes, name, channel)
+
+
+def _piece(chunk, start: int, size: int):
+    """Elements [start, start + size) of a held chunk (None: not held)."""
+    return None if chunk is None else chunk[start:start + size]  # (size,)
+
+
+def _gather_slices(rings: list["_Ring"], holdings: list) -> None:
+    """Write every channel's final slices back as whole chunks (concatenated in channel order)."""
+    order = rings[0].channel.order
+    n = len(order)
+    for member in range(n):
+        for chunk in range(n):
+            pieces = [r.holdings[r.position[member]][r.position[chunk]] for r in rings]
+            held = all(p is not None for p in pieces)
+            holdings[member][chunk] = (pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+                                       ) if held else None
+
+
+def _collective_stats(collective, gpus, rings, steps, start_s, end_s, finished):
+    """Bytes per member summed over channels, and one ChannelStats per channel."""
+    n = len(gpus)
+    sent, received = [0] * n, [0] * n
+    channels = []
+    for ring in rings:
+        for p, member in enumerate(ring.channel.order):
+            sent[member] += ring.sent[p]
+            received[member] += ring.received[p]
+        channels.append(ChannelStats(ring.channel.index, tuple(ring.gpus), ring.channel.via,
+                                     ring.channel.rail, sum(ring.chunk_bytes), tuple(ring.sent),
+                                     start_s, finished[ring.channel.index]))
+    return CollectiveStats(collective, tuple(gpus), sum(r.nbytes_total for r in rings), steps,
+                           tuple(sent), tuple(received), start_s, end_s, tuple(channels))
 
 
 class _Ring:
     """The shared state of one ring phase: the plan, each rank's chunks, inboxes, byte counts."""
 
-    def __init__(self, env, network, gpus, steps, holdings, chunk_bytes, label):
+    def __init__(self, env, network, gpus, via, steps, holdings, chunk_bytes, label, channel):
         self.env, self.network, self.gpus, self.steps = env, network, gpus, steps
+        self.via = via  # [rank] -> relaying GPU of its outgoing hop (PXN) or None
         self.holdings = holdings  # [rank][chunk] -> (counts[chunk],) array, or None in meta mode
         self.chunk_bytes = chunk_bytes
+        self.nbytes_total = sum(chunk_bytes)
         self.label = label
+        self.channel = channel
+        self.position = {member: p for p, member in enumerate(channel.order)}
         n = len(gpus)
         self.inboxes = [[env.event() for _ in range(n)] for _ in steps]  # [step][rank]
         self.sent, self.received = [0] * n, [0] * n
@@ -167,7 +259,8 @@ class _Ring:
         out = step.send_of(rank)
         payload = None if self.holdings is None else self.holdings[rank][out.chunk]
         delivered = self.network.transfer(self.gpus[rank], self.gpus[out.dst],
-                                          self.chunk_bytes[out.chunk], f"{self.label} step {index}")
+                                          self.chunk_bytes[out.chunk], f"{self.label} step {index}",
+                                          self.via[rank])
         delivered.callbacks.append(partial(_post, self.inboxes[index][out.dst], payload))
         self.sent[rank] += self.chunk_bytes[out.chunk]
         return delivered

@@ -19,8 +19,8 @@ import simpy
 from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.network import Network
-from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS,
-                                    bytes_sent_per_rank, chunk_counts, chunk_offsets)
+from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
+                                    channel_rings, chunk_counts, chunk_offsets)
 from simsp.engine.ring_timing import collective_time
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
@@ -164,25 +164,25 @@ class Communicator:
     def _closed_form(self, meeting: _Meeting, buffers: list):
         """Wait collective_time without simulating flows; results computed directly."""
         start_s = self.env.now
-        duration, counts, steps, sent = self._closed_form_plan(
+        duration, counts, steps, sent, received = self._closed_form_plan(
             meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
         yield self.env.timeout(duration)
-        received = sent[-1:] + sent[:-1]  # each rank receives what its predecessor sends
         stats = CollectiveStats(meeting.collective, meeting.group, meeting.nbytes, steps,
                                 sent, received, start_s, self.env.now)
         return _direct_results(meeting.collective, buffers, counts), stats
 
     def _closed_form_plan(self, collective: str, group: tuple, nbytes: int, elem_bytes: int):
-        """(duration, chunk counts, step count, bytes sent per rank), memoised per call shape."""
+        """(duration, chunk counts, step count, bytes sent and received per member), memoised."""
         key = (collective, group, nbytes, elem_bytes)
         if key not in self._plans:
             n = len(group)
             counts = chunk_counts(element_count(nbytes, elem_bytes), n)
-            steps = STEPS[collective](n)
-            sent = tuple(bytes_sent_per_rank(steps, [c * elem_bytes for c in counts]))
+            steps = (2 if collective == ALL_REDUCE else 1) * (n - 1)
+            channels = channel_rings(list(group), self.network.graph.graph["gpus_per_node"])
+            sent, received = map(tuple, channel_bytes(collective, counts, elem_bytes, channels))
             duration = collective_time(collective, self.network.graph, list(group), nbytes,
                                        self.network.calibration, elem_bytes)
-            self._plans[key] = (duration, counts, len(steps), sent)
+            self._plans[key] = (duration, counts, steps, sent, received)
         return self._plans[key]
 
 

@@ -1,8 +1,10 @@
 """Point-to-point transfers over the cluster graph, with links shared fluidly and fairly.
 
-A transfer drains its bytes along its route at the max-min fair rate of the links it crosses
-(rates are recomputed whenever a transfer starts or finishes), then arrives after the route's
-latency. Time = latency + bytes / rate, where a link's capacity is its configured bandwidth times
+A transfer drains its bytes along its route at the max-min fair rate of the links it crosses,
+then arrives after the route's latency. Rates are recomputed once per instant at which transfers
+start or finish (a ring step's hops all start together: one computation, not one per hop), and
+memoised per sequence of active routes (a hit returns the very same floats). A wake-up is only
+scheduled when the first finish changes, so no wake-up is stale. Time = latency + bytes / rate, where a link's capacity is its configured bandwidth times
 the calibrated efficiency of its kind (simsp.hardware.LinkCalibration).
 """
 
@@ -13,13 +15,15 @@ from functools import partial
 import networkx as nx
 import simpy
 
-from simsp.cluster.topology import gpu_name, route, route_latency_s
+from simsp.cluster.topology import hop_route, route_latency_s
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware import LinkCalibration
 
 # A flow counts as drained when fewer than this fraction of its bytes remain (float rounding).
 DRAINED_FRACTION = 1e-9
+# Route ids held by the memo's keys before it starts afresh (~100 MB of keys and rates).
+MEMO_LIMIT = 2_000_000
 
 
 @dataclass
@@ -32,11 +36,13 @@ class _Flow:
     nbytes: int
     label: str
     edges: tuple[tuple[str, str], ...]
+    route_id: int
     latency_s: float
     start_s: float
     delivered: simpy.Event
     remaining: float
     rate_Bps: float = 0.0
+    drained: simpy.Event | None = None  # succeeds when the last byte has left the sender
 
 
 class Network:
@@ -55,33 +61,47 @@ class Network:
         self._draining: dict[int, _Flow] = {}  # flow id -> flow, in start order
         self._next_id = 0
         self._updated_s = env.now
-        self._generation = 0  # bumps on every rate change; stale wake-ups are ignored
+        self._route_ids: dict[tuple, int] = {}  # route edges -> small integer id
+        self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}  # route ids -> rates
+        self._memo_size = 0  # route ids held by the memo's keys
+        self._recompute_pending = False
+        self._wake: tuple[float, int, int] | None = None  # (time, flow id, token) of the wake
+        self._token = 0  # bumps when a new wake-up replaces the pending one
+        self.rate_computations = 0  # fair-share solves actually run (memo misses)
 
     @property
     def transfers(self) -> list[TransferRecord]:
         """Every delivered transfer, in delivery order."""
         return self.trace.transfers
 
-    def transfer(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str = "") -> simpy.Event:
-        """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event succeeds on delivery."""
+    def transfer(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str = "",
+                 via_gpu: int | None = None, drained: simpy.Event | None = None) -> simpy.Event:
+        """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event succeeds on delivery.
+
+        `via_gpu`: relay through that GPU's links (NCCL PXN: NVLink to the GPU whose NIC is on
+        the destination's rail, then its NIC). `drained`: an event to succeed when the last byte
+        has left (one latency before delivery), so a pipelined sender can start its next slot."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
-        flow = self._new_flow(src_gpu, dst_gpu, nbytes, label)
+        flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu)
+        flow.drained = drained
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:
             self._advance()
             self._draining[flow.flow_id] = flow
-            self._reschedule()
+            self._request_recompute()
         return flow.delivered
 
-    def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str) -> _Flow:
+    def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
+                  via_gpu: int | None) -> _Flow:
         """A flow record for a new transfer along the cached route."""
-        edges = tuple(route(self.graph, gpu_name(src_gpu), gpu_name(dst_gpu)))
+        edges = hop_route(self.graph, src_gpu, dst_gpu, via_gpu)
         latency_s = route_latency_s(self.graph, edges)
         if edges:
             latency_s += self.calibration.transfer_overhead_s
-        flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, latency_s,
+        route_id = self._route_ids.setdefault(edges, len(self._route_ids))
+        flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
                      self.env.now, self.env.event(), float(nbytes))
         self._next_id += 1
         return flow
@@ -94,32 +114,61 @@ class Network:
                 flow.remaining -= flow.rate_Bps * elapsed_s
         self._updated_s = self.env.now
 
-    def _reschedule(self) -> None:
-        """Recompute fair rates and wake up when the first flow finishes draining."""
-        self._generation += 1
-        if not self._draining:
-            return
-        rates = max_min_rates({i: f.edges for i, f in self._draining.items()}, self.capacity_Bps)
-        for flow_id, flow in self._draining.items():
-            flow.rate_Bps = rates[flow_id]
-        first = min(self._draining.values(), key=lambda f: max(f.remaining, 0.0) / f.rate_Bps)
-        wake = self.env.timeout(max(first.remaining, 0.0) / first.rate_Bps)
-        wake.callbacks.append(partial(self._on_wake, self._generation, first.flow_id))
+    def _request_recompute(self) -> None:
+        """Recompute the rates once, after every start and finish at this instant."""
+        if not self._recompute_pending:
+            self._recompute_pending = True
+            self.env.timeout(0).callbacks.append(self._reschedule)
 
-    def _on_wake(self, generation: int, flow_id: int, _event: simpy.Event) -> None:
-        """A flow should have drained: retire it (and any finishing with it), then reschedule."""
-        if generation != self._generation:
+    def _reschedule(self, _event: simpy.Event | None = None) -> None:
+        """Recompute fair rates and wake up when the first flow finishes draining."""
+        self._recompute_pending = False
+        if not self._draining:
+            self._wake = None
             return
+        flows = list(self._draining.values())
+        for flow, rate in zip(flows, self._rates(flows)):
+            flow.rate_Bps = rate
+        first = min(flows, key=lambda f: max(f.remaining, 0.0) / f.rate_Bps)
+        delay_s = max(first.remaining, 0.0) / first.rate_Bps
+        if self._wake is not None and self._wake[:2] == (self.env.now + delay_s, first.flow_id):
+            return  # the pending wake-up is still the right one
+        self._token += 1
+        self._wake = (self.env.now + delay_s, first.flow_id, self._token)
+        wake = self.env.timeout(delay_s)
+        wake.callbacks.append(partial(self._on_wake, self._token, first.flow_id))
+
+    def _rates(self, flows: list[_Flow]) -> tuple[float, ...]:
+        """Max-min fair rates of `flows`, memoised per sequence of routes (same order, same
+        floats: fair_share breaks ties by first appearance)."""
+        key = tuple(f.route_id for f in flows)
+        if key not in self._memo:
+            self._memo_size += len(key)
+            if self._memo_size > MEMO_LIMIT:
+                self._memo.clear()
+                self._memo_size = len(key)
+            rates = max_min_rates({i: f.edges for i, f in enumerate(flows)}, self.capacity_Bps)
+            self._memo[key] = tuple(rates[i] for i in range(len(flows)))
+            self.rate_computations += 1
+        return self._memo[key]
+
+    def _on_wake(self, token: int, flow_id: int, _event: simpy.Event) -> None:
+        """A flow should have drained: retire it (and any finishing with it), then reschedule."""
+        if token != self._token:
+            return
+        self._wake = None
         self._advance()
         self._draining[flow_id].remaining = 0.0
         for flow in [f for f in self._draining.values()
                      if f.remaining <= DRAINED_FRACTION * f.nbytes]:
             del self._draining[flow.flow_id]
             self._deliver_after_latency(flow)
-        self._reschedule()
+        self._request_recompute()
 
     def _deliver_after_latency(self, flow: _Flow) -> None:
         """The last byte arrives one route latency after it left."""
+        if flow.drained is not None:
+            flow.drained.succeed()
         arrival = self.env.timeout(flow.latency_s)
         arrival.callbacks.append(partial(self._finish, flow))
 

@@ -119,3 +119,92 @@ def apply_step(holdings: Holdings, step: RingStep) -> Holdings:
         own = holdings[send.dst][send.chunk]
         after[send.dst][send.chunk] = own | incoming if step.reduce else incoming
     return after
+
+
+# --------------------------------------------------------------------------------------------
+# NCCL channels: several rings at once, laid out rail by rail across nodes
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Channel:
+    """One NCCL channel: a ring over the group's members, carrying slice `index` of every chunk.
+
+    `order`: group member indices in ring order; `via[p]`: the GPU whose NIC relays position p's
+    outgoing hop (PXN), or None for a direct hop; `rail`: the NIC index its node-crossing hops
+    use (None inside one node)."""
+
+    index: int
+    order: tuple[int, ...]
+    via: tuple[int | None, ...]
+    rail: int | None
+
+
+def channel_rings(gpus: list[int], gpus_per_node: int) -> list[Channel]:
+    """NCCL's rings for a group (REFERENCE.md §7): one ring inside one node (on an NVSwitch the
+    ring's time does not depend on the channel count: k channels share each GPU's NVLink k
+    ways and carry 1/k of the bytes each); across nodes one channel per member a node holds
+    (k = the fewest members on any node), channel c entering every node at its c-th member and
+    leaving at its (c-1)-th, which sends through the NIC on the next entry's rail (PXN, NCCL
+    >= 2.12) so every node-crossing hop of channel c stays on one rail."""
+    by_node = _members_by_node(gpus, gpus_per_node)
+    if len(by_node) == 1:
+        return [Channel(0, tuple(range(len(gpus))), (None,) * len(gpus), None)]
+    k = min(len(members) for members in by_node)
+    return [_rail_channel(c, gpus, by_node, gpus_per_node) for c in range(k)]
+
+
+def _members_by_node(gpus: list[int], gpus_per_node: int) -> list[list[int]]:
+    """Group member indices per node, nodes in order of first appearance."""
+    nodes: dict[int, list[int]] = {}
+    for member, gpu in enumerate(gpus):
+        nodes.setdefault(gpu // gpus_per_node, []).append(member)
+    return list(nodes.values())
+
+
+def _rail_channel(c: int, gpus: list[int], by_node: list[list[int]],
+                  gpus_per_node: int) -> Channel:
+    """Channel c: every node's members rotated to start at their c-th; the last member of a
+    node relays through its node's GPU on the next node's entry rail."""
+    order = [m for members in by_node for m in members[c:] + members[:c]]
+    via: list[int | None] = [None] * len(order)
+    end = 0
+    for node_index, members in enumerate(by_node):
+        end += len(members)
+        src, dst = gpus[order[end - 1]], gpus[order[end % len(order)]]
+        relay = src - src % gpus_per_node + dst % gpus_per_node  # same node, destination's rail
+        via[end - 1] = None if relay == src else relay
+    return Channel(c, tuple(order), tuple(via), gpus[by_node[0][c]] % gpus_per_node)
+
+
+def slice_counts(counts: list[int], channels: int, index: int) -> list[int]:
+    """Elements channel `index` carries of every chunk (each chunk split as chunk_counts)."""
+    return [count // channels + (index < count % channels) for count in counts]
+
+
+def channel_bytes(collective: str, counts: list[int], elem_bytes: int,
+                  channels: list[Channel]) -> tuple[list[int], list[int]]:
+    """Bytes each group member sends and receives over all channels, in closed form."""
+    sent, received = [0] * len(counts), [0] * len(counts)
+    for channel in channels:
+        sizes = [s * elem_bytes for s in slice_counts(counts, len(channels), channel.index)]
+        order, n = channel.order, len(channel.order)
+        for p, out in enumerate(position_bytes_sent(collective, sizes, order)):
+            sent[order[p]] += out
+            received[order[(p + 1) % n]] += out  # a position receives what its predecessor sends
+    return sent, received
+
+
+def position_bytes_sent(collective: str, sizes: list[int], order: tuple[int, ...]) -> list[int]:
+    """Bytes each position of one ring sends (`sizes`: bytes of every member's chunk slice): in
+    a phase a position sends every chunk but one (reduce-scatter: its own; all-gather: its
+    successor's)."""
+    total, n = sum(sizes), len(order)
+    sent = []
+    for p, member in enumerate(order):
+        out = 0
+        if collective in (REDUCE_SCATTER, ALL_REDUCE):
+            out += total - sizes[member]
+        if collective in (ALL_GATHER, ALL_REDUCE):
+            out += total - sizes[order[(p + 1) % n]]
+        sent.append(out)
+    return sent

@@ -18,7 +18,6 @@ class ResultCache:
             self.folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, digest: str) -> Path:
-
         """The file holding one configuration's row."""
         return self.folder / f"{digest}.json"
 

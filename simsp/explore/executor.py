@@ -51,7 +51,6 @@ class Executor:
         self.client = None
 
     def __enter__(self):
-
         """Start (or connect to) the Dask cluster unless in-process."""
         if self.scheduler or self.workers != 0:
             self._context = dask_client(self.workers, self.scheduler)
@@ -59,7 +58,6 @@ class Executor:
         return self
 
     def __exit__(self, *exc):
-
         """Close the client and, if embedded, the cluster."""
         if self._context is not None:
             return self._context.__exit__(*exc)

@@ -10,18 +10,18 @@ from simsp.explore.cache import ResultCache
 from simsp.explore.configs import Config
 from simsp.explore.executor import Executor
 from simsp.explore.table import results_frame, table_row
+from simsp.progress import wanted
 
 
 def _is_failure(row: dict) -> bool:
-
-
     """An invalid configuration (OOM is a result, not a failure)."""
     return row.get("status") == "error"
 
 
 def progress_bar(total: int, done: int, quiet: bool, what: str = "simsp sweep") -> tqdm:
-    """configs done / total, rate and ETA on stderr, with the failures so far."""
-    bar = tqdm(total=total, initial=done, file=sys.stderr, disable=quiet, unit="config",
+    """configs done / total, rate and ETA on stderr, with the failures so far (drawn only when
+    stderr is a terminal and not --quiet, as every command's progress: simsp.progress)."""
+    bar = tqdm(total=total, initial=done, file=sys.stderr, disable=not wanted(quiet), unit="config",
                desc=what, dynamic_ncols=True)
     bar.set_postfix(failed=0)
     bar.failed = 0
@@ -44,8 +44,6 @@ def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, 
 
 
 def _advance(bar, rows: list[dict]) -> None:
-
-
     """Advance the progress bar by finished rows, counting failures."""
     if bar is None or not rows:
         return

@@ -59,8 +59,6 @@ def screen(configs: list[Config], margin: float, result: SearchResult, objective
 
 
 def _kth_best(scores: list[float], top: int) -> float:
-
-
     """The top-K's worst score so far (infinity until K layouts fit)."""
     done = sorted(s for s in scores if s is not None)
     return done[top - 1] if len(done) >= top else float("inf")

@@ -6,7 +6,7 @@ import numpy as np
 import simpy
 
 from simsp.cluster.grid import RankGrid
-from simsp.cluster.topology import build_topology
+from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.config import Scenario
 from simsp.engine.communicator import STEPWISE, Communicator
 from simsp.engine.ledger import Ledger
@@ -40,8 +40,10 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp)
     trace = Trace()
-    network = Network(env, build_topology(sc.cluster), LinkCalibration.from_cluster(sc.cluster),
-                      trace=trace)
+    # only the nodes that host ranks (a 1-GPU job on a 100000-node cluster builds one node)
+    hosts = nodes_hosting(range(grid.world_size), sc.cluster.gpus_per_node)
+    network = Network(env, build_topology(sc.cluster, hosts),
+                      LinkCalibration.from_cluster(sc.cluster), trace=trace)
     ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused

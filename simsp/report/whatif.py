@@ -20,8 +20,6 @@ def ranked(frame, objective: str = "time"):
 
 
 def _verdict(row) -> str:
-
-
     """fits, invalid, or OOM with its stage and the bytes over."""
     if row["status"] == "error":
         return "invalid"

@@ -21,8 +21,6 @@ def _save(fig, path: Path) -> Path:
 
 
 def _labels(frame) -> list[str]:
-
-
     """`#index` labels, matching the report's table."""
     return [f"#{i}" for i in frame["index"]]
 

@@ -114,7 +114,7 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
     for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
         dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
-        state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(segment.layers))
+        state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(reversed(segment.layers)))
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_first(chunk):
         if r.numeric:
