@@ -13,6 +13,7 @@ from simsp.engine.ledger import Ledger
 from simsp.metrics import collect
 from simsp.oom_advice import bytes_at_failure, candidate_switches, explain_oom
 from simsp.report import write_reports
+from simsp.report.figures import gantt_intervals
 from simsp.report.glossary import GLOSSARY
 from simsp.report.html import report_html
 from simsp.report.html_markdown import to_html
@@ -129,7 +130,7 @@ def test_175b_without_sp_names_activations_and_switches_that_fit(oom_175b):
 
 def test_markdown_subset_to_html():
     text = "# T\n\nA `x` and **y**.\n\n| a | b |\n| --- | ---: |\n| 1 | 2 |\n"
-    assert to_html(text) == ("<h1>T</h1>\n<p>A <code>x</code> and <strong>y</strong>.</p>\n"
+    assert to_html(text) == ("<h1 id=\"t\">T</h1>\n<p>A <code>x</code> and <strong>y</strong>.</p>\n"
                              "<table><thead><tr><th>a</th><th class=\"num\">b</th></tr></thead>"
                              "<tbody><tr><td>1</td><td class=\"num\">2</td></tr></tbody></table>")
 
@@ -207,3 +208,25 @@ def test_the_browser_check_sees_script_errors_and_broken_pictures(tmp_path):
                     'undefinedFunction();</script></body></html>')
     verdict, console = page_verdict(page, tmp_path)
     assert verdict["rendered"] == 0 and verdict["errors"] and console
+
+
+# ---------------------------------------------------------------- the schedule's bars
+
+TINY = os.path.join(REPO, "scenarios", "tiny.toml")
+
+
+def test_gantt_bars_tile_each_stage_and_recompute_sits_inside_backward():
+    sc = load_scenario(TINY, {("parallel", "recompute_granularity"): "full"})
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc))
+    for pp in range(sc.parallel.pp):
+        rank = run.rank_of(0, 0, pp)
+        bars = gantt_intervals(run, rank)
+        steps = run.steps[rank]
+        first, last = min(s[3] for s in steps), max(s[4] for s in steps)
+        tiled = sum(d for kind in ("forward", "backward", "wait") for _, d in bars[kind])
+        assert tiled == pytest.approx(last - first, rel=1e-12)  # steps + waits, no overlap
+        assert len(bars["forward"]) == sum(s[0] == "F" for s in steps)
+        backward = bars["backward"]
+        assert bars["recompute"]  # numeric mode: every op is traced
+        for start, duration in bars["recompute"]:
+            assert any(b <= start and start + duration <= b + d + 1e-15 for b, d in backward)

@@ -17,8 +17,10 @@ COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer": "#8172b2",
           "activations": "#c44e52", "temporaries": "#dd8452", "communication": "#937860"}
 GANTT_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
                 "transfer": "#8172b2", "wait": "#d9d9d9", "DP communication": "#c44e52"}
-EXPOSED_TRACKS = (("tp_comm", "TP comm", "#4c72b0"), ("pp_comm", "pipeline comm", "#8172b2"),
-                  ("pp_wait", "pipeline wait", "#bbbbbb"), ("dp_comm", "DP comm", "#c44e52"))
+EXPOSED_TRACKS = (("tp_comm", "TP comm", "#4c72b0"), ("pp_transfer", "pipeline transfer", "#8172b2"),
+                  ("pp_comm", "pipeline comm", "#8172b2"), ("pp_wait", "pipeline wait", "#bbbbbb"),
+                  ("dp_comm", "DP comm", "#c44e52"))
+BUSY_KEYS = ("compute", "optimizer")  # time at work, not exposed
 MEMORY_POINTS = 600  # per stage panel: the downsampling keeps each bucket's max, so the peak
 
 
@@ -114,6 +116,12 @@ def memory_over_time(run, label: str) -> bytes | None:
 
 # ---------------------------------------------------------------- the schedule
 
+def replayed(run) -> bool:
+    """Meta-mode layer templates: replayed layer steps keep one merged span per track, so
+    recompute is only inside the backward bars (the first, recorded layer alone has detail)."""
+    return hasattr(run.layers, "templates")
+
+
 def gantt_intervals(run, rank: int) -> dict[str, list[tuple[float, float]]]:
     """{kind: [(start_s, duration_s)]} of one stage: forward and backward steps, recompute,
     pipeline transfers, DP communication, and waits (gaps between consecutive steps)."""
@@ -124,8 +132,9 @@ def gantt_intervals(run, rank: int) -> dict[str, list[tuple[float, float]]]:
     for (*_, _, prev_end), (*_, begin, _) in zip(steps, steps[1:]):
         if begin > prev_end:
             out["wait"].append((prev_end, begin - prev_end))
+    detailed = not replayed(run)
     for span in run.world.trace.spans_of(rank):
-        if span.track == "compute" and span.args.get("phase") == "recompute":
+        if detailed and span.track == "compute" and span.args.get("phase") == "recompute":
             out["recompute"].append((span.start_s, span.duration_s))
         elif span.track == "pp_comm":
             out["transfer"].append((span.start_s, span.duration_s))
@@ -196,19 +205,31 @@ def _stacked_bars(ax, columns: list[tuple[str, str, list[float]]], stages: int) 
     ax.grid(True, axis="y", alpha=0.3)
 
 
+def exposed_tracks(exposed: list[dict]) -> list[tuple[str, str, str]]:
+    """(key, label, colour) of every exposed track present, known ones first."""
+    keys = {k for e in exposed for k in e} - set(BUSY_KEYS)
+    known = [t for t in EXPOSED_TRACKS if t[0] in keys]
+    extra = sorted(keys - {t[0] for t in EXPOSED_TRACKS})
+    return known + [(k, k, color) for k, color in zip(extra, ("#937860", "#dd8452", "#da8bc3"))]
+
+
 def exposed_time_bars(metrics: dict, label: str) -> bytes | None:
     """Exposed communication and pipeline wait per stage, stacked by track."""
     plt = pyplot()
     if plt is None:
         return None
-    exposed = metrics["exposed_comm_s_per_stage"]
-    unit, scale = time_unit(max((sum(e.values()) for e in exposed), default=0.0))
+    exposed = metrics.get("exposed_s_per_stage") or metrics["exposed_comm_s_per_stage"]
+    tracks = exposed_tracks(exposed)
+    top = max((sum(e.get(k, 0.0) for k, _, _ in tracks) for e in exposed), default=0.0)
+    unit, scale = time_unit(top)
     columns = [(name, color, [e.get(key, 0.0) / scale for e in exposed])
-               for key, name, color in EXPOSED_TRACKS]
+               for key, name, color in tracks]
     fig, ax = plt.subplots(figsize=(13, 3.6))
     _stacked_bars(ax, columns, len(exposed))
+    ax.set_ylim(0, top / scale * 1.1 or 1.0)
     ax.set_ylabel(unit)
-    ax.legend(fontsize=8, ncol=4, loc="upper right")
+    ax.legend(fontsize=8, ncol=len(columns), loc="upper center", bbox_to_anchor=(0.5, -0.18),
+              frameon=False)
     ax.set_title(f"Exposed time per stage (communication no compute hid, and waits): {label}")
     fig.tight_layout()
     return png_bytes(plt, fig)
@@ -275,8 +296,10 @@ def report_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes
     made = [("memory_stages.png", "Memory over one iteration for every pipeline stage "
              "(stacked by category; dashed line: capacity).", memory_over_time(run, label)),
             ("schedule.png", "Pipeline schedule: forward and backward steps, recompute, waits "
-             "for input (grey), and pipeline transfers and DP communication below each row.",
-             schedule_gantt(run, label)),
+             "for input (grey), and pipeline transfers and DP communication below each row."
+             + (" Recompute is drawn inside the backward bars here: meta mode's replayed layer "
+                "templates keep no per-op detail (--no-shortcuts shows it)."
+                if replayed(run) else ""), schedule_gantt(run, label)),
             ("exposed.png", "Exposed time per stage: communication that no compute hid, and "
              "pipeline waits.", exposed_time_bars(metrics, label)),
             ("memory_at_peak.png", "Memory by category at each stage's peak moment.",

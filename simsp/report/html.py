@@ -8,7 +8,7 @@ import html
 from pathlib import Path
 
 from simsp.report.glossary import GLOSSARY
-from simsp.report.html_markdown import to_html
+from simsp.report.html_markdown import slug, to_html
 from simsp.report.html_page import figure, page
 from simsp.report.summary_md import summary_text, variant_label
 
@@ -28,11 +28,23 @@ def figures_html(figures: list[tuple[str, str, bytes]]) -> str:
         figure(png, caption, name.removesuffix(".png")) for name, caption, png in figures)
 
 
+def contents(text: str, figures: bool) -> str:
+    """A line of links to the page's sections (the ## headings, then figures and glossary)."""
+    titles = [line[3:].strip() for line in text.split("\n") if line.startswith("## ")]
+    links = [(slug(t), t) for t in titles] + ([("figures", "Figures")] if figures else [])
+    links.append(("glossary", "Glossary"))
+    return '<nav class="meta">' + " · ".join(
+        f'<a href="#{anchor}">{html.escape(name)}</a>' for anchor, name in links) + "</nav>"
+
+
 def report_html(metrics: dict, figures: list[tuple[str, str, bytes]] = ()) -> str:
     """The whole page: the summary text, the figures, the glossary."""
-    text = to_html(summary_text(metrics)).replace(  # the out-of-memory verdict stands out
+    markdown = summary_text(metrics)
+    text = to_html(markdown).replace(  # the out-of-memory verdict stands out
         "<p><strong>Out of memory</strong>", '<p class="callout"><strong>Out of memory</strong>')
-    body = text + figures_html(list(figures)) + glossary_html()
+    head, rest = text.split("\n", 1)  # the title, then everything else
+    body = (head + contents(markdown, bool(figures)) + rest + figures_html(list(figures))
+            + glossary_html())
     return page(f"simsp run: {variant_label(metrics)}", body)
 
 

@@ -20,6 +20,11 @@ def inline(text: str) -> str:
 NUM = ' class="num"'
 
 
+def slug(title: str) -> str:
+    """'Memory per pipeline stage (rank tp 0, dp 0)' -> 'memory-per-pipeline-stage-rank-tp-0-dp-0'."""
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
@@ -55,7 +60,8 @@ def to_html(text: str) -> str:
         first = block[0]
         if first.startswith("#"):
             level = len(first) - len(first.lstrip("#"))
-            out.append(f"<h{level}>{inline(first[level:].strip())}</h{level}>")
+            title = first[level:].strip()
+            out.append(f'<h{level} id="{slug(title)}">{inline(title)}</h{level}>')
             block = block[1:]
             if not block:
                 continue
