@@ -7,7 +7,6 @@ Every size is simulated step by step (meta mode) over the cluster's links; the t
 nccl-tests' size, count, time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md).
 """
 
-import json
 import math
 
 import simpy
@@ -22,6 +21,7 @@ from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
+from simsp.jsonout import dumps
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
@@ -54,7 +54,7 @@ def run(args) -> int:
     _check_modes(args, sizes)
     graph = build_topology(cluster)
     if args.json:
-        print(json.dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
+        print(dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
                                                                sizes[0]))))
         return 0
     if args.explain:

@@ -1,12 +1,13 @@
 """`simsp verify`: the small GPT's gradients on the emulated ranks vs finite differences and vs
 the single-device reference, in numeric mode."""
 
-import json
-
+from simsp.bounds import check_work
 from simsp.errors import UserError
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.training.compare import compare_with_reference
 from simsp.training.gradcheck import EPSILON, gradient_check
+from simsp.jsonout import dumps
+from simsp.model.params import LAYER_SUFFIXES
 from simsp.training.iteration import simulate_iteration
 
 FD_TOLERANCE = 1e-5  # directional central differences, ε = 1e-5, float64
@@ -18,6 +19,13 @@ def add_parser(subparsers) -> None:
     add_scenario_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run)
+
+
+def _iterations(sc) -> int:
+    """Whole iterations verify simulates: two per checked tensor (central differences), one for
+    the gradients and one against the reference."""
+    tensors = len(LAYER_SUFFIXES) * sc.model.num_layers + 5  # embeddings, final LN, input
+    return 2 * tensors + 2
 
 
 def verify_report(sc) -> dict:
@@ -42,9 +50,10 @@ def run(args) -> int:
     sc = scenario_from_args(args)
     if sc.run.mode != "numeric":
         raise UserError("run.mode", "verify needs numeric mode (--mode numeric)")
+    check_work(sc, iterations=_iterations(sc), force=args.force)
     report = verify_report(sc)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(dumps(report, indent=2))
     else:
         p = sc.parallel
         print(f"verify: t={p.tp} p={p.pp} d={p.dp} SP={p.sequence_parallel} "
