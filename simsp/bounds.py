@@ -31,7 +31,7 @@ BOUNDS = {
     "model.hidden_size": Bound(1, 262144, "elements", "10x the 1T model's 25600"),
     "model.num_attention_heads": Bound(1, 8192, "heads", "50x the 1T model's 160"),
     "model.seq_length": Bound(1, 1048576, "tokens", "a 1M-token context"),
-    "model.vocab_size": Bound(1, 4194304, "tokens", "80x GPT's 51200"),
+    "model.vocab_size": Bound(2, 4194304, "tokens", "one token makes the loss 0; 80x GPT 51200"),
     "model.ffn_hidden_size": Bound(1, 1048576, "elements", "4x the largest hidden size"),
     "model.hidden_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
     "model.attention_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
@@ -63,6 +63,8 @@ META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 7e-6  # the growth with d measured abo
 FULL_SECONDS_PER_RANK_STEP = 8e-3  # --no-shortcuts: per simulated rank
 NUMERIC_FLOPS_PER_SECOND = 2e9  # numpy float64 GEMMs on one core, with simsp's op overhead
 NUMERIC_SECONDS_PER_LAYER_STEP = 15e-3  # numeric mode's per-op overhead per rank, tiny shapes
+# Meta mode keeps its ledger and trace: the 1T scenario (65,536 layer-steps) peaked at 2.76 GB RSS.
+META_BYTES_PER_LAYER_STEP = 42 * 1024
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -146,18 +148,24 @@ def meta_seconds(sc, representative: bool) -> float:
     return layer_steps(sc) * p.tp * p.dp * FULL_SECONDS_PER_RANK_STEP
 
 
+def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
+    """One error giving the estimated bytes and the limit when `need` is above it."""
+    if need > MEMORY_LIMIT_BYTES:
+        raise UserError(field, f"{what} {format_bytes(need)} of memory, above the limit of "
+                               f"{format_bytes(MEMORY_LIMIT_BYTES)}{hint}")
+
+
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
     iterations (verify runs two per checked tensor)."""
     if sc.run.mode == "numeric":
-        need = numeric_bytes(sc)
-        if need > MEMORY_LIMIT_BYTES:
-            raise UserError("run.mode", f"numeric mode would allocate about {format_bytes(need)}"
-                                        f", above the limit of {format_bytes(MEMORY_LIMIT_BYTES)} "
-                                        f"(use --mode meta)")
+        _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
+                      " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
+        _check_memory(layer_steps(sc) * META_BYTES_PER_LAYER_STEP, "work",
+                      f"meta mode would keep about")
         seconds = meta_seconds(sc, shortcuts) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
