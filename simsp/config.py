@@ -327,6 +327,8 @@ def validate(s: Scenario) -> None:
     _choice("run.mode", s.run.mode, MODE_CHOICES)
     _choice("run.numeric_dtype", s.run.numeric_dtype, DTYPE_CHOICES)
     _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")
+    _check(s.run.name.isprintable() and len(s.run.name) <= 200, "run.name",
+           "must be printable text of at most 200 characters")
     _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
 

@@ -42,8 +42,8 @@ INT_FLAGS = ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-le
              "--data-parallel-size", "--nodes", "--seed", "--world-size"]
 FLAG_VALUES = st.sampled_from(["1", "2", "4", "8", "0", "-1", "", "1_024", "\u0661", "nan", "inf",
                                "1e3", str(10**30), "4096", "abc"])
-CHOICE_FLAGS = [("--recompute-granularity", ["none", "selective", "full", "", "some"]),
-                ("--schedule", ["gpipe", "1f1b", "interleaved", "zigzag"])]
+CHOICE_FLAGS = [("--recompute-granularity", ["none", "selective", "full", "full", "", "some"]),
+                ("--schedule", ["gpipe", "1f1b", "1f1b", "zigzag"])]
 SWITCHES = ["--sequence-parallel", "--no-sequence-parallel", "--use-distributed-optimizer",
             "--distributed-optimizer", "--force", "--glob", "--num-lay", "--seq", ""]
 SIZES = st.sampled_from(["8", "1K", "1M", "4G", "1_024", "0", "-8", "", "1.5M", "12", "1B", "2T",
@@ -105,7 +105,7 @@ def command_line(draw) -> tuple[list[str], bool]:
         argv += draw(st.sampled_from([[], ["--explain"], ["--size", "8"]]))
     else:
         argv = [command, "SCENARIO", *draw(flags())]
-        argv += draw(st.sampled_from([[], ["--out", "OUT"], ["--out", ""], ["--out", "../up"]])) \
+        argv += draw(st.sampled_from([[], [], ["--out", "OUT"], ["--out", ""], ["--out", "../up"]])) \
             if command == "run" else []
     return argv + (["--json"] if wants_json else []), wants_json
 
