@@ -3,7 +3,7 @@
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """
 
-from simsp.config import Model, Parallel, Scenario
+from simsp.config import Model, Parallel, Scenario, padded_vocab_size
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -49,15 +49,30 @@ def layer_gemm_flops(s: int, b: int, h: int, ffn: int | None = None) -> int:
 
 def model_flops(m: Model, p: Parallel) -> float:
     """Model FLOPs per iteration: 72BLsh²(1 + s/(6h) + v/(12hL)), B = global batch (K22 §6.3)."""
-    B, L, s, h, v = p.global_batch, m.num_layers, m.seq_length, m.hidden_size, m.vocab_size
+    B, L, s, h = p.global_batch, m.num_layers, m.seq_length, m.hidden_size
+    v = padded_vocab_size(m, p.tp)  # Megatron counts the padded vocabulary's logits
     return 72 * B * L * s * h * h * (1 + s / (6 * h) + v / (12 * h * L))
 
 
+def recomputed_layers(m: Model, p: Parallel) -> int:
+    """Layers whose forward full recompute re-runs: all of them (uniform), or the first N of
+    each of the p·v model chunks (block; Megatron transformer_block.py)."""
+    if p.recompute_granularity != "full":
+        return 0
+    if p.recompute_method != "block":
+        return m.num_layers
+    chunks = m.num_layers // (p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp)
+    return chunks * (p.recompute_num_layers or 1)
+
+
 def hardware_flops(m: Model, p: Parallel) -> float:
-    """Hardware FLOPs: selective adds the attention core again; full uses N21's 96BLsh² form."""
-    B, L, s, h, v = p.global_batch, m.num_layers, m.seq_length, m.hidden_size, m.vocab_size
+    """Hardware FLOPs: selective adds the attention core again; full adds one forward of each
+    recomputed layer, 24Bsh² + 4Bs²h (K22 App. A) — N21's 96BLsh²(1 + s/6h + v/16hL) when
+    every layer is recomputed."""
+    B, L, s, h = p.global_batch, m.num_layers, m.seq_length, m.hidden_size
+    v = padded_vocab_size(m, p.tp)  # Megatron counts the padded vocabulary's logits
     if p.recompute_granularity == "full":
-        return 96 * B * L * s * h * h * (1 + s / (6 * h) + v / (16 * h * L))
+        return model_flops(m, p) + recomputed_layers(m, p) * B * (24 * s * h * h + 4 * s * s * h)
     if p.recompute_granularity == "selective":
         return 72 * B * L * s * h * h * (1 + s / (3 * h) + v / (12 * h * L))
     return model_flops(m, p)
@@ -83,28 +98,52 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     Beyond K22's text: interleaving keeps chunk 0's embedding mask for up to 2p − 1 micro-batches
     (its warm-up runs all v chunks of p micro-batches, then chunk 0 of p − 1 more), not p; with
     p = 1 stage 0 is also the last stage and holds one micro-batch's head tensors; full recompute
-    adds the one layer whose activations are rebuilt during backward (K22 counts stored inputs)."""
+    adds the layers whose activations are rebuilt during backward (K22 counts stored inputs):
+    one layer, or a group of N (--recompute-method uniform), or block's mix."""
     m, p = sc.model, sc.parallel
     t, sp = p.tp, p.sequence_parallel
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
-    per_layer = layer_activation_bytes(s, b, h, a, t, sp, p.recompute_granularity, m.ffn,
-                                       m.hidden_dropout > 0, m.attention_dropout > 0)
-    total = per_layer * m.num_layers / p.pp * _layer_micro_batches(p)
+    def layer(recompute: str) -> int:
+        """One layer's kept bytes under `recompute` in this layout."""
+        return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
+                                      m.hidden_dropout > 0, m.attention_dropout > 0)
+    chunks = chunks_per_stage(m, p)
+    kept, recomputed = chunk_recompute_bytes(p, m.num_layers // p.pp // chunks,
+                                             layer(p.recompute_granularity), layer("none"))
+    total = kept * chunks * _layer_micro_batches(p)
     if p.schedule_name == "interleaved":
-        chunks = m.num_layers // p.pp // p.num_layers_per_virtual_pipeline_stage
         total *= 1 + (p.pp - 1) / (p.pp * chunks)
     seq_split = t if sp else 1
     if m.hidden_dropout > 0:  # embedding dropout mask, sbh/t per micro-batch (K22 §4.3)
         total += s * b * h / seq_split * _embedding_micro_batches(p)
-    recomputed = 0
-    if p.recompute_granularity == "full":
-        recomputed = layer_activation_bytes(s, b, h, a, t, sp, "none", m.ffn,
-                                            m.hidden_dropout > 0, m.attention_dropout > 0) - per_layer
     head = 0
     if p.pp == 1:  # final LN input, output-projection input, fp32 logits (K22 §4.3)
-        head = 4 * s * b * h / seq_split + 4 * s * b * m.vocab_size / t
+        head = 4 * s * b * h / seq_split + 4 * s * b * sc.padded_vocab_size / t
     # the head's tensors are freed by its backward before any layer is recomputed
     return total + max(recomputed, head)
+
+
+def chunks_per_stage(m: Model, p: Parallel) -> int:
+    """v: model chunks per pipeline stage (1 unless interleaved)."""
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    return m.num_layers // p.pp // virtual if virtual else 1
+
+
+def chunk_recompute_bytes(p: Parallel, layers: int, per_layer: int, full: int) -> tuple[int, int]:
+    """(bytes one model chunk keeps per micro-batch, extra bytes rebuilt at once in backward).
+
+    per_layer: what a layer keeps under the granularity (its input alone under full recompute);
+    full: what it keeps without recompute. Megatron's methods (transformer_block.py): uniform
+    keeps one input per group of N and rebuilds a whole group, N·full − input (the group's
+    input is reused); block keeps N inputs and L_chunk − N whole layers, and rebuilds one layer
+    on top of what is still kept only when all are checkpointed (else the freed plain layers
+    of the chunk make room first)."""
+    if p.recompute_granularity != "full":
+        return layers * per_layer, 0
+    n = p.recompute_num_layers or 1
+    if p.recompute_method == "block":
+        return n * per_layer + (layers - n) * full, (full - per_layer) if n == layers else 0
+    return layers // n * per_layer, n * full - per_layer
 
 
 def _layer_micro_batches(p: Parallel) -> int:

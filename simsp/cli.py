@@ -7,8 +7,9 @@ import sys
 from simsp import __version__
 from simsp.errors import UserError
 from simsp.flags import Parser
+from simsp.progress import add_quiet_flag
 
-COMMANDS = ("run", "layer", "verify", "ring")
+COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate", "sweep", "search")
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141  # 128 + SIGINT, 128 + SIGPIPE
 
 
@@ -20,6 +21,7 @@ def build_parser() -> Parser:
     for name in COMMANDS:
         module = importlib.import_module(f"simsp.commands.{name}")
         module.add_parser(subparsers)
+        add_quiet_flag(subparsers.choices[name])
     return parser
 
 
@@ -43,8 +45,10 @@ def _dispatch(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse, dispatch; a UserError is one `error:` line and exit 2, a closed pipe
     exits quietly (141), Ctrl-C prints `interrupted` and exits 130."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
+        args.argv = argv  # the command line as given, for reports that state what made them
         return _dispatch(args)
     except UserError as exc:
         sys.stderr.write(f"error: {exc}\n")

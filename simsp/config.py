@@ -12,6 +12,7 @@ from simsp.bounds import check_ranges
 from simsp.errors import UserError
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
@@ -27,6 +28,7 @@ class Model:
     num_attention_heads: int = 4
     seq_length: int = 32
     vocab_size: int = 128
+    make_vocab_size_divisible_by: int = 128  # Megatron pads v to a multiple of this times t
     ffn_hidden_size: int | None = None  # None means 4h
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -50,11 +52,20 @@ class Parallel:
     data_parallel_size: int = 1
     sequence_parallel: bool = False
     recompute_granularity: str = "none"
+    recompute_method: str | None = None  # full recompute only; None means uniform
+    recompute_num_layers: int | None = None  # full recompute only; None means 1
     micro_batch_size: int = 1
     global_batch_size: int | None = None  # None: one micro-batch per DP replica
     num_layers_per_virtual_pipeline_stage: int | None = None
     schedule: str | None = None  # None: interleaved if virtual stages are set, else 1f1b
     distributed_optimizer: bool = False
+    # Megatron-LM runtime switches (REFERENCE.md §7): p2p, scatter/gather, DP gradient overlap.
+    overlap_p2p_communication: bool = False
+    scatter_gather_tensors_in_pipeline: bool = True
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    ddp_bucket_size: int | None = None  # parameters per DP bucket; None: max(40M, 1M*d)
+    accumulate_allreduce_grads_in_fp32: bool = True  # Megatron turns it on for bf16
 
     @property
     def tp(self) -> int:
@@ -129,6 +140,23 @@ class Scenario:
     parallel: Parallel = field(default_factory=Parallel)
     cluster: Cluster = field(default_factory=Cluster)
     run: Run = field(default_factory=Run)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The vocabulary the embedding and the head hold (tokens still come from vocab_size)."""
+        return padded_vocab_size(self.model, self.parallel.tp)
+
+    @property
+    def padded_model(self) -> Model:
+        """The model as simulated: its vocabulary padded (every shape, FLOP and byte uses it)."""
+        return replace(self.model, vocab_size=self.padded_vocab_size)
+
+
+def padded_vocab_size(m: Model, t: int) -> int:
+    """v rounded up to a multiple of make_vocab_size_divisible_by · t (Megatron-LM
+    megatron/training/tokenizer/tokenizer.py `_vocab_size_with_padding`)."""
+    multiple = m.make_vocab_size_divisible_by * t
+    return -(-m.vocab_size // multiple) * multiple
 
 
 SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
@@ -250,7 +278,7 @@ def _check(condition: bool, name: str, reason: str) -> None:
 def validate_model(m: Model) -> None:
     """Shape checks of the model alone."""
     _positive("model", m, ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
-                           "vocab_size", "ffn_hidden_size"))
+                           "vocab_size", "ffn_hidden_size", "make_vocab_size_divisible_by"))
     _check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size",
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
     for name in ("hidden_dropout", "attention_dropout"):
@@ -262,7 +290,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     """Cross-field checks between the model and the parallel layout."""
     _positive("parallel", p, ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                               "data_parallel_size", "micro_batch_size", "global_batch_size",
-                              "num_layers_per_virtual_pipeline_stage"))
+                              "num_layers_per_virtual_pipeline_stage", "ddp_bucket_size"))
     _choice("parallel.recompute_granularity", p.recompute_granularity, RECOMPUTE_CHOICES)
     if p.schedule is not None:
         _choice("parallel.schedule", p.schedule, SCHEDULE_CHOICES)
@@ -271,8 +299,9 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"num_attention_heads={m.num_attention_heads} is not divisible by {t}")
     _check(m.ffn % t == 0, "parallel.tensor_model_parallel_size",
            f"ffn_hidden_size={m.ffn} is not divisible by {t}")
-    _check(m.vocab_size % t == 0, "parallel.tensor_model_parallel_size",
-           f"vocab_size={m.vocab_size} is not divisible by {t} (the vocabulary is split over TP)")
+    padded = padded_vocab_size(m, t)
+    _check(padded % t == 0, "parallel.tensor_model_parallel_size",
+           f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
@@ -283,6 +312,39 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
            f"{p.micro_batch_size * p.dp}")
     _validate_schedule(m, p)
+    _validate_overlap(p)
+    _validate_recompute_method(m, p)
+
+
+def _validate_overlap(p: Parallel) -> None:
+    """Megatron-LM's own checks (arguments.py, schedules.py) on the overlap switches."""
+    _check(not p.overlap_p2p_communication or p.schedule_name == "interleaved",
+           "parallel.overlap_p2p_communication", "needs the interleaved schedule (Megatron: "
+           "non-interleaved pipelining does not support overlapping p2p communication)")
+    _check(not p.overlap_param_gather or (p.distributed_optimizer and p.overlap_grad_reduce),
+           "parallel.overlap_param_gather", "needs distributed_optimizer and overlap_grad_reduce")
+
+
+def _validate_recompute_method(m: Model, p: Parallel) -> None:
+    """Megatron's --recompute-method/--recompute-num-layers: full granularity only; uniform
+    groups must tile each model chunk's layers, block cannot exceed them (transformer_block.py)."""
+    method, n = p.recompute_method, p.recompute_num_layers
+    _positive("parallel", p, ("recompute_num_layers",))
+    if method is not None:
+        _choice("parallel.recompute_method", method, RECOMPUTE_METHOD_CHOICES)
+    if p.recompute_granularity != "full":
+        for name in ("recompute_method", "recompute_num_layers"):
+            _check(getattr(p, name) is None, f"parallel.{name}",
+                   f"only applies to recompute_granularity full, not {p.recompute_granularity}")
+        return
+    per_chunk = p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp
+    n = n or 1
+    if method == "block":
+        _check(n <= per_chunk, "parallel.recompute_num_layers",
+               f"block recomputes {n} layers but each model chunk has {per_chunk}")
+    else:
+        _check(per_chunk % n == 0, "parallel.recompute_num_layers",
+               f"uniform groups of {n} do not divide the {per_chunk} layers of each model chunk")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:

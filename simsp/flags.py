@@ -9,8 +9,9 @@ from dataclasses import fields
 import sys
 from typing import NamedTuple
 
-from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES, SCHEDULE_CHOICES,
-                          SECTIONS, Scenario, load_scenario)
+from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES,
+                          RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
+                          load_scenario)
 from simsp.errors import UserError
 
 
@@ -36,6 +37,9 @@ SCENARIO_FLAGS = {
                               "a"),
     "--seq-length": ("model", "seq_length", int, None, "sequence length s (tokens)", "s"),
     "--vocab-size": ("model", "vocab_size", int, None, "vocabulary size v (tokens)", "v"),
+    "--make-vocab-size-divisible-by": ("model", "make_vocab_size_divisible_by", int, None,
+                                       "pad the vocabulary to a multiple of this x t (tokens)",
+                                       "vdiv"),
     "--ffn-hidden-size": ("model", "ffn_hidden_size", int, None,
                           "MLP width (elements; default 4 x hidden size)", "ffn"),
     "--hidden-dropout": ("model", "hidden_dropout", float, None,
@@ -58,6 +62,12 @@ SCENARIO_FLAGS = {
          "layers per model chunk of the interleaved schedule (default: not interleaved)", "vp"),
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES,
                    "pipeline schedule (default: interleaved with virtual stages, else 1f1b)", ""),
+    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None,
+                          "data-parallel gradient bucket (elements)", "bucket"),
+    "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES,
+                           "full recompute: uniform or block (Megatron)", "rm-"),
+    "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None,
+                               "layers per recompute group/block (Megatron)", "rnl"),
     "--recompute-granularity": ("parallel", "recompute_granularity", str, RECOMPUTE_CHOICES,
                                 "activation recomputation (K22 §4-5)", "rc-"),
     "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
@@ -76,6 +86,20 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
     "--use-distributed-optimizer": ("parallel", "distributed_optimizer", True,
                                     "shard optimizer state over data-parallel ranks (ZeRO-1)",
                                     "distopt"),
+    "--overlap-p2p-communication": ("parallel", "overlap_p2p_communication", True,
+                                    "overlap pipeline sends/receives with compute", "p2pov"),
+    "--no-scatter-gather-tensors-in-pipeline":
+        ("parallel", "scatter_gather_tensors_in_pipeline", False,
+         "send whole (not TP-scattered) pipeline tensors", "nosg"),
+    "--overlap-grad-reduce": ("parallel", "overlap_grad_reduce", True,
+                              "overlap DP gradient reduction with backward", "ovgr"),
+    "--overlap-param-gather": ("parallel", "overlap_param_gather", True,
+                               "overlap distributed-optimizer parameter all-gather", "ovpg"),
+    "--accumulate-allreduce-grads-in-fp32": ("parallel", "accumulate_allreduce_grads_in_fp32",
+                                             True, "reduce gradients in fp32", "fp32grad"),
+    "--no-accumulate-allreduce-grads-in-fp32":
+        ("parallel", "accumulate_allreduce_grads_in_fp32", False, "reduce gradients in bf16",
+         "nofp32grad"),
 }
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
 
@@ -119,6 +143,12 @@ def _row(flag: str) -> Flag:
     return Flag(*SCENARIO_FLAGS[flag])
 
 
+def _switch(flag: str) -> tuple:
+    """A SWITCHES row padded to (section, key, value, help, token); 3-tuple rows work too."""
+    row = tuple(SWITCHES[flag])
+    return row + ("", flag.lstrip("-"))[len(row) - 3:]
+
+
 def _dest(flag: str) -> str:
     return "scn_" + flag.lstrip("-").replace("-", "_")
 
@@ -153,9 +183,11 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
         row = _row(flag)
         group.add_argument(flag, dest=_dest(flag), type=row.kind, choices=row.choices,
                            default=None, metavar=_metavar(row), help=flag_help(flag))
-    for flag, (section, key, _, meaning, _) in SWITCHES.items():
+    for flag in SWITCHES:
+        section, key, _, meaning, _ = _switch(flag)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
-                           help=f"{meaning}; default: off [{section}.{key}]")
+                           help=f"{meaning or key.replace('_', ' ')}; default: off "
+                                f"[{section}.{key}]")
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
                             "the scenario's d)")
@@ -172,7 +204,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         if value is not None:
             row = _row(flag)
             found[(row.section, row.key)] = value
-    for flag, (section, key, value, _, _) in SWITCHES.items():
+    for flag in SWITCHES:
+        section, key, value, _, _ = _switch(flag)
         if getattr(args, _dest(flag), False):
             found[(section, key)] = value
     if getattr(args, _dest("--sequence-parallel")) and getattr(args, _dest("--no-sequence-parallel")):
@@ -189,7 +222,7 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
         if value is not None:
             text = f"{value:g}" if isinstance(value, float) else str(value)
             tokens.append(f"{_row(flag).token}{text}")
-    tokens += [SWITCHES[f][4] for f in SWITCHES if getattr(args, _dest(f), False)]
+    tokens += [_switch(f)[4] for f in SWITCHES if getattr(args, _dest(f), False)]
     if getattr(args, "world_size", None) is not None:
         tokens.append(f"w{args.world_size}")
     return tokens

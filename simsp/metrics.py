@@ -76,9 +76,31 @@ def rank_memory(run, rank: int) -> dict:
             "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks}
 
 
+COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm")  # communication proper
+EXPOSURE_KEYS = ("compute", "tp_comm", "pp_transfer", "pp_wait", "dp_comm", "optimizer")
+
+
+def exposure(run) -> list[dict]:
+    """Per stage, the iteration time split by what its program was doing (sums to it).
+
+    compute: kernels (optimizer excluded); tp_comm, pp_transfer, dp_comm: blocked on that
+    communication while data moved; pp_wait: blocked on a peer that had not arrived (pipeline
+    fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step."""
+    t_iter = iteration_time(run)
+    rows = []
+    for rank in stage_ranks(run):
+        r = run.world.ranks[rank]
+        blocked = r.exposed_s
+        row = {key: blocked.get(key, 0.0) for key in EXPOSURE_KEYS}
+        row["compute"] = sum(r.busy_s.values()) - row["optimizer"]
+        row["pp_wait"] += t_iter - run.end_s[rank]
+        rows.append(row)
+    return rows
+
+
 def exposed_comm(run) -> list[dict]:
-    """Per stage: seconds its program waited on TP/DP/pipeline communication, by track."""
-    return [dict(sorted(run.world.ranks[rank].exposed_s.items())) for rank in stage_ranks(run)]
+    """Per stage: seconds its program was blocked on moving TP/pipeline/DP data (no waits)."""
+    return [{k: e[k] for k in COMM_KEYS if e[k]} for e in exposure(run)]
 
 
 def collect(run, shortcuts) -> dict:
@@ -89,7 +111,8 @@ def collect(run, shortcuts) -> dict:
     gpus, peak = p.world_size, GPUS[sc.cluster.gpu].peak_flops
     bubble_all, bubble_stages = bubble(run)
     counted_model, counted_hw = _counted_flops(run)
-    exposed = exposed_comm(run)
+    breakdown = exposure(run)
+    exposed = [{k: e[k] for k in COMM_KEYS if e[k]} for e in breakdown]
     ranks = [rank_memory(run, rank) for rank in range(p.world_size)]
     return {
         "iteration_time_s": t_iter,
@@ -103,7 +126,8 @@ def collect(run, shortcuts) -> dict:
         "layout": _layout(sc),
         "bubble_fraction_per_stage": bubble_stages,
         "exposed_comm_s_per_stage": exposed,
-        "exposed_comm_s": max(sum(v for k, v in e.items() if k != "pp_wait") for e in exposed),
+        "exposed_comm_s": max(sum(e.values()) for e in exposed),
+        "exposed_s_per_stage": breakdown,
         "model_flops": analytic.model_flops(m, p),
         "hardware_flops": analytic.hardware_flops(m, p),
         "counted_model_flops": counted_model,
@@ -125,5 +149,13 @@ def _layout(sc) -> dict:
             "micro_batch": p.micro_batch_size, "global_batch": p.global_batch,
             "micro_batches": p.num_micro_batches, "layers": m.num_layers,
             "hidden": m.hidden_size, "heads": m.num_attention_heads, "seq": m.seq_length,
-            "vocab": m.vocab_size, "gpus": p.world_size, "nodes": sc.cluster.nodes,
-            "distributed_optimizer": p.distributed_optimizer}
+            "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size,
+            "gpus": p.world_size, "nodes": sc.cluster.nodes,
+            "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p)}
+
+
+def _recompute_layout(p) -> dict:
+    """Full recompute's method and group size as run (Megatron's defaults: uniform, 1)."""
+    full = p.recompute_granularity == "full"
+    return {"recompute_method": (p.recompute_method or "uniform") if full else None,
+            "recompute_num_layers": (p.recompute_num_layers or 1) if full else None}

@@ -81,11 +81,12 @@ def test_later_1f1b_stages_hold_fewer_micro_batches():
                                           "global_batch_size": 16}, 2)])
 def test_bubble_fraction_matches_n21(parallel, v):
     """(p−1)/m for GPipe and 1F1B, (p−1)/(v·m) interleaved; the small excess is the p2p
-    transfers and the embedding/head work, which make real stages not quite uniform."""
+    transfers (blocking on both sides, as Megatron's _communicate) and the embedding/head work,
+    which make real stages not quite uniform; interleaving makes v times more transfers."""
     sc = big_meta(**parallel)
     expected = (sc.parallel.pp - 1) / (v * sc.parallel.num_micro_batches)
     measured = run_metrics(sc)["bubble_fraction"]
-    assert expected <= measured <= expected * (1.01 if v == 1 else 1.06)
+    assert expected <= measured <= expected * (1.015 if v == 1 else 1.09)
 
 
 def test_weights_gradients_optimizer_are_18_bytes_per_parameter():
@@ -93,6 +94,8 @@ def test_weights_gradients_optimizer_are_18_bytes_per_parameter():
     sc = big_meta(distributed_optimizer=False)
     metrics = run_metrics(sc)
     shapes = param_shapes(sc.model)
+    # Megatron pads v = 128 to a multiple of 128·t = 256 rows (make_vocab_size_divisible_by)
+    shapes["embedding.word"] = (256, sc.model.hidden_size)
     from simsp.training.plan import stage_plans
     from simsp.cluster.grid import RankGrid
     grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp)
@@ -129,3 +132,42 @@ def test_counted_gemm_flops_equal_the_k22_model_flops():
     metrics = run_metrics(big_meta(recompute_granularity="none"))
     assert metrics["counted_model_flops"] == pytest.approx(metrics["model_flops"], rel=1e-9)
 
+
+
+@pytest.mark.parametrize("extra", [
+    # scatter/gather p2p (on by default without SP), one bucket per parameter, overlapped
+    {"sequence_parallel": False, "overlap_grad_reduce": True, "ddp_bucket_size": 1},
+    {"sequence_parallel": False, "scatter_gather_tensors_in_pipeline": False},
+    {"overlap_grad_reduce": True, "ddp_bucket_size": 3000,  # several buckets, 2-byte grads
+     "accumulate_allreduce_grads_in_fp32": False},
+    {"schedule": "interleaved", "num_layers_per_virtual_pipeline_stage": 1,
+     "overlap_p2p_communication": True, "overlap_grad_reduce": True, "ddp_bucket_size": 5000},
+])
+def test_numeric_runtime_variants_equal_the_single_device_reference(extra):
+    """Megatron p2p calls, scatter/gather, bucketed and overlapped DP reduction: same numbers."""
+    parallel = {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                "pipeline_model_parallel_size": 2, "data_parallel_size": 2,
+                "micro_batch_size": 2, "global_batch_size": 8,
+                "recompute_granularity": "selective", **extra}
+    sc = scenario(model={"num_layers": 4}, parallel=parallel, cluster={"nodes": 2})
+    run = simulate_iteration(sc)
+    errors = compare_with_reference(run)
+    assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    for r in run.world.ranks.values():  # nothing but the model state outlives the iteration
+        assert {c for c, b in r.ledger.current.items() if b} == {"weights", "gradients",
+                                                                "optimizer"}
+
+
+def test_exposure_breakdown_sums_to_the_iteration_time():
+    """compute + tp_comm + pp_transfer + pp_wait + dp_comm + optimizer = iteration time, per
+    stage; communication keys exclude waits; the tied-embedding drain is wait, not transfer."""
+    metrics = run_metrics(big_meta(data_parallel_size=2, global_batch_size=16,
+                                   overlap_grad_reduce=True))
+    t = metrics["iteration_time_s"]
+    for row, comm in zip(metrics["exposed_s_per_stage"], metrics["exposed_comm_s_per_stage"]):
+        assert sorted(row) == sorted(["compute", "tp_comm", "pp_transfer", "pp_wait", "dp_comm",
+                                      "optimizer"])
+        assert sum(row.values()) == pytest.approx(t, rel=1e-9)
+        assert min(row.values()) >= 0 and "pp_wait" not in comm
+    last = metrics["exposed_s_per_stage"][-1]
+    assert last["pp_wait"] > 10 * last["pp_transfer"]  # last stage waits for stage 0's drain

@@ -46,7 +46,16 @@ def iteration_time(run):
     return max(run.end_s.values())
 
 
-@pytest.mark.parametrize("parallel", [{}, {"num_layers_per_virtual_pipeline_stage": 1}])
+RUNTIME_VARIANTS = [
+    {"sequence_parallel": False},  # scatter/gather p2p
+    {"overlap_grad_reduce": True, "ddp_bucket_size": 100_000},
+    {"distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
+     "ddp_bucket_size": 100_000},
+    {"num_layers_per_virtual_pipeline_stage": 1, "overlap_p2p_communication": True}]
+
+
+@pytest.mark.parametrize("parallel", [{}, {"num_layers_per_virtual_pipeline_stage": 1}]
+                         + RUNTIME_VARIANTS)
 def test_representative_ranks_match_every_rank(parallel):
     """Simulating one rank per TP group and DP replica changes neither time nor memory."""
     sc = small_meta(**parallel)
@@ -71,7 +80,8 @@ def test_closed_form_collectives_match_stepwise_rings():
 
 @pytest.mark.parametrize("parallel", [{}, {"recompute_granularity": "full"},
                                       {"num_layers_per_virtual_pipeline_stage": 1},
-                                      {"sequence_parallel": False, "schedule": "gpipe"}])
+                                      {"sequence_parallel": False, "schedule": "gpipe"}]
+                         + RUNTIME_VARIANTS)
 def test_layer_templates_match_executing_every_op(parallel):
     """Replaying a recorded layer step is exact (to float rounding of summed durations): same
     time, same ledger events, same counters."""
@@ -91,3 +101,12 @@ def test_numeric_mode_refuses_the_representative_shortcut():
     with pytest.raises(ValueError):
         simulate_iteration(sc, REPRESENTATIVE)
     assert Shortcuts.for_scale(sc) == FULL
+
+
+@pytest.mark.parametrize("parallel", RUNTIME_VARIANTS[1:3])
+def test_only_the_model_state_outlives_the_iteration(parallel):
+    """DP buckets, reduce-scatter and the parameter all-gather free what they allocate."""
+    run = simulate_iteration(small_meta(**parallel), FULL)
+    for r in run.world.ranks.values():
+        assert {c for c, b in r.ledger.current.items() if b} == {"weights", "gradients",
+                                                                "optimizer"}

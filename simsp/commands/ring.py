@@ -22,6 +22,8 @@ from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
 from simsp.jsonout import dumps
+from simsp.progress import track
+from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
@@ -44,6 +46,10 @@ def add_parser(subparsers) -> None:
                         help="multiply the size by this between sweep rows (default 2)")
     parser.add_argument("--explain", action="store_true", help="print every ring step")
     parser.add_argument("--json", action="store_true", help="one JSON object (single --size)")
+    parser.add_argument("--html", metavar="FILE", default=None,
+                        help="write the ring lesson as a teaching page (single --size)")
+    parser.add_argument("--png", metavar="DIR", default=None,
+                        help="write the ring lesson as slides, one PNG per step (single --size)")
     parser.set_defaults(handler=run)
 
 
@@ -53,6 +59,8 @@ def run(args) -> int:
     cluster, gpus = _placement(args.ranks, args.nodes)
     _check_modes(args, sizes)
     graph = build_topology(cluster)
+    if args.html or args.png:
+        write_ring_lesson(args.collective, graph, gpus, sizes[0], args.html, args.png)
     if args.json:
         print(dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
                                                                sizes[0]))))
@@ -60,7 +68,9 @@ def run(args) -> int:
     if args.explain:
         print("\n".join(explain(args.collective, args.ranks, sizes[0])))
         print()
-    rows = [simulate(graph, gpus, args.collective, size) for size in sizes]
+    quiet = getattr(args, "quiet", False) or len(sizes) < 2
+    rows = [simulate(graph, gpus, args.collective, size)
+            for size in track(sizes, "sizes", "size", quiet)]
     print("\n".join(_header(args.collective, cluster, gpus) + _table(rows)))
     return 0
 
@@ -123,12 +133,14 @@ def _check_modes(args, sizes: list[int]) -> None:
     """--json and --explain describe one size; --explain prints one line per rank per step."""
     if args.json and args.explain:
         raise UserError("--json", "cannot be combined with --explain")
-    for flag, wanted in (("--json", args.json), ("--explain", args.explain)):
+    for flag, wanted in (("--json", args.json), ("--explain", args.explain),
+                         ("--html", args.html), ("--png", args.png)):
         if wanted and len(sizes) > 1:
             raise UserError(flag, "needs a single --size")
-    if args.explain and args.ranks > MAX_EXPLAIN_RANKS:
+    limit = MAX_LESSON_RANKS if args.html or args.png else MAX_EXPLAIN_RANKS  # lesson: 16
+    if args.explain and args.ranks > limit:
         raise UserError("--explain", f"prints every step of every rank: use at most "
-                                     f"{MAX_EXPLAIN_RANKS} ranks, got {args.ranks}")
+                                     f"{limit} ranks, got {args.ranks}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """`simsp run`: one training iteration of a scenario — time, MFU/HFU, bubble, memory, reports."""
 
+import shlex
 from pathlib import Path
 
 from simsp.bounds import check_work
@@ -7,6 +8,8 @@ from simsp.flags import add_scenario_arguments, nonempty, override_tokens, scena
 from simsp.jsonout import dumps
 from simsp.metrics import collect
 from simsp.outdir import default_out_dir, prepare_out_dir
+from simsp.progress import step_callback
+from simsp.oom_advice import explain_oom
 from simsp.report import summary_text, write_reports
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
@@ -33,13 +36,31 @@ def report_folder(args, sc) -> Path | None:
     return prepare_out_dir(default_out_dir(sc.run.name, override_tokens(args)))
 
 
+def reported_command(argv: list[str]) -> str:
+    """The command that made a report, less where it went and how loudly (--out, --quiet):
+    the same configuration gives the same report bytes wherever it is written."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip or arg == "--quiet" or arg.startswith("--out="):
+            skip = False
+            continue
+        skip = arg == "--out"
+        kept += [] if skip else [arg]
+    return shlex.join(["simsp", *kept])
+
+
 def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force)
     out_dir = report_folder(args, sc)
-    result = simulate_iteration(sc, shortcuts)
+    progress = step_callback(getattr(args, "quiet", False))
+    result = simulate_iteration(sc, shortcuts, on_step=progress)
+    if progress is not None:
+        progress.close()
     metrics = collect(result, shortcuts)
+    metrics["command"] = reported_command(args.argv)
+    metrics["oom_explanation"] = explain_oom(result)
     written = write_reports(result, metrics, out_dir) if out_dir is not None else []
     if args.json:
         print(dumps(metrics, indent=2))

@@ -4,6 +4,7 @@ the single-device reference, in numeric mode."""
 from simsp.bounds import check_work
 from simsp.errors import UserError
 from simsp.flags import add_scenario_arguments, scenario_from_args
+from simsp.progress import track
 from simsp.training.compare import compare_with_reference
 import numpy as np
 
@@ -44,9 +45,10 @@ def _iterations(sc) -> int:
     return 2 * tensors + 2
 
 
-def verify_report(sc) -> dict:
+def verify_report(sc, quiet: bool = True) -> dict:
     """Finite-difference and reference errors for every parameter and the input embeddings."""
-    fd, ratios = gradient_check_with_bounds(sc)
+    fd, ratios = gradient_check_with_bounds(
+        sc, track=lambda names: track(names, "gradient check", "param", quiet))
     ref = compare_with_reference(simulate_iteration(sc))
     worst_fd, worst_ref = max(fd.values()), max(ref.values())
     limits = tolerances(sc.run.numeric_dtype)
@@ -71,7 +73,7 @@ def run(args) -> int:
     if sc.run.mode != "numeric":
         raise UserError("run.mode", "verify needs numeric mode (--mode numeric)")
     check_work(sc, iterations=_iterations(sc), force=args.force)
-    report = verify_report(sc)
+    report = verify_report(sc, getattr(args, "quiet", False))
     if args.json:
         print(dumps(report, indent=2))
     else:

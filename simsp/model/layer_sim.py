@@ -51,7 +51,8 @@ def one_tp_group(sc: Scenario) -> Scenario:
     """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism)."""
     return with_overrides(sc, model={"num_layers": 1}, parallel={
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
-        "num_layers_per_virtual_pipeline_stage": None, "schedule": None})
+        "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
+        "recompute_method": None, "recompute_num_layers": None})  # one layer: its own group
 
 
 def _layer_inputs(sc: Scenario):

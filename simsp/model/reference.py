@@ -80,8 +80,8 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     tokens, targets: (s, B) ints; column c is global sample sample_offset + c (dropout masks).
     "embedding_output" is d loss / d (embedding output after embedding dropout), shape (s, B, h).
     """
-    word = params["embedding.word"]  # (v, h)
-    v, ph = model.vocab_size, model.hidden_dropout
+    word = params["embedding.word"]  # (v, h), v the padded vocabulary
+    v, ph = word.shape[0], model.hidden_dropout
     emb = K.embedding_forward(tokens, word, params["embedding.position"])  # (s, B, h)
     keep_e = hidden_keep(ph, seed, -1, "embedding", emb.shape, sample_start=sample_offset)
     x = K.dropout_forward(emb, keep_e, ph)  # (s, B, h)

@@ -1,4 +1,5 @@
-"""Reports of one run: summary.md, metrics.json, trace.json (Perfetto) and memory.png.
+"""Reports of one run: summary.md (with its figures as PNGs), report.html (the same, one
+self-contained page), metrics.json, trace.json (Perfetto) and memory.png.
 
 Every file is a deterministic function of the run: the same scenario gives the same bytes.
 """
@@ -8,8 +9,10 @@ from pathlib import Path
 from simsp.jsonout import dumps
 
 from simsp.report.chrome_trace import write_chrome_trace
+from simsp.report.figures import report_figures
+from simsp.report.html import write_report_html
 from simsp.report.memory_plot import write_memory_plot
-from simsp.report.summary_md import summary_text, write_summary
+from simsp.report.summary_md import summary_text, variant_label, write_summary
 
 __all__ = ["metrics_json", "summary_text", "write_chrome_trace", "write_memory_plot",
            "write_reports", "write_summary"]
@@ -20,15 +23,26 @@ def metrics_json(metrics: dict) -> str:
     return dumps(metrics, indent=2) + "\n"
 
 
+def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path]:
+    """Write each figure's PNG into `out` (beside summary.md, which links them)."""
+    for name, _caption, png in figures:
+        (out / name).write_bytes(png)
+    return [out / name for name, _, _ in figures]
+
+
 def write_reports(run, metrics: dict, out_dir) -> list[Path]:
-    """Write summary.md, metrics.json, trace.json and (with matplotlib) memory.png to `out_dir`."""
+    """Write summary.md, metrics.json, trace.json, report.html and (with matplotlib) the
+    figures and memory.png to `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = [write_summary(metrics, out / "summary.md")]
+    figures = report_figures(run, metrics, variant_label(metrics))
+    links = [(name, caption) for name, caption, _ in figures]
+    written = [write_summary(metrics, out / "summary.md", links)]
     (out / "metrics.json").write_text(metrics_json(metrics))
     written.append(out / "metrics.json")
     written.append(write_chrome_trace(run, out / "trace.json"))
     plot = write_memory_plot(run, out / "memory.png")
     if plot is not None:
         written.append(plot)
-    return written
+    written.append(write_report_html(metrics, figures, out / "report.html"))
+    return written + write_figures(figures, out)

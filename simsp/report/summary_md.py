@@ -7,13 +7,16 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 
 from pathlib import Path
 
+from simsp import __version__
+from simsp.report.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
                   ("optimizer", "optimizer"), ("activations", "activations (peak)"),
                   ("temporaries", "temporaries"), ("communication", "communication"))
-COMM_TRACKS = (("tp_comm", "TP comm exposed"), ("pp_comm", "pipeline comm exposed"),
-               ("pp_wait", "pipeline wait"), ("dp_comm", "DP comm exposed"))
+COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
+               ("pp_transfer", "pipeline transfer exposed"), ("pp_wait", "pipeline wait"),
+               ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"))
 
 
 def pct(fraction: float) -> str:
@@ -48,7 +51,21 @@ def _memory_unit(stages: list[dict]) -> tuple[str, int]:
     return ("GiB", GiB) if max(r["peak_bytes"] for r in stages) >= GiB else ("MiB", MiB)
 
 
+def variant_label(m: dict) -> str:
+    """The scenario and its layout in a few words, naming the variant in titles."""
+    lay = m["layout"]
+    sp = "SP" if lay["sequence_parallel"] else "no SP"
+    return (f"{m['scenario']} (t={lay['t']} p={lay['p']} d={lay['d']}, {sp}, recompute "
+            f"{lay['recompute']}, b={lay['micro_batch']})")
+
+
 # ---------------------------------------------------------------- sections
+
+def _provenance(m: dict) -> list[str]:
+    command = m.get("command")
+    return [f"Made by simsp {__version__}"
+            + (f" with `{command}`." if command else "."), ""]
+
 
 def _header(m: dict) -> list[str]:
     lay = m["layout"]
@@ -63,6 +80,24 @@ def _header(m: dict) -> list[str]:
         f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
         f"v={lay['vocab']}.", ""]
+
+
+def _verdict(m: dict) -> list[str]:
+    """Out of memory: the verdict, its cause and the switches that fit, before any table."""
+    explanation = m.get("oom_explanation")
+    if not m["oom"] or not explanation:
+        return []
+    stages = stage_rows(m)
+    failing = [r for r in stages if r["oom"]]
+    cause = next(iter(explanation["stages"][0]["in_use_by_category_bytes"]))
+    fits = [f"{s['switch']} (`{s['flags']}`: peak {format_bytes(s['peak_bytes'])}, "
+            f"iteration {seconds(s['iteration_time_s'])})"
+            for s in explanation["switches"] if s.get("fits")]
+    return [f"**Out of memory** on {len(failing)} of {len(stages)} pipeline stages; the largest "
+            f"category when the first allocation failed: **{cause}**. "
+            + ("Switches that fit, each verified by its own simulated iteration: "
+               + "; ".join(fits) + "." if fits else "None of the switches tried fits alone."),
+            ""]
 
 
 def _performance(m: dict) -> list[str]:
@@ -86,7 +121,7 @@ def _performance(m: dict) -> list[str]:
 
 
 def _stages(m: dict, stages: list[dict]) -> list[str]:
-    exposed = m["exposed_comm_s_per_stage"]
+    exposed = m.get("exposed_s_per_stage") or m["exposed_comm_s_per_stage"]
     keys = {k for e in exposed for k in e}
     tracks = [(k, n) for k, n in COMM_TRACKS if k in keys]
     tracks += [(k, k) for k in sorted(keys - {k for k, _ in COMM_TRACKS})]
@@ -96,7 +131,7 @@ def _stages(m: dict, stages: list[dict]) -> list[str]:
         rank = stages[stage]["rank"] if stage < len(stages) else "?"
         rows.append([str(stage), str(rank), pct(bubble)]
                     + [seconds(e.get(k, 0.0)) for k, _ in tracks])
-    return ["## Pipeline stages: bubble and exposed communication", "",
+    return ["## Pipeline stages: bubble and where the iteration time went", "",
             *_table(header, rows), ""]
 
 
@@ -114,10 +149,60 @@ def _memory(m: dict, stages: list[dict]) -> list[str]:
     lines = ["## Memory per pipeline stage (rank tp 0, dp 0)", "",
              "Each category's own peak; the peak total is the highest sum at one moment.", "",
              *_table(header, rows, left=(len(header) - 1,)), ""]
-    for r in stages:
-        if r["oom"]:
-            lines += _oom(r)
-    return lines
+    failing = [r for r in stages if r["oom"]]
+    if failing:
+        explained = {s["stage"]: s for s in (m.get("oom_explanation") or {}).get("stages", [])}
+        lines += _oom(failing[0]) + _oom_categories(failing, explained)
+    return lines + _switches(m.get("oom_explanation"))
+
+
+def _oom_categories(failing: list[dict], explained: dict) -> list[str]:
+    """Bytes by category at each failing stage's first failed allocation, largest first, and
+    the cause in words (the largest category)."""
+    known = [explained[r["pp"]] for r in failing if r["pp"] in explained]
+    if not known:
+        return []
+    order = list(known[0]["in_use_by_category_bytes"])  # largest first on the first stage
+    unit, scale = _memory_unit(failing)
+    header = ["stage", "failed op (tensor)", "asked"] + [f"{c} ({unit})" for c in order]
+    rows = []
+    for r, e in zip(failing, known):
+        o, in_use = r["oom_detail"], e["in_use_by_category_bytes"]
+        rows.append([str(r["pp"]), f"`{o['op']}` (`{o['tensor']}`)", format_bytes(o["bytes_asked"])]
+                    + [f"{in_use[c] / scale:.2f}" for c in order])
+    causes = {next(iter(e["in_use_by_category_bytes"])) for e in known}
+    first = known[0]["in_use_by_category_bytes"]
+    cause = order[0]
+    where = "every failing stage" if causes == {cause} else f"stage {known[0]['stage']}"
+    return [f"Memory in use when the first allocation failed, by category (largest first), on "
+            f"each of the {len(failing)} failing stages:", "",
+            *_table(header, rows, right_from=2), "",
+            f"Cause: **{cause}** are the largest part on {where} ({format_bytes(first[cause])} "
+            f"of {format_bytes(sum(first.values()))} in use on stage {known[0]['stage']}, "
+            f"{pct(first[cause] / sum(first.values()))}).", ""]
+
+
+def _switch_row(s: dict) -> list[str]:
+    if not s["valid"]:
+        return [s["switch"], f"`{s['flags']}`", "not a valid layout", "", s["reason"]]
+    verdict = "**fits**" if s["fits"] else "out of memory"
+    return [s["switch"], f"`{s['flags']}`", format_bytes(s["peak_bytes"]),
+            f"stage {s['worst_stage']}", verdict, seconds(s["iteration_time_s"])]
+
+
+def _switches(explanation: dict | None) -> list[str]:
+    """Each candidate switch with the peak of its own simulated iteration (meta mode)."""
+    if not explanation:
+        return []
+    fits = [s["switch"] for s in explanation["switches"] if s.get("fits")]
+    rows = [_switch_row(s) for s in explanation["switches"]]
+    rows = [r + [""] * (6 - len(r)) for r in rows]
+    return ["### Switches that would bring it under capacity", "",
+            "Each row is its own simulated iteration of the modified scenario (meta mode): its "
+            "worst-stage peak against the capacity, and its iteration time.", "",
+            *_table(["switch", "flags", "peak", "worst stage", "verdict", "iteration time"],
+                    rows, right_from=2, left=(4,)), "",
+            ("Fits: " + ", ".join(fits) + ".") if fits else "None of these fits alone.", ""]
 
 
 def _oom(r: dict) -> list[str]:
@@ -130,7 +215,8 @@ def _oom(r: dict) -> list[str]:
     if o["largest_live"]:
         rows = [[f"`{t['name']}`", t["category"], format_bytes(t["bytes"])]
                 for t in o["largest_live"]]
-        lines += ["Largest live tensors at that moment:", "",
+        lines += ["Largest single live tensors at that moment (each is small; the categories "
+                  "below add up to the cause):", "",
                   *_table(["tensor", "category", "size"], rows, right_from=2), ""]
     return lines
 
@@ -174,14 +260,39 @@ def _calibration(m: dict) -> list[str]:
 def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
-    lines = (_header(metrics) + _performance(metrics) + _stages(metrics, stages)
+    lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
              + _memory(metrics, stages) + _activations(metrics, stages)
              + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write_summary(metrics: dict, path) -> Path:
-    """Write summary_text(metrics) to `path` and return the path."""
+def figure_links(figures: list[tuple[str, str]]) -> list[str]:
+    """[(file name, caption)] -> a Figures section of linked PNGs."""
+    if not figures:
+        return []
+    lines = ["## Figures", ""]
+    for name, caption in figures:
+        lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
+    return lines
+
+
+def glossary_lines() -> list[str]:
+    """The glossary as a Markdown definition list (bold term, then its meaning)."""
+    lines = ["## Glossary", ""]
+    for term, meaning in GLOSSARY:
+        lines += [f"**{term}**: {meaning}", ""]
+    return lines
+
+
+def summary_document(metrics: dict, figures: list[tuple[str, str]] = ()) -> str:
+    """summary.md: the summary, the figures as linked PNGs, and the glossary."""
+    text = summary_text(metrics).rstrip("\n").split("\n")
+    lines = text + [""] + figure_links(list(figures)) + glossary_lines()
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_summary(metrics: dict, path, figures: list[tuple[str, str]] = ()) -> Path:
+    """Write summary_document(metrics, figures) to `path` and return the path."""
     path = Path(path)
-    path.write_text(summary_text(metrics))
+    path.write_text(summary_document(metrics, figures))
     return path

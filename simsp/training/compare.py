@@ -19,7 +19,7 @@ def gathered_grads(run, dp: int = 0) -> dict:
     """Full canonical gradients of DP replica `dp` after the iteration's reductions."""
     grads = {}
     t = run.sc.parallel.tp
-    for name in param_shapes(run.sc.model):
+    for name in param_shapes(run.sc.padded_model):
         pp = _holder_stage(name, run)
         shards = [run.states[run.rank_of(tp, dp, pp)].grads[name].data for tp in range(t)]
         grads[name] = unshard(name, shards)

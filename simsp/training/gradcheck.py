@@ -54,18 +54,20 @@ def _finite_difference(sc, params, name: str, u: np.ndarray, eps: float = EPSILO
     return (_loss(sc, plus) - _loss(sc, minus)) / (2 * eps)
 
 
-def gradient_check_with_bounds(sc: Scenario, names: list[str] | None = None) -> tuple[dict, dict]:
+def gradient_check_with_bounds(sc: Scenario, names: list[str] | None = None,
+                               track=list) -> tuple[dict, dict]:
     """({name: relative error of <grad, u> vs the finite difference}, {name: |error| /
-    rounding_bound}) for the chosen tensors, with the dtype's step fd_epsilon."""
+    rounding_bound}) for the chosen tensors, with the dtype's step fd_epsilon; `track` may wrap
+    the list of names (a progress bar of tensors checked)."""
     dtype = np.dtype(sc.run.numeric_dtype)
     eps = fd_epsilon(dtype)
-    params = init_params(sc.model, sc.run.seed, dtype)
+    params = init_params(sc.padded_model, sc.run.seed, dtype)
     run = simulate_iteration(sc, canonical=params)
     analytic = gathered_grads(run)
     analytic[EMBEDDING_OUTPUT] = embedding_output_grad(run)
     rng = np.random.default_rng(sc.run.seed + 99)
     errors, ratios = {}, {}
-    for name in names or list(analytic):
+    for name in track(names or list(analytic)):
         u = _direction(rng, analytic[name].shape)
         exact = float(np.sum(analytic[name] * u))
         numeric = _finite_difference(sc, params, name, u, eps)
@@ -76,6 +78,6 @@ def gradient_check_with_bounds(sc: Scenario, names: list[str] | None = None) -> 
     return errors, ratios
 
 
-def gradient_check(sc: Scenario, names: list[str] | None = None) -> dict:
+def gradient_check(sc: Scenario, names: list[str] | None = None, track=list) -> dict:
     """{name: relative error of <grad, u> vs the finite difference} for the chosen tensors."""
-    return gradient_check_with_bounds(sc, names)[0]
+    return gradient_check_with_bounds(sc, names, track)[0]

@@ -17,10 +17,11 @@ from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
 from simsp.model.world import World, build_world
 from simsp.training import p2p
-from simsp.training.finalize import data_parallel_gather_params, finalize_grads
-from simsp.training.optimizer import adam_step, allocate_optimizer
+from simsp.training.finalize import data_parallel_gather_params, finalize_grads, optimizer_step
+from simsp.training.optimizer import allocate_optimizer
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
-from simsp.training.steps import RankState, backward_step, forward_step
+from simsp.training.stage_program import run_schedule
+from simsp.training.steps import RankState
 
 
 @dataclass
@@ -41,12 +42,20 @@ class Run:
     states: dict = field(default_factory=dict)  # rank -> RankState
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
     steps: dict = field(default_factory=dict)  # rank -> [(kind, mb, chunk, begin_s, end_s)]
+    on_step: object = None  # optional callback(run, now_s) after every schedule step (progress)
 
     def record_step(self, r, kind: str, mb: int, chunk: int, begin_s: float) -> None:
         """A schedule step's busy interval: from its input's arrival to its end."""
         self.steps.setdefault(r.rank, []).append((kind, mb, chunk, begin_s, r.env.now))
         if r.trace is not None:
             r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, r.env.now, {})
+        if self.on_step is not None:
+            self.on_step(self, r.env.now)
+
+    @property
+    def total_steps(self) -> int:
+        """Schedule steps of all simulated ranks in this iteration (the progress bar's total)."""
+        return sum(len(self.plans[rank].steps) for rank in self.world.ranks)
 
     def rank_of(self, tp: int, dp: int, pp: int) -> int:
         return self.world.grid.rank_of(tp, dp, pp)
@@ -62,18 +71,16 @@ class Run:
 
 def rank_program(r, run: Run, plan: StagePlan):
     """Allocate the stage's parameters and optimizer, run its schedule, reduce, step."""
-    shapes = param_shapes(run.sc.model)
+    shapes = param_shapes(run.sc.padded_model)
     names = stage_param_names(shapes, plan)
     weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
     shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
     optimizer = allocate_optimizer(r, weights, shard)
     state = run.states[r.rank] = RankState(weights, grads)
-    for step in plan.steps:
-        work = forward_step if step.kind == "F" else backward_step
-        yield from work(r, run, plan, state, step.micro_batch, step.chunk)
+    yield from run_schedule(r, run, plan, state)
     r.phase, r.scope = "backward", ""
     yield from finalize_grads(r, run, plan, grads)
-    yield from adam_step(r, optimizer, weights, grads)
+    yield from optimizer_step(r, optimizer, weights, grads)
     yield from data_parallel_gather_params(r, run, weights)
     run.end_s[r.rank] = r.env.now
 
@@ -105,23 +112,23 @@ def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
 
 def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
                        canonical: dict | None = None,
-                       embedding_delta: np.ndarray | None = None) -> Run:
+                       embedding_delta: np.ndarray | None = None, on_step=None) -> Run:
     """Simulate one iteration; every simulated rank's ledger, counters and trace are kept.
 
     Numeric mode may pass the full parameters and a perturbation of the embedding output
-    (finite differences)."""
+    (finite differences); `on_step(run, now_s)` is called after every schedule step."""
     if sc.run.mode == "numeric" and shortcuts.representative:
         raise ValueError("numeric mode needs every rank: no representative shortcut")
     if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):
         raise ValueError("layer templates need the representative and closed-form shortcuts")
     world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
-    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env))
+    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
     if shortcuts.templates:
         run.layers = LayerTemplates()
     if sc.run.mode == "numeric":
         run.tokens, run.targets = global_batch(sc)
-        run.canonical = canonical or init_params(sc.model, sc.run.seed,
+        run.canonical = canonical or init_params(sc.padded_model, sc.run.seed,
                                                  np.dtype(sc.run.numeric_dtype))
         run.embedding_delta = embedding_delta
     for rank, r in sorted(world.ranks.items()):

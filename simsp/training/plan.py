@@ -47,6 +47,29 @@ class StagePlan:
         return self.pp == self.p - 1
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive layers of a model chunk run as one unit. A checkpointed segment keeps only
+    its first layer's input and recomputes all its layers in backward (full recompute)."""
+
+    layers: tuple[int, ...]
+    checkpointed: bool
+
+
+def recompute_segments(sc: Scenario, layers: range) -> tuple[Segment, ...]:
+    """A model chunk's layers cut as Megatron-LM's TransformerBlock._checkpointed_forward does:
+    uniform: groups of N layers, each checkpointed; block: the chunk's first N layers each
+    checkpointed alone, the rest not (N = recompute_num_layers). Without full recompute every
+    layer is its own, plain segment."""
+    p = sc.parallel
+    if p.recompute_granularity != "full":
+        return tuple(Segment((i,), False) for i in layers)
+    n = p.recompute_num_layers or 1
+    if p.recompute_method == "block":
+        return tuple(Segment((i,), k < n) for k, i in enumerate(layers))
+    return tuple(Segment(tuple(layers[k:k + n]), True) for k in range(0, len(layers), n))
+
+
 def chunks_per_stage(sc: Scenario) -> int:
     """v: model chunks per pipeline stage (1 unless interleaved)."""
     per_stage = sc.model.num_layers // sc.parallel.pp

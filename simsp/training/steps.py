@@ -1,18 +1,18 @@
 """One schedule step on one rank: the forward or backward of a model chunk for a micro-batch.
 
 A chunk is the embedding (first virtual stage), its layers, and the head and loss (last virtual
-stage); activations and their gradients cross stages point-to-point (training/p2p.py).
+stage); activations and their gradients cross stages point-to-point in the calls Megatron makes
+between steps (training/stage_program.py runs them).
 """
 
 from dataclasses import dataclass, field
 
 from simsp.model.embedding import embedding_backward, embedding_forward
 from simsp.model.head import head_backward, head_forward
-from simsp.model.layer import LayerSpec, layer_forward
-from simsp.model.layer_backward import layer_backward
 from simsp.model.tensor import FP16
-from simsp.training import p2p
-from simsp.training.plan import StagePlan, sample_offset
+from simsp.training.grad_buckets import GradSync
+from simsp.training.plan import StagePlan, recompute_segments, sample_offset
+from simsp.training.recompute import segment_backward, segment_forward
 
 
 @dataclass
@@ -22,6 +22,10 @@ class RankState:
     weights: dict
     grads: dict
     stashes: dict = field(default_factory=dict)  # (micro_batch, chunk) -> saved tensors
+    inbox: dict = field(default_factory=dict)  # p2p key -> received tensor, not yet consumed
+    outbox: dict = field(default_factory=dict)  # p2p key -> (destination, tensor) to send
+    pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
+    grad_sync: GradSync | None = None  # DP gradient buckets (training/grad_buckets.py)
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
     def layer(self, i: int) -> tuple[dict, dict]:
@@ -34,7 +38,7 @@ class RankState:
         return self._layers[i]
 
 
-def _activation_shape(run, r) -> tuple:
+def activation_shape(run, r) -> tuple:
     m, b = run.sc.model, run.sc.parallel.micro_batch_size
     s = m.seq_length // (r.tp.size if r.tp.sequence_parallel else 1)
     return (s, b, m.hidden_size)
@@ -66,33 +70,27 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     r.phase, r.scope = "forward", f"mb{mb}.c{chunk}."
     stash = {"layers": []}
     if plan.is_first(chunk):
+        yield from state.grad_sync.params_needed(r, run, chunk, ["embedding"])
         x, stash["embedding"] = yield from embedding_forward(
             r, sc.model, state.weights, tokens, (sc.model.seq_length, sc.parallel.micro_batch_size),
             offset)
         if run.embedding_delta is not None:
             x.data = x.data + _local_block(run, r, run.embedding_delta, offset)
     else:
-        x = yield from p2p.recv(r, run.mailbox, ("act", mb, k, plan.tp, plan.dp),
-                                _activation_shape(run, r), FP16, "recv_activation")
+        x = state.inbox.pop(("act", mb, k, plan.tp, plan.dp))
     begin = r.env.now
-    for i in plan.layers(chunk):
-        r.scope = f"mb{mb}.L{i}."
-        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
-        w, _ = state.layer(i)
-        full = spec.recompute == "full"
-        if full:
-            r.save(x, "layer_input")
-        out, saved = yield from run.layers.run(
-            r, ("F", full), x, lambda: layer_forward(r, spec, w, x, keep=not full))
-        stash["layers"].append({"layer_input": x} if full else saved)
-        x = out
+    for segment in recompute_segments(sc, plan.layers(chunk)):
+        yield from state.grad_sync.params_needed(r, run, chunk, list(segment.layers))
+        x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
+        stash["layers"].append(saved)
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_last(chunk):
+        yield from state.grad_sync.params_needed(r, run, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
         run.losses[(plan.dp, mb)] = loss
     else:
         dst = run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p)
-        p2p.send(r, run.world.network, run.mailbox, dst, x, ("act", mb, k + 1, plan.tp, plan.dp))
+        state.outbox[("act", mb, k + 1, plan.tp, plan.dp)] = (dst, x)
     state.stashes[(mb, chunk)] = stash
     run.record_step(r, "F", mb, chunk, begin)
 
@@ -107,25 +105,25 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
                                       stash["head"], dloss)
+        state.grad_sync.grads_ready(r, run, plan, chunk, mb, ["head"])
     else:
-        dx = yield from p2p.recv(r, run.mailbox, ("grad", mb, k, plan.tp, plan.dp),
-                                 _activation_shape(run, r), FP16, "recv_gradient")
+        dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp))
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
-    for i, saved in zip(reversed(plan.layers(chunk)), reversed(stash["layers"])):
-        r.scope = f"mb{mb}.L{i}."
-        spec = LayerSpec(sc.model, i, sc.parallel.recompute_granularity, offset)
-        w, g = state.layer(i)
-        dx = yield from run.layers.run(
-            r, ("B",), dx, lambda: layer_backward(r, spec, w, g, saved, dx))
+    segments = recompute_segments(sc, plan.layers(chunk))
+    for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
+        dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
+        state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(reversed(segment.layers)))
     r.scope = f"mb{mb}.c{chunk}."
     if plan.is_first(chunk):
         if r.numeric:
             run.embedding_grads[(plan.tp, plan.dp, mb)] = dx.data.copy()  # (s_l, b, h)
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
+        state.grad_sync.grads_ready(r, run, plan, chunk, mb, ["embedding"])
     else:
         dst = run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p)
-        p2p.send(r, run.world.network, run.mailbox, dst, dx, ("grad", mb, k - 1, plan.tp, plan.dp))
+        state.outbox[("grad", mb, k - 1, plan.tp, plan.dp)] = (dst, dx)
     run.record_step(r, "B", mb, chunk, begin)
+

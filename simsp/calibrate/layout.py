@@ -1,0 +1,108 @@
+"""What an nccl-tests run measured: the collective, how many ranks on how many nodes, the sizes.
+
+Ranks and nodes come from the log's Rank lines (distinct hosts = nodes), else from the
+`--gpus-per-node` / `--nodes` flags, else from the header's nThread x nGpus on one node.
+The collective comes from the binary named in the log, the table (nccl_log.row_collective),
+or the `--collective` flag; all that are present must agree.
+"""
+
+from dataclasses import dataclass
+
+from simsp.calibrate.nccl_log import TYPE_BYTES, NcclTestsLog, row_collective
+from simsp.errors import UserError
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One nccl-tests run, ready to fit: layout, collective and (bytes, seconds) observations."""
+
+    path: str
+    collective: str
+    nodes: int
+    ranks_per_node: int
+    elem_bytes: int
+    sizes_bytes: tuple[int, ...]  # one per observation (each table row twice: oop, in-place)
+    times_s: tuple[float, ...]  # same length
+    rows: tuple  # nccl_log.Row of the table, zero-size rows dropped
+    skipped_rows: int  # rows of size 0 (NCCL returns at once; nothing to fit)
+
+    @property
+    def ranks(self) -> int:
+        """Ranks in the run: nodes x ranks per node."""
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def tier(self) -> str:
+        """'intra' for a one-node run (NVLink only), 'inter' when it crosses nodes."""
+        return "intra" if self.nodes == 1 else "inter"
+
+
+def measurement(log: NcclTestsLog, collective: str | None = None, nodes: int | None = None,
+                ranks_per_node: int | None = None) -> Measurement:
+    """Combine a parsed log with the user's flags into one Measurement."""
+    node_count, per_node = _layout(log, nodes, ranks_per_node)
+    ranks = node_count * per_node
+    if ranks < 2:
+        raise UserError(log.path, "a ring collective needs at least 2 ranks")
+    name = _collective(log, ranks, collective)
+    rows = tuple(row for row in log.rows if row.size_bytes > 0)
+    if not rows:
+        raise UserError(log.path, "every row has size 0: nothing to fit")
+    sizes = tuple(size for row in rows for size in (row.size_bytes, row.size_bytes))
+    times = tuple(t * 1e-6 for row in rows for t in (row.out_of_place_us, row.in_place_us))
+    return Measurement(log.path, name, node_count, per_node, _elem_bytes(log), sizes, times,
+                       rows, len(log.rows) - len(rows))
+
+
+def _layout(log: NcclTestsLog, nodes: int | None, per_node: int | None) -> tuple[int, int]:
+    """(nodes, ranks per node) from the Rank lines, checked against the flags if given."""
+    if not log.hosts:
+        return _layout_without_ranks(log, nodes, per_node)
+    distinct = list(dict.fromkeys(log.hosts))
+    counts = {host: log.hosts.count(host) for host in distinct}
+    if len(set(counts.values())) != 1:
+        raise UserError(log.path, f"ranks are spread unevenly over hosts: {counts}")
+    found = (len(distinct), len(log.hosts) // len(distinct))
+    for flag, given, value in (("--nodes", nodes, found[0]), ("--gpus-per-node", per_node,
+                                                             found[1])):
+        if given is not None and given != value:
+            raise UserError(flag, f"{given} disagrees with {log.path}'s Rank lines ({value})")
+    return found
+
+
+def _layout_without_ranks(log: NcclTestsLog, nodes, per_node) -> tuple[int, int]:
+    """No Rank lines: the flags, else one node of nThread x nGpus ranks (single process)."""
+    if per_node is None and log.threads_gpus is None:
+        raise UserError(log.path, "no Rank lines and no '# nThread .. nGpus ..' header: "
+                                  "pass --gpus-per-node (and --nodes)")
+    if per_node is None:
+        per_node = log.threads_gpus[0] * log.threads_gpus[1]
+    return (1 if nodes is None else nodes), per_node
+
+
+def _collective(log: NcclTestsLog, ranks: int, flag: str | None) -> str:
+    """The one collective named by the binary, the rows and the flag (those that say)."""
+    found = {}
+    if log.binary:
+        found[f"{log.path}:{log.binary_line}"] = log.binary
+    for row in log.rows:
+        name = row_collective(row, ranks)
+        if name is not None:
+            found.setdefault(f"{log.path}:{row.line}", name)
+    if flag:
+        found["--collective"] = flag
+    names = list(dict.fromkeys(found.values()))
+    if len(names) > 1:
+        where = next(w for w, n in found.items() if n != names[0])
+        raise UserError(where, f"mixed collectives: {found[where]} here, {names[0]} before")
+    if not names:
+        raise UserError(log.path, "cannot tell the collective: pass --collective")
+    return names[0]
+
+
+def _elem_bytes(log: NcclTestsLog) -> int:
+    """Bytes per element: every row must use the same datatype."""
+    types = sorted({row.dtype for row in log.rows})
+    if len(types) > 1:
+        raise UserError(log.path, f"rows mix datatypes ({', '.join(types)})")
+    return TYPE_BYTES[types[0]]

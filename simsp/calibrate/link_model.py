@@ -1,0 +1,58 @@
+"""The forward model of a calibration: simsp's own timing of the measured collective.
+
+For link parameters (the [cluster] fields below) the predicted time of each measured size is
+simsp.engine.ring_timing.collective_time over simsp.cluster.topology.build_topology of the
+measured layout, so simulating with the fitted fragment reproduces the fitted times exactly.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+
+from simsp.calibrate.layout import Measurement
+from simsp.cluster.topology import build_topology
+from simsp.config import Cluster
+from simsp.engine.ring_timing import busbw_GBps, collective_time
+from simsp.hardware import LinkCalibration
+
+# The link calibration fields of [cluster] (simsp.hardware.LinkCalibration.from_cluster and the
+# per-hop latencies build_topology puts on the edges).
+LINK_FIELDS = ("nvlink_efficiency", "nvlink_latency_us", "ib_efficiency", "ib_latency_us",
+               "transfer_overhead_us")
+BANDWIDTH_FIELDS = ("nvlink_bandwidth_GBps", "ib_bandwidth_GBps")
+
+
+def link_values(cluster: Cluster) -> dict[str, float]:
+    """{field: value} of the link calibration fields of a cluster."""
+    return {name: getattr(cluster, name) for name in LINK_FIELDS}
+
+
+def measured_cluster(base: Cluster, m: Measurement, links: dict[str, float]) -> Cluster:
+    """The base cluster cut to the run's nodes (a node as big as base's, or the run's ranks per
+    node if larger) with the given link fields."""
+    per_node = max(base.gpus_per_node, m.ranks_per_node)
+    return replace(base, nodes=m.nodes, gpus_per_node=per_node, **links)
+
+
+def ring_gpus(cluster: Cluster, m: Measurement) -> list[int]:
+    """Global GPU indices of the ranks in rank order: the first ranks_per_node GPUs of each node
+    (mpirun's by-node fill, as the Rank lines list them)."""
+    return [node * cluster.gpus_per_node + local for node in range(m.nodes)
+            for local in range(m.ranks_per_node)]
+
+
+def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float]) -> np.ndarray:
+    """Engine time of every observation of `m` (shape (len(m.sizes_bytes),)), in seconds."""
+    cluster = measured_cluster(base, m, links)
+    graph = build_topology(cluster)
+    calibration = LinkCalibration.from_cluster(cluster)
+    gpus = ring_gpus(cluster, m)
+    by_size = {size: collective_time(m.collective, graph, gpus, size, calibration=calibration,
+                                     elem_bytes=m.elem_bytes)
+               for size in sorted(set(m.sizes_bytes))}
+    return np.array([by_size[size] for size in m.sizes_bytes])  # (observations,)
+
+
+def busbw_of(m: Measurement, size_bytes: int, time_s: float) -> float:
+    """nccl-tests' bus bandwidth (GB/s) of one observation."""
+    return busbw_GBps(m.collective, m.ranks, size_bytes, time_s)

@@ -1,0 +1,119 @@
+"""`simsp search --gpus N`: every layout of a model on N GPUs, pruned by closed forms, the rest
+simulated on Dask (branch and bound on a time lower bound), ranked and explained."""
+
+from pathlib import Path
+
+from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
+                                  check_executor_arguments, default_out, field_lists)
+from simsp.config import SECTIONS
+from simsp.errors import UserError
+from simsp.explore.cache import ResultCache
+from simsp.explore.configs import base_values, parse_list
+from simsp.explore.executor import Executor
+from simsp.explore.explain import limits, why_lost
+from simsp.explore.fields import by_key
+from simsp.explore.search import OBJECTIVES, search
+from simsp.explore.table import results_frame, write_results
+from simsp.report.whatif import ranked, write_whatif_report
+from simsp.units import GiB, format_seconds
+
+# Fields the search sets itself: the layout, the node count (enough for N GPUs) and meta mode.
+LAYOUT_KEYS = (*SECTIONS["parallel"].__dataclass_fields__, "nodes", "mode")
+
+
+def add_parser(subparsers) -> None:
+
+
+    """Register `simsp search` and its flags."""
+    parser = subparsers.add_parser("search", help="find the fastest layout for N GPUs")
+    parser.add_argument("scenario", nargs="?", help="scenario TOML (its model and cluster)")
+    parser.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs to lay out")
+    parser.add_argument("--global-batch-size", type=int, default=None, metavar="B",
+                        help="samples per iteration (default: the scenario's)")
+    parser.add_argument("--top", type=int, default=5, metavar="K", help="layouts to show (5)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="time")
+    parser.add_argument("--margin", type=float, default=0.10, metavar="FRACTION",
+                        help="prune on memory only beyond capacity x (1 + margin) (0.10)")
+    add_field_arguments(parser, skip=LAYOUT_KEYS, metavar="VALUE",
+                        title="model, cluster and run fields (one value each)")
+    add_executor_arguments(parser, "search-<N>gpus")
+    parser.set_defaults(handler=run)
+
+
+def _base(args) -> dict:
+    """The scenario's fields with the single-valued model/cluster/run flags applied, in meta mode."""
+    values = base_values(args.scenario)
+    table = by_key()
+    for key, text in field_lists(args, skip=LAYOUT_KEYS).items():
+        items = parse_list(table[key], text)
+        if len(items) != 1:
+            raise UserError(table[key].flag, "search takes one value (sweep takes lists)")
+        values[table[key].path] = items[0]
+    values[("run", "mode")] = "meta"
+    return values
+
+
+def _check(args, batch) -> None:
+
+
+    """Counts must be positive and the margin not negative."""
+    for name, value in (("--gpus", args.gpus), ("--top", args.top), ("--global-batch-size", batch)):
+        if value is None or value < 1:
+            raise UserError(name, f"must be a positive integer, got {value}")
+    if args.margin < 0:
+        raise UserError("--margin", f"must not be negative, got {args.margin}")
+
+
+def summary_lines(result, args, batch: int) -> list[str]:
+    """How many layouts there were, how many were pruned and why, how many simulated."""
+    lines = [f"{args.gpus} GPUs, global batch {batch}, objective {args.objective}: "
+             f"{result.layouts} layouts ({result.invalid} rejected by the config checks)",
+             f"pruned {result.pruned_memory} by the memory closed form (weights + grads + "
+             f"optimizer + K22 first-stage activations > capacity x {1 + args.margin:g})"]
+    lines += [f"  e.g. {label}: {reason}" for label, reason in result.memory_examples]
+    lines.append(f"pruned {result.pruned_bound} by the time lower bound "
+                 "(L/p)(f+b)(m+(p-1)/v) >= the top-K's worst simulated")
+    lines.append(f"simulated {len(result.rows)}")
+    return lines
+
+
+def ranking_lines(frame, top: int, objective: str) -> list[str]:
+    """The top K with what limits each, then the best rejected with why they lost."""
+    order = ranked(frame, objective)
+    rows = [row.to_dict() for _, row in order.iterrows()]
+    fits = [row for row in rows if row["status"] == "ok"]
+    if not fits:
+        return ["no simulated layout fits in memory"]
+    lines = [f"top {min(top, len(fits))}:"]
+    for place, row in enumerate(fits[:top], 1):
+        lines.append(f"{place:2d}. {row['variant']:<34} {format_seconds(row['iteration_time_s']):>10}  "
+                     f"MFU {row['mfu']:5.1%}  peak {row['peak_bytes_max'] / GiB:5.1f} GiB")
+        lines.append(f"    limits: {limits(row)}")
+    rejected = fits[top:top + 3] + [row for row in rows if row["status"] == "oom"][:3]
+    if rejected:
+        lines.append("best rejected:")
+        lines += [f"    {row['variant']:<34} {why_lost(row, fits[0])}" for row in rejected]
+    return lines
+
+
+def run(args) -> int:
+
+
+    """Search, print the pruning summary and the explained ranking, write the report."""
+    check_executor_arguments(args)
+    base = _base(args)
+    batch = args.global_batch_size or base[("parallel", "global_batch_size")]
+    _check(args, batch)
+    out = Path(args.out) if args.out else default_out(args.scenario, f"search-{args.gpus}gpus")
+    with Executor(args.workers, args.scheduler) as executor:
+        result = search(base, args.gpus, batch, executor, ResultCache(out / "cache"), args.top,
+                        args.objective, args.margin, args.quiet)
+    frame = results_frame(result.rows)
+    lines = summary_lines(result, args, batch)
+    print("\n".join(lines))
+    if result.rows:
+        write_results(result.rows, frame, out)
+        write_whatif_report(frame, out, args.objective, [line + "  " for line in lines] + [""])
+        print("\n".join(ranking_lines(frame, args.top, args.objective)))
+    print(f"results: {out}")
+    return 0

@@ -1,0 +1,87 @@
+"""Configurations to simulate: a base scenario, named variants, and the cartesian grid of lists.
+
+A Config holds every scenario field's value (defaults filled in), so its digest is a hash of the
+full configuration; `simsp.config.load_scenario(None, config.overrides())` rebuilds the scenario.
+"""
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import simsp
+from simsp.config import read_toml
+from simsp.errors import UserError
+from simsp.explore.fields import Field, all_fields, by_key, spell
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of a sweep: a display name and every field's value, in field order."""
+
+    name: str
+    values: tuple  # ((section, key), value) for every scenario field
+
+    def overrides(self) -> dict:
+        """The {(section, key): value} that load_scenario turns into this scenario."""
+        return dict(self.values)
+
+    def digest(self) -> str:
+        """sha256 of the full configuration and simsp's version: the cache key."""
+        text = json.dumps([simsp.__version__, [[f"{s}.{k}", v] for (s, k), v in self.values]])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def base_values(path: str | Path | None) -> dict:
+    """Every field's value from a scenario file (or the built-in defaults), name included."""
+    values = {f.path: f.default for f in all_fields()}
+    if path is None:
+        return values
+    table = by_key()
+    data = read_toml(path)
+    values[("run", "name")] = Path(path).stem
+    for section, body in data.items():
+        for key, value in body.items():
+            field = table.get(f"{section}.{key}")
+            if field is None:
+                raise UserError(f"{section}.{key}", f"unknown key in {path}")
+            values[field.path] = value
+    return values
+
+
+def parse_value(field: Field, text: str):
+    """One item of a comma list, typed like the field: `4`, `0.5`, `true`, `selective`, `none`."""
+    item = text.strip()
+    if item.lower() == "none" and field.default is None:
+        return None
+    if field.kind is bool:
+        if item.lower() not in ("true", "false"):
+            raise UserError(field.flag, f"{item!r} is not true or false")
+        return item.lower() == "true"
+    try:
+        return field.kind(item) if field.kind is not str else item
+    except ValueError:
+        raise UserError(field.flag, f"{item!r} is not {'an integer' if field.kind is int else 'a number'}") from None
+
+
+def parse_list(field: Field, text: str) -> list:
+    """A comma-separated list of values (`2,4,8`), each typed; empty items are errors."""
+    items = str(text).split(",")
+    if any(not item.strip() for item in items):
+        raise UserError(field.flag, f"{text!r} has an empty item")
+    return [parse_value(field, item) for item in items]
+
+
+def expand(variants: list[tuple[str, dict]], axes: list[tuple[Field, list]]) -> list[Config]:
+    """Every variant times the cartesian product of the axes, in a fixed order."""
+    configs = []
+    for variant_name, values in variants:
+        for combo in itertools.product(*(choices for _, choices in axes)):
+            merged = dict(values)
+            merged.update({field.path: value for (field, _), value in zip(axes, combo)})
+            label = " ".join(spell(field, value) for (field, _), value in zip(axes, combo))
+            name = " | ".join(part for part in (variant_name, label) if part)
+            name = name or str(merged[("run", "name")])
+            configs.append(Config(name, tuple(merged.items())))
+    return configs

@@ -1,0 +1,81 @@
+"""Every scenario field once: its section, python type and the command-line flag that sets it.
+
+Flags come from simsp/flags.py's tables; a field without a flag there gets the Megatron-style
+spelling of its name (`ib_bandwidth_GBps` -> `--ib-bandwidth-GBps`), so every field is sweepable.
+"""
+
+from dataclasses import MISSING, dataclass, fields
+
+from simsp import config, flags
+
+
+@dataclass(frozen=True)
+class Field:
+    """One scenario field: `section.key`, its type, default and the flag that sets it."""
+
+    section: str
+    key: str
+    kind: type
+    default: object
+    flag: str
+
+    @property
+    def path(self) -> tuple[str, str]:
+        return (self.section, self.key)
+
+
+def _kind(annotation) -> type:
+    """The python type a dataclass annotation asks for (bool before int: bool is an int)."""
+    text = str(annotation)
+    for kind in (bool, int, float):
+        if kind.__name__ in text:
+            return kind
+    return str
+
+
+def _table_flags() -> dict[tuple[str, str], str]:
+    """(section, key) -> flag, from the value flags of simsp/flags.py."""
+    return {(entry[0], entry[1]): flag for flag, entry in flags.SCENARIO_FLAGS.items()}
+
+
+def _default(f):
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def all_fields() -> list[Field]:
+    """Every field of every scenario section, in section and declaration order."""
+    named = _table_flags()
+    found = []
+    for section, cls in config.SECTIONS.items():
+        for f in fields(cls):
+            flag = named.get((section, f.name), "--" + f.name.replace("_", "-"))
+            found.append(Field(section, f.name, _kind(f.type), _default(f), flag))
+    return found
+
+
+def by_key() -> dict[str, Field]:
+    """Field name -> Field (names are unique across sections; `section.key` also accepted)."""
+    table = {}
+    for f in all_fields():
+        table[f.key] = f
+        table[f"{f.section}.{f.key}"] = f
+    return table
+
+
+def switch_flags() -> dict[tuple[str, str], dict]:
+    """(section, key) -> {value: switch flag}, e.g. sequence_parallel -> {True: ..., False: ...}."""
+    table = {}
+    for flag, entry in flags.SWITCHES.items():
+        section, key, value = entry[0], entry[1], entry[2]
+        table.setdefault((section, key), {})[value] = flag
+    return table
+
+
+def spell(field: Field, value) -> str:
+    """The flags that set `field` to `value`: `--sequence-parallel`, `--micro-batch-size 2`."""
+    switch = switch_flags().get(field.path, {})
+    if value in switch and isinstance(value, bool):
+        return switch[value]
+    if isinstance(value, bool):
+        return f"{field.flag} {str(value).lower()}"
+    return f"{field.flag} {'none' if value is None else value}"

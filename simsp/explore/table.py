@@ -1,0 +1,42 @@
+"""The results table: one row per configuration, in configuration order, as a DataFrame and as
+results.csv / results.jsonl (byte-identical whatever executor produced the rows)."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from simsp.explore.configs import Config
+from simsp.explore.fields import all_fields, spell
+
+
+def changes_from_first(config: Config, first: Config) -> str:
+    """The flags that turn the first configuration into this one (`--sequence-parallel ...`)."""
+    mine, theirs = config.overrides(), first.overrides()
+    spelled = [spell(f, mine[f.path]) for f in all_fields()
+               if f.path != ("run", "name") and mine[f.path] != theirs[f.path]]
+    return " ".join(spelled)
+
+
+def table_row(index: int, config: Config, first: Config, result: dict) -> dict:
+    """Identity, every configuration field, the flags that differ from the first, the results."""
+    row = {"index": index, "variant": config.name, "changes": changes_from_first(config, first)}
+    row.update({key: value for (_, key), value in config.values})
+    row.update(result)
+    return row
+
+
+def results_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows (already in configuration order) as a DataFrame; columns in first-seen order."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def write_results(rows: list[dict], frame: pd.DataFrame, out: str | Path) -> list[Path]:
+    """results.csv (every column) and results.jsonl (each row's own keys) under `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, jsonl_path = out / "results.csv", out / "results.jsonl"
+    frame.to_csv(csv_path, index=False, lineterminator="\n")
+    jsonl_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return [csv_path, jsonl_path]

@@ -1,0 +1,61 @@
+"""Progress on stderr for long commands: a tqdm bar shown only when stderr is a terminal.
+
+`--quiet` (added to every subcommand by `add_quiet_flag`) silences it; stdout never changes.
+When no bar is wanted, callers get plain iterables and no callbacks, so progress costs nothing.
+"""
+
+import sys
+
+from tqdm import tqdm
+
+
+def add_quiet_flag(parser) -> None:
+    """Give a subcommand's parser the `--quiet` switch, unless it already defines its own."""
+    if "--quiet" in parser._option_string_actions:  # argparse's table of option strings
+        return
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar on stderr (default: shown when stderr is a terminal)")
+
+
+def wanted(quiet: bool) -> bool:
+    """A bar is drawn only when stderr is a terminal and the user did not ask for quiet."""
+    return not quiet and sys.stderr.isatty()
+
+
+def bar(total: int | None, desc: str, unit: str) -> tqdm:
+    """A tqdm bar on stderr that vanishes when done (leave=False), redrawn at most 10 times/s."""
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
+                mininterval=0.1, dynamic_ncols=True)
+
+
+def track(items, desc: str, unit: str, quiet: bool, total: int | None = None):
+    """`items` unchanged, or wrapped in a bar counting them (sizes done, parameters checked)."""
+    if not wanted(quiet):
+        return items
+    return tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
+                mininterval=0.1, dynamic_ncols=True)
+
+
+class StepProgress:
+    """Callback for Run.record_step: schedule steps done / total and the simulated time reached."""
+
+    def __init__(self, desc: str = "simulating"):
+        self.desc, self.bar = desc, None
+
+    def __call__(self, run, now_s: float) -> None:
+        """One schedule step finished at simulated time now_s (seconds)."""
+        if self.bar is None:
+            self.bar = bar(run.total_steps, self.desc, "step")
+        self.bar.set_postfix_str(f"simulated {now_s * 1e3:.1f} ms", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        """Draw the final count and simulated time once, then clear the bar."""
+        if self.bar is not None:
+            self.bar.refresh()
+            self.bar.close()
+
+
+def step_callback(quiet: bool) -> StepProgress | None:
+    """A StepProgress when a bar is wanted, else None (the simulation then calls nothing)."""
+    return StepProgress() if wanted(quiet) else None

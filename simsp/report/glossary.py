@@ -1,0 +1,51 @@
+"""Every term the run report uses, defined once in plain words (with its source)."""
+
+GLOSSARY = (
+    ("TP (tensor parallelism)", "Each layer's weight matrices are split over t GPUs of one "
+     "node; every layer then needs collectives (all-reduce, or all-gather + reduce-scatter with "
+     "SP) to combine partial results (Megatron-LM, K22 §2)."),
+    ("SP (sequence parallelism)", "Inside a TP group, the layer-norm and dropout regions are "
+     "split along the sequence, so their activations are stored once over t GPUs instead of t "
+     "times; each TP all-reduce becomes an all-gather (g) plus a reduce-scatter (g-bar) of the "
+     "same bytes (K22 §4.2.2)."),
+    ("PP (pipeline parallelism)", "The layers are cut into p consecutive stages on different "
+     "GPUs; micro-batches flow through them (N21 §2.2)."),
+    ("DP (data parallelism)", "d replicas of the whole model each take a share of the batch and "
+     "average their gradients with an all-reduce; d = GPUs / (t·p)."),
+    ("micro-batch", "The b sequences that go through the pipeline together; a global batch of "
+     "B sequences is m = B / (b·d) micro-batches per replica."),
+    ("schedule (1F1B, interleaved)", "The order in which each stage runs forward (F) and "
+     "backward (B) steps; interleaving gives each GPU several model chunks (virtual stages) to "
+     "shrink the bubble (N21 §2.2)."),
+    ("bubble", "The fraction of the iteration a pipeline stage is idle waiting for work at the "
+     "start and end of the pipeline: (pipeline time − busy time) / busy time (N21 §2.2.1)."),
+    ("activation", "A tensor saved in the forward pass for use in the backward pass; activation "
+     "memory grows with the micro-batches in flight (K22 §4)."),
+    ("recompute", "Saving fewer activations and recomputing them in the backward pass. "
+     "Selective recompute redoes only the attention softmax part (cheap, large); full recompute "
+     "keeps only each layer's input and reruns the whole layer forward (K22 §5)."),
+    ("distributed optimizer", "The fp32 master weights and Adam moments are sharded over the "
+     "data-parallel replicas (Megatron-LM --use-distributed-optimizer, like ZeRO-1)."),
+    ("weights, gradients, optimizer", "Memory categories: 16-bit weights (2 bytes/parameter) "
+     "and gradients, and the optimizer's fp32 master copy and two Adam moments (12 "
+     "bytes/parameter)."),
+    ("temporaries, communication", "Short-lived buffers inside one op, and the buffers a "
+     "collective or pipeline transfer holds while it runs."),
+    ("peak, capacity, out of memory", "The highest total of the categories at one moment, the "
+     "GPU's memory (80 GiB for A100-SXM4-80GB), and a run whose peak goes above it."),
+    ("MFU (model FLOPs utilisation)", "Model FLOPs per iteration (no recompute counted) over "
+     "iteration time × GPUs × peak 312 TFLOP/s (K22 §6.3, App. A)."),
+    ("HFU (hardware FLOPs utilisation)", "Like MFU, but counting the FLOPs of recomputation "
+     "too: what the hardware actually executed (K22 §6.3)."),
+    ("counted FLOPs", "FLOPs of the GEMMs the simulation ran, beside the K22 closed forms."),
+    ("exposed communication", "Time a GPU waited for communication that no computation hid "
+     "(by track: TP, pipeline, DP)."),
+    ("pipeline wait", "Time a stage waited for its input (activations or gradients) to arrive "
+     "from the neighbouring stage: the bubble seen from one stage."),
+    ("all-reduce, reduce-scatter, all-gather", "NCCL collectives. Ring all-reduce = "
+     "reduce-scatter then all-gather: 2(n−1) steps of S/n bytes (REFERENCE.md §5)."),
+    ("calibration", "The achieved fractions of peak (GEMM efficiency, link efficiency) and "
+     "latencies the cost model uses; reported with every result."),
+    ("shortcuts", "Meta-mode speed-ups (one simulated rank per stage, closed-form collective "
+     "time, replayed layer templates), each shown equal to the full simulation on small cases."),
+)

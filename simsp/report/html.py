@@ -1,0 +1,43 @@
+"""report.html: the run report as one self-contained page (summary, pictures, glossary).
+
+The text is summary_md's, converted; the pictures are figures.py's PNGs embedded as data URIs,
+so the page opens with no network and no other file.
+"""
+
+import html
+from pathlib import Path
+
+from simsp.report.glossary import GLOSSARY
+from simsp.report.html_markdown import to_html
+from simsp.report.html_page import figure, page
+from simsp.report.summary_md import summary_text, variant_label
+
+
+def glossary_html() -> str:
+    """The glossary as a definition list."""
+    items = "".join(f"<dt>{html.escape(term)}</dt><dd>{html.escape(meaning)}</dd>"
+                    for term, meaning in GLOSSARY)
+    return f'<h2 id="glossary">Glossary</h2><dl class="glossary">{items}</dl>'
+
+
+def figures_html(figures: list[tuple[str, str, bytes]]) -> str:
+    """The Figures section: every picture embedded."""
+    if not figures:
+        return ""
+    return '<h2 id="figures">Figures</h2>' + "".join(
+        figure(png, caption, name.removesuffix(".png")) for name, caption, png in figures)
+
+
+def report_html(metrics: dict, figures: list[tuple[str, str, bytes]] = ()) -> str:
+    """The whole page: the summary text, the figures, the glossary."""
+    text = to_html(summary_text(metrics)).replace(  # the out-of-memory verdict stands out
+        "<p><strong>Out of memory</strong>", '<p class="callout"><strong>Out of memory</strong>')
+    body = text + figures_html(list(figures)) + glossary_html()
+    return page(f"simsp run: {variant_label(metrics)}", body)
+
+
+def write_report_html(metrics: dict, figures, path) -> Path:
+    """Write report_html to `path` and return the path."""
+    path = Path(path)
+    path.write_text(report_html(metrics, figures))
+    return path

@@ -1,0 +1,237 @@
+"""Data-parallel gradient buckets as Megatron-LM's DDP builds and reduces them.
+
+Sources: megatron/core/distributed/param_and_grad_buffer.py and distributed_data_parallel.py,
+distributed_optimizer.py (REFERENCE.md §7). Each model chunk's gradients live in one contiguous
+buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes) walked in reverse parameter
+order and cut into buckets of at least max(40M, 1M·d) parameters; without
+--overlap-grad-reduce the bucket size is unlimited (one bucket per chunk). With the overlap, a
+bucket's all-reduce (reduce-scatter with the distributed optimizer) is launched on the DP
+communication stream as soon as the last micro-batch's backward has produced all its gradients;
+`finish` waits for every bucket (finish_grad_sync). Readiness is tracked per layer (a layer's
+gradients count as produced when its backward ends), per head and per embedding.
+With the distributed optimizer the updated parameters are all-gathered per bucket after the
+step; with --overlap-param-gather Megatron issues the first bucket's all-gather after the step and
+each forward pre-hook waits for its bucket and issues the next one. One simulated iteration stands
+for the steady state: the all-gather issued at the end of the previous iteration is issued at
+time 0 here, and nothing is issued at the end (it belongs to the next iteration).
+"""
+
+from dataclasses import dataclass, field
+import math
+
+import numpy as np
+import simpy
+
+from simsp.engine.streams import Stream
+from simsp.engine.trace import Trace
+from simsp.model.mappings import _bytes_sent
+from simsp.model.params import layer_param_names
+from simsp.model.tensor import FP16, FP32, Tensor
+
+BUCKET_MIN_PARAMS = 40_000_000  # Megatron DDP default bucket size: max(40M, 1M·d) parameters
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+EMBEDDING = ("embedding.word", "embedding.position")
+HEAD = ("final_ln.gamma", "final_ln.beta")
+
+
+@dataclass
+class Bucket:
+    """Parameters in buffer (reverse forward) order, the padded element count, progress."""
+
+    chunk: int
+    names: tuple[str, ...]
+    numel: int
+    ready: set = field(default_factory=set)
+    reduce: simpy.Process | None = None
+    gather: simpy.Process | None = None
+
+
+def bucket_size(d: int, overlap_grad_reduce: bool, given: int | None = None) -> int | None:
+    """Megatron DDP: --ddp-bucket-size or max(40M, 1M·d) parameters; unlimited without
+    --overlap-grad-reduce (distributed_data_parallel.py)."""
+    if not overlap_grad_reduce:
+        return None
+    return given or max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * d)
+
+
+def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
+                  shared: str | None = None, chunk: int = 0) -> list[Bucket]:
+    """Cut (name, numel) params, given in forward order, into buckets walking them in reverse.
+
+    A bucket closes once it holds >= `size` elements; `shared` (the pipeline's tied embedding
+    copy, distributed optimizer) gets a bucket of its own; ends are padded to `pad_to`."""
+    buckets, current = [], []
+
+    def close():
+        numel = sum(n for _, n in current)
+        buckets.append(Bucket(chunk, tuple(name for name, _ in current),
+                              -(-numel // pad_to) * pad_to))
+        current.clear()
+
+    for name, numel in reversed(params):
+        if name == shared and current:
+            close()
+        current.append((name, numel))
+        if name == shared or (size is not None and sum(n for _, n in current) >= size):
+            close()
+    if current:
+        close()
+    return buckets
+
+
+def module_params(plan, module, grads: dict, producing: bool = False) -> list[str]:
+    """Parameter names of a module ("embedding", "head" or a layer index) on this rank.
+
+    `producing`: only those whose gradient is complete after this module's backward (the tied
+    word embedding on a one-stage pipeline is finished by the embedding's backward)."""
+    if module == "embedding":
+        names = list(EMBEDDING)
+    elif module == "head":
+        names = list(HEAD)
+        if not (producing and plan.holds_embedding):
+            names.append("embedding.word")
+    else:
+        names = layer_param_names(module)
+    return [n for n in names if n in grads]
+
+
+def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
+    """The chunk's parameters in Megatron's module order (shared word embedding copy last)."""
+    names = list(EMBEDDING) if plan.is_first(chunk) else []
+    for i in plan.layers(chunk):
+        names += layer_param_names(i)
+    if plan.is_last(chunk):
+        names += list(HEAD)
+        if not plan.is_first(chunk):
+            names.append("embedding.word")
+    return [n for n in names if n in grads]
+
+
+class GradSync:
+    """One rank's DP buckets, the stream they reduce on, and the pending all-gathers."""
+
+    def __init__(self, r, run, plan, grads: dict):
+        p = run.sc.parallel
+        self.group = run.world.grid.dp_group(r.rank)
+        self.grads, self.plan = grads, plan
+        self.distributed = p.distributed_optimizer
+        self.overlap = p.overlap_grad_reduce and len(self.group) > 1
+        self.overlap_gather = p.overlap_param_gather and len(self.group) > 1
+        self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
+        self.last_micro_batch = p.num_micro_batches - 1
+        self.stream = Stream(r.env, r.rank, "dp_comm", Trace())
+        self.buckets = self._buckets(p)
+        self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
+
+    def _buckets(self, p) -> list[Bucket]:
+        """Every chunk's buckets, chunks in order, each chunk's in buffer (reverse) order."""
+        size = bucket_size(len(self.group), p.overlap_grad_reduce, p.ddp_bucket_size)
+        pad = math.lcm(len(self.group), 128) if self.distributed else 1
+        shared = "embedding.word" if self.distributed and not self.plan.holds_embedding else None
+        buckets = []
+        for chunk in range(self.plan.v):
+            names = chunk_params(self.plan, chunk, self.grads)
+            params = [(n, self.grads[n].numel) for n in names]
+            buckets += build_buckets(params, size, pad, shared, chunk)
+        return buckets
+
+    def _forward_order(self) -> list[Bucket]:
+        """All-gather order: chunks in order, each chunk's buckets as its forward uses them."""
+        return [b for c in range(self.plan.v) for b in reversed(self.buckets) if b.chunk == c]
+
+    # ------------------------------------------------------------------ gradient reduction
+    def grads_ready(self, r, run, plan, chunk: int, mb: int, modules: list) -> None:
+        """A module's backward ended: in the last micro-batch, launch every completed bucket."""
+        if not self.overlap or mb != self.last_micro_batch:
+            return
+        for module in modules:
+            done = set(module_params(plan, module, self.grads, producing=True))
+            for bucket in self.buckets:
+                if bucket.chunk == chunk and bucket.reduce is None:
+                    bucket.ready |= done & set(bucket.names)
+                    if len(bucket.ready) == len(bucket.names):
+                        self._launch_reduce(r, run, bucket)
+
+    def _launch_reduce(self, r, run, bucket: Bucket) -> None:
+        kind = "reduce_scatter" if self.distributed else "all_reduce"
+        flat = self._flat(bucket)
+        bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads")
+        if r.numeric and not self.distributed:
+            bucket.reduce.callbacks.append(lambda event: self._unflat(bucket, event.value))
+
+    def _launch(self, r, kind: str, flat: Tensor, label: str, tag: str) -> simpy.Process:
+        """Issue one DP collective on the DP stream, in place in Megatron's contiguous buffer
+        (nothing allocated); bytes are counted now, so no layer step records them."""
+        full_bytes = flat.nbytes * (len(self.group) if kind == "all_gather" else 1)
+        r.count_comm(label, _bytes_sent(kind, len(self.group), full_bytes))
+        return self.stream.launch(label, self._collective(r, kind, flat, full_bytes, tag))
+
+    def _collective(self, r, kind: str, flat: Tensor, full_bytes: int, tag: str):
+        """The ring itself, with a span on the DP track; returns the flat result (numeric)."""
+        start = r.env.now
+        buffer = None if flat.data is None else flat.data  # (numel,)
+        result = yield from getattr(r.tp.comm, kind)(self.group, r.rank, buffer, full_bytes,
+                                                     tag, elem_bytes=flat.itemsize)
+        if r.trace is not None:
+            r.trace.add_span(r.rank, "dp_comm", f"{kind} {tag}", start, r.env.now,
+                             {"bytes": full_bytes})
+        return result
+
+    def _flat(self, bucket: Bucket) -> Tensor:
+        """The bucket's slice of the contiguous gradient buffer: a ledger-less view."""
+        data = None
+        if self.grads[bucket.names[0]].data is not None:
+            data = np.concatenate([self.grads[n].data.reshape(-1)
+                                   for n in bucket.names])  # (numel,)
+        return Tensor((bucket.numel,), self.itemsize, data)
+
+    def _unflat(self, bucket: Bucket, flat: np.ndarray) -> None:
+        offset = 0
+        for n in bucket.names:
+            size = self.grads[n].numel
+            self.grads[n].data = flat[offset:offset + size].reshape(self.grads[n].shape)
+            offset += size
+
+    def finish(self, r, run):
+        """finish_grad_sync: launch what is not launched yet, wait for every bucket."""
+        if len(self.group) == 1:
+            return
+        for bucket in self.buckets:
+            if bucket.reduce is None:
+                self._launch_reduce(r, run, bucket)
+        start = r.env.now
+        yield simpy.AllOf(r.env, [b.reduce for b in self.buckets])
+        r.count_exposed("dp_comm", r.env.now - start)
+
+    # ------------------------------------------------------------------ parameter all-gather
+    def _gather(self, r, bucket: Bucket) -> simpy.Process:
+        """All-gather one bucket's updated fp16 parameters over DP (in place in Megatron)."""
+        shard = Tensor((bucket.numel // len(self.group),), FP16, None)
+        return self._launch(r, "all_gather", shard, "all_gather_dp", "dp_params")
+
+    def gather_params(self, r, run):
+        """After the step, distributed optimizer: all-gather every bucket (unless overlapped)."""
+        if len(self.group) == 1 or not self.distributed or self.overlap_gather:
+            return
+        start = r.env.now
+        for bucket in self._forward_order():
+            yield self._gather(r, bucket)
+        r.count_exposed("dp_comm", r.env.now - start)
+
+    def start_param_gather(self, r, run) -> None:
+        """--overlap-param-gather: the previous step's first all-gather, issued at time 0."""
+        if self.pending_gathers:
+            bucket = self.pending_gathers[0]
+            bucket.gather = self._gather(r, bucket)
+
+    def params_needed(self, r, run, chunk: int, modules: list):
+        """Forward pre-hook: wait for the all-gathers up to these params', issue the next."""
+        names = {n for m in modules for n in module_params(self.plan, m, self.grads)}
+        while any(b.chunk == chunk and names & set(b.names) for b in self.pending_gathers):
+            bucket = self.pending_gathers.pop(0)
+            start = r.env.now
+            yield bucket.gather
+            r.count_exposed("dp_comm", r.env.now - start)
+            if self.pending_gathers:
+                nxt = self.pending_gathers[0]
+                nxt.gather = self._gather(r, nxt)

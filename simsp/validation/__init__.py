@@ -1,0 +1,1 @@
+"""`simsp validate`: measurement files, the metrics simsp can reproduce, and the comparison."""

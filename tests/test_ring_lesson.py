@@ -1,0 +1,126 @@
+"""The ring lesson: its steps, bytes and times against closed forms and the stepwise simulation;
+`simsp ring --html/--png`; and the page in headless Chromium (buttons advance the grid)."""
+
+import subprocess
+import sys
+
+import pytest
+from browser import chromium, page_verdict, screenshot
+
+from simsp.cluster.topology import build_topology
+from simsp.commands.ring import _placement, simulate
+from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from simsp.report.ring_lesson import lesson_data
+from simsp.units import MiB
+
+NVLINK_STEP_LATENCY_S = 2e-6  # one NVSwitch hop at nvlink_latency_us = 2
+NVLINK_RATE_BPS = 0.78 * 300e9  # nvlink_efficiency x 300 GB/s
+
+
+def data_for(ranks, collective=ALL_REDUCE, size=MiB, nodes=None):
+    cluster, gpus = _placement(ranks, nodes)
+    graph = build_topology(cluster)
+    return lesson_data(collective, graph, gpus, size), graph, gpus
+
+
+def test_four_rank_all_reduce_steps_bytes_and_closed_form_times():
+    data, _, _ = data_for(4)
+    assert len(data["steps"]) == 6 == data["compare"]["steps"][ALL_REDUCE]
+    assert [s["phase"] for s in data["steps"]] == [REDUCE_SCATTER] * 3 + [ALL_GATHER] * 3
+    for step in data["steps"]:
+        assert step["bytes_per_rank"] == MiB // 4
+        # REFERENCE.md §5 on uniform NVLink hops: latency + (S/n) / B per step
+        assert step["time_s"] == pytest.approx(NVLINK_STEP_LATENCY_S + MiB / 4 / NVLINK_RATE_BPS,
+                                               rel=1e-12)
+    assert all(cell == [0, 1, 2, 3] for row in data["steps"][-1]["holdings"] for cell in row)
+    assert data["start"][2] == [[2]] * 4
+
+
+def test_step_times_add_up_to_the_stepwise_simulation():
+    for ranks, nodes in ((4, None), (16, 2)):
+        data, graph, gpus = data_for(ranks, size=4 * MiB, nodes=nodes)
+        stats = simulate(graph, gpus, ALL_REDUCE, 4 * MiB)
+        assert sum(s["time_s"] for s in data["steps"]) == pytest.approx(stats.time_s, rel=1e-9)
+
+
+def test_all_reduce_equals_reduce_scatter_plus_all_gather():
+    data, _, _ = data_for(8, size=8 * MiB)
+    c = data["compare"]
+    sent = c["bytes_sent_per_rank"]
+    assert sent[ALL_REDUCE] == sent[REDUCE_SCATTER] + sent[ALL_GATHER] == 2 * 7 * MiB
+    assert c["time_s"][ALL_REDUCE] == pytest.approx(
+        c["time_s"][REDUCE_SCATTER] + c["time_s"][ALL_GATHER], rel=1e-12)
+
+
+def test_two_nodes_mark_the_infiniband_hops_of_every_channel():
+    data, _, _ = data_for(16, nodes=2)
+    assert data["nodes"] == 2 and len(data["channels"]) >= 1
+    for channel in data["channels"]:
+        assert sorted(channel["order"]) == list(range(16))
+        assert channel["hops"].count("InfiniBand") == 2  # the ring leaves each node once
+
+
+def test_reduce_scatter_ends_with_each_rank_holding_its_reduced_chunk():
+    data, _, _ = data_for(4, REDUCE_SCATTER)
+    last = data["steps"][-1]["holdings"]
+    for rank in range(4):
+        assert last[rank][rank] == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------- the command line
+
+def ring_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "simsp.cli", "ring", *args],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def test_ring_html_and_png_flags_write_the_page_and_slides(tmp_path):
+    done = ring_cli("--ranks", "4", "--size", "1M", "--html", str(tmp_path / "ring.html"),
+                    "--png", str(tmp_path / "slides"))
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "ring.html").read_text()
+    assert "var DATA = " in page and "http://" not in page.replace(
+        "http://www.w3.org/2000/svg", "")  # the SVG namespace is a name, not a fetch
+    names = sorted(p.name for p in (tmp_path / "slides").iterdir())
+    assert names == ["compare.png"] + [f"step_{k:02d}.png" for k in range(7)]
+
+
+def test_the_lesson_explains_sixteen_ranks_on_two_nodes(tmp_path):
+    done = ring_cli("--ranks", "16", "--nodes", "2", "--size", "64M", "--explain", "--html",
+                    str(tmp_path / "ring16.html"))
+    assert done.returncode == 0, done.stderr
+    assert "all_gather step 15/15" in done.stdout and (tmp_path / "ring16.html").exists()
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--ranks", "32", "--nodes", "4", "--size", "1M", "--html", "x.html"], "--html"),
+    (["--ranks", "4", "--min-size", "1K", "--max-size", "4K", "--html", "x.html"], "--html"),
+])
+def test_ring_lesson_flag_errors(args, field, tmp_path):
+    done = ring_cli(*args, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {field}:")
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.html").exists()
+
+
+# ---------------------------------------------------------------- in a real browser
+
+@pytest.mark.parametrize("ranks, nodes, collective, full", [
+    (4, 1, ALL_REDUCE, 16), (16, 2, ALL_REDUCE, 256), (4, 1, REDUCE_SCATTER, 4),
+    (4, 1, ALL_GATHER, 0)])
+def test_ring_page_steps_in_chromium(ranks, nodes, collective, full, tmp_path):
+    chromium()
+    page = tmp_path / f"ring-{ranks}-{collective}.html"
+    done = ring_cli("--ranks", str(ranks), "--nodes", str(nodes), "--collective", collective,
+                    "--size", "64M", "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    verdict, console = page_verdict(page, tmp_path)
+    assert console == [] and verdict["errors"] == []
+    stepping = verdict["stepping"]
+    assert stepping["advanced"] and stepping["back"]
+    assert stepping["steps"] == (2 if collective == ALL_REDUCE else 1) * (ranks - 1)
+    assert stepping["full_cells_at_end"] == full  # the grid reached the collective's end
+    assert stepping["filled_cells_at_end"] == ranks * ranks
+    assert stepping["arrows_at_end"] == ranks
+    assert verdict["svgs"] >= 2  # the ring and the sequence-parallel diagram
+    shot = screenshot(page, tmp_path / f"{page.stem}.png", tmp_path, "1400,1600")
+    assert len(shot) > 10_000

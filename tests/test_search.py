@@ -1,0 +1,113 @@
+"""`simsp search`: layout enumeration (hand-counted), the closed-form screens as lower bounds of
+the simulation, branch and bound equal to exhaustive simulation, and the command's output."""
+
+import pytest
+
+from simsp.cli import main
+from simsp.explore.cache import ResultCache
+from simsp.explore.configs import base_values
+from simsp.explore.evaluate import evaluate, simulate_metrics
+from simsp.explore.executor import Executor
+from simsp.explore.explain import limits, why_lost
+from simsp.explore.fields import by_key
+from simsp.explore.layouts import enumerate_layouts
+from simsp.explore.prune import memory_estimate, memory_verdict, scenario_of, time_lower_bound
+from simsp.explore.search import search
+
+TINY = {"mode": "meta", "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+        "seq_length": 64, "vocab_size": 256}
+
+
+def base(**changes) -> dict:
+    values = base_values(None)
+    table = by_key()
+    for key, value in {**TINY, **changes}.items():
+        values[table[key].path] = value
+    return values
+
+
+def test_layouts_on_two_gpus_hand_counted():
+    """N = 2, B = 2. (t,p,d) = (1,1,2): b 1, 3 recomputes x 2 dist-opt = 6; (1,2,1): b 1 or 2,
+    3 each = 6, plus with 4 layers b 1 (m = 2) may interleave 2 chunks of 1 layer: 3 more;
+    (2,1,1): b 1 or 2, SP on/off x 3 = 12. Total 24 with 2 layers, 27 with 4."""
+    two, invalid = enumerate_layouts(base(num_layers=2), gpus=2, batch=2)
+    four, _ = enumerate_layouts(base(num_layers=4), gpus=2, batch=2)
+    assert (len(two), invalid, len(four)) == (24, 0, 27)
+    assert len({c.digest() for c in four}) == 27
+    interleaved = [c.name for c in four if " v2 " in c.name]
+    assert interleaved == ["t1 p2 d1 b1 v2 nosp none", "t1 p2 d1 b1 v2 nosp selective",
+                           "t1 p2 d1 b1 v2 nosp full"]
+
+
+def test_every_layout_uses_all_gpus():
+    configs, _ = enumerate_layouts(base(), gpus=8, batch=8)
+    for config in configs:
+        p = scenario_of(config).parallel
+        assert p.tp * p.pp * p.dp == 8 and p.global_batch == 8
+
+
+def sample_layouts(gpus=4, batch=4, step=7):
+    configs, _ = enumerate_layouts(base(), gpus=gpus, batch=batch)
+    return configs[::step]
+
+
+@pytest.mark.parametrize("config", sample_layouts(), ids=lambda c: c.name)
+def test_closed_forms_are_lower_bounds_of_the_simulation(config):
+    sc = scenario_of(config)
+    metrics = simulate_metrics(config.overrides())
+    stage0 = max(r["peak_bytes"] for r in metrics["ranks"] if r["pp"] == 0)
+    assert memory_estimate(sc) <= stage0
+    assert time_lower_bound(sc) <= metrics["iteration_time_s"]
+
+
+def test_memory_screen_prunes_only_layouts_that_run_out_of_memory():
+    """A 20-layer h = 6144 model on 2 GPUs: t = 1 layouts need ~170 GiB of weights and states."""
+    big = base(num_layers=20, hidden_size=6144, num_attention_heads=48, seq_length=256,
+               vocab_size=1024)
+    configs, _ = enumerate_layouts(big, gpus=2, batch=2)
+    pruned = [c for c in configs if memory_verdict(scenario_of(c), 0.0)]
+    assert pruned and len(pruned) < len(configs)
+    for config in pruned[::5]:
+        assert evaluate(config.values)["status"] == "oom", config.name
+
+
+def test_branch_and_bound_finds_the_exhaustive_top_k(tmp_path):
+    configs, _ = enumerate_layouts(base(), gpus=4, batch=4)
+    times = sorted((evaluate(c.values)["iteration_time_s"], c.name) for c in configs)
+    with Executor(workers=0) as executor:
+        found = search(base(), 4, 4, executor, ResultCache(None), top=3)
+    best = sorted((row["iteration_time_s"], row["variant"]) for row in found.rows)[:3]
+    assert best == times[:3]
+    assert found.pruned_bound > 0 and len(found.rows) + found.pruned_bound == len(configs)
+
+
+def test_cli_search_explains_the_top_and_the_pruning(capsys, tmp_path):
+    args = ["search", "--gpus", "4", "--num-layers", "4", "--hidden-size",
+            "128", "--seq-length", "64", "--vocab-size", "256", "--global-batch-size", "4",
+            "--top", "3", "--workers", "0", "--quiet", "--out", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "pruned 0 by the memory closed form" in out and "by the time lower bound" in out
+    assert "top 3:" in out and out.count("limits: bubble") == 3
+    assert (tmp_path / "report.md").exists() and (tmp_path / "results.csv").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--gpus", "0"), ("--top", "0")])
+def test_cli_search_rejects_bad_counts(capsys, tmp_path, flag, value):
+    args = ["search", "--gpus", "4", "--workers", "0", "--out", str(tmp_path), flag, value]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == f"error: {flag}: must be a positive integer, got 0"
+
+
+def test_explanations_from_a_hand_made_row():
+    """Bubble seconds = T − T/(1 + f): 12 − 12/1.2 = 2 s; waits are shown, not counted twice."""
+    best = {"status": "ok", "iteration_time_s": 10.0, "bubble_fraction": 0.25,
+            "exposed_tp_comm_s": 1.0, "exposed_pp_wait_s": 0.5, "headroom_bytes": 2 * 2**30}
+    row = {**best, "iteration_time_s": 12.0, "bubble_fraction": 0.2, "exposed_tp_comm_s": 0.5}
+    assert limits(row) == ("bubble 2.000 s (20.0%), tp_comm 500.000 ms, pp_wait 500.000 ms "
+                           "(in the bubble); headroom 2.0 GiB; largest loss: bubble")
+    # bubble 2 s vs 2 s: +0; tp_comm −0.5 s; the rest +2.5 s of the +2 s
+    assert why_lost(row, best) == ("+20.0% time vs the best: compute and rest +2.500 s, "
+                                   "tp_comm -500.000 ms, bubble +0.000 us")
+    oom = {**row, "status": "oom", "oom_stage": 3, "oom_bytes_over": 1.5 * 2**30}
+    assert why_lost(oom, best) == "OOM on stage 3 by 1.50 GiB (would take 12.000 s)"

@@ -1,0 +1,248 @@
+"""`simsp validate`: the bundled set holds REFERENCE.md's numbers, simsp's column equals the
+simulations it names (and the closed forms where they exist), user CSV/TOML files work, and bad
+rows give one `error:` line naming FILE:LINE."""
+
+from dataclasses import replace
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from simsp.cli import main
+from simsp.commands.validate import report
+from simsp.config import load_scenario
+from simsp.metrics import collect
+from simsp.model.layer_sim import simulate_layer
+from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.validation.measurements import read_measurements
+from simsp.validation.runner import (BUNDLED, EXAMPLE, compare, data_path, load_sets,
+                                     select_groups)
+from simsp.validation.scenarios import scenario_of
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+# REFERENCE.md §3 (K22 Table 4, ms; Table 5, s), §1 (ratios, %), §7 (busbw, GB/s), typed here
+REFERENCE = {
+    "table4": [7.7, 11.9, 7.2, 11.8, 7.7, 19.5, 7.7, 13.2, 7.2, 13.1],
+    "table5": [1.10, 1.42, 13.75, 18.13],
+    "memory": [66.8, 49.4, 16.1, 7.6, 62.0, 56.5, 18.5, 8.7, 58.3, 61.9, 20.2, 9.5],
+    "nccl": [232.5],
+}
+
+
+def validate_json(capsys, *argv) -> dict:
+    assert main(["validate", *map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def error_of(capsys, *argv) -> str:
+    assert main(["validate", *map(str, argv)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def bundled_cheap():
+    """The three fast bundled groups, run once through the command's report."""
+    selected = select_groups(load_sets([]), ["table4", "memory", "nccl"])
+    return report([(g, t, n, [compare(m, r) for m, r in rows]) for g, t, n, rows in selected])
+
+
+# ------------------------------------------------------------------------------------------
+# The bundled set
+# ------------------------------------------------------------------------------------------
+
+def test_bundled_rows_are_reference_md_numbers():
+    mset = read_measurements(data_path(BUNDLED))
+    found = {}
+    for row in mset.rows:
+        found.setdefault(row.group, []).append(row.measured)
+    assert found == REFERENCE
+
+
+@pytest.mark.parametrize("model", ["22b", "175b"])
+def test_bundled_paper_scenarios_equal_the_repository_scenarios(model):
+    mset = read_measurements(data_path(BUNDLED))
+    row = next(r for r in mset.rows if r.scenario == f"paper-{model}")
+    for flags in ("", "--recompute-granularity full --no-sequence-parallel"):
+        bundled = scenario_of(mset, row, flags)
+        overrides = {("run", "name"): f"paper-{model}"}
+        if flags:
+            overrides.update({("parallel", "recompute_granularity"): "full",
+                              ("parallel", "sequence_parallel"): False})
+        assert bundled == load_scenario(SCENARIOS / f"paper-{model}.toml", overrides)
+
+
+def test_table4_column_is_simulate_layer_of_the_22b_layer(bundled_cheap):
+    group = bundled_cheap["groups"][0]
+    assert group["group"] == "table4"
+    for row, (sp, recompute) in zip(group["rows"][::2], [(False, "none"), (True, "none"),
+                                                         (False, "full"), (False, "selective"),
+                                                         (True, "selective")]):
+        result = simulate_layer(load_scenario(None, {
+            ("model", "num_layers"): 1, ("model", "hidden_size"): 6144,
+            ("model", "num_attention_heads"): 64, ("model", "seq_length"): 2048,
+            ("model", "vocab_size"): 51200, ("parallel", "micro_batch_size"): 4,
+            ("parallel", "tensor_model_parallel_size"): 8, ("parallel", "sequence_parallel"): sp,
+            ("parallel", "recompute_granularity"): recompute, ("run", "mode"): "meta"}))
+        assert row["simsp"] == pytest.approx(result.forward_time_s * 1e3, rel=1e-12)
+        assert row["error_pct"] == pytest.approx(100 * (row["simsp"] / row["reference"] - 1))
+
+
+@pytest.mark.parametrize("h, a", [(6144, 64), (12288, 96), (20480, 128)])
+def test_memory_ratios_equal_k22_table2_formulas(bundled_cheap, h, a):
+    """sbh(10 + 24/t + 5as/(ht)) for TP; (sbh/t)(34 + 5as/h), sbh(10 + 24/t), 34sbh/t and
+    2sbh for the others (REFERENCE.md §1), t = 8, s = 2048."""
+    t, s = 8, 2048
+    tp = 10 + 24 / t + 5 * a * s / (h * t)
+    expected = [(34 + 5 * a * s / h) / t / tp, (10 + 24 / t) / tp, 34 / t / tp, 2 / tp]
+    rows = bundled_cheap["groups"][1]["rows"]
+    model = {6144: "22B", 12288: "175B", 20480: "530B"}[h]
+    simsp = [r["simsp"] / 100 for r in rows if r["name"].startswith(model + ":")]
+    assert simsp == pytest.approx(expected, rel=1e-12)
+
+
+def test_nccl_busbw_is_the_textbook_ring_on_nvlink(bundled_cheap):
+    """busbw = S / T * 2(n-1)/n with T = 2(n-1)(latency + S/n / (300 GB/s * 0.78))."""
+    size, n = 8 * 2 ** 30, 8
+    time_s = 2 * (n - 1) * (2e-6 + size / n / (300e9 * 0.78))
+    row = bundled_cheap["groups"][2]["rows"][0]
+    assert row["simsp"] == pytest.approx(size / time_s * 2 * (n - 1) / n / 1e9, rel=1e-9)
+
+
+def test_summaries_are_mean_and_worst_absolute_errors(bundled_cheap):
+    errors = [abs(r["error_pct"]) for g in bundled_cheap["groups"] for r in g["rows"]]
+    assert bundled_cheap["row_count"] == 23
+    assert bundled_cheap["mean_abs_error_pct"] == pytest.approx(sum(errors) / len(errors))
+    assert bundled_cheap["worst_abs_error_pct"] == max(errors)
+
+
+# ------------------------------------------------------------------------------------------
+# User measurements
+# ------------------------------------------------------------------------------------------
+
+TINY_FLAGS = "--mode meta --data-parallel-size 1 --global-batch-size 8"
+
+
+def write_csv(tmp_path, rows: list[dict], name="mine.csv") -> Path:
+    columns = ["name", "scenario", "flags", "metric", "measured", "unit", "baseline",
+               "collective", "size"]
+    path = tmp_path / name
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns)
+        writer.writeheader()
+        writer.writerows([{c: row.get(c, "") for c in columns} for row in rows])
+    return path
+
+
+def tiny_row(metric="iteration_time", measured=1.0, unit="ms", **extra) -> dict:
+    return {"name": f"tiny {metric}", "scenario": "tiny.toml", "flags": TINY_FLAGS,
+            "metric": metric, "measured": measured, "unit": unit, **extra}
+
+
+def test_user_csv_reproduces_simsp_run(capsys, tmp_path):
+    """Scenario path relative to the CSV; simsp column = simulate_iteration + collect."""
+    (tmp_path / "tiny.toml").write_text((SCENARIOS / "tiny.toml").read_text())
+    path = write_csv(tmp_path, [tiny_row(), tiny_row("mfu", 40, "%"),
+                                tiny_row("peak_memory", 1, "MiB")])
+    document = validate_json(capsys, path)
+    sc = load_scenario(tmp_path / "tiny.toml", {("run", "mode"): "meta",
+                                                ("parallel", "data_parallel_size"): 1,
+                                                ("parallel", "global_batch_size"): 8})
+    shortcuts = Shortcuts.for_scale(sc)
+    metrics = collect(simulate_iteration(sc, shortcuts), shortcuts)
+    rows = document["groups"][0]["rows"]
+    assert document["groups"][0]["group"] == "mine"
+    assert rows[0]["simsp"] == pytest.approx(metrics["iteration_time_s"] * 1e3, rel=1e-12)
+    assert rows[1]["simsp"] == pytest.approx(metrics["mfu"] * 100, rel=1e-12)
+    peak = max(r["peak_bytes"] for r in metrics["ranks"])
+    assert rows[2]["simsp"] == pytest.approx(peak / 2 ** 20, rel=1e-12)
+    assert rows[0]["error_pct"] == pytest.approx(100 * (rows[0]["simsp"] - 1.0))
+
+
+def test_user_toml_with_inline_scenario_and_groups(capsys, tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text("""
+[groups.bw]
+title = "my cluster's all-reduce"
+[scenarios.two-nodes]
+cluster = { nodes = 2 }
+[[measurement]]
+group = "bw"
+name = "16-GPU all_reduce"
+scenario = "two-nodes"
+flags = ""
+metric = "busbw"
+collective = "all_reduce"
+size = "1G"
+measured = 90.0
+unit = "GB/s"
+""")
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# bw: my cluster's all-reduce\n")
+    assert "16-GPU all_reduce" in out and "# all: 1 rows" in out
+
+
+def test_example_csv_rows_are_the_bundled_configurations():
+    """The example's flag-only configurations equal the bundled inline scenarios."""
+    example = read_measurements(data_path(EXAMPLE))
+    bundled = read_measurements(data_path(BUNDLED))
+    pairs = {"22B present work (K22 Table 5)": "22B, present work (TP + SP + selective)",
+             "22B layer TP+SP forward (K22 Table 4)": "TP + SP: forward"}
+    for mine, theirs in pairs.items():
+        row = next(r for r in example.rows if r.name == mine)
+        twin = next(r for r in bundled.rows if r.name == theirs)
+        ours = scenario_of(example, row, row.flags)
+        assert replace(ours, run=replace(ours.run, name="x")) == \
+            replace(scenario_of(bundled, twin, twin.flags),
+                    run=replace(ours.run, name="x"))
+        assert row.measured == twin.measured
+
+
+def test_print_example_is_a_readable_csv(capsys):
+    assert main(["validate", "--print-example"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 5 and {r["metric"] for r in rows} >= {"iteration_time", "busbw"}
+
+
+def test_text_output_is_deterministic(capsys, tmp_path):
+    path = write_csv(tmp_path, [{"name": "bw", "scenario": "", "flags": "--nodes 1",
+                                 "metric": "busbw", "measured": 200, "unit": "GB/s",
+                                 "collective": "all_gather", "size": "64M"}])
+    main(["validate", str(path)])
+    first = capsys.readouterr().out
+    main(["validate", str(path)])
+    assert capsys.readouterr().out == first
+
+
+# ------------------------------------------------------------------------------------------
+# Errors
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, words", [
+    ({"metric": "throughput"}, "unknown metric 'throughput'"),
+    ({"unit": "GiB"}, "unit 'GiB' does not fit iteration_time"),
+    ({"measured": "fast"}, "measured 'fast' is not a number"),
+    ({"flags": "--no-such-flag 3"}, "flags: unrecognized arguments"),
+    ({"flags": "--tensor-model-parallel-size 3"}, "not divisible"),
+    ({"scenario": "missing.toml"}, "no such file"),
+    ({"baseline": "--sequence-parallel"}, "baseline only applies"),
+    ({"size": "1G"}, "size is only for metric busbw"),
+])
+def test_bad_rows_name_file_and_line(capsys, tmp_path, change, words):
+    good = {**tiny_row(), "scenario": ""}
+    path = write_csv(tmp_path, [good, {**good, **change}])
+    message = error_of(capsys, path)
+    assert message.startswith(f"error: {path}:3: ") and words in message, message
+
+
+def test_bad_files_and_groups(capsys, tmp_path):
+    assert "file not found" in error_of(capsys, tmp_path / "none.csv")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,metric\nx,mfu\n")
+    assert "missing column(s) scenario, flags, measured, unit" in error_of(capsys, bad)
+    assert "must be a .csv or .toml" in error_of(capsys, tmp_path / "m.txt")
+    assert "unknown group(s) table9" in error_of(capsys, "--only", "table9")
