@@ -279,7 +279,8 @@ OTHER_HELPERS = {
 }
 
 
-@pytest.mark.xfail(strict=False, reason="lands with H3 (ring --ranks bounds)")
+# run=False: unbounded today, `ring --ranks 100000` grows past 20 GiB; enable when H3 lands.
+@pytest.mark.xfail(run=False, strict=False, reason="lands with H3 (ring --ranks bounds)")
 @pytest.mark.parametrize("case", OTHER_HELPERS)
 def test_cases_landing_with_other_helpers(case):
     argv, field, _ = OTHER_HELPERS[case]
