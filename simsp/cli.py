@@ -1,18 +1,22 @@
 """The `simsp` command: subcommands live in simsp/commands/, each with add_parser and run."""
 
 import importlib
+import os
 import sys
 
+from simsp import __version__
 from simsp.errors import UserError
 from simsp.flags import Parser
 from simsp.progress import add_quiet_flag
 
 COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate", "sweep", "search")
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141  # 128 + SIGINT, 128 + SIGPIPE
 
 
 def build_parser() -> Parser:
     """The top-level parser with one subparser per command module."""
     parser = Parser(prog="simsp", description="Simulate GPT training on emulated A100 clusters.")
+    parser.add_argument("--version", action="version", version=f"simsp {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"simsp.commands.{name}")
@@ -21,17 +25,40 @@ def build_parser() -> Parser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse, dispatch, and turn a UserError into one `error:` line with exit 2."""
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    args.argv = argv  # the command line as given, for reports that state what made them
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush is quiet
+    (the recipe of Python's signal module documentation, 'Note on SIGPIPE')."""
     try:
-        return args.handler(args)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout without a file descriptor (captured in tests): nothing will flush it
+
+
+def _dispatch(args) -> int:
+    """Run the command and flush stdout inside the handlers' reach."""
+    code = args.handler(args)
+    sys.stdout.flush()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse, dispatch; a UserError is one `error:` line and exit 2, a closed pipe
+    exits quietly (141), Ctrl-C prints `interrupted` and exits 130."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        args.argv = argv  # the command line as given, for reports that state what made them
+        return _dispatch(args)
     except UserError as exc:
         sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return EXIT_USAGE
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 import tomllib
 
+from simsp.bounds import check_ranges
 from simsp.errors import UserError
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -224,16 +225,37 @@ def read_toml(path: str | Path) -> dict:
     return data
 
 
-def load_scenario(path: str | Path | None = None, overrides: dict | None = None) -> Scenario:
-    """Scenario from an optional TOML file, then `overrides` {(section, key): value}, validated."""
+def load_scenario(path: str | Path | None = None, overrides: dict | None = None,
+                  world_size: int | None = None) -> Scenario:
+    """Scenario from an optional TOML file, then `overrides` {(section, key): value}, validated.
+    A `world_size` (Megatron's --world-size) derives data_parallel_size = world / (t * p)."""
     data = read_toml(path) if path else {}
     for (section, key), value in (overrides or {}).items():
         data.setdefault(section, {})[key] = value
+    if world_size is not None:
+        _derive_data_parallel(data, world_size, ("parallel", "data_parallel_size") in (overrides or {}))
     if path and "name" not in data.get("run", {}):
         data.setdefault("run", {})["name"] = Path(path).stem
     scenario = Scenario(**{s: _build_section(s, data.get(s, {})) for s in SECTIONS})
     validate(scenario)
     return scenario
+
+
+def _derive_data_parallel(data: dict, world_size: int, explicit_d: bool) -> None:
+    """d = world / (t * p), as Megatron's initialize does; an explicit, different d conflicts."""
+    parallel = data.setdefault("parallel", {})
+    t = parallel.get("tensor_model_parallel_size", Parallel.tensor_model_parallel_size)
+    p = parallel.get("pipeline_model_parallel_size", Parallel.pipeline_model_parallel_size)
+    _check(world_size > 0, "--world-size", f"must be positive, got {world_size}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (t, p)):
+        return  # the section's own checks will name the bad t or p
+    _check(world_size % (t * p) == 0, "--world-size",
+           f"{world_size} is not divisible by tensor*pipeline = {t}*{p} = {t * p}")
+    d = world_size // (t * p)
+    given = parallel.get("data_parallel_size")
+    _check(not explicit_d or given == d, "--world-size",
+           f"gives data_parallel_size {d} but --data-parallel-size is {given}")
+    parallel["data_parallel_size"] = d
 
 
 def _positive(section: str, obj, names: tuple[str, ...]) -> None:
@@ -358,13 +380,17 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
 
 
 def validate(s: Scenario) -> None:
-    """Every cross-field check; raises UserError naming the first bad field."""
+    """Every field finite and in range (simsp.bounds), then every cross-field check; raises
+    UserError naming the first bad field."""
+    check_ranges({name: getattr(s, name) for name in SECTIONS})
     validate_model(s.model)
     validate_parallel(s.model, s.parallel)
     validate_cluster(s.cluster, s.parallel)
     _choice("run.mode", s.run.mode, MODE_CHOICES)
     _choice("run.numeric_dtype", s.run.numeric_dtype, DTYPE_CHOICES)
     _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")
+    _check(s.run.name.isprintable() and len(s.run.name) <= 200, "run.name",
+           "must be printable text of at most 200 characters")
     _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
 

@@ -1,99 +1,234 @@
-"""Megatron-LM-style flags that override any scenario field, and the argparse plumbing for them."""
+"""Megatron-LM-style flags that override any scenario field, and the argparse plumbing for them.
+
+The command line is a contract: no abbreviations, a flag given twice is an error, an empty
+argument is an error, and every flag's --help gives its meaning, unit and default.
+"""
 
 import argparse
+from dataclasses import fields
 import sys
+from typing import NamedTuple
 
-from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES,
-                          Scenario, load_scenario)
+from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES,
+                          RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
+                          load_scenario)
 from simsp.errors import UserError
 
-# flag -> (section, key, python type, choices); every flag defaults to "not given".
+
+class Flag(NamedTuple):
+    """One row of the flag table. `help` is the meaning and unit (the default is appended from
+    the dataclass unless it is None, then say it in `help`); `token` names the override in the
+    default report folder (t4, rc-full; '' for a string value alone: 'meta')."""
+
+    section: str
+    key: str
+    kind: type
+    choices: tuple | None = None
+    help: str = ""
+    token: str = ""
+
+
+# flag -> Flag(section, key, type, choices, help, token); every flag defaults to "not given".
+# A plain 4-tuple row (section, key, type, choices) also works.
 SCENARIO_FLAGS = {
-    "--num-layers": ("model", "num_layers", int, None),
-    "--hidden-size": ("model", "hidden_size", int, None),
-    "--num-attention-heads": ("model", "num_attention_heads", int, None),
-    "--seq-length": ("model", "seq_length", int, None),
-    "--vocab-size": ("model", "vocab_size", int, None),
-    "--make-vocab-size-divisible-by": ("model", "make_vocab_size_divisible_by", int, None),
-    "--ffn-hidden-size": ("model", "ffn_hidden_size", int, None),
-    "--hidden-dropout": ("model", "hidden_dropout", float, None),
-    "--attention-dropout": ("model", "attention_dropout", float, None),
-    "--micro-batch-size": ("parallel", "micro_batch_size", int, None),
-    "--global-batch-size": ("parallel", "global_batch_size", int, None),
-    "--tensor-model-parallel-size": ("parallel", "tensor_model_parallel_size", int, None),
-    "--pipeline-model-parallel-size": ("parallel", "pipeline_model_parallel_size", int, None),
-    "--data-parallel-size": ("parallel", "data_parallel_size", int, None),
+    "--num-layers": ("model", "num_layers", int, None, "transformer layers L", "L"),
+    "--hidden-size": ("model", "hidden_size", int, None, "hidden size h (elements)", "h"),
+    "--num-attention-heads": ("model", "num_attention_heads", int, None, "attention heads a",
+                              "a"),
+    "--seq-length": ("model", "seq_length", int, None, "sequence length s (tokens)", "s"),
+    "--vocab-size": ("model", "vocab_size", int, None, "vocabulary size v (tokens)", "v"),
+    "--make-vocab-size-divisible-by": ("model", "make_vocab_size_divisible_by", int, None,
+                                       "pad the vocabulary to a multiple of this x t (tokens)",
+                                       "vdiv"),
+    "--ffn-hidden-size": ("model", "ffn_hidden_size", int, None,
+                          "MLP width (elements; default 4 x hidden size)", "ffn"),
+    "--hidden-dropout": ("model", "hidden_dropout", float, None,
+                         "dropout probability after attention and MLP, in [0, 1)", "hd"),
+    "--attention-dropout": ("model", "attention_dropout", float, None,
+                            "dropout probability of the attention scores, in [0, 1)", "ad"),
+    "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
+                           "micro-batch size b (samples)", "mbs"),
+    "--global-batch-size": ("parallel", "global_batch_size", int, None,
+                            "samples per iteration B (default: b x d, one micro-batch per "
+                            "replica)", "gbs"),
+    "--tensor-model-parallel-size": ("parallel", "tensor_model_parallel_size", int, None,
+                                     "tensor-parallel size t (GPUs)", "t"),
+    "--pipeline-model-parallel-size": ("parallel", "pipeline_model_parallel_size", int, None,
+                                       "pipeline-parallel size p (stages)", "p"),
+    "--data-parallel-size": ("parallel", "data_parallel_size", int, None,
+                             "data-parallel size d (model replicas)", "d"),
     "--num-layers-per-virtual-pipeline-stage":
-        ("parallel", "num_layers_per_virtual_pipeline_stage", int, None),
-    "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES),
-    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None),
-    "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES),
-    "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None),
-    "--nodes": ("cluster", "nodes", int, None),
-    "--gpus-per-node": ("cluster", "gpus_per_node", int, None),
-    "--mode": ("run", "mode", str, MODE_CHOICES),
-    "--seed": ("run", "seed", int, None),
-    "--numeric-dtype": ("run", "numeric_dtype", str, DTYPE_CHOICES),
+        ("parallel", "num_layers_per_virtual_pipeline_stage", int, None,
+         "layers per model chunk of the interleaved schedule (default: not interleaved)", "vp"),
+    "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES,
+                   "pipeline schedule (default: interleaved with virtual stages, else 1f1b)", ""),
+    "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None,
+                          "data-parallel gradient bucket (elements)", "bucket"),
+    "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES,
+                           "full recompute: uniform or block (Megatron)", "rm-"),
+    "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None,
+                               "layers per recompute group/block (Megatron)", "rnl"),
+    "--recompute-granularity": ("parallel", "recompute_granularity", str, RECOMPUTE_CHOICES,
+                                "activation recomputation (K22 §4-5)", "rc-"),
+    "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
+    "--gpus-per-node": ("cluster", "gpus_per_node", int, None, "GPUs per node", "gpn"),
+    "--mode": ("run", "mode", str, MODE_CHOICES,
+               "numeric (numpy arrays, small models) or meta (shapes only, any size)", ""),
+    "--seed": ("run", "seed", int, None, "random seed of weights, data and dropout", "seed"),
+    "--numeric-dtype": ("run", "numeric_dtype", str, DTYPE_CHOICES,
+                        "numpy dtype of numeric mode (accounting stays 2-byte)", ""),
 }
-SWITCHES = {  # flag -> (section, key, value)
-    "--sequence-parallel": ("parallel", "sequence_parallel", True),
-    "--no-sequence-parallel": ("parallel", "sequence_parallel", False),
-    "--distributed-optimizer": ("parallel", "distributed_optimizer", True),
-    "--overlap-p2p-communication": ("parallel", "overlap_p2p_communication", True),
+SWITCHES = {  # flag -> (section, key, value, help, token)
+    "--sequence-parallel": ("parallel", "sequence_parallel", True,
+                            "shard layer norms and dropout along the sequence (K22 §4.2.2)", "sp"),
+    "--no-sequence-parallel": ("parallel", "sequence_parallel", False,
+                               "turn off a scenario's sequence parallelism", "nosp"),
+    "--use-distributed-optimizer": ("parallel", "distributed_optimizer", True,
+                                    "shard optimizer state over data-parallel ranks (ZeRO-1)",
+                                    "distopt"),
+    "--overlap-p2p-communication": ("parallel", "overlap_p2p_communication", True,
+                                    "overlap pipeline sends/receives with compute", "p2pov"),
     "--no-scatter-gather-tensors-in-pipeline":
-        ("parallel", "scatter_gather_tensors_in_pipeline", False),
-    "--overlap-grad-reduce": ("parallel", "overlap_grad_reduce", True),
-    "--overlap-param-gather": ("parallel", "overlap_param_gather", True),
-    "--accumulate-allreduce-grads-in-fp32": ("parallel", "accumulate_allreduce_grads_in_fp32", True),
+        ("parallel", "scatter_gather_tensors_in_pipeline", False,
+         "send whole (not TP-scattered) pipeline tensors", "nosg"),
+    "--overlap-grad-reduce": ("parallel", "overlap_grad_reduce", True,
+                              "overlap DP gradient reduction with backward", "ovgr"),
+    "--overlap-param-gather": ("parallel", "overlap_param_gather", True,
+                               "overlap distributed-optimizer parameter all-gather", "ovpg"),
+    "--accumulate-allreduce-grads-in-fp32": ("parallel", "accumulate_allreduce_grads_in_fp32",
+                                             True, "reduce gradients in fp32", "fp32grad"),
     "--no-accumulate-allreduce-grads-in-fp32":
-        ("parallel", "accumulate_allreduce_grads_in_fp32", False),
+        ("parallel", "accumulate_allreduce_grads_in_fp32", False, "reduce gradients in bf16",
+         "nofp32grad"),
 }
+ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
 
 
 class Parser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one `error:` line and exit status 2, without the usage."""
+    """ArgumentParser with no abbreviations, no repeated flags and no usage dump: every error is
+    one `error:` line and exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         sys.stderr.write(f"error: {message}\n")
         sys.exit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Refuse a flag given twice (under any of its names) before argparse keeps the last."""
+        argv = sys.argv[1:] if args is None else list(args)
+        seen = {}
+        for token in argv:
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            action = self._option_string_actions.get(name)
+            if action is not None and action in seen:
+                self.error(f"argument {seen[action]}: given more than once")
+            if action is not None:
+                seen[action] = name
+        return super().parse_known_args(argv, namespace)
+
+
+def nonempty(text: str) -> str:
+    """argparse type for free text (paths): an empty string is an error, not 'use the default'."""
+    if text == "":
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _row(flag: str) -> Flag:
+    return Flag(*SCENARIO_FLAGS[flag])
+
+
+def _switch(flag: str) -> tuple:
+    """A SWITCHES row padded to (section, key, value, help, token); 3-tuple rows work too."""
+    row = tuple(SWITCHES[flag])
+    return row + ("", flag.lstrip("-"))[len(row) - 3:]
 
 
 def _dest(flag: str) -> str:
     return "scn_" + flag.lstrip("-").replace("-", "_")
 
 
+def _default_text(section: str, key: str) -> str:
+    """'; default: X' from the dataclass default, '' when the default is None (said in help)."""
+    default = {f.name: f.default for f in fields(SECTIONS[section])}[key]
+    return "" if default is None else f"; default: {default}"
+
+
+def _metavar(row: Flag) -> str | None:
+    if row.choices:
+        return "{" + ",".join(row.choices) + "}"
+    return {int: "N", float: "X"}.get(row.kind, "TEXT")
+
+
+def flag_help(flag: str) -> str:
+    """The --help text of a scenario flag: meaning and unit, default, and the scenario key."""
+    row = _row(flag)
+    meaning = row.help or row.key.replace("_", " ")
+    return f"{meaning}{_default_text(row.section, row.key)} [{row.section}.{row.key}]"
+
+
 def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
-    """Add the optional scenario file and every Megatron-style override flag."""
+    """Add the optional scenario file, every Megatron-style override flag, --world-size and
+    --force."""
     if positional:
-        parser.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in)")
+        parser.add_argument("scenario", nargs="?", type=nonempty, metavar="SCENARIO",
+                            help="scenario TOML file (default: the built-in small GPT)")
     group = parser.add_argument_group("scenario overrides (Megatron-LM flags)")
-    for flag, (section, key, kind, choices) in SCENARIO_FLAGS.items():
-        group.add_argument(flag, dest=_dest(flag), type=kind, choices=choices, default=None,
-                           help=f"{section}.{key}")
-    for flag, (section, key, _) in SWITCHES.items():
-        group.add_argument(flag, dest=_dest(flag), action="store_true", help=f"{section}.{key}")
-    group.add_argument("--recompute-granularity", dest="scn_recompute", default=None,
-                       choices=("full", "selective"), help="parallel.recompute_granularity "
-                       "(absent: none)")
+    for flag in SCENARIO_FLAGS:
+        row = _row(flag)
+        group.add_argument(flag, dest=_dest(flag), type=row.kind, choices=row.choices,
+                           default=None, metavar=_metavar(row), help=flag_help(flag))
+    for flag in SWITCHES:
+        section, key, _, meaning, _ = _switch(flag)
+        group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
+                           help=f"{meaning or key.replace('_', ' ')}; default: off "
+                                f"[{section}.{key}]")
+    group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
+                       help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
+                            "the scenario's d)")
+    parser.add_argument("--force", action="store_true",
+                        help="run even if the estimated time is above the limit (never lifts "
+                             "the memory limit; see README 'Limits')")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
     """The {(section, key): value} overrides the user gave on the command line."""
     found = {}
-    for flag, (section, key, _, _) in SCENARIO_FLAGS.items():
+    for flag in SCENARIO_FLAGS:
         value = getattr(args, _dest(flag), None)
         if value is not None:
-            found[(section, key)] = value
-    for flag, (section, key, value) in SWITCHES.items():
+            row = _row(flag)
+            found[(row.section, row.key)] = value
+    for flag in SWITCHES:
+        section, key, value, _, _ = _switch(flag)
         if getattr(args, _dest(flag), False):
             found[(section, key)] = value
-    if args.scn_recompute is not None:
-        found[("parallel", "recompute_granularity")] = args.scn_recompute
     if getattr(args, _dest("--sequence-parallel")) and getattr(args, _dest("--no-sequence-parallel")):
         raise UserError("--sequence-parallel", "conflicts with --no-sequence-parallel")
     return found
 
 
+def override_tokens(args: argparse.Namespace) -> list[str]:
+    """One short token per override in flag-table order (t4, p16, rc-full, sp, w64): names the
+    default report folder, so variants never overwrite each other."""
+    tokens = []
+    for flag in SCENARIO_FLAGS:
+        value = getattr(args, _dest(flag), None)
+        if value is not None:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            tokens.append(f"{_row(flag).token}{text}")
+    tokens += [_switch(f)[4] for f in SWITCHES if getattr(args, _dest(f), False)]
+    if getattr(args, "world_size", None) is not None:
+        tokens.append(f"w{args.world_size}")
+    return tokens
+
+
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """Load the scenario file (if any) and apply the command-line overrides."""
-    return load_scenario(getattr(args, "scenario", None), overrides_from_args(args))
+    return load_scenario(getattr(args, "scenario", None), overrides_from_args(args),
+                         getattr(args, "world_size", None))

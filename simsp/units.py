@@ -1,23 +1,36 @@
 """Byte and time units: parsing nccl-tests style sizes and formatting for humans."""
 
+import re
+
 from simsp.errors import UserError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 GB = 1e9  # bandwidths are quoted in GB/s = 1e9 bytes/s (nccl-tests convention)
 
 _SUFFIXES = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": 1 << 40}
+MAX_SIZE_BYTES = 1 << 40  # 1 TiB: far above any one collective's message (a GPU holds 80 GiB)
+# ASCII digits only (no '1_024', no non-ASCII digits, no sign), at most 13 of them, then a unit.
+_SIZE = re.compile(r"([0-9]{1,13})([KMGT]?)B?", re.ASCII | re.IGNORECASE)
+
+
+def _shown(text) -> str:
+    """The user's text quoted, cut to 40 characters so a huge argument stays one short line."""
+    text = str(text)
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def parse_size(text: str, field: str = "size") -> int:
-    """Parse '8', '256K', '1M', '1G' (binary multiples, as nccl-tests does) into bytes."""
-    raw = str(text).strip().upper().removesuffix("B")
-    number, suffix = (raw[:-1], raw[-1]) if raw and raw[-1] in "KMGT" else (raw, "")
-    try:
-        value = int(number) * _SUFFIXES[suffix]
-    except ValueError:
-        raise UserError(field, f"{text!r} is not a size (examples: 8, 256K, 1M, 1G)") from None
+    """Parse '8', '256K', '1M', '1G' (binary multiples, as nccl-tests does) into bytes, from 1 B
+    up to MAX_SIZE_BYTES."""
+    match = _SIZE.fullmatch(str(text))
+    if match is None:
+        raise UserError(field, f"{_shown(text)} is not a size (ASCII digits and an optional unit: "
+                               f"8, 256K, 1M, 1G)")
+    value = int(match[1]) * _SUFFIXES[match[2].upper()]
     if value <= 0:
         raise UserError(field, f"{text!r} must be positive")
+    if value > MAX_SIZE_BYTES:
+        raise UserError(field, f"{text!r} is above the limit of {format_bytes(MAX_SIZE_BYTES)}")
     return value
 
 

@@ -187,10 +187,10 @@ def test_valid_edge_cases_are_accepted():
 # --- Megatron-style flags ---------------------------------------------------------------------
 
 def test_every_flag_is_the_megatron_spelling_of_a_real_field():
-    for flag, (section, key, kind, _) in SCENARIO_FLAGS.items():
+    for flag, (section, key, kind, *_) in SCENARIO_FLAGS.items():
         assert flag == "--" + key.replace("_", "-")
         assert key in {f.name for f in dataclasses.fields(SECTIONS[section])}
-    for flag, (section, key, _) in SWITCHES.items():
+    for flag, (section, key, *_) in SWITCHES.items():
         assert key in {f.name for f in dataclasses.fields(SECTIONS[section])}
 
 

@@ -1,11 +1,13 @@
 """`simsp layer`: one transformer layer forward then backward on one TP group; bytes, FLOPs, time."""
 
-import json
+from dataclasses import replace
 
 from simsp import analytic
+from simsp.bounds import check_work
 from simsp.costmodel import calibration_table
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.hardware import LinkCalibration
+from simsp.jsonout import dumps
 from simsp.metrics import oom_report
 from simsp.model.layer_sim import simulate_layer
 from simsp.units import format_bytes, format_seconds
@@ -16,6 +18,15 @@ def add_parser(subparsers) -> None:
     add_scenario_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run)
+
+
+def layer_only(sc):
+    """The work of `simsp layer`: one layer, one micro-batch (for the bounds estimate)."""
+    m, p = sc.model, sc.parallel
+    one = replace(m, num_layers=1)
+    return replace(sc, model=one, parallel=replace(p, global_batch_size=p.micro_batch_size,
+                                                   data_parallel_size=1,
+                                                   pipeline_model_parallel_size=1))
 
 
 def _comm_by_phase(rank) -> dict:
@@ -82,9 +93,11 @@ def _print_table(report: dict) -> None:
 
 
 def run(args) -> int:
-    report = layer_report(simulate_layer(scenario_from_args(args)))
+    sc = scenario_from_args(args)
+    check_work(layer_only(sc), force=args.force)
+    report = layer_report(simulate_layer(sc))
     if args.json:
-        print(json.dumps(report, indent=2, sort_keys=False))
+        print(dumps(report, indent=2))
     else:
         _print_table(report)
     return 0

@@ -11,7 +11,6 @@ size, count, time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md); a 
 adds the per-channel breakdown.
 """
 
-import json
 import math
 
 import simpy
@@ -27,6 +26,7 @@ from simsp.engine.tree import TREE, tree_all_reduce
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, step_times
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
+from simsp.jsonout import dumps
 from simsp.progress import track
 from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
 from simsp.units import parse_size
@@ -77,7 +77,7 @@ def run(args) -> int:
     if args.nccl_algo == TREE:
         return _run_tree(args, graph, cluster, gpus, sizes)
     if args.json:
-        print(json.dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
+        print(dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
                                                                sizes[0]))))
         return 0
     if args.explain:

@@ -1,12 +1,14 @@
 """`simsp run`: one training iteration of a scenario — time, MFU/HFU, bubble, memory, reports."""
 
-import json
 import shlex
 from pathlib import Path
 
+from simsp.bounds import check_work
 from simsp.engine.trace import TRACE_DETAILS
-from simsp.flags import add_scenario_arguments, scenario_from_args
+from simsp.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
+from simsp.jsonout import dumps
 from simsp.metrics import collect
+from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
 from simsp.oom_advice import explain_oom
 from simsp.report import summary_text, write_reports
@@ -16,9 +18,11 @@ from simsp.training.iteration import Shortcuts, simulate_iteration
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("run", help="simulate one training iteration (the main job)")
     add_scenario_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help="report folder (default: reports/<scenario>/)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the metrics as JSON on stdout; writes no files unless --out")
+    parser.add_argument("--out", metavar="DIR", type=nonempty, default=None,
+                        help="report folder (default: reports/<scenario>[_<overrides>], e.g. "
+                             "reports/paper-175b_t4_p16)")
     parser.add_argument("--no-shortcuts", action="store_true",
                         help="meta mode: simulate every rank and every ring step (slow)")
     parser.add_argument("--trace", choices=TRACE_DETAILS, default="steps",
@@ -26,6 +30,15 @@ def add_parser(subparsers) -> None:
                              "transfers, DP communication, memory; default) or full (also "
                              "compute and TP communication)")
     parser.set_defaults(handler=run)
+
+
+def report_folder(args, sc) -> Path | None:
+    """The folder reports go to, created and proven writable; None for --json without --out."""
+    if args.out is not None:
+        return prepare_out_dir(Path(args.out))
+    if args.json:
+        return None
+    return prepare_out_dir(default_out_dir(sc.run.name, override_tokens(args)))
 
 
 def reported_command(argv: list[str]) -> str:
@@ -44,6 +57,8 @@ def reported_command(argv: list[str]) -> str:
 def run(args) -> int:
     sc = scenario_from_args(args)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
+    check_work(sc, shortcuts=shortcuts.representative, force=args.force)
+    out_dir = report_folder(args, sc)
     progress = step_callback(getattr(args, "quiet", False))
     result = simulate_iteration(sc, shortcuts, on_step=progress, trace=args.trace)
     if progress is not None:
@@ -51,10 +66,10 @@ def run(args) -> int:
     metrics = collect(result, shortcuts)
     metrics["command"] = reported_command(args.argv)
     metrics["oom_explanation"] = explain_oom(result)
-    out_dir = Path(args.out) if args.out else Path("reports") / sc.run.name
-    written = write_reports(result, metrics, out_dir, trace=args.trace)
+    written = (write_reports(result, metrics, out_dir, trace=args.trace)
+               if out_dir is not None else [])
     if args.json:
-        print(json.dumps(metrics, indent=2))
+        print(dumps(metrics, indent=2))
     else:
         print(summary_text(metrics))
         print("reports: " + ", ".join(str(path) for path in written))

@@ -4,8 +4,9 @@ self-contained page), metrics.json, trace.json (Perfetto) and memory.png.
 Every file is a deterministic function of the run: the same scenario gives the same bytes.
 """
 
-import json
 from pathlib import Path
+
+from simsp.jsonout import dumps
 
 from simsp.report.chrome_trace import write_chrome_trace
 from simsp.report.figures import report_figures
@@ -18,8 +19,8 @@ __all__ = ["metrics_json", "summary_text", "write_chrome_trace", "write_memory_p
 
 
 def metrics_json(metrics: dict) -> str:
-    """The metrics document: indented JSON in the dict's own key order, newline-terminated."""
-    return json.dumps(metrics, indent=2, sort_keys=False) + "\n"
+    """The metrics document: strict indented JSON in the dict's own key order, newline-ended."""
+    return dumps(metrics, indent=2) + "\n"
 
 
 def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path]:

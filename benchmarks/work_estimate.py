@@ -1,0 +1,54 @@
+"""Measure the meta-mode cost per layer-step that simsp/bounds.py uses to estimate run time.
+
+Prints, for a few layouts, the layer-steps (layers x micro-batches, forward and backward of one
+layer for one micro-batch on one simulated stage) and the CPU seconds of one simulated iteration
+(time.process_time, so other processes on the machine do not inflate it).
+
+    python benchmarks/work_estimate.py
+"""
+
+import time
+
+from simsp.bounds import layer_steps
+from simsp.config import load_scenario
+from simsp.training.iteration import Shortcuts, simulate_iteration
+
+LAYOUTS = [  # (label, overrides)
+    ("22B-like L48 m4", dict(num_layers=48, global_batch_size=4, pp=1, dp=1, nodes=1)),
+    ("L96 p8 m64", dict(num_layers=96, global_batch_size=64, pp=8, dp=1, nodes=8)),
+    ("L96 p8 m64 d4", dict(num_layers=96, global_batch_size=256, pp=8, dp=4, nodes=32)),
+    ("L96 p8 m256", dict(num_layers=96, global_batch_size=256, pp=8, dp=1, nodes=8)),
+    ("L32 p4 m128 d64", dict(num_layers=32, global_batch_size=8192, pp=4, dp=64, nodes=256)),
+]
+
+
+def scenario(overrides: dict):
+    """A 175B-width model in meta mode with the given layers, batch and layout."""
+    o = overrides
+    flags = {("model", "num_layers"): o["num_layers"], ("model", "hidden_size"): 12288,
+             ("model", "num_attention_heads"): 96, ("model", "seq_length"): 2048,
+             ("model", "vocab_size"): 51200,
+             ("parallel", "tensor_model_parallel_size"): 8,
+             ("parallel", "pipeline_model_parallel_size"): o["pp"],
+             ("parallel", "data_parallel_size"): o["dp"],
+             ("parallel", "sequence_parallel"): True,
+             ("parallel", "recompute_granularity"): "selective",
+             ("parallel", "global_batch_size"): o["global_batch_size"],
+             ("cluster", "nodes"): o["nodes"], ("run", "mode"): "meta"}
+    return load_scenario(None, flags)
+
+
+def main() -> None:
+    """Time each layout and print CPU seconds per layer-step."""
+    print(f"{'layout':<20}{'layer-steps':>12}{'cpu s':>9}{'ms/step':>9}")
+    for label, overrides in LAYOUTS:
+        sc = scenario(overrides)
+        start = time.process_time()
+        simulate_iteration(sc, Shortcuts.for_scale(sc))
+        spent = time.process_time() - start
+        steps = layer_steps(sc)
+        print(f"{label:<20}{steps:>12}{spent:>9.2f}{1e3 * spent / steps:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Bounds before work: every numeric field finite and in a documented range, and the size of the
+work (simulated layer-steps, numeric-mode bytes) estimated before anything runs.
+
+The range table below is the single source of the limits (README "Limits" repeats it). The work
+limits are what this machine (2 cores, 24 GiB) does in reasonable time and memory; `--force`
+lifts the time limit, never the memory limit. Constants are measured by
+benchmarks/work_estimate.py (CPU seconds, time.process_time).
+"""
+
+from dataclasses import dataclass
+import math
+
+from simsp.errors import UserError
+from simsp.units import GiB, format_bytes
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A field's allowed closed range [low, high], its unit and why the limit is there."""
+
+    low: float
+    high: float
+    unit: str
+    why: str
+
+
+_DC = "a DGX SuperPOD-scale job; far beyond it the simulation cannot finish"
+# field -> Bound; the model sizes are ~8x the largest published dense GPT (1T: L 128, h 25600).
+BOUNDS = {
+    "model.num_layers": Bound(1, 4096, "layers", "32x the 1T model's 128 layers"),
+    "model.hidden_size": Bound(1, 262144, "elements", "10x the 1T model's 25600"),
+    "model.num_attention_heads": Bound(1, 8192, "heads", "50x the 1T model's 160"),
+    "model.seq_length": Bound(1, 1048576, "tokens", "a 1M-token context"),
+    "model.vocab_size": Bound(2, 4194304, "tokens", "one token makes the loss 0; 80x GPT 51200"),
+    "model.ffn_hidden_size": Bound(1, 1048576, "elements", "4x the largest hidden size"),
+    "model.hidden_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
+    "model.attention_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
+    "parallel.tensor_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
+    "parallel.pipeline_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
+    "parallel.data_parallel_size": Bound(1, 32768, "GPUs", _DC),
+    "parallel.micro_batch_size": Bound(1, 65536, "samples", "far above any GPU's memory"),
+    "parallel.global_batch_size": Bound(1, 16777216, "samples", "16M samples per iteration"),
+    "parallel.num_layers_per_virtual_pipeline_stage": Bound(1, 4096, "layers",
+                                                            "at most model.num_layers"),
+    "cluster.gpus_per_node": Bound(1, 16, "GPUs", "a DGX A100 has 8; the node is one NVSwitch"),
+    "cluster.nodes": Bound(1, 4096, "nodes", "32768 GPUs: " + _DC),
+    "cluster.nvlink_bandwidth_GBps": Bound(0.1, 10000.0, "GB/s", "A100 NVLink is 300 GB/s"),
+    "cluster.ib_bandwidth_GBps": Bound(0.01, 10000.0, "GB/s", "HDR InfiniBand is 25 GB/s"),
+    "cluster.nvlink_latency_us": Bound(0.0, 1e6, "us", "at most one second per hop"),
+    "cluster.ib_latency_us": Bound(0.0, 1e6, "us", "at most one second per link"),
+    "cluster.transfer_overhead_us": Bound(0.0, 1e6, "us", "at most one second per transfer"),
+    "cluster.nvlink_efficiency": Bound(0.0, 1.0, "fraction", "a fraction of link speed"),
+    "cluster.ib_efficiency": Bound(0.0, 1.0, "fraction", "a fraction of link speed"),
+    "run.seed": Bound(0, 2**32 - 1, "", "numpy seeds are 32-bit"),
+}
+
+# Work limits (measured with benchmarks/work_estimate.py on this 2-core machine).
+# Measured: 0.44-0.81 ms per layer-step for d = 1..64 and 4.0 ms at d = 512 (the data-parallel
+# ring of every step); 7 ms per rank-step without shortcuts; numeric 15 ms per rank-step at
+# tiny shapes and about 3e9 FLOP/s at h = 256.
+META_SECONDS_PER_LAYER_STEP = 0.9e-3  # meta mode, all shortcuts: one layer fwd+bwd, one stage
+META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 7e-6  # the growth with d measured above
+FULL_SECONDS_PER_RANK_STEP = 8e-3  # --no-shortcuts: per simulated rank
+NUMERIC_FLOPS_PER_SECOND = 2e9  # numpy float64 GEMMs on one core, with simsp's op overhead
+NUMERIC_SECONDS_PER_LAYER_STEP = 15e-3  # numeric mode's per-op overhead per rank, tiny shapes
+# Meta mode keeps its ledger and trace: the 1T scenario (65,536 layer-steps) peaked at 2.76 GB RSS.
+META_BYTES_PER_LAYER_STEP = 42 * 1024
+TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
+MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
+
+
+def _number(x: float) -> str:
+    """A limit as people write it: 4096, not 4096.0 or 4.096e+03."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def check_field(name: str, value) -> None:
+    """Reject a non-finite value or one outside BOUNDS[name] (None means 'not set')."""
+    bound = BOUNDS.get(name)
+    if value is None or bound is None or isinstance(value, (bool, str)):
+        return
+    if not math.isfinite(value):
+        raise UserError(name, f"must be a finite number, got {value}")
+    if not bound.low <= value <= bound.high:
+        unit = f" {bound.unit}" if bound.unit else ""
+        raise UserError(name, f"{value} is outside [{_number(bound.low)}, "
+                              f"{_number(bound.high)}]{unit} ({bound.why})")
+
+
+def check_ranges(sections: dict) -> None:
+    """check_field on every field of every section ({'model': Model(...), ...})."""
+    for section, obj in sections.items():
+        for key, value in vars(obj).items():
+            check_field(f"{section}.{key}", value)
+
+
+def layer_steps(sc) -> int:
+    """Layer-steps one meta iteration simulates with the representative shortcut: each of the p
+    simulated stages runs its L/p layers forward and backward for each of the m micro-batches."""
+    return sc.model.num_layers * sc.parallel.num_micro_batches
+
+
+def param_count(m) -> int:
+    """Parameters: 4h^2 + 2hf + 9h + f per layer, (v + s)h embeddings, 2h final norm
+    (N21 Eq. 2 with ffn f; model/params.py's shapes)."""
+    h, f = m.hidden_size, m.ffn
+    per_layer = 4 * h * h + 2 * h * f + 9 * h + f
+    return m.num_layers * per_layer + (m.vocab_size + m.seq_length) * h + 2 * h
+
+
+def activation_elements(sc) -> int:
+    """Elements every layer of every sample keeps, unsharded: sbh(34 + 5as/h)/2 bytes->elements
+    (K22 §1 at 2 bytes/element, an upper bound for any t, SP and recompute), plus the logits."""
+    m, p = sc.model, sc.parallel
+    s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
+    per_sample_layer = s * h * 17 + 5 * a * s * s // 2 + s * m.ffn * 3
+    return p.global_batch * (m.num_layers * per_sample_layer + 3 * s * m.vocab_size)
+
+
+def numeric_bytes(sc) -> int:
+    """Bytes numeric mode allocates, an upper estimate: weights, gradients and two Adam moments on
+    every replica plus the single-device reference's copy, and every activation of the global
+    batch twice (parallel run and reference), all in the numeric dtype."""
+    itemsize = 4 if sc.run.numeric_dtype == "float32" else 8
+    params = param_count(sc.model) * 4 * (sc.parallel.data_parallel_size + 1)
+    return itemsize * (params + 2 * activation_elements(sc))
+
+
+def numeric_seconds(sc) -> float:
+    """CPU seconds of one numeric iteration: 8 FLOPs per parameter per token (forward 2, backward
+    4, recompute 2; N21 Eq. 3) plus attention's 16s^2h per layer and sample, at
+    NUMERIC_FLOPS_PER_SECOND, plus the per-op overhead of every rank's layer-steps."""
+    m, p = sc.model, sc.parallel
+    tokens = p.global_batch * m.seq_length
+    attention = 16 * m.num_layers * p.global_batch * m.seq_length ** 2 * m.hidden_size
+    flops = 8 * param_count(m) * tokens + attention
+    overhead = layer_steps(sc) * p.world_size * NUMERIC_SECONDS_PER_LAYER_STEP
+    return flops / NUMERIC_FLOPS_PER_SECOND + overhead
+
+
+def meta_seconds(sc, representative: bool) -> float:
+    """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
+    with d), or x every rank of a stage (t*d) without the representative shortcut."""
+    p = sc.parallel
+    if representative:
+        per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
+        return layer_steps(sc) * per_step
+    return layer_steps(sc) * p.tp * p.dp * FULL_SECONDS_PER_RANK_STEP
+
+
+def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
+    """One error giving the estimated bytes and the limit when `need` is above it."""
+    if need > MEMORY_LIMIT_BYTES:
+        raise UserError(field, f"{what} {format_bytes(need)} of memory, above the limit of "
+                               f"{format_bytes(MEMORY_LIMIT_BYTES)}{hint}")
+
+
+def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False) -> None:
+    """Refuse work beyond the limits with one error giving the estimate and the limit:
+    memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
+    iterations (verify runs two per checked tensor)."""
+    if sc.run.mode == "numeric":
+        _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
+                      " (use --mode meta)")
+        seconds = numeric_seconds(sc) * iterations
+    else:
+        _check_memory(layer_steps(sc) * META_BYTES_PER_LAYER_STEP, "work",
+                      f"meta mode would keep about")
+        seconds = meta_seconds(sc, shortcuts) * iterations
+    if seconds > TIME_LIMIT_S and not force:
+        raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
+                        f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "
+                        f"limit of {TIME_LIMIT_S:g} s (--force to run anyway)")
