@@ -272,19 +272,15 @@ def test_json_is_strict_everywhere():
         assert rc == 0 and strict(out)
 
 
-# --- classes other helpers land (the lead enables them at merge) ------------------------------
+# --- the ring: bounded before it plans, fast where the flows have structure ---------------------
 
-OTHER_HELPERS = {
-    "ring of 100000 ranks": (["ring", "--ranks", "100000", "--size", "1M"], "--ranks", "H3"),
-}
+def test_ring_of_a_hundred_thousand_ranks_is_refused_before_planning():
+    assert_error(["ring", "--ranks", "100000", "--size", "1M"], "--ranks")
 
 
-# run=False: unbounded today, `ring --ranks 100000` grows past 20 GiB; enable when H3 lands.
-@pytest.mark.xfail(run=False, strict=False, reason="lands with H3 (ring --ranks bounds)")
-@pytest.mark.parametrize("case", OTHER_HELPERS)
-def test_cases_landing_with_other_helpers(case):
-    argv, field, _ = OTHER_HELPERS[case]
-    assert_error(argv, field)
+def test_ring_of_512_ranks_on_64_nodes_runs():
+    rc, out, _ = cli(["ring", "--ranks", "512", "--nodes", "64", "--size", "1G", "--json"])
+    assert rc == 0 and json.loads(out)["ranks"] == 512
 
 
 def test_readme_documents_every_bound():
