@@ -46,7 +46,7 @@ def failing_stages(run) -> list[dict]:
     out = []
     for stage, rank in enumerate(stage_ranks(run)):
         ledger = run.world.ranks[rank].ledger
-        in_use = bytes_at_failure(ledger)
+        in_use = bytes_at_failure(ledger) if ledger.oom is not None else None
         if in_use is not None:
             out.append({"stage": stage, "rank": rank, "in_use_by_category_bytes": in_use,
                         "capacity_bytes": ledger.capacity_bytes})

@@ -9,12 +9,9 @@ from simsp.config import SECTIONS
 from simsp.errors import UserError
 from simsp.explore.cache import ResultCache
 from simsp.explore.configs import base_values, parse_list
-from simsp.explore.executor import Executor
 from simsp.explore.explain import limits, why_lost
 from simsp.explore.fields import by_key
-from simsp.explore.search import OBJECTIVES, search
-from simsp.explore.table import results_frame, write_results
-from simsp.report.whatif import ranked, write_whatif_report
+from simsp.explore.objectives import OBJECTIVES
 from simsp.units import GiB, format_seconds
 
 # Fields the search sets itself: the layout, the node count (enough for N GPUs) and meta mode.
@@ -75,6 +72,7 @@ def summary_lines(result, args, batch: int) -> list[str]:
 
 def ranking_lines(frame, top: int, objective: str) -> list[str]:
     """The top K with what limits each, then the best rejected with why they lost."""
+    from simsp.report.whatif import ranked  # matplotlib: only when a search has run
     order = ranked(frame, objective)
     rows = [row.to_dict() for _, row in order.iterrows()]
     fits = [row for row in rows if row["status"] == "ok"]
@@ -94,6 +92,10 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
 
 def run(args) -> int:
     """Search, print the pruning summary and the explained ranking, write the report."""
+    from simsp.explore.executor import Executor  # Dask, pandas, matplotlib: only here
+    from simsp.explore.search import search
+    from simsp.explore.table import results_frame, write_results
+    from simsp.report.whatif import write_whatif_report
     check_executor_arguments(args)
     base = _base(args)
     batch = args.global_batch_size or base[("parallel", "global_batch_size")]

@@ -4,7 +4,6 @@ variants), simulated in parallel on Dask, written as results.csv/.jsonl and a wh
 from pathlib import Path
 
 from simsp.errors import UserError
-from simsp.explore.api import build_configs, sweep_configs
 from simsp.explore.fields import all_fields, switch_flags
 
 
@@ -82,6 +81,7 @@ def print_summary(frame, out: Path) -> None:
 
 def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
+    from simsp.explore.api import build_configs, sweep_configs  # pandas and Dask: only here
     check_executor_arguments(args)
     configs = build_configs(args.source, field_lists(args))
     out = Path(args.out) if args.out else default_out(args.source, "sweep")

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from simsp.explore.cache import ResultCache
 from simsp.explore.configs import Config
 from simsp.explore.layouts import enumerate_layouts
+from simsp.explore.objectives import OBJECTIVES
 from simsp.explore.prune import memory_verdict, scenario_of, static_bytes, time_lower_bound
 from simsp.explore.runner import evaluate_all, progress_bar
 from simsp.explore.table import results_frame, table_row
 
-OBJECTIVES = ("time", "tokens-per-s", "mfu", "memory")
 
 
 @dataclass
