@@ -1,8 +1,6 @@
 """Issue 8's catalogue: one case per class of bad input a new user found, each giving exactly one
 `error:` line naming the field (exit 2) within seconds, or the documented correct behaviour."""
 
-import contextlib
-import io
 import json
 import os
 from pathlib import Path
@@ -12,23 +10,12 @@ import time
 
 import pytest
 
-from simsp.cli import main
+from inprocess import cli
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "scenarios"
 HUGE = str(10**30)
 CPU_SECONDS = 10  # "in seconds": a generous guard against a hang, not a speed target
-
-
-def cli(argv: list[str]) -> tuple[int, str, str]:
-    """simsp.cli.main in-process with stdout/stderr captured; argparse exits become codes."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 def assert_error(argv: list[str], field: str) -> str:

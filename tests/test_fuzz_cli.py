@@ -3,8 +3,6 @@ nan/inf, huge numbers, unknown keys, path-like names) and random flags (repeated
 abbreviated, odd sizes). Whatever the input: no traceback; exit 0/1 with strict JSON on stdout
 when --json; or exit 2 with exactly one `error:` line; nothing written outside the folder."""
 
-import contextlib
-import io
 import json
 import os
 from pathlib import Path
@@ -12,7 +10,7 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simsp.cli import main
+from inprocess import cli
 
 MAX_EXAMPLES = 200
 
@@ -110,16 +108,6 @@ def command_line(draw) -> tuple[list[str], bool]:
     return argv + (["--json"] if wants_json else []), wants_json
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
-
-
 def _strict_json(text: str):
     def refuse(constant):
         raise AssertionError(f"not JSON: {constant}")
@@ -158,7 +146,7 @@ def test_random_input_never_crashes_or_escapes(text, line):
         cwd = os.getcwd()
         os.chdir(work)
         try:
-            rc, out, err = run_cli(argv)
+            rc, out, err = cli(argv)
         finally:
             os.chdir(cwd)
         check_outcome(argv, wants_json, rc, out, err)

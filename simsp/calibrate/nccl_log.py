@@ -13,7 +13,7 @@ from pathlib import Path
 import re
 
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
-from simsp.errors import UserError
+from simsp.errors import UserError, read_user_text
 
 # nccl-tests src/common.cu test_types / test_typenames: bytes per element of each type name
 TYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
@@ -75,14 +75,7 @@ def read_log(path: str | Path) -> NcclTestsLog:
 
 def _read_lines(path: str | Path) -> list[str]:
     """The file's lines, with I/O problems as UserErrors."""
-    try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(str(path), "file not found") from None
-    except UnicodeDecodeError:
-        raise UserError(str(path), "is not UTF-8 text") from None
-    except OSError as exc:
-        raise UserError(str(path), f"cannot read: {exc.strerror}") from None
+    return read_user_text(path).splitlines()
 
 
 def _binary_name(text: str, where: str) -> str | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import tomllib
 
-from simsp.errors import UserError
+from simsp.errors import UserError, read_user_text
 
 REQUIRED = ("name", "scenario", "flags", "metric", "measured", "unit")
 OPTIONAL = ("group", "baseline", "collective", "size")
@@ -65,14 +65,7 @@ def read_measurements(path: str | Path) -> MeasurementSet:
 
 def _read_text(path: Path) -> str:
     """The file's text, with I/O problems as UserErrors."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(str(path), "file not found") from None
-    except UnicodeDecodeError:
-        raise UserError(str(path), "is not UTF-8 text") from None
-    except OSError as exc:
-        raise UserError(str(path), f"cannot read: {exc.strerror}") from None
+    return read_user_text(path)
 
 
 def _from_csv(path: Path, text: str) -> MeasurementSet:
