@@ -11,6 +11,7 @@ the calibrated efficiency of its kind (simsp.hardware.LinkCalibration).
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
+import math
 
 import networkx as nx
 import simpy
@@ -141,10 +142,12 @@ class Network:
             self._wake = None
             return
         flows = list(self._draining.values())
+        first, delay_s = None, math.inf
         for flow, rate in zip(flows, self._rates(flows)):
             flow.rate_Bps = rate
-        first = min(flows, key=lambda f: max(f.remaining, 0.0) / f.rate_Bps)
-        delay_s = max(first.remaining, 0.0) / first.rate_Bps
+            drain_s = max(flow.remaining, 0.0) / rate
+            if first is None or drain_s < delay_s:  # first to drain (earliest started on a tie)
+                first, delay_s = flow, drain_s
         if self._wake is not None and self._wake[:2] == (self.env.now + delay_s, first.flow_id):
             return  # the pending wake-up is still the right one
         self._token += 1
