@@ -6,6 +6,7 @@ the next compute of its direction (Megatron's wait_handles). Without SP, p2p ten
 scattered over the TP ranks and all-gathered on arrival (Megatron's scatter/gather, default on).
 """
 
+import functools
 import math
 
 from simsp.model import mappings
@@ -31,7 +32,8 @@ def run_schedule(r, run, plan: StagePlan, state: RankState):
         if isinstance(action, Exchange):
             yield from _exchange(r, run, plan, state, action)
         else:
-            yield from _wait_pending(r, run, state, action.kind)
+            if state.pending:
+                yield from _wait_pending(r, run, state, action.kind)
             work = forward_step if action.kind == "F" else backward_step
             yield from work(r, run, plan, state, action.micro_batch, action.chunk)
     for kind in sorted(state.pending):
@@ -77,8 +79,9 @@ def _wait_pending(r, run, state: RankState, kind: str):
 def _receive(r, run, state: RankState, handle: p2p.Handle):
     """Wait for a call; put what it received in the inbox (all-gathered if scattered)."""
     received = yield from p2p.wait(r, handle)
+    scattered = _scatter_gather(run, r)
     for key, tensor in received.items():
-        if _scatter_gather(run, r):
+        if scattered:
             tensor = yield from _gather_chunk(r, run, tensor)
         state.inbox[key] = tensor
 
@@ -113,13 +116,22 @@ def _recv_op(r, run, plan: StagePlan, step) -> p2p.RecvOp | None:
     if step.kind == "B" and plan.is_last(step.chunk):
         return None
     kind = "act" if step.kind == "F" else "grad"
-    shape = activation_shape(run, r)
-    if _scatter_gather(run, r):
-        shape = (math.prod(shape) // r.tp.size,)
+    shape = _received_shape(run, r)
     name = "recv_activation" if kind == "act" else "recv_gradient"
     r.scope = f"mb{step.micro_batch}.c{step.chunk}."
     buffer = r.alloc(shape, FP16, name, category="communication")
     return p2p.RecvOp((kind, step.micro_batch, k, plan.tp, plan.dp), buffer)
+
+
+@functools.cache
+def _received_shape_of(shape: tuple, scattered_over: int) -> tuple:
+    """A p2p receive buffer: the activation, or its 1/t chunk when scattered."""
+    return (math.prod(shape) // scattered_over,) if scattered_over > 1 else shape
+
+
+def _received_shape(run, r) -> tuple:
+    return _received_shape_of(activation_shape(run, r),
+                              r.tp.size if _scatter_gather(run, r) else 1)
 
 
 def _gather_chunk(r, run, chunk):
