@@ -22,6 +22,7 @@ from simsp.engine.fair_share import max_min_rates
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware import LinkCalibration
 
+_new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 # A flow counts as drained when fewer than this fraction of its bytes remain (float rounding).
 DRAINED_FRACTION = 1e-9
 # Route ids held by the memo's keys before it starts afresh (~100 MB of keys and rates).
@@ -88,10 +89,9 @@ class Network:
         has left (one latency before delivery), so a pipelined sender can start its next slot."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
-        flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu)
+        flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu,
+                              delivered if delivered is not None else self.env.event())
         flow.drained = drained
-        if delivered is not None:
-            flow.delivered = delivered
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:
@@ -101,11 +101,11 @@ class Network:
         return flow.delivered
 
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
-                  via_gpu: int | None) -> _Flow:
+                  via_gpu: int | None, delivered: simpy.Event) -> _Flow:
         """A flow record for a new transfer along the cached route."""
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
-                     self.env.now, self.env.event(), float(nbytes))
+                     self.env.now, delivered, float(nbytes))
         self._next_id += 1
         return flow
 
@@ -192,8 +192,8 @@ class Network:
 
     def _finish(self, flow: _Flow, _event: simpy.Event) -> None:
         """Record the delivered transfer and count its bytes."""
-        self.trace.add_transfer(TransferRecord(flow.src, flow.dst, flow.nbytes, flow.start_s,
-                                               self.env.now, flow.label))
+        self.trace.add_transfer(_new(TransferRecord, (flow.src, flow.dst, flow.nbytes,
+                                                      flow.start_s, self.env.now, flow.label)))
         self.bytes_sent[flow.src] += flow.nbytes
         self.bytes_received[flow.dst] += flow.nbytes
 
