@@ -26,6 +26,7 @@ class RankState:
     outbox: dict = field(default_factory=dict)  # p2p key -> (destination, tensor) to send
     pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
     grad_sync: GradSync | None = None  # DP gradient buckets (training/grad_buckets.py)
+    p2p: object = None  # training/stage_program.py P2PSetup, set when the schedule starts
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
     def layer(self, i: int) -> tuple[dict, dict]:
