@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 import math
+import operator
 
 import networkx as nx
 import simpy
@@ -22,6 +23,7 @@ from simsp.engine.fair_share import max_min_rates
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware import LinkCalibration
 
+_ROUTE_ID = operator.attrgetter("route_id")
 _new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 # A flow counts as drained when fewer than this fraction of its bytes remain (float rounding).
 DRAINED_FRACTION = 1e-9
@@ -145,7 +147,8 @@ class Network:
         first, delay_s = None, math.inf
         for flow, rate in zip(flows, self._rates(flows)):
             flow.rate_Bps = rate
-            drain_s = max(flow.remaining, 0.0) / rate
+            remaining = flow.remaining
+            drain_s = (0.0 if 0.0 > remaining else remaining) / rate  # max(remaining, 0) / rate
             if first is None or drain_s < delay_s:  # first to drain (earliest started on a tie)
                 first, delay_s = flow, drain_s
         if self._wake is not None and self._wake[:2] == (self.env.now + delay_s, first.flow_id):
@@ -158,7 +161,7 @@ class Network:
     def _rates(self, flows: list[_Flow]) -> tuple[float, ...]:
         """Max-min fair rates of `flows`, memoised per sequence of routes (same order, same
         floats: fair_share breaks ties by first appearance)."""
-        key = tuple(f.route_id for f in flows)
+        key = tuple(map(_ROUTE_ID, flows))
         if key not in self._memo:
             self._memo_size += len(key)
             if self._memo_size > MEMO_LIMIT:
