@@ -8,6 +8,7 @@ it gives the same iteration time and ledgers as executing every op.
 
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+import math
 
 from simsp.engine.ledger import CATEGORIES
 from simsp.engine.mem_log import expand
@@ -44,6 +45,10 @@ class DirectLayers:
     def settle_counters(self, ranks: dict) -> None:
         """Nothing replayed, nothing to add."""
 
+    def has_template(self, kind: tuple) -> bool:
+        """Never: every layer runs."""
+        return False
+
 
 class LayerTemplates:
     """Record the first layer step of each kind, replay it afterwards."""
@@ -71,6 +76,17 @@ class LayerTemplates:
                 for key, delta in changes:
                     counter[key] = counter.get(key, 0) + delta * count
         self.replays.clear()
+
+    def has_template(self, kind: tuple) -> bool:
+        """Whether a layer step of this kind would be replayed."""
+        return kind in self.templates
+
+    def replay_chain(self, r, kind: tuple, x: Tensor, scopes: list[str]):
+        """A generator replaying the template of `kind` once per scope, back to back, each
+        layer's input the previous one's output; returns every layer's result."""
+        owed = (r.rank, kind)
+        self.replays[owed] = self.replays.get(owed, 0) + len(scopes)
+        return _replay_chain(r, self.templates[kind], x, scopes)
 
     def _record(self, r, kind: tuple, x: Tensor, body):
         """Run `body()` and keep what it did as the template of `kind`."""
@@ -142,13 +158,53 @@ def _replay(r, tpl: Template, x: Tensor):
     """Apply a template's ledger traffic and spans at this step's time and scope (its counters
     are settled at the end: LayerTemplates.settle_counters)."""
     t0, scope, input_key = r.env.now, r.scope, x.key
+    _apply(r, tpl, t0, scope, input_key)
+    yield r.env.timeout(tpl.duration_s)
+    return _rebuild(tpl.result, scope, input_key)
+
+
+def _replay_chain(r, tpl: Template, x: Tensor, scopes: list[str]):
+    """Layer after layer as _replay does, at the very times it would (each start the previous
+    start plus the duration, as the clock adds them), under one timeout for the whole chain."""
+    t, results = r.env.now, []
+    for scope in scopes:
+        r.scope = scope
+        _apply(r, tpl, t, scope, x.key)
+        result = _rebuild(tpl.result, scope, x.key)
+        x = result[0] if isinstance(result, tuple) else result
+        results.append(result)
+        t = t + tpl.duration_s
+    delay = delay_to(r.env.now, t)
+    if delay is not None:
+        yield r.env.timeout(delay)
+    else:  # no single delay lands exactly there: one timeout per layer, as unchained
+        for _ in scopes:
+            yield r.env.timeout(tpl.duration_s)
+    return results
+
+
+def delay_to(now: float, target: float) -> float | None:
+    """The delay d with now + d == target exactly in floating point (target >= now), so one
+    timeout ends where a chain of shorter ones would; None where rounding skips target (now
+    half an ulp off target's grid, ties rounding to even)."""
+    delay = target - now
+    for _ in range(4):  # the difference is within an ulp or two of the right delay
+        if now + delay < target:
+            delay = math.nextafter(delay, math.inf)
+        elif now + delay > target:
+            delay = math.nextafter(delay, -math.inf)
+        else:
+            return delay
+    return None
+
+
+def _apply(r, tpl: Template, t0: float, scope: str, input_key: str) -> None:
+    """A template's ledger changes and spans, as of t0 under `scope`."""
     r.ledger.apply_block(tpl.block, t0, scope, input_key)
     if r.trace is not None and tpl.spans:
         label = f"{scope}{'forward' if isinstance(tpl.result, tuple) else 'backward'}"
         for track, _name, start, end, args in tpl.spans:
             r.trace.add_span(r.rank, track, label, t0 + start, t0 + end, args)
-    yield r.env.timeout(tpl.duration_s)
-    return _rebuild(tpl.result, scope, input_key)
 
 
 def _rebuild(result, scope: str, input_key: str):

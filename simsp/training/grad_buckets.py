@@ -224,6 +224,11 @@ class GradSync:
             bucket = self.pending_gathers[0]
             bucket.gather = self._gather(r, bucket)
 
+    def quiet(self, mb: int) -> bool:
+        """Whether micro-batch `mb`'s layers neither wait for an all-gather nor launch a
+        reduction (they may then be replayed back to back: training/layer_chain.py)."""
+        return not self.pending_gathers and not (self.overlap and mb == self.last_micro_batch)
+
     def params_needed(self, r, run, chunk: int, modules: list):
         """Forward pre-hook: wait for the all-gathers up to these params', issue the next (an
         empty tuple when no all-gather is pending: nothing to wait for, no generator)."""

@@ -11,8 +11,8 @@ from simsp.model.embedding import embedding_backward, embedding_forward
 from simsp.model.head import head_backward, head_forward
 from simsp.model.tensor import FP16
 from simsp.training.grad_buckets import GradSync
-from simsp.training.plan import StagePlan, recompute_segments, sample_offset
-from simsp.training.recompute import segment_backward, segment_forward
+from simsp.training.layer_chain import chunk_backward, chunk_forward
+from simsp.training.plan import StagePlan, sample_offset
 
 
 @dataclass
@@ -81,10 +81,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     else:
         x = state.inbox.pop(("act", mb, k, plan.tp, plan.dp))
     begin = r.env.now
-    for segment in recompute_segments(sc, plan.layers(chunk)):
-        yield from state.grad_sync.params_needed(r, run, chunk, list(segment.layers))
-        x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
-        stash["layers"].append(saved)
+    x = yield from chunk_forward(r, run, plan, state, chunk, x, mb, offset, stash)
     r.scope = scope
     if plan.is_last(chunk):
         yield from state.grad_sync.params_needed(r, run, chunk, ["head"])
@@ -113,11 +110,7 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp))
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
-    segments = recompute_segments(sc, plan.layers(chunk))
-    for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
-        dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
-        r.phase = "backward"
-        state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(reversed(segment.layers)))
+    dx = yield from chunk_backward(r, run, plan, state, chunk, dx, mb, offset, stash)
     r.scope = scope
     if plan.is_first(chunk):
         if r.numeric:

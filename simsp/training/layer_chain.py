@@ -1,0 +1,52 @@
+"""A model chunk's layers within one schedule step, segment after segment (training/plan.py).
+
+When every layer of the chunk is a plain (not checkpointed) layer whose step is a replayed
+template, and nothing can happen between two of them on this rank (no parameter all-gather to
+wait for, no gradient bucket to launch), they are replayed as one chain: the same ledger
+records at the same times and the same results, one simulation event instead of one per layer.
+"""
+
+from simsp.training.plan import recompute_segments
+from simsp.training.recompute import segment_backward, segment_forward
+
+FORWARD, BACKWARD = ("F", False), ("B", False)  # layer template kinds of plain layers
+
+
+def chunk_forward(r, run, plan, state, chunk: int, x, mb: int, offset: int, stash: dict):
+    """x (s_l, b, h) through the chunk's layers; each segment's saved tensors go to stash."""
+    segments = recompute_segments(run.sc, plan.layers(chunk))
+    if _chained(run, state, segments, FORWARD, mb):
+        results = yield from run.layers.replay_chain(r, FORWARD, x, _scopes(segments, mb))
+        stash["layers"] += [saved for _out, saved in results]
+        return results[-1][0]
+    for segment in segments:
+        yield from state.grad_sync.params_needed(r, run, chunk, list(segment.layers))
+        x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
+        stash["layers"].append(saved)
+    return x
+
+
+def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, stash: dict):
+    """dx (s_l, b, h) at the chunk's output back to its input, last segment first."""
+    segments = recompute_segments(run.sc, plan.layers(chunk))
+    if _chained(run, state, segments, BACKWARD, mb):
+        results = yield from run.layers.replay_chain(r, BACKWARD, dx,
+                                                     _scopes(segments[::-1], mb))
+        return results[-1]
+    for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
+        dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
+        r.phase = "backward"
+        state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(reversed(segment.layers)))
+    return dx
+
+
+def _chained(run, state, segments: tuple, kind: tuple, mb: int) -> bool:
+    """Whether the segments can be replayed as one chain (see the module docstring)."""
+    return (len(segments) > 1 and run.layers.has_template(kind)
+            and not any(segment.checkpointed for segment in segments)
+            and state.grad_sync.quiet(mb))
+
+
+def _scopes(segments, mb: int) -> list[str]:
+    """The key scope of each (one-layer) segment's layer, as recompute._enter sets it."""
+    return [f"mb{mb}.L{segment.layers[0]}." for segment in segments]
