@@ -25,12 +25,23 @@ def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
         return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
     times, codes, deltas, _ = log.sorted_log() if hasattr(log, "records") else sort_log(
         records, CATEGORIES)
-    n = len(times)
-    steps = np.zeros((n, len(CATEGORIES)), dtype=np.int64)  # (n, 6)
-    steps[np.arange(n), codes] = deltas
-    state = np.cumsum(steps, axis=0)  # (n, 6): bytes per category after each change
-    keep = _downsample(times, state.sum(axis=1), max_points)
-    return times[keep], state[keep]
+    total = np.cumsum(deltas)  # (n,) bytes in use after each change
+    keep = _downsample(times, total, max_points)  # (m,)
+    return times[keep], state_at(codes, deltas, keep)
+
+
+def state_at(codes: np.ndarray, deltas: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """(m, 6) int64: bytes per category after each kept change (`keep`, sorted, ending at the
+    last change), from the changes' category `codes` (n,) and byte `deltas` (n,).
+
+    Each change is summed into the segment that ends at the next kept change (np.bincount; its
+    float64 sums of whole bytes are exact below 2**53 bytes), then the segments run-summed."""
+    starts = np.zeros(len(codes), dtype=np.int64)  # (n,) 1 where a new segment begins
+    starts[keep[:-1] + 1] = 1
+    segment = np.cumsum(starts)  # (n,)
+    width = len(CATEGORIES)
+    sums = np.bincount(segment * width + codes, weights=deltas, minlength=len(keep) * width)
+    return np.cumsum(np.rint(sums).astype(np.int64).reshape(len(keep), width), axis=0)
 
 
 def _downsample(times: np.ndarray, total: np.ndarray, max_points: int) -> np.ndarray:
