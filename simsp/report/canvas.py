@@ -13,6 +13,7 @@ DPI = 100  # every report PNG
 def new_figure(width_in: float, height_in: float):
     """An empty Figure of that size on an Agg canvas, or None when matplotlib is missing."""
     try:
+        import matplotlib  # noqa: F401  (first: a blocked matplotlib must stop here)
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:

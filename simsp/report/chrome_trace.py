@@ -15,13 +15,15 @@ schedule step.
 """
 
 import json
-from functools import lru_cache
+import re
 from pathlib import Path
+
+import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
 from simsp.engine.trace import DETAIL_TRACKS  # only at "full"; merged per step over budget
 from simsp.report.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
-from simsp.report.trace_spans import coarsen, lanes, ns_array, pipeline_links, us
+from simsp.report.trace_spans import coarsen, lanes, ns_array, pipeline_links
 
 __all__ = ["DETAILS", "MAX_MEMORY_POINTS", "TRACKS", "memory_timeline", "trace_events",
            "write_chrome_trace"]
@@ -35,7 +37,12 @@ MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
 SPAN_BUDGET = 300_000  # spans of the detail tracks over all ranks, before merging
 MIN_DETAIL_SPANS = 1000  # per rank and detail track, whatever the budget
 
-string = lru_cache(maxsize=65536)(json.dumps)  # a JSON string literal
+PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but '"' and '\\': quoted as they are
+
+
+def string(text: str) -> str:
+    """A JSON string literal, as json.dumps writes it (plain text is only quoted)."""
+    return f'"{text}"' if PLAIN.fullmatch(text) else json.dumps(text)
 
 
 # ---------------------------------------------------------------- encoders
@@ -58,11 +65,11 @@ def _args(args: dict) -> str:
     return ',"args":{' + ",".join(parts) + "}"
 
 
-def _complete(pid: int, tid: int, cat: str, name: str, ts: float, dur: float,
-              args: dict) -> str:
-    """A complete ("X") event: one span on one thread."""
-    return (f'{{"ph":"X","cat":{string(cat)},"pid":{pid},"tid":{tid},"name":{string(name)},'
-            f'"ts":{ts!r},"dur":{dur!r}{_args(args)}}}')
+def _complete_events(pid: int, tid: int, cat: str, rows: list) -> list[str]:
+    """Complete ("X") events, one span each, of one thread: rows are (ts_us, dur_us, span)."""
+    head = f'{{"ph":"X","cat":{string(cat)},"pid":{pid},"tid":{tid},"name":'
+    return [f'{head}{string(span.name)},"ts":{ts!r},"dur":{dur!r}{_args(span.args)}}}'
+            for ts, dur, span in rows]
 
 
 def _metadata(pid: int, tid: int, name: str, args: dict) -> str:
@@ -71,11 +78,9 @@ def _metadata(pid: int, tid: int, name: str, args: dict) -> str:
             f'{_args(args)}}}')
 
 
-def _flow(ph: str, flow_id: int, pid: int, tid: int, ts: float, name: str) -> str:
-    """One end of a flow arrow: "s" binds to the slice around it, "f" to the enclosing one."""
-    bind = ',"bp":"e"' if ph == "f" else ""
-    return (f'{{"ph":"{ph}","cat":"p2p","id":{flow_id},"pid":{pid},"tid":{tid},'
-            f'"name":{string(name)},"ts":{ts!r}{bind}}}')
+FLOW = ('{"ph":"s","cat":"p2p","id":%d,"pid":%d,"tid":%d,"name":%s,"ts":%r},'
+        '{"ph":"f","cat":"p2p","id":%d,"pid":%d,"tid":%d,"name":%s,"ts":%r,"bp":"e"}')
+# a flow arrow's two ends: "s" binds to the slice around it, "f" to the enclosing one
 
 
 # ---------------------------------------------------------------- memory counter
@@ -122,8 +127,7 @@ def _rank_events(pid: int, spans_by_track: dict, max_detail: int, detail: str,
             label = names.get(track, track) + (f" #{lane + 1}" if lane else "")
             out.append(_metadata(pid, tid, "thread_name", {"name": label}))
             out.append(_metadata(pid, tid, "thread_sort_index", {"sort_index": tid}))
-            for ts, dur, span in rows:
-                out.append(_complete(pid, tid, track, span.name, ts, dur, span.args))
+            out += _complete_events(pid, tid, track, rows)
             if track == "pp_comm":
                 placed.update((id(span), tid) for _, _, span in rows)
     return out
@@ -133,12 +137,16 @@ def _flow_events(links: list, placed: dict) -> list[str]:
     """An arrow per pipeline transfer, from the sender's p2p call to the receiver's: it leaves
     a quarter into the transfer and lands a quarter before its end, both strictly inside the
     two call slices (which enclose the transfer), so viewers bind it without ambiguity."""
+    starts = np.array([t.start_s for t, _, _ in links], dtype=float)  # (n,)
+    ends = np.array([t.end_s for t, _, _ in links], dtype=float)  # (n,)
+    quarter = (ends - starts) / 4  # (n,)
+    leave = (ns_array(starts + quarter) / 1e3).tolist()
+    land = (ns_array(ends - quarter) / 1e3).tolist()
     out = []
-    for flow_id, (t, send, recv) in enumerate(links, start=1):
-        name = t.label.removeprefix("p2p ")
-        quarter = (t.end_s - t.start_s) / 4
-        out.append(_flow("s", flow_id, t.src, placed[id(send)], us(t.start_s + quarter), name))
-        out.append(_flow("f", flow_id, t.dst, placed[id(recv)], us(t.end_s - quarter), name))
+    for flow_id, ((t, send, recv), ts_s, ts_f) in enumerate(zip(links, leave, land), start=1):
+        name = string(t.label.removeprefix("p2p "))
+        out.append(FLOW % (flow_id, t.src, placed[id(send)], name, ts_s,
+                           flow_id, t.dst, placed[id(recv)], name, ts_f))
     return out
 
 

@@ -20,7 +20,7 @@ LANES = {"forward": (0.0, 0.62), "backward": (0.0, 0.62), "wait": (0.0, 0.62),
          "recompute": (0.0, 0.62), "transfer": (0.66, 0.26), "DP communication": (0.66, 0.26)}
 MIN_BAR_PX = 3.0  # median step narrower than this: paint pixel shares instead of bars
 WIDTH, LEFT, RIGHT = 13.0, 0.85, 0.2  # inches
-TOP, MIDDLE, BOTTOM = 0.4, 0.75, 0.8  # inches: title; whole's ticks + zoom title; ticks + legend
+TOP, MIDDLE, BOTTOM = 0.4, 0.75, 0.9  # inches: title; whole's ticks + zoom title; ticks + legend
 
 
 def replayed(run) -> bool:

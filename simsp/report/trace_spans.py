@@ -1,8 +1,6 @@
 """Spans of one rank laid out for the Chrome trace: merged when over budget, split into lanes
 that nest, and each pipeline transfer tied to the p2p call spans of its two ranks."""
 
-from bisect import bisect_right
-
 import numpy as np
 
 from simsp.engine.trace import Span
@@ -82,21 +80,38 @@ def pipeline_links(by_rank: dict, transfers: list) -> list[tuple]:
     is posted before its transfers start and completes after they end."""
     calls = {rank: sorted(tracks.get("pp_comm", ()), key=lambda s: s.start_s)
              for rank, tracks in by_rank.items()}
-    starts = {rank: [s.start_s for s in spans] for rank, spans in calls.items()}
-    links = []
-    for t in transfers:
-        if not t.label.startswith("p2p") or t.src not in calls or t.dst not in calls:
-            continue
-        send = _enclosing(calls[t.src], starts[t.src], t)
-        recv = _enclosing(calls[t.dst], starts[t.dst], t)
-        if send is not None and recv is not None:
-            links.append((t, send, recv))
-    return links
+    p2p = [t for t in transfers
+           if t.label.startswith("p2p") and t.src in calls and t.dst in calls]
+    sends = _enclosing_all(calls, p2p, [t.src for t in p2p])
+    recvs = _enclosing_all(calls, p2p, [t.dst for t in p2p])
+    return [(t, send, recv) for t, send, recv in zip(p2p, sends, recvs)
+            if send is not None and recv is not None]
 
 
-def _enclosing(spans: list, starts: list, t) -> Span | None:
-    """The latest-starting span with start <= t.start_s and end >= t.end_s, if any."""
-    for i in range(bisect_right(starts, t.start_s) - 1, -1, -1):
+def _enclosing_all(calls: dict, transfers: list, ranks: list) -> list:
+    """For each transfer, the call span on `ranks[i]` that encloses it (or None): the latest
+    starting one with start <= transfer start and end >= transfer end. One searchsorted per
+    rank; only a transfer whose latest-starting call ended too early is searched backwards."""
+    found = [None] * len(transfers)
+    by_rank = {}
+    for i, rank in enumerate(ranks):
+        by_rank.setdefault(rank, []).append(i)
+    for rank, members in by_rank.items():
+        spans = calls[rank]
+        starts = np.array([s.start_s for s in spans], dtype=float)  # (calls,)
+        ends = np.array([s.end_s for s in spans], dtype=float)  # (calls,)
+        t_start = np.array([transfers[i].start_s for i in members], dtype=float)  # (m,)
+        t_end = np.array([transfers[i].end_s for i in members], dtype=float)  # (m,)
+        latest = np.searchsorted(starts, t_start, side="right") - 1  # (m,)
+        fits = (latest >= 0) & (ends[np.maximum(latest, 0)] >= t_end)  # (m,)
+        for i, j, ok in zip(members, latest.tolist(), fits.tolist()):
+            found[i] = spans[j] if ok else _enclosing(spans, starts, transfers[i], j)
+    return found
+
+
+def _enclosing(spans: list, starts, t, latest: int) -> Span | None:
+    """The latest-starting span at or before index `latest` with end >= t.end_s, if any."""
+    for i in range(latest, -1, -1):
         if spans[i].end_s >= t.end_s:
             return spans[i]
     return None
