@@ -66,8 +66,11 @@ class FixedLink:
     def __init__(self, env, seconds):
         self.env, self.seconds = env, seconds
 
-    def transfer(self, src, dst, nbytes, label=""):
-        return self.env.timeout(self.seconds)
+    def transfer(self, src, dst, nbytes, label="", delivered=None):
+        """Succeed `delivered` with (start_s, end_s) after the fixed time, as Network does."""
+        start, done = self.env.now, self.env.timeout(self.seconds)
+        done.callbacks.append(lambda _e: delivered.succeed((start, self.env.now)))
+        return delivered
 
 
 def stub_rank(env, rank):

@@ -8,6 +8,8 @@ exactly the same figures (tests/test_ledger_compact.py). Running totals track wh
 """
 
 from dataclasses import dataclass, field
+
+from simsp.engine.gc_pause import gc_paused
 from simsp.engine.mem_log import BlockRecord, MemEvent, SortedLog, expand, sort_log
 from simsp.engine.memory_summary import (LiveTensor, MemorySummary, OutOfMemory, largest,
                                          summarize)
@@ -111,9 +113,10 @@ class Ledger:
         """The sorted columns and the summary, recomputed only when records were added."""
         n, log, summary = self._cache
         if n != len(self.records):
-            log = sort_log(self.records, CATEGORIES)
-            summary = summarize(log, CATEGORIES, self.rank, self.capacity_bytes,
-                                lambda: self.events)
+            with gc_paused():  # a paper-scale log makes many short-lived tuples
+                log = sort_log(self.records, CATEGORIES)
+                summary = summarize(log, CATEGORIES, self.rank, self.capacity_bytes,
+                                    lambda: self.events)
             self._cache = (len(self.records), log, summary)
         return log, summary
 

@@ -11,9 +11,11 @@ the calibrated efficiency of its kind (simsp.hardware.LinkCalibration).
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
+import math
 
 import networkx as nx
 import simpy
+from simpy.events import NORMAL
 
 from simsp.cluster.topology import hop_route, route_latency_s
 from simsp.engine.fair_share import max_min_rates
@@ -26,7 +28,7 @@ DRAINED_FRACTION = 1e-9
 MEMO_LIMIT = 2_000_000
 
 
-@dataclass
+@dataclass(slots=True)
 class _Flow:
     """One transfer in flight: its route, bytes still to drain and current fair rate."""
 
@@ -62,6 +64,7 @@ class Network:
         self._next_id = 0
         self._updated_s = env.now
         self._route_ids: dict[tuple, int] = {}  # route edges -> small integer id
+        self._routes: dict[tuple, tuple] = {}  # (src, dst, via) -> (edges, latency_s, route id)
         self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}  # route ids -> rates
         self._memo_size = 0  # route ids held by the memo's keys
         self._recompute_pending = False
@@ -75,8 +78,10 @@ class Network:
         return self.trace.transfers
 
     def transfer(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str = "",
-                 via_gpu: int | None = None, drained: simpy.Event | None = None) -> simpy.Event:
-        """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event succeeds on delivery.
+                 via_gpu: int | None = None, drained: simpy.Event | None = None,
+                 delivered: simpy.Event | None = None) -> simpy.Event:
+        """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event returned (`delivered`
+        if given, else a new one) succeeds on delivery with (start_s, end_s).
 
         `via_gpu`: relay through that GPU's links (NCCL PXN: NVLink to the GPU whose NIC is on
         the destination's rail, then its NIC). `drained`: an event to succeed when the last byte
@@ -85,6 +90,8 @@ class Network:
             raise ValueError(f"cannot send {nbytes} bytes")
         flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu)
         flow.drained = drained
+        if delivered is not None:
+            flow.delivered = delivered
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:
@@ -96,15 +103,23 @@ class Network:
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
                   via_gpu: int | None) -> _Flow:
         """A flow record for a new transfer along the cached route."""
-        edges = hop_route(self.graph, src_gpu, dst_gpu, via_gpu)
-        latency_s = route_latency_s(self.graph, edges)
-        if edges:
-            latency_s += self.calibration.transfer_overhead_s
-        route_id = self._route_ids.setdefault(edges, len(self._route_ids))
+        edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
                      self.env.now, self.env.event(), float(nbytes))
         self._next_id += 1
         return flow
+
+    def _route(self, src_gpu: int, dst_gpu: int, via_gpu: int | None) -> tuple:
+        """(edges, latency in seconds, route id) of a transfer, worked out once per route."""
+        key = (src_gpu, dst_gpu, via_gpu)
+        if key not in self._routes:
+            edges = hop_route(self.graph, src_gpu, dst_gpu, via_gpu)
+            latency_s = route_latency_s(self.graph, edges)
+            if edges:
+                latency_s += self.calibration.transfer_overhead_s
+            route_id = self._route_ids.setdefault(edges, len(self._route_ids))
+            self._routes[key] = (edges, latency_s, route_id)
+        return self._routes[key]
 
     def _advance(self) -> None:
         """Drain every flow at its current rate up to now."""
@@ -127,10 +142,12 @@ class Network:
             self._wake = None
             return
         flows = list(self._draining.values())
+        first, delay_s = None, math.inf
         for flow, rate in zip(flows, self._rates(flows)):
             flow.rate_Bps = rate
-        first = min(flows, key=lambda f: max(f.remaining, 0.0) / f.rate_Bps)
-        delay_s = max(first.remaining, 0.0) / first.rate_Bps
+            drain_s = max(flow.remaining, 0.0) / rate
+            if first is None or drain_s < delay_s:  # first to drain (earliest started on a tie)
+                first, delay_s = flow, drain_s
         if self._wake is not None and self._wake[:2] == (self.env.now + delay_s, first.flow_id):
             return  # the pending wake-up is still the right one
         self._token += 1
@@ -166,16 +183,25 @@ class Network:
         self._request_recompute()
 
     def _deliver_after_latency(self, flow: _Flow) -> None:
-        """The last byte arrives one route latency after it left."""
+        """The last byte arrives one route latency after it left: the delivery event is
+        scheduled for then (recorded and counted first, by its first callback)."""
         if flow.drained is not None:
             flow.drained.succeed()
-        arrival = self.env.timeout(flow.latency_s)
-        arrival.callbacks.append(partial(self._finish, flow))
+        flow.delivered.callbacks.insert(0, partial(self._finish, flow))
+        succeed_after(flow.delivered, flow.latency_s, (flow.start_s, self.env.now + flow.latency_s))
 
     def _finish(self, flow: _Flow, _event: simpy.Event) -> None:
-        """Record the delivered transfer, count its bytes and wake whoever waits on it."""
+        """Record the delivered transfer and count its bytes."""
         self.trace.add_transfer(TransferRecord(flow.src, flow.dst, flow.nbytes, flow.start_s,
                                                self.env.now, flow.label))
         self.bytes_sent[flow.src] += flow.nbytes
         self.bytes_received[flow.dst] += flow.nbytes
-        flow.delivered.succeed()
+
+
+def succeed_after(event: simpy.Event, delay_s: float, value) -> None:
+    """`event.succeed(value)`, but `delay_s` from now: one event where a timeout whose callback
+    succeeds it would be two (simpy's Timeout sets these same fields)."""
+    if event.triggered:
+        raise RuntimeError(f"{event} has already been triggered")
+    event._ok, event._value = True, value
+    event.env.schedule(event, NORMAL, delay_s)

@@ -38,7 +38,8 @@ class DirectLayers:
     """Run every layer op for real (numeric mode, or the full simulation)."""
 
     def run(self, r, kind: tuple, x: Tensor, body):
-        return (yield from body())
+        """`body()`: the layer's own generator."""
+        return body()
 
 
 class LayerTemplates:
@@ -48,9 +49,15 @@ class LayerTemplates:
         self.templates: dict[tuple, Template] = {}
 
     def run(self, r, kind: tuple, x: Tensor, body):
-        """Run `body()` (a layer forward/backward generator) or replay its template."""
-        if kind in self.templates:
-            return (yield from _replay(r, self.templates[kind], x))
+        """A generator that replays the template of `kind`, or runs `body()` (a layer
+        forward/backward generator) and records it."""
+        template = self.templates.get(kind)
+        if template is not None:
+            return _replay(r, template, x)
+        return self._record(r, kind, x, body)
+
+    def _record(self, r, kind: tuple, x: Tensor, body):
+        """Run `body()` and keep what it did as the template of `kind`."""
         start = _Snapshot(r, x)
         result = yield from body()
         self.templates[kind] = start.template(r, result)

@@ -225,7 +225,13 @@ class GradSync:
             bucket.gather = self._gather(r, bucket)
 
     def params_needed(self, r, run, chunk: int, modules: list):
-        """Forward pre-hook: wait for the all-gathers up to these params', issue the next."""
+        """Forward pre-hook: wait for the all-gathers up to these params', issue the next (an
+        empty tuple when no all-gather is pending: nothing to wait for, no generator)."""
+        if not self.pending_gathers:
+            return ()
+        return self._wait_gathers(r, chunk, modules)
+
+    def _wait_gathers(self, r, chunk: int, modules: list):
         names = {n for m in modules for n in module_params(self.plan, m, self.grads)}
         while any(b.chunk == chunk and names & set(b.names) for b in self.pending_gathers):
             bucket = self.pending_gathers.pop(0)

@@ -11,57 +11,55 @@ App. B, output-tensor deallocation); a receive buffer is allocated when posted.
 """
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import simpy
 
 from simsp.model.tensor import Tensor
 
 
-@dataclass
-class Delivery:
-    """What a completed transfer hands both sides: payload and when its data moved."""
-
-    payload: object
-    start_s: float
-    end_s: float
-
-
 class Mailbox:
-    """Posted sends and receives keyed by (kind, micro_batch, virtual_stage, tp, dp)."""
+    """Posted sends and receives keyed by (kind, micro_batch, virtual_stage, tp, dp).
+
+    Both sides of a transfer wait on one event, made by whichever posts first; it succeeds
+    with (start_s, end_s) once the data has crossed (engine/network.py)."""
 
     def __init__(self, env: simpy.Environment):
         self.env = env
-        self._sends: dict[tuple, tuple] = {}  # key -> (network, src, dst, nbytes, payload, event)
-        self._recvs: dict[tuple, simpy.Event] = {}
+        self._posted: dict[tuple, list] = {}  # key -> [event, send (network, src, dst, nbytes)
+        #                                        or None, receive posted]
+        self.payloads: dict[tuple, object] = {}  # key -> data on its way (numeric mode)
         self.arrivals: dict[tuple, dict] = {}  # pipeline-group collective -> {rank: arrival_s}
 
     def post_send(self, key: tuple, network, src: int, dst: int, nbytes: int, payload):
-        """Post a send; its event succeeds with a Delivery once the data has crossed."""
-        event = self.env.event()
-        self._sends[key] = (network, src, dst, nbytes, payload, event)
-        self._start_if_matched(key)
-        return event
+        """Post a send; its event succeeds once the data has crossed."""
+        entry = self._entry(key)
+        entry[1] = (network, src, dst, nbytes)
+        if payload is not None:
+            self.payloads[key] = payload
+        self._start_if_matched(key, entry)
+        return entry[0]
 
     def post_recv(self, key: tuple) -> simpy.Event:
-        """Post a receive; its event succeeds with the sender's Delivery."""
-        event = self._recvs[key] = self.env.event()
-        self._start_if_matched(key)
-        return event
+        """Post a receive; its event succeeds once the sender's data has arrived."""
+        entry = self._entry(key)
+        entry[2] = True
+        self._start_if_matched(key, entry)
+        return entry[0]
 
-    def _start_if_matched(self, key: tuple) -> None:
-        if key not in self._sends or key not in self._recvs:
+    def _entry(self, key: tuple) -> list:
+        entry = self._posted.get(key)
+        if entry is None:
+            entry = self._posted[key] = [self.env.event(), None, False]
+        return entry
+
+    def _start_if_matched(self, key: tuple, entry: list) -> None:
+        """Both sides posted: the transfer starts now (NCCL p2p is a rendezvous)."""
+        if entry[1] is None or not entry[2]:
             return
-        network, src, dst, nbytes, payload, sent = self._sends.pop(key)
-        received = self._recvs.pop(key)
-        start = self.env.now
-        done = network.transfer(src, dst, nbytes, label=f"p2p {key[:3]}")
-
-        def complete(_event):
-            delivery = Delivery(payload, start, self.env.now)
-            sent.succeed(delivery)
-            received.succeed(delivery)
-
-        done.callbacks.append(complete)
+        del self._posted[key]
+        network, src, dst, nbytes = entry[1]
+        network.transfer(src, dst, nbytes, label=f"p2p {key[:3]}", delivered=entry[0])
 
 
 @dataclass
@@ -83,45 +81,50 @@ class RecvOp:
     buffer: Tensor
 
 
-@dataclass
+@dataclass(slots=True)
 class Handle:
     """A posted call: its events and, per receive, the buffer it fills."""
 
     name: str
     posted_s: float
+    mailbox: Mailbox
     events: list = field(default_factory=list)
-    recvs: list = field(default_factory=list)  # (RecvOp, event)
+    recvs: list = field(default_factory=list)  # RecvOp
 
 
 def post(r, mailbox: Mailbox, network, name: str, sends: list, recvs: list) -> Handle:
     """Post every send and receive of one call at once (batch_isend_irecv)."""
-    handle = Handle(name, r.env.now)
+    handle = Handle(name, r.env.now, mailbox)
     for op in sends:
         event = mailbox.post_send(op.key, network, r.rank, op.dst, op.nbytes, op.payload)
-        event.callbacks.append(lambda _e, t=op.tensor: r.free(t))  # deallocate once sent
+        event.callbacks.append(partial(_free_sent, r, op.tensor))  # deallocate once sent
         handle.events.append(event)
     for op in recvs:
-        event = mailbox.post_recv(op.key)
-        handle.events.append(event)
-        handle.recvs.append((op, event))
+        handle.events.append(mailbox.post_recv(op.key))
+        handle.recvs.append(op)
     return handle
+
+
+def _free_sent(r, tensor: Tensor, _event: simpy.Event) -> None:
+    r.free(tensor)
 
 
 def wait(r, handle: Handle) -> dict:
     """Block until the call completed; count transfer vs wait; return {key: received tensor}."""
     start = r.env.now
-    if handle.events:
-        yield simpy.AllOf(r.env, handle.events)
-    moving = _union_length([(max(e.value.start_s, start), e.value.end_s) for e in handle.events])
+    for event in handle.events:  # resumes when the last one is done, as AllOf would
+        if not event.processed:
+            yield event
+    moving = _union_length([(max(e.value[0], start), e.value[1]) for e in handle.events])
     r.count_exposed("pp_transfer", moving)
     r.count_exposed("pp_wait", r.env.now - start - moving)
     if r.trace is not None and handle.events:
         r.trace.add_span(r.rank, "pp_comm", handle.name, handle.posted_s, r.env.now,
                          {"blocked_s": r.env.now - start, "transfer_s": moving})
     received = {}
-    for op, event in handle.recvs:
+    for op in handle.recvs:
         if r.numeric:
-            op.buffer.data = event.value.payload.reshape(op.buffer.shape)
+            op.buffer.data = handle.mailbox.payloads.pop(op.key).reshape(op.buffer.shape)
         received[op.key] = op.buffer
     return received
 

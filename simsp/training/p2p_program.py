@@ -12,6 +12,7 @@ received on its own (`recv_backward`).
 """
 
 from dataclasses import dataclass
+import functools
 
 from simsp.training.schedule_step import BACKWARD, FORWARD, Step
 
@@ -81,8 +82,15 @@ def _overlapped(steps: list[Step], warmup: int) -> list:
 
 def call_name(sends: list[Step], recvs: list[Step]) -> str:
     """Megatron's name for a call, e.g. send_forward_recv_backward."""
-    def part(verb, steps):
+    return call_name_of_kinds(frozenset(s.kind for s in sends),
+                              frozenset(s.kind for s in recvs))
+
+
+@functools.cache
+def call_name_of_kinds(send_kinds: frozenset, recv_kinds: frozenset) -> str:
+    """call_name from the step kinds ("F", "B") sent and received (worked out once each)."""
+    def part(verb, kinds_present):
         kinds = [name for kind, name in ((FORWARD, "forward"), (BACKWARD, "backward"))
-                 if any(s.kind == kind for s in steps)]
+                 if kind in kinds_present]
         return f"{verb}_{'_'.join(kinds)}" if kinds else ""
-    return "_".join(p for p in (part("send", sends), part("recv", recvs)) if p) or "none"
+    return "_".join(p for p in (part("send", send_kinds), part("recv", recv_kinds)) if p) or "none"

@@ -17,25 +17,54 @@ def _plain_granularity(sc) -> str:
     return "none" if g == "full" else g
 
 
-def _enter(r, run, state, i: int, mb: int, offset: int, granularity: str):
-    """Set the scope of layer i and return its spec, weights and gradients."""
+def _enter(r, i: int, mb: int) -> None:
+    """Enter layer i's key scope."""
     r.scope = f"mb{mb}.L{i}."
+
+
+def _layer(run, state, i: int, offset: int, granularity: str):
+    """Layer i's spec, weights and gradients (built only when the layer really runs: a
+    replayed template needs none of them)."""
     w, g = state.layer(i)
     return LayerSpec(run.sc.model, i, granularity, offset), w, g
 
 
+def _forward(r, run, state, i: int, x, offset: int, granularity: str, keep=None):
+    """Layer i forward from x, run or replayed: a generator returning (output, stash)."""
+    kind = ("F", False) if keep is None else ("F", True) if not keep else ("R",)
+
+    def body():
+        spec, w, _ = _layer(run, state, i, offset, granularity)
+        return layer_forward(r, spec, w, x) if keep is None else \
+            layer_forward(r, spec, w, x, keep=keep)
+    return run.layers.run(r, kind, x, body)
+
+
+def _backward(r, run, state, i: int, saved: dict, dx, offset: int, granularity: str,
+              kind: tuple):
+    """Layer i backward from dx, run or replayed: a generator returning the input gradient."""
+    def body():
+        spec, w, g = _layer(run, state, i, offset, granularity)
+        return layer_backward(r, spec, w, g, saved, dx)
+    return run.layers.run(r, kind, dx, body)
+
+
 def segment_forward(r, run, state, seg, x, mb: int, offset: int):
-    """x (s_l, b, h) through the segment's layers -> (output, what backward needs)."""
+    """x (s_l, b, h) through the segment's layers -> (output, what backward needs); a
+    generator (a plain layer's is the layer's own, one generator level less per event)."""
     if not seg.checkpointed:
-        spec, w, _ = _enter(r, run, state, seg.layers[0], mb, offset, _plain_granularity(run.sc))
-        return (yield from run.layers.run(r, ("F", False), x,
-                                          lambda: layer_forward(r, spec, w, x)))
-    _enter(r, run, state, seg.layers[0], mb, offset, "full")
+        _enter(r, seg.layers[0], mb)
+        return _forward(r, run, state, seg.layers[0], x, offset, _plain_granularity(run.sc))
+    return _checkpointed_forward(r, run, state, seg, x, mb, offset)
+
+
+def _checkpointed_forward(r, run, state, seg, x, mb: int, offset: int):
+    """A checkpointed segment keeps only its input; inner layers' inputs are freed."""
+    _enter(r, seg.layers[0], mb)
     first = r.save(x, "layer_input")
     for i in seg.layers:
-        spec, w, _ = _enter(r, run, state, i, mb, offset, "full")
-        out, _ = yield from run.layers.run(r, ("F", True), x,
-                                           lambda: layer_forward(r, spec, w, x, keep=False))
+        _enter(r, i, mb)
+        out, _ = yield from _forward(r, run, state, i, x, offset, "full", keep=False)
         if x is not first:
             r.free(x)  # an inner layer's input: rebuilt in backward, not kept
         x = out
@@ -47,30 +76,34 @@ def _recompute(r, run, state, layers: tuple, x, mb: int, offset: int):
     phase, r.phase = r.phase, "recompute"
     stashes = []
     for i in layers:
-        spec, w, _ = _enter(r, run, state, i, mb, offset, "none")
-        x, saved = yield from run.layers.run(r, ("R",), x,
-                                             lambda: layer_forward(r, spec, w, x, keep=True))
+        _enter(r, i, mb)
+        x, saved = yield from _forward(r, run, state, i, x, offset, "none", keep=True)
         stashes.append(saved)
     r.phase = phase
     return stashes, x
 
 
 def segment_backward(r, run, state, seg, saved: dict, dx, mb: int, offset: int):
-    """dx (s_l, b, h) at the segment's output -> at its input; frees what the forward kept."""
+    """dx (s_l, b, h) at the segment's output -> at its input; frees what the forward kept
+    (a generator, as segment_forward)."""
     if not seg.checkpointed:
-        spec, w, g = _enter(r, run, state, seg.layers[0], mb, offset, _plain_granularity(run.sc))
-        return (yield from run.layers.run(r, ("B", False), dx,
-                                          lambda: layer_backward(r, spec, w, g, saved, dx)))
+        _enter(r, seg.layers[0], mb)
+        return _backward(r, run, state, seg.layers[0], saved, dx, offset,
+                         _plain_granularity(run.sc), ("B", False))
+    return _checkpointed_backward(r, run, state, seg, saved, dx, mb, offset)
+
+
+def _checkpointed_backward(r, run, state, seg, saved: dict, dx, mb: int, offset: int):
+    """Recompute the segment's inner layers, then run every layer's backward, last first."""
     stashes, last_input = yield from _recompute(r, run, state, seg.layers[:-1],
                                                 saved["layer_input"], mb, offset)
-    spec, w, g = _enter(r, run, state, seg.layers[-1], mb, offset, "full")
+    _enter(r, seg.layers[-1], mb)
     if last_input is not saved["layer_input"]:
         r.save(last_input, "layer_input")  # in the last layer's scope, as a group of one has it
     last = {"layer_input": last_input}
-    dx = yield from run.layers.run(r, ("B", True), dx,
-                                   lambda: layer_backward(r, spec, w, g, last, dx))
+    dx = yield from _backward(r, run, state, seg.layers[-1], last, dx, offset, "full",
+                              ("B", True))
     for i, stash in zip(reversed(seg.layers[:-1]), reversed(stashes)):
-        spec, w, g = _enter(r, run, state, i, mb, offset, "none")
-        dx = yield from run.layers.run(r, ("B", False), dx,
-                                       lambda: layer_backward(r, spec, w, g, stash, dx))
+        _enter(r, i, mb)
+        dx = yield from _backward(r, run, state, i, stash, dx, offset, "none", ("B", False))
     return dx

@@ -12,11 +12,13 @@ from simsp.model import mappings
 from simsp.model.tensor import FP16
 from simsp.training import p2p
 from simsp.training.grad_buckets import GradSync
-from simsp.training.p2p_program import Exchange, call_name, megatron_program
+from simsp.training.p2p_program import Exchange, call_name_of_kinds, megatron_program
 from simsp.training.plan import StagePlan
-from simsp.training.schedule_step import Step
 from simsp.training.schedules import interleaved_warmup, one_f_one_b_warmup
 from simsp.training.steps import RankState, activation_shape, backward_step, forward_step
+
+
+KIND_OF_KEY = {"act": "F", "grad": "B"}  # p2p key kind -> the kind of step that sends it
 
 
 def run_schedule(r, run, plan: StagePlan, state: RankState):
@@ -61,13 +63,9 @@ def _exchange(r, run, plan: StagePlan, state: RankState, call: Exchange):
 
 
 def _post(r, run, sends: list, recvs: list) -> p2p.Handle:
-    name = call_name([_step_of(op.key) for op in sends], [_step_of(op.key) for op in recvs])
+    name = call_name_of_kinds(frozenset(KIND_OF_KEY[op.key[0]] for op in sends),
+                              frozenset(KIND_OF_KEY[op.key[0]] for op in recvs))
     return p2p.post(r, run.mailbox, run.world.network, name, sends, recvs)
-
-
-def _step_of(key: tuple) -> Step:
-    """A stand-in step whose kind names the direction of a p2p key (for call names)."""
-    return Step("F" if key[0] == "act" else "B", key[1])
 
 
 def _wait_pending(r, run, state: RankState, kind: str):
