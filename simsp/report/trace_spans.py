@@ -105,11 +105,11 @@ def _enclosing_all(calls: dict, transfers: list, ranks: list) -> list:
         latest = np.searchsorted(starts, t_start, side="right") - 1  # (m,)
         fits = (latest >= 0) & (ends[np.maximum(latest, 0)] >= t_end)  # (m,)
         for i, j, ok in zip(members, latest.tolist(), fits.tolist()):
-            found[i] = spans[j] if ok else _enclosing(spans, starts, transfers[i], j)
+            found[i] = spans[j] if ok else _enclosing(spans, transfers[i], j)
     return found
 
 
-def _enclosing(spans: list, starts, t, latest: int) -> Span | None:
+def _enclosing(spans: list, t, latest: int) -> Span | None:
     """The latest-starting span at or before index `latest` with end >= t.end_s, if any."""
     for i in range(latest, -1, -1):
         if spans[i].end_s >= t.end_s:
