@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from simsp.engine.ledger import Ledger
 from simsp.engine.trace import Span, TransferRecord
 from simsp.report.chrome_trace import string
 from simsp.report.gantt import bar_outlines, clip, median_bar_px, row_lanes
-from simsp.report.memory_timeline import state_at
+from simsp.report.memory_timeline import memory_timeline, state_at
 from simsp.report.panel_grid import PanelGrid, nice_ticks, tick_labels
 from simsp.report.pixel_coverage import painted_shares, pixel_coverage, union
 from simsp.report.stacked_steps import stacked_step_polygons, step_path
@@ -132,3 +133,22 @@ def test_each_transfer_links_the_calls_that_enclose_it():
     other = TransferRecord(0, 1, 8, 4.2, 4.8, "allreduce")
     links = pipeline_links(by_rank, [first, second, outside, other])
     assert links == [(first, short, recv), (second, long, recv)]
+
+
+def test_a_ledgers_coarser_timelines_come_from_its_finest_and_keep_the_peak():
+    ledger = Ledger(rank=0, capacity_bytes=1 << 40)
+    rng = np.random.default_rng(1)
+    for i in range(6000):  # saw-tooth activations over a constant weight
+        ledger.alloc(f"a{i}", int(rng.integers(1, 1000)), "activations", "op", time_s=float(i))
+        if i % 7 == 6:
+            for j in range(i - 6, i + 1):
+                ledger.free(f"a{j}", time_s=float(i) + 0.5)
+    peak = ledger.summary().peak_total
+    finest = memory_timeline(ledger)
+    assert len(finest[0]) <= 2000 and finest[1].sum(axis=1).max() == peak
+    times, state = memory_timeline(ledger, 600)
+    assert len(times) <= 600 and state.sum(axis=1).max() == peak
+    rows = {(t, tuple(r)) for t, r in zip(finest[0].tolist(), finest[1].tolist())}
+    assert all((t, tuple(r)) in rows for t, r in zip(times.tolist(), state.tolist()))
+    ledger.alloc("late", 10**9, "weights", "op", time_s=7000.0)  # the log changed: recomputed
+    assert memory_timeline(ledger, 600)[1][-1].sum() == ledger.total == 10**9 + 5

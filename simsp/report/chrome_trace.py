@@ -47,22 +47,35 @@ def string(text: str) -> str:
 
 # ---------------------------------------------------------------- encoders
 
+FLOAT_ARGS: dict[tuple, str] = {}  # keys -> %-template of args that are all floats
+
+
 def _args(args: dict) -> str:
     """`,"args":{...}` for span arguments (floats rounded to 1e-9 s), or "" when empty."""
     if not args:
         return ""
-    parts = []
-    for key, value in args.items():
-        kind = type(value)
-        if kind is int:
-            parts.append(f"{string(key)}:{value}")
-        elif kind is str:
-            parts.append(f"{string(key)}:{string(value)}")
-        elif kind is float:
-            parts.append(f"{string(key)}:{round(value, 9)!r}")
-        else:  # bools, lists...: the general encoder
-            parts.append(f"{string(key)}:{json.dumps(value, separators=(',', ':'))}")
-    return ',"args":{' + ",".join(parts) + "}"
+    if all(type(value) is float for value in args.values()):  # the common case: one template
+        keys = tuple(args)
+        template = FLOAT_ARGS.get(keys) or FLOAT_ARGS.setdefault(keys, _float_template(keys))
+        return template % tuple([round(value, 9) for value in args.values()])
+    return ',"args":{' + ",".join(f"{string(k)}:{_value(v)}" for k, v in args.items()) + "}"
+
+
+def _float_template(keys: tuple) -> str:
+    """`,"args":{"key":%r,...}`: the args text of float-valued `keys`, as a %-template."""
+    return ',"args":{' + ",".join(f"{string(k).replace('%', '%%')}:%r" for k in keys) + "}"
+
+
+def _value(value) -> str:
+    """One argument value as JSON (floats rounded to 1e-9)."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is str:
+        return string(value)
+    if kind is float:
+        return repr(round(value, 9))
+    return json.dumps(value, separators=(",", ":"))  # bools, lists...: the general encoder
 
 
 def _complete_events(pid: int, tid: int, cat: str, rows: list) -> list[str]:

@@ -1,8 +1,12 @@
 """A rank's memory over time from its ledger: bytes per category after each change, downsampled.
 
-Shared by the Chrome trace's memory counter and the memory plot, so both show the exact peak:
-beyond a point budget the timeline keeps each time bucket's highest and lowest state.
+Shared by the Chrome trace's memory counter and the memory plots, so all show the exact peak:
+beyond a point budget the timeline keeps each time bucket's highest and lowest state. A ledger's
+timeline at MAX_MEMORY_POINTS is computed once (kept beside the ledger until it changes); smaller
+budgets downsample that one again, which keeps the peak too.
 """
+
+from weakref import finalize
 
 import numpy as np
 
@@ -10,6 +14,7 @@ from simsp.engine.ledger import CATEGORIES
 from simsp.engine.mem_log import sort_log
 
 MAX_MEMORY_POINTS = 2000  # per rank
+_FINEST: dict = {}  # id(ledger) -> (records, times, state) while that ledger lives
 
 
 def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
@@ -20,6 +25,29 @@ def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
     does). Beyond `max_points` changes, the timeline is split into (max_points - 2) // 2 equal
     time buckets that each keep their highest and lowest state, plus the first and last, so the
     maximum of the total is exactly the ledger's peak."""
+    if not hasattr(log, "records") or max_points > MAX_MEMORY_POINTS:
+        return _timeline(log, max_points)
+    times, state = _finest(log)  # (n,), (n, 6)
+    if len(times) <= max_points:
+        return times, state
+    keep = _downsample(times, state.sum(axis=1), max_points)
+    return times[keep], state[keep]
+
+
+def _finest(ledger) -> tuple[np.ndarray, np.ndarray]:
+    """The ledger's timeline at MAX_MEMORY_POINTS, computed once per state of its log."""
+    count, key = len(ledger.records), id(ledger)
+    cached = _FINEST.get(key)
+    if cached is None:
+        finalize(ledger, _FINEST.pop, key, None)  # forget it with the ledger
+    if cached is None or cached[0] != count:
+        cached = (count, *_timeline(ledger, MAX_MEMORY_POINTS))
+        _FINEST[key] = cached
+    return cached[1], cached[2]
+
+
+def _timeline(log, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """memory_timeline computed from the whole log."""
     records = log.records if hasattr(log, "records") else list(log)
     if not records:
         return np.zeros(0), np.zeros((0, len(CATEGORIES)), dtype=np.int64)
