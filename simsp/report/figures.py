@@ -25,7 +25,7 @@ EXPOSED_TRACKS = (("tp_comm", "TP comm", "#4c72b0"), ("pp_transfer", "pipeline t
                   ("pp_comm", "pipeline comm", "#8172b2"), ("pp_wait", "pipeline wait", "#bbbbbb"),
                   ("dp_comm", "DP comm", "#c44e52"))
 BUSY_KEYS = ("compute", "optimizer")  # time at work, not exposed
-BAR_MARGINS = (0.8, 1.0, 0.2, 0.4)  # inches: left, bottom (ticks, label, legend), right, top
+BAR_MARGINS = (0.8, 0.9, 0.2, 0.4)  # inches: left, bottom (ticks, label, legend), right, top
 
 
 def pyplot():

@@ -162,7 +162,7 @@ def paint_shares(ax, stages: list[dict], window: tuple, tscale: float,
     image = np.zeros((height, width, 4), dtype=np.uint8)  # (h, w, 4) transparent
     image[which >= 0] = opaque[which[which >= 0]]
     ax.imshow(image, extent=(window[0] / tscale,
-              window[1] / tscale, len(stages) - 0.5, -0.5), interpolation="nearest",
+              window[1] / tscale, len(stages) - 0.5, -0.5), interpolation="none",
               aspect="auto", origin="upper")
 
 
