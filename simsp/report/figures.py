@@ -167,7 +167,9 @@ def report_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes
              "(stacked by category; dashed line: capacity).",
              memory_over_time(run, ranks, label)),
             ("schedule.png", "Pipeline schedule: forward and backward steps, recompute, waits "
-             "for input (grey), and pipeline transfers and DP communication below each row."
+             "for input (grey), and pipeline transfers and DP communication below each row. "
+             "Where steps are narrower than a few pixels, each pixel column is coloured by the "
+             "share of its time each kind takes."
              + (" Recompute is drawn inside the backward bars here: meta mode's replayed layer "
                 "templates keep no per-op detail (--no-shortcuts shows it)."
                 if replayed(run) else ""), schedule_gantt(run, ranks, label)),
