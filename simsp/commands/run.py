@@ -60,7 +60,8 @@ def run(args) -> int:
     check_work(sc, shortcuts=shortcuts.representative, force=args.force)
     out_dir = report_folder(args, sc)
     progress = step_callback(getattr(args, "quiet", False))
-    result = simulate_iteration(sc, shortcuts, on_step=progress, trace=args.trace)
+    result = simulate_iteration(sc, shortcuts, on_step=progress, trace=args.trace,
+                                keep_until_exit=True)
     if progress is not None:
         progress.close()
     metrics = collect(result, shortcuts)

@@ -10,12 +10,18 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def gc_paused():
-    """Disable the cyclic collector inside the block; restore its previous state on any exit."""
+def gc_paused(freeze: bool = False):
+    """Disable the cyclic collector inside the block; restore its previous state on any exit.
+
+    `freeze`: first move every object alive to the collector's permanent generation
+    (gc.freeze), for a process that keeps them until it exits (the command line): re-enabling
+    would otherwise rescan the whole simulation at the next collection."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         if was_enabled:
             gc.enable()

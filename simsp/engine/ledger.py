@@ -10,10 +10,11 @@ exactly the same figures (tests/test_ledger_compact.py). Running totals track wh
 from dataclasses import dataclass, field
 
 from simsp.engine.gc_pause import gc_paused
+from simsp.engine.live_set import LiveSet
 from simsp.engine.mem_log import BlockRecord, MemEvent, SortedLog, expand, sort_log
 from simsp.engine.memory_summary import (LiveTensor, MemorySummary, OutOfMemory, largest,
                                          summarize)
-from simsp.engine.op_block import INPUT, OpBlock, resolve
+from simsp.engine.op_block import OpBlock
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "communication")
 # What may still be live when an iteration ends (DESIGN.md): the rest must be back to zero.
@@ -32,7 +33,7 @@ class Ledger:
     rank: int
     capacity_bytes: int
     clock: callable = lambda: 0.0
-    live: dict = field(default_factory=dict)  # key -> LiveTensor
+    live_set: LiveSet = field(default_factory=LiveSet)  # what is live now, by key
     current: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     records: list = field(default_factory=list)  # MemEvent fields | BlockRecord, in order
     _cache: tuple = (-1, None, None)  # (records counted, SortedLog, MemorySummary)
@@ -41,29 +42,39 @@ class Ledger:
     def total(self) -> int:
         return sum(self.current.values())
 
+    @property
+    def live(self) -> dict:
+        """Every live tensor {key: LiveTensor} (built on each call: not for the hot path)."""
+        return self.live_set.as_dict()
+
+    def holds(self, key: str) -> bool:
+        """Whether a tensor of this key is live."""
+        return self.live_set.holds(key)
+
     def alloc(self, key: str, nbytes: int, category: str, op: str,
               time_s: float | None = None) -> None:
         """Record a new tensor (at `time_s`, default now)."""
-        live, current = self.live, self.current
-        if key in live:
-            raise KeyError(f"rank {self.rank}: tensor {key!r} allocated twice")
+        current = self.current
         if category not in current:
             raise KeyError(f"unknown memory category {category!r}")
-        live[key] = _new(LiveTensor, (key, category, nbytes, op))
+        try:
+            self.live_set.add(key, category, nbytes, op)
+        except KeyError as error:
+            raise KeyError(f"rank {self.rank}: {error.args[0]}") from None
         current[category] += nbytes
         now = self.clock() if time_s is None else time_s
         self.records.append((now, key, category, nbytes, op))  # a plain tuple: see mem_log
 
     def free(self, key: str, op: str = "free", time_s: float | None = None) -> None:
         """Release a live tensor."""
-        tensor = self.live.pop(key)
+        tensor = self.live_set.pop(key)
         self.current[tensor.category] -= tensor.nbytes
         now = self.clock() if time_s is None else time_s
         self.records.append((now, key, tensor.category, -tensor.nbytes, op))
 
     def retag(self, key: str, category: str, new_key: str | None = None) -> str:
         """Move a live tensor to another category (e.g. a temporary saved for backward)."""
-        tensor = self.live[key]
+        tensor = self.live_set.get(key)
         self.free(key, op="retag")
         new_key = new_key or key
         self.alloc(new_key, tensor.nbytes, category, tensor.op)
@@ -71,25 +82,21 @@ class Ledger:
 
     def apply_block(self, block: OpBlock, start_s: float, scope: str, input_key: str) -> None:
         """Apply every change of `block` at `start_s` under `scope`, as one log record."""
-        live, current = self.live, self.current
         input_code = -1
         if block.input_free is not None:
             input_code = self._free_input(block, input_key)
-        for rel in block.net_frees:
-            if rel != INPUT:
-                del live[scope + rel]
-        for rel, category, nbytes, op in block.net_allocs:
-            key = resolve(rel, scope, input_key)
-            if key in live:
-                raise KeyError(f"rank {self.rank}: tensor {key!r} allocated twice")
-            live[key] = _new(LiveTensor, (key, category, nbytes, op))
+        if block.free_set_in_order:
+            self.live_set.free_block(block, scope)
+        if block.net_allocs:
+            self.live_set.add_block(block, scope, input_key)
+        current = self.current
         for category, delta in block.net_by_category:
             current[category] += delta
         self.records.append(_new(BlockRecord, (start_s, block, scope, input_key, input_code)))
 
     def _free_input(self, block: OpBlock, input_key: str) -> int:
         """Free a block's input tensor as its own category says; return that category's code."""
-        tensor = self.live.pop(input_key)
+        tensor = self.live_set.pop(input_key)
         if tensor.nbytes != -block.ops[block.input_free].delta_bytes:
             raise ValueError(f"rank {self.rank}: replayed input {input_key!r} has "
                              f"{tensor.nbytes} bytes, the template's had a different size")

@@ -24,6 +24,15 @@ class BlockOp(NamedTuple):
     op: str
 
 
+class BlockEntry(NamedTuple):
+    """A live tensor a replayed block leaves behind (engine/live_set.py); its key is absolute
+    only once applied, so the entry holds the rest."""
+
+    category: str
+    nbytes: int
+    op: str
+
+
 def resolve(rel: str, scope: str, input_key: str) -> str:
     """The absolute ledger key of a block's relative key."""
     return input_key if rel == INPUT else scope + rel
@@ -42,6 +51,11 @@ class OpBlock:
         self.codes = np.array([code[op.category] for op in self.ops], dtype=np.int64)  # (k,)
         self.deltas = np.array([op.delta_bytes for op in self.ops], dtype=np.int64)  # (k,)
         self.net_frees, self.net_allocs = _net_live_changes(self.ops)
+        self.free_set_in_order = tuple(rel for rel in self.net_frees if rel != INPUT)
+        self.input_realloc = any(rel == INPUT for rel, *_ in self.net_allocs)
+        self.alloc_rels = tuple(rel for rel, *_ in self.net_allocs)
+        self.alloc_entries = tuple(BlockEntry(category, nbytes, op)
+                                   for _, category, nbytes, op in self.net_allocs)
         self.input_free = _input_free(self.ops)  # index of the input's free, or None
         net = dict.fromkeys(categories, 0)
         for i, op in enumerate(self.ops):

@@ -67,10 +67,10 @@ class Rank:
         return tensor
 
     def _unique_key(self, key: str) -> str:
-        if key not in self.ledger.live:
+        if not self.ledger.holds(key):
             return key
         n = 1
-        while f"{key}#{n}" in self.ledger.live:
+        while self.ledger.holds(f"{key}#{n}"):
             n += 1
         return f"{key}#{n}"
 

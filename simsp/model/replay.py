@@ -41,20 +41,36 @@ class DirectLayers:
         """`body()`: the layer's own generator."""
         return body()
 
+    def settle_counters(self, ranks: dict) -> None:
+        """Nothing replayed, nothing to add."""
+
 
 class LayerTemplates:
     """Record the first layer step of each kind, replay it afterwards."""
 
     def __init__(self):
         self.templates: dict[tuple, Template] = {}
+        self.replays: dict[tuple, int] = {}  # (rank, kind) -> replays whose counters are owed
 
     def run(self, r, kind: tuple, x: Tensor, body):
         """A generator that replays the template of `kind`, or runs `body()` (a layer
         forward/backward generator) and records it."""
         template = self.templates.get(kind)
         if template is not None:
+            owed = (r.rank, kind)
+            self.replays[owed] = self.replays.get(owed, 0) + 1
             return _replay(r, template, x)
         return self._record(r, kind, x, body)
+
+    def settle_counters(self, ranks: dict) -> None:
+        """Add every replay's counter changes (FLOPs, bytes, busy and exposed seconds) to its
+        rank, n replays as n times the change: nothing reads them during the simulation."""
+        for (rank, kind), count in sorted(self.replays.items()):
+            for name, changes in self.templates[kind].counters:
+                counter = getattr(ranks[rank], name)
+                for key, delta in changes:
+                    counter[key] = counter.get(key, 0) + delta * count
+        self.replays.clear()
 
     def _record(self, r, kind: tuple, x: Tensor, body):
         """Run `body()` and keep what it did as the template of `kind`."""
@@ -123,13 +139,10 @@ def _merge_by_track(spans: list, t0: float) -> tuple:
 
 
 def _replay(r, tpl: Template, x: Tensor):
-    """Apply a template's ledger traffic, counters and spans at this step's time and scope."""
+    """Apply a template's ledger traffic and spans at this step's time and scope (its counters
+    are settled at the end: LayerTemplates.settle_counters)."""
     t0, scope, input_key = r.env.now, r.scope, x.key
     r.ledger.apply_block(tpl.block, t0, scope, input_key)
-    for name, changes in tpl.counters:
-        counter = getattr(r, name)
-        for key, delta in changes:
-            counter[key] = counter.get(key, 0) + delta
     if r.trace is not None and tpl.spans:
         label = f"{scope}{'forward' if isinstance(tpl.result, tuple) else 'backward'}"
         for track, _name, start, end, args in tpl.spans:

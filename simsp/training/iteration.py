@@ -126,13 +126,15 @@ def _set_trace_detail(world: World, detail: str) -> None:
 def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
                        canonical: dict | None = None,
                        embedding_delta: np.ndarray | None = None, on_step=None,
-                       trace: str = "full") -> Run:
+                       trace: str = "full", keep_until_exit: bool = False) -> Run:
     """Simulate one iteration; every simulated rank's ledger, counters and trace are kept.
 
     Numeric mode may pass the full parameters and a perturbation of the embedding output
     (finite differences); `on_step(run, now_s)` is called after every schedule step. `trace`
     ("none", "steps", "full") says which spans are recorded: none, all but compute and TP
-    communication, or all; results are the same."""
+    communication, or all; results are the same. `keep_until_exit`: the caller holds the run
+    until its process ends (the command line), so its objects are frozen out of later garbage
+    collections (engine/gc_pause.py)."""
     if sc.run.mode == "numeric" and shortcuts.representative:
         raise ValueError("numeric mode needs every rank: no representative shortcut")
     if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):
@@ -150,6 +152,7 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         run.embedding_delta = embedding_delta
     for rank, r in sorted(world.ranks.items()):
         world.env.process(rank_program(r, run, run.plans[rank]))
-    with gc_paused():
+    with gc_paused(freeze=keep_until_exit):
         world.env.run()
+    run.layers.settle_counters(world.ranks)
     return run
