@@ -179,7 +179,7 @@ def draw_panel(ax, stages: list[dict], window: tuple, tscale: float, size_px: tu
     ax.set_xlim(window[0] / tscale, window[1] / tscale)
 
 
-def _panels(fig, rows: int) -> tuple:
+def _panels(fig) -> tuple:
     """The whole-iteration and zoom Axes (fixed margins) and their size in pixels."""
     height = (fig.get_size_inches()[1] - TOP - MIDDLE - BOTTOM) / 2
     whole = add_axes_in(fig, LEFT, BOTTOM + height + MIDDLE, RIGHT, TOP)
@@ -206,7 +206,7 @@ def schedule_gantt(run, ranks: list[int], label: str) -> bytes | None:
     stages = [stage_intervals(run, rank, spans[rank]) for rank in ranks]
     end_s = max(run.end_s.values(), default=0.0)
     unit, tscale = time_unit(end_s)
-    whole, zoom, size_px = _panels(fig, len(ranks))
+    whole, zoom, size_px = _panels(fig)
     draw_panel(whole, stages, (0.0, end_s or 1.0), tscale, size_px)
     whole.set_title(f"Pipeline schedule: {label}")
     window = zoom_window(run, ranks[0])

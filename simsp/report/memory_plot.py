@@ -43,6 +43,7 @@ def _areas(ax, times: np.ndarray, layers: np.ndarray) -> None:
 
 
 def _draw(ax, ledger, title: str, end_s: float, units) -> None:
+    """One stage's panel: stacked areas, capacity (when in sight), peak marker and title."""
     (mem, scale), (tu, tscale) = units
     times, state = memory_timeline(ledger)
     if len(times) == 0:
