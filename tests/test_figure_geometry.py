@@ -10,6 +10,7 @@ import pytest
 from simsp.engine.ledger import Ledger
 from simsp.engine.trace import Span, TransferRecord
 from simsp.report.chrome_trace import string
+from simsp.report.figures import column_rectangles
 from simsp.report.gantt import bar_outlines, clip, median_bar_px, row_lanes
 from simsp.report.memory_timeline import memory_timeline, state_at
 from simsp.report.panel_grid import PanelGrid, nice_ticks, tick_labels
@@ -152,3 +153,9 @@ def test_a_ledgers_coarser_timelines_come_from_its_finest_and_keep_the_peak():
     assert all((t, tuple(r)) in rows for t, r in zip(times.tolist(), state.tolist()))
     ledger.alloc("late", 10**9, "weights", "op", time_s=7000.0)  # the log changed: recomputed
     assert memory_timeline(ledger, 600)[1][-1].sum() == ledger.total == 10**9 + 5
+
+
+def test_column_rectangles_by_hand():
+    bars = column_rectangles(np.array([0.0, 2.0]), np.array([0.0, 1.0]), np.array([3.0, 4.0]), 0.5)
+    assert bars.tolist() == [[[-0.25, 0], [0.25, 0], [0.25, 3], [-0.25, 3]],
+                             [[1.75, 1], [2.25, 1], [2.25, 4], [1.75, 4]]]

@@ -8,6 +8,7 @@ a figure's layout is a closed form of its size (no tight_layout, which measures 
 import io
 
 DPI = 100  # every report PNG
+PNG_OPTIONS = {"compress_level": 3}  # zlib level: about 1.4x faster than 6, files about 1.2x
 
 
 def new_figure(width_in: float, height_in: float):
@@ -33,5 +34,6 @@ def add_axes_in(fig, left: float, bottom: float, right: float, top: float):
 def png_bytes(fig) -> bytes:
     """The figure as PNG bytes with no varying metadata (the same run gives the same bytes)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None},
+                pil_kwargs=dict(PNG_OPTIONS))
     return buffer.getvalue()

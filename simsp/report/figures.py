@@ -63,12 +63,26 @@ def bar_figure(height_in: float):
 
 # ---------------------------------------------------------------- bars per stage
 
+def column_rectangles(x: np.ndarray, bottom: np.ndarray, top: np.ndarray,
+                      width: float) -> np.ndarray:
+    """(n, 4, 2): upright bars of `width` centred on `x` (n,), from `bottom` to `top` (n,)."""
+    left, right = x - width / 2, x + width / 2
+    corners = [(left, bottom), (right, bottom), (right, top), (left, top)]
+    return np.stack([np.column_stack(c) for c in corners], axis=1)
+
+
 def _stacked_bars(ax, columns: list[tuple[str, str, list[float]]], stages: int) -> None:
-    """Stacked vertical bars, one per stage; `columns` = [(label, colour, values per stage)]."""
+    """Stacked vertical bars, one per stage; `columns` = [(label, colour, values per stage)]:
+    one PolyCollection per column, limits set here."""
+    from matplotlib.collections import PolyCollection
+    x = np.arange(stages, dtype=float)  # (stages,)
     bottom = np.zeros(stages)  # (stages,)
     for label, color, values in columns:
-        ax.bar(range(stages), values, bottom=bottom, color=color, label=label, width=0.7)
-        bottom += np.asarray(values, dtype=float)
+        top = bottom + np.asarray(values, dtype=float)
+        ax.add_collection(PolyCollection(column_rectangles(x, bottom, top, 0.7), label=label,
+                                         facecolors=color, linewidths=0), autolim=False)
+        bottom = top
+    ax.set_xlim(-0.7, stages - 0.3)
     ax.set_xticks(range(stages), [str(s) for s in range(stages)])
     ax.set_xlabel("pipeline stage")
     ax.grid(True, axis="y", alpha=0.3)
