@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 import math
+import operator
 
 import networkx as nx
 import simpy
@@ -22,6 +23,8 @@ from simsp.engine.fair_share import max_min_rates
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware import LinkCalibration
 
+_ROUTE_ID = operator.attrgetter("route_id")
+_new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 # A flow counts as drained when fewer than this fraction of its bytes remain (float rounding).
 DRAINED_FRACTION = 1e-9
 # Route ids held by the memo's keys before it starts afresh (~100 MB of keys and rates).
@@ -88,10 +91,9 @@ class Network:
         has left (one latency before delivery), so a pipelined sender can start its next slot."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
-        flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu)
+        flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu,
+                              delivered if delivered is not None else self.env.event())
         flow.drained = drained
-        if delivered is not None:
-            flow.delivered = delivered
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:
@@ -101,11 +103,11 @@ class Network:
         return flow.delivered
 
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
-                  via_gpu: int | None) -> _Flow:
+                  via_gpu: int | None, delivered: simpy.Event) -> _Flow:
         """A flow record for a new transfer along the cached route."""
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
-                     self.env.now, self.env.event(), float(nbytes))
+                     self.env.now, delivered, float(nbytes))
         self._next_id += 1
         return flow
 
@@ -145,7 +147,8 @@ class Network:
         first, delay_s = None, math.inf
         for flow, rate in zip(flows, self._rates(flows)):
             flow.rate_Bps = rate
-            drain_s = max(flow.remaining, 0.0) / rate
+            remaining = flow.remaining
+            drain_s = (0.0 if 0.0 > remaining else remaining) / rate  # max(remaining, 0) / rate
             if first is None or drain_s < delay_s:  # first to drain (earliest started on a tie)
                 first, delay_s = flow, drain_s
         if self._wake is not None and self._wake[:2] == (self.env.now + delay_s, first.flow_id):
@@ -158,7 +161,7 @@ class Network:
     def _rates(self, flows: list[_Flow]) -> tuple[float, ...]:
         """Max-min fair rates of `flows`, memoised per sequence of routes (same order, same
         floats: fair_share breaks ties by first appearance)."""
-        key = tuple(f.route_id for f in flows)
+        key = tuple(map(_ROUTE_ID, flows))
         if key not in self._memo:
             self._memo_size += len(key)
             if self._memo_size > MEMO_LIMIT:
@@ -192,8 +195,8 @@ class Network:
 
     def _finish(self, flow: _Flow, _event: simpy.Event) -> None:
         """Record the delivered transfer and count its bytes."""
-        self.trace.add_transfer(TransferRecord(flow.src, flow.dst, flow.nbytes, flow.start_s,
-                                               self.env.now, flow.label))
+        self.trace.add_transfer(_new(TransferRecord, (flow.src, flow.dst, flow.nbytes,
+                                                      flow.start_s, self.env.now, flow.label)))
         self.bytes_sent[flow.src] += flow.nbytes
         self.bytes_received[flow.dst] += flow.nbytes
 

@@ -32,7 +32,7 @@ class Tensor:
         return self.data is None
 
     def __post_init__(self):
-        self.shape = tuple(int(n) for n in self.shape)
+        self.shape = tuple(map(int, self.shape))
         if self.data is not None and tuple(self.data.shape) != self.shape:
             raise ValueError(f"data shape {self.data.shape} != tensor shape {self.shape}")
 

@@ -123,6 +123,25 @@ def _set_trace_detail(world: World, detail: str) -> None:
         world.trace.skip = frozenset(DETAIL_TRACKS)
 
 
+def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
+               embedding_delta: np.ndarray | None, on_step, trace: str) -> Run:
+    """The world, the plans and one simpy process per simulated rank, ready to run."""
+    world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
+                        timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
+    _set_trace_detail(world, trace)
+    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
+    if shortcuts.templates:
+        run.layers = LayerTemplates()
+    if sc.run.mode == "numeric":
+        run.tokens, run.targets = global_batch(sc)
+        run.canonical = canonical or init_params(sc.padded_model, sc.run.seed,
+                                                 np.dtype(sc.run.numeric_dtype))
+        run.embedding_delta = embedding_delta
+    for rank, r in sorted(world.ranks.items()):
+        world.env.process(rank_program(r, run, run.plans[rank]))
+    return run
+
+
 def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
                        canonical: dict | None = None,
                        embedding_delta: np.ndarray | None = None, on_step=None,
@@ -139,20 +158,8 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         raise ValueError("numeric mode needs every rank: no representative shortcut")
     if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):
         raise ValueError("layer templates need the representative and closed-form shortcuts")
-    world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
-                        timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
-    _set_trace_detail(world, trace)
-    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
-    if shortcuts.templates:
-        run.layers = LayerTemplates()
-    if sc.run.mode == "numeric":
-        run.tokens, run.targets = global_batch(sc)
-        run.canonical = canonical or init_params(sc.padded_model, sc.run.seed,
-                                                 np.dtype(sc.run.numeric_dtype))
-        run.embedding_delta = embedding_delta
-    for rank, r in sorted(world.ranks.items()):
-        world.env.process(rank_program(r, run, run.plans[rank]))
-    with gc_paused(freeze=keep_until_exit):
-        world.env.run()
-    run.layers.settle_counters(world.ranks)
+    with gc_paused(freeze=keep_until_exit):  # building the world makes many objects too
+        run = _build_run(sc, shortcuts, canonical, embedding_delta, on_step, trace)
+        run.world.env.run()
+    run.layers.settle_counters(run.world.ranks)
     return run

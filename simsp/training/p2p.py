@@ -131,6 +131,9 @@ def wait(r, handle: Handle) -> dict:
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
     """Total length covered by the (start, end) intervals (empty ones ignored)."""
+    if len(intervals) == 1:
+        start, end = intervals[0]
+        return end - start if end > start else 0.0
     total, reach = 0.0, float("-inf")
     for start, end in sorted(i for i in intervals if i[1] > i[0]):
         if end > reach:

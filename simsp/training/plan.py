@@ -1,6 +1,7 @@
 """What one rank does in an iteration: its coordinates, model chunks, layers and schedule."""
 
 from dataclasses import dataclass
+import functools
 
 import numpy as np
 
@@ -62,10 +63,19 @@ def recompute_segments(sc: Scenario, layers: range) -> tuple[Segment, ...]:
     checkpointed alone, the rest not (N = recompute_num_layers). Without full recompute every
     layer is its own, plain segment."""
     p = sc.parallel
-    if p.recompute_granularity != "full":
+    return _segments(p.recompute_granularity, p.recompute_method, p.recompute_num_layers,
+                     layers.start, layers.stop)
+
+
+@functools.lru_cache(maxsize=4096)
+def _segments(granularity: str, method: str | None, num_layers: int | None, start: int,
+              stop: int) -> tuple[Segment, ...]:
+    """recompute_segments, worked out once per chunk (every step of the chunk asks again)."""
+    layers = range(start, stop)
+    if granularity != "full":
         return tuple(Segment((i,), False) for i in layers)
-    n = p.recompute_num_layers or 1
-    if p.recompute_method == "block":
+    n = num_layers or 1
+    if method == "block":
         return tuple(Segment((i,), k < n) for k, i in enumerate(layers))
     return tuple(Segment(tuple(layers[k:k + n]), True) for k in range(0, len(layers), n))
 

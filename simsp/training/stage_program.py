@@ -6,6 +6,7 @@ the next compute of its direction (Megatron's wait_handles). Without SP, p2p ten
 scattered over the TP ranks and all-gathered on arrival (Megatron's scatter/gather, default on).
 """
 
+from dataclasses import dataclass
 import math
 
 from simsp.model import mappings
@@ -21,17 +22,38 @@ from simsp.training.steps import RankState, activation_shape, backward_step, for
 KIND_OF_KEY = {"act": "F", "grad": "B"}  # p2p key kind -> the kind of step that sends it
 
 
+@dataclass(frozen=True)
+class P2PSetup:
+    """What every p2p call of one rank shares, worked out once per iteration."""
+
+    overlap: bool  # --overlap-p2p-communication
+    scattered: bool  # Megatron's scatter/gather: each TP rank sends 1/t
+    tp_size: int
+    activation_shape: tuple  # (s_l, b, h) of a p2p tensor
+    received_shape: tuple  # a receive buffer: the activation, or its 1/t chunk
+
+    @classmethod
+    def of(cls, r, run) -> "P2PSetup":
+        shape = activation_shape(run, r)
+        scattered = _scatter_gather(run, r)
+        received = (math.prod(shape) // r.tp.size,) if scattered else shape
+        return cls(run.sc.parallel.overlap_p2p_communication, scattered, r.tp.size, shape,
+                   received)
+
+
 def run_schedule(r, run, plan: StagePlan, state: RankState):
     """The stage's steps with Megatron's p2p calls between them (training/p2p_program.py)."""
     state.grad_sync = GradSync(r, run, plan, state.grads)
     state.grad_sync.start_param_gather(r, run)
+    state.p2p = P2PSetup.of(r, run)
     program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,
                                _warmup(run, plan), run.sc.parallel.overlap_p2p_communication)
     for action in program:
         if isinstance(action, Exchange):
             yield from _exchange(r, run, plan, state, action)
         else:
-            yield from _wait_pending(r, run, state, action.kind)
+            if state.pending:
+                yield from _wait_pending(r, run, state, action.kind)
             work = forward_step if action.kind == "F" else backward_step
             yield from work(r, run, plan, state, action.micro_batch, action.chunk)
     for kind in sorted(state.pending):
@@ -49,9 +71,9 @@ def _warmup(run, plan: StagePlan) -> int:
 
 def _exchange(r, run, plan: StagePlan, state: RankState, call: Exchange):
     """Post one `_communicate` call; wait for it unless p2p overlap defers the wait."""
-    sends = [op for step in call.sends if (op := _send_op(r, run, plan, state, step))]
-    recvs = [op for step in call.recvs if (op := _recv_op(r, run, plan, step))]
-    if not run.sc.parallel.overlap_p2p_communication:
+    sends = [op for step in call.sends if (op := _send_op(r, plan, state, step))]
+    recvs = [op for step in call.recvs if (op := _recv_op(r, plan, state.p2p, step))]
+    if not state.p2p.overlap:
         if sends or recvs:
             handle = _post(r, run, sends, recvs)
             yield from _receive(r, run, state, handle)
@@ -77,8 +99,9 @@ def _wait_pending(r, run, state: RankState, kind: str):
 def _receive(r, run, state: RankState, handle: p2p.Handle):
     """Wait for a call; put what it received in the inbox (all-gathered if scattered)."""
     received = yield from p2p.wait(r, handle)
+    scattered = state.p2p.scattered
     for key, tensor in received.items():
-        if _scatter_gather(run, r):
+        if scattered:
             tensor = yield from _gather_chunk(r, run, tensor)
         state.inbox[key] = tensor
 
@@ -89,43 +112,41 @@ def _scatter_gather(run, r) -> bool:
     return p.scatter_gather_tensors_in_pipeline and not p.sequence_parallel and r.tp.size > 1
 
 
-def _send_op(r, run, plan: StagePlan, state: RankState, step) -> p2p.SendOp | None:
+def _send_op(r, plan: StagePlan, state: RankState, step) -> p2p.SendOp | None:
     """The send of a step's output (activation or input gradient), if it has a peer."""
     k = plan.virtual_stage(step.chunk)
     key = ("act", step.micro_batch, k + 1, plan.tp, plan.dp) if step.kind == "F" else \
         ("grad", step.micro_batch, k - 1, plan.tp, plan.dp)
-    if key not in state.outbox:
+    sent = state.outbox.pop(key, None)
+    if sent is None:
         return None
-    dst, tensor = state.outbox.pop(key)
-    nbytes, payload = tensor.nbytes, tensor.data
-    if _scatter_gather(run, r):  # this TP rank sends its 1/t of the replicated tensor
-        nbytes //= r.tp.size
+    dst, tensor = sent
+    nbytes, payload, setup = tensor.nbytes, tensor.data, state.p2p
+    if setup.scattered:  # this TP rank sends its 1/t of the replicated tensor
+        nbytes //= setup.tp_size
         if payload is not None:
-            payload = payload.reshape(r.tp.size, -1)[r.tp.index]  # (s*b*h/t,)
+            payload = payload.reshape(setup.tp_size, -1)[r.tp.index]  # (s*b*h/t,)
     return p2p.SendOp(key, dst, tensor, nbytes, payload)
 
 
-def _recv_op(r, run, plan: StagePlan, step) -> p2p.RecvOp | None:
+def _recv_op(r, plan: StagePlan, setup: P2PSetup, step) -> p2p.RecvOp | None:
     """The receive of a step's input, if it comes from another stage; buffer allocated now."""
     k = plan.virtual_stage(step.chunk)
-    if step.kind == "F" and plan.is_first(step.chunk):
-        return None
-    if step.kind == "B" and plan.is_last(step.chunk):
-        return None
-    kind = "act" if step.kind == "F" else "grad"
-    shape = activation_shape(run, r)
-    if _scatter_gather(run, r):
-        shape = (math.prod(shape) // r.tp.size,)
-    name = "recv_activation" if kind == "act" else "recv_gradient"
+    forward = step.kind == "F"
+    if plan.is_first(step.chunk) if forward else plan.is_last(step.chunk):
+        return None  # the embedding makes the input / the loss makes the gradient
     r.scope = f"mb{step.micro_batch}.c{step.chunk}."
-    buffer = r.alloc(shape, FP16, name, category="communication")
-    return p2p.RecvOp((kind, step.micro_batch, k, plan.tp, plan.dp), buffer)
+    buffer = r.alloc(setup.received_shape, FP16,
+                     "recv_activation" if forward else "recv_gradient",
+                     category="communication")
+    return p2p.RecvOp(("act" if forward else "grad", step.micro_batch, k, plan.tp, plan.dp),
+                      buffer)
 
 
 def _gather_chunk(r, run, chunk):
     """All-gather the received 1/t chunks over the TP group (NVLink) into the full tensor."""
     start = r.env.now
-    shape = activation_shape(run, r)
+    shape = activation_shape(run, r)  # (s_l, b, h)
     full = yield from mappings.run_collective(r, "all_gather", chunk, shape, shape,
                                               "p2p_gather", label="all_gather_pp",
                                               track="pp_comm", blocking=False)

@@ -26,6 +26,7 @@ class RankState:
     outbox: dict = field(default_factory=dict)  # p2p key -> (destination, tensor) to send
     pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
     grad_sync: GradSync | None = None  # DP gradient buckets (training/grad_buckets.py)
+    p2p: object = None  # training/stage_program.py P2PSetup, set when the schedule starts
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
     def layer(self, i: int) -> tuple[dict, dict]:
@@ -67,7 +68,8 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     sc, k = run.sc, plan.virtual_stage(chunk)
     tokens, targets = _micro_batch_data(run, plan, mb)
     offset = sample_offset(sc, plan.dp, mb)
-    r.phase, r.scope = "forward", f"mb{mb}.c{chunk}."
+    scope = f"mb{mb}.c{chunk}."
+    r.phase, r.scope = "forward", scope
     stash = {"layers": []}
     if plan.is_first(chunk):
         yield from state.grad_sync.params_needed(r, run, chunk, ["embedding"])
@@ -83,7 +85,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
         yield from state.grad_sync.params_needed(r, run, chunk, list(segment.layers))
         x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
         stash["layers"].append(saved)
-    r.scope = f"mb{mb}.c{chunk}."
+    r.scope = scope
     if plan.is_last(chunk):
         yield from state.grad_sync.params_needed(r, run, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
@@ -100,7 +102,8 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
     sc, k = run.sc, plan.virtual_stage(chunk)
     tokens, targets = _micro_batch_data(run, plan, mb)
     stash = state.stashes.pop((mb, chunk))
-    r.phase, r.scope = "backward", f"mb{mb}.c{chunk}."
+    scope = f"mb{mb}.c{chunk}."
+    r.phase, r.scope = "backward", scope
     if plan.is_last(chunk):
         dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
@@ -115,7 +118,7 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
         state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(reversed(segment.layers)))
-    r.scope = f"mb{mb}.c{chunk}."
+    r.scope = scope
     if plan.is_first(chunk):
         if r.numeric:
             run.embedding_grads[(plan.tp, plan.dp, mb)] = dx.data.copy()  # (s_l, b, h)
