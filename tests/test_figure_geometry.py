@@ -11,7 +11,7 @@ from simsp.engine.ledger import Ledger
 from simsp.engine.trace import Span, TransferRecord
 from simsp.report.chrome_trace import string
 from simsp.report.figures import column_rectangles
-from simsp.report.gantt import bar_outlines, clip, median_bar_px, row_lanes
+from simsp.report.gantt import bar_outlines, clip, lane_strip, median_bar_px
 from simsp.report.memory_timeline import memory_timeline, state_at
 from simsp.report.panel_grid import PanelGrid, nice_ticks, tick_labels
 from simsp.report.pixel_coverage import painted_shares, pixel_coverage, union
@@ -72,13 +72,15 @@ def test_bar_outlines_sit_in_the_lane_of_their_row():
     assert np.allclose(bars[0], [[1, 3.21], [2, 3.21], [2, 3.47], [1, 3.47]])
 
 
-def test_row_lanes_by_hand():
-    # One stage over 100 pixel rows, centres at y = -0.5 + (r + 0.5) / 100; the steps lane
-    # spans y in [-0.45, 0.17) -> rows 5..66, the transfers lane [0.21, 0.47) -> rows 71..96.
-    lanes = row_lanes(1, 100)
-    assert (lanes[:5] == -1).all() and (lanes[5:67] == 0).all() and (lanes[67:71] == -1).all()
-    assert (lanes[71:97] == 1).all() and (lanes[97:] == -1).all()
-    assert (row_lanes(2, 200)[105:167] == 2).all()  # the second stage's steps: 2 * 1 + 0
+def test_lane_strip_mixes_the_kinds_over_white():
+    # Pixel 0: half forward, half idle; pixel 1: a quarter backward under a quarter recompute.
+    stage = {"forward": np.array([[0.0, 0.5]]), "backward": np.array([[1.25, 1.75]]),
+             "recompute": np.array([[1.5, 1.75]])}
+    strip = lane_strip(stage, ["forward", "backward", "recompute"], np.array([0.0, 1.0, 2.0]))
+    blue, green, orange = (np.array([0x4c, 0x72, 0xb0]), np.array([0x55, 0xa8, 0x68]),
+                           np.array([0xdd, 0x84, 0x52]))
+    assert np.allclose(strip[0] * 255, 0.5 * blue + 0.5 * 255)
+    assert np.allclose(strip[1] * 255, 0.25 * green + 0.25 * orange + 0.5 * 255)
 
 
 def test_median_bar_px_counts_only_the_steps_inside_the_window():

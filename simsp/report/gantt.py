@@ -136,56 +136,39 @@ def lane_strip(stage: dict, kinds: list[str], edges: np.ndarray) -> np.ndarray:
     return shares.T @ colors + (1.0 - shares.sum(axis=0))[:, None]
 
 
-def row_lanes(rows: int, height_px: int) -> np.ndarray:
-    """(height_px,): for each pixel row of a panel with `rows` stages (top to bottom), the lane
-    it shows as 2 * stage + lane (lane 0 steps, 1 transfers), or -1 between lanes."""
-    y = -0.5 + (np.arange(height_px) + 0.5) * rows / height_px  # (h,) data y at pixel centres
-    stage = np.clip(np.round(y).astype(int), 0, rows - 1)
-    offset = y - stage + 0.45  # (h,) position inside the row
-    lane = np.full(height_px, -1)
-    for index, (start, height) in enumerate(((0.0, 0.62), (0.66, 0.26))):
-        lane[(offset >= start) & (offset < start + height)] = index
-    return np.where(lane >= 0, 2 * stage + lane, -1)
-
-
-def paint_shares(ax, stages: list[dict], window: tuple, tscale: float,
-                 size_px: tuple[int, int]) -> None:
-    """The panel as one image, a pixel per pixel: each lane's columns coloured by the share of
-    their time each kind takes; transparent between lanes."""
-    width, height = size_px
-    edges = np.linspace(window[0], window[1], width + 1)  # (w + 1,) seconds
-    kinds = [[k for k in GANTT_COLORS if LANES[k][0] == start] for start in (0.0, 0.66)]
-    strips = np.stack([lane_strip(s, lane, edges) for s in stages for lane in kinds])  # (2r, w, 3)
-    opaque = np.concatenate([np.round(strips * 255), np.full(strips.shape[:2] + (1,), 255)],
-                            axis=2).astype(np.uint8)  # (2r, w, 4) RGBA
-    which = row_lanes(len(stages), height)  # (h,)
-    image = np.zeros((height, width, 4), dtype=np.uint8)  # (h, w, 4) transparent
-    image[which >= 0] = opaque[which[which >= 0]]
-    ax.imshow(image, extent=(window[0] / tscale,
-              window[1] / tscale, len(stages) - 0.5, -0.5), interpolation="none",
-              aspect="auto", origin="upper")
+def paint_shares(ax, stages: list[dict], window: tuple, tscale: float, width_px: int) -> None:
+    """The panel a pixel column at a time: each lane is a one-row image whose columns are
+    coloured by the share of their time each kind takes, stretched over the lane's height."""
+    edges = np.linspace(window[0], window[1], width_px + 1)  # (w + 1,) seconds
+    x0, x1 = window[0] / tscale, window[1] / tscale
+    for row, stage in enumerate(stages):
+        for offset, height in sorted(set(LANES.values())):
+            kinds = [k for k in GANTT_COLORS if LANES[k] == (offset, height)]
+            strip = np.round(lane_strip(stage, kinds, edges) * 255).astype(np.uint8)  # (w, 3)
+            top = row + offset - 0.45
+            ax.imshow(strip[None], extent=(x0, x1, top + height, top), interpolation="none",
+                      aspect="auto", origin="upper")
 
 
 # ---------------------------------------------------------------- figure
 
-def draw_panel(ax, stages: list[dict], window: tuple, tscale: float, size_px: tuple) -> None:
+def draw_panel(ax, stages: list[dict], window: tuple, tscale: float, width_px: int) -> None:
     """One panel: a row per stage over `window` (seconds), bars or pixel shares."""
-    if median_bar_px(stages, window, size_px[0]) >= MIN_BAR_PX:
+    if median_bar_px(stages, window, width_px) >= MIN_BAR_PX:
         draw_bars(ax, stages, window, tscale)
     else:
-        paint_shares(ax, stages, window, tscale, size_px)
+        paint_shares(ax, stages, window, tscale, width_px)
     ax.set_yticks(range(len(stages)), [f"stage {s}" for s in range(len(stages))])
     ax.set_ylim(len(stages) - 0.5, -0.5)
     ax.set_xlim(window[0] / tscale, window[1] / tscale)
 
 
 def _panels(fig) -> tuple:
-    """The whole-iteration and zoom Axes (fixed margins) and their size in pixels."""
+    """The whole-iteration and zoom Axes (fixed margins) and their width in pixels."""
     height = (fig.get_size_inches()[1] - TOP - MIDDLE - BOTTOM) / 2
     whole = add_axes_in(fig, LEFT, BOTTOM + height + MIDDLE, RIGHT, TOP)
     zoom = add_axes_in(fig, LEFT, BOTTOM, RIGHT, TOP + height + MIDDLE)
-    size_px = (int(round((WIDTH - LEFT - RIGHT) * fig.dpi)), int(round(height * fig.dpi)))
-    return whole, zoom, size_px
+    return whole, zoom, int(round((WIDTH - LEFT - RIGHT) * fig.dpi))
 
 
 def _legend(fig) -> None:
@@ -206,11 +189,11 @@ def schedule_gantt(run, ranks: list[int], label: str) -> bytes | None:
     stages = [stage_intervals(run, rank, spans[rank]) for rank in ranks]
     end_s = max(run.end_s.values(), default=0.0)
     unit, tscale = time_unit(end_s)
-    whole, zoom, size_px = _panels(fig)
-    draw_panel(whole, stages, (0.0, end_s or 1.0), tscale, size_px)
+    whole, zoom, width_px = _panels(fig)
+    draw_panel(whole, stages, (0.0, end_s or 1.0), tscale, width_px)
     whole.set_title(f"Pipeline schedule: {label}")
     window = zoom_window(run, ranks[0])
-    draw_panel(zoom, stages, window, tscale, size_px)
+    draw_panel(zoom, stages, window, tscale, width_px)
     zoom.set_title(f"Zoom: the pipeline fill (first {window[1] / tscale:.3g} {unit})",
                    fontsize=10)
     zoom.set_xlabel(f"time ({unit})")
