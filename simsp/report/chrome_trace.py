@@ -150,17 +150,18 @@ def _flow_events(links: list, placed: dict) -> list[str]:
     """An arrow per pipeline transfer, from the sender's p2p call to the receiver's: it leaves
     a quarter into the transfer and lands a quarter before its end, both strictly inside the
     two call slices (which enclose the transfer), so viewers bind it without ambiguity."""
-    starts = np.array([t.start_s for t, _, _ in links], dtype=float)  # (n,)
-    ends = np.array([t.end_s for t, _, _ in links], dtype=float)  # (n,)
+    transfers = [t for t, _, _ in links]
+    starts = np.array([t.start_s for t in transfers], dtype=float)  # (n,)
+    ends = np.array([t.end_s for t in transfers], dtype=float)  # (n,)
     quarter = (ends - starts) / 4  # (n,)
     leave = (ns_array(starts + quarter) / 1e3).tolist()
     land = (ns_array(ends - quarter) / 1e3).tolist()
-    out = []
-    for flow_id, ((t, send, recv), ts_s, ts_f) in enumerate(zip(links, leave, land), start=1):
-        name = string(t.label.removeprefix("p2p "))
-        out.append(FLOW % (flow_id, t.src, placed[id(send)], name, ts_s,
-                           flow_id, t.dst, placed[id(recv)], name, ts_f))
-    return out
+    ids = range(1, len(links) + 1)
+    names = [string(t.label.removeprefix("p2p ")) for t in transfers]
+    senders = [placed[id(send)] for _, send, _ in links]
+    receivers = [placed[id(recv)] for _, _, recv in links]
+    return [FLOW % row for row in zip(ids, [t.src for t in transfers], senders, names, leave,
+                                      ids, [t.dst for t in transfers], receivers, names, land)]
 
 
 # ---------------------------------------------------------------- document

@@ -82,31 +82,35 @@ def pipeline_links(by_rank: dict, transfers: list) -> list[tuple]:
              for rank, tracks in by_rank.items()}
     p2p = [t for t in transfers
            if t.label.startswith("p2p") and t.src in calls and t.dst in calls]
-    sends = _enclosing_all(calls, p2p, [t.src for t in p2p])
-    recvs = _enclosing_all(calls, p2p, [t.dst for t in p2p])
+    if not p2p:
+        return []
+    src, dst, starts, ends = (np.array(column) for column in zip(*(
+        (t.src, t.dst, t.start_s, t.end_s) for t in p2p)))  # (n,) each
+    sends = _enclosing_all(calls, src, starts, ends, p2p)
+    recvs = _enclosing_all(calls, dst, starts, ends, p2p)
     return [(t, send, recv) for t, send, recv in zip(p2p, sends, recvs)
             if send is not None and recv is not None]
 
 
-def _enclosing_all(calls: dict, transfers: list, ranks: list) -> list:
-    """For each transfer, the call span on `ranks[i]` that encloses it (or None): the latest
-    starting one with start <= transfer start and end >= transfer end. One searchsorted per
-    rank; only a transfer whose latest-starting call ended too early is searched backwards."""
-    found = [None] * len(transfers)
-    by_rank = {}
-    for i, rank in enumerate(ranks):
-        by_rank.setdefault(rank, []).append(i)
-    for rank, members in by_rank.items():
-        spans = calls[rank]
-        starts = np.array([s.start_s for s in spans], dtype=float)  # (calls,)
-        ends = np.array([s.end_s for s in spans], dtype=float)  # (calls,)
-        t_start = np.array([transfers[i].start_s for i in members], dtype=float)  # (m,)
-        t_end = np.array([transfers[i].end_s for i in members], dtype=float)  # (m,)
-        latest = np.searchsorted(starts, t_start, side="right") - 1  # (m,)
-        fits = (latest >= 0) & (ends[np.maximum(latest, 0)] >= t_end)  # (m,)
-        for i, j, ok in zip(members, latest.tolist(), fits.tolist()):
-            found[i] = spans[j] if ok else _enclosing(spans, transfers[i], j)
-    return found
+def _enclosing_all(calls: dict, ranks: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   transfers: list) -> list:
+    """For each transfer (on `ranks` (n,), over [`starts`, `ends`] (n,)), the call span on its
+    rank that encloses it, or None: the latest starting one with start <= transfer start and
+    end >= transfer end. One searchsorted per rank; only a transfer whose latest-starting call
+    ended too early is searched backwards, one by one."""
+    found = np.full(len(ranks), None, dtype=object)  # (n,)
+    for rank in np.unique(ranks).tolist():
+        members = np.flatnonzero(ranks == rank)  # (m,)
+        spans = np.empty(len(calls[rank]), dtype=object)  # (calls,) the call spans, by start
+        spans[:] = calls[rank]
+        call_starts = np.array([s.start_s for s in spans], dtype=float)  # (calls,)
+        call_ends = np.array([s.end_s for s in spans], dtype=float)  # (calls,)
+        latest = np.searchsorted(call_starts, starts[members], side="right") - 1  # (m,)
+        fits = (latest >= 0) & (call_ends[np.maximum(latest, 0)] >= ends[members])  # (m,)
+        found[members[fits]] = spans[latest[fits]]
+        for i, j in zip(members[~fits].tolist(), latest[~fits].tolist()):
+            found[i] = _enclosing(calls[rank], transfers[i], j)
+    return found.tolist()
 
 
 def _enclosing(spans: list, t, latest: int) -> Span | None:
