@@ -16,6 +16,7 @@ schedule step.
 
 import json
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,9 @@ def string(text: str) -> str:
     return f'"{text}"' if PLAIN.fullmatch(text) else json.dumps(text)
 
 
+name_string = lru_cache(maxsize=4096)(string)  # span names repeat across steps and ranks
+
+
 # ---------------------------------------------------------------- encoders
 
 FLOAT_ARGS: dict[tuple, str] = {}  # keys -> %-template of args that are all floats
@@ -54,10 +58,11 @@ def _args(args: dict) -> str:
     """`,"args":{...}` for span arguments (floats rounded to 1e-9 s), or "" when empty."""
     if not args:
         return ""
-    if all(type(value) is float for value in args.values()):  # the common case: one template
+    values = tuple(args.values())
+    if tuple(map(type, values)) == (float,) * len(values):  # the common case: one template
         keys = tuple(args)
         template = FLOAT_ARGS.get(keys) or FLOAT_ARGS.setdefault(keys, _float_template(keys))
-        return template % tuple([round(value, 9) for value in args.values()])
+        return template % tuple([round(value, 9) for value in values])
     return ',"args":{' + ",".join(f"{string(k)}:{_value(v)}" for k, v in args.items()) + "}"
 
 
@@ -81,7 +86,7 @@ def _value(value) -> str:
 def _complete_events(pid: int, tid: int, cat: str, rows: list) -> list[str]:
     """Complete ("X") events, one span each, of one thread: rows are (ts_us, dur_us, span)."""
     head = f'{{"ph":"X","cat":{string(cat)},"pid":{pid},"tid":{tid},"name":'
-    return [f'{head}{string(span.name)},"ts":{ts!r},"dur":{dur!r}{_args(span.args)}}}'
+    return [f'{head}{name_string(span.name)},"ts":{ts!r},"dur":{dur!r}{_args(span.args)}}}'
             for ts, dur, span in rows]
 
 
@@ -197,15 +202,20 @@ def _event_parts(run, detail: str) -> list[str]:
     return parts + _flow_events(links, placed)
 
 
-def trace_document(run, detail: str = "full") -> str:
-    """The whole Chrome trace JSON text of `run` (compact, newline-terminated)."""
+def _document(run, detail: str) -> tuple[str, str, str]:
+    """The trace's text in three pieces: head, the events (comma-separated), tail."""
     if detail not in DETAILS:
         raise ValueError(f"trace detail must be one of {DETAILS}, got {detail!r}")
     other = json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode,
                         "detail": detail, "memory_unit": "bytes", "time_unit": "us"},
                        separators=(",", ":"))
-    return ('{"displayTimeUnit":"ms","traceEvents":[' + ",".join(_event_parts(run, detail))
-            + '],"otherData":' + other + "}\n")
+    return ('{"displayTimeUnit":"ms","traceEvents":[', ",".join(_event_parts(run, detail)),
+            '],"otherData":' + other + "}\n")
+
+
+def trace_document(run, detail: str = "full") -> str:
+    """The whole Chrome trace JSON text of `run` (compact, newline-terminated)."""
+    return "".join(_document(run, detail))
 
 
 def trace_events(run, detail: str = "full") -> list[dict]:
@@ -216,5 +226,6 @@ def trace_events(run, detail: str = "full") -> list[dict]:
 def write_chrome_trace(run, path, detail: str = "full") -> Path:
     """Write `run`'s trace as Chrome trace JSON to `path` and return the path."""
     path = Path(path)
-    path.write_text(trace_document(run, detail))
+    with path.open("w", encoding="ascii") as out:  # JSON text escapes every non-ASCII character
+        out.writelines(_document(run, detail))  # no copy of the whole text
     return path
