@@ -117,9 +117,9 @@ def _counter_events(pid: int, ledger, max_points: int) -> list[str]:
     times, state = memory_timeline(ledger, max_points)
     template = _counter_template(pid)
     stamps = (ns_array(times) / 1e3).tolist()
+    columns = state.T.tolist()  # 6 lists of (points,): bytes per category
     totals = state.sum(axis=1).tolist()  # (points,)
-    return [template % (ts, *row, ts, total)
-            for ts, row, total in zip(stamps, state.tolist(), totals)]
+    return [template % row for row in zip(stamps, *columns, stamps, totals)]
 
 
 # ---------------------------------------------------------------- spans
