@@ -54,7 +54,7 @@ def _counting_init(self, *args, **kwargs):
 simpy.Environment.__init__ = _counting_init
 from simsp.cli import main
 try:
-    code = main(sys.argv[2:])
+    code = main(sys.argv[2:], process_ends=True)  # as the installed script: exits after
 except SystemExit as exit:
     code = exit.code
 with open(sys.argv[1], "w") as f:

@@ -42,13 +42,15 @@ def _dispatch(args) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, process_ends: bool = False) -> int:
     """Entry point: parse, dispatch; a UserError is one `error:` line and exit 2, a closed pipe
-    exits quietly (141), Ctrl-C prints `interrupted` and exits 130."""
+    exits quietly (141), Ctrl-C prints `interrupted` and exits 130. `process_ends`: the process
+    exits right after (the installed script), so what it built need not be collected."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv  # the command line as given, for reports that state what made them
+        args.process_ends = process_ends
         return _dispatch(args)
     except UserError as exc:
         sys.stderr.write(f"error: {exc}\n")
@@ -61,5 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def console() -> None:
+    """The installed `simsp` script and `python -m simsp.cli`: main, then exit with its code."""
+    sys.exit(main(process_ends=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

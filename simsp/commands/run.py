@@ -61,7 +61,7 @@ def run(args) -> int:
     out_dir = report_folder(args, sc)
     progress = step_callback(getattr(args, "quiet", False))
     result = simulate_iteration(sc, shortcuts, on_step=progress, trace=args.trace,
-                                keep_until_exit=True)
+                                keep_until_exit=args.process_ends)
     if progress is not None:
         progress.close()
     metrics = collect(result, shortcuts)

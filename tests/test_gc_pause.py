@@ -1,0 +1,37 @@
+"""The collector pause around a simulation (engine/gc_pause.py)."""
+
+import gc
+
+import pytest
+
+from simsp.engine.gc_pause import gc_paused
+
+
+def test_the_collector_is_off_inside_and_back_on_after_even_on_error():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with gc_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("boom")
+    assert gc.isenabled()
+
+
+def test_a_paused_collector_stays_paused():
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_freeze_moves_what_is_alive_out_of_later_collections():
+    kept = [[i] for i in range(1000)]  # tracked objects made inside the pause
+    try:
+        with gc_paused(freeze=True):
+            more = [[i] for i in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= len(kept) + len(more)
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
