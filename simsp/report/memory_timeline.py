@@ -41,8 +41,9 @@ def _finest(ledger) -> tuple[np.ndarray, np.ndarray]:
     if cached is None:
         finalize(ledger, _FINEST.pop, key, None)  # forget it with the ledger
     if cached is None or cached[0] != count:
-        cached = (count, *_timeline(ledger, MAX_MEMORY_POINTS))
-        _FINEST[key] = cached
+        times, state = _timeline(ledger, MAX_MEMORY_POINTS)
+        times.flags.writeable = state.flags.writeable = False  # shared: callers only read
+        cached = _FINEST[key] = (count, times, state)
     return cached[1], cached[2]
 
 
