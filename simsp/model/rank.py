@@ -61,8 +61,9 @@ class Rank:
     def alloc(self, shape, itemsize: int, name: str, category: str = "temporaries",
               data: np.ndarray | None = None) -> Tensor:
         """A new tensor in this rank's ledger (data only in numeric mode)."""
-        tensor = Tensor(tuple(shape), itemsize, data if self.numeric else None)
-        tensor.key = self._unique_key(self.key(name))
+        tensor = Tensor(shape, itemsize, data if self.numeric else None)
+        key = self.scope + name
+        tensor.key = self._unique_key(key) if self.ledger.holds(key) else key
         self.ledger.alloc(tensor.key, tensor.nbytes, category, op=name)
         return tensor
 
