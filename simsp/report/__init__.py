@@ -6,6 +6,7 @@ Every file is a deterministic function of the run: the same scenario gives the s
 
 from pathlib import Path
 
+from simsp.engine.gc_pause import gc_paused
 from simsp.jsonout import dumps
 
 from simsp.report.chrome_trace import write_chrome_trace
@@ -32,8 +33,16 @@ def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path
 
 def write_reports(run, metrics: dict, out_dir, trace: str = "full") -> list[Path]:
     """Write summary.md, metrics.json, trace.json (at detail `trace`; none for "none"),
-    report.html and (with matplotlib) the figures and memory.png to `out_dir`."""
-    out = Path(out_dir)
+    report.html and (with matplotlib) the figures and memory.png to `out_dir`.
+
+    The cyclic collector is paused meanwhile: the reports make many short-lived objects, and
+    each collection would rescan the run's millions of long-lived records."""
+    with gc_paused():
+        return _write_reports(run, metrics, Path(out_dir), trace)
+
+
+def _write_reports(run, metrics: dict, out: Path, trace: str) -> list[Path]:
+    """write_reports' work, in the order the reader meets the files."""
     out.mkdir(parents=True, exist_ok=True)
     figures = report_figures(run, metrics, variant_label(metrics))
     links = [(name, caption) for name, caption, _ in figures]

@@ -15,13 +15,16 @@ schedule step.
 """
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
 from simsp.engine.trace import DETAIL_TRACKS  # only at "full"; merged per step over budget
 from simsp.report.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
-from simsp.report.trace_spans import coarsen, lanes, ns_array, pipeline_links, us
+from simsp.report.trace_spans import coarsen, lanes, ns_array, pipeline_links
 
 __all__ = ["DETAILS", "MAX_MEMORY_POINTS", "TRACKS", "memory_timeline", "trace_events",
            "write_chrome_trace"]
@@ -35,34 +38,56 @@ MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
 SPAN_BUDGET = 300_000  # spans of the detail tracks over all ranks, before merging
 MIN_DETAIL_SPANS = 1000  # per rank and detail track, whatever the budget
 
-string = lru_cache(maxsize=65536)(json.dumps)  # a JSON string literal
+PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but '"' and '\\': quoted as they are
+
+
+def string(text: str) -> str:
+    """A JSON string literal, as json.dumps writes it (plain text is only quoted)."""
+    return f'"{text}"' if PLAIN.fullmatch(text) else json.dumps(text)
+
+
+name_string = lru_cache(maxsize=4096)(string)  # span names repeat across steps and ranks
 
 
 # ---------------------------------------------------------------- encoders
+
+FLOAT_ARGS: dict[tuple, str] = {}  # keys -> %-template of args that are all floats
+
 
 def _args(args: dict) -> str:
     """`,"args":{...}` for span arguments (floats rounded to 1e-9 s), or "" when empty."""
     if not args:
         return ""
-    parts = []
-    for key, value in args.items():
-        kind = type(value)
-        if kind is int:
-            parts.append(f"{string(key)}:{value}")
-        elif kind is str:
-            parts.append(f"{string(key)}:{string(value)}")
-        elif kind is float:
-            parts.append(f"{string(key)}:{round(value, 9)!r}")
-        else:  # bools, lists...: the general encoder
-            parts.append(f"{string(key)}:{json.dumps(value, separators=(',', ':'))}")
-    return ',"args":{' + ",".join(parts) + "}"
+    values = tuple(args.values())
+    if tuple(map(type, values)) == (float,) * len(values):  # the common case: one template
+        keys = tuple(args)
+        template = FLOAT_ARGS.get(keys) or FLOAT_ARGS.setdefault(keys, _float_template(keys))
+        return template % tuple([round(value, 9) for value in values])
+    return ',"args":{' + ",".join(f"{string(k)}:{_value(v)}" for k, v in args.items()) + "}"
 
 
-def _complete(pid: int, tid: int, cat: str, name: str, ts: float, dur: float,
-              args: dict) -> str:
-    """A complete ("X") event: one span on one thread."""
-    return (f'{{"ph":"X","cat":{string(cat)},"pid":{pid},"tid":{tid},"name":{string(name)},'
-            f'"ts":{ts!r},"dur":{dur!r}{_args(args)}}}')
+def _float_template(keys: tuple) -> str:
+    """`,"args":{"key":%r,...}`: the args text of float-valued `keys`, as a %-template."""
+    return ',"args":{' + ",".join(f"{string(k).replace('%', '%%')}:%r" for k in keys) + "}"
+
+
+def _value(value) -> str:
+    """One argument value as JSON (floats rounded to 1e-9)."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is str:
+        return string(value)
+    if kind is float:
+        return repr(round(value, 9))
+    return json.dumps(value, separators=(",", ":"))  # bools, lists...: the general encoder
+
+
+def _complete_events(pid: int, tid: int, cat: str, rows: list) -> list[str]:
+    """Complete ("X") events, one span each, of one thread: rows are (ts_us, dur_us, span)."""
+    head = f'{{"ph":"X","cat":{string(cat)},"pid":{pid},"tid":{tid},"name":'
+    return [f'{head}{name_string(span.name)},"ts":{ts!r},"dur":{dur!r}{_args(span.args)}}}'
+            for ts, dur, span in rows]
 
 
 def _metadata(pid: int, tid: int, name: str, args: dict) -> str:
@@ -71,11 +96,9 @@ def _metadata(pid: int, tid: int, name: str, args: dict) -> str:
             f'{_args(args)}}}')
 
 
-def _flow(ph: str, flow_id: int, pid: int, tid: int, ts: float, name: str) -> str:
-    """One end of a flow arrow: "s" binds to the slice around it, "f" to the enclosing one."""
-    bind = ',"bp":"e"' if ph == "f" else ""
-    return (f'{{"ph":"{ph}","cat":"p2p","id":{flow_id},"pid":{pid},"tid":{tid},'
-            f'"name":{string(name)},"ts":{ts!r}{bind}}}')
+FLOW = ('{"ph":"s","cat":"p2p","id":%d,"pid":%d,"tid":%d,"name":%s,"ts":%r},'
+        '{"ph":"f","cat":"p2p","id":%d,"pid":%d,"tid":%d,"name":%s,"ts":%r,"bp":"e"}')
+# a flow arrow's two ends: "s" binds to the slice around it, "f" to the enclosing one
 
 
 # ---------------------------------------------------------------- memory counter
@@ -94,9 +117,9 @@ def _counter_events(pid: int, ledger, max_points: int) -> list[str]:
     times, state = memory_timeline(ledger, max_points)
     template = _counter_template(pid)
     stamps = (ns_array(times) / 1e3).tolist()
+    columns = state.T.tolist()  # 6 lists of (points,): bytes per category
     totals = state.sum(axis=1).tolist()  # (points,)
-    return [template % (ts, *row, ts, total)
-            for ts, row, total in zip(stamps, state.tolist(), totals)]
+    return [template % row for row in zip(stamps, *columns, stamps, totals)]
 
 
 # ---------------------------------------------------------------- spans
@@ -122,8 +145,7 @@ def _rank_events(pid: int, spans_by_track: dict, max_detail: int, detail: str,
             label = names.get(track, track) + (f" #{lane + 1}" if lane else "")
             out.append(_metadata(pid, tid, "thread_name", {"name": label}))
             out.append(_metadata(pid, tid, "thread_sort_index", {"sort_index": tid}))
-            for ts, dur, span in rows:
-                out.append(_complete(pid, tid, track, span.name, ts, dur, span.args))
+            out += _complete_events(pid, tid, track, rows)
             if track == "pp_comm":
                 placed.update((id(span), tid) for _, _, span in rows)
     return out
@@ -133,13 +155,18 @@ def _flow_events(links: list, placed: dict) -> list[str]:
     """An arrow per pipeline transfer, from the sender's p2p call to the receiver's: it leaves
     a quarter into the transfer and lands a quarter before its end, both strictly inside the
     two call slices (which enclose the transfer), so viewers bind it without ambiguity."""
-    out = []
-    for flow_id, (t, send, recv) in enumerate(links, start=1):
-        name = t.label.removeprefix("p2p ")
-        quarter = (t.end_s - t.start_s) / 4
-        out.append(_flow("s", flow_id, t.src, placed[id(send)], us(t.start_s + quarter), name))
-        out.append(_flow("f", flow_id, t.dst, placed[id(recv)], us(t.end_s - quarter), name))
-    return out
+    transfers = [t for t, _, _ in links]
+    starts = np.array([t.start_s for t in transfers], dtype=float)  # (n,)
+    ends = np.array([t.end_s for t in transfers], dtype=float)  # (n,)
+    quarter = (ends - starts) / 4  # (n,)
+    leave = (ns_array(starts + quarter) / 1e3).tolist()
+    land = (ns_array(ends - quarter) / 1e3).tolist()
+    ids = range(1, len(links) + 1)
+    names = [string(t.label.removeprefix("p2p ")) for t in transfers]
+    senders = [placed[id(send)] for _, send, _ in links]
+    receivers = [placed[id(recv)] for _, _, recv in links]
+    return [FLOW % row for row in zip(ids, [t.src for t in transfers], senders, names, leave,
+                                      ids, [t.dst for t in transfers], receivers, names, land)]
 
 
 # ---------------------------------------------------------------- document
@@ -175,15 +202,20 @@ def _event_parts(run, detail: str) -> list[str]:
     return parts + _flow_events(links, placed)
 
 
-def trace_document(run, detail: str = "full") -> str:
-    """The whole Chrome trace JSON text of `run` (compact, newline-terminated)."""
+def _document(run, detail: str) -> tuple[str, str, str]:
+    """The trace's text in three pieces: head, the events (comma-separated), tail."""
     if detail not in DETAILS:
         raise ValueError(f"trace detail must be one of {DETAILS}, got {detail!r}")
     other = json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode,
                         "detail": detail, "memory_unit": "bytes", "time_unit": "us"},
                        separators=(",", ":"))
-    return ('{"displayTimeUnit":"ms","traceEvents":[' + ",".join(_event_parts(run, detail))
-            + '],"otherData":' + other + "}\n")
+    return ('{"displayTimeUnit":"ms","traceEvents":[', ",".join(_event_parts(run, detail)),
+            '],"otherData":' + other + "}\n")
+
+
+def trace_document(run, detail: str = "full") -> str:
+    """The whole Chrome trace JSON text of `run` (compact, newline-terminated)."""
+    return "".join(_document(run, detail))
 
 
 def trace_events(run, detail: str = "full") -> list[dict]:
@@ -194,5 +226,6 @@ def trace_events(run, detail: str = "full") -> list[dict]:
 def write_chrome_trace(run, path, detail: str = "full") -> Path:
     """Write `run`'s trace as Chrome trace JSON to `path` and return the path."""
     path = Path(path)
-    path.write_text(trace_document(run, detail))
+    with path.open("w", encoding="ascii") as out:  # JSON text escapes every non-ASCII character
+        out.writelines(_document(run, detail))  # no copy of the whole text
     return path

@@ -1,8 +1,6 @@
 """Spans of one rank laid out for the Chrome trace: merged when over budget, split into lanes
 that nest, and each pipeline transfer tied to the p2p call spans of its two ranks."""
 
-from bisect import bisect_right
-
 import numpy as np
 
 from simsp.engine.trace import Span
@@ -82,21 +80,42 @@ def pipeline_links(by_rank: dict, transfers: list) -> list[tuple]:
     is posted before its transfers start and completes after they end."""
     calls = {rank: sorted(tracks.get("pp_comm", ()), key=lambda s: s.start_s)
              for rank, tracks in by_rank.items()}
-    starts = {rank: [s.start_s for s in spans] for rank, spans in calls.items()}
-    links = []
-    for t in transfers:
-        if not t.label.startswith("p2p") or t.src not in calls or t.dst not in calls:
-            continue
-        send = _enclosing(calls[t.src], starts[t.src], t)
-        recv = _enclosing(calls[t.dst], starts[t.dst], t)
-        if send is not None and recv is not None:
-            links.append((t, send, recv))
-    return links
+    p2p = [t for t in transfers
+           if t.label.startswith("p2p") and t.src in calls and t.dst in calls]
+    if not p2p:
+        return []
+    src, dst, starts, ends = (np.array(column) for column in zip(*(
+        (t.src, t.dst, t.start_s, t.end_s) for t in p2p)))  # (n,) each
+    sends = _enclosing_all(calls, src, starts, ends, p2p)
+    recvs = _enclosing_all(calls, dst, starts, ends, p2p)
+    return [(t, send, recv) for t, send, recv in zip(p2p, sends, recvs)
+            if send is not None and recv is not None]
 
 
-def _enclosing(spans: list, starts: list, t) -> Span | None:
-    """The latest-starting span with start <= t.start_s and end >= t.end_s, if any."""
-    for i in range(bisect_right(starts, t.start_s) - 1, -1, -1):
+def _enclosing_all(calls: dict, ranks: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   transfers: list) -> list:
+    """For each transfer (on `ranks` (n,), over [`starts`, `ends`] (n,)), the call span on its
+    rank that encloses it, or None: the latest starting one with start <= transfer start and
+    end >= transfer end. One searchsorted per rank; only a transfer whose latest-starting call
+    ended too early is searched backwards, one by one."""
+    found = np.full(len(ranks), None, dtype=object)  # (n,)
+    for rank in np.unique(ranks).tolist():
+        members = np.flatnonzero(ranks == rank)  # (m,)
+        spans = np.empty(len(calls[rank]), dtype=object)  # (calls,) the call spans, by start
+        spans[:] = calls[rank]
+        call_starts = np.array([s.start_s for s in spans], dtype=float)  # (calls,)
+        call_ends = np.array([s.end_s for s in spans], dtype=float)  # (calls,)
+        latest = np.searchsorted(call_starts, starts[members], side="right") - 1  # (m,)
+        fits = (latest >= 0) & (call_ends[np.maximum(latest, 0)] >= ends[members])  # (m,)
+        found[members[fits]] = spans[latest[fits]]
+        for i, j in zip(members[~fits].tolist(), latest[~fits].tolist()):
+            found[i] = _enclosing(calls[rank], transfers[i], j)
+    return found.tolist()
+
+
+def _enclosing(spans: list, t, latest: int) -> Span | None:
+    """The latest-starting span at or before index `latest` with end >= t.end_s, if any."""
+    for i in range(latest, -1, -1):
         if spans[i].end_s >= t.end_s:
             return spans[i]
     return None
