@@ -19,7 +19,8 @@ from simsp.report.plot_units import memory_unit, time_unit
 from simsp.units import GiB
 
 __all__ = ["COLORS", "GANTT_COLORS", "gantt_intervals", "memory_over_time", "png_bytes",
-           "pyplot", "report_figures", "schedule_gantt"]
+           "metric_figures", "pyplot", "report_figures", "schedule_gantt",
+           "stage_figures"]
 
 EXPOSED_TRACKS = (("tp_comm", "TP comm", "#4c72b0"), ("pp_transfer", "pipeline transfer", "#8172b2"),
                   ("pp_comm", "pipeline comm", "#8172b2"), ("pp_wait", "pipeline wait", "#bbbbbb"),
@@ -175,8 +176,12 @@ def switch_bars(explanation: dict, label: str) -> bytes | None:
 def report_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes]]:
     """[(file name, caption, PNG bytes)] of the run report, in reading order (none without
     matplotlib)."""
+    return stage_figures(run, label) + metric_figures(run, metrics, label)
+
+
+def stage_figures(run, label: str) -> list[tuple[str, str, bytes]]:
+    """The figures drawn from every stage's timeline: memory over time and the schedule."""
     ranks = stage_ranks(run)
-    capacity = run.world.ranks[ranks[0]].ledger.capacity_bytes
     made = [("memory_stages.png", "Memory over one iteration for every pipeline stage "
              "(stacked by category; dashed line: capacity).",
              memory_over_time(run, ranks, label)),
@@ -186,8 +191,15 @@ def report_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes
              "share of its time each kind takes."
              + (" Recompute is drawn inside the backward bars here: meta mode's replayed layer "
                 "templates keep no per-op detail (--no-shortcuts shows it)."
-                if replayed(run) else ""), schedule_gantt(run, ranks, label)),
-            ("exposed.png", "Exposed time per stage: communication that no compute hid, and "
+                if replayed(run) else ""), schedule_gantt(run, ranks, label))]
+    return [(name, caption, png) for name, caption, png in made if png is not None]
+
+
+def metric_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes]]:
+    """The figures drawn from the metrics: exposed time, memory at each stage's peak, and
+    the switches tried against an out-of-memory."""
+    capacity = run.world.ranks[stage_ranks(run)[0]].ledger.capacity_bytes
+    made = [("exposed.png", "Exposed time per stage: communication that no compute hid, and "
              "pipeline waits.", exposed_time_bars(metrics, label)),
             ("memory_at_peak.png", "Memory by category at each stage's peak moment.",
              memory_at_peak_bars(metrics, capacity, label))]
