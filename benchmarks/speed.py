@@ -1,13 +1,16 @@
 """How fast simsp answers (issue 9): whole commands and one in-process evaluation, with the results
 they give, so a speed change that moves a result is seen at once.
 
-Usage: python benchmarks/speed.py [--only NAME ...] [--repeat N] [--timeout S] [--json FILE]
+Usage: python benchmarks/speed.py [--only NAME ...] [--runs N] [--repeat N] [--timeout S]
+                                 [--json FILE]
 Cases (each in its own subprocess): the four paper scenarios as `simsp run` with its default
 reports; 530B with 8-way DP (2,240 GPUs) and 1T with 6-way DP (3,072 GPUs), micro-batches per
 replica unchanged; 175B with --no-shortcuts and 16 micro-batches; `simsp ring` over 512 ranks on
 64 nodes; and one 22B evaluation inside a running process (simulate_iteration + metrics.collect,
-repeated, median). Prints wall and CPU seconds (CPU is the fair figure on a shared machine),
-peak RSS, simpy events and events per CPU second, the iteration time and the stage-0 peak.
+repeated, median). Each case runs --runs times (default 3); the row is the run of median wall
+time, with the fastest and slowest beside it. Prints wall and CPU seconds (CPU counts both
+processes where the reports use two cores), peak RSS, simpy events and events per CPU second,
+the iteration time and the stage-0 peak.
 """
 
 import argparse
@@ -126,6 +129,16 @@ def run_case(name: str, repeat: int, timeout: float) -> dict:
             "stage0_peak_bytes": (metrics.get("ranks") or [{}])[0].get("peak_bytes")}
 
 
+def median_case(name: str, runs: int, repeat: int, timeout: float) -> dict:
+    """The case measured `runs` times: the run of median wall time, with the fastest and
+    slowest wall times beside it (a shared machine's speed drifts by tens of percent)."""
+    measured = sorted((run_case(name, repeat, timeout) for _ in range(runs)),
+                      key=lambda r: r["wall"])
+    middle = dict(measured[len(measured) // 2])
+    middle["wall_range"] = (measured[0]["wall"], measured[-1]["wall"])
+    return middle
+
+
 def _metrics(path: str) -> dict:
     """The metrics.json a `simsp run` wrote, or {} (ring, failures)."""
     return json.load(open(path)) if os.path.exists(path) else {}
@@ -134,15 +147,17 @@ def _metrics(path: str) -> dict:
 def row(r: dict) -> str:
     """One markdown table row of a measured case."""
     if r.get("timeout"):
-        return f"| {r['name']} | > {r['wall']:.0f} (timeout) | | | | | | | {_target(r)} |"
+        return f"| {r['name']} | > {r['wall']:.0f} (timeout) | | | | | | | | {_target(r)} |"
     events = r["events"] or 0
     rate = f"{events / r['cpu'] / 1e3:.0f}k" if r["cpu"] and events else "—"
     rss = f"{r['rss_bytes'] / MIB:.0f}" if "rss_bytes" in r else "—"
     t_iter = f"{r['iteration_time_s']!r}" if r["iteration_time_s"] is not None else "—"
     peak = f"{r['stage0_peak_bytes']}" if r["stage0_peak_bytes"] is not None else "—"
     ok = "" if r["code"] == 0 else f" (exit {r['code']})"
-    return (f"| {r['name']}{ok} | {_seconds(r['wall'])} | {_seconds(r['cpu'])} | {rss} | "
-            f"{events} | {rate} | {t_iter} | {peak} | {_target(r)} |")
+    low, high = r.get("wall_range", (r["wall"], r["wall"]))
+    return (f"| {r['name']}{ok} | {_seconds(r['wall'])} | {_seconds(low)}–{_seconds(high)} | "
+            f"{_seconds(r['cpu'])} | {rss} | {events} | {rate} | {t_iter} | {peak} | "
+            f"{_target(r)} |")
 
 
 def _seconds(s: float) -> str:
@@ -156,8 +171,9 @@ def _target(r: dict) -> str:
     return ", ".join(parts + ([r["note"]] if r["note"] else []))
 
 
-HEADER = ("| case | wall s | CPU s | peak RSS MiB | events | events / CPU s | iteration time s "
-          "| stage-0 peak bytes | target |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| case | wall s (median) | wall s (fastest–slowest) | CPU s | peak RSS MiB | events "
+          "| events / CPU s | iteration time s | stage-0 peak bytes | target |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> int:
@@ -166,6 +182,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(CASES), metavar="NAME",
                         help=f"run only these cases: {', '.join(CASES)}")
     parser.add_argument("--repeat", type=int, default=20, help="in-process evaluations (median)")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="measure each case this many times and show the median run")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
     args = parser.parse_args()
@@ -173,7 +191,7 @@ def main() -> int:
     print(HEADER, flush=True)
     results = []
     for name in names:
-        results.append(run_case(name, args.repeat, args.timeout))
+        results.append(median_case(name, args.runs, args.repeat, args.timeout))
         print(row(results[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
