@@ -43,3 +43,22 @@ def test_on_one_core_both_run_here_in_order(monkeypatch):
     result = two_cores.both(lambda: order.append("first") or os.getpid(),
                             lambda: order.append("second") or os.getpid())
     assert result == (os.getpid(), os.getpid()) and order == ["first", "second"]
+
+
+@needs_fork
+def test_reports_are_the_same_bytes_on_two_cores_and_on_one(tmp_path, monkeypatch):
+    from simsp.config import load_scenario
+    from simsp.metrics import collect
+    from simsp.report import write_reports
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    sc = load_scenario("scenarios/tiny.toml")
+    run = simulate_iteration(sc, Shortcuts(), trace="steps")
+    metrics = collect(run, Shortcuts())
+    write_reports(run, metrics, tmp_path / "two", trace="steps")
+    monkeypatch.setattr(two_cores, "can_fork", lambda: False)
+    write_reports(run, metrics, tmp_path / "one", trace="steps")
+    files = sorted(p.name for p in (tmp_path / "two").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert "trace.json" in files and "memory.png" in files and "exposed.png" in files
+    for name in files:
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
