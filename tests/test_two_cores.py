@@ -62,3 +62,20 @@ def test_reports_are_the_same_bytes_on_two_cores_and_on_one(tmp_path, monkeypatc
     assert "trace.json" in files and "memory.png" in files and "exposed.png" in files
     for name in files:
         assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+
+
+def _both_in_a_daemon(queue) -> None:
+    """In a daemonic process: both() must not try to fork."""
+    queue.put(two_cores.both(lambda: os.getpid(), lambda: os.getpid()))
+
+
+@needs_fork
+def test_a_daemonic_process_runs_both_itself():
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    daemon = context.Process(target=_both_in_a_daemon, args=(queue,), daemon=True)
+    daemon.start()
+    first, second = queue.get(timeout=30)
+    daemon.join()
+    assert first == second == daemon.pid

@@ -21,8 +21,10 @@ def cores_available() -> int:
 
 
 def can_fork() -> bool:
-    """Whether the second piece can run in a forked child."""
-    return "fork" in multiprocessing.get_all_start_methods() and cores_available() >= 2
+    """Whether the second piece can run in a forked child: fork exists, a second core is ours,
+    and this is not a daemonic process (a Dask worker, say), which may not have children."""
+    return ("fork" in multiprocessing.get_all_start_methods() and cores_available() >= 2
+            and not multiprocessing.current_process().daemon)
 
 
 def both(first, second) -> tuple:
