@@ -57,9 +57,10 @@ class Ledger:
         current = self.current
         if category not in current:
             raise KeyError(f"unknown memory category {category!r}")
-        if self.live_set.holds(key):
-            raise KeyError(f"rank {self.rank}: tensor {key!r} allocated twice")
-        self.live_set.add(key, category, nbytes, op)
+        try:
+            self.live_set.add(key, category, nbytes, op)  # checks the key is not live
+        except KeyError as error:
+            raise KeyError(f"rank {self.rank}: {error.args[0]}") from None
         current[category] += nbytes
         now = self.clock() if time_s is None else time_s
         self.records.append((now, key, category, nbytes, op))  # a plain tuple: see mem_log

@@ -142,7 +142,7 @@ class GradSync:
     # ------------------------------------------------------------------ gradient reduction
     def grads_ready(self, r, run, plan, chunk: int, mb: int, modules: list) -> None:
         """A module's backward ended: in the last micro-batch, launch every completed bucket."""
-        if not self.overlap or mb != self.last_micro_batch:
+        if not self._launches_in(mb):
             return
         for module in modules:
             done = set(module_params(plan, module, self.grads, producing=True))
@@ -227,7 +227,12 @@ class GradSync:
     def quiet(self, mb: int) -> bool:
         """Whether micro-batch `mb`'s layers neither wait for an all-gather nor launch a
         reduction (they may then be replayed back to back: training/layer_chain.py)."""
-        return not self.pending_gathers and not (self.overlap and mb == self.last_micro_batch)
+        return not self.pending_gathers and not self._launches_in(mb)
+
+    def _launches_in(self, mb: int) -> bool:
+        """Whether micro-batch mb's backward launches bucket reductions (--overlap-grad-reduce:
+        the last micro-batch)."""
+        return self.overlap and mb == self.last_micro_batch
 
     def params_needed(self, r, run, chunk: int, modules: list):
         """Forward pre-hook: wait for the all-gathers up to these params', issue the next (an

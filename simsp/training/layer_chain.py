@@ -7,7 +7,7 @@ records at the same times and the same results, one simulation event instead of 
 """
 
 from simsp.training.plan import recompute_segments
-from simsp.training.recompute import segment_backward, segment_forward
+from simsp.training.recompute import layer_scope, segment_backward, segment_forward
 
 FORWARD, BACKWARD = ("F", False), ("B", False)  # layer template kinds of plain layers
 
@@ -48,5 +48,5 @@ def _chained(run, state, segments: tuple, kind: tuple, mb: int) -> bool:
 
 
 def _scopes(segments, mb: int) -> list[str]:
-    """The key scope of each (one-layer) segment's layer, as recompute._enter sets it."""
-    return [f"mb{mb}.L{segment.layers[0]}." for segment in segments]
+    """The key scope of each (one-layer) segment's layer."""
+    return [layer_scope(mb, segment.layers[0]) for segment in segments]

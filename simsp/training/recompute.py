@@ -17,9 +17,14 @@ def _plain_granularity(sc) -> str:
     return "none" if g == "full" else g
 
 
+def layer_scope(mb: int, i: int) -> str:
+    """The ledger key scope of layer i in micro-batch mb."""
+    return f"mb{mb}.L{i}."
+
+
 def _enter(r, i: int, mb: int) -> None:
     """Enter layer i's key scope."""
-    r.scope = f"mb{mb}.L{i}."
+    r.scope = layer_scope(mb, i)
 
 
 def _layer(run, state, i: int, offset: int, granularity: str):
@@ -29,14 +34,12 @@ def _layer(run, state, i: int, offset: int, granularity: str):
     return LayerSpec(run.sc.model, i, granularity, offset), w, g
 
 
-def _forward(r, run, state, i: int, x, offset: int, granularity: str, keep=None):
+def _forward(r, run, state, i: int, x, offset: int, granularity: str, kind: tuple,
+             keep: bool = True):
     """Layer i forward from x, run or replayed: a generator returning (output, stash)."""
-    kind = ("F", False) if keep is None else ("F", True) if not keep else ("R",)
-
     def body():
         spec, w, _ = _layer(run, state, i, offset, granularity)
-        return layer_forward(r, spec, w, x) if keep is None else \
-            layer_forward(r, spec, w, x, keep=keep)
+        return layer_forward(r, spec, w, x, keep=keep)
     return run.layers.run(r, kind, x, body)
 
 
@@ -54,7 +57,8 @@ def segment_forward(r, run, state, seg, x, mb: int, offset: int):
     generator (a plain layer's is the layer's own, one generator level less per event)."""
     if not seg.checkpointed:
         _enter(r, seg.layers[0], mb)
-        return _forward(r, run, state, seg.layers[0], x, offset, _plain_granularity(run.sc))
+        return _forward(r, run, state, seg.layers[0], x, offset, _plain_granularity(run.sc),
+                        ("F", False))
     return _checkpointed_forward(r, run, state, seg, x, mb, offset)
 
 
@@ -64,7 +68,7 @@ def _checkpointed_forward(r, run, state, seg, x, mb: int, offset: int):
     first = r.save(x, "layer_input")
     for i in seg.layers:
         _enter(r, i, mb)
-        out, _ = yield from _forward(r, run, state, i, x, offset, "full", keep=False)
+        out, _ = yield from _forward(r, run, state, i, x, offset, "full", ("F", True), keep=False)
         if x is not first:
             r.free(x)  # an inner layer's input: rebuilt in backward, not kept
         x = out
@@ -77,7 +81,7 @@ def _recompute(r, run, state, layers: tuple, x, mb: int, offset: int):
     stashes = []
     for i in layers:
         _enter(r, i, mb)
-        x, saved = yield from _forward(r, run, state, i, x, offset, "none", keep=True)
+        x, saved = yield from _forward(r, run, state, i, x, offset, "none", ("R",))
         stashes.append(saved)
     r.phase = phase
     return stashes, x

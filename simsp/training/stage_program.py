@@ -102,7 +102,7 @@ def _receive(r, run, state: RankState, handle: p2p.Handle):
     scattered = state.p2p.scattered
     for key, tensor in received.items():
         if scattered:
-            tensor = yield from _gather_chunk(r, run, tensor)
+            tensor = yield from _gather_chunk(r, state.p2p.activation_shape, tensor)
         state.inbox[key] = tensor
 
 
@@ -143,10 +143,10 @@ def _recv_op(r, plan: StagePlan, setup: P2PSetup, step) -> p2p.RecvOp | None:
                       buffer)
 
 
-def _gather_chunk(r, run, chunk):
-    """All-gather the received 1/t chunks over the TP group (NVLink) into the full tensor."""
+def _gather_chunk(r, shape: tuple, chunk):
+    """All-gather the received 1/t chunks over the TP group (NVLink) into the full tensor of
+    `shape` (s_l, b, h)."""
     start = r.env.now
-    shape = activation_shape(run, r)  # (s_l, b, h)
     full = yield from mappings.run_collective(r, "all_gather", chunk, shape, shape,
                                               "p2p_gather", label="all_gather_pp",
                                               track="pp_comm", blocking=False)
