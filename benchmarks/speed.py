@@ -48,20 +48,22 @@ CASES = {
 
 # Runs inside the subprocess: counts the events of every simpy environment the command makes.
 DRIVER = """
-import json, sys, simpy
+import json, os, sys, simpy
 envs = []
 _init = simpy.Environment.__init__
 def _counting_init(self, *args, **kwargs):
     _init(self, *args, **kwargs)
     envs.append(self)
 simpy.Environment.__init__ = _counting_init
-from simsp.cli import main
+from simsp.cli import _flush_streams, main
 try:
-    code = main(sys.argv[2:], process_ends=True)  # as the installed script: exits after
+    code = main(sys.argv[2:], process_ends=True)  # as the installed script (simsp.cli.console)
 except SystemExit as exit:
     code = exit.code
 with open(sys.argv[1], "w") as f:
     json.dump({"code": code, "events": sum(next(env._eid) for env in envs)}, f)
+_flush_streams()
+os._exit(code)  # as the installed script: no interpreter teardown
 """
 
 # Runs inside the subprocess: repeated in-process evaluations of the 22B scenario.

@@ -125,7 +125,7 @@ def collect(run, shortcuts) -> dict:
         "ranks": ranks,
         "scenario": sc.run.name,
         "mode": sc.run.mode,
-        "layout": _layout(sc),
+        "layout": layout(sc),
         "bubble_fraction_per_stage": bubble_stages,
         "exposed_comm_s_per_stage": exposed,
         "exposed_comm_s": max(sum(e.values()) for e in exposed),
@@ -144,7 +144,8 @@ def collect(run, shortcuts) -> dict:
     }
 
 
-def _layout(sc) -> dict:
+def layout(sc) -> dict:
+    """The parallel layout and model shape in a few numbers (metrics' `layout`)."""
     p, m = sc.parallel, sc.model
     return {"t": p.tp, "p": p.pp, "d": p.dp, "sequence_parallel": p.sequence_parallel,
             "recompute": p.recompute_granularity, "schedule": p.schedule_name,

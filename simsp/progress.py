@@ -6,8 +6,6 @@ When no bar is wanted, callers get plain iterables and no callbacks, so progress
 
 import sys
 
-from tqdm import tqdm
-
 
 def add_quiet_flag(parser) -> None:
     """Give a subcommand's parser the `--quiet` switch, unless it already defines its own."""
@@ -22,8 +20,10 @@ def wanted(quiet: bool) -> bool:
     return not quiet and sys.stderr.isatty()
 
 
-def bar(total: int | None, desc: str, unit: str) -> tqdm:
-    """A tqdm bar on stderr that vanishes when done (leave=False), redrawn at most 10 times/s."""
+def bar(total: int | None, desc: str, unit: str):
+    """A tqdm bar on stderr that vanishes when done (leave=False), redrawn at most 10 times/s.
+    (tqdm is imported only when a bar is drawn.)"""
+    from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
                 mininterval=0.1, dynamic_ncols=True)
 
@@ -32,6 +32,7 @@ def track(items, desc: str, unit: str, quiet: bool, total: int | None = None):
     """`items` unchanged, or wrapped in a bar counting them (sizes done, parameters checked)."""
     if not wanted(quiet):
         return items
+    from tqdm import tqdm
     return tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
                 mininterval=0.1, dynamic_ncols=True)
 

@@ -11,7 +11,10 @@ from simsp.metrics import collect
 from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
 from simsp.oom_advice import explain_oom
-from simsp.report import summary_text, write_reports
+from simsp.report import paint_stage_figures, summary_text, write_reports
+from simsp.report.canvas import warm_up
+from simsp.report.painter import start_painter
+from simsp.report.summary_md import run_label
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
 
@@ -54,21 +57,32 @@ def reported_command(argv: list[str]) -> str:
     return shlex.join(["simsp", *kept])
 
 
-def run(args) -> int:
-    sc = scenario_from_args(args)
-    shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
-    check_work(sc, shortcuts=shortcuts.representative, force=args.force)
-    out_dir = report_folder(args, sc)
+def simulate(args, sc, shortcuts):
+    """The iteration, with a progress bar on a terminal."""
     progress = step_callback(getattr(args, "quiet", False))
     result = simulate_iteration(sc, shortcuts, on_step=progress, trace=args.trace,
                                 keep_until_exit=args.process_ends)
     if progress is not None:
         progress.close()
-    metrics = collect(result, shortcuts)
-    metrics["command"] = reported_command(args.argv)
-    metrics["oom_explanation"] = explain_oom(result)
-    written = (write_reports(result, metrics, out_dir, trace=args.trace)
-               if out_dir is not None else [])
+    return result
+
+
+def run(args) -> int:
+    """Simulate, measure, report. Where reports are written, the painter process (started
+    first, report/painter.py) loads matplotlib during the simulation and draws the figures."""
+    sc = scenario_from_args(args)
+    shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
+    check_work(sc, shortcuts=shortcuts.representative, force=args.force)
+    out_dir = report_folder(args, sc)
+    with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
+        result = simulate(args, sc, shortcuts)
+        if out_dir is not None:
+            paint_stage_figures(result, run_label(sc), painter)
+        metrics = collect(result, shortcuts)
+        metrics["command"] = reported_command(args.argv)
+        metrics["oom_explanation"] = explain_oom(result)
+        written = (write_reports(result, metrics, out_dir, trace=args.trace, painter=painter)
+                   if out_dir is not None else [])
     if args.json:
         print(dumps(metrics, indent=2))
     else:

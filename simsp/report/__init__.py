@@ -10,14 +10,15 @@ from simsp.engine.gc_pause import gc_paused
 from simsp.jsonout import dumps
 
 from simsp.report.chrome_trace import write_chrome_trace
-from simsp.report.figures import metric_figures, stage_figures
+from simsp.report.figure_inputs import stage_figures_of
+from simsp.report.figures import capacity_of, metric_figures, stage_pictures
 from simsp.report.html import write_report_html
 from simsp.report.memory_plot import write_memory_plot
+from simsp.report.painter import Painter, start_painter
 from simsp.report.summary_md import summary_text, variant_label, write_summary
-from simsp.report.two_cores import both
 
-__all__ = ["metrics_json", "summary_text", "write_chrome_trace", "write_memory_plot",
-           "write_reports", "write_summary"]
+__all__ = ["metrics_json", "paint_stage_figures", "summary_text", "write_chrome_trace",
+           "write_memory_plot", "write_reports", "write_summary"]
 
 
 def metrics_json(metrics: dict) -> str:
@@ -32,24 +33,32 @@ def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path
     return [out / name for name, _, _ in figures]
 
 
-def write_reports(run, metrics: dict, out_dir, trace: str = "full") -> list[Path]:
+def paint_stage_figures(run, label: str, painter: Painter) -> None:
+    """Hand the figures drawn from every stage's timeline (and memory.png) to the painter, as
+    soon as the run has ended: it draws them while this process measures the run."""
+    painter.submit("stages", stage_pictures, stage_figures_of(run, label))
+
+
+def write_reports(run, metrics: dict, out_dir, trace: str = "full",
+                  painter: Painter | None = None) -> list[Path]:
     """Write summary.md, metrics.json, trace.json (at detail `trace`; none for "none"),
-    report.html and (with matplotlib) the figures and memory.png to `out_dir`.
+    report.html and (with matplotlib) the figures and memory.png to `out_dir`. The figures are
+    drawn by `painter` (report/painter.py; one is started here if none is given).
 
     The cyclic collector is paused meanwhile: the reports make many short-lived objects, and
     each collection would rescan the run's millions of long-lived records."""
     with gc_paused():
-        return _write_reports(run, metrics, Path(out_dir), trace)
+        if painter is not None:
+            return _write_reports(run, metrics, Path(out_dir), trace, painter)
+        with start_painter() as own:
+            return _write_reports(run, metrics, Path(out_dir), trace, own)
 
 
-def _write_reports(run, metrics: dict, out: Path, trace: str) -> list[Path]:
-    """write_reports' work: the stage figures here, meanwhile the trace, memory.png and the
-    metric figures on the other core (report/two_cores.py); then the pages that show them."""
+def _write_reports(run, metrics: dict, out: Path, trace: str, painter: Painter) -> list[Path]:
+    """write_reports' work: the figures drawn and trace.json written meanwhile, then the pages
+    that show the figures."""
     out.mkdir(parents=True, exist_ok=True)
-    label = variant_label(metrics)
-    staged, (side_files, charts) = both(lambda: stage_figures(run, label),
-                                        lambda: _side_work(run, metrics, label, out, trace))
-    figures = staged + charts
+    figures, side_files = _figures_and_trace(run, metrics, out, trace, painter)
     links = [(name, caption) for name, caption, _ in figures]
     written = [write_summary(metrics, out / "summary.md", links)]
     (out / "metrics.json").write_text(metrics_json(metrics))
@@ -58,9 +67,16 @@ def _write_reports(run, metrics: dict, out: Path, trace: str) -> list[Path]:
     return written + write_figures(figures, out)
 
 
-def _side_work(run, metrics: dict, label: str, out: Path, trace: str) -> tuple[list, list]:
-    """trace.json (unless "none") and memory.png written, and the metric figures drawn:
-    (files written, figures)."""
+def _figures_and_trace(run, metrics: dict, out: Path, trace: str, painter: Painter) -> tuple:
+    """The painter draws the figures while this process writes trace.json (unless "none");
+    memory.png written too: (figures, [files written])."""
+    label = variant_label(metrics)
+    if "stages" not in painter.submitted:
+        paint_stage_figures(run, label, painter)
+    painter.submit("metrics", metric_figures, metrics, capacity_of(run), label)
     files = [write_chrome_trace(run, out / "trace.json", detail=trace)] if trace != "none" else []
-    plot = write_memory_plot(run, out / "memory.png")
-    return files + ([plot] if plot is not None else []), metric_figures(run, metrics, label)
+    staged, memory_png = painter.result("stages")
+    if memory_png is not None:
+        (out / "memory.png").write_bytes(memory_png)
+        files.append(out / "memory.png")
+    return staged + painter.result("metrics"), files

@@ -37,3 +37,12 @@ def png_bytes(fig) -> bytes:
     fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None},
                 pil_kwargs=dict(PNG_OPTIONS))
     return buffer.getvalue()
+
+
+def warm_up() -> None:
+    """Import matplotlib and draw a line of text, so that the first real figure finds the
+    modules and fonts loaded (the painter process does this while the simulation runs)."""
+    fig = new_figure(1.0, 1.0)
+    if fig is not None:
+        fig.text(0.1, 0.5, "stage 0: 1.5 GiB")
+        png_bytes(fig)

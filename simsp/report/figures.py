@@ -11,16 +11,19 @@ import io
 import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
+from simsp.metrics import stage_ranks
 from simsp.report.canvas import add_axes_in, new_figure
 from simsp.report.canvas import png_bytes as figure_png
-from simsp.report.gantt import GANTT_COLORS, gantt_intervals, replayed, schedule_gantt
+from simsp.report.figure_inputs import stage_figures_of
+from simsp.report.gantt import GANTT_COLORS, gantt_intervals, schedule_gantt
+from simsp.report.memory_plot import memory_plot_png
 from simsp.report.memory_stages import COLORS, memory_over_time
 from simsp.report.plot_units import memory_unit, time_unit
 from simsp.units import GiB
 
 __all__ = ["COLORS", "GANTT_COLORS", "gantt_intervals", "memory_over_time", "png_bytes",
-           "metric_figures", "pyplot", "report_figures", "schedule_gantt",
-           "stage_figures"]
+           "metric_figures", "pyplot", "report_figures", "schedule_gantt", "stage_figures",
+           "stage_pictures"]
 
 EXPOSED_TRACKS = (("tp_comm", "TP comm", "#4c72b0"), ("pp_transfer", "pipeline transfer", "#8172b2"),
                   ("pp_comm", "pipeline comm", "#8172b2"), ("pp_wait", "pipeline wait", "#bbbbbb"),
@@ -47,11 +50,6 @@ def png_bytes(plt, fig) -> bytes:
     fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
     return buffer.getvalue()
-
-
-def stage_ranks(run) -> list[int]:
-    """The tp 0, dp 0 rank of each pipeline stage, in stage order."""
-    return [run.rank_of(0, 0, pp) for pp in range(run.sc.parallel.pp)]
 
 
 def bar_figure(height_in: float):
@@ -176,29 +174,39 @@ def switch_bars(explanation: dict, label: str) -> bytes | None:
 def report_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes]]:
     """[(file name, caption, PNG bytes)] of the run report, in reading order (none without
     matplotlib)."""
-    return stage_figures(run, label) + metric_figures(run, metrics, label)
+    return (stage_figures(stage_figures_of(run, label))
+            + metric_figures(metrics, capacity_of(run), label))
 
 
-def stage_figures(run, label: str) -> list[tuple[str, str, bytes]]:
-    """The figures drawn from every stage's timeline: memory over time and the schedule."""
-    ranks = stage_ranks(run)
+def capacity_of(run) -> int:
+    """Device memory in bytes, as stage 0's ledger has it."""
+    return run.world.ranks[stage_ranks(run)[0]].ledger.capacity_bytes
+
+
+def stage_pictures(inputs) -> tuple[list[tuple[str, str, bytes]], bytes | None]:
+    """(the stage figures, memory.png's bytes) from figure_inputs.StageFigures: one painter
+    job (report/painter.py)."""
+    return stage_figures(inputs), memory_plot_png(inputs)
+
+
+def stage_figures(inputs) -> list[tuple[str, str, bytes]]:
+    """The figures drawn from every stage's timeline (figure_inputs.StageFigures): memory over
+    time and the schedule."""
     made = [("memory_stages.png", "Memory over one iteration for every pipeline stage "
-             "(stacked by category; dashed line: capacity).",
-             memory_over_time(run, ranks, label)),
+             "(stacked by category; dashed line: capacity).", memory_over_time(inputs)),
             ("schedule.png", "Pipeline schedule: forward and backward steps, recompute, waits "
              "for input (grey), and pipeline transfers and DP communication below each row. "
              "Where steps are narrower than a few pixels, each pixel column is coloured by the "
              "share of its time each kind takes."
              + (" Recompute is drawn inside the backward bars here: meta mode's replayed layer "
                 "templates keep no per-op detail (--no-shortcuts shows it)."
-                if replayed(run) else ""), schedule_gantt(run, ranks, label))]
+                if inputs.replayed else ""), schedule_gantt(inputs))]
     return [(name, caption, png) for name, caption, png in made if png is not None]
 
 
-def metric_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes]]:
-    """The figures drawn from the metrics: exposed time, memory at each stage's peak, and
-    the switches tried against an out-of-memory."""
-    capacity = run.world.ranks[stage_ranks(run)[0]].ledger.capacity_bytes
+def metric_figures(metrics: dict, capacity: int, label: str) -> list[tuple[str, str, bytes]]:
+    """The figures drawn from the metrics (and the device's `capacity` in bytes): exposed time,
+    memory at each stage's peak, and the switches tried against an out-of-memory."""
     made = [("exposed.png", "Exposed time per stage: communication that no compute hid, and "
              "pipeline waits.", exposed_time_bars(metrics, label)),
             ("memory_at_peak.png", "Memory by category at each stage's peak moment.",

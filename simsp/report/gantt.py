@@ -179,20 +179,18 @@ def _legend(fig) -> None:
                frameon=False)
 
 
-def schedule_gantt(run, ranks: list[int], label: str) -> bytes | None:
-    """The pipeline schedule of the stages' `ranks`: the whole iteration, then a zoom on the
-    pipeline fill; None without matplotlib."""
-    fig = new_figure(WIDTH, 2.2 + 0.75 * len(ranks))
+def schedule_gantt(inputs) -> bytes | None:
+    """The pipeline schedule of every stage (figure_inputs.StageFigures): the whole iteration,
+    then a zoom on the pipeline fill; None without matplotlib."""
+    stages = list(inputs.schedule)
+    fig = new_figure(WIDTH, 2.2 + 0.75 * len(stages))
     if fig is None:
         return None
-    spans = stage_spans(run, ranks)
-    stages = [stage_intervals(run, rank, spans[rank]) for rank in ranks]
-    end_s = max(run.end_s.values(), default=0.0)
-    unit, tscale = time_unit(end_s)
+    unit, tscale = time_unit(inputs.end_s)
     whole, zoom, width_px = _panels(fig)
-    draw_panel(whole, stages, (0.0, end_s or 1.0), tscale, width_px)
-    whole.set_title(f"Pipeline schedule: {label}")
-    window = zoom_window(run, ranks[0])
+    draw_panel(whole, stages, (0.0, inputs.end_s or 1.0), tscale, width_px)
+    whole.set_title(f"Pipeline schedule: {inputs.label}")
+    window = inputs.zoom
     draw_panel(zoom, stages, window, tscale, width_px)
     zoom.set_title(f"Zoom: the pipeline fill (first {window[1] / tscale:.3g} {unit})",
                    fontsize=10)

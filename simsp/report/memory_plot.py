@@ -12,27 +12,22 @@ import numpy as np
 from simsp.engine.ledger import CATEGORIES
 from simsp.report.canvas import add_axes_in, new_figure, png_bytes
 from simsp.report.memory_stages import COLORS
-from simsp.report.memory_timeline import memory_timeline
+from simsp.report.figure_inputs import stage_figures_of
+from simsp.report.plot_units import time_unit
 from simsp.report.stacked_steps import stacked_step_polygons
 from simsp.units import GiB, KiB, MiB
 
 PANEL_IN, TOP_IN, GAP_IN, BOTTOM_IN = 3.6, 0.55, 0.55, 0.55  # panel pitch; margins (inches)
 
 
-def plotted_ranks(run) -> list[tuple[int, int]]:
-    """[(stage, rank)] for stage 0 and the last stage (the tp 0, dp 0 rank of each)."""
-    last = run.sc.parallel.pp - 1
-    return [(pp, run.rank_of(0, 0, pp)) for pp in sorted({0, last})]
+def plotted_stages(stages: tuple) -> list:
+    """Stage 0 and the last stage of `stages` (figure_inputs.StageMemory, in stage order)."""
+    return [stages[i] for i in sorted({0, len(stages) - 1})]
 
 
 def _unit(nbytes: float) -> tuple[str, int]:
     """The largest binary unit not above `nbytes` (GiB for paper models, KiB for toys)."""
     return next(((n, v) for n, v in (("GiB", GiB), ("MiB", MiB)) if nbytes >= v), ("KiB", KiB))
-
-
-def _time_unit(seconds: float) -> tuple[str, float]:
-    """s, ms or us for the time axis."""
-    return next(((n, v) for n, v in (("s", 1.0), ("ms", 1e-3)) if seconds >= v), ("us", 1e-6))
 
 
 def _areas(ax, times: np.ndarray, layers: np.ndarray) -> None:
@@ -42,27 +37,28 @@ def _areas(ax, times: np.ndarray, layers: np.ndarray) -> None:
                                      facecolors=[COLORS[c] for c in CATEGORIES]))
 
 
-def _draw(ax, ledger, title: str, end_s: float, units) -> None:
-    """One stage's panel: stacked areas, capacity (when in sight), peak marker and title."""
+def _draw(ax, memory, title: str, end_s: float, units) -> None:
+    """One stage's panel (figure_inputs.StageMemory): stacked areas, capacity (when in sight),
+    peak marker and title."""
     (mem, scale), (tu, tscale) = units
-    times, state = memory_timeline(ledger)
+    times, state = memory.times, memory.state
     if len(times) == 0:
         ax.set_title(title + " (no memory events)")
         return
     if end_s > times[-1]:  # hold the last state to the end of the iteration
         times, state = np.append(times, end_s), np.vstack([state, state[-1:]])
     _areas(ax, times / tscale, state / scale)  # each state holds until the next event
-    summary, capacity = ledger.summary(), ledger.capacity_bytes
-    top = summary.peak_total
-    if capacity <= 4 * summary.peak_total:  # the capacity line only when it is in sight
+    capacity = memory.capacity_bytes
+    top = memory.peak_total
+    if capacity <= 4 * memory.peak_total:  # the capacity line only when it is in sight
         ax.axhline(capacity / scale, color="black", linestyle="--", linewidth=1,
                    label="capacity")
         top = max(top, capacity)
-    ax.plot([summary.peak_time_s / tscale], [summary.peak_total / scale], marker="v",
+    ax.plot([memory.peak_time_s / tscale], [memory.peak_total / scale], marker="v",
             color="black", linestyle="none", label="peak")
-    verdict = ", OUT OF MEMORY" if summary.oom else ""
-    ax.set_title(f"{title}: peak {summary.peak_total / scale:.2f} {mem} at "
-                 f"{summary.peak_time_s / tscale:.3f} {tu} (capacity {capacity / GiB:.0f} GiB)"
+    verdict = ", OUT OF MEMORY" if memory.oom else ""
+    ax.set_title(f"{title}: peak {memory.peak_total / scale:.2f} {mem} at "
+                 f"{memory.peak_time_s / tscale:.3f} {tu} (capacity {capacity / GiB:.0f} GiB)"
                  f"{verdict}")
     ax.set_ylabel(mem)
     ax.set_ylim(0, top / scale * 1.05)
@@ -91,23 +87,33 @@ def _legend(fig, axes) -> None:
                frameon=False)
 
 
-def write_memory_plot(run, path) -> Path | None:
-    """Write the PNG to `path` and return it; None (nothing written) without matplotlib."""
-    panels = plotted_ranks(run)
+def memory_plot_png(inputs) -> bytes | None:
+    """memory.png of the first and last stage (figure_inputs.StageFigures); None without
+    matplotlib."""
+    panels = plotted_stages(inputs.memory)
     fig = new_figure(11, TOP_IN + BOTTOM_IN + PANEL_IN * len(panels) - GAP_IN)
     if fig is None:
         return None
-    end_s = max(run.end_s.values(), default=0.0)
-    ledgers = [run.world.ranks[rank].ledger for _, rank in panels]
-    units = (_unit(max(ledger.peak_total for ledger in ledgers)), _time_unit(end_s))
+    end_s = inputs.end_s
+    units = (_unit(max(memory.peak_total for memory in panels)), time_unit(end_s))
     axes = _panels(fig, len(panels))
-    for ax, (stage, rank), ledger in zip(axes, panels, ledgers):
-        _draw(ax, ledger, f"{run.sc.run.name}: stage {stage} (rank {rank})", end_s, units)
+    for ax, memory in zip(axes, panels):
+        _draw(ax, memory, f"{inputs.name}: stage {memory.stage} (rank {memory.rank})", end_s,
+              units)
         ax.set_xlim(0, end_s / units[1][1] or None)
     for ax in axes[:-1]:
         ax.tick_params(labelbottom=False)
     axes[-1].set_xlabel(f"time ({units[1][0]})")
     _legend(fig, axes)
+    return png_bytes(fig)  # fixed metadata: the same run gives the same bytes
+
+
+def write_memory_plot(run, path) -> Path | None:
+    """Write memory.png of `run` to `path` and return it; None (nothing written) without
+    matplotlib."""
+    png = memory_plot_png(stage_figures_of(run, ""))
+    if png is None:
+        return None
     path = Path(path)
-    path.write_bytes(png_bytes(fig))  # fixed metadata: the same run gives the same bytes
+    path.write_bytes(png)
     return path

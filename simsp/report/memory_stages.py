@@ -9,7 +9,6 @@ import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
 from simsp.report.canvas import new_figure, png_bytes
-from simsp.report.memory_timeline import memory_timeline
 from simsp.report.panel_grid import (GRID, PanelGrid, frames, grid_segments, label_axes,
                                      new_sheet, nice_ticks, panel_titles, tick_labels,
                                      tick_segments)
@@ -23,10 +22,11 @@ COLS = 4
 HEADROOM = 1.08  # the y range over the larger of the highest peak and the capacity
 
 
-def stage_polygons(ledger, end_s: float, y_top: float) -> np.ndarray | None:
-    """(6, m, 2): one stage's stacked category areas, time / end_s and bytes / y_top (each in
-    [0, 1]), the last state held to the end of the iteration; None without memory events."""
-    times, state = memory_timeline(ledger, MEMORY_POINTS)  # (n,), (n, 6)
+def stage_polygons(memory, end_s: float, y_top: float) -> np.ndarray | None:
+    """(6, m, 2): one stage's (figure_inputs.StageMemory) stacked category areas, time / end_s
+    and bytes / y_top (each in [0, 1]), the last state held to the end of the iteration; None
+    without memory events."""
+    times, state = memory.timeline(MEMORY_POINTS)  # (n,), (n, 6)
     if not len(times):
         return None
     times = np.append(times, max(end_s, times[-1]))  # (n + 1,)
@@ -34,12 +34,12 @@ def stage_polygons(ledger, end_s: float, y_top: float) -> np.ndarray | None:
     return stacked_step_polygons(times / (end_s or 1.0), state)
 
 
-def _areas(ax, grid: PanelGrid, ledgers: list, end_s: float, y_top: float) -> None:
+def _areas(ax, grid: PanelGrid, stages: tuple, end_s: float, y_top: float) -> None:
     """One PolyCollection per category holding that category's area in every panel."""
     from matplotlib.collections import PolyCollection
     by_category = [[] for _ in CATEGORIES]
-    for panel, ledger in enumerate(ledgers):
-        polygons = stage_polygons(ledger, end_s, y_top)
+    for panel, memory in enumerate(stages):
+        polygons = stage_polygons(memory, end_s, y_top)
         for c, outline in enumerate(() if polygons is None else polygons):
             by_category[c].append(grid.place(outline[:, 0], outline[:, 1], panel))
     for category, outlines in zip(CATEGORIES, by_category):
@@ -70,12 +70,12 @@ def _ticks(end_s: float, y_top: float, units: tuple) -> tuple:
             (y_values / (y_top / scale), tick_labels(y_values)))
 
 
-def _title(ledger, stage: int, rank: int, units) -> tuple[str, str]:
+def _title(memory, units) -> tuple[str, str]:
     """(text, colour) of one panel: stage, rank and peak; red when out of memory."""
-    summary, ((name, scale), _) = ledger.summary(), units
-    text = (f"stage {stage} (rank {rank}): peak {summary.peak_total / scale:.1f} {name}"
-            + (", OUT OF MEMORY" if summary.oom else ""))
-    return text, "#b00020" if summary.oom else "black"
+    (name, scale), _ = units
+    text = (f"stage {memory.stage} (rank {memory.rank}): peak "
+            f"{memory.peak_total / scale:.1f} {name}" + (", OUT OF MEMORY" if memory.oom else ""))
+    return text, "#b00020" if memory.oom else "black"
 
 
 def _legend(fig, grid: PanelGrid) -> None:
@@ -88,26 +88,24 @@ def _legend(fig, grid: PanelGrid) -> None:
                frameon=False, bbox_to_anchor=(0.5, 1 - 0.42 / grid.height))
 
 
-def memory_over_time(run, ranks: list[int], label: str) -> bytes | None:
-    """Small multiples: memory over time of every pipeline stage (`ranks`, in stage order),
+def memory_over_time(inputs) -> bytes | None:
+    """Small multiples: memory over time of every pipeline stage (figure_inputs.StageFigures),
     capacity dashed; None without matplotlib."""
-    ledgers = [run.world.ranks[rank].ledger for rank in ranks]
-    end_s = max(run.end_s.values(), default=0.0)
-    capacity = ledgers[0].capacity_bytes
-    y_top = max(max(g.peak_total for g in ledgers), capacity) * HEADROOM
+    stages, end_s = inputs.memory, inputs.end_s
+    capacity = stages[0].capacity_bytes
+    y_top = max(max(m.peak_total for m in stages), capacity) * HEADROOM
     units = (memory_unit(y_top / HEADROOM), time_unit(end_s))
-    grid = PanelGrid(len(ranks), min(COLS, len(ranks)))
+    grid = PanelGrid(len(stages), min(COLS, len(stages)))
     fig = new_figure(grid.width, grid.height)
     if fig is None:
         return None
     ax = new_sheet(fig, grid)
     ticks = _ticks(end_s, y_top, units)
-    _areas(ax, grid, ledgers, end_s, y_top)
+    _areas(ax, grid, stages, end_s, y_top)
     _decor(ax, grid, capacity / y_top, ticks)
-    panel_titles(ax, grid, [_title(g, s, r, units) for s, (r, g) in
-                            enumerate(zip(ranks, ledgers))])
+    panel_titles(ax, grid, [_title(memory, units) for memory in stages])
     label_axes(ax, grid, ticks[0], ticks[1], (f"time ({units[1][0]})", units[0][0]))
-    fig.suptitle(f"Memory over one iteration, every pipeline stage: {label}",
+    fig.suptitle(f"Memory over one iteration, every pipeline stage: {inputs.label}",
                  y=1 - 0.08 / grid.height, va="top")
     _legend(fig, grid)
     return png_bytes(fig)

@@ -27,7 +27,12 @@ def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
     maximum of the total is exactly the ledger's peak."""
     if not hasattr(log, "records") or max_points > MAX_MEMORY_POINTS:
         return _timeline(log, max_points)
-    times, state = _finest(log)  # (n,), (n, 6)
+    return coarser(*_finest(log), max_points)
+
+
+def coarser(times: np.ndarray, state: np.ndarray, max_points: int):
+    """A timeline (times (n,), state (n, 6)) at most `max_points` rows long, each time bucket's
+    highest and lowest state kept (the peak stays exact)."""
     if len(times) <= max_points:
         return times, state
     keep = _downsample(times, state.sum(axis=1), max_points)

@@ -8,6 +8,7 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 from pathlib import Path
 
 from simsp import __version__
+from simsp.metrics import layout
 from simsp.report.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
@@ -49,6 +50,11 @@ def stage_rows(metrics: dict) -> list[dict]:
 def _memory_unit(stages: list[dict]) -> tuple[str, int]:
     """GiB, or MiB when no stage reaches 1 GiB (two decimals of GiB would all read 0.00)."""
     return ("GiB", GiB) if max(r["peak_bytes"] for r in stages) >= GiB else ("MiB", MiB)
+
+
+def run_label(sc) -> str:
+    """variant_label of a scenario before its metrics exist (the same words)."""
+    return variant_label({"scenario": sc.run.name, "layout": layout(sc)})
 
 
 def variant_label(m: dict) -> str:

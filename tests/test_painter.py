@@ -1,0 +1,158 @@
+"""The painter (report/painter.py): jobs in a process forked early, results by name, errors,
+the one-process fallback, and the reports' bytes both ways."""
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+
+from simsp.report import painter as painting
+from simsp.report.painter import Painter, start_painter
+
+needs_fork = pytest.mark.skipif(not painting.can_fork(), reason="no fork or a single core")
+WARMED = []  # what the warm-up left in the painter's process
+
+
+def pid_and(value):
+    return os.getpid(), value
+
+
+def fails():
+    raise ValueError("no figure for you")
+
+
+def dies():
+    os._exit(3)
+
+
+def warm():
+    WARMED.append("warm")
+
+
+def warmed():
+    return list(WARMED)
+
+
+def sigint_handler():
+    return signal.getsignal(signal.SIGINT)
+
+
+@needs_fork
+def test_jobs_run_in_another_process_and_come_back_by_name():
+    with Painter(forked=True) as painter:
+        painter.submit("small", pid_and, "a")
+        painter.submit("large", pid_and, b"x" * 10**6)
+        large, small = painter.result("large"), painter.result("small")  # any order
+    assert small[0] != os.getpid() and small == (small[0], "a")
+    assert large == (small[0], b"x" * 10**6)
+
+
+@needs_fork
+def test_the_warm_up_runs_there_first_and_ctrl_c_is_left_to_this_process():
+    with Painter(forked=True, warm_up=warm) as painter:
+        painter.submit("warmed", warmed)
+        painter.submit("sigint", sigint_handler)
+        assert painter.result("warmed") == ["warm"] and WARMED == []
+        assert painter.result("sigint") == signal.SIG_IGN
+
+
+@needs_fork
+def test_an_error_there_is_raised_here_with_its_traceback():
+    with Painter(forked=True) as painter:
+        painter.submit("bad", fails)
+        painter.submit("good", pid_and, 1)
+        with pytest.raises(RuntimeError, match="ValueError: no figure for you"):
+            painter.result("bad")
+        assert painter.result("good")[1] == 1  # the painter goes on after a failed job
+
+
+@needs_fork
+def test_a_painter_that_dies_without_a_result_is_an_error():
+    with Painter(forked=True) as painter:
+        painter.submit("gone", dies)
+        with pytest.raises(RuntimeError, match="exited with code 3"):
+            painter.result("gone")
+
+
+@needs_fork
+def test_an_error_here_stops_and_reaps_the_painter():
+    with pytest.raises(KeyError):
+        with Painter(forked=True) as painter:
+            painter.submit("slow", pid_and, 1)
+            {}["missing"]
+    assert multiprocessing.active_children() == []
+
+
+@needs_fork
+def test_closing_lets_the_painter_exit_cleanly():
+    painter = Painter(forked=True)
+    painter.submit("one", pid_and, 1)
+    assert painter.result("one")[1] == 1
+    child = painter._child
+    painter.close()
+    assert child.exitcode == 0 and multiprocessing.active_children() == []
+
+
+def test_without_fork_each_job_runs_here_when_submitted(monkeypatch):
+    monkeypatch.setattr(painting, "can_fork", lambda: False)
+    with start_painter(warm_up=warm) as painter:
+        painter.submit("mine", pid_and, "a")
+        painter.submit("bad", fails)
+        assert painter.result("mine") == (os.getpid(), "a")
+        with pytest.raises(ValueError, match="no figure for you"):  # its own exception
+            painter.result("bad")
+    assert painter.submitted == ["mine", "bad"] and WARMED == []  # no warm-up: nothing ahead
+
+
+def test_a_painter_that_is_not_wanted_runs_jobs_here():
+    with start_painter(wanted=False) as painter:
+        painter.submit("mine", pid_and, 1)
+        assert painter.result("mine") == (os.getpid(), 1)
+
+
+def _start_in_a_daemon(queue) -> None:
+    """In a daemonic process (a Dask worker, say): the painter must not fork."""
+    with start_painter() as painter:
+        painter.submit("pid", pid_and, None)
+        queue.put((os.getpid(), painter.result("pid")[0]))
+
+
+@needs_fork
+def test_a_daemonic_process_runs_the_jobs_itself():
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    daemon = context.Process(target=_start_in_a_daemon, args=(queue,), daemon=True)
+    daemon.start()
+    here, there = queue.get(timeout=30)
+    daemon.join()
+    assert here == there == daemon.pid
+
+
+@needs_fork
+def test_reports_are_the_same_bytes_painted_there_and_here(tmp_path, monkeypatch):
+    from simsp.config import load_scenario
+    from simsp.metrics import collect
+    from simsp.report import write_reports
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    sc = load_scenario("scenarios/tiny.toml")
+    run = simulate_iteration(sc, Shortcuts(), trace="steps")
+    metrics = collect(run, Shortcuts())
+    write_reports(run, metrics, tmp_path / "two", trace="steps")
+    monkeypatch.setattr(painting, "can_fork", lambda: False)
+    write_reports(run, metrics, tmp_path / "one", trace="steps")
+    files = sorted(p.name for p in (tmp_path / "two").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert {"trace.json", "memory.png", "exposed.png", "schedule.png"} <= set(files)
+    for name in files:
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+
+
+def test_the_label_drawn_before_the_metrics_is_the_metrics_label():
+    from simsp.config import load_scenario
+    from simsp.metrics import collect
+    from simsp.report.summary_md import run_label, variant_label
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    sc = load_scenario("scenarios/tiny.toml")
+    metrics = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
+    assert run_label(sc) == variant_label(metrics) and "tiny" in run_label(sc)
