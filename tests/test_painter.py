@@ -156,3 +156,49 @@ def test_the_label_drawn_before_the_metrics_is_the_metrics_label():
     sc = load_scenario("scenarios/tiny.toml")
     metrics = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
     assert run_label(sc) == variant_label(metrics) and "tiny" in run_label(sc)
+
+
+def sized(nbytes: int) -> bytes:
+    return b"r" * nbytes
+
+
+@needs_fork
+def test_large_jobs_and_large_results_cross_without_deadlock():
+    """Jobs and results bigger than a pipe's buffer, sent before any result is read."""
+    with Painter(forked=True) as painter:
+        for i in range(4):
+            painter.submit(f"job {i}", sized, 3_000_000 + len(b"j" * 3_000_000))
+        assert [len(painter.result(f"job {i}")) for i in range(4)] == [6_000_000] * 4
+
+
+@needs_fork
+def test_the_painter_exits_when_this_process_is_gone(tmp_path):
+    """A parent killed outright (no close): its painter sees the pipe close and exits."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    parent = context.Process(target=_start_and_report_child, args=(queue,))
+    parent.start()
+    child_pid = queue.get(timeout=30)
+    parent.kill()
+    parent.join()
+    for _ in range(200):
+        if not _alive(child_pid):
+            break
+        __import__("time").sleep(0.05)
+    assert not _alive(child_pid)
+
+
+def _start_and_report_child(queue) -> None:
+    painter = Painter(forked=True)
+    painter.submit("one", pid_and, b"j" * 3_000_000)
+    queue.put(painter.result("one")[0])
+    __import__("time").sleep(60)  # killed meanwhile
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -10,8 +10,8 @@ from simsp.engine.gc_pause import gc_paused
 from simsp.jsonout import dumps
 
 from simsp.report.chrome_trace import write_chrome_trace
-from simsp.report.figure_inputs import stage_figures_of
-from simsp.report.figures import capacity_of, metric_figures, stage_pictures
+from simsp.report.figure_inputs import memory_figures_of, schedule_figure_of
+from simsp.report.figures import capacity_of, memory_pictures, metric_figures, schedule_pictures
 from simsp.report.html import write_report_html
 from simsp.report.memory_plot import write_memory_plot
 from simsp.report.painter import Painter, start_painter
@@ -34,9 +34,11 @@ def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path
 
 
 def paint_stage_figures(run, label: str, painter: Painter) -> None:
-    """Hand the figures drawn from every stage's timeline (and memory.png) to the painter, as
-    soon as the run has ended: it draws them while this process measures the run."""
-    painter.submit("stages", stage_pictures, stage_figures_of(run, label))
+    """Hand the figures drawn from every stage's timeline to the painter as soon as the run
+    has ended, the schedule first (its inputs are ready at once): it draws them while this
+    process measures the run."""
+    painter.submit("schedule", schedule_pictures, schedule_figure_of(run, label))
+    painter.submit("memory", memory_pictures, memory_figures_of(run, label))
 
 
 def write_reports(run, metrics: dict, out_dir, trace: str = "full",
@@ -69,14 +71,14 @@ def _write_reports(run, metrics: dict, out: Path, trace: str, painter: Painter) 
 
 def _figures_and_trace(run, metrics: dict, out: Path, trace: str, painter: Painter) -> tuple:
     """The painter draws the figures while this process writes trace.json (unless "none");
-    memory.png written too: (figures, [files written])."""
+    memory.png written too: (figures in reading order, [files written])."""
     label = variant_label(metrics)
-    if "stages" not in painter.submitted:
+    if "memory" not in painter.submitted:
         paint_stage_figures(run, label, painter)
     painter.submit("metrics", metric_figures, metrics, capacity_of(run), label)
     files = [write_chrome_trace(run, out / "trace.json", detail=trace)] if trace != "none" else []
-    staged, memory_png = painter.result("stages")
+    memory, memory_png = painter.result("memory")
     if memory_png is not None:
         (out / "memory.png").write_bytes(memory_png)
         files.append(out / "memory.png")
-    return staged + painter.result("metrics"), files
+    return memory + painter.result("schedule") + painter.result("metrics"), files

@@ -34,14 +34,22 @@ class StageMemory:
 
 
 @dataclass(frozen=True)
-class StageFigures:
-    """Inputs of the figures drawn from every stage's timeline: memory over time (every
-    stage, and memory.png's first and last) and the pipeline schedule."""
+class MemoryFigures:
+    """Inputs of the memory-over-time figures: every stage (memory_stages.png) and the first
+    and last (memory.png)."""
 
     name: str  # the scenario's run name
     label: str  # the variant in a few words (summary_md.variant_label)
     end_s: float  # the iteration's end
     memory: tuple[StageMemory, ...]  # in stage order
+
+
+@dataclass(frozen=True)
+class ScheduleFigure:
+    """Inputs of the pipeline schedule (schedule.png)."""
+
+    label: str
+    end_s: float
     schedule: tuple[dict, ...]  # per stage {kind: (n, 2) [start_s, end_s]}
     zoom: tuple[float, float]  # the pipeline fill's window, seconds
     replayed: bool  # meta-mode layer templates: recompute only inside backward bars
@@ -56,11 +64,20 @@ def stage_memory(run, stage: int, rank: int) -> StageMemory:
                        summary.oom is not None, ledger.capacity_bytes)
 
 
-def stage_figures_of(run, label: str) -> StageFigures:
-    """The stage figures' inputs from a finished run."""
+def memory_figures_of(run, label: str) -> MemoryFigures:
+    """The memory figures' inputs from a finished run."""
+    memory = tuple(stage_memory(run, s, r) for s, r in enumerate(stage_ranks(run)))
+    return MemoryFigures(run.sc.run.name, label, _end_s(run), memory)
+
+
+def schedule_figure_of(run, label: str) -> ScheduleFigure:
+    """The schedule's inputs from a finished run."""
     ranks = stage_ranks(run)
     spans = stage_spans(run, ranks)
-    return StageFigures(run.sc.run.name, label, max(run.end_s.values(), default=0.0),
-                        tuple(stage_memory(run, s, r) for s, r in enumerate(ranks)),
-                        tuple(stage_intervals(run, r, spans[r]) for r in ranks),
-                        zoom_window(run, ranks[0]), replayed(run))
+    return ScheduleFigure(label, _end_s(run),
+                          tuple(stage_intervals(run, r, spans[r]) for r in ranks),
+                          zoom_window(run, ranks[0]), replayed(run))
+
+
+def _end_s(run) -> float:
+    return max(run.end_s.values(), default=0.0)

@@ -14,16 +14,14 @@ from simsp.engine.ledger import CATEGORIES
 from simsp.metrics import stage_ranks
 from simsp.report.canvas import add_axes_in, new_figure
 from simsp.report.canvas import png_bytes as figure_png
-from simsp.report.figure_inputs import stage_figures_of
 from simsp.report.gantt import GANTT_COLORS, gantt_intervals, schedule_gantt
 from simsp.report.memory_plot import memory_plot_png
 from simsp.report.memory_stages import COLORS, memory_over_time
 from simsp.report.plot_units import memory_unit, time_unit
 from simsp.units import GiB
 
-__all__ = ["COLORS", "GANTT_COLORS", "gantt_intervals", "memory_over_time", "png_bytes",
-           "metric_figures", "pyplot", "report_figures", "schedule_gantt", "stage_figures",
-           "stage_pictures"]
+__all__ = ["COLORS", "GANTT_COLORS", "gantt_intervals", "memory_over_time", "memory_pictures",
+           "metric_figures", "png_bytes", "pyplot", "schedule_gantt", "schedule_pictures"]
 
 EXPOSED_TRACKS = (("tp_comm", "TP comm", "#4c72b0"), ("pp_transfer", "pipeline transfer", "#8172b2"),
                   ("pp_comm", "pipeline comm", "#8172b2"), ("pp_wait", "pipeline wait", "#bbbbbb"),
@@ -171,11 +169,14 @@ def switch_bars(explanation: dict, label: str) -> bytes | None:
     return figure_png(fig)
 
 
-def report_figures(run, metrics: dict, label: str) -> list[tuple[str, str, bytes]]:
-    """[(file name, caption, PNG bytes)] of the run report, in reading order (none without
-    matplotlib)."""
-    return (stage_figures(stage_figures_of(run, label))
-            + metric_figures(metrics, capacity_of(run), label))
+MEMORY_CAPTION = ("Memory over one iteration for every pipeline stage (stacked by category; "
+                  "dashed line: capacity).")
+SCHEDULE_CAPTION = ("Pipeline schedule: forward and backward steps, recompute, waits for input "
+                    "(grey), and pipeline transfers and DP communication below each row. Where "
+                    "steps are narrower than a few pixels, each pixel column is coloured by the "
+                    "share of its time each kind takes.")
+REPLAYED_NOTE = (" Recompute is drawn inside the backward bars here: meta mode's replayed layer "
+                 "templates keep no per-op detail (--no-shortcuts shows it).")
 
 
 def capacity_of(run) -> int:
@@ -183,25 +184,22 @@ def capacity_of(run) -> int:
     return run.world.ranks[stage_ranks(run)[0]].ledger.capacity_bytes
 
 
-def stage_pictures(inputs) -> tuple[list[tuple[str, str, bytes]], bytes | None]:
-    """(the stage figures, memory.png's bytes) from figure_inputs.StageFigures: one painter
-    job (report/painter.py)."""
-    return stage_figures(inputs), memory_plot_png(inputs)
-
-
-def stage_figures(inputs) -> list[tuple[str, str, bytes]]:
-    """The figures drawn from every stage's timeline (figure_inputs.StageFigures): memory over
-    time and the schedule."""
-    made = [("memory_stages.png", "Memory over one iteration for every pipeline stage "
-             "(stacked by category; dashed line: capacity).", memory_over_time(inputs)),
-            ("schedule.png", "Pipeline schedule: forward and backward steps, recompute, waits "
-             "for input (grey), and pipeline transfers and DP communication below each row. "
-             "Where steps are narrower than a few pixels, each pixel column is coloured by the "
-             "share of its time each kind takes."
-             + (" Recompute is drawn inside the backward bars here: meta mode's replayed layer "
-                "templates keep no per-op detail (--no-shortcuts shows it)."
-                if inputs.replayed else ""), schedule_gantt(inputs))]
+def _drawn(made: list) -> list[tuple[str, str, bytes]]:
+    """The (name, caption, png) figures that were drawn (png None: no matplotlib)."""
     return [(name, caption, png) for name, caption, png in made if png is not None]
+
+
+def memory_pictures(inputs) -> tuple[list[tuple[str, str, bytes]], bytes | None]:
+    """([memory_stages.png], memory.png's bytes) from figure_inputs.MemoryFigures: one painter
+    job (report/painter.py)."""
+    return (_drawn([("memory_stages.png", MEMORY_CAPTION, memory_over_time(inputs))]),
+            memory_plot_png(inputs))
+
+
+def schedule_pictures(inputs) -> list[tuple[str, str, bytes]]:
+    """[schedule.png] from figure_inputs.ScheduleFigure: one painter job."""
+    caption = SCHEDULE_CAPTION + (REPLAYED_NOTE if inputs.replayed else "")
+    return _drawn([("schedule.png", caption, schedule_gantt(inputs))])
 
 
 def metric_figures(metrics: dict, capacity: int, label: str) -> list[tuple[str, str, bytes]]:
@@ -216,4 +214,4 @@ def metric_figures(metrics: dict, capacity: int, label: str) -> list[tuple[str, 
         made.append(("oom_switches.png", "Out of memory: the worst-stage peak of each candidate "
                      "switch, each from its own simulated iteration (green fits).",
                      switch_bars(explanation, label)))
-    return [(name, caption, png) for name, caption, png in made if png is not None]
+    return _drawn(made)

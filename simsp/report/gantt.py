@@ -180,7 +180,7 @@ def _legend(fig) -> None:
 
 
 def schedule_gantt(inputs) -> bytes | None:
-    """The pipeline schedule of every stage (figure_inputs.StageFigures): the whole iteration,
+    """The pipeline schedule of every stage (figure_inputs.ScheduleFigure): the whole iteration,
     then a zoom on the pipeline fill; None without matplotlib."""
     stages = list(inputs.schedule)
     fig = new_figure(WIDTH, 2.2 + 0.75 * len(stages))

@@ -12,7 +12,7 @@ import numpy as np
 from simsp.engine.ledger import CATEGORIES
 from simsp.report.canvas import add_axes_in, new_figure, png_bytes
 from simsp.report.memory_stages import COLORS
-from simsp.report.figure_inputs import stage_figures_of
+from simsp.report.figure_inputs import memory_figures_of
 from simsp.report.plot_units import time_unit
 from simsp.report.stacked_steps import stacked_step_polygons
 from simsp.units import GiB, KiB, MiB
@@ -88,7 +88,7 @@ def _legend(fig, axes) -> None:
 
 
 def memory_plot_png(inputs) -> bytes | None:
-    """memory.png of the first and last stage (figure_inputs.StageFigures); None without
+    """memory.png of the first and last stage (figure_inputs.MemoryFigures); None without
     matplotlib."""
     panels = plotted_stages(inputs.memory)
     fig = new_figure(11, TOP_IN + BOTTOM_IN + PANEL_IN * len(panels) - GAP_IN)
@@ -111,7 +111,7 @@ def memory_plot_png(inputs) -> bytes | None:
 def write_memory_plot(run, path) -> Path | None:
     """Write memory.png of `run` to `path` and return it; None (nothing written) without
     matplotlib."""
-    png = memory_plot_png(stage_figures_of(run, ""))
+    png = memory_plot_png(memory_figures_of(run, ""))
     if png is None:
         return None
     path = Path(path)

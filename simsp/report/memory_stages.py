@@ -89,7 +89,7 @@ def _legend(fig, grid: PanelGrid) -> None:
 
 
 def memory_over_time(inputs) -> bytes | None:
-    """Small multiples: memory over time of every pipeline stage (figure_inputs.StageFigures),
+    """Small multiples: memory over time of every pipeline stage (figure_inputs.MemoryFigures),
     capacity dashed; None without matplotlib."""
     stages, end_s = inputs.memory, inputs.end_s
     capacity = stages[0].capacity_bytes

@@ -11,7 +11,9 @@ submitted. A job is a deterministic function of its inputs: the same bytes eithe
 
 import multiprocessing
 import os
+import queue
 import signal
+import threading
 import traceback
 
 
@@ -37,23 +39,27 @@ class Painter:
     def __init__(self, forked: bool = False, warm_up=None):
         self.submitted: list[str] = []
         self._results: dict[str, tuple[bool, object]] = {}
-        self._child = self._conn = None
+        self._child = self._jobs_out = self._results_in = None
         if forked:
             self._fork(warm_up)
 
     def _fork(self, warm_up) -> None:
+        """Start the child with a pipe for jobs and one for results."""
         context = multiprocessing.get_context("fork")
-        mine, theirs = context.Pipe()
-        self._child = context.Process(target=_serve, args=(theirs, warm_up), daemon=True)
+        jobs_in, jobs_out = context.Pipe(duplex=False)  # (receiving end, sending end)
+        results_in, results_out = context.Pipe(duplex=False)
+        ends = (jobs_in, results_out, (jobs_out, results_in), warm_up)
+        self._child = context.Process(target=_serve, args=ends, daemon=True)
         self._child.start()
-        theirs.close()
-        self._conn = mine
+        jobs_in.close()
+        results_out.close()
+        self._jobs_out, self._results_in = jobs_out, results_in
 
     def submit(self, name: str, job, *args) -> None:
         """Start `job(*args)` (in the child, or now); its result is `result(name)`."""
         self.submitted.append(name)
-        if self._conn is not None:
-            self._conn.send((name, job, args))
+        if self._jobs_out is not None:
+            self._jobs_out.send((name, job, args))
         else:
             self._results[name] = _attempt(job, args)
 
@@ -72,7 +78,7 @@ class Painter:
     def _receive(self) -> None:
         """One finished job from the child; an error if it died without sending it."""
         try:
-            name, ok, value = self._conn.recv()
+            name, ok, value = self._results_in.recv()
         except EOFError:
             self._child.join()
             raise RuntimeError(f"the painter process exited with code {self._child.exitcode} "
@@ -81,14 +87,15 @@ class Painter:
 
     def close(self) -> None:
         """Let the child finish and reap it (at once when something failed here)."""
-        if self._conn is None:
+        if self._jobs_out is None:
             return
-        conn, self._conn = self._conn, None
+        jobs_out, self._jobs_out = self._jobs_out, None
         try:
-            conn.send(None)
+            jobs_out.send(None)
         except (BrokenPipeError, OSError):
             pass  # it has gone already
-        conn.close()
+        jobs_out.close()
+        self._results_in.close()
         self._child.join(timeout=10)
         if self._child.exitcode is None:
             self._child.kill()
@@ -117,20 +124,47 @@ def _attempt(job, args: tuple) -> tuple[bool, object]:
         return False, exc
 
 
-def _serve(conn, warm_up) -> None:
-    """The child's loop: run each job received and send (name, ok, result or traceback) back,
-    until told to stop or the parent has gone. Ctrl-C is the parent's to handle."""
+def _serve(jobs_in, results_out, parent_ends: tuple, warm_up) -> None:
+    """The child: run each job received and hand (name, ok, result or traceback) to be sent
+    back, until told to stop or the parent has gone. Threads move the jobs in and the results
+    out meanwhile, so neither side blocks on a full pipe while the other is busy: the parent
+    sending a large job, this loop drawing the next figure. The parent's ends of the pipes are
+    closed here first, so its exit is seen. Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for end in parent_ends:
+        end.close()
+    inbox, outbox = queue.SimpleQueue(), queue.SimpleQueue()
+    threading.Thread(target=_read_jobs, args=(jobs_in, inbox), daemon=True).start()
+    sender = threading.Thread(target=_send_results, args=(outbox, results_out), daemon=True)
+    sender.start()
+    if warm_up is not None:
+        _attempt(warm_up, ())  # only a head start: a real failure shows in the jobs
+    while (message := inbox.get()) is not None:
+        name, job, args = message
+        try:
+            outbox.put((name, True, job(*args)))
+        except Exception:
+            outbox.put((name, False, traceback.format_exc()))
+    outbox.put(None)
+    sender.join()
+
+
+def _send_results(outbox: queue.SimpleQueue, results_out) -> None:
+    """Send each result from `outbox` to the parent until None; stop if the parent has gone."""
     try:
-        if warm_up is not None:
-            _attempt(warm_up, ())  # only a head start: a real failure shows in the jobs
-        while (message := conn.recv()) is not None:
-            name, job, args = message
-            try:
-                conn.send((name, True, job(*args)))
-            except Exception:
-                conn.send((name, False, traceback.format_exc()))
-    except (EOFError, BrokenPipeError, OSError):
+        while (result := outbox.get()) is not None:
+            results_out.send(result)
+    except (BrokenPipeError, OSError):
         pass  # the parent has gone: nothing left to draw for
     finally:
-        conn.close()
+        results_out.close()
+
+
+def _read_jobs(jobs_in, inbox: queue.SimpleQueue) -> None:
+    """Move every job from the pipe to `inbox`, then None (stop, or the parent has gone)."""
+    try:
+        while (message := jobs_in.recv()) is not None:
+            inbox.put(message)
+    except (EOFError, OSError):
+        pass
+    inbox.put(None)
