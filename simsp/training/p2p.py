@@ -18,6 +18,9 @@ import simpy
 from simsp.model.tensor import Tensor
 
 
+P2P_LABEL = "p2p ('%s', %d, %d)"  # of a key's (kind, micro-batch, virtual stage): its repr
+
+
 class Mailbox:
     """Posted sends and receives keyed by (kind, micro_batch, virtual_stage, tp, dp).
 
@@ -59,7 +62,7 @@ class Mailbox:
             return
         del self._posted[key]
         network, src, dst, nbytes = entry[1]
-        network.transfer(src, dst, nbytes, label=f"p2p {key[:3]}", delivered=entry[0])
+        network.transfer(src, dst, nbytes, label=P2P_LABEL % key[:3], delivered=entry[0])
 
 
 @dataclass
@@ -115,7 +118,7 @@ def wait(r, handle: Handle) -> dict:
     for event in handle.events:  # resumes when the last one is done, as AllOf would
         if not event.processed:
             yield event
-    moving = _union_length([(max(e.value[0], start), e.value[1]) for e in handle.events])
+    moving = _moving_s(handle.events, start)
     r.count_exposed("pp_transfer", moving)
     r.count_exposed("pp_wait", r.env.now - start - moving)
     if r.trace is not None and handle.events:
@@ -127,6 +130,20 @@ def wait(r, handle: Handle) -> dict:
             op.buffer.data = handle.mailbox.payloads.pop(op.key).reshape(op.buffer.shape)
         received[op.key] = op.buffer
     return received
+
+
+def _moving_s(events: list, start: float) -> float:
+    """Seconds since `start` during which some of the events' transfers (start_s, end_s) were
+    moving: their union, clipped to begin at `start`."""
+    if len(events) == 2:  # a combined call's send and receive: the common case, in closed form
+        (a0, a1), (b0, b1) = events[0].value, events[1].value
+        a0, b0 = (a0 if a0 > start else start), (b0 if b0 > start else start)
+        if a1 <= a0 or b1 <= b0:  # an empty one adds nothing
+            return max(a1 - a0, b1 - b0, 0.0)
+        if (a0, a1) > (b0, b1):  # in start order, as _union_length sorts them
+            a0, a1, b0, b1 = b0, b1, a0, a1
+        return (a1 - a0) + (b1 - max(b0, a1) if b1 > a1 else 0.0)
+    return _union_length([(max(e.value[0], start), e.value[1]) for e in events])
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
