@@ -77,7 +77,7 @@ def run(args) -> int:
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)
         if out_dir is not None:
-            paint_stage_figures(result, run_label(sc), painter)
+            paint_stage_figures(result, run_label(sc), painter, args.trace)
         metrics = collect(result, shortcuts)
         metrics["command"] = reported_command(args.argv)
         metrics["oom_explanation"] = explain_oom(result)

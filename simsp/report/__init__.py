@@ -4,12 +4,13 @@ self-contained page), metrics.json, trace.json (Perfetto) and memory.png.
 Every file is a deterministic function of the run: the same scenario gives the same bytes.
 """
 
+from functools import partial
 from pathlib import Path
 
 from simsp.engine.gc_pause import gc_paused
 from simsp.jsonout import dumps
 
-from simsp.report.chrome_trace import write_chrome_trace
+from simsp.report.chrome_trace import counter_points, stage_counter_lines, write_chrome_trace
 from simsp.report.figure_inputs import memory_figures_of, schedule_figure_of
 from simsp.report.figures import capacity_of, memory_pictures, metric_figures, schedule_pictures
 from simsp.report.html import write_report_html
@@ -33,12 +34,16 @@ def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path
     return [out / name for name, _, _ in figures]
 
 
-def paint_stage_figures(run, label: str, painter: Painter) -> None:
+def paint_stage_figures(run, label: str, painter: Painter, trace: str = "full") -> None:
     """Hand the figures drawn from every stage's timeline to the painter as soon as the run
     has ended, the schedule first (its inputs are ready at once): it draws them while this
-    process measures the run."""
+    process measures the run. With a trace (`trace` not "none"), the painter also encodes the
+    stages' memory counters for trace.json from the same timelines."""
     painter.submit("schedule", schedule_pictures, schedule_figure_of(run, label))
-    painter.submit("memory", memory_pictures, memory_figures_of(run, label))
+    memory = memory_figures_of(run, label)
+    painter.submit("memory", memory_pictures, memory)
+    if trace != "none":
+        painter.submit("counters", stage_counter_lines, memory, counter_points(run))
 
 
 def write_reports(run, metrics: dict, out_dir, trace: str = "full",
@@ -74,9 +79,12 @@ def _figures_and_trace(run, metrics: dict, out: Path, trace: str, painter: Paint
     memory.png written too: (figures in reading order, [files written])."""
     label = variant_label(metrics)
     if "memory" not in painter.submitted:
-        paint_stage_figures(run, label, painter)
+        paint_stage_figures(run, label, painter, trace)
     painter.submit("metrics", metric_figures, metrics, capacity_of(run), label)
-    files = [write_chrome_trace(run, out / "trace.json", detail=trace)] if trace != "none" else []
+    files = []
+    if trace != "none":
+        counters = partial(painter.result, "counters") if "counters" in painter.submitted else None
+        files.append(write_chrome_trace(run, out / "trace.json", detail=trace, counters=counters))
     memory, memory_png = painter.result("memory")
     if memory_png is not None:
         (out / "memory.png").write_bytes(memory_png)

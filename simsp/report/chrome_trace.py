@@ -112,14 +112,30 @@ def _counter_template(pid: int) -> str:
             f'{head}"memory total","ts":%r,"args":{{"bytes":%d}}}}')
 
 
-def _counter_events(pid: int, ledger, max_points: int) -> list[str]:
-    """The memory counters of one rank, one string per sample (two events each)."""
-    times, state = memory_timeline(ledger, max_points)
+def counter_points(run) -> int:
+    """Memory samples per rank: MEMORY_POINTS_BUDGET shared by the simulated ranks, within
+    [MIN_MEMORY_POINTS, MAX_MEMORY_POINTS]."""
+    share = MEMORY_POINTS_BUDGET // max(len(run.world.ranks), 1)
+    return min(MAX_MEMORY_POINTS, max(MIN_MEMORY_POINTS, share))
+
+
+def counter_lines(pid: int, times: np.ndarray, state: np.ndarray) -> list[str]:
+    """The memory counters of one rank from its timeline (times (n,), bytes (n, 6)), one
+    string per sample (two events each)."""
     template = _counter_template(pid)
     stamps = (ns_array(times) / 1e3).tolist()
     columns = state.T.tolist()  # 6 lists of (points,): bytes per category
     totals = state.sum(axis=1).tolist()  # (points,)
     return [template % row for row in zip(stamps, *columns, stamps, totals)]
+
+
+def stage_counter_lines(memory, max_points: int) -> dict[int, list[str]]:
+    """{rank: counter lines, joined into one text} of every stage's rank from the memory
+    figures' inputs (figure_inputs.MemoryFigures: the same timelines), for the painter to make
+    meanwhile (one string crosses a pipe at memcpy speed; a rank without samples has none)."""
+    lines = {stage.rank: counter_lines(stage.rank, *stage.timeline(max_points))
+             for stage in memory.memory}
+    return {rank: [",".join(made)] if made else [] for rank, made in lines.items()}
 
 
 # ---------------------------------------------------------------- spans
@@ -182,34 +198,45 @@ def _spans_by_rank(run, detail: str) -> tuple[dict, list]:
     return by_rank, pipeline_links(by_rank, run.world.trace.transfers)
 
 
-def _event_parts(run, detail: str) -> list[str]:
+def _event_parts(run, detail: str, counters=None) -> list[str]:
     """Every event of the trace as JSON text: per rank (pipeline order) metadata, spans, memory;
-    then the flow arrows."""
+    then the flow arrows. `counters`: a callable giving {rank: counter lines} made elsewhere
+    (report/painter.py), asked for once everything else is encoded; other ranks' are made here."""
     grid = run.world.grid
     by_rank, links = _spans_by_rank(run, detail)
     ranks = sorted(run.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
     max_detail = max(MIN_DETAIL_SPANS, SPAN_BUDGET // (len(DETAIL_TRACKS) * len(ranks)))
-    max_points = min(MAX_MEMORY_POINTS,
-                     max(MIN_MEMORY_POINTS, MEMORY_POINTS_BUDGET // max(len(ranks), 1)))
-    parts, placed = [], {}
-    for position, rank in enumerate(ranks):
-        c = grid.coords(rank)
-        parts.append(_metadata(rank, 0, "process_name",
-                               {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}))
-        parts.append(_metadata(rank, 0, "process_sort_index", {"sort_index": position}))
-        parts += _rank_events(rank, by_rank[rank], max_detail, detail, placed)
-        parts += _counter_events(rank, run.world.ranks[rank].ledger, max_points)
-    return parts + _flow_events(links, placed)
+    placed = {}
+    heads = [_rank_head(run, rank, position, by_rank[rank], max_detail, detail, placed)
+             for position, rank in enumerate(ranks)]
+    flows = _flow_events(links, placed)
+    made = counters() if counters is not None else {}
+    parts = []
+    for rank, head in zip(ranks, heads):
+        parts += head
+        parts += made[rank] if rank in made else counter_lines(
+            rank, *memory_timeline(run.world.ranks[rank].ledger, counter_points(run)))
+    return parts + flows
 
 
-def _document(run, detail: str) -> tuple[str, str, str]:
+def _rank_head(run, rank: int, position: int, spans_by_track: dict, max_detail: int,
+               detail: str, placed: dict) -> list[str]:
+    """One rank's process metadata, thread metadata and span events."""
+    c = run.world.grid.coords(rank)
+    return [_metadata(rank, 0, "process_name",
+                      {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}),
+            _metadata(rank, 0, "process_sort_index", {"sort_index": position}),
+            *_rank_events(rank, spans_by_track, max_detail, detail, placed)]
+
+
+def _document(run, detail: str, counters=None) -> tuple[str, str, str]:
     """The trace's text in three pieces: head, the events (comma-separated), tail."""
     if detail not in DETAILS:
         raise ValueError(f"trace detail must be one of {DETAILS}, got {detail!r}")
     other = json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode,
                         "detail": detail, "memory_unit": "bytes", "time_unit": "us"},
                        separators=(",", ":"))
-    return ('{"displayTimeUnit":"ms","traceEvents":[', ",".join(_event_parts(run, detail)),
+    return ('{"displayTimeUnit":"ms","traceEvents":[', ",".join(_event_parts(run, detail, counters)),
             '],"otherData":' + other + "}\n")
 
 
@@ -223,9 +250,10 @@ def trace_events(run, detail: str = "full") -> list[dict]:
     return json.loads(trace_document(run, detail))["traceEvents"]
 
 
-def write_chrome_trace(run, path, detail: str = "full") -> Path:
-    """Write `run`'s trace as Chrome trace JSON to `path` and return the path."""
+def write_chrome_trace(run, path, detail: str = "full", counters=None) -> Path:
+    """Write `run`'s trace as Chrome trace JSON to `path` and return the path (`counters`: see
+    _event_parts)."""
     path = Path(path)
     with path.open("w", encoding="ascii") as out:  # JSON text escapes every non-ASCII character
-        out.writelines(_document(run, detail))  # no copy of the whole text
+        out.writelines(_document(run, detail, counters))  # no copy of the whole text
     return path

@@ -18,9 +18,6 @@ import simpy
 from simsp.model.tensor import Tensor
 
 
-P2P_LABEL = "p2p ('%s', %d, %d)"  # of a key's (kind, micro-batch, virtual stage): its repr
-
-
 class Mailbox:
     """Posted sends and receives keyed by (kind, micro_batch, virtual_stage, tp, dp).
 
@@ -62,7 +59,7 @@ class Mailbox:
             return
         del self._posted[key]
         network, src, dst, nbytes = entry[1]
-        network.transfer(src, dst, nbytes, label=P2P_LABEL % key[:3], delivered=entry[0])
+        network.transfer(src, dst, nbytes, label=f"p2p {key[:3]}", delivered=entry[0])
 
 
 @dataclass
