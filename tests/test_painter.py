@@ -202,3 +202,19 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_painter_made_memory_counters_are_the_trace_writer_own(tmp_path):
+    """trace.json with the stages' counters encoded by the painter equals the one the trace
+    writer makes alone, byte for byte (a two-stage run: every simulated rank is a stage's)."""
+    from simsp.config import load_scenario
+    from simsp.metrics import collect
+    from simsp.report import write_reports
+    from simsp.report.chrome_trace import write_chrome_trace
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    sc = load_scenario("scenarios/tiny.toml")
+    run = simulate_iteration(sc, Shortcuts(), trace="steps")
+    write_reports(run, collect(run, Shortcuts()), tmp_path / "painted", trace="steps")
+    alone = write_chrome_trace(run, tmp_path / "alone.json", detail="steps")
+    assert (tmp_path / "painted" / "trace.json").read_bytes() == alone.read_bytes()
+    assert b'"name":"memory"' in alone.read_bytes()
