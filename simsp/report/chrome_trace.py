@@ -236,7 +236,8 @@ def _document(run, detail: str, counters=None) -> tuple[str, str, str]:
     other = json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode,
                         "detail": detail, "memory_unit": "bytes", "time_unit": "us"},
                        separators=(",", ":"))
-    return ('{"displayTimeUnit":"ms","traceEvents":[', ",".join(_event_parts(run, detail, counters)),
+    events = ",".join(_event_parts(run, detail, counters))
+    return ('{"displayTimeUnit":"ms","traceEvents":[', events,
             '],"otherData":' + other + "}\n")
 
 
