@@ -8,9 +8,10 @@ reports; 530B with 8-way DP (2,240 GPUs) and 1T with 6-way DP (3,072 GPUs), micr
 replica unchanged; 175B with --no-shortcuts and 16 micro-batches; `simsp ring` over 512 ranks on
 64 nodes; and one 22B evaluation inside a running process (simulate_iteration + metrics.collect,
 repeated, median). Each case runs --runs times (default 3); the row is the run of median wall
-time, with the fastest and slowest beside it. Prints wall and CPU seconds (CPU counts both
-processes where the reports use two cores), peak RSS, simpy events and events per CPU second,
-the iteration time and the stage-0 peak.
+time, with the fastest and slowest beside it. Prints wall and CPU seconds (CPU counts the
+painter process too), peak RSS, simpy events and events per CPU second,
+the iteration time and the stage-0 peak; and a machine speed probe before and after (a shared
+machine's speed drifts by tens of percent: compare tables taken at like probes).
 """
 
 import argparse
@@ -178,6 +179,17 @@ HEADER = ("| case | wall s (median) | wall s (fastest–slowest) | CPU s | peak 
           "|---|---|---|---|---|---|---|---|---|---|")
 
 
+def probe_ms() -> float:
+    """The machine's speed now: median milliseconds of three sum(range(10**7)) (pure Python,
+    one core), printed beside the table so tables taken at different times can be compared."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        sum(range(10 ** 7))
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[1]
+
+
 def main() -> int:
     """Run the chosen cases one after another and print (and optionally save) the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -190,13 +202,17 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
     args = parser.parse_args()
     names = args.only or list(CASES)
+    before = probe_ms()
     print(HEADER, flush=True)
     results = []
     for name in names:
         results.append(median_case(name, args.runs, args.repeat, args.timeout))
         print(row(results[-1]), flush=True)
+    after = probe_ms()
+    print(f"\nmachine speed probe, sum(range(10**7)): {before:.0f} ms before, {after:.0f} ms after")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"probe_ms": [before, after], "cases": results},
+                                              indent=2) + "\n")
     return 0
 
 
