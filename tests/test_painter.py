@@ -218,3 +218,19 @@ def test_the_painter_made_memory_counters_are_the_trace_writer_own(tmp_path):
     alone = write_chrome_trace(run, tmp_path / "alone.json", detail="steps")
     assert (tmp_path / "painted" / "trace.json").read_bytes() == alone.read_bytes()
     assert b'"name":"memory"' in alone.read_bytes()
+
+
+def test_with_another_thread_running_the_jobs_run_here():
+    """A fork copies only the calling thread: with another one alive, no painter is forked."""
+    import threading
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert not painting.can_fork()
+        with start_painter() as painter:
+            painter.submit("pid", pid_and, None)
+            assert painter.result("pid")[0] == os.getpid()
+    finally:
+        release.set()
+        other.join()

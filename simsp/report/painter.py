@@ -6,7 +6,8 @@ runs here. Once the run ends, this process sends it what each figure shows (plai
 numpy arrays, report/figure_inputs.py), writes trace.json and measures memory meanwhile, and
 receives the PNG bytes. Where fork is missing (Windows), a second core is not ours, or this is a
 daemonic process (a Dask worker, which may not have children), every job runs here when it is
-submitted. A job is a deterministic function of its inputs: the same bytes either way.
+submitted; so it does while another thread runs here (a threaded Dask worker, say). A job is a
+deterministic function of its inputs: the same bytes either way.
 """
 
 import multiprocessing
@@ -26,10 +27,12 @@ def cores_available() -> int:
 
 
 def can_fork() -> bool:
-    """Whether a painter process can be forked: fork exists, a second core is ours, and this is
-    not a daemonic process."""
+    """Whether a painter process can be forked: fork exists, a second core is ours, this is not
+    a daemonic process, and no other thread runs here (a fork copies only the calling thread,
+    so a lock another thread holds would stay held in the child)."""
     return ("fork" in multiprocessing.get_all_start_methods() and cores_available() >= 2
-            and not multiprocessing.current_process().daemon)
+            and not multiprocessing.current_process().daemon
+            and threading.active_count() == 1)
 
 
 class Painter:
