@@ -15,7 +15,6 @@ schedule step.
 """
 
 import json
-import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,12 +37,12 @@ MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
 SPAN_BUDGET = 300_000  # spans of the detail tracks over all ranks, before merging
 MIN_DETAIL_SPANS = 1000  # per rank and detail track, whatever the budget
 
-PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but '"' and '\\': quoted as they are
-
 
 def string(text: str) -> str:
-    """A JSON string literal, as json.dumps writes it (plain text is only quoted)."""
-    return f'"{text}"' if PLAIN.fullmatch(text) else json.dumps(text)
+    """A JSON string literal, as json.dumps writes it: plain text (printable ASCII but '"' and
+    '\\') is only quoted."""
+    plain = text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+    return f'"{text}"' if plain else json.dumps(text)
 
 
 name_string = lru_cache(maxsize=4096)(string)  # span names repeat across steps and ranks

@@ -1,6 +1,8 @@
 """Spans of one rank laid out for the Chrome trace: merged when over budget, split into lanes
 that nest, and each pipeline transfer tied to the p2p call spans of its two ranks."""
 
+from operator import attrgetter
+
 import numpy as np
 
 from simsp.engine.trace import Span
@@ -74,18 +76,22 @@ def _greedy_lanes(start: list, end: list, ts: list, dur: list, spans: list) -> l
     return placed
 
 
+_START, _END = attrgetter("start_s"), attrgetter("end_s")
+_SRC, _DST, _LABEL = attrgetter("src"), attrgetter("dst"), attrgetter("label")
+
+
 def pipeline_links(by_rank: dict, transfers: list) -> list[tuple]:
     """(transfer, sender's span, receiver's span) of every pipeline transfer between simulated
     ranks: each side's p2p call span (training/p2p.py) that encloses the transfer, since a call
     is posted before its transfers start and completes after they end."""
-    calls = {rank: sorted(tracks.get("pp_comm", ()), key=lambda s: s.start_s)
+    calls = {rank: sorted(tracks.get("pp_comm", ()), key=_START)
              for rank, tracks in by_rank.items()}
     p2p = [t for t in transfers
            if t.label.startswith("p2p") and t.src in calls and t.dst in calls]
     if not p2p:
         return []
-    src, dst, starts, ends = (np.array(column) for column in zip(*(
-        (t.src, t.dst, t.start_s, t.end_s) for t in p2p)))  # (n,) each
+    src, dst = (np.fromiter(map(get, p2p), np.int64, len(p2p)) for get in (_SRC, _DST))  # (n,)
+    starts, ends = (np.fromiter(map(get, p2p), float, len(p2p)) for get in (_START, _END))
     sends = _enclosing_all(calls, src, starts, ends, p2p)
     recvs = _enclosing_all(calls, dst, starts, ends, p2p)
     return [(t, send, recv) for t, send, recv in zip(p2p, sends, recvs)
@@ -103,8 +109,8 @@ def _enclosing_all(calls: dict, ranks: np.ndarray, starts: np.ndarray, ends: np.
         members = np.flatnonzero(ranks == rank)  # (m,)
         spans = np.empty(len(calls[rank]), dtype=object)  # (calls,) the call spans, by start
         spans[:] = calls[rank]
-        call_starts = np.array([s.start_s for s in spans], dtype=float)  # (calls,)
-        call_ends = np.array([s.end_s for s in spans], dtype=float)  # (calls,)
+        call_starts = np.fromiter(map(_START, spans), float, len(spans))  # (calls,)
+        call_ends = np.fromiter(map(_END, spans), float, len(spans))  # (calls,)
         latest = np.searchsorted(call_starts, starts[members], side="right") - 1  # (m,)
         fits = (latest >= 0) & (call_ends[np.maximum(latest, 0)] >= ends[members])  # (m,)
         found[members[fits]] = spans[latest[fits]]
