@@ -234,3 +234,12 @@ def test_with_another_thread_running_the_jobs_run_here():
     finally:
         release.set()
         other.join()
+
+
+def test_a_refused_fork_runs_the_jobs_here(monkeypatch):
+    def refuse(self, warm_up):
+        raise BlockingIOError(11, "Resource temporarily unavailable")  # fork's EAGAIN
+    monkeypatch.setattr(Painter, "_fork", refuse)
+    with start_painter() as painter:
+        painter.submit("pid", pid_and, None)
+        assert painter.result("pid")[0] == os.getpid()

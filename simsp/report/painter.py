@@ -115,8 +115,14 @@ class Painter:
 
 def start_painter(wanted: bool = True, warm_up=None) -> Painter:
     """A painter in its own process where one can be forked and figures are `wanted`, else one
-    that runs jobs here. `warm_up`: run first in the child (imports, fonts)."""
-    return Painter(forked=wanted and can_fork(), warm_up=warm_up)
+    that runs jobs here (also when the system refuses the pipes or the fork: out of processes
+    or file descriptors). `warm_up`: run first in the child (imports, fonts)."""
+    if wanted and can_fork():
+        try:
+            return Painter(forked=True, warm_up=warm_up)
+        except OSError:
+            pass  # no second process to be had: the jobs run here, to the same bytes
+    return Painter()
 
 
 def _attempt(job, args: tuple) -> tuple[bool, object]:
