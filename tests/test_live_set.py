@@ -19,7 +19,10 @@ BACKWARD = OpBlock(((0.0, -8, "a", "activations", "free"), (0.0, -2, "b", "activ
                     (1e-3, 16, "d", "activations", "h")), CATS)
 # A partial one: frees only a.
 PARTIAL = OpBlock(((0.0, -8, "a", "activations", "free"),), CATS)
-BLOCKS = {"forward": FORWARD, "backward": BACKWARD, "partial": PARTIAL}
+# Relative keys with a "." cannot be found by splitting a key: kept key by key, never grouped.
+DOTTED = OpBlock(((0.0, 4, "a", "activations", "f"), (0.0, 4, "sub.o", "activations", "f")),
+                 CATS)
+BLOCKS = {"forward": FORWARD, "backward": BACKWARD, "partial": PARTIAL, "dotted": DOTTED}
 SCOPES = ("mb0.L0.", "mb0.L1.", "mb1.L0.")
 
 
@@ -53,6 +56,16 @@ def test_forward_then_backward_leaves_only_the_input_gradient():
     assert len(live) == 1
 
 
+def test_blocks_with_several_live_tensors_and_plain_keys_are_grouped():
+    assert FORWARD.groupable and not BACKWARD.groupable and not DOTTED.groupable
+    live = LiveSet()
+    apply(live, FORWARD, "mb0.L0.", "x")
+    apply(live, FORWARD, "mb0.L1.", "x")
+    assert len(live._groups) == 2 and not live._entries
+    apply(live, BACKWARD, "mb0.L0.", "dy")  # frees a and b; o is still live
+    assert set(live.as_dict()) == {"mb0.L0.o", "mb0.L0.d", "mb0.L1.a", "mb0.L1.b", "mb0.L1.o"}
+
+
 def test_a_block_key_cannot_be_allocated_again_or_freed_twice():
     live = LiveSet()
     apply(live, FORWARD, "mb0.L0.", "x")
@@ -66,7 +79,8 @@ def test_a_block_key_cannot_be_allocated_again_or_freed_twice():
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("block"), st.sampled_from(sorted(BLOCKS)), st.sampled_from(SCOPES)),
-    st.tuples(st.just("single"), st.sampled_from(("mb0.L0.a", "mb0.L1.o", "w", "mb1.L0.z")),
+    st.tuples(st.just("single"), st.sampled_from(("mb0.L0.a", "mb0.L1.o", "w", "mb1.L0.z",
+                                                  "mb0.L0.sub.o")),
               st.integers(1, 64)),
     st.tuples(st.just("pop"), st.integers(0, 10 ** 6))), max_size=40)
 
@@ -89,7 +103,7 @@ def test_bulk_set_equals_the_per_key_dict(ops):
         if outcome[0] == "error":
             return  # a failed step leaves the two in different partial states
         assert live.as_dict() == ref and len(live) == len(ref)
-        assert all(live.holds(key) for key in ref)
+        assert all(live.holds(key) and live.get(key) == ref[key] for key in ref)
 
 
 def _ref_action(ref: dict, op: tuple, keys: list) -> None:

@@ -56,6 +56,13 @@ class OpBlock:
         self.alloc_rels = tuple(rel for rel, *_ in self.net_allocs)
         self.alloc_entries = tuple(BlockEntry(category, nbytes, op)
                                    for _, category, nbytes, op in self.net_allocs)
+        self.alloc_entry_of = dict(zip(self.alloc_rels, self.alloc_entries))
+        self.alloc_set = frozenset(self.alloc_rels)
+        self.free_set = frozenset(self.free_set_in_order)
+        # live tensors kept as one group under the scope (engine/live_set.py): several, and
+        # keys that split at the scope's last "."
+        self.groupable = (len(self.alloc_rels) > 1 and not self.input_realloc
+                          and not any("." in rel for rel in self.alloc_rels))
         self.input_free = _input_free(self.ops)  # index of the input's free, or None
         net = dict.fromkeys(categories, 0)
         for i, op in enumerate(self.ops):
