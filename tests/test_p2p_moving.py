@@ -32,6 +32,12 @@ def test_other_counts_use_the_general_union(intervals, start):
     assert _moving_s(events, start) == _general(events, start)
 
 
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), max_size=6))
+def test_the_union_counts_every_covered_unit_once(pairs):
+    covered = {t for start, end in pairs for t in range(start, end)}
+    assert _union_length([(float(start), float(end)) for start, end in pairs]) == len(covered)
+
+
 def test_hand_counted_unions():
     assert _moving_s(_events((0.0, 2.0), (1.0, 3.0)), 0.0) == 3.0  # overlapping: 0..3
     assert _moving_s(_events((0.0, 1.0), (2.0, 3.0)), 0.0) == 2.0  # apart

@@ -12,6 +12,7 @@ App. B, output-tensor deallocation); a receive buffer is allocated when posted.
 
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 
 import simpy
 
@@ -59,10 +60,17 @@ class Mailbox:
             return
         del self._posted[key]
         network, src, dst, nbytes = entry[1]
-        network.transfer(src, dst, nbytes, label=f"p2p {key[:3]}", delivered=entry[0])
+        network.transfer(src, dst, nbytes, label=_label(key), delivered=entry[0])
 
 
-@dataclass
+def _label(key: tuple) -> str:
+    """"p2p " and the key's first three fields as a tuple's repr (ints formatted directly)."""
+    if len(key) > 2 and type(key[1]) is int and type(key[2]) is int:
+        return "p2p (%r, %d, %d)" % key[:3]
+    return f"p2p {key[:3]}"
+
+
+@dataclass(slots=True)
 class SendOp:
     """Send `nbytes` of `tensor` (its `payload` in numeric mode) to `dst`; free it once sent."""
 
@@ -73,7 +81,7 @@ class SendOp:
     payload: object
 
 
-@dataclass
+@dataclass(slots=True)
 class RecvOp:
     """Receive `key` into `buffer`, a tensor of this rank's ledger allocated when posted."""
 
@@ -140,17 +148,17 @@ def _moving_s(events: list, start: float) -> float:
         if (a0, a1) > (b0, b1):  # in start order, as _union_length sorts them
             a0, a1, b0, b1 = b0, b1, a0, a1
         return (a1 - a0) + (b1 - max(b0, a1) if b1 > a1 else 0.0)
-    return _union_length([(max(e.value[0], start), e.value[1]) for e in events])
+    return _union_length([(s if s > start else start, e) for s, e in map(_VALUE, events)])
+
+
+_VALUE = attrgetter("value")
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
     """Total length covered by the (start, end) intervals (empty ones ignored)."""
-    if len(intervals) == 1:
-        start, end = intervals[0]
-        return end - start if end > start else 0.0
     total, reach = 0.0, float("-inf")
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if end > reach:
-            total += end - max(start, reach)
+    for start, end in sorted(intervals):
+        if end > reach and end > start:
+            total += end - (start if start > reach else reach)
             reach = end
     return total

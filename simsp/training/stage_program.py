@@ -85,9 +85,18 @@ def _exchange(r, run, plan: StagePlan, state: RankState, call: Exchange):
 
 
 def _post(r, run, sends: list, recvs: list) -> p2p.Handle:
-    name = call_name_of_kinds(frozenset(KIND_OF_KEY[op.key[0]] for op in sends),
-                              frozenset(KIND_OF_KEY[op.key[0]] for op in recvs))
+    keys = (tuple([op.key[0] for op in sends]), tuple([op.key[0] for op in recvs]))
+    name = _CALL_NAMES.get(keys) or _CALL_NAMES.setdefault(keys, _call_name(*keys))
     return p2p.post(r, run.mailbox, run.world.network, name, sends, recvs)
+
+
+_CALL_NAMES: dict[tuple, str] = {}  # (sent key kinds, received key kinds) -> the call's name
+
+
+def _call_name(sent: tuple, received: tuple) -> str:
+    """The call's name from the kinds of the keys it sends and receives ("act", "grad")."""
+    return call_name_of_kinds(frozenset(KIND_OF_KEY[kind] for kind in sent),
+                              frozenset(KIND_OF_KEY[kind] for kind in received))
 
 
 def _wait_pending(r, run, state: RankState, kind: str):
