@@ -183,7 +183,8 @@ class Network:
                      if f.remaining <= DRAINED_FRACTION * f.nbytes]:
             del self._draining[flow.flow_id]
             self._deliver_after_latency(flow)
-        self._request_recompute()
+        if not self._recompute_pending:  # the rates of the flows left, now (a transfer that
+            self._reschedule()  # starts later in this instant asks for them again)
 
     def _deliver_after_latency(self, flow: _Flow) -> None:
         """The last byte arrives one route latency after it left: the delivery event is
