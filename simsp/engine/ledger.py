@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from simsp.engine.gc_pause import gc_paused
 from simsp.engine.live_set import LiveSet
-from simsp.engine.mem_log import BlockRecord, MemEvent, SortedLog, expand, sort_log
+from simsp.engine.mem_log import BlockRecord, MemEvent, NumericLog, SortedLog, expand, sort_log
 from simsp.engine.memory_summary import (LiveTensor, MemorySummary, OutOfMemory, largest,
                                          summarize)
 from simsp.engine.op_block import OpBlock
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "communication")
+CODE = {category: code for code, category in enumerate(CATEGORIES)}
 # What may still be live when an iteration ends (DESIGN.md): the rest must be back to zero.
 PERSISTENT = ("weights", "gradients", "optimizer")
 __all__ = ["CATEGORIES", "PERSISTENT", "BlockRecord", "Ledger", "LiveTensor", "MemEvent",
@@ -36,6 +37,7 @@ class Ledger:
     live_set: LiveSet = field(default_factory=LiveSet)  # what is live now, by key
     current: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     records: list = field(default_factory=list)  # MemEvent fields | BlockRecord, in order
+    numbers: NumericLog = field(default_factory=NumericLog)  # the records' numbers, row by row
     _cache: tuple = (-1, None, None)  # (records counted, SortedLog, MemorySummary)
 
     @property
@@ -64,6 +66,7 @@ class Ledger:
         current[category] += nbytes
         now = self.clock() if time_s is None else time_s
         self.records.append((now, key, category, nbytes, op))  # a plain tuple: see mem_log
+        self.numbers.single(now, CODE[category], nbytes)
 
     def free(self, key: str, op: str = "free", time_s: float | None = None) -> None:
         """Release a live tensor."""
@@ -71,6 +74,7 @@ class Ledger:
         self.current[tensor.category] -= tensor.nbytes
         now = self.clock() if time_s is None else time_s
         self.records.append((now, key, tensor.category, -tensor.nbytes, op))
+        self.numbers.single(now, CODE[tensor.category], -tensor.nbytes)
 
     def retag(self, key: str, category: str, new_key: str | None = None) -> str:
         """Move a live tensor to another category (e.g. a temporary saved for backward)."""
@@ -93,6 +97,7 @@ class Ledger:
         for category, delta in block.net_by_category:
             current[category] += delta
         self.records.append(_new(BlockRecord, (start_s, block, scope, input_key, input_code)))
+        self.numbers.block(start_s, block, input_code)
 
     def _free_input(self, block: OpBlock, input_key: str) -> int:
         """Free a block's input tensor as its own category says; return that category's code."""
@@ -121,7 +126,7 @@ class Ledger:
         n, log, summary = self._cache
         if n != len(self.records):
             with gc_paused():  # a paper-scale log makes many short-lived tuples
-                log = sort_log(self.records, CATEGORIES)
+                log = sort_log(self.numbers, CATEGORIES)
                 summary = summarize(log, CATEGORIES, self.rank, self.capacity_bytes,
                                     lambda: self.events)
             self._cache = (len(self.records), log, summary)

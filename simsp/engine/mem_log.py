@@ -6,6 +6,7 @@ stands for every change of an OpBlock applied at a start time under a key scope.
 time (stable: ties keep recording order, blocks expanded in place), built with one argsort.
 """
 
+from array import array
 from typing import NamedTuple
 
 import numpy as np
@@ -59,53 +60,80 @@ def expand(records: list):
             yield MemEvent(start + offset, resolve(rel, scope, input_key), category, delta, op)
 
 
-def sort_log(records: list, categories: tuple) -> SortedLog:
-    """The compact log as time-ordered columns: one stable argsort over all changes."""
-    times, codes, deltas = _columns(records, categories)
+class NumericLog:
+    """The log's numbers, one row per record, kept beside the records as they are made (the
+    summaries then read no Python object: a paper-scale log's records lie scattered in memory,
+    and reading them back costs more than writing these rows did). A single change is
+    (time, category code, delta, -1); a block record is (start, code of its input's category or
+    -1, 0, index of its OpBlock in `blocks`)."""
+
+    __slots__ = ("times", "codes", "deltas", "kinds", "blocks", "_kind_of")
+
+    def __init__(self):
+        self.times, self.codes = array("d"), array("q")  # (records,) each
+        self.deltas, self.kinds = array("q"), array("q")  # (records,) each
+        self.blocks: list[OpBlock] = []  # the distinct blocks, in order of first use
+        self._kind_of: dict[int, int] = {}  # id(block) -> its index in `blocks`
+
+    @classmethod
+    def of(cls, records: list, categories: tuple) -> "NumericLog":
+        """The rows of a list of records (MemEvent fields or BlockRecords)."""
+        numbers, code = cls(), {c: i for i, c in enumerate(categories)}
+        for record in records:
+            if type(record) is BlockRecord:
+                numbers.block(record.start_s, record.block, record.input_code)
+            else:
+                numbers.single(record[0], code[record[2]], record[3])
+        return numbers
+
+    def single(self, time_s: float, code: int, delta: int) -> None:
+        """One alloc (+bytes) or free (-bytes) of the category of `code`."""
+        self.times.append(time_s)
+        self.codes.append(code)
+        self.deltas.append(delta)
+        self.kinds.append(-1)
+
+    def block(self, start_s: float, block: OpBlock, input_code: int) -> None:
+        """One block applied at `start_s` (input_code as in BlockRecord)."""
+        kind = self._kind_of.get(id(block))
+        if kind is None:
+            kind = self._kind_of[id(block)] = len(self.blocks)
+            self.blocks.append(block)
+        self.times.append(start_s)
+        self.codes.append(input_code)
+        self.deltas.append(0)
+        self.kinds.append(kind)
+
+
+def sort_log(records, categories: tuple) -> SortedLog:
+    """The compact log (a list of records, or its NumericLog) as time-ordered columns: one
+    stable argsort over all changes."""
+    numbers = records if type(records) is NumericLog else NumericLog.of(records, categories)
+    times, codes, deltas = _columns(numbers)
     order = np.argsort(times, kind="stable")  # (n,)
     return SortedLog(times[order], codes[order], deltas[order], order)
 
 
-def _columns(records: list, categories: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _columns(numbers: NumericLog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(times, category codes, deltas) of every change, in expanded recording order.
 
     Each block's changes are written for all its records at once: start (m, 1) + offsets (k,)."""
-    is_block = np.fromiter((type(r) is BlockRecord for r in records), bool, len(records))
-    block_rows = np.flatnonzero(is_block)  # (b,) positions of the block records
-    blocks = [records[i] for i in block_rows.tolist()]
-    sizes = np.ones(len(records), dtype=np.int64)  # (records,)
-    sizes[block_rows] = [r.block.size for r in blocks]
+    starts, input_codes = np.array(numbers.times), np.array(numbers.codes)  # (records,) each
+    kinds = np.array(numbers.kinds, dtype=np.int64)  # (records,)
+    block_sizes = np.array([b.size for b in numbers.blocks] + [1], dtype=np.int64)  # (kinds + 1,)
+    sizes = block_sizes[kinds]  # (records,): a single (kind -1) is one change
     firsts = np.cumsum(sizes) - sizes  # (records,) first change's position
     n = int(sizes.sum())
     times, codes, deltas = np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
-    _fill_singles(records, np.flatnonzero(~is_block), firsts, categories, times, codes, deltas)
-    _fill_blocks(blocks, firsts[block_rows], times, codes, deltas)
-    return times, codes, deltas
-
-
-def _fill_singles(records, rows, firsts, categories, times, codes, deltas) -> None:
-    """Write the single changes (MemEvents at `rows`) into the columns."""
-    if not len(rows):
-        return
-    code = {c: i for i, c in enumerate(categories)}
-    stamps, _keys, names, sizes, _ops = zip(*[records[i] for i in rows.tolist()])
-    at = firsts[rows]  # (singles,)
-    times[at], deltas[at] = stamps, sizes
-    codes[at] = [code[c] for c in names]
-
-
-def _fill_blocks(blocks: list, firsts: np.ndarray, times, codes, deltas) -> None:
-    """Write every applied block's changes into the columns, one numpy pass per distinct block."""
-    if not blocks:
-        return
-    starts, kinds, _scopes, _inputs, input_codes = zip(*blocks)
-    starts, input_codes = np.array(starts), np.array(input_codes)  # (b,) each
-    groups = {}
-    for i, block in enumerate(kinds):
-        groups.setdefault(id(block), (block, []))[1].append(i)
-    for block, rows in groups.values():
+    singles = np.flatnonzero(kinds < 0)  # (singles,)
+    times[firsts[singles]] = starts[singles]
+    codes[firsts[singles]] = input_codes[singles]
+    deltas[firsts[singles]] = np.array(numbers.deltas, dtype=np.int64)[singles]
+    for kind, block in enumerate(numbers.blocks):
+        rows = np.flatnonzero(kinds == kind)  # (m,)
         at = firsts[rows][:, None] + np.arange(block.size)  # (m, k)
         times[at] = starts[rows][:, None] + block.offsets  # float adds exactly as t0 + offset
         codes[at], deltas[at] = block.codes, block.deltas
         if block.input_free is not None:
             codes[at[:, block.input_free]] = input_codes[rows]
+    return times, codes, deltas
