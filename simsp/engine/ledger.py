@@ -10,7 +10,7 @@ exactly the same figures (tests/test_ledger_compact.py). Running totals track wh
 from dataclasses import dataclass, field
 
 from simsp.engine.gc_pause import gc_paused
-from simsp.engine.live_set import LiveSet
+from simsp.engine.live_set import AlreadyLive, LiveSet
 from simsp.engine.mem_log import BlockRecord, MemEvent, NumericLog, SortedLog, expand, sort_log
 from simsp.engine.memory_summary import (LiveTensor, MemorySummary, OutOfMemory, largest,
                                          summarize)
@@ -61,8 +61,8 @@ class Ledger:
             raise KeyError(f"unknown memory category {category!r}")
         try:
             self.live_set.add(key, category, nbytes, op)  # checks the key is not live
-        except KeyError as error:
-            raise KeyError(f"rank {self.rank}: {error.args[0]}") from None
+        except AlreadyLive as error:
+            raise AlreadyLive(f"rank {self.rank}: {error.args[0]}") from None
         current[category] += nbytes
         now = self.clock() if time_s is None else time_s
         self.records.append((now, key, category, nbytes, op))  # a plain tuple: see mem_log

@@ -14,6 +14,10 @@ from simsp.engine.op_block import OpBlock, resolve
 _new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 
 
+class AlreadyLive(KeyError):
+    """A tensor was allocated under a key that is live already."""
+
+
 class _Group:
     """The tensors one applied block left live under its scope, less those freed since."""
 
@@ -46,7 +50,7 @@ class LiveSet:
     def add(self, key: str, category: str, nbytes: int, op: str) -> None:
         """A new single tensor; a key already live is an error."""
         if self.holds(key):
-            raise KeyError(f"tensor {key!r} allocated twice")
+            raise AlreadyLive(f"tensor {key!r} allocated twice")
         self._single_scopes.add(key[:key.rfind(".") + 1])
         self._entries[key] = _new(LiveTensor, (key, category, nbytes, op))
 

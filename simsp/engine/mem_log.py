@@ -6,7 +6,7 @@ stands for every change of an OpBlock applied at a start time under a key scope.
 time (stable: ties keep recording order, blocks expanded in place), built with one argsort.
 """
 
-from array import array
+import struct
 from typing import NamedTuple
 
 import numpy as np
@@ -60,18 +60,21 @@ def expand(records: list):
             yield MemEvent(start + offset, resolve(rel, scope, input_key), category, delta, op)
 
 
+_ROW = struct.Struct("=dqqq").pack  # (time or start s, category code, delta bytes, kind)
+_ROW_DTYPE = np.dtype([("time", "=f8"), ("code", "=i8"), ("delta", "=i8"), ("kind", "=i8")])
+
+
 class NumericLog:
-    """The log's numbers, one row per record, kept beside the records as they are made (the
-    summaries then read no Python object: a paper-scale log's records lie scattered in memory,
-    and reading them back costs more than writing these rows did). A single change is
+    """The log's numbers, one packed row per record, kept beside the records as they are made
+    (the summaries then read no Python object: a paper-scale log's records lie scattered in
+    memory, and reading them back costs more than packing these rows did). A single change is
     (time, category code, delta, -1); a block record is (start, code of its input's category or
     -1, 0, index of its OpBlock in `blocks`)."""
 
-    __slots__ = ("times", "codes", "deltas", "kinds", "blocks", "_kind_of")
+    __slots__ = ("rows", "blocks", "_kind_of")
 
     def __init__(self):
-        self.times, self.codes = array("d"), array("q")  # (records,) each
-        self.deltas, self.kinds = array("q"), array("q")  # (records,) each
+        self.rows = bytearray()  # (records,) rows of _ROW_DTYPE, packed
         self.blocks: list[OpBlock] = []  # the distinct blocks, in order of first use
         self._kind_of: dict[int, int] = {}  # id(block) -> its index in `blocks`
 
@@ -88,10 +91,7 @@ class NumericLog:
 
     def single(self, time_s: float, code: int, delta: int) -> None:
         """One alloc (+bytes) or free (-bytes) of the category of `code`."""
-        self.times.append(time_s)
-        self.codes.append(code)
-        self.deltas.append(delta)
-        self.kinds.append(-1)
+        self.rows += _ROW(time_s, code, delta, -1)
 
     def block(self, start_s: float, block: OpBlock, input_code: int) -> None:
         """One block applied at `start_s` (input_code as in BlockRecord)."""
@@ -99,10 +99,11 @@ class NumericLog:
         if kind is None:
             kind = self._kind_of[id(block)] = len(self.blocks)
             self.blocks.append(block)
-        self.times.append(start_s)
-        self.codes.append(input_code)
-        self.deltas.append(0)
-        self.kinds.append(kind)
+        self.rows += _ROW(start_s, input_code, 0, kind)
+
+    def columns(self) -> np.ndarray:
+        """(records,) structured rows (time, code, delta, kind): a copy."""
+        return np.frombuffer(bytes(self.rows), dtype=_ROW_DTYPE)
 
 
 def sort_log(records, categories: tuple) -> SortedLog:
@@ -118,8 +119,8 @@ def _columns(numbers: NumericLog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(times, category codes, deltas) of every change, in expanded recording order.
 
     Each block's changes are written for all its records at once: start (m, 1) + offsets (k,)."""
-    starts, input_codes = np.array(numbers.times), np.array(numbers.codes)  # (records,) each
-    kinds = np.array(numbers.kinds, dtype=np.int64)  # (records,)
+    rows = numbers.columns()  # (records,)
+    starts, input_codes, kinds = rows["time"], rows["code"], rows["kind"]  # (records,) each
     block_sizes = np.array([b.size for b in numbers.blocks] + [1], dtype=np.int64)  # (kinds + 1,)
     sizes = block_sizes[kinds]  # (records,): a single (kind -1) is one change
     firsts = np.cumsum(sizes) - sizes  # (records,) first change's position
@@ -128,7 +129,7 @@ def _columns(numbers: NumericLog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     singles = np.flatnonzero(kinds < 0)  # (singles,)
     times[firsts[singles]] = starts[singles]
     codes[firsts[singles]] = input_codes[singles]
-    deltas[firsts[singles]] = np.array(numbers.deltas, dtype=np.int64)[singles]
+    deltas[firsts[singles]] = rows["delta"][singles]
     for kind, block in enumerate(numbers.blocks):
         rows = np.flatnonzero(kinds == kind)  # (m,)
         at = firsts[rows][:, None] + np.arange(block.size)  # (m, k)

@@ -12,6 +12,7 @@ import numpy as np
 
 from simsp.costmodel import kernel_time
 from simsp.engine.ledger import Ledger
+from simsp.engine.live_set import AlreadyLive
 from simsp.model.tensor import Tensor
 
 PHASES = ("forward", "backward", "recompute")
@@ -63,8 +64,12 @@ class Rank:
         """A new tensor in this rank's ledger (data only in numeric mode)."""
         tensor = Tensor(shape, itemsize, data if self.numeric else None)
         key = self.scope + name
-        tensor.key = self._unique_key(key) if self.ledger.holds(key) else key
-        self.ledger.alloc(tensor.key, tensor.nbytes, category, op=name)
+        try:
+            self.ledger.alloc(key, tensor.nbytes, category, op=name)
+        except AlreadyLive:  # the name is taken in this scope: the next free "#n"
+            key = self._unique_key(key)
+            self.ledger.alloc(key, tensor.nbytes, category, op=name)
+        tensor.key = key
         return tensor
 
     def _unique_key(self, key: str) -> str:

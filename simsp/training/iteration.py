@@ -48,11 +48,12 @@ class Run:
 
     def record_step(self, r, kind: str, mb: int, chunk: int, begin_s: float) -> None:
         """A schedule step's busy interval: from its input's arrival to its end."""
-        self.steps.setdefault(r.rank, []).append((kind, mb, chunk, begin_s, r.env.now))
+        now = r.env.now
+        self.steps.setdefault(r.rank, []).append((kind, mb, chunk, begin_s, now))
         if r.trace is not None:
-            r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, r.env.now, {})
+            r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, now)
         if self.on_step is not None:
-            self.on_step(self, r.env.now)
+            self.on_step(self, now)
 
     @property
     def total_steps(self) -> int:

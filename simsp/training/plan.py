@@ -27,17 +27,17 @@ class StagePlan:
         return chunk * self.p + self.pp
 
     def layers(self, chunk: int) -> range:
-        k = self.virtual_stage(chunk)
-        return range(k * self.layers_per_chunk, (k + 1) * self.layers_per_chunk)
+        first = (chunk * self.p + self.pp) * self.layers_per_chunk
+        return range(first, first + self.layers_per_chunk)
 
     def all_layers(self) -> list[int]:
         return [i for chunk in range(self.v) for i in self.layers(chunk)]
 
     def is_first(self, chunk: int) -> bool:
-        return self.virtual_stage(chunk) == 0
+        return chunk * self.p + self.pp == 0
 
     def is_last(self, chunk: int) -> bool:
-        return self.virtual_stage(chunk) == self.p * self.v - 1
+        return chunk * self.p + self.pp == self.p * self.v - 1
 
     @property
     def holds_embedding(self) -> bool:

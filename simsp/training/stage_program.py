@@ -75,8 +75,8 @@ def _exchange(r, run, plan: StagePlan, state: RankState, call: Exchange):
     recvs = [op for step in call.recvs if (op := _recv_op(r, plan, state.p2p, step))]
     if not state.p2p.overlap:
         if sends or recvs:
-            handle = _post(r, run, sends, recvs)
-            yield from _receive(r, run, state, handle)
+            received = yield from p2p.wait(r, _post(r, run, sends, recvs))
+            yield from _receive(r, state, received)
         return
     for kind, direction in (("F", "act"), ("B", "grad")):  # send_forward_recv_forward, ...
         mine = [[op for op in ops if op.key[0] == direction] for ops in (sends, recvs)]
@@ -102,17 +102,18 @@ def _call_name(sent: tuple, received: tuple) -> str:
 def _wait_pending(r, run, state: RankState, kind: str):
     """Overlap mode: wait the calls of this direction posted so far (Megatron's wait_handles)."""
     for handle in state.pending.pop(kind, []):
-        yield from _receive(r, run, state, handle)
+        received = yield from p2p.wait(r, handle)
+        yield from _receive(r, state, received)
 
 
-def _receive(r, run, state: RankState, handle: p2p.Handle):
-    """Wait for a call; put what it received in the inbox (all-gathered if scattered)."""
-    received = yield from p2p.wait(r, handle)
-    scattered = state.p2p.scattered
+def _receive(r, state: RankState, received: dict):
+    """Put what a finished call received ({key: tensor}) in the inbox, all-gathered if
+    scattered (a generator one level below the wait, so no wake-up passes through it)."""
+    if not state.p2p.scattered:
+        state.inbox.update(received)
+        return
     for key, tensor in received.items():
-        if scattered:
-            tensor = yield from _gather_chunk(r, state.p2p.activation_shape, tensor)
-        state.inbox[key] = tensor
+        state.inbox[key] = yield from _gather_chunk(r, state.p2p.activation_shape, tensor)
 
 
 def _scatter_gather(run, r) -> bool:
