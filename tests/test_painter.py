@@ -243,3 +243,45 @@ def test_a_refused_fork_runs_the_jobs_here(monkeypatch):
     with start_painter() as painter:
         painter.submit("pid", pid_and, None)
         assert painter.result("pid")[0] == os.getpid()
+
+
+def pid_after(seconds: float, value):
+    __import__("time").sleep(seconds)
+    return os.getpid(), value
+
+
+@needs_fork
+def test_a_shared_job_not_begun_there_runs_here_and_not_twice():
+    with Painter(forked=True) as painter:
+        painter.submit("slow", pid_after, 1.0, "slow")
+        painter.submit("shared", pid_and, "s", shared=True)
+        painter.submit("after", pid_and, "a")
+        assert painter.result("shared") == (os.getpid(), "s")  # the painter was busy
+        there = painter.result("slow")[0]
+        assert there != os.getpid() and painter.result("after") == (there, "a")
+        assert painter._results == {}  # the painter skipped the shared job: no second result
+
+
+def mark_then_pid(marker: str, value):
+    open(marker, "w").close()
+    return pid_after(0.3, value)
+
+
+@needs_fork
+def test_a_shared_job_begun_there_is_waited_for(tmp_path):
+    marker = tmp_path / "begun"
+    with Painter(forked=True) as painter:
+        painter.submit("shared", mark_then_pid, str(marker), "s", shared=True)
+        for _ in range(600):  # until the painter has begun it
+            if marker.exists():
+                break
+            __import__("time").sleep(0.05)
+        pid, value = painter.result("shared")
+        assert pid != os.getpid() and value == "s"
+
+
+def test_without_fork_a_shared_job_runs_here_when_submitted(monkeypatch):
+    monkeypatch.setattr(painting, "can_fork", lambda: False)
+    with start_painter() as painter:
+        painter.submit("shared", pid_and, 1, shared=True)
+        assert painter.result("shared") == (os.getpid(), 1)

@@ -43,7 +43,8 @@ def paint_stage_figures(run, label: str, painter: Painter, trace: str = "full") 
     memory = memory_figures_of(run, label)
     painter.submit("memory", memory_pictures, memory)
     if trace != "none":
-        painter.submit("counters", stage_counter_lines, memory, counter_points(run))
+        painter.submit("counters", stage_counter_lines, memory, counter_points(run),
+                       shared=True)  # no matplotlib: this process takes it if free first
 
 
 def write_reports(run, metrics: dict, out_dir, trace: str = "full",

@@ -35,40 +35,55 @@ def can_fork() -> bool:
             and threading.active_count() == 1)
 
 
+MAX_SHARED = 64  # jobs that either process may run, per painter
+PAINTER, HERE = 1, 2  # who claimed a shared job
+
+
 class Painter:
     """Runs submitted jobs (a module-level function and its arguments) in submission order and
-    hands back their results by name; here, or in the forked child when `forked`."""
+    hands back their results by name; here, or in the forked child when `forked`. A job
+    submitted `shared` runs here instead if its result is asked for before the child has begun
+    it (this process has run out of its own work first): whichever process is free first."""
 
     def __init__(self, forked: bool = False, warm_up=None):
         self.submitted: list[str] = []
         self._results: dict[str, tuple[bool, object]] = {}
-        self._child = self._jobs_out = self._results_in = None
+        self._shared: dict[str, tuple[int, object, tuple]] = {}  # name -> (slot, job, args)
+        self._child = self._jobs_out = self._results_in = self._claims = None
         if forked:
             self._fork(warm_up)
 
     def _fork(self, warm_up) -> None:
-        """Start the child with a pipe for jobs and one for results."""
+        """Start the child with a pipe for jobs, one for results, and the shared jobs' claims."""
         context = multiprocessing.get_context("fork")
         jobs_in, jobs_out = context.Pipe(duplex=False)  # (receiving end, sending end)
         results_in, results_out = context.Pipe(duplex=False)
-        ends = (jobs_in, results_out, (jobs_out, results_in), warm_up)
+        claims = _Claims(context)
+        ends = (jobs_in, results_out, (jobs_out, results_in), warm_up, claims)
         self._child = context.Process(target=_serve, args=ends, daemon=True)
         self._child.start()
         jobs_in.close()
         results_out.close()
-        self._jobs_out, self._results_in = jobs_out, results_in
+        self._jobs_out, self._results_in, self._claims = jobs_out, results_in, claims
 
-    def submit(self, name: str, job, *args) -> None:
+    def submit(self, name: str, job, *args, shared: bool = False) -> None:
         """Start `job(*args)` (in the child, or now); its result is `result(name)`."""
         self.submitted.append(name)
-        if self._jobs_out is not None:
-            self._jobs_out.send((name, job, args))
-        else:
+        if self._jobs_out is None:
             self._results[name] = _attempt(job, args)
+            return
+        slot = len(self._shared) if shared and len(self._shared) < MAX_SHARED else -1
+        if slot >= 0:
+            self._shared[name] = (slot, job, args)
+        self._jobs_out.send((name, job, args, slot))
 
     def result(self, name: str):
         """The job's return value; its exception is raised here (the child's as RuntimeError
         with its traceback)."""
+        if name in self._shared and name not in self._results:
+            slot, job, args = self._shared[name]
+            if self._claims.claim(slot, HERE):  # not begun there: run it here
+                self._results[name] = _attempt(job, args)
         while name not in self._results:
             self._receive()
         ok, value = self._results.pop(name)
@@ -133,7 +148,23 @@ def _attempt(job, args: tuple) -> tuple[bool, object]:
         return False, exc
 
 
-def _serve(jobs_in, results_out, parent_ends: tuple, warm_up) -> None:
+class _Claims:
+    """Who runs each shared job: a byte per slot in memory both processes see, set once under
+    a lock (0: nobody yet)."""
+
+    def __init__(self, context):
+        self._owners = context.RawArray("b", MAX_SHARED)
+        self._lock = context.Lock()
+
+    def claim(self, slot: int, who: int) -> bool:
+        """Take slot `slot` for `who` unless it is taken; whether `who` has it."""
+        with self._lock:
+            if not self._owners[slot]:
+                self._owners[slot] = who
+            return self._owners[slot] == who
+
+
+def _serve(jobs_in, results_out, parent_ends: tuple, warm_up, claims: _Claims) -> None:
     """The child: run each job received and hand (name, ok, result or traceback) to be sent
     back, until told to stop or the parent has gone. Threads move the jobs in and the results
     out meanwhile, so neither side blocks on a full pipe while the other is busy: the parent
@@ -149,7 +180,9 @@ def _serve(jobs_in, results_out, parent_ends: tuple, warm_up) -> None:
     if warm_up is not None:
         _attempt(warm_up, ())  # only a head start: a real failure shows in the jobs
     while (message := inbox.get()) is not None:
-        name, job, args = message
+        name, job, args, slot = message
+        if slot >= 0 and not claims.claim(slot, PAINTER):
+            continue  # the parent ran it itself
         try:
             outbox.put((name, True, job(*args)))
         except Exception:
