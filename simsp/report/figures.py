@@ -18,6 +18,7 @@ from simsp.report.gantt import GANTT_COLORS, gantt_intervals, schedule_gantt
 from simsp.report.memory_plot import memory_plot_png
 from simsp.report.memory_stages import COLORS, memory_over_time
 from simsp.report.plot_units import memory_unit, time_unit
+from simsp.report.stage_ticks import stage_ticks
 from simsp.units import GiB
 
 __all__ = ["COLORS", "GANTT_COLORS", "gantt_intervals", "memory_over_time", "memory_pictures",
@@ -80,8 +81,7 @@ def _stacked_bars(ax, columns: list[tuple[str, str, list[float]]], stages: int) 
                                          facecolors=color, linewidths=0), autolim=False)
         bottom = top
     ax.set_xlim(-0.7, stages - 0.3)
-    ax.set_xticks(range(stages), [str(s) for s in range(stages)])
-    ax.set_xlabel("pipeline stage")
+    stage_ticks(ax, "x", [str(s) for s in range(stages)], title="pipeline stage")
     ax.grid(True, axis="y", alpha=0.3)
 
 

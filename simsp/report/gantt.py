@@ -13,6 +13,7 @@ import numpy as np
 from simsp.report.canvas import add_axes_in, new_figure, png_bytes
 from simsp.report.pixel_coverage import painted_shares
 from simsp.report.plot_units import time_unit
+from simsp.report.stage_ticks import stage_ticks
 
 GANTT_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
                 "transfer": "#8172b2", "wait": "#d9d9d9", "DP communication": "#c44e52"}
@@ -158,7 +159,7 @@ def draw_panel(ax, stages: list[dict], window: tuple, tscale: float, width_px: i
         draw_bars(ax, stages, window, tscale)
     else:
         paint_shares(ax, stages, window, tscale, width_px)
-    ax.set_yticks(range(len(stages)), [f"stage {s}" for s in range(len(stages))])
+    stage_ticks(ax, "y", [f"stage {s}" for s in range(len(stages))])
     ax.set_ylim(len(stages) - 0.5, -0.5)
     ax.set_xlim(window[0] / tscale, window[1] / tscale)
 
