@@ -49,9 +49,12 @@ class LiveSet:
 
     def add(self, key: str, category: str, nbytes: int, op: str) -> None:
         """A new single tensor; a key already live is an error."""
-        if self.holds(key):
+        cut = key.rfind(".") + 1
+        scope = key[:cut]
+        group = self._groups.get(scope)
+        if key in self._entries or group is not None and group.holds(key[cut:]):
             raise AlreadyLive(f"tensor {key!r} allocated twice")
-        self._single_scopes.add(key[:key.rfind(".") + 1])
+        self._single_scopes.add(scope)
         self._entries[key] = _new(LiveTensor, (key, category, nbytes, op))
 
     def get(self, key: str) -> LiveTensor:

@@ -144,12 +144,12 @@ class Network:
             self._wake = None
             return
         flows = list(self._draining.values())
-        first, delay_s = None, math.inf
+        first, delay_s = None, math.inf  # rates are finite and positive: every drain_s < inf
         for flow, rate in zip(flows, self._rates(flows)):
             flow.rate_Bps = rate
             remaining = flow.remaining
             drain_s = (0.0 if 0.0 > remaining else remaining) / rate  # max(remaining, 0) / rate
-            if first is None or drain_s < delay_s:  # first to drain (earliest started on a tie)
+            if drain_s < delay_s:  # first to drain (earliest started on a tie)
                 first, delay_s = flow, drain_s
         if self._wake is not None and self._wake[:2] == (self.env.now + delay_s, first.flow_id):
             return  # the pending wake-up is still the right one
@@ -162,15 +162,16 @@ class Network:
         """Max-min fair rates of `flows`, memoised per sequence of routes (same order, same
         floats: fair_share breaks ties by first appearance)."""
         key = tuple(map(_ROUTE_ID, flows))
-        if key not in self._memo:
+        rates = self._memo.get(key)
+        if rates is None:
             self._memo_size += len(key)
             if self._memo_size > MEMO_LIMIT:
                 self._memo.clear()
                 self._memo_size = len(key)
-            rates = max_min_rates({i: f.edges for i, f in enumerate(flows)}, self.capacity_Bps)
-            self._memo[key] = tuple(rates[i] for i in range(len(flows)))
+            solved = max_min_rates({i: f.edges for i, f in enumerate(flows)}, self.capacity_Bps)
+            rates = self._memo[key] = tuple(solved[i] for i in range(len(flows)))
             self.rate_computations += 1
-        return self._memo[key]
+        return rates
 
     def _on_wake(self, token: int, flow_id: int, _event: simpy.Event) -> None:
         """A flow should have drained: retire it (and any finishing with it), then reschedule."""

@@ -62,7 +62,10 @@ class Rank:
     def alloc(self, shape, itemsize: int, name: str, category: str = "temporaries",
               data: np.ndarray | None = None) -> Tensor:
         """A new tensor in this rank's ledger (data only in numeric mode)."""
-        tensor = Tensor(shape, itemsize, data if self.numeric else None)
+        if self.numeric:
+            tensor = Tensor(shape, itemsize, data)
+        else:  # shape only: no data to check against it
+            tensor = Tensor.meta(tuple(map(int, shape)), itemsize, None)
         key = self.scope + name
         try:
             self.ledger.alloc(key, tensor.nbytes, category, op=name)
