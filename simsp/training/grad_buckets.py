@@ -234,14 +234,14 @@ class GradSync:
         the last micro-batch)."""
         return self.overlap and mb == self.last_micro_batch
 
-    def params_needed(self, r, run, chunk: int, modules: list):
+    def params_needed(self, r, run, chunk: int, modules: list | tuple):
         """Forward pre-hook: wait for the all-gathers up to these params', issue the next (an
         empty tuple when no all-gather is pending: nothing to wait for, no generator)."""
         if not self.pending_gathers:
             return ()
         return self._wait_gathers(r, chunk, modules)
 
-    def _wait_gathers(self, r, chunk: int, modules: list):
+    def _wait_gathers(self, r, chunk: int, modules: list | tuple):
         names = {n for m in modules for n in module_params(self.plan, m, self.grads)}
         while any(b.chunk == chunk and names & set(b.names) for b in self.pending_gathers):
             bucket = self.pending_gathers.pop(0)

@@ -14,13 +14,13 @@ FORWARD, BACKWARD = ("F", False), ("B", False)  # layer template kinds of plain 
 
 def chunk_forward(r, run, plan, state, chunk: int, x, mb: int, offset: int, stash: dict):
     """x (s_l, b, h) through the chunk's layers; each segment's saved tensors go to stash."""
-    segments = recompute_segments(run.sc, plan.layers(chunk))
+    segments = _segments(run, plan, state, chunk)
     if _chained(run, state, segments, FORWARD, mb):
         results = yield from run.layers.replay_chain(r, FORWARD, x, _scopes(segments, mb))
         stash["layers"] += [saved for _out, saved in results]
         return results[-1][0]
     for segment in segments:
-        yield from state.grad_sync.params_needed(r, run, chunk, list(segment.layers))
+        yield from state.grad_sync.params_needed(r, run, chunk, segment.layers)
         x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
         stash["layers"].append(saved)
     return x
@@ -28,7 +28,7 @@ def chunk_forward(r, run, plan, state, chunk: int, x, mb: int, offset: int, stas
 
 def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, stash: dict):
     """dx (s_l, b, h) at the chunk's output back to its input, last segment first."""
-    segments = recompute_segments(run.sc, plan.layers(chunk))
+    segments = _segments(run, plan, state, chunk)
     if _chained(run, state, segments, BACKWARD, mb):
         results = yield from run.layers.replay_chain(r, BACKWARD, dx,
                                                      _scopes(segments[::-1], mb))
@@ -38,6 +38,14 @@ def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, st
         r.phase = "backward"
         state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(reversed(segment.layers)))
     return dx
+
+
+def _segments(run, plan, state, chunk: int) -> tuple:
+    """The chunk's recompute segments (training/plan.py), kept in the rank's state."""
+    segments = state.segments.get(chunk)
+    if segments is None:
+        segments = state.segments[chunk] = recompute_segments(run.sc, plan.layers(chunk))
+    return segments
 
 
 def _chained(run, state, segments: tuple, kind: tuple, mb: int) -> bool:

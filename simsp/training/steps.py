@@ -25,6 +25,7 @@ class RankState:
     inbox: dict = field(default_factory=dict)  # p2p key -> received tensor, not yet consumed
     outbox: dict = field(default_factory=dict)  # p2p key -> (destination, tensor) to send
     pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
+    segments: dict = field(default_factory=dict)  # chunk -> its recompute segments
     grad_sync: GradSync | None = None  # DP gradient buckets (training/grad_buckets.py)
     p2p: object = None  # training/stage_program.py P2PSetup, set when the schedule starts
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
