@@ -138,17 +138,20 @@ def lane_strip(stage: dict, kinds: list[str], edges: np.ndarray) -> np.ndarray:
 
 
 def paint_shares(ax, stages: list[dict], window: tuple, tscale: float, width_px: int) -> None:
-    """The panel a pixel column at a time: each lane is a one-row image whose columns are
-    coloured by the share of their time each kind takes, stretched over the lane's height."""
+    """The panel a pixel column at a time: one image, a pixel per display pixel, whose lanes'
+    columns are coloured by the share of their time each kind takes (white between lanes)."""
     edges = np.linspace(window[0], window[1], width_px + 1)  # (w + 1,) seconds
-    x0, x1 = window[0] / tscale, window[1] / tscale
+    height_px = max(1, int(round(ax.bbox.height)))
+    rows_per_unit = height_px / len(stages)  # image rows per stage row (y is in stage rows)
+    image = np.full((height_px, width_px, 3), 255, dtype=np.uint8)  # (h, w, 3) white
     for row, stage in enumerate(stages):
         for offset, height in sorted(set(LANES.values())):
             kinds = [k for k in GANTT_COLORS if LANES[k] == (offset, height)]
             strip = np.round(lane_strip(stage, kinds, edges) * 255).astype(np.uint8)  # (w, 3)
-            top = row + offset - 0.45
-            ax.imshow(strip[None], extent=(x0, x1, top + height, top), interpolation="none",
-                      aspect="auto", origin="upper")
+            top = (row + offset - 0.45 + 0.5) * rows_per_unit  # image row of the lane's top
+            image[int(round(top)):int(round(top + height * rows_per_unit))] = strip
+    ax.imshow(image, extent=(window[0] / tscale, window[1] / tscale, len(stages) - 0.5, -0.5),
+              interpolation="none", aspect="auto", origin="upper")
 
 
 # ---------------------------------------------------------------- figure
