@@ -139,6 +139,9 @@ class _NoMemo(dict):
     def __contains__(self, key):
         return False
 
+    def get(self, key, default=None):
+        return default
+
 
 def test_memoised_rates_give_bit_identical_transfers():
     # the same staggered transfers three times, 1 ms apart: later rounds hit the memo
