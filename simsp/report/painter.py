@@ -10,6 +10,7 @@ submitted; so it does while another thread runs here (a threaded Dask worker, sa
 deterministic function of its inputs: the same bytes either way.
 """
 
+import gc
 import multiprocessing
 import os
 import queue
@@ -171,6 +172,7 @@ def _serve(jobs_in, results_out, parent_ends: tuple, warm_up, claims: _Claims) -
     sending a large job, this loop drawing the next figure. The parent's ends of the pipes are
     closed here first, so its exit is seen. Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()  # what the parent made stays out of collections: no copy-on-write of its pages
     for end in parent_ends:
         end.close()
     inbox, outbox = queue.SimpleQueue(), queue.SimpleQueue()
