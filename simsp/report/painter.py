@@ -1,22 +1,24 @@
-"""The report figures drawn on a second core, by a process started before the simulation.
+"""The report figures drawn on the other core, by processes started before the simulation.
 
-`simsp run` starts the painter first: a child forked while this process is still small
+`simsp run` starts the painter first: a worker forked while this process is still small
 (multiprocessing's "fork" method) imports matplotlib and loads its fonts while the simulation
-runs here. Once the run ends, this process sends it what each figure shows (plain numbers and
-numpy arrays, report/figure_inputs.py), writes trace.json and measures memory meanwhile, and
-receives the PNG bytes. Where fork is missing (Windows), a second core is not ours, or this is a
-daemonic process (a Dask worker, which may not have children), every job runs here when it is
-submitted; so it does while another thread runs here (a threaded Dask worker, say). A job is a
-deterministic function of its inputs: the same bytes either way.
+runs here, then forks a second worker (report/painter_team.py). Once the run ends, this process
+sends them what each figure shows (plain numbers and numpy arrays, report/figure_inputs.py),
+writes trace.json and measures memory meanwhile, and receives the PNG bytes: each figure from
+whichever worker was free first, so two are drawn at once when this process is done. Where fork
+is missing (Windows), a second core is not ours, or this is a daemonic process (a Dask worker,
+which may not have children), every job runs here when it is submitted; so it does while
+another thread runs here (a threaded Dask worker, say). A job is a deterministic function of
+its inputs: the same bytes either way.
 """
 
-import gc
 import multiprocessing
+import multiprocessing.connection
+from multiprocessing.reduction import ForkingPickler
 import os
-import queue
-import signal
 import threading
-import traceback
+
+from simsp.report.painter_team import FIRST, HERE, MAX_JOBS, WORKERS, Claims, serve_team
 
 
 def cores_available() -> int:
@@ -36,57 +38,63 @@ def can_fork() -> bool:
             and threading.active_count() == 1)
 
 
-MAX_SHARED = 64  # jobs that either process may run, per painter
-PAINTER, HERE = 1, 2  # who claimed a shared job
-
-
 class Painter:
-    """Runs submitted jobs (a module-level function and its arguments) in submission order and
-    hands back their results by name; here, or in the forked child when `forked`. A job
-    submitted `shared` runs here instead if its result is asked for before the child has begun
-    it (this process has run out of its own work first): whichever process is free first."""
+    """Runs submitted jobs (a module-level function and its arguments) and hands back their
+    results by name; here, or in the two forked workers when `forked` (report/painter_team.py),
+    whichever is free first. A job submitted `shared` runs here instead if its result is asked
+    for before a worker has begun it (this process has run out of its own work first)."""
 
     def __init__(self, forked: bool = False, warm_up=None):
         self.submitted: list[str] = []
         self._results: dict[str, tuple[bool, object]] = {}
-        self._shared: dict[str, tuple[int, object, tuple]] = {}  # name -> (slot, job, args)
-        self._child = self._jobs_out = self._results_in = self._claims = None
+        self._slots: dict[str, int] = {}  # name -> claim slot of a job sent to the workers
+        self._shared: dict[str, tuple[object, tuple]] = {}  # name -> (job, args)
+        self._links: dict[int, tuple] = {}  # worker -> (jobs_out, results_in), while it lives
+        self._child = self._claims = None
         if forked:
             self._fork(warm_up)
 
     def _fork(self, warm_up) -> None:
-        """Start the child with a pipe for jobs, one for results, and the shared jobs' claims."""
+        """Start the first worker (it forks the second) with a pipe for jobs and one for
+        results per worker, and the jobs' claims."""
         context = multiprocessing.get_context("fork")
-        jobs_in, jobs_out = context.Pipe(duplex=False)  # (receiving end, sending end)
-        results_in, results_out = context.Pipe(duplex=False)
-        claims = _Claims(context)
-        ends = (jobs_in, results_out, (jobs_out, results_in), warm_up, claims)
-        self._child = context.Process(target=_serve, args=ends, daemon=True)
+        pipes = [(context.Pipe(duplex=False), context.Pipe(duplex=False)) for _ in WORKERS]
+        theirs = [(jobs_in, results_out) for (jobs_in, _), (_, results_out) in pipes]
+        ours = [(jobs_out, results_in) for (_, jobs_out), (results_in, _) in pipes]
+        claims = Claims(context)
+        self._child = context.Process(target=serve_team, daemon=True,
+                                      args=(theirs, [e for pair in ours for e in pair],
+                                            warm_up, claims))
         self._child.start()
-        jobs_in.close()
-        results_out.close()
-        self._jobs_out, self._results_in, self._claims = jobs_out, results_in, claims
+        for pair in theirs:
+            for end in pair:
+                end.close()
+        self._links, self._claims = dict(zip(WORKERS, ours)), claims
 
     def submit(self, name: str, job, *args, shared: bool = False) -> None:
-        """Start `job(*args)` (in the child, or now); its result is `result(name)`."""
+        """Start `job(*args)` (in a worker, or now); its result is `result(name)`."""
         self.submitted.append(name)
-        if self._jobs_out is None:
+        if self._child is None or len(self._slots) == MAX_JOBS:
             self._results[name] = _attempt(job, args)
             return
-        slot = len(self._shared) if shared and len(self._shared) < MAX_SHARED else -1
-        if slot >= 0:
-            self._shared[name] = (slot, job, args)
-        self._jobs_out.send((name, job, args, slot))
+        slot = self._slots[name] = len(self._slots)
+        if shared:
+            self._shared[name] = (job, args)
+        message = ForkingPickler.dumps((name, job, args, slot))  # pickled once, sent to each
+        for worker, (jobs_out, _) in list(self._links.items()):
+            try:
+                jobs_out.send_bytes(message)
+            except (BrokenPipeError, OSError):  # that worker has gone (or never started)
+                self._drop(worker)
 
     def result(self, name: str):
-        """The job's return value; its exception is raised here (the child's as RuntimeError
+        """The job's return value; its exception is raised here (a worker's as RuntimeError
         with its traceback)."""
-        if name in self._shared and name not in self._results:
-            slot, job, args = self._shared[name]
-            if self._claims.claim(slot, HERE):  # not begun there: run it here
-                self._results[name] = _attempt(job, args)
+        if name in self._shared and name not in self._results \
+                and self._claims.claim(self._slots[name], HERE):  # not begun there: run it here
+            self._results[name] = _attempt(*self._shared[name])
         while name not in self._results:
-            self._receive()
+            self._receive(name)
         ok, value = self._results.pop(name)
         if ok:
             return value
@@ -94,31 +102,50 @@ class Painter:
             raise value
         raise RuntimeError(f"report figures in the painter process failed:\n{value}")
 
-    def _receive(self) -> None:
-        """One finished job from the child; an error if it died without sending it."""
-        try:
-            name, ok, value = self._results_in.recv()
-        except EOFError:
-            self._child.join()
-            raise RuntimeError(f"the painter process exited with code {self._child.exitcode} "
-                               "without its figures") from None
-        self._results[name] = (ok, value)
+    def _receive(self, name: str) -> None:
+        """Finished jobs from whichever worker has some; an error if the one running `name`
+        (or every one) died without sending it."""
+        by_end = {results_in: worker for worker, (_, results_in) in self._links.items()}
+        for end in multiprocessing.connection.wait(list(by_end)) if by_end else ():
+            try:
+                got, ok, value = end.recv()
+            except EOFError:
+                self._drop(by_end[end])
+                continue
+            self._results[got] = (ok, value)
+        owner = self._claims.owner(self._slots[name])
+        if name not in self._results and (owner in WORKERS and owner not in self._links
+                                          or not self._links):
+            raise RuntimeError(f"the painter process exited{self._exit_code(owner)} without "
+                               "its figures")
+
+    def _exit_code(self, worker: int) -> str:
+        """" with code N" when the first worker (this process's child) has exited, else ""."""
+        if worker != FIRST:
+            return ""
+        self._child.join()
+        return f" with code {self._child.exitcode}"
+
+    def _drop(self, worker: int) -> None:
+        """Forget a worker that has gone."""
+        for end in self._links.pop(worker):
+            end.close()
 
     def close(self) -> None:
-        """Let the child finish and reap it (at once when something failed here)."""
-        if self._jobs_out is None:
+        """Let the workers finish and reap them (at once when something failed here)."""
+        if self._child is None:
             return
-        jobs_out, self._jobs_out = self._jobs_out, None
-        try:
-            jobs_out.send(None)
-        except (BrokenPipeError, OSError):
-            pass  # it has gone already
-        jobs_out.close()
-        self._results_in.close()
+        for worker, (jobs_out, _) in list(self._links.items()):
+            try:
+                jobs_out.send(None)
+            except (BrokenPipeError, OSError):
+                pass  # it has gone already
+            self._drop(worker)
         self._child.join(timeout=10)
         if self._child.exitcode is None:
             self._child.kill()
             self._child.join()
+        self._child = None
 
     def __enter__(self) -> "Painter":
         return self
@@ -147,68 +174,3 @@ def _attempt(job, args: tuple) -> tuple[bool, object]:
         return True, job(*args)
     except Exception as exc:  # handed to whoever asks for the result
         return False, exc
-
-
-class _Claims:
-    """Who runs each shared job: a byte per slot in memory both processes see, set once under
-    a lock (0: nobody yet)."""
-
-    def __init__(self, context):
-        self._owners = context.RawArray("b", MAX_SHARED)
-        self._lock = context.Lock()
-
-    def claim(self, slot: int, who: int) -> bool:
-        """Take slot `slot` for `who` unless it is taken; whether `who` has it."""
-        with self._lock:
-            if not self._owners[slot]:
-                self._owners[slot] = who
-            return self._owners[slot] == who
-
-
-def _serve(jobs_in, results_out, parent_ends: tuple, warm_up, claims: _Claims) -> None:
-    """The child: run each job received and hand (name, ok, result or traceback) to be sent
-    back, until told to stop or the parent has gone. Threads move the jobs in and the results
-    out meanwhile, so neither side blocks on a full pipe while the other is busy: the parent
-    sending a large job, this loop drawing the next figure. The parent's ends of the pipes are
-    closed here first, so its exit is seen. Ctrl-C is the parent's to handle."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    gc.freeze()  # what the parent made stays out of collections: no copy-on-write of its pages
-    for end in parent_ends:
-        end.close()
-    inbox, outbox = queue.SimpleQueue(), queue.SimpleQueue()
-    threading.Thread(target=_read_jobs, args=(jobs_in, inbox), daemon=True).start()
-    sender = threading.Thread(target=_send_results, args=(outbox, results_out), daemon=True)
-    sender.start()
-    if warm_up is not None:
-        _attempt(warm_up, ())  # only a head start: a real failure shows in the jobs
-    while (message := inbox.get()) is not None:
-        name, job, args, slot = message
-        if slot >= 0 and not claims.claim(slot, PAINTER):
-            continue  # the parent ran it itself
-        try:
-            outbox.put((name, True, job(*args)))
-        except Exception:
-            outbox.put((name, False, traceback.format_exc()))
-    outbox.put(None)
-    sender.join()
-
-
-def _send_results(outbox: queue.SimpleQueue, results_out) -> None:
-    """Send each result from `outbox` to the parent until None; stop if the parent has gone."""
-    try:
-        while (result := outbox.get()) is not None:
-            results_out.send(result)
-    except (BrokenPipeError, OSError):
-        pass  # the parent has gone: nothing left to draw for
-    finally:
-        results_out.close()
-
-
-def _read_jobs(jobs_in, inbox: queue.SimpleQueue) -> None:
-    """Move every job from the pipe to `inbox`, then None (stop, or the parent has gone)."""
-    try:
-        while (message := jobs_in.recv()) is not None:
-            inbox.put(message)
-    except (EOFError, OSError):
-        pass
-    inbox.put(None)
