@@ -228,16 +228,21 @@ def _rank_head(run, rank: int, position: int, spans_by_track: dict, max_detail: 
             *_rank_events(rank, spans_by_track, max_detail, detail, placed)]
 
 
-def _document(run, detail: str, counters=None) -> tuple[str, str, str]:
-    """The trace's text in three pieces: head, the events (comma-separated), tail."""
+WRITE_CHUNK = 4096  # events joined per write: the text is never one string in memory
+
+
+def _document(run, detail: str, counters=None):
+    """The trace's text in pieces: head, the events comma-separated a chunk at a time, tail."""
     if detail not in DETAILS:
         raise ValueError(f"trace detail must be one of {DETAILS}, got {detail!r}")
     other = json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode,
                         "detail": detail, "memory_unit": "bytes", "time_unit": "us"},
                        separators=(",", ":"))
-    events = ",".join(_event_parts(run, detail, counters))
-    return ('{"displayTimeUnit":"ms","traceEvents":[', events,
-            '],"otherData":' + other + "}\n")
+    parts = _event_parts(run, detail, counters)
+    yield '{"displayTimeUnit":"ms","traceEvents":['
+    for start in range(0, len(parts), WRITE_CHUNK):
+        yield ("," if start else "") + ",".join(parts[start:start + WRITE_CHUNK])
+    yield '],"otherData":' + other + "}\n"
 
 
 def trace_document(run, detail: str = "full") -> str:
@@ -255,5 +260,5 @@ def write_chrome_trace(run, path, detail: str = "full", counters=None) -> Path:
     _event_parts)."""
     path = Path(path)
     with path.open("w", encoding="ascii") as out:  # JSON text escapes every non-ASCII character
-        out.writelines(_document(run, detail, counters))  # no copy of the whole text
+        out.writelines(_document(run, detail, counters))  # a chunk at a time
     return path
