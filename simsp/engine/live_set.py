@@ -109,18 +109,21 @@ class LiveSet:
 
     def _group_of(self, key: str) -> _Group | None:
         """The group holding `key` live, if any."""
-        if not self._groups:
-            return None
-        cut = key.rfind(".") + 1
-        group = self._groups.get(key[:cut])
-        return group if group is not None and group.holds(key[cut:]) else None
+        return self._split(key)[0] if self._groups else None
 
     def _found(self, key: str) -> tuple[_Group, str]:
         """(group, relative key) of a grouped live key; KeyError if it is not live."""
-        group = self._group_of(key)
+        group, rel = self._split(key)
         if group is None:
             raise KeyError(key)
-        return group, key[key.rfind(".") + 1:]
+        return group, rel
+
+    def _split(self, key: str) -> tuple[_Group | None, str]:
+        """(the group holding `key` live or None, its relative key): cut at the last "."."""
+        cut = key.rfind(".") + 1
+        group = self._groups.get(key[:cut])
+        rel = key[cut:]
+        return (group if group is not None and group.holds(rel) else None), rel
 
     def _drop(self, scope: str, group: _Group, rels) -> None:
         """Free live relative keys `rels` (distinct) of the group under `scope`."""
@@ -131,7 +134,7 @@ class LiveSet:
             group.gone.update(rels)
 
     def _check_free(self, block: OpBlock, scope: str) -> None:
-        """KeyError if a key the block leaves live is live as a single tensor."""
+        """AlreadyLive if a key the block leaves live is live as a single tensor."""
         for rel in block.alloc_rels:
             if scope + rel in self._entries:
-                raise KeyError(f"a tensor of block scope {scope!r} allocated twice")
+                raise AlreadyLive(f"a tensor of block scope {scope!r} allocated twice")

@@ -131,10 +131,10 @@ def _columns(numbers: NumericLog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     codes[firsts[singles]] = input_codes[singles]
     deltas[firsts[singles]] = rows["delta"][singles]
     for kind, block in enumerate(numbers.blocks):
-        rows = np.flatnonzero(kinds == kind)  # (m,)
-        at = firsts[rows][:, None] + np.arange(block.size)  # (m, k)
-        times[at] = starts[rows][:, None] + block.offsets  # float adds exactly as t0 + offset
+        applied = np.flatnonzero(kinds == kind)  # (m,) the records of this block
+        at = firsts[applied][:, None] + np.arange(block.size)  # (m, k)
+        times[at] = starts[applied][:, None] + block.offsets  # float adds exactly as t0 + offset
         codes[at], deltas[at] = block.codes, block.deltas
         if block.input_free is not None:
-            codes[at[:, block.input_free]] = input_codes[rows]
+            codes[at[:, block.input_free]] = input_codes[applied]
     return times, codes, deltas

@@ -7,6 +7,7 @@ scattered over the TP ranks and all-gathered on arrival (Megatron's scatter/gath
 """
 
 from dataclasses import dataclass
+import functools
 import math
 
 from simsp.model import mappings
@@ -85,16 +86,14 @@ def _exchange(r, run, plan: StagePlan, state: RankState, call: Exchange):
 
 
 def _post(r, run, sends: list, recvs: list) -> p2p.Handle:
-    keys = (tuple([op.key[0] for op in sends]), tuple([op.key[0] for op in recvs]))
-    name = _CALL_NAMES.get(keys) or _CALL_NAMES.setdefault(keys, _call_name(*keys))
+    name = _call_name(tuple([op.key[0] for op in sends]), tuple([op.key[0] for op in recvs]))
     return p2p.post(r, run.mailbox, run.world.network, name, sends, recvs)
 
 
-_CALL_NAMES: dict[tuple, str] = {}  # (sent key kinds, received key kinds) -> the call's name
-
-
+@functools.cache
 def _call_name(sent: tuple, received: tuple) -> str:
-    """The call's name from the kinds of the keys it sends and receives ("act", "grad")."""
+    """The call's name from the kinds of the keys it sends and receives ("act", "grad"),
+    worked out once per combination (no frozensets made per call)."""
     return call_name_of_kinds(frozenset(KIND_OF_KEY[kind] for kind in sent),
                               frozenset(KIND_OF_KEY[kind] for kind in received))
 
