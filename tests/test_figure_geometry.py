@@ -9,15 +9,14 @@ from hypothesis import given, strategies as st
 import pytest
 
 from simsp.engine.ledger import Ledger
-from simsp.engine.trace import Span, TransferRecord
-from simsp.report.chrome_trace import string
 from simsp.report.figures import column_rectangles
 from simsp.report.gantt import bar_outlines, clip, lane_strip, median_bar_px
 from simsp.report.memory_timeline import memory_timeline, state_at
 from simsp.report.panel_grid import PanelGrid, nice_ticks, tick_labels
 from simsp.report.pixel_coverage import painted_shares, pixel_coverage, union
 from simsp.report.stacked_steps import stacked_step_polygons, step_path
-from simsp.report.trace_spans import pipeline_links
+from simsp.report.trace_spans import enclosing_calls
+from simsp.report.trace_text import string
 
 
 # ---------------------------------------------------------------- stacked steps
@@ -131,17 +130,20 @@ def test_any_string_literal_is_that_of_json_dumps(text):
 
 
 def test_each_transfer_links_the_calls_that_enclose_it():
-    # Rank 0 posts two sends; the later-starting one ends before the second transfer does, so
-    # that transfer belongs to the earlier, longer call.
-    long, short = Span(0, "pp_comm", "send", 0.0, 10.0), Span(0, "pp_comm", "send", 4.0, 5.0)
-    recv = Span(1, "pp_comm", "recv", 0.0, 10.0)
-    by_rank = {0: {"pp_comm": [short, long]}, 1: {"pp_comm": [recv]}}
-    first = TransferRecord(0, 1, 8, 4.2, 4.8, "p2p a")
-    second = TransferRecord(0, 1, 8, 4.5, 6.0, "p2p b")
-    outside = TransferRecord(0, 1, 8, 11.0, 12.0, "p2p c")
-    other = TransferRecord(0, 1, 8, 4.2, 4.8, "allreduce")
-    links = pipeline_links(by_rank, [first, second, outside, other])
-    assert links == [(first, short, recv), (second, long, recv)]
+    # Rank 0 posts two sends, by start: a long one over [0, 10] and a short one over [4, 5].
+    # The second transfer ends after the short call does, so it belongs to the earlier, longer
+    # call; the third ends after both.
+    call_start, call_end = np.array([0.0, 4.0]), np.array([10.0, 5.0])
+    start, end = np.array([4.2, 4.5, 11.0, 4.0]), np.array([4.8, 6.0, 12.0, 5.0])
+    found = enclosing_calls(call_start, call_end, start, end)
+    assert found.tolist() == [1, 0, -1, 1]  # the last fits the short call exactly
+
+
+def test_a_transfer_before_every_call_or_on_a_rank_without_calls_has_none():
+    assert enclosing_calls(np.array([5.0]), np.array([9.0]), np.array([1.0]),
+                           np.array([2.0])).tolist() == [-1]
+    assert enclosing_calls(np.zeros(0), np.zeros(0), np.array([1.0]),
+                           np.array([2.0])).tolist() == [-1]
 
 
 def test_a_ledgers_coarser_timelines_come_from_its_finest_and_keep_the_peak():

@@ -14,6 +14,7 @@ from simsp.engine.ledger import CATEGORIES, MemEvent
 from simsp.metrics import collect
 from simsp.report import chrome_trace, summary_text, write_reports
 from simsp.report.chrome_trace import memory_timeline, trace_events, write_chrome_trace
+from simsp.report import trace_plan
 from simsp.report.memory_plot import write_memory_plot
 from simsp.training.iteration import Shortcuts, simulate_iteration
 from simsp.units import format_seconds
@@ -124,8 +125,8 @@ def test_trace_is_byte_identical_for_the_same_scenario(tmp_path):
 
 def test_detail_tracks_merge_per_schedule_step_over_budget(case, monkeypatch):
     run, _ = case
-    monkeypatch.setattr(chrome_trace, "SPAN_BUDGET", 1)
-    monkeypatch.setattr(chrome_trace, "MIN_DETAIL_SPANS", 10)
+    monkeypatch.setattr(trace_plan, "SPAN_BUDGET", 1)
+    monkeypatch.setattr(trace_plan, "MIN_DETAIL_SPANS", 10)
     events = trace_events(run)
     names = thread_names(events)
     xs = [e for e in events if e["ph"] == "X"]
