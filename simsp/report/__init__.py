@@ -14,7 +14,7 @@ from simsp.report.chrome_trace import counter_points, stage_counter_lines, write
 from simsp.report.figure_inputs import memory_figures_of, schedule_figure_of
 from simsp.report.figures import capacity_of, memory_pictures, metric_figures, schedule_pictures
 from simsp.report.html import write_report_html
-from simsp.report.memory_plot import write_memory_plot
+from simsp.report.memory_plot import memory_plot_png, write_memory_plot
 from simsp.report.painter import Painter, start_painter
 from simsp.report.summary_md import summary_text, variant_label, write_summary
 
@@ -42,6 +42,7 @@ def paint_stage_figures(run, label: str, painter: Painter, trace: str = "full") 
     painter.submit("schedule", schedule_pictures, schedule_figure_of(run, label))
     memory = memory_figures_of(run, label)
     painter.submit("memory", memory_pictures, memory)
+    painter.submit("memory plot", memory_plot_png, memory)
     if trace != "none":
         painter.submit("counters", stage_counter_lines, memory, counter_points(run),
                        shared=True)  # no matplotlib: this process takes it if free first
@@ -86,7 +87,7 @@ def _figures_and_trace(run, metrics: dict, out: Path, trace: str, painter: Paint
     if trace != "none":
         counters = partial(painter.result, "counters") if "counters" in painter.submitted else None
         files.append(write_chrome_trace(run, out / "trace.json", detail=trace, counters=counters))
-    memory, memory_png = painter.result("memory")
+    memory, memory_png = painter.result("memory"), painter.result("memory plot")
     if memory_png is not None:
         (out / "memory.png").write_bytes(memory_png)
         files.append(out / "memory.png")

@@ -15,7 +15,6 @@ from simsp.metrics import stage_ranks
 from simsp.report.canvas import add_axes_in, new_figure
 from simsp.report.canvas import png_bytes as figure_png
 from simsp.report.gantt import GANTT_COLORS, gantt_intervals, schedule_gantt
-from simsp.report.memory_plot import memory_plot_png
 from simsp.report.memory_stages import COLORS, memory_over_time
 from simsp.report.plot_units import memory_unit, time_unit
 from simsp.report.stage_ticks import stage_ticks
@@ -189,11 +188,10 @@ def _drawn(made: list) -> list[tuple[str, str, bytes]]:
     return [(name, caption, png) for name, caption, png in made if png is not None]
 
 
-def memory_pictures(inputs) -> tuple[list[tuple[str, str, bytes]], bytes | None]:
-    """([memory_stages.png], memory.png's bytes) from figure_inputs.MemoryFigures: one painter
-    job (report/painter.py)."""
-    return (_drawn([("memory_stages.png", MEMORY_CAPTION, memory_over_time(inputs))]),
-            memory_plot_png(inputs))
+def memory_pictures(inputs) -> list[tuple[str, str, bytes]]:
+    """[memory_stages.png] from figure_inputs.MemoryFigures: one painter job (report/painter.py;
+    memory.png, from the same inputs, is another: memory_plot_png)."""
+    return _drawn([("memory_stages.png", MEMORY_CAPTION, memory_over_time(inputs))])
 
 
 def schedule_pictures(inputs) -> list[tuple[str, str, bytes]]:
