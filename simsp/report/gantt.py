@@ -12,6 +12,7 @@ import numpy as np
 
 from simsp.report.canvas import add_axes_in, new_figure, png_bytes
 from simsp.report.pixel_coverage import painted_shares
+from simsp.report.pixel_image import draw_pixels
 from simsp.report.plot_units import time_unit
 from simsp.report.stage_ticks import stage_ticks
 
@@ -150,8 +151,7 @@ def paint_shares(ax, stages: list[dict], window: tuple, tscale: float, width_px:
             strip = np.round(lane_strip(stage, kinds, edges) * 255).astype(np.uint8)  # (w, 3)
             top = (row + offset - 0.45 + 0.5) * rows_per_unit  # image row of the lane's top
             image[int(round(top)):int(round(top + height * rows_per_unit))] = strip
-    ax.imshow(image, extent=(window[0] / tscale, window[1] / tscale, len(stages) - 0.5, -0.5),
-              interpolation="none", aspect="auto", origin="upper")
+    draw_pixels(ax, image)
 
 
 # ---------------------------------------------------------------- figure
