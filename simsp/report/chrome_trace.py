@@ -9,11 +9,10 @@ pipeline send to its receive (the two p2p calls that moved it). Timestamps are m
 The file is written in one pass: each event is encoded straight to compact JSON text (no
 intermediate dicts), in a fixed order, so the same run gives the same bytes: laid out as numeric
 columns (report/trace_plan.py), then formatted a column at a time (report/trace_text.py). It is
-kept to a
-budget (~50 MB for the 530B model): the memory counter is downsampled to at most
+kept to a budget (~50 MB for the 530B model): the memory counter is downsampled to at most
 `MAX_MEMORY_POINTS` per rank and `MEMORY_POINTS_BUDGET` over all ranks (the peak kept exactly),
-and a detail track with more spans than its share of `SPAN_BUDGET` has its spans merged per
-schedule step.
+and a detail track with more spans than its share of `SPAN_BUDGET` (trace_plan.py) has its
+spans merged per schedule step.
 """
 
 import json

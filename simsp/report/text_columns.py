@@ -32,8 +32,8 @@ def constant(text: str) -> Column:
 def _digits(values: np.ndarray, width: int) -> np.ndarray:
     """Decimal digits of non-negative integers (n,), right-aligned and zero-padded to `width`:
     (n, width) uint8 characters."""
-    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)  # (width,)
-    return (values[:, None] // powers % 10 + ZERO).astype(np.uint8)
+    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.uint64)  # (width,)
+    return (values.astype(np.uint64)[:, None] // powers % 10 + ZERO).astype(np.uint8)
 
 
 def _width(values: np.ndarray) -> int:
@@ -42,14 +42,19 @@ def _width(values: np.ndarray) -> int:
 
 
 def integers(values) -> Column:
-    """Non-negative integers (n,) as str() writes them."""
+    """Integers (n,) as str() writes them."""
     values = np.asarray(values, dtype=np.int64)  # (n,)
-    if len(values) and values.min() < 0:
-        raise ValueError("integers() writes non-negative integers only")
-    width = _width(values)
-    digits = _digits(values, width)  # (n, width)
-    lengths = 1 + (values[:, None] >= 10 ** np.arange(1, width, dtype=np.int64)).sum(axis=1)
-    return Column(digits, np.arange(width) >= width - lengths[:, None])
+    negative = values < 0  # (n,)
+    magnitude = np.abs(values).astype(np.uint64)  # (n,) |int64 min| fits
+    width = _width(magnitude)
+    digits = _digits(magnitude, width)  # (n, width)
+    lengths = 1 + (magnitude[:, None] >= 10 ** np.arange(1, width, dtype=np.uint64)).sum(axis=1)
+    keep = np.arange(width) >= width - lengths[:, None]  # (n, width)
+    if not negative.any():
+        return Column(digits, keep)
+    sign = np.full((len(values), 1), ord("-"), dtype=np.uint8)
+    return Column(np.concatenate([sign, digits], axis=1),
+                  np.concatenate([negative[:, None], keep], axis=1))
 
 
 def microseconds(ns) -> Column:
