@@ -3,8 +3,6 @@ that nest, and each pipeline transfer tied to the p2p call spans that enclose it
 
 import numpy as np
 
-from simsp.engine.trace import Span
-
 
 def ns_array(seconds: list) -> np.ndarray:
     """Seconds -> whole nanoseconds, (n,) float (rounded half to even, as round() does)."""

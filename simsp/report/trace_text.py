@@ -9,7 +9,6 @@ keys: the common case) or as text.
 from dataclasses import dataclass
 import itertools
 import json
-import operator
 
 import numpy as np
 
