@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simsp.report.text_columns import (CHUNK_ROWS, constant, integers, microseconds, rows_text,
-                                       seconds_9, table, take, texts)
+                                       seconds_9, table, take)
 from simsp.report.trace_text import flows_text, Flows, string
 
 
@@ -78,8 +78,8 @@ def test_a_table_row_taken_is_the_string(values, data):
         [values[i] for i in index]
 
 
-def test_texts_keep_empty_strings():
-    assert column_rows(texts(["", "ab", ""]), 3) == ["", "ab", ""]
+def test_a_table_keeps_empty_strings():
+    assert column_rows(table(["", "ab", ""]), 3) == ["", "ab", ""]
 
 
 def test_rows_are_joined_by_commas_across_chunks():

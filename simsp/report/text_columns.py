@@ -116,8 +116,8 @@ def _replace_rows(column: Column, rows: np.ndarray, new: Column) -> Column:
 
 
 def table(values: list[str]) -> Column:
-    """One row per ASCII string, to `take` rows from: the strings joined and encoded once, each
-    row a window of that buffer."""
+    """Row i is `values[i]` (ASCII strings; also a table to `take` rows from): the strings
+    joined and encoded once, each row a window of that buffer."""
     lengths = np.fromiter(map(len, values), np.int64, len(values))  # (rows,)
     width = max(1, int(lengths.max()) if len(values) else 0)
     buffer = np.frombuffer("".join(values).encode("ascii") + bytes(width), dtype=np.uint8)
@@ -130,11 +130,6 @@ def take(rows: Column, index) -> Column:
     """Row i is row `index[i]` of `rows` (a table)."""
     index = np.asarray(index, dtype=np.int64)  # (n,)
     return Column(rows.chars[index], rows.keep[index])
-
-
-def texts(values: list[str]) -> Column:
-    """Row i is `values[i]` (ASCII strings)."""
-    return table(values)
 
 
 def rows_text(columns: list[Column], rows: int) -> str:

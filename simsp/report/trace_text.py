@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from simsp.report.text_columns import (Column, constant, integers, microseconds, rows_text,
-                                       seconds_9, table, take, texts)
+                                       seconds_9, table, take)
 
 
 def plain(text: str) -> bool:
@@ -96,7 +96,7 @@ def lane_text(lane: Lane, names: Column) -> str:
     columns = [constant(head), take(names, lane.names), constant(',"ts":'),
                microseconds(lane.start_ns), constant(',"dur":'), microseconds(lane.dur_ns)]
     if lane.arg_texts is not None:
-        columns.append(texts(lane.arg_texts))
+        columns.append(table(lane.arg_texts))
     for i, key in enumerate(lane.arg_keys):  # float arguments: `,"args":{"key":value,...}`
         columns += [constant(("," if i else ',"args":{') + string(key) + ":"),
                     seconds_9(lane.arg_values[:, i])]
@@ -131,13 +131,13 @@ def _flow_names(labels: list[str]) -> list[Column]:
     """The arrows' names, each transfer's label less "p2p " as a JSON string literal: when
     every label is plain text with that prefix, the labels between two quotes."""
     try:
-        column = texts(labels)
+        column = table(labels)
     except UnicodeEncodeError:  # not ASCII: escaped by json.dumps
         column = None
     if column is not None and _plain_with_prefix(column, b"p2p "):
         column.keep[:, :len(b"p2p ")] = False
         return [constant('"'), column, constant('"')]
-    return [texts([string(label.removeprefix("p2p ")) for label in labels])]
+    return [table([string(label.removeprefix("p2p ")) for label in labels])]
 
 
 def _plain_with_prefix(column: Column, prefix: bytes) -> bool:
