@@ -163,6 +163,44 @@ def test_memoised_rates_give_bit_identical_transfers():
     assert memoised.rate_computations < network.rate_computations
 
 
+def _fluid_arrivals(plan, overhead_s: float) -> dict:
+    """Oracle: the fluid model stepped eagerly from event to event (no simpy, no heap, no
+    memo): every flow in flight drains at its max-min rate until the next start or finish;
+    a flow arrives one route latency after its last byte left."""
+    from simsp.cluster.topology import hop_route, route_latency_s
+    capacity = {(u, v): d["bandwidth_Bps"] * CAL.efficiency(d["kind"])
+                for u, v, d in GRAPH.edges(data=True)}
+    starts = sorted((start_s, i) for i, (start_s, *_) in enumerate(plan))
+    left, now, arrivals = {}, 0.0, {}
+    while starts or left:
+        edges = {i: hop_route(GRAPH, plan[i][1], plan[i][2]) for i in left}
+        rates = max_min_rates(edges, capacity) if left else {}
+        finish = min((now + left[i] / rates[i] for i in left), default=float("inf"))
+        step_to = min(finish, starts[0][0] if starts else float("inf"))
+        for i in left:
+            left[i] -= rates[i] * (step_to - now)
+        now = step_to
+        for i in [i for i in left if left[i] <= 1e-9 * plan[i][3]]:
+            route = edges[i]
+            arrivals[i] = now + route_latency_s(GRAPH, route) + overhead_s
+            del left[i]
+        while starts and starts[0][0] <= now:
+            i = starts.pop(0)[1]
+            left[i] = float(plan[i][3])
+    return arrivals
+
+
+@settings(max_examples=40, deadline=None)
+@given(plan=st.lists(st.tuples(st.sampled_from([0.0, 1e-6, 2.5e-6, 4e-6]), st.integers(0, 15),
+                               st.integers(0, 15), st.integers(1, 4) .map(lambda k: k * 10_000)),
+                     min_size=1, max_size=12)
+       .map(lambda ts: [t for t in ts if t[1] != t[2]]).filter(bool))
+def test_transfers_arrive_as_the_eager_fluid_model_says(plan):
+    arrivals, _ = run_transfers(plan)
+    expected = _fluid_arrivals(plan, CAL.transfer_overhead_s)
+    assert arrivals == pytest.approx(expected, rel=1e-9)
+
+
 def test_a_ring_step_solves_the_rates_once_per_instant():
     env = simpy.Environment()
     network = Network(env, GRAPH, CAL)

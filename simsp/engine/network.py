@@ -3,14 +3,18 @@
 A transfer drains its bytes along its route at the max-min fair rate of the links it crosses,
 then arrives after the route's latency. Rates are recomputed once per instant at which transfers
 start or finish (a ring step's hops all start together: one computation, not one per hop), and
-memoised per sequence of active routes (a hit returns the very same floats). A wake-up is only
-scheduled when the first finish changes, so no wake-up is stale. Time = latency + bytes / rate, where a link's capacity is its configured bandwidth times
-the calibrated efficiency of its kind (simsp.hardware.LinkCalibration).
+memoised per sequence of active routes (a hit returns the very same floats). Only a flow whose
+rate changed is touched: its bytes left are brought up to date and its finish time goes into a
+heap, so an instant costs what changed, not every flow in flight. A wake-up is only scheduled
+when the first finish changes, so no wake-up is stale. Time = latency + bytes / rate, where a
+link's capacity is its configured bandwidth times the calibrated efficiency of its kind
+(simsp.hardware.LinkCalibration).
 """
 
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
+import heapq
 import math
 import operator
 
@@ -33,7 +37,8 @@ MEMO_LIMIT = 2_000_000
 
 @dataclass(slots=True)
 class _Flow:
-    """One transfer in flight: its route, bytes still to drain and current fair rate."""
+    """One transfer in flight: its route, bytes still to drain as of `updated_s`, its current
+    fair rate and the time its last byte leaves at that rate."""
 
     flow_id: int
     src: int
@@ -46,7 +51,9 @@ class _Flow:
     start_s: float
     delivered: simpy.Event
     remaining: float
-    rate_Bps: float = 0.0
+    updated_s: float  # when `remaining` was last brought up to date
+    rate_Bps: float = 0.0  # 0 until the first rate computation after its start
+    finish_s: float = math.inf  # updated_s + remaining / rate_Bps
     drained: simpy.Event | None = None  # succeeds when the last byte has left the sender
 
 
@@ -64,8 +71,8 @@ class Network:
         self.bytes_sent: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered from it
         self.bytes_received: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered to it
         self._draining: dict[int, _Flow] = {}  # flow id -> flow, in start order
+        self._finishes: list[tuple[float, int]] = []  # heap of (finish_s, flow id)
         self._next_id = 0
-        self._updated_s = env.now
         self._route_ids: dict[tuple, int] = {}  # route edges -> small integer id
         self._routes: dict[tuple, tuple] = {}  # (src, dst, via) -> (edges, latency_s, route id)
         self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}  # route ids -> rates
@@ -97,7 +104,6 @@ class Network:
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:
-            self._advance()
             self._draining[flow.flow_id] = flow
             self._request_recompute()
         return flow.delivered
@@ -107,7 +113,7 @@ class Network:
         """A flow record for a new transfer along the cached route."""
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
-                     self.env.now, delivered, float(nbytes))
+                     self.env.now, delivered, float(nbytes), self.env.now)
         self._next_id += 1
         return flow
 
@@ -123,14 +129,6 @@ class Network:
             self._routes[key] = (edges, latency_s, route_id)
         return self._routes[key]
 
-    def _advance(self) -> None:
-        """Drain every flow at its current rate up to now."""
-        elapsed_s = self.env.now - self._updated_s
-        if elapsed_s > 0:
-            for flow in self._draining.values():
-                flow.remaining -= flow.rate_Bps * elapsed_s
-        self._updated_s = self.env.now
-
     def _request_recompute(self) -> None:
         """Recompute the rates once, after every start and finish at this instant."""
         if not self._recompute_pending:
@@ -138,24 +136,51 @@ class Network:
             self.env.timeout(0).callbacks.append(self._reschedule)
 
     def _reschedule(self, _event: simpy.Event | None = None) -> None:
-        """Recompute fair rates and wake up when the first flow finishes draining."""
+        """Recompute fair rates, re-time the flows whose rate changed, and wake up when the
+        first flow finishes draining."""
         self._recompute_pending = False
         if not self._draining:
             self._wake = None
             return
         flows = list(self._draining.values())
-        first, delay_s = None, math.inf  # rates are finite and positive: every drain_s < inf
+        now = self.env.now
         for flow, rate in zip(flows, self._rates(flows)):
-            flow.rate_Bps = rate
-            remaining = flow.remaining
-            drain_s = (0.0 if 0.0 > remaining else remaining) / rate  # max(remaining, 0) / rate
-            if drain_s < delay_s:  # first to drain (earliest started on a tie)
-                first, delay_s = flow, drain_s
-        if self._wake is not None and self._wake[:2] == (self.env.now + delay_s, first.flow_id):
+            if rate != flow.rate_Bps:
+                self._retime(flow, rate, now)
+        self._wake_at_first_finish()
+
+    def _retime(self, flow: _Flow, rate_Bps: float, now: float) -> None:
+        """Bring a flow's bytes left up to now at its old rate, then finish it at the new one."""
+        remaining = flow.remaining - flow.rate_Bps * (now - flow.updated_s)
+        flow.remaining = remaining = 0.0 if 0.0 > remaining else remaining
+        flow.updated_s, flow.rate_Bps = now, rate_Bps
+        flow.finish_s = now + remaining / rate_Bps  # rates are finite and positive
+        heapq.heappush(self._finishes, (flow.finish_s, flow.flow_id))
+
+    def _first_finish(self) -> _Flow | None:
+        """The flow that drains first (earliest started on a tie); stale heap entries (flows
+        retimed or retired since) are dropped on the way."""
+        heap, draining = self._finishes, self._draining
+        while heap:
+            finish_s, flow_id = heap[0]
+            flow = draining.get(flow_id)
+            if flow is not None and flow.finish_s == finish_s:
+                return flow
+            heapq.heappop(heap)
+        return None
+
+    def _wake_at_first_finish(self) -> None:
+        """Schedule the wake-up for the first finish, unless the pending one is it already."""
+        first = self._first_finish()
+        if first is None:
+            self._wake = None
+            return
+        if self._wake is not None and self._wake[:2] == (first.finish_s, first.flow_id):
             return  # the pending wake-up is still the right one
         self._token += 1
-        self._wake = (self.env.now + delay_s, first.flow_id, self._token)
-        wake = self.env.timeout(delay_s)
+        self._wake = (first.finish_s, first.flow_id, self._token)
+        delay_s = first.finish_s - self.env.now
+        wake = self.env.timeout(0.0 if 0.0 > delay_s else delay_s)
         wake.callbacks.append(partial(self._on_wake, self._token, first.flow_id))
 
     def _rates(self, flows: list[_Flow]) -> tuple[float, ...]:
@@ -174,18 +199,24 @@ class Network:
         return rates
 
     def _on_wake(self, token: int, flow_id: int, _event: simpy.Event) -> None:
-        """A flow should have drained: retire it (and any finishing with it), then reschedule."""
+        """A flow should have drained: retire it and any finishing with it (fewer than
+        DRAINED_FRACTION of their bytes left now), then reschedule."""
         if token != self._token:
             return
         self._wake = None
-        self._advance()
-        self._draining[flow_id].remaining = 0.0
-        for flow in [f for f in self._draining.values()
-                     if f.remaining <= DRAINED_FRACTION * f.nbytes]:
-            del self._draining[flow.flow_id]
-            self._deliver_after_latency(flow)
+        self._retire(self._draining[flow_id])
+        now = self.env.now
+        while (flow := self._first_finish()) is not None and \
+                flow.remaining - flow.rate_Bps * (now - flow.updated_s) <= \
+                DRAINED_FRACTION * flow.nbytes:
+            self._retire(flow)
         if not self._recompute_pending:  # the rates of the flows left, now (a transfer that
             self._reschedule()  # starts later in this instant asks for them again)
+
+    def _retire(self, flow: _Flow) -> None:
+        """A flow's last byte has left: it no longer shares links; delivery follows."""
+        del self._draining[flow.flow_id]
+        self._deliver_after_latency(flow)
 
     def _deliver_after_latency(self, flow: _Flow) -> None:
         """The last byte arrives one route latency after it left: the delivery event is
