@@ -1,9 +1,8 @@
 """The time a p2p call's data was moving (training/p2p.py): the two-transfer closed form against
 the general interval union, and both against a hand count."""
 
-from types import SimpleNamespace
-
 from hypothesis import example, given, strategies as st
+import simpy
 
 from simsp.training.p2p import _moving_s, _union_length
 
@@ -11,7 +10,11 @@ times = st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.1 + 0.2, 1.0, 1.5, 2.0]) | st.flo
 
 
 def _events(*intervals):
-    return [SimpleNamespace(value=interval) for interval in intervals]
+    """Processed simpy events whose values are the transfers' (start_s, end_s)."""
+    env = simpy.Environment()
+    events = [env.event().succeed(interval) for interval in intervals]
+    env.run()
+    return events
 
 
 def _general(events, start):

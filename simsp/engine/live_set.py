@@ -72,7 +72,7 @@ class LiveSet:
             return tensor
         group, rel = self._found(key)
         self._drop(key[:len(key) - len(rel)], group, (rel,))
-        return LiveTensor(key, *group.block.alloc_entry_of[rel])
+        return _new(LiveTensor, (key, *group.block.alloc_entry_of[rel]))
 
     def free_block(self, block: OpBlock, scope: str) -> None:
         """Remove the tensors a block frees (relative keys under `scope`, its input excluded)."""

@@ -7,6 +7,7 @@ launched on the device's communication stream (engine/streams.py), in issue orde
 """
 
 from dataclasses import dataclass, field
+import math
 
 import numpy as np
 
@@ -51,10 +52,10 @@ class Rank:
     busy_s: dict = field(default_factory=dict)  # kernel kind -> seconds on the compute stream
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
+    numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
-    @property
-    def numeric(self) -> bool:
-        return self.mode == "numeric"
+    def __post_init__(self):
+        self.numeric = self.mode == "numeric"
 
     def key(self, name: str) -> str:
         return f"{self.scope}{name}"
@@ -66,12 +67,12 @@ class Rank:
             tensor = Tensor(shape, itemsize, data)
         else:  # shape only: no data to check against it
             tensor = Tensor.meta(tuple(map(int, shape)), itemsize, None)
-        key = self.scope + name
+        key, nbytes, now = self.scope + name, math.prod(tensor.shape) * itemsize, self.env.now
         try:
-            self.ledger.alloc(key, tensor.nbytes, category, op=name)
+            self.ledger.alloc(key, nbytes, category, name, now)
         except AlreadyLive:  # the name is taken in this scope: the next free "#n"
             key = self._unique_key(key)
-            self.ledger.alloc(key, tensor.nbytes, category, op=name)
+            self.ledger.alloc(key, nbytes, category, name, now)
         tensor.key = key
         return tensor
 
@@ -87,7 +88,7 @@ class Rank:
         """Release tensors from the ledger (None entries are skipped)."""
         for tensor in tensors:
             if tensor is not None and tensor.key is not None:
-                self.ledger.free(tensor.key, op=f"free {tensor.key}")
+                self.ledger.free(tensor.key, f"free {tensor.key}", self.env.now)
                 tensor.key = None
 
     def save(self, tensor: Tensor, name: str) -> Tensor:

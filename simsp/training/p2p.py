@@ -34,30 +34,30 @@ class Mailbox:
 
     def post_send(self, key: tuple, network, src: int, dst: int, nbytes: int, payload):
         """Post a send; its event succeeds once the data has crossed."""
-        entry = self._entry(key)
-        entry[1] = (network, src, dst, nbytes)
         if payload is not None:
             self.payloads[key] = payload
-        self._start_if_matched(key, entry)
+        entry = self._posted.get(key)
+        if entry is None:  # the receive is not posted yet
+            event = self.env.event()
+            self._posted[key] = [event, (network, src, dst, nbytes), False]
+            return event
+        entry[1] = (network, src, dst, nbytes)
+        self._start(key, entry)
         return entry[0]
 
     def post_recv(self, key: tuple) -> simpy.Event:
         """Post a receive; its event succeeds once the sender's data has arrived."""
-        entry = self._entry(key)
+        entry = self._posted.get(key)
+        if entry is None:  # the send is not posted yet
+            event = self.env.event()
+            self._posted[key] = [event, None, True]
+            return event
         entry[2] = True
-        self._start_if_matched(key, entry)
+        self._start(key, entry)
         return entry[0]
 
-    def _entry(self, key: tuple) -> list:
-        entry = self._posted.get(key)
-        if entry is None:
-            entry = self._posted[key] = [self.env.event(), None, False]
-        return entry
-
-    def _start_if_matched(self, key: tuple, entry: list) -> None:
+    def _start(self, key: tuple, entry: list) -> None:
         """Both sides posted: the transfer starts now (NCCL p2p is a rendezvous)."""
-        if entry[1] is None or not entry[2]:
-            return
         del self._posted[key]
         network, src, dst, nbytes = entry[1]
         network.transfer(src, dst, nbytes, label=_label(key), delivered=entry[0])
@@ -121,7 +121,7 @@ def wait(r, handle: Handle) -> dict:
     """Block until the call completed; count transfer vs wait; return {key: received tensor}."""
     start = r.env.now
     for event in handle.events:  # resumes when the last one is done, as AllOf would
-        if not event.processed:
+        if event.callbacks is not None:  # not processed yet (simpy's Event.processed)
             yield event
     moving = _moving_s(handle.events, start)
     r.count_exposed("pp_transfer", moving)
@@ -141,7 +141,7 @@ def _moving_s(events: list, start: float) -> float:
     """Seconds since `start` during which some of the events' transfers (start_s, end_s) were
     moving: their union, clipped to begin at `start`."""
     if len(events) == 2:  # a combined call's send and receive: the common case, in closed form
-        (a0, a1), (b0, b1) = events[0].value, events[1].value
+        (a0, a1), (b0, b1) = events[0]._value, events[1]._value
         a0, b0 = (a0 if a0 > start else start), (b0 if b0 > start else start)
         if a1 <= a0 or b1 <= b0:  # an empty one adds nothing
             return max(a1 - a0, b1 - b0, 0.0)
@@ -151,7 +151,7 @@ def _moving_s(events: list, start: float) -> float:
     return _union_length([(s if s > start else start, e) for s, e in map(_VALUE, events)])
 
 
-_VALUE = attrgetter("value")
+_VALUE = attrgetter("_value")  # processed events' values (simpy's Event.value, less a call)
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
