@@ -45,8 +45,9 @@ def stage_intervals(run, rank: int, spans: list) -> dict[str, np.ndarray]:
     """{kind: (n, 2) [start_s, end_s]} of one stage: forward and backward steps, recompute,
     pipeline transfers, DP communication, and waits (gaps between consecutive steps)."""
     steps = run.steps.get(rank, [])
-    forward = np.array([kind == "F" for kind, *_ in steps], dtype=bool)  # (n,)
-    bounds = np.array([(begin, end) for *_, begin, end in steps], dtype=float).reshape(-1, 2)
+    kinds, _, _, begins, ends = zip(*steps) if steps else ((),) * 5  # transposed once
+    forward = np.array(kinds, dtype=object) == "F"  # (n,)
+    bounds = np.column_stack([np.array(begins, dtype=float), np.array(ends, dtype=float)])
     order = np.argsort(bounds[:, 0], kind="stable")
     forward, bounds = forward[order], bounds[order]  # (n,), (n, 2) by start
     gaps = np.column_stack([bounds[:-1, 1], bounds[1:, 0]])  # (n - 1, 2)
