@@ -112,8 +112,9 @@ class Network:
                   via_gpu: int | None, delivered: simpy.Event) -> _Flow:
         """A flow record for a new transfer along the cached route."""
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
+        now = self.env.now
         flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
-                     self.env.now, delivered, float(nbytes), self.env.now)
+                     now, delivered, float(nbytes), now)
         self._next_id += 1
         return flow
 

@@ -123,12 +123,12 @@ def wait(r, handle: Handle) -> dict:
     for event in handle.events:  # resumes when the last one is done, as AllOf would
         if event.callbacks is not None:  # not processed yet (simpy's Event.processed)
             yield event
-    moving = _moving_s(handle.events, start)
+    moving, now = _moving_s(handle.events, start), r.env.now
     r.count_exposed("pp_transfer", moving)
-    r.count_exposed("pp_wait", r.env.now - start - moving)
+    r.count_exposed("pp_wait", now - start - moving)
     if r.trace is not None and handle.events:
-        r.trace.add_span(r.rank, "pp_comm", handle.name, handle.posted_s, r.env.now,
-                         {"blocked_s": r.env.now - start, "transfer_s": moving})
+        r.trace.add_span(r.rank, "pp_comm", handle.name, handle.posted_s, now,
+                         {"blocked_s": now - start, "transfer_s": moving})
     received = {}
     for op in handle.recvs:
         if r.numeric:
