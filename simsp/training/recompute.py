@@ -11,6 +11,9 @@ from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
 
 
+PLAIN = None  # a layer outside checkpointed segments: its granularity worked out if it runs
+
+
 def _plain_granularity(sc) -> str:
     """Granularity of layers outside checkpointed segments: none under full recompute."""
     g = sc.parallel.recompute_granularity
@@ -29,7 +32,9 @@ def _enter(r, i: int, mb: int) -> None:
 
 def _layer(run, state, i: int, offset: int, granularity: str):
     """Layer i's spec, weights and gradients (built only when the layer really runs: a
-    replayed template needs none of them)."""
+    replayed template needs none of them). PLAIN: the granularity of plain layers."""
+    if granularity is PLAIN:
+        granularity = _plain_granularity(run.sc)
     w, g = state.layer(i)
     return LayerSpec(run.sc.model, i, granularity, offset), w, g
 
@@ -56,9 +61,8 @@ def segment_forward(r, run, state, seg, x, mb: int, offset: int):
     """x (s_l, b, h) through the segment's layers -> (output, what backward needs); a
     generator (a plain layer's is the layer's own, one generator level less per event)."""
     if not seg.checkpointed:
-        _enter(r, seg.layers[0], mb)
-        return _forward(r, run, state, seg.layers[0], x, offset, _plain_granularity(run.sc),
-                        ("F", False))
+        r.scope = layer_scope(mb, seg.layers[0])
+        return _forward(r, run, state, seg.layers[0], x, offset, PLAIN, ("F", False))
     return _checkpointed_forward(r, run, state, seg, x, mb, offset)
 
 
@@ -91,9 +95,8 @@ def segment_backward(r, run, state, seg, saved: dict, dx, mb: int, offset: int):
     """dx (s_l, b, h) at the segment's output -> at its input; frees what the forward kept
     (a generator, as segment_forward)."""
     if not seg.checkpointed:
-        _enter(r, seg.layers[0], mb)
-        return _backward(r, run, state, seg.layers[0], saved, dx, offset,
-                         _plain_granularity(run.sc), ("B", False))
+        r.scope = layer_scope(mb, seg.layers[0])
+        return _backward(r, run, state, seg.layers[0], saved, dx, offset, PLAIN, ("B", False))
     return _checkpointed_backward(r, run, state, seg, saved, dx, mb, offset)
 
 

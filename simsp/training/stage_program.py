@@ -32,21 +32,24 @@ class P2PSetup:
     tp_size: int
     activation_shape: tuple  # (s_l, b, h) of a p2p tensor
     received_shape: tuple  # a receive buffer: the activation, or its 1/t chunk
+    downstream: int  # the rank activations go to: next stage, same tp and dp (wrapping)
+    upstream: int  # the rank input gradients go to: previous stage (wrapping)
 
     @classmethod
-    def of(cls, r, run) -> "P2PSetup":
+    def of(cls, r, run, plan: StagePlan) -> "P2PSetup":
         shape = activation_shape(run, r)
         scattered = _scatter_gather(run, r)
         received = (math.prod(shape) // r.tp.size,) if scattered else shape
         return cls(run.sc.parallel.overlap_p2p_communication, scattered, r.tp.size, shape,
-                   received)
+                   received, run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p),
+                   run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p))
 
 
 def run_schedule(r, run, plan: StagePlan, state: RankState):
     """The stage's steps with Megatron's p2p calls between them (training/p2p_program.py)."""
     state.grad_sync = GradSync(r, run, plan, state.grads)
     state.grad_sync.start_param_gather(r, run)
-    state.p2p = P2PSetup.of(r, run)
+    state.p2p = P2PSetup.of(r, run, plan)
     program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,
                                _warmup(run, plan), run.sc.parallel.overlap_p2p_communication)
     for action in program:

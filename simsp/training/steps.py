@@ -89,8 +89,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
         run.losses[(plan.dp, mb)] = loss
     else:
-        dst = run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p)
-        state.outbox[("act", mb, k + 1, plan.tp, plan.dp)] = (dst, x)
+        state.outbox[("act", mb, k + 1, plan.tp, plan.dp)] = (state.p2p.downstream, x)
     state.stashes[(mb, chunk)] = stash
     run.record_step(r, "F", mb, chunk, begin)
 
@@ -120,7 +119,6 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
                                       stash["embedding"], dx)
         state.grad_sync.grads_ready(r, run, plan, chunk, mb, ["embedding"])
     else:
-        dst = run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p)
-        state.outbox[("grad", mb, k - 1, plan.tp, plan.dp)] = (dst, dx)
+        state.outbox[("grad", mb, k - 1, plan.tp, plan.dp)] = (state.p2p.upstream, dx)
     run.record_step(r, "B", mb, chunk, begin)
 
