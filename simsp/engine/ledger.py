@@ -106,7 +106,7 @@ class Ledger:
             raise ValueError(f"rank {self.rank}: replayed input {input_key!r} has "
                              f"{tensor.nbytes} bytes, the template's had a different size")
         self.current[tensor.category] -= tensor.nbytes
-        return CATEGORIES.index(tensor.category)
+        return CODE[tensor.category]
 
     @property
     def events(self) -> list[MemEvent]:

@@ -36,7 +36,7 @@ def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, st
     for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
         dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
-        state.grad_sync.grads_ready(r, run, plan, chunk, mb, list(reversed(segment.layers)))
+        state.grad_sync.grads_ready(r, run, plan, chunk, mb, segment.layers[::-1])
     return dx
 
 

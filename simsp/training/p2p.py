@@ -66,8 +66,14 @@ class Mailbox:
 def _label(key: tuple) -> str:
     """"p2p " and the key's first three fields as a tuple's repr (ints formatted directly)."""
     if len(key) > 2 and type(key[1]) is int and type(key[2]) is int:
+        head = _LABEL_HEADS.get(key[0])
+        if head is not None:
+            return head % (key[1], key[2])
         return "p2p (%r, %d, %d)" % key[:3]
     return f"p2p {key[:3]}"
+
+
+_LABEL_HEADS = {kind: "p2p (%r, %%d, %%d)" % kind for kind in ("act", "grad")}  # repr made once
 
 
 @dataclass(slots=True)
