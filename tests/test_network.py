@@ -192,7 +192,7 @@ def _fluid_arrivals(plan, overhead_s: float) -> dict:
 
 @settings(max_examples=40, deadline=None)
 @given(plan=st.lists(st.tuples(st.sampled_from([0.0, 1e-6, 2.5e-6, 4e-6]), st.integers(0, 15),
-                               st.integers(0, 15), st.integers(1, 4) .map(lambda k: k * 10_000)),
+                               st.integers(0, 15), st.integers(1, 4).map(lambda k: k * 10_000)),
                      min_size=1, max_size=12)
        .map(lambda ts: [t for t in ts if t[1] != t[2]]).filter(bool))
 def test_transfers_arrive_as_the_eager_fluid_model_says(plan):
