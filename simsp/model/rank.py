@@ -7,7 +7,6 @@ launched on the device's communication stream (engine/streams.py), in issue orde
 """
 
 from dataclasses import dataclass, field
-import math
 
 import numpy as np
 
@@ -67,7 +66,7 @@ class Rank:
             tensor = Tensor(shape, itemsize, data)
         else:  # shape only: no data to check against it
             tensor = Tensor.meta(tuple(map(int, shape)), itemsize, None)
-        key, nbytes, now = self.scope + name, math.prod(tensor.shape) * itemsize, self.env.now
+        key, nbytes, now = self.scope + name, tensor.nbytes, self.env.now
         try:
             self.ledger.alloc(key, nbytes, category, name, now)
         except AlreadyLive:  # the name is taken in this scope: the next free "#n"
