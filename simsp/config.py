@@ -17,6 +17,9 @@ SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
 GPU_CHOICES = ("A100-SXM4-80GB",)
+NORMALIZATION_CHOICES = ("LayerNorm", "RMSNorm")
+POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
+ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,19 @@ class Model:
     ffn_hidden_size: int | None = None  # None means 4h
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    # Llama-class layers (Megatron-LM megatron/training/arguments.py flag names; docs/llama.md)
+    group_query_attention: bool = False
+    num_query_groups: int | None = None  # KV groups G (group_query_attention); None means a
+    kv_channels: int | None = None  # head dimension d; None means h / a
+    swiglu: bool = False
+    normalization: str = "LayerNorm"
+    norm_epsilon: float = 1e-5
+    position_embedding_type: str = "learned_absolute"
+    rotary_base: int = 10000
+    rotary_percent: float = 1.0
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True  # --disable-bias-linear turns it off
+    attention_backend: str = "unfused"  # --use-flash-attn / --attention-backend flash
 
     @property
     def ffn(self) -> int:
@@ -40,7 +56,34 @@ class Model:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """d: kv_channels, or h / a when unset."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        """G: KV head groups (num_query_groups under GQA, else one per head)."""
+        if self.group_query_attention and self.num_query_groups:
+            return self.num_query_groups
+        return self.num_attention_heads
+
+    @property
+    def flash(self) -> bool:
+        return self.attention_backend == "flash"
+
+    @property
+    def rmsnorm(self) -> bool:
+        return self.normalization == "RMSNorm"
+
+    @property
+    def tied(self) -> bool:
+        return not self.untie_embeddings_and_output_weights
+
+    @property
+    def llama_layer(self) -> bool:
+        """Whether any layer variant differs from the GPT layer of K22 (the default path)."""
+        return (self.query_groups != self.num_attention_heads or self.swiglu or self.rmsnorm
+                or self.position_embedding_type == "rope" or not self.add_bias_linear
+                or self.flash or self.head_dim * self.num_attention_heads != self.hidden_size)
 
 
 @dataclass(frozen=True)
@@ -279,11 +322,33 @@ def validate_model(m: Model) -> None:
     """Shape checks of the model alone."""
     _positive("model", m, ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                            "vocab_size", "ffn_hidden_size", "make_vocab_size_divisible_by"))
-    _check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size",
+    _check(m.kv_channels is not None or m.hidden_size % m.num_attention_heads == 0,
+           "model.hidden_size",
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
+    _validate_llama_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
+
+
+def _validate_llama_model(m: Model) -> None:
+    """Megatron-LM's checks on the Llama-class fields (arguments.py, transformer_config.py)."""
+    _positive("model", m, ("num_query_groups", "kv_channels", "rotary_base"))
+    _choice("model.normalization", m.normalization, NORMALIZATION_CHOICES)
+    _choice("model.position_embedding_type", m.position_embedding_type,
+            POSITION_EMBEDDING_CHOICES)
+    _choice("model.attention_backend", m.attention_backend, ATTENTION_BACKEND_CHOICES)
+    _check(m.num_query_groups is None or m.group_query_attention, "model.num_query_groups",
+           "needs group_query_attention (--group-query-attention)")
+    _check(m.num_attention_heads % m.query_groups == 0, "model.num_query_groups",
+           f"{m.query_groups} does not divide num_attention_heads={m.num_attention_heads}")
+    _check(m.norm_epsilon > 0, "model.norm_epsilon", f"must be positive, got {m.norm_epsilon}")
+    _check(0 < m.rotary_percent <= 1, "model.rotary_percent",
+           f"must be in (0, 1], got {m.rotary_percent}")
+    rotary = int(m.head_dim * m.rotary_percent)
+    _check(m.position_embedding_type != "rope" or (rotary > 0 and rotary % 2 == 0),
+           "model.rotary_percent", f"rotates {rotary} of the {m.head_dim} head channels: "
+           "needs an even, positive number")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:
@@ -299,6 +364,9 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"num_attention_heads={m.num_attention_heads} is not divisible by {t}")
     _check(m.ffn % t == 0, "parallel.tensor_model_parallel_size",
            f"ffn_hidden_size={m.ffn} is not divisible by {t}")
+    _check(m.query_groups % t == 0, "parallel.tensor_model_parallel_size",
+           f"num_query_groups={m.query_groups} is not divisible by {t} (Megatron: each TP "
+           "rank holds whole KV groups)")
     padded = padded_vocab_size(m, t)
     _check(padded % t == 0, "parallel.tensor_model_parallel_size",
            f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")

@@ -9,7 +9,8 @@ from dataclasses import fields
 import sys
 from typing import NamedTuple
 
-from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES,
+from simsp.config import (ATTENTION_BACKEND_CHOICES, DTYPE_CHOICES, MODE_CHOICES,
+                          NORMALIZATION_CHOICES, POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
 from simsp.errors import UserError
@@ -46,6 +47,24 @@ SCENARIO_FLAGS = {
                          "dropout probability after attention and MLP, in [0, 1)", "hd"),
     "--attention-dropout": ("model", "attention_dropout", float, None,
                             "dropout probability of the attention scores, in [0, 1)", "ad"),
+    # Llama-class layers (Megatron-LM arguments.py; docs/llama.md)
+    "--num-query-groups": ("model", "num_query_groups", int, None,
+                           "KV head groups G of group-query attention (default: one per head)",
+                           "G"),
+    "--kv-channels": ("model", "kv_channels", int, None,
+                      "head dimension d (elements; default: hidden size / heads)", "kv"),
+    "--normalization": ("model", "normalization", str, NORMALIZATION_CHOICES,
+                        "layer normalization kind", ""),
+    "--norm-epsilon": ("model", "norm_epsilon", float, None, "epsilon of the normalization",
+                       "eps"),
+    "--position-embedding-type": ("model", "position_embedding_type", str,
+                                  POSITION_EMBEDDING_CHOICES, "position embedding", "pos-"),
+    "--rotary-base": ("model", "rotary_base", int, None, "RoPE base (theta)", "rb"),
+    "--rotary-percent": ("model", "rotary_percent", float, None,
+                         "fraction of each head's channels RoPE rotates", "rp"),
+    "--attention-backend": ("model", "attention_backend", str, ATTENTION_BACKEND_CHOICES,
+                            "attention core: unfused (s x s tensors kept) or flash "
+                            "(FlashAttention)", "attn-"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,
@@ -79,6 +98,15 @@ SCENARIO_FLAGS = {
                         "numpy dtype of numeric mode (accounting stays 2-byte)", ""),
 }
 SWITCHES = {  # flag -> (section, key, value, help, token)
+    "--group-query-attention": ("model", "group_query_attention", True,
+                                "group-query attention (with --num-query-groups)", "gqa"),
+    "--swiglu": ("model", "swiglu", True, "SwiGLU MLP (gate and up projections)", "swiglu"),
+    "--untie-embeddings-and-output-weights": ("model", "untie_embeddings_and_output_weights",
+                                              True, "an output layer of its own", "untied"),
+    "--disable-bias-linear": ("model", "add_bias_linear", False, "no biases in linear layers",
+                              "nobias"),
+    "--use-flash-attn": ("model", "attention_backend", "flash",
+                         "FlashAttention (same as --attention-backend flash)", "flash"),
     "--sequence-parallel": ("parallel", "sequence_parallel", True,
                             "shard layer norms and dropout along the sequence (K22 §4.2.2)", "sp"),
     "--no-sequence-parallel": ("parallel", "sequence_parallel", False,
@@ -210,6 +238,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
             found[(section, key)] = value
     if getattr(args, _dest("--sequence-parallel")) and getattr(args, _dest("--no-sequence-parallel")):
         raise UserError("--sequence-parallel", "conflicts with --no-sequence-parallel")
+    backend = getattr(args, _dest("--attention-backend"), None)
+    if getattr(args, _dest("--use-flash-attn"), False) and backend not in (None, "flash"):
+        raise UserError("--use-flash-attn", f"conflicts with --attention-backend {backend}")
     return found
 
 

@@ -108,11 +108,11 @@ def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
     for name in shapes:
         if name.startswith("layers."):
             keep = name[:name.index(".", 7) + 1] in wanted
-        elif name == "embedding.word":
-            keep = plan.holds_embedding or plan.holds_head
+        elif name == "embedding.word":  # tied: the output layer's weight too
+            keep = plan.holds_embedding or (plan.holds_head and "output.weight" not in shapes)
         elif name == "embedding.position":
             keep = plan.holds_embedding
-        else:  # final_ln
+        else:  # final_ln, output.weight (untied)
             keep = plan.holds_head
         if keep:
             names.append(name)
