@@ -105,6 +105,8 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
     def layer(recompute: str) -> int:
         """One layer's kept bytes under `recompute` in this layout."""
+        if m.llama_layer:
+            return llama_layer_activation_bytes(m, b, t, sp, recompute)
         return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
                                       m.hidden_dropout > 0, m.attention_dropout > 0)
     chunks = chunks_per_stage(m, p)
@@ -158,3 +160,83 @@ def _embedding_micro_batches(p: Parallel) -> int:
     if p.schedule_name == "interleaved":
         return min(2 * p.pp - 1, m)
     return _layer_micro_batches(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama-class layers (docs/llama.md derives each term from the tensors the layer keeps)
+
+
+def llama_layer_activation_bytes(m: Model, b: int, t: int = 1, sp: bool = False,
+                                 recompute: str = "none") -> int:
+    """Activation bytes one layer keeps per rank, any variant (docs/llama.md table):
+    (8sbh + 2sbh·[hidden dropout]) / t_sp for the LN inputs, QKV/fc1 inputs and masks, plus
+    2sb·d·(2a + 2G_kept)/t for q, k, v and proj_input (G_kept = a unfused, whose core expands
+    K and V; G with flash), 4sbf/t (GeLU) or 6sbf/t (SwiGLU), and the core: unfused
+    (5 or 2)·a·s²·b/t, flash 4·a·s·b/t (fp32 logsumexp); selective drops the core's share.
+    Full recompute keeps the layer input, 2sbh / t_sp."""
+    s, h, a, d, f = m.seq_length, m.hidden_size, m.num_attention_heads, m.head_dim, m.ffn
+    seq_div = t if sp else 1
+    if recompute == "full":
+        return 2 * s * b * h // seq_div
+    masks = 2 * s * b * h if m.hidden_dropout > 0 else 0
+    replicated = (8 * s * b * h + masks) // seq_div
+    kv_heads = m.query_groups if m.flash else a
+    attention = 2 * s * b * d * (2 * a + 2 * kv_heads) // t  # q, proj_input; k, v
+    mlp = (6 if m.swiglu else 4) * s * b * f // t
+    core = 0
+    if recompute != "selective":
+        core = (4 * a * s * b if m.flash else
+                (5 if m.attention_dropout > 0 else 2) * a * s * s * b) // t
+    return replicated + attention + mlp + core
+
+
+def llama_parameter_count(m: Model) -> int:
+    """Exact parameters of any variant: per layer h(a + 2G)d (QKV) + a·d·h (proj) + (2 or 3)hf
+    (GeLU or SwiGLU) + norms (4h LayerNorm, 2h RMSNorm) + biases ((a + 2G)d + 2h + f or 2f);
+    v·h embedding, s·h learned positions, final norm, v·h untied output layer."""
+    h, a, G, d, f, L = (m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim,
+                        m.ffn, m.num_layers)
+    glu = 2 if m.swiglu else 1
+    norm = h if m.normalization == "RMSNorm" else 2 * h
+    weights = h * (a + 2 * G) * d + a * d * h + (glu + 1) * h * f
+    biases = (a + 2 * G) * d + 2 * h + glu * f if m.add_bias_linear else 0
+    per_layer = weights + biases + 2 * norm
+    position = m.seq_length * h if m.position_embedding_type == "learned_absolute" else 0
+    output = 0 if m.tied else m.vocab_size * h
+    return L * per_layer + m.vocab_size * h + position + norm + output
+
+
+def megatron_model_flops(m: Model, p: Parallel) -> float:
+    """Model FLOPs per iteration as Megatron-LM counts them (megatron/training/training.py
+    num_floating_point_operations, dense): 12·B·s·L·h²·[(1 + G/a + s/h)·(a·d/h) + (f/h)·g
+    + v/(2·L·h)], g = 3/2 for SwiGLU else 1, v the padded vocabulary. With G = a, d = h/a,
+    g = 1, f = 4h it is K22's 72BLsh²(1 + s/(6h) + v/(12hL))."""
+    B, L, s, h = p.global_batch, m.num_layers, m.seq_length, m.hidden_size
+    a, G, d, f = m.num_attention_heads, m.query_groups, m.head_dim, m.ffn
+    v = padded_vocab_size(m, p.tp)
+    gated = 3 / 2 if m.swiglu else 1
+    attention = (1 + G / a + s / h) * (a * d / h)
+    return 12 * B * s * L * h * h * (attention + (f / h) * gated + v / (2 * L * h))
+
+
+def llama_layer_forward_flops(m: Model, B: int) -> int:
+    """Forward GEMM FLOPs of one layer over B samples: QKV 2Bsh(a+2G)d, core 4Bs²ad, proj
+    2Bs·ad·h, MLP 2Bsh·f·(3 SwiGLU, 2 GeLU)."""
+    s, h, a, G, d, f = (m.seq_length, m.hidden_size, m.num_attention_heads, m.query_groups,
+                        m.head_dim, m.ffn)
+    mlp = (3 if m.swiglu else 2) * 2 * B * s * h * f
+    return 2 * B * s * h * (a + 2 * G) * d + 4 * B * s * s * a * d + 2 * B * s * a * d * h + mlp
+
+
+def llama_hardware_flops(m: Model, p: Parallel) -> float:
+    """Model FLOPs plus what is computed again: FlashAttention's backward recomputes QKᵀ
+    (2Bs²ad per layer); selective recompute re-runs the core forward (4Bs²ad; flash: to get
+    its logsumexp); full recompute re-runs each recomputed layer's forward."""
+    B, L, s = p.global_batch, m.num_layers, m.seq_length
+    core = 4 * B * s * s * m.num_attention_heads * m.head_dim
+    extra = L * core // 2 if m.flash else 0
+    if p.recompute_granularity == "selective":
+        extra += L * core
+    elif p.recompute_granularity == "full":
+        extra += recomputed_layers(m, p) * llama_layer_forward_flops(m, B)
+    return megatron_model_flops(m, p) + extra

@@ -1,0 +1,171 @@
+"""Llama-class layers: ledger bytes vs the closed forms of docs/llama.md, the numeric layer vs
+the single-device reference, exact parameter counts, FLOPs formulas reducing to K22's.
+
+The closed form under test (simsp.analytic.llama_layer_activation_bytes) is also rebuilt here
+tensor by tensor from the docs/llama.md table, so the ledger, the formula and the table must
+all agree."""
+
+from hypothesis import given, settings, strategies as st
+import numpy as np
+
+from simsp import analytic
+from simsp.config import Model, Parallel, load_scenario
+from simsp.model import kernels as K
+from simsp.model.layer_sim import simulate_layer
+from simsp.model.params import count_params
+
+
+def llama(t=1, sp=False, recompute="none", groups=None, swiglu=True, rms=True, rope=True,
+          flash=False, bias=False, dropout=0.0, s=32, h=64, a=8, b=1, kv=None, mode="meta",
+          f=96):
+    o = {("model", "seq_length"): s, ("model", "hidden_size"): h,
+         ("model", "num_attention_heads"): a, ("model", "vocab_size"): 64,
+         ("model", "ffn_hidden_size"): f, ("model", "swiglu"): swiglu,
+         ("model", "normalization"): "RMSNorm" if rms else "LayerNorm",
+         ("model", "position_embedding_type"): "rope" if rope else "learned_absolute",
+         ("model", "attention_backend"): "flash" if flash else "unfused",
+         ("model", "add_bias_linear"): bias, ("model", "hidden_dropout"): dropout,
+         ("model", "attention_dropout"): dropout, ("model", "kv_channels"): kv,
+         ("parallel", "micro_batch_size"): b, ("parallel", "tensor_model_parallel_size"): t,
+         ("parallel", "sequence_parallel"): sp,
+         ("parallel", "recompute_granularity"): recompute, ("run", "mode"): mode}
+    if groups is not None:
+        o[("model", "group_query_attention")] = True
+        o[("model", "num_query_groups")] = groups
+    return load_scenario(None, o)
+
+
+def table_bytes(m: Model, b: int, t: int, sp: bool, recompute: str) -> dict:
+    """docs/llama.md's per-tensor table, {name: bytes per rank}."""
+    s, h, a, d, f = m.seq_length, m.hidden_size, m.num_attention_heads, m.head_dim, m.ffn
+    rep = s * b * h // (t if sp else 1)
+    if recompute == "full":
+        return {"layer_input": 2 * rep}
+    kv = (m.query_groups if m.flash else a) // t
+    out = {"ln1_input": 2 * rep, "qkv_input": 2 * rep, "q": 2 * s * b * a // t * d,
+           "k": 2 * s * b * kv * d, "v": 2 * s * b * kv * d, "proj_input": 2 * s * b * a // t * d,
+           "ln2_input": 2 * rep, "fc1_input": 2 * rep, "fc2_input": 2 * s * b * f // t}
+    out["swiglu_input" if m.swiglu else "gelu_input"] = (4 if m.swiglu else 2) * s * b * f // t
+    if m.hidden_dropout > 0:
+        out["attn_dropout_mask"] = out["mlp_dropout_mask"] = rep
+    if recompute != "selective":
+        if m.flash:
+            out["softmax_lse"] = 4 * b * a // t * s
+        else:
+            core = a // t * s * s * b
+            out["softmax_output"] = 2 * core
+            if m.attention_dropout > 0:
+                out["softmax_dropout_mask"], out["attention_dropout_output"] = core, 2 * core
+    return out
+
+
+LAYOUTS = st.sampled_from([(1, False), (2, False), (2, True), (4, True)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=LAYOUTS, recompute=st.sampled_from(["none", "selective", "full"]),
+       kind=st.sampled_from(["mha", "gqa", "mqa"]), swiglu=st.booleans(), rms=st.booleans(),
+       rope=st.booleans(), flash=st.booleans(), bias=st.booleans(),
+       dropout=st.sampled_from([0.0, 0.1]), b=st.integers(1, 2), kv=st.sampled_from([None, 12]))
+def test_ledger_equals_closed_form(layout, recompute, kind, swiglu, rms, rope, flash, bias,
+                                   dropout, b, kv):
+    """Every combination: the ledger's activation bytes after forward equal the closed form
+    and the docs table, tensor by tensor, to the byte (meta mode, one TP group)."""
+    t, sp = layout
+    groups = {"mha": None, "gqa": 4, "mqa": 1}[kind]
+    if kind == "mqa" and t > 1:
+        t, sp = 1, False  # Megatron needs t | G
+    sc = llama(t, sp, recompute, groups, swiglu, rms, rope, flash, bias, dropout, b=b, kv=kv)
+    result = simulate_layer(sc)
+    measured = result.records[0].activation_bytes
+    formula = analytic.llama_layer_activation_bytes(sc.model, b, t, sp, recompute)
+    table = table_bytes(sc.model, b, t, sp, recompute)
+    assert measured == formula == sum(table.values())
+    assert dict(result.records[0].saved) == table
+
+
+@settings(max_examples=30, deadline=None)
+@given(layout=LAYOUTS, recompute=st.sampled_from(["none", "selective", "full"]),
+       s=st.sampled_from([16, 32, 48]), h=st.sampled_from([32, 64]), a=st.sampled_from([4, 8]),
+       dropout=st.booleans(), b=st.integers(1, 3))
+def test_closed_form_is_k22_for_gpt(layout, recompute, s, h, a, dropout, b):
+    """With G = a, GeLU, LayerNorm, learned positions, unfused, the Llama closed form is
+    K22's layer_activation_bytes (analytic.py) for every layout."""
+    t, sp = layout
+    p = 0.1 if dropout else 0.0
+    m = Model(seq_length=s, hidden_size=h, num_attention_heads=a, hidden_dropout=p,
+              attention_dropout=p)
+    assert analytic.llama_layer_activation_bytes(m, b, t, sp, recompute) == \
+        analytic.layer_activation_bytes(s, b, h, a, t, sp, recompute, None, dropout, dropout)
+
+
+VARIANTS = [dict(groups=2), dict(groups=1, swiglu=False), dict(flash=True, dropout=0.1),
+            dict(flash=True, groups=2, recompute="selective"), dict(rope=False, rms=False),
+            dict(bias=True, dropout=0.1, groups=4), dict(kv=12, groups=4, flash=True),
+            dict(groups=4, recompute="selective", dropout=0.1)]
+
+
+def test_numeric_layer_matches_reference():
+    """Each variant's parallel layer (t = 2 with SP; MQA at t = 1) equals the single-device
+    reference to rounding: output, input gradient and every weight gradient."""
+    for variant in VARIANTS:
+        t = 1 if variant.get("groups") == 1 else 2
+        sc = llama(t, t > 1, mode="numeric", s=40, **variant)
+        assert simulate_layer(sc).max_rel_err < 1e-12, variant
+
+
+def test_flash_kernel_equals_plain_attention():
+    """The blockwise (tiled, online-softmax) attention equals softmax(QKᵀ/√d)·V and its
+    gradients, with GQA and a dropout mask, to rounding (s not a multiple of the tile)."""
+    rng = np.random.default_rng(0)
+    b, a, G, s, d = 2, 4, 2, 37, 8
+    q, k, v, dout = (rng.normal(size=(b, n, s, d)) for n in (a, G, G, a))
+    full_keep = K.keep_mask(0.2, 3, 5, (0, 0, 0, 0), (b, a, s, s))
+    keep = lambda i0, i1, j0, j1: full_keep[:, :, i0:i1, j0:j1]
+    out, lse = K.flash_forward(q, k, v, keep, 0.2)
+    kx, vx = K.expand_kv(k, a // G), K.expand_kv(v, a // G)
+    probs = K.causal_softmax_forward(K.attention_scores_forward(q, kx))
+    dropped = K.dropout_forward(probs, full_keep, 0.2)
+    assert np.abs(out - dropped @ vx).max() < 1e-13
+    dq, dk, dv = K.flash_backward(dout, q, k, v, out, lse, keep, 0.2)
+    dprobs_d, dvx = K.attention_context_backward(dout, dropped, vx)
+    dscores = K.softmax_backward(K.dropout_backward(dprobs_d, full_keep, 0.2), probs)
+    dq_ref, dkx = K.attention_scores_backward(dscores, q, kx)
+    assert np.abs(dq - dq_ref).max() < 1e-12
+    assert np.abs(dk - K.reduce_kv(dkx, a // G)).max() < 1e-12
+    assert np.abs(dv - K.reduce_kv(dvx, a // G)).max() < 1e-12
+
+
+PUBLISHED = {  # Meta's model cards (Llama 2, Llama 3, Llama 3.1): exact parameter counts
+    "llama2-7b": 6_738_415_616, "llama2-70b": 68_976_648_192, "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496, "llama3.1-405b": 405_853_388_800}
+
+
+def test_bundled_llama_parameter_counts_are_published():
+    """The bundled scenarios' architectures have exactly the published parameter counts
+    (unpadded vocabulary), by the shapes and by the closed form."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    for name, published in PUBLISHED.items():
+        m = load_scenario(root / f"{name}.toml").model
+        assert count_params(m) == analytic.llama_parameter_count(m) == published, name
+
+
+def test_megatron_flops_reduce_to_k22():
+    """num_floating_point_operations with G = a, GeLU, f = 4h is K22's 72BLsh²(1 + s/6h +
+    v/12hL) (relative 1e-15: float order)."""
+    m, p = Model(num_layers=96, hidden_size=12288, num_attention_heads=96, seq_length=2048,
+                 vocab_size=51200), Parallel(tensor_model_parallel_size=8, global_batch_size=64)
+    assert abs(analytic.megatron_model_flops(m, p) / analytic.model_flops(m, p) - 1) < 1e-14
+
+
+def test_megatron_flops_llama3_8b_by_hand():
+    """Llama 3 8B, B = 1, s = 8192, padded v = 128256 (t = 1): the formula's terms by hand."""
+    m = Model(num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=8192,
+              vocab_size=128256, ffn_hidden_size=14336, swiglu=True, group_query_attention=True,
+              num_query_groups=8)
+    p = Parallel(global_batch_size=1)
+    s, L, h = 8192, 32, 4096
+    per_layer = 2 * s * (h * 6144 + 4096 * h + 3 * h * 14336) * 3 + 3 * 4 * s * s * 4096
+    logits = 6 * s * h * 128256
+    assert abs(analytic.megatron_model_flops(m, p) / (per_layer * L + logits) - 1) < 1e-14
