@@ -3,7 +3,7 @@
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """
 
-from simsp.config import Model, Parallel, Scenario, padded_vocab_size
+from simsp.config import Model, Parallel, Scenario, padded_vocab_size, pipeline_layer_counts
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -105,12 +105,14 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
     def layer(recompute: str) -> int:
         """One layer's kept bytes under `recompute` in this layout."""
-        if m.llama_layer:
-            return llama_layer_activation_bytes(m, b, t, sp, recompute)
+        if m.llama_layer or p.recompute_modules:
+            return llama_layer_activation_bytes(m, b, t, sp, recompute,
+                                                p.recompute_module_set or frozenset(("core_attn",)))
         return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
                                       m.hidden_dropout > 0, m.attention_dropout > 0)
     chunks = chunks_per_stage(m, p)
-    kept, recomputed = chunk_recompute_bytes(p, m.num_layers // p.pp // chunks,
+    stage_layers = pipeline_layer_counts(m, p)[0] if p.uneven_pipeline else m.num_layers // p.pp
+    kept, recomputed = chunk_recompute_bytes(p, stage_layers // chunks,
                                              layer(p.recompute_granularity), layer("none"))
     total = kept * chunks * _layer_micro_batches(p)
     if p.schedule_name == "interleaved":
@@ -167,24 +169,28 @@ def _embedding_micro_batches(p: Parallel) -> int:
 
 
 def llama_layer_activation_bytes(m: Model, b: int, t: int = 1, sp: bool = False,
-                                 recompute: str = "none") -> int:
+                                 recompute: str = "none",
+                                 modules: frozenset = frozenset(("core_attn",))) -> int:
     """Activation bytes one layer keeps per rank, any variant (docs/llama.md table):
     (8sbh + 2sbh·[hidden dropout]) / t_sp for the LN inputs, QKV/fc1 inputs and masks, plus
     2sb·d·(2a + 2G_kept)/t for q, k, v and proj_input (G_kept = a unfused, whose core expands
     K and V; G with flash), 4sbf/t (GeLU) or 6sbf/t (SwiGLU), and the core: unfused
-    (5 or 2)·a·s²·b/t, flash 4·a·s·b/t (fp32 logsumexp); selective drops the core's share.
-    Full recompute keeps the layer input, 2sbh / t_sp."""
+    (5 or 2)·a·s²·b/t, flash 4·a·s·b/t (fp32 logsumexp). Selective recompute drops the share
+    of each of its modules: core_attn the core, layernorm the two norm outputs (4sbh/t_sp),
+    mlp the activation's input and output. Full recompute keeps the layer input, 2sbh / t_sp."""
     s, h, a, d, f = m.seq_length, m.hidden_size, m.num_attention_heads, m.head_dim, m.ffn
     seq_div = t if sp else 1
     if recompute == "full":
         return 2 * s * b * h // seq_div
+    rebuilt = modules if recompute == "selective" else frozenset()
     masks = 2 * s * b * h if m.hidden_dropout > 0 else 0
-    replicated = (8 * s * b * h + masks) // seq_div
+    norm_outputs = 0 if "layernorm" in rebuilt else 4 * s * b * h
+    replicated = (4 * s * b * h + norm_outputs + masks) // seq_div
     kv_heads = m.query_groups if m.flash else a
     attention = 2 * s * b * d * (2 * a + 2 * kv_heads) // t  # q, proj_input; k, v
-    mlp = (6 if m.swiglu else 4) * s * b * f // t
+    mlp = 0 if "mlp" in rebuilt else (6 if m.swiglu else 4) * s * b * f // t
     core = 0
-    if recompute != "selective":
+    if "core_attn" not in rebuilt:
         core = (4 * a * s * b if m.flash else
                 (5 if m.attention_dropout > 0 else 2) * a * s * s * b) // t
     return replicated + attention + mlp + core

@@ -109,6 +109,26 @@ class Parallel:
     overlap_param_gather: bool = False
     ddp_bucket_size: int | None = None  # parameters per DP bucket; None: max(40M, 1M*d)
     accumulate_allreduce_grads_in_fp32: bool = True  # Megatron turns it on for bf16
+    # Uneven pipeline stages (Megatron-LM transformer_block.py get_num_layers_to_build)
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    recompute_modules: str | None = None  # selective: space-separated; None means core_attn
+
+    @property
+    def uneven_pipeline(self) -> bool:
+        return (self.decoder_first_pipeline_num_layers is not None
+                or self.decoder_last_pipeline_num_layers is not None
+                or self.account_for_embedding_in_pipeline_split
+                or self.account_for_loss_in_pipeline_split)
+
+    @property
+    def recompute_module_set(self) -> frozenset:
+        """Megatron's --recompute-modules for selective recompute (core_attn by default)."""
+        if self.recompute_granularity != "selective":
+            return frozenset()
+        return frozenset((self.recompute_modules or "core_attn").split())
 
     @property
     def tp(self) -> int:
@@ -195,6 +215,64 @@ class Scenario:
         return replace(self.model, vocab_size=self.padded_vocab_size)
 
 
+def pipeline_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
+    """Transformer layers of each pipeline stage, as Megatron-LM builds them
+    (megatron/core/transformer/transformer_block.py get_num_layers_to_build, non-interleaved):
+    the given first/last stage counts and the rest spread evenly over the middle stages; or
+    (L + 1 per accounted embedding/loss) / p per stage, one fewer on the first (embedding) and
+    last (loss) stage; else L / p each."""
+    first, last, L, n = (p.decoder_first_pipeline_num_layers,
+                         p.decoder_last_pipeline_num_layers, m.num_layers, p.pp)
+    if first is not None or last is not None:
+        middle_stages = n - (first is not None) - (last is not None)
+        middle_layers = L - (first or 0) - (last or 0)
+        each = middle_layers // middle_stages if middle_stages > 0 else 0
+        counts = [each] * n
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+        return tuple(counts)
+    total = L + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    counts = [total // n] * n
+    counts[0] -= p.account_for_embedding_in_pipeline_split
+    counts[-1] -= p.account_for_loss_in_pipeline_split
+    return tuple(counts)
+
+
+def _validate_uneven_pipeline(m: Model, p: Parallel) -> None:
+    """Megatron's checks on uneven stages (transformer_block.py, arguments.py); simsp also needs
+    one layer or more per stage and a non-interleaved schedule."""
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    _positive("parallel", p, ("decoder_first_pipeline_num_layers",
+                              "decoder_last_pipeline_num_layers"))
+    given = (first is not None) + (last is not None)
+    accounted = p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split
+    name = "parallel.decoder_first_pipeline_num_layers" if first is not None else \
+        "parallel.decoder_last_pipeline_num_layers" if last is not None else \
+        "parallel.account_for_embedding_in_pipeline_split"
+    _check(not (given and accounted), name, "cannot be combined with account_for_embedding/"
+           "loss_in_pipeline_split (Megatron: not supported with uneven pp)")
+    _check(p.pp > 1, name, "needs pipeline_model_parallel_size > 1")
+    _check(p.schedule_name != "interleaved", name,
+           "uneven stages are modelled with the 1f1b and gpipe schedules only")
+    middle_stages = p.pp - given
+    middle_layers = m.num_layers - (first or 0) - (last or 0)
+    if given:
+        _check(middle_layers >= 0 and (middle_stages > 0 or middle_layers == 0), name,
+               f"the first/last stage layers do not add up to num_layers={m.num_layers}")
+        _check(middle_stages == 0 or middle_layers % middle_stages == 0, name,
+               f"the {middle_layers} remaining layers do not divide over {middle_stages} "
+               "middle stages")
+    else:
+        total = m.num_layers + p.account_for_embedding_in_pipeline_split + \
+            p.account_for_loss_in_pipeline_split
+        _check(total % p.pp == 0, name, f"num_layers + accounted embedding/loss = {total} is "
+               f"not divisible by {p.pp} stages")
+    counts = pipeline_layer_counts(m, p)
+    _check(min(counts) >= 1, name, f"gives a stage without layers ({counts})")
+
+
 def padded_vocab_size(m: Model, t: int) -> int:
     """v rounded up to a multiple of make_vocab_size_divisible_by · t (Megatron-LM
     megatron/training/tokenizer/tokenizer.py `_vocab_size_with_padding`)."""
@@ -244,6 +322,11 @@ def _build_section(section: str, values: dict):
         if key not in kinds:
             known = ", ".join(sorted(kinds))
             raise UserError(f"{section}.{key}", f"unknown key (known: {known})")
+    if isinstance(values.get("recompute_modules"), list):  # Megatron's list, as TOML writes it
+        words = values["recompute_modules"]
+        if not all(isinstance(w, str) for w in words):
+            raise UserError(f"{section}.recompute_modules", "must be a list of module names")
+        values = {**values, "recompute_modules": " ".join(words)}
     return cls(**{k: _coerce(section, k, v, kinds[k]) for k, v in values.items()})
 
 
@@ -374,14 +457,18 @@ def validate_parallel(m: Model, p: Parallel) -> None:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
                f"seq_length={m.seq_length} is not divisible by tensor_model_parallel_size={t}")
-    _check(m.num_layers % p.pp == 0, "parallel.pipeline_model_parallel_size",
-           f"num_layers={m.num_layers} is not divisible by {p.pp} stages")
+    if p.uneven_pipeline:
+        _validate_uneven_pipeline(m, p)
+    else:
+        _check(m.num_layers % p.pp == 0, "parallel.pipeline_model_parallel_size",
+               f"num_layers={m.num_layers} is not divisible by {p.pp} stages")
     _check(p.global_batch % (p.micro_batch_size * p.dp) == 0, "parallel.global_batch_size",
            f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
            f"{p.micro_batch_size * p.dp}")
     _validate_schedule(m, p)
     _validate_overlap(p)
     _validate_recompute_method(m, p)
+    _validate_recompute_modules(p)
 
 
 def _validate_overlap(p: Parallel) -> None:
@@ -405,14 +492,34 @@ def _validate_recompute_method(m: Model, p: Parallel) -> None:
             _check(getattr(p, name) is None, f"parallel.{name}",
                    f"only applies to recompute_granularity full, not {p.recompute_granularity}")
         return
-    per_chunk = p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp
     n = n or 1
-    if method == "block":
-        _check(n <= per_chunk, "parallel.recompute_num_layers",
-               f"block recomputes {n} layers but each model chunk has {per_chunk}")
-    else:
-        _check(per_chunk % n == 0, "parallel.recompute_num_layers",
-               f"uniform groups of {n} do not divide the {per_chunk} layers of each model chunk")
+    chunk_sizes = (pipeline_layer_counts(m, p) if p.uneven_pipeline else
+                   (p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp,))
+    for per_chunk in sorted(set(chunk_sizes)):
+        if method == "block":
+            _check(n <= per_chunk, "parallel.recompute_num_layers",
+                   f"block recomputes {n} layers but each model chunk has {per_chunk}")
+        else:
+            _check(per_chunk % n == 0, "parallel.recompute_num_layers",
+                   f"uniform groups of {n} do not divide the {per_chunk} layers of each model "
+                   "chunk")
+
+
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")  # Megatron's names for a dense layer
+
+
+def _validate_recompute_modules(p: Parallel) -> None:
+    """--recompute-modules: selective granularity only; Megatron's module names of the dense
+    layer (moe, moe_act, shared_experts and mla_up_proj have nothing to act on here)."""
+    if p.recompute_modules is None:
+        return
+    _check(p.recompute_granularity == "selective", "parallel.recompute_modules",
+           f"only applies to recompute_granularity selective, not {p.recompute_granularity}")
+    names = p.recompute_modules.split()
+    _check(bool(names), "parallel.recompute_modules", "names no module")
+    for name in names:
+        _check(name in RECOMPUTE_MODULES, "parallel.recompute_modules",
+               f"{name!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:

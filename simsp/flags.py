@@ -89,6 +89,15 @@ SCENARIO_FLAGS = {
                                "layers per recompute group/block (Megatron)", "rnl"),
     "--recompute-granularity": ("parallel", "recompute_granularity", str, RECOMPUTE_CHOICES,
                                 "activation recomputation (K22 §4-5)", "rc-"),
+    "--decoder-first-pipeline-num-layers": ("parallel", "decoder_first_pipeline_num_layers",
+                                            int, None, "layers of the first pipeline stage "
+                                            "(default: an even split)", "first"),
+    "--decoder-last-pipeline-num-layers": ("parallel", "decoder_last_pipeline_num_layers", int,
+                                           None, "layers of the last pipeline stage (default: "
+                                           "an even split)", "last"),
+    "--recompute-modules": ("parallel", "recompute_modules", str, None,
+                            "selective recompute: modules among core_attn, mlp, layernorm, "
+                            "space-separated in one argument (default: core_attn)", "rmod-"),
     "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None, "GPUs per node", "gpn"),
     "--mode": ("run", "mode", str, MODE_CHOICES,
@@ -111,6 +120,12 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
                             "shard layer norms and dropout along the sequence (K22 §4.2.2)", "sp"),
     "--no-sequence-parallel": ("parallel", "sequence_parallel", False,
                                "turn off a scenario's sequence parallelism", "nosp"),
+    "--account-for-embedding-in-pipeline-split":
+        ("parallel", "account_for_embedding_in_pipeline_split", True,
+         "count the embedding as a layer when splitting the pipeline", "acemb"),
+    "--account-for-loss-in-pipeline-split":
+        ("parallel", "account_for_loss_in_pipeline_split", True,
+         "count the loss as a layer when splitting the pipeline", "acloss"),
     "--use-distributed-optimizer": ("parallel", "distributed_optimizer", True,
                                     "shard optimizer state over data-parallel ranks (ZeRO-1)",
                                     "distopt"),
@@ -130,6 +145,7 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
          "nofp32grad"),
 }
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
+LIST_FLAGS = ("--recompute-modules",)  # Megatron's nargs='*' flags: one or more words, joined
 
 
 class Parser(argparse.ArgumentParser):
@@ -210,7 +226,8 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
     for flag in SCENARIO_FLAGS:
         row = _row(flag)
         group.add_argument(flag, dest=_dest(flag), type=row.kind, choices=row.choices,
-                           default=None, metavar=_metavar(row), help=flag_help(flag))
+                           default=None, metavar=_metavar(row), help=flag_help(flag),
+                           nargs="+" if flag in LIST_FLAGS else None)
     for flag in SWITCHES:
         section, key, _, meaning, _ = _switch(flag)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
@@ -229,6 +246,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     found = {}
     for flag in SCENARIO_FLAGS:
         value = getattr(args, _dest(flag), None)
+        if isinstance(value, list):
+            value = " ".join(value)
         if value is not None:
             row = _row(flag)
             found[(row.section, row.key)] = value
@@ -250,6 +269,8 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
     tokens = []
     for flag in SCENARIO_FLAGS:
         value = getattr(args, _dest(flag), None)
+        if isinstance(value, list):
+            value = "-".join(value)
         if value is not None:
             text = f"{value:g}" if isinstance(value, float) else str(value)
             tokens.append(f"{_row(flag).token}{text}")

@@ -17,7 +17,7 @@ from simsp.model.params import count_params
 
 def llama(t=1, sp=False, recompute="none", groups=None, swiglu=True, rms=True, rope=True,
           flash=False, bias=False, dropout=0.0, s=32, h=64, a=8, b=1, kv=None, mode="meta",
-          f=96):
+          f=96, modules=None):
     o = {("model", "seq_length"): s, ("model", "hidden_size"): h,
          ("model", "num_attention_heads"): a, ("model", "vocab_size"): 64,
          ("model", "ffn_hidden_size"): f, ("model", "swiglu"): swiglu,
@@ -28,15 +28,17 @@ def llama(t=1, sp=False, recompute="none", groups=None, swiglu=True, rms=True, r
          ("model", "attention_dropout"): dropout, ("model", "kv_channels"): kv,
          ("parallel", "micro_batch_size"): b, ("parallel", "tensor_model_parallel_size"): t,
          ("parallel", "sequence_parallel"): sp,
-         ("parallel", "recompute_granularity"): recompute, ("run", "mode"): mode}
+         ("parallel", "recompute_granularity"): recompute, ("run", "mode"): mode,
+         ("parallel", "recompute_modules"): modules}
     if groups is not None:
         o[("model", "group_query_attention")] = True
         o[("model", "num_query_groups")] = groups
     return load_scenario(None, o)
 
 
-def table_bytes(m: Model, b: int, t: int, sp: bool, recompute: str) -> dict:
+def table_bytes(m: Model, b: int, t: int, sp: bool, recompute: str, modules=None) -> dict:
     """docs/llama.md's per-tensor table, {name: bytes per rank}."""
+    rebuilt = set((modules or "core_attn").split()) if recompute == "selective" else set()
     s, h, a, d, f = m.seq_length, m.hidden_size, m.num_attention_heads, m.head_dim, m.ffn
     rep = s * b * h // (t if sp else 1)
     if recompute == "full":
@@ -48,7 +50,11 @@ def table_bytes(m: Model, b: int, t: int, sp: bool, recompute: str) -> dict:
     out["swiglu_input" if m.swiglu else "gelu_input"] = (4 if m.swiglu else 2) * s * b * f // t
     if m.hidden_dropout > 0:
         out["attn_dropout_mask"] = out["mlp_dropout_mask"] = rep
-    if recompute != "selective":
+    if "layernorm" in rebuilt:
+        del out["qkv_input"], out["fc1_input"]
+    if "mlp" in rebuilt:
+        del out["fc2_input"], out["swiglu_input" if m.swiglu else "gelu_input"]
+    if "core_attn" not in rebuilt:
         if m.flash:
             out["softmax_lse"] = 4 * b * a // t * s
         else:
@@ -60,10 +66,14 @@ def table_bytes(m: Model, b: int, t: int, sp: bool, recompute: str) -> dict:
 
 
 LAYOUTS = st.sampled_from([(1, False), (2, False), (2, True), (4, True)])
+RECOMPUTE = st.sampled_from([("none", None), ("selective", None), ("full", None),
+                             ("selective", "mlp"), ("selective", "layernorm"),
+                             ("selective", "core_attn mlp layernorm"),
+                             ("selective", "layernorm mlp")])
 
 
 @settings(max_examples=40, deadline=None)
-@given(layout=LAYOUTS, recompute=st.sampled_from(["none", "selective", "full"]),
+@given(layout=LAYOUTS, recompute=RECOMPUTE,
        kind=st.sampled_from(["mha", "gqa", "mqa"]), swiglu=st.booleans(), rms=st.booleans(),
        rope=st.booleans(), flash=st.booleans(), bias=st.booleans(),
        dropout=st.sampled_from([0.0, 0.1]), b=st.integers(1, 2), kv=st.sampled_from([None, 12]))
@@ -72,14 +82,17 @@ def test_ledger_equals_closed_form(layout, recompute, kind, swiglu, rms, rope, f
     """Every combination: the ledger's activation bytes after forward equal the closed form
     and the docs table, tensor by tensor, to the byte (meta mode, one TP group)."""
     t, sp = layout
+    recompute, modules = recompute
     groups = {"mha": None, "gqa": 4, "mqa": 1}[kind]
     if kind == "mqa" and t > 1:
         t, sp = 1, False  # Megatron needs t | G
-    sc = llama(t, sp, recompute, groups, swiglu, rms, rope, flash, bias, dropout, b=b, kv=kv)
+    sc = llama(t, sp, recompute, groups, swiglu, rms, rope, flash, bias, dropout, b=b, kv=kv,
+               modules=modules)
     result = simulate_layer(sc)
     measured = result.records[0].activation_bytes
-    formula = analytic.llama_layer_activation_bytes(sc.model, b, t, sp, recompute)
-    table = table_bytes(sc.model, b, t, sp, recompute)
+    formula = analytic.llama_layer_activation_bytes(sc.model, b, t, sp, recompute,
+                                                    sc.parallel.recompute_module_set)
+    table = table_bytes(sc.model, b, t, sp, recompute, modules)
     assert measured == formula == sum(table.values())
     assert dict(result.records[0].saved) == table
 
@@ -102,7 +115,9 @@ def test_closed_form_is_k22_for_gpt(layout, recompute, s, h, a, dropout, b):
 VARIANTS = [dict(groups=2), dict(groups=1, swiglu=False), dict(flash=True, dropout=0.1),
             dict(flash=True, groups=2, recompute="selective"), dict(rope=False, rms=False),
             dict(bias=True, dropout=0.1, groups=4), dict(kv=12, groups=4, flash=True),
-            dict(groups=4, recompute="selective", dropout=0.1)]
+            dict(groups=4, recompute="selective", dropout=0.1),
+            dict(recompute="selective", modules="mlp layernorm", dropout=0.1, bias=True),
+            dict(recompute="selective", modules="core_attn mlp layernorm", flash=True)]
 
 
 def test_numeric_layer_matches_reference():

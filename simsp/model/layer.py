@@ -50,6 +50,11 @@ class LayerSpec:
     layer: int  # global layer index: names dropout sites
     recompute: str  # none | selective | full
     sample_offset: int = 0  # global index of this micro-batch's first sample
+    modules: frozenset = frozenset(("core_attn",))  # selective: Megatron's --recompute-modules
+
+    def recomputes(self, module: str) -> bool:
+        """Whether selective recompute rebuilds `module` (core_attn, mlp, layernorm) in backward."""
+        return self.recompute == "selective" and module in self.modules
 
 
 class Stash:
@@ -182,11 +187,15 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
     if keep:
         stash.put("ln1_input", x)
     y1 = yield from norm(r, m, x, w, "ln1", "ln1_output")
-    stash.put("qkv_input", y1)
+    norm_recomputed = spec.recomputes("layernorm")
+    if not norm_recomputed:
+        stash.put("qkv_input", y1)
     y1_full = yield from mappings.enter_forward(r, y1, "qkv_enter")  # (s, b, h)
     qkv = yield from ops.linear(r, y1_full, w["attn.qkv.weight"], w.get("attn.qkv.bias"), "qkv")
     if y1_full is not y1:
         r.free(y1_full)
+    if norm_recomputed:
+        r.free(y1)
     if m.llama_layer:
         proj_in = yield from _llama_attention(r, spec, qkv, heads, d, stash)  # (s, b, a·d/t)
     else:
@@ -214,7 +223,7 @@ def _gpt_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
 def _unfused_core(r, spec, q, k, v, stash: Stash):
     """The core as separate kernels keeping the s × s tensors; -> proj_input (s, b, a·d/t)."""
     probs, mask, dropped, context = yield from attention_core(r, spec, q, k, v)
-    if spec.recompute == "selective":
+    if spec.recomputes("core_attn"):
         _free_core(r, probs, mask, dropped)
     else:
         _stash_core(stash, probs, mask, dropped)
@@ -252,7 +261,7 @@ def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
         keep = attention_keep(r, spec, q.shape[0], heads)
         out, lse = yield from ops.flash_attention(r, q, k, v, keep, m.attention_dropout,
                                                   "proj_input", "softmax_lse")
-        if spec.recompute == "selective":
+        if spec.recomputes("core_attn"):
             r.free(lse)  # core_attn recompute: the backward re-runs the flash forward
         else:
             stash.put("softmax_lse", lse)
@@ -286,19 +295,45 @@ def _mlp_forward(r, spec, w, residual, stash: Stash):
     """LN2 -> h->f (GeLU) or h->2f (SwiGLU) -> activation -> f->h -> dropout -> + residual."""
     m = spec.model
     y2 = yield from norm(r, m, residual, w, "ln2", "fc1_input")
-    stash.put("fc1_input", y2)
+    norm_recomputed, mlp_recomputed = spec.recomputes("layernorm"), spec.recomputes("mlp")
+    if not norm_recomputed:
+        stash.put("fc1_input", y2)
     y2_full = yield from mappings.enter_forward(r, y2, "fc1_enter")  # (s, b, h)
-    act_input = "swiglu_input" if m.swiglu else "gelu_input"
     fc1 = fc1_views(m, w)
     h1 = yield from ops.linear(r, y2_full, fc1["mlp.fc1.weight"], fc1.get("mlp.fc1.bias"),
-                               act_input)  # (s, b, f/t), SwiGLU (s, b, 2f/t)
+                               act_input_name(m))  # (s, b, f/t), SwiGLU (s, b, 2f/t)
     if y2_full is not y2:
         r.free(y2_full)
-    stash.put(act_input, h1)
+    if norm_recomputed:
+        r.free(y2)
+    if not mlp_recomputed:
+        stash.put(act_input_name(m), h1)
     g = yield from (ops.swiglu if m.swiglu else ops.gelu)(r, h1, "fc2_input")  # (s, b, f/t)
-    stash.put("fc2_input", g)
+    if mlp_recomputed:
+        r.free(h1)
+    else:
+        stash.put("fc2_input", g)
     out, mlp_mask = yield from _row_parallel_out(r, spec, g, w["mlp.fc2.weight"],
                                                  w.get("mlp.fc2.bias"), "mlp", residual,
                                                  "layer_output")
+    if mlp_recomputed:
+        r.free(g)
     stash.put("mlp_dropout_mask", mlp_mask)
     return out
+
+
+def act_input_name(m: Model) -> str:
+    return "swiglu_input" if m.swiglu else "gelu_input"
+
+
+def mlp_inner(r, m: Model, w: dict, y2):
+    """fc1 input (s_l, b, h) -> the activation's input and output: f̄/g, h->f (2f) GEMM, GeLU
+    or SwiGLU. Returns (activation input, fc2 input)."""
+    y2_full = yield from mappings.enter_forward(r, y2, "fc1_enter")  # (s, b, h)
+    fc1 = fc1_views(m, w)
+    h1 = yield from ops.linear(r, y2_full, fc1["mlp.fc1.weight"], fc1.get("mlp.fc1.bias"),
+                               act_input_name(m))  # (s, b, f/t), SwiGLU (s, b, 2f/t)
+    if y2_full is not y2:
+        r.free(y2_full)
+    g = yield from (ops.swiglu if m.swiglu else ops.gelu)(r, h1, "fc2_input")  # (s, b, f/t)
+    return h1, g

@@ -6,8 +6,9 @@ all-reduce (TP) or reduce-scatter (SP) runs while the weight-gradient GEMM runs.
 """
 
 from simsp.model import mappings, ops
-from simsp.model.layer import (LayerSpec, attention_core, attention_keep, fc1_views, kv_names,
-                               layer_forward, merge_qkv_grads, rope_angles)
+from simsp.model.layer import (LayerSpec, act_input_name, attention_core, attention_keep,
+                               fc1_views, kv_names, layer_forward, merge_qkv_grads, mlp_inner,
+                               norm, rope_angles)
 import math
 
 
@@ -68,6 +69,11 @@ def norm_backward(r, m, dy, x, w: dict, g: dict, prefix: str, name: str):
 def mlp_backward(r, spec, w, g, saved, dout):
     """MLP block backward; dout (s_l, b, h) -> gradient at the block input (s_l, b, h)."""
     m = spec.model
+    if "fc1_input" not in saved:  # layernorm recomputed
+        saved["fc1_input"] = yield from _recompute_norm(r, m, w, saved["ln2_input"], "ln2",
+                                                        "fc1_input")
+    if "fc2_input" not in saved:  # mlp recomputed
+        yield from _recompute_mlp(r, spec, w, saved)
     dg = yield from row_parallel_backward(r, spec, dout, saved.pop("mlp_dropout_mask", None),
                                           saved.pop("fc2_input"), w, g, "mlp.fc2")
     if m.swiglu:
@@ -116,6 +122,9 @@ def attention_backward(r, spec, w, g, saved, dres):
         dqkv = yield from _llama_core_backward(r, spec, saved, dproj, proj_in)
     else:
         dqkv = yield from _gpt_core_backward(r, spec, saved, dproj)
+    if "qkv_input" not in saved:  # layernorm recomputed
+        saved["qkv_input"] = yield from _recompute_norm(r, m, w, saved["ln1_input"], "ln1",
+                                                        "qkv_input")
     dy1 = yield from column_parallel_backward(r, dqkv, saved.pop("qkv_input"), w, g,
                                               "attn.qkv", "attn.qkv.bias" in g)
     dln = yield from norm_backward(r, m, dy1, saved["ln1_input"], w, g, "ln1", "d_ln1_input")
@@ -190,6 +199,28 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
     dqkv = yield from merge_qkv_grads(r, dq, dk, dv)  # (s, b, (a + 2G)d/t)
     r.free(dq, dk, dv)
     return dqkv
+
+
+def _recompute_norm(r, m, w, x, prefix: str, name: str):
+    """--recompute-modules layernorm: the norm's output again from its kept input (Megatron's
+    CheckpointWithoutOutput), just before the GEMM backward that reads it."""
+    phase, r.phase = r.phase, "recompute"
+    y = yield from norm(r, m, x, w, prefix, name)
+    r.phase = phase
+    return y
+
+
+def _recompute_mlp(r, spec, w, saved):
+    """--recompute-modules mlp: Megatron checkpoints the whole MLP, so backward re-runs all of
+    its forward from the kept fc1 input (fc2 and its f̄/ḡ included, its output dropped) and
+    keeps the activation's input and output for the MLP backward."""
+    phase, r.phase = r.phase, "recompute"
+    h1, g = yield from mlp_inner(r, spec.model, w, saved["fc1_input"])
+    partial = yield from ops.linear(r, g, w["mlp.fc2.weight"], None, "mlp_output")  # (s, b, h)
+    reduced = yield from mappings.exit_forward(r, partial, "mlp_exit")  # (s_l, b, h)
+    r.free(partial, None if reduced is partial else reduced)
+    saved[act_input_name(spec.model)], saved["fc2_input"] = h1, g
+    r.phase = phase
 
 
 def _core_tensors(r, spec, saved, q, k, v):

@@ -106,7 +106,8 @@ def simulate_layer(sc: Scenario) -> LayerResult:
     numeric = sc.run.mode == "numeric"
     params, x, dout = _layer_inputs(sc) if numeric else (None, None, None)
     shapes = {n: s for n, s in param_shapes(sc.model).items() if n.startswith(PREFIX)}
-    spec = LayerSpec(sc.model, LAYER, sc.parallel.recompute_granularity)
+    spec = LayerSpec(sc.model, LAYER, sc.parallel.recompute_granularity,
+                     modules=sc.parallel.recompute_module_set or LayerSpec.modules)
     b = sc.parallel.micro_batch_size
     ranks = [world.ranks[i] for i in sorted(world.ranks)]
     records = [RankRecord() for _ in ranks]

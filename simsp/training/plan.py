@@ -6,7 +6,7 @@ import functools
 import numpy as np
 
 from simsp.cluster.grid import RankGrid
-from simsp.config import Scenario
+from simsp.config import Scenario, pipeline_layer_counts
 from simsp.training.schedules import Step, build_schedule
 
 
@@ -22,11 +22,14 @@ class StagePlan:
     v: int
     layers_per_chunk: int
     steps: tuple[Step, ...]
+    stage_layers: range | None = None  # uneven pipelines (v = 1): this stage's layers
 
     def virtual_stage(self, chunk: int) -> int:
         return chunk * self.p + self.pp
 
     def layers(self, chunk: int) -> range:
+        if self.stage_layers is not None:
+            return self.stage_layers
         first = (chunk * self.p + self.pp) * self.layers_per_chunk
         return range(first, first + self.layers_per_chunk)
 
@@ -93,12 +96,22 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
     m = sc.parallel.num_micro_batches
     schedule = build_schedule(sc.parallel.schedule_name, p, m, v)
     per_chunk = sc.model.num_layers // (p * v)
+    ranges = _uneven_ranges(sc) if sc.parallel.uneven_pipeline else [None] * p
     plans = {}
     for rank in range(grid.world_size):
         c = grid.coords(rank)
         plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
-                                tuple(schedule[c.pp]))
+                                tuple(schedule[c.pp]), ranges[c.pp])
     return plans
+
+
+def _uneven_ranges(sc: Scenario) -> list[range]:
+    """Each stage's contiguous layers under Megatron's uneven split (config.pipeline_layer_counts)."""
+    ranges, start = [], 0
+    for count in pipeline_layer_counts(sc.model, sc.parallel):
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
 
 
 def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
