@@ -54,6 +54,23 @@ def model_flops(m: Model, p: Parallel) -> float:
     return 72 * B * L * s * h * h * (1 + s / (6 * h) + v / (12 * h * L))
 
 
+def iteration_model_flops(m: Model, p: Parallel) -> float:
+    """Model FLOPs of the run: K22's formula for the GPT layer, Megatron-LM's
+    num_floating_point_operations for the Llama-class variants."""
+    return megatron_model_flops(m, p) if m.llama_layer else model_flops(m, p)
+
+
+def iteration_hardware_flops(m: Model, p: Parallel) -> float:
+    """Hardware FLOPs of the run (K22 App. A for GPT, llama_hardware_flops otherwise)."""
+    return llama_hardware_flops(m, p) if m.llama_layer else hardware_flops(m, p)
+
+
+def flops_formula(m: Model) -> str:
+    """Which formula iteration_model_flops used, for the reports."""
+    return ("Megatron-LM num_floating_point_operations (training.py)" if m.llama_layer
+            else "K22 §6.3: 72BLsh²(1 + s/6h + v/12hL)")
+
+
 def recomputed_layers(m: Model, p: Parallel) -> int:
     """Layers whose forward full recompute re-runs: all of them (uniform), or the first N of
     each of the p·v model chunks (block; Megatron transformer_block.py)."""
@@ -236,13 +253,17 @@ def llama_layer_forward_flops(m: Model, B: int) -> int:
 
 def llama_hardware_flops(m: Model, p: Parallel) -> float:
     """Model FLOPs plus what is computed again: FlashAttention's backward recomputes QKᵀ
-    (2Bs²ad per layer); selective recompute re-runs the core forward (4Bs²ad; flash: to get
-    its logsumexp); full recompute re-runs each recomputed layer's forward."""
+    (2Bs²ad per layer); selective recompute re-runs the forward GEMMs of its modules: core_attn
+    4Bs²ad (flash: to get its logsumexp), mlp the whole MLP 2Bshf·(3 SwiGLU, 2 GeLU), layernorm
+    none; full recompute re-runs each recomputed layer's forward."""
     B, L, s = p.global_batch, m.num_layers, m.seq_length
     core = 4 * B * s * s * m.num_attention_heads * m.head_dim
     extra = L * core // 2 if m.flash else 0
-    if p.recompute_granularity == "selective":
+    modules = p.recompute_module_set
+    if "core_attn" in modules:
         extra += L * core
+    if "mlp" in modules:
+        extra += L * (3 if m.swiglu else 2) * 2 * B * s * m.hidden_size * m.ffn
     elif p.recompute_granularity == "full":
         extra += recomputed_layers(m, p) * llama_layer_forward_flops(m, B)
     return megatron_model_flops(m, p) + extra

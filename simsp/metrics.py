@@ -8,6 +8,7 @@ GEMMs actually counted are reported beside them.
 from dataclasses import asdict
 
 from simsp import analytic
+from simsp.model.architecture import architecture
 from simsp.costmodel import calibration_table
 from simsp.hardware import GPUS, LinkCalibration
 
@@ -119,8 +120,8 @@ def collect(run, shortcuts) -> dict:
     return {
         "iteration_time_s": t_iter,
         "tokens_per_s": p.global_batch * m.seq_length / t_iter,
-        "mfu": analytic.model_flops(m, p) / (t_iter * gpus * peak),
-        "hfu": analytic.hardware_flops(m, p) / (t_iter * gpus * peak),
+        "mfu": analytic.iteration_model_flops(m, p) / (t_iter * gpus * peak),
+        "hfu": analytic.iteration_hardware_flops(m, p) / (t_iter * gpus * peak),
         "bubble_fraction": bubble_all,
         "ranks": ranks,
         "scenario": sc.run.name,
@@ -130,8 +131,8 @@ def collect(run, shortcuts) -> dict:
         "exposed_comm_s_per_stage": exposed,
         "exposed_comm_s": max(sum(e.values()) for e in exposed),
         "exposed_s_per_stage": breakdown,
-        "model_flops": analytic.model_flops(m, p),
-        "hardware_flops": analytic.hardware_flops(m, p),
+        "model_flops": analytic.iteration_model_flops(m, p),
+        "hardware_flops": analytic.iteration_hardware_flops(m, p),
         "counted_model_flops": counted_model,
         "counted_hardware_flops": counted_hw,
         "mfu_counted": counted_model / (t_iter * gpus * peak),
@@ -141,7 +142,17 @@ def collect(run, shortcuts) -> dict:
         "loss": run.loss,
         "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": asdict(shortcuts),
+        **_architecture(m),
     }
+
+
+def _architecture(m) -> dict:
+    """The Llama-class variant and the FLOPs formula used (absent for K22's GPT layer, whose
+    metrics stay as they were)."""
+    name = architecture(m)
+    if name == "GPT":
+        return {}
+    return {"architecture": name, "flops_formula": analytic.flops_formula(m)}
 
 
 def layout(sc) -> dict:

@@ -184,3 +184,33 @@ def test_megatron_flops_llama3_8b_by_hand():
     per_layer = 2 * s * (h * 6144 + 4096 * h + 3 * h * 14336) * 3 + 3 * 4 * s * s * 4096
     logits = 6 * s * h * 128256
     assert abs(analytic.megatron_model_flops(m, p) / (per_layer * L + logits) - 1) < 1e-14
+
+
+def test_hardware_flops_formula_equals_counted():
+    """The run's counted GEMM FLOPs (forward + backward + recompute, from the cost model's
+    calls) equal llama_hardware_flops less the logits' share (the head is counted by the run
+    too: both sides include it) for flash, selective modules and full recompute."""
+    for extra in ({("model", "attention_backend"): "flash"},
+                  {("parallel", "recompute_granularity"): "selective",
+                   ("parallel", "recompute_modules"): "core_attn mlp layernorm"},
+                  {("parallel", "recompute_granularity"): "full"}):
+        sc = llama_run(extra)
+        from simsp.metrics import _counted_flops
+        from simsp.training.iteration import Shortcuts, simulate_iteration
+        run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+        model, hardware = _counted_flops(run)
+        m, p = sc.padded_model, sc.parallel
+        assert abs(model / analytic.megatron_model_flops(m, p) - 1) < 1e-12, extra
+        assert abs(hardware / analytic.llama_hardware_flops(m, p) - 1) < 1e-12, extra
+
+
+def llama_run(extra: dict):
+    o = {("model", "seq_length"): 64, ("model", "hidden_size"): 64,
+         ("model", "num_attention_heads"): 8, ("model", "vocab_size"): 256,
+         ("model", "ffn_hidden_size"): 96, ("model", "swiglu"): True,
+         ("model", "group_query_attention"): True, ("model", "num_query_groups"): 2,
+         ("model", "num_layers"): 4, ("model", "add_bias_linear"): False,
+         ("parallel", "tensor_model_parallel_size"): 2, ("parallel", "sequence_parallel"): True,
+         ("parallel", "pipeline_model_parallel_size"): 2, ("parallel", "global_batch_size"): 4,
+         ("run", "mode"): "meta"}
+    return load_scenario(None, {**o, **extra})
