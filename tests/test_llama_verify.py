@@ -10,8 +10,8 @@ from simsp.commands.verify import verify_report
 from simsp.config import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-BASE = {("parallel", "tensor_model_parallel_size"): 2,  # the default GPT: L 2, h 64, a 4, s 32
-        ("parallel", "sequence_parallel"): True}
+BASE = {("model", "num_layers"): 1,  # the default GPT otherwise: h 64, a 4, s 32, v 128
+        ("parallel", "tensor_model_parallel_size"): 2, ("parallel", "sequence_parallel"): True}
 VARIANTS = {
     "gqa": {("model", "group_query_attention"): True, ("model", "num_query_groups"): 2},
     "mqa_t1": {("model", "group_query_attention"): True, ("model", "num_query_groups"): 1,
@@ -23,7 +23,7 @@ VARIANTS = {
     "rope": {("model", "position_embedding_type"): "rope", ("model", "rotary_percent"): 0.5},
     "no_position": {("model", "position_embedding_type"): "none"},
     "untied_p2": {("model", "untie_embeddings_and_output_weights"): True,
-                  ("parallel", "pipeline_model_parallel_size"): 2},
+                  ("model", "num_layers"): 2, ("parallel", "pipeline_model_parallel_size"): 2},
     "no_bias": {("model", "add_bias_linear"): False},
     "flash_dropout": {("model", "attention_backend"): "flash"},
     "uneven_last": {("model", "num_layers"): 3, ("parallel", "pipeline_model_parallel_size"): 2,
