@@ -52,7 +52,10 @@ def one_tp_group(sc: Scenario) -> Scenario:
     return with_overrides(sc, model={"num_layers": 1}, parallel={
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
-        "recompute_method": None, "recompute_num_layers": None})  # one layer: its own group
+        "recompute_method": None, "recompute_num_layers": None,  # one layer: its own group
+        "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
+        "account_for_embedding_in_pipeline_split": False,
+        "account_for_loss_in_pipeline_split": False})
 
 
 def _layer_inputs(sc: Scenario):
