@@ -5,6 +5,8 @@ The closed form under test (simsp.analytic.llama_layer_activation_bytes) is also
 tensor by tensor from the docs/llama.md table, so the ledger, the formula and the table must
 all agree."""
 
+from pathlib import Path
+
 from hypothesis import given, settings, strategies as st
 import numpy as np
 
@@ -76,9 +78,10 @@ RECOMPUTE = st.sampled_from([("none", None), ("selective", None), ("full", None)
 @given(layout=LAYOUTS, recompute=RECOMPUTE,
        kind=st.sampled_from(["mha", "gqa", "mqa"]), swiglu=st.booleans(), rms=st.booleans(),
        rope=st.booleans(), flash=st.booleans(), bias=st.booleans(),
-       dropout=st.sampled_from([0.0, 0.1]), b=st.integers(1, 2), kv=st.sampled_from([None, 12]))
+       dropout=st.sampled_from([0.0, 0.1]), b=st.integers(1, 2), kv=st.sampled_from([None, 12]),
+       s=st.sampled_from([16, 24, 40]), h=st.sampled_from([32, 64]))
 def test_ledger_equals_closed_form(layout, recompute, kind, swiglu, rms, rope, flash, bias,
-                                   dropout, b, kv):
+                                   dropout, b, kv, s, h):
     """Every combination: the ledger's activation bytes after forward equal the closed form
     and the docs table, tensor by tensor, to the byte (meta mode, one TP group)."""
     t, sp = layout
@@ -87,7 +90,7 @@ def test_ledger_equals_closed_form(layout, recompute, kind, swiglu, rms, rope, f
     if kind == "mqa" and t > 1:
         t, sp = 1, False  # Megatron needs t | G
     sc = llama(t, sp, recompute, groups, swiglu, rms, rope, flash, bias, dropout, b=b, kv=kv,
-               modules=modules)
+               modules=modules, s=s, h=h)
     result = simulate_layer(sc)
     measured = result.records[0].activation_bytes
     formula = analytic.llama_layer_activation_bytes(sc.model, b, t, sp, recompute,
@@ -214,3 +217,48 @@ def llama_run(extra: dict):
          ("parallel", "pipeline_model_parallel_size"): 2, ("parallel", "global_batch_size"): 4,
          ("run", "mode"): "meta"}
     return load_scenario(None, {**o, **extra})
+
+
+def test_pipeline_layer_counts_follow_megatron():
+    """Megatron's get_num_layers_to_build, worked by hand: 405B's (126 + 2) / 8 = 16 with the
+    embedding and loss stages one short; a given first stage with the rest spread evenly; a
+    given last stage; both given on two stages."""
+    from simsp.config import pipeline_layer_counts
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3.1-405b.toml")
+    assert pipeline_layer_counts(sc.model, sc.parallel) == (15,) + (16,) * 6 + (15,)
+    m = Model(num_layers=10)
+    assert pipeline_layer_counts(m, Parallel(pipeline_model_parallel_size=4,
+                                             decoder_first_pipeline_num_layers=1)) == (1, 3, 3, 3)
+    assert pipeline_layer_counts(m, Parallel(pipeline_model_parallel_size=3,
+                                             decoder_last_pipeline_num_layers=2)) == (4, 4, 2)
+    assert pipeline_layer_counts(m, Parallel(pipeline_model_parallel_size=2,
+                                             decoder_first_pipeline_num_layers=3,
+                                             decoder_last_pipeline_num_layers=7)) == (3, 7)
+
+
+def test_uneven_pipeline_runs_its_layers_and_errors_name_the_field():
+    """The plans hold each stage's layers once, in order; impossible splits are one error."""
+    import pytest
+    from simsp.cluster.grid import RankGrid
+    from simsp.errors import UserError
+    from simsp.training.plan import stage_plans
+    sc = load_scenario(None, {("model", "num_layers"): 8,
+                              ("parallel", "pipeline_model_parallel_size"): 3,
+                              ("parallel", "account_for_embedding_in_pipeline_split"): True,
+                              ("parallel", "global_batch_size"): 3, ("run", "mode"): "meta"})
+    plans = stage_plans(sc, RankGrid(1, 3, 1))
+    assert [list(plans[r].all_layers()) for r in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    bad = [({("parallel", "decoder_first_pipeline_num_layers"): 3}, "decoder_first"),
+           ({("parallel", "decoder_last_pipeline_num_layers"): 7}, "decoder_last"),
+           ({("parallel", "account_for_loss_in_pipeline_split"): True,
+             ("parallel", "account_for_embedding_in_pipeline_split"): True}, "account_for"),
+           ({("parallel", "decoder_first_pipeline_num_layers"): 2,
+             ("parallel", "account_for_loss_in_pipeline_split"): True}, "decoder_first"),
+           ({("parallel", "decoder_first_pipeline_num_layers"): 2,
+             ("parallel", "schedule"): "interleaved",
+             ("parallel", "num_layers_per_virtual_pipeline_stage"): 1}, "")]
+    for extra, field in bad:
+        with pytest.raises(UserError) as info:
+            load_scenario(None, {("model", "num_layers"): 8,
+                                 ("parallel", "pipeline_model_parallel_size"): 3, **extra})
+        assert field in info.value.args[0] or field in str(info.value)
