@@ -3,7 +3,8 @@
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """
 
-from simsp.config import Model, Parallel, Scenario, padded_vocab_size, pipeline_layer_counts
+from simsp.config import (Model, Parallel, Scenario, model_chunks, padded_vocab_size,
+                          virtual_stage_layer_counts)
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -78,8 +79,7 @@ def recomputed_layers(m: Model, p: Parallel) -> int:
         return 0
     if p.recompute_method != "block":
         return m.num_layers
-    chunks = m.num_layers // (p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp)
-    return chunks * (p.recompute_num_layers or 1)
+    return p.pp * model_chunks(m, p) * (p.recompute_num_layers or 1)
 
 
 def hardware_flops(m: Model, p: Parallel) -> float:
@@ -128,12 +128,16 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
         return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
                                       m.hidden_dropout > 0, m.attention_dropout > 0)
     chunks = chunks_per_stage(m, p)
-    stage_layers = pipeline_layer_counts(m, p)[0] if p.uneven_pipeline else m.num_layers // p.pp
+    stage_layers = m.num_layers // p.pp
+    if p.uneven_pipeline:  # stage 0's own layer count (Megatron's uneven split)
+        stage_layers = virtual_stage_layer_counts(m, p)[0] * (chunks == 1)
     kept, recomputed = chunk_recompute_bytes(p, stage_layers // chunks,
                                              layer(p.recompute_granularity), layer("none"))
     total = kept * chunks * _layer_micro_batches(p)
     if p.schedule_name == "interleaved":
         total *= 1 + (p.pp - 1) / (p.pp * chunks)
+    if p.uneven_pipeline and chunks > 1:
+        total = _interleaved_uneven_bytes(m, p, layer(p.recompute_granularity))
     seq_split = t if sp else 1
     if m.hidden_dropout > 0:  # embedding dropout mask, sbh/t per micro-batch (K22 §4.3)
         total += s * b * h / seq_split * _embedding_micro_batches(p)
@@ -144,10 +148,23 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     return total + max(recomputed, head)
 
 
+def _interleaved_uneven_bytes(m: Model, p: Parallel, per_layer: int) -> int:
+    """Stage 0's layer activations at its peak under interleaving with chunks of unequal size
+    (accounted embedding): the warm-up and first steady forward hold chunk 0 for 2p − 1
+    micro-batches and every other chunk for p (Megatron's interleaved order; with equal chunks
+    K22's L/p · p · (1 + (p − 1)/(p·v)) layers). Full recompute keeps each chunk's inputs."""
+    counts = virtual_stage_layer_counts(m, p)
+    stage = [counts[k] for k in range(0, len(counts), p.pp)]  # stage 0's chunks
+    if p.recompute_granularity == "full":
+        stage = [c // (p.recompute_num_layers or 1) for c in stage]
+    held = min(2 * p.pp - 1, p.num_micro_batches) * stage[0] + \
+        min(p.pp, p.num_micro_batches) * sum(stage[1:])
+    return held * per_layer
+
+
 def chunks_per_stage(m: Model, p: Parallel) -> int:
     """v: model chunks per pipeline stage (1 unless interleaved)."""
-    virtual = p.num_layers_per_virtual_pipeline_stage
-    return m.num_layers // p.pp // virtual if virtual else 1
+    return model_chunks(m, p)
 
 
 def chunk_recompute_bytes(p: Parallel, layers: int, per_layer: int, full: int) -> tuple[int, int]:

@@ -240,6 +240,29 @@ def pipeline_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def virtual_stage_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
+    """Layers of each virtual stage k = chunk·p + stage, contiguous in k order. Interleaved with
+    accounted embedding/loss (Megatron arguments.py: vp = ((L + e + l)/p) / N): N each, one
+    fewer on the first (embedding) and the last (loss); otherwise pipeline_layer_counts."""
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    if p.schedule_name != "interleaved" or not virtual:
+        return pipeline_layer_counts(m, p)
+    counts = [virtual] * (p.pp * model_chunks(m, p))
+    counts[0] -= p.account_for_embedding_in_pipeline_split
+    counts[-1] -= p.account_for_loss_in_pipeline_split
+    return tuple(counts)
+
+
+def model_chunks(m: Model, p: Parallel) -> int:
+    """v: model chunks per stage, ((L + accounted embedding/loss) / p) / N interleaved, else 1."""
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    if not virtual:
+        return 1
+    total = m.num_layers + p.account_for_embedding_in_pipeline_split + \
+        p.account_for_loss_in_pipeline_split
+    return total // p.pp // virtual
+
+
 def _validate_uneven_pipeline(m: Model, p: Parallel) -> None:
     """Megatron's checks on uneven stages (transformer_block.py, arguments.py); simsp also needs
     one layer or more per stage and a non-interleaved schedule."""
@@ -254,8 +277,9 @@ def _validate_uneven_pipeline(m: Model, p: Parallel) -> None:
     _check(not (given and accounted), name, "cannot be combined with account_for_embedding/"
            "loss_in_pipeline_split (Megatron: not supported with uneven pp)")
     _check(p.pp > 1, name, "needs pipeline_model_parallel_size > 1")
-    _check(p.schedule_name != "interleaved", name,
-           "uneven stages are modelled with the 1f1b and gpipe schedules only")
+    _check(p.schedule_name != "interleaved" or not given, name,
+           "with the interleaved schedule Megatron needs --num-virtual-stages-per-pipeline-rank, "
+           "which simsp does not model (account_for_*_in_pipeline_split works)")
     middle_stages = p.pp - given
     middle_layers = m.num_layers - (first or 0) - (last or 0)
     if given:
@@ -269,7 +293,14 @@ def _validate_uneven_pipeline(m: Model, p: Parallel) -> None:
             p.account_for_loss_in_pipeline_split
         _check(total % p.pp == 0, name, f"num_layers + accounted embedding/loss = {total} is "
                f"not divisible by {p.pp} stages")
-    counts = pipeline_layer_counts(m, p)
+    if p.schedule_name == "interleaved" and p.num_layers_per_virtual_pipeline_stage:
+        per_stage = (m.num_layers + p.account_for_embedding_in_pipeline_split +
+                     p.account_for_loss_in_pipeline_split) // p.pp
+        _check(per_stage % p.num_layers_per_virtual_pipeline_stage == 0,
+               "parallel.num_layers_per_virtual_pipeline_stage",
+               f"{p.num_layers_per_virtual_pipeline_stage} does not divide the {per_stage} "
+               "layers (embedding/loss counted) of each pipeline stage")
+    counts = virtual_stage_layer_counts(m, p)
     _check(min(counts) >= 1, name, f"gives a stage without layers ({counts})")
 
 
@@ -493,7 +524,7 @@ def _validate_recompute_method(m: Model, p: Parallel) -> None:
                    f"only applies to recompute_granularity full, not {p.recompute_granularity}")
         return
     n = n or 1
-    chunk_sizes = (pipeline_layer_counts(m, p) if p.uneven_pipeline else
+    chunk_sizes = (virtual_stage_layer_counts(m, p) if p.uneven_pipeline else
                    (p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp,))
     for per_chunk in sorted(set(chunk_sizes)):
         if method == "block":
@@ -532,7 +563,8 @@ def _validate_schedule(m: Model, p: Parallel) -> None:
     _check(virtual is not None, "parallel.schedule",
            "interleaved needs num_layers_per_virtual_pipeline_stage")
     _check(p.pp > 1, "parallel.schedule", "interleaved needs pipeline_model_parallel_size > 1")
-    per_stage = m.num_layers // p.pp
+    per_stage = (m.num_layers + p.account_for_embedding_in_pipeline_split
+                 + p.account_for_loss_in_pipeline_split) // p.pp
     _check(per_stage % virtual == 0, "parallel.num_layers_per_virtual_pipeline_stage",
            f"{virtual} does not divide the {per_stage} layers of each pipeline stage")
     _check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",

@@ -142,17 +142,32 @@ def collect(run, shortcuts) -> dict:
         "loss": run.loss,
         "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": asdict(shortcuts),
-        **_architecture(m),
+        **_architecture(sc),
     }
 
 
-def _architecture(m) -> dict:
+def _architecture(sc) -> dict:
     """The Llama-class variant and the FLOPs formula used (absent for K22's GPT layer, whose
     metrics stay as they were)."""
-    name = architecture(m)
+    name = architecture(sc.model)
     if name == "GPT":
         return {}
-    return {"architecture": name, "flops_formula": analytic.flops_formula(m)}
+    return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),
+            "layer_tensors": layer_tensors(sc)}
+
+
+def layer_tensors(sc) -> dict:
+    """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
+    simulation, beside docs/llama.md's closed form (the new tensors, by name)."""
+    from simsp.config import with_overrides
+    from simsp.model.layer_sim import simulate_layer
+    record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
+    p = sc.parallel
+    formula = analytic.llama_layer_activation_bytes(
+        sc.model, p.micro_batch_size, p.tp, p.sequence_parallel, p.recompute_granularity,
+        p.recompute_module_set)
+    return {"saved": [{"name": n, "bytes": b} for n, b in record.saved],
+            "measured_bytes": record.activation_bytes, "formula_bytes": formula}
 
 
 def layout(sc) -> dict:

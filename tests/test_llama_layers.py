@@ -248,6 +248,16 @@ def test_uneven_pipeline_runs_its_layers_and_errors_name_the_field():
                               ("parallel", "global_batch_size"): 3, ("run", "mode"): "meta"})
     plans = stage_plans(sc, RankGrid(1, 3, 1))
     assert [list(plans[r].all_layers()) for r in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    sc = load_scenario(None, {("model", "num_layers"): 6,
+                              ("parallel", "pipeline_model_parallel_size"): 2,
+                              ("parallel", "schedule"): "interleaved",
+                              ("parallel", "num_layers_per_virtual_pipeline_stage"): 2,
+                              ("parallel", "account_for_embedding_in_pipeline_split"): True,
+                              ("parallel", "account_for_loss_in_pipeline_split"): True,
+                              ("parallel", "global_batch_size"): 4, ("run", "mode"): "meta"})
+    plans = stage_plans(sc, RankGrid(1, 2, 1))  # Megatron's get_transformer_layer_offset
+    assert [[list(plans[r].layers(c)) for c in range(2)] for r in range(2)] == \
+        [[[0], [3, 4]], [[1, 2], [5]]]
     bad = [({("parallel", "decoder_first_pipeline_num_layers"): 3}, "decoder_first"),
            ({("parallel", "decoder_last_pipeline_num_layers"): 7}, "decoder_last"),
            ({("parallel", "account_for_loss_in_pipeline_split"): True,

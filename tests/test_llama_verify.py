@@ -29,6 +29,13 @@ VARIANTS = {
     "uneven_last": {("model", "num_layers"): 3, ("parallel", "pipeline_model_parallel_size"): 2,
                     ("parallel", "decoder_last_pipeline_num_layers"): 1,
                     ("parallel", "global_batch_size"): 4},
+    "interleaved_accounted": {("model", "num_layers"): 6,
+                              ("parallel", "pipeline_model_parallel_size"): 2,
+                              ("parallel", "schedule"): "interleaved",
+                              ("parallel", "num_layers_per_virtual_pipeline_stage"): 2,
+                              ("parallel", "account_for_embedding_in_pipeline_split"): True,
+                              ("parallel", "account_for_loss_in_pipeline_split"): True,
+                              ("parallel", "global_batch_size"): 4},
     "recompute_modules": {("parallel", "recompute_granularity"): "selective",
                           ("parallel", "recompute_modules"): "core_attn mlp layernorm"},
 }

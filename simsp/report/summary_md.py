@@ -248,6 +248,20 @@ def _activations(m: dict, stages: list[dict]) -> list[str]:
             *_table(["", "size", "bytes"], rows), ""]
 
 
+def _layer_tensors(m: dict) -> list[str]:
+    """Llama-class runs: what one layer keeps, tensor by tensor, and the closed form."""
+    if "layer_tensors" not in m:
+        return []
+    lt = m["layer_tensors"]
+    rows = [[item["name"], format_bytes(item["bytes"]), f"{item['bytes']:,}"]
+            for item in sorted(lt["saved"], key=lambda i: -i["bytes"])]
+    rows += [["total (ledger)", format_bytes(lt["measured_bytes"]), f"{lt['measured_bytes']:,}"],
+             ["closed form (docs/llama.md)", format_bytes(lt["formula_bytes"]),
+              f"{lt['formula_bytes']:,}"]]
+    return ["## One layer's kept tensors (rank 0, largest first)", "",
+            *_table(["tensor", "size", "bytes"], rows), ""]
+
+
 def _value(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
@@ -276,7 +290,7 @@ def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
-             + _memory(metrics, stages) + _activations(metrics, stages)
+             + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
 
