@@ -128,7 +128,9 @@ class Parallel:
         """Megatron's --recompute-modules for selective recompute (core_attn by default)."""
         if self.recompute_granularity != "selective":
             return frozenset()
-        return frozenset((self.recompute_modules or "core_attn").split())
+        if self.recompute_modules is None:
+            return frozenset(("core_attn",))
+        return frozenset(self.recompute_modules.split())
 
     @property
     def tp(self) -> int:
@@ -540,15 +542,13 @@ RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")  # Megatron's names for a 
 
 
 def _validate_recompute_modules(p: Parallel) -> None:
-    """--recompute-modules: selective granularity only; Megatron's module names of the dense
-    layer (moe, moe_act, shared_experts and mla_up_proj have nothing to act on here)."""
-    if p.recompute_modules is None:
+    """--recompute-modules, checked (and used) under selective granularity only, as Megatron's
+    transformer_config.py does: its module names of the dense layer (moe, moe_act,
+    shared_experts and mla_up_proj have nothing to act on here); an empty list recomputes
+    nothing."""
+    if p.recompute_modules is None or p.recompute_granularity != "selective":
         return
-    _check(p.recompute_granularity == "selective", "parallel.recompute_modules",
-           f"only applies to recompute_granularity selective, not {p.recompute_granularity}")
-    names = p.recompute_modules.split()
-    _check(bool(names), "parallel.recompute_modules", "names no module")
-    for name in names:
+    for name in p.recompute_modules.split():
         _check(name in RECOMPUTE_MODULES, "parallel.recompute_modules",
                f"{name!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
 
