@@ -272,3 +272,43 @@ def test_uneven_pipeline_runs_its_layers_and_errors_name_the_field():
             load_scenario(None, {("model", "num_layers"): 8,
                                  ("parallel", "pipeline_model_parallel_size"): 3, **extra})
         assert field in info.value.args[0] or field in str(info.value)
+
+
+def _cli(capsys, argv):
+    from simsp.cli import main
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_llama_flags(capsys):
+    """Megatron's flag spellings reach the layer (one `simsp layer --json`), and bad
+    combinations are one `error:` line naming the field, exit 2."""
+    import json
+    rc, out, _ = _cli(capsys, [
+        "layer", "--json", "--mode", "meta", "--group-query-attention", "--num-query-groups", "2",
+        "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+        "--use-flash-attn", "--disable-bias-linear", "--recompute-granularity", "selective",
+        "--recompute-modules", "mlp", "layernorm"])
+    report = json.loads(out)
+    assert rc == 0 and report["formula_bytes"] == report["activation_bytes_per_rank"][0]
+    assert report["architecture"] == ("GQA 4/2, SwiGLU f = 256, RMSNorm, RoPE base 10000, "
+                                      "tied, no bias, flash")
+    for argv, field in ((["--num-query-groups", "3", "--group-query-attention"],
+                         "num_query_groups"),
+                        (["--num-query-groups", "2"], "group_query_attention"),
+                        (["--group-query-attention", "--num-query-groups", "1",
+                          "--tensor-model-parallel-size", "2"], "tensor_model_parallel_size"),
+                        (["--use-flash-attn", "--attention-backend", "unfused"],
+                         "--use-flash-attn"),
+                        (["--recompute-granularity", "selective", "--recompute-modules", "moe"],
+                         "recompute_modules"),
+                        (["--normalization", "rmsnorm"], "--normalization"),
+                        (["--position-embedding-type", "rope", "--rotary-percent", "0.01"],
+                         "rotary_percent")):
+        rc, out, err = _cli(capsys, ["layer", "--mode", "meta", *argv])
+        assert rc == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
+        assert field in err, (argv, err)
