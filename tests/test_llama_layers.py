@@ -312,3 +312,17 @@ def test_cli_llama_flags(capsys):
         rc, out, err = _cli(capsys, ["layer", "--mode", "meta", *argv])
         assert rc == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
         assert field in err, (argv, err)
+
+
+def test_bundled_stage0_activation_peak_equals_formula():
+    """Llama 3 70B (interleaved, equal chunks) and 3.1 405B (interleaved, accounted
+    embedding/loss: chunks of 1 and 2 layers; mlp recompute): the ledger's stage-0 activation
+    peak of a whole meta iteration equals analytic.first_stage_activation_bytes to the byte."""
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    for name in ("llama3-70b", "llama3.1-405b"):
+        sc = load_scenario(root / f"{name}.toml")
+        run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+        stage0 = run.world.ranks[run.rank_of(0, 0, 0)]
+        measured = stage0.ledger.peak_by_category["activations"]
+        assert measured == analytic.first_stage_activation_bytes(sc), name

@@ -12,6 +12,7 @@ from simsp.config import load_scenario
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 BASE = {("model", "num_layers"): 1,  # the default GPT otherwise: h 64, a 4, s 32, v 128
         ("parallel", "tensor_model_parallel_size"): 2, ("parallel", "sequence_parallel"): True}
+SERIAL = {("parallel", "tensor_model_parallel_size"): 1, ("parallel", "sequence_parallel"): False}
 VARIANTS = {
     "gqa": {("model", "group_query_attention"): True, ("model", "num_query_groups"): 2},
     "mqa_t1": {("model", "group_query_attention"): True, ("model", "num_query_groups"): 1,
@@ -27,15 +28,15 @@ VARIANTS = {
     "no_bias": {("model", "add_bias_linear"): False},
     "flash_dropout": {("model", "attention_backend"): "flash"},
     "uneven_last": {("model", "num_layers"): 3, ("parallel", "pipeline_model_parallel_size"): 2,
-                    ("parallel", "decoder_last_pipeline_num_layers"): 1,
-                    ("parallel", "global_batch_size"): 4},
+                    ("parallel", "decoder_last_pipeline_num_layers"): 1, **SERIAL},
     "interleaved_accounted": {("model", "num_layers"): 6,
                               ("parallel", "pipeline_model_parallel_size"): 2,
                               ("parallel", "schedule"): "interleaved",
                               ("parallel", "num_layers_per_virtual_pipeline_stage"): 2,
                               ("parallel", "account_for_embedding_in_pipeline_split"): True,
                               ("parallel", "account_for_loss_in_pipeline_split"): True,
-                              ("parallel", "global_batch_size"): 4},
+                              ("parallel", "global_batch_size"): 2, ("model", "hidden_size"): 32,
+                              ("model", "seq_length"): 16, **SERIAL},
     "recompute_modules": {("parallel", "recompute_granularity"): "selective",
                           ("parallel", "recompute_modules"): "core_attn mlp layernorm"},
 }
