@@ -114,6 +114,7 @@ class Parallel:
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    num_virtual_stages_per_pipeline_rank: int | None = None  # interleaved: chunks per stage
     recompute_modules: str | None = None  # selective: space-separated; None means core_attn
 
     @property
@@ -162,7 +163,9 @@ class Parallel:
     def schedule_name(self) -> str:
         if self.schedule:
             return self.schedule
-        return "interleaved" if self.num_layers_per_virtual_pipeline_stage else "1f1b"
+        virtual = self.num_layers_per_virtual_pipeline_stage or \
+            self.num_virtual_stages_per_pipeline_rank
+        return "interleaved" if virtual else "1f1b"
 
 
 @dataclass(frozen=True)
@@ -247,16 +250,27 @@ def virtual_stage_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
     accounted embedding/loss (Megatron arguments.py: vp = ((L + e + l)/p) / N): N each, one
     fewer on the first (embedding) and the last (loss); otherwise pipeline_layer_counts."""
     virtual = p.num_layers_per_virtual_pipeline_stage
-    if p.schedule_name != "interleaved" or not virtual:
+    chunks = model_chunks(m, p)
+    if p.schedule_name != "interleaved" or chunks == 1:
         return pipeline_layer_counts(m, p)
-    counts = [virtual] * (p.pp * model_chunks(m, p))
+    if virtual:
+        counts = [virtual] * (p.pp * chunks)
+    else:  # --num-virtual-stages-per-pipeline-rank: each stage's layers (embedding/loss
+        # counted) in equal chunks (transformer_block.py get_num_layers_to_build)
+        per_stage = list(pipeline_layer_counts(m, p))
+        per_stage[0] += p.account_for_embedding_in_pipeline_split
+        per_stage[-1] += p.account_for_loss_in_pipeline_split
+        counts = [per_stage[k % p.pp] // chunks for k in range(p.pp * chunks)]
     counts[0] -= p.account_for_embedding_in_pipeline_split
     counts[-1] -= p.account_for_loss_in_pipeline_split
     return tuple(counts)
 
 
 def model_chunks(m: Model, p: Parallel) -> int:
-    """v: model chunks per stage, ((L + accounted embedding/loss) / p) / N interleaved, else 1."""
+    """v: model chunks per stage: --num-virtual-stages-per-pipeline-rank, or
+    ((L + accounted embedding/loss) / p) / N interleaved, else 1 (Megatron arguments.py)."""
+    if p.num_virtual_stages_per_pipeline_rank:
+        return p.num_virtual_stages_per_pipeline_rank
     virtual = p.num_layers_per_virtual_pipeline_stage
     if not virtual:
         return 1
@@ -279,9 +293,10 @@ def _validate_uneven_pipeline(m: Model, p: Parallel) -> None:
     _check(not (given and accounted), name, "cannot be combined with account_for_embedding/"
            "loss_in_pipeline_split (Megatron: not supported with uneven pp)")
     _check(p.pp > 1, name, "needs pipeline_model_parallel_size > 1")
-    _check(p.schedule_name != "interleaved" or not given, name,
-           "with the interleaved schedule Megatron needs --num-virtual-stages-per-pipeline-rank, "
-           "which simsp does not model (account_for_*_in_pipeline_split works)")
+    _check(p.schedule_name != "interleaved" or not given
+           or p.num_virtual_stages_per_pipeline_rank is not None, name,
+           "interleaving uneven first/last stages needs --num-virtual-stages-per-pipeline-rank "
+           "(Megatron arguments.py), not --num-layers-per-virtual-pipeline-stage")
     middle_stages = p.pp - given
     middle_layers = m.num_layers - (first or 0) - (last or 0)
     if given:
@@ -295,7 +310,15 @@ def _validate_uneven_pipeline(m: Model, p: Parallel) -> None:
             p.account_for_loss_in_pipeline_split
         _check(total % p.pp == 0, name, f"num_layers + accounted embedding/loss = {total} is "
                f"not divisible by {p.pp} stages")
-    if p.schedule_name == "interleaved" and p.num_layers_per_virtual_pipeline_stage:
+    chunks = p.num_virtual_stages_per_pipeline_rank
+    if p.schedule_name == "interleaved" and chunks:
+        stages = list(pipeline_layer_counts(m, p))
+        stages[0] += p.account_for_embedding_in_pipeline_split
+        stages[-1] += p.account_for_loss_in_pipeline_split
+        _check(all(n % chunks == 0 for n in stages),
+               "parallel.num_virtual_stages_per_pipeline_rank",
+               f"{chunks} chunks do not divide every stage's layers {tuple(stages)}")
+    elif p.schedule_name == "interleaved" and p.num_layers_per_virtual_pipeline_stage:
         per_stage = (m.num_layers + p.account_for_embedding_in_pipeline_split +
                      p.account_for_loss_in_pipeline_split) // p.pp
         _check(per_stage % p.num_layers_per_virtual_pipeline_stage == 0,
@@ -527,7 +550,8 @@ def _validate_recompute_method(m: Model, p: Parallel) -> None:
         return
     n = n or 1
     chunk_sizes = (virtual_stage_layer_counts(m, p) if p.uneven_pipeline else
-                   (p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp,))
+                   (p.num_layers_per_virtual_pipeline_stage
+                    or m.num_layers // p.pp // model_chunks(m, p),))
     for per_chunk in sorted(set(chunk_sizes)):
         if method == "block":
             _check(n <= per_chunk, "parallel.recompute_num_layers",
@@ -556,13 +580,32 @@ def _validate_recompute_modules(p: Parallel) -> None:
 def _validate_schedule(m: Model, p: Parallel) -> None:
     """Interleaving needs virtual stages that tile the layers and m a multiple of p."""
     virtual = p.num_layers_per_virtual_pipeline_stage
+    _positive("parallel", p, ("num_virtual_stages_per_pipeline_rank",))
     if p.schedule_name != "interleaved":
         _check(virtual is None, "parallel.num_layers_per_virtual_pipeline_stage",
                f"only applies to the interleaved schedule, not {p.schedule_name}")
+        _check(p.num_virtual_stages_per_pipeline_rank is None,
+               "parallel.num_virtual_stages_per_pipeline_rank",
+               f"only applies to the interleaved schedule, not {p.schedule_name}")
         return
-    _check(virtual is not None, "parallel.schedule",
+    chunks = p.num_virtual_stages_per_pipeline_rank
+    _check(virtual is None or chunks is None, "parallel.num_virtual_stages_per_pipeline_rank",
+           "give it or num_layers_per_virtual_pipeline_stage, not both (Megatron)")
+    _check(virtual is not None or chunks is not None, "parallel.schedule",
            "interleaved needs num_layers_per_virtual_pipeline_stage")
     _check(p.pp > 1, "parallel.schedule", "interleaved needs pipeline_model_parallel_size > 1")
+    if chunks is not None:
+        _check(chunks > 1, "parallel.num_virtual_stages_per_pipeline_rank",
+               "interleaving needs 2 or more chunks per stage")
+        if not p.uneven_pipeline:
+            _check(m.num_layers // p.pp % chunks == 0,
+                   "parallel.num_virtual_stages_per_pipeline_rank",
+                   f"{chunks} chunks do not divide the {m.num_layers // p.pp} layers of each "
+                   "pipeline stage")
+        _check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",
+               f"interleaving needs the {p.num_micro_batches} micro-batches to be a multiple of "
+               f"pipeline_model_parallel_size={p.pp}")
+        return
     per_stage = (m.num_layers + p.account_for_embedding_in_pipeline_split
                  + p.account_for_loss_in_pipeline_split) // p.pp
     _check(per_stage % virtual == 0, "parallel.num_layers_per_virtual_pipeline_stage",

@@ -95,6 +95,10 @@ SCENARIO_FLAGS = {
     "--decoder-last-pipeline-num-layers": ("parallel", "decoder_last_pipeline_num_layers", int,
                                            None, "layers of the last pipeline stage (default: "
                                            "an even split)", "last"),
+    "--num-virtual-stages-per-pipeline-rank": ("parallel", "num_virtual_stages_per_pipeline_rank",
+                                               int, None, "model chunks per stage of the "
+                                               "interleaved schedule (default: from the layers "
+                                               "per virtual stage)", "vs"),
     "--recompute-modules": ("parallel", "recompute_modules", str, None,
                             "selective recompute: modules among core_attn, mlp, layernorm, "
                             "space-separated in one argument (default: core_attn)", "rmod-"),

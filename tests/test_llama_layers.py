@@ -258,6 +258,15 @@ def test_uneven_pipeline_runs_its_layers_and_errors_name_the_field():
     plans = stage_plans(sc, RankGrid(1, 2, 1))  # Megatron's get_transformer_layer_offset
     assert [[list(plans[r].layers(c)) for c in range(2)] for r in range(2)] == \
         [[[0], [3, 4]], [[1, 2], [5]]]
+    sc = load_scenario(None, {("model", "num_layers"): 8,
+                              ("parallel", "pipeline_model_parallel_size"): 3,
+                              ("parallel", "decoder_first_pipeline_num_layers"): 2,
+                              ("parallel", "decoder_last_pipeline_num_layers"): 2,
+                              ("parallel", "num_virtual_stages_per_pipeline_rank"): 2,
+                              ("parallel", "global_batch_size"): 3, ("run", "mode"): "meta"})
+    plans = stage_plans(sc, RankGrid(1, 3, 1))  # offsets worked by hand from Megatron's formula
+    assert [[list(plans[r].layers(c)) for c in range(2)] for r in range(3)] == \
+        [[[0], [4]], [[1, 2], [5, 6]], [[3], [7]]]
     bad = [({("parallel", "decoder_first_pipeline_num_layers"): 3}, "decoder_first"),
            ({("parallel", "decoder_last_pipeline_num_layers"): 7}, "decoder_last"),
            ({("parallel", "account_for_loss_in_pipeline_split"): True,
@@ -266,7 +275,9 @@ def test_uneven_pipeline_runs_its_layers_and_errors_name_the_field():
              ("parallel", "account_for_loss_in_pipeline_split"): True}, "decoder_first"),
            ({("parallel", "decoder_first_pipeline_num_layers"): 2,
              ("parallel", "schedule"): "interleaved",
-             ("parallel", "num_layers_per_virtual_pipeline_stage"): 1}, "")]
+             ("parallel", "num_layers_per_virtual_pipeline_stage"): 1}, "num-virtual-stages"),
+           ({("parallel", "decoder_first_pipeline_num_layers"): 2,
+             ("parallel", "num_virtual_stages_per_pipeline_rank"): 2}, "num_virtual_stages")]
     for extra, field in bad:
         with pytest.raises(UserError) as info:
             load_scenario(None, {("model", "num_layers"): 8,

@@ -37,6 +37,13 @@ VARIANTS = {
                               ("parallel", "account_for_loss_in_pipeline_split"): True,
                               ("parallel", "global_batch_size"): 2, ("model", "hidden_size"): 32,
                               ("model", "seq_length"): 16, **SERIAL},
+    "interleaved_first_last": {("model", "num_layers"): 6,
+                               ("parallel", "pipeline_model_parallel_size"): 2,
+                               ("parallel", "decoder_first_pipeline_num_layers"): 2,
+                               ("parallel", "decoder_last_pipeline_num_layers"): 4,
+                               ("parallel", "num_virtual_stages_per_pipeline_rank"): 2,
+                               ("parallel", "global_batch_size"): 2, ("model", "hidden_size"): 32,
+                               ("model", "seq_length"): 16, **SERIAL},
     "recompute_modules": {("parallel", "recompute_granularity"): "selective",
                           ("parallel", "recompute_modules"): "core_attn mlp layernorm"},
 }
