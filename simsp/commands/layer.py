@@ -63,8 +63,6 @@ def layer_report(result) -> dict:
         "activation_bytes_per_rank": [rec.activation_bytes for rec in result.records],
         "saved_tensors": [{"name": n, "bytes": b} for n, b in result.records[0].saved],
         "formula_bytes": formula,
-        "formula": "docs/llama.md" if llama else "K22 Table 2",
-        "architecture": architecture(m),
         "peak_bytes_per_rank": [r.ledger.peak_total for r in result.ranks],
         "oom_per_rank": [oom_report(r.ledger.oom) for r in result.ranks],
         "flops": dict(first.flops),
@@ -76,20 +74,23 @@ def layer_report(result) -> dict:
     }
     if result.max_rel_err is not None:
         report["max_rel_err"] = result.max_rel_err
+    if llama:  # the GPT layer's document stays as it was
+        report.update(formula="docs/llama.md", architecture=architecture(m))
     return report
 
 
 def _print_table(report: dict) -> None:
     print(f"layer: t={report['tensor_model_parallel_size']} SP={report['sequence_parallel']} "
           f"recompute={report['recompute_granularity']} mode={report['mode']}")
-    if report["architecture"] != "GPT":
+    if "architecture" in report:
         print(f"architecture: {report['architecture']}")
     print(f"{'saved tensor (rank 0)':<28}{'bytes':>14}")
     for item in report["saved_tensors"]:
         print(f"{item['name']:<28}{item['bytes']:>14}")
     measured = report["activation_bytes_per_rank"][0]
     print(f"{'activations (ledger)':<28}{measured:>14}  {format_bytes(measured)}")
-    print(f"{'formula (' + report['formula'] + ')':<28}{report['formula_bytes']:>14}")
+    source = report.get("formula", "K22 Table 2")
+    print(f"{'formula (' + source + ')':<28}{report['formula_bytes']:>14}")
     print(f"peak per rank: {', '.join(format_bytes(b) for b in report['peak_bytes_per_rank'])}")
     flops = report["flops"]
     print(f"GEMM FLOPs rank 0: forward {flops['forward']:.4g}, backward {flops['backward']:.4g}, "
