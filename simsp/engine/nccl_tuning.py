@@ -102,7 +102,7 @@ class NcclChoice:
     intra_latency_scale: float  # x an intra-node step's link latency (1 for ring/Simple)
     inter_latency_scale: float  # x an inter-node step's link latency (1 for ring/Simple)
     protocol_fraction: float  # busbw of (algorithm, protocol) / busbw of ring/Simple (NCCL)
-    channel_fraction: float  # channels used / all of them (busBw = channels x per-channel bw)
+    channel_fraction: float  # busbw on the channels used / on all of them
     estimated_time_s: float  # NCCL's own estimate (ncclTopoGetAlgoTime), which it minimises
 
     @property
@@ -147,21 +147,24 @@ def supported(collective: str, algorithm: str, protocol: str) -> bool:
 
 
 def bus_bandwidth(collective: str, algorithm: str, protocol: str, nodes: int,
-                  graph: Graph) -> float:
-    """tuning.cc: busBw of (algorithm, protocol) in GB/s, before the conversion to algbw."""
+                  graph: Graph, channel_share: float = 1.0) -> float:
+    """tuning.cc: busBw of (algorithm, protocol) in GB/s, before the conversion to algbw, on
+    `channel_share` of the channels (busBw = channels x per-channel bandwidth; the per-channel
+    caps scale with the channels, llMaxBw is a total)."""
     index = min(nodes, 3) - 1
-    bus = graph.channels * graph.bw
+    channels = graph.channels * channel_share
+    bus = channels * graph.bw
     if algorithm == RING and protocol == LL:
         bus = min(LL_MAX_BW[index], bus * 0.5)
     if algorithm == RING and protocol == LL128:
-        bus = min(bus * 0.92, graph.channels * PER_CH_MAX_RING_LL128_BW[index])
+        bus = min(bus * 0.92, channels * PER_CH_MAX_RING_LL128_BW[index])
     if algorithm == TREE and collective == ALL_REDUCE:
-        bus = min(bus * 0.92, graph.channels * PER_CH_MAX_TREE_BW[index])
+        bus = min(bus * 0.92, channels * PER_CH_MAX_TREE_BW[index])
     if algorithm == TREE and protocol == LL:
         bus = min(bus / 3.8, LL_MAX_BW[index])
     if algorithm == TREE and protocol == LL128:
         bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
-                  graph.channels * PER_CH_MAX_TREE_LL128_BW[index])
+                  channels * PER_CH_MAX_TREE_LL128_BW[index])
     return bus
 
 
@@ -224,7 +227,7 @@ def channels_and_threads(algorithm: str, protocol: str, nbytes: int, ranks: int,
     """enqueue.cc topoGetAlgoInfo: fewer channels, then fewer threads (halved while a multiple
     of 128), while bytes < channels x threads x threshold."""
     nc = graph.comm_channels
-    nt = TREE_THREADS if algorithm == TREE else MAX_THREADS[protocol]
+    nt = MAX_THREADS[protocol]
     threshold = THREAD_THRESHOLD[protocol] * (ranks if algorithm == RING and protocol == LL
                                               else 1)
     while nbytes < nc * nt * threshold and nc >= 2:
@@ -260,13 +263,17 @@ def _describe(collective: str, best: tuple[str, str], nbytes: int, ranks: int, n
               graph: Graph, time_us: float) -> NcclChoice:
     """The choice with its channels, threads, latency scales and bandwidth fractions: NCCL's
     busBw is channels x per-channel bandwidth (tuning.cc), so fewer channels carry
-    proportionally less; threads are sized to the data within a channel and change nothing."""
+    proportionally less up to the protocol's total cap (llMaxBw); threads are sized to the data
+    within a channel and change nothing."""
     algorithm, protocol = best
     nc, nt = channels_and_threads(algorithm, protocol, nbytes, ranks, graph)
     ref_intra, ref_inter = step_latencies_us(RING, SIMPLE, ranks, nodes)
     intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes)
     reference_bus = bus_bandwidth(collective, RING, SIMPLE, nodes, graph)
-    fraction = bus_bandwidth(collective, algorithm, protocol, nodes, graph) / reference_bus
+    full_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph)
+    used_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph,
+                             nc / graph.comm_channels)
     return NcclChoice(algorithm, protocol, nc, graph.comm_channels, nt,
                       BASE_LATENCY_US[algorithm][protocol] * 1e-6, intra / ref_intra,
-                      inter / ref_inter, fraction, nc / graph.comm_channels, time_us * 1e-6)
+                      inter / ref_inter, full_bus / reference_bus, used_bus / full_bus,
+                      time_us * 1e-6)
