@@ -104,6 +104,8 @@ class NcclChoice:
     protocol_fraction: float  # busbw of (algorithm, protocol) / busbw of ring/Simple (NCCL)
     channel_fraction: float  # busbw on the channels used / on all of them
     estimated_time_s: float  # NCCL's own estimate (ncclTopoGetAlgoTime), which it minimises
+    intra_step_s: float = 0.0  # NCCL's own per-step latency inside a node (tuning.cc)
+    inter_step_s: float = 0.0  # and between nodes
 
     @property
     def bandwidth_fraction(self) -> float:
@@ -276,4 +278,4 @@ def _describe(collective: str, best: tuple[str, str], nbytes: int, ranks: int, n
     return NcclChoice(algorithm, protocol, nc, graph.comm_channels, nt,
                       BASE_LATENCY_US[algorithm][protocol] * 1e-6, intra / ref_intra,
                       inter / ref_inter, full_bus / reference_bus, used_bus / full_bus,
-                      time_us * 1e-6)
+                      time_us * 1e-6, intra * 1e-6, inter * 1e-6)
