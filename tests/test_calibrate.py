@@ -458,3 +458,12 @@ def test_a_log_that_does_not_say_its_layout_asks_for_the_flags(capsys, tmp_path)
     fitted, out = calibrate(capsys, tmp_path, bare, "--gpus-per-node", "4", "--nodes", "2")
     assert "8 ranks on 2 nodes" in out
     assert fitted["ib_latency_us"] == pytest.approx(INTER.ib_latency_us, rel=0.02)
+
+
+def test_logs_run_with_nccl_proto_are_fitted_with_it(capsys, tmp_path):
+    """A log taken with NCCL_PROTO=Simple: `--nccl-proto Simple` models it exactly (1e-4)."""
+    truth = replace(INTRA, nccl_proto="Simple")
+    log = generated_log(tmp_path, "simple.txt", truth, sizes=DENSE_SIZES, digits=6)
+    fitted, _ = calibrate(capsys, tmp_path, log, "--nccl-proto", "Simple")
+    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=1e-4)
+    assert fitted["nvlink_latency_us"] == pytest.approx(3.3, rel=1e-4)
