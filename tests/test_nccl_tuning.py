@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 import time
 
+from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
 from simsp.commands.ring import simulate
 from simsp.config import Cluster
-from simsp.engine.nccl_tuning import channels_and_threads, choose, nccl_graph
+from simsp.engine.nccl_tuning import channels_and_threads, choose, nccl_graph, nccl_time_us
 from simsp.engine.ring_timing import collective_time
 from simsp.hardware import LinkCalibration
 
@@ -190,3 +191,25 @@ def test_ring_table_names_the_pick_of_every_size(capsys):
                                                                      ("ring", "Simple")]
     assert main(["ring", "--ranks", "8", "--size", "64M", "--nccl-proto", "LL"]) == 0
     assert " ring     LL   24" in capsys.readouterr().out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["all_reduce", "reduce_scatter", "all_gather"]), st.integers(0, 2 ** 34),
+       st.sampled_from([(2, 1), (8, 1), (16, 2), (6, 3), (64, 8), (512, 64)]),
+       st.sampled_from([None, "ring", "tree"]), st.sampled_from([None, "LL", "LL128", "Simple"]))
+def test_the_pick_is_the_cheapest_allowed_and_its_terms_are_fractions(collective, nbytes, shape,
+                                                                      algorithm, protocol):
+    ranks, nodes = shape
+    if algorithm == "tree" and collective != "all_reduce":
+        return
+    choice = choose(collective, nbytes, ranks, nodes, 300.0, 25.0, algorithm, protocol)
+    graph = nccl_graph(nodes, ranks // nodes, 300.0, 25.0)
+    allowed = [(a, p) for a in ("tree", "ring") for p in ("LL", "LL128", "Simple")
+               if (a == "ring" or collective == "all_reduce") and algorithm in (None, a)
+               and protocol in (None, p)]
+    times = [nccl_time_us(collective, a, p, nbytes, ranks, nodes, graph) for a, p in allowed]
+    assert choice.estimated_time_s * 1e6 == pytest.approx(min(times), rel=1e-12)
+    assert (choice.algorithm, choice.protocol) == allowed[times.index(min(times))]
+    assert 1 <= choice.nchannels <= choice.max_channels == graph.comm_channels
+    assert 0 < choice.bandwidth_fraction <= 1 and 0 < choice.channel_fraction <= 1
+    assert choice.intra_latency_scale > 0 and choice.inter_latency_scale > 0
