@@ -202,9 +202,11 @@ def simulate_nccl(graph, gpus: list[int], collective: str, nbytes: int,
     """One collective as NCCL picks it: a tree all-reduce in closed form, else the ring
     (simulate); its stats carry the algorithm, protocol and channels."""
     choice = nccl_choice(collective, graph, gpus, nbytes, calibration)
-    if choice.algorithm == TREE:
+    if choice.algorithm == TREE:  # steps: up and down the tree's depth; bytes not itemised
         seconds = tree_time(graph, gpus, nbytes, calibration, choice)
-        return CollectiveStats(collective, tuple(gpus), nbytes, 0, (), (), 0.0, seconds, (),
+        nodes = len({gpu // graph.graph["gpus_per_node"] for gpu in gpus})
+        steps = 2 * (len(gpus) // nodes - 1 + nodes.bit_length() - 1)
+        return CollectiveStats(collective, tuple(gpus), nbytes, steps, (), (), 0.0, seconds, (),
                                TREE, choice.protocol, choice.nchannels)
     stats = simulate(graph, gpus, collective, nbytes, calibration)
     return replace(stats, algorithm=RING, protocol=choice.protocol, nchannels=choice.nchannels)
