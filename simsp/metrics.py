@@ -5,7 +5,6 @@ FLOPs with B = global batch over (iteration time · GPUs · 312 TFLOP/s); the FL
 GEMMs actually counted are reported beside them.
 """
 
-from dataclasses import asdict
 
 from simsp import analytic
 from simsp.costmodel import calibration_table
@@ -140,7 +139,8 @@ def collect(run, shortcuts) -> dict:
         "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
         "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
-        "shortcuts": asdict(shortcuts),
+        "shortcuts": shortcuts.flags(),
+        "shortcuts_used": shortcuts.why(),
     }
 
 

@@ -1,0 +1,182 @@
+"""Where meta mode's shortcuts are exact: which links each group's traffic can share.
+
+A collective timed in closed form (engine/ring_timing.py) moves no flows, so it is exact only
+while no other transfer crosses a link its ring could be slowed on; the representative-rank
+shortcut is exact only while the ranks it leaves out cannot slow the ones it simulates, and
+every rank of a stage sits on the nodes as its representative does. Both are decided here
+from the routes alone (cluster/topology.py hop_route over engine/ring_plan.py channel_rings),
+before anything runs: a group whose links are shared runs its ring step by step, which loads
+its links in the fair-shared network (engine/network.py) as the full simulation does.
+Sufficient conditions, not necessary ones: a shortcut refused here is never wrong, only slower.
+"""
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import SPINE, build_topology, hop_route, nodes_hosting
+from simsp.engine.ring_plan import channel_rings
+
+Edge = tuple[str, str]
+Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
+
+
+@dataclass(frozen=True)
+class ShortcutVerdict:
+    """Which shortcuts are exact for a layout, why, and the groups that must run stepwise."""
+
+    representative: bool
+    closed_form: bool
+    templates: bool
+    stepwise_groups: frozenset[tuple[int, ...]]
+    reasons: tuple[tuple[str, str], ...]  # (shortcut, why used or not), in a fixed order
+
+
+def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
+    """Every collective group and point-to-point pair of one iteration (rank r on GPU r): the
+    interleaved schedule also sends from the last stage to the first; with p > 1 the first
+    and last stages all-reduce the tied word embedding (training/finalize.py)."""
+    owners: list[Owner] = []
+    if grid.tp > 1:
+        owners += [("tp", g) for g in grid.groups("tp")]
+    if grid.dp > 1:
+        owners += [("dp", g) for g in grid.groups("dp")]
+    if grid.pp > 1:
+        for group in grid.groups("pp"):  # activations down, gradients up (interleaved wraps)
+            ahead = group[1:] + group[:1] if interleaved else group[1:]
+            pairs = set(zip(group, ahead))
+            owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
+            owners.append(("embedding", (group[0], group[-1])))
+    return owners
+
+
+def owner_routes(graph: nx.DiGraph, owner: Owner) -> list[tuple[Edge, ...]]:
+    """The route of every hop the owner's traffic takes: every ring position of every NCCL
+    channel for a collective, the one route for a point-to-point pair."""
+    kind, ranks = owner
+    if kind == "p2p":
+        return [hop_route(graph, ranks[0], ranks[1])]
+    gpus = list(ranks)
+    routes = []
+    for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
+        order = channel.order
+        routes += [hop_route(graph, gpus[order[i]], gpus[order[(i + 1) % len(order)]],
+                             channel.via[i]) for i in range(len(order))]
+    return routes
+
+
+def _can_bind(edge: Edge) -> bool:
+    """Leaf-spine links never bind: a leaf's uplink bundle carries as much as all its GPU
+    links (cluster/topology.py _add_fabric), which every route through it also crosses."""
+    return SPINE not in edge
+
+
+def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, list[Owner]]:
+    """Per link that can bind: one entry per hop crossing it, naming the hop's owner."""
+    users: dict[Edge, list[Owner]] = {}
+    for owner in owners:
+        for route in owner_routes(graph, owner):
+            for edge in route:
+                if _can_bind(edge):
+                    users.setdefault(edge, []).append(owner)
+    return users
+
+
+def _gpu_of_link(edge: Edge) -> int:
+    """The GPU whose NVLink port or NIC this link is (every link that can bind has one)."""
+    end = edge[0] if edge[0].startswith("gpu") else edge[1]
+    return int(end[3:])
+
+
+def _in_turn(edge: Edge, a: Owner, b: Owner, overlap_grad_reduce: bool) -> bool:
+    """Two owners on a link of GPU x that both include x run one after the other: x's
+    collectives and point-to-point transfers complete for all members before x goes on, and
+    training/finalize.py reduces gradients after x's schedule, DP before the tied embedding.
+    Not so for DP buckets that overlap the backward pass (`overlap_grad_reduce`)."""
+    x = _gpu_of_link(edge)
+    if x not in a[1] or x not in b[1]:
+        return False
+    during = {a[0], b[0]} & {"tp", "p2p"}
+    return not (overlap_grad_reduce and "dp" in {a[0], b[0]} and during)
+
+
+def conflicts(users: dict[Edge, list[Owner]], overlap_grad_reduce: bool):
+    """(link, owner, other) for every two hops that may cross one link at the same time:
+    two hops of one owner, or of two owners not in turn (_in_turn)."""
+    for edge, owners in users.items():
+        if len(owners) < 2:
+            continue
+        for i, owner in enumerate(owners):
+            for other in owners[i + 1:]:
+                if other == owner or not _in_turn(edge, owner, other, overlap_grad_reduce):
+                    yield edge, owner, other
+
+
+def stepwise_groups(users: dict[Edge, list[Owner]],
+                    overlap_grad_reduce: bool) -> frozenset[tuple[int, ...]]:
+    """Collective groups whose ring may share a link with another hop (of another owner or of
+    its own channels): their time depends on what else runs, so they cannot be closed form."""
+    shared = set()
+    for _edge, owner, other in conflicts(users, overlap_grad_reduce):
+        shared.update(o[1] for o in (owner, other) if o[0] != "p2p")
+    return frozenset(shared)
+
+
+def _aligned(a: int, b: int) -> bool:
+    """a and b tile each other: one is a multiple of the other."""
+    return a % b == 0 or b % a == 0
+
+
+def representative_why_not(grid: RankGrid, gpus_per_node: int,
+                           users: dict[Edge, list[Owner]], overlap_grad_reduce: bool) -> str:
+    """Why one rank per stage cannot stand for the others ("" when it can)."""
+    t, d = grid.tp, grid.dp
+    if not _aligned(t * d, gpus_per_node):
+        return (f"ranks per stage (t*d = {t * d}) and GPUs per node ({gpus_per_node}) do not "
+                f"tile: stages share nodes unevenly")
+    if not _aligned(t, gpus_per_node):
+        return f"t = {t} and GPUs per node ({gpus_per_node}) do not tile: TP groups differ"
+    simulated = {grid.rank_of(0, 0, pp) for pp in range(grid.pp)}
+    for edge, owner, other in conflicts(users, overlap_grad_reduce):
+        if _is_simulated(owner, simulated) != _is_simulated(other, simulated):
+            return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
+                    f"represented ranks at once ({owner[0]} {owner[1][:4]}, {other[0]} "
+                    f"{other[1][:4]})")
+    return ""
+
+
+def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
+    """The representative run executes this owner's traffic: a collective with a simulated
+    member, or a point-to-point pair sent by a simulated rank."""
+    kind, ranks = owner
+    return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))
+
+
+def check_shortcuts(sc) -> ShortcutVerdict:
+    """The exact shortcuts of a meta-mode scenario, with the reason for each."""
+    p, cluster = sc.parallel, sc.cluster
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
+    owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved")
+    users = link_users(graph, owners)
+    overlap = p.overlap_grad_reduce
+    stepwise = stepwise_groups(users, overlap)
+    not_rep = representative_why_not(grid, cluster.gpus_per_node, users, overlap)
+    tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
+    if not_rep:
+        templates_why = "not used: needs the representative shortcut"
+    elif stepwise & tp_groups:
+        templates_why = "not used: TP collectives share links, so a layer step's time varies"
+    else:
+        templates_why = "used: every layer step of a stage is alike, recorded once and replayed"
+    closed_why = ("used: no collective's ring shares a link" if not stepwise else
+                  f"used where exact: {len(stepwise)} collective group(s) share links and run "
+                  f"step by step, loading them; the others are timed as a whole")
+    rep_why = ("not used: " + not_rep if not_rep else
+               "used: every rank of a stage is placed and loaded as its representative")
+    return ShortcutVerdict(representative=not not_rep, closed_form=True,
+                           templates=not not_rep and not stepwise & tp_groups,
+                           stepwise_groups=stepwise,
+                           reasons=(("representative", rep_why), ("closed_form", closed_why),
+                                    ("templates", templates_why)))
