@@ -22,18 +22,15 @@ def stage_ranks(run) -> list[int]:
 
 
 def bubble(run) -> tuple[float, list[float]]:
-    """N21 §2.2.1 bubble: (pipeline time − busiest stage's step time) / busiest step time.
-
-    Step time runs from a step's input being ready to its end (p2p waits are bubble). Also the
-    per-stage fraction (last step end − own step time) / own step time."""
-    busy, last = [], []
-    for rank in stage_ranks(run):
-        steps = run.steps.get(rank, [])
-        busy.append(sum(end - begin for *_, begin, end in steps))
-        last.append(max((end for *_, end in steps), default=0.0))
-    ideal = max(busy)
-    per_stage = [(end - own) / own if own else 0.0 for end, own in zip(last, busy)]
-    return (max(last) - ideal) / ideal if ideal else 0.0, per_stage
+    """The pipeline bubble, defined once from pipeline wait (exposure's pp_wait: blocked on a
+    peer stage in fill and drain, plus the idle tail): per stage pp_wait over the stage's
+    schedule work (its steps, from input ready to end), N21 §2.2.1's bubble time over ideal
+    time m·(tf + tb); the pipeline's is the largest stage's. 0 at p = 1, where none waits."""
+    per_stage = []
+    for rank, row in zip(stage_ranks(run), exposure(run)):
+        work = sum(end - begin for *_, begin, end in run.steps.get(rank, []))
+        per_stage.append(row["pp_wait"] / work if work else 0.0)
+    return max(per_stage, default=0.0), per_stage
 
 
 def _counted_flops(run) -> tuple[float, float]:
