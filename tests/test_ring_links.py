@@ -44,3 +44,25 @@ def test_closed_form_equals_stepwise_whichever_tier_binds(collective, ib_GBps, b
         assert closed == pytest.approx(port_bound, rel=1e-9)
     else:
         assert closed > 1.5 * port_bound
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_one_plan_drives_both_paths_with_its_protocol(collective):
+    """A plan's per-step latency and bandwidth fraction reach the stepwise ring and the closed
+    form alike; on one 8-GPU node (one channel, no shared port) each step is the NVSwitch hop's
+    2 us + the step latency + a chunk over half the port: hand-worked."""
+    from simsp.engine.collective_plan import plan_collective
+
+    graph = build_topology(Cluster(nodes=1))
+    gpus, nbytes = list(range(8)), 8 * 2 ** 20
+    plan = plan_collective(collective, gpus, nbytes, 8, 2, step_latency_s=5e-6,
+                           bandwidth_fraction=0.5)
+    env = simpy.Environment()
+    ring = RING_COLLECTIVES[collective](env, Network(env, graph, CAL), gpus, None, nbytes,
+                                        plan=plan)
+    process = env.process(ring)
+    env.run()
+    hand = plan.steps * (2e-6 + 5e-6 + (nbytes / 8) / (0.5 * NVLINK_Bps))
+    assert process.value[1].time_s == pytest.approx(hand, rel=1e-9)
+    assert collective_time(collective, graph, gpus, nbytes, CAL, plan=plan) == \
+        pytest.approx(hand, rel=1e-9)

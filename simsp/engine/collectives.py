@@ -5,7 +5,9 @@ the network, waits for the chunk from its predecessor, and adds it (reduce-scatt
 (all-gather). Time emerges from the transfers. Numeric mode moves and adds real numpy chunks;
 meta mode (buffers None) moves sizes only. Use as `results, stats = yield from ring_...(...)`.
 A collective runs as NCCL's channels (ring_plan.channel_rings): concurrent rings, channel c
-carrying slice c of every chunk, so rank i still ends with its whole contiguous chunk i.
+carrying slice c of every chunk, so rank i still ends with its whole contiguous chunk i. A
+CollectivePlan (engine/collective_plan.py) may fix the channels and add its protocol's step
+latency and bandwidth fraction; the closed form (engine/ring_timing.py) reads the same plan.
 """
 
 from dataclasses import dataclass
@@ -14,7 +16,8 @@ from functools import partial
 import numpy as np
 import simpy
 
-from simsp.engine.network import Network
+from simsp.engine.collective_plan import CollectivePlan
+from simsp.engine.network import Network, succeed_after
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Channel, RingStep,
                                     all_gather_steps, channel_rings, chunk_counts, chunk_offsets,
                                     reduce_scatter_steps, slice_counts)
@@ -102,23 +105,26 @@ def _split(buffer: np.ndarray, counts: list[int]) -> list[np.ndarray]:
 
 def ring_reduce_scatter(env: simpy.Environment, network: Network, gpus: list[int],
                         buffers: list[np.ndarray] | None, nbytes: int,
-                        elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = REDUCE_SCATTER):
+                        elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = REDUCE_SCATTER,
+                        plan: CollectivePlan | None = None):
     """Ring reduce-scatter of an S = `nbytes` message: rank i ends with chunk i of the sum.
 
-    Returns (results, stats): results[i] is a 1-D array (numeric) or None (meta).
+    Returns (results, stats): results[i] is a 1-D array (numeric) or None (meta). `plan`: the
+    collective's plan (its channels and protocol); default: channel_rings on plain links.
     """
     n = len(gpus)
     counts = chunk_counts(element_count(nbytes, elem_bytes), n)
     holdings = None if _is_meta(buffers) else [_split(b, counts) for b in buffers]
     stats = yield from _run_channels(env, network, gpus, reduce_scatter_steps(n), holdings,
-                                     counts, elem_bytes, REDUCE_SCATTER, label)
+                                     counts, elem_bytes, REDUCE_SCATTER, label, plan)
     results = [None] * n if holdings is None else [holdings[i][i] for i in range(n)]
     return results, stats
 
 
 def ring_all_gather(env: simpy.Environment, network: Network, gpus: list[int],
                     chunks: list[np.ndarray] | None, nbytes: int,
-                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_GATHER):
+                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_GATHER,
+                    plan: CollectivePlan | None = None):
     """Ring all-gather: rank i contributes chunk i; every rank ends with the S = `nbytes` whole.
 
     Returns (results, stats): results[i] is the 1-D concatenation (numeric) or None (meta).
@@ -127,19 +133,20 @@ def ring_all_gather(env: simpy.Environment, network: Network, gpus: list[int],
     counts = chunk_counts(element_count(nbytes, elem_bytes), n)
     holdings = None if _is_meta(chunks) else _own_chunks(chunks, counts)
     stats = yield from _run_channels(env, network, gpus, all_gather_steps(n), holdings,
-                                     counts, elem_bytes, ALL_GATHER, label)
+                                     counts, elem_bytes, ALL_GATHER, label, plan)
     results = [None] * n if holdings is None else [np.concatenate(h) for h in holdings]
     return results, stats
 
 
 def ring_all_reduce(env: simpy.Environment, network: Network, gpus: list[int],
                     buffers: list[np.ndarray] | None, nbytes: int,
-                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_REDUCE):
+                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_REDUCE,
+                    plan: CollectivePlan | None = None):
     """Ring all-reduce = reduce-scatter then all-gather (REFERENCE.md §5). Results keep shape."""
     reduced, first = yield from ring_reduce_scatter(env, network, gpus, buffers, nbytes,
-                                                    elem_bytes, f"{label}/{REDUCE_SCATTER}")
+                                                    elem_bytes, f"{label}/{REDUCE_SCATTER}", plan)
     gathered, second = yield from ring_all_gather(env, network, gpus, reduced, nbytes,
-                                                  elem_bytes, f"{label}/{ALL_GATHER}")
+                                                  elem_bytes, f"{label}/{ALL_GATHER}", plan)
     if not _is_meta(buffers):
         gathered = [g.reshape(np.shape(b)) for g, b in zip(gathered, buffers)]
     return gathered, first.followed_by(second, ALL_REDUCE)
@@ -163,12 +170,13 @@ def _own_chunks(chunks: list[np.ndarray], counts: list[int]) -> list[list[np.nda
 
 def _run_channels(env: simpy.Environment, network: Network, gpus: list[int],
                   steps: list[RingStep], holdings: list | None, counts: list[int],
-                  elem_bytes: int, collective: str, label: str):
+                  elem_bytes: int, collective: str, label: str, plan: CollectivePlan | None):
     """Run every channel's ring concurrently (holdings[member][chunk] updated in place, numeric
     mode); return the collective's stats when all finish."""
-    channels = channel_rings(list(gpus), network.graph.graph["gpus_per_node"])
+    channels = (list(plan.channels) if plan is not None
+                else channel_rings(list(gpus), network.graph.graph["gpus_per_node"]))
     rings = [_channel_ring(env, network, list(gpus), ch, len(channels), steps, holdings, counts,
-                           elem_bytes, label) for ch in channels]
+                           elem_bytes, label, plan) for ch in channels]
     start_s = env.now
     ends = [env.all_of([env.process(ring.rank_loop(p)) for p in range(len(gpus))])
             for ring in rings]
@@ -183,7 +191,7 @@ def _run_channels(env: simpy.Environment, network: Network, gpus: list[int],
 
 
 def _channel_ring(env, network, gpus, channel: Channel, k: int, steps, holdings, counts,
-                  elem_bytes, label) -> "_Ring":
+                  elem_bytes, label, plan) -> "_Ring":
     """The ring of one channel: slice `channel.index` of every chunk, in the channel's order."""
     order = channel.order
     sizes = slice_counts(counts, k, channel.index)  # elements per chunk (member index)
@@ -194,7 +202,7 @@ def _channel_ring(env, network, gpus, channel: Channel, k: int, steps, holdings,
         mine = [[_piece(holdings[m][j], starts[j], sizes[j]) for j in order] for m in order]
     name = label if k == 1 else f"{label} ch{channel.index}"
     return _Ring(env, network, [gpus[m] for m in order], list(channel.via), steps, mine,
-                 chunk_bytes, name, channel)
+                 chunk_bytes, name, channel, plan)
 
 
 def _piece(chunk, start: int, size: int):
@@ -233,7 +241,8 @@ def _collective_stats(collective, gpus, rings, steps, start_s, end_s, finished):
 class _Ring:
     """The shared state of one ring phase: the plan, each rank's chunks, inboxes, byte counts."""
 
-    def __init__(self, env, network, gpus, via, steps, holdings, chunk_bytes, label, channel):
+    def __init__(self, env, network, gpus, via, steps, holdings, chunk_bytes, label, channel,
+                 plan=None):
         self.env, self.network, self.gpus, self.steps = env, network, gpus, steps
         self.via = via  # [rank] -> relaying GPU of its outgoing hop (PXN) or None
         self.holdings = holdings  # [rank][chunk] -> (counts[chunk],) array, or None in meta mode
@@ -241,6 +250,7 @@ class _Ring:
         self.nbytes_total = sum(chunk_bytes)
         self.label = label
         self.channel = channel
+        self.plan = plan  # CollectivePlan or None (plain links)
         self.position = {member: p for p, member in enumerate(channel.order)}
         n = len(gpus)
         self.inboxes = [[env.event() for _ in range(n)] for _ in steps]  # [step][rank]
@@ -258,9 +268,13 @@ class _Ring:
         """Put this rank's chunk for `step` on the wire; its inbox fills on delivery."""
         out = step.send_of(rank)
         payload = None if self.holdings is None else self.holdings[rank][out.chunk]
+        nbytes = self.chunk_bytes[out.chunk]
+        plan = self.plan
         delivered = self.network.transfer(self.gpus[rank], self.gpus[out.dst],
-                                          self.chunk_bytes[out.chunk], f"{self.label} step {index}",
-                                          self.via[rank])
+                                          nbytes if plan is None else plan.wire_bytes(nbytes),
+                                          f"{self.label} step {index}", self.via[rank])
+        if plan is not None and plan.step_latency_s:
+            delivered = _later(self.env, delivered, plan.step_latency_s)
         delivered.callbacks.append(partial(_post, self.inboxes[index][out.dst], payload))
         self.sent[rank] += self.chunk_bytes[out.chunk]
         return delivered
@@ -272,6 +286,13 @@ class _Ring:
         if self.holdings is not None:
             mine = self.holdings[rank][chunk]
             self.holdings[rank][chunk] = mine + incoming if step.reduce else incoming
+
+
+def _later(env: simpy.Environment, delivered: simpy.Event, delay_s: float) -> simpy.Event:
+    """An event succeeding `delay_s` after `delivered` (a protocol's per-step latency)."""
+    late = env.event()
+    delivered.callbacks.append(lambda event: succeed_after(late, delay_s, event.value))
+    return late
 
 
 def _post(inbox: simpy.Event, payload, _delivered: simpy.Event) -> None:

@@ -1,18 +1,19 @@
 """Whole-collective ring timing in closed form, and nccl-tests' bandwidth figures.
 
 collective_time is the fast path for scale: it prices every step of every channel's ring at its
-slowest hop without simulating flows, in O(n log n) for an n-member ring. tests/test_communicator.py shows it matches the stepwise simulation.
+slowest hop without simulating flows, in O(n log n) for an n-member ring, from the same
+CollectivePlan (engine/collective_plan.py) the stepwise rings run. tests/test_communicator.py
+and tests/test_ring_links.py show it matches the stepwise simulation.
 """
 
 import networkx as nx
 import numpy as np
 
 from simsp.cluster.topology import hop_route, route_latency_s
-from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, ChannelStats, CollectiveStats,
-                                      element_count)
+from simsp.engine.collective_plan import CollectivePlan, plan_collective
+from simsp.engine.collectives import DEFAULT_ELEM_BYTES, ChannelStats, CollectiveStats
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, Channel,
-                                    channel_bytes, channel_rings, chunk_counts,
-                                    position_bytes_sent, slice_counts)
+                                    channel_bytes, position_bytes_sent)
 from simsp.hardware import LinkCalibration
 from simsp.units import GB
 
@@ -66,33 +67,43 @@ def _capacity_Bps(graph: nx.DiGraph, edge: tuple[str, str], calibration: LinkCal
 
 def collective_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
                     calibration: LinkCalibration | None = None,
-                    elem_bytes: int = DEFAULT_ELEM_BYTES) -> float:
+                    elem_bytes: int = DEFAULT_ELEM_BYTES, plan: CollectivePlan | None = None) -> float:
     """Seconds for a ring collective alone on the links: its channels run concurrently, each
     step of a channel lasting as long as its slowest hop's latency + chunk bytes / rate. For
     equal chunks on uniform hops this is REFERENCE.md §5's steps * (latency + S/n / B), e.g.
-    all-reduce 2(n-1)/n * S/B plus 2(n-1) latencies.
-    """
+    all-reduce 2(n-1)/n * S/B plus 2(n-1) latencies. `plan`: the collective's plan (default:
+    plan_collective's, plain links)."""
     return max(sum(times) for times in step_times(collective, graph, gpus, nbytes, calibration,
-                                                  elem_bytes))
+                                                  elem_bytes, plan))
 
 
 def step_times(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
                calibration: LinkCalibration | None = None,
-               elem_bytes: int = DEFAULT_ELEM_BYTES) -> list[list[float]]:
+               elem_bytes: int = DEFAULT_ELEM_BYTES,
+               plan: CollectivePlan | None = None) -> list[list[float]]:
     """Closed-form duration of every step of every channel: [channel][step] seconds."""
     calibration = calibration or LinkCalibration()
-    n = len(gpus)
-    counts = chunk_counts(element_count(nbytes, elem_bytes), n)
-    channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
-    all_hops = channel_hops(graph, list(gpus), channels, calibration)
-    phases = {ALL_REDUCE: (1, 0), REDUCE_SCATTER: (1,), ALL_GATHER: (0,)}[collective]
+    plan = plan or plan_collective(collective, gpus, nbytes, graph.graph["gpus_per_node"],
+                                   elem_bytes)
+    all_hops = channel_hops(graph, list(plan.gpus), list(plan.channels), calibration)
+    phases = {ALL_REDUCE: (1, 0), REDUCE_SCATTER: (1,), ALL_GATHER: (0,)}[plan.collective]
     times = []
-    for channel, hops in zip(channels, all_hops):
-        sizes = slice_counts(counts, len(channels), channel.index)
-        chunk_bytes = [sizes[m] * elem_bytes for m in channel.order]
+    for channel, hops in zip(plan.channels, all_hops):
+        hops = _protocol_hops(hops, plan)
+        chunk_bytes = plan.ring_chunk_bytes(channel)
         times.append([t for first_hop in phases
                       for t in phase_step_times(hops, chunk_bytes, first_hop)])
     return times
+
+
+def _protocol_hops(hops: list[tuple[float, float]],
+                   plan: CollectivePlan) -> list[tuple[float, float]]:
+    """Hops as the plan's protocol sees them: its step latency added, its bandwidth fraction
+    of every rate (unchanged for the plain links)."""
+    if plan.step_latency_s == 0.0 and plan.bandwidth_fraction == 1.0:
+        return hops
+    return [(latency_s + plan.step_latency_s, rate_Bps * plan.bandwidth_fraction)
+            for latency_s, rate_Bps in hops]
 
 
 def phase_step_times(hops: list[tuple[float, float]], chunk_bytes: list[int],
@@ -139,20 +150,21 @@ def _cyclic_meets(positions: list[int], chunks: list[int], n: int) -> np.ndarray
 
 def closed_form_stats(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
                       calibration: LinkCalibration | None = None,
-                      elem_bytes: int = DEFAULT_ELEM_BYTES) -> CollectiveStats:
+                      elem_bytes: int = DEFAULT_ELEM_BYTES,
+                      plan: CollectivePlan | None = None) -> CollectiveStats:
     """What the stepwise ring would report (bytes exact, times from step_times), starting at 0."""
-    n = len(gpus)
-    counts = chunk_counts(element_count(nbytes, elem_bytes), n)
-    channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
-    times = step_times(collective, graph, gpus, nbytes, calibration, elem_bytes)
+    plan = plan or plan_collective(collective, gpus, nbytes, graph.graph["gpus_per_node"],
+                                   elem_bytes)
+    counts, channels = list(plan.counts), list(plan.channels)
+    times = step_times(collective, graph, gpus, nbytes, calibration, elem_bytes, plan)
     sent, received = channel_bytes(collective, counts, elem_bytes, channels)
     per_channel = []
     for channel, channel_times in zip(channels, times):
-        sizes = [s * elem_bytes for s in slice_counts(counts, len(channels), channel.index)]
+        sizes = [s * elem_bytes for s in plan.slice_counts(channel)]
         per_channel.append(ChannelStats(
             channel.index, tuple(gpus[m] for m in channel.order), channel.via, channel.rail,
             sum(sizes), tuple(position_bytes_sent(collective, sizes, channel.order)), 0.0,
             sum(channel_times)))
-    steps = (2 if collective == ALL_REDUCE else 1) * (n - 1)
-    return CollectiveStats(collective, tuple(gpus), nbytes, steps, tuple(sent), tuple(received),
-                           0.0, max(c.end_s for c in per_channel), tuple(per_channel))
+    return CollectiveStats(collective, tuple(gpus), nbytes, plan.steps, tuple(sent),
+                           tuple(received), 0.0, max(c.end_s for c in per_channel),
+                           tuple(per_channel))
