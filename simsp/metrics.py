@@ -25,12 +25,14 @@ def bubble(run) -> tuple[float, list[float]]:
     """The pipeline bubble, defined once from pipeline wait (exposure's pp_wait: blocked on a
     peer stage in fill and drain, plus the idle tail): per stage pp_wait over the stage's
     schedule work (its steps, from input ready to end), N21 §2.2.1's bubble time over ideal
-    time m·(tf + tb); the pipeline's is the largest stage's. 0 at p = 1, where none waits."""
-    per_stage = []
+    time m·(tf + tb); the pipeline's is all stages' wait over all their work (GPU time idle
+    per GPU time working; each stage's for uniform stages). 0 at p = 1, where none waits."""
+    waits, works = [], []
     for rank, row in zip(stage_ranks(run), exposure(run)):
-        work = sum(end - begin for *_, begin, end in run.steps.get(rank, []))
-        per_stage.append(row["pp_wait"] / work if work else 0.0)
-    return max(per_stage, default=0.0), per_stage
+        waits.append(row["pp_wait"])
+        works.append(sum(end - begin for *_, begin, end in run.steps.get(rank, [])))
+    per_stage = [wait / work if work else 0.0 for wait, work in zip(waits, works)]
+    return (sum(waits) / sum(works) if sum(works) else 0.0), per_stage
 
 
 def _counted_flops(run) -> tuple[float, float]:

@@ -80,13 +80,13 @@ def test_later_1f1b_stages_hold_fewer_micro_batches():
                                         ({"num_layers_per_virtual_pipeline_stage": 4,
                                           "global_batch_size": 16}, 2)])
 def test_bubble_fraction_matches_n21(parallel, v):
-    """(p−1)/m for GPipe and 1F1B, (p−1)/(v·m) interleaved; the small excess is the worst
-    stage's wait for the embedding/head work of the end stages (real stages are not quite
-    uniform) and for the tied-embedding reduction; interleaving makes v times more transfers."""
+    """(p−1)/m for GPipe and 1F1B, (p−1)/(v·m) interleaved; the small excess is the stages'
+    wait for the embedding/head work of the end stages (real stages are not quite uniform) and
+    for the tied-embedding reduction; interleaving makes v times more transfers."""
     sc = big_meta(**parallel)
     expected = (sc.parallel.pp - 1) / (v * sc.parallel.num_micro_batches)
     measured = run_metrics(sc)["bubble_fraction"]
-    assert expected <= measured <= expected * (1.02 if v == 1 else 1.09)
+    assert expected <= measured <= expected * (1.015 if v == 1 else 1.09)
 
 
 def test_weights_gradients_optimizer_are_18_bytes_per_parameter():

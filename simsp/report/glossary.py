@@ -18,8 +18,8 @@ GLOSSARY = (
      "backward (B) steps; interleaving gives each GPU several model chunks (virtual stages) to "
      "shrink the bubble (N21 §2.2)."),
     ("bubble", "A stage's pipeline wait over its schedule's work (its forward and backward "
-     "steps): N21 §2.2.1's bubble time over ideal time; the pipeline's bubble fraction is the "
-     "largest stage's; 0 with one stage."),
+     "steps): N21 §2.2.1's bubble time over ideal time; the pipeline's bubble fraction is all "
+     "stages' wait over all their work; 0 with one stage."),
     ("activation", "A tensor saved in the forward pass for use in the backward pass; activation "
      "memory grows with the micro-batches in flight (K22 §4)."),
     ("recompute", "Saving fewer activations and recomputing them in the backward pass. "
