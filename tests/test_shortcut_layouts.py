@@ -70,3 +70,29 @@ def test_fast_path_equals_full_simulation(gpn, t, p, d, interleaved, overlap, di
     interleaved = interleaved and p > 1
     sc = layout_scenario(gpn, t, p, d, interleaved, overlap, distributed, 2 * p)
     assert_same(*fast_and_full(sc))
+
+
+def test_paper_layouts_keep_every_shortcut():
+    """K22's layouts (a TP group fills a node, DP over whole nodes) share no link a shortcut
+    depends on: one rank per stage, every collective in closed form, templates."""
+    from simsp.training.shortcut_check import check_shortcuts
+
+    for name, overrides in [("paper-175b", {}), ("paper-530b", {}),
+                            ("paper-1t", {("parallel", "data_parallel_size"): 2,
+                                          ("parallel", "global_batch_size"): 1024,
+                                          ("cluster", "nodes"): 128})]:
+        verdict = check_shortcuts(load_scenario(f"scenarios/{name}.toml", overrides))
+        assert (verdict.representative, verdict.closed_form, verdict.templates) == \
+            (True, True, True) and not verdict.stepwise_groups, name
+
+
+def test_groups_sharing_a_nic_run_stepwise():
+    """t2 d3 p2 on 4-GPU nodes: stage 0 (GPUs 0-5) and stage 1 (6-11) both use node 1; the
+    DP ring of stage 0 (0, 2, 4) relays its hop 2 -> 4 through GPU 0's NVLink port (PXN),
+    which TP group (0, 1) uses while the overlapped gradient reduction runs, so its
+    collectives run step by step, and one rank cannot stand for a stage."""
+    from simsp.training.shortcut_check import check_shortcuts
+
+    verdict = check_shortcuts(layout_scenario(4, 2, 2, 3, False, True, False, 4))
+    assert (0, 2, 4) in verdict.stepwise_groups and not verdict.representative
+    assert dict(verdict.reasons)["representative"].startswith("not used: ranks per stage")

@@ -38,12 +38,15 @@ def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
     interleaved schedule also sends from the last stage to the first; with p > 1 the first
     and last stages all-reduce the tied word embedding (training/finalize.py)."""
     owners: list[Owner] = []
-    if grid.tp > 1:
-        owners += [("tp", g) for g in grid.groups("tp")]
-    if grid.dp > 1:
-        owners += [("dp", g) for g in grid.groups("dp")]
-    if grid.pp > 1:
-        for group in grid.groups("pp"):  # activations down, gradients up (interleaved wraps)
+    t, d, p = grid.tp, grid.dp, grid.pp
+    if t > 1:
+        owners += [("tp", tuple(range(base, base + t))) for base in range(0, t * d * p, t)]
+    if d > 1:
+        owners += [("dp", tuple(range(t * d * pp + tp, t * d * (pp + 1), t)))
+                   for pp in range(p) for tp in range(t)]
+    if p > 1:
+        for first in range(t * d):  # activations down, gradients up (interleaved wraps)
+            group = tuple(range(first, t * d * p, t * d))  # rank = tp + t·dp + t·d·pp
             ahead = group[1:] + group[:1] if interleaved else group[1:]
             pairs = set(zip(group, ahead))
             owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
@@ -113,12 +116,12 @@ def conflicts(users: dict[Edge, list[Owner]], overlap_grad_reduce: bool):
                     yield edge, owner, other
 
 
-def stepwise_groups(users: dict[Edge, list[Owner]],
-                    overlap_grad_reduce: bool) -> frozenset[tuple[int, ...]]:
+def stepwise_groups(clashes: list) -> frozenset[tuple[int, ...]]:
     """Collective groups whose ring may share a link with another hop (of another owner or of
-    its own channels): their time depends on what else runs, so they cannot be closed form."""
+    its own channels; `clashes` from conflicts): their time depends on what else runs, so they
+    cannot be closed form."""
     shared = set()
-    for _edge, owner, other in conflicts(users, overlap_grad_reduce):
+    for _edge, owner, other in clashes:
         shared.update(o[1] for o in (owner, other) if o[0] != "p2p")
     return frozenset(shared)
 
@@ -128,8 +131,7 @@ def _aligned(a: int, b: int) -> bool:
     return a % b == 0 or b % a == 0
 
 
-def representative_why_not(grid: RankGrid, gpus_per_node: int,
-                           users: dict[Edge, list[Owner]], overlap_grad_reduce: bool) -> str:
+def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list) -> str:
     """Why one rank per stage cannot stand for the others ("" when it can)."""
     t, d = grid.tp, grid.dp
     if not _aligned(t * d, gpus_per_node):
@@ -138,7 +140,7 @@ def representative_why_not(grid: RankGrid, gpus_per_node: int,
     if not _aligned(t, gpus_per_node):
         return f"t = {t} and GPUs per node ({gpus_per_node}) do not tile: TP groups differ"
     simulated = {grid.rank_of(0, 0, pp) for pp in range(grid.pp)}
-    for edge, owner, other in conflicts(users, overlap_grad_reduce):
+    for edge, owner, other in clashes:
         if _is_simulated(owner, simulated) != _is_simulated(other, simulated):
             return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
                     f"represented ranks at once ({owner[0]} {owner[1][:4]}, {other[0]} "
@@ -160,9 +162,9 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
     owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved")
     users = link_users(graph, owners)
-    overlap = p.overlap_grad_reduce
-    stepwise = stepwise_groups(users, overlap)
-    not_rep = representative_why_not(grid, cluster.gpus_per_node, users, overlap)
+    clashes = list(conflicts(users, p.overlap_grad_reduce))
+    stepwise = stepwise_groups(clashes)
+    not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
     tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
     if not_rep:
         templates_why = "not used: needs the representative shortcut"
