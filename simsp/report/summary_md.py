@@ -258,6 +258,9 @@ def _calibration(m: dict) -> list[str]:
               "Used: " + (", ".join(used) if used else "none (full simulation)") + "."
               + (f" Not used: {', '.join(k for k, v in shortcuts.items() if not v)}."
                  if used and len(used) < len(shortcuts) else ""), ""]
+    reasons = m.get("shortcuts_used", {})
+    if any(not why.startswith("used: ") or "where exact" in why for why in reasons.values()):
+        lines += [f"- {name}: {why}" for name, why in reasons.items()] + [""]
     return lines
 
 
