@@ -1,6 +1,7 @@
 """The fast path (Shortcuts.for_scale) equals the full simulation (--no-shortcuts) on random
 layouts that share links: 2, 4 and 8 GPUs per node, t·d not a multiple of them, 1F1B and
-interleaved, overlapped gradient reduction, distributed optimizer (tiny models)."""
+interleaved, overlapped gradient reduction (and pipeline transfers, interleaved), distributed
+optimizer (tiny models)."""
 
 from hypothesis import given, settings, strategies as st
 import pytest
@@ -19,6 +20,7 @@ def layout_scenario(gpn, t, p, d, interleaved, overlap, distributed, m):
                 "ddp_bucket_size": 20_000, "sequence_parallel": t > 1}
     if interleaved:
         parallel["num_layers_per_virtual_pipeline_stage"] = 1
+        parallel["overlap_p2p_communication"] = overlap
     overrides = {("model", "num_layers"): 2 * p, ("model", "hidden_size"): 96,
                  ("model", "num_attention_heads"): 12, ("model", "seq_length"): 48,
                  ("model", "vocab_size"): 256, ("run", "mode"): "meta",

@@ -92,19 +92,31 @@ def _gpu_of_link(edge: Edge) -> int:
     return int(end[3:])
 
 
-def _in_turn(edge: Edge, a: Owner, b: Owner, overlap_grad_reduce: bool) -> bool:
+@dataclass(frozen=True)
+class Overlaps:
+    """The flags that let one GPU's traffic kinds run at once: DP buckets during the backward
+    pass (`overlap_grad_reduce`), pipeline transfers during compute and its TP collectives
+    (`overlap_p2p_communication`)."""
+
+    grad_reduce: bool
+    p2p: bool
+
+
+def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
     """Two owners on a link of GPU x that both include x run one after the other: x's
-    collectives and point-to-point transfers complete for all members before x goes on, and
-    training/finalize.py reduces gradients after x's schedule, DP before the tied embedding.
-    Not so for DP buckets that overlap the backward pass (`overlap_grad_reduce`)."""
+    collectives and blocking point-to-point calls complete for all members before x goes on,
+    and training/finalize.py reduces gradients after x's schedule, DP before the tied
+    embedding. Not so for the kinds that `overlaps` lets run at once."""
     x = _gpu_of_link(edge)
     if x not in a[1] or x not in b[1]:
         return False
-    during = {a[0], b[0]} & {"tp", "p2p"}
-    return not (overlap_grad_reduce and "dp" in {a[0], b[0]} and during)
+    kinds = {a[0], b[0]}
+    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p"}:
+        return False
+    return not (overlaps.p2p and kinds == {"tp", "p2p"})
 
 
-def conflicts(users: dict[Edge, list[Owner]], overlap_grad_reduce: bool):
+def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
     """(link, owner, other) for every two hops that may cross one link at the same time:
     two hops of one owner, or of two owners not in turn (_in_turn)."""
     for edge, owners in users.items():
@@ -112,7 +124,7 @@ def conflicts(users: dict[Edge, list[Owner]], overlap_grad_reduce: bool):
             continue
         for i, owner in enumerate(owners):
             for other in owners[i + 1:]:
-                if other == owner or not _in_turn(edge, owner, other, overlap_grad_reduce):
+                if other == owner or not _in_turn(edge, owner, other, overlaps):
                     yield edge, owner, other
 
 
@@ -162,7 +174,8 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
     owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved")
     users = link_users(graph, owners)
-    clashes = list(conflicts(users, p.overlap_grad_reduce))
+    overlaps = Overlaps(p.overlap_grad_reduce, p.overlap_p2p_communication)
+    clashes = list(conflicts(users, overlaps))
     stepwise = stepwise_groups(clashes)
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
     tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
