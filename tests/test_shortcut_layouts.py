@@ -98,3 +98,14 @@ def test_groups_sharing_a_nic_run_stepwise():
     verdict = check_shortcuts(layout_scenario(4, 2, 2, 3, False, True, False, 4))
     assert (0, 2, 4) in verdict.stepwise_groups and not verdict.representative
     assert dict(verdict.reasons)["representative"].startswith("not used: ranks per stage")
+
+
+def test_mirrored_clashes_keep_one_rank_per_stage():
+    """t2 d3 p2 on 2-GPU nodes with overlapped gradient reduction: every DP ring meets the
+    pipeline transfers of each replica on that replica's NIC, the representative's included, so
+    one rank per stage still stands for all while the rings run step by step: exact."""
+    sc = layout_scenario(2, 2, 2, 3, False, True, False, 4)
+    shortcuts = Shortcuts.for_scale(sc)
+    assert shortcuts.representative and (0, 2, 4) in shortcuts.stepwise_groups
+    fast, full = fast_and_full(sc)
+    assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9)

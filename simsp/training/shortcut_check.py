@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import networkx as nx
 
 from simsp.cluster.grid import RankGrid
-from simsp.cluster.topology import SPINE, build_topology, hop_route, nodes_hosting
+from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_name, hop_route,
+                                   leaf_name, nodes_hosting, nvswitch_name)
 from simsp.engine.ring_plan import channel_rings
 
 Edge = tuple[str, str]
@@ -152,12 +153,56 @@ def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list) ->
     if not _aligned(t, gpus_per_node):
         return f"t = {t} and GPUs per node ({gpus_per_node}) do not tile: TP groups differ"
     simulated = {grid.rank_of(0, 0, pp) for pp in range(grid.pp)}
+    seen = {_clash_key(*clash) for clash in clashes}
     for edge, owner, other in clashes:
-        if _is_simulated(owner, simulated) != _is_simulated(other, simulated):
+        if _is_simulated(owner, simulated) == _is_simulated(other, simulated):
+            continue
+        image = _image_at_representative(grid, gpus_per_node, edge, owner, other)
+        if image is None or _clash_key(*image) not in seen or not all(
+                _is_simulated(o, simulated) for o in image[1:]):
             return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
                     f"represented ranks at once ({owner[0]} {owner[1][:4]}, {other[0]} "
-                    f"{other[1][:4]})")
+                    f"{other[1][:4]}), unlike the representative's own")
     return ""
+
+
+def _clash_key(edge: Edge, owner: Owner, other: Owner) -> tuple:
+    """A clash, whatever the order of its owners and of their ranks."""
+    return (edge, frozenset({(owner[0], frozenset(owner[1])), (other[0], frozenset(other[1]))}))
+
+
+def _image_at_representative(grid: RankGrid, gpus_per_node: int, edge: Edge, owner: Owner,
+                             other: Owner):
+    """The same clash moved by whole nodes so that its link's GPU is its stage's
+    representative (None where that is no move by whole nodes). A clash whose image the
+    representative run meets among its own traffic is mirrored: every member of a ring meets
+    at its own GPU what the representative's member meets at the same moments, so the ring,
+    run step by step, keeps the full simulation's pace (tests/test_shortcut_layouts.py)."""
+    per_stage = grid.tp * grid.dp
+    shift = _gpu_of_link(edge) % per_stage
+    if shift % gpus_per_node:
+        return None
+
+    def move(rank: int) -> int:
+        return rank - rank % per_stage + (rank % per_stage - shift) % per_stage
+
+    return (_move_edge(edge, move, gpus_per_node), (owner[0], tuple(map(move, owner[1]))),
+            (other[0], tuple(map(move, other[1]))))
+
+
+def _move_edge(edge: Edge, move, gpus_per_node: int) -> Edge:
+    """The link of the moved GPU that plays the same part (its NVLink port or its NIC)."""
+    gpu = _gpu_of_link(edge)
+    moved = move(gpu)
+    node, rail = divmod(moved, gpus_per_node)
+    far = {"nvswitch": nvswitch_name(node), "leaf": leaf_name(node // NODES_PER_LEAF, rail)}
+
+    def rename(end: str) -> str:
+        if end.startswith("gpu"):
+            return gpu_name(moved)
+        return far["nvswitch" if end.endswith("nvswitch") else "leaf"]
+
+    return rename(edge[0]), rename(edge[1])
 
 
 def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
