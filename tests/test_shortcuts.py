@@ -1,4 +1,5 @@
-"""Each scale shortcut gives the same answer as the full simulation on a small case (DESIGN.md)."""
+"""Each scale shortcut gives the same answer as the full simulation on a small case whose DP
+groups and pipeline pairs cross nodes (docs/shortcuts.md)."""
 
 import pytest
 

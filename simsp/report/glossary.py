@@ -49,5 +49,6 @@ GLOSSARY = (
     ("calibration", "The achieved fractions of peak (GEMM efficiency, link efficiency) and "
      "latencies the cost model uses; reported with every result."),
     ("shortcuts", "Meta-mode speed-ups (one simulated rank per stage, closed-form collective "
-     "time, replayed layer templates), each shown equal to the full simulation on small cases."),
+     "time, replayed layer templates), each taken only where the layout's links keep it exact; "
+     "the report says which were used and why."),
 )
