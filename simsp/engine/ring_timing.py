@@ -67,7 +67,8 @@ def _capacity_Bps(graph: nx.DiGraph, edge: tuple[str, str], calibration: LinkCal
 
 def collective_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
                     calibration: LinkCalibration | None = None,
-                    elem_bytes: int = DEFAULT_ELEM_BYTES, plan: CollectivePlan | None = None) -> float:
+                    elem_bytes: int = DEFAULT_ELEM_BYTES,
+                    plan: CollectivePlan | None = None) -> float:
     """Seconds for a ring collective alone on the links: its channels run concurrently, each
     step of a channel lasting as long as its slowest hop's latency + chunk bytes / rate. For
     equal chunks on uniform hops this is REFERENCE.md §5's steps * (latency + S/n / B), e.g.
