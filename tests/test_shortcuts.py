@@ -112,7 +112,9 @@ def test_numeric_mode_refuses_the_representative_shortcut():
     sc = load_scenario(None, {("parallel", "tensor_model_parallel_size"): 2})
     with pytest.raises(ValueError):
         simulate_iteration(sc, REPRESENTATIVE)
-    assert Shortcuts.for_scale(sc) == FULL
+    numeric = Shortcuts.for_scale(sc)
+    assert numeric.flags() == FULL.flags() and not numeric.stepwise_groups
+    assert all(why.startswith("not used: numeric") for why in numeric.why().values())
 
 
 @pytest.mark.parametrize("parallel", RUNTIME_VARIANTS[1:3])

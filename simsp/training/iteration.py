@@ -107,7 +107,9 @@ class Shortcuts:
         """In meta mode every shortcut that is exact for this layout (training/shortcut_check.py);
         none in numeric mode, whose numbers need every rank."""
         if sc.run.mode != "meta":
-            return cls()
+            why = "not used: numeric mode needs every rank and every ring step"
+            return cls(reasons=tuple((name, why) for name in
+                                     ("representative", "closed_form", "templates")))
         verdict = check_shortcuts(sc)
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
                    verdict.stepwise_groups, verdict.reasons)
