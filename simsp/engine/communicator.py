@@ -7,7 +7,8 @@ ring runs over the network and each caller gets its own result:
 Shortcut `present`: only these ranks run programs; the others are assumed to behave exactly like
 them (meta mode), so the ring still moves their bytes but the rendezvous does not wait for them.
 Shortcut timing="closed_form": skip the flows and wait the closed-form ring time instead, except
-on `stepwise_groups` (rings sharing links with other traffic, whose time depends on it).
+on `stepwise_groups` (rings sharing links with other traffic, whose time depends on it:
+training/shortcut_check.py), which run step by step and so load their links.
 Point-to-point: `comm.send(src, dst, payload, nbytes, tag)` and
 `payload = yield from comm.recv(dst, src, tag)` match in FIFO order per (src, dst, tag).
 """
@@ -17,11 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from simsp.engine.collective_plan import CollectivePlan, plan_collective
-from simsp.engine.collectives import DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats
+from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
+                                      element_count)
+from simsp.engine.nccl_group import nccl_choice
+from simsp.engine.nccl_tuning import TREE
 from simsp.engine.network import Network
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
-                                    chunk_offsets)
+                                    channel_rings, chunk_counts, chunk_offsets)
 from simsp.engine.ring_timing import collective_time
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
@@ -63,8 +66,7 @@ class Communicator:
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
-        self._plans: dict[tuple, tuple] = {}  # closed-form timings by (collective, group, S, elem)
-        self._collective_plans: dict[tuple, CollectivePlan] = {}  # the same keys -> plans
+        self._plans: dict[tuple, tuple] = {}  # closed-form plans by (collective, group, S, elem)
         self._mailboxes: dict[tuple[int, int, str], simpy.Store] = {}  # (src, dst, tag) -> FIFO
 
     def send(self, src: int, dst: int, payload, nbytes: int, tag: str = "") -> simpy.Event:
@@ -150,13 +152,12 @@ class Communicator:
     def _execute(self, meeting: _Meeting):
         """Run the ring (or wait its closed-form time), record stats and spans, hand out results."""
         buffers = [meeting.buffers.get(rank) for rank in meeting.group]
-        if self.timing == STEPWISE or meeting.group in self.stepwise_groups:
+        stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
+        if stepwise and not self._runs_as_tree(meeting):
             ring = RING_COLLECTIVES[meeting.collective]
-            plan = self.plan(meeting.collective, meeting.group, meeting.nbytes,
-                             meeting.elem_bytes)
             results, stats = yield from ring(self.env, self.network, list(meeting.group), buffers,
                                              meeting.nbytes, meeting.elem_bytes,
-                                             meeting.tag or meeting.collective, plan)
+                                             meeting.tag or meeting.collective)
         else:
             results, stats = yield from self._closed_form(meeting, buffers)
         self.stats.append(stats)
@@ -165,6 +166,13 @@ class Communicator:
                                 stats.end_s, {"collective": meeting.collective,
                                               "nbytes": meeting.nbytes, "group": meeting.group})
         meeting.done.succeed(results)
+
+    def _runs_as_tree(self, meeting: _Meeting) -> bool:
+        """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode
+        (ring_timing.tree_time; the stepwise tree is engine/tree.py, for `simsp ring`)."""
+        return meeting.collective == ALL_REDUCE and nccl_choice(
+            ALL_REDUCE, self.network.graph, list(meeting.group), meeting.nbytes,
+            self.network.calibration).algorithm == TREE
 
     def _closed_form(self, meeting: _Meeting, buffers: list):
         """Wait collective_time without simulating flows; results computed directly."""
@@ -176,27 +184,18 @@ class Communicator:
                                 sent, received, start_s, self.env.now)
         return _direct_results(meeting.collective, buffers, counts), stats
 
-    def plan(self, collective: str, group: tuple, nbytes: int,
-             elem_bytes: int) -> CollectivePlan:
-        """The collective's plan (channels, chunks, protocol), one per key: what both the
-        stepwise ring and the closed form run."""
-        key = (collective, group, nbytes, elem_bytes)
-        if key not in self._collective_plans:
-            self._collective_plans[key] = plan_collective(
-                collective, group, nbytes, self.network.graph.graph["gpus_per_node"], elem_bytes)
-        return self._collective_plans[key]
-
     def _closed_form_plan(self, collective: str, group: tuple, nbytes: int, elem_bytes: int):
         """(duration, chunk counts, step count, bytes sent and received per member), memoised."""
         key = (collective, group, nbytes, elem_bytes)
         if key not in self._plans:
-            plan = self.plan(collective, group, nbytes, elem_bytes)
-            counts = list(plan.counts)
-            sent, received = map(tuple, channel_bytes(collective, counts, elem_bytes,
-                                                      list(plan.channels)))
+            n = len(group)
+            counts = chunk_counts(element_count(nbytes, elem_bytes), n)
+            steps = (2 if collective == ALL_REDUCE else 1) * (n - 1)
+            channels = channel_rings(list(group), self.network.graph.graph["gpus_per_node"])
+            sent, received = map(tuple, channel_bytes(collective, counts, elem_bytes, channels))
             duration = collective_time(collective, self.network.graph, list(group), nbytes,
-                                       self.network.calibration, elem_bytes, plan)
-            self._plans[key] = (duration, counts, plan.steps, sent, received)
+                                       self.network.calibration, elem_bytes)
+            self._plans[key] = (duration, counts, steps, sent, received)
         return self._plans[key]
 
 
