@@ -28,8 +28,9 @@ SOURCE_SUFFIXES = (".py", ".toml", ".json", ".csv")
 
 
 @functools.lru_cache(maxsize=4)
-def source_digest(root: Path = PACKAGE) -> str:
-    """sha256 of every code and data file of the simsp package (relative path and bytes)."""
+def source_digest(root: Path) -> str:
+    """sha256 of every code and data file of the simsp package (relative path and bytes),
+    read once per process (a running process cannot change its own code)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
@@ -45,7 +46,7 @@ def constants_text() -> str:
 
 def simulator_digest() -> str:
     """What besides the configuration decides a row: simsp's version, code and constants."""
-    text = json.dumps([simsp.__version__, FORMAT, source_digest(), constants_text()])
+    text = json.dumps([simsp.__version__, FORMAT, source_digest(PACKAGE), constants_text()])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -151,8 +152,7 @@ class ResultCache:
         entry = {"format": FORMAT, "key": digest, "config": _config_list(values), "row": row}
         temporary = None
         try:
-            fd, temporary = tempfile.mkstemp(dir=self.folder, prefix=f".{digest[:16]}.",
-                                             suffix=".tmp")
+            fd, temporary = _new_temporary(self.folder, f".{digest[:16]}.")
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(json.dumps(entry))
             os.replace(temporary, self._path(digest))
@@ -164,6 +164,11 @@ class ResultCache:
                 self._unwritable(exc)
             else:
                 self.stats.why_not_cached = f"{self.folder}: {exc.strerror or 'write failed'}"
+
+
+def _new_temporary(folder: Path, prefix: str) -> tuple[int, str]:
+    """A new file of a unique name in `folder` (O_EXCL: never an existing file or link)."""
+    return tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
 
 
 def _remove(path) -> None:

@@ -121,6 +121,16 @@ def embedded_client(workers: int | None):
         yield client
 
 
+def _quiet_event_loop():
+    """Silence the event loop's callback tracebacks while a cluster is in use (Ctrl-C inside
+    distributed's sync() logs a NameError from its cancel callback); simsp reports what
+    happened itself. Returns the function that restores the logger."""
+    logger = logging.getLogger("tornado.application")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    return lambda: logger.setLevel(level)
+
+
 def dask_client(workers: int | None, scheduler: str | None):
     """A distributed.Client on the given scheduler, or on an embedded loopback LocalCluster."""
     return external_client(scheduler) if scheduler else embedded_client(workers)
@@ -144,6 +154,7 @@ class Executor:
     def __enter__(self):
         """Start (or connect to) the Dask cluster unless in-process."""
         if self.scheduler or self.workers != 0:
+            self._quiet = _quiet_event_loop()
             self._context = dask_client(self.workers, self.scheduler)
             self.client = self._context.__enter__()
         return self
@@ -158,6 +169,8 @@ class Executor:
             if self.lost is None:
                 raise
             return False
+        finally:
+            self._quiet()
 
     def parallelism(self) -> int:
         """How many configurations run at once: the cluster's worker threads (1 in-process)."""
