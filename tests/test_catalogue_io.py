@@ -5,6 +5,8 @@ seconds, or in the correct result; no traceback, no hang, no file written throug
 import json
 import os
 from pathlib import Path
+import subprocess
+import sys
 import time
 
 import pytest
@@ -321,3 +323,22 @@ def test_results_jsonl_is_strict_json(tmp_path):
     assert cli([*SWEEP_TINY, "--out", str(tmp_path)])[0] == 0
     for line in (tmp_path / "results.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda name: pytest.fail(f"non-strict JSON {name}"))
+
+
+# --- write failures: one error naming the file, no half file ----------------------------------
+
+def test_file_size_limit_is_one_error_and_no_half_file(tmp_path):
+    """A 64 KiB file-size limit (as a quota or a full disk would) while a run writes its
+    reports: one `error:` naming the file it could not write, no partial file left behind."""
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536)); "
+              "sys.argv[1:] = sys.argv[2:]; from simsp.cli import console; console()")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", script, "-", "run", TINY, "--mode", "meta",
+                           "--out", str(out), "--quiet"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: {out}/"), done.stderr
+    assert "File too large" in done.stderr
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    failed = Path(done.stderr.split(": ")[1])
+    assert not failed.exists()  # written whole or not at all
