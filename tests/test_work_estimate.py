@@ -30,7 +30,8 @@ CASES = {
         ("cluster", "nodes"): 4}, False),
     "one-tensor buckets: 22B width, d = 16": (WIDE, {("model", "num_layers"): 48,
         ("parallel", "data_parallel_size"): 16, ("parallel", "global_batch_size"): 16,
-        ("parallel", "ddp_bucket_size"): 1, ("cluster", "nodes"): 16}, True),
+        ("parallel", "ddp_bucket_size"): 1, ("parallel", "overlap_grad_reduce"): True,
+        ("cluster", "nodes"): 16}, True),
 }
 
 
