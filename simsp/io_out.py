@@ -135,7 +135,9 @@ def check_not_inputs(outputs: list, inputs: list, flag: str = "--out") -> None:
                               "never writes over its inputs")
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>&~])")
+# Characters that start Markdown syntax anywhere in a line (emphasis, code, links, tables, raw
+# HTML, headings); '-', '.', '+' and digits only do at a line's start, where a name never is.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]#!|<>&~])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 

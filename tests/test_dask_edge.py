@@ -151,3 +151,43 @@ def test_interrupt_to_the_process_group_is_one_line(tmp_path):
     os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert (process.returncode, err) == (130, "interrupted\n"), err
+
+
+CLUSTER = """
+import time
+from distributed import LocalCluster
+if __name__ == "__main__":
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                           dashboard_address="127.0.0.1:0", protocol="tcp://")
+    print(cluster.scheduler_address, flush=True)
+    time.sleep(300)
+"""
+
+
+def test_scheduler_killed_mid_sweep_keeps_the_finished_rows(tmp_path):
+    """A real external cluster killed (SIGKILL, scheduler and worker) once rows are finishing:
+    one `error:` line saying so and how many rows were saved; results.csv has every row."""
+    script = tmp_path / "cluster.py"
+    script.write_text(CLUSTER)
+    cluster = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        address = cluster.stdout.readline().strip()
+        out = tmp_path / "out"
+        sweep = subprocess.Popen([sys.executable, "-m", "simsp.cli", "sweep",
+                                  str(REPO / "scenarios" / "paper-22b.toml"), "--seed",
+                                  ",".join(map(str, range(40))), "--scheduler", address,
+                                  "--quiet", "--out", str(out)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while len(list((out / "cache").glob("*.json"))) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.killpg(cluster.pid, signal.SIGKILL)
+        cluster.wait()
+    stdout, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: dask: the Dask scheduler was lost"), err
+    saved = int(err.split("; ")[1].split(" of ")[0])
+    lines = (out / "results.csv").read_text().splitlines()
+    assert len(lines) == 41 and sum(",ok," in line for line in lines) == saved >= 2

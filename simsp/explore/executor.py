@@ -114,21 +114,29 @@ def embedded_client(workers: int | None):
         cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
                                processes=True, dashboard_address=LOOPBACK_ANY_PORT,
                                host="127.0.0.1", protocol="tls://", security=security,
-                               silence_logs=logging.ERROR)
+                               silence_logs=logging.CRITICAL + 1)  # simsp reports failures
     finally:
         signal.signal(signal.SIGINT, previous)
     with cluster, Client(cluster, security=security) as client:
         yield client
 
 
+QUIET_LOGGERS = ("tornado.application", "distributed")
+
+
 def _quiet_event_loop():
-    """Silence the event loop's callback tracebacks while a cluster is in use (Ctrl-C inside
-    distributed's sync() logs a NameError from its cancel callback); simsp reports what
-    happened itself. Returns the function that restores the logger."""
-    logger = logging.getLogger("tornado.application")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
-    return lambda: logger.setLevel(level)
+    """Silence this process's Dask and event-loop logs while a cluster is in use (Ctrl-C inside
+    distributed's sync() logs a NameError from its cancel callback; a lost scheduler logs the
+    client's reconnection tracebacks): simsp reports what happened in one `error:` line.
+    Returns the function that restores the loggers."""
+    import distributed  # noqa: F401  its import configures its loggers' levels: override them
+    names = [name for name in logging.root.manager.loggerDict
+             if name.split(".")[0] in QUIET_LOGGERS or name in QUIET_LOGGERS]
+    loggers = [logging.getLogger(name) for name in {*QUIET_LOGGERS, *names}]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    return lambda: [logger.setLevel(level) for logger, level in zip(loggers, levels)]
 
 
 def dask_client(workers: int | None, scheduler: str | None):
