@@ -342,3 +342,13 @@ def test_file_size_limit_is_one_error_and_no_half_file(tmp_path):
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     failed = Path(done.stderr.split(": ")[1])
     assert not failed.exists()  # written whole or not at all
+
+
+def test_run_refuses_a_planted_report_folder_link(tmp_path, monkeypatch):
+    """reports/<name> planted as a link to another folder: run refuses before simulating."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "tiny_meta").symlink_to(tmp_path / "elsewhere")
+    assert_error(["run", TINY, "--mode", "meta"], "--out")
+    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -64,8 +64,8 @@ class CacheStats:
         """'cache: 3 reused, 5 simulated, 1 rejected entry recomputed (...)'."""
         parts = [f"{self.reused} reused", f"{self.simulated} simulated"]
         if self.rejected:
-            parts.append(f"{self.rejected} wrong or stale entr{'y' if self.rejected == 1 else 'ies'}"
-                         " recomputed")
+            entries = "entry" if self.rejected == 1 else "entries"
+            parts.append(f"{self.rejected} wrong or stale {entries} recomputed")
         if self.not_cached:
             parts.append(f"{self.not_cached} not cached ({self.why_not_cached})")
         return "cache: " + ", ".join(parts)

@@ -105,8 +105,8 @@ def failure_message(executor: Executor, rows: list[dict], out) -> str | None:
     if not executor.lost and not executor.killed:
         return None
     done = sum(not str(r.get("error") or "").startswith("internal error") for r in rows)
-    what = executor.lost or f"{len(executor.killed)} worker(s) died (KilledWorker: out of memory, " \
-                            "or killed) and their rows are error rows"
+    what = executor.lost or (f"{len(executor.killed)} worker(s) died (KilledWorker: out of "
+                             "memory, or killed) and their rows are error rows")
     where = f" in {Path(out) / 'results.csv'}" if out is not None else ""
     return f"{what}; {done} of {len(rows)} rows finished and saved{where} (run it again to " \
            "simulate the rest)"
