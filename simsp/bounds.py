@@ -56,12 +56,12 @@ BOUNDS = {
 
 # Work limits (measured with benchmarks/work_estimate.py on this 2-core machine).
 # Measured again on today's engine: 0.03-0.08 ms per layer-step for d = 1..64 at 175B width
-# (0.18 ms on a 192-step run, where the start dominates) and 0.57 ms at d = 512; 7 ms per
-# rank-step without shortcuts; numeric 15 ms per rank-step at tiny shapes and about 3e9
-# FLOP/s at h = 256.
+# (0.18 ms on a 192-step run, where the start dominates) and 0.57 ms at d = 512; without
+# shortcuts 1.7 ms per rank-step at t = 8 and 3.4 ms at t = 64; numeric 15 ms per rank-step at
+# tiny shapes and about 3e9 FLOP/s at h = 256.
 META_SECONDS_PER_LAYER_STEP = 0.1e-3  # meta mode, all shortcuts: one layer fwd+bwd, one stage
 META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 1e-6  # the growth with d measured above
-FULL_SECONDS_PER_RANK_STEP = 8e-3  # --no-shortcuts: per simulated rank
+FULL_SECONDS_PER_RANK_STEP = 2e-3  # --no-shortcuts: per simulated rank
 NUMERIC_FLOPS_PER_SECOND = 2e9  # numpy float64 GEMMs on one core, with simsp's op overhead
 NUMERIC_SECONDS_PER_LAYER_STEP = 15e-3  # numeric mode's per-op overhead per rank, tiny shapes
 # Meta mode keeps its ledger and trace: the 1T scenario (65,536 layer-steps) peaks at 526 MB
@@ -69,12 +69,12 @@ NUMERIC_SECONDS_PER_LAYER_STEP = 15e-3  # numeric mode's per-op overhead per ran
 META_BYTES_PER_LAYER_STEP = 10 * 1024
 # Terms the per-layer-step cost misses, measured by benchmarks/work_estimate.py --terms:
 # each simulated rank builds its plan from every layer's parameter names (training/plan.py
-# stage_param_names: L=p=1024, one micro-batch: 7 s, 1.5 GB); without shortcuts every TP ring
-# step is simulated, t steps of t ranks (t = 32: 4x the per-rank term alone); one collective
-# per data-parallel gradient bucket (--ddp-bucket-size).
+# stage_param_names: L=p=1024, one micro-batch: 7 s, 1.5 GB); without shortcuts a rank-step
+# costs more the more ranks its TP ring has (1.7 ms at t = 8, 3.4 ms at t = 64); one collective
+# per data-parallel gradient bucket (--ddp-bucket-size with --overlap-grad-reduce).
 PLAN_SECONDS_PER_RANK_LAYER = 8e-6
 PLAN_BYTES_PER_RANK_LAYER = 1536
-FULL_SECONDS_PER_RING_RANK = 1e-3  # --no-shortcuts: per rank-step, per rank of the TP ring
+FULL_SECONDS_PER_RING_RANK = 3e-5  # --no-shortcuts: per rank-step, per rank of the TP ring
 SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
