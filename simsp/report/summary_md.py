@@ -8,6 +8,7 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 from pathlib import Path
 
 from simsp import __version__
+from simsp.io_out import write_file
 from simsp.metrics import layout
 from simsp.report.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
@@ -303,5 +304,5 @@ def summary_document(metrics: dict, figures: list[tuple[str, str]] = ()) -> str:
 def write_summary(metrics: dict, path, figures: list[tuple[str, str]] = ()) -> Path:
     """Write summary_document(metrics, figures) to `path` and return the path."""
     path = Path(path)
-    path.write_text(summary_document(metrics, figures))
+    write_file(path, summary_document(metrics, figures))
     return path
