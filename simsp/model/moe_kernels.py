@@ -1,0 +1,231 @@
+"""A mixture-of-experts MLP as plain numpy forward/backward (Megatron-LM megatron/core/transformer/moe/).
+
+Router (router.py TopKRouter: gating, routing), top-k with a softmax or sigmoid score
+(moe_utils.py topk_routing_with_score_function), capacity and token dropping
+(moe_utils.py get_capacity, apply_router_token_dropping, drop policy "probs"), the Switch
+load-balancing loss (moe_utils.py switch_load_balancing_loss_func on the scores of
+compute_routing_scores_for_aux_loss), permute / unpermute in expert-major, token-ascending
+order (moe_utils.py permute, unpermute: probabilities applied at unpermute) and per-expert MLPs
+without bias (experts.py SequentialMLP: fc1, GeLU or SwiGLU, fc2). Tokens are the rows of
+x (T, h), T = s·b. docs/moe.md has the formulas; ties in top-k go to the lower index.
+"""
+
+from dataclasses import dataclass
+import math
+
+import numpy as np
+
+from simsp.model import kernels
+
+SCORE_EPS = 1e-20  # moe_utils.py: scores / (scores.sum(-1) + 1e-20)
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """Megatron-LM's MoE flags as one layer's routing needs them."""
+
+    num_experts: int  # --num-experts
+    topk: int  # --moe-router-topk
+    score_function: str = "softmax"  # --moe-router-score-function
+    aux_loss_coeff: float = 0.0  # --moe-aux-loss-coeff (load balancing type aux_loss)
+    capacity_factor: float | None = None  # --moe-expert-capacity-factor; None is dropless
+    pad_to_capacity: bool = False  # --moe-pad-expert-input-to-capacity
+    swiglu: bool = False  # expert activation: SwiGLU (fc1 is h -> 2f) or GeLU
+
+
+def moe_layer_pattern(freq, num_layers: int) -> list[int]:
+    """--moe-layer-freq as the per-layer 1 (MoE) / 0 (dense) list: an int N puts a MoE layer at
+    every i with i % N == 0 (gpt_layer_specs.py); a list is the pattern itself."""
+    if isinstance(freq, int):
+        return [1 if i % freq == 0 else 0 for i in range(num_layers)]
+    pattern = list(freq)
+    if len(pattern) != num_layers or any(v not in (0, 1) for v in pattern):
+        raise ValueError(f"pattern of {len(pattern)} entries of 0/1 needed for {num_layers} layers")
+    return pattern
+
+
+def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
+    """ceil(num_tokens / num_experts · capacity_factor) (moe_utils.py get_capacity)."""
+    return math.ceil(num_tokens / num_experts * capacity_factor)
+
+
+def _topk_indices(scores, k: int):
+    """(T, k) indices of the k largest scores per row, ties to the lower index."""
+    order = np.argsort(-scores, axis=1, kind="stable")  # (T, E)
+    return order[:, :k]
+
+
+def _normalize(s):
+    """s / (Σ s + 1e-20) over the last axis."""
+    return s / (s.sum(axis=-1, keepdims=True) + SCORE_EPS)
+
+
+def _normalize_backward(dn, s):
+    """d s of n = s / (Σ s + eps)."""
+    total = s.sum(axis=-1, keepdims=True) + SCORE_EPS  # (..., 1)
+    return dn / total - (dn * s).sum(axis=-1, keepdims=True) / total ** 2
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _softmax_backward(dp, p):
+    return p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def topk_routing(logits, spec: MoeSpec):
+    """logits (T, E) -> routing probs (T, E) (zero off the top-k), top-k indices (T, k).
+    softmax: softmax over the k largest logits; sigmoid: σ of the k largest, normalised when k > 1."""
+    top = _topk_indices(logits, spec.topk)  # (T, k)
+    picked = np.take_along_axis(logits, top, axis=1)  # (T, k)
+    if spec.score_function == "softmax":
+        probs_k = _softmax(picked)
+    else:
+        s = _sigmoid(picked)
+        probs_k = _normalize(s) if spec.topk > 1 else s
+    probs = np.zeros_like(logits)  # (T, E)
+    np.put_along_axis(probs, top, probs_k, axis=1)
+    return probs, top
+
+
+def topk_routing_backward(dprobs, logits, top, spec: MoeSpec):
+    """d logits (T, E) from d routing probs (T, E) (read only at the top-k entries)."""
+    picked = np.take_along_axis(logits, top, axis=1)  # (T, k)
+    dk = np.take_along_axis(dprobs, top, axis=1)  # (T, k)
+    if spec.score_function == "softmax":
+        dpicked = _softmax_backward(dk, _softmax(picked))
+    else:
+        s = _sigmoid(picked)
+        ds = _normalize_backward(dk, s) if spec.topk > 1 else dk
+        dpicked = ds * s * (1.0 - s)
+    dlogits = np.zeros_like(logits)  # (T, E)
+    np.put_along_axis(dlogits, top, dpicked, axis=1)
+    return dlogits
+
+
+def capacity_map(probs, top, spec: MoeSpec):
+    """The (T, E) bool map of token-expert pairs computed: the top-k map, cut to each expert's
+    `capacity` most probable tokens (or, padded, exactly those `capacity` tokens)."""
+    T, E = probs.shape
+    routed = np.zeros((T, E), dtype=bool)
+    np.put_along_axis(routed, top, True, axis=1)
+    if spec.capacity_factor is None:
+        return routed
+    capacity = get_capacity(T * spec.topk, E, spec.capacity_factor)
+    if capacity > T:
+        kept = np.ones((T, E), dtype=bool)
+    else:
+        order = np.argsort(-probs, axis=0, kind="stable")[:capacity]  # (C, E)
+        kept = np.zeros((T, E), dtype=bool)
+        np.put_along_axis(kept, order, True, axis=0)
+    return kept if spec.pad_to_capacity else routed & kept
+
+
+def aux_scores(logits, spec: MoeSpec):
+    """Scores of every expert for the aux loss: softmax, or σ normalised over all experts."""
+    if spec.score_function == "softmax":
+        return _softmax(logits)
+    return _normalize(_sigmoid(logits))
+
+
+def aux_loss(logits, spec: MoeSpec):
+    """Switch loss E·coeff/(k·T²) · Σ_e (Σ_t score[t,e]) · tokens_e, tokens_e from the top-k of
+    the scores. Returns (loss, d loss / d scores (T, E), scores (T, E))."""
+    T, E = logits.shape
+    scores = aux_scores(logits, spec)  # (T, E)
+    chosen = np.zeros((T, E), dtype=bool)
+    np.put_along_axis(chosen, _topk_indices(scores, spec.topk), True, axis=1)
+    tokens_per_expert = chosen.sum(axis=0).astype(logits.dtype)  # (E,)
+    scale = E * spec.aux_loss_coeff / (spec.topk * T * T)
+    loss = scale * float((scores.sum(axis=0) * tokens_per_expert).sum())
+    dscores = np.broadcast_to(scale * tokens_per_expert, (T, E))  # (T, E)
+    return loss, dscores, scores
+
+
+def aux_loss_backward(dscores, scores, logits, spec: MoeSpec):
+    """d logits (T, E) of the aux loss."""
+    if spec.score_function == "softmax":
+        return _softmax_backward(dscores, scores)
+    s = _sigmoid(logits)
+    return _normalize_backward(dscores, s) * s * (1.0 - s)
+
+
+def permute(x, kept):
+    """Rows of x (T, h) each kept (token, expert) pair sends, expert-major, tokens ascending
+    (moe_utils.py permute). Returns permuted (N, h), token index (N,), tokens per expert (E,)."""
+    experts_of_pairs, tokens_of_pairs = np.nonzero(kept.T)  # (N,) each, expert-major
+    counts = np.bincount(experts_of_pairs, minlength=kept.shape[1])  # (E,)
+    return x[tokens_of_pairs], tokens_of_pairs, counts
+
+
+def _splits(counts):
+    ends = np.cumsum(counts)
+    return [(int(e - c), int(e)) for c, e in zip(counts, ends)]
+
+
+def experts_forward(xp, fc1, fc2, counts, swiglu: bool):
+    """Each expert's MLP on its rows of xp (N, h): fc1 (E, h, f|2f), fc2 (E, f, h).
+    Returns out (N, h) and the activation inputs (N, f|2f) and outputs (N, f)."""
+    act = kernels.swiglu_forward if swiglu else kernels.gelu_forward
+    h1 = np.concatenate([xp[a:b] @ fc1[e] for e, (a, b) in enumerate(_splits(counts))])
+    g = act(h1)  # (N, f)
+    out = np.concatenate([g[a:b] @ fc2[e] for e, (a, b) in enumerate(_splits(counts))])
+    return out, h1, g
+
+
+def experts_backward(dout, xp, h1, g, fc1, fc2, counts, swiglu: bool):
+    """d xp (N, h), d fc1 (E, h, ·), d fc2 (E, f, h) of experts_forward."""
+    back = kernels.swiglu_backward if swiglu else kernels.gelu_backward
+    dfc1, dfc2 = np.zeros_like(fc1), np.zeros_like(fc2)
+    dxp = np.zeros_like(xp)  # (N, h)
+    for e, (a, b) in enumerate(_splits(counts)):
+        dg = dout[a:b] @ fc2[e].T  # (n_e, f)
+        dfc2[e] = g[a:b].T @ dout[a:b]
+        dh1 = back(dg, h1[a:b])  # (n_e, f|2f)
+        dfc1[e] = xp[a:b].T @ dh1
+        dxp[a:b] = dh1 @ fc1[e].T
+    return dxp, dfc1, dfc2
+
+
+def moe_forward(x, w: dict, spec: MoeSpec):
+    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
+    logits = x @ w["router"]  # (T, E)
+    probs, top = topk_routing(logits, spec)  # (T, E), (T, k)
+    kept = capacity_map(probs, top, spec)  # (T, E)
+    xp, tokens, counts = permute(x, kept)  # (N, h), (N,), (E,)
+    out, h1, g = experts_forward(xp, w["fc1"], w["fc2"], counts, spec.swiglu)  # (N, h)
+    experts = np.nonzero(kept.T)[0]  # (N,) expert of each permuted row
+    weight = probs[tokens, experts][:, None]  # (N, 1): zero for padding rows
+    y = np.zeros_like(x)  # (T, h)
+    np.add.at(y, tokens, weight * out)  # unpermute with the probabilities
+    loss, dscores, scores = (aux_loss(logits, spec) if spec.aux_loss_coeff > 0
+                             else (0.0, None, None))
+    cache = dict(x=x, logits=logits, probs=probs, top=top, kept=kept, xp=xp, tokens=tokens,
+                 experts=experts, counts=counts, out=out, h1=h1, g=g, dscores=dscores,
+                 scores=scores)
+    return y, loss, cache
+
+
+def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
+    """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
+    hands the aux loss a gradient of 1 per layer)."""
+    tokens, experts = c["tokens"], c["experts"]
+    weight = c["probs"][tokens, experts][:, None]  # (N, 1)
+    dout = weight * dy[tokens]  # (N, h)
+    dprobs = np.zeros_like(c["probs"])  # (T, E)
+    dprobs[tokens, experts] = (dy[tokens] * c["out"]).sum(axis=1)
+    dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
+                                       c["counts"], spec.swiglu)
+    dx = np.zeros_like(c["x"])  # (T, h)
+    np.add.at(dx, tokens, dxp)
+    dlogits = topk_routing_backward(dprobs, c["logits"], c["top"], spec)  # (T, E)
+    if spec.aux_loss_coeff > 0:
+        dlogits = dlogits + daux * aux_loss_backward(c["dscores"], c["scores"], c["logits"], spec)
+    dx += dlogits @ w["router"].T
+    return dx, {"router": c["x"].T @ dlogits, "fc1": dfc1, "fc2": dfc2}
