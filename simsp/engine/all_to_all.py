@@ -1,0 +1,60 @@
+"""All-to-all (and all-to-all-v) over the modelled links: every ordered pair's bytes at once.
+
+NCCL has no ring for it: an all-to-all is one group of point-to-point sends and receives, rank i
+sending its j-th chunk to rank j for every j (NVIDIA/nccl-tests src/alltoall.cu: ncclSend and
+ncclRecv to every peer inside ncclGroupStart/End; NCCL src/enqueue.cc schedules the group's
+peers together). So here every pair's transfer starts at the same instant on its own route:
+NVLink through the node's NVSwitch inside a node, the GPU's NIC, leaf (and spine across rails)
+between nodes, each sharing its links max-min fairly with everything else in flight
+(engine/network.py). A rank's chunk to itself is a local copy and crosses no link. Megatron-LM's
+alltoall token dispatcher (megatron/core/transformer/moe/token_dispatcher.py
+MoEAlltoAllTokenDispatcher) sends each expert-parallel peer the tokens routed to its experts:
+dispatch and combine are one all-to-all-v each.
+"""
+
+from dataclasses import dataclass
+
+import simpy
+
+from simsp.engine.network import Network
+
+
+@dataclass(frozen=True)
+class AllToAllStats:
+    """When an all-to-all started and ended, and each pair's delivery time."""
+
+    start_s: float
+    end_s: float
+    arrivals_s: dict  # (src rank, dst rank) -> delivery time of its chunk
+
+    @property
+    def time_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+def all_to_all(env: simpy.Environment, network: Network, gpus: list[int],
+               send_bytes: list[list[int]], chunks: list[list] | None = None,
+               label: str = "all_to_all"):
+    """Rank i sends send_bytes[i][j] bytes (chunks[i][j] in numeric mode) to rank j, on GPUs
+    `gpus`. Returns (received[j][i]: the chunk rank j got from rank i, or None, AllToAllStats)."""
+    n = len(gpus)
+    if len(send_bytes) != n or any(len(row) != n for row in send_bytes):
+        raise ValueError(f"all_to_all needs an {n} x {n} byte matrix")
+    start = env.now
+    pending = {}
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                pending[(i, j)] = network.transfer(gpus[i], gpus[j], send_bytes[i][j],
+                                                   f"{label} {i}->{j}")
+    arrivals = {pair: start for pair in ((i, i) for i in range(n))}
+    for pair, delivered in pending.items():
+        yield delivered
+        arrivals[pair] = delivered.value[1]
+    received = [[None if chunks is None else _copy(chunks[i][j]) for i in range(n)]
+                for j in range(n)]
+    return received, AllToAllStats(start, env.now, arrivals)
+
+
+def _copy(chunk):
+    return None if chunk is None else chunk.copy()
