@@ -2,6 +2,8 @@
 (GPUs 0, 1 on node 0 and 8, 9 on node 1: rails 0, 1, 0, 1), uneven counts, sharing a NIC with
 another transfer, and the chunks it moves."""
 
+import json
+
 import numpy as np
 import pytest
 import simpy
@@ -11,6 +13,7 @@ from simsp.config import Cluster
 from simsp.engine.all_to_all import all_to_all
 from simsp.engine.network import Network
 from simsp.hardware import LinkCalibration
+from inprocess import cli
 
 CLUSTER = Cluster(nodes=2)
 CAL = LinkCalibration()
@@ -86,3 +89,18 @@ def test_numeric_chunks_reach_their_destination():
             assert np.array_equal(received[j][i], chunks[i][j])
     with pytest.raises(ValueError):
         _run([[0] * 3] * 4)
+
+
+def test_ring_command_all_to_all_16_ranks_2_nodes():
+    # 16 M per rank, 1 M to each peer: each NIC carries its 8 cross-node peers at ib/8, so
+    # 8 M / ib, plus the 4 IB edges of a cross-rail route; busbw = algbw · 15/16.
+    rc, out, _ = cli(["ring", "--ranks", "16", "--nodes", "2", "--collective", "all_to_all",
+                      "--size", "16M", "--json"])
+    assert rc == 0
+    result = json.loads(out)
+    seconds = 8 * 2**20 / IB + 4 * IB_LAT
+    assert result["time_s"] == pytest.approx(seconds, rel=1e-12)
+    assert result["busbw_GBps"] == pytest.approx(2**24 / seconds / 1e9 * 15 / 16, rel=1e-12)
+    rc, _, err = cli(["ring", "--ranks", "4", "--collective", "all_to_all", "--size", "1M",
+                      "--explain"])
+    assert rc == 2 and err.startswith("error: --explain:") and len(err.splitlines()) == 1

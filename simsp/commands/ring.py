@@ -23,6 +23,8 @@ from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
 from dataclasses import replace
 
+from simsp.commands.ring_all_to_all import (ALL_TO_ALL, check_all_to_all, json_result,
+                                            table_lines, time_all_to_all)
 from simsp.engine.collectives import RING_COLLECTIVES, CollectiveStats
 from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.nccl_tuning import PROTOCOLS, RING, TREE
@@ -57,7 +59,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--ranks", type=int, required=True, help="ranks in the ring")
     parser.add_argument("--nodes", type=int, default=None,
                         help="DGX nodes, ranks spread evenly (default: ceil(ranks/8))")
-    parser.add_argument("--collective", choices=COLLECTIVES, default=ALL_REDUCE)
+    parser.add_argument("--collective", choices=COLLECTIVES + (ALL_TO_ALL,), default=ALL_REDUCE)
     parser.add_argument("--size", default=None, help="one message size: 8, 256K, 1M, 1G")
     parser.add_argument("--min-size", default=None, help="smallest size of a sweep")
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
@@ -82,6 +84,8 @@ def run(args) -> int:
     """Check the flags, simulate every size, print the table, explanation or JSON."""
     sizes = _sizes(args)
     cluster, gpus = _placement(args.ranks, args.nodes)
+    if args.collective == ALL_TO_ALL:
+        return _run_all_to_all(args, sizes, cluster, gpus)
     _check_modes(args, sizes)
     _check_algo(args, cluster, gpus)
     graph = build_topology(cluster)
@@ -103,6 +107,22 @@ def run(args) -> int:
     if len(rows) == 1 and rows[0].channels:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
     print("\n".join(lines))
+    return 0
+
+
+def _run_all_to_all(args, sizes: list[int], cluster: Cluster, gpus: list[int]) -> int:
+    """nccl-tests' alltoall_perf table (commands/ring_all_to_all.py)."""
+    check_all_to_all(args)
+    if args.json and len(sizes) > 1:
+        raise UserError("--json", "needs a single --size")
+    graph, calibration = build_topology(cluster), LinkCalibration.from_cluster(cluster)
+    quiet = getattr(args, "quiet", False) or len(sizes) < 2
+    rows = [time_all_to_all(graph, gpus, size, calibration)
+            for size in track(sizes, "sizes", "size", quiet)]
+    if args.json:
+        print(dumps(json_result(len(gpus), *rows[0])))
+    else:
+        print("\n".join(table_lines(cluster, gpus, rows, calibration.describe())))
     return 0
 
 
