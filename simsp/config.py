@@ -20,6 +20,8 @@ GPU_CHOICES = ("A100-SXM4-80GB",)
 NORMALIZATION_CHOICES = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
 ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
+MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
+MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
@@ -50,6 +52,16 @@ class Model:
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = True  # --disable-bias-linear turns it off
     attention_backend: str = "unfused"  # --use-flash-attn / --attention-backend flash
+    # Mixture of experts (Megatron-LM megatron/core/transformer/moe/; docs/moe.md)
+    num_experts: int | None = None  # None: every MLP dense
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
+    moe_router_score_function: str = "softmax"
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_aux_loss_coeff: float = 0.0
+    moe_layer_freq: int = 1  # a MoE layer at every i with i % freq == 0
+    moe_expert_capacity_factor: float | None = None  # None: dropless
+    moe_pad_expert_input_to_capacity: bool = False
 
     @property
     def ffn(self) -> int:
@@ -67,6 +79,14 @@ class Model:
         if self.group_query_attention and self.num_query_groups:
             return self.num_query_groups
         return self.num_attention_heads
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer i's MLP is a mixture of experts (--moe-layer-freq as an int)."""
+        return self.num_experts is not None and i % self.moe_layer_freq == 0
+
+    @property
+    def moe_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn
 
     @property
     def flash(self) -> bool:
@@ -461,6 +481,7 @@ def validate_model(m: Model) -> None:
            "model.hidden_size",
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
     _validate_llama_model(m)
+    _validate_moe_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
@@ -486,6 +507,27 @@ def _validate_llama_model(m: Model) -> None:
            "needs an even, positive number")
 
 
+def _validate_moe_model(m: Model) -> None:
+    """Megatron-LM's checks on the MoE fields (arguments.py), and what simsp's MoE layer has."""
+    if m.num_experts is None:
+        return
+    _positive("model", m, ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+                           "moe_layer_freq"))
+    _check(m.moe_router_topk <= m.num_experts, "model.moe_router_topk",
+           f"{m.moe_router_topk} exceeds num_experts={m.num_experts}")
+    _choice("model.moe_router_score_function", m.moe_router_score_function, MOE_SCORE_CHOICES)
+    _choice("model.moe_router_load_balancing_type", m.moe_router_load_balancing_type,
+            MOE_BALANCING_CHOICES)
+    _check(m.moe_aux_loss_coeff >= 0, "model.moe_aux_loss_coeff",
+           f"must be non-negative, got {m.moe_aux_loss_coeff}")
+    cf = m.moe_expert_capacity_factor
+    _check(cf is None or cf > 0, "model.moe_expert_capacity_factor", f"must be positive, got {cf}")
+    _check(cf is not None or not m.moe_pad_expert_input_to_capacity,
+           "model.moe_pad_expert_input_to_capacity", "needs moe_expert_capacity_factor")
+    _check(not m.add_bias_linear, "model.num_experts",
+           "simsp's experts have no biases: add --disable-bias-linear")
+
+
 def validate_parallel(m: Model, p: Parallel) -> None:
     """Cross-field checks between the model and the parallel layout."""
     _positive("parallel", p, ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -505,6 +547,14 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     padded = padded_vocab_size(m, t)
     _check(padded % t == 0, "parallel.tensor_model_parallel_size",
            f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
+    if m.num_experts is not None:
+        _check(t == 1, "parallel.tensor_model_parallel_size",
+               "MoE layers run at tensor_model_parallel_size 1 only (expert tensor parallelism "
+               "is not built yet)")
+        modules = p.recompute_module_set or frozenset()
+        _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
+               "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
+               "built yet (core_attn is)")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",

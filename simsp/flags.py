@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from simsp.config import (ATTENTION_BACKEND_CHOICES, DTYPE_CHOICES, MODE_CHOICES,
                           NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, NORMALIZATION_CHOICES,
+                          MOE_BALANCING_CHOICES, MOE_SCORE_CHOICES,
                           POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
@@ -66,6 +67,24 @@ SCENARIO_FLAGS = {
     "--attention-backend": ("model", "attention_backend", str, ATTENTION_BACKEND_CHOICES,
                             "attention core: unfused (s x s tensors kept) or flash "
                             "(FlashAttention)", "attn-"),
+    # Mixture of experts (Megatron-LM arguments.py; docs/moe.md)
+    "--num-experts": ("model", "num_experts", int, None,
+                      "routed experts of each MoE layer (default: dense MLPs)", "E"),
+    "--moe-router-topk": ("model", "moe_router_topk", int, None,
+                          "experts each token is routed to (default 2)", "topk"),
+    "--moe-ffn-hidden-size": ("model", "moe_ffn_hidden_size", int, None,
+                              "expert MLP width (elements; default: ffn hidden size)", "mffn"),
+    "--moe-router-score-function": ("model", "moe_router_score_function", str,
+                                    MOE_SCORE_CHOICES, "router score function", "score-"),
+    "--moe-router-load-balancing-type": ("model", "moe_router_load_balancing_type", str,
+                                         MOE_BALANCING_CHOICES, "load balancing", "lb-"),
+    "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float, None,
+                             "coefficient of the load-balancing aux loss (default 0)", "aux"),
+    "--moe-layer-freq": ("model", "moe_layer_freq", int, None,
+                         "a MoE layer every N layers, from layer 0 (default 1)", "mfreq"),
+    "--moe-expert-capacity-factor": ("model", "moe_expert_capacity_factor", float, None,
+                                     "expert capacity factor: tokens over capacity are dropped "
+                                     "(default: dropless)", "cap"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,
@@ -121,6 +140,8 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
     "--group-query-attention": ("model", "group_query_attention", True,
                                 "group-query attention (with --num-query-groups)", "gqa"),
     "--swiglu": ("model", "swiglu", True, "SwiGLU MLP (gate and up projections)", "swiglu"),
+    "--moe-pad-expert-input-to-capacity": ("model", "moe_pad_expert_input_to_capacity", True,
+                                           "pad every expert's input to its capacity", "pad"),
     "--untie-embeddings-and-output-weights": ("model", "untie_embeddings_and_output_weights",
                                               True, "an output layer of its own", "untied"),
     "--disable-bias-linear": ("model", "add_bias_linear", False, "no biases in linear layers",

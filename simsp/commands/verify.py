@@ -42,7 +42,8 @@ def _iterations(sc) -> int:
     """Whole iterations verify simulates: two per checked tensor (central differences), one for
     the gradients and one against the reference."""
     m = sc.model
-    tensors = len(layer_shapes(m)) * m.num_layers + 5 + (not m.tied)  # embeddings, head, input
+    layers = sum(len(layer_shapes(m, i)) for i in range(m.num_layers))
+    tensors = layers + 5 + (not m.tied)  # embeddings, head, input
     return 2 * tensors + 2
 
 

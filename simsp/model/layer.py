@@ -51,6 +51,12 @@ class LayerSpec:
     recompute: str  # none | selective | full
     sample_offset: int = 0  # global index of this micro-batch's first sample
     modules: frozenset = frozenset(("core_attn",))  # selective: Megatron's --recompute-modules
+    aux_scale: float = 1.0  # MoE aux loss gradient: b/B (1/micro-batches, DP-averaged)
+
+    @property
+    def moe(self) -> bool:
+        """Whether this layer's MLP is a mixture of experts (simsp/model/moe_layer.py)."""
+        return self.model.num_experts is not None and self.model.is_moe_layer(self.layer)
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute rebuilds `module` (core_attn, mlp, layernorm) in backward."""
@@ -205,7 +211,11 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
         r, spec, proj_in, w["attn.proj.weight"], w.get("attn.proj.bias"), "attn", x, "ln2_input")
     stash.put("attn_dropout_mask", attn_mask)
     stash.put("ln2_input", residual)
-    out = yield from _mlp_forward(r, spec, w, residual, stash)
+    if spec.moe:
+        from simsp.model.moe_layer import moe_mlp_forward  # MoE models only (import cycle)
+        out = yield from moe_mlp_forward(r, spec, w, residual, stash)
+    else:
+        out = yield from _mlp_forward(r, spec, w, residual, stash)
     if not keep:
         stash.release()
     return out, stash.tensors

@@ -248,7 +248,11 @@ def layer_backward(r, spec: LayerSpec, w: dict, g: dict, saved: dict, dout):
         r.free(out)
         r.phase = phase
     saved = dict(saved)
-    dres = yield from mlp_backward(r, spec, w, g, saved, dout)
+    if spec.moe:
+        from simsp.model.moe_layer import moe_mlp_backward  # MoE models only (import cycle)
+        dres = yield from moe_mlp_backward(r, spec, w, g, saved, dout)
+    else:
+        dres = yield from mlp_backward(r, spec, w, g, saved, dout)
     dx = yield from attention_backward(r, spec, w, g, saved, dres)
     assert not saved, f"saved tensors left after backward: {sorted(saved)}"
     return dx

@@ -19,6 +19,7 @@ LAYER_SUFFIXES = (
     "ln1.gamma", "ln1.beta", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
     "attn.proj.bias", "ln2.gamma", "ln2.beta", "mlp.fc1.weight", "mlp.fc1.bias",
     "mlp.fc2.weight", "mlp.fc2.bias",
+    "mlp.router.weight", "mlp.experts.fc1.weight", "mlp.experts.fc2.weight",  # MoE layers
 )
 
 
@@ -27,9 +28,10 @@ def layer_param_names(i: int) -> list[str]:
     return [f"layers.{i}.{suffix}" for suffix in LAYER_SUFFIXES]
 
 
-def layer_shapes(model) -> dict[str, tuple[int, ...]]:
-    """Shapes of one layer's parameters keyed by suffix, in LAYER_SUFFIXES order (a variant
-    drops the suffixes it does not have)."""
+def layer_shapes(model, i: int = 0) -> dict[str, tuple[int, ...]]:
+    """Shapes of layer i's parameters keyed by suffix, in LAYER_SUFFIXES order (a variant
+    drops the suffixes it does not have; a MoE layer has a router (h, E) and E bias-free
+    experts, fc1 (E, h, f) or SwiGLU (E, h, 2, f), fc2 (E, f, h), for the dense MLP)."""
     h, f, d = model.hidden_size, model.ffn, model.head_dim
     qkv = (model.num_attention_heads + 2 * model.query_groups) * d  # (a + 2G)d
     fc1 = (h, 2, f) if model.swiglu else (h, f)
@@ -43,7 +45,19 @@ def layer_shapes(model) -> dict[str, tuple[int, ...]]:
     }
     dropped = (("ln1.beta", "ln2.beta") if model.normalization == "RMSNorm" else ()) + \
         (() if model.add_bias_linear else tuple(k for k in shapes if k.endswith(".bias")))
+    if model.is_moe_layer(i):
+        return _moe_layer_shapes(model, {k: v for k, v in shapes.items() if k not in dropped})
     return {k: v for k, v in shapes.items() if k not in dropped}
+
+
+def _moe_layer_shapes(model, shapes: dict) -> dict:
+    """The dense MLP's weights replaced by the router's and the experts'."""
+    h, f, E = model.hidden_size, model.moe_ffn, model.num_experts
+    kept = {k: v for k, v in shapes.items() if not k.startswith("mlp.")}
+    kept["mlp.router.weight"] = (h, E)
+    kept["mlp.experts.fc1.weight"] = (E, h, 2, f) if model.swiglu else (E, h, f)
+    kept["mlp.experts.fc2.weight"] = (E, f, h)
+    return kept
 
 
 def param_shapes(model) -> dict[str, tuple[int, ...]]:
@@ -52,9 +66,8 @@ def param_shapes(model) -> dict[str, tuple[int, ...]]:
     shapes = {"embedding.word": (model.vocab_size, h)}
     if model.position_embedding_type == "learned_absolute":
         shapes["embedding.position"] = (model.seq_length, h)
-    layer = layer_shapes(model)
     for i in range(model.num_layers):
-        shapes.update({f"layers.{i}.{k}": shape for k, shape in layer.items()})
+        shapes.update({f"layers.{i}.{k}": shape for k, shape in layer_shapes(model, i).items()})
     shapes["final_ln.gamma"] = (h,)
     if model.normalization != "RMSNorm":
         shapes["final_ln.beta"] = (h,)

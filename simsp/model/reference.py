@@ -17,6 +17,7 @@ import numpy as np
 
 from simsp.model import kernels as K
 from simsp.model.dropout_sites import attention_keep, hidden_keep
+from simsp.model.moe_kernels import MoeSpec, moe_backward, moe_forward
 from simsp.model.params import layer_param_names
 
 
@@ -63,7 +64,7 @@ def _rope(model, s):
     return K.rope_angles(s, int(model.head_dim * model.rotary_percent), model.rotary_base)
 
 
-def _layer_forward(P, x, i, model, seed, sample_offset):
+def _layer_forward(P, x, i, model, seed, sample_offset, moe_group=None):
     """One transformer layer forward; returns (out (s, B, h), saved activations)."""
     a, ph, pa = model.num_attention_heads, model.hidden_dropout, model.attention_dropout
     G = model.query_groups
@@ -85,23 +86,77 @@ def _layer_forward(P, x, i, model, seed, sample_offset):
     c.keep_1 = hidden_keep(ph, seed, i, "attn_out", proj.shape, sample_start=sample_offset)
     c.x1 = x + K.dropout_forward(proj, c.keep_1, ph)  # (s, B, h)
     c.ln2 = _norm(P, c.x1, "ln2", model)  # (s, B, h)
-    c.fc1 = K.linear_forward(c.ln2, *_fc1(P))  # (s, B, f), SwiGLU (s, B, 2f)
-    act = K.swiglu_forward if model.swiglu else K.gelu_forward
-    c.gelu = act(c.fc1)  # (s, B, f)
-    fc2 = K.linear_forward(c.gelu, P["mlp.fc2.weight"], P.get("mlp.fc2.bias"))  # (s, B, h)
+    if "mlp.router.weight" in P:
+        fc2 = _moe_forward(P, c, model, moe_group)  # (s, B, h)
+    else:
+        c.fc1 = K.linear_forward(c.ln2, *_fc1(P))  # (s, B, f), SwiGLU (s, B, 2f)
+        act = K.swiglu_forward if model.swiglu else K.gelu_forward
+        c.gelu = act(c.fc1)  # (s, B, f)
+        fc2 = K.linear_forward(c.gelu, P["mlp.fc2.weight"], P.get("mlp.fc2.bias"))  # (s, B, h)
     c.keep_2 = hidden_keep(ph, seed, i, "mlp_out", fc2.shape, sample_start=sample_offset)
     out = c.x1 + K.dropout_forward(fc2, c.keep_2, ph)  # (s, B, h)
     return out, c
+
+
+def _moe_spec(model) -> MoeSpec:
+    """The layer's routing flags (simsp/model/moe_kernels.py)."""
+    coeff = model.moe_aux_loss_coeff if model.moe_router_load_balancing_type == "aux_loss" else 0.0
+    return MoeSpec(model.num_experts, model.moe_router_topk, model.moe_router_score_function,
+                   coeff, model.moe_expert_capacity_factor,
+                   model.moe_pad_expert_input_to_capacity, model.swiglu)
+
+
+def _moe_weights(P) -> dict:
+    """Router (h, E) and experts fc1 (E, h, f | 2f), fc2 (E, f, h) as moe_kernels reads them."""
+    fc1 = P["mlp.experts.fc1.weight"]
+    return {"router": P["mlp.router.weight"], "fc1": fc1.reshape(fc1.shape[0], fc1.shape[1], -1),
+            "fc2": P["mlp.experts.fc2.weight"]}
+
+
+def _moe_forward(P, c, model, group):
+    """The MoE MLP on ln2 (s, B, h), routed per micro-batch of `group` samples (Megatron
+    routes, drops and balances each micro-batch on its own). Returns (s, B, h)."""
+    s, B, h = c.ln2.shape
+    group = group or B
+    out, c.moe = np.zeros_like(c.ln2), []  # (s, B, h)
+    for start in range(0, B, group):
+        tokens = c.ln2[:, start:start + group].reshape(-1, h)  # (s·b, h)
+        y, _, cache = moe_forward(tokens, _moe_weights(P), _moe_spec(model))
+        out[:, start:start + group] = y.reshape(s, -1, h)
+        c.moe.append(cache)
+    return out
+
+
+def _moe_backward(P, dfc2, c, model, g):
+    """d ln2 (s, B, h) of _moe_forward; each micro-batch's aux loss gets gradient b/B (Megatron:
+    1 / micro-batches, then the DP average), its weight gradients summed into g."""
+    s, B, h = dfc2.shape
+    group = B // len(c.moe)
+    w, spec = _moe_weights(P), _moe_spec(model)
+    dln2 = np.zeros_like(dfc2)  # (s, B, h)
+    for k, cache in enumerate(c.moe):
+        start = k * group
+        dy = dfc2[:, start:start + group].reshape(-1, h)  # (s·b, h)
+        dx, grads = moe_backward(dy, w, cache, spec, daux=group / B)
+        dln2[:, start:start + group] = dx.reshape(s, -1, h)
+        for key, name in (("router", "mlp.router.weight"), ("fc1", "mlp.experts.fc1.weight"),
+                          ("fc2", "mlp.experts.fc2.weight")):
+            grad = grads[key].reshape(P[name].shape)
+            g[name] = grad if name not in g else g[name] + grad
+    return dln2
 
 
 def _layer_backward(P, dout, c, model):
     """One transformer layer backward; returns (dx (s, B, h), {suffix: grad})."""
     ph, pa, g = model.hidden_dropout, model.attention_dropout, {}
     dfc2 = K.dropout_backward(dout, c.keep_2, ph)  # (s, B, h)
-    dgelu = _linear_backward(P, dfc2, c.gelu, "mlp.fc2", g)  # (s, B, f)
-    act_backward = K.swiglu_backward if model.swiglu else K.gelu_backward
-    dfc1 = act_backward(dgelu, c.fc1)  # (s, B, f), SwiGLU (s, B, 2f)
-    dln2 = _linear_backward(P, dfc1, c.ln2, "mlp.fc1", g)  # (s, B, h)
+    if "mlp.router.weight" in P:
+        dln2 = _moe_backward(P, dfc2, c, model, g)
+    else:
+        dgelu = _linear_backward(P, dfc2, c.gelu, "mlp.fc2", g)  # (s, B, f)
+        act_backward = K.swiglu_backward if model.swiglu else K.gelu_backward
+        dfc1 = act_backward(dgelu, c.fc1)  # (s, B, f), SwiGLU (s, B, 2f)
+        dln2 = _linear_backward(P, dfc1, c.ln2, "mlp.fc1", g)  # (s, B, h)
     dx1_ln = _norm_backward(P, dln2, c.x1, "ln2", model, g)
     dx1 = dout + dx1_ln  # (s, B, h): residual + LN2 branch
     dproj = K.dropout_backward(dx1, c.keep_1, ph)  # (s, B, h)
@@ -122,8 +177,10 @@ def _layer_backward(P, dout, c, model):
     return dx1 + dx_ln, g  # (s, B, h): residual + LN1 branch
 
 
-def reference_forward_backward(params, tokens, targets, model, seed, sample_offset=0):
+def reference_forward_backward(params, tokens, targets, model, seed, sample_offset=0,
+                               moe_group=None):
     """Mean cross-entropy loss over the s*B tokens and {name: grad}, plus "embedding_output".
+    MoE layers route each group of `moe_group` samples (the micro-batch) on its own.
 
     tokens, targets: (s, B) ints; column c is global sample sample_offset + c (dropout masks).
     "embedding_output" is d loss / d (embedding output after embedding dropout), shape (s, B, h).
@@ -136,7 +193,8 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     x = K.dropout_forward(emb, keep_e, ph)  # (s, B, h)
     saved = []
     for i in range(model.num_layers):
-        x, cache = _layer_forward(_layer_params(params, i), x, i, model, seed, sample_offset)
+        x, cache = _layer_forward(_layer_params(params, i), x, i, model, seed, sample_offset,
+                                  moe_group)
         saved.append(cache)
     y = _norm(params, x, "final_ln", model)  # (s, B, h)
     output = params.get("output.weight", word)  # (v, h): untied, or the word table

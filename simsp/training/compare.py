@@ -30,7 +30,8 @@ def compare_with_reference(run) -> dict:
     """Loss and every gradient vs the single-device reference over the same global batch."""
     sc = run.sc
     ref_loss, ref = reference_forward_backward(run.canonical, run.tokens, run.targets, sc.model,
-                                               sc.run.seed)
+                                               sc.run.seed,
+                                               moe_group=sc.parallel.micro_batch_size)
     errors = {"loss": abs(run.loss - ref_loss) / abs(ref_loss)}
     for dp in range(sc.parallel.dp):
         for name, grad in gathered_grads(run, dp).items():

@@ -42,7 +42,7 @@ def _direction(rng, shape) -> np.ndarray:
 
 
 def _loss(sc: Scenario, params: dict, delta=None) -> float:
-    return simulate_iteration(sc, canonical=params, embedding_delta=delta).loss
+    return simulate_iteration(sc, canonical=params, embedding_delta=delta).objective
 
 
 def _finite_difference(sc, params, name: str, u: np.ndarray, eps: float = EPSILON) -> float:

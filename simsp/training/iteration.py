@@ -72,6 +72,15 @@ class Run:
         m, p = self.sc.model, self.sc.parallel
         return sum(self.losses.values()) / (m.seq_length * p.global_batch)
 
+    @property
+    def objective(self) -> float | None:
+        """What backward differentiates: the loss plus the MoE layers' aux losses, each scaled
+        as its gradient is (docs/moe.md); the loss itself without MoE."""
+        loss = self.loss
+        if loss is None or self.sc.model.num_experts is None:
+            return loss
+        return loss + sum(r.moe_aux_loss for r in self.world.ranks.values())
+
 
 def rank_program(r, run: Run, plan: StagePlan):
     """Allocate the stage's parameters and optimizer, run its schedule, reduce, step."""

@@ -37,7 +37,9 @@ def _layer(run, state, i: int, offset: int, granularity: str):
         granularity = _plain_granularity(run.sc)
     w, g = state.layer(i)
     modules = run.sc.parallel.recompute_module_set or LayerSpec.modules
-    return LayerSpec(run.sc.model, i, granularity, offset, modules), w, g
+    p = run.sc.parallel
+    aux_scale = p.micro_batch_size / p.global_batch if run.sc.model.num_experts else 1.0
+    return LayerSpec(run.sc.model, i, granularity, offset, modules, aux_scale), w, g
 
 
 def _forward(r, run, state, i: int, x, offset: int, granularity: str, kind: tuple,
@@ -46,7 +48,7 @@ def _forward(r, run, state, i: int, x, offset: int, granularity: str, kind: tupl
     def body():
         spec, w, _ = _layer(run, state, i, offset, granularity)
         return layer_forward(r, spec, w, x, keep=keep)
-    return run.layers.run(r, kind, x, body)
+    return run.layers.run(r, _kind(run, i, kind), x, body)
 
 
 def _backward(r, run, state, i: int, saved: dict, dx, offset: int, granularity: str,
@@ -55,7 +57,13 @@ def _backward(r, run, state, i: int, saved: dict, dx, offset: int, granularity: 
     def body():
         spec, w, g = _layer(run, state, i, offset, granularity)
         return layer_backward(r, spec, w, g, saved, dx)
-    return run.layers.run(r, kind, dx, body)
+    return run.layers.run(r, _kind(run, i, kind), dx, body)
+
+
+def _kind(run, i: int, kind: tuple) -> tuple:
+    """A layer template's kind; MoE models tell their MoE and dense layers apart."""
+    m = run.sc.model
+    return kind if m.num_experts is None else kind + (m.is_moe_layer(i),)
 
 
 def segment_forward(r, run, state, seg, x, mb: int, offset: int):
