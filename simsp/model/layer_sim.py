@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simsp.config import Scenario, with_overrides
+from simsp.engine.communicator import STEPWISE
 from simsp.model.grad_sync import sync_sequence_parallel_grads
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
@@ -99,10 +100,11 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.free(dx)
 
 
-def simulate_layer(sc: Scenario) -> LayerResult:
-    """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results."""
+def simulate_layer(sc: Scenario, timing: str = STEPWISE) -> LayerResult:
+    """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results;
+    `timing` as simsp.model.world.build_world (CLOSED_FORM: collectives timed as a whole)."""
     sc = one_tp_group(sc)
-    world = build_world(sc)
+    world = build_world(sc, timing=timing)
     numeric = sc.run.mode == "numeric"
     params, x, dout = _layer_inputs(sc) if numeric else (None, None, None)
     shapes = {n: s for n, s in param_shapes(sc.model).items() if n.startswith(PREFIX)}

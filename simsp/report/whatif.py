@@ -14,6 +14,8 @@ def ranked(frame, objective: str = "time"):
     """Rows that fit first (by the objective), then out-of-memory rows, then invalid ones."""
     column, ascending = RANK_KEYS[objective]
     group = frame["status"].map({"ok": 0, "oom": 1, "error": 2})
+    if "fits" in frame:  # simulated but short of the memory reserve: after those that fit
+        group = group.where(frame["fits"].fillna(False).astype(bool) | (group == 2), 1)
     key = frame[column] if ascending else -frame[column]
     return frame.assign(_group=group, _key=key).sort_values(
         ["_group", "_key", "index"], kind="stable").drop(columns=["_group", "_key"])
