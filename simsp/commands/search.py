@@ -5,14 +5,15 @@ import math
 from pathlib import Path
 
 from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
-                                  check_executor_arguments, default_out, field_lists)
+                                  add_reserve_argument, check_executor_arguments, default_out,
+                                  field_lists)
 from simsp.config import Parallel
 from simsp.errors import UserError
 from simsp.explore.cache import ResultCache
 from simsp.explore.configs import base_values, parse_list
 from simsp.explore.explain import limits, why_lost
 from simsp.explore.fields import by_key
-from simsp.explore.headroom import DEFAULT_MEMORY_RESERVE_GIB, reserve_bytes
+from simsp.explore.headroom import reserve_bytes
 from simsp.explore.layouts import VARIED, held_fields, search_base
 from simsp.explore.objectives import OBJECTIVES
 from simsp.hardware import GPUS
@@ -32,10 +33,7 @@ def add_parser(subparsers) -> None:
                         help="samples per iteration (default: the scenario's)")
     parser.add_argument("--top", type=int, default=5, metavar="K", help="layouts to show (5)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="time")
-    parser.add_argument("--memory-reserve", type=float, default=DEFAULT_MEMORY_RESERVE_GIB,
-                        metavar="GiB", help="GPU memory kept free for the CUDA context, NCCL "
-                        "buffers and allocator fragmentation; a layout fits when its peak leaves "
-                        f"it (default {DEFAULT_MEMORY_RESERVE_GIB:g}; docs/exploration.md)")
+    add_reserve_argument(parser)
     parser.add_argument("--exhaustive", action="store_true",
                         help="simulate every layout (no memory screen, no time bound)")
     parser.add_argument("--keep-scenario-parallel", action="store_true",
@@ -174,7 +172,7 @@ def run(args) -> int:
     with Executor(args.workers, args.scheduler) as executor:
         result = search(base, args.gpus, batch, executor, ResultCache(out / "cache"), args.top,
                         args.objective, reserve_bytes(args.memory_reserve),
-                        getattr(args, "quiet", False), fixed, args.exhaustive)
+                        getattr(args, "quiet", False), fixed, args.exhaustive, args.scenario)
     frame = results_frame(result.rows)
     lines = summary_lines(result, args, batch, fixed)
     print("\n".join(lines))

@@ -58,8 +58,28 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("sweep", help="simulate every combination of comma-listed flags")
     parser.add_argument("source", nargs="?", help="scenario TOML or sweep TOML ([[variant]] tables)")
     add_field_arguments(parser)
+    parser.add_argument("--world-size", dest="sweep_world_size", default=None, metavar="LIST",
+                        help="total GPUs, a comma list: d = N / (t x p) as Megatron derives it, "
+                             "nodes = N / gpus per node unless --nodes is given")
+    add_reserve_argument(parser)
     add_executor_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_reserve_argument(parser) -> None:
+    """--memory-reserve GiB: what "fits" leaves free (simsp.explore.headroom)."""
+    from simsp.explore.headroom import DEFAULT_MEMORY_RESERVE_GIB
+    parser.add_argument("--memory-reserve", type=float, default=DEFAULT_MEMORY_RESERVE_GIB,
+                        metavar="GiB", help="GPU memory kept free for the CUDA context, NCCL "
+                        "buffers and allocator fragmentation; a row fits when its peak leaves "
+                        f"it (default {DEFAULT_MEMORY_RESERVE_GIB:g}; docs/exploration.md)")
+
+
+def check_reserve(gib: float, capacity_gib: float = 80.0) -> None:
+    """The reserve must be a finite part of the GPU's memory."""
+    import math
+    if not (math.isfinite(gib) and 0 <= gib < capacity_gib):
+        raise UserError("--memory-reserve", f"must be in [0, {capacity_gib:g}) GiB, got {gib}")
 
 
 def default_out(source, prefix: str) -> Path:
@@ -68,14 +88,20 @@ def default_out(source, prefix: str) -> Path:
 
 
 def print_summary(frame, out: Path) -> None:
-    """One line per configuration: status, time, MFU, peak; then where the files are."""
-    for row in frame.itertuples(index=False):
-        if row.status == "error":
-            print(f"{row.index:4d}  {row.variant}: {row.error}")
+    """One line per configuration: status, GPUs, time, tokens/s, MFU, peak and headroom; then
+    what deriving d from the GPUs did, and where the files are."""
+    from simsp.units import GiB
+    for row in frame.to_dict("records"):
+        if row["status"] == "error":
+            print(f"{row['index']:4d}  {row['variant']}: {row['error']}")
             continue
-        verdict = "OOM" if row.oom else "ok "
-        print(f"{row.index:4d}  {verdict} {row.iteration_time_s:9.3f} s  MFU {row.mfu:6.1%}  "
-              f"peak {row.peak_bytes_max / 2**30:6.1f} GiB  {row.variant}")
+        verdict = "fits" if row.get("fits", not row["oom"]) else ("OOM " if row["oom"] else "full")
+        print(f"{row['index']:4d}  {verdict} {row['gpus']:5d} GPUs {row['iteration_time_s']:9.3f} s "
+              f"{row['tokens_per_s']:11,.0f} tokens/s  MFU {row['mfu']:6.1%}  peak "
+              f"{row['peak_bytes_max'] / GiB:6.1f} GiB  headroom {row['headroom_bytes'] / GiB:6.1f} "
+              f"GiB  {row['variant']}")
+    for note in dict.fromkeys(n for n in frame.get("note", []) if isinstance(n, str) and n):
+        print(f"note: {note}")
     print(f"results: {out / 'results.csv'}, {out / 'results.jsonl'}, {out / 'report.md'}")
 
 
@@ -83,9 +109,13 @@ def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
     from simsp.explore.api import build_configs, sweep_configs  # pandas and Dask: only here
     check_executor_arguments(args)
-    configs = build_configs(args.source, field_lists(args))
+    check_reserve(args.memory_reserve)
+    lists = field_lists(args)
+    if args.sweep_world_size is not None:
+        lists["world_size"] = args.sweep_world_size
+    configs = build_configs(args.source, lists)
     out = Path(args.out) if args.out else default_out(args.source, "sweep")
     frame = sweep_configs(configs, out, args.workers, args.scheduler,
-                          getattr(args, "quiet", False))
+                          getattr(args, "quiet", False), memory_reserve_gib=args.memory_reserve)
     print_summary(frame, out)
     return 0

@@ -8,6 +8,7 @@ from simsp.errors import UserError
 from simsp.explore.configs import Config, base_values, expand, parse_list
 from simsp.explore.executor import Executor
 from simsp.explore.fields import by_key
+from simsp.explore.headroom import DEFAULT_MEMORY_RESERVE_GIB, add_headroom, reserve_bytes
 from simsp.explore.runner import results_frame, run_configs
 from simsp.explore.sweepfile import is_sweep_file, load_sweep_file
 from simsp.explore.table import write_results
@@ -25,24 +26,42 @@ def build_configs(source: str | Path | None = None, lists: dict | None = None) -
 
     `lists` maps a field name (`tensor_model_parallel_size` or `parallel.<key>`) to its values."""
     table = by_key()
-    axes = []
+    axes, worlds = [], None
     for name, values in (lists or {}).items():
+        if name == "world_size":
+            worlds = _world_sizes(values)
+            continue
         if name not in table:
             raise UserError(name, "unknown scenario field")
         axes.append((table[name], _axis_values(table[name], values)))
     if source is not None and is_sweep_file(source):
         variants = load_sweep_file(source)
     else:
-        variants = [("", base_values(source))]
-    return expand(variants, axes)
+        variants = [("", base_values(source), set(), None if source is None else str(source))]
+    return expand(variants, axes, worlds)
+
+
+def _world_sizes(values) -> list[int]:
+    """--world-size's comma list (or a Python int or list) as positive integers."""
+    items = str(values).split(",") if isinstance(values, str) else _axis_values(None, values)
+    sizes = []
+    for item in items:
+        text = str(item).strip()
+        if not text.isdigit() or int(text) < 1:
+            raise UserError("--world-size", f"{text!r} is not a positive integer")
+        sizes.append(int(text))
+    return sizes
 
 
 def sweep_configs(configs: list[Config], out: str | Path | None = None,
                   workers: int | None = None, scheduler: str | None = None,
-                  quiet: bool = True, report: bool = True) -> pd.DataFrame:
-    """Simulate every configuration; write results (and the what-if report) under `out`."""
+                  quiet: bool = True, report: bool = True,
+                  memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB) -> pd.DataFrame:
+    """Simulate every configuration; write results (and the what-if report) under `out`.
+    A row fits when its peak leaves `memory_reserve_gib` free (simsp.explore.headroom)."""
     with Executor(workers, scheduler) as executor:
         rows = run_configs(configs, executor, out, quiet)
+    rows = [add_headroom(row, reserve_bytes(memory_reserve_gib)) for row in rows]
     frame = results_frame(rows)
     if out is not None:
         write_results(rows, frame, out)

@@ -134,9 +134,11 @@ def search_base(scenario: dict) -> dict:
     return base
 
 
-def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None) -> Layouts:
+def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None,
+                      source: str | None = None) -> Layouts:
     """Valid layouts as Configs (and rejections by reason) for `gpus` GPUs: `base` from
-    search_base, `fixed` the held [parallel] fields the user chose."""
+    search_base, `fixed` the held [parallel] fields the user chose, `source` the scenario file
+    (each row's `simsp run` command starts from it)."""
     layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
     found = Layouts()
     for parallel in raw_layouts(gpus, batch, layers, max_tp=per_node):
@@ -150,5 +152,6 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
         except UserError as exc:
             found.rejected[f"error: {exc}"] += 1
             continue
-        found.configs.append(Config(layout_label(parallel, layers), tuple(values.items())))
+        found.configs.append(Config(layout_label(parallel, layers), tuple(values.items()),
+                                    source=source))
     return found

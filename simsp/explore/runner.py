@@ -33,6 +33,9 @@ def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, 
     `bar` (a progress_bar, or None) advances once per configuration."""
     digests = [c.digest() for c in configs]
     found = {d: cache.get(d) for d in dict.fromkeys(digests)}
+    for digest, config in zip(digests, configs):
+        if config.error:  # known invalid before simulating: a row, never a job
+            found[digest] = {"status": "error", "error": config.error}
     jobs = {d: c.values for d, c in zip(digests, configs) if found[d] is None}
     _advance(bar, [row for row in found.values() if row])
     for digest, row in executor.results(jobs):

@@ -125,10 +125,11 @@ def check_bounds(result: SearchResult, sc, row: dict) -> None:
 
 def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top: int = 5,
            objective: str = "time", reserve: float = 0.0, quiet: bool = True,
-           fixed: dict | None = None, exhaustive: bool = False) -> SearchResult:
+           fixed: dict | None = None, exhaustive: bool = False,
+           source: str | None = None) -> SearchResult:
     """Enumerate, screen, simulate and collect the rows of every simulated layout; `reserve`
     bytes of each GPU are kept free (a layout fits when its peak leaves them)."""
-    layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed)
+    layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed, source)
     configs = layouts.configs
     result = SearchResult(layouts=len(configs) + layouts.invalid, rejected=dict(layouts.rejected),
                           exhaustive=exhaustive)

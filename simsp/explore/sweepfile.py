@@ -15,6 +15,7 @@ from pathlib import Path
 from simsp.errors import UserError
 from simsp.explore.configs import base_values
 from simsp.explore.fields import by_key
+from simsp.explore.world import WORLD_SIZE
 
 
 def is_sweep_file(path: str | Path) -> bool:
@@ -26,23 +27,30 @@ def is_sweep_file(path: str | Path) -> bool:
         return False  # read_toml reports it properly when loaded as a scenario
 
 
-def _variant_values(where: str, body: dict, folder: Path, default_base) -> dict:
-    """One variant's full field values: its base scenario, then its overrides."""
+def _variant_values(where: str, body: dict, folder: Path, default_base) -> tuple[dict, set, str]:
+    """One variant's full field values (its base scenario, then its overrides) and the paths
+    it set itself; `world_size` is Megatron's (simsp.explore.world derives d from it)."""
     base = body.get("base", default_base)
     values = dict(base_values(folder / base if base else None))
     table = by_key()
+    own = set()
     for key, value in body.items():
-        if key in ("name", "base"):
+        if key in ("name", "base", "baseline"):
+            continue
+        if key == "world_size":
+            values[WORLD_SIZE] = value
+            own.add(WORLD_SIZE)
             continue
         field = table.get(key)
         if field is None:
             raise UserError(f"{where}.{key}", "unknown scenario field")
         values[field.path] = None if value == "none" and field.default is None else value
-    return values
+        own.add(field.path)
+    return values, own, str(folder / base) if base else None
 
 
-def load_sweep_file(path: str | Path) -> list[tuple[str, dict]]:
-    """[(variant name, full field values)] in file order."""
+def load_sweep_file(path: str | Path) -> list[tuple[str, dict, set, str | None]]:
+    """[(variant name, full field values, the paths it set, its scenario file)] in file order."""
     path = Path(path)
     with open(path, "rb") as handle:
         data = tomllib.load(handle)
@@ -55,5 +63,5 @@ def load_sweep_file(path: str | Path) -> list[tuple[str, dict]]:
     found = []
     for i, body in enumerate(variants):
         name = body.get("name", f"variant {i}")
-        found.append((name, _variant_values(f"variant[{i}]", body, path.parent, data.get("base"))))
+        found.append((name, *_variant_values(f"variant[{i}]", body, path.parent, data.get("base"))))
     return found
