@@ -19,7 +19,7 @@ def simulate_metrics(overrides: dict) -> dict:
     """The metrics dict of `simsp run --json` for one configuration (raises UserError)."""
     sc = load_scenario(None, overrides)
     shortcuts = Shortcuts.for_scale(sc)
-    run = simulate_iteration(sc, shortcuts)
+    run = simulate_iteration(sc, shortcuts, trace="none")  # a sweep writes no trace
     return collect(run, shortcuts)
 
 
