@@ -94,3 +94,16 @@ def test_search_with_no_layout_says_why(capsys, tmp_path):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "0 layouts" in out and "why none: Megatron needs t·p·d = 100" in out
+
+
+def test_a_second_sweep_writes_beside_the_first(capsys, tmp_path, monkeypatch):
+    """Same scenario, other values: a new folder; the same sweep again: its own folder back."""
+    monkeypatch.chdir(tmp_path)
+    sweep = ["sweep", *TINY, "--workers", "0", "--quiet", "--micro-batch-size"]
+    assert main([*sweep, "1,2"]) == 0
+    assert main([*sweep, "1,4"]) == 0
+    assert main([*sweep, "1,2"]) == 0
+    folders = sorted(p.name for p in (tmp_path / "reports").iterdir())
+    assert folders == ["sweep-default-micro-batch-size", "sweep-default-micro-batch-size-2"]
+    first = pd.read_csv(tmp_path / "reports" / folders[0] / "results.csv")
+    assert list(first["micro_batch_size"]) == [1, 2]

@@ -5,8 +5,7 @@ import math
 from pathlib import Path
 
 from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
-                                  add_reserve_argument, check_executor_arguments, default_out,
-                                  field_lists)
+                                  add_reserve_argument, check_executor_arguments, field_lists)
 from simsp.config import Parallel
 from simsp.errors import UserError
 from simsp.explore.cache import ResultCache
@@ -168,7 +167,12 @@ def run(args) -> int:
     base, fixed = _base(args)
     batch = args.global_batch_size or base[("parallel", "global_batch_size")]
     _check(args, batch, base)
-    out = Path(args.out) if args.out else default_out(args.scenario, f"search-{args.gpus}gpus")
+    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
+    digest = exploration_digest([sorted(base.items(), key=str), args.gpus, batch, fixed,
+                                 args.objective, args.memory_reserve, args.exhaustive, args.top])
+    out = Path(args.out) if args.out else default_folder(f"search-{args.gpus}gpus",
+                                                         args.scenario, [], digest)
+    write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["search"])]), digest)
     with Executor(args.workers, args.scheduler) as executor:
         result = search(base, args.gpus, batch, executor, ResultCache(out / "cache"), args.top,
                         args.objective, reserve_bytes(args.memory_reserve),

@@ -38,7 +38,8 @@ def field_lists(args, skip: tuple = ()) -> dict:
 def add_executor_arguments(parser, command: str = "sweep") -> None:
     """--out, --workers, --scheduler (--quiet comes with every command: simsp.progress)."""
     parser.add_argument("--out", metavar="DIR", default=None,
-                        help=f"results and report folder (default: reports/{command}-<name>/)")
+                        help=f"results and report folder (default: reports/{command}-<scenario>"
+                             "[-<what varies>], never one another exploration wrote)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="embedded Dask workers (default: one per core; 0: in this process)")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
@@ -82,11 +83,6 @@ def check_reserve(gib: float, capacity_gib: float = 80.0) -> None:
         raise UserError("--memory-reserve", f"must be in [0, {capacity_gib:g}) GiB, got {gib}")
 
 
-def default_out(source, prefix: str) -> Path:
-    """reports/<prefix>-<source stem>/ (or reports/<prefix>-default/)."""
-    return Path("reports") / f"{prefix}-{Path(source).stem if source else 'default'}"
-
-
 def print_summary(frame, out: Path) -> None:
     """One line per configuration: status, GPUs, time, tokens/s, MFU, peak and headroom; then
     what deriving d from the GPUs did, and where the files are."""
@@ -108,14 +104,25 @@ def print_summary(frame, out: Path) -> None:
 def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
     from simsp.explore.api import build_configs, sweep_configs  # pandas and Dask: only here
+    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
     check_executor_arguments(args)
     check_reserve(args.memory_reserve)
     lists = field_lists(args)
     if args.sweep_world_size is not None:
         lists["world_size"] = args.sweep_world_size
     configs = build_configs(args.source, lists)
-    out = Path(args.out) if args.out else default_out(args.source, "sweep")
+    digest = exploration_digest([[c.digest() for c in configs], args.memory_reserve])
+    varies = [by_flag(key) for key, text in lists.items() if "," in str(text)]
+    out = Path(args.out) if args.out else default_folder("sweep", args.source, varies, digest)
+    write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["sweep"])]), digest)
     frame = sweep_configs(configs, out, args.workers, args.scheduler,
                           getattr(args, "quiet", False), memory_reserve_gib=args.memory_reserve)
     print_summary(frame, out)
     return 0
+
+
+def by_flag(key: str) -> str:
+    """A varied field's flag without its dashes (`tensor-model-parallel-size`), for folder names."""
+    from simsp.explore.fields import by_key
+    field = by_key().get(key)
+    return (field.flag if field else f"--{key.replace('_', '-')}").lstrip("-")

@@ -92,8 +92,10 @@ def expand(variants: list[tuple], axes: list[tuple[Field, list]],
                 merged = dict(values)
                 merged.update({field.path: value for (field, _), value in zip(axes, combo)})
                 merged, error, note = derive_world(merged, values, world, given)
-                label = " ".join(spell(field, value) for (field, _), value in zip(axes, combo))
-                label = " ".join(part for part in (f"--world-size {world}" if world else "",
+                label = " ".join(spell(field, value) for (field, choices), value
+                                 in zip(axes, combo) if len(choices) > 1)  # what varies
+                shown_world = world and len(world_sizes) > 1
+                label = " ".join(part for part in (f"--world-size {world}" if shown_world else "",
                                                    label) if part)
                 name = " | ".join(part for part in (variant_name, label) if part)
                 name = name or str(merged[("run", "name")])

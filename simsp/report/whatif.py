@@ -106,7 +106,7 @@ def write_whatif_report(frame, out: Path, objective: str = "time", intro: list[s
     """Write report.md and its pictures into `out`; return the report's path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pictures = write_plots(frame, out)
+    pictures = write_plots(ranked(frame, objective), out, objective)
     path = out / "report.md"
     path.write_text(report_text(frame, pictures, objective, list(intro)))
     return path
