@@ -26,13 +26,13 @@ def _world_from(merged: dict, base: dict, world: int | None, given: set) -> int 
     return None
 
 
-def _batch_text(merged: dict, base: dict, d: int) -> str:
+def _batch_text(merged: dict, base: dict, d: int, given: set) -> str:
     """What the global batch did: kept (with micro-batches per pipeline) or b·d."""
     b = merged[MB]
     if merged[B] is None:
         return f"global batch not set: b·d = {b * d} samples"
     before = merged[B] / (b * base[D])  # the same batch on the configuration's own d
-    kept = "kept" if merged[B] == base[B] else "as given"
+    kept = "as given" if B in given or merged[B] != base[B] else "kept"
     after = merged[B] / (b * d)
     return (f"global batch {merged[B]} {kept} ({before:g} → {after:g} micro-batches per "
             "pipeline)")
@@ -56,5 +56,5 @@ def derive_world(merged: dict, base: dict, world: int | None, given: set):
     if NODES not in given:
         merged[NODES] = math.ceil(chosen / merged[GPN])
     note = (f"{chosen} GPUs on {merged[NODES]} node(s): d = {chosen}/(t·p = {t * p}) = {d} "
-            f"(was {base[D]}); {_batch_text(merged, base, d)}")
+            f"(was {base[D]}); {_batch_text(merged, base, d, given)}")
     return merged, None, note
