@@ -1,10 +1,13 @@
 """`simsp.sweep(...)`: the Python face of `simsp sweep`, returning the results as a DataFrame."""
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 
 from simsp.errors import UserError
+from simsp.explore.cache import ResultCache
 from simsp.explore.configs import Config, base_values, expand, parse_list
 from simsp.explore.executor import Executor
 from simsp.explore.fields import by_key
@@ -71,11 +74,86 @@ def sweep_configs(configs: list[Config], out: str | Path | None = None,
     return frame
 
 
-def sweep(source: str | Path | None = None, out: str | Path | None = None,
+@contextmanager
+def script_safe_workers():
+    """Start Dask worker processes by fork where the platform has it, so a plain script (no
+    `if __name__ == "__main__":` guard) is not re-run in every worker (spawn re-imports the
+    main module); a method the user configured is kept."""
+    import dask
+    import distributed  # noqa: F401  (registers distributed's config before we set a key)
+    method = dask.config.get("distributed.worker.multiprocessing-method", "spawn")
+    if os.name != "posix" or method != "spawn":
+        yield
+        return
+    with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}):
+        yield
+
+
+def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
           workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
-          **lists) -> pd.DataFrame:
+          memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB,
+          world_size: int | list[int] | str | None = None, **lists) -> pd.DataFrame:
     """Sweep a scenario or sweep file over lists of field values; one row per configuration.
 
     Example: simsp.sweep("scenarios/paper-175b.toml", tensor_model_parallel_size=[4, 8],
     recompute_granularity="none,selective,full", workers=2). workers=0 runs in this process."""
-    return sweep_configs(build_configs(source, lists), out, workers, scheduler, quiet)
+    if world_size is not None:
+        lists["world_size"] = world_size
+    with script_safe_workers():
+        return sweep_configs(build_configs(source, lists), out, workers, scheduler, quiet,
+                             memory_reserve_gib=memory_reserve_gib)
+
+
+def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: int | None = None,
+           top: int = 5, objective: str = "time",
+           memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB, exhaustive: bool = False,
+           keep_scenario_parallel: bool = False, out: str | Path | None = None,
+           workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
+           **fields) -> pd.DataFrame:
+    """The layouts `simsp search` simulated, best first (those that fit first); model, cluster
+    and held [parallel] fields as keyword arguments, one value each."""
+    from simsp.explore.headroom import reserve_bytes
+    from simsp.explore.layouts import held_fields, search_base
+    from simsp.explore.search import search as run_search
+    from simsp.report.whatif import ranked
+    scenario_values = base_values(scenario)
+    table = by_key()
+    given = {}
+    for name, value in fields.items():
+        if name not in table:
+            raise UserError(name, "unknown scenario field")
+        given[table[name].path] = value
+    fixed = {key: scenario_values[("parallel", key)] for key in held_fields()} \
+        if keep_scenario_parallel else {}
+    fixed.update({key: value for (section, key), value in given.items() if section == "parallel"})
+    base = search_base(scenario_values)
+    base.update({path: value for path, value in given.items() if path[0] != "parallel"})
+    base[("run", "mode")] = "meta"
+    batch = global_batch_size or base[("parallel", "global_batch_size")]
+    if not isinstance(gpus, int) or gpus < 1 or not isinstance(batch, int) or batch < 1:
+        raise UserError("gpus", f"gpus and the global batch must be positive integers, got "
+                                f"{gpus} and {batch}")
+    with script_safe_workers(), Executor(workers, scheduler) as executor:
+        result = run_search(base, gpus, batch, executor,
+                            ResultCache(Path(out) / "cache" if out else None), top, objective,
+                            reserve_bytes(memory_reserve_gib), quiet, fixed, exhaustive,
+                            None if scenario is None else str(scenario))
+    frame = results_frame(result.rows)
+    return ranked(frame, objective).reset_index(drop=True) if len(frame) else frame
+
+
+def run(scenario: str | Path | None = None, *, world_size: int | None = None, **fields) -> dict:
+    """The metrics of `simsp run --json` for a scenario with field overrides (keyword
+    arguments named like the scenario's keys: tensor_model_parallel_size=8, mode="meta")."""
+    from simsp.bounds import check_work
+    from simsp.config import load_scenario
+    from simsp.explore.evaluate import collect_metrics
+    table = by_key()
+    overrides = {}
+    for name, value in fields.items():
+        if name not in table:
+            raise UserError(name, "unknown scenario field")
+        overrides[table[name].path] = value
+    sc = load_scenario(scenario, overrides, world_size)
+    check_work(sc)  # the limits `simsp run` keeps (README "Limits")
+    return collect_metrics(sc)
