@@ -174,6 +174,13 @@ def _default_text(section: str, key: str) -> str:
     return "" if default is None else f"; default: {default}"
 
 
+def _switch_default(flag: str) -> str:
+    """'on' when the field's default is the value this switch sets, else 'off'."""
+    section, key, value = _switch(flag)[:3]
+    default = {f.name: f.default for f in fields(SECTIONS[section])}[key]
+    return "on" if default == value else "off"
+
+
 def _metavar(row: Flag) -> str | None:
     if row.choices:
         return "{" + ",".join(row.choices) + "}"
@@ -201,8 +208,8 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
     for flag in SWITCHES:
         section, key, _, meaning, _ = _switch(flag)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
-                           help=f"{meaning or key.replace('_', ' ')}; default: off "
-                                f"[{section}.{key}]")
+                           help=f"{meaning or key.replace('_', ' ')}; default: "
+                                f"{_switch_default(flag)} [{section}.{key}]")
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
                             "the scenario's d)")

@@ -86,6 +86,8 @@ def test_search_winner_leaves_the_reserve_and_the_report_explains(capsys, tmp_pa
     report = (tmp_path / "report.md").read_text()
     for line in ("limits: bubble", "best rejected:", "Reproduce the best", "simsp run"):
         assert line in report and (line in out or line in ("Reproduce the best", "simsp run"))
+    assert main(shlex.split(winner["command"])[1:] + ["--json"]) == 0  # the winner's command
+    assert json.loads(capsys.readouterr().out)["iteration_time_s"] == winner["iteration_time_s"]
 
 
 def test_search_with_no_layout_says_why(capsys, tmp_path):

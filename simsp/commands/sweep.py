@@ -23,10 +23,25 @@ def add_field_arguments(parser, skip: tuple = (), metavar: str = "LIST",
         lone = field.kind is bool and True in switches.get(field.path, {})
         group.add_argument(field.flag, dest=_dest(field), default=None, metavar=metavar,
                            nargs="?" if lone else None, const="true" if lone else None,
-                           help=f"{field.section}.{field.key}")
+                           help=field_help(field))
         if False in switches.get(field.path, {}):
             group.add_argument(switches[field.path][False], dest=_dest(field),
-                               action="store_const", const="false", help="= false")
+                               action="store_const", const="false",
+                               help=f"set {field.section}.{field.key} to false")
+
+
+def field_help(field) -> str:
+    """`run`'s meaning, unit and default of the field's flag (simsp.flags, one table), or the
+    switch's, else the field's name and default."""
+    from simsp import flags
+    if field.flag in flags.SCENARIO_FLAGS:
+        return flags.flag_help(field.flag)
+    switch = next((flag for flag, row in flags.SWITCHES.items()
+                   if (row[0], row[1]) == field.path and row[2] is True), None)
+    if switch is not None:
+        return (f"{flags.SWITCHES[switch][3]} (true/false); default: "
+                f"{str(field.default).lower()} [{field.section}.{field.key}]")
+    return f"{field.key.replace('_', ' ')}; default: {field.default} [{field.section}.{field.key}]"
 
 
 def field_lists(args, skip: tuple = ()) -> dict:
