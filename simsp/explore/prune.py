@@ -90,8 +90,16 @@ def chunk_seconds(sc: Scenario) -> float:
     return rebuilt * own + (layers - rebuilt) * layer_cost(sc, "none").seconds
 
 
+def even_stages(sc: Scenario) -> bool:
+    """Every stage holds L/p layers (the bounds' premise); uneven Megatron splits
+    (--decoder-first-pipeline-num-layers, ...) get no bound beyond what always holds."""
+    return not getattr(sc.parallel, "uneven_pipeline", False)
+
+
 def time_lower_bound(sc: Scenario) -> float:
-    """T ≥ (m·v + p − 1)·(C_f + C_b) (module docstring)."""
+    """T ≥ (m·v + p − 1)·(C_f + C_b) (module docstring); 0 for uneven stages."""
+    if not even_stages(sc):
+        return 0.0
     p = sc.parallel
     chunks = chunks_per_stage(sc.model, p)
     return (p.num_micro_batches * chunks + p.pp - 1) * chunk_seconds(sc)
@@ -126,7 +134,10 @@ def static_bytes(sc: Scenario) -> float:
 
 
 def memory_lower_bound(sc: Scenario) -> float:
-    """Stage 0's peak is at least its static bytes plus its busiest moment's kept chunks."""
+    """Stage 0's peak is at least its static bytes plus its busiest moment's kept chunks;
+    0 for uneven stages."""
+    if not even_stages(sc):
+        return 0.0
     p = sc.parallel
     chunks = chunks_per_stage(sc.model, p)
     held = stage0_in_flight(p.schedule_name, p.pp, p.num_micro_batches, chunks)
