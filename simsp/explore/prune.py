@@ -8,8 +8,9 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   alone on their TP group (simsp.model.layer_sim, timed as the iteration times collectives):
   block recompute rebuilds only the first N layers of a chunk, so a chunk costs
   N·(f + b)_full + (L_c − N)·(f + b)_none (Megatron transformer_block.py).
-- memory: stage 0 allocates its weights, gradients and optimizer state before its first step
-  and holds them to the end, and at the schedule's busiest moment it keeps the activations of
+- memory: stage 0 allocates its weights, gradients and optimizer state (bytes per parameter as
+  simsp's allocators give them) before its first step and holds them to the end, and at the
+  schedule's busiest moment it keeps the activations of
   every (micro-batch, chunk) whose forward is done and backward not (simsp.training.schedules
   max_in_flight, exact for the schedule simsp runs). Each held chunk keeps at least its layers'
   saved tensors, measured from the ledger of the layer simulated alone.
@@ -23,20 +24,43 @@ from simsp.analytic import chunk_recompute_bytes, chunks_per_stage
 from simsp.config import Parallel, Scenario, load_scenario, with_overrides
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.hardware import GPUS
-from simsp.model.layer_sim import simulate_layer
-from simsp.model.tensor import FP16, FP32
+from simsp.model.layer_sim import PREFIX, simulate_layer
+from simsp.model.params import param_shapes
+from simsp.model.sharding import local_shape
+from simsp.model.tensor import FP16, Tensor
+from simsp.training.optimizer import allocate_optimizer
 from simsp.training.schedules import build_schedule, max_in_flight
-
-OPTIMIZER_BYTES = 12  # fp32 master weight, Adam m and v per parameter (training/optimizer.py)
 
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One layer on one TP rank, simulated alone: seconds, kept activations, weight elements."""
+    """One layer on one TP rank, simulated alone: seconds, kept activations, and its parameters
+    with the bytes simsp's own allocators give them (so a dtype the config changes is followed)."""
 
     seconds: float  # forward + backward (with the recompute it was simulated with)
     kept_bytes: int  # activations saved for backward, the fewest over the TP ranks
-    weight_elements: int  # this rank's parameters of the layer, the fewest over the TP ranks
+    weight_elements: int  # this rank's parameters of the layer
+    static_bytes_per_element: tuple  # (weights, gradients, optimizer unsharded) bytes
+
+
+def _optimizer_bytes_per_element(rank, elements: int) -> float:
+    """Bytes simsp's optimizer allocates per parameter (training/optimizer.py), probed on a
+    scratch parameter of the layer's size in the simulated rank's ledger; 0 (still a lower
+    bound) if the allocator cannot be probed so."""
+    probe = Tensor.meta((elements,), FP16, None)
+    before = rank.ledger.live_bytes("optimizer")
+    try:
+        allocate_optimizer(rank, {"probe": probe}, 1)
+    except (TypeError, AttributeError, KeyError):
+        return 0.0
+    return (rank.ledger.live_bytes("optimizer") - before) / elements
+
+
+def _layer_elements(sc: Scenario, t: int) -> int:
+    """One layer's parameters on one TP rank, from the model's shapes and their TP split."""
+    shapes = param_shapes(sc.padded_model)
+    return sum(math.prod(local_shape(name, shape, t)) for name, shape in shapes.items()
+               if name.startswith(PREFIX))
 
 
 @lru_cache(maxsize=4096)
@@ -45,8 +69,12 @@ def _simulated_layer(sc: Scenario) -> LayerCost:
     timing = CLOSED_FORM if sc.run.mode == "meta" else STEPWISE  # as simulate_metrics times
     result = simulate_layer(sc, timing=timing)
     kept = min(rec.activation_bytes for rec in result.records)
-    weights = min(r.ledger.live_bytes("weights") for r in result.ranks) // FP16
-    return LayerCost(result.forward_time_s + result.backward_time_s, kept, weights)
+    elements = _layer_elements(sc, sc.parallel.tp)
+    rank = result.ranks[0]
+    per_element = (rank.ledger.live_bytes("weights") / elements,
+                   rank.ledger.live_bytes("gradients") / elements,
+                   _optimizer_bytes_per_element(rank, elements))
+    return LayerCost(result.forward_time_s + result.backward_time_s, kept, elements, per_element)
 
 
 def layer_cost(sc: Scenario, granularity: str) -> LayerCost:
@@ -121,16 +149,17 @@ def chunk_kept_bytes(sc: Scenario) -> int:
 
 def static_bytes(sc: Scenario) -> float:
     """Weights, gradients and optimizer state one stage-0 rank holds at least: its layers'
-    measured parameters and its word-embedding shard; 2-byte weights, 4-byte main gradients
-    (2 counted when gradients are reduced in 16 bits), 12 optimizer bytes (1/d of them with the
-    distributed optimizer)."""
+    parameters and its word-embedding shard, at the bytes per parameter simsp's allocators gave
+    the layer alone (the optimizer's over d with the distributed optimizer); the embedding's
+    shard at no more than 4 bytes per parameter (16-bit weights and gradients: a lower bound)."""
     p = sc.parallel
-    layers = sc.model.num_layers // p.pp
-    elements = layers * layer_cost(sc, "none").weight_elements
-    elements += sc.padded_vocab_size * sc.model.hidden_size // p.tp
-    gradient = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
+    cost = layer_cost(sc, "none")
+    weight, gradient, optimizer = cost.static_bytes_per_element
     shard = p.dp if p.distributed_optimizer else 1
-    return elements * (FP16 + gradient + OPTIMIZER_BYTES / shard)
+    per_element = weight + gradient + optimizer / shard
+    layers = sc.model.num_layers // p.pp * cost.weight_elements * per_element
+    embedding = sc.padded_vocab_size * sc.model.hidden_size // p.tp
+    return layers + embedding * min(per_element, FP16 + FP16)
 
 
 def memory_lower_bound(sc: Scenario) -> float:
