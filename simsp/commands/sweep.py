@@ -106,7 +106,7 @@ def print_summary(frame, out: Path) -> None:
         if row["status"] == "error":
             print(f"{row['index']:4d}  {row['variant']}: {row['error']}")
             continue
-        verdict = "fits" if row.get("fits", not row["oom"]) else ("OOM " if row["oom"] else "full")
+        verdict = "fits" if row.get("fits", not row["oom"]) else ("OOM " if row["oom"] else "tight")
         print(f"{row['index']:4d}  {verdict} {row['gpus']:5d} GPUs {row['iteration_time_s']:9.3f} s "
               f"{row['tokens_per_s']:11,.0f} tokens/s  MFU {row['mfu']:6.1%}  peak "
               f"{row['peak_bytes_max'] / GiB:6.1f} GiB  headroom {row['headroom_bytes'] / GiB:6.1f} "
