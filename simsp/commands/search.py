@@ -184,7 +184,7 @@ def run(args) -> int:
         write_results(result.rows, frame, out)
         ranking = ranking_lines(frame, args.top, args.objective)
         write_whatif_report(frame, out, args.objective, [line + "  " for line in lines + ranking]
-                            + [""])
+                            + [""], title="Search report")
         print("\n".join(ranking))
     print(f"results: {out}")
     return 0

@@ -36,8 +36,8 @@ def _verdict(row) -> str:
 
 def _cells(row, kinds: list[str]) -> list[str]:
     """One table line's cells for a simulated row."""
-    exposed = " / ".join(f"{row[k]:.3f}" if row[k] == row[k] else "-" for k in kinds)
-    return [f"{row['iteration_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
+    exposed = " / ".join(f"{row[k]:.3g}" if row[k] == row[k] else "-" for k in kinds)
+    return [f"{row['iteration_time_s']:.4g}", f"{row['tokens_per_s']:,.0f}",
             f"{row['tokens_per_s'] / row['gpus']:,.0f}", f"{row['mfu']:.1%}",
             f"{row['bubble_fraction']:.1%}", exposed, f"{row['peak_bytes_max'] / GiB:.1f}",
             f"{row['headroom_bytes'] / GiB:.1f}", _verdict(row)]
@@ -86,11 +86,12 @@ def error_lines(frame) -> list[str]:
     return lines
 
 
-def report_text(frame, pictures: list[Path], objective: str = "time", intro: list[str] = ()) -> str:
+def report_text(frame, pictures: list[Path], objective: str = "time", intro: list[str] = (),
+                title: str = "Sweep report") -> str:
     """The whole report.md."""
     counts = frame["status"].value_counts()
     fits = int(frame["fits"].fillna(False).astype(bool).sum()) if "fits" in frame else counts.get("ok", 0)
-    lines = ["# What-if report", "", *intro,
+    lines = [f"# {title}", "", *intro,
              f"{len(frame)} configurations: {fits} fit, {counts.get('oom', 0)} out of memory, "
              f"{counts.get('error', 0)} invalid. Ranked by {objective} (those that fit first). "
              "t, p, d: tensor, pipeline and data-parallel sizes; b: micro-batch size; "
@@ -102,11 +103,12 @@ def report_text(frame, pictures: list[Path], objective: str = "time", intro: lis
     return "\n".join(lines) + "\n"
 
 
-def write_whatif_report(frame, out: Path, objective: str = "time", intro: list[str] = ()) -> Path:
+def write_whatif_report(frame, out: Path, objective: str = "time", intro: list[str] = (),
+                        title: str = "Sweep report") -> Path:
     """Write report.md and its pictures into `out`; return the report's path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     pictures = write_plots(ranked(frame, objective), out, objective)
     path = out / "report.md"
-    path.write_text(report_text(frame, pictures, objective, list(intro)))
+    path.write_text(report_text(frame, pictures, objective, list(intro), title))
     return path
