@@ -127,3 +127,12 @@ def test_compute_is_not_a_loss():
            "exposed_compute_s": 1.5, "exposed_dp_comm_s": 0.25, "headroom_bytes": 0}
     assert limits(row) == ("bubble 0.000 us (0.0%), dp_comm 250.000 ms; headroom 0.0 GiB; "
                            "largest loss: dp_comm")
+
+
+def test_cli_exhaustive_simulates_every_layout(capsys, tmp_path):
+    args = ["search", "--gpus", "2", "--num-layers", "2", "--hidden-size", "64", "--seq-length",
+            "32", "--vocab-size", "128", "--global-batch-size", "2", "--exhaustive", "--workers",
+            "0", "--quiet", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert "exhaustive: simulated all 24 valid layouts" in capsys.readouterr().out  # hand-counted above
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 24
