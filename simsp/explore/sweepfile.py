@@ -9,6 +9,7 @@
     base = "../scenarios/paper-175b.toml"    # optional: this variant's own base
 """
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def _variant_values(where: str, body: dict, folder: Path, default_base) -> tuple
             raise UserError(f"{where}.{key}", "unknown scenario field")
         values[field.path] = None if value == "none" and field.default is None else value
         own.add(field.path)
-    return values, own, str(folder / base) if base else None
+    return values, own, os.path.normpath(folder / base) if base else None
 
 
 def load_sweep_file(path: str | Path) -> list[tuple[str, dict, set, str | None]]:
