@@ -9,7 +9,8 @@ from dataclasses import fields
 import sys
 from typing import NamedTuple
 
-from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES,
+from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES,
+                          RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
 from simsp.errors import UserError
@@ -87,6 +88,12 @@ SCENARIO_FLAGS = {
                         "achieved fraction of InfiniBand bandwidth, in (0, 1]", "ibeff"),
     "--transfer-overhead-us": ("cluster", "transfer_overhead_us", float, None,
                                "software cost per transfer (us)", "xfer"),
+    "--nccl-algo": ("cluster", "nccl_algo", str, NCCL_ALGO_CHOICES,
+                    "NCCL algorithm of every collective, as NCCL_ALGO (auto: NCCL's choice; "
+                    "tree: all-reduces only)", "algo-"),
+    "--nccl-proto": ("cluster", "nccl_proto", str, NCCL_PROTO_CHOICES,
+                     "NCCL protocol of every collective, as NCCL_PROTO (auto: NCCL's choice)",
+                     "proto-"),
     "--mode": ("run", "mode", str, MODE_CHOICES,
                "numeric (numpy arrays, small models) or meta (shapes only, any size)", ""),
     "--seed": ("run", "seed", int, None, "random seed of weights, data and dropout", "seed"),
