@@ -22,26 +22,26 @@ def _delta(new, old, digits: str = ".1%") -> str:
 
 
 def comparison_table(rows: list[dict], base: dict) -> list[str]:
-    """Each variant's time, tokens/s, per GPU, MFU, peak memory and cost, with vs baseline."""
-    lines = ["| variant | GPUs | time (s) | vs baseline | tokens/s | vs baseline | tokens/s per GPU | "
-             "vs baseline | MFU | vs baseline | peak (GiB) | vs baseline | headroom (GiB) | "
-             "GPU-hours per 1M tokens | vs baseline |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Each variant's time, tokens/s, per GPU, MFU, peak memory and cost, each with its change
+    against the baseline in brackets."""
+    lines = ["| variant | GPUs | time (s) | tokens/s | tokens/s per GPU | MFU | peak (GiB) | "
+             "headroom (GiB) | GPU-hours per 1M tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if row["status"] == "error":
-            lines.append(f"| {row['variant']} | | invalid | | | | | | | | | | | | |")
+            lines.append(f"| {row['variant']} | | invalid | | | | | | |")
             continue
         mfu_points = 100 * (row["mfu"] - base["mfu"])
         lines.append(
-            f"| {row['variant']} | {row['gpus']} | {row['iteration_time_s']:.3f} | "
-            f"{_delta(row['iteration_time_s'], base['iteration_time_s'])} | "
-            f"{row['tokens_per_s']:,.0f} | {_delta(row['tokens_per_s'], base['tokens_per_s'])} | "
-            f"{row['tokens_per_s_per_gpu']:,.1f} | "
-            f"{_delta(row['tokens_per_s_per_gpu'], base['tokens_per_s_per_gpu'])} | "
-            f"{row['mfu']:.1%} | {mfu_points:+.1f} pts | {row['peak_bytes_max'] / GiB:.1f} | "
-            f"{(row['peak_bytes_max'] - base['peak_bytes_max']) / GiB:+.1f} GiB | "
-            f"{row['headroom_bytes'] / GiB:.1f} | {row['gpu_hours_per_million_tokens']:.3f} | "
-            f"{_delta(row['gpu_hours_per_million_tokens'], base['gpu_hours_per_million_tokens'])} |")
+            f"| {row['variant']} | {row['gpus']} | {row['iteration_time_s']:.4g} "
+            f"({_delta(row['iteration_time_s'], base['iteration_time_s'])}) | "
+            f"{row['tokens_per_s']:,.0f} ({_delta(row['tokens_per_s'], base['tokens_per_s'])}) | "
+            f"{row['tokens_per_s_per_gpu']:,.1f} "
+            f"({_delta(row['tokens_per_s_per_gpu'], base['tokens_per_s_per_gpu'])}) | "
+            f"{row['mfu']:.1%} ({mfu_points:+.1f} pts) | {row['peak_bytes_max'] / GiB:.1f} "
+            f"({(row['peak_bytes_max'] - base['peak_bytes_max']) / GiB:+.1f}) | "
+            f"{row['headroom_bytes'] / GiB:.1f} | {row['gpu_hours_per_million_tokens']:.4g} "
+            f"({_delta(row['gpu_hours_per_million_tokens'], base['gpu_hours_per_million_tokens'])}) |")
     return lines
 
 
