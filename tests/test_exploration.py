@@ -109,3 +109,11 @@ def test_a_second_sweep_writes_beside_the_first(capsys, tmp_path, monkeypatch):
     assert folders == ["sweep-default-micro-batch-size", "sweep-default-micro-batch-size-2"]
     first = pd.read_csv(tmp_path / "reports" / folders[0] / "results.csv")
     assert list(first["micro_batch_size"]) == [1, 2]
+
+
+def test_a_world_size_t_p_misses_is_its_own_error_row():
+    """3 GPUs for t2 p2: that row alone is invalid (the 4-GPU row has the same fields)."""
+    frame = simsp.sweep(None, workers=0, mode="meta", tensor_model_parallel_size=2,
+                        pipeline_model_parallel_size=2, global_batch_size=4, world_size="3,4")
+    assert list(frame["status"]) == ["error", "ok"]
+    assert frame["error"][0] == "error: --world-size: 3 is not divisible by tensor*pipeline = 2*2 = 4"

@@ -32,7 +32,8 @@ class Config:
 
     def digest(self) -> str:
         """sha256 of the full configuration and simsp's version: the cache key."""
-        text = json.dumps([simsp.__version__, [[f"{s}.{k}", v] for (s, k), v in self.values]])
+        text = json.dumps([simsp.__version__, [[f"{s}.{k}", v] for (s, k), v in self.values]]
+                          + ([self.error] if self.error else []))  # an invalid one is its own
         return hashlib.sha256(text.encode()).hexdigest()
 
 
