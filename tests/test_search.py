@@ -1,18 +1,16 @@
-"""`simsp search`: layout enumeration (hand-counted), the closed-form screens as lower bounds of
-the simulation, branch and bound equal to exhaustive simulation, and the command's output."""
+"""`simsp search`: layout enumeration (hand-counted), the bounds as lower bounds of the
+simulation, and the command's output (brute force vs branch and bound:
+tests/test_search_exhaustive.py)."""
 
 import pytest
 
 from simsp.cli import main
-from simsp.explore.cache import ResultCache
 from simsp.explore.configs import base_values
 from simsp.explore.evaluate import evaluate, simulate_metrics
-from simsp.explore.executor import Executor
 from simsp.explore.explain import limits, why_lost
 from simsp.explore.fields import by_key
 from simsp.explore.layouts import enumerate_layouts, search_base
 from simsp.explore.prune import memory_lower_bound, memory_verdict, scenario_of, time_lower_bound
-from simsp.explore.search import search
 
 TINY = {"mode": "meta", "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
         "seq_length": 64, "vocab_size": 256}
