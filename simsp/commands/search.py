@@ -110,8 +110,10 @@ def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
                  "weights, gradients, optimizer state and the activations its schedule holds at "
                  "once) exceeds capacity less the reserve")
     lines += [f"  e.g. {label}: {reason}" for label, reason in result.memory_examples]
-    lines.append(f"screened out {result.pruned_bound} whose time lower bound "
-                 "(m·v + p − 1)·(chunk forward + backward) cannot beat the top K")
+    bound = ("memory lower bound" if args.objective == "memory" else
+             "time lower bound (m·v + p − 1)·(chunk forward + backward)"
+             + (" as an MFU ceiling" if args.objective == "mfu" else ""))
+    lines.append(f"screened out {result.pruned_bound} whose {bound} cannot beat the top K")
     lines.append(f"simulated {len(result.rows)}")
     return lines + _violation_lines(result)
 
