@@ -6,9 +6,9 @@ dataclasses and on the command line alike. Cross-field checks live in `validate`
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-import tomllib
 
 from simsp.bounds import check_ranges
+from simsp import io_in
 from simsp.errors import UserError
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -210,18 +210,9 @@ def _build_section(section: str, values: dict):
 
 
 def read_toml(path: str | Path) -> dict:
-    """Read a scenario file into nested dicts, turning I/O and syntax problems into UserErrors."""
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise UserError("scenario", f"file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError("scenario", f"{path} is not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise UserError("scenario", f"{path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise UserError("scenario", f"cannot read {path}: {exc.strerror}") from None
+    """Read a scenario file into nested dicts (simsp.io_in: size-capped, one UserError naming
+    the file for I/O and syntax problems)."""
+    data = io_in.read_toml(path, "scenario")
     for section, body in data.items():
         if not isinstance(body, dict):
             raise UserError(section, f"must be inside a [section] (known: {', '.join(SECTIONS)})")

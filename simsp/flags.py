@@ -141,7 +141,8 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         """Refuse a flag given twice (under any of its names) before argparse keeps the last."""
         argv = sys.argv[1:] if args is None else list(args)
-        seen = {}
+        self._refuse_empty(argv)
+        seen, dests = {}, {}
         for token in argv:
             if token == "--":
                 break
@@ -149,9 +150,31 @@ class Parser(argparse.ArgumentParser):
             action = self._option_string_actions.get(name)
             if action is not None and action in seen:
                 self.error(f"argument {seen[action]}: given more than once")
+            if action is not None and dests.get(action.dest, action) is not action:
+                self.error(f"argument {name}: conflicts with {seen[dests[action.dest]]}")
             if action is not None:
                 seen[action] = name
+                dests[action.dest] = action
         return super().parse_known_args(argv, namespace)
+
+    def _refuse_empty(self, argv: list[str]) -> None:
+        """An empty argument never means "not given": `--out ''` or `--out=` is an error."""
+        for index, token in enumerate(argv):
+            name, equals, value = token.partition("=")
+            if token.startswith("--") and equals and value == "":
+                self.error(f"argument {name}: must not be empty")
+            if token == "":
+                before = argv[index - 1] if index else ""
+                if before.startswith("-") and "=" not in before:
+                    self.error(f"argument {before}: must not be empty")
+                if self._subparsers is None:  # the command's own parser names its positional
+                    self.error(f"argument {self._positional_name()}: must not be empty")
+
+    def _positional_name(self) -> str:
+        """How argparse names this parser's first positional argument (SCENARIO, FILE...)."""
+        for action in self._positionals._group_actions:
+            return action.metavar or action.dest
+        return "(an empty word)"
 
 
 def nonempty(text: str) -> str:

@@ -5,7 +5,6 @@ FLOPs with B = global batch over (iteration time · GPUs · 312 TFLOP/s); the FL
 GEMMs actually counted are reported beside them.
 """
 
-from dataclasses import asdict
 
 from simsp import analytic
 from simsp.costmodel import calibration_table
@@ -23,18 +22,17 @@ def stage_ranks(run) -> list[int]:
 
 
 def bubble(run) -> tuple[float, list[float]]:
-    """N21 §2.2.1 bubble: (pipeline time − busiest stage's step time) / busiest step time.
-
-    Step time runs from a step's input being ready to its end (p2p waits are bubble). Also the
-    per-stage fraction (last step end − own step time) / own step time."""
-    busy, last = [], []
-    for rank in stage_ranks(run):
-        steps = run.steps.get(rank, [])
-        busy.append(sum(end - begin for *_, begin, end in steps))
-        last.append(max((end for *_, end in steps), default=0.0))
-    ideal = max(busy)
-    per_stage = [(end - own) / own if own else 0.0 for end, own in zip(last, busy)]
-    return (max(last) - ideal) / ideal if ideal else 0.0, per_stage
+    """The pipeline bubble, defined once from pipeline wait (exposure's pp_wait: blocked on a
+    peer stage in fill and drain, plus the idle tail): per stage pp_wait over the stage's
+    schedule work (its steps, from input ready to end), N21 §2.2.1's bubble time over ideal
+    time m·(tf + tb); the pipeline's is all stages' wait over all their work (GPU time idle
+    per GPU time working; each stage's for uniform stages). 0 at p = 1, where none waits."""
+    waits, works = [], []
+    for rank, row in zip(stage_ranks(run), exposure(run)):
+        waits.append(row["pp_wait"])
+        works.append(sum(end - begin for *_, begin, end in run.steps.get(rank, [])))
+    per_stage = [wait / work if work else 0.0 for wait, work in zip(waits, works)]
+    return (sum(waits) / sum(works) if sum(works) else 0.0), per_stage
 
 
 def _counted_flops(run) -> tuple[float, float]:
@@ -140,7 +138,8 @@ def collect(run, shortcuts) -> dict:
         "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
         "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
-        "shortcuts": asdict(shortcuts),
+        "shortcuts": shortcuts.flags(),
+        "shortcuts_used": shortcuts.why(),
     }
 
 

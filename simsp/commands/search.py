@@ -6,6 +6,7 @@ from pathlib import Path
 
 from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
                                   add_reserve_argument, check_executor_arguments, field_lists)
+from simsp.bounds import BOUNDS
 from simsp.config import Parallel
 from simsp.errors import UserError
 from simsp.explore.cache import ResultCache
@@ -72,11 +73,20 @@ def _base(args) -> tuple[dict, dict]:
     return base, fixed
 
 
+MAX_GPUS = 32768  # BOUNDS' largest data-parallel job; checked before the divisor loops
+MAX_TOP = 1000
+
+
 def _check(args, batch, base) -> None:
-    """Counts must be positive and the reserve a part of the GPU's memory."""
-    for name, value in (("--gpus", args.gpus), ("--top", args.top), ("--global-batch-size", batch)):
+    """Counts positive and bounded (before any enumeration), the reserve a part of the GPU's
+    memory."""
+    for name, value, high in (("--gpus", args.gpus, MAX_GPUS), ("--top", args.top, MAX_TOP),
+                              ("--global-batch-size", batch,
+                               BOUNDS["parallel.global_batch_size"].high)):
         if value is None or value < 1:
             raise UserError(name, f"must be a positive integer, got {value}")
+        if value > high:
+            raise UserError(name, f"{value} is above the limit of {int(high)}")
     capacity = GPUS[base[("cluster", "gpu")]].memory_bytes / GiB
     if not (math.isfinite(args.memory_reserve) and 0 <= args.memory_reserve < capacity):
         raise UserError("--memory-reserve", f"must be in [0, {capacity:g}) GiB, got "
@@ -161,7 +171,9 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
 
 def run(args) -> int:
     """Search, print the screening summary and the explained ranking, write the report."""
-    from simsp.explore.executor import Executor  # Dask, pandas, matplotlib: only here
+    from simsp.explore.executor import Executor, ExecutorLost  # Dask, pandas: only here
+    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
+    from simsp.explore.runner import failure_message, prepare_out
     from simsp.explore.search import search
     from simsp.explore.table import results_frame, write_results
     from simsp.report.whatif import write_whatif_report
@@ -169,16 +181,22 @@ def run(args) -> int:
     base, fixed = _base(args)
     batch = args.global_batch_size or base[("parallel", "global_batch_size")]
     _check(args, batch, base)
-    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
     digest = exploration_digest([sorted(base.items(), key=str), args.gpus, batch, fixed,
                                  args.objective, args.memory_reserve, args.exhaustive, args.top])
     out = Path(args.out) if args.out else default_folder(f"search-{args.gpus}gpus",
                                                          args.scenario, [], digest)
+    out = prepare_out(out, (args.scenario,))
     write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["search"])]), digest)
-    with Executor(args.workers, args.scheduler) as executor:
-        result = search(base, args.gpus, batch, executor, ResultCache(out / "cache"), args.top,
-                        args.objective, reserve_bytes(args.memory_reserve),
-                        getattr(args, "quiet", False), fixed, args.exhaustive, args.scenario)
+    cache = ResultCache(out / "cache")
+    with Executor(args.workers, args.scheduler, args.force) as executor:
+        try:
+            result = search(base, args.gpus, batch, executor, cache, args.top, args.objective,
+                            reserve_bytes(args.memory_reserve), getattr(args, "quiet", False),
+                            fixed, args.exhaustive, args.scenario)
+        except ExecutorLost as exc:
+            raise UserError("dask", f"{exc}; the {cache.stats.simulated} layouts simulated so "
+                                    f"far are cached in {out / 'cache'} (run it again to resume)"
+                            ) from None
     frame = results_frame(result.rows)
     lines = summary_lines(result, args, batch, fixed)
     print("\n".join(lines))
@@ -188,5 +206,9 @@ def run(args) -> int:
         write_whatif_report(frame, out, args.objective, [line + "  " for line in lines + ranking]
                             + [""], title="Search report")
         print("\n".join(ranking))
+    print(cache.stats.line())
     print(f"results: {out}")
+    failure = failure_message(executor, result.rows, out)
+    if failure:
+        raise UserError("dask", failure)
     return 0

@@ -51,22 +51,31 @@ def field_lists(args, skip: tuple = ()) -> dict:
 
 
 def add_executor_arguments(parser, command: str = "sweep") -> None:
-    """--out, --workers, --scheduler (--quiet comes with every command: simsp.progress)."""
+    """--out, --workers, --scheduler, --force (--quiet comes with every command: simsp.progress)."""
     parser.add_argument("--out", metavar="DIR", default=None,
                         help=f"results and report folder (default: reports/{command}-<scenario>"
                              "[-<what varies>], never one another exploration wrote)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="embedded Dask workers (default: one per core; 0: in this process)")
+                        help="embedded Dask workers (default: one per core, at most the "
+                             "machine's cores; 0: in this process)")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                        help="run on an existing Dask cluster, e.g. tcp://HOST:8786")
+                        help="run on an existing Dask cluster, tcp://HOST:PORT (its workers run "
+                             "simsp's code as sent: use only a cluster you trust)")
+    parser.add_argument("--force", action="store_true",
+                        help="simulate rows (and a sweep) above run's estimated-time limit "
+                             "(never above the memory limit; see README 'Limits')")
 
 
 def check_executor_arguments(args) -> None:
-    """--workers must be 0 or more; it has no meaning with --scheduler."""
-    if args.workers is not None and args.workers < 0:
-        raise UserError("--workers", f"must be 0 or more, got {args.workers}")
+    """--workers between 0 and the machine's cores; it has no meaning with --scheduler, whose
+    address must be tcp://HOST:PORT."""
+    from simsp.explore.executor import parse_scheduler
+    from simsp.explore.guard import check_workers
+    check_workers(args.workers)
     if args.workers is not None and args.scheduler:
         raise UserError("--workers", "conflicts with --scheduler (the cluster has its workers)")
+    if args.scheduler is not None:
+        parse_scheduler(args.scheduler)
 
 
 def add_parser(subparsers) -> None:
@@ -120,6 +129,7 @@ def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
     from simsp.explore.api import build_configs, sweep_configs  # pandas and Dask: only here
     from simsp.explore.folders import default_folder, exploration_digest, write_manifest
+    from simsp.explore.runner import prepare_out
     check_executor_arguments(args)
     check_reserve(args.memory_reserve)
     lists = field_lists(args)
@@ -129,10 +139,13 @@ def run(args) -> int:
     digest = exploration_digest([[c.digest() for c in configs], args.memory_reserve])
     varies = [by_flag(key) for key, text in lists.items() if "," in str(text)]
     out = Path(args.out) if args.out else default_folder("sweep", args.source, varies, digest)
+    out = prepare_out(out, (args.source,))
     write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["sweep"])]), digest)
     frame = sweep_configs(configs, out, args.workers, args.scheduler,
-                          getattr(args, "quiet", False), memory_reserve_gib=args.memory_reserve)
+                          getattr(args, "quiet", False), force=args.force,
+                          inputs=(args.source,), memory_reserve_gib=args.memory_reserve)
     print_summary(frame, out)
+    print(frame.attrs["cache"])
     return 0
 
 

@@ -22,6 +22,9 @@ from simsp.explore.table import table_row
 from simsp.hardware import GPUS
 
 
+BATCH = 8  # layouts simulated per branch-and-bound round, fixed so results never depend on workers
+
+
 @dataclass
 class SearchResult:
     """What the search found: simulated rows, and how many layouts it never simulated, and why."""
@@ -135,7 +138,7 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
                           exhaustive=exhaustive)
     survivors = screen(configs, reserve, result, objective, exhaustive)
     usable = GPUS[base[("cluster", "gpu")]].memory_bytes - reserve
-    width = max(2, 2 * executor.parallelism())
+    width = BATCH  # not the executor's parallelism: the same rows whatever runs them
     with progress_bar(len(survivors), 0, quiet, "simsp search") as bar:
         found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
                                                       objective, usable, bar, exhaustive)

@@ -8,6 +8,7 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 from pathlib import Path
 
 from simsp import __version__
+from simsp.io_out import write_file
 from simsp.metrics import layout
 from simsp.report.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
@@ -258,6 +259,9 @@ def _calibration(m: dict) -> list[str]:
               "Used: " + (", ".join(used) if used else "none (full simulation)") + "."
               + (f" Not used: {', '.join(k for k, v in shortcuts.items() if not v)}."
                  if used and len(used) < len(shortcuts) else ""), ""]
+    reasons = m.get("shortcuts_used", {})
+    if any(not why.startswith("used: ") or "where exact" in why for why in reasons.values()):
+        lines += [f"- {name}: {why}" for name, why in reasons.items()] + [""]
     return lines
 
 
@@ -300,5 +304,5 @@ def summary_document(metrics: dict, figures: list[tuple[str, str]] = ()) -> str:
 def write_summary(metrics: dict, path, figures: list[tuple[str, str]] = ()) -> Path:
     """Write summary_document(metrics, figures) to `path` and return the path."""
     path = Path(path)
-    path.write_text(summary_document(metrics, figures))
+    write_file(path, summary_document(metrics, figures))
     return path

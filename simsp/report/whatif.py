@@ -3,6 +3,7 @@
 
 from pathlib import Path
 
+from simsp.io_out import markdown_text, write_file
 from simsp.report.whatif_plots import exposed_kinds, write_plots
 from simsp.units import GiB
 
@@ -52,7 +53,7 @@ def ranked_table(frame, objective: str = "time") -> list[str]:
     done = ranked(frame, objective)
     done = done[done["status"] != "error"]
     for place, (_, row) in enumerate(done.iterrows(), 1):
-        cells = [str(place), str(row["index"]), row["variant"], str(row["gpus"])]
+        cells = [str(place), str(row["index"]), markdown_text(row["variant"]), str(row["gpus"])]
         lines.append("| " + " | ".join(cells + _cells(row, kinds)) + " |")
     return lines
 
@@ -82,7 +83,8 @@ def error_lines(frame) -> list[str]:
     if bad.empty:
         return []
     lines = ["", "## Invalid configurations", ""]
-    lines += [f"- #{row['index']} {row['variant']}: `{row['error']}`" for _, row in bad.iterrows()]
+    lines += [f"- #{row['index']} {markdown_text(row['variant'])}: {markdown_text(row['error'])}"
+              for _, row in bad.iterrows()]
     return lines
 
 
@@ -110,5 +112,5 @@ def write_whatif_report(frame, out: Path, objective: str = "time", intro: list[s
     out.mkdir(parents=True, exist_ok=True)
     pictures = write_plots(ranked(frame, objective), out, objective)
     path = out / "report.md"
-    path.write_text(report_text(frame, pictures, objective, list(intro), title))
+    write_file(path, report_text(frame, pictures, objective, list(intro), title))
     return path
