@@ -129,6 +129,7 @@ def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
     from simsp.explore.api import build_configs, sweep_configs  # pandas and Dask: only here
     from simsp.explore.folders import default_folder, exploration_digest, write_manifest
+    from simsp.explore.guard import check_sweep
     from simsp.explore.runner import prepare_out
     check_executor_arguments(args)
     check_reserve(args.memory_reserve)
@@ -136,6 +137,7 @@ def run(args) -> int:
     if args.sweep_world_size is not None:
         lists["world_size"] = args.sweep_world_size
     configs = build_configs(args.source, lists)
+    check_sweep(configs, args.force)  # run's work limits, before any folder is made
     digest = exploration_digest([[c.digest() for c in configs], args.memory_reserve])
     varies = [by_flag(key) for key, text in lists.items() if "," in str(text)]
     out = Path(args.out) if args.out else default_folder("sweep", args.source, varies, digest)

@@ -46,6 +46,8 @@ def run(args) -> int:
     """Simulate the baseline and the variants, print the conclusions, write the page."""
     from simsp.explore.api import sweep_configs
     from simsp.explore.folders import default_folder, exploration_digest, write_manifest
+    from simsp.explore.guard import check_sweep
+    from simsp.explore.runner import prepare_out
     from simsp.explore.whatif import add_derived, conclusion, rank_rows, whatif_configs
     from simsp.report.whatif_page import write_whatif_page
     check_executor_arguments(args)
@@ -54,11 +56,14 @@ def run(args) -> int:
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise UserError("VARIANT", "two variants share a name")
+    check_sweep(configs, args.force)  # run's work limits, before any folder is made
     digest = exploration_digest([[c.digest() for c in configs], names, args.memory_reserve])
     out = Path(args.out) if args.out else default_folder("whatif", args.base, [], digest)
+    out = prepare_out(out, (args.base,))
     write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["whatif"])]), digest)
     frame = sweep_configs(configs, out, args.workers, args.scheduler, getattr(args, "quiet", False),
-                          report=False, memory_reserve_gib=args.memory_reserve)
+                          report=False, force=args.force, inputs=(args.base,),
+                          memory_reserve_gib=args.memory_reserve)
     rows = [add_derived(row) for row in frame.to_dict("records")]
     if rows[0]["status"] == "error":
         raise UserError("baseline", rows[0]["error"])

@@ -67,14 +67,16 @@ def command_lines(frame, objective: str = "time", count: int = 10) -> list[str]:
     lines = ["", f"## Reproduce the best {len(done)}", ""]
     for place, (_, row) in enumerate(done.iterrows(), 1):
         command = row["command"] if isinstance(row["command"], str) else "(no run flags for it)"
-        lines += [f"{place}. #{row['index']} {row['variant']}", "", f"    {command}", ""]
+        lines += [f"{place}. #{row['index']} {markdown_text(row['variant'])}", "",
+                  f"    {command}", ""]
     return lines
 
 
 def note_lines(frame) -> list[str]:
     """What deriving d from the GPUs did, once per distinct note."""
     notes = dict.fromkeys(n for n in frame.get("note", []) if isinstance(n, str) and n)
-    return ["", "## GPUs and batch", "", *[f"- {note}" for note in notes]] if notes else []
+    return ["", "## GPUs and batch", "", *[f"- {markdown_text(note)}" for note in notes]] \
+        if notes else []
 
 
 def error_lines(frame) -> list[str]:
