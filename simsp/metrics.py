@@ -7,6 +7,7 @@ GEMMs actually counted are reported beside them.
 
 
 from simsp import analytic
+from simsp.model.architecture import architecture
 from simsp.costmodel import calibration_table
 from simsp.hardware import GPUS, LinkCalibration
 
@@ -117,8 +118,8 @@ def collect(run, shortcuts) -> dict:
     return {
         "iteration_time_s": t_iter,
         "tokens_per_s": p.global_batch * m.seq_length / t_iter,
-        "mfu": analytic.model_flops(m, p) / (t_iter * gpus * peak),
-        "hfu": analytic.hardware_flops(m, p) / (t_iter * gpus * peak),
+        "mfu": analytic.iteration_model_flops(m, p) / (t_iter * gpus * peak),
+        "hfu": analytic.iteration_hardware_flops(m, p) / (t_iter * gpus * peak),
         "bubble_fraction": bubble_all,
         "ranks": ranks,
         "scenario": sc.run.name,
@@ -128,8 +129,8 @@ def collect(run, shortcuts) -> dict:
         "exposed_comm_s_per_stage": exposed,
         "exposed_comm_s": max(sum(e.values()) for e in exposed),
         "exposed_s_per_stage": breakdown,
-        "model_flops": analytic.model_flops(m, p),
-        "hardware_flops": analytic.hardware_flops(m, p),
+        "model_flops": analytic.iteration_model_flops(m, p),
+        "hardware_flops": analytic.iteration_hardware_flops(m, p),
         "counted_model_flops": counted_model,
         "counted_hardware_flops": counted_hw,
         "mfu_counted": counted_model / (t_iter * gpus * peak),
@@ -140,7 +141,32 @@ def collect(run, shortcuts) -> dict:
         "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": shortcuts.flags(),
         "shortcuts_used": shortcuts.why(),
+        **_architecture(sc),
     }
+
+
+def _architecture(sc) -> dict:
+    """The Llama-class variant and the FLOPs formula used (absent for K22's GPT layer, whose
+    metrics stay as they were)."""
+    name = architecture(sc.model)
+    if name == "GPT":
+        return {}
+    return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),
+            "layer_tensors": layer_tensors(sc)}
+
+
+def layer_tensors(sc) -> dict:
+    """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
+    simulation, beside docs/llama.md's closed form (the new tensors, by name)."""
+    from simsp.config import with_overrides
+    from simsp.model.layer_sim import simulate_layer
+    record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
+    p = sc.parallel
+    formula = analytic.llama_layer_activation_bytes(
+        sc.model, p.micro_batch_size, p.tp, p.sequence_parallel, p.recompute_granularity,
+        p.recompute_module_set)
+    return {"saved": [{"name": n, "bytes": b} for n, b in record.saved],
+            "measured_bytes": record.activation_bytes, "formula_bytes": formula}
 
 
 def layout(sc) -> dict:
