@@ -1,4 +1,4 @@
-"""Closed-form formulas of REFERENCE.md, kept apart from the simulation so tests can compare.
+"""Closed-form formulas of docs/MODEL.md, kept apart from the simulation so tests can compare.
 
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """

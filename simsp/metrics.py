@@ -1,6 +1,6 @@
 """Metrics of one simulated iteration: pure functions of its trace, ledgers and step records.
 
-MFU and HFU are computed as K22 §6.3 does (REFERENCE.md §2): the closed-form model and hardware
+MFU and HFU are computed as K22 §6.3 does (docs/MODEL.md#flops): the closed-form model and hardware
 FLOPs with B = global batch over (iteration time · GPUs · 312 TFLOP/s); the FLOPs the simulated
 GEMMs actually counted are reported beside them.
 """

@@ -198,7 +198,8 @@ def test_noisy_generated_log_recovers_within_tolerance(capsys, tmp_path):
 
 
 # Typed by hand: 8-GPU all-reduce with a per-step latency of 5 us and 0.8 x 300 = 240 GB/s per
-# link: time = 14 steps x (5 us + S/8 / 240e9 B/s) = 70 + 1.75 S / 240e3 us (REFERENCE.md §5),
+# link: time = 14 steps x (5 us + S/8 / 240e9 B/s) = 70 + 1.75 S / 240e3 us
+# (docs/MODEL.md#collectives),
 # then nudged by hand by up to +-3.5%.
 HAND_MADE = """\
 # nThread 1 nGpus 8 minBytes 1024 maxBytes 1073741824 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
@@ -247,7 +248,7 @@ def test_hand_made_log_gives_the_closed_form_parameters(capsys, tmp_path):
 
 def test_engine_time_on_one_node_is_the_textbook_ring(tmp_path):
     """The forward model on one node: 2(n-1) steps of (latency + overhead + S/n / (B e))
-    (REFERENCE.md §5), the closed form the hand-made log is written from."""
+    (docs/MODEL.md#collectives), the closed form the hand-made log is written from."""
     cluster = replace(Cluster(), nvlink_latency_us=3.0, transfer_overhead_us=0.5,
                       nvlink_efficiency=0.8)
     for size in (1024, 8 * 2 ** 20):

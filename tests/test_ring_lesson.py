@@ -29,7 +29,7 @@ def test_four_rank_all_reduce_steps_bytes_and_closed_form_times():
     assert [s["phase"] for s in data["steps"]] == [REDUCE_SCATTER] * 3 + [ALL_GATHER] * 3
     for step in data["steps"]:
         assert step["bytes_per_rank"] == MiB // 4
-        # REFERENCE.md §5 on uniform NVLink hops: latency + (S/n) / B per step
+        # docs/MODEL.md#collectives on uniform NVLink hops: latency + (S/n) / B per step
         assert step["time_s"] == pytest.approx(NVLINK_STEP_LATENCY_S + MiB / 4 / NVLINK_RATE_BPS,
                                                rel=1e-12)
     assert all(cell == [0, 1, 2, 3] for row in data["steps"][-1]["holdings"] for cell in row)

@@ -1,4 +1,5 @@
-"""Each scale shortcut gives the same answer as the full simulation on a small case (DESIGN.md)."""
+"""Each scale shortcut gives the same answer as the full simulation on a small case
+(docs/MODEL.md#accounting-rules)."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""K22 Table 4 on the calibrated A100 cost model, and the cost model itself (REFERENCE.md §3, §6).
+"""K22 Table 4 on the calibrated A100 cost model, and the cost model itself
+(docs/MODEL.md#paper-layouts, #hardware).
 
 The five 22B-layer experiments within 10% of the published forward and backward milliseconds,
 and the orderings the paper explains, checked through their causes in the simulation.
@@ -24,7 +25,8 @@ TOLERANCE = 0.10
 
 
 def layer_22b(sp: bool, recompute: str):
-    """One 22B layer (h 6144, a 64, s 2048, b 4) on t = 8, meta mode (REFERENCE.md §3)."""
+    """One 22B layer (h 6144, a 64, s 2048, b 4) on t = 8, meta mode
+    (docs/MODEL.md#paper-layouts)."""
     return simulate_layer(load_scenario(None, {
         ("model", "num_layers"): 1, ("model", "hidden_size"): 6144,
         ("model", "num_attention_heads"): 64, ("model", "seq_length"): 2048,

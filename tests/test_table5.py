@@ -1,5 +1,5 @@
 """End-to-end iteration time of the paper scenarios vs K22 Table 5, and MFU/HFU as K22 computes
-them (REFERENCE.md §2-3: the 22B and 175B rows are the calibration rows)."""
+them (K22 Table 5, docs/MODEL.md#paper-layouts: the 22B and 175B rows are the calibration rows)."""
 
 import functools
 from pathlib import Path

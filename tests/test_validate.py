@@ -1,4 +1,4 @@
-"""`simsp validate`: the bundled set holds REFERENCE.md's numbers, simsp's column equals the
+"""`simsp validate`: the bundled set holds the published numbers, simsp's column equals the
 simulations it names (and the closed forms where they exist), user CSV/TOML files work, and bad
 rows give one `error:` line naming FILE:LINE."""
 
@@ -22,7 +22,7 @@ from simsp.validation.runner import (BUNDLED, EXAMPLE, compare, data_path, load_
 from simsp.validation.scenarios import scenario_of
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
-# REFERENCE.md §3 (K22 Table 4, ms; Table 5, s), §1 (ratios, %), §7 (busbw, GB/s), typed here
+# K22 Table 4 (ms), Table 5 (s), Table 2 / Fig. 7 (ratios, %), nccl-tests (busbw, GB/s), typed here
 REFERENCE = {
     "table4": [7.7, 11.9, 7.2, 11.8, 7.7, 19.5, 7.7, 13.2, 7.2, 13.1],
     "table5": [1.10, 1.42, 13.75, 18.13],
@@ -94,7 +94,7 @@ def test_table4_column_is_simulate_layer_of_the_22b_layer(bundled_cheap):
 @pytest.mark.parametrize("h, a", [(6144, 64), (12288, 96), (20480, 128)])
 def test_memory_ratios_equal_k22_table2_formulas(bundled_cheap, h, a):
     """sbh(10 + 24/t + 5as/(ht)) for TP; (sbh/t)(34 + 5as/h), sbh(10 + 24/t), 34sbh/t and
-    2sbh for the others (REFERENCE.md §1), t = 8, s = 2048."""
+    2sbh for the others (docs/MODEL.md#activation-memory), t = 8, s = 2048."""
     t, s = 8, 2048
     tp = 10 + 24 / t + 5 * a * s / (h * t)
     expected = [(34 + 5 * a * s / h) / t / tp, (10 + 24 / t) / tp, 34 / t / tp, 2 / tp]

@@ -18,7 +18,8 @@ from simsp.engine.op_block import OpBlock
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "communication")
 CODE = {category: code for code, category in enumerate(CATEGORIES)}
-# What may still be live when an iteration ends (DESIGN.md): the rest must be back to zero.
+# What may still be live when an iteration ends (docs/MODEL.md#accounting-rules): the rest
+# must be back to zero.
 PERSISTENT = ("weights", "gradients", "optimizer")
 __all__ = ["CATEGORIES", "PERSISTENT", "BlockRecord", "Ledger", "LiveTensor", "MemEvent",
            "OpBlock", "OutOfMemory"]

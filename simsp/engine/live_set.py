@@ -1,5 +1,5 @@
-"""The tensors live on one rank now, by key (issue 9: a replayed layer step's 60-74 changes
-must not cost 60-74 Python-level steps).
+"""The tensors live on one rank now, by key (docs/PERFORMANCE.md: a replayed layer step's
+60-74 changes must not cost 60-74 Python-level steps).
 
 A single allocation is a LiveTensor in a dict by key. The tensors a replayed step leaves live
 are one group under the step's key scope: its block and the relative keys freed since, so a

@@ -69,7 +69,8 @@ def collective_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes:
                     elem_bytes: int = DEFAULT_ELEM_BYTES) -> float:
     """Seconds for a ring collective alone on the links: its channels run concurrently, each
     step of a channel lasting as long as its slowest hop's latency + chunk bytes / rate. For
-    equal chunks on uniform hops this is REFERENCE.md §5's steps * (latency + S/n / B), e.g.
+    equal chunks on uniform hops this is steps * (latency + S/n / B) (docs/MODEL.md#collectives),
+    e.g.
     all-reduce 2(n-1)/n * S/B plus 2(n-1) latencies.
     """
     return max(sum(times) for times in step_times(collective, graph, gpus, nbytes, calibration,

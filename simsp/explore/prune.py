@@ -1,7 +1,8 @@
 """Closed-form screens for `simsp search`, each a lower bound, so a pruned layout provably loses:
 
 - memory: weights + gradients + optimizer state of stage 0 (18 B per parameter, the 12 B of
-  optimizer state split over d with the distributed optimizer; REFERENCE.md §1) plus K22's
+  optimizer state split over d with the distributed optimizer; docs/MODEL.md#activation-memory)
+  plus K22's
   first-stage activation formula (simsp.analytic). Pruned when above capacity by the margin.
 - time: a pipeline can finish no sooner than the last stage's layer work plus the first
   micro-batch's forward and the last one's backward crossing the other p − 1 stages:
@@ -30,7 +31,8 @@ def first_stage_parameters(sc: Scenario) -> float:
 
 
 def static_bytes(sc: Scenario) -> float:
-    """Weights, gradients and optimizer state of one stage-0 rank (REFERENCE.md §1)."""
+    """Weights, gradients and optimizer state of one stage-0 rank
+    (docs/MODEL.md#activation-memory)."""
     p = sc.parallel
     shard = p.dp if p.distributed_optimizer else 1
     return first_stage_parameters(sc) * (WEIGHT + GRADIENT + OPTIMIZER / shard)

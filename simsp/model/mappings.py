@@ -13,7 +13,7 @@ from simsp.model.tensor import Tensor
 
 
 def _bytes_sent(kind: str, n: int, full_bytes: int) -> int:
-    """Bytes one rank sends in a ring collective of `full_bytes` (REFERENCE.md §5)."""
+    """Bytes one rank sends in a ring collective of `full_bytes` (docs/MODEL.md#collectives)."""
     steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
     return steps * full_bytes // n
 

@@ -43,7 +43,8 @@ GLOSSARY = (
     ("pipeline wait", "Time a stage waited for its input (activations or gradients) to arrive "
      "from the neighbouring stage: the bubble seen from one stage."),
     ("all-reduce, reduce-scatter, all-gather", "NCCL collectives. Ring all-reduce = "
-     "reduce-scatter then all-gather: 2(n−1) steps of S/n bytes (REFERENCE.md §5)."),
+     "reduce-scatter then all-gather: 2(n−1) steps of S/n bytes "
+     "(NVIDIA/nccl-tests doc/PERFORMANCE.md)."),
     ("calibration", "The achieved fractions of peak (GEMM efficiency, link efficiency) and "
      "latencies the cost model uses; reported with every result."),
     ("shortcuts", "Meta-mode speed-ups (one simulated rank per stage, closed-form collective "

@@ -95,7 +95,7 @@ def comparison_panel(data: dict) -> str:
         f"<p>The same S = {format_bytes(data['size_bytes'])} over the same {n}-rank ring. "
         f"The all-reduce is {c['steps'][ALL_REDUCE]} = 2(n−1) steps: the {n - 1} steps of the "
         f"reduce-scatter, then the {n - 1} of the all-gather. Each rank sends 2(n−1)/n·S either "
-        "way (REFERENCE.md §5).</p><div class=\"bars\">"
+        "way (NVIDIA/nccl-tests doc/PERFORMANCE.md).</p><div class=\"bars\">"
         + _bar("all-reduce (one call)", t[ALL_REDUCE], longest, "ar", sent[ALL_REDUCE])
         + _bar("reduce-scatter", t[REDUCE_SCATTER], longest, "rs", sent[REDUCE_SCATTER])
         + _bar("then all-gather", t[ALL_GATHER], longest, "ag", sent[ALL_GATHER])

@@ -1,4 +1,5 @@
-"""Rows of text assembled column by column with numpy: the trace's compact encoder (issue 9).
+"""Rows of text assembled column by column with numpy: the trace's compact encoder
+(docs/PERFORMANCE.md).
 
 A column is a byte matrix (one row of characters per text row, or one row shared by all) and a
 mask of the characters that belong to the text. Integers and microsecond timestamps are written

@@ -1,7 +1,8 @@
 """Data-parallel gradient buckets as Megatron-LM's DDP builds and reduces them.
 
 Sources: megatron/core/distributed/param_and_grad_buffer.py and distributed_data_parallel.py,
-distributed_optimizer.py (REFERENCE.md §7). Each model chunk's gradients live in one contiguous
+distributed_optimizer.py (docs/MODEL.md#runtime-mechanisms). Each model chunk's gradients live
+in one contiguous
 buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes) walked in reverse parameter
 order and cut into buckets of at least max(40M, 1M·d) parameters; without
 --overlap-grad-reduce the bucket size is unlimited (one bucket per chunk). With the overlap, a
