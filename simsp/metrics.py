@@ -100,11 +100,6 @@ def exposure(run) -> list[dict]:
     return rows
 
 
-def exposed_comm(run) -> list[dict]:
-    """Per stage: seconds its program was blocked on moving TP/pipeline/DP data (no waits)."""
-    return [{k: e[k] for k in COMM_KEYS if e[k]} for e in exposure(run)]
-
-
 def collect(run, shortcuts) -> dict:
     """Every metric of `simsp run`, JSON-ready (keys of issue #5 first)."""
     sc = run.sc

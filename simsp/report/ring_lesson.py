@@ -11,7 +11,8 @@ from pathlib import Path
 
 from simsp.cluster.topology import gpu_name, route
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS, apply_step,
-                                    bytes_sent_per_rank, chunk_counts, initial_holdings)
+                                    bytes_sent_per_rank, channel_rings, chunk_counts,
+                                    initial_holdings)
 from simsp.engine import ring_timing
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
@@ -19,19 +20,11 @@ from simsp.report.ring_lesson_page import lesson_html
 from simsp.report.ring_lesson_png import write_slides
 from simsp.units import format_bytes
 
-try:  # NCCL channels (several rings, rail by rail across nodes), where the engine has them
-    from simsp.engine.ring_plan import channel_rings
-except ImportError:  # an engine with one ring: one channel, the ranks in order
-    channel_rings = None
-
 MAX_LESSON_RANKS = 16
 
 
 def lesson_channels(graph, gpus: list[int]) -> list[dict]:
     """[{index, order (ring positions -> member), rail, via}] of the group's channels."""
-    if channel_rings is None:
-        n = len(gpus)
-        return [{"index": 0, "order": list(range(n)), "rail": None, "via": [None] * n}]
     return [{"index": ch.index, "order": list(ch.order), "rail": ch.rail, "via": list(ch.via)}
             for ch in channel_rings(list(gpus), graph.graph["gpus_per_node"])]
 
@@ -51,14 +44,9 @@ def hop_kinds(graph, gpus: list[int], channel: dict) -> list[str]:
 def step_times(collective: str, graph, gpus: list[int], nbytes: int, elem_bytes: int,
                calibration: LinkCalibration) -> list[float]:
     """Modelled seconds of every step: the slowest channel's step (channels run concurrently)."""
-    if hasattr(ring_timing, "step_times"):
-        per_channel = ring_timing.step_times(collective, graph, gpus, nbytes, calibration,
-                                             elem_bytes)  # [channel][step]
-        return [max(times) for times in zip(*per_channel)]
-    hops = ring_timing.ring_hops(graph, gpus, calibration)  # [(latency_s, rate_Bps)] per hop
-    chunk_bytes = [c * elem_bytes for c in chunk_counts(nbytes // elem_bytes, len(gpus))]
-    return [max(hops[s.src][0] + chunk_bytes[s.chunk] / hops[s.src][1] for s in step.sends)
-            for step in STEPS[collective](len(gpus))]
+    per_channel = ring_timing.step_times(collective, graph, gpus, nbytes, calibration,
+                                         elem_bytes)  # [channel][step]
+    return [max(times) for times in zip(*per_channel)]
 
 
 def _holdings(holdings) -> list[list[list[int]]]:
