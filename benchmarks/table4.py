@@ -12,7 +12,7 @@ from collections import defaultdict
 from simsp.config import load_scenario
 from simsp.costmodel import active_calibration
 from simsp.hardware import LinkCalibration
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 
 # (experiment, sequence parallel, recompute granularity, published forward ms, backward ms);
 # K22 Table 4, 22B model, t = 8 (docs/MODEL.md#paper-layouts)

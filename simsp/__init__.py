@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 
 def sweep(*args, **kwargs):
-    """Sweep configurations and return a pandas DataFrame (see simsp.explore.api.sweep)."""
-    from simsp.explore.api import sweep as run_sweep
+    """Sweep configurations and return a pandas DataFrame (see simsp.api.sweep)."""
+    from simsp.api import sweep as run_sweep
 
     return run_sweep(*args, **kwargs)

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "simsp"
 LAYERS = (
     ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.bounds", "simsp.config",
      "simsp.flags", "simsp.hardware", "simsp.costmodel", "simsp.analytic", "simsp.progress",
-     "simsp.outdir", "simsp.gc_pause", "simsp.oom_advice"),
+     "simsp.outdir", "simsp.gc_pause"),
     ("simsp.cluster",),
     ("simsp.engine",),
     ("simsp.model",),
@@ -74,19 +74,23 @@ def _is_command(module: str) -> bool:
     return module.startswith("simsp.commands.")
 
 
+def arrows_against_layers(source: str, targets) -> list[str]:
+    """'source -> target' for each target of a higher layer, or another command."""
+    arrows = []
+    for target in sorted(targets):
+        if (source, target) in FACADE or target == source:
+            continue
+        up = layer_of(target) > layer_of(source)
+        sideways = _is_command(source) and _is_command(target)
+        if up or sideways:
+            arrows.append(f"{source} -> {target}")
+    return arrows
+
+
 def back_arrows() -> list[str]:
     """'a -> b' for every import of a higher layer, and between two commands."""
-    arrows = []
-    for path in package_files():
-        source = module_name(path)
-        for target in sorted(imports_of(path)):
-            if (source, target) in FACADE or target == source:
-                continue
-            up = layer_of(target) > layer_of(source)
-            sideways = _is_command(source) and _is_command(target)
-            if up or sideways:
-                arrows.append(f"{source} -> {target}")
-    return arrows
+    return [arrow for path in package_files()
+            for arrow in arrows_against_layers(module_name(path), imports_of(path))]
 
 
 # names reached without being written as a call in the package: entry points, protocols

@@ -9,7 +9,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.config import load_scenario
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 from simsp.training.iteration import simulate_iteration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

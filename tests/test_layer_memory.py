@@ -15,7 +15,7 @@ import pytest
 from simsp import analytic
 from simsp.config import load_scenario
 from simsp.model import layer as layer_module
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 from simsp.training.iteration import simulate_iteration
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -11,7 +11,7 @@ from simsp.engine.communicator import CLOSED_FORM
 from simsp.engine.ring_timing import collective_time
 from simsp.model.params import param_shapes
 from simsp.model.tensor import FP16, FP32, Tensor
-from simsp.model.world import build_world
+from simsp.training.world import build_world
 from simsp.training import p2p
 from simsp.training.grad_buckets import GradSync, build_buckets, bucket_size
 from simsp.training.p2p_program import Exchange, call_name, megatron_program

@@ -14,7 +14,7 @@ from simsp.cli import main
 from simsp.commands.validate import report
 from simsp.config import load_scenario
 from simsp.metrics import collect
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 from simsp.training.iteration import Shortcuts, simulate_iteration
 from simsp.validation.measurements import read_measurements
 from simsp.validation.runner import (BUNDLED, EXAMPLE, compare, data_path, load_sets,

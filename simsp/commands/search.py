@@ -3,8 +3,8 @@ simulated on Dask (branch and bound on a time lower bound), ranked and explained
 
 from pathlib import Path
 
-from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
-                                  check_executor_arguments, default_out, field_lists)
+from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,
+                                    check_executor_arguments, default_out, field_lists)
 from simsp.config import SECTIONS
 from simsp.errors import UserError
 from simsp.explore.cache import ResultCache

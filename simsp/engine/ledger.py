@@ -9,7 +9,7 @@ exactly the same figures (tests/test_ledger_compact.py). Running totals track wh
 
 from dataclasses import dataclass, field
 
-from simsp.engine.gc_pause import gc_paused
+from simsp.gc_pause import gc_paused
 from simsp.engine.live_set import AlreadyLive, LiveSet
 from simsp.engine.mem_log import BlockRecord, MemEvent, NumericLog, SortedLog, expand, sort_log
 from simsp.engine.memory_summary import (LiveTensor, MemorySummary, OutOfMemory, largest,

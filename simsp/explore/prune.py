@@ -7,7 +7,7 @@
 - time: a pipeline can finish no sooner than the last stage's layer work plus the first
   micro-batch's forward and the last one's backward crossing the other p − 1 stages:
   T ≥ (L/p)·(f + b)·(m + (p − 1)/v) (N21 §2.2), f and b one layer's forward and backward time on
-  its TP group, simulated alone by simsp.model.layer_sim (TP communication included; no pipeline,
+  its TP group, simulated alone by simsp.training.layer_sim (TP communication included; no pipeline,
   DP, embedding or head work, so never more than the layer costs in the full iteration).
 """
 
@@ -16,7 +16,7 @@ from functools import lru_cache
 from simsp import analytic
 from simsp.config import Scenario, load_scenario, with_overrides
 from simsp.hardware import GPUS
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 
 WEIGHT, GRADIENT, OPTIMIZER = 2, 4, 12  # bytes per parameter: fp16, fp32 grad, fp32 master+m+v
 

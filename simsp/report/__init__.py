@@ -7,7 +7,7 @@ Every file is a deterministic function of the run: the same scenario gives the s
 from functools import partial
 from pathlib import Path
 
-from simsp.engine.gc_pause import gc_paused
+from simsp.gc_pause import gc_paused
 from simsp.jsonout import dumps
 
 from simsp.report.chrome_trace import counter_points, stage_counter_lines, write_chrome_trace

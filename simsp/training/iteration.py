@@ -12,12 +12,12 @@ import numpy as np
 from simsp.cluster.grid import RankGrid
 from simsp.config import Scenario
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
-from simsp.engine.gc_pause import gc_paused
+from simsp.gc_pause import gc_paused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
-from simsp.model.world import World, build_world
+from simsp.training.world import World, build_world
 from simsp.training import p2p
 from simsp.training.finalize import data_parallel_gather_params, finalize_grads, optimizer_step
 from simsp.training.optimizer import allocate_optimizer
@@ -154,7 +154,7 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
     ("none", "steps", "full") says which spans are recorded: none, all but compute and TP
     communication, or all; results are the same. `keep_until_exit`: the caller holds the run
     until its process ends (the command line), so its objects are frozen out of later garbage
-    collections (engine/gc_pause.py)."""
+    collections (gc_pause.py)."""
     if sc.run.mode == "numeric" and shortcuts.representative:
         raise ValueError("numeric mode needs every rank: no representative shortcut")
     if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):

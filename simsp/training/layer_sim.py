@@ -12,7 +12,7 @@ from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
 from simsp.model.weights import allocate_params, gather_grads
-from simsp.model.world import build_world
+from simsp.training.world import build_world
 
 LAYER = 0
 PREFIX = f"layers.{LAYER}."
