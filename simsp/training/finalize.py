@@ -6,7 +6,7 @@ SP-partial LN/bias gradients over TP, and the tied word-embedding gradient betwe
 last pipeline stages (N21 §2.2, K22 §4.3).
 """
 
-from simsp.model.grad_sync import sync_sequence_parallel_grads
+from simsp.training.sp_grad_sync import sync_sequence_parallel_grads
 from simsp.model.mappings import run_collective
 from simsp.training.optimizer import adam_step
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simsp.config import Scenario, with_overrides
-from simsp.model.grad_sync import sync_sequence_parallel_grads
+from simsp.training.sp_grad_sync import sync_sequence_parallel_grads
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
 from simsp.model.params import init_params, layer_param_names, param_shapes
