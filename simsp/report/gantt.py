@@ -28,7 +28,7 @@ TOP, MIDDLE, BOTTOM = 0.4, 0.75, 0.9  # inches: title; whole's ticks + zoom titl
 def replayed(run) -> bool:
     """Meta-mode layer templates: replayed layer steps keep one merged span per track, so
     recompute is only inside the backward bars (the first, recorded layer alone has detail)."""
-    return hasattr(run.layers, "templates")
+    return run.shortcuts.templates
 
 
 def stage_spans(run, ranks: list[int]) -> dict[int, list]:

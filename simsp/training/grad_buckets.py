@@ -108,7 +108,7 @@ def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
     return [n for n in names if n in grads]
 
 
-class GradSync:
+class DDPBuckets:
     """One rank's DP buckets, the stream they reduce on, and the pending all-gathers."""
 
     def __init__(self, r, run, plan, grads: dict):

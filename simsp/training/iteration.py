@@ -19,11 +19,28 @@ from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
 from simsp.training.world import World, build_world
 from simsp.training import p2p
-from simsp.training.finalize import data_parallel_gather_params, finalize_grads, optimizer_step
-from simsp.training.optimizer import allocate_optimizer
+from simsp.training.finalize import data_parallel_gather_params, finalize_grads
+from simsp.training.optimizer import allocate_optimizer, optimizer_step
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.stage_program import run_schedule
 from simsp.training.steps import RankState
+
+
+@dataclass(frozen=True)
+class Shortcuts:
+    """The scale shortcuts of meta mode, each shown equal to the full simulation in
+    tests/test_shortcuts.py: one simulated rank per TP group and DP replica, whole-collective
+    timing, and layer templates (which need the other two)."""
+
+    representative: bool = False
+    closed_form: bool = False
+    templates: bool = False
+
+    @classmethod
+    def for_scale(cls, sc: Scenario) -> "Shortcuts":
+        """All shortcuts in meta mode; none in numeric mode, whose numbers need every rank."""
+        meta = sc.run.mode == "meta"
+        return cls(meta, meta, meta)
 
 
 @dataclass
@@ -40,7 +57,9 @@ class Run:
     embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
     embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb) -> grad at emb. output
     losses: dict = field(default_factory=dict)  # (dp, micro_batch) -> summed token loss
-    layers: object = field(default_factory=DirectLayers)  # or LayerTemplates (meta shortcut)
+    tied_embedding_arrivals: dict = field(default_factory=dict)  # group -> {rank: arrival_s}
+    shortcuts: Shortcuts = Shortcuts()  # which scale shortcuts this run takes
+    layers: object = field(default_factory=DirectLayers)  # LayerTemplates if shortcuts.templates
     states: dict = field(default_factory=dict)  # rank -> RankState
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
     steps: dict = field(default_factory=dict)  # rank -> [(kind, mb, chunk, begin_s, end_s)]
@@ -88,23 +107,6 @@ def rank_program(r, run: Run, plan: StagePlan):
     run.end_s[r.rank] = r.env.now
 
 
-@dataclass(frozen=True)
-class Shortcuts:
-    """The scale shortcuts of meta mode, each shown equal to the full simulation in
-    tests/test_shortcuts.py: one simulated rank per TP group and DP replica, whole-collective
-    timing, and layer templates (which need the other two)."""
-
-    representative: bool = False
-    closed_form: bool = False
-    templates: bool = False
-
-    @classmethod
-    def for_scale(cls, sc: Scenario) -> "Shortcuts":
-        """All shortcuts in meta mode; none in numeric mode, whose numbers need every rank."""
-        meta = sc.run.mode == "meta"
-        return cls(meta, meta, meta)
-
-
 def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
     if not shortcuts.representative:
         return None
@@ -130,7 +132,8 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
     _set_trace_detail(world, trace)
-    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
+    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
+              shortcuts=shortcuts)
     if shortcuts.templates:
         run.layers = LayerTemplates()
     if sc.run.mode == "numeric":
