@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import CATEGORIES, PERSISTENT
+from simsp.engine.memory import CATEGORIES, PERSISTENT
 from simsp.metrics import collect
 from simsp.model.tensor import FP16, FP32
 from simsp.training.iteration import Shortcuts, simulate_iteration

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 import pytest
 
-from simsp.engine.ledger import Ledger
+from simsp.engine.memory import Ledger
 from simsp.report.figures import column_rectangles
 from simsp.report.gantt import bar_outlines, clip, lane_strip, median_bar_px
 from simsp.report.memory_timeline import memory_timeline, state_at

@@ -3,7 +3,7 @@
 import pytest
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import CATEGORIES, Ledger, LiveTensor, MemEvent
+from simsp.engine.memory import CATEGORIES, Ledger, LiveTensor, MemEvent
 from simsp.training.layer_sim import simulate_layer
 
 GiB = 1 << 30

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simsp.engine.ledger import CATEGORIES, Ledger, LiveTensor
-from simsp.engine.mem_log import BlockRecord, MemEvent
-from simsp.engine.op_block import INPUT, OpBlock
+from simsp.engine.memory import (BlockRecord, CATEGORIES, INPUT, Ledger, LiveTensor, MemEvent,
+                                 OpBlock)
 from simsp.report.memory_timeline import memory_timeline
 
 SAVED = ("a", "b", "c")

@@ -9,7 +9,7 @@ import pytest
 from browser import chromium, page_verdict, screenshot
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import Ledger
+from simsp.engine.memory import Ledger
 from simsp.metrics import collect
 from simsp.explore.oom_advice import bytes_at_failure, candidate_switches, explain_oom
 from simsp.report import write_reports

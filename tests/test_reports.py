@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import CATEGORIES, MemEvent
+from simsp.engine.memory import CATEGORIES, MemEvent
 from simsp.metrics import collect
 from simsp.report import chrome_trace, summary_text, write_reports
 from simsp.report.chrome_trace import memory_timeline, trace_events, write_chrome_trace

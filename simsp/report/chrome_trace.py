@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simsp.engine.ledger import CATEGORIES
+from simsp.engine.memory import CATEGORIES
 from simsp.report.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
 from simsp.report.trace_plan import TRACKS, trace_plan
 from simsp.report.trace_spans import ns_array

@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 
-from simsp.engine.ledger import CATEGORIES
+from simsp.engine.memory import CATEGORIES
 from simsp.metrics import stage_ranks
 from simsp.report.canvas import add_axes_in, new_figure
 from simsp.report.canvas import png_bytes as figure_png

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simsp.engine.ledger import CATEGORIES
+from simsp.engine.memory import CATEGORIES
 from simsp.report.canvas import add_axes_in, new_figure, png_bytes
 from simsp.report.memory_stages import COLORS
 from simsp.report.figure_inputs import memory_figures_of

@@ -7,7 +7,7 @@ panels, so the cost grows with the number of stages by a few milliseconds each.
 
 import numpy as np
 
-from simsp.engine.ledger import CATEGORIES
+from simsp.engine.memory import CATEGORIES
 from simsp.report.canvas import new_figure, png_bytes
 from simsp.report.panel_grid import (GRID, PanelGrid, frames, grid_segments, label_axes,
                                      new_sheet, nice_ticks, panel_titles, tick_labels,

@@ -10,8 +10,7 @@ from weakref import finalize
 
 import numpy as np
 
-from simsp.engine.ledger import CATEGORIES
-from simsp.engine.mem_log import sort_log
+from simsp.engine.memory import CATEGORIES, sort_log
 
 MAX_MEMORY_POINTS = 2000  # per rank
 _FINEST: dict = {}  # id(ledger) -> (records, times, state) while that ledger lives
