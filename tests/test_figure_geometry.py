@@ -15,8 +15,7 @@ from simsp.report.memory_timeline import memory_timeline, state_at
 from simsp.report.panel_grid import PanelGrid, nice_ticks, tick_labels
 from simsp.report.pixel_coverage import painted_shares, pixel_coverage, union
 from simsp.report.stacked_steps import stacked_step_polygons, step_path
-from simsp.report.trace_spans import enclosing_calls
-from simsp.report.trace_text import string
+from simsp.report.trace import enclosing_calls, string
 
 
 # ---------------------------------------------------------------- stacked steps

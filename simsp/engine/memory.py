@@ -501,10 +501,6 @@ CODE = {category: code for code, category in enumerate(CATEGORIES)}
 # What may still be live when an iteration ends (docs/MODEL.md#accounting-rules): the rest
 # must be back to zero.
 PERSISTENT = ("weights", "gradients", "optimizer")
-__all__ = ["CATEGORIES", "PERSISTENT", "BlockRecord", "Ledger", "LiveTensor", "MemEvent",
-           "OpBlock", "OutOfMemory"]
-
-
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 from simsp.gc_pause import gc_paused
 from simsp.jsonout import dumps
 
-from simsp.report.chrome_trace import counter_points, stage_counter_lines, write_chrome_trace
+from simsp.report.trace import counter_points, stage_counter_lines, write_chrome_trace
 from simsp.report.figure_inputs import memory_figures_of, schedule_figure_of
 from simsp.report.figures import capacity_of, memory_pictures, metric_figures, schedule_pictures
 from simsp.report.html import write_report_html
