@@ -27,7 +27,7 @@ def test_a_new_back_arrow_is_caught(source, target):
 
 def test_downward_and_same_layer_imports_pass():
     assert arrows_against_layers("simsp.report.summary_md", ["simsp.metrics", "simsp.units",
-                                                              "simsp.report.canvas"]) == []
+                                                              "simsp.report.drawing"]) == []
 
 
 def test_every_module_has_a_layer():

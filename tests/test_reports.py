@@ -17,7 +17,7 @@ from simsp.metrics import collect
 from simsp.report import summary_text, write_reports
 from simsp.report import trace as chrome_trace
 from simsp.report.trace import memory_timeline, write_chrome_trace
-from simsp.report.memory_plot import write_memory_plot
+from simsp.report.figures import write_memory_plot
 from simsp.training.iteration import Shortcuts, simulate_iteration
 from simsp.units import format_seconds
 

@@ -7,7 +7,7 @@ import html
 import json
 
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from simsp.report.html_page import page
+from simsp.report.html import page
 from simsp.report.ring_lesson_script import SCRIPT
 from simsp.units import format_bytes, format_seconds
 

@@ -2,15 +2,35 @@
 chunk grid), and one comparing all-reduce with reduce-scatter + all-gather (matplotlib, Agg)."""
 
 import colorsys
+import io
 from pathlib import Path
 
 import numpy as np
 
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from simsp.report.figures import png_bytes, pyplot
 from simsp.units import format_bytes, format_seconds
 
 NAMES = {ALL_REDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALL_GATHER: "all-gather"}
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or None when matplotlib is missing
+    (the slides are drawn with pyplot; the run report uses drawing.new_figure)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def pyplot_png(plt, fig) -> bytes:
+    """A pyplot figure as PNG bytes with no varying metadata, then closed."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def cell_color(chunk: int, held: int, n: int, gather: bool) -> tuple:
@@ -93,7 +113,7 @@ def step_slide(data: dict, k: int) -> bytes | None:
         title = f"{NAMES[data['collective']]} of {format_bytes(data['size_bytes'])}: the start"
     fig.suptitle(title)
     fig.tight_layout()
-    return png_bytes(plt, fig)
+    return pyplot_png(plt, fig)
 
 
 def comparison_slide(data: dict) -> bytes | None:
@@ -113,7 +133,7 @@ def comparison_slide(data: dict) -> bytes | None:
     ax.set_xlabel("modelled time (µs)")
     ax.set_title("All-reduce = reduce-scatter + all-gather: same steps, same bytes")
     fig.tight_layout()
-    return png_bytes(plt, fig)
+    return pyplot_png(plt, fig)
 
 
 def write_slides(data: dict, out_dir) -> list[Path]:

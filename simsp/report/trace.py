@@ -22,7 +22,7 @@ import numpy as np
 
 from simsp.engine.memory import CATEGORIES
 from simsp.engine.trace import DETAIL_TRACKS
-from simsp.report.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
+from simsp.report.figures import MAX_MEMORY_POINTS, memory_timeline
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,7 +668,7 @@ def counter_lines(pid: int, times: np.ndarray, state: np.ndarray) -> str:
 
 def stage_counter_lines(memory, max_points: int) -> dict[int, str]:
     """{rank: counter text} of every stage's rank from the memory figures' inputs
-    (figure_inputs.MemoryFigures: the same timelines), for the painter to make meanwhile."""
+    (figures.MemoryFigures: the same timelines), for the painter to make meanwhile."""
     return {stage.rank: counter_lines(stage.rank, *stage.timeline(max_points))
             for stage in memory.memory}
 
