@@ -16,6 +16,11 @@ FULL_RECOMPUTE = {("parallel", "recompute_granularity"): "full",
                   ("parallel", "sequence_parallel"): False}
 # model -> (full recompute s, present work s, MFU, HFU) from K22 Table 5
 TABLE5 = {"22b": (1.42, 1.10, 0.415, 0.437), "175b": (18.13, 13.75, 0.514, 0.528)}
+# The error each row achieves (simsp / published - 1), pinned: a mechanism that moves one by more
+# than MARGIN must update it here and say why in its commit (a 5% slower GEMM moves each ~+4%).
+ACHIEVED = {("22b", "present"): -0.0544, ("22b", "full"): -0.0385,
+            ("175b", "present"): -0.0513, ("175b", "full"): -0.0337}
+MARGIN = 0.01
 
 
 def metrics_of(sc):
@@ -33,11 +38,12 @@ def paper_run(model: str, variant: str):
 
 @pytest.mark.parametrize("model", sorted(TABLE5))
 @pytest.mark.parametrize("variant", ["present", "full"])
-def test_iteration_time_within_10_percent_of_table5(model, variant):
+def test_iteration_time_error_against_table5_is_the_achieved_one(model, variant):
     full_s, present_s, _, _ = TABLE5[model]
     published = full_s if variant == "full" else present_s
     measured = paper_run(model, variant)[1]["iteration_time_s"]
-    assert measured == pytest.approx(published, rel=0.10)
+    error = measured / published - 1
+    assert abs(error - ACHIEVED[model, variant]) <= MARGIN, (error, ACHIEVED[model, variant])
 
 
 @pytest.mark.parametrize("model", sorted(TABLE5))
