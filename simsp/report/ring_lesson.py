@@ -306,12 +306,29 @@ def cell_color(chunk: int, held: int, n: int, gather: bool) -> tuple:
 
 
 def _ring(ax, data: dict, step: dict | None) -> None:
-    """Ranks on a circle; NVLink hops grey, InfiniBand hops red dashed, a PXN-relayed hop drawn
-    as its NVLink leg to the relaying GPU then its InfiniBand leg; this step's sends as arrows."""
+    """Ranks on a circle (colour: node), channel 0's hops, and this step's sends as arrows."""
     n, channel = data["ranks"], data["channels"][0]
     angles = np.pi / 2 - 2 * np.pi * np.arange(n) / n  # (n,) clockwise from the top, as the page
     xy = np.stack([np.cos(angles), np.sin(angles)], axis=1)  # (n, 2)
     position = {data["gpus"][m]: p for p, m in enumerate(channel["order"])}
+    _ring_hops(ax, channel, xy, position)
+    _ring_sends(ax, channel, xy, position, step["sends"] if step else [])
+    for p in range(n):
+        node = data["gpus"][channel["order"][p]] // data["gpus_per_node"]
+        ax.scatter(*xy[p], s=520, color="#fde9d9" if node % 2 else "#dde8f6",
+                   edgecolors="#34495e", zorder=2)
+        ax.text(*xy[p], f"r{channel['order'][p]}", ha="center", va="center", fontsize=9,
+                zorder=3)
+    ax.set_xlim(-1.3, 1.3)
+    ax.set_ylim(-1.3, 1.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def _ring_hops(ax, channel: dict, xy: np.ndarray, position: dict) -> None:
+    """NVLink hops grey, InfiniBand hops red dashed, a PXN-relayed hop drawn as its NVLink leg
+    (dotted) to the relaying GPU, then its InfiniBand leg from that GPU's NIC."""
+    n = len(xy)
     for p in range(n):
         a, b = xy[p], xy[(p + 1) % n]
         via = channel["via"][p]
@@ -326,7 +343,12 @@ def _ring(ax, data: dict, step: dict | None) -> None:
             a, b = a + 0.025 * normal, b + 0.025 * normal
         ax.plot([a[0], b[0]], [a[1], b[1]], color="#d62728" if ib else "#9aa5b1",
                 linestyle="--" if ib else "-", linewidth=3 if ib else 1.5, zorder=1)
-    for src, dst, chunk in (step["sends"] if step else []):
+
+
+def _ring_sends(ax, channel: dict, xy: np.ndarray, position: dict, sends: list) -> None:
+    """This step's sends as chunk-coloured arrows, a relayed one through its relay."""
+    n = len(xy)
+    for src, dst, chunk in sends:
         a, b = 0.78 * xy[src], 0.78 * xy[dst]
         color = colorsys.hls_to_rgb(chunk / n, 0.4, 0.65)
         if channel["via"][src] is not None:  # relayed: to the relay first (PXN), then across
@@ -337,16 +359,6 @@ def _ring(ax, data: dict, step: dict | None) -> None:
                     "color": color})
         ax.text(*(0.62 * (xy[src] + xy[dst]) / 2), f"c{chunk}", color=color, fontsize=8,
                 ha="center", va="center")
-    for p in range(n):
-        node = data["gpus"][channel["order"][p]] // data["gpus_per_node"]
-        ax.scatter(*xy[p], s=520, color="#fde9d9" if node % 2 else "#dde8f6",
-                   edgecolors="#34495e", zorder=2)
-        ax.text(*xy[p], f"r{channel['order'][p]}", ha="center", va="center", fontsize=9,
-                zorder=3)
-    ax.set_xlim(-1.3, 1.3)
-    ax.set_ylim(-1.3, 1.3)
-    ax.set_aspect("equal")
-    ax.axis("off")
 
 
 def _grid(ax, data: dict, holdings: list, received: list) -> None:
