@@ -17,6 +17,8 @@ SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
 GPU_CHOICES = ("A100-SXM4-80GB",)
+NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
+NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,9 @@ class Cluster:
     nvlink_efficiency: float = 0.78
     ib_efficiency: float = 0.90
     transfer_overhead_us: float = 0.0
+    # NCCL_ALGO / NCCL_PROTO: force every collective's algorithm / protocol (docs/nccl.md)
+    nccl_algo: str = "auto"
+    nccl_proto: str = "auto"
 
     @property
     def num_gpus(self) -> int:
@@ -369,6 +374,8 @@ def _validate_schedule(m: Model, p: Parallel) -> None:
 def validate_cluster(c: Cluster, p: Parallel) -> None:
     """The cluster must exist and hold every rank."""
     _choice("cluster.gpu", c.gpu, GPU_CHOICES)
+    _choice("cluster.nccl_algo", c.nccl_algo, NCCL_ALGO_CHOICES)
+    _choice("cluster.nccl_proto", c.nccl_proto, NCCL_PROTO_CHOICES)
     _positive("cluster", c, ("gpus_per_node", "nodes", "nvlink_bandwidth_GBps",
                              "ib_bandwidth_GBps"))
     for name in ("nvlink_latency_us", "ib_latency_us", "transfer_overhead_us"):

@@ -9,7 +9,8 @@ from dataclasses import fields
 import sys
 from typing import NamedTuple
 
-from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES,
+from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES,
+                          RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
 from simsp.errors import UserError
@@ -72,6 +73,12 @@ SCENARIO_FLAGS = {
                                 "activation recomputation (K22 §4-5)", "rc-"),
     "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None, "GPUs per node", "gpn"),
+    "--nccl-algo": ("cluster", "nccl_algo", str, NCCL_ALGO_CHOICES,
+                    "NCCL algorithm of every collective, as NCCL_ALGO (auto: NCCL's choice; "
+                    "tree: all-reduces only)", "algo-"),
+    "--nccl-proto": ("cluster", "nccl_proto", str, NCCL_PROTO_CHOICES,
+                     "NCCL protocol of every collective, as NCCL_PROTO (auto: NCCL's choice)",
+                     "proto-"),
     "--mode": ("run", "mode", str, MODE_CHOICES,
                "numeric (numpy arrays, small models) or meta (shapes only, any size)", ""),
     "--seed": ("run", "seed", int, None, "random seed of weights, data and dropout", "seed"),

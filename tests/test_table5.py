@@ -18,8 +18,10 @@ FULL_RECOMPUTE = {("parallel", "recompute_granularity"): "full",
 TABLE5 = {"22b": (1.42, 1.10, 0.415, 0.437), "175b": (18.13, 13.75, 0.514, 0.528)}
 # The error each row achieves (simsp / published - 1), pinned: a mechanism that moves one by more
 # than MARGIN must update it here and say why in its commit (a 5% slower GEMM moves each ~+4%).
-ACHIEVED = {("22b", "present"): -0.0544, ("22b", "full"): -0.0385,
-            ("175b", "present"): -0.0513, ("175b", "full"): -0.0337}
+# NCCL's protocol choice and base latency (engine/nccl_tuning.py) moved them from -5.44, -3.85,
+# -5.13, -3.37%.
+ACHIEVED = {("22b", "present"): -0.0542, ("22b", "full"): -0.0373,
+            ("175b", "present"): -0.0484, ("175b", "full"): -0.0321}
 MARGIN = 0.01
 
 

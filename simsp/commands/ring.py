@@ -1,17 +1,21 @@
 """`simsp ring`: time ring collectives on the simulated cluster, in the style of nccl-tests.
 
     simsp ring --ranks N [--nodes K] [--collective C] (--size S | --min-size A --max-size B
-               [--step-factor F]) [--nccl-algo {ring,tree}] [--explain] [--json]
+               [--step-factor F]) [--nccl-algo {auto,ring,tree}]
+               [--nccl-proto {auto,LL,LL128,Simple}] [--explain] [--json]
 
-Every size is simulated step by step (meta mode) over the cluster's links, as NCCL's channels
-(one ring per GPU a node holds, laid out rail by rail across nodes); rings of more than
-32 ranks are timed in closed form (every step of every channel at its slowest hop, equal to the
-stepwise simulation on small rings: tests/test_communicator.py). The table shows nccl-tests'
-size, count, time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md); a single size
-adds the per-channel breakdown.
+Every size runs as NCCL would pick it (engine/nccl_tuning.py: algorithm, protocol, channels;
+NCCL_ALGO / NCCL_PROTO force them). Rings are simulated step by step (meta mode) over the
+cluster's links, as NCCL's channels (one ring per GPU a node holds, laid out rail by rail across
+nodes); rings of more than 32 ranks are timed in closed form (every step of every channel at its
+slowest hop, equal to the stepwise simulation on small rings: tests/test_communicator.py); tree
+all-reduces in closed form (ring_timing.tree_time). The table shows nccl-tests' size, count,
+time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md) and the algorithm, protocol and
+channels NCCL runs; a single size adds the per-channel breakdown of a ring.
 """
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import simpy
@@ -19,10 +23,11 @@ import simpy
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
 from simsp.engine.collectives import RING_COLLECTIVES, CollectiveStats
+from simsp.engine.nccl_group import nccl_choice
+from simsp.engine.nccl_tuning import PROTOCOLS, RING, TREE
 from simsp.engine.network import Network
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
-from simsp.engine.tree import TREE, tree_all_reduce
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats
+from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, tree_time
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
 from simsp.jsonout import dumps
@@ -33,7 +38,7 @@ from simsp.report.ring_lesson_page import lesson_html
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
-RING = "ring"
+AUTO = "auto"
 MAX_EXPLAIN_RANKS = 8
 STEPWISE_MAX_RANKS = 32  # larger rings: closed form (the stepwise ring costs ~n^2 flow events)
 # The closed form plans n x channels hops per phase; 8192 ranks (on 1024 nodes) take ~1 s.
@@ -54,9 +59,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
     parser.add_argument("--step-factor", type=int, default=None,
                         help="multiply the size by this between sweep rows (default 2)")
-    parser.add_argument("--nccl-algo", choices=(RING, TREE), default=RING,
-                        help="NCCL algorithm (NCCL_ALGO): ring, or tree all-reduce across "
-                             "nodes (default ring)")
+    parser.add_argument("--nccl-algo", choices=(AUTO, RING, TREE), default=AUTO,
+                        help="NCCL algorithm, as NCCL_ALGO: auto (NCCL's choice per size, "
+                             "default), ring, or tree (all-reduce only)")
+    parser.add_argument("--nccl-proto", choices=(AUTO,) + PROTOCOLS, default=AUTO,
+                        help="NCCL protocol, as NCCL_PROTO: auto (NCCL's choice per size, "
+                             "default), LL, LL128 or Simple")
     parser.add_argument("--explain", action="store_true", help="print every ring step")
     parser.add_argument("--json", action="store_true", help="one JSON object (single --size)")
     parser.add_argument("--html", metavar="FILE", default=None,
@@ -73,23 +81,22 @@ def run(args) -> int:
     _check_modes(args, sizes)
     _check_algo(args, cluster, gpus)
     graph = build_topology(cluster)
+    calibration = _forced(args)
     if args.html or args.png:
         write_ring_lesson(args.collective, graph, gpus, sizes[0], args.html, args.png)
-    if args.nccl_algo == TREE:
-        return _run_tree(args, graph, cluster, gpus, sizes)
     if args.json:
-        print(dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
-                                                               sizes[0]))))
+        print(dumps(_json_result(args.collective, simulate_nccl(graph, gpus, args.collective,
+                                                                sizes[0], calibration))))
         return 0
     if args.explain:
         data = lesson_data(args.collective, graph, gpus, sizes[0], ELEM_BYTES)
         print("\n".join(lesson_text(data)))
         print()
     quiet = getattr(args, "quiet", False) or len(sizes) < 2
-    rows = [simulate(graph, gpus, args.collective, size)
+    rows = [simulate_nccl(graph, gpus, args.collective, size, calibration)
             for size in track(sizes, "sizes", "size", quiet)]
-    lines = _header(args.collective, cluster, gpus) + _table(rows)
-    if len(rows) == 1:
+    lines = _header(args.collective, cluster, gpus, calibration) + _table(rows)
+    if len(rows) == 1 and rows[0].channels:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
     print("\n".join(lines))
     return 0
@@ -185,42 +192,41 @@ def _check_modes(args, sizes: list[int]) -> None:
 
 
 def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
-    """The tree is NCCL's all-reduce across nodes, simulated stepwise on small groups."""
+    """NCCL runs reduce-scatter and all-gather as rings only (tuning.cc); --explain shows ring
+    steps."""
     if args.nccl_algo != TREE:
         return
     if args.collective != ALL_REDUCE:
         raise UserError("--nccl-algo", f"tree runs all_reduce only, not {args.collective}")
-    if cluster.nodes < 2:
-        raise UserError("--nccl-algo", "tree joins nodes: give --nodes 2 or more")
-    if args.explain or len(gpus) > STEPWISE_MAX_RANKS:
-        raise UserError("--nccl-algo", f"tree is simulated stepwise, without --explain, for at "
-                                       f"most {STEPWISE_MAX_RANKS} ranks")
+    if args.explain or args.html or args.png:
+        raise UserError("--nccl-algo", "--explain, --html and --png show ring steps: not with "
+                                       "tree")
 
 
-def _run_tree(args, graph, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
-    """Time NCCL's tree all-reduce at every size: the same table or JSON as the ring."""
-    rows = [_simulate_tree(graph, gpus, size) for size in sizes]
-    if args.json:
-        print(dumps(_json_result(ALL_REDUCE, rows[0])))
-        return 0
-    header = _header(ALL_REDUCE, cluster, gpus)
-    header[0] = header[0].replace("ring gpu", "tree over gpu")
-    print("\n".join(header + _table(rows)))
-    return 0
-
-
-def _simulate_tree(graph, gpus: list[int], nbytes: int) -> CollectiveStats:
-    """One meta-mode tree all-reduce of `nbytes` alone on the links."""
-    env = simpy.Environment()
-    process = env.process(tree_all_reduce(env, Network(env, graph), gpus, None, nbytes,
-                                          ELEM_BYTES))
-    env.run()
-    return process.value[1]
+def _forced(args) -> LinkCalibration:
+    """The default link calibration with the forced NCCL algorithm and protocol, if any."""
+    return LinkCalibration(nccl_algo=None if args.nccl_algo == AUTO else args.nccl_algo,
+                           nccl_proto=None if args.nccl_proto == AUTO else args.nccl_proto)
 
 
 # --------------------------------------------------------------------------------------------
 # Simulation and output
 # --------------------------------------------------------------------------------------------
+
+def simulate_nccl(graph, gpus: list[int], collective: str, nbytes: int,
+                  calibration: LinkCalibration | None = None) -> CollectiveStats:
+    """One collective as NCCL picks it: a tree all-reduce in closed form, else the ring
+    (simulate); its stats carry the algorithm, protocol and channels."""
+    choice = nccl_choice(collective, graph, gpus, nbytes, calibration)
+    if choice.algorithm == TREE:  # steps: up and down the tree's depth; bytes not itemised
+        seconds = tree_time(graph, gpus, nbytes, calibration, choice)
+        nodes = len({gpu // graph.graph["gpus_per_node"] for gpu in gpus})
+        steps = 2 * (len(gpus) // nodes - 1 + nodes.bit_length() - 1)
+        return CollectiveStats(collective, tuple(gpus), nbytes, steps, (), (), 0.0, seconds, (),
+                               TREE, choice.protocol, choice.nchannels)
+    stats = simulate(graph, gpus, collective, nbytes, calibration)
+    return replace(stats, algorithm=RING, protocol=choice.protocol, nchannels=choice.nchannels)
+
 
 def simulate(graph, gpus: list[int], collective: str, nbytes: int,
              calibration: LinkCalibration | None = None) -> CollectiveStats:
@@ -242,12 +248,18 @@ def _json_result(collective: str, stats: CollectiveStats) -> dict:
     return {"collective": collective, "ranks": n, "size_bytes": stats.nbytes,
             "time_s": stats.time_s, "algbw_GBps": algbw_GBps(stats.nbytes, stats.time_s),
             "busbw_GBps": busbw_GBps(collective, n, stats.nbytes, stats.time_s),
-            "bytes_sent_per_rank": list(stats.bytes_sent), "steps": stats.steps}
+            "bytes_sent_per_rank": list(stats.bytes_sent), "steps": stats.steps,
+            "algorithm": stats.algorithm, "protocol": stats.protocol,
+            "nchannels": stats.nchannels}
 
 
-def _header(collective: str, cluster: Cluster, gpus: list[int]) -> list[str]:
+def _header(collective: str, cluster: Cluster, gpus: list[int],
+            calibration: LinkCalibration | None = None) -> list[str]:
     """Comment lines: what ran where, the link speeds and calibration, the busbw factor."""
     ring = " -> ".join(f"gpu{g}" for g in gpus[:4]) + (" -> ..." if len(gpus) > 4 else "")
+    calibration = calibration or LinkCalibration()
+    forced = ", ".join(f"{env}={value}" for env, value in (("NCCL_ALGO", calibration.nccl_algo),
+                       ("NCCL_PROTO", calibration.nccl_proto)) if value) or "none"
     return [
         f"# simsp ring: {collective}, {len(gpus)} ranks on {cluster.nodes} node(s) of "
         f"{cluster.gpus_per_node} GPUs, ring {ring} "
@@ -256,11 +268,13 @@ def _header(collective: str, cluster: Cluster, gpus: list[int]) -> list[str]:
         f"{cluster.ib_bandwidth_GBps:g} GB/s per direction; {LinkCalibration.from_cluster(cluster).describe()}",
         f"# busbw = algbw * {BUS_FACTOR_TEXT[collective]} (NCCL PERFORMANCE.md); "
         f"GB/s = 1e9 B/s; size = full message S",
+        f"# algorithm, protocol and channels as NCCL 2.30 picks them (engine/nccl_tuning.py; "
+        f"forced: {forced}); trees in closed form",
         "#",
         f"# {'size':>10} {'count':>13} {'type':>6} {'redop':>6} {'time':>12} {'algbw':>8} "
-        f"{'busbw':>8}",
+        f"{'busbw':>8} {'algo':>5} {'proto':>6} {'nch':>4}",
         f"# {'(B)':>10} {'(elements)':>13} {'':>6} {'':>6} {'(us)':>12} {'(GB/s)':>8} "
-        f"{'(GB/s)':>8}",
+        f"{'(GB/s)':>8} {'':>5} {'':>6} {'':>4}",
     ]
 
 
@@ -274,7 +288,8 @@ def _table(rows: list[CollectiveStats]) -> list[str]:
         redop = "none" if collective == ALL_GATHER else "sum"
         lines.append(f"  {stats.nbytes:>10} {stats.nbytes // ELEM_BYTES:>13} {'float':>6} "
                      f"{redop:>6} {stats.time_s * 1e6:>12.2f} "
-                     f"{algbw_GBps(stats.nbytes, stats.time_s):>8.2f} {busbw:>8.2f}")
+                     f"{algbw_GBps(stats.nbytes, stats.time_s):>8.2f} {busbw:>8.2f} "
+                     f"{stats.algorithm:>5} {stats.protocol:>6} {stats.nchannels:>4}")
     lines.append(f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):.3f}")
     return lines
 

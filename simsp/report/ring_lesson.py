@@ -17,6 +17,8 @@ import numpy as np
 from simsp.cluster.topology import build_topology, hop_route
 from simsp.config import Cluster
 from simsp.engine import ring_timing
+from simsp.engine.nccl_group import hop_latency_scale, nccl_choice
+from simsp.engine.nccl_tuning import RING
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS, apply_step,
                                     bytes_sent_per_rank, channel_rings, chunk_counts,
                                     chunk_offsets, initial_holdings, slice_counts)
@@ -71,7 +73,8 @@ def step_derivations(collective: str, graph, gpus: list[int], nbytes: int, elem_
     n = len(gpus)
     counts = chunk_counts(nbytes // elem_bytes, n)
     channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
-    hops = ring_timing.channel_hops(graph, list(gpus), channels, calibration)  # [ch][p]
+    choice = nccl_choice(collective, graph, gpus, nbytes, calibration, RING)
+    hops = ring_timing.channel_hops(graph, list(gpus), channels, calibration, choice)  # [ch][p]
     routes, load = _link_loads(graph, gpus, channels)
     slices = [[s * elem_bytes for s in slice_counts(counts, len(channels), ch.index)]
               for ch in channels]  # [ch][member] bytes of its slice of each chunk
@@ -82,27 +85,33 @@ def step_derivations(collective: str, graph, gpus: list[int], nbytes: int, elem_
                                 for ch in channels for s in step.sends), key=lambda c: c[0])
         derivations.append(_derivation(graph, gpus, ch, send, time_s, routes, load,
                                        slices[ch.index][ch.order[send.chunk]], calibration,
-                                       hops[ch.index][send.src][0]))
+                                       hops[ch.index][send.src][0], choice))
     return derivations
 
 
 def _derivation(graph, gpus, ch, send, time_s, routes, load, nbytes, calibration,
-                latency_s) -> dict:
-    """One step's slowest hop: where it goes, over what, and its time as a formula."""
+                latency_s, choice) -> dict:
+    """One step's slowest hop: where it goes, over what, and its time as a formula (at the
+    protocol NCCL picks, docs/nccl.md: its share of the link's rate and latency factor)."""
     edges = routes[ch.index][send.src]
     bottleneck = min(edges, key=lambda e: graph.edges[e]["bandwidth_Bps"]
                      * calibration.efficiency(graph.edges[e]["kind"]) / load[e])
     kind = graph.edges[bottleneck]["kind"]
     bandwidth_GBps = graph.edges[bottleneck]["bandwidth_Bps"] / 1e9
     efficiency, sharing = calibration.efficiency(kind), load[bottleneck]
+    fraction, scale = choice.bandwidth_fraction, hop_latency_scale(graph, edges, choice)
     shared = f" ÷ {sharing}" if sharing > 1 else ""
+    protocol = f" × {fraction:.3g} {choice.protocol}" if fraction != 1.0 else ""
+    latency = (f"{microseconds(latency_s / scale)} × {scale:.3g} {choice.protocol}"
+               if scale != 1.0 else microseconds(latency_s))
     formula = (f"{microseconds(time_s)} = {format_bytes(nbytes)} ÷ ({bandwidth_GBps:g} GB/s × "
-               f"{efficiency:g}{shared}) + {microseconds(latency_s)}")
+               f"{efficiency:g}{shared}{protocol}) + {latency}")
     via = ch.via[send.src]
     return {"channel": ch.index, "src": gpus[ch.order[send.src]],
             "dst": gpus[ch.order[send.dst]], "via": via, "link": LINKS[kind], "bytes": nbytes,
             "bandwidth_GBps": bandwidth_GBps, "efficiency": efficiency, "sharing": sharing,
-            "latency_s": latency_s, "time_s": time_s, "formula": formula}
+            "latency_s": latency_s, "protocol": choice.protocol, "protocol_fraction": fraction,
+            "latency_scale": scale, "time_s": time_s, "formula": formula}
 
 
 def _holdings(holdings) -> list[list[list[int]]]:
@@ -128,11 +137,14 @@ def comparison(graph, gpus: list[int], nbytes: int, elem_bytes: int,
     """All-reduce against reduce-scatter + all-gather of the same S: bytes per rank and time."""
     n = len(gpus)
     chunk_bytes = [c * elem_bytes for c in chunk_counts(nbytes // elem_bytes, n)]
-    times = {c: ring_timing.collective_time(c, graph, gpus, nbytes, calibration, elem_bytes)
-             for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)}
+    times = {c: max(sum(channel) for channel in ring_timing.step_times(
+        c, graph, gpus, nbytes, calibration, elem_bytes))
+        for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)}  # the ring's steps, as the page
+    base = {c: nccl_choice(c, graph, gpus, nbytes, calibration, RING).base_latency_s
+            for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)}
     sent = {c: max(bytes_sent_per_rank(STEPS[c](n), chunk_bytes))
             for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)}
-    return {"time_s": times, "bytes_sent_per_rank": sent, "steps": {
+    return {"time_s": times, "base_latency_s": base, "bytes_sent_per_rank": sent, "steps": {
         ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}}
 
 
@@ -258,7 +270,9 @@ def _text_summary(data: dict) -> list[str]:
 
 def _time_lines(data: dict) -> list[str]:
     """Channels, and the all-reduce's time against reduce-scatter + all-gather."""
-    ar, rs, ag = (data["compare"]["time_s"][c] for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER))
+    compare = data["compare"]
+    ar, rs, ag = (compare["time_s"][c] + compare["base_latency_s"][c]
+                  for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER))  # whole calls
     channels, lines = len(data["channels"]), []
     if channels > 1:
         lines.append(f"runs as {channels} channels (NCCL rings, one per rail), each carrying a "
@@ -267,9 +281,10 @@ def _time_lines(data: dict) -> list[str]:
                      f"is its slowest channel's")
     lines.append(f"time: all_reduce {ar * 1e6:.3f} us = reduce_scatter {rs * 1e6:.3f} us + "
                  f"all_gather {ag * 1e6:.3f} us ({(rs + ag) * 1e6:.3f} us, difference "
-                 f"{(ar - rs - ag) * 1e6:+.3f} us): the same 2(n-1) steps and bytes; as two "
-                 f"NCCL calls RS + AG pay one more launch and step latency, which simsp does "
-                 f"not model")
+                 f"{(ar - rs - ag) * 1e6:+.3f} us): the same 2(n-1) steps and bytes; each call "
+                 f"pays NCCL's base latency once "
+                 f"({compare['base_latency_s'][ALL_REDUCE] * 1e6:.3f} us for the all-reduce), "
+                 f"so as two calls RS + AG pay it twice")
     return lines
 
 

@@ -116,8 +116,10 @@ def comparison_panel(data: dict) -> str:
         ". simsp runs the "
         "all-reduce as exactly these two phases, so bytes and step times agree. Where a real "
         "difference comes from: two calls instead of one pay <b>one extra latency</b>, the "
-        "second collective's launch and start-up (a few µs on NCCL), nothing else: the steps "
-        "and the bytes are the same. It matters for small messages only.</p></div>")
+        "second collective's launch and start-up (NCCL's base latency, "
+        f"{microseconds(c['base_latency_s'][ALL_REDUCE])} per call here, not in the bars), "
+        "nothing else: the steps and the bytes are the same. It matters for small messages "
+        "only.</p></div>")
 
 
 def channels_panel(data: dict) -> str:
