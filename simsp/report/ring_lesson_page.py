@@ -80,7 +80,8 @@ def _step_rows(data: dict) -> str:
                     f'{microseconds(total)}</td></tr>')
     return ('<div class="steps-box"><table class="steps"><thead><tr><th>step</th><th>phase</th>'
             '<th class="num">sent per rank</th><th>slowest hop</th><th>time = bytes ÷ '
-            '(bandwidth × efficiency ÷ sharing) + latency</th><th class="num">cumulative</th>'
+            '(bandwidth × efficiency ÷ sharing × protocol) + latency</th>'
+            '<th class="num">cumulative</th>'
             '</tr></thead><tbody>' + "".join(rows) + "</tbody></table></div>")
 
 
@@ -191,7 +192,8 @@ def lesson_html(data: dict, title: str) -> str:
              "colour is its chunk; its shade, how many ranks' data it already sums "
              "(pale: its own only, dark: <b>all</b>). Arrows on the ring show this step's sends; "
              "thick outlined cells just received a chunk. Each step's time is derived below the "
-             "step's title: bytes ÷ (bandwidth × efficiency ÷ hops sharing the link) + latency."
+             "step's title: bytes ÷ (bandwidth × efficiency ÷ hops sharing the link × the "
+             "share of it NCCL's protocol gets) + latency (× the protocol's factor)."
              "</p><p class=\"keys\">Keys: <kbd>→</kbd> or <kbd>PageDown</kbd> next, <kbd>←"
              "</kbd> or <kbd>PageUp</kbd> back (a presenter's clicker sends these), "
              "<kbd>space</kbd> play/pause, <kbd>Home</kbd> start.</p>")
