@@ -13,7 +13,8 @@ from simsp.model.params import param_shapes
 from simsp.model.tensor import FP16, FP32, Tensor
 from simsp.training.world import build_world
 from simsp.training import p2p
-from simsp.training.grad_buckets import DDPBuckets, build_buckets, bucket_size
+from simsp.config import bucket_size
+from simsp.training.grad_buckets import DDPBuckets, build_buckets
 from simsp.training.p2p_program import Exchange, call_name, megatron_program
 from simsp.training.plan import stage_plans
 from simsp.training.schedules import one_f_one_b, one_f_one_b_warmup

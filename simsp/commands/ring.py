@@ -30,7 +30,9 @@ from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_S
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, tree_time
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
+from simsp.io_out import check_folder, check_out_file, write_file
 from simsp.jsonout import dumps
+from simsp.outdir import prepare_out_dir
 from simsp.progress import track
 from simsp.report.ring_lesson import (MAX_LESSON_RANKS, lesson_data, lesson_text, lesson_title,
                                      write_slides)
@@ -112,7 +114,7 @@ def write_ring_lesson(collective: str, graph, gpus: list[int], nbytes: int, html
     written = []
     if html_path:
         path = Path(html_path)
-        path.write_text(lesson_html(data, lesson_title(data)))
+        write_file(path, lesson_html(data, lesson_title(data)))
         written.append(path)
     if png_dir:
         written += write_slides(data, png_dir)
@@ -185,10 +187,23 @@ def _check_modes(args, sizes: list[int]) -> None:
                          ("--html", args.html), ("--png", args.png)):
         if wanted and len(sizes) > 1:
             raise UserError(flag, "needs a single --size")
+    if args.html:
+        check_out_file(args.html, "--html")
+    if args.png:
+        _check_png_folder(args.png)
     limit = MAX_LESSON_RANKS if args.html or args.png else MAX_EXPLAIN_RANKS  # lesson: 16
     if args.explain and args.ranks > limit:
         raise UserError("--explain", f"prints every step of every rank: use at most "
                                      f"{limit} ranks, got {args.ranks}")
+
+
+def _check_png_folder(folder: str) -> None:
+    """--png DIR: created and probed before any work; a link or file in the way is an error."""
+    try:
+        check_folder(folder)
+    except UserError as exc:
+        raise UserError("--png", f"{folder}: {exc.reason}") from None
+    prepare_out_dir(Path(folder), "--png")
 
 
 def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:

@@ -32,9 +32,11 @@ def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
     from simsp.api import build_configs, sweep_configs  # pandas and Dask: only here
     check_executor_arguments(args)
-    configs = build_configs(args.source, field_lists(args))
     out = Path(args.out) if args.out else default_out(args.source, "sweep")
+    configs = build_configs(args.source, field_lists(args))
     frame = sweep_configs(configs, out, args.workers, args.scheduler,
-                          getattr(args, "quiet", False))
+                          getattr(args, "quiet", False), force=args.force,
+                          inputs=(args.source,))
     print_summary(frame, out)
+    print(frame.attrs["cache"])
     return 0

@@ -16,6 +16,7 @@ from weakref import finalize
 import numpy as np
 
 from simsp.engine.memory import CATEGORIES, sort_log
+from simsp.io_out import write_file
 from simsp.metrics import stage_ranks
 from simsp.report.drawing import (GRID, PanelGrid, add_axes_in, draw_pixels, frames, grid_segments,
                                   label_axes, memory_unit, new_figure, new_sheet, nice_ticks,
@@ -610,7 +611,7 @@ def write_memory_plot(run, path) -> Path | None:
     if png is None:
         return None
     path = Path(path)
-    path.write_bytes(png)
+    write_file(path, png)
     return path
 
 

@@ -10,6 +10,7 @@ import html
 import re
 from pathlib import Path
 
+from simsp.io_out import write_file
 from simsp.report.glossary import GLOSSARY
 from simsp.report.summary_md import summary_text, variant_label
 
@@ -204,5 +205,5 @@ def report_html(metrics: dict, figures: list[tuple[str, str, bytes]] = ()) -> st
 def write_report_html(metrics: dict, figures, path) -> Path:
     """Write report_html to `path` and return the path."""
     path = Path(path)
-    path.write_text(report_html(metrics, figures))
+    write_file(path, report_html(metrics, figures))
     return path

@@ -23,6 +23,7 @@ from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEP
                                     bytes_sent_per_rank, channel_rings, chunk_counts,
                                     chunk_offsets, initial_holdings, slice_counts)
 from simsp.hardware import LinkCalibration
+from simsp.io_out import write_file
 from simsp.units import format_bytes
 
 MAX_LESSON_RANKS = 16
@@ -473,5 +474,5 @@ def write_slides(data: dict, out_dir) -> list[Path]:
     slides.append(("compare.png", comparison_slide(data)))
     for name, png in slides:
         if png is not None:
-            (out / name).write_bytes(png)
+            write_file(out / name, png)
     return [out / name for name, png in slides if png is not None]

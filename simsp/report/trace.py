@@ -22,6 +22,7 @@ import numpy as np
 
 from simsp.engine.memory import CATEGORIES
 from simsp.engine.trace import DETAIL_TRACKS
+from simsp.io_out import open_atomic
 from simsp.report.figures import MAX_MEMORY_POINTS, memory_timeline
 
 
@@ -714,6 +715,7 @@ def write_chrome_trace(run, path, detail: str = "full", counters=None) -> Path:
     """Write `run`'s trace as Chrome trace JSON to `path` and return the path (`counters`: see
     _document)."""
     path = Path(path)
-    with path.open("w", encoding="ascii") as out:  # JSON text escapes every non-ASCII character
+    # JSON text escapes every non-ASCII character
+    with open_atomic(path, "w", encoding="ascii") as out:
         out.writelines(_document(run, detail, counters))  # a rank at a time
     return path

@@ -23,16 +23,15 @@ import math
 import numpy as np
 import simpy
 
+from simsp.config import bucket_size
 from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
 from simsp.model.mappings import _bytes_sent
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
 
-BUCKET_MIN_PARAMS = 40_000_000  # Megatron DDP default bucket size: max(40M, 1M·d) parameters
-BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 EMBEDDING = ("embedding.word", "embedding.position")
-HEAD = ("final_ln.gamma", "final_ln.beta")
+HEAD = ("final_ln.gamma", "final_ln.beta", "output.weight")  # output.weight: untied only
 
 
 @dataclass
@@ -45,14 +44,6 @@ class Bucket:
     ready: set = field(default_factory=set)
     reduce: simpy.Process | None = None
     gather: simpy.Process | None = None
-
-
-def bucket_size(d: int, overlap_grad_reduce: bool, given: int | None = None) -> int | None:
-    """Megatron DDP: --ddp-bucket-size or max(40M, 1M·d) parameters; unlimited without
-    --overlap-grad-reduce (distributed_data_parallel.py)."""
-    if not overlap_grad_reduce:
-        return None
-    return given or max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * d)
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
@@ -89,7 +80,7 @@ def module_params(plan, module, grads: dict, producing: bool = False) -> list[st
         names = list(EMBEDDING)
     elif module == "head":
         names = list(HEAD)
-        if not (producing and plan.holds_embedding):
+        if "output.weight" not in grads and not (producing and plan.holds_embedding):
             names.append("embedding.word")
     else:
         names = layer_param_names(module)
@@ -103,7 +94,7 @@ def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
         names += layer_param_names(i)
     if plan.is_last(chunk):
         names += list(HEAD)
-        if not plan.is_first(chunk):
+        if not plan.is_first(chunk) and "output.weight" not in grads:
             names.append("embedding.word")
     return [n for n in names if n in grads]
 
