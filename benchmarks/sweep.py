@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from simsp.explore.api import build_configs
+from simsp.api import build_configs
 from simsp.explore.evaluate import evaluate
 from simsp.explore.executor import Executor
 from simsp.explore.runner import run_configs

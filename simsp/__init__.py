@@ -21,7 +21,7 @@ def run(scenario: str | Path | None = None, *, world_size: int | None = None, **
     (seconds per stage by kind: compute, tp_comm, pp_transfer, pp_wait, dp_comm, optimizer),
     ranks (per rank: peak_bytes, oom, ...), oom. `world_size` derives d = N/(t·p) as Megatron
     does. Refuses work beyond `simsp run`'s limits (UserError), as the command does."""
-    from simsp.explore.api import run as run_api
+    from simsp.api import run as run_api
     return run_api(scenario, world_size=world_size, **fields)
 
 
@@ -40,7 +40,7 @@ def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
     out/cache). `workers`: embedded Dask worker processes (default one per core; 0: this
     process); started by fork on POSIX, so a plain script needs no `__main__` guard.
     Example: simsp.sweep("scenarios/paper-175b.toml", world_size=[64, 128], workers=2)."""
-    from simsp.explore.api import sweep as sweep_api
+    from simsp.api import sweep as sweep_api
     return sweep_api(source, out=out, workers=workers, scheduler=scheduler, quiet=quiet,
                      memory_reserve_gib=memory_reserve_gib, world_size=world_size, **lists)
 
@@ -57,7 +57,7 @@ def search(scenario: str | Path | None = None, *, gpus: int,
     that fit in memory less the reserve first. Columns as simsp.sweep's, plus
     time_lower_bound_s and memory_lower_bound_bytes. `fields`: model/cluster fields and the
     [parallel] fields the search does not vary, one value each (recompute_method="block")."""
-    from simsp.explore.api import search as search_api
+    from simsp.api import search as search_api
     return search_api(scenario, gpus=gpus, global_batch_size=global_batch_size, top=top,
                       objective=objective, memory_reserve_gib=memory_reserve_gib,
                       exhaustive=exhaustive, keep_scenario_parallel=keep_scenario_parallel,

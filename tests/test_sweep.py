@@ -8,7 +8,7 @@ import pytest
 import simsp
 from simsp.cli import main
 from simsp.errors import UserError
-from simsp.explore.api import build_configs
+from simsp.api import build_configs
 from simsp.explore.configs import base_values, parse_list
 from simsp.explore.evaluate import evaluate
 from simsp.explore.fields import by_key

@@ -4,11 +4,11 @@ simulated on Dask (branch and bound on a time lower bound), ranked and explained
 import math
 from pathlib import Path
 
-from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
-                                  add_reserve_argument, check_executor_arguments, field_lists)
 from simsp.bounds import BOUNDS
 from simsp.config import Parallel
 from simsp.errors import UserError
+from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,
+                                    add_reserve_argument, check_executor_arguments, field_lists)
 from simsp.explore.cache import ResultCache
 from simsp.explore.configs import base_values, parse_list
 from simsp.explore.explain import limits, why_lost

@@ -4,9 +4,9 @@ each variant simulated and compared with the baseline in whatif.md and one whati
 
 from pathlib import Path
 
-from simsp.commands.sweep import (add_executor_arguments, add_reserve_argument,
-                                  check_executor_arguments, check_reserve)
 from simsp.errors import UserError
+from simsp.explore.arguments import (add_executor_arguments, add_reserve_argument,
+                                    check_executor_arguments, check_reserve)
 from simsp.explore.whatif import OBJECTIVES
 
 
@@ -44,7 +44,7 @@ def _variants(args) -> list[tuple]:
 
 def run(args) -> int:
     """Simulate the baseline and the variants, print the conclusions, write the page."""
-    from simsp.explore.api import sweep_configs
+    from simsp.api import sweep_configs
     from simsp.explore.folders import default_folder, exploration_digest, write_manifest
     from simsp.explore.guard import check_sweep
     from simsp.explore.runner import prepare_out

@@ -5,7 +5,7 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   of it, runs m·v chunk forwards and backwards one after another on its compute stream, and its
   last backward still has p − 1 chunk backwards downstream: T ≥ (m·v + p − 1)·(C_f + C_b)
   (N21 §2.2 with v model chunks per stage). C_f + C_b is one model chunk's layers simulated
-  alone on their TP group (simsp.model.layer_sim, timed as the iteration times collectives):
+  alone on their TP group (simsp.training.layer_sim, timed as the iteration times collectives):
   block recompute rebuilds only the first N layers of a chunk, so a chunk costs
   N·(f + b)_full + (L_c − N)·(f + b)_none (Megatron transformer_block.py).
 - memory: stage 0 allocates its weights, gradients and optimizer state (bytes per parameter as
@@ -24,7 +24,7 @@ from simsp.analytic import chunk_recompute_bytes, chunks_per_stage
 from simsp.config import Parallel, Scenario, load_scenario, with_overrides
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.hardware import GPUS
-from simsp.model.layer_sim import PREFIX, simulate_layer
+from simsp.training.layer_sim import PREFIX, simulate_layer
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
