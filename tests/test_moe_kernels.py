@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simsp.model import kernels
-from simsp.model.moe_kernels import MoeSpec, get_capacity, moe_backward, moe_forward, moe_layer_pattern
+from simsp.model.moe_kernels import MoeSpec, get_capacity, moe_backward, moe_forward
 
 T, H, F, E = 12, 6, 5, 4
 
@@ -114,9 +114,5 @@ def test_backward_matches_finite_differences(spec):
     assert worst < 1e-7
 
 
-def test_layer_pattern_and_capacity():
-    assert moe_layer_pattern(2, 5) == [1, 0, 1, 0, 1]
-    assert moe_layer_pattern([0, 1, 1], 3) == [0, 1, 1]
-    with pytest.raises(ValueError):
-        moe_layer_pattern([1, 1], 3)
+def test_capacity():
     assert get_capacity(24, 4, 1.0) == 6 and get_capacity(25, 4, 1.0) == 7

@@ -18,6 +18,8 @@ import simpy
 
 from simsp.engine.network import Network
 
+ELEM_BYTES = 4  # float, nccl-tests' default
+
 
 @dataclass(frozen=True)
 class AllToAllStats:
@@ -58,3 +60,17 @@ def all_to_all(env: simpy.Environment, network: Network, gpus: list[int],
 
 def _copy(chunk):
     return None if chunk is None else chunk.copy()
+
+
+def time_all_to_all(graph, gpus: list[int], size: int, calibration) -> tuple[int, float]:
+    """(bytes per rank actually sent, seconds) of one all-to-all of `size` bytes per rank alone
+    on the links: as nccl-tests (src/alltoall.cu), count = size / 4-byte floats rounded down to
+    a multiple of the ranks, count / n to each peer."""
+    n = len(gpus)
+    per_peer = (size // ELEM_BYTES) // n * ELEM_BYTES
+    env = simpy.Environment()
+    network = Network(env, graph, calibration)
+    matrix = [[per_peer] * n for _ in range(n)]
+    process = env.process(all_to_all(env, network, gpus, matrix))
+    env.run()
+    return per_peer * n, process.value[1].time_s

@@ -33,17 +33,6 @@ class MoeSpec:
     swiglu: bool = False  # expert activation: SwiGLU (fc1 is h -> 2f) or GeLU
 
 
-def moe_layer_pattern(freq, num_layers: int) -> list[int]:
-    """--moe-layer-freq as the per-layer 1 (MoE) / 0 (dense) list: an int N puts a MoE layer at
-    every i with i % N == 0 (gpt_layer_specs.py); a list is the pattern itself."""
-    if isinstance(freq, int):
-        return [1 if i % freq == 0 else 0 for i in range(num_layers)]
-    pattern = list(freq)
-    if len(pattern) != num_layers or any(v not in (0, 1) for v in pattern):
-        raise ValueError(f"pattern of {len(pattern)} entries of 0/1 needed for {num_layers} layers")
-    return pattern
-
-
 def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
     """ceil(num_tokens / num_experts · capacity_factor) (moe_utils.py get_capacity)."""
     return math.ceil(num_tokens / num_experts * capacity_factor)

@@ -1,0 +1,68 @@
+"""A simulated cluster ready for rank programs: simpy env, topology, links, collectives, ranks."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import build_topology, nodes_hosting
+from simsp.config import Scenario
+from simsp.engine.communicator import STEPWISE, Communicator
+from simsp.engine.memory import Ledger
+from simsp.engine.network import Network
+from simsp.engine.streams import COMM, Stream
+from simsp.engine.trace import Trace
+from simsp.hardware import GPUS, LinkCalibration
+from simsp.model.rank import Rank, TPGroup
+
+
+@dataclass
+class World:
+    """Everything one simulation shares; `ranks` holds the simulated ranks only."""
+
+    scenario: Scenario
+    env: simpy.Environment
+    grid: RankGrid
+    network: Network
+    comm: Communicator
+    trace: Trace
+    ranks: dict = field(default_factory=dict)  # global rank -> Rank
+
+
+def build_world(sc: Scenario, simulated: list[int] | None = None,
+                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()) -> World:
+    """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
+
+    timing=CLOSED_FORM times each collective as a whole (matches the stepwise ring within 1%,
+    tests/test_communicator.py) instead of moving every ring step over the links, except the
+    collectives of `stepwise_groups` (rings that share links: training/shortcut_check.py)."""
+    env = simpy.Environment()
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    trace = Trace()
+    # only the nodes that host ranks (a 1-GPU job on a 100000-node cluster builds one node)
+    hosts = nodes_hosting(range(grid.world_size), sc.cluster.gpus_per_node)
+    network = Network(env, build_topology(sc.cluster, hosts),
+                      LinkCalibration.from_cluster(sc.cluster), trace=trace)
+    ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
+    present = None if simulated is None else set(ranks)
+    # the model's own spans name each collective by its role; the communicator's go unused
+    comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
+                        stepwise_groups=stepwise_groups)
+    world = World(sc, env, grid, network, comm, trace)
+    for rank in ranks:
+        world.ranks[rank] = _make_rank(world, rank)
+    return world
+
+
+def _make_rank(world: World, rank: int) -> Rank:
+    sc = world.scenario
+    members = world.grid.tp_group(rank)
+    tp = TPGroup(members, members.index(rank), sc.parallel.sequence_parallel, world.comm)
+    ledger = Ledger(rank, GPUS[sc.cluster.gpu].memory_bytes, clock=lambda: world.env.now)
+    # collectives record their own spans (by role, on tp/dp tracks); the stream's go unused
+    comm_stream = Stream(world.env, rank, COMM, Trace())
+    return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
+                dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
+                comm_stream=comm_stream)
