@@ -4,9 +4,9 @@ Transformer Engine's AttnFuncWithCPAndKVP2P (NVIDIA/TransformerEngine
 transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): every CP rank
 keeps its query chunks; at step i rank r holds the K/V of rank (r - i) mod cp, computes that
 block's attention while sending it on to rank r + 1, and merges the block's output into its own
-with the online softmax (out, logsumexp) correction. The backward walks the ring again: each
-rank adds its dK/dV of the block it holds to a dK/dV buffer that travels with the block and, after
-cp steps, is back on the block's owner. Causal masking is per (query, key) pair of global positions,
+with the online softmax (out, logsumexp) correction. The backward walks the ring the other way,
+each rank adding its dK/dV of the block it holds to that block's dK/dV buffer, which travels one
+step behind the K/V and ends on the block's owner. Causal masking is per (query, key) pair of global positions,
 so any split (the 2cp load-balanced one or plain) is exact.
 """
 
@@ -76,7 +76,8 @@ def ring_forward(shards: list) -> list:
             k, v, k_pos = held[r]
             block = block_forward(shard.q, k, v, shard.pos, k_pos)
             state[r] = merge_block(*state[r], *block)
-        held = [held[(r - 1) % cp] for r in range(cp)]  # p2p: rank r sends to r + 1
+        if step < cp - 1:
+            held = [held[(r - 1) % cp] for r in range(cp)]  # p2p: rank r sends to r + 1
     return state
 
 
@@ -97,18 +98,24 @@ def block_backward(dout, q, k, v, q_pos, k_pos, lse, delta):
 
 
 def ring_backward(shards: list, douts: list, outs: list, lses: list) -> list:
-    """Every CP rank's (dq, dk, dv): K/V and their dK/dV buffer travel the ring together and
-    the buffer is back on its owner after cp steps."""
+    """Every CP rank's (dq, dk, dv), TE's backward ring: it runs the other way (rank r sends to
+    r - 1) from the block the forward ended on (rank r + 1's); a block's dK/dV buffer follows
+    it one step behind, each rank adding its share, and is complete on the block's owner after
+    the last step (cp - 1 K/V and cp - 1 dK/dV transfers)."""
     cp = len(shards)
     deltas = [(do * o).sum(axis=-1, keepdims=True) for do, o in zip(douts, outs)]  # (b,a,n,1)
     dqs = [np.zeros_like(s.q) for s in shards]
-    held = [(s.k, s.v, s.pos, np.zeros_like(s.k), np.zeros_like(s.v)) for s in shards]
+    held = [(s.k, s.v, s.pos) for s in (shards[(r + 1) % cp] for r in range(cp))]
+    dkv = [None] * cp  # the dK/dV buffer rank r accumulates this step
     for step in range(cp):
+        received = [dkv[(r + 1) % cp] for r in range(cp)]  # from rank r + 1, one step behind
         for r, shard in enumerate(shards):
-            k, v, k_pos, dk, dv = held[r]
+            k, v, k_pos = held[r]
             dq, dk_b, dv_b = block_backward(douts[r], shard.q, k, v, shard.pos, k_pos,
                                             lses[r], deltas[r])
             dqs[r] += dq
-            held[r] = (k, v, k_pos, dk + dk_b, dv + dv_b)
-        held = [held[(r - 1) % cp] for r in range(cp)]  # K/V with dK/dV move to rank r + 1
-    return [(dqs[r], held[r][3], held[r][4]) for r in range(cp)]
+            dkv[r] = (dk_b, dv_b) if step == 0 else (received[r][0] + dk_b,
+                                                    received[r][1] + dv_b)
+        if step < cp - 1:
+            held = [held[(r + 1) % cp] for r in range(cp)]  # K/V: rank r + 1 sends to r
+    return [(dqs[r], *dkv[r]) for r in range(cp)]
