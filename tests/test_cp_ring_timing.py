@@ -1,0 +1,64 @@
+"""Ring attention's timeline on the links: CP = 2 forward and backward worked by hand."""
+
+import pytest
+import simpy
+
+from simsp.cluster.topology import build_topology
+from simsp.config import Cluster
+from simsp.engine.ledger import Ledger
+from simsp.engine.network import Network
+from simsp.hardware import LinkCalibration
+from simsp.training.cp_ring import CpRing, exchange_bytes, run_ring
+
+CLUSTER = Cluster(nodes=1)
+CAL = LinkCalibration()
+NVLINK_BPS = CLUSTER.nvlink_bandwidth_GBps * 1e9 * CAL.nvlink_efficiency
+NVLINK_LATENCY_S = CLUSTER.nvlink_latency_us * 1e-6
+KV_BYTES = 8_000_000
+
+
+def _run(cp, forward_s, backward_s, gpus=None):
+    env = simpy.Environment()
+    network = Network(env, build_topology(CLUSTER), CAL)
+    ledgers = {r: Ledger(r, 10**12, clock=lambda: env.now) for r in range(cp)}
+    ring = CpRing(env, network, gpus or tuple(range(cp)), KV_BYTES, ledgers)
+    return run_ring(env, ring, forward_s, backward_s), network, ledgers
+
+
+@pytest.mark.parametrize("compute_s", [10e-6, 400e-6])  # transfer exposed / hidden
+def test_cp2_forward_and_backward_by_hand(compute_s):
+    t = NVLINK_LATENCY_S + KV_BYTES / NVLINK_BPS  # one K/V block (or dK/dV) over NVLink
+    f0, f1 = compute_s, 0.5 * compute_s  # block times of steps 0 and 1
+    b0, b1 = 2 * compute_s, 1.5 * compute_s
+    timeline, network, ledgers = _run(2, [[f0, f1]] * 2, [[b0, b1]] * 2)
+    forward_end = max(f0, t) + f1  # step 1 waits for the K/V sent during step 0
+    backward_step0 = forward_end + max(b0, t)  # K/V to rank r - 1 under the block backward
+    backward_end = backward_step0 + max(b1, t)  # dK/dV back to its owner under step 1
+    for rank in range(2):
+        assert abs(timeline.ends[("forward", rank)] - forward_end) < 1e-12
+        assert abs(timeline.compute[("forward", rank, 1)][0] - max(f0, t)) < 1e-12
+        assert abs(timeline.ends[("backward", rank)] - backward_end) < 1e-12
+    sent = sorted((tr.src, tr.dst, tr.nbytes, tr.start_s) for tr in network.transfers)
+    assert sent == sorted([(0, 1, KV_BYTES, 0.0), (1, 0, KV_BYTES, 0.0)]
+                          + [(s, d, KV_BYTES, forward_end) for s, d in ((0, 1), (1, 0))]
+                          + [(s, d, KV_BYTES, backward_step0) for s, d in ((0, 1), (1, 0))])
+    peak = ledgers[0].summary().peak_by_category["communication"]
+    assert peak == 4 * KV_BYTES  # the backward's two (K/V, dK/dV) buffers
+
+
+def test_transfer_waits_for_the_later_rank_to_post():
+    t = NVLINK_LATENCY_S + KV_BYTES / NVLINK_BPS
+    late = 300e-6  # rank 1's step 0 block is slow: it posts step 1 only at `late`
+    fast = [10e-6] * 3
+    _, network, _ = _run(3, [fast, [late, 10e-6, 10e-6], fast], [[1e-6] * 3] * 3)
+    step1 = {(tr.src, tr.dst): tr.start_s for tr in network.transfers
+             if "forward step 1" in tr.label}
+    assert abs(step1[(0, 1)] - late) < 1e-12  # rank 0 posted at t, waits for its receiver
+    assert abs(step1[(1, 2)] - late) < 1e-12
+    assert abs(step1[(2, 0)] - t) < 1e-12  # ranks 2 and 0 both posted when step 0's K/V landed
+
+
+def test_exchange_sizes_follow_te():
+    assert [exchange_bytes("forward", i, 4, 1) for i in range(4)] == [1, 1, 1, 0]
+    assert [exchange_bytes("backward", i, 4, 1) for i in range(4)] == [1, 2, 2, 1]
+    assert exchange_bytes("backward", 0, 1, 1) == 0
