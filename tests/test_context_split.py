@@ -72,3 +72,16 @@ def test_rope_per_chunk_equals_rope_of_the_whole_sequence():
         cos_r, sin_r = rope_tables(pos, 8, 10000.0)
         mine = kernels.rope_forward(x[:, :, pos], cos_r, sin_r)
         assert np.array_equal(mine, whole[:, :, pos])
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4, 8])
+def test_every_ring_step_does_the_same_work_on_every_rank_when_balanced(cp):
+    from simsp.model.context_split import balanced_step_pairs, visible_pairs
+    s = 8 * cp
+    for step in range(cp):
+        for rank in range(cp):
+            assert visible_pairs(s, cp, rank, step) == balanced_step_pairs(s, cp, step)
+    total = sum(visible_pairs(s, cp, r, i) for r in range(cp) for i in range(cp))
+    assert total == s * (s + 1) // 2  # the whole causal triangle, each pair once
+    plain = [sum(visible_pairs(s, cp, r, i, False) for i in range(cp)) for r in range(cp)]
+    assert plain == sorted(plain) and plain[0] < plain[-1]  # unbalanced: later ranks work more

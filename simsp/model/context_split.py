@@ -54,3 +54,19 @@ def rope_tables(positions: np.ndarray, rot_dim: int, base: float):
     freqs = positions.astype(np.float64)[:, None] * inv_freq  # (n, rot/2)
     emb = np.concatenate([freqs, freqs], axis=-1)  # (n, rot_dim)
     return np.cos(emb), np.sin(emb)
+
+
+def visible_pairs(s: int, cp: int, cp_rank: int, step: int, load_balanced: bool = True) -> int:
+    """Causal (query, key) pairs rank `cp_rank` computes at ring step `step` (the K/V of rank
+    cp_rank - step), counted from the positions: the work of that step's block attention."""
+    q_pos = local_positions(s, cp, cp_rank, load_balanced)  # (s/cp,)
+    k_pos = local_positions(s, cp, (cp_rank - step) % cp, load_balanced)  # (s/cp,)
+    return int((k_pos[None, :] <= q_pos[:, None]).sum())
+
+
+def balanced_step_pairs(s: int, cp: int, step: int) -> int:
+    """Closed form of visible_pairs under the 2cp split (chunk c = s/2cp), the same on every
+    rank: the diagonal step sees two causal chunk triangles and one full chunk pair,
+    c(c + 1) + c²; every other step one full half block, 2c² (TE's three causal cases)."""
+    c = s // (2 * cp)
+    return c * (c + 1) + c * c if step == 0 else 2 * c * c
