@@ -112,3 +112,23 @@ def test_cp_by_tp_attention_core_with_rope_equals_the_single_device_flash_core()
             got[3][:, groups.start:groups.stop, sh.pos] = grads[r][2]
     for mine, ref in zip(got, expected):
         assert np.abs(mine - ref).max() < 1e-12
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("balanced", [True, False])
+def test_ulysses_attention_equals_full_causal_attention(cp, balanced):
+    from simsp.model.ulysses_attention import ulysses_backward, ulysses_forward
+    s = 32
+    rng = np.random.default_rng(cp)
+    q = rng.standard_normal((1, 8, s, 8))  # (b, a, s, d)
+    k, v = rng.standard_normal((2, 1, 4, s, 8))  # (b, G, s, d)
+    dout = rng.standard_normal(q.shape)
+    cut = lambda x: [split_sequence(x, cp, r, balanced) for r in range(cp)]  # noqa: E731
+    shards = [CpShard(qr, kr, vr, local_positions(s, cp, r, balanced))
+              for r, (qr, kr, vr) in enumerate(zip(cut(q), cut(k), cut(v)))]
+    outs, saved = ulysses_forward(shards)
+    assert np.abs(gather_sequence(outs, balanced) - oracle_attention(q, k, v)).max() < 1e-12
+    grads = ulysses_backward(shards, cut(dout), saved)
+    for which, expected in enumerate(oracle_grads(q, k, v, dout)):
+        got = gather_sequence([g[which] for g in grads], balanced)
+        assert np.abs(got - expected).max() < 1e-12
