@@ -62,3 +62,35 @@ def test_exchange_sizes_follow_te():
     assert [exchange_bytes("forward", i, 4, 1) for i in range(4)] == [1, 1, 1, 0]
     assert [exchange_bytes("backward", i, 4, 1) for i in range(4)] == [1, 2, 2, 1]
     assert exchange_bytes("backward", 0, 1, 1) == 0
+
+
+def test_ulysses_cp2_by_hand():
+    from simsp.training.cp_a2a import CpAllToAll
+    env = simpy.Environment()
+    network = Network(env, build_topology(CLUSTER), CAL)
+    qkv, out = 3 * KV_BYTES, KV_BYTES
+    group = CpAllToAll(env, network, (0, 1), qkv, out)
+    attn, attn_bwd = 50e-6, 120e-6
+    for rank in range(2):
+        env.process(group.run_rank(rank, attn, attn_bwd))
+    env.run()
+    piece = lambda n: NVLINK_LATENCY_S + (n / 2) / NVLINK_BPS  # noqa: E731  half to the peer
+    forward_end = piece(qkv) + attn + piece(out)
+    backward_end = forward_end + piece(out) + attn_bwd + piece(qkv)
+    for rank in range(2):
+        assert abs(group.ends[("forward", rank)] - forward_end) < 1e-12
+        assert abs(group.ends[("backward", rank)] - backward_end) < 1e-12
+    assert len(network.transfers) == 8  # 4 exchanges x 2 directions
+
+
+def test_ulysses_cp4_pieces_share_the_sender_link():
+    from simsp.training.cp_a2a import CpAllToAll
+    env = simpy.Environment()
+    network = Network(env, build_topology(CLUSTER), CAL)
+    group = CpAllToAll(env, network, (0, 1, 2, 3), 4 * KV_BYTES, 4 * KV_BYTES)
+    for rank in range(4):
+        env.process(group.run_rank(rank, 0.0, 0.0))
+    env.run()
+    # each rank sends 3 pieces of KV_BYTES at once over its one NVLink: 3x one piece's drain
+    one = NVLINK_LATENCY_S + 3 * KV_BYTES / NVLINK_BPS
+    assert abs(group.ends[("forward", 0)] - 2 * one) < 1e-12
