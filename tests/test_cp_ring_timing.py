@@ -94,3 +94,17 @@ def test_ulysses_cp4_pieces_share_the_sender_link():
     # each rank sends 3 pieces of KV_BYTES at once over its one NVLink: 3x one piece's drain
     one = NVLINK_LATENCY_S + 3 * KV_BYTES / NVLINK_BPS
     assert abs(group.ends[("forward", 0)] - 2 * one) < 1e-12
+
+
+def test_block_seconds_are_the_flash_gemms_of_half_blocks_after_the_diagonal():
+    from simsp.costmodel import active_calibration, gemm_efficiency
+    from simsp.training.cp_ring import block_seconds
+    cal = active_calibration()
+    b, heads, n, d = 1, 8, 4096, 128
+    half = cal.launch_overhead_s + 2 * b * heads * n * (n // 2) * d / (
+        cal.peak_flops * gemm_efficiency(n, d, n // 2))
+    whole = cal.launch_overhead_s + 2 * b * heads * n * n * d / (
+        cal.peak_flops * gemm_efficiency(n, d, n))
+    assert abs(block_seconds(b, heads, n, d, 0, False) - 2 * whole) < 1e-15
+    assert abs(block_seconds(b, heads, n, d, 3, False) - 2 * half) < 1e-15
+    assert abs(block_seconds(b, heads, n, d, 1, True) - 5 * half) < 1e-15

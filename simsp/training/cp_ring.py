@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from simsp.costmodel import kernel_time
+
 
 @dataclass
 class RingTimeline:
@@ -37,6 +39,22 @@ def exchange_bytes(phase: str, step: int, cp: int, kv_bytes: int) -> int:
     if cp == 1:
         return 0
     return kv_bytes if step in (0, cp - 1) else 2 * kv_bytes
+
+
+def block_gemm(n: int, d: int, step: int) -> tuple:
+    """(m, k, n) of a step's score GEMM for n local tokens: the whole (n, n) block at the
+    diagonal step, else half of it, as TE slices (K/V from an earlier rank: its first chunk;
+    from a later rank: the second query chunk), (n, d, n/2) either way by FLOPs and intensity."""
+    return (n, d, n) if step == 0 else (n, d, n // 2)
+
+
+def block_seconds(b: int, heads: int, n: int, d: int, step: int, backward: bool) -> float:
+    """A step's block attention time from the cost model: 2 batched GEMMs forward (scores,
+    context), 5 backward (recomputed scores, dV, dP, dQ, dK), 2·b·heads·m·k·n FLOPs each, as
+    simsp/model/ops.py charges the FlashAttention core."""
+    m, k, cols = block_gemm(n, d, step)
+    gemms = 5 if backward else 2
+    return gemms * kernel_time("gemm", 2 * b * heads * m * k * cols, 0, gemm=(m, k, cols))
 
 
 class CpRing:
