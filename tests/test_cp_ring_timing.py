@@ -42,8 +42,12 @@ def test_cp2_forward_and_backward_by_hand(compute_s):
     assert sent == sorted([(0, 1, KV_BYTES, 0.0), (1, 0, KV_BYTES, 0.0)]
                           + [(s, d, KV_BYTES, forward_end) for s, d in ((0, 1), (1, 0))]
                           + [(s, d, KV_BYTES, backward_step0) for s, d in ((0, 1), (1, 0))])
-    peak = ledgers[0].summary().peak_by_category["communication"]
-    assert peak == 4 * KV_BYTES  # the backward's two (K/V, dK/dV) buffers
+    peaks = ledgers[0].summary().peak_by_category
+    assert peaks["communication"] == 4 * KV_BYTES  # the backward's two (K/V, dK/dV) buffers
+    assert peaks["activations"] == KV_BYTES  # rank r + 1's K/V, saved for backward
+    log = [(e[1], e[3]) for e in ledgers[0].events]  # (key, signed bytes) in order
+    assert log[:2] == [("cp_kv_0", KV_BYTES), ("cp_kv_1", KV_BYTES)]  # 2 K/V in forward
+    assert ledgers[0].total == 0
 
 
 def test_transfer_waits_for_the_later_rank_to_post():

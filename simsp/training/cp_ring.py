@@ -11,9 +11,10 @@ transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py):
   backward; wait for the exchange (the received dK/dV is added to).
 
 A transfer starts once both its sender and its receiver have posted (NCCL p2p is a rendezvous).
-Receive buffers are in the ledger (category communication): the forward allocates one K/V
-buffer per step and keeps them until it returns; the backward holds two buffers of K/V plus
-dK/dV for its whole length.
+The buffers are in the ledger: the forward copies its own K/V into a send buffer and allocates
+a receive buffer per step (category communication), keeping them until it returns; the last one
+received (rank r + 1's K/V) is what it saves for backward (moved to activations); the backward
+holds two buffers of K/V plus dK/dV for its whole length and frees the saved K/V at its end.
 """
 
 from dataclasses import dataclass, field
@@ -116,15 +117,19 @@ class CpRing:
     def forward(self, rank: int, block_s: list):
         """Rank `rank`'s forward: block_s[i] is its step-i block attention time."""
         pending = None
+        self._buffer(rank, "cp_kv_0", self.kv_bytes if self.cp > 1 else 0, True)
         for step in range(self.cp):
             if pending is not None:
                 yield pending
             if step < self.cp - 1:
-                self._buffer(rank, f"cp_kv_recv_{step}", self.kv_bytes, True)
+                self._buffer(rank, f"cp_kv_{step + 1}", self.kv_bytes, True)
                 pending = self._post("forward", step, rank)
             yield from self._compute("forward", rank, step, block_s[step])
         for step in range(self.cp - 1):
-            self._buffer(rank, f"cp_kv_recv_{step}", self.kv_bytes, False)
+            self._buffer(rank, f"cp_kv_{step}", self.kv_bytes, False)
+        ledger = self.ledgers.get(rank)
+        if ledger is not None and self.cp > 1:  # TE saves the last K/V received for backward
+            ledger.retag(f"cp_kv_{self.cp - 1}", "activations", "cp_kv_saved")
         self.timeline.ends[("forward", rank)] = self.env.now
 
     def backward(self, rank: int, block_s: list):
@@ -136,6 +141,7 @@ class CpRing:
             yield from self._compute("backward", rank, step, block_s[step])
             yield pending
         self._buffer(rank, "cp_kv_dkv_buffers", buffers, False)
+        self._buffer(rank, "cp_kv_saved", self.kv_bytes if self.cp > 1 else 0, False)
         self.timeline.ends[("backward", rank)] = self.env.now
 
 
