@@ -112,3 +112,15 @@ def test_block_seconds_are_the_flash_gemms_of_half_blocks_after_the_diagonal():
     assert abs(block_seconds(b, heads, n, d, 0, False) - 2 * whole) < 1e-15
     assert abs(block_seconds(b, heads, n, d, 3, False) - 2 * half) < 1e-15
     assert abs(block_seconds(b, heads, n, d, 1, True) - 5 * half) < 1e-15
+
+
+def test_cp4_exposed_transfers_chain_step_by_step():
+    t = NVLINK_LATENCY_S + KV_BYTES / NVLINK_BPS  # K/V alone (and dK/dV alone)
+    t2 = NVLINK_LATENCY_S + 2 * KV_BYTES / NVLINK_BPS  # K/V with dK/dV, steps 1..cp-2
+    f, b = 5e-6, 8e-6  # block times shorter than any transfer: every transfer exposed
+    timeline, _, _ = _run(4, [[f] * 4] * 4, [[b] * 4] * 4)
+    forward_end = 3 * t + f
+    backward_end = forward_end + t + 2 * t2 + t
+    for rank in range(4):
+        assert abs(timeline.ends[("forward", rank)] - forward_end) < 1e-12
+        assert abs(timeline.ends[("backward", rank)] - backward_end) < 1e-12

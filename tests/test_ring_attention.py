@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from simsp.model.context_split import gather_sequence, local_positions, split_sequence
 from simsp.model.ring_attention import CpShard, ring_backward, ring_forward, source_rank
@@ -132,3 +133,25 @@ def test_ulysses_attention_equals_full_causal_attention(cp, balanced):
     for which, expected in enumerate(oracle_grads(q, k, v, dout)):
         got = gather_sequence([g[which] for g in grads], balanced)
         assert np.abs(got - expected).max() < 1e-12
+
+
+@settings(max_examples=12, deadline=None)
+@given(cp=st.sampled_from([2, 3, 4]), chunk=st.integers(1, 3), groups=st.sampled_from([1, 2]),
+       rep=st.sampled_from([1, 3]), balanced=st.booleans(), seed=st.integers(0, 2**16))
+def test_ring_attention_matches_the_oracle_on_random_layouts(cp, chunk, groups, rep, balanced,
+                                                             seed):
+    s = chunk * (2 * cp if balanced else cp)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, groups * rep, s, 4))  # (b, a, s, d)
+    k, v = rng.standard_normal((2, 2, groups, s, 4))  # (b, G, s, d)
+    dout = rng.standard_normal(q.shape)
+    cut = lambda x: [split_sequence(x, cp, r, balanced) for r in range(cp)]  # noqa: E731
+    shards = [CpShard(qr, kr, vr, local_positions(s, cp, r, balanced))
+              for r, (qr, kr, vr) in enumerate(zip(cut(q), cut(k), cut(v)))]
+    state = ring_forward(shards)
+    assert np.abs(gather_sequence([o for o, _ in state], balanced)
+                  - oracle_attention(q, k, v)).max() < 1e-12
+    grads = ring_backward(shards, cut(dout), [o for o, _ in state], [l for _, l in state])
+    for which, expected in enumerate(oracle_grads(q, k, v, dout)):
+        assert np.abs(gather_sequence([g[which] for g in grads], balanced)
+                      - expected).max() < 1e-12
