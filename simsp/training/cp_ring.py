@@ -114,16 +114,24 @@ class CpRing:
         else:
             ledger.free(key, "cp_ring", self.env.now)
 
-    def forward(self, rank: int, block_s: list):
-        """Rank `rank`'s forward: block_s[i] is its step-i block attention time."""
+    def forward(self, rank: int, block_s: list, numbers=None):
+        """Rank `rank`'s forward: block_s[i] is its step-i block attention time. `numbers`
+        (numeric mode, training/cp_ring_numeric.py) is told when the rank posts, computes and
+        has received each step's exchange."""
         pending = None
         self._buffer(rank, "cp_kv_0", self.kv_bytes if self.cp > 1 else 0, True)
         for step in range(self.cp):
             if pending is not None:
                 yield pending
+                if numbers is not None:
+                    numbers.arrived("forward", step - 1)
             if step < self.cp - 1:
                 self._buffer(rank, f"cp_kv_{step + 1}", self.kv_bytes, True)
+                if numbers is not None:
+                    numbers.post("forward", step)
                 pending = self._post("forward", step, rank)
+            if numbers is not None:
+                numbers.compute("forward", step)
             yield from self._compute("forward", rank, step, block_s[step])
         for step in range(self.cp - 1):
             self._buffer(rank, f"cp_kv_{step}", self.kv_bytes, False)
@@ -132,14 +140,21 @@ class CpRing:
             ledger.retag(f"cp_kv_{self.cp - 1}", "activations", "cp_kv_saved")
         self.timeline.ends[("forward", rank)] = self.env.now
 
-    def backward(self, rank: int, block_s: list):
-        """Rank `rank`'s backward: block_s[i] is its step-i block backward time."""
+    def backward(self, rank: int, block_s: list, numbers=None):
+        """Rank `rank`'s backward: block_s[i] is its step-i block backward time (`numbers`: as
+        in forward)."""
         buffers = 4 * self.kv_bytes if self.cp > 1 else 0  # two (K/V, dK/dV) buffers
         self._buffer(rank, "cp_kv_dkv_buffers", buffers, True)
         for step in range(self.cp):
+            if numbers is not None:
+                numbers.post("backward", step)
             pending = self._post("backward", step, rank)
+            if numbers is not None:
+                numbers.compute("backward", step)
             yield from self._compute("backward", rank, step, block_s[step])
             yield pending
+            if numbers is not None:
+                numbers.arrived("backward", step)
         self._buffer(rank, "cp_kv_dkv_buffers", buffers, False)
         self._buffer(rank, "cp_kv_saved", self.kv_bytes if self.cp > 1 else 0, False)
         self.timeline.ends[("backward", rank)] = self.env.now
