@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simsp.costmodel import kernel_time
-from simsp.engine.ledger import Ledger
-from simsp.engine.live_set import AlreadyLive
+from simsp.engine.memory import AlreadyLive, Ledger
 from simsp.model.tensor import Tensor
 
 PHASES = ("forward", "backward", "recompute")

@@ -51,3 +51,10 @@ def adam_step(r, state: AdamState, weights: dict, grads: dict, step: int = 1):
         weight.data = master.data.reshape(weight.shape).astype(weight.data.dtype)
     # reads grad, master, m, v (4 B each) and writes master, m, v (4 B) and the fp16 weight (2 B)
     yield from r.compute("adam_step", "elementwise", nbytes=30 * numel)
+
+
+def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):
+    """The Adam step; its time is the iteration's optimizer share (metrics.exposure)."""
+    start = r.env.now
+    yield from adam_step(r, optimizer, weights, grads)
+    r.count_exposed("optimizer", r.env.now - start)
