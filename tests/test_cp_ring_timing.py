@@ -5,7 +5,7 @@ import simpy
 
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
-from simsp.engine.ledger import Ledger
+from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
 from simsp.hardware import LinkCalibration
 from simsp.training.cp_ring import CpRing, exchange_bytes, run_ring
