@@ -1,7 +1,7 @@
 """Context parallelism's building blocks, run: the ring attention timeline table of
 docs/context-parallel.md (block times from the cost model, transfers on the default cluster's
 links), the Ulysses (a2a) timeline beside it, and a numeric cross-check of the three ways simsp
-computes CP attention (ring p2p, Ulysses a2a, ring run by rank processes on the links).
+computes CP attention (ring p2p, Ulysses a2a, each run by rank processes on the links).
 
     python benchmarks/context_parallel.py
 """
@@ -18,6 +18,7 @@ from simsp.model.context_split import (balanced_step_pairs, gather_sequence, loc
 from simsp.model.ring_attention import CpShard, ring_backward, ring_forward, source_rank
 from simsp.model.ulysses_attention import shard_positions, ulysses_backward, ulysses_forward
 from simsp.training.cp_a2a import CpAllToAll
+from simsp.training.cp_a2a_numeric import run_numeric_a2a
 from simsp.training.cp_ring import CpRing, block_seconds, run_ring
 from simsp.training.cp_ring_numeric import run_numeric_ring
 
@@ -90,12 +91,18 @@ def numeric_check(cp: int = 4, s: int = 16, balanced: bool = True) -> dict:
     on_links = run_numeric_ring(CpRing(env, network, tuple(range(cp)), 1), shards, douts,
                                 steps, steps)
     links = [gather_sequence([res[j] for res in on_links], balanced) for j in range(4)]
+    env, network = _network(tuple(range(cp)))
+    a2a_on_links = run_numeric_a2a(CpAllToAll(env, network, tuple(range(cp)), 1, 1), shards,
+                                   douts, 1e-5, 1e-5)
+    a2a_links = [gather_sequence([res[j] for res in a2a_on_links], balanced) for j in range(4)]
     whole_cos, _ = rope_tables(np.arange(s), 8, 10000.0)  # (s, 8)
     chunk_cos = [rope_tables(local_positions(s, cp, r, balanced), 8, 10000.0)[0]
                  for r in range(cp)]
     return {
         "ring vs a2a": max(float(np.abs(a - b).max()) for a, b in zip(ring, a2a)),
         "ring vs ranks on the links": max(float(np.abs(a - b).max()) for a, b in zip(ring, links)),
+        "a2a vs ranks on the links": max(float(np.abs(a - b).max())
+                                         for a, b in zip(a2a, a2a_links)),
         "per-chunk vs whole RoPE": float(np.abs(gather_sequence(chunk_cos, balanced, axis=0)
                                                 - whole_cos).max()),
     }

@@ -51,11 +51,17 @@ class CpAllToAll:
         self._posted_event(tensor, rank).succeed()
         return simpy.AllOf(self.env, pairs)
 
-    def run_rank(self, rank: int, attention_s: float, attention_bwd_s: float):
-        """Rank's forward (a2a, attention, a2a) then backward (a2a, attention backward, a2a)."""
+    def run_rank(self, rank: int, attention_s: float, attention_bwd_s: float, numbers=None):
+        """Rank's forward (a2a, attention, a2a) then backward (a2a, attention backward, a2a).
+        `numbers` (numeric mode, training/cp_a2a_numeric.py) is told when the rank posts each
+        exchange, when it has arrived, and when the attention runs."""
         compute = {"attention": attention_s, "attention backward": attention_bwd_s}
         for phase, tensor, then in EXCHANGES:
+            if numbers is not None:
+                numbers.post(tensor)
             yield self.exchange(tensor, rank)
+            if numbers is not None:
+                numbers.arrived(tensor)
             if then is not None:
                 yield self.env.timeout(compute[then])
             else:
