@@ -10,13 +10,14 @@ import tomllib
 
 from simsp.bounds import check_ranges
 from simsp.errors import UserError
+from simsp.profiles import (gpu_cluster_fields, gpu_profile, system_cluster_fields,
+                            system_profile)
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
-GPU_CHOICES = ("A100-SXM4-80GB",)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class Parallel:
 class Cluster:
     """DGX A100 nodes: NVLink/NVSwitch inside a node, one HDR InfiniBand NIC per GPU between nodes."""
 
-    gpu: str = "A100-SXM4-80GB"
+    gpu: str = "a100-sxm-80gb"  # a GPU profile (simsp/hardware_data/gpus) or a .toml path
+    system: str | None = None  # a system profile: fills gpu, gpus_per_node and link speeds
     gpus_per_node: int = 8
     nodes: int = 1
     nvlink_bandwidth_GBps: float = 300.0  # per GPU per direction (REFERENCE.md §6)
@@ -232,6 +234,7 @@ def load_scenario(path: str | Path | None = None, overrides: dict | None = None,
     data = read_toml(path) if path else {}
     for (section, key), value in (overrides or {}).items():
         data.setdefault(section, {})[key] = value
+    _fill_from_hardware(data.setdefault("cluster", {}))
     if world_size is not None:
         _derive_data_parallel(data, world_size, ("parallel", "data_parallel_size") in (overrides or {}))
     if path and "name" not in data.get("run", {}):
@@ -239,6 +242,15 @@ def load_scenario(path: str | Path | None = None, overrides: dict | None = None,
     scenario = Scenario(**{s: _build_section(s, data.get(s, {})) for s in SECTIONS})
     validate(scenario)
     return scenario
+
+
+def _fill_from_hardware(cluster: dict) -> None:
+    """A system profile fills the [cluster] keys it implies (gpu, gpus_per_node, link speeds),
+    then the GPU profile its NVLink speed; keys the scenario or a flag gives win."""
+    for name, kind in (("system", system_cluster_fields), ("gpu", gpu_cluster_fields)):
+        if isinstance(cluster.get(name), str):
+            for key, value in kind(cluster[name]).items():
+                cluster.setdefault(key, value)
 
 
 def _derive_data_parallel(data: dict, world_size: int, explicit_d: bool) -> None:
@@ -367,7 +379,9 @@ def _validate_schedule(m: Model, p: Parallel) -> None:
 
 def validate_cluster(c: Cluster, p: Parallel) -> None:
     """The cluster must exist and hold every rank."""
-    _choice("cluster.gpu", c.gpu, GPU_CHOICES)
+    gpu_profile(c.gpu)  # a known GPU profile (or a readable file): else one error line
+    if c.system is not None:
+        system_profile(c.system)
     _positive("cluster", c, ("gpus_per_node", "nodes", "nvlink_bandwidth_GBps",
                              "ib_bandwidth_GBps"))
     for name in ("nvlink_latency_us", "ib_latency_us", "transfer_overhead_us"):

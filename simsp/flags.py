@@ -6,6 +6,7 @@ argument is an error, and every flag's --help gives its meaning, unit and defaul
 
 import argparse
 from dataclasses import fields
+from pathlib import Path
 import sys
 from typing import NamedTuple
 
@@ -72,6 +73,13 @@ SCENARIO_FLAGS = {
                                 "activation recomputation (K22 §4-5)", "rc-"),
     "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None, "GPUs per node", "gpn"),
+    "--gpu": ("cluster", "gpu", str, None,
+              "GPU profile: a100-sxm-40gb, a100-sxm-80gb, h100-sxm-80gb, h200-sxm-141gb, b200, "
+              "gb200, or a .toml file (`simsp hardware` lists them)", ""),
+    "--system": ("cluster", "system", str, None,
+                 "system profile (sets gpu, GPUs per NVLink domain, link speeds): dgx-a100, "
+                 "dgx-h100, dgx-h200, dgx-b200, gb200-nvl72, or a .toml file (default: none, "
+                 "DGX A100-like nodes of the GPU)", ""),
     "--mode": ("run", "mode", str, MODE_CHOICES,
                "numeric (numpy arrays, small models) or meta (shapes only, any size)", ""),
     "--seed": ("run", "seed", int, None, "random seed of weights, data and dropout", "seed"),
@@ -221,6 +229,7 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
         value = getattr(args, _dest(flag), None)
         if value is not None:
             text = f"{value:g}" if isinstance(value, float) else str(value)
+            text = Path(text).stem if "/" in text else text  # a profile's path: its name
             tokens.append(f"{_row(flag).token}{text}")
     tokens += [_switch(f)[4] for f in SWITCHES if getattr(args, _dest(f), False)]
     if getattr(args, "world_size", None) is not None:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from simsp import analytic
 from simsp.costmodel import calibration_table
-from simsp.hardware import GPUS, LinkCalibration
+from simsp.hardware import GPUS, LinkCalibration, cluster_compute
 
 
 def iteration_time(run) -> float:
@@ -139,7 +139,7 @@ def collect(run, shortcuts) -> dict:
         "first_stage_activation_formula_bytes": analytic.first_stage_activation_bytes(sc),
         "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
-        "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
+        "calibration": {"compute": calibration_table(cluster_compute(sc.cluster)), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": asdict(shortcuts),
     }
 

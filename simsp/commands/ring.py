@@ -11,6 +11,7 @@ size, count, time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md); a 
 adds the per-channel breakdown.
 """
 
+from dataclasses import replace
 import math
 
 import simpy
@@ -22,9 +23,13 @@ from simsp.engine.network import Network
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, STEPS,
                                     apply_step, bytes_sent_per_rank, chunk_counts, chunk_offsets,
                                     initial_holdings)
+from simsp.engine.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
+                               nvls_available, nvls_bytes_per_direction)
 from simsp.engine.tree import TREE, tree_all_reduce
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, step_times
 from simsp.errors import UserError
+from simsp.flags import nonempty
+from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
 from simsp.hardware import LinkCalibration
 from simsp.jsonout import dumps
 from simsp.progress import track
@@ -53,9 +58,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
     parser.add_argument("--step-factor", type=int, default=None,
                         help="multiply the size by this between sweep rows (default 2)")
-    parser.add_argument("--nccl-algo", choices=(RING, TREE), default=RING,
-                        help="NCCL algorithm (NCCL_ALGO): ring, or tree all-reduce across "
-                             "nodes (default ring)")
+    parser.add_argument("--nccl-algo", choices=(RING, TREE, NVLS), default=RING,
+                        help="NCCL algorithm (NCCL_ALGO): ring, tree all-reduce across "
+                             "nodes, or nvls (NVLink SHARP all-reduce in one NVSwitch-3+ "
+                             "domain, simsp/engine/nvls.py) (default ring)")
+    parser.add_argument("--system", type=nonempty, default=None,
+                        help="system profile whose nodes hold the ranks (dgx-a100, dgx-h100, "
+                             "dgx-h200, dgx-b200, gb200-nvl72 or a .toml; default: DGX A100)")
     parser.add_argument("--explain", action="store_true", help="print every ring step")
     parser.add_argument("--json", action="store_true", help="one JSON object (single --size)")
     parser.add_argument("--html", metavar="FILE", default=None,
@@ -68,9 +77,11 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     """Check the flags, simulate every size, print the table, explanation or JSON."""
     sizes = _sizes(args)
-    cluster, gpus = _placement(args.ranks, args.nodes)
+    cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
     _check_modes(args, sizes)
     _check_algo(args, cluster, gpus)
+    if args.nccl_algo == NVLS:
+        return _run_nvls(args, cluster, gpus, sizes)
     graph = build_topology(cluster)
     if args.html or args.png:
         write_ring_lesson(args.collective, graph, gpus, sizes[0], args.html, args.png)
@@ -129,9 +140,17 @@ def _element_size(nbytes: int, flag: str) -> int:
     return nbytes
 
 
-def _placement(ranks: int, nodes: int | None) -> tuple[Cluster, list[int]]:
+def _system_cluster(system: str | None) -> Cluster:
+    """One node of `system` (its GPUs per NVLink domain and link speeds), or a DGX A100."""
+    if system is None:
+        return Cluster()
+    return replace(Cluster(), system=system, **system_cluster_fields(system))
+
+
+def _placement(ranks: int, nodes: int | None,
+               base: Cluster = Cluster()) -> tuple[Cluster, list[int]]:
     """Cluster and GPUs of the ring: ranks spread evenly over the nodes, in order."""
-    gpus_per_node = Cluster().gpus_per_node
+    gpus_per_node = base.gpus_per_node
     if ranks < 2:
         raise UserError("--ranks", f"a ring needs at least 2 ranks, got {ranks}")
     if ranks > MAX_RING_RANKS:
@@ -149,7 +168,7 @@ def _placement(ranks: int, nodes: int | None) -> tuple[Cluster, list[int]]:
         raise UserError("--ranks", f"{ranks} ranks need {per_node} GPUs per node but a node "
                                    f"has {gpus_per_node}; add --nodes")
     gpus = [node * gpus_per_node + local for node in range(nodes) for local in range(per_node)]
-    return Cluster(nodes=nodes), gpus
+    return replace(base, nodes=nodes), gpus
 
 
 def _check_modes(args, sizes: list[int]) -> None:
@@ -167,7 +186,11 @@ def _check_modes(args, sizes: list[int]) -> None:
 
 
 def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
-    """The tree is NCCL's all-reduce across nodes, simulated stepwise on small groups."""
+    """The tree is NCCL's all-reduce across nodes, simulated stepwise on small groups; NVLS is
+    an all-reduce inside one NVSwitch-3+ domain."""
+    if args.nccl_algo == NVLS:
+        _check_nvls(args, cluster)
+        return
     if args.nccl_algo != TREE:
         return
     if args.collective != ALL_REDUCE:
@@ -177,6 +200,52 @@ def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
     if args.explain or len(gpus) > STEPWISE_MAX_RANKS:
         raise UserError("--nccl-algo", f"tree is simulated stepwise, without --explain, for at "
                                        f"most {STEPWISE_MAX_RANKS} ranks")
+
+
+def _check_nvls(args, cluster: Cluster) -> None:
+    if args.collective != ALL_REDUCE:
+        raise UserError("--nccl-algo", f"nvls runs all_reduce only here, not {args.collective}")
+    for flag, given in (("--explain", args.explain), ("--html", args.html), ("--png", args.png)):
+        if given:
+            raise UserError(flag, "shows ring steps; nvls has none (one switch reduction)")
+    why = nvls_available(nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
+                         cluster.nodes)
+    if why:
+        raise UserError("--nccl-algo", why)
+
+
+def _run_nvls(args, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
+    """NVLS all-reduce at every size (closed form, simsp/engine/nvls.py), beside the ring."""
+    rows = [_nvls_stats(cluster, gpus, size) for size in sizes]
+    if args.json:
+        print(dumps(_json_result(ALL_REDUCE, rows[0])))
+        return 0
+    graph = build_topology(cluster)
+    rings = [simulate(graph, gpus, ALL_REDUCE, size,
+                      LinkCalibration.from_cluster(cluster)) for size in sizes]
+    header = _header(ALL_REDUCE, cluster, gpus)
+    header[0] = (header[0].replace("ring gpu", "NVLS (NVLink SHARP) over gpu")
+                 .replace("stepwise simulation", "closed form").replace("closed-form timing", "closed form"))
+    header[2] += (f"; NVLS: S(1+1/n) per direction at link x nvlsEfficiency "
+                  f"{NVLS_EFFICIENCY[gpu_profile(cluster.gpu).nvlink_generation]:g} "
+                  f"+ {NVLS_LATENCY_S * 1e6:g} us (NVIDIA/nccl src/graph/tuning.cc)")
+    faster = [NVLS if nv.time_s < ring.time_s else RING for nv, ring in zip(rows, rings)]
+    choice = ["#", "# the same sizes as a ring, and the faster of the two (NCCL picks the "
+              "algorithm of lowest predicted time, tuning.cc):"]
+    choice += [f"#   {ring.nbytes:>10} B: ring {ring.time_s * 1e6:.2f} us, busbw "
+               f"{busbw_GBps(ALL_REDUCE, len(gpus), ring.nbytes, ring.time_s):.2f} GB/s -> {pick}"
+               for ring, pick in zip(rings, faster)]
+    print("\n".join(header + _table(rows) + choice))
+    return 0
+
+
+def _nvls_stats(cluster: Cluster, gpus: list[int], nbytes: int) -> CollectiveStats:
+    """An NVLS all-reduce's stats: one switch reduction, S(1 + 1/n) sent by every GPU."""
+    n, gpu = len(gpus), gpu_profile(cluster.gpu)
+    seconds = nvls_all_reduce_time(nbytes, n, cluster.nvlink_bandwidth_GBps,
+                                   cluster.nvlink_efficiency, gpu.nvlink_generation)
+    sent = (round(nvls_bytes_per_direction(nbytes, n)),) * n
+    return CollectiveStats(ALL_REDUCE, tuple(gpus), nbytes, 1, sent, sent, 0.0, seconds)
 
 
 def _run_tree(args, graph, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:

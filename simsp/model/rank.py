@@ -51,6 +51,7 @@ class Rank:
     busy_s: dict = field(default_factory=dict)  # kernel kind -> seconds on the compute stream
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
+    compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):
@@ -103,7 +104,7 @@ class Rank:
         """Hold the compute stream for one kernel's modelled time; count its GEMM FLOPs."""
         if kind == "gemm":
             self.flops[self.phase] += flops
-        duration = kernel_time(kind, flops, nbytes, gemm)
+        duration = kernel_time(kind, flops, nbytes, gemm, self.compute_cal)
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
         start = self.env.now
         yield self.env.timeout(duration)

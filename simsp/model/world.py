@@ -13,7 +13,7 @@ from simsp.engine.ledger import Ledger
 from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
-from simsp.hardware import GPUS, LinkCalibration
+from simsp.hardware import GPUS, LinkCalibration, cluster_compute
 from simsp.model.rank import Rank, TPGroup
 
 
@@ -63,4 +63,4 @@ def _make_rank(world: World, rank: int) -> Rank:
     comm_stream = Stream(world.env, rank, COMM, Trace())
     return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
-                comm_stream=comm_stream)
+                comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster))
