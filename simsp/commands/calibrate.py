@@ -18,6 +18,7 @@ from simsp.calibrate.fit import calibrate
 from simsp.calibrate.layout import measurement
 from simsp.calibrate.nccl_log import read_log
 from simsp.calibrate.summary import report
+from simsp.commands import calibrate_gemm
 from simsp.config import Cluster
 from simsp.engine.ring_plan import COLLECTIVES
 from simsp.errors import UserError
@@ -44,6 +45,7 @@ def add_parser(subparsers) -> None:
     nccl.add_argument("--json", action="store_true",
                       help="print one JSON object (runs, tiers, parameters, fragment)")
     nccl.set_defaults(handler=run)
+    calibrate_gemm.add_parser(sources)
 
 
 def run(args) -> int:
