@@ -67,6 +67,16 @@ class Parallel:
     overlap_param_gather: bool = False
     ddp_bucket_size: int | None = None  # parameters per DP bucket; None: max(40M, 1M*d)
     accumulate_allreduce_grads_in_fp32: bool = True  # Megatron turns it on for bf16
+    # FP8 training and optimizer-state precision (Megatron-LM / Transformer Engine names;
+    # simsp/precision.py, docs/hardware.md). fp8_format None: BF16 GEMMs.
+    fp8_format: str | None = None  # "e4m3" | "hybrid" (E4M3 forward, E5M2 gradients)
+    fp8_recipe: str = "delayed"  # delayed | tensorwise | blockwise | mxfp8
+    fp8_param_gather: bool = False  # FP8 parameters, no BF16 weight beside the FP8 copy
+    use_precision_aware_optimizer: bool = False
+    main_grads_dtype: str = "fp32"
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
 
     @property
     def tp(self) -> int:
@@ -393,6 +403,38 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
            f"{c.gpus_per_node} hold {c.num_gpus}")
 
 
+FP8_FORMAT_CHOICES = ("e4m3", "hybrid")
+FP8_RECIPE_CHOICES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+MAIN_GRADS_DTYPE_CHOICES = ("fp32", "bf16")
+MAIN_PARAMS_DTYPE_CHOICES = ("fp32", "fp16")
+EXP_AVG_DTYPE_CHOICES = ("fp32", "fp16", "fp8")
+
+
+def validate_precision(p: Parallel, c: Cluster) -> None:
+    """FP8 needs FP8 tensor cores (Hopper and later), MXFP8 Blackwell (Transformer Engine
+    transformer_engine/pytorch/fp8.py check_mxfp8_support); state dtypes other than fp32 need
+    the precision-aware optimizer (Megatron-LM arguments.py)."""
+    if p.fp8_format is not None:
+        _choice("parallel.fp8_format", p.fp8_format, FP8_FORMAT_CHOICES)
+        gpu = gpu_profile(c.gpu)
+        _check(gpu.peak_fp8_flops is not None, "parallel.fp8_format",
+               f"{gpu.name} has no FP8 tensor cores (FP8 GEMMs need Hopper or later: "
+               f"h100-sxm-80gb, h200-sxm-141gb, b200, gb200)")
+        _check(p.fp8_recipe != "mxfp8" or gpu.nvlink_generation >= 5, "parallel.fp8_recipe",
+               f"mxfp8 needs Blackwell (b200, gb200); {gpu.name} is not")
+    _choice("parallel.fp8_recipe", p.fp8_recipe, FP8_RECIPE_CHOICES)
+    _check(not p.fp8_param_gather or p.fp8_format is not None, "parallel.fp8_param_gather",
+           "needs fp8_format (FP8 parameters are FP8 training's)")
+    for name, choices in (("main_grads_dtype", MAIN_GRADS_DTYPE_CHOICES),
+                          ("main_params_dtype", MAIN_PARAMS_DTYPE_CHOICES),
+                          ("exp_avg_dtype", EXP_AVG_DTYPE_CHOICES),
+                          ("exp_avg_sq_dtype", EXP_AVG_DTYPE_CHOICES)):
+        value = getattr(p, name)
+        _choice(f"parallel.{name}", value, choices)
+        _check(value == "fp32" or p.use_precision_aware_optimizer, f"parallel.{name}",
+               f"{value} needs use_precision_aware_optimizer (Megatron-LM)")
+
+
 def validate(s: Scenario) -> None:
     """Every field finite and in range (simsp.bounds), then every cross-field check; raises
     UserError naming the first bad field."""
@@ -400,6 +442,7 @@ def validate(s: Scenario) -> None:
     validate_model(s.model)
     validate_parallel(s.model, s.parallel)
     validate_cluster(s.cluster, s.parallel)
+    validate_precision(s.parallel, s.cluster)
     _choice("run.mode", s.run.mode, MODE_CHOICES)
     _choice("run.numeric_dtype", s.run.numeric_dtype, DTYPE_CHOICES)
     _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")

@@ -13,6 +13,8 @@ from typing import NamedTuple
 from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
+from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
+                          MAIN_GRADS_DTYPE_CHOICES, MAIN_PARAMS_DTYPE_CHOICES)
 from simsp.errors import UserError
 
 
@@ -71,6 +73,20 @@ SCENARIO_FLAGS = {
                                "layers per recompute group/block (Megatron)", "rnl"),
     "--recompute-granularity": ("parallel", "recompute_granularity", str, RECOMPUTE_CHOICES,
                                 "activation recomputation (K22 §4-5)", "rc-"),
+    "--fp8-format": ("parallel", "fp8_format", str, FP8_FORMAT_CHOICES,
+                     "FP8 GEMMs (Transformer Engine): e4m3, or hybrid (E5M2 gradients) "
+                     "(default: off, BF16)", "fp8-"),
+    "--fp8-recipe": ("parallel", "fp8_recipe", str, FP8_RECIPE_CHOICES,
+                     "FP8 scaling: per-tensor delayed or current (tensorwise), 128-blocks, or "
+                     "MXFP8 (Blackwell)", "rcp-"),
+    "--main-grads-dtype": ("parallel", "main_grads_dtype", str, MAIN_GRADS_DTYPE_CHOICES,
+                           "main gradient dtype (precision-aware optimizer)", "mg-"),
+    "--main-params-dtype": ("parallel", "main_params_dtype", str, MAIN_PARAMS_DTYPE_CHOICES,
+                            "master parameter dtype (precision-aware optimizer)", "mp-"),
+    "--exp-avg-dtype": ("parallel", "exp_avg_dtype", str, EXP_AVG_DTYPE_CHOICES,
+                        "Adam first moment dtype (precision-aware optimizer)", "m1-"),
+    "--exp-avg-sq-dtype": ("parallel", "exp_avg_sq_dtype", str, EXP_AVG_DTYPE_CHOICES,
+                           "Adam second moment dtype (precision-aware optimizer)", "m2-"),
     "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None, "GPUs per node", "gpn"),
     "--gpu": ("cluster", "gpu", str, None,
@@ -109,6 +125,12 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
         ("parallel", "accumulate_allreduce_grads_in_fp32", False, "reduce gradients in bf16",
          "nofp32grad"),
 }
+SWITCHES.update({
+    "--fp8-param-gather": ("parallel", "fp8_param_gather", True,
+                           "FP8 parameters: no BF16 weight beside the FP8 copy", "fp8pg"),
+    "--use-precision-aware-optimizer": ("parallel", "use_precision_aware_optimizer", True,
+                                        "optimizer states in the dtypes given", "pao"),
+})
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
 
 

@@ -7,7 +7,7 @@ GEMM FLOPs are 2mkn (K22 App. A); element-wise kernels are timed by bytes read a
 
 import numpy as np
 
-from simsp.model import kernels
+from simsp.model import fp8, kernels
 from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
 
@@ -22,6 +22,10 @@ def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str):
     y = r.alloc(x.shape[:-1] + (n,), FP16, name)
     if r.numeric:
         y.data = kernels.linear_forward(x.data, w.data, _data(b))
+    if r.fp8 is not None and fp8.is_fp8_weight(w):
+        yield from fp8.quantize(r, name, m * k)
+        yield from fp8.gemm(r, name, m, k, n)
+        return y
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, k, n))
     return y
 
@@ -33,6 +37,10 @@ def linear_grad_input(r, dy: Tensor, w: Tensor, name: str):
     dx = r.alloc(dy.shape[:-1] + (k,), FP16, name)
     if r.numeric:
         dx.data = dy.data @ w.data.T
+    if r.fp8 is not None and fp8.is_fp8_weight(w):
+        yield from fp8.quantize(r, name, m * n)  # dy, for this GEMM and the weight gradient's
+        yield from fp8.gemm(r, name, m, n, k)
+        return dx
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, n, k))
     return dx
 
@@ -47,6 +55,9 @@ def linear_grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_nam
         grads[w_name].data += x2.T @ dy2
         if b_name:
             grads[b_name].data += dy2.sum(axis=0)
+    if r.fp8 is not None and fp8.is_fp8_weight(grads[w_name]):
+        yield from fp8.gemm(r, name, k, m, n)  # saved FP8 input x FP8 dy
+        return
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(k, m, n))
 
 

@@ -13,7 +13,9 @@ import numpy as np
 from simsp.costmodel import kernel_time
 from simsp.engine.ledger import Ledger
 from simsp.engine.live_set import AlreadyLive
+from simsp.model.fp8 import FP8_SAVED_INPUTS, save_quantized
 from simsp.model.tensor import Tensor
+from simsp.precision import DEFAULT as DEFAULT_PRECISION
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -52,6 +54,8 @@ class Rank:
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
+    precision: object = DEFAULT_PRECISION  # simsp.precision.Precision: state dtypes, FP8
+    fp8: object = None  # simsp.precision.Fp8 when the linear layers run in FP8
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):
@@ -92,7 +96,10 @@ class Rank:
                 tensor.key = None
 
     def save(self, tensor: Tensor, name: str) -> Tensor:
-        """Keep a tensor for backward: it moves to the activations category under `name`."""
+        """Keep a tensor for backward: it moves to the activations category under `name`
+        (a linear input in FP8 under FP8 training: simsp/model/fp8.py)."""
+        if self.fp8 is not None and name in FP8_SAVED_INPUTS:
+            return save_quantized(self, tensor, name)
         target = self.key(name)
         if tensor.key != target:
             target = self._unique_key(target)
@@ -105,6 +112,17 @@ class Rank:
         if kind == "gemm":
             self.flops[self.phase] += flops
         duration = kernel_time(kind, flops, nbytes, gemm, self.compute_cal)
+        self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
+        start = self.env.now
+        yield self.env.timeout(duration)
+        if self.trace is not None:
+            self.trace.add_span(self.rank, "compute", name, start, self.env.now,
+                                {"phase": self.phase, "kind": kind})
+
+    def hold(self, name: str, kind: str, flops: int, duration: float):
+        """Hold the compute stream for a kernel timed by the caller (FP8 GEMMs)."""
+        if kind == "gemm":
+            self.flops[self.phase] += flops
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
         start = self.env.now
         yield self.env.timeout(duration)
