@@ -109,3 +109,19 @@ def test_ring_nvls_is_refused_on_nvswitch_2_and_across_nodes():
     n, t = 8, nvls_all_reduce_time(2**30, 8, 450.0, 0.78, 4)
     assert busbw == pytest.approx(2**30 / t / 1e9 * 2 * (n - 1) / n, rel=1e-9)
     assert math.isfinite(busbw)
+
+
+def test_simsp_hardware_lists_every_profile_with_its_sources():
+    result = _cli("hardware", "--json")
+    assert result.returncode == 0
+    profiles = __import__("json").loads(result.stdout)["profiles"]
+    assert [p["name"] for p in profiles] == available("gpu") + available("system")
+    for profile in profiles:
+        assert all(item["source"] for item in profile["numbers"].values())
+    h100 = next(p for p in profiles if p["name"] == "h100-sxm-80gb")
+    assert h100["model"]["bf16_from"] == "rule"
+    assert h100["model"]["bf16"]["gemm_max_efficiency"] == pytest.approx(794.5 / 989)
+    a100 = next(p for p in profiles if p["name"] == "a100-sxm-80gb")
+    assert a100["model"]["bf16_from"] == "fitted [compute]"
+    text = _cli("hardware", "dgx-h100")
+    assert text.returncode == 0 and "NDR" in text.stdout and "nvswitch_generation = 3" in text.stdout
