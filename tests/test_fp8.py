@@ -98,3 +98,28 @@ def test_fp8_pays_on_a_22b_layer_not_on_a_launch_bound_tiny_one_and_is_refused_o
 def test_state_dtypes_need_the_precision_aware_optimizer():
     with pytest.raises(Exception, match="use_precision_aware_optimizer"):
         _layer(exp_avg_dtype="fp16")
+
+
+@pytest.mark.parametrize("fmt, value, rounded", [
+    ("e4m3", 1.0625, 1.0), ("e4m3", 1.1875, 1.25), ("e4m3", -3.3, -3.25), ("e4m3", 500.0, 448.0),
+    ("e4m3", 0.001, 2.0 ** -9), ("e4m3", 2.0 ** -11, 0.0), ("e5m2", 1.125, 1.0),
+    ("e5m2", 1.375, 1.5), ("e5m2", 6.0e4, 57344.0), ("e5m2", 3 * 2.0 ** -17, 2.0 ** -15)])
+def test_fp8_rounding_by_hand(fmt, value, rounded):
+    """OCP FP8: E4M3 spacing 1/8 near 1, largest 448, smallest subnormal 2^-9; E5M2 spacing 1/4,
+    largest 57344, smallest subnormal 2^-16; ties to even; overflow saturates."""
+    from simsp.model.fp8 import round_to_fp8
+    import numpy as np
+    assert round_to_fp8(np.array([value]), fmt)[0] == rounded
+
+
+def test_verify_under_fp8_reports_the_error_per_parameter_e5m2_gradients_worse():
+    from simsp.commands.verify import fp8_report
+    errors = {}
+    for fmt in ("e4m3", "hybrid"):
+        sc = load_scenario("scenarios/tiny.toml", {("cluster", "gpu"): "h100-sxm-80gb",
+                                                   ("parallel", "fp8_format"): fmt})
+        report = fp8_report(sc)
+        errors[fmt] = [report["reference_errors"][n] for n in report["checked"]]
+        assert "layers.0.attn.qkv.weight" in report["checked"]
+        assert all(1e-4 < e < 0.5 for e in errors[fmt])  # FP8-sized, not FP64-sized, finite
+    assert sum(errors["e4m3"]) < sum(errors["hybrid"])

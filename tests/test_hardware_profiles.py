@@ -125,3 +125,11 @@ def test_simsp_hardware_lists_every_profile_with_its_sources():
     assert a100["model"]["bf16_from"] == "fitted [compute]"
     text = _cli("hardware", "dgx-h100")
     assert text.returncode == 0 and "NDR" in text.stdout and "nvswitch_generation = 3" in text.stdout
+
+
+def test_the_nemo_group_runs_only_when_named():
+    from simsp.validation.runner import load_sets, select_groups
+    sets = load_sets([])
+    assert "nemo-24.07-h100" not in [g[0] for g in select_groups(sets, None)]
+    (group,) = select_groups(sets, ["nemo-24.07-h100"])
+    assert len(group[3]) == 4 and "not model" in group[2]

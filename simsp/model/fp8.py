@@ -15,6 +15,8 @@ output layer's logits and every element-wise op stay BF16. Per linear layer
 Kernel times: simsp.costmodel.gemm_seconds with the GPU's FP8 compute model.
 """
 
+import numpy as np
+
 from simsp.costmodel import gemm_operand_bytes, gemm_seconds
 
 # The saved linear inputs (simsp/model/layer.py names) TE keeps in FP8.
@@ -72,3 +74,37 @@ def weight_cast_bytes(r, weights: dict) -> int:
     """Bytes the per-iteration weight quantization moves over this rank's FP8 weights."""
     return sum(r.fp8.cast_bytes(w.numel, r.fp8.directions("weight"))
                for w in weights.values() if is_fp8_weight(w))
+
+
+# ---------------------------------------------------------------------------------------------
+# Numeric mode: FP8 rounding emulated in float64 (verify measures the error it introduces)
+# ---------------------------------------------------------------------------------------------
+
+# format -> (mantissa bits, smallest normal exponent, largest finite value): OCP FP8 (E4M3FN:
+# max 448, E5M2: max 57344), as TE's Format (transformer_engine/common/recipe/__init__.py)
+FP8_FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0)}
+
+
+def round_to_fp8(a: np.ndarray, fmt: str) -> np.ndarray:
+    """`a` rounded to the nearest `fmt` value (ties to even; subnormals kept; saturating)."""
+    mantissa, min_exp, largest = FP8_FORMATS[fmt]
+    magnitude = np.abs(a)  # same shape as a
+    exponent = np.maximum(np.floor(np.log2(np.where(magnitude > 0, magnitude, 1.0))), min_exp)
+    quantum = np.exp2(exponent - mantissa)  # spacing of fmt values near each element
+    rounded = np.minimum(np.round(magnitude / quantum) * quantum, largest)
+    return np.copysign(rounded, a)
+
+
+def emulate(a: np.ndarray, fmt: str) -> np.ndarray:
+    """Quantize-dequantize with one per-tensor scale from the tensor's own amax (TE's current
+    scaling, tensorwise): a x s rounded to `fmt`, divided by s, s = largest / amax."""
+    amax = float(np.max(np.abs(a))) if a.size else 0.0
+    if amax == 0.0 or not np.isfinite(amax):
+        return a
+    scale = FP8_FORMATS[fmt][2] / amax
+    return round_to_fp8(a * scale, fmt) / scale
+
+
+def backward_format(r) -> str:
+    """Gradients: E5M2 under hybrid, E4M3 under e4m3 (TE Format.HYBRID / Format.E4M3)."""
+    return "e5m2" if r.fp8.fmt == "hybrid" else "e4m3"
