@@ -133,3 +133,17 @@ def test_the_nemo_group_runs_only_when_named():
     assert "nemo-24.07-h100" not in [g[0] for g in select_groups(sets, None)]
     (group,) = select_groups(sets, ["nemo-24.07-h100"])
     assert len(group[3]) == 4 and "not model" in group[2]
+
+
+def test_a_swept_system_fills_its_cluster_unless_that_key_is_swept_too():
+    from simsp.explore.configs import base_values, expand
+    from simsp.explore.fields import by_key
+    fields = by_key()
+    configs = expand([("", base_values(None))],
+                     [(fields["cluster.system"], ["dgx-h100", "gb200-nvl72"]),
+                      (fields["cluster.ib_bandwidth_GBps"], [100.0])])
+    values = [dict(c.values) for c in configs]
+    assert [(v[("cluster", "gpu")], v[("cluster", "gpus_per_node")]) for v in values] == \
+        [("h100-sxm-80gb", 8), ("gb200", 72)]
+    assert {v[("cluster", "ib_bandwidth_GBps")] for v in values} == {100.0}  # swept: kept
+    assert values[1][("cluster", "nvlink_bandwidth_GBps")] == 900.0
