@@ -147,3 +147,11 @@ def test_a_swept_system_fills_its_cluster_unless_that_key_is_swept_too():
         [("h100-sxm-80gb", 8), ("gb200", 72)]
     assert {v[("cluster", "ib_bandwidth_GBps")] for v in values} == {100.0}  # swept: kept
     assert values[1][("cluster", "nvlink_bandwidth_GBps")] == 900.0
+
+
+def test_plain_ring_names_nccl_s_pick_only_where_nvls_can_run():
+    h100 = _cli("ring", "--system", "dgx-h100", "--ranks", "8", "--size", "1G")
+    assert h100.returncode == 0 and "-> nvls" in h100.stdout
+    for args in (("--ranks", "8"), ("--system", "dgx-h100", "--ranks", "16", "--nodes", "2")):
+        other = _cli("ring", *args, "--size", "1G")
+        assert other.returncode == 0 and "NVLS" not in other.stdout

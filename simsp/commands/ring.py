@@ -98,11 +98,27 @@ def run(args) -> int:
     quiet = getattr(args, "quiet", False) or len(sizes) < 2
     rows = [simulate(graph, gpus, args.collective, size)
             for size in track(sizes, "sizes", "size", quiet)]
-    lines = _header(args.collective, cluster, gpus) + _table(rows)
+    lines = _header(args.collective, cluster, gpus) + _table(rows) + _nccl_pick(cluster, rows)
     if len(rows) == 1:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
     print("\n".join(lines))
     return 0
+
+
+def _nccl_pick(cluster: Cluster, rows: list[CollectiveStats]) -> list[str]:
+    """On an NVSwitch-3+ domain, NCCL weighs NVLS against the ring for an all-reduce and takes
+    the faster (tuning.cc): name it per size. Nothing where NVLS cannot run."""
+    if not rows or rows[0].collective != ALL_REDUCE or nvls_available(
+            nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
+            cluster.nodes):
+        return []
+    lines = ["# NVLS (NVLink SHARP) can run here; the faster of ring and nvls per size, as NCCL "
+             "picks (--nccl-algo nvls prints its table):"]
+    for ring in rows:
+        nvls = _nvls_stats(cluster, list(ring.gpus), ring.nbytes)
+        lines.append(f"#   {ring.nbytes:>10} B: ring {ring.time_s * 1e6:.2f} us, nvls "
+                     f"{nvls.time_s * 1e6:.2f} us -> {NVLS if nvls.time_s < ring.time_s else RING}")
+    return lines
 
 
 # --------------------------------------------------------------------------------------------
