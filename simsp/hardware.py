@@ -1,7 +1,8 @@
 """Hardware specs and every calibration constant, in one place (REFERENCE.md §6).
 
-Sections: GPU specs; link calibration (what fraction of a link's speed NCCL rings achieve).
-A compute cost-model section (op FLOPs and bytes -> seconds) belongs here too.
+Sections: GPU specs; link calibration (what fraction of a link's speed NCCL rings achieve);
+the compute cost model's constants; the compute rule that derives them for any GPU profile
+(simsp/hardware_data, read by simsp/profiles.py; docs/hardware.md).
 """
 
 from dataclasses import dataclass, replace
