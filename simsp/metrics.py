@@ -9,7 +9,9 @@ from dataclasses import asdict
 
 from simsp import analytic
 from simsp.costmodel import calibration_table
+from simsp.config import Cluster
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
+from simsp.profiles import gpu_profile
 
 
 def iteration_time(run) -> float:
@@ -154,7 +156,19 @@ def layout(sc) -> dict:
             "hidden": m.hidden_size, "heads": m.num_attention_heads, "seq": m.seq_length,
             "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size,
             "gpus": p.world_size, "nodes": sc.cluster.nodes,
-            "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p)}
+            "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p),
+            **_hardware_layout(sc)}
+
+
+def _hardware_layout(sc) -> dict:
+    """The GPU, system and FP8 settings (docs/hardware.md), present only when they differ from
+    the default A100 in BF16 (whose reports stay as they were)."""
+    p, c = sc.parallel, sc.cluster
+    if c.gpu == Cluster().gpu and c.system is None and p.fp8_format is None:
+        return {}
+    fp8 = f"{p.fp8_format} ({p.fp8_recipe}{', FP8 parameters' if p.fp8_param_gather else ''})"
+    return {"gpu": gpu_profile(c.gpu).name, "system": c.system,
+            "fp8": fp8 if p.fp8_format else None}
 
 
 def _recompute_layout(p) -> dict:

@@ -155,3 +155,12 @@ def test_plain_ring_names_nccl_s_pick_only_where_nvls_can_run():
     for args in (("--ranks", "8"), ("--system", "dgx-h100", "--ranks", "16", "--nodes", "2")):
         other = _cli("ring", *args, "--size", "1G")
         assert other.returncode == 0 and "NVLS" not in other.stdout
+
+
+def test_reports_name_the_hardware_only_when_it_is_not_the_default():
+    from simsp.metrics import layout
+    from simsp.report.summary_md import _hardware_line
+    assert "gpu" not in layout(load_scenario(None))
+    lay = layout(load_scenario(None, {("cluster", "system"): "dgx-h100",
+                                      ("parallel", "fp8_format"): "hybrid"}))
+    assert _hardware_line(lay) == ["Hardware: h100-sxm-80gb in dgx-h100, FP8 hybrid (delayed)."]
