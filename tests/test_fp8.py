@@ -123,3 +123,14 @@ def test_verify_under_fp8_reports_the_error_per_parameter_e5m2_gradients_worse()
         assert "layers.0.attn.qkv.weight" in report["checked"]
         assert all(1e-4 < e < 0.5 for e in errors[fmt])  # FP8-sized, not FP64-sized, finite
     assert sum(errors["e4m3"]) < sum(errors["hybrid"])
+
+
+def test_under_sp_the_linear_inputs_are_gathered_in_fp8():
+    """TE's LayerNormLinear quantizes the LN output, then all-gathers it: (t - 1)/t x sbh bytes
+    per rank per gather (QKV and fc1) instead of twice that, forward and backward re-gather."""
+    bf16, fp8 = _layer(sequence_parallel=True), _layer(sequence_parallel=True,
+                                                       fp8_format="hybrid")
+    per_gather = (T - 1) * S * B * H // T  # bytes sent per rank for one FP8 all-gather
+    assert bf16.ranks[0].comm_bytes[("forward", "all_gather")] == 2 * 2 * per_gather
+    assert fp8.ranks[0].comm_bytes[("forward", "all_gather")] == 2 * per_gather
+    assert fp8.ranks[0].comm_bytes[("backward", "all_gather_ln_output")] == 2 * per_gather

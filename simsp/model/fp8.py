@@ -19,6 +19,7 @@ import numpy as np
 
 from simsp.costmodel import gemm_operand_bytes, gemm_seconds
 
+FP8_BYTES = 1
 # The saved linear inputs (simsp/model/layer.py names) TE keeps in FP8.
 FP8_SAVED_INPUTS = frozenset({"qkv_input", "proj_input", "fc1_input", "fc2_input"})
 
@@ -50,12 +51,14 @@ def quantize(r, name: str, numel: int):
 
 
 def save_quantized(r, tensor, name: str):
-    """Keep a linear input for backward as TE does: FP8, one direction, with its scales."""
+    """Keep a linear input for backward as TE does: FP8, one direction, with its scales. The
+    tensor is FP8 from here on (1-byte elements): under SP its all-gathers, forward and the
+    backward's re-gather, move FP8, as TE's LayerNormLinear gathers the quantized LN output."""
     target = r._unique_key(r.key(name))
     now = r.env.now
     r.ledger.free(tensor.key, f"quantize {name}", now)
     r.ledger.alloc(target, r.fp8.saved_input_bytes(tensor.numel), "activations", name, now)
-    tensor.key = target
+    tensor.key, tensor.itemsize = target, FP8_BYTES
     return tensor
 
 
