@@ -6,6 +6,7 @@ the compute cost model's constants; the compute rule that derives them for any G
 """
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from simsp.profiles import GPUProfile, gpu_profile
 from simsp.units import GiB
@@ -156,8 +157,9 @@ def gpu_compute(gpu: GPUProfile, fp8: bool = False) -> ComputeCalibration:
     return replace(derived, **stated) if stated else derived
 
 
+@lru_cache(maxsize=64)
 def compute_for(gpu_name: str, fp8: bool = False) -> ComputeCalibration:
-    """The compute model of GPU profile `gpu_name`."""
+    """The compute model of GPU profile `gpu_name` (frozen: one object per name, shared)."""
     return gpu_compute(gpu_profile(gpu_name), fp8)
 
 
