@@ -18,6 +18,8 @@ RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
+NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
+NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,9 @@ class Cluster:
     nvlink_efficiency: float = 0.78
     ib_efficiency: float = 0.90
     transfer_overhead_us: float = 0.0
+    # NCCL_ALGO / NCCL_PROTO: force every collective's algorithm / protocol (docs/nccl.md)
+    nccl_algo: str = "auto"
+    nccl_proto: str = "auto"
 
     @property
     def num_gpus(self) -> int:
@@ -392,6 +397,8 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
     gpu_profile(c.gpu)  # a known GPU profile (or a readable file): else one error line
     if c.system is not None:
         system_profile(c.system)
+    _choice("cluster.nccl_algo", c.nccl_algo, NCCL_ALGO_CHOICES)
+    _choice("cluster.nccl_proto", c.nccl_proto, NCCL_PROTO_CHOICES)
     _positive("cluster", c, ("gpus_per_node", "nodes", "nvlink_bandwidth_GBps",
                              "ib_bandwidth_GBps"))
     for name in ("nvlink_latency_us", "ib_latency_us", "transfer_overhead_us"):

@@ -10,7 +10,8 @@ from pathlib import Path
 import sys
 from typing import NamedTuple
 
-from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, RECOMPUTE_CHOICES,
+from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES,
+                          RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
 from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
@@ -96,6 +97,12 @@ SCENARIO_FLAGS = {
                  "system profile (sets gpu, GPUs per NVLink domain, link speeds): dgx-a100, "
                  "dgx-h100, dgx-h200, dgx-b200, gb200-nvl72, or a .toml file (default: none, "
                  "DGX A100-like nodes of the GPU)", ""),
+    "--nccl-algo": ("cluster", "nccl_algo", str, NCCL_ALGO_CHOICES,
+                    "NCCL algorithm of every collective, as NCCL_ALGO (auto: NCCL's choice; "
+                    "tree: all-reduces only)", "algo-"),
+    "--nccl-proto": ("cluster", "nccl_proto", str, NCCL_PROTO_CHOICES,
+                     "NCCL protocol of every collective, as NCCL_PROTO (auto: NCCL's choice)",
+                     "proto-"),
     "--mode": ("run", "mode", str, MODE_CHOICES,
                "numeric (numpy arrays, small models) or meta (shapes only, any size)", ""),
     "--seed": ("run", "seed", int, None, "random seed of weights, data and dropout", "seed"),

@@ -64,12 +64,18 @@ class LinkCalibration:
     # the cluster's per-hop link latencies. Zero: the configured nvlink_latency_us (2 us per
     # switch hop) already exceeds NCCL's measured per-step latency on NVLink (~1 us, LL protocol).
     transfer_overhead_s: float = 0.0
+    # NCCL_ALGO / NCCL_PROTO forcing every collective (None: NCCL's own choice,
+    # simsp/engine/nccl_tuning.py); carried here so every timing path sees them
+    nccl_algo: str | None = None
+    nccl_proto: str | None = None
 
     @classmethod
     def from_cluster(cls, cluster) -> "LinkCalibration":
         """The link calibration a scenario's [cluster] section states (defaults: the above)."""
+        forced = {name: None if getattr(cluster, name, "auto") == "auto" else getattr(cluster, name)
+                  for name in ("nccl_algo", "nccl_proto")}
         return cls(cluster.nvlink_efficiency, cluster.ib_efficiency,
-                   cluster.transfer_overhead_us * 1e-6)
+                   cluster.transfer_overhead_us * 1e-6, **forced)
 
     def efficiency(self, kind: str) -> float:
         """Achieved fraction of bandwidth for a link of `kind` ("nvlink" or "ib")."""

@@ -17,6 +17,7 @@ from simsp.calibrate.nccl_log import Row, row_collective
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster, load_scenario
+from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.ring_timing import busbw_GBps, collective_time
 from simsp.hardware import LinkCalibration
 
@@ -44,8 +45,10 @@ def count_of(collective: str, size: int, ranks: int) -> int:
 
 
 def nccl_tests_log(collective: str, nodes: int, per_node: int, times_us: dict,
-                   binary: bool = True) -> str:
-    """A complete nccl-tests log with rows {size: (out-of-place us, in-place us)}."""
+                   binary: bool = True, digits: int = 2, group: bool = True) -> str:
+    """A complete nccl-tests log with rows {size: (out-of-place us, in-place us)}, times to
+    `digits` decimals (nccl-tests prints 2), Rank lines with a Group column or the older
+    format without it."""
     ranks = nodes * per_node
     lines = [f"# nThread 1 nGpus 1 minBytes {min(times_us)} maxBytes {max(times_us)} step: "
              "4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0", "#"]
@@ -53,7 +56,8 @@ def nccl_tests_log(collective: str, nodes: int, per_node: int, times_us: dict,
         lines.insert(0, f"# Collective test starting: {collective}_perf")
     lines.append("# Using devices")
     for r in range(ranks):
-        lines.append(f"#  Rank {r:2d} Group  0 Pid {4000 + r:6d} on  dgx-{r // per_node:02d} "
+        lines.append(f"#  Rank {r:2d}{' Group  0' if group else ''} Pid {4000 + r:6d} on  "
+                     f"dgx-{r // per_node:02d} "
                      f"device {r % per_node:2d} [0x{7 + 8 * (r % per_node):02x}] "
                      "NVIDIA A100-SXM4-80GB")
     lines += ["#", "#" + " " * 62 + "out-of-place                       in-place          ",
@@ -62,24 +66,24 @@ def nccl_tests_log(collective: str, nodes: int, per_node: int, times_us: dict,
               "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)   "
               "         (us)  (GB/s)  (GB/s)       "]
     for size, pair in sorted(times_us.items()):
-        lines.append(_row(collective, ranks, size, pair))
+        lines.append(_row(collective, ranks, size, pair, digits))
     lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 12.345 ", "#", ""]
     return "\n".join(lines)
 
 
-def _row(collective: str, ranks: int, size: int, pair: tuple) -> str:
-    """One table row, printed as common.cu prints it."""
+def _row(collective: str, ranks: int, size: int, pair: tuple, digits: int = 2) -> str:
+    """One table row, printed as common.cu prints it (times to `digits` decimals)."""
     text = f"{size:12d}  {count_of(collective, size, ranks):12d}  {'float':>8s}  " \
            f"{REDOP[collective]:>6s}  {-1:6d}"
     for t in pair:
         algbw = size / t / 1e3
         busbw = busbw_GBps(collective, ranks, size, t * 1e-6)
-        text += f"  {t:7.2f}  {algbw:6.2f}  {busbw:6.2f}  {0:5d}"
+        text += f"  {t:7.{digits}f}  {algbw:6.2f}  {busbw:6.2f}  {0:5d}"
     return text
 
 
 def generated_log(tmp_path, name, cluster, collective="all_reduce", nodes=1, per_node=8,
-                  noise=0.0, seed=0, binary=True, sizes=SIZES) -> Path:
+                  noise=0.0, seed=0, binary=True, sizes=SIZES, digits=2, group=True) -> Path:
     """Write a log whose times are the engine's at `cluster`'s parameters (times noise)."""
     rng = np.random.default_rng(seed)
     times = {}
@@ -87,7 +91,7 @@ def generated_log(tmp_path, name, cluster, collective="all_reduce", nodes=1, per
         exact = engine_time_s(cluster, collective, nodes, per_node, size) * 1e6
         times[size] = tuple(exact * (1 + noise * rng.standard_normal()) for _ in range(2))
     path = tmp_path / name
-    path.write_text(nccl_tests_log(collective, nodes, per_node, times, binary))
+    path.write_text(nccl_tests_log(collective, nodes, per_node, times, binary, digits, group))
     return path
 
 
@@ -197,61 +201,14 @@ def test_noisy_generated_log_recovers_within_tolerance(capsys, tmp_path):
     assert "+-" in out  # standard errors are reported
 
 
-# Typed by hand: 8-GPU all-reduce with a per-step latency of 5 us and 0.8 x 300 = 240 GB/s per
-# link: time = 14 steps x (5 us + S/8 / 240e9 B/s) = 70 + 1.75 S / 240e3 us (REFERENCE.md §5),
-# then nudged by hand by up to +-3.5%.
-HAND_MADE = """\
-# nThread 1 nGpus 8 minBytes 1024 maxBytes 1073741824 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
-#
-# Using devices
-#  Rank  0 Group  0 Pid  31001 on     node1 device  0 [0x07] NVIDIA A100-SXM4-80GB
-#  Rank  1 Group  0 Pid  31001 on     node1 device  1 [0x0f] NVIDIA A100-SXM4-80GB
-#  Rank  2 Group  0 Pid  31001 on     node1 device  2 [0x47] NVIDIA A100-SXM4-80GB
-#  Rank  3 Group  0 Pid  31001 on     node1 device  3 [0x4e] NVIDIA A100-SXM4-80GB
-#  Rank  4 Group  0 Pid  31001 on     node1 device  4 [0x87] NVIDIA A100-SXM4-80GB
-#  Rank  5 Group  0 Pid  31001 on     node1 device  5 [0x90] NVIDIA A100-SXM4-80GB
-#  Rank  6 Group  0 Pid  31001 on     node1 device  6 [0xb7] NVIDIA A100-SXM4-80GB
-#  Rank  7 Group  0 Pid  31001 on     node1 device  7 [0xbd] NVIDIA A100-SXM4-80GB
-#
-#                                                              out-of-place                       in-place
-#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
-#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
-        1024           256     float     sum      -1    71.20    0.01    0.03      0    69.10    0.01    0.03      0
-        4096          1024     float     sum      -1    70.90    0.06    0.10      0    72.30    0.06    0.10      0
-       16384          4096     float     sum      -1    71.80    0.23    0.40      0    70.50    0.23    0.41      0
-       65536         16384     float     sum      -1    71.00    0.92    1.62      0    72.90    0.90    1.57      0
-      262144         65536     float     sum      -1    73.10    3.59    6.28      0    71.40    3.67    6.43      0
-     1048576        262144     float     sum      -1    77.40   13.55   23.71      0    78.60   13.34   23.35      0
-     4194304       1048576     float     sum      -1   101.20   41.45   72.53      0    99.80   42.03   73.55      0
-    16777216       4194304     float     sum      -1   193.10   86.88  152.05      0   190.20   88.21  154.37      0
-    67108864      16777216     float     sum      -1   555.00  120.92  211.61      0   561.30  119.56  209.23      0
-   268435456      67108864     float     sum      -1  2034.10  131.97  230.94      0  2016.40  133.13  232.97      0
-  1073741824     268435456     float     sum      -1  7903.50  135.86  237.75      0  7958.20  134.92  236.11      0
-# Out of bounds values : 0 OK
-# Avg bus bandwidth    : 101.12
-#
-"""
-
-
-def test_hand_made_log_gives_the_closed_form_parameters(capsys, tmp_path):
-    """Per-step latency 5 us and 240 GB/s busbw (0.8 x 300): within 10% and 1.5% (the
-    hand-made noise is up to 3% per time)."""
-    path = tmp_path / "all_reduce_perf.out"
-    path.write_text(HAND_MADE)
-    fitted, out = calibrate(capsys, tmp_path, path)
-    assert fitted["nvlink_efficiency"] == pytest.approx(0.8, rel=0.015)
-    assert fitted["nvlink_latency_us"] == pytest.approx(5.0, rel=0.10)
-    assert "all_reduce, 8 ranks on 1 node" in out
-    assert len([line for line in out.splitlines() if line.startswith("  ")]) == 11
-
-
-def test_engine_time_on_one_node_is_the_textbook_ring(tmp_path):
-    """The forward model on one node: 2(n-1) steps of (latency + overhead + S/n / (B e))
-    (REFERENCE.md §5), the closed form the hand-made log is written from."""
+def test_engine_time_on_one_node_is_the_textbook_ring_after_nccls_base_latency(tmp_path):
+    """The forward model on one node, forced to ring/Simple (NCCL_ALGO=ring NCCL_PROTO=Simple)
+    at sizes where NCCL uses every channel: NCCL's base latency 8.4 us (tuning.cc), then
+    2(n-1) steps of (latency + overhead + S/n / (B e)) (REFERENCE.md §5)."""
     cluster = replace(Cluster(), nvlink_latency_us=3.0, transfer_overhead_us=0.5,
-                      nvlink_efficiency=0.8)
-    for size in (1024, 8 * 2 ** 20):
-        closed = 14 * (3.5e-6 + size / 8 / (300e9 * 0.8))
+                      nvlink_efficiency=0.8, nccl_algo="ring", nccl_proto="Simple")
+    for size in (1 << 20, 8 * 2 ** 20):
+        closed = 8.4e-6 + 14 * (3.5e-6 + size / 8 / (300e9 * 0.8))
         assert engine_time_s(cluster, "all_reduce", 1, 8, size) == pytest.approx(closed, rel=1e-12)
 
 
@@ -433,3 +390,80 @@ def test_json_document_matches_the_fragment_and_the_rows(capsys, tmp_path):
     assert [r["size_bytes"] for r in run["rows"]] == SIZES
     assert all(abs(r["error_out_of_place_pct"]) < 0.05 for r in run["rows"])
     assert document["parameters"]["transfer_overhead_us"]["std_error"] is None
+
+
+# ------------------------------------------------------------------------------------------
+# Across NCCL's knee: protocols and algorithms change with the size (engine/nccl_tuning.py)
+# ------------------------------------------------------------------------------------------
+
+def choices_over(cluster: Cluster, collective: str, nodes: int, per_node: int) -> set:
+    """The (algorithm, protocol) pairs NCCL runs over DENSE_SIZES on this layout."""
+    cluster = replace(cluster, nodes=nodes)
+    gpus = [n * cluster.gpus_per_node + g for n in range(nodes) for g in range(per_node)]
+    graph = build_topology(cluster)
+    return {(c.algorithm, c.protocol) for c in (
+        nccl_choice(collective, graph, gpus, size, LinkCalibration.from_cluster(cluster))
+        for size in DENSE_SIZES)}
+
+
+@pytest.mark.parametrize("collective, nodes, per_node, truth", [
+    ("all_reduce", 1, 8, INTRA), ("reduce_scatter", 1, 4, INTRA),
+    ("all_reduce", 2, 8, INTER), ("all_gather", 4, 2, INTER)])
+def test_parameters_are_recovered_to_1e4_across_the_knee(capsys, tmp_path, collective, nodes,
+                                                         per_node, truth):
+    """Logs from 8 B to 1 GiB span LL (LL128) and Simple, tree then ring across nodes:
+    exact times (6 decimals) give the link parameters back to 1e-4."""
+    assert len(choices_over(truth, collective, nodes, per_node)) >= 2
+    log = generated_log(tmp_path, "knee.txt", truth, collective, nodes, per_node,
+                        sizes=DENSE_SIZES, digits=6)
+    fitted, out = calibrate(capsys, tmp_path, log)
+    names = ("nvlink_efficiency", "nvlink_latency_us") if nodes == 1 else ("ib_efficiency",
+                                                                            "ib_latency_us")
+    for name in names:
+        assert fitted[name] == pytest.approx(getattr(truth, name), rel=1e-4), name
+    # the residual per size is reported, and it is ~0 everywhere
+    rows = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    assert len(rows) == len(DENSE_SIZES)
+    assert max(abs(float(r[7])) for r in rows) < 0.01  # err oop (%)
+
+
+def test_noisy_log_across_the_knee_recovers_reasonably(capsys, tmp_path):
+    """3% multiplicative noise on every time of a two-node log across tree/LL .. ring/Simple:
+    the link parameters within 3%."""
+    log = generated_log(tmp_path, "noisy-knee.txt", INTER, nodes=2, noise=0.03, seed=3,
+                        sizes=DENSE_SIZES)
+    fitted, _ = calibrate(capsys, tmp_path, log)
+    assert fitted["ib_efficiency"] == pytest.approx(INTER.ib_efficiency, rel=0.03)
+    assert fitted["ib_latency_us"] == pytest.approx(INTER.ib_latency_us, rel=0.03)
+
+
+def test_older_rank_lines_without_group_give_the_layout(capsys, tmp_path):
+    """nccl-tests before the Group column (`#  Rank  0 Pid ... on HOST device 0`): two hosts of
+    four ranks are read as 2 nodes x 4 and fitted like the newer format."""
+    old = generated_log(tmp_path, "old.txt", INTER, nodes=2, per_node=4, group=False)
+    assert " Group " not in old.read_text()
+    fitted, out = calibrate(capsys, tmp_path, old)
+    assert "all_reduce, 8 ranks on 2 nodes" in out
+    assert fitted["ib_efficiency"] == pytest.approx(INTER.ib_efficiency, rel=0.02)
+
+
+def test_a_log_that_does_not_say_its_layout_asks_for_the_flags(capsys, tmp_path):
+    """One GPU per process and no Rank lines (an MPI run's log cut short): one error line
+    naming --gpus-per-node and --nodes; with them the fit runs."""
+    full = generated_log(tmp_path, "mpi.txt", INTER, nodes=2, per_node=4).read_text()
+    bare = tmp_path / "bare.txt"
+    bare.write_text("\n".join(line for line in full.splitlines() if "Rank" not in line))
+    message = error_of(capsys, bare)
+    assert "--gpus-per-node" in message and "--nodes" in message
+    fitted, out = calibrate(capsys, tmp_path, bare, "--gpus-per-node", "4", "--nodes", "2")
+    assert "8 ranks on 2 nodes" in out
+    assert fitted["ib_latency_us"] == pytest.approx(INTER.ib_latency_us, rel=0.02)
+
+
+def test_logs_run_with_nccl_proto_are_fitted_with_it(capsys, tmp_path):
+    """A log taken with NCCL_PROTO=Simple: `--nccl-proto Simple` models it exactly (1e-4)."""
+    truth = replace(INTRA, nccl_proto="Simple")
+    log = generated_log(tmp_path, "simple.txt", truth, sizes=DENSE_SIZES, digits=6)
+    fitted, _ = calibrate(capsys, tmp_path, log, "--nccl-proto", "Simple")
+    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=1e-4)
+    assert fitted["nvlink_latency_us"] == pytest.approx(3.3, rel=1e-4)

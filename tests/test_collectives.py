@@ -5,11 +5,12 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from simsp.cluster.topology import build_topology, gpu_name, route, route_latency_s
+from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
 from simsp.engine.collectives import (RING_COLLECTIVES, ring_all_gather, ring_all_reduce,
                                       ring_reduce_scatter)
 from simsp.engine.network import Network
+from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS, apply_step,
                                     chunk_counts, chunk_offsets, initial_holdings)
 from simsp.engine.ring_timing import busbw_GBps
@@ -22,10 +23,10 @@ NVLINK_BPS = CLUSTER.nvlink_bandwidth_GBps * 1e9 * CAL.nvlink_efficiency
 IB_BPS = CLUSTER.ib_bandwidth_GBps * 1e9 * CAL.ib_efficiency
 
 
-def run_ring(collective, gpus, buffers, nbytes, elem_bytes=2):
+def run_ring(collective, gpus, buffers, nbytes, elem_bytes=2, cal=CAL):
     """Run one ring collective alone; return (results, stats, network)."""
     env = simpy.Environment()
-    network = Network(env, GRAPH, CAL)
+    network = Network(env, GRAPH, cal)
     process = env.process(RING_COLLECTIVES[collective](env, network, list(gpus), buffers,
                                                        nbytes, elem_bytes))
     env.run()
@@ -83,7 +84,13 @@ def test_bytes_per_rank_follow_the_ring_volumes_exactly():
     assert rs.bytes_sent == ag.bytes_sent == ((n - 1) * nbytes // n,) * n
     assert ar.bytes_sent == tuple(a + b for a, b in zip(rs.bytes_sent, ag.bytes_sent))
     assert ar.bytes_received == ar.bytes_sent
-    assert [network.bytes_sent[g] for g in range(n)] == list(ar.bytes_sent)
+    # the links carry each data byte 1/fraction times over (LL's flags, fewer NCCL channels:
+    # engine/nccl_group.wire_bytes); ring/Simple on every channel carries it once
+    choice = nccl_choice(ALL_REDUCE, network.graph, list(range(n)), nbytes, network.calibration,
+                         "ring")
+    assert (choice.algorithm, choice.protocol) == ("ring", "LL") and choice.bandwidth_fraction < 1
+    assert [network.bytes_sent[g] for g in range(n)] == pytest.approx(
+        [b / choice.bandwidth_fraction for b in ar.bytes_sent], rel=1e-12)
 
 
 def test_uneven_chunks_each_rank_sends_all_but_the_chunks_it_keeps():
@@ -120,18 +127,24 @@ def test_plan_holdings_end_where_the_collective_says(collective):
 @pytest.mark.parametrize("gpus", [range(8), range(16)])
 @pytest.mark.parametrize("nbytes", [8, 1 << 20, 256 << 20])
 def test_all_reduce_time_is_reduce_scatter_time_plus_all_gather_time(gpus, nbytes):
-    _, ar, _ = run_ring(ALL_REDUCE, gpus, None, nbytes)
-    _, rs, _ = run_ring(REDUCE_SCATTER, gpus, None, nbytes)
-    _, ag, _ = run_ring(ALL_GATHER, gpus, None, nbytes)
-    assert ar.time_s == pytest.approx(rs.time_s + ag.time_s, rel=0.01)
+    # at one protocol (NCCL_PROTO=Simple) the all-reduce is the two phases' steps, paying
+    # NCCL's base latency (8.4 us, tuning.cc) once where RS and AG pay it once each
+    simple = LinkCalibration(nccl_proto="Simple")
+    _, ar, _ = run_ring(ALL_REDUCE, gpus, None, nbytes, cal=simple)
+    _, rs, _ = run_ring(REDUCE_SCATTER, gpus, None, nbytes, cal=simple)
+    _, ag, _ = run_ring(ALL_GATHER, gpus, None, nbytes, cal=simple)
+    assert ar.protocol == rs.protocol == ag.protocol == "Simple"
+    assert ar.time_s + 8.4e-6 == pytest.approx(rs.time_s + ag.time_s, rel=0.01)
 
 
 def test_large_all_reduce_on_one_node_runs_at_achieved_nvlink_speed():
     n, nbytes = 8, 256 << 20
     _, stats, _ = run_ring(ALL_REDUCE, range(n), None, nbytes)
     busbw = busbw_GBps(ALL_REDUCE, n, nbytes, stats.time_s) * 1e9
-    # Per step: one NVSwitch hop latency + S/n bytes at the achieved NVLink rate.
-    expected_s = 2 * (n - 1) * (CLUSTER.nvlink_latency_us * 1e-6 + nbytes / n / NVLINK_BPS)
+    # NCCL's ring/Simple base latency (8.4 us, tuning.cc), then per step: one NVSwitch hop
+    # latency + S/n bytes at the achieved NVLink rate.
+    assert (stats.protocol, stats.nchannels) == ("Simple", 24)
+    expected_s = 8.4e-6 + 2 * (n - 1) * (CLUSTER.nvlink_latency_us * 1e-6 + nbytes / n / NVLINK_BPS)
     assert stats.time_s == pytest.approx(expected_s, rel=1e-9)
     assert 0.98 * NVLINK_BPS < busbw <= NVLINK_BPS
 
@@ -148,9 +161,14 @@ def test_ring_across_nodes_is_bound_by_all_eight_nics():
 def test_tiny_messages_are_latency_bound():
     n = 16
     _, stats, _ = run_ring(ALL_REDUCE, range(n), None, 8)
-    slowest_hop_s = max(route_latency_s(GRAPH, route(GRAPH, gpu_name(i), gpu_name((i + 1) % n)))
-                        for i in range(n))
-    assert stats.time_s == pytest.approx(2 * (n - 1) * slowest_hop_s, rel=0.01)
+    # NCCL runs it with LL (tuning.cc): base 6.6 us, then every step at its slowest hop's link
+    # latency scaled by LL's step latency over Simple's on that tier: NVLink hops (2 us) by
+    # max(0.6, 2.0 network post overhead) / max(3.4, 3 x 2.0) = 1/3, node crossings (NVLink
+    # relay 2 us + GPU-leaf-GPU 2 us) by 2.7 / 14
+    assert stats.protocol == "LL"
+    crossing_s = CLUSTER.nvlink_latency_us * 1e-6 + 2 * CLUSTER.ib_latency_us * 1e-6
+    step_s = max(CLUSTER.nvlink_latency_us * 1e-6 / 3, crossing_s * 2.7 / 14)
+    assert stats.time_s == pytest.approx(6.6e-6 + 2 * (n - 1) * step_s, rel=0.01)
     assert busbw_GBps(ALL_REDUCE, n, 8, stats.time_s) * 1e9 < 1e-4 * IB_BPS
 
 

@@ -39,9 +39,15 @@ def table_rows(text):
     rows = []
     for line in text.splitlines():
         if line.strip() and not line.startswith("#"):
-            size, count, _, _, time_us, algbw, busbw = line.split()
+            size, count, _, _, time_us, algbw, busbw, _, _, _ = line.split()
             rows.append((int(size), int(count), float(time_us), float(algbw), float(busbw)))
     return rows
+
+
+def nccl_columns(text):
+    """(algorithm, protocol, channels) of every data line."""
+    return [tuple(line.split()[7:9]) + (int(line.split()[9]),) for line in text.splitlines()
+            if line.strip() and not line.startswith("#")]
 
 
 def test_sweep_table_has_one_row_per_size_with_nccl_busbw(capsys):
@@ -69,7 +75,9 @@ def test_two_nodes_are_bound_by_all_eight_nics(capsys):
 def test_json_has_exactly_the_documented_keys(capsys):
     result = json.loads(output(capsys, ["--ranks", "8", "--size", "1M", "--json"]))
     assert list(result) == ["collective", "ranks", "size_bytes", "time_s", "algbw_GBps",
-                            "busbw_GBps", "bytes_sent_per_rank", "steps"]
+                            "busbw_GBps", "bytes_sent_per_rank", "steps", "algorithm",
+                            "protocol", "nchannels"]
+    assert (result["algorithm"], result["protocol"], result["nchannels"]) == ("ring", "LL", 24)
     assert (result["collective"], result["ranks"], result["size_bytes"]) == (
         "all_reduce", 8, 1 << 20)
     assert result["bytes_sent_per_rank"] == [2 * 7 * (1 << 20) // 8] * 8
@@ -183,7 +191,8 @@ def test_one_node_is_one_ring_and_unchanged(capsys):
     assert [r[:2] for r in channel_rows(text)] == [(0, "-")]
     assert "NICs sending per node: 0 (one node: NVLink only)" in text
     (row,) = table_rows(text)
-    assert row[2] == pytest.approx(4043.06, abs=0.006)  # the figure before channels existed
+    # the figure before channels existed (4043.06 us), plus NCCL's ring/Simple base latency
+    assert row[2] == pytest.approx(4043.06 + 8.4, abs=0.006)
 
 
 def test_big_rings_use_the_closed_form(capsys):
@@ -193,22 +202,33 @@ def test_big_rings_use_the_closed_form(capsys):
 
 def test_explain_gives_each_step_its_time_and_compares_ar_with_rs_plus_ag(capsys):
     text = output(capsys, ["--ranks", "4", "--size", "64", "--explain"])
-    # one NVSwitch hop (2 us) + a 16-byte chunk at 0.78 x 300 GB/s, per step
-    step_us = 2.0 + 16 / (0.78 * 300e9) * 1e6
+    # NCCL runs 64 B with LL on 1 of its 24 channels (tuning.cc, enqueue.cc): per step one
+    # NVSwitch hop (2 us) x LL's 0.6 us / Simple's 3.4 us, and a 16-byte chunk at 0.78 x 300 GB/s
+    # x LL's bus bandwidth on one channel of 24 (0.5 x 20 GB/s x 12/24 = 5 GB/s) over Simple's on
+    # all (20 GB/s x 12 = 240 GB/s); every call pays LL's base latency 6.6 us
+    step_us = 2.0 * 0.6 / 3.4 + 16 / (0.78 * 300e9 * 5 / 240) * 1e6
     titles = [line for line in text.splitlines() if "step" in line and "time" in line
               and not line.startswith("time")]
     assert len(titles) == 6
     assert all(f"time {step_us:.3f} us" in line for line in titles)
     (line,) = [line for line in text.splitlines() if line.startswith("time: all_reduce")]
-    ar, rs, ag = (6 * step_us, 3 * step_us, 3 * step_us)
+    ar, rs, ag = (6.6 + 6 * step_us, 6.6 + 3 * step_us, 6.6 + 3 * step_us)
     assert f"all_reduce {ar:.3f} us = reduce_scatter {rs:.3f} us + all_gather {ag:.3f} us" in line
 
 
 def test_tree_table_and_its_errors(capsys):
-    (row,) = table_rows(output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "256M",
-                                        "--nccl-algo", "tree"]))
-    assert row[4] > 8 * IB_GBPS
-    for argv in (["--ranks", "8", "--size", "8M", "--nccl-algo", "tree"],
+    text = output(capsys, ["--ranks", "16", "--nodes", "2", "--size", "256M", "--nccl-algo",
+                           "tree", "--nccl-proto", "Simple"])
+    (row,) = table_rows(text)
+    assert nccl_columns(text) == [("tree", "Simple", 16)]
+    # tuning.cc's tree over the links: base 8.4 us; 2 x (7 NVLink steps of 2 us x tree/Simple
+    # 4.0 us over a multi-node ring/Simple's max(3.4, 3 x 2.0) us, + 1 network step of 4 us
+    # (relay 2 us + GPU-leaf-GPU 2 us) x 14/14); S at half the ring's 8 NICs x 22.5 GB/s x 0.92
+    # (tree all-reduce) x 0.9 (treeCorrectionFactor at 256 MB)
+    latency_us = 8.4 + 2 * (7 * 2.0 * 4.0 / 6.0 + 4.0)
+    data_us = 256 * 2 ** 20 / (0.5 * 8 * IB_GBPS * 1e9 * 0.92 * 0.9) * 1e6
+    assert row[2] == pytest.approx(latency_us + data_us, abs=0.006)
+    for argv in (["--ranks", "8", "--size", "8M", "--nccl-algo", "tree", "--explain"],
                  ["--ranks", "16", "--nodes", "2", "--size", "8M", "--nccl-algo", "tree",
                   "--collective", "all_gather"]):
         assert simsp_ring(argv) == 2

@@ -71,12 +71,16 @@ def _layout(log: NcclTestsLog, nodes: int | None, per_node: int | None) -> tuple
 
 
 def _layout_without_ranks(log: NcclTestsLog, nodes, per_node) -> tuple[int, int]:
-    """No Rank lines: the flags, else one node of nThread x nGpus ranks (single process)."""
-    if per_node is None and log.threads_gpus is None:
-        raise UserError(log.path, "no Rank lines and no '# nThread .. nGpus ..' header: "
-                                  "pass --gpus-per-node (and --nodes)")
+    """No Rank lines: the flags, else one node of nThread x nGpus ranks when that is a single
+    process driving several GPUs; a log of one GPU per process (MPI) does not say."""
     if per_node is None:
-        per_node = log.threads_gpus[0] * log.threads_gpus[1]
+        threads, gpus = log.threads_gpus or (1, 1)
+        if threads * gpus < 2:
+            raise UserError(log.path, "the log does not say how many ranks ran on how many "
+                                      "nodes (no Rank lines; its header names "
+                                      f"{threads * gpus} GPU per process): pass "
+                                      "--gpus-per-node and --nodes")
+        per_node = threads * gpus
     return (1 if nodes is None else nodes), per_node
 
 

@@ -1,7 +1,8 @@
 """Read the text output of nccl-tests' all_reduce_perf, reduce_scatter_perf and all_gather_perf.
 
 The format (NVIDIA/nccl-tests src/common.cu, REFERENCE.md §7): a `# nThread .. nGpus ..` header,
-one `#  Rank  N Group  G Pid  P on HOST device  D [0x..] NAME` line per rank, a column header
+one `#  Rank  N Group  G Pid  P on HOST device  D [0x..] NAME` line per rank (older versions:
+no `Group G`), a column header
 `#  size count type redop root  time algbw busbw #wrong  time algbw busbw #wrong` (out-of-place
 then in-place; older versions have no root column and `error` for `#wrong`), one row per size
 (size in bytes, time in us, bandwidths in GB/s), then `# Avg bus bandwidth : X`.
@@ -18,7 +19,9 @@ from simsp.errors import UserError, read_user_text
 # nccl-tests src/common.cu test_types / test_typenames: bytes per element of each type name
 TYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
               "half": 2, "float": 4, "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
-RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
+# `#  Rank  0 Group  0 Pid ...`; nccl-tests before the Group column: `#   Rank  0 Pid ...`
+RANK_LINE = re.compile(
+    r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
 HEADER_LINE = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 BINARY_NAME = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")  # all_reduce_perf, all_reduce_perf_mpi
 TIME_COLUMNS = ("time", "algbw", "busbw")

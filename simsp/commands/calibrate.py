@@ -1,11 +1,14 @@
 """`simsp calibrate nccl-tests`: fit simsp's link parameters to nccl-tests measurements.
 
     simsp calibrate nccl-tests FILE... [--collective C] [--gpus-per-node N] [--nodes K]
-                               [--transfer-overhead-us X] [--out FRAGMENT.toml] [--json]
+                               [--transfer-overhead-us X] [--nccl-algo A] [--nccl-proto P]
+                               [--out FRAGMENT.toml] [--json]
 
 One-node runs fit the intra-node tier (nvlink_efficiency, nvlink_latency_us), multi-node runs
 the inter-node tier (ib_efficiency, ib_latency_us); the forward model is simsp's own collective
-timing, so `simsp run` with the fragment reproduces the fitted times. Prints, per file, measured
+timing, at the algorithm and protocol NCCL picks per size (docs/nccl.md; --nccl-algo /
+--nccl-proto when the logs ran with NCCL_ALGO / NCCL_PROTO), so `simsp run` with the fragment
+reproduces the fitted times. Prints, per file, measured
 vs simsp per size (nccl-tests layout), then the parameters, then the [cluster] fragment (to
 stdout, or to --out).
 """
@@ -19,7 +22,7 @@ from simsp.calibrate.layout import measurement
 from simsp.calibrate.nccl_log import read_log
 from simsp.calibrate.summary import report
 from simsp.commands import calibrate_gemm
-from simsp.config import Cluster
+from simsp.config import NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, Cluster
 from simsp.engine.ring_plan import COLLECTIVES
 from simsp.errors import UserError
 
@@ -40,6 +43,10 @@ def add_parser(subparsers) -> None:
                       help="nodes, when the log has no Rank lines")
     nccl.add_argument("--transfer-overhead-us", type=float, default=None,
                       help="held per-step overhead (default: the cluster's, 0)")
+    nccl.add_argument("--nccl-algo", choices=NCCL_ALGO_CHOICES, default="auto",
+                      help="the NCCL_ALGO the logs ran with (default auto: NCCL's choice)")
+    nccl.add_argument("--nccl-proto", choices=NCCL_PROTO_CHOICES, default="auto",
+                      help="the NCCL_PROTO the logs ran with (default auto: NCCL's choice)")
     nccl.add_argument("--out", metavar="FRAGMENT.toml", default=None,
                       help="write the [cluster] fragment here instead of stdout")
     nccl.add_argument("--json", action="store_true",
@@ -84,7 +91,7 @@ def _check_flags(args) -> None:
 
 def _base_cluster(args) -> Cluster:
     """simsp's default DGX A100 cluster, with the held overhead if given."""
-    base = Cluster()
+    base = replace(Cluster(), nccl_algo=args.nccl_algo, nccl_proto=args.nccl_proto)
     if args.transfer_overhead_us is not None:
         base = replace(base, transfer_overhead_us=args.transfer_overhead_us)
     return base

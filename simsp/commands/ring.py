@@ -1,32 +1,38 @@
 """`simsp ring`: time ring collectives on the simulated cluster, in the style of nccl-tests.
 
     simsp ring --ranks N [--nodes K] [--collective C] (--size S | --min-size A --max-size B
-               [--step-factor F]) [--nccl-algo {ring,tree}] [--explain] [--json]
+               [--step-factor F]) [--nccl-algo {auto,ring,tree}]
+               [--nccl-proto {auto,LL,LL128,Simple}] [--explain] [--json]
 
-Every size is simulated step by step (meta mode) over the cluster's links, as NCCL's channels
-(one ring per GPU a node holds, laid out rail by rail across nodes); rings of more than
-32 ranks are timed in closed form (every step of every channel at its slowest hop, equal to the
-stepwise simulation on small rings: tests/test_communicator.py). The table shows nccl-tests'
-size, count, time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md); a single size
-adds the per-channel breakdown.
+Every size runs as NCCL would pick it (engine/nccl_tuning.py: algorithm, protocol, channels;
+NCCL_ALGO / NCCL_PROTO force them). Rings are simulated step by step (meta mode) over the
+cluster's links, as NCCL's channels (one ring per GPU a node holds, laid out rail by rail across
+nodes); rings of more than 32 ranks are timed in closed form (every step of every channel at its
+slowest hop, equal to the stepwise simulation on small rings: tests/test_communicator.py); tree
+all-reduces in closed form (ring_timing.tree_time). The table shows nccl-tests' size, count,
+time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md) and the algorithm, protocol and
+channels NCCL runs; a single size adds the per-channel breakdown of a ring.
 """
 
-from dataclasses import replace
 import math
 
 import simpy
 
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
+from dataclasses import replace
+
 from simsp.engine.collectives import RING_COLLECTIVES, CollectiveStats
+from simsp.engine.nccl_group import nccl_choice
+from simsp.engine.nccl_tuning import PROTOCOLS, RING, TREE
 from simsp.engine.network import Network
+from simsp.engine.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
+                               nvls_available, nvls_bytes_per_direction)
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, STEPS,
                                     apply_step, bytes_sent_per_rank, chunk_counts, chunk_offsets,
                                     initial_holdings)
-from simsp.engine.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
-                               nvls_available, nvls_bytes_per_direction)
-from simsp.engine.tree import TREE, tree_all_reduce
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, step_times
+from simsp.engine.ring_timing import (algbw_GBps, busbw_GBps, closed_form_stats, step_times,
+                                      tree_time)
 from simsp.errors import UserError
 from simsp.flags import nonempty
 from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
@@ -37,7 +43,7 @@ from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
-RING = "ring"
+AUTO = "auto"
 MAX_EXPLAIN_RANKS = 8
 STEPWISE_MAX_RANKS = 32  # larger rings: closed form (the stepwise ring costs ~n^2 flow events)
 # The closed form plans n x channels hops per phase; 8192 ranks (on 1024 nodes) take ~1 s.
@@ -58,13 +64,16 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
     parser.add_argument("--step-factor", type=int, default=None,
                         help="multiply the size by this between sweep rows (default 2)")
-    parser.add_argument("--nccl-algo", choices=(RING, TREE, NVLS), default=RING,
-                        help="NCCL algorithm (NCCL_ALGO): ring, tree all-reduce across "
-                             "nodes, or nvls (NVLink SHARP all-reduce in one NVSwitch-3+ "
-                             "domain, simsp/engine/nvls.py) (default ring)")
+    parser.add_argument("--nccl-algo", choices=(AUTO, RING, TREE, NVLS), default=AUTO,
+                        help="NCCL algorithm, as NCCL_ALGO: auto (NCCL's choice per size, "
+                             "default), ring, tree (all-reduce only), or nvls (NVLink SHARP "
+                             "all-reduce in one NVSwitch-3+ domain, simsp/engine/nvls.py)")
     parser.add_argument("--system", type=nonempty, default=None,
                         help="system profile whose nodes hold the ranks (dgx-a100, dgx-h100, "
                              "dgx-h200, dgx-b200, gb200-nvl72 or a .toml; default: DGX A100)")
+    parser.add_argument("--nccl-proto", choices=(AUTO,) + PROTOCOLS, default=AUTO,
+                        help="NCCL protocol, as NCCL_PROTO: auto (NCCL's choice per size, "
+                             "default), LL, LL128 or Simple")
     parser.add_argument("--explain", action="store_true", help="print every ring step")
     parser.add_argument("--json", action="store_true", help="one JSON object (single --size)")
     parser.add_argument("--html", metavar="FILE", default=None,
@@ -83,41 +92,43 @@ def run(args) -> int:
     if args.nccl_algo == NVLS:
         return _run_nvls(args, cluster, gpus, sizes)
     graph = build_topology(cluster)
+    calibration = _forced(args)
     if args.html or args.png:
         write_ring_lesson(args.collective, graph, gpus, sizes[0], args.html, args.png)
-    if args.nccl_algo == TREE:
-        return _run_tree(args, graph, cluster, gpus, sizes)
     if args.json:
-        print(dumps(_json_result(args.collective, simulate(graph, gpus, args.collective,
-                                                               sizes[0]))))
+        print(dumps(_json_result(args.collective, simulate_nccl(graph, gpus, args.collective,
+                                                                sizes[0], calibration))))
         return 0
     if args.explain:
         print("\n".join(explain(args.collective, args.ranks, sizes[0],
                                 _explain_times(graph, gpus, args.collective, sizes[0]))))
         print()
     quiet = getattr(args, "quiet", False) or len(sizes) < 2
-    rows = [simulate(graph, gpus, args.collective, size)
+    rows = [simulate_nccl(graph, gpus, args.collective, size, calibration)
             for size in track(sizes, "sizes", "size", quiet)]
-    lines = _header(args.collective, cluster, gpus) + _table(rows) + _nccl_pick(cluster, rows)
-    if len(rows) == 1:
+    lines = (_header(args.collective, cluster, gpus, calibration) + _table(rows)
+             + _nccl_pick(cluster, rows))
+    if len(rows) == 1 and rows[0].channels:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
     print("\n".join(lines))
     return 0
 
 
 def _nccl_pick(cluster: Cluster, rows: list[CollectiveStats]) -> list[str]:
-    """On an NVSwitch-3+ domain, NCCL weighs NVLS against the ring for an all-reduce and takes
-    the faster (tuning.cc): name it per size. Nothing where NVLS cannot run."""
+    """On an NVSwitch-3+ domain NCCL also weighs NVLS for an all-reduce and takes the fastest
+    (tuning.cc): name the faster of the row above and NVLS per size. Nothing where NVLS cannot
+    run (engine/nccl_tuning.py does not model NVLS yet: this is its hook)."""
     if not rows or rows[0].collective != ALL_REDUCE or nvls_available(
             nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
             cluster.nodes):
         return []
-    lines = ["# NVLS (NVLink SHARP) can run here; the faster of ring and nvls per size, as NCCL "
-             "picks (--nccl-algo nvls prints its table):"]
-    for ring in rows:
-        nvls = _nvls_stats(cluster, list(ring.gpus), ring.nbytes)
-        lines.append(f"#   {ring.nbytes:>10} B: ring {ring.time_s * 1e6:.2f} us, nvls "
-                     f"{nvls.time_s * 1e6:.2f} us -> {NVLS if nvls.time_s < ring.time_s else RING}")
+    lines = ["# NVLS (NVLink SHARP) can run here; the faster of the row above and nvls per "
+             "size (--nccl-algo nvls prints its table):"]
+    for row in rows:
+        nvls = _nvls_stats(cluster, list(row.gpus), row.nbytes)
+        lines.append(f"#   {row.nbytes:>10} B: {row.algorithm}/{row.protocol} "
+                     f"{row.time_s * 1e6:.2f} us, nvls {nvls.time_s * 1e6:.2f} us -> "
+                     f"{NVLS if nvls.time_s < row.time_s else row.algorithm}")
     return lines
 
 
@@ -202,8 +213,8 @@ def _check_modes(args, sizes: list[int]) -> None:
 
 
 def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
-    """The tree is NCCL's all-reduce across nodes, simulated stepwise on small groups; NVLS is
-    an all-reduce inside one NVSwitch-3+ domain."""
+    """NCCL runs reduce-scatter and all-gather as rings only (tuning.cc); --explain shows ring
+    steps; NVLS is an all-reduce inside one NVSwitch-3+ domain."""
     if args.nccl_algo == NVLS:
         _check_nvls(args, cluster)
         return
@@ -211,16 +222,16 @@ def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
         return
     if args.collective != ALL_REDUCE:
         raise UserError("--nccl-algo", f"tree runs all_reduce only, not {args.collective}")
-    if cluster.nodes < 2:
-        raise UserError("--nccl-algo", "tree joins nodes: give --nodes 2 or more")
-    if args.explain or len(gpus) > STEPWISE_MAX_RANKS:
-        raise UserError("--nccl-algo", f"tree is simulated stepwise, without --explain, for at "
-                                       f"most {STEPWISE_MAX_RANKS} ranks")
+    if args.explain or args.html or args.png:
+        raise UserError("--nccl-algo", "--explain, --html and --png show ring steps: not with "
+                                       "tree")
 
 
 def _check_nvls(args, cluster: Cluster) -> None:
     if args.collective != ALL_REDUCE:
         raise UserError("--nccl-algo", f"nvls runs all_reduce only here, not {args.collective}")
+    if args.nccl_proto not in (AUTO, "Simple"):
+        raise UserError("--nccl-proto", "NVLS runs the Simple protocol only (tuning.cc)")
     for flag, given in (("--explain", args.explain), ("--html", args.html), ("--png", args.png)):
         if given:
             raise UserError(flag, "shows ring steps; nvls has none (one switch reduction)")
@@ -231,26 +242,29 @@ def _check_nvls(args, cluster: Cluster) -> None:
 
 
 def _run_nvls(args, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
-    """NVLS all-reduce at every size (closed form, simsp/engine/nvls.py), beside the ring."""
+    """NVLS all-reduce at every size (closed form, simsp/engine/nvls.py), beside what NCCL's
+    modelled choice among ring and tree (engine/nccl_tuning.py) does at the same sizes."""
     rows = [_nvls_stats(cluster, gpus, size) for size in sizes]
     if args.json:
         print(dumps(_json_result(ALL_REDUCE, rows[0])))
         return 0
     graph = build_topology(cluster)
-    rings = [simulate(graph, gpus, ALL_REDUCE, size,
-                      LinkCalibration.from_cluster(cluster)) for size in sizes]
+    others = [simulate_nccl(graph, gpus, ALL_REDUCE, size, LinkCalibration.from_cluster(cluster))
+              for size in sizes]
     header = _header(ALL_REDUCE, cluster, gpus)
     header[0] = (header[0].replace("ring gpu", "NVLS (NVLink SHARP) over gpu")
-                 .replace("stepwise simulation", "closed form").replace("closed-form timing", "closed form"))
+                 .replace("stepwise simulation", "closed form")
+                 .replace("closed-form timing", "closed form"))
     header[2] += (f"; NVLS: S(1+1/n) per direction at link x nvlsEfficiency "
                   f"{NVLS_EFFICIENCY[gpu_profile(cluster.gpu).nvlink_generation]:g} "
                   f"+ {NVLS_LATENCY_S * 1e6:g} us (NVIDIA/nccl src/graph/tuning.cc)")
-    faster = [NVLS if nv.time_s < ring.time_s else RING for nv, ring in zip(rows, rings)]
-    choice = ["#", "# the same sizes as a ring, and the faster of the two (NCCL picks the "
+    choice = ["#", "# the same sizes as NCCL's ring/tree choice, and the faster (NCCL picks the "
               "algorithm of lowest predicted time, tuning.cc):"]
-    choice += [f"#   {ring.nbytes:>10} B: ring {ring.time_s * 1e6:.2f} us, busbw "
-               f"{busbw_GBps(ALL_REDUCE, len(gpus), ring.nbytes, ring.time_s):.2f} GB/s -> {pick}"
-               for ring, pick in zip(rings, faster)]
+    choice += [f"#   {other.nbytes:>10} B: {other.algorithm}/{other.protocol} "
+               f"{other.time_s * 1e6:.2f} us, busbw "
+               f"{busbw_GBps(ALL_REDUCE, len(gpus), other.nbytes, other.time_s):.2f} GB/s -> "
+               f"{NVLS if nvls.time_s < other.time_s else other.algorithm}"
+               for nvls, other in zip(rows, others)]
     print("\n".join(header + _table(rows) + choice))
     return 0
 
@@ -261,33 +275,34 @@ def _nvls_stats(cluster: Cluster, gpus: list[int], nbytes: int) -> CollectiveSta
     seconds = nvls_all_reduce_time(nbytes, n, cluster.nvlink_bandwidth_GBps,
                                    cluster.nvlink_efficiency, gpu.nvlink_generation)
     sent = (round(nvls_bytes_per_direction(nbytes, n)),) * n
-    return CollectiveStats(ALL_REDUCE, tuple(gpus), nbytes, 1, sent, sent, 0.0, seconds)
+    return CollectiveStats(ALL_REDUCE, tuple(gpus), nbytes, 1, sent, sent, 0.0, seconds, (),
+                           NVLS, "Simple", 0)
 
 
-def _run_tree(args, graph, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
-    """Time NCCL's tree all-reduce at every size: the same table or JSON as the ring."""
-    rows = [_simulate_tree(graph, gpus, size) for size in sizes]
-    if args.json:
-        print(json.dumps(_json_result(ALL_REDUCE, rows[0])))
-        return 0
-    header = _header(ALL_REDUCE, cluster, gpus)
-    header[0] = header[0].replace("ring gpu", "tree over gpu")
-    print("\n".join(header + _table(rows)))
-    return 0
-
-
-def _simulate_tree(graph, gpus: list[int], nbytes: int) -> CollectiveStats:
-    """One meta-mode tree all-reduce of `nbytes` alone on the links."""
-    env = simpy.Environment()
-    process = env.process(tree_all_reduce(env, Network(env, graph), gpus, None, nbytes,
-                                          ELEM_BYTES))
-    env.run()
-    return process.value[1]
+def _forced(args) -> LinkCalibration:
+    """The default link calibration with the forced NCCL algorithm and protocol, if any."""
+    return LinkCalibration(nccl_algo=None if args.nccl_algo == AUTO else args.nccl_algo,
+                           nccl_proto=None if args.nccl_proto == AUTO else args.nccl_proto)
 
 
 # --------------------------------------------------------------------------------------------
 # Simulation and output
 # --------------------------------------------------------------------------------------------
+
+def simulate_nccl(graph, gpus: list[int], collective: str, nbytes: int,
+                  calibration: LinkCalibration | None = None) -> CollectiveStats:
+    """One collective as NCCL picks it: a tree all-reduce in closed form, else the ring
+    (simulate); its stats carry the algorithm, protocol and channels."""
+    choice = nccl_choice(collective, graph, gpus, nbytes, calibration)
+    if choice.algorithm == TREE:  # steps: up and down the tree's depth; bytes not itemised
+        seconds = tree_time(graph, gpus, nbytes, calibration, choice)
+        nodes = len({gpu // graph.graph["gpus_per_node"] for gpu in gpus})
+        steps = 2 * (len(gpus) // nodes - 1 + nodes.bit_length() - 1)
+        return CollectiveStats(collective, tuple(gpus), nbytes, steps, (), (), 0.0, seconds, (),
+                               TREE, choice.protocol, choice.nchannels)
+    stats = simulate(graph, gpus, collective, nbytes, calibration)
+    return replace(stats, algorithm=RING, protocol=choice.protocol, nchannels=choice.nchannels)
+
 
 def simulate(graph, gpus: list[int], collective: str, nbytes: int,
              calibration: LinkCalibration | None = None) -> CollectiveStats:
@@ -309,12 +324,18 @@ def _json_result(collective: str, stats: CollectiveStats) -> dict:
     return {"collective": collective, "ranks": n, "size_bytes": stats.nbytes,
             "time_s": stats.time_s, "algbw_GBps": algbw_GBps(stats.nbytes, stats.time_s),
             "busbw_GBps": busbw_GBps(collective, n, stats.nbytes, stats.time_s),
-            "bytes_sent_per_rank": list(stats.bytes_sent), "steps": stats.steps}
+            "bytes_sent_per_rank": list(stats.bytes_sent), "steps": stats.steps,
+            "algorithm": stats.algorithm, "protocol": stats.protocol,
+            "nchannels": stats.nchannels}
 
 
-def _header(collective: str, cluster: Cluster, gpus: list[int]) -> list[str]:
+def _header(collective: str, cluster: Cluster, gpus: list[int],
+            calibration: LinkCalibration | None = None) -> list[str]:
     """Comment lines: what ran where, the link speeds and calibration, the busbw factor."""
     ring = " -> ".join(f"gpu{g}" for g in gpus[:4]) + (" -> ..." if len(gpus) > 4 else "")
+    calibration = calibration or LinkCalibration()
+    forced = ", ".join(f"{env}={value}" for env, value in (("NCCL_ALGO", calibration.nccl_algo),
+                       ("NCCL_PROTO", calibration.nccl_proto)) if value) or "none"
     return [
         f"# simsp ring: {collective}, {len(gpus)} ranks on {cluster.nodes} node(s) of "
         f"{cluster.gpus_per_node} GPUs, ring {ring} "
@@ -323,11 +344,13 @@ def _header(collective: str, cluster: Cluster, gpus: list[int]) -> list[str]:
         f"{cluster.ib_bandwidth_GBps:g} GB/s per direction; {LinkCalibration.from_cluster(cluster).describe()}",
         f"# busbw = algbw * {BUS_FACTOR_TEXT[collective]} (NCCL PERFORMANCE.md); "
         f"GB/s = 1e9 B/s; size = full message S",
+        f"# algorithm, protocol and channels as NCCL 2.30 picks them (engine/nccl_tuning.py; "
+        f"forced: {forced}); trees in closed form",
         "#",
         f"# {'size':>10} {'count':>13} {'type':>6} {'redop':>6} {'time':>12} {'algbw':>8} "
-        f"{'busbw':>8}",
+        f"{'busbw':>8} {'algo':>5} {'proto':>6} {'nch':>4}",
         f"# {'(B)':>10} {'(elements)':>13} {'':>6} {'':>6} {'(us)':>12} {'(GB/s)':>8} "
-        f"{'(GB/s)':>8}",
+        f"{'(GB/s)':>8} {'':>5} {'':>6} {'':>4}",
     ]
 
 
@@ -341,7 +364,8 @@ def _table(rows: list[CollectiveStats]) -> list[str]:
         redop = "none" if collective == ALL_GATHER else "sum"
         lines.append(f"  {stats.nbytes:>10} {stats.nbytes // ELEM_BYTES:>13} {'float':>6} "
                      f"{redop:>6} {stats.time_s * 1e6:>12.2f} "
-                     f"{algbw_GBps(stats.nbytes, stats.time_s):>8.2f} {busbw:>8.2f}")
+                     f"{algbw_GBps(stats.nbytes, stats.time_s):>8.2f} {busbw:>8.2f} "
+                     f"{stats.algorithm:>5} {stats.protocol:>6} {stats.nchannels:>4}")
     lines.append(f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):.3f}")
     return lines
 

@@ -8,12 +8,15 @@ A collective runs as NCCL's channels (ring_plan.channel_rings): concurrent rings
 carrying slice c of every chunk, so rank i still ends with its whole contiguous chunk i.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 import simpy
 
+from simsp.cluster.topology import hop_route
+from simsp.engine.nccl_group import hop_latency_scale, nccl_choice, wire_bytes
+from simsp.engine.nccl_tuning import RING, NcclChoice
 from simsp.engine.network import Network
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Channel, RingStep,
                                     all_gather_steps, channel_rings, chunk_counts, chunk_offsets,
@@ -60,6 +63,9 @@ class CollectiveStats:
     start_s: float
     end_s: float
     channels: tuple[ChannelStats, ...] = ()  # one per NCCL channel (empty: not recorded)
+    algorithm: str = "ring"  # NCCL's algorithm and protocol (engine/nccl_tuning.py)
+    protocol: str = ""
+    nchannels: int = 0  # NCCL channels (CTAs) used; 0: not recorded
 
     @property
     def time_s(self) -> float:
@@ -73,7 +79,8 @@ class CollectiveStats:
             tuple(a + b for a, b in zip(self.bytes_sent, other.bytes_sent)),
             tuple(a + b for a, b in zip(self.bytes_received, other.bytes_received)),
             self.start_s, other.end_s,
-            tuple(a.followed_by(b) for a, b in zip(self.channels, other.channels)))
+            tuple(a.followed_by(b) for a, b in zip(self.channels, other.channels)),
+            self.algorithm, self.protocol, self.nchannels)
 
 
 def element_count(nbytes: int, elem_bytes: int) -> int:
@@ -102,32 +109,39 @@ def _split(buffer: np.ndarray, counts: list[int]) -> list[np.ndarray]:
 
 def ring_reduce_scatter(env: simpy.Environment, network: Network, gpus: list[int],
                         buffers: list[np.ndarray] | None, nbytes: int,
-                        elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = REDUCE_SCATTER):
+                        elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = REDUCE_SCATTER,
+                        nccl: tuple[NcclChoice, bool] | None = None):
     """Ring reduce-scatter of an S = `nbytes` message: rank i ends with chunk i of the sum.
+    `nccl`: (the NCCL ring choice to run with, whether to pay its base latency) when this is a
+    phase of a larger collective; default: this collective's own choice.
 
     Returns (results, stats): results[i] is a 1-D array (numeric) or None (meta).
     """
     n = len(gpus)
     counts = chunk_counts(element_count(nbytes, elem_bytes), n)
     holdings = None if _is_meta(buffers) else [_split(b, counts) for b in buffers]
+    nccl = nccl or (_ring_choice(network, gpus, REDUCE_SCATTER, nbytes), True)
     stats = yield from _run_channels(env, network, gpus, reduce_scatter_steps(n), holdings,
-                                     counts, elem_bytes, REDUCE_SCATTER, label)
+                                     counts, elem_bytes, REDUCE_SCATTER, label, nccl)
     results = [None] * n if holdings is None else [holdings[i][i] for i in range(n)]
     return results, stats
 
 
 def ring_all_gather(env: simpy.Environment, network: Network, gpus: list[int],
                     chunks: list[np.ndarray] | None, nbytes: int,
-                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_GATHER):
+                    elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_GATHER,
+                    nccl: tuple[NcclChoice, bool] | None = None):
     """Ring all-gather: rank i contributes chunk i; every rank ends with the S = `nbytes` whole.
+    `nccl` as for ring_reduce_scatter.
 
     Returns (results, stats): results[i] is the 1-D concatenation (numeric) or None (meta).
     """
     n = len(gpus)
     counts = chunk_counts(element_count(nbytes, elem_bytes), n)
     holdings = None if _is_meta(chunks) else _own_chunks(chunks, counts)
+    nccl = nccl or (_ring_choice(network, gpus, ALL_GATHER, nbytes), True)
     stats = yield from _run_channels(env, network, gpus, all_gather_steps(n), holdings,
-                                     counts, elem_bytes, ALL_GATHER, label)
+                                     counts, elem_bytes, ALL_GATHER, label, nccl)
     results = [None] * n if holdings is None else [np.concatenate(h) for h in holdings]
     return results, stats
 
@@ -135,11 +149,15 @@ def ring_all_gather(env: simpy.Environment, network: Network, gpus: list[int],
 def ring_all_reduce(env: simpy.Environment, network: Network, gpus: list[int],
                     buffers: list[np.ndarray] | None, nbytes: int,
                     elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_REDUCE):
-    """Ring all-reduce = reduce-scatter then all-gather (REFERENCE.md §5). Results keep shape."""
+    """Ring all-reduce = reduce-scatter then all-gather (REFERENCE.md §5), at the protocol NCCL
+    runs an all-reduce ring with (one base latency). Results keep shape."""
+    choice = _ring_choice(network, gpus, ALL_REDUCE, nbytes)
     reduced, first = yield from ring_reduce_scatter(env, network, gpus, buffers, nbytes,
-                                                    elem_bytes, f"{label}/{REDUCE_SCATTER}")
+                                                    elem_bytes, f"{label}/{REDUCE_SCATTER}",
+                                                    (choice, True))
     gathered, second = yield from ring_all_gather(env, network, gpus, reduced, nbytes,
-                                                  elem_bytes, f"{label}/{ALL_GATHER}")
+                                                  elem_bytes, f"{label}/{ALL_GATHER}",
+                                                  (choice, False))
     if not _is_meta(buffers):
         gathered = [g.reshape(np.shape(b)) for g, b in zip(gathered, buffers)]
     return gathered, first.followed_by(second, ALL_REDUCE)
@@ -147,6 +165,11 @@ def ring_all_reduce(env: simpy.Environment, network: Network, gpus: list[int],
 
 RING_COLLECTIVES = {ALL_REDUCE: ring_all_reduce, REDUCE_SCATTER: ring_reduce_scatter,
                     ALL_GATHER: ring_all_gather}
+
+
+def _ring_choice(network: Network, gpus: list[int], collective: str, nbytes: int) -> NcclChoice:
+    """NCCL's protocol and channels for this collective run as a ring."""
+    return nccl_choice(collective, network.graph, list(gpus), nbytes, network.calibration, RING)
 
 
 def _own_chunks(chunks: list[np.ndarray], counts: list[int]) -> list[list[np.ndarray | None]]:
@@ -163,13 +186,18 @@ def _own_chunks(chunks: list[np.ndarray], counts: list[int]) -> list[list[np.nda
 
 def _run_channels(env: simpy.Environment, network: Network, gpus: list[int],
                   steps: list[RingStep], holdings: list | None, counts: list[int],
-                  elem_bytes: int, collective: str, label: str):
+                  elem_bytes: int, collective: str, label: str,
+                  nccl: tuple[NcclChoice, bool]):
     """Run every channel's ring concurrently (holdings[member][chunk] updated in place, numeric
-    mode); return the collective's stats when all finish."""
+    mode), after NCCL's base latency if `nccl` says to pay it; return the collective's stats
+    when all finish."""
+    choice, pay_base = nccl
     channels = channel_rings(list(gpus), network.graph.graph["gpus_per_node"])
     rings = [_channel_ring(env, network, list(gpus), ch, len(channels), steps, holdings, counts,
-                           elem_bytes, label) for ch in channels]
+                           elem_bytes, label, choice) for ch in channels]
     start_s = env.now
+    if pay_base and choice.base_latency_s > 0:
+        yield env.timeout(choice.base_latency_s)
     ends = [env.all_of([env.process(ring.rank_loop(p)) for p in range(len(gpus))])
             for ring in rings]
     finished = {}
@@ -179,11 +207,12 @@ def _run_channels(env: simpy.Environment, network: Network, gpus: list[int],
     yield env.all_of(ends)
     if holdings is not None:
         _gather_slices(rings, holdings)
-    return _collective_stats(collective, gpus, rings, len(steps), start_s, env.now, finished)
+    stats = _collective_stats(collective, gpus, rings, len(steps), start_s, env.now, finished)
+    return replace(stats, protocol=choice.protocol, nchannels=choice.nchannels)
 
 
 def _channel_ring(env, network, gpus, channel: Channel, k: int, steps, holdings, counts,
-                  elem_bytes, label) -> "_Ring":
+                  elem_bytes, label, choice: NcclChoice) -> "_Ring":
     """The ring of one channel: slice `channel.index` of every chunk, in the channel's order."""
     order = channel.order
     sizes = slice_counts(counts, k, channel.index)  # elements per chunk (member index)
@@ -194,7 +223,7 @@ def _channel_ring(env, network, gpus, channel: Channel, k: int, steps, holdings,
         mine = [[_piece(holdings[m][j], starts[j], sizes[j]) for j in order] for m in order]
     name = label if k == 1 else f"{label} ch{channel.index}"
     return _Ring(env, network, [gpus[m] for m in order], list(channel.via), steps, mine,
-                 chunk_bytes, name, channel)
+                 chunk_bytes, name, channel, choice)
 
 
 def _piece(chunk, start: int, size: int):
@@ -233,8 +262,13 @@ def _collective_stats(collective, gpus, rings, steps, start_s, end_s, finished):
 class _Ring:
     """The shared state of one ring phase: the plan, each rank's chunks, inboxes, byte counts."""
 
-    def __init__(self, env, network, gpus, via, steps, holdings, chunk_bytes, label, channel):
+    def __init__(self, env, network, gpus, via, steps, holdings, chunk_bytes, label, channel,
+                 choice: NcclChoice):
         self.env, self.network, self.gpus, self.steps = env, network, gpus, steps
+        self.choice = choice
+        n = len(gpus)
+        self.latency_scale = [hop_latency_scale(network.graph, hop_route(
+            network.graph, gpus[p], gpus[(p + 1) % n], via[p]), choice) for p in range(n)]
         self.via = via  # [rank] -> relaying GPU of its outgoing hop (PXN) or None
         self.holdings = holdings  # [rank][chunk] -> (counts[chunk],) array, or None in meta mode
         self.chunk_bytes = chunk_bytes
@@ -259,8 +293,9 @@ class _Ring:
         out = step.send_of(rank)
         payload = None if self.holdings is None else self.holdings[rank][out.chunk]
         delivered = self.network.transfer(self.gpus[rank], self.gpus[out.dst],
-                                          self.chunk_bytes[out.chunk], f"{self.label} step {index}",
-                                          self.via[rank])
+                                          wire_bytes(self.chunk_bytes[out.chunk], self.choice),
+                                          f"{self.label} step {index}", self.via[rank],
+                                          latency_scale=self.latency_scale[rank])
         delivered.callbacks.append(partial(_post, self.inboxes[index][out.dst], payload))
         self.sent[rank] += self.chunk_bytes[out.chunk]
         return delivered

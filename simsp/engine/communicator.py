@@ -18,6 +18,8 @@ import simpy
 
 from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
+from simsp.engine.nccl_group import nccl_choice
+from simsp.engine.nccl_tuning import TREE
 from simsp.engine.network import Network
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
@@ -147,7 +149,7 @@ class Communicator:
     def _execute(self, meeting: _Meeting):
         """Run the ring (or wait its closed-form time), record stats and spans, hand out results."""
         buffers = [meeting.buffers.get(rank) for rank in meeting.group]
-        if self.timing == STEPWISE:
+        if self.timing == STEPWISE and not self._runs_as_tree(meeting):
             ring = RING_COLLECTIVES[meeting.collective]
             results, stats = yield from ring(self.env, self.network, list(meeting.group), buffers,
                                              meeting.nbytes, meeting.elem_bytes,
@@ -160,6 +162,13 @@ class Communicator:
                                 stats.end_s, {"collective": meeting.collective,
                                               "nbytes": meeting.nbytes, "group": meeting.group})
         meeting.done.succeed(results)
+
+    def _runs_as_tree(self, meeting: _Meeting) -> bool:
+        """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode
+        (ring_timing.tree_time; the stepwise tree is engine/tree.py, for `simsp ring`)."""
+        return meeting.collective == ALL_REDUCE and nccl_choice(
+            ALL_REDUCE, self.network.graph, list(meeting.group), meeting.nbytes,
+            self.network.calibration).algorithm == TREE
 
     def _closed_form(self, meeting: _Meeting, buffers: list):
         """Wait collective_time without simulating flows; results computed directly."""

@@ -89,17 +89,21 @@ class Network:
 
     def transfer(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str = "",
                  via_gpu: int | None = None, drained: simpy.Event | None = None,
-                 delivered: simpy.Event | None = None) -> simpy.Event:
+                 delivered: simpy.Event | None = None, latency_scale: float = 1.0) -> simpy.Event:
         """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event returned (`delivered`
         if given, else a new one) succeeds on delivery with (start_s, end_s).
 
         `via_gpu`: relay through that GPU's links (NCCL PXN: NVLink to the GPU whose NIC is on
         the destination's rail, then its NIC). `drained`: an event to succeed when the last byte
-        has left (one latency before delivery), so a pipelined sender can start its next slot."""
+        has left (one latency before delivery), so a pipelined sender can start its next slot.
+        `latency_scale`: multiplies the route's latency (an NCCL protocol's step latency
+        relative to ring/Simple, engine/nccl_tuning.py)."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
         flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu,
                               delivered if delivered is not None else self.env.event())
+        if latency_scale != 1.0:
+            flow.latency_s *= latency_scale
         flow.drained = drained
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)

@@ -7,7 +7,9 @@ channel's GPUs form a chain below the node's head, the GPU on the channel's rail
 reduces all slots up (wait for its children's slot, add its own, send to its parent) and then
 forwards the result down; a slot is NCCL_BUFFSIZE / NCCL_STEPS = 4 MiB / 8 = 512 KiB, and a
 sender starts its next slot once the previous one has left the wire.
-Use as `results, stats = yield from tree_all_reduce(...)`.
+Use as `results, stats = yield from tree_all_reduce(...)`. This is the stepwise tree at the
+Simple protocol; `simsp run` and `simsp ring` time a tree all-reduce NCCL picks in closed form at
+its protocol (engine/ring_timing.tree_time, docs/nccl.md).
 """
 
 import math
