@@ -47,6 +47,8 @@ CASES = {
     "175b-full-m16": (_run("175b", "--no-shortcuts", "--global-batch-size", "16"), 30.0, ""),
     "ring-512": (["ring", "--ranks", "512", "--nodes", "64", "--size", "1G"], None, ""),
     "22b-in-process": (None, 0.050, "median of one evaluation"),
+    "llama3-70b": (["run", "scenarios/llama3-70b.toml"], None, "64 GPUs, GQA, SwiGLU, flash"),
+    "llama3.1-405b": (["run", "scenarios/llama3.1-405b.toml"], None, "512 GPUs, uneven stages"),
 }
 
 # Runs inside the subprocess: counts the events of every simpy environment the command makes.

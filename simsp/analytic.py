@@ -3,7 +3,8 @@
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """
 
-from simsp.config import Model, Parallel, Scenario, padded_vocab_size
+from simsp.config import (Model, Parallel, Scenario, model_chunks, padded_vocab_size,
+                          virtual_stage_layer_counts)
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -54,6 +55,23 @@ def model_flops(m: Model, p: Parallel) -> float:
     return 72 * B * L * s * h * h * (1 + s / (6 * h) + v / (12 * h * L))
 
 
+def iteration_model_flops(m: Model, p: Parallel) -> float:
+    """Model FLOPs of the run: K22's formula for the GPT layer, Megatron-LM's
+    num_floating_point_operations for the Llama-class variants."""
+    return megatron_model_flops(m, p) if m.llama_layer else model_flops(m, p)
+
+
+def iteration_hardware_flops(m: Model, p: Parallel) -> float:
+    """Hardware FLOPs of the run (K22 App. A for GPT, llama_hardware_flops otherwise)."""
+    return llama_hardware_flops(m, p) if m.llama_layer else hardware_flops(m, p)
+
+
+def flops_formula(m: Model) -> str:
+    """Which formula iteration_model_flops used, for the reports."""
+    return ("Megatron-LM num_floating_point_operations (training.py)" if m.llama_layer
+            else "K22 §6.3: 72BLsh²(1 + s/6h + v/12hL)")
+
+
 def recomputed_layers(m: Model, p: Parallel) -> int:
     """Layers whose forward full recompute re-runs: all of them (uniform), or the first N of
     each of the p·v model chunks (block; Megatron transformer_block.py)."""
@@ -61,8 +79,7 @@ def recomputed_layers(m: Model, p: Parallel) -> int:
         return 0
     if p.recompute_method != "block":
         return m.num_layers
-    chunks = m.num_layers // (p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp)
-    return chunks * (p.recompute_num_layers or 1)
+    return p.pp * model_chunks(m, p) * (p.recompute_num_layers or 1)
 
 
 def hardware_flops(m: Model, p: Parallel) -> float:
@@ -105,14 +122,22 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
     def layer(recompute: str) -> int:
         """One layer's kept bytes under `recompute` in this layout."""
+        if m.llama_layer or p.recompute_modules:
+            return llama_layer_activation_bytes(m, b, t, sp, recompute,
+                                                p.recompute_module_set or frozenset(("core_attn",)))
         return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
                                       m.hidden_dropout > 0, m.attention_dropout > 0)
     chunks = chunks_per_stage(m, p)
-    kept, recomputed = chunk_recompute_bytes(p, m.num_layers // p.pp // chunks,
+    stage_layers = m.num_layers // p.pp
+    if p.uneven_pipeline:  # stage 0's own layer count (Megatron's uneven split)
+        stage_layers = virtual_stage_layer_counts(m, p)[0] * (chunks == 1)
+    kept, recomputed = chunk_recompute_bytes(p, stage_layers // chunks,
                                              layer(p.recompute_granularity), layer("none"))
     total = kept * chunks * _layer_micro_batches(p)
     if p.schedule_name == "interleaved":
         total *= 1 + (p.pp - 1) / (p.pp * chunks)
+    if p.uneven_pipeline and chunks > 1:
+        total = _interleaved_uneven_bytes(m, p, layer(p.recompute_granularity))
     seq_split = t if sp else 1
     if m.hidden_dropout > 0:  # embedding dropout mask, sbh/t per micro-batch (K22 §4.3)
         total += s * b * h / seq_split * _embedding_micro_batches(p)
@@ -123,10 +148,23 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     return total + max(recomputed, head)
 
 
+def _interleaved_uneven_bytes(m: Model, p: Parallel, per_layer: int) -> int:
+    """Stage 0's layer activations at its peak under interleaving with chunks of unequal size
+    (accounted embedding): the warm-up and first steady forward hold chunk 0 for 2p − 1
+    micro-batches and every other chunk for p (Megatron's interleaved order; with equal chunks
+    K22's L/p · p · (1 + (p − 1)/(p·v)) layers). Full recompute keeps each chunk's inputs."""
+    counts = virtual_stage_layer_counts(m, p)
+    stage = [counts[k] for k in range(0, len(counts), p.pp)]  # stage 0's chunks
+    if p.recompute_granularity == "full":
+        stage = [c // (p.recompute_num_layers or 1) for c in stage]
+    held = min(2 * p.pp - 1, p.num_micro_batches) * stage[0] + \
+        min(p.pp, p.num_micro_batches) * sum(stage[1:])
+    return held * per_layer
+
+
 def chunks_per_stage(m: Model, p: Parallel) -> int:
     """v: model chunks per pipeline stage (1 unless interleaved)."""
-    virtual = p.num_layers_per_virtual_pipeline_stage
-    return m.num_layers // p.pp // virtual if virtual else 1
+    return model_chunks(m, p)
 
 
 def chunk_recompute_bytes(p: Parallel, layers: int, per_layer: int, full: int) -> tuple[int, int]:
@@ -158,3 +196,91 @@ def _embedding_micro_batches(p: Parallel) -> int:
     if p.schedule_name == "interleaved":
         return min(2 * p.pp - 1, m)
     return _layer_micro_batches(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama-class layers (docs/llama.md derives each term from the tensors the layer keeps)
+
+
+def llama_layer_activation_bytes(m: Model, b: int, t: int = 1, sp: bool = False,
+                                 recompute: str = "none",
+                                 modules: frozenset = frozenset(("core_attn",))) -> int:
+    """Activation bytes one layer keeps per rank, any variant (docs/llama.md table):
+    (8sbh + 2sbh·[hidden dropout]) / t_sp for the LN inputs, QKV/fc1 inputs and masks, plus
+    2sb·d·(2a + 2G_kept)/t for q, k, v and proj_input (G_kept = a unfused, whose core expands
+    K and V; G with flash), 4sbf/t (GeLU) or 6sbf/t (SwiGLU), and the core: unfused
+    (5 or 2)·a·s²·b/t, flash 4·a·s·b/t (fp32 logsumexp). Selective recompute drops the share
+    of each of its modules: core_attn the core, layernorm the two norm outputs (4sbh/t_sp),
+    mlp the activation's input and output. Full recompute keeps the layer input, 2sbh / t_sp."""
+    s, h, a, d, f = m.seq_length, m.hidden_size, m.num_attention_heads, m.head_dim, m.ffn
+    seq_div = t if sp else 1
+    if recompute == "full":
+        return 2 * s * b * h // seq_div
+    rebuilt = modules if recompute == "selective" else frozenset()
+    masks = 2 * s * b * h if m.hidden_dropout > 0 else 0
+    norm_outputs = 0 if "layernorm" in rebuilt else 4 * s * b * h
+    replicated = (4 * s * b * h + norm_outputs + masks) // seq_div
+    kv_heads = m.query_groups if m.flash else a
+    attention = 2 * s * b * d * (2 * a + 2 * kv_heads) // t  # q, proj_input; k, v
+    mlp = 0 if "mlp" in rebuilt else (6 if m.swiglu else 4) * s * b * f // t
+    core = 0
+    if "core_attn" not in rebuilt:
+        core = (4 * a * s * b if m.flash else
+                (5 if m.attention_dropout > 0 else 2) * a * s * s * b) // t
+    return replicated + attention + mlp + core
+
+
+def llama_parameter_count(m: Model) -> int:
+    """Exact parameters of any variant: per layer h(a + 2G)d (QKV) + a·d·h (proj) + (2 or 3)hf
+    (GeLU or SwiGLU) + norms (4h LayerNorm, 2h RMSNorm) + biases ((a + 2G)d + 2h + f or 2f);
+    v·h embedding, s·h learned positions, final norm, v·h untied output layer."""
+    h, a, G, d, f, L = (m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim,
+                        m.ffn, m.num_layers)
+    glu = 2 if m.swiglu else 1
+    norm = h if m.normalization == "RMSNorm" else 2 * h
+    weights = h * (a + 2 * G) * d + a * d * h + (glu + 1) * h * f
+    biases = (a + 2 * G) * d + 2 * h + glu * f if m.add_bias_linear else 0
+    per_layer = weights + biases + 2 * norm
+    position = m.seq_length * h if m.position_embedding_type == "learned_absolute" else 0
+    output = 0 if m.tied else m.vocab_size * h
+    return L * per_layer + m.vocab_size * h + position + norm + output
+
+
+def megatron_model_flops(m: Model, p: Parallel) -> float:
+    """Model FLOPs per iteration as Megatron-LM counts them (megatron/training/training.py
+    num_floating_point_operations, dense): 12·B·s·L·h²·[(1 + G/a + s/h)·(a·d/h) + (f/h)·g
+    + v/(2·L·h)], g = 3/2 for SwiGLU else 1, v the padded vocabulary. With G = a, d = h/a,
+    g = 1, f = 4h it is K22's 72BLsh²(1 + s/(6h) + v/(12hL))."""
+    B, L, s, h = p.global_batch, m.num_layers, m.seq_length, m.hidden_size
+    a, G, d, f = m.num_attention_heads, m.query_groups, m.head_dim, m.ffn
+    v = padded_vocab_size(m, p.tp)
+    gated = 3 / 2 if m.swiglu else 1
+    attention = (1 + G / a + s / h) * (a * d / h)
+    return 12 * B * s * L * h * h * (attention + (f / h) * gated + v / (2 * L * h))
+
+
+def llama_layer_forward_flops(m: Model, B: int) -> int:
+    """Forward GEMM FLOPs of one layer over B samples: QKV 2Bsh(a+2G)d, core 4Bs²ad, proj
+    2Bs·ad·h, MLP 2Bsh·f·(3 SwiGLU, 2 GeLU)."""
+    s, h, a, G, d, f = (m.seq_length, m.hidden_size, m.num_attention_heads, m.query_groups,
+                        m.head_dim, m.ffn)
+    mlp = (3 if m.swiglu else 2) * 2 * B * s * h * f
+    return 2 * B * s * h * (a + 2 * G) * d + 4 * B * s * s * a * d + 2 * B * s * a * d * h + mlp
+
+
+def llama_hardware_flops(m: Model, p: Parallel) -> float:
+    """Model FLOPs plus what is computed again: FlashAttention's backward recomputes QKᵀ
+    (2Bs²ad per layer); selective recompute re-runs the forward GEMMs of its modules: core_attn
+    4Bs²ad (flash: to get its logsumexp), mlp the whole MLP 2Bshf·(3 SwiGLU, 2 GeLU), layernorm
+    none; full recompute re-runs each recomputed layer's forward."""
+    B, L, s = p.global_batch, m.num_layers, m.seq_length
+    core = 4 * B * s * s * m.num_attention_heads * m.head_dim
+    extra = L * core // 2 if m.flash else 0
+    modules = p.recompute_module_set
+    if "core_attn" in modules:
+        extra += L * core
+    if "mlp" in modules:
+        extra += L * (3 if m.swiglu else 2) * 2 * B * s * m.hidden_size * m.ffn
+    elif p.recompute_granularity == "full":
+        extra += recomputed_layers(m, p) * llama_layer_forward_flops(m, B)
+    return megatron_model_flops(m, p) + extra

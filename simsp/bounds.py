@@ -35,6 +35,11 @@ BOUNDS = {
     "model.ffn_hidden_size": Bound(1, 1048576, "elements", "4x the largest hidden size"),
     "model.hidden_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
     "model.attention_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
+    "model.num_query_groups": Bound(1, 8192, "groups", "at most the heads' limit"),
+    "model.kv_channels": Bound(1, 65536, "elements", "512x Llama's head dimension 128"),
+    "model.norm_epsilon": Bound(0.0, 1.0, "", "a small positive constant (Llama: 1e-5)"),
+    "model.rotary_base": Bound(1, 1e9, "", "2000x Llama 3's 500000"),
+    "model.rotary_percent": Bound(0.0, 1.0, "fraction", "a fraction of the head dimension"),
     "parallel.tensor_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
     "parallel.pipeline_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
     "parallel.data_parallel_size": Bound(1, 32768, "GPUs", _DC),
@@ -42,6 +47,8 @@ BOUNDS = {
     "parallel.global_batch_size": Bound(1, 16777216, "samples", "16M samples per iteration"),
     "parallel.num_layers_per_virtual_pipeline_stage": Bound(1, 4096, "layers",
                                                             "at most model.num_layers"),
+    "parallel.num_virtual_stages_per_pipeline_rank": Bound(1, 4096, "chunks",
+                                                           "at most model.num_layers"),
     "cluster.gpus_per_node": Bound(1, 72, "GPUs", "a node is one NVLink domain: 8 in a DGX, 72 in a GB200 NVL72"),
     "cluster.nodes": Bound(1, 4096, "nodes", "32768 GPUs: " + _DC),
     "cluster.nvlink_bandwidth_GBps": Bound(0.1, 10000.0, "GB/s", "A100 NVLink is 300 GB/s"),
@@ -55,16 +62,27 @@ BOUNDS = {
 }
 
 # Work limits (measured with benchmarks/work_estimate.py on this 2-core machine).
-# Measured: 0.44-0.81 ms per layer-step for d = 1..64 and 4.0 ms at d = 512 (the data-parallel
-# ring of every step); 7 ms per rank-step without shortcuts; numeric 15 ms per rank-step at
+# Measured again on today's engine: 0.03-0.08 ms per layer-step for d = 1..64 at 175B width
+# (0.18 ms on a 192-step run, where the start dominates) and 0.57 ms at d = 512; without
+# shortcuts 1.7 ms per rank-step at t = 8 and 3.4 ms at t = 64; numeric 15 ms per rank-step at
 # tiny shapes and about 3e9 FLOP/s at h = 256.
-META_SECONDS_PER_LAYER_STEP = 0.9e-3  # meta mode, all shortcuts: one layer fwd+bwd, one stage
-META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 7e-6  # the growth with d measured above
-FULL_SECONDS_PER_RANK_STEP = 8e-3  # --no-shortcuts: per simulated rank
+META_SECONDS_PER_LAYER_STEP = 0.1e-3  # meta mode, all shortcuts: one layer fwd+bwd, one stage
+META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 1e-6  # the growth with d measured above
+FULL_SECONDS_PER_RANK_STEP = 2e-3  # --no-shortcuts: per simulated rank
 NUMERIC_FLOPS_PER_SECOND = 2e9  # numpy float64 GEMMs on one core, with simsp's op overhead
 NUMERIC_SECONDS_PER_LAYER_STEP = 15e-3  # numeric mode's per-op overhead per rank, tiny shapes
-# Meta mode keeps its ledger and trace: the 1T scenario (65,536 layer-steps) peaked at 2.76 GB RSS.
-META_BYTES_PER_LAYER_STEP = 42 * 1024
+# Meta mode keeps its ledger and trace: the 1T scenario (65,536 layer-steps) peaks at 526 MB
+# RSS, 476 MB above the interpreter with simsp imported: 7.3 KiB per layer-step.
+META_BYTES_PER_LAYER_STEP = 10 * 1024
+# Terms the per-layer-step cost misses, measured by benchmarks/work_estimate.py --terms:
+# each simulated rank builds its plan from every layer's parameter names (training/plan.py
+# stage_param_names: L=p=1024, one micro-batch: 7 s, 1.5 GB); without shortcuts a rank-step
+# costs more the more ranks its TP ring has (1.7 ms at t = 8, 3.4 ms at t = 64); one collective
+# per data-parallel gradient bucket (--ddp-bucket-size with --overlap-grad-reduce).
+PLAN_SECONDS_PER_RANK_LAYER = 8e-6
+PLAN_BYTES_PER_RANK_LAYER = 1536
+FULL_SECONDS_PER_RING_RANK = 3e-5  # --no-shortcuts: per rank-step, per rank of the TP ring
+SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -140,12 +158,45 @@ def numeric_seconds(sc) -> float:
 
 def meta_seconds(sc, representative: bool) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
-    with d), or x every rank of a stage (t*d) without the representative shortcut."""
+    with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
+    the representative shortcut; plus each simulated rank's plan (every layer's parameter
+    names: ranks x L) and its data-parallel gradient buckets."""
     p = sc.parallel
     if representative:
         per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
-        return layer_steps(sc) * per_step
-    return layer_steps(sc) * p.tp * p.dp * FULL_SECONDS_PER_RANK_STEP
+    else:
+        per_step = p.tp * p.dp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
+    ranks = simulated_ranks(sc, representative)
+    plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
+    buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
+    return layer_steps(sc) * per_step + plans + buckets
+
+
+def simulated_ranks(sc, representative: bool) -> int:
+    """Ranks the simulation runs a program for: one per stage with the shortcut, else all."""
+    p = sc.parallel
+    return p.pp if representative else p.tp * p.pp * p.dp
+
+
+def bucket_count(sc) -> int:
+    """Gradient buckets of one stage: its parameters over the bucket size (Megatron DDP,
+    training/grad_buckets.py), at most one per parameter tensor (12 per layer, 3 more)."""
+    from simsp.training.grad_buckets import bucket_size
+    p = sc.parallel
+    size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
+    layers = sc.model.num_layers // p.pp
+    if size is None:
+        return 1
+    stage_params = param_count(sc.model) // p.pp
+    return max(1, min(12 * layers + 3, math.ceil(stage_params / size)))
+
+
+def meta_bytes(sc, representative: bool = True) -> int:
+    """Bytes meta mode keeps: the ledger and trace per layer-step, and every simulated rank's
+    plan (its list of every layer's parameters: ranks x L)."""
+    ranks = simulated_ranks(sc, representative)
+    return (layer_steps(sc) * META_BYTES_PER_LAYER_STEP
+            + ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER)
 
 
 def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
@@ -164,8 +215,7 @@ def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = Fa
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
-        _check_memory(layer_steps(sc) * META_BYTES_PER_LAYER_STEP, "work",
-                      f"meta mode would keep about")
+        _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
         seconds = meta_seconds(sc, shortcuts) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "

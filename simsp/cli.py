@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import signal
 import sys
 
 from simsp import __version__
@@ -70,6 +71,8 @@ def console() -> None:
     The exit skips the interpreter's teardown (os._exit once stdout and stderr are flushed):
     every file is closed and every child reaped by then, and freeing a paper-scale run's
     millions of objects one by one would only cost time (0.1 to 0.3 s for 175B here)."""
+    if hasattr(signal, "SIGXFSZ"):  # a file-size limit is a write error to report, not a kill
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     code = main(process_ends=True)
     _flush_streams()
     os._exit(code)

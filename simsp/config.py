@@ -6,9 +6,9 @@ dataclasses and on the command line alike. Cross-field checks live in `validate`
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-import tomllib
 
 from simsp.bounds import check_ranges
+from simsp import io_in
 from simsp.errors import UserError
 from simsp.profiles import (gpu_cluster_fields, gpu_profile, system_cluster_fields,
                             system_profile)
@@ -18,6 +18,9 @@ RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
+NORMALIZATION_CHOICES = ("LayerNorm", "RMSNorm")
+POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
+ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
@@ -35,6 +38,19 @@ class Model:
     ffn_hidden_size: int | None = None  # None means 4h
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    # Llama-class layers (Megatron-LM megatron/training/arguments.py flag names; docs/llama.md)
+    group_query_attention: bool = False
+    num_query_groups: int | None = None  # KV groups G (group_query_attention); None means a
+    kv_channels: int | None = None  # head dimension d; None means h / a
+    swiglu: bool = False
+    normalization: str = "LayerNorm"
+    norm_epsilon: float = 1e-5
+    position_embedding_type: str = "learned_absolute"
+    rotary_base: int = 10000
+    rotary_percent: float = 1.0
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True  # --disable-bias-linear turns it off
+    attention_backend: str = "unfused"  # --use-flash-attn / --attention-backend flash
 
     @property
     def ffn(self) -> int:
@@ -43,7 +59,34 @@ class Model:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """d: kv_channels, or h / a when unset."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        """G: KV head groups (num_query_groups under GQA, else one per head)."""
+        if self.group_query_attention and self.num_query_groups:
+            return self.num_query_groups
+        return self.num_attention_heads
+
+    @property
+    def flash(self) -> bool:
+        return self.attention_backend == "flash"
+
+    @property
+    def rmsnorm(self) -> bool:
+        return self.normalization == "RMSNorm"
+
+    @property
+    def tied(self) -> bool:
+        return not self.untie_embeddings_and_output_weights
+
+    @property
+    def llama_layer(self) -> bool:
+        """Whether any layer variant differs from the GPT layer of K22 (the default path)."""
+        return (self.query_groups != self.num_attention_heads or self.swiglu or self.rmsnorm
+                or self.position_embedding_type == "rope" or not self.add_bias_linear
+                or self.flash or self.head_dim * self.num_attention_heads != self.hidden_size)
 
 
 @dataclass(frozen=True)
@@ -79,6 +122,29 @@ class Parallel:
     main_params_dtype: str = "fp32"
     exp_avg_dtype: str = "fp32"
     exp_avg_sq_dtype: str = "fp32"
+    # Uneven pipeline stages (Megatron-LM transformer_block.py get_num_layers_to_build)
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    num_virtual_stages_per_pipeline_rank: int | None = None  # interleaved: chunks per stage
+    recompute_modules: str | None = None  # selective: space-separated; None means core_attn
+
+    @property
+    def uneven_pipeline(self) -> bool:
+        return (self.decoder_first_pipeline_num_layers is not None
+                or self.decoder_last_pipeline_num_layers is not None
+                or self.account_for_embedding_in_pipeline_split
+                or self.account_for_loss_in_pipeline_split)
+
+    @property
+    def recompute_module_set(self) -> frozenset:
+        """Megatron's --recompute-modules for selective recompute (core_attn by default)."""
+        if self.recompute_granularity != "selective":
+            return frozenset()
+        if self.recompute_modules is None:
+            return frozenset(("core_attn",))
+        return frozenset(self.recompute_modules.split())
 
     @property
     def tp(self) -> int:
@@ -110,7 +176,9 @@ class Parallel:
     def schedule_name(self) -> str:
         if self.schedule:
             return self.schedule
-        return "interleaved" if self.num_layers_per_virtual_pipeline_stage else "1f1b"
+        virtual = self.num_layers_per_virtual_pipeline_stage or \
+            self.num_virtual_stages_per_pipeline_rank
+        return "interleaved" if virtual else "1f1b"
 
 
 @dataclass(frozen=True)
@@ -169,6 +237,115 @@ class Scenario:
         return replace(self.model, vocab_size=self.padded_vocab_size)
 
 
+def pipeline_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
+    """Transformer layers of each pipeline stage, as Megatron-LM builds them
+    (megatron/core/transformer/transformer_block.py get_num_layers_to_build, non-interleaved):
+    the given first/last stage counts and the rest spread evenly over the middle stages; or
+    (L + 1 per accounted embedding/loss) / p per stage, one fewer on the first (embedding) and
+    last (loss) stage; else L / p each."""
+    first, last, L, n = (p.decoder_first_pipeline_num_layers,
+                         p.decoder_last_pipeline_num_layers, m.num_layers, p.pp)
+    if first is not None or last is not None:
+        middle_stages = n - (first is not None) - (last is not None)
+        middle_layers = L - (first or 0) - (last or 0)
+        each = middle_layers // middle_stages if middle_stages > 0 else 0
+        counts = [each] * n
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+        return tuple(counts)
+    total = L + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    counts = [total // n] * n
+    counts[0] -= p.account_for_embedding_in_pipeline_split
+    counts[-1] -= p.account_for_loss_in_pipeline_split
+    return tuple(counts)
+
+
+def virtual_stage_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
+    """Layers of each virtual stage k = chunk·p + stage, contiguous in k order. Interleaved with
+    accounted embedding/loss (Megatron arguments.py: vp = ((L + e + l)/p) / N): N each, one
+    fewer on the first (embedding) and the last (loss); otherwise pipeline_layer_counts."""
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    chunks = model_chunks(m, p)
+    if p.schedule_name != "interleaved" or chunks == 1:
+        return pipeline_layer_counts(m, p)
+    if virtual:
+        counts = [virtual] * (p.pp * chunks)
+    else:  # --num-virtual-stages-per-pipeline-rank: each stage's layers (embedding/loss
+        # counted) in equal chunks (transformer_block.py get_num_layers_to_build)
+        per_stage = list(pipeline_layer_counts(m, p))
+        per_stage[0] += p.account_for_embedding_in_pipeline_split
+        per_stage[-1] += p.account_for_loss_in_pipeline_split
+        counts = [per_stage[k % p.pp] // chunks for k in range(p.pp * chunks)]
+    counts[0] -= p.account_for_embedding_in_pipeline_split
+    counts[-1] -= p.account_for_loss_in_pipeline_split
+    return tuple(counts)
+
+
+def model_chunks(m: Model, p: Parallel) -> int:
+    """v: model chunks per stage: --num-virtual-stages-per-pipeline-rank, or
+    ((L + accounted embedding/loss) / p) / N interleaved, else 1 (Megatron arguments.py)."""
+    if p.num_virtual_stages_per_pipeline_rank:
+        return p.num_virtual_stages_per_pipeline_rank
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    if not virtual:
+        return 1
+    total = m.num_layers + p.account_for_embedding_in_pipeline_split + \
+        p.account_for_loss_in_pipeline_split
+    return total // p.pp // virtual
+
+
+def _validate_uneven_pipeline(m: Model, p: Parallel) -> None:
+    """Megatron's checks on uneven stages (transformer_block.py, arguments.py); simsp also needs
+    one layer or more per stage and a non-interleaved schedule."""
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    _positive("parallel", p, ("decoder_first_pipeline_num_layers",
+                              "decoder_last_pipeline_num_layers"))
+    given = (first is not None) + (last is not None)
+    accounted = p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split
+    name = "parallel.decoder_first_pipeline_num_layers" if first is not None else \
+        "parallel.decoder_last_pipeline_num_layers" if last is not None else \
+        "parallel.account_for_embedding_in_pipeline_split"
+    _check(not (given and accounted), name, "cannot be combined with account_for_embedding/"
+           "loss_in_pipeline_split (Megatron: not supported with uneven pp)")
+    _check(p.pp > 1, name, "needs pipeline_model_parallel_size > 1")
+    _check(p.schedule_name != "interleaved" or not given
+           or p.num_virtual_stages_per_pipeline_rank is not None, name,
+           "interleaving uneven first/last stages needs --num-virtual-stages-per-pipeline-rank "
+           "(Megatron arguments.py), not --num-layers-per-virtual-pipeline-stage")
+    middle_stages = p.pp - given
+    middle_layers = m.num_layers - (first or 0) - (last or 0)
+    if given:
+        _check(middle_layers >= 0 and (middle_stages > 0 or middle_layers == 0), name,
+               f"the first/last stage layers do not add up to num_layers={m.num_layers}")
+        _check(middle_stages == 0 or middle_layers % middle_stages == 0, name,
+               f"the {middle_layers} remaining layers do not divide over {middle_stages} "
+               "middle stages")
+    else:
+        total = m.num_layers + p.account_for_embedding_in_pipeline_split + \
+            p.account_for_loss_in_pipeline_split
+        _check(total % p.pp == 0, name, f"num_layers + accounted embedding/loss = {total} is "
+               f"not divisible by {p.pp} stages")
+    chunks = p.num_virtual_stages_per_pipeline_rank
+    if p.schedule_name == "interleaved" and chunks:
+        stages = list(pipeline_layer_counts(m, p))
+        stages[0] += p.account_for_embedding_in_pipeline_split
+        stages[-1] += p.account_for_loss_in_pipeline_split
+        _check(all(n % chunks == 0 for n in stages),
+               "parallel.num_virtual_stages_per_pipeline_rank",
+               f"{chunks} chunks do not divide every stage's layers {tuple(stages)}")
+    elif p.schedule_name == "interleaved" and p.num_layers_per_virtual_pipeline_stage:
+        per_stage = (m.num_layers + p.account_for_embedding_in_pipeline_split +
+                     p.account_for_loss_in_pipeline_split) // p.pp
+        _check(per_stage % p.num_layers_per_virtual_pipeline_stage == 0,
+               "parallel.num_layers_per_virtual_pipeline_stage",
+               f"{p.num_layers_per_virtual_pipeline_stage} does not divide the {per_stage} "
+               "layers (embedding/loss counted) of each pipeline stage")
+    counts = virtual_stage_layer_counts(m, p)
+    _check(min(counts) >= 1, name, f"gives a stage without layers ({counts})")
+
+
 def padded_vocab_size(m: Model, t: int) -> int:
     """v rounded up to a multiple of make_vocab_size_divisible_by · t (Megatron-LM
     megatron/training/tokenizer/tokenizer.py `_vocab_size_with_padding`)."""
@@ -218,22 +395,18 @@ def _build_section(section: str, values: dict):
         if key not in kinds:
             known = ", ".join(sorted(kinds))
             raise UserError(f"{section}.{key}", f"unknown key (known: {known})")
+    if isinstance(values.get("recompute_modules"), list):  # Megatron's list, as TOML writes it
+        words = values["recompute_modules"]
+        if not all(isinstance(w, str) for w in words):
+            raise UserError(f"{section}.recompute_modules", "must be a list of module names")
+        values = {**values, "recompute_modules": " ".join(words)}
     return cls(**{k: _coerce(section, k, v, kinds[k]) for k, v in values.items()})
 
 
 def read_toml(path: str | Path) -> dict:
-    """Read a scenario file into nested dicts, turning I/O and syntax problems into UserErrors."""
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise UserError("scenario", f"file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError("scenario", f"{path} is not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise UserError("scenario", f"{path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise UserError("scenario", f"cannot read {path}: {exc.strerror}") from None
+    """Read a scenario file into nested dicts (simsp.io_in: size-capped, one UserError naming
+    the file for I/O and syntax problems)."""
+    data = io_in.read_toml(path, "scenario")
     for section, body in data.items():
         if not isinstance(body, dict):
             raise UserError(section, f"must be inside a [section] (known: {', '.join(SECTIONS)})")
@@ -306,11 +479,33 @@ def validate_model(m: Model) -> None:
     """Shape checks of the model alone."""
     _positive("model", m, ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                            "vocab_size", "ffn_hidden_size", "make_vocab_size_divisible_by"))
-    _check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size",
+    _check(m.kv_channels is not None or m.hidden_size % m.num_attention_heads == 0,
+           "model.hidden_size",
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
+    _validate_llama_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
+
+
+def _validate_llama_model(m: Model) -> None:
+    """Megatron-LM's checks on the Llama-class fields (arguments.py, transformer_config.py)."""
+    _positive("model", m, ("num_query_groups", "kv_channels", "rotary_base"))
+    _choice("model.normalization", m.normalization, NORMALIZATION_CHOICES)
+    _choice("model.position_embedding_type", m.position_embedding_type,
+            POSITION_EMBEDDING_CHOICES)
+    _choice("model.attention_backend", m.attention_backend, ATTENTION_BACKEND_CHOICES)
+    _check(m.num_query_groups is None or m.group_query_attention, "model.num_query_groups",
+           "needs group_query_attention (--group-query-attention)")
+    _check(m.num_attention_heads % m.query_groups == 0, "model.num_query_groups",
+           f"{m.query_groups} does not divide num_attention_heads={m.num_attention_heads}")
+    _check(m.norm_epsilon > 0, "model.norm_epsilon", f"must be positive, got {m.norm_epsilon}")
+    _check(0 < m.rotary_percent <= 1, "model.rotary_percent",
+           f"must be in (0, 1], got {m.rotary_percent}")
+    rotary = int(m.head_dim * m.rotary_percent)
+    _check(m.position_embedding_type != "rope" or (rotary > 0 and rotary % 2 == 0),
+           "model.rotary_percent", f"rotates {rotary} of the {m.head_dim} head channels: "
+           "needs an even, positive number")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:
@@ -326,6 +521,9 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"num_attention_heads={m.num_attention_heads} is not divisible by {t}")
     _check(m.ffn % t == 0, "parallel.tensor_model_parallel_size",
            f"ffn_hidden_size={m.ffn} is not divisible by {t}")
+    _check(m.query_groups % t == 0, "parallel.tensor_model_parallel_size",
+           f"num_query_groups={m.query_groups} is not divisible by {t} (Megatron: each TP "
+           "rank holds whole KV groups)")
     padded = padded_vocab_size(m, t)
     _check(padded % t == 0, "parallel.tensor_model_parallel_size",
            f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
@@ -333,14 +531,18 @@ def validate_parallel(m: Model, p: Parallel) -> None:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
                f"seq_length={m.seq_length} is not divisible by tensor_model_parallel_size={t}")
-    _check(m.num_layers % p.pp == 0, "parallel.pipeline_model_parallel_size",
-           f"num_layers={m.num_layers} is not divisible by {p.pp} stages")
+    if p.uneven_pipeline:
+        _validate_uneven_pipeline(m, p)
+    else:
+        _check(m.num_layers % p.pp == 0, "parallel.pipeline_model_parallel_size",
+               f"num_layers={m.num_layers} is not divisible by {p.pp} stages")
     _check(p.global_batch % (p.micro_batch_size * p.dp) == 0, "parallel.global_batch_size",
            f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
            f"{p.micro_batch_size * p.dp}")
     _validate_schedule(m, p)
     _validate_overlap(p)
     _validate_recompute_method(m, p)
+    _validate_recompute_modules(p)
 
 
 def _validate_overlap(p: Parallel) -> None:
@@ -364,27 +566,66 @@ def _validate_recompute_method(m: Model, p: Parallel) -> None:
             _check(getattr(p, name) is None, f"parallel.{name}",
                    f"only applies to recompute_granularity full, not {p.recompute_granularity}")
         return
-    per_chunk = p.num_layers_per_virtual_pipeline_stage or m.num_layers // p.pp
     n = n or 1
-    if method == "block":
-        _check(n <= per_chunk, "parallel.recompute_num_layers",
-               f"block recomputes {n} layers but each model chunk has {per_chunk}")
-    else:
-        _check(per_chunk % n == 0, "parallel.recompute_num_layers",
-               f"uniform groups of {n} do not divide the {per_chunk} layers of each model chunk")
+    chunk_sizes = (virtual_stage_layer_counts(m, p) if p.uneven_pipeline else
+                   (p.num_layers_per_virtual_pipeline_stage
+                    or m.num_layers // p.pp // model_chunks(m, p),))
+    for per_chunk in sorted(set(chunk_sizes)):
+        if method == "block":
+            _check(n <= per_chunk, "parallel.recompute_num_layers",
+                   f"block recomputes {n} layers but each model chunk has {per_chunk}")
+        else:
+            _check(per_chunk % n == 0, "parallel.recompute_num_layers",
+                   f"uniform groups of {n} do not divide the {per_chunk} layers of each model "
+                   "chunk")
+
+
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")  # Megatron's names for a dense layer
+
+
+def _validate_recompute_modules(p: Parallel) -> None:
+    """--recompute-modules, checked (and used) under selective granularity only, as Megatron's
+    transformer_config.py does: its module names of the dense layer (moe, moe_act,
+    shared_experts and mla_up_proj have nothing to act on here); an empty list recomputes
+    nothing."""
+    if p.recompute_modules is None or p.recompute_granularity != "selective":
+        return
+    for name in p.recompute_modules.split():
+        _check(name in RECOMPUTE_MODULES, "parallel.recompute_modules",
+               f"{name!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:
     """Interleaving needs virtual stages that tile the layers and m a multiple of p."""
     virtual = p.num_layers_per_virtual_pipeline_stage
+    _positive("parallel", p, ("num_virtual_stages_per_pipeline_rank",))
     if p.schedule_name != "interleaved":
         _check(virtual is None, "parallel.num_layers_per_virtual_pipeline_stage",
                f"only applies to the interleaved schedule, not {p.schedule_name}")
+        _check(p.num_virtual_stages_per_pipeline_rank is None,
+               "parallel.num_virtual_stages_per_pipeline_rank",
+               f"only applies to the interleaved schedule, not {p.schedule_name}")
         return
-    _check(virtual is not None, "parallel.schedule",
+    chunks = p.num_virtual_stages_per_pipeline_rank
+    _check(virtual is None or chunks is None, "parallel.num_virtual_stages_per_pipeline_rank",
+           "give it or num_layers_per_virtual_pipeline_stage, not both (Megatron)")
+    _check(virtual is not None or chunks is not None, "parallel.schedule",
            "interleaved needs num_layers_per_virtual_pipeline_stage")
     _check(p.pp > 1, "parallel.schedule", "interleaved needs pipeline_model_parallel_size > 1")
-    per_stage = m.num_layers // p.pp
+    if chunks is not None:
+        _check(chunks > 1, "parallel.num_virtual_stages_per_pipeline_rank",
+               "interleaving needs 2 or more chunks per stage")
+        if not p.uneven_pipeline:
+            _check(m.num_layers // p.pp % chunks == 0,
+                   "parallel.num_virtual_stages_per_pipeline_rank",
+                   f"{chunks} chunks do not divide the {m.num_layers // p.pp} layers of each "
+                   "pipeline stage")
+        _check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",
+               f"interleaving needs the {p.num_micro_batches} micro-batches to be a multiple of "
+               f"pipeline_model_parallel_size={p.pp}")
+        return
+    per_stage = (m.num_layers + p.account_for_embedding_in_pipeline_split
+                 + p.account_for_loss_in_pipeline_split) // p.pp
     _check(per_stage % virtual == 0, "parallel.num_layers_per_virtual_pipeline_stage",
            f"{virtual} does not divide the {per_stage} layers of each pipeline stage")
     _check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",

@@ -10,8 +10,9 @@ from pathlib import Path
 import sys
 from typing import NamedTuple
 
-from simsp.config import (DTYPE_CHOICES, MODE_CHOICES, NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES,
-                          RECOMPUTE_CHOICES,
+from simsp.config import (ATTENTION_BACKEND_CHOICES, DTYPE_CHOICES, MODE_CHOICES,
+                          NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, NORMALIZATION_CHOICES,
+                          POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
 from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
@@ -50,6 +51,24 @@ SCENARIO_FLAGS = {
                          "dropout probability after attention and MLP, in [0, 1)", "hd"),
     "--attention-dropout": ("model", "attention_dropout", float, None,
                             "dropout probability of the attention scores, in [0, 1)", "ad"),
+    # Llama-class layers (Megatron-LM arguments.py; docs/llama.md)
+    "--num-query-groups": ("model", "num_query_groups", int, None,
+                           "KV head groups G of group-query attention (default: one per head)",
+                           "G"),
+    "--kv-channels": ("model", "kv_channels", int, None,
+                      "head dimension d (elements; default: hidden size / heads)", "kv"),
+    "--normalization": ("model", "normalization", str, NORMALIZATION_CHOICES,
+                        "layer normalization kind", ""),
+    "--norm-epsilon": ("model", "norm_epsilon", float, None, "epsilon of the normalization",
+                       "eps"),
+    "--position-embedding-type": ("model", "position_embedding_type", str,
+                                  POSITION_EMBEDDING_CHOICES, "position embedding", "pos-"),
+    "--rotary-base": ("model", "rotary_base", int, None, "RoPE base (theta)", "rb"),
+    "--rotary-percent": ("model", "rotary_percent", float, None,
+                         "fraction of each head's channels RoPE rotates", "rp"),
+    "--attention-backend": ("model", "attention_backend", str, ATTENTION_BACKEND_CHOICES,
+                            "attention core: unfused (s x s tensors kept) or flash "
+                            "(FlashAttention)", "attn-"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,
@@ -88,6 +107,19 @@ SCENARIO_FLAGS = {
                         "Adam first moment dtype (precision-aware optimizer)", "m1-"),
     "--exp-avg-sq-dtype": ("parallel", "exp_avg_sq_dtype", str, EXP_AVG_DTYPE_CHOICES,
                            "Adam second moment dtype (precision-aware optimizer)", "m2-"),
+    "--decoder-first-pipeline-num-layers": ("parallel", "decoder_first_pipeline_num_layers",
+                                            int, None, "layers of the first pipeline stage "
+                                            "(default: an even split)", "first"),
+    "--decoder-last-pipeline-num-layers": ("parallel", "decoder_last_pipeline_num_layers", int,
+                                           None, "layers of the last pipeline stage (default: "
+                                           "an even split)", "last"),
+    "--num-virtual-stages-per-pipeline-rank": ("parallel", "num_virtual_stages_per_pipeline_rank",
+                                               int, None, "model chunks per stage of the "
+                                               "interleaved schedule (default: from the layers "
+                                               "per virtual stage)", "vs"),
+    "--recompute-modules": ("parallel", "recompute_modules", str, None,
+                            "selective recompute: modules among core_attn, mlp, layernorm, "
+                            "space-separated in one argument (default: core_attn)", "rmod-"),
     "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None, "GPUs per node", "gpn"),
     "--gpu": ("cluster", "gpu", str, None,
@@ -110,10 +142,25 @@ SCENARIO_FLAGS = {
                         "numpy dtype of numeric mode (accounting stays 2-byte)", ""),
 }
 SWITCHES = {  # flag -> (section, key, value, help, token)
+    "--group-query-attention": ("model", "group_query_attention", True,
+                                "group-query attention (with --num-query-groups)", "gqa"),
+    "--swiglu": ("model", "swiglu", True, "SwiGLU MLP (gate and up projections)", "swiglu"),
+    "--untie-embeddings-and-output-weights": ("model", "untie_embeddings_and_output_weights",
+                                              True, "an output layer of its own", "untied"),
+    "--disable-bias-linear": ("model", "add_bias_linear", False, "no biases in linear layers",
+                              "nobias"),
+    "--use-flash-attn": ("model", "attention_backend", "flash",
+                         "FlashAttention (same as --attention-backend flash)", "flash"),
     "--sequence-parallel": ("parallel", "sequence_parallel", True,
                             "shard layer norms and dropout along the sequence (K22 §4.2.2)", "sp"),
     "--no-sequence-parallel": ("parallel", "sequence_parallel", False,
                                "turn off a scenario's sequence parallelism", "nosp"),
+    "--account-for-embedding-in-pipeline-split":
+        ("parallel", "account_for_embedding_in_pipeline_split", True,
+         "count the embedding as a layer when splitting the pipeline", "acemb"),
+    "--account-for-loss-in-pipeline-split":
+        ("parallel", "account_for_loss_in_pipeline_split", True,
+         "count the loss as a layer when splitting the pipeline", "acloss"),
     "--use-distributed-optimizer": ("parallel", "distributed_optimizer", True,
                                     "shard optimizer state over data-parallel ranks (ZeRO-1)",
                                     "distopt"),
@@ -139,6 +186,7 @@ SWITCHES.update({
                                         "optimizer states in the dtypes given", "pao"),
 })
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
+LIST_FLAGS = ("--recompute-modules",)  # Megatron's nargs='*' flags: one or more words, joined
 
 
 class Parser(argparse.ArgumentParser):
@@ -156,7 +204,8 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         """Refuse a flag given twice (under any of its names) before argparse keeps the last."""
         argv = sys.argv[1:] if args is None else list(args)
-        seen = {}
+        self._refuse_empty(argv)
+        seen, dests = {}, {}
         for token in argv:
             if token == "--":
                 break
@@ -164,9 +213,31 @@ class Parser(argparse.ArgumentParser):
             action = self._option_string_actions.get(name)
             if action is not None and action in seen:
                 self.error(f"argument {seen[action]}: given more than once")
+            if action is not None and dests.get(action.dest, action) is not action:
+                self.error(f"argument {name}: conflicts with {seen[dests[action.dest]]}")
             if action is not None:
                 seen[action] = name
+                dests[action.dest] = action
         return super().parse_known_args(argv, namespace)
+
+    def _refuse_empty(self, argv: list[str]) -> None:
+        """An empty argument never means "not given": `--out ''` or `--out=` is an error."""
+        for index, token in enumerate(argv):
+            name, equals, value = token.partition("=")
+            if token.startswith("--") and equals and value == "":
+                self.error(f"argument {name}: must not be empty")
+            if token == "":
+                before = argv[index - 1] if index else ""
+                if before.startswith("-") and "=" not in before:
+                    self.error(f"argument {before}: must not be empty")
+                if self._subparsers is None:  # the command's own parser names its positional
+                    self.error(f"argument {self._positional_name()}: must not be empty")
+
+    def _positional_name(self) -> str:
+        """How argparse names this parser's first positional argument (SCENARIO, FILE...)."""
+        for action in self._positionals._group_actions:
+            return action.metavar or action.dest
+        return "(an empty word)"
 
 
 def nonempty(text: str) -> str:
@@ -219,7 +290,8 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
     for flag in SCENARIO_FLAGS:
         row = _row(flag)
         group.add_argument(flag, dest=_dest(flag), type=row.kind, choices=row.choices,
-                           default=None, metavar=_metavar(row), help=flag_help(flag))
+                           default=None, metavar=_metavar(row), help=flag_help(flag),
+                           nargs="+" if flag in LIST_FLAGS else None)
     for flag in SWITCHES:
         section, key, _, meaning, _ = _switch(flag)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
@@ -238,6 +310,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     found = {}
     for flag in SCENARIO_FLAGS:
         value = getattr(args, _dest(flag), None)
+        if isinstance(value, list):
+            value = " ".join(value)
         if value is not None:
             row = _row(flag)
             found[(row.section, row.key)] = value
@@ -247,6 +321,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
             found[(section, key)] = value
     if getattr(args, _dest("--sequence-parallel")) and getattr(args, _dest("--no-sequence-parallel")):
         raise UserError("--sequence-parallel", "conflicts with --no-sequence-parallel")
+    backend = getattr(args, _dest("--attention-backend"), None)
+    if getattr(args, _dest("--use-flash-attn"), False) and backend not in (None, "flash"):
+        raise UserError("--use-flash-attn", f"conflicts with --attention-backend {backend}")
     return found
 
 
@@ -256,6 +333,8 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
     tokens = []
     for flag in SCENARIO_FLAGS:
         value = getattr(args, _dest(flag), None)
+        if isinstance(value, list):
+            value = "-".join(value)
         if value is not None:
             text = f"{value:g}" if isinstance(value, float) else str(value)
             text = Path(text).stem if "/" in text else text  # a profile's path: its name

@@ -5,9 +5,9 @@ FLOPs with B = global batch over (iteration time · GPUs · 312 TFLOP/s); the FL
 GEMMs actually counted are reported beside them.
 """
 
-from dataclasses import asdict
 
 from simsp import analytic
+from simsp.model.architecture import architecture
 from simsp.costmodel import calibration_table
 from simsp.config import Cluster
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
@@ -25,18 +25,17 @@ def stage_ranks(run) -> list[int]:
 
 
 def bubble(run) -> tuple[float, list[float]]:
-    """N21 §2.2.1 bubble: (pipeline time − busiest stage's step time) / busiest step time.
-
-    Step time runs from a step's input being ready to its end (p2p waits are bubble). Also the
-    per-stage fraction (last step end − own step time) / own step time."""
-    busy, last = [], []
-    for rank in stage_ranks(run):
-        steps = run.steps.get(rank, [])
-        busy.append(sum(end - begin for *_, begin, end in steps))
-        last.append(max((end for *_, end in steps), default=0.0))
-    ideal = max(busy)
-    per_stage = [(end - own) / own if own else 0.0 for end, own in zip(last, busy)]
-    return (max(last) - ideal) / ideal if ideal else 0.0, per_stage
+    """The pipeline bubble, defined once from pipeline wait (exposure's pp_wait: blocked on a
+    peer stage in fill and drain, plus the idle tail): per stage pp_wait over the stage's
+    schedule work (its steps, from input ready to end), N21 §2.2.1's bubble time over ideal
+    time m·(tf + tb); the pipeline's is all stages' wait over all their work (GPU time idle
+    per GPU time working; each stage's for uniform stages). 0 at p = 1, where none waits."""
+    waits, works = [], []
+    for rank, row in zip(stage_ranks(run), exposure(run)):
+        waits.append(row["pp_wait"])
+        works.append(sum(end - begin for *_, begin, end in run.steps.get(rank, [])))
+    per_stage = [wait / work if work else 0.0 for wait, work in zip(waits, works)]
+    return (sum(waits) / sum(works) if sum(works) else 0.0), per_stage
 
 
 def _counted_flops(run) -> tuple[float, float]:
@@ -121,8 +120,8 @@ def collect(run, shortcuts) -> dict:
     return {
         "iteration_time_s": t_iter,
         "tokens_per_s": p.global_batch * m.seq_length / t_iter,
-        "mfu": analytic.model_flops(m, p) / (t_iter * gpus * peak),
-        "hfu": analytic.hardware_flops(m, p) / (t_iter * gpus * peak),
+        "mfu": analytic.iteration_model_flops(m, p) / (t_iter * gpus * peak),
+        "hfu": analytic.iteration_hardware_flops(m, p) / (t_iter * gpus * peak),
         "bubble_fraction": bubble_all,
         "ranks": ranks,
         "scenario": sc.run.name,
@@ -132,8 +131,8 @@ def collect(run, shortcuts) -> dict:
         "exposed_comm_s_per_stage": exposed,
         "exposed_comm_s": max(sum(e.values()) for e in exposed),
         "exposed_s_per_stage": breakdown,
-        "model_flops": analytic.model_flops(m, p),
-        "hardware_flops": analytic.hardware_flops(m, p),
+        "model_flops": analytic.iteration_model_flops(m, p),
+        "hardware_flops": analytic.iteration_hardware_flops(m, p),
         "counted_model_flops": counted_model,
         "counted_hardware_flops": counted_hw,
         "mfu_counted": counted_model / (t_iter * gpus * peak),
@@ -142,8 +141,34 @@ def collect(run, shortcuts) -> dict:
         "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
         "calibration": {"compute": calibration_table(cluster_compute(sc.cluster)), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
-        "shortcuts": asdict(shortcuts),
+        "shortcuts": shortcuts.flags(),
+        "shortcuts_used": shortcuts.why(),
+        **_architecture(sc),
     }
+
+
+def _architecture(sc) -> dict:
+    """The Llama-class variant and the FLOPs formula used (absent for K22's GPT layer, whose
+    metrics stay as they were)."""
+    name = architecture(sc.model)
+    if name == "GPT":
+        return {}
+    return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),
+            "layer_tensors": layer_tensors(sc)}
+
+
+def layer_tensors(sc) -> dict:
+    """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
+    simulation, beside docs/llama.md's closed form (the new tensors, by name)."""
+    from simsp.config import with_overrides
+    from simsp.model.layer_sim import simulate_layer
+    record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
+    p = sc.parallel
+    formula = analytic.llama_layer_activation_bytes(
+        sc.model, p.micro_batch_size, p.tp, p.sequence_parallel, p.recompute_granularity,
+        p.recompute_module_set)
+    return {"saved": [{"name": n, "bytes": b} for n, b in record.saved],
+            "measured_bytes": record.activation_bytes, "formula_bytes": formula}
 
 
 def layout(sc) -> dict:

@@ -87,6 +87,11 @@ def _activation_switches(p) -> list[tuple[str, str, dict]]:
     if p.recompute_granularity != "full":
         out.append(("full recompute", "--recompute-granularity full",
                     {"parallel": {"recompute_granularity": "full"}}))
+    if p.recompute_granularity == "selective" and p.recompute_modules is not None:
+        every = "core_attn mlp layernorm"
+        if set(p.recompute_modules.split()) != set(every.split()):
+            out.append(("every recompute module", f"--recompute-modules {every}",
+                        {"parallel": {"recompute_modules": every}}))
     return out
 
 

@@ -44,6 +44,9 @@ def prepare_out_dir(path: Path, flag: str = "--out") -> Path:
     UserError naming `flag`. Called before simulating so a bad folder costs nothing."""
     if str(path) == "":
         raise UserError(flag, "must not be empty")
+    if path.is_symlink():
+        _refuse(path, "it is a symbolic link (simsp never writes through a link it did not make)",
+                flag)
     base = _first_existing(path)
     if not base.is_dir():
         _refuse(path, f"{str(base)!r} is not a folder", flag)

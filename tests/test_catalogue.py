@@ -122,9 +122,9 @@ def test_bounds_before_work(case):
 
 
 def test_time_limit_error_gives_estimate_and_limit():
-    """22B without shortcuts, 256 micro-batches: 12288 layer-steps on 8 ranks, ~13 minutes."""
+    """22B without shortcuts, 1024 micro-batches: 49152 layer-steps on 8 ranks, ~15 minutes."""
     err = assert_error(["run", str(SCENARIOS / "paper-22b.toml"), "--no-shortcuts",
-                        "--global-batch-size", "1024"], "work")
+                        "--global-batch-size", "4096"], "work")
     assert "CPU seconds" in err and "limit of 600 s" in err and "--force" in err
 
 

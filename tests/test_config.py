@@ -119,15 +119,17 @@ def test_every_shipped_scenario_loads():
 @pytest.mark.parametrize("text,field", [
     ("[model]\nhiden_size = 64\n", "model.hiden_size"),
     ("[modle]\n", "modle"),
-    ("[model\n", "scenario"),
+    ("[model\n", "FILE:1"),  # a file-level error names the file and line (simsp.io_in)
     ('[model]\nhidden_size = "64"\n', "model.hidden_size"),
     ("[model]\nnum_layers = true\n", "model.num_layers"),
     ("[parallel]\nsequence_parallel = 1\n", "parallel.sequence_parallel"),
     ("[model]\nattention_dropout = 1.0\n", "model.attention_dropout"),
 ])
 def test_file_errors_are_user_errors_naming_the_field(tmp_path, text, field):
+    path = write(tmp_path, text)
+    field = field.replace("FILE", str(path))
     with pytest.raises(UserError) as info:
-        load_scenario(write(tmp_path, text))
+        load_scenario(path)
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
     assert info.value.reason
@@ -136,7 +138,8 @@ def test_file_errors_are_user_errors_naming_the_field(tmp_path, text, field):
 def test_missing_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError) as info:
         load_scenario(tmp_path / "absent.toml")
-    assert info.value.field == "scenario"
+    assert info.value.field == str(tmp_path / "absent.toml")
+    assert info.value.reason == "file not found"
 
 
 @pytest.mark.parametrize("overrides,field", [

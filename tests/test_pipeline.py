@@ -80,9 +80,9 @@ def test_later_1f1b_stages_hold_fewer_micro_batches():
                                         ({"num_layers_per_virtual_pipeline_stage": 4,
                                           "global_batch_size": 16}, 2)])
 def test_bubble_fraction_matches_n21(parallel, v):
-    """(p−1)/m for GPipe and 1F1B, (p−1)/(v·m) interleaved; the small excess is the p2p
-    transfers (blocking on both sides, as Megatron's _communicate) and the embedding/head work,
-    which make real stages not quite uniform; interleaving makes v times more transfers."""
+    """(p−1)/m for GPipe and 1F1B, (p−1)/(v·m) interleaved; the small excess is the stages'
+    wait for the embedding/head work of the end stages (real stages are not quite uniform) and
+    for the tied-embedding reduction; interleaving makes v times more transfers."""
     sc = big_meta(**parallel)
     expected = (sc.parallel.pp - 1) / (v * sc.parallel.num_micro_batches)
     measured = run_metrics(sc)["bubble_fraction"]
@@ -171,3 +171,11 @@ def test_exposure_breakdown_sums_to_the_iteration_time():
         assert min(row.values()) >= 0 and "pp_wait" not in comm
     last = metrics["exposed_s_per_stage"][-1]
     assert last["pp_wait"] > 10 * last["pp_transfer"]  # last stage waits for stage 0's drain
+
+
+def test_no_bubble_with_one_stage():
+    """p = 1: nothing to wait for, so no bubble and no pipeline wait, however long the
+    embedding and head take; the bubble is pipeline wait over schedule work, in every output."""
+    metrics = run_metrics(big_meta(pipeline_model_parallel_size=1))
+    assert metrics["bubble_fraction"] == 0.0 and metrics["bubble_fraction_per_stage"] == [0.0]
+    assert metrics["exposed_s_per_stage"][0]["pp_wait"] == 0.0

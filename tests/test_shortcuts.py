@@ -1,7 +1,9 @@
-"""Each scale shortcut gives the same answer as the full simulation on a small case (DESIGN.md)."""
+"""Each scale shortcut gives the same answer as the full simulation on a small case whose DP
+groups and pipeline pairs cross nodes (docs/shortcuts.md)."""
 
 import pytest
 
+from simsp.cluster.grid import RankGrid
 from simsp.config import load_scenario
 from simsp.training.iteration import Shortcuts, simulate_iteration
 
@@ -13,10 +15,12 @@ SCALE = Shortcuts(representative=True, closed_form=True, templates=True)
 
 
 def small_meta(**parallel):
-    """t 2 with SP, p 2, d 2 on two nodes (DP crosses InfiniBand), meta mode."""
+    """t 2 with SP, p 2, d 2 on four 2-GPU nodes (a TP group fills a node, so every DP group
+    and every pipeline transfer crosses InfiniBand), meta mode."""
     overrides = {("model", "num_layers"): 4, ("model", "hidden_size"): 256,
                  ("model", "num_attention_heads"): 8, ("model", "seq_length"): 128,
-                 ("run", "mode"): "meta", ("cluster", "nodes"): 2, ("cluster", "gpus_per_node"): 4,
+                 ("run", "mode"): "meta", ("cluster", "nodes"): 4,
+                 ("cluster", "gpus_per_node"): 2,
                  ("parallel", "tensor_model_parallel_size"): 2,
                  ("parallel", "sequence_parallel"): True,
                  ("parallel", "pipeline_model_parallel_size"): 2,
@@ -25,6 +29,14 @@ def small_meta(**parallel):
                  ("parallel", "global_batch_size"): 8}
     overrides.update({("parallel", k): v for k, v in parallel.items()})
     return load_scenario(None, overrides)
+
+
+def test_small_case_crosses_nodes():
+    """What small_meta's docstring says: every DP group and pipeline pair spans two nodes."""
+    sc = small_meta()
+    grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp)
+    for axis in ("dp", "pp"):
+        assert all(len({rank // 2 for rank in g}) == 2 for g in grid.groups(axis))
 
 
 def stage_summaries(run):
@@ -100,7 +112,9 @@ def test_numeric_mode_refuses_the_representative_shortcut():
     sc = load_scenario(None, {("parallel", "tensor_model_parallel_size"): 2})
     with pytest.raises(ValueError):
         simulate_iteration(sc, REPRESENTATIVE)
-    assert Shortcuts.for_scale(sc) == FULL
+    numeric = Shortcuts.for_scale(sc)
+    assert numeric.flags() == FULL.flags() and not numeric.stepwise_groups
+    assert all(why.startswith("not used: numeric") for why in numeric.why().values())
 
 
 @pytest.mark.parametrize("parallel", RUNTIME_VARIANTS[1:3])

@@ -8,6 +8,7 @@ from simsp.calibrate.fit import TierFit
 from simsp.calibrate.layout import Measurement
 from simsp.calibrate.link_model import BANDWIDTH_FIELDS, LINK_FIELDS
 from simsp.config import Cluster
+from simsp.io_out import comment_text
 
 TIER_TITLE = {"intra": "intra-node tier, NVLink", "inter": "inter-node tier, InfiniBand"}
 
@@ -37,7 +38,7 @@ def fragment_text(base: Cluster, links: dict, fits: list[TierFit],
                   measurements: list[Measurement]) -> str:
     """The TOML text: comments naming the runs and each field's status, then [cluster]."""
     lines = ["# simsp calibrate nccl-tests: link calibration fitted to"]
-    lines += [f"#   {m.path}: {describe_run(m)}" for m in measurements]
+    lines += [f"#   {comment_text(m.path)}: {describe_run(m)}" for m in measurements]
     lines += ["# Efficiencies are fractions of the bandwidths below (per GPU / per NIC, per "
               "direction)."]
     lines += [f"#   {name}: {status_of(name, fits)}" for name in LINK_FIELDS]

@@ -14,7 +14,8 @@ from pathlib import Path
 import re
 
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
-from simsp.errors import UserError, read_user_text
+from simsp import io_in
+from simsp.errors import UserError
 
 # nccl-tests src/common.cu test_types / test_typenames: bytes per element of each type name
 TYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
@@ -25,6 +26,8 @@ RANK_LINE = re.compile(
 HEADER_LINE = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 BINARY_NAME = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")  # all_reduce_perf, all_reduce_perf_mpi
 TIME_COLUMNS = ("time", "algbw", "busbw")
+MAX_ROWS = 1000  # sizes in one table (nccl-tests' default -b 8 -e 128M -f 2 prints 25)
+MAX_RANKS = 8192  # ranks of one run: simsp ring's limit
 
 
 @dataclass(frozen=True)
@@ -66,19 +69,30 @@ def read_log(path: str | Path) -> NcclTestsLog:
                     raise UserError(where, "a second table: give one nccl-tests run per file")
                 columns = _columns(stripped, where)
             elif match := RANK_LINE.match(stripped):
-                hosts[int(match.group(1))] = match.group(2)
+                _add_rank(hosts, int(match.group(1)), match.group(2), where)
             elif match := HEADER_LINE.match(stripped):
                 header = (int(match.group(1)), int(match.group(2)))
         elif columns is not None and stripped[:1].isdigit():
             rows.append(_row(stripped, columns, where, number))
+            if len(rows) > MAX_ROWS:
+                raise UserError(where, f"more than {MAX_ROWS} sizes in one table")
         if binary is None and (name := _binary_name(stripped, where)):
             binary, binary_line = name, number
     return _finish(path, hosts, header, binary, binary_line, columns, rows)
 
 
+def _add_rank(hosts: dict, rank: int, host: str, where: str) -> None:
+    """Record one Rank line; a rank listed twice or beyond MAX_RANKS is an error."""
+    if rank in hosts:
+        raise UserError(where, f"Rank {rank} is listed twice")
+    if rank >= MAX_RANKS:
+        raise UserError(where, f"Rank {rank}: more than {MAX_RANKS} ranks (simsp ring's limit)")
+    hosts[rank] = host
+
+
 def _read_lines(path: str | Path) -> list[str]:
     """The file's lines, with I/O problems as UserErrors."""
-    return read_user_text(path).splitlines()
+    return io_in.read_text(path, "nccl-tests").splitlines()
 
 
 def _binary_name(text: str, where: str) -> str | None:

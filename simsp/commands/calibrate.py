@@ -14,9 +14,9 @@ stdout, or to --out).
 """
 
 from dataclasses import replace
-import json
 from pathlib import Path
 
+from simsp.bounds import BOUNDS, check_field
 from simsp.calibrate.fit import calibrate
 from simsp.calibrate.layout import measurement
 from simsp.calibrate.nccl_log import read_log
@@ -25,6 +25,8 @@ from simsp.commands import calibrate_gemm
 from simsp.config import NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, Cluster
 from simsp.engine.ring_plan import COLLECTIVES
 from simsp.errors import UserError
+from simsp.jsonout import dumps
+from simsp.io_out import check_out_file, write_file
 
 
 def add_parser(subparsers) -> None:
@@ -64,9 +66,9 @@ def run(args) -> int:
     links, fits = calibrate(base, measurements)
     document = report(base, links, fits, measurements)
     if args.out:
-        Path(args.out).write_text(document["fragment"], encoding="utf-8")
+        write_file(args.out, document["fragment"])
     if args.json:
-        print(json.dumps(document, indent=2))
+        print(dumps(document, indent=2))
         return 0
     for run_doc in document["runs"]:
         print("\n".join(comparison_lines(run_doc)) + "\n")
@@ -83,10 +85,17 @@ def _check_flags(args) -> None:
     for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--nodes", args.nodes)):
         if value is not None and value < 1:
             raise UserError(flag, f"must be positive, got {value}")
-    if args.transfer_overhead_us is not None and not args.transfer_overhead_us >= 0:
-        raise UserError("--transfer-overhead-us", "must not be negative")
-    if args.out and not Path(args.out).resolve().parent.is_dir():
-        raise UserError("--out", f"folder {Path(args.out).parent} does not exist")
+    if args.transfer_overhead_us is not None:
+        try:
+            check_field("cluster.transfer_overhead_us", args.transfer_overhead_us)
+        except UserError as exc:
+            raise UserError("--transfer-overhead-us", exc.reason) from None
+    for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--nodes", args.nodes)):
+        bound = BOUNDS[f"cluster.{flag[2:].replace('-', '_')}"]
+        if value is not None and value > bound.high:
+            raise UserError(flag, f"{value} is above the limit of {int(bound.high)}")
+    if args.out:
+        check_out_file(args.out, "--out", args.files)
 
 
 def _base_cluster(args) -> Cluster:

@@ -9,6 +9,7 @@ from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.hardware import cluster_compute, LinkCalibration
 from simsp.jsonout import dumps
 from simsp.metrics import oom_report
+from simsp.model.architecture import architecture
 from simsp.model.layer_sim import simulate_layer
 from simsp.units import format_bytes, format_seconds
 
@@ -42,10 +43,16 @@ def layer_report(result) -> dict:
     """The JSON document of `simsp layer` (keys fixed by issue #2 and #4)."""
     sc = result.scenario
     m, p = sc.model, sc.parallel
-    formula = analytic.layer_activation_bytes(
-        m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tp,
-        p.sequence_parallel, p.recompute_granularity, m.ffn, m.hidden_dropout > 0,
-        m.attention_dropout > 0)
+    llama = m.llama_layer or p.recompute_modules
+    if llama:  # docs/llama.md
+        formula = analytic.llama_layer_activation_bytes(
+            m, p.micro_batch_size, p.tp, p.sequence_parallel, p.recompute_granularity,
+            p.recompute_module_set)
+    else:
+        formula = analytic.layer_activation_bytes(
+            m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tp,
+            p.sequence_parallel, p.recompute_granularity, m.ffn, m.hidden_dropout > 0,
+            m.attention_dropout > 0)
     first = result.ranks[0]
     report = {
         "scenario": sc.run.name,
@@ -67,18 +74,23 @@ def layer_report(result) -> dict:
     }
     if result.max_rel_err is not None:
         report["max_rel_err"] = result.max_rel_err
+    if llama:  # the GPT layer's document stays as it was
+        report.update(formula="docs/llama.md", architecture=architecture(m))
     return report
 
 
 def _print_table(report: dict) -> None:
     print(f"layer: t={report['tensor_model_parallel_size']} SP={report['sequence_parallel']} "
           f"recompute={report['recompute_granularity']} mode={report['mode']}")
+    if "architecture" in report:
+        print(f"architecture: {report['architecture']}")
     print(f"{'saved tensor (rank 0)':<28}{'bytes':>14}")
     for item in report["saved_tensors"]:
         print(f"{item['name']:<28}{item['bytes']:>14}")
     measured = report["activation_bytes_per_rank"][0]
     print(f"{'activations (ledger)':<28}{measured:>14}  {format_bytes(measured)}")
-    print(f"{'formula (K22 Table 2)':<28}{report['formula_bytes']:>14}")
+    source = report.get("formula", "K22 Table 2")
+    print(f"{'formula (' + source + ')':<28}{report['formula_bytes']:>14}")
     print(f"peak per rank: {', '.join(format_bytes(b) for b in report['peak_bytes_per_rank'])}")
     flops = report["flops"]
     print(f"GEMM FLOPs rank 0: forward {flops['forward']:.4g}, backward {flops['backward']:.4g}, "

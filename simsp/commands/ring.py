@@ -15,6 +15,7 @@ channels NCCL runs; a single size adds the per-channel breakdown of a ring.
 """
 
 import math
+from pathlib import Path
 
 import simpy
 
@@ -37,7 +38,9 @@ from simsp.errors import UserError
 from simsp.flags import nonempty
 from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
 from simsp.hardware import LinkCalibration
+from simsp.io_out import check_folder, check_out_file
 from simsp.jsonout import dumps
+from simsp.outdir import prepare_out_dir
 from simsp.progress import track
 from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
 from simsp.units import parse_size
@@ -206,10 +209,23 @@ def _check_modes(args, sizes: list[int]) -> None:
                          ("--html", args.html), ("--png", args.png)):
         if wanted and len(sizes) > 1:
             raise UserError(flag, "needs a single --size")
+    if args.html:
+        check_out_file(args.html, "--html")
+    if args.png:
+        _check_png_folder(args.png)
     limit = MAX_LESSON_RANKS if args.html or args.png else MAX_EXPLAIN_RANKS  # lesson: 16
     if args.explain and args.ranks > limit:
         raise UserError("--explain", f"prints every step of every rank: use at most "
                                      f"{limit} ranks, got {args.ranks}")
+
+
+def _check_png_folder(folder: str) -> None:
+    """--png DIR: created and probed before any work; a link or file in the way is an error."""
+    try:
+        check_folder(folder)
+    except UserError as exc:
+        raise UserError("--png", f"{folder}: {exc.reason}") from None
+    prepare_out_dir(Path(folder), "--png")
 
 
 def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:

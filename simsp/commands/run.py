@@ -6,6 +6,7 @@ from pathlib import Path
 from simsp.bounds import check_work
 from simsp.engine.trace import TRACE_DETAILS
 from simsp.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
+from simsp.io_out import check_not_inputs, check_target
 from simsp.jsonout import dumps
 from simsp.metrics import collect
 from simsp.outdir import default_out_dir, prepare_out_dir
@@ -35,13 +36,23 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+REPORT_FILES = ("summary.md", "metrics.json", "trace.json", "report.html", "memory.png")
+
+
 def report_folder(args, sc) -> Path | None:
-    """The folder reports go to, created and proven writable; None for --json without --out."""
+    """The folder reports go to, created and proven writable, with no link, folder or device
+    where a report file goes; None for --json without --out."""
     if args.out is not None:
-        return prepare_out_dir(Path(args.out))
-    if args.json:
+        out = prepare_out_dir(Path(args.out))
+    elif args.json:
         return None
-    return prepare_out_dir(default_out_dir(sc.run.name, override_tokens(args)))
+    else:
+        out = prepare_out_dir(default_out_dir(sc.run.name, override_tokens(args)))
+    for name in REPORT_FILES:
+        check_target(out / name)
+    check_not_inputs([out / name for name in REPORT_FILES], [args.scenario] if args.scenario
+                     else [])
+    return out
 
 
 def reported_command(argv: list[str]) -> str:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
                                   check_executor_arguments, default_out, field_lists)
+from simsp.bounds import BOUNDS
 from simsp.config import SECTIONS
 from simsp.errors import UserError
 from simsp.explore.cache import ResultCache
@@ -48,13 +49,21 @@ def _base(args) -> dict:
     return values
 
 
+MAX_GPUS = 32768  # BOUNDS' largest data-parallel job; checked before the divisor loops
+MAX_TOP = 1000
+
+
 def _check(args, batch) -> None:
-    """Counts must be positive and the margin not negative."""
-    for name, value in (("--gpus", args.gpus), ("--top", args.top), ("--global-batch-size", batch)):
+    """Counts positive and bounded (before any enumeration), the margin finite and not negative."""
+    for name, value, high in (("--gpus", args.gpus, MAX_GPUS), ("--top", args.top, MAX_TOP),
+                              ("--global-batch-size", batch,
+                               BOUNDS["parallel.global_batch_size"].high)):
         if value is None or value < 1:
             raise UserError(name, f"must be a positive integer, got {value}")
-    if args.margin < 0:
-        raise UserError("--margin", f"must not be negative, got {args.margin}")
+        if value > high:
+            raise UserError(name, f"{value} is above the limit of {int(high)}")
+    if not 0 <= args.margin <= 10:
+        raise UserError("--margin", f"must be a fraction in [0, 10], got {args.margin}")
 
 
 def summary_lines(result, args, batch: int) -> list[str]:
@@ -92,7 +101,8 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
 
 def run(args) -> int:
     """Search, print the pruning summary and the explained ranking, write the report."""
-    from simsp.explore.executor import Executor  # Dask, pandas, matplotlib: only here
+    from simsp.explore.executor import Executor, ExecutorLost  # Dask, pandas: only here
+    from simsp.explore.runner import failure_message, prepare_out
     from simsp.explore.search import search
     from simsp.explore.table import results_frame, write_results
     from simsp.report.whatif import write_whatif_report
@@ -101,9 +111,16 @@ def run(args) -> int:
     batch = args.global_batch_size or base[("parallel", "global_batch_size")]
     _check(args, batch)
     out = Path(args.out) if args.out else default_out(args.scenario, f"search-{args.gpus}gpus")
-    with Executor(args.workers, args.scheduler) as executor:
-        result = search(base, args.gpus, batch, executor, ResultCache(out / "cache"), args.top,
-                        args.objective, args.margin, getattr(args, "quiet", False))
+    out = prepare_out(out, (args.scenario,))
+    cache = ResultCache(out / "cache")
+    with Executor(args.workers, args.scheduler, args.force) as executor:
+        try:
+            result = search(base, args.gpus, batch, executor, cache, args.top,
+                            args.objective, args.margin, getattr(args, "quiet", False))
+        except ExecutorLost as exc:
+            raise UserError("dask", f"{exc}; the {cache.stats.simulated} layouts simulated so "
+                                    f"far are cached in {out / 'cache'} (run it again to resume)"
+                            ) from None
     frame = results_frame(result.rows)
     lines = summary_lines(result, args, batch)
     print("\n".join(lines))
@@ -111,5 +128,9 @@ def run(args) -> int:
         write_results(result.rows, frame, out)
         write_whatif_report(frame, out, args.objective, [line + "  " for line in lines] + [""])
         print("\n".join(ranking_lines(frame, args.top, args.objective)))
+    print(cache.stats.line())
     print(f"results: {out}")
+    failure = failure_message(executor, result.rows, out)
+    if failure:
+        raise UserError("dask", failure)
     return 0

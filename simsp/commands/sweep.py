@@ -36,21 +36,30 @@ def field_lists(args, skip: tuple = ()) -> dict:
 
 
 def add_executor_arguments(parser, command: str = "sweep") -> None:
-    """--out, --workers, --scheduler (--quiet comes with every command: simsp.progress)."""
+    """--out, --workers, --scheduler, --force (--quiet comes with every command: simsp.progress)."""
     parser.add_argument("--out", metavar="DIR", default=None,
                         help=f"results and report folder (default: reports/{command}-<name>/)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="embedded Dask workers (default: one per core; 0: in this process)")
+                        help="embedded Dask workers (default: one per core, at most the "
+                             "machine's cores; 0: in this process)")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                        help="run on an existing Dask cluster, e.g. tcp://HOST:8786")
+                        help="run on an existing Dask cluster, tcp://HOST:PORT (its workers run "
+                             "simsp's code as sent: use only a cluster you trust)")
+    parser.add_argument("--force", action="store_true",
+                        help="simulate rows (and a sweep) above run's estimated-time limit "
+                             "(never above the memory limit; see README 'Limits')")
 
 
 def check_executor_arguments(args) -> None:
-    """--workers must be 0 or more; it has no meaning with --scheduler."""
-    if args.workers is not None and args.workers < 0:
-        raise UserError("--workers", f"must be 0 or more, got {args.workers}")
+    """--workers between 0 and the machine's cores; it has no meaning with --scheduler, whose
+    address must be tcp://HOST:PORT."""
+    from simsp.explore.executor import parse_scheduler
+    from simsp.explore.guard import check_workers
+    check_workers(args.workers)
     if args.workers is not None and args.scheduler:
         raise UserError("--workers", "conflicts with --scheduler (the cluster has its workers)")
+    if args.scheduler is not None:
+        parse_scheduler(args.scheduler)
 
 
 def add_parser(subparsers) -> None:
@@ -83,9 +92,11 @@ def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
     from simsp.explore.api import build_configs, sweep_configs  # pandas and Dask: only here
     check_executor_arguments(args)
-    configs = build_configs(args.source, field_lists(args))
     out = Path(args.out) if args.out else default_out(args.source, "sweep")
+    configs = build_configs(args.source, field_lists(args))
     frame = sweep_configs(configs, out, args.workers, args.scheduler,
-                          getattr(args, "quiet", False))
+                          getattr(args, "quiet", False), force=args.force,
+                          inputs=(args.source,))
     print_summary(frame, out)
+    print(frame.attrs["cache"])
     return 0

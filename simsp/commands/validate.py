@@ -10,12 +10,13 @@ Prints one table per group (Calculon llm-validation style) with mean and worst |
 line per group on stderr as it starts (not with --quiet).
 """
 
-import json
 import sys
 
 from simsp.config import Cluster
 from simsp.costmodel import active_calibration, calibration_table
+from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
+from simsp.jsonout import dumps
 from simsp.validation.runner import (EXAMPLE, check_all, compare, data_path, load_sets,
                                      select_groups, summary)
 
@@ -31,6 +32,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--print-example", action="store_true",
                         help="print an example measurements CSV and exit")
+    parser.add_argument("--force", action="store_true",
+                        help="run rows above run's estimated-time limit (never above its memory "
+                             "limit; see README 'Limits')")
     parser.set_defaults(handler=run)
 
 
@@ -39,17 +43,27 @@ def run(args) -> int:
     if args.print_example:
         print(data_path(EXAMPLE).read_text(encoding="utf-8"), end="")
         return 0
-    only = [g.strip() for g in args.only.split(",") if g.strip()] if args.only else None
+    only = _groups(args.only)
     selected = select_groups(load_sets(args.measurements), only)
-    check_all(selected)
+    check_all(selected, args.force)
     results = []
     for group, title, note, rows in selected:
         if not getattr(args, "quiet", False):
             sys.stderr.write(f"validate: {group}: {len(rows)} row(s)\n")
         results.append((group, title, note, [compare(mset, row) for mset, row in rows]))
     document = report(results)
-    print(json.dumps(document, indent=2) if args.json else "\n".join(text_lines(document)))
+    print(dumps(document, indent=2) if args.json else "\n".join(text_lines(document)))
     return 0
+
+
+def _groups(text: str | None) -> list[str] | None:
+    """--only's comma list; an empty item is an error, not "every group"."""
+    if text is None:
+        return None
+    groups = [g.strip() for g in text.split(",")]
+    if not all(groups):
+        raise UserError("--only", f"{text!r} has an empty item")
+    return groups
 
 
 def report(results: list[tuple]) -> dict:

@@ -9,7 +9,7 @@ from simsp.training.compare import compare_with_reference
 import numpy as np
 
 from simsp.jsonout import dumps
-from simsp.model.params import LAYER_SUFFIXES
+from simsp.model.params import layer_shapes
 from simsp.training.gradcheck import fd_epsilon, gradient_check_with_bounds
 from simsp.training.iteration import simulate_iteration
 
@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
 def _iterations(sc) -> int:
     """Whole iterations verify simulates: two per checked tensor (central differences), one for
     the gradients and one against the reference."""
-    tensors = len(LAYER_SUFFIXES) * sc.model.num_layers + 5  # embeddings, final LN, input
+    m = sc.model
+    tensors = len(layer_shapes(m)) * m.num_layers + 5 + (not m.tied)  # embeddings, head, input
     return 2 * tensors + 2
 
 

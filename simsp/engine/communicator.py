@@ -6,7 +6,9 @@ ring runs over the network and each caller gets its own result:
     result = yield from comm.all_reduce(group, rank, buffer, nbytes, tag)
 Shortcut `present`: only these ranks run programs; the others are assumed to behave exactly like
 them (meta mode), so the ring still moves their bytes but the rendezvous does not wait for them.
-Shortcut timing="closed_form": skip the flows and wait the closed-form ring time instead.
+Shortcut timing="closed_form": skip the flows and wait the closed-form ring time instead, except
+on `stepwise_groups` (rings sharing links with other traffic, whose time depends on it:
+training/shortcut_check.py), which run step by step and so load their links.
 Point-to-point: `comm.send(src, dst, payload, nbytes, tag)` and
 `payload = yield from comm.recv(dst, src, tag)` match in FIFO order per (src, dst, tag).
 """
@@ -51,7 +53,7 @@ class Communicator:
 
     def __init__(self, env: simpy.Environment, network: Network, present: set[int] | None = None,
                  elem_bytes: int = DEFAULT_ELEM_BYTES, trace: Trace | None = None,
-                 timing: str = STEPWISE):
+                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()):
         if timing not in (STEPWISE, CLOSED_FORM):
             raise ValueError(f"timing must be {STEPWISE} or {CLOSED_FORM}, got {timing!r}")
         self.env = env
@@ -60,6 +62,7 @@ class Communicator:
         self.elem_bytes = elem_bytes
         self.trace = trace if trace is not None else network.trace
         self.timing = timing
+        self.stepwise_groups = frozenset(stepwise_groups)
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
@@ -149,7 +152,8 @@ class Communicator:
     def _execute(self, meeting: _Meeting):
         """Run the ring (or wait its closed-form time), record stats and spans, hand out results."""
         buffers = [meeting.buffers.get(rank) for rank in meeting.group]
-        if self.timing == STEPWISE and not self._runs_as_tree(meeting):
+        stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
+        if stepwise and not self._runs_as_tree(meeting):
             ring = RING_COLLECTIVES[meeting.collective]
             results, stats = yield from ring(self.env, self.network, list(meeting.group), buffers,
                                              meeting.nbytes, meeting.elem_bytes,

@@ -10,7 +10,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import simsp
 from simsp.config import read_toml
 from simsp.errors import UserError
 from simsp.explore.fields import Field, all_fields, by_key, spell
@@ -29,8 +28,10 @@ class Config:
         return dict(self.values)
 
     def digest(self) -> str:
-        """sha256 of the full configuration and simsp's version: the cache key."""
-        text = json.dumps([simsp.__version__, [[f"{s}.{k}", v] for (s, k), v in self.values]])
+        """sha256 of the full configuration and of simsp's version, code and model constants
+        (simsp.explore.cache.simulator_digest): the cache key."""
+        from simsp.explore.cache import simulator_digest
+        text = json.dumps([simulator_digest(), [[f"{s}.{k}", v] for (s, k), v in self.values]])
         return hashlib.sha256(text.encode()).hexdigest()
 
 

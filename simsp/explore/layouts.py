@@ -10,8 +10,9 @@ from simsp.explore.configs import Config
 
 
 def divisors(n: int) -> list[int]:
-    """Positive divisors of n, ascending."""
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """Positive divisors of n, ascending (pairs k, n/k up to sqrt(n): O(sqrt n) steps)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 def _schedules(layers_per_stage: int, p: int, micro_batches: int) -> list[int | None]:

@@ -8,8 +8,11 @@ from tqdm import tqdm
 
 from simsp.explore.cache import ResultCache
 from simsp.explore.configs import Config
-from simsp.explore.executor import Executor
+from simsp.explore.executor import Executor, ExecutorLost
+from simsp.explore.guard import refusal
 from simsp.explore.table import results_frame, table_row
+from simsp.io_out import check_folder, check_not_inputs, check_target
+from simsp.outdir import prepare_out_dir
 from simsp.progress import wanted
 
 
@@ -28,16 +31,29 @@ def progress_bar(total: int, done: int, quiet: bool, what: str = "simsp sweep") 
     return bar
 
 
-def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, bar=None) -> dict:
+def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, bar=None,
+                 found: dict | None = None) -> dict:
     """{digest: result row} for every configuration, simulating only what the cache lacks;
-    `bar` (a progress_bar, or None) advances once per configuration."""
+    a row `run` would refuse (simsp.explore.guard) is its error row, never submitted;
+    `bar` (a progress_bar, or None) advances once per configuration. A lost cluster raises
+    ExecutorLost, the rows finished so far in `found` (a dict to fill, if given)."""
     digests = [c.digest() for c in configs]
-    found = {d: cache.get(d) for d in dict.fromkeys(digests)}
-    jobs = {d: c.values for d, c in zip(digests, configs) if found[d] is None}
-    _advance(bar, [row for row in found.values() if row])
+    values = dict(zip(digests, (c.values for c in configs)))
+    found = {} if found is None else found
+    found.update({d: cache.get(d, values[d]) for d in values})
+    jobs = {}
+    for digest in values:
+        if found[digest] is None:
+            reason = refusal(values[digest], getattr(executor, "force", False))
+            if reason is None:
+                jobs[digest] = values[digest]
+            else:
+                found[digest] = {"status": "error", "error": reason}
+    _advance(bar, [found[d] for d in values if found[d]])
     for digest, row in executor.results(jobs):
         if not str(row.get("error") or "").startswith("internal error"):
-            cache.put(digest, row)  # a crash is not a result: try it again next time
+            cache.put(digest, row, values[digest])  # a crash is not a result: try it again
+        cache.stats.simulated += 1
         found[digest] = row
         _advance(bar, [row])
     return found
@@ -53,12 +69,47 @@ def _advance(bar, rows: list[dict]) -> None:
 
 
 def run_configs(configs: list[Config], executor: Executor, out: str | Path | None = None,
-                quiet: bool = True) -> list[dict]:
-    """Table rows of every configuration, in configuration order (cache under out/cache)."""
-    cache = ResultCache(Path(out) / "cache" if out is not None else None)
-    with progress_bar(len({c.digest() for c in configs}), 0, quiet) as bar:
-        found = evaluate_all(configs, executor, cache, bar)
+                quiet: bool = True, cache: ResultCache | None = None) -> list[dict]:
+    """Table rows of every configuration, in configuration order (cache under out/cache).
+    If the cluster is lost midway, the rows not finished are error rows saying so and
+    `executor.lost` says why."""
+    cache = cache or ResultCache(Path(out) / "cache" if out is not None else None)
+    unique = list({c.digest(): c for c in configs}.values())
+    found = {}
+    with progress_bar(len(unique), 0, quiet) as bar:
+        try:
+            evaluate_all(unique, executor, cache, bar, found)
+        except ExecutorLost as exc:
+            lost = {"status": "error", "error": f"internal error: not simulated: {exc}"}
+            found.update({d: lost for d, row in found.items() if row is None})
     return [table_row(i, c, configs[0], found[c.digest()]) for i, c in enumerate(configs)]
 
 
-__all__ = ["run_configs", "evaluate_all", "results_frame"]
+RESULT_FILES = ("results.csv", "results.jsonl", "report.md", "report.html", "pareto.png",
+                "mfu.png", "stage_memory.png", "exposed.png")
+
+
+def prepare_out(out: str | Path, inputs: tuple = ()) -> Path:
+    """The results folder, created and probed before any work: a real folder, `cache` in it a
+    real folder, each result file absent or a regular file, none of them an input."""
+    out = prepare_out_dir(Path(out))
+    check_folder(out / "cache")
+    for name in RESULT_FILES:
+        check_target(out / name)
+    check_not_inputs([out / name for name in RESULT_FILES], [p for p in inputs if p])
+    return out
+
+
+def failure_message(executor: Executor, rows: list[dict], out) -> str | None:
+    """The `error:` text of a run whose cluster failed (lost, or a worker killed), else None."""
+    if not executor.lost and not executor.killed:
+        return None
+    done = sum(not str(r.get("error") or "").startswith("internal error") for r in rows)
+    what = executor.lost or (f"{len(executor.killed)} worker(s) died (KilledWorker: out of "
+                             "memory, or killed) and their rows are error rows")
+    where = f" in {Path(out) / 'results.csv'}" if out is not None else ""
+    return f"{what}; {done} of {len(rows)} rows finished and saved{where} (run it again to " \
+           "simulate the rest)"
+
+
+__all__ = ["run_configs", "evaluate_all", "results_frame", "prepare_out", "failure_message"]

@@ -16,6 +16,9 @@ from simsp.explore.table import results_frame, table_row
 
 
 
+BATCH = 8  # layouts simulated per branch-and-bound round, fixed so results never depend on workers
+
+
 @dataclass
 class SearchResult:
     """What the search found: simulated rows, and how many layouts it never simulated, and why."""
@@ -84,7 +87,7 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
     configs, invalid = enumerate_layouts(base, gpus, batch)
     result = SearchResult(layouts=len(configs) + invalid, invalid=invalid)
     survivors = screen(configs, margin, result, objective)
-    width = max(2, 2 * executor.parallelism())
+    width = BATCH  # not the executor's parallelism: the same rows whatever runs them
     with progress_bar(len(survivors), 0, quiet, "simsp search") as bar:
         found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
                                                       objective, bar)

@@ -1,12 +1,13 @@
 """The results table: one row per configuration, in configuration order, as a DataFrame and as
 results.csv / results.jsonl (byte-identical whatever executor produced the rows)."""
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from simsp.explore.configs import Config
+from simsp.io_out import write_file
+from simsp.jsonout import dumps
 from simsp.explore.fields import all_fields, spell
 
 
@@ -37,6 +38,6 @@ def write_results(rows: list[dict], frame: pd.DataFrame, out: str | Path) -> lis
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, jsonl_path = out / "results.csv", out / "results.jsonl"
-    frame.to_csv(csv_path, index=False, lineterminator="\n")
-    jsonl_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_file(csv_path, frame.to_csv(index=False, lineterminator="\n"))
+    write_file(jsonl_path, "".join(dumps(row) + "\n" for row in rows))  # strict JSON
     return [csv_path, jsonl_path]

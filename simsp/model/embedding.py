@@ -38,10 +38,11 @@ def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple
     if x is not partial:
         r.free(partial)
     seq_start = r.tp.index * x.shape[0] if r.tp.sequence_parallel else 0
-    if r.numeric:
-        position = w["embedding.position"].data[seq_start:seq_start + x.shape[0]]  # (s_l, h)
-        x.data = x.data + position[:, None, :]
-    yield from r.compute("position_embedding", "elementwise", nbytes=3 * x.nbytes)
+    if "embedding.position" in w:  # learned absolute positions (no table for rope, none)
+        if r.numeric:
+            position = w["embedding.position"].data[seq_start:seq_start + x.shape[0]]  # (s_l, h)
+            x.data = x.data + position[:, None, :]
+        yield from r.compute("position_embedding", "elementwise", nbytes=3 * x.nbytes)
     p = model.hidden_dropout
     if p == 0:
         return x, {}
@@ -61,7 +62,7 @@ def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx):
     if demb is not dx:
         r.free(dx)
     seq_start = r.tp.index * demb.shape[0] if r.tp.sequence_parallel else 0
-    if r.numeric:
+    if r.numeric and "embedding.position" in g:
         rows = demb.data.sum(axis=1)  # (s_l, h)
         g["embedding.position"].data[seq_start:seq_start + rows.shape[0]] += rows
     dfull = yield from mappings.exit_backward(r, demb, "embedding_exit_grad")  # (s, b, h)

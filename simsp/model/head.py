@@ -10,7 +10,8 @@ LN statistics.
 import numpy as np
 
 from simsp.model import mappings, ops
-from simsp.model.layer_backward import column_parallel_backward
+from simsp.model.layer import norm
+from simsp.model.layer_backward import column_parallel_backward, norm_backward
 from simsp.model.tensor import FP32, Tensor
 
 
@@ -52,13 +53,18 @@ def _flat_rows(r, maxima: Tensor) -> Tensor:
     return view
 
 
+def _output_table(model, table: dict):
+    """The (v/t, h) output weight (or its gradient): the word embedding's, or its own (untied)."""
+    return table["embedding.word" if model.tied else "output.weight"]
+
+
 def head_forward(r, model, w: dict, x: Tensor, targets: np.ndarray | None):
     """x (s_l, b, h) -> summed token loss (a float in numeric mode), stash for backward."""
     r.save(x, "final_ln_input")
-    y = yield from ops.layernorm(r, x, w["final_ln.gamma"], w["final_ln.beta"], "final_ln")
+    y = yield from norm(r, model, x, w, "final_ln", "final_ln")
     r.save(y, "output_proj_input")
     y_full = yield from mappings.enter_forward(r, y, "head_enter")  # (s, b, h)
-    logits = yield from ops.linear(r, y_full, _transposed(w["embedding.word"]), None,
+    logits = yield from ops.linear(r, y_full, _transposed(_output_table(model, w)), None,
                                    "logits")  # (s, b, v/t)
     if y_full is not y:
         r.free(y_full)
@@ -88,11 +94,11 @@ def head_backward(r, model, w: dict, g: dict, targets, stash: dict, dloss: float
         dlogits.data = (probs - onehot) * dloss
     yield from r.compute("d_logits", "elementwise", nbytes=logits32.nbytes + dlogits.nbytes)
     r.free(logits32, stats)
-    head = {"output.weight": _transposed(w["embedding.word"])}
-    head_grads = {"output.weight": _transposed(g["embedding.word"])}
+    head = {"output.weight": _transposed(_output_table(model, w))}
+    head_grads = {"output.weight": _transposed(_output_table(model, g))}
     dy = yield from column_parallel_backward(r, dlogits, stash["output_proj_input"], head,
                                              head_grads, "output", has_bias=False)
-    dx = yield from ops.layernorm_backward(r, dy, stash["final_ln_input"], w["final_ln.gamma"],
-                                           g, "final_ln", "d_final_ln_input")
+    dx = yield from norm_backward(r, model, dy, stash["final_ln_input"], w, g, "final_ln",
+                                  "d_final_ln_input")
     r.free(dy, stash["final_ln_input"])
     return dx

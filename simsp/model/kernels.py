@@ -133,20 +133,30 @@ def attention_context_backward(dcontext, probs, v):
 # Head layout of the fused QKV (Megatron: column = head*3d + j*d + e, j in q, k, v)
 
 
-def split_qkv(qkv, heads):
-    """(s, b, 3*heads*d) head-major fused QKV -> q, k, v each (b, heads, s, d)."""
+def split_qkv(qkv, heads, groups=None):
+    """(s, b, (heads + 2G)*d) group-major fused QKV -> q (b, heads, s, d), k, v (b, G, s, d).
+
+    Each of the G groups holds its heads/G query heads, its key head, its value head (Megatron-LM
+    attention.py); G = heads (the default) is GPT's head-major [q, k, v] per head."""
+    groups = groups or heads
     s, b, width = qkv.shape
-    d = width // (3 * heads)
-    per_head = qkv.reshape(s, b, heads, 3, d)  # (s, b, heads, 3, d)
-    parts = per_head.transpose(3, 1, 2, 0, 4)  # (3, b, heads, s, d)
-    return parts[0], parts[1], parts[2]
+    per = heads // groups  # query heads per group
+    d = width // (heads + 2 * groups)
+    grouped = qkv.reshape(s, b, groups, per + 2, d)  # (s, b, G, per + 2, d)
+    q = grouped[:, :, :, :per].reshape(s, b, heads, d).transpose(1, 2, 0, 3)  # (b, heads, s, d)
+    k = grouped[:, :, :, per].transpose(1, 2, 0, 3)  # (b, G, s, d)
+    v = grouped[:, :, :, per + 1].transpose(1, 2, 0, 3)  # (b, G, s, d)
+    return q, k, v
 
 
 def merge_qkv_grads(dq, dk, dv):
-    """Inverse of split_qkv: dq, dk, dv each (b, heads, s, d) -> (s, b, 3*heads*d)."""
+    """Inverse of split_qkv: dq (b, heads, s, d), dk, dv (b, G, s, d) -> (s, b, (heads+2G)*d)."""
     b, heads, s, d = dq.shape
-    stacked = np.stack([dq, dk, dv])  # (3, b, heads, s, d)
-    return stacked.transpose(3, 1, 2, 0, 4).reshape(s, b, heads * 3 * d)  # (s, b, 3*heads*d)
+    groups = dk.shape[1]
+    per = heads // groups
+    q = dq.transpose(2, 0, 1, 3).reshape(s, b, groups, per, d)  # (s, b, G, per, d)
+    kv = np.stack([dk, dv], axis=2).transpose(3, 0, 1, 2, 4)  # (s, b, G, 2, d)
+    return np.concatenate([q, kv], axis=3).reshape(s, b, (heads + 2 * groups) * d)
 
 
 def merge_heads(context):
@@ -252,3 +262,155 @@ def cross_entropy_backward(logits, targets, dloss):
     np.put_along_axis(dlogits, targets[..., None],
                       np.take_along_axis(dlogits, targets[..., None], axis=-1) - 1.0, axis=-1)
     return (dlogits * dloss).astype(logits.dtype, copy=False)  # (s, b, v)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama-class layers (Megatron-LM megatron/core/transformer; docs/llama.md)
+
+
+def rmsnorm_forward(x, gamma, eps=1e-5):
+    """y = x * rsqrt(mean(x^2) + eps) * gamma over the last dim (Zhang & Sennrich 2019)."""
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    return x * rstd * gamma  # (..., h)
+
+
+def rmsnorm_backward(dy, x, gamma, eps=1e-5):
+    """(dx, dgamma); rstd is recomputed from x, as for LayerNorm."""
+    h = x.shape[-1]
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    xhat = x * rstd  # (..., h)
+    dgamma = (dy * xhat).reshape(-1, h).sum(axis=0)  # (h,)
+    dxhat = dy * gamma  # (..., h)
+    dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))  # (..., h)
+    return dx, dgamma
+
+
+def swiglu_forward(x):
+    """silu(gate) * up for x (..., 2f') = [gate | up] (Megatron-LM fusions/fused_bias_swiglu.py)."""
+    gate, up = np.split(x, 2, axis=-1)  # (..., f') each
+    return gate / (1.0 + np.exp(-gate)) * up  # (..., f')
+
+
+def swiglu_backward(dy, x):
+    """dx (..., 2f') = [d gate | d up] of silu(gate) * up."""
+    gate, up = np.split(x, 2, axis=-1)  # (..., f') each
+    sig = 1.0 / (1.0 + np.exp(-gate))  # (..., f')
+    dgate = dy * up * sig * (1.0 + gate * (1.0 - sig))  # (..., f')
+    return np.concatenate([dgate, dy * gate * sig], axis=-1)  # (..., 2f')
+
+
+def rope_angles(s, rot_dim, base, start=0):
+    """cos, sin (s, rot_dim) of positions start..start+s-1: inv_freq = base^(-2i/rot_dim),
+    repeated for both halves (Megatron-LM RotaryEmbedding, non-interleaved)."""
+    inv_freq = 1.0 / (float(base) ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim))
+    freqs = np.arange(start, start + s, dtype=np.float64)[:, None] * inv_freq  # (s, rot/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)  # (s, rot_dim)
+    return np.cos(emb), np.sin(emb)
+
+
+def _rotate_half(x):
+    """[x1, x2] -> [-x2, x1] over the last dim."""
+    x1, x2 = np.split(x, 2, axis=-1)
+    return np.concatenate([-x2, x1], axis=-1)
+
+
+def rope_forward(x, cos, sin):
+    """Rotate the first rot_dim channels of x (b, heads, s, d) by the angles (s, rot_dim)
+    (Megatron-LM apply_rotary_pos_emb_bshd); the rest pass through."""
+    rot = cos.shape[-1]
+    head, rest = x[..., :rot], x[..., rot:]  # (b, heads, s, rot), (b, heads, s, d - rot)
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    return np.concatenate([head * cos + _rotate_half(head) * sin, rest], axis=-1)  # (b,h,s,d)
+
+
+def rope_backward(dy, cos, sin):
+    """dx of rope_forward: the inverse rotation (rotate_half is antisymmetric)."""
+    rot = cos.shape[-1]
+    head, rest = dy[..., :rot], dy[..., rot:]
+    cos, sin = cos.astype(dy.dtype), sin.astype(dy.dtype)
+    return np.concatenate([head * cos - _rotate_half(head * sin), rest], axis=-1)
+
+
+def expand_kv(x, repeats):
+    """(b, G, s, d) -> (b, G*repeats, s, d): each KV head shared by its group's query heads
+    (Megatron DotProductAttention repeat_interleave)."""
+    return np.repeat(x, repeats, axis=1)  # (b, a, s, d)
+
+
+def reduce_kv(dx, repeats):
+    """Inverse of expand_kv's gradient: sum each group's query heads, (b, a, s, d) -> (b, G, s, d)."""
+    b, a, s, d = dx.shape
+    return dx.reshape(b, a // repeats, repeats, s, d).sum(axis=2)  # (b, G, s, d)
+
+
+FLASH_BLOCK = 16  # tile rows/columns of the blockwise attention (numeric mode)
+
+
+def _flash_tiles(s):
+    return [(i, min(i + FLASH_BLOCK, s)) for i in range(0, s, FLASH_BLOCK)]
+
+
+def _tile_keep(keep, i0, i1, j0, j1):
+    return None if keep is None else keep(i0, i1, j0, j1)
+
+
+def flash_forward(q, k, v, keep=None, p=0.0):
+    """FlashAttention forward (Dao et al. 2022, arXiv:2205.14135, Alg. 1): causal softmax
+    attention tile by tile with an online softmax. q (b, a, s, d); k, v (b, G, s, d) shared by
+    a/G query heads each; keep(i0, i1, j0, j1) gives a tile's (b, a, i, j) dropout keep-mask.
+    Returns the output (b, a, s, d) and the per-row logsumexp (b, a, s)."""
+    b, a, s, d = q.shape
+    group = a // k.shape[1]
+    kx, vx = expand_kv(k, group), expand_kv(v, group)  # (b, a, s, d): views of the tiles' K, V
+    scale = 1.0 / math.sqrt(d)
+    out = np.zeros_like(q)  # (b, a, s, d)
+    lse = np.zeros((b, a, s), dtype=q.dtype)  # (b, a, s)
+    for i0, i1 in _flash_tiles(s):
+        acc = np.zeros((b, a, i1 - i0, d), dtype=q.dtype)  # (b, a, i, d)
+        row_max = np.full((b, a, i1 - i0, 1), -np.inf, dtype=q.dtype)  # (b, a, i, 1)
+        row_sum = np.zeros((b, a, i1 - i0, 1), dtype=q.dtype)  # (b, a, i, 1)
+        for j0, j1 in _flash_tiles(s):
+            if j0 >= i1:
+                break  # causal: later keys are masked for every row of this tile
+            scores = (q[:, :, i0:i1] @ kx[:, :, j0:j1].swapaxes(-1, -2)) * scale  # (b,a,i,j)
+            visible = np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None]  # (i, j)
+            scores = np.where(visible, scores, -np.inf)
+            new_max = np.maximum(row_max, scores.max(axis=-1, keepdims=True))  # (b, a, i, 1)
+            e = np.exp(scores - new_max)  # (b, a, i, j)
+            correction = np.exp(row_max - new_max)  # (b, a, i, 1)
+            row_sum = row_sum * correction + e.sum(axis=-1, keepdims=True)
+            mask = _tile_keep(keep, i0, i1, j0, j1)
+            dropped = e if mask is None else e * mask / (1.0 - p)  # (b, a, i, j)
+            acc = acc * correction + dropped @ vx[:, :, j0:j1]  # (b, a, i, d)
+            row_max = new_max
+        out[:, :, i0:i1] = acc / row_sum
+        lse[:, :, i0:i1] = (row_max + np.log(row_sum))[..., 0]
+    return out, lse
+
+
+def flash_backward(dout, q, k, v, out, lse, keep=None, p=0.0):
+    """FlashAttention backward (Dao et al. 2022, Alg. 2): recompute each tile's probabilities
+    from q, k and the logsumexp; D = rowsum(dout * out). Returns dq (b, a, s, d) and dk, dv
+    (b, G, s, d) summed over each group's query heads."""
+    b, a, s, d = q.shape
+    group = a // k.shape[1]
+    kx, vx = expand_kv(k, group), expand_kv(v, group)  # (b, a, s, d)
+    scale = 1.0 / math.sqrt(d)
+    dq, dkx, dvx = np.zeros_like(q), np.zeros_like(kx), np.zeros_like(vx)  # (b, a, s, d) each
+    delta = (dout * out).sum(axis=-1, keepdims=True)  # (b, a, s, 1)
+    for i0, i1 in _flash_tiles(s):
+        for j0, j1 in _flash_tiles(s):
+            if j0 >= i1:
+                break
+            scores = (q[:, :, i0:i1] @ kx[:, :, j0:j1].swapaxes(-1, -2)) * scale  # (b,a,i,j)
+            visible = np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None]
+            probs = np.where(visible, np.exp(scores - lse[:, :, i0:i1, None]), 0.0)
+            mask = _tile_keep(keep, i0, i1, j0, j1)
+            dropped = probs if mask is None else probs * mask / (1.0 - p)  # (b, a, i, j)
+            dvx[:, :, j0:j1] += dropped.swapaxes(-1, -2) @ dout[:, :, i0:i1]
+            ddropped = dout[:, :, i0:i1] @ vx[:, :, j0:j1].swapaxes(-1, -2)  # (b, a, i, j)
+            dprobs = ddropped if mask is None else ddropped * mask / (1.0 - p)
+            dscores = probs * (dprobs - delta[:, :, i0:i1]) * scale  # (b, a, i, j)
+            dq[:, :, i0:i1] += dscores @ kx[:, :, j0:j1]
+            dkx[:, :, j0:j1] += dscores.swapaxes(-1, -2) @ q[:, :, i0:i1]
+    return dq, reduce_kv(dkx, group), reduce_kv(dvx, group)

@@ -21,6 +21,14 @@ heads split across ranks; with SP the LN/dropout regions hold an s/t slice of th
 | mlp_dropout_mask           | (s_l, b, h)           | sbh   (/t SP)  |
 s_l = s/t under SP, else s. Selective recompute drops the three (b, a/t, s, s) tensors and
 recomputes them in backward; full recompute keeps only `layer_input` and re-runs this forward.
+
+Llama-class variants (docs/llama.md has their tensors and closed forms): RMSNorm keeps the same
+inputs as LayerNorm; RoPE rotates q and k in place of a position table (nothing more kept);
+group-query attention splits the fused QKV into a/t query and G/t KV heads, and the unfused core
+expands K and V to the query heads (Megatron DotProductAttention's repeat_interleave) so it keeps
+K22's q, k, v; FlashAttention keeps q, k, v unexpanded, its output (which is `proj_input`) and
+the fp32 logsumexp `softmax_lse` (b, a/t, s), no s × s tensor; SwiGLU keeps `swiglu_input`
+(s, b, 2f/t) and `fc2_input` (s, b, f/t).
 """
 
 from dataclasses import dataclass
@@ -29,9 +37,9 @@ import math
 import numpy as np
 
 from simsp.config import Model
-from simsp.model import mappings, ops
+from simsp.model import kernels, mappings, ops
 from simsp.model.dropout_sites import site_id
-from simsp.model.tensor import FP16
+from simsp.model.tensor import FP16, Tensor
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class LayerSpec:
     layer: int  # global layer index: names dropout sites
     recompute: str  # none | selective | full
     sample_offset: int = 0  # global index of this micro-batch's first sample
+    modules: frozenset = frozenset(("core_attn",))  # selective: Megatron's --recompute-modules
+
+    def recomputes(self, module: str) -> bool:
+        """Whether selective recompute rebuilds `module` (core_attn, mlp, layernorm) in backward."""
+        return self.recompute == "selective" and module in self.modules
 
 
 class Stash:
@@ -76,30 +89,53 @@ def _hidden_mask(r, spec: LayerSpec, site: str, x):
     return ops.dropout_mask(r, p, site_id(spec.layer, site), starts, x.shape, f"{site}_mask")
 
 
-def split_qkv(r, qkv, heads: int, head_dim: int):
-    """(s, b, 3h/t) head-major fused QKV -> q, k, v each (b, a/t, s, d)."""
+def split_qkv(r, qkv, heads: int, head_dim: int, groups: int | None = None,
+              names: tuple = ("q", "k", "v")):
+    """(s, b, (a + 2G)d/t) group-major fused QKV -> q (b, a/t, s, d), k, v (b, G/t, s, d)."""
     s, b, _ = qkv.shape
+    groups = groups or heads
     parts = []
-    for j, name in enumerate(("q", "k", "v")):
-        t = r.alloc((b, heads, s, head_dim), FP16, name)
+    for j, name in enumerate(names):
+        t = r.alloc((b, heads if j == 0 else groups, s, head_dim), FP16, name)
         if r.numeric:
-            t.data = np.ascontiguousarray(
-                qkv.data.reshape(s, b, heads, 3, head_dim)[:, :, :, j, :].transpose(1, 2, 0, 3))
+            t.data = np.ascontiguousarray(kernels.split_qkv(qkv.data, heads, groups)[j])
         parts.append(t)
     yield from r.compute("split_qkv", "elementwise", nbytes=2 * qkv.nbytes)
     return parts
 
 
 def merge_qkv_grads(r, dq, dk, dv):
-    """dq, dk, dv (b, a/t, s, d) -> d(qkv) (s, b, 3h/t) in the head-major fused layout."""
+    """dq (b, a/t, s, d), dk, dv (b, G/t, s, d) -> d(qkv) (s, b, (a + 2G)d/t), group-major."""
     b, heads, s, d = dq.shape
-    out = r.alloc((s, b, 3 * heads * d), FP16, "d_qkv")
+    out = r.alloc((s, b, (heads + 2 * dk.shape[1]) * d), FP16, "d_qkv")
     if r.numeric:
-        stacked = np.stack([dq.data, dk.data, dv.data], axis=3)  # (b, a/t, s, 3, d)
-        out.data = stacked.transpose(2, 0, 1, 3, 4).reshape(s, b, 3 * heads * d)
+        out.data = kernels.merge_qkv_grads(dq.data, dk.data, dv.data)
     yield from r.compute("merge_qkv_grads", "elementwise", nbytes=2 * out.nbytes)
     return out
 
+
+def norm(r, m: Model, x, w: dict, prefix: str, name: str):
+    """LayerNorm or RMSNorm (--normalization) of x (s_l, b, h) with the weights under prefix."""
+    if m.normalization == "RMSNorm":
+        return (yield from ops.rmsnorm(r, x, w[f"{prefix}.gamma"], m.norm_epsilon, name))
+    return (yield from ops.layernorm(r, x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"], name))
+
+
+def rope_angles(m: Model, s: int):
+    """cos, sin (s, rot) of positions 0..s−1: attention sees the whole sequence on every TP
+    rank (SP gathers it first), so every rank applies the same angles."""
+    return kernels.rope_angles(s, int(m.head_dim * m.rotary_percent), m.rotary_base)
+
+
+def attention_keep(r, spec: LayerSpec, b: int, heads: int):
+    """The flash tiles' dropout keep-mask drawer (global coordinates: each tile is a slice of
+    the unfused path's mask), or None without dropout or data."""
+    p = spec.model.attention_dropout
+    if p == 0 or not r.numeric:
+        return None
+    site, start = site_id(spec.layer, "attention"), r.tp.index * heads
+    return lambda i0, i1, j0, j1: kernels.keep_mask(
+        p, r.seed, site, (spec.sample_offset, start, i0, j0), (b, heads, i1 - i0, j1 - j0))
 
 def attention_core(r, spec: LayerSpec, q, k, v):
     """softmax(QKᵀ/√d) -> dropout -> ·V. Returns probs, mask, dropped, context (b, a/t, s, ·)."""
@@ -150,28 +186,23 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
     stash = Stash(r, keep)
     if keep:
         stash.put("ln1_input", x)
-    y1 = yield from ops.layernorm(r, x, w["ln1.gamma"], w["ln1.beta"], "ln1_output")
-    stash.put("qkv_input", y1)
+    y1 = yield from norm(r, m, x, w, "ln1", "ln1_output")
+    norm_recomputed = spec.recomputes("layernorm")
+    if not norm_recomputed:
+        stash.put("qkv_input", y1)
     y1_full = yield from mappings.enter_forward(r, y1, "qkv_enter")  # (s, b, h)
-    qkv = yield from ops.linear(r, y1_full, w["attn.qkv.weight"], w["attn.qkv.bias"], "qkv")
+    qkv = yield from ops.linear(r, y1_full, w["attn.qkv.weight"], w.get("attn.qkv.bias"), "qkv")
     if y1_full is not y1:
         r.free(y1_full)
-    q, k, v = yield from split_qkv(r, qkv, heads, d)  # (b, a/t, s, d) each
-    r.free(qkv)
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        stash.put(name, tensor)
-    probs, mask, dropped, context = yield from attention_core(r, spec, q, k, v)
-    if spec.recompute == "selective":
-        _free_core(r, probs, mask, dropped)
+    if norm_recomputed:
+        r.free(y1)
+    if m.llama_layer:
+        proj_in = yield from _llama_attention(r, spec, qkv, heads, d, stash)  # (s, b, a·d/t)
     else:
-        _stash_core(stash, probs, mask, dropped)
-    s, b = context.shape[2], context.shape[0]
-    proj_in = yield from ops.reshape_copy(r, context, (s, b, heads * d), (2, 0, 1, 3),
-                                          "proj_input")  # (s, b, h/t)
-    r.free(context)
+        proj_in = yield from _gpt_attention(r, spec, qkv, heads, d, stash)  # (s, b, h/t)
     stash.put("proj_input", proj_in)
     residual, attn_mask = yield from _row_parallel_out(
-        r, spec, proj_in, w["attn.proj.weight"], w["attn.proj.bias"], "attn", x, "ln2_input")
+        r, spec, proj_in, w["attn.proj.weight"], w.get("attn.proj.bias"), "attn", x, "ln2_input")
     stash.put("attn_dropout_mask", attn_mask)
     stash.put("ln2_input", residual)
     out = yield from _mlp_forward(r, spec, w, residual, stash)
@@ -180,20 +211,129 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
     return out, stash.tensors
 
 
+def _gpt_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
+    """K22's attention: split heads, softmax(QKᵀ/√d) -> dropout -> ·V, merge heads."""
+    q, k, v = yield from split_qkv(r, qkv, heads, d)  # (b, a/t, s, d) each
+    r.free(qkv)
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        stash.put(name, tensor)
+    return (yield from _unfused_core(r, spec, q, k, v, stash))
+
+
+def _unfused_core(r, spec, q, k, v, stash: Stash):
+    """The core as separate kernels keeping the s × s tensors; -> proj_input (s, b, a·d/t)."""
+    probs, mask, dropped, context = yield from attention_core(r, spec, q, k, v)
+    if spec.recomputes("core_attn"):
+        _free_core(r, probs, mask, dropped)
+    else:
+        _stash_core(stash, probs, mask, dropped)
+    b, heads, s, d = context.shape
+    proj_in = yield from ops.reshape_copy(r, context, (s, b, heads * d), (2, 0, 1, 3),
+                                          "proj_input")  # (s, b, a·d/t)
+    r.free(context)
+    return proj_in
+
+
+def kv_names(m: Model) -> tuple[str, str]:
+    """Names of K and V as split: "k_groups"/"v_groups" when the unfused core expands them."""
+    expand = m.query_groups != m.num_attention_heads and not m.flash
+    return ("k_groups", "v_groups") if expand else ("k", "v")
+
+
+def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
+    """GQA split, RoPE on q and k, then the flash or the unfused core; -> proj_input."""
+    m = spec.model
+    groups = m.query_groups // r.tp.size
+    k_name, v_name = kv_names(m)
+    rope = m.position_embedding_type == "rope"
+    names = ("q_unrotated", f"{k_name}_unrotated", v_name) if rope else ("q", k_name, v_name)
+    q, k, v = yield from split_qkv(r, qkv, heads, d, groups, names)  # q (b,a/t,s,d), k, v G/t
+    r.free(qkv)
+    if rope:
+        cos, sin = rope_angles(m, q.shape[2]) if r.numeric else (None, None)
+        q_rot = yield from ops.rope(r, q, cos, sin, "q")
+        k_rot = yield from ops.rope(r, k, cos, sin, k_name)
+        r.free(q, k)
+        q, k = q_rot, k_rot
+    if m.flash:
+        for name, tensor in (("q", q), ("k", k), ("v", v)):
+            stash.put(name, tensor)
+        keep = attention_keep(r, spec, q.shape[0], heads)
+        out, lse = yield from ops.flash_attention(r, q, k, v, keep, m.attention_dropout,
+                                                  "proj_input", "softmax_lse")
+        if spec.recomputes("core_attn"):
+            r.free(lse)  # core_attn recompute: the backward re-runs the flash forward
+        else:
+            stash.put("softmax_lse", lse)
+        return out
+    if groups != heads:
+        k_full = yield from ops.expand_kv(r, k, heads // groups, "k")  # (b, a/t, s, d)
+        v_full = yield from ops.expand_kv(r, v, heads // groups, "v")
+        r.free(k, v)
+        k, v = k_full, v_full
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        stash.put(name, tensor)
+    return (yield from _unfused_core(r, spec, q, k, v, stash))
+
+
+def fc1_views(m: Model, table: dict) -> dict:
+    """SwiGLU's (h, 2, f/t) fc1 weight (and (2, f/t) bias) seen as the (h, 2f/t) GEMM operand
+    [gate | up] (ledger-less views of the same arrays); GeLU's table as it is."""
+    if not m.swiglu:
+        return table
+    views = dict(table)
+    for name in ("mlp.fc1.weight", "mlp.fc1.bias"):
+        if name in table:
+            t = table[name]
+            shape = t.shape[:-2] + (2 * t.shape[-1],)
+            views[name] = Tensor(shape, t.itemsize,
+                                 None if t.data is None else t.data.reshape(shape))
+    return views
+
+
 def _mlp_forward(r, spec, w, residual, stash: Stash):
-    """LN2 -> h->4h -> GeLU -> 4h->h -> dropout -> + residual."""
-    y2 = yield from ops.layernorm(r, residual, w["ln2.gamma"], w["ln2.beta"], "fc1_input")
-    stash.put("fc1_input", y2)
+    """LN2 -> h->f (GeLU) or h->2f (SwiGLU) -> activation -> f->h -> dropout -> + residual."""
+    m = spec.model
+    y2 = yield from norm(r, m, residual, w, "ln2", "fc1_input")
+    norm_recomputed, mlp_recomputed = spec.recomputes("layernorm"), spec.recomputes("mlp")
+    if not norm_recomputed:
+        stash.put("fc1_input", y2)
     y2_full = yield from mappings.enter_forward(r, y2, "fc1_enter")  # (s, b, h)
-    h1 = yield from ops.linear(r, y2_full, w["mlp.fc1.weight"], w["mlp.fc1.bias"],
-                               "gelu_input")  # (s, b, f/t)
+    fc1 = fc1_views(m, w)
+    h1 = yield from ops.linear(r, y2_full, fc1["mlp.fc1.weight"], fc1.get("mlp.fc1.bias"),
+                               act_input_name(m))  # (s, b, f/t), SwiGLU (s, b, 2f/t)
     if y2_full is not y2:
         r.free(y2_full)
-    stash.put("gelu_input", h1)
-    g = yield from ops.gelu(r, h1, "fc2_input")  # (s, b, f/t)
-    stash.put("fc2_input", g)
+    if norm_recomputed:
+        r.free(y2)
+    if not mlp_recomputed:
+        stash.put(act_input_name(m), h1)
+    g = yield from (ops.swiglu if m.swiglu else ops.gelu)(r, h1, "fc2_input")  # (s, b, f/t)
+    if mlp_recomputed:
+        r.free(h1)
+    else:
+        stash.put("fc2_input", g)
     out, mlp_mask = yield from _row_parallel_out(r, spec, g, w["mlp.fc2.weight"],
-                                                 w["mlp.fc2.bias"], "mlp", residual,
+                                                 w.get("mlp.fc2.bias"), "mlp", residual,
                                                  "layer_output")
+    if mlp_recomputed:
+        r.free(g)
     stash.put("mlp_dropout_mask", mlp_mask)
     return out
+
+
+def act_input_name(m: Model) -> str:
+    return "swiglu_input" if m.swiglu else "gelu_input"
+
+
+def mlp_inner(r, m: Model, w: dict, y2):
+    """fc1 input (s_l, b, h) -> the activation's input and output: f̄/g, h->f (2f) GEMM, GeLU
+    or SwiGLU. Returns (activation input, fc2 input)."""
+    y2_full = yield from mappings.enter_forward(r, y2, "fc1_enter")  # (s, b, h)
+    fc1 = fc1_views(m, w)
+    h1 = yield from ops.linear(r, y2_full, fc1["mlp.fc1.weight"], fc1.get("mlp.fc1.bias"),
+                               act_input_name(m))  # (s, b, f/t), SwiGLU (s, b, 2f/t)
+    if y2_full is not y2:
+        r.free(y2_full)
+    g = yield from (ops.swiglu if m.swiglu else ops.gelu)(r, h1, "fc2_input")  # (s, b, f/t)
+    return h1, g

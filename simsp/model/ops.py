@@ -114,7 +114,7 @@ def bias_dropout_add(r, x: Tensor, bias: Tensor, mask: Tensor | None, p: float,
     """residual + dropout(x + bias) as one kernel, as Megatron-LM's bias_dropout_add_fused_train:
     reads x and the residual, writes the output (and the mask drawn on the fly)."""
     def compute():
-        biased = x.data + bias.data
+        biased = x.data if bias is None else x.data + bias.data
         return residual.data + (biased if mask is None
                                 else kernels.dropout_forward(biased, mask.data, p))
     moved = 3 * x.nbytes + (mask.nbytes if mask is not None else 0)
@@ -217,3 +217,103 @@ def accumulate(r, total: Tensor, extra: Tensor, name: str):
 def fp32_copy(r, x: Tensor, name: str):
     """A float32 copy of x (the loss is computed on fp32 logits, K22 §4.3)."""
     return (yield from elementwise(r, x.shape, name, lambda: x.data.copy(), 3 * x.nbytes, FP32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama-class ops (kernels.py holds the math; docs/llama.md the memory they keep)
+
+
+def rmsnorm(r, x: Tensor, gamma: Tensor, eps: float, name: str):
+    """RMSNorm over the hidden (last) axis: reads x, writes y (as layernorm)."""
+    return (yield from elementwise(
+        r, x.shape, name, lambda: kernels.rmsnorm_forward(x.data, gamma.data, eps), 2 * x.nbytes))
+
+
+def rmsnorm_backward(r, dy: Tensor, x: Tensor, gamma: Tensor, eps: float, grads: dict,
+                     prefix: str, name: str):
+    """dx of RMSNorm; dgamma accumulates into grads[prefix.gamma]."""
+    dx = r.alloc(x.shape, FP16, name)
+    if r.numeric:
+        dx.data, dgamma = kernels.rmsnorm_backward(dy.data, x.data, gamma.data, eps)
+        grads[f"{prefix}.gamma"].data += dgamma
+    yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)
+    return dx
+
+
+def swiglu(r, x: Tensor, name: str):
+    """silu(gate) * up: x (..., 2f') -> (..., f'); reads 2f', writes f' per row."""
+    shape = x.shape[:-1] + (x.shape[-1] // 2,)
+    return (yield from elementwise(r, shape, name, lambda: kernels.swiglu_forward(x.data),
+                                   3 * x.nbytes // 2))
+
+
+def swiglu_backward(r, dy: Tensor, x: Tensor, name: str):
+    """d[gate | up] (..., 2f') from dy (..., f') and the kept input x (..., 2f')."""
+    return (yield from elementwise(r, x.shape, name,
+                                   lambda: kernels.swiglu_backward(dy.data, x.data),
+                                   dy.nbytes + 2 * x.nbytes))
+
+
+def rope(r, x: Tensor, cos, sin, name: str, inverse: bool = False):
+    """x (b, heads, s, d) rotated per position by the angles (s, rot) (RoPE); `inverse` is the
+    backward (the transposed rotation)."""
+    kernel = kernels.rope_backward if inverse else kernels.rope_forward
+    return (yield from elementwise(r, x.shape, name, lambda: kernel(x.data, cos, sin),
+                                   2 * x.nbytes))
+
+
+def expand_kv(r, x: Tensor, repeats: int, name: str):
+    """(b, G, s, d) -> (b, G·repeats, s, d): each KV head copied for its group's query heads."""
+    b, groups, s, d = x.shape
+    return (yield from elementwise(r, (b, groups * repeats, s, d), name,
+                                   lambda: kernels.expand_kv(x.data, repeats),
+                                   x.nbytes * (1 + repeats)))
+
+
+def reduce_kv(r, dx: Tensor, repeats: int, name: str):
+    """Gradient of expand_kv: (b, a, s, d) summed per group -> (b, a/repeats, s, d)."""
+    b, heads, s, d = dx.shape
+    return (yield from elementwise(r, (b, heads // repeats, s, d), name,
+                                   lambda: kernels.reduce_kv(dx.data, repeats),
+                                   dx.nbytes * (1 + repeats) // repeats))
+
+
+def _flash_gemms(r, q: Tensor, names: tuple):
+    """One batched GEMM of the attention core per name, 2·b·heads·s²·d FLOPs each (the s×s tiles
+    stay on chip: no element-wise traffic is charged)."""
+    b, heads, s, d = q.shape
+    for name in names:
+        yield from r.compute(name, "gemm", 2 * b * heads * s * s * d, gemm=(s, d, s))
+
+
+def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name: str,
+                    lse_name: str):
+    """FlashAttention forward: q (b, a/t, s, d), k, v (b, G/t, s, d) -> output (s, b, a/t·d),
+    written in the layout the output projection reads, and the fp32 logsumexp (b, a/t, s)."""
+    b, heads, s, d = q.shape
+    out = r.alloc((s, b, heads * d), FP16, out_name)
+    lse = r.alloc((b, heads, s), FP32, lse_name)
+    if r.numeric:
+        o, lse.data = kernels.flash_forward(q.data, k.data, v.data, keep, p)  # (b, a, s, d)
+        out.data = o.transpose(2, 0, 1, 3).reshape(s, b, heads * d)
+    yield from _flash_gemms(r, q, (f"{out_name}_scores", f"{out_name}_context"))
+    return out, lse
+
+
+def flash_attention_backward(r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                             lse: Tensor, keep, p: float):
+    """FlashAttention backward: dout, out (s, b, a/t·d) -> dq (b, a/t, s, d), dk, dv (b, G/t, s, d).
+    The scores are recomputed tile by tile (charged to the recompute phase: hardware FLOPs)."""
+    dq = r.alloc(q.shape, FP16, "d_q")
+    dk = r.alloc(k.shape, FP16, "d_k")
+    dv = r.alloc(v.shape, FP16, "d_v")
+    if r.numeric:
+        b, heads, s, d = q.shape
+        to_heads = lambda x: x.reshape(s, b, heads, d).transpose(1, 2, 0, 3)  # (b, a, s, d)
+        dq.data, dk.data, dv.data = kernels.flash_backward(
+            to_heads(dout.data), q.data, k.data, v.data, to_heads(out.data), lse.data, keep, p)
+    phase, r.phase = r.phase, "recompute"
+    yield from _flash_gemms(r, q, ("flash_recompute_scores",))
+    r.phase = phase
+    yield from _flash_gemms(r, q, ("flash_d_v", "flash_d_probs", "flash_d_q", "flash_d_k"))
+    return dq, dk, dv

@@ -1,8 +1,14 @@
 """The canonical full (unsharded) GPT parameters: names, shapes, deterministic initialisation.
 
-Megatron layout: linear weights are (in, out); the fused QKV columns are head-major,
-column = head*3d + j*d + e for j in (q, k, v), so a contiguous column block holds whole heads.
-The word embedding is tied to the output layer (logits = y @ word.T).
+Megatron layout: linear weights are (in, out); the fused QKV columns are group-major, each of the
+G KV groups holding its a/G query heads, then its key, then its value head (Megatron-LM
+megatron/core/transformer/attention.py SelfAttention.get_query_key_value_tensors), so a
+contiguous column block holds whole groups; with G = a (GPT) column = head*3d + j*d + e for j in
+(q, k, v). The SwiGLU fc1 is (h, 2, f): gate then up, split over TP along f, so each rank's
+(h, 2f/t) block is [gate | up] as Megatron's chunked swiglu reads it. The word embedding is
+tied to the output layer (logits = y @ word.T) unless an `output.weight` (v, h) of its own is
+untied. Absent in a variant: LN betas (RMSNorm), biases (--disable-bias-linear), position table
+(rope, none).
 """
 
 import zlib
@@ -21,32 +27,45 @@ def layer_param_names(i: int) -> list[str]:
     return [f"layers.{i}.{suffix}" for suffix in LAYER_SUFFIXES]
 
 
-def _layer_shapes(h: int, f: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of one layer's parameters keyed by suffix."""
-    return {
+def layer_shapes(model) -> dict[str, tuple[int, ...]]:
+    """Shapes of one layer's parameters keyed by suffix, in LAYER_SUFFIXES order (a variant
+    drops the suffixes it does not have)."""
+    h, f, d = model.hidden_size, model.ffn, model.head_dim
+    qkv = (model.num_attention_heads + 2 * model.query_groups) * d  # (a + 2G)d
+    fc1 = (h, 2, f) if model.swiglu else (h, f)
+    shapes = {
         "ln1.gamma": (h,), "ln1.beta": (h,),
-        "attn.qkv.weight": (h, 3 * h), "attn.qkv.bias": (3 * h,),
-        "attn.proj.weight": (h, h), "attn.proj.bias": (h,),
+        "attn.qkv.weight": (h, qkv), "attn.qkv.bias": (qkv,),
+        "attn.proj.weight": (model.num_attention_heads * d, h), "attn.proj.bias": (h,),
         "ln2.gamma": (h,), "ln2.beta": (h,),
-        "mlp.fc1.weight": (h, f), "mlp.fc1.bias": (f,),
+        "mlp.fc1.weight": fc1, "mlp.fc1.bias": fc1[1:],
         "mlp.fc2.weight": (f, h), "mlp.fc2.bias": (h,),
     }
+    dropped = (("ln1.beta", "ln2.beta") if model.normalization == "RMSNorm" else ()) + \
+        (() if model.add_bias_linear else tuple(k for k in shapes if k.endswith(".bias")))
+    return {k: v for k, v in shapes.items() if k not in dropped}
 
 
 def param_shapes(model) -> dict[str, tuple[int, ...]]:
-    """Ordered {name: shape} of every parameter of the model."""
-    h, f = model.hidden_size, model.ffn
-    shapes = {"embedding.word": (model.vocab_size, h), "embedding.position": (model.seq_length, h)}
-    layer = _layer_shapes(h, f)
+    """Ordered {name: shape} of every parameter of the model (Megatron's module order)."""
+    h = model.hidden_size
+    shapes = {"embedding.word": (model.vocab_size, h)}
+    if model.position_embedding_type == "learned_absolute":
+        shapes["embedding.position"] = (model.seq_length, h)
+    layer = layer_shapes(model)
     for i in range(model.num_layers):
-        shapes.update({f"layers.{i}.{k}": layer[k] for k in LAYER_SUFFIXES})
+        shapes.update({f"layers.{i}.{k}": shape for k, shape in layer.items()})
     shapes["final_ln.gamma"] = (h,)
-    shapes["final_ln.beta"] = (h,)
+    if model.normalization != "RMSNorm":
+        shapes["final_ln.beta"] = (h,)
+    if model.untie_embeddings_and_output_weights:
+        shapes["output.weight"] = (model.vocab_size, h)
     return shapes
 
 
 def count_params(model) -> int:
-    """Total parameters: 12Lh^2 + 13Lh + (v + s)h + 2h (N21 Eq. 2 plus the final layer norm)."""
+    """Total parameters, summed over param_shapes (GPT: 12Lh^2 + 13Lh + (v + s)h + 2h, N21 Eq. 2
+    plus the final layer norm)."""
     return sum(int(np.prod(shape)) for shape in param_shapes(model).values())
 
 

@@ -6,6 +6,9 @@ Megatron layout (s, b, h):
     -> proj -> dropout -> + x -> LN2 -> fc1 -> GeLU -> fc2 -> dropout -> + residual
 Embedding dropout after word + position; final LN; logits = y @ word.T (tied); mean cross entropy.
 Dropout masks come from dropout_sites (global coordinates, see that module).
+Llama-class variants (docs/llama.md) change single lines: RMSNorm for LN, RoPE on q and k, grouped
+K/V heads expanded to their query heads, SwiGLU for GeLU, no biases, an untied output weight;
+flash attention is the same math (the plain softmax here is its oracle).
 """
 
 from types import SimpleNamespace
@@ -20,29 +23,72 @@ from simsp.model.params import layer_param_names
 def _layer_params(params, i):
     """Layer i's parameters keyed by suffix (e.g. "attn.qkv.weight")."""
     prefix = f"layers.{i}."
-    return {name[len(prefix):]: params[name] for name in layer_param_names(i)}
+    return {name[len(prefix):]: params[name] for name in layer_param_names(i) if name in params}
+
+
+def _norm(P, x, prefix, model):
+    """LayerNorm or RMSNorm of x (s, B, h)."""
+    if model.normalization == "RMSNorm":
+        return K.rmsnorm_forward(x, P[f"{prefix}.gamma"], model.norm_epsilon)
+    return K.layernorm_forward(x, P[f"{prefix}.gamma"], P[f"{prefix}.beta"])
+
+
+def _norm_backward(P, dy, x, prefix, model, g):
+    """dx of _norm; its weight gradients go into g."""
+    if model.normalization == "RMSNorm":
+        dx, g[f"{prefix}.gamma"] = K.rmsnorm_backward(dy, x, P[f"{prefix}.gamma"],
+                                                      model.norm_epsilon)
+        return dx
+    dx, g[f"{prefix}.gamma"], g[f"{prefix}.beta"] = K.layernorm_backward(dy, x, P[f"{prefix}.gamma"])
+    return dx
+
+
+def _linear_backward(P, dy, x, prefix, g, weight_shape=None):
+    """dx of x @ W (+ b); dW (reshaped to the parameter's shape) and db (if W has a bias) into g."""
+    w = P[f"{prefix}.weight"]
+    dx, dw, db = K.linear_backward(dy, x, w.reshape(w.shape[0], -1))
+    g[f"{prefix}.weight"] = dw.reshape(w.shape)
+    if f"{prefix}.bias" in P:
+        g[f"{prefix}.bias"] = db.reshape(P[f"{prefix}.bias"].shape)
+    return dx
+
+
+def _fc1(P):
+    """fc1's weight (h, f) or SwiGLU's (h, 2, f) as the (h, 2f) GEMM operand [gate | up]."""
+    w, b = P["mlp.fc1.weight"], P.get("mlp.fc1.bias")
+    return w.reshape(w.shape[0], -1), None if b is None else b.reshape(-1)
+
+
+def _rope(model, s):
+    return K.rope_angles(s, int(model.head_dim * model.rotary_percent), model.rotary_base)
 
 
 def _layer_forward(P, x, i, model, seed, sample_offset):
     """One transformer layer forward; returns (out (s, B, h), saved activations)."""
     a, ph, pa = model.num_attention_heads, model.hidden_dropout, model.attention_dropout
+    G = model.query_groups
     c = SimpleNamespace(x=x)  # x (s, B, h)
-    c.ln1 = K.layernorm_forward(x, P["ln1.gamma"], P["ln1.beta"])  # (s, B, h)
-    qkv = K.linear_forward(c.ln1, P["attn.qkv.weight"], P["attn.qkv.bias"])  # (s, B, 3h)
-    c.q, c.k, c.v = K.split_qkv(qkv, a)  # (B, a, s, d) each
+    c.ln1 = _norm(P, x, "ln1", model)  # (s, B, h)
+    qkv = K.linear_forward(c.ln1, P["attn.qkv.weight"], P.get("attn.qkv.bias"))  # (s,B,(a+2G)d)
+    c.q, k, v = K.split_qkv(qkv, a, G)  # q (B, a, s, d), k, v (B, G, s, d)
+    if model.position_embedding_type == "rope":
+        cos, sin = _rope(model, x.shape[0])
+        c.q, k = K.rope_forward(c.q, cos, sin), K.rope_forward(k, cos, sin)
+    c.k, c.v = K.expand_kv(k, a // G), K.expand_kv(v, a // G)  # (B, a, s, d) each
     scores = K.attention_scores_forward(c.q, c.k)  # (B, a, s, s)
     c.probs = K.causal_softmax_forward(scores)  # (B, a, s, s)
     c.keep_a = attention_keep(pa, seed, i, c.probs.shape, sample_start=sample_offset)  # bool
     c.probs_d = K.dropout_forward(c.probs, c.keep_a, pa)  # (B, a, s, s)
     context = K.attention_context_forward(c.probs_d, c.v)  # (B, a, s, d)
     c.ctx = K.merge_heads(context)  # (s, B, h)
-    proj = K.linear_forward(c.ctx, P["attn.proj.weight"], P["attn.proj.bias"])  # (s, B, h)
+    proj = K.linear_forward(c.ctx, P["attn.proj.weight"], P.get("attn.proj.bias"))  # (s, B, h)
     c.keep_1 = hidden_keep(ph, seed, i, "attn_out", proj.shape, sample_start=sample_offset)
     c.x1 = x + K.dropout_forward(proj, c.keep_1, ph)  # (s, B, h)
-    c.ln2 = K.layernorm_forward(c.x1, P["ln2.gamma"], P["ln2.beta"])  # (s, B, h)
-    c.fc1 = K.linear_forward(c.ln2, P["mlp.fc1.weight"], P["mlp.fc1.bias"])  # (s, B, f)
-    c.gelu = K.gelu_forward(c.fc1)  # (s, B, f)
-    fc2 = K.linear_forward(c.gelu, P["mlp.fc2.weight"], P["mlp.fc2.bias"])  # (s, B, h)
+    c.ln2 = _norm(P, c.x1, "ln2", model)  # (s, B, h)
+    c.fc1 = K.linear_forward(c.ln2, *_fc1(P))  # (s, B, f), SwiGLU (s, B, 2f)
+    act = K.swiglu_forward if model.swiglu else K.gelu_forward
+    c.gelu = act(c.fc1)  # (s, B, f)
+    fc2 = K.linear_forward(c.gelu, P["mlp.fc2.weight"], P.get("mlp.fc2.bias"))  # (s, B, h)
     c.keep_2 = hidden_keep(ph, seed, i, "mlp_out", fc2.shape, sample_start=sample_offset)
     out = c.x1 + K.dropout_forward(fc2, c.keep_2, ph)  # (s, B, h)
     return out, c
@@ -52,25 +98,27 @@ def _layer_backward(P, dout, c, model):
     """One transformer layer backward; returns (dx (s, B, h), {suffix: grad})."""
     ph, pa, g = model.hidden_dropout, model.attention_dropout, {}
     dfc2 = K.dropout_backward(dout, c.keep_2, ph)  # (s, B, h)
-    dgelu, g["mlp.fc2.weight"], g["mlp.fc2.bias"] = K.linear_backward(
-        dfc2, c.gelu, P["mlp.fc2.weight"])  # (s, B, f)
-    dfc1 = K.gelu_backward(dgelu, c.fc1)  # (s, B, f)
-    dln2, g["mlp.fc1.weight"], g["mlp.fc1.bias"] = K.linear_backward(
-        dfc1, c.ln2, P["mlp.fc1.weight"])  # (s, B, h)
-    dx1_ln, g["ln2.gamma"], g["ln2.beta"] = K.layernorm_backward(dln2, c.x1, P["ln2.gamma"])
+    dgelu = _linear_backward(P, dfc2, c.gelu, "mlp.fc2", g)  # (s, B, f)
+    act_backward = K.swiglu_backward if model.swiglu else K.gelu_backward
+    dfc1 = act_backward(dgelu, c.fc1)  # (s, B, f), SwiGLU (s, B, 2f)
+    dln2 = _linear_backward(P, dfc1, c.ln2, "mlp.fc1", g)  # (s, B, h)
+    dx1_ln = _norm_backward(P, dln2, c.x1, "ln2", model, g)
     dx1 = dout + dx1_ln  # (s, B, h): residual + LN2 branch
     dproj = K.dropout_backward(dx1, c.keep_1, ph)  # (s, B, h)
-    dctx, g["attn.proj.weight"], g["attn.proj.bias"] = K.linear_backward(
-        dproj, c.ctx, P["attn.proj.weight"])  # (s, B, h)
+    dctx = _linear_backward(P, dproj, c.ctx, "attn.proj", g)  # (s, B, a·d)
     dcontext = K.split_heads(dctx, model.num_attention_heads)  # (B, a, s, d)
     dprobs_d, dv = K.attention_context_backward(dcontext, c.probs_d, c.v)  # (B,a,s,s), (B,a,s,d)
     dprobs = K.dropout_backward(dprobs_d, c.keep_a, pa)  # (B, a, s, s)
     dscores = K.softmax_backward(dprobs, c.probs)  # (B, a, s, s)
     dq, dk = K.attention_scores_backward(dscores, c.q, c.k)  # (B, a, s, d) each
-    dqkv = K.merge_qkv_grads(dq, dk, dv)  # (s, B, 3h)
-    dln1, g["attn.qkv.weight"], g["attn.qkv.bias"] = K.linear_backward(
-        dqkv, c.ln1, P["attn.qkv.weight"])  # (s, B, h)
-    dx_ln, g["ln1.gamma"], g["ln1.beta"] = K.layernorm_backward(dln1, c.x, P["ln1.gamma"])
+    G = model.query_groups
+    dk, dv = K.reduce_kv(dk, model.num_attention_heads // G), K.reduce_kv(dv, model.num_attention_heads // G)
+    if model.position_embedding_type == "rope":
+        cos, sin = _rope(model, dq.shape[2])
+        dq, dk = K.rope_backward(dq, cos, sin), K.rope_backward(dk, cos, sin)
+    dqkv = K.merge_qkv_grads(dq, dk, dv)  # (s, B, (a + 2G)d)
+    dln1 = _linear_backward(P, dqkv, c.ln1, "attn.qkv", g)  # (s, B, h)
+    dx_ln = _norm_backward(P, dln1, c.x, "ln1", model, g)
     return dx1 + dx_ln, g  # (s, B, h): residual + LN1 branch
 
 
@@ -82,30 +130,36 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     """
     word = params["embedding.word"]  # (v, h), v the padded vocabulary
     v, ph = word.shape[0], model.hidden_dropout
-    emb = K.embedding_forward(tokens, word, params["embedding.position"])  # (s, B, h)
+    position = params.get("embedding.position")  # None: rope or no position embedding
+    emb = word[tokens] if position is None else K.embedding_forward(tokens, word, position)
     keep_e = hidden_keep(ph, seed, -1, "embedding", emb.shape, sample_start=sample_offset)
     x = K.dropout_forward(emb, keep_e, ph)  # (s, B, h)
     saved = []
     for i in range(model.num_layers):
         x, cache = _layer_forward(_layer_params(params, i), x, i, model, seed, sample_offset)
         saved.append(cache)
-    y = K.layernorm_forward(x, params["final_ln.gamma"], params["final_ln.beta"])  # (s, B, h)
-    logits = K.linear_forward(y, word.T, None)  # (s, B, v)
+    y = _norm(params, x, "final_ln", model)  # (s, B, h)
+    output = params.get("output.weight", word)  # (v, h): untied, or the word table
+    logits = K.linear_forward(y, output.T, None)  # (s, B, v)
     n_tokens = tokens.size
     loss = K.cross_entropy_forward(logits, targets) / n_tokens
 
     grads = {}
     dlogits = K.cross_entropy_backward(logits, targets, 1.0 / n_tokens)  # (s, B, v)
-    dy, dword_t, _ = K.linear_backward(dlogits, y, word.T)  # (s, B, h), (h, v)
-    dx, grads["final_ln.gamma"], grads["final_ln.beta"] = K.layernorm_backward(
-        dy, x, params["final_ln.gamma"])  # (s, B, h)
+    dy, dword_t, _ = K.linear_backward(dlogits, y, output.T)  # (s, B, h), (h, v)
+    dx = _norm_backward(params, dy, x, "final_ln", model, grads)  # (s, B, h)
     for i in reversed(range(model.num_layers)):
         dx, g = _layer_backward(_layer_params(params, i), dx, saved[i], model)
         grads.update({f"layers.{i}.{suffix}": grad for suffix, grad in g.items()})
     grads["embedding_output"] = dx  # (s, B, h)
     demb = K.dropout_backward(dx, keep_e, ph)  # (s, B, h)
-    dword, grads["embedding.position"] = K.embedding_backward(demb, tokens, v, model.seq_length)
-    grads["embedding.word"] = dword + dword_t.T  # (v, h): embedding + tied output layer
+    dword, dposition = K.embedding_backward(demb, tokens, v, model.seq_length)
+    if position is not None:
+        grads["embedding.position"] = dposition
+    if "output.weight" in params:
+        grads["embedding.word"], grads["output.weight"] = dword, dword_t.T  # (v, h) each
+    else:
+        grads["embedding.word"] = dword + dword_t.T  # (v, h): embedding + tied output layer
     ordered = {name: grads[name] for name in params}  # canonical parameter order
     ordered["embedding_output"] = grads["embedding_output"]
     return loss, ordered

@@ -7,12 +7,14 @@ vocabulary-parallel embedding its rows; everything else is replicated on every T
 import numpy as np
 
 # parameter-name suffix -> axis split across TP ranks (None: replicated)
+# (column parallel splits the last axis: the output columns, or f of SwiGLU's (h, 2, f) fc1)
 SPLIT_AXIS = {
-    "attn.qkv.weight": 1, "attn.qkv.bias": 0,  # column parallel (head-major columns)
+    "attn.qkv.weight": -1, "attn.qkv.bias": -1,  # column parallel (group-major columns)
     "attn.proj.weight": 0,  # row parallel
-    "mlp.fc1.weight": 1, "mlp.fc1.bias": 0,  # column parallel
+    "mlp.fc1.weight": -1, "mlp.fc1.bias": -1,  # column parallel
     "mlp.fc2.weight": 0,  # row parallel
     "embedding.word": 0,  # vocabulary parallel
+    "output.weight": 0,  # vocabulary parallel (untied output layer)
 }
 # Replicated parameters whose gradients are partial per rank under SP (they act on a sequence
 # shard), so the TP group all-reduces them (Megatron-LM finalize_model_grads).

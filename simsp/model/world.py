@@ -32,11 +32,12 @@ class World:
 
 
 def build_world(sc: Scenario, simulated: list[int] | None = None,
-                timing: str = STEPWISE) -> World:
+                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     timing=CLOSED_FORM times each collective as a whole (matches the stepwise ring within 1%,
-    tests/test_communicator.py) instead of moving every ring step over the links."""
+    tests/test_communicator.py) instead of moving every ring step over the links, except the
+    collectives of `stepwise_groups` (rings that share links: training/shortcut_check.py)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp)
@@ -48,7 +49,8 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
-    comm = Communicator(env, network, present=present, timing=timing, trace=Trace())
+    comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
+                        stepwise_groups=stepwise_groups)
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)

@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from simsp.engine.gc_pause import gc_paused
+from simsp.io_out import write_file
 from simsp.jsonout import dumps
 
 from simsp.report.chrome_trace import counter_points, stage_counter_lines, write_chrome_trace
@@ -30,7 +31,7 @@ def metrics_json(metrics: dict) -> str:
 def write_figures(figures: list[tuple[str, str, bytes]], out: Path) -> list[Path]:
     """Write each figure's PNG into `out` (beside summary.md, which links them)."""
     for name, _caption, png in figures:
-        (out / name).write_bytes(png)
+        write_file(out / name, png)
     return [out / name for name, _, _ in figures]
 
 
@@ -70,7 +71,7 @@ def _write_reports(run, metrics: dict, out: Path, trace: str, painter: Painter) 
     figures, side_files = _figures_and_trace(run, metrics, out, trace, painter)
     links = [(name, caption) for name, caption, _ in figures]
     written = [write_summary(metrics, out / "summary.md", links)]
-    (out / "metrics.json").write_text(metrics_json(metrics))
+    write_file(out / "metrics.json", metrics_json(metrics))
     written += [out / "metrics.json", *side_files]
     written.append(write_report_html(metrics, figures, out / "report.html"))
     return written + write_figures(figures, out)
@@ -89,6 +90,6 @@ def _figures_and_trace(run, metrics: dict, out: Path, trace: str, painter: Paint
         files.append(write_chrome_trace(run, out / "trace.json", detail=trace, counters=counters))
     memory, memory_png = painter.result("memory"), painter.result("memory plot")
     if memory_png is not None:
-        (out / "memory.png").write_bytes(memory_png)
+        write_file(out / "memory.png", memory_png)
         files.append(out / "memory.png")
     return memory + painter.result("schedule") + painter.result("metrics"), files

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
+from simsp.io_out import open_atomic
 from simsp.report.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
 from simsp.report.trace_plan import TRACKS, trace_plan
 from simsp.report.trace_spans import ns_array
@@ -116,6 +117,6 @@ def write_chrome_trace(run, path, detail: str = "full", counters=None) -> Path:
     """Write `run`'s trace as Chrome trace JSON to `path` and return the path (`counters`: see
     _document)."""
     path = Path(path)
-    with path.open("w", encoding="ascii") as out:  # JSON text escapes every non-ASCII character
+    with open_atomic(path, "w", encoding="ascii") as out:  # JSON text escapes every non-ASCII character
         out.writelines(_document(run, detail, counters))  # a rank at a time
     return path

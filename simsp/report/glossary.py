@@ -17,8 +17,9 @@ GLOSSARY = (
     ("schedule (1F1B, interleaved)", "The order in which each stage runs forward (F) and "
      "backward (B) steps; interleaving gives each GPU several model chunks (virtual stages) to "
      "shrink the bubble (N21 §2.2)."),
-    ("bubble", "The fraction of the iteration a pipeline stage is idle waiting for work at the "
-     "start and end of the pipeline: (pipeline time − busy time) / busy time (N21 §2.2.1)."),
+    ("bubble", "A stage's pipeline wait over its schedule's work (its forward and backward "
+     "steps): N21 §2.2.1's bubble time over ideal time; the pipeline's bubble fraction is all "
+     "stages' wait over all their work; 0 with one stage."),
     ("activation", "A tensor saved in the forward pass for use in the backward pass; activation "
      "memory grows with the micro-batches in flight (K22 §4)."),
     ("recompute", "Saving fewer activations and recomputing them in the backward pass. "
@@ -40,12 +41,14 @@ GLOSSARY = (
     ("counted FLOPs", "FLOPs of the GEMMs the simulation ran, beside the K22 closed forms."),
     ("exposed communication", "Time a GPU waited for communication that no computation hid "
      "(by track: TP, pipeline, DP)."),
-    ("pipeline wait", "Time a stage waited for its input (activations or gradients) to arrive "
-     "from the neighbouring stage: the bubble seen from one stage."),
+    ("pipeline wait", "Time a stage was blocked on a peer stage that had not arrived (pipeline "
+     "fill, bubble, drain, the tied-embedding reduction's wait) plus its idle tail after its "
+     "own end: the bubble in seconds."),
     ("all-reduce, reduce-scatter, all-gather", "NCCL collectives. Ring all-reduce = "
      "reduce-scatter then all-gather: 2(n−1) steps of S/n bytes (REFERENCE.md §5)."),
     ("calibration", "The achieved fractions of peak (GEMM efficiency, link efficiency) and "
      "latencies the cost model uses; reported with every result."),
     ("shortcuts", "Meta-mode speed-ups (one simulated rank per stage, closed-form collective "
-     "time, replayed layer templates), each shown equal to the full simulation on small cases."),
+     "time, replayed layer templates), each taken only where the layout's links keep it exact; "
+     "the report says which were used and why."),
 )

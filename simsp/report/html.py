@@ -7,6 +7,7 @@ so the page opens with no network and no other file.
 import html
 from pathlib import Path
 
+from simsp.io_out import write_file
 from simsp.report.glossary import GLOSSARY
 from simsp.report.html_markdown import slug, to_html
 from simsp.report.html_page import figure, page
@@ -51,5 +52,5 @@ def report_html(metrics: dict, figures: list[tuple[str, str, bytes]] = ()) -> st
 def write_report_html(metrics: dict, figures, path) -> Path:
     """Write report_html to `path` and return the path."""
     path = Path(path)
-    path.write_text(report_html(metrics, figures))
+    write_file(path, report_html(metrics, figures))
     return path

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from simsp.engine.ledger import CATEGORIES
+from simsp.io_out import write_file
 from simsp.report.canvas import add_axes_in, new_figure, png_bytes
 from simsp.report.memory_stages import COLORS
 from simsp.report.figure_inputs import memory_figures_of
@@ -115,5 +116,5 @@ def write_memory_plot(run, path) -> Path | None:
     if png is None:
         return None
     path = Path(path)
-    path.write_bytes(png)
+    write_file(path, png)
     return path

@@ -15,6 +15,7 @@ from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEP
 from simsp.engine import ring_timing
 from simsp.errors import UserError
 from simsp.hardware import LinkCalibration
+from simsp.io_out import write_file
 from simsp.report.ring_lesson_page import lesson_html
 from simsp.report.ring_lesson_png import write_slides
 from simsp.units import format_bytes
@@ -128,7 +129,7 @@ def write_ring_lesson(collective: str, graph, gpus: list[int], nbytes: int, html
     written = []
     if html_path:
         path = Path(html_path)
-        path.write_text(lesson_html(data, lesson_title(data)))
+        write_file(path, lesson_html(data, lesson_title(data)))
         written.append(path)
     if png_dir:
         written += write_slides(data, png_dir)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from simsp.io_out import write_file
 from simsp.report.figures import png_bytes, pyplot
 from simsp.units import format_bytes, format_seconds
 
@@ -124,5 +125,5 @@ def write_slides(data: dict, out_dir) -> list[Path]:
     slides.append(("compare.png", comparison_slide(data)))
     for name, png in slides:
         if png is not None:
-            (out / name).write_bytes(png)
+            write_file(out / name, png)
     return [out / name for name, png in slides if png is not None]

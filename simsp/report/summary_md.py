@@ -8,6 +8,7 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 from pathlib import Path
 
 from simsp import __version__
+from simsp.io_out import write_file
 from simsp.metrics import layout
 from simsp.report.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
@@ -85,7 +86,14 @@ def _header(m: dict) -> list[str]:
         f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
         f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
-        f"v={lay['vocab']}.", *_hardware_line(lay), ""]
+        f"v={lay['vocab']}.", *_architecture(m), *_hardware_line(lay), ""]
+
+
+def _architecture(m: dict) -> list[str]:
+    """The Llama-class variant in words (none for K22's GPT layer)."""
+    if "architecture" not in m:
+        return []
+    return [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
 
 
 def _hardware_line(lay: dict) -> list[str]:
@@ -115,15 +123,16 @@ def _verdict(m: dict) -> list[str]:
 
 
 def _performance(m: dict) -> list[str]:
+    source = "Megatron" if "flops_formula" in m else "K22"
     rows = [["iteration time", seconds(m["iteration_time_s"])],
             ["tokens/s", f"{m['tokens_per_s']:,.0f}"],
-            ["MFU (K22 model FLOPs)", pct(m["mfu"])],
-            ["HFU (K22 hardware FLOPs)", pct(m["hfu"])],
+            [f"MFU ({source} model FLOPs)", pct(m["mfu"])],
+            [f"HFU ({source} hardware FLOPs)", pct(m["hfu"])],
             ["MFU (counted FLOPs)", pct(m["mfu_counted"])],
             ["HFU (counted FLOPs)", pct(m["hfu_counted"])],
-            ["model FLOPs (K22 / counted)",
+            [f"model FLOPs ({source} / counted)",
              f"{m['model_flops']:.4g} / {m['counted_model_flops']:.4g}"],
-            ["hardware FLOPs (K22 / counted)",
+            [f"hardware FLOPs ({source} / counted)",
              f"{m['hardware_flops']:.4g} / {m['counted_hardware_flops']:.4g}"],
             ["bubble fraction", pct(m["bubble_fraction"])],
             ["exposed communication (worst stage, excl. pipeline wait)",
@@ -239,12 +248,27 @@ def _activations(m: dict, stages: list[dict]) -> list[str]:
     formula = m["first_stage_activation_formula_bytes"]
     measured = stages[0]["activation_peak_bytes"]
     diff = f"{(measured - formula) / formula * 100:+.1f}%" if formula else "n/a"
-    rows = [["formula (K22 §4.2.3)", format_bytes(formula), f"{formula:,.0f}"],
+    source = "docs/llama.md per layer, K22 §4.2.3" if "architecture" in m else "K22 §4.2.3"
+    rows = [[f"formula ({source})", format_bytes(formula), f"{formula:,.0f}"],
             ["measured (ledger, stage 0 activation peak)", format_bytes(measured),
              f"{measured:,}"],
             ["difference (measured vs formula)", diff, ""]]
     return ["## First-stage activation memory", "",
             *_table(["", "size", "bytes"], rows), ""]
+
+
+def _layer_tensors(m: dict) -> list[str]:
+    """Llama-class runs: what one layer keeps, tensor by tensor, and the closed form."""
+    if "layer_tensors" not in m:
+        return []
+    lt = m["layer_tensors"]
+    rows = [[item["name"], format_bytes(item["bytes"]), f"{item['bytes']:,}"]
+            for item in sorted(lt["saved"], key=lambda i: -i["bytes"])]
+    rows += [["total (ledger)", format_bytes(lt["measured_bytes"]), f"{lt['measured_bytes']:,}"],
+             ["closed form (docs/llama.md)", format_bytes(lt["formula_bytes"]),
+              f"{lt['formula_bytes']:,}"]]
+    return ["## One layer's kept tensors (rank 0, largest first)", "",
+            *_table(["tensor", "size", "bytes"], rows), ""]
 
 
 def _value(v) -> str:
@@ -266,6 +290,9 @@ def _calibration(m: dict) -> list[str]:
               "Used: " + (", ".join(used) if used else "none (full simulation)") + "."
               + (f" Not used: {', '.join(k for k, v in shortcuts.items() if not v)}."
                  if used and len(used) < len(shortcuts) else ""), ""]
+    reasons = m.get("shortcuts_used", {})
+    if any(not why.startswith("used: ") or "where exact" in why for why in reasons.values()):
+        lines += [f"- {name}: {why}" for name, why in reasons.items()] + [""]
     return lines
 
 
@@ -275,7 +302,7 @@ def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
-             + _memory(metrics, stages) + _activations(metrics, stages)
+             + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -308,5 +335,5 @@ def summary_document(metrics: dict, figures: list[tuple[str, str]] = ()) -> str:
 def write_summary(metrics: dict, path, figures: list[tuple[str, str]] = ()) -> Path:
     """Write summary_document(metrics, figures) to `path` and return the path."""
     path = Path(path)
-    path.write_text(summary_document(metrics, figures))
+    write_file(path, summary_document(metrics, figures))
     return path

@@ -3,6 +3,7 @@
 
 from pathlib import Path
 
+from simsp.io_out import markdown_text, write_file
 from simsp.report.whatif_plots import exposed_kinds, write_plots
 from simsp.units import GiB
 
@@ -14,7 +15,8 @@ def ranked(frame, objective: str = "time"):
     """Rows that fit first (by the objective), then out-of-memory rows, then invalid ones."""
     column, ascending = RANK_KEYS[objective]
     group = frame["status"].map({"ok": 0, "oom": 1, "error": 2})
-    key = frame[column] if ascending else -frame[column]
+    values = frame[column] if column in frame else frame["index"] * 0  # every row failed
+    key = values if ascending else -values
     return frame.assign(_group=group, _key=key).sort_values(
         ["_group", "_key", "index"], kind="stable").drop(columns=["_group", "_key"])
 
@@ -47,7 +49,7 @@ def ranked_table(frame, objective: str = "time") -> list[str]:
     done = ranked(frame, objective)
     done = done[done["status"] != "error"]
     for place, (_, row) in enumerate(done.iterrows(), 1):
-        cells = [str(place), str(row["index"]), row["variant"], f"`{row['changes']}`" if row["changes"] else "(first)"]
+        cells = [str(place), str(row["index"]), markdown_text(row["variant"]), f"`{row['changes']}`" if row["changes"] else "(first)"]
         lines.append("| " + " | ".join(cells + _cells(row, kinds)) + " |")
     return lines
 
@@ -58,7 +60,8 @@ def error_lines(frame) -> list[str]:
     if bad.empty:
         return []
     lines = ["", "## Invalid configurations", ""]
-    lines += [f"- #{row['index']} {row['variant']}: `{row['error']}`" for _, row in bad.iterrows()]
+    lines += [f"- #{row['index']} {markdown_text(row['variant'])}: {markdown_text(row['error'])}"
+              for _, row in bad.iterrows()]
     return lines
 
 
@@ -81,5 +84,5 @@ def write_whatif_report(frame, out: Path, objective: str = "time", intro: list[s
     out.mkdir(parents=True, exist_ok=True)
     pictures = write_plots(frame, out)
     path = out / "report.md"
-    path.write_text(report_text(frame, pictures, objective, list(intro)))
+    write_file(path, report_text(frame, pictures, objective, list(intro)))
     return path

@@ -33,8 +33,8 @@ def tied_embedding_reduce(r, run, plan, grads: dict):
 
     Waiting for the other stage to arrive (the pipeline drain) is pipeline wait; the rest is
     pipeline transfer."""
-    if plan.p == 1 or not (plan.holds_embedding or plan.holds_head):
-        return
+    if plan.p == 1 or not (plan.holds_embedding or plan.holds_head) or not run.sc.model.tied:
+        return  # untied: the output layer has its own weight, nothing is shared
     group = (run.rank_of(plan.tp, plan.dp, 0), run.rank_of(plan.tp, plan.dp, plan.p - 1))
     arrivals = run.mailbox.arrivals.setdefault(("tied_embedding", group), {})
     arrivals[r.rank] = start = r.env.now

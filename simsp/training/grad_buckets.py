@@ -31,7 +31,7 @@ from simsp.model.tensor import FP16, FP32, Tensor
 BUCKET_MIN_PARAMS = 40_000_000  # Megatron DDP default bucket size: max(40M, 1M·d) parameters
 BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 EMBEDDING = ("embedding.word", "embedding.position")
-HEAD = ("final_ln.gamma", "final_ln.beta")
+HEAD = ("final_ln.gamma", "final_ln.beta", "output.weight")  # output.weight: untied only
 
 
 @dataclass
@@ -88,7 +88,7 @@ def module_params(plan, module, grads: dict, producing: bool = False) -> list[st
         names = list(EMBEDDING)
     elif module == "head":
         names = list(HEAD)
-        if not (producing and plan.holds_embedding):
+        if "output.weight" not in grads and not (producing and plan.holds_embedding):
             names.append("embedding.word")
     else:
         names = layer_param_names(module)
@@ -102,7 +102,7 @@ def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
         names += layer_param_names(i)
     if plan.is_last(chunk):
         names += list(HEAD)
-        if not plan.is_first(chunk):
+        if not plan.is_first(chunk) and "output.weight" not in grads:
             names.append("embedding.word")
     return [n for n in names if n in grads]
 

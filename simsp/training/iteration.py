@@ -21,6 +21,7 @@ from simsp.model.world import World, build_world
 from simsp.training import p2p
 from simsp.training.finalize import data_parallel_gather_params, finalize_grads, optimizer_step
 from simsp.training.optimizer import allocate_optimizer
+from simsp.training.shortcut_check import check_shortcuts
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.stage_program import run_schedule
 from simsp.training.steps import RankState
@@ -97,12 +98,32 @@ class Shortcuts:
     representative: bool = False
     closed_form: bool = False
     templates: bool = False
+    # groups whose collectives run step by step under closed_form (they share links)
+    stepwise_groups: frozenset = frozenset()
+    reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
 
     @classmethod
     def for_scale(cls, sc: Scenario) -> "Shortcuts":
-        """All shortcuts in meta mode; none in numeric mode, whose numbers need every rank."""
-        meta = sc.run.mode == "meta"
-        return cls(meta, meta, meta)
+        """In meta mode every shortcut that is exact for this layout (training/shortcut_check.py);
+        none in numeric mode, whose numbers need every rank."""
+        if sc.run.mode != "meta":
+            why = "not used: numeric mode needs every rank and every ring step"
+            return cls(reasons=tuple((name, why) for name in
+                                     ("representative", "closed_form", "templates")))
+        verdict = check_shortcuts(sc)
+        return cls(verdict.representative, verdict.closed_form, verdict.templates,
+                   verdict.stepwise_groups, verdict.reasons)
+
+    def flags(self) -> dict:
+        """The three shortcuts, on or off."""
+        return {"representative": self.representative, "closed_form": self.closed_form,
+                "templates": self.templates}
+
+    def why(self) -> dict:
+        """Per shortcut: used or not, and why (the `shortcuts_used` of metrics.json)."""
+        reasons = dict(self.reasons)
+        return {name: reasons.get(name, ("used" if on else "not used") + ": as requested")
+                for name, on in self.flags().items()}
 
 
 def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
@@ -128,7 +149,8 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                embedding_delta: np.ndarray | None, on_step, trace: str) -> Run:
     """The world, the plans and one simpy process per simulated rank, ready to run."""
     world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
-                        timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE)
+                        timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
+                        stepwise_groups=shortcuts.stepwise_groups)
     _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
     if shortcuts.templates:

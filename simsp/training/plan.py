@@ -6,7 +6,7 @@ import functools
 import numpy as np
 
 from simsp.cluster.grid import RankGrid
-from simsp.config import Scenario
+from simsp.config import Scenario, model_chunks, virtual_stage_layer_counts
 from simsp.training.schedules import Step, build_schedule
 
 
@@ -22,11 +22,14 @@ class StagePlan:
     v: int
     layers_per_chunk: int
     steps: tuple[Step, ...]
+    chunk_ranges: tuple | None = None  # uneven pipelines: each chunk's layers (a range)
 
     def virtual_stage(self, chunk: int) -> int:
         return chunk * self.p + self.pp
 
     def layers(self, chunk: int) -> range:
+        if self.chunk_ranges is not None:
+            return self.chunk_ranges[chunk]
         first = (chunk * self.p + self.pp) * self.layers_per_chunk
         return range(first, first + self.layers_per_chunk)
 
@@ -82,9 +85,7 @@ def _segments(granularity: str, method: str | None, num_layers: int | None, star
 
 def chunks_per_stage(sc: Scenario) -> int:
     """v: model chunks per pipeline stage (1 unless interleaved)."""
-    per_stage = sc.model.num_layers // sc.parallel.pp
-    virtual = sc.parallel.num_layers_per_virtual_pipeline_stage
-    return per_stage // virtual if virtual else 1
+    return model_chunks(sc.model, sc.parallel)
 
 
 def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
@@ -93,12 +94,24 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
     m = sc.parallel.num_micro_batches
     schedule = build_schedule(sc.parallel.schedule_name, p, m, v)
     per_chunk = sc.model.num_layers // (p * v)
+    ranges = _uneven_ranges(sc) if sc.parallel.uneven_pipeline else None
     plans = {}
     for rank in range(grid.world_size):
         c = grid.coords(rank)
+        chunks = None if ranges is None else tuple(ranges[k * p + c.pp] for k in range(v))
         plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
-                                tuple(schedule[c.pp]))
+                                tuple(schedule[c.pp]), chunks)
     return plans
+
+
+def _uneven_ranges(sc: Scenario) -> list[range]:
+    """Each virtual stage's contiguous layers under Megatron's uneven split
+    (config.virtual_stage_layer_counts; get_transformer_layer_offset)."""
+    ranges, start = [], 0
+    for count in virtual_stage_layer_counts(sc.model, sc.parallel):
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
 
 
 def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
@@ -108,11 +121,11 @@ def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
     for name in shapes:
         if name.startswith("layers."):
             keep = name[:name.index(".", 7) + 1] in wanted
-        elif name == "embedding.word":
-            keep = plan.holds_embedding or plan.holds_head
+        elif name == "embedding.word":  # tied: the output layer's weight too
+            keep = plan.holds_embedding or (plan.holds_head and "output.weight" not in shapes)
         elif name == "embedding.position":
             keep = plan.holds_embedding
-        else:  # final_ln
+        else:  # final_ln, output.weight (untied)
             keep = plan.holds_head
         if keep:
             names.append(name)

@@ -36,7 +36,8 @@ def _layer(run, state, i: int, offset: int, granularity: str):
     if granularity is PLAIN:
         granularity = _plain_granularity(run.sc)
     w, g = state.layer(i)
-    return LayerSpec(run.sc.model, i, granularity, offset), w, g
+    modules = run.sc.parallel.recompute_module_set or LayerSpec.modules
+    return LayerSpec(run.sc.model, i, granularity, offset, modules), w, g
 
 
 def _forward(r, run, state, i: int, x, offset: int, granularity: str, kind: tuple,

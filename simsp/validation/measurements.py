@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 import tomllib
 
-from simsp.errors import UserError, read_user_text
+from simsp import io_in
+from simsp.errors import UserError
 
 REQUIRED = ("name", "scenario", "flags", "metric", "measured", "unit")
 OPTIONAL = ("group", "baseline", "collective", "size")
+MAX_ROWS = 10000  # measurements in one file
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ def read_measurements(path: str | Path) -> MeasurementSet:
 
 def _read_text(path: Path) -> str:
     """The file's text, with I/O problems as UserErrors."""
-    return read_user_text(path)
+    return io_in.read_text(path, "measurements")
 
 
 def _from_csv(path: Path, text: str) -> MeasurementSet:
@@ -79,6 +81,7 @@ def _from_csv(path: Path, text: str) -> MeasurementSet:
         if None in record or None in record.values():
             raise UserError(where, f"expected {len(reader.fieldnames)} fields")
         rows.append(_row(where, record, path.stem))
+        _check_count(path, len(rows))
     if not rows:
         raise UserError(str(path), "no measurements")
     return MeasurementSet(path, tuple(rows), {}, {})
@@ -109,9 +112,17 @@ def _from_toml(path: Path, text: str) -> MeasurementSet:
     records = data.get("measurement", [])
     if not isinstance(records, list) or not records:
         raise UserError(str(path), "no [[measurement]] tables")
+    if not all(isinstance(record, dict) for record in records):
+        raise UserError(f"{path}:measurement", "must be [[measurement]] tables")
+    for table in ("groups", "scenarios"):
+        if not isinstance(data.get(table, {}), dict) or \
+                not all(isinstance(v, dict) for v in data.get(table, {}).values()):
+            raise UserError(f"{path}:{table}", f"must be [{table}.NAME] tables")
+    _check_count(path, len(records))
     rows = []
     for index, record in enumerate(records):
         where = f"{path}:measurement[{index}]"
+        _check_types(where, record)
         unknown_keys = sorted(set(record) - set(REQUIRED + OPTIONAL))
         if unknown_keys:
             raise UserError(where, f"unknown key(s) {', '.join(unknown_keys)}")
@@ -120,6 +131,22 @@ def _from_toml(path: Path, text: str) -> MeasurementSet:
             raise UserError(where, f"missing key(s) {', '.join(missing)}")
         rows.append(_row(where, {k: v for k, v in record.items()}, path.stem))
     return MeasurementSet(path, tuple(rows), data.get("groups", {}), data.get("scenarios", {}))
+
+
+def _check_count(path: Path, count: int) -> None:
+    """At most MAX_ROWS measurements in one file (each may simulate an iteration)."""
+    if count > MAX_ROWS:
+        raise UserError(str(path), f"{count} measurements, above the limit of {MAX_ROWS}")
+
+
+def _check_types(where: str, record: dict) -> None:
+    """TOML values: text for every key but `measured`, a number for it."""
+    for key, value in record.items():
+        if key == "measured":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserError(f"{where}.measured", f"must be a number, got {value!r}")
+        elif not isinstance(value, str):
+            raise UserError(f"{where}.{key}", f"must be a string, got {value!r}")
 
 
 def _row(where: str, record: dict, default_group: str) -> Measurement:

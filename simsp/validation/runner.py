@@ -4,8 +4,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from simsp.bounds import check_work
 from simsp.engine.ring_plan import COLLECTIVES
 from simsp.errors import UserError
+from simsp.explore.guard import TOTAL_TIME_LIMIT_S, row_seconds
 from simsp.units import parse_size
 from simsp.validation.measurements import Measurement, MeasurementSet, read_measurements
 from simsp.validation.quantities import METRICS, UNITS, Job
@@ -98,11 +100,25 @@ def select_groups(sets: list[MeasurementSet], only: list[str] | None) -> list[tu
     return [entry for name, entry in groups.items() if name not in opt_in]
 
 
-def check_all(selected: list[tuple]) -> None:
-    """Resolve every row's inputs before simulating anything: bad rows fail fast."""
+def check_all(selected: list[tuple], force: bool = False) -> None:
+    """Resolve every row's inputs before simulating anything: bad rows fail fast, and each
+    row's scenarios pass run's work check (simsp.bounds), the whole set the sweep limit
+    (simsp.explore.guard) unless `force`."""
+    total = 0.0
     for *_, rows in selected:
         for mset, row in rows:
-            job_of(mset, row)
+            job = job_of(mset, row)
+            for sc in (job.scenario, job.baseline):
+                if sc is None:
+                    continue
+                try:
+                    check_work(sc, force=force)
+                except UserError as exc:
+                    raise UserError(row.where, str(exc)) from None
+                total += row_seconds(sc)
+    if total > TOTAL_TIME_LIMIT_S and not force:
+        raise UserError("work", f"about {total:.3g} CPU seconds for these rows, above the "
+                                f"limit of {TOTAL_TIME_LIMIT_S:g} s (--force to run anyway)")
 
 
 def summary(comparisons: list[Comparison]) -> dict:

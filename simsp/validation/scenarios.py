@@ -1,18 +1,18 @@
 """The scenario of a measurement row: an inline [scenarios.NAME] of its file, a scenario TOML
 (relative to the measurement file), or simsp's defaults; then the row's Megatron-style flags."""
 
-import argparse
 from pathlib import Path
 import shlex
 
 from simsp.config import SECTIONS, Scenario, load_scenario
 from simsp.errors import UserError
-from simsp.flags import add_scenario_arguments, overrides_from_args
+from simsp.flags import Parser, add_scenario_arguments, overrides_from_args
 from simsp.validation.measurements import Measurement, MeasurementSet
 
 
-class RowFlagParser(argparse.ArgumentParser):
-    """The scenario flags of `simsp run`, whose errors name the measurement row."""
+class RowFlagParser(Parser):
+    """The scenario flags of `simsp run` under its strict rules (no abbreviation, no repeat, no
+    empty value), whose errors name the measurement row."""
 
     def __init__(self, where: str):
         super().__init__(prog=where, add_help=False)

@@ -1,0 +1,27 @@
+"""One line naming a model's layer variant, as reports print it (e.g. "GQA 64/8, SwiGLU f = 28672,
+RMSNorm, RoPE, untied, flash"); "GPT" for K22's layer, whose reports stay as they were."""
+
+from simsp.config import Model
+
+
+def _attention(m: Model) -> str:
+    a, groups = m.num_attention_heads, m.query_groups
+    kind = "MHA" if groups == a else "MQA" if groups == 1 else "GQA"
+    text = f"{kind} {a}" if groups == a else f"{kind} {a}/{groups}"
+    return text + (f" d = {m.head_dim}" if m.kv_channels else "")
+
+
+def architecture(m: Model) -> str:
+    """The variant's parts in Megatron-LM's terms, or "GPT" for the K22 layer."""
+    if not (m.llama_layer or not m.tied or m.position_embedding_type != "learned_absolute"):
+        return "GPT"
+    position = {"rope": f"RoPE base {m.rotary_base}" + (
+        f" {m.rotary_percent:g} of d" if m.rotary_percent < 1 else ""),
+        "learned_absolute": "learned positions", "none": "no positions"}
+    parts = [_attention(m), f"{'SwiGLU' if m.swiglu else 'GeLU'} f = {m.ffn}", m.normalization,
+             position[m.position_embedding_type], "tied" if m.tied else "untied"]
+    if not m.add_bias_linear:
+        parts.append("no bias")
+    if m.flash:
+        parts.append("flash")
+    return ", ".join(parts)

@@ -1,0 +1,242 @@
+"""Where meta mode's shortcuts are exact: which links each group's traffic can share.
+
+A collective timed in closed form (engine/ring_timing.py) moves no flows, so it is exact only
+while no other transfer crosses a link its ring could be slowed on; the representative-rank
+shortcut is exact only while the ranks it leaves out cannot slow the ones it simulates, and
+every rank of a stage sits on the nodes as its representative does. Both are decided here
+from the routes alone (cluster/topology.py hop_route over engine/ring_plan.py channel_rings),
+before anything runs: a group whose links are shared runs its ring step by step, which loads
+its links in the fair-shared network (engine/network.py) as the full simulation does.
+Sufficient conditions, not necessary ones: a shortcut refused here is never wrong, only slower.
+"""
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_name, hop_route,
+                                   leaf_name, nodes_hosting, nvswitch_name)
+from simsp.engine.ring_plan import channel_rings
+
+Edge = tuple[str, str]
+Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
+
+
+@dataclass(frozen=True)
+class ShortcutVerdict:
+    """Which shortcuts are exact for a layout, why, and the groups that must run stepwise."""
+
+    representative: bool
+    closed_form: bool
+    templates: bool
+    stepwise_groups: frozenset[tuple[int, ...]]
+    reasons: tuple[tuple[str, str], ...]  # (shortcut, why used or not), in a fixed order
+
+
+def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
+    """Every collective group and point-to-point pair of one iteration (rank r on GPU r): the
+    interleaved schedule also sends from the last stage to the first; with p > 1 the first
+    and last stages all-reduce the tied word embedding (training/finalize.py)."""
+    owners: list[Owner] = []
+    t, d, p = grid.tp, grid.dp, grid.pp
+    if t > 1:
+        owners += [("tp", tuple(range(base, base + t))) for base in range(0, t * d * p, t)]
+    if d > 1:
+        owners += [("dp", tuple(range(t * d * pp + tp, t * d * (pp + 1), t)))
+                   for pp in range(p) for tp in range(t)]
+    if p > 1:
+        for first in range(t * d):  # activations down, gradients up (interleaved wraps)
+            group = tuple(range(first, t * d * p, t * d))  # rank = tp + t·dp + t·d·pp
+            ahead = group[1:] + group[:1] if interleaved else group[1:]
+            pairs = set(zip(group, ahead))
+            owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
+            owners.append(("embedding", (group[0], group[-1])))
+    return owners
+
+
+def owner_routes(graph: nx.DiGraph, owner: Owner) -> list[tuple[Edge, ...]]:
+    """The route of every hop the owner's traffic takes: every ring position of every NCCL
+    channel for a collective, the one route for a point-to-point pair."""
+    kind, ranks = owner
+    if kind == "p2p":
+        return [hop_route(graph, ranks[0], ranks[1])]
+    gpus = list(ranks)
+    routes = []
+    for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
+        order = channel.order
+        routes += [hop_route(graph, gpus[order[i]], gpus[order[(i + 1) % len(order)]],
+                             channel.via[i]) for i in range(len(order))]
+    return routes
+
+
+def _can_bind(edge: Edge) -> bool:
+    """Leaf-spine links never bind: a leaf's uplink bundle carries as much as all its GPU
+    links (cluster/topology.py _add_fabric), which every route through it also crosses."""
+    return SPINE not in edge
+
+
+def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, list[Owner]]:
+    """Per link that can bind: one entry per hop crossing it, naming the hop's owner."""
+    users: dict[Edge, list[Owner]] = {}
+    for owner in owners:
+        for route in owner_routes(graph, owner):
+            for edge in route:
+                if _can_bind(edge):
+                    users.setdefault(edge, []).append(owner)
+    return users
+
+
+def _gpu_of_link(edge: Edge) -> int:
+    """The GPU whose NVLink port or NIC this link is (every link that can bind has one)."""
+    end = edge[0] if edge[0].startswith("gpu") else edge[1]
+    return int(end[3:])
+
+
+@dataclass(frozen=True)
+class Overlaps:
+    """The flags that let one GPU's traffic kinds run at once: DP buckets during the backward
+    pass (`overlap_grad_reduce`), pipeline transfers during compute and its TP collectives
+    (`overlap_p2p_communication`)."""
+
+    grad_reduce: bool
+    p2p: bool
+
+
+def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
+    """Two owners on a link of GPU x that both include x run one after the other: x's
+    collectives and blocking point-to-point calls complete for all members before x goes on,
+    and training/finalize.py reduces gradients after x's schedule, DP before the tied
+    embedding. Not so for the kinds that `overlaps` lets run at once."""
+    x = _gpu_of_link(edge)
+    if x not in a[1] or x not in b[1]:
+        return False
+    kinds = {a[0], b[0]}
+    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p"}:
+        return False
+    return not (overlaps.p2p and kinds == {"tp", "p2p"})
+
+
+def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
+    """(link, owner, other) for every two hops that may cross one link at the same time:
+    two hops of one owner, or of two owners not in turn (_in_turn)."""
+    for edge, owners in users.items():
+        if len(owners) < 2:
+            continue
+        for i, owner in enumerate(owners):
+            for other in owners[i + 1:]:
+                if other == owner or not _in_turn(edge, owner, other, overlaps):
+                    yield edge, owner, other
+
+
+def stepwise_groups(clashes: list) -> frozenset[tuple[int, ...]]:
+    """Collective groups whose ring may share a link with another hop (of another owner or of
+    its own channels; `clashes` from conflicts): their time depends on what else runs, so they
+    cannot be closed form."""
+    shared = set()
+    for _edge, owner, other in clashes:
+        shared.update(o[1] for o in (owner, other) if o[0] != "p2p")
+    return frozenset(shared)
+
+
+def _aligned(a: int, b: int) -> bool:
+    """a and b tile each other: one is a multiple of the other."""
+    return a % b == 0 or b % a == 0
+
+
+def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list) -> str:
+    """Why one rank per stage cannot stand for the others ("" when it can)."""
+    t, d = grid.tp, grid.dp
+    if not _aligned(t * d, gpus_per_node):
+        return (f"ranks per stage (t*d = {t * d}) and GPUs per node ({gpus_per_node}) do not "
+                f"tile: stages share nodes unevenly")
+    if not _aligned(t, gpus_per_node):
+        return f"t = {t} and GPUs per node ({gpus_per_node}) do not tile: TP groups differ"
+    simulated = {grid.rank_of(0, 0, pp) for pp in range(grid.pp)}
+    seen = {_clash_key(*clash) for clash in clashes}
+    for edge, owner, other in clashes:
+        if _is_simulated(owner, simulated) == _is_simulated(other, simulated):
+            continue
+        image = _image_at_representative(grid, gpus_per_node, edge, owner, other)
+        if image is None or _clash_key(*image) not in seen or not all(
+                _is_simulated(o, simulated) for o in image[1:]):
+            return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
+                    f"represented ranks at once ({owner[0]} {owner[1][:4]}, {other[0]} "
+                    f"{other[1][:4]}), unlike the representative's own")
+    return ""
+
+
+def _clash_key(edge: Edge, owner: Owner, other: Owner) -> tuple:
+    """A clash, whatever the order of its owners and of their ranks."""
+    return (edge, frozenset({(owner[0], frozenset(owner[1])), (other[0], frozenset(other[1]))}))
+
+
+def _image_at_representative(grid: RankGrid, gpus_per_node: int, edge: Edge, owner: Owner,
+                             other: Owner):
+    """The same clash moved by whole nodes so that its link's GPU is its stage's
+    representative (None where that is no move by whole nodes). A clash whose image the
+    representative run meets among its own traffic is mirrored: every member of a ring meets
+    at its own GPU what the representative's member meets at the same moments, so the ring,
+    run step by step, keeps the full simulation's pace (tests/test_shortcut_layouts.py)."""
+    per_stage = grid.tp * grid.dp
+    shift = _gpu_of_link(edge) % per_stage
+    if shift % gpus_per_node:
+        return None
+
+    def move(rank: int) -> int:
+        return rank - rank % per_stage + (rank % per_stage - shift) % per_stage
+
+    return (_move_edge(edge, move, gpus_per_node), (owner[0], tuple(map(move, owner[1]))),
+            (other[0], tuple(map(move, other[1]))))
+
+
+def _move_edge(edge: Edge, move, gpus_per_node: int) -> Edge:
+    """The link of the moved GPU that plays the same part (its NVLink port or its NIC)."""
+    gpu = _gpu_of_link(edge)
+    moved = move(gpu)
+    node, rail = divmod(moved, gpus_per_node)
+    far = {"nvswitch": nvswitch_name(node), "leaf": leaf_name(node // NODES_PER_LEAF, rail)}
+
+    def rename(end: str) -> str:
+        if end.startswith("gpu"):
+            return gpu_name(moved)
+        return far["nvswitch" if end.endswith("nvswitch") else "leaf"]
+
+    return rename(edge[0]), rename(edge[1])
+
+
+def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
+    """The representative run executes this owner's traffic: a collective with a simulated
+    member, or a point-to-point pair sent by a simulated rank."""
+    kind, ranks = owner
+    return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))
+
+
+def check_shortcuts(sc) -> ShortcutVerdict:
+    """The exact shortcuts of a meta-mode scenario, with the reason for each."""
+    p, cluster = sc.parallel, sc.cluster
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
+    owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved")
+    users = link_users(graph, owners)
+    overlaps = Overlaps(p.overlap_grad_reduce, p.overlap_p2p_communication)
+    clashes = list(conflicts(users, overlaps))
+    stepwise = stepwise_groups(clashes)
+    not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
+    tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
+    if not_rep:
+        templates_why = "not used: needs the representative shortcut"
+    elif stepwise & tp_groups:
+        templates_why = "not used: TP collectives share links, so a layer step's time varies"
+    else:
+        templates_why = "used: every layer step of a stage is alike, recorded once and replayed"
+    closed_why = ("used: no collective's ring shares a link" if not stepwise else
+                  f"used where exact: {len(stepwise)} collective group(s) share links and run "
+                  f"step by step, loading them; the others are timed as a whole")
+    rep_why = ("not used: " + not_rep if not_rep else
+               "used: every rank of a stage is placed and loaded as its representative")
+    return ShortcutVerdict(representative=not not_rep, closed_form=True,
+                           templates=not not_rep and not stepwise & tp_groups,
+                           stepwise_groups=stepwise,
+                           reasons=(("representative", rep_why), ("closed_form", closed_why),
+                                    ("templates", templates_why)))
