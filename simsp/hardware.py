@@ -8,7 +8,7 @@ the compute cost model's constants; the compute rule that derives them for any G
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from simsp.profiles import GPUProfile, gpu_profile
+from simsp.profiles import GPUProfile, available, gpu_profile
 from simsp.units import GiB
 
 
@@ -38,6 +38,10 @@ class _GPUProfiles:
 
     def __getitem__(self, name: str):
         return gpu_profile(name)
+
+    def items(self) -> list:
+        """(name, profile) of every bundled GPU, as a dict's items (the sweep cache's digest)."""
+        return [(name, gpu_profile(name)) for name in available("gpu")]
 
 
 GPUS = _GPUProfiles()

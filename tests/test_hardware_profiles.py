@@ -132,7 +132,7 @@ def test_the_nemo_group_runs_only_when_named():
     sets = load_sets([])
     assert "nemo-24.07-h100" not in [g[0] for g in select_groups(sets, None)]
     (group,) = select_groups(sets, ["nemo-24.07-h100"])
-    assert len(group[3]) == 4 and "not model" in group[2]
+    assert len(group[3]) == 7 and "not model" in group[2]
 
 
 def test_a_swept_system_fills_its_cluster_unless_that_key_is_swept_too():

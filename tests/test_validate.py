@@ -28,9 +28,11 @@ REFERENCE = {
     "table5": [1.10, 1.42, 13.75, 18.13],
     "memory": [66.8, 49.4, 16.1, 7.6, 62.0, 56.5, 18.5, 8.7, 58.3, 61.9, 20.2, 9.5],
     "nccl": [232.5],
-    # NeMo 24.07 H100 FP8 (global batch, GPUs, tokens/s/GPU) -> seconds per iteration, s = 2048
-    "nemo-24.07-h100": [round(b * 2048 / (g * rate), 4) for b, g, rate in
-                        ((2048, 64, 22521), (256, 64, 5851), (256, 128, 726), (2048, 512, 782))],
+    # NeMo 24.07 H100 FP8 (global batch, sequence, GPUs, tokens/s/GPU) -> seconds per iteration
+    "nemo-24.07-h100": [round(b * seq / (g * rate), 4) for b, seq, g, rate in
+                        ((2048, 2048, 64, 22521), (256, 2048, 64, 5851), (256, 2048, 128, 726),
+                         (2048, 2048, 512, 782), (128, 4096, 8, 16847), (128, 4096, 16, 8646),
+                         (128, 4096, 64, 1707))],
 }
 
 
