@@ -33,15 +33,18 @@ A100_SXM4_80GB = GPUSpec(
     hbm_bandwidth_Bps=2.0e12,  # ~2.0 TB/s (REFERENCE.md §6)
 )
 
-class _GPUProfiles:
-    """`GPUS[name]`: the GPU profile of a bundled name, an alias or a .toml path (simsp/profiles.py)."""
+class _GPUProfiles(dict):
+    """`GPUS[name]`: the GPU profile of a bundled name, an alias or a .toml path
+    (simsp/profiles.py); an entry set here (a test's patch) takes its place."""
 
-    def __getitem__(self, name: str):
+    def __missing__(self, name: str):
         return gpu_profile(name)
 
     def items(self) -> list:
-        """(name, profile) of every bundled GPU, as a dict's items (the sweep cache's digest)."""
-        return [(name, gpu_profile(name)) for name in available("gpu")]
+        """(name, profile) of every bundled GPU and every entry set here (the sweep cache's
+        constants digest)."""
+        bundled = {name: gpu_profile(name) for name in available("gpu")}
+        return sorted({**bundled, **dict(dict.items(self))}.items())
 
 
 GPUS = _GPUProfiles()
