@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("22b", "175b", "530b", "1t")
-# K22 Table 5 (REFERENCE.md §3): seconds per iteration, calibration rows only
+# K22 Table 5 (docs/MODEL.md#paper-layouts): seconds per iteration, calibration rows only
 PUBLISHED = {("22b", "full"): 1.42, ("22b", "present"): 1.10,
              ("175b", "full"): 18.13, ("175b", "present"): 13.75}
 VARIANTS = {"present": [], "full": ["--recompute-granularity", "full", "--no-sequence-parallel"]}

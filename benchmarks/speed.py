@@ -1,5 +1,5 @@
-"""How fast simsp answers (issue 9): whole commands and one in-process evaluation, with the results
-they give, so a speed change that moves a result is seen at once.
+"""How fast simsp answers (docs/PERFORMANCE.md): whole commands and one in-process evaluation,
+with the results they give, so a speed change that moves a result is seen at once.
 
 Usage: python benchmarks/speed.py [--only NAME ...] [--runs N] [--repeat N] [--timeout S]
                                  [--json FILE] [--cold-bytecode]

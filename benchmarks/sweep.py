@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from simsp.explore.api import build_configs
+from simsp.api import build_configs
 from simsp.explore.evaluate import evaluate
 from simsp.explore.executor import Executor
 from simsp.explore.runner import run_configs
@@ -68,12 +68,13 @@ def main() -> int:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
           f"cores: {os.cpu_count()}, workers: {WORKERS}")
     print("| class | configs | cluster start (s) | Dask wall (s) | configs/s | direct CPU s/config "
-          "| direct wall s/config | Dask overhead s/config |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| configs per CPU s | direct wall s/config | Dask overhead s/config |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in ("tiny", "22B", "175B"):
         r = measure(name, quick)
         print(f"| {r['class']} | {r['configs']} | {r['startup_s']:.1f} | {r['dask_wall_s']:.1f} | "
               f"{r['configs_per_s']:.2f} | {r['direct_cpu_per_config_s']:.3f} | "
+              f"{1 / r['direct_cpu_per_config_s']:.2f} | "
               f"{r['direct_wall_per_config_s']:.3f} | {r['overhead_per_config_s']:+.3f} |")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("overhead = Dask wall x workers / configs - direct wall / config (2 cores, shared machine)")

@@ -12,10 +12,10 @@ from collections import defaultdict
 from simsp.config import load_scenario
 from simsp.costmodel import active_calibration
 from simsp.hardware import LinkCalibration
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 
 # (experiment, sequence parallel, recompute granularity, published forward ms, backward ms);
-# K22 Table 4, 22B model, t = 8 (REFERENCE.md §3)
+# K22 Table 4, 22B model, t = 8 (docs/MODEL.md#paper-layouts)
 EXPERIMENTS = [
     ("TP, no recompute", False, "none", 7.7, 11.9),
     ("TP + SP", True, "none", 7.2, 11.8),
@@ -23,7 +23,7 @@ EXPERIMENTS = [
     ("TP, selective recompute", False, "selective", 7.7, 13.2),
     ("TP + SP + selective", True, "selective", 7.2, 13.1),
 ]
-# One layer of the paper's models (REFERENCE.md §3): h, a, s, micro-batch b, t, vocabulary
+# One layer of the paper's models (docs/MODEL.md#paper-layouts): h, a, s, micro-batch b, t, v
 MODEL_22B = dict(hidden_size=6144, num_attention_heads=64, seq_length=2048, micro_batch_size=4)
 MODEL_175B = dict(hidden_size=12288, num_attention_heads=96, seq_length=2048, micro_batch_size=1)
 TP, VOCAB = 8, 51200

@@ -1,4 +1,4 @@
-"""Closed-form formulas of REFERENCE.md, kept apart from the simulation so tests can compare.
+"""Closed-form formulas of docs/MODEL.md, kept apart from the simulation so tests can compare.
 
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """
@@ -93,19 +93,6 @@ def hardware_flops(m: Model, p: Parallel) -> float:
     if p.recompute_granularity == "selective":
         return 72 * B * L * s * h * h * (1 + s / (3 * h) + v / (12 * h * L))
     return model_flops(m, p)
-
-
-def parameter_count(m: Model) -> int:
-    """Exact parameters of our GPT: layers (12h² + 13h with ffn 4h), embeddings, final LN."""
-    h, f = m.hidden_size, m.ffn
-    per_layer = 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h
-    return m.num_layers * per_layer + (m.vocab_size + m.seq_length) * h + 2 * h
-
-
-def n21_parameter_count(m: Model) -> float:
-    """N21 Eq. 2: P = 12Lh²(1 + 13/(12h) + (v+s)/(12Lh))."""
-    L, h = m.num_layers, m.hidden_size
-    return 12 * L * h * h * (1 + 13 / (12 * h) + (m.vocab_size + m.seq_length) / (12 * L * h))
 
 
 def first_stage_activation_bytes(sc: Scenario) -> float:

@@ -181,7 +181,7 @@ def simulated_ranks(sc, representative: bool) -> int:
 def bucket_count(sc) -> int:
     """Gradient buckets of one stage: its parameters over the bucket size (Megatron DDP,
     training/grad_buckets.py), at most one per parameter tensor (12 per layer, 3 more)."""
-    from simsp.training.grad_buckets import bucket_size
+    from simsp.config import bucket_size
     p = sc.parallel
     size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
     layers = sc.model.num_layers // p.pp

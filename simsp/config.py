@@ -105,7 +105,8 @@ class Parallel:
     num_layers_per_virtual_pipeline_stage: int | None = None
     schedule: str | None = None  # None: interleaved if virtual stages are set, else 1f1b
     distributed_optimizer: bool = False
-    # Megatron-LM runtime switches (REFERENCE.md §7): p2p, scatter/gather, DP gradient overlap.
+    # Megatron-LM runtime switches (docs/MODEL.md#runtime-mechanisms): p2p, scatter/gather,
+    # DP gradient overlap.
     overlap_p2p_communication: bool = False
     scatter_gather_tensors_in_pipeline: bool = True
     overlap_grad_reduce: bool = False
@@ -189,7 +190,7 @@ class Cluster:
     system: str | None = None  # a system profile: fills gpu, gpus_per_node and link speeds
     gpus_per_node: int = 8
     nodes: int = 1
-    nvlink_bandwidth_GBps: float = 300.0  # per GPU per direction (REFERENCE.md §6)
+    nvlink_bandwidth_GBps: float = 300.0  # per GPU per direction (docs/MODEL.md#hardware)
     ib_bandwidth_GBps: float = 25.0  # per NIC per direction: 200 Gb/s HDR
     nvlink_latency_us: float = 2.0  # per hop through the NVSwitch
     ib_latency_us: float = 1.0  # per InfiniBand link (GPU-NIC-leaf-spine: a cross-rail route has 4)
@@ -706,3 +707,18 @@ def with_overrides(s: Scenario, **sections) -> Scenario:
     result = replace(s, **parts)
     validate(result)
     return result
+
+
+# Megatron DDP's gradient bucket size (megatron/core/distributed/distributed_data_parallel.py):
+# a property of the configuration, read by the work estimate (bounds.py) and the buckets
+# (training/grad_buckets.py) alike.
+BUCKET_MIN_PARAMS = 40_000_000  # Megatron DDP default bucket size: max(40M, 1M·d) parameters
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+
+
+def bucket_size(d: int, overlap_grad_reduce: bool, given: int | None = None) -> int | None:
+    """Megatron DDP: --ddp-bucket-size or max(40M, 1M·d) parameters; unlimited without
+    --overlap-grad-reduce (distributed_data_parallel.py)."""
+    if not overlap_grad_reduce:
+        return None
+    return given or max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * d)

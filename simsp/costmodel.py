@@ -1,4 +1,4 @@
-"""A100 compute cost model: one kernel's FLOPs or bytes -> seconds (REFERENCE.md §6).
+"""A100 compute cost model: one kernel's FLOPs or bytes -> seconds (docs/MODEL.md#hardware).
 
 GEMMs run at a fraction of the tensor-core peak that grows with their arithmetic intensity;
 memory-bound kernels (LN, dropout, GeLU, softmax, adds, copies) stream their bytes at a fraction

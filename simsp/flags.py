@@ -129,6 +129,21 @@ SCENARIO_FLAGS = {
                  "system profile (sets gpu, GPUs per NVLink domain, link speeds): dgx-a100, "
                  "dgx-h100, dgx-h200, dgx-b200, gb200-nvl72, or a .toml file (default: none, "
                  "DGX A100-like nodes of the GPU)", ""),
+    # the links, as `sweep` varies them (simsp.hardware.LinkCalibration documents the defaults)
+    "--nvlink-bandwidth-GBps": ("cluster", "nvlink_bandwidth_GBps", float, None,
+                                "NVLink bandwidth per GPU per direction (GB/s)", "nvbw"),
+    "--ib-bandwidth-GBps": ("cluster", "ib_bandwidth_GBps", float, None,
+                            "InfiniBand bandwidth per NIC per direction (GB/s)", "ib"),
+    "--nvlink-latency-us": ("cluster", "nvlink_latency_us", float, None,
+                            "latency per NVSwitch hop (us)", "nvlat"),
+    "--ib-latency-us": ("cluster", "ib_latency_us", float, None,
+                        "latency per InfiniBand link (us)", "iblat"),
+    "--nvlink-efficiency": ("cluster", "nvlink_efficiency", float, None,
+                            "achieved fraction of NVLink bandwidth, in (0, 1]", "nveff"),
+    "--ib-efficiency": ("cluster", "ib_efficiency", float, None,
+                        "achieved fraction of InfiniBand bandwidth, in (0, 1]", "ibeff"),
+    "--transfer-overhead-us": ("cluster", "transfer_overhead_us", float, None,
+                               "software cost per transfer (us)", "xfer"),
     "--nccl-algo": ("cluster", "nccl_algo", str, NCCL_ALGO_CHOICES,
                     "NCCL algorithm of every collective, as NCCL_ALGO (auto: NCCL's choice; "
                     "tree: all-reduces only)", "algo-"),
@@ -267,6 +282,13 @@ def _default_text(section: str, key: str) -> str:
     return "" if default is None else f"; default: {default}"
 
 
+def _switch_default(flag: str) -> str:
+    """'on' when the field's default is the value this switch sets, else 'off'."""
+    section, key, value = _switch(flag)[:3]
+    default = {f.name: f.default for f in fields(SECTIONS[section])}[key]
+    return "on" if default == value else "off"
+
+
 def _metavar(row: Flag) -> str | None:
     if row.choices:
         return "{" + ",".join(row.choices) + "}"
@@ -295,8 +317,8 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
     for flag in SWITCHES:
         section, key, _, meaning, _ = _switch(flag)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
-                           help=f"{meaning or key.replace('_', ' ')}; default: off "
-                                f"[{section}.{key}]")
+                           help=f"{meaning or key.replace('_', ' ')}; default: "
+                                f"{_switch_default(flag)} [{section}.{key}]")
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
                             "the scenario's d)")

@@ -1,4 +1,4 @@
-"""Hardware specs and every calibration constant, in one place (REFERENCE.md §6).
+"""Hardware specs and every calibration constant, in one place (docs/MODEL.md#hardware).
 
 Sections: GPU specs; link calibration (what fraction of a link's speed NCCL rings achieve);
 the compute cost model's constants; the compute rule that derives them for any GPU profile
@@ -28,9 +28,9 @@ class GPUSpec:
 
 A100_SXM4_80GB = GPUSpec(
     name="A100-SXM4-80GB",
-    memory_bytes=80 * GiB,  # 80 GiB HBM2e (REFERENCE.md §6)
-    peak_flops=312e12,  # 312 TFLOP/s dense fp16/bf16 (REFERENCE.md §2, §6)
-    hbm_bandwidth_Bps=2.0e12,  # ~2.0 TB/s (REFERENCE.md §6)
+    memory_bytes=80 * GiB,  # 80 GiB HBM2e (NVIDIA A100 datasheet)
+    peak_flops=312e12,  # 312 TFLOP/s dense fp16/bf16 (NVIDIA A100 datasheet)
+    hbm_bandwidth_Bps=2.0e12,  # ~2.0 TB/s (NVIDIA A100 datasheet)
 )
 
 class _GPUProfiles(dict):

@@ -10,7 +10,6 @@ Text from a user (variant and run names, file names) is escaped for the format i
 """
 
 from contextlib import contextmanager
-import html
 import os
 from pathlib import Path
 import re
@@ -145,12 +144,6 @@ def markdown_text(text) -> str:
     """User text as one line of literal Markdown: control characters as spaces, every
     character Markdown (or the HTML it allows) could read as syntax backslash-escaped."""
     return _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub(" ", str(text)))
-
-
-def html_text(text) -> str:
-    """User text for HTML element content or a quoted attribute (html.escape, control chars
-    as spaces)."""
-    return html.escape(_CONTROL.sub(" ", str(text)), quote=True)
 
 
 def comment_text(text) -> str:

@@ -1,6 +1,6 @@
 """Metrics of one simulated iteration: pure functions of its trace, ledgers and step records.
 
-MFU and HFU are computed as K22 §6.3 does (REFERENCE.md §2): the closed-form model and hardware
+MFU and HFU are computed as K22 §6.3 does (docs/MODEL.md#flops): the closed-form model and hardware
 FLOPs with B = global batch over (iteration time · GPUs · 312 TFLOP/s); the FLOPs the simulated
 GEMMs actually counted are reported beside them.
 """
@@ -101,11 +101,6 @@ def exposure(run) -> list[dict]:
     return rows
 
 
-def exposed_comm(run) -> list[dict]:
-    """Per stage: seconds its program was blocked on moving TP/pipeline/DP data (no waits)."""
-    return [{k: e[k] for k in COMM_KEYS if e[k]} for e in exposure(run)]
-
-
 def collect(run, shortcuts) -> dict:
     """Every metric of `simsp run`, JSON-ready (keys of issue #5 first)."""
     sc = run.sc
@@ -161,7 +156,7 @@ def layer_tensors(sc) -> dict:
     """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
     simulation, beside docs/llama.md's closed form (the new tensors, by name)."""
     from simsp.config import with_overrides
-    from simsp.model.layer_sim import simulate_layer
+    from simsp.training.layer_sim import simulate_layer
     record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
     p = sc.parallel
     formula = analytic.llama_layer_activation_bytes(

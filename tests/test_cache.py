@@ -12,7 +12,7 @@ import pytest
 
 from simsp import costmodel, hardware
 from simsp.explore import cache as cache_module
-from simsp.explore.api import build_configs, sweep_configs
+from simsp.api import build_configs, sweep_configs
 from simsp.explore.cache import ResultCache
 
 REPO = Path(__file__).resolve().parents[1]

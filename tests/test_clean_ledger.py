@@ -1,6 +1,7 @@
-"""At the end of an iteration only weights, gradients and optimizer state remain (DESIGN.md):
+"""At the end of an iteration only weights, gradients and optimizer state remain
+(docs/MODEL.md#accounting-rules):
 every rank's activations, temporaries and communication buffers are back to zero, for every
-layout, and `simsp run --json` reports what is left per rank as `final_bytes` (issue 8 #4)."""
+layout, and `simsp run --json` reports what is left per rank as `final_bytes`."""
 
 import json
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import CATEGORIES, PERSISTENT
+from simsp.engine.memory import CATEGORIES, PERSISTENT
 from simsp.metrics import collect
 from simsp.model.tensor import FP16, FP32
 from simsp.training.iteration import Shortcuts, simulate_iteration

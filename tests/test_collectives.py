@@ -79,7 +79,7 @@ def test_bytes_per_rank_follow_the_ring_volumes_exactly():
     _, ar, network = run_ring(ALL_REDUCE, range(n), None, nbytes)
     _, rs, _ = run_ring(REDUCE_SCATTER, range(n), None, nbytes)
     _, ag, _ = run_ring(ALL_GATHER, range(n), None, nbytes)
-    # REFERENCE.md §5: all-reduce 2(n-1)/n*S per rank, RS and AG (n-1)/n*S each.
+    # docs/MODEL.md#collectives: all-reduce 2(n-1)/n*S per rank, RS and AG (n-1)/n*S each.
     assert ar.bytes_sent == (2 * (n - 1) * nbytes // n,) * n
     assert rs.bytes_sent == ag.bytes_sent == ((n - 1) * nbytes // n,) * n
     assert ar.bytes_sent == tuple(a + b for a, b in zip(rs.bytes_sent, ag.bytes_sent))

@@ -1,5 +1,7 @@
 """Communicator rendezvous, the present-rank and closed-form shortcuts, and device streams."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import simpy
@@ -10,7 +12,7 @@ from simsp.engine.collectives import RING_COLLECTIVES
 from simsp.engine.communicator import CLOSED_FORM, Communicator, collective_time
 from simsp.engine.network import Network
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
-from simsp.engine.streams import device_streams
+from simsp.engine.streams import COMM, COMPUTE, Stream
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 from simsp.hardware import LinkCalibration
@@ -144,6 +146,19 @@ def test_closed_form_timing_mode_gives_the_same_results_and_time():
                                                              b.steps)
 
 
+@dataclass
+class DeviceStreams:
+    """The two streams of one device."""
+
+    compute: Stream
+    comm: Stream
+
+
+def device_streams(env, rank: int, trace: Trace) -> DeviceStreams:
+    """A compute and a communication stream for `rank`, recording into the same trace."""
+    return DeviceStreams(Stream(env, rank, COMPUTE, trace), Stream(env, rank, COMM, trace))
+
+
 def test_ops_on_one_stream_serialise_and_streams_overlap():
     env, trace = simpy.Environment(), Trace()
     streams = device_streams(env, rank=0, trace=trace)
@@ -191,23 +206,20 @@ def test_rs_and_ag_volumes_through_the_communicator(collective):
     assert comm.stats[0].bytes_sent == (3 * 4096 // 4,) * 4
 
 
-def test_point_to_point_messages_arrive_in_order_after_the_transfer_time():
+def test_two_point_to_point_transfers_share_the_nic_and_arrive_together():
     nbytes = 1 << 20
     env = simpy.Environment()
-    comm = Communicator(env, Network(env, GRAPH, CAL))
+    network = Network(env, GRAPH, CAL)
     got = []
-
-    def receiver():
-        for _ in range(2):  # waits before anything was sent
-            got.append((yield from comm.recv(9, 1, "act")))
-            got.append(env.now)
 
     def sender():
         yield env.timeout(1e-6)
-        comm.send(1, 9, "first", nbytes, "act")
-        yield comm.send(1, 9, "second", nbytes, "act")
+        first = network.transfer(1, 9, nbytes, "first")
+        second = network.transfer(1, 9, nbytes, "second")
+        for name, done in (("first", first), ("second", second)):
+            yield done
+            got.extend([name, env.now])
 
-    env.process(receiver())
     env.process(sender())
     env.run()
     # gpu1 -> gpu9: same rail, two IB edges; both messages share the NIC link the whole time.

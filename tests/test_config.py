@@ -84,7 +84,8 @@ def test_an_empty_file_is_the_default_scenario(tmp_path):
     assert dataclasses.replace(sc, run=Run()) == Scenario()
 
 
-PAPER = {  # REFERENCE.md §3: a, h, L, t, p, GPUs, global batch, micro-batch, schedule, chunks
+# docs/MODEL.md#paper-layouts: a, h, L, t, p, GPUs, global batch, micro-batch, schedule, chunks
+PAPER = {
     "paper-22b": (64, 6144, 48, 8, 1, 8, 4, 4, "1f1b", None),
     "paper-175b": (96, 12288, 96, 8, 8, 64, 64, 1, "interleaved", 3),
     "paper-530b": (128, 20480, 105, 8, 35, 280, 280, 1, "interleaved", 3),

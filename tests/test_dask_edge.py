@@ -14,7 +14,8 @@ import time
 import pytest
 
 from inprocess import cli
-from simsp.explore import api, executor as executor_module
+from simsp import api
+from simsp.explore import executor as executor_module
 from simsp.explore.executor import Executor, ExecutorLost
 
 REPO = Path(__file__).resolve().parents[1]

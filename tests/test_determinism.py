@@ -9,7 +9,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.config import load_scenario
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 from simsp.training.iteration import simulate_iteration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,7 +111,7 @@ def test_layer_json_is_identical_across_processes_and_hash_seeds():
     assert outputs[0] == outputs[1]
 
 
-# --- `simsp layer --json`: the keys issue 2 names -----------------------------------------
+# --- `simsp layer --json`: the keys README.md names -----------------------------------------
 
 def test_layer_json_has_the_issue_2_keys_with_their_types(capsys):
     report = json.loads(run_cli(capsys, ["layer", "--json", "--tensor-model-parallel-size", "2"]))
@@ -133,7 +133,8 @@ def test_layer_json_has_the_issue_2_keys_with_their_types(capsys):
     assert sum(item["bytes"] for item in items) == per_rank[0]
 
 
-REFERENCE_NAMES = {  # REFERENCE.md §1's table, by the names of simsp/model/layer.py's docstring
+# K22 §4's table (docs/MODEL.md#activation-memory), by the names of model/layer.py's docstring
+REFERENCE_NAMES = {
     "ln1_input", "qkv_input", "q", "k", "softmax_output", "softmax_dropout_mask",
     "attention_dropout_output", "v", "proj_input", "attn_dropout_mask", "ln2_input",
     "fc1_input", "gelu_input", "fc2_input", "mlp_dropout_mask"}

@@ -8,15 +8,12 @@ import numpy as np
 from hypothesis import given, strategies as st
 import pytest
 
-from simsp.engine.ledger import Ledger
-from simsp.report.figures import column_rectangles
-from simsp.report.gantt import bar_outlines, clip, lane_strip, median_bar_px
-from simsp.report.memory_timeline import memory_timeline, state_at
-from simsp.report.panel_grid import PanelGrid, nice_ticks, tick_labels
-from simsp.report.pixel_coverage import painted_shares, pixel_coverage, union
-from simsp.report.stacked_steps import stacked_step_polygons, step_path
-from simsp.report.trace_spans import enclosing_calls
-from simsp.report.trace_text import string
+from simsp.engine.memory import Ledger
+from simsp.report.figures import (bar_outlines, clip, column_rectangles, lane_strip, median_bar_px,
+                                  memory_timeline, state_at)
+from simsp.report.drawing import (PanelGrid, nice_ticks, painted_shares, pixel_coverage,
+                                  stacked_step_polygons, step_path, tick_labels, union)
+from simsp.report.trace import enclosing_calls, string
 
 
 # ---------------------------------------------------------------- stacked steps

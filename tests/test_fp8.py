@@ -9,7 +9,7 @@ import pytest
 from simsp.config import load_scenario
 from simsp.costmodel import gemm_seconds
 from simsp.hardware import compute_for
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 
 S, B, H, A, T = 64, 2, 128, 4, 2  # sequence, micro-batch, hidden, heads, TP
 

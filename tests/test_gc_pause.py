@@ -1,10 +1,10 @@
-"""The collector pause around a simulation (engine/gc_pause.py)."""
+"""The collector pause around a simulation (gc_pause.py)."""
 
 import gc
 
 import pytest
 
-from simsp.engine.gc_pause import gc_paused
+from simsp.gc_pause import gc_paused
 
 
 def test_the_collector_is_off_inside_and_back_on_after_even_on_error():

@@ -22,7 +22,6 @@ def test_rank_of_inverts_coords(tp, pp, dp):
     assert grid.world_size == tp * pp * dp
     for rank in range(grid.world_size):
         assert grid.rank_of(*grid.coords(rank)) == rank
-        assert grid.gpu_of(rank) == rank
 
 
 @pytest.mark.parametrize("axis", ["tp", "dp", "pp"])
@@ -39,7 +38,7 @@ def test_tp_group_is_consecutive_and_inside_one_node():
     grid = RankGrid(tp=8, pp=4, dp=2)
     for group in grid.groups("tp"):
         assert group == tuple(range(group[0], group[0] + 8))
-        assert len({grid.gpu_of(r) // 8 for r in group}) == 1
+        assert len({r // 8 for r in group}) == 1
 
 
 def test_group_members_share_the_other_coordinates():

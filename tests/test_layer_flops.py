@@ -5,7 +5,7 @@ import pytest
 
 from simsp import analytic
 from simsp.config import load_scenario
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 
 
 def scenario(s, b, h, a, t=1, sp=False, recompute="none", mode="meta", ffn=None):

@@ -1,7 +1,8 @@
 """Activation bytes of one layer, measured from the ledger, against K22's formulas (REFERENCE §1).
 
 The simulated numbers are read from the ledger (what the layer saved for backward); the
-expected numbers are written out here from REFERENCE.md §1–2, independently of simsp.analytic.
+expected numbers are written out here from K22 §4 and App. A (docs/MODEL.md#activation-memory),
+independently of simsp.analytic.
 """
 
 from fractions import Fraction
@@ -14,7 +15,7 @@ import pytest
 from simsp import analytic
 from simsp.config import load_scenario
 from simsp.model import layer as layer_module
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 from simsp.training.iteration import simulate_iteration
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -1,8 +1,8 @@
-"""One layer on t = 1, 2, 4, 8 ranks, SP on/off, each recompute mode (issue 4).
+"""One layer on t = 1, 2, 4, 8 ranks, SP on/off, each recompute mode.
 
 Numeric mode against the single-device reference; ledger-measured activation bytes against
 K22 Table 2 (simsp.analytic); meta and numeric modes give the same ledger; communication bytes
-per rank against the ring closed forms of REFERENCE.md §5.
+per rank against the ring closed forms of docs/MODEL.md#collectives.
 """
 
 from hypothesis import given, settings, strategies as st
@@ -11,7 +11,7 @@ import pytest
 from simsp import analytic
 from simsp.commands.layer import layer_report
 from simsp.config import load_scenario
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 
 RECOMPUTE = ("none", "selective", "full")
 LAYOUTS = [(1, False), (2, False), (2, True), (4, False), (4, True), (8, False), (8, True)]
@@ -79,7 +79,7 @@ def test_meta_and_numeric_modes_give_identical_ledgers(t, sp, recompute):
     assert measured(numeric) == measured(meta)
 
 
-# --- communication bytes per rank, one layer, one micro-batch (REFERENCE.md §5) --------------
+# --- communication bytes per rank, one layer, one micro-batch (docs/MODEL.md#collectives) ---
 
 def comm(t, sp, recompute="none", s=32, b=2, h=64, a=8) -> list[dict]:
     """`simsp layer --json`'s comm_bytes_per_rank: [{phase: {kind: bytes sent}}] per rank."""

@@ -3,8 +3,8 @@
 import pytest
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import CATEGORIES, Ledger, LiveTensor, MemEvent
-from simsp.model.layer_sim import simulate_layer
+from simsp.engine.memory import CATEGORIES, Ledger, LiveTensor, MemEvent
+from simsp.training.layer_sim import simulate_layer
 
 GiB = 1 << 30
 

@@ -1,6 +1,6 @@
 """The compact ledger log (a replayed layer step is one record) gives exactly the figures of the
 full per-tensor log: peaks, composition at the peak, OOM verdict with its largest live tensors,
-the memory timeline, live tensors and totals (issue 9 #1, DESIGN.md).
+the memory timeline, live tensors and totals (docs/MODEL.md#accounting-rules).
 
 Logs are generated from known parameters: blocks shaped like a layer's forward (saves some
 tensors, frees its temporaries) and backward (frees what the forward saved and the step's input),
@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simsp.engine.ledger import CATEGORIES, Ledger, LiveTensor
-from simsp.engine.mem_log import BlockRecord, MemEvent
-from simsp.engine.op_block import INPUT, OpBlock
-from simsp.report.memory_timeline import memory_timeline
+from simsp.engine.memory import (BlockRecord, CATEGORIES, INPUT, Ledger, LiveTensor, MemEvent,
+                                 OpBlock)
+from simsp.report.figures import memory_timeline
 
 SAVED = ("a", "b", "c")
 

@@ -13,9 +13,14 @@ import numpy as np
 from simsp import analytic
 from simsp.config import Model, Parallel, load_scenario
 from simsp.model import kernels as K
-from simsp.model.layer_sim import simulate_layer
-from simsp.model.params import count_params
+from simsp.training.layer_sim import simulate_layer
+from simsp.model.params import param_shapes
 
+
+
+def count_params(model) -> int:
+    """Total parameters, summed over param_shapes."""
+    return sum(int(np.prod(shape)) for shape in param_shapes(model).values())
 
 def llama(t=1, sp=False, recompute="none", groups=None, swiglu=True, rms=True, rope=True,
           flash=False, bias=False, dropout=0.0, s=32, h=64, a=8, b=1, kv=None, mode="meta",

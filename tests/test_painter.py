@@ -210,7 +210,7 @@ def test_the_painter_made_memory_counters_are_the_trace_writer_own(tmp_path):
     from simsp.config import load_scenario
     from simsp.metrics import collect
     from simsp.report import write_reports
-    from simsp.report.chrome_trace import write_chrome_trace
+    from simsp.report.trace import write_chrome_trace
     from simsp.training.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
     run = simulate_iteration(sc, Shortcuts(), trace="steps")

@@ -9,14 +9,13 @@ import pytest
 from browser import chromium, page_verdict, screenshot
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import Ledger
+from simsp.engine.memory import Ledger
 from simsp.metrics import collect
-from simsp.oom_advice import bytes_at_failure, candidate_switches, explain_oom
+from simsp.explore.oom_advice import bytes_at_failure, candidate_switches, explain_oom
 from simsp.report import write_reports
-from simsp.report.figures import gantt_intervals
+from simsp.report.figures import stage_intervals, stage_spans
 from simsp.report.glossary import GLOSSARY
-from simsp.report.html import report_html
-from simsp.report.html_markdown import to_html
+from simsp.report.html import report_html, to_html
 from simsp.report.summary_md import summary_text
 from simsp.training.iteration import Shortcuts, simulate_iteration
 from simsp.units import GiB
@@ -27,6 +26,13 @@ P175B = os.path.join(REPO, "scenarios", "paper-175b.toml")
 OOM_22B = {("parallel", "micro_batch_size"): 16, ("parallel", "global_batch_size"): 16}
 NO_SP_NO_RECOMPUTE = {("parallel", "sequence_parallel"): False,
                       ("parallel", "recompute_granularity"): "none"}
+
+
+def gantt_intervals(run, rank: int) -> dict[str, list[tuple[float, float]]]:
+    """{kind: [(start_s, duration_s)]} of one stage's Gantt bars."""
+    intervals = stage_intervals(run, rank, stage_spans(run, [rank])[rank])
+    return {kind: [(start, end - start) for start, end in spans.tolist()]
+            for kind, spans in intervals.items()}
 
 
 def simulate(path, overrides):

@@ -4,18 +4,20 @@ metrics.json round-trips, and every file is byte-identical for the same scenario
 import json
 import os
 import sys
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from simsp.config import load_scenario
-from simsp.engine.ledger import CATEGORIES, MemEvent
+from simsp.engine.memory import CATEGORIES, MemEvent
 from simsp.metrics import collect
-from simsp.report import chrome_trace, summary_text, write_reports
-from simsp.report.chrome_trace import memory_timeline, trace_events, write_chrome_trace
-from simsp.report import trace_plan
-from simsp.report.memory_plot import write_memory_plot
+from simsp.report import summary_text, write_reports
+from simsp.report import trace as chrome_trace
+from simsp.report.trace import memory_timeline, write_chrome_trace
+from simsp.report.figures import write_memory_plot
 from simsp.training.iteration import Shortcuts, simulate_iteration
 from simsp.units import format_seconds
 
@@ -59,6 +61,14 @@ def load_trace(run, tmp_path):
 
 
 # ---------------------------------------------------------------- Chrome trace
+
+
+def trace_events(run, detail: str = "full") -> list[dict]:
+    """The trace's events as dicts (the writer never builds them)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_chrome_trace(run, Path(folder) / "trace.json", detail)
+        return json.loads(path.read_text())["traceEvents"]
+
 
 def test_trace_has_a_process_per_simulated_rank_and_five_ordered_threads(case, tmp_path):
     run, _ = case
@@ -125,8 +135,8 @@ def test_trace_is_byte_identical_for_the_same_scenario(tmp_path):
 
 def test_detail_tracks_merge_per_schedule_step_over_budget(case, monkeypatch):
     run, _ = case
-    monkeypatch.setattr(trace_plan, "SPAN_BUDGET", 1)
-    monkeypatch.setattr(trace_plan, "MIN_DETAIL_SPANS", 10)
+    monkeypatch.setattr(chrome_trace, "SPAN_BUDGET", 1)
+    monkeypatch.setattr(chrome_trace, "MIN_DETAIL_SPANS", 10)
     events = trace_events(run)
     names = thread_names(events)
     xs = [e for e in events if e["ph"] == "X"]

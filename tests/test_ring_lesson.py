@@ -1,5 +1,6 @@
-"""The ring lesson: its steps, bytes and times against closed forms and the stepwise simulation;
-`simsp ring --html/--png`; and the page in headless Chromium (buttons advance the grid)."""
+"""The ring lesson: its steps, bytes and times against closed forms and the stepwise simulation,
+each step's derivation worked by hand; `simsp ring --html/--png`; and the page in headless
+Chromium (buttons and keys advance the grid), screenshotted for 8 ranks and 16 on 2 nodes."""
 
 import subprocess
 import sys
@@ -11,8 +12,11 @@ from simsp.cluster.topology import build_topology
 from simsp.commands.ring import _placement, simulate
 from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from simsp.report.ring_lesson import lesson_data
-from simsp.units import MiB
+from simsp.engine.ring_timing import step_times
+from simsp.report import ring_lesson
+from simsp.report.ring_lesson import lesson_data, lesson_text
+from simsp.report.ring_lesson_page import lesson_html
+from simsp.units import GiB, MiB
 
 NVLINK_STEP_LATENCY_S = 2e-6  # one NVSwitch hop at nvlink_latency_us = 2
 NVLINK_RATE_BPS = 0.78 * 300e9  # nvlink_efficiency x 300 GB/s
@@ -30,7 +34,7 @@ def test_four_rank_all_reduce_steps_bytes_and_closed_form_times():
     assert [s["phase"] for s in data["steps"]] == [REDUCE_SCATTER] * 3 + [ALL_GATHER] * 3
     for step in data["steps"]:
         assert step["bytes_per_rank"] == MiB // 4
-        # REFERENCE.md §5 on uniform NVLink hops: latency + (S/n) / B per step, at the LL
+        # docs/MODEL.md#collectives on uniform NVLink hops: latency + (S/n) / B per step, at the LL
         # protocol NCCL runs 1 MiB on 4 GPUs with (tuning.cc): the hop latency x 0.6 / 3.4 us
         # and the rate x llMaxBw 87.7 / Simple's 240 GB/s
         assert step["time_s"] == pytest.approx(NVLINK_STEP_LATENCY_S * 0.6 / 3.4
@@ -64,6 +68,72 @@ def test_two_nodes_mark_the_infiniband_hops_of_every_channel():
     for channel in data["channels"]:
         assert sorted(channel["order"]) == list(range(16))
         assert channel["hops"].count("InfiniBand") == 2  # the ring leaves each node once
+
+
+def test_each_step_derives_its_time_from_its_slowest_hop():
+    """8 ranks, 1 GiB: every step moves a 128 MiB chunk over one NVSwitch hop at 300 GB/s x 0.78
+    plus 2 us: 575.58 us, written out with its numbers."""
+    data, graph, gpus = data_for(8, size=GiB)
+    expected_s = 2e-6 + 128 * MiB / (300e9 * 0.78)
+    for step, engine in zip(data["steps"], zip(*step_times(ALL_REDUCE, graph, gpus, GiB,
+                                                             elem_bytes=4))):
+        hop = step["hop"]
+        assert hop["time_s"] == pytest.approx(expected_s, rel=1e-12) == max(engine)
+        assert hop["formula"] == "575.58 µs = 128.00 MiB ÷ (300 GB/s × 0.78) + 2.00 µs"
+        assert (hop["link"], hop["via"], hop["sharing"]) == ("NVLink", None, 1)
+
+
+def test_two_node_steps_are_relayed_infiniband_hops_of_an_eighth_of_a_chunk():
+    """16 ranks on 2 nodes, 1 GiB: 8 channels each carry 1/8 of a 64 MiB chunk; the slowest hop
+    leaves a node through the rail's NIC after a PXN relay: 4 us + 8 MiB / (25 GB/s x 0.9),
+    faster than one node's step (2 us + 128 MiB / (300 GB/s x 0.78)) for the same S."""
+    data, graph, gpus = data_for(16, size=GiB, nodes=2)
+    two_node_s = 4e-6 + 8 * MiB / (25e9 * 0.9)
+    for step, engine in zip(data["steps"], zip(*step_times(ALL_REDUCE, graph, gpus, GiB,
+                                                             elem_bytes=4))):
+        hop = step["hop"]
+        assert hop["time_s"] == pytest.approx(two_node_s, rel=1e-12)
+        assert hop["time_s"] == pytest.approx(max(engine), rel=1e-12)
+        assert (hop["link"], hop["bytes"], hop["sharing"]) == ("InfiniBand", 8 * MiB, 1)
+        assert hop["via"] is not None and hop["via"] // 8 == hop["src"] // 8 != hop["dst"] // 8
+    assert data["one_node"]["time_s"] == pytest.approx(2e-6 + 128 * MiB / 234e9, rel=1e-12)
+    assert data["one_node"]["time_s"] > two_node_s
+
+
+def test_the_text_shows_each_step_formula():
+    data, _, _ = data_for(8, size=GiB)
+    lines = lesson_text(data)
+    hops = [line for line in lines if line.startswith("  slowest hop")]
+    assert len(hops) == 14
+    assert hops[0] == ("  slowest hop gpu0 -> gpu1, channel 0, NVLink: 575.58 us = 128.00 MiB / "
+                       "(300 GB/s x 0.78) + 2.00 us")
+
+
+@pytest.mark.parametrize("ranks, nodes", [(8, 1), (16, 2)])
+def test_the_page_shows_every_step_in_one_unit_and_only_the_panels_that_apply(ranks, nodes):
+    data, _, _ = data_for(ranks, size=GiB, nodes=nodes)
+    page = lesson_html(data, "t")
+    body = page.split("var DATA = ")[0]
+    assert body.count('<tr id="row-') == 2 * (ranks - 1) and "max-height" not in page
+    assert " us" not in body and " ms<" not in body and "µs" in body
+    assert ('id="sp"' in body) == (nodes == 1)  # TP (hence SP) never spans nodes
+    assert ('id="channels"' in body) == (nodes > 1)
+    if nodes > 1:
+        assert "PXN" in body and "rail" in body and data["one_node"]["formula"] in body
+
+
+def test_every_slide_has_a_legend(monkeypatch):
+    monkeypatch.setattr(ring_lesson, "pyplot_png", lambda plt, fig: fig)
+    data, _, _ = data_for(16, size=GiB, nodes=2)
+    compare = ring_lesson.comparison_slide(data)
+    labels = [t.get_text() for t in compare.axes[0].get_legend().get_texts()]
+    assert labels == ["all-reduce", "reduce-scatter", "all-gather"]
+    for k in (0, 8):
+        slide = ring_lesson.step_slide(data, k)
+        texts = [t.get_text() for t in slide.legends[0].get_texts()]
+        assert "InfiniBand hop" in texts and "just received" in texts
+    for fig in (compare, slide):
+        fig.clf()
 
 
 def test_reduce_scatter_ends_with_each_rank_holding_its_reduced_chunk():
@@ -111,7 +181,7 @@ def test_ring_lesson_flag_errors(args, field, tmp_path):
 # ---------------------------------------------------------------- in a real browser
 
 @pytest.mark.parametrize("ranks, nodes, collective, full", [
-    (4, 1, ALL_REDUCE, 16), (16, 2, ALL_REDUCE, 256), (4, 1, REDUCE_SCATTER, 4),
+    (8, 1, ALL_REDUCE, 64), (16, 2, ALL_REDUCE, 256), (4, 1, REDUCE_SCATTER, 4),
     (4, 1, ALL_GATHER, 0)])
 def test_ring_page_steps_in_chromium(ranks, nodes, collective, full, tmp_path):
     chromium()
@@ -127,6 +197,9 @@ def test_ring_page_steps_in_chromium(ranks, nodes, collective, full, tmp_path):
     assert stepping["full_cells_at_end"] == full  # the grid reached the collective's end
     assert stepping["filled_cells_at_end"] == ranks * ranks
     assert stepping["arrows_at_end"] == ranks
-    assert verdict["svgs"] >= 2  # the ring and the sequence-parallel diagram
+    assert stepping["keys_advanced"] and stepping["page_up"] and stepping["space_plays"]
+    assert " µs = " in stepping["formula_at_end"]
+    assert (stepping["relayed_hops"] > 0) == (nodes > 1)  # a PXN hop drawn relayed
+    assert verdict["svgs"] >= (1 if nodes > 1 else 2)  # the ring (and, one node, SP's diagram)
     shot = screenshot(page, tmp_path / f"{page.stem}.png", tmp_path, "1400,1600")
     assert len(shot) > 10_000

@@ -11,9 +11,10 @@ from simsp.engine.communicator import CLOSED_FORM
 from simsp.engine.ring_timing import collective_time
 from simsp.model.params import param_shapes
 from simsp.model.tensor import FP16, FP32, Tensor
-from simsp.model.world import build_world
+from simsp.training.world import build_world
 from simsp.training import p2p
-from simsp.training.grad_buckets import GradSync, build_buckets, bucket_size
+from simsp.config import bucket_size
+from simsp.training.grad_buckets import DDPBuckets, build_buckets
 from simsp.training.p2p_program import Exchange, call_name, megatron_program
 from simsp.training.plan import stage_plans
 from simsp.training.schedules import one_f_one_b, one_f_one_b_warmup
@@ -169,7 +170,7 @@ def test_bucket_all_reduces_overlap_the_remaining_backward_by_hand():
     sc, world, plan, grads = bucket_world()
     run = SimpleNamespace(sc=sc, world=world)
     r, env = world.ranks[0], world.env
-    sync = GradSync(r, run, plan, grads)
+    sync = DDPBuckets(r, run, plan, grads)
     assert [b.names[-1] for b in sync.buckets] == [
         "layers.3.attn.qkv.weight", "layers.2.attn.qkv.weight", "layers.1.attn.qkv.weight",
         "layers.0.attn.qkv.weight", "embedding.word"]  # each later bucket starts with ln1
@@ -202,7 +203,7 @@ def test_without_overlap_one_bucket_reduces_after_the_backward():
                                           accumulate_allreduce_grads_in_fp32=False)
     run = SimpleNamespace(sc=sc, world=world)
     r, env = world.ranks[0], world.env
-    sync = GradSync(r, run, plan, grads)
+    sync = DDPBuckets(r, run, plan, grads)
     assert len(sync.buckets) == 1
     done = []
 
@@ -242,7 +243,7 @@ def test_overlapped_param_gather_chain_by_hand():
     sc, world, plan, grads = bucket_world(distributed_optimizer=True, overlap_param_gather=True)
     run = SimpleNamespace(sc=sc, world=world)
     r, env = world.ranks[0], world.env
-    sync = GradSync(r, run, plan, grads)
+    sync = DDPBuckets(r, run, plan, grads)
     b = sync.buckets  # b[4]: layer 0's ln1 + embeddings; b[3]: layer 1's ln1 + layer 0; ...
 
     def gather_s(bucket):

@@ -1,18 +1,16 @@
-"""`simsp search`: layout enumeration (hand-counted), the closed-form screens as lower bounds of
-the simulation, branch and bound equal to exhaustive simulation, and the command's output."""
+"""`simsp search`: layout enumeration (hand-counted), the bounds as lower bounds of the
+simulation, and the command's output (brute force vs branch and bound:
+tests/test_search_exhaustive.py)."""
 
 import pytest
 
 from simsp.cli import main
-from simsp.explore.cache import ResultCache
 from simsp.explore.configs import base_values
 from simsp.explore.evaluate import evaluate, simulate_metrics
-from simsp.explore.executor import Executor
 from simsp.explore.explain import limits, why_lost
 from simsp.explore.fields import by_key
-from simsp.explore.layouts import enumerate_layouts
-from simsp.explore.prune import memory_estimate, memory_verdict, scenario_of, time_lower_bound
-from simsp.explore.search import search
+from simsp.explore.layouts import enumerate_layouts, search_base
+from simsp.explore.prune import memory_lower_bound, memory_verdict, scenario_of, time_lower_bound
 
 TINY = {"mode": "meta", "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
         "seq_length": 64, "vocab_size": 256}
@@ -30,33 +28,49 @@ def test_layouts_on_two_gpus_hand_counted():
     """N = 2, B = 2. (t,p,d) = (1,1,2): b 1, 3 recomputes x 2 dist-opt = 6; (1,2,1): b 1 or 2,
     3 each = 6, plus with 4 layers b 1 (m = 2) may interleave 2 chunks of 1 layer: 3 more;
     (2,1,1): b 1 or 2, SP on/off x 3 = 12. Total 24 with 2 layers, 27 with 4."""
-    two, invalid = enumerate_layouts(base(num_layers=2), gpus=2, batch=2)
-    four, _ = enumerate_layouts(base(num_layers=4), gpus=2, batch=2)
-    assert (len(two), invalid, len(four)) == (24, 0, 27)
+    two = enumerate_layouts(base(num_layers=2), gpus=2, batch=2)
+    four = enumerate_layouts(base(num_layers=4), gpus=2, batch=2).configs
+    assert (len(two.configs), two.invalid, len(four)) == (24, 0, 27)
     assert len({c.digest() for c in four}) == 27
-    interleaved = [c.name for c in four if " v2 " in c.name]
-    assert interleaved == ["t1 p2 d1 b1 v2 nosp none", "t1 p2 d1 b1 v2 nosp selective",
-                           "t1 p2 d1 b1 v2 nosp full"]
+    interleaved = [c.name for c in four if "interleaved" in c.name]
+    assert interleaved == ["t1 p2 d1 b1, interleaved 2 chunks, no SP, no recompute",
+                           "t1 p2 d1 b1, interleaved 2 chunks, no SP, selective recompute",
+                           "t1 p2 d1 b1, interleaved 2 chunks, no SP, full recompute"]
 
 
 def test_every_layout_uses_all_gpus():
-    configs, _ = enumerate_layouts(base(), gpus=8, batch=8)
-    for config in configs:
+    for config in enumerate_layouts(base(), gpus=8, batch=8).configs:
         p = scenario_of(config).parallel
         assert p.tp * p.pp * p.dp == 8 and p.global_batch == 8
 
 
+def test_scenario_parallel_fields_do_not_leak_into_layouts():
+    """A scenario's block recompute made two thirds of the layouts invalid (none and selective
+    cannot take a recompute method): the search starts from Megatron's defaults, and a kept
+    or given field applies only where Megatron allows it."""
+    scenario = base(recompute_granularity="full", recompute_method="block",
+                    recompute_num_layers=1, overlap_grad_reduce=True)
+    plain = enumerate_layouts(search_base(scenario), gpus=4, batch=4)
+    assert plain.invalid == 0 and len(plain.configs) == 105
+    assert {scenario_of(c).parallel.recompute_method for c in plain.configs} == {None}
+    fixed = {"recompute_method": "block", "recompute_num_layers": 1}
+    kept = enumerate_layouts(search_base(scenario), 4, 4, fixed)
+    assert kept.invalid == 0 and len(kept.configs) == 105
+    methods = {(scenario_of(c).parallel.recompute_granularity,
+                scenario_of(c).parallel.recompute_method) for c in kept.configs}
+    assert methods == {("none", None), ("selective", None), ("full", "block")}
+
+
 def sample_layouts(gpus=4, batch=4, step=7):
-    configs, _ = enumerate_layouts(base(), gpus=gpus, batch=batch)
-    return configs[::step]
+    return enumerate_layouts(base(), gpus=gpus, batch=batch).configs[::step]
 
 
 @pytest.mark.parametrize("config", sample_layouts(), ids=lambda c: c.name)
-def test_closed_forms_are_lower_bounds_of_the_simulation(config):
+def test_bounds_are_lower_bounds_of_the_simulation(config):
     sc = scenario_of(config)
     metrics = simulate_metrics(config.overrides())
     stage0 = max(r["peak_bytes"] for r in metrics["ranks"] if r["pp"] == 0)
-    assert memory_estimate(sc) <= stage0
+    assert memory_lower_bound(sc) <= stage0
     assert time_lower_bound(sc) <= metrics["iteration_time_s"]
 
 
@@ -64,21 +78,11 @@ def test_memory_screen_prunes_only_layouts_that_run_out_of_memory():
     """A 20-layer h = 6144 model on 2 GPUs: t = 1 layouts need ~170 GiB of weights and states."""
     big = base(num_layers=20, hidden_size=6144, num_attention_heads=48, seq_length=256,
                vocab_size=1024)
-    configs, _ = enumerate_layouts(big, gpus=2, batch=2)
-    pruned = [c for c in configs if memory_verdict(scenario_of(c), 0.0)]
+    configs = enumerate_layouts(big, gpus=2, batch=2).configs
+    pruned = [c for c in configs if memory_verdict(scenario_of(c))]
     assert pruned and len(pruned) < len(configs)
     for config in pruned[::5]:
         assert evaluate(config.values)["status"] == "oom", config.name
-
-
-def test_branch_and_bound_finds_the_exhaustive_top_k(tmp_path):
-    configs, _ = enumerate_layouts(base(), gpus=4, batch=4)
-    times = sorted((evaluate(c.values)["iteration_time_s"], c.name) for c in configs)
-    with Executor(workers=0) as executor:
-        found = search(base(), 4, 4, executor, ResultCache(None), top=3)
-    best = sorted((row["iteration_time_s"], row["variant"]) for row in found.rows)[:3]
-    assert best == times[:3]
-    assert found.pruned_bound > 0 and len(found.rows) + found.pruned_bound == len(configs)
 
 
 def test_cli_search_explains_the_top_and_the_pruning(capsys, tmp_path):
@@ -87,7 +91,8 @@ def test_cli_search_explains_the_top_and_the_pruning(capsys, tmp_path):
             "--top", "3", "--workers", "0", "--quiet", "--out", str(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "pruned 0 by the memory closed form" in out and "by the time lower bound" in out
+    assert "screened out 0 whose memory lower bound" in out and "time lower bound" in out
+    assert "both bounds held" in out
     assert "top 3:" in out and out.count("limits: bubble") == 3
     assert (tmp_path / "report.md").exists() and (tmp_path / "results.csv").exists()
 
@@ -120,3 +125,12 @@ def test_compute_is_not_a_loss():
            "exposed_compute_s": 1.5, "exposed_dp_comm_s": 0.25, "headroom_bytes": 0}
     assert limits(row) == ("bubble 0.000 us (0.0%), dp_comm 250.000 ms; headroom 0.0 GiB; "
                            "largest loss: dp_comm")
+
+
+def test_cli_exhaustive_simulates_every_layout(capsys, tmp_path):
+    args = ["search", "--gpus", "2", "--num-layers", "2", "--hidden-size", "64", "--seq-length",
+            "32", "--vocab-size", "128", "--global-batch-size", "2", "--exhaustive", "--workers",
+            "0", "--quiet", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert "exhaustive: simulated all 24 valid layouts" in capsys.readouterr().out  # hand-counted above
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 24

@@ -6,8 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from simsp.report.canvas import add_axes_in, new_figure
-from simsp.report.stage_ticks import stage_ticks
+from simsp.report.drawing import add_axes_in, new_figure, stage_ticks
 
 LABELS = [f"stage {s}" for s in range(12)]
 

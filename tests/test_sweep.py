@@ -8,7 +8,7 @@ import pytest
 import simsp
 from simsp.cli import main
 from simsp.errors import UserError
-from simsp.explore.api import build_configs
+from simsp.api import build_configs
 from simsp.explore.configs import base_values, parse_list
 from simsp.explore.evaluate import evaluate
 from simsp.explore.fields import by_key
@@ -148,7 +148,7 @@ def test_cli_sweep_writes_rows_errors_and_report(capsys, tmp_path):
     assert "sequence_parallel: needs tensor_model_parallel_size > 1" in frame["error"][0]
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [row["index"] for row in rows] == [0, 1, 2]
-    for name in ("report.md", "pareto.png", "mfu.png", "stage_memory.png", "exposed.png"):
+    for name in ("report.md", "top.png", "pareto.png", "memory.png", "exposed.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "not divisible by 3" in out
 

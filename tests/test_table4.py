@@ -1,6 +1,8 @@
-"""K22 Table 4 on the calibrated A100 cost model, and the cost model itself (REFERENCE.md §3, §6).
+"""K22 Table 4 on the calibrated A100 cost model, and the cost model itself
+(docs/MODEL.md#paper-layouts, #hardware).
 
-The five 22B-layer experiments within 10% of the published forward and backward milliseconds,
+The five 22B-layer experiments within 3% of the published forward and backward milliseconds
+(the worst residual is 2.03%, TP + SP backward; a 5% slower GEMM fails it),
 and the orderings the paper explains, checked through their causes in the simulation.
 """
 
@@ -14,17 +16,18 @@ from simsp.config import load_scenario
 from simsp.costmodel import (active_calibration, calibration, calibration_table, gemm_efficiency,
                              gemm_intensity, kernel_time)
 from simsp.hardware import A100_COMPUTE
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 
 # (sequence parallel, recompute): (forward ms, backward ms), K22 Table 4, 22B model, t = 8
 TABLE4 = {(False, "none"): (7.7, 11.9), (True, "none"): (7.2, 11.8),
           (False, "full"): (7.7, 19.5), (False, "selective"): (7.7, 13.2),
           (True, "selective"): (7.2, 13.1)}
-TOLERANCE = 0.10
+TOLERANCE = 0.03  # worst achieved: 2.03%
 
 
 def layer_22b(sp: bool, recompute: str):
-    """One 22B layer (h 6144, a 64, s 2048, b 4) on t = 8, meta mode (REFERENCE.md §3)."""
+    """One 22B layer (h 6144, a 64, s 2048, b 4) on t = 8, meta mode
+    (docs/MODEL.md#paper-layouts)."""
     return simulate_layer(load_scenario(None, {
         ("model", "num_layers"): 1, ("model", "hidden_size"): 6144,
         ("model", "num_attention_heads"): 64, ("model", "seq_length"): 2048,
@@ -54,7 +57,7 @@ def busy_ms(result) -> dict:
 # --- the published numbers ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", TABLE4)
-def test_each_experiment_is_within_10_percent_of_k22_table4(runs, key):
+def test_each_experiment_is_within_3_percent_of_k22_table4(runs, key):
     for simulated, published in zip(ms(runs[key]), TABLE4[key], strict=True):
         assert abs(simulated / published - 1) <= TOLERANCE, (key, simulated, published)
 

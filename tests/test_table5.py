@@ -1,5 +1,5 @@
 """End-to-end iteration time of the paper scenarios vs K22 Table 5, and MFU/HFU as K22 computes
-them (REFERENCE.md §2-3: the 22B and 175B rows are the calibration rows)."""
+them (K22 Table 5, docs/MODEL.md#paper-layouts: the 22B and 175B rows are the calibration rows)."""
 
 import functools
 from pathlib import Path
@@ -16,6 +16,13 @@ FULL_RECOMPUTE = {("parallel", "recompute_granularity"): "full",
                   ("parallel", "sequence_parallel"): False}
 # model -> (full recompute s, present work s, MFU, HFU) from K22 Table 5
 TABLE5 = {"22b": (1.42, 1.10, 0.415, 0.437), "175b": (18.13, 13.75, 0.514, 0.528)}
+# The error each row achieves (simsp / published - 1), pinned: a mechanism that moves one by more
+# than MARGIN must update it here and say why in its commit (a 5% slower GEMM moves each ~+4%).
+# NCCL's protocol choice and base latency (engine/nccl_tuning.py) moved them from -5.44, -3.85,
+# -5.13, -3.37%.
+ACHIEVED = {("22b", "present"): -0.0542, ("22b", "full"): -0.0373,
+            ("175b", "present"): -0.0484, ("175b", "full"): -0.0321}
+MARGIN = 0.01
 
 
 def metrics_of(sc):
@@ -33,11 +40,12 @@ def paper_run(model: str, variant: str):
 
 @pytest.mark.parametrize("model", sorted(TABLE5))
 @pytest.mark.parametrize("variant", ["present", "full"])
-def test_iteration_time_within_10_percent_of_table5(model, variant):
+def test_iteration_time_error_against_table5_is_the_achieved_one(model, variant):
     full_s, present_s, _, _ = TABLE5[model]
     published = full_s if variant == "full" else present_s
     measured = paper_run(model, variant)[1]["iteration_time_s"]
-    assert measured == pytest.approx(published, rel=0.10)
+    error = measured / published - 1
+    assert abs(error - ACHIEVED[model, variant]) <= MARGIN, (error, ACHIEVED[model, variant])
 
 
 @pytest.mark.parametrize("model", sorted(TABLE5))

@@ -1,6 +1,6 @@
 """Read the text output of nccl-tests' all_reduce_perf, reduce_scatter_perf and all_gather_perf.
 
-The format (NVIDIA/nccl-tests src/common.cu, REFERENCE.md §7): a `# nThread .. nGpus ..` header,
+The format (NVIDIA/nccl-tests src/common.cu): a `# nThread .. nGpus ..` header,
 one `#  Rank  N Group  G Pid  P on HOST device  D [0x..] NAME` line per rank (older versions:
 no `Group G`), a column header
 `#  size count type redop root  time algbw busbw #wrong  time algbw busbw #wrong` (out-of-place

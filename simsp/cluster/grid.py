@@ -69,11 +69,6 @@ class RankGrid:
         group_of = {"tp": self.tp_group, "dp": self.dp_group, "pp": self.pp_group}[axis]
         return sorted({group_of(rank) for rank in range(self.world_size)})
 
-    def gpu_of(self, rank: int) -> int:
-        """Placement: rank r runs on global GPU r."""
-        self._check_rank(rank)
-        return rank
-
     def _check_rank(self, rank: int) -> None:
         """Reject ranks outside the world."""
         if not 0 <= rank < self.world_size:

@@ -89,16 +89,6 @@ def nodes_hosting(gpus: Iterable[int], gpus_per_node: int) -> list[int]:
     return sorted({gpu // gpus_per_node for gpu in gpus})
 
 
-def node_of(graph: nx.DiGraph, gpu: int) -> int:
-    """Index of the DGX node holding GPU `gpu`."""
-    return gpu // graph.graph["gpus_per_node"]
-
-
-def rail_of(graph: nx.DiGraph, gpu: int) -> int:
-    """The rail (NIC index in its node) of GPU `gpu`: its local index."""
-    return gpu % graph.graph["gpus_per_node"]
-
-
 def route(graph: nx.DiGraph, src: str, dst: str) -> list[tuple[str, str]]:
     """The fewest-hop path from GPU `src` to GPU `dst`; GPUs never forward, so it is unique:
     same node -> through the NVSwitch; same rail and leaf -> through that leaf; otherwise

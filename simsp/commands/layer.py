@@ -10,7 +10,7 @@ from simsp.hardware import cluster_compute, LinkCalibration
 from simsp.jsonout import dumps
 from simsp.metrics import oom_report
 from simsp.model.architecture import architecture
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 from simsp.units import format_bytes, format_seconds
 
 

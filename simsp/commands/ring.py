@@ -15,34 +15,32 @@ channels NCCL runs; a single size adds the per-channel breakdown of a ring.
 """
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import simpy
 
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
-from dataclasses import replace
-
 from simsp.engine.collectives import RING_COLLECTIVES, CollectiveStats
 from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.nccl_tuning import PROTOCOLS, RING, TREE
 from simsp.engine.network import Network
 from simsp.engine.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
                                nvls_available, nvls_bytes_per_direction)
-from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, STEPS,
-                                    apply_step, bytes_sent_per_rank, chunk_counts, chunk_offsets,
-                                    initial_holdings)
-from simsp.engine.ring_timing import (algbw_GBps, busbw_GBps, closed_form_stats, step_times,
-                                      tree_time)
+from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, tree_time
 from simsp.errors import UserError
 from simsp.flags import nonempty
 from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
 from simsp.hardware import LinkCalibration
-from simsp.io_out import check_folder, check_out_file
+from simsp.io_out import check_folder, check_out_file, write_file
 from simsp.jsonout import dumps
 from simsp.outdir import prepare_out_dir
 from simsp.progress import track
-from simsp.report.ring_lesson import MAX_LESSON_RANKS, write_ring_lesson
+from simsp.report.ring_lesson import (MAX_LESSON_RANKS, lesson_data, lesson_text, lesson_title,
+                                     write_slides)
+from simsp.report.ring_lesson_page import lesson_html
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
@@ -103,8 +101,8 @@ def run(args) -> int:
                                                                 sizes[0], calibration))))
         return 0
     if args.explain:
-        print("\n".join(explain(args.collective, args.ranks, sizes[0],
-                                _explain_times(graph, gpus, args.collective, sizes[0]))))
+        data = lesson_data(args.collective, graph, gpus, sizes[0], ELEM_BYTES)
+        print("\n".join(lesson_text(data)))
         print()
     quiet = getattr(args, "quiet", False) or len(sizes) < 2
     rows = [simulate_nccl(graph, gpus, args.collective, size, calibration)
@@ -133,6 +131,23 @@ def _nccl_pick(cluster: Cluster, rows: list[CollectiveStats]) -> list[str]:
                      f"{row.time_s * 1e6:.2f} us, nvls {nvls.time_s * 1e6:.2f} us -> "
                      f"{NVLS if nvls.time_s < row.time_s else row.algorithm}")
     return lines
+
+
+def write_ring_lesson(collective: str, graph, gpus: list[int], nbytes: int, html_path=None,
+                      png_dir=None) -> list[Path]:
+    """--html FILE / --png DIR: the lesson (report/ring_lesson.py) as a page and/or slides."""
+    if len(gpus) > MAX_LESSON_RANKS:
+        raise UserError("--html" if html_path else "--png", f"the lesson draws every rank and "
+                        f"chunk: use at most {MAX_LESSON_RANKS} ranks, got {len(gpus)}")
+    data = lesson_data(collective, graph, gpus, nbytes)
+    written = []
+    if html_path:
+        path = Path(html_path)
+        write_file(path, lesson_html(data, lesson_title(data)))
+        written.append(path)
+    if png_dir:
+        written += write_slides(data, png_dir)
+    return written
 
 
 # --------------------------------------------------------------------------------------------
@@ -431,106 +446,3 @@ def _nics_per_node(stats: CollectiveStats, gpus_per_node: int) -> str:
     used = sorted(set().union(*rails.values()))
     count = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     return f"{count} (rails {','.join(map(str, used))})"
-
-
-# --------------------------------------------------------------------------------------------
-# --explain
-# --------------------------------------------------------------------------------------------
-
-def _explain_times(graph, gpus: list[int], collective: str, nbytes: int) -> dict:
-    """Modelled time of every step (slowest channel, closed form) and the stepwise times of
-    the all-reduce, reduce-scatter and all-gather of this size, for --explain."""
-    per_channel = step_times(collective, graph, gpus, nbytes, None, ELEM_BYTES)
-    steps = [max(channel[i] for channel in per_channel) for i in range(len(per_channel[0]))]
-    whole = {c: simulate(graph, gpus, c, nbytes).time_s for c in COLLECTIVES}
-    return {"steps": steps, "whole": whole, "channels": len(per_channel)}
-
-
-def explain(collective: str, n: int, nbytes: int, times: dict | None = None) -> list[str]:
-    """Every step of the ring: what each rank sends, receives, reduces and then holds; with
-    `times` (from _explain_times) each step's modelled time and the AR = RS + AG time line."""
-    counts = chunk_counts(nbytes // ELEM_BYTES, n)
-    chunk_bytes = [c * ELEM_BYTES for c in counts]
-    steps = STEPS[collective](n)
-    lines = _explain_intro(collective, n, nbytes, counts)
-    holdings = initial_holdings(collective, n)
-    lines += _holdings_lines("start", holdings, n)
-    for overall, step in enumerate(steps):
-        title = f"{step.phase} step {step.index + 1}/{n - 1}"
-        if collective == ALL_REDUCE:
-            title += f"  (all_reduce step {overall + 1}/{len(steps)})"
-        if times is not None:
-            title += f"  time {times['steps'][overall] * 1e6:.3f} us"
-        holdings = apply_step(holdings, step)
-        lines.append(title)
-        lines += [_rank_line(step, rank, holdings, n) for rank in range(n)]
-    lines += _explain_summary(collective, n, nbytes, chunk_bytes)
-    return lines + ([] if times is None else _time_lines(times))
-
-
-def _time_lines(times: dict) -> list[str]:
-    """Channels, and the all-reduce's time against reduce-scatter + all-gather."""
-    ar, rs, ag = (times["whole"][c] for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER))
-    lines = []
-    if times["channels"] > 1:
-        lines.append(f"runs as {times['channels']} channels (NCCL rings, one per rail), each "
-                     f"carrying a 1/{times['channels']} slice of every chunk; the plan above is "
-                     f"each channel's in ring positions (its GPU order: the channel table "
-                     f"below); a step's time is its slowest channel's")
-    lines.append(f"time: all_reduce {ar * 1e6:.3f} us = reduce_scatter {rs * 1e6:.3f} us + "
-                 f"all_gather {ag * 1e6:.3f} us ({(rs + ag) * 1e6:.3f} us, difference "
-                 f"{(ar - rs - ag) * 1e6:+.3f} us): the same 2(n-1) steps and bytes; as two "
-                 f"NCCL calls RS + AG pay one more launch and step latency, which simsp does "
-                 f"not model")
-    return lines
-
-
-def _explain_intro(collective: str, n: int, nbytes: int, counts: list[int]) -> list[str]:
-    """The message, its chunks and the notation."""
-    ring = " -> ".join(str(r) for r in range(n)) + " -> 0"
-    chunks = ", ".join(f"c{c} = [{o}, {o + k})" for c, (o, k)
-                       in enumerate(zip(chunk_offsets(counts), counts)))
-    return [f"{collective} of {nbytes} B ({sum(counts)} float elements) over {n} ranks, "
-            f"ring {ring}",
-            f"chunks (elements): {chunks}",
-            "notation: cK=a+b: the rank's copy of chunk K holds the sum of ranks a and b's data;"
-            " all = summed over every rank; - = not held"]
-
-
-def _rank_line(step, rank: int, holdings, n: int) -> str:
-    """One rank at one step: send, receive, reduce or copy, and what it holds afterwards."""
-    out, into = step.send_of(rank), step.receive_of(rank)
-    action = "reduce" if step.reduce else "copy"
-    return (f"  rank {rank}: send c{out.chunk} to {out.dst}, recv c{into.chunk} from "
-            f"{into.src}, {action} c{into.chunk} | holds {_holds(holdings[rank], n)}")
-
-
-def _holdings_lines(title: str, holdings, n: int) -> list[str]:
-    """What every rank holds, one line per rank."""
-    return [title] + [f"  rank {rank}: holds {_holds(holdings[rank], n)}" for rank in range(n)]
-
-
-def _holds(row, n: int) -> str:
-    """A rank's chunks in the cK=a+b notation."""
-    def name(contributors) -> str:
-        """'-', 'all', or the contributing ranks joined by '+'."""
-        if not contributors:
-            return "-"
-        if len(contributors) == n and n > 1:
-            return "all"
-        return "+".join(str(r) for r in sorted(contributors))
-    return " ".join(f"c{c}={name(who)}" for c, who in enumerate(row))
-
-
-def _explain_summary(collective: str, n: int, nbytes: int, chunk_bytes: list[int]) -> list[str]:
-    """Bytes each rank sent, and for all-reduce how it splits into its two phases."""
-    sent = bytes_sent_per_rank(STEPS[collective](n), chunk_bytes)
-    if collective != ALL_REDUCE:
-        return [f"{n - 1} steps; bytes sent per rank {sent} ((n-1)/n*S = "
-                f"{(n - 1) * nbytes / n:g})"]
-    first = bytes_sent_per_rank(STEPS[REDUCE_SCATTER](n), chunk_bytes)
-    second = bytes_sent_per_rank(STEPS[ALL_GATHER](n), chunk_bytes)
-    return [f"all_reduce = reduce_scatter (steps 1-{n - 1}) then all_gather (steps {n}-"
-            f"{2 * (n - 1)}): 2(n-1) = {2 * (n - 1)} steps",
-            f"bytes sent per rank {sent} = reduce_scatter {first} + all_gather {second} "
-            f"(2(n-1)/n*S = {2 * (n - 1) * nbytes / n:g})"]

@@ -11,9 +11,9 @@ from simsp.jsonout import dumps
 from simsp.metrics import collect
 from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
-from simsp.oom_advice import explain_oom
+from simsp.explore.oom_advice import explain_oom
 from simsp.report import paint_stage_figures, summary_text, write_reports
-from simsp.report.canvas import warm_up
+from simsp.report.drawing import warm_up
 from simsp.report.painter import start_painter
 from simsp.report.summary_md import run_label
 from simsp.training.iteration import Shortcuts, simulate_iteration

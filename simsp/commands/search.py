@@ -1,60 +1,85 @@
 """`simsp search --gpus N`: every layout of a model on N GPUs, pruned by closed forms, the rest
 simulated on Dask (branch and bound on a time lower bound), ranked and explained."""
 
+import math
 from pathlib import Path
 
-from simsp.commands.sweep import (add_executor_arguments, add_field_arguments,
-                                  check_executor_arguments, default_out, field_lists)
 from simsp.bounds import BOUNDS
-from simsp.config import SECTIONS
+from simsp.config import Parallel
 from simsp.errors import UserError
+from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,
+                                    add_reserve_argument, check_executor_arguments, field_lists)
 from simsp.explore.cache import ResultCache
 from simsp.explore.configs import base_values, parse_list
 from simsp.explore.explain import limits, why_lost
 from simsp.explore.fields import by_key
+from simsp.explore.headroom import reserve_bytes
+from simsp.explore.layouts import VARIED, held_fields, search_base
 from simsp.explore.objectives import OBJECTIVES
+from simsp.hardware import GPUS
 from simsp.units import GiB, format_seconds
 
 # Fields the search sets itself: the layout, the node count (enough for N GPUs) and meta mode.
-LAYOUT_KEYS = (*SECTIONS["parallel"].__dataclass_fields__, "nodes", "mode")
+LAYOUT_KEYS = (*VARIED, "nodes", "mode")
 
 
 def add_parser(subparsers) -> None:
     """Register `simsp search` and its flags."""
     parser = subparsers.add_parser("search", help="find the fastest layout for N GPUs")
     parser.add_argument("scenario", nargs="?", help="scenario TOML (its model and cluster)")
-    parser.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs to lay out")
+    parser.add_argument("--gpus", "--world-size", dest="gpus", type=int, required=True,
+                        metavar="N", help="GPUs to lay out (Megatron's --world-size)")
     parser.add_argument("--global-batch-size", type=int, default=None, metavar="B",
                         help="samples per iteration (default: the scenario's)")
     parser.add_argument("--top", type=int, default=5, metavar="K", help="layouts to show (5)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="time")
-    parser.add_argument("--margin", type=float, default=0.10, metavar="FRACTION",
-                        help="prune on memory only beyond capacity x (1 + margin) (0.10)")
+    add_reserve_argument(parser)
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="simulate every layout (no memory screen, no time bound)")
+    parser.add_argument("--keep-scenario-parallel", action="store_true",
+                        help="keep the scenario's own [parallel] fields the search does not vary "
+                        f"({', '.join(held_fields())}; default: Megatron's defaults)")
     add_field_arguments(parser, skip=LAYOUT_KEYS, metavar="VALUE",
-                        title="model, cluster and run fields (one value each)")
+                        title="model, cluster, run and fixed [parallel] fields (one value each)")
     add_executor_arguments(parser, "search-<N>gpus")
     parser.set_defaults(handler=run)
 
 
-def _base(args) -> dict:
-    """The scenario's fields with the single-valued model/cluster/run flags applied, in meta mode."""
-    values = base_values(args.scenario)
-    table = by_key()
+def _single_values(args) -> dict:
+    """{(section, key): value} of the one-valued field flags the user gave."""
+    table, values = by_key(), {}
     for key, text in field_lists(args, skip=LAYOUT_KEYS).items():
         items = parse_list(table[key], text)
         if len(items) != 1:
             raise UserError(table[key].flag, "search takes one value (sweep takes lists)")
         values[table[key].path] = items[0]
-    values[("run", "mode")] = "meta"
     return values
+
+
+def _base(args) -> tuple[dict, dict]:
+    """(the layouts' starting values in meta mode, the held [parallel] fields fixed by the user:
+    the scenario's own with --keep-scenario-parallel, then the flags)."""
+    scenario = base_values(args.scenario)
+    given = _single_values(args)
+    held = held_fields()
+    fixed = {}
+    if args.keep_scenario_parallel:
+        fixed = {key: scenario[("parallel", key)] for key in held}
+    fixed.update({key: value for (section, key), value in given.items()
+                  if section == "parallel" and key in held})
+    base = search_base(scenario)
+    base.update({path: value for path, value in given.items() if path[0] != "parallel"})
+    base[("run", "mode")] = "meta"
+    return base, fixed
 
 
 MAX_GPUS = 32768  # BOUNDS' largest data-parallel job; checked before the divisor loops
 MAX_TOP = 1000
 
 
-def _check(args, batch) -> None:
-    """Counts positive and bounded (before any enumeration), the margin finite and not negative."""
+def _check(args, batch, base) -> None:
+    """Counts positive and bounded (before any enumeration), the reserve a part of the GPU's
+    memory."""
     for name, value, high in (("--gpus", args.gpus, MAX_GPUS), ("--top", args.top, MAX_TOP),
                               ("--global-batch-size", batch,
                                BOUNDS["parallel.global_batch_size"].high)):
@@ -62,21 +87,62 @@ def _check(args, batch) -> None:
             raise UserError(name, f"must be a positive integer, got {value}")
         if value > high:
             raise UserError(name, f"{value} is above the limit of {int(high)}")
-    if not 0 <= args.margin <= 10:
-        raise UserError("--margin", f"must be a fraction in [0, 10], got {args.margin}")
+    capacity = GPUS[base[("cluster", "gpu")]].memory_bytes / GiB
+    if not (math.isfinite(args.memory_reserve) and 0 <= args.memory_reserve < capacity):
+        raise UserError("--memory-reserve", f"must be in [0, {capacity:g}) GiB, got "
+                                            f"{args.memory_reserve}")
 
 
-def summary_lines(result, args, batch: int) -> list[str]:
-    """How many layouts there were, how many were pruned and why, how many simulated."""
-    lines = [f"{args.gpus} GPUs, global batch {batch}, objective {args.objective}: "
-             f"{result.layouts} layouts ({result.invalid} rejected by the config checks)",
-             f"pruned {result.pruned_memory} by the memory closed form (weights + grads + "
-             f"optimizer + K22 first-stage activations > capacity x {1 + args.margin:g})"]
+def _fixed_line(fixed: dict) -> str:
+    """Which held [parallel] fields every layout takes from the user, and where they apply."""
+    changed = {key: value for key, value in fixed.items() if getattr(Parallel(), key) != value}
+    if not changed:
+        return "every [parallel] field the search does not vary is at Megatron's default"
+    shown = ", ".join(f"{key} = {value}" for key, value in changed.items())
+    return (f"fixed for every layout where Megatron allows it: {shown} (recompute method and "
+            "layers: full recompute only; p2p overlap: interleaved only; parameter-gather "
+            "overlap: distributed optimizer only)")
+
+
+def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
+    """How many layouts there were, how many were screened out and why, how many simulated."""
+    lines = [f"{args.gpus} GPUs, global batch {batch}, objective {args.objective}, memory "
+             f"reserve {args.memory_reserve:g} GiB: {result.layouts} layouts, "
+             f"{result.invalid} rejected by the config checks", _fixed_line(fixed)]
+    for reason, count in sorted(result.rejected.items(), key=lambda item: -item[1])[:3]:
+        lines.append(f"  {count} x {reason}")
+    if result.layouts == 0:
+        lines.append(f"why none: {no_layout_reason(args.gpus, batch, result)}")
+    if result.exhaustive:
+        lines.append(f"exhaustive: simulated all {len(result.rows)} valid layouts")
+        return lines + _violation_lines(result)
+    lines.append(f"screened out {result.pruned_memory} whose memory lower bound (stage 0's "
+                 "weights, gradients, optimizer state and the activations its schedule holds at "
+                 "once) exceeds capacity less the reserve")
     lines += [f"  e.g. {label}: {reason}" for label, reason in result.memory_examples]
-    lines.append(f"pruned {result.pruned_bound} by the time lower bound "
-                 "(L/p)(f+b)(m+(p-1)/v) >= the top-K's worst simulated")
+    bound = ("memory lower bound" if args.objective == "memory" else
+             "time lower bound (m·v + p − 1)·(chunk forward + backward)"
+             + (" as an MFU ceiling" if args.objective == "mfu" else ""))
+    lines.append(f"screened out {result.pruned_bound} whose {bound} cannot beat the top K")
     lines.append(f"simulated {len(result.rows)}")
-    return lines
+    return lines + _violation_lines(result)
+
+
+def _violation_lines(result) -> list[str]:
+    """Bounds a simulation beat: the screening was heuristic there, by this much."""
+    if not result.violations:
+        return ["every simulated layout checked: both bounds held"]
+    worst = max(result.violations, key=lambda item: item[2])
+    return [f"warning: a bound exceeded its simulation for {len(result.violations)} layouts "
+            f"(worst: {worst[1]} of {worst[0]} by {worst[2] - 1:.1%}); screening was "
+            "heuristic there: run with --exhaustive"]
+
+
+def no_layout_reason(gpus: int, batch: int, result) -> str:
+    """Why N GPUs give no layout at all (Megatron needs t·p·d = N)."""
+    return (f"Megatron needs t·p·d = {gpus} with t at most the GPUs per node, p dividing the "
+            f"layers and d dividing the global batch {batch}; no (t, p, d) satisfies all three "
+            "(try a GPU count with more divisors, or another --global-batch-size)")
 
 
 def ranking_lines(frame, top: int, objective: str) -> list[str]:
@@ -84,50 +150,62 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
     from simsp.report.whatif import ranked  # matplotlib: only when a search has run
     order = ranked(frame, objective)
     rows = [row.to_dict() for _, row in order.iterrows()]
-    fits = [row for row in rows if row["status"] == "ok"]
+    fits = [row for row in rows if row.get("fits", row["status"] == "ok") is True]
     if not fits:
-        return ["no simulated layout fits in memory"]
+        return ["no simulated layout fits in memory (less the reserve)"]
     lines = [f"top {min(top, len(fits))}:"]
     for place, row in enumerate(fits[:top], 1):
-        lines.append(f"{place:2d}. {row['variant']:<34} {format_seconds(row['iteration_time_s']):>10}  "
-                     f"MFU {row['mfu']:5.1%}  peak {row['peak_bytes_max'] / GiB:5.1f} GiB")
+        lines.append(f"{place:2d}. {row['variant']}")
+        lines.append(f"    {format_seconds(row['iteration_time_s'])}, {row['tokens_per_s']:,.0f} "
+                     f"tokens/s, MFU {row['mfu']:.1%}, peak {row['peak_bytes_max'] / GiB:.1f} "
+                     f"GiB, headroom {row['headroom_bytes'] / GiB:.1f} GiB")
         lines.append(f"    limits: {limits(row)}")
-    rejected = fits[top:top + 3] + [row for row in rows if row["status"] == "oom"][:3]
+    misfits = [row for row in rows if row["status"] != "error" and row.get("fits") is not True]
+    rejected = fits[top:top + 3] + misfits[:3]
     if rejected:
         lines.append("best rejected:")
-        lines += [f"    {row['variant']:<34} {why_lost(row, fits[0])}" for row in rejected]
+        for row in rejected:
+            lines += [f"    {row['variant']}", f"      {why_lost(row, fits[0])}"]
     return lines
 
 
 def run(args) -> int:
-    """Search, print the pruning summary and the explained ranking, write the report."""
+    """Search, print the screening summary and the explained ranking, write the report."""
     from simsp.explore.executor import Executor, ExecutorLost  # Dask, pandas: only here
+    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
     from simsp.explore.runner import failure_message, prepare_out
     from simsp.explore.search import search
     from simsp.explore.table import results_frame, write_results
     from simsp.report.whatif import write_whatif_report
     check_executor_arguments(args)
-    base = _base(args)
+    base, fixed = _base(args)
     batch = args.global_batch_size or base[("parallel", "global_batch_size")]
-    _check(args, batch)
-    out = Path(args.out) if args.out else default_out(args.scenario, f"search-{args.gpus}gpus")
+    _check(args, batch, base)
+    digest = exploration_digest([sorted(base.items(), key=str), args.gpus, batch, fixed,
+                                 args.objective, args.memory_reserve, args.exhaustive, args.top])
+    out = Path(args.out) if args.out else default_folder(f"search-{args.gpus}gpus",
+                                                         args.scenario, [], digest)
     out = prepare_out(out, (args.scenario,))
+    write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["search"])]), digest)
     cache = ResultCache(out / "cache")
     with Executor(args.workers, args.scheduler, args.force) as executor:
         try:
-            result = search(base, args.gpus, batch, executor, cache, args.top,
-                            args.objective, args.margin, getattr(args, "quiet", False))
+            result = search(base, args.gpus, batch, executor, cache, args.top, args.objective,
+                            reserve_bytes(args.memory_reserve), getattr(args, "quiet", False),
+                            fixed, args.exhaustive, args.scenario)
         except ExecutorLost as exc:
             raise UserError("dask", f"{exc}; the {cache.stats.simulated} layouts simulated so "
                                     f"far are cached in {out / 'cache'} (run it again to resume)"
                             ) from None
     frame = results_frame(result.rows)
-    lines = summary_lines(result, args, batch)
+    lines = summary_lines(result, args, batch, fixed)
     print("\n".join(lines))
     if result.rows:
         write_results(result.rows, frame, out)
-        write_whatif_report(frame, out, args.objective, [line + "  " for line in lines] + [""])
-        print("\n".join(ranking_lines(frame, args.top, args.objective)))
+        ranking = ranking_lines(frame, args.top, args.objective)
+        write_whatif_report(frame, out, args.objective, [line + "  " for line in lines + ranking]
+                            + [""], title="Search report")
+        print("\n".join(ranking))
     print(cache.stats.line())
     print(f"results: {out}")
     failure = failure_message(executor, result.rows, out)

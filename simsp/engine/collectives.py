@@ -22,7 +22,7 @@ from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Chan
                                     all_gather_steps, channel_rings, chunk_counts, chunk_offsets,
                                     reduce_scatter_steps, slice_counts)
 
-DEFAULT_ELEM_BYTES = 2  # fp16/bf16 training dtype (DESIGN.md: accounting uses the training dtype)
+DEFAULT_ELEM_BYTES = 2  # fp16/bf16 training dtype (docs/MODEL.md#accounting-rules)
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,8 @@ def ring_all_gather(env: simpy.Environment, network: Network, gpus: list[int],
 def ring_all_reduce(env: simpy.Environment, network: Network, gpus: list[int],
                     buffers: list[np.ndarray] | None, nbytes: int,
                     elem_bytes: int = DEFAULT_ELEM_BYTES, label: str = ALL_REDUCE):
-    """Ring all-reduce = reduce-scatter then all-gather (REFERENCE.md §5), at the protocol NCCL
-    runs an all-reduce ring with (one base latency). Results keep shape."""
+    """Ring all-reduce = reduce-scatter then all-gather (docs/MODEL.md#collectives), at the
+    protocol NCCL runs an all-reduce ring with (one base latency). Results keep shape."""
     choice = _ring_choice(network, gpus, ALL_REDUCE, nbytes)
     reduced, first = yield from ring_reduce_scatter(env, network, gpus, buffers, nbytes,
                                                     elem_bytes, f"{label}/{REDUCE_SCATTER}",

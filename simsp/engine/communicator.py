@@ -9,8 +9,6 @@ them (meta mode), so the ring still moves their bytes but the rendezvous does no
 Shortcut timing="closed_form": skip the flows and wait the closed-form ring time instead, except
 on `stepwise_groups` (rings sharing links with other traffic, whose time depends on it:
 training/shortcut_check.py), which run step by step and so load their links.
-Point-to-point: `comm.send(src, dst, payload, nbytes, tag)` and
-`payload = yield from comm.recv(dst, src, tag)` match in FIFO order per (src, dst, tag).
 """
 
 from dataclasses import dataclass, field
@@ -67,26 +65,6 @@ class Communicator:
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
         self._plans: dict[tuple, tuple] = {}  # closed-form plans by (collective, group, S, elem)
-        self._mailboxes: dict[tuple[int, int, str], simpy.Store] = {}  # (src, dst, tag) -> FIFO
-
-    def send(self, src: int, dst: int, payload, nbytes: int, tag: str = "") -> simpy.Event:
-        """Send `payload` (None in meta mode) of `nbytes` from rank src to rank dst over the
-        network; returns the delivery event, which the sender may wait on or not."""
-        delivered = self.network.transfer(src, dst, nbytes, tag or f"p2p {src}->{dst}")
-        mailbox = self._mailbox(src, dst, tag)
-        delivered.callbacks.append(lambda _event: mailbox.put(payload))
-        return delivered
-
-    def recv(self, dst: int, src: int, tag: str = ""):
-        """Wait for the next message from src to dst with `tag`; return its payload."""
-        return (yield self._mailbox(src, dst, tag).get())
-
-    def _mailbox(self, src: int, dst: int, tag: str) -> simpy.Store:
-        """The FIFO of delivered messages from src to dst under `tag`."""
-        key = (src, dst, tag)
-        if key not in self._mailboxes:
-            self._mailboxes[key] = simpy.Store(self.env)
-        return self._mailboxes[key]
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None):

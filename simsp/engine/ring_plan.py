@@ -5,7 +5,8 @@ numpy.array_split does). Textbook ring (tinygrad schedule/allreduce.py):
 - reduce-scatter step k: chunk c moves from rank (c+k+1) % n to (c+k+2) % n and is added there,
   so after n-1 steps rank c holds chunk c summed over all ranks;
 - all-gather step k: chunk c moves from rank (c+k) % n to (c+k+1) % n and is copied there;
-- all-reduce = the reduce-scatter steps followed by the all-gather steps (REFERENCE.md §5).
+- all-reduce = the reduce-scatter steps followed by the all-gather steps
+  (docs/MODEL.md#collectives).
 """
 
 from dataclasses import dataclass
@@ -140,7 +141,8 @@ class Channel:
 
 
 def channel_rings(gpus: list[int], gpus_per_node: int) -> list[Channel]:
-    """NCCL's rings for a group (REFERENCE.md §7): one ring inside one node (on an NVSwitch the
+    """NCCL's rings for a group (docs/MODEL.md#runtime-mechanisms): one ring inside one node
+    (on an NVSwitch the
     ring's time does not depend on the channel count: k channels share each GPU's NVLink k
     ways and carry 1/k of the bytes each); across nodes one channel per member a node holds
     (k = the fewest members on any node), channel c entering every node at its c-th member and

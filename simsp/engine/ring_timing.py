@@ -82,8 +82,8 @@ def collective_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes:
     """Seconds for a collective alone on the links, run as NCCL picks it: a tree all-reduce
     (tree_time), or a ring whose channels run concurrently, each step of a channel lasting as
     long as its slowest hop's latency + chunk bytes / rate, after NCCL's base latency. For
-    equal chunks on uniform hops this is REFERENCE.md §5's steps * (latency + S/n / B), e.g.
-    all-reduce 2(n-1)/n * S/B plus 2(n-1) latencies.
+    equal chunks on uniform hops this is steps * (latency + S/n / B)
+    (docs/MODEL.md#collectives), e.g. all-reduce 2(n-1)/n * S/B plus 2(n-1) latencies.
     """
     choice = nccl_choice(collective, graph, gpus, nbytes, calibration)
     if choice.algorithm == TREE:

@@ -4,7 +4,6 @@ Ops on one stream run one at a time in issue order (a simpy Resource of capacity
 ops on different streams of a device overlap, so communication can hide behind compute.
 """
 
-from dataclasses import dataclass
 
 import simpy
 
@@ -43,17 +42,3 @@ class Stream:
     def _sleep(self, duration_s: float):
         """A body that only takes time."""
         yield self.env.timeout(duration_s)
-
-
-@dataclass
-class DeviceStreams:
-    """The two streams of one device."""
-
-    compute: Stream
-    comm: Stream
-
-
-def device_streams(env: simpy.Environment, rank: int, trace: Trace | None = None) -> DeviceStreams:
-    """A compute and a communication stream for `rank`, recording into the same trace."""
-    trace = trace if trace is not None else Trace()
-    return DeviceStreams(Stream(env, rank, COMPUTE, trace), Stream(env, rank, COMM, trace))

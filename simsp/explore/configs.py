@@ -22,6 +22,9 @@ class Config:
 
     name: str
     values: tuple  # ((section, key), value) for every scenario field
+    error: str | None = None  # known invalid before simulating (e.g. a world size t·p misses)
+    note: str = ""  # what deriving d from the GPUs did (simsp.explore.world)
+    source: str | None = None  # the scenario file it starts from (for its `simsp run` command)
 
     def overrides(self) -> dict:
         """The {(section, key): value} that load_scenario turns into this scenario."""
@@ -29,9 +32,10 @@ class Config:
 
     def digest(self) -> str:
         """sha256 of the full configuration and of simsp's version, code and model constants
-        (simsp.explore.cache.simulator_digest): the cache key."""
+        (simsp.explore.cache.simulator_digest): the cache key; an invalid one's error too."""
         from simsp.explore.cache import simulator_digest
-        text = json.dumps([simulator_digest(), [[f"{s}.{k}", v] for (s, k), v in self.values]])
+        text = json.dumps([simulator_digest(), [[f"{s}.{k}", v] for (s, k), v in self.values]]
+                          + ([self.error] if self.error else []))  # an invalid one is its own
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -75,18 +79,31 @@ def parse_list(field: Field, text: str) -> list:
     return [parse_value(field, item) for item in items]
 
 
-def expand(variants: list[tuple[str, dict]], axes: list[tuple[Field, list]]) -> list[Config]:
-    """Every variant times the cartesian product of the axes, in a fixed order."""
+def expand(variants: list[tuple], axes: list[tuple[Field, list]],
+           world_sizes: list[int] | None = None) -> list[Config]:
+    """Every variant (name, values[, the paths it set itself[, its scenario file]]) times the cartesian product of
+    the axes (and world sizes), in a fixed order; with a world size, or nodes changed without
+    d, d is derived (simsp.explore.world)."""
+    from simsp.explore.world import derive_world
     configs = []
-    for variant_name, values in variants:
-        for combo in itertools.product(*(choices for _, choices in axes)):
-            merged = dict(values)
-            merged.update({field.path: value for (field, _), value in zip(axes, combo)})
-            _fill_hardware(merged, {field.path for field, _ in axes})
-            label = " ".join(spell(field, value) for (field, _), value in zip(axes, combo))
-            name = " | ".join(part for part in (variant_name, label) if part)
-            name = name or str(merged[("run", "name")])
-            configs.append(Config(name, tuple(merged.items())))
+    for variant in variants:
+        variant_name, values = variant[0], variant[1]
+        given = {field.path for field, _ in axes} | set(variant[2] if len(variant) > 2 else ())
+        source = variant[3] if len(variant) > 3 else None
+        for world in world_sizes or [None]:
+            for combo in itertools.product(*(choices for _, choices in axes)):
+                merged = dict(values)
+                merged.update({field.path: value for (field, _), value in zip(axes, combo)})
+                _fill_hardware(merged, given)
+                merged, error, note = derive_world(merged, values, world, given)
+                label = " ".join(spell(field, value) for (field, choices), value
+                                 in zip(axes, combo) if len(choices) > 1)  # what varies
+                shown_world = world and len(world_sizes) > 1
+                label = " ".join(part for part in (f"--world-size {world}" if shown_world else "",
+                                                   label) if part)
+                name = " | ".join(part for part in (variant_name, label) if part)
+                name = name or str(merged[("run", "name")])
+                configs.append(Config(name, tuple(merged.items()), error, note, source))
     return configs
 
 

@@ -72,10 +72,11 @@ def switch_flags() -> dict[tuple[str, str], dict]:
 
 
 def spell(field: Field, value) -> str:
-    """The flags that set `field` to `value`: `--sequence-parallel`, `--micro-batch-size 2`."""
+    """The flags that set `field` to `value` (`--sequence-parallel`, `--micro-batch-size 2`), or
+    `without --use-distributed-optimizer` where no flag sets the value (never `--flag false`)."""
     switch = switch_flags().get(field.path, {})
     if value in switch and isinstance(value, bool):
         return switch[value]
-    if isinstance(value, bool):
-        return f"{field.flag} {str(value).lower()}"
-    return f"{field.flag} {'none' if value is None else value}"
+    if isinstance(value, bool) or value is None:  # no flag sets it: say it is not given
+        return f"without {switch.get(True, field.flag)}"
+    return f"{field.flag} {value}"

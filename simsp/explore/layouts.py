@@ -1,12 +1,29 @@
 """Every Megatron-LM layout of a model on N GPUs: t, p, d = N/(t·p), micro-batch size, the
 schedule (1F1B, or interleaved with each possible number of model chunks), SP, recompute and the
-distributed optimizer. Layouts the config checks reject are counted, not returned."""
+distributed optimizer. Layouts the config checks reject are counted by reason, not returned.
+
+Every layout starts from the scenario's model, cluster and run sections and from the defaults
+of the [parallel] fields the search does not vary; `fixed` holds the ones the user chose (flags,
+or the scenario's own with --keep-scenario-parallel), each applied where Megatron allows it."""
 
 import math
+from collections import Counter
+from dataclasses import dataclass, field, fields
 
-from simsp.config import load_scenario
+from simsp.config import Parallel, load_scenario
 from simsp.errors import UserError
 from simsp.explore.configs import Config
+
+# The [parallel] fields every layout sets itself (global_batch_size comes from --global-batch-size).
+VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+          "micro_batch_size", "num_layers_per_virtual_pipeline_stage", "schedule",
+          "sequence_parallel", "recompute_granularity", "distributed_optimizer",
+          "global_batch_size")
+
+
+def held_fields() -> list[str]:
+    """The [parallel] fields the search does not vary: defaults unless the user fixes them."""
+    return [f.name for f in fields(Parallel) if f.name not in VARIED]
 
 
 def divisors(n: int) -> list[int]:
@@ -39,17 +56,24 @@ def _parallel_options(t: int, p: int, d: int, b: int, virtual: int | None) -> li
 
 
 def layout_label(parallel: dict, layers: int) -> str:
-    """Short name: `t8 p8 d1 b1 v3 sp selective dopt`."""
+    """Readable name: `t8 p8 d1 b1, interleaved 3 chunks, SP, selective recompute, distributed
+    optimizer` (t, p, d: tensor, pipeline and data-parallel sizes; b: micro-batch size)."""
     t, p = parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"]
-    parts = [f"t{t}", f"p{p}", f"d{parallel['data_parallel_size']}",
-             f"b{parallel['micro_batch_size']}"]
-    if parallel["num_layers_per_virtual_pipeline_stage"]:
-        parts.append(f"v{layers // p // parallel['num_layers_per_virtual_pipeline_stage']}")
-    parts.append("sp" if parallel["sequence_parallel"] else "nosp")
-    parts.append(parallel["recompute_granularity"])
+    parts = [f"t{t} p{p} d{parallel['data_parallel_size']} b{parallel['micro_batch_size']}"]
+    virtual = parallel["num_layers_per_virtual_pipeline_stage"]
+    parts.append(f"interleaved {layers // p // virtual} chunks" if virtual else "1F1B")
+    parts.append("SP" if parallel["sequence_parallel"] else "no SP")
+    recompute = parallel["recompute_granularity"]
+    text = "no recompute" if recompute == "none" else f"{recompute} recompute"
+    if recompute == "full" and parallel.get("recompute_method") == "block":
+        count = parallel.get("recompute_num_layers") or 1
+        text += f" (block, {count} layer{'s' if count > 1 else ''})"
+    elif recompute == "full" and (parallel.get("recompute_num_layers") or 1) > 1:
+        text += f" (groups of {parallel['recompute_num_layers']})"
+    parts.append(text)
     if parallel["distributed_optimizer"]:
-        parts.append("dopt")
-    return " ".join(parts)
+        parts.append("distributed optimizer")
+    return ", ".join(parts)
 
 
 def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int) -> list[dict]:
@@ -66,19 +90,69 @@ def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int) -> list[dict]:
     return found
 
 
-def enumerate_layouts(base: dict, gpus: int, batch: int) -> tuple[list[Config], int]:
-    """(valid layouts as Configs, how many the config checks rejected) for `gpus` GPUs."""
+def applies(key: str, parallel: dict) -> bool:
+    """Whether Megatron lets a held field take a non-default value in this layout: recompute
+    method and layer count under full recompute, p2p overlap under interleaving, the parameter
+    all-gather overlap with the distributed optimizer (arguments.py's own checks)."""
+    if key in ("recompute_method", "recompute_num_layers"):
+        return parallel["recompute_granularity"] == "full"
+    if key == "overlap_p2p_communication":
+        return parallel["num_layers_per_virtual_pipeline_stage"] is not None
+    if key == "overlap_param_gather":
+        return parallel["distributed_optimizer"]
+    return True
+
+
+def with_fixed(parallel: dict, fixed: dict) -> dict:
+    """The layout with each fixed field applied where it applies (else left at its default)."""
+    defaults = Parallel()
+    merged = dict(parallel)
+    for key, value in fixed.items():
+        merged[key] = value if applies(key, parallel) else getattr(defaults, key)
+    return merged
+
+
+@dataclass
+class Layouts:
+    """The valid layouts, and how many the config checks rejected, by reason."""
+
+    configs: list = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)  # `error:` text -> layouts
+
+    @property
+    def invalid(self) -> int:
+        return sum(self.rejected.values())
+
+
+def search_base(scenario: dict) -> dict:
+    """A layout's starting values: the scenario's model, cluster and run, and every [parallel]
+    field at its default but global_batch_size (the scenario's)."""
+    defaults = Parallel()
+    base = dict(scenario)
+    for f in fields(Parallel):
+        if f.name != "global_batch_size":
+            base[("parallel", f.name)] = getattr(defaults, f.name)
+    return base
+
+
+def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None,
+                      source: str | None = None) -> Layouts:
+    """Valid layouts as Configs (and rejections by reason) for `gpus` GPUs: `base` from
+    search_base, `fixed` the held [parallel] fields the user chose, `source` the scenario file
+    (each row's `simsp run` command starts from it)."""
     layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
-    configs, invalid = [], 0
+    found = Layouts()
     for parallel in raw_layouts(gpus, batch, layers, max_tp=per_node):
+        parallel = with_fixed(parallel, fixed or {})
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})
         values[("parallel", "global_batch_size")] = batch
         values[("cluster", "nodes")] = math.ceil(gpus / per_node)
         try:
             load_scenario(None, values)
-        except UserError:
-            invalid += 1
+        except UserError as exc:
+            found.rejected[f"error: {exc}"] += 1
             continue
-        configs.append(Config(layout_label(parallel, layers), tuple(values.items())))
-    return configs, invalid
+        found.configs.append(Config(layout_label(parallel, layers), tuple(values.items()),
+                                    source=source))
+    return found

@@ -39,11 +39,14 @@ def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, 
     ExecutorLost, the rows finished so far in `found` (a dict to fill, if given)."""
     digests = [c.digest() for c in configs]
     values = dict(zip(digests, (c.values for c in configs)))
+    errors = {d: c.error for d, c in zip(digests, configs) if c.error}
     found = {} if found is None else found
-    found.update({d: cache.get(d, values[d]) for d in values})
+    found.update({d: cache.get(d, values[d]) if d not in errors else None for d in values})
     jobs = {}
     for digest in values:
-        if found[digest] is None:
+        if digest in errors:  # known invalid before simulating: a row, never a job
+            found[digest] = {"status": "error", "error": errors[digest]}
+        elif found[digest] is None:
             reason = refusal(values[digest], getattr(executor, "force", False))
             if reason is None:
                 jobs[digest] = values[digest]

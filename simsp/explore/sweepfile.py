@@ -12,6 +12,7 @@ The whole file is checked against this schema before any configuration is built:
 is one `error: FILE:variant[i].key: reason` line.
 """
 
+import os
 from pathlib import Path
 
 from simsp import io_in
@@ -19,6 +20,7 @@ from simsp.config import _coerce
 from simsp.errors import UserError
 from simsp.explore.configs import base_values
 from simsp.explore.fields import by_key
+from simsp.explore.world import WORLD_SIZE
 
 MAX_VARIANTS = 10000  # the sweep's own configuration limit (simsp.explore.bounds) is lower
 MAX_NAME_CHARS = 200
@@ -55,15 +57,21 @@ def _field_value(where: str, field, value):
     return value
 
 
-def _variant_values(where: str, body: dict, folder: Path, default_base) -> dict:
-    """One variant's full field values: its base scenario, then its overrides."""
+def _variant_values(where: str, body: dict, folder: Path, default_base) -> tuple[dict, set, str]:
+    """One variant's full field values (its base scenario, then its overrides) and the paths
+    it set itself; `world_size` is Megatron's (simsp.explore.world derives d from it)."""
     base = body.get("base", default_base)
     if base is not None:
         _text(f"{where}.base", base, "base")
     values = dict(base_values(folder / base if base else None))
     table = by_key()
+    own = set()
     for key, value in body.items():
-        if key in ("name", "base"):
+        if key in ("name", "base", "baseline"):
+            continue
+        if key == "world_size":
+            values[WORLD_SIZE] = value
+            own.add(WORLD_SIZE)
             continue
         field = table.get(key)
         if field is None:
@@ -72,11 +80,13 @@ def _variant_values(where: str, body: dict, folder: Path, default_base) -> dict:
             values[field.path] = _field_value(f"{where}.{key}", field, value)
         except UserError as exc:
             raise UserError(f"{where}.{key}", exc.reason) from None
-    return values
+        own.add(field.path)
+    return values, own, os.path.normpath(folder / base) if base else None
 
 
-def load_sweep_file(path: str | Path) -> list[tuple[str, dict]]:
-    """[(variant name, full field values)] in file order, the schema checked first."""
+def load_sweep_file(path: str | Path) -> list[tuple[str, dict, set, str | None]]:
+    """[(variant name, full field values, the paths it set, its scenario file)] in file order,
+    the schema checked first."""
     path = Path(path)
     data = io_in.read_toml(path, "sweep")
     unknown = set(data) - {"base", "variant"}
@@ -98,5 +108,5 @@ def load_sweep_file(path: str | Path) -> list[tuple[str, dict]]:
         if name in names:
             raise UserError(f"{where}.name", f"{name!r} is also variant[{names[name]}]'s name")
         names[name] = i
-        found.append((name, _variant_values(where, body, path.parent, data.get("base"))))
+        found.append((name, *_variant_values(where, body, path.parent, data.get("base"))))
     return found

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simsp.explore.command import run_command
 from simsp.explore.configs import Config
 from simsp.io_out import write_file
 from simsp.jsonout import dumps
@@ -19,9 +20,23 @@ def changes_from_first(config: Config, first: Config) -> str:
     return " ".join(spelled)
 
 
+def gpus_of(config: Config) -> int:
+    """GPUs the configuration uses: t·p·d."""
+    values = config.overrides()
+    try:
+        return (values[("parallel", "tensor_model_parallel_size")]
+                * values[("parallel", "pipeline_model_parallel_size")]
+                * values[("parallel", "data_parallel_size")])
+    except TypeError:  # a non-numeric size: the row carries its error
+        return None
+
+
 def table_row(index: int, config: Config, first: Config, result: dict) -> dict:
-    """Identity, every configuration field, the flags that differ from the first, the results."""
-    row = {"index": index, "variant": config.name, "changes": changes_from_first(config, first)}
+    """Identity, GPUs, every configuration field, the flags that differ from the first, what
+    deriving d from the GPUs did, the results."""
+    row = {"index": index, "variant": config.name, "gpus": gpus_of(config),
+           "command": run_command(config.overrides(), config.source),
+           "changes": changes_from_first(config, first), "note": config.note}
     row.update({key: value for (_, key), value in config.values})
     row.update(result)
     return row

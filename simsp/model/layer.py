@@ -2,7 +2,7 @@
 
 Column-parallel QKV and h->4h, row-parallel output projection and 4h->h (Megatron-LM, N21 §2.3);
 heads split across ranks; with SP the LN/dropout regions hold an s/t slice of the sequence
-(K22 §4.2.2). Tensors kept for backward carry the names of REFERENCE.md §1:
+(K22 §4.2.2). Tensors kept for backward carry the names of docs/MODEL.md#activation-memory:
 
 | name                       | shape (per rank)      | bytes          |
 |----------------------------|-----------------------|----------------|

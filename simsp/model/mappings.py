@@ -13,14 +13,14 @@ from simsp.model.tensor import Tensor
 
 
 def _bytes_sent(kind: str, n: int, full_bytes: int) -> int:
-    """Bytes one rank sends in a ring collective of `full_bytes` (REFERENCE.md §5)."""
+    """Bytes one rank sends in a ring collective of `full_bytes` (docs/MODEL.md#collectives)."""
     steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
     return steps * full_bytes // n
 
 
-def run_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple, tag: str,
-                   label: str | None = None, group: tuple | None = None, track: str = "tp_comm",
-                   blocking: bool = True):
+def tensor_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple, tag: str,
+                      label: str | None = None, group: tuple | None = None, track: str = "tp_comm",
+                      blocking: bool = True):
     """Run one ring collective over `group` (default: this rank's TP group); returns the output.
 
     Bytes sent are counted under `label` (default: the collective's kind); a blocking call's
@@ -54,8 +54,8 @@ def all_reduce(r, x: Tensor, tag: str, label: str | None = None, blocking: bool 
     """Sum x over the TP group in place (ring: reduce-scatter then all-gather)."""
     if r.tp.size == 1:
         return x
-    return (yield from run_collective(r, "all_reduce", x, x.shape, x.shape, tag, label,
-                                      blocking=blocking))
+    return (yield from tensor_collective(r, "all_reduce", x, x.shape, x.shape, tag, label,
+                                         blocking=blocking))
 
 
 def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None, blocking: bool = True):
@@ -63,8 +63,8 @@ def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None, blocking: b
     if r.tp.size == 1:
         return x
     full = (x.shape[0] * r.tp.size,) + x.shape[1:]
-    return (yield from run_collective(r, "all_gather", x, full, full, tag, label,
-                                      blocking=blocking))
+    return (yield from tensor_collective(r, "all_gather", x, full, full, tag, label,
+                                         blocking=blocking))
 
 
 def reduce_scatter_seq(r, x: Tensor, tag: str, blocking: bool = True):
@@ -72,8 +72,8 @@ def reduce_scatter_seq(r, x: Tensor, tag: str, blocking: bool = True):
     if r.tp.size == 1:
         return x
     part = (x.shape[0] // r.tp.size,) + x.shape[1:]
-    return (yield from run_collective(r, "reduce_scatter", x, x.shape, part, tag,
-                                      blocking=blocking))
+    return (yield from tensor_collective(r, "reduce_scatter", x, x.shape, part, tag,
+                                         blocking=blocking))
 
 
 def start(r, generator, name: str = "collective"):

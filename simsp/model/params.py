@@ -63,12 +63,6 @@ def param_shapes(model) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def count_params(model) -> int:
-    """Total parameters, summed over param_shapes (GPT: 12Lh^2 + 13Lh + (v + s)h + 2h, N21 Eq. 2
-    plus the final layer norm)."""
-    return sum(int(np.prod(shape)) for shape in param_shapes(model).values())
-
-
 def _init_one(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """One parameter from its own generator (seed, crc32(name)): independent of the others."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])

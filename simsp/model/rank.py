@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simsp.costmodel import kernel_time
-from simsp.engine.ledger import Ledger
-from simsp.engine.live_set import AlreadyLive
+from simsp.engine.memory import AlreadyLive, Ledger
 from simsp.model.fp8 import FP8_SAVED_INPUTS, save_quantized
 from simsp.model.tensor import Tensor
 from simsp.precision import DEFAULT as DEFAULT_PRECISION

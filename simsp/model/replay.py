@@ -10,9 +10,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 import math
 
-from simsp.engine.ledger import CATEGORIES
-from simsp.engine.mem_log import expand
-from simsp.engine.op_block import INPUT, OpBlock
+from simsp.engine.memory import CATEGORIES, INPUT, OpBlock, expand
 from simsp.model.tensor import Tensor
 SKIPPED_TRACKS = ("pp_comm", "dp_comm")  # other processes of the rank; never part of a layer
 

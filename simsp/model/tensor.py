@@ -27,10 +27,6 @@ class Tensor:
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.itemsize  # numel * itemsize, one call less
 
-    @property
-    def is_meta(self) -> bool:
-        return self.data is None
-
     def __post_init__(self):
         self.shape = tuple(map(int, self.shape))
         if self.data is not None and tuple(self.data.shape) != self.shape:

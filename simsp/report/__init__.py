@@ -7,15 +7,15 @@ Every file is a deterministic function of the run: the same scenario gives the s
 from functools import partial
 from pathlib import Path
 
-from simsp.engine.gc_pause import gc_paused
+from simsp.gc_pause import gc_paused
 from simsp.io_out import write_file
 from simsp.jsonout import dumps
 
-from simsp.report.chrome_trace import counter_points, stage_counter_lines, write_chrome_trace
-from simsp.report.figure_inputs import memory_figures_of, schedule_figure_of
-from simsp.report.figures import capacity_of, memory_pictures, metric_figures, schedule_pictures
+from simsp.report.trace import counter_points, stage_counter_lines, write_chrome_trace
+from simsp.report.figures import (capacity_of, memory_figures_of, memory_pictures, memory_plot_png,
+                                  metric_figures, schedule_figure_of, schedule_pictures,
+                                  write_memory_plot)
 from simsp.report.html import write_report_html
-from simsp.report.memory_plot import memory_plot_png, write_memory_plot
 from simsp.report.painter import Painter, start_painter
 from simsp.report.summary_md import summary_text, variant_label, write_summary
 

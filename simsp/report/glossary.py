@@ -45,7 +45,8 @@ GLOSSARY = (
      "fill, bubble, drain, the tied-embedding reduction's wait) plus its idle tail after its "
      "own end: the bubble in seconds."),
     ("all-reduce, reduce-scatter, all-gather", "NCCL collectives. Ring all-reduce = "
-     "reduce-scatter then all-gather: 2(n−1) steps of S/n bytes (REFERENCE.md §5)."),
+     "reduce-scatter then all-gather: 2(n−1) steps of S/n bytes "
+     "(NVIDIA/nccl-tests doc/PERFORMANCE.md)."),
     ("calibration", "The achieved fractions of peak (GEMM efficiency, link efficiency) and "
      "latencies the cost model uses; reported with every result."),
     ("shortcuts", "Meta-mode speed-ups (one simulated rank per stage, closed-form collective "

@@ -1,5 +1,7 @@
-"""The what-if pictures (PNG): Pareto front of time against peak memory, MFU per variant,
-per-stage peak memory per variant, exposed communication per variant. Input: the results table."""
+"""The what-if pictures (PNG), readable at 10 rows and at 1,000: the best N as labelled bars
+(time, and where the time went), every row as one point of time against peak memory with the
+winner and the Pareto front named, and peak memory as a distribution. Input: the results table,
+already ranked best first (simsp.report.whatif.ranked)."""
 
 from pathlib import Path
 
@@ -11,6 +13,10 @@ import numpy as np  # noqa: E402
 
 from simsp.units import GiB  # noqa: E402
 
+TOP_BARS = 15  # rows named in the bar charts: the best, whatever the table's length
+FRONT_LABELS = 8  # Pareto points named beside the winner
+LABEL_CHARS = 88
+
 
 def _save(fig, path: Path) -> Path:
     """Fixed metadata, so the same table gives the same bytes."""
@@ -20,9 +26,22 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _short(text: str) -> str:
+    """A label of at most LABEL_CHARS characters."""
+    text = str(text)
+    return text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "…"
+
+
 def _labels(frame) -> list[str]:
-    """`#index` labels, matching the report's table."""
-    return [f"#{i}" for i in frame["index"]]
+    """`#index variant` labels, matching the report's table."""
+    return [_short(f"#{i} {v}") for i, v in zip(frame["index"], frame["variant"])]
+
+
+def _fits(frame) -> np.ndarray:
+    """(n,) whether each row fits (headroom ≥ 0 when known, else not out of memory)."""
+    if "fits" in frame:
+        return frame["fits"].fillna(False).astype(bool).to_numpy()
+    return ~frame["oom"].astype(bool).to_numpy()
 
 
 def pareto_front(times: np.ndarray, peaks: np.ndarray) -> np.ndarray:
@@ -36,55 +55,88 @@ def pareto_front(times: np.ndarray, peaks: np.ndarray) -> np.ndarray:
     return np.array(front, dtype=int)
 
 
+def plot_top(frame, path: Path, objective: str) -> Path:
+    """The best TOP_BARS rows as horizontal bars of iteration time, best on top, each named;
+    MFU and tokens/s per GPU written at the bar's end; rows that do not fit in red."""
+    top = frame.head(TOP_BARS)
+    fig, ax = plt.subplots(figsize=(13, 1.2 + 0.38 * len(top)))
+    y = np.arange(len(top))[::-1]  # (k,) best at the top
+    colors = np.where(_fits(top), "#4c72b0", "#c44e52")
+    times = top["iteration_time_s"].to_numpy(dtype=float)  # (k,)
+    ax.barh(y, times, color=colors)
+    ax.set_yticks(y, _labels(top), fontsize=8)
+    for yi, t, mfu, per_gpu in zip(y, times, top["mfu"], top["tokens_per_s"] / top["gpus"]):
+        ax.text(t, yi, f" {t:.3g} s, MFU {mfu:.1%}, {per_gpu:,.0f} tok/s/GPU", va="center",
+                fontsize=7)
+    ax.set_xlim(0, times.max() * 1.45)
+    shown = f"best {len(top)} of {len(frame)}" if len(frame) > len(top) else f"all {len(top)}"
+    ax.set(xlabel="iteration time (s)",
+           title=f"{shown} by {objective} (red: does not fit in memory less the reserve)")
+    return _save(fig, path)
+
+
 def plot_pareto(frame, path: Path) -> Path:
-    """Iteration time against peak memory; OOM rows marked; the GPU capacity as a line."""
-    fig, ax = plt.subplots(figsize=(8, 5))
-    fits = frame[~frame["oom"].astype(bool)]
-    ooms = frame[frame["oom"].astype(bool)]
-    ax.scatter(fits["peak_bytes_max"] / GiB, fits["iteration_time_s"], label="fits", color="#4c72b0")
-    ax.scatter(ooms["peak_bytes_max"] / GiB, ooms["iteration_time_s"], marker="x", color="#c44e52",
-               label="out of memory")
-    front = pareto_front(fits["iteration_time_s"].to_numpy(), fits["peak_bytes_max"].to_numpy())
-    if len(front):
-        best = fits.iloc[front].sort_values("peak_bytes_max")
-        ax.step(best["peak_bytes_max"] / GiB, best["iteration_time_s"], where="post",
-                color="#55a868", label="Pareto front")
-    ax.axvline(frame["capacity_bytes"].max() / GiB, color="black", linestyle="--", label="capacity")
-    for label, x, y in zip(_labels(frame), frame["peak_bytes_max"] / GiB, frame["iteration_time_s"]):
-        ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    """Every row as a point of iteration time against peak memory; the usable memory as a line;
+    the Pareto front of the rows that fit drawn and its points named, the winner in bold."""
+    fig, ax = plt.subplots(figsize=(10, 6))
+    fits = _fits(frame)
+    peaks = frame["peak_bytes_max"].to_numpy(dtype=float) / GiB  # (n,)
+    times = frame["iteration_time_s"].to_numpy(dtype=float)  # (n,)
+    small = 12 if len(frame) <= 100 else 5
+    ax.scatter(peaks[fits], times[fits], s=small, color="#4c72b0", label="fits")
+    ax.scatter(peaks[~fits], times[~fits], s=small, marker="x", color="#c44e52",
+               label="does not fit")
+    ax.axvline(frame["capacity_bytes"].max() / GiB, color="black", linestyle="--",
+               label="GPU capacity")
+    if "memory_reserve_bytes" in frame and frame["memory_reserve_bytes"].notna().any():
+        usable = (frame["capacity_bytes"] - frame["memory_reserve_bytes"]).max() / GiB
+        ax.axvline(usable, color="grey", linestyle=":", label="capacity less reserve")
+    _draw_front(ax, frame[fits], peaks[fits], times[fits])
     ax.set(xlabel="peak memory, busiest stage (GiB)", ylabel="iteration time (s)",
-           title="time vs memory")
+           title=f"time vs memory, {len(frame)} configurations")
+    ax.legend(fontsize=8, loc="upper right")
+    return _save(fig, path)
+
+
+def _draw_front(ax, fitting, peaks: np.ndarray, times: np.ndarray) -> None:
+    """The front as a step line; the winner (fastest that fits) and front points named, each
+    label on its own row of a column at the right of the points so none overlap."""
+    if not len(fitting):
+        return
+    front = pareto_front(times, peaks)  # (k,) by time
+    order = front[np.argsort(peaks[front])]
+    ax.step(peaks[order], times[order], where="post", color="#55a868", label="Pareto front")
+    named = list(front[:FRONT_LABELS])
+    span = times.max() - times.min() or times.max() or 1.0
+    for slot, i in enumerate(named):
+        label = fitting["variant"].iloc[i]
+        winner = slot == 0
+        text = _short(f"{'winner: ' if winner else ''}#{fitting['index'].iloc[i]} {label}")
+        ax.annotate(text, (peaks[i], times[i]), xycoords="data", fontsize=7,
+                    fontweight="bold" if winner else "normal",
+                    xytext=(0.99, 0.06 + 0.055 * slot), textcoords="axes fraction", ha="right",
+                    arrowprops={"arrowstyle": "-", "color": "#999999", "lw": 0.6})
+    ax.scatter(peaks[front[0]], times[front[0]], s=80, facecolors="none", edgecolors="black")
+    ax.set_ylim(times.min() - 0.05 * span, None)
+
+
+def plot_memory(frame, path: Path) -> Path:
+    """Peak memory of the busiest stage as a histogram over the rows (fits / not stacked), with
+    the capacity and the usable memory."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fits = _fits(frame)
+    peaks = frame["peak_bytes_max"].to_numpy(dtype=float) / GiB  # (n,)
+    capacity = frame["capacity_bytes"].max() / GiB
+    edges = np.linspace(0, max(capacity, peaks.max()) * 1.02, 41)  # (41,) GiB
+    ax.hist([peaks[fits], peaks[~fits]], bins=edges, stacked=True,
+            color=["#4c72b0", "#c44e52"], label=["fits", "does not fit"])
+    ax.axvline(capacity, color="black", linestyle="--", label="GPU capacity")
+    if "memory_reserve_bytes" in frame and frame["memory_reserve_bytes"].notna().any():
+        usable = (frame["capacity_bytes"] - frame["memory_reserve_bytes"]).max() / GiB
+        ax.axvline(usable, color="grey", linestyle=":", label="capacity less reserve")
+    ax.set(xlabel="peak memory, busiest stage (GiB)", ylabel="configurations",
+           title=f"peak memory over {len(frame)} configurations")
     ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def plot_mfu(frame, path: Path) -> Path:
-    """MFU of each variant (OOM bars hatched)."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(frame)), 4))
-    colors = ["#c44e52" if oom else "#4c72b0" for oom in frame["oom"].astype(bool)]
-    ax.bar(_labels(frame), 100 * frame["mfu"], color=colors)
-    ax.set(ylabel="MFU (%)", title="model FLOPs utilisation (red: out of memory)")
-    ax.tick_params(axis="x", labelsize=7, rotation=90)
-    return _save(fig, path)
-
-
-def stage_columns(frame, stem: str) -> list[str]:
-    """`stem_stage0`, `stem_stage1`, ... present in the table, in stage order."""
-    found = [c for c in frame.columns if c.startswith(f"{stem}_stage") and c[len(stem) + 6:].isdigit()]
-    return sorted(found, key=lambda c: int(c[len(stem) + 6:]))
-
-
-def plot_stage_memory(frame, path: Path) -> Path:
-    """Peak memory of every pipeline stage, one line per variant, with the capacity."""
-    fig, ax = plt.subplots(figsize=(8, 5))
-    columns = stage_columns(frame, "peak_bytes")
-    for label, (_, row) in zip(_labels(frame), frame.iterrows()):
-        values = row[columns].to_numpy(dtype=float) / GiB  # (stages,) NaN beyond this layout's p
-        ax.plot(np.arange(len(columns)), values, marker="o", markersize=3, label=label)
-    ax.axhline(frame["capacity_bytes"].max() / GiB, color="black", linestyle="--", label="capacity")
-    ax.set_xticks(np.arange(len(columns)))
-    ax.set(xlabel="pipeline stage", ylabel="peak memory (GiB)", title="peak memory per stage")
-    ax.legend(fontsize=6, ncol=4)
     return _save(fig, path)
 
 
@@ -95,27 +147,29 @@ def exposed_kinds(frame) -> list[str]:
 
 
 def plot_exposed(frame, path: Path) -> Path:
-    """Exposed time per variant, stacked: the pipeline bubble, time / (1 + bubble fraction) short
-    of the iteration (N21 §2.2.1), then each kind of exposed communication (busiest stage each)."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(frame)), 4))
-    time = frame["iteration_time_s"].to_numpy(dtype=float)  # (variants,)
-    bottom = time - time / (1 + frame["bubble_fraction"].to_numpy(dtype=float))  # (variants,)
-    ax.bar(_labels(frame), bottom, label="bubble", color="#bbbbbb")
-    for column in (c for c in exposed_kinds(frame) if not c.endswith("_wait_s")):  # waits: bubble
-        values = frame[column].fillna(0.0).to_numpy(dtype=float)  # (variants,)
-        ax.bar(_labels(frame), values, bottom=bottom, label=column[len("exposed_"):-2])
-        bottom += values
-    ax.set(ylabel="exposed time (s)", title="bubble and exposed communication by kind")
-    ax.tick_params(axis="x", labelsize=7, rotation=90)
-    ax.legend(fontsize=8)
+    """Where the best rows' time goes beyond compute, stacked per row: the pipeline bubble,
+    time − time/(1 + bubble fraction) (N21 §2.2.1), then each kind of exposed communication."""
+    top = frame.head(TOP_BARS)
+    fig, ax = plt.subplots(figsize=(14, 1.4 + 0.38 * len(top)))
+    y = np.arange(len(top))[::-1]  # (k,) best at the top
+    time = top["iteration_time_s"].to_numpy(dtype=float)  # (k,)
+    left = time - time / (1 + top["bubble_fraction"].to_numpy(dtype=float))  # (k,)
+    ax.barh(y, left, color="#bbbbbb", label="bubble")
+    for column in (c for c in exposed_kinds(top) if not c.endswith("_wait_s")):  # waits: bubble
+        values = top[column].fillna(0.0).to_numpy(dtype=float)  # (k,)
+        ax.barh(y, values, left=left, label=column[len("exposed_"):-2])
+        left = left + values
+    ax.set_yticks(y, _labels(top), fontsize=8)
+    ax.set(xlabel="seconds per iteration (busiest stage)",
+           title="bubble and exposed communication of the best rows")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
-def write_plots(frame, out: Path) -> list[Path]:
-    """The four pictures of the report, from the rows that simulated (errors have no numbers)."""
+def write_plots(frame, out: Path, objective: str = "time") -> list[Path]:
+    """The four pictures, from the rows that simulated (errors have no numbers), best first."""
     done = frame[frame["status"] != "error"].reset_index(drop=True)
     if done.empty:
         return []
-    return [plot_pareto(done, out / "pareto.png"), plot_mfu(done, out / "mfu.png"),
-            plot_stage_memory(done, out / "stage_memory.png"),
-            plot_exposed(done, out / "exposed.png")]
+    return [plot_top(done, out / "top.png", objective), plot_pareto(done, out / "pareto.png"),
+            plot_memory(done, out / "memory.png"), plot_exposed(done, out / "exposed.png")]

@@ -6,26 +6,18 @@ SP-partial LN/bias gradients over TP, and the tied word-embedding gradient betwe
 last pipeline stages (N21 §2.2, K22 §4.3).
 """
 
-from simsp.model.grad_sync import sync_sequence_parallel_grads
-from simsp.model.mappings import run_collective
-from simsp.training.optimizer import adam_step
+from simsp.training.sp_grad_sync import sync_sequence_parallel_grads
+from simsp.model.mappings import tensor_collective
 
 
 def data_parallel_reduce(r, run, plan, grads: dict):
     """Sum gradients over the DP group: wait for (or launch, then wait for) every bucket."""
-    yield from run.states[r.rank].grad_sync.finish(r, run)
+    yield from run.states[r.rank].ddp_buckets.finish(r, run)
 
 
 def data_parallel_gather_params(r, run, weights: dict):
     """Distributed optimizer: all-gather the updated fp16 parameters over DP, bucket by bucket."""
-    yield from run.states[r.rank].grad_sync.gather_params(r, run)
-
-
-def optimizer_step(r, optimizer, weights: dict, grads: dict):
-    """The Adam step; its time is the iteration's optimizer share (metrics.exposure)."""
-    start = r.env.now
-    yield from adam_step(r, optimizer, weights, grads)
-    r.count_exposed("optimizer", r.env.now - start)
+    yield from run.states[r.rank].ddp_buckets.gather_params(r, run)
 
 
 def tied_embedding_reduce(r, run, plan, grads: dict):
@@ -36,12 +28,12 @@ def tied_embedding_reduce(r, run, plan, grads: dict):
     if plan.p == 1 or not (plan.holds_embedding or plan.holds_head) or not run.sc.model.tied:
         return  # untied: the output layer has its own weight, nothing is shared
     group = (run.rank_of(plan.tp, plan.dp, 0), run.rank_of(plan.tp, plan.dp, plan.p - 1))
-    arrivals = run.mailbox.arrivals.setdefault(("tied_embedding", group), {})
+    arrivals = run.tied_embedding_arrivals.setdefault(group, {})
     arrivals[r.rank] = start = r.env.now
     grad = grads["embedding.word"]
-    yield from run_collective(r, "all_reduce", grad, grad.shape, grad.shape, "tied_embedding",
-                              label="all_reduce_embedding", group=group, track="pp_comm",
-                              blocking=False)
+    yield from tensor_collective(r, "all_reduce", grad, grad.shape, grad.shape, "tied_embedding",
+                                 label="all_reduce_embedding", group=group, track="pp_comm",
+                                 blocking=False)
     last_arrival = max(arrivals.values())
     r.count_exposed("pp_wait", last_arrival - start)
     r.count_exposed("pp_transfer", r.env.now - last_arrival)

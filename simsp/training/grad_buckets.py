@@ -1,7 +1,8 @@
 """Data-parallel gradient buckets as Megatron-LM's DDP builds and reduces them.
 
 Sources: megatron/core/distributed/param_and_grad_buffer.py and distributed_data_parallel.py,
-distributed_optimizer.py (REFERENCE.md §7). Each model chunk's gradients live in one contiguous
+distributed_optimizer.py (docs/MODEL.md#runtime-mechanisms). Each model chunk's gradients live
+in one contiguous
 buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes) walked in reverse parameter
 order and cut into buckets of at least max(40M, 1M·d) parameters; without
 --overlap-grad-reduce the bucket size is unlimited (one bucket per chunk). With the overlap, a
@@ -22,14 +23,13 @@ import math
 import numpy as np
 import simpy
 
+from simsp.config import bucket_size
 from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
 from simsp.model.mappings import _bytes_sent
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
 
-BUCKET_MIN_PARAMS = 40_000_000  # Megatron DDP default bucket size: max(40M, 1M·d) parameters
-BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 EMBEDDING = ("embedding.word", "embedding.position")
 HEAD = ("final_ln.gamma", "final_ln.beta", "output.weight")  # output.weight: untied only
 
@@ -44,14 +44,6 @@ class Bucket:
     ready: set = field(default_factory=set)
     reduce: simpy.Process | None = None
     gather: simpy.Process | None = None
-
-
-def bucket_size(d: int, overlap_grad_reduce: bool, given: int | None = None) -> int | None:
-    """Megatron DDP: --ddp-bucket-size or max(40M, 1M·d) parameters; unlimited without
-    --overlap-grad-reduce (distributed_data_parallel.py)."""
-    if not overlap_grad_reduce:
-        return None
-    return given or max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * d)
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
@@ -107,7 +99,7 @@ def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
     return [n for n in names if n in grads]
 
 
-class GradSync:
+class DDPBuckets:
     """One rank's DP buckets, the stream they reduce on, and the pending all-gathers."""
 
     def __init__(self, r, run, plan, grads: dict):

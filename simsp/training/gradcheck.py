@@ -76,8 +76,3 @@ def gradient_check_with_bounds(sc: Scenario, names: list[str] | None = None,
         bound = rounding_bound(dtype, eps, run.loss, analytic[name], norm, exact)
         ratios[name] = abs(numeric - exact) / max(bound, np.finfo(dtype).tiny)
     return errors, ratios
-
-
-def gradient_check(sc: Scenario, names: list[str] | None = None, track=list) -> dict:
-    """{name: relative error of <grad, u> vs the finite difference} for the chosen tensors."""
-    return gradient_check_with_bounds(sc, names, track)[0]

@@ -12,19 +12,56 @@ import numpy as np
 from simsp.cluster.grid import RankGrid
 from simsp.config import Scenario
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
-from simsp.engine.gc_pause import gc_paused
+from simsp.gc_pause import gc_paused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
-from simsp.model.world import World, build_world
+from simsp.training.world import World, build_world
 from simsp.training import p2p
-from simsp.training.finalize import data_parallel_gather_params, finalize_grads, optimizer_step
-from simsp.training.optimizer import allocate_optimizer
+from simsp.training.finalize import data_parallel_gather_params, finalize_grads
+from simsp.training.optimizer import allocate_optimizer, optimizer_step
 from simsp.training.shortcut_check import check_shortcuts
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.stage_program import run_schedule
 from simsp.training.steps import RankState
+
+
+@dataclass(frozen=True)
+class Shortcuts:
+    """The scale shortcuts of meta mode, each shown equal to the full simulation in
+    tests/test_shortcuts.py: one simulated rank per TP group and DP replica, whole-collective
+    timing, and layer templates (which need the other two)."""
+
+    representative: bool = False
+    closed_form: bool = False
+    templates: bool = False
+    # groups whose collectives run step by step under closed_form (they share links)
+    stepwise_groups: frozenset = frozenset()
+    reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
+
+    @classmethod
+    def for_scale(cls, sc: Scenario) -> "Shortcuts":
+        """In meta mode every shortcut that is exact for this layout (training/shortcut_check.py);
+        none in numeric mode, whose numbers need every rank."""
+        if sc.run.mode != "meta":
+            why = "not used: numeric mode needs every rank and every ring step"
+            return cls(reasons=tuple((name, why) for name in
+                                     ("representative", "closed_form", "templates")))
+        verdict = check_shortcuts(sc)
+        return cls(verdict.representative, verdict.closed_form, verdict.templates,
+                   verdict.stepwise_groups, verdict.reasons)
+
+    def flags(self) -> dict:
+        """The three shortcuts, on or off."""
+        return {"representative": self.representative, "closed_form": self.closed_form,
+                "templates": self.templates}
+
+    def why(self) -> dict:
+        """Per shortcut: used or not, and why (the `shortcuts_used` of metrics.json)."""
+        reasons = dict(self.reasons)
+        return {name: reasons.get(name, ("used" if on else "not used") + ": as requested")
+                for name, on in self.flags().items()}
 
 
 @dataclass
@@ -41,7 +78,9 @@ class Run:
     embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
     embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb) -> grad at emb. output
     losses: dict = field(default_factory=dict)  # (dp, micro_batch) -> summed token loss
-    layers: object = field(default_factory=DirectLayers)  # or LayerTemplates (meta shortcut)
+    tied_embedding_arrivals: dict = field(default_factory=dict)  # group -> {rank: arrival_s}
+    shortcuts: Shortcuts = Shortcuts()  # which scale shortcuts this run takes
+    layers: object = field(default_factory=DirectLayers)  # LayerTemplates if shortcuts.templates
     states: dict = field(default_factory=dict)  # rank -> RankState
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
     steps: dict = field(default_factory=dict)  # rank -> [(kind, mb, chunk, begin_s, end_s)]
@@ -89,43 +128,6 @@ def rank_program(r, run: Run, plan: StagePlan):
     run.end_s[r.rank] = r.env.now
 
 
-@dataclass(frozen=True)
-class Shortcuts:
-    """The scale shortcuts of meta mode, each shown equal to the full simulation in
-    tests/test_shortcuts.py: one simulated rank per TP group and DP replica, whole-collective
-    timing, and layer templates (which need the other two)."""
-
-    representative: bool = False
-    closed_form: bool = False
-    templates: bool = False
-    # groups whose collectives run step by step under closed_form (they share links)
-    stepwise_groups: frozenset = frozenset()
-    reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
-
-    @classmethod
-    def for_scale(cls, sc: Scenario) -> "Shortcuts":
-        """In meta mode every shortcut that is exact for this layout (training/shortcut_check.py);
-        none in numeric mode, whose numbers need every rank."""
-        if sc.run.mode != "meta":
-            why = "not used: numeric mode needs every rank and every ring step"
-            return cls(reasons=tuple((name, why) for name in
-                                     ("representative", "closed_form", "templates")))
-        verdict = check_shortcuts(sc)
-        return cls(verdict.representative, verdict.closed_form, verdict.templates,
-                   verdict.stepwise_groups, verdict.reasons)
-
-    def flags(self) -> dict:
-        """The three shortcuts, on or off."""
-        return {"representative": self.representative, "closed_form": self.closed_form,
-                "templates": self.templates}
-
-    def why(self) -> dict:
-        """Per shortcut: used or not, and why (the `shortcuts_used` of metrics.json)."""
-        reasons = dict(self.reasons)
-        return {name: reasons.get(name, ("used" if on else "not used") + ": as requested")
-                for name, on in self.flags().items()}
-
-
 def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
     if not shortcuts.representative:
         return None
@@ -152,7 +154,8 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
                         stepwise_groups=shortcuts.stepwise_groups)
     _set_trace_detail(world, trace)
-    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step)
+    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
+              shortcuts=shortcuts)
     if shortcuts.templates:
         run.layers = LayerTemplates()
     if sc.run.mode == "numeric":
@@ -176,7 +179,7 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
     ("none", "steps", "full") says which spans are recorded: none, all but compute and TP
     communication, or all; results are the same. `keep_until_exit`: the caller holds the run
     until its process ends (the command line), so its objects are frozen out of later garbage
-    collections (engine/gc_pause.py)."""
+    collections (gc_pause.py)."""
     if sc.run.mode == "numeric" and shortcuts.representative:
         raise ValueError("numeric mode needs every rank: no representative shortcut")
     if shortcuts.templates and not (shortcuts.representative and shortcuts.closed_form):

@@ -20,7 +20,7 @@ def chunk_forward(r, run, plan, state, chunk: int, x, mb: int, offset: int, stas
         stash["layers"] += [saved for _out, saved in results]
         return results[-1][0]
     for segment in segments:
-        yield from state.grad_sync.params_needed(r, run, chunk, segment.layers)
+        yield from state.ddp_buckets.params_needed(r, run, chunk, segment.layers)
         x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
         stash["layers"].append(saved)
     return x
@@ -36,7 +36,7 @@ def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, st
     for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
         dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
-        state.grad_sync.grads_ready(r, run, plan, chunk, mb, segment.layers[::-1])
+        state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, segment.layers[::-1])
     return dx
 
 
@@ -52,7 +52,7 @@ def _chained(run, state, segments: tuple, kind: tuple, mb: int) -> bool:
     """Whether the segments can be replayed as one chain (see the module docstring)."""
     return (len(segments) > 1 and run.layers.has_template(kind)
             and not any(segment.checkpointed for segment in segments)
-            and state.grad_sync.quiet(mb))
+            and state.ddp_buckets.quiet(mb))
 
 
 def _scopes(segments, mb: int) -> list[str]:

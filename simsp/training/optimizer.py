@@ -64,3 +64,10 @@ def _adam_bytes_per_param(r) -> int:
         return 30
     states = sum(r.precision.state(s) for s in STATE_TENSORS)
     return r.precision.main_grad_bytes + 2 * states + 2
+
+
+def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):
+    """The Adam step; its time is the iteration's optimizer share (metrics.exposure)."""
+    start = r.env.now
+    yield from adam_step(r, optimizer, weights, grads)
+    r.count_exposed("optimizer", r.env.now - start)

@@ -30,7 +30,6 @@ class Mailbox:
         self._posted: dict[tuple, list] = {}  # key -> [event, send (network, src, dst, nbytes)
         #                                        or None, receive posted]
         self.payloads: dict[tuple, object] = {}  # key -> data on its way (numeric mode)
-        self.arrivals: dict[tuple, dict] = {}  # pipeline-group collective -> {rank: arrival_s}
 
     def post_send(self, key: tuple, network, src: int, dst: int, nbytes: int, payload):
         """Post a send; its event succeeds once the data has crossed."""

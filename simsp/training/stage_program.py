@@ -13,7 +13,7 @@ import math
 from simsp.model import mappings
 from simsp.model.tensor import FP16
 from simsp.training import p2p
-from simsp.training.grad_buckets import GradSync
+from simsp.training.grad_buckets import DDPBuckets
 from simsp.training.p2p_program import Exchange, call_name_of_kinds, megatron_program
 from simsp.training.plan import StagePlan
 from simsp.training.schedules import interleaved_warmup, one_f_one_b_warmup
@@ -47,8 +47,8 @@ class P2PSetup:
 
 def run_schedule(r, run, plan: StagePlan, state: RankState):
     """The stage's steps with Megatron's p2p calls between them (training/p2p_program.py)."""
-    state.grad_sync = GradSync(r, run, plan, state.grads)
-    state.grad_sync.start_param_gather(r, run)
+    state.ddp_buckets = DDPBuckets(r, run, plan, state.grads)
+    state.ddp_buckets.start_param_gather(r, run)
     state.p2p = P2PSetup.of(r, run, plan)
     program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,
                                _warmup(run, plan), run.sc.parallel.overlap_p2p_communication)
@@ -159,9 +159,9 @@ def _gather_chunk(r, shape: tuple, chunk):
     """All-gather the received 1/t chunks over the TP group (NVLink) into the full tensor of
     `shape` (s_l, b, h)."""
     start = r.env.now
-    full = yield from mappings.run_collective(r, "all_gather", chunk, shape, shape,
-                                              "p2p_gather", label="all_gather_pp",
-                                              track="pp_comm", blocking=False)
+    full = yield from mappings.tensor_collective(r, "all_gather", chunk, shape, shape,
+                                                 "p2p_gather", label="all_gather_pp",
+                                                 track="pp_comm", blocking=False)
     r.count_exposed("pp_transfer", r.env.now - start)
     r.free(chunk)
     return full

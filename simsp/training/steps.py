@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from simsp.model.embedding import embedding_backward, embedding_forward
 from simsp.model.head import head_backward, head_forward
 from simsp.model.tensor import FP16
-from simsp.training.grad_buckets import GradSync
+from simsp.training.grad_buckets import DDPBuckets
 from simsp.training.layer_chain import chunk_backward, chunk_forward
 from simsp.training.plan import StagePlan, sample_offset
 
@@ -26,7 +26,7 @@ class RankState:
     outbox: dict = field(default_factory=dict)  # p2p key -> (destination, tensor) to send
     pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
     segments: dict = field(default_factory=dict)  # chunk -> its recompute segments
-    grad_sync: GradSync | None = None  # DP gradient buckets (training/grad_buckets.py)
+    ddp_buckets: DDPBuckets | None = None  # DP gradient buckets (training/grad_buckets.py)
     p2p: object = None  # training/stage_program.py P2PSetup, set when the schedule starts
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
@@ -73,7 +73,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     r.phase, r.scope = "forward", scope
     stash = {"layers": []}
     if plan.is_first(chunk):
-        yield from state.grad_sync.params_needed(r, run, chunk, ["embedding"])
+        yield from state.ddp_buckets.params_needed(r, run, chunk, ["embedding"])
         x, stash["embedding"] = yield from embedding_forward(
             r, sc.model, state.weights, tokens, (sc.model.seq_length, sc.parallel.micro_batch_size),
             offset)
@@ -85,7 +85,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     x = yield from chunk_forward(r, run, plan, state, chunk, x, mb, offset, stash)
     r.scope = scope
     if plan.is_last(chunk):
-        yield from state.grad_sync.params_needed(r, run, chunk, ["head"])
+        yield from state.ddp_buckets.params_needed(r, run, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
         run.losses[(plan.dp, mb)] = loss
     else:
@@ -105,7 +105,7 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
                                       stash["head"], dloss)
-        state.grad_sync.grads_ready(r, run, plan, chunk, mb, ["head"])
+        state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["head"])
     else:
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp))
     begin = r.env.now
@@ -117,7 +117,7 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
             run.embedding_grads[(plan.tp, plan.dp, mb)] = dx.data.copy()  # (s_l, b, h)
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
-        state.grad_sync.grads_ready(r, run, plan, chunk, mb, ["embedding"])
+        state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["embedding"])
     else:
         state.outbox[("grad", mb, k - 1, plan.tp, plan.dp)] = (state.p2p.upstream, dx)
     run.record_step(r, "B", mb, chunk, begin)

@@ -15,7 +15,7 @@ from simsp.config import Scenario
 from simsp.engine.ring_timing import busbw_GBps, collective_time
 from simsp.hardware import LinkCalibration
 from simsp.metrics import collect
-from simsp.model.layer_sim import simulate_layer
+from simsp.training.layer_sim import simulate_layer
 from simsp.training.iteration import Shortcuts, simulate_iteration
 from simsp.units import GB
 

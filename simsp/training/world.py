@@ -9,7 +9,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.config import Scenario
 from simsp.engine.communicator import STEPWISE, Communicator
-from simsp.engine.ledger import Ledger
+from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace

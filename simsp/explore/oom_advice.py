@@ -12,7 +12,7 @@ from operator import itemgetter
 import numpy as np
 
 from simsp.config import Scenario, with_overrides
-from simsp.engine.ledger import CATEGORIES
+from simsp.engine.memory import CATEGORIES
 from simsp.errors import UserError
 from simsp.metrics import iteration_time, stage_ranks
 from simsp.training.iteration import Shortcuts, simulate_iteration

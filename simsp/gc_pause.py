@@ -1,4 +1,4 @@
-"""Pause Python's cyclic garbage collector around a simulation (issue 9: cheap events).
+"""Pause Python's cyclic garbage collector around a simulation (docs/PERFORMANCE.md).
 
 A paper-scale iteration creates hundreds of thousands of short-lived simpy events and
 generators; the collector would rescan every long-lived object (ledgers, spans) again and again.

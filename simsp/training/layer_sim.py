@@ -5,14 +5,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simsp.config import Scenario, with_overrides
-from simsp.model.grad_sync import sync_sequence_parallel_grads
+from simsp.engine.communicator import STEPWISE
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
 from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
 from simsp.model.weights import allocate_params, gather_grads
-from simsp.model.world import build_world
+from simsp.training.sp_grad_sync import sync_sequence_parallel_grads
+from simsp.training.world import build_world
 
 LAYER = 0
 PREFIX = f"layers.{LAYER}."
@@ -104,10 +105,11 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.free(dx)
 
 
-def simulate_layer(sc: Scenario) -> LayerResult:
-    """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results."""
+def simulate_layer(sc: Scenario, timing: str = STEPWISE) -> LayerResult:
+    """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results;
+    `timing` as simsp.training.world.build_world (CLOSED_FORM: collectives timed as a whole)."""
     sc = one_tp_group(sc)
-    world = build_world(sc)
+    world = build_world(sc, timing=timing)
     numeric = sc.run.mode == "numeric"
     params, x, dout = _layer_inputs(sc) if numeric else (None, None, None)
     shapes = {n: s for n, s in param_shapes(sc.model).items() if n.startswith(PREFIX)}

@@ -1,0 +1,60 @@
+"""GPUs as an axis of a sweep: d derived from the world size as Megatron derives it
+(d = world / (t·p), megatron/core/parallel_state.py initialize_model_parallel), the nodes
+from the world size, and one sentence saying what that did to d and the batch.
+
+A world size comes from `--world-size` (a comma list), a sweep-file variant's `world_size`, or
+`nodes` set without d or a world size: Megatron's world is every launched GPU, so more nodes
+means a larger d, never idle GPUs."""
+
+import math
+
+WORLD_SIZE = ("parallel", "world_size")  # a sweep variant's key; never a scenario field
+D, NODES = ("parallel", "data_parallel_size"), ("cluster", "nodes")
+T, P = ("parallel", "tensor_model_parallel_size"), ("parallel", "pipeline_model_parallel_size")
+GPN, B, MB = ("cluster", "gpus_per_node"), ("parallel", "global_batch_size"), \
+    ("parallel", "micro_batch_size")
+
+
+def _world_from(merged: dict, base: dict, world: int | None, given: set) -> int | None:
+    """The world size to derive d from, or None to keep the configuration's own d."""
+    if world is not None:
+        return world
+    if merged.get(WORLD_SIZE) is not None:
+        return merged[WORLD_SIZE]
+    if NODES in given and D not in given:
+        return merged[NODES] * merged[GPN]
+    return None
+
+
+def _batch_text(merged: dict, base: dict, d: int, given: set) -> str:
+    """What the global batch did: kept (with micro-batches per pipeline) or b·d."""
+    b = merged[MB]
+    if merged[B] is None:
+        return f"global batch not set: b·d = {b * d} samples"
+    before = merged[B] / (b * base[D])  # the same batch on the configuration's own d
+    kept = "as given" if B in given or merged[B] != base[B] else "kept"
+    after = merged[B] / (b * d)
+    return (f"global batch {merged[B]} {kept} ({before:g} → {after:g} micro-batches per "
+            "pipeline)")
+
+
+def derive_world(merged: dict, base: dict, world: int | None, given: set):
+    """(values with d and nodes derived, an `error:` text or None, a note saying what changed)."""
+    merged = dict(merged)
+    chosen = _world_from(merged, base, world, given)
+    merged.pop(WORLD_SIZE, None)
+    if chosen is None:
+        return merged, None, ""
+    t, p = merged[T], merged[P]
+    if not all(isinstance(v, int) and v > 0 for v in (t, p, chosen)):
+        return merged, f"error: --world-size: must be a positive integer, got {chosen}", ""
+    if chosen % (t * p):
+        return merged, (f"error: --world-size: {chosen} is not divisible by tensor*pipeline = "
+                        f"{t}*{p} = {t * p}"), ""
+    d = chosen // (t * p)
+    merged[D] = d
+    if NODES not in given:
+        merged[NODES] = math.ceil(chosen / merged[GPN])
+    note = (f"{chosen} GPUs on {merged[NODES]} node(s): d = {chosen}/(t·p = {t * p}) = {d} "
+            f"(was {base[D]}); {_batch_text(merged, base, d, given)}")
+    return merged, None, note

@@ -1,0 +1,35 @@
+"""The layering of docs/ARCHITECTURE.md holds (every import points down, no command imports
+another) and no function is left that nothing calls (tests/layering.py reads the source)."""
+
+import pytest
+
+from layering import (arrows_against_layers, back_arrows, dead_functions, layer_of, module_name,
+                      package_files)
+
+
+def test_every_import_points_down_the_layers():
+    assert back_arrows() == []
+
+
+def test_every_function_is_called_from_the_package_or_a_benchmark():
+    assert dead_functions() == []
+
+
+@pytest.mark.parametrize("source, target", [
+    ("simsp.engine.network", "simsp.report.trace"),  # engine must not know reports
+    ("simsp.config", "simsp.training.iteration"),
+    ("simsp.commands.search", "simsp.commands.sweep"),  # commands are peers
+    ("simsp.explore.evaluate", "simsp.report.whatif"),
+])
+def test_a_new_back_arrow_is_caught(source, target):
+    assert arrows_against_layers(source, [target]) == [f"{source} -> {target}"]
+
+
+def test_downward_and_same_layer_imports_pass():
+    assert arrows_against_layers("simsp.report.summary_md", ["simsp.metrics", "simsp.units",
+                                                              "simsp.report.drawing"]) == []
+
+
+def test_every_module_has_a_layer():
+    for path in package_files():
+        layer_of(module_name(path))  # raises KeyError for a module in no layer

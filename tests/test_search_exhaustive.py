@@ -1,0 +1,88 @@
+"""Search against brute force: every layout of four small models simulated, the bounds checked
+on each, and the search's top K (branch and bound, memory screen) equal to the exhaustive top K.
+
+The models cover what made the old screens unsound: block recompute (a chunk rebuilds only its
+first N layers), uniform groups, 16-bit gradient reduction with overlap, interleaving with few
+micro-batches, and a model large enough that the memory screen rules layouts out."""
+
+import pytest
+
+from simsp.explore.cache import ResultCache
+from simsp.explore.configs import base_values
+from simsp.explore.evaluate import evaluate
+from simsp.explore.executor import Executor
+from simsp.explore.fields import by_key
+from simsp.explore.layouts import enumerate_layouts, search_base
+from simsp.explore.prune import memory_lower_bound, memory_verdict, scenario_of, time_lower_bound
+from simsp.explore.search import search
+from simsp.units import GiB
+
+SMALL = {"mode": "meta", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,
+         "seq_length": 128, "vocab_size": 512}
+MODELS = {  # name: (model fields, held [parallel] fields, GPUs, global batch, memory reserve GiB)
+    "block recompute": (SMALL, {"recompute_method": "block", "recompute_num_layers": 1}, 4, 4, 4),
+    "fp16 gradients, overlapped": (
+        {**SMALL, "num_layers": 4},
+        {"accumulate_allreduce_grads_in_fp32": False, "overlap_grad_reduce": True}, 4, 8, 4),
+    "uniform groups of 2": (SMALL, {"recompute_num_layers": 2}, 4, 8, 0),
+    "memory-bound 8 x 8192": ({"mode": "meta", "num_layers": 8, "hidden_size": 8192,
+                               "num_attention_heads": 64, "seq_length": 256,
+                               "vocab_size": 1024}, {}, 4, 4, 4),
+}
+TOP = 3
+
+
+def base_of(model: dict) -> dict:
+    values = base_values(None)
+    table = by_key()
+    for key, value in model.items():
+        values[table[key].path] = value
+    return search_base(values)
+
+
+def fits(row: dict, reserve_gib: float) -> bool:
+    """The test's own reading of "fits": simulated, no OOM, peak within capacity − reserve."""
+    return row["status"] == "ok" and row["peak_bytes_max"] <= row["capacity_bytes"] - reserve_gib * GiB
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def exhaustive(request, tmp_path_factory):
+    """(name, base, every layout with its simulated row, a cache holding those rows)."""
+    model, fixed, gpus, batch, reserve = MODELS[request.param]
+    base = base_of(model)
+    layouts = enumerate_layouts(base, gpus, batch, fixed)
+    cache = ResultCache(tmp_path_factory.mktemp("cache"))
+    rows = []
+    for config in layouts.configs:
+        row = evaluate(config.values)
+        cache.put(config.digest(), row)
+        rows.append((config, row))
+    return request.param, base, rows, cache
+
+
+def test_bounds_hold_for_every_layout(exhaustive):
+    name, _, rows, _ = exhaustive
+    reserve = MODELS[name][4]
+    for config, row in rows:
+        sc = scenario_of(config)
+        assert row["status"] in ("ok", "oom"), (config.name, row.get("error"))
+        assert time_lower_bound(sc) <= row["iteration_time_s"], config.name
+        assert memory_lower_bound(sc) <= row["peak_bytes_stage0"], config.name
+        if memory_verdict(sc, reserve * GiB):
+            assert not fits(row, reserve), config.name
+
+
+@pytest.mark.parametrize("objective", ["time", "mfu"])
+def test_search_top_k_equals_the_exhaustive_top_k(exhaustive, objective):
+    name, base, rows, cache = exhaustive
+    _, fixed, gpus, batch, reserve = MODELS[name]
+    key = (lambda row: row["iteration_time_s"]) if objective == "time" else (lambda row: -row["mfu"])
+    truth = sorted((key(row), config.name) for config, row in rows if fits(row, reserve))[:TOP]
+    with Executor(workers=0) as executor:
+        found = search(base, gpus, batch, executor, cache, top=TOP, objective=objective,
+                       reserve=reserve * GiB, fixed=fixed)
+    best = sorted((key(row), row["variant"]) for row in found.rows if row["fits"])[:TOP]
+    assert len(truth) == TOP and best == truth
+    assert found.violations == []
+    assert found.pruned_bound + found.pruned_memory > 0  # the screens did work
+    assert len(found.rows) + found.pruned_bound + found.pruned_memory == len(rows)
