@@ -21,6 +21,9 @@ DTYPE_CHOICES = ("float64", "float32")
 NORMALIZATION_CHOICES = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
 ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
+# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); only p2p and a2a are modelled
+CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
+CP_COMM_TYPES_MODELLED = ("p2p", "a2a")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
@@ -97,6 +100,9 @@ class Parallel:
     pipeline_model_parallel_size: int = 1
     data_parallel_size: int = 1
     sequence_parallel: bool = False
+    # Context parallelism (Megatron-LM --context-parallel-size, --cp-comm-type; docs/context-parallel.md)
+    context_parallel_size: int = 1
+    cp_comm_type: str = "p2p"
     recompute_granularity: str = "none"
     recompute_method: str | None = None  # full recompute only; None means uniform
     recompute_num_layers: int | None = None  # full recompute only; None means 1
@@ -156,12 +162,16 @@ class Parallel:
         return self.pipeline_model_parallel_size
 
     @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
     def dp(self) -> int:
         return self.data_parallel_size
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def global_batch(self) -> int:
@@ -447,12 +457,18 @@ def _derive_data_parallel(data: dict, world_size: int, explicit_d: bool) -> None
     parallel = data.setdefault("parallel", {})
     t = parallel.get("tensor_model_parallel_size", Parallel.tensor_model_parallel_size)
     p = parallel.get("pipeline_model_parallel_size", Parallel.pipeline_model_parallel_size)
+    c = parallel.get("context_parallel_size", Parallel.context_parallel_size)
     _check(world_size > 0, "--world-size", f"must be positive, got {world_size}")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (t, p)):
-        return  # the section's own checks will name the bad t or p
-    _check(world_size % (t * p) == 0, "--world-size",
-           f"{world_size} is not divisible by tensor*pipeline = {t}*{p} = {t * p}")
-    d = world_size // (t * p)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (t, p, c)):
+        return  # the section's own checks will name the bad t, p or cp
+    if c == 1:
+        _check(world_size % (t * p) == 0, "--world-size",
+               f"{world_size} is not divisible by tensor*pipeline = {t}*{p} = {t * p}")
+    else:  # Megatron-LM initialize: world = t * cp * d * p
+        _check(world_size % (t * c * p) == 0, "--world-size",
+               f"{world_size} is not divisible by tensor*context*pipeline = {t}*{c}*{p} = "
+               f"{t * c * p}")
+    d = world_size // (t * c * p)
     given = parallel.get("data_parallel_size")
     _check(not explicit_d or given == d, "--world-size",
            f"gives data_parallel_size {d} but --data-parallel-size is {given}")
@@ -509,6 +525,34 @@ def _validate_llama_model(m: Model) -> None:
            "needs an even, positive number")
 
 
+def _validate_context_parallel(m: Model, p: Parallel) -> None:
+    """CP's shape rules: Megatron-LM's get_batch_on_this_cp_rank (megatron/core/utils.py) views
+    the sequence as 2*cp chunks; SP then splits each rank's s/cp tokens over t; TE's a2a
+    (AttnFuncWithCPAndQKVOA2A) splits each TP rank's heads over cp."""
+    _positive("parallel", p, ("context_parallel_size",))
+    _choice("parallel.cp_comm_type", p.cp_comm_type, CP_COMM_TYPE_CHOICES)
+    _check(p.cp_comm_type in CP_COMM_TYPES_MODELLED, "parallel.cp_comm_type",
+           f"{p.cp_comm_type} is not yet modelled (p2p and a2a are)")
+    if p.cp == 1:
+        return
+    c = p.cp
+    _check(m.seq_length % (2 * c) == 0, "parallel.context_parallel_size",
+           f"seq_length={m.seq_length} is not divisible by 2*context_parallel_size={2 * c} "
+           "(the causal load-balancing split)")
+    if p.sequence_parallel:
+        _check((m.seq_length // c) % p.tp == 0, "parallel.sequence_parallel",
+               f"seq_length/context_parallel_size={m.seq_length // c} is not divisible by "
+               f"tensor_model_parallel_size={p.tp}")
+    if p.cp_comm_type == "a2a":
+        heads = m.num_attention_heads // p.tp
+        _check(heads % c == 0 and (m.query_groups // p.tp) % c == 0, "parallel.cp_comm_type",
+               f"a2a splits each TP rank's {heads} query and {m.query_groups // p.tp} KV heads "
+               f"over context_parallel_size={c}; they are not divisible")
+    _check(False, "parallel.context_parallel_size",
+           f"{c}: context parallelism is not yet in the training loop (its ring and a2a "
+           "attention are tested building blocks, docs/context-parallel.md); use 1")
+
+
 def validate_parallel(m: Model, p: Parallel) -> None:
     """Cross-field checks between the model and the parallel layout."""
     _positive("parallel", p, ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -532,6 +576,8 @@ def validate_parallel(m: Model, p: Parallel) -> None:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
                f"seq_length={m.seq_length} is not divisible by tensor_model_parallel_size={t}")
+    if p.cp > 1 or p.cp_comm_type != Parallel.cp_comm_type:
+        _validate_context_parallel(m, p)
     if p.uneven_pipeline:
         _validate_uneven_pipeline(m, p)
     else:

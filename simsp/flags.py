@@ -10,7 +10,7 @@ from pathlib import Path
 import sys
 from typing import NamedTuple
 
-from simsp.config import (ATTENTION_BACKEND_CHOICES, DTYPE_CHOICES, MODE_CHOICES,
+from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE_CHOICES, MODE_CHOICES,
                           NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, NORMALIZATION_CHOICES,
                           POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
@@ -80,6 +80,11 @@ SCENARIO_FLAGS = {
                                        "pipeline-parallel size p (stages)", "p"),
     "--data-parallel-size": ("parallel", "data_parallel_size", int, None,
                              "data-parallel size d (model replicas)", "d"),
+    "--context-parallel-size": ("parallel", "context_parallel_size", int, None,
+                                "context-parallel size cp (GPUs sharing each sequence)", "cp"),
+    "--cp-comm-type": ("parallel", "cp_comm_type", str, CP_COMM_TYPE_CHOICES,
+                       "how CP ranks exchange attention inputs (p2p: ring; a2a: Ulysses)",
+                       "cpcomm"),
     "--num-layers-per-virtual-pipeline-stage":
         ("parallel", "num_layers_per_virtual_pipeline_stage", int, None,
          "layers per model chunk of the interleaved schedule (default: not interleaved)", "vp"),

@@ -45,7 +45,7 @@ def test_group_members_share_the_other_coordinates():
     grid = RankGrid(tp=2, pp=2, dp=3)
     for rank in range(grid.world_size):
         c = grid.coords(rank)
-        assert {grid.coords(r)[1:] for r in grid.tp_group(rank)} == {(c.dp, c.pp)}
+        assert {grid.coords(r)[1:3] for r in grid.tp_group(rank)} == {(c.dp, c.pp)}
         assert {(grid.coords(r).tp, grid.coords(r).pp) for r in grid.dp_group(rank)} == {
             (c.tp, c.pp)}
         assert [grid.coords(r).pp for r in grid.pp_group(rank)] == [0, 1]

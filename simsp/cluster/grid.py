@@ -1,7 +1,8 @@
-"""The rank grid: global rank <-> (tp, dp, pp) coordinates in Megatron-LM's order.
+"""The rank grid: global rank <-> (tp, cp, dp, pp) coordinates in Megatron-LM's order.
 
-Megatron-LM (megatron/core/parallel_state.py) numbers ranks with TP varying fastest, then DP,
-then PP: rank = tp + t*dp + t*d*pp. A TP group is therefore t consecutive ranks, inside one node
+Megatron-LM (megatron/core/parallel_state.py, order "tp-cp-ep-dp-pp") numbers ranks with TP
+varying fastest, then CP, then DP, then PP: rank = tp + t*cp + t*c*dp + t*c*d*pp (c = 1 without
+context parallelism gives the three-axis grid). A TP group is therefore t consecutive ranks, inside one node
 when t <= GPUs per node. Rank r runs on GPU r. Groups are tuples of ranks in ring order.
 """
 
@@ -15,6 +16,7 @@ class Coords(NamedTuple):
     tp: int
     dp: int
     pp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -24,49 +26,65 @@ class RankGrid:
     tp: int
     pp: int
     dp: int
+    cp: int = 1  # context-parallel ranks (Megatron-LM --context-parallel-size)
 
     def __post_init__(self):
         """Every axis needs at least one rank."""
-        for axis in ("tp", "pp", "dp"):
+        for axis in ("tp", "pp", "dp", "cp"):
             if getattr(self, axis) < 1:
                 raise ValueError(f"{axis} size must be positive, got {getattr(self, axis)}")
 
     @property
     def world_size(self) -> int:
-        """Total ranks t*p*d."""
-        return self.tp * self.pp * self.dp
+        """Total ranks t*c*p*d."""
+        return self.tp * self.cp * self.pp * self.dp
 
-    def rank_of(self, tp: int, dp: int, pp: int) -> int:
-        """Global rank at coordinates (tp, dp, pp): tp + t*dp + t*d*pp."""
-        for name, value, size in (("tp", tp, self.tp), ("dp", dp, self.dp), ("pp", pp, self.pp)):
+    def rank_of(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
+        """Global rank at coordinates (tp, dp, pp, cp): tp + t*cp + t*c*dp + t*c*d*pp."""
+        for name, value, size in (("tp", tp, self.tp), ("dp", dp, self.dp), ("pp", pp, self.pp),
+                                  ("cp", cp, self.cp)):
             if not 0 <= value < size:
                 raise ValueError(f"{name} coordinate {value} outside [0, {size})")
-        return tp + self.tp * dp + self.tp * self.dp * pp
+        tc = self.tp * self.cp
+        return tp + self.tp * cp + tc * dp + tc * self.dp * pp
 
     def coords(self, rank: int) -> Coords:
         """Inverse of rank_of."""
         self._check_rank(rank)
-        return Coords(tp=rank % self.tp, dp=(rank // self.tp) % self.dp,
-                      pp=rank // (self.tp * self.dp))
+        tc = self.tp * self.cp
+        return Coords(tp=rank % self.tp, dp=(rank // tc) % self.dp,
+                      pp=rank // (tc * self.dp), cp=(rank // self.tp) % self.cp)
 
     def tp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks sharing `rank`'s dp and pp coordinates, in ring order (tp = 0, 1, ...)."""
         c = self.coords(rank)
-        return tuple(self.rank_of(i, c.dp, c.pp) for i in range(self.tp))
+        return tuple(self.rank_of(i, c.dp, c.pp, c.cp) for i in range(self.tp))
 
     def dp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks sharing `rank`'s tp and pp coordinates, in ring order (dp = 0, 1, ...)."""
         c = self.coords(rank)
-        return tuple(self.rank_of(c.tp, i, c.pp) for i in range(self.dp))
+        return tuple(self.rank_of(c.tp, i, c.pp, c.cp) for i in range(self.dp))
 
     def pp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks sharing `rank`'s tp and dp coordinates, in stage order (pp = 0, 1, ...)."""
         c = self.coords(rank)
-        return tuple(self.rank_of(c.tp, c.dp, i) for i in range(self.pp))
+        return tuple(self.rank_of(c.tp, c.dp, i, c.cp) for i in range(self.pp))
+
+    def cp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks sharing `rank`'s tp, dp and pp coordinates, in ring order (cp = 0, 1, ...)."""
+        c = self.coords(rank)
+        return tuple(self.rank_of(c.tp, c.dp, c.pp, i) for i in range(self.cp))
+
+    def dp_cp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks whose gradients are reduced together: same tp and pp, every (cp, dp), CP
+        fastest (Megatron-LM's data-parallel group with context parallelism)."""
+        c = self.coords(rank)
+        return tuple(self.rank_of(c.tp, d, c.pp, k) for d in range(self.dp) for k in range(self.cp))
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
-        """Every group along `axis` ("tp", "dp" or "pp"), ordered by their smallest rank."""
-        group_of = {"tp": self.tp_group, "dp": self.dp_group, "pp": self.pp_group}[axis]
+        """Every group along `axis` ("tp", "dp", "pp", "cp" or "dp_cp"), by their smallest rank."""
+        group_of = {"tp": self.tp_group, "dp": self.dp_group, "pp": self.pp_group,
+                    "cp": self.cp_group, "dp_cp": self.dp_cp_group}[axis]
         return sorted({group_of(rank) for rank in range(self.world_size)})
 
     def _check_rank(self, rank: int) -> None:

@@ -11,8 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only bac
 import numpy as np  # noqa: E402
 
 from simsp.explore.whatif import KINDS, OBJECTIVES, change, conclusion, exposure  # noqa: E402
-from simsp.report.html_markdown import to_html  # noqa: E402
-from simsp.report.html_page import figure, page  # noqa: E402
+from simsp.report.html import figure, page, to_html  # noqa: E402
 from simsp.units import GiB  # noqa: E402
 
 

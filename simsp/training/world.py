@@ -40,7 +40,7 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     collectives of `stepwise_groups` (rings that share links: training/shortcut_check.py)."""
     env = simpy.Environment()
     p = sc.parallel
-    grid = RankGrid(p.tp, p.pp, p.dp)
+    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     trace = Trace()
     # only the nodes that host ranks (a 1-GPU job on a 100000-node cluster builds one node)
     hosts = nodes_hosting(range(grid.world_size), sc.cluster.gpus_per_node)

@@ -1,0 +1,134 @@
+"""Context parallelism's building blocks, run: the ring attention timeline table of
+docs/context-parallel.md (block times from the cost model, transfers on the default cluster's
+links), the Ulysses (a2a) timeline beside it, and a numeric cross-check of the three ways simsp
+computes CP attention (ring p2p, Ulysses a2a, each run by rank processes on the links).
+
+    python benchmarks/context_parallel.py
+"""
+
+import numpy as np
+import simpy
+
+from simsp.cluster.topology import build_topology
+from simsp.config import Cluster
+from simsp.engine.network import Network
+from simsp.hardware import LinkCalibration
+from simsp.model.context_split import (balanced_step_pairs, gather_sequence, local_positions,
+                                       rope_tables, split_sequence, visible_pairs)
+from simsp.model.ring_attention import CpShard, ring_backward, ring_forward, source_rank
+from simsp.model.ulysses_attention import shard_positions, ulysses_backward, ulysses_forward
+from simsp.training.cp_a2a import CpAllToAll
+from simsp.training.cp_a2a_numeric import run_numeric_a2a
+from simsp.training.cp_ring import CpRing, block_seconds, run_ring
+from simsp.training.cp_ring_numeric import run_numeric_ring
+
+FP16 = 2  # bytes per element
+D = 128  # Llama 3 70B head dimension
+# (cp, s, GPUs): the docs' placements; Llama 3 70B at t = 8 holds 8 query heads, 1 KV head
+RING_CASES = ((2, 8192, (0, 1)), (2, 8192, (0, 8)), (8, 131072, tuple(range(8))))
+
+
+def _network(gpus: tuple) -> tuple:
+    cluster = Cluster(nodes=max(gpus) // 8 + 1)
+    env = simpy.Environment()
+    return env, Network(env, build_topology(cluster), LinkCalibration.from_cluster(cluster))
+
+
+def ring_row(cp: int, s: int, gpus: tuple, heads: int = 8, groups: int = 1) -> str:
+    """One row: K/V block bytes, one K/V transfer's time (forward step 0, the slowest rank's),
+    the ring's forward and backward."""
+    n = s // cp
+    kv_bytes = 2 * groups * n * D * FP16  # K and V of the rank's n tokens, b = 1
+    env, network = _network(gpus)
+    ring = CpRing(env, network, gpus, kv_bytes)
+    fwd = [[block_seconds(1, heads, n, D, i, False) for i in range(cp)]] * cp
+    bwd = [[block_seconds(1, heads, n, D, i, True) for i in range(cp)]] * cp
+    timeline = run_ring(env, ring, fwd, bwd)
+    moved = [tr.end_s - tr.start_s for tr in network.transfers if "forward step 0" in tr.label]
+    forward = max(timeline.ends[("forward", r)] for r in range(cp))
+    backward = max(timeline.ends[("backward", r)] for r in range(cp)) - forward
+    return (f"| {cp} | {s} | {gpus[0]}..{gpus[-1]} | {kv_bytes / 1e6:.2f} MB | "
+            f"{max(moved) * 1e3:.3f} ms | {forward * 1e3:.3f} ms | {backward * 1e3:.3f} ms |")
+
+
+def a2a_row(cp: int, s: int, gpus: tuple, heads: int = 64, groups: int = 8) -> str:
+    """Ulysses at t = 1 (64 query, 8 KV heads split over cp): four all-to-alls around the
+    whole-sequence attention of heads/cp heads."""
+    n = s // cp
+    qkv_bytes, out_bytes = (heads + 2 * groups) * n * D * FP16, heads * n * D * FP16
+    env, network = _network(gpus)
+    a2a = CpAllToAll(env, network, gpus, qkv_bytes, out_bytes)
+    attention = block_seconds(1, heads // cp, s, D, 0, False)
+    attention_bwd = block_seconds(1, heads // cp, s, D, 0, True)
+    for rank in range(cp):
+        env.process(a2a.run_rank(rank, attention, attention_bwd))
+    env.run()
+    forward = max(a2a.ends[("forward", r)] for r in range(cp))
+    backward = max(a2a.ends[("backward", r)] for r in range(cp)) - forward
+    return (f"| {cp} | {s} | {gpus[0]}..{gpus[-1]} | {qkv_bytes / 1e6:.2f} MB | "
+            f"{forward * 1e3:.3f} ms | {backward * 1e3:.3f} ms |")
+
+
+def numeric_check(cp: int = 4, s: int = 16, balanced: bool = True) -> dict:
+    """Max |difference| between ring p2p, Ulysses a2a and the ring run on the links (out, dq,
+    dk, dv gathered back in sequence order), and of per-chunk RoPE against whole-sequence RoPE."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 4, s, 8))  # (b, a, s, d)
+    k, v = rng.standard_normal((2, 1, 4, s, 8))  # (b, G, s, d) each
+    dout = rng.standard_normal(q.shape)  # (b, a, s, d)
+    positions = shard_positions(s, cp, balanced)
+    cut = lambda x, r: split_sequence(x, cp, r, balanced)  # noqa: E731
+    shards = [CpShard(cut(q, r), cut(k, r), cut(v, r), positions[r]) for r in range(cp)]
+    douts = [cut(dout, r) for r in range(cp)]
+    outs, lses = zip(*ring_forward(shards))
+    ring = [gather_sequence(list(outs), balanced)] + [
+        gather_sequence(list(g), balanced) for g in zip(*ring_backward(shards, douts, outs, lses))]
+    a2a_outs, saved = ulysses_forward(shards)
+    a2a = [gather_sequence(a2a_outs, balanced)] + [
+        gather_sequence(list(g), balanced) for g in zip(*ulysses_backward(shards, douts, saved))]
+    env, network = _network(tuple(range(cp)))
+    steps = [[1e-5] * cp] * cp
+    on_links = run_numeric_ring(CpRing(env, network, tuple(range(cp)), 1), shards, douts,
+                                steps, steps)
+    links = [gather_sequence([res[j] for res in on_links], balanced) for j in range(4)]
+    env, network = _network(tuple(range(cp)))
+    a2a_on_links = run_numeric_a2a(CpAllToAll(env, network, tuple(range(cp)), 1, 1), shards,
+                                   douts, 1e-5, 1e-5)
+    a2a_links = [gather_sequence([res[j] for res in a2a_on_links], balanced) for j in range(4)]
+    whole_cos, _ = rope_tables(np.arange(s), 8, 10000.0)  # (s, 8)
+    chunk_cos = [rope_tables(local_positions(s, cp, r, balanced), 8, 10000.0)[0]
+                 for r in range(cp)]
+    return {
+        "ring vs a2a": max(float(np.abs(a - b).max()) for a, b in zip(ring, a2a)),
+        "ring vs ranks on the links": max(float(np.abs(a - b).max()) for a, b in zip(ring, links)),
+        "a2a vs ranks on the links": max(float(np.abs(a - b).max())
+                                         for a, b in zip(a2a, a2a_links)),
+        "per-chunk vs whole RoPE": float(np.abs(gather_sequence(chunk_cos, balanced, axis=0)
+                                                - whole_cos).max()),
+    }
+
+
+def main():
+    print("| cp | s | GPUs | K/V block | transfer | forward | backward |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for case in RING_CASES:
+        print(ring_row(*case))
+    print("\nUlysses (a2a), Llama 3 70B heads at t = 1:\n")
+    print("| cp | s | GPUs | QKV per rank | forward | backward |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for cp, s, gpus in ((2, 8192, (0, 1)), (8, 131072, tuple(range(8)))):
+        print(a2a_row(cp, s, gpus))
+    cp, s = 4, 64
+    print(f"\nring steps, cp = {cp}, s = {s}: which rank's K/V each rank holds; causal pairs")
+    for step in range(cp):
+        held = [source_rank(r, step, cp) for r in range(cp)]
+        pairs = {visible_pairs(s, cp, r, step) for r in range(cp)}
+        print(f"  step {step}: holds {held}; pairs per rank {sorted(pairs)} "
+              f"(closed form {balanced_step_pairs(s, cp, step)})")
+    print("\nnumeric agreement (max |difference|, float64):")
+    for name, value in numeric_check().items():
+        print(f"  {name}: {value:.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""--context-parallel-size and --cp-comm-type: Megatron-LM's names, its shape rules, and one
+`error:` line for what is not modelled yet (docs/context-parallel.md)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from simsp.config import load_scenario
+from simsp.errors import UserError
+
+TINY = "scenarios/tiny.toml"  # s = 32, a = 4, G = 4, t = 2, p = 2, d = 2
+
+
+def _error(overrides: dict, world_size: int | None = None) -> UserError:
+    with pytest.raises(UserError) as caught:
+        load_scenario(TINY, {("parallel", k): v for k, v in overrides.items()},
+                      world_size=world_size)
+    return caught.value
+
+
+def test_cp_one_is_the_default_layout():
+    sc = load_scenario(TINY, {("parallel", "context_parallel_size"): 1,
+                              ("parallel", "cp_comm_type"): "a2a"})
+    assert (sc.parallel.cp, sc.parallel.world_size) == (1, 8)
+
+
+@pytest.mark.parametrize("cp", [3, 5])
+def test_sequence_must_split_into_2cp_chunks(cp):
+    assert "2*context_parallel_size" in str(_error({"context_parallel_size": cp}))
+
+
+@pytest.mark.parametrize("kind", ["allgather", "a2a+p2p"])
+def test_unmodelled_comm_types_are_refused(kind):
+    err = _error({"cp_comm_type": kind})
+    assert err.field == "parallel.cp_comm_type" and "not yet modelled" in str(err)
+
+
+def test_a2a_needs_heads_divisible_by_cp():
+    # t = 2 leaves 2 heads per TP rank: cp = 4 cannot split them
+    err = _error({"context_parallel_size": 4, "cp_comm_type": "a2a"})
+    assert err.field == "parallel.cp_comm_type" and "not divisible" in str(err)
+
+
+def test_world_size_divides_by_t_cp_p():
+    err = _error({"context_parallel_size": 2}, world_size=6)
+    assert "tensor*context*pipeline = 2*2*2 = 8" in str(err)
+
+
+def test_cp_above_one_is_refused_until_the_loop_runs_it():
+    assert _error({"context_parallel_size": 2}).field == "parallel.context_parallel_size"
+
+
+def test_cli_gives_one_error_line_and_exit_2(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "simsp.cli", "run", TINY, "--cp-comm-type",
+                           "allgather", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 2 and not out.exists()
+    assert done.stderr.splitlines() == [
+        "error: parallel.cp_comm_type: allgather is not yet modelled (p2p and a2a are)"]
