@@ -56,7 +56,7 @@ BOUNDS = {
                                                             "at most model.num_layers"),
     "parallel.num_virtual_stages_per_pipeline_rank": Bound(1, 4096, "chunks",
                                                            "at most model.num_layers"),
-    "cluster.gpus_per_node": Bound(1, 16, "GPUs", "a DGX A100 has 8; the node is one NVSwitch"),
+    "cluster.gpus_per_node": Bound(1, 72, "GPUs", "a node is one NVLink domain: 8 in a DGX, 72 in a GB200 NVL72"),
     "cluster.nodes": Bound(1, 4096, "nodes", "32768 GPUs: " + _DC),
     "cluster.nvlink_bandwidth_GBps": Bound(0.1, 10000.0, "GB/s", "A100 NVLink is 300 GB/s"),
     "cluster.ib_bandwidth_GBps": Bound(0.01, 10000.0, "GB/s", "HDR InfiniBand is 25 GB/s"),

@@ -10,13 +10,14 @@ from pathlib import Path
 from simsp.bounds import check_ranges
 from simsp import io_in
 from simsp.errors import UserError
+from simsp.profiles import (gpu_cluster_fields, gpu_profile, system_cluster_fields,
+                            system_profile)
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
 MODE_CHOICES = ("numeric", "meta")
 DTYPE_CHOICES = ("float64", "float32")
-GPU_CHOICES = ("A100-SXM4-80GB",)
 NORMALIZATION_CHOICES = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
 ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
@@ -138,6 +139,16 @@ class Parallel:
     overlap_param_gather: bool = False
     ddp_bucket_size: int | None = None  # parameters per DP bucket; None: max(40M, 1M*d)
     accumulate_allreduce_grads_in_fp32: bool = True  # Megatron turns it on for bf16
+    # FP8 training and optimizer-state precision (Megatron-LM / Transformer Engine names;
+    # simsp/precision.py, docs/hardware.md). fp8_format None: BF16 GEMMs.
+    fp8_format: str | None = None  # "e4m3" | "hybrid" (E4M3 forward, E5M2 gradients)
+    fp8_recipe: str = "delayed"  # delayed | tensorwise | blockwise | mxfp8
+    fp8_param_gather: bool = False  # FP8 parameters, no BF16 weight beside the FP8 copy
+    use_precision_aware_optimizer: bool = False
+    main_grads_dtype: str = "fp32"
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
     # Uneven pipeline stages (Megatron-LM transformer_block.py get_num_layers_to_build)
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
@@ -205,7 +216,8 @@ class Parallel:
 class Cluster:
     """DGX A100 nodes: NVLink/NVSwitch inside a node, one HDR InfiniBand NIC per GPU between nodes."""
 
-    gpu: str = "A100-SXM4-80GB"
+    gpu: str = "a100-sxm-80gb"  # a GPU profile (simsp/hardware_data/gpus) or a .toml path
+    system: str | None = None  # a system profile: fills gpu, gpus_per_node and link speeds
     gpus_per_node: int = 8
     nodes: int = 1
     nvlink_bandwidth_GBps: float = 300.0  # per GPU per direction (docs/MODEL.md#hardware)
@@ -441,6 +453,7 @@ def load_scenario(path: str | Path | None = None, overrides: dict | None = None,
     data = read_toml(path) if path else {}
     for (section, key), value in (overrides or {}).items():
         data.setdefault(section, {})[key] = value
+    _fill_from_hardware(data.setdefault("cluster", {}))
     if world_size is not None:
         _derive_data_parallel(data, world_size, ("parallel", "data_parallel_size") in (overrides or {}))
     if path and "name" not in data.get("run", {}):
@@ -448,6 +461,15 @@ def load_scenario(path: str | Path | None = None, overrides: dict | None = None,
     scenario = Scenario(**{s: _build_section(s, data.get(s, {})) for s in SECTIONS})
     validate(scenario)
     return scenario
+
+
+def _fill_from_hardware(cluster: dict) -> None:
+    """A system profile fills the [cluster] keys it implies (gpu, gpus_per_node, link speeds),
+    then the GPU profile its NVLink speed; keys the scenario or a flag gives win."""
+    for name, kind in (("system", system_cluster_fields), ("gpu", gpu_cluster_fields)):
+        if isinstance(cluster.get(name), str):
+            for key, value in kind(cluster[name]).items():
+                cluster.setdefault(key, value)
 
 
 def _derive_data_parallel(data: dict, world_size: int, explicit_d: bool) -> None:
@@ -712,7 +734,9 @@ def _validate_schedule(m: Model, p: Parallel) -> None:
 
 def validate_cluster(c: Cluster, p: Parallel) -> None:
     """The cluster must exist and hold every rank."""
-    _choice("cluster.gpu", c.gpu, GPU_CHOICES)
+    gpu_profile(c.gpu)  # a known GPU profile (or a readable file): else one error line
+    if c.system is not None:
+        system_profile(c.system)
     _choice("cluster.nccl_algo", c.nccl_algo, NCCL_ALGO_CHOICES)
     _choice("cluster.nccl_proto", c.nccl_proto, NCCL_PROTO_CHOICES)
     _positive("cluster", c, ("gpus_per_node", "nodes", "nvlink_bandwidth_GBps",
@@ -726,6 +750,38 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
            f"{c.gpus_per_node} hold {c.num_gpus}")
 
 
+FP8_FORMAT_CHOICES = ("e4m3", "hybrid")
+FP8_RECIPE_CHOICES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+MAIN_GRADS_DTYPE_CHOICES = ("fp32", "bf16")
+MAIN_PARAMS_DTYPE_CHOICES = ("fp32", "fp16")
+EXP_AVG_DTYPE_CHOICES = ("fp32", "fp16", "fp8")
+
+
+def validate_precision(p: Parallel, c: Cluster) -> None:
+    """FP8 needs FP8 tensor cores (Hopper and later), MXFP8 Blackwell (Transformer Engine
+    transformer_engine/pytorch/fp8.py check_mxfp8_support); state dtypes other than fp32 need
+    the precision-aware optimizer (Megatron-LM arguments.py)."""
+    if p.fp8_format is not None:
+        _choice("parallel.fp8_format", p.fp8_format, FP8_FORMAT_CHOICES)
+        gpu = gpu_profile(c.gpu)
+        _check(gpu.peak_fp8_flops is not None, "parallel.fp8_format",
+               f"{gpu.name} has no FP8 tensor cores (FP8 GEMMs need Hopper or later: "
+               f"h100-sxm-80gb, h200-sxm-141gb, b200, gb200)")
+        _check(p.fp8_recipe != "mxfp8" or gpu.nvlink_generation >= 5, "parallel.fp8_recipe",
+               f"mxfp8 needs Blackwell (b200, gb200); {gpu.name} is not")
+    _choice("parallel.fp8_recipe", p.fp8_recipe, FP8_RECIPE_CHOICES)
+    _check(not p.fp8_param_gather or p.fp8_format is not None, "parallel.fp8_param_gather",
+           "needs fp8_format (FP8 parameters are FP8 training's)")
+    for name, choices in (("main_grads_dtype", MAIN_GRADS_DTYPE_CHOICES),
+                          ("main_params_dtype", MAIN_PARAMS_DTYPE_CHOICES),
+                          ("exp_avg_dtype", EXP_AVG_DTYPE_CHOICES),
+                          ("exp_avg_sq_dtype", EXP_AVG_DTYPE_CHOICES)):
+        value = getattr(p, name)
+        _choice(f"parallel.{name}", value, choices)
+        _check(value == "fp32" or p.use_precision_aware_optimizer, f"parallel.{name}",
+               f"{value} needs use_precision_aware_optimizer (Megatron-LM)")
+
+
 def validate(s: Scenario) -> None:
     """Every field finite and in range (simsp.bounds), then every cross-field check; raises
     UserError naming the first bad field."""
@@ -733,6 +789,7 @@ def validate(s: Scenario) -> None:
     validate_model(s.model)
     validate_parallel(s.model, s.parallel)
     validate_cluster(s.cluster, s.parallel)
+    validate_precision(s.parallel, s.cluster)
     _choice("run.mode", s.run.mode, MODE_CHOICES)
     _choice("run.numeric_dtype", s.run.numeric_dtype, DTYPE_CHOICES)
     _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")

@@ -57,3 +57,17 @@ def kernel_time(kind: str, flops: int, nbytes: int, gemm: tuple | None = None,
 def calibration_table(cal: ComputeCalibration | None = None) -> dict:
     """The constants as a plain dict, for reports."""
     return asdict(cal or active_calibration())
+
+
+def gemm_operand_bytes(m: int, k: int, n: int, dtype: str = "bf16") -> int:
+    """Bytes a (m,k)x(k,n) GEMM reads and writes once: 2-byte A, B and C in BF16; FP8 reads
+    1-byte A and B and writes a 2-byte C (Transformer Engine's BF16 output)."""
+    return 2 * (m * k + k * n + m * n) if dtype == "bf16" else m * k + k * n + 2 * m * n
+
+
+def gemm_seconds(flops: int, nbytes: int, cal: ComputeCalibration) -> float:
+    """The curve in its additive form (simsp.hardware.rule_calibration): launch + FLOPs at the
+    ceiling peak x E_max + operand bytes at peak x E_max / I_half. Equal to kernel_time's GEMM
+    for 16-bit bytes; FP8 GEMMs pass their 1-byte operands."""
+    ceiling = cal.peak_flops * cal.gemm_max_efficiency
+    return cal.launch_overhead_s + flops / ceiling + nbytes * cal.gemm_half_intensity / ceiling

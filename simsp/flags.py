@@ -6,6 +6,7 @@ argument is an error, and every flag's --help gives its meaning, unit and defaul
 
 import argparse
 from dataclasses import fields
+from pathlib import Path
 import sys
 from typing import NamedTuple
 
@@ -15,6 +16,8 @@ from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE
                           POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
+from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
+                          MAIN_GRADS_DTYPE_CHOICES, MAIN_PARAMS_DTYPE_CHOICES)
 from simsp.errors import UserError
 
 
@@ -114,6 +117,20 @@ SCENARIO_FLAGS = {
                                "layers per recompute group/block (Megatron)", "rnl"),
     "--recompute-granularity": ("parallel", "recompute_granularity", str, RECOMPUTE_CHOICES,
                                 "activation recomputation (K22 §4-5)", "rc-"),
+    "--fp8-format": ("parallel", "fp8_format", str, FP8_FORMAT_CHOICES,
+                     "FP8 GEMMs (Transformer Engine): e4m3, or hybrid (E5M2 gradients) "
+                     "(default: off, BF16)", "fp8-"),
+    "--fp8-recipe": ("parallel", "fp8_recipe", str, FP8_RECIPE_CHOICES,
+                     "FP8 scaling: per-tensor delayed or current (tensorwise), 128-blocks, or "
+                     "MXFP8 (Blackwell)", "rcp-"),
+    "--main-grads-dtype": ("parallel", "main_grads_dtype", str, MAIN_GRADS_DTYPE_CHOICES,
+                           "main gradient dtype (precision-aware optimizer)", "mg-"),
+    "--main-params-dtype": ("parallel", "main_params_dtype", str, MAIN_PARAMS_DTYPE_CHOICES,
+                            "master parameter dtype (precision-aware optimizer)", "mp-"),
+    "--exp-avg-dtype": ("parallel", "exp_avg_dtype", str, EXP_AVG_DTYPE_CHOICES,
+                        "Adam first moment dtype (precision-aware optimizer)", "m1-"),
+    "--exp-avg-sq-dtype": ("parallel", "exp_avg_sq_dtype", str, EXP_AVG_DTYPE_CHOICES,
+                           "Adam second moment dtype (precision-aware optimizer)", "m2-"),
     "--decoder-first-pipeline-num-layers": ("parallel", "decoder_first_pipeline_num_layers",
                                             int, None, "layers of the first pipeline stage "
                                             "(default: an even split)", "first"),
@@ -129,6 +146,13 @@ SCENARIO_FLAGS = {
                             "space-separated in one argument (default: core_attn)", "rmod-"),
     "--nodes": ("cluster", "nodes", int, None, "DGX A100 nodes", "n"),
     "--gpus-per-node": ("cluster", "gpus_per_node", int, None, "GPUs per node", "gpn"),
+    "--gpu": ("cluster", "gpu", str, None,
+              "GPU profile: a100-sxm-40gb, a100-sxm-80gb, h100-sxm-80gb, h200-sxm-141gb, b200, "
+              "gb200, or a .toml file (`simsp hardware` lists them)", ""),
+    "--system": ("cluster", "system", str, None,
+                 "system profile (sets gpu, GPUs per NVLink domain, link speeds): dgx-a100, "
+                 "dgx-h100, dgx-h200, dgx-b200, gb200-nvl72, or a .toml file (default: none, "
+                 "DGX A100-like nodes of the GPU)", ""),
     # the links, as `sweep` varies them (simsp.hardware.LinkCalibration documents the defaults)
     "--nvlink-bandwidth-GBps": ("cluster", "nvlink_bandwidth_GBps", float, None,
                                 "NVLink bandwidth per GPU per direction (GB/s)", "nvbw"),
@@ -196,6 +220,12 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
         ("parallel", "accumulate_allreduce_grads_in_fp32", False, "reduce gradients in bf16",
          "nofp32grad"),
 }
+SWITCHES.update({
+    "--fp8-param-gather": ("parallel", "fp8_param_gather", True,
+                           "FP8 parameters: no BF16 weight beside the FP8 copy", "fp8pg"),
+    "--use-precision-aware-optimizer": ("parallel", "use_precision_aware_optimizer", True,
+                                        "optimizer states in the dtypes given", "pao"),
+})
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
 LIST_FLAGS = ("--recompute-modules",)  # Megatron's nargs='*' flags: one or more words, joined
 
@@ -355,6 +385,7 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
             value = "-".join(value)
         if value is not None:
             text = f"{value:g}" if isinstance(value, float) else str(value)
+            text = Path(text).stem if "/" in text else text  # a profile's path: its name
             tokens.append(f"{_row(flag).token}{text}")
     tokens += [_switch(f)[4] for f in SWITCHES if getattr(args, _dest(f), False)]
     if getattr(args, "world_size", None) is not None:

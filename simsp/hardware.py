@@ -1,11 +1,14 @@
 """Hardware specs and every calibration constant, in one place (docs/MODEL.md#hardware).
 
-Sections: GPU specs; link calibration (what fraction of a link's speed NCCL rings achieve).
-A compute cost-model section (op FLOPs and bytes -> seconds) belongs here too.
+Sections: GPU specs; link calibration (what fraction of a link's speed NCCL rings achieve);
+the compute cost model's constants; the compute rule that derives them for any GPU profile
+(simsp/hardware_data, read by simsp/profiles.py; docs/hardware.md).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
+from simsp.profiles import GPUProfile, available, gpu_profile
 from simsp.units import GiB
 
 
@@ -30,7 +33,21 @@ A100_SXM4_80GB = GPUSpec(
     hbm_bandwidth_Bps=2.0e12,  # ~2.0 TB/s (NVIDIA A100 datasheet)
 )
 
-GPUS = {A100_SXM4_80GB.name: A100_SXM4_80GB}
+class _GPUProfiles(dict):
+    """`GPUS[name]`: the GPU profile of a bundled name, an alias or a .toml path
+    (simsp/profiles.py); an entry set here (a test's patch) takes its place."""
+
+    def __missing__(self, name: str):
+        return gpu_profile(name)
+
+    def items(self) -> list:
+        """(name, profile) of every bundled GPU and every entry set here (the sweep cache's
+        constants digest)."""
+        bundled = {name: gpu_profile(name) for name in available("gpu")}
+        return sorted({**bundled, **dict(dict.items(self))}.items())
+
+
+GPUS = _GPUProfiles()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,3 +134,50 @@ class ComputeCalibration:
 
 
 A100_COMPUTE = ComputeCalibration()
+
+
+# ---------------------------------------------------------------------------------------------
+# The compute rule: any GPU's compute model from its datasheet and one measured ceiling
+# ---------------------------------------------------------------------------------------------
+
+RULE_MEMORY_EFFICIENCY = 0.9  # streaming kernels reach ~90% of HBM bandwidth (the A100 fit's bound)
+RULE_LAUNCH_OVERHEAD_S = 2e-6  # as A100_COMPUTE: a kernel's gap on a busy stream
+
+
+def rule_calibration(peak_flops: float, ceiling_flops: float, hbm_bandwidth_Bps: float,
+                     memory_efficiency: float = RULE_MEMORY_EFFICIENCY) -> ComputeCalibration:
+    """The rule (docs/hardware.md): a GEMM takes its FLOPs at the measured ceiling C plus its
+    operand bytes at the memory-bound rate B_eff = memory_efficiency x HBM bandwidth, one after
+    the other: t = F/C + bytes/B_eff. With F/bytes = I this is peak x E_max I / (I + I_half),
+    E_max = C / peak and I_half = C / B_eff: the curve ComputeCalibration states."""
+    memory_Bps = memory_efficiency * hbm_bandwidth_Bps
+    return ComputeCalibration(peak_flops=peak_flops, hbm_bandwidth_Bps=hbm_bandwidth_Bps,
+                              gemm_max_efficiency=ceiling_flops / peak_flops,
+                              gemm_half_intensity=ceiling_flops / memory_Bps,
+                              memory_efficiency=memory_efficiency,
+                              launch_overhead_s=RULE_LAUNCH_OVERHEAD_S)
+
+
+def gpu_compute(gpu: GPUProfile, fp8: bool = False) -> ComputeCalibration:
+    """A GPU's compute model: the rule from its profile, with any [compute] (or [compute_fp8])
+    values the profile states (fitted or `simsp calibrate gemm`) taking their place."""
+    peak = gpu.peak_fp8_flops if fp8 else gpu.peak_flops
+    ceiling = gpu.ceiling_fp8_flops if fp8 else gpu.ceiling_flops
+    if peak is None or ceiling is None:
+        raise ValueError(f"{gpu.name} has no FP8 tensor cores (no peak_fp8_TFLOPs)")
+    derived = rule_calibration(peak, ceiling, gpu.hbm_bandwidth_Bps)
+    stated = gpu.fitted_fp8 if fp8 else gpu.fitted
+    return replace(derived, **stated) if stated else derived
+
+
+@lru_cache(maxsize=64)
+def compute_for(gpu_name: str, fp8: bool = False) -> ComputeCalibration:
+    """The compute model of GPU profile `gpu_name` (frozen: one object per name, shared)."""
+    return gpu_compute(gpu_profile(gpu_name), fp8)
+
+
+def cluster_compute(cluster) -> ComputeCalibration | None:
+    """A cluster GPU's compute model for its ranks; None for the default A100 fit, which follows
+    simsp.costmodel.calibration() (benchmarks/calibrate_table4.py swaps it while fitting)."""
+    cal = compute_for(cluster.gpu)
+    return None if cal == A100_COMPUTE else cal

@@ -9,7 +9,9 @@ GEMMs actually counted are reported beside them.
 from simsp import analytic
 from simsp.model.architecture import architecture
 from simsp.costmodel import calibration_table
-from simsp.hardware import GPUS, LinkCalibration
+from simsp.config import Cluster
+from simsp.hardware import GPUS, LinkCalibration, cluster_compute
+from simsp.profiles import gpu_profile
 
 
 def iteration_time(run) -> float:
@@ -133,7 +135,7 @@ def collect(run, shortcuts) -> dict:
         "first_stage_activation_formula_bytes": analytic.first_stage_activation_bytes(sc),
         "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
-        "calibration": {"compute": calibration_table(), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
+        "calibration": {"compute": calibration_table(cluster_compute(sc.cluster)), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": shortcuts.flags(),
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
@@ -174,7 +176,19 @@ def layout(sc) -> dict:
             "hidden": m.hidden_size, "heads": m.num_attention_heads, "seq": m.seq_length,
             "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size,
             "gpus": p.world_size, "nodes": sc.cluster.nodes,
-            "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p)}
+            "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p),
+            **_hardware_layout(sc)}
+
+
+def _hardware_layout(sc) -> dict:
+    """The GPU, system and FP8 settings (docs/hardware.md), present only when they differ from
+    the default A100 in BF16 (whose reports stay as they were)."""
+    p, c = sc.parallel, sc.cluster
+    if c.gpu == Cluster().gpu and c.system is None and p.fp8_format is None:
+        return {}
+    fp8 = f"{p.fp8_format} ({p.fp8_recipe}{', FP8 parameters' if p.fp8_param_gather else ''})"
+    return {"gpu": gpu_profile(c.gpu).name, "system": c.system,
+            "fp8": fp8 if p.fp8_format else None}
 
 
 def _recompute_layout(p) -> dict:

@@ -21,6 +21,7 @@ from simsp.calibrate.fit import calibrate
 from simsp.calibrate.layout import measurement
 from simsp.calibrate.nccl_log import read_log
 from simsp.calibrate.summary import report
+from simsp.calibrate import gemm_command
 from simsp.config import NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, Cluster
 from simsp.engine.ring_plan import COLLECTIVES
 from simsp.errors import UserError
@@ -53,6 +54,7 @@ def add_parser(subparsers) -> None:
     nccl.add_argument("--json", action="store_true",
                       help="print one JSON object (runs, tiers, parameters, fragment)")
     nccl.set_defaults(handler=run)
+    gemm_command.add_parser(sources)
 
 
 def run(args) -> int:

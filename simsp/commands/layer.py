@@ -6,7 +6,7 @@ from simsp import analytic
 from simsp.bounds import check_work
 from simsp.costmodel import calibration_table
 from simsp.flags import add_scenario_arguments, scenario_from_args
-from simsp.hardware import LinkCalibration
+from simsp.hardware import cluster_compute, LinkCalibration
 from simsp.jsonout import dumps
 from simsp.metrics import oom_report
 from simsp.model.architecture import architecture
@@ -69,7 +69,7 @@ def layer_report(result) -> dict:
         "comm_bytes_per_rank": [_comm_by_phase(r) for r in result.ranks],
         "forward_time_s": result.forward_time_s,
         "backward_time_s": result.backward_time_s,
-        "cost_model": calibration_table(),
+        "cost_model": calibration_table(cluster_compute(sc.cluster)),
         "link_calibration": LinkCalibration.from_cluster(sc.cluster).describe(),
     }
     if result.max_rel_err is not None:

@@ -27,9 +27,13 @@ from simsp.engine.collectives import RING_COLLECTIVES, CollectiveStats
 from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.nccl_tuning import PROTOCOLS, RING, TREE
 from simsp.engine.network import Network
+from simsp.engine.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
+                               nvls_available, nvls_bytes_per_direction)
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
 from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, tree_time
 from simsp.errors import UserError
+from simsp.flags import nonempty
+from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
 from simsp.hardware import LinkCalibration
 from simsp.io_out import check_folder, check_out_file, write_file
 from simsp.jsonout import dumps
@@ -64,9 +68,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
     parser.add_argument("--step-factor", type=int, default=None,
                         help="multiply the size by this between sweep rows (default 2)")
-    parser.add_argument("--nccl-algo", choices=(AUTO, RING, TREE), default=AUTO,
+    parser.add_argument("--nccl-algo", choices=(AUTO, RING, TREE, NVLS), default=AUTO,
                         help="NCCL algorithm, as NCCL_ALGO: auto (NCCL's choice per size, "
-                             "default), ring, or tree (all-reduce only)")
+                             "default), ring, tree (all-reduce only), or nvls (NVLink SHARP "
+                             "all-reduce in one NVSwitch-3+ domain, simsp/engine/nvls.py)")
+    parser.add_argument("--system", type=nonempty, default=None,
+                        help="system profile whose nodes hold the ranks (dgx-a100, dgx-h100, "
+                             "dgx-h200, dgx-b200, gb200-nvl72 or a .toml; default: DGX A100)")
     parser.add_argument("--nccl-proto", choices=(AUTO,) + PROTOCOLS, default=AUTO,
                         help="NCCL protocol, as NCCL_PROTO: auto (NCCL's choice per size, "
                              "default), LL, LL128 or Simple")
@@ -82,11 +90,13 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     """Check the flags, simulate every size, print the table, explanation or JSON."""
     sizes = _sizes(args)
-    cluster, gpus = _placement(args.ranks, args.nodes)
+    cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
     if args.collective == ALL_TO_ALL:
         return _run_all_to_all(args, sizes, cluster, gpus)
     _check_modes(args, sizes)
     _check_algo(args, cluster, gpus)
+    if args.nccl_algo == NVLS:
+        return _run_nvls(args, cluster, gpus, sizes)
     graph = build_topology(cluster)
     calibration = _forced(args)
     if args.html or args.png:
@@ -102,7 +112,8 @@ def run(args) -> int:
     quiet = getattr(args, "quiet", False) or len(sizes) < 2
     rows = [simulate_nccl(graph, gpus, args.collective, size, calibration)
             for size in track(sizes, "sizes", "size", quiet)]
-    lines = _header(args.collective, cluster, gpus, calibration) + _table(rows)
+    lines = (_header(args.collective, cluster, gpus, calibration) + _table(rows)
+             + _nccl_pick(cluster, rows))
     if len(rows) == 1 and rows[0].channels:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
     print("\n".join(lines))
@@ -136,6 +147,24 @@ def _run_all_to_all(args, sizes: list[int], cluster: Cluster, gpus: list[int]) -
     else:
         print("\n".join(table_lines(cluster, gpus, rows, calibration.describe())))
     return 0
+
+
+def _nccl_pick(cluster: Cluster, rows: list[CollectiveStats]) -> list[str]:
+    """On an NVSwitch-3+ domain NCCL also weighs NVLS for an all-reduce and takes the fastest
+    (tuning.cc): name the faster of the row above and NVLS per size. Nothing where NVLS cannot
+    run (engine/nccl_tuning.py does not model NVLS yet: this is its hook)."""
+    if not rows or rows[0].collective != ALL_REDUCE or nvls_available(
+            nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
+            cluster.nodes):
+        return []
+    lines = ["# NVLS (NVLink SHARP) can run here; the faster of the row above and nvls per "
+             "size (--nccl-algo nvls prints its table):"]
+    for row in rows:
+        nvls = _nvls_stats(cluster, list(row.gpus), row.nbytes)
+        lines.append(f"#   {row.nbytes:>10} B: {row.algorithm}/{row.protocol} "
+                     f"{row.time_s * 1e6:.2f} us, nvls {nvls.time_s * 1e6:.2f} us -> "
+                     f"{NVLS if nvls.time_s < row.time_s else row.algorithm}")
+    return lines
 
 
 def write_ring_lesson(collective: str, graph, gpus: list[int], nbytes: int, html_path=None,
@@ -190,9 +219,17 @@ def _element_size(nbytes: int, flag: str) -> int:
     return nbytes
 
 
-def _placement(ranks: int, nodes: int | None) -> tuple[Cluster, list[int]]:
+def _system_cluster(system: str | None) -> Cluster:
+    """One node of `system` (its GPUs per NVLink domain and link speeds), or a DGX A100."""
+    if system is None:
+        return Cluster()
+    return replace(Cluster(), system=system, **system_cluster_fields(system))
+
+
+def _placement(ranks: int, nodes: int | None,
+               base: Cluster = Cluster()) -> tuple[Cluster, list[int]]:
     """Cluster and GPUs of the ring: ranks spread evenly over the nodes, in order."""
-    gpus_per_node = Cluster().gpus_per_node
+    gpus_per_node = base.gpus_per_node
     if ranks < 2:
         raise UserError("--ranks", f"a ring needs at least 2 ranks, got {ranks}")
     if ranks > MAX_RING_RANKS:
@@ -210,7 +247,7 @@ def _placement(ranks: int, nodes: int | None) -> tuple[Cluster, list[int]]:
         raise UserError("--ranks", f"{ranks} ranks need {per_node} GPUs per node but a node "
                                    f"has {gpus_per_node}; add --nodes")
     gpus = [node * gpus_per_node + local for node in range(nodes) for local in range(per_node)]
-    return Cluster(nodes=nodes), gpus
+    return replace(base, nodes=nodes), gpus
 
 
 def _check_modes(args, sizes: list[int]) -> None:
@@ -242,7 +279,10 @@ def _check_png_folder(folder: str) -> None:
 
 def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
     """NCCL runs reduce-scatter and all-gather as rings only (tuning.cc); --explain shows ring
-    steps."""
+    steps; NVLS is an all-reduce inside one NVSwitch-3+ domain."""
+    if args.nccl_algo == NVLS:
+        _check_nvls(args, cluster)
+        return
     if args.nccl_algo != TREE:
         return
     if args.collective != ALL_REDUCE:
@@ -250,6 +290,58 @@ def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
     if args.explain or args.html or args.png:
         raise UserError("--nccl-algo", "--explain, --html and --png show ring steps: not with "
                                        "tree")
+
+
+def _check_nvls(args, cluster: Cluster) -> None:
+    if args.collective != ALL_REDUCE:
+        raise UserError("--nccl-algo", f"nvls runs all_reduce only here, not {args.collective}")
+    if args.nccl_proto not in (AUTO, "Simple"):
+        raise UserError("--nccl-proto", "NVLS runs the Simple protocol only (tuning.cc)")
+    for flag, given in (("--explain", args.explain), ("--html", args.html), ("--png", args.png)):
+        if given:
+            raise UserError(flag, "shows ring steps; nvls has none (one switch reduction)")
+    why = nvls_available(nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
+                         cluster.nodes)
+    if why:
+        raise UserError("--nccl-algo", why)
+
+
+def _run_nvls(args, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
+    """NVLS all-reduce at every size (closed form, simsp/engine/nvls.py), beside what NCCL's
+    modelled choice among ring and tree (engine/nccl_tuning.py) does at the same sizes."""
+    rows = [_nvls_stats(cluster, gpus, size) for size in sizes]
+    if args.json:
+        print(dumps(_json_result(ALL_REDUCE, rows[0])))
+        return 0
+    graph = build_topology(cluster)
+    others = [simulate_nccl(graph, gpus, ALL_REDUCE, size, LinkCalibration.from_cluster(cluster))
+              for size in sizes]
+    header = _header(ALL_REDUCE, cluster, gpus)
+    header[0] = (header[0].replace("ring gpu", "NVLS (NVLink SHARP) over gpu")
+                 .replace("stepwise simulation", "closed form")
+                 .replace("closed-form timing", "closed form"))
+    header[2] += (f"; NVLS: S(1+1/n) per direction at link x nvlsEfficiency "
+                  f"{NVLS_EFFICIENCY[gpu_profile(cluster.gpu).nvlink_generation]:g} "
+                  f"+ {NVLS_LATENCY_S * 1e6:g} us (NVIDIA/nccl src/graph/tuning.cc)")
+    choice = ["#", "# the same sizes as NCCL's ring/tree choice, and the faster (NCCL picks the "
+              "algorithm of lowest predicted time, tuning.cc):"]
+    choice += [f"#   {other.nbytes:>10} B: {other.algorithm}/{other.protocol} "
+               f"{other.time_s * 1e6:.2f} us, busbw "
+               f"{busbw_GBps(ALL_REDUCE, len(gpus), other.nbytes, other.time_s):.2f} GB/s -> "
+               f"{NVLS if nvls.time_s < other.time_s else other.algorithm}"
+               for nvls, other in zip(rows, others)]
+    print("\n".join(header + _table(rows) + choice))
+    return 0
+
+
+def _nvls_stats(cluster: Cluster, gpus: list[int], nbytes: int) -> CollectiveStats:
+    """An NVLS all-reduce's stats: one switch reduction, S(1 + 1/n) sent by every GPU."""
+    n, gpu = len(gpus), gpu_profile(cluster.gpu)
+    seconds = nvls_all_reduce_time(nbytes, n, cluster.nvlink_bandwidth_GBps,
+                                   cluster.nvlink_efficiency, gpu.nvlink_generation)
+    sent = (round(nvls_bytes_per_direction(nbytes, n)),) * n
+    return CollectiveStats(ALL_REDUCE, tuple(gpus), nbytes, 1, sent, sent, 0.0, seconds, (),
+                           NVLS, "Simple", 0)
 
 
 def _forced(args) -> LinkCalibration:

@@ -13,6 +13,7 @@ from pathlib import Path
 from simsp.config import read_toml
 from simsp.errors import UserError
 from simsp.explore.fields import Field, all_fields, by_key, spell
+from simsp.profiles import gpu_cluster_fields, system_cluster_fields
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def expand(variants: list[tuple], axes: list[tuple[Field, list]],
             for combo in itertools.product(*(choices for _, choices in axes)):
                 merged = dict(values)
                 merged.update({field.path: value for (field, _), value in zip(axes, combo)})
+                _fill_hardware(merged, given)
                 merged, error, note = derive_world(merged, values, world, given)
                 label = " ".join(spell(field, value) for (field, choices), value
                                  in zip(axes, combo) if len(choices) > 1)  # what varies
@@ -103,3 +105,22 @@ def expand(variants: list[tuple], axes: list[tuple[Field, list]],
                 name = name or str(merged[("run", "name")])
                 configs.append(Config(name, tuple(merged.items()), error, note, source))
     return configs
+
+
+def _fill_hardware(values: dict, axis_keys: set) -> None:
+    """A configuration's system (and GPU) fill the cluster keys they imply, as load_scenario
+    does for a file (simsp/config.py): here every key is present, so those still at their
+    default and not swept take the profile's value. A bad name is left for the row's error."""
+    defaults = {f.path: f.default for f in all_fields()}
+    for name, implied in (("system", system_cluster_fields), ("gpu", gpu_cluster_fields)):
+        profile = values.get(("cluster", name))
+        if not isinstance(profile, str) or profile == defaults.get(("cluster", name)):
+            continue
+        try:
+            fields = implied(profile)
+        except UserError:
+            continue
+        for key, value in fields.items():
+            path = ("cluster", key)
+            if path not in axis_keys and values.get(path) == defaults.get(path):
+                values[path] = value

@@ -7,7 +7,7 @@ GEMM FLOPs are 2mkn (K22 App. A); element-wise kernels are timed by bytes read a
 
 import numpy as np
 
-from simsp.model import kernels
+from simsp.model import fp8, kernels
 from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
 
@@ -20,8 +20,16 @@ def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str):
     k, n = w.shape
     m = x.numel // k
     y = r.alloc(x.shape[:-1] + (n,), FP16, name)
+    in_fp8 = r.fp8 is not None and fp8.is_fp8_weight(w)
     if r.numeric:
-        y.data = kernels.linear_forward(x.data, w.data, _data(b))
+        xd, wd = x.data, w.data
+        if in_fp8:
+            xd, wd = fp8.emulate(xd, "e4m3"), fp8.emulate(wd, "e4m3")
+        y.data = kernels.linear_forward(xd, wd, _data(b))
+    if in_fp8:
+        yield from fp8.quantize(r, name, m * k)
+        yield from fp8.gemm(r, name, m, k, n)
+        return y
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, k, n))
     return y
 
@@ -31,8 +39,15 @@ def linear_grad_input(r, dy: Tensor, w: Tensor, name: str):
     k, n = w.shape
     m = dy.numel // n
     dx = r.alloc(dy.shape[:-1] + (k,), FP16, name)
-    if r.numeric:
+    in_fp8 = r.fp8 is not None and fp8.is_fp8_weight(w)
+    if r.numeric and in_fp8:
+        dx.data = fp8.emulate(dy.data, fp8.backward_format(r)) @ fp8.emulate(w.data, "e4m3").T
+    elif r.numeric:
         dx.data = dy.data @ w.data.T
+    if in_fp8:
+        yield from fp8.quantize(r, name, m * n)  # dy, for this GEMM and the weight gradient's
+        yield from fp8.gemm(r, name, m, n, k)
+        return dx
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, n, k))
     return dx
 
@@ -42,11 +57,20 @@ def linear_grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_nam
     """Accumulate dW = x^T dy (and db = sum dy) into the fp32 main gradients."""
     k, n = x.shape[-1], dy.shape[-1]
     m = dy.numel // n
+    in_fp8 = r.fp8 is not None and fp8.is_fp8_weight(grads[w_name])
     if r.numeric:
         x2, dy2 = x.data.reshape(m, k), dy.data.reshape(m, n)  # (m, k), (m, n)
-        grads[w_name].data += x2.T @ dy2
+        if in_fp8:  # the saved FP8 input and the quantized output gradient
+            x2, dy2 = fp8.emulate(x2, "e4m3"), fp8.emulate(dy2, fp8.backward_format(r))
+            grads[w_name].data += x2.T @ dy2
+            dy2 = dy.data.reshape(m, n)  # the bias gradient is a BF16 reduction
+        else:
+            grads[w_name].data += x2.T @ dy2
         if b_name:
             grads[b_name].data += dy2.sum(axis=0)
+    if in_fp8:
+        yield from fp8.gemm(r, name, k, m, n)  # saved FP8 input x FP8 dy
+        return
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(k, m, n))
 
 

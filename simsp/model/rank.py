@@ -12,7 +12,9 @@ import numpy as np
 
 from simsp.costmodel import kernel_time
 from simsp.engine.memory import AlreadyLive, Ledger
+from simsp.model.fp8 import FP8_SAVED_INPUTS, save_quantized
 from simsp.model.tensor import Tensor
+from simsp.precision import DEFAULT as DEFAULT_PRECISION
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -51,6 +53,9 @@ class Rank:
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     moe_aux_loss: float = 0.0  # Σ aux_scale · aux loss of its MoE layers' forwards (numeric)
+    compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
+    precision: object = DEFAULT_PRECISION  # simsp.precision.Precision: state dtypes, FP8
+    fp8: object = None  # simsp.precision.Fp8 when the linear layers run in FP8
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):
@@ -91,7 +96,10 @@ class Rank:
                 tensor.key = None
 
     def save(self, tensor: Tensor, name: str) -> Tensor:
-        """Keep a tensor for backward: it moves to the activations category under `name`."""
+        """Keep a tensor for backward: it moves to the activations category under `name`
+        (a linear input in FP8 under FP8 training: simsp/model/fp8.py)."""
+        if self.fp8 is not None and name in FP8_SAVED_INPUTS:
+            return save_quantized(self, tensor, name)
         target = self.key(name)
         if tensor.key != target:
             target = self._unique_key(target)
@@ -103,7 +111,18 @@ class Rank:
         """Hold the compute stream for one kernel's modelled time; count its GEMM FLOPs."""
         if kind == "gemm":
             self.flops[self.phase] += flops
-        duration = kernel_time(kind, flops, nbytes, gemm)
+        duration = kernel_time(kind, flops, nbytes, gemm, self.compute_cal)
+        self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
+        start = self.env.now
+        yield self.env.timeout(duration)
+        if self.trace is not None:
+            self.trace.add_span(self.rank, "compute", name, start, self.env.now,
+                                {"phase": self.phase, "kind": kind})
+
+    def hold(self, name: str, kind: str, flops: int, duration: float):
+        """Hold the compute stream for a kernel timed by the caller (FP8 GEMMs)."""
+        if kind == "gemm":
+            self.flops[self.phase] += flops
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
         start = self.env.now
         yield self.env.timeout(duration)

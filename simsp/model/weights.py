@@ -1,9 +1,11 @@
-"""A rank's parameter shards in its ledger: fp16 weights and fp32 main gradients (K22 §4)."""
+"""A rank's parameter shards in its ledger: fp16 weights and fp32 main gradients (K22 §4);
+other main-gradient dtypes and FP8 weight copies as simsp/precision.py states."""
 
 import numpy as np
 
 from simsp.model.sharding import local_shape, shard, unshard
-from simsp.model.tensor import FP16, FP32
+from simsp.model.fp8 import add_weight_copy, is_fp8_param
+from simsp.model.tensor import FP16
 
 
 def allocate_params(r, shapes: dict, canonical: dict | None, strip: str = ""):
@@ -18,8 +20,11 @@ def allocate_params(r, shapes: dict, canonical: dict | None, strip: str = ""):
         part = local_shape(name, shape, t)
         data = shard(name, canonical[name], index, t).astype(r.dtype) if r.numeric else None
         weights[local] = r.alloc(part, FP16, f"weight.{name}", "weights", data)
+        if r.fp8 is not None and is_fp8_param(name, part):
+            add_weight_copy(r, name, weights[local])
         zeros = np.zeros(part, dtype=r.dtype) if r.numeric else None
-        grads[local] = r.alloc(part, FP32, f"grad.{name}", "gradients", zeros)
+        grads[local] = r.alloc(part, r.precision.main_grad_bytes, f"grad.{name}", "gradients",
+                               zeros)
     return weights, grads
 
 

@@ -86,7 +86,7 @@ def _header(m: dict) -> list[str]:
         f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
         f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
-        f"v={lay['vocab']}.", *_architecture(m), ""]
+        f"v={lay['vocab']}.", *_architecture(m), *_hardware_line(lay), ""]
 
 
 def _architecture(m: dict) -> list[str]:
@@ -94,6 +94,14 @@ def _architecture(m: dict) -> list[str]:
     if "architecture" not in m:
         return []
     return [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
+
+
+def _hardware_line(lay: dict) -> list[str]:
+    """GPU, system and FP8, when not the default A100 in BF16 (docs/hardware.md)."""
+    if "gpu" not in lay:
+        return []
+    return [f"Hardware: {lay['gpu']}" + (f" in {lay['system']}" if lay["system"] else "")
+            + (f", FP8 {lay['fp8']}" if lay["fp8"] else ", BF16") + "."]
 
 
 def _verdict(m: dict) -> list[str]:

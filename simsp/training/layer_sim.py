@@ -91,7 +91,9 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
         out, saved = yield from layer_forward(r, spec, w, x)
     rec.forward_end_s = r.env.now
     rec.activation_bytes = r.ledger.live_bytes("activations")
-    rec.saved = [(name, t.nbytes) for name, t in saved.items()]
+    live = r.ledger.live  # the ledger's bytes: FP8-saved inputs are smaller than t.nbytes
+    rec.saved = [(name, live[t.key].nbytes if t.key in live else t.nbytes)
+                 for name, t in saved.items()]
     rec.out = out.data
     r.free(out)
     r.phase = "backward"

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simsp.model.tensor import FP32
+from simsp.model.fp8 import weight_cast_bytes
+from simsp.precision import DEFAULT
 
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1e-3, (0.9, 0.999), 1e-8
 STATE_TENSORS = ("master", "adam_m", "adam_v")  # fp32 each: 12 bytes per parameter
@@ -28,7 +29,8 @@ def allocate_optimizer(r, weights: dict, shard_over: int = 1) -> AdamState:
             if r.numeric:
                 data = weight.data.reshape(-1).copy() if state == "master" else np.zeros(
                     weight.numel, dtype=r.dtype)
-            tensors[(state, name)] = r.alloc((numel,), FP32, f"{state}.{name}", "optimizer",
+            tensors[(state, name)] = r.alloc((numel,), r.precision.state(state),
+                                             f"{state}.{name}", "optimizer",
                                              data if shard_over == 1 else None)
     return AdamState(tensors)
 
@@ -50,7 +52,18 @@ def adam_step(r, state: AdamState, weights: dict, grads: dict, step: int = 1):
         master.data = master.data - ADAM_LR * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
         weight.data = master.data.reshape(weight.shape).astype(weight.data.dtype)
     # reads grad, master, m, v (4 B each) and writes master, m, v (4 B) and the fp16 weight (2 B)
-    yield from r.compute("adam_step", "elementwise", nbytes=30 * numel)
+    yield from r.compute("adam_step", "elementwise", nbytes=_adam_bytes_per_param(r) * numel)
+    if r.fp8 is not None:  # TE quantizes each weight once per iteration (simsp/model/fp8.py)
+        yield from r.compute("fp8_weight_cast", "elementwise",
+                             nbytes=weight_cast_bytes(r, weights))
+
+
+def _adam_bytes_per_param(r) -> int:
+    """Read the main gradient, master, m and v; write master, m, v and the 2-byte weight."""
+    if r.precision is DEFAULT:
+        return 30
+    states = sum(r.precision.state(s) for s in STATE_TENSORS)
+    return r.precision.main_grad_bytes + 2 * states + 2
 
 
 def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):

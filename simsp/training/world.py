@@ -13,8 +13,9 @@ from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
-from simsp.hardware import GPUS, LinkCalibration
+from simsp.hardware import GPUS, LinkCalibration, cluster_compute
 from simsp.model.rank import Rank, TPGroup
+from simsp.precision import precision_of
 
 
 @dataclass
@@ -60,9 +61,11 @@ def _make_rank(world: World, rank: int) -> Rank:
     sc = world.scenario
     members = world.grid.tp_group(rank)
     tp = TPGroup(members, members.index(rank), sc.parallel.sequence_parallel, world.comm)
+    precision = precision_of(sc)
     ledger = Ledger(rank, GPUS[sc.cluster.gpu].memory_bytes, clock=lambda: world.env.now)
     # collectives record their own spans (by role, on tp/dp tracks); the stream's go unused
     comm_stream = Stream(world.env, rank, COMM, Trace())
     return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
-                comm_stream=comm_stream)
+                comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
+                precision=precision, fp8=precision.fp8)

@@ -12,7 +12,8 @@ CSV: a header row, then one measurement per row. Columns (any order):
               scenario instead of `flags` (empty: the scenario itself)
   collective  busbw only: all_reduce, reduce_scatter or all_gather (over every GPU)
   size        busbw only: message size, nccl-tests style (8, 256K, 1M, 8G)
-TOML: the same keys in `[[measurement]]` tables; optional `[groups.NAME]` (title, note) and
+TOML: the same keys in `[[measurement]]` tables; optional `[groups.NAME]` (title, note, and
+`default = false` for a group that runs only when `--only` names it) and
 `[scenarios.NAME]` tables holding scenario sections inline, which `scenario = "NAME"` selects.
 """
 

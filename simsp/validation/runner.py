@@ -80,7 +80,8 @@ def load_sets(paths: list[str]) -> list[MeasurementSet]:
 
 
 def select_groups(sets: list[MeasurementSet], only: list[str] | None) -> list[tuple]:
-    """[(group, title, note, [(set, row)])] in file order, restricted to `only` if given."""
+    """[(group, title, note, [(set, row)])] in file order, restricted to `only` if given; a
+    group whose [groups.NAME] says `default = false` runs only when named in `only`."""
     groups: dict = {}
     for mset in sets:
         for row in mset.rows:
@@ -94,7 +95,9 @@ def select_groups(sets: list[MeasurementSet], only: list[str] | None) -> list[tu
             raise UserError("--only", f"unknown group(s) {', '.join(unknown)} (known: "
                                       f"{', '.join(groups)})")
         return [groups[g] for g in groups if g in only]
-    return list(groups.values())
+    opt_in = {name for mset in sets for name, info in mset.groups.items()
+              if isinstance(info, dict) and info.get("default") is False}
+    return [entry for name, entry in groups.items() if name not in opt_in]
 
 
 def check_all(selected: list[tuple], force: bool = False) -> None:

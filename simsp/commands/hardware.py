@@ -1,0 +1,137 @@
+"""`simsp hardware`: the GPU and system profiles, every number with its source.
+
+    simsp hardware [PROFILE ...] [--json]
+
+With no argument, every bundled profile (simsp/hardware_data); a name or a .toml path shows that
+one. Each GPU also shows the compute model simsp times its kernels with: the rule's derivation
+from the datasheet peak, the HBM bandwidth and the measured GEMM ceiling, or the fitted values
+its [compute] section states (docs/hardware.md).
+"""
+
+from dataclasses import asdict
+from pathlib import Path
+
+from simsp.errors import UserError
+from simsp.flags import nonempty
+from simsp.hardware import gpu_compute
+from simsp.jsonout import dumps
+from simsp.profiles import DATA, available, gpu_profile, load_profile, system_profile
+
+
+def add_parser(subparsers) -> None:
+    """Register `simsp hardware`."""
+    parser = subparsers.add_parser("hardware", help="list GPU and system profiles with sources",
+                                   description=__doc__.split("\n\n")[0])
+    parser.add_argument("profiles", nargs="*", type=nonempty, metavar="PROFILE",
+                        help="profile names or .toml paths (default: every bundled one)")
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+    parser.set_defaults(handler=run)
+
+
+def _which(names: list[str]) -> list[tuple[str, str]]:
+    """(kind, name) of each requested profile: a GPU if one loads by that name, else a system."""
+    if not names:
+        return [("gpu", n) for n in available("gpu")] + [("system", n) for n in available("system")]
+    found = []
+    for name in names:
+        kind = "system" if name in available("system") else "gpu"
+        if name.endswith(".toml"):
+            kind = "system" if _is_system_file(name) else "gpu"
+        found.append((kind, name))
+    return found
+
+
+def _is_system_file(path: str) -> bool:
+    try:
+        load_profile("system", path)
+        return True
+    except UserError:
+        return False
+
+
+def _shown_path(path: str) -> str:
+    """A bundled profile's path inside the package (the same on every machine), else as given."""
+    try:
+        return str(Path(path).relative_to(DATA.parent.parent))
+    except ValueError:
+        return path
+
+
+def describe(kind: str, name: str) -> dict:
+    """One profile as plain data: numbers with sources, and a GPU's compute models."""
+    prof = load_profile(kind, name)
+    entry = {"kind": kind, "name": prof.name, "description": prof.description,
+             "file": _shown_path(prof.path),
+             "numbers": {k: {"value": s.value, "source": s.source} for k, s in prof.numbers.items()}}
+    if kind == "system":
+        system_profile(name)  # its checks
+        entry["gpu"] = prof.gpu
+        return entry
+    gpu = gpu_profile(name)
+    entry["model"] = {"bf16": asdict(gpu_compute(gpu)),
+                      "bf16_from": "fitted [compute]" if gpu.fitted else "rule"}
+    if gpu.peak_fp8_flops is not None and gpu.ceiling_fp8_flops is not None:
+        entry["model"]["fp8"] = asdict(gpu_compute(gpu, fp8=True))
+        entry["model"]["fp8_from"] = "fitted [compute_fp8]" if gpu.fitted_fp8 else "rule"
+    for section, body in prof.sections.items():
+        entry[section] = {k: {"value": s.value, "source": s.source} for k, s in body.items()}
+    return entry
+
+
+def _lines(entry: dict) -> list[str]:
+    lines = [f"## {entry['kind']} {entry['name']}: {entry['description']}", f"file: {entry['file']}"]
+    if entry["kind"] == "system":
+        lines.append(f"gpu: {entry['gpu']}")
+    for key, item in entry["numbers"].items():
+        lines.append(f"  {key} = {item['value']:<8}  [{item['source']}]")
+    for section in ("compute", "compute_fp8"):
+        if section in entry:
+            for key, item in entry[section].items():
+                lines.append(f"  {section}.{key} = {item['value']:<8}  [{item['source']}]")
+    compute = entry.get("model", {})
+    for dtype in ("bf16", "fp8"):
+        if dtype in compute:
+            cal = compute[dtype]
+            lines.append(f"  model {dtype} ({compute[dtype + '_from']}): gemm_max_efficiency="
+                         f"{cal['gemm_max_efficiency']:.4g} gemm_half_intensity="
+                         f"{cal['gemm_half_intensity']:.4g} FLOP/B memory_efficiency="
+                         f"{cal['memory_efficiency']:g} launch_overhead_s="
+                         f"{cal['launch_overhead_s']:g}")
+    return lines
+
+
+def _summary(entries: list[dict]) -> list[str]:
+    gpus = [e for e in entries if e["kind"] == "gpu"]
+    systems = [e for e in entries if e["kind"] == "system"]
+    lines = []
+    if gpus:
+        lines += ["| gpu | memory GiB | BF16 TFLOP/s | FP8 TFLOP/s | HBM TB/s | NVLink | "
+                  "GB/s/dir | GEMM ceiling BF16 / FP8 |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for e in gpus:
+            n = {k: v["value"] for k, v in e["numbers"].items()}
+            lines.append(f"| {e['name']} | {n['memory_GiB']} | {n['peak_bf16_TFLOPs']} | "
+                         f"{n.get('peak_fp8_TFLOPs', '—')} | {n['hbm_TBps']} | "
+                         f"{n['nvlink_generation']} | {n['nvlink_GBps']} | "
+                         f"{n['ceiling_bf16_TFLOPs']} / {n.get('ceiling_fp8_TFLOPs', '—')} |")
+    if systems:
+        lines += ["", "| system | gpu | GPUs per NVLink domain | NVSwitch | NICs per node | NIC |",
+                  "|---|---|---:|---:|---:|---|"]
+        for e in systems:
+            n = {k: v["value"] for k, v in e["numbers"].items()}
+            lines.append(f"| {e['name']} | {e['gpu']} | {n['gpus_per_nvlink_domain']} | "
+                         f"{n['nvswitch_generation']} | {n['nics_per_node']} | "
+                         f"{n['nic']} {n['nic_Gbps']} Gb/s |")
+    return lines
+
+
+def run(args) -> int:
+    """Print the profiles (summary tables, then every number with its source) or JSON."""
+    entries = [describe(kind, name) for kind, name in _which(args.profiles)]
+    if args.json:
+        print(dumps({"profiles": entries}))
+        return 0
+    lines = ["# simsp hardware profiles (every number: value [source])", ""] + _summary(entries)
+    for entry in entries:
+        lines += [""] + _lines(entry)
+    print("\n".join(lines))
+    return 0
