@@ -50,6 +50,7 @@ BOUNDS = {
     "parallel.pipeline_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
     "parallel.data_parallel_size": Bound(1, 32768, "GPUs", _DC),
     "parallel.context_parallel_size": Bound(1, 4096, "GPUs", _DC),
+    "parallel.cpu_offloading_num_layers": Bound(0, 4096, "layers", "at most model.num_layers"),
     "parallel.micro_batch_size": Bound(1, 65536, "samples", "far above any GPU's memory"),
     "parallel.global_batch_size": Bound(1, 16777216, "samples", "16M samples per iteration"),
     "parallel.num_layers_per_virtual_pipeline_stage": Bound(1, 4096, "layers",

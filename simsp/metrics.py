@@ -139,7 +139,22 @@ def collect(run, shortcuts) -> dict:
         "shortcuts": shortcuts.flags(),
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
+        **_fsdp(run),
     }
+
+
+def _fsdp(run) -> dict:
+    """Under sharded data parallelism, per stage and unit: all-gather and reduction seconds
+    and the share the compute waited for (training/fsdp.py); absent otherwise."""
+    p = run.sc.parallel
+    if p.fsdp is None:
+        return {}
+    stages = [run.states[rank].fsdp.unit_report() for rank in stage_ranks(run)]
+    comm = sum(u["all_gather_s"] + u["reduce_s"] for s in stages for u in s.values())
+    exposed = sum(u["all_gather_exposed_s"] + u["reduce_exposed_s"]
+                  for s in stages for u in s.values())
+    return {"fsdp": {"strategy": p.fsdp, "units_per_stage": stages, "comm_s": comm,
+                     "exposed_s": exposed, "exposed_fraction": exposed / comm if comm else 0.0}}
 
 
 def _architecture(sc) -> dict:

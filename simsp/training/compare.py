@@ -5,6 +5,7 @@ import numpy as np
 from simsp.model.params import param_shapes
 from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
+from simsp.training.fsdp import full_grads
 
 
 def _holder_stage(name: str, run) -> int:
@@ -19,11 +20,24 @@ def gathered_grads(run, dp: int = 0) -> dict:
     """Full canonical gradients of DP replica `dp` after the iteration's reductions."""
     grads = {}
     t = run.sc.parallel.tp
+    local = _fsdp_local_grads(run, dp)
     for name in param_shapes(run.sc.padded_model):
         pp = _holder_stage(name, run)
-        shards = [run.states[run.rank_of(tp, dp, pp)].grads[name].data for tp in range(t)]
+        shards = [local[(tp, pp)][name] if local else
+                  run.states[run.rank_of(tp, dp, pp)].grads[name].data for tp in range(t)]
         grads[name] = unshard(name, shards)
     return grads
+
+
+def _fsdp_local_grads(run, dp: int) -> dict | None:
+    """Under sharded DP: {(tp, pp): TP-local gradients} rebuilt from every DP rank's reduced
+    shard (training/fsdp.py), the same for every replica `dp`; None otherwise."""
+    p = run.sc.parallel
+    if p.fsdp in (None, "no_shard"):
+        return None
+    return {(tp, pp): full_grads([run.states[run.rank_of(tp, k, pp)].fsdp
+                                  for k in range(p.dp)])
+            for tp in range(p.tp) for pp in range(p.pp)}
 
 
 def compare_with_reference(run) -> dict:

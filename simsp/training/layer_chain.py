@@ -23,6 +23,8 @@ def chunk_forward(r, run, plan, state, chunk: int, x, mb: int, offset: int, stas
         yield from state.ddp_buckets.params_needed(r, run, chunk, segment.layers)
         x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
         stash["layers"].append(saved)
+        if state.fsdp is not None:
+            state.fsdp.after_forward(r, segment.layers)
     return x
 
 
@@ -34,6 +36,8 @@ def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, st
                                                      _scopes(segments[::-1], mb))
         return results[-1]
     for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
+        if state.fsdp is not None:
+            yield from state.fsdp.before_backward(r, run, chunk, segment.layers)
         dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
         state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, segment.layers[::-1])
