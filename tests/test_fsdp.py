@@ -2,6 +2,7 @@
 reference per strategy, a hand-worked timeline of gathers, compute and reduce-scatters with
 prefetch, and Llama 3 8B's per-rank memory against the closed form of docs/fsdp.md."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from simsp.config import load_scenario
 from simsp.engine.communicator import CLOSED_FORM
 from simsp.engine.ring_timing import collective_time
+from simsp.explore.prune import memory_lower_bound, time_lower_bound
 from simsp.model.params import layer_param_names, param_shapes
 from simsp.training.compare import compare_with_reference
 from simsp.training.fsdp import FsdpUnits
@@ -155,3 +157,53 @@ def test_hand_worked_timeline_of_two_units_with_prefetch():
     grad_shards = 4 * sum(u.shard(2) for u in units[0].units)
     assert grads == {"B1": grad_shards + 4 * unit.padded, "B0": grad_shards + 8 * unit.padded,
                      "end": grad_shards}
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama 3 8B over 8 GPUs: per-rank memory by category against docs/fsdp.md's closed form
+# ---------------------------------------------------------------------------------------------
+
+H, HEADS, GROUPS, HEAD_DIM, FFN, VOCAB, LAYERS = 4096, 32, 8, 128, 14336, 128256, 32
+LAYER = (H * (HEADS + 2 * GROUPS) * HEAD_DIM + HEADS * HEAD_DIM * H  # QKV, projection
+         + H * 2 * FFN + FFN * H + 2 * H)  # SwiGLU fc1, fc2, two RMSNorm weights
+WORD, ROOT = VOCAB * H, H + VOCAB * H  # word embedding; final norm + untied output layer
+SHARD = (LAYERS * LAYER + WORD + ROOT) // 8  # every unit divides by 8: no padding
+LLAMA_8B_FSDP = ["run", "scenarios/llama3-8b.toml", "--tensor-model-parallel-size", "1",
+                 "--no-sequence-parallel", "--data-parallel-size", "8",
+                 "--global-batch-size", "16", "--json"]
+MEMORY_FORM = {  # docs/fsdp.md#llama-3-8b-over-8-gpus
+    ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"): {
+        "weights": 2 * SHARD + 2 * (WORD + ROOT) + 2 * 2 * LAYER,
+        "gradients": 4 * SHARD + 4 * (WORD + ROOT) + 4 * LAYER,
+        "optimizer": 12 * SHARD, "communication": 0},
+    ("--use-torch-fsdp2",): {
+        "weights": 4 * SHARD + 2 * (WORD + ROOT) + 2 * 2 * LAYER,
+        "gradients": 4 * SHARD + 2 * (WORD + ROOT),
+        "optimizer": 8 * SHARD, "communication": 4 * (WORD + ROOT) + 4 * LAYER}}
+
+
+@pytest.mark.parametrize("flags", list(MEMORY_FORM), ids=lambda f: f[-1])
+def test_llama3_8b_fsdp_memory_matches_the_closed_form(flags):
+    """Peak bytes by category of every rank: the shards, the root units' copies and
+    gradients, two layer copies (one computing, one prefetched) and the unsharded gradient of
+    the layer whose reduce-scatter is in flight when the embedding's backward starts; the
+    activations are the same as without FSDP (the K22/Llama closed form); the search's lower
+    bounds hold."""
+    rc, out, err = cli(LLAMA_8B_FSDP[:-1] + list(flags) + ["--json"])
+    assert rc == 0, err
+    metrics = json.loads(out)
+    for rank in metrics["ranks"]:
+        peaks = rank["peak_by_category_bytes"]
+        for category, expected in MEMORY_FORM[flags].items():
+            assert peaks[category] == expected, (rank["rank"], category)
+        assert peaks["activations"] == metrics["first_stage_activation_formula_bytes"]
+    sc = load_scenario("scenarios/llama3-8b.toml", {
+        ("parallel", "tensor_model_parallel_size"): 1, ("parallel", "sequence_parallel"): False,
+        ("parallel", "data_parallel_size"): 8, ("parallel", "global_batch_size"): 16,
+        **({("parallel", "use_torch_fsdp2"): True} if len(flags) == 1 else
+           {("parallel", "use_megatron_fsdp"): True,
+            ("parallel", "data_parallel_sharding_strategy"): flags[-1]})})
+    assert memory_lower_bound(sc) <= metrics["ranks"][0]["peak_bytes"]
+    assert time_lower_bound(sc) <= metrics["iteration_time_s"]
+    share = metrics["fsdp"]["exposed_fraction"]
+    assert 0 < share < 1

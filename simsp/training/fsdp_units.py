@@ -18,10 +18,7 @@ torch/distributed/fsdp/_fully_shard/_fsdp_param.py):
 """
 
 from dataclasses import dataclass
-import math
 
-from simsp.model.params import LAYER_SUFFIXES, layer_shapes
-from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, FP32
 from simsp.precision import precision_of
 
@@ -121,19 +118,10 @@ def sharding_of(sc) -> Sharding:
                     states)
 
 
-def persistent_bytes(units: list[Unit], s: Sharding, d: int) -> dict:
-    """Bytes by category that live the whole iteration: parameters, main gradients, optimizer
-    state (the closed form of docs/fsdp.md, per rank)."""
-    full = sum(u.numel for u in units)
-    sharded = sum(u.shard(d) for u in units)
-    return {"weights": (sharded if s.shard_params else full) * s.param_bytes,
-            "gradients": (sharded if s.shard_grads else full) * s.grad_bytes,
-            "optimizer": (sharded if s.shard_optim else full)
-            * sum(b for _, b in s.state_bytes)}
-
-
-def layer_unit_numel(model, t: int, i: int = 0) -> int:
-    """TP-local elements of layer i's unit (simsp/model/params.py shapes, model/sharding.py)."""
-    shapes = layer_shapes(model, i)
-    return sum(math.prod(local_shape(f"layers.{i}.{k}", shapes[k], t)) for k in LAYER_SUFFIXES
-               if k in shapes)
+def fsdp_bytes_per_element(s: Sharding, d: int) -> float:
+    """Persistent bytes per parameter of a unit with no padding: parameters, main gradients and
+    optimizer state, each over d where the strategy shards it (docs/fsdp.md)."""
+    states = sum(b for _, b in s.state_bytes)
+    return (s.param_bytes / (d if s.shard_params else 1)
+            + s.grad_bytes / (d if s.shard_grads else 1)
+            + states / (d if s.shard_optim else 1))
