@@ -841,6 +841,8 @@ def validate(s: Scenario) -> None:
     _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")
     _check(s.run.name.isprintable() and len(s.run.name) <= 200, "run.name",
            "must be printable text of at most 200 characters")
+    _check(not s.parallel.cpu_offloading or gpu_profile(s.cluster.gpu).host_link_GBps,
+           "parallel.cpu_offloading", f"GPU profile {s.cluster.gpu} has no host_link_GBps")
     _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"
                 and s.parallel.fsdp is None),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")

@@ -95,6 +95,8 @@ def exposure(run) -> list[dict]:
         r = run.world.ranks[rank]
         blocked = r.exposed_s
         row = {key: blocked.get(key, 0.0) for key in EXPOSURE_KEYS}
+        if run.sc.parallel.cpu_offloading:  # waits on activation copies (training/offload.py)
+            row["offload"] = blocked.get("offload", 0.0)
         row["compute"] = sum(r.busy_s.values()) - row["optimizer"]
         row["pp_wait"] += t_iter - run.end_s[rank]
         rows.append(row)
@@ -140,7 +142,21 @@ def collect(run, shortcuts) -> dict:
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
         **_fsdp(run),
+        **_offload(run),
     }
+
+
+def _offload(run) -> dict:
+    """Under --cpu-offloading, per stage: bytes moved to the host, copy seconds, seconds the
+    compute waited, and the host memory held at its peak (training/offload.py)."""
+    p = run.sc.parallel
+    if not p.cpu_offloading:
+        return {}
+    stages = [run.states[rank].offload.stats.as_dict() for rank in stage_ranks(run)]
+    return {"offload": {"layers": p.cpu_offloading_num_layers,
+                        "host_link_GBps": gpu_profile(run.sc.cluster.gpu).host_link_GBps,
+                        "per_stage": stages,
+                        "host_peak_bytes": max(s["host_peak_bytes"] for s in stages)}}
 
 
 def _fsdp(run) -> dict:

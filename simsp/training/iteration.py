@@ -21,6 +21,7 @@ from simsp.training.world import World, build_world
 from simsp.training import p2p
 from simsp.training.finalize import data_parallel_gather_params, finalize_grads
 from simsp.training.fsdp import FsdpUnits
+from simsp.training.offload import ActivationOffload
 from simsp.training.optimizer import allocate_optimizer, optimizer_step
 from simsp.training.shortcut_check import check_shortcuts
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
@@ -134,6 +135,8 @@ def rank_program(r, run: Run, plan: StagePlan):
         fsdp = FsdpUnits(r, run, plan, {n: shapes[n] for n in names})
         weights, grads, optimizer = fsdp.weights, fsdp.grads, fsdp.optimizer
     state = run.states[r.rank] = RankState(weights, grads, fsdp=fsdp)
+    if run.sc.parallel.cpu_offloading:
+        state.offload = ActivationOffload(r, run, plan)
     yield from run_schedule(r, run, plan, state)
     r.phase, r.scope = "backward", ""
     yield from finalize_grads(r, run, plan, grads)

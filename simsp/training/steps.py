@@ -28,6 +28,7 @@ class RankState:
     segments: dict = field(default_factory=dict)  # chunk -> its recompute segments
     ddp_buckets: DDPBuckets | None = None  # DP gradient buckets (training/grad_buckets.py)
     fsdp: object = None  # training/fsdp.py FsdpUnits under sharded data parallelism
+    offload: object = None  # training/offload.py ActivationOffload under --cpu-offloading
     p2p: object = None  # training/stage_program.py P2PSetup, set when the schedule starts
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
