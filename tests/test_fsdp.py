@@ -10,6 +10,7 @@ import pytest
 from simsp.config import load_scenario
 from simsp.engine.communicator import CLOSED_FORM
 from simsp.engine.ring_timing import collective_time
+from simsp.explore.evaluate import collect_metrics
 from simsp.explore.prune import memory_lower_bound, time_lower_bound
 from simsp.model.params import layer_param_names, param_shapes
 from simsp.training.compare import compare_with_reference
@@ -207,3 +208,17 @@ def test_llama3_8b_fsdp_memory_matches_the_closed_form(flags):
     assert time_lower_bound(sc) <= metrics["iteration_time_s"]
     share = metrics["fsdp"]["exposed_fraction"]
     assert 0 < share < 1
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: str(list(s.values())[-1]))
+def test_search_bounds_hold_under_every_strategy(strategy):
+    """The search's proven lower bounds (explore/prune.py) stay below the simulated iteration
+    time and stage-0 peak on a meta layout with TP, SP, a 2-stage pipeline and d = 2."""
+    sc = scenario({"model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+                             "seq_length": 512, "vocab_size": 8000},
+                   "parallel": {**TINY["parallel"], "global_batch_size": 8, **strategy},
+                   "run": {"mode": "meta"}})
+    metrics = collect_metrics(sc)
+    stage0 = [r["peak_bytes"] for r in metrics["ranks"] if r["pp"] == 0]
+    assert memory_lower_bound(sc) <= min(stage0)
+    assert time_lower_bound(sc) <= metrics["iteration_time_s"]
