@@ -222,3 +222,23 @@ def test_search_bounds_hold_under_every_strategy(strategy):
     stage0 = [r["peak_bytes"] for r in metrics["ranks"] if r["pp"] == 0]
     assert memory_lower_bound(sc) <= min(stage0)
     assert time_lower_bound(sc) <= metrics["iteration_time_s"]
+
+
+@pytest.mark.parametrize("layout", [
+    {"tensor_model_parallel_size": 2, "sequence_parallel": True, "data_parallel_size": 4},
+    {"data_parallel_size": 8}], ids=["t2-d4", "d8"])
+def test_meta_shortcuts_equal_the_full_simulation_under_fsdp(layout):
+    """FSDP's gathers and reduce-scatters overlap each other and, at t 2, TP traffic on the
+    same NVLink: with the shortcuts (its DP rings step by step; at d 8 one simulated rank) the
+    iteration and the memory are those of every rank simulated step by step."""
+    sc = scenario({"model": {"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8,
+                             "seq_length": 512, "vocab_size": 8000},
+                   "parallel": {**layout, "global_batch_size": 16, "use_torch_fsdp2": True},
+                   "run": {"mode": "meta"}})
+    fast = simulate_iteration(sc, Shortcuts.for_scale(sc))
+    full = simulate_iteration(sc)
+    assert fast.shortcuts.closed_form and fast.world.comm.stepwise_groups
+    assert fast.shortcuts.representative == (layout["data_parallel_size"] == 8)
+    assert max(fast.end_s.values()) == pytest.approx(max(full.end_s.values()), rel=1e-9)
+    rank = next(iter(fast.world.ranks))
+    assert fast.world.ranks[rank].ledger.peak_total == full.world.ranks[rank].ledger.peak_total
