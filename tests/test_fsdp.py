@@ -49,6 +49,17 @@ def test_every_strategy_equals_the_single_device_reference(strategy):
     assert max(errors.values()) < 1e-12
 
 
+@pytest.mark.parametrize("schedule", [
+    {"num_layers_per_virtual_pipeline_stage": 1, "global_batch_size": 8},
+    {"recompute_granularity": "full", "recompute_num_layers": 2}], ids=["interleaved", "full"])
+def test_zero3_with_interleaving_and_full_recompute(schedule):
+    """Interleaved chunks (a stage's layers not contiguous) and recomputed groups of two (both
+    layers gathered before the group's backward) under ZeRO-3."""
+    sc = tiny(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params",
+              **schedule)
+    assert max(compare_with_reference(simulate_iteration(sc)).values()) < 1e-12
+
+
 def test_the_sp_sum_over_shards_is_needed(monkeypatch):
     """Skip the SP-partial sum over TP on the shards: the layer norms' gradients go wrong,
     so the equality above is not vacuous."""
