@@ -5,6 +5,7 @@ prefetch, and Llama 3 8B's per-rank memory against the closed form of docs/fsdp.
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from simsp.config import load_scenario
@@ -58,6 +59,26 @@ def test_zero3_with_interleaving_and_full_recompute(schedule):
     sc = tiny(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params",
               **schedule)
     assert max(compare_with_reference(simulate_iteration(sc)).values()) < 1e-12
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES[1:], ids=lambda s: str(list(s.values())[-1]))
+def test_adam_on_the_shard_updates_the_parameters_as_without_fsdp(strategy):
+    """After the step (and, for optim and optim_grads, the parameters' all-gather) every rank's
+    updated parameters, rebuilt from the shards where they are sharded, equal plain DDP's."""
+    plain, sharded = simulate_iteration(tiny()), simulate_iteration(tiny(**strategy))
+    for rank, state in sharded.states.items():
+        fsdp, expected = state.fsdp, plain.states[rank].weights
+        for unit in fsdp.units:
+            window = fsdp._slice(unit)
+            flat = np.concatenate([expected[n].data.reshape(-1) for n in unit.params]
+                                  + [np.zeros(unit.padded - unit.numel)])  # (padded,)
+            if fsdp.s.shard_params:
+                got = fsdp.shards[unit.name].data  # (n,)
+                np.testing.assert_allclose(got, flat[window], rtol=0, atol=1e-13)
+            else:
+                for name in unit.params:
+                    np.testing.assert_allclose(state.weights[name].data, expected[name].data,
+                                               rtol=0, atol=1e-13)
 
 
 def test_the_sp_sum_over_shards_is_needed(monkeypatch):

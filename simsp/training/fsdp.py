@@ -375,6 +375,9 @@ class FsdpUnits:
         if not self.s.shard_grads:
             yield from sync_sequence_parallel_grads(r, self.grads)
             yield from tied_embedding_reduce(r, run, plan, self.grads)
+            if r.numeric and self.s.shard_optim:  # optim: Adam reads its slot of the buffer
+                for unit in self.units:
+                    self.grad_shards[unit.name].data = self.reduced_shard(unit)
             return
         yield from self._sync_sp_shards(r)
         if WORD in self.grad_shards:
@@ -414,8 +417,14 @@ class FsdpUnits:
             return
         start = r.env.now
         for unit in self.units:
-            yield self._launch(r, self.gather_stream, "all_gather", unit, None,
-                               unit.padded * GATHERED_BYTES, GATHERED_BYTES).process
+            flat = yield self._launch(r, self.gather_stream, "all_gather", unit,
+                                      self.shards[unit.name].data,
+                                      unit.padded * GATHERED_BYTES, GATHERED_BYTES).process
+            if flat is not None:  # the updated parameters in place (numeric), (padded,)
+                for name, offset in zip(unit.params, unit.offsets()):
+                    shape = self.local[name]
+                    self.weights[name].data = flat[offset:offset + math.prod(shape)] \
+                        .reshape(shape).copy()
         r.count_exposed("dp_comm", r.env.now - start)
 
     def end_of_schedule(self, r) -> None:
