@@ -590,9 +590,14 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
         _check(heads % c == 0 and (m.query_groups // p.tp) % c == 0, "parallel.cp_comm_type",
                f"a2a splits each TP rank's {heads} query and {m.query_groups // p.tp} KV heads "
                f"over context_parallel_size={c}; they are not divisible")
-    _check(False, "parallel.context_parallel_size",
-           f"{c}: context parallelism is not yet in the training loop (its ring and a2a "
-           "attention are tested building blocks, docs/context-parallel.md); use 1")
+    _check(m.flash, "parallel.context_parallel_size",
+           "needs FlashAttention (--use-flash-attn): Megatron-LM runs context parallelism "
+           "only in Transformer Engine's attention")
+    _check(m.attention_dropout == 0, "model.attention_dropout",
+           "simsp's context-parallel attention runs without attention dropout; use 0")
+    _check(p.cp_comm_type == "p2p", "parallel.cp_comm_type",
+           f"{p.cp_comm_type}: the training loop runs the p2p ring only (Ulysses a2a is a "
+           "tested building block, docs/context-parallel.md); use p2p")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:

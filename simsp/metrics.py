@@ -79,8 +79,9 @@ def rank_memory(run, rank: int) -> dict:
             "final_bytes": ledger.final_bytes()}
 
 
-COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm")  # communication proper
+COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm", "cp_comm")  # communication proper
 EXPOSURE_KEYS = ("compute", "tp_comm", "pp_transfer", "pp_wait", "dp_comm", "optimizer")
+CP_KEYS = ("cp_comm",)  # context parallelism's ring exchanges (only where cp > 1)
 
 
 def exposure(run) -> list[dict]:
@@ -88,13 +89,15 @@ def exposure(run) -> list[dict]:
 
     compute: kernels (optimizer excluded); tp_comm, pp_transfer, dp_comm: blocked on that
     communication while data moved; pp_wait: blocked on a peer that had not arrived (pipeline
-    fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step."""
+    fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step;
+    cp_comm (cp > 1 only): blocked on ring attention's K/V and dK/dV exchanges."""
     t_iter = iteration_time(run)
+    keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ())
     rows = []
     for rank in stage_ranks(run):
         r = run.world.ranks[rank]
         blocked = r.exposed_s
-        row = {key: blocked.get(key, 0.0) for key in EXPOSURE_KEYS}
+        row = {key: blocked.get(key, 0.0) for key in keys}
         row["compute"] = sum(r.busy_s.values()) - row["optimizer"]
         row["pp_wait"] += t_iter - run.end_s[rank]
         rows.append(row)
@@ -110,7 +113,7 @@ def collect(run, shortcuts) -> dict:
     bubble_all, bubble_stages = bubble(run)
     counted_model, counted_hw = _counted_flops(run)
     breakdown = exposure(run)
-    exposed = [{k: e[k] for k in COMM_KEYS if e[k]} for e in breakdown]
+    exposed = [{k: e[k] for k in COMM_KEYS if e.get(k)} for e in breakdown]
     ranks = [rank_memory(run, rank) for rank in range(p.world_size)]
     return {
         "iteration_time_s": t_iter,

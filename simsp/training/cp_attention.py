@@ -1,0 +1,144 @@
+"""Context-parallel attention inside a layer: the p2p ring run by the CP group's rank programs.
+
+A layer's FlashAttention core becomes Transformer Engine's AttnFuncWithCPAndKVP2P
+(NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py): every CP rank keeps its query chunks (Megatron-LM's 2·cp load-balanced
+split, megatron/core/utils.py get_batch_on_this_cp_rank) and the K/V blocks go round the ring
+step by step while each rank computes the block it holds (training/cp_ring.py schedules it on
+the links, model/ring_attention.py gives the numbers). One CpRing serves one layer's forward,
+recompute or backward of one micro-batch on one CP group; the group's ranks meet in it through
+`rings`, shared by the world. The model calls `r.cp` (model/layer.py, layer_backward.py).
+"""
+
+import numpy as np
+
+from simsp.model.context_split import local_positions
+from simsp.model.ring_attention import CpShard
+from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.training.cp_ring import CpRing, block_gemm
+from simsp.training.cp_ring_numeric import RankRingNumbers, RingMailbox
+
+FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
+BACKWARD_GEMMS = ("d_v", "d_probs", "d_q", "d_k")  # after the recomputed scores
+
+
+class SharedRing:
+    """One ring instance met by every rank of a CP group, with its numeric mailbox."""
+
+    def __init__(self, ring: CpRing):
+        self.ring, self.mailbox, self.done = ring, RingMailbox(), 0
+
+
+class CpAttention:
+    """One rank's context-parallel attention: its CP group, its tokens' global positions."""
+
+    def __init__(self, env, network, rings: dict, members: tuple, index: int, seq_length: int):
+        self.env, self.network, self.rings = env, network, rings
+        self.members, self.index, self.size = members, index, len(members)
+        self.positions = local_positions(seq_length, self.size, index)  # (s/cp,)
+        self.held = {}  # ledger scope -> the K/V block the forward ended on (numeric)
+
+    def _ring(self, r, phase: str, kv_bytes: int) -> SharedRing:
+        """The group's ring for this layer scope and phase, made by whichever rank comes first."""
+        key = (self.members, r.scope, phase)
+        shared = self.rings.get(key)
+        if shared is None:
+            ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope)
+            shared = self.rings[key] = SharedRing(ring)
+        shared.ring.ledgers[self.index] = r.ledger
+        return shared
+
+    def _finished(self, r, phase: str) -> None:
+        """Drop the ring once every rank of the group has run its side."""
+        key = (self.members, r.scope, phase)
+        shared = self.rings[key]
+        shared.done += 1
+        if shared.done == self.size:
+            del self.rings[key]
+
+    def _blocks(self, r, q, phase: str):
+        """The step's block attention on r's compute stream: TE's causal slices
+        (training/cp_ring.py block_gemm), 2 GEMMs forward, 1 recomputed + 4 backward."""
+        b, heads, n, d = q.shape
+
+        def run(ring_phase: str, step: int):
+            m, k, cols = block_gemm(n, d, step)
+            flops = 2 * b * heads * m * k * cols
+            if ring_phase == "backward":
+                saved, r.phase = r.phase, "recompute"
+                yield from r.compute(f"cp_recompute_scores_{step}", "gemm", flops,
+                                     gemm=(m, k, cols))
+                r.phase = saved
+            for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
+                yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
+        return run
+
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str):
+        """Ring attention forward: q (b, a/t, n, d), k, v (b, G/t, n, d) with n = s/cp ->
+        output (n, b, a/t·d) and the fp32 logsumexp (b, a/t, n), as ops.flash_attention."""
+        b, heads, n, d = q.shape
+        out = r.alloc((n, b, heads * d), FP16, out_name)
+        lse = r.alloc((b, heads, n), FP32, lse_name)
+        phase = r.phase
+        shared = self._ring(r, phase, k.nbytes + v.nbytes)
+        numbers = None
+        if r.numeric:
+            shard = CpShard(q.data, k.data, v.data, self.positions)
+            numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
+        yield from shared.ring.forward(self.index, self._blocks(r, q, phase), numbers)
+        self._count_exposed(r, shared.ring, "forward")
+        self._finished(r, phase)
+        if numbers is not None:
+            out.data = numbers.out.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
+            lse.data = numbers.lse
+            self.held[r.scope] = numbers.held
+        return out, lse
+
+    def saved_kv(self, r, k: Tensor, v: Tensor) -> Tensor | None:
+        """The K/V block the forward ended on (rank + 1's), which the ring keeps in the ledger
+        for backward: a handle the layer's stash can free (None with cp = 1)."""
+        if self.size == 1:
+            return None
+        saved = Tensor((2,) + k.shape, FP16)
+        saved.key = r.key("cp_kv_saved")
+        return saved
+
+    def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor):
+        """Ring attention backward: dout, out (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv
+        (b, G/t, n, d); dK/dV come back round the ring to their owner."""
+        dq = r.alloc(q.shape, FP16, "d_q")
+        dk = r.alloc(k.shape, FP16, "d_k")
+        dv = r.alloc(v.shape, FP16, "d_v")
+        shared = self._ring(r, "backward", k.nbytes + v.nbytes)
+        numbers = None
+        if r.numeric:
+            b, heads, n, d = q.shape
+            to_heads = lambda x: x.reshape(n, b, heads, d).transpose(1, 2, 0, 3)  # (b,a,n,d)
+            numbers = RankRingNumbers(self.index, self.size,
+                                      CpShard(q.data, k.data, v.data, self.positions),
+                                      shared.mailbox)
+            numbers.held = self.held.pop(r.scope)
+            numbers.out, numbers.lse = to_heads(out.data), lse.data
+            numbers.start_backward(to_heads(dout.data))
+        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward"), numbers)
+        self._count_exposed(r, shared.ring, "backward")
+        self._finished(r, "backward")
+        if numbers is not None:
+            dq.data, (dk.data, dv.data) = numbers.dq, numbers.dkv
+        return dq, dk, dv
+
+    def _count_exposed(self, r, ring: CpRing, phase: str) -> None:
+        """The time this rank's side of the ring blocked on its K/V or dK/dV exchanges is
+        exposed context-parallel communication."""
+        r.count_exposed("cp_comm", ring.timeline.waited.get((phase, self.index), 0.0))
+
+
+def cp_attention_of(world, rank: int):
+    """Rank `rank`'s CpAttention, or None without context parallelism."""
+    grid = world.grid
+    if grid.cp == 1:
+        return None
+    members = grid.cp_group(rank)
+    return CpAttention(world.env, world.network, world.cp_rings, members, members.index(rank),
+                       world.scenario.model.seq_length)
