@@ -162,9 +162,8 @@ def layer_tensors(sc) -> dict:
     from simsp.training.layer_sim import simulate_layer
     record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
     p = sc.parallel
-    formula = analytic.llama_layer_activation_bytes(
-        sc.model, p.micro_batch_size, p.tp, p.sequence_parallel, p.recompute_granularity,
-        p.recompute_module_set)
+    formula = analytic.cp_layer_activation_bytes(sc.model, p, p.recompute_granularity,
+                                                 p.recompute_module_set)
     return {"saved": [{"name": n, "bytes": b} for n, b in record.saved],
             "measured_bytes": record.activation_bytes, "formula_bytes": formula}
 
