@@ -10,7 +10,7 @@ import pytest
 from simsp.commands.verify import REFERENCE_TOLERANCE, verify_report
 from simsp.config import load_scenario
 from simsp.training.compare import compare_with_reference
-from simsp.training.iteration import simulate_iteration
+from simsp.training.iteration import Shortcuts, simulate_iteration
 
 CP_TINY = Path(__file__).resolve().parents[1] / "scenarios" / "llama-tiny-cp.toml"
 LAYOUTS = {  # overrides of llama-tiny-cp.toml: cp 2, t 2 SP, p 2 (1 + 2), d 2, hidden dropout
@@ -36,3 +36,37 @@ def test_every_gradient_equals_the_single_device_reference(name):
     assert max(errors.values()) < REFERENCE_TOLERANCE, sorted(errors.items(),
                                                               key=lambda kv: -kv[1])[:3]
     assert "embedding_output" in errors and "loss" in errors
+
+
+def test_llama3_70b_cp2_memory_by_category_matches_the_closed_form():
+    """Llama 3 70B's layer shapes at t 8 SP, cp 2, p 2 interleaved (2 chunks of 2 layers), d 1,
+    m 4 (stage 0 already at its steady peak): every category of stage 0's rank against the
+    closed forms of docs/context-parallel.md, worked here by hand."""
+    overrides = {("model", "num_layers"): 8, ("parallel", "pipeline_model_parallel_size"): 2,
+                 ("parallel", "num_layers_per_virtual_pipeline_stage"): 2,
+                 ("parallel", "context_parallel_size"): 2, ("parallel", "data_parallel_size"): 1,
+                 ("parallel", "global_batch_size"): 4, ("cluster", "nodes"): 4}
+    sc = load_scenario(CP_TINY.parent / "llama3-70b.toml", overrides)
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    peaks = run.world.ranks[0].ledger.summary().peak_by_category
+    h, a, g, d, f, t, cp, p, v = 8192, 64, 8, 128, 28672, 8, 2, 2, 2
+    s = 8192 // cp  # each CP rank's tokens
+    vocab = 129024  # 128256 padded to a multiple of 128·t
+    layer_params = (h * (a + 2 * g) * d + a * d * h + h * 2 * f + f * h) // t + 2 * h
+    params = vocab * h // t + 4 * layer_params  # embedding + virtual stages 0 and 2
+    assert peaks["weights"] == 2 * params  # bf16
+    assert peaks["gradients"] == 4 * params  # fp32 main gradients
+    assert peaks["optimizer"] == 12 * params // (1 * cp)  # fp32 master, m, v over d·cp
+    layer = (8 * s * h // t  # LN inputs, QKV and fc1 inputs (SP: /t)
+             + 2 * s * d * (2 * a + 2 * g) // t  # q, proj_input; k, v
+             + 6 * s * f // t  # SwiGLU input and output
+             + 4 * a * s // t  # fp32 logsumexp
+             + 2 * s * d * 2 * g // t)  # the ring's saved K/V block (rank r + 1's)
+    in_flight = 2 * v * min(p, 4) * (1 + (p - 1) / (p * v))  # layers held at stage 0's peak
+    assert peaks["activations"] == in_flight * layer
+    kv_block = 2 * s * d * 2 * (g // t)  # K and V, one KV head per TP rank, fp16
+    ring = [tr.nbytes for tr in run.world.network.transfers if tr.label.startswith("cp ")]
+    assert set(ring) == {kv_block}
+    # per CP group (t·p·d = 16), layer (4 per stage) and micro-batch (4): forward 1 step of
+    # 2 sends, backward K/V then dK/dV, 2 sends each
+    assert len(ring) == 16 * 4 * 4 * (2 + 4)
