@@ -751,7 +751,8 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
     for name in ("nvlink_efficiency", "ib_efficiency"):
         _check(0 < getattr(c, name) <= 1, f"cluster.{name}", "must be in (0, 1]")
     _check(p.world_size <= c.num_gpus, "cluster.nodes",
-           f"the layout needs t*p*d={p.world_size} GPUs but {c.nodes} node(s) of "
+           f"the layout needs {'t*cp*p*d' if p.cp > 1 else 't*p*d'}={p.world_size} GPUs but "
+           f"{c.nodes} node(s) of "
            f"{c.gpus_per_node} hold {c.num_gpus}")
 
 

@@ -70,3 +70,23 @@ def test_llama3_70b_cp2_memory_by_category_matches_the_closed_form():
     # per CP group (t·p·d = 16), layer (4 per stage) and micro-batch (4): forward 1 step of
     # 2 sends, backward K/V then dK/dV, 2 sends each
     assert len(ring) == 16 * 4 * 4 * (2 + 4)
+
+
+def test_search_layouts_hold_the_fixed_cp_and_its_bounds_stay_below_the_simulation():
+    """`simsp search --context-parallel-size 2`: every layout has t·cp·p·d = N; on one of them
+    the proven time and memory bounds (explore/prune.py, the layer alone at s/cp) stay below
+    the simulated iteration time and stage 0's peak."""
+    from simsp.explore.configs import base_values
+    from simsp.explore.layouts import enumerate_layouts, search_base
+    from simsp.explore.prune import memory_lower_bound, scenario_of, time_lower_bound
+    base = search_base(base_values(CP_TINY))
+    base[("run", "mode")] = "meta"
+    found = enumerate_layouts(base, 16, 4, {"context_parallel_size": 2})
+    layouts = [scenario_of(config).parallel for config in found.configs]
+    assert layouts and all(p.cp == 2 and p.tp * p.cp * p.pp * p.dp == 16 for p in layouts)
+    assert any(" cp2 " in config.name for config in found.configs)
+    sc = load_scenario(CP_TINY, {("run", "mode"): "meta", ("model", "num_layers"): 4,
+                                 ("parallel", "decoder_first_pipeline_num_layers"): None})
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    assert 0 < time_lower_bound(sc) <= max(run.end_s.values())
+    assert 0 < memory_lower_bound(sc) <= run.world.ranks[0].ledger.summary().peak_total
