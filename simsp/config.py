@@ -595,9 +595,6 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
            "only in Transformer Engine's attention")
     _check(m.attention_dropout == 0, "model.attention_dropout",
            "simsp's context-parallel attention runs without attention dropout; use 0")
-    _check(p.cp_comm_type == "p2p", "parallel.cp_comm_type",
-           f"{p.cp_comm_type}: the training loop runs the p2p ring only (Ulysses a2a is a "
-           "tested building block, docs/context-parallel.md); use p2p")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:

@@ -52,14 +52,9 @@ def test_cp_needs_flash_attention_as_megatron_does():
     assert err.field == "parallel.context_parallel_size" and "FlashAttention" in str(err)
 
 
-def test_the_loop_runs_p2p_and_refuses_a2a_in_one_line():
+def test_the_loop_runs_cp_and_refuses_attention_dropout_in_one_line():
     sc = load_scenario("scenarios/llama-tiny-cp.toml")
     assert (sc.parallel.cp, sc.parallel.world_size) == (2, 16)
-    with pytest.raises(UserError) as caught:
-        load_scenario("scenarios/llama-tiny-cp.toml", {("parallel", "cp_comm_type"): "a2a",
-                                                       ("parallel", "sequence_parallel"): False,
-                                                       ("parallel", "tensor_model_parallel_size"): 1})
-    assert caught.value.field == "parallel.cp_comm_type" and "p2p ring only" in str(caught.value)
     with pytest.raises(UserError) as caught:
         load_scenario("scenarios/llama-tiny-cp.toml", {("model", "attention_dropout"): 0.1})
     assert caught.value.field == "model.attention_dropout"

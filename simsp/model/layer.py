@@ -270,13 +270,13 @@ def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
     if m.flash:
         for name, tensor in (("q", q), ("k", k), ("v", v)):
             stash.put(name, tensor)
-        if r.cp is not None:  # context parallelism: the ring over the CP group
+        if r.cp is not None:  # context parallelism: the ring (or all-to-all) over CP ranks
             out, lse = yield from r.cp.forward(r, q, k, v, "proj_input", "softmax_lse")
-            saved_kv = r.cp.saved_kv(r, k, v)
+            kept = r.cp.saved(r, k, v)  # the ring's K/V block, or a2a's head-split output
             if spec.recomputes("core_attn"):
-                r.free(saved_kv)  # the recompute runs the ring again
+                r.free(kept)  # the recompute runs the exchanges again
             else:
-                stash.put("cp_kv_saved", saved_kv)
+                stash.put(r.cp.saved_name, kept)
         else:
             keep = attention_keep(r, spec, q.shape[0], heads)
             out, lse = yield from ops.flash_attention(r, q, k, v, keep, m.attention_dropout,

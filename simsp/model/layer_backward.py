@@ -204,8 +204,8 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
 
 
 def _cp_core_backward(r, saved, dproj, q, k, v, proj_in):
-    """Context parallelism: the ring attention backward over the CP group (the ring forward
-    again first when core_attn is recomputed); the ring frees the saved K/V block itself."""
+    """Context parallelism: the ring (or all-to-all) attention backward over the CP group (its
+    forward again first when core_attn is recomputed); it frees what its forward kept itself."""
     lse = saved.pop("softmax_lse", None)
     if lse is None:  # core_attn recomputed: the ring forward again, for its logsumexp
         phase, r.phase = r.phase, "recompute"
@@ -213,7 +213,7 @@ def _cp_core_backward(r, saved, dproj, q, k, v, proj_in):
         r.free(again)
         r.phase = phase
     else:
-        saved.pop("cp_kv_saved").key = None  # freed by the ring's backward
+        saved.pop(r.cp.saved_name).key = None  # freed by the CP attention's backward
     dq, dk, dv = yield from r.cp.backward(r, dproj, q, k, v, proj_in, lse)
     r.free(dproj, proj_in, lse, q, k, v)
     return dq, dk, dv

@@ -13,8 +13,10 @@ recompute or backward of one micro-batch on one CP group; the group's ranks meet
 import numpy as np
 
 from simsp.model.context_split import local_positions
-from simsp.model.ring_attention import CpShard
+from simsp.model.ring_attention import CpShard, block_backward, block_forward
 from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.model.ulysses_attention import heads_to_seq, seq_to_heads
+from simsp.training.cp_a2a import CpAllToAll
 from simsp.training.cp_ring import CpRing, block_gemm
 from simsp.training.cp_ring_numeric import RankRingNumbers, RingMailbox
 
@@ -94,13 +96,13 @@ class CpAttention:
             self.held[r.scope] = numbers.held
         return out, lse
 
-    def saved_kv(self, r, k: Tensor, v: Tensor) -> Tensor | None:
+    saved_name = "cp_kv_saved"  # what the layer's stash calls the tensor kept for backward
+
+    def saved(self, r, k: Tensor, v: Tensor) -> Tensor:
         """The K/V block the forward ended on (rank + 1's), which the ring keeps in the ledger
-        for backward: a handle the layer's stash can free (None with cp = 1)."""
-        if self.size == 1:
-            return None
+        for backward: a handle the layer's stash can free."""
         saved = Tensor((2,) + k.shape, FP16)
-        saved.key = r.key("cp_kv_saved")
+        saved.key = r.key(self.saved_name)
         return saved
 
     def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
@@ -134,11 +136,126 @@ class CpAttention:
         r.count_exposed("cp_comm", ring.timeline.waited.get((phase, self.index), 0.0))
 
 
+class CpUlysses(CpAttention):
+    """One rank's Ulysses attention (--cp-comm-type a2a; Transformer Engine's
+    AttnFuncWithCPAndQKVOA2A, same file; DeepSpeed-Ulysses, Jacobs et al. 2023): an all-to-all
+    turns each rank's (a/t heads, s/cp tokens) q, k, v into (a/(t·cp) heads, all s tokens)
+    (model/ulysses_attention.py seq_to_heads), FlashAttention runs on the whole sequence for
+    that head group, and a second all-to-all returns the output to the sequence split; the
+    backward sends dout the same way and dQ/dK/dV back (training/cp_a2a.py times the pieces).
+    TE keeps the head-split q, k, v, output and logsumexp for backward: the layer's own q, k, v
+    and logsumexp stand for the first (the same bytes), and the head-split output is kept
+    beside proj_input as `cp_out_heads`."""
+
+    saved_name = "cp_out_heads"
+
+    def _a2a(self, r, phase: str, qkv_bytes: int, out_bytes: int) -> SharedRing:
+        """The group's all-to-alls for this layer scope and phase (made by the first rank)."""
+        key = (self.members, r.scope, phase)
+        shared = self.rings.get(key)
+        if shared is None:
+            a2a = CpAllToAll(self.env, self.network, self.members, qkv_bytes, out_bytes)
+            shared = self.rings[key] = SharedRing(a2a)
+            shared.sent = {}  # (tensor, cp rank) -> the arrays that rank posted (numeric)
+        return shared
+
+    def _exchange(self, r, shared, tensor: str, arrays):
+        """Post this rank's `tensor` all-to-all and wait for it; the wait is exposed."""
+        if arrays is not None:
+            shared.sent[(tensor, self.index)] = arrays
+        start = self.env.now
+        yield shared.ring.exchange(tensor, self.index)
+        r.count_exposed("cp_comm", self.env.now - start)
+        if arrays is None:
+            return None
+        return [[shared.sent[(tensor, j)][c] for j in range(self.size)]
+                for c in range(len(arrays))]  # [component][cp rank]
+
+    def _flash(self, r, b: int, heads: int, s: int, d: int, names: tuple):
+        """FlashAttention's GEMMs on the head group's whole sequence (as ops.flash_attention)."""
+        for name in names:
+            yield from r.compute(f"cp_a2a_{name}", "gemm", 2 * b * heads * s * s * d,
+                                 gemm=(s, d, s))
+
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str):
+        """q (b, a/t, n, d), k, v (b, G/t, n, d) -> output (n, b, a/t·d), logsumexp (b, a/t, n)."""
+        b, heads, n, d = q.shape
+        s, group = n * self.size, heads // self.size
+        shared = self._a2a(r, r.phase, q.nbytes + k.nbytes + v.nbytes, q.nbytes)
+        received = r.alloc((q.numel + k.numel + v.numel,), FP16, "cp_a2a_qkv")
+        pieces = yield from self._exchange(r, shared, "qkv", (q.data, k.data, v.data)
+                                           if r.numeric else None)
+        heads_out = r.alloc((b, group, s, d), FP16, self.saved_name)  # (b, a/(t·cp), s, d)
+        yield from self._flash(r, b, group, s, d, FORWARD_GEMMS)
+        r.free(received)
+        state = None
+        if pieces is not None:
+            qh, kh, vh = (seq_to_heads(parts, self._all_positions())[self.index]
+                          for parts in pieces)  # (b, ./cp, s, d) each
+            o, lse_h = block_forward(qh, kh, vh, np.arange(s), np.arange(s))
+            heads_out.data, state = o, (qh, kh, vh, o, lse_h)
+        out = r.alloc((n, b, heads * d), FP16, out_name)
+        lse = r.alloc((b, heads, n), FP32, lse_name)
+        back = yield from self._exchange(r, shared, "out", (heads_out.data,)
+                                         if r.numeric else None)
+        self._finished(r, r.phase)
+        self.pending = heads_out
+        if back is not None:
+            o = heads_to_seq(back[0], self._all_positions())[self.index]  # (b, a/t, n, d)
+            out.data = o.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
+            self.held[r.scope] = state
+        return out, lse
+
+    def saved(self, r, k: Tensor, v: Tensor) -> Tensor:
+        """The head-split output TE keeps for backward (allocated by forward)."""
+        return self.pending
+
+    def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor):
+        """dout (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv (b, G/t, n, d) via two all-to-alls."""
+        b, heads, n, d = q.shape
+        s, group = n * self.size, heads // self.size
+        shared = self._a2a(r, "backward", q.nbytes + k.nbytes + v.nbytes, q.nbytes)
+        to_heads = lambda x: x.reshape(n, b, heads, d).transpose(1, 2, 0, 3)  # (b, a/t, n, d)
+        douts = yield from self._exchange(r, shared, "dout", (to_heads(dout.data),)
+                                          if r.numeric else None)
+        received = r.alloc((b, group, s, d), FP16, "cp_a2a_dout")
+        grads = r.alloc((q.numel + k.numel + v.numel,), FP16, "cp_a2a_dqkv")
+        phase, r.phase = r.phase, "recompute"
+        yield from self._flash(r, b, group, s, d, ("recompute_scores",))
+        r.phase = phase
+        yield from self._flash(r, b, group, s, d, BACKWARD_GEMMS)
+        r.free(received)
+        r.ledger.free(r.key(self.saved_name), "cp_a2a", self.env.now)
+        arrays = None
+        if douts is not None:
+            qh, kh, vh, o, lse_h = self.held.pop(r.scope)
+            dout_h = seq_to_heads(douts[0], self._all_positions())[self.index]
+            delta = (dout_h * o).sum(axis=-1, keepdims=True)  # (b, a/(t·cp), s, 1)
+            arrays = block_backward(dout_h, qh, kh, vh, np.arange(s), np.arange(s), lse_h, delta)
+        dq = r.alloc(q.shape, FP16, "d_q")
+        dk = r.alloc(k.shape, FP16, "d_k")
+        dv = r.alloc(v.shape, FP16, "d_v")
+        back = yield from self._exchange(r, shared, "dqkv", arrays)
+        r.free(grads)
+        self._finished(r, "backward")
+        if back is not None:
+            dq.data, dk.data, dv.data = (heads_to_seq(parts, self._all_positions())[self.index]
+                                         for parts in back)
+        return dq, dk, dv
+
+    def _all_positions(self) -> list:
+        """Every CP rank's global positions, (s/cp,) each, in cp-rank order."""
+        s = len(self.positions) * self.size
+        return [local_positions(s, self.size, j) for j in range(self.size)]
+
+
 def cp_attention_of(world, rank: int):
-    """Rank `rank`'s CpAttention, or None without context parallelism."""
+    """Rank `rank`'s CpAttention (p2p) or CpUlysses (a2a), or None without context parallelism."""
     grid = world.grid
     if grid.cp == 1:
         return None
     members = grid.cp_group(rank)
-    return CpAttention(world.env, world.network, world.cp_rings, members, members.index(rank),
-                       world.scenario.model.seq_length)
+    kind = CpUlysses if world.scenario.parallel.cp_comm_type == "a2a" else CpAttention
+    return kind(world.env, world.network, world.cp_rings, members, members.index(rank),
+                world.scenario.model.seq_length)
