@@ -23,9 +23,9 @@ POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
 ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
 MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
-# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); only p2p and a2a are modelled
+# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); all but a2a+p2p are modelled
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
-CP_COMM_TYPES_MODELLED = ("p2p", "a2a")
+CP_COMM_TYPES_MODELLED = ("p2p", "a2a", "allgather")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
@@ -574,7 +574,7 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     _positive("parallel", p, ("context_parallel_size",))
     _choice("parallel.cp_comm_type", p.cp_comm_type, CP_COMM_TYPE_CHOICES)
     _check(p.cp_comm_type in CP_COMM_TYPES_MODELLED, "parallel.cp_comm_type",
-           f"{p.cp_comm_type} is not yet modelled (p2p and a2a are)")
+           f"{p.cp_comm_type} is not yet modelled (p2p, a2a and allgather are)")
     if p.cp == 1:
         return
     c = p.cp

@@ -26,6 +26,12 @@ LAYOUTS = {  # overrides of llama-tiny-cp.toml: cp 2, t 2 SP, p 2 (1 + 2), d 2, 
         ("parallel", "recompute_granularity"): "full", ("parallel", "recompute_num_layers"): 2,
         ("parallel", "overlap_grad_reduce"): True},
     "cp2_selective_core_attn": {("parallel", "recompute_granularity"): "selective"},
+    "cp2_allgather_tp_sp_pp_dp": {("parallel", "cp_comm_type"): "allgather"},
+    "cp4_allgather_full_recompute": {("parallel", "cp_comm_type"): "allgather",
+                                     ("parallel", "context_parallel_size"): 4,
+                                     ("parallel", "data_parallel_size"): 1,
+                                     ("parallel", "global_batch_size"): 2,
+                                     ("parallel", "recompute_granularity"): "full"},
     "cp2_a2a_tp_sp_pp_dp": {("parallel", "cp_comm_type"): "a2a",  # 8 heads, 4 KV groups:
                             ("model", "num_attention_heads"): 8,  # 2 and 1 per (TP, CP) rank
                             ("model", "num_query_groups"): 4},

@@ -272,7 +272,7 @@ def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
             stash.put(name, tensor)
         if r.cp is not None:  # context parallelism: the ring (or all-to-all) over CP ranks
             out, lse = yield from r.cp.forward(r, q, k, v, "proj_input", "softmax_lse")
-            kept = r.cp.saved(r, k, v)  # the ring's K/V block, or a2a's head-split output
+            kept = r.cp.saved(r, k, v)  # the ring's K/V block, a2a's head-split output or None
             if spec.recomputes("core_attn"):
                 r.free(kept)  # the recompute runs the exchanges again
             else:

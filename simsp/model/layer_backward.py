@@ -213,7 +213,9 @@ def _cp_core_backward(r, saved, dproj, q, k, v, proj_in):
         r.free(again)
         r.phase = phase
     else:
-        saved.pop(r.cp.saved_name).key = None  # freed by the CP attention's backward
+        kept = saved.pop(r.cp.saved_name, None)
+        if kept is not None:
+            kept.key = None  # freed by the CP attention's backward
     dq, dk, dv = yield from r.cp.backward(r, dproj, q, k, v, proj_in, lse)
     r.free(dproj, proj_in, lse, q, k, v)
     return dq, dk, dv
