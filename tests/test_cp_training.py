@@ -103,3 +103,60 @@ def test_search_layouts_hold_the_fixed_cp_and_its_bounds_stay_below_the_simulati
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
     assert 0 < time_lower_bound(sc) <= max(run.end_s.values())
     assert 0 < memory_lower_bound(sc) <= run.world.ranks[0].ledger.summary().peak_total
+
+
+def test_a_small_layout_passes_verify_with_finite_differences():
+    """`simsp verify`'s two checks (finite differences and the reference) on one layer at
+    cp 2 × t 2 with SP (the whole scenarios/llama-tiny-cp.toml passes too: 2.9e-6, 1.5e-15)."""
+    overrides = {("model", "num_layers"): 1, ("parallel", "pipeline_model_parallel_size"): 1,
+                 ("parallel", "decoder_first_pipeline_num_layers"): None,
+                 ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 1,
+                 ("cluster", "nodes"): 1}
+    report = verify_report(load_scenario(CP_TINY, overrides))
+    assert report["passed"] and report["max_rel_err"] < 1e-5, report["max_rel_err"]
+
+
+@pytest.mark.parametrize("nvlink_gbps", [300.0, 0.5])  # transfer hidden / exposed
+def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
+    """Two CP ranks' attention through the training loop's op (r.cp): forward ends at
+    max(f0, T) + f1, backward max(b0, T) + max(b1, T) later (docs/context-parallel.md), with
+    f_i, b_i the cost model's FlashAttention GEMMs on TE's blocks and T one K/V block over
+    NVLink; the time blocked on the ring is the rank's exposed cp_comm; all to 1e-12."""
+    from simsp.costmodel import kernel_time
+    from simsp.model.tensor import FP16
+    from simsp.training.world import build_world
+    sc = load_scenario(None, {("model", "attention_backend"): "flash",
+                              ("model", "attention_dropout"): 0.0,
+                              ("model", "seq_length"): 256, ("run", "mode"): "meta",
+                              ("parallel", "context_parallel_size"): 2,
+                              ("cluster", "nvlink_bandwidth_GBps"): nvlink_gbps})
+    world = build_world(sc)
+    b, heads, n, d = 1, 4, 128, 16
+    ends = {}
+
+    def rank(r):
+        q, k, v = (r.alloc((b, heads, n, d), FP16, name) for name in "qkv")
+        r.scope = "mb0.L0."
+        out, lse = yield from r.cp.forward(r, q, k, v, "out", "lse")
+        ends[("forward", r.rank)] = r.env.now
+        r.phase = "backward"
+        dq, dk, dv = yield from r.cp.backward(r, out, q, k, v, out, lse)
+        ends[("backward", r.rank)] = r.env.now
+
+    for r in world.ranks.values():
+        world.env.process(rank(r))
+    world.env.run()
+    gemm = lambda cols: kernel_time("gemm", 2 * b * heads * n * d * cols, 0, gemm=(n, d, cols))
+    f0, f1 = 2 * gemm(n), 2 * gemm(n // 2)  # diagonal block, then half a block
+    b0, b1 = 5 * gemm(n), 5 * gemm(n // 2)  # recomputed scores, dV, dP, dQ, dK
+    kv = 2 * b * heads * n * d * FP16
+    link = sc.cluster
+    t = link.nvlink_latency_us * 1e-6 + kv / (nvlink_gbps * 1e9 * link.nvlink_efficiency)
+    forward = max(f0, t) + f1
+    backward = forward + max(b0, t) + max(b1, t)
+    exposed = max(t - f0, 0) + max(t - b0, 0) + max(t - b1, 0)
+    for r in world.ranks.values():
+        assert abs(ends[("forward", r.rank)] - forward) < 1e-12
+        assert abs(ends[("backward", r.rank)] - backward) < 1e-12
+        assert abs(r.exposed_s.get("cp_comm", 0.0) - exposed) < 1e-12
+    assert (exposed > 0) == (nvlink_gbps < 1)
