@@ -160,3 +160,11 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
         assert abs(ends[("backward", r.rank)] - backward) < 1e-12
         assert abs(r.exposed_s.get("cp_comm", 0.0) - exposed) < 1e-12
     assert (exposed > 0) == (nvlink_gbps < 1)
+
+
+def test_what_if_shows_cp_time_only_where_a_row_has_it():
+    from simsp.explore.whatif import KINDS, exposure, kinds_of
+    plain = {"iteration_time_s": 2.0, "bubble_fraction": 0.0, "exposed_compute_s": 1.0}
+    with_cp = dict(plain, exposed_cp_comm_s=0.25)
+    assert kinds_of([plain]) == KINDS and kinds_of([plain, with_cp]) == KINDS + ("cp_comm",)
+    assert exposure(with_cp)["cp_comm"] == 0.25 and exposure(plain)["cp_comm"] == 0.0
