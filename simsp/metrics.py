@@ -76,7 +76,8 @@ def rank_memory(run, rank: int) -> dict:
             "oom": summary.oom is not None, "oom_detail": oom_report(summary.oom),
             "simulated": simulated,
             "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks,
-            "final_bytes": ledger.final_bytes()}
+            "final_bytes": ledger.final_bytes(),
+            **({"cp": c.cp} if run.sc.parallel.cp > 1 else {})}
 
 
 COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm", "cp_comm")  # communication proper
@@ -179,7 +180,12 @@ def layout(sc) -> dict:
             "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size,
             "gpus": p.world_size, "nodes": sc.cluster.nodes,
             "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p),
-            **_hardware_layout(sc)}
+            **_hardware_layout(sc), **_context_layout(p)}
+
+
+def _context_layout(p) -> dict:
+    """cp and its comm type (docs/context-parallel.md), present only with cp > 1."""
+    return {"cp": p.cp, "cp_comm_type": p.cp_comm_type} if p.cp > 1 else {}
 
 
 def _hardware_layout(sc) -> dict:

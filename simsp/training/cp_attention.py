@@ -1,11 +1,13 @@
-"""Context-parallel attention inside a layer: the p2p ring run by the CP group's rank programs.
+"""Context-parallel attention inside a layer, run by the CP group's rank programs together.
 
-A layer's FlashAttention core becomes Transformer Engine's AttnFuncWithCPAndKVP2P
+A layer's FlashAttention core becomes Transformer Engine's context-parallel attention
 (NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/
-context_parallel.py): every CP rank keeps its query chunks (Megatron-LM's 2·cp load-balanced
-split, megatron/core/utils.py get_batch_on_this_cp_rank) and the K/V blocks go round the ring
-step by step while each rank computes the block it holds (training/cp_ring.py schedules it on
-the links, model/ring_attention.py gives the numbers). One CpRing serves one layer's forward,
+context_parallel.py) by --cp-comm-type: p2p, AttnFuncWithCPAndKVP2P (CpAttention): every CP rank
+keeps its query chunks (Megatron-LM's 2·cp load-balanced split, megatron/core/utils.py
+get_batch_on_this_cp_rank) and the K/V blocks go round the ring step by step while each rank
+computes the block it holds (training/cp_ring.py schedules it on the links,
+model/ring_attention.py gives the numbers); a2a, AttnFuncWithCPAndQKVOA2A (CpUlysses); allgather,
+AttnFuncWithCPAndKVAllGather (CpAllGather). One shared instance serves one layer's forward,
 recompute or backward of one micro-batch on one CP group; the group's ranks meet in it through
 `rings`, shared by the world. The model calls `r.cp` (model/layer.py, layer_backward.py).
 """
@@ -18,7 +20,7 @@ from simsp.model.ring_attention import CpShard, block_backward, block_forward
 from simsp.model.tensor import FP16, FP32, Tensor
 from simsp.model.ulysses_attention import heads_to_seq, seq_to_heads
 from simsp.training.cp_a2a import CpAllToAll
-from simsp.training.cp_ring import CpRing, block_gemm
+from simsp.training.cp_ring import CpRing, block_gemm, exchange_bytes
 from simsp.training.cp_ring_numeric import RankRingNumbers, RingMailbox
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -26,7 +28,8 @@ BACKWARD_GEMMS = ("d_v", "d_probs", "d_q", "d_k")  # after the recomputed scores
 
 
 class SharedRing:
-    """One ring instance met by every rank of a CP group, with its numeric mailbox."""
+    """One ring (CpRing) or all-to-all (CpAllToAll) met by every rank of a CP group, with its
+    numeric mailbox."""
 
     def __init__(self, ring: CpRing):
         self.ring, self.mailbox, self.done = ring, RingMailbox(), 0
@@ -95,6 +98,7 @@ class CpAttention:
             numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
         yield from shared.ring.forward(self.index, self._blocks(r, q, phase), numbers)
         self._count_exposed(r, shared.ring, "forward")
+        r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
         self._finished(r, phase)
         if numbers is not None:
             out.data = numbers.out.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
@@ -131,6 +135,9 @@ class CpAttention:
             numbers.start_backward(to_heads(dout.data))
         yield from shared.ring.backward(self.index, self._blocks(r, q, "backward"), numbers)
         self._count_exposed(r, shared.ring, "backward")
+        r.count_comm("cp_ring", sum(exchange_bytes("backward", step, self.size,
+                                                   shared.ring.kv_bytes)
+                                    for step in range(self.size)))
         self._finished(r, "backward")
         if numbers is not None:
             dq.data, (dk.data, dv.data) = numbers.dq, numbers.dkv
@@ -169,6 +176,8 @@ class CpUlysses(CpAttention):
         """Post this rank's `tensor` all-to-all and wait for it; the wait is exposed."""
         if arrays is not None:
             shared.sent[(tensor, self.index)] = arrays
+        nbytes = shared.ring.nbytes[tensor]
+        r.count_comm("cp_all_to_all", nbytes - nbytes // self.size)  # 1/cp to each peer
         start = self.env.now
         yield shared.ring.exchange(tensor, self.index)
         r.count_exposed("cp_comm", self.env.now - start)
