@@ -81,6 +81,15 @@ def test_adam_on_the_shard_updates_the_parameters_as_without_fsdp(strategy):
                                                rtol=0, atol=1e-13)
 
 
+def test_fsdp2_with_context_parallelism_shards_over_dp_and_cp():
+    """Llama-class layers with CP 2 (ring attention), TP 2 + SP, an uneven 2-stage pipeline and
+    DP 2: units sharded over the 4 ranks of the DP x CP group equal the reference."""
+    sc = load_scenario("scenarios/llama-tiny-cp.toml", {("parallel", "use_torch_fsdp2"): True})
+    run = simulate_iteration(sc)
+    assert next(iter(run.states.values())).fsdp.d == 4
+    assert max(compare_with_reference(run).values()) < 1e-12
+
+
 def test_the_sp_sum_over_shards_is_needed(monkeypatch):
     """Skip the SP-partial sum over TP on the shards: the layer norms' gradients go wrong,
     so the equality above is not vacuous."""

@@ -15,7 +15,16 @@ OBJECTIVES = {  # name: (column, larger is better)
     "tokens-per-s-per-gpu": ("tokens_per_s_per_gpu", True), "mfu": ("mfu", True),
     "cost": ("gpu_hours_per_million_tokens", False)}
 KINDS = ("compute", "bubble", "tp_comm", "pp_transfer", "dp_comm", "optimizer")
-OPTIONAL_KINDS = ("offload",)  # waits on activation copies (--cpu-offloading; docs/fsdp.md)
+OFFLOAD_KIND = "offload"  # waits on activation copies (--cpu-offloading; docs/fsdp.md)
+CP_KIND = "cp_comm"  # context parallelism's exchanges: rows with cp > 1 only
+
+
+def kinds_of(rows: list[dict]) -> tuple:
+    """KINDS, and cp_comm when some row has context-parallel exposure (docs/context-parallel.md),
+    offload when some row waited on activation copies (docs/fsdp.md)."""
+    cp = any(row.get(f"exposed_{CP_KIND}_s") is not None for row in rows)
+    offload = any(row.get(f"exposed_{OFFLOAD_KIND}_s") is not None for row in rows)
+    return KINDS + ((CP_KIND,) if cp else ()) + ((OFFLOAD_KIND,) if offload else ())
 
 
 def _flag_table() -> dict:
@@ -99,7 +108,7 @@ def exposure(row: dict) -> dict:
     time = row["iteration_time_s"]
     found = {"compute": row.get("exposed_compute_s") or 0.0,
              "bubble": time - time / (1 + row["bubble_fraction"])}
-    for kind in KINDS[2:] + OPTIONAL_KINDS:
+    for kind in KINDS[2:] + (CP_KIND, OFFLOAD_KIND):
         value = row.get(f"exposed_{kind}_s")
         found[kind] = value if value == value and value is not None else 0.0
     return found
@@ -135,7 +144,7 @@ def _what_moved(row: dict, base: dict) -> str:
     """The kinds of time that changed by at least 1% of the baseline's iteration, largest first."""
     mine, theirs = exposure(row), exposure(base)
     floor = 0.01 * base["iteration_time_s"]
-    kinds = KINDS + OPTIONAL_KINDS
+    kinds = kinds_of([row, base])
     moved = sorted(((mine[k] - theirs[k], k) for k in kinds if abs(mine[k] - theirs[k]) >= floor),
                    key=lambda item: -abs(item[0]))
     if not moved:

@@ -75,7 +75,7 @@ class FsdpUnits:
 
     def __init__(self, r, run, plan, shapes: dict):
         self.sc, self.plan = run.sc, plan
-        self.group = run.world.grid.dp_group(r.rank)
+        self.group = run.world.grid.dp_cp_group(r.rank)  # CP ranks shard with DP (Megatron)
         self.d, self.index = len(self.group), self.group.index(r.rank)
         self.s = sharding_of(run.sc)
         t = r.tp.size
