@@ -2,6 +2,7 @@
 the host and back, the compute's waits, and numbers unchanged in numeric mode."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,6 +11,9 @@ from simsp.profiles import gpu_profile
 from simsp.training.compare import compare_with_reference
 from simsp.training.iteration import simulate_iteration
 from simsp.config import load_scenario
+from simsp.training.offload import ActivationOffload
+from simsp.training.plan import stage_plans
+from simsp.training.world import build_world
 from tests.inprocess import cli
 
 META = ["--mode", "meta", "--num-layers", "4", "--hidden-size", "2048", "--num-attention-heads",
@@ -71,3 +75,51 @@ def test_offload_leaves_the_numbers_alone():
 def test_offload_flags_are_checked(flags, message):
     rc, _, err = cli(["run", *flags])
     assert rc == 2 and err.strip().startswith(f"error: {message}")
+
+
+def test_hand_worked_offload_timeline():
+    """Three layers, the first two offloaded, each keeping X bytes; copy C = X / 32 GB/s longer
+    than a forward F, shorter than a backward B:
+      F        L0 done: its copy out [F, F+C]; L1 runs [F, 2F]
+      2F       L1 done: its copy queues behind L0's, [F+C, F+2C]; wait for L0's to F+C (C−F)
+      F+C      L2 runs to 2F+C; then wait for L1's copy to F+2C (C−F)
+      F+2C     backward of L2: reload of L1 issued [F+2C, F+3C]; L2 runs to F+2C+B
+      F+2C+B   backward of L1: reload of L0 issued [.., F+3C+B]; L1's arrived: runs at once
+      F+2C+2B  backward of L0: its reload arrived; the end at F+2C+3B.
+    The host holds 2X from F+2C to F+3C; the GPU keeps only L2's X while the copies are out."""
+    sc = load_scenario(overrides={("model", "num_layers"): 3, ("run", "mode"): "meta",
+                                  ("parallel", "cpu_offloading"): True,
+                                  ("parallel", "cpu_offloading_num_layers"): 2})
+    world = build_world(sc)
+    r = world.ranks[0]
+    offload = ActivationOffload(r, SimpleNamespace(sc=sc), stage_plans(sc, world.grid)[0])
+    X, F, B = 32_000_000, 6e-4, 1.5e-3
+    C = X / 32e9
+    log, kept = {}, {}
+
+    def program():
+        for i in range(3):
+            r.scope = f"mb0.L{i}."
+            kept[i] = r.alloc((X,), 1, "saved", "activations")
+            yield r.env.timeout(F)
+            yield from offload.after_forward(r, 0, i, {"saved": kept[i]})
+        log["forward_end"] = (r.env.now, r.ledger.current["activations"])
+        for i in (2, 1, 0):
+            yield from offload.before_backward(r, 0, i)
+            log[f"B{i}"] = r.env.now
+            yield r.env.timeout(B)
+            r.free(kept[i])
+        log["end"] = r.env.now
+
+    world.env.process(program())
+    world.env.run()
+    assert log["forward_end"][0] == pytest.approx(F + 2 * C, abs=1e-12)
+    assert log["forward_end"][1] == X
+    expected = {"B2": F + 2 * C, "B1": F + 2 * C + B, "B0": F + 2 * C + 2 * B,
+                "end": F + 2 * C + 3 * B}
+    for name, t in expected.items():
+        assert log[name] == pytest.approx(t, abs=1e-12), name
+    assert offload.stats.exposed_s == pytest.approx(2 * (C - F), abs=1e-12)
+    assert offload.stats.host_peak_bytes == 2 * X
+    assert offload.stats.host_timeline[-1][1] == 0
+    assert r.ledger.current["activations"] == 0
