@@ -287,8 +287,8 @@ def test_meta_shortcuts_equal_the_full_simulation_under_fsdp(layout):
 
 def test_wide_fsdp_is_refused_before_it_runs():
     """FSDP's stepwise DP rings cost about d² per collective (simsp/bounds.py, measured at d =
-    16, 32, 64): Llama 3 8B at d = 512 is estimated far above the limit and refused at once."""
+    16, 32, 64): Llama 3 8B at d = 256 is estimated above the limit and refused at once."""
     rc, _, err = cli(["run", "scenarios/llama3-8b.toml", "--tensor-model-parallel-size", "1",
-                      "--no-sequence-parallel", "--data-parallel-size", "512", "--nodes", "64",
-                      "--global-batch-size", "512", "--use-torch-fsdp2", "--json"])
+                      "--no-sequence-parallel", "--data-parallel-size", "256", "--nodes", "32",
+                      "--global-batch-size", "256", "--use-torch-fsdp2", "--json"])
     assert rc == 2 and err.startswith("error: work: about ") and "600" in err
