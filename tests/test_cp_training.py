@@ -17,6 +17,12 @@ LAYOUTS = {  # overrides of llama-tiny-cp.toml: cp 2, t 2 SP, p 2 (1 + 2), d 2, 
     "cp2_tp_sp_pp_dp": {},
     "cp4_tp_sp_pp": {("parallel", "context_parallel_size"): 4,
                      ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 2},
+    "cp8_t1_p1_d1": {("parallel", "context_parallel_size"): 8,  # 16 chunks of 2 tokens
+                     ("parallel", "tensor_model_parallel_size"): 1,
+                     ("parallel", "sequence_parallel"): False,
+                     ("parallel", "pipeline_model_parallel_size"): 1,
+                     ("parallel", "decoder_first_pipeline_num_layers"): None,
+                     ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 2},
     "cp2_learned_positions_tied_t1": {
         ("model", "position_embedding_type"): "learned_absolute",
         ("model", "untie_embeddings_and_output_weights"): False,
