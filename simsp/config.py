@@ -23,6 +23,7 @@ POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
 ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
 MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
+MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-type
 # Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); only p2p and a2a are modelled
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
 CP_COMM_TYPES_MODELLED = ("p2p", "a2a")
@@ -66,6 +67,9 @@ class Model:
     moe_layer_freq: int = 1  # a MoE layer at every i with i % freq == 0
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # Shared experts and simsp's routing model of meta mode (docs/moe.md)
+    moe_shared_expert_intermediate_size: int | None = None  # None: no shared experts
+    moe_routing_imbalance: float = 0.0  # Zipf exponent of the experts' loads; 0: balanced
 
     @property
     def ffn(self) -> int:
@@ -156,6 +160,11 @@ class Parallel:
     account_for_loss_in_pipeline_split: bool = False
     num_virtual_stages_per_pipeline_rank: int | None = None  # interleaved: chunks per stage
     recompute_modules: str | None = None  # selective: space-separated; None means core_attn
+    # Expert parallelism (Megatron-LM arguments.py; docs/moe.md)
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
+    moe_token_dispatcher_type: str = "allgather"
+    moe_grouped_gemm: bool = False
 
     @property
     def uneven_pipeline(self) -> bool:
@@ -184,6 +193,15 @@ class Parallel:
     @property
     def cp(self) -> int:
         return self.context_parallel_size
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor-parallel size (--expert-tensor-parallel-size, default t)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
 
     @property
     def dp(self) -> int:
@@ -565,6 +583,43 @@ def _validate_moe_model(m: Model) -> None:
            "model.moe_pad_expert_input_to_capacity", "needs moe_expert_capacity_factor")
     _check(not m.add_bias_linear, "model.num_experts",
            "simsp's experts have no biases: add --disable-bias-linear")
+    _positive("model", m, ("moe_shared_expert_intermediate_size",))
+    _check(m.moe_routing_imbalance >= 0, "model.moe_routing_imbalance",
+           f"must be non-negative, got {m.moe_routing_imbalance}")
+
+
+def _validate_expert_parallel(m: Model, p: Parallel) -> None:
+    """Megatron-LM's checks on the expert layout (arguments.py, parallel_state.py
+    initialize_model_parallel: tp·cp·dp = etp·ep·edp) and what simsp's MoE layer has."""
+    _positive("parallel", p, ("expert_model_parallel_size", "expert_tensor_parallel_size"))
+    _choice("parallel.moe_token_dispatcher_type", p.moe_token_dispatcher_type,
+            MOE_DISPATCHER_CHOICES)
+    if m.num_experts is None:
+        _check(p.ep == 1 and p.expert_tensor_parallel_size is None,
+               "parallel.expert_model_parallel_size", "needs num_experts (a MoE model)")
+        return
+    t, ep, etp = p.tp, p.ep, p.etp
+    _check(m.num_experts % ep == 0, "parallel.expert_model_parallel_size",
+           f"num_experts={m.num_experts} is not divisible by {ep}")
+    _check((t * p.dp) % (etp * ep) == 0, "parallel.expert_model_parallel_size",
+           f"tensor*data parallel = {t}*{p.dp} is not divisible by expert tensor*expert "
+           f"parallel = {etp}*{ep} (Megatron: the expert grid tiles each stage's ranks)")
+    _check(m.moe_ffn % etp == 0, "parallel.expert_tensor_parallel_size",
+           f"moe_ffn_hidden_size={m.moe_ffn} is not divisible by {etp}")
+    _check(t == 1 or p.sequence_parallel, "parallel.sequence_parallel",
+           "MoE with tensor parallelism needs sequence parallelism (Megatron arguments.py)")
+    _check(p.ep == 1 or p.moe_token_dispatcher_type == "alltoall",
+           "parallel.moe_token_dispatcher_type", "expert parallelism runs the alltoall "
+           "dispatcher only yet")
+    _check(t == 1 and etp == 1, "parallel.tensor_model_parallel_size",
+           "MoE layers run at tensor_model_parallel_size and expert_tensor_parallel_size 1 "
+           "only (expert tensor parallelism is not built yet)")
+    _check(p.cp == 1, "parallel.context_parallel_size",
+           "MoE layers run without context parallelism yet")
+    modules = p.recompute_module_set or frozenset()
+    _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
+           "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
+           "built yet (core_attn is)")
 
 
 def _validate_context_parallel(m: Model, p: Parallel) -> None:
@@ -614,16 +669,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     padded = padded_vocab_size(m, t)
     _check(padded % t == 0, "parallel.tensor_model_parallel_size",
            f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
-    if m.num_experts is not None:
-        _check(t == 1, "parallel.tensor_model_parallel_size",
-               "MoE layers run at tensor_model_parallel_size 1 only (expert tensor parallelism "
-               "is not built yet)")
-        _check(p.cp == 1, "parallel.context_parallel_size",
-               "MoE layers run without context parallelism yet")
-        modules = p.recompute_module_set or frozenset()
-        _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
-               "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
-               "built yet (core_attn is)")
+    _validate_expert_parallel(m, p)
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
@@ -797,6 +843,9 @@ def validate(s: Scenario) -> None:
            "must be printable text of at most 200 characters")
     _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
+    _check(s.model.moe_routing_imbalance == 0 or s.run.mode == "meta",
+           "model.moe_routing_imbalance", "is meta mode's routing model (numeric mode routes "
+           "the real tokens): use --mode meta")
 
 
 def with_overrides(s: Scenario, **sections) -> Scenario:

@@ -182,39 +182,63 @@ def experts_backward(dout, xp, h1, g, fc1, fc2, counts, swiglu: bool):
     return dxp, dfc1, dfc2
 
 
-def moe_forward(x, w: dict, spec: MoeSpec):
-    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
-    logits = x @ w["router"]  # (T, E)
+def route(x, router, spec: MoeSpec) -> dict:
+    """Gating, top-k, capacity and permutation of x (T, h) with router (h, E): the routing
+    cache (logits, probs, top, kept, the permuted rows xp (N, h) with their tokens and experts
+    (N,) expert-major, counts (E,)) and the aux loss with its score gradient."""
+    logits = x @ router  # (T, E)
     probs, top = topk_routing(logits, spec)  # (T, E), (T, k)
     kept = capacity_map(probs, top, spec)  # (T, E)
     xp, tokens, counts = permute(x, kept)  # (N, h), (N,), (E,)
-    out, h1, g = experts_forward(xp, w["fc1"], w["fc2"], counts, spec.swiglu)  # (N, h)
     experts = np.nonzero(kept.T)[0]  # (N,) expert of each permuted row
-    weight = probs[tokens, experts][:, None]  # (N, 1): zero for padding rows
-    y = np.zeros_like(x)  # (T, h)
-    np.add.at(y, tokens, weight * out)  # unpermute with the probabilities
     loss, dscores, scores = (aux_loss(logits, spec) if spec.aux_loss_coeff > 0
                              else (0.0, None, None))
-    cache = dict(x=x, logits=logits, probs=probs, top=top, kept=kept, xp=xp, tokens=tokens,
-                 experts=experts, counts=counts, out=out, h1=h1, g=g, dscores=dscores,
-                 scores=scores)
-    return y, loss, cache
+    return dict(x=x, logits=logits, probs=probs, top=top, kept=kept, xp=xp, tokens=tokens,
+                experts=experts, counts=counts, aux=loss, dscores=dscores, scores=scores)
+
+
+def unpermute(out, c: dict):
+    """y (T, h) = Σ over kept pairs of p[t, e] · out row (moe_utils.py unpermute)."""
+    weight = c["probs"][c["tokens"], c["experts"]][:, None]  # (N, 1): zero for padding rows
+    y = np.zeros((c["probs"].shape[0], out.shape[1]), dtype=out.dtype)  # (T, h)
+    np.add.at(y, c["tokens"], weight * out)
+    return y
+
+
+def unpermute_backward(dy, out, c: dict):
+    """d out rows (N, h) and d probs (T, E) of unpermute, given dy (T, h)."""
+    tokens, experts = c["tokens"], c["experts"]
+    weight = c["probs"][tokens, experts][:, None]  # (N, 1)
+    dprobs = np.zeros_like(c["probs"])  # (T, E)
+    dprobs[tokens, experts] = (dy[tokens] * out).sum(axis=1)
+    return weight * dy[tokens], dprobs
+
+
+def route_backward(dxp, dprobs, c: dict, router, spec: MoeSpec, daux: float = 1.0):
+    """dx (T, h) and d router (h, E) from the permuted rows' gradient dxp (N, h), the probs'
+    dprobs (T, E) and daux · aux loss."""
+    dx = np.zeros_like(c["x"])  # (T, h)
+    np.add.at(dx, c["tokens"], dxp)
+    dlogits = topk_routing_backward(dprobs, c["logits"], c["top"], spec)  # (T, E)
+    if spec.aux_loss_coeff > 0:
+        dlogits = dlogits + daux * aux_loss_backward(c["dscores"], c["scores"], c["logits"], spec)
+    dx += dlogits @ router.T
+    return dx, c["x"].T @ dlogits
+
+
+def moe_forward(x, w: dict, spec: MoeSpec):
+    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
+    c = route(x, w["router"], spec)
+    c["out"], c["h1"], c["g"] = experts_forward(c["xp"], w["fc1"], w["fc2"], c["counts"],
+                                                spec.swiglu)  # (N, h), (N, ·), (N, f)
+    return unpermute(c["out"], c), c["aux"], c
 
 
 def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
     """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
     hands the aux loss a gradient of 1 per layer)."""
-    tokens, experts = c["tokens"], c["experts"]
-    weight = c["probs"][tokens, experts][:, None]  # (N, 1)
-    dout = weight * dy[tokens]  # (N, h)
-    dprobs = np.zeros_like(c["probs"])  # (T, E)
-    dprobs[tokens, experts] = (dy[tokens] * c["out"]).sum(axis=1)
+    dout, dprobs = unpermute_backward(dy, c["out"], c)  # (N, h), (T, E)
     dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
                                        c["counts"], spec.swiglu)
-    dx = np.zeros_like(c["x"])  # (T, h)
-    np.add.at(dx, tokens, dxp)
-    dlogits = topk_routing_backward(dprobs, c["logits"], c["top"], spec)  # (T, E)
-    if spec.aux_loss_coeff > 0:
-        dlogits = dlogits + daux * aux_loss_backward(c["dscores"], c["scores"], c["logits"], spec)
-    dx += dlogits @ w["router"].T
-    return dx, {"router": c["x"].T @ dlogits, "fc1": dfc1, "fc2": dfc2}
+    dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
+    return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}

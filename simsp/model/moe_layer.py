@@ -1,31 +1,36 @@
-"""The MoE MLP block on an emulated rank (TP = 1, EP = 1): ledger entries, FLOPs and time
-around the numpy math of moe_kernels.py (Megatron-LM megatron/core/transformer/moe/moe_layer.py:
-router, permute, experts, unpermute; docs/moe.md).
+"""The MoE MLP block on an emulated rank: ledger entries, FLOPs and time around the numpy math
+of moe_kernels.py (Megatron-LM megatron/core/transformer/moe/moe_layer.py: router, permute,
+token dispatch, experts, combine, unpermute; docs/moe.md).
 
-Numeric mode routes on the data; meta mode routes perfectly balanced tokens: T·k pairs spread
-evenly over the E experts, each cut to the capacity C (or padded to it). Kept for backward:
+Numeric mode routes on the data; meta mode routes by simsp/model/moe_routing.py (balanced, or
+the seeded Zipf model of --moe-routing-imbalance). With expert parallelism the permuted rows go
+to their experts' ranks and back through simsp/model/moe_dispatch.py. Kept for backward:
 
 | name                      | shape          | bytes |
 |---------------------------|----------------|-------|
 | moe_input                 | (s, b, h)      | 2sbh  |
 | router_logits             | (T, E) fp32    | 4TE   |
 | routing_map               | (T, E) bool    | TE    |
-| permuted_tokens           | (N, h)         | 2Nh   |
-| expert_{gelu,swiglu}_input| (N, f | 2f)    | 2Nf (4Nf) |
-| expert_fc2_input          | (N, f)         | 2Nf   |
+| permuted_tokens           | (N_in, h)      | 2N_in·h |
+| expert_{gelu,swiglu}_input| (N_in, f | 2f) | 2N_in·f (4N_in·f) |
+| expert_fc2_input          | (N_in, f)      | 2N_in·f |
 | expert_output             | (N, h)         | 2Nh   |
-T = s·b tokens, N the (token, expert) pairs computed (T·k dropless).
+T = s·b tokens, N the (token, expert) pairs this rank routed (T·k dropless), N_in the rows its
+experts compute (N without expert parallelism; what the EP group sent it with it).
 """
 
 import numpy as np
 
+from simsp.model import moe_dispatch as D
 from simsp.model import moe_kernels as K
 from simsp.model.layer import _hidden_mask, norm
 from simsp.model.layer_backward import norm_backward
+from simsp.model.moe_routing import kept_counts, routed_counts
 from simsp.model import ops
-from simsp.model.tensor import FP16, FP32, MASK
+from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
 ROUTER, FC1, FC2 = "mlp.router.weight", "mlp.experts.fc1.weight", "mlp.experts.fc2.weight"
+COUNTS = "tokens_per_expert"  # the (EP, E) count matrix, kept outside the ledger (8·EP·E bytes)
 
 
 def moe_spec(m) -> K.MoeSpec:
@@ -37,24 +42,43 @@ def moe_spec(m) -> K.MoeSpec:
 
 def balanced_counts(T: int, spec: K.MoeSpec) -> np.ndarray:
     """Tokens per expert (E,) under perfectly balanced routing, after capacity."""
-    E = spec.num_experts
-    pairs = T * spec.topk
-    counts = np.full(E, pairs // E) + (np.arange(E) < pairs % E)  # (E,)
-    if spec.capacity_factor is None:
-        return counts
-    capacity = min(K.get_capacity(pairs, E, spec.capacity_factor), T)
-    return np.full(E, capacity) if spec.pad_to_capacity else np.minimum(counts, capacity)
+    return kept_counts(routed_counts(T, spec, 0.0, 0, 0), T, spec)
+
+
+def model_counts(r, spec, T: int) -> np.ndarray:
+    """Meta mode: the routing model's rows per expert (E,) for this layer."""
+    m = spec.model
+    routed = routed_counts(T, moe_spec(m), m.moe_routing_imbalance, r.seed, spec.layer)
+    return kept_counts(routed, T, moe_spec(m))
 
 
 def _weights(w: dict) -> dict:
-    """The kernels' view: router (h, E), fc1 (E, h, f | 2f), fc2 (E, f, h)."""
+    """The kernels' view: router (h, E), fc1 (E_local, h, f | 2f), fc2 (E_local, f, h)."""
     fc1 = w[FC1].data
     return {"router": w[ROUTER].data, "fc1": fc1.reshape(fc1.shape[0], fc1.shape[1], -1),
             "fc2": w[FC2].data}
 
 
+def _expert_parallel(r) -> bool:
+    return r.moe is not None and r.moe.ep > 1
+
+
+def expert_gemm(r, name: str, counts: np.ndarray, k: int, n: int, passes: int = 1):
+    """The experts' GEMMs of rows `counts` (E_local,) by (k, n): one grouped GEMM
+    (--moe-grouped-gemm, TEGroupedMLP) or one GEMM per expert (SequentialMLP); `passes` 2 for
+    a backward's data and weight gradients."""
+    total = int(counts.sum())
+    if r.moe is None or r.moe.grouped_gemm:
+        yield from r.compute(name, "gemm", passes * 2 * total * k * n, gemm=(total, k, n))
+        return
+    for e, rows in enumerate(counts):
+        yield from r.compute(f"{name}.{e}", "gemm", passes * 2 * int(rows) * k * n,
+                             gemm=(int(rows), k, n))
+
+
 def moe_mlp_forward(r, spec, w: dict, residual, stash):
-    """LN2 -> router -> permute -> experts -> unpermute -> dropout -> + residual."""
+    """LN2 -> router -> permute -> dispatch -> experts -> combine -> unpermute -> dropout ->
+    + residual."""
     m, mspec = spec.model, moe_spec(spec.model)
     x = yield from norm(r, m, residual, w, "ln2", "moe_input")  # (s, b, h)
     stash.put("moe_input", x)
@@ -63,32 +87,42 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     width = 2 * f if m.swiglu else f
     c = None
     if r.numeric:
-        _, aux, c = K.moe_forward(x.data.reshape(T, h), _weights(w), mspec)
+        c = K.route(x.data.reshape(T, h), w[ROUTER].data, mspec)
         if r.phase == "forward":  # not again when recomputed
-            r.moe_aux_loss += spec.aux_scale * aux
-    counts = c["counts"] if r.numeric else balanced_counts(T, mspec)
+            r.moe_aux_loss += spec.aux_scale * c["aux"]
+    counts = c["counts"] if r.numeric else model_counts(r, spec, T)  # (E,)
     N = int(counts.sum())
     data = (lambda key: c[key]) if r.numeric else (lambda key: None)
     logits = r.alloc((T, E), FP32, "router_logits", data=data("logits"))
     yield from r.compute("router", "gemm", 2 * T * h * E, gemm=(T, h, E))
     routing = r.alloc((T, E), MASK, "routing_map", data=data("kept"))
     yield from r.compute("router_topk", "elementwise", nbytes=logits.nbytes + routing.nbytes)
-    xp = r.alloc((N, h), FP16, "permuted_tokens", data=data("xp"))
+    parallel = _expert_parallel(r)
+    xp = r.alloc((N, h), FP16, "dispatch_input" if parallel else "permuted_tokens",
+                 data=data("xp"))
     yield from r.compute("permute", "elementwise", nbytes=2 * xp.nbytes)
-    act_in = r.alloc((N, width), FP16, f"expert_{'swiglu' if m.swiglu else 'gelu'}_input",
-                     data=data("h1"))
-    yield from r.compute("experts_fc1", "gemm", 2 * N * h * width, gemm=(N, h, width))
-    act_out = r.alloc((N, f), FP16, "expert_fc2_input", data=data("g"))
-    yield from r.compute("experts_act", "elementwise", nbytes=act_in.nbytes + act_out.nbytes)
-    out = r.alloc((N, h), FP16, "expert_output", data=data("out"))
-    yield from r.compute("experts_fc2", "gemm", 2 * N * f * h, gemm=(N, f, h))
+    M, x_in = counts[None], xp  # (EP, E) count matrix; the experts' input rows
+    if parallel:
+        M = yield from D.exchange_counts(r, r.moe, counts, lambda: np.tile(counts, (r.moe.ep, 1)))
+        rows, n_in = yield from D.dispatch(r, r.moe, xp, M, "moe_dispatch")
+        r.free(xp)
+        x_in = r.alloc((n_in, h), FP16, "permuted_tokens", data=rows)
+        yield from _sort(r, x_in)
+    local = D.local_matrix(M, r.moe).sum(axis=0) if parallel else counts  # (E_local,)
+    expert_out = yield from _experts_forward(r, m, w, x_in, local, width, f, h, stash)
+    out = expert_out
+    if parallel:
+        yield from _sort(r, expert_out)
+        rows, _ = yield from D.combine(r, r.moe, expert_out, M, "moe_combine")
+        r.free(expert_out)
+        out = r.alloc((N, h), FP16, "expert_output", data=rows)
     combined = r.alloc((s, b, h), FP16, "moe_output",
-                       data=_combine(c, T, h).reshape(s, b, h) if r.numeric else None)
+                       data=K.unpermute(out.data, c).reshape(s, b, h) if r.numeric else None)
     yield from r.compute("unpermute", "elementwise", nbytes=out.nbytes + combined.nbytes)
     for name, tensor in (("router_logits", logits), ("routing_map", routing),
-                         ("permuted_tokens", xp), (act_in_name(m), act_in),
-                         ("expert_fc2_input", act_out), ("expert_output", out)):
+                         ("permuted_tokens", x_in), ("expert_output", out)):
         stash.put(name, tensor)
+    stash.tensors[COUNTS] = Tensor(M.shape, 8, M)  # ledger-less: 8·EP·E bytes
     mask = _hidden_mask(r, spec, "mlp_out", combined)
     result = yield from ops.bias_dropout_add(r, combined, None, mask, m.hidden_dropout,
                                              residual, "layer_output")  # (s, b, h)
@@ -97,29 +131,44 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     return result
 
 
+def _sort(r, rows):
+    """sort_chunks_by_idxs: source-major <-> expert-major rows, a copy, when a rank holds
+    more than one expert."""
+    if r.moe.num_local_experts > 1:
+        yield from r.compute("sort_chunks", "elementwise", nbytes=2 * rows.nbytes)
+
+
+def _experts_forward(r, m, w, x_in, local, width: int, f: int, h: int, stash):
+    """fc1 -> activation -> fc2 on the experts' rows x_in (N_in, h); returns (N_in, h)."""
+    n_in = x_in.shape[0]
+    h1 = g = out = None
+    if r.numeric:
+        weights = _weights(w)
+        out, h1, g = K.experts_forward(x_in.data, weights["fc1"], weights["fc2"], local,
+                                       m.swiglu)
+    act_in = r.alloc((n_in, width), FP16, act_in_name(m), data=h1)
+    yield from expert_gemm(r, "experts_fc1", local, h, width)
+    act_out = r.alloc((n_in, f), FP16, "expert_fc2_input", data=g)
+    yield from r.compute("experts_act", "elementwise", nbytes=act_in.nbytes + act_out.nbytes)
+    expert_out = r.alloc((n_in, h), FP16, "expert_output", data=out)
+    yield from expert_gemm(r, "experts_fc2", local, f, h)
+    stash.put(act_in_name(m), act_in)
+    stash.put("expert_fc2_input", act_out)
+    return expert_out
+
+
 def act_in_name(m) -> str:
     return f"expert_{'swiglu' if m.swiglu else 'gelu'}_input"
 
 
-def _combine(c: dict, T: int, h: int) -> np.ndarray:
-    """Σ_e p[t, e] · expert_e(x[t]) over the kept pairs: (T, h)."""
-    y = np.zeros((T, h), dtype=c["out"].dtype)
-    weight = c["probs"][c["tokens"], c["experts"]][:, None]  # (N, 1)
-    np.add.at(y, c["tokens"], weight * c["out"])
-    return y
-
-
-def _cache(saved: dict, m, mspec, T: int, h: int) -> dict:
-    """Rebuild the kernels' cache from the kept tensors (the top-k recomputed from the logits)."""
+def _routing_cache(saved: dict, mspec, T: int, h: int) -> dict:
+    """The router's cache rebuilt from the kept tensors (the top-k recomputed from the logits)."""
     logits = saved["router_logits"].data  # (T, E)
     probs, top = K.topk_routing(logits, mspec)
     kept = saved["routing_map"].data  # (T, E) bool
     experts, tokens = np.nonzero(kept.T)
     c = dict(x=saved["moe_input"].data.reshape(T, h), logits=logits, probs=probs, top=top,
-             kept=kept, tokens=tokens, experts=experts,
-             counts=np.bincount(experts, minlength=kept.shape[1]),
-             xp=saved["permuted_tokens"].data, h1=saved[act_in_name(m)].data,
-             g=saved["expert_fc2_input"].data, out=saved["expert_output"].data)
+             kept=kept, tokens=tokens, experts=experts)
     c["dscores"], c["scores"] = (K.aux_loss(logits, mspec)[1:] if mspec.aux_loss_coeff > 0
                                  else (None, None))
     return c
@@ -135,38 +184,73 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     x = saved["moe_input"]
     s, b, h = x.shape
     T, E, f = s * b, m.num_experts, m.moe_ffn
-    xp, act_in = saved["permuted_tokens"], saved[act_in_name(m)]
-    N, width = xp.shape[0], act_in.shape[1]
-    dx_data = None
+    out = saved["expert_output"]
+    N, M = out.shape[0], saved.pop(COUNTS).data
+    parallel = _expert_parallel(r)
+    c = _routing_cache(saved, mspec, T, h) if r.numeric else None
+    d_rows = dprobs = None
     if r.numeric:
-        dx2, grads = K.moe_backward(dy.data.reshape(T, h), _weights(w),
-                                    _cache(saved, m, mspec, T, h), mspec, spec.aux_scale)
-        g[ROUTER].data += grads["router"]
-        g[FC1].data += grads["fc1"].reshape(g[FC1].shape)
-        g[FC2].data += grads["fc2"]
-        dx_data = dx2.reshape(s, b, h)
-    steps = (("d_expert_output", (N, h), FP16, "elementwise", 0, dy.nbytes + 2 * N * h),
-             ("d_expert_fc2", (N, f), FP16, "gemm", 2 * 2 * N * f * h, 0),
-             ("d_expert_act_input", (N, width), FP16, "elementwise", 0, 3 * act_in.nbytes),
-             ("d_expert_fc1", (N, h), FP16, "gemm", 2 * 2 * N * h * width, 0),
-             ("d_router_logits", (T, E), FP32, "elementwise", 0, 8 * T * E),
-             ("d_router", (s, b, h), FP16, "gemm", 2 * 2 * T * h * E, 0))
-    previous = None
-    for name, shape, itemsize, kind, flops, nbytes in steps:
-        last = name == "d_router"
-        tensor = r.alloc(shape, itemsize, name, data=dx_data if last else None)
-        yield from r.compute(name, kind, flops, nbytes=nbytes,
-                             gemm=(shape[0], shape[-1], h) if kind == "gemm" else None)
-        r.free(previous)
-        previous = tensor
+        d_rows, dprobs = K.unpermute_backward(dy.data.reshape(T, h), out.data, c)
+    d_out = r.alloc((N, h), FP16, "d_expert_output", data=d_rows)
+    yield from r.compute("d_unpermute", "elementwise", nbytes=dy.nbytes + 2 * N * h)
     if dy is not dout:
         r.free(dy)
-    for name in ("router_logits", "routing_map", "permuted_tokens", act_in_name(m),
-                 "expert_fc2_input", "expert_output"):
+    local = D.local_matrix(M, r.moe).sum(axis=0) if parallel else M[0]  # (E_local,)
+    d_in = d_out
+    if parallel:  # combine's backward: the pairs' gradients to their experts
+        rows, n_in = yield from D.dispatch(r, r.moe, d_out, M, "moe_combine_grad")
+        r.free(d_out)
+        d_in = r.alloc((n_in, h), FP16, "d_expert_output_recv", data=rows)
+        yield from _sort(r, d_in)
+    dx_in = yield from _experts_backward(r, m, w, g, saved, d_in, local, f, h)
+    dxp = dx_in
+    if parallel:  # dispatch's backward: the rows' gradients to their sources
+        yield from _sort(r, dx_in)
+        rows, _ = yield from D.combine(r, r.moe, dx_in, M, "moe_dispatch_grad")
+        r.free(dx_in)
+        dxp = r.alloc((N, h), FP16, "d_permuted_tokens", data=rows)
+    dx_data = None
+    if r.numeric:
+        dx2, drouter = K.route_backward(dxp.data, dprobs, c, w[ROUTER].data, mspec,
+                                        spec.aux_scale)
+        g[ROUTER].data += drouter
+        dx_data = dx2.reshape(s, b, h)
+    dlogits = r.alloc((T, E), FP32, "d_router_logits")
+    yield from r.compute("d_router_logits", "elementwise", nbytes=8 * T * E)
+    r.free(dxp)
+    dx = r.alloc((s, b, h), FP16, "d_router", data=dx_data)
+    yield from r.compute("d_router", "gemm", 2 * 2 * T * h * E, gemm=(T, E, h))
+    r.free(dlogits)
+    for name in ("router_logits", "routing_map", "expert_output"):
         r.free(saved.pop(name))
-    dln = yield from norm_backward(r, m, previous, saved["ln2_input"], w, g, "ln2",
-                                   "d_ln2_input")
-    r.free(previous, saved.pop("moe_input"), saved.pop("ln2_input"))
+    dln = yield from norm_backward(r, m, dx, saved["ln2_input"], w, g, "ln2", "d_ln2_input")
+    r.free(dx, saved.pop("moe_input"), saved.pop("ln2_input"))
     dres = yield from ops.add(r, dout, dln, "d_residual")
     r.free(dout, dln)
     return dres
+
+
+def _experts_backward(r, m, w, g, saved, d_in, local, f: int, h: int):
+    """d of fc2, the activation and fc1 on the experts' rows: d_in (N_in, h) -> (N_in, h);
+    the local experts' weight gradients accumulate in g."""
+    x_in, act_in = saved.pop("permuted_tokens"), saved.pop(act_in_name(m))
+    act_out = saved.pop("expert_fc2_input")
+    n_in, width = x_in.shape[0], act_in.shape[1]
+    dx_data = None
+    if r.numeric:
+        weights = _weights(w)
+        dx_data, dfc1, dfc2 = K.experts_backward(d_in.data, x_in.data, act_in.data,
+                                                 act_out.data, weights["fc1"], weights["fc2"],
+                                                 local, m.swiglu)
+        g[FC1].data += dfc1.reshape(g[FC1].shape)
+        g[FC2].data += dfc2
+    d_act = r.alloc((n_in, f), FP16, "d_expert_fc2")
+    yield from expert_gemm(r, "d_expert_fc2", local, f, h, passes=2)
+    r.free(d_in, act_out)
+    d_act_in = r.alloc((n_in, width), FP16, "d_expert_act_input")
+    yield from r.compute("d_expert_act_input", "elementwise", nbytes=3 * act_in.nbytes)
+    r.free(d_act, act_in)
+    dx_in = r.alloc((n_in, h), FP16, "d_expert_fc1", data=dx_data)
+    yield from expert_gemm(r, "d_expert_fc1", local, h, width, passes=2)
+    r.free(d_act_in, x_in)
+    return dx_in

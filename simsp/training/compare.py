@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from simsp.model.moe_placement import is_expert_param
 from simsp.model.params import param_shapes
 from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
@@ -22,8 +23,15 @@ def gathered_grads(run, dp: int = 0) -> dict:
     for name in param_shapes(run.sc.padded_model):
         pp = _holder_stage(name, run)
         shards = [run.states[run.rank_of(tp, dp, pp)].grads[name].data for tp in range(t)]
-        grads[name] = unshard(name, shards)
+        grads[name] = (_expert_grad(run, name, dp, pp) if is_expert_param(name)
+                       else unshard(name, shards))
     return grads
+
+
+def _expert_grad(run, name: str, dp: int, pp: int) -> np.ndarray:
+    """An expert weight's full gradient: every EP member's experts, in expert order."""
+    group = run.world.ranks[run.rank_of(0, dp, pp)].moe.ep_group
+    return np.concatenate([run.states[rank].grads[name].data for rank in group])
 
 
 def compare_with_reference(run) -> dict:

@@ -126,8 +126,10 @@ def rank_program(r, run: Run, plan: StagePlan):
     shapes = param_shapes(run.sc.padded_model)
     names = stage_param_names(shapes, plan)
     weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
-    shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
-    optimizer = allocate_optimizer(r, weights, shard)
+    distributed = run.sc.parallel.distributed_optimizer
+    shard = run.sc.parallel.dp if distributed else 1
+    expert_shard = len(r.moe.edp_group) if distributed and r.moe is not None else None
+    optimizer = allocate_optimizer(r, weights, shard, expert_shard)
     state = run.states[r.rank] = RankState(weights, grads)
     yield from run_schedule(r, run, plan, state)
     r.phase, r.scope = "backward", ""
