@@ -12,6 +12,7 @@ from simsp.costmodel import calibration_table
 from simsp.config import Cluster
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
 from simsp.profiles import gpu_profile
+from simsp.training.moe_load import moe_metrics
 
 
 def iteration_time(run) -> float:
@@ -139,6 +140,7 @@ def collect(run, shortcuts) -> dict:
         "shortcuts": shortcuts.flags(),
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
+        **moe_metrics(run),
     }
 
 

@@ -45,11 +45,22 @@ def balanced_counts(T: int, spec: K.MoeSpec) -> np.ndarray:
     return kept_counts(routed_counts(T, spec, 0.0, 0, 0), T, spec)
 
 
-def model_counts(r, spec, T: int) -> np.ndarray:
-    """Meta mode: the routing model's rows per expert (E,) for this layer."""
+def model_counts(r, spec, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """Meta mode: the routing model's pairs routed to each expert (E,) and its rows (E,)
+    after the capacity, for this layer."""
     m = spec.model
     routed = routed_counts(T, moe_spec(m), m.moe_routing_imbalance, r.seed, spec.layer)
-    return kept_counts(routed, T, moe_spec(m))
+    return routed, kept_counts(routed, T, moe_spec(m))
+
+
+def _count_load(r, routed: int, real: int, rows: int, expert_rows: int) -> None:
+    """Forward only: pairs routed, kept (real) and dropped, padding rows, rows computed by this
+    rank's experts (its load: the slowest expert rank has the most)."""
+    if r.phase != "forward":
+        return
+    for key, value in (("routed_pairs", routed), ("dropped_pairs", routed - real),
+                       ("padding_rows", rows - real), ("expert_rows", expert_rows)):
+        r.moe_load[key] = r.moe_load.get(key, 0) + value
 
 
 def _weights(w: dict) -> dict:
@@ -90,7 +101,13 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
         c = K.route(x.data.reshape(T, h), w[ROUTER].data, mspec)
         if r.phase == "forward":  # not again when recomputed
             r.moe_aux_loss += spec.aux_scale * c["aux"]
-    counts = c["counts"] if r.numeric else model_counts(r, spec, T)  # (E,)
+    if r.numeric:
+        counts = c["counts"]  # (E,)
+        routed = T * mspec.topk
+        real = int((c["probs"][c["tokens"], c["experts"]] > 0).sum())
+    else:
+        routed_e, counts = model_counts(r, spec, T)  # (E,) each
+        routed, real = int(routed_e.sum()), int(np.minimum(routed_e, counts).sum())
     N = int(counts.sum())
     data = (lambda key: c[key]) if r.numeric else (lambda key: None)
     logits = r.alloc((T, E), FP32, "router_logits", data=data("logits"))
@@ -109,6 +126,7 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
         x_in = r.alloc((n_in, h), FP16, "permuted_tokens", data=rows)
         yield from _sort(r, x_in)
     local = D.local_matrix(M, r.moe).sum(axis=0) if parallel else counts  # (E_local,)
+    _count_load(r, routed, real, N, int(local.sum()))
     expert_out = yield from _experts_forward(r, m, w, x_in, local, width, f, h, stash)
     out = expert_out
     if parallel:

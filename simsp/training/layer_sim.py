@@ -49,8 +49,10 @@ class LayerResult:
 
 
 def one_tp_group(sc: Scenario) -> Scenario:
-    """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism)."""
+    """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism;
+    a MoE layer's experts all on the group: with balanced routing its rows are the same)."""
     return with_overrides(sc, model={"num_layers": 1}, parallel={
+        "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
         "recompute_method": None, "recompute_num_layers": None,  # one layer: its own group

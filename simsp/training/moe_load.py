@@ -1,0 +1,34 @@
+"""The MoE layers' load after an iteration: rows each rank's experts computed (the slowest
+expert rank has the most), tokens dropped at capacity, padding, tokens dispatched per rank
+(docs/moe.md). Counted in forward on the simulated ranks (simsp/model/moe_layer.py)."""
+
+DISPATCH_LABELS = ("all_to_all_dispatch", "all_to_all_combine")
+
+
+def moe_metrics(run) -> dict:
+    """{"moe": {...}} for a MoE model, {} for a dense one."""
+    if run.sc.model.num_experts is None:
+        return {}
+    loads = {rank: r.moe_load for rank, r in sorted(run.world.ranks.items()) if r.moe_load}
+    if not loads:
+        return {"moe": {}}
+    rows = {rank: load["expert_rows"] for rank, load in loads.items()}
+    slowest = max(rows, key=lambda rank: (rows[rank], -rank))
+    mean = sum(rows.values()) / len(rows)
+    routed = sum(load["routed_pairs"] for load in loads.values())
+    dropped = sum(load["dropped_pairs"] for load in loads.values())
+    sent = {rank: sum(n for (phase, label), n in run.world.ranks[rank].comm_bytes.items()
+                      if phase == "forward" and label == "all_to_all_dispatch")
+            for rank in loads}
+    return {"moe": {
+        "expert_rows_per_rank": {str(rank): n for rank, n in rows.items()},
+        "slowest_expert_rank": slowest,
+        "slowest_expert_rows": rows[slowest],
+        "mean_expert_rows": mean,
+        "expert_load_imbalance": rows[slowest] / mean if mean else 1.0,
+        "routed_pairs": routed,
+        "dropped_pairs": dropped,
+        "dropped_fraction": dropped / routed if routed else 0.0,
+        "padding_rows": sum(load["padding_rows"] for load in loads.values()),
+        "dispatched_bytes_per_rank": {str(rank): n for rank, n in sent.items()},
+    }}
