@@ -242,3 +242,19 @@ def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
                                        c["counts"], spec.swiglu)
     dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
     return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}
+
+
+def shared_forward(x, fc1, fc2, swiglu: bool):
+    """The shared experts (shared_experts.py SharedExpertMLP, no gate, no bias): x (T, h) ->
+    (out (T, h), activation input (T, f_s | 2f_s), fc2 input (T, f_s)); fc1 (h, f_s | 2f_s)."""
+    act = kernels.swiglu_forward if swiglu else kernels.gelu_forward
+    h1 = x @ fc1  # (T, f_s | 2f_s)
+    g = act(h1)  # (T, f_s)
+    return g @ fc2, h1, g
+
+
+def shared_backward(dy, x, h1, g, fc1, fc2, swiglu: bool):
+    """dx (T, h), d fc1, d fc2 of shared_forward."""
+    back = kernels.swiglu_backward if swiglu else kernels.gelu_backward
+    dh1 = back(dy @ fc2.T, h1)  # (T, f_s | 2f_s)
+    return dh1 @ fc1.T, x.T @ dh1, g.T @ dy

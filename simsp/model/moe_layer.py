@@ -137,6 +137,8 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     combined = r.alloc((s, b, h), FP16, "moe_output",
                        data=K.unpermute(out.data, c).reshape(s, b, h) if r.numeric else None)
     yield from r.compute("unpermute", "elementwise", nbytes=out.nbytes + combined.nbytes)
+    if m.moe_shared_expert_intermediate_size:
+        yield from _shared_forward(r, m, w, x, combined, stash)
     for name, tensor in (("router_logits", logits), ("routing_map", routing),
                          ("permuted_tokens", x_in), ("expert_output", out)):
         stash.put(name, tensor)
@@ -175,6 +177,74 @@ def _experts_forward(r, m, w, x_in, local, width: int, f: int, h: int, stash):
     return expert_out
 
 
+SHARED_FC1, SHARED_FC2 = "mlp.shared_experts.fc1.weight", "mlp.shared_experts.fc2.weight"
+
+
+def _shared_fc1(w: dict):
+    """The shared experts' fc1 data as the (h, f_s | 2f_s) GEMM operand ([gate | up])."""
+    data = w[SHARED_FC1].data
+    return data.reshape(data.shape[0], -1)
+
+
+def _shared_names(m) -> tuple[str, str]:
+    return f"shared_expert_{'swiglu' if m.swiglu else 'gelu'}_input", "shared_expert_fc2_input"
+
+
+def _shared_forward(r, m, w, x, combined, stash):
+    """The shared experts (Megatron shared_experts.py SharedExpertMLP, no gate) on every token
+    of x (s, b, h), added to the routed experts' output `combined` (s, b, h)."""
+    s, b, h = x.shape
+    T, f = s * b, m.moe_shared_expert_intermediate_size
+    width = 2 * f if m.swiglu else f
+    out = h1 = g = None
+    if r.numeric:
+        out, h1, g = K.shared_forward(x.data.reshape(T, h), _shared_fc1(w), w[SHARED_FC2].data,
+                                      m.swiglu)
+    act_name, fc2_name = _shared_names(m)
+    act_in = r.alloc((s, b, width), FP16, act_name, data=None if h1 is None else
+                     h1.reshape(s, b, width))
+    yield from r.compute("shared_fc1", "gemm", 2 * T * h * width, gemm=(T, h, width))
+    act_out = r.alloc((s, b, f), FP16, fc2_name, data=None if g is None else g.reshape(s, b, f))
+    yield from r.compute("shared_act", "elementwise", nbytes=act_in.nbytes + act_out.nbytes)
+    shared = r.alloc((s, b, h), FP16, "shared_expert_output")
+    yield from r.compute("shared_fc2", "gemm", 2 * T * f * h, gemm=(T, f, h))
+    if r.numeric:
+        combined.data = combined.data + out.reshape(s, b, h)
+    yield from r.compute("shared_add", "elementwise", nbytes=3 * shared.nbytes)
+    r.free(shared)
+    stash.put(act_name, act_in)
+    stash.put(fc2_name, act_out)
+
+
+def _shared_backward(r, m, w, g, saved, dy, x):
+    """dy (s, b, h) at the shared experts' output -> their input gradient (s, b, h); their
+    weight gradients accumulate in g."""
+    s, b, h = x.shape
+    T = s * b
+    act_name, fc2_name = _shared_names(m)
+    act_in, act_out = saved.pop(act_name), saved.pop(fc2_name)
+    f, width = act_out.shape[2], act_in.shape[2]
+    dx_data = None
+    if r.numeric:
+        dx_data, dfc1, dfc2 = K.shared_backward(dy.data.reshape(T, h), x.data.reshape(T, h),
+                                                act_in.data.reshape(T, width),
+                                                act_out.data.reshape(T, f), _shared_fc1(w),
+                                                w[SHARED_FC2].data, m.swiglu)
+        g[SHARED_FC1].data += dfc1.reshape(g[SHARED_FC1].shape)
+        g[SHARED_FC2].data += dfc2
+        dx_data = dx_data.reshape(s, b, h)
+    d_act = r.alloc((s, b, f), FP16, "d_shared_fc2")
+    yield from r.compute("d_shared_fc2", "gemm", 2 * 2 * T * f * h, gemm=(T, h, f))
+    r.free(act_out)
+    d_act_in = r.alloc((s, b, width), FP16, "d_shared_act_input")
+    yield from r.compute("d_shared_act_input", "elementwise", nbytes=3 * act_in.nbytes)
+    r.free(d_act, act_in)
+    dx = r.alloc((s, b, h), FP16, "d_shared_fc1", data=dx_data)
+    yield from r.compute("d_shared_fc1", "gemm", 2 * 2 * T * h * width, gemm=(T, width, h))
+    r.free(d_act_in)
+    return dx
+
+
 def act_in_name(m) -> str:
     return f"expert_{'swiglu' if m.swiglu else 'gelu'}_input"
 
@@ -200,6 +270,9 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     dy = yield from ops.dropout_backward(r, dout, mask, m.hidden_dropout, "d_moe_output")
     r.free(mask)
     x = saved["moe_input"]
+    shared_dx = None
+    if m.moe_shared_expert_intermediate_size:
+        shared_dx = yield from _shared_backward(r, m, w, g, saved, dy, x)
     s, b, h = x.shape
     T, E, f = s * b, m.num_experts, m.moe_ffn
     out = saved["expert_output"]
@@ -239,6 +312,11 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     dx = r.alloc((s, b, h), FP16, "d_router", data=dx_data)
     yield from r.compute("d_router", "gemm", 2 * 2 * T * h * E, gemm=(T, E, h))
     r.free(dlogits)
+    if shared_dx is not None:
+        if r.numeric:
+            dx.data = dx.data + shared_dx.data
+        yield from r.compute("d_shared_add", "elementwise", nbytes=3 * dx.nbytes)
+        r.free(shared_dx)
     for name in ("router_logits", "routing_map", "expert_output"):
         r.free(saved.pop(name))
     dln = yield from norm_backward(r, m, dx, saved["ln2_input"], w, g, "ln2", "d_ln2_input")

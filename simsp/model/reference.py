@@ -17,7 +17,8 @@ import numpy as np
 
 from simsp.model import kernels as K
 from simsp.model.dropout_sites import attention_keep, hidden_keep
-from simsp.model.moe_kernels import MoeSpec, moe_backward, moe_forward
+from simsp.model.moe_kernels import (MoeSpec, moe_backward, moe_forward, shared_backward,
+                                     shared_forward)
 from simsp.model.params import layer_param_names
 
 
@@ -113,6 +114,12 @@ def _moe_weights(P) -> dict:
             "fc2": P["mlp.experts.fc2.weight"]}
 
 
+def _shared_fc1(P):
+    """The shared experts' fc1 as the (h, f_s | 2f_s) GEMM operand ([gate | up] for SwiGLU)."""
+    fc1 = P["mlp.shared_experts.fc1.weight"]
+    return fc1.reshape(fc1.shape[0], -1)
+
+
 def _moe_forward(P, c, model, group):
     """The MoE MLP on ln2 (s, B, h), routed per micro-batch of `group` samples (Megatron
     routes, drops and balances each micro-batch on its own). Returns (s, B, h)."""
@@ -122,6 +129,10 @@ def _moe_forward(P, c, model, group):
     for start in range(0, B, group):
         tokens = c.ln2[:, start:start + group].reshape(-1, h)  # (s·b, h)
         y, _, cache = moe_forward(tokens, _moe_weights(P), _moe_spec(model))
+        if "mlp.shared_experts.fc2.weight" in P:
+            shared, cache["shared_h1"], cache["shared_g"] = shared_forward(
+                tokens, _shared_fc1(P), P["mlp.shared_experts.fc2.weight"], model.swiglu)
+            y = y + shared
         out[:, start:start + group] = y.reshape(s, -1, h)
         c.moe.append(cache)
     return out
@@ -138,9 +149,20 @@ def _moe_backward(P, dfc2, c, model, g):
         start = k * group
         dy = dfc2[:, start:start + group].reshape(-1, h)  # (s·b, h)
         dx, grads = moe_backward(dy, w, cache, spec, daux=group / B)
+        if "shared_h1" in cache:
+            fc1 = P["mlp.shared_experts.fc1.weight"]
+            dxs, grads["shared_fc1"], grads["shared_fc2"] = shared_backward(
+                dy, cache["x"], cache["shared_h1"], cache["shared_g"], _shared_fc1(P),
+                P["mlp.shared_experts.fc2.weight"], model.swiglu)
+            grads["shared_fc1"] = grads["shared_fc1"].reshape(fc1.shape)
+            dx = dx + dxs
         dln2[:, start:start + group] = dx.reshape(s, -1, h)
         for key, name in (("router", "mlp.router.weight"), ("fc1", "mlp.experts.fc1.weight"),
-                          ("fc2", "mlp.experts.fc2.weight")):
+                          ("fc2", "mlp.experts.fc2.weight"),
+                          ("shared_fc1", "mlp.shared_experts.fc1.weight"),
+                          ("shared_fc2", "mlp.shared_experts.fc2.weight")):
+            if key not in grads:
+                continue
             grad = grads[key].reshape(P[name].shape)
             g[name] = grad if name not in g else g[name] + grad
     return dln2
