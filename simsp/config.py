@@ -611,9 +611,12 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
     _check(p.ep == 1 or p.moe_token_dispatcher_type == "alltoall",
            "parallel.moe_token_dispatcher_type", "expert parallelism runs the alltoall "
            "dispatcher only yet")
-    _check(t == 1 and etp == 1, "parallel.tensor_model_parallel_size",
-           "MoE layers run at tensor_model_parallel_size and expert_tensor_parallel_size 1 "
-           "only (expert tensor parallelism is not built yet)")
+    _check(etp == 1, "parallel.expert_tensor_parallel_size",
+           "experts run at expert_tensor_parallel_size 1 only (expert tensor parallelism is not "
+           "built yet; give 1 with tensor_model_parallel_size > 1)")
+    _check(t == 1 or not m.moe_shared_expert_intermediate_size,
+           "model.moe_shared_expert_intermediate_size", "shared experts run at "
+           "tensor_model_parallel_size 1 only yet")
     _check(p.cp == 1, "parallel.context_parallel_size",
            "MoE layers run without context parallelism yet")
     modules = p.recompute_module_set or frozenset()

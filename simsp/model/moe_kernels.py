@@ -123,17 +123,27 @@ def aux_scores(logits, spec: MoeSpec):
     return _normalize(_sigmoid(logits))
 
 
-def aux_loss(logits, spec: MoeSpec):
-    """Switch loss E·coeff/(k·T²) · Σ_e (Σ_t score[t,e]) · tokens_e, tokens_e from the top-k of
-    the scores. Returns (loss, d loss / d scores (T, E), scores (T, E))."""
+def aux_tokens(logits, spec: MoeSpec):
+    """tokens_e (E,): how many tokens have e in the top-k of the aux scores."""
     T, E = logits.shape
-    scores = aux_scores(logits, spec)  # (T, E)
     chosen = np.zeros((T, E), dtype=bool)
-    np.put_along_axis(chosen, _topk_indices(scores, spec.topk), True, axis=1)
-    tokens_per_expert = chosen.sum(axis=0).astype(logits.dtype)  # (E,)
+    np.put_along_axis(chosen, _topk_indices(aux_scores(logits, spec), spec.topk), True, axis=1)
+    return chosen.sum(axis=0).astype(logits.dtype)  # (E,)
+
+
+def aux_loss(logits, spec: MoeSpec, tokens_per_expert=None, total_tokens: int | None = None):
+    """Switch loss E·coeff/(k·T²) · Σ_e (Σ_t score[t,e]) · tokens_e, tokens_e from the top-k of
+    the scores. Under sequence parallelism a rank passes the whole sequence's tokens_e (E,) and
+    T (get_tokens_per_expert_and_token_count): its share of the whole loss.
+    Returns (loss, d loss / d scores (T, E), scores (T, E))."""
+    E = logits.shape[1]
+    T = total_tokens or logits.shape[0]
+    scores = aux_scores(logits, spec)  # (T_local, E)
+    if tokens_per_expert is None:
+        tokens_per_expert = aux_tokens(logits, spec)  # (E,)
     scale = E * spec.aux_loss_coeff / (spec.topk * T * T)
     loss = scale * float((scores.sum(axis=0) * tokens_per_expert).sum())
-    dscores = np.broadcast_to(scale * tokens_per_expert, (T, E))  # (T, E)
+    dscores = np.broadcast_to(scale * tokens_per_expert, scores.shape)  # (T_local, E)
     return loss, dscores, scores
 
 

@@ -26,11 +26,12 @@ from simsp.model import moe_kernels as K
 from simsp.model.layer import _hidden_mask, norm
 from simsp.model.layer_backward import norm_backward
 from simsp.model.moe_routing import kept_counts, routed_counts
-from simsp.model import ops
+from simsp.model import mappings, ops
 from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
 ROUTER, FC1, FC2 = "mlp.router.weight", "mlp.experts.fc1.weight", "mlp.experts.fc2.weight"
 COUNTS = "tokens_per_expert"  # the (EP, E) count matrix, kept outside the ledger (8·EP·E bytes)
+AUX_TOKENS = "aux_tokens_per_expert"  # SP: the whole sequence's tokens_e (E,), ledger-less
 
 
 def moe_spec(m) -> K.MoeSpec:
@@ -77,13 +78,15 @@ def _expert_parallel(r) -> bool:
 def expert_gemm(r, name: str, counts: np.ndarray, k: int, n: int, passes: int = 1):
     """The experts' GEMMs of rows `counts` (E_local,) by (k, n): one grouped GEMM
     (--moe-grouped-gemm, TEGroupedMLP) or one GEMM per expert (SequentialMLP); `passes` 2 for
-    a backward's data and weight gradients."""
+    a backward's data and weight gradients. An expert without rows launches nothing."""
     total = int(counts.sum())
     if r.moe is None or r.moe.grouped_gemm:
-        yield from r.compute(name, "gemm", passes * 2 * total * k * n, gemm=(total, k, n))
+        if total:
+            yield from r.compute(name, "gemm", passes * 2 * total * k * n, gemm=(total, k, n))
         return
     for e, rows in enumerate(counts):
-        yield from r.compute(f"{name}.{e}", "gemm", passes * 2 * int(rows) * k * n,
+        if rows:
+            yield from r.compute(f"{name}.{e}", "gemm", passes * 2 * int(rows) * k * n,
                              gemm=(int(rows), k, n))
 
 
@@ -99,8 +102,10 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     c = None
     if r.numeric:
         c = K.route(x.data.reshape(T, h), w[ROUTER].data, mspec)
-        if r.phase == "forward":  # not again when recomputed
-            r.moe_aux_loss += spec.aux_scale * c["aux"]
+    if mspec.aux_loss_coeff > 0 and r.tp.size > 1:
+        stash.tensors[AUX_TOKENS] = yield from _sequence_aux(r, mspec, c, E, T)
+    if r.numeric and r.phase == "forward":  # not again when recomputed
+        r.moe_aux_loss += spec.aux_scale * c["aux"]
     if r.numeric:
         counts = c["counts"]  # (E,)
         routed = T * mspec.topk
@@ -149,6 +154,18 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     r.free(combined)
     stash.put("mlp_dropout_mask", mask)
     return result
+
+
+def _sequence_aux(r, mspec, c, E: int, T: int):
+    """Sequence parallelism: tokens_e (E,) all-reduced over the TP group and T·t tokens
+    (moe_utils.py get_tokens_per_expert_and_token_count): this rank's share of the whole
+    sequence's aux loss. Returns the summed tokens_e (ledger-less, 8·E bytes)."""
+    summed = Tensor((E,), 8, K.aux_tokens(c["logits"], mspec) if r.numeric else None)
+    yield from mappings.all_reduce(r, summed, "moe_aux_tokens", label="all_reduce_moe_aux")
+    if r.numeric:
+        c["aux"], c["dscores"], c["scores"] = K.aux_loss(c["logits"], mspec, summed.data,
+                                                         T * r.tp.size)
+    return summed
 
 
 def _sort(r, rows):
@@ -249,7 +266,7 @@ def act_in_name(m) -> str:
     return f"expert_{'swiglu' if m.swiglu else 'gelu'}_input"
 
 
-def _routing_cache(saved: dict, mspec, T: int, h: int) -> dict:
+def _routing_cache(saved: dict, mspec, T: int, h: int, aux_tokens, t: int) -> dict:
     """The router's cache rebuilt from the kept tensors (the top-k recomputed from the logits)."""
     logits = saved["router_logits"].data  # (T, E)
     probs, top = K.topk_routing(logits, mspec)
@@ -257,8 +274,8 @@ def _routing_cache(saved: dict, mspec, T: int, h: int) -> dict:
     experts, tokens = np.nonzero(kept.T)
     c = dict(x=saved["moe_input"].data.reshape(T, h), logits=logits, probs=probs, top=top,
              kept=kept, tokens=tokens, experts=experts)
-    c["dscores"], c["scores"] = (K.aux_loss(logits, mspec)[1:] if mspec.aux_loss_coeff > 0
-                                 else (None, None))
+    c["dscores"], c["scores"] = (K.aux_loss(logits, mspec, aux_tokens, T * t)[1:]
+                                 if mspec.aux_loss_coeff > 0 else (None, None))
     return c
 
 
@@ -278,7 +295,9 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     out = saved["expert_output"]
     N, M = out.shape[0], saved.pop(COUNTS).data
     parallel = _expert_parallel(r)
-    c = _routing_cache(saved, mspec, T, h) if r.numeric else None
+    aux_tokens = saved.pop(AUX_TOKENS, None)
+    c = _routing_cache(saved, mspec, T, h, None if aux_tokens is None else aux_tokens.data,
+                       r.tp.size) if r.numeric else None
     d_rows = dprobs = None
     if r.numeric:
         d_rows, dprobs = K.unpermute_backward(dy.data.reshape(T, h), out.data, c)

@@ -19,7 +19,8 @@ SPLIT_AXIS = {
 # Replicated parameters whose gradients are partial per rank under SP (they act on a sequence
 # shard), so the TP group all-reduces them (Megatron-LM finalize_model_grads).
 SP_PARTIAL_SUFFIXES = ("embedding.position", "ln1.gamma", "ln1.beta", "ln2.gamma", "ln2.beta", "attn.proj.bias",
-                       "mlp.fc2.bias", "final_ln.gamma", "final_ln.beta")
+                       "mlp.fc2.bias", "final_ln.gamma", "final_ln.beta",
+                       "mlp.router.weight")  # the MoE router routes a sequence shard
 
 
 def split_axis(name: str) -> int | None:

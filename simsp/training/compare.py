@@ -39,7 +39,8 @@ def compare_with_reference(run) -> dict:
     sc = run.sc
     ref_loss, ref = reference_forward_backward(run.canonical, run.tokens, run.targets, sc.model,
                                                sc.run.seed,
-                                               moe_group=sc.parallel.micro_batch_size)
+                                               moe_group=sc.parallel.micro_batch_size,
+                                               moe_chunks=sc.parallel.tp)
     errors = {"loss": abs(run.loss - ref_loss) / abs(ref_loss)}
     for dp in range(sc.parallel.dp):
         for name, grad in gathered_grads(run, dp).items():
