@@ -611,9 +611,9 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
     _check(p.ep == 1 or p.moe_token_dispatcher_type == "alltoall",
            "parallel.moe_token_dispatcher_type", "expert parallelism runs the alltoall "
            "dispatcher only yet")
-    _check(etp == 1, "parallel.expert_tensor_parallel_size",
-           "experts run at expert_tensor_parallel_size 1 only (expert tensor parallelism is not "
-           "built yet; give 1 with tensor_model_parallel_size > 1)")
+    _check(etp <= t or etp == 1, "parallel.expert_tensor_parallel_size",
+           f"{etp} exceeds tensor_model_parallel_size={t} (simsp's experts take their ETP ranks "
+           "from the TP group)")
     _check(t == 1 or not m.moe_shared_expert_intermediate_size,
            "model.moe_shared_expert_intermediate_size", "shared experts run at "
            "tensor_model_parallel_size 1 only yet")

@@ -72,7 +72,8 @@ def _weights(w: dict) -> dict:
 
 
 def _expert_parallel(r) -> bool:
-    return r.moe is not None and r.moe.ep > 1
+    """Whether the experts' rows cross ranks (EP > 1 or ETP > 1)."""
+    return r.moe is not None and (r.moe.ep > 1 or r.moe.etp > 1)
 
 
 def expert_gemm(r, name: str, counts: np.ndarray, k: int, n: int, passes: int = 1):
@@ -97,7 +98,8 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     x = yield from norm(r, m, residual, w, "ln2", "moe_input")  # (s, b, h)
     stash.put("moe_input", x)
     s, b, h = x.shape
-    T, E, f = s * b, m.num_experts, m.moe_ffn
+    T, E = s * b, m.num_experts
+    f = m.moe_ffn // (r.moe.etp if r.moe is not None else 1)  # this rank's f/ETP
     width = 2 * f if m.swiglu else f
     c = None
     if r.numeric:
@@ -123,20 +125,21 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     xp = r.alloc((N, h), FP16, "dispatch_input" if parallel else "permuted_tokens",
                  data=data("xp"))
     yield from r.compute("permute", "elementwise", nbytes=2 * xp.nbytes)
-    M, x_in = counts[None], xp  # (EP, E) count matrix; the experts' input rows
+    M, x_in = counts[None], xp  # (ETP·EP, E) count matrix; the experts' input rows
     if parallel:
-        M = yield from D.exchange_counts(r, r.moe, counts, lambda: np.tile(counts, (r.moe.ep, 1)))
-        rows, n_in = yield from D.dispatch(r, r.moe, xp, M, "moe_dispatch")
+        M = yield from D.exchange_counts(r, r.moe, counts, counts)
+        plan = D.exchange(M, r.moe)
+        rows = yield from D.dispatch(r, r.moe, plan, xp.data, h, "moe_dispatch")
         r.free(xp)
-        x_in = r.alloc((n_in, h), FP16, "permuted_tokens", data=rows)
+        x_in = r.alloc((plan.rows_in, h), FP16, "permuted_tokens", data=rows)
         yield from _sort(r, x_in)
-    local = D.local_matrix(M, r.moe).sum(axis=0) if parallel else counts  # (E_local,)
+    local = plan.local.sum(axis=0) if parallel else counts  # (E_local,)
     _count_load(r, routed, real, N, int(local.sum()))
     expert_out = yield from _experts_forward(r, m, w, x_in, local, width, f, h, stash)
     out = expert_out
     if parallel:
         yield from _sort(r, expert_out)
-        rows, _ = yield from D.combine(r, r.moe, expert_out, M, "moe_combine")
+        rows = yield from D.combine(r, r.moe, plan, expert_out.data, h, "moe_combine")
         r.free(expert_out)
         out = r.alloc((N, h), FP16, "expert_output", data=rows)
     combined = r.alloc((s, b, h), FP16, "moe_output",
@@ -291,7 +294,7 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     if m.moe_shared_expert_intermediate_size:
         shared_dx = yield from _shared_backward(r, m, w, g, saved, dy, x)
     s, b, h = x.shape
-    T, E, f = s * b, m.num_experts, m.moe_ffn
+    T, E = s * b, m.num_experts
     out = saved["expert_output"]
     N, M = out.shape[0], saved.pop(COUNTS).data
     parallel = _expert_parallel(r)
@@ -305,18 +308,19 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     yield from r.compute("d_unpermute", "elementwise", nbytes=dy.nbytes + 2 * N * h)
     if dy is not dout:
         r.free(dy)
-    local = D.local_matrix(M, r.moe).sum(axis=0) if parallel else M[0]  # (E_local,)
+    plan = D.exchange(M, r.moe) if parallel else None
+    local = plan.local.sum(axis=0) if parallel else M[0]  # (E_local,)
     d_in = d_out
     if parallel:  # combine's backward: the pairs' gradients to their experts
-        rows, n_in = yield from D.dispatch(r, r.moe, d_out, M, "moe_combine_grad")
+        rows = yield from D.dispatch(r, r.moe, plan, d_out.data, h, "moe_combine_grad")
         r.free(d_out)
-        d_in = r.alloc((n_in, h), FP16, "d_expert_output_recv", data=rows)
+        d_in = r.alloc((plan.rows_in, h), FP16, "d_expert_output_recv", data=rows)
         yield from _sort(r, d_in)
-    dx_in = yield from _experts_backward(r, m, w, g, saved, d_in, local, f, h)
+    dx_in = yield from _experts_backward(r, m, w, g, saved, d_in, local, h)
     dxp = dx_in
     if parallel:  # dispatch's backward: the rows' gradients to their sources
         yield from _sort(r, dx_in)
-        rows, _ = yield from D.combine(r, r.moe, dx_in, M, "moe_dispatch_grad")
+        rows = yield from D.combine(r, r.moe, plan, dx_in.data, h, "moe_dispatch_grad")
         r.free(dx_in)
         dxp = r.alloc((N, h), FP16, "d_permuted_tokens", data=rows)
     dx_data = None
@@ -345,12 +349,12 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     return dres
 
 
-def _experts_backward(r, m, w, g, saved, d_in, local, f: int, h: int):
+def _experts_backward(r, m, w, g, saved, d_in, local, h: int):
     """d of fc2, the activation and fc1 on the experts' rows: d_in (N_in, h) -> (N_in, h);
     the local experts' weight gradients accumulate in g."""
     x_in, act_in = saved.pop("permuted_tokens"), saved.pop(act_in_name(m))
     act_out = saved.pop("expert_fc2_input")
-    n_in, width = x_in.shape[0], act_in.shape[1]
+    n_in, width, f = x_in.shape[0], act_in.shape[1], act_out.shape[1]
     dx_data = None
     if r.numeric:
         weights = _weights(w)

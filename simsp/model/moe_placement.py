@@ -3,6 +3,8 @@ expert-data-parallel group (simsp/cluster/expert_grid.py, Megatron-LM's rank ord
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from simsp.cluster.expert_grid import ExpertGrid
 
 
@@ -14,6 +16,9 @@ class ExpertRank:
     ep_group: tuple[int, ...]  # ranks exchanging tokens, in EP order
     ep_index: int  # this rank's position in ep_group
     edp_group: tuple[int, ...]  # ranks holding the same experts (gradients reduced here)
+    etp_group: tuple[int, ...]  # ranks splitting these experts' f (expert tensor parallelism)
+    etp_index: int  # this rank's position in etp_group
+    tp_ep_group: tuple[int, ...]  # the ETP·EP ranks exchanging token counts, etp fastest
     num_experts: int  # E
     dispatcher: str  # --moe-token-dispatcher-type: allgather | alltoall
     grouped_gemm: bool  # --moe-grouped-gemm
@@ -21,6 +26,10 @@ class ExpertRank:
     @property
     def ep(self) -> int:
         return len(self.ep_group)
+
+    @property
+    def etp(self) -> int:
+        return len(self.etp_group)
 
     @property
     def num_local_experts(self) -> int:
@@ -47,10 +56,14 @@ def expert_rank(sc, rank: int) -> ExpertRank | None:
     if sc.model.num_experts is None:
         return None
     grid = expert_grid(sc)
-    group = grid.group("ep", rank)
+    group, etp = grid.group("ep", rank), grid.group("etp", rank)
+    c = grid.coords(rank)
+    tp_ep = tuple(grid.rank_of(c._replace(etp=j, ep=i)) for i in range(grid.ep)
+                  for j in range(grid.etp_size))
     p = sc.parallel
-    return ExpertRank(group, group.index(rank), grid.group("edp", rank), sc.model.num_experts,
-                      p.moe_token_dispatcher_type, p.moe_grouped_gemm)
+    return ExpertRank(group, group.index(rank), grid.group("edp", rank), etp, etp.index(rank),
+                      tp_ep, sc.model.num_experts, p.moe_token_dispatcher_type,
+                      p.moe_grouped_gemm)
 
 
 def is_expert_param(name: str) -> bool:
@@ -58,8 +71,22 @@ def is_expert_param(name: str) -> bool:
     return ".mlp.experts." in name
 
 
-def local_expert_slice(er: ExpertRank | None, name: str, shape: tuple) -> slice | None:
-    """The slice of axis 0 (experts) this rank holds of an expert weight, else None."""
-    if er is None or not is_expert_param(name):
-        return None
-    return slice(er.first_expert, er.first_expert + er.num_local_experts)
+ETP_SPLIT_AXIS = {"mlp.experts.fc1.weight": -1, "mlp.experts.fc2.weight": 1}  # f: column, row
+
+
+def etp_split_axis(name: str) -> int:
+    """The axis of an expert weight split over ETP: fc1's f (column parallel), fc2's f (row)."""
+    return next(axis for suffix, axis in ETP_SPLIT_AXIS.items() if name.endswith(suffix))
+
+
+def local_expert_shard(er: ExpertRank, name: str, full):
+    """This rank's experts of an expert weight, their f split over ETP: (E/EP, ...) array."""
+    experts = full[er.first_expert:er.first_expert + er.num_local_experts]
+    return np.array_split(experts, er.etp, axis=etp_split_axis(name))[er.etp_index].copy()
+
+
+def local_expert_shape(er: ExpertRank, name: str, shape: tuple) -> tuple:
+    """The shape of local_expert_shard."""
+    out = [er.num_local_experts] + list(shape[1:])
+    out[etp_split_axis(name)] //= er.etp
+    return tuple(out)

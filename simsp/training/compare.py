@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from simsp.model.moe_placement import is_expert_param
+from simsp.model.moe_placement import etp_split_axis, is_expert_param
 from simsp.model.params import param_shapes
 from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
@@ -29,9 +29,13 @@ def gathered_grads(run, dp: int = 0) -> dict:
 
 
 def _expert_grad(run, name: str, dp: int, pp: int) -> np.ndarray:
-    """An expert weight's full gradient: every EP member's experts, in expert order."""
+    """An expert weight's full gradient: every EP member's experts, in expert order, each
+    joined from its ETP members' f slices."""
+    axis = etp_split_axis(name)
     group = run.world.ranks[run.rank_of(0, dp, pp)].moe.ep_group
-    return np.concatenate([run.states[rank].grads[name].data for rank in group])
+    return np.concatenate([np.concatenate([run.states[peer].grads[name].data
+                                           for peer in run.world.ranks[rank].moe.etp_group],
+                                          axis=axis) for rank in group])
 
 
 def compare_with_reference(run) -> dict:
