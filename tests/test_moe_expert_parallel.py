@@ -60,12 +60,22 @@ LAYOUTS = {
     "t2 sp etp2 ep2 pp2 top1 swiglu dropping": dict(TP_SP, pipeline_model_parallel_size=2,
                                                     moe_router_topk=1, swiglu=True,
                                                     moe_expert_capacity_factor=0.5),
+    "allgather ep2 dropping shared": dict(moe_token_dispatcher_type="allgather",
+                                          moe_expert_capacity_factor=0.5,
+                                          moe_shared_expert_intermediate_size=8),
+    "allgather t2 sp etp2 ep2 padded swiglu": dict(TP_SP, moe_token_dispatcher_type="allgather",
+                                                   moe_expert_capacity_factor=1.0, swiglu=True,
+                                                   moe_pad_expert_input_to_capacity=True),
 }
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_gradient_matches_the_single_device_reference(name):
-    errors = compare_with_reference(simulate_iteration(scenario(**LAYOUTS[name])))
+    run = simulate_iteration(scenario(**LAYOUTS[name]))
+    dispatcher = run.sc.parallel.moe_token_dispatcher_type
+    kinds = {kind for _, kind in run.world.ranks[0].comm_bytes}
+    assert ("all_to_all_dispatch" if dispatcher == "alltoall" else "all_gather_moe") in kinds
+    errors = compare_with_reference(run)
     assert "layers.0.mlp.experts.fc1.weight" in errors
     assert max(errors.values()) < 1e-13, max(errors, key=errors.get)
 

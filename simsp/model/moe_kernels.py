@@ -229,6 +229,12 @@ def route_backward(dxp, dprobs, c: dict, router, spec: MoeSpec, daux: float = 1.
     dprobs (T, E) and daux · aux loss."""
     dx = np.zeros_like(c["x"])  # (T, h)
     np.add.at(dx, c["tokens"], dxp)
+    return router_backward(dx, dprobs, c, router, spec, daux)
+
+
+def router_backward(dx, dprobs, c: dict, router, spec: MoeSpec, daux: float = 1.0):
+    """dx (T, h) plus the router's share, and d router (h, E), from dprobs (T, E) and daux ·
+    aux loss; dx (T, h) holds the experts' gradient at the tokens already."""
     dlogits = topk_routing_backward(dprobs, c["logits"], c["top"], spec)  # (T, E)
     if spec.aux_loss_coeff > 0:
         dlogits = dlogits + daux * aux_loss_backward(c["dscores"], c["scores"], c["logits"], spec)

@@ -21,6 +21,7 @@ experts compute (N without expert parallelism; what the EP group sent it with it
 
 import numpy as np
 
+from simsp.model import moe_allgather as A
 from simsp.model import moe_dispatch as D
 from simsp.model import moe_kernels as K
 from simsp.model.layer import _hidden_mask, norm
@@ -122,6 +123,15 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     routing = r.alloc((T, E), MASK, "routing_map", data=data("kept"))
     yield from r.compute("router_topk", "elementwise", nbytes=logits.nbytes + routing.nbytes)
     parallel = _expert_parallel(r)
+    if parallel and r.moe.dispatcher == "allgather":
+        rows, n_in = yield from _allgather_forward(r, m, w, x, c, counts, T, E, h, width, f,
+                                                   stash)
+        _count_load(r, routed, real, N, n_in)
+        combined = r.alloc((s, b, h), FP16, "moe_output",
+                           data=rows.reshape(s, b, h) if r.numeric else None)
+        for name, tensor in (("router_logits", logits), ("routing_map", routing)):
+            stash.put(name, tensor)
+        return (yield from _moe_output(r, spec, m, w, x, combined, residual, stash))
     xp = r.alloc((N, h), FP16, "dispatch_input" if parallel else "permuted_tokens",
                  data=data("xp"))
     yield from r.compute("permute", "elementwise", nbytes=2 * xp.nbytes)
@@ -145,12 +155,17 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     combined = r.alloc((s, b, h), FP16, "moe_output",
                        data=K.unpermute(out.data, c).reshape(s, b, h) if r.numeric else None)
     yield from r.compute("unpermute", "elementwise", nbytes=out.nbytes + combined.nbytes)
-    if m.moe_shared_expert_intermediate_size:
-        yield from _shared_forward(r, m, w, x, combined, stash)
     for name, tensor in (("router_logits", logits), ("routing_map", routing),
                          ("permuted_tokens", x_in), ("expert_output", out)):
         stash.put(name, tensor)
-    stash.tensors[COUNTS] = Tensor(M.shape, 8, M)  # ledger-less: 8·EP·E bytes
+    stash.tensors[COUNTS] = Tensor(M.shape, 8, M)  # ledger-less: 8·ETP·EP·E bytes
+    return (yield from _moe_output(r, spec, m, w, x, combined, residual, stash))
+
+
+def _moe_output(r, spec, m, w, x, combined, residual, stash):
+    """+ shared experts, hidden dropout, + residual: the block's output (s, b, h)."""
+    if m.moe_shared_expert_intermediate_size:
+        yield from _shared_forward(r, m, w, x, combined, stash)
     mask = _hidden_mask(r, spec, "mlp_out", combined)
     result = yield from ops.bias_dropout_add(r, combined, None, mask, m.hidden_dropout,
                                              residual, "layer_output")  # (s, b, h)
@@ -295,12 +310,51 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
         shared_dx = yield from _shared_backward(r, m, w, g, saved, dy, x)
     s, b, h = x.shape
     T, E = s * b, m.num_experts
-    out = saved["expert_output"]
-    N, M = out.shape[0], saved.pop(COUNTS).data
-    parallel = _expert_parallel(r)
     aux_tokens = saved.pop(AUX_TOKENS, None)
     c = _routing_cache(saved, mspec, T, h, None if aux_tokens is None else aux_tokens.data,
                        r.tp.size) if r.numeric else None
+    if _expert_parallel(r) and r.moe.dispatcher == "allgather":
+        dx_tokens, dprobs = yield from _allgather_backward(r, m, w, g, saved, dy, T, E, h)
+        if dy is not dout:
+            r.free(dy)
+        dx_tokens_t = r.alloc((T, h), FP16, "d_permuted_tokens", data=dx_tokens)
+        dx_route = (lambda: K.router_backward(dx_tokens, dprobs, c, w[ROUTER].data, mspec,
+                                              spec.aux_scale))
+    else:
+        dx_tokens_t, dx_route = yield from _alltoall_backward(r, m, mspec, spec, w, g, saved,
+                                                              dy, dout, c, T, h)
+    dx_data = None
+    if r.numeric:
+        dx2, drouter = dx_route()
+        g[ROUTER].data += drouter
+        dx_data = dx2.reshape(s, b, h)
+    dlogits = r.alloc((T, E), FP32, "d_router_logits")
+    yield from r.compute("d_router_logits", "elementwise", nbytes=8 * T * E)
+    r.free(dx_tokens_t)
+    dx = r.alloc((s, b, h), FP16, "d_router", data=dx_data)
+    yield from r.compute("d_router", "gemm", 2 * 2 * T * h * E, gemm=(T, E, h))
+    r.free(dlogits)
+    if shared_dx is not None:
+        if r.numeric:
+            dx.data = dx.data + shared_dx.data
+        yield from r.compute("d_shared_add", "elementwise", nbytes=3 * dx.nbytes)
+        r.free(shared_dx)
+    for name in ("router_logits", "routing_map", "expert_output"):
+        r.free(saved.pop(name))
+    dln = yield from norm_backward(r, m, dx, saved["ln2_input"], w, g, "ln2", "d_ln2_input")
+    r.free(dx, saved.pop("moe_input"), saved.pop("ln2_input"))
+    dres = yield from ops.add(r, dout, dln, "d_residual")
+    r.free(dout, dln)
+    return dres
+
+
+def _alltoall_backward(r, m, mspec, spec, w, g, saved, dy, dout, c, T: int, h: int):
+    """Unpermute's backward at the source, then the pairs' gradients to their experts and the
+    rows' gradients back (alltoall dispatcher). Returns the permuted rows' gradient (N, h) and
+    the router's backward (a thunk, numeric)."""
+    out = saved["expert_output"]
+    N, M = out.shape[0], saved.pop(COUNTS).data
+    parallel = _expert_parallel(r)
     d_rows = dprobs = None
     if r.numeric:
         d_rows, dprobs = K.unpermute_backward(dy.data.reshape(T, h), out.data, c)
@@ -323,30 +377,60 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
         rows = yield from D.combine(r, r.moe, plan, dx_in.data, h, "moe_dispatch_grad")
         r.free(dx_in)
         dxp = r.alloc((N, h), FP16, "d_permuted_tokens", data=rows)
-    dx_data = None
+    return dxp, (lambda: K.route_backward(dxp.data, dprobs, c, w[ROUTER].data, mspec,
+                                          spec.aux_scale))
+
+
+def _allgather_forward(r, m, w, x, c, counts, T: int, E: int, h: int, width: int, f: int,
+                       stash):
+    """Gather every member's tokens, run this rank's experts on theirs, unpermute into the
+    (n·T, h) buffer, reduce-scatter it (moe_allgather.py). Returns (T, h) data (None in meta)
+    and the rows this rank's experts computed."""
+    er, n = r.moe, len(r.moe.tp_ep_group)
+    x_all, probs_t, kept_t = yield from A.gather_tokens(
+        r, er, x.data.reshape(T, h) if r.numeric else None, c, T, E, h)
+    gathered = r.alloc((n * T, h), FP16, "gathered_tokens", data=x_all)
+    local = A.local_counts(kept_t.data, er) if r.numeric else A.modelled_counts(counts, er)
+    rows = x_all[A.local_pairs(kept_t.data, er)[0]] if r.numeric else None
+    x_in = r.alloc((int(local.sum()), h), FP16, "permuted_tokens", data=rows)
+    yield from r.compute("permute", "elementwise", nbytes=gathered.nbytes + x_in.nbytes)
+    r.free(gathered)
+    out = yield from _experts_forward(r, m, w, x_in, local, width, f, h, stash)
+    partial = r.alloc((n * T, h), FP16, "unpermuted_output", data=A.unpermute_partial(
+        out.data, probs_t.data, kept_t.data, er) if r.numeric else None)
+    yield from r.compute("unpermute", "elementwise", nbytes=out.nbytes + partial.nbytes)
+    combined = yield from A.combine(r, er, partial.data, T, h, "moe_combine")
+    r.free(partial)
+    for name, tensor in (("gathered_probs", probs_t), ("gathered_routing_map", kept_t),
+                         ("permuted_tokens", x_in), ("expert_output", out)):
+        stash.put(name, tensor)
+    stash.tensors[COUNTS] = Tensor((1, len(local)), 8, local[None])
+    return combined, int(local.sum())
+
+
+def _allgather_backward(r, m, w, g, saved, dy, T: int, E: int, h: int):
+    """The conjugates: dy all-gathered, this rank's experts' backward, the tokens' and probs'
+    gradients reduce-scattered. Returns dx at the tokens (T, h) and d probs (T, E) (numeric)."""
+    er, n = r.moe, len(r.moe.tp_ep_group)
+    probs_t, kept_t = saved.pop("gathered_probs"), saved.pop("gathered_routing_map")
+    out, local = saved["expert_output"], saved.pop(COUNTS).data[0]
+    dy_all = yield from A.gather_grad(r, er, dy.data.reshape(T, h) if r.numeric else None, T, h)
+    gathered = r.alloc((n * T, h), FP16, "d_gathered_output", data=dy_all)
+    d_rows = dprobs_all = None
     if r.numeric:
-        dx2, drouter = K.route_backward(dxp.data, dprobs, c, w[ROUTER].data, mspec,
-                                        spec.aux_scale)
-        g[ROUTER].data += drouter
-        dx_data = dx2.reshape(s, b, h)
-    dlogits = r.alloc((T, E), FP32, "d_router_logits")
-    yield from r.compute("d_router_logits", "elementwise", nbytes=8 * T * E)
-    r.free(dxp)
-    dx = r.alloc((s, b, h), FP16, "d_router", data=dx_data)
-    yield from r.compute("d_router", "gemm", 2 * 2 * T * h * E, gemm=(T, E, h))
-    r.free(dlogits)
-    if shared_dx is not None:
-        if r.numeric:
-            dx.data = dx.data + shared_dx.data
-        yield from r.compute("d_shared_add", "elementwise", nbytes=3 * dx.nbytes)
-        r.free(shared_dx)
-    for name in ("router_logits", "routing_map", "expert_output"):
-        r.free(saved.pop(name))
-    dln = yield from norm_backward(r, m, dx, saved["ln2_input"], w, g, "ln2", "d_ln2_input")
-    r.free(dx, saved.pop("moe_input"), saved.pop("ln2_input"))
-    dres = yield from ops.add(r, dout, dln, "d_residual")
-    r.free(dout, dln)
-    return dres
+        d_rows, dprobs_all = A.unpermute_backward(dy_all, out.data, probs_t.data, kept_t.data, er)
+    d_in = r.alloc(out.shape, FP16, "d_expert_output", data=d_rows)
+    yield from r.compute("d_unpermute", "elementwise", nbytes=gathered.nbytes + 2 * d_in.nbytes)
+    r.free(gathered)
+    dx_in = yield from _experts_backward(r, m, w, g, saved, d_in, local, h)
+    dx_all = r.alloc((n * T, h), FP16, "d_gathered_tokens", data=A.scatter_add(
+        dx_in.data, kept_t.data, er, h) if r.numeric else None)
+    dprobs = r.alloc((n * T, E), FP32, "d_gathered_probs", data=dprobs_all)
+    yield from r.compute("d_permute", "elementwise", nbytes=dx_in.nbytes + dx_all.nbytes)
+    r.free(dx_in)
+    dx_tokens, dprobs_local = yield from A.scatter_grads(r, er, dx_all.data, dprobs.data, T, E, h)
+    r.free(dx_all, dprobs, probs_t, kept_t)
+    return dx_tokens, dprobs_local
 
 
 def _experts_backward(r, m, w, g, saved, d_in, local, h: int):
