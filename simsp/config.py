@@ -687,7 +687,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     _validate_schedule(m, p)
     _validate_overlap(p)
     _validate_recompute_method(m, p)
-    _validate_recompute_modules(p)
+    _validate_recompute_modules(p, m.num_experts is not None)
 
 
 def _validate_overlap(p: Parallel) -> None:
@@ -726,18 +726,19 @@ def _validate_recompute_method(m: Model, p: Parallel) -> None:
 
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")  # Megatron's names for a dense layer
+MOE_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts")  # and for a MoE layer
 
 
-def _validate_recompute_modules(p: Parallel) -> None:
+def _validate_recompute_modules(p: Parallel, moe: bool = False) -> None:
     """--recompute-modules, checked (and used) under selective granularity only, as Megatron's
-    transformer_config.py does: its module names of the dense layer (moe, moe_act,
-    shared_experts and mla_up_proj have nothing to act on here); an empty list recomputes
-    nothing."""
+    transformer_config.py does: its module names of the dense layer, and of a MoE layer in a
+    MoE model (moe, moe_act, shared_experts; docs/moe.md); an empty list recomputes nothing."""
     if p.recompute_modules is None or p.recompute_granularity != "selective":
         return
+    known = RECOMPUTE_MODULES + (MOE_RECOMPUTE_MODULES if moe else ())
     for name in p.recompute_modules.split():
-        _check(name in RECOMPUTE_MODULES, "parallel.recompute_modules",
-               f"{name!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
+        _check(name in known, "parallel.recompute_modules",
+               f"{name!r} is not one of {', '.join(known)}")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:

@@ -223,3 +223,31 @@ def test_bad_expert_layouts_name_their_field(extra, field):
     with pytest.raises(UserError) as caught:
         scenario(**extra)
     assert str(caught.value).startswith(field)
+
+
+@pytest.mark.parametrize("modules", ["moe", "moe_act", "shared_experts"])
+def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
+    # meta: one layer's kept bytes against the closed form of simsp/model/moe_layer.py's
+    # table (balanced, dropless: N = T·k rows), less what the module recomputes
+    from simsp.training.layer_sim import simulate_layer
+    s, b, h, a, E, k, f, fs = 64, 2, 32, 4, 8, 2, 48, 40
+    sizes = dict(seq_length=s, micro_batch_size=b, hidden_size=h, num_attention_heads=a,
+                 num_experts=E, moe_router_topk=k, moe_ffn_hidden_size=f, hidden_dropout=0.1,
+                 attention_dropout=0.1, moe_shared_expert_intermediate_size=fs)
+    T, N = s * b, s * b * k
+    attention = 15 * s * b * h + 5 * a * s * s * b  # K22, nothing of it recomputed here
+    routed = 2 * N * h + 2 * N * f + 2 * N * f + 2 * N * h  # rows, GeLU in/out, expert output
+    moe = 2 * T * h + 4 * T * E + T * E + routed + 2 * T * fs + 2 * T * fs + T * h
+    recomputed = {"moe": 4 * T * E + T * E + routed + 4 * T * fs, "moe_act": 2 * N * f,
+                  "shared_experts": 4 * T * fs}[modules]
+    sc = scenario(mode="meta", data_parallel_size=1, global_batch_size=None,
+                  expert_model_parallel_size=1, recompute_granularity="selective",
+                  recompute_modules=modules, **sizes)
+    kept = simulate_layer(sc).records[0].activation_bytes
+    assert kept == attention + moe - recomputed
+    # numeric: the same gradients as without recompute; GEMMs redone count as recompute FLOPs
+    small = dict(recompute_granularity="selective", recompute_modules=modules,
+                 moe_shared_expert_intermediate_size=8)
+    run = simulate_iteration(scenario(**small))
+    assert max(compare_with_reference(run).values()) < 1e-13
+    assert (run.world.ranks[0].flops["recompute"] > 0) == (modules != "moe_act")  # act: no GEMM

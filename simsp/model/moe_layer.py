@@ -24,7 +24,7 @@ import numpy as np
 from simsp.model import moe_allgather as A
 from simsp.model import moe_dispatch as D
 from simsp.model import moe_kernels as K
-from simsp.model.layer import _hidden_mask, norm
+from simsp.model.layer import Stash, _hidden_mask, norm
 from simsp.model.layer_backward import norm_backward
 from simsp.model.moe_routing import kept_counts, routed_counts
 from simsp.model import mappings, ops
@@ -93,11 +93,28 @@ def expert_gemm(r, name: str, counts: np.ndarray, k: int, n: int, passes: int = 
 
 
 def moe_mlp_forward(r, spec, w: dict, residual, stash):
-    """LN2 -> router -> permute -> dispatch -> experts -> combine -> unpermute -> dropout ->
-    + residual."""
-    m, mspec = spec.model, moe_spec(spec.model)
+    """LN2 -> router -> permute -> dispatch -> experts -> combine -> unpermute (+ shared
+    experts) -> dropout -> + residual. `--recompute-modules moe` keeps only the MoE input and
+    re-runs the rest, communication included, in backward."""
+    m = spec.model
     x = yield from norm(r, m, residual, w, "ln2", "moe_input")  # (s, b, h)
     stash.put("moe_input", x)
+    whole = spec.recomputes("moe")
+    inner = Stash(r, keep=False) if whole else stash
+    combined = yield from moe_core(r, spec, w, x, inner)  # (s, b, h)
+    if whole:
+        inner.release()
+    mask = _hidden_mask(r, spec, "mlp_out", combined)
+    result = yield from ops.bias_dropout_add(r, combined, None, mask, m.hidden_dropout,
+                                             residual, "layer_output")  # (s, b, h)
+    r.free(combined)
+    stash.put("mlp_dropout_mask", mask)
+    return result
+
+
+def moe_core(r, spec, w: dict, x, stash):
+    """The MoE layer proper on x (s, b, h): routed experts plus shared experts, (s, b, h)."""
+    m, mspec = spec.model, moe_spec(spec.model)
     s, b, h = x.shape
     T, E = s * b, m.num_experts
     f = m.moe_ffn // (r.moe.etp if r.moe is not None else 1)  # this rank's f/ETP
@@ -124,14 +141,14 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
     yield from r.compute("router_topk", "elementwise", nbytes=logits.nbytes + routing.nbytes)
     parallel = _expert_parallel(r)
     if parallel and r.moe.dispatcher == "allgather":
-        rows, n_in = yield from _allgather_forward(r, m, w, x, c, counts, T, E, h, width, f,
+        rows, n_in = yield from _allgather_forward(r, spec, w, x, c, counts, T, E, h, width, f,
                                                    stash)
         _count_load(r, routed, real, N, n_in)
         combined = r.alloc((s, b, h), FP16, "moe_output",
                            data=rows.reshape(s, b, h) if r.numeric else None)
         for name, tensor in (("router_logits", logits), ("routing_map", routing)):
             stash.put(name, tensor)
-        return (yield from _moe_output(r, spec, m, w, x, combined, residual, stash))
+        return (yield from _with_shared(r, spec, w, x, combined, stash))
     xp = r.alloc((N, h), FP16, "dispatch_input" if parallel else "permuted_tokens",
                  data=data("xp"))
     yield from r.compute("permute", "elementwise", nbytes=2 * xp.nbytes)
@@ -145,7 +162,7 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
         yield from _sort(r, x_in)
     local = plan.local.sum(axis=0) if parallel else counts  # (E_local,)
     _count_load(r, routed, real, N, int(local.sum()))
-    expert_out = yield from _experts_forward(r, m, w, x_in, local, width, f, h, stash)
+    expert_out = yield from _experts_forward(r, spec, w, x_in, local, width, f, h, stash)
     out = expert_out
     if parallel:
         yield from _sort(r, expert_out)
@@ -159,19 +176,14 @@ def moe_mlp_forward(r, spec, w: dict, residual, stash):
                          ("permuted_tokens", x_in), ("expert_output", out)):
         stash.put(name, tensor)
     stash.tensors[COUNTS] = Tensor(M.shape, 8, M)  # ledger-less: 8·ETP·EP·E bytes
-    return (yield from _moe_output(r, spec, m, w, x, combined, residual, stash))
+    return (yield from _with_shared(r, spec, w, x, combined, stash))
 
 
-def _moe_output(r, spec, m, w, x, combined, residual, stash):
-    """+ shared experts, hidden dropout, + residual: the block's output (s, b, h)."""
-    if m.moe_shared_expert_intermediate_size:
-        yield from _shared_forward(r, m, w, x, combined, stash)
-    mask = _hidden_mask(r, spec, "mlp_out", combined)
-    result = yield from ops.bias_dropout_add(r, combined, None, mask, m.hidden_dropout,
-                                             residual, "layer_output")  # (s, b, h)
-    r.free(combined)
-    stash.put("mlp_dropout_mask", mask)
-    return result
+def _with_shared(r, spec, w, x, combined, stash):
+    """The routed output `combined` (s, b, h) plus the shared experts' (when the model has)."""
+    if spec.model.moe_shared_expert_intermediate_size:
+        yield from _shared_forward(r, spec, w, x, combined, stash)
+    return combined
 
 
 def _sequence_aux(r, mspec, c, E: int, T: int):
@@ -193,8 +205,10 @@ def _sort(r, rows):
         yield from r.compute("sort_chunks", "elementwise", nbytes=2 * rows.nbytes)
 
 
-def _experts_forward(r, m, w, x_in, local, width: int, f: int, h: int, stash):
-    """fc1 -> activation -> fc2 on the experts' rows x_in (N_in, h); returns (N_in, h)."""
+def _experts_forward(r, spec, w, x_in, local, width: int, f: int, h: int, stash):
+    """fc1 -> activation -> fc2 on the experts' rows x_in (N_in, h); returns (N_in, h).
+    `--recompute-modules moe_act`: the activation's output is not kept (backward redoes it)."""
+    m = spec.model
     n_in = x_in.shape[0]
     h1 = g = out = None
     if r.numeric:
@@ -208,8 +222,20 @@ def _experts_forward(r, m, w, x_in, local, width: int, f: int, h: int, stash):
     expert_out = r.alloc((n_in, h), FP16, "expert_output", data=out)
     yield from expert_gemm(r, "experts_fc2", local, f, h)
     stash.put(act_in_name(m), act_in)
-    stash.put("expert_fc2_input", act_out)
+    if spec.recomputes("moe_act"):
+        r.free(act_out)
+    else:
+        stash.put("expert_fc2_input", act_out)
     return expert_out
+
+
+def _activation(r, m, act_in, name: str, f: int, site: str):
+    """GeLU or SwiGLU of act_in (N, f | 2f) (a recompute), as a new (N, f) tensor."""
+    fn = K.kernels.swiglu_forward if m.swiglu else K.kernels.gelu_forward
+    out = r.alloc(act_in.shape[:-1] + (f,), FP16, name,
+                  data=fn(act_in.data) if r.numeric else None)
+    yield from r.compute(site, "elementwise", nbytes=act_in.nbytes + out.nbytes)
+    return out
 
 
 SHARED_FC1, SHARED_FC2 = "mlp.shared_experts.fc1.weight", "mlp.shared_experts.fc2.weight"
@@ -225,9 +251,12 @@ def _shared_names(m) -> tuple[str, str]:
     return f"shared_expert_{'swiglu' if m.swiglu else 'gelu'}_input", "shared_expert_fc2_input"
 
 
-def _shared_forward(r, m, w, x, combined, stash):
+def _shared_forward(r, spec, w, x, combined, stash):
     """The shared experts (Megatron shared_experts.py SharedExpertMLP, no gate) on every token
-    of x (s, b, h), added to the routed experts' output `combined` (s, b, h)."""
+    of x (s, b, h), added to the routed experts' output `combined` (s, b, h).
+    `--recompute-modules shared_experts`: nothing kept (backward re-runs fc1 and the
+    activation from the MoE input)."""
+    m = spec.model
     s, b, h = x.shape
     T, f = s * b, m.moe_shared_expert_intermediate_size
     width = 2 * f if m.swiglu else f
@@ -247,8 +276,25 @@ def _shared_forward(r, m, w, x, combined, stash):
         combined.data = combined.data + out.reshape(s, b, h)
     yield from r.compute("shared_add", "elementwise", nbytes=3 * shared.nbytes)
     r.free(shared)
-    stash.put(act_name, act_in)
-    stash.put(fc2_name, act_out)
+    if spec.recomputes("shared_experts"):
+        r.free(act_in, act_out)
+    else:
+        stash.put(act_name, act_in)
+        stash.put(fc2_name, act_out)
+
+
+def _shared_recompute(r, m, w, x, saved):
+    """fc1 and the activation of the shared experts again, from the MoE input x (s, b, h)."""
+    s, b, h = x.shape
+    T, f = s * b, m.moe_shared_expert_intermediate_size
+    width = 2 * f if m.swiglu else f
+    act_name, fc2_name = _shared_names(m)
+    h1 = x.data.reshape(T, h) @ _shared_fc1(w) if r.numeric else None  # (T, f_s | 2f_s)
+    act_in = r.alloc((s, b, width), FP16, act_name,
+                     data=None if h1 is None else h1.reshape(s, b, width))
+    yield from r.compute("recompute_shared_fc1", "gemm", 2 * T * h * width, gemm=(T, h, width))
+    saved[act_name] = act_in
+    saved[fc2_name] = yield from _activation(r, m, act_in, fc2_name, f, "recompute_shared_act")
 
 
 def _shared_backward(r, m, w, g, saved, dy, x):
@@ -257,6 +303,10 @@ def _shared_backward(r, m, w, g, saved, dy, x):
     s, b, h = x.shape
     T = s * b
     act_name, fc2_name = _shared_names(m)
+    if act_name not in saved:  # shared_experts recomputed
+        r.phase = "recompute"
+        yield from _shared_recompute(r, m, w, x, saved)
+        r.phase = "backward"
     act_in, act_out = saved.pop(act_name), saved.pop(fc2_name)
     f, width = act_out.shape[2], act_in.shape[2]
     dx_data = None
@@ -301,6 +351,13 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     """dout (s, b, h) -> gradient at the block input (s, b, h); the aux loss's gradient is
     spec.aux_scale (b/B: Megatron's 1/micro-batches, then the DP average)."""
     m, mspec = spec.model, moe_spec(spec.model)
+    if spec.recomputes("moe"):  # the MoE layer again from its input, communication included
+        inner = Stash(r, keep=True)
+        r.phase = "recompute"
+        combined = yield from moe_core(r, spec, w, saved["moe_input"], inner)
+        r.phase = "backward"
+        r.free(combined)
+        saved.update(inner.tensors)
     mask = saved.pop("mlp_dropout_mask", None)
     dy = yield from ops.dropout_backward(r, dout, mask, m.hidden_dropout, "d_moe_output")
     r.free(mask)
@@ -381,7 +438,7 @@ def _alltoall_backward(r, m, mspec, spec, w, g, saved, dy, dout, c, T: int, h: i
                                           spec.aux_scale))
 
 
-def _allgather_forward(r, m, w, x, c, counts, T: int, E: int, h: int, width: int, f: int,
+def _allgather_forward(r, spec, w, x, c, counts, T: int, E: int, h: int, width: int, f: int,
                        stash):
     """Gather every member's tokens, run this rank's experts on theirs, unpermute into the
     (n·T, h) buffer, reduce-scatter it (moe_allgather.py). Returns (T, h) data (None in meta)
@@ -395,7 +452,7 @@ def _allgather_forward(r, m, w, x, c, counts, T: int, E: int, h: int, width: int
     x_in = r.alloc((int(local.sum()), h), FP16, "permuted_tokens", data=rows)
     yield from r.compute("permute", "elementwise", nbytes=gathered.nbytes + x_in.nbytes)
     r.free(gathered)
-    out = yield from _experts_forward(r, m, w, x_in, local, width, f, h, stash)
+    out = yield from _experts_forward(r, spec, w, x_in, local, width, f, h, stash)
     partial = r.alloc((n * T, h), FP16, "unpermuted_output", data=A.unpermute_partial(
         out.data, probs_t.data, kept_t.data, er) if r.numeric else None)
     yield from r.compute("unpermute", "elementwise", nbytes=out.nbytes + partial.nbytes)
@@ -437,7 +494,13 @@ def _experts_backward(r, m, w, g, saved, d_in, local, h: int):
     """d of fc2, the activation and fc1 on the experts' rows: d_in (N_in, h) -> (N_in, h);
     the local experts' weight gradients accumulate in g."""
     x_in, act_in = saved.pop("permuted_tokens"), saved.pop(act_in_name(m))
-    act_out = saved.pop("expert_fc2_input")
+    act_out = saved.pop("expert_fc2_input", None)
+    if act_out is None:  # moe_act recomputed
+        f = act_in.shape[1] // (2 if m.swiglu else 1)
+        r.phase = "recompute"
+        act_out = yield from _activation(r, m, act_in, "expert_fc2_input", f,
+                                         "recompute_experts_act")
+        r.phase = "backward"
     n_in, width, f = x_in.shape[0], act_in.shape[1], act_out.shape[1]
     dx_data = None
     if r.numeric:
