@@ -251,3 +251,24 @@ def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
     run = simulate_iteration(scenario(**small))
     assert max(compare_with_reference(run).values()) < 1e-13
     assert (run.world.ranks[0].flops["recompute"] > 0) == (modules != "moe_act")  # act: no GEMM
+
+
+def test_one_expert_group_per_stage_stands_for_the_others():
+    # meta: simulating only the EDP-index-0 expert groups (whole ETP·EP groups) gives the
+    # iteration time and loads of simulating every rank (closed-form timing in both)
+    sc = scenario(mode="meta", data_parallel_size=4, expert_model_parallel_size=2,
+                  pipeline_model_parallel_size=2, global_batch_size=8, micro_batch_size=1,
+                  num_experts=8, moe_routing_imbalance=1.0, hidden_size=256,
+                  num_attention_heads=4, ffn_hidden_size=512, seq_length=256)
+    fast = Shortcuts.for_scale(sc)
+    assert fast.representative
+    full = Shortcuts(closed_form=True, stepwise_groups=fast.stepwise_groups)
+    runs = [simulate_iteration(sc, shortcuts) for shortcuts in (fast, full)]
+    assert len(runs[0].world.ranks) == 4 and len(runs[1].world.ranks) == 8
+    metrics = [collect(run, shortcuts) for run, shortcuts in zip(runs, (fast, full))]
+    assert metrics[0]["iteration_time_s"] == pytest.approx(metrics[1]["iteration_time_s"],
+                                                           rel=1e-12)
+    for key in ("slowest_expert_rows", "routed_pairs", "dropped_pairs"):
+        assert metrics[0]["moe"][key] == metrics[1]["moe"][key]
+    assert [r["peak_bytes"] for r in metrics[0]["ranks"]] == \
+        [r["peak_bytes"] for r in metrics[1]["ranks"]]

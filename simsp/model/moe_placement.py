@@ -90,3 +90,21 @@ def local_expert_shape(er: ExpertRank, name: str, shape: tuple) -> tuple:
     out = [er.num_local_experts] + list(shape[1:])
     out[etp_split_axis(name)] //= er.etp
     return tuple(out)
+
+
+def representatives(sc, ranks: list[int]) -> list[int]:
+    """Meta mode's representative ranks grown to whole ETP·EP groups (an all-to-all needs every
+    member): the expert groups with expert-data-parallel index 0 of the given ranks."""
+    grid = expert_grid(sc)
+    out = set()
+    for rank in ranks:
+        c = grid.coords(rank)._replace(edp=0)
+        out.update(grid.rank_of(c._replace(etp=j, ep=i)) for j in range(grid.etp_size)
+                   for i in range(grid.ep))
+    return sorted(out)
+
+
+def represented_by(sc, rank: int) -> int:
+    """The simulated rank standing for `rank`: same place in its expert group, EDP index 0."""
+    grid = expert_grid(sc)
+    return grid.rank_of(grid.coords(rank)._replace(edp=0))

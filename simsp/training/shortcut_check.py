@@ -235,11 +235,15 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     clashes = list(conflicts(users, overlaps))
     stepwise = stepwise_groups(clashes)
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
-    if sc.model.num_experts is not None and p.ep > 1:
-        not_rep = "expert parallelism: each EP rank routes and exchanges its own tokens"
+    expert_groups = sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
+    if expert_groups and not not_rep and (p.overlap_grad_reduce or p.overlap_param_gather):
+        not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
+                   "overlapped DP communication")
     tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
     if not_rep:
         templates_why = "not used: needs the representative shortcut"
+    elif expert_groups:
+        templates_why = "not used: the MoE all-to-alls run as flows whose time may vary"
     elif sc.model.num_experts is not None and sc.model.moe_routing_imbalance > 0:
         templates_why = "not used: imbalanced routing loads each MoE layer differently"
     elif stepwise & tp_groups:
