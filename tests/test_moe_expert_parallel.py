@@ -272,3 +272,32 @@ def test_one_expert_group_per_stage_stands_for_the_others():
         assert metrics[0]["moe"][key] == metrics[1]["moe"][key]
     assert [r["peak_bytes"] for r in metrics[0]["ranks"]] == \
         [r["peak_bytes"] for r in metrics[1]["ranks"]]
+
+
+def test_calibrate_reads_alltoall_perf_and_gives_the_links_back(tmp_path, capsys):
+    # an alltoall_perf log (2 nodes x 2 GPUs) whose times are the engine's all-to-all at known
+    # inter-node parameters: the fit returns them
+    import tomllib
+    from simsp.cli import main
+    from simsp.engine.all_to_all import time_all_to_all
+    truth = Cluster(nodes=2, ib_efficiency=0.8, ib_latency_us=1.5)
+    gpus = [0, 1, 8, 9]
+    graph, cal = build_topology(truth), LinkCalibration.from_cluster(truth)
+    lines = ["# Collective test starting: alltoall_perf", "# nThread 1 nGpus 1", "#"]
+    lines += [f"#  Rank {r:2d} Group  0 Pid {4000 + r:6d} on  dgx-{r // 2:02d} device {r % 2:2d} "
+              "[0x07] NVIDIA A100-SXM4-80GB" for r in range(4)]
+    lines.append("#       size         count      type   redop    root     time   algbw   busbw "
+                 "#wrong     time   algbw   busbw #wrong")
+    for size in [2 ** k for k in range(10, 29, 2)]:
+        t = time_all_to_all(graph, gpus, size, cal)[1] * 1e6
+        lines.append(f"{size:12d} {size // 16:12d} {'float':>8s} {'none':>6s} {-1:6d}"
+                     + f" {t:9.3f} {size / t / 1e3:7.2f} {0.75 * size / t / 1e3:7.2f} {0:6d}" * 2)
+    log = tmp_path / "alltoall.txt"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "links.toml"
+    assert main(["calibrate", "nccl-tests", str(log), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "all_to_all" in printed
+    fitted = tomllib.loads(out.read_text())["cluster"]
+    assert fitted["ib_efficiency"] == pytest.approx(0.8, rel=1e-3)
+    assert fitted["ib_latency_us"] == pytest.approx(1.5, rel=1e-2)
