@@ -611,9 +611,10 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
     _check(etp <= t or etp == 1, "parallel.expert_tensor_parallel_size",
            f"{etp} exceeds tensor_model_parallel_size={t} (simsp's experts take their ETP ranks "
            "from the TP group)")
-    _check(t == 1 or not m.moe_shared_expert_intermediate_size,
-           "model.moe_shared_expert_intermediate_size", "shared experts run at "
-           "tensor_model_parallel_size 1 only yet")
+    _check(not m.moe_shared_expert_intermediate_size or m.moe_shared_expert_intermediate_size % t == 0,
+           "model.moe_shared_expert_intermediate_size",
+           f"{m.moe_shared_expert_intermediate_size} is not divisible by "
+           f"tensor_model_parallel_size={t}")
     _check(p.cp == 1, "parallel.context_parallel_size",
            "MoE layers run without context parallelism yet")
     modules = p.recompute_module_set or frozenset()

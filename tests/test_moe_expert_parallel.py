@@ -57,9 +57,9 @@ LAYOUTS = {
     "t2 sp etp1 ep4 dropping": dict(TP_SP, expert_tensor_parallel_size=1,
                                     expert_model_parallel_size=4,
                                     moe_expert_capacity_factor=0.5),
-    "t2 sp etp2 ep2 pp2 top1 swiglu dropping": dict(TP_SP, pipeline_model_parallel_size=2,
-                                                    moe_router_topk=1, swiglu=True,
-                                                    moe_expert_capacity_factor=0.5),
+    "t2 sp etp2 ep2 pp2 top1 swiglu dropping shared": dict(
+        TP_SP, pipeline_model_parallel_size=2, moe_router_topk=1, swiglu=True,
+        moe_expert_capacity_factor=0.5, moe_shared_expert_intermediate_size=8),
     "allgather ep2 dropping shared": dict(moe_token_dispatcher_type="allgather",
                                           moe_expert_capacity_factor=0.5,
                                           moe_shared_expert_intermediate_size=8),
@@ -81,9 +81,9 @@ def test_every_gradient_matches_the_single_device_reference(name):
 
 
 def test_finite_differences_agree_on_the_moe_weights_with_tp_etp_ep_pp_dp():
-    sc = scenario(**LAYOUTS["t2 sp etp2 ep2 pp2 top1 swiglu dropping"])
+    sc = scenario(**LAYOUTS["t2 sp etp2 ep2 pp2 top1 swiglu dropping shared"])
     names = [f"layers.{i}.mlp.{w}.weight" for i in (0, 1)
-             for w in ("router", "experts.fc1", "experts.fc2")]
+             for w in ("router", "experts.fc1", "experts.fc2", "shared_experts.fc1")]
     errors, _ = gradient_check_with_bounds(sc, names + ["embedding_output"])
     assert max(errors.values()) < 1e-5, errors
 

@@ -13,6 +13,7 @@ SPLIT_AXIS = {
     "attn.proj.weight": 0,  # row parallel
     "mlp.fc1.weight": -1, "mlp.fc1.bias": -1,  # column parallel
     "mlp.fc2.weight": 0,  # row parallel
+    "shared_experts.fc1.weight": -1, "shared_experts.fc2.weight": 0,  # MoE shared experts
     "embedding.word": 0,  # vocabulary parallel
     "output.weight": 0,  # vocabulary parallel (untied output layer)
 }
