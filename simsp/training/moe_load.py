@@ -2,7 +2,7 @@
 expert rank has the most), tokens dropped at capacity, padding, tokens dispatched per rank
 (docs/moe.md). Counted in forward on the simulated ranks (simsp/model/moe_layer.py)."""
 
-DISPATCH_LABELS = ("all_to_all_dispatch", "all_to_all_combine")
+DISPATCH_LABELS = ("all_to_all_dispatch", "all_gather_etp", "all_gather_moe")  # token bytes out
 
 
 def moe_metrics(run) -> dict:
@@ -19,7 +19,7 @@ def moe_metrics(run) -> dict:
     routed = round(represented * sum(load["routed_pairs"] for load in loads.values()))
     dropped = round(represented * sum(load["dropped_pairs"] for load in loads.values()))
     sent = {rank: sum(n for (phase, label), n in run.world.ranks[rank].comm_bytes.items()
-                      if phase == "forward" and label == "all_to_all_dispatch")
+                      if phase == "forward" and label in DISPATCH_LABELS)
             for rank in loads}
     return {"moe": {
         "expert_rows_per_rank": {str(rank): n for rank, n in rows.items()},
