@@ -42,11 +42,6 @@ def moe_spec(m) -> K.MoeSpec:
                      m.moe_expert_capacity_factor, m.moe_pad_expert_input_to_capacity, m.swiglu)
 
 
-def balanced_counts(T: int, spec: K.MoeSpec) -> np.ndarray:
-    """Tokens per expert (E,) under perfectly balanced routing, after capacity."""
-    return kept_counts(routed_counts(T, spec, 0.0, 0, 0), T, spec)
-
-
 def model_counts(r, spec, T: int) -> tuple[np.ndarray, np.ndarray]:
     """Meta mode: the routing model's pairs routed to each expert (E,) and its rows (E,)
     after the capacity, for this layer."""
