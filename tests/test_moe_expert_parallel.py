@@ -301,3 +301,14 @@ def test_calibrate_reads_alltoall_perf_and_gives_the_links_back(tmp_path, capsys
     fitted = tomllib.loads(out.read_text())["cluster"]
     assert fitted["ib_efficiency"] == pytest.approx(0.8, rel=1e-3)
     assert fitted["ib_latency_us"] == pytest.approx(1.5, rel=1e-2)
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_one_layer_with_its_experts_split_over_tp_matches_the_reference(dispatcher):
+    # `simsp layer`: one MoE layer on a TP group of 2 with SP, the experts' f over ETP = 2,
+    # shared experts, capacity dropping per sequence shard
+    from simsp.training.layer_sim import simulate_layer
+    sc = scenario(**TP_SP, data_parallel_size=1, global_batch_size=None,
+                  expert_model_parallel_size=1, moe_token_dispatcher_type=dispatcher,
+                  moe_expert_capacity_factor=0.5, moe_shared_expert_intermediate_size=8)
+    assert simulate_layer(sc).max_rel_err < 1e-13

@@ -279,9 +279,10 @@ def relative_error(actual, expected) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def reference_layer(params, x, dout, i, model, seed, sample_offset=0):
-    """Layer i alone: x, dout (s, B, h) -> (out (s, B, h), dx (s, B, h), {suffix: grad})."""
+def reference_layer(params, x, dout, i, model, seed, sample_offset=0, moe_chunks=1):
+    """Layer i alone: x, dout (s, B, h) -> (out (s, B, h), dx (s, B, h), {suffix: grad});
+    a MoE layer routes in `moe_chunks` sequence chunks (SP: t)."""
     layer = _layer_params(params, i)
-    out, cache = _layer_forward(layer, x, i, model, seed, sample_offset)
+    out, cache = _layer_forward(layer, x, i, model, seed, sample_offset, moe_chunks=moe_chunks)
     dx, grads = _layer_backward(layer, dout, cache, model)
     return out, dx, grads

@@ -8,6 +8,7 @@ from simsp.config import Scenario, with_overrides
 from simsp.engine.communicator import STEPWISE
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
+from simsp.model.moe_placement import etp_split_axis, is_expert_param
 from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
@@ -50,7 +51,8 @@ class LayerResult:
 
 def one_tp_group(sc: Scenario) -> Scenario:
     """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism;
-    a MoE layer's experts all on the group: with balanced routing its rows are the same)."""
+    a MoE layer's experts all on the group, their f split over it: with balanced routing its
+    rows are the same)."""
     return with_overrides(sc, model={"num_layers": 1}, parallel={
         "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
@@ -131,12 +133,16 @@ def simulate_layer(sc: Scenario, timing: str = STEPWISE) -> LayerResult:
 
 def _compare_with_reference(sc, result: LayerResult, params, x, dout) -> float:
     """Worst relative error of output, input gradient and every weight gradient vs one device."""
-    out_ref, dx_ref, grads_ref = reference_layer(params, x, dout, LAYER, sc.model, sc.run.seed)
+    out_ref, dx_ref, grads_ref = reference_layer(params, x, dout, LAYER, sc.model, sc.run.seed,
+                                                 moe_chunks=sc.parallel.tp)
     sp = sc.parallel.sequence_parallel
     join = (lambda parts: np.concatenate(parts, axis=0)) if sp else (lambda parts: parts[0])
     errors = [relative_error(join([rec.out for rec in result.records]), out_ref),
               relative_error(join([rec.dx for rec in result.records]), dx_ref)]
     names = [n for n in layer_param_names(LAYER) if n in params]
     grads = gather_grads([rec.grads for rec in result.records], names, strip=PREFIX)
+    for n in filter(is_expert_param, names):  # the experts' f split over the group (ETP = t)
+        grads[n] = np.concatenate([rec.grads[n.removeprefix(PREFIX)].data
+                                   for rec in result.records], axis=etp_split_axis(n))
     errors += [relative_error(grads[n], grads_ref[n.removeprefix(PREFIX)]) for n in names]
     return max(errors)
