@@ -312,3 +312,32 @@ def test_one_layer_with_its_experts_split_over_tp_matches_the_reference(dispatch
                   expert_model_parallel_size=1, moe_token_dispatcher_type=dispatcher,
                   moe_expert_capacity_factor=0.5, moe_shared_expert_intermediate_size=8)
     assert simulate_layer(sc).max_rel_err < 1e-13
+
+
+def test_a_loop_of_gemms_costs_each_experts_own_gemm():
+    # meta, one layer, E = 8 local experts with Zipf loads: the loop (SequentialMLP) takes
+    # Σ_e t(n_e) per expert GEMM where the grouped GEMM takes t(Σ n_e); the rest is identical
+    from simsp.costmodel import kernel_time
+    from simsp.hardware import cluster_compute
+    from simsp.training.layer_sim import simulate_layer
+    s, b, h, E, k, f = 256, 1, 64, 8, 2, 96
+    sizes = dict(mode="meta", seq_length=s, micro_batch_size=b, hidden_size=h,
+                 num_attention_heads=4, num_experts=E, moe_router_topk=k,
+                 moe_ffn_hidden_size=f, moe_routing_imbalance=1.0, data_parallel_size=1,
+                 global_batch_size=None, expert_model_parallel_size=1, moe_aux_loss_coeff=0.0)
+    times = {}
+    for grouped in (False, True):
+        sc = scenario(moe_grouped_gemm=grouped, **sizes)
+        result = simulate_layer(sc)
+        times[grouped] = result.forward_time_s + result.backward_time_s
+    cal = cluster_compute(sc.cluster)
+    counts = routed_counts(s * b, K.MoeSpec(E, k), 1.0, sc.run.seed, 0)
+
+    def cost(rows, kk, n, passes):
+        return kernel_time("gemm", passes * 2 * rows * kk * n, 0, (rows, kk, n), cal)
+
+    shapes = ((h, f, 1), (f, h, 1), (f, h, 2), (h, f, 2))  # fc1, fc2, their backwards
+    loop = sum(cost(int(n), kk, nn, p) for kk, nn, p in shapes for n in counts if n)
+    grouped = sum(cost(int(counts.sum()), kk, nn, p) for kk, nn, p in shapes)
+    assert times[False] - times[True] == pytest.approx(loop - grouped, rel=1e-9)
+    assert loop > grouped
