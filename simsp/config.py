@@ -608,9 +608,6 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
            f"moe_ffn_hidden_size={m.moe_ffn} is not divisible by {etp}")
     _check(t == 1 or p.sequence_parallel, "parallel.sequence_parallel",
            "MoE with tensor parallelism needs sequence parallelism (Megatron arguments.py)")
-    _check(etp <= t or etp == 1, "parallel.expert_tensor_parallel_size",
-           f"{etp} exceeds tensor_model_parallel_size={t} (simsp's experts take their ETP ranks "
-           "from the TP group)")
     _check(not m.moe_shared_expert_intermediate_size or m.moe_shared_expert_intermediate_size % t == 0,
            "model.moe_shared_expert_intermediate_size",
            f"{m.moe_shared_expert_intermediate_size} is not divisible by "

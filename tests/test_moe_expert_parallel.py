@@ -60,6 +60,7 @@ LAYOUTS = {
     "t2 sp etp2 ep2 pp2 top1 swiglu dropping shared": dict(
         TP_SP, pipeline_model_parallel_size=2, moe_router_topk=1, swiglu=True,
         moe_expert_capacity_factor=0.5, moe_shared_expert_intermediate_size=8),
+    "etp2 over dp (t 1) ep2 dp4": dict(expert_tensor_parallel_size=2, data_parallel_size=4),
     "allgather ep2 dropping shared": dict(moe_token_dispatcher_type="allgather",
                                           moe_expert_capacity_factor=0.5,
                                           moe_shared_expert_intermediate_size=8),
@@ -216,8 +217,7 @@ def test_imbalanced_routing_slows_the_slowest_expert_rank():
           global_batch_size=4), "parallel.expert_model_parallel_size"),
     (dict(moe_routing_imbalance=1.0), "model.moe_routing_imbalance"),
     (dict(moe_token_dispatcher_type="flex"), "parallel.moe_token_dispatcher_type"),
-    (dict(TP_SP, expert_tensor_parallel_size=4, expert_model_parallel_size=1),
-     "parallel.expert_tensor_parallel_size"),
+    (dict(expert_tensor_parallel_size=0), "parallel.expert_tensor_parallel_size"),
 ])
 def test_bad_expert_layouts_name_their_field(extra, field):
     with pytest.raises(UserError) as caught:
