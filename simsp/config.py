@@ -5,6 +5,8 @@ dataclasses and on the command line alike. Cross-field checks live in `validate`
 """
 
 from dataclasses import dataclass, field, fields, replace
+import functools
+import re
 from pathlib import Path
 
 from simsp.bounds import check_ranges
@@ -64,7 +66,7 @@ class Model:
     moe_router_score_function: str = "softmax"
     moe_router_load_balancing_type: str = "aux_loss"
     moe_aux_loss_coeff: float = 0.0
-    moe_layer_freq: int = 1  # a MoE layer at every i with i % freq == 0
+    moe_layer_freq: int | str = 1  # a MoE layer at every i with i % freq == 0, or a pattern
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
     # Shared experts and simsp's routing model of meta mode (docs/moe.md)
@@ -89,8 +91,13 @@ class Model:
         return self.num_attention_heads
 
     def is_moe_layer(self, i: int) -> bool:
-        """Whether layer i's MLP is a mixture of experts (--moe-layer-freq as an int)."""
-        return self.num_experts is not None and i % self.moe_layer_freq == 0
+        """Whether layer i's MLP is a mixture of experts (--moe-layer-freq: an int N, a MoE
+        layer every N from layer 0; or Megatron's pattern string, 1 for MoE, per layer)."""
+        if self.num_experts is None:
+            return False
+        if isinstance(self.moe_layer_freq, str):
+            return moe_layer_pattern(self.moe_layer_freq)[i] == 1
+        return i % self.moe_layer_freq == 0
 
     @property
     def moe_ffn(self) -> int:
@@ -405,13 +412,17 @@ def padded_vocab_size(m: Model, t: int) -> int:
 SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
 
 
+INT_OR_STR = (int, str)  # a field that takes either (Megatron's --moe-layer-freq)
+
+
 def _field_types(cls) -> dict[str, type]:
     """Map each dataclass field to the python type its value must have."""
     kinds = {}
     for f in fields(cls):
         text = str(f.type)
         kinds[f.name] = (
-            bool if "bool" in text else int if "int" in text else float if "float" in text else str
+            bool if "bool" in text else INT_OR_STR if "int | str" in text else
+            int if "int" in text else float if "float" in text else str
         )
     return kinds
 
@@ -424,6 +435,9 @@ def _coerce(section: str, key: str, value, kind: type):
     if kind is bool:
         if not isinstance(value, bool):
             raise UserError(name, f"must be true or false, got {value!r}")
+    elif kind is INT_OR_STR:  # --moe-layer-freq: N or a pattern string
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise UserError(name, f"must be an integer or a pattern string, got {value!r}")
     elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(name, f"must be an integer, got {value!r}")
@@ -564,12 +578,69 @@ def _validate_llama_model(m: Model) -> None:
            "needs an even, positive number")
 
 
+@functools.lru_cache(maxsize=64)
+def moe_layer_pattern(text: str) -> tuple[int, ...]:
+    """Megatron's --moe-layer-freq pattern, e.g. "([0]*3+[1]*58)" or "([1]*3+[0]*1)*3", as its
+    per-layer 0/1 list (arguments.py moe_freq_type evaluates it as a Python list expression;
+    simsp parses lists, +, * by an integer and parentheses only). ValueError if malformed."""
+    tokens = re.findall(r"\d+|[\[\]()+*,]|\S", text.replace(" ", ""))
+    values, end = _pattern_sum(tokens, 0)
+    if end != len(tokens):
+        raise ValueError(f"unexpected {''.join(tokens[end:])!r}")
+    return tuple(values)
+
+
+def _pattern_sum(tokens: list, i: int) -> tuple[list, int]:
+    values, i = _pattern_term(tokens, i)
+    while i < len(tokens) and tokens[i] == "+":
+        more, i = _pattern_term(tokens, i + 1)
+        values = values + more
+    return values, i
+
+
+def _pattern_term(tokens: list, i: int) -> tuple[list, int]:
+    if i < len(tokens) and tokens[i] == "(":
+        values, i = _pattern_sum(tokens, i + 1)
+        if i >= len(tokens) or tokens[i] != ")":
+            raise ValueError("unbalanced parentheses")
+        i += 1
+    elif i < len(tokens) and tokens[i] == "[":
+        values, i = [], i + 1
+        while i < len(tokens) and tokens[i] != "]":
+            if not tokens[i].isdigit() or int(tokens[i]) not in (0, 1):
+                raise ValueError(f"list items must be 0 or 1, got {tokens[i]!r}")
+            values.append(int(tokens[i]))
+            i += 2 if i + 1 < len(tokens) and tokens[i + 1] == "," else 1
+        if i >= len(tokens):
+            raise ValueError("unclosed [")
+        i += 1
+    else:
+        raise ValueError(f"expected [ or ( at {''.join(tokens[i:]) or 'the end'!r}")
+    while i + 1 < len(tokens) and tokens[i] == "*" and tokens[i + 1].isdigit():
+        values, i = values * int(tokens[i + 1]), i + 2
+    return values, i
+
+
+def _validate_moe_layer_freq(m: Model) -> None:
+    """An int >= 1, or a pattern of num_layers 0/1 entries (Megatron arguments.py)."""
+    freq = m.moe_layer_freq
+    if not isinstance(freq, str):
+        _positive("model", m, ("moe_layer_freq",))
+        return
+    try:
+        pattern = moe_layer_pattern(freq)
+    except ValueError as exc:
+        raise UserError("model.moe_layer_freq", f"{freq!r}: {exc}") from None
+    _check(len(pattern) == m.num_layers, "model.moe_layer_freq",
+           f"{freq!r} gives {len(pattern)} layers, not num_layers={m.num_layers}")
+
+
 def _validate_moe_model(m: Model) -> None:
     """Megatron-LM's checks on the MoE fields (arguments.py), and what simsp's MoE layer has."""
     if m.num_experts is None:
         return
-    _positive("model", m, ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
-                           "moe_layer_freq"))
+    _positive("model", m, ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"))
+    _validate_moe_layer_freq(m)
     _check(m.moe_router_topk <= m.num_experts, "model.moe_router_topk",
            f"{m.moe_router_topk} exceeds num_experts={m.num_experts}")
     _choice("model.moe_router_score_function", m.moe_router_score_function, MOE_SCORE_CHOICES)

@@ -83,8 +83,9 @@ SCENARIO_FLAGS = {
                                          MOE_BALANCING_CHOICES, "load balancing", "lb-"),
     "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float, None,
                              "coefficient of the load-balancing aux loss (default 0)", "aux"),
-    "--moe-layer-freq": ("model", "moe_layer_freq", int, None,
-                         "a MoE layer every N layers, from layer 0 (default 1)", "mfreq"),
+    "--moe-layer-freq": ("model", "moe_layer_freq", lambda text: int(text) if text.isdigit()
+                         else text, None, "a MoE layer every N layers from layer 0 (default 1), "
+                         "or Megatron's per-layer pattern such as \"([0]*3+[1]*58)\"", "mfreq"),
     "--moe-expert-capacity-factor": ("model", "moe_expert_capacity_factor", float, None,
                                      "expert capacity factor: tokens over capacity are dropped "
                                      "(default: dropless)", "cap"),

@@ -50,7 +50,8 @@ LAYOUTS = {
                                                  expert_model_parallel_size=4,
                                                  moe_router_topk=1, swiglu=True,
                                                  moe_router_score_function="sigmoid"),
-    "ep2 shared experts": dict(moe_shared_expert_intermediate_size=12, swiglu=True),
+    "ep2 shared experts, a dense first layer": dict(moe_shared_expert_intermediate_size=12,
+                                                    swiglu=True, moe_layer_freq="([0]*1+[1]*1)"),
     "ep2 edp2 padded full recompute": dict(data_parallel_size=4, moe_expert_capacity_factor=1.0,
                                            moe_pad_expert_input_to_capacity=True,
                                            recompute_granularity="full"),
@@ -77,7 +78,7 @@ def test_every_gradient_matches_the_single_device_reference(name):
     kinds = {kind for _, kind in run.world.ranks[0].comm_bytes}
     assert ("all_to_all_dispatch" if dispatcher == "alltoall" else "all_gather_moe") in kinds
     errors = compare_with_reference(run)
-    assert "layers.0.mlp.experts.fc1.weight" in errors
+    assert f"layers.{1 if 'dense first' in name else 0}.mlp.experts.fc1.weight" in errors
     assert max(errors.values()) < 1e-13, max(errors, key=errors.get)
 
 
@@ -218,6 +219,8 @@ def test_imbalanced_routing_slows_the_slowest_expert_rank():
     (dict(moe_routing_imbalance=1.0), "model.moe_routing_imbalance"),
     (dict(moe_token_dispatcher_type="flex"), "parallel.moe_token_dispatcher_type"),
     (dict(expert_tensor_parallel_size=0), "parallel.expert_tensor_parallel_size"),
+    (dict(moe_layer_freq="([0]*1+[1]*2)"), "model.moe_layer_freq"),  # 3 layers, not 2
+    (dict(moe_layer_freq="([0]*1+[2])"), "model.moe_layer_freq"),
 ])
 def test_bad_expert_layouts_name_their_field(extra, field):
     with pytest.raises(UserError) as caught:
@@ -341,3 +344,12 @@ def test_a_loop_of_gemms_costs_each_experts_own_gemm():
     grouped = sum(cost(int(counts.sum()), kk, nn, p) for kk, nn, p in shapes)
     assert times[False] - times[True] == pytest.approx(loop - grouped, rel=1e-9)
     assert loop > grouped
+
+
+def test_megatron_layer_patterns():
+    from simsp.config import moe_layer_pattern
+    assert moe_layer_pattern("([0]*3+[1]*58)") == (0,) * 3 + (1,) * 58  # DeepSeek-V3
+    assert moe_layer_pattern("([1]*3+[0]*1)*3") == (1, 1, 1, 0) * 3
+    assert moe_layer_pattern("[1, 0, 1, 0]") == (1, 0, 1, 0)
+    sc = scenario(moe_layer_freq="([0]+[1])")
+    assert [sc.model.is_moe_layer(i) for i in range(2)] == [False, True]
