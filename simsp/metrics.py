@@ -67,8 +67,8 @@ def rank_memory(run, rank: int) -> dict:
     c = run.world.grid.coords(rank)
     simulated = rank in run.world.ranks
     source = rank if simulated else run.rank_of(0, 0, c.pp)  # an identical representative
-    if not simulated and run.sc.model.num_experts is not None:
-        source = represented_by(run.sc, rank)  # its place in its expert group
+    if not simulated and represented_by(run.sc, rank) in run.world.ranks:
+        source = represented_by(run.sc, rank)  # its place in a simulated expert group
     ledger = run.world.ranks[source].ledger
     summary = ledger.summary()
     peaks = summary.peak_by_category

@@ -256,18 +256,20 @@ def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
     assert (run.world.ranks[0].flops["recompute"] > 0) == (modules != "moe_act")  # act: no GEMM
 
 
-def test_one_expert_group_per_stage_stands_for_the_others():
-    # meta: simulating only the EDP-index-0 expert groups (whole ETP·EP groups) gives the
-    # iteration time and loads of simulating every rank (closed-form timing in both)
+@pytest.mark.parametrize("imbalance, simulated", [(1.0, 4), (0.0, 2)])
+def test_representatives_stand_for_the_others(imbalance, simulated):
+    # meta: simulating only the EDP-index-0 expert groups (whole ETP·EP groups; imbalanced
+    # routing), or one rank per stage (uniform routing: absent EP members send as it does),
+    # gives the iteration time, loads and memory of simulating every rank
     sc = scenario(mode="meta", data_parallel_size=4, expert_model_parallel_size=2,
                   pipeline_model_parallel_size=2, global_batch_size=8, micro_batch_size=1,
-                  num_experts=8, moe_routing_imbalance=1.0, hidden_size=256,
+                  num_experts=8, moe_routing_imbalance=imbalance, hidden_size=256,
                   num_attention_heads=4, ffn_hidden_size=512, seq_length=256)
     fast = Shortcuts.for_scale(sc)
     assert fast.representative
     full = Shortcuts(closed_form=True, stepwise_groups=fast.stepwise_groups)
     runs = [simulate_iteration(sc, shortcuts) for shortcuts in (fast, full)]
-    assert len(runs[0].world.ranks) == 4 and len(runs[1].world.ranks) == 8
+    assert len(runs[0].world.ranks) == simulated and len(runs[1].world.ranks) == 8
     metrics = [collect(run, shortcuts) for run, shortcuts in zip(runs, (fast, full))]
     assert metrics[0]["iteration_time_s"] == pytest.approx(metrics[1]["iteration_time_s"],
                                                            rel=1e-12)

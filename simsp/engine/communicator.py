@@ -134,8 +134,8 @@ class Communicator:
         if rank not in self.present:
             raise SimulationError(f"rank {rank} is not present but called a collective")
         expected = frozenset(group) & self.present
-        if buffer is not None and isinstance(buffer, tuple) and len(expected) < len(group):
-            raise SimulationError("an all-to-all needs every member simulated")
+        if isinstance(buffer, tuple):  # all-to-all: (row of bytes, chunks)
+            buffer = buffer[1]
         if buffer is not None and len(expected) < len(group):
             raise SimulationError("absent ranks have no data: the present-rank shortcut is "
                                   "meta only")
@@ -164,9 +164,14 @@ class Communicator:
         meeting.done.succeed(results)
 
     def _all_to_all(self, meeting: _Meeting, buffers: list):
-        """Every member's row of bytes at once over the links; each member's received chunks."""
-        matrix = [row for row, _chunks in buffers]
-        chunks = None if buffers[0][1] is None else [c for _row, c in buffers]
+        """Every member's row of bytes at once over the links; each member's received chunks.
+        An absent member (meta, present-rank shortcut) sends as the first present one does,
+        its row turned by their distance: j gets what the present member sends j − (i − p)."""
+        present = next(i for i, b in enumerate(buffers) if b is not None)
+        n, row = len(buffers), buffers[present][0]
+        matrix = [b[0] if b is not None else [row[(j - i + present) % n] for j in range(n)]
+                  for i, b in enumerate(buffers)]
+        chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
         received, stats = yield from all_to_all(self.env, self.network, list(meeting.group),
                                                 matrix, chunks, meeting.tag or ALL_TO_ALL)
         for rank in sorted(meeting.expected):

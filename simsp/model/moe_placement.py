@@ -104,7 +104,10 @@ def representatives(sc, ranks: list[int]) -> list[int]:
     return sorted(out)
 
 
-def represented_by(sc, rank: int) -> int:
-    """The simulated rank standing for `rank`: same place in its expert group, EDP index 0."""
+def represented_by(sc, rank: int) -> int | None:
+    """The rank standing for `rank` when whole expert groups are simulated: same place in its
+    expert group, EDP index 0 (None for a dense model)."""
+    if sc.model.num_experts is None:
+        return None
     grid = expert_grid(sc)
     return grid.rank_of(grid.coords(rank)._replace(edp=0))

@@ -61,3 +61,18 @@ def kept_counts(routed: np.ndarray, T: int, spec: K.MoeSpec) -> np.ndarray:
     if capacity > T:
         return np.full_like(routed, T) if spec.pad_to_capacity else routed
     return np.full_like(routed, capacity) if spec.pad_to_capacity else np.minimum(routed, capacity)
+
+
+def uniform_routing(sc) -> bool:
+    """Meta mode routes every expert of every layer the same rows (balanced, T·k a multiple of
+    E, the capacity cutting or padding all alike): every EP member then sends every other the
+    same, and one member stands for its group."""
+    m, p = sc.model, sc.parallel
+    if m.num_experts is None or m.moe_routing_imbalance > 0:
+        return False
+    coeff = 0.0
+    spec = K.MoeSpec(m.num_experts, m.moe_router_topk, m.moe_router_score_function, coeff,
+                     m.moe_expert_capacity_factor, m.moe_pad_expert_input_to_capacity, m.swiglu)
+    T = m.seq_length // (p.tp if p.sequence_parallel else 1) * p.micro_batch_size
+    counts = kept_counts(routed_counts(T, spec, 0.0, 0, 0), T, spec)
+    return len(set(counts.tolist())) == 1

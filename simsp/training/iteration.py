@@ -15,6 +15,7 @@ from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.gc_pause import gc_paused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
 from simsp.model.moe_placement import representatives
+from simsp.model.moe_routing import uniform_routing
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
@@ -146,8 +147,8 @@ def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp)
     ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
-    if sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1):
-        return representatives(sc, ranks)  # whole expert groups: they exchange tokens
+    if sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1) and not uniform_routing(sc):
+        return representatives(sc, ranks)  # whole expert groups: they exchange their own rows
     return ranks
 
 

@@ -19,6 +19,7 @@ from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_n
                                    leaf_name, nodes_hosting, nvswitch_name)
 from simsp.engine.ring_plan import channel_rings
 from simsp.model.moe_placement import expert_grid
+from simsp.model.moe_routing import uniform_routing
 
 Edge = tuple[str, str]
 Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
@@ -236,7 +237,8 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     stepwise = stepwise_groups(clashes)
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
     expert_groups = sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
-    if expert_groups and not not_rep and (p.overlap_grad_reduce or p.overlap_param_gather):
+    if expert_groups and not not_rep and not uniform_routing(sc) and (
+            p.overlap_grad_reduce or p.overlap_param_gather):
         not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
                    "overlapped DP communication")
     tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
