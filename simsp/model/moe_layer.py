@@ -15,8 +15,9 @@ to their experts' ranks and back through simsp/model/moe_dispatch.py. Kept for b
 | expert_{gelu,swiglu}_input| (N_in, f | 2f) | 2N_in·f (4N_in·f) |
 | expert_fc2_input          | (N_in, f)      | 2N_in·f |
 | expert_output             | (N, h)         | 2Nh   |
-T = s·b tokens, N the (token, expert) pairs this rank routed (T·k dropless), N_in the rows its
-experts compute (N without expert parallelism; what the EP group sent it with it).
+T = s·b tokens (s/t·b under SP), N the (token, expert) pairs this rank routed (T·k dropless),
+N_in the rows its experts compute (N without expert or expert tensor parallelism; else what
+its ETP·EP group sent it), f the expert width over ETP. Shared experts: simsp/model/moe_shared.py.
 """
 
 import numpy as np
@@ -27,6 +28,7 @@ from simsp.model import moe_kernels as K
 from simsp.model.layer import Stash, _hidden_mask, norm
 from simsp.model.layer_backward import norm_backward
 from simsp.model.moe_routing import kept_counts, routed_counts
+from simsp.model.moe_shared import activation, shared_backward, shared_forward
 from simsp.model import mappings, ops
 from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
@@ -177,7 +179,7 @@ def moe_core(r, spec, w: dict, x, stash):
 def _with_shared(r, spec, w, x, combined, stash):
     """The routed output `combined` (s, b, h) plus the shared experts' (when the model has)."""
     if spec.model.moe_shared_expert_intermediate_size:
-        yield from _shared_forward(r, spec, w, x, combined, stash)
+        yield from shared_forward(r, spec, w, x, combined, stash)
     return combined
 
 
@@ -224,127 +226,6 @@ def _experts_forward(r, spec, w, x_in, local, width: int, f: int, h: int, stash)
     return expert_out
 
 
-def _activation(r, m, act_in, name: str, f: int, site: str):
-    """GeLU or SwiGLU of act_in (N, f | 2f) (a recompute), as a new (N, f) tensor."""
-    fn = K.kernels.swiglu_forward if m.swiglu else K.kernels.gelu_forward
-    out = r.alloc(act_in.shape[:-1] + (f,), FP16, name,
-                  data=fn(act_in.data) if r.numeric else None)
-    yield from r.compute(site, "elementwise", nbytes=act_in.nbytes + out.nbytes)
-    return out
-
-
-SHARED_FC1, SHARED_FC2 = "mlp.shared_experts.fc1.weight", "mlp.shared_experts.fc2.weight"
-
-
-def _shared_fc1(w: dict):
-    """The shared experts' fc1 data as the (h, f_s | 2f_s) GEMM operand ([gate | up])."""
-    data = w[SHARED_FC1].data
-    return data.reshape(data.shape[0], -1)
-
-
-def _shared_names(m) -> tuple[str, str]:
-    return f"shared_expert_{'swiglu' if m.swiglu else 'gelu'}_input", "shared_expert_fc2_input"
-
-
-def _shared_forward(r, spec, w, x, combined, stash):
-    """The shared experts (Megatron shared_experts.py SharedExpertMLP, no gate) on every token
-    of x (s_l, b, h), added to the routed experts' output `combined` (s_l, b, h): a dense MLP
-    of width f_s, column/row parallel over TP (under SP: the sequence all-gathered before fc1,
-    the output reduce-scattered). `--recompute-modules shared_experts`: nothing kept
-    (backward re-runs fc1 and the activation from the MoE input)."""
-    m = spec.model
-    x_full = yield from mappings.enter_forward(r, x, "shared_fc1_enter")  # (s, b, h)
-    s, b, h = x_full.shape
-    T, f = s * b, m.moe_shared_expert_intermediate_size // r.tp.size
-    width = 2 * f if m.swiglu else f
-    out = h1 = g = None
-    if r.numeric:
-        out, h1, g = K.shared_forward(x_full.data.reshape(T, h), _shared_fc1(w),
-                                      w[SHARED_FC2].data, m.swiglu)
-    act_name, fc2_name = _shared_names(m)
-    act_in = r.alloc((s, b, width), FP16, act_name, data=None if h1 is None else
-                     h1.reshape(s, b, width))
-    yield from r.compute("shared_fc1", "gemm", 2 * T * h * width, gemm=(T, h, width))
-    if x_full is not x:
-        r.free(x_full)
-    act_out = r.alloc((s, b, f), FP16, fc2_name, data=None if g is None else g.reshape(s, b, f))
-    yield from r.compute("shared_act", "elementwise", nbytes=act_in.nbytes + act_out.nbytes)
-    partial = r.alloc((s, b, h), FP16, "shared_expert_output",
-                      data=None if out is None else out.reshape(s, b, h))
-    yield from r.compute("shared_fc2", "gemm", 2 * T * f * h, gemm=(T, f, h))
-    shared = yield from mappings.exit_forward(r, partial, "shared_exit")  # (s_l, b, h)
-    if shared is not partial:
-        r.free(partial)
-    if r.numeric:
-        combined.data = combined.data + shared.data
-    yield from r.compute("shared_add", "elementwise", nbytes=3 * shared.nbytes)
-    r.free(shared)
-    if spec.recomputes("shared_experts"):
-        r.free(act_in, act_out)
-    else:
-        stash.put(act_name, act_in)
-        stash.put(fc2_name, act_out)
-
-
-def _shared_recompute(r, m, w, x, saved):
-    """fc1 and the activation of the shared experts again, from the MoE input x (s_l, b, h)."""
-    x_full = yield from mappings.enter_forward(r, x, "shared_fc1_regather")  # (s, b, h)
-    s, b, h = x_full.shape
-    T, f = s * b, m.moe_shared_expert_intermediate_size // r.tp.size
-    width = 2 * f if m.swiglu else f
-    act_name, fc2_name = _shared_names(m)
-    h1 = x_full.data.reshape(T, h) @ _shared_fc1(w) if r.numeric else None  # (T, ·)
-    act_in = r.alloc((s, b, width), FP16, act_name,
-                     data=None if h1 is None else h1.reshape(s, b, width))
-    yield from r.compute("recompute_shared_fc1", "gemm", 2 * T * h * width, gemm=(T, h, width))
-    if x_full is not x:
-        r.free(x_full)
-    saved[act_name] = act_in
-    saved[fc2_name] = yield from _activation(r, m, act_in, fc2_name, f, "recompute_shared_act")
-
-
-def _shared_backward(r, m, w, g, saved, dy, x):
-    """dy (s_l, b, h) at the shared experts' output -> their input gradient (s_l, b, h); their
-    weight gradients accumulate in g (Megatron's column/row parallel backward)."""
-    act_name, fc2_name = _shared_names(m)
-    if act_name not in saved:  # shared_experts recomputed
-        r.phase = "recompute"
-        yield from _shared_recompute(r, m, w, x, saved)
-        r.phase = "backward"
-    act_in, act_out = saved.pop(act_name), saved.pop(fc2_name)
-    dfull = yield from mappings.exit_backward(r, dy, "shared_exit_grad")  # (s, b, h)
-    x_full = yield from mappings.enter_forward(r, x, "shared_fc1_regather")  # (s, b, h)
-    s, b, h = dfull.shape
-    T, f, width = s * b, act_out.shape[2], act_in.shape[2]
-    dx_data = None
-    if r.numeric:
-        dx_data, dfc1, dfc2 = K.shared_backward(dfull.data.reshape(T, h),
-                                                x_full.data.reshape(T, h),
-                                                act_in.data.reshape(T, width),
-                                                act_out.data.reshape(T, f), _shared_fc1(w),
-                                                w[SHARED_FC2].data, m.swiglu)
-        g[SHARED_FC1].data += dfc1.reshape(g[SHARED_FC1].shape)
-        g[SHARED_FC2].data += dfc2
-        dx_data = dx_data.reshape(s, b, h)
-    d_act = r.alloc((s, b, f), FP16, "d_shared_fc2")
-    yield from r.compute("d_shared_fc2", "gemm", 2 * 2 * T * f * h, gemm=(T, h, f))
-    r.free(act_out)
-    if dfull is not dy:
-        r.free(dfull)
-    d_act_in = r.alloc((s, b, width), FP16, "d_shared_act_input")
-    yield from r.compute("d_shared_act_input", "elementwise", nbytes=3 * act_in.nbytes)
-    r.free(d_act, act_in)
-    dx_full = r.alloc((s, b, h), FP16, "d_shared_fc1", data=dx_data)
-    yield from r.compute("d_shared_fc1", "gemm", 2 * 2 * T * h * width, gemm=(T, width, h))
-    r.free(d_act_in)
-    if x_full is not x:
-        r.free(x_full)
-    dx = yield from mappings.enter_backward(r, dx_full, "shared_fc1_enter_grad")  # (s_l, b, h)
-    if dx is not dx_full:
-        r.free(dx_full)
-    return dx
-
-
 def act_in_name(m) -> str:
     return f"expert_{'swiglu' if m.swiglu else 'gelu'}_input"
 
@@ -379,7 +260,7 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     x = saved["moe_input"]
     shared_dx = None
     if m.moe_shared_expert_intermediate_size:
-        shared_dx = yield from _shared_backward(r, m, w, g, saved, dy, x)
+        shared_dx = yield from shared_backward(r, m, w, g, saved, dy, x)
     s, b, h = x.shape
     T, E = s * b, m.num_experts
     aux_tokens = saved.pop(AUX_TOKENS, None)
@@ -513,7 +394,7 @@ def _experts_backward(r, m, w, g, saved, d_in, local, h: int):
     if act_out is None:  # moe_act recomputed
         f = act_in.shape[1] // (2 if m.swiglu else 1)
         r.phase = "recompute"
-        act_out = yield from _activation(r, m, act_in, "expert_fc2_input", f,
+        act_out = yield from activation(r, m, act_in, "expert_fc2_input", f,
                                          "recompute_experts_act")
         r.phase = "backward"
     n_in, width, f = x_in.shape[0], act_in.shape[1], act_out.shape[1]
