@@ -355,3 +355,17 @@ def test_megatron_layer_patterns():
     assert moe_layer_pattern("[1, 0, 1, 0]") == (1, 0, 1, 0)
     sc = scenario(moe_layer_freq="([0]+[1])")
     assert [sc.model.is_moe_layer(i) for i in range(2)] == [False, True]
+
+
+def test_run_reports_the_expert_load(tmp_path):
+    from inprocess import cli
+    argv = ["run", "--mode", "meta", "--num-layers", "2", "--num-experts", "8",
+            "--disable-bias-linear", "--data-parallel-size", "4", "--global-batch-size", "4",
+            "--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "alltoall",
+            "--moe-routing-imbalance", "2", "--moe-expert-capacity-factor", "1.0",
+            "--out", str(tmp_path / "r")]
+    rc, out, err = cli(argv)
+    assert rc == 0, err
+    assert "## Mixture of experts: expert load" in out and "EP comm exposed" in out
+    rc, out, err = cli(["run", "--mode", "numeric"] + argv[3:-2])  # imbalance is meta's model
+    assert rc == 2 and err.startswith("error: model.moe_routing_imbalance:")
