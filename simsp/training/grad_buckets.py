@@ -106,7 +106,7 @@ class DDPBuckets:
 
     def __init__(self, r, run, plan, grads: dict):
         p = run.sc.parallel
-        self.group = run.world.grid.dp_group(r.rank)
+        self.group = run.world.grid.dp_cp_group(r.rank)  # CP ranks reduce with DP (Megatron)
         self.grads, self.plan = grads, plan
         self.distributed = p.distributed_optimizer
         self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
