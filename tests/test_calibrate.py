@@ -306,7 +306,7 @@ def test_flag_disagreeing_with_the_log(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda t: t.replace("all_reduce_perf", "alltoall_perf"), "alltoall_perf is not supported"),
+    (lambda t: t.replace("all_reduce_perf", "sendrecv_perf"), "sendrecv_perf is not supported"),
     (lambda t: t.replace("  -1  ", "   0  ", 1), "rooted collective"),
     (lambda t: t.replace("float", "float16", 1), "unknown type"),
     (lambda t: t.replace("#  Rank  1", "#  Rank  9"), "not numbered"),

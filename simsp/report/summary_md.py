@@ -19,7 +19,7 @@ MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
 COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
                ("pp_transfer", "pipeline transfer exposed"), ("pp_wait", "pipeline wait"),
                ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"),
-               ("cp_comm", "CP comm exposed"))
+               ("cp_comm", "CP comm exposed"), ("ep_comm", "EP comm exposed"))
 
 
 def pct(fraction: float) -> str:
@@ -299,10 +299,28 @@ def _calibration(m: dict) -> list[str]:
 
 # ---------------------------------------------------------------- entry points
 
+def _expert_load(metrics: dict) -> list[str]:
+    """MoE models: the slowest expert rank, the dropped tokens, the dispatched bytes (forward,
+    per rank: docs/moe.md); nothing for a dense model."""
+    moe = metrics.get("moe")
+    if not moe:
+        return []
+    sent = moe["dispatched_bytes_per_rank"]
+    header = ["slowest expert rank", "its rows", "mean rows", "imbalance", "routed pairs",
+              "dropped", "padding rows", "dispatched per rank (max)"]
+    row = [str(moe["slowest_expert_rank"]), str(moe["slowest_expert_rows"]),
+           f"{moe['mean_expert_rows']:.1f}", f"{moe['expert_load_imbalance']:.3f}x",
+           str(moe["routed_pairs"]), f"{moe['dropped_pairs']} ({pct(moe['dropped_fraction'])})",
+           str(moe["padding_rows"]), format_bytes(max(sent.values(), default=0))]
+    return ["## Mixture of experts: expert load (forward, whole iteration)", "",
+            *_table(header, [row]), ""]
+
+
 def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
+             + _expert_load(metrics)
              + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
