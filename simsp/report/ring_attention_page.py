@@ -10,6 +10,7 @@ import json
 
 from simsp.report.html import page
 from simsp.report.ring_lesson import microseconds
+from simsp.report.ring_lesson_page import STEPPING_JS
 from simsp.report.ring_lesson_page import STYLE as RING_STYLE
 from simsp.units import format_bytes
 
@@ -173,43 +174,19 @@ def lesson_html(data: dict, title: str) -> str:
 # chunk) grid from DATA and steps through DATA.steps with the buttons and the keys. It registers
 # a self-check (window.__checks.stepping) that clicks the buttons and presses the keys and
 # reports whether the grid advanced, for the headless-browser test.
-SCRIPT = r"""
+SCRIPT = (r"""
 (function () {
   var cp = DATA.cp, steps = DATA.steps, chunks = DATA.chunks, current = 0, timer = null;
-  var SVGNS = 'http://www.w3.org/2000/svg';
+  var PERIOD = 1400;  // ms per step when playing
+""" + STEPPING_JS + r"""
   function hue(r) { return Math.round(360 * r / cp); }
-  function fmtTime(s) {
-    return (s * 1e6).toLocaleString('en-US', {minimumFractionDigits: 2, maximumFractionDigits: 2}) + ' µs';
-  }
-  function fmtBytes(b) {
-    var u = [['GiB', 1073741824], ['MiB', 1048576], ['KiB', 1024]];
-    for (var i = 0; i < u.length; i++) if (b >= u[i][1]) return (b / u[i][1]).toFixed(2) + ' ' + u[i][0];
-    return b + ' B';
-  }
-  function el(tag, attrs, parent) {
-    var e = document.createElementNS(SVGNS, tag);
-    for (var a in attrs) e.setAttribute(a, attrs[a]);
-    if (parent) parent.appendChild(e);
-    return e;
-  }
   function owner(c) {
     for (var r = 0; r < cp; r++) if (DATA.owned[r].indexOf(c) >= 0) return r;
     return -1;
   }
   function drawRing() {
-    var box = document.getElementById('ring'); box.innerHTML = '';
-    var size = 480, c = size / 2, rad = 128, svg = el('svg', {width: size, height: size + 30,
-      viewBox: '0 0 ' + size + ' ' + (size + 30), id: 'ring-svg'}, box);
-    var defs = el('defs', {}, svg);
-    for (var k = 0; k < cp; k++) {
-      var m = el('marker', {id: 'arrow' + k, viewBox: '0 0 10 10', refX: 9, refY: 5,
-        markerWidth: 5, markerHeight: 5, orient: 'auto-start-reverse'}, defs);
-      el('path', {d: 'M 0 0 L 10 5 L 0 10 z', fill: 'hsl(' + hue(k) + ',65%,40%)'}, m);
-    }
-    function pos(p, r) {
-      var a = -Math.PI / 2 + 2 * Math.PI * p / cp;
-      return [c + r * Math.cos(a), c + r * Math.sin(a)];
-    }
+    var size = 480, rad = 128, ring = ringCanvas(size, cp), svg = ring.svg, pos = ring.pos;
+    var c = ring.c;
     for (var p = 0; p < cp; p++) {
       var a = pos(p, rad), b = pos((p + 1) % cp, rad), ib = DATA.links[p] === 'InfiniBand';
       el('line', {x1: a[0], y1: a[1], x2: b[0], y2: b[1], stroke: ib ? '#d62728' : '#9aa5b1',
@@ -325,60 +302,25 @@ SCRIPT = r"""
     var row = document.getElementById('row-' + current);
     if (row) row.className = 'current';
   }
-  function show(k) { current = Math.max(0, Math.min(steps.length, k)); drawRing(); drawGrid(); label(); }
-  function play() {
-    var b = document.getElementById('play');
-    if (timer) { clearInterval(timer); timer = null; b.textContent = '▶ play'; return; }
-    if (current === steps.length) show(0);
-    b.textContent = '❚❚ pause';
-    timer = setInterval(function () { if (current >= steps.length) { play(); return; } show(current + 1); }, 1400);
-  }
-  document.getElementById('prev').onclick = function () { show(current - 1); };
-  document.getElementById('next').onclick = function () { show(current + 1); };
-  document.getElementById('reset').onclick = function () { show(0); };
-  document.getElementById('play').onclick = play;
-  // a keyboard or a presenter's clicker (which sends PageUp/PageDown) steps the lesson
-  document.addEventListener('keydown', function (e) {
-    var k = e.key;
-    if (k === 'ArrowRight' || k === 'PageDown' || k === 'ArrowDown') show(current + 1);
-    else if (k === 'ArrowLeft' || k === 'PageUp' || k === 'ArrowUp') show(current - 1);
-    else if (k === ' ' || k === 'Spacebar') play();
-    else if (k === 'Home') show(0);
-    else if (k === 'End') show(steps.length);
-    else return;
-    e.preventDefault();
-  });
+  function render() { drawRing(); drawGrid(); label(); }
   var wanted = /step=(\d+)/.exec(window.location.hash);
   show(wanted ? +wanted[1] : 0);
   function gridText() { return document.getElementById('grid-table').textContent; }
   function count(selector) { return document.querySelectorAll(selector).length; }
   window.__checks.stepping = function () {
     var initial = current;
-    document.getElementById('reset').click();
-    var start = gridText(), label0 = document.getElementById('step-label').textContent;
-    document.getElementById('next').click();
-    var after = gridText(), label1 = document.getElementById('step-label').textContent;
+    show(1);
     var arrows = count('#ring-svg .send');
-    document.getElementById('prev').click();
-    var back = gridText();
     show(cp);
     var forwardCells = count('#grid-table td.done'), masked = count('#grid-table td.masked');
     show(steps.length);
     var gradCells = 0, cells = document.querySelectorAll('#grid-table td.done');
     for (var i = 0; i < cells.length; i++) if (cells[i].textContent.charAt(0) === '∇') gradCells++;
-    var formula = document.getElementById('step-lines').textContent;
-    function key(name) { document.dispatchEvent(new KeyboardEvent('keydown', {key: name, bubbles: true})); }
-    show(0);
-    key('ArrowRight'); var byArrow = gridText();
-    key('PageDown'); var byPage = gridText(), atTwo = current;
-    key('PageUp'); var byPageUp = current;
-    key(' '); var playing = timer !== null; key(' '); var paused = timer === null;
+    var verdict = checkStepping(gridText, {arrows_at_first: arrows,
+      cells_after_forward: forwardCells, masked_cells: masked, grad_cells_at_end: gradCells,
+      formula_at_end: document.getElementById('step-lines').textContent});
     show(initial);
-    return {advanced: after !== start && label1 !== label0, back: back === start,
-            steps: steps.length, arrows_at_first: arrows, cells_after_forward: forwardCells,
-            masked_cells: masked, grad_cells_at_end: gradCells, formula_at_end: formula,
-            keys_advanced: byArrow !== start && byPage !== byArrow && atTwo === 2,
-            page_up: byPageUp === 1, space_plays: playing && paused};
+    return verdict;
   };
 })();
-"""
+""")
