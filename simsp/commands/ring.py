@@ -300,6 +300,7 @@ def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
 
 
 def _check_nvls(args, cluster: Cluster) -> None:
+    """--nccl-algo nvls: an all-reduce at Simple in one NVSwitch-3+ domain, no ring steps."""
     if args.collective != ALL_REDUCE:
         raise UserError("--nccl-algo", f"nvls runs all_reduce only here, not {args.collective}")
     if args.nccl_proto not in (AUTO, "Simple"):

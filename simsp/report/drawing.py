@@ -192,6 +192,7 @@ def _pixels_class():
             self.rgba = rgba
 
         def draw(self, renderer) -> None:
+            """Blit the pixels at the Axes' lower-left corner, clipped to its frame."""
             bbox = self.axes.bbox
             gc = renderer.new_gc()
             gc.set_clip_rectangle(bbox)

@@ -500,6 +500,7 @@ def schedule_figure_of(run, label: str) -> ScheduleFigure:
 
 
 def _end_s(run) -> float:
+    """When the iteration ends: its last rank's end."""
     return max(run.end_s.values(), default=0.0)
 
 

@@ -128,10 +128,12 @@ def transfer_derivation(graph, gpus: list[int], phase: str, nbytes: int,
         load[edge] = load.get(edge, 0) + 1
 
     def rate(edge) -> float:
+        """The link's share for one of the sends crossing it."""
         data = graph.edges[edge]
         return data["bandwidth_Bps"] * calibration.efficiency(data["kind"]) / load[edge]
 
     def seconds(route) -> float:
+        """One send alone on its route at those shares."""
         latency = route_latency_s(graph, route) + calibration.transfer_overhead_s
         return latency + nbytes / min(rate(e) for e in route)
 
@@ -364,7 +366,8 @@ def balance_sentences(data: dict) -> list[str]:
     plain, mine = balance["plain_pairs"], balance["balanced_pairs"]
     return [f"balance: causal attention over s = {data['seq_length']} has "
             f"{balance['causal_pairs']:,} (query, key) pairs; cut into {cp} plain pieces, rank r "
-            f"computes {', '.join(f'{p:,}' for p in plain)} (the last rank {plain[-1] / plain[0]:.1f}× "
+            f"computes {', '.join(f'{p:,}' for p in plain)} (the last rank "
+            f"{plain[-1] / plain[0]:.1f}× "
             f"the first, and every step waits for the busiest); cut into 2·cp = {2 * cp} chunks, "
             f"each rank computes {', '.join(f'{p:,}' for p in mine)}: the same work, "
             f"{max(plain) / max(mine):.2f}× less for the busiest rank",

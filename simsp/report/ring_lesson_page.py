@@ -86,6 +86,7 @@ def _step_rows(data: dict) -> str:
 
 
 def _bar(label: str, seconds: float, longest: float, css: str, nbytes: int) -> str:
+    """One bar of the comparison: label, width by time, time and bytes per rank."""
     width = 100 * seconds / longest if longest else 0
     return (f"<div>{html.escape(label)}</div><div><div class=\"bar {css}\" "
             f"style=\"width:{width:.1f}%\"></div></div><div class=\"num\">"
