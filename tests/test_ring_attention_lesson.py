@@ -11,7 +11,8 @@ from inprocess import cli
 
 from simsp.cluster.topology import build_topology
 from simsp.commands.ring import _placement
-from simsp.costmodel import kernel_time
+from simsp.costmodel import calibration, kernel_time
+from simsp.hardware import compute_for
 from simsp.model.context_split import visible_pairs
 from simsp.report.ring_attention_lesson import (PHASES, AttentionShape, block_pairs,
                                                 chunk_blocks, held_rank, lesson_data,
@@ -119,6 +120,18 @@ def test_the_text_table_and_json(tmp_path):
     assert "hidden: the send takes" in out and "# forward + backward:" in out
     code, out, _ = cli(["ring", "--collective", "ring_attention", "--ranks", "2", "--json"])
     assert code == 0 and json.loads(out)["cp"] == 2
+
+
+def test_a_systems_gpu_prices_the_blocks():
+    """--system dgx-h100: the H100 profile's compute model times the blocks, not the A100 fit."""
+    code, out, _ = cli(["ring", "--collective", "ring_attention", "--ranks", "2", "--json",
+                        "--system", "dgx-h100"])
+    first = json.loads(out)["steps"][0]
+    n, heads, d = 4096, 8, 128  # s 8192 on cp 2; Llama 3 70B's heads on t = 8
+    with calibration(compute_for("h100-sxm-80gb")):
+        h100 = _block_s(n, d, heads, True, 2)
+    assert code == 0 and first["compute"]["time_s"] == pytest.approx(h100, rel=1e-12)
+    assert h100 < _block_s(n, d, heads, True, 2) / 2  # the A100 fit's, outside the block
 
 
 @pytest.mark.parametrize("args, field", [

@@ -14,6 +14,7 @@ time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md) and the algorith
 channels NCCL runs; a single size adds the per-channel breakdown of a ring.
 """
 
+import contextlib
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +35,8 @@ from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, 
 from simsp.errors import UserError
 from simsp.flags import nonempty
 from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
-from simsp.hardware import LinkCalibration
+from simsp.costmodel import calibration as compute_calibration
+from simsp.hardware import LinkCalibration, cluster_compute
 from simsp.io_out import check_folder, check_out_file, write_file
 from simsp.jsonout import dumps
 from simsp.outdir import prepare_out_dir
@@ -433,8 +435,10 @@ def _run_ring_attention(args) -> int:
     _check_ring_attention(args)
     cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
     shape = _attention_shape(args)
-    data = ring_attention_lesson.lesson_data(build_topology(cluster), gpus, shape,
-                                             LinkCalibration.from_cluster(cluster))
+    compute = cluster_compute(cluster)  # the system's GPU prices the blocks (None: the A100 fit)
+    with compute_calibration(compute) if compute else contextlib.nullcontext():
+        data = ring_attention_lesson.lesson_data(build_topology(cluster), gpus, shape,
+                                                 LinkCalibration.from_cluster(cluster))
     if args.html:
         write_file(Path(args.html), ring_attention_page.lesson_html(
             data, ring_attention_lesson.lesson_title(data)))
