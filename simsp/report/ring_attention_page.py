@@ -202,10 +202,15 @@ SCRIPT = (r"""
         el('path', {d: 'M ' + a[0] + ' ' + a[1] + ' L ' + b[0] + ' ' + b[1], fill: 'none',
           'class': 'send', stroke: 'hsl(' + hue(held) + ',65%,40%)', 'stroke-width': 3,
           'marker-end': 'url(#arrow' + held + ')'}, svg);
-        var mid = pos(s[0] + (s[1] === (s[0] + 1) % cp ? 0.5 : -0.5), rad - 58);
-        var t = el('text', {x: mid[0], y: mid[1] + 4, 'text-anchor': 'middle', 'font-size': 10.5,
-          fill: 'hsl(' + hue(held) + ',65%,32%)'}, svg);
-        t.textContent = step.carried[s[0]].replace(/ of /g, ' ');
+        var inside = (rad - 34) * Math.cos(Math.PI / cp) - 26;  // inside the arrows' chords
+        var mid = pos(s[0] + (s[1] === (s[0] + 1) % cp ? 0.5 : -0.5), inside);
+        var parts = step.carried[s[0]].replace(/ of /g, ' ').split(' + ');  // a line each
+        parts.forEach(function (part, i) {
+          var t = el('text', {x: mid[0], y: mid[1] + 4 + 12 * (i - (parts.length - 1) / 2),
+            'text-anchor': 'middle', 'font-size': 9.5, fill: 'hsl(' + hue(held) + ',65%,32%)',
+            stroke: '#fff', 'stroke-width': 3, 'paint-order': 'stroke'}, svg);
+          t.textContent = part;
+        });
       });
     }
     for (var q = 0; q < cp; q++) {
@@ -230,6 +235,8 @@ SCRIPT = (r"""
     var key = el('text', {x: 8, y: size + 14, 'font-size': 12, fill: '#333'}, svg);
     key.textContent = DATA.nodes > 1 ? 'grey: NVLink; red dashed: InfiniBand between nodes (ring outline: node)'
       : 'every hop NVLink through the NVSwitch (one node)';
+    var key2 = el('text', {x: 8, y: size + 28, 'font-size': 12, fill: '#333'}, svg);
+    key2.textContent = 'arrows: the K/V block each rank sends on, and in backward the dK/dV it carries';
   }
   function cellState() {  // (q,k) -> {rank, phase, step}: the latest step up to now computing it
     var done = {};
