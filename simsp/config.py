@@ -717,8 +717,6 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     _check(m.flash, "parallel.context_parallel_size",
            "needs FlashAttention (--use-flash-attn): Megatron-LM runs context parallelism "
            "only in Transformer Engine's attention")
-    _check(m.attention_dropout == 0, "model.attention_dropout",
-           "simsp's context-parallel attention runs without attention dropout; use 0")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:
