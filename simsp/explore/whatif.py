@@ -17,14 +17,15 @@ OBJECTIVES = {  # name: (column, larger is better)
 KINDS = ("compute", "bubble", "tp_comm", "pp_transfer", "dp_comm", "optimizer")
 OFFLOAD_KIND = "offload"  # waits on activation copies (--cpu-offloading; docs/fsdp.md)
 CP_KIND = "cp_comm"  # context parallelism's exchanges: rows with cp > 1 only
+EP_KIND = "ep_comm"  # MoE dispatch and combine: rows with expert layers only (docs/moe.md)
+OPTIONAL_KINDS = (CP_KIND, EP_KIND, OFFLOAD_KIND)
 
 
 def kinds_of(rows: list[dict]) -> tuple:
-    """KINDS, and cp_comm when some row has context-parallel exposure (docs/context-parallel.md),
-    offload when some row waited on activation copies (docs/fsdp.md)."""
-    cp = any(row.get(f"exposed_{CP_KIND}_s") is not None for row in rows)
-    offload = any(row.get(f"exposed_{OFFLOAD_KIND}_s") is not None for row in rows)
-    return KINDS + ((CP_KIND,) if cp else ()) + ((OFFLOAD_KIND,) if offload else ())
+    """KINDS, and cp_comm / ep_comm / offload when some row has context-parallel / MoE /
+    activation-offload exposure (docs/context-parallel.md, docs/moe.md, docs/fsdp.md)."""
+    return KINDS + tuple(kind for kind in OPTIONAL_KINDS
+                         if any(row.get(f"exposed_{kind}_s") is not None for row in rows))
 
 
 def _flag_table() -> dict:
@@ -108,7 +109,7 @@ def exposure(row: dict) -> dict:
     time = row["iteration_time_s"]
     found = {"compute": row.get("exposed_compute_s") or 0.0,
              "bubble": time - time / (1 + row["bubble_fraction"])}
-    for kind in KINDS[2:] + (CP_KIND, OFFLOAD_KIND):
+    for kind in KINDS[2:] + OPTIONAL_KINDS:
         value = row.get(f"exposed_{kind}_s")
         found[kind] = value if value == value and value is not None else 0.0
     return found
