@@ -29,6 +29,8 @@ MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-typ
 # Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); all but a2a+p2p are modelled
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
 CP_COMM_TYPES_MODELLED = ("p2p", "a2a", "allgather")
+# Sharded data parallelism: Megatron-LM --data-parallel-sharding-strategy (docs/fsdp.md)
+FSDP_STRATEGY_CHOICES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
@@ -167,6 +169,14 @@ class Parallel:
     account_for_loss_in_pipeline_split: bool = False
     num_virtual_stages_per_pipeline_rank: int | None = None  # interleaved: chunks per stage
     recompute_modules: str | None = None  # selective: space-separated; None means core_attn
+    # Sharded data parallelism and activation offload (Megatron-LM --use-megatron-fsdp,
+    # --data-parallel-sharding-strategy, --use-torch-fsdp2, --cpu-offloading,
+    # --cpu-offloading-num-layers; docs/fsdp.md)
+    use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    use_torch_fsdp2: bool = False
+    cpu_offloading: bool = False
+    cpu_offloading_num_layers: int = 0
     # Expert parallelism (Megatron-LM arguments.py; docs/moe.md)
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
@@ -188,6 +198,13 @@ class Parallel:
         if self.recompute_modules is None:
             return frozenset(("core_attn",))
         return frozenset(self.recompute_modules.split())
+
+    @property
+    def fsdp(self) -> str | None:
+        """The FSDP strategy in force: a Megatron-FSDP sharding strategy, "fsdp2", or None."""
+        if self.use_torch_fsdp2:
+            return "fsdp2"
+        return self.data_parallel_sharding_strategy if self.use_megatron_fsdp else None
 
     @property
     def tp(self) -> int:
@@ -754,9 +771,38 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
            f"{p.micro_batch_size * p.dp}")
     _validate_schedule(m, p)
+    _validate_fsdp(m, p)
     _validate_overlap(p)
     _validate_recompute_method(m, p)
     _validate_recompute_modules(p, m.num_experts is not None)
+
+
+def _validate_fsdp(m: Model, p: Parallel) -> None:
+    """Megatron-LM's checks on FSDP and activation offload (arguments.py, transformer_config.py)
+    and what simsp does not model with them yet (docs/fsdp.md)."""
+    _choice("parallel.data_parallel_sharding_strategy", p.data_parallel_sharding_strategy,
+            FSDP_STRATEGY_CHOICES)
+    _check(not (p.use_megatron_fsdp and p.use_torch_fsdp2), "parallel.use_torch_fsdp2",
+           "choose one of use_megatron_fsdp and use_torch_fsdp2")
+    _check(p.use_megatron_fsdp or p.data_parallel_sharding_strategy == "no_shard",
+           "parallel.data_parallel_sharding_strategy", "needs use_megatron_fsdp")
+    if p.fsdp is not None:
+        _check(m.num_experts is None, "parallel.use_megatron_fsdp",
+               "FSDP with MoE layers is not modelled yet")
+        _check(p.fp8_format is None, "parallel.use_megatron_fsdp",
+               "FSDP with FP8 parameters is not modelled yet")
+    _check(p.cpu_offloading_num_layers >= 0, "parallel.cpu_offloading_num_layers",
+           "must not be negative")
+    if not p.cpu_offloading:
+        _check(p.cpu_offloading_num_layers == 0, "parallel.cpu_offloading_num_layers",
+               "needs cpu_offloading")
+        return
+    _check(p.cpu_offloading_num_layers < m.num_layers, "parallel.cpu_offloading_num_layers",
+           f"must be below num_layers={m.num_layers} (Megatron transformer_config.py)")
+    _check(p.pp == 1, "parallel.cpu_offloading",
+           "Megatron: no support for pipeline parallelism with CPU offloading")
+    _check(p.recompute_granularity == "none", "parallel.cpu_offloading",
+           "Megatron: CPU offloading does not work with activation recomputation")
 
 
 def _validate_overlap(p: Parallel) -> None:
@@ -912,7 +958,10 @@ def validate(s: Scenario) -> None:
     _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")
     _check(s.run.name.isprintable() and len(s.run.name) <= 200, "run.name",
            "must be printable text of at most 200 characters")
-    _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
+    _check(not s.parallel.cpu_offloading or gpu_profile(s.cluster.gpu).host_link_GBps,
+           "parallel.cpu_offloading", f"GPU profile {s.cluster.gpu} has no host_link_GBps")
+    _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"
+                and s.parallel.fsdp is None),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
     _check(s.model.moe_routing_imbalance == 0 or s.run.mode == "meta",
            "model.moe_routing_imbalance", "is meta mode's routing model (numeric mode routes "

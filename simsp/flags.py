@@ -16,6 +16,7 @@ from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE
                           POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
+from simsp.config import FSDP_STRATEGY_CHOICES
 from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
                           MAIN_GRADS_DTYPE_CHOICES, MAIN_PARAMS_DTYPE_CHOICES)
 from simsp.errors import UserError
@@ -120,6 +121,12 @@ SCENARIO_FLAGS = {
     "--cp-comm-type": ("parallel", "cp_comm_type", str, CP_COMM_TYPE_CHOICES,
                        "how CP ranks exchange attention inputs (p2p: ring; a2a: Ulysses)",
                        "cpcomm"),
+    "--data-parallel-sharding-strategy": ("parallel", "data_parallel_sharding_strategy", str,
+                                          FSDP_STRATEGY_CHOICES,
+                                          "Megatron-FSDP: what is sharded over DP (ZeRO-0..3)",
+                                          "shard-"),
+    "--cpu-offloading-num-layers": ("parallel", "cpu_offloading_num_layers", int, None,
+                                    "layers whose saved activations go to host memory", "offl"),
     "--num-layers-per-virtual-pipeline-stage":
         ("parallel", "num_layers_per_virtual_pipeline_stage", int, None,
          "layers per model chunk of the interleaved schedule (default: not interleaved)", "vp"),
@@ -244,6 +251,17 @@ SWITCHES.update({
                            "FP8 parameters: no BF16 weight beside the FP8 copy", "fp8pg"),
     "--use-precision-aware-optimizer": ("parallel", "use_precision_aware_optimizer", True,
                                         "optimizer states in the dtypes given", "pao"),
+})
+# Sharded data parallelism and activation offload (docs/fsdp.md)
+SWITCHES.update({
+    "--use-megatron-fsdp": ("parallel", "use_megatron_fsdp", True,
+                            "Megatron-FSDP: per-layer units, sharded by the strategy", "mfsdp"),
+    "--use-torch-fsdp2": ("parallel", "use_torch_fsdp2", True,
+                          "PyTorch FSDP2 fully_shard per layer (fp32 sharded parameters)",
+                          "fsdp2"),
+    "--cpu-offloading": ("parallel", "cpu_offloading", True,
+                         "move saved activations to host memory and back before backward",
+                         "offload"),
 })
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
 LIST_FLAGS = ("--recompute-modules",)  # Megatron's nargs='*' flags: one or more words, joined

@@ -97,7 +97,8 @@ def exposure(run) -> list[dict]:
     fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step;
     cp_comm (cp > 1 only): blocked on ring attention's K/V and dK/dV exchanges."""
     t_iter = iteration_time(run)
-    keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ())
+    keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ()) + \
+        (("offload",) if run.sc.parallel.cpu_offloading else ())  # training/offload.py
     rows = []
     for rank in stage_ranks(run):
         r = run.world.ranks[rank]
@@ -149,8 +150,37 @@ def collect(run, shortcuts) -> dict:
         "shortcuts": shortcuts.flags(),
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
+        **_fsdp(run),
+        **_offload(run),
         **moe_metrics(run),
     }
+
+
+def _offload(run) -> dict:
+    """Under --cpu-offloading, per stage: bytes moved to the host, copy seconds, seconds the
+    compute waited, and the host memory held at its peak (training/offload.py)."""
+    p = run.sc.parallel
+    if not p.cpu_offloading:
+        return {}
+    stages = [run.states[rank].offload.stats.as_dict() for rank in stage_ranks(run)]
+    return {"offload": {"layers": p.cpu_offloading_num_layers,
+                        "host_link_GBps": gpu_profile(run.sc.cluster.gpu).host_link_GBps,
+                        "per_stage": stages,
+                        "host_peak_bytes": max(s["host_peak_bytes"] for s in stages)}}
+
+
+def _fsdp(run) -> dict:
+    """Under sharded data parallelism, per stage and unit: all-gather and reduction seconds
+    and the share the compute waited for (training/fsdp.py); absent otherwise."""
+    p = run.sc.parallel
+    if p.fsdp is None:
+        return {}
+    stages = [run.states[rank].fsdp.unit_report() for rank in stage_ranks(run)]
+    comm = sum(u["all_gather_s"] + u["reduce_s"] for s in stages for u in s.values())
+    exposed = sum(u["all_gather_exposed_s"] + u["reduce_exposed_s"]
+                  for s in stages for u in s.values())
+    return {"fsdp": {"strategy": p.fsdp, "units_per_stage": stages, "comm_s": comm,
+                     "exposed_s": exposed, "exposed_fraction": exposed / comm if comm else 0.0}}
 
 
 def _architecture(sc) -> dict:

@@ -101,7 +101,9 @@ def _fixed_line(fixed: dict) -> str:
     shown = ", ".join(f"{key} = {value}" for key, value in changed.items())
     return (f"fixed for every layout where Megatron allows it: {shown} (recompute method and "
             "layers: full recompute only; p2p overlap: interleaved only; parameter-gather "
-            "overlap: distributed optimizer only)")
+            "overlap: distributed optimizer only"
+            + ("; FSDP: layouts without the distributed optimizer" if changed.keys() & {
+                "use_megatron_fsdp", "use_torch_fsdp2"} else "") + ")")
 
 
 def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:

@@ -21,6 +21,9 @@ VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_pa
           "global_batch_size")
 
 
+FSDP_FIELDS = ("use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2")
+
+
 def held_fields() -> list[str]:
     """The [parallel] fields the search does not vary: defaults unless the user fixes them."""
     return [f.name for f in fields(Parallel) if f.name not in VARIED]
@@ -75,6 +78,10 @@ def layout_label(parallel: dict, layers: int) -> str:
     parts.append(text)
     if parallel["distributed_optimizer"]:
         parts.append("distributed optimizer")
+    if parallel.get("use_torch_fsdp2"):
+        parts.append("FSDP2")
+    elif parallel.get("use_megatron_fsdp"):
+        parts.append(f"Megatron-FSDP {parallel.get('data_parallel_sharding_strategy')}")
     return ", ".join(parts)
 
 
@@ -106,6 +113,8 @@ def applies(key: str, parallel: dict) -> bool:
         return parallel["num_layers_per_virtual_pipeline_stage"] is not None
     if key == "overlap_param_gather":
         return parallel["distributed_optimizer"]
+    if key in FSDP_FIELDS:  # FSDP shards by its own strategy: the other rows keep dist. opt.
+        return not parallel["distributed_optimizer"]
     return True
 
 

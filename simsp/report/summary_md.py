@@ -10,6 +10,7 @@ from pathlib import Path
 from simsp import __version__
 from simsp.io_out import write_file
 from simsp.metrics import layout
+from simsp.report.fsdp_summary import fsdp_lines, offload_lines
 from simsp.report.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
@@ -334,7 +335,7 @@ def summary_text(metrics: dict) -> str:
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
              + _expert_load(metrics)
              + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
-             + _calibration(metrics))
+             + fsdp_lines(metrics) + offload_lines(metrics) + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

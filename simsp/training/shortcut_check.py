@@ -232,9 +232,13 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved") + \
         expert_owners(sc)
     users = link_users(graph, owners)
-    overlaps = Overlaps(p.overlap_grad_reduce, p.overlap_p2p_communication)
+    # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
+    # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
+    overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None, p.overlap_p2p_communication)
     clashes = list(conflicts(users, overlaps))
-    stepwise = stepwise_groups(clashes)
+    stepwise = stepwise_groups(clashes) | (frozenset(
+        ranks for kind, ranks in owners if kind == "dp" and len(ranks) > 1)
+        if p.fsdp is not None else frozenset())
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
     expert_groups = sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
     if expert_groups and not not_rep and not uniform_routing(sc) and (
