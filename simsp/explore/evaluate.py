@@ -16,16 +16,18 @@ TERA = 1e12
 
 
 def simulate_metrics(overrides: dict) -> dict:
-    """The metrics dict of `simsp run --json` for one configuration (raises UserError)."""
-    return collect_metrics(load_scenario(None, overrides))
+    """The metrics dict of `simsp run --json` for one configuration, an OOM verdict's live
+    tensors unnamed (raises UserError)."""
+    return collect_metrics(load_scenario(None, overrides), name_live=False)
 
 
-def collect_metrics(sc) -> dict:
+def collect_metrics(sc, name_live: bool = True) -> dict:
     """Simulate one iteration of a validated scenario, recording no trace (a row writes none;
-    the metrics are the same), and collect `simsp run --json`'s metrics."""
+    the metrics are the same), and collect `simsp run --json`'s metrics; `name_live=False`:
+    an out-of-memory verdict without the live tensors' names (a row has only its bytes)."""
     shortcuts = Shortcuts.for_scale(sc)
     run = simulate_iteration(sc, shortcuts, trace="none")
-    return collect(run, shortcuts)
+    return collect(run, shortcuts, name_live)
 
 
 def _exposed_by_kind(metrics: dict) -> dict:
