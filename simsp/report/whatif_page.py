@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only bac
 import numpy as np  # noqa: E402
 
 from simsp.explore.whatif import KINDS, OBJECTIVES, change, conclusion, exposure  # noqa: E402
+from simsp.io_out import markdown_text  # noqa: E402
 from simsp.report.html import figure, page, to_html  # noqa: E402
 from simsp.units import GiB  # noqa: E402
 
@@ -28,11 +29,11 @@ def comparison_table(rows: list[dict], base: dict) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if row["status"] == "error":
-            lines.append(f"| {row['variant']} | | invalid | | | | | | |")
+            lines.append(f"| {markdown_text(row['variant'])} | | invalid | | | | | | |")
             continue
         mfu_points = 100 * (row["mfu"] - base["mfu"])
         lines.append(
-            f"| {row['variant']} | {row['gpus']} | {row['iteration_time_s']:.4g} "
+            f"| {markdown_text(row['variant'])} | {row['gpus']} | {row['iteration_time_s']:.4g} "
             f"({_delta(row['iteration_time_s'], base['iteration_time_s'])}) | "
             f"{row['tokens_per_s']:,.0f} ({_delta(row['tokens_per_s'], base['tokens_per_s'])}) | "
             f"{row['tokens_per_s_per_gpu']:,.1f} "
@@ -47,7 +48,8 @@ def comparison_table(rows: list[dict], base: dict) -> list[str]:
 def exposure_table(rows: list[dict]) -> list[str]:
     """Seconds per kind (rows) by variant (columns), the busiest stage of each."""
     done = [row for row in rows if row["status"] != "error"]
-    lines = ["| seconds (busiest stage) | " + " | ".join(r["variant"] for r in done) + " |",
+    lines = ["| seconds (busiest stage) | " + " | ".join(markdown_text(r["variant"]) for r in done)
+             + " |",
              "|---|" + "---:|" * len(done)]
     spent = [exposure(row) for row in done]
     for kind in KINDS:
@@ -66,7 +68,7 @@ def ranking_lines(ranked: list[dict], objective: str) -> list[str]:
     for place, row in enumerate(ranked, 1):
         value = "invalid" if row["status"] == "error" else shown.format(row[column])
         fits = "" if row.get("fits", True) else " (does not fit)"
-        lines.append(f"{place}. {row['variant']}: {value}{fits}")
+        lines.append(f"{place}. {markdown_text(row['variant'])}: {value}{fits}")
         lines.append("")
     return lines
 
@@ -76,17 +78,18 @@ def whatif_markdown(rows: list[dict], ranked: list[dict], objective: str,
     """The whole whatif.md: conclusions, tables, ranking, commands, pictures."""
     base = rows[0]
     lines = ["# What-if against the baseline", "",
-             f"Baseline: **{base['variant']}**, {base['gpus']} GPUs, "
+             f"Baseline: **{markdown_text(base['variant'])}**, {base['gpus']} GPUs, "
              f"{base['iteration_time_s']:.3f} s per iteration, {base['tokens_per_s']:,.0f} tokens/s. "
              "Time, exposure and memory are simulated by simsp; cost is GPU-hours per million "
              "tokens (GPUs × iteration time / tokens per iteration).", "", "## Conclusions", ""]
     for row in rows[1:]:
-        lines += [conclusion(row, base), ""]
+        lines += [markdown_text(conclusion(row, base)), ""]
     lines += ["## Against the baseline", "", *comparison_table(rows, base), "",
               "## Where the time goes", "", *exposure_table(rows), "",
               "## Ranking", "", *ranking_lines(ranked, objective), "## Commands", ""]
     for row in rows:
-        lines += [f"{row['variant']}: `{row.get('command') or '(no run flags for it)'}`", ""]
+        command = (row.get("command") or "(no run flags for it)").replace("`", "'")
+        lines += [f"{markdown_text(row['variant'])}: `{command}`", ""]
     if pictures:
         lines += ["## Pictures", ""] + [f"![{p.stem}]({p.name})" for p in pictures]
     return "\n".join(lines) + "\n"
