@@ -112,14 +112,18 @@ def plot_vs_baseline(rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(11, 1.5 + 0.9 * max(1, len(done))))
     y = np.arange(len(done))[::-1]  # (variants,) first at the top
     height = 0.8 / len(metrics)
+    low = high = 0.0
     for j, (label, column) in enumerate(metrics):
         values = [100 * change(r[column], base[column]) for r in done]  # (variants,) percent
         bars = ax.barh(y + (1.5 - j) * height, values, height, label=label)
         ax.bar_label(bars, fmt="%+.1f%%", fontsize=7, padding=2)
+        low, high = min(low, *values), max(high, *values)
+    margin = 0.15 * ((high - low) or 1.0)  # room for the labels beyond the longest bars
+    ax.set_xlim(low - margin if low < 0 else -margin / 3, high + margin)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [r["variant"] for r in done], fontsize=9)
-    ax.set(xlabel="change against the baseline (%)",
-           title=f"each variant against the baseline ({base['variant']})")
+    ax.set(xlabel="change against the baseline (%): tokens/s up is better, time and GPU-hours "
+                  "per token down", title=f"each variant against the baseline ({base['variant']})")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
@@ -148,8 +152,10 @@ def plot_memory(rows: list[dict], path: Path) -> Path:
     y = np.arange(len(done))[::-1]  # (variants,)
     peaks = [r["peak_bytes_max"] / GiB for r in done]  # (variants,) GiB
     colors = ["#4c72b0" if r.get("fits", True) else "#c44e52" for r in done]
-    bars = ax.barh(y, peaks, color=colors)
-    ax.bar_label(bars, fmt="%.1f GiB", fontsize=8, padding=2)
+    ax.barh(y, peaks, color=colors)
+    for yi, peak in zip(y, peaks):  # inside the bar's end: clear of the capacity lines
+        ax.text(peak, yi, f"{peak:.1f} GiB ", ha="right", va="center", fontsize=8,
+                color="white", fontweight="bold")
     capacity = max(r["capacity_bytes"] for r in done) / GiB
     ax.axvline(capacity, color="black", linestyle="--", label="GPU capacity")
     reserve = max(r.get("memory_reserve_bytes", 0) or 0 for r in done) / GiB
