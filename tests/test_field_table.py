@@ -5,11 +5,12 @@ import argparse
 from dataclasses import MISSING, fields
 import re
 
-import pandas as pd
 import pytest
 
+import simsp
 from simsp import config, flags
 from simsp.cli import build_parser, main
+from simsp.explore.arguments import field_lists
 from simsp.hardware import LinkCalibration
 
 COMMANDS = ("run", "layer", "sweep", "search")
@@ -90,26 +91,27 @@ def test_link_calibration_defaults_are_the_clusters():
     assert calibration.transfer_overhead_s == cluster.transfer_overhead_us * 1e-6 == 0.0
 
 
-def test_an_inverted_switch_sweeps_as_given_or_not(capsys, tmp_path):
-    """`--disable-bias-linear true,false`: biases off, then on (run's own switch)."""
-    assert main(["sweep", "--mode", "meta", "--disable-bias-linear", "true,false", "--workers",
-                 "0", "--quiet", "--out", str(tmp_path)]) == 0
-    frame = pd.read_csv(tmp_path / "results.csv")
+def test_an_inverted_switch_sweeps_as_given_or_not():
+    """`--disable-bias-linear true,false`: biases off, then on (run's own switch); alone, off."""
+    parser = build_parser()
+    lists = field_lists(parser.parse_args(["sweep", "--disable-bias-linear", "true,false"]))
+    assert lists == {"add_bias_linear": "false,true"}
+    assert field_lists(parser.parse_args(["sweep", "--disable-bias-linear"])) == {
+        "add_bias_linear": "false"}
+    frame = simsp.sweep(None, workers=0, mode="meta", **lists)
     assert list(frame["add_bias_linear"]) == [False, True]
     assert "--disable-bias-linear" in frame["command"][0]
     assert "--disable-bias-linear" not in frame["command"][1]
 
 
 def test_search_restricts_layouts_to_the_values_given(capsys, tmp_path):
-    args = ["search", "--gpus", "4", "--num-layers", "4", "--hidden-size", "64",
-            "--num-attention-heads", "4", "--seq-length", "32", "--global-batch-size", "4",
-            "--tensor-model-parallel-size", "2", "--recompute-granularity", "none,full",
-            "--micro-batch-size", "1",
-            "--workers", "0", "--quiet", "--exhaustive", "--out", str(tmp_path)]
-    assert main(args) == 0
-    frame = pd.read_csv(tmp_path / "results.csv")
+    frame = simsp.search(None, gpus=4, global_batch_size=4, num_layers=4, hidden_size=64,
+                         num_attention_heads=4, seq_length=32, tensor_model_parallel_size=2,
+                         recompute_granularity="none,full", micro_batch_size=1,
+                         exhaustive=True, workers=0)
     assert set(frame["tensor_model_parallel_size"]) == {2}
     assert set(frame["recompute_granularity"]) == {"none", "full"}
     assert set(frame["micro_batch_size"]) == {1}
-    assert main(args[:-2] + ["--mode", "numeric", "--out", str(tmp_path / "n")]) == 2
+    assert main(["search", "--gpus", "4", "--mode", "numeric", "--workers", "0", "--out",
+                 str(tmp_path)]) == 2
     assert "error: --mode: search simulates in meta mode only" in capsys.readouterr().err
