@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--keep-scenario-parallel", action="store_true",
                         help="keep the scenario's own [parallel] fields the search does not vary "
                         f"({', '.join(held_fields())}; default: Megatron's defaults)")
-    add_field_arguments(parser, metavar="VALUE",
+    add_field_arguments(parser, metavar="VALUE", list_keys=RESTRICTABLE,
                         title="scenario fields (one value each; the layout's own fields, "
                               f"{', '.join(_flag(key) for key in RESTRICTABLE)}, take a comma "
                               "list that restricts the layouts searched)")

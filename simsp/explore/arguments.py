@@ -22,23 +22,26 @@ def _text(value) -> str:
 
 def add_field_arguments(parser, skip: tuple = (), metavar: str = "LIST",
                         title: str = "scenario fields (each takes a comma-separated list; a "
-                                     "switch alone, or a list of true/false)") -> None:
+                                     "switch alone, or a list of true/false)",
+                        list_keys: tuple = ()) -> None:
     """Every flag of `run` for every scenario field, with `run`'s help (simsp.flags, one
     table): a value flag takes a comma list, the field's own switch stands alone or takes a
-    true/false list (for an inverted switch, whether it is given), other switches stand alone."""
+    true/false list (for an inverted switch, whether it is given), other switches stand alone.
+    `metavar` names the value (LIST, or VALUE where one is taken), LIST for `list_keys`."""
     from simsp import flags
     group = parser.add_argument_group(title)
     switches = switch_flags()
     for field in all_fields():
         if field.key in skip:
             continue
+        shown = "LIST" if field.key in list_keys else metavar
         if field.flag in flags.SCENARIO_FLAGS:
-            group.add_argument(field.flag, dest=_dest(field), default=None, metavar=metavar,
+            group.add_argument(field.flag, dest=_dest(field), default=None, metavar=shown,
                                help=flags.flag_help(field.flag))
         for value, switch in switches.get(field.path, {}).items():
             names = (switch, *flags.ALIASES.get(switch, ()))
             if switch == field.flag:
-                group.add_argument(*names, default=None, metavar=metavar, nargs="?",
+                group.add_argument(*names, default=None, metavar=shown, nargs="?",
                                    const="true", help=flags.switch_help(switch),
                                    dest=_inverted_dest(field) if field.inverted else _dest(field))
             else:
