@@ -133,6 +133,7 @@ def table(lines: list[str]) -> str:
     right = [a.endswith(":") for a in align]
 
     def row(cells, tag):
+        """One table row of `tag` cells, numbers right-aligned."""
         return "<tr>" + "".join(f"<{tag}{NUM if r else ''}>{inline(c)}</{tag}>"
                                 for c, r in zip(cells, right)) + "</tr>"
     return ("<table><thead>" + row(header, "th") + "</thead><tbody>"
