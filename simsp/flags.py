@@ -25,16 +25,19 @@ from simsp.errors import UserError
 class Flag(NamedTuple):
     """One row of the flag table. `help` is the meaning and unit (the default is appended from
     the dataclass unless it is None, then say it in `help`); `token` names the override in the
-    default report folder (t4, rc-full; '' for a string value alone: 'meta')."""
+    default report folder (t4, rc-full; '' for a string value alone: 'meta'; None: not named)."""
 
     section: str
     key: str
     kind: type
     choices: tuple | None = None
     help: str = ""
-    token: str = ""
+    token: str | None = ""
 
 
+# The one table of scenario flags: every field of every scenario section (simsp/config.py) has
+# a row here or in SWITCHES, and `run`, `layer`, `sweep` and `search` all build their flags,
+# help and defaults from these rows (tests/test_field_table.py). A new field: add its row.
 # flag -> Flag(section, key, type, choices, help, token); every flag defaults to "not given".
 # A plain 4-tuple row (section, key, type, choices) also works.
 SCENARIO_FLAGS = {
@@ -133,11 +136,12 @@ SCENARIO_FLAGS = {
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES,
                    "pipeline schedule (default: interleaved with virtual stages, else 1f1b)", ""),
     "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None,
-                          "data-parallel gradient bucket (elements)", "bucket"),
+                          "data-parallel gradient bucket (parameters; default: max(40M, 1M x d) with "
+                          "--overlap-grad-reduce, else one bucket per chunk)", "bucket"),
     "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES,
-                           "full recompute: uniform or block (Megatron)", "rm-"),
+                           "full recompute: uniform or block (Megatron; default: uniform)", "rm-"),
     "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None,
-                               "layers per recompute group/block (Megatron)", "rnl"),
+                               "layers per recompute group/block (Megatron; default: 1)", "rnl"),
     "--recompute-granularity": ("parallel", "recompute_granularity", str, RECOMPUTE_CHOICES,
                                 "activation recomputation (K22 §4-5)", "rc-"),
     "--fp8-format": ("parallel", "fp8_format", str, FP8_FORMAT_CHOICES,
@@ -202,6 +206,8 @@ SCENARIO_FLAGS = {
     "--seed": ("run", "seed", int, None, "random seed of weights, data and dropout", "seed"),
     "--numeric-dtype": ("run", "numeric_dtype", str, DTYPE_CHOICES,
                         "numpy dtype of numeric mode (accounting stays 2-byte)", ""),
+    "--name": ("run", "name", str, None, "the run's name: titles its reports and names its "
+               "default report folder (default: the scenario file's name, else default)", None),
 }
 SWITCHES = {  # flag -> (section, key, value, help, token)
     "--group-query-attention": ("model", "group_query_attention", True,
@@ -365,6 +371,13 @@ def flag_help(flag: str) -> str:
     return f"{meaning}{_default_text(row.section, row.key)} [{row.section}.{row.key}]"
 
 
+def switch_help(flag: str) -> str:
+    """The --help text of a switch: meaning, whether it is on by default, the scenario key."""
+    section, key, _, meaning, _ = _switch(flag)
+    return (f"{meaning or key.replace('_', ' ')}; default: {_switch_default(flag)} "
+            f"[{section}.{key}]")
+
+
 def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
     """Add the optional scenario file, every Megatron-style override flag, --world-size and
     --force."""
@@ -378,10 +391,8 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
                            default=None, metavar=_metavar(row), help=flag_help(flag),
                            nargs="+" if flag in LIST_FLAGS else None)
     for flag in SWITCHES:
-        section, key, _, meaning, _ = _switch(flag)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
-                           help=f"{meaning or key.replace('_', ' ')}; default: "
-                                f"{_switch_default(flag)} [{section}.{key}]")
+                           help=switch_help(flag))
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
                             "the scenario's d)")
@@ -420,7 +431,7 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
         value = getattr(args, _dest(flag), None)
         if isinstance(value, list):
             value = "-".join(value)
-        if value is not None:
+        if value is not None and _row(flag).token is not None:
             text = f"{value:g}" if isinstance(value, float) else str(value)
             text = Path(text).stem if "/" in text else text  # a profile's path: its name
             tokens.append(f"{_row(flag).token}{text}")

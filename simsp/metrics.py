@@ -62,15 +62,16 @@ def oom_report(oom) -> dict | None:
                              for t in oom.largest_live]}
 
 
-def rank_memory(run, rank: int) -> dict:
-    """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict."""
+def rank_memory(run, rank: int, name_live: bool = True) -> dict:
+    """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict
+    (`name_live=False`: the verdict's largest live tensors left out, its bytes the same)."""
     c = run.world.grid.coords(rank)
     simulated = rank in run.world.ranks
     source = rank if simulated else run.rank_of(0, 0, c.pp)  # an identical representative
     if not simulated and represented_by(run.sc, rank) in run.world.ranks:
         source = represented_by(run.sc, rank)  # its place in a simulated expert group
     ledger = run.world.ranks[source].ledger
-    summary = ledger.summary()
+    summary = ledger.summary(name_live)
     peaks = summary.peak_by_category
     return {"rank": rank, "tp": c.tp, "pp": c.pp, "dp": c.dp,
             "peak_bytes": summary.peak_total,
@@ -112,8 +113,9 @@ def exposure(run) -> list[dict]:
     return rows
 
 
-def collect(run, shortcuts) -> dict:
-    """Every metric of `simsp run`, JSON-ready (keys of issue #5 first)."""
+def collect(run, shortcuts, name_live: bool = True) -> dict:
+    """Every metric of `simsp run`, JSON-ready (keys of issue #5 first); `name_live=False`
+    leaves the tensors live at an out-of-memory verdict unnamed (a sweep row's cost)."""
     sc = run.sc
     m, p = sc.model, sc.parallel
     t_iter = iteration_time(run)
@@ -122,7 +124,7 @@ def collect(run, shortcuts) -> dict:
     counted_model, counted_hw = _counted_flops(run)
     breakdown = exposure(run)
     exposed = [{k: e[k] for k in COMM_KEYS + ("ep_comm",) if e.get(k)} for e in breakdown]
-    ranks = [rank_memory(run, rank) for rank in range(p.world_size)]
+    ranks = [rank_memory(run, rank, name_live) for rank in range(p.world_size)]
     return {
         "iteration_time_s": t_iter,
         "tokens_per_s": p.global_batch * m.seq_length / t_iter,
