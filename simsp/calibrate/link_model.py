@@ -1,8 +1,9 @@
 """The forward model of a calibration: simsp's own timing of the measured collective.
 
 For link parameters (the [cluster] fields below) the predicted time of each measured size is
-simsp.engine.ring_timing.collective_time over simsp.cluster.topology.build_topology of the
-measured layout, so simulating with the fitted fragment reproduces the fitted times exactly.
+simsp.engine.ring_alone.alone_time (the collective alone on its links, as meta mode times it)
+over simsp.cluster.topology.build_topology of the measured layout, so simulating with the fitted
+fragment reproduces the fitted times exactly.
 """
 
 from dataclasses import replace
@@ -12,7 +13,8 @@ import numpy as np
 from simsp.calibrate.layout import Measurement
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
-from simsp.engine.ring_timing import busbw_GBps, collective_time
+from simsp.engine.ring_alone import alone_time
+from simsp.engine.ring_timing import busbw_GBps
 from simsp.hardware import LinkCalibration
 
 # The link calibration fields of [cluster] (simsp.hardware.LinkCalibration.from_cluster and the
@@ -47,7 +49,7 @@ def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float]) ->
     graph = build_topology(cluster)
     calibration = LinkCalibration.from_cluster(cluster)
     gpus = ring_gpus(cluster, m)
-    by_size = {size: collective_time(m.collective, graph, gpus, size, calibration=calibration,
+    by_size = {size: alone_time(m.collective, graph, gpus, size, calibration=calibration,
                                      elem_bytes=m.elem_bytes)
                for size in sorted(set(m.sizes_bytes))}
     return np.array([by_size[size] for size in m.sizes_bytes])  # (observations,)

@@ -29,7 +29,7 @@ from simsp.engine.nccl_group import nccl_choice, wire_bytes
 from simsp.engine.nccl_tuning import RING
 from simsp.engine.network import Network
 from simsp.engine.ring_plan import ALL_REDUCE, Channel, _members_by_node, channel_rings
-from simsp.engine.ring_timing import channel_hops, closed_form_stats
+from simsp.engine.ring_timing import channel_hops, closed_form_stats, collective_time
 from simsp.hardware import LinkCalibration
 
 Edge = tuple[str, str]
@@ -59,12 +59,26 @@ def shares_a_link(graph: nx.DiGraph, gpus: list[int]) -> bool:
     return False
 
 
+def alone_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
+               calibration: LinkCalibration | None = None, elem_bytes: int = DEFAULT_ELEM_BYTES,
+               stepwise_max_ranks: int | None = None) -> float:
+    """Seconds for a collective alone on its links, run as NCCL picks it: a tree all-reduce in
+    closed form (ring_timing.tree_time), a ring as alone_stats times it."""
+    choice = nccl_choice(collective, graph, list(gpus), nbytes, calibration)
+    if choice.algorithm != RING:
+        return collective_time(collective, graph, list(gpus), nbytes, calibration, elem_bytes)
+    return alone_stats(collective, graph, gpus, nbytes, calibration, elem_bytes,
+                       stepwise_max_ranks).time_s
+
+
 def alone_stats(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
                 calibration: LinkCalibration | None = None,
-                elem_bytes: int = DEFAULT_ELEM_BYTES) -> CollectiveStats:
+                elem_bytes: int = DEFAULT_ELEM_BYTES,
+                stepwise_max_ranks: int | None = None) -> CollectiveStats:
     """What the ring does alone on its links, starting at 0: the closed form where no link
     carries two of its hops (exact, O(n log n)), else the ring run step by step: one node's
-    piece of one channel where the symmetry allows (segment_time), else all of it."""
+    piece of one channel where the symmetry allows (segment_time), else all of it (up to
+    `stepwise_max_ranks` ranks; above, the closed form: an upper bound, docs/shortcuts.md)."""
     closed = closed_form_stats(collective, graph, list(gpus), nbytes, calibration, elem_bytes)
     if not shares_a_link(graph, gpus):
         return closed
@@ -74,6 +88,8 @@ def alone_stats(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int
         end_s = segment_time(graph, calibration, collective, len(gpus), segment)
         return replace(closed, end_s=end_s,
                        channels=tuple(replace(c, end_s=end_s) for c in closed.channels))
+    if stepwise_max_ranks is not None and len(gpus) > stepwise_max_ranks:
+        return closed
     env = simpy.Environment()
     network = Network(env, graph, calibration)
     ring = env.process(RING_COLLECTIVES[collective](env, network, list(gpus), None, nbytes,
