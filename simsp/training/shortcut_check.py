@@ -215,6 +215,23 @@ def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
     return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))
 
 
+def closed_form_why(clashes: list, stepwise: frozenset) -> str:
+    """How collectives are timed: as a whole (alone on their links, engine/ring_alone.py) or,
+    sharing links with other traffic, step by step."""
+    own = len({owner[1] for _edge, owner, other in clashes
+               if owner == other and owner[0] != "p2p"} - stepwise)
+    if not own and not stepwise:
+        return "used: no collective's ring shares a link"
+    alone = (f"{own} collective group(s) share links only among their own channels and are "
+             f"timed as their ring alone, run once step by step" if own else "")
+    if not stepwise:
+        return "used: " + alone
+    return (f"used where exact: {len(stepwise)} collective group(s) share links with other "
+            f"traffic and run step by step, loading them; "
+            + (alone + "; the others are timed as a whole" if alone else
+               "the others are timed as a whole"))
+
+
 def check_shortcuts(sc) -> ShortcutVerdict:
     """The exact shortcuts of a meta-mode scenario, with the reason for each."""
     p, cluster = sc.parallel, sc.cluster
@@ -233,10 +250,7 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         templates_why = "not used: TP collectives share links, so a layer step's time varies"
     else:
         templates_why = "used: every layer step of a stage is alike, recorded once and replayed"
-    closed_why = ("used: no collective's ring shares a link with other traffic" if not stepwise
-                  else f"used where exact: {len(stepwise)} collective group(s) share links with "
-                       f"other traffic and run step by step, loading them; the others are "
-                       f"timed as their ring alone")
+    closed_why = closed_form_why(clashes, stepwise)
     rep_why = ("not used: " + not_rep if not_rep else
                "used: every rank of a stage is placed and loaded as its representative")
     return ShortcutVerdict(representative=not not_rep, closed_form=True,
