@@ -46,6 +46,10 @@ BOUNDS = {
     "model.moe_layer_freq": Bound(1, 4096, "layers", "at most the layers' limit"),
     "model.moe_aux_loss_coeff": Bound(0.0, 1000.0, "", "Megatron's examples use 1e-2"),
     "model.moe_expert_capacity_factor": Bound(0.0, 4096.0, "", "at most every token per expert"),
+    "model.moe_shared_expert_intermediate_size": Bound(1, 1048576, "elements", "as ffn_hidden_size"),
+    "model.moe_routing_imbalance": Bound(0.0, 16.0, "", "Zipf exponent: 16 puts all load on one expert"),
+    "parallel.expert_model_parallel_size": Bound(1, 4096, "GPUs", "at most the experts' limit"),
+    "parallel.expert_tensor_parallel_size": Bound(1, 4096, "GPUs", _DC),
     "parallel.tensor_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
     "parallel.pipeline_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
     "parallel.data_parallel_size": Bound(1, 32768, "GPUs", _DC),
@@ -167,12 +171,15 @@ def meta_seconds(sc, representative: bool) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
-    names: ranks x L) and its data-parallel gradient buckets."""
+    names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
+    rank (no representative shortcut): t*cp*d ranks per stage."""
     p = sc.parallel
+    representative = representative and p.cp == 1
     if representative:
         per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
     else:
-        per_step = p.tp * p.dp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
+        per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
+                                         + p.tp * FULL_SECONDS_PER_RING_RANK)
     ranks = simulated_ranks(sc, representative)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
@@ -180,9 +187,10 @@ def meta_seconds(sc, representative: bool) -> float:
 
 
 def simulated_ranks(sc, representative: bool) -> int:
-    """Ranks the simulation runs a program for: one per stage with the shortcut, else all."""
+    """Ranks the simulation runs a program for: one per stage with the shortcut (never with
+    context parallelism), else all."""
     p = sc.parallel
-    return p.pp if representative else p.tp * p.pp * p.dp
+    return p.pp if representative and p.cp == 1 else p.tp * p.cp * p.pp * p.dp
 
 
 def bucket_count(sc) -> int:

@@ -7,8 +7,8 @@ all-reduce (TP) or reduce-scatter (SP) runs while the weight-gradient GEMM runs.
 
 from simsp.model import mappings, ops
 from simsp.model.layer import (LayerSpec, act_input_name, attention_core, attention_keep,
-                               fc1_views, kv_names, layer_forward, merge_qkv_grads, mlp_inner,
-                               norm, rope_angles)
+                               cp_attention_keep, fc1_views, kv_names, layer_forward,
+                               merge_qkv_grads, mlp_inner, norm, rope_angles)
 import math
 
 
@@ -168,7 +168,9 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
     heads, d = m.num_attention_heads // r.tp.size, m.head_dim
     groups = m.query_groups // r.tp.size
     q, k, v = saved.pop("q"), saved.pop("k"), saved.pop("v")
-    if m.flash:
+    if m.flash and r.cp is not None:
+        dq, dk, dv = yield from _cp_core_backward(r, spec, saved, dproj, q, k, v, proj_in)
+    elif m.flash:
         lse = saved.pop("softmax_lse", None)
         keep = attention_keep(r, spec, q.shape[0], heads)
         if lse is None:  # core_attn recomputed: the flash forward again, for its logsumexp
@@ -191,7 +193,7 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
             r.free(dk, dv)
             dk, dv = dk_g, dv_g
     if m.position_embedding_type == "rope":
-        cos, sin = rope_angles(m, q.shape[2]) if r.numeric else (None, None)
+        cos, sin = rope_angles(m, q.shape[2], r.cp) if r.numeric else (None, None)
         dq_in = yield from ops.rope(r, dq, cos, sin, "d_q_unrotated", inverse=True)
         dk_in = yield from ops.rope(r, dk, cos, sin, "d_k_unrotated", inverse=True)
         r.free(dq, dk)
@@ -199,6 +201,25 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
     dqkv = yield from merge_qkv_grads(r, dq, dk, dv)  # (s, b, (a + 2G)d/t)
     r.free(dq, dk, dv)
     return dqkv
+
+
+def _cp_core_backward(r, spec, saved, dproj, q, k, v, proj_in):
+    """Context parallelism: the ring (or all-to-all) attention backward over the CP group (its
+    forward again first when core_attn is recomputed); it frees what its forward kept itself."""
+    keep, p = cp_attention_keep(r, spec, q.shape[0], q.shape[1]), spec.model.attention_dropout
+    lse = saved.pop("softmax_lse", None)
+    if lse is None:  # core_attn recomputed: the ring forward again, for its logsumexp
+        phase, r.phase = r.phase, "recompute"
+        again, lse = yield from r.cp.forward(r, q, k, v, "flash_output", "softmax_lse", keep, p)
+        r.free(again)
+        r.phase = phase
+    else:
+        kept = saved.pop(r.cp.saved_name, None)
+        if kept is not None:
+            kept.key = None  # freed by the CP attention's backward
+    dq, dk, dv = yield from r.cp.backward(r, dproj, q, k, v, proj_in, lse, keep, p)
+    r.free(dproj, proj_in, lse, q, k, v)
+    return dq, dk, dv
 
 
 def _recompute_norm(r, m, w, x, prefix: str, name: str):

@@ -13,13 +13,15 @@ SPLIT_AXIS = {
     "attn.proj.weight": 0,  # row parallel
     "mlp.fc1.weight": -1, "mlp.fc1.bias": -1,  # column parallel
     "mlp.fc2.weight": 0,  # row parallel
+    "shared_experts.fc1.weight": -1, "shared_experts.fc2.weight": 0,  # MoE shared experts
     "embedding.word": 0,  # vocabulary parallel
     "output.weight": 0,  # vocabulary parallel (untied output layer)
 }
 # Replicated parameters whose gradients are partial per rank under SP (they act on a sequence
 # shard), so the TP group all-reduces them (Megatron-LM finalize_model_grads).
 SP_PARTIAL_SUFFIXES = ("embedding.position", "ln1.gamma", "ln1.beta", "ln2.gamma", "ln2.beta", "attn.proj.bias",
-                       "mlp.fc2.bias", "final_ln.gamma", "final_ln.beta")
+                       "mlp.fc2.bias", "final_ln.gamma", "final_ln.beta",
+                       "mlp.router.weight")  # the MoE router routes a sequence shard
 
 
 def split_axis(name: str) -> int | None:

@@ -14,6 +14,8 @@ from simsp.config import Scenario
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.gc_pause import gc_paused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
+from simsp.model.moe_placement import representatives
+from simsp.model.moe_routing import uniform_routing
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
@@ -49,6 +51,11 @@ class Shortcuts:
             why = "not used: numeric mode needs every rank and every ring step"
             return cls(reasons=tuple((name, why) for name in
                                      ("representative", "closed_form", "templates")))
+        if sc.parallel.cp > 1:
+            why = ("not used: context parallelism's ring attention moves K/V between every CP "
+                   "rank; every rank runs, every ring step on the links")
+            return cls(reasons=tuple((name, why) for name in
+                                     ("representative", "closed_form", "templates")))
         verdict = check_shortcuts(sc)
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
                    verdict.stepwise_groups, verdict.reasons)
@@ -77,8 +84,8 @@ class Run:
     targets: np.ndarray | None = None  # (s, B)
     canonical: dict | None = None  # full parameters (numeric mode)
     embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
-    embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb) -> grad at emb. output
-    losses: dict = field(default_factory=dict)  # (dp, micro_batch) -> summed token loss
+    embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb, cp) -> grad at emb. output
+    losses: dict = field(default_factory=dict)  # (dp, micro_batch, cp) -> summed token loss
     tied_embedding_arrivals: dict = field(default_factory=dict)  # group -> {rank: arrival_s}
     shortcuts: Shortcuts = Shortcuts()  # which scale shortcuts this run takes
     layers: object = field(default_factory=DirectLayers)  # LayerTemplates if shortcuts.templates
@@ -101,8 +108,8 @@ class Run:
         """Schedule steps of all simulated ranks in this iteration (the progress bar's total)."""
         return sum(len(self.plans[rank].steps) for rank in self.world.ranks)
 
-    def rank_of(self, tp: int, dp: int, pp: int) -> int:
-        return self.world.grid.rank_of(tp, dp, pp)
+    def rank_of(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
+        return self.world.grid.rank_of(tp, dp, pp, cp)
 
     @property
     def loss(self) -> float | None:
@@ -127,8 +134,10 @@ def rank_program(r, run: Run, plan: StagePlan):
     shapes = param_shapes(run.sc.padded_model)
     names = stage_param_names(shapes, plan)
     weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
-    shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
-    optimizer = allocate_optimizer(r, weights, shard)
+    p = run.sc.parallel
+    shard = p.dp * p.cp if p.distributed_optimizer else 1  # over dp_cp_group, as Megatron
+    expert_shard = len(r.moe.edp_group) if p.distributed_optimizer and r.moe is not None else None
+    optimizer = allocate_optimizer(r, weights, shard, expert_shard)
     state = run.states[r.rank] = RankState(weights, grads)
     yield from run_schedule(r, run, plan, state)
     r.phase, r.scope = "backward", ""
@@ -143,7 +152,10 @@ def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
         return None
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp)
-    return [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+    ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+    if sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1) and not uniform_routing(sc):
+        return representatives(sc, ranks)  # whole expert groups: they exchange their own rows
+    return ranks
 
 
 def _set_trace_detail(world: World, detail: str) -> None:
