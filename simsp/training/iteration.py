@@ -40,7 +40,8 @@ class Shortcuts:
     representative: bool = False
     closed_form: bool = False
     templates: bool = False
-    # groups whose collectives run step by step under closed_form (they share links)
+    # groups whose collectives run step by step under closed_form (they share links with
+    # other traffic: training/shortcut_check.py)
     stepwise_groups: frozenset = frozenset()
     reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
 

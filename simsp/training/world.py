@@ -50,9 +50,10 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
-    timing=CLOSED_FORM times each collective as a whole (matches the stepwise ring within 1%,
-    tests/test_communicator.py) instead of moving every ring step over the links, except the
-    collectives of `stepwise_groups` (rings that share links: training/shortcut_check.py)."""
+    timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
+    engine/ring_alone.py) instead of moving every ring step over the links, except the
+    collectives of `stepwise_groups` (rings that share links with other traffic:
+    training/shortcut_check.py), which run step by step."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
