@@ -66,6 +66,14 @@ class Model:
     moe_layer_freq: int = 1  # a MoE layer at every i with i % freq == 0
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
+    # _add_mla_args; docs/mla.md)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # query latent r_q (simsp needs one: DeepSeek-V3 1536)
+    kv_lora_rank: int = 32  # key/value latent r_kv
+    qk_head_dim: int = 128  # d_n: per-head query/key width without RoPE
+    qk_pos_emb_head_dim: int = 64  # d_r: the RoPE part of query/key, one key shared by heads
+    v_head_dim: int = 128  # d_v
 
     @property
     def ffn(self) -> int:
@@ -521,6 +529,7 @@ def validate_model(m: Model) -> None:
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
     _validate_llama_model(m)
     _validate_moe_model(m)
+    _validate_mla_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
@@ -540,10 +549,28 @@ def _validate_llama_model(m: Model) -> None:
     _check(m.norm_epsilon > 0, "model.norm_epsilon", f"must be positive, got {m.norm_epsilon}")
     _check(0 < m.rotary_percent <= 1, "model.rotary_percent",
            f"must be in (0, 1], got {m.rotary_percent}")
-    rotary = int(m.head_dim * m.rotary_percent)
+    rope_width = m.qk_pos_emb_head_dim if m.multi_latent_attention else m.head_dim
+    rotary = int(rope_width * m.rotary_percent)
     _check(m.position_embedding_type != "rope" or (rotary > 0 and rotary % 2 == 0),
-           "model.rotary_percent", f"rotates {rotary} of the {m.head_dim} head channels: "
+           "model.rotary_percent", f"rotates {rotary} of the {rope_width} head channels: "
            "needs an even, positive number")
+
+
+def _validate_mla_model(m: Model) -> None:
+    """Megatron-LM's checks on multi-latent attention (training.py asserts no GQA), and what
+    simsp's MLA has (docs/mla.md): a query latent, RMSNorm latents, RoPE."""
+    _positive("model", m, ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                           "v_head_dim"))
+    if not m.multi_latent_attention:
+        return
+    _check(m.q_lora_rank is not None, "model.q_lora_rank", "simsp's multi-latent attention "
+           "needs a query latent (--q-lora-rank; DeepSeek-V3: 1536)")
+    _check(not m.group_query_attention, "model.group_query_attention",
+           "conflicts with multi_latent_attention (Megatron asserts it)")
+    _check(m.rmsnorm, "model.normalization", "multi-latent attention's latents are RMSNorm'd "
+           "in simsp (DeepSeek's): use RMSNorm")
+    _check(m.position_embedding_type == "rope", "model.position_embedding_type",
+           "multi-latent attention needs rope (its decoupled RoPE key)")
 
 
 def _validate_moe_model(m: Model) -> None:
@@ -624,6 +651,8 @@ def validate_parallel(m: Model, p: Parallel) -> None:
         _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
                "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
                "built yet (core_attn is)")
+    _check(not m.multi_latent_attention or p.cp == 1, "parallel.context_parallel_size",
+           "multi-latent attention runs without context parallelism yet")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",

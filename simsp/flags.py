@@ -88,6 +88,18 @@ SCENARIO_FLAGS = {
     "--moe-expert-capacity-factor": ("model", "moe_expert_capacity_factor", float, None,
                                      "expert capacity factor: tokens over capacity are dropped "
                                      "(default: dropless)", "cap"),
+    # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
+    "--q-lora-rank": ("model", "q_lora_rank", int, None,
+                      "MLA query latent rank r_q (elements; simsp needs one)", "qlr"),
+    "--kv-lora-rank": ("model", "kv_lora_rank", int, None, "MLA key/value latent rank r_kv "
+                       "(elements)", "kvlr"),
+    "--qk-head-dim": ("model", "qk_head_dim", int, None,
+                      "MLA per-head query/key width without RoPE d_n (elements)", "qkd"),
+    "--qk-pos-emb-head-dim": ("model", "qk_pos_emb_head_dim", int, None,
+                              "MLA RoPE width d_r, one key shared by all heads (elements)",
+                              "qkpd"),
+    "--v-head-dim": ("model", "v_head_dim", int, None, "MLA per-head value width d_v (elements)",
+                     "vd"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,
@@ -186,6 +198,9 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
     "--swiglu": ("model", "swiglu", True, "SwiGLU MLP (gate and up projections)", "swiglu"),
     "--moe-pad-expert-input-to-capacity": ("model", "moe_pad_expert_input_to_capacity", True,
                                            "pad every expert's input to its capacity", "pad"),
+    "--multi-latent-attention": ("model", "multi_latent_attention", True,
+                                 "multi-head latent attention (DeepSeek-V2/V3; docs/mla.md)",
+                                 "mla"),
     "--untie-embeddings-and-output-weights": ("model", "untie_embeddings_and_output_weights",
                                               True, "an output layer of its own", "untied"),
     "--disable-bias-linear": ("model", "add_bias_linear", False, "no biases in linear layers",
