@@ -4,7 +4,9 @@ Every field has the name of its Megatron-LM flag (dashes become underscores), in
 dataclasses and on the command line alike. Cross-field checks live in `validate`.
 """
 
+import ast
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from pathlib import Path
 
 from simsp.bounds import check_ranges
@@ -63,7 +65,7 @@ class Model:
     moe_router_score_function: str = "softmax"
     moe_router_load_balancing_type: str = "aux_loss"
     moe_aux_loss_coeff: float = 0.0
-    moe_layer_freq: int = 1  # a MoE layer at every i with i % freq == 0
+    moe_layer_freq: int | str = 1  # every i with i % N == 0, or a pattern "([0]*3+[1]*58)"
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
     # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
@@ -93,8 +95,13 @@ class Model:
         return self.num_attention_heads
 
     def is_moe_layer(self, i: int) -> bool:
-        """Whether layer i's MLP is a mixture of experts (--moe-layer-freq as an int)."""
-        return self.num_experts is not None and i % self.moe_layer_freq == 0
+        """Whether layer i's MLP is a mixture of experts (--moe-layer-freq: an int N, or
+        Megatron's per-layer pattern of 0s and 1s)."""
+        if self.num_experts is None:
+            return False
+        if isinstance(self.moe_layer_freq, str):
+            return moe_layer_pattern(self.moe_layer_freq)[i] == 1
+        return i % self.moe_layer_freq == 0
 
     @property
     def moe_ffn(self) -> int:
@@ -395,11 +402,61 @@ def padded_vocab_size(m: Model, t: int) -> int:
 SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
 
 
+@lru_cache(maxsize=64)
+def moe_layer_pattern(text: str) -> tuple[int, ...]:
+    """Megatron-LM's --moe-layer-freq pattern (arguments.py moe_freq_type evaluates it), e.g.
+    "([0]*3+[1]*58)": list literals of 0/1, * by an integer, +, parentheses; evaluated over
+    that grammar alone (no eval). Raises ValueError on anything else."""
+    def value(node):
+        if isinstance(node, ast.List):
+            items = [value(e) for e in node.elts]
+            if not all(isinstance(v, int) and v in (0, 1) for v in items):
+                raise ValueError("list entries must be 0 or 1")
+            return items
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int):
+                if right > 4096:
+                    raise ValueError("repeat count above 4096")
+                return left * right
+        raise ValueError("only lists of 0/1, '* N' and '+' are allowed")
+    if len(text) > 1000:
+        raise ValueError("longer than 1000 characters")
+    try:
+        pattern = value(ast.parse(text, mode="eval").body)
+    except SyntaxError as err:
+        raise ValueError(f"not a pattern: {err.msg}") from None
+    if not isinstance(pattern, list):
+        raise ValueError("must be a list pattern such as ([0]*3+[1]*58)")
+    return tuple(pattern)
+
+
+def one_layer_fields(m: Model) -> dict:
+    """Model overrides that cut it to its layer 0 alone (`simsp layer`, the reports' layer
+    table): one layer, and a --moe-layer-freq pattern cut to its first entry."""
+    fields_ = {"num_layers": 1}
+    if isinstance(m.moe_layer_freq, str):
+        fields_["moe_layer_freq"] = f"[{moe_layer_pattern(m.moe_layer_freq)[0]}]"
+    return fields_
+
+
+def moe_freq_type(text: str):
+    """--moe-layer-freq's value: an integer N, or a pattern string (Megatron's moe_freq_type)."""
+    return int(text) if text.strip().isdigit() else text
+
+
 def _field_types(cls) -> dict[str, type]:
     """Map each dataclass field to the python type its value must have."""
     kinds = {}
     for f in fields(cls):
         text = str(f.type)
+        if "int | str" in text:  # --moe-layer-freq: an integer or a pattern
+            kinds[f.name] = (int, str)
+            continue
         kinds[f.name] = (
             bool if "bool" in text else int if "int" in text else float if "float" in text else str
         )
@@ -411,7 +468,10 @@ def _coerce(section: str, key: str, value, kind: type):
     name = f"{section}.{key}"
     if value is None:
         return None
-    if kind is bool:
+    if kind == (int, str):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise UserError(name, f"must be an integer or a pattern string, got {value!r}")
+    elif kind is bool:
         if not isinstance(value, bool):
             raise UserError(name, f"must be true or false, got {value!r}")
     elif kind is int:
@@ -577,8 +637,17 @@ def _validate_moe_model(m: Model) -> None:
     """Megatron-LM's checks on the MoE fields (arguments.py), and what simsp's MoE layer has."""
     if m.num_experts is None:
         return
-    _positive("model", m, ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
-                           "moe_layer_freq"))
+    _positive("model", m, ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"))
+    if isinstance(m.moe_layer_freq, str):
+        try:
+            pattern = moe_layer_pattern(m.moe_layer_freq)
+        except ValueError as err:
+            raise UserError("model.moe_layer_freq", str(err)) from None
+        _check(len(pattern) == m.num_layers, "model.moe_layer_freq",
+               f"the pattern has {len(pattern)} entries, num_layers={m.num_layers} (Megatron "
+               "asserts they match)")
+    else:
+        _positive("model", m, ("moe_layer_freq",))
     _check(m.moe_router_topk <= m.num_experts, "model.moe_router_topk",
            f"{m.moe_router_topk} exceeds num_experts={m.num_experts}")
     _choice("model.moe_router_score_function", m.moe_router_score_function, MOE_SCORE_CHOICES)

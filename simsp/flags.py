@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE_CHOICES, MODE_CHOICES,
                           NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, NORMALIZATION_CHOICES,
-                          MOE_BALANCING_CHOICES, MOE_SCORE_CHOICES,
+                          MOE_BALANCING_CHOICES, MOE_SCORE_CHOICES, moe_freq_type,
                           POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
@@ -83,8 +83,9 @@ SCENARIO_FLAGS = {
                                          MOE_BALANCING_CHOICES, "load balancing", "lb-"),
     "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float, None,
                              "coefficient of the load-balancing aux loss (default 0)", "aux"),
-    "--moe-layer-freq": ("model", "moe_layer_freq", int, None,
-                         "a MoE layer every N layers, from layer 0 (default 1)", "mfreq"),
+    "--moe-layer-freq": ("model", "moe_layer_freq", moe_freq_type, None,
+                         "a MoE layer every N layers, from layer 0, or Megatron's per-layer "
+                         "pattern such as '([0]*3+[1]*58)' (default 1)", "mfreq"),
     "--moe-expert-capacity-factor": ("model", "moe_expert_capacity_factor", float, None,
                                      "expert capacity factor: tokens over capacity are dropped "
                                      "(default: dropless)", "cap"),

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simsp.config import Scenario, with_overrides
+from simsp.config import Scenario, one_layer_fields, with_overrides
 from simsp.engine.communicator import STEPWISE
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
@@ -50,7 +50,7 @@ class LayerResult:
 
 def one_tp_group(sc: Scenario) -> Scenario:
     """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism)."""
-    return with_overrides(sc, model={"num_layers": 1}, parallel={
+    return with_overrides(sc, model=one_layer_fields(sc.model), parallel={
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
         "recompute_method": None, "recompute_num_layers": None,  # one layer: its own group
