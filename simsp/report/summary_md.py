@@ -93,7 +93,13 @@ def _architecture(m: dict) -> list[str]:
     """The Llama-class variant in words (none for K22's GPT layer)."""
     if "architecture" not in m:
         return []
-    return [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
+    lines = [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
+    if "parameters" in m:  # MoE and MLA models (simsp/model/param_counts.py)
+        n = m["parameters"]
+        lines.append(f"Parameters: {n['total'] / 1e9:.2f}B total, {n['active'] / 1e9:.2f}B "
+                     f"active per token ({100 * n['active'] / n['total']:.1f}%), embedding and "
+                     f"output layer {n['embedding'] / 1e9:.2f}B.")
+    return lines
 
 
 def _hardware_line(lay: dict) -> list[str]:
