@@ -4,9 +4,13 @@ test_moe_flops.py's architectures and the dense formula of analytic.py."""
 
 from pathlib import Path
 
+import contextlib
+import io
+
 import pytest
 
 from simsp import analytic
+from simsp.cli import main
 from simsp.config import load_scenario
 from simsp.model.moe_flops import megatron_flops, moe_model_flops
 from simsp.model.param_counts import parameter_counts
@@ -70,3 +74,37 @@ def test_dense_model_differs_from_the_dense_formula_by_the_causal_half():
         m.num_attention_heads * m.head_dim
     assert megatron_flops(m, p.global_batch, sc.padded_vocab_size) == \
         pytest.approx(analytic.megatron_model_flops(m, p) - half_core, rel=1e-12)
+
+
+def test_moe_layer_freq_pattern_places_dense_layers():
+    """Megatron's pattern: the first layer dense, the rest MoE, in the model and its FLOPs."""
+    from simsp.config import Model
+    m = Model(num_layers=3, num_experts=4, add_bias_linear=False,
+              moe_layer_freq="([0]*1+[1]*2)")
+    assert [m.is_moe_layer(i) for i in range(3)] == [False, True, True]
+    every = Model(num_layers=3, num_experts=4, add_bias_linear=False)
+    h, f = m.hidden_size, m.ffn
+    # one MLP of f (dense) instead of top-2 experts of f: 6·h·2·f·(1 − 2) per token
+    assert megatron_flops(m, 1, 128) - megatron_flops(every, 1, 128) == \
+        -6 * h * 2 * f * m.seq_length
+
+
+@pytest.mark.parametrize("text", ["[2]*3", "__import__('os')", "[1]*2", "[0]*3+1"])
+def test_bad_moe_layer_freq_is_one_error_line(text):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["run", "--num-experts", "4", "--disable-bias-linear", "--num-layers", "3",
+                     "--moe-layer-freq", text, "--json"])
+    assert code == 2
+    assert err.getvalue().startswith("error: model.moe_layer_freq: ")
+    assert err.getvalue().count("\n") == 1
+
+
+def test_moe_run_reports_total_and_active_parameters():
+    """A MoE run's --json and summary carry the counts of param_counts (E 4, top-2: the active
+    count drops two experts of 3hf per layer)."""
+    from simsp.api import run
+    metrics = run(None, num_experts=4, moe_router_topk=2, add_bias_linear=False, mode="meta")
+    counts = metrics["parameters"]
+    h, f, L = 64, 256, 2
+    assert counts["total"] - counts["active"] == L * 2 * 2 * h * f
