@@ -119,3 +119,24 @@ def test_mla_tiny_verifies():
     assert report["passed"], (report["max_rel_err"], report["max_rel_err_vs_reference"])
     assert report["max_rel_err_vs_reference"] < 1e-13
     assert "layers.1.attn.kv_up.weight" in report["checked"]
+
+
+def test_deepseek_like_tiny_verifies():
+    """MLA with MoE layers after a dense first one (--moe-layer-freq pattern), top-2 sigmoid
+    routing with the aux loss, t = 1 (MoE's layout today), p = 2: finite differences and the
+    reference."""
+    sc = load_scenario(TINY, {**SMALL, ("model", "num_layers"): 3, ("model", "num_experts"): 4,
+                              ("model", "moe_router_topk"): 2,
+                              ("model", "moe_ffn_hidden_size"): 24,
+                              ("model", "moe_layer_freq"): "([0]*1+[1]*2)",
+                              ("model", "moe_router_score_function"): "sigmoid",
+                              ("model", "moe_aux_loss_coeff"): 0.01,
+                              ("parallel", "tensor_model_parallel_size"): 1,
+                              ("parallel", "sequence_parallel"): False,
+                              ("parallel", "data_parallel_size"): 1,
+                              ("parallel", "global_batch_size"): 2,
+                              ("parallel", "decoder_first_pipeline_num_layers"): 1})
+    report = verify_report(sc)
+    assert report["passed"], (report["max_rel_err"], report["max_rel_err_vs_reference"])
+    assert "layers.2.mlp.router.weight" in report["checked"]
+    assert "layers.0.mlp.fc1.weight" in report["checked"]
