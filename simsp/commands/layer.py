@@ -76,7 +76,8 @@ def layer_report(result) -> dict:
     if result.max_rel_err is not None:
         report["max_rel_err"] = result.max_rel_err
     if llama:  # the GPT layer's document stays as it was
-        report.update(formula="docs/llama.md", architecture=architecture(m))
+        source = "docs/mla.md" if m.multi_latent_attention else "docs/llama.md"
+        report.update(formula=source, architecture=architecture(m))
     return report
 
 

@@ -102,6 +102,11 @@ def _architecture(m: dict) -> list[str]:
     return lines
 
 
+def _layer_doc(m: dict) -> str:
+    """The document of the layer's closed form: docs/mla.md for multi-latent attention."""
+    return "docs/mla.md" if m.get("architecture", "").startswith("MLA") else "docs/llama.md"
+
+
 def _hardware_line(lay: dict) -> list[str]:
     """GPU, system and FP8, when not the default A100 in BF16 (docs/hardware.md)."""
     if "gpu" not in lay:
@@ -254,7 +259,7 @@ def _activations(m: dict, stages: list[dict]) -> list[str]:
     formula = m["first_stage_activation_formula_bytes"]
     measured = stages[0]["activation_peak_bytes"]
     diff = f"{(measured - formula) / formula * 100:+.1f}%" if formula else "n/a"
-    source = "docs/llama.md per layer, K22 §4.2.3" if "architecture" in m else "K22 §4.2.3"
+    source = f"{_layer_doc(m)} per layer, K22 §4.2.3" if "architecture" in m else "K22 §4.2.3"
     rows = [[f"formula ({source})", format_bytes(formula), f"{formula:,.0f}"],
             ["measured (ledger, stage 0 activation peak)", format_bytes(measured),
              f"{measured:,}"],
@@ -271,7 +276,7 @@ def _layer_tensors(m: dict) -> list[str]:
     rows = [[item["name"], format_bytes(item["bytes"]), f"{item['bytes']:,}"]
             for item in sorted(lt["saved"], key=lambda i: -i["bytes"])]
     rows += [["total (ledger)", format_bytes(lt["measured_bytes"]), f"{lt['measured_bytes']:,}"],
-             ["closed form (docs/llama.md)", format_bytes(lt["formula_bytes"]),
+             [f"closed form ({_layer_doc(m)})", format_bytes(lt["formula_bytes"]),
               f"{lt['formula_bytes']:,}"]]
     return ["## One layer's kept tensors (rank 0, largest first)", "",
             *_table(["tensor", "size", "bytes"], rows), ""]
