@@ -4,7 +4,15 @@ links), the Ulysses (a2a) timeline beside it, and a numeric cross-check of the t
 computes CP attention (ring p2p, Ulysses a2a, each run by rank processes on the links).
 
     python benchmarks/context_parallel.py
+    python benchmarks/context_parallel.py --memory   # Llama 3 70B at CP 2 in the training loop
+
+`--memory` simulates scenarios/llama3-70b.toml with --context-parallel-size 2
+--data-parallel-size 1 --global-batch-size 8 (meta, every rank: about 30 CPU seconds) and prints
+stage 0's memory by category beside docs/context-parallel.md's closed form.
 """
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import simpy
@@ -108,7 +116,38 @@ def numeric_check(cp: int = 4, s: int = 16, balanced: bool = True) -> dict:
     }
 
 
+def memory_table() -> None:
+    """Stage 0's rank 0 of Llama 3 70B at CP 2, by category, against the closed form."""
+    from simsp.analytic import first_stage_activation_bytes
+    from simsp.config import load_scenario
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    overrides = {("parallel", "context_parallel_size"): 2, ("parallel", "data_parallel_size"): 1,
+                 ("parallel", "global_batch_size"): 8}
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3-70b.toml",
+                       overrides)
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    peaks = run.world.ranks[0].ledger.summary().peak_by_category
+    m, p = sc.model, sc.parallel
+    h, a, g, d, f, t = (m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim,
+                        m.ffn, p.tp)
+    layer = (h * (a + 2 * g) * d + a * d * h + 2 * h * f + f * h) // t + 2 * h
+    params = sc.padded_vocab_size * h // t + m.num_layers // p.pp * layer  # stage 0, per rank
+    closed = {"weights": 2 * params, "gradients": 4 * params,
+              "optimizer": 12 * params // (p.dp * p.cp),
+              "activations": first_stage_activation_bytes(sc)}
+    print(f"Llama 3 70B, t {t} SP, cp {p.cp}, p {p.pp} interleaved, d {p.dp}: stage 0, rank 0")
+    print("| category | ledger (bytes) | closed form |\n|---|---:|---:|")
+    for category, measured in peaks.items():
+        form = closed.get(category)
+        print(f"| {category} | {measured:,} | {'' if form is None else f'{int(form):,}'} |")
+    print(f"iteration {max(run.end_s.values()):.4f} s; rank 0 blocked on CP exchanges "
+          f"{run.world.ranks[0].exposed_s.get('cp_comm', 0.0):.6f} s")
+
+
 def main():
+    if "--memory" in sys.argv[1:]:
+        memory_table()
+        return
     print("| cp | s | GPUs | K/V block | transfer | forward | backward |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for case in RING_CASES:

@@ -3,6 +3,8 @@
 Nothing here is used to *produce* a simulated number; these only cross-check them.
 """
 
+from dataclasses import replace
+
 from simsp.config import (Model, Parallel, Scenario, model_chunks, padded_vocab_size,
                           virtual_stage_layer_counts)
 
@@ -103,15 +105,20 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     (its warm-up runs all v chunks of p micro-batches, then chunk 0 of p − 1 more), not p; with
     p = 1 stage 0 is also the last stage and holds one micro-batch's head tensors; full recompute
     adds the layers whose activations are rebuilt during backward (K22 counts stored inputs):
-    one layer, or a group of N (--recompute-method uniform), or block's mix."""
+    one layer, or a group of N (--recompute-method uniform), or block's mix.
+    Context parallelism: every term at s/cp tokens, plus the K/V block each layer's ring keeps
+    for backward (docs/context-parallel.md)."""
     m, p = sc.model, sc.parallel
+    full_model = m
+    if p.cp > 1:
+        m = replace(m, seq_length=m.seq_length // p.cp)
     t, sp = p.tp, p.sequence_parallel
     s, b, h, a = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads
     def layer(recompute: str) -> int:
         """One layer's kept bytes under `recompute` in this layout."""
         if m.llama_layer or p.recompute_modules:
-            return llama_layer_activation_bytes(m, b, t, sp, recompute,
-                                                p.recompute_module_set or frozenset(("core_attn",)))
+            modules = p.recompute_module_set or frozenset(("core_attn",))
+            return cp_layer_activation_bytes(full_model, p, recompute, modules)
         return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
                                       m.hidden_dropout > 0, m.attention_dropout > 0)
     chunks = chunks_per_stage(m, p)
@@ -133,6 +140,28 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
         head = 4 * s * b * h / seq_split + 4 * s * b * sc.padded_vocab_size / t
     # the head's tensors are freed by its backward before any layer is recomputed
     return total + max(recomputed, head)
+
+
+def cp_layer_activation_bytes(m: Model, p: Parallel, recompute: str,
+                              modules: frozenset) -> int:
+    """One Llama-class layer's kept bytes per rank with context parallelism: the layer at s/cp
+    tokens plus its ring's saved K/V block (docs/context-parallel.md); at cp 1 the layer's."""
+    local = replace(m, seq_length=m.seq_length // p.cp) if p.cp > 1 else m
+    return llama_layer_activation_bytes(local, p.micro_batch_size, p.tp, p.sequence_parallel,
+                                        recompute, modules) + \
+        cp_saved_kv_bytes(local, p, recompute, modules)
+
+
+def cp_saved_kv_bytes(m: Model, p: Parallel, recompute: str, modules: frozenset) -> int:
+    """What a layer's CP attention keeps for backward beyond the layer's own tensors (m at s/cp
+    tokens): the ring's K/V block (rank r + 1's), 2·(s/cp)·b·d·2G/t bytes (p2p), or Ulysses'
+    head-split output, 2·(s/cp)·b·d·a/t (a2a); nothing with allgather, none when recomputed
+    (full, or selective core_attn) or at cp 1 (docs/context-parallel.md)."""
+    rebuilt = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
+    if p.cp == 1 or rebuilt or p.cp_comm_type == "allgather":
+        return 0
+    heads = m.num_attention_heads if p.cp_comm_type == "a2a" else 2 * m.query_groups
+    return 2 * m.seq_length * p.micro_batch_size * m.head_dim * heads // p.tp
 
 
 def _interleaved_uneven_bytes(m: Model, p: Parallel, per_layer: int) -> int:

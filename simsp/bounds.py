@@ -172,12 +172,15 @@ def meta_seconds(sc, representative: bool) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
-    names: ranks x L) and its data-parallel gradient buckets."""
+    names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
+    rank (no representative shortcut): t*cp*d ranks per stage."""
     p = sc.parallel
+    representative = representative and p.cp == 1
     if representative:
         per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
     else:
-        per_step = p.tp * p.dp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
+        per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
+                                         + p.tp * FULL_SECONDS_PER_RING_RANK)
     ranks = simulated_ranks(sc, representative)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
@@ -185,9 +188,10 @@ def meta_seconds(sc, representative: bool) -> float:
 
 
 def simulated_ranks(sc, representative: bool) -> int:
-    """Ranks the simulation runs a program for: one per stage with the shortcut, else all."""
+    """Ranks the simulation runs a program for: one per stage with the shortcut (never with
+    context parallelism), else all."""
     p = sc.parallel
-    return p.pp if representative else p.tp * p.pp * p.dp
+    return p.pp if representative and p.cp == 1 else p.tp * p.cp * p.pp * p.dp
 
 
 def bucket_count(sc) -> int:

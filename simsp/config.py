@@ -25,9 +25,9 @@ POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
 ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
 MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
-# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); only p2p and a2a are modelled
+# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); all but a2a+p2p are modelled
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
-CP_COMM_TYPES_MODELLED = ("p2p", "a2a")
+CP_COMM_TYPES_MODELLED = ("p2p", "a2a", "allgather")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
@@ -670,7 +670,7 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     _positive("parallel", p, ("context_parallel_size",))
     _choice("parallel.cp_comm_type", p.cp_comm_type, CP_COMM_TYPE_CHOICES)
     _check(p.cp_comm_type in CP_COMM_TYPES_MODELLED, "parallel.cp_comm_type",
-           f"{p.cp_comm_type} is not yet modelled (p2p and a2a are)")
+           f"{p.cp_comm_type} is not yet modelled (p2p, a2a and allgather are)")
     if p.cp == 1:
         return
     c = p.cp
@@ -686,9 +686,11 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
         _check(heads % c == 0 and (m.query_groups // p.tp) % c == 0, "parallel.cp_comm_type",
                f"a2a splits each TP rank's {heads} query and {m.query_groups // p.tp} KV heads "
                f"over context_parallel_size={c}; they are not divisible")
-    _check(False, "parallel.context_parallel_size",
-           f"{c}: context parallelism is not yet in the training loop (its ring and a2a "
-           "attention are tested building blocks, docs/context-parallel.md); use 1")
+    _check(m.flash, "parallel.context_parallel_size",
+           "needs FlashAttention (--use-flash-attn): Megatron-LM runs context parallelism "
+           "only in Transformer Engine's attention")
+    _check(m.attention_dropout == 0, "model.attention_dropout",
+           "simsp's context-parallel attention runs without attention dropout; use 0")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:
@@ -844,7 +846,8 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
     for name in ("nvlink_efficiency", "ib_efficiency"):
         _check(0 < getattr(c, name) <= 1, f"cluster.{name}", "must be in (0, 1]")
     _check(p.world_size <= c.num_gpus, "cluster.nodes",
-           f"the layout needs t*p*d={p.world_size} GPUs but {c.nodes} node(s) of "
+           f"the layout needs {'t*cp*p*d' if p.cp > 1 else 't*p*d'}={p.world_size} GPUs but "
+           f"{c.nodes} node(s) of "
            f"{c.gpus_per_node} hold {c.num_gpus}")
 
 

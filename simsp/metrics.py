@@ -78,11 +78,13 @@ def rank_memory(run, rank: int) -> dict:
             "oom": summary.oom is not None, "oom_detail": oom_report(summary.oom),
             "simulated": simulated,
             "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks,
-            "final_bytes": ledger.final_bytes()}
+            "final_bytes": ledger.final_bytes(),
+            **({"cp": c.cp} if run.sc.parallel.cp > 1 else {})}
 
 
-COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm")  # communication proper
+COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm", "cp_comm")  # communication proper
 EXPOSURE_KEYS = ("compute", "tp_comm", "pp_transfer", "pp_wait", "dp_comm", "optimizer")
+CP_KEYS = ("cp_comm",)  # context parallelism's ring exchanges (only where cp > 1)
 
 
 def exposure(run) -> list[dict]:
@@ -90,13 +92,15 @@ def exposure(run) -> list[dict]:
 
     compute: kernels (optimizer excluded); tp_comm, pp_transfer, dp_comm: blocked on that
     communication while data moved; pp_wait: blocked on a peer that had not arrived (pipeline
-    fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step."""
+    fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step;
+    cp_comm (cp > 1 only): blocked on ring attention's K/V and dK/dV exchanges."""
     t_iter = iteration_time(run)
+    keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ())
     rows = []
     for rank in stage_ranks(run):
         r = run.world.ranks[rank]
         blocked = r.exposed_s
-        row = {key: blocked.get(key, 0.0) for key in EXPOSURE_KEYS}
+        row = {key: blocked.get(key, 0.0) for key in keys}
         row["compute"] = sum(r.busy_s.values()) - row["optimizer"]
         row["pp_wait"] += t_iter - run.end_s[rank]
         rows.append(row)
@@ -112,7 +116,7 @@ def collect(run, shortcuts) -> dict:
     bubble_all, bubble_stages = bubble(run)
     counted_model, counted_hw = _counted_flops(run)
     breakdown = exposure(run)
-    exposed = [{k: e[k] for k in COMM_KEYS if e[k]} for e in breakdown]
+    exposed = [{k: e[k] for k in COMM_KEYS if e.get(k)} for e in breakdown]
     ranks = [rank_memory(run, rank) for rank in range(p.world_size)]
     return {
         "iteration_time_s": t_iter,
@@ -191,9 +195,8 @@ def layer_tensors(sc) -> dict:
     from simsp.training.layer_sim import simulate_layer
     record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
     p = sc.parallel
-    formula = analytic.llama_layer_activation_bytes(
-        sc.model, p.micro_batch_size, p.tp, p.sequence_parallel, p.recompute_granularity,
-        p.recompute_module_set)
+    formula = analytic.cp_layer_activation_bytes(sc.model, p, p.recompute_granularity,
+                                                 p.recompute_module_set)
     return {"saved": [{"name": n, "bytes": b} for n, b in record.saved],
             "measured_bytes": record.activation_bytes, "formula_bytes": formula}
 
@@ -209,7 +212,12 @@ def layout(sc) -> dict:
             "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size,
             "gpus": p.world_size, "nodes": sc.cluster.nodes,
             "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p),
-            **_hardware_layout(sc)}
+            **_hardware_layout(sc), **_context_layout(p)}
+
+
+def _context_layout(p) -> dict:
+    """cp and its comm type (docs/context-parallel.md), present only with cp > 1."""
+    return {"cp": p.cp, "cp_comm_type": p.cp_comm_type} if p.cp > 1 else {}
 
 
 def _hardware_layout(sc) -> dict:

@@ -30,9 +30,8 @@ def test_sequence_must_split_into_2cp_chunks(cp):
     assert "2*context_parallel_size" in str(_error({"context_parallel_size": cp}))
 
 
-@pytest.mark.parametrize("kind", ["allgather", "a2a+p2p"])
-def test_unmodelled_comm_types_are_refused(kind):
-    err = _error({"cp_comm_type": kind})
+def test_the_hierarchical_a2a_p2p_type_is_refused():
+    err = _error({"cp_comm_type": "a2a+p2p"})
     assert err.field == "parallel.cp_comm_type" and "not yet modelled" in str(err)
 
 
@@ -47,14 +46,23 @@ def test_world_size_divides_by_t_cp_p():
     assert "tensor*context*pipeline = 2*2*2 = 8" in str(err)
 
 
-def test_cp_above_one_is_refused_until_the_loop_runs_it():
-    assert _error({"context_parallel_size": 2}).field == "parallel.context_parallel_size"
+def test_cp_needs_flash_attention_as_megatron_does():
+    err = _error({"context_parallel_size": 2})  # tiny.toml: the unfused core
+    assert err.field == "parallel.context_parallel_size" and "FlashAttention" in str(err)
+
+
+def test_the_loop_runs_cp_and_refuses_attention_dropout_in_one_line():
+    sc = load_scenario("scenarios/llama-tiny-cp.toml")
+    assert (sc.parallel.cp, sc.parallel.world_size) == (2, 16)
+    with pytest.raises(UserError) as caught:
+        load_scenario("scenarios/llama-tiny-cp.toml", {("model", "attention_dropout"): 0.1})
+    assert caught.value.field == "model.attention_dropout"
 
 
 def test_cli_gives_one_error_line_and_exit_2(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "simsp.cli", "run", TINY, "--cp-comm-type",
-                           "allgather", "--out", str(out)], capture_output=True, text=True)
+                           "a2a+p2p", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 2 and not out.exists()
     assert done.stderr.splitlines() == [
-        "error: parallel.cp_comm_type: allgather is not yet modelled (p2p and a2a are)"]
+        "error: parallel.cp_comm_type: a2a+p2p is not yet modelled (p2p, a2a and allgather are)"]

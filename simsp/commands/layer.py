@@ -46,9 +46,8 @@ def layer_report(result) -> dict:
     m, p = sc.model, sc.parallel
     llama = m.llama_layer or p.recompute_modules
     if llama:  # docs/llama.md
-        formula = analytic.llama_layer_activation_bytes(
-            m, p.micro_batch_size, p.tp, p.sequence_parallel, p.recompute_granularity,
-            p.recompute_module_set)
+        formula = analytic.cp_layer_activation_bytes(m, p, p.recompute_granularity,
+                                                     p.recompute_module_set)
     else:
         formula = analytic.layer_activation_bytes(
             m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tp,

@@ -95,7 +95,8 @@ def run(args) -> int:
         _print_fp8(sc, report)
     else:
         p = sc.parallel
-        print(f"verify: t={p.tp} p={p.pp} d={p.dp} SP={p.sequence_parallel} "
+        cp = f" cp={p.cp}" if p.cp > 1 else ""
+        print(f"verify: t={p.tp}{cp} p={p.pp} d={p.dp} SP={p.sequence_parallel} "
               f"recompute={p.recompute_granularity} schedule={p.schedule_name}")
         print(f"{'tensor':<32}{'vs finite diff':>16}{'vs reference':>16}")
         for name in report["checked"]:

@@ -59,7 +59,9 @@ def layout_label(parallel: dict, layers: int) -> str:
     """Readable name: `t8 p8 d1 b1, interleaved 3 chunks, SP, selective recompute, distributed
     optimizer` (t, p, d: tensor, pipeline and data-parallel sizes; b: micro-batch size)."""
     t, p = parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"]
-    parts = [f"t{t} p{p} d{parallel['data_parallel_size']} b{parallel['micro_batch_size']}"]
+    cp = parallel.get("context_parallel_size", 1)
+    parts = [f"t{t}{f' cp{cp}' if cp > 1 else ''} p{p} d{parallel['data_parallel_size']} "
+             f"b{parallel['micro_batch_size']}"]
     virtual = parallel["num_layers_per_virtual_pipeline_stage"]
     parts.append(f"interleaved {layers // p // virtual} chunks" if virtual else "1F1B")
     parts.append("SP" if parallel["sequence_parallel"] else "no SP")
@@ -76,13 +78,17 @@ def layout_label(parallel: dict, layers: int) -> str:
     return ", ".join(parts)
 
 
-def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int) -> list[dict]:
-    """Every (t, p, d, b, schedule, SP, recompute, dist-opt) with t·p·d = gpus, before checks."""
+def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int, cp: int = 1) -> list[dict]:
+    """Every (t, p, d, b, schedule, SP, recompute, dist-opt) with t·cp·p·d = gpus, before checks
+    (cp: the context-parallel size the user fixed, 1 by default; Megatron's world = t·cp·p·d)."""
     found = []
-    for t in divisors(min(gpus, max_tp)):
-        for p in (p for p in divisors(gpus // t) if gpus % (t * p) == 0 and layers % p == 0):
-            d = gpus // (t * p)
-            if gpus % t or batch % d:
+    if gpus % cp:
+        return found
+    ranks = gpus // cp  # t·p·d
+    for t in divisors(min(ranks, max_tp)):
+        for p in (p for p in divisors(ranks // t) if ranks % (t * p) == 0 and layers % p == 0):
+            d = ranks // (t * p)
+            if ranks % t or batch % d:
                 continue
             for b in divisors(batch // d):
                 for virtual in _schedules(layers // p, p, batch // (b * d)):
@@ -142,7 +148,8 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
     (each row's `simsp run` command starts from it)."""
     layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
     found = Layouts()
-    for parallel in raw_layouts(gpus, batch, layers, max_tp=per_node):
+    cp = (fixed or {}).get("context_parallel_size", 1)
+    for parallel in raw_layouts(gpus, batch, layers, max_tp=per_node, cp=cp):
         parallel = with_fixed(parallel, fixed or {})
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})

@@ -14,6 +14,12 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   every (micro-batch, chunk) whose forward is done and backward not (simsp.training.schedules
   max_in_flight, exact for the schedule simsp runs). Each held chunk keeps at least its layers'
   saved tensors, measured from the ledger of the layer simulated alone.
+- context parallelism (cp > 1): a layer is simulated alone at s/cp tokens without CP. Its saved
+  tensors are exactly the CP layer's but for the K/V block the ring keeps for backward, so its
+  kept bytes are a lower bound; its time is too, since the CP layer runs the same kernels on
+  the same s/cp rows and its ring's first step is the same (s/cp × s/cp) FlashAttention block,
+  the other cp − 1 steps and any wait for a K/V block only adding time
+  (docs/context-parallel.md). Stage 0's optimizer state is sharded over d·cp.
 """
 
 import math
@@ -81,7 +87,9 @@ def layer_cost(sc: Scenario, granularity: str) -> LayerCost:
     """One layer of this layout (t, SP, b, model) under `granularity`; the pipeline, data
     parallelism and runtime switches do not change a layer alone, so they are reset (shared memo)."""
     defaults = Parallel()
-    reduced = with_overrides(sc, parallel={
+    reduced = with_overrides(sc, model={"seq_length": sc.model.seq_length // sc.parallel.cp},
+                             parallel={
+        "context_parallel_size": 1, "cp_comm_type": defaults.cp_comm_type,
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
         "schedule": None, "num_layers_per_virtual_pipeline_stage": None,
         "distributed_optimizer": False, "recompute_granularity": granularity,
@@ -150,12 +158,12 @@ def chunk_kept_bytes(sc: Scenario) -> int:
 def static_bytes(sc: Scenario) -> float:
     """Weights, gradients and optimizer state one stage-0 rank holds at least: its layers'
     parameters and its word-embedding shard, at the bytes per parameter simsp's allocators gave
-    the layer alone (the optimizer's over d with the distributed optimizer); the embedding's
+    the layer alone (the optimizer's over d·cp with the distributed optimizer); the embedding's
     shard at no more than 4 bytes per parameter (16-bit weights and gradients: a lower bound)."""
     p = sc.parallel
     cost = layer_cost(sc, "none")
     weight, gradient, optimizer = cost.static_bytes_per_element
-    shard = p.dp if p.distributed_optimizer else 1
+    shard = p.dp * p.cp if p.distributed_optimizer else 1  # Megatron's dp_cp group
     per_element = weight + gradient + optimizer / shard
     layers = sc.model.num_layers // p.pp * cost.weight_elements * per_element
     embedding = sc.padded_vocab_size * sc.model.hidden_size // p.tp

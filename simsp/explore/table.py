@@ -21,10 +21,11 @@ def changes_from_first(config: Config, first: Config) -> str:
 
 
 def gpus_of(config: Config) -> int:
-    """GPUs the configuration uses: t·p·d."""
+    """GPUs the configuration uses: t·cp·p·d."""
     values = config.overrides()
     try:
         return (values[("parallel", "tensor_model_parallel_size")]
+                * values.get(("parallel", "context_parallel_size"), 1)
                 * values[("parallel", "pipeline_model_parallel_size")]
                 * values[("parallel", "data_parallel_size")])
     except TypeError:  # a non-numeric size: the row carries its error

@@ -15,6 +15,13 @@ OBJECTIVES = {  # name: (column, larger is better)
     "tokens-per-s-per-gpu": ("tokens_per_s_per_gpu", True), "mfu": ("mfu", True),
     "cost": ("gpu_hours_per_million_tokens", False)}
 KINDS = ("compute", "bubble", "tp_comm", "pp_transfer", "dp_comm", "optimizer")
+CP_KIND = "cp_comm"  # context parallelism's exchanges: rows with cp > 1 only
+
+
+def kinds_of(rows: list[dict]) -> tuple:
+    """KINDS, and cp_comm when some row has context-parallel exposure (docs/context-parallel.md)."""
+    cp = any(row.get(f"exposed_{CP_KIND}_s") is not None for row in rows)
+    return KINDS + ((CP_KIND,) if cp else ())
 
 
 def _flag_table() -> dict:
@@ -98,7 +105,7 @@ def exposure(row: dict) -> dict:
     time = row["iteration_time_s"]
     found = {"compute": row.get("exposed_compute_s") or 0.0,
              "bubble": time - time / (1 + row["bubble_fraction"])}
-    for kind in KINDS[2:]:
+    for kind in KINDS[2:] + (CP_KIND,):
         value = row.get(f"exposed_{kind}_s")
         found[kind] = value if value == value and value is not None else 0.0
     return found
@@ -134,10 +141,11 @@ def _what_moved(row: dict, base: dict) -> str:
     """The kinds of time that changed by at least 1% of the baseline's iteration, largest first."""
     mine, theirs = exposure(row), exposure(base)
     floor = 0.01 * base["iteration_time_s"]
-    moved = sorted(((mine[k] - theirs[k], k) for k in KINDS if abs(mine[k] - theirs[k]) >= floor),
+    kinds = kinds_of([row, base])
+    moved = sorted(((mine[k] - theirs[k], k) for k in kinds if abs(mine[k] - theirs[k]) >= floor),
                    key=lambda item: -abs(item[0]))
     if not moved:
-        delta, kind = max(((mine[k] - theirs[k], k) for k in KINDS), key=lambda item: abs(item[0]))
+        delta, kind = max(((mine[k] - theirs[k], k) for k in kinds), key=lambda item: abs(item[0]))
         return (f"every kind of time within 1% of the iteration; the largest move: {kind} "
                 f"{delta:+.3f} s")
     shown = ", ".join(f"{kind} {delta:+.3f} s" for delta, kind in moved[:3])

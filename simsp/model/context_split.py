@@ -70,3 +70,14 @@ def balanced_step_pairs(s: int, cp: int, step: int) -> int:
     c(c + 1) + c²; every other step one full half block, 2c² (TE's three causal cases)."""
     c = s // (2 * cp)
     return c * (c + 1) + c * c if step == 0 else 2 * c * c
+
+
+def rank_rows(r, rows: int):
+    """Global sequence positions of the `rows` rows rank `r` holds (its SP slice of its CP
+    share): the first position (an int) without context parallelism, else the positions
+    (rows,) taken from r.cp.positions (two chunks: not contiguous)."""
+    start = r.tp.index * rows if r.tp.sequence_parallel else 0
+    if r.cp is None:
+        return start
+    return r.cp.positions[start:start + rows]  # (rows,)
+

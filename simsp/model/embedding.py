@@ -8,8 +8,14 @@ VocabParallelEmbedding). Keeps the dropout mask (sbh/t under SP) for backward (K
 import numpy as np
 
 from simsp.model import mappings, ops
+from simsp.model.context_split import rank_rows
 from simsp.model.dropout_sites import site_id
 from simsp.model.tensor import FP16
+
+
+def _rows(start, n: int):
+    """The position table's rows: a slice from `start`, or the given positions (n,)."""
+    return slice(start, start + n) if np.ndim(start) == 0 else start
 
 
 def _vocab_range(r, word) -> tuple[int, int]:
@@ -37,10 +43,10 @@ def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple
     x = yield from mappings.exit_forward(r, partial, "embedding_exit")  # (s_l, b, h)
     if x is not partial:
         r.free(partial)
-    seq_start = r.tp.index * x.shape[0] if r.tp.sequence_parallel else 0
+    seq_start = rank_rows(r, x.shape[0])  # first position, or the CP rank's positions
     if "embedding.position" in w:  # learned absolute positions (no table for rope, none)
         if r.numeric:
-            position = w["embedding.position"].data[seq_start:seq_start + x.shape[0]]  # (s_l, h)
+            position = w["embedding.position"].data[_rows(seq_start, x.shape[0])]  # (s_l, h)
             x.data = x.data + position[:, None, :]
         yield from r.compute("position_embedding", "elementwise", nbytes=3 * x.nbytes)
     p = model.hidden_dropout
@@ -61,10 +67,10 @@ def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx):
     r.free(mask)
     if demb is not dx:
         r.free(dx)
-    seq_start = r.tp.index * demb.shape[0] if r.tp.sequence_parallel else 0
+    seq_start = rank_rows(r, demb.shape[0])
     if r.numeric and "embedding.position" in g:
         rows = demb.data.sum(axis=1)  # (s_l, h)
-        g["embedding.position"].data[seq_start:seq_start + rows.shape[0]] += rows
+        g["embedding.position"].data[_rows(seq_start, rows.shape[0])] += rows
     dfull = yield from mappings.exit_backward(r, demb, "embedding_exit_grad")  # (s, b, h)
     if r.numeric:
         word = w["embedding.word"]

@@ -189,6 +189,7 @@ def keep_mask(p, seed, site, starts, shape):
     """Bool mask; element idx has global coordinates starts + idx: keep = U(seed, site, coords) >= p.
 
     U is a splitmix64 chain over (seed, site, c_0, c_1, ...) mapped to [0, 1); p = 0 keeps all.
+    A start may be an array of the axis's coordinates (n,): a context-parallel rank's rows.
     """
     shape = tuple(int(n) for n in shape)
     assert len(starts) == len(shape), "one start per dimension"
@@ -199,7 +200,8 @@ def keep_mask(p, seed, site, starts, shape):
         h = _splitmix64(h ^ _splitmix64(np.array([site & _MASK64], dtype=np.uint64) + _GAMMA))
         h = h.reshape((1,) * len(shape))  # (1, ..., 1)
         for axis, (start, n) in enumerate(zip(starts, shape)):
-            coord = np.arange(start, start + n, dtype=np.int64).astype(np.uint64)  # (n,)
+            coord = (np.arange(start, start + n, dtype=np.int64) if np.ndim(start) == 0
+                     else np.asarray(start, dtype=np.int64)).astype(np.uint64)  # (n,)
             view = [1] * len(shape)
             view[axis] = n
             h = _splitmix64(h ^ _splitmix64(coord + _GAMMA).reshape(view))  # broadcast grows

@@ -38,6 +38,7 @@ import numpy as np
 
 from simsp.config import Model
 from simsp.model import kernels, mappings, ops
+from simsp.model.context_split import rank_rows, rope_tables
 from simsp.model.dropout_sites import site_id
 from simsp.model.tensor import FP16, Tensor
 
@@ -82,16 +83,12 @@ class Stash:
         self.tensors = {}
 
 
-def _seq_start(r, s_local: int) -> int:
-    return r.tp.index * s_local if r.tp.sequence_parallel else 0
-
-
 def _hidden_mask(r, spec: LayerSpec, site: str, x):
     """Keep-mask of a hidden dropout over global (seq, sample, hidden) coordinates."""
     p = spec.model.hidden_dropout
     if p == 0:
         return None
-    starts = (_seq_start(r, x.shape[0]), spec.sample_offset, 0)
+    starts = (rank_rows(r, x.shape[0]), spec.sample_offset, 0)
     return ops.dropout_mask(r, p, site_id(spec.layer, site), starts, x.shape, f"{site}_mask")
 
 
@@ -127,10 +124,15 @@ def norm(r, m: Model, x, w: dict, prefix: str, name: str):
     return (yield from ops.layernorm(r, x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"], name))
 
 
-def rope_angles(m: Model, s: int):
+def rope_angles(m: Model, s: int, cp=None):
     """cos, sin (s, rot) of positions 0..s−1: attention sees the whole sequence on every TP
-    rank (SP gathers it first), so every rank applies the same angles."""
-    return kernels.rope_angles(s, int(m.head_dim * m.rotary_percent), m.rotary_base)
+    rank (SP gathers it first), so every rank applies the same angles; with context
+    parallelism (`cp`, a rank's CpAttention) those of its chunks' global positions
+    (model/context_split.py rope_tables)."""
+    rot = int(m.head_dim * m.rotary_percent)
+    if cp is not None:
+        return rope_tables(cp.positions, rot, m.rotary_base)
+    return kernels.rope_angles(s, rot, m.rotary_base)
 
 
 def attention_keep(r, spec: LayerSpec, b: int, heads: int):
@@ -280,7 +282,7 @@ def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
     q, k, v = yield from split_qkv(r, qkv, heads, d, groups, names)  # q (b,a/t,s,d), k, v G/t
     r.free(qkv)
     if rope:
-        cos, sin = rope_angles(m, q.shape[2]) if r.numeric else (None, None)
+        cos, sin = rope_angles(m, q.shape[2], r.cp) if r.numeric else (None, None)
         q_rot = yield from ops.rope(r, q, cos, sin, "q")
         k_rot = yield from ops.rope(r, k, cos, sin, k_name)
         r.free(q, k)
@@ -288,9 +290,17 @@ def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
     if m.flash:
         for name, tensor in (("q", q), ("k", k), ("v", v)):
             stash.put(name, tensor)
-        keep = attention_keep(r, spec, q.shape[0], heads)
-        out, lse = yield from ops.flash_attention(r, q, k, v, keep, m.attention_dropout,
-                                                  "proj_input", "softmax_lse")
+        if r.cp is not None:  # context parallelism: the ring (or all-to-all) over CP ranks
+            out, lse = yield from r.cp.forward(r, q, k, v, "proj_input", "softmax_lse")
+            kept = r.cp.saved(r, k, v)  # the ring's K/V block, a2a's head-split output or None
+            if spec.recomputes("core_attn"):
+                r.free(kept)  # the recompute runs the exchanges again
+            else:
+                stash.put(r.cp.saved_name, kept)
+        else:
+            keep = attention_keep(r, spec, q.shape[0], heads)
+            out, lse = yield from ops.flash_attention(r, q, k, v, keep, m.attention_dropout,
+                                                      "proj_input", "softmax_lse")
         if spec.recomputes("core_attn"):
             r.free(lse)  # core_attn recompute: the backward re-runs the flash forward
         else:

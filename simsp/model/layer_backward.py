@@ -195,7 +195,9 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
     heads, d = m.num_attention_heads // r.tp.size, m.head_dim
     groups = m.query_groups // r.tp.size
     q, k, v = saved.pop("q"), saved.pop("k"), saved.pop("v")
-    if m.flash:
+    if m.flash and r.cp is not None:
+        dq, dk, dv = yield from _cp_core_backward(r, saved, dproj, q, k, v, proj_in)
+    elif m.flash:
         lse = saved.pop("softmax_lse", None)
         keep = attention_keep(r, spec, q.shape[0], heads)
         if lse is None:  # core_attn recomputed: the flash forward again, for its logsumexp
@@ -218,7 +220,7 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
             r.free(dk, dv)
             dk, dv = dk_g, dv_g
     if m.position_embedding_type == "rope":
-        cos, sin = rope_angles(m, q.shape[2]) if r.numeric else (None, None)
+        cos, sin = rope_angles(m, q.shape[2], r.cp) if r.numeric else (None, None)
         dq_in = yield from ops.rope(r, dq, cos, sin, "d_q_unrotated", inverse=True)
         dk_in = yield from ops.rope(r, dk, cos, sin, "d_k_unrotated", inverse=True)
         r.free(dq, dk)
@@ -226,6 +228,24 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
     dqkv = yield from merge_qkv_grads(r, dq, dk, dv)  # (s, b, (a + 2G)d/t)
     r.free(dq, dk, dv)
     return dqkv
+
+
+def _cp_core_backward(r, saved, dproj, q, k, v, proj_in):
+    """Context parallelism: the ring (or all-to-all) attention backward over the CP group (its
+    forward again first when core_attn is recomputed); it frees what its forward kept itself."""
+    lse = saved.pop("softmax_lse", None)
+    if lse is None:  # core_attn recomputed: the ring forward again, for its logsumexp
+        phase, r.phase = r.phase, "recompute"
+        again, lse = yield from r.cp.forward(r, q, k, v, "flash_output", "softmax_lse")
+        r.free(again)
+        r.phase = phase
+    else:
+        kept = saved.pop(r.cp.saved_name, None)
+        if kept is not None:
+            kept.key = None  # freed by the CP attention's backward
+    dq, dk, dv = yield from r.cp.backward(r, dproj, q, k, v, proj_in, lse)
+    r.free(dproj, proj_in, lse, q, k, v)
+    return dq, dk, dv
 
 
 def recompute_norm(r, m, w, x, prefix: str, name: str):

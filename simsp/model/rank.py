@@ -56,6 +56,7 @@ class Rank:
     compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
     precision: object = DEFAULT_PRECISION  # simsp.precision.Precision: state dtypes, FP8
     fp8: object = None  # simsp.precision.Fp8 when the linear layers run in FP8
+    cp: object = None  # training/cp_attention.py CpAttention with context parallelism, else None
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):

@@ -630,7 +630,7 @@ def write_memory_plot(run, path) -> Path | None:
 
 EXPOSED_TRACKS = (("tp_comm", "TP comm", "#4c72b0"), ("pp_transfer", "pipeline transfer", "#8172b2"),
                   ("pp_comm", "pipeline comm", "#8172b2"), ("pp_wait", "pipeline wait", "#bbbbbb"),
-                  ("dp_comm", "DP comm", "#c44e52"))
+                  ("dp_comm", "DP comm", "#c44e52"), ("cp_comm", "CP comm", "#55a868"))
 BUSY_KEYS = ("compute", "optimizer")  # time at work, not exposed
 BAR_MARGINS = (0.8, 0.9, 0.2, 0.4)  # inches: left, bottom (ticks, label, legend), right, top
 

@@ -18,7 +18,8 @@ MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
                   ("temporaries", "temporaries"), ("communication", "communication"))
 COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
                ("pp_transfer", "pipeline transfer exposed"), ("pp_wait", "pipeline wait"),
-               ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"))
+               ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"),
+               ("cp_comm", "CP comm exposed"))
 
 
 def pct(fraction: float) -> str:

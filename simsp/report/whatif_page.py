@@ -10,7 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 import numpy as np  # noqa: E402
 
-from simsp.explore.whatif import KINDS, OBJECTIVES, change, conclusion, exposure  # noqa: E402
+from simsp.explore.whatif import (OBJECTIVES, change, conclusion, exposure,  # noqa: E402
+                                  kinds_of)
 from simsp.report.html import figure, page, to_html  # noqa: E402
 from simsp.units import GiB  # noqa: E402
 
@@ -50,7 +51,7 @@ def exposure_table(rows: list[dict]) -> list[str]:
     lines = ["| seconds (busiest stage) | " + " | ".join(r["variant"] for r in done) + " |",
              "|---|" + "---:|" * len(done)]
     spent = [exposure(row) for row in done]
-    for kind in KINDS:
+    for kind in kinds_of(done):
         lines.append(f"| {kind} | " + " | ".join(f"{s[kind]:.3f}" for s in spent) + " |")
     lines.append("| iteration | " + " | ".join(f"{r['iteration_time_s']:.3f}" for r in done) + " |")
     return lines
@@ -127,7 +128,7 @@ def plot_exposure(rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(11, 1.5 + 0.6 * len(done)))
     y = np.arange(len(done))[::-1]  # (variants,)
     left = np.zeros(len(done))  # (variants,)
-    for kind in KINDS:
+    for kind in kinds_of(done):
         values = np.array([exposure(r)[kind] for r in done])  # (variants,)
         ax.barh(y, values, left=left, label=kind)
         left += values

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from simsp.model.context_split import local_positions
 from simsp.model.params import param_shapes
 from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
@@ -15,13 +16,14 @@ def _holder_stage(name: str, run) -> int:
     raise KeyError(name)
 
 
-def gathered_grads(run, dp: int = 0) -> dict:
-    """Full canonical gradients of DP replica `dp` after the iteration's reductions."""
+def gathered_grads(run, dp: int = 0, cp: int = 0) -> dict:
+    """Full canonical gradients of DP replica `dp`, CP rank `cp`, after the iteration's
+    reductions."""
     grads = {}
     t = run.sc.parallel.tp
     for name in param_shapes(run.sc.padded_model):
         pp = _holder_stage(name, run)
-        shards = [run.states[run.rank_of(tp, dp, pp)].grads[name].data for tp in range(t)]
+        shards = [run.states[run.rank_of(tp, dp, pp, cp)].grads[name].data for tp in range(t)]
         grads[name] = unshard(name, shards)
     return grads
 
@@ -34,8 +36,9 @@ def compare_with_reference(run) -> dict:
                                                moe_group=sc.parallel.micro_batch_size)
     errors = {"loss": abs(run.loss - ref_loss) / abs(ref_loss)}
     for dp in range(sc.parallel.dp):
-        for name, grad in gathered_grads(run, dp).items():
-            errors[name] = max(errors.get(name, 0.0), relative_error(grad, ref[name]))
+        for cp in range(sc.parallel.cp):
+            for name, grad in gathered_grads(run, dp, cp).items():
+                errors[name] = max(errors.get(name, 0.0), relative_error(grad, ref[name]))
     errors["embedding_output"] = relative_error(embedding_output_grad(run),
                                                 ref["embedding_output"])
     return errors
@@ -46,12 +49,13 @@ def embedding_output_grad(run) -> np.ndarray:
     sc = run.sc
     s, B, h = sc.model.seq_length, sc.parallel.global_batch, sc.model.hidden_size
     full = np.zeros((s, B, h))
-    b, t = sc.parallel.micro_batch_size, sc.parallel.tp
+    b, t, cp = sc.parallel.micro_batch_size, sc.parallel.tp, sc.parallel.cp
     per_replica = B // sc.parallel.dp
-    for (tp, dp, mb), grad in run.embedding_grads.items():
+    for (tp, dp, mb, cp_rank), grad in run.embedding_grads.items():
         if sc.parallel.sequence_parallel or tp == 0:
-            rows = s // t if sc.parallel.sequence_parallel else s
+            positions = local_positions(s, cp, cp_rank) if cp > 1 else np.arange(s)  # (s/cp,)
+            rows = len(positions) // t if sc.parallel.sequence_parallel else len(positions)
             start = tp * rows if sc.parallel.sequence_parallel else 0
             col = dp * per_replica + mb * b
-            full[start:start + rows, col:col + b] = grad
+            full[positions[start:start + rows], col:col + b] = grad
     return full

@@ -30,6 +30,7 @@ class RingTimeline:
 
     compute: dict = field(default_factory=dict)  # (phase, cp rank, step) -> (start_s, end_s)
     ends: dict = field(default_factory=dict)  # (phase, cp rank) -> end_s
+    waited: dict = field(default_factory=dict)  # (phase, cp rank) -> s blocked on exchanges
 
 
 def exchange_bytes(phase: str, step: int, cp: int, kv_bytes: int) -> int:
@@ -62,10 +63,11 @@ class CpRing:
     """One CP group's ring attention on a Network: gpus in cp-rank order, block times given."""
 
     def __init__(self, env: simpy.Environment, network, gpus: tuple, kv_bytes: int,
-                 ledgers: dict | None = None):
+                 ledgers: dict | None = None, prefix: str = ""):
         self.env, self.network, self.gpus, self.kv_bytes = env, network, gpus, kv_bytes
         self.cp = len(gpus)
-        self.ledgers = ledgers or {}
+        self.ledgers = {} if ledgers is None else ledgers
+        self.prefix = prefix  # ledger key scope of the buffers (a layer's, in the training loop)
         self.timeline = RingTimeline()
         self._posted: dict = {}  # (phase, step, cp rank) -> event: that rank has posted
         self._moving: dict = {}  # (phase, step, src cp rank) -> the transfer's process
@@ -100,29 +102,42 @@ class CpRing:
             self._moving[key] = self.env.process(self._transfer(phase, step, src, dst, nbytes))
         return self._moving[key]
 
-    def _compute(self, phase: str, rank: int, step: int, seconds: float):
+    def _compute(self, phase: str, rank: int, step: int, seconds):
+        """The step's block attention: `seconds`, or a generator function of (phase, step)
+        that runs it on the rank's compute stream (training/cp_attention.py)."""
         start = self.env.now
-        yield self.env.timeout(seconds)
+        if callable(seconds):
+            yield from seconds(phase, step)
+        else:
+            yield self.env.timeout(seconds)
         self.timeline.compute[(phase, rank, step)] = (start, self.env.now)
+
+    def _wait(self, phase: str, rank: int, pending: simpy.Event):
+        """Wait for a posted exchange, adding the time blocked to the timeline's `waited`."""
+        start = self.env.now
+        yield pending
+        key = (phase, rank)
+        self.timeline.waited[key] = self.timeline.waited.get(key, 0.0) + (self.env.now - start)
 
     def _buffer(self, rank: int, key: str, nbytes: int, alloc: bool) -> None:
         ledger = self.ledgers.get(rank)
         if ledger is None or nbytes == 0:
             return
         if alloc:
-            ledger.alloc(key, nbytes, "communication", "cp_ring", self.env.now)
+            ledger.alloc(self.prefix + key, nbytes, "communication", "cp_ring", self.env.now)
         else:
-            ledger.free(key, "cp_ring", self.env.now)
+            ledger.free(self.prefix + key, "cp_ring", self.env.now)
 
     def forward(self, rank: int, block_s: list, numbers=None):
-        """Rank `rank`'s forward: block_s[i] is its step-i block attention time. `numbers`
+        """Rank `rank`'s forward: block_s[i] is its step-i block attention time (or a compute
+        generator function, see _compute). `numbers`
         (numeric mode, training/cp_ring_numeric.py) is told when the rank posts, computes and
         has received each step's exchange."""
         pending = None
         self._buffer(rank, "cp_kv_0", self.kv_bytes if self.cp > 1 else 0, True)
         for step in range(self.cp):
             if pending is not None:
-                yield pending
+                yield from self._wait("forward", rank, pending)
                 if numbers is not None:
                     numbers.arrived("forward", step - 1)
             if step < self.cp - 1:
@@ -132,12 +147,14 @@ class CpRing:
                 pending = self._post("forward", step, rank)
             if numbers is not None:
                 numbers.compute("forward", step)
-            yield from self._compute("forward", rank, step, block_s[step])
+            yield from self._compute("forward", rank, step,
+                                     block_s if callable(block_s) else block_s[step])
         for step in range(self.cp - 1):
             self._buffer(rank, f"cp_kv_{step}", self.kv_bytes, False)
         ledger = self.ledgers.get(rank)
         if ledger is not None and self.cp > 1:  # TE saves the last K/V received for backward
-            ledger.retag(f"cp_kv_{self.cp - 1}", "activations", "cp_kv_saved")
+            ledger.retag(f"{self.prefix}cp_kv_{self.cp - 1}", "activations",
+                         f"{self.prefix}cp_kv_saved")
         self.timeline.ends[("forward", rank)] = self.env.now
 
     def backward(self, rank: int, block_s: list, numbers=None):
@@ -151,8 +168,9 @@ class CpRing:
             pending = self._post("backward", step, rank)
             if numbers is not None:
                 numbers.compute("backward", step)
-            yield from self._compute("backward", rank, step, block_s[step])
-            yield pending
+            yield from self._compute("backward", rank, step,
+                                     block_s if callable(block_s) else block_s[step])
+            yield from self._wait("backward", rank, pending)
             if numbers is not None:
                 numbers.arrived("backward", step)
         self._buffer(rank, "cp_kv_dkv_buffers", buffers, False)

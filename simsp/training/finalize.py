@@ -27,7 +27,8 @@ def tied_embedding_reduce(r, run, plan, grads: dict):
     pipeline transfer."""
     if plan.p == 1 or not (plan.holds_embedding or plan.holds_head) or not run.sc.model.tied:
         return  # untied: the output layer has its own weight, nothing is shared
-    group = (run.rank_of(plan.tp, plan.dp, 0), run.rank_of(plan.tp, plan.dp, plan.p - 1))
+    group = (run.rank_of(plan.tp, plan.dp, 0, plan.cp),
+             run.rank_of(plan.tp, plan.dp, plan.p - 1, plan.cp))
     arrivals = run.tied_embedding_arrivals.setdefault(group, {})
     arrivals[r.rank] = start = r.env.now
     grad = grads["embedding.word"]

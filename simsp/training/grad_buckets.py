@@ -104,7 +104,7 @@ class DDPBuckets:
 
     def __init__(self, r, run, plan, grads: dict):
         p = run.sc.parallel
-        self.group = run.world.grid.dp_group(r.rank)
+        self.group = run.world.grid.dp_cp_group(r.rank)  # CP ranks reduce with DP (Megatron)
         self.grads, self.plan = grads, plan
         self.distributed = p.distributed_optimizer
         self.overlap = p.overlap_grad_reduce and len(self.group) > 1

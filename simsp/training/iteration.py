@@ -48,6 +48,11 @@ class Shortcuts:
             why = "not used: numeric mode needs every rank and every ring step"
             return cls(reasons=tuple((name, why) for name in
                                      ("representative", "closed_form", "templates")))
+        if sc.parallel.cp > 1:
+            why = ("not used: context parallelism's ring attention moves K/V between every CP "
+                   "rank; every rank runs, every ring step on the links")
+            return cls(reasons=tuple((name, why) for name in
+                                     ("representative", "closed_form", "templates")))
         verdict = check_shortcuts(sc)
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
                    verdict.stepwise_groups, verdict.reasons)
@@ -76,8 +81,8 @@ class Run:
     targets: np.ndarray | None = None  # (s, B)
     canonical: dict | None = None  # full parameters (numeric mode)
     embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
-    embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb) -> grad at emb. output
-    losses: dict = field(default_factory=dict)  # (dp, micro_batch) -> summed token loss
+    embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb, cp) -> grad at emb. output
+    losses: dict = field(default_factory=dict)  # (dp, micro_batch, cp) -> summed token loss
     tied_embedding_arrivals: dict = field(default_factory=dict)  # group -> {rank: arrival_s}
     shortcuts: Shortcuts = Shortcuts()  # which scale shortcuts this run takes
     layers: object = field(default_factory=DirectLayers)  # LayerTemplates if shortcuts.templates
@@ -100,8 +105,8 @@ class Run:
         """Schedule steps of all simulated ranks in this iteration (the progress bar's total)."""
         return sum(len(self.plans[rank].steps) for rank in self.world.ranks)
 
-    def rank_of(self, tp: int, dp: int, pp: int) -> int:
-        return self.world.grid.rank_of(tp, dp, pp)
+    def rank_of(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
+        return self.world.grid.rank_of(tp, dp, pp, cp)
 
     @property
     def loss(self) -> float | None:
@@ -126,7 +131,8 @@ def rank_program(r, run: Run, plan: StagePlan):
     shapes = param_shapes(run.sc.padded_model)
     names = stage_param_names(shapes, plan)
     weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
-    shard = run.sc.parallel.dp if run.sc.parallel.distributed_optimizer else 1
+    p = run.sc.parallel
+    shard = p.dp * p.cp if p.distributed_optimizer else 1  # over dp_cp_group, as Megatron
     optimizer = allocate_optimizer(r, weights, shard)
     state = run.states[r.rank] = RankState(weights, grads)
     yield from run_schedule(r, run, plan, state)

@@ -1,4 +1,5 @@
-"""`simsp layer`: one transformer layer, forward then backward, on the t ranks of one TP group."""
+"""`simsp layer`: one transformer layer, forward then backward, on the t ranks of one TP group
+(with context parallelism on its t·cp ranks: one TP group per CP rank, the ring between them)."""
 
 from dataclasses import dataclass, field
 
@@ -6,6 +7,7 @@ import numpy as np
 
 from simsp.config import Scenario, one_layer_fields, with_overrides
 from simsp.engine.communicator import STEPWISE
+from simsp.model.context_split import gather_sequence
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
 from simsp.model.params import init_params, layer_param_names, param_shapes
@@ -69,7 +71,10 @@ def _layer_inputs(sc: Scenario):
 
 
 def _seq_shard(r, full: np.ndarray | None) -> np.ndarray | None:
-    """Rank r's sequence slice under SP, else the whole (s, b, h) array."""
+    """Rank r's sequence slice under SP (of its CP rank's rows), else the whole (s, b, h) array
+    (its CP rank's rows (s/cp, b, h))."""
+    if full is not None and r.cp is not None:
+        full = full[r.cp.positions]  # (s/cp, b, h)
     if full is None or not r.tp.sequence_parallel:
         return full
     return np.array_split(full, r.tp.size, axis=0)[r.tp.index]
@@ -79,7 +84,8 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
                   rec: RankRecord):
     """One rank: allocate its shards, run forward, measure, run backward (+ SP grad sync)."""
     w, g = allocate_params(r, shapes, params, strip=PREFIX)
-    s_local = spec.model.seq_length // (r.tp.size if r.tp.sequence_parallel else 1)
+    cp = 1 if r.cp is None else r.cp.size
+    s_local = spec.model.seq_length // cp // (r.tp.size if r.tp.sequence_parallel else 1)
     shape = (s_local, b, spec.model.hidden_size)
     x = r.alloc(shape, FP16, "layer_input", data=_seq_shard(r, x_full))
     r.phase = "forward"
@@ -127,14 +133,25 @@ def simulate_layer(sc: Scenario, timing: str = STEPWISE) -> LayerResult:
     return result
 
 
+def _cp_join(parts: list) -> np.ndarray:
+    """The CP ranks' rows (s/cp, b, h), in cp-rank order, back in sequence order (s, b, h)."""
+    return parts[0] if len(parts) == 1 else gather_sequence(parts, axis=0)
+
+
 def _compare_with_reference(sc, result: LayerResult, params, x, dout) -> float:
     """Worst relative error of output, input gradient and every weight gradient vs one device."""
     out_ref, dx_ref, grads_ref = reference_layer(params, x, dout, LAYER, sc.model, sc.run.seed)
+    t, cp = sc.parallel.tp, sc.parallel.cp
+    by_cp = [result.records[k * t:(k + 1) * t] for k in range(cp)]  # rank = tp + t·cp
     sp = sc.parallel.sequence_parallel
     join = (lambda parts: np.concatenate(parts, axis=0)) if sp else (lambda parts: parts[0])
-    errors = [relative_error(join([rec.out for rec in result.records]), out_ref),
-              relative_error(join([rec.dx for rec in result.records]), dx_ref)]
+    joined = lambda field: _cp_join([join([getattr(rec, field) for rec in group])
+                                     for group in by_cp])  # (s, b, h)
+    errors = [relative_error(joined("out"), out_ref), relative_error(joined("dx"), dx_ref)]
     names = [n for n in layer_param_names(LAYER) if n in params]
-    grads = gather_grads([rec.grads for rec in result.records], names, strip=PREFIX)
+    grads = {}
+    for group in by_cp:  # CP ranks' gradients are summed (reduced over dp_cp in training)
+        for name, grad in gather_grads([rec.grads for rec in group], names, strip=PREFIX).items():
+            grads[name] = grad if name not in grads else grads[name] + grad
     errors += [relative_error(grads[n], grads_ref[n.removeprefix(PREFIX)]) for n in names]
     return max(errors)

@@ -23,6 +23,7 @@ class StagePlan:
     layers_per_chunk: int
     steps: tuple[Step, ...]
     chunk_ranges: tuple | None = None  # uneven pipelines: each chunk's layers (a range)
+    cp: int = 0  # context-parallel coordinate (docs/context-parallel.md)
 
     def virtual_stage(self, chunk: int) -> int:
         return chunk * self.p + self.pp
@@ -100,7 +101,7 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
         c = grid.coords(rank)
         chunks = None if ranges is None else tuple(ranges[k * p + c.pp] for k in range(v))
         plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
-                                tuple(schedule[c.pp]), chunks)
+                                tuple(schedule[c.pp]), chunks, c.cp)
     return plans
 
 

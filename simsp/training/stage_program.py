@@ -41,8 +41,8 @@ class P2PSetup:
         scattered = _scatter_gather(run, r)
         received = (math.prod(shape) // r.tp.size,) if scattered else shape
         return cls(run.sc.parallel.overlap_p2p_communication, scattered, r.tp.size, shape,
-                   received, run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p),
-                   run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p))
+                   received, run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p, plan.cp),
+                   run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p, plan.cp))
 
 
 def run_schedule(r, run, plan: StagePlan, state: RankState):
@@ -127,8 +127,8 @@ def _scatter_gather(run, r) -> bool:
 def _send_op(r, plan: StagePlan, state: RankState, step) -> p2p.SendOp | None:
     """The send of a step's output (activation or input gradient), if it has a peer."""
     k = plan.virtual_stage(step.chunk)
-    key = ("act", step.micro_batch, k + 1, plan.tp, plan.dp) if step.kind == "F" else \
-        ("grad", step.micro_batch, k - 1, plan.tp, plan.dp)
+    key = ("act", step.micro_batch, k + 1, plan.tp, plan.dp, plan.cp) if step.kind == "F" \
+        else ("grad", step.micro_batch, k - 1, plan.tp, plan.dp, plan.cp)
     sent = state.outbox.pop(key, None)
     if sent is None:
         return None
@@ -151,8 +151,8 @@ def _recv_op(r, plan: StagePlan, setup: P2PSetup, step) -> p2p.RecvOp | None:
     buffer = r.alloc(setup.received_shape, FP16,
                      "recv_activation" if forward else "recv_gradient",
                      category="communication")
-    return p2p.RecvOp(("act" if forward else "grad", step.micro_batch, k, plan.tp, plan.dp),
-                      buffer)
+    return p2p.RecvOp(("act" if forward else "grad", step.micro_batch, k, plan.tp, plan.dp,
+                       plan.cp), buffer)
 
 
 def _gather_chunk(r, shape: tuple, chunk):

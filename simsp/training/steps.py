@@ -42,23 +42,27 @@ class RankState:
 
 def activation_shape(run, r) -> tuple:
     m, b = run.sc.model, run.sc.parallel.micro_batch_size
-    s = m.seq_length // (r.tp.size if r.tp.sequence_parallel else 1)
+    s = m.seq_length // run.sc.parallel.cp // (r.tp.size if r.tp.sequence_parallel else 1)
     return (s, b, m.hidden_size)
 
 
-def _micro_batch_data(run, plan: StagePlan, mb: int):
-    """This replica's micro-batch of tokens and targets, (s, b) each (None in meta mode)."""
+def _micro_batch_data(run, r, plan: StagePlan, mb: int):
+    """This replica's micro-batch of tokens and targets, (s, b) each (None in meta mode); with
+    context parallelism the rank's s/cp tokens (get_batch_on_this_cp_rank)."""
     if run.tokens is None:
         return None, None
     start = sample_offset(run.sc, plan.dp, mb)
     stop = start + run.sc.parallel.micro_batch_size
-    return run.tokens[:, start:stop], run.targets[:, start:stop]
+    rows = slice(None) if r.cp is None else r.cp.positions
+    return run.tokens[rows, start:stop], run.targets[rows, start:stop]
 
 
 def _local_block(run, r, full, offset: int):
     """This rank's (s_l, b, h) block of a global (s, B, h) array."""
     b = run.sc.parallel.micro_batch_size
     block = full[:, offset:offset + b]  # (s, b, h)
+    if r.cp is not None:
+        block = block[r.cp.positions]  # (s/cp, b, h)
     if r.tp.sequence_parallel:
         block = block.reshape(r.tp.size, -1, *block.shape[1:])[r.tp.index]
     return block
@@ -67,7 +71,7 @@ def _local_block(run, r, full, offset: int):
 def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
     """Embedding or receive, the chunk's layers, then the loss or a send downstream."""
     sc, k = run.sc, plan.virtual_stage(chunk)
-    tokens, targets = _micro_batch_data(run, plan, mb)
+    tokens, targets = _micro_batch_data(run, r, plan, mb)
     offset = sample_offset(sc, plan.dp, mb)
     scope = f"mb{mb}.c{chunk}."
     r.phase, r.scope = "forward", scope
@@ -75,21 +79,21 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
     if plan.is_first(chunk):
         yield from state.ddp_buckets.params_needed(r, run, chunk, ["embedding"])
         x, stash["embedding"] = yield from embedding_forward(
-            r, sc.model, state.weights, tokens, (sc.model.seq_length, sc.parallel.micro_batch_size),
-            offset)
+            r, sc.model, state.weights, tokens,
+            (sc.model.seq_length // sc.parallel.cp, sc.parallel.micro_batch_size), offset)
         if run.embedding_delta is not None:
             x.data = x.data + _local_block(run, r, run.embedding_delta, offset)
     else:
-        x = state.inbox.pop(("act", mb, k, plan.tp, plan.dp))
+        x = state.inbox.pop(("act", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
     x = yield from chunk_forward(r, run, plan, state, chunk, x, mb, offset, stash)
     r.scope = scope
     if plan.is_last(chunk):
         yield from state.ddp_buckets.params_needed(r, run, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
-        run.losses[(plan.dp, mb)] = loss
+        run.losses[(plan.dp, mb, plan.cp)] = loss
     else:
-        state.outbox[("act", mb, k + 1, plan.tp, plan.dp)] = (state.p2p.downstream, x)
+        state.outbox[("act", mb, k + 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.downstream, x)
     state.stashes[(mb, chunk)] = stash
     run.record_step(r, "F", mb, chunk, begin)
 
@@ -97,7 +101,7 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
 def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
     """The loss gradient or a receive, the chunk's layers backwards, then embedding or a send."""
     sc, k = run.sc, plan.virtual_stage(chunk)
-    tokens, targets = _micro_batch_data(run, plan, mb)
+    tokens, targets = _micro_batch_data(run, r, plan, mb)
     stash = state.stashes.pop((mb, chunk))
     scope = f"mb{mb}.c{chunk}."
     r.phase, r.scope = "backward", scope
@@ -107,18 +111,18 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
                                       stash["head"], dloss)
         state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["head"])
     else:
-        dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp))
+        dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
     dx = yield from chunk_backward(r, run, plan, state, chunk, dx, mb, offset, stash)
     r.scope = scope
     if plan.is_first(chunk):
         if r.numeric:
-            run.embedding_grads[(plan.tp, plan.dp, mb)] = dx.data.copy()  # (s_l, b, h)
+            run.embedding_grads[(plan.tp, plan.dp, mb, plan.cp)] = dx.data.copy()  # (s_l, b, h)
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
         state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["embedding"])
     else:
-        state.outbox[("grad", mb, k - 1, plan.tp, plan.dp)] = (state.p2p.upstream, dx)
+        state.outbox[("grad", mb, k - 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.upstream, dx)
     run.record_step(r, "B", mb, chunk, begin)
 

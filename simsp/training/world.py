@@ -16,6 +16,7 @@ from simsp.engine.trace import Trace
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
 from simsp.model.rank import Rank, TPGroup
 from simsp.precision import precision_of
+from simsp.training.cp_attention import cp_attention_of
 
 
 @dataclass
@@ -29,6 +30,7 @@ class World:
     comm: Communicator
     trace: Trace
     ranks: dict = field(default_factory=dict)  # global rank -> Rank
+    cp_rings: dict = field(default_factory=dict)  # rings met by CP groups (cp_attention.py)
 
 
 def build_world(sc: Scenario, simulated: list[int] | None = None,
@@ -68,4 +70,4 @@ def _make_rank(world: World, rank: int) -> Rank:
     return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
                 comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
-                precision=precision, fp8=precision.fp8)
+                precision=precision, fp8=precision.fp8, cp=cp_attention_of(world, rank))
