@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from layering import back_arrows, dead_functions, package_files  # noqa: E402
 
-OUTSIDE = re.compile(r"REFERENCE\.md|DESIGN\.md|issue \d+|\.\./shared")
+OUTSIDE = re.compile(r"REFERENCE\.md|DESIGN\.md|\.\./shared")
+# "issue N" alone is this project's tracker; "owner/repo issue N" cites an upstream one
+ISSUE = re.compile(r"(\S+\s+)?issue \d+")
 CITING_TREES = ("simsp", "tests", "benchmarks", "scenarios", "sweeps", "docs", "README.md")
 
 
@@ -41,6 +43,12 @@ def function_sizes(files: list[Path]) -> list[tuple[int, str]]:
     return sizes
 
 
+def _cites_outside(line: str) -> bool:
+    """Whether the line names a file or an issue of this project the repository does not hold."""
+    return bool(OUTSIDE.search(line)) or any(
+        "/" not in (match.group(1) or "") for match in ISSUE.finditer(line))
+
+
 def outside_citations() -> list[str]:
     """'path:line' of every mention of a file or issue the repository does not hold."""
     hits = []
@@ -51,7 +59,7 @@ def outside_citations() -> list[str]:
             if path.suffix not in (".py", ".md", ".toml", ".txt", ".html", ".js", ".css"):
                 continue
             for number, line in enumerate(path.read_text().splitlines(), 1):
-                if OUTSIDE.search(line) and path.name != "house_counts.py":
+                if _cites_outside(line) and path.name != "house_counts.py":
                     hits.append(f"{path.relative_to(ROOT)}:{number}")
     return hits
 

@@ -4,9 +4,9 @@ Every field has the name of its Megatron-LM flag (dashes become underscores), in
 dataclasses and on the command line alike. Cross-field checks live in `validate`.
 """
 
-import ast
 from dataclasses import dataclass, field, fields, replace
-from functools import lru_cache
+import functools
+import re
 from pathlib import Path
 
 from simsp.bounds import check_ranges
@@ -25,6 +25,7 @@ POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
 ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
 MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
+MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-type
 # Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); all but a2a+p2p are modelled
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
 CP_COMM_TYPES_MODELLED = ("p2p", "a2a", "allgather")
@@ -65,9 +66,12 @@ class Model:
     moe_router_score_function: str = "softmax"
     moe_router_load_balancing_type: str = "aux_loss"
     moe_aux_loss_coeff: float = 0.0
-    moe_layer_freq: int | str = 1  # every i with i % N == 0, or a pattern "([0]*3+[1]*58)"
+    moe_layer_freq: int | str = 1  # a MoE layer at every i with i % freq == 0, or a pattern
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # Shared experts and simsp's routing model of meta mode (docs/moe.md)
+    moe_shared_expert_intermediate_size: int | None = None  # None: no shared experts
+    moe_routing_imbalance: float = 0.0  # Zipf exponent of the experts' loads; 0: balanced
     # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
     # _add_mla_args; docs/mla.md)
     multi_latent_attention: bool = False
@@ -95,8 +99,8 @@ class Model:
         return self.num_attention_heads
 
     def is_moe_layer(self, i: int) -> bool:
-        """Whether layer i's MLP is a mixture of experts (--moe-layer-freq: an int N, or
-        Megatron's per-layer pattern of 0s and 1s)."""
+        """Whether layer i's MLP is a mixture of experts (--moe-layer-freq: an int N, a MoE
+        layer every N from layer 0; or Megatron's pattern string, 1 for MoE, per layer)."""
         if self.num_experts is None:
             return False
         if isinstance(self.moe_layer_freq, str):
@@ -171,6 +175,11 @@ class Parallel:
     account_for_loss_in_pipeline_split: bool = False
     num_virtual_stages_per_pipeline_rank: int | None = None  # interleaved: chunks per stage
     recompute_modules: str | None = None  # selective: space-separated; None means core_attn
+    # Expert parallelism (Megatron-LM arguments.py; docs/moe.md)
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
+    moe_token_dispatcher_type: str = "allgather"
+    moe_grouped_gemm: bool = False
 
     @property
     def uneven_pipeline(self) -> bool:
@@ -199,6 +208,15 @@ class Parallel:
     @property
     def cp(self) -> int:
         return self.context_parallel_size
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor-parallel size (--expert-tensor-parallel-size, default t)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
 
     @property
     def dp(self) -> int:
@@ -402,39 +420,6 @@ def padded_vocab_size(m: Model, t: int) -> int:
 SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
 
 
-@lru_cache(maxsize=64)
-def moe_layer_pattern(text: str) -> tuple[int, ...]:
-    """Megatron-LM's --moe-layer-freq pattern (arguments.py moe_freq_type evaluates it), e.g.
-    "([0]*3+[1]*58)": list literals of 0/1, * by an integer, +, parentheses; evaluated over
-    that grammar alone (no eval). Raises ValueError on anything else."""
-    def value(node):
-        if isinstance(node, ast.List):
-            items = [value(e) for e in node.elts]
-            if not all(isinstance(v, int) and v in (0, 1) for v in items):
-                raise ValueError("list entries must be 0 or 1")
-            return items
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
-                return left + right
-            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int):
-                if right > 4096:
-                    raise ValueError("repeat count above 4096")
-                return left * right
-        raise ValueError("only lists of 0/1, '* N' and '+' are allowed")
-    if len(text) > 1000:
-        raise ValueError("longer than 1000 characters")
-    try:
-        pattern = value(ast.parse(text, mode="eval").body)
-    except SyntaxError as err:
-        raise ValueError(f"not a pattern: {err.msg}") from None
-    if not isinstance(pattern, list):
-        raise ValueError("must be a list pattern such as ([0]*3+[1]*58)")
-    return tuple(pattern)
-
-
 def one_layer_fields(m: Model) -> dict:
     """Model overrides that cut it to its layer 0 alone (`simsp layer`, the reports' layer
     table): one layer, and a --moe-layer-freq pattern cut to its first entry."""
@@ -444,9 +429,7 @@ def one_layer_fields(m: Model) -> dict:
     return fields_
 
 
-def moe_freq_type(text: str):
-    """--moe-layer-freq's value: an integer N, or a pattern string (Megatron's moe_freq_type)."""
-    return int(text) if text.strip().isdigit() else text
+INT_OR_STR = (int, str)  # a field that takes either (Megatron's --moe-layer-freq)
 
 
 def _field_types(cls) -> dict[str, type]:
@@ -454,11 +437,9 @@ def _field_types(cls) -> dict[str, type]:
     kinds = {}
     for f in fields(cls):
         text = str(f.type)
-        if "int | str" in text:  # --moe-layer-freq: an integer or a pattern
-            kinds[f.name] = (int, str)
-            continue
         kinds[f.name] = (
-            bool if "bool" in text else int if "int" in text else float if "float" in text else str
+            bool if "bool" in text else INT_OR_STR if "int | str" in text else
+            int if "int" in text else float if "float" in text else str
         )
     return kinds
 
@@ -468,12 +449,12 @@ def _coerce(section: str, key: str, value, kind: type):
     name = f"{section}.{key}"
     if value is None:
         return None
-    if kind == (int, str):
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise UserError(name, f"must be an integer or a pattern string, got {value!r}")
-    elif kind is bool:
+    if kind is bool:
         if not isinstance(value, bool):
             raise UserError(name, f"must be true or false, got {value!r}")
+    elif kind is INT_OR_STR:  # --moe-layer-freq: N or a pattern string
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise UserError(name, f"must be an integer or a pattern string, got {value!r}")
     elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(name, f"must be an integer, got {value!r}")
@@ -631,6 +612,61 @@ def _validate_mla_model(m: Model) -> None:
            "in simsp (DeepSeek's): use RMSNorm")
     _check(m.position_embedding_type == "rope", "model.position_embedding_type",
            "multi-latent attention needs rope (its decoupled RoPE key)")
+@functools.lru_cache(maxsize=64)
+def moe_layer_pattern(text: str) -> tuple[int, ...]:
+    """Megatron's --moe-layer-freq pattern, e.g. "([0]*3+[1]*58)" or "([1]*3+[0]*1)*3", as its
+    per-layer 0/1 list (arguments.py moe_freq_type evaluates it as a Python list expression;
+    simsp parses lists, +, * by an integer and parentheses only). ValueError if malformed."""
+    tokens = re.findall(r"\d+|[\[\]()+*,]|\S", text.replace(" ", ""))
+    values, end = _pattern_sum(tokens, 0)
+    if end != len(tokens):
+        raise ValueError(f"unexpected {''.join(tokens[end:])!r}")
+    return tuple(values)
+
+
+def _pattern_sum(tokens: list, i: int) -> tuple[list, int]:
+    values, i = _pattern_term(tokens, i)
+    while i < len(tokens) and tokens[i] == "+":
+        more, i = _pattern_term(tokens, i + 1)
+        values = values + more
+    return values, i
+
+
+def _pattern_term(tokens: list, i: int) -> tuple[list, int]:
+    if i < len(tokens) and tokens[i] == "(":
+        values, i = _pattern_sum(tokens, i + 1)
+        if i >= len(tokens) or tokens[i] != ")":
+            raise ValueError("unbalanced parentheses")
+        i += 1
+    elif i < len(tokens) and tokens[i] == "[":
+        values, i = [], i + 1
+        while i < len(tokens) and tokens[i] != "]":
+            if not tokens[i].isdigit() or int(tokens[i]) not in (0, 1):
+                raise ValueError(f"list items must be 0 or 1, got {tokens[i]!r}")
+            values.append(int(tokens[i]))
+            i += 2 if i + 1 < len(tokens) and tokens[i + 1] == "," else 1
+        if i >= len(tokens):
+            raise ValueError("unclosed [")
+        i += 1
+    else:
+        raise ValueError(f"expected [ or ( at {''.join(tokens[i:]) or 'the end'!r}")
+    while i + 1 < len(tokens) and tokens[i] == "*" and tokens[i + 1].isdigit():
+        values, i = values * int(tokens[i + 1]), i + 2
+    return values, i
+
+
+def _validate_moe_layer_freq(m: Model) -> None:
+    """An int >= 1, or a pattern of num_layers 0/1 entries (Megatron arguments.py)."""
+    freq = m.moe_layer_freq
+    if not isinstance(freq, str):
+        _positive("model", m, ("moe_layer_freq",))
+        return
+    try:
+        pattern = moe_layer_pattern(freq)
+    except ValueError as exc:
+        raise UserError("model.moe_layer_freq", f"{freq!r}: {exc}") from None
+    _check(len(pattern) == m.num_layers, "model.moe_layer_freq",
+           f"{freq!r} gives {len(pattern)} layers, not num_layers={m.num_layers}")
 
 
 def _validate_moe_model(m: Model) -> None:
@@ -638,16 +674,7 @@ def _validate_moe_model(m: Model) -> None:
     if m.num_experts is None:
         return
     _positive("model", m, ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"))
-    if isinstance(m.moe_layer_freq, str):
-        try:
-            pattern = moe_layer_pattern(m.moe_layer_freq)
-        except ValueError as err:
-            raise UserError("model.moe_layer_freq", str(err)) from None
-        _check(len(pattern) == m.num_layers, "model.moe_layer_freq",
-               f"the pattern has {len(pattern)} entries, num_layers={m.num_layers} (Megatron "
-               "asserts they match)")
-    else:
-        _positive("model", m, ("moe_layer_freq",))
+    _validate_moe_layer_freq(m)
     _check(m.moe_router_topk <= m.num_experts, "model.moe_router_topk",
            f"{m.moe_router_topk} exceeds num_experts={m.num_experts}")
     _choice("model.moe_router_score_function", m.moe_router_score_function, MOE_SCORE_CHOICES)
@@ -661,6 +688,41 @@ def _validate_moe_model(m: Model) -> None:
            "model.moe_pad_expert_input_to_capacity", "needs moe_expert_capacity_factor")
     _check(not m.add_bias_linear, "model.num_experts",
            "simsp's experts have no biases: add --disable-bias-linear")
+    _positive("model", m, ("moe_shared_expert_intermediate_size",))
+    _check(m.moe_routing_imbalance >= 0, "model.moe_routing_imbalance",
+           f"must be non-negative, got {m.moe_routing_imbalance}")
+
+
+def _validate_expert_parallel(m: Model, p: Parallel) -> None:
+    """Megatron-LM's checks on the expert layout (arguments.py, parallel_state.py
+    initialize_model_parallel: tp·cp·dp = etp·ep·edp) and what simsp's MoE layer has."""
+    _positive("parallel", p, ("expert_model_parallel_size", "expert_tensor_parallel_size"))
+    _choice("parallel.moe_token_dispatcher_type", p.moe_token_dispatcher_type,
+            MOE_DISPATCHER_CHOICES)
+    if m.num_experts is None:
+        _check(p.ep == 1 and p.expert_tensor_parallel_size is None,
+               "parallel.expert_model_parallel_size", "needs num_experts (a MoE model)")
+        return
+    t, ep, etp = p.tp, p.ep, p.etp
+    _check(m.num_experts % ep == 0, "parallel.expert_model_parallel_size",
+           f"num_experts={m.num_experts} is not divisible by {ep}")
+    _check((t * p.dp) % (etp * ep) == 0, "parallel.expert_model_parallel_size",
+           f"tensor*data parallel = {t}*{p.dp} is not divisible by expert tensor*expert "
+           f"parallel = {etp}*{ep} (Megatron: the expert grid tiles each stage's ranks)")
+    _check(m.moe_ffn % etp == 0, "parallel.expert_tensor_parallel_size",
+           f"moe_ffn_hidden_size={m.moe_ffn} is not divisible by {etp}")
+    _check(t == 1 or p.sequence_parallel, "parallel.sequence_parallel",
+           "MoE with tensor parallelism needs sequence parallelism (Megatron arguments.py)")
+    _check(not m.moe_shared_expert_intermediate_size or m.moe_shared_expert_intermediate_size % t == 0,
+           "model.moe_shared_expert_intermediate_size",
+           f"{m.moe_shared_expert_intermediate_size} is not divisible by "
+           f"tensor_model_parallel_size={t}")
+    _check(p.cp == 1, "parallel.context_parallel_size",
+           "MoE layers run without context parallelism yet")
+    modules = p.recompute_module_set or frozenset()
+    _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
+           "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
+           "built yet (core_attn is)")
 
 
 def _validate_context_parallel(m: Model, p: Parallel) -> None:
@@ -689,8 +751,6 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     _check(m.flash, "parallel.context_parallel_size",
            "needs FlashAttention (--use-flash-attn): Megatron-LM runs context parallelism "
            "only in Transformer Engine's attention")
-    _check(m.attention_dropout == 0, "model.attention_dropout",
-           "simsp's context-parallel attention runs without attention dropout; use 0")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:
@@ -712,16 +772,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     padded = padded_vocab_size(m, t)
     _check(padded % t == 0, "parallel.tensor_model_parallel_size",
            f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
-    if m.num_experts is not None:
-        _check(t == 1, "parallel.tensor_model_parallel_size",
-               "MoE layers run at tensor_model_parallel_size 1 only (expert tensor parallelism "
-               "is not built yet)")
-        _check(p.cp == 1, "parallel.context_parallel_size",
-               "MoE layers run without context parallelism yet")
-        modules = p.recompute_module_set or frozenset()
-        _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
-               "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
-               "built yet (core_attn is)")
+    _validate_expert_parallel(m, p)
     _check(not m.multi_latent_attention or p.cp == 1, "parallel.context_parallel_size",
            "multi-latent attention runs without context parallelism yet")
     if p.sequence_parallel:
@@ -741,7 +792,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     _validate_schedule(m, p)
     _validate_overlap(p)
     _validate_recompute_method(m, p)
-    _validate_recompute_modules(p)
+    _validate_recompute_modules(p, m.num_experts is not None)
 
 
 def _validate_overlap(p: Parallel) -> None:
@@ -780,18 +831,19 @@ def _validate_recompute_method(m: Model, p: Parallel) -> None:
 
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")  # Megatron's names for a dense layer
+MOE_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts")  # and for a MoE layer
 
 
-def _validate_recompute_modules(p: Parallel) -> None:
+def _validate_recompute_modules(p: Parallel, moe: bool = False) -> None:
     """--recompute-modules, checked (and used) under selective granularity only, as Megatron's
-    transformer_config.py does: its module names of the dense layer (moe, moe_act,
-    shared_experts and mla_up_proj have nothing to act on here); an empty list recomputes
-    nothing."""
+    transformer_config.py does: its module names of the dense layer, and of a MoE layer in a
+    MoE model (moe, moe_act, shared_experts; docs/moe.md); an empty list recomputes nothing."""
     if p.recompute_modules is None or p.recompute_granularity != "selective":
         return
+    known = RECOMPUTE_MODULES + (MOE_RECOMPUTE_MODULES if moe else ())
     for name in p.recompute_modules.split():
-        _check(name in RECOMPUTE_MODULES, "parallel.recompute_modules",
-               f"{name!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
+        _check(name in known, "parallel.recompute_modules",
+               f"{name!r} is not one of {', '.join(known)}")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:
@@ -898,6 +950,9 @@ def validate(s: Scenario) -> None:
            "must be printable text of at most 200 characters")
     _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
+    _check(s.model.moe_routing_imbalance == 0 or s.run.mode == "meta",
+           "model.moe_routing_imbalance", "is meta mode's routing model (numeric mode routes "
+           "the real tokens): use --mode meta")
 
 
 def with_overrides(s: Scenario, **sections) -> Scenario:

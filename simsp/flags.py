@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE_CHOICES, MODE_CHOICES,
                           NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, NORMALIZATION_CHOICES,
-                          MOE_BALANCING_CHOICES, MOE_SCORE_CHOICES, moe_freq_type,
+                          MOE_BALANCING_CHOICES, MOE_DISPATCHER_CHOICES, MOE_SCORE_CHOICES,
                           POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
@@ -83,12 +83,27 @@ SCENARIO_FLAGS = {
                                          MOE_BALANCING_CHOICES, "load balancing", "lb-"),
     "--moe-aux-loss-coeff": ("model", "moe_aux_loss_coeff", float, None,
                              "coefficient of the load-balancing aux loss (default 0)", "aux"),
-    "--moe-layer-freq": ("model", "moe_layer_freq", moe_freq_type, None,
-                         "a MoE layer every N layers, from layer 0, or Megatron's per-layer "
-                         "pattern such as '([0]*3+[1]*58)' (default 1)", "mfreq"),
+    "--moe-layer-freq": ("model", "moe_layer_freq", lambda text: int(text) if text.isdigit()
+                         else text, None, "a MoE layer every N layers from layer 0 (default 1), "
+                         "or Megatron's per-layer pattern such as \"([0]*3+[1]*58)\"", "mfreq"),
     "--moe-expert-capacity-factor": ("model", "moe_expert_capacity_factor", float, None,
                                      "expert capacity factor: tokens over capacity are dropped "
                                      "(default: dropless)", "cap"),
+    "--moe-shared-expert-intermediate-size": ("model", "moe_shared_expert_intermediate_size",
+                                              int, None, "shared experts' total MLP width "
+                                              "(elements; default: no shared experts)", "shx"),
+    "--moe-routing-imbalance": ("model", "moe_routing_imbalance", float, None,
+                                "simsp's meta-mode routing model: expert loads ∝ (i+1)^-alpha "
+                                "over a seeded order of the experts (0: balanced)", "imb"),
+    "--expert-model-parallel-size": ("parallel", "expert_model_parallel_size", int, None,
+                                     "expert-parallel size (GPUs sharing a MoE layer's experts)",
+                                     "ep"),
+    "--expert-tensor-parallel-size": ("parallel", "expert_tensor_parallel_size", int, None,
+                                      "tensor-parallel size of each expert (default: t)", "etp"),
+    "--moe-token-dispatcher-type": ("parallel", "moe_token_dispatcher_type", str,
+                                    MOE_DISPATCHER_CHOICES, "how tokens reach their experts' "
+                                    "ranks: all-gather / reduce-scatter, or all-to-all",
+                                    "disp-"),
     # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
     "--q-lora-rank": ("model", "q_lora_rank", int, None,
                       "MLA query latent rank r_q (elements; simsp needs one)", "qlr"),
@@ -202,6 +217,9 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
     "--multi-latent-attention": ("model", "multi_latent_attention", True,
                                  "multi-head latent attention (DeepSeek-V2/V3; docs/mla.md)",
                                  "mla"),
+    "--moe-grouped-gemm": ("parallel", "moe_grouped_gemm", True,
+                           "each rank's experts as one grouped GEMM (default: a loop of GEMMs)",
+                           "ggemm"),
     "--untie-embeddings-and-output-weights": ("model", "untie_embeddings_and_output_weights",
                                               True, "an output layer of its own", "untied"),
     "--disable-bias-linear": ("model", "add_bias_linear", False, "no biases in linear layers",

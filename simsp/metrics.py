@@ -14,6 +14,8 @@ from simsp.costmodel import calibration_table
 from simsp.config import Cluster
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
 from simsp.profiles import gpu_profile
+from simsp.model.moe_placement import represented_by
+from simsp.training.moe_load import moe_metrics
 
 
 def iteration_time(run) -> float:
@@ -67,6 +69,8 @@ def rank_memory(run, rank: int) -> dict:
     c = run.world.grid.coords(rank)
     simulated = rank in run.world.ranks
     source = rank if simulated else run.rank_of(0, 0, c.pp)  # an identical representative
+    if not simulated and represented_by(run.sc, rank) in run.world.ranks:
+        source = represented_by(run.sc, rank)  # its place in a simulated expert group
     ledger = run.world.ranks[source].ledger
     summary = ledger.summary()
     peaks = summary.peak_by_category
@@ -103,6 +107,8 @@ def exposure(run) -> list[dict]:
         row = {key: blocked.get(key, 0.0) for key in keys}
         row["compute"] = sum(r.busy_s.values()) - row["optimizer"]
         row["pp_wait"] += t_iter - run.end_s[rank]
+        if "ep_comm" in blocked:  # MoE dispatch and combine (docs/moe.md)
+            row["ep_comm"] = blocked["ep_comm"]
         rows.append(row)
     return rows
 
@@ -116,7 +122,7 @@ def collect(run, shortcuts) -> dict:
     bubble_all, bubble_stages = bubble(run)
     counted_model, counted_hw = _counted_flops(run)
     breakdown = exposure(run)
-    exposed = [{k: e[k] for k in COMM_KEYS if e.get(k)} for e in breakdown]
+    exposed = [{k: e[k] for k in COMM_KEYS + ("ep_comm",) if e.get(k)} for e in breakdown]
     ranks = [rank_memory(run, rank) for rank in range(p.world_size)]
     return {
         "iteration_time_s": t_iter,
@@ -145,6 +151,7 @@ def collect(run, shortcuts) -> dict:
         "shortcuts": shortcuts.flags(),
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
+        **moe_metrics(run),
     }
 
 

@@ -111,7 +111,8 @@ def error_of(capsys, *argv) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# Recovery from generated logs (within 2%)
+# Recovery from generated logs: exact times (6 decimals) give the parameters back to 1e-4
+# (achieved: 2e-7 or better); nccl-tests' own 2 decimals cost up to 6e-4 (format tests, below)
 # ------------------------------------------------------------------------------------------
 
 INTRA = replace(Cluster(), nvlink_efficiency=0.71, nvlink_latency_us=3.3)
@@ -122,29 +123,30 @@ BOTH = replace(Cluster(), nvlink_efficiency=0.86, nvlink_latency_us=1.2, ib_effi
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_intra_node_parameters_are_recovered(capsys, tmp_path, collective):
-    log = generated_log(tmp_path, "one-node.txt", INTRA, collective)
+    log = generated_log(tmp_path, "one-node.txt", INTRA, collective, digits=6)
     fitted, _ = calibrate(capsys, tmp_path, log)
-    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=0.02)
-    assert fitted["nvlink_latency_us"] == pytest.approx(3.3, rel=0.02)
+    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=1e-4)
+    assert fitted["nvlink_latency_us"] == pytest.approx(3.3, rel=1e-4)
     assert fitted["ib_efficiency"] == Cluster().ib_efficiency  # no multi-node run: held
     assert fitted["transfer_overhead_us"] == 0.0
 
 
 def test_inter_node_parameters_are_recovered_from_two_nodes(capsys, tmp_path):
-    log = generated_log(tmp_path, "two-nodes.txt", INTER, nodes=2)
+    log = generated_log(tmp_path, "two-nodes.txt", INTER, nodes=2, digits=6)
     fitted, _ = calibrate(capsys, tmp_path, log)
-    assert fitted["ib_efficiency"] == pytest.approx(0.83, rel=0.02)
-    assert fitted["ib_latency_us"] == pytest.approx(2.5, rel=0.02)
+    assert fitted["ib_efficiency"] == pytest.approx(0.83, rel=1e-4)
+    assert fitted["ib_latency_us"] == pytest.approx(2.5, rel=1e-4)
     assert fitted["nvlink_efficiency"] == Cluster().nvlink_efficiency
 
 
 def test_both_tiers_from_one_node_and_four_node_runs(capsys, tmp_path):
     """Intra tier first from the one-node file, then the inter tier with those NVLink values."""
-    one = generated_log(tmp_path, "one.txt", BOTH, "all_gather")
-    four = generated_log(tmp_path, "four.txt", BOTH, "reduce_scatter", nodes=4, per_node=2)
+    one = generated_log(tmp_path, "one.txt", BOTH, "all_gather", digits=6)
+    four = generated_log(tmp_path, "four.txt", BOTH, "reduce_scatter", nodes=4, per_node=2,
+                         digits=6)
     fitted, _ = calibrate(capsys, tmp_path, four, one)
     for name in ("nvlink_efficiency", "nvlink_latency_us", "ib_efficiency", "ib_latency_us"):
-        assert fitted[name] == pytest.approx(getattr(BOTH, name), rel=0.02), name
+        assert fitted[name] == pytest.approx(getattr(BOTH, name), rel=1e-4), name
 
 
 @settings(max_examples=6, deadline=None)
@@ -152,8 +154,7 @@ def test_both_tiers_from_one_node_and_four_node_runs(capsys, tmp_path):
        st.integers(2, 8), st.integers(2, 4), st.integers(1, 8), st.sampled_from(sorted(REDOP)))
 def test_any_link_parameters_are_recovered(tmp_path_factory, nv_eff, nv_lat, ib_eff, ib_lat,
                                            one_node_ranks, nodes, per_node, collective):
-    """Random parameters and layouts, started from simsp's defaults: within 2%. Latencies from
-    0.5 us: the log prints times to 0.01 us, so sub-microsecond steps would lose the digits."""
+    """Random parameters and layouts, started from simsp's defaults, exact times: within 1e-4."""
     # With NCCL channels a node's per_node rings share each GPU's NVLink: the inter-node log
     # measures the NICs only while NVLink outruns per_node NICs. The fit judges
     # identifiability at its start (ib_efficiency 0.9), so keep NVLink faster than per_node
@@ -163,14 +164,14 @@ def test_any_link_parameters_are_recovered(tmp_path_factory, nv_eff, nv_lat, ib_
     tmp_path = tmp_path_factory.mktemp("any")
     truth = replace(Cluster(), nvlink_efficiency=nv_eff, nvlink_latency_us=nv_lat,
                     ib_efficiency=ib_eff, ib_latency_us=ib_lat)
-    one = generated_log(tmp_path, "one.txt", truth, "all_reduce", 1, one_node_ranks)
-    many = generated_log(tmp_path, "many.txt", truth, collective, nodes, per_node)
+    one = generated_log(tmp_path, "one.txt", truth, "all_reduce", 1, one_node_ranks, digits=6)
+    many = generated_log(tmp_path, "many.txt", truth, collective, nodes, per_node, digits=6)
     out = tmp_path / "f.toml"
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["calibrate", "nccl-tests", str(one), str(many), "--out", str(out)]) == 0
     fitted = tomllib.loads(out.read_text())["cluster"]
     for name in ("nvlink_efficiency", "nvlink_latency_us", "ib_efficiency", "ib_latency_us"):
-        assert fitted[name] == pytest.approx(getattr(truth, name), rel=0.02), name
+        assert fitted[name] == pytest.approx(getattr(truth, name), rel=1e-4), name
 
 
 def test_simulating_with_the_fragment_reproduces_the_measurements(capsys, tmp_path):
@@ -306,7 +307,7 @@ def test_flag_disagreeing_with_the_log(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda t: t.replace("all_reduce_perf", "alltoall_perf"), "alltoall_perf is not supported"),
+    (lambda t: t.replace("all_reduce_perf", "sendrecv_perf"), "sendrecv_perf is not supported"),
     (lambda t: t.replace("  -1  ", "   0  ", 1), "rooted collective"),
     (lambda t: t.replace("float", "float16", 1), "unknown type"),
     (lambda t: t.replace("#  Rank  1", "#  Rank  9"), "not numbered"),
@@ -336,6 +337,8 @@ def test_missing_file_and_bad_flags(capsys, tmp_path):
 # Format variants
 # ------------------------------------------------------------------------------------------
 
+PRINTED = 1e-3  # nccl-tests prints times to 0.01 us: fits of its logs miss by up to 6e-4 here
+
 def test_older_format_without_root_and_with_an_error_column(capsys, tmp_path):
     """nccl-tests before the root column: `size count type redop time algbw busbw error ...`."""
     def old(lines):
@@ -351,7 +354,7 @@ def test_older_format_without_root_and_with_an_error_column(capsys, tmp_path):
             out.append(text)
         return out
     fitted, _ = calibrate(capsys, tmp_path, broken(tmp_path, old))
-    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=0.02)
+    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=PRINTED)
 
 
 def test_layout_from_flags_when_the_log_has_no_rank_lines(capsys, tmp_path):
@@ -360,7 +363,7 @@ def test_layout_from_flags_when_the_log_has_no_rank_lines(capsys, tmp_path):
     assert "pass --gpus-per-node" in error_of(capsys, path)
     fitted, out = calibrate(capsys, tmp_path, path, "--gpus-per-node", "8")
     assert "8 ranks on 1 node" in out
-    assert fitted["nvlink_latency_us"] == pytest.approx(3.3, rel=0.02)
+    assert fitted["nvlink_latency_us"] == pytest.approx(3.3, rel=PRINTED)
 
 
 def test_rows_with_size_zero_are_skipped(capsys, tmp_path):
@@ -374,7 +377,7 @@ def test_rows_with_size_zero_are_skipped(capsys, tmp_path):
     path.write_text("\n".join(zero_rows(path.read_text().splitlines())))
     fitted, out = calibrate(capsys, tmp_path, path)
     assert "1 size-0 row(s) skipped" in out
-    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=0.02)
+    assert fitted["nvlink_efficiency"] == pytest.approx(0.71, rel=PRINTED)
 
 
 def test_json_document_matches_the_fragment_and_the_rows(capsys, tmp_path):
@@ -444,7 +447,7 @@ def test_older_rank_lines_without_group_give_the_layout(capsys, tmp_path):
     assert " Group " not in old.read_text()
     fitted, out = calibrate(capsys, tmp_path, old)
     assert "all_reduce, 8 ranks on 2 nodes" in out
-    assert fitted["ib_efficiency"] == pytest.approx(INTER.ib_efficiency, rel=0.02)
+    assert fitted["ib_efficiency"] == pytest.approx(INTER.ib_efficiency, rel=PRINTED)
 
 
 def test_a_log_that_does_not_say_its_layout_asks_for_the_flags(capsys, tmp_path):
@@ -457,7 +460,7 @@ def test_a_log_that_does_not_say_its_layout_asks_for_the_flags(capsys, tmp_path)
     assert "--gpus-per-node" in message and "--nodes" in message
     fitted, out = calibrate(capsys, tmp_path, bare, "--gpus-per-node", "4", "--nodes", "2")
     assert "8 ranks on 2 nodes" in out
-    assert fitted["ib_latency_us"] == pytest.approx(INTER.ib_latency_us, rel=0.02)
+    assert fitted["ib_latency_us"] == pytest.approx(INTER.ib_latency_us, rel=PRINTED)
 
 
 def test_logs_run_with_nccl_proto_are_fitted_with_it(capsys, tmp_path):

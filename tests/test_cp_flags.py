@@ -51,12 +51,9 @@ def test_cp_needs_flash_attention_as_megatron_does():
     assert err.field == "parallel.context_parallel_size" and "FlashAttention" in str(err)
 
 
-def test_the_loop_runs_cp_and_refuses_attention_dropout_in_one_line():
-    sc = load_scenario("scenarios/llama-tiny-cp.toml")
-    assert (sc.parallel.cp, sc.parallel.world_size) == (2, 16)
-    with pytest.raises(UserError) as caught:
-        load_scenario("scenarios/llama-tiny-cp.toml", {("model", "attention_dropout"): 0.1})
-    assert caught.value.field == "model.attention_dropout"
+def test_the_cp_scenario_loads_with_attention_dropout_too():
+    sc = load_scenario("scenarios/llama-tiny-cp.toml", {("model", "attention_dropout"): 0.1})
+    assert (sc.parallel.cp, sc.parallel.world_size, sc.model.attention_dropout) == (2, 16, 0.1)
 
 
 def test_cli_gives_one_error_line_and_exit_2(tmp_path):

@@ -68,7 +68,7 @@ def test_meta_moe_layer_keeps_the_closed_form_bytes(capacity, pad):
 
 
 @pytest.mark.parametrize("extra, field", [
-    (dict(tensor_model_parallel_size=2), "parallel.tensor_model_parallel_size"),
+    (dict(tensor_model_parallel_size=2), "parallel.sequence_parallel"),  # Megatron needs SP
     (dict(add_bias_linear=True), "model.num_experts"),
     (dict(moe_pad_expert_input_to_capacity=True), "model.moe_pad_expert_input_to_capacity"),
     (dict(moe_router_topk=5), "model.moe_router_topk"),

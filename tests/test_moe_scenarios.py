@@ -14,7 +14,7 @@ from simsp.cli import main
 from simsp.config import load_scenario
 from simsp.model.moe_flops import megatron_flops, moe_model_flops
 from simsp.model.param_counts import parameter_counts
-from test_moe_params import MIXTRAL, QWEN3
+from test_moe_params import DEEPSEEK_V3, MIXTRAL, QWEN3
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 # scenario: (architecture, published total and active in billions, whether the card rounds
@@ -22,6 +22,7 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 PUBLISHED = {
     "mixtral-8x7b": (MIXTRAL, 46.7, 12.9, True),  # Mistral AI, arXiv 2401.04088
     "qwen3-30b-a3b": (QWEN3, 30.5, 3.3, False),  # Qwen3 card: "3.3B activated" (3.35B here)
+    "deepseek-v3": (DEEPSEEK_V3, 671, 37, False),  # arXiv 2412.19437: "37B" (37.55B here)
 }
 
 
@@ -101,10 +102,11 @@ def test_bad_moe_layer_freq_is_one_error_line(text):
 
 
 def test_moe_run_reports_total_and_active_parameters():
-    """A MoE run's --json and summary carry the counts of param_counts (E 4, top-2: the active
-    count drops two experts of 3hf per layer)."""
+    """A MoE run's --json carries the counts of param_counts (E 4, top-2, GeLU experts of 2hf:
+    the active count drops two of them per layer)."""
     from simsp.api import run
-    metrics = run(None, num_experts=4, moe_router_topk=2, add_bias_linear=False, mode="meta")
+    metrics = run(None, num_experts=4, moe_router_topk=2, add_bias_linear=False, mode="meta",
+                  tensor_model_parallel_size=2, sequence_parallel=True)
     counts = metrics["parameters"]
     h, f, L = 64, 256, 2
     assert counts["total"] - counts["active"] == L * 2 * 2 * h * f

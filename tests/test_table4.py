@@ -71,7 +71,8 @@ def test_sp_forward_is_faster_because_ln_and_dropout_run_on_a_t_th_of_the_data(r
     assert sp_busy["forward", "gemm"] == pytest.approx(tp_busy["forward", "gemm"])
     assert sp_busy["forward", "elementwise"] < tp_busy["forward", "elementwise"]
     saved = tp_busy["forward", "elementwise"] - sp_busy["forward", "elementwise"]
-    assert ms(tp)[0] - ms(sp)[0] == pytest.approx(saved, rel=0.05)  # the gain is all kernels
+    # the gain is the kernels' (achieved: 3.1% less than they save)
+    assert ms(tp)[0] - ms(sp)[0] == pytest.approx(saved, rel=0.035)
     tp_comm, sp_comm = (layer_report(r)["comm_bytes_per_rank"][0]["forward"] for r in (tp, sp))
     assert sum(sp_comm.values()) == sum(tp_comm.values())
 
@@ -96,7 +97,7 @@ def test_full_recompute_costs_more_than_a_third_because_backward_hides_its_all_r
     full_bwd = ms(runs[False, "full"])[1]
     busy = busy_ms(runs[False, "none"])
     assert bwd == pytest.approx(busy["backward", "gemm"] + busy["backward", "elementwise"])
-    assert full_bwd - bwd == pytest.approx(fwd, rel=0.01)
+    assert full_bwd - bwd == pytest.approx(fwd, rel=1e-9)  # achieved: 3e-15
     assert (full_bwd - bwd) / (fwd + bwd) > 1 / 3
 
 

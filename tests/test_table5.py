@@ -54,7 +54,8 @@ def test_first_stage_activations_equal_the_formula_on_paper_layouts(model, varia
     """Stage 0's ledger peak vs K22's first-stage formula with its embedding/head terms."""
     sc, metrics = paper_run(model, variant)
     measured = metrics["ranks"][0]["activation_peak_bytes"]
-    assert measured == pytest.approx(analytic.first_stage_activation_bytes(sc), rel=0.01)
+    # achieved: exact on 22B, 0.02% and 0.35% over on 175B (present, full recompute)
+    assert measured == pytest.approx(analytic.first_stage_activation_bytes(sc), rel=0.004)
 
 
 @pytest.mark.parametrize("model", sorted(TABLE5))

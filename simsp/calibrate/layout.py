@@ -8,7 +8,7 @@ or the `--collective` flag; all that are present must agree.
 
 from dataclasses import dataclass
 
-from simsp.calibrate.nccl_log import TYPE_BYTES, NcclTestsLog, row_collective
+from simsp.calibrate.nccl_log import ALL_TO_ALL, TYPE_BYTES, NcclTestsLog, row_collective
 from simsp.errors import UserError
 
 
@@ -89,7 +89,8 @@ def _collective(log: NcclTestsLog, ranks: int, flag: str | None) -> str:
     found = {}
     if log.binary:
         found[f"{log.path}:{log.binary_line}"] = log.binary
-    for row in log.rows:
+    rows = () if ALL_TO_ALL in (log.binary, flag) else log.rows  # its rows read as all-gather's
+    for row in rows:
         name = row_collective(row, ranks)
         if name is not None:
             found.setdefault(f"{log.path}:{row.line}", name)

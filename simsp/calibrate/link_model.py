@@ -12,7 +12,9 @@ import numpy as np
 from simsp.calibrate.layout import Measurement
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
-from simsp.engine.ring_timing import busbw_GBps, collective_time
+from simsp.calibrate.nccl_log import ALL_TO_ALL
+from simsp.engine.all_to_all import time_all_to_all
+from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, collective_time
 from simsp.hardware import LinkCalibration
 
 # The link calibration fields of [cluster] (simsp.hardware.LinkCalibration.from_cluster and the
@@ -47,12 +49,19 @@ def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float]) ->
     graph = build_topology(cluster)
     calibration = LinkCalibration.from_cluster(cluster)
     gpus = ring_gpus(cluster, m)
-    by_size = {size: collective_time(m.collective, graph, gpus, size, calibration=calibration,
-                                     elem_bytes=m.elem_bytes)
-               for size in sorted(set(m.sizes_bytes))}
+    if m.collective == ALL_TO_ALL:  # every pair at once over the links (engine/all_to_all.py)
+        by_size = {size: time_all_to_all(graph, gpus, size, calibration)[1]
+                   for size in sorted(set(m.sizes_bytes))}
+    else:
+        by_size = {size: collective_time(m.collective, graph, gpus, size,
+                                         calibration=calibration, elem_bytes=m.elem_bytes)
+                   for size in sorted(set(m.sizes_bytes))}
     return np.array([by_size[size] for size in m.sizes_bytes])  # (observations,)
 
 
 def busbw_of(m: Measurement, size_bytes: int, time_s: float) -> float:
-    """nccl-tests' bus bandwidth (GB/s) of one observation."""
+    """nccl-tests' bus bandwidth (GB/s) of one observation (all-to-all: algbw·(n-1)/n,
+    nccl-tests src/alltoall.cu)."""
+    if m.collective == ALL_TO_ALL:
+        return algbw_GBps(size_bytes, time_s) * (m.ranks - 1) / m.ranks
     return busbw_GBps(m.collective, m.ranks, size_bytes, time_s)

@@ -1,4 +1,6 @@
-"""Read the text output of nccl-tests' all_reduce_perf, reduce_scatter_perf and all_gather_perf.
+"""Read the text output of nccl-tests' all_reduce_perf, reduce_scatter_perf, all_gather_perf and
+alltoall_perf (an all-to-all's rows print redop `none` as all-gather's do: only its binary name
+or `--collective all_to_all` tells it).
 
 The format (NVIDIA/nccl-tests src/common.cu): a `# nThread .. nGpus ..` header,
 one `#  Rank  N Group  G Pid  P on HOST device  D [0x..] NAME` line per rank (older versions:
@@ -28,6 +30,9 @@ BINARY_NAME = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")  # all_reduce_perf, al
 TIME_COLUMNS = ("time", "algbw", "busbw")
 MAX_ROWS = 1000  # sizes in one table (nccl-tests' default -b 8 -e 128M -f 2 prints 25)
 MAX_RANKS = 8192  # ranks of one run: simsp ring's limit
+ALL_TO_ALL = "all_to_all"  # engine/all_to_all.py; nccl-tests' binary is alltoall_perf
+SUPPORTED = COLLECTIVES + (ALL_TO_ALL,)
+BINARY_COLLECTIVE = {"alltoall": ALL_TO_ALL}  # binary name -> simsp's collective name
 
 
 @dataclass(frozen=True)
@@ -100,10 +105,10 @@ def _binary_name(text: str, where: str) -> str | None:
     match = BINARY_NAME.search(text)
     if not match:
         return None
-    name = match.group(1)
-    if name not in COLLECTIVES:
-        raise UserError(where, f"{name}_perf is not supported (supported: "
-                               f"{', '.join(c + '_perf' for c in COLLECTIVES)})")
+    name = BINARY_COLLECTIVE.get(match.group(1), match.group(1))
+    if name not in SUPPORTED:
+        raise UserError(where, f"{match.group(1)}_perf is not supported (supported: "
+                               f"{', '.join(c + '_perf' for c in COLLECTIVES)}, alltoall_perf)")
     return name
 
 

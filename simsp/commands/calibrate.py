@@ -23,6 +23,7 @@ from simsp.calibrate.nccl_log import read_log
 from simsp.calibrate.summary import report
 from simsp.calibrate import gemm_command
 from simsp.config import NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, Cluster
+from simsp.calibrate.nccl_log import ALL_TO_ALL
 from simsp.engine.ring_plan import COLLECTIVES
 from simsp.errors import UserError
 from simsp.jsonout import dumps
@@ -37,7 +38,7 @@ def add_parser(subparsers) -> None:
     nccl = sources.add_parser("nccl-tests", help="nccl-tests *_perf output files",
                               description=__doc__.split("\n\n")[2])
     nccl.add_argument("files", nargs="+", metavar="FILE", help="nccl-tests output (text)")
-    nccl.add_argument("--collective", choices=COLLECTIVES, default=None,
+    nccl.add_argument("--collective", choices=COLLECTIVES + (ALL_TO_ALL,), default=None,
                       help="the collective, when the log does not say")
     nccl.add_argument("--gpus-per-node", type=int, default=None,
                       help="ranks per node, when the log has no Rank lines")

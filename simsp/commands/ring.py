@@ -14,6 +14,7 @@ time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md) and the algorith
 channels NCCL runs; a single size adds the per-channel breakdown of a ring.
 """
 
+import contextlib
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +35,8 @@ from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, 
 from simsp.errors import UserError
 from simsp.flags import nonempty
 from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
-from simsp.hardware import LinkCalibration
+from simsp.costmodel import calibration as compute_calibration
+from simsp.hardware import LinkCalibration, cluster_compute
 from simsp.io_out import check_folder, check_out_file, write_file
 from simsp.jsonout import dumps
 from simsp.outdir import prepare_out_dir
@@ -43,6 +45,8 @@ from simsp.report.all_to_all_table import ALL_TO_ALL, json_result, table_lines
 from simsp.report.ring_lesson import (MAX_LESSON_RANKS, lesson_data, lesson_text, lesson_title,
                                      write_slides)
 from simsp.report.ring_lesson_page import lesson_html
+from simsp.report import ring_attention_lesson, ring_attention_page
+from simsp.report.ring_attention_lesson import RING_ATTENTION, AttentionShape
 from simsp.units import parse_size
 
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
@@ -62,7 +66,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--ranks", type=int, required=True, help="ranks in the ring")
     parser.add_argument("--nodes", type=int, default=None,
                         help="DGX nodes, ranks spread evenly (default: ceil(ranks/8))")
-    parser.add_argument("--collective", choices=COLLECTIVES + (ALL_TO_ALL,), default=ALL_REDUCE)
+    parser.add_argument("--collective", choices=COLLECTIVES + (ALL_TO_ALL, RING_ATTENTION),
+                        default=ALL_REDUCE)
     parser.add_argument("--size", default=None, help="one message size: 8, 256K, 1M, 1G")
     parser.add_argument("--min-size", default=None, help="smallest size of a sweep")
     parser.add_argument("--max-size", default=None, help="largest size of a sweep")
@@ -84,11 +89,15 @@ def add_parser(subparsers) -> None:
                         help="write the ring lesson as a teaching page (single --size)")
     parser.add_argument("--png", metavar="DIR", default=None,
                         help="write the ring lesson as slides, one PNG per step (single --size)")
+    _add_ring_attention_flags(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
     """Check the flags, simulate every size, print the table, explanation or JSON."""
+    if args.collective == RING_ATTENTION:
+        return _run_ring_attention(args)
+    _refuse_attention_flags(args)
     sizes = _sizes(args)
     cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
     if args.collective == ALL_TO_ALL:
@@ -293,6 +302,7 @@ def _check_algo(args, cluster: Cluster, gpus: list[int]) -> None:
 
 
 def _check_nvls(args, cluster: Cluster) -> None:
+    """--nccl-algo nvls: an all-reduce at Simple in one NVSwitch-3+ domain, no ring steps."""
     if args.collective != ALL_REDUCE:
         raise UserError("--nccl-algo", f"nvls runs all_reduce only here, not {args.collective}")
     if args.nccl_proto not in (AUTO, "Simple"):
@@ -342,6 +352,102 @@ def _nvls_stats(cluster: Cluster, gpus: list[int], nbytes: int) -> CollectiveSta
     sent = (round(nvls_bytes_per_direction(nbytes, n)),) * n
     return CollectiveStats(ALL_REDUCE, tuple(gpus), nbytes, 1, sent, sent, 0.0, seconds, (),
                            NVLS, "Simple", 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Ring attention: context parallelism's ring carrying K and V (report/ring_attention_lesson.py)
+# --------------------------------------------------------------------------------------------
+
+# flag -> (argparse dest, default: Llama 3 70B's attention, meaning)
+ATTENTION_FLAGS = {
+    "--seq-length": ("seq_length", 8192, "tokens in the sequence the CP ranks share"),
+    "--num-attention-heads": ("num_attention_heads", 64, "query heads of the layer"),
+    "--num-query-groups": ("num_query_groups", 8, "K/V heads (group-query attention)"),
+    "--kv-channels": ("kv_channels", 128, "head dimension"),
+    "--tensor-model-parallel-size": ("tensor_model_parallel_size", 8,
+                                     "TP ranks sharing the heads"),
+    "--micro-batch-size": ("micro_batch_size", 1, "sequences per micro-batch")}
+
+
+def _add_ring_attention_flags(parser) -> None:
+    """The attention whose K/V the ring carries, by Megatron-LM's flags."""
+    group = parser.add_argument_group("--collective ring_attention (Megatron-LM's flags; "
+                                      "defaults: Llama 3 70B)")
+    for flag, (dest, default, meaning) in ATTENTION_FLAGS.items():
+        group.add_argument(flag, dest=dest, type=int, default=None,
+                           help=f"{meaning} (default {default})")
+
+
+def _refuse_attention_flags(args) -> None:
+    """The attention flags describe ring_attention only."""
+    for flag, (dest, _default, _meaning) in ATTENTION_FLAGS.items():
+        if getattr(args, dest) is not None:
+            raise UserError(flag, "describes --collective ring_attention only")
+
+
+def _attention_shape(args) -> AttentionShape:
+    """One TP rank's attention from the flags (defaults filled), checked."""
+    value = {dest: default if getattr(args, dest) is None else getattr(args, dest)
+             for dest, default, _meaning in ATTENTION_FLAGS.values()}
+    for flag, (dest, _default, _meaning) in ATTENTION_FLAGS.items():
+        if value[dest] < 1:
+            raise UserError(flag, f"must be positive, got {value[dest]}")
+    t, chunks = value["tensor_model_parallel_size"], 2 * args.ranks
+    if value["seq_length"] % chunks:
+        raise UserError("--seq-length", f"{value['seq_length']} tokens do not cut into "
+                                        f"2 x cp = {chunks} equal chunks")
+    for flag, dest in (("--num-attention-heads", "num_attention_heads"),
+                       ("--num-query-groups", "num_query_groups")):
+        if value[dest] % t:
+            raise UserError(flag, f"{value[dest]} heads do not split over "
+                                  f"--tensor-model-parallel-size {t}")
+    if value["num_attention_heads"] % value["num_query_groups"]:
+        raise UserError("--num-query-groups", "must divide --num-attention-heads")
+    return AttentionShape(value["seq_length"], value["num_attention_heads"] // t,
+                          value["num_query_groups"] // t, value["kv_channels"],
+                          value["micro_batch_size"])
+
+
+def _check_ring_attention(args) -> None:
+    """The flags of a ring collective that ring attention has no use for."""
+    for flag, given in (("--size", args.size), ("--min-size", args.min_size),
+                        ("--max-size", args.max_size), ("--step-factor", args.step_factor)):
+        if given is not None:
+            raise UserError(flag, "ring_attention's K/V block comes from --seq-length, the heads "
+                                  "and --kv-channels, not a message size")
+    for flag, value in (("--nccl-algo", args.nccl_algo), ("--nccl-proto", args.nccl_proto)):
+        if value != AUTO:
+            raise UserError(flag, "ring_attention is point-to-point sends, no NCCL algorithm")
+    if args.png:
+        raise UserError("--png", "ring_attention has a page (--html) and text (--explain), "
+                                 "no slides")
+    if args.json and args.explain:
+        raise UserError("--json", "cannot be combined with --explain")
+    if args.ranks > MAX_LESSON_RANKS:
+        raise UserError("--ranks", f"the lesson draws every rank and chunk: use at most "
+                                   f"{MAX_LESSON_RANKS} CP ranks, got {args.ranks}")
+    if args.html:
+        check_out_file(args.html, "--html")
+
+
+def _run_ring_attention(args) -> int:
+    """The ring attention lesson: the step table, --explain's text, --json, --html's page."""
+    _check_ring_attention(args)
+    cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
+    shape = _attention_shape(args)
+    compute = cluster_compute(cluster)  # the system's GPU prices the blocks (None: the A100 fit)
+    with compute_calibration(compute) if compute else contextlib.nullcontext():
+        data = ring_attention_lesson.lesson_data(build_topology(cluster), gpus, shape,
+                                                 LinkCalibration.from_cluster(cluster))
+    if args.html:
+        write_file(Path(args.html), ring_attention_page.lesson_html(
+            data, ring_attention_lesson.lesson_title(data)))
+    if args.json:
+        print(dumps(data))
+        return 0
+    lines = ring_attention_lesson.lesson_text(data) + [""] if args.explain else []
+    print("\n".join(lines + ring_attention_lesson.step_table(data)))
+    return 0
 
 
 def _forced(args) -> LinkCalibration:

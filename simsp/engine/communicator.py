@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from simsp.engine.all_to_all import all_to_all
 from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.nccl_group import nccl_choice
@@ -28,6 +29,7 @@ from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 
 STEPWISE, CLOSED_FORM = "stepwise", "closed_form"
+ALL_TO_ALL = "all_to_all"
 
 __all__ = ["Communicator", "collective_time", "STEPWISE", "CLOSED_FORM"]
 
@@ -82,6 +84,16 @@ class Communicator:
         """Concatenation of every member's chunk (1-D; None in meta). `nbytes` is the whole S."""
         return (yield from self._call(ALL_GATHER, group, rank, chunk, nbytes, tag, elem_bytes))
 
+    def all_to_all(self, group, rank: int, chunks: list | None, send_bytes: list[int],
+                   tag: str = ""):
+        """All-to-all(-v): this member sends send_bytes[j] bytes (chunks[j] in numeric mode) to
+        group[j]; returns what each member sent it, in group order (None in meta). Always run
+        as flows over the links (engine/all_to_all.py), never in closed form."""
+        group = tuple(group)
+        meeting = self._join(ALL_TO_ALL, group, rank, (list(send_bytes), chunks), 0, tag, 1)
+        results = yield meeting.done
+        return results[group.index(rank)]
+
     def _call(self, collective: str, group, rank: int, buffer, nbytes: int, tag: str,
               elem_bytes: int | None = None):
         """Join the rendezvous, wait for the ring to finish, return this member's result.
@@ -122,6 +134,8 @@ class Communicator:
         if rank not in self.present:
             raise SimulationError(f"rank {rank} is not present but called a collective")
         expected = frozenset(group) & self.present
+        if isinstance(buffer, tuple):  # all-to-all: (row of bytes, chunks)
+            buffer = buffer[1]
         if buffer is not None and len(expected) < len(group):
             raise SimulationError("absent ranks have no data: the present-rank shortcut is "
                                   "meta only")
@@ -130,6 +144,10 @@ class Communicator:
     def _execute(self, meeting: _Meeting):
         """Run the ring (or wait its closed-form time), record stats and spans, hand out results."""
         buffers = [meeting.buffers.get(rank) for rank in meeting.group]
+        if meeting.collective == ALL_TO_ALL:
+            results = yield from self._all_to_all(meeting, buffers)
+            meeting.done.succeed(results)
+            return
         stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
         if stepwise and not self._runs_as_tree(meeting):
             ring = RING_COLLECTIVES[meeting.collective]
@@ -144,6 +162,22 @@ class Communicator:
                                 stats.end_s, {"collective": meeting.collective,
                                               "nbytes": meeting.nbytes, "group": meeting.group})
         meeting.done.succeed(results)
+
+    def _all_to_all(self, meeting: _Meeting, buffers: list):
+        """Every member's row of bytes at once over the links; each member's received chunks.
+        An absent member (meta, present-rank shortcut) sends as the first present one does,
+        its row turned by their distance: j gets what the present member sends j − (i − p)."""
+        present = next(i for i, b in enumerate(buffers) if b is not None)
+        n, row = len(buffers), buffers[present][0]
+        matrix = [b[0] if b is not None else [row[(j - i + present) % n] for j in range(n)]
+                  for i, b in enumerate(buffers)]
+        chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
+        received, stats = yield from all_to_all(self.env, self.network, list(meeting.group),
+                                                matrix, chunks, meeting.tag or ALL_TO_ALL)
+        for rank in sorted(meeting.expected):
+            self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, stats.start_s,
+                                stats.end_s, {"collective": ALL_TO_ALL, "group": meeting.group})
+        return received
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode

@@ -372,9 +372,11 @@ class _Group:
         self.gone: set[str] = set()  # relative keys freed one by one since
 
     def holds(self, rel: str) -> bool:
+        """Whether the block's tensor `rel` is still live."""
         return rel in self.block.alloc_set and rel not in self.gone
 
     def size(self) -> int:
+        """How many of the block's tensors are still live."""
         return len(self.block.alloc_rels) - len(self.gone)
 
 
@@ -518,6 +520,7 @@ class Ledger:
 
     @property
     def total(self) -> int:
+        """Bytes live now, every category."""
         return sum(self.current.values())
 
     @property
@@ -610,20 +613,25 @@ class Ledger:
 
     @property
     def peak_total(self) -> int:
+        """The highest total bytes live at any moment."""
         return self.summary().peak_total
 
     @property
     def peak_by_category(self) -> dict:
+        """Bytes per category at the moment of the peak."""
         return self.summary().peak_by_category
 
     @property
     def oom(self) -> OutOfMemory | None:
+        """The first allocation over capacity, or None."""
         return self.summary().oom
 
     def largest_live(self, count: int = 5) -> tuple[LiveTensor, ...]:
+        """The `count` largest tensors live now."""
         return largest(self.live, count)
 
     def live_bytes(self, category: str) -> int:
+        """Bytes of `category` live now."""
         return self.current[category]
 
     def final_bytes(self) -> dict:

@@ -91,6 +91,7 @@ def layer_cost(sc: Scenario, granularity: str) -> LayerCost:
                              parallel={
         "context_parallel_size": 1, "cp_comm_type": defaults.cp_comm_type,
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
+        "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,  # one TP group
         "schedule": None, "num_layers_per_virtual_pipeline_stage": None,
         "distributed_optimizer": False, "recompute_granularity": granularity,
         "recompute_method": None, "recompute_num_layers": None,

@@ -16,12 +16,15 @@ OBJECTIVES = {  # name: (column, larger is better)
     "cost": ("gpu_hours_per_million_tokens", False)}
 KINDS = ("compute", "bubble", "tp_comm", "pp_transfer", "dp_comm", "optimizer")
 CP_KIND = "cp_comm"  # context parallelism's exchanges: rows with cp > 1 only
+EP_KIND = "ep_comm"  # MoE dispatch and combine: rows with expert layers only (docs/moe.md)
+OPTIONAL_KINDS = (CP_KIND, EP_KIND)
 
 
 def kinds_of(rows: list[dict]) -> tuple:
-    """KINDS, and cp_comm when some row has context-parallel exposure (docs/context-parallel.md)."""
-    cp = any(row.get(f"exposed_{CP_KIND}_s") is not None for row in rows)
-    return KINDS + ((CP_KIND,) if cp else ())
+    """KINDS, and cp_comm / ep_comm when some row has context-parallel / MoE exposure
+    (docs/context-parallel.md, docs/moe.md)."""
+    return KINDS + tuple(kind for kind in OPTIONAL_KINDS
+                         if any(row.get(f"exposed_{kind}_s") is not None for row in rows))
 
 
 def _flag_table() -> dict:
@@ -105,7 +108,7 @@ def exposure(row: dict) -> dict:
     time = row["iteration_time_s"]
     found = {"compute": row.get("exposed_compute_s") or 0.0,
              "bubble": time - time / (1 + row["bubble_fraction"])}
-    for kind in KINDS[2:] + (CP_KIND,):
+    for kind in KINDS[2:] + OPTIONAL_KINDS:
         value = row.get(f"exposed_{kind}_s")
         found[kind] = value if value == value and value is not None else 0.0
     return found

@@ -145,6 +145,20 @@ def attention_keep(r, spec: LayerSpec, b: int, heads: int):
     return lambda i0, i1, j0, j1: kernels.keep_mask(
         p, r.seed, site, (spec.sample_offset, start, i0, j0), (b, heads, i1 - i0, j1 - j0))
 
+def cp_attention_keep(r, spec: LayerSpec, b: int, heads: int):
+    """The context-parallel attention's dropout keep-mask drawer, at global positions:
+    (q_pos (nq,), k_pos (nk,), first head, heads) -> (b, heads, nq, nk), the coordinates of
+    attention_keep's tiles (so every layout drops the same probabilities); None without
+    dropout or data."""
+    p = spec.model.attention_dropout
+    if p == 0 or not r.numeric:
+        return None
+    site, start = site_id(spec.layer, "attention"), r.tp.index * heads
+    return lambda q_pos, k_pos, first, count: kernels.keep_mask(
+        p, r.seed, site, (spec.sample_offset, start + first, q_pos, k_pos),
+        (b, count, len(q_pos), len(k_pos)))
+
+
 def attention_core(r, spec: LayerSpec, q, k, v):
     """softmax(QKᵀ/√d) -> dropout -> ·V. Returns probs, mask, dropped, context (b, a/t, s, ·)."""
     b, heads, s, d = q.shape
@@ -291,7 +305,9 @@ def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
         for name, tensor in (("q", q), ("k", k), ("v", v)):
             stash.put(name, tensor)
         if r.cp is not None:  # context parallelism: the ring (or all-to-all) over CP ranks
-            out, lse = yield from r.cp.forward(r, q, k, v, "proj_input", "softmax_lse")
+            keep = cp_attention_keep(r, spec, q.shape[0], heads)
+            out, lse = yield from r.cp.forward(r, q, k, v, "proj_input", "softmax_lse", keep,
+                                               m.attention_dropout)
             kept = r.cp.saved(r, k, v)  # the ring's K/V block, a2a's head-split output or None
             if spec.recomputes("core_attn"):
                 r.free(kept)  # the recompute runs the exchanges again

@@ -7,8 +7,8 @@ all-reduce (TP) or reduce-scatter (SP) runs while the weight-gradient GEMM runs.
 
 from simsp.model import mappings, ops
 from simsp.model.layer import (LayerSpec, act_input_name, attention_core, attention_keep,
-                               fc1_views, kv_names, layer_forward, merge_qkv_grads, mlp_inner,
-                               norm, rope_angles)
+                               cp_attention_keep, fc1_views, kv_names, layer_forward,
+                               merge_qkv_grads, mlp_inner, norm, rope_angles)
 import math
 
 
@@ -196,7 +196,7 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
     groups = m.query_groups // r.tp.size
     q, k, v = saved.pop("q"), saved.pop("k"), saved.pop("v")
     if m.flash and r.cp is not None:
-        dq, dk, dv = yield from _cp_core_backward(r, saved, dproj, q, k, v, proj_in)
+        dq, dk, dv = yield from _cp_core_backward(r, spec, saved, dproj, q, k, v, proj_in)
     elif m.flash:
         lse = saved.pop("softmax_lse", None)
         keep = attention_keep(r, spec, q.shape[0], heads)
@@ -230,20 +230,21 @@ def _llama_core_backward(r, spec, saved, dproj, proj_in):
     return dqkv
 
 
-def _cp_core_backward(r, saved, dproj, q, k, v, proj_in):
+def _cp_core_backward(r, spec, saved, dproj, q, k, v, proj_in):
     """Context parallelism: the ring (or all-to-all) attention backward over the CP group (its
     forward again first when core_attn is recomputed); it frees what its forward kept itself."""
+    keep, p = cp_attention_keep(r, spec, q.shape[0], q.shape[1]), spec.model.attention_dropout
     lse = saved.pop("softmax_lse", None)
     if lse is None:  # core_attn recomputed: the ring forward again, for its logsumexp
         phase, r.phase = r.phase, "recompute"
-        again, lse = yield from r.cp.forward(r, q, k, v, "flash_output", "softmax_lse")
+        again, lse = yield from r.cp.forward(r, q, k, v, "flash_output", "softmax_lse", keep, p)
         r.free(again)
         r.phase = phase
     else:
         kept = saved.pop(r.cp.saved_name, None)
         if kept is not None:
             kept.key = None  # freed by the CP attention's backward
-    dq, dk, dv = yield from r.cp.backward(r, dproj, q, k, v, proj_in, lse)
+    dq, dk, dv = yield from r.cp.backward(r, dproj, q, k, v, proj_in, lse, keep, p)
     r.free(dproj, proj_in, lse, q, k, v)
     return dq, dk, dv
 

@@ -123,17 +123,27 @@ def aux_scores(logits, spec: MoeSpec):
     return _normalize(_sigmoid(logits))
 
 
-def aux_loss(logits, spec: MoeSpec):
-    """Switch loss E·coeff/(k·T²) · Σ_e (Σ_t score[t,e]) · tokens_e, tokens_e from the top-k of
-    the scores. Returns (loss, d loss / d scores (T, E), scores (T, E))."""
+def aux_tokens(logits, spec: MoeSpec):
+    """tokens_e (E,): how many tokens have e in the top-k of the aux scores."""
     T, E = logits.shape
-    scores = aux_scores(logits, spec)  # (T, E)
     chosen = np.zeros((T, E), dtype=bool)
-    np.put_along_axis(chosen, _topk_indices(scores, spec.topk), True, axis=1)
-    tokens_per_expert = chosen.sum(axis=0).astype(logits.dtype)  # (E,)
+    np.put_along_axis(chosen, _topk_indices(aux_scores(logits, spec), spec.topk), True, axis=1)
+    return chosen.sum(axis=0).astype(logits.dtype)  # (E,)
+
+
+def aux_loss(logits, spec: MoeSpec, tokens_per_expert=None, total_tokens: int | None = None):
+    """Switch loss E·coeff/(k·T²) · Σ_e (Σ_t score[t,e]) · tokens_e, tokens_e from the top-k of
+    the scores. Under sequence parallelism a rank passes the whole sequence's tokens_e (E,) and
+    T (get_tokens_per_expert_and_token_count): its share of the whole loss.
+    Returns (loss, d loss / d scores (T, E), scores (T, E))."""
+    E = logits.shape[1]
+    T = total_tokens or logits.shape[0]
+    scores = aux_scores(logits, spec)  # (T_local, E)
+    if tokens_per_expert is None:
+        tokens_per_expert = aux_tokens(logits, spec)  # (E,)
     scale = E * spec.aux_loss_coeff / (spec.topk * T * T)
     loss = scale * float((scores.sum(axis=0) * tokens_per_expert).sum())
-    dscores = np.broadcast_to(scale * tokens_per_expert, (T, E))  # (T, E)
+    dscores = np.broadcast_to(scale * tokens_per_expert, scores.shape)  # (T_local, E)
     return loss, dscores, scores
 
 
@@ -182,39 +192,85 @@ def experts_backward(dout, xp, h1, g, fc1, fc2, counts, swiglu: bool):
     return dxp, dfc1, dfc2
 
 
-def moe_forward(x, w: dict, spec: MoeSpec):
-    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
-    logits = x @ w["router"]  # (T, E)
+def route(x, router, spec: MoeSpec) -> dict:
+    """Gating, top-k, capacity and permutation of x (T, h) with router (h, E): the routing
+    cache (logits, probs, top, kept, the permuted rows xp (N, h) with their tokens and experts
+    (N,) expert-major, counts (E,)) and the aux loss with its score gradient."""
+    logits = x @ router  # (T, E)
     probs, top = topk_routing(logits, spec)  # (T, E), (T, k)
     kept = capacity_map(probs, top, spec)  # (T, E)
     xp, tokens, counts = permute(x, kept)  # (N, h), (N,), (E,)
-    out, h1, g = experts_forward(xp, w["fc1"], w["fc2"], counts, spec.swiglu)  # (N, h)
     experts = np.nonzero(kept.T)[0]  # (N,) expert of each permuted row
-    weight = probs[tokens, experts][:, None]  # (N, 1): zero for padding rows
-    y = np.zeros_like(x)  # (T, h)
-    np.add.at(y, tokens, weight * out)  # unpermute with the probabilities
     loss, dscores, scores = (aux_loss(logits, spec) if spec.aux_loss_coeff > 0
                              else (0.0, None, None))
-    cache = dict(x=x, logits=logits, probs=probs, top=top, kept=kept, xp=xp, tokens=tokens,
-                 experts=experts, counts=counts, out=out, h1=h1, g=g, dscores=dscores,
-                 scores=scores)
-    return y, loss, cache
+    return dict(x=x, logits=logits, probs=probs, top=top, kept=kept, xp=xp, tokens=tokens,
+                experts=experts, counts=counts, aux=loss, dscores=dscores, scores=scores)
+
+
+def unpermute(out, c: dict):
+    """y (T, h) = Σ over kept pairs of p[t, e] · out row (moe_utils.py unpermute)."""
+    weight = c["probs"][c["tokens"], c["experts"]][:, None]  # (N, 1): zero for padding rows
+    y = np.zeros((c["probs"].shape[0], out.shape[1]), dtype=out.dtype)  # (T, h)
+    np.add.at(y, c["tokens"], weight * out)
+    return y
+
+
+def unpermute_backward(dy, out, c: dict):
+    """d out rows (N, h) and d probs (T, E) of unpermute, given dy (T, h)."""
+    tokens, experts = c["tokens"], c["experts"]
+    weight = c["probs"][tokens, experts][:, None]  # (N, 1)
+    dprobs = np.zeros_like(c["probs"])  # (T, E)
+    dprobs[tokens, experts] = (dy[tokens] * out).sum(axis=1)
+    return weight * dy[tokens], dprobs
+
+
+def route_backward(dxp, dprobs, c: dict, router, spec: MoeSpec, daux: float = 1.0):
+    """dx (T, h) and d router (h, E) from the permuted rows' gradient dxp (N, h), the probs'
+    dprobs (T, E) and daux · aux loss."""
+    dx = np.zeros_like(c["x"])  # (T, h)
+    np.add.at(dx, c["tokens"], dxp)
+    return router_backward(dx, dprobs, c, router, spec, daux)
+
+
+def router_backward(dx, dprobs, c: dict, router, spec: MoeSpec, daux: float = 1.0):
+    """dx (T, h) plus the router's share, and d router (h, E), from dprobs (T, E) and daux ·
+    aux loss; dx (T, h) holds the experts' gradient at the tokens already."""
+    dlogits = topk_routing_backward(dprobs, c["logits"], c["top"], spec)  # (T, E)
+    if spec.aux_loss_coeff > 0:
+        dlogits = dlogits + daux * aux_loss_backward(c["dscores"], c["scores"], c["logits"], spec)
+    dx += dlogits @ router.T
+    return dx, c["x"].T @ dlogits
+
+
+def moe_forward(x, w: dict, spec: MoeSpec):
+    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
+    c = route(x, w["router"], spec)
+    c["out"], c["h1"], c["g"] = experts_forward(c["xp"], w["fc1"], w["fc2"], c["counts"],
+                                                spec.swiglu)  # (N, h), (N, ·), (N, f)
+    return unpermute(c["out"], c), c["aux"], c
 
 
 def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
     """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
     hands the aux loss a gradient of 1 per layer)."""
-    tokens, experts = c["tokens"], c["experts"]
-    weight = c["probs"][tokens, experts][:, None]  # (N, 1)
-    dout = weight * dy[tokens]  # (N, h)
-    dprobs = np.zeros_like(c["probs"])  # (T, E)
-    dprobs[tokens, experts] = (dy[tokens] * c["out"]).sum(axis=1)
+    dout, dprobs = unpermute_backward(dy, c["out"], c)  # (N, h), (T, E)
     dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
                                        c["counts"], spec.swiglu)
-    dx = np.zeros_like(c["x"])  # (T, h)
-    np.add.at(dx, tokens, dxp)
-    dlogits = topk_routing_backward(dprobs, c["logits"], c["top"], spec)  # (T, E)
-    if spec.aux_loss_coeff > 0:
-        dlogits = dlogits + daux * aux_loss_backward(c["dscores"], c["scores"], c["logits"], spec)
-    dx += dlogits @ w["router"].T
-    return dx, {"router": c["x"].T @ dlogits, "fc1": dfc1, "fc2": dfc2}
+    dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
+    return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}
+
+
+def shared_forward(x, fc1, fc2, swiglu: bool):
+    """The shared experts (shared_experts.py SharedExpertMLP, no gate, no bias): x (T, h) ->
+    (out (T, h), activation input (T, f_s | 2f_s), fc2 input (T, f_s)); fc1 (h, f_s | 2f_s)."""
+    act = kernels.swiglu_forward if swiglu else kernels.gelu_forward
+    h1 = x @ fc1  # (T, f_s | 2f_s)
+    g = act(h1)  # (T, f_s)
+    return g @ fc2, h1, g
+
+
+def shared_backward(dy, x, h1, g, fc1, fc2, swiglu: bool):
+    """dx (T, h), d fc1, d fc2 of shared_forward."""
+    back = kernels.swiglu_backward if swiglu else kernels.gelu_backward
+    dh1 = back(dy @ fc2.T, h1)  # (T, f_s | 2f_s)
+    return dh1 @ fc1.T, x.T @ dh1, g.T @ dy

@@ -22,6 +22,7 @@ LAYER_SUFFIXES = (
     "attn.proj.bias", "ln2.gamma", "ln2.beta", "mlp.fc1.weight", "mlp.fc1.bias",
     "mlp.fc2.weight", "mlp.fc2.bias",
     "mlp.router.weight", "mlp.experts.fc1.weight", "mlp.experts.fc2.weight",  # MoE layers
+    "mlp.shared_experts.fc1.weight", "mlp.shared_experts.fc2.weight",  # their shared experts
 )
 
 
@@ -84,6 +85,10 @@ def _moe_layer_shapes(model, shapes: dict) -> dict:
     kept["mlp.router.weight"] = (h, E)
     kept["mlp.experts.fc1.weight"] = (E, h, 2, f) if model.swiglu else (E, h, f)
     kept["mlp.experts.fc2.weight"] = (E, f, h)
+    shared = model.moe_shared_expert_intermediate_size  # --moe-shared-expert-intermediate-size
+    if shared:
+        kept["mlp.shared_experts.fc1.weight"] = (h, 2, shared) if model.swiglu else (h, shared)
+        kept["mlp.shared_experts.fc2.weight"] = (shared, h)
     return kept
 
 

@@ -53,6 +53,8 @@ class Rank:
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     moe_aux_loss: float = 0.0  # Σ aux_scale · aux loss of its MoE layers' forwards (numeric)
+    moe: object = None  # simsp.model.moe_placement.ExpertRank of a MoE model, else None
+    moe_load: dict = field(default_factory=dict)  # forward MoE rows: expert_rows, dropped_pairs...
     compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
     precision: object = DEFAULT_PRECISION  # simsp.precision.Precision: state dtypes, FP8
     fp8: object = None  # simsp.precision.Fp8 when the linear layers run in FP8

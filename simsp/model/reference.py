@@ -13,11 +13,14 @@ flash attention is the same math (the plain softmax here is its oracle).
 
 from types import SimpleNamespace
 
+from dataclasses import replace
+
 import numpy as np
 
 from simsp.model import kernels as K
 from simsp.model.dropout_sites import attention_keep, hidden_keep
-from simsp.model.moe_kernels import MoeSpec, moe_backward, moe_forward
+from simsp.model.moe_kernels import (MoeSpec, aux_loss, aux_loss_backward, moe_backward,
+                                     moe_forward, shared_backward, shared_forward)
 from simsp.model import mla_kernels as MLA
 from simsp.model.params import layer_param_names
 
@@ -71,7 +74,7 @@ def _mla_rope(model, s):
                          model.rotary_base)
 
 
-def _layer_forward(P, x, i, model, seed, sample_offset, moe_group=None):
+def _layer_forward(P, x, i, model, seed, sample_offset, moe_group=None, moe_chunks=1):
     """One transformer layer forward; returns (out (s, B, h), saved activations)."""
     a, ph, pa = model.num_attention_heads, model.hidden_dropout, model.attention_dropout
     G = model.query_groups
@@ -97,7 +100,7 @@ def _layer_forward(P, x, i, model, seed, sample_offset, moe_group=None):
     c.x1 = x + K.dropout_forward(proj, c.keep_1, ph)  # (s, B, h)
     c.ln2 = _norm(P, c.x1, "ln2", model)  # (s, B, h)
     if "mlp.router.weight" in P:
-        fc2 = _moe_forward(P, c, model, moe_group)  # (s, B, h)
+        fc2 = _moe_forward(P, c, model, moe_group, moe_chunks)  # (s, B, h)
     else:
         c.fc1 = K.linear_forward(c.ln2, *_fc1(P))  # (s, B, f), SwiGLU (s, B, 2f)
         act = K.swiglu_forward if model.swiglu else K.gelu_forward
@@ -123,17 +126,39 @@ def _moe_weights(P) -> dict:
             "fc2": P["mlp.experts.fc2.weight"]}
 
 
-def _moe_forward(P, c, model, group):
+def _shared_fc1(P):
+    """The shared experts' fc1 as the (h, f_s | 2f_s) GEMM operand ([gate | up] for SwiGLU)."""
+    fc1 = P["mlp.shared_experts.fc1.weight"]
+    return fc1.reshape(fc1.shape[0], -1)
+
+
+def _moe_forward(P, c, model, group, chunks: int = 1):
     """The MoE MLP on ln2 (s, B, h), routed per micro-batch of `group` samples (Megatron
-    routes, drops and balances each micro-batch on its own). Returns (s, B, h)."""
+    routes, drops and balances each micro-batch on its own) and, under sequence parallelism,
+    per sequence chunk of s/`chunks` (each TP rank routes and drops its own shard); the aux
+    loss is the micro-batch's whole one (moe_utils.py get_tokens_per_expert_and_token_count).
+    Returns (s, B, h)."""
     s, B, h = c.ln2.shape
     group = group or B
-    out, c.moe = np.zeros_like(c.ln2), []  # (s, B, h)
+    spec = _moe_spec(model)
+    local = replace(spec, aux_loss_coeff=0.0)
+    out, c.moe, c.moe_aux = np.zeros_like(c.ln2), [], []  # (s, B, h)
     for start in range(0, B, group):
-        tokens = c.ln2[:, start:start + group].reshape(-1, h)  # (s·b, h)
-        y, _, cache = moe_forward(tokens, _moe_weights(P), _moe_spec(model))
-        out[:, start:start + group] = y.reshape(s, -1, h)
-        c.moe.append(cache)
+        block = c.ln2[:, start:start + group]  # (s, b, h)
+        logits = block.reshape(-1, h) @ P["mlp.router.weight"]  # (s·b, E)
+        c.moe_aux.append((start, logits) + (aux_loss(logits, spec)[1:]
+                                            if spec.aux_loss_coeff > 0 else (None, None)))
+        for k in range(chunks):
+            rows = slice(k * s // chunks, (k + 1) * s // chunks)
+            tokens = block[rows].reshape(-1, h)  # (s/chunks·b, h)
+            y, _, cache = moe_forward(tokens, _moe_weights(P), local)
+            if "mlp.shared_experts.fc2.weight" in P:
+                shared, cache["shared_h1"], cache["shared_g"] = shared_forward(
+                    tokens, _shared_fc1(P), P["mlp.shared_experts.fc2.weight"], model.swiglu)
+                y = y + shared
+            out[rows, start:start + group] = y.reshape(-1, group, h)
+            cache["block"] = (rows, slice(start, start + group))
+            c.moe.append(cache)
     return out
 
 
@@ -141,19 +166,42 @@ def _moe_backward(P, dfc2, c, model, g):
     """d ln2 (s, B, h) of _moe_forward; each micro-batch's aux loss gets gradient b/B (Megatron:
     1 / micro-batches, then the DP average), its weight gradients summed into g."""
     s, B, h = dfc2.shape
-    group = B // len(c.moe)
+    group = B // len(c.moe_aux)
     w, spec = _moe_weights(P), _moe_spec(model)
+    local = replace(spec, aux_loss_coeff=0.0)
     dln2 = np.zeros_like(dfc2)  # (s, B, h)
-    for k, cache in enumerate(c.moe):
-        start = k * group
-        dy = dfc2[:, start:start + group].reshape(-1, h)  # (s·b, h)
-        dx, grads = moe_backward(dy, w, cache, spec, daux=group / B)
-        dln2[:, start:start + group] = dx.reshape(s, -1, h)
-        for key, name in (("router", "mlp.router.weight"), ("fc1", "mlp.experts.fc1.weight"),
-                          ("fc2", "mlp.experts.fc2.weight")):
+    for cache in c.moe:
+        rows, cols = cache["block"]
+        dy = dfc2[rows, cols].reshape(-1, h)  # (s/chunks·b, h)
+        dx, grads = moe_backward(dy, w, cache, local)
+        if "shared_h1" in cache:
+            fc1 = P["mlp.shared_experts.fc1.weight"]
+            dxs, grads["shared_fc1"], grads["shared_fc2"] = shared_backward(
+                dy, cache["x"], cache["shared_h1"], cache["shared_g"], _shared_fc1(P),
+                P["mlp.shared_experts.fc2.weight"], model.swiglu)
+            grads["shared_fc1"] = grads["shared_fc1"].reshape(fc1.shape)
+            dx = dx + dxs
+        dln2[rows, cols] = dx.reshape(-1, group, h)
+        _add_moe_grads(P, g, grads)
+    for start, logits, dscores, scores in c.moe_aux:
+        if dscores is None:
+            continue
+        dlogits = group / B * aux_loss_backward(dscores, scores, logits, spec)  # (s·b, E)
+        x = c.ln2[:, start:start + group].reshape(-1, h)  # (s·b, h)
+        dln2[:, start:start + group] += (dlogits @ P["mlp.router.weight"].T).reshape(s, -1, h)
+        _add_moe_grads(P, g, {"router": x.T @ dlogits})
+    return dln2
+
+
+def _add_moe_grads(P, g: dict, grads: dict) -> None:
+    """Sum a routing block's MoE weight gradients into g."""
+    for key, name in (("router", "mlp.router.weight"), ("fc1", "mlp.experts.fc1.weight"),
+                      ("fc2", "mlp.experts.fc2.weight"),
+                      ("shared_fc1", "mlp.shared_experts.fc1.weight"),
+                      ("shared_fc2", "mlp.shared_experts.fc2.weight")):
+        if key in grads:
             grad = grads[key].reshape(P[name].shape)
             g[name] = grad if name not in g else g[name] + grad
-    return dln2
 
 
 def _layer_backward(P, dout, c, model):
@@ -194,9 +242,10 @@ def _layer_backward(P, dout, c, model):
 
 
 def reference_forward_backward(params, tokens, targets, model, seed, sample_offset=0,
-                               moe_group=None):
+                               moe_group=None, moe_chunks=1):
     """Mean cross-entropy loss over the s*B tokens and {name: grad}, plus "embedding_output".
-    MoE layers route each group of `moe_group` samples (the micro-batch) on its own.
+    MoE layers route each group of `moe_group` samples (the micro-batch) on its own, in
+    `moe_chunks` sequence chunks (sequence parallelism: t).
 
     tokens, targets: (s, B) ints; column c is global sample sample_offset + c (dropout masks).
     "embedding_output" is d loss / d (embedding output after embedding dropout), shape (s, B, h).
@@ -210,7 +259,7 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     saved = []
     for i in range(model.num_layers):
         x, cache = _layer_forward(_layer_params(params, i), x, i, model, seed, sample_offset,
-                                  moe_group)
+                                  moe_group, moe_chunks)
         saved.append(cache)
     y = _norm(params, x, "final_ln", model)  # (s, B, h)
     output = params.get("output.weight", word)  # (v, h): untied, or the word table
@@ -246,9 +295,10 @@ def relative_error(actual, expected) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def reference_layer(params, x, dout, i, model, seed, sample_offset=0):
-    """Layer i alone: x, dout (s, B, h) -> (out (s, B, h), dx (s, B, h), {suffix: grad})."""
+def reference_layer(params, x, dout, i, model, seed, sample_offset=0, moe_chunks=1):
+    """Layer i alone: x, dout (s, B, h) -> (out (s, B, h), dx (s, B, h), {suffix: grad});
+    a MoE layer routes in `moe_chunks` sequence chunks (SP: t)."""
     layer = _layer_params(params, i)
-    out, cache = _layer_forward(layer, x, i, model, seed, sample_offset)
+    out, cache = _layer_forward(layer, x, i, model, seed, sample_offset, moe_chunks=moe_chunks)
     dx, grads = _layer_backward(layer, dout, cache, model)
     return out, dx, grads

@@ -94,7 +94,7 @@ class LayerTemplates:
         return result
 
 
-_COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s")
+_COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s", "moe_load")
 
 
 class _Snapshot:

@@ -37,8 +37,10 @@ def _visible(q_pos, k_pos):
     return k_pos[None, :] <= q_pos[:, None]
 
 
-def block_forward(q, k, v, q_pos, k_pos):
-    """Softmax attention of q (b, a, nq, d) on one K/V block (b, G, nk, d), causal by position.
+def block_forward(q, k, v, q_pos, k_pos, keep=None, p: float = 0.0):
+    """Softmax attention of q (b, a, nq, d) on one K/V block (b, G, nk, d), causal by position,
+    the probabilities dropped where the keep-mask `keep` (b, a, nq, nk) is False (rate p,
+    scaled by 1/(1 - p); the logsumexp is the undropped one, as FlashAttention's).
     Returns the block output (b, a, nq, d) and its logsumexp (b, a, nq), -inf where no key is seen."""
     group = q.shape[1] // k.shape[1]
     kx, vx = expand_kv(k, group), expand_kv(v, group)  # (b, a, nk, d)
@@ -49,7 +51,8 @@ def block_forward(q, k, v, q_pos, k_pos):
     e = np.exp(scores - safe_max)  # (b, a, nq, nk)
     row_sum = e.sum(axis=-1, keepdims=True)  # (b, a, nq, 1)
     seen = row_sum > 0
-    out = np.where(seen, (e @ vx) / np.where(seen, row_sum, 1.0), 0.0)  # (b, a, nq, d)
+    weights = e if keep is None else e * keep / (1.0 - p)  # (b, a, nq, nk)
+    out = np.where(seen, (weights @ vx) / np.where(seen, row_sum, 1.0), 0.0)  # (b, a, nq, d)
     with np.errstate(divide="ignore"):
         lse = (safe_max + np.log(row_sum))[..., 0]  # (b, a, nq)
     return out, lse
@@ -81,17 +84,22 @@ def ring_forward(shards: list) -> list:
     return state
 
 
-def block_backward(dout, q, k, v, q_pos, k_pos, lse, delta):
+def block_backward(dout, q, k, v, q_pos, k_pos, lse, delta, keep=None, p: float = 0.0):
     """dq (b, a, nq, d) and dk, dv (b, G, nk, d) of one block, probabilities recomputed from the
-    final logsumexp; delta (b, a, nq, 1) = rowsum(dout * out) (Dao et al. 2022, Alg. 2)."""
+    final logsumexp; delta (b, a, nq, 1) = rowsum(dout * out) (Dao et al. 2022, Alg. 2), which
+    stays right under dropout (keep (b, a, nq, nk), rate p) since out holds the dropped weights."""
     group = q.shape[1] // k.shape[1]
     kx, vx = expand_kv(k, group), expand_kv(v, group)  # (b, a, nk, d)
     scale = 1.0 / math.sqrt(q.shape[-1])
     visible = _visible(q_pos, k_pos)  # (nq, nk)
     scores = (q @ kx.swapaxes(-1, -2)) * scale  # (b, a, nq, nk)
     probs = np.where(visible, np.exp(scores - lse[..., None]), 0.0)  # (b, a, nq, nk)
-    dvx = probs.swapaxes(-1, -2) @ dout  # (b, a, nk, d)
-    dscores = probs * (dout @ vx.swapaxes(-1, -2) - delta) * scale  # (b, a, nq, nk)
+    dropped = probs if keep is None else probs * keep / (1.0 - p)  # (b, a, nq, nk)
+    dvx = dropped.swapaxes(-1, -2) @ dout  # (b, a, nk, d)
+    dprobs = dout @ vx.swapaxes(-1, -2)  # (b, a, nq, nk): at the dropped probabilities
+    if keep is not None:
+        dprobs = dprobs * keep / (1.0 - p)
+    dscores = probs * (dprobs - delta) * scale  # (b, a, nq, nk)
     dq = dscores @ kx  # (b, a, nq, d)
     dkx = dscores.swapaxes(-1, -2) @ q  # (b, a, nk, d)
     return dq, reduce_kv(dkx, group), reduce_kv(dvx, group)

@@ -14,6 +14,7 @@ SPLIT_AXIS = {
     "attn.proj.weight": 0,  # row parallel
     "mlp.fc1.weight": -1, "mlp.fc1.bias": -1,  # column parallel
     "mlp.fc2.weight": 0,  # row parallel
+    "shared_experts.fc1.weight": -1, "shared_experts.fc2.weight": 0,  # MoE shared experts
     "embedding.word": 0,  # vocabulary parallel
     "output.weight": 0,  # vocabulary parallel (untied output layer)
 }
@@ -24,7 +25,8 @@ SP_PARTIAL_SUFFIXES = ("embedding.position", "ln1.gamma", "ln1.beta", "ln2.gamma
                        # MLA's down projections and latent norms: replicated over TP
                        # (Megatron's "duplicated" TELinear marks them sequence_parallel)
                        "attn.q_down.weight", "attn.kv_down.weight", "attn.q_norm.gamma",
-                       "attn.kv_norm.gamma")
+                       "attn.kv_norm.gamma",
+                       "mlp.router.weight")  # the MoE router routes a sequence shard
 
 
 def split_axis(name: str) -> int | None:

@@ -500,6 +500,7 @@ def schedule_figure_of(run, label: str) -> ScheduleFigure:
 
 
 def _end_s(run) -> float:
+    """When the iteration ends: its last rank's end."""
     return max(run.end_s.values(), default=0.0)
 
 
@@ -511,7 +512,7 @@ def _end_s(run) -> float:
 #
 # Optional: needs matplotlib (`pip install simsp[plot]`); without it write_memory_plot returns None.
 # Reads the same downsampled ledger timeline as the Chrome trace, so the drawn peak is exact.
-# Matplotlib's object API with fixed margins; the areas are numpy-built polygons (stacked_steps).
+# Matplotlib's object API with fixed margins; the areas are stackplot's (post steps).
 
 PANEL_IN, TOP_IN, GAP_IN, BOTTOM_IN = 3.6, 0.55, 0.55, 0.55  # panel pitch; margins (inches)
 
@@ -527,10 +528,10 @@ def _unit(nbytes: float) -> tuple[str, int]:
 
 
 def _plot_areas(ax, times: np.ndarray, layers: np.ndarray) -> None:
-    """The stacked category areas of `layers` (n, 6) over `times` (n,), a polygon each."""
-    from matplotlib.collections import PolyCollection
-    ax.add_collection(PolyCollection(stacked_step_polygons(times, layers), linewidths=0,
-                                     facecolors=[COLORS[c] for c in CATEGORIES]))
+    """The stacked category areas of `layers` (n, 6) over `times` (n,), each value held until
+    the next time."""
+    ax.stackplot(times, layers.T, step="post", linewidth=0,
+                 colors=[COLORS[c] for c in CATEGORIES])
 
 
 def _draw(ax, memory, title: str, end_s: float, units) -> None:

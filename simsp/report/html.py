@@ -112,6 +112,7 @@ def slug(title: str) -> str:
 
 
 def _cells(line: str) -> list[str]:
+    """The cells of one Markdown table line."""
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
@@ -121,6 +122,7 @@ def table(lines: list[str]) -> str:
     right = [a.endswith(":") for a in align]
 
     def row(cells, tag):
+        """One table row of `tag` cells, numbers right-aligned."""
         return "<tr>" + "".join(f"<{tag}{NUM if r else ''}>{inline(c)}</{tag}>"
                                 for c, r in zip(cells, right)) + "</tr>"
     return ("<table><thead>" + row(header, "th") + "</thead><tbody>"

@@ -86,6 +86,7 @@ def _step_rows(data: dict) -> str:
 
 
 def _bar(label: str, seconds: float, longest: float, css: str, nbytes: int) -> str:
+    """One bar of the comparison: label, width by time, time and bytes per rank."""
     width = 100 * seconds / longest if longest else 0
     return (f"<div>{html.escape(label)}</div><div><div class=\"bar {css}\" "
             f"style=\"width:{width:.1f}%\"></div></div><div class=\"num\">"
@@ -210,16 +211,12 @@ def lesson_html(data: dict, title: str) -> str:
     return page(title, body, STYLE, script)
 
 
-# The page's script (plain ES5, no library): draws the ring as SVG and the rank x chunk grid
-# from DATA and steps through DATA.steps with the buttons and the keys. It registers a
-# self-check (window.__checks.stepping) that clicks the buttons and presses the keys and reports
-# whether the grid advanced, for the headless-browser test.
-SCRIPT = r"""
-(function () {
-  var n = DATA.ranks, steps = DATA.steps, current = 0, channel = 0, timer = null;
-  var NAMES = {all_reduce: 'all-reduce', reduce_scatter: 'reduce-scatter', all_gather: 'all-gather'};
+# What both lesson pages' scripts share (pasted inside each page's closure, which declares
+# `steps`, `current`, `timer`, PERIOD, hue(k) and render()): number formats as the Python side writes
+# them, an SVG element maker, the ring's canvas, and the stepping: show(k), play(), the buttons (#prev, #next,
+# #play, #reset) and the keys a keyboard or a presenter's clicker sends.
+STEPPING_JS = r"""
   var SVGNS = 'http://www.w3.org/2000/svg';
-  function hue(c) { return Math.round(360 * c / n); }
   function fmtBytes(b) {
     var u = [['GiB', 1073741824], ['MiB', 1048576], ['KiB', 1024]];
     for (var i = 0; i < u.length; i++) if (b >= u[i][1]) return (b / u[i][1]).toFixed(2) + ' ' + u[i][0];
@@ -228,17 +225,96 @@ SCRIPT = r"""
   function fmtTime(s) {  // every time of the lesson in one unit, as the Python side writes it
     return (s * 1e6).toLocaleString('en-US', {minimumFractionDigits: 2, maximumFractionDigits: 2}) + ' µs';
   }
-  function hopPath(h) {
-    return h.via === null ? 'gpu' + h.src + ' → gpu' + h.dst
-      : 'gpu' + h.src + ' → gpu' + h.via + ' (NVLink, PXN) → gpu' + h.dst;
-  }
-  function holdings(k) { return k === 0 ? DATA.start : steps[k - 1].holdings; }
   function el(tag, attrs, parent) {
     var e = document.createElementNS(SVGNS, tag);
     for (var a in attrs) e.setAttribute(a, attrs[a]);
     if (parent) parent.appendChild(e);
     return e;
   }
+  // #ring emptied for a new SVG drawing `size` square (a key line below it) with an arrowhead
+  // per colour index k (#arrowk, hue(k)); pos(p, radius) places ring position p of `count`
+  // clockwise from the top.
+  function ringCanvas(size, count) {
+    var box = document.getElementById('ring'); box.innerHTML = '';
+    var c = size / 2, svg = el('svg', {width: size, height: size + 30,
+      viewBox: '0 0 ' + size + ' ' + (size + 30), id: 'ring-svg'}, box);
+    var defs = el('defs', {}, svg);
+    for (var k = 0; k < count; k++) {
+      var m = el('marker', {id: 'arrow' + k, viewBox: '0 0 10 10', refX: 9, refY: 5,
+        markerWidth: 5, markerHeight: 5, orient: 'auto-start-reverse'}, defs);
+      el('path', {d: 'M 0 0 L 10 5 L 0 10 z', fill: 'hsl(' + hue(k) + ',65%,40%)'}, m);
+    }
+    function pos(p, radius) {
+      var a = -Math.PI / 2 + 2 * Math.PI * p / count;
+      return [c + radius * Math.cos(a), c + radius * Math.sin(a)];
+    }
+    return {svg: svg, c: c, pos: pos};
+  }
+  // The stepping's self-check (window.__checks), merged into `verdict`: from the start, the
+  // next button changes what `text()` reads and the step label, prev brings it back; → and
+  // PageDown step on, PageUp back, space plays and pauses.
+  function checkStepping(text, verdict) {
+    function key(name) { document.dispatchEvent(new KeyboardEvent('keydown', {key: name, bubbles: true})); }
+    function label() { return document.getElementById('step-label').textContent; }
+    document.getElementById('reset').click();
+    var start = text(), label0 = label();
+    document.getElementById('next').click();
+    var after = text(), label1 = label();
+    document.getElementById('prev').click();
+    verdict.advanced = after !== start && label1 !== label0;
+    verdict.back = text() === start;
+    verdict.steps = steps.length;
+    key('ArrowRight'); var byArrow = text();
+    key('PageDown'); var byPage = text(), atTwo = current;
+    key('PageUp'); var byPageUp = current;
+    key(' '); var playing = timer !== null; key(' '); var paused = timer === null;
+    verdict.keys_advanced = byArrow !== start && byPage !== byArrow && atTwo === 2;
+    verdict.page_up = byPageUp === 1;
+    verdict.space_plays = playing && paused;
+    return verdict;
+  }
+  function show(k) { current = Math.max(0, Math.min(steps.length, k)); render(); }
+  function play() {
+    var b = document.getElementById('play');
+    if (timer) { clearInterval(timer); timer = null; b.textContent = '▶ play'; return; }
+    if (current === steps.length) show(0);
+    b.textContent = '❚❚ pause';
+    timer = setInterval(function () { if (current >= steps.length) { play(); return; } show(current + 1); }, PERIOD);
+  }
+  document.getElementById('prev').onclick = function () { show(current - 1); };
+  document.getElementById('next').onclick = function () { show(current + 1); };
+  document.getElementById('reset').onclick = function () { show(0); };
+  document.getElementById('play').onclick = play;
+  // a keyboard or a presenter's clicker (which sends PageUp/PageDown) steps the lesson
+  document.addEventListener('keydown', function (e) {
+    if (e.target && e.target.tagName === 'SELECT') return;
+    var k = e.key;
+    if (k === 'ArrowRight' || k === 'PageDown' || k === 'ArrowDown') show(current + 1);
+    else if (k === 'ArrowLeft' || k === 'PageUp' || k === 'ArrowUp') show(current - 1);
+    else if (k === ' ' || k === 'Spacebar') play();
+    else if (k === 'Home') show(0);
+    else if (k === 'End') show(steps.length);
+    else return;
+    e.preventDefault();
+  });
+"""
+
+
+# The page's script (plain ES5, no library): draws the ring as SVG and the rank x chunk grid
+# from DATA and steps through DATA.steps with the buttons and the keys. It registers a
+# self-check (window.__checks.stepping) that clicks the buttons and presses the keys and reports
+# whether the grid advanced, for the headless-browser test.
+SCRIPT = (r"""
+(function () {
+  var n = DATA.ranks, steps = DATA.steps, current = 0, channel = 0, timer = null;
+  var PERIOD = 1100;  // ms per step when playing
+""" + STEPPING_JS + r"""  var NAMES = {all_reduce: 'all-reduce', reduce_scatter: 'reduce-scatter', all_gather: 'all-gather'};
+  function hue(c) { return Math.round(360 * c / n); }
+  function hopPath(h) {
+    return h.via === null ? 'gpu' + h.src + ' → gpu' + h.dst
+      : 'gpu' + h.src + ' → gpu' + h.via + ' (NVLink, PXN) → gpu' + h.dst;
+  }
+  function holdings(k) { return k === 0 ? DATA.start : steps[k - 1].holdings; }
   function rankOf(p) { return DATA.channels[channel].order[p]; }
   function positionOfGpu(g) {
     for (var q = 0; q < n; q++) if (gpuOf(q) === g) return q;
@@ -246,19 +322,7 @@ SCRIPT = r"""
   }
   function gpuOf(p) { return DATA.gpus[rankOf(p)]; }
   function drawRing() {
-    var box = document.getElementById('ring'); box.innerHTML = '';
-    var size = 420, c = size / 2, r = 150, svg = el('svg', {width: size, height: size + 30,
-      viewBox: '0 0 ' + size + ' ' + (size + 30), id: 'ring-svg'}, box);
-    var defs = el('defs', {}, svg);
-    for (var k = 0; k < n; k++) {
-      var m = el('marker', {id: 'arrow' + k, viewBox: '0 0 10 10', refX: 9, refY: 5,
-        markerWidth: 5, markerHeight: 5, orient: 'auto-start-reverse'}, defs);
-      el('path', {d: 'M 0 0 L 10 5 L 0 10 z', fill: 'hsl(' + hue(k) + ',65%,40%)'}, m);
-    }
-    function pos(p, rad) {
-      var a = -Math.PI / 2 + 2 * Math.PI * p / n;
-      return [c + rad * Math.cos(a), c + rad * Math.sin(a)];
-    }
+    var size = 420, r = 150, ring = ringCanvas(size, n), svg = ring.svg, pos = ring.pos;
     var hops = DATA.channels[channel].hops, via = DATA.channels[channel].via;
     for (var p = 0; p < n; p++) {
       var a = pos(p, r), b = pos((p + 1) % n, r), ib = hops[p] === 'InfiniBand';
@@ -357,30 +421,7 @@ SCRIPT = r"""
     var row = document.getElementById('row-' + current);
     if (row) row.className = 'current';
   }
-  function show(k) { current = Math.max(0, Math.min(steps.length, k)); drawRing(); drawGrid(); label(); }
-  function play() {
-    var b = document.getElementById('play');
-    if (timer) { clearInterval(timer); timer = null; b.textContent = '▶ play'; return; }
-    if (current === steps.length) show(0);
-    b.textContent = '❚❚ pause';
-    timer = setInterval(function () { if (current >= steps.length) { play(); return; } show(current + 1); }, 1100);
-  }
-  document.getElementById('prev').onclick = function () { show(current - 1); };
-  document.getElementById('next').onclick = function () { show(current + 1); };
-  document.getElementById('reset').onclick = function () { show(0); };
-  document.getElementById('play').onclick = play;
-  // a keyboard or a presenter's clicker (which sends PageUp/PageDown) steps the lesson
-  document.addEventListener('keydown', function (e) {
-    if (e.target && e.target.tagName === 'SELECT') return;
-    var k = e.key;
-    if (k === 'ArrowRight' || k === 'PageDown' || k === 'ArrowDown') show(current + 1);
-    else if (k === 'ArrowLeft' || k === 'PageUp' || k === 'ArrowUp') show(current - 1);
-    else if (k === ' ' || k === 'Spacebar') play();
-    else if (k === 'Home') show(0);
-    else if (k === 'End') show(steps.length);
-    else return;
-    e.preventDefault();
-  });
+  function render() { drawRing(); drawGrid(); label(); }
   if (DATA.channels.length > 1) {
     var sel = '<label>channel <select id="channel">';
     DATA.channels.forEach(function (ch) {
@@ -394,32 +435,18 @@ SCRIPT = r"""
   function gridText() { return document.getElementById('grid-table').textContent; }
   window.__checks.stepping = function () {
     var initial = current;
-    document.getElementById('reset').click();
-    var start = gridText(), label0 = document.getElementById('step-label').textContent;
-    document.getElementById('next').click();
-    var after = gridText(), label1 = document.getElementById('step-label').textContent;
-    document.getElementById('prev').click();
-    var back = gridText();
-    for (var k = 0; k < steps.length; k++) document.getElementById('next').click();
+    show(steps.length);
     var cells = document.querySelectorAll('#grid-table td'), full = 0, filled = 0;
     for (var i = 0; i < cells.length; i++) {
       if (cells[i].textContent === 'all') full++;
       if (cells[i].className.indexOf('empty') < 0) filled++;
     }
-    var arrows = document.querySelectorAll('#ring-svg .send').length;
-    var formula = document.getElementById('step-formula').textContent;
-    function key(name) { document.dispatchEvent(new KeyboardEvent('keydown', {key: name, bubbles: true})); }
-    show(0);
-    key('ArrowRight'); var byArrow = gridText();
-    key('PageDown'); var byPage = gridText(), atTwo = current;
-    key('PageUp'); var byPageUp = current;
-    key(' '); var playing = timer !== null; key(' '); var paused = timer === null;
-    var relayed = document.querySelectorAll('#ring-svg path.pxn').length;
+    var verdict = checkStepping(gridText, {full_cells_at_end: full, filled_cells_at_end: filled,
+      arrows_at_end: document.querySelectorAll('#ring-svg .send').length,
+      formula_at_end: document.getElementById('step-formula').textContent,
+      relayed_hops: document.querySelectorAll('#ring-svg path.pxn').length});
     show(initial);
-    return {advanced: after !== start && label1 !== label0, back: back === start,
-            steps: steps.length, full_cells_at_end: full, filled_cells_at_end: filled, arrows_at_end: arrows,
-            formula_at_end: formula, keys_advanced: byArrow !== start && byPage !== byArrow && atTwo === 2,
-            page_up: byPageUp === 1, space_plays: playing && paused, relayed_hops: relayed};
+    return verdict;
   };
 })();
-"""
+""")

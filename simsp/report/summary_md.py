@@ -19,7 +19,7 @@ MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
 COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
                ("pp_transfer", "pipeline transfer exposed"), ("pp_wait", "pipeline wait"),
                ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"),
-               ("cp_comm", "CP comm exposed"))
+               ("cp_comm", "CP comm exposed"), ("ep_comm", "EP comm exposed"))
 
 
 def pct(fraction: float) -> str:
@@ -33,6 +33,7 @@ def seconds(t: float) -> str:
 
 
 def _plural(n: int, word: str) -> str:
+    """"3 stages", "1 batch", "2 batches"."""
     return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("h") else "s")
 
 
@@ -70,12 +71,14 @@ def variant_label(m: dict) -> str:
 # ---------------------------------------------------------------- sections
 
 def _provenance(m: dict) -> list[str]:
+    """Which simsp made the report, and with what command."""
     command = m.get("command")
     return [f"Made by simsp {__version__}"
             + (f" with `{command}`." if command else "."), ""]
 
 
 def _header(m: dict) -> list[str]:
+    """The title, then the layout, the model (its architecture, its hardware) a line each."""
     lay = m["layout"]
     sp = "SP" if lay["sequence_parallel"] else "no SP"
     extra = ", distributed optimizer" if lay.get("distributed_optimizer") else ""
@@ -135,6 +138,8 @@ def _verdict(m: dict) -> list[str]:
 
 
 def _performance(m: dict) -> list[str]:
+    """Iteration time, tokens/s, MFU and HFU (both counts), bubble, exposed communication, loss
+    and the out-of-memory verdict as a table."""
     source = "Megatron" if "flops_formula" in m else "K22"
     rows = [["iteration time", seconds(m["iteration_time_s"])],
             ["tokens/s", f"{m['tokens_per_s']:,.0f}"],
@@ -156,6 +161,7 @@ def _performance(m: dict) -> list[str]:
 
 
 def _stages(m: dict, stages: list[dict]) -> list[str]:
+    """Per stage: its rank, bubble fraction and exposed seconds by track."""
     exposed = m.get("exposed_s_per_stage") or m["exposed_comm_s_per_stage"]
     keys = {k for e in exposed for k in e}
     tracks = [(k, n) for k, n in COMM_TRACKS if k in keys]
@@ -171,6 +177,7 @@ def _stages(m: dict, stages: list[dict]) -> list[str]:
 
 
 def _memory(m: dict, stages: list[dict]) -> list[str]:
+    """Per stage: peak bytes by category and the out-of-memory verdict."""
     unit, scale = _memory_unit(stages)
     header = ["stage", "rank"] + [f"{name} ({unit})" for _, name in MEMORY_COLUMNS]
     header += [f"peak total ({unit})", "verdict"]
@@ -218,6 +225,7 @@ def _oom_categories(failing: list[dict], explained: dict) -> list[str]:
 
 
 def _switch_row(s: dict) -> list[str]:
+    """One candidate switch of the out-of-memory advice as a table row."""
     if not s["valid"]:
         return [s["switch"], f"`{s['flags']}`", "not a valid layout", "", s["reason"]]
     verdict = "**fits**" if s["fits"] else "out of memory"
@@ -241,6 +249,7 @@ def _switches(explanation: dict | None) -> list[str]:
 
 
 def _oom(r: dict) -> list[str]:
+    """A rank out of memory: the allocation that failed and the largest tensors live then."""
     o = r["oom_detail"]
     lines = [f"### Out of memory on stage {r['pp']} (rank {r['rank']})", "",
              f"The first allocation that did not fit: op `{o['op']}` (tensor `{o['tensor']}`) "
@@ -257,6 +266,7 @@ def _oom(r: dict) -> list[str]:
 
 
 def _activations(m: dict, stages: list[dict]) -> list[str]:
+    """Stage 0's activation peak measured against its closed form."""
     formula = m["first_stage_activation_formula_bytes"]
     measured = stages[0]["activation_peak_bytes"]
     diff = f"{(measured - formula) / formula * 100:+.1f}%" if formula else "n/a"
@@ -284,10 +294,12 @@ def _layer_tensors(m: dict) -> list[str]:
 
 
 def _value(v) -> str:
+    """A calibration constant as text (floats as %g)."""
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _calibration(m: dict) -> list[str]:
+    """The cost model's and links' constants the run used, as tables."""
     lines = ["## Calibration constants", ""]
     rows = []
     for group, values in m.get("calibration", {}).items():
@@ -310,10 +322,28 @@ def _calibration(m: dict) -> list[str]:
 
 # ---------------------------------------------------------------- entry points
 
+def _expert_load(metrics: dict) -> list[str]:
+    """MoE models: the slowest expert rank, the dropped tokens, the dispatched bytes (forward,
+    per rank: docs/moe.md); nothing for a dense model."""
+    moe = metrics.get("moe")
+    if not moe:
+        return []
+    sent = moe["dispatched_bytes_per_rank"]
+    header = ["slowest expert rank", "its rows", "mean rows", "imbalance", "routed pairs",
+              "dropped", "padding rows", "dispatched per rank (max)"]
+    row = [str(moe["slowest_expert_rank"]), str(moe["slowest_expert_rows"]),
+           f"{moe['mean_expert_rows']:.1f}", f"{moe['expert_load_imbalance']:.3f}x",
+           str(moe["routed_pairs"]), f"{moe['dropped_pairs']} ({pct(moe['dropped_fraction'])})",
+           str(moe["padding_rows"]), format_bytes(max(sent.values(), default=0))]
+    return ["## Mixture of experts: expert load (forward, whole iteration)", "",
+            *_table(header, [row]), ""]
+
+
 def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
+             + _expert_load(metrics)
              + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"

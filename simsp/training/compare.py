@@ -3,6 +3,7 @@
 import numpy as np
 
 from simsp.model.context_split import local_positions
+from simsp.model.moe_placement import etp_split_axis, is_expert_param
 from simsp.model.params import param_shapes
 from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
@@ -24,8 +25,19 @@ def gathered_grads(run, dp: int = 0, cp: int = 0) -> dict:
     for name in param_shapes(run.sc.padded_model):
         pp = _holder_stage(name, run)
         shards = [run.states[run.rank_of(tp, dp, pp, cp)].grads[name].data for tp in range(t)]
-        grads[name] = unshard(name, shards)
+        grads[name] = (_expert_grad(run, name, dp, pp) if is_expert_param(name)
+                       else unshard(name, shards))
     return grads
+
+
+def _expert_grad(run, name: str, dp: int, pp: int) -> np.ndarray:
+    """An expert weight's full gradient: every EP member's experts, in expert order, each
+    joined from its ETP members' f slices."""
+    axis = etp_split_axis(name)
+    group = run.world.ranks[run.rank_of(0, dp, pp)].moe.ep_group
+    return np.concatenate([np.concatenate([run.states[peer].grads[name].data
+                                           for peer in run.world.ranks[rank].moe.etp_group],
+                                          axis=axis) for rank in group])
 
 
 def compare_with_reference(run) -> dict:
@@ -33,7 +45,8 @@ def compare_with_reference(run) -> dict:
     sc = run.sc
     ref_loss, ref = reference_forward_backward(run.canonical, run.tokens, run.targets, sc.model,
                                                sc.run.seed,
-                                               moe_group=sc.parallel.micro_batch_size)
+                                               moe_group=sc.parallel.micro_batch_size,
+                                               moe_chunks=sc.parallel.tp)
     errors = {"loss": abs(run.loss - ref_loss) / abs(ref_loss)}
     for dp in range(sc.parallel.dp):
         for cp in range(sc.parallel.cp):

@@ -44,6 +44,14 @@ class CpAttention:
         self.positions = local_positions(seq_length, self.size, index)  # (s/cp,)
         self.held = {}  # ledger scope -> the K/V block the forward ended on (numeric)
 
+    @staticmethod
+    def _keep(keep, heads: int, first: int = 0):
+        """keep(q_pos, k_pos) -> the (b, heads, nq, nk) dropout keep-mask of heads first..
+        (None without dropout); `keep` is model/layer.py's cp_attention_keep drawer."""
+        if keep is None:
+            return None
+        return lambda q_pos, k_pos: keep(q_pos, k_pos, first, heads)
+
     def _all_positions(self) -> list:
         """Every CP rank's global positions, (s/cp,) each, in cp-rank order."""
         s = len(self.positions) * self.size
@@ -84,7 +92,8 @@ class CpAttention:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
         return run
 
-    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str):
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
+                keep=None, p: float = 0.0):
         """Ring attention forward: q (b, a/t, n, d), k, v (b, G/t, n, d) with n = s/cp ->
         output (n, b, a/t·d) and the fp32 logsumexp (b, a/t, n), as ops.flash_attention."""
         b, heads, n, d = q.shape
@@ -96,6 +105,7 @@ class CpAttention:
         if r.numeric:
             shard = CpShard(q.data, k.data, v.data, self.positions)
             numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
+            numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
         yield from shared.ring.forward(self.index, self._blocks(r, q, phase), numbers)
         self._count_exposed(r, shared.ring, "forward")
         r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
@@ -116,7 +126,7 @@ class CpAttention:
         return saved
 
     def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                 lse: Tensor):
+                 lse: Tensor, keep=None, p: float = 0.0):
         """Ring attention backward: dout, out (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv
         (b, G/t, n, d); dK/dV come back round the ring to their owner."""
         dq = r.alloc(q.shape, FP16, "d_q")
@@ -131,6 +141,7 @@ class CpAttention:
                                       CpShard(q.data, k.data, v.data, self.positions),
                                       shared.mailbox)
             numbers.held = self.held.pop(r.scope)
+            numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
             numbers.out, numbers.lse = to_heads(out.data), lse.data
             numbers.start_backward(to_heads(dout.data))
         yield from shared.ring.backward(self.index, self._blocks(r, q, "backward"), numbers)
@@ -192,7 +203,8 @@ class CpUlysses(CpAttention):
             yield from r.compute(f"cp_a2a_{name}", "gemm", 2 * b * heads * s * s * d,
                                  gemm=(s, d, s))
 
-    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str):
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
+                keep=None, p: float = 0.0):
         """q (b, a/t, n, d), k, v (b, G/t, n, d) -> output (n, b, a/t·d), logsumexp (b, a/t, n)."""
         b, heads, n, d = q.shape
         s, group = n * self.size, heads // self.size
@@ -207,7 +219,9 @@ class CpUlysses(CpAttention):
         if pieces is not None:
             qh, kh, vh = (seq_to_heads(parts, self._all_positions())[self.index]
                           for parts in pieces)  # (b, ./cp, s, d) each
-            o, lse_h = block_forward(qh, kh, vh, np.arange(s), np.arange(s))
+            full = np.arange(s)  # (s,)
+            mask = self._mask(keep, group, full)  # (b, a/(t·cp), s, s) or None
+            o, lse_h = block_forward(qh, kh, vh, full, full, mask, p)
             heads_out.data, state = o, (qh, kh, vh, o, lse_h)
         out = r.alloc((n, b, heads * d), FP16, out_name)
         lse = r.alloc((b, heads, n), FP32, lse_name)
@@ -221,12 +235,17 @@ class CpUlysses(CpAttention):
             self.held[r.scope] = state
         return out, lse
 
+    def _mask(self, keep, group: int, full):
+        """The head group's dropout keep-mask (b, a/(t·cp), s, s) over the whole sequence."""
+        drawer = self._keep(keep, group, self.index * group)
+        return None if drawer is None else drawer(full, full)
+
     def saved(self, r, k: Tensor, v: Tensor) -> Tensor:
         """The head-split output TE keeps for backward (allocated by forward)."""
         return self.pending
 
     def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                 lse: Tensor):
+                 lse: Tensor, keep=None, p: float = 0.0):
         """dout (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv (b, G/t, n, d) via two all-to-alls."""
         b, heads, n, d = q.shape
         s, group = n * self.size, heads // self.size
@@ -247,7 +266,9 @@ class CpUlysses(CpAttention):
             qh, kh, vh, o, lse_h = self.held.pop(r.scope)
             dout_h = seq_to_heads(douts[0], self._all_positions())[self.index]
             delta = (dout_h * o).sum(axis=-1, keepdims=True)  # (b, a/(t·cp), s, 1)
-            arrays = block_backward(dout_h, qh, kh, vh, np.arange(s), np.arange(s), lse_h, delta)
+            full = np.arange(s)  # (s,)
+            arrays = block_backward(dout_h, qh, kh, vh, full, full, lse_h, delta,
+                                    self._mask(keep, group, full), p)
         dq = r.alloc(q.shape, FP16, "d_q")
         dk = r.alloc(k.shape, FP16, "d_k")
         dv = r.alloc(v.shape, FP16, "d_v")
@@ -273,6 +294,11 @@ class CpAllGather(CpAttention):
     def saved(self, r, k: Tensor, v: Tensor) -> None:
         """Nothing kept beyond the layer's own tensors."""
         return None
+
+    def _mask(self, keep, heads: int, keys):
+        """The rank's queries' dropout keep-mask (b, a/t, n, s) against every key."""
+        drawer = self._keep(keep, heads)
+        return None if drawer is None else drawer(self.positions, keys)
 
     def _chunk_gemms(self, r, q: Tensor, names: tuple):
         """Each local query chunk's GEMMs against the keys up to its end: chunk id i of 2·cp
@@ -303,7 +329,8 @@ class CpAllGather(CpAttention):
         k_all, v_all = (np.concatenate(list(parts[:, j]), axis=2)[:, :, order] for j in (0, 1))
         return gathered, k_all, v_all
 
-    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str):
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
+                keep=None, p: float = 0.0):
         """q (b, a/t, n, d), k, v (b, G/t, n, d) -> output (n, b, a/t·d), logsumexp (b, a/t, n)."""
         b, heads, n, d = q.shape
         gathered, k_all, v_all = yield from self._gather_kv(r, k, v, f"cp_kv_gather_{r.phase}")
@@ -312,13 +339,15 @@ class CpAllGather(CpAttention):
         yield from self._chunk_gemms(r, q, FORWARD_GEMMS)
         if r.numeric:
             s = k_all.shape[2]
-            o, lse.data = block_forward(q.data, k_all, v_all, self.positions, np.arange(s))
+            mask = self._mask(keep, q.shape[1], np.arange(s))  # (b, a/t, n, s) or None
+            o, lse.data = block_forward(q.data, k_all, v_all, self.positions, np.arange(s),
+                                        mask, p)
             out.data = o.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
         r.free(gathered)
         return out, lse
 
     def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                 lse: Tensor):
+                 lse: Tensor, keep=None, p: float = 0.0):
         """dout (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv (b, G/t, n, d): K/V gathered again,
         the whole sequence's partial dK/dV reduce-scattered to their owners."""
         b, heads, n, d = q.shape
@@ -334,8 +363,10 @@ class CpAllGather(CpAttention):
             to_heads = lambda x: x.reshape(n, b, heads, d).transpose(1, 2, 0, 3)  # (b,a,n,d)
             do, o = to_heads(dout.data), to_heads(out.data)
             delta = (do * o).sum(axis=-1, keepdims=True)  # (b, a/t, n, 1)
+            keys = np.arange(k_all.shape[2])  # (s,)
             dq.data, dk_all, dv_all = block_backward(do, q.data, k_all, v_all, self.positions,
-                                                     np.arange(k_all.shape[2]), lse.data, delta)
+                                                     keys, lse.data, delta,
+                                                     self._mask(keep, heads, keys), p)
             partial.data = np.concatenate([np.stack([dk_all[:, :, pos], dv_all[:, :, pos]])
                                            .reshape(-1) for pos in self._all_positions()])
         owned = yield from tensor_collective(r, "reduce_scatter", partial, partial.shape,

@@ -31,6 +31,7 @@ class RankRingNumbers:
         self.out = np.zeros_like(shard.q)  # (b, a, n, d)
         self.lse = np.full(shard.q.shape[:-1], -np.inf)  # (b, a, n)
         self.dout = self.delta = self.dq = self.own = self.dkv = None
+        self.keep, self.p = None, 0.0  # keep(q_pos, k_pos) -> dropout keep-mask, and its rate
 
     def start_backward(self, dout: np.ndarray) -> None:
         """dout (b, a, n, d); delta = rowsum(dout * out) (b, a, n, 1) (Dao et al. 2022, Alg. 2)."""
@@ -51,12 +52,13 @@ class RankRingNumbers:
     def compute(self, phase: str, step: int) -> None:
         """This step's block: forward merged into (out, lse); backward dQ added, dK/dV kept."""
         q, (k, v, k_pos) = self.shard.q, self.held
+        keep = None if self.keep is None else self.keep(self.shard.pos, k_pos)  # (b,a,nq,nk)
         if phase == "forward":
-            block = block_forward(q, k, v, self.shard.pos, k_pos)
+            block = block_forward(q, k, v, self.shard.pos, k_pos, keep, self.p)
             self.out, self.lse = merge_block(self.out, self.lse, *block)
             return
         dq, dk, dv = block_backward(self.dout, q, k, v, self.shard.pos, k_pos, self.lse,
-                                    self.delta)
+                                    self.delta, keep, self.p)
         self.dq += dq
         self.own = (dk, dv)
 

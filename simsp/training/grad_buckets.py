@@ -27,6 +27,7 @@ from simsp.config import bucket_size
 from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
 from simsp.model.mappings import _bytes_sent
+from simsp.model.moe_placement import is_expert_param
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
 
@@ -44,6 +45,7 @@ class Bucket:
     ready: set = field(default_factory=set)
     reduce: simpy.Process | None = None
     gather: simpy.Process | None = None
+    group: tuple = ()  # the ranks reducing it: DP, or EDP for expert weights (set by DDPBuckets)
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
@@ -107,24 +109,31 @@ class DDPBuckets:
         self.group = run.world.grid.dp_cp_group(r.rank)  # CP ranks reduce with DP (Megatron)
         self.grads, self.plan = grads, plan
         self.distributed = p.distributed_optimizer
-        self.overlap = p.overlap_grad_reduce and len(self.group) > 1
-        self.overlap_gather = p.overlap_param_gather and len(self.group) > 1
         self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
         self.last_micro_batch = p.num_micro_batches - 1
         self.stream = Stream(r.env, r.rank, "dp_comm", Trace())
-        self.buckets = self._buckets(p)
+        self.buckets = self._buckets(p, self.group)
+        if r.moe is not None:  # expert weights: their own buffers, reduced over EDP
+            self.buckets = expert_buckets(self, p, r.moe.edp_group)
+        self.overlap = p.overlap_grad_reduce and bool(self.buckets)
+        self.overlap_gather = p.overlap_param_gather and bool(self.buckets)
         self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
 
-    def _buckets(self, p) -> list[Bucket]:
-        """Every chunk's buckets, chunks in order, each chunk's in buffer (reverse) order."""
-        size = bucket_size(len(self.group), p.overlap_grad_reduce, p.ddp_bucket_size)
-        pad = math.lcm(len(self.group), 128) if self.distributed else 1
+    def _buckets(self, p, group: tuple, keep=lambda name: True) -> list[Bucket]:
+        """Every chunk's buckets of the parameters `keep` accepts, reduced over `group` (none
+        for a group of one), chunks in order, each chunk's in buffer (reverse) order."""
+        if len(group) == 1:
+            return []
+        size = bucket_size(len(group), p.overlap_grad_reduce, p.ddp_bucket_size)
+        pad = math.lcm(len(group), 128) if self.distributed else 1
         shared = "embedding.word" if self.distributed and not self.plan.holds_embedding else None
         buckets = []
         for chunk in range(self.plan.v):
-            names = chunk_params(self.plan, chunk, self.grads)
+            names = [n for n in chunk_params(self.plan, chunk, self.grads) if keep(n)]
             params = [(n, self.grads[n].numel) for n in names]
             buckets += build_buckets(params, size, pad, shared, chunk)
+        for bucket in buckets:
+            bucket.group = group
         return buckets
 
     def _forward_order(self) -> list[Bucket]:
@@ -147,22 +156,24 @@ class DDPBuckets:
     def _launch_reduce(self, r, run, bucket: Bucket) -> None:
         kind = "reduce_scatter" if self.distributed else "all_reduce"
         flat = self._flat(bucket)
-        bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads")
+        bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads", bucket.group)
         if r.numeric and not self.distributed:
             bucket.reduce.callbacks.append(lambda event: self._unflat(bucket, event.value))
 
-    def _launch(self, r, kind: str, flat: Tensor, label: str, tag: str) -> simpy.Process:
+    def _launch(self, r, kind: str, flat: Tensor, label: str, tag: str,
+                group: tuple) -> simpy.Process:
         """Issue one DP collective on the DP stream, in place in Megatron's contiguous buffer
         (nothing allocated); bytes are counted now, so no layer step records them."""
-        full_bytes = flat.nbytes * (len(self.group) if kind == "all_gather" else 1)
-        r.count_comm(label, _bytes_sent(kind, len(self.group), full_bytes))
-        return self.stream.launch(label, self._collective(r, kind, flat, full_bytes, tag))
+        full_bytes = flat.nbytes * (len(group) if kind == "all_gather" else 1)
+        r.count_comm(label, _bytes_sent(kind, len(group), full_bytes))
+        return self.stream.launch(label, self._collective(r, kind, flat, full_bytes, tag,
+                                                          group))
 
-    def _collective(self, r, kind: str, flat: Tensor, full_bytes: int, tag: str):
+    def _collective(self, r, kind: str, flat: Tensor, full_bytes: int, tag: str, group: tuple):
         """The ring itself, with a span on the DP track; returns the flat result (numeric)."""
         start = r.env.now
         buffer = None if flat.data is None else flat.data  # (numel,)
-        result = yield from getattr(r.tp.comm, kind)(self.group, r.rank, buffer, full_bytes,
+        result = yield from getattr(r.tp.comm, kind)(group, r.rank, buffer, full_bytes,
                                                      tag, elem_bytes=flat.itemsize)
         if r.trace is not None:
             r.trace.add_span(r.rank, "dp_comm", f"{kind} {tag}", start, r.env.now,
@@ -186,7 +197,7 @@ class DDPBuckets:
 
     def finish(self, r, run):
         """finish_grad_sync: launch what is not launched yet, wait for every bucket."""
-        if len(self.group) == 1:
+        if not self.buckets:
             return
         for bucket in self.buckets:
             if bucket.reduce is None:
@@ -198,12 +209,12 @@ class DDPBuckets:
     # ------------------------------------------------------------------ parameter all-gather
     def _gather(self, r, bucket: Bucket) -> simpy.Process:
         """All-gather one bucket's updated fp16 parameters over DP (in place in Megatron)."""
-        shard = Tensor((bucket.numel // len(self.group),), FP16, None)
-        return self._launch(r, "all_gather", shard, "all_gather_dp", "dp_params")
+        shard = Tensor((bucket.numel // len(bucket.group),), FP16, None)
+        return self._launch(r, "all_gather", shard, "all_gather_dp", "dp_params", bucket.group)
 
     def gather_params(self, r, run):
         """After the step, distributed optimizer: all-gather every bucket (unless overlapped)."""
-        if len(self.group) == 1 or not self.distributed or self.overlap_gather:
+        if not self.buckets or not self.distributed or self.overlap_gather:
             return
         start = r.env.now
         for bucket in self._forward_order():
@@ -243,3 +254,11 @@ class DDPBuckets:
             if self.pending_gathers:
                 nxt = self.pending_gathers[0]
                 nxt.gather = self._gather(r, nxt)
+
+
+def expert_buckets(ddp: DDPBuckets, p, edp_group: tuple) -> list[Bucket]:
+    """Megatron DDP's expert_parallel_buffers: the dense parameters' buckets over DP, the
+    experts' over the expert-data-parallel group (megatron/core/distributed/
+    distributed_data_parallel.py), each set built as the dense one is."""
+    dense = ddp._buckets(p, ddp.group, lambda name: not is_expert_param(name))
+    return dense + ddp._buckets(p, edp_group, is_expert_param)

@@ -14,6 +14,8 @@ from simsp.config import Scenario
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.gc_pause import gc_paused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
+from simsp.model.moe_placement import representatives
+from simsp.model.moe_routing import uniform_routing
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
@@ -133,7 +135,8 @@ def rank_program(r, run: Run, plan: StagePlan):
     weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
     p = run.sc.parallel
     shard = p.dp * p.cp if p.distributed_optimizer else 1  # over dp_cp_group, as Megatron
-    optimizer = allocate_optimizer(r, weights, shard)
+    expert_shard = len(r.moe.edp_group) if p.distributed_optimizer and r.moe is not None else None
+    optimizer = allocate_optimizer(r, weights, shard, expert_shard)
     state = run.states[r.rank] = RankState(weights, grads)
     yield from run_schedule(r, run, plan, state)
     r.phase, r.scope = "backward", ""
@@ -148,7 +151,10 @@ def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
         return None
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp)
-    return [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+    ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+    if sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1) and not uniform_routing(sc):
+        return representatives(sc, ranks)  # whole expert groups: they exchange their own rows
+    return ranks
 
 
 def _set_trace_detail(world: World, detail: str) -> None:

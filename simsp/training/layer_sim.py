@@ -10,6 +10,7 @@ from simsp.engine.communicator import STEPWISE
 from simsp.model.context_split import gather_sequence
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
+from simsp.model.moe_placement import etp_split_axis, is_expert_param
 from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
@@ -51,8 +52,11 @@ class LayerResult:
 
 
 def one_tp_group(sc: Scenario) -> Scenario:
-    """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism)."""
+    """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism;
+    a MoE layer's experts all on the group, their f split over it: with balanced routing its
+    rows are the same)."""
     return with_overrides(sc, model=one_layer_fields(sc.model), parallel={
+        "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
         "recompute_method": None, "recompute_num_layers": None,  # one layer: its own group
@@ -140,7 +144,8 @@ def _cp_join(parts: list) -> np.ndarray:
 
 def _compare_with_reference(sc, result: LayerResult, params, x, dout) -> float:
     """Worst relative error of output, input gradient and every weight gradient vs one device."""
-    out_ref, dx_ref, grads_ref = reference_layer(params, x, dout, LAYER, sc.model, sc.run.seed)
+    out_ref, dx_ref, grads_ref = reference_layer(params, x, dout, LAYER, sc.model, sc.run.seed,
+                                                 moe_chunks=sc.parallel.tp)
     t, cp = sc.parallel.tp, sc.parallel.cp
     by_cp = [result.records[k * t:(k + 1) * t] for k in range(cp)]  # rank = tp + t·cp
     sp = sc.parallel.sequence_parallel
@@ -153,5 +158,8 @@ def _compare_with_reference(sc, result: LayerResult, params, x, dout) -> float:
     for group in by_cp:  # CP ranks' gradients are summed (reduced over dp_cp in training)
         for name, grad in gather_grads([rec.grads for rec in group], names, strip=PREFIX).items():
             grads[name] = grad if name not in grads else grads[name] + grad
+    for n in filter(is_expert_param, names):  # the experts' f split over the group (ETP = t)
+        grads[n] = np.concatenate([rec.grads[n.removeprefix(PREFIX)].data
+                                   for rec in result.records], axis=etp_split_axis(n))
     errors += [relative_error(grads[n], grads_ref[n.removeprefix(PREFIX)]) for n in names]
     return max(errors)

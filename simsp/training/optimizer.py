@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simsp.model.fp8 import weight_cast_bytes
+from simsp.model.moe_placement import is_expert_param
 from simsp.precision import DEFAULT
 
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1e-3, (0.9, 0.999), 1e-8
@@ -19,11 +20,14 @@ class AdamState:
     tensors: dict  # (state name, param name) -> Tensor
 
 
-def allocate_optimizer(r, weights: dict, shard_over: int = 1) -> AdamState:
-    """fp32 master weights and Adam moments; 1/shard_over of each with the distributed optimizer."""
+def allocate_optimizer(r, weights: dict, shard_over: int = 1,
+                       expert_shard_over: int | None = None) -> AdamState:
+    """fp32 master weights and Adam moments; 1/shard_over of each with the distributed optimizer
+    (expert weights: 1/expert_shard_over, their EDP group, when given)."""
     tensors = {}
     for name, weight in weights.items():
-        numel = -(-weight.numel // shard_over)
+        over = expert_shard_over if expert_shard_over and is_expert_param(name) else shard_over
+        numel = -(-weight.numel // over)
         for state in STATE_TENSORS:
             data = None
             if r.numeric:
@@ -31,7 +35,7 @@ def allocate_optimizer(r, weights: dict, shard_over: int = 1) -> AdamState:
                     weight.numel, dtype=r.dtype)
             tensors[(state, name)] = r.alloc((numel,), r.precision.state(state),
                                              f"{state}.{name}", "optimizer",
-                                             data if shard_over == 1 else None)
+                                             data if over == 1 else None)
     return AdamState(tensors)
 
 

@@ -18,6 +18,8 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_name, hop_route,
                                    leaf_name, nodes_hosting, nvswitch_name)
 from simsp.engine.ring_plan import channel_rings
+from simsp.model.moe_placement import expert_grid
+from simsp.model.moe_routing import uniform_routing
 
 Edge = tuple[str, str]
 Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
@@ -55,12 +57,22 @@ def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
     return owners
 
 
+def expert_owners(sc) -> list[Owner]:
+    """The MoE layers' all-to-all groups (expert parallelism; docs/moe.md): every ordered pair
+    of an EP group sends at once."""
+    if sc.model.num_experts is None or sc.parallel.ep == 1:
+        return []
+    return [("ep", group) for group in expert_grid(sc).groups("ep")]
+
+
 def owner_routes(graph: nx.DiGraph, owner: Owner) -> list[tuple[Edge, ...]]:
     """The route of every hop the owner's traffic takes: every ring position of every NCCL
     channel for a collective, the one route for a point-to-point pair."""
     kind, ranks = owner
     if kind == "p2p":
         return [hop_route(graph, ranks[0], ranks[1])]
+    if kind == "ep":  # all-to-all: every ordered pair at once
+        return [hop_route(graph, a, b) for a in ranks for b in ranks if a != b]
     gpus = list(ranks)
     routes = []
     for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
@@ -112,9 +124,9 @@ def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
     if x not in a[1] or x not in b[1]:
         return False
     kinds = {a[0], b[0]}
-    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p"}:
+    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p", "ep"}:
         return False
-    return not (overlaps.p2p and kinds == {"tp", "p2p"})
+    return not (overlaps.p2p and "p2p" in kinds and kinds & {"tp", "ep"})
 
 
 def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
@@ -217,15 +229,25 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     p, cluster = sc.parallel, sc.cluster
     grid = RankGrid(p.tp, p.pp, p.dp)
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
-    owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved")
+    owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved") + \
+        expert_owners(sc)
     users = link_users(graph, owners)
     overlaps = Overlaps(p.overlap_grad_reduce, p.overlap_p2p_communication)
     clashes = list(conflicts(users, overlaps))
     stepwise = stepwise_groups(clashes)
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
+    expert_groups = sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
+    if expert_groups and not not_rep and not uniform_routing(sc) and (
+            p.overlap_grad_reduce or p.overlap_param_gather):
+        not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
+                   "overlapped DP communication")
     tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
     if not_rep:
         templates_why = "not used: needs the representative shortcut"
+    elif expert_groups:
+        templates_why = "not used: the MoE all-to-alls run as flows whose time may vary"
+    elif sc.model.num_experts is not None and sc.model.moe_routing_imbalance > 0:
+        templates_why = "not used: imbalanced routing loads each MoE layer differently"
     elif stepwise & tp_groups:
         templates_why = "not used: TP collectives share links, so a layer step's time varies"
     else:
@@ -236,7 +258,7 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     rep_why = ("not used: " + not_rep if not_rep else
                "used: every rank of a stage is placed and loaded as its representative")
     return ShortcutVerdict(representative=not not_rep, closed_form=True,
-                           templates=not not_rep and not stepwise & tp_groups,
+                           templates=templates_why.startswith("used"),
                            stepwise_groups=stepwise,
                            reasons=(("representative", rep_why), ("closed_form", closed_why),
                                     ("templates", templates_why)))

@@ -14,6 +14,7 @@ from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
+from simsp.model.moe_placement import expert_rank
 from simsp.model.rank import Rank, TPGroup
 from simsp.precision import precision_of
 from simsp.training.cp_attention import cp_attention_of
@@ -70,4 +71,5 @@ def _make_rank(world: World, rank: int) -> Rank:
     return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
                 comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
-                precision=precision, fp8=precision.fp8, cp=cp_attention_of(world, rank))
+                precision=precision, fp8=precision.fp8, cp=cp_attention_of(world, rank),
+                moe=expert_rank(sc, rank))

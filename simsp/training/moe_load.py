@@ -1,0 +1,35 @@
+"""The MoE layers' load after an iteration: rows each rank's experts computed (the slowest
+expert rank has the most), tokens dropped at capacity, padding, tokens dispatched per rank
+(docs/moe.md). Counted in forward on the simulated ranks (simsp/model/moe_layer.py)."""
+
+DISPATCH_LABELS = ("all_to_all_dispatch", "all_gather_etp", "all_gather_moe")  # token bytes out
+
+
+def moe_metrics(run) -> dict:
+    """{"moe": {...}} for a MoE model, {} for a dense one."""
+    if run.sc.model.num_experts is None:
+        return {}
+    loads = {rank: r.moe_load for rank, r in sorted(run.world.ranks.items()) if r.moe_load}
+    if not loads:
+        return {"moe": {}}
+    represented = run.sc.parallel.world_size / len(run.world.ranks)  # meta: ranks per simulated
+    rows = {rank: load["expert_rows"] for rank, load in loads.items()}
+    slowest = max(rows, key=lambda rank: (rows[rank], -rank))
+    mean = sum(rows.values()) / len(rows)
+    routed = round(represented * sum(load["routed_pairs"] for load in loads.values()))
+    dropped = round(represented * sum(load["dropped_pairs"] for load in loads.values()))
+    sent = {rank: sum(n for (phase, label), n in run.world.ranks[rank].comm_bytes.items()
+                      if phase == "forward" and label in DISPATCH_LABELS)
+            for rank in loads}
+    return {"moe": {
+        "expert_rows_per_rank": {str(rank): n for rank, n in rows.items()},
+        "slowest_expert_rank": slowest,
+        "slowest_expert_rows": rows[slowest],
+        "mean_expert_rows": mean,
+        "expert_load_imbalance": rows[slowest] / mean if mean else 1.0,
+        "routed_pairs": routed,
+        "dropped_pairs": dropped,
+        "dropped_fraction": dropped / routed if routed else 0.0,
+        "padding_rows": round(represented * sum(load["padding_rows"] for load in loads.values())),
+        "dispatched_bytes_per_rank": {str(rank): n for rank, n in sent.items()},
+    }}
