@@ -123,8 +123,7 @@ def test_mla_tiny_verifies():
 
 def test_deepseek_like_tiny_verifies():
     """MLA with MoE layers after a dense first one (--moe-layer-freq pattern), top-2 sigmoid
-    routing with the aux loss, t = 1 (MoE's layout today), p = 2: finite differences and the
-    reference."""
+    routing with the aux loss, t = 1, p = 2: finite differences and the reference."""
     sc = load_scenario(TINY, {**SMALL, ("model", "num_layers"): 3, ("model", "num_experts"): 4,
                               ("model", "moe_router_topk"): 2,
                               ("model", "moe_ffn_hidden_size"): 24,
