@@ -74,6 +74,14 @@ class Model:
     # Shared experts and simsp's routing model of meta mode (docs/moe.md)
     moe_shared_expert_intermediate_size: int | None = None  # None: no shared experts
     moe_routing_imbalance: float = 0.0  # Zipf exponent of the experts' loads; 0: balanced
+    # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
+    # _add_mla_args; docs/mla.md)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # query latent r_q (simsp needs one: DeepSeek-V3 1536)
+    kv_lora_rank: int = 32  # key/value latent r_kv
+    qk_head_dim: int = 128  # d_n: per-head query/key width without RoPE
+    qk_pos_emb_head_dim: int = 64  # d_r: the RoPE part of query/key, one key shared by heads
+    v_head_dim: int = 128  # d_v
 
     @property
     def ffn(self) -> int:
@@ -435,6 +443,15 @@ def padded_vocab_size(m: Model, t: int) -> int:
 SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
 
 
+def one_layer_fields(m: Model) -> dict:
+    """Model overrides that cut it to its layer 0 alone (`simsp layer`, the reports' layer
+    table): one layer, and a --moe-layer-freq pattern cut to its first entry."""
+    fields_ = {"num_layers": 1}
+    if isinstance(m.moe_layer_freq, str):
+        fields_["moe_layer_freq"] = f"[{moe_layer_pattern(m.moe_layer_freq)[0]}]"
+    return fields_
+
+
 INT_OR_STR = (int, str)  # a field that takes either (Megatron's --moe-layer-freq)
 
 
@@ -576,6 +593,7 @@ def validate_model(m: Model) -> None:
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
     _validate_llama_model(m)
     _validate_moe_model(m)
+    _validate_mla_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
@@ -595,12 +613,28 @@ def _validate_llama_model(m: Model) -> None:
     _check(m.norm_epsilon > 0, "model.norm_epsilon", f"must be positive, got {m.norm_epsilon}")
     _check(0 < m.rotary_percent <= 1, "model.rotary_percent",
            f"must be in (0, 1], got {m.rotary_percent}")
-    rotary = int(m.head_dim * m.rotary_percent)
+    rope_width = m.qk_pos_emb_head_dim if m.multi_latent_attention else m.head_dim
+    rotary = int(rope_width * m.rotary_percent)
     _check(m.position_embedding_type != "rope" or (rotary > 0 and rotary % 2 == 0),
-           "model.rotary_percent", f"rotates {rotary} of the {m.head_dim} head channels: "
+           "model.rotary_percent", f"rotates {rotary} of the {rope_width} head channels: "
            "needs an even, positive number")
 
 
+def _validate_mla_model(m: Model) -> None:
+    """Megatron-LM's checks on multi-latent attention (training.py asserts no GQA), and what
+    simsp's MLA has (docs/mla.md): a query latent, RMSNorm latents, RoPE."""
+    _positive("model", m, ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                           "v_head_dim"))
+    if not m.multi_latent_attention:
+        return
+    _check(m.q_lora_rank is not None, "model.q_lora_rank", "simsp's multi-latent attention "
+           "needs a query latent (--q-lora-rank; DeepSeek-V3: 1536)")
+    _check(not m.group_query_attention, "model.group_query_attention",
+           "conflicts with multi_latent_attention (Megatron asserts it)")
+    _check(m.rmsnorm, "model.normalization", "multi-latent attention's latents are RMSNorm'd "
+           "in simsp (DeepSeek's): use RMSNorm")
+    _check(m.position_embedding_type == "rope", "model.position_embedding_type",
+           "multi-latent attention needs rope (its decoupled RoPE key)")
 @functools.lru_cache(maxsize=64)
 def moe_layer_pattern(text: str) -> tuple[int, ...]:
     """Megatron's --moe-layer-freq pattern, e.g. "([0]*3+[1]*58)" or "([1]*3+[0]*1)*3", as its
@@ -762,6 +796,8 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     _check(padded % t == 0, "parallel.tensor_model_parallel_size",
            f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
     _validate_expert_parallel(m, p)
+    _check(not m.multi_latent_attention or p.cp == 1, "parallel.context_parallel_size",
+           "multi-latent attention runs without context parallelism yet")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",

@@ -108,6 +108,18 @@ SCENARIO_FLAGS = {
                                     MOE_DISPATCHER_CHOICES, "how tokens reach their experts' "
                                     "ranks: all-gather / reduce-scatter, or all-to-all",
                                     "disp-"),
+    # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
+    "--q-lora-rank": ("model", "q_lora_rank", int, None,
+                      "MLA query latent rank r_q (elements; simsp needs one)", "qlr"),
+    "--kv-lora-rank": ("model", "kv_lora_rank", int, None, "MLA key/value latent rank r_kv "
+                       "(elements)", "kvlr"),
+    "--qk-head-dim": ("model", "qk_head_dim", int, None,
+                      "MLA per-head query/key width without RoPE d_n (elements)", "qkd"),
+    "--qk-pos-emb-head-dim": ("model", "qk_pos_emb_head_dim", int, None,
+                              "MLA RoPE width d_r, one key shared by all heads (elements)",
+                              "qkpd"),
+    "--v-head-dim": ("model", "v_head_dim", int, None, "MLA per-head value width d_v (elements)",
+                     "vd"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,
@@ -215,6 +227,9 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
     "--swiglu": ("model", "swiglu", True, "SwiGLU MLP (gate and up projections)", "swiglu"),
     "--moe-pad-expert-input-to-capacity": ("model", "moe_pad_expert_input_to_capacity", True,
                                            "pad every expert's input to its capacity", "pad"),
+    "--multi-latent-attention": ("model", "multi_latent_attention", True,
+                                 "multi-head latent attention (DeepSeek-V2/V3; docs/mla.md)",
+                                 "mla"),
     "--moe-grouped-gemm": ("parallel", "moe_grouped_gemm", True,
                            "each rank's experts as one grouped GEMM (default: a loop of GEMMs)",
                            "ggemm"),

@@ -8,6 +8,8 @@ GEMMs actually counted are reported beside them.
 
 from simsp import analytic
 from simsp.model.architecture import architecture
+from simsp.model.moe_flops import megatron_flops, recomputed_flops
+from simsp.model.param_counts import parameter_counts
 from simsp.costmodel import calibration_table
 from simsp.config import Cluster
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
@@ -128,8 +130,8 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
     return {
         "iteration_time_s": t_iter,
         "tokens_per_s": p.global_batch * m.seq_length / t_iter,
-        "mfu": analytic.iteration_model_flops(m, p) / (t_iter * gpus * peak),
-        "hfu": analytic.iteration_hardware_flops(m, p) / (t_iter * gpus * peak),
+        "mfu": model_flops(sc) / (t_iter * gpus * peak),
+        "hfu": hardware_flops(sc) / (t_iter * gpus * peak),
         "bubble_fraction": bubble_all,
         "ranks": ranks,
         "scenario": sc.run.name,
@@ -139,8 +141,8 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         "exposed_comm_s_per_stage": exposed,
         "exposed_comm_s": max(sum(e.values()) for e in exposed),
         "exposed_s_per_stage": breakdown,
-        "model_flops": analytic.iteration_model_flops(m, p),
-        "hardware_flops": analytic.iteration_hardware_flops(m, p),
+        "model_flops": model_flops(sc),
+        "hardware_flops": hardware_flops(sc),
         "counted_model_flops": counted_model,
         "counted_hardware_flops": counted_hw,
         "mfu_counted": counted_model / (t_iter * gpus * peak),
@@ -185,14 +187,44 @@ def _fsdp(run) -> dict:
                      "exposed_s": exposed, "exposed_fraction": exposed / comm if comm else 0.0}}
 
 
+def sparse_or_latent(m) -> bool:
+    """Whether the model has MoE layers or multi-latent attention (docs/moe.md, docs/mla.md):
+    its FLOPs are Megatron's MoE/MLA count and its reports give total and active parameters."""
+    return m.num_experts is not None or m.multi_latent_attention
+
+
+def model_flops(sc) -> float:
+    """Model FLOPs of one iteration: K22's or Megatron's dense formula (analytic.py), or for
+    MoE/MLA models Megatron's count with top-k routed and shared experts and MLA
+    (model/moe_flops.py)."""
+    m, p = sc.model, sc.parallel
+    if sparse_or_latent(m):
+        return megatron_flops(m, p.global_batch, sc.padded_vocab_size)
+    return analytic.iteration_model_flops(m, p)
+
+
+def hardware_flops(sc) -> float:
+    """Model FLOPs plus what recompute and FlashAttention's backward compute again."""
+    m, p = sc.model, sc.parallel
+    if sparse_or_latent(m):
+        return model_flops(sc) + recomputed_flops(m, p.global_batch, p.recompute_module_set,
+                                                  analytic.recomputed_layers(m, p))
+    return analytic.iteration_hardware_flops(m, p)
+
+
 def _architecture(sc) -> dict:
     """The Llama-class variant and the FLOPs formula used (absent for K22's GPT layer, whose
-    metrics stay as they were)."""
+    metrics stay as they were); MoE and MLA models add their total and active parameters."""
     name = architecture(sc.model)
     if name == "GPT":
         return {}
+    extra = {}
+    if sparse_or_latent(sc.model):
+        extra = {"parameters": parameter_counts(sc.model),
+                 "flops_formula": "Megatron-LM num_floating_point_operations (training.py): "
+                                  "top-k routed and shared experts, MLA"}
     return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),
-            "layer_tensors": layer_tensors(sc)}
+            "layer_tensors": layer_tensors(sc), **extra}
 
 
 def layer_tensors(sc) -> dict:
