@@ -40,3 +40,15 @@ def test_cp_fast_path_equals_full_simulation(gpn, t, cp, p, d, comm_type, overla
     assert Shortcuts.for_scale(sc).closed_form
     fast, full = fast_and_full(sc)
     assert_same(fast, full)
+
+
+def test_the_stage_table_names_each_stages_cp0_rank():
+    """t 2 cp 2 p 2 d 2: stage 1 begins at rank t·c·d = 8 (rank 2 is stage 0's cp rank 1)."""
+    from simsp.metrics import collect
+    from simsp.report.summary_md import summary_text
+    from simsp.training.iteration import simulate_iteration
+    sc = cp_scenario(8, 2, 2, 2, 2, "p2p", False)
+    fast = Shortcuts.for_scale(sc)
+    text = summary_text(collect(simulate_iteration(sc, fast, trace="none"), fast))
+    table = text.split("## Pipeline stages")[1].split("\n\n")[1].splitlines()
+    assert [row.split(" | ")[:2] for row in table[2:]] == [["| 0", "0"], ["| 1", "8"]]
