@@ -196,3 +196,22 @@ def test_what_if_shows_cp_time_only_where_a_row_has_it():
     with_cp = dict(plain, exposed_cp_comm_s=0.25)
     assert kinds_of([plain]) == KINDS and kinds_of([plain, with_cp]) == KINDS + ("cp_comm",)
     assert exposure(with_cp)["cp_comm"] == 0.25 and exposure(plain)["cp_comm"] == 0.0
+
+
+def test_search_varies_cp_over_a_list_and_every_bound_holds(capsys, tmp_path):
+    """`simsp search --context-parallel-size 1,2` on 8 GPUs: layouts of both c, each with
+    t·c·p·d = 8, and each simulated layout's proven bounds (its own c's) re-checked."""
+    import pandas as pd
+    from simsp.cli import main
+    assert main(["search", str(CP_TINY), "--gpus", "8", "--context-parallel-size", "1,2",
+                 "--workers", "0", "--quiet", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "context_parallel_size varied over 1, 2;" in out
+    assert "every simulated layout checked: both bounds held" in out
+    frame = pd.read_csv(tmp_path / "results.csv")
+    assert set(frame["context_parallel_size"]) == {1, 2}
+    assert all(frame["tensor_model_parallel_size"] * frame["context_parallel_size"]
+               * frame["pipeline_model_parallel_size"] * frame["data_parallel_size"] == 8)
+    assert main(["search", "--gpus", "8", "--context-parallel-size", "0,2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --context-parallel-size: must be a positive integer, got 0,2")
