@@ -1,11 +1,13 @@
-"""Sweep throughput: configurations per second for 22B-class and 175B-class sweeps on an embedded
-Dask LocalCluster (2 workers), against simulating the same configurations directly in this
-process, and the executor's overhead per configuration (measured on tiny configurations whose
-simulation takes milliseconds, so what remains is Dask's and the row's cost).
+"""Sweep throughput: configurations per CPU second for 22B-class and 175B-class grids, simulated
+in this process and on an embedded Dask LocalCluster of 2 workers, and the wall time of the
+whole mixed grid (1,008 configurations: 576 of 22B, 432 of 175B) on those 2 workers.
 
-Usage: python benchmarks/sweep.py [--quick]   (--quick: fewer configurations per class)
-Prints wall and CPU seconds and the machine's load average: timings on a shared machine are
-noisy, so compare the CPU seconds of the direct runs with the wall time of the Dask runs.
+Usage: python benchmarks/sweep.py [--sample N] [--full]
+  --sample N  configurations per class for the per-class figures (every k-th of the grid;
+              default 24)
+  --full      also run the whole mixed grid on 2 workers and print its wall time
+Prints wall and CPU seconds and the machine's load average: on a shared machine wall times are
+noisy, so the CPU seconds (this process's, or the workers' own) are the figures to compare.
 """
 
 import os
@@ -17,67 +19,76 @@ from simsp.explore.evaluate import evaluate
 from simsp.explore.executor import Executor
 from simsp.explore.runner import run_configs
 
+# The mixed grid: what a user weighs for each model, the link speeds as what-ifs.
 CLASSES = {
-    "22B": ("scenarios/paper-22b.toml", {"recompute_granularity": "none,selective,full",
-                                         "sequence_parallel": "true,false",
-                                         "micro_batch_size": "1,2,4", "global_batch_size": "4"}),
-    "175B": ("scenarios/paper-175b.toml", {"recompute_granularity": "selective,full",
-                                           "num_layers_per_virtual_pipeline_stage": "4,6"}),
-    "tiny": (None, {"mode": "meta", "num_layers": "2", "micro_batch_size": "1,2,4,8",
-                    "seed": ",".join(str(i) for i in range(50))}),
+    "22B": ("scenarios/paper-22b.toml", {
+        "recompute_granularity": "none,selective,full", "sequence_parallel": "true,false",
+        "micro_batch_size": "1,2,4,8", "global_batch_size": "8,16,32,64",
+        "nvlink_bandwidth_GBps": "150,300,600", "transfer_overhead_us": "0,5"}),
+    "175B": ("scenarios/paper-175b.toml", {
+        "recompute_granularity": "none,selective,full", "micro_batch_size": "1,2",
+        "num_layers_per_virtual_pipeline_stage": "none,4,6,12",
+        "sequence_parallel": "true,false", "ib_bandwidth_GBps": "12.5,25,50",
+        "nvlink_bandwidth_GBps": "150,300,600"}),
 }
 WORKERS = 2
 
 
-def direct(configs) -> tuple[float, float]:
-    """(wall, CPU) seconds to simulate the configurations one after another in this process."""
-    wall, cpu = time.perf_counter(), time.process_time()
+def sample(configs: list, count: int) -> list:
+    """`count` configurations spread evenly over the grid (every k-th)."""
+    step = max(1, len(configs) // count)
+    return configs[::step][:count]
+
+
+def in_process(configs) -> float:
+    """CPU seconds per configuration, simulated one after another in this process."""
+    cpu = time.process_time()
     for config in configs:
         evaluate(config.values)
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return (time.process_time() - cpu) / len(configs)
 
 
-def on_dask(configs) -> tuple[float, float]:
-    """(cluster start-up, sweep) wall seconds on an embedded LocalCluster of 2 workers."""
+def _workers_cpu(client) -> float:
+    """CPU seconds the worker processes have used so far, together."""
+    return sum(client.run(time.process_time).values())
+
+
+def on_dask(configs) -> tuple[float, float, float]:
+    """(cluster start-up wall s, sweep wall s, the workers' CPU s per configuration) on an
+    embedded LocalCluster of 2 workers (this process submits and collects)."""
     start = time.perf_counter()
     with Executor(workers=WORKERS) as executor:
-        executor.client.run(lambda: None)  # wait until every worker answers
+        cpu_before = _workers_cpu(executor.client)
         ready = time.perf_counter()
         run_configs(configs, executor, out=None, quiet=True)
-        return ready - start, time.perf_counter() - ready
-
-
-def measure(name: str, quick: bool) -> dict:
-    """Time one class of configurations on Dask and directly."""
-    source, lists = CLASSES[name]
-    configs = build_configs(source, lists)
-    if quick:
-        configs = configs[:4] if name != "tiny" else configs[:100]
-    startup, dask_wall = on_dask(configs)
-    direct_wall, direct_cpu = direct(configs)
-    n = len(configs)
-    return {"class": name, "configs": n, "startup_s": startup, "dask_wall_s": dask_wall,
-            "configs_per_s": n / dask_wall, "direct_cpu_per_config_s": direct_cpu / n,
-            "direct_wall_per_config_s": direct_wall / n,
-            "overhead_per_config_s": dask_wall * WORKERS / n - direct_wall / n}
+        wall = time.perf_counter() - ready
+        cpu = (_workers_cpu(executor.client) - cpu_before) / len(configs)
+    return ready - start, wall, cpu
 
 
 def main() -> int:
-    """Print the benchmark table and the load average around it."""
-    quick = "--quick" in sys.argv[1:]
+    """Print the per-class table, then (with --full) the whole mixed grid's wall time."""
+    args = sys.argv[1:]
+    count = int(args[args.index("--sample") + 1]) if "--sample" in args else 24
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
           f"cores: {os.cpu_count()}, workers: {WORKERS}")
-    print("| class | configs | cluster start (s) | Dask wall (s) | configs/s | direct CPU s/config "
-          "| configs per CPU s | direct wall s/config | Dask overhead s/config |")
+    print("| class | grid | sampled | in-process CPU s/config | configs per CPU s | Dask start (s) "
+          "| Dask wall (s) | Dask configs/s | workers' CPU s/config |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name in ("tiny", "22B", "175B"):
-        r = measure(name, quick)
-        print(f"| {r['class']} | {r['configs']} | {r['startup_s']:.1f} | {r['dask_wall_s']:.1f} | "
-              f"{r['configs_per_s']:.2f} | {r['direct_cpu_per_config_s']:.3f} | "
-              f"{1 / r['direct_cpu_per_config_s']:.2f} | "
-              f"{r['direct_wall_per_config_s']:.3f} | {r['overhead_per_config_s']:+.3f} |")
+    grids = {name: build_configs(*CLASSES[name]) for name in CLASSES}
+    for name, configs in grids.items():
+        chosen = sample(configs, count)
+        cpu = in_process(chosen)
+        startup, wall, worker_cpu = on_dask(chosen)
+        print(f"| {name} | {len(configs)} | {len(chosen)} | {cpu:.3f} | {1 / cpu:.2f} | "
+              f"{startup:.1f} | {wall:.1f} | {len(chosen) / wall:.2f} | {worker_cpu:.3f} |")
+    if "--full" in args:
+        mixed = [config for configs in grids.values() for config in configs]
+        startup, wall, worker_cpu = on_dask(mixed)
+        print(f"mixed grid: {len(mixed)} configurations on {WORKERS} workers: {wall:.0f} s wall "
+              f"(cluster start {startup:.1f} s), workers' CPU {worker_cpu:.3f} s per "
+              f"configuration ({worker_cpu * len(mixed) / WORKERS:.0f} s of each core)")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("overhead = Dask wall x workers / configs - direct wall / config (2 cores, shared machine)")
     return 0
 
 

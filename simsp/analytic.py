@@ -238,12 +238,25 @@ def llama_layer_activation_bytes(m: Model, b: int, t: int = 1, sp: bool = False,
     replicated = (4 * s * b * h + norm_outputs + masks) // seq_div
     kv_heads = m.query_groups if m.flash else a
     attention = 2 * s * b * d * (2 * a + 2 * kv_heads) // t  # q, proj_input; k, v
+    if m.multi_latent_attention:
+        attention = mla_attention_bytes(m, b, t, sp)
     mlp = 0 if "mlp" in rebuilt else (6 if m.swiglu else 4) * s * b * f // t
     core = 0
     if "core_attn" not in rebuilt:
         core = (4 * a * s * b if m.flash else
                 (5 if m.attention_dropout > 0 else 2) * a * s * s * b) // t
     return replicated + attention + mlp + core
+
+
+def mla_attention_bytes(m: Model, b: int, t: int = 1, sp: bool = False) -> int:
+    """Multi-latent attention's kept tensors per rank besides the LN input and its output and
+    the core (docs/mla.md): the four latents 2·s·b·(2r_q + 2r_kv)/t_sp (q down output, q up
+    input, kv down output, kv up input), q and k 4·s·b·a(d_n + d_r)/t, v and proj_input
+    4·s·b·a·d_v/t."""
+    s, a = m.seq_length, m.num_attention_heads
+    latents = 2 * s * b * (2 * m.q_lora_rank + 2 * m.kv_lora_rank) // (t if sp else 1)
+    heads = 4 * s * b * a * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) // t
+    return latents + heads
 
 
 def llama_parameter_count(m: Model) -> int:

@@ -63,18 +63,20 @@ def sweep_configs(configs: list[Config], out: str | Path | None = None,
                   workers: int | None = None, scheduler: str | None = None,
                   quiet: bool = True, report: bool = True, force: bool = False,
                   inputs: tuple = (),
-                  memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB) -> pd.DataFrame:
+                  memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB,
+                  stream: bool = False) -> pd.DataFrame:
     """Simulate every configuration; write results (and the what-if report) under `out`.
     Checked before any cluster starts: run's work limits (simsp.explore.guard), the output
     folder (`inputs`: files this sweep reads, never overwritten). A row fits when its peak
     leaves `memory_reserve_gib` free (simsp.explore.headroom). The frame's attrs["cache"]
     says what the cache did; a lost cluster raises UserError once the finished rows are
-    written."""
+    written. `stream`: print each row's line to stdout as it is ready, in order."""
     check_sweep(configs, force)
     out = prepare_out(out, inputs) if out is not None else None
     cache = ResultCache(out / "cache" if out is not None else None)
     with Executor(workers, scheduler, force) as executor:
-        rows = run_configs(configs, executor, out, quiet, cache)
+        rows = run_configs(configs, executor, out, quiet, cache,
+                           reserve_bytes(memory_reserve_gib) if stream else None)
     rows = [add_headroom(row, reserve_bytes(memory_reserve_gib)) for row in rows]
     frame = results_frame(rows)
     frame.attrs["cache"] = cache.stats.line()
@@ -126,17 +128,21 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
            workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
            **fields) -> pd.DataFrame:
     """The layouts `simsp search` simulated, best first (those that fit first); model, cluster
-    and held [parallel] fields as keyword arguments, one value each."""
+    and held [parallel] fields as keyword arguments, one value each; a layout field
+    (tensor_model_parallel_size=[4, 8], recompute_granularity="full") restricts the layouts."""
     from simsp.explore.headroom import reserve_bytes
-    from simsp.explore.layouts import held_fields, search_base
+    from simsp.explore.layouts import RESTRICTABLE, held_fields, search_base
     from simsp.explore.search import search as run_search
     from simsp.report.whatif import ranked
     scenario_values = base_values(scenario)
     table = by_key()
-    given = {}
+    given, allowed = {}, {}
     for name, value in fields.items():
         if name not in table:
             raise UserError(name, "unknown scenario field")
+        if table[name].key in RESTRICTABLE:
+            allowed[table[name].key] = _axis_values(table[name], value)
+            continue
         given[table[name].path] = value
     fixed = {key: scenario_values[("parallel", key)] for key in held_fields()} \
         if keep_scenario_parallel else {}
@@ -152,7 +158,7 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
         result = run_search(base, gpus, batch, executor,
                             ResultCache(Path(out) / "cache" if out else None), top, objective,
                             reserve_bytes(memory_reserve_gib), quiet, fixed, exhaustive,
-                            None if scenario is None else str(scenario))
+                            None if scenario is None else str(scenario), allowed)
     frame = results_frame(result.rows)
     return ranked(frame, objective).reset_index(drop=True) if len(frame) else frame
 

@@ -29,6 +29,8 @@ MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-typ
 # Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); all but a2a+p2p are modelled
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
 CP_COMM_TYPES_MODELLED = ("p2p", "a2a", "allgather")
+# Sharded data parallelism: Megatron-LM --data-parallel-sharding-strategy (docs/fsdp.md)
+FSDP_STRATEGY_CHOICES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
 
@@ -72,6 +74,14 @@ class Model:
     # Shared experts and simsp's routing model of meta mode (docs/moe.md)
     moe_shared_expert_intermediate_size: int | None = None  # None: no shared experts
     moe_routing_imbalance: float = 0.0  # Zipf exponent of the experts' loads; 0: balanced
+    # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
+    # _add_mla_args; docs/mla.md)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # query latent r_q (simsp needs one: DeepSeek-V3 1536)
+    kv_lora_rank: int = 32  # key/value latent r_kv
+    qk_head_dim: int = 128  # d_n: per-head query/key width without RoPE
+    qk_pos_emb_head_dim: int = 64  # d_r: the RoPE part of query/key, one key shared by heads
+    v_head_dim: int = 128  # d_v
 
     @property
     def ffn(self) -> int:
@@ -167,6 +177,14 @@ class Parallel:
     account_for_loss_in_pipeline_split: bool = False
     num_virtual_stages_per_pipeline_rank: int | None = None  # interleaved: chunks per stage
     recompute_modules: str | None = None  # selective: space-separated; None means core_attn
+    # Sharded data parallelism and activation offload (Megatron-LM --use-megatron-fsdp,
+    # --data-parallel-sharding-strategy, --use-torch-fsdp2, --cpu-offloading,
+    # --cpu-offloading-num-layers; docs/fsdp.md)
+    use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    use_torch_fsdp2: bool = False
+    cpu_offloading: bool = False
+    cpu_offloading_num_layers: int = 0
     # Expert parallelism (Megatron-LM arguments.py; docs/moe.md)
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
@@ -188,6 +206,13 @@ class Parallel:
         if self.recompute_modules is None:
             return frozenset(("core_attn",))
         return frozenset(self.recompute_modules.split())
+
+    @property
+    def fsdp(self) -> str | None:
+        """The FSDP strategy in force: a Megatron-FSDP sharding strategy, "fsdp2", or None."""
+        if self.use_torch_fsdp2:
+            return "fsdp2"
+        return self.data_parallel_sharding_strategy if self.use_megatron_fsdp else None
 
     @property
     def tp(self) -> int:
@@ -250,9 +275,15 @@ class Cluster:
     nvlink_latency_us: float = 2.0  # per hop through the NVSwitch
     ib_latency_us: float = 1.0  # per InfiniBand link (GPU-NIC-leaf-spine: a cross-rail route has 4)
     # Achieved fractions of link speed and the per-transfer software cost: the link calibration
-    # (simsp.hardware.LinkCalibration documents the defaults; `simsp calibrate` fits them).
+    # (simsp.hardware.LinkCalibration takes these defaults; `simsp calibrate` fits them).
+    # nccl-tests all_reduce on one DGX A100 (8 GPUs, NVSwitch) reports busbw ~230 GB/s for large
+    # messages against 300 GB/s of NVLink per GPU per direction: 0.78 x 300 = 234 GB/s.
     nvlink_efficiency: float = 0.78
+    # NCCL over HDR InfiniBand reaches ~22-23 GB/s of a NIC's 25 GB/s (200 Gb/s) per direction.
     ib_efficiency: float = 0.90
+    # Software cost added to every point-to-point transfer (NCCL step synchronisation) on top of
+    # the per-hop link latencies. Zero: the configured nvlink_latency_us (2 us per switch hop)
+    # already exceeds NCCL's measured per-step latency on NVLink (~1 us, LL protocol).
     transfer_overhead_us: float = 0.0
     # NCCL_ALGO / NCCL_PROTO: force every collective's algorithm / protocol (docs/nccl.md)
     nccl_algo: str = "auto"
@@ -412,6 +443,15 @@ def padded_vocab_size(m: Model, t: int) -> int:
 SECTIONS = {"model": Model, "parallel": Parallel, "cluster": Cluster, "run": Run}
 
 
+def one_layer_fields(m: Model) -> dict:
+    """Model overrides that cut it to its layer 0 alone (`simsp layer`, the reports' layer
+    table): one layer, and a --moe-layer-freq pattern cut to its first entry."""
+    fields_ = {"num_layers": 1}
+    if isinstance(m.moe_layer_freq, str):
+        fields_["moe_layer_freq"] = f"[{moe_layer_pattern(m.moe_layer_freq)[0]}]"
+    return fields_
+
+
 INT_OR_STR = (int, str)  # a field that takes either (Megatron's --moe-layer-freq)
 
 
@@ -553,6 +593,7 @@ def validate_model(m: Model) -> None:
            f"{m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}")
     _validate_llama_model(m)
     _validate_moe_model(m)
+    _validate_mla_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
@@ -572,12 +613,28 @@ def _validate_llama_model(m: Model) -> None:
     _check(m.norm_epsilon > 0, "model.norm_epsilon", f"must be positive, got {m.norm_epsilon}")
     _check(0 < m.rotary_percent <= 1, "model.rotary_percent",
            f"must be in (0, 1], got {m.rotary_percent}")
-    rotary = int(m.head_dim * m.rotary_percent)
+    rope_width = m.qk_pos_emb_head_dim if m.multi_latent_attention else m.head_dim
+    rotary = int(rope_width * m.rotary_percent)
     _check(m.position_embedding_type != "rope" or (rotary > 0 and rotary % 2 == 0),
-           "model.rotary_percent", f"rotates {rotary} of the {m.head_dim} head channels: "
+           "model.rotary_percent", f"rotates {rotary} of the {rope_width} head channels: "
            "needs an even, positive number")
 
 
+def _validate_mla_model(m: Model) -> None:
+    """Megatron-LM's checks on multi-latent attention (training.py asserts no GQA), and what
+    simsp's MLA has (docs/mla.md): a query latent, RMSNorm latents, RoPE."""
+    _positive("model", m, ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                           "v_head_dim"))
+    if not m.multi_latent_attention:
+        return
+    _check(m.q_lora_rank is not None, "model.q_lora_rank", "simsp's multi-latent attention "
+           "needs a query latent (--q-lora-rank; DeepSeek-V3: 1536)")
+    _check(not m.group_query_attention, "model.group_query_attention",
+           "conflicts with multi_latent_attention (Megatron asserts it)")
+    _check(m.rmsnorm, "model.normalization", "multi-latent attention's latents are RMSNorm'd "
+           "in simsp (DeepSeek's): use RMSNorm")
+    _check(m.position_embedding_type == "rope", "model.position_embedding_type",
+           "multi-latent attention needs rope (its decoupled RoPE key)")
 @functools.lru_cache(maxsize=64)
 def moe_layer_pattern(text: str) -> tuple[int, ...]:
     """Megatron's --moe-layer-freq pattern, e.g. "([0]*3+[1]*58)" or "([1]*3+[0]*1)*3", as its
@@ -739,6 +796,8 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     _check(padded % t == 0, "parallel.tensor_model_parallel_size",
            f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
     _validate_expert_parallel(m, p)
+    _check(not m.multi_latent_attention or p.cp == 1, "parallel.context_parallel_size",
+           "multi-latent attention runs without context parallelism yet")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
@@ -754,9 +813,38 @@ def validate_parallel(m: Model, p: Parallel) -> None:
            f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
            f"{p.micro_batch_size * p.dp}")
     _validate_schedule(m, p)
+    _validate_fsdp(m, p)
     _validate_overlap(p)
     _validate_recompute_method(m, p)
     _validate_recompute_modules(p, m.num_experts is not None)
+
+
+def _validate_fsdp(m: Model, p: Parallel) -> None:
+    """Megatron-LM's checks on FSDP and activation offload (arguments.py, transformer_config.py)
+    and what simsp does not model with them yet (docs/fsdp.md)."""
+    _choice("parallel.data_parallel_sharding_strategy", p.data_parallel_sharding_strategy,
+            FSDP_STRATEGY_CHOICES)
+    _check(not (p.use_megatron_fsdp and p.use_torch_fsdp2), "parallel.use_torch_fsdp2",
+           "choose one of use_megatron_fsdp and use_torch_fsdp2")
+    _check(p.use_megatron_fsdp or p.data_parallel_sharding_strategy == "no_shard",
+           "parallel.data_parallel_sharding_strategy", "needs use_megatron_fsdp")
+    if p.fsdp is not None:
+        _check(m.num_experts is None, "parallel.use_megatron_fsdp",
+               "FSDP with MoE layers is not modelled yet")
+        _check(p.fp8_format is None, "parallel.use_megatron_fsdp",
+               "FSDP with FP8 parameters is not modelled yet")
+    _check(p.cpu_offloading_num_layers >= 0, "parallel.cpu_offloading_num_layers",
+           "must not be negative")
+    if not p.cpu_offloading:
+        _check(p.cpu_offloading_num_layers == 0, "parallel.cpu_offloading_num_layers",
+               "needs cpu_offloading")
+        return
+    _check(p.cpu_offloading_num_layers < m.num_layers, "parallel.cpu_offloading_num_layers",
+           f"must be below num_layers={m.num_layers} (Megatron transformer_config.py)")
+    _check(p.pp == 1, "parallel.cpu_offloading",
+           "Megatron: no support for pipeline parallelism with CPU offloading")
+    _check(p.recompute_granularity == "none", "parallel.cpu_offloading",
+           "Megatron: CPU offloading does not work with activation recomputation")
 
 
 def _validate_overlap(p: Parallel) -> None:
@@ -912,7 +1000,10 @@ def validate(s: Scenario) -> None:
     _check(0 <= s.run.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {s.run.seed}")
     _check(s.run.name.isprintable() and len(s.run.name) <= 200, "run.name",
            "must be printable text of at most 200 characters")
-    _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"),
+    _check(not s.parallel.cpu_offloading or gpu_profile(s.cluster.gpu).host_link_GBps,
+           "parallel.cpu_offloading", f"GPU profile {s.cluster.gpu} has no host_link_GBps")
+    _check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"
+                and s.parallel.fsdp is None),
            "parallel.distributed_optimizer", "is modelled in meta mode only (use --mode meta)")
     _check(s.model.moe_routing_imbalance == 0 or s.run.mode == "meta",
            "model.moe_routing_imbalance", "is meta mode's routing model (numeric mode routes "

@@ -16,6 +16,7 @@ from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE
                           POSITION_EMBEDDING_CHOICES, RECOMPUTE_CHOICES,
                           RECOMPUTE_METHOD_CHOICES, SCHEDULE_CHOICES, SECTIONS, Scenario,
                           load_scenario)
+from simsp.config import FSDP_STRATEGY_CHOICES
 from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
                           MAIN_GRADS_DTYPE_CHOICES, MAIN_PARAMS_DTYPE_CHOICES)
 from simsp.errors import UserError
@@ -24,16 +25,19 @@ from simsp.errors import UserError
 class Flag(NamedTuple):
     """One row of the flag table. `help` is the meaning and unit (the default is appended from
     the dataclass unless it is None, then say it in `help`); `token` names the override in the
-    default report folder (t4, rc-full; '' for a string value alone: 'meta')."""
+    default report folder (t4, rc-full; '' for a string value alone: 'meta'; None: not named)."""
 
     section: str
     key: str
     kind: type
     choices: tuple | None = None
     help: str = ""
-    token: str = ""
+    token: str | None = ""
 
 
+# The one table of scenario flags: every field of every scenario section (simsp/config.py) has
+# a row here or in SWITCHES, and `run`, `layer`, `sweep` and `search` all build their flags,
+# help and defaults from these rows (tests/test_field_table.py). A new field: add its row.
 # flag -> Flag(section, key, type, choices, help, token); every flag defaults to "not given".
 # A plain 4-tuple row (section, key, type, choices) also works.
 SCENARIO_FLAGS = {
@@ -104,6 +108,18 @@ SCENARIO_FLAGS = {
                                     MOE_DISPATCHER_CHOICES, "how tokens reach their experts' "
                                     "ranks: all-gather / reduce-scatter, or all-to-all",
                                     "disp-"),
+    # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
+    "--q-lora-rank": ("model", "q_lora_rank", int, None,
+                      "MLA query latent rank r_q (elements; simsp needs one)", "qlr"),
+    "--kv-lora-rank": ("model", "kv_lora_rank", int, None, "MLA key/value latent rank r_kv "
+                       "(elements)", "kvlr"),
+    "--qk-head-dim": ("model", "qk_head_dim", int, None,
+                      "MLA per-head query/key width without RoPE d_n (elements)", "qkd"),
+    "--qk-pos-emb-head-dim": ("model", "qk_pos_emb_head_dim", int, None,
+                              "MLA RoPE width d_r, one key shared by all heads (elements)",
+                              "qkpd"),
+    "--v-head-dim": ("model", "v_head_dim", int, None, "MLA per-head value width d_v (elements)",
+                     "vd"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,
@@ -120,17 +136,24 @@ SCENARIO_FLAGS = {
     "--cp-comm-type": ("parallel", "cp_comm_type", str, CP_COMM_TYPE_CHOICES,
                        "how CP ranks exchange attention inputs (p2p: ring; a2a: Ulysses)",
                        "cpcomm"),
+    "--data-parallel-sharding-strategy": ("parallel", "data_parallel_sharding_strategy", str,
+                                          FSDP_STRATEGY_CHOICES,
+                                          "Megatron-FSDP: what is sharded over DP (ZeRO-0..3)",
+                                          "shard-"),
+    "--cpu-offloading-num-layers": ("parallel", "cpu_offloading_num_layers", int, None,
+                                    "layers whose saved activations go to host memory", "offl"),
     "--num-layers-per-virtual-pipeline-stage":
         ("parallel", "num_layers_per_virtual_pipeline_stage", int, None,
          "layers per model chunk of the interleaved schedule (default: not interleaved)", "vp"),
     "--schedule": ("parallel", "schedule", str, SCHEDULE_CHOICES,
                    "pipeline schedule (default: interleaved with virtual stages, else 1f1b)", ""),
     "--ddp-bucket-size": ("parallel", "ddp_bucket_size", int, None,
-                          "data-parallel gradient bucket (elements)", "bucket"),
+                          "data-parallel gradient bucket (parameters; default: max(40M, 1M x d) with "
+                          "--overlap-grad-reduce, else one bucket per chunk)", "bucket"),
     "--recompute-method": ("parallel", "recompute_method", str, RECOMPUTE_METHOD_CHOICES,
-                           "full recompute: uniform or block (Megatron)", "rm-"),
+                           "full recompute: uniform or block (Megatron; default: uniform)", "rm-"),
     "--recompute-num-layers": ("parallel", "recompute_num_layers", int, None,
-                               "layers per recompute group/block (Megatron)", "rnl"),
+                               "layers per recompute group/block (Megatron; default: 1)", "rnl"),
     "--recompute-granularity": ("parallel", "recompute_granularity", str, RECOMPUTE_CHOICES,
                                 "activation recomputation (K22 §4-5)", "rc-"),
     "--fp8-format": ("parallel", "fp8_format", str, FP8_FORMAT_CHOICES,
@@ -195,6 +218,8 @@ SCENARIO_FLAGS = {
     "--seed": ("run", "seed", int, None, "random seed of weights, data and dropout", "seed"),
     "--numeric-dtype": ("run", "numeric_dtype", str, DTYPE_CHOICES,
                         "numpy dtype of numeric mode (accounting stays 2-byte)", ""),
+    "--name": ("run", "name", str, None, "the run's name: titles its reports and names its "
+               "default report folder (default: the scenario file's name, else default)", None),
 }
 SWITCHES = {  # flag -> (section, key, value, help, token)
     "--group-query-attention": ("model", "group_query_attention", True,
@@ -202,6 +227,9 @@ SWITCHES = {  # flag -> (section, key, value, help, token)
     "--swiglu": ("model", "swiglu", True, "SwiGLU MLP (gate and up projections)", "swiglu"),
     "--moe-pad-expert-input-to-capacity": ("model", "moe_pad_expert_input_to_capacity", True,
                                            "pad every expert's input to its capacity", "pad"),
+    "--multi-latent-attention": ("model", "multi_latent_attention", True,
+                                 "multi-head latent attention (DeepSeek-V2/V3; docs/mla.md)",
+                                 "mla"),
     "--moe-grouped-gemm": ("parallel", "moe_grouped_gemm", True,
                            "each rank's experts as one grouped GEMM (default: a loop of GEMMs)",
                            "ggemm"),
@@ -244,6 +272,17 @@ SWITCHES.update({
                            "FP8 parameters: no BF16 weight beside the FP8 copy", "fp8pg"),
     "--use-precision-aware-optimizer": ("parallel", "use_precision_aware_optimizer", True,
                                         "optimizer states in the dtypes given", "pao"),
+})
+# Sharded data parallelism and activation offload (docs/fsdp.md)
+SWITCHES.update({
+    "--use-megatron-fsdp": ("parallel", "use_megatron_fsdp", True,
+                            "Megatron-FSDP: per-layer units, sharded by the strategy", "mfsdp"),
+    "--use-torch-fsdp2": ("parallel", "use_torch_fsdp2", True,
+                          "PyTorch FSDP2 fully_shard per layer (fp32 sharded parameters)",
+                          "fsdp2"),
+    "--cpu-offloading": ("parallel", "cpu_offloading", True,
+                         "move saved activations to host memory and back before backward",
+                         "offload"),
 })
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
 LIST_FLAGS = ("--recompute-modules",)  # Megatron's nargs='*' flags: one or more words, joined
@@ -347,6 +386,13 @@ def flag_help(flag: str) -> str:
     return f"{meaning}{_default_text(row.section, row.key)} [{row.section}.{row.key}]"
 
 
+def switch_help(flag: str) -> str:
+    """The --help text of a switch: meaning, whether it is on by default, the scenario key."""
+    section, key, _, meaning, _ = _switch(flag)
+    return (f"{meaning or key.replace('_', ' ')}; default: {_switch_default(flag)} "
+            f"[{section}.{key}]")
+
+
 def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
     """Add the optional scenario file, every Megatron-style override flag, --world-size and
     --force."""
@@ -360,10 +406,8 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
                            default=None, metavar=_metavar(row), help=flag_help(flag),
                            nargs="+" if flag in LIST_FLAGS else None)
     for flag in SWITCHES:
-        section, key, _, meaning, _ = _switch(flag)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
-                           help=f"{meaning or key.replace('_', ' ')}; default: "
-                                f"{_switch_default(flag)} [{section}.{key}]")
+                           help=switch_help(flag))
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
                             "the scenario's d)")
@@ -402,7 +446,7 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
         value = getattr(args, _dest(flag), None)
         if isinstance(value, list):
             value = "-".join(value)
-        if value is not None:
+        if value is not None and _row(flag).token is not None:
             text = f"{value:g}" if isinstance(value, float) else str(value)
             text = Path(text).stem if "/" in text else text  # a profile's path: its name
             tokens.append(f"{_row(flag).token}{text}")

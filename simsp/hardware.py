@@ -8,6 +8,7 @@ the compute cost model's constants; the compute rule that derives them for any G
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from simsp.config import Cluster
 from simsp.profiles import GPUProfile, available, gpu_profile
 from simsp.units import GiB
 
@@ -62,15 +63,11 @@ class LinkCalibration:
     scaling it by the efficiency of its kind, so a ring's busbw lands at link speed x efficiency.
     """
 
-    # nccl-tests all_reduce on one DGX A100 (8 GPUs, NVSwitch) reports busbw ~230 GB/s for large
-    # messages against 300 GB/s of NVLink per GPU per direction: 0.78 x 300 = 234 GB/s.
-    nvlink_efficiency: float = 0.78
-    # NCCL over HDR InfiniBand reaches ~22-23 GB/s of a NIC's 25 GB/s (200 Gb/s) per direction.
-    ib_efficiency: float = 0.90
-    # Software cost added to every point-to-point transfer (NCCL step synchronisation) on top of
-    # the cluster's per-hop link latencies. Zero: the configured nvlink_latency_us (2 us per
-    # switch hop) already exceeds NCCL's measured per-step latency on NVLink (~1 us, LL protocol).
-    transfer_overhead_s: float = 0.0
+    # The defaults are the scenario's [cluster] defaults (simsp/config.py Cluster, where their
+    # sources are stated): one place, so `--help` and the engine agree.
+    nvlink_efficiency: float = Cluster.nvlink_efficiency
+    ib_efficiency: float = Cluster.ib_efficiency
+    transfer_overhead_s: float = Cluster.transfer_overhead_us * 1e-6
     # NCCL_ALGO / NCCL_PROTO forcing every collective (None: NCCL's own choice,
     # simsp/engine/nccl_tuning.py); carried here so every timing path sees them
     nccl_algo: str | None = None

@@ -8,6 +8,8 @@ GEMMs actually counted are reported beside them.
 
 from simsp import analytic
 from simsp.model.architecture import architecture
+from simsp.model.moe_flops import megatron_flops, recomputed_flops
+from simsp.model.param_counts import parameter_counts
 from simsp.costmodel import calibration_table
 from simsp.config import Cluster
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
@@ -62,15 +64,16 @@ def oom_report(oom) -> dict | None:
                              for t in oom.largest_live]}
 
 
-def rank_memory(run, rank: int) -> dict:
-    """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict."""
+def rank_memory(run, rank: int, name_live: bool = True) -> dict:
+    """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict
+    (`name_live=False`: the verdict's largest live tensors left out, its bytes the same)."""
     c = run.world.grid.coords(rank)
     simulated = rank in run.world.ranks
     source = rank if simulated else run.rank_of(0, 0, c.pp)  # an identical representative
     if not simulated and represented_by(run.sc, rank) in run.world.ranks:
         source = represented_by(run.sc, rank)  # its place in a simulated expert group
     ledger = run.world.ranks[source].ledger
-    summary = ledger.summary()
+    summary = ledger.summary(name_live)
     peaks = summary.peak_by_category
     return {"rank": rank, "tp": c.tp, "pp": c.pp, "dp": c.dp,
             "peak_bytes": summary.peak_total,
@@ -97,7 +100,8 @@ def exposure(run) -> list[dict]:
     fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step;
     cp_comm (cp > 1 only): blocked on ring attention's K/V and dK/dV exchanges."""
     t_iter = iteration_time(run)
-    keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ())
+    keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ()) + \
+        (("offload",) if run.sc.parallel.cpu_offloading else ())  # training/offload.py
     rows = []
     for rank in stage_ranks(run):
         r = run.world.ranks[rank]
@@ -111,8 +115,9 @@ def exposure(run) -> list[dict]:
     return rows
 
 
-def collect(run, shortcuts) -> dict:
-    """Every metric of `simsp run`, JSON-ready (keys of issue #5 first)."""
+def collect(run, shortcuts, name_live: bool = True) -> dict:
+    """Every metric of `simsp run`, JSON-ready (keys of issue #5 first); `name_live=False`
+    leaves the tensors live at an out-of-memory verdict unnamed (a sweep row's cost)."""
     sc = run.sc
     m, p = sc.model, sc.parallel
     t_iter = iteration_time(run)
@@ -121,12 +126,12 @@ def collect(run, shortcuts) -> dict:
     counted_model, counted_hw = _counted_flops(run)
     breakdown = exposure(run)
     exposed = [{k: e[k] for k in COMM_KEYS + ("ep_comm",) if e.get(k)} for e in breakdown]
-    ranks = [rank_memory(run, rank) for rank in range(p.world_size)]
+    ranks = [rank_memory(run, rank, name_live) for rank in range(p.world_size)]
     return {
         "iteration_time_s": t_iter,
         "tokens_per_s": p.global_batch * m.seq_length / t_iter,
-        "mfu": analytic.iteration_model_flops(m, p) / (t_iter * gpus * peak),
-        "hfu": analytic.iteration_hardware_flops(m, p) / (t_iter * gpus * peak),
+        "mfu": model_flops(sc) / (t_iter * gpus * peak),
+        "hfu": hardware_flops(sc) / (t_iter * gpus * peak),
         "bubble_fraction": bubble_all,
         "ranks": ranks,
         "scenario": sc.run.name,
@@ -136,8 +141,8 @@ def collect(run, shortcuts) -> dict:
         "exposed_comm_s_per_stage": exposed,
         "exposed_comm_s": max(sum(e.values()) for e in exposed),
         "exposed_s_per_stage": breakdown,
-        "model_flops": analytic.iteration_model_flops(m, p),
-        "hardware_flops": analytic.iteration_hardware_flops(m, p),
+        "model_flops": model_flops(sc),
+        "hardware_flops": hardware_flops(sc),
         "counted_model_flops": counted_model,
         "counted_hardware_flops": counted_hw,
         "mfu_counted": counted_model / (t_iter * gpus * peak),
@@ -149,18 +154,77 @@ def collect(run, shortcuts) -> dict:
         "shortcuts": shortcuts.flags(),
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
+        **_fsdp(run),
+        **_offload(run),
         **moe_metrics(run),
     }
 
 
+def _offload(run) -> dict:
+    """Under --cpu-offloading, per stage: bytes moved to the host, copy seconds, seconds the
+    compute waited, and the host memory held at its peak (training/offload.py)."""
+    p = run.sc.parallel
+    if not p.cpu_offloading:
+        return {}
+    stages = [run.states[rank].offload.stats.as_dict() for rank in stage_ranks(run)]
+    return {"offload": {"layers": p.cpu_offloading_num_layers,
+                        "host_link_GBps": gpu_profile(run.sc.cluster.gpu).host_link_GBps,
+                        "per_stage": stages,
+                        "host_peak_bytes": max(s["host_peak_bytes"] for s in stages)}}
+
+
+def _fsdp(run) -> dict:
+    """Under sharded data parallelism, per stage and unit: all-gather and reduction seconds
+    and the share the compute waited for (training/fsdp.py); absent otherwise."""
+    p = run.sc.parallel
+    if p.fsdp is None:
+        return {}
+    stages = [run.states[rank].fsdp.unit_report() for rank in stage_ranks(run)]
+    comm = sum(u["all_gather_s"] + u["reduce_s"] for s in stages for u in s.values())
+    exposed = sum(u["all_gather_exposed_s"] + u["reduce_exposed_s"]
+                  for s in stages for u in s.values())
+    return {"fsdp": {"strategy": p.fsdp, "units_per_stage": stages, "comm_s": comm,
+                     "exposed_s": exposed, "exposed_fraction": exposed / comm if comm else 0.0}}
+
+
+def sparse_or_latent(m) -> bool:
+    """Whether the model has MoE layers or multi-latent attention (docs/moe.md, docs/mla.md):
+    its FLOPs are Megatron's MoE/MLA count and its reports give total and active parameters."""
+    return m.num_experts is not None or m.multi_latent_attention
+
+
+def model_flops(sc) -> float:
+    """Model FLOPs of one iteration: K22's or Megatron's dense formula (analytic.py), or for
+    MoE/MLA models Megatron's count with top-k routed and shared experts and MLA
+    (model/moe_flops.py)."""
+    m, p = sc.model, sc.parallel
+    if sparse_or_latent(m):
+        return megatron_flops(m, p.global_batch, sc.padded_vocab_size)
+    return analytic.iteration_model_flops(m, p)
+
+
+def hardware_flops(sc) -> float:
+    """Model FLOPs plus what recompute and FlashAttention's backward compute again."""
+    m, p = sc.model, sc.parallel
+    if sparse_or_latent(m):
+        return model_flops(sc) + recomputed_flops(m, p.global_batch, p.recompute_module_set,
+                                                  analytic.recomputed_layers(m, p))
+    return analytic.iteration_hardware_flops(m, p)
+
+
 def _architecture(sc) -> dict:
     """The Llama-class variant and the FLOPs formula used (absent for K22's GPT layer, whose
-    metrics stay as they were)."""
+    metrics stay as they were); MoE and MLA models add their total and active parameters."""
     name = architecture(sc.model)
     if name == "GPT":
         return {}
+    extra = {}
+    if sparse_or_latent(sc.model):
+        extra = {"parameters": parameter_counts(sc.model),
+                 "flops_formula": "Megatron-LM num_floating_point_operations (training.py): "
+                                  "top-k routed and shared experts, MLA"}
     return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),
-            "layer_tensors": layer_tensors(sc)}
+            "layer_tensors": layer_tensors(sc), **extra}
 
 
 def layer_tensors(sc) -> dict:

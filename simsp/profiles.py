@@ -20,7 +20,7 @@ KINDS = {"gpu": "gpus", "system": "systems"}
 NIC_GBPS = {"HDR": 200, "NDR": 400, "XDR": 800}  # InfiniBand generations, Gb/s per port
 GPU_NUMBERS = ("memory_GiB", "peak_bf16_TFLOPs", "hbm_TBps", "nvlink_generation", "nvlink_GBps",
                "ceiling_bf16_TFLOPs")
-GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs")
+GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs", "host_link_GBps")
 SYSTEM_NUMBERS = ("gpus_per_nvlink_domain", "nvswitch_generation", "nics_per_node", "nic",
                   "nic_Gbps")
 COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency",
@@ -68,6 +68,7 @@ class GPUProfile:
     ceiling_fp8_flops: float | None
     fitted: dict  # [compute] section values (fitted or calibrated), may be empty
     fitted_fp8: dict  # [compute_fp8]
+    host_link_GBps: float | None = None  # PCIe (NVLink-C2C on GB200) to the host, per direction
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ def gpu_profile(name: str) -> GPUProfile:
         ceiling_flops=prof.value("ceiling_bf16_TFLOPs") * 1e12,
         ceiling_fp8_flops=None if ceiling_fp8 is None else ceiling_fp8 * 1e12,
         fitted={k: s.value for k, s in prof.sections.get("compute", {}).items()},
-        fitted_fp8={k: s.value for k, s in prof.sections.get("compute_fp8", {}).items()})
+        fitted_fp8={k: s.value for k, s in prof.sections.get("compute_fp8", {}).items()},
+        host_link_GBps=prof.value("host_link_GBps"))
 
 
 @lru_cache(maxsize=64)

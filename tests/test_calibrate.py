@@ -18,7 +18,8 @@ from simsp.cli import main
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster, load_scenario
 from simsp.engine.nccl_group import nccl_choice
-from simsp.engine.ring_timing import busbw_GBps, collective_time
+from simsp.engine.ring_alone import alone_time
+from simsp.engine.ring_timing import busbw_GBps
 from simsp.hardware import LinkCalibration
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -35,8 +36,8 @@ def engine_time_s(cluster: Cluster, collective: str, nodes: int, per_node: int, 
     """The engine's time of `collective` on `per_node` GPUs of each of `nodes` nodes."""
     cluster = replace(cluster, nodes=nodes)
     gpus = [n * cluster.gpus_per_node + g for n in range(nodes) for g in range(per_node)]
-    return collective_time(collective, build_topology(cluster), gpus, size,
-                           calibration=LinkCalibration.from_cluster(cluster), elem_bytes=4)
+    return alone_time(collective, build_topology(cluster), gpus, size,
+                      calibration=LinkCalibration.from_cluster(cluster), elem_bytes=4)
 
 
 def count_of(collective: str, size: int, ranks: int) -> int:

@@ -128,8 +128,13 @@ class FakeExecutor:
                                            ("killed", "1 worker(s) died (KilledWorker")])
 def test_finished_rows_are_written_when_the_cluster_fails(tmp_path, monkeypatch, failure, words):
     monkeypatch.setattr(api, "Executor", lambda *args: FakeExecutor(2, failure))
-    err = one_error([*SWEEP[:-1], "--seed", "1,2,3,4", "--out", str(tmp_path)], "dask: ")
+    rc, out, err = cli([*SWEEP[:-1], "--seed", "1,2,3,4", "--out", str(tmp_path)])
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: dask: ")
     finished = 2 if failure == "lost" else 7
+    # the rows done before the failure were printed as they finished (a killed row as its
+    # error), and only those
+    printed = 2 if failure == "lost" else 8
+    assert [line.split()[0] for line in out.splitlines()] == [str(i) for i in range(printed)]
     assert words in err and f"; {finished} of 8 rows finished" in err
     lines = (tmp_path / "results.csv").read_text().splitlines()
     assert len(lines) == 9  # header and every row: finished ones and error rows

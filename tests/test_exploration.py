@@ -28,6 +28,17 @@ def test_world_size_derives_d_and_nodes_and_the_gpus_column(capsys, tmp_path):
     assert "| GPUs |" in (tmp_path / "report.md").read_text()
 
 
+def test_world_size_64_128_doubles_d(capsys, tmp_path):
+    """The trial's own lists: t8 p2 with --world-size 64,128 gives d = 4 then 8, 8 then 16
+    nodes, the GPUs column saying so."""
+    frame = simsp.sweep(None, workers=0, mode="meta", num_layers=4, hidden_size=64,
+                        num_attention_heads=8, tensor_model_parallel_size=8,
+                        pipeline_model_parallel_size=2, global_batch_size=64,
+                        world_size="64,128")
+    assert list(frame["gpus"]) == [64, 128] and list(frame["data_parallel_size"]) == [4, 8]
+    assert list(frame["nodes"]) == [8, 16]
+
+
 def test_more_nodes_alone_use_every_gpu(tmp_path):
     """--nodes 1,2 with t2 p2 d1 on 8-GPU nodes: Megatron's world is every launched GPU."""
     frame = simsp.sweep(None, workers=0, mode="meta", tensor_model_parallel_size=2,
@@ -41,10 +52,12 @@ def test_each_rows_command_reproduces_it(capsys, tmp_path):
     scenario.write_text("[model]\nnum_layers = 4\nhidden_size = 64\n[parallel]\n"
                         "distributed_optimizer = true\ndata_parallel_size = 2\n[run]\nmode = \"meta\"\n")
     frame = simsp.sweep(scenario, out=tmp_path / "out", workers=0,
-                        distributed_optimizer="true,false", ib_bandwidth_GBps="25,50")
+                        distributed_optimizer="true,false", ib_bandwidth_GBps="25,50",
+                        add_bias_linear="true,false")
     commands = list(frame["command"])
     assert "--use-distributed-optimizer" not in commands[0]  # the scenario's own value
     assert all(" false" not in c and " none" not in c for c in commands)
+    assert sum("--disable-bias-linear" in c for c in commands) == 4  # run's own switch
     for row in frame.to_dict("records"):
         argv = shlex.split(row["command"])
         assert argv[:2] == ["simsp", "run"]

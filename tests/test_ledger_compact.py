@@ -119,6 +119,22 @@ def test_compact_and_expanded_logs_give_identical_figures(seed, steps, capacity)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), steps=st.integers(1, 12),
+       capacity=st.sampled_from([3000, 1500, 900]))
+def test_an_unnamed_oom_verdict_has_the_naive_replays_numbers(seed, steps, capacity):
+    """A sweep row's verdict (no live tensors named, no log expansion): every other number of
+    the naive replay's, and a named summary asked for later is the full one."""
+    compact = build(seed, steps, capacity)
+    naive = naive_summary(expanded(compact).events, capacity)
+    cheap = compact.summary(name_live=False)
+    got = None if cheap.oom is None else (cheap.oom.op, cheap.oom.key, cheap.oom.time_s,
+                                          cheap.oom.bytes_asked, cheap.oom.bytes_in_use, ())
+    assert got == (None if naive["oom"] is None else naive["oom"][:5] + ((),))
+    assert (cheap.peak_total, cheap.peak_by_category) == (naive["peak"], naive["peaks"])
+    assert figures(compact) == naive
+
+
 def test_an_oom_inside_a_replayed_block_names_the_block_tensors():
     compact = build(seed=7, steps=6, capacity=1200)
     oom = compact.oom

@@ -48,3 +48,47 @@ def test_closed_form_equals_stepwise_whichever_tier_binds(collective, ib_GBps, b
         assert closed == pytest.approx(port_bound, rel=1e-9)
     else:
         assert closed > 1.5 * port_bound
+
+
+# ------------------------------------------------------------------------------------------
+# The ring alone (engine/ring_alone.py): exact where the closed form is not
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("per_node,nodes,stride,ib_GBps,collective", [
+    (8, 2, 1, 100.0, "all_reduce"),  # NVLink-bound: 8 hops of unequal latency on every port
+    (8, 2, 1, 100.0, "all_gather"),
+    (8, 4, 1, 12.5, "reduce_scatter"),  # NIC-bound
+    (8, 2, 2, 100.0, "reduce_scatter"),  # half the GPUs of each node: relays are members
+    (4, 3, 1, 100.0, "all_gather"),  # 4 GPUs per node; 2 MiB is no multiple of 12 x 4 slices
+    (2, 4, 1, 25.0, "all_reduce"),  # 2 GPUs per node
+])
+def test_ring_alone_equals_stepwise_with_latency(per_node, nodes, stride, ib_GBps, collective):
+    """With the links' own latencies (the PXN hop crosses NVLink and InfiniBand, an NVLink hop
+    only NVLink), the ring alone is the stepwise ring: one node's piece of one channel where
+    the ring is symmetric, the whole ring where not (4 x 3: unequal slices)."""
+    from simsp.engine.ring_alone import alone_stats, node_segment
+
+    graph = build_topology(Cluster(nodes=nodes, gpus_per_node=per_node,
+                                   ib_bandwidth_GBps=ib_GBps))
+    gpus, nbytes = list(range(0, per_node * nodes, stride)), 2 * 2 ** 20
+    alone = alone_stats(collective, graph, gpus, nbytes, CAL)
+    assert alone.time_s == pytest.approx(stepwise_time(graph, collective, gpus, nbytes),
+                                         rel=1e-9)
+    symmetric = node_segment(graph, gpus, CAL, collective, nbytes, 2) is not None
+    assert symmetric == ((per_node, nodes) != (4, 3))
+
+
+def test_closed_form_overestimates_drifting_channels():
+    """The closed form is an upper bound: on 16 GPUs NVLink-bound its steps each pay the PXN
+    hop's latency, while the stepwise channels drift apart and the port carries one channel's
+    bytes during another's latency (docs/shortcuts.md): 17.8% over at 64 MiB all-gather. The
+    bound: the port must carry 8 slices a step, so stepwise >= base + steps x 8 slices / port."""
+    graph = build_topology(Cluster(nodes=2, ib_bandwidth_GBps=100.0))
+    gpus, nbytes = list(range(16)), 64 * 2 ** 20
+    stepwise = stepwise_time(graph, "all_gather", gpus, nbytes)
+    closed = collective_time("all_gather", graph, gpus, nbytes, CAL)
+    choice = nccl_choice("all_gather", graph, gpus, nbytes, CAL, RING)
+    port_bound = choice.base_latency_s + 15 * (nbytes / 16) / (
+        NVLINK_Bps * choice.bandwidth_fraction)
+    assert port_bound < stepwise < closed
+    assert closed / stepwise - 1 == pytest.approx(0.178, abs=0.001)

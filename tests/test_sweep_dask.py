@@ -35,3 +35,11 @@ def test_unreachable_scheduler_is_one_error_line(capsys, tmp_path):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --scheduler: cannot reach tcp://127.0.0.1:9")
+
+
+def test_embedded_workers_run_without_the_statistical_profiler():
+    from simsp.explore.executor import Executor
+    with Executor(workers=1) as executor:
+        enabled = executor.client.run(
+            lambda: __import__("dask").config.get("distributed.worker.profile.enabled"))
+    assert list(enabled.values()) == [False]

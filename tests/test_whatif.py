@@ -1,12 +1,15 @@
 """`simsp whatif`: variants against a baseline, each number against the rows it compares, the
 page opened in headless Chromium (no console errors, every chart rendered)."""
 
+import re
+
 import pandas as pd
 import pytest
 
 from simsp.cli import main
 from simsp.errors import UserError
 from simsp.explore.whatif import parse_variant
+from simsp.report.html import _cells as html_cells, inline as html_inline
 from tests.browser import page_verdict
 
 SCENARIO = ("[model]\nnum_layers = 4\nhidden_size = 128\nnum_attention_heads = 4\nseq_length = 64\n"
@@ -78,3 +81,24 @@ def test_sweep_file_with_a_marked_baseline(capsys, tmp_path):
                  str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.startswith("b2: ")
     assert "Baseline: **today**" in (tmp_path / "out" / "whatif.md").read_text()
+
+
+def test_markup_in_a_variant_name_is_text_in_both_files(capsys, tmp_path):
+    """`|`, `*`, `_` and `<` in a name: the markdown escapes them (a table row keeps its 10
+    cells) and the page shows the name as typed, never as markup."""
+    (tmp_path / "base.toml").write_text(SCENARIO)
+    name = "a|b *x* y_z <i>"
+    assert main(["whatif", str(tmp_path / "base.toml"), f"{name}=--micro-batch-size 2",
+                 "--workers", "0", "--quiet", "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "whatif.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| a"))
+    assert len(re.split(r"(?<!\\)\|", row.strip().strip("|"))) == 9
+    page_text = (tmp_path / "out" / "whatif.html").read_text()
+    shown = "a|b *x* y_z &lt;i&gt;"
+    assert f"<td>{shown}</td>" in page_text
+    assert "<em>x</em>" not in page_text and f"{shown}: <code>simsp run" in page_text
+
+
+def test_html_cells_split_only_at_unescaped_pipes():
+    assert html_cells(r"| a\|b | c |") == [r"a\|b", "c"]
+    assert html_inline(r"a\|b \*x\* `y`") == "a|b *x* <code>y</code>"

@@ -1,8 +1,9 @@
 """The forward model of a calibration: simsp's own timing of the measured collective.
 
 For link parameters (the [cluster] fields below) the predicted time of each measured size is
-simsp.engine.ring_timing.collective_time over simsp.cluster.topology.build_topology of the
-measured layout, so simulating with the fitted fragment reproduces the fitted times exactly.
+simsp.engine.ring_alone.alone_time (the collective alone on its links, as meta mode times it)
+over simsp.cluster.topology.build_topology of the measured layout, so simulating with the fitted
+fragment reproduces the fitted times exactly.
 """
 
 from dataclasses import replace
@@ -14,7 +15,8 @@ from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
 from simsp.calibrate.nccl_log import ALL_TO_ALL
 from simsp.engine.all_to_all import time_all_to_all
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, collective_time
+from simsp.engine.ring_alone import alone_time
+from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
 from simsp.hardware import LinkCalibration
 
 # The link calibration fields of [cluster] (simsp.hardware.LinkCalibration.from_cluster and the
@@ -53,8 +55,8 @@ def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float]) ->
         by_size = {size: time_all_to_all(graph, gpus, size, calibration)[1]
                    for size in sorted(set(m.sizes_bytes))}
     else:
-        by_size = {size: collective_time(m.collective, graph, gpus, size,
-                                         calibration=calibration, elem_bytes=m.elem_bytes)
+        by_size = {size: alone_time(m.collective, graph, gpus, size, calibration=calibration,
+                                    elem_bytes=m.elem_bytes)
                    for size in sorted(set(m.sizes_bytes))}
     return np.array([by_size[size] for size in m.sizes_bytes])  # (observations,)
 

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 from simsp import analytic
 from simsp.bounds import check_work
+from simsp.config import one_layer_fields
 from simsp.costmodel import calibration_table
 from simsp.flags import add_scenario_arguments, scenario_from_args
 from simsp.hardware import cluster_compute, LinkCalibration
@@ -24,7 +25,7 @@ def add_parser(subparsers) -> None:
 def layer_only(sc):
     """The work of `simsp layer`: one layer, one micro-batch (for the bounds estimate)."""
     m, p = sc.model, sc.parallel
-    one = replace(m, num_layers=1)
+    one = replace(m, **one_layer_fields(m))
     return replace(sc, model=one, parallel=replace(p, global_batch_size=p.micro_batch_size,
                                                    data_parallel_size=1,
                                                    pipeline_model_parallel_size=1))
@@ -74,7 +75,8 @@ def layer_report(result) -> dict:
     if result.max_rel_err is not None:
         report["max_rel_err"] = result.max_rel_err
     if llama:  # the GPT layer's document stays as it was
-        report.update(formula="docs/llama.md", architecture=architecture(m))
+        source = "docs/mla.md" if m.multi_latent_attention else "docs/llama.md"
+        report.update(formula=source, architecture=architecture(m))
     return report
 
 

@@ -7,9 +7,10 @@
 Every size runs as NCCL would pick it (engine/nccl_tuning.py: algorithm, protocol, channels;
 NCCL_ALGO / NCCL_PROTO force them). Rings are simulated step by step (meta mode) over the
 cluster's links, as NCCL's channels (one ring per GPU a node holds, laid out rail by rail across
-nodes); rings of more than 32 ranks are timed in closed form (every step of every channel at its
-slowest hop, equal to the stepwise simulation on small rings: tests/test_communicator.py); tree
-all-reduces in closed form (ring_timing.tree_time). The table shows nccl-tests' size, count,
+nodes); rings of more than 32 ranks are timed alone on their links as meta mode times them
+(engine/ring_alone.py: in closed form where no link carries two of their hops, else one node's
+piece of one channel step by step where the ring is symmetric, else in closed form, an upper
+bound: docs/shortcuts.md); tree all-reduces in closed form (ring_timing.tree_time). The table shows nccl-tests' size, count,
 time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md) and the algorithm, protocol and
 channels NCCL runs; a single size adds the per-channel breakdown of a ring.
 """
@@ -31,7 +32,8 @@ from simsp.engine.network import Network
 from simsp.engine.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
                                nvls_available, nvls_bytes_per_direction)
 from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, closed_form_stats, tree_time
+from simsp.engine.ring_alone import alone_stats
+from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, tree_time
 from simsp.errors import UserError
 from simsp.flags import nonempty
 from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
@@ -52,7 +54,8 @@ from simsp.units import parse_size
 ELEM_BYTES = 4  # nccl-tests' default datatype: float (32-bit)
 AUTO = "auto"
 MAX_EXPLAIN_RANKS = 8
-STEPWISE_MAX_RANKS = 32  # larger rings: closed form (the stepwise ring costs ~n^2 flow events)
+STEPWISE_MAX_RANKS = 32  # larger rings: ring_alone (the stepwise ring costs ~n^2 flow events)
+ALONE_WORDS = "timed alone: closed form, or one node's piece step by step"
 # The closed form plans n x channels hops per phase; 8192 ranks (on 1024 nodes) take ~1 s.
 MAX_RING_RANKS = 8192
 MAX_ALL_TO_ALL_RANKS = 64  # n(n - 1) transfers at once: 4032 at 64 ranks
@@ -329,7 +332,7 @@ def _run_nvls(args, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
     header = _header(ALL_REDUCE, cluster, gpus)
     header[0] = (header[0].replace("ring gpu", "NVLS (NVLink SHARP) over gpu")
                  .replace("stepwise simulation", "closed form")
-                 .replace("closed-form timing", "closed form"))
+                 .replace(ALONE_WORDS, "closed form"))
     header[2] += (f"; NVLS: S(1+1/n) per direction at link x nvlsEfficiency "
                   f"{NVLS_EFFICIENCY[gpu_profile(cluster.gpu).nvlink_generation]:g} "
                   f"+ {NVLS_LATENCY_S * 1e6:g} us (NVIDIA/nccl src/graph/tuning.cc)")
@@ -478,9 +481,12 @@ def simulate_nccl(graph, gpus: list[int], collective: str, nbytes: int,
 def simulate(graph, gpus: list[int], collective: str, nbytes: int,
              calibration: LinkCalibration | None = None) -> CollectiveStats:
     """Run one meta-mode ring collective of `nbytes` alone on the links; return its stats
-    (closed-form timing above STEPWISE_MAX_RANKS ranks)."""
+    (above STEPWISE_MAX_RANKS ranks timed as engine/ring_alone.py does: the closed form where
+    it is exact, one node's piece of one channel step by step where the ring is symmetric,
+    else the closed form)."""
     if len(gpus) > STEPWISE_MAX_RANKS:
-        return closed_form_stats(collective, graph, gpus, nbytes, calibration, ELEM_BYTES)
+        return alone_stats(collective, graph, gpus, nbytes, calibration, ELEM_BYTES,
+                           STEPWISE_MAX_RANKS)
     env = simpy.Environment()
     network = Network(env, graph, calibration)
     ring = RING_COLLECTIVES[collective](env, network, gpus, None, nbytes, ELEM_BYTES)
@@ -510,7 +516,7 @@ def _header(collective: str, cluster: Cluster, gpus: list[int],
     return [
         f"# simsp ring: {collective}, {len(gpus)} ranks on {cluster.nodes} node(s) of "
         f"{cluster.gpus_per_node} GPUs, ring {ring} "
-        f"({'stepwise simulation' if len(gpus) <= STEPWISE_MAX_RANKS else 'closed-form timing'})",
+        f"({'stepwise simulation' if len(gpus) <= STEPWISE_MAX_RANKS else ALONE_WORDS})",
         f"# links: NVLink {cluster.nvlink_bandwidth_GBps:g} GB/s, IB "
         f"{cluster.ib_bandwidth_GBps:g} GB/s per direction; {LinkCalibration.from_cluster(cluster).describe()}",
         f"# busbw = algbw * {BUS_FACTOR_TEXT[collective]} (NCCL PERFORMANCE.md); "

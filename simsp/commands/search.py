@@ -14,13 +14,13 @@ from simsp.explore.configs import base_values, parse_list
 from simsp.explore.explain import limits, why_lost
 from simsp.explore.fields import by_key
 from simsp.explore.headroom import reserve_bytes
-from simsp.explore.layouts import VARIED, held_fields, search_base
+from simsp.explore.layouts import RESTRICTABLE, held_fields, search_base
 from simsp.explore.objectives import OBJECTIVES
 from simsp.hardware import GPUS
 from simsp.units import GiB, format_seconds
 
-# Fields the search sets itself: the layout, the node count (enough for N GPUs) and meta mode.
-LAYOUT_KEYS = (*VARIED, "nodes", "mode")
+# Fields the search sets itself: the layout (a comma list restricts the layouts to those values),
+# the node count (enough for N GPUs unless given) and meta mode.
 CP_KEY = "context_parallel_size"  # one value held, or a list the search varies (1,2,4)
 
 
@@ -30,8 +30,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("scenario", nargs="?", help="scenario TOML (its model and cluster)")
     parser.add_argument("--gpus", "--world-size", dest="gpus", type=int, required=True,
                         metavar="N", help="GPUs to lay out (Megatron's --world-size)")
-    parser.add_argument("--global-batch-size", type=int, default=None, metavar="B",
-                        help="samples per iteration (default: the scenario's)")
     parser.add_argument("--top", type=int, default=5, metavar="K", help="layouts to show (5)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="time")
     add_reserve_argument(parser)
@@ -40,33 +38,46 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--keep-scenario-parallel", action="store_true",
                         help="keep the scenario's own [parallel] fields the search does not vary "
                         f"({', '.join(held_fields())}; default: Megatron's defaults)")
-    add_field_arguments(parser, skip=LAYOUT_KEYS, metavar="VALUE",
-                        title="model, cluster, run and fixed [parallel] fields (one value each)")
+    add_field_arguments(parser, metavar="VALUE", list_keys=RESTRICTABLE,
+                        title="scenario fields (one value each; the layout's own fields, "
+                              f"{', '.join(_flag(key) for key in RESTRICTABLE)}, take a comma "
+                              "list that restricts the layouts searched)")
     add_executor_arguments(parser, "search-<N>gpus")
     parser.set_defaults(handler=run)
 
 
-def _single_values(args) -> dict:
-    """{(section, key): value} of the one-valued field flags the user gave."""
-    table, values = by_key(), {}
-    for key, text in field_lists(args, skip=LAYOUT_KEYS).items():
+def _flag(key: str) -> str:
+    return by_key()[key].flag
+
+
+def _given(args) -> tuple[dict, dict]:
+    """({(section, key): value} of the one-valued field flags given, {layout key: allowed
+    values} of the layout fields given); search runs in meta mode only."""
+    table, values, allowed = by_key(), {}, {}
+    for key, text in field_lists(args).items():
         items = parse_list(table[key], text)
         if key == CP_KEY and any(item < 1 for item in items):
             raise UserError(table[key].flag, f"must be a positive integer, got {text}")
         if key == CP_KEY and len(set(items)) > 1:  # the search varies cp over these
             values[table[key].path] = tuple(sorted(set(items)))
             continue
+        if key in RESTRICTABLE:
+            allowed[key] = items
+            continue
         if len(items) != 1:
             raise UserError(table[key].flag, "search takes one value (sweep takes lists)")
         values[table[key].path] = items[0]
-    return values
+    if values.get(("run", "mode"), "meta") != "meta":
+        raise UserError("--mode", "search simulates in meta mode only")
+    return values, allowed
 
 
-def _base(args) -> tuple[dict, dict]:
+def _base(args) -> tuple[dict, dict, dict]:
     """(the layouts' starting values in meta mode, the held [parallel] fields fixed by the user:
-    the scenario's own with --keep-scenario-parallel, then the flags)."""
+    the scenario's own with --keep-scenario-parallel, then the flags; the allowed values of
+    the layout fields the user restricted)."""
     scenario = base_values(args.scenario)
-    given = _single_values(args)
+    given, allowed = _given(args)
     held = held_fields()
     fixed = {}
     if args.keep_scenario_parallel:
@@ -74,13 +85,20 @@ def _base(args) -> tuple[dict, dict]:
     fixed.update({key: value for (section, key), value in given.items()
                   if section == "parallel" and key in held})
     base = search_base(scenario)
-    base.update({path: value for path, value in given.items() if path[0] != "parallel"})
+    base.update({path: value for path, value in given.items()
+                 if path[0] != "parallel" or path[1] == "global_batch_size"})
     base[("run", "mode")] = "meta"
-    return base, fixed
+    return base, fixed, allowed
 
 
 MAX_GPUS = 32768  # BOUNDS' largest data-parallel job; checked before the divisor loops
 MAX_TOP = 1000
+
+
+def _given_nodes(args) -> int | None:
+    """--nodes as given (default: enough nodes for the GPUs)."""
+    text = field_lists(args).get("nodes")
+    return None if text is None else parse_list(by_key()["nodes"], text)[0]
 
 
 def _check(args, batch, base) -> None:
@@ -111,7 +129,9 @@ def _fixed_line(fixed: dict) -> str:
     shown = ", ".join(f"{key} = {value}" for key, value in changed.items())
     return (f"fixed for every layout where Megatron allows it: {shown} (recompute method and "
             "layers: full recompute only; p2p overlap: interleaved only; parameter-gather "
-            "overlap: distributed optimizer only)")
+            "overlap: distributed optimizer only"
+            + ("; FSDP: layouts without the distributed optimizer" if changed.keys() & {
+                "use_megatron_fsdp", "use_torch_fsdp2"} else "") + ")")
 
 
 def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
@@ -188,11 +208,12 @@ def run(args) -> int:
     from simsp.explore.table import results_frame, write_results
     from simsp.report.whatif import write_whatif_report
     check_executor_arguments(args)
-    base, fixed = _base(args)
-    batch = args.global_batch_size or base[("parallel", "global_batch_size")]
+    base, fixed, allowed = _base(args)
+    batch = base[("parallel", "global_batch_size")]
     _check(args, batch, base)
     digest = exploration_digest([sorted(base.items(), key=str), args.gpus, batch, fixed,
-                                 args.objective, args.memory_reserve, args.exhaustive, args.top])
+                                 args.objective, args.memory_reserve, args.exhaustive, args.top]
+                                + ([sorted(allowed.items())] if allowed else []))
     out = Path(args.out) if args.out else default_folder(f"search-{args.gpus}gpus",
                                                          args.scenario, [], digest)
     out = prepare_out(out, (args.scenario,))
@@ -202,7 +223,8 @@ def run(args) -> int:
         try:
             result = search(base, args.gpus, batch, executor, cache, args.top, args.objective,
                             reserve_bytes(args.memory_reserve), getattr(args, "quiet", False),
-                            fixed, args.exhaustive, args.scenario)
+                            fixed, args.exhaustive, args.scenario, allowed,
+                            _given_nodes(args), stream=True)
         except ExecutorLost as exc:
             raise UserError("dask", f"{exc}; the {cache.stats.simulated} layouts simulated so "
                                     f"far are cached in {out / 'cache'} (run it again to resume)"

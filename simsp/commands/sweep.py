@@ -22,18 +22,8 @@ def add_parser(subparsers) -> None:
 
 
 def print_summary(frame, out: Path) -> None:
-    """One line per configuration: status, GPUs, time, tokens/s, MFU, peak and headroom; then
-    what deriving d from the GPUs did, and where the files are."""
-    from simsp.units import GiB
-    for row in frame.to_dict("records"):
-        if row["status"] == "error":
-            print(f"{row['index']:4d}  {row['variant']}: {row['error']}")
-            continue
-        verdict = "fits" if row.get("fits", not row["oom"]) else ("OOM " if row["oom"] else "tight")
-        print(f"{row['index']:4d}  {verdict} {row['gpus']:5d} GPUs {row['iteration_time_s']:9.3f} s "
-              f"{row['tokens_per_s']:11,.0f} tokens/s  MFU {row['mfu']:6.1%}  peak "
-              f"{row['peak_bytes_max'] / GiB:6.1f} GiB  headroom {row['headroom_bytes'] / GiB:6.1f} "
-              f"GiB  {row['variant']}")
+    """After the rows (printed as they finished): what deriving d from the GPUs did, and where
+    the files are."""
     for note in dict.fromkeys(n for n in frame.get("note", []) if isinstance(n, str) and n):
         print(f"note: {note}")
     print(f"results: {out / 'results.csv'}, {out / 'results.jsonl'}, {out / 'report.md'}")
@@ -59,7 +49,8 @@ def run(args) -> int:
     write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["sweep"])]), digest)
     frame = sweep_configs(configs, out, args.workers, args.scheduler,
                           getattr(args, "quiet", False), force=args.force,
-                          inputs=(args.source,), memory_reserve_gib=args.memory_reserve)
+                          inputs=(args.source,), memory_reserve_gib=args.memory_reserve,
+                          stream=True)
     print_summary(frame, out)
     print(frame.attrs["cache"])
     return 0

@@ -6,12 +6,14 @@ ring runs over the network and each caller gets its own result:
     result = yield from comm.all_reduce(group, rank, buffer, nbytes, tag)
 Shortcut `present`: only these ranks run programs; the others are assumed to behave exactly like
 them (meta mode), so the ring still moves their bytes but the rendezvous does not wait for them.
-Shortcut timing="closed_form": skip the flows and wait the closed-form ring time instead, except
-on `stepwise_groups` (rings sharing links with other traffic, whose time depends on it:
-training/shortcut_check.py), which run step by step and so load their links.
+Shortcut timing="closed_form": time each collective as a whole, as its ring alone on its links
+takes (engine/ring_alone.py: the closed form, or the ring run once step by step where its own
+channels share a link), except on `stepwise_groups` (rings sharing links with other traffic,
+whose time depends on it: training/shortcut_check.py), which run step by step and so load
+their links.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
@@ -22,6 +24,7 @@ from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, Coll
 from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.nccl_tuning import TREE
 from simsp.engine.network import Network
+from simsp.engine.ring_alone import alone_stats
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
 from simsp.engine.ring_timing import collective_time
@@ -66,7 +69,7 @@ class Communicator:
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
-        self._plans: dict[tuple, tuple] = {}  # closed-form plans by (collective, group, S, elem)
+        self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None):
@@ -142,7 +145,7 @@ class Communicator:
         return expected
 
     def _execute(self, meeting: _Meeting):
-        """Run the ring (or wait its closed-form time), record stats and spans, hand out results."""
+        """Run the ring (or time it as a whole), record stats and spans, hand out results."""
         buffers = [meeting.buffers.get(rank) for rank in meeting.group]
         if meeting.collective == ALL_TO_ALL:
             results = yield from self._all_to_all(meeting, buffers)
@@ -151,17 +154,27 @@ class Communicator:
         stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
         if stepwise and not self._runs_as_tree(meeting):
             ring = RING_COLLECTIVES[meeting.collective]
-            results, stats = yield from ring(self.env, self.network, list(meeting.group), buffers,
-                                             meeting.nbytes, meeting.elem_bytes,
+            results, stats = yield from ring(self.env, self.network, list(meeting.group),
+                                             buffers, meeting.nbytes, meeting.elem_bytes,
                                              meeting.tag or meeting.collective)
         else:
-            results, stats = yield from self._closed_form(meeting, buffers)
+            stats = yield from self._as_a_whole(meeting)
+            results = _direct_results(meeting.collective, buffers, meeting.nbytes,
+                                      meeting.elem_bytes)
         self.stats.append(stats)
         for rank in sorted(meeting.expected):
             self.trace.add_span(rank, "comm", meeting.tag or meeting.collective, stats.start_s,
                                 stats.end_s, {"collective": meeting.collective,
                                               "nbytes": meeting.nbytes, "group": meeting.group})
         meeting.done.succeed(results)
+
+    def _as_a_whole(self, meeting: _Meeting):
+        """A tree all-reduce, or a ring that nothing else shares links with: wait its time
+        alone on its links, without flows."""
+        start_s = self.env.now
+        alone = self._tree(meeting) if self._runs_as_tree(meeting) else self._alone(meeting)
+        yield self.env.timeout(alone.time_s)
+        return replace(alone, start_s=start_s, end_s=self.env.now, channels=())
 
     def _all_to_all(self, meeting: _Meeting, buffers: list):
         """Every member's row of bytes at once over the links; each member's received chunks.
@@ -186,35 +199,38 @@ class Communicator:
             ALL_REDUCE, self.network.graph, list(meeting.group), meeting.nbytes,
             self.network.calibration).algorithm == TREE
 
-    def _closed_form(self, meeting: _Meeting, buffers: list):
-        """Wait collective_time without simulating flows; results computed directly."""
-        start_s = self.env.now
-        duration, counts, steps, sent, received = self._closed_form_plan(
-            meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
-        yield self.env.timeout(duration)
-        stats = CollectiveStats(meeting.collective, meeting.group, meeting.nbytes, steps,
-                                sent, received, start_s, self.env.now)
-        return _direct_results(meeting.collective, buffers, counts), stats
-
-    def _closed_form_plan(self, collective: str, group: tuple, nbytes: int, elem_bytes: int):
-        """(duration, chunk counts, step count, bytes sent and received per member), memoised."""
-        key = (collective, group, nbytes, elem_bytes)
+    def _tree(self, meeting: _Meeting) -> CollectiveStats:
+        """The tree all-reduce's closed-form time (it loads no link in either timing) and the
+        ring's bytes, memoised."""
+        key = (TREE, meeting.group, meeting.nbytes, meeting.elem_bytes)
         if key not in self._plans:
-            n = len(group)
-            counts = chunk_counts(element_count(nbytes, elem_bytes), n)
-            steps = (2 if collective == ALL_REDUCE else 1) * (n - 1)
+            group, n = meeting.group, len(meeting.group)
+            counts = chunk_counts(element_count(meeting.nbytes, meeting.elem_bytes), n)
             channels = channel_rings(list(group), self.network.graph.graph["gpus_per_node"])
-            sent, received = map(tuple, channel_bytes(collective, counts, elem_bytes, channels))
-            duration = collective_time(collective, self.network.graph, list(group), nbytes,
-                                       self.network.calibration, elem_bytes)
-            self._plans[key] = (duration, counts, steps, sent, received)
+            sent, received = map(tuple, channel_bytes(ALL_REDUCE, counts, meeting.elem_bytes,
+                                                      channels))
+            duration = collective_time(ALL_REDUCE, self.network.graph, list(group),
+                                       meeting.nbytes, self.network.calibration,
+                                       meeting.elem_bytes)
+            self._plans[key] = CollectiveStats(ALL_REDUCE, group, meeting.nbytes, 2 * (n - 1),
+                                               sent, received, 0.0, duration)
+        return self._plans[key]
+
+    def _alone(self, meeting: _Meeting) -> CollectiveStats:
+        """The ring alone on its links (engine/ring_alone.py), memoised."""
+        key = (meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        if key not in self._plans:
+            self._plans[key] = alone_stats(meeting.collective, self.network.graph,
+                                           list(meeting.group), meeting.nbytes,
+                                           self.network.calibration, meeting.elem_bytes)
         return self._plans[key]
 
 
-def _direct_results(collective: str, buffers: list, counts: list[int]) -> list:
+def _direct_results(collective: str, buffers: list, nbytes: int, elem_bytes: int) -> list:
     """What the ring computes, without the ring: sum, its chunks, or the concatenation."""
     if all(b is None for b in buffers):
         return [None] * len(buffers)
+    counts = chunk_counts(nbytes // elem_bytes, len(buffers))
     if collective == ALL_GATHER:
         whole = np.concatenate([np.asarray(b).reshape(-1) for b in buffers])  # (count,)
         return [whole.copy() for _ in buffers]

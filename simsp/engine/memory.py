@@ -8,6 +8,7 @@ exist for speed (docs/PERFORMANCE.md#the-ledger-cheap-changes-summaries-in-numpy
 log gives exactly the per-tensor log and the same figures (tests/test_ledger_compact.py).
 """
 
+import itertools
 import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -215,6 +216,14 @@ class NumericLog:
         """(records,) structured rows (time, code, delta, kind): a copy."""
         return np.frombuffer(bytes(self.rows), dtype=_ROW_DTYPE)
 
+    def record_of(self, position: int) -> tuple[int, int]:
+        """(record index, change within it) of the change at `position` of the expanded log."""
+        kinds = self.columns()["kind"]  # (records,)
+        block_sizes = np.array([b.size for b in self.blocks] + [1], dtype=np.int64)
+        ends = np.cumsum(block_sizes[kinds])  # (records,) position after each record's changes
+        index = int(np.searchsorted(ends, position, side="right"))
+        return index, position - int(ends[index] - block_sizes[kinds[index]])
+
 
 def sort_log(records, categories: tuple) -> SortedLog:
     """The compact log (a list of records, or its NumericLog) as time-ordered columns: one
@@ -296,10 +305,12 @@ def largest(live: dict, count: int = 5) -> tuple[LiveTensor, ...]:
 
 
 def summarize(log: SortedLog, categories: tuple, rank: int, capacity: int,
-              events=None) -> MemorySummary:
+              events=None, event_at=None) -> MemorySummary:
     """Total and per-category peaks, the composition at the total peak, and the first OOM.
 
-    `events()` returns the expanded log in recording order (needed only to name an OOM)."""
+    `events()` returns the expanded log in recording order (needed only to name the tensors
+    live at an OOM); without it, `event_at(position)` gives the one change that failed and the
+    verdict names no live tensors (a sweep row needs only the bytes: the same numbers)."""
     total = np.cumsum(log.deltas)  # (n,) bytes live after each change
     peaks = {c: _category_peak(log, i) for i, c in enumerate(categories)}
     at_peak, peak, peak_time = dict.fromkeys(categories, 0), 0, 0.0
@@ -309,9 +320,20 @@ def summarize(log: SortedLog, categories: tuple, rank: int, capacity: int,
         at_peak = _composition(log, i + 1, categories)
     over = np.flatnonzero((log.deltas > 0) & (total > capacity))  # (k,) allocations that fail
     oom = None
-    if len(over):
+    if len(over) and events is not None:
         oom = _out_of_memory(log, int(over[0]), total, rank, capacity, events())
+    elif len(over):
+        oom = _unnamed_out_of_memory(log, int(over[0]), total, rank, capacity, event_at)
     return MemorySummary(peak, peak_time, peaks, at_peak, oom)
+
+
+def _unnamed_out_of_memory(log: SortedLog, j: int, total: np.ndarray, rank: int, capacity: int,
+                           event_at) -> OutOfMemory:
+    """_out_of_memory's verdict for change j without the tensors live before it (no log
+    expansion: only the failing change is read)."""
+    asked = event_at(int(log.order[j]))
+    return OutOfMemory(rank, asked.op, asked.key, asked.time_s, asked.delta_bytes,
+                       int(total[j]) - asked.delta_bytes, capacity, ())
 
 
 def _category_peak(log: SortedLog, code: int) -> int:
@@ -516,7 +538,8 @@ class Ledger:
     current: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     records: list = field(default_factory=list)  # MemEvent fields | BlockRecord, in order
     numbers: NumericLog = field(default_factory=NumericLog)  # the records' numbers, row by row
-    _cache: tuple = (-1, None, None)  # (records counted, SortedLog, MemorySummary)
+    _cache: tuple = (-1, None, None, True)  # (records counted, SortedLog, MemorySummary,
+    # whether an OOM verdict in it names the live tensors)
 
     @property
     def total(self) -> int:
@@ -596,20 +619,29 @@ class Ledger:
         """The log as time-ordered numpy columns (cached until the next change)."""
         return self._summarized()[0]
 
-    def summary(self) -> MemorySummary:
-        """Peaks and OOM verdict from the time-ordered log (cached until the next change)."""
-        return self._summarized()[1]
+    def summary(self, name_live: bool = True) -> MemorySummary:
+        """Peaks and OOM verdict from the time-ordered log (cached until the next change);
+        `name_live=False`: an OOM verdict without the tensors live at it (no log expansion;
+        every number the same)."""
+        return self._summarized(name_live)[1]
 
-    def _summarized(self) -> tuple[SortedLog, MemorySummary]:
-        """The sorted columns and the summary, recomputed only when records were added."""
-        n, log, summary = self._cache
-        if n != len(self.records):
+    def _summarized(self, name_live: bool = True) -> tuple[SortedLog, MemorySummary]:
+        """The sorted columns and the summary, recomputed only when records were added (or
+        when the live tensors are asked for and the cached verdict lacks them)."""
+        n, log, summary, named = self._cache
+        if n != len(self.records) or (name_live and not named and summary.oom is not None):
             with gc_paused():  # a paper-scale log makes many short-lived tuples
-                log = sort_log(self.numbers, CATEGORIES)
+                log = sort_log(self.numbers, CATEGORIES) if n != len(self.records) else log
                 summary = summarize(log, CATEGORIES, self.rank, self.capacity_bytes,
-                                    lambda: self.events)
-            self._cache = (len(self.records), log, summary)
+                                    (lambda: self.events) if name_live else None,
+                                    self._event_at)
+            self._cache = (len(self.records), log, summary, name_live)
         return log, summary
+
+    def _event_at(self, position: int) -> MemEvent:
+        """The change at `position` of the expanded log (one record expanded)."""
+        index, within = self.numbers.record_of(position)
+        return next(itertools.islice(expand(self.records[index:index + 1]), within, None))
 
     @property
     def peak_total(self) -> int:

@@ -55,6 +55,7 @@ class _Flow:
     rate_Bps: float = 0.0  # 0 until the first rate computation after its start
     finish_s: float = math.inf  # updated_s + remaining / rate_Bps
     drained: simpy.Event | None = None  # succeeds when the last byte has left the sender
+    recorded: bool = True  # a transfer (traced, bytes counted); False: a collective's load
 
 
 class Network:
@@ -106,6 +107,26 @@ class Network:
             flow.latency_s *= latency_scale
         flow.drained = drained
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
+            self._deliver_after_latency(flow)
+        else:
+            self._draining[flow.flow_id] = flow
+            self._request_recompute()
+        return flow.delivered
+
+    def load(self, edges: tuple[tuple[str, str], ...], nbytes: float, latency_s: float,
+             label: str = "") -> simpy.Event:
+        """Drain `nbytes` over a multiset of links at one fair rate (a link listed m times
+        carries m times that rate: fair_share weighs it so), then wait `latency_s`; the event
+        returned succeeds then with (start_s, end_s). Not a transfer: nothing is traced or
+        counted (engine/ring_alone.py: a hop standing for its copies in a symmetric ring)."""
+        if nbytes < 0:
+            raise ValueError(f"cannot load {nbytes} bytes")
+        now = self.env.now
+        route_id = self._route_ids.setdefault(edges, len(self._route_ids))
+        flow = _Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, latency_s, now,
+                     self.env.event(), float(nbytes), now, recorded=False)
+        self._next_id += 1
+        if nbytes == 0 or not edges:
             self._deliver_after_latency(flow)
         else:
             self._draining[flow.flow_id] = flow
@@ -228,7 +249,8 @@ class Network:
         scheduled for then (recorded and counted first, by its first callback)."""
         if flow.drained is not None:
             flow.drained.succeed()
-        flow.delivered.callbacks.insert(0, partial(self._finish, flow))
+        if flow.recorded:
+            flow.delivered.callbacks.insert(0, partial(self._finish, flow))
         succeed_after(flow.delivered, flow.latency_s, (flow.start_s, self.env.now + flow.latency_s))
 
     def _finish(self, flow: _Flow, _event: simpy.Event) -> None:

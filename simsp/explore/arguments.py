@@ -10,42 +10,69 @@ def _dest(field) -> str:
     return f"sweep_{field.key}"
 
 
+def _inverted_dest(field) -> str:
+    """Destination of an inverted field's list: whether its switch is given, per item."""
+    return f"sweep_not_{field.key}"
+
+
+def _text(value) -> str:
+    """A switch's value as a list item (`true`, `false`, `flash`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def add_field_arguments(parser, skip: tuple = (), metavar: str = "LIST",
-                        title: str = "scenario fields (each takes a comma-separated list)") -> None:
-    """One flag per scenario field, each taking a comma list; switches may stand alone."""
+                        title: str = "scenario fields (each takes a comma-separated list; a "
+                                     "switch alone, or a list of true/false)",
+                        list_keys: tuple = ()) -> None:
+    """Every flag of `run` for every scenario field, with `run`'s help (simsp.flags, one
+    table): a value flag takes a comma list, the field's own switch stands alone or takes a
+    true/false list (for an inverted switch, whether it is given), other switches stand alone.
+    `metavar` names the value (LIST, or VALUE where one is taken), LIST for `list_keys`."""
+    from simsp import flags
     group = parser.add_argument_group(title)
     switches = switch_flags()
     for field in all_fields():
         if field.key in skip:
             continue
-        lone = field.kind is bool and True in switches.get(field.path, {})
-        group.add_argument(field.flag, dest=_dest(field), default=None, metavar=metavar,
-                           nargs="?" if lone else None, const="true" if lone else None,
-                           help=field_help(field))
-        if False in switches.get(field.path, {}):
-            group.add_argument(switches[field.path][False], dest=_dest(field),
-                               action="store_const", const="false",
-                               help=f"set {field.section}.{field.key} to false")
-
-
-def field_help(field) -> str:
-    """`run`'s meaning, unit and default of the field's flag (simsp.flags, one table), or the
-    switch's, else the field's name and default."""
-    from simsp import flags
-    if field.flag in flags.SCENARIO_FLAGS:
-        return flags.flag_help(field.flag)
-    switch = next((flag for flag, row in flags.SWITCHES.items()
-                   if (row[0], row[1]) == field.path and row[2] is True), None)
-    if switch is not None:
-        return (f"{flags.SWITCHES[switch][3]} (true/false); default: "
-                f"{str(field.default).lower()} [{field.section}.{field.key}]")
-    return f"{field.key.replace('_', ' ')}; default: {field.default} [{field.section}.{field.key}]"
+        shown = "LIST" if field.key in list_keys else metavar
+        if field.flag in flags.SCENARIO_FLAGS:
+            group.add_argument(field.flag, dest=_dest(field), default=None, metavar=shown,
+                               help=flags.flag_help(field.flag))
+        for value, switch in switches.get(field.path, {}).items():
+            names = (switch, *flags.ALIASES.get(switch, ()))
+            if switch == field.flag:
+                group.add_argument(*names, default=None, metavar=shown, nargs="?",
+                                   const="true", help=flags.switch_help(switch),
+                                   dest=_inverted_dest(field) if field.inverted else _dest(field))
+            else:
+                group.add_argument(*names, dest=_dest(field), action="store_const",
+                                   const=_text(value), help=flags.switch_help(switch))
 
 
 def field_lists(args, skip: tuple = ()) -> dict:
-    """{field key: comma list text} of every field flag the user gave."""
-    return {f.key: getattr(args, _dest(f)) for f in all_fields()
-            if f.key not in skip and getattr(args, _dest(f), None) is not None}
+    """{field key: comma list text} of every field flag the user gave (an inverted switch's
+    true/false list turned into the field's values)."""
+    found = {}
+    for field in all_fields():
+        if field.key in skip:
+            continue
+        text = getattr(args, _dest(field), None)
+        if field.inverted and getattr(args, _inverted_dest(field), None) is not None:
+            text = _invert(field, getattr(args, _inverted_dest(field)))
+        if text is not None:
+            found[field.key] = text
+    return found
+
+
+def _invert(field, text: str) -> str:
+    """`true,false` for `--disable-bias-linear` -> `false,true` for add_bias_linear."""
+    flip = {"true": "false", "false": "true"}
+    items = [item.strip().lower() for item in text.split(",")]
+    for item in items:
+        if item not in flip:
+            raise UserError(field.flag, f"{item!r} is not true or false (whether the switch is "
+                                        "given)")
+    return ",".join(flip[item] for item in items)
 
 
 def add_executor_arguments(parser, command: str = "sweep") -> None:

@@ -8,6 +8,7 @@ row with its verdict, the stage and the bytes over.
 from simsp.config import load_scenario
 from simsp.errors import UserError
 from simsp.explore.flatten import flatten_metrics
+from simsp.gc_pause import gc_paused
 from simsp.hardware import GPUS
 from simsp.metrics import collect
 from simsp.training.iteration import Shortcuts, simulate_iteration
@@ -16,16 +17,24 @@ TERA = 1e12
 
 
 def simulate_metrics(overrides: dict) -> dict:
-    """The metrics dict of `simsp run --json` for one configuration (raises UserError)."""
-    return collect_metrics(load_scenario(None, overrides))
+    """The metrics dict of `simsp run --json` for one configuration, an OOM verdict's live
+    tensors unnamed (raises UserError)."""
+    return collect_metrics(load_scenario(None, overrides), name_live=False)
 
 
-def collect_metrics(sc) -> dict:
+def collect_metrics(sc, name_live: bool = True) -> dict:
     """Simulate one iteration of a validated scenario, recording no trace (a row writes none;
-    the metrics are the same), and collect `simsp run --json`'s metrics."""
-    shortcuts = Shortcuts.for_scale(sc)
-    run = simulate_iteration(sc, shortcuts, trace="none")
-    return collect(run, shortcuts)
+    the metrics are the same), and collect `simsp run --json`'s metrics; `name_live=False`:
+    an out-of-memory verdict without the live tensors' names (a row has only its bytes).
+    The collector stays paused throughout and the world is released at the end, so it is
+    freed at once, not rescanned by collections (about 10% of a 175B row, and half the
+    memory a worker holds between collections: docs/PERFORMANCE.md)."""
+    with gc_paused():  # the world is freed by reference counting below, never collected
+        shortcuts = Shortcuts.for_scale(sc)
+        run = simulate_iteration(sc, shortcuts, trace="none")
+        metrics = collect(run, shortcuts, name_live)
+        run.world.release()
+    return metrics
 
 
 def _exposed_by_kind(metrics: dict) -> dict:

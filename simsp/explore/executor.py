@@ -106,19 +106,33 @@ def external_client(address: str):
 @contextmanager
 def embedded_client(workers: int | None):
     """A Client on a LocalCluster bound to loopback, TLS with credentials only this process has."""
-    from distributed import Client, LocalCluster
+    import dask
+    from distributed import Client
     from distributed.security import Security
     security = Security.temporary()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the nannies inherit "ignore"
     try:
-        cluster = LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
-                               processes=True, dashboard_address=LOOPBACK_ANY_PORT,
-                               host="127.0.0.1", protocol="tls://", security=security,
-                               silence_logs=logging.CRITICAL + 1)  # simsp reports failures
+        with dask.config.set(WORKER_CONFIG):  # the nannies hand it to their workers
+            cluster = _local_cluster(workers, security)
     finally:
         signal.signal(signal.SIGINT, previous)
     with cluster, Client(cluster, security=security) as client:
         yield client
+
+
+# The workers' statistical profiler samples the task thread's stack every 10 ms for the
+# dashboard (distributed's worker.profile settings); simsp shows no dashboard and a simulation's
+# stacks are deep (simpy generators): off, its CPU goes to the rows.
+WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
+
+
+def _local_cluster(workers: int | None, security):
+    """The embedded LocalCluster: one single-threaded worker process per core, loopback, TLS."""
+    from distributed import LocalCluster
+    return LocalCluster(n_workers=workers or default_workers(), threads_per_worker=1,
+                        processes=True, dashboard_address=LOOPBACK_ANY_PORT,
+                        host="127.0.0.1", protocol="tls://", security=security,
+                        silence_logs=logging.CRITICAL + 1)  # simsp reports failures
 
 
 QUIET_LOGGERS = ("tornado.application", "distributed")

@@ -1,7 +1,9 @@
 """Every scenario field once: its section, python type and the command-line flag that sets it.
 
-Flags come from simsp/flags.py's tables; a field without a flag there gets the Megatron-style
-spelling of its name (`ib_bandwidth_GBps` -> `--ib-bandwidth-GBps`), so every field is sweepable.
+Flags come from simsp/flags.py's one table: a field's flag is `run`'s value flag, else the
+switch that turns it on, else the one that turns it off (`--disable-bias-linear`: then
+`inverted`, its list says whether the switch is given). A field with no row there (a table
+left incomplete: tests/test_field_table.py fails) gets the spelling of its name.
 """
 
 from dataclasses import MISSING, dataclass, fields
@@ -18,6 +20,7 @@ class Field:
     kind: type
     default: object
     flag: str
+    inverted: bool = False  # the flag is a switch setting the field to False
 
     @property
     def path(self) -> tuple[str, str]:
@@ -44,12 +47,15 @@ def _default(f):
 
 def all_fields() -> list[Field]:
     """Every field of every scenario section, in section and declaration order."""
-    named = _table_flags()
+    named, switches = _table_flags(), switch_flags()
     found = []
     for section, cls in config.SECTIONS.items():
         for f in fields(cls):
-            flag = named.get((section, f.name), "--" + f.name.replace("_", "-"))
-            found.append(Field(section, f.name, _kind(f.type), _default(f), flag))
+            path, on_off = (section, f.name), switches.get((section, f.name), {})
+            flag = named.get(path) or on_off.get(True) or on_off.get(False)
+            inverted = path not in named and True not in on_off and False in on_off
+            found.append(Field(section, f.name, _kind(f.type), _default(f),
+                               flag or "--" + f.name.replace("_", "-"), inverted))
     return found
 
 

@@ -19,6 +19,11 @@ VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_pa
           "micro_batch_size", "num_layers_per_virtual_pipeline_stage", "schedule",
           "sequence_parallel", "recompute_granularity", "distributed_optimizer",
           "global_batch_size")
+# The layout fields a user may restrict to some values (global_batch_size is one value).
+RESTRICTABLE = tuple(key for key in VARIED if key != "global_batch_size")
+
+
+FSDP_FIELDS = ("use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2")
 
 
 def held_fields() -> list[str]:
@@ -75,6 +80,10 @@ def layout_label(parallel: dict, layers: int) -> str:
     parts.append(text)
     if parallel["distributed_optimizer"]:
         parts.append("distributed optimizer")
+    if parallel.get("use_torch_fsdp2"):
+        parts.append("FSDP2")
+    elif parallel.get("use_megatron_fsdp"):
+        parts.append(f"Megatron-FSDP {parallel.get('data_parallel_sharding_strategy')}")
     return ", ".join(parts)
 
 
@@ -106,6 +115,8 @@ def applies(key: str, parallel: dict) -> bool:
         return parallel["num_layers_per_virtual_pipeline_stage"] is not None
     if key == "overlap_param_gather":
         return parallel["distributed_optimizer"]
+    if key in FSDP_FIELDS:  # FSDP shards by its own strategy: the other rows keep dist. opt.
+        return not parallel["distributed_optimizer"]
     return True
 
 
@@ -141,22 +152,38 @@ def search_base(scenario: dict) -> dict:
     return base
 
 
+def allows(parallel: dict, allowed: dict) -> bool:
+    """Whether a layout takes one of the allowed values of every restricted field (the
+    schedule by its name: 1f1b, or interleaved with virtual stages)."""
+    for key, values in allowed.items():
+        value = parallel[key]
+        if key == "schedule":
+            value = "interleaved" if parallel["num_layers_per_virtual_pipeline_stage"] else "1f1b"
+        if value not in values:
+            return False
+    return True
+
+
 def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None,
-                      source: str | None = None) -> Layouts:
+                      source: str | None = None, allowed: dict | None = None,
+                      nodes: int | None = None) -> Layouts:
     """Valid layouts as Configs (and rejections by reason) for `gpus` GPUs: `base` from
     search_base, `fixed` the held [parallel] fields the user chose, `source` the scenario file
-    (each row's `simsp run` command starts from it)."""
+    (each row's `simsp run` command starts from it), `allowed` the values a layout field may
+    take (others are not enumerated), `nodes` the node count (default: enough for the GPUs)."""
     layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
     found = Layouts()
     held = dict(fixed or {})
     cps = held.pop("context_parallel_size", 1)  # one cp, or a tuple of them to vary
     for cp, parallel in ((cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
                          for parallel in raw_layouts(gpus, batch, layers, per_node, cp)):
+        if not allows(parallel, allowed or {}):
+            continue
         parallel = with_fixed({**parallel, "context_parallel_size": cp}, held)
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})
         values[("parallel", "global_batch_size")] = batch
-        values[("cluster", "nodes")] = math.ceil(gpus / per_node)
+        values[("cluster", "nodes")] = nodes or math.ceil(gpus / per_node)
         try:
             load_scenario(None, values)
         except UserError as exc:

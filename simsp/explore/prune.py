@@ -13,7 +13,11 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   schedule's busiest moment it keeps the activations of
   every (micro-batch, chunk) whose forward is done and backward not (simsp.training.schedules
   max_in_flight, exact for the schedule simsp runs). Each held chunk keeps at least its layers'
-  saved tensors, measured from the ledger of the layer simulated alone.
+  saved tensors, measured from the ledger of the layer simulated alone. Under FSDP the static
+  bytes are what the strategy keeps for the whole iteration, each sharded part at no more than
+  its 1/d share (a unit's padding only adds); gathered copies and unsharded gradients are
+  transient and left out (docs/fsdp.md). FSDP's gathers and reductions add time, never remove
+  compute: the time bound holds as it is.
 - context parallelism (cp > 1): a layer is simulated alone at s/cp tokens without CP. Its saved
   tensors are exactly the CP layer's but for the K/V block the ring keeps for backward, so its
   kept bytes are a lower bound; its time is too, since the CP layer runs the same kernels on
@@ -36,6 +40,7 @@ from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
 from simsp.training.optimizer import allocate_optimizer
+from simsp.training.fsdp_units import fsdp_bytes_per_element, sharding_of
 from simsp.training.schedules import build_schedule, max_in_flight
 
 
@@ -167,6 +172,8 @@ def static_bytes(sc: Scenario) -> float:
     weight, gradient, optimizer = cost.static_bytes_per_element
     shard = p.dp * p.cp if p.distributed_optimizer else 1  # Megatron's dp_cp group
     per_element = weight + gradient + optimizer / shard
+    if p.fsdp is not None:  # what the strategy keeps for the whole iteration (docs/fsdp.md)
+        per_element = fsdp_bytes_per_element(sharding_of(sc), p.dp * p.cp)
     layers = sc.model.num_layers // p.pp * cost.weight_elements * per_element
     embedding = sc.padded_vocab_size * sc.model.hidden_size // p.tp
     return layers + embedding * min(per_element, FP16 + FP16)

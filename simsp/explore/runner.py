@@ -10,6 +10,7 @@ from simsp.explore.cache import ResultCache
 from simsp.explore.configs import Config
 from simsp.explore.executor import Executor, ExecutorLost
 from simsp.explore.guard import refusal
+from simsp.explore.stream import RowStream
 from simsp.explore.table import results_frame, table_row
 from simsp.io_out import check_folder, check_not_inputs, check_target
 from simsp.outdir import prepare_out_dir
@@ -21,9 +22,10 @@ def _is_failure(row: dict) -> bool:
     return row.get("status") == "error"
 
 
-def progress_bar(total: int, done: int, quiet: bool, what: str = "simsp sweep") -> tqdm:
+def progress_bar(total: int | None, done: int, quiet: bool, what: str = "simsp sweep") -> tqdm:
     """configs done / total, rate and ETA on stderr, with the failures so far (drawn only when
-    stderr is a terminal and not --quiet, as every command's progress: simsp.progress)."""
+    stderr is a terminal and not --quiet, as every command's progress: simsp.progress); a
+    total of None is set by evaluate_all to the configurations it will simulate."""
     bar = tqdm(total=total, initial=done, file=sys.stderr, disable=not wanted(quiet), unit="config",
                desc=what, dynamic_ncols=True)
     bar.set_postfix(failed=0)
@@ -32,11 +34,13 @@ def progress_bar(total: int, done: int, quiet: bool, what: str = "simsp sweep") 
 
 
 def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, bar=None,
-                 found: dict | None = None) -> dict:
+                 found: dict | None = None, stream=None) -> dict:
     """{digest: result row} for every configuration, simulating only what the cache lacks;
     a row `run` would refuse (simsp.explore.guard) is its error row, never submitted;
-    `bar` (a progress_bar, or None) advances once per configuration. A lost cluster raises
+    `bar` (a progress_bar, or None) advances once per configuration; `stream(found)` (a
+    simsp.explore.stream.RowStream, or None) prints the rows ready. A lost cluster raises
     ExecutorLost, the rows finished so far in `found` (a dict to fill, if given)."""
+    stream = stream or (lambda found: None)
     digests = [c.digest() for c in configs]
     values = dict(zip(digests, (c.values for c in configs)))
     errors = {d: c.error for d, c in zip(digests, configs) if c.error}
@@ -52,14 +56,27 @@ def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, 
                 jobs[digest] = values[digest]
             else:
                 found[digest] = {"status": "error", "error": reason}
-    _advance(bar, [found[d] for d in values if found[d]])
+    _count_known(bar, [found[d] for d in values if found[d]], len(jobs))
+    stream(found)
     for digest, row in executor.results(jobs):
         if not str(row.get("error") or "").startswith("internal error"):
             cache.put(digest, row, values[digest])  # a crash is not a result: try it again
         cache.stats.simulated += 1
         found[digest] = row
         _advance(bar, [row])
+        stream(found)
     return found
+
+
+def _count_known(bar, rows: list[dict], jobs: int) -> None:
+    """Rows known without simulating (cached, refused): a bar opened with no total (a sweep's)
+    then counts only the `jobs` to simulate, its failures noted; any other bar advances."""
+    if bar is not None and bar.total is None:
+        bar.total = jobs
+        bar.failed += sum(_is_failure(row) for row in rows)
+        bar.set_postfix(failed=bar.failed)
+        return
+    _advance(bar, rows)
 
 
 def _advance(bar, rows: list[dict]) -> None:
@@ -72,16 +89,21 @@ def _advance(bar, rows: list[dict]) -> None:
 
 
 def run_configs(configs: list[Config], executor: Executor, out: str | Path | None = None,
-                quiet: bool = True, cache: ResultCache | None = None) -> list[dict]:
-    """Table rows of every configuration, in configuration order (cache under out/cache).
-    If the cluster is lost midway, the rows not finished are error rows saying so and
-    `executor.lost` says why."""
+                quiet: bool = True, cache: ResultCache | None = None,
+                stream_reserve: float | None = None) -> list[dict]:
+    """Table rows of every configuration, in configuration order (cache under out/cache);
+    with `stream_reserve` (bytes), each row's line is printed to stdout as it is ready
+    (simsp.explore.stream). If the cluster is lost midway, the rows not finished are error
+    rows saying so and `executor.lost` says why."""
     cache = cache or ResultCache(Path(out) / "cache" if out is not None else None)
     unique = list({c.digest(): c for c in configs}.values())
     found = {}
-    with progress_bar(len(unique), 0, quiet) as bar:
+    stream = None
+    if stream_reserve is not None and configs:
+        stream = RowStream(list(enumerate(configs)), configs[0], stream_reserve)
+    with progress_bar(None, 0, quiet) as bar:  # its total: the configurations to simulate
         try:
-            evaluate_all(unique, executor, cache, bar, found)
+            evaluate_all(unique, executor, cache, bar, found, stream)
         except ExecutorLost as exc:
             lost = {"status": "error", "error": f"internal error: not simulated: {exc}"}
             found.update({d: lost for d, row in found.items() if row is None})

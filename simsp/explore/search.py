@@ -18,6 +18,7 @@ from simsp.explore.objectives import OBJECTIVES
 from simsp.explore.prune import (memory_lower_bound, memory_verdict, scenario_of,
                                  time_lower_bound)
 from simsp.explore.runner import evaluate_all, progress_bar
+from simsp.explore.stream import RowStream
 from simsp.explore.table import table_row
 from simsp.hardware import GPUS
 
@@ -94,15 +95,20 @@ def _open(survivors: list, position: int, threshold: float) -> int:
 
 
 def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, batch: int,
-                     objective: str, usable: float, bar, exhaustive: bool) -> tuple[dict, int]:
+                     objective: str, usable: float, bar, exhaustive: bool,
+                     reserve: float | None = None) -> tuple[dict, int]:
     """Simulate survivors by increasing bound, a batch at a time; ({index: row}, never simulated).
-    The progress total is what has run plus what could still enter the top K."""
+    The progress total is what has run plus what could still enter the top K; with `reserve`
+    (bytes), each simulated layout's line is printed as it is ready, in bound order."""
     found, scores, position = {}, [], 0
     threshold = float("inf")
     while position < len(survivors) and (exhaustive or survivors[position][0] <= threshold):
         chunk = survivors[position:position + batch]
         position += len(chunk)
-        rows = evaluate_all([config for _, _, config in chunk], executor, cache, bar)
+        stream = None if reserve is None else RowStream(
+            [(index, config) for _, index, config in chunk], chunk[0][2], reserve)
+        rows = evaluate_all([config for _, _, config in chunk], executor, cache, bar,
+                            stream=stream)
         for _, index, config in chunk:
             found[index] = rows[config.digest()]
             scores.append(objective_score(found[index], objective, usable))
@@ -129,10 +135,13 @@ def check_bounds(result: SearchResult, sc, row: dict) -> None:
 def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top: int = 5,
            objective: str = "time", reserve: float = 0.0, quiet: bool = True,
            fixed: dict | None = None, exhaustive: bool = False,
-           source: str | None = None) -> SearchResult:
+           source: str | None = None, allowed: dict | None = None,
+           nodes: int | None = None, stream: bool = False) -> SearchResult:
     """Enumerate, screen, simulate and collect the rows of every simulated layout; `reserve`
-    bytes of each GPU are kept free (a layout fits when its peak leaves them)."""
-    layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed, source)
+    bytes of each GPU are kept free (a layout fits when its peak leaves them); `allowed`
+    restricts layout fields to the values given, `nodes` the node count (default: enough);
+    `stream`: print each simulated layout's line to stdout as it is ready."""
+    layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed, source, allowed, nodes)
     configs = layouts.configs
     result = SearchResult(layouts=len(configs) + layouts.invalid, rejected=dict(layouts.rejected),
                           exhaustive=exhaustive)
@@ -141,7 +150,8 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
     width = BATCH  # not the executor's parallelism: the same rows whatever runs them
     with progress_bar(len(survivors), 0, quiet, "simsp search") as bar:
         found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
-                                                      objective, usable, bar, exhaustive)
+                                                      objective, usable, bar, exhaustive,
+                                                      reserve if stream else None)
     first = configs[min(found)] if found else None
     for index in sorted(found):
         row = add_headroom(table_row(index, configs[index], first, found[index]), reserve)

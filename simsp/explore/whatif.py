@@ -15,14 +15,15 @@ OBJECTIVES = {  # name: (column, larger is better)
     "tokens-per-s-per-gpu": ("tokens_per_s_per_gpu", True), "mfu": ("mfu", True),
     "cost": ("gpu_hours_per_million_tokens", False)}
 KINDS = ("compute", "bubble", "tp_comm", "pp_transfer", "dp_comm", "optimizer")
+OFFLOAD_KIND = "offload"  # waits on activation copies (--cpu-offloading; docs/fsdp.md)
 CP_KIND = "cp_comm"  # context parallelism's exchanges: rows with cp > 1 only
 EP_KIND = "ep_comm"  # MoE dispatch and combine: rows with expert layers only (docs/moe.md)
-OPTIONAL_KINDS = (CP_KIND, EP_KIND)
+OPTIONAL_KINDS = (CP_KIND, EP_KIND, OFFLOAD_KIND)
 
 
 def kinds_of(rows: list[dict]) -> tuple:
-    """KINDS, and cp_comm / ep_comm when some row has context-parallel / MoE exposure
-    (docs/context-parallel.md, docs/moe.md)."""
+    """KINDS, and cp_comm / ep_comm / offload when some row has context-parallel / MoE /
+    activation-offload exposure (docs/context-parallel.md, docs/moe.md, docs/fsdp.md)."""
     return KINDS + tuple(kind for kind in OPTIONAL_KINDS
                          if any(row.get(f"exposed_{kind}_s") is not None for row in rows))
 

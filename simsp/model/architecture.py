@@ -5,6 +5,9 @@ from simsp.config import Model
 
 
 def _attention(m: Model) -> str:
+    if m.multi_latent_attention:
+        return (f"MLA {m.num_attention_heads} r_q = {m.q_lora_rank} r_kv = {m.kv_lora_rank} "
+                f"d = {m.qk_head_dim} + {m.qk_pos_emb_head_dim} rope, d_v = {m.v_head_dim}")
     a, groups = m.num_attention_heads, m.query_groups
     kind = "MHA" if groups == a else "MQA" if groups == 1 else "GQA"
     text = f"{kind} {a}" if groups == a else f"{kind} {a}/{groups}"
@@ -20,6 +23,10 @@ def architecture(m: Model) -> str:
         "learned_absolute": "learned positions", "none": "no positions"}
     parts = [_attention(m), f"{'SwiGLU' if m.swiglu else 'GeLU'} f = {m.ffn}", m.normalization,
              position[m.position_embedding_type], "tied" if m.tied else "untied"]
+    if m.num_experts is not None:
+        moe_layers = sum(m.is_moe_layer(i) for i in range(m.num_layers))
+        parts.insert(2, f"MoE {m.num_experts} experts top-{m.moe_router_topk} "
+                        f"f = {m.moe_ffn} in {moe_layers} of {m.num_layers} layers")
     if not m.add_bias_linear:
         parts.append("no bias")
     if m.flash:

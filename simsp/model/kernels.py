@@ -365,10 +365,11 @@ def flash_forward(q, k, v, keep=None, p=0.0):
     group = a // k.shape[1]
     kx, vx = expand_kv(k, group), expand_kv(v, group)  # (b, a, s, d): views of the tiles' K, V
     scale = 1.0 / math.sqrt(d)
-    out = np.zeros_like(q)  # (b, a, s, d)
+    dv = v.shape[-1]  # value width (d_v of multi-latent attention; d otherwise)
+    out = np.zeros((b, a, s, dv), dtype=q.dtype)  # (b, a, s, d_v)
     lse = np.zeros((b, a, s), dtype=q.dtype)  # (b, a, s)
     for i0, i1 in _flash_tiles(s):
-        acc = np.zeros((b, a, i1 - i0, d), dtype=q.dtype)  # (b, a, i, d)
+        acc = np.zeros((b, a, i1 - i0, dv), dtype=q.dtype)  # (b, a, i, d_v)
         row_max = np.full((b, a, i1 - i0, 1), -np.inf, dtype=q.dtype)  # (b, a, i, 1)
         row_sum = np.zeros((b, a, i1 - i0, 1), dtype=q.dtype)  # (b, a, i, 1)
         for j0, j1 in _flash_tiles(s):

@@ -212,16 +212,21 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
     norm_recomputed = spec.recomputes("layernorm")
     if not norm_recomputed:
         stash.put("qkv_input", y1)
-    y1_full = yield from mappings.enter_forward(r, y1, "qkv_enter")  # (s, b, h)
-    qkv = yield from ops.linear(r, y1_full, w["attn.qkv.weight"], w.get("attn.qkv.bias"), "qkv")
-    if y1_full is not y1:
-        r.free(y1_full)
-    if norm_recomputed:
-        r.free(y1)
-    if m.llama_layer:
-        proj_in = yield from _llama_attention(r, spec, qkv, heads, d, stash)  # (s, b, a·d/t)
+    if m.multi_latent_attention:  # simsp/model/mla_layer.py (import cycle: imported here)
+        from simsp.model.mla_layer import mla_attention_forward
+        proj_in = yield from mla_attention_forward(r, spec, w, y1, stash, norm_recomputed)
     else:
-        proj_in = yield from _gpt_attention(r, spec, qkv, heads, d, stash)  # (s, b, h/t)
+        y1_full = yield from mappings.enter_forward(r, y1, "qkv_enter")  # (s, b, h)
+        qkv = yield from ops.linear(r, y1_full, w["attn.qkv.weight"], w.get("attn.qkv.bias"),
+                                    "qkv")
+        if y1_full is not y1:
+            r.free(y1_full)
+        if norm_recomputed:
+            r.free(y1)
+        if m.llama_layer:
+            proj_in = yield from _llama_attention(r, spec, qkv, heads, d, stash)  # (s,b,a·d/t)
+        else:
+            proj_in = yield from _gpt_attention(r, spec, qkv, heads, d, stash)  # (s, b, h/t)
     stash.put("proj_input", proj_in)
     residual, attn_mask = yield from _row_parallel_out(
         r, spec, proj_in, w["attn.proj.weight"], w.get("attn.proj.bias"), "attn", x, "ln2_input")
@@ -258,6 +263,21 @@ def _unfused_core(r, spec, q, k, v, stash: Stash):
                                           "proj_input")  # (s, b, a·d/t)
     r.free(context)
     return proj_in
+
+
+def attention_core_kept(r, spec, q, k, v, stash: Stash):
+    """The flash or unfused core on q, k (b, a/t, s, d), v (b, a/t, s, d_v), already stashed:
+    -> proj_input (s, b, a·d_v/t), keeping what the core's backward needs."""
+    if not spec.model.flash:
+        return (yield from _unfused_core(r, spec, q, k, v, stash))
+    keep = attention_keep(r, spec, q.shape[0], q.shape[1])
+    out, lse = yield from ops.flash_attention(r, q, k, v, keep, spec.model.attention_dropout,
+                                              "proj_input", "softmax_lse")
+    if spec.recomputes("core_attn"):
+        r.free(lse)  # core_attn recompute: the backward re-runs the flash forward
+    else:
+        stash.put("softmax_lse", lse)
+    return out
 
 
 def kv_names(m: Model) -> tuple[str, str]:

@@ -70,7 +70,7 @@ def mlp_backward(r, spec, w, g, saved, dout):
     """MLP block backward; dout (s_l, b, h) -> gradient at the block input (s_l, b, h)."""
     m = spec.model
     if "fc1_input" not in saved:  # layernorm recomputed
-        saved["fc1_input"] = yield from _recompute_norm(r, m, w, saved["ln2_input"], "ln2",
+        saved["fc1_input"] = yield from recompute_norm(r, m, w, saved["ln2_input"], "ln2",
                                                         "fc1_input")
     if "fc2_input" not in saved:  # mlp recomputed
         yield from _recompute_mlp(r, spec, w, saved)
@@ -118,15 +118,19 @@ def attention_backward(r, spec, w, g, saved, dres):
     proj_in = saved.pop("proj_input")
     dproj = yield from row_parallel_backward(r, spec, dres, saved.pop("attn_dropout_mask", None),
                                              proj_in, w, g, "attn.proj", keep_input=flash)
-    if m.llama_layer:
-        dqkv = yield from _llama_core_backward(r, spec, saved, dproj, proj_in)
+    if m.multi_latent_attention:  # simsp/model/mla_layer.py (import cycle: imported here)
+        from simsp.model.mla_layer import mla_attention_backward
+        dy1 = yield from mla_attention_backward(r, spec, w, g, saved, dproj, proj_in)
     else:
-        dqkv = yield from _gpt_core_backward(r, spec, saved, dproj)
-    if "qkv_input" not in saved:  # layernorm recomputed
-        saved["qkv_input"] = yield from _recompute_norm(r, m, w, saved["ln1_input"], "ln1",
-                                                        "qkv_input")
-    dy1 = yield from column_parallel_backward(r, dqkv, saved.pop("qkv_input"), w, g,
-                                              "attn.qkv", "attn.qkv.bias" in g)
+        if m.llama_layer:
+            dqkv = yield from _llama_core_backward(r, spec, saved, dproj, proj_in)
+        else:
+            dqkv = yield from _gpt_core_backward(r, spec, saved, dproj)
+        if "qkv_input" not in saved:  # layernorm recomputed
+            saved["qkv_input"] = yield from recompute_norm(r, m, w, saved["ln1_input"], "ln1",
+                                                           "qkv_input")
+        dy1 = yield from column_parallel_backward(r, dqkv, saved.pop("qkv_input"), w, g,
+                                                  "attn.qkv", "attn.qkv.bias" in g)
     dln = yield from norm_backward(r, m, dy1, saved["ln1_input"], w, g, "ln1", "d_ln1_input")
     r.free(dy1, saved.pop("ln1_input"))
     dx = yield from ops.add(r, dres, dln, "d_layer_input")
@@ -160,6 +164,29 @@ def _gpt_core_backward(r, spec, saved, dproj):
     dqkv = yield from merge_qkv_grads(r, dq, dk, dv)  # (s, b, 3h/t)
     r.free(dq, dk, dv)
     return dqkv
+
+
+def core_grads(r, spec, saved, dproj, proj_in):
+    """The flash or unfused core's backward on saved q, k (b, a/t, s, d), v (b, a/t, s, d_v)
+    (no group reduction, no RoPE): d proj_input (s, b, a·d_v/t) -> dq, dk, dv."""
+    m = spec.model
+    q, k, v = saved.pop("q"), saved.pop("k"), saved.pop("v")
+    if not m.flash:
+        dctx = yield from _heads_grad(r, dproj, q.shape[1], v.shape[-1])
+        probs, mask, dropped = yield from _core_tensors(r, spec, saved, q, k, v)
+        return (yield from core_backward(r, spec, q, k, v, probs, mask, dropped, dctx))
+    lse = saved.pop("softmax_lse", None)
+    keep = attention_keep(r, spec, q.shape[0], q.shape[1])
+    if lse is None:  # core_attn recomputed: the flash forward again, for its logsumexp
+        phase, r.phase = r.phase, "recompute"
+        again, lse = yield from ops.flash_attention(r, q, k, v, keep, m.attention_dropout,
+                                                    "flash_output", "softmax_lse")
+        r.free(again)
+        r.phase = phase
+    grads = yield from ops.flash_attention_backward(r, dproj, q, k, v, proj_in, lse, keep,
+                                                    m.attention_dropout)
+    r.free(dproj, proj_in, lse, q, k, v)
+    return grads
 
 
 def _llama_core_backward(r, spec, saved, dproj, proj_in):
@@ -222,7 +249,7 @@ def _cp_core_backward(r, spec, saved, dproj, q, k, v, proj_in):
     return dq, dk, dv
 
 
-def _recompute_norm(r, m, w, x, prefix: str, name: str):
+def recompute_norm(r, m, w, x, prefix: str, name: str):
     """--recompute-modules layernorm: the norm's output again from its kept input (Megatron's
     CheckpointWithoutOutput), just before the GEMM backward that reads it."""
     phase, r.phase = r.phase, "recompute"

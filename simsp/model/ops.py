@@ -278,12 +278,13 @@ def reduce_kv(r, dx: Tensor, repeats: int, name: str):
                                    dx.nbytes * (1 + repeats) // repeats))
 
 
-def _flash_gemms(r, q: Tensor, names: tuple):
-    """One batched GEMM of the attention core per name, 2·b·heads·s²·d FLOPs each (the s×s tiles
-    stay on chip: no element-wise traffic is charged)."""
+def _flash_gemms(r, q: Tensor, names: tuple, widths: tuple | None = None):
+    """One batched GEMM of the attention core per name, 2·b·heads·s²·w FLOPs each, w the
+    head width it contracts or produces (d; d_v for MLA's value GEMMs) (the s×s tiles stay on
+    chip: no element-wise traffic is charged)."""
     b, heads, s, d = q.shape
-    for name in names:
-        yield from r.compute(name, "gemm", 2 * b * heads * s * s * d, gemm=(s, d, s))
+    for name, width in zip(names, widths or (d,) * len(names)):
+        yield from r.compute(name, "gemm", 2 * b * heads * s * s * width, gemm=(s, width, s))
 
 
 def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name: str,
@@ -291,12 +292,14 @@ def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name
     """FlashAttention forward: q (b, a/t, s, d), k, v (b, G/t, s, d) -> output (s, b, a/t·d),
     written in the layout the output projection reads, and the fp32 logsumexp (b, a/t, s)."""
     b, heads, s, d = q.shape
-    out = r.alloc((s, b, heads * d), FP16, out_name)
+    dv = v.shape[-1]  # d, or MLA's d_v
+    out = r.alloc((s, b, heads * dv), FP16, out_name)
     lse = r.alloc((b, heads, s), FP32, lse_name)
     if r.numeric:
-        o, lse.data = kernels.flash_forward(q.data, k.data, v.data, keep, p)  # (b, a, s, d)
-        out.data = o.transpose(2, 0, 1, 3).reshape(s, b, heads * d)
-    yield from _flash_gemms(r, q, (f"{out_name}_scores", f"{out_name}_context"))
+        o, lse.data = kernels.flash_forward(q.data, k.data, v.data, keep, p)  # (b, a, s, d_v)
+        out.data = o.transpose(2, 0, 1, 3).reshape(s, b, heads * dv)
+    yield from _flash_gemms(r, q, (f"{out_name}_scores", f"{out_name}_context"),
+                            None if dv == d else (d, dv))
     return out, lse
 
 
@@ -307,13 +310,15 @@ def flash_attention_backward(r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     dq = r.alloc(q.shape, FP16, "d_q")
     dk = r.alloc(k.shape, FP16, "d_k")
     dv = r.alloc(v.shape, FP16, "d_v")
+    d, width = q.shape[-1], v.shape[-1]  # width: d, or MLA's d_v
     if r.numeric:
-        b, heads, s, d = q.shape
-        to_heads = lambda x: x.reshape(s, b, heads, d).transpose(1, 2, 0, 3)  # (b, a, s, d)
+        b, heads, s, _ = q.shape
+        to_heads = lambda x: x.reshape(s, b, heads, width).transpose(1, 2, 0, 3)  # (b,a,s,dv)
         dq.data, dk.data, dv.data = kernels.flash_backward(
             to_heads(dout.data), q.data, k.data, v.data, to_heads(out.data), lse.data, keep, p)
     phase, r.phase = r.phase, "recompute"
     yield from _flash_gemms(r, q, ("flash_recompute_scores",))
     r.phase = phase
-    yield from _flash_gemms(r, q, ("flash_d_v", "flash_d_probs", "flash_d_q", "flash_d_k"))
+    yield from _flash_gemms(r, q, ("flash_d_v", "flash_d_probs", "flash_d_q", "flash_d_k"),
+                            None if width == d else (width, width, d, d))
     return dq, dk, dv

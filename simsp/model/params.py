@@ -16,7 +16,9 @@ import zlib
 import numpy as np
 
 LAYER_SUFFIXES = (
-    "ln1.gamma", "ln1.beta", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+    "ln1.gamma", "ln1.beta", "attn.qkv.weight", "attn.qkv.bias",
+    "attn.q_down.weight", "attn.q_norm.gamma", "attn.q_up.weight",  # multi-latent attention
+    "attn.kv_down.weight", "attn.kv_norm.gamma", "attn.kv_up.weight", "attn.proj.weight",
     "attn.proj.bias", "ln2.gamma", "ln2.beta", "mlp.fc1.weight", "mlp.fc1.bias",
     "mlp.fc2.weight", "mlp.fc2.bias",
     "mlp.router.weight", "mlp.experts.fc1.weight", "mlp.experts.fc2.weight",  # MoE layers
@@ -46,9 +48,34 @@ def layer_shapes(model, i: int = 0) -> dict[str, tuple[int, ...]]:
     }
     dropped = (("ln1.beta", "ln2.beta") if model.normalization == "RMSNorm" else ()) + \
         (() if model.add_bias_linear else tuple(k for k in shapes if k.endswith(".bias")))
+    if model.multi_latent_attention:
+        shapes = _mla_shapes(model, shapes)
     if model.is_moe_layer(i):
         return _moe_layer_shapes(model, {k: v for k, v in shapes.items() if k not in dropped})
     return {k: v for k, v in shapes.items() if k not in dropped}
+
+
+def _mla_shapes(model, shapes: dict) -> dict:
+    """The fused QKV replaced by multi-latent attention's projections (Megatron-LM
+    multi_latent_attention.py MLASelfAttention, module order): q down (h, r_q), its RMSNorm,
+    q up (r_q, a·(d_n + d_r)) head-major [nope | rope] per head, kv down (h, r_kv + d_r) with
+    the shared RoPE key last, its RMSNorm over r_kv, kv up (r_kv, a·(d_n + d_v)) head-major
+    [k nope | v] per head; the output projection reads a·d_v."""
+    h, a = model.hidden_size, model.num_attention_heads
+    dn, dr, dv = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+    rq, rkv = model.q_lora_rank, model.kv_lora_rank
+    out = {}
+    for name, shape in shapes.items():
+        if name.startswith("attn.qkv."):
+            continue
+        if name == "attn.proj.weight":
+            out.update({"attn.q_down.weight": (h, rq), "attn.q_norm.gamma": (rq,),
+                        "attn.q_up.weight": (rq, a * (dn + dr)),
+                        "attn.kv_down.weight": (h, rkv + dr), "attn.kv_norm.gamma": (rkv,),
+                        "attn.kv_up.weight": (rkv, a * (dn + dv))})
+            shape = (a * dv, h)
+        out[name] = shape
+    return out
 
 
 def _moe_layer_shapes(model, shapes: dict) -> dict:

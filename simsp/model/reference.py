@@ -21,6 +21,7 @@ from simsp.model import kernels as K
 from simsp.model.dropout_sites import attention_keep, hidden_keep
 from simsp.model.moe_kernels import (MoeSpec, aux_loss, aux_loss_backward, moe_backward,
                                      moe_forward, shared_backward, shared_forward)
+from simsp.model import mla_kernels as MLA
 from simsp.model.params import layer_param_names
 
 
@@ -67,18 +68,27 @@ def _rope(model, s):
     return K.rope_angles(s, int(model.head_dim * model.rotary_percent), model.rotary_base)
 
 
+def _mla_rope(model, s):
+    """cos, sin (s, rot) of MLA's shared RoPE key width d_r."""
+    return K.rope_angles(s, int(model.qk_pos_emb_head_dim * model.rotary_percent),
+                         model.rotary_base)
+
+
 def _layer_forward(P, x, i, model, seed, sample_offset, moe_group=None, moe_chunks=1):
     """One transformer layer forward; returns (out (s, B, h), saved activations)."""
     a, ph, pa = model.num_attention_heads, model.hidden_dropout, model.attention_dropout
     G = model.query_groups
     c = SimpleNamespace(x=x)  # x (s, B, h)
     c.ln1 = _norm(P, x, "ln1", model)  # (s, B, h)
-    qkv = K.linear_forward(c.ln1, P["attn.qkv.weight"], P.get("attn.qkv.bias"))  # (s,B,(a+2G)d)
-    c.q, k, v = K.split_qkv(qkv, a, G)  # q (B, a, s, d), k, v (B, G, s, d)
-    if model.position_embedding_type == "rope":
-        cos, sin = _rope(model, x.shape[0])
-        c.q, k = K.rope_forward(c.q, cos, sin), K.rope_forward(k, cos, sin)
-    c.k, c.v = K.expand_kv(k, a // G), K.expand_kv(v, a // G)  # (B, a, s, d) each
+    if model.multi_latent_attention:  # q, k (B, a, s, d_n + d_r), v (B, a, s, d_v)
+        c.q, c.k, c.v, c.mla = MLA.mla_forward(c.ln1, P, model, *_mla_rope(model, x.shape[0]))
+    else:
+        qkv = K.linear_forward(c.ln1, P["attn.qkv.weight"], P.get("attn.qkv.bias"))  # (s,B,(a+2G)d)
+        c.q, k, v = K.split_qkv(qkv, a, G)  # q (B, a, s, d), k, v (B, G, s, d)
+        if model.position_embedding_type == "rope":
+            cos, sin = _rope(model, x.shape[0])
+            c.q, k = K.rope_forward(c.q, cos, sin), K.rope_forward(k, cos, sin)
+        c.k, c.v = K.expand_kv(k, a // G), K.expand_kv(v, a // G)  # (B, a, s, d) each
     scores = K.attention_scores_forward(c.q, c.k)  # (B, a, s, s)
     c.probs = K.causal_softmax_forward(scores)  # (B, a, s, s)
     c.keep_a = attention_keep(pa, seed, i, c.probs.shape, sample_start=sample_offset)  # bool
@@ -214,6 +224,12 @@ def _layer_backward(P, dout, c, model):
     dprobs = K.dropout_backward(dprobs_d, c.keep_a, pa)  # (B, a, s, s)
     dscores = K.softmax_backward(dprobs, c.probs)  # (B, a, s, s)
     dq, dk = K.attention_scores_backward(dscores, c.q, c.k)  # (B, a, s, d) each
+    if model.multi_latent_attention:
+        dln1, mla_grads = MLA.mla_backward(dq, dk, dv, c.mla, P, model,
+                                           *_mla_rope(model, dq.shape[2]))  # (s, B, h)
+        g.update(mla_grads)
+        dx_ln = _norm_backward(P, dln1, c.x, "ln1", model, g)
+        return dx1 + dx_ln, g
     G = model.query_groups
     dk, dv = K.reduce_kv(dk, model.num_attention_heads // G), K.reduce_kv(dv, model.num_attention_heads // G)
     if model.position_embedding_type == "rope":

@@ -10,6 +10,7 @@ import numpy as np
 # (column parallel splits the last axis: the output columns, or f of SwiGLU's (h, 2, f) fc1)
 SPLIT_AXIS = {
     "attn.qkv.weight": -1, "attn.qkv.bias": -1,  # column parallel (group-major columns)
+    "attn.q_up.weight": -1, "attn.kv_up.weight": -1,  # MLA up projections: column parallel
     "attn.proj.weight": 0,  # row parallel
     "mlp.fc1.weight": -1, "mlp.fc1.bias": -1,  # column parallel
     "mlp.fc2.weight": 0,  # row parallel
@@ -21,6 +22,10 @@ SPLIT_AXIS = {
 # shard), so the TP group all-reduces them (Megatron-LM finalize_model_grads).
 SP_PARTIAL_SUFFIXES = ("embedding.position", "ln1.gamma", "ln1.beta", "ln2.gamma", "ln2.beta", "attn.proj.bias",
                        "mlp.fc2.bias", "final_ln.gamma", "final_ln.beta",
+                       # MLA's down projections and latent norms: replicated over TP
+                       # (Megatron's "duplicated" TELinear marks them sequence_parallel)
+                       "attn.q_down.weight", "attn.kv_down.weight", "attn.q_norm.gamma",
+                       "attn.kv_norm.gamma",
                        "mlp.router.weight")  # the MoE router routes a sequence shard
 
 

@@ -95,12 +95,20 @@ INLINE = ((re.compile(r"`([^`]+)`"), r"<code>\1</code>"),
           (re.compile(r"\*([^*]+)\*"), r"<em>\1</em>"))
 
 
+ESCAPED = re.compile(r"\\([\\`*_{}\[\]#!|<>&~])")  # io_out.markdown_text's backslash escapes
+HELD = "\ue000"  # a private-use character standing for an escaped one while markup is applied
+
+
 def inline(text: str) -> str:
-    """Escape `text` and apply the inline markup."""
-    out = html.escape(text, quote=False)
+    """Escape `text` and apply the inline markup; a backslash-escaped character (user text
+    written by io_out.markdown_text) is that character, never markup."""
+    held = ESCAPED.findall(text)
+    out = html.escape(ESCAPED.sub(HELD, text.replace(HELD, "")), quote=False)
     for pattern, replacement in INLINE:
         out = pattern.sub(replacement, out)
-    return out
+    pieces = out.split(HELD)
+    return pieces[0] + "".join(html.escape(char, quote=False) + piece
+                               for char, piece in zip(held, pieces[1:]))
 
 
 NUM = ' class="num"'
@@ -112,8 +120,11 @@ def slug(title: str) -> str:
 
 
 def _cells(line: str) -> list[str]:
-    """The cells of one Markdown table line."""
-    return [c.strip() for c in line.strip().strip("|").split("|")]
+    """A table line's cells, split at the pipes that are not backslash-escaped (`\\|` is a
+    pipe inside a cell, as in GitHub's Markdown)."""
+    inner = line.strip().removeprefix("|")
+    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+    return [c.strip() for c in re.split(r"(?<!\\)\|", inner)]
 
 
 def table(lines: list[str]) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from simsp import __version__
 from simsp.io_out import write_file
 from simsp.metrics import layout
+from simsp.report.fsdp_summary import fsdp_lines, offload_lines
 from simsp.report.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
@@ -97,7 +98,18 @@ def _architecture(m: dict) -> list[str]:
     """The Llama-class variant in words (none for K22's GPT layer)."""
     if "architecture" not in m:
         return []
-    return [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
+    lines = [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
+    if "parameters" in m:  # MoE and MLA models (simsp/model/param_counts.py)
+        n = m["parameters"]
+        lines.append(f"Parameters: {n['total'] / 1e9:.2f}B total, {n['active'] / 1e9:.2f}B "
+                     f"active per token ({100 * n['active'] / n['total']:.1f}%), embedding and "
+                     f"output layer {n['embedding'] / 1e9:.2f}B.")
+    return lines
+
+
+def _layer_doc(m: dict) -> str:
+    """The document of the layer's closed form: docs/mla.md for multi-latent attention."""
+    return "docs/mla.md" if m.get("architecture", "").startswith("MLA") else "docs/llama.md"
 
 
 def _hardware_line(lay: dict) -> list[str]:
@@ -260,7 +272,7 @@ def _activations(m: dict, stages: list[dict]) -> list[str]:
     formula = m["first_stage_activation_formula_bytes"]
     measured = stages[0]["activation_peak_bytes"]
     diff = f"{(measured - formula) / formula * 100:+.1f}%" if formula else "n/a"
-    source = "docs/llama.md per layer, K22 §4.2.3" if "architecture" in m else "K22 §4.2.3"
+    source = f"{_layer_doc(m)} per layer, K22 §4.2.3" if "architecture" in m else "K22 §4.2.3"
     rows = [[f"formula ({source})", format_bytes(formula), f"{formula:,.0f}"],
             ["measured (ledger, stage 0 activation peak)", format_bytes(measured),
              f"{measured:,}"],
@@ -277,7 +289,7 @@ def _layer_tensors(m: dict) -> list[str]:
     rows = [[item["name"], format_bytes(item["bytes"]), f"{item['bytes']:,}"]
             for item in sorted(lt["saved"], key=lambda i: -i["bytes"])]
     rows += [["total (ledger)", format_bytes(lt["measured_bytes"]), f"{lt['measured_bytes']:,}"],
-             ["closed form (docs/llama.md)", format_bytes(lt["formula_bytes"]),
+             [f"closed form ({_layer_doc(m)})", format_bytes(lt["formula_bytes"]),
               f"{lt['formula_bytes']:,}"]]
     return ["## One layer's kept tensors (rank 0, largest first)", "",
             *_table(["tensor", "size", "bytes"], rows), ""]
@@ -335,7 +347,7 @@ def summary_text(metrics: dict) -> str:
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
              + _expert_load(metrics)
              + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
-             + _calibration(metrics))
+             + fsdp_lines(metrics) + offload_lines(metrics) + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 
 from simsp.explore.whatif import (OBJECTIVES, change, conclusion, exposure,  # noqa: E402
                                   kinds_of)
+from simsp.io_out import markdown_text  # noqa: E402
 from simsp.report.html import figure, page, to_html  # noqa: E402
 from simsp.units import GiB  # noqa: E402
 
@@ -29,11 +30,11 @@ def comparison_table(rows: list[dict], base: dict) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if row["status"] == "error":
-            lines.append(f"| {row['variant']} | | invalid | | | | | | |")
+            lines.append(f"| {markdown_text(row['variant'])} | | invalid | | | | | | |")
             continue
         mfu_points = 100 * (row["mfu"] - base["mfu"])
         lines.append(
-            f"| {row['variant']} | {row['gpus']} | {row['iteration_time_s']:.4g} "
+            f"| {markdown_text(row['variant'])} | {row['gpus']} | {row['iteration_time_s']:.4g} "
             f"({_delta(row['iteration_time_s'], base['iteration_time_s'])}) | "
             f"{row['tokens_per_s']:,.0f} ({_delta(row['tokens_per_s'], base['tokens_per_s'])}) | "
             f"{row['tokens_per_s_per_gpu']:,.1f} "
@@ -48,7 +49,8 @@ def comparison_table(rows: list[dict], base: dict) -> list[str]:
 def exposure_table(rows: list[dict]) -> list[str]:
     """Seconds per kind (rows) by variant (columns), the busiest stage of each."""
     done = [row for row in rows if row["status"] != "error"]
-    lines = ["| seconds (busiest stage) | " + " | ".join(r["variant"] for r in done) + " |",
+    lines = ["| seconds (busiest stage) | " + " | ".join(markdown_text(r["variant"]) for r in done)
+             + " |",
              "|---|" + "---:|" * len(done)]
     spent = [exposure(row) for row in done]
     for kind in kinds_of(done):
@@ -67,7 +69,7 @@ def ranking_lines(ranked: list[dict], objective: str) -> list[str]:
     for place, row in enumerate(ranked, 1):
         value = "invalid" if row["status"] == "error" else shown.format(row[column])
         fits = "" if row.get("fits", True) else " (does not fit)"
-        lines.append(f"{place}. {row['variant']}: {value}{fits}")
+        lines.append(f"{place}. {markdown_text(row['variant'])}: {value}{fits}")
         lines.append("")
     return lines
 
@@ -77,17 +79,18 @@ def whatif_markdown(rows: list[dict], ranked: list[dict], objective: str,
     """The whole whatif.md: conclusions, tables, ranking, commands, pictures."""
     base = rows[0]
     lines = ["# What-if against the baseline", "",
-             f"Baseline: **{base['variant']}**, {base['gpus']} GPUs, "
+             f"Baseline: **{markdown_text(base['variant'])}**, {base['gpus']} GPUs, "
              f"{base['iteration_time_s']:.3f} s per iteration, {base['tokens_per_s']:,.0f} tokens/s. "
              "Time, exposure and memory are simulated by simsp; cost is GPU-hours per million "
              "tokens (GPUs × iteration time / tokens per iteration).", "", "## Conclusions", ""]
     for row in rows[1:]:
-        lines += [conclusion(row, base), ""]
+        lines += [markdown_text(conclusion(row, base)), ""]
     lines += ["## Against the baseline", "", *comparison_table(rows, base), "",
               "## Where the time goes", "", *exposure_table(rows), "",
               "## Ranking", "", *ranking_lines(ranked, objective), "## Commands", ""]
     for row in rows:
-        lines += [f"{row['variant']}: `{row.get('command') or '(no run flags for it)'}`", ""]
+        command = (row.get("command") or "(no run flags for it)").replace("`", "'")
+        lines += [f"{markdown_text(row['variant'])}: `{command}`", ""]
     if pictures:
         lines += ["## Pictures", ""] + [f"![{p.stem}]({p.name})" for p in pictures]
     return "\n".join(lines) + "\n"
@@ -110,14 +113,18 @@ def plot_vs_baseline(rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(11, 1.5 + 0.9 * max(1, len(done))))
     y = np.arange(len(done))[::-1]  # (variants,) first at the top
     height = 0.8 / len(metrics)
+    low = high = 0.0
     for j, (label, column) in enumerate(metrics):
         values = [100 * change(r[column], base[column]) for r in done]  # (variants,) percent
         bars = ax.barh(y + (1.5 - j) * height, values, height, label=label)
         ax.bar_label(bars, fmt="%+.1f%%", fontsize=7, padding=2)
+        low, high = min(low, *values), max(high, *values)
+    margin = 0.15 * ((high - low) or 1.0)  # room for the labels beyond the longest bars
+    ax.set_xlim(low - margin if low < 0 else -margin / 3, high + margin)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [r["variant"] for r in done], fontsize=9)
-    ax.set(xlabel="change against the baseline (%)",
-           title=f"each variant against the baseline ({base['variant']})")
+    ax.set(xlabel="change against the baseline (%): tokens/s up is better, time and GPU-hours "
+                  "per token down", title=f"each variant against the baseline ({base['variant']})")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
@@ -146,8 +153,10 @@ def plot_memory(rows: list[dict], path: Path) -> Path:
     y = np.arange(len(done))[::-1]  # (variants,)
     peaks = [r["peak_bytes_max"] / GiB for r in done]  # (variants,) GiB
     colors = ["#4c72b0" if r.get("fits", True) else "#c44e52" for r in done]
-    bars = ax.barh(y, peaks, color=colors)
-    ax.bar_label(bars, fmt="%.1f GiB", fontsize=8, padding=2)
+    ax.barh(y, peaks, color=colors)
+    for yi, peak in zip(y, peaks):  # inside the bar's end: clear of the capacity lines
+        ax.text(peak, yi, f"{peak:.1f} GiB ", ha="right", va="center", fontsize=8,
+                color="white", fontweight="bold")
     capacity = max(r["capacity_bytes"] for r in done) / GiB
     ax.axvline(capacity, color="black", linestyle="--", label="GPU capacity")
     reserve = max(r.get("memory_reserve_bytes", 0) or 0 for r in done) / GiB

@@ -18,10 +18,12 @@ FRONT_LABELS = 8  # Pareto points named beside the winner
 LABEL_CHARS = 88
 
 
-def _save(fig, path: Path) -> Path:
-    """Fixed metadata, so the same table gives the same bytes."""
+def _save(fig, path: Path, whole: bool = False) -> Path:
+    """Fixed metadata, so the same table gives the same bytes; `whole`: the canvas grows to
+    every artist (labels placed beside the axes)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata={"Software": None})
+    fig.savefig(path, dpi=90, metadata={"Software": None},
+                bbox_inches="tight" if whole else None)
     plt.close(fig)
     return path
 
@@ -78,7 +80,7 @@ def plot_top(frame, path: Path, objective: str) -> Path:
 def plot_pareto(frame, path: Path) -> Path:
     """Every row as a point of iteration time against peak memory; the usable memory as a line;
     the Pareto front of the rows that fit drawn and its points named, the winner in bold."""
-    fig, ax = plt.subplots(figsize=(10, 6))
+    fig, ax = plt.subplots(figsize=(14, 6))
     fits = _fits(frame)
     peaks = frame["peak_bytes_max"].to_numpy(dtype=float) / GiB  # (n,)
     times = frame["iteration_time_s"].to_numpy(dtype=float)  # (n,)
@@ -94,13 +96,14 @@ def plot_pareto(frame, path: Path) -> Path:
     _draw_front(ax, frame[fits], peaks[fits], times[fits])
     ax.set(xlabel="peak memory, busiest stage (GiB)", ylabel="iteration time (s)",
            title=f"time vs memory, {len(frame)} configurations")
-    ax.legend(fontsize=8, loc="upper right")
-    return _save(fig, path)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
+    return _save(fig, path, whole=True)
 
 
 def _draw_front(ax, fitting, peaks: np.ndarray, times: np.ndarray) -> None:
     """The front as a step line; the winner (fastest that fits) and front points named, each
-    label on its own row of a column at the right of the points so none overlap."""
+    label on its own row of a column beside the axes (under the legend), so no label overlaps
+    another or hides a point, whatever the number of rows."""
     if not len(fitting):
         return
     front = pareto_front(times, peaks)  # (k,) by time
@@ -114,7 +117,8 @@ def _draw_front(ax, fitting, peaks: np.ndarray, times: np.ndarray) -> None:
         text = _short(f"{'winner: ' if winner else ''}#{fitting['index'].iloc[i]} {label}")
         ax.annotate(text, (peaks[i], times[i]), xycoords="data", fontsize=7,
                     fontweight="bold" if winner else "normal",
-                    xytext=(0.99, 0.06 + 0.055 * slot), textcoords="axes fraction", ha="right",
+                    xytext=(1.02, 0.04 + 0.055 * slot), textcoords="axes fraction", ha="left",
+                    va="center",
                     arrowprops={"arrowstyle": "-", "color": "#999999", "lw": 0.6})
     ax.scatter(peaks[front[0]], times[front[0]], s=80, facecolors="none", edgecolors="black")
     ax.set_ylim(times.min() - 0.05 * span, None)

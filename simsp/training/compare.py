@@ -7,6 +7,7 @@ from simsp.model.moe_placement import etp_split_axis, is_expert_param
 from simsp.model.params import param_shapes
 from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
+from simsp.training.fsdp import full_grads
 
 
 def _holder_stage(name: str, run) -> int:
@@ -22,12 +23,25 @@ def gathered_grads(run, dp: int = 0, cp: int = 0) -> dict:
     reductions."""
     grads = {}
     t = run.sc.parallel.tp
+    local = _fsdp_local_grads(run, dp)
     for name in param_shapes(run.sc.padded_model):
         pp = _holder_stage(name, run)
-        shards = [run.states[run.rank_of(tp, dp, pp, cp)].grads[name].data for tp in range(t)]
+        shards = [local[(tp, pp)][name] if local else
+                  run.states[run.rank_of(tp, dp, pp, cp)].grads[name].data for tp in range(t)]
         grads[name] = (_expert_grad(run, name, dp, pp) if is_expert_param(name)
                        else unshard(name, shards))
     return grads
+
+
+def _fsdp_local_grads(run, dp: int) -> dict | None:
+    """Under sharded DP: {(tp, pp): TP-local gradients} rebuilt from every DP rank's reduced
+    shard (training/fsdp.py), the same for every replica `dp`; None otherwise."""
+    p = run.sc.parallel
+    if p.fsdp in (None, "no_shard"):
+        return None
+    group = run.world.grid.dp_cp_group  # the ranks a unit is sharded over, in shard order
+    return {(tp, pp): full_grads([run.states[k].fsdp for k in group(run.rank_of(tp, 0, pp))])
+            for tp in range(p.tp) for pp in range(p.pp)}
 
 
 def _expert_grad(run, name: str, dp: int, pp: int) -> np.ndarray:

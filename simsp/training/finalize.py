@@ -42,6 +42,10 @@ def tied_embedding_reduce(r, run, plan, grads: dict):
 
 def finalize_grads(r, run, plan, grads: dict):
     """Every post-backward gradient reduction, in Megatron-LM's order."""
+    fsdp = run.states[r.rank].fsdp
+    if fsdp is not None:  # sharded data parallelism (training/fsdp.py)
+        yield from fsdp.finalize(r, run, plan)
+        return
     yield from data_parallel_reduce(r, run, plan, grads)
     yield from sync_sequence_parallel_grads(r, grads)
     yield from tied_embedding_reduce(r, run, plan, grads)

@@ -22,6 +22,8 @@ from simsp.model.weights import allocate_params
 from simsp.training.world import World, build_world
 from simsp.training import p2p
 from simsp.training.finalize import data_parallel_gather_params, finalize_grads
+from simsp.training.fsdp import FsdpUnits
+from simsp.training.offload import ActivationOffload
 from simsp.training.optimizer import allocate_optimizer, optimizer_step
 from simsp.training.shortcut_check import check_shortcuts
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
@@ -38,7 +40,8 @@ class Shortcuts:
     representative: bool = False
     closed_form: bool = False
     templates: bool = False
-    # groups whose collectives run step by step under closed_form (they share links)
+    # groups whose collectives run step by step under closed_form (they share links with
+    # other traffic: training/shortcut_check.py)
     stepwise_groups: frozenset = frozenset()
     reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
 
@@ -137,15 +140,24 @@ def rank_program(r, run: Run, plan: StagePlan):
     """Allocate the stage's parameters and optimizer, run its schedule, reduce, step."""
     shapes = param_shapes(run.sc.padded_model)
     names = stage_param_names(shapes, plan)
-    weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
     p = run.sc.parallel
-    shard = p.dp * p.cp if p.distributed_optimizer else 1  # over dp_cp_group, as Megatron
-    expert_shard = len(r.moe.edp_group) if p.distributed_optimizer and r.moe is not None else None
-    optimizer = allocate_optimizer(r, weights, shard, expert_shard)
-    state = run.states[r.rank] = RankState(weights, grads)
+    if p.fsdp is None:
+        weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
+        shard = p.dp * p.cp if p.distributed_optimizer else 1  # over dp_cp_group, as Megatron
+        expert_shard = (len(r.moe.edp_group) if p.distributed_optimizer and r.moe is not None
+                        else None)
+        optimizer, fsdp = allocate_optimizer(r, weights, shard, expert_shard), None
+    else:  # sharded data parallelism (training/fsdp.py)
+        fsdp = FsdpUnits(r, run, plan, {n: shapes[n] for n in names})
+        weights, grads, optimizer = fsdp.weights, fsdp.grads, fsdp.optimizer
+    state = run.states[r.rank] = RankState(weights, grads, fsdp=fsdp)
+    if p.cpu_offloading:
+        state.offload = ActivationOffload(r, run, plan)
     yield from run_schedule(r, run, plan, state)
     r.phase, r.scope = "backward", ""
     yield from finalize_grads(r, run, plan, grads)
+    if fsdp is not None:
+        weights, grads = fsdp.optimizer_tensors()
     yield from optimizer_step(r, optimizer, weights, grads)
     yield from data_parallel_gather_params(r, run, weights)
     run.end_s[r.rank] = r.env.now

@@ -23,6 +23,10 @@ def chunk_forward(r, run, plan, state, chunk: int, x, mb: int, offset: int, stas
         yield from state.ddp_buckets.params_needed(r, run, chunk, segment.layers)
         x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
         stash["layers"].append(saved)
+        if state.fsdp is not None:
+            state.fsdp.after_forward(r, segment.layers)
+        if state.offload is not None:  # activation offload (training/offload.py)
+            yield from state.offload.after_forward(r, mb, segment.layers[0], saved)
     return x
 
 
@@ -34,6 +38,10 @@ def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, st
                                                      _scopes(segments[::-1], mb))
         return results[-1]
     for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
+        if state.fsdp is not None:
+            yield from state.fsdp.before_backward(r, run, chunk, segment.layers)
+        if state.offload is not None:
+            yield from state.offload.before_backward(r, mb, segment.layers[0])
         dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
         state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, segment.layers[::-1])
@@ -52,7 +60,7 @@ def _chained(run, state, segments: tuple, kind: tuple, mb: int) -> bool:
     """Whether the segments can be replayed as one chain (see the module docstring)."""
     return (len(segments) > 1 and run.layers.has_template(kind)
             and not any(segment.checkpointed for segment in segments)
-            and state.ddp_buckets.quiet(mb))
+            and state.ddp_buckets.quiet(mb) and state.offload is None)
 
 
 def _scopes(segments, mb: int) -> list[str]:

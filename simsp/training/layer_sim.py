@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simsp.config import Scenario, with_overrides
+from simsp.config import Scenario, one_layer_fields, with_overrides
 from simsp.engine.communicator import STEPWISE
 from simsp.model.context_split import gather_sequence
 from simsp.model.layer import LayerSpec, layer_forward
@@ -55,14 +55,15 @@ def one_tp_group(sc: Scenario) -> Scenario:
     """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism;
     a MoE layer's experts all on the group, their f split over it: with balanced routing its
     rows are the same)."""
-    return with_overrides(sc, model={"num_layers": 1}, parallel={
+    return with_overrides(sc, model=one_layer_fields(sc.model), parallel={
         "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
         "recompute_method": None, "recompute_num_layers": None,  # one layer: its own group
         "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
         "account_for_embedding_in_pipeline_split": False,
-        "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None})
+        "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
+        "cpu_offloading": False, "cpu_offloading_num_layers": 0})  # a layer alone keeps its own
 
 
 def _layer_inputs(sc: Scenario):

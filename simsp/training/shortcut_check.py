@@ -5,9 +5,10 @@ while no other transfer crosses a link its ring could be slowed on; the represen
 shortcut is exact only while the ranks it leaves out cannot slow the ones it simulates, and
 every rank of a stage sits on the nodes as its representative does. Both are decided here
 from the routes alone (cluster/topology.py hop_route over engine/ring_plan.py channel_rings),
-before anything runs: a group whose links are shared runs its ring step by step, which loads
-its links in the fair-shared network (engine/network.py) as the full simulation does.
-Sufficient conditions, not necessary ones: a shortcut refused here is never wrong, only slower.
+before anything runs: a group whose links other traffic shares runs its ring step by step, which
+loads its links in the fair-shared network (engine/network.py) as the full simulation does; a
+group whose links only its own channels share is timed as its ring alone (engine/ring_alone.py). Sufficient conditions, not necessary ones: a shortcut refused
+here is never wrong, only slower.
 """
 
 from dataclasses import dataclass
@@ -143,12 +144,14 @@ def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
 
 
 def stepwise_groups(clashes: list) -> frozenset[tuple[int, ...]]:
-    """Collective groups whose ring may share a link with another hop (of another owner or of
-    its own channels; `clashes` from conflicts): their time depends on what else runs, so they
-    cannot be closed form."""
+    """Collective groups whose ring may share a link with another owner's hop (`clashes` from
+    conflicts): their time depends on what else runs, so they run step by step. A clash of
+    two hops of one owner does not count: its collectives run one at a time (one stream per
+    rank), so alone on their links (engine/ring_alone.py)."""
     shared = set()
     for _edge, owner, other in clashes:
-        shared.update(o[1] for o in (owner, other) if o[0] != "p2p")
+        if owner != other:
+            shared.update(o[1] for o in (owner, other) if o[0] != "p2p")
     return frozenset(shared)
 
 
@@ -225,6 +228,23 @@ def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
     return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))
 
 
+def closed_form_why(clashes: list, stepwise: frozenset) -> str:
+    """How collectives are timed: as a whole (alone on their links, engine/ring_alone.py) or,
+    sharing links with other traffic, step by step."""
+    own = len({owner[1] for _edge, owner, other in clashes
+               if owner == other and owner[0] != "p2p"} - stepwise)
+    if not own and not stepwise:
+        return "used: no collective's ring shares a link"
+    alone = (f"{own} collective group(s) share links only among their own channels and are "
+             f"timed as their ring alone, run once step by step" if own else "")
+    if not stepwise:
+        return "used: " + alone
+    return (f"used where exact: {len(stepwise)} collective group(s) share links with other "
+            f"traffic and run step by step, loading them; "
+            + (alone + "; the others are timed as a whole" if alone else
+               "the others are timed as a whole"))
+
+
 def check_shortcuts(sc) -> ShortcutVerdict:
     """The exact shortcuts of a meta-mode scenario, with the reason for each."""
     p, cluster = sc.parallel, sc.cluster
@@ -234,9 +254,13 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     owners = (traffic_owners(grid, interleaved) if p.cp == 1 else  # CP: training/cp_shortcuts.py
               cp_traffic_owners(grid, interleaved, p.cp_comm_type)) + expert_owners(sc)
     users = link_users(graph, owners)
-    overlaps = Overlaps(p.overlap_grad_reduce, p.overlap_p2p_communication)
+    # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
+    # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
+    overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None, p.overlap_p2p_communication)
     clashes = list(conflicts(users, overlaps))
-    stepwise = stepwise_groups(clashes)
+    stepwise = stepwise_groups(clashes) | (frozenset(
+        ranks for kind, ranks in owners if kind == "dp" and len(ranks) > 1)
+        if p.fsdp is not None else frozenset())
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
     expert_groups = sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
     if expert_groups and not not_rep and not uniform_routing(sc) and (
@@ -254,9 +278,7 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         templates_why = "not used: TP collectives share links, so a layer step's time varies"
     else:
         templates_why = "used: every layer step of a stage is alike, recorded once and replayed"
-    closed_why = ("used: no collective's ring shares a link" if not stepwise else
-                  f"used where exact: {len(stepwise)} collective group(s) share links and run "
-                  f"step by step, loading them; the others are timed as a whole")
+    closed_why = closed_form_why(clashes, stepwise)
     rep_why = ("not used: " + not_rep if not_rep else
                "used: every rank of a stage is placed and loaded as its representative")
     return ShortcutVerdict(representative=not not_rep, closed_form=True,

@@ -47,7 +47,7 @@ class P2PSetup:
 
 def run_schedule(r, run, plan: StagePlan, state: RankState):
     """The stage's steps with Megatron's p2p calls between them (training/p2p_program.py)."""
-    state.ddp_buckets = DDPBuckets(r, run, plan, state.grads)
+    state.ddp_buckets = state.fsdp or DDPBuckets(r, run, plan, state.grads)
     state.ddp_buckets.start_param_gather(r, run)
     state.p2p = P2PSetup.of(r, run, plan)
     program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,

@@ -27,6 +27,8 @@ class RankState:
     pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
     segments: dict = field(default_factory=dict)  # chunk -> its recompute segments
     ddp_buckets: DDPBuckets | None = None  # DP gradient buckets (training/grad_buckets.py)
+    fsdp: object = None  # training/fsdp.py FsdpUnits under sharded data parallelism
+    offload: object = None  # training/offload.py ActivationOffload under --cpu-offloading
     p2p: object = None  # training/stage_program.py P2PSetup, set when the schedule starts
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
@@ -106,6 +108,8 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
     scope = f"mb{mb}.c{chunk}."
     r.phase, r.scope = "backward", scope
     if plan.is_last(chunk):
+        if state.fsdp is not None:
+            yield from state.fsdp.before_backward(r, run, chunk, ["head"])
         dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
                                       stash["head"], dloss)
@@ -119,6 +123,8 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
     if plan.is_first(chunk):
         if r.numeric:
             run.embedding_grads[(plan.tp, plan.dp, mb, plan.cp)] = dx.data.copy()  # (s_l, b, h)
+        if state.fsdp is not None:
+            yield from state.fsdp.before_backward(r, run, chunk, ["embedding"])
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
         state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["embedding"])

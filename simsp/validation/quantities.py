@@ -12,7 +12,8 @@ from typing import Callable
 
 from simsp.cluster.topology import build_topology
 from simsp.config import Scenario
-from simsp.engine.ring_timing import busbw_GBps, collective_time
+from simsp.engine.ring_alone import alone_time
+from simsp.engine.ring_timing import busbw_GBps
 from simsp.hardware import LinkCalibration
 from simsp.metrics import collect
 from simsp.training.layer_sim import simulate_layer
@@ -65,7 +66,7 @@ def busbw_Bps(job: Job) -> float:
     """Bus bandwidth (bytes/s) of `job.collective` of `job.size_bytes` over every GPU."""
     cluster = job.scenario.cluster
     gpus = list(range(cluster.num_gpus))
-    seconds = collective_time(job.collective, build_topology(cluster), gpus, job.size_bytes,
+    seconds = alone_time(job.collective, build_topology(cluster), gpus, job.size_bytes,
                               calibration=LinkCalibration.from_cluster(cluster),
                               elem_bytes=BUSBW_ELEM_BYTES)
     return busbw_GBps(job.collective, len(gpus), job.size_bytes, seconds) * GB

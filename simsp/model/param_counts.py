@@ -1,0 +1,33 @@
+"""Total and active parameters of the simulated model, counted from the shapes it allocates
+(simsp/model/params.py `param_shapes`; docs/moe.md, docs/mla.md).
+
+Active = what one token's forward touches: every tensor except the routed experts a token is
+not sent to, i.e. per MoE layer k of the E experts (the router, shared experts, attention,
+norms, the embedding and the output layer all count). The embedding table is counted whole,
+as the model cards count it.
+"""
+
+import math
+
+from simsp.config import Model
+from simsp.model.params import param_shapes
+
+ROUTED = (".mlp.experts.fc1.weight", ".mlp.experts.fc2.weight")  # (E, ...) per MoE layer
+
+
+def parameter_counts(m: Model) -> dict:
+    """{"total", "active", "embedding"} parameters of model m (its own vocabulary, unpadded)."""
+    total = active = 0
+    for name, shape in param_shapes(m).items():
+        n = math.prod(shape)
+        total += n
+        active += n * m.moe_router_topk // shape[0] if name.endswith(ROUTED) else n
+    embedding = m.vocab_size * m.hidden_size * (1 if m.tied else 2)
+    return {"total": total, "active": active, "embedding": embedding}
+
+
+def describe(counts: dict) -> str:
+    """One line for the reports: "671.03B total, 37.55B active (5.6%)"."""
+    share = 100 * counts["active"] / counts["total"]
+    return (f"{counts['total'] / 1e9:.2f}B total, {counts['active'] / 1e9:.2f}B active "
+            f"({share:.1f}%)")
