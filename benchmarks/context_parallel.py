@@ -27,7 +27,7 @@ from simsp.model.ring_attention import CpShard, ring_backward, ring_forward, sou
 from simsp.model.ulysses_attention import shard_positions, ulysses_backward, ulysses_forward
 from simsp.training.cp_a2a import CpAllToAll
 from simsp.training.cp_a2a_numeric import run_numeric_a2a
-from simsp.training.cp_ring import CpRing, block_seconds, run_ring
+from simsp.training.cp_ring import CpRing, block_seconds, diagonal_step, run_ring
 from simsp.training.cp_ring_numeric import run_numeric_ring
 
 FP16 = 2  # bytes per element
@@ -49,8 +49,10 @@ def ring_row(cp: int, s: int, gpus: tuple, heads: int = 8, groups: int = 1) -> s
     kv_bytes = 2 * groups * n * D * FP16  # K and V of the rank's n tokens, b = 1
     env, network = _network(gpus)
     ring = CpRing(env, network, gpus, kv_bytes)
-    fwd = [[block_seconds(1, heads, n, D, i, False) for i in range(cp)]] * cp
-    bwd = [[block_seconds(1, heads, n, D, i, True) for i in range(cp)]] * cp
+    fwd = [[block_seconds(1, heads, n, D, i == diagonal_step("forward", cp), False)
+            for i in range(cp)]] * cp
+    bwd = [[block_seconds(1, heads, n, D, i == diagonal_step("backward", cp), True)
+            for i in range(cp)]] * cp
     timeline = run_ring(env, ring, fwd, bwd)
     moved = [tr.end_s - tr.start_s for tr in network.transfers if "forward step 0" in tr.label]
     forward = max(timeline.ends[("forward", r)] for r in range(cp))
@@ -66,8 +68,8 @@ def a2a_row(cp: int, s: int, gpus: tuple, heads: int = 64, groups: int = 8) -> s
     qkv_bytes, out_bytes = (heads + 2 * groups) * n * D * FP16, heads * n * D * FP16
     env, network = _network(gpus)
     a2a = CpAllToAll(env, network, gpus, qkv_bytes, out_bytes)
-    attention = block_seconds(1, heads // cp, s, D, 0, False)
-    attention_bwd = block_seconds(1, heads // cp, s, D, 0, True)
+    attention = block_seconds(1, heads // cp, s, D, True, False)
+    attention_bwd = block_seconds(1, heads // cp, s, D, True, True)
     for rank in range(cp):
         env.process(a2a.run_rank(rank, attention, attention_bwd))
     env.run()

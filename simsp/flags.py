@@ -110,8 +110,7 @@ SCENARIO_FLAGS = {
                                     "disp-"),
     # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
     "--q-lora-rank": ("model", "q_lora_rank", int, None,
-                      "MLA query latent rank r_q (elements; default: unset, which simsp's MLA "
-                      "refuses)", "qlr"),
+                      "MLA query latent rank r_q (elements; default: none, and simsp needs one)", "qlr"),
     "--kv-lora-rank": ("model", "kv_lora_rank", int, None, "MLA key/value latent rank r_kv "
                        "(elements)", "kvlr"),
     "--qk-head-dim": ("model", "qk_head_dim", int, None,

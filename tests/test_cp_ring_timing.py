@@ -109,9 +109,21 @@ def test_block_seconds_are_the_flash_gemms_of_half_blocks_after_the_diagonal():
         cal.peak_flops * gemm_efficiency(n, d, n // 2))
     whole = cal.launch_overhead_s + 2 * b * heads * n * n * d / (
         cal.peak_flops * gemm_efficiency(n, d, n))
-    assert abs(block_seconds(b, heads, n, d, 0, False) - 2 * whole) < 1e-15
-    assert abs(block_seconds(b, heads, n, d, 3, False) - 2 * half) < 1e-15
-    assert abs(block_seconds(b, heads, n, d, 1, True) - 5 * half) < 1e-15
+    assert abs(block_seconds(b, heads, n, d, True, False) - 2 * whole) < 1e-15
+    assert abs(block_seconds(b, heads, n, d, False, False) - 2 * half) < 1e-15
+    assert abs(block_seconds(b, heads, n, d, False, True) - 5 * half) < 1e-15
+    assert abs(block_seconds(b, heads, n, d, True, True) - 5 * whole) < 1e-15
+
+
+def test_the_diagonal_block_is_forward_first_and_backward_last():
+    """TE's AttnFuncWithCPAndKVP2P: forward `i == 0`, backward (reversed) `i == cp_size - 1`."""
+    from simsp.model.ring_attention import source_rank
+    from simsp.report.ring_attention_lesson import held_rank
+    from simsp.training.cp_ring import diagonal_step
+    assert [diagonal_step("forward", cp) for cp in (1, 2, 4)] == [0, 0, 0]
+    assert [diagonal_step("backward", cp) for cp in (1, 2, 4)] == [0, 1, 3]
+    assert all(source_rank(r, diagonal_step("forward", 4), 4) == r for r in range(4))
+    assert all(held_rank("backward", r, diagonal_step("backward", 4), 4) == r for r in range(4))
 
 
 def test_cp4_exposed_transfers_chain_step_by_step():

@@ -134,8 +134,10 @@ def test_a_small_layout_passes_verify_with_finite_differences():
 def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
     """Two CP ranks' attention through the training loop's op (r.cp): forward ends at
     max(f0, T) + f1, backward max(b0, T) + max(b1, T) later (docs/context-parallel.md), with
-    f_i, b_i the cost model's FlashAttention GEMMs on TE's blocks and T one K/V block over
-    NVLink; the time blocked on the ring is the rank's exposed cp_comm; all to 1e-12."""
+    f_i, b_i the cost model's FlashAttention GEMMs on TE's step-i blocks (the diagonal, whole
+    block first forward and last backward) and T one K/V block over NVLink; the time blocked
+    on the ring is the rank's exposed cp_comm; each step's block compute in the ring's
+    timeline; all to 1e-12."""
     from simsp.costmodel import kernel_time
     from simsp.model.tensor import FP16
     from simsp.training.world import build_world
@@ -146,7 +148,13 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
                               ("cluster", "nvlink_bandwidth_GBps"): nvlink_gbps})
     world = build_world(sc)
     b, heads, n, d = 1, 4, 128, 16
-    ends = {}
+    ends, spans_of = {}, {}
+
+    class Spans:  # each compute span of the ring's block attention, by (rank, phase, step)
+        def add_span(self, rank, stream, name, start, end, args):
+            key = (rank, args["phase"] if args["phase"] != "recompute" else "backward",
+                   int(name.rsplit("_", 1)[1]))
+            spans_of.setdefault(key, []).append((start, end))
 
     def rank(r):
         q, k, v = (r.alloc((b, heads, n, d), FP16, name) for name in "qkv")
@@ -158,21 +166,27 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
         ends[("backward", r.rank)] = r.env.now
 
     for r in world.ranks.values():
+        r.trace = Spans()
         world.env.process(rank(r))
     world.env.run()
     gemm = lambda cols: kernel_time("gemm", 2 * b * heads * n * d * cols, 0, gemm=(n, d, cols))
-    f0, f1 = 2 * gemm(n), 2 * gemm(n // 2)  # diagonal block, then half a block
-    b0, b1 = 5 * gemm(n), 5 * gemm(n // 2)  # recomputed scores, dV, dP, dQ, dK
+    f0, f1 = 2 * gemm(n), 2 * gemm(n // 2)  # forward: diagonal block, then half a block
+    b0, b1 = 5 * gemm(n // 2), 5 * gemm(n)  # backward: half, then the diagonal (TE's reverse)
     kv = 2 * b * heads * n * d * FP16
     link = sc.cluster
     t = link.nvlink_latency_us * 1e-6 + kv / (nvlink_gbps * 1e9 * link.nvlink_efficiency)
     forward = max(f0, t) + f1
     backward = forward + max(b0, t) + max(b1, t)
     exposed = max(t - f0, 0) + max(t - b0, 0) + max(t - b1, 0)
+    steps = {("forward", 0): (0.0, f0), ("forward", 1): (max(f0, t), f1),
+             ("backward", 0): (forward, b0), ("backward", 1): (forward + max(b0, t), b1)}
     for r in world.ranks.values():
         assert abs(ends[("forward", r.rank)] - forward) < 1e-12
         assert abs(ends[("backward", r.rank)] - backward) < 1e-12
         assert abs(r.exposed_s.get("cp_comm", 0.0) - exposed) < 1e-12
+        for (phase, step), (start, seconds) in steps.items():
+            spans = spans_of[(r.rank, phase, step)]  # the step's GEMMs, back to back
+            assert abs(spans[0][0] - start) < 1e-12 and abs(spans[-1][1] - start - seconds) < 1e-12
     assert (exposed > 0) == (nvlink_gbps < 1)
 
 
@@ -182,3 +196,22 @@ def test_what_if_shows_cp_time_only_where_a_row_has_it():
     with_cp = dict(plain, exposed_cp_comm_s=0.25)
     assert kinds_of([plain]) == KINDS and kinds_of([plain, with_cp]) == KINDS + ("cp_comm",)
     assert exposure(with_cp)["cp_comm"] == 0.25 and exposure(plain)["cp_comm"] == 0.0
+
+
+def test_search_varies_cp_over_a_list_and_every_bound_holds(capsys, tmp_path):
+    """`simsp search --context-parallel-size 1,2` on 8 GPUs: layouts of both c, each with
+    t·c·p·d = 8, and each simulated layout's proven bounds (its own c's) re-checked."""
+    import pandas as pd
+    from simsp.cli import main
+    assert main(["search", str(CP_TINY), "--gpus", "8", "--context-parallel-size", "1,2",
+                 "--workers", "0", "--quiet", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "context_parallel_size varied over 1, 2;" in out
+    assert "every simulated layout checked: both bounds held" in out
+    frame = pd.read_csv(tmp_path / "results.csv")
+    assert set(frame["context_parallel_size"]) == {1, 2}
+    assert all(frame["tensor_model_parallel_size"] * frame["context_parallel_size"]
+               * frame["pipeline_model_parallel_size"] * frame["data_parallel_size"] == 8)
+    assert main(["search", "--gpus", "8", "--context-parallel-size", "0,2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --context-parallel-size: must be a positive integer, got 0,2")

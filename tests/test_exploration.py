@@ -130,3 +130,23 @@ def test_a_world_size_t_p_misses_is_its_own_error_row():
                         pipeline_model_parallel_size=2, global_batch_size=4, world_size="3,4")
     assert list(frame["status"]) == ["error", "ok"]
     assert frame["error"][0] == "error: --world-size: 3 is not divisible by tensor*pipeline = 2*2 = 4"
+
+
+def test_world_size_divides_by_t_cp_p():
+    """t 8, cp 2, p 1 on 16 GPUs is one replica (d = 1, t·cp·p·d = 16), not d = 2; 24 GPUs
+    are no whole number of replicas. As a sweep (t 2, cp 2): 8 GPUs give d 2, 6 an error row."""
+    from simsp.explore.world import CP, D, GPN, NODES, P, T, derive_world
+    values = {T: 8, P: 1, CP: 2, D: 4, GPN: 8, NODES: 1, ("parallel", "global_batch_size"): 8,
+              ("parallel", "micro_batch_size"): 1}
+    merged, error, note = derive_world(values, values, 16, set())
+    assert error is None and merged[D] == 1 and merged[NODES] == 2
+    assert note.startswith("16 GPUs on 2 node(s): d = 16/(t·cp·p = 16) = 1 (was 4)")
+    _, error, _ = derive_world(values, values, 24, set())
+    assert error == "error: --world-size: 24 is not divisible by tensor*context*pipeline = 8*2*1 = 16"
+    frame = simsp.sweep(None, workers=0, mode="meta", num_layers=2, hidden_size=64,
+                        num_attention_heads=4, seq_length=32, vocab_size=128,
+                        attention_backend="flash", tensor_model_parallel_size=2,
+                        context_parallel_size=2,
+                        pipeline_model_parallel_size=1, global_batch_size=4, world_size="6,8")
+    assert list(frame["status"]) == ["error", "ok"]
+    assert list(frame["data_parallel_size"])[1] == 2 and list(frame["gpus"])[1] == 8

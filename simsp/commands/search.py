@@ -21,6 +21,7 @@ from simsp.units import GiB, format_seconds
 
 # Fields the search sets itself: the layout (a comma list restricts the layouts to those values),
 # the node count (enough for N GPUs unless given) and meta mode.
+CP_KEY = "context_parallel_size"  # one value held, or a list the search varies (1,2,4)
 
 
 def add_parser(subparsers) -> None:
@@ -55,6 +56,11 @@ def _given(args) -> tuple[dict, dict]:
     table, values, allowed = by_key(), {}, {}
     for key, text in field_lists(args).items():
         items = parse_list(table[key], text)
+        if key == CP_KEY and any(item < 1 for item in items):
+            raise UserError(table[key].flag, f"must be a positive integer, got {text}")
+        if key == CP_KEY and len(set(items)) > 1:  # the search varies cp over these
+            values[table[key].path] = tuple(sorted(set(items)))
+            continue
         if key in RESTRICTABLE:
             allowed[key] = items
             continue
@@ -114,6 +120,10 @@ def _check(args, batch, base) -> None:
 def _fixed_line(fixed: dict) -> str:
     """Which held [parallel] fields every layout takes from the user, and where they apply."""
     changed = {key: value for key, value in fixed.items() if getattr(Parallel(), key) != value}
+    varied = changed.pop(CP_KEY) if isinstance(changed.get(CP_KEY), tuple) else None
+    if varied:  # a cp list: varied like t, p and d, not held
+        rest = _fixed_line({key: value for key, value in fixed.items() if key != CP_KEY})
+        return f"context_parallel_size varied over {', '.join(map(str, varied))}; {rest}"
     if not changed:
         return "every [parallel] field the search does not vary is at Megatron's default"
     shown = ", ".join(f"{key} = {value}" for key, value in changed.items())

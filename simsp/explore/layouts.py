@@ -173,11 +173,13 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
     take (others are not enumerated), `nodes` the node count (default: enough for the GPUs)."""
     layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
     found = Layouts()
-    cp = (fixed or {}).get("context_parallel_size", 1)
-    for parallel in raw_layouts(gpus, batch, layers, max_tp=per_node, cp=cp):
+    held = dict(fixed or {})
+    cps = held.pop("context_parallel_size", 1)  # one cp, or a tuple of them to vary
+    for cp, parallel in ((cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
+                         for parallel in raw_layouts(gpus, batch, layers, per_node, cp)):
         if not allows(parallel, allowed or {}):
             continue
-        parallel = with_fixed(parallel, fixed or {})
+        parallel = with_fixed({**parallel, "context_parallel_size": cp}, held)
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})
         values[("parallel", "global_batch_size")] = batch

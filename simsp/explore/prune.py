@@ -21,7 +21,8 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
 - context parallelism (cp > 1): a layer is simulated alone at s/cp tokens without CP. Its saved
   tensors are exactly the CP layer's but for the K/V block the ring keeps for backward, so its
   kept bytes are a lower bound; its time is too, since the CP layer runs the same kernels on
-  the same s/cp rows and its ring's first step is the same (s/cp × s/cp) FlashAttention block,
+  the same s/cp rows and its ring's diagonal step (the forward's first, the backward's last) is
+  the same (s/cp × s/cp) FlashAttention block,
   the other cp − 1 steps and any wait for a K/V block only adding time
   (docs/context-parallel.md). Stage 0's optimizer state is sharded over d·cp.
 """

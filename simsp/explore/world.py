@@ -1,5 +1,5 @@
 """GPUs as an axis of a sweep: d derived from the world size as Megatron derives it
-(d = world / (t·p), megatron/core/parallel_state.py initialize_model_parallel), the nodes
+(d = world / (t·cp·p), megatron/core/parallel_state.py initialize_model_parallel), the nodes
 from the world size, and one sentence saying what that did to d and the batch.
 
 A world size comes from `--world-size` (a comma list), a sweep-file variant's `world_size`, or
@@ -11,6 +11,7 @@ import math
 WORLD_SIZE = ("parallel", "world_size")  # a sweep variant's key; never a scenario field
 D, NODES = ("parallel", "data_parallel_size"), ("cluster", "nodes")
 T, P = ("parallel", "tensor_model_parallel_size"), ("parallel", "pipeline_model_parallel_size")
+CP = ("parallel", "context_parallel_size")
 GPN, B, MB = ("cluster", "gpus_per_node"), ("parallel", "global_batch_size"), \
     ("parallel", "micro_batch_size")
 
@@ -45,16 +46,20 @@ def derive_world(merged: dict, base: dict, world: int | None, given: set):
     merged.pop(WORLD_SIZE, None)
     if chosen is None:
         return merged, None, ""
-    t, p = merged[T], merged[P]
-    if not all(isinstance(v, int) and v > 0 for v in (t, p, chosen)):
+    t, p, cp = merged[T], merged[P], merged.get(CP) or 1
+    if not all(isinstance(v, int) and v > 0 for v in (t, p, cp, chosen)):
         return merged, f"error: --world-size: must be a positive integer, got {chosen}", ""
-    if chosen % (t * p):
-        return merged, (f"error: --world-size: {chosen} is not divisible by tensor*pipeline = "
-                        f"{t}*{p} = {t * p}"), ""
-    d = chosen // (t * p)
+    model = t * cp * p  # GPUs of one data-parallel replica
+    names, factors = ("tensor*context*pipeline", f"{t}*{cp}*{p}") if cp > 1 else \
+        ("tensor*pipeline", f"{t}*{p}")
+    if chosen % model:
+        return merged, (f"error: --world-size: {chosen} is not divisible by {names} = "
+                        f"{factors} = {model}"), ""
+    d = chosen // model
     merged[D] = d
     if NODES not in given:
         merged[NODES] = math.ceil(chosen / merged[GPN])
-    note = (f"{chosen} GPUs on {merged[NODES]} node(s): d = {chosen}/(t·p = {t * p}) = {d} "
+    axes = "t·cp·p" if cp > 1 else "t·p"
+    note = (f"{chosen} GPUs on {merged[NODES]} node(s): d = {chosen}/({axes} = {model}) = {d} "
             f"(was {base[D]}); {_batch_text(merged, base, d, given)}")
     return merged, None, note

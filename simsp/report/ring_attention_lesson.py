@@ -100,7 +100,7 @@ def step_block_seconds(shape: AttentionShape, cp: int, phase: str, rank: int,
     local block at the diagonal, half of it otherwise)."""
     diagonal = held_rank(phase, rank, step, cp) == rank
     return block_seconds(shape.micro_batch, shape.heads, shape.local_tokens(cp), shape.head_dim,
-                         0 if diagonal else 1, phase == "backward")
+                         diagonal, phase == "backward")
 
 
 def ring_timeline(graph, gpus: list[int], shape: AttentionShape,
@@ -154,7 +154,7 @@ def transfer_derivation(graph, gpus: list[int], phase: str, nbytes: int,
 def compute_derivation(shape: AttentionShape, cp: int, diagonal: bool, backward: bool) -> dict:
     """A block's attention time as the cost model prices it: 2 (forward) or 5 (backward) batched
     GEMMs of 2·b·heads·m·k·n FLOPs at the calibrated rate, each with its launch."""
-    m, k, n = block_gemm(shape.local_tokens(cp), shape.head_dim, 0 if diagonal else 1)
+    m, k, n = block_gemm(shape.local_tokens(cp), shape.head_dim, diagonal)
     cal = active_calibration()
     gemms = 5 if backward else 2
     flops = 2 * shape.micro_batch * shape.heads * m * k * n

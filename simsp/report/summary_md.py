@@ -170,7 +170,8 @@ def _stages(m: dict, stages: list[dict]) -> list[str]:
     header = ["stage", "rank", "bubble"] + [name for _, name in tracks]
     rows = []
     for stage, (bubble, e) in enumerate(zip(m["bubble_fraction_per_stage"], exposed)):
-        rank = stages[stage]["rank"] if stage < len(stages) else "?"
+        rank = next((r["rank"] for r in stages  # the stage's cp = 0 rank (its exposure's)
+                     if r["pp"] == stage and r.get("cp", 0) == 0), "?")
         rows.append([str(stage), str(rank), pct(bubble)]
                     + [seconds(e.get(k, 0.0)) for k, _ in tracks])
     return ["## Pipeline stages: bubble and where the iteration time went", "",

@@ -20,7 +20,7 @@ from simsp.model.ring_attention import CpShard, block_backward, block_forward
 from simsp.model.tensor import FP16, FP32, Tensor
 from simsp.model.ulysses_attention import heads_to_seq, seq_to_heads
 from simsp.training.cp_a2a import CpAllToAll
-from simsp.training.cp_ring import CpRing, block_gemm, exchange_bytes
+from simsp.training.cp_ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.cp_ring_numeric import RankRingNumbers, RingMailbox
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -77,11 +77,12 @@ class CpAttention:
 
     def _blocks(self, r, q, phase: str):
         """The step's block attention on r's compute stream: TE's causal slices
-        (training/cp_ring.py block_gemm), 2 GEMMs forward, 1 recomputed + 4 backward."""
+        (training/cp_ring.py block_gemm; the whole block at diagonal_step: forward's first,
+        backward's last), 2 GEMMs forward, 1 recomputed + 4 backward."""
         b, heads, n, d = q.shape
 
         def run(ring_phase: str, step: int):
-            m, k, cols = block_gemm(n, d, step)
+            m, k, cols = block_gemm(n, d, step == diagonal_step(ring_phase, self.size))
             flops = 2 * b * heads * m * k * cols
             if ring_phase == "backward":
                 saved, r.phase = r.phase, "recompute"

@@ -43,18 +43,26 @@ def exchange_bytes(phase: str, step: int, cp: int, kv_bytes: int) -> int:
     return kv_bytes if step in (0, cp - 1) else 2 * kv_bytes
 
 
-def block_gemm(n: int, d: int, step: int) -> tuple:
+def diagonal_step(phase: str, cp: int) -> int:
+    """The step at which a rank holds its own K/V block: the first forward step, the last
+    backward step (TE's backward runs "in reversed order of fwd": `i == cp_size - 1` is its
+    diagonal branch, AttnFuncWithCPAndKVP2P.backward)."""
+    return 0 if phase == "forward" else cp - 1
+
+
+def block_gemm(n: int, d: int, diagonal: bool) -> tuple:
     """(m, k, n) of a step's score GEMM for n local tokens: the whole (n, n) block at the
-    diagonal step, else half of it, as TE slices (K/V from an earlier rank: its first chunk;
-    from a later rank: the second query chunk), (n, d, n/2) either way by FLOPs and intensity."""
-    return (n, d, n) if step == 0 else (n, d, n // 2)
+    diagonal step (diagonal_step), else half of it, as TE slices (K/V from an earlier rank: its
+    first chunk; from a later rank: the second query chunk), (n, d, n/2) either way by FLOPs
+    and intensity."""
+    return (n, d, n) if diagonal else (n, d, n // 2)
 
 
-def block_seconds(b: int, heads: int, n: int, d: int, step: int, backward: bool) -> float:
+def block_seconds(b: int, heads: int, n: int, d: int, diagonal: bool, backward: bool) -> float:
     """A step's block attention time from the cost model: 2 batched GEMMs forward (scores,
     context), 5 backward (recomputed scores, dV, dP, dQ, dK), 2·b·heads·m·k·n FLOPs each, as
     simsp/model/ops.py charges the FlashAttention core."""
-    m, k, cols = block_gemm(n, d, step)
+    m, k, cols = block_gemm(n, d, diagonal)
     gemms = 5 if backward else 2
     return gemms * kernel_time("gemm", 2 * b * heads * m * k * cols, 0, gemm=(m, k, cols))
 

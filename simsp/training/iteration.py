@@ -53,12 +53,17 @@ class Shortcuts:
             why = "not used: numeric mode needs every rank and every ring step"
             return cls(reasons=tuple((name, why) for name in
                                      ("representative", "closed_form", "templates")))
-        if sc.parallel.cp > 1:
-            why = ("not used: context parallelism's ring attention moves K/V between every CP "
-                   "rank; every rank runs, every ring step on the links")
+        if sc.parallel.cp > 1 and sc.model.num_experts is not None:
+            why = "not used: context parallelism with MoE layers runs every rank on the links"
             return cls(reasons=tuple((name, why) for name in
                                      ("representative", "closed_form", "templates")))
         verdict = check_shortcuts(sc)
+        if sc.parallel.cp > 1:  # closed form where no ring shares a link with the CP traffic
+            why = ("not used: context parallelism's ring attention needs every rank of its CP "
+                   "group to run")
+            return cls(closed_form=verdict.closed_form, stepwise_groups=verdict.stepwise_groups,
+                       reasons=(("representative", why), verdict.reasons[1],
+                                ("templates", why)))
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
                    verdict.stepwise_groups, verdict.reasons)
 

@@ -21,6 +21,7 @@ from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_n
 from simsp.engine.ring_plan import channel_rings
 from simsp.model.moe_placement import expert_grid
 from simsp.model.moe_routing import uniform_routing
+from simsp.training.cp_shortcuts import cp_traffic_owners
 
 Edge = tuple[str, str]
 Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
@@ -247,10 +248,11 @@ def closed_form_why(clashes: list, stepwise: frozenset) -> str:
 def check_shortcuts(sc) -> ShortcutVerdict:
     """The exact shortcuts of a meta-mode scenario, with the reason for each."""
     p, cluster = sc.parallel, sc.cluster
-    grid = RankGrid(p.tp, p.pp, p.dp)
+    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
-    owners = traffic_owners(grid, interleaved=p.schedule_name == "interleaved") + \
-        expert_owners(sc)
+    interleaved = p.schedule_name == "interleaved"
+    owners = (traffic_owners(grid, interleaved) if p.cp == 1 else  # CP: training/cp_shortcuts.py
+              cp_traffic_owners(grid, interleaved, p.cp_comm_type)) + expert_owners(sc)
     users = link_users(graph, owners)
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)

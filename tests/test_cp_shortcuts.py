@@ -1,0 +1,54 @@
+"""With context parallelism the fast path times collectives in closed form where no ring
+shares a link with other traffic, the CP exchanges included (training/cp_shortcuts.py), and
+equals the full simulation (--no-shortcuts) to 1% in iteration time and every stage's
+exposure, on CP groups inside a node and spanning nodes (tiny models, meta mode)."""
+
+import pytest
+
+from simsp.config import load_scenario
+from simsp.training.iteration import Shortcuts
+from tests.test_shortcut_layouts import assert_same, fast_and_full
+
+
+def cp_scenario(gpn, t, cp, p, d, comm_type, overlap):
+    """A 2p-layer flash model of hidden 96 (12 heads, 4 KV groups, 96 tokens) on
+    ceil(t·cp·p·d / gpn) nodes, meta mode."""
+    world = t * cp * p * d
+    parallel = {"tensor_model_parallel_size": t, "context_parallel_size": cp,
+                "cp_comm_type": comm_type, "pipeline_model_parallel_size": p,
+                "data_parallel_size": d, "global_batch_size": 2 * d,
+                "overlap_grad_reduce": overlap, "distributed_optimizer": True,
+                "ddp_bucket_size": 20_000, "sequence_parallel": t > 1}
+    overrides = {("model", "num_layers"): 2 * p, ("model", "hidden_size"): 96,
+                 ("model", "num_attention_heads"): 12, ("model", "seq_length"): 96,
+                 ("model", "group_query_attention"): True, ("model", "num_query_groups"): 4,
+                 ("model", "attention_backend"): "flash", ("model", "vocab_size"): 256,
+                 ("run", "mode"): "meta", ("cluster", "gpus_per_node"): gpn,
+                 ("cluster", "nodes"): -(-world // gpn)}
+    overrides.update({("parallel", k): v for k, v in parallel.items()})
+    return load_scenario(None, overrides)
+
+
+@pytest.mark.parametrize("gpn, t, cp, p, d, comm_type, overlap", [
+    (8, 2, 2, 2, 2, "p2p", True),  # CP groups inside a node, DP over the dp_cp groups
+    (4, 4, 2, 2, 1, "p2p", False),  # each CP pair spans two nodes (ranks 4 apart)
+    (2, 1, 4, 1, 2, "a2a", True),  # a CP group of 4 over two nodes, Ulysses all-to-alls
+    (4, 2, 2, 1, 2, "allgather", False),  # the K/V all-gather as a ring collective
+])
+def test_cp_fast_path_equals_full_simulation(gpn, t, cp, p, d, comm_type, overlap):
+    sc = cp_scenario(gpn, t, cp, p, d, comm_type, overlap)
+    assert Shortcuts.for_scale(sc).closed_form
+    fast, full = fast_and_full(sc)
+    assert_same(fast, full)
+
+
+def test_the_stage_table_names_each_stages_cp0_rank():
+    """t 2 cp 2 p 2 d 2: stage 1 begins at rank t·c·d = 8 (rank 2 is stage 0's cp rank 1)."""
+    from simsp.metrics import collect
+    from simsp.report.summary_md import summary_text
+    from simsp.training.iteration import simulate_iteration
+    sc = cp_scenario(8, 2, 2, 2, 2, "p2p", False)
+    fast = Shortcuts.for_scale(sc)
+    text = summary_text(collect(simulate_iteration(sc, fast, trace="none"), fast))
+    table = text.split("## Pipeline stages")[1].split("\n\n")[1].splitlines()
+    assert [row.split(" | ")[:2] for row in table[2:]] == [["| 0", "0"], ["| 1", "8"]]
