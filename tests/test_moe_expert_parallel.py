@@ -369,3 +369,22 @@ def test_run_reports_the_expert_load(tmp_path):
     assert "## Mixture of experts: expert load" in out and "EP comm exposed" in out
     rc, out, err = cli(["run", "--mode", "numeric"] + argv[3:-2])  # imbalance is meta's model
     assert rc == 2 and err.startswith("error: model.moe_routing_imbalance:")
+
+
+def test_layer_templates_replay_a_moe_layer_without_expert_parallelism():
+    # t = 1, EP = 1, balanced routing: the layer templates record a MoE layer once (its routing
+    # counts are kept outside the ledger) and replay it; the time, memory and expert load equal
+    # simulating every rank and every layer step (which once crashed on the ledger-less counts)
+    sc = scenario(mode="meta", data_parallel_size=2, pipeline_model_parallel_size=2,
+                  expert_model_parallel_size=1, global_batch_size=4, micro_batch_size=1,
+                  num_experts=4, hidden_size=256,
+                  num_attention_heads=4, ffn_hidden_size=512, seq_length=256)
+    fast = Shortcuts.for_scale(sc)
+    assert fast.templates
+    runs = [simulate_iteration(sc, shortcuts) for shortcuts in (fast, Shortcuts())]
+    metrics = [collect(run, shortcuts) for run, shortcuts in zip(runs, (fast, Shortcuts()))]
+    assert metrics[0]["iteration_time_s"] == pytest.approx(metrics[1]["iteration_time_s"],
+                                                           rel=1e-12)
+    assert metrics[0]["moe"]["routed_pairs"] == metrics[1]["moe"]["routed_pairs"]
+    assert [r["peak_bytes"] for r in metrics[0]["ranks"]] == \
+        [r["peak_bytes"] for r in metrics[1]["ranks"]]

@@ -17,9 +17,10 @@ SKIPPED_TRACKS = ("pp_comm", "dp_comm")  # other processes of the rank; never pa
 
 @dataclass(frozen=True)
 class TensorShape:
-    key: str  # relative to the scope, or INPUT
+    key: str | None  # relative to the scope, or INPUT; None: kept outside the ledger
     shape: tuple
     itemsize: int
+    kept: object = None  # a ledger-less tensor itself (e.g. MoE's routing counts), reused as is
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,8 @@ class _Snapshot:
         return self._one(result)
 
     def _one(self, t: Tensor) -> TensorShape:
+        if t.key is None:  # not in the ledger: every alike layer step keeps the same one
+            return TensorShape(None, t.shape, t.itemsize, kept=t)
         return TensorShape(self.relative(t.key) or t.key, t.shape, t.itemsize)
 
 
@@ -218,6 +221,8 @@ def _rebuild(result, scope: str, input_key: str):
 
 def _meta(shape: TensorShape, scope: str, input_key: str) -> Tensor:
     """The meta tensor of one template result, keyed in this step's scope."""
+    if shape.kept is not None:
+        return shape.kept
     key = input_key if shape.key == INPUT else scope + shape.key
     return Tensor.meta(shape.shape, shape.itemsize, key)
 

@@ -9,15 +9,16 @@ def moe_metrics(run) -> dict:
     """{"moe": {...}} for a MoE model, {} for a dense one."""
     if run.sc.model.num_experts is None:
         return {}
+    # a counter that never moved is absent (replayed layer steps add only what changed)
     loads = {rank: r.moe_load for rank, r in sorted(run.world.ranks.items()) if r.moe_load}
     if not loads:
         return {"moe": {}}
     represented = run.sc.parallel.world_size / len(run.world.ranks)  # meta: ranks per simulated
-    rows = {rank: load["expert_rows"] for rank, load in loads.items()}
+    rows = {rank: load.get("expert_rows", 0) for rank, load in loads.items()}
     slowest = max(rows, key=lambda rank: (rows[rank], -rank))
     mean = sum(rows.values()) / len(rows)
-    routed = round(represented * sum(load["routed_pairs"] for load in loads.values()))
-    dropped = round(represented * sum(load["dropped_pairs"] for load in loads.values()))
+    routed = round(represented * sum(load.get("routed_pairs", 0) for load in loads.values()))
+    dropped = round(represented * sum(load.get("dropped_pairs", 0) for load in loads.values()))
     sent = {rank: sum(n for (phase, label), n in run.world.ranks[rank].comm_bytes.items()
                       if phase == "forward" and label in DISPATCH_LABELS)
             for rank in loads}
@@ -30,6 +31,6 @@ def moe_metrics(run) -> dict:
         "routed_pairs": routed,
         "dropped_pairs": dropped,
         "dropped_fraction": dropped / routed if routed else 0.0,
-        "padding_rows": round(represented * sum(load["padding_rows"] for load in loads.values())),
+        "padding_rows": round(represented * sum(load.get("padding_rows", 0) for load in loads.values())),
         "dispatched_bytes_per_rank": {str(rank): n for rank, n in sent.items()},
     }}
