@@ -150,7 +150,9 @@ def test_both_tiers_from_one_node_and_four_node_runs(capsys, tmp_path):
         assert fitted[name] == pytest.approx(getattr(BOTH, name), rel=1e-4), name
 
 
-@settings(max_examples=6, deadline=None)
+# derandomized: a multi-node fit runs step-by-step rings per evaluation (engine/ring_alone.py),
+# so its cost depends on the example; fixed examples keep the suite's time bounded
+@settings(max_examples=6, deadline=None, derandomize=True)
 @given(st.floats(0.2, 1.0), st.floats(0.5, 20.0), st.floats(0.2, 1.0), st.floats(0.5, 10.0),
        st.integers(2, 8), st.integers(2, 4), st.integers(1, 8), st.sampled_from(sorted(REDOP)))
 def test_any_link_parameters_are_recovered(tmp_path_factory, nv_eff, nv_lat, ib_eff, ib_lat,
