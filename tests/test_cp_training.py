@@ -215,3 +215,13 @@ def test_search_varies_cp_over_a_list_and_every_bound_holds(capsys, tmp_path):
     assert main(["search", "--gpus", "8", "--context-parallel-size", "0,2"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --context-parallel-size: must be a positive integer, got 0,2")
+
+
+def test_the_run_header_names_cp_and_its_comm_type(capsys, tmp_path):
+    """summary.md's Layout line of a CP run says cp and how it communicates (t·cp·p·d = 16)."""
+    from simsp.cli import main
+    assert main(["run", str(CP_TINY), "--mode", "meta", "--quiet", "--trace", "none",
+                 "--out", str(tmp_path)]) == 0
+    layout = next(line for line in (tmp_path / "summary.md").read_text().splitlines()
+                  if line.startswith("Layout:"))
+    assert layout.startswith("Layout: t=2 cp=2 (p2p) p=2 d=2 on 16 GPUs")

@@ -83,9 +83,10 @@ def _header(m: dict) -> list[str]:
     lay = m["layout"]
     sp = "SP" if lay["sequence_parallel"] else "no SP"
     extra = ", distributed optimizer" if lay.get("distributed_optimizer") else ""
+    cp = f" cp={lay['cp']} ({lay['cp_comm_type']})" if "cp" in lay else ""  # cp > 1 only
     return [
         f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
-        f"Layout: t={lay['t']} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
+        f"Layout: t={lay['t']}{cp} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
         f"({_plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}, schedule "
         f"{lay['schedule']}, micro-batch {lay['micro_batch']}, global batch "
         f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
