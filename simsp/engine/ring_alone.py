@@ -28,7 +28,7 @@ from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, Coll
 from simsp.engine.nccl_group import nccl_choice, wire_bytes
 from simsp.engine.nccl_tuning import RING
 from simsp.engine.network import Network
-from simsp.engine.ring_plan import ALL_REDUCE, Channel, _members_by_node, channel_rings
+from simsp.engine.ring_plan import ALL_REDUCE, Channel, channel_rings, members_by_node
 from simsp.engine.ring_timing import channel_hops, closed_form_stats, collective_time
 from simsp.hardware import LinkCalibration
 
@@ -109,7 +109,7 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
     holding the members at the same GPUs, one channel per member, equal chunk slices, equal
     latencies at every node's like positions. None where it is not."""
     per_node = graph.graph["gpus_per_node"]
-    by_node = _members_by_node(gpus, per_node)
+    by_node = members_by_node(gpus, per_node)
     shapes = {tuple(gpus[member] % per_node for member in members) for members in by_node}
     channels = channel_rings(gpus, per_node)
     m, n = len(by_node[0]), len(gpus)

@@ -148,14 +148,14 @@ def channel_rings(gpus: list[int], gpus_per_node: int) -> list[Channel]:
     (k = the fewest members on any node), channel c entering every node at its c-th member and
     leaving at its (c-1)-th, which sends through the NIC on the next entry's rail (PXN, NCCL
     >= 2.12) so every node-crossing hop of channel c stays on one rail."""
-    by_node = _members_by_node(gpus, gpus_per_node)
+    by_node = members_by_node(gpus, gpus_per_node)
     if len(by_node) == 1:
         return [Channel(0, tuple(range(len(gpus))), (None,) * len(gpus), None)]
     k = min(len(members) for members in by_node)
     return [_rail_channel(c, gpus, by_node, gpus_per_node) for c in range(k)]
 
 
-def _members_by_node(gpus: list[int], gpus_per_node: int) -> list[list[int]]:
+def members_by_node(gpus: list[int], gpus_per_node: int) -> list[list[int]]:
     """Group member indices per node, nodes in order of first appearance."""
     nodes: dict[int, list[int]] = {}
     for member, gpu in enumerate(gpus):

@@ -1,7 +1,8 @@
 """Whole-collective ring timing in closed form, and nccl-tests' bandwidth figures.
 
 collective_time is the fast path for scale: it prices every step of every channel's ring at its
-slowest hop without simulating flows, in O(n log n) for an n-member ring. tests/test_communicator.py shows it matches the stepwise simulation.
+slowest hop without simulating flows, in O(n log n) for an n-member ring. tests/test_communicator.py
+shows it matches the stepwise simulation.
 Every collective runs as NCCL would pick it (engine/nccl_tuning.py, docs/nccl.md): its protocol
 scales each step's link latency and the bytes a link carries per data byte, its base latency is
 paid once per call, and an all-reduce NCCL runs as a tree is timed by tree_time.
@@ -16,21 +17,22 @@ from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, ChannelStats, Collecti
 from simsp.engine.nccl_group import hop_latency_scale, nccl_choice
 from simsp.engine.nccl_tuning import RING, TREE, NcclChoice, tree_correction
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, Channel,
-                                    _members_by_node, channel_bytes, channel_rings, chunk_counts,
+                                    channel_bytes, channel_rings, chunk_counts, members_by_node,
                                     position_bytes_sent, slice_counts)
 from simsp.hardware import LinkCalibration
 from simsp.units import GB
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """NCCL PERFORMANCE.md: busbw = algbw * 2(n-1)/n for all-reduce, * (n-1)/n for RS and AG."""
+    """NVIDIA/nccl-tests doc/PERFORMANCE.md: busbw = algbw * 2(n-1)/n for all-reduce,
+    * (n-1)/n for RS and AG."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}")
     return (2 if collective == ALL_REDUCE else 1) * (n - 1) / n
 
 
 def algbw_GBps(nbytes: int, time_s: float) -> float:
-    """NCCL PERFORMANCE.md: algbw = S / time, in GB/s (1e9 bytes/s)."""
+    """NVIDIA/nccl-tests doc/PERFORMANCE.md: algbw = S / time, in GB/s (1e9 bytes/s)."""
     return nbytes / time_s / GB if time_s > 0 else 0.0
 
 
@@ -103,7 +105,7 @@ def tree_time(graph: nx.DiGraph, gpus: list[int], nbytes: int,
     hops = channel_hops(graph, list(gpus), channels, calibration)
     bus_Bps = sum(min(rate for _lat, rate in channel) for channel in hops)
     intra_s, inter_s = _tier_latencies(graph, list(gpus), channels[0], hops[0])
-    by_node = _members_by_node(list(gpus), graph.graph["gpus_per_node"])
+    by_node = members_by_node(list(gpus), graph.graph["gpus_per_node"])
     per_node, nodes = len(by_node[0]), len(by_node)
     latency_s = choice.base_latency_s + 2 * (
         (per_node - 1) * intra_s * choice.intra_latency_scale

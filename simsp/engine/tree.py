@@ -21,7 +21,7 @@ import simpy
 from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, CollectiveStats, _is_meta,
                                       element_count)
 from simsp.engine.network import Network
-from simsp.engine.ring_plan import ALL_REDUCE, _members_by_node, chunk_counts, chunk_offsets
+from simsp.engine.ring_plan import ALL_REDUCE, chunk_counts, chunk_offsets, members_by_node
 
 SLOT_BYTES = 4 * 1024 * 1024 // 8  # NCCL_BUFFSIZE (4 MiB) / NCCL_STEPS (8)
 TREE = "tree"
@@ -43,7 +43,7 @@ class TreeChannel:
 def tree_channels(gpus: list[int], gpus_per_node: int) -> list[TreeChannel]:
     """One channel per GPU a node holds; channel c chains every node's members from its c-th
     (the head, on rail c) and joins the heads in tree c % 2 (the heap tree or its mirror)."""
-    by_node = _members_by_node(gpus, gpus_per_node)
+    by_node = members_by_node(gpus, gpus_per_node)
     k = min(len(members) for members in by_node)
     channels = []
     for c in range(k):
