@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from simsp.config import Cluster
-from simsp.profiles import GPUProfile, available, gpu_profile
+from simsp.profiles import GPUProfile, available, gpu_profile, nvswitch_generation
 from simsp.units import GiB
 
 
@@ -55,6 +55,9 @@ GPUS = _GPUProfiles()
 # Links
 # ---------------------------------------------------------------------------------------------
 
+NVLS_NVSWITCH_GENERATION = 3  # NVLink SHARP is in the third-generation NVSwitch and later
+
+
 @dataclass(frozen=True)
 class LinkCalibration:
     """Achieved fractions of the configured link speeds, and extra software latency.
@@ -72,14 +75,19 @@ class LinkCalibration:
     # simsp/engine/nccl_tuning.py); carried here so every timing path sees them
     nccl_algo: str | None = None
     nccl_proto: str | None = None
+    # The GPU's NVLink generation where its system's NVSwitch (3 or later) can run NCCL's NVLS
+    # all-reduce in one NVLink domain (simsp/engine/nvls.py); 0 where it cannot (DGX A100)
+    nvls_nvlink_generation: int = 0
 
     @classmethod
     def from_cluster(cls, cluster) -> "LinkCalibration":
         """The link calibration a scenario's [cluster] section states (defaults: the above)."""
         forced = {name: None if getattr(cluster, name, "auto") == "auto" else getattr(cluster, name)
                   for name in ("nccl_algo", "nccl_proto")}
+        nvls = (gpu_profile(cluster.gpu).nvlink_generation
+                if nvswitch_generation(cluster) >= NVLS_NVSWITCH_GENERATION else 0)
         return cls(cluster.nvlink_efficiency, cluster.ib_efficiency,
-                   cluster.transfer_overhead_us * 1e-6, **forced)
+                   cluster.transfer_overhead_us * 1e-6, **forced, nvls_nvlink_generation=nvls)
 
     def efficiency(self, kind: str) -> float:
         """Achieved fraction of bandwidth for a link of `kind` ("nvlink" or "ib")."""

@@ -1,18 +1,22 @@
 """GPU and system profiles as data (simsp/profiles.py), the compute rule, NVLS timing."""
 
+from dataclasses import replace
 import math
 import subprocess
 import sys
 import tomllib
 
 import pytest
+import simpy
 
 from simsp.cluster.topology import build_topology, route
 from simsp.config import Cluster, load_scenario
 from simsp.costmodel import kernel_time
+from simsp.engine.communicator import CLOSED_FORM, Communicator
+from simsp.engine.network import Network
 from simsp.engine.nvls import nvls_all_reduce_time
 from simsp.errors import UserError
-from simsp.hardware import A100_COMPUTE, compute_for, rule_calibration
+from simsp.hardware import A100_COMPUTE, LinkCalibration, compute_for, rule_calibration
 from simsp.profiles import DATA, available, gpu_profile, system_profile
 from simsp.units import GiB
 
@@ -128,11 +132,14 @@ def test_simsp_hardware_lists_every_profile_with_its_sources():
 
 
 def test_the_nemo_group_runs_only_when_named():
-    from simsp.validation.runner import load_sets, select_groups
+    from simsp.validation.runner import check_all, load_sets, select_groups
     sets = load_sets([])
     assert "nemo-24.07-h100" not in [g[0] for g in select_groups(sets, None)]
     (group,) = select_groups(sets, ["nemo-24.07-h100"])
-    assert len(group[3]) == 7 and "not model" in group[2]
+    names = [row.name.split()[0] for _, row in group[3]]
+    assert names == ["GPT3-5B", "GPT3-20B", "GPT3-175B", "GPT3-175B", "LLAMA2-7B", "LLAMA2-13B",
+                     "LLAMA2-70B", "LLAMA3-8B", "LLAMA3-70B"] and "not model" in group[2]
+    check_all([group])  # every row's scenario loads and passes run's work check
 
 
 def test_a_swept_system_fills_its_cluster_unless_that_key_is_swept_too():
@@ -164,3 +171,31 @@ def test_reports_name_the_hardware_only_when_it_is_not_the_default():
     lay = layout(load_scenario(None, {("cluster", "system"): "dgx-h100",
                                       ("parallel", "fp8_format"): "hybrid"}))
     assert _hardware_line(lay) == ["Hardware: h100-sxm-80gb in dgx-h100, FP8 hybrid (delayed)."]
+
+
+def _all_reduce(cluster, gpus, nbytes, calibration=None):
+    """One all-reduce of `nbytes` over `gpus` through the training loop's Communicator (meta
+    buffers, closed-form timing): its stats."""
+    env = simpy.Environment()
+    calibration = calibration or LinkCalibration.from_cluster(cluster)
+    comm = Communicator(env, Network(env, build_topology(cluster), calibration),
+                        timing=CLOSED_FORM)
+    for rank in gpus:
+        env.process(comm.all_reduce(tuple(gpus), rank, None, nbytes, "tp"))
+    env.run()
+    return comm.stats[0]
+
+
+def test_a_training_all_reduce_runs_as_nvls_where_nccl_would_pick_it():
+    h100 = load_scenario(None, {("cluster", "system"): "dgx-h100",
+                                ("cluster", "nodes"): 2}).cluster
+    big = _all_reduce(h100, range(8), 2**28)  # 256 MiB in one node: NVLS, by hand
+    assert big.algorithm == "nvls"
+    assert big.time_s == pytest.approx(25e-6 + 2**28 * 1.125 / (450e9 * 0.78 * 0.85), rel=1e-12)
+    assert _all_reduce(h100, range(8), 2**16).algorithm == "ring"  # LL ring 23.3 < NVLS 25.3 us
+    assert _all_reduce(h100, (0, 8), 2**28).algorithm != "nvls"  # two NVLink domains
+    forced = _all_reduce(h100, range(8), 2**28,
+                         replace(LinkCalibration.from_cluster(h100), nccl_algo="ring"))
+    assert forced.algorithm == "ring" and forced.time_s > 1.3 * big.time_s
+    a100 = load_scenario(None, {}).cluster
+    assert _all_reduce(a100, range(8), 2**28).algorithm == "ring"  # NVSwitch 2: no NVLS

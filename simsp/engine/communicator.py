@@ -21,9 +21,10 @@ import simpy
 from simsp.engine.all_to_all import all_to_all
 from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
-from simsp.engine.nccl_group import nccl_choice
+from simsp.engine.nccl_group import link_speeds_GBps, nccl_choice
 from simsp.engine.nccl_tuning import TREE
 from simsp.engine.network import Network
+from simsp.engine.nvls import NVLS, nvls_bytes_per_direction, nvls_in_group
 from simsp.engine.ring_alone import alone_stats
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
@@ -152,13 +153,14 @@ class Communicator:
             meeting.done.succeed(results)
             return
         stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
-        if stepwise and not self._runs_as_tree(meeting):
+        nvls = self._nvls(meeting)
+        if stepwise and nvls is None and not self._runs_as_tree(meeting):
             ring = RING_COLLECTIVES[meeting.collective]
             results, stats = yield from ring(self.env, self.network, list(meeting.group),
                                              buffers, meeting.nbytes, meeting.elem_bytes,
                                              meeting.tag or meeting.collective)
         else:
-            stats = yield from self._as_a_whole(meeting)
+            stats = yield from self._as_a_whole(meeting, nvls)
             results = _direct_results(meeting.collective, buffers, meeting.nbytes,
                                       meeting.elem_bytes)
         self.stats.append(stats)
@@ -168,11 +170,12 @@ class Communicator:
                                               "nbytes": meeting.nbytes, "group": meeting.group})
         meeting.done.succeed(results)
 
-    def _as_a_whole(self, meeting: _Meeting):
-        """A tree all-reduce, or a ring that nothing else shares links with: wait its time
-        alone on its links, without flows."""
+    def _as_a_whole(self, meeting: _Meeting, nvls: CollectiveStats | None = None):
+        """An NVLS or tree all-reduce, or a ring that nothing else shares links with: wait its
+        time alone on its links, without flows."""
         start_s = self.env.now
-        alone = self._tree(meeting) if self._runs_as_tree(meeting) else self._alone(meeting)
+        alone = nvls or (self._tree(meeting) if self._runs_as_tree(meeting)
+                         else self._alone(meeting))
         yield self.env.timeout(alone.time_s)
         return replace(alone, start_s=start_s, end_s=self.env.now, channels=())
 
@@ -191,6 +194,24 @@ class Communicator:
             self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, stats.start_s,
                                 stats.end_s, {"collective": ALL_TO_ALL, "group": meeting.group})
         return received
+
+    def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
+        """NCCL's NVLS all-reduce where the system runs it and it beats the ring or tree
+        (engine/nvls.py; closed form, loading no link, as the tree), memoised; else None."""
+        calibration = self.network.calibration
+        if meeting.collective != ALL_REDUCE or not calibration.nvls_nvlink_generation:
+            return None
+        key = (NVLS, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        if key not in self._plans:
+            other = self._tree(meeting) if self._runs_as_tree(meeting) else self._alone(meeting)
+            graph, n = self.network.graph, len(meeting.group)
+            seconds = nvls_in_group(meeting.group, meeting.nbytes, graph.graph["gpus_per_node"],
+                                    link_speeds_GBps(graph)[0], calibration, other.time_s)
+            sent = (round(nvls_bytes_per_direction(meeting.nbytes, n)),) * n
+            self._plans[key] = None if seconds is None else CollectiveStats(
+                ALL_REDUCE, meeting.group, meeting.nbytes, 1, sent, sent, 0.0, seconds, (),
+                NVLS, "Simple", 0)
+        return self._plans[key]
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode

@@ -13,13 +13,14 @@ nvlsEfficiency and hwLatencies[NVLINK][NVLS][SIMPLE]). Single NVLink domain only
 nodes NCCL uses NVLS_TREE or CollNet, which simsp does not model.
 """
 
+from simsp.hardware import NVLS_NVSWITCH_GENERATION
 from simsp.units import GB
 
 # NVIDIA/nccl src/graph/tuning.cc nvlsEfficiency per compute capability, keyed here by the GPU's
 # NVLink generation (4: Hopper, 5: Blackwell); NVLink 3 (Ampere) has no NVLS (0 in tuning.cc).
 NVLS_EFFICIENCY = {4: 0.85, 5: 0.74}
 NVLS_LATENCY_S = 25e-6  # tuning.cc hwLatencies[NCCL_HW_NVLINK][NCCL_ALGO_NVLS][NCCL_PROTO_SIMPLE]
-MIN_NVSWITCH_GENERATION = 3  # NVLink SHARP is in the third-generation NVSwitch and later
+MIN_NVSWITCH_GENERATION = NVLS_NVSWITCH_GENERATION
 NVLS = "nvls"
 
 
@@ -46,3 +47,20 @@ def nvls_all_reduce_time(nbytes: int, ranks: int, nvlink_GBps: float, link_effic
     NVLS latency plus S(1 + 1/n) at the achieved link rate times NCCL's nvlsEfficiency."""
     rate_Bps = nvlink_GBps * GB * link_efficiency * NVLS_EFFICIENCY[nvlink_generation]
     return NVLS_LATENCY_S + nvls_bytes_per_direction(nbytes, ranks) / rate_Bps
+
+
+def nvls_in_group(gpus: tuple[int, ...], nbytes: int, gpus_per_node: int, nvlink_GBps: float,
+                  calibration, other_time_s: float) -> float | None:
+    """NVLS's seconds for this all-reduce where NCCL would run it as NVLS, else None: the
+    system can (calibration.nvls_nvlink_generation, set from its NVSwitch), NCCL_ALGO and
+    NCCL_PROTO leave the choice open (NVLS runs Simple), the group is one NVLink domain, and
+    NVLS beats the ring or tree NCCL would otherwise run (`other_time_s`): NCCL takes the
+    lowest predicted time (NVIDIA/nccl src/enqueue.cc topoGetAlgoInfo)."""
+    generation = calibration.nvls_nvlink_generation
+    if (generation not in NVLS_EFFICIENCY or calibration.nccl_algo is not None
+            or calibration.nccl_proto not in (None, "Simple") or len(gpus) < 2
+            or len({gpu // gpus_per_node for gpu in gpus}) != 1):
+        return None
+    seconds = nvls_all_reduce_time(nbytes, len(gpus), nvlink_GBps,
+                                   calibration.nvlink_efficiency, generation)
+    return seconds if seconds < other_time_s else None
