@@ -164,7 +164,7 @@ def _run_all_to_all(args, sizes: list[int], cluster: Cluster, gpus: list[int]) -
 def _nccl_pick(cluster: Cluster, rows: list[CollectiveStats]) -> list[str]:
     """On an NVSwitch-3+ domain NCCL also weighs NVLS for an all-reduce and takes the fastest
     (tuning.cc): name the faster of the row above and NVLS per size. Nothing where NVLS cannot
-    run (engine/nccl_tuning.py does not model NVLS yet: this is its hook)."""
+    run (training runs weigh it the same way: engine/nvls.py nvls_in_group)."""
     if not rows or rows[0].collective != ALL_REDUCE or nvls_available(
             nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
             cluster.nodes):

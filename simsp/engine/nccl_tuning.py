@@ -28,7 +28,7 @@ from functools import lru_cache
 import math
 
 RING, TREE = "ring", "tree"
-ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS etc.: not modelled yet)
+ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS: engine/nvls.py)
 LL, LL128, SIMPLE = "LL", "LL128", "Simple"
 PROTOCOLS = (LL, LL128, SIMPLE)  # NCCL_PROTO_LL, NCCL_PROTO_LL128, NCCL_PROTO_SIMPLE
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
