@@ -151,10 +151,12 @@ def test_both_tiers_from_one_node_and_four_node_runs(capsys, tmp_path):
 
 
 # the fit evaluates the exact model a few times (simsp/calibrate/fit.py: closed-form start, then
-# one Gauss-Newton step and a check), so random layouts cost seconds, not minutes
+# one Gauss-Newton step and a check), so random layouts cost seconds, not minutes; 3 ranks per
+# node give unequal, asymmetric rings (run whole, step by step), 5-7 would only cost more
 @settings(max_examples=6, deadline=None)
 @given(st.floats(0.2, 1.0), st.floats(0.5, 20.0), st.floats(0.2, 1.0), st.floats(0.5, 10.0),
-       st.integers(2, 8), st.integers(2, 4), st.integers(1, 8), st.sampled_from(sorted(REDOP)))
+       st.integers(2, 8), st.integers(2, 4), st.sampled_from([1, 2, 3, 4, 8]),
+       st.sampled_from(sorted(REDOP)))
 def test_any_link_parameters_are_recovered(tmp_path_factory, nv_eff, nv_lat, ib_eff, ib_lat,
                                            one_node_ranks, nodes, per_node, collective):
     """Random parameters and layouts, started from simsp's defaults, exact times: within 1e-4."""
