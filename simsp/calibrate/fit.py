@@ -20,7 +20,7 @@ two hops of a ring, an upper bound elsewhere), then polishes on the exact model 
 the answer and in its piece, that takes one Gauss-Newton step and a check. Every evaluation is
 kept per parameter vector, so the Jacobian at the answer (standard errors) and the
 identifiability test reuse what the iterations computed; the iteration stops when the step it
-would take is below rounding, without evaluating it.
+would take is below STEP_TOLERANCE, without evaluating it. `iterations` counts the exact steps.
 """
 
 from dataclasses import dataclass
