@@ -261,7 +261,7 @@ def _llama_layout(sc) -> dict:
     m, p = sc.model, sc.parallel
     extra = {}
     if p.recompute_granularity == "selective" and p.recompute_modules is not None:
-        extra["recompute_modules"] = p.recompute_modules.split()
+        extra["recompute_modules"] = " ".join(p.recompute_modules.split())
     if p.uneven_pipeline:
         counts = virtual_stage_layer_counts(m, p)  # virtual stage k = chunk·p + stage
         extra["stage_layers"] = [sum(counts[k::p.pp]) for k in range(p.pp)]

@@ -339,6 +339,29 @@ def test_accounted_split_on_one_stage_is_megatrons_even_split():
         [r["peak_bytes"] for r in plain["ranks"]]
 
 
+def test_search_takes_every_llama_field():
+    """A search over 2 GPUs with every Llama field and Megatron's accounted split keeps its
+    p = 1 layouts (the even split there) and splits p = 2 as (4 + 2)/2 − 1 = 2 layers a stage."""
+    import simsp
+    frame = simsp.search(None, gpus=2, global_batch_size=4, num_layers=4, hidden_size=64,
+                         num_attention_heads=4, seq_length=32, swiglu=True,
+                         normalization="RMSNorm", position_embedding_type="rope",
+                         group_query_attention=True, num_query_groups=2, kv_channels=8,
+                         attention_backend="flash", untie_embeddings_and_output_weights=True,
+                         add_bias_linear=False, account_for_embedding_in_pipeline_split=True,
+                         account_for_loss_in_pipeline_split=True,
+                         recompute_granularity="selective", recompute_modules="mlp layernorm",
+                         micro_batch_size=1, exhaustive=True, workers=0)
+    assert set(frame["status"]) == {"ok"}
+    assert set(frame["pipeline_model_parallel_size"]) == {1, 2}
+    split = frame[frame["pipeline_model_parallel_size"] == 2]
+    assert set(split["layout.stage_layers_stage0"]) == set(split["layout.stage_layers_stage1"]) \
+        == {2}
+    assert set(frame["layout.recompute_modules"]) == {"mlp layernorm"}
+    assert set(frame["architecture"]) == {"GQA 4/2 d = 8, SwiGLU f = 256, RMSNorm, RoPE base "
+                                          "10000, untied, no bias, flash"}
+
+
 def test_report_layout_names_recompute_modules_and_uneven_split():
     """405B's report line says which modules selective recompute rebuilds and how many layers
     each stage holds (Megatron's split, worked in test_pipeline_layer_counts_follow_megatron);
@@ -347,7 +370,7 @@ def test_report_layout_names_recompute_modules_and_uneven_split():
     from simsp.report.summary_md import _header
     root = Path(__file__).resolve().parents[1] / "scenarios"
     lay = layout(load_scenario(root / "llama3.1-405b.toml"))
-    assert lay["stage_layers"] == [15] + [16] * 6 + [15] and lay["recompute_modules"] == ["mlp"]
+    assert lay["stage_layers"] == [15] + [16] * 6 + [15] and lay["recompute_modules"] == "mlp"
     line = _header({"scenario": "405b", "mode": "meta", "layout": lay})[2]
     assert "p=8 (layers 15 + 16 x 6 + 15) d=8" in line and "recompute selective (mlp)," in line
     gpt = layout(load_scenario(root / "paper-175b.toml"))

@@ -111,7 +111,7 @@ def _stage_layers(lay: dict) -> str:
 
 def _modules(lay: dict) -> str:
     """Selective recompute's --recompute-modules when given, e.g. " (mlp)"."""
-    return f" ({' '.join(lay['recompute_modules'])})" if "recompute_modules" in lay else ""
+    return f" ({lay['recompute_modules']})" if "recompute_modules" in lay else ""
 
 
 def _architecture(m: dict) -> list[str]:
