@@ -194,6 +194,21 @@ def test_flash_kernel_equals_plain_attention():
     assert np.abs(dv - K.reduce_kv(dvx, a // G)).max() < 1e-12
 
 
+def test_flash_skips_the_tiles_above_the_diagonal():
+    """Causal FlashAttention runs each 128-row query block against the keys up to its last row:
+    at s = 300 the blocks see 128, 256 and 300 keys, 128·128 + 128·256 + 44·300 = 62,352 of
+    the 90,000 score elements (by hand); the unfused core computes all s². Per rank (t 2: 4
+    heads, d 8) flash's forward has 2 core GEMMs less by 2·4·8·(90,000 − 62,352) FLOPs each,
+    its backward 4, and its backward's recomputed QKᵀ is 2·4·8·62,352."""
+    for groups in (None, 4):
+        flash, unfused = (simulate_layer(llama(2, True, groups=groups, flash=f, s=300))
+                          .ranks[0].flops for f in (True, False))
+        gemm = 2 * 4 * 8 * (300 * 300 - 62_352)
+        assert unfused["forward"] - flash["forward"] == 2 * gemm
+        assert unfused["backward"] - flash["backward"] == 4 * gemm
+        assert flash["recompute"] == 2 * 4 * 8 * 62_352 and unfused["recompute"] == 0
+
+
 PUBLISHED = {  # Meta's model cards (Llama 2, Llama 3, Llama 3.1): exact parameter counts
     "llama2-7b": 6_738_415_616, "llama2-70b": 68_976_648_192, "llama3-8b": 8_030_261_248,
     "llama3-70b": 70_553_706_496, "llama3.1-405b": 405_853_388_800}
@@ -372,7 +387,8 @@ def test_report_layout_names_recompute_modules_and_uneven_split():
     lay = layout(load_scenario(root / "llama3.1-405b.toml"))
     assert lay["stage_layers"] == [15] + [16] * 6 + [15] and lay["recompute_modules"] == "mlp"
     line = _header({"scenario": "405b", "mode": "meta", "layout": lay})[2]
-    assert "p=8 (layers 15 + 16 x 6 + 15) d=8" in line and "recompute selective (mlp)," in line
+    assert "recompute selective (mlp), schedule interleaved (layers per stage 15 + 16 x 6 + 15)," \
+        in line
     gpt = layout(load_scenario(root / "paper-175b.toml"))
     assert "stage_layers" not in gpt and "recompute_modules" not in gpt
 

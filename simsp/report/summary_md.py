@@ -86,10 +86,10 @@ def _header(m: dict) -> list[str]:
     cp = f" cp={lay['cp']} ({lay['cp_comm_type']})" if "cp" in lay else ""  # cp > 1 only
     return [
         f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
-        f"Layout: t={lay['t']}{cp} p={lay['p']}{_stage_layers(lay)} d={lay['d']} on "
-        f"{lay['gpus']} GPUs ({_plural(lay['nodes'], 'node')}), {sp}, recompute "
-        f"{lay['recompute']}{_modules(lay)}, schedule "
-        f"{lay['schedule']}, micro-batch {lay['micro_batch']}, global batch "
+        f"Layout: t={lay['t']}{cp} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
+        f"({_plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}{_modules(lay)}, "
+        f"schedule {lay['schedule']}{_stage_layers(lay)}, micro-batch {lay['micro_batch']}, "
+        f"global batch "
         f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
         f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
@@ -97,7 +97,8 @@ def _header(m: dict) -> list[str]:
 
 
 def _stage_layers(lay: dict) -> str:
-    """An uneven split's layers per stage, e.g. " (layers 15 + 16 x 6 + 15)" (docs/llama.md)."""
+    """An uneven split's layers per stage, e.g. " (layers per stage 15 + 16 x 6 + 15)"
+    (docs/llama.md)."""
     if "stage_layers" not in lay:
         return ""
     runs = [[n, 1] for n in lay["stage_layers"][:1]]
@@ -106,7 +107,7 @@ def _stage_layers(lay: dict) -> str:
             runs[-1][1] += 1
         else:
             runs.append([n, 1])
-    return " (layers " + " + ".join(f"{n} x {k}" if k > 1 else f"{n}" for n, k in runs) + ")"
+    return " (layers per stage " + " + ".join(f"{n} x {k}" if k > 1 else f"{n}" for n, k in runs) + ")"
 
 
 def _modules(lay: dict) -> str:
