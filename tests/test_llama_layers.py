@@ -414,6 +414,7 @@ def test_cli_llama_flags(capsys):
         "--recompute-modules", "mlp", "layernorm"])
     report = json.loads(out)
     assert rc == 0 and report["formula_bytes"] == report["activation_bytes_per_rank"][0]
+    assert report["recompute_modules"] == "mlp layernorm"
     assert report["architecture"] == ("GQA 4/2, SwiGLU f = 256, RMSNorm, RoPE base 10000, "
                                       "tied, no bias, flash")
     for argv, field in ((["--num-query-groups", "3", "--group-query-attention"],
