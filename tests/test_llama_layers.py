@@ -8,7 +8,7 @@ all agree."""
 import itertools
 from pathlib import Path
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 import numpy as np
 
 from simsp import analytic
@@ -338,6 +338,50 @@ def test_uneven_pipeline_runs_its_layers_and_errors_name_the_field():
             load_scenario(None, {("model", "num_layers"): 8,
                                  ("parallel", "pipeline_model_parallel_size"): 3, **extra})
         assert field in info.value.args[0] or field in str(info.value)
+
+
+SPLITS = {"first": {"decoder_first_pipeline_num_layers": 2},
+          "last": {"decoder_last_pipeline_num_layers": 2},
+          "both": {"decoder_first_pipeline_num_layers": 2, "decoder_last_pipeline_num_layers": 4},
+          "embedding": {"account_for_embedding_in_pipeline_split": True},
+          "loss": {"account_for_loss_in_pipeline_split": True},
+          "embedding and loss": {"account_for_embedding_in_pipeline_split": True,
+                                 "account_for_loss_in_pipeline_split": True}}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(shape=st.sampled_from([(6, 2), (8, 3), (10, 3), (12, 4), (14, 4)]),
+       split=st.sampled_from(sorted(SPLITS)), schedule=st.sampled_from(["gpipe", "1f1b",
+                                                                        "interleaved"]),
+       recompute=st.sampled_from(["none", "selective", "full"]), batches=st.integers(1, 2))
+def test_uneven_stage0_activation_peak_equals_formula(shape, split, schedule, recompute, batches):
+    """Megatron's uneven splits under every schedule: stage 0's ledger activation peak over a
+    whole meta iteration equals analytic.first_stage_activation_bytes to the byte (a Llama
+    layer: SwiGLU, RMSNorm, RoPE, flash). Interleaving takes 2 chunks a stage for given
+    first/last counts, 2 layers a virtual stage with the accounted embedding/loss (chunks of
+    1 and 2 layers, as 405B's)."""
+    from simsp.errors import UserError
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    layers, p = shape
+    fields = {("model", "num_layers"): layers, ("parallel", "pipeline_model_parallel_size"): p,
+              ("parallel", "global_batch_size"): batches * p, ("run", "mode"): "meta",
+              ("model", "swiglu"): True, ("model", "normalization"): "RMSNorm",
+              ("model", "attention_backend"): "flash", ("model", "position_embedding_type"): "rope",
+              ("parallel", "recompute_granularity"): recompute, ("parallel", "schedule"): schedule,
+              **{("parallel", k): v for k, v in SPLITS[split].items()}}
+    accounted = split in ("embedding", "loss", "embedding and loss")
+    if schedule == "interleaved" and accounted:
+        fields[("parallel", "num_layers_per_virtual_pipeline_stage")] = 2
+    elif schedule == "interleaved":
+        fields[("parallel", "num_virtual_stages_per_pipeline_rank")] = 2
+    try:
+        sc = load_scenario(None, fields)
+    except UserError:
+        assume(False)  # Megatron (and simsp) reject this split
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    stage0 = run.world.ranks[run.rank_of(0, 0, 0)]
+    assert stage0.ledger.peak_by_category["activations"] == \
+        analytic.first_stage_activation_bytes(sc)
 
 
 def test_accounted_split_on_one_stage_is_megatrons_even_split():
