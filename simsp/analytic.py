@@ -102,9 +102,10 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     terms outside the layers (K22 §4.3), counted for the micro-batches stage 0 really holds.
 
     Beyond K22's text: interleaving keeps chunk 0 and its embedding mask for up to 2p
-    micro-batches (interleaved_peak_bytes), not p; with p = 1 stage 0 is also the last stage and holds one micro-batch's head tensors; full recompute
-    adds the layers whose activations are rebuilt during backward (K22 counts stored inputs):
-    one layer, or a group of N (--recompute-method uniform), or block's mix.
+    micro-batches (interleaved_peak_bytes), not p; with p = 1 stage 0 is also the last stage
+    and holds one micro-batch's head tensors; full recompute adds the layers whose activations
+    are rebuilt during backward (K22 counts stored inputs): one layer, or a group of N
+    (--recompute-method uniform), or block's mix.
     Context parallelism: every term at s/cp tokens, plus the K/V block each layer's ring keeps
     for backward (docs/context-parallel.md)."""
     m, p = sc.model, sc.parallel

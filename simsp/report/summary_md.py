@@ -107,7 +107,8 @@ def _stage_layers(lay: dict) -> str:
             runs[-1][1] += 1
         else:
             runs.append([n, 1])
-    return " (layers per stage " + " + ".join(f"{n} x {k}" if k > 1 else f"{n}" for n, k in runs) + ")"
+    words = " + ".join(f"{n} x {k}" if k > 1 else f"{n}" for n, k in runs)
+    return f" (layers per stage {words})"
 
 
 def _modules(lay: dict) -> str:
