@@ -6,6 +6,7 @@ dataclasses and on the command line alike. Cross-field checks live in `validate`
 
 from dataclasses import dataclass, field, fields, replace
 import functools
+import math
 import re
 from pathlib import Path
 
@@ -26,9 +27,8 @@ ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
 MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
 MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-type
-# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); all but a2a+p2p are modelled
+# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type)
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
-CP_COMM_TYPES_MODELLED = ("p2p", "a2a", "allgather")
 # Sharded data parallelism: Megatron-LM --data-parallel-sharding-strategy (docs/fsdp.md)
 FSDP_STRATEGY_CHOICES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
@@ -144,6 +144,9 @@ class Parallel:
     # Context parallelism (Megatron-LM --context-parallel-size, --cp-comm-type; docs/context-parallel.md)
     context_parallel_size: int = 1
     cp_comm_type: str = "p2p"
+    # Megatron-LM --hierarchical-context-parallel-sizes: space-separated (a2a size, p2p size) of
+    # --cp-comm-type a2a+p2p, product cp; None: not hierarchical (docs/context-parallel.md)
+    hierarchical_context_parallel_sizes: str | None = None
     recompute_granularity: str = "none"
     recompute_method: str | None = None  # full recompute only; None means uniform
     recompute_num_layers: int | None = None  # full recompute only; None means 1
@@ -206,6 +209,12 @@ class Parallel:
         if self.recompute_modules is None:
             return frozenset(("core_attn",))
         return frozenset(self.recompute_modules.split())
+
+    @property
+    def hcp_sizes(self) -> tuple[int, ...]:
+        """--hierarchical-context-parallel-sizes as integers, innermost (a2a) first; () unset."""
+        text = self.hierarchical_context_parallel_sizes
+        return () if text is None else tuple(int(w) for w in text.split())
 
     @property
     def fsdp(self) -> str | None:
@@ -503,7 +512,19 @@ def _build_section(section: str, values: dict):
         if not all(isinstance(w, str) for w in words):
             raise UserError(f"{section}.recompute_modules", "must be a list of module names")
         values = {**values, "recompute_modules": " ".join(words)}
+    values = _joined_sizes(section, values)
     return cls(**{k: _coerce(section, k, v, kinds[k]) for k, v in values.items()})
+
+
+def _joined_sizes(section: str, values: dict) -> dict:
+    """hierarchical_context_parallel_sizes as TOML writes Megatron's list ([2, 2]) -> "2 2"."""
+    sizes = values.get("hierarchical_context_parallel_sizes")
+    if not isinstance(sizes, list):
+        return values
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+        raise UserError(f"{section}.hierarchical_context_parallel_sizes",
+                        f"must be a list of integers, got {sizes!r}")
+    return {**values, "hierarchical_context_parallel_sizes": " ".join(map(str, sizes))}
 
 
 def read_toml(path: str | Path) -> dict:
@@ -754,8 +775,7 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     (AttnFuncWithCPAndQKVOA2A) splits each TP rank's heads over cp."""
     _positive("parallel", p, ("context_parallel_size",))
     _choice("parallel.cp_comm_type", p.cp_comm_type, CP_COMM_TYPE_CHOICES)
-    _check(p.cp_comm_type in CP_COMM_TYPES_MODELLED, "parallel.cp_comm_type",
-           f"{p.cp_comm_type} is not yet modelled (p2p, a2a and allgather are)")
+    _validate_hierarchical_cp(m, p)
     if p.cp == 1:
         return
     c = p.cp
@@ -774,6 +794,31 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     _check(m.flash, "parallel.context_parallel_size",
            "needs FlashAttention (--use-flash-attn): Megatron-LM runs context parallelism "
            "only in Transformer Engine's attention")
+
+
+def _validate_hierarchical_cp(m: Model, p: Parallel) -> None:
+    """Megatron-LM's checks (megatron/training/arguments.py): the hierarchical sizes multiply to
+    cp, and a2a+p2p needs them; Transformer Engine's AttnFuncWithCPAndKVP2P takes two levels
+    (the a2a group, then the p2p group) and splits each TP rank's heads over the a2a size."""
+    name, text = "parallel.hierarchical_context_parallel_sizes", \
+        p.hierarchical_context_parallel_sizes
+    if text is None:
+        _check(p.cp_comm_type != "a2a+p2p", name, "must be set when cp_comm_type is a2a+p2p "
+               "(--hierarchical-context-parallel-sizes A P, A·P = context_parallel_size)")
+        return
+    words = text.split()
+    _check(bool(words) and all(w.isdigit() and int(w) > 0 for w in words), name,
+           f"must be positive integers, got {text!r}")
+    sizes = p.hcp_sizes
+    _check(math.prod(sizes) == p.cp, name, f"{' x '.join(words)} = {math.prod(sizes)} is not "
+           f"context_parallel_size={p.cp}")
+    if p.cp_comm_type != "a2a+p2p":
+        return
+    _check(len(sizes) == 2, name, f"a2a+p2p takes two sizes (a2a, p2p), got {len(sizes)}")
+    heads, groups = m.num_attention_heads // p.tp, m.query_groups // p.tp
+    _check(heads % sizes[0] == 0 and groups % sizes[0] == 0, name,
+           f"a2a+p2p splits each TP rank's {heads} query and {groups} KV heads over the a2a "
+           f"size {sizes[0]}; they are not divisible")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:
@@ -802,7 +847,8 @@ def validate_parallel(m: Model, p: Parallel) -> None:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
                f"seq_length={m.seq_length} is not divisible by tensor_model_parallel_size={t}")
-    if p.cp > 1 or p.cp_comm_type != Parallel.cp_comm_type:
+    if p.cp > 1 or p.cp_comm_type != Parallel.cp_comm_type or \
+            p.hierarchical_context_parallel_sizes is not None:
         _validate_context_parallel(m, p)
     if p.uneven_pipeline:
         _validate_uneven_pipeline(m, p)

@@ -136,6 +136,10 @@ SCENARIO_FLAGS = {
     "--cp-comm-type": ("parallel", "cp_comm_type", str, CP_COMM_TYPE_CHOICES,
                        "how CP ranks exchange attention inputs (p2p: ring; a2a: Ulysses)",
                        "cpcomm"),
+    "--hierarchical-context-parallel-sizes": ("parallel", "hierarchical_context_parallel_sizes",
+                                              str, None, "a2a+p2p: the a2a (inner) and p2p "
+                                              "(outer) group sizes, product cp (default: none)",
+                                              "hcp"),
     "--data-parallel-sharding-strategy": ("parallel", "data_parallel_sharding_strategy", str,
                                           FSDP_STRATEGY_CHOICES,
                                           "Megatron-FSDP: what is sharded over DP (ZeRO-0..3)",
@@ -285,7 +289,7 @@ SWITCHES.update({
                          "offload"),
 })
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
-LIST_FLAGS = ("--recompute-modules",)  # Megatron's nargs='*' flags: one or more words, joined
+LIST_FLAGS = ("--recompute-modules", "--hierarchical-context-parallel-sizes")  # Megatron's nargs='*' flags: one or more words, joined
 
 
 class Parser(argparse.ArgumentParser):
