@@ -155,12 +155,15 @@ def cp_layer_activation_bytes(m: Model, p: Parallel, recompute: str,
 def cp_saved_kv_bytes(m: Model, p: Parallel, recompute: str, modules: frozenset) -> int:
     """What a layer's CP attention keeps for backward beyond the layer's own tensors (m at s/cp
     tokens): the ring's K/V block (rank r + 1's), 2·(s/cp)·b·d·2G/t bytes (p2p), or Ulysses'
-    head-split output, 2·(s/cp)·b·d·a/t (a2a); nothing with allgather, none when recomputed
-    (full, or selective core_attn) or at cp 1 (docs/context-parallel.md)."""
+    head-split output, 2·(s/cp)·b·d·a/t (a2a), both with a2a+p2p (the K/V block only when its
+    ring has more than one rank); nothing with allgather, none when recomputed (full, or
+    selective core_attn) or at cp 1 (docs/context-parallel.md)."""
     rebuilt = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
     if p.cp == 1 or rebuilt or p.cp_comm_type == "allgather":
         return 0
-    heads = m.num_attention_heads if p.cp_comm_type == "a2a" else 2 * m.query_groups
+    ring = p.cp_comm_type == "p2p" or (p.cp_comm_type == "a2a+p2p" and p.hcp_sizes[1] > 1)
+    heads = (m.num_attention_heads if p.cp_comm_type in ("a2a", "a2a+p2p") else 0) + \
+        (2 * m.query_groups if ring else 0)
     return 2 * m.seq_length * p.micro_batch_size * m.head_dim * heads // p.tp
 
 
