@@ -169,3 +169,18 @@ def test_sweep_takes_a2a_p2p_and_search_bounds_stay_below_it(capsys, tmp_path):
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
     assert 0 < time_lower_bound(sc) <= max(run.end_s.values())
     assert 0 < memory_lower_bound(sc) <= run.world.ranks[0].ledger.summary().peak_total
+
+
+def test_fast_path_equals_full_simulation_with_a2a_inside_and_the_ring_across_nodes():
+    """t 2, cp 4 = 2 x 2 on two nodes of 4 GPUs: a2a pairs (GPUs 0, 2) and (4, 6) inside each
+    node, rings (0, 4) and (2, 6) across them; the closed-form shortcut (training/cp_shortcuts.py
+    lists the CP group's every ordered pair) equals --no-shortcuts to 1%."""
+    from simsp.config import with_overrides
+    from tests.test_cp_shortcuts import cp_scenario
+    from tests.test_shortcut_layouts import assert_same, fast_and_full
+    from simsp.training.iteration import Shortcuts
+    sc = with_overrides(cp_scenario(4, 2, 4, 1, 2, "p2p", True), parallel={
+        "cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": "2 2"})
+    assert Shortcuts.for_scale(sc).closed_form
+    fast, full = fast_and_full(sc)
+    assert_same(fast, full)
