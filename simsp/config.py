@@ -750,8 +750,10 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
     t, ep, etp = p.tp, p.ep, p.etp
     _check(m.num_experts % ep == 0, "parallel.expert_model_parallel_size",
            f"num_experts={m.num_experts} is not divisible by {ep}")
-    _check((t * p.dp) % (etp * ep) == 0, "parallel.expert_model_parallel_size",
-           f"tensor*data parallel = {t}*{p.dp} is not divisible by expert tensor*expert "
+    dense = f"tensor*data parallel = {t}*{p.dp}" if p.cp == 1 else \
+        f"tensor*context*data parallel = {t}*{p.cp}*{p.dp}"
+    _check((t * p.cp * p.dp) % (etp * ep) == 0, "parallel.expert_model_parallel_size",
+           f"{dense} is not divisible by expert tensor*expert "
            f"parallel = {etp}*{ep} (Megatron: the expert grid tiles each stage's ranks)")
     _check(m.moe_ffn % etp == 0, "parallel.expert_tensor_parallel_size",
            f"moe_ffn_hidden_size={m.moe_ffn} is not divisible by {etp}")
@@ -761,8 +763,6 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
            "model.moe_shared_expert_intermediate_size",
            f"{m.moe_shared_expert_intermediate_size} is not divisible by "
            f"tensor_model_parallel_size={t}")
-    _check(p.cp == 1, "parallel.context_parallel_size",
-           "MoE layers run without context parallelism yet")
     modules = p.recompute_module_set or frozenset()
     _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
            "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "

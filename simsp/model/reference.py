@@ -135,8 +135,9 @@ def _shared_fc1(P):
 def _moe_forward(P, c, model, group, chunks: int = 1):
     """The MoE MLP on ln2 (s, B, h), routed per micro-batch of `group` samples (Megatron
     routes, drops and balances each micro-batch on its own) and, under sequence parallelism,
-    per sequence chunk of s/`chunks` (each TP rank routes and drops its own shard); the aux
-    loss is the micro-batch's whole one (moe_utils.py get_tokens_per_expert_and_token_count).
+    per sequence chunk of s/`chunks` (each TP rank routes and drops its own shard), or per row
+    set of the list `chunks` (each (tp, cp) rank's positions under context parallelism); the
+    aux loss is the micro-batch's whole one (moe_utils.py get_tokens_per_expert_and_token_count).
     Returns (s, B, h)."""
     s, B, h = c.ln2.shape
     group = group or B
@@ -148,8 +149,9 @@ def _moe_forward(P, c, model, group, chunks: int = 1):
         logits = block.reshape(-1, h) @ P["mlp.router.weight"]  # (s·b, E)
         c.moe_aux.append((start, logits) + (aux_loss(logits, spec)[1:]
                                             if spec.aux_loss_coeff > 0 else (None, None)))
-        for k in range(chunks):
-            rows = slice(k * s // chunks, (k + 1) * s // chunks)
+        shards = ([slice(k * s // chunks, (k + 1) * s // chunks) for k in range(chunks)]
+                  if isinstance(chunks, int) else chunks)
+        for rows in shards:
             tokens = block[rows].reshape(-1, h)  # (s/chunks·b, h)
             y, _, cache = moe_forward(tokens, _moe_weights(P), local)
             if "mlp.shared_experts.fc2.weight" in P:

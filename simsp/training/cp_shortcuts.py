@@ -32,3 +32,17 @@ def cp_traffic_owners(grid: RankGrid, interleaved: bool, cp_comm_type: str) -> l
             owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
             owners.append(("embedding", (group[0], group[-1])))
     return owners
+
+
+def cp_moe_owners(sc) -> list[Owner]:
+    """With MoE layers and cp > 1, the router's tokens-per-expert all-reduce over each tp_cp
+    group (t·cp consecutive ranks: megatron/core/transformer/moe/router.py reduces over
+    tp_cp_group; model/moe_layer.py aux_group), a ring collective on the compute stream."""
+    p = sc.parallel
+    m = sc.model
+    if p.cp == 1 or m.num_experts is None or m.moe_aux_loss_coeff == 0 or \
+            m.moe_router_load_balancing_type != "aux_loss":
+        return []
+    span = p.tp * p.cp
+    return [("tp", tuple(range(start, start + span)))
+            for start in range(0, p.world_size, span)]

@@ -53,10 +53,6 @@ class Shortcuts:
             why = "not used: numeric mode needs every rank and every ring step"
             return cls(reasons=tuple((name, why) for name in
                                      ("representative", "closed_form", "templates")))
-        if sc.parallel.cp > 1 and sc.model.num_experts is not None:
-            why = "not used: context parallelism with MoE layers runs every rank on the links"
-            return cls(reasons=tuple((name, why) for name in
-                                     ("representative", "closed_form", "templates")))
         verdict = check_shortcuts(sc)
         if sc.parallel.cp > 1:  # closed form where no ring shares a link with the CP traffic
             why = ("not used: context parallelism's ring attention needs every rank of its CP "

@@ -21,7 +21,7 @@ from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_n
 from simsp.engine.ring_plan import channel_rings
 from simsp.model.moe_placement import expert_grid
 from simsp.model.moe_routing import uniform_routing
-from simsp.training.cp_shortcuts import cp_traffic_owners
+from simsp.training.cp_shortcuts import cp_moe_owners, cp_traffic_owners
 
 Edge = tuple[str, str]
 Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
@@ -252,7 +252,8 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
     interleaved = p.schedule_name == "interleaved"
     owners = (traffic_owners(grid, interleaved) if p.cp == 1 else  # CP: training/cp_shortcuts.py
-              cp_traffic_owners(grid, interleaved, p.cp_comm_type)) + expert_owners(sc)
+              cp_traffic_owners(grid, interleaved, p.cp_comm_type) + cp_moe_owners(sc)) \
+        + expert_owners(sc)
     users = link_users(graph, owners)
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
