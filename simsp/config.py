@@ -807,7 +807,7 @@ def _validate_hierarchical_cp(m: Model, p: Parallel) -> None:
                "(--hierarchical-context-parallel-sizes A P, A·P = context_parallel_size)")
         return
     words = text.split()
-    _check(bool(words) and all(w.isdigit() and int(w) > 0 for w in words), name,
+    _check(bool(words) and all(re.fullmatch(r"[0-9]+", w) and int(w) > 0 for w in words), name,
            f"must be positive integers, got {text!r}")
     sizes = p.hcp_sizes
     _check(math.prod(sizes) == p.cp, name, f"{' x '.join(words)} = {math.prod(sizes)} is not "
