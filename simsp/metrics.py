@@ -255,8 +255,13 @@ def layout(sc) -> dict:
 
 
 def _context_layout(p) -> dict:
-    """cp and its comm type (docs/context-parallel.md), present only with cp > 1."""
-    return {"cp": p.cp, "cp_comm_type": p.cp_comm_type} if p.cp > 1 else {}
+    """cp and its comm type (docs/context-parallel.md), present only with cp > 1; a2a+p2p adds
+    Megatron's hierarchical_context_parallel_sizes ("A P": a2a, p2p; the field's words)."""
+    if p.cp == 1:
+        return {}
+    sizes = {"hierarchical_context_parallel_sizes": p.hierarchical_context_parallel_sizes} \
+        if p.cp_comm_type == "a2a+p2p" else {}
+    return {"cp": p.cp, "cp_comm_type": p.cp_comm_type, **sizes}
 
 
 def _hardware_layout(sc) -> dict:

@@ -170,6 +170,7 @@ def test_sweep_takes_a2a_p2p_and_search_bounds_stay_below_it(capsys, tmp_path):
     assert list(frame["cp_comm_type"]) == ["p2p", "a2a+p2p"]
     assert list(frame["hierarchical_context_parallel_sizes"]) == ["2 2", "2 2"]
     assert (frame["iteration_time_s"] > 0).all()
+    assert frame["layout.hierarchical_context_parallel_sizes"].fillna("").tolist() == ["", "2 2"]
     sc = load_scenario(HCP_TINY, {("run", "mode"): "meta", ("model", "num_layers"): 4,
                                   ("parallel", "decoder_first_pipeline_num_layers"): None})
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")

@@ -83,7 +83,9 @@ def _header(m: dict) -> list[str]:
     lay = m["layout"]
     sp = "SP" if lay["sequence_parallel"] else "no SP"
     extra = ", distributed optimizer" if lay.get("distributed_optimizer") else ""
-    cp = f" cp={lay['cp']} ({lay['cp_comm_type']})" if "cp" in lay else ""  # cp > 1 only
+    sizes = "x".join(lay.get("hierarchical_context_parallel_sizes", "").split())
+    cp = (f" cp={lay['cp']} ({lay['cp_comm_type']}{' ' + sizes if sizes else ''})"
+          if "cp" in lay else "")  # cp > 1 only
     return [
         f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
         f"Layout: t={lay['t']}{cp} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
