@@ -3,10 +3,11 @@
 Ranks are placed as Megatron-LM places them with CP (cluster/grid.py: tp + t·cp + t·c·dp +
 t·c·d·pp): TP groups of t neighbours, gradients reduced over the dp_cp group (CP fastest),
 pipeline pairs and the tied embedding per (tp, cp, dp). The CP exchanges themselves
-(docs/context-parallel.md): the ring's K/V and dK/dV sends (p2p, and a2a+p2p, which runs as
-the ring) and Ulysses' all-to-alls run as flows between the group's ranks inside the attention
-op, in turn with the rank's TP collectives, so they are listed as the MoE all-to-alls are
-("ep": every ordered pair, a superset of the ring's neighbour sends); the all-gather variant's
+(docs/context-parallel.md): the ring's K/V and dK/dV sends (p2p), Ulysses' all-to-alls (a2a)
+and a2a+p2p's all-to-alls inside its a2a groups and ring across them run as flows between the
+group's ranks inside the attention op, in turn with the rank's TP collectives, so they are
+listed as the MoE all-to-alls are ("ep": every ordered pair of the CP group, a superset of
+each of these); the all-gather variant's
 K/V all-gather and dK/dV reduce-scatter are ring collectives on the compute stream, listed as a
 TP group is.
 """
