@@ -33,7 +33,7 @@ def test_an_a2a_groups_tokens_are_the_2p_split(a2a, p2p):
     for outer in range(p2p):
         union = np.concatenate([local_positions(s, cp, outer * a2a + j) for j in range(a2a)])
         assert np.array_equal(np.sort(union), local_positions(s, p2p, outer))
-        # TE's order after the all-to-all: the 2A received half-chunks (rank a's two at 2a,
+        # TE's order after the all-to-all: the 2A received half-chunks (rank a's at 2a,
         # 2a + 1) picked by get_seq_chunk_ids_for_reordering_before_attn: a <- 2a,
         # A + a <- 2A - 2a - 1; the sequence order simsp uses (seq_to_heads) is the same
         halves = union.reshape(2 * a2a, -1)  # (2A, s/2cp)

@@ -3,7 +3,7 @@
 Megatron-LM's --hierarchical-context-parallel-sizes A P (megatron/core/parallel_state.py
 create_hierarchical_groups, level 0 first) cuts each CP group (cp = A·P ranks, in CP-rank order)
 into P a2a groups of A consecutive CP ranks and A p2p groups of P ranks A apart; CP rank
-j = R·A + a is rank a of a2a group R and rank R of p2p group a. Transformer Engine's
+j = R·A + i is rank i of a2a group R and rank R of p2p group i. Transformer Engine's
 AttnFuncWithCPAndKVP2P with a list of two groups (NVIDIA/TransformerEngine
 transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py; Megatron passes
 them from megatron/core/extensions/transformer_engine.py TEDotProductAttention) runs:
@@ -65,7 +65,8 @@ class CpHierarchical(CpAttention):
         self.kept_bytes = 0  # the last forward's cp_hcp_saved entry
 
     def _head_keep(self, keep, group: int):
-        """The dropout drawer of this rank's head group (heads a·group.. of the TP rank's)."""
+        """The dropout drawer of this rank's head group: the TP rank's heads from
+        index·group on."""
         if keep is None:
             return None
         first = self.a2a.index * group
