@@ -44,6 +44,7 @@ class Shortcuts:
     # other traffic: training/shortcut_check.py)
     stepwise_groups: frozenset = frozenset()
     reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
+    alone_all_to_all: frozenset = frozenset()  # EP groups whose all-to-alls meet no traffic
 
     @classmethod
     def for_scale(cls, sc: Scenario) -> "Shortcuts":
@@ -65,7 +66,7 @@ class Shortcuts:
                        reasons=(("representative", why), verdict.reasons[1],
                                 ("templates", why)))
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
-                   verdict.stepwise_groups, verdict.reasons)
+                   verdict.stepwise_groups, verdict.reasons, verdict.alone_all_to_all)
 
     def flags(self) -> dict:
         """The three shortcuts, on or off."""
@@ -190,7 +191,8 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     """The world, the plans and one simpy process per simulated rank, ready to run."""
     world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
-                        stepwise_groups=shortcuts.stepwise_groups)
+                        stepwise_groups=shortcuts.stepwise_groups,
+                        alone_all_to_all=shortcuts.alone_all_to_all)
     _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
               shortcuts=shortcuts)

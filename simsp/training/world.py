@@ -47,13 +47,15 @@ class World:
 
 
 def build_world(sc: Scenario, simulated: list[int] | None = None,
-                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()) -> World:
+                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
+                alone_all_to_all: frozenset = frozenset()) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
     engine/ring_alone.py) instead of moving every ring step over the links, except the
     collectives of `stepwise_groups` (rings that share links with other traffic:
-    training/shortcut_check.py), which run step by step."""
+    training/shortcut_check.py), which run step by step; the all-to-alls of
+    `alone_all_to_all` (EP groups no other traffic meets) are timed as alone."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -66,7 +68,7 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
     comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
-                        stepwise_groups=stepwise_groups)
+                        stepwise_groups=stepwise_groups, alone_all_to_all=alone_all_to_all)
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
