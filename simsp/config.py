@@ -77,7 +77,7 @@ class Model:
     # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
     # _add_mla_args; docs/mla.md)
     multi_latent_attention: bool = False
-    q_lora_rank: int | None = None  # query latent r_q (simsp needs one: DeepSeek-V3 1536)
+    q_lora_rank: int | None = None  # query latent r_q (DeepSeek-V3 1536); None: linear_q_proj
     kv_lora_rank: int = 32  # key/value latent r_kv
     qk_head_dim: int = 128  # d_n: per-head query/key width without RoPE
     qk_pos_emb_head_dim: int = 64  # d_r: the RoPE part of query/key, one key shared by heads
@@ -622,13 +622,11 @@ def _validate_llama_model(m: Model) -> None:
 
 def _validate_mla_model(m: Model) -> None:
     """Megatron-LM's checks on multi-latent attention (training.py asserts no GQA), and what
-    simsp's MLA has (docs/mla.md): a query latent, RMSNorm latents, RoPE."""
+    simsp's MLA has (docs/mla.md): RMSNorm latents, RoPE."""
     _positive("model", m, ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                            "v_head_dim"))
     if not m.multi_latent_attention:
         return
-    _check(m.q_lora_rank is not None, "model.q_lora_rank", "simsp's multi-latent attention "
-           "needs a query latent (--q-lora-rank; DeepSeek-V3: 1536)")
     _check(not m.group_query_attention, "model.group_query_attention",
            "conflicts with multi_latent_attention (Megatron asserts it)")
     _check(m.rmsnorm, "model.normalization", "multi-latent attention's latents are RMSNorm'd "

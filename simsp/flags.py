@@ -110,7 +110,7 @@ SCENARIO_FLAGS = {
                                     "disp-"),
     # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
     "--q-lora-rank": ("model", "q_lora_rank", int, None,
-                      "MLA query latent rank r_q (elements; default: none, and simsp needs one)", "qlr"),
+                      "MLA query latent rank r_q (elements; default: none, a plain query projection)", "qlr"),
     "--kv-lora-rank": ("model", "kv_lora_rank", int, None, "MLA key/value latent rank r_kv "
                        "(elements)", "kvlr"),
     "--qk-head-dim": ("model", "qk_head_dim", int, None,

@@ -14,7 +14,8 @@ def attention_token_flops(m: MoeArch) -> float:
     h, a, d = m.hidden_size, m.num_attention_heads, m.kv_channels
     if not m.kv_lora_rank:
         return 6 * (h * (a * d + 2 * m.num_query_groups * d) + a * d * h)
-    q = m.q_lora_rank * (h + a * (d + m.qk_pos_emb_head_dim) + 1)
+    q = (m.q_lora_rank * (h + a * (d + m.qk_pos_emb_head_dim) + 1) if m.q_lora_rank
+         else h * a * (d + m.qk_pos_emb_head_dim))  # training.py: no query latent
     kv = m.kv_lora_rank * (h + a * (d + m.v_head_dim) + 1) + h * m.qk_pos_emb_head_dim
     return 6 * (q + kv + a * m.v_head_dim * h)
 
@@ -56,7 +57,8 @@ def _attention_terms(m) -> tuple[float, float]:
     h, a = m.hidden_size, m.num_attention_heads
     if m.multi_latent_attention:
         dn, dr, dv = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
-        q = m.q_lora_rank * (h + a * (dn + dr) + 1)
+        q = (h * a * (dn + dr) if m.q_lora_rank is None  # training.py: no query latent
+             else m.q_lora_rank * (h + a * (dn + dr) + 1))
         kv = m.kv_lora_rank * (h + a * (dn + dv) + 1) + h * dr
         return 6 * (q + kv + a * dv * h), 6 * (a * (dn + dr) / 2 + a * dv / 2)
     d, groups = m.head_dim, m.query_groups

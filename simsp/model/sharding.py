@@ -11,6 +11,7 @@ import numpy as np
 SPLIT_AXIS = {
     "attn.qkv.weight": -1, "attn.qkv.bias": -1,  # column parallel (group-major columns)
     "attn.q_up.weight": -1, "attn.kv_up.weight": -1,  # MLA up projections: column parallel
+    "attn.q_proj.weight": -1,  # MLA's query projection without a latent: column parallel
     "attn.proj.weight": 0,  # row parallel
     "mlp.fc1.weight": -1, "mlp.fc1.bias": -1,  # column parallel
     "mlp.fc2.weight": 0,  # row parallel
