@@ -120,6 +120,12 @@ SCENARIO_FLAGS = {
                               "qkpd"),
     "--v-head-dim": ("model", "v_head_dim", int, None, "MLA per-head value width d_v (elements)",
                      "vd"),
+    # Multi-token prediction (Megatron-LM arguments.py; docs/mtp.md)
+    "--mtp-num-layers": ("model", "mtp_num_layers", int, None, "multi-token prediction depths D "
+                         "on the last pipeline stage (default: none)", "mtp"),
+    "--mtp-loss-scaling-factor": ("model", "mtp_loss_scaling_factor", float, None,
+                                  "weight of the MTP losses, split over the D depths",
+                                  "mtpw"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,

@@ -32,4 +32,6 @@ def architecture(m: Model) -> str:
         parts.append("no bias")
     if m.flash:
         parts.append("flash")
+    if m.mtp_num_layers:
+        parts.append(f"MTP {m.mtp_num_layers} x {m.mtp_loss_scaling_factor:g}")
     return ", ".join(parts)

@@ -94,6 +94,23 @@ def _moe_layer_shapes(model, shapes: dict) -> dict:
     return kept
 
 
+def mtp_shapes(model) -> dict[str, tuple[int, ...]]:
+    """The multi-token prediction depths' own parameters, `mtp.{k}.` each, in Megatron-LM's
+    MultiTokenPredictionLayer order (multi_token_prediction.py): enorm, hnorm, eh_proj (2h, h)
+    reading [embedding | hidden], a transformer layer built as the last layer (`layer.`), and
+    final_ln; the embedding and output layer are the model's own (docs/mtp.md)."""
+    h, shapes = model.hidden_size, {}
+    norm = ("gamma",) if model.normalization == "RMSNorm" else ("gamma", "beta")
+    for k in range(model.mtp_num_layers or 0):
+        prefix = f"mtp.{k}."
+        shapes.update({f"{prefix}{name}.{p}": (h,) for name in ("enorm", "hnorm") for p in norm})
+        shapes[f"{prefix}eh_proj.weight"] = (2 * h, h)
+        shapes.update({f"{prefix}layer.{suffix}": shape
+                       for suffix, shape in layer_shapes(model, model.num_layers + k).items()})
+        shapes.update({f"{prefix}final_ln.{p}": (h,) for p in norm})
+    return shapes
+
+
 def param_shapes(model) -> dict[str, tuple[int, ...]]:
     """Ordered {name: shape} of every parameter of the model (Megatron's module order)."""
     h = model.hidden_size
@@ -105,6 +122,7 @@ def param_shapes(model) -> dict[str, tuple[int, ...]]:
     shapes["final_ln.gamma"] = (h,)
     if model.normalization != "RMSNorm":
         shapes["final_ln.beta"] = (h,)
+    shapes.update(mtp_shapes(model))
     if model.untie_embeddings_and_output_weights:
         shapes["output.weight"] = (model.vocab_size, h)
     return shapes
