@@ -250,10 +250,10 @@ def llama_layer_activation_bytes(m: Model, b: int, t: int = 1, sp: bool = False,
 def mla_attention_bytes(m: Model, b: int, t: int = 1, sp: bool = False) -> int:
     """Multi-latent attention's kept tensors per rank besides the LN input and its output and
     the core (docs/mla.md): the four latents 2·s·b·(2r_q + 2r_kv)/t_sp (q down output, q up
-    input, kv down output, kv up input), q and k 4·s·b·a(d_n + d_r)/t, v and proj_input
-    4·s·b·a·d_v/t."""
+    input, kv down output, kv up input; r_q = 0 without a query latent), q and k
+    4·s·b·a(d_n + d_r)/t, v and proj_input 4·s·b·a·d_v/t."""
     s, a = m.seq_length, m.num_attention_heads
-    latents = 2 * s * b * (2 * m.q_lora_rank + 2 * m.kv_lora_rank) // (t if sp else 1)
+    latents = 2 * s * b * (2 * (m.q_lora_rank or 0) + 2 * m.kv_lora_rank) // (t if sp else 1)
     heads = 4 * s * b * a * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) // t
     return latents + heads
 

@@ -51,6 +51,8 @@ BOUNDS = {
     "model.qk_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
     "model.qk_pos_emb_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
     "model.v_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
+    "model.mtp_num_layers": Bound(1, 4096, "layers", "at most the layers' limit"),
+    "model.mtp_loss_scaling_factor": Bound(0.0, 1000.0, "", "Megatron's default 0.1"),
     "model.moe_shared_expert_intermediate_size": Bound(1, 1048576, "elements", "as ffn_hidden_size"),
     "model.moe_routing_imbalance": Bound(0.0, 16.0, "", "Zipf exponent: 16 puts all load on one expert"),
     "parallel.expert_model_parallel_size": Bound(1, 4096, "GPUs", "at most the experts' limit"),

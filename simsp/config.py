@@ -77,11 +77,14 @@ class Model:
     # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
     # _add_mla_args; docs/mla.md)
     multi_latent_attention: bool = False
-    q_lora_rank: int | None = None  # query latent r_q (simsp needs one: DeepSeek-V3 1536)
+    q_lora_rank: int | None = None  # query latent r_q (DeepSeek-V3 1536); None: linear_q_proj
     kv_lora_rank: int = 32  # key/value latent r_kv
     qk_head_dim: int = 128  # d_n: per-head query/key width without RoPE
     qk_pos_emb_head_dim: int = 64  # d_r: the RoPE part of query/key, one key shared by heads
     v_head_dim: int = 128  # d_v
+    # Multi-token prediction (Megatron-LM multi_token_prediction.py; docs/mtp.md)
+    mtp_num_layers: int | None = None  # D prediction depths on the last stage; None: none
+    mtp_loss_scaling_factor: float = 0.1  # the MTP losses' weight, split over the D depths
 
     @property
     def ffn(self) -> int:
@@ -105,6 +108,7 @@ class Model:
         layer every N from layer 0; or Megatron's pattern string, 1 for MoE, per layer)."""
         if self.num_experts is None:
             return False
+        i = min(i, self.num_layers - 1)  # an MTP depth's layer is built as the last layer
         if isinstance(self.moe_layer_freq, str):
             return moe_layer_pattern(self.moe_layer_freq)[i] == 1
         return i % self.moe_layer_freq == 0
@@ -618,6 +622,7 @@ def validate_model(m: Model) -> None:
     _validate_llama_model(m)
     _validate_moe_model(m)
     _validate_mla_model(m)
+    _validate_mtp_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
@@ -644,15 +649,24 @@ def _validate_llama_model(m: Model) -> None:
            "needs an even, positive number")
 
 
+def _validate_mtp_model(m: Model) -> None:
+    """Multi-token prediction as simsp builds it (docs/mtp.md): D >= 1 depths, a non-negative
+    loss weight, positions from RoPE or none (a learned table would be rolled as the tokens)."""
+    _positive("model", m, ("mtp_num_layers",))
+    _check(m.mtp_loss_scaling_factor >= 0, "model.mtp_loss_scaling_factor",
+           f"must be >= 0, got {m.mtp_loss_scaling_factor}")
+    _check(m.mtp_num_layers is None or m.position_embedding_type != "learned_absolute",
+           "model.mtp_num_layers", "simsp's multi-token prediction needs "
+           "--position-embedding-type rope or none")
+
+
 def _validate_mla_model(m: Model) -> None:
     """Megatron-LM's checks on multi-latent attention (training.py asserts no GQA), and what
-    simsp's MLA has (docs/mla.md): a query latent, RMSNorm latents, RoPE."""
+    simsp's MLA has (docs/mla.md): RMSNorm latents, RoPE."""
     _positive("model", m, ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                            "v_head_dim"))
     if not m.multi_latent_attention:
         return
-    _check(m.q_lora_rank is not None, "model.q_lora_rank", "simsp's multi-latent attention "
-           "needs a query latent (--q-lora-rank; DeepSeek-V3: 1536)")
     _check(not m.group_query_attention, "model.group_query_attention",
            "conflicts with multi_latent_attention (Megatron asserts it)")
     _check(m.rmsnorm, "model.normalization", "multi-latent attention's latents are RMSNorm'd "
@@ -846,6 +860,10 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     _validate_expert_parallel(m, p)
     _check(not m.multi_latent_attention or p.cp == 1, "parallel.context_parallel_size",
            "multi-latent attention runs without context parallelism yet")
+    _check(m.mtp_num_layers is None or p.cp == 1, "parallel.context_parallel_size",
+           "multi-token prediction runs without context parallelism yet")
+    _check(m.mtp_num_layers is None or p.fsdp is None, "parallel.use_megatron_fsdp",
+           "FSDP with multi-token prediction is not modelled yet")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",

@@ -110,7 +110,7 @@ SCENARIO_FLAGS = {
                                     "disp-"),
     # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
     "--q-lora-rank": ("model", "q_lora_rank", int, None,
-                      "MLA query latent rank r_q (elements; default: none, and simsp needs one)", "qlr"),
+                      "MLA query latent rank r_q (elements; default: none, a plain query projection)", "qlr"),
     "--kv-lora-rank": ("model", "kv_lora_rank", int, None, "MLA key/value latent rank r_kv "
                        "(elements)", "kvlr"),
     "--qk-head-dim": ("model", "qk_head_dim", int, None,
@@ -120,6 +120,12 @@ SCENARIO_FLAGS = {
                               "qkpd"),
     "--v-head-dim": ("model", "v_head_dim", int, None, "MLA per-head value width d_v (elements)",
                      "vd"),
+    # Multi-token prediction (Megatron-LM arguments.py; docs/mtp.md)
+    "--mtp-num-layers": ("model", "mtp_num_layers", int, None, "multi-token prediction depths D "
+                         "on the last pipeline stage (default: none)", "mtp"),
+    "--mtp-loss-scaling-factor": ("model", "mtp_loss_scaling_factor", float, None,
+                                  "weight of the MTP losses, split over the D depths",
+                                  "mtpw"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,

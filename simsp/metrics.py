@@ -188,9 +188,10 @@ def _fsdp(run) -> dict:
 
 
 def sparse_or_latent(m) -> bool:
-    """Whether the model has MoE layers or multi-latent attention (docs/moe.md, docs/mla.md):
-    its FLOPs are Megatron's MoE/MLA count and its reports give total and active parameters."""
-    return m.num_experts is not None or m.multi_latent_attention
+    """Whether the model has MoE layers, multi-latent attention or multi-token prediction
+    (docs/moe.md, docs/mla.md, docs/mtp.md): its FLOPs are Megatron's count and its reports give
+    total and active parameters."""
+    return m.num_experts is not None or m.multi_latent_attention or bool(m.mtp_num_layers)
 
 
 def model_flops(sc) -> float:
@@ -222,7 +223,8 @@ def _architecture(sc) -> dict:
     if sparse_or_latent(sc.model):
         extra = {"parameters": parameter_counts(sc.model),
                  "flops_formula": "Megatron-LM num_floating_point_operations (training.py): "
-                                  "top-k routed and shared experts, MLA"}
+                                  "top-k routed and shared experts, MLA"
+                                  + (", MTP" if sc.model.mtp_num_layers else "")}
     return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),
             "layer_tensors": layer_tensors(sc), **extra}
 

@@ -150,25 +150,29 @@ def test_both_tiers_from_one_node_and_four_node_runs(capsys, tmp_path):
         assert fitted[name] == pytest.approx(getattr(BOTH, name), rel=1e-4), name
 
 
-# derandomized: a multi-node fit runs step-by-step rings per evaluation (engine/ring_alone.py),
-# so its cost depends on the example; fixed examples keep the suite's time bounded
-@settings(max_examples=6, deadline=None, derandomize=True)
+# the fit evaluates the exact model a few times (simsp/calibrate/fit.py: closed-form start, then
+# one Gauss-Newton step and a check), so random layouts cost seconds, not minutes; 3 ranks per
+# node give unequal, asymmetric rings (run whole, step by step), 5-7 would only cost more
+@settings(max_examples=6, deadline=None)
 @given(st.floats(0.2, 1.0), st.floats(0.5, 20.0), st.floats(0.2, 1.0), st.floats(0.5, 10.0),
-       st.integers(2, 8), st.integers(2, 4), st.integers(1, 8), st.sampled_from(sorted(REDOP)))
+       st.integers(2, 8), st.integers(2, 4), st.sampled_from([1, 2, 3, 4, 8]),
+       st.sampled_from(sorted(REDOP)))
 def test_any_link_parameters_are_recovered(tmp_path_factory, nv_eff, nv_lat, ib_eff, ib_lat,
                                            one_node_ranks, nodes, per_node, collective):
     """Random parameters and layouts, started from simsp's defaults, exact times: within 1e-4."""
     # With NCCL channels a node's per_node rings share each GPU's NVLink: the inter-node log
-    # measures the NICs only while NVLink outruns per_node NICs. The fit judges
-    # identifiability at its start (ib_efficiency 0.9), so keep NVLink faster than per_node
-    # full-speed NICs (TODO calib: test identifiability along the fit, not only at the start).
+    # measures the NICs only while NVLink outruns per_node NICs (else the InfiniBand fields
+    # do not move the times and cannot be recovered), so keep NVLink faster than per_node
+    # full-speed NICs.
     assume(nv_eff * Cluster().nvlink_bandwidth_GBps
            > 1.1 * per_node * Cluster().ib_bandwidth_GBps)
     tmp_path = tmp_path_factory.mktemp("any")
     truth = replace(Cluster(), nvlink_efficiency=nv_eff, nvlink_latency_us=nv_lat,
                     ib_efficiency=ib_eff, ib_latency_us=ib_lat)
-    one = generated_log(tmp_path, "one.txt", truth, "all_reduce", 1, one_node_ranks, digits=6)
-    many = generated_log(tmp_path, "many.txt", truth, collective, nodes, per_node, digits=6)
+    one = generated_log(tmp_path, "one.txt", truth, "all_reduce", 1, one_node_ranks, digits=6,
+                        sizes=SIZES[::3])
+    many = generated_log(tmp_path, "many.txt", truth, collective, nodes, per_node, digits=6,
+                         sizes=SIZES[::3])
     out = tmp_path / "f.toml"
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["calibrate", "nccl-tests", str(one), str(many), "--out", str(out)]) == 0

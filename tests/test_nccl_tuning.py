@@ -11,7 +11,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
-from simsp.commands.ring import simulate
+from simsp.commands.ring import simulate, simulate_nccl
 from simsp.config import Cluster
 from simsp.engine.nccl_tuning import channels_and_threads, choose, nccl_graph, nccl_time_us
 from simsp.engine.ring_timing import collective_time
@@ -141,6 +141,26 @@ def test_tree_time_on_sixteen_nodes_is_hand_worked():
     latency_s = (6.8 + 2 * (7 * 2.0 * 0.6 / 6.0 + 4 * 4.0 * 5.0 / 14)) * 1e-6
     seconds = collective_time("all_reduce", graph, list(range(128)), 8)
     assert latency_s < seconds < latency_s + 1e-8
+
+
+@pytest.mark.parametrize("protocol, base_us, intra_scale, inter_scale, fraction, correction", [
+    ("LL", 6.8, 0.6 / 6.0, 5.0 / 14, 22.5 / 192, 1.0),  # bus min(8x24x0.92 / 3.8, llMaxBw 22.5)
+    ("LL128", 14.0, 1.25 / 6.0, 8.5 / 14, 160 / 192, 0.9),  # min(x120/128, 8 x 20 per channel)
+    ("Simple", 8.4, 4.0 / 6.0, 14.0 / 14, 0.92, 0.8)])  # tree all-reduce x0.92
+def test_tree_time_per_protocol_on_two_nodes_is_hand_worked(protocol, base_us, intra_scale,
+                                                             inter_scale, fraction, correction):
+    """64 MiB over 16 GPUs of two nodes, forced tree: NCCL's base latency, 2 x (7 NVLink steps
+    of 2 us + log2(2) = 1 network step of 4 us (NVLink relay + GPU-leaf-GPU)), each scaled by
+    the tree's step latency over a multi-node ring/Simple step's (NVLink max(3.4, 3 x 2.0), net
+    14); then S at half the ring/Simple bus rate (8 channels at the NIC's 25 x 0.9 GB/s) x the
+    protocol's busbw over ring/Simple's (8 x 24 GB/s) x treeCorrectionFactor[log2(2^26 / 64)]."""
+    forced = LinkCalibration(nccl_algo="tree", nccl_proto=protocol)
+    nbytes = 64 * MiB
+    latency_us = base_us + 2 * (7 * 2.0 * intra_scale + 1 * 4.0 * inter_scale)
+    expected = latency_us * 1e-6 + nbytes / (0.5 * 8 * 22.5e9 * fraction * correction)
+    stats = simulate_nccl(TWO_NODES, list(range(16)), "all_reduce", nbytes, forced)
+    assert (stats.algorithm, stats.protocol) == ("tree", protocol)
+    assert stats.time_s == pytest.approx(expected, rel=1e-12)
 
 
 def test_ring_across_nodes_stepwise_equals_closed_form_for_every_protocol():

@@ -12,6 +12,15 @@ cost, which the model does not have: it is absorbed in the latency). We fit the 
 latency and hold transfer_overhead_us at the base value; the identifiable quantity is the
 per-step latency, reported as well. Efficiency is bounded to (0, 1] and latency to >= 0 (the
 config's checks); a parameter that reaches a bound is held there.
+
+Cost: an evaluation of the engine can run step-by-step rings (engine/ring_alone.py: a ring whose
+channels share a port), so the exact model is evaluated as few times as the fit allows. The fit
+first runs on the closed form (engine/ring_timing.py, no simulation; exact where no link carries
+two hops of a ring, an upper bound elsewhere), then polishes on the exact model from there: near
+the answer and in its piece, that takes one Gauss-Newton step and a check. Every evaluation is
+kept per parameter vector, so the Jacobian at the answer (standard errors) and the
+identifiability test reuse what the iterations computed; the iteration stops when the step it
+would take is below STEP_TOLERANCE, without evaluating it. `iterations` counts the exact steps.
 """
 
 from dataclasses import dataclass
@@ -26,6 +35,8 @@ TIER_PARAMETERS = {"intra": ("nvlink_efficiency", "nvlink_latency_us"),
                    "inter": ("ib_efficiency", "ib_latency_us")}
 MAX_ITERATIONS = 60
 RELATIVE_STEP = 1e-4  # finite-difference step, relative to the parameter (piecewise affine model)
+AFFINE_TOLERANCE = 1e-10  # relative residual: a step's landing matches the affine model's
+STEP_TOLERANCE = 1e-10  # relative to the variable: a smaller Gauss-Newton step is not taken
 
 
 @dataclass(frozen=True)
@@ -61,9 +72,11 @@ class TierProblem:
     """Relative residuals of a tier's measurements as a function of its free fit variables."""
 
     def __init__(self, base: Cluster, links: dict, measurements: list[Measurement],
-                 names: tuple[str, ...]):
+                 names: tuple[str, ...], exact: bool = True):
         self.base, self.links, self.measurements, self.names = base, dict(links), measurements, names
+        self.exact = exact  # the model: ring alone (exact) or its closed form (link_model)
         self.measured = np.concatenate([np.array(m.times_s) for m in measurements])  # (obs,)
+        self.evaluated: dict[bytes, np.ndarray] = {}  # x.tobytes() -> residuals (obs,)
 
     def values(self, x: np.ndarray) -> dict:
         """Link fields with the free ones set from `x` (shape (len(names),))."""
@@ -72,11 +85,15 @@ class TierProblem:
     def predicted(self, x: np.ndarray) -> np.ndarray:
         """Engine times of every observation, shape (obs,)."""
         links = self.values(x)
-        return np.concatenate([predicted_times_s(self.base, m, links) for m in self.measurements])
+        return np.concatenate([predicted_times_s(self.base, m, links, self.exact)
+                               for m in self.measurements])
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
-        """(predicted - measured) / measured, shape (obs,)."""
-        return self.predicted(x) / self.measured - 1.0
+        """(predicted - measured) / measured, shape (obs,); each x evaluated once."""
+        key = np.asarray(x, dtype=float).tobytes()
+        if key not in self.evaluated:
+            self.evaluated[key] = self.predicted(x) / self.measured - 1.0
+        return self.evaluated[key]
 
     def jacobian(self, x: np.ndarray, r: np.ndarray) -> np.ndarray:
         """d residuals / d x by forward differences, shape (obs, len(x))."""
@@ -91,7 +108,8 @@ class TierProblem:
 
 def gauss_newton(problem: TierProblem, x: np.ndarray, free: np.ndarray) -> tuple:
     """Minimise |residuals|^2 over the `free` variables (bool mask, shape (k,)); a variable
-    pushed past its bound is clipped and frozen there. Returns (x, free, J, r, iterations)."""
+    pushed past its bound is clipped and frozen there. Stops when the step is below tolerance
+    (or cannot improve the fit). Returns (x, free, J, r, iterations)."""
     bounds = np.array([lower_bound(n) for n in problem.names])  # (k,)
     r = problem.residuals(x)
     for iteration in range(1, MAX_ITERATIONS + 1):
@@ -99,14 +117,26 @@ def gauss_newton(problem: TierProblem, x: np.ndarray, free: np.ndarray) -> tuple
         delta = np.zeros_like(x)
         if free.any():
             delta[free] = np.linalg.lstsq(J[:, free], -r, rcond=None)[0]
+        if np.all(np.abs(delta) <= STEP_TOLERANCE * (1 + np.abs(x))):
+            break
         x_new, r_new = _damped_step(problem, x, delta, r, bounds)
         hit = free & (x_new <= bounds)
         free = free & ~hit
-        converged = np.all(np.abs(x_new - x) <= 1e-12 * (1 + np.abs(x)))
+        stalled = np.array_equal(x_new, x)
+        affine = np.array_equal(x_new, x + delta) and _affine_between(r, J, delta, r_new)
         x, r = x_new, r_new
-        if converged and not hit.any():
+        if affine and not hit.any():
+            return x, free, J, r, iteration  # the least-squares point of the model's piece
+        if stalled and not hit.any():
             break
     return x, free, problem.jacobian(x, r), r, iteration
+
+
+def _affine_between(r: np.ndarray, J: np.ndarray, delta: np.ndarray, r_new: np.ndarray) -> bool:
+    """Did the full step land where the affine model r + J delta said (to AFFINE_TOLERANCE)?
+    Then the model is that affine piece from x to x + delta, x + delta is the piece's
+    least-squares point and J its Jacobian there too: nothing is left to evaluate."""
+    return bool(np.max(np.abs(r_new - (r + J @ delta))) <= AFFINE_TOLERANCE)
 
 
 def _damped_step(problem: TierProblem, x, delta, r, bounds) -> tuple:
@@ -123,16 +153,24 @@ def _damped_step(problem: TierProblem, x, delta, r, bounds) -> tuple:
 
 
 def fit_tier(base: Cluster, links: dict, measurements: list[Measurement], tier: str) -> TierFit:
-    """Fit the tier's efficiency and latency to its measurements, the other fields held."""
+    """Fit the tier's efficiency and latency to its measurements, the other fields held: on
+    the closed form from the base values, then on the exact model from there."""
     names = TIER_PARAMETERS[tier]
-    problem = TierProblem(base, links, measurements, names)
     x0 = np.array([to_x(n, links[n]) for n in names])  # (k,)
-    identifiable = np.linalg.norm(problem.jacobian(x0, problem.residuals(x0)), axis=0) > 1e-9
-    x, free, J, r, iterations = gauss_newton(problem, x0, identifiable.copy())
+    closed = TierProblem(base, links, measurements, names, exact=False)
+    start, _free, _J, _r, _it = gauss_newton(closed, x0, _identifiable(closed, x0))
+    problem = TierProblem(base, links, measurements, names)
+    identifiable = _identifiable(problem, start)
+    x, free, J, r, iterations = gauss_newton(problem, start, identifiable.copy())
     at_bound = tuple(n for n, f, i in zip(names, free, identifiable) if i and not f)
     return TierFit(tier, problem.values(x), tuple(n for n, f in zip(names, free) if f), at_bound,
                    tuple(n for n, i in zip(names, identifiable) if not i),
                    _std_errors(names, x, free, J, r), float(np.sqrt(np.mean(r ** 2))), iterations)
+
+
+def _identifiable(problem: TierProblem, x: np.ndarray) -> np.ndarray:
+    """Which variables move the residuals at x (bool, shape (k,))."""
+    return np.linalg.norm(problem.jacobian(x, problem.residuals(x)), axis=0) > 1e-9
 
 
 def _std_errors(names, x: np.ndarray, free: np.ndarray, J: np.ndarray, r: np.ndarray) -> dict:

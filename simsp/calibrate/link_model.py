@@ -3,10 +3,13 @@
 For link parameters (the [cluster] fields below) the predicted time of each measured size is
 simsp.engine.ring_alone.alone_time (the collective alone on its links, as meta mode times it)
 over simsp.cluster.topology.build_topology of the measured layout, so simulating with the fitted
-fragment reproduces the fitted times exactly.
+fragment reproduces the fitted times exactly. The closed form (engine/ring_timing.py
+collective_time: an upper bound where a ring's channels share a port, docs/shortcuts.md) is the
+cheap approximation the fit starts from.
 """
 
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -16,7 +19,7 @@ from simsp.config import Cluster
 from simsp.calibrate.nccl_log import ALL_TO_ALL
 from simsp.engine.all_to_all import time_all_to_all
 from simsp.engine.ring_alone import alone_time
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps
+from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, collective_time
 from simsp.hardware import LinkCalibration
 
 # The link calibration fields of [cluster] (simsp.hardware.LinkCalibration.from_cluster and the
@@ -45,9 +48,18 @@ def ring_gpus(cluster: Cluster, m: Measurement) -> list[int]:
             for local in range(m.ranks_per_node)]
 
 
-def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float]) -> np.ndarray:
-    """Engine time of every observation of `m` (shape (len(m.sizes_bytes),)), in seconds."""
-    cluster = measured_cluster(base, m, links)
+def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float],
+                      exact: bool = True) -> np.ndarray:
+    """Engine time of every observation of `m` (shape (len(m.sizes_bytes),)), in seconds: the
+    collective alone on its links, or (exact False) its closed form, which runs no simulation.
+    Kept per (cluster, run, link values, model): a fit and its report ask for the same ones."""
+    return np.array(_times_s(base, m, tuple(sorted(links.items())), exact))  # (observations,)
+
+
+@lru_cache(maxsize=256)
+def _times_s(base: Cluster, m: Measurement, links: tuple, exact: bool) -> tuple[float, ...]:
+    """predicted_times_s with hashable arguments (links as sorted (field, value) pairs)."""
+    cluster = measured_cluster(base, m, dict(links))
     graph = build_topology(cluster)
     calibration = LinkCalibration.from_cluster(cluster)
     gpus = ring_gpus(cluster, m)
@@ -55,10 +67,11 @@ def predicted_times_s(base: Cluster, m: Measurement, links: dict[str, float]) ->
         by_size = {size: time_all_to_all(graph, gpus, size, calibration)[1]
                    for size in sorted(set(m.sizes_bytes))}
     else:
-        by_size = {size: alone_time(m.collective, graph, gpus, size, calibration=calibration,
-                                    elem_bytes=m.elem_bytes)
+        timing = alone_time if exact else collective_time
+        by_size = {size: timing(m.collective, graph, gpus, size, calibration=calibration,
+                                elem_bytes=m.elem_bytes)
                    for size in sorted(set(m.sizes_bytes))}
-    return np.array([by_size[size] for size in m.sizes_bytes])  # (observations,)
+    return tuple(by_size[size] for size in m.sizes_bytes)
 
 
 def busbw_of(m: Measurement, size_bytes: int, time_s: float) -> float:

@@ -10,7 +10,8 @@ Shortcut timing="closed_form": time each collective as a whole, as its ring alon
 takes (engine/ring_alone.py: the closed form, or the ring run once step by step where its own
 channels share a link), except on `stepwise_groups` (rings sharing links with other traffic,
 whose time depends on it: training/shortcut_check.py), which run step by step and so load
-their links.
+their links; an all-to-all of `alone_all_to_all` (no other traffic on its links) waits its time
+alone, found once per placement and byte matrix in a private simulation of its flows.
 """
 
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import simpy
 
-from simsp.engine.all_to_all import all_to_all
+from simsp.cluster.topology import placement
+from simsp.engine.all_to_all import all_to_all, alone_time
 from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.nccl_group import nccl_choice
@@ -56,7 +58,8 @@ class Communicator:
 
     def __init__(self, env: simpy.Environment, network: Network, present: set[int] | None = None,
                  elem_bytes: int = DEFAULT_ELEM_BYTES, trace: Trace | None = None,
-                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()):
+                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
+                 alone_all_to_all: frozenset = frozenset()):
         if timing not in (STEPWISE, CLOSED_FORM):
             raise ValueError(f"timing must be {STEPWISE} or {CLOSED_FORM}, got {timing!r}")
         self.env = env
@@ -66,10 +69,14 @@ class Communicator:
         self.trace = trace if trace is not None else network.trace
         self.timing = timing
         self.stepwise_groups = frozenset(stepwise_groups)
+        # all-to-all groups whose links nothing else crosses meanwhile (closed_form: timed
+        # as alone, without flows)
+        self.alone_all_to_all = frozenset(alone_all_to_all)
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
         self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
+        self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None):
@@ -185,12 +192,35 @@ class Communicator:
         matrix = [b[0] if b is not None else [row[(j - i + present) % n] for j in range(n)]
                   for i, b in enumerate(buffers)]
         chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
-        received, stats = yield from all_to_all(self.env, self.network, list(meeting.group),
-                                                matrix, chunks, meeting.tag or ALL_TO_ALL)
+        if self.timing == CLOSED_FORM and meeting.group in self.alone_all_to_all:
+            start_s = self.env.now
+            yield self.env.timeout(self._all_to_all_alone(meeting.group, matrix))
+            n = len(buffers)
+            received = [[None if chunks is None or chunks[i][j] is None
+                         else chunks[i][j].copy() for i in range(n)] for j in range(n)]
+            end_s = self.env.now
+        else:
+            received, stats = yield from all_to_all(self.env, self.network,
+                                                    list(meeting.group), matrix, chunks,
+                                                    meeting.tag or ALL_TO_ALL)
+            start_s, end_s = stats.start_s, stats.end_s
         for rank in sorted(meeting.expected):
-            self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, stats.start_s,
-                                stats.end_s, {"collective": ALL_TO_ALL, "group": meeting.group})
+            self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, start_s, end_s,
+                                {"collective": ALL_TO_ALL, "group": meeting.group})
         return received
+
+    def _placement(self, group: tuple) -> tuple:
+        graph = self.network.graph.graph
+        return placement(group, graph["gpus_per_node"], graph["nodes"])
+
+    def _all_to_all_alone(self, group: tuple, matrix: list) -> float:
+        """Seconds of an all-to-all of `group` that no other traffic meets on its links
+        (training/shortcut_check.py), memoised per placement and byte matrix."""
+        graph = self.network.graph
+        key = (self._placement(group), tuple(map(tuple, matrix)))
+        if key not in self._alike:
+            self._alike[key] = alone_time(graph, self.network.calibration, list(group), matrix)
+        return self._alike[key]
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode
@@ -217,12 +247,21 @@ class Communicator:
         return self._plans[key]
 
     def _alone(self, meeting: _Meeting) -> CollectiveStats:
-        """The ring alone on its links (engine/ring_alone.py), memoised."""
+        """The ring alone on its links (engine/ring_alone.py), memoised per group and, as a
+        ring runs alike on like links, per placement (cluster/topology.py placement): e.g.
+        the DP groups of every pipeline stage."""
         key = (meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
         if key not in self._plans:
-            self._plans[key] = alone_stats(meeting.collective, self.network.graph,
-                                           list(meeting.group), meeting.nbytes,
-                                           self.network.calibration, meeting.elem_bytes)
+            graph = self.network.graph
+            alike = (meeting.collective, self._placement(meeting.group), meeting.nbytes,
+                     meeting.elem_bytes)
+            if alike not in self._alike:
+                self._alike[alike] = alone_stats(meeting.collective, graph,
+                                                 list(meeting.group), meeting.nbytes,
+                                                 self.network.calibration, meeting.elem_bytes)
+            stats = self._alike[alike]
+            self._plans[key] = (stats if stats.gpus == meeting.group else
+                                replace(stats, gpus=meeting.group, channels=()))
         return self._plans[key]
 
 

@@ -272,6 +272,12 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     grads = {}
     dlogits = K.cross_entropy_backward(logits, targets, 1.0 / n_tokens)  # (s, B, v)
     dy, dword_t, _ = K.linear_backward(dlogits, y, output.T)  # (s, B, h), (h, v)
+    dword_mtp = 0.0
+    if model.mtp_num_layers:
+        mtp = _mtp_forward_backward(params, y, tokens, targets, model, seed, sample_offset,
+                                    moe_group, moe_chunks)
+        dy, dword_t, dword_mtp = dy + mtp.dy, dword_t + mtp.doutput_t, mtp.dword
+        grads.update(mtp.grads)
     dx = _norm_backward(params, dy, x, "final_ln", model, grads)  # (s, B, h)
     for i in reversed(range(model.num_layers)):
         dx, g = _layer_backward(_layer_params(params, i), dx, saved[i], model)
@@ -279,6 +285,7 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     grads["embedding_output"] = dx  # (s, B, h)
     demb = K.dropout_backward(dx, keep_e, ph)  # (s, B, h)
     dword, dposition = K.embedding_backward(demb, tokens, v, model.seq_length)
+    dword = dword + dword_mtp  # (v, h): the MTP depths' lookups of the same table
     if position is not None:
         grads["embedding.position"] = dposition
     if "output.weight" in params:
@@ -288,6 +295,64 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     ordered = {name: grads[name] for name in params}  # canonical parameter order
     ordered["embedding_output"] = grads["embedding_output"]
     return loss, ordered
+
+
+def _shifted(a, k):
+    """(s, B) rolled up by k, the last k rows 0 (Megatron's roll_tensor, k times)."""
+    out = np.zeros_like(a)  # (s, B)
+    out[:len(a) - k] = a[k:]
+    return out
+
+
+def _mtp_forward_backward(params, y, tokens, targets, model, seed, sample_offset, moe_group,
+                          moe_chunks):
+    """Multi-token prediction on the final norm's output y (s, B, h) (docs/mtp.md): depth k
+    embeds the tokens shifted by k, projects [enorm(emb) | hnorm(h_{k-1})] (2h -> h), runs its
+    layer (index L + k − 1) and final norm, and adds factor/D × its cross entropy over the
+    first s − k positions, averaged over them. Returns dy (s, B, h), the output weight's
+    (h, v) and the word table's (v, h) gradients from the depths, and their own gradients."""
+    s, B, h = y.shape
+    D, L, ph = model.mtp_num_layers, model.num_layers, model.hidden_dropout
+    word = params["embedding.word"]
+    output = params.get("output.weight", word)  # (v, h)
+    h_prev, caches = y, []
+    for k in range(D):
+        P = {n[len(f"mtp.{k}."):]: a for n, a in params.items() if n.startswith(f"mtp.{k}.")}
+        c = SimpleNamespace(P=P, h_prev=h_prev, tokens=_shifted(tokens, k + 1), n=s - k - 1)
+        c.keep = hidden_keep(ph, seed, L + k, "embedding", (s, B, h), sample_start=sample_offset)
+        c.emb = K.dropout_forward(word[c.tokens], c.keep, ph)  # (s, B, h)
+        c.cat = np.concatenate([_norm(P, c.emb, "enorm", model),
+                                _norm(P, h_prev, "hnorm", model)], axis=-1)  # (s, B, 2h)
+        layer = {n[len("layer."):]: a for n, a in P.items() if n.startswith("layer.")}
+        c.layer = layer
+        c.out, c.cache = _layer_forward(layer, c.cat @ P["eh_proj.weight"], L + k, model, seed,
+                                        sample_offset, moe_group, moe_chunks)  # (s, B, h)
+        c.h = _norm(P, c.out, "final_ln", model)  # (s, B, h)
+        caches.append(c)
+        h_prev = c.h
+    grads, dnext = {}, None
+    doutput_t, dword = np.zeros((h, word.shape[0])), np.zeros_like(word)  # (h, v), (v, h)
+    for k in reversed(range(D)):
+        c, g = caches[k], {}
+        logits = K.linear_forward(c.h, output.T, None)  # (s, B, v)
+        dlogits = np.zeros_like(logits)  # (s, B, v): the last k positions masked
+        scale = model.mtp_loss_scaling_factor / (D * c.n * B)
+        dlogits[:c.n] = K.cross_entropy_backward(logits[:c.n], _shifted(targets, k + 1)[:c.n],
+                                                 scale)
+        dh, dout_t, _ = K.linear_backward(dlogits, c.h, output.T)  # (s, B, h), (h, v)
+        doutput_t += dout_t
+        if dnext is not None:
+            dh = dh + dnext
+        dout = _norm_backward(c.P, dh, c.out, "final_ln", model, g)
+        dp, layer_grads = _layer_backward(c.layer, dout, c.cache, model)
+        g.update({f"layer.{n}": a for n, a in layer_grads.items()})
+        dcat = _linear_backward(c.P, dp, c.cat, "eh_proj", g)  # (s, B, 2h)
+        dnext = _norm_backward(c.P, dcat[..., h:], c.h_prev, "hnorm", model, g)
+        demb = _norm_backward(c.P, dcat[..., :h], c.emb, "enorm", model, g)
+        np.add.at(dword, c.tokens.reshape(-1),
+                  K.dropout_backward(demb, c.keep, ph).reshape(-1, h))
+        grads.update({f"mtp.{k}.{n}": a for n, a in g.items()})
+    return SimpleNamespace(dy=dnext, doutput_t=doutput_t, dword=dword, grads=grads)
 
 
 def relative_error(actual, expected) -> float:

@@ -125,9 +125,11 @@ def _architecture(m: dict) -> list[str]:
     lines = [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
     if "parameters" in m:  # MoE and MLA models (simsp/model/param_counts.py)
         n = m["parameters"]
+        mtp = (f"; multi-token prediction {n['mtp']['total'] / 1e9:.2f}B more "
+               f"({n['mtp']['active'] / 1e9:.2f}B active), sharing them" if "mtp" in n else "")
         lines.append(f"Parameters: {n['total'] / 1e9:.2f}B total, {n['active'] / 1e9:.2f}B "
                      f"active per token ({100 * n['active'] / n['total']:.1f}%), embedding and "
-                     f"output layer {n['embedding'] / 1e9:.2f}B.")
+                     f"output layer {n['embedding'] / 1e9:.2f}B{mtp}.")
     return lines
 
 

@@ -11,6 +11,7 @@ group whose links only its own channels share is timed as its ring alone (engine
 here is never wrong, only slower.
 """
 
+from collections import Counter
 from dataclasses import dataclass
 
 import networkx as nx
@@ -40,6 +41,8 @@ class ShortcutVerdict:
     # the ranks simulated and the links their hops also load where they stand for the others
     # by rail symmetry (training/rail_symmetry.py); None: one rank per stage, no images
     symmetry: RailSymmetry | None = None
+    # EP groups whose all-to-alls no other owner's traffic meets: timed as alone
+    alone_all_to_all: frozenset[tuple[int, ...]] = frozenset()
 
 
 def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
@@ -137,13 +140,19 @@ def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
 
 def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
     """(link, owner, other) for every two hops that may cross one link at the same time:
-    two hops of one owner, or of two owners not in turn (_in_turn)."""
+    two hops of one owner, or of two owners not in turn (_in_turn). Each clash once per link,
+    in the order of its first appearance (an all-to-all puts dozens of one owner's hops on a
+    NIC: their pairs are one clash)."""
     for edge, owners in users.items():
         if len(owners) < 2:
             continue
-        for i, owner in enumerate(owners):
-            for other in owners[i + 1:]:
-                if other == owner or not _in_turn(edge, owner, other, overlaps):
+        hops = Counter(owners)  # distinct owners in first-appearance order, with their hops
+        distinct = list(hops)
+        for i, owner in enumerate(distinct):
+            if hops[owner] > 1:
+                yield edge, owner, owner
+            for other in distinct[i + 1:]:
+                if not _in_turn(edge, owner, other, overlaps):
                     yield edge, owner, other
 
 
@@ -277,9 +286,10 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
                    "overlapped DP communication")
     tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
+    ep_groups = {ranks for kind, ranks in owners if kind == "ep"}
     if not_rep:
         templates_why = "not used: needs the representative shortcut"
-    elif expert_groups:
+    elif expert_groups and (stepwise & ep_groups or not uniform_routing(sc) or p.etp > 1):
         templates_why = "not used: the MoE all-to-alls run as flows whose time may vary"
     elif sc.model.num_experts is not None and sc.model.moe_routing_imbalance > 0:
         templates_why = "not used: imbalanced routing loads each MoE layer differently"
@@ -297,4 +307,5 @@ def check_shortcuts(sc) -> ShortcutVerdict:
                            templates=templates_why.startswith("used"),
                            stepwise_groups=stepwise, symmetry=symmetry,
                            reasons=(("representative", rep_why), ("closed_form", closed_why),
-                                    ("templates", templates_why)))
+                                    ("templates", templates_why)),
+                           alone_all_to_all=frozenset(ep_groups - stepwise))

@@ -48,7 +48,8 @@ class World:
 
 def build_world(sc: Scenario, simulated: list[int] | None = None,
                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
-                image_loads: dict | None = None) -> World:
+                image_loads: dict | None = None,
+                alone_all_to_all: frozenset = frozenset()) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
@@ -56,7 +57,8 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     collectives of `stepwise_groups` (rings that share links with other traffic:
     training/shortcut_check.py), which run step by step. `image_loads`: per hop, the links its
     flows also load for the ranks a rail-symmetric representative stands for
-    (training/rail_symmetry.py)."""
+    (training/rail_symmetry.py). The all-to-alls of `alone_all_to_all` (EP groups no other
+    traffic meets) are timed as alone."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -70,7 +72,7 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
     comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
-                        stepwise_groups=stepwise_groups)
+                        stepwise_groups=stepwise_groups, alone_all_to_all=alone_all_to_all)
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
