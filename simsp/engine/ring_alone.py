@@ -138,15 +138,16 @@ def segment_time(graph: nx.DiGraph, calibration: LinkCalibration, collective: st
     going on when its own and its predecessor's are delivered (engine/collectives.py)."""
     env = simpy.Environment()
     network = Network(env, graph, calibration)
-    process = env.process(_segment_run(env, network, collective, n, segment))
+    process = env.process(segment_run(env, network, collective, n, segment))
     env.run()
     return process.value
 
 
-def _segment_run(env: simpy.Environment, network: Network, collective: str, n: int,
-                 segment: tuple[float, list[Hop]]):
+def segment_run(env: simpy.Environment, network: Network, collective: str, n: int,
+                segment: tuple[float, list[Hop]]):
     """Base latency, then the phases one after another (a phase ends when every position has
-    its last chunk, as _run_channels waits for every channel)."""
+    its last chunk, as _run_channels waits for every channel): a process body, on a private
+    network (segment_time) or on one shared with the group's other collectives."""
     base_s, hops = segment
     if base_s > 0:
         yield env.timeout(base_s)

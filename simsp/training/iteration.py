@@ -48,6 +48,8 @@ class Shortcuts:
     # representative by rail symmetry: the ranks simulated, per hop its images' links
     # (training/rail_symmetry.py)
     symmetry: RailSymmetry | None = None
+    # stepwise groups run as one node's piece of one channel (they meet only themselves)
+    segment_groups: frozenset = frozenset()
 
     @classmethod
     def for_scale(cls, sc: Scenario) -> "Shortcuts":
@@ -69,7 +71,8 @@ class Shortcuts:
                        reasons=(("representative", why), verdict.reasons[1],
                                 ("templates", why)))
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
-                   verdict.stepwise_groups, verdict.reasons, verdict.symmetry)
+                   verdict.stepwise_groups, verdict.reasons, verdict.symmetry,
+                   verdict.segment_groups)
 
     def flags(self) -> dict:
         """The three shortcuts, on or off."""
@@ -198,7 +201,9 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
                         stepwise_groups=shortcuts.stepwise_groups,
                         image_loads=shortcuts.symmetry.loads if shortcuts.representative and
-                        shortcuts.symmetry else None)
+                        shortcuts.symmetry else None,
+                        segment_groups=shortcuts.segment_groups if shortcuts.closed_form
+                        else frozenset())
     _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
               shortcuts=shortcuts)
