@@ -244,6 +244,17 @@ def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
     return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))
 
 
+def _segments_why(segments: frozenset, gpus_per_node: int) -> str:
+    """What the verdict says of the groups run as pieces (docs/shortcuts.md)."""
+    if not segments:
+        return ""
+    leaves = any(len({gpu // gpus_per_node // NODES_PER_LEAF for gpu in group}) > 1
+                 for group in segments)
+    return (f"; {len(segments)} of them meet only their own collectives (FSDP) and run as one "
+            f"node's piece of one channel" + (", each like hop at its slowest latency (their "
+                                              "rings cross a leaf boundary)" if leaves else ""))
+
+
 def _units_split_evenly(sc, grid: RankGrid, graph: nx.DiGraph) -> bool:
     """Every FSDP collective (a unit's padded buffer, training/fsdp_units.py, in 2- or 4-byte
     elements) can run as one node's piece of one channel (engine/ring_alone.py node_segment:
@@ -258,8 +269,8 @@ def _units_split_evenly(sc, grid: RankGrid, graph: nx.DiGraph) -> bool:
         gpus = list(grid.dp_cp_group(rank))
         numels = {n: math.prod(local_shape(n, shapes[n], grid.tp))
                   for n in stage_param_names(shapes, plan)}
-        if any(node_segment(graph, gpus, calibration, collective, unit.padded * elem, elem)
-               is None for unit in stage_units(numels, d) for collective in COLLECTIVES
+        if any(node_segment(graph, gpus, calibration, collective, unit.padded * elem, elem,
+                            slowest_latency=True) is None for unit in stage_units(numels, d) for collective in COLLECTIVES
                for elem in (FP16, FP32)):
             return False
     return True
@@ -323,7 +334,9 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         templates_why = "not used: TP collectives share links, so a layer step's time varies"
     else:
         templates_why = "used: every layer step of a stage is alike, recorded once and replayed"
-    closed_why = closed_form_why(clashes, stepwise)
+    segments = (fsdp_rings - shared) if _units_split_evenly(sc, grid, graph) else frozenset()
+    closed_why = closed_form_why(clashes, stepwise) + _segments_why(segments,
+                                                                    cluster.gpus_per_node)
     rep_why = ("not used: " + not_rep if not_rep else
                "used: every rank of a stage is placed and loaded as its representative" + (
                    f" up to rail symmetry ({len(symmetry.ranks)} ranks simulated): the "
@@ -332,7 +345,6 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     return ShortcutVerdict(representative=not not_rep, closed_form=True,
                            templates=templates_why.startswith("used"),
                            stepwise_groups=stepwise, symmetry=symmetry,
-                           segment_groups=(fsdp_rings - shared) if _units_split_evenly(sc, grid, graph)
-                           else frozenset(),
+                           segment_groups=segments,
                            reasons=(("representative", rep_why), ("closed_form", closed_why),
                                     ("templates", templates_why)))
