@@ -105,6 +105,10 @@ SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 # FSDP (docs/fsdp.md): its DP rings run step by step; measured on Llama 3 8B under FSDP2 at
 # d = 16, 32, 64 (one micro-batch): 1.2e-4 to 1.3e-4 CPU s per collective per d².
 FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
+# A DP ring that meets only its own collectives runs as one node's piece of one channel
+# (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
+# 256 (0.95 and 3.4 CPU s in all): about 1.5e-5 s per collective per d·G.
+FSDP_SECONDS_PER_COLLECTIVE_PIECE = 1.5e-5
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -194,7 +198,11 @@ def meta_seconds(sc, representative: bool) -> float:
     ranks = simulated_ranks(sc, representative)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
-    fsdp = p.pp * fsdp_collectives(sc) * (p.dp * p.cp) ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
+    d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
+    if p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:  # rings as pieces
+        fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
+    else:
+        fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
     return layer_steps(sc) * per_step + plans + buckets + fsdp
 
 

@@ -26,10 +26,10 @@ from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, Coll
 from simsp.engine.nccl_group import nccl_choice
 from simsp.engine.nccl_tuning import TREE
 from simsp.engine.network import Network
-from simsp.engine.ring_alone import alone_stats
+from simsp.engine.ring_alone import alone_stats, node_segment, segment_run
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
-from simsp.engine.ring_timing import collective_time
+from simsp.engine.ring_timing import closed_form_stats, collective_time
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 
@@ -59,7 +59,8 @@ class Communicator:
     def __init__(self, env: simpy.Environment, network: Network, present: set[int] | None = None,
                  elem_bytes: int = DEFAULT_ELEM_BYTES, trace: Trace | None = None,
                  timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
-                 alone_all_to_all: frozenset = frozenset()):
+                 alone_all_to_all: frozenset = frozenset(),
+                 segment_groups: frozenset = frozenset()):
         if timing not in (STEPWISE, CLOSED_FORM):
             raise ValueError(f"timing must be {STEPWISE} or {CLOSED_FORM}, got {timing!r}")
         self.env = env
@@ -72,6 +73,8 @@ class Communicator:
         # all-to-all groups whose links nothing else crosses meanwhile (closed_form: timed
         # as alone, without flows)
         self.alone_all_to_all = frozenset(alone_all_to_all)
+        # stepwise groups whose rings meet only each other: one node's piece of one channel
+        self.segment_groups = frozenset(segment_groups)
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
@@ -159,7 +162,13 @@ class Communicator:
             meeting.done.succeed(results)
             return
         stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
-        if stepwise and not self._runs_as_tree(meeting):
+        ring_steps = stepwise and not self._runs_as_tree(meeting)
+        segment = (self._segment(meeting) if ring_steps and meeting.group in self.segment_groups
+                   else None)
+        if segment is not None:
+            stats = yield from self._segment_ring(meeting, segment)
+            results = [None] * len(buffers)
+        elif ring_steps:
             ring = RING_COLLECTIVES[meeting.collective]
             results, stats = yield from ring(self.env, self.network, list(meeting.group),
                                              buffers, meeting.nbytes, meeting.elem_bytes,
@@ -221,6 +230,34 @@ class Communicator:
         if key not in self._alike:
             self._alike[key] = alone_time(graph, self.network.calibration, list(group), matrix)
         return self._alike[key]
+    def _segment(self, meeting: _Meeting):
+        """One node's piece of one channel of this ring where it is that symmetric and meta
+        (engine/ring_alone.py node_segment), else None."""
+        if any(b is not None for b in meeting.buffers.values()):
+            return None
+        segment = node_segment(self.network.graph, list(meeting.group),
+                               self.network.calibration, meeting.collective, meeting.nbytes,
+                               meeting.elem_bytes, slowest_latency=True)
+        if segment is None:  # its whole ring would load links the pieces stand for
+            raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group run "
+                                  f"as pieces of its ring does not split evenly")
+        return segment
+
+    def _segment_ring(self, meeting: _Meeting, segment):
+        """A ring whose group meets only its own collectives, run as one node's piece of one
+        channel on the shared links: each link of the piece stands for its images in every
+        node and channel, which the group's other collectives load alike (the quotient of the
+        full simulation by the ring's symmetry, docs/shortcuts.md). Stats as the closed form's
+        with the span it took."""
+        start_s = self.env.now
+        yield self.env.process(segment_run(self.env, self.network, meeting.collective,
+                                           len(meeting.group), segment))
+        closed = closed_form_stats(meeting.collective, self.network.graph, list(meeting.group),
+                                   meeting.nbytes, self.network.calibration,
+                                   meeting.elem_bytes)
+        return replace(closed, start_s=start_s, end_s=self.env.now,
+                       channels=tuple(replace(c, start_s=start_s, end_s=self.env.now)
+                                      for c in closed.channels))
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode

@@ -49,6 +49,8 @@ class Shortcuts:
     # (training/rail_symmetry.py)
     symmetry: RailSymmetry | None = None
     alone_all_to_all: frozenset = frozenset()  # EP groups whose all-to-alls meet no traffic
+    # stepwise groups run as one node's piece of one channel (they meet only themselves)
+    segment_groups: frozenset = frozenset()
 
     @classmethod
     def for_scale(cls, sc: Scenario) -> "Shortcuts":
@@ -67,7 +69,7 @@ class Shortcuts:
                                 ("templates", why)))
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
                    verdict.stepwise_groups, verdict.reasons, verdict.symmetry,
-                   verdict.alone_all_to_all)
+                   verdict.alone_all_to_all, verdict.segment_groups)
 
     def flags(self) -> dict:
         """The three shortcuts, on or off."""
@@ -205,7 +207,9 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                         stepwise_groups=shortcuts.stepwise_groups,
                         image_loads=shortcuts.symmetry.loads if shortcuts.representative and
                         shortcuts.symmetry else None,
-                        alone_all_to_all=shortcuts.alone_all_to_all)
+                        alone_all_to_all=shortcuts.alone_all_to_all,
+                        segment_groups=shortcuts.segment_groups if shortcuts.closed_form
+                        else frozenset())
     _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
               shortcuts=shortcuts)
