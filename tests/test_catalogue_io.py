@@ -352,3 +352,110 @@ def test_run_refuses_a_planted_report_folder_link(tmp_path, monkeypatch):
     (tmp_path / "reports" / "tiny_meta").symlink_to(tmp_path / "elsewhere")
     assert_error(["run", TINY, "--mode", "meta"], "--out")
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+# --- hardware profile files (--gpu PATH, --system PATH, `simsp hardware PATH`) -----------------
+
+H100 = (REPO / "simsp" / "hardware_data" / "gpus" / "h100-sxm-80gb.toml").read_text()
+DGX_H100 = (REPO / "simsp" / "hardware_data" / "systems" / "dgx-h100.toml").read_text()
+
+
+@pytest.mark.parametrize("old,new,where", [
+    ("memory_GiB = { value = 80,", 'memory_GiB = { value = "abc",', "memory_GiB"),  # was 3 GB, 28 s
+    ("memory_GiB = { value = 80,", "memory_GiB = { value = inf,", "memory_GiB"),
+    ("memory_GiB = { value = 80,", "memory_GiB = { value = 1e300,", "memory_GiB"),
+    ("nvlink_generation = { value = 4,", "nvlink_generation = { value = 4.5,", "nvlink_generation"),
+    ('name = "h100-sxm-80gb"', 'aliases = 5\nname = "x"', "aliases"),
+    ('name = "h100-sxm-80gb"', 'name = "<b>x\\n# y"', "name"),
+    ('name = "h100-sxm-80gb"', 'name = "x"\ncompute = 5', "compute"),
+    ('name = "h100-sxm-80gb"', 'name = "x"\nmemory_gib = 3', "memory_gib"),
+])
+def test_gpu_profile_schema(tmp_path, old, new, where):
+    path = write(tmp_path / "gpu.toml", H100.replace(old, new, 1))
+    assert_error(["layer", "--gpu", path, "--mode", "meta", "--json"], f"cluster.gpu: {path}:{where}")
+
+
+def test_gpu_profile_compute_section_of_the_wrong_type(tmp_path):
+    path = write(tmp_path / "gpu.toml", H100 + '[compute]\ngemm_max_efficiency = '
+                                               '{ value = "x", source = "s" }\n')
+    assert_error(["hardware", path], f"cluster.gpu: {path}:compute.gemm_max_efficiency")
+
+
+@pytest.mark.parametrize("old,new,where", [
+    ("gpus_per_nvlink_domain = { value = 8,", "gpus_per_nvlink_domain = { value = 2.5,",
+     "gpus_per_nvlink_domain"),  # was truncated to 2 silently
+    ("nic_Gbps = { value = 400,", 'nic_Gbps = { value = "x",', "nic_Gbps"),
+    ("nvswitch_generation = { value = 3,", "nvswitch_generation = { value = inf,",
+     "nvswitch_generation"),
+])
+def test_system_profile_schema(tmp_path, old, new, where):
+    path = write(tmp_path / "system.toml", DGX_H100.replace(old, new, 1))
+    assert_error(["layer", "--system", path, "--mode", "meta", "--json"],
+                 f"cluster.system: {path}:{where}")
+
+
+@pytest.mark.parametrize("argv", [["hardware", "/dev/zero"], ["layer", "--gpu", "/dev/zero"],
+                                  ["calibrate", "gemm", "/dev/zero"]])
+def test_device_as_a_profile_or_probe_file_is_refused_at_once(argv):
+    """These read /dev/zero until memory ran out (sweep --gpu /dev/zero was killed at 53 s)."""
+    assert_error(argv, "/dev/zero: is not a regular file")
+
+
+def test_an_argument_with_a_newline_stays_one_error_line():
+    err = assert_error(["ring", "--ranks", "4", "--size", "1M", "a\n# H"],
+                       "unrecognized arguments")
+    assert "\\n" in err
+
+
+# --- probe CSVs (`simsp calibrate gemm`) and `simsp probe gemm`'s output -------------------------
+
+PROBE = "# probe\ndtype,m,k,n,seconds,label\n" + "".join(
+    f"bf16,{s},{s},{s},{1e-5 + 2 * s**3 / 7e14 + 6 * s * s / 2e12!r},sq{s}\n"
+    for s in (256, 512, 1024, 2048, 4096))
+
+
+@pytest.mark.parametrize("row,where", [
+    (f"bf16,{10**300},8,8,1e-5,x", ":8"),  # was an OverflowError traceback
+    ("bf16,1_024,8,8,1e-5,x", ":8"),         # was read as 1024
+    ("bf16,8,8,8,1e-5,x,extra", ":8"),       # was dropped silently
+    ("bf16,8,8,8,inf,x", ":8"),
+    ("bf16,8,8,8,1e-5,x\x00", ":8"),
+    ("dtype,m,k,n,seconds,m", ":8"),
+])
+def test_probe_csv_schema(tmp_path, row, where):
+    path = write(tmp_path / "probe.csv", PROBE + row + "\n")
+    assert_error(["calibrate", "gemm", path, "--gpu", "h100-sxm-80gb"], f"{path}{where}")
+
+
+def test_probe_csv_of_one_repeated_shape_cannot_be_fitted(tmp_path):
+    """Five rows of one shape gave a fragment with gemm_max_efficiency 1e-6 and exit 0."""
+    path = write(tmp_path / "probe.csv", "dtype,m,k,n,seconds\n" + "bf16,8,8,8,1e-5\n" * 5)
+    assert_error(["calibrate", "gemm", path], f"{path}: bf16: need at least 3 shapes")
+
+
+def test_calibrate_gemm_never_replaces_its_input_and_escapes_its_name(tmp_path):
+    path = write(tmp_path / "probe.csv", PROBE)
+    assert_error(["calibrate", "gemm", path, "--gpu", "h100-sxm-80gb", "--out", path], "--out")
+    assert Path(path).read_text() == PROBE  # main wrote the fragment over the measurements
+    named = write(tmp_path / 'q"\n[compute]\nz = 1\n.csv', PROBE)
+    fragment = tmp_path / "f.toml"
+    rc, _, err = cli(["calibrate", "gemm", named, "--gpu", "h100-sxm-80gb", "--out", str(fragment)])
+    assert rc == 0, err
+    import tomllib
+    parsed = tomllib.loads(fragment.read_text())  # main's fragment had a line `z = 1`
+    assert set(parsed) == {"compute"} and "z" not in parsed["compute"]
+    assert "[compute]\nz = 1" in parsed["compute"]["launch_overhead_s"]["source"]
+
+
+def test_calibrate_gemm_ceiling_above_the_gpu_peak(tmp_path):
+    path = write(tmp_path / "probe.csv", PROBE)  # 700 TFLOP/s: an H100, not an A100 (312)
+    assert_error(["calibrate", "gemm", path, "--gpu", "a100-sxm-80gb"], "--gpu")
+
+
+@pytest.mark.parametrize("argv,field", [(["--out", "/proc/x.csv"], "--out"),
+                                        (["--out", "DIR"], "--out"),
+                                        (["--repeats", str(10**9)], "--repeats")])
+def test_probe_checks_its_output_and_repeats_before_the_gpu(tmp_path, argv, field):
+    (tmp_path / "DIR").mkdir()
+    argv = [str(tmp_path / "DIR") if a == "DIR" else a for a in argv]
+    assert_error(["probe", "gemm", *argv], field)
