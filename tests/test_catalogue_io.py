@@ -459,3 +459,47 @@ def test_probe_checks_its_output_and_repeats_before_the_gpu(tmp_path, argv, fiel
     (tmp_path / "DIR").mkdir()
     argv = [str(tmp_path / "DIR") if a == "DIR" else a for a in argv]
     assert_error(["probe", "gemm", *argv], field)
+
+
+# --- every file of sweep, search and whatif's folders: planted links refused -------------------
+
+@pytest.mark.parametrize("name", ["memory.png", "top.png", "exploration.json"])
+def test_planted_link_at_every_sweep_file_is_refused(tmp_path, name):
+    """main wrote a PNG or the manifest through these links (its list of files was stale)."""
+    victim = write(tmp_path / "victim.txt", "precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    assert "symbolic link" in assert_error([*SWEEP_TINY, "--out", str(out)], str(out / name))
+    assert Path(victim).read_text() == "precious"
+
+
+WHATIF = ["whatif", TINY, "x=--mode meta", "--workers", "0", "--quiet"]
+
+
+@pytest.mark.parametrize("name", ["whatif.md", "whatif.html", "vs_baseline.png"])
+def test_planted_link_at_a_whatif_file_is_refused(tmp_path, name):
+    victim = write(tmp_path / "victim.txt", "precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    assert_error([*WHATIF, "--out", str(out)], str(out / name))
+    assert Path(victim).read_text() == "precious"
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("x=--name 'abc", "No closing quotation"),        # was a shlex ValueError traceback
+    ("x=--mode meta --mode meta", "given twice"),     # was accepted, the last kept
+    ("a\x01b=--mode meta", "printable"),              # was 12 lines of matplotlib warnings
+])
+def test_whatif_variant_specs(tmp_path, spec, words):
+    err = assert_error(["whatif", TINY, spec, "--workers", "0", "--out", str(tmp_path)],
+                       "variant")
+    assert words in err
+
+
+def test_whatif_baseline_mark_must_be_a_boolean(tmp_path):
+    path = sweep_file(tmp_path, '[[variant]]\nname = "a"\nbaseline = "no"\n'
+                                '[[variant]]\nname = "b"\n')  # "no" was read as true
+    assert_error(["whatif", path, "--workers", "0", "--out", str(tmp_path / "o")],
+                 f"{path}:variant[0].baseline")
