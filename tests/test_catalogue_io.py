@@ -503,3 +503,27 @@ def test_whatif_baseline_mark_must_be_a_boolean(tmp_path):
                                 '[[variant]]\nname = "b"\n')  # "no" was read as true
     assert_error(["whatif", path, "--workers", "0", "--out", str(tmp_path / "o")],
                  f"{path}:variant[0].baseline")
+
+
+# --- ring_attention's model flags, validate's values and names ---------------------------------
+
+@pytest.mark.parametrize("flag,value", [("--seq-length", str(10**12)),  # printed 1e50-byte blocks
+                                        ("--kv-channels", str(10**9)),
+                                        ("--micro-batch-size", str(10**20))])
+def test_ring_attention_flags_take_runs_range_table(flag, value):
+    assert_error(["ring", "--collective", "ring_attention", "--ranks", "4", flag, value], flag)
+
+
+MEASURED = ('[[measurement]]\nname = "NAME"\nscenario = ""\nflags = "--mode meta"\n'
+            'metric = "iteration_time"\nmeasured = VALUE\nunit = "s"\n')
+
+
+@pytest.mark.parametrize("name,value,words", [("x", "inf", "finite"),  # inf was accepted
+                                              ("x\\n# y", "1.0", "printable")])  # printed raw
+def test_validate_measured_values_and_names(tmp_path, name, value, words):
+    path = write(tmp_path / "m.toml", MEASURED.replace("NAME", name).replace("VALUE", value))
+    assert words in assert_error(["validate", path], f"{path}:measurement[0]")
+
+
+def test_validate_only_names_a_group_once():
+    assert_error(["validate", "--only", "table4,table4"], "--only")
