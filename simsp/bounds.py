@@ -103,6 +103,15 @@ SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 # FSDP (docs/fsdp.md): its DP rings run step by step; measured on Llama 3 8B under FSDP2 at
 # d = 16, 32, 64 (one micro-batch): 1.2e-4 to 1.3e-4 CPU s per collective per d².
 FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
+# Context parallelism's ring (p2p) and Ulysses all-to-all (a2a) pass a block between every pair
+# of a CP group's ranks per layer-step, each a transfer on the links: measured (a 2-layer model,
+# s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
+# per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
+CP_SECONDS_PER_RANK_PAIR = 1e-4
+# Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
+# layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
+# MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
+EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -193,7 +202,22 @@ def meta_seconds(sc, representative: bool) -> float:
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = p.pp * fsdp_collectives(sc) * (p.dp * p.cp) ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
-    return layer_steps(sc) * per_step + plans + buckets + fsdp
+    return layer_steps(sc) * per_step + plans + buckets + fsdp + pair_seconds(sc)
+
+
+def pair_seconds(sc) -> float:
+    """The terms that grow with the square of a group: every pair of a CP group's ranks
+    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch)."""
+    p, m = sc.parallel, sc.model
+    seconds = 0.0
+    if p.cp > 1 and p.cp_comm_type != "allgather":
+        seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+    ep = p.expert_model_parallel_size
+    if m.num_experts is not None and ep > 1:
+        moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
+        seconds += (layer_steps(sc) * moe_share * ep ** 2
+                    * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5))
+    return seconds
 
 
 def fsdp_collectives(sc) -> int:

@@ -527,3 +527,17 @@ def test_validate_measured_values_and_names(tmp_path, name, value, words):
 
 def test_validate_only_names_a_group_once():
     assert_error(["validate", "--only", "table4,table4"], "--only")
+
+
+def test_wide_context_parallel_run_is_refused_before_the_shortcut_check():
+    """CP 2048: the estimate missed the cp² ring term and the shortcut check walked every route
+    first; main ran past a minute. Now one `error: work:` line at once."""
+    err = assert_error(["run", "--mode", "meta", "--json", "--context-parallel-size", "2048",
+                        "--use-flash-attn", "--nodes", "256", "--seq-length", "4096"], "work")
+    assert "limit of 600 s" in err
+
+
+def test_hardware_reads_a_broken_system_file_as_a_system(tmp_path):
+    path = write(tmp_path / "s.toml", DGX_H100.replace("nic_Gbps = { value = 400,",
+                                                       'nic_Gbps = { value = "x",'))
+    assert_error(["hardware", path], f"cluster.system: {path}:nic_Gbps")
