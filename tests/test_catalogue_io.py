@@ -541,3 +541,22 @@ def test_hardware_reads_a_broken_system_file_as_a_system(tmp_path):
     path = write(tmp_path / "s.toml", DGX_H100.replace("nic_Gbps = { value = 400,",
                                                        'nic_Gbps = { value = "x",'))
     assert_error(["hardware", path], f"cluster.system: {path}:nic_Gbps")
+
+
+def test_readme_limits_cover_every_command_and_input_file():
+    """Every command of `simsp` has a row in README's limits tables, and every kind of file the
+    input layer reads (simsp/io_in.py MAX_BYTES) a row giving its size limit."""
+    from simsp.cli import COMMANDS
+    from simsp.io_in import MAX_BYTES, _size
+    readme = (REPO / "README.md").read_text()
+    limits = readme[readme.index("## Limits"):readme.index("Sharded data parallelism")]
+    commands = {c.strip("` ") for line in limits.splitlines() if line.startswith("| `")
+                for c in line.split("|")[1].split(",")}
+    assert set(COMMANDS) <= {c.split()[0] for c in commands}, set(COMMANDS) - commands
+    rows = {"scenario": "| scenario", "sweep": "| sweep file", "measurements": "| measurements",
+            "nccl-tests": "| nccl-tests log", "cache": "| sweep cache entry",
+            "profile": "| GPU or system profile", "probe": "| probe CSV"}
+    assert set(rows) == set(MAX_BYTES)
+    for kind, start in rows.items():
+        line = next(line for line in limits.splitlines() if line.startswith(start))
+        assert f"| {_size(MAX_BYTES[kind])} |" in line, kind
