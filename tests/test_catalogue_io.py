@@ -560,3 +560,8 @@ def test_readme_limits_cover_every_command_and_input_file():
     for kind, start in rows.items():
         line = next(line for line in limits.splitlines() if line.startswith(start))
         assert f"| {_size(MAX_BYTES[kind])} |" in line, kind
+
+
+def test_recompute_module_named_twice():
+    assert_error(["layer", "--recompute-granularity", "selective", "--recompute-modules", "mlp",
+                  "mlp", "--json"], "parallel.recompute_modules")
