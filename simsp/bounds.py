@@ -112,6 +112,11 @@ CP_SECONDS_PER_RANK_PAIR = 1e-4
 # layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
 # MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
 EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
+# Above ~128 EP ranks the all-to-all's ep² flows stop finishing together: the links' max-min
+# fair rates (engine/fair_share.py) are solved again at each finish over the flows still
+# active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
+# CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
+EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -215,8 +220,10 @@ def pair_seconds(sc) -> float:
     ep = p.expert_model_parallel_size
     if m.num_experts is not None and ep > 1:
         moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
-        seconds += (layer_steps(sc) * moe_share * ep ** 2
-                    * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5))
+        per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
+        if p.moe_token_dispatcher_type == "alltoall":
+            per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
+        seconds += layer_steps(sc) * moe_share * per_step
     return seconds
 
 
