@@ -62,11 +62,15 @@ class Network:
     """The links of one cluster graph inside one simpy environment."""
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph,
-                 calibration: LinkCalibration | None = None, trace: Trace | None = None):
+                 calibration: LinkCalibration | None = None, trace: Trace | None = None,
+                 image_loads: dict | None = None):
         self.env = env
         self.graph = graph
         self.calibration = calibration or LinkCalibration()
         self.trace = trace if trace is not None else Trace()
+        # (src, dst, via) -> links a transfer on that hop also loads, at its own rate: the
+        # images of the flows a representative stands for (training/rail_symmetry.py)
+        self.image_loads = image_loads or {}
         self.capacity_Bps = {(u, v): d["bandwidth_Bps"] * self.calibration.efficiency(d["kind"])
                              for u, v, d in graph.edges(data=True)}
         self.bytes_sent: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered from it
@@ -151,6 +155,7 @@ class Network:
             latency_s = route_latency_s(self.graph, edges)
             if edges:
                 latency_s += self.calibration.transfer_overhead_s
+            edges = edges + self.image_loads.get(key, ())
             route_id = self._route_ids.setdefault(edges, len(self._route_ids))
             self._routes[key] = (edges, latency_s, route_id)
         return self._routes[key]

@@ -25,6 +25,7 @@ from simsp.training.finalize import data_parallel_gather_params, finalize_grads
 from simsp.training.fsdp import FsdpUnits
 from simsp.training.offload import ActivationOffload
 from simsp.training.optimizer import allocate_optimizer, optimizer_step
+from simsp.training.rail_symmetry import RailSymmetry
 from simsp.training.shortcut_check import check_shortcuts
 from simsp.training.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.stage_program import run_schedule
@@ -44,6 +45,9 @@ class Shortcuts:
     # other traffic: training/shortcut_check.py)
     stepwise_groups: frozenset = frozenset()
     reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
+    # representative by rail symmetry: the ranks simulated, per hop its images' links
+    # (training/rail_symmetry.py)
+    symmetry: RailSymmetry | None = None
 
     @classmethod
     def for_scale(cls, sc: Scenario) -> "Shortcuts":
@@ -65,7 +69,7 @@ class Shortcuts:
                        reasons=(("representative", why), verdict.reasons[1],
                                 ("templates", why)))
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
-                   verdict.stepwise_groups, verdict.reasons)
+                   verdict.stepwise_groups, verdict.reasons, verdict.symmetry)
 
     def flags(self) -> dict:
         """The three shortcuts, on or off."""
@@ -166,6 +170,8 @@ def rank_program(r, run: Run, plan: StagePlan):
 def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
     if not shortcuts.representative:
         return None
+    if shortcuts.symmetry is not None:  # one rank per orbit of rail symmetry, each stage
+        return list(shortcuts.symmetry.ranks)
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp)
     ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
@@ -190,7 +196,9 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     """The world, the plans and one simpy process per simulated rank, ready to run."""
     world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
-                        stepwise_groups=shortcuts.stepwise_groups)
+                        stepwise_groups=shortcuts.stepwise_groups,
+                        image_loads=shortcuts.symmetry.loads if shortcuts.representative and
+                        shortcuts.symmetry else None)
     _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
               shortcuts=shortcuts)

@@ -23,6 +23,7 @@ from simsp.engine.ring_plan import channel_rings
 from simsp.model.moe_placement import expert_grid
 from simsp.model.moe_routing import uniform_routing
 from simsp.training.cp_shortcuts import cp_traffic_owners
+from simsp.training.rail_symmetry import RailSymmetry, rail_symmetry
 
 Edge = tuple[str, str]
 Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
@@ -37,6 +38,9 @@ class ShortcutVerdict:
     templates: bool
     stepwise_groups: frozenset[tuple[int, ...]]
     reasons: tuple[tuple[str, str], ...]  # (shortcut, why used or not), in a fixed order
+    # the ranks simulated and the links their hops also load where they stand for the others
+    # by rail symmetry (training/rail_symmetry.py); None: one rank per stage, no images
+    symmetry: RailSymmetry | None = None
 
 
 def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
@@ -273,6 +277,10 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         ranks for kind, ranks in owners if kind == "dp" and len(ranks) > 1)
         if p.fsdp is not None else frozenset())
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
+    symmetry = None
+    if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None:
+        symmetry = rail_symmetry(graph, grid, owners, stepwise)
+        not_rep = "" if symmetry is not None else not_rep
     expert_groups = sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
     if expert_groups and not not_rep and not uniform_routing(sc) and (
             p.overlap_grad_reduce or p.overlap_param_gather):
@@ -291,9 +299,12 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         templates_why = "used: every layer step of a stage is alike, recorded once and replayed"
     closed_why = closed_form_why(clashes, stepwise)
     rep_why = ("not used: " + not_rep if not_rep else
-               "used: every rank of a stage is placed and loaded as its representative")
+               "used: every rank of a stage is placed and loaded as its representative" + (
+                   f" up to rail symmetry ({len(symmetry.ranks)} ranks simulated): the "
+                   f"{len(symmetry.loads)} hops they send also load their images' links, for "
+                   f"the groups they leave out" if symmetry else ""))
     return ShortcutVerdict(representative=not not_rep, closed_form=True,
                            templates=templates_why.startswith("used"),
-                           stepwise_groups=stepwise,
+                           stepwise_groups=stepwise, symmetry=symmetry,
                            reasons=(("representative", rep_why), ("closed_form", closed_why),
                                     ("templates", templates_why)))

@@ -47,13 +47,16 @@ class World:
 
 
 def build_world(sc: Scenario, simulated: list[int] | None = None,
-                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()) -> World:
+                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
+                image_loads: dict | None = None) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
     engine/ring_alone.py) instead of moving every ring step over the links, except the
     collectives of `stepwise_groups` (rings that share links with other traffic:
-    training/shortcut_check.py), which run step by step."""
+    training/shortcut_check.py), which run step by step. `image_loads`: per hop, the links its
+    flows also load for the ranks a rail-symmetric representative stands for
+    (training/rail_symmetry.py)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -61,7 +64,8 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     # only the nodes that host ranks (a 1-GPU job on a 100000-node cluster builds one node)
     hosts = nodes_hosting(range(grid.world_size), sc.cluster.gpus_per_node)
     network = Network(env, build_topology(sc.cluster, hosts),
-                      LinkCalibration.from_cluster(sc.cluster), trace=trace)
+                      LinkCalibration.from_cluster(sc.cluster), trace=trace,
+                      image_loads=image_loads)
     ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
