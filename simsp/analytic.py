@@ -101,11 +101,11 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
     """Stage 0's activation peak: K22 Eq. 5/6 (§4.2.3) with the interleave factor, plus the
     terms outside the layers (K22 §4.3), counted for the micro-batches stage 0 really holds.
 
-    Beyond K22's text: interleaving keeps chunk 0's embedding mask for up to 2p − 1 micro-batches
-    (its warm-up runs all v chunks of p micro-batches, then chunk 0 of p − 1 more), not p; with
-    p = 1 stage 0 is also the last stage and holds one micro-batch's head tensors; full recompute
-    adds the layers whose activations are rebuilt during backward (K22 counts stored inputs):
-    one layer, or a group of N (--recompute-method uniform), or block's mix.
+    Beyond K22's text: interleaving keeps chunk 0 and its embedding mask for up to 2p
+    micro-batches (interleaved_peak_bytes), not p; with p = 1 stage 0 is also the last stage
+    and holds one micro-batch's head tensors; full recompute adds the layers whose activations
+    are rebuilt during backward (K22 counts stored inputs): one layer, or a group of N
+    (--recompute-method uniform), or block's mix.
     Context parallelism: every term at s/cp tokens, plus the K/V block each layer's ring keeps
     for backward (docs/context-parallel.md)."""
     m, p = sc.model, sc.parallel
@@ -122,19 +122,19 @@ def first_stage_activation_bytes(sc: Scenario) -> float:
         return layer_activation_bytes(s, b, h, a, t, sp, recompute, m.ffn,
                                       m.hidden_dropout > 0, m.attention_dropout > 0)
     chunks = chunks_per_stage(m, p)
-    stage_layers = m.num_layers // p.pp
-    if p.uneven_pipeline:  # stage 0's own layer count (Megatron's uneven split)
-        stage_layers = virtual_stage_layer_counts(m, p)[0] * (chunks == 1)
-    kept, recomputed = chunk_recompute_bytes(p, stage_layers // chunks,
-                                             layer(p.recompute_granularity), layer("none"))
-    total = kept * chunks * _layer_micro_batches(p)
-    if p.schedule_name == "interleaved":
-        total *= 1 + (p.pp - 1) / (p.pp * chunks)
-    if p.uneven_pipeline and chunks > 1:
-        total = _interleaved_uneven_bytes(m, p, layer(p.recompute_granularity))
+    counts = [m.num_layers // p.pp // chunks] * chunks  # stage 0's layers per model chunk
+    if p.uneven_pipeline:  # Megatron's uneven split: stage 0's own chunks
+        counts = list(virtual_stage_layer_counts(m, p)[::p.pp])
+    per_layer, whole = layer(p.recompute_granularity), layer("none")
+    kept = [chunk_recompute_bytes(p, n, per_layer, whole)[0] for n in counts]
+    recomputed = max(chunk_recompute_bytes(p, n, per_layer, whole)[1] for n in counts)
     seq_split = t if sp else 1
-    if m.hidden_dropout > 0:  # embedding dropout mask, sbh/t per micro-batch (K22 §4.3)
-        total += s * b * h / seq_split * _embedding_micro_batches(p)
+    # embedding dropout mask, sbh/t per micro-batch whose chunk 0 is in flight (K22 §4.3)
+    mask = s * b * h // seq_split if m.hidden_dropout > 0 else 0
+    if p.schedule_name == "interleaved":
+        total = float(interleaved_peak_bytes(kept, mask, p.pp, p.num_micro_batches))
+    else:
+        total = float(kept[0] * _layer_micro_batches(p) + mask * _layer_micro_batches(p))
     head = 0
     if p.pp == 1:  # final LN input, output-projection input, fp32 logits (K22 §4.3)
         head = 4 * s * b * h / seq_split + 4 * s * b * sc.padded_vocab_size / t
@@ -164,18 +164,22 @@ def cp_saved_kv_bytes(m: Model, p: Parallel, recompute: str, modules: frozenset)
     return 2 * m.seq_length * p.micro_batch_size * m.head_dim * heads // p.tp
 
 
-def _interleaved_uneven_bytes(m: Model, p: Parallel, per_layer: int) -> int:
-    """Stage 0's layer activations at its peak under interleaving with chunks of unequal size
-    (accounted embedding): the warm-up and first steady forward hold chunk 0 for 2p − 1
-    micro-batches and every other chunk for p (Megatron's interleaved order; with equal chunks
-    K22's L/p · p · (1 + (p − 1)/(p·v)) layers). Full recompute keeps each chunk's inputs."""
-    counts = virtual_stage_layer_counts(m, p)
-    stage = [counts[k] for k in range(0, len(counts), p.pp)]  # stage 0's chunks
-    if p.recompute_granularity == "full":
-        stage = [c // (p.recompute_num_layers or 1) for c in stage]
-    held = min(2 * p.pp - 1, p.num_micro_batches) * stage[0] + \
-        min(p.pp, p.num_micro_batches) * sum(stage[1:])
-    return held * per_layer
+def interleaved_peak_bytes(chunk_bytes: list, mask: int, p: int, micro_batches: int) -> int:
+    """Stage 0's activation peak under Megatron's interleaved 1F1B (schedules.py: warm-up of
+    2(p − 1) + (v − 1)p forwards, then one forward and one backward a step, forwards chunk by
+    chunk in groups of p micro-batches, backwards from the last chunk): `chunk_bytes` (v,) what
+    each chunk keeps per micro-batch, chunk 0 (the embedding's, plus `mask` bytes) possibly
+    smaller than the rest. With m = p every forward is warm-up: p of each chunk. Else the peak is
+    one of the two steps around chunk 0's first backward: just before it, chunk 0 holds 2p
+    micro-batches, the last chunk p − 1 (its first backward is done) and the others p; just
+    after, chunk 0 holds 2p − 1 and every other chunk p. With equal chunks the first is K22's
+    L·(1 + (p − 1)/(p·v)) layers (§4.2.3) and 2p embedding masks."""
+    first, rest = chunk_bytes[0] + mask, chunk_bytes[1:]
+    if micro_batches <= p:
+        return micro_batches * (first + sum(rest))
+    before = 2 * p * first + p * sum(rest[:-1]) + (p - 1) * rest[-1]
+    after = (2 * p - 1) * first + p * sum(rest)
+    return max(before, after)
 
 
 def chunks_per_stage(m: Model, p: Parallel) -> int:
@@ -204,14 +208,6 @@ def _layer_micro_batches(p: Parallel) -> int:
     """Micro-batches in flight on stage 0: all m under GPipe, at most p under 1F1B (N21 §2.2)."""
     m = p.num_micro_batches
     return m if p.schedule_name == "gpipe" else min(p.pp, m)
-
-
-def _embedding_micro_batches(p: Parallel) -> int:
-    """Micro-batches whose chunk-0 forward is done and backward not, on stage 0 at its peak."""
-    m = p.num_micro_batches
-    if p.schedule_name == "interleaved":
-        return min(2 * p.pp - 1, m)
-    return _layer_micro_batches(p)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -193,10 +193,13 @@ class Parallel:
 
     @property
     def uneven_pipeline(self) -> bool:
+        """A Megatron uneven split is asked for. With one stage the accounted embedding and loss
+        change nothing: Megatron's get_num_layers_to_build gives it (L + e + l) − e − l = L."""
+        accounted = (self.account_for_embedding_in_pipeline_split
+                     or self.account_for_loss_in_pipeline_split)
         return (self.decoder_first_pipeline_num_layers is not None
                 or self.decoder_last_pipeline_num_layers is not None
-                or self.account_for_embedding_in_pipeline_split
-                or self.account_for_loss_in_pipeline_split)
+                or (accounted and self.pp > 1))
 
     @property
     def recompute_module_set(self) -> frozenset:

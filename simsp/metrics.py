@@ -11,7 +11,7 @@ from simsp.model.architecture import architecture
 from simsp.model.moe_flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
 from simsp.costmodel import calibration_table
-from simsp.config import Cluster
+from simsp.config import Cluster, virtual_stage_layer_counts
 from simsp.hardware import GPUS, LinkCalibration, cluster_compute
 from simsp.profiles import gpu_profile
 from simsp.model.moe_placement import represented_by
@@ -251,7 +251,21 @@ def layout(sc) -> dict:
             "vocab": m.vocab_size, "padded_vocab": sc.padded_vocab_size,
             "gpus": p.world_size, "nodes": sc.cluster.nodes,
             "distributed_optimizer": p.distributed_optimizer, **_recompute_layout(p),
-            **_hardware_layout(sc), **_context_layout(p)}
+            **_hardware_layout(sc), **_context_layout(p), **_llama_layout(sc)}
+
+
+def _llama_layout(sc) -> dict:
+    """The selective recompute modules when given (`recompute_modules`) and the layers of each
+    pipeline stage of an uneven Megatron split (`stage_layers`; docs/llama.md); absent
+    otherwise, so K22's reports stay as they were."""
+    m, p = sc.model, sc.parallel
+    extra = {}
+    if p.recompute_granularity == "selective" and p.recompute_modules is not None:
+        extra["recompute_modules"] = " ".join(p.recompute_modules.split())
+    if p.uneven_pipeline:
+        counts = virtual_stage_layer_counts(m, p)  # virtual stage k = chunk·p + stage
+        extra["stage_layers"] = [sum(counts[k::p.pp]) for k in range(p.pp)]
+    return extra
 
 
 def _context_layout(p) -> dict:

@@ -77,12 +77,16 @@ def layer_report(result) -> dict:
     if llama:  # the GPT layer's document stays as it was
         source = "docs/mla.md" if m.multi_latent_attention else "docs/llama.md"
         report.update(formula=source, architecture=architecture(m))
+    if p.recompute_granularity == "selective" and p.recompute_modules is not None:
+        report["recompute_modules"] = " ".join(p.recompute_modules.split())  # Megatron's names
     return report
 
 
 def _print_table(report: dict) -> None:
     print(f"layer: t={report['tensor_model_parallel_size']} SP={report['sequence_parallel']} "
-          f"recompute={report['recompute_granularity']} mode={report['mode']}")
+          f"recompute={report['recompute_granularity']}"
+          + (f" ({report['recompute_modules']})" if "recompute_modules" in report else "")
+          + f" mode={report['mode']}")
     if "architecture" in report:
         print(f"architecture: {report['architecture']}")
     print(f"{'saved tensor (rank 0)':<28}{'bytes':>14}")

@@ -278,13 +278,29 @@ def reduce_kv(r, dx: Tensor, repeats: int, name: str):
                                    dx.nbytes * (1 + repeats) // repeats))
 
 
+FLASH_BLOCK = 128  # FlashAttention-2's tile at head dimension 128 on A100/H100: 128 query rows
+# forward (csrc/flash_attn/src/flash_fwd_launch_template.h, run_mha_fwd_hdim128), 128 key
+# columns backward (flash_bwd_launch_template.h, run_mha_bwd_hdim128)
+
+
+def causal_tile_area(s: int, block: int = FLASH_BLOCK) -> int:
+    """Score elements a causal FlashAttention kernel computes of the s × s mask: each block of
+    `block` query rows runs the key tiles up to its last row and skips those above the
+    diagonal (Dao 2023, arXiv:2307.08691 §3.1.1; the numeric kernel skips them too):
+    block²·n(n + 1)/2 for the n whole blocks, plus the last rows against all s keys; s² when
+    s <= block."""
+    whole, rest = divmod(s, block)
+    return block * block * whole * (whole + 1) // 2 + rest * s
+
+
 def _flash_gemms(r, q: Tensor, names: tuple, widths: tuple | None = None):
-    """One batched GEMM of the attention core per name, 2·b·heads·s²·w FLOPs each, w the
-    head width it contracts or produces (d; d_v for MLA's value GEMMs) (the s×s tiles stay on
-    chip: no element-wise traffic is charged)."""
+    """One batched GEMM of the attention core per name, 2·b·heads·A·w FLOPs each, A the causal
+    tiles' area (causal_tile_area), w the head width it contracts or produces (d; d_v for MLA's
+    value GEMMs) (the tiles stay on chip: no element-wise traffic is charged)."""
     b, heads, s, d = q.shape
+    area = causal_tile_area(s)
     for name, width in zip(names, widths or (d,) * len(names)):
-        yield from r.compute(name, "gemm", 2 * b * heads * s * s * width, gemm=(s, width, s))
+        yield from r.compute(name, "gemm", 2 * b * heads * area * width, gemm=(s, width, s))
 
 
 def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name: str,

@@ -87,12 +87,33 @@ def _header(m: dict) -> list[str]:
     return [
         f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
         f"Layout: t={lay['t']}{cp} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
-        f"({_plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}, schedule "
-        f"{lay['schedule']}, micro-batch {lay['micro_batch']}, global batch "
+        f"({_plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}{_modules(lay)}, "
+        f"schedule {lay['schedule']}{_stage_layers(lay)}, micro-batch {lay['micro_batch']}, "
+        f"global batch "
         f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
         f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
         f"v={lay['vocab']}.", *_architecture(m), *_hardware_line(lay), ""]
+
+
+def _stage_layers(lay: dict) -> str:
+    """An uneven split's layers per stage, e.g. " (layers per stage 15 + 16 x 6 + 15)"
+    (docs/llama.md)."""
+    if "stage_layers" not in lay:
+        return ""
+    runs = [[n, 1] for n in lay["stage_layers"][:1]]
+    for n in lay["stage_layers"][1:]:
+        if n == runs[-1][0]:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    words = " + ".join(f"{n} x {k}" if k > 1 else f"{n}" for n, k in runs)
+    return f" (layers per stage {words})"
+
+
+def _modules(lay: dict) -> str:
+    """Selective recompute's --recompute-modules when given, e.g. " (mlp)"."""
+    return f" ({lay['recompute_modules']})" if "recompute_modules" in lay else ""
 
 
 def _architecture(m: dict) -> list[str]:
