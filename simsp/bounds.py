@@ -109,6 +109,20 @@ FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
 # (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
 # 256 (0.95 and 3.4 CPU s in all): about 1.5e-5 s per collective per d·G.
 FSDP_SECONDS_PER_COLLECTIVE_PIECE = 1.5e-5
+# Context parallelism's ring (p2p) and Ulysses all-to-all (a2a) pass a block between every pair
+# of a CP group's ranks per layer-step, each a transfer on the links: measured (a 2-layer model,
+# s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
+# per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
+CP_SECONDS_PER_RANK_PAIR = 1e-4
+# Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
+# layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
+# MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
+EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
+# Above ~128 EP ranks the all-to-all's ep² flows stop finishing together: the links' max-min
+# fair rates (engine/fair_share.py) are solved again at each finish over the flows still
+# active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
+# CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
+EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -203,7 +217,24 @@ def meta_seconds(sc, representative: bool) -> float:
         fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
     else:
         fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
-    return layer_steps(sc) * per_step + plans + buckets + fsdp
+    return layer_steps(sc) * per_step + plans + buckets + fsdp + pair_seconds(sc)
+
+
+def pair_seconds(sc) -> float:
+    """The terms that grow with the square of a group: every pair of a CP group's ranks
+    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch)."""
+    p, m = sc.parallel, sc.model
+    seconds = 0.0
+    if p.cp > 1 and p.cp_comm_type != "allgather":
+        seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+    ep = p.expert_model_parallel_size
+    if m.num_experts is not None and ep > 1:
+        moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
+        per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
+        if p.moe_token_dispatcher_type == "alltoall":
+            per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
+        seconds += layer_steps(sc) * moe_share * per_step
+    return seconds
 
 
 def fsdp_collectives(sc) -> int:

@@ -960,9 +960,11 @@ def _validate_recompute_modules(p: Parallel, moe: bool = False) -> None:
     if p.recompute_modules is None or p.recompute_granularity != "selective":
         return
     known = RECOMPUTE_MODULES + (MOE_RECOMPUTE_MODULES if moe else ())
-    for name in p.recompute_modules.split():
+    names = p.recompute_modules.split()
+    for name in names:
         _check(name in known, "parallel.recompute_modules",
                f"{name!r} is not one of {', '.join(known)}")
+        _check(names.count(name) == 1, "parallel.recompute_modules", f"{name!r} is named twice")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:

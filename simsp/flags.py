@@ -19,7 +19,7 @@ from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE
 from simsp.config import FSDP_STRATEGY_CHOICES
 from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
                           MAIN_GRADS_DTYPE_CHOICES, MAIN_PARAMS_DTYPE_CHOICES)
-from simsp.errors import UserError
+from simsp.errors import UserError, one_line
 
 
 class Flag(NamedTuple):
@@ -307,7 +307,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message):
-        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.write(f"error: {one_line(message)}\n")
         sys.exit(2)
 
     def parse_known_args(self, args=None, namespace=None):
