@@ -233,8 +233,18 @@ def pair_seconds(sc) -> float:
         per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
         if p.moe_token_dispatcher_type == "alltoall":
             per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
-        seconds += layer_steps(sc) * moe_share * per_step
+        seconds += _ep_exchanges(sc) * moe_share * per_step
     return seconds
+
+
+def _ep_exchanges(sc) -> float:
+    """MoE layer-steps whose all-to-alls run as flows: every one, except where nothing can
+    meet them (balanced routing, ETP 1, no overlapped DP traffic): then each is timed alone
+    once per placement and byte matrix (engine/communicator.py), about once per stage."""
+    p, m = sc.parallel, sc.model
+    alone = (p.moe_token_dispatcher_type == "alltoall" and m.moe_routing_imbalance == 0
+             and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather))
+    return min(layer_steps(sc), p.pp) if alone else layer_steps(sc)
 
 
 def fsdp_collectives(sc) -> int:
