@@ -5,10 +5,14 @@ computes CP attention (ring p2p, Ulysses a2a, each run by rank processes on the 
 
     python benchmarks/context_parallel.py
     python benchmarks/context_parallel.py --memory   # Llama 3 70B at CP 2 in the training loop
+    python benchmarks/context_parallel.py --hierarchical   # CP 4: p2p against a2a+p2p 2x2
 
 `--memory` simulates scenarios/llama3-70b.toml with --context-parallel-size 2
 --data-parallel-size 1 --global-batch-size 8 (meta, every rank: about 30 CPU seconds) and prints
-stage 0's memory by category beside docs/context-parallel.md's closed form.
+stage 0's memory by category beside docs/context-parallel.md's closed form. `--hierarchical`
+simulates it at t 4, CP 4, d 1 with --cp-comm-type p2p and a2a+p2p
+(--hierarchical-context-parallel-sizes 2 2) and prints docs/context-parallel.md's table
+(about 30 CPU seconds).
 """
 
 import sys
@@ -146,9 +150,35 @@ def memory_table() -> None:
           f"{run.world.ranks[0].exposed_s.get('cp_comm', 0.0):.6f} s")
 
 
+def hierarchical_table() -> None:
+    """Llama 3 70B on 64 GPUs at t 4 SP, CP 4, p 4, d 1: one ring of 4 against a2a pairs inside
+    a node and rings across nodes (stage 0's time, CP exposure and activations)."""
+    from simsp.analytic import first_stage_activation_bytes
+    from simsp.config import load_scenario
+    from simsp.metrics import exposure
+    from simsp.training.iteration import Shortcuts, simulate_iteration
+    print("| layout | iteration | compute | cp_comm | stage 0 activations | closed form |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for comm in ("p2p", "a2a+p2p"):
+        overrides = {("parallel", "tensor_model_parallel_size"): 4,
+                     ("parallel", "context_parallel_size"): 4, ("parallel", "cp_comm_type"): comm,
+                     ("parallel", "hierarchical_context_parallel_sizes"): "2 2",
+                     ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8}
+        sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3-70b.toml",
+                           overrides)
+        run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+        stage0 = exposure(run)[0]
+        peak = run.world.ranks[0].ledger.summary().peak_by_category["activations"]
+        print(f"| c 4 {comm} | {max(run.end_s.values()):.3f} s | {stage0['compute']:.3f} s | "
+              f"{stage0['cp_comm']:.4f} s | {peak:,} | {int(first_stage_activation_bytes(sc)):,} |")
+
+
 def main():
     if "--memory" in sys.argv[1:]:
         memory_table()
+        return
+    if "--hierarchical" in sys.argv[1:]:
+        hierarchical_table()
         return
     print("| cp | s | GPUs | K/V block | transfer | forward | backward |")
     print("|---:|---:|---|---:|---:|---:|---:|")

@@ -155,12 +155,15 @@ def cp_layer_activation_bytes(m: Model, p: Parallel, recompute: str,
 def cp_saved_kv_bytes(m: Model, p: Parallel, recompute: str, modules: frozenset) -> int:
     """What a layer's CP attention keeps for backward beyond the layer's own tensors (m at s/cp
     tokens): the ring's K/V block (rank r + 1's), 2·(s/cp)·b·d·2G/t bytes (p2p), or Ulysses'
-    head-split output, 2·(s/cp)·b·d·a/t (a2a); nothing with allgather, none when recomputed
-    (full, or selective core_attn) or at cp 1 (docs/context-parallel.md)."""
+    head-split output, 2·(s/cp)·b·d·a/t (a2a), both with a2a+p2p (the K/V block only when its
+    ring has more than one rank); nothing with allgather, none when recomputed (full, or
+    selective core_attn) or at cp 1 (docs/context-parallel.md)."""
     rebuilt = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
     if p.cp == 1 or rebuilt or p.cp_comm_type == "allgather":
         return 0
-    heads = m.num_attention_heads if p.cp_comm_type == "a2a" else 2 * m.query_groups
+    ring = p.cp_comm_type == "p2p" or (p.cp_comm_type == "a2a+p2p" and p.hcp_sizes[1] > 1)
+    heads = (m.num_attention_heads if p.cp_comm_type in ("a2a", "a2a+p2p") else 0) + \
+        (2 * m.query_groups if ring else 0)
     return 2 * m.seq_length * p.micro_batch_size * m.head_dim * heads // p.tp
 
 
@@ -247,10 +250,10 @@ def llama_layer_activation_bytes(m: Model, b: int, t: int = 1, sp: bool = False,
 def mla_attention_bytes(m: Model, b: int, t: int = 1, sp: bool = False) -> int:
     """Multi-latent attention's kept tensors per rank besides the LN input and its output and
     the core (docs/mla.md): the four latents 2·s·b·(2r_q + 2r_kv)/t_sp (q down output, q up
-    input, kv down output, kv up input), q and k 4·s·b·a(d_n + d_r)/t, v and proj_input
-    4·s·b·a·d_v/t."""
+    input, kv down output, kv up input; r_q = 0 without a query latent), q and k
+    4·s·b·a(d_n + d_r)/t, v and proj_input 4·s·b·a·d_v/t."""
     s, a = m.seq_length, m.num_attention_heads
-    latents = 2 * s * b * (2 * m.q_lora_rank + 2 * m.kv_lora_rank) // (t if sp else 1)
+    latents = 2 * s * b * (2 * (m.q_lora_rank or 0) + 2 * m.kv_lora_rank) // (t if sp else 1)
     heads = 4 * s * b * a * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) // t
     return latents + heads
 

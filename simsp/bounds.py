@@ -51,6 +51,8 @@ BOUNDS = {
     "model.qk_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
     "model.qk_pos_emb_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
     "model.v_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
+    "model.mtp_num_layers": Bound(1, 4096, "layers", "at most the layers' limit"),
+    "model.mtp_loss_scaling_factor": Bound(0.0, 1000.0, "", "Megatron's default 0.1"),
     "model.moe_shared_expert_intermediate_size": Bound(1, 1048576, "elements", "as ffn_hidden_size"),
     "model.moe_routing_imbalance": Bound(0.0, 16.0, "", "Zipf exponent: 16 puts all load on one expert"),
     "parallel.expert_model_parallel_size": Bound(1, 4096, "GPUs", "at most the experts' limit"),
@@ -103,6 +105,24 @@ SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 # FSDP (docs/fsdp.md): its DP rings run step by step; measured on Llama 3 8B under FSDP2 at
 # d = 16, 32, 64 (one micro-batch): 1.2e-4 to 1.3e-4 CPU s per collective per d².
 FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
+# A DP ring that meets only its own collectives runs as one node's piece of one channel
+# (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
+# 256 (0.95 and 3.4 CPU s in all): about 1.5e-5 s per collective per d·G.
+FSDP_SECONDS_PER_COLLECTIVE_PIECE = 1.5e-5
+# Context parallelism's ring (p2p) and Ulysses all-to-all (a2a) pass a block between every pair
+# of a CP group's ranks per layer-step, each a transfer on the links: measured (a 2-layer model,
+# s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
+# per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
+CP_SECONDS_PER_RANK_PAIR = 1e-4
+# Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
+# layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
+# MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
+EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
+# Above ~128 EP ranks the all-to-all's ep² flows stop finishing together: the links' max-min
+# fair rates (engine/fair_share.py) are solved again at each finish over the flows still
+# active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
+# CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
+EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -192,8 +212,39 @@ def meta_seconds(sc, representative: bool) -> float:
     ranks = simulated_ranks(sc, representative)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
-    fsdp = p.pp * fsdp_collectives(sc) * (p.dp * p.cp) ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
-    return layer_steps(sc) * per_step + plans + buckets + fsdp
+    d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
+    if p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:  # rings as pieces
+        fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
+    else:
+        fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
+    return layer_steps(sc) * per_step + plans + buckets + fsdp + pair_seconds(sc)
+
+
+def pair_seconds(sc) -> float:
+    """The terms that grow with the square of a group: every pair of a CP group's ranks
+    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch)."""
+    p, m = sc.parallel, sc.model
+    seconds = 0.0
+    if p.cp > 1 and p.cp_comm_type != "allgather":
+        seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+    ep = p.expert_model_parallel_size
+    if m.num_experts is not None and ep > 1:
+        moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
+        per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
+        if p.moe_token_dispatcher_type == "alltoall":
+            per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
+        seconds += _ep_exchanges(sc) * moe_share * per_step
+    return seconds
+
+
+def _ep_exchanges(sc) -> float:
+    """MoE layer-steps whose all-to-alls run as flows: every one, except where nothing can
+    meet them (balanced routing, ETP 1, no overlapped DP traffic): then each is timed alone
+    once per placement and byte matrix (engine/communicator.py), about once per stage."""
+    p, m = sc.parallel, sc.model
+    alone = (p.moe_token_dispatcher_type == "alltoall" and m.moe_routing_imbalance == 0
+             and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather))
+    return min(layer_steps(sc), p.pp) if alone else layer_steps(sc)
 
 
 def fsdp_collectives(sc) -> int:

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from simsp import __version__
-from simsp.errors import UserError
+from simsp.errors import UserError, one_line
 from simsp.flags import Parser
 from simsp.progress import add_quiet_flag
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None, process_ends: bool = False) -> int:
         args.process_ends = process_ends
         return _dispatch(args)
     except UserError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {one_line(exc)}\n")
         return EXIT_USAGE
     except BrokenPipeError:
         _silence_stdout()

@@ -6,6 +6,7 @@ dataclasses and on the command line alike. Cross-field checks live in `validate`
 
 from dataclasses import dataclass, field, fields, replace
 import functools
+import math
 import re
 from pathlib import Path
 
@@ -26,9 +27,8 @@ ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
 MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
 MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
 MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-type
-# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type); all but a2a+p2p are modelled
+# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type)
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
-CP_COMM_TYPES_MODELLED = ("p2p", "a2a", "allgather")
 # Sharded data parallelism: Megatron-LM --data-parallel-sharding-strategy (docs/fsdp.md)
 FSDP_STRATEGY_CHOICES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/nccl_tuning.py); auto: NCCL's
@@ -77,11 +77,14 @@ class Model:
     # Multi-head latent attention (Megatron-LM multi_latent_attention.py, arguments.py
     # _add_mla_args; docs/mla.md)
     multi_latent_attention: bool = False
-    q_lora_rank: int | None = None  # query latent r_q (simsp needs one: DeepSeek-V3 1536)
+    q_lora_rank: int | None = None  # query latent r_q (DeepSeek-V3 1536); None: linear_q_proj
     kv_lora_rank: int = 32  # key/value latent r_kv
     qk_head_dim: int = 128  # d_n: per-head query/key width without RoPE
     qk_pos_emb_head_dim: int = 64  # d_r: the RoPE part of query/key, one key shared by heads
     v_head_dim: int = 128  # d_v
+    # Multi-token prediction (Megatron-LM multi_token_prediction.py; docs/mtp.md)
+    mtp_num_layers: int | None = None  # D prediction depths on the last stage; None: none
+    mtp_loss_scaling_factor: float = 0.1  # the MTP losses' weight, split over the D depths
 
     @property
     def ffn(self) -> int:
@@ -105,6 +108,7 @@ class Model:
         layer every N from layer 0; or Megatron's pattern string, 1 for MoE, per layer)."""
         if self.num_experts is None:
             return False
+        i = min(i, self.num_layers - 1)  # an MTP depth's layer is built as the last layer
         if isinstance(self.moe_layer_freq, str):
             return moe_layer_pattern(self.moe_layer_freq)[i] == 1
         return i % self.moe_layer_freq == 0
@@ -144,6 +148,9 @@ class Parallel:
     # Context parallelism (Megatron-LM --context-parallel-size, --cp-comm-type; docs/context-parallel.md)
     context_parallel_size: int = 1
     cp_comm_type: str = "p2p"
+    # Megatron-LM --hierarchical-context-parallel-sizes: space-separated (a2a size, p2p size) of
+    # --cp-comm-type a2a+p2p, product cp; None: not hierarchical (docs/context-parallel.md)
+    hierarchical_context_parallel_sizes: str | None = None
     recompute_granularity: str = "none"
     recompute_method: str | None = None  # full recompute only; None means uniform
     recompute_num_layers: int | None = None  # full recompute only; None means 1
@@ -209,6 +216,12 @@ class Parallel:
         if self.recompute_modules is None:
             return frozenset(("core_attn",))
         return frozenset(self.recompute_modules.split())
+
+    @property
+    def hcp_sizes(self) -> tuple[int, ...]:
+        """--hierarchical-context-parallel-sizes as integers, innermost (a2a) first; () unset."""
+        text = self.hierarchical_context_parallel_sizes
+        return () if text is None else tuple(int(w) for w in text.split())
 
     @property
     def fsdp(self) -> str | None:
@@ -506,7 +519,19 @@ def _build_section(section: str, values: dict):
         if not all(isinstance(w, str) for w in words):
             raise UserError(f"{section}.recompute_modules", "must be a list of module names")
         values = {**values, "recompute_modules": " ".join(words)}
+    values = _joined_sizes(section, values)
     return cls(**{k: _coerce(section, k, v, kinds[k]) for k, v in values.items()})
+
+
+def _joined_sizes(section: str, values: dict) -> dict:
+    """hierarchical_context_parallel_sizes as TOML writes Megatron's list ([2, 2]) -> "2 2"."""
+    sizes = values.get("hierarchical_context_parallel_sizes")
+    if not isinstance(sizes, list):
+        return values
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+        raise UserError(f"{section}.hierarchical_context_parallel_sizes",
+                        f"must be a list of integers, got {sizes!r}")
+    return {**values, "hierarchical_context_parallel_sizes": " ".join(map(str, sizes))}
 
 
 def read_toml(path: str | Path) -> dict:
@@ -597,6 +622,7 @@ def validate_model(m: Model) -> None:
     _validate_llama_model(m)
     _validate_moe_model(m)
     _validate_mla_model(m)
+    _validate_mtp_model(m)
     for name in ("hidden_dropout", "attention_dropout"):
         p = getattr(m, name)
         _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
@@ -623,15 +649,24 @@ def _validate_llama_model(m: Model) -> None:
            "needs an even, positive number")
 
 
+def _validate_mtp_model(m: Model) -> None:
+    """Multi-token prediction as simsp builds it (docs/mtp.md): D >= 1 depths, a non-negative
+    loss weight, positions from RoPE or none (a learned table would be rolled as the tokens)."""
+    _positive("model", m, ("mtp_num_layers",))
+    _check(m.mtp_loss_scaling_factor >= 0, "model.mtp_loss_scaling_factor",
+           f"must be >= 0, got {m.mtp_loss_scaling_factor}")
+    _check(m.mtp_num_layers is None or m.position_embedding_type != "learned_absolute",
+           "model.mtp_num_layers", "simsp's multi-token prediction needs "
+           "--position-embedding-type rope or none")
+
+
 def _validate_mla_model(m: Model) -> None:
     """Megatron-LM's checks on multi-latent attention (training.py asserts no GQA), and what
-    simsp's MLA has (docs/mla.md): a query latent, RMSNorm latents, RoPE."""
+    simsp's MLA has (docs/mla.md): RMSNorm latents, RoPE."""
     _positive("model", m, ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                            "v_head_dim"))
     if not m.multi_latent_attention:
         return
-    _check(m.q_lora_rank is not None, "model.q_lora_rank", "simsp's multi-latent attention "
-           "needs a query latent (--q-lora-rank; DeepSeek-V3: 1536)")
     _check(not m.group_query_attention, "model.group_query_attention",
            "conflicts with multi_latent_attention (Megatron asserts it)")
     _check(m.rmsnorm, "model.normalization", "multi-latent attention's latents are RMSNorm'd "
@@ -732,8 +767,10 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
     t, ep, etp = p.tp, p.ep, p.etp
     _check(m.num_experts % ep == 0, "parallel.expert_model_parallel_size",
            f"num_experts={m.num_experts} is not divisible by {ep}")
-    _check((t * p.dp) % (etp * ep) == 0, "parallel.expert_model_parallel_size",
-           f"tensor*data parallel = {t}*{p.dp} is not divisible by expert tensor*expert "
+    dense = f"tensor*data parallel = {t}*{p.dp}" if p.cp == 1 else \
+        f"tensor*context*data parallel = {t}*{p.cp}*{p.dp}"
+    _check((t * p.cp * p.dp) % (etp * ep) == 0, "parallel.expert_model_parallel_size",
+           f"{dense} is not divisible by expert tensor*expert "
            f"parallel = {etp}*{ep} (Megatron: the expert grid tiles each stage's ranks)")
     _check(m.moe_ffn % etp == 0, "parallel.expert_tensor_parallel_size",
            f"moe_ffn_hidden_size={m.moe_ffn} is not divisible by {etp}")
@@ -743,8 +780,6 @@ def _validate_expert_parallel(m: Model, p: Parallel) -> None:
            "model.moe_shared_expert_intermediate_size",
            f"{m.moe_shared_expert_intermediate_size} is not divisible by "
            f"tensor_model_parallel_size={t}")
-    _check(p.cp == 1, "parallel.context_parallel_size",
-           "MoE layers run without context parallelism yet")
     modules = p.recompute_module_set or frozenset()
     _check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
            "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
@@ -757,8 +792,7 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     (AttnFuncWithCPAndQKVOA2A) splits each TP rank's heads over cp."""
     _positive("parallel", p, ("context_parallel_size",))
     _choice("parallel.cp_comm_type", p.cp_comm_type, CP_COMM_TYPE_CHOICES)
-    _check(p.cp_comm_type in CP_COMM_TYPES_MODELLED, "parallel.cp_comm_type",
-           f"{p.cp_comm_type} is not yet modelled (p2p, a2a and allgather are)")
+    _validate_hierarchical_cp(m, p)
     if p.cp == 1:
         return
     c = p.cp
@@ -777,6 +811,31 @@ def _validate_context_parallel(m: Model, p: Parallel) -> None:
     _check(m.flash, "parallel.context_parallel_size",
            "needs FlashAttention (--use-flash-attn): Megatron-LM runs context parallelism "
            "only in Transformer Engine's attention")
+
+
+def _validate_hierarchical_cp(m: Model, p: Parallel) -> None:
+    """Megatron-LM's checks (megatron/training/arguments.py): the hierarchical sizes multiply to
+    cp, and a2a+p2p needs them; Transformer Engine's AttnFuncWithCPAndKVP2P takes two levels
+    (the a2a group, then the p2p group) and splits each TP rank's heads over the a2a size."""
+    name, text = "parallel.hierarchical_context_parallel_sizes", \
+        p.hierarchical_context_parallel_sizes
+    if text is None:
+        _check(p.cp_comm_type != "a2a+p2p", name, "must be set when cp_comm_type is a2a+p2p "
+               "(--hierarchical-context-parallel-sizes A P, A·P = context_parallel_size)")
+        return
+    words = text.split()
+    _check(bool(words) and all(re.fullmatch(r"[0-9]+", w) and int(w) > 0 for w in words), name,
+           f"must be positive integers, got {text!r}")
+    sizes = p.hcp_sizes
+    _check(math.prod(sizes) == p.cp, name, f"{' x '.join(words)} = {math.prod(sizes)} is not "
+           f"context_parallel_size={p.cp}")
+    if p.cp_comm_type != "a2a+p2p":
+        return
+    _check(len(sizes) == 2, name, f"a2a+p2p takes two sizes (a2a, p2p), got {len(sizes)}")
+    heads, groups = m.num_attention_heads // p.tp, m.query_groups // p.tp
+    _check(heads % sizes[0] == 0 and groups % sizes[0] == 0, name,
+           f"a2a+p2p splits each TP rank's {heads} query and {groups} KV heads over the a2a "
+           f"size {sizes[0]}; they are not divisible")
 
 
 def validate_parallel(m: Model, p: Parallel) -> None:
@@ -801,11 +860,16 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     _validate_expert_parallel(m, p)
     _check(not m.multi_latent_attention or p.cp == 1, "parallel.context_parallel_size",
            "multi-latent attention runs without context parallelism yet")
+    _check(m.mtp_num_layers is None or p.cp == 1, "parallel.context_parallel_size",
+           "multi-token prediction runs without context parallelism yet")
+    _check(m.mtp_num_layers is None or p.fsdp is None, "parallel.use_megatron_fsdp",
+           "FSDP with multi-token prediction is not modelled yet")
     if p.sequence_parallel:
         _check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
         _check(m.seq_length % t == 0, "parallel.sequence_parallel",
                f"seq_length={m.seq_length} is not divisible by tensor_model_parallel_size={t}")
-    if p.cp > 1 or p.cp_comm_type != Parallel.cp_comm_type:
+    if p.cp > 1 or p.cp_comm_type != Parallel.cp_comm_type or \
+            p.hierarchical_context_parallel_sizes is not None:
         _validate_context_parallel(m, p)
     if p.uneven_pipeline:
         _validate_uneven_pipeline(m, p)
@@ -896,9 +960,11 @@ def _validate_recompute_modules(p: Parallel, moe: bool = False) -> None:
     if p.recompute_modules is None or p.recompute_granularity != "selective":
         return
     known = RECOMPUTE_MODULES + (MOE_RECOMPUTE_MODULES if moe else ())
-    for name in p.recompute_modules.split():
+    names = p.recompute_modules.split()
+    for name in names:
         _check(name in known, "parallel.recompute_modules",
                f"{name!r} is not one of {', '.join(known)}")
+        _check(names.count(name) == 1, "parallel.recompute_modules", f"{name!r} is named twice")
 
 
 def _validate_schedule(m: Model, p: Parallel) -> None:

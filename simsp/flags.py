@@ -19,7 +19,7 @@ from simsp.config import (ATTENTION_BACKEND_CHOICES, CP_COMM_TYPE_CHOICES, DTYPE
 from simsp.config import FSDP_STRATEGY_CHOICES
 from simsp.config import (EXP_AVG_DTYPE_CHOICES, FP8_FORMAT_CHOICES, FP8_RECIPE_CHOICES,
                           MAIN_GRADS_DTYPE_CHOICES, MAIN_PARAMS_DTYPE_CHOICES)
-from simsp.errors import UserError
+from simsp.errors import UserError, one_line
 
 
 class Flag(NamedTuple):
@@ -110,7 +110,7 @@ SCENARIO_FLAGS = {
                                     "disp-"),
     # Multi-head latent attention (Megatron-LM arguments.py _add_mla_args; docs/mla.md)
     "--q-lora-rank": ("model", "q_lora_rank", int, None,
-                      "MLA query latent rank r_q (elements; default: none, and simsp needs one)", "qlr"),
+                      "MLA query latent rank r_q (elements; default: none, a plain query projection)", "qlr"),
     "--kv-lora-rank": ("model", "kv_lora_rank", int, None, "MLA key/value latent rank r_kv "
                        "(elements)", "kvlr"),
     "--qk-head-dim": ("model", "qk_head_dim", int, None,
@@ -120,6 +120,12 @@ SCENARIO_FLAGS = {
                               "qkpd"),
     "--v-head-dim": ("model", "v_head_dim", int, None, "MLA per-head value width d_v (elements)",
                      "vd"),
+    # Multi-token prediction (Megatron-LM arguments.py; docs/mtp.md)
+    "--mtp-num-layers": ("model", "mtp_num_layers", int, None, "multi-token prediction depths D "
+                         "on the last pipeline stage (default: none)", "mtp"),
+    "--mtp-loss-scaling-factor": ("model", "mtp_loss_scaling_factor", float, None,
+                                  "weight of the MTP losses, split over the D depths",
+                                  "mtpw"),
     "--micro-batch-size": ("parallel", "micro_batch_size", int, None,
                            "micro-batch size b (samples)", "mbs"),
     "--global-batch-size": ("parallel", "global_batch_size", int, None,
@@ -136,6 +142,10 @@ SCENARIO_FLAGS = {
     "--cp-comm-type": ("parallel", "cp_comm_type", str, CP_COMM_TYPE_CHOICES,
                        "how CP ranks exchange attention inputs (p2p: ring; a2a: Ulysses)",
                        "cpcomm"),
+    "--hierarchical-context-parallel-sizes": ("parallel", "hierarchical_context_parallel_sizes",
+                                              str, None, "a2a+p2p: the a2a (inner) and p2p "
+                                              "(outer) group sizes, product cp (default: none)",
+                                              "hcp"),
     "--data-parallel-sharding-strategy": ("parallel", "data_parallel_sharding_strategy", str,
                                           FSDP_STRATEGY_CHOICES,
                                           "Megatron-FSDP: what is sharded over DP (ZeRO-0..3)",
@@ -285,7 +295,7 @@ SWITCHES.update({
                          "offload"),
 })
 ALIASES = {"--use-distributed-optimizer": ("--distributed-optimizer",)}  # simsp's older name
-LIST_FLAGS = ("--recompute-modules",)  # Megatron's nargs='*' flags: one or more words, joined
+LIST_FLAGS = ("--recompute-modules", "--hierarchical-context-parallel-sizes")  # Megatron's nargs='*' flags: one or more words, joined
 
 
 class Parser(argparse.ArgumentParser):
@@ -297,7 +307,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message):
-        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.write(f"error: {one_line(message)}\n")
         sys.exit(2)
 
     def parse_known_args(self, args=None, namespace=None):

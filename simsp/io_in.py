@@ -22,6 +22,8 @@ MAX_BYTES = {
     "measurements": 4 * MiB,  # 10,000 measurement rows of ~400 bytes
     "nccl-tests": 16 * MiB,   # one run's log is ~10 KiB; a 4096-rank log's Rank lines ~600 KiB
     "cache": 4 * MiB,         # one cached result row is ~10 KiB
+    "profile": 256 * KiB,     # a GPU or system profile is ~3 KiB
+    "probe": 4 * MiB,         # `simsp probe gemm` writes ~40 rows of ~60 bytes
 }
 
 

@@ -10,6 +10,7 @@ Text from a user (variant and run names, file names) is escaped for the format i
 """
 
 from contextlib import contextmanager
+import json
 import os
 from pathlib import Path
 import re
@@ -124,7 +125,7 @@ def check_out_file(out: str | Path, flag: str, inputs: list = ()) -> None:
 def check_not_inputs(outputs: list, inputs: list, flag: str = "--out") -> None:
     """No output may replace a file the same command reads (same file, by device and inode)."""
     for out in outputs:
-        for source in inputs:
+        for source in (source for source in inputs if source):  # None: an input not given
             try:
                 same = os.path.samefile(out, source)
             except OSError:
@@ -150,3 +151,9 @@ def comment_text(text) -> str:
     """User text inside a one-line `#` comment (TOML, shell): line breaks and control
     characters as spaces, so it cannot start a line of its own."""
     return _CONTROL.sub(" ", str(text)).replace("\u2028", " ").replace("\u2029", " ")
+
+
+def toml_string(text) -> str:
+    """User text as one TOML basic string: quotes, backslashes and control characters escaped
+    (JSON's escapes are TOML's, and TOML wants DEL escaped too), so it cannot end the string."""
+    return json.dumps(str(text), ensure_ascii=False).replace("\x7f", "\\u007f")

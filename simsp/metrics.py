@@ -188,9 +188,10 @@ def _fsdp(run) -> dict:
 
 
 def sparse_or_latent(m) -> bool:
-    """Whether the model has MoE layers or multi-latent attention (docs/moe.md, docs/mla.md):
-    its FLOPs are Megatron's MoE/MLA count and its reports give total and active parameters."""
-    return m.num_experts is not None or m.multi_latent_attention
+    """Whether the model has MoE layers, multi-latent attention or multi-token prediction
+    (docs/moe.md, docs/mla.md, docs/mtp.md): its FLOPs are Megatron's count and its reports give
+    total and active parameters."""
+    return m.num_experts is not None or m.multi_latent_attention or bool(m.mtp_num_layers)
 
 
 def model_flops(sc) -> float:
@@ -222,7 +223,8 @@ def _architecture(sc) -> dict:
     if sparse_or_latent(sc.model):
         extra = {"parameters": parameter_counts(sc.model),
                  "flops_formula": "Megatron-LM num_floating_point_operations (training.py): "
-                                  "top-k routed and shared experts, MLA"}
+                                  "top-k routed and shared experts, MLA"
+                                  + (", MTP" if sc.model.mtp_num_layers else "")}
     return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),
             "layer_tensors": layer_tensors(sc), **extra}
 
@@ -269,8 +271,13 @@ def _llama_layout(sc) -> dict:
 
 
 def _context_layout(p) -> dict:
-    """cp and its comm type (docs/context-parallel.md), present only with cp > 1."""
-    return {"cp": p.cp, "cp_comm_type": p.cp_comm_type} if p.cp > 1 else {}
+    """cp and its comm type (docs/context-parallel.md), present only with cp > 1; a2a+p2p adds
+    Megatron's hierarchical_context_parallel_sizes ("A P": a2a, p2p; the field's words)."""
+    if p.cp == 1:
+        return {}
+    sizes = {"hierarchical_context_parallel_sizes": p.hierarchical_context_parallel_sizes} \
+        if p.cp_comm_type == "a2a+p2p" else {}
+    return {"cp": p.cp, "cp_comm_type": p.cp_comm_type, **sizes}
 
 
 def _hardware_layout(sc) -> dict:

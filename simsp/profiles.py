@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 import tomllib
 
+from simsp import io_in
 from simsp.errors import UserError
 from simsp.units import GiB
 
@@ -111,53 +112,94 @@ def _aliases(kind: str, stem: str) -> tuple:
         return tuple(tomllib.load(handle).get("aliases", ()))
 
 
+# key -> (integer?, most allowed): every number is positive; these ceilings are far above any
+# real part (a 16 TiB GPU, an exaFLOP/s chip, NVLink generation 100) and keep the arithmetic
+# finite; a fraction (an efficiency) is at most 1
+LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
+          "peak_fp8_TFLOPs": (False, 1e6), "ceiling_bf16_TFLOPs": (False, 1e6),
+          "ceiling_fp8_TFLOPs": (False, 1e6), "hbm_TBps": (False, 1000),
+          "nvlink_generation": (True, 100), "nvlink_GBps": (False, 1e5),
+          "host_link_GBps": (False, 1e5), "gpus_per_nvlink_domain": (True, 4096),
+          "nvswitch_generation": (True, 100), "nics_per_node": (True, 4096),
+          "nic_Gbps": (False, 1e6), "gemm_max_efficiency": (False, 1),
+          "memory_efficiency": (False, 1), "gemm_half_intensity": (False, 1e6),
+          "launch_overhead_s": (False, 1)}
+TEXT_KEYS = {"name", "description", "gpu"}  # plain strings (a system's gpu: a name or path)
+
+
 @lru_cache(maxsize=64)
 def load_profile(kind: str, name: str) -> Profile:
-    """Read and check one profile: every number has a value and a source."""
+    """Read and check one profile (simsp/io_in.py: size-capped, a regular UTF-8 file): every
+    key known, every number positive, finite and in LIMITS, with a source."""
     path = _resolve_path(kind, name)
     field = f"cluster.{kind}"
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise UserError(field, f"file not found: {path}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(field, f"{path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise UserError(field, f"cannot read {path}: {exc.strerror}") from None
+    if not path.exists() and not path.is_symlink():
+        raise UserError(field, f"file not found: {path}")
+    data = io_in.read_toml(path, "profile")
     required = GPU_NUMBERS if kind == "gpu" else SYSTEM_NUMBERS
     optional = GPU_OPTIONAL if kind == "gpu" else ()
+    _check_keys(field, path, data, required + optional, kind)
     numbers = {key: _sourced(field, path, key, data[key]) for key in required + optional
                if key in data}
     missing = [key for key in required if key not in numbers]
     if missing:
         raise UserError(field, f"{path}: missing {', '.join(missing)}")
-    sections = {section: {k: _sourced(field, path, f"{section}.{k}", v)
-                          for k, v in data[section].items()}
+    sections = {section: _section(field, path, section, data[section])
                 for section in ("compute", "compute_fp8") if section in data}
-    for section, body in sections.items():
-        unknown = set(body) - set(COMPUTE_KEYS)
-        if unknown:
-            raise UserError(field, f"{path}: unknown key {section}.{sorted(unknown)[0]} "
-                                   f"(known: {', '.join(COMPUTE_KEYS)})")
     if kind == "system" and not isinstance(data.get("gpu"), str):
         raise UserError(field, f"{path}: a system names its gpu (gpu = \"h100-sxm-80gb\")")
     return Profile(kind, str(data.get("name", path.stem)), str(data.get("description", "")),
                    str(path), numbers, sections, data.get("gpu"), tuple(data.get("aliases", ())))
 
 
+def _check_keys(field: str, path: Path, data: dict, numbers: tuple, kind: str) -> None:
+    """Only known keys; names and descriptions one line of text; aliases a list of names."""
+    known = set(numbers) | TEXT_KEYS | {"aliases"} | ({"compute", "compute_fp8"}
+                                                    if kind == "gpu" else set())
+    for key, value in data.items():
+        if key not in known:
+            raise UserError(field, f"{path}:{key}: unknown key (known: {', '.join(sorted(known))})")
+        if key in TEXT_KEYS and not (isinstance(value, str) and value.isprintable()):
+            raise UserError(field, f"{path}:{key}: must be one line of text, got {value!r}")
+    aliases = data.get("aliases", [])
+    if not (isinstance(aliases, list) and all(isinstance(a, str) and a.isprintable() and a
+                                              for a in aliases)):
+        raise UserError(field, f"{path}:aliases: must be a list of names, got {aliases!r}")
+
+
+def _section(field: str, path: Path, section: str, body) -> dict:
+    """A [compute] / [compute_fp8] table: known keys, each a sourced number."""
+    if not isinstance(body, dict):
+        raise UserError(field, f"{path}:{section}: must be a table ([{section}]), got {body!r}")
+    unknown = set(body) - set(COMPUTE_KEYS)
+    if unknown:
+        raise UserError(field, f"{path}:{section}.{sorted(unknown)[0]}: unknown key "
+                               f"(known: {', '.join(COMPUTE_KEYS)})")
+    return {k: _sourced(field, path, f"{section}.{k}", v) for k, v in body.items()}
+
+
 def _sourced(field: str, path: Path, key: str, entry) -> Sourced:
-    """`{ value = ..., source = "..." }`, checked."""
+    """`{ value = ..., source = "..." }`, checked: text only where the key is text (nic), else a
+    number, positive, finite and within LIMITS (an integer where the key counts things)."""
     if not (isinstance(entry, dict) and "value" in entry and isinstance(entry.get("source"), str)
             and entry["source"].strip()):
-        raise UserError(field, f"{path}: {key} must be {{ value = ..., source = \"...\" }} "
+        raise UserError(field, f"{path}:{key}: must be {{ value = ..., source = \"...\" }} "
                                f"(every number names its source)")
     value = entry["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UserError(field, f"{path}: {key}.value must be a number or text, got {value!r}")
-    if isinstance(value, (int, float)) and not value > 0:
-        raise UserError(field, f"{path}: {key}.value must be positive, got {value!r}")
-    return Sourced(value, entry["source"])
+    if key == "nic":
+        if value not in NIC_GBPS:
+            raise UserError(field, f"{path}:nic: must be one of {', '.join(NIC_GBPS)}, "
+                                   f"got {value!r}")
+        return Sourced(value, entry["source"])
+    integer, high = LIMITS[key.split(".")[-1]]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(field, f"{path}:{key}: value must be a number, got {value!r}")
+    if not 0 < value <= high:  # nan and inf fail here too
+        raise UserError(field, f"{path}:{key}: value must be positive and at most {high:g}, "
+                               f"got {value!r}")
+    if integer and value != int(value):
+        raise UserError(field, f"{path}:{key}: value must be a whole number, got {value!r}")
+    return Sourced(int(value) if integer else value, entry["source"])
 
 
 @lru_cache(maxsize=64)
@@ -184,9 +226,6 @@ def system_profile(name: str) -> SystemProfile:
     """The system profile `name` (bundled name or path)."""
     prof = load_profile("system", name)
     nic = str(prof.value("nic"))
-    if nic not in NIC_GBPS:
-        raise UserError("cluster.system", f"{prof.path}: nic must be one of "
-                                          f"{', '.join(NIC_GBPS)}, got {nic!r}")
     system = SystemProfile(prof.name, prof.gpu, int(prof.value("gpus_per_nvlink_domain")),
                            int(prof.value("nvswitch_generation")),
                            int(prof.value("nics_per_node")), nic, float(prof.value("nic_Gbps")))

@@ -352,3 +352,227 @@ def test_run_refuses_a_planted_report_folder_link(tmp_path, monkeypatch):
     (tmp_path / "reports" / "tiny_meta").symlink_to(tmp_path / "elsewhere")
     assert_error(["run", TINY, "--mode", "meta"], "--out")
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+# --- hardware profile files (--gpu PATH, --system PATH, `simsp hardware PATH`) -----------------
+
+H100 = (REPO / "simsp" / "hardware_data" / "gpus" / "h100-sxm-80gb.toml").read_text()
+DGX_H100 = (REPO / "simsp" / "hardware_data" / "systems" / "dgx-h100.toml").read_text()
+
+
+@pytest.mark.parametrize("old,new,where", [
+    ("memory_GiB = { value = 80,", 'memory_GiB = { value = "abc",', "memory_GiB"),  # was 3 GB, 28 s
+    ("memory_GiB = { value = 80,", "memory_GiB = { value = inf,", "memory_GiB"),
+    ("memory_GiB = { value = 80,", "memory_GiB = { value = 1e300,", "memory_GiB"),
+    ("nvlink_generation = { value = 4,", "nvlink_generation = { value = 4.5,", "nvlink_generation"),
+    ('name = "h100-sxm-80gb"', 'aliases = 5\nname = "x"', "aliases"),
+    ('name = "h100-sxm-80gb"', 'name = "<b>x\\n# y"', "name"),
+    ('name = "h100-sxm-80gb"', 'name = "x"\ncompute = 5', "compute"),
+    ('name = "h100-sxm-80gb"', 'name = "x"\nmemory_gib = 3', "memory_gib"),
+])
+def test_gpu_profile_schema(tmp_path, old, new, where):
+    path = write(tmp_path / "gpu.toml", H100.replace(old, new, 1))
+    assert_error(["layer", "--gpu", path, "--mode", "meta", "--json"], f"cluster.gpu: {path}:{where}")
+
+
+def test_gpu_profile_compute_section_of_the_wrong_type(tmp_path):
+    path = write(tmp_path / "gpu.toml", H100 + '[compute]\ngemm_max_efficiency = '
+                                               '{ value = "x", source = "s" }\n')
+    assert_error(["hardware", path], f"cluster.gpu: {path}:compute.gemm_max_efficiency")
+
+
+@pytest.mark.parametrize("old,new,where", [
+    ("gpus_per_nvlink_domain = { value = 8,", "gpus_per_nvlink_domain = { value = 2.5,",
+     "gpus_per_nvlink_domain"),  # was truncated to 2 silently
+    ("nic_Gbps = { value = 400,", 'nic_Gbps = { value = "x",', "nic_Gbps"),
+    ("nvswitch_generation = { value = 3,", "nvswitch_generation = { value = inf,",
+     "nvswitch_generation"),
+])
+def test_system_profile_schema(tmp_path, old, new, where):
+    path = write(tmp_path / "system.toml", DGX_H100.replace(old, new, 1))
+    assert_error(["layer", "--system", path, "--mode", "meta", "--json"],
+                 f"cluster.system: {path}:{where}")
+
+
+@pytest.mark.parametrize("argv", [["hardware", "/dev/zero"], ["layer", "--gpu", "/dev/zero"],
+                                  ["calibrate", "gemm", "/dev/zero"]])
+def test_device_as_a_profile_or_probe_file_is_refused_at_once(argv):
+    """These read /dev/zero until memory ran out (sweep --gpu /dev/zero was killed at 53 s)."""
+    assert_error(argv, "/dev/zero: is not a regular file")
+
+
+def test_an_argument_with_a_newline_stays_one_error_line():
+    err = assert_error(["ring", "--ranks", "4", "--size", "1M", "a\n# H"],
+                       "unrecognized arguments")
+    assert "\\n" in err
+
+
+# --- probe CSVs (`simsp calibrate gemm`) and `simsp probe gemm`'s output -------------------------
+
+PROBE = "# probe\ndtype,m,k,n,seconds,label\n" + "".join(
+    f"bf16,{s},{s},{s},{1e-5 + 2 * s**3 / 7e14 + 6 * s * s / 2e12!r},sq{s}\n"
+    for s in (256, 512, 1024, 2048, 4096))
+
+
+@pytest.mark.parametrize("row,where", [
+    (f"bf16,{10**300},8,8,1e-5,x", ":8"),  # was an OverflowError traceback
+    ("bf16,1_024,8,8,1e-5,x", ":8"),         # was read as 1024
+    ("bf16,8,8,8,1e-5,x,extra", ":8"),       # was dropped silently
+    ("bf16,8,8,8,inf,x", ":8"),
+    ("bf16,8,8,8,1e-5,x\x00", ":8"),
+    ("dtype,m,k,n,seconds,m", ":8"),
+])
+def test_probe_csv_schema(tmp_path, row, where):
+    path = write(tmp_path / "probe.csv", PROBE + row + "\n")
+    assert_error(["calibrate", "gemm", path, "--gpu", "h100-sxm-80gb"], f"{path}{where}")
+
+
+def test_probe_csv_of_one_repeated_shape_cannot_be_fitted(tmp_path):
+    """Five rows of one shape gave a fragment with gemm_max_efficiency 1e-6 and exit 0."""
+    path = write(tmp_path / "probe.csv", "dtype,m,k,n,seconds\n" + "bf16,8,8,8,1e-5\n" * 5)
+    assert_error(["calibrate", "gemm", path], f"{path}: bf16: need at least 3 shapes")
+
+
+def test_calibrate_gemm_never_replaces_its_input_and_escapes_its_name(tmp_path):
+    path = write(tmp_path / "probe.csv", PROBE)
+    assert_error(["calibrate", "gemm", path, "--gpu", "h100-sxm-80gb", "--out", path], "--out")
+    assert Path(path).read_text() == PROBE  # main wrote the fragment over the measurements
+    named = write(tmp_path / 'q"\n[compute]\nz = 1\n.csv', PROBE)
+    fragment = tmp_path / "f.toml"
+    rc, _, err = cli(["calibrate", "gemm", named, "--gpu", "h100-sxm-80gb", "--out", str(fragment)])
+    assert rc == 0, err
+    import tomllib
+    parsed = tomllib.loads(fragment.read_text())  # main's fragment had a line `z = 1`
+    assert set(parsed) == {"compute"} and "z" not in parsed["compute"]
+    assert "[compute]\nz = 1" in parsed["compute"]["launch_overhead_s"]["source"]
+
+
+def test_calibrate_gemm_ceiling_above_the_gpu_peak(tmp_path):
+    path = write(tmp_path / "probe.csv", PROBE)  # 700 TFLOP/s: an H100, not an A100 (312)
+    assert_error(["calibrate", "gemm", path, "--gpu", "a100-sxm-80gb"], "--gpu")
+
+
+@pytest.mark.parametrize("argv,field", [(["--out", "/proc/x.csv"], "--out"),
+                                        (["--out", "DIR"], "--out"),
+                                        (["--repeats", str(10**9)], "--repeats")])
+def test_probe_checks_its_output_and_repeats_before_the_gpu(tmp_path, argv, field):
+    (tmp_path / "DIR").mkdir()
+    argv = [str(tmp_path / "DIR") if a == "DIR" else a for a in argv]
+    assert_error(["probe", "gemm", *argv], field)
+
+
+# --- every file of sweep, search and whatif's folders: planted links refused -------------------
+
+@pytest.mark.parametrize("name", ["memory.png", "top.png", "exploration.json"])
+def test_planted_link_at_every_sweep_file_is_refused(tmp_path, name):
+    """main wrote a PNG or the manifest through these links (its list of files was stale)."""
+    victim = write(tmp_path / "victim.txt", "precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    assert "symbolic link" in assert_error([*SWEEP_TINY, "--out", str(out)], str(out / name))
+    assert Path(victim).read_text() == "precious"
+
+
+WHATIF = ["whatif", TINY, "x=--mode meta", "--workers", "0", "--quiet"]
+
+
+@pytest.mark.parametrize("name", ["whatif.md", "whatif.html", "vs_baseline.png"])
+def test_planted_link_at_a_whatif_file_is_refused(tmp_path, name):
+    victim = write(tmp_path / "victim.txt", "precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    assert_error([*WHATIF, "--out", str(out)], str(out / name))
+    assert Path(victim).read_text() == "precious"
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("x=--name 'abc", "No closing quotation"),        # was a shlex ValueError traceback
+    ("x=--mode meta --mode meta", "given twice"),     # was accepted, the last kept
+    ("a\x01b=--mode meta", "printable"),              # was 12 lines of matplotlib warnings
+])
+def test_whatif_variant_specs(tmp_path, spec, words):
+    err = assert_error(["whatif", TINY, spec, "--workers", "0", "--out", str(tmp_path)],
+                       "variant")
+    assert words in err
+
+
+def test_whatif_baseline_mark_must_be_a_boolean(tmp_path):
+    path = sweep_file(tmp_path, '[[variant]]\nname = "a"\nbaseline = "no"\n'
+                                '[[variant]]\nname = "b"\n')  # "no" was read as true
+    assert_error(["whatif", path, "--workers", "0", "--out", str(tmp_path / "o")],
+                 f"{path}:variant[0].baseline")
+
+
+# --- ring_attention's model flags, validate's values and names ---------------------------------
+
+@pytest.mark.parametrize("flag,value", [("--seq-length", str(10**12)),  # printed 1e50-byte blocks
+                                        ("--kv-channels", str(10**9)),
+                                        ("--micro-batch-size", str(10**20))])
+def test_ring_attention_flags_take_runs_range_table(flag, value):
+    assert_error(["ring", "--collective", "ring_attention", "--ranks", "4", flag, value], flag)
+
+
+MEASURED = ('[[measurement]]\nname = "NAME"\nscenario = ""\nflags = "--mode meta"\n'
+            'metric = "iteration_time"\nmeasured = VALUE\nunit = "s"\n')
+
+
+@pytest.mark.parametrize("name,value,words", [("x", "inf", "finite"),  # inf was accepted
+                                              ("x\\n# y", "1.0", "printable")])  # printed raw
+def test_validate_measured_values_and_names(tmp_path, name, value, words):
+    path = write(tmp_path / "m.toml", MEASURED.replace("NAME", name).replace("VALUE", value))
+    assert words in assert_error(["validate", path], f"{path}:measurement[0]")
+
+
+def test_validate_only_names_a_group_once():
+    assert_error(["validate", "--only", "table4,table4"], "--only")
+
+
+def test_wide_context_parallel_run_is_refused_before_the_shortcut_check():
+    """CP 2048: the estimate missed the cp² ring term and the shortcut check walked every route
+    first; main ran past a minute. Now one `error: work:` line at once."""
+    err = assert_error(["run", "--mode", "meta", "--json", "--context-parallel-size", "2048",
+                        "--use-flash-attn", "--nodes", "256", "--seq-length", "4096"], "work")
+    assert "limit of 600 s" in err
+
+
+def test_hardware_reads_a_broken_system_file_as_a_system(tmp_path):
+    path = write(tmp_path / "s.toml", DGX_H100.replace("nic_Gbps = { value = 400,",
+                                                       'nic_Gbps = { value = "x",'))
+    assert_error(["hardware", path], f"cluster.system: {path}:nic_Gbps")
+
+
+def test_readme_limits_cover_every_command_and_input_file():
+    """Every command of `simsp` has a row in README's limits tables, and every kind of file the
+    input layer reads (simsp/io_in.py MAX_BYTES) a row giving its size limit."""
+    from simsp.cli import COMMANDS
+    from simsp.io_in import MAX_BYTES, _size
+    readme = (REPO / "README.md").read_text()
+    limits = readme[readme.index("## Limits"):readme.index("Sharded data parallelism")]
+    commands = {c.strip("` ") for line in limits.splitlines() if line.startswith("| `")
+                for c in line.split("|")[1].split(",")}
+    assert set(COMMANDS) <= {c.split()[0] for c in commands}, set(COMMANDS) - commands
+    rows = {"scenario": "| scenario", "sweep": "| sweep file", "measurements": "| measurements",
+            "nccl-tests": "| nccl-tests log", "cache": "| sweep cache entry",
+            "profile": "| GPU or system profile", "probe": "| probe CSV"}
+    assert set(rows) == set(MAX_BYTES)
+    for kind, start in rows.items():
+        line = next(line for line in limits.splitlines() if line.startswith(start))
+        assert f"| {_size(MAX_BYTES[kind])} |" in line, kind
+
+
+def test_recompute_module_named_twice():
+    assert_error(["layer", "--recompute-granularity", "selective", "--recompute-modules", "mlp",
+                  "mlp", "--json"], "parallel.recompute_modules")
+
+
+def test_search_total_work_is_bounded(tmp_path, monkeypatch):
+    """search --gpus 32768 on the 1T model simulated layout after layout (~10 s each) with no
+    total bound; now its batches' estimates add up to the sweep limit, then one `error: work:`
+    (here the limit is lowered so that a tiny search reaches it)."""
+    monkeypatch.setattr("simsp.explore.search.TOTAL_TIME_LIMIT_S", 1e-6)
+    argv = ["search", "--gpus", "2", TINY, "--workers", "0", "--quiet", "--out", str(tmp_path)]
+    assert "--force to go on" in assert_error(argv, "work")
+    rc, out, err = cli([*argv, "--force"])
+    assert rc == 0 and "top " in out, err

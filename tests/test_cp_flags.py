@@ -1,5 +1,5 @@
-"""--context-parallel-size and --cp-comm-type: Megatron-LM's names, its shape rules, and one
-`error:` line for what is not modelled yet (docs/context-parallel.md)."""
+"""--context-parallel-size, --cp-comm-type and --hierarchical-context-parallel-sizes: Megatron-LM's
+names, its shape rules, and one `error:` line for a layout it refuses (docs/context-parallel.md)."""
 
 import subprocess
 import sys
@@ -30,9 +30,32 @@ def test_sequence_must_split_into_2cp_chunks(cp):
     assert "2*context_parallel_size" in str(_error({"context_parallel_size": cp}))
 
 
-def test_the_hierarchical_a2a_p2p_type_is_refused():
-    err = _error({"cp_comm_type": "a2a+p2p"})
-    assert err.field == "parallel.cp_comm_type" and "not yet modelled" in str(err)
+HCP = "parallel.hierarchical_context_parallel_sizes"
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"cp_comm_type": "a2a+p2p"}, "must be set when cp_comm_type is a2a+p2p"),
+    ({"context_parallel_size": 4, "hierarchical_context_parallel_sizes": "2 3"}, "2 x 3 = 6 is not"),
+    ({"context_parallel_size": 2, "hierarchical_context_parallel_sizes": "2 x"}, "positive integers"),
+    ({"context_parallel_size": 4, "cp_comm_type": "a2a+p2p",
+      "hierarchical_context_parallel_sizes": "4"}, "takes two sizes"),
+    ({"context_parallel_size": 4, "cp_comm_type": "a2a+p2p",  # 2 heads per TP rank
+      "hierarchical_context_parallel_sizes": "4 1"}, "not divisible"),
+])
+def test_hierarchical_sizes_follow_megatron_checks(overrides, reason):
+    err = _error(overrides)
+    assert err.field == HCP and reason in str(err), str(err)
+
+
+def test_hierarchical_sizes_from_a_toml_list(tmp_path):
+    path = tmp_path / "hcp.toml"
+    path.write_text(open("scenarios/llama-tiny-cp.toml").read().replace(
+        "context_parallel_size = 2", 'context_parallel_size = 4\ncp_comm_type = "a2a+p2p"\n'
+        "hierarchical_context_parallel_sizes = [2, 2]").replace("data_parallel_size = 2",
+                                                             "data_parallel_size = 1"))
+    sc = load_scenario(path, {("model", "num_attention_heads"): 8,
+                              ("model", "num_query_groups"): 4})
+    assert sc.parallel.hcp_sizes == (2, 2) and sc.parallel.world_size == 16
 
 
 def test_a2a_needs_heads_divisible_by_cp():
@@ -62,4 +85,5 @@ def test_cli_gives_one_error_line_and_exit_2(tmp_path):
                            "a2a+p2p", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 2 and not out.exists()
     assert done.stderr.splitlines() == [
-        "error: parallel.cp_comm_type: a2a+p2p is not yet modelled (p2p, a2a and allgather are)"]
+        f"error: {HCP}: must be set when cp_comm_type is a2a+p2p (--hierarchical-context-"
+        "parallel-sizes A P, A·P = context_parallel_size)"]

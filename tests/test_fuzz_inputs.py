@@ -225,3 +225,96 @@ def test_random_nccl_tests_logs(text, flags):
             json.loads(out, parse_constant=lambda c: 1 / 0)
         assert log.read_text(encoding="utf-8", errors="surrogatepass") == text
         assert not escapes(base, before, base / "out")
+
+
+PROFILES = REPO / "simsp" / "hardware_data"
+PROFILE_VALUES = st.one_of(VALUES, st.sampled_from(['{ value = 8, source = "s" }', "HDR"]))
+
+
+@st.composite
+def profile_text(draw) -> tuple[str, str]:
+    """(kind, text): a bundled GPU or system profile, a few lines dropped, doubled or given a
+    random value (wrong types, nan/inf, huge, 0, control characters) or a misspelt key."""
+    kind = draw(st.sampled_from(["gpu", "system"]))
+    source = PROFILES / ("gpus/h100-sxm-80gb.toml" if kind == "gpu" else "systems/dgx-h100.toml")
+    lines = []
+    for line in source.read_text().splitlines():
+        key = line.split(" = ", 1)[0]
+        mutation = draw(st.sampled_from(["keep"] * 8 + ["drop", "twice", "value", "inner", "key"]))
+        if mutation == "drop":
+            continue
+        if mutation == "value" and " = " in line:
+            line = f"{key} = {toml_value(draw(VALUES))}"
+        elif mutation == "inner" and "value = " in line:
+            line = f'{key} = {{ value = {toml_value(draw(VALUES))}, source = "fuzz" }}'
+        elif mutation == "key" and " = " in line:
+            line = f"{key}x = {line.split(' = ', 1)[1]}"
+        lines += [line, line] if mutation == "twice" else [line]
+    if draw(st.integers(0, 4)) == 4:
+        lines.append(draw(st.sampled_from(["[compute]", "compute = 5", "aliases = [1]",
+                                           "[compute]\ngemm_max_efficiency = 2"])))
+    return kind, "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(profile_text(), st.sampled_from([["hardware", "PATH", "--json"], ["hardware", "PATH"],
+                                        ["layer", "--KIND", "PATH", "--mode", "meta", "--json"]]))
+def test_random_hardware_profiles(made, argv):
+    kind, text = made
+    with tempfile.TemporaryDirectory() as base:
+        path = Path(base) / "profile.toml"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        argv = [str(path) if a == "PATH" else f"--{kind}" if a == "--KIND" else a for a in argv]
+        rc, out, err = run_in(Path(base), argv)
+        outcome_ok(argv, rc, out, err)
+        if rc == 0 and "--json" in argv:
+            json.loads(out, parse_constant=lambda c: 1 / 0)
+
+
+PROBE_FIELDS = st.one_of(st.sampled_from(["bf16", "fp8", "fp16", "", "8", "1024", "0", "-8",
+                                          "1_024", "1e3", "nan", "inf", "1e-5", "2e-3",
+                                          str(10**30), "\u0661", "x", '"a,b"', "a\x00"]),
+                         st.text(max_size=6))
+
+
+@st.composite
+def probe_csv(draw) -> str:
+    """A probe CSV: a valid header and 0-9 rows from a valid sweep, fields and lines mutated."""
+    header = draw(st.sampled_from(["dtype,m,k,n,seconds,label"] * 8 + [
+        "dtype,m,k,n,seconds", "dtype,m,k,n", "dtype,m,k,n,seconds,m", "dtype,m,k,n,seconds,x"]))
+    lines = ["# probe", header]
+    sizes = st.sampled_from([256, 512, 1024, 2048, 4096, 8192])
+    for size in draw(st.lists(sizes, min_size=2, max_size=6, unique=True)):
+        fields = ["bf16", str(size), str(size), str(size),  # 250 TFLOP/s: an A100's fit
+                  repr(1e-5 + 2 * size**3 / 2.5e14 + 6 * size * size / 1.5e12), f"s{size}"]
+        if draw(st.integers(0, 5)) == 5:
+            fields[draw(st.integers(0, 5))] = draw(PROBE_FIELDS)
+        if draw(st.integers(0, 19)) == 19:
+            fields = fields[:draw(st.integers(0, 5))]
+        lines.append(",".join(fields))
+    return "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(probe_csv(), st.sampled_from([[], ["--json"], ["--gpu", "h100-sxm-80gb"],
+                                     ["--gpu", "h100-sxm-80gb", "--out", "OUT"],
+                                     ["--out", "IN"]]))
+def test_random_probe_csvs(text, flags):
+    with tempfile.TemporaryDirectory() as base:
+        base = Path(base)
+        probe = base / "probe.csv"
+        probe.write_text(text, encoding="utf-8", errors="surrogatepass")
+        (base / "out").mkdir()
+        flags = [str(base / "out" / "f.toml") if f == "OUT" else str(probe) if f == "IN" else f
+                 for f in flags]
+        before = set(base.rglob("*"))
+        argv = ["calibrate", "gemm", str(probe), *flags]
+        rc, out, err = run_in(base, argv)
+        outcome_ok(argv, rc, out, err)
+        if rc == 0 and "--json" in flags:
+            json.loads(out, parse_constant=lambda c: 1 / 0)
+        if rc == 0 and "--out" in flags:
+            import tomllib
+            tomllib.loads((base / "out" / "f.toml").read_text())  # the fragment is valid TOML
+        assert probe.read_text(encoding="utf-8", errors="surrogatepass") == text
+        assert not escapes(base, before, base / "out")

@@ -13,6 +13,8 @@ from simsp import analytic
 from simsp.commands.verify import verify_report
 from simsp.config import load_scenario
 from simsp.model import kernels, mla_kernels
+from simsp.model.moe_flops import megatron_flops
+from simsp.model.params import param_shapes
 from simsp.training.layer_sim import simulate_layer
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -22,16 +24,19 @@ SMALL = {("model", "hidden_size"): 32, ("model", "num_attention_heads"): 4,
          ("model", "qk_pos_emb_head_dim"): 4, ("model", "v_head_dim"): 5}
 
 
-def test_mla_kernels_match_finite_differences():
-    """mla_forward's q, k, v against mla_backward on a random linear functional, float64."""
+@pytest.mark.parametrize("latent_q", [True, False])
+def test_mla_kernels_match_finite_differences(latent_q):
+    """mla_forward's q, k, v against mla_backward on a random linear functional, float64; with
+    a query latent, and with Megatron's plain query projection (--q-lora-rank unset)."""
     m = SimpleNamespace(num_attention_heads=3, qk_head_dim=4, qk_pos_emb_head_dim=6,
                         v_head_dim=5, kv_lora_rank=7, norm_epsilon=1e-5)
     rng = np.random.default_rng(0)
     s, B, h, rq = 5, 2, 8, 9
-    P = {"attn.q_down.weight": rng.normal(size=(h, rq)),
-         "attn.q_norm.gamma": 1 + 0.1 * rng.normal(size=rq),
-         "attn.q_up.weight": rng.normal(size=(rq, 3 * 10)),
-         "attn.kv_down.weight": rng.normal(size=(h, 7 + 6)),
+    P = ({"attn.q_down.weight": rng.normal(size=(h, rq)),
+          "attn.q_norm.gamma": 1 + 0.1 * rng.normal(size=rq),
+          "attn.q_up.weight": rng.normal(size=(rq, 3 * 10))} if latent_q else
+         {"attn.q_proj.weight": rng.normal(size=(h, 3 * 10))})
+    P |= {"attn.kv_down.weight": rng.normal(size=(h, 7 + 6)),
          "attn.kv_norm.gamma": 1 + 0.1 * rng.normal(size=7),
          "attn.kv_up.weight": rng.normal(size=(7, 3 * 9))}
     cos, sin = kernels.rope_angles(s, 6, 10000)
@@ -74,6 +79,9 @@ LAYOUTS = {
                         ("parallel", "recompute_modules"): "core_attn layernorm"},
     "full": {("parallel", "recompute_granularity"): "full"},
 }
+NO_Q_LATENT = {("model", "q_lora_rank"): None}  # Megatron's linear_q_proj
+LAYOUTS |= {f"{name}_no_q_latent": {**LAYOUTS[name], **NO_Q_LATENT}
+            for name in ("t2_sp", "t2_no_sp", "selective_all", "full")}
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -83,7 +91,8 @@ def test_layer_matches_reference(name):
     assert simulate_layer(sc).max_rel_err < 1e-12
 
 
-@pytest.mark.parametrize("name", ["t2_sp", "t2_no_sp", "flash_dropout", "selective_flash"])
+@pytest.mark.parametrize("name", ["t2_sp", "t2_no_sp", "flash_dropout", "selective_flash",
+                                  "t2_sp_no_q_latent"])
 def test_kept_bytes_match_formula(name):
     """The ledger's kept activations of one layer (meta) equal docs/mla.md's closed form."""
     sc = load_scenario(TINY, {**LAYOUTS[name], ("run", "mode"): "meta",
@@ -95,20 +104,22 @@ def test_kept_bytes_match_formula(name):
     assert simulate_layer(sc).records[0].activation_bytes == formula
 
 
-def test_forward_gemm_flops_hand_count():
+@pytest.mark.parametrize("latent_q", [True, False])
+def test_forward_gemm_flops_hand_count(latent_q):
     """Forward GEMM FLOPs one TP rank counts for one layer, worked by hand: q down, kv down
-    (replicated: all of the rank's tokens), q up, kv up, QKᵀ, ·V, output projection (a/t
-    heads), SwiGLU MLP."""
-    sc = load_scenario(TINY, {("run", "mode"): "meta"})
+    (replicated: all of the rank's tokens), q up (or without a query latent one column-parallel
+    q projection from h), kv up, QKᵀ, ·V, output projection (a/t heads), SwiGLU MLP."""
+    sc = load_scenario(TINY, {("run", "mode"): "meta", **({} if latent_q else NO_Q_LATENT)})
     m, t = sc.model, sc.parallel.tp
     s, b, h, a = m.seq_length, sc.parallel.micro_batch_size, m.hidden_size, m.num_attention_heads
     T, local = s * b, a // t
     tokens_down = T // t  # SP: the down projections see the rank's s/t tokens
-    dn, dr, dv, rq, rkv = (m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim, m.q_lora_rank,
-                           m.kv_lora_rank)
-    expected = (2 * tokens_down * h * (rq + rkv + dr) + 2 * T * rq * local * (dn + dr)
-                + 2 * T * rkv * local * (dn + dv) + 2 * b * local * s * s * (dn + dr + dv)
-                + 2 * T * local * dv * h + 2 * T * h * 3 * m.ffn // t)
+    dn, dr, dv, rkv = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim, m.kv_lora_rank
+    query = (2 * tokens_down * h * 64 + 2 * T * 64 * local * (dn + dr) if latent_q
+             else 2 * T * h * local * (dn + dr))  # r_q = 64 in mla-tiny
+    expected = (query + 2 * tokens_down * h * (rkv + dr) + 2 * T * rkv * local * (dn + dv)
+                + 2 * b * local * s * s * (dn + dr + dv) + 2 * T * local * dv * h
+                + 2 * T * h * 3 * m.ffn // t)
     assert simulate_layer(sc).ranks[0].flops["forward"] == expected
 
 
@@ -119,6 +130,36 @@ def test_mla_tiny_verifies():
     assert report["passed"], (report["max_rel_err"], report["max_rel_err_vs_reference"])
     assert report["max_rel_err_vs_reference"] < 1e-13
     assert "layers.1.attn.kv_up.weight" in report["checked"]
+
+
+def test_mla_without_a_query_latent_verifies():
+    """--q-lora-rank unset (Megatron's linear_q_proj), t = 2 with SP, p = 2: every gradient,
+    the query projection's included, against finite differences and the reference."""
+    sc = load_scenario(TINY, {**SMALL, **NO_Q_LATENT, ("parallel", "data_parallel_size"): 1,
+                              ("parallel", "global_batch_size"): 2})
+    report = verify_report(sc)
+    assert report["passed"], (report["max_rel_err"], report["max_rel_err_vs_reference"])
+    assert report["max_rel_err_vs_reference"] < 1e-13
+    assert "layers.1.attn.q_proj.weight" in report["checked"]
+    assert not any("q_down" in name for name in report["checked"])
+
+
+def test_parameters_and_flops_without_a_query_latent():
+    """The simulated shapes' count and Megatron's FLOPs (training.py: q_term = h·a·(d_n + d_r)
+    without a query latent) against the closed forms of docs/mla.md."""
+    sc = load_scenario(TINY, {**SMALL, **NO_Q_LATENT, ("run", "mode"): "meta"})
+    m = sc.model
+    h, a, L, v = m.hidden_size, m.num_attention_heads, m.num_layers, sc.padded_model.vocab_size
+    dn, dr, dv, rkv = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim, m.kv_lora_rank
+    attention = h * a * (dn + dr) + h * (rkv + dr) + rkv + rkv * a * (dn + dv) + a * dv * h
+    per_layer = attention + 3 * h * m.ffn + 2 * h
+    assert sum(np.prod(shape) for shape in param_shapes(sc.padded_model).values()) == \
+        L * per_layer + 2 * v * h + h
+    projections = h * a * (dn + dr) + rkv * (h + a * (dn + dv) + 1) + h * dr + a * dv * h
+    s, B = m.seq_length, sc.parallel.global_batch
+    expected = 6 * B * s * (L * (projections + 3 * h * m.ffn) + h * v) \
+        + 6 * B * s * s * L * (a * (dn + dr) / 2 + a * dv / 2)
+    assert megatron_flops(m, B, v) == pytest.approx(expected, rel=1e-12)
 
 
 def test_deepseek_like_tiny_verifies():

@@ -13,6 +13,7 @@ from pathlib import Path
 from simsp.calibrate.gemm_fit import compute_section, fit_all, fragment, read_probe_csv
 from simsp.errors import UserError
 from simsp.flags import nonempty
+from simsp.io_out import check_out_file, write_file
 from simsp.jsonout import dumps
 from simsp.profiles import gpu_profile
 
@@ -32,22 +33,26 @@ def add_parser(sources) -> None:
 
 def run(args) -> int:
     """Read, fit per dtype, print measured vs model per shape and the fragment."""
-    if args.out and not Path(args.out).resolve().parent.is_dir():
-        raise UserError("--out", f"folder {Path(args.out).parent} does not exist")
+    if args.out:
+        check_out_file(args.out, "--out", [args.file])  # before any work; never the input
     gpu = gpu_profile(args.gpu)
-    fits = fit_all(read_probe_csv(args.file))
+    fits = fit_all(read_probe_csv(args.file), args.file)
     sections = {}
     for dtype, fit in fits.items():
         peak = gpu.peak_flops if dtype == "bf16" else gpu.peak_fp8_flops
         if peak is None:
             raise UserError("--gpu", f"{gpu.name} has no FP8 peak but the file has fp8 rows")
+        if fit.ceiling_flops > peak:  # a profile's efficiency is at most 1 (simsp/profiles.py)
+            raise UserError("--gpu", f"the fitted {dtype} ceiling {fit.ceiling_flops / 1e12:.1f} "
+                                     f"TFLOP/s is above {gpu.name}'s peak {peak / 1e12:.1f}: were "
+                                     "the measurements taken on another GPU?")
         name = "compute" if dtype == "bf16" else "compute_fp8"
         rms = float((fit.relative_errors() ** 2).mean() ** 0.5)
         sections[name] = compute_section(fit, peak, f"simsp calibrate gemm {Path(args.file).name}: "
                                                     f"{len(fit.rows)} {dtype} shapes, rms {100 * rms:.2f}%")
     text = fragment(sections)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_file(args.out, text)
     if args.json:
         print(dumps({"gpu": gpu.name, "fits": {d: _fit_doc(f) for d, f in fits.items()},
                      "fragment": text}))

@@ -23,7 +23,9 @@ class ExpertCoords(NamedTuple):
 
 @dataclass(frozen=True)
 class ExpertGrid:
-    """world = tp·dp·pp ranks seen by the expert layers (ETP defaults to TP)."""
+    """world = tp·dp·pp ranks seen by the expert layers (ETP defaults to TP); with context
+    parallelism dp is d·cp: Megatron's expert generator has cp = 1 and tiles all t·cp·d ranks
+    of a stage."""
 
     tp: int
     pp: int

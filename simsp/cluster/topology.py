@@ -7,6 +7,7 @@ Edges carry `bandwidth_Bps` (bytes/s, per direction), `latency_s` and `kind` ("n
 """
 
 from collections.abc import Iterable
+import functools
 
 import networkx as nx
 
@@ -82,6 +83,24 @@ def build_topology(cluster: Cluster, nodes: Iterable[int] | None = None) -> nx.D
         _add_node(graph, cluster, node)
     _add_fabric(graph, cluster, built)
     return graph
+
+
+@functools.lru_cache(maxsize=4096)
+def placement(gpus: tuple[int, ...], gpus_per_node: int, nodes: int) -> tuple:
+    """A group's place on the fabric up to moving it by whole nodes: per member its GPU in its
+    node, its node and scalable unit relative to the first member's, and how many nodes its
+    unit has (its spine uplink's width, _add_fabric). Groups of one placement have the same
+    routes up to renaming (they depend only on same node, same unit and rails:
+    _structural_route) over links of the same speeds and latencies, so traffic runs alike."""
+    node0 = gpus[0] // gpus_per_node
+
+    def member(gpu: int) -> tuple:
+        node = gpu // gpus_per_node
+        unit = node // NODES_PER_LEAF
+        return (gpu % gpus_per_node, node - node0, unit - node0 // NODES_PER_LEAF,
+                min(NODES_PER_LEAF, nodes - unit * NODES_PER_LEAF))
+
+    return tuple(map(member, gpus))
 
 
 def nodes_hosting(gpus: Iterable[int], gpus_per_node: int) -> list[int]:

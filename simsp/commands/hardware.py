@@ -9,13 +9,15 @@ its [compute] section states (docs/hardware.md).
 """
 
 from dataclasses import asdict
+import os
 from pathlib import Path
 
-from simsp.errors import UserError
+from simsp import io_in
 from simsp.flags import nonempty
 from simsp.hardware import gpu_compute
 from simsp.jsonout import dumps
-from simsp.profiles import DATA, available, gpu_profile, load_profile, system_profile
+from simsp.profiles import (DATA, SYSTEM_NUMBERS, available, gpu_profile, load_profile,
+                            system_profile)
 
 
 def add_parser(subparsers) -> None:
@@ -42,11 +44,12 @@ def _which(names: list[str]) -> list[tuple[str, str]]:
 
 
 def _is_system_file(path: str) -> bool:
-    try:
-        load_profile("system", path)
-        return True
-    except UserError:
-        return False
+    """A system profile names its GPU or its NVLink domain and NICs; else it is read as a GPU
+    (so a broken system file's error speaks of the system's keys, not a GPU's)."""
+    if not os.path.lexists(path):
+        return False  # load_profile names the missing file
+    data = io_in.read_toml(path, "profile")
+    return "gpu" in data or any(key in data for key in SYSTEM_NUMBERS)
 
 
 def _shown_path(path: str) -> str:

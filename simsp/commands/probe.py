@@ -16,8 +16,10 @@ import statistics
 
 from simsp.errors import UserError
 from simsp.flags import add_scenario_arguments, nonempty, scenario_from_args
+from simsp.io_out import check_out_file, write_file
 
 SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)
+MAX_REPEATS = 1000  # timed runs per shape: 1000 x 14 shapes x 2 dtypes of a 16384^3 GEMM is minutes
 
 
 def add_parser(subparsers) -> None:
@@ -81,8 +83,9 @@ def _gemm(torch, dtype: str, m: int, k: int, n: int):
 
 def run(args) -> int:
     """Time every shape in BF16 (and FP8 where supported), write the CSV."""
-    if args.repeats < 1:
-        raise UserError("--repeats", f"must be positive, got {args.repeats}")
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise UserError("--repeats", f"must be in [1, {MAX_REPEATS}], got {args.repeats}")
+    check_out_file(args.out, "--out", [args.scenario])  # before any GPU work
     sc = scenario_from_args(args)
     torch = _torch()
     capability = torch.cuda.get_device_capability()
@@ -96,7 +99,6 @@ def run(args) -> int:
             seconds = _time(torch, _gemm(torch, dtype, m, k, n), args.repeats)
             lines.append(f"{dtype},{m},{k},{n},{seconds!r},{label}")
             print(lines[-1])
-    with open(args.out, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
+    write_file(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
     return 0

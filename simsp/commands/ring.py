@@ -22,6 +22,7 @@ from pathlib import Path
 
 import simpy
 
+from simsp.bounds import check_field
 from simsp.cluster.topology import build_topology
 from simsp.config import Cluster
 from simsp.engine.all_to_all import time_all_to_all
@@ -395,6 +396,12 @@ def _attention_shape(args) -> AttentionShape:
     for flag, (dest, _default, _meaning) in ATTENTION_FLAGS.items():
         if value[dest] < 1:
             raise UserError(flag, f"must be positive, got {value[dest]}")
+        section = "parallel" if dest in ("tensor_model_parallel_size", "micro_batch_size") \
+            else "model"
+        try:  # the range table run uses (a 10**12-token sequence printed 10**50-byte blocks)
+            check_field(f"{section}.{dest}", value[dest])
+        except UserError as exc:
+            raise UserError(flag, exc.reason) from None
     t, chunks = value["tensor_model_parallel_size"], 2 * args.ranks
     if value["seq_length"] % chunks:
         raise UserError("--seq-length", f"{value['seq_length']} tokens do not cut into "

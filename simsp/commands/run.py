@@ -82,6 +82,9 @@ def run(args) -> int:
     """Simulate, measure, report. Where reports are written, the painter process (started
     first, report/painter.py) loads matplotlib during the simulation and draws the figures."""
     sc = scenario_from_args(args)
+    # first at the cheapest the shortcuts could make it: their check walks every route of every
+    # group (CP 2048 took minutes there before refusing), so a run far too big stops before it
+    check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force)
     out_dir = report_folder(args, sc)

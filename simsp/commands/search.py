@@ -224,7 +224,7 @@ def run(args) -> int:
             result = search(base, args.gpus, batch, executor, cache, args.top, args.objective,
                             reserve_bytes(args.memory_reserve), getattr(args, "quiet", False),
                             fixed, args.exhaustive, args.scenario, allowed,
-                            _given_nodes(args), stream=True)
+                            _given_nodes(args), stream=True, force=args.force)
         except ExecutorLost as exc:
             raise UserError("dask", f"{exc}; the {cache.stats.simulated} layouts simulated so "
                                     f"far are cached in {out / 'cache'} (run it again to resume)"

@@ -63,6 +63,9 @@ def _groups(text: str | None) -> list[str] | None:
     groups = [g.strip() for g in text.split(",")]
     if not all(groups):
         raise UserError("--only", f"{text!r} has an empty item")
+    twice = sorted({g for g in groups if groups.count(g) > 1})
+    if twice:
+        raise UserError("--only", f"{twice[0]!r} is named twice")
     return groups
 
 

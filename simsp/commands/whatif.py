@@ -47,7 +47,7 @@ def run(args) -> int:
     from simsp.api import sweep_configs
     from simsp.explore.folders import default_folder, exploration_digest, write_manifest
     from simsp.explore.guard import check_sweep
-    from simsp.explore.runner import prepare_out
+    from simsp.explore.runner import RESULT_FILES, WHATIF_FILES, prepare_out
     from simsp.explore.whatif import add_derived, conclusion, rank_rows, whatif_configs
     from simsp.report.whatif_page import write_whatif_page
     check_executor_arguments(args)
@@ -59,7 +59,7 @@ def run(args) -> int:
     check_sweep(configs, args.force)  # run's work limits, before any folder is made
     digest = exploration_digest([[c.digest() for c in configs], names, args.memory_reserve])
     out = Path(args.out) if args.out else default_folder("whatif", args.base, [], digest)
-    out = prepare_out(out, (args.base,))
+    out = prepare_out(out, (args.base,), RESULT_FILES + WHATIF_FILES)
     write_manifest(out, " ".join(["simsp", *getattr(args, "argv", ["whatif"])]), digest)
     frame = sweep_configs(configs, out, args.workers, args.scheduler, getattr(args, "quiet", False),
                           report=False, force=args.force, inputs=(args.base,),

@@ -58,6 +58,15 @@ def all_to_all(env: simpy.Environment, network: Network, gpus: list[int],
     return received, AllToAllStats(start, env.now, arrivals)
 
 
+def alone_time(graph, calibration, gpus: list[int], send_bytes: list[list[int]]) -> float:
+    """Seconds of one all-to-all(-v) alone on its links: the same flows in a private
+    simulation (what it takes in the run when no other traffic crosses its links)."""
+    env = simpy.Environment()
+    process = env.process(all_to_all(env, Network(env, graph, calibration), gpus, send_bytes))
+    env.run()
+    return process.value[1].time_s
+
+
 def _copy(chunk):
     return None if chunk is None else chunk.copy()
 

@@ -295,7 +295,8 @@ class _Ring:
         delivered = self.network.transfer(self.gpus[rank], self.gpus[out.dst],
                                           wire_bytes(self.chunk_bytes[out.chunk], self.choice),
                                           f"{self.label} step {index}", self.via[rank],
-                                          latency_scale=self.latency_scale[rank])
+                                          latency_scale=self.latency_scale[rank],
+                                          ring_step=True)
         delivered.callbacks.append(partial(_post, self.inboxes[index][out.dst], payload))
         self.sent[rank] += self.chunk_bytes[out.chunk]
         return delivered

@@ -10,7 +10,8 @@ Shortcut timing="closed_form": time each collective as a whole, as its ring alon
 takes (engine/ring_alone.py: the closed form, or the ring run once step by step where its own
 channels share a link), except on `stepwise_groups` (rings sharing links with other traffic,
 whose time depends on it: training/shortcut_check.py), which run step by step and so load
-their links.
+their links; an all-to-all of `alone_all_to_all` (no other traffic on its links) waits its time
+alone, found once per placement and byte matrix in a private simulation of its flows.
 """
 
 from dataclasses import dataclass, field, replace
@@ -18,17 +19,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import simpy
 
-from simsp.engine.all_to_all import all_to_all
+from simsp.cluster.topology import placement
+from simsp.engine.all_to_all import all_to_all, alone_time
 from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.nccl_group import link_speeds_GBps, nccl_choice
 from simsp.engine.nccl_tuning import TREE
 from simsp.engine.network import Network
 from simsp.engine.nvls import NVLS, nvls_bytes_per_direction, nvls_in_group
-from simsp.engine.ring_alone import alone_stats
+from simsp.engine.ring_alone import alone_stats, node_segment, segment_run
 from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
-from simsp.engine.ring_timing import collective_time
+from simsp.engine.ring_timing import closed_form_stats, collective_time
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 
@@ -57,7 +59,9 @@ class Communicator:
 
     def __init__(self, env: simpy.Environment, network: Network, present: set[int] | None = None,
                  elem_bytes: int = DEFAULT_ELEM_BYTES, trace: Trace | None = None,
-                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset()):
+                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
+                 alone_all_to_all: frozenset = frozenset(),
+                 segment_groups: frozenset = frozenset()):
         if timing not in (STEPWISE, CLOSED_FORM):
             raise ValueError(f"timing must be {STEPWISE} or {CLOSED_FORM}, got {timing!r}")
         self.env = env
@@ -67,10 +71,16 @@ class Communicator:
         self.trace = trace if trace is not None else network.trace
         self.timing = timing
         self.stepwise_groups = frozenset(stepwise_groups)
+        # all-to-all groups whose links nothing else crosses meanwhile (closed_form: timed
+        # as alone, without flows)
+        self.alone_all_to_all = frozenset(alone_all_to_all)
+        # stepwise groups whose rings meet only each other: one node's piece of one channel
+        self.segment_groups = frozenset(segment_groups)
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
         self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
+        self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None):
@@ -154,7 +164,13 @@ class Communicator:
             return
         stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
         nvls = self._nvls(meeting)
-        if stepwise and nvls is None and not self._runs_as_tree(meeting):
+        ring_steps = stepwise and nvls is None and not self._runs_as_tree(meeting)
+        segment = (self._segment(meeting) if ring_steps and meeting.group in self.segment_groups
+                   else None)
+        if segment is not None:
+            stats = yield from self._segment_ring(meeting, segment)
+            results = [None] * len(buffers)
+        elif ring_steps:
             ring = RING_COLLECTIVES[meeting.collective]
             results, stats = yield from ring(self.env, self.network, list(meeting.group),
                                              buffers, meeting.nbytes, meeting.elem_bytes,
@@ -188,11 +204,21 @@ class Communicator:
         matrix = [b[0] if b is not None else [row[(j - i + present) % n] for j in range(n)]
                   for i, b in enumerate(buffers)]
         chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
-        received, stats = yield from all_to_all(self.env, self.network, list(meeting.group),
-                                                matrix, chunks, meeting.tag or ALL_TO_ALL)
+        if self.timing == CLOSED_FORM and meeting.group in self.alone_all_to_all:
+            start_s = self.env.now
+            yield self.env.timeout(self._all_to_all_alone(meeting.group, matrix))
+            n = len(buffers)
+            received = [[None if chunks is None or chunks[i][j] is None
+                         else chunks[i][j].copy() for i in range(n)] for j in range(n)]
+            end_s = self.env.now
+        else:
+            received, stats = yield from all_to_all(self.env, self.network,
+                                                    list(meeting.group), matrix, chunks,
+                                                    meeting.tag or ALL_TO_ALL)
+            start_s, end_s = stats.start_s, stats.end_s
         for rank in sorted(meeting.expected):
-            self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, stats.start_s,
-                                stats.end_s, {"collective": ALL_TO_ALL, "group": meeting.group})
+            self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, start_s, end_s,
+                                {"collective": ALL_TO_ALL, "group": meeting.group})
         return received
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
@@ -212,6 +238,47 @@ class Communicator:
                 ALL_REDUCE, meeting.group, meeting.nbytes, 1, sent, sent, 0.0, seconds, (),
                 NVLS, "Simple", 0)
         return self._plans[key]
+
+    def _placement(self, group: tuple) -> tuple:
+        graph = self.network.graph.graph
+        return placement(group, graph["gpus_per_node"], graph["nodes"])
+
+    def _all_to_all_alone(self, group: tuple, matrix: list) -> float:
+        """Seconds of an all-to-all of `group` that no other traffic meets on its links
+        (training/shortcut_check.py), memoised per placement and byte matrix."""
+        graph = self.network.graph
+        key = (self._placement(group), tuple(map(tuple, matrix)))
+        if key not in self._alike:
+            self._alike[key] = alone_time(graph, self.network.calibration, list(group), matrix)
+        return self._alike[key]
+    def _segment(self, meeting: _Meeting):
+        """One node's piece of one channel of this ring where it is that symmetric and meta
+        (engine/ring_alone.py node_segment), else None."""
+        if any(b is not None for b in meeting.buffers.values()):
+            return None
+        segment = node_segment(self.network.graph, list(meeting.group),
+                               self.network.calibration, meeting.collective, meeting.nbytes,
+                               meeting.elem_bytes, slowest_latency=True)
+        if segment is None:  # its whole ring would load links the pieces stand for
+            raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group run "
+                                  f"as pieces of its ring does not split evenly")
+        return segment
+
+    def _segment_ring(self, meeting: _Meeting, segment):
+        """A ring whose group meets only its own collectives, run as one node's piece of one
+        channel on the shared links: each link of the piece stands for its images in every
+        node and channel, which the group's other collectives load alike (the quotient of the
+        full simulation by the ring's symmetry, docs/shortcuts.md). Stats as the closed form's
+        with the span it took."""
+        start_s = self.env.now
+        yield self.env.process(segment_run(self.env, self.network, meeting.collective,
+                                           len(meeting.group), segment))
+        closed = closed_form_stats(meeting.collective, self.network.graph, list(meeting.group),
+                                   meeting.nbytes, self.network.calibration,
+                                   meeting.elem_bytes)
+        return replace(closed, start_s=start_s, end_s=self.env.now,
+                       channels=tuple(replace(c, start_s=start_s, end_s=self.env.now)
+                                      for c in closed.channels))
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode
@@ -238,12 +305,21 @@ class Communicator:
         return self._plans[key]
 
     def _alone(self, meeting: _Meeting) -> CollectiveStats:
-        """The ring alone on its links (engine/ring_alone.py), memoised."""
+        """The ring alone on its links (engine/ring_alone.py), memoised per group and, as a
+        ring runs alike on like links, per placement (cluster/topology.py placement): e.g.
+        the DP groups of every pipeline stage."""
         key = (meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
         if key not in self._plans:
-            self._plans[key] = alone_stats(meeting.collective, self.network.graph,
-                                           list(meeting.group), meeting.nbytes,
-                                           self.network.calibration, meeting.elem_bytes)
+            graph = self.network.graph
+            alike = (meeting.collective, self._placement(meeting.group), meeting.nbytes,
+                     meeting.elem_bytes)
+            if alike not in self._alike:
+                self._alike[alike] = alone_stats(meeting.collective, graph,
+                                                 list(meeting.group), meeting.nbytes,
+                                                 self.network.calibration, meeting.elem_bytes)
+            stats = self._alike[alike]
+            self._plans[key] = (stats if stats.gpus == meeting.group else
+                                replace(stats, gpus=meeting.group, channels=()))
         return self._plans[key]
 
 

@@ -71,6 +71,9 @@ class Network:
         # (src, dst, via) -> links a transfer on that hop also loads, at its own rate: the
         # images of the flows a representative stands for (training/rail_symmetry.py)
         self.image_loads = image_loads or {}
+        # a representative run keeps no record of its ring steps (a trace draws only pipeline
+        # transfers; the full simulation's millions of ring steps would fill the memory)
+        self.record_ring_steps = True
         self.capacity_Bps = {(u, v): d["bandwidth_Bps"] * self.calibration.efficiency(d["kind"])
                              for u, v, d in graph.edges(data=True)}
         self.bytes_sent: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered from it
@@ -94,7 +97,8 @@ class Network:
 
     def transfer(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str = "",
                  via_gpu: int | None = None, drained: simpy.Event | None = None,
-                 delivered: simpy.Event | None = None, latency_scale: float = 1.0) -> simpy.Event:
+                 delivered: simpy.Event | None = None, latency_scale: float = 1.0,
+                 ring_step: bool = False) -> simpy.Event:
         """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event returned (`delivered`
         if given, else a new one) succeeds on delivery with (start_s, end_s).
 
@@ -102,7 +106,8 @@ class Network:
         the destination's rail, then its NIC). `drained`: an event to succeed when the last byte
         has left (one latency before delivery), so a pipelined sender can start its next slot.
         `latency_scale`: multiplies the route's latency (an NCCL protocol's step latency
-        relative to ring/Simple, engine/nccl_tuning.py)."""
+        relative to ring/Simple, engine/nccl_tuning.py). `ring_step`: a collective's ring
+        step, traced and counted unless `record_ring_steps` is off."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
         flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu,
@@ -110,6 +115,8 @@ class Network:
         if latency_scale != 1.0:
             flow.latency_s *= latency_scale
         flow.drained = drained
+        if ring_step and not self.record_ring_steps:
+            flow.recorded = False
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:

@@ -102,12 +102,15 @@ Hop = tuple[tuple[Edge, ...], float, float]  # (links, latency_s, wire bytes per
 
 
 def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
-                 collective: str, nbytes: int, elem_bytes: int) -> tuple[float, list[Hop]] | None:
+                 collective: str, nbytes: int, elem_bytes: int,
+                 slowest_latency: bool = False) -> tuple[float, list[Hop]] | None:
     """NCCL's base latency and channel 0's hops from the first node's m members on that node's
     links (every intra hop and the crossing hop's relay leg on the first member's NVLink port,
     the crossing hop then on its rail's NIC), where the ring is that symmetric: >= 2 nodes
     holding the members at the same GPUs, one channel per member, equal chunk slices, equal
-    latencies at every node's like positions. None where it is not."""
+    latencies at every node's like positions. None where it is not (`slowest_latency`:
+    unequal latencies allowed, each like position taking its slowest, e.g. the spine hop of a
+    ring across a leaf boundary: an approximation, docs/shortcuts.md)."""
     per_node = graph.graph["gpus_per_node"]
     by_node = members_by_node(gpus, per_node)
     shapes = {tuple(gpus[member] % per_node for member in members) for members in by_node}
@@ -120,7 +123,9 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
     latencies = [latency for latency, _rate in channel_hops(graph, gpus, channels[:1],
                                                             calibration, choice)[0]]
     if any(latencies[p] != latencies[p % m] for p in range(n)):
-        return None
+        if not slowest_latency:
+            return None
+        latencies = [max(latencies[q] for q in range(p % m, n, m)) for p in range(n)]
     crossing_route = channel_routes(graph, gpus, channels[:1])[0][m - 1]
     port = hop_route(graph, gpus[by_node[0][0]], gpus[by_node[0][1]])
     up, down = port[0], port[-1]  # the first member's NVLink uplink and downlink
@@ -138,15 +143,16 @@ def segment_time(graph: nx.DiGraph, calibration: LinkCalibration, collective: st
     going on when its own and its predecessor's are delivered (engine/collectives.py)."""
     env = simpy.Environment()
     network = Network(env, graph, calibration)
-    process = env.process(_segment_run(env, network, collective, n, segment))
+    process = env.process(segment_run(env, network, collective, n, segment))
     env.run()
     return process.value
 
 
-def _segment_run(env: simpy.Environment, network: Network, collective: str, n: int,
-                 segment: tuple[float, list[Hop]]):
+def segment_run(env: simpy.Environment, network: Network, collective: str, n: int,
+                segment: tuple[float, list[Hop]]):
     """Base latency, then the phases one after another (a phase ends when every position has
-    its last chunk, as _run_channels waits for every channel)."""
+    its last chunk, as _run_channels waits for every channel): a process body, on a private
+    network (segment_time) or on one shared with the group's other collectives."""
     base_s, hops = segment
     if base_s > 0:
         yield env.timeout(base_s)

@@ -52,6 +52,8 @@ def base_values(path: str | Path | None) -> dict:
             field = table.get(f"{section}.{key}")
             if field is None:
                 raise UserError(f"{section}.{key}", f"unknown key in {path}")
+            if isinstance(value, list):  # Megatron's list flags (recompute_modules, hierarchical
+                value = " ".join(map(str, value))  # CP sizes) as the field's words
             values[field.path] = value
     return values
 

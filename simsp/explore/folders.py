@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+from simsp.io_out import write_file
+
 MANIFEST = "exploration.json"  # what produced the folder: {"command": ..., "digest": ...}
 
 
@@ -46,4 +48,4 @@ def default_folder(command: str, source, varies: list[str], digest: str,
 def write_manifest(folder: Path, command: str, digest: str) -> None:
     """Record what the folder holds, so a different exploration never writes over it."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MANIFEST).write_text(json.dumps({"command": command, "digest": digest}) + "\n")
+    write_file(folder / MANIFEST, json.dumps({"command": command, "digest": digest}) + "\n")

@@ -23,8 +23,10 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   kept bytes are a lower bound; its time is too, since the CP layer runs the same kernels on
   the same s/cp rows and its ring's diagonal step (the forward's first, the backward's last) is
   the same (s/cp × s/cp) FlashAttention block,
-  the other cp − 1 steps and any wait for a K/V block only adding time
-  (docs/context-parallel.md). Stage 0's optimizer state is sharded over d·cp.
+  the other cp − 1 steps and any wait for a K/V block only adding time; a2a and a2a+p2p
+  run (A·s/cp, d, A·s/cp) blocks on a/(t·A) heads (A = cp for a2a), whose time is at least
+  the (s/cp)² block's on a/t heads (docs/context-parallel.md's argument).
+  Stage 0's optimizer state is sharded over d·cp.
 """
 
 import math
@@ -96,6 +98,7 @@ def layer_cost(sc: Scenario, granularity: str) -> LayerCost:
     reduced = with_overrides(sc, model={"seq_length": sc.model.seq_length // sc.parallel.cp},
                              parallel={
         "context_parallel_size": 1, "cp_comm_type": defaults.cp_comm_type,
+        "hierarchical_context_parallel_sizes": None,
         "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
         "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,  # one TP group
         "schedule": None, "num_layers_per_virtual_pipeline_stage": None,

@@ -110,18 +110,21 @@ def run_configs(configs: list[Config], executor: Executor, out: str | Path | Non
     return [table_row(i, c, configs[0], found[c.digest()]) for i, c in enumerate(configs)]
 
 
-RESULT_FILES = ("results.csv", "results.jsonl", "report.md", "report.html", "pareto.png",
-                "mfu.png", "stage_memory.png", "exposed.png")
+# every file a sweep or search writes in its folder (explore/table.py, report/whatif.py,
+# report/whatif_plots.py, explore/folders.py), and what whatif adds (report/whatif_page.py)
+RESULT_FILES = ("results.csv", "results.jsonl", "report.md", "top.png", "pareto.png",
+                "memory.png", "exposed.png", "exploration.json")
+WHATIF_FILES = ("whatif.md", "whatif.html", "vs_baseline.png", "exposure.png")
 
 
-def prepare_out(out: str | Path, inputs: tuple = ()) -> Path:
+def prepare_out(out: str | Path, inputs: tuple = (), files: tuple = RESULT_FILES) -> Path:
     """The results folder, created and probed before any work: a real folder, `cache` in it a
-    real folder, each result file absent or a regular file, none of them an input."""
+    real folder, each of `files` absent or a regular file, none of them an input."""
     out = prepare_out_dir(Path(out))
     check_folder(out / "cache")
-    for name in RESULT_FILES:
+    for name in files:
         check_target(out / name)
-    check_not_inputs([out / name for name in RESULT_FILES], [p for p in inputs if p])
+    check_not_inputs([out / name for name in files], [p for p in inputs if p])
     return out
 
 

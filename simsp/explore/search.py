@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from simsp.analytic import model_flops
 from simsp.explore.cache import ResultCache
+from simsp.errors import UserError
 from simsp.explore.configs import Config
+from simsp.explore.guard import TOTAL_TIME_LIMIT_S, row_seconds
 from simsp.explore.headroom import add_headroom
 from simsp.explore.layouts import Layouts, enumerate_layouts
 from simsp.explore.objectives import OBJECTIVES
@@ -96,14 +98,22 @@ def _open(survivors: list, position: int, threshold: float) -> int:
 
 def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, batch: int,
                      objective: str, usable: float, bar, exhaustive: bool,
-                     reserve: float | None = None) -> tuple[dict, int]:
+                     reserve: float | None = None, force: bool = False) -> tuple[dict, int]:
     """Simulate survivors by increasing bound, a batch at a time; ({index: row}, never simulated).
     The progress total is what has run plus what could still enter the top K; with `reserve`
-    (bytes), each simulated layout's line is printed as it is ready, in bound order."""
-    found, scores, position = {}, [], 0
+    (bytes), each simulated layout's line is printed as it is ready, in bound order. The
+    batches' estimated CPU seconds add up to at most the sweep limit (explore/guard.py) unless
+    `force`: beyond it one `error: work:` (the batches done are cached; --force resumes)."""
+    found, scores, position, spent = {}, [], 0, 0.0
     threshold = float("inf")
     while position < len(survivors) and (exhaustive or survivors[position][0] <= threshold):
         chunk = survivors[position:position + batch]
+        spent += sum(row_seconds(scenario_of(config)) for _, _, config in chunk)
+        if spent > TOTAL_TIME_LIMIT_S and not force:
+            raise UserError("work", f"the search has simulated {position} layouts and the next "
+                                    f"{len(chunk)} bring its estimate to about {spent:.3g} CPU "
+                                    f"seconds, above the limit of {TOTAL_TIME_LIMIT_S:g} s "
+                                    "(those simulated are cached: --force to go on)")
         position += len(chunk)
         stream = None if reserve is None else RowStream(
             [(index, config) for _, index, config in chunk], chunk[0][2], reserve)
@@ -136,11 +146,12 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
            objective: str = "time", reserve: float = 0.0, quiet: bool = True,
            fixed: dict | None = None, exhaustive: bool = False,
            source: str | None = None, allowed: dict | None = None,
-           nodes: int | None = None, stream: bool = False) -> SearchResult:
+           nodes: int | None = None, stream: bool = False, force: bool = False) -> SearchResult:
     """Enumerate, screen, simulate and collect the rows of every simulated layout; `reserve`
     bytes of each GPU are kept free (a layout fits when its peak leaves them); `allowed`
     restricts layout fields to the values given, `nodes` the node count (default: enough);
-    `stream`: print each simulated layout's line to stdout as it is ready."""
+    `stream`: print each simulated layout's line to stdout as it is ready; `force`: past the
+    total work limit."""
     layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed, source, allowed, nodes)
     configs = layouts.configs
     result = SearchResult(layouts=len(configs) + layouts.invalid, rejected=dict(layouts.rejected),
@@ -151,7 +162,7 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
     with progress_bar(len(survivors), 0, quiet, "simsp search") as bar:
         found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
                                                       objective, usable, bar, exhaustive,
-                                                      reserve if stream else None)
+                                                      reserve if stream else None, force)
     first = configs[min(found)] if found else None
     for index in sorted(found):
         row = add_headroom(table_row(index, configs[index], first, found[index]), reserve)

@@ -67,6 +67,8 @@ def _variant_values(where: str, body: dict, folder: Path, default_base) -> tuple
     table = by_key()
     own = set()
     for key, value in body.items():
+        if key == "baseline" and not isinstance(value, bool):  # whatif's mark: true or false
+            raise UserError(f"{where}.baseline", f"must be true or false, got {value!r}")
         if key in ("name", "base", "baseline"):
             continue
         if key == "world_size":

@@ -4,6 +4,7 @@ variant compared with the baseline on time, throughput, cost, memory and exposur
 
 import shlex
 
+from simsp import io_in
 from simsp.errors import UserError
 from simsp.explore.configs import base_values, expand, parse_value
 from simsp.explore.fields import all_fields, switch_flags
@@ -44,18 +45,27 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     name, equals, flags = spec.partition("=")
     if not equals or not name.strip():
         raise UserError("variant", f"{spec!r} is not NAME=FLAGS (e.g. 'IB 2x=--ib-bandwidth-GBps 50')")
-    table, tokens, changes = _flag_table(), shlex.split(flags), {}
+    if not name.isprintable() or len(name) > 200:  # it names figures, tables and the page
+        raise UserError("variant", f"{name!r}: a name is one line of at most 200 printable "
+                                   "characters")
+    try:
+        tokens = shlex.split(flags)
+    except ValueError as exc:  # an unclosed quote
+        raise UserError("variant", f"{name.strip()}: {exc}") from None
+    table, changes = _flag_table(), {}
     while tokens:
         flag = tokens.pop(0)
         if flag not in table:
             raise UserError("variant", f"{name.strip()}: unknown flag {flag!r}")
         path, value, field = table[flag]
+        if path in changes:  # as `run` refuses a flag given twice, under any of its names
+            raise UserError("variant", f"{name.strip()}: {flag} given twice")
         if value is None:
             if not tokens:
                 raise UserError("variant", f"{name.strip()}: {flag} needs a value")
             text = tokens.pop(0)
             if field is None:  # --world-size
-                if not text.isdigit() or int(text) < 1:
+                if not (text.isascii() and text.isdigit()) or int(text) < 1:
                     raise UserError("--world-size", f"{text!r} is not a positive integer")
                 value = int(text)
             else:
@@ -79,10 +89,8 @@ def variants_from_specs(scenario, specs: list[str]) -> list[tuple]:
 
 def variants_from_sweep_file(path) -> list[tuple]:
     """A sweep file's variants, the one marked `baseline = true` (else the first) first."""
-    import tomllib
-    with open(path, "rb") as handle:
-        marks = [bool(body.get("baseline")) for body in tomllib.load(handle).get("variant", [])]
-    variants = load_sweep_file(path)
+    variants = load_sweep_file(path)  # checks the file's schema first (simsp/io_in.py)
+    marks = [bool(body.get("baseline")) for body in io_in.read_toml(path, "sweep")["variant"]]
     if sum(marks) > 1:
         raise UserError("baseline", f"{path}: more than one variant is marked baseline = true")
     first = marks.index(True) if True in marks else 0

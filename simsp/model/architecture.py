@@ -6,7 +6,8 @@ from simsp.config import Model
 
 def _attention(m: Model) -> str:
     if m.multi_latent_attention:
-        return (f"MLA {m.num_attention_heads} r_q = {m.q_lora_rank} r_kv = {m.kv_lora_rank} "
+        query = "q proj" if m.q_lora_rank is None else f"r_q = {m.q_lora_rank}"
+        return (f"MLA {m.num_attention_heads} {query} r_kv = {m.kv_lora_rank} "
                 f"d = {m.qk_head_dim} + {m.qk_pos_emb_head_dim} rope, d_v = {m.v_head_dim}")
     a, groups = m.num_attention_heads, m.query_groups
     kind = "MHA" if groups == a else "MQA" if groups == 1 else "GQA"
@@ -31,4 +32,6 @@ def architecture(m: Model) -> str:
         parts.append("no bias")
     if m.flash:
         parts.append("flash")
+    if m.mtp_num_layers:
+        parts.append(f"MTP {m.mtp_num_layers} x {m.mtp_loss_scaling_factor:g}")
     return ", ".join(parts)

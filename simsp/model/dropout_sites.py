@@ -2,7 +2,9 @@
 
 Every layout (reference, TP, SP, micro-batches, data parallel) calls these two helpers with its
 shard's global starts, so all of them draw the single-device mask (kernels.keep_mask).
-- hidden sites "embedding" (layer -1), "attn_out", "mlp_out": tensor (s, b, h), coordinates
+- hidden sites "embedding" (layer -1; a multi-token prediction depth's embedding at its own
+  layer's index, whose embedding slot is otherwise unused), "attn_out", "mlp_out": tensor
+  (s, b, h), coordinates
   (sequence position, global sample index, hidden index).
 - attention site "attention": tensor (b, heads, s_q, s_k), coordinates
   (global sample index, global head index, query position, key position).
@@ -19,7 +21,7 @@ def site_id(layer: int, name: str) -> int:
     """Integer id of a dropout site: (layer + 1) * 4 + index of name; "embedding" is layer -1."""
     if name not in SITE_NAMES:
         raise ValueError(f"unknown dropout site {name!r} (known: {', '.join(SITE_NAMES)})")
-    if (name == "embedding") != (layer == -1) or layer < -1:
+    if (name != "embedding" and layer == -1) or layer < -1:
         raise ValueError(f"site {name!r} cannot be at layer {layer}")
     return (layer + 1) * len(SITE_NAMES) + SITE_NAMES.index(name)
 

@@ -31,8 +31,9 @@ def _local_tokens(r, word, tokens: np.ndarray):
 
 
 def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple,
-                      sample_offset: int):
-    """tokens (s, b) -> x (s_l, b, h) and the stash {name: tensor} kept for backward."""
+                      sample_offset: int, dropout_layer: int = -1):
+    """tokens (s, b) -> x (s_l, b, h) and the stash {name: tensor} kept for backward.
+    `dropout_layer`: the layer index naming its dropout site (-1; an MTP depth's layer)."""
     s, b = shape
     word = w["embedding.word"]
     partial = r.alloc((s, b, model.hidden_size), FP16, "word_embedding")  # (s, b, h)
@@ -52,7 +53,8 @@ def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple
     p = model.hidden_dropout
     if p == 0:
         return x, {}
-    mask = ops.dropout_mask(r, p, site_id(-1, "embedding"), (seq_start, sample_offset, 0),
+    mask = ops.dropout_mask(r, p, site_id(dropout_layer, "embedding"),
+                            (seq_start, sample_offset, 0),
                             x.shape, "embedding_dropout_mask")
     r.save(mask, "embedding_dropout_mask")
     out = yield from ops.dropout(r, x, mask, p, "embedding_output")

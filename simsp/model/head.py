@@ -62,6 +62,15 @@ def head_forward(r, model, w: dict, x: Tensor, targets: np.ndarray | None):
     """x (s_l, b, h) -> summed token loss (a float in numeric mode), stash for backward."""
     r.save(x, "final_ln_input")
     y = yield from norm(r, model, x, w, "final_ln", "final_ln")
+    loss_sum, stash = yield from output_loss_forward(r, model, w, y, targets)
+    return loss_sum, {"final_ln_input": x, **stash}
+
+
+def output_loss_forward(r, model, w: dict, y: Tensor, targets: np.ndarray | None,
+                        weights: np.ndarray | None = None):
+    """The normed hidden y (s_l, b, h) -> Σ weights · token loss (numeric; weights (s, b),
+    default all 1) through the output layer, stash for backward (multi-token prediction's
+    depths share it: training/mtp.py)."""
     r.save(y, "output_proj_input")
     y_full = yield from mappings.enter_forward(r, y, "head_enter")  # (s, b, h)
     logits = yield from ops.linear(r, y_full, _transposed(_output_table(model, w)), None,
@@ -74,14 +83,31 @@ def head_forward(r, model, w: dict, x: Tensor, targets: np.ndarray | None):
     row_max, stats = yield from _loss_terms(r, logits32, targets)
     loss_sum = None
     if r.numeric:
-        loss_sum = float((np.log(stats.data[0]) + row_max - stats.data[1]).sum())
-    stash = {"final_ln_input": x, "output_proj_input": y, "logits_fp32": logits32,
-             "row_max": row_max, "stats": stats}
+        per_token = np.log(stats.data[0]) + row_max - stats.data[1]  # (s, b)
+        loss_sum = float((per_token if weights is None else weights * per_token).sum())
+    stash = {"output_proj_input": y, "logits_fp32": logits32, "row_max": row_max,
+             "stats": stats}
     return loss_sum, stash
 
 
-def head_backward(r, model, w: dict, g: dict, targets, stash: dict, dloss: float):
-    """d(loss)/d(x) (s_l, b, h) for loss = dloss · summed token loss."""
+def head_backward(r, model, w: dict, g: dict, targets, stash: dict, dloss: float,
+                  extra_dy: Tensor | None = None):
+    """d(loss)/d(x) (s_l, b, h) for loss = dloss · summed token loss; `extra_dy` (s_l, b, h):
+    a gradient at the final norm's output from elsewhere (multi-token prediction), added."""
+    dy = yield from output_loss_backward(r, model, w, g, targets, stash, dloss)
+    if extra_dy is not None:
+        yield from ops.accumulate(r, dy, extra_dy, "d_final_ln_output")
+        r.free(extra_dy)
+    dx = yield from norm_backward(r, model, dy, stash["final_ln_input"], w, g, "final_ln",
+                                  "d_final_ln_input")
+    r.free(dy, stash["final_ln_input"])
+    return dx
+
+
+def output_loss_backward(r, model, w: dict, g: dict, targets, stash: dict, dloss: float,
+                         weights: np.ndarray | None = None):
+    """d(dloss · Σ weights · token loss)/d(y) (s_l, b, h) through the output layer; frees
+    what output_loss_forward kept, y included."""
     logits32, stats = stash["logits_fp32"], stash["stats"]
     s, b, v_local = logits32.shape
     dlogits = r.alloc(logits32.shape, 2, "d_logits")  # (s, b, v/t)
@@ -92,13 +118,11 @@ def head_backward(r, model, w: dict, g: dict, targets, stash: dict, dloss: float
         onehot = np.zeros_like(probs)
         np.put_along_axis(onehot, np.where(owned, local, 0)[..., None], owned[..., None], -1)
         dlogits.data = (probs - onehot) * dloss
+        if weights is not None:
+            dlogits.data *= weights[..., None]
     yield from r.compute("d_logits", "elementwise", nbytes=logits32.nbytes + dlogits.nbytes)
     r.free(logits32, stats)
     head = {"output.weight": _transposed(_output_table(model, w))}
     head_grads = {"output.weight": _transposed(_output_table(model, g))}
-    dy = yield from column_parallel_backward(r, dlogits, stash["output_proj_input"], head,
-                                             head_grads, "output", has_bias=False)
-    dx = yield from norm_backward(r, model, dy, stash["final_ln_input"], w, g, "final_ln",
-                                  "d_final_ln_input")
-    r.free(dy, stash["final_ln_input"])
-    return dx
+    return (yield from column_parallel_backward(r, dlogits, stash["output_proj_input"], head,
+                                                head_grads, "output", has_bias=False))

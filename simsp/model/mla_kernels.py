@@ -57,9 +57,12 @@ def mla_forward(y, P, model, cos, sin):
     a, dn, dr, rkv = (model.num_attention_heads, model.qk_head_dim, model.qk_pos_emb_head_dim,
                       model.kv_lora_rank)
     c = {"y": y}
-    c["cq"] = K.linear_forward(y, P["attn.q_down.weight"], None)  # (s, B, r_q)
-    c["cqn"] = K.rmsnorm_forward(c["cq"], P["attn.q_norm.gamma"], model.norm_epsilon)
-    q = heads(K.linear_forward(c["cqn"], P["attn.q_up.weight"], None), a)  # (B, a, s, dn+dr)
+    if "attn.q_proj.weight" in P:  # no query latent (--q-lora-rank unset): y W_q
+        q = heads(K.linear_forward(y, P["attn.q_proj.weight"], None), a)  # (B, a, s, dn+dr)
+    else:
+        c["cq"] = K.linear_forward(y, P["attn.q_down.weight"], None)  # (s, B, r_q)
+        c["cqn"] = K.rmsnorm_forward(c["cq"], P["attn.q_norm.gamma"], model.norm_epsilon)
+        q = heads(K.linear_forward(c["cqn"], P["attn.q_up.weight"], None), a)  # (B,a,s,dn+dr)
     q_nope, q_pe = split_last(q, (dn, dr))
     kv_all = K.linear_forward(y, P["attn.kv_down.weight"], None)  # (s, B, r_kv + d_r)
     c["ckv"], k_pe = split_last(kv_all, (rkv, dr))  # (s, B, r_kv), (s, B, d_r)
@@ -82,14 +85,18 @@ def mla_backward(dq, dk, dv, c, P, model, cos, sin):
     dk_nope, dk_pe = split_last(dk, (dn, dr))
     dkv_up = K.merge_heads(np.concatenate([dk_nope, dv], axis=-1))  # (s, B, a(dn + dv))
     dk_pe = mla_rope_backward(dk_pe.sum(axis=1, keepdims=True), cos, sin)  # (B, 1, s, d_r)
-    dcqn, g["attn.q_up.weight"], _ = K.linear_backward(dq_up, c["cqn"], P["attn.q_up.weight"])
     dckvn, g["attn.kv_up.weight"], _ = K.linear_backward(dkv_up, c["ckvn"],
                                                          P["attn.kv_up.weight"])
-    dcq, g["attn.q_norm.gamma"] = K.rmsnorm_backward(dcqn, c["cq"], P["attn.q_norm.gamma"], eps)
     dckv, g["attn.kv_norm.gamma"] = K.rmsnorm_backward(dckvn, c["ckv"],
                                                        P["attn.kv_norm.gamma"], eps)
     dkv_all = np.concatenate([dckv, dk_pe[:, 0].transpose(1, 0, 2)], axis=-1)  # (s,B,rkv+dr)
-    dy_q, g["attn.q_down.weight"], _ = K.linear_backward(dcq, c["y"], P["attn.q_down.weight"])
     dy_kv, g["attn.kv_down.weight"], _ = K.linear_backward(dkv_all, c["y"],
                                                            P["attn.kv_down.weight"])
+    if "attn.q_proj.weight" in P:
+        dy_q, g["attn.q_proj.weight"], _ = K.linear_backward(dq_up, c["y"],
+                                                             P["attn.q_proj.weight"])
+        return dy_q + dy_kv, g
+    dcqn, g["attn.q_up.weight"], _ = K.linear_backward(dq_up, c["cqn"], P["attn.q_up.weight"])
+    dcq, g["attn.q_norm.gamma"] = K.rmsnorm_backward(dcqn, c["cq"], P["attn.q_norm.gamma"], eps)
+    dy_q, g["attn.q_down.weight"], _ = K.linear_backward(dcq, c["y"], P["attn.q_down.weight"])
     return dy_q + dy_kv, g

@@ -103,20 +103,31 @@ def _up_projection(r, x, weight, name: str):
 def mla_attention_forward(r, spec, w: dict, y1, stash, norm_recomputed: bool):
     """The attention block from the LN1 output y1 (s_l, b, h) to proj_input (s, b, a·d_v/t)."""
     m = spec.model
-    cq = yield from ops.linear(r, y1, w["attn.q_down.weight"], None, "q_down_output")
+    latent_q = m.q_lora_rank is not None  # else Megatron's linear_q_proj straight from y1
+    if latent_q:
+        cq = yield from ops.linear(r, y1, w["attn.q_down.weight"], None, "q_down_output")
     kv_all = yield from ops.linear(r, y1, w["attn.kv_down.weight"], None, "kv_down_all")
-    if norm_recomputed:
+    if norm_recomputed and latent_q:
         r.free(y1)
     ckv, k_pe = yield from _split(r, kv_all, (m.kv_lora_rank, m.qk_pos_emb_head_dim),
                                   ("kv_down_output", "k_pe"))  # (s_l, b, r_kv), (s_l, b, d_r)
     r.free(kv_all)
-    cqn = yield from ops.rmsnorm(r, cq, w["attn.q_norm.gamma"], m.norm_epsilon, "q_up_input")
+    if latent_q:
+        cqn = yield from ops.rmsnorm(r, cq, w["attn.q_norm.gamma"], m.norm_epsilon,
+                                     "q_up_input")
     ckvn = yield from ops.rmsnorm(r, ckv, w["attn.kv_norm.gamma"], m.norm_epsilon,
                                   "kv_up_input")
-    for name, tensor in (("q_down_output", cq), ("kv_down_output", ckv),
-                         ("q_up_input", cqn), ("kv_up_input", ckvn)):
+    kept = (("q_down_output", cq), ("kv_down_output", ckv), ("q_up_input", cqn),
+            ("kv_up_input", ckvn)) if latent_q else (("kv_down_output", ckv),
+                                                     ("kv_up_input", ckvn))
+    for name, tensor in kept:
         stash.put(name, tensor)
-    q_up = yield from _up_projection(r, cqn, w["attn.q_up.weight"], "q_up")
+    if latent_q:
+        q_up = yield from _up_projection(r, cqn, w["attn.q_up.weight"], "q_up")
+    else:  # (s, b, a/t·(d_n + d_r)) from the LN1 output, column parallel
+        q_up = yield from _up_projection(r, y1, w["attn.q_proj.weight"], "q_proj")
+        if norm_recomputed:
+            r.free(y1)
     kv_up = yield from _up_projection(r, ckvn, w["attn.kv_up.weight"], "kv_up")
     k_pe_full = yield from mappings.enter_forward(r, k_pe, "k_pe_enter")  # (s, b, d_r)
     q, k, v = yield from _heads_qkv(r, m, q_up, kv_up, k_pe_full)
@@ -136,6 +147,8 @@ def mla_attention_backward(r, spec, w: dict, g: dict, saved: dict, dproj, proj_i
     if "qkv_input" not in saved:  # layernorm recomputed
         saved["qkv_input"] = yield from recompute_norm(r, m, w, saved["ln1_input"], "ln1",
                                                        "qkv_input")
+    if m.q_lora_rank is None:
+        return (yield from _backward_without_q_latent(r, m, w, g, saved, dq_up, dkv_up, dk_pe))
     dcqn = yield from column_parallel_backward(r, dq_up, saved.pop("q_up_input"), w, g,
                                                "attn.q_up", False)  # (s_l, b, r_q)
     dckvn = yield from column_parallel_backward(r, dkv_up, saved.pop("kv_up_input"), w, g,
@@ -158,6 +171,38 @@ def mla_attention_backward(r, spec, w: dict, g: dict, saved: dict, dproj, proj_i
     dy1 = yield from _down_backward(r, dcq, y1, w, g, "attn.q_down")
     dy_kv = yield from _down_backward(r, dkv_all, y1, w, g, "attn.kv_down")
     r.free(y1)
+    yield from ops.accumulate(r, dy1, dy_kv, "d_qkv_input")
+    r.free(dy_kv)
+    return dy1
+
+
+def _kv_down_input_grad(r, dckvn, dk_pe, saved: dict, w: dict, g: dict, m):
+    """The KV path's backward below its up projection: the latent norm, the shared RoPE key's
+    gradient joined, the down projection -> its share of d y1 (s_l, b, h)."""
+    dk_pe_local = yield from mappings.enter_backward(r, dk_pe, "k_pe_enter_grad")  # (s_l,b,dr)
+    if dk_pe_local is not dk_pe:
+        r.free(dk_pe)
+    ckv = saved.pop("kv_down_output")
+    dckv = yield from ops.rmsnorm_backward(r, dckvn, ckv, w["attn.kv_norm.gamma"],
+                                           m.norm_epsilon, g, "attn.kv_norm", "d_kv_down_latent")
+    r.free(dckvn, ckv)
+    dkv_all = yield from ops.elementwise(
+        r, dckv.shape[:-1] + (dckv.shape[-1] + dk_pe_local.shape[-1],), "d_kv_down_output",
+        lambda: np.concatenate([dckv.data, dk_pe_local.data], axis=-1),
+        2 * (dckv.nbytes + dk_pe_local.nbytes))  # (s_l, b, r_kv + d_r)
+    r.free(dckv, dk_pe_local)
+    return (yield from _down_backward(r, dkv_all, saved["qkv_input"], w, g, "attn.kv_down"))
+
+
+def _backward_without_q_latent(r, m, w: dict, g: dict, saved: dict, dq_up, dkv_up, dk_pe):
+    """Backward below the heads when the query comes straight from y1 (Megatron's
+    linear_q_proj, --q-lora-rank unset): the KV path, then the column-parallel q projection
+    (which frees y1) -> d y1 (s_l, b, h)."""
+    dckvn = yield from column_parallel_backward(r, dkv_up, saved.pop("kv_up_input"), w, g,
+                                                "attn.kv_up", False)  # (s_l, b, r_kv)
+    dy_kv = yield from _kv_down_input_grad(r, dckvn, dk_pe, saved, w, g, m)
+    dy1 = yield from column_parallel_backward(r, dq_up, saved.pop("qkv_input"), w, g,
+                                              "attn.q_proj", False)  # (s_l, b, h)
     yield from ops.accumulate(r, dy1, dy_kv, "d_qkv_input")
     r.free(dy_kv)
     return dy1

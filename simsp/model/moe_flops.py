@@ -14,7 +14,8 @@ def attention_token_flops(m: MoeArch) -> float:
     h, a, d = m.hidden_size, m.num_attention_heads, m.kv_channels
     if not m.kv_lora_rank:
         return 6 * (h * (a * d + 2 * m.num_query_groups * d) + a * d * h)
-    q = m.q_lora_rank * (h + a * (d + m.qk_pos_emb_head_dim) + 1)
+    q = (m.q_lora_rank * (h + a * (d + m.qk_pos_emb_head_dim) + 1) if m.q_lora_rank
+         else h * a * (d + m.qk_pos_emb_head_dim))  # training.py: no query latent
     kv = m.kv_lora_rank * (h + a * (d + m.v_head_dim) + 1) + h * m.qk_pos_emb_head_dim
     return 6 * (q + kv + a * m.v_head_dim * h)
 
@@ -56,7 +57,8 @@ def _attention_terms(m) -> tuple[float, float]:
     h, a = m.hidden_size, m.num_attention_heads
     if m.multi_latent_attention:
         dn, dr, dv = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
-        q = m.q_lora_rank * (h + a * (dn + dr) + 1)
+        q = (h * a * (dn + dr) if m.q_lora_rank is None  # training.py: no query latent
+             else m.q_lora_rank * (h + a * (dn + dr) + 1))
         kv = m.kv_lora_rank * (h + a * (dn + dv) + 1) + h * dr
         return 6 * (q + kv + a * dv * h), 6 * (a * (dn + dr) / 2 + a * dv / 2)
     d, groups = m.head_dim, m.query_groups
@@ -67,17 +69,24 @@ def megatron_flops(m, global_batch: int, padded_vocab: int) -> float:
     """Model FLOPs of one iteration of `global_batch` sequences, Megatron-LM's
     num_floating_point_operations (megatron/training/training.py, transformer_flops, BSHD):
     6·h·(f·F·dense + (f_moe·k + f_shared)·F·MoE layers) + attention + 6·h·v per token, F = 3
-    with SwiGLU else 2, plus B·s²·core. The router, norms and embedding lookup are not counted
-    (MTP is not modelled)."""
+    with SwiGLU else 2, plus B·s²·core. The router, norms and embedding lookup are not counted.
+    Multi-token prediction's D depths count as D more layers of the last layer's kind, plus
+    6·D·(3h + 2h²) (their norms and projection) and D more logits."""
     s, h = m.seq_length, m.hidden_size
+    depths = getattr(m, "mtp_num_layers", None) or 0
     dense, moe = _layer_kinds(m)
+    if depths:
+        last_moe = m.is_moe_layer(m.num_layers - 1)
+        dense, moe = dense + depths * (not last_moe), moe + depths * last_moe
+    layers = m.num_layers + depths
     ffn_factor = 3 if m.swiglu else 2
     shared = getattr(m, "moe_shared_expert_intermediate_size", None) or 0
     routed = m.moe_ffn * m.moe_router_topk if moe else 0
     mlp = 6 * h * ffn_factor * (m.ffn * dense + (routed + shared) * moe)
     projections, core = _attention_terms(m)
-    per_token = mlp + projections * m.num_layers + 6 * h * padded_vocab
-    return global_batch * s * per_token + global_batch * s * s * core * m.num_layers
+    per_token = (mlp + projections * layers + 6 * depths * (3 * h + 2 * h * h)
+                 + 6 * h * padded_vocab * (1 + depths))
+    return global_batch * s * per_token + global_batch * s * s * core * layers
 
 
 def recomputed_flops(m, global_batch: int, modules: frozenset, recomputed_layers: int) -> float:
@@ -85,7 +94,7 @@ def recomputed_flops(m, global_batch: int, modules: frozenset, recomputed_layers
     backward recomputes QKᵀ (2Bs²·a·(d_n + d_r) per layer); selective core_attn re-runs the
     core's forward (QKᵀ and ·V); selective mlp re-runs the dense MLPs; full recompute re-runs the
     forward of `recomputed_layers` layers, each at the model's per-layer average (exact when
-    every layer is recomputed, Megatron's uniform method)."""
+    every layer is recomputed, Megatron's uniform method, the MTP depths' layers included)."""
     B, s, a, L = global_batch, m.seq_length, m.num_attention_heads, m.num_layers
     qk = m.qk_head_dim + m.qk_pos_emb_head_dim if m.multi_latent_attention else m.head_dim
     v_width = m.v_head_dim if m.multi_latent_attention else m.head_dim
@@ -95,7 +104,13 @@ def recomputed_flops(m, global_batch: int, modules: frozenset, recomputed_layers
     if "mlp" in modules:
         dense, _ = _layer_kinds(m)
         extra += (3 if m.swiglu else 2) * 2 * B * s * m.hidden_size * m.ffn * dense
-    if recomputed_layers:
+    depths = getattr(m, "mtp_num_layers", None) or 0
+    if recomputed_layers and depths:  # full recompute of every layer: the MTP layers' too
+        h = m.hidden_size
+        forward = (megatron_flops(m, B, 0) - 6 * B * s * depths * (3 * h + 2 * h * h)) / 3
+        again = recomputed_layers + (depths if recomputed_layers == L else 0)
+        extra += forward * again / (L + depths)
+    elif recomputed_layers:
         layers_forward = (megatron_flops(m, B, 0) / 3) * recomputed_layers / L
         extra += layers_forward
     return extra

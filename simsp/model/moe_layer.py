@@ -119,7 +119,7 @@ def moe_core(r, spec, w: dict, x, stash):
     c = None
     if r.numeric:
         c = K.route(x.data.reshape(T, h), w[ROUTER].data, mspec)
-    if mspec.aux_loss_coeff > 0 and r.tp.size > 1:
+    if mspec.aux_loss_coeff > 0 and len(aux_group(r)) > 1:
         stash.tensors[AUX_TOKENS] = yield from _sequence_aux(r, mspec, c, E, T)
     if r.numeric and r.phase == "forward":  # not again when recomputed
         r.moe_aux_loss += spec.aux_scale * c["aux"]
@@ -183,15 +183,25 @@ def _with_shared(r, spec, w, x, combined, stash):
     return combined
 
 
+def aux_group(r) -> tuple:
+    """Megatron's tp_cp group, over which router.py reduces tokens_per_expert: the TP group,
+    with context parallelism every (tp, cp) rank of this rank's (dp, pp) (rank = tp + t·cp)."""
+    if r.cp is None:
+        return r.tp.members
+    return tuple(member - r.tp.index + i for member in r.cp.members for i in range(r.tp.size))
+
+
 def _sequence_aux(r, mspec, c, E: int, T: int):
-    """Sequence parallelism: tokens_e (E,) all-reduced over the TP group and T·t tokens
-    (moe_utils.py get_tokens_per_expert_and_token_count): this rank's share of the whole
-    sequence's aux loss. Returns the summed tokens_e (ledger-less, 8·E bytes)."""
+    """Sequence (and context) parallelism: tokens_e (E,) all-reduced over the tp_cp group and
+    T·t·cp tokens (moe_utils.py get_tokens_per_expert_and_token_count): this rank's share of
+    the whole sequence's aux loss. Returns the summed tokens_e (ledger-less, 8·E bytes)."""
+    group = aux_group(r)
     summed = Tensor((E,), 8, K.aux_tokens(c["logits"], mspec) if r.numeric else None)
-    yield from mappings.all_reduce(r, summed, "moe_aux_tokens", label="all_reduce_moe_aux")
+    yield from mappings.tensor_collective(r, "all_reduce", summed, summed.shape, summed.shape,
+                                          "moe_aux_tokens", "all_reduce_moe_aux", group=group)
     if r.numeric:
         c["aux"], c["dscores"], c["scores"] = K.aux_loss(c["logits"], mspec, summed.data,
-                                                         T * r.tp.size)
+                                                         T * len(group))
     return summed
 
 
@@ -265,7 +275,7 @@ def moe_mlp_backward(r, spec, w: dict, g: dict, saved: dict, dout):
     T, E = s * b, m.num_experts
     aux_tokens = saved.pop(AUX_TOKENS, None)
     c = _routing_cache(saved, mspec, T, h, None if aux_tokens is None else aux_tokens.data,
-                       r.tp.size) if r.numeric else None
+                       len(aux_group(r))) if r.numeric else None
     if _expert_parallel(r) and r.moe.dispatcher == "allgather":
         dx_tokens, dprobs = yield from _allgather_backward(r, m, w, g, saved, dy, T, E, h)
         if dy is not dout:

@@ -27,7 +27,7 @@ class MoeArch:
     shared_expert_intermediate_size: int = 0  # --moe-shared-expert-intermediate-size
     ffn_hidden_size: int = 0  # dense layers' FFN
     dense_layers: int = 0  # layers whose --moe-layer-freq entry is 0
-    q_lora_rank: int = 0  # MLA (0: grouped-query attention)
+    q_lora_rank: int = 0  # MLA's query latent (0: none, or grouped-query attention)
     kv_lora_rank: int = 0
     qk_pos_emb_head_dim: int = 0
     v_head_dim: int = 0
@@ -39,7 +39,8 @@ def attention_params(m: MoeArch) -> int:
     if not m.kv_lora_rank:
         return h * a * d + 2 * h * m.num_query_groups * d + a * d * h
     qk = d + m.qk_pos_emb_head_dim  # per-head query/key width: "nope" + decoupled RoPE part
-    q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk  # down, norm, up
+    q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk  # down, norm, up
+         if m.q_lora_rank else h * a * qk)  # or one projection (no query latent)
     kv = (h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank
           + m.kv_lora_rank * a * (d + m.v_head_dim))  # down (+ shared RoPE key), norm, up
     return q + kv + a * m.v_head_dim * h

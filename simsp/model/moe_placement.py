@@ -48,7 +48,7 @@ class ExpertRank:
 def expert_grid(sc) -> ExpertGrid:
     """The scenario's expert grid (ETP defaults to t)."""
     p = sc.parallel
-    return ExpertGrid(p.tp, p.pp, p.dp, p.ep, p.etp)
+    return ExpertGrid(p.tp, p.pp, p.dp * p.cp, p.ep, p.etp)  # the CP ranks tile it too
 
 
 def expert_rank(sc, rank: int) -> ExpertRank | None:

@@ -73,6 +73,6 @@ def uniform_routing(sc) -> bool:
     coeff = 0.0
     spec = K.MoeSpec(m.num_experts, m.moe_router_topk, m.moe_router_score_function, coeff,
                      m.moe_expert_capacity_factor, m.moe_pad_expert_input_to_capacity, m.swiglu)
-    T = m.seq_length // (p.tp if p.sequence_parallel else 1) * p.micro_batch_size
+    T = m.seq_length // p.cp // (p.tp if p.sequence_parallel else 1) * p.micro_batch_size
     counts = kept_counts(routed_counts(T, spec, 0.0, 0, 0), T, spec)
     return len(set(counts.tolist())) == 1

@@ -16,14 +16,20 @@ ROUTED = (".mlp.experts.fc1.weight", ".mlp.experts.fc2.weight")  # (E, ...) per 
 
 
 def parameter_counts(m: Model) -> dict:
-    """{"total", "active", "embedding"} parameters of model m (its own vocabulary, unpadded)."""
-    total = active = 0
+    """{"total", "active", "embedding"} parameters of model m (its own vocabulary, unpadded);
+    with multi-token prediction "mtp" {"total", "active"} apart (its depths' own tensors, the
+    embedding and output layer shared), as DeepSeek-V3 states 671B + 14B of MTP."""
+    counts = {"main": [0, 0], "mtp": [0, 0]}
     for name, shape in param_shapes(m).items():
         n = math.prod(shape)
-        total += n
-        active += n * m.moe_router_topk // shape[0] if name.endswith(ROUTED) else n
+        part = counts["mtp" if name.startswith("mtp.") else "main"]
+        part[0] += n
+        part[1] += n * m.moe_router_topk // shape[0] if name.endswith(ROUTED) else n
     embedding = m.vocab_size * m.hidden_size * (1 if m.tied else 2)
-    return {"total": total, "active": active, "embedding": embedding}
+    out = {"total": counts["main"][0], "active": counts["main"][1], "embedding": embedding}
+    if m.mtp_num_layers:
+        out["mtp"] = dict(zip(("total", "active"), counts["mtp"]))
+    return out
 
 
 def describe(counts: dict) -> str:

@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 
 LAYER_SUFFIXES = (
-    "ln1.gamma", "ln1.beta", "attn.qkv.weight", "attn.qkv.bias",
+    "ln1.gamma", "ln1.beta", "attn.qkv.weight", "attn.qkv.bias", "attn.q_proj.weight",
     "attn.q_down.weight", "attn.q_norm.gamma", "attn.q_up.weight",  # multi-latent attention
     "attn.kv_down.weight", "attn.kv_norm.gamma", "attn.kv_up.weight", "attn.proj.weight",
     "attn.proj.bias", "ln2.gamma", "ln2.beta", "mlp.fc1.weight", "mlp.fc1.bias",
@@ -60,7 +60,8 @@ def _mla_shapes(model, shapes: dict) -> dict:
     multi_latent_attention.py MLASelfAttention, module order): q down (h, r_q), its RMSNorm,
     q up (r_q, a·(d_n + d_r)) head-major [nope | rope] per head, kv down (h, r_kv + d_r) with
     the shared RoPE key last, its RMSNorm over r_kv, kv up (r_kv, a·(d_n + d_v)) head-major
-    [k nope | v] per head; the output projection reads a·d_v."""
+    [k nope | v] per head; the output projection reads a·d_v. Without --q-lora-rank one query
+    projection (h, a·(d_n + d_r)) replaces q down, its norm and q up (linear_q_proj)."""
     h, a = model.hidden_size, model.num_attention_heads
     dn, dr, dv = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
     rq, rkv = model.q_lora_rank, model.kv_lora_rank
@@ -69,9 +70,10 @@ def _mla_shapes(model, shapes: dict) -> dict:
         if name.startswith("attn.qkv."):
             continue
         if name == "attn.proj.weight":
-            out.update({"attn.q_down.weight": (h, rq), "attn.q_norm.gamma": (rq,),
-                        "attn.q_up.weight": (rq, a * (dn + dr)),
-                        "attn.kv_down.weight": (h, rkv + dr), "attn.kv_norm.gamma": (rkv,),
+            out.update({"attn.q_proj.weight": (h, a * (dn + dr))} if rq is None else
+                       {"attn.q_down.weight": (h, rq), "attn.q_norm.gamma": (rq,),
+                        "attn.q_up.weight": (rq, a * (dn + dr))})
+            out.update({"attn.kv_down.weight": (h, rkv + dr), "attn.kv_norm.gamma": (rkv,),
                         "attn.kv_up.weight": (rkv, a * (dn + dv))})
             shape = (a * dv, h)
         out[name] = shape
@@ -92,6 +94,23 @@ def _moe_layer_shapes(model, shapes: dict) -> dict:
     return kept
 
 
+def mtp_shapes(model) -> dict[str, tuple[int, ...]]:
+    """The multi-token prediction depths' own parameters, `mtp.{k}.` each, in Megatron-LM's
+    MultiTokenPredictionLayer order (multi_token_prediction.py): enorm, hnorm, eh_proj (2h, h)
+    reading [embedding | hidden], a transformer layer built as the last layer (`layer.`), and
+    final_ln; the embedding and output layer are the model's own (docs/mtp.md)."""
+    h, shapes = model.hidden_size, {}
+    norm = ("gamma",) if model.normalization == "RMSNorm" else ("gamma", "beta")
+    for k in range(model.mtp_num_layers or 0):
+        prefix = f"mtp.{k}."
+        shapes.update({f"{prefix}{name}.{p}": (h,) for name in ("enorm", "hnorm") for p in norm})
+        shapes[f"{prefix}eh_proj.weight"] = (2 * h, h)
+        shapes.update({f"{prefix}layer.{suffix}": shape
+                       for suffix, shape in layer_shapes(model, model.num_layers + k).items()})
+        shapes.update({f"{prefix}final_ln.{p}": (h,) for p in norm})
+    return shapes
+
+
 def param_shapes(model) -> dict[str, tuple[int, ...]]:
     """Ordered {name: shape} of every parameter of the model (Megatron's module order)."""
     h = model.hidden_size
@@ -103,6 +122,7 @@ def param_shapes(model) -> dict[str, tuple[int, ...]]:
     shapes["final_ln.gamma"] = (h,)
     if model.normalization != "RMSNorm":
         shapes["final_ln.beta"] = (h,)
+    shapes.update(mtp_shapes(model))
     if model.untie_embeddings_and_output_weights:
         shapes["output.weight"] = (model.vocab_size, h)
     return shapes

@@ -135,8 +135,9 @@ def _shared_fc1(P):
 def _moe_forward(P, c, model, group, chunks: int = 1):
     """The MoE MLP on ln2 (s, B, h), routed per micro-batch of `group` samples (Megatron
     routes, drops and balances each micro-batch on its own) and, under sequence parallelism,
-    per sequence chunk of s/`chunks` (each TP rank routes and drops its own shard); the aux
-    loss is the micro-batch's whole one (moe_utils.py get_tokens_per_expert_and_token_count).
+    per sequence chunk of s/`chunks` (each TP rank routes and drops its own shard), or per row
+    set of the list `chunks` (each (tp, cp) rank's positions under context parallelism); the
+    aux loss is the micro-batch's whole one (moe_utils.py get_tokens_per_expert_and_token_count).
     Returns (s, B, h)."""
     s, B, h = c.ln2.shape
     group = group or B
@@ -148,8 +149,9 @@ def _moe_forward(P, c, model, group, chunks: int = 1):
         logits = block.reshape(-1, h) @ P["mlp.router.weight"]  # (s·b, E)
         c.moe_aux.append((start, logits) + (aux_loss(logits, spec)[1:]
                                             if spec.aux_loss_coeff > 0 else (None, None)))
-        for k in range(chunks):
-            rows = slice(k * s // chunks, (k + 1) * s // chunks)
+        shards = ([slice(k * s // chunks, (k + 1) * s // chunks) for k in range(chunks)]
+                  if isinstance(chunks, int) else chunks)
+        for rows in shards:
             tokens = block[rows].reshape(-1, h)  # (s/chunks·b, h)
             y, _, cache = moe_forward(tokens, _moe_weights(P), local)
             if "mlp.shared_experts.fc2.weight" in P:
@@ -270,6 +272,12 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     grads = {}
     dlogits = K.cross_entropy_backward(logits, targets, 1.0 / n_tokens)  # (s, B, v)
     dy, dword_t, _ = K.linear_backward(dlogits, y, output.T)  # (s, B, h), (h, v)
+    dword_mtp = 0.0
+    if model.mtp_num_layers:
+        mtp = _mtp_forward_backward(params, y, tokens, targets, model, seed, sample_offset,
+                                    moe_group, moe_chunks)
+        dy, dword_t, dword_mtp = dy + mtp.dy, dword_t + mtp.doutput_t, mtp.dword
+        grads.update(mtp.grads)
     dx = _norm_backward(params, dy, x, "final_ln", model, grads)  # (s, B, h)
     for i in reversed(range(model.num_layers)):
         dx, g = _layer_backward(_layer_params(params, i), dx, saved[i], model)
@@ -277,6 +285,7 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     grads["embedding_output"] = dx  # (s, B, h)
     demb = K.dropout_backward(dx, keep_e, ph)  # (s, B, h)
     dword, dposition = K.embedding_backward(demb, tokens, v, model.seq_length)
+    dword = dword + dword_mtp  # (v, h): the MTP depths' lookups of the same table
     if position is not None:
         grads["embedding.position"] = dposition
     if "output.weight" in params:
@@ -286,6 +295,64 @@ def reference_forward_backward(params, tokens, targets, model, seed, sample_offs
     ordered = {name: grads[name] for name in params}  # canonical parameter order
     ordered["embedding_output"] = grads["embedding_output"]
     return loss, ordered
+
+
+def _shifted(a, k):
+    """(s, B) rolled up by k, the last k rows 0 (Megatron's roll_tensor, k times)."""
+    out = np.zeros_like(a)  # (s, B)
+    out[:len(a) - k] = a[k:]
+    return out
+
+
+def _mtp_forward_backward(params, y, tokens, targets, model, seed, sample_offset, moe_group,
+                          moe_chunks):
+    """Multi-token prediction on the final norm's output y (s, B, h) (docs/mtp.md): depth k
+    embeds the tokens shifted by k, projects [enorm(emb) | hnorm(h_{k-1})] (2h -> h), runs its
+    layer (index L + k − 1) and final norm, and adds factor/D × its cross entropy over the
+    first s − k positions, averaged over them. Returns dy (s, B, h), the output weight's
+    (h, v) and the word table's (v, h) gradients from the depths, and their own gradients."""
+    s, B, h = y.shape
+    D, L, ph = model.mtp_num_layers, model.num_layers, model.hidden_dropout
+    word = params["embedding.word"]
+    output = params.get("output.weight", word)  # (v, h)
+    h_prev, caches = y, []
+    for k in range(D):
+        P = {n[len(f"mtp.{k}."):]: a for n, a in params.items() if n.startswith(f"mtp.{k}.")}
+        c = SimpleNamespace(P=P, h_prev=h_prev, tokens=_shifted(tokens, k + 1), n=s - k - 1)
+        c.keep = hidden_keep(ph, seed, L + k, "embedding", (s, B, h), sample_start=sample_offset)
+        c.emb = K.dropout_forward(word[c.tokens], c.keep, ph)  # (s, B, h)
+        c.cat = np.concatenate([_norm(P, c.emb, "enorm", model),
+                                _norm(P, h_prev, "hnorm", model)], axis=-1)  # (s, B, 2h)
+        layer = {n[len("layer."):]: a for n, a in P.items() if n.startswith("layer.")}
+        c.layer = layer
+        c.out, c.cache = _layer_forward(layer, c.cat @ P["eh_proj.weight"], L + k, model, seed,
+                                        sample_offset, moe_group, moe_chunks)  # (s, B, h)
+        c.h = _norm(P, c.out, "final_ln", model)  # (s, B, h)
+        caches.append(c)
+        h_prev = c.h
+    grads, dnext = {}, None
+    doutput_t, dword = np.zeros((h, word.shape[0])), np.zeros_like(word)  # (h, v), (v, h)
+    for k in reversed(range(D)):
+        c, g = caches[k], {}
+        logits = K.linear_forward(c.h, output.T, None)  # (s, B, v)
+        dlogits = np.zeros_like(logits)  # (s, B, v): the last k positions masked
+        scale = model.mtp_loss_scaling_factor / (D * c.n * B)
+        dlogits[:c.n] = K.cross_entropy_backward(logits[:c.n], _shifted(targets, k + 1)[:c.n],
+                                                 scale)
+        dh, dout_t, _ = K.linear_backward(dlogits, c.h, output.T)  # (s, B, h), (h, v)
+        doutput_t += dout_t
+        if dnext is not None:
+            dh = dh + dnext
+        dout = _norm_backward(c.P, dh, c.out, "final_ln", model, g)
+        dp, layer_grads = _layer_backward(c.layer, dout, c.cache, model)
+        g.update({f"layer.{n}": a for n, a in layer_grads.items()})
+        dcat = _linear_backward(c.P, dp, c.cat, "eh_proj", g)  # (s, B, 2h)
+        dnext = _norm_backward(c.P, dcat[..., h:], c.h_prev, "hnorm", model, g)
+        demb = _norm_backward(c.P, dcat[..., :h], c.emb, "enorm", model, g)
+        np.add.at(dword, c.tokens.reshape(-1),
+                  K.dropout_backward(demb, c.keep, ph).reshape(-1, h))
+        grads.update({f"mtp.{k}.{n}": a for n, a in g.items()})
+    return SimpleNamespace(dy=dnext, doutput_t=doutput_t, dword=dword, grads=grads)
 
 
 def relative_error(actual, expected) -> float:

@@ -11,6 +11,8 @@ import numpy as np
 SPLIT_AXIS = {
     "attn.qkv.weight": -1, "attn.qkv.bias": -1,  # column parallel (group-major columns)
     "attn.q_up.weight": -1, "attn.kv_up.weight": -1,  # MLA up projections: column parallel
+    "attn.q_proj.weight": -1,  # MLA's query projection without a latent: column parallel
+    "eh_proj.weight": -1,  # multi-token prediction's projection: column parallel
     "attn.proj.weight": 0,  # row parallel
     "mlp.fc1.weight": -1, "mlp.fc1.bias": -1,  # column parallel
     "mlp.fc2.weight": 0,  # row parallel
@@ -26,6 +28,7 @@ SP_PARTIAL_SUFFIXES = ("embedding.position", "ln1.gamma", "ln1.beta", "ln2.gamma
                        # (Megatron's "duplicated" TELinear marks them sequence_parallel)
                        "attn.q_down.weight", "attn.kv_down.weight", "attn.q_norm.gamma",
                        "attn.kv_norm.gamma",
+                       "enorm.gamma", "enorm.beta", "hnorm.gamma", "hnorm.beta",  # MTP's norms
                        "mlp.router.weight")  # the MoE router routes a sequence shard
 
 

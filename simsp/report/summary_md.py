@@ -83,7 +83,9 @@ def _header(m: dict) -> list[str]:
     lay = m["layout"]
     sp = "SP" if lay["sequence_parallel"] else "no SP"
     extra = ", distributed optimizer" if lay.get("distributed_optimizer") else ""
-    cp = f" cp={lay['cp']} ({lay['cp_comm_type']})" if "cp" in lay else ""  # cp > 1 only
+    sizes = "x".join(lay.get("hierarchical_context_parallel_sizes", "").split())
+    cp = (f" cp={lay['cp']} ({lay['cp_comm_type']}{' ' + sizes if sizes else ''})"
+          if "cp" in lay else "")  # cp > 1 only
     return [
         f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
         f"Layout: t={lay['t']}{cp} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
@@ -123,9 +125,11 @@ def _architecture(m: dict) -> list[str]:
     lines = [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
     if "parameters" in m:  # MoE and MLA models (simsp/model/param_counts.py)
         n = m["parameters"]
+        mtp = (f"; multi-token prediction {n['mtp']['total'] / 1e9:.2f}B more "
+               f"({n['mtp']['active'] / 1e9:.2f}B active), sharing them" if "mtp" in n else "")
         lines.append(f"Parameters: {n['total'] / 1e9:.2f}B total, {n['active'] / 1e9:.2f}B "
                      f"active per token ({100 * n['active'] / n['total']:.1f}%), embedding and "
-                     f"output layer {n['embedding'] / 1e9:.2f}B.")
+                     f"output layer {n['embedding'] / 1e9:.2f}B{mtp}.")
     return lines
 
 

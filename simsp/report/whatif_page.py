@@ -2,6 +2,7 @@
 conclusion per variant, the vs-baseline table, the exposure side by side, the ranking by the
 user's objective, the command of each variant, and charts labelled by variant name."""
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -12,7 +13,7 @@ import numpy as np  # noqa: E402
 
 from simsp.explore.whatif import (OBJECTIVES, change, conclusion, exposure,  # noqa: E402
                                   kinds_of)
-from simsp.io_out import markdown_text  # noqa: E402
+from simsp.io_out import markdown_text, write_file  # noqa: E402
 from simsp.report.html import figure, page, to_html  # noqa: E402
 from simsp.units import GiB  # noqa: E402
 
@@ -97,9 +98,12 @@ def whatif_markdown(rows: list[dict], ranked: list[dict], objective: str,
 
 
 def _save(fig, path: Path) -> Path:
+    """The figure as PNG bytes, written whole by simsp/io_out.py (never through a link)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata={"Software": None})
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
     plt.close(fig)
+    write_file(path, buffer.getvalue())
     return path
 
 
@@ -182,9 +186,9 @@ def write_whatif_page(rows: list[dict], ranked: list[dict], objective: str, out:
         pictures = [plot_vs_baseline(rows, out / "vs_baseline.png"),
                     plot_exposure(rows, out / "exposure.png"), plot_memory(rows, out / "memory.png")]
     text = whatif_markdown(rows, ranked, objective, pictures)
-    (out / "whatif.md").write_text(text)
+    write_file(out / "whatif.md", text)
     body_md = text.split("## Pictures")[0]
     body = to_html(body_md) + "".join(
         figure(p.read_bytes(), CAPTIONS[p.stem], p.stem) for p in pictures)
-    (out / "whatif.html").write_text(page("simsp what-if", body, style=WIDE_TABLES))
+    write_file(out / "whatif.html", page("simsp what-if", body, style=WIDE_TABLES))
     return [out / "whatif.md", out / "whatif.html", *pictures]

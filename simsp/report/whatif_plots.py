@@ -3,6 +3,7 @@
 winner and the Pareto front named, and peak memory as a distribution. Input: the results table,
 already ranked best first (simsp.report.whatif.ranked)."""
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 import numpy as np  # noqa: E402
 
+from simsp.io_out import write_file  # noqa: E402
 from simsp.units import GiB  # noqa: E402
 
 TOP_BARS = 15  # rows named in the bar charts: the best, whatever the table's length
@@ -22,9 +24,11 @@ def _save(fig, path: Path, whole: bool = False) -> Path:
     """Fixed metadata, so the same table gives the same bytes; `whole`: the canvas grows to
     every artist (labels placed beside the axes)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata={"Software": None},
+    buffer = io.BytesIO()  # then written whole by simsp/io_out.py: never through a planted link
+    fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None},
                 bbox_inches="tight" if whole else None)
     plt.close(fig)
+    write_file(path, buffer.getvalue())
     return path
 
 

@@ -54,13 +54,24 @@ def _expert_grad(run, name: str, dp: int, pp: int) -> np.ndarray:
                                           axis=axis) for rank in group])
 
 
+def moe_token_rows(sc):
+    """The rows each rank routes, for the reference's MoE (each drops and pads its own): t
+    (s/t chunks) without context parallelism, else every (cp, tp) rank's positions (s/(t·cp),)
+    — its CP share (model/context_split.py), split over TP by sequence parallelism."""
+    p, s = sc.parallel, sc.model.seq_length
+    if p.cp == 1:
+        return p.tp
+    return [part for j in range(p.cp)
+            for part in np.array_split(local_positions(s, p.cp, j), p.tp)]
+
+
 def compare_with_reference(run) -> dict:
     """Loss and every gradient vs the single-device reference over the same global batch."""
     sc = run.sc
     ref_loss, ref = reference_forward_backward(run.canonical, run.tokens, run.targets, sc.model,
                                                sc.run.seed,
                                                moe_group=sc.parallel.micro_batch_size,
-                                               moe_chunks=sc.parallel.tp)
+                                               moe_chunks=moe_token_rows(sc))
     errors = {"loss": abs(run.loss - ref_loss) / abs(ref_loss)}
     for dp in range(sc.parallel.dp):
         for cp in range(sc.parallel.cp):

@@ -21,12 +21,15 @@ def data_parallel_gather_params(r, run, weights: dict):
 
 
 def tied_embedding_reduce(r, run, plan, grads: dict):
-    """All-reduce the word-embedding gradient between the first and last pipeline stages.
+    """All-reduce the word-embedding gradient between the first and last pipeline stages
+    (tied output layer, or multi-token prediction's lookups: finalize_model_grads.py).
 
     Waiting for the other stage to arrive (the pipeline drain) is pipeline wait; the rest is
     pipeline transfer."""
-    if plan.p == 1 or not (plan.holds_embedding or plan.holds_head) or not run.sc.model.tied:
-        return  # untied: the output layer has its own weight, nothing is shared
+    m = run.sc.model
+    if plan.p == 1 or not (plan.holds_embedding or plan.holds_head) or not (
+            m.tied or m.mtp_num_layers):
+        return  # untied without multi-token prediction: nothing is shared
     group = (run.rank_of(plan.tp, plan.dp, 0, plan.cp),
              run.rank_of(plan.tp, plan.dp, plan.p - 1, plan.cp))
     arrivals = run.tied_embedding_arrivals.setdefault(group, {})

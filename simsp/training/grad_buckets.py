@@ -81,8 +81,8 @@ def module_params(plan, module, grads: dict, producing: bool = False) -> list[st
     if module == "embedding":
         names = list(EMBEDDING)
     elif module == "head":
-        names = list(HEAD)
-        if "output.weight" not in grads and not (producing and plan.holds_embedding):
+        names = _head_names(grads)
+        if _shares_word_table(grads) and not (producing and plan.holds_embedding):
             names.append("embedding.word")
     else:
         names = layer_param_names(module)
@@ -95,10 +95,22 @@ def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
     for i in plan.layers(chunk):
         names += layer_param_names(i)
     if plan.is_last(chunk):
-        names += list(HEAD)
-        if not plan.is_first(chunk) and "output.weight" not in grads:
+        names += _head_names(grads)
+        if not plan.is_first(chunk) and _shares_word_table(grads):
             names.append("embedding.word")
     return [n for n in names if n in grads]
+
+
+def _head_names(grads: dict) -> list[str]:
+    """The head's parameters in Megatron's module order: the final norm, the multi-token
+    prediction depths (training/mtp.py), the untied output layer."""
+    return list(HEAD[:2]) + [n for n in grads if n.startswith("mtp.")] + list(HEAD[2:])
+
+
+def _shares_word_table(grads: dict) -> bool:
+    """The last stage's copy of the word embedding: the tied output layer's, or the one
+    multi-token prediction embeds with."""
+    return "output.weight" not in grads or "mtp.0.eh_proj.weight" in grads
 
 
 class DDPBuckets:

@@ -48,6 +48,9 @@ class Shortcuts:
     # representative by rail symmetry: the ranks simulated, per hop its images' links
     # (training/rail_symmetry.py)
     symmetry: RailSymmetry | None = None
+    alone_all_to_all: frozenset = frozenset()  # EP groups whose all-to-alls meet no traffic
+    # stepwise groups run as one node's piece of one channel (they meet only themselves)
+    segment_groups: frozenset = frozenset()
 
     @classmethod
     def for_scale(cls, sc: Scenario) -> "Shortcuts":
@@ -55,10 +58,6 @@ class Shortcuts:
         none in numeric mode, whose numbers need every rank."""
         if sc.run.mode != "meta":
             why = "not used: numeric mode needs every rank and every ring step"
-            return cls(reasons=tuple((name, why) for name in
-                                     ("representative", "closed_form", "templates")))
-        if sc.parallel.cp > 1 and sc.model.num_experts is not None:
-            why = "not used: context parallelism with MoE layers runs every rank on the links"
             return cls(reasons=tuple((name, why) for name in
                                      ("representative", "closed_form", "templates")))
         verdict = check_shortcuts(sc)
@@ -69,7 +68,8 @@ class Shortcuts:
                        reasons=(("representative", why), verdict.reasons[1],
                                 ("templates", why)))
         return cls(verdict.representative, verdict.closed_form, verdict.templates,
-                   verdict.stepwise_groups, verdict.reasons, verdict.symmetry)
+                   verdict.stepwise_groups, verdict.reasons, verdict.symmetry,
+                   verdict.alone_all_to_all, verdict.segment_groups)
 
     def flags(self) -> dict:
         """The three shortcuts, on or off."""
@@ -97,6 +97,7 @@ class Run:
     embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
     embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb, cp) -> grad at emb. output
     losses: dict = field(default_factory=dict)  # (dp, micro_batch, cp) -> summed token loss
+    mtp_losses: dict = field(default_factory=dict)  # (dp, micro_batch, depth) -> masked sum
     tied_embedding_arrivals: dict = field(default_factory=dict)  # group -> {rank: arrival_s}
     shortcuts: Shortcuts = Shortcuts()  # which scale shortcuts this run takes
     layers: object = field(default_factory=DirectLayers)  # LayerTemplates if shortcuts.templates
@@ -132,12 +133,19 @@ class Run:
 
     @property
     def objective(self) -> float | None:
-        """What backward differentiates: the loss plus the MoE layers' aux losses, each scaled
-        as its gradient is (docs/moe.md); the loss itself without MoE."""
+        """What backward differentiates: the loss plus the MoE layers' aux losses and the
+        multi-token prediction losses, each scaled as its gradient is (docs/moe.md,
+        docs/mtp.md); the loss itself without either."""
         loss = self.loss
-        if loss is None or self.sc.model.num_experts is None:
+        if loss is None:
             return loss
-        return loss + sum(r.moe_aux_loss for r in self.world.ranks.values())
+        m, B = self.sc.model, self.sc.parallel.global_batch
+        if m.num_experts is not None:
+            loss += sum(r.moe_aux_loss for r in self.world.ranks.values())
+        for (_dp, _mb, k), masked in self.mtp_losses.items():  # depth k: s − k − 1 positions
+            loss += m.mtp_loss_scaling_factor / m.mtp_num_layers * masked / (
+                (m.seq_length - k - 1) * B)
+        return loss
 
 
 def rank_program(r, run: Run, plan: StagePlan):
@@ -198,7 +206,10 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                         timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
                         stepwise_groups=shortcuts.stepwise_groups,
                         image_loads=shortcuts.symmetry.loads if shortcuts.representative and
-                        shortcuts.symmetry else None)
+                        shortcuts.symmetry else None,
+                        alone_all_to_all=shortcuts.alone_all_to_all,
+                        segment_groups=shortcuts.segment_groups if shortcuts.closed_form
+                        else frozenset())
     _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
               shortcuts=shortcuts)

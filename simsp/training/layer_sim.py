@@ -15,6 +15,7 @@ from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
 from simsp.model.weights import allocate_params, gather_grads
+from simsp.training.compare import moe_token_rows
 from simsp.training.sp_grad_sync import sync_sequence_parallel_grads
 from simsp.training.world import build_world
 
@@ -146,7 +147,7 @@ def _cp_join(parts: list) -> np.ndarray:
 def _compare_with_reference(sc, result: LayerResult, params, x, dout) -> float:
     """Worst relative error of output, input gradient and every weight gradient vs one device."""
     out_ref, dx_ref, grads_ref = reference_layer(params, x, dout, LAYER, sc.model, sc.run.seed,
-                                                 moe_chunks=sc.parallel.tp)
+                                                 moe_chunks=moe_token_rows(sc))
     t, cp = sc.parallel.tp, sc.parallel.cp
     by_cp = [result.records[k * t:(k + 1) * t] for k in range(cp)]  # rank = tp + t·cp
     sp = sc.parallel.sequence_parallel
@@ -159,8 +160,9 @@ def _compare_with_reference(sc, result: LayerResult, params, x, dout) -> float:
     for group in by_cp:  # CP ranks' gradients are summed (reduced over dp_cp in training)
         for name, grad in gather_grads([rec.grads for rec in group], names, strip=PREFIX).items():
             grads[name] = grad if name not in grads else grads[name] + grad
-    for n in filter(is_expert_param, names):  # the experts' f split over the group (ETP = t)
-        grads[n] = np.concatenate([rec.grads[n.removeprefix(PREFIX)].data
-                                   for rec in result.records], axis=etp_split_axis(n))
+    for n in filter(is_expert_param, names):  # f split over each TP group (ETP = t), CP summed
+        parts = [np.concatenate([rec.grads[n.removeprefix(PREFIX)].data for rec in group],
+                                axis=etp_split_axis(n)) for group in by_cp]
+        grads[n] = sum(parts[1:], parts[0])
     errors += [relative_error(grads[n], grads_ref[n.removeprefix(PREFIX)]) for n in names]
     return max(errors)

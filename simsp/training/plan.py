@@ -118,12 +118,14 @@ def _uneven_ranges(sc: Scenario) -> list[range]:
 def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
     """Canonical names of the parameters this stage holds (tied word table on first and last)."""
     wanted = {f"layers.{i}." for i in plan.all_layers()}
+    mtp = "mtp.0.eh_proj.weight" in shapes  # multi-token prediction: the last stage embeds too
     names = []
     for name in shapes:
         if name.startswith("layers."):
             keep = name[:name.index(".", 7) + 1] in wanted
         elif name == "embedding.word":  # tied: the output layer's weight too
-            keep = plan.holds_embedding or (plan.holds_head and "output.weight" not in shapes)
+            keep = plan.holds_embedding or (plan.holds_head and
+                                            ("output.weight" not in shapes or mtp))
         elif name == "embedding.position":
             keep = plan.holds_embedding
         else:  # final_ln, output.weight (untied)

@@ -145,7 +145,7 @@ class RailSymmetry:
     hop they send, the links its images in the groups left out also load."""
 
     ranks: tuple[int, ...]
-    loads: dict = field(compare=False)
+    loads: dict = field(compare=False, repr=False)
 
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],

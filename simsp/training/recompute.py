@@ -7,6 +7,7 @@ scheme of Megatron-LM's `tensor_parallel.checkpoint` around `custom(l, l + N)` i
 `layer_backward` (spec "full"), so a group of one is exactly the per-layer full recompute.
 """
 
+from simsp.cluster.topology import placement
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
 
@@ -48,7 +49,7 @@ def _forward(r, run, state, i: int, x, offset: int, granularity: str, kind: tupl
     def body():
         spec, w, _ = _layer(run, state, i, offset, granularity)
         return layer_forward(r, spec, w, x, keep=keep)
-    return run.layers.run(r, _kind(run, i, kind), x, body)
+    return run.layers.run(r, _kind(run, r, i, kind), x, body)
 
 
 def _backward(r, run, state, i: int, saved: dict, dx, offset: int, granularity: str,
@@ -57,13 +58,20 @@ def _backward(r, run, state, i: int, saved: dict, dx, offset: int, granularity: 
     def body():
         spec, w, g = _layer(run, state, i, offset, granularity)
         return layer_backward(r, spec, w, g, saved, dx)
-    return run.layers.run(r, _kind(run, i, kind), dx, body)
+    return run.layers.run(r, _kind(run, r, i, kind), dx, body)
 
 
-def _kind(run, i: int, kind: tuple) -> tuple:
-    """A layer template's kind; MoE models tell their MoE and dense layers apart."""
+def _kind(run, r, i: int, kind: tuple) -> tuple:
+    """A layer template's kind; MoE models tell their MoE and dense layers apart, and MoE
+    layers whose all-to-alls cross differently placed links (e.g. an EP group split over two
+    scalable units: its cross-unit pairs go through the spine)."""
     m = run.sc.model
-    return kind if m.num_experts is None else kind + (m.is_moe_layer(i),)
+    if m.num_experts is None:
+        return kind
+    if not m.is_moe_layer(i) or r.moe is None or r.moe.ep == 1:
+        return kind + (m.is_moe_layer(i),)
+    cluster = run.sc.cluster
+    return kind + (True, placement(r.moe.tp_ep_group, cluster.gpus_per_node, cluster.nodes))
 
 
 def segment_forward(r, run, state, seg, x, mb: int, offset: int):

@@ -11,17 +11,26 @@ group whose links only its own channels share is timed as its ring alone (engine
 here is never wrong, only slower.
 """
 
+from collections import Counter
 from dataclasses import dataclass
+import math
 
 import networkx as nx
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_name, hop_route,
                                    leaf_name, nodes_hosting, nvswitch_name)
-from simsp.engine.ring_plan import channel_rings
 from simsp.model.moe_placement import expert_grid
 from simsp.model.moe_routing import uniform_routing
-from simsp.training.cp_shortcuts import cp_traffic_owners
+from simsp.engine.ring_alone import node_segment
+from simsp.engine.ring_plan import COLLECTIVES, channel_rings
+from simsp.hardware import LinkCalibration
+from simsp.model.params import param_shapes
+from simsp.model.tensor import FP16, FP32
+from simsp.model.sharding import local_shape
+from simsp.training.cp_shortcuts import cp_moe_owners, cp_traffic_owners
+from simsp.training.fsdp_units import stage_units
+from simsp.training.plan import stage_param_names, stage_plans
 from simsp.training.rail_symmetry import RailSymmetry, rail_symmetry
 
 Edge = tuple[str, str]
@@ -40,6 +49,12 @@ class ShortcutVerdict:
     # the ranks simulated and the links their hops also load where they stand for the others
     # by rail symmetry (training/rail_symmetry.py); None: one rank per stage, no images
     symmetry: RailSymmetry | None = None
+    # EP groups whose all-to-alls no other owner's traffic meets: timed as alone
+    alone_all_to_all: frozenset[tuple[int, ...]] = frozenset()
+    # stepwise groups whose hops meet only their own group's collectives (FSDP's overlapping
+    # gathers and reductions): they may run as one node's piece of one channel
+    # (engine/ring_alone.py node_segment) on the shared links
+    segment_groups: frozenset = frozenset()
 
 
 def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
@@ -137,13 +152,19 @@ def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
 
 def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
     """(link, owner, other) for every two hops that may cross one link at the same time:
-    two hops of one owner, or of two owners not in turn (_in_turn)."""
+    two hops of one owner, or of two owners not in turn (_in_turn). Each clash once per link,
+    in the order of its first appearance (an all-to-all puts dozens of one owner's hops on a
+    NIC: their pairs are one clash)."""
     for edge, owners in users.items():
         if len(owners) < 2:
             continue
-        for i, owner in enumerate(owners):
-            for other in owners[i + 1:]:
-                if other == owner or not _in_turn(edge, owner, other, overlaps):
+        hops = Counter(owners)  # distinct owners in first-appearance order, with their hops
+        distinct = list(hops)
+        for i, owner in enumerate(distinct):
+            if hops[owner] > 1:
+                yield edge, owner, owner
+            for other in distinct[i + 1:]:
+                if not _in_turn(edge, owner, other, overlaps):
                     yield edge, owner, other
 
 
@@ -232,6 +253,38 @@ def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
     return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))
 
 
+def _segments_why(segments: frozenset, gpus_per_node: int) -> str:
+    """What the verdict says of the groups run as pieces (docs/shortcuts.md)."""
+    if not segments:
+        return ""
+    leaves = any(len({gpu // gpus_per_node // NODES_PER_LEAF for gpu in group}) > 1
+                 for group in segments)
+    return (f"; {len(segments)} of them meet only their own collectives (FSDP) and run as one "
+            f"node's piece of one channel" + (", each like hop at its slowest latency (their "
+                                              "rings cross a leaf boundary)" if leaves else ""))
+
+
+def _units_split_evenly(sc, grid: RankGrid, graph: nx.DiGraph) -> bool:
+    """Every FSDP collective (a unit's padded buffer, training/fsdp_units.py, in 2- or 4-byte
+    elements) can run as one node's piece of one channel (engine/ring_alone.py node_segment:
+    nodes alike, one channel per member, equal slices)."""
+    if sc.parallel.fsdp is None:
+        return False
+    shapes = param_shapes(sc.padded_model)
+    d, calibration = grid.dp * grid.cp, LinkCalibration.from_cluster(sc.cluster)
+    for rank, plan in stage_plans(sc, grid).items():
+        if grid.coords(rank)[:2] != (0, 0):
+            continue
+        gpus = list(grid.dp_cp_group(rank))
+        numels = {n: math.prod(local_shape(n, shapes[n], grid.tp))
+                  for n in stage_param_names(shapes, plan)}
+        if any(node_segment(graph, gpus, calibration, collective, unit.padded * elem, elem,
+                            slowest_latency=True) is None for unit in stage_units(numels, d) for collective in COLLECTIVES
+               for elem in (FP16, FP32)):
+            return False
+    return True
+
+
 def closed_form_why(clashes: list, stepwise: frozenset) -> str:
     """How collectives are timed: as a whole (alone on their links, engine/ring_alone.py) or,
     sharing links with other traffic, step by step."""
@@ -256,18 +309,23 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
     interleaved = p.schedule_name == "interleaved"
     owners = (traffic_owners(grid, interleaved) if p.cp == 1 else  # CP: training/cp_shortcuts.py
-              cp_traffic_owners(grid, interleaved, p.cp_comm_type)) + expert_owners(sc)
+              cp_traffic_owners(grid, interleaved, p.cp_comm_type) + cp_moe_owners(sc)) \
+        + expert_owners(sc)
     users = link_users(graph, owners)
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
     overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None, p.overlap_p2p_communication)
     clashes = list(conflicts(users, overlaps))
-    stepwise = stepwise_groups(clashes) | (frozenset(
-        ranks for kind, ranks in owners if kind == "dp" and len(ranks) > 1)
-        if p.fsdp is not None else frozenset())
+    shared = stepwise_groups(clashes)
+    fsdp_rings = (frozenset(ranks for kind, ranks in owners if kind == "dp" and len(ranks) > 1)
+                  if p.fsdp is not None else frozenset())
+    stepwise = shared | fsdp_rings
     not_rep = representative_why_not(grid, cluster.gpus_per_node, clashes)
     symmetry = None
-    if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None:
+    # not under FSDP: a DP rank's shard (its padding, its optimizer work) makes ranks of a
+    # stage end at different times, so they are not images of each other
+    if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None and \
+            p.fsdp is None:
         symmetry = rail_symmetry(graph, grid, owners, stepwise)
         not_rep = "" if symmetry is not None else not_rep
     expert_groups = sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
@@ -276,9 +334,10 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
                    "overlapped DP communication")
     tp_groups = {ranks for kind, ranks in owners if kind == "tp"}
+    ep_groups = {ranks for kind, ranks in owners if kind == "ep"}
     if not_rep:
         templates_why = "not used: needs the representative shortcut"
-    elif expert_groups:
+    elif expert_groups and (stepwise & ep_groups or not uniform_routing(sc) or p.etp > 1):
         templates_why = "not used: the MoE all-to-alls run as flows whose time may vary"
     elif sc.model.num_experts is not None and sc.model.moe_routing_imbalance > 0:
         templates_why = "not used: imbalanced routing loads each MoE layer differently"
@@ -286,7 +345,9 @@ def check_shortcuts(sc) -> ShortcutVerdict:
         templates_why = "not used: TP collectives share links, so a layer step's time varies"
     else:
         templates_why = "used: every layer step of a stage is alike, recorded once and replayed"
-    closed_why = closed_form_why(clashes, stepwise)
+    segments = (fsdp_rings - shared) if _units_split_evenly(sc, grid, graph) else frozenset()
+    closed_why = closed_form_why(clashes, stepwise) + _segments_why(segments,
+                                                                    cluster.gpus_per_node)
     rep_why = ("not used: " + not_rep if not_rep else
                "used: every rank of a stage is placed and loaded as its representative" + (
                    f" up to rail symmetry ({len(symmetry.ranks)} ranks simulated): the "
@@ -295,5 +356,7 @@ def check_shortcuts(sc) -> ShortcutVerdict:
     return ShortcutVerdict(representative=not not_rep, closed_form=True,
                            templates=templates_why.startswith("used"),
                            stepwise_groups=stepwise, symmetry=symmetry,
+                           segment_groups=segments,
                            reasons=(("representative", rep_why), ("closed_form", closed_why),
-                                    ("templates", templates_why)))
+                                    ("templates", templates_why)),
+                           alone_all_to_all=frozenset(ep_groups - stepwise))

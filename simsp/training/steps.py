@@ -12,6 +12,7 @@ from simsp.model.head import head_backward, head_forward
 from simsp.model.tensor import FP16
 from simsp.training.grad_buckets import DDPBuckets
 from simsp.training.layer_chain import chunk_backward, chunk_forward
+from simsp.training.mtp import mtp_backward, mtp_forward
 from simsp.training.plan import StagePlan, sample_offset
 
 
@@ -94,6 +95,9 @@ def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int)
         yield from state.ddp_buckets.params_needed(r, run, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
         run.losses[(plan.dp, mb, plan.cp)] = loss
+        if sc.model.mtp_num_layers:  # multi-token prediction (training/mtp.py)
+            stash["mtp"] = yield from mtp_forward(r, run, state, stash["head"]["output_proj_input"],
+                                                  tokens, targets, mb, offset)
     else:
         state.outbox[("act", mb, k + 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.downstream, x)
     state.stashes[(mb, chunk)] = stash
@@ -111,8 +115,11 @@ def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int
         if state.fsdp is not None:
             yield from state.fsdp.before_backward(r, run, chunk, ["head"])
         dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
+        extra = None
+        if "mtp" in stash:
+            extra = yield from mtp_backward(r, run, state, stash["mtp"], tokens, targets)
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
-                                      stash["head"], dloss)
+                                      stash["head"], dloss, extra)
         state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["head"])
     else:
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))

@@ -48,7 +48,9 @@ class World:
 
 def build_world(sc: Scenario, simulated: list[int] | None = None,
                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
-                image_loads: dict | None = None) -> World:
+                image_loads: dict | None = None,
+                alone_all_to_all: frozenset = frozenset(),
+                segment_groups: frozenset = frozenset()) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
@@ -56,7 +58,9 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     collectives of `stepwise_groups` (rings that share links with other traffic:
     training/shortcut_check.py), which run step by step. `image_loads`: per hop, the links its
     flows also load for the ranks a rail-symmetric representative stands for
-    (training/rail_symmetry.py)."""
+    (training/rail_symmetry.py). The all-to-alls of `alone_all_to_all` (EP groups no other
+    traffic meets) are timed as alone. `segment_groups`: stepwise groups that meet only their
+    own collectives, run as one node's piece of one channel (engine/ring_alone.py)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -67,10 +71,12 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
                       LinkCalibration.from_cluster(sc.cluster), trace=trace,
                       image_loads=image_loads)
     ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
+    network.record_ring_steps = simulated is None
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
     comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
-                        stepwise_groups=stepwise_groups)
+                        stepwise_groups=stepwise_groups, alone_all_to_all=alone_all_to_all,
+                        segment_groups=segment_groups)
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)

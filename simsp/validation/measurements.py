@@ -155,6 +155,9 @@ def _row(where: str, record: dict, default_group: str) -> Measurement:
     for key in ("name", "metric", "unit"):
         if not text[key]:
             raise UserError(where, f"{key} is empty")
+    for key, value in text.items():  # printed in tables and reports: one line each
+        if not value.isprintable():
+            raise UserError(where, f"{key} {value!r} must be one line of printable text")
     return Measurement(where, text["group"] or default_group, text["name"], text["scenario"],
                        text["flags"], text["metric"], _measured(where, record["measured"]),
                        text["unit"], text["baseline"], text["collective"] or None,
@@ -167,6 +170,6 @@ def _measured(where: str, value) -> float:
         number = float(value)
     except (TypeError, ValueError):
         raise UserError(where, f"measured {value!r} is not a number") from None
-    if not number > 0:
-        raise UserError(where, f"measured {value!r} must be positive")
+    if not 0 < number < float("inf"):
+        raise UserError(where, f"measured {value!r} must be positive and finite")
     return number

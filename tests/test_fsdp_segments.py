@@ -1,0 +1,60 @@
+"""FSDP's DP ring meets only its own gathers and reduce-scatters: the fast path runs each as one
+node's piece of one channel on the shared links (docs/shortcuts.md, "Groups that meet only
+themselves"), equal to the full simulation of every rank and ring step."""
+
+import pytest
+
+from simsp.config import load_scenario
+from simsp.metrics import collect
+from simsp.training.iteration import Shortcuts, simulate_iteration
+
+
+def fsdp_scenario(d: int, t: int = 1, gpus_per_node_two: bool = False, **parallel):
+    """A 2-layer Llama-shaped model (h 512) under FSDP2 over d ranks on 8-GPU nodes, meta
+    (`gpus_per_node_two`: one layer of h 384 on 2-GPU nodes, one sample per rank)."""
+    gpn = 2 if gpus_per_node_two else 8
+    overrides = {("parallel", "tensor_model_parallel_size"): t,
+                 ("parallel", "data_parallel_size"): d, ("parallel", "use_torch_fsdp2"): True,
+                 ("parallel", "global_batch_size"): 2 * d, ("parallel", "micro_batch_size"): 1,
+                 ("parallel", "sequence_parallel"): t > 1, ("cluster", "nodes"): d * t // gpn,
+                 ("run", "mode"): "meta", ("model", "num_layers"): 2,
+                 ("model", "hidden_size"): 512, ("model", "num_attention_heads"): 8,
+                 ("model", "num_query_groups"): 8, ("model", "ffn_hidden_size"): 2048,
+                 ("model", "seq_length"): 512, ("model", "vocab_size"): 4096}
+    if gpus_per_node_two:
+        overrides.update({("cluster", "gpus_per_node"): 2, ("model", "num_layers"): 1,
+                          ("model", "hidden_size"): 384, ("model", "ffn_hidden_size"): 1536,
+                          ("model", "seq_length"): 256, ("model", "vocab_size"): 2688,
+                          ("parallel", "global_batch_size"): d})
+    overrides.update({("parallel", k): v for k, v in parallel.items()})
+    return load_scenario("scenarios/llama3-8b.toml", overrides)
+
+
+def test_fsdp_rings_run_as_pieces_equal_to_the_full_simulation():
+    """d = 16 on two nodes: the one DP group runs as pieces, its overlapping collectives sharing
+    the piece's links; iteration time and exposure as every rank's every ring step."""
+    sc = fsdp_scenario(16)
+    fast = Shortcuts.for_scale(sc)
+    assert fast.segment_groups == {tuple(range(16))}
+    mine = collect(simulate_iteration(sc, fast, trace="none"), fast)
+    full = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
+    assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)
+    assert mine["exposed_s_per_stage"][0] == pytest.approx(full["exposed_s_per_stage"][0],
+                                                           rel=1e-12, abs=1e-15)
+
+
+def test_groups_sharing_links_with_tp_are_not_pieces():
+    """t2 d8: each DP ring crosses NVLink ports TP collectives use, so it runs whole."""
+    assert not Shortcuts.for_scale(fsdp_scenario(8, t=2)).segment_groups
+
+
+def test_pieces_across_a_leaf_boundary_take_the_slowest_hop():
+    """d = 42 on 21 two-GPU nodes: node 20 sits under the second leaf, so two crossing hops go
+    through the spine; each like hop of the piece takes its slowest latency (named in the
+    verdict) and the ring keeps the full simulation's pace."""
+    sc = fsdp_scenario(42, gpus_per_node_two=True)
+    fast = Shortcuts.for_scale(sc)
+    assert fast.segment_groups and "leaf" in fast.why()["closed_form"]
+    mine = collect(simulate_iteration(sc, fast, trace="none"), fast)
+    full = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
+    assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)
