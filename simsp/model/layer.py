@@ -251,6 +251,15 @@ def _gpt_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
     return (yield from _unfused_core(r, spec, q, k, v, stash))
 
 
+def _keep_softmax_stats(r, spec, lse, stash) -> None:
+    """Flash's per-row softmax statistics (fp32): kept for backward, or freed where core_attn
+    recompute re-runs the flash forward."""
+    if spec.recomputes("core_attn"):
+        r.free(lse)
+    else:
+        stash.put("softmax_lse", lse)
+
+
 def _unfused_core(r, spec, q, k, v, stash: Stash):
     """The core as separate kernels keeping the s × s tensors; -> proj_input (s, b, a·d/t)."""
     probs, mask, dropped, context = yield from attention_core(r, spec, q, k, v)
@@ -273,10 +282,7 @@ def attention_core_kept(r, spec, q, k, v, stash: Stash):
     keep = attention_keep(r, spec, q.shape[0], q.shape[1])
     out, lse = yield from ops.flash_attention(r, q, k, v, keep, spec.model.attention_dropout,
                                               "proj_input", "softmax_lse")
-    if spec.recomputes("core_attn"):
-        r.free(lse)  # core_attn recompute: the backward re-runs the flash forward
-    else:
-        stash.put("softmax_lse", lse)
+    _keep_softmax_stats(r, spec, lse, stash)
     return out
 
 
@@ -317,10 +323,7 @@ def _llama_attention(r, spec, qkv, heads: int, d: int, stash: Stash):
             keep = attention_keep(r, spec, q.shape[0], heads)
             out, lse = yield from ops.flash_attention(r, q, k, v, keep, m.attention_dropout,
                                                       "proj_input", "softmax_lse")
-        if spec.recomputes("core_attn"):
-            r.free(lse)  # core_attn recompute: the backward re-runs the flash forward
-        else:
-            stash.put("softmax_lse", lse)
+        _keep_softmax_stats(r, spec, lse, stash)
         return out
     if groups != heads:
         k_full = yield from ops.expand_kv(r, k, heads // groups, "k")  # (b, a/t, s, d)
