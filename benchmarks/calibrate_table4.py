@@ -4,7 +4,7 @@
 
 Least squares of the relative errors of the ten published times (forward and backward of each
 experiment); every evaluation runs the five experiments through `simulate_layer` (meta mode)
-with candidate constants (`simsp.costmodel.calibration`). Fitted: gemm_max_efficiency,
+with candidate constants (`simsp.hardware.costmodel.calibration`). Fitted: gemm_max_efficiency,
 gemm_half_intensity, memory_efficiency, within physical bounds (BOUNDS); the launch overhead
 keeps its set value. Method: projected Gauss-Newton on the logarithms of the constants, with a
 forward-difference Jacobian and a halving line search; a constant pinned at a bound by a step
@@ -25,7 +25,7 @@ import math
 import numpy as np
 from table4 import markdown, simulate_table
 
-from simsp.costmodel import active_calibration, calibration
+from simsp.hardware.costmodel import active_calibration, calibration
 
 # name: (lowest, highest). gemm_max_efficiency <= 1: the tensor-core peak. memory_efficiency
 # <= 0.9: streaming kernels reach ~1.8 TB/s of the A100's 2.0 TB/s. gemm_half_intensity spans
@@ -101,7 +101,7 @@ def main() -> None:
     fitted = with_logs(base, x)
     print(f"Gauss-Newton: {evaluations} evaluations of the five experiments; "
           f"rms error {100 * math.sqrt(r @ r / len(r)):.2f}%, worst {100 * np.abs(r).max():.2f}%")
-    print("fitted constants (ComputeCalibration in simsp/hardware.py):")
+    print("fitted constants (ComputeCalibration in simsp/hardware/constants.py):")
     for name, value, low, high in zip(NAMES, x, LOW, HIGH):
         at_bound = " (at its bound)" if min(value - low, high - value) < 1e-6 else ""
         print(f"    {name} = {math.exp(value):.4g}{at_bound}")

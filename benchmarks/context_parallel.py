@@ -22,17 +22,17 @@ import numpy as np
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.engine.network import Network
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 from simsp.model.context_split import (balanced_step_pairs, gather_sequence, local_positions,
                                        rope_tables, split_sequence, visible_pairs)
-from simsp.model.ring_attention import CpShard, ring_backward, ring_forward, source_rank
-from simsp.model.ulysses_attention import shard_positions, ulysses_backward, ulysses_forward
-from simsp.training.cp_a2a import CpAllToAll
-from simsp.training.cp_a2a_numeric import run_numeric_a2a
-from simsp.training.cp_ring import CpRing, block_seconds, diagonal_step, run_ring
-from simsp.training.cp_ring_numeric import run_numeric_ring
+from simsp.training.context_parallel.ring_kernels import CpShard, ring_backward, ring_forward, source_rank
+from simsp.training.context_parallel.ulysses_kernels import shard_positions, ulysses_backward, ulysses_forward
+from simsp.training.context_parallel.a2a import CpAllToAll
+from simsp.training.context_parallel.a2a_numeric import run_numeric_a2a
+from simsp.training.context_parallel.ring import CpRing, block_seconds, diagonal_step, run_ring
+from simsp.training.context_parallel.ring_numeric import run_numeric_ring
 
 FP16 = 2  # bytes per element
 D = 128  # Llama 3 70B head dimension
@@ -125,8 +125,8 @@ def numeric_check(cp: int = 4, s: int = 16, balanced: bool = True) -> dict:
 def memory_table() -> None:
     """Stage 0's rank 0 of Llama 3 70B at CP 2, by category, against the closed form."""
     from simsp.analytic import first_stage_activation_bytes
-    from simsp.config import load_scenario
-    from simsp.training.iteration import Shortcuts, simulate_iteration
+    from simsp.scenario.config import load_scenario
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     overrides = {("parallel", "context_parallel_size"): 2, ("parallel", "data_parallel_size"): 1,
                  ("parallel", "global_batch_size"): 8}
     sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3-70b.toml",
@@ -154,9 +154,9 @@ def hierarchical_table() -> None:
     """Llama 3 70B on 64 GPUs at t 4 SP, CP 4, p 4, d 1: one ring of 4 against a2a pairs inside
     a node and rings across nodes (stage 0's time, CP exposure and activations)."""
     from simsp.analytic import first_stage_activation_bytes
-    from simsp.config import load_scenario
+    from simsp.scenario.config import load_scenario
     from simsp.metrics import exposure
-    from simsp.training.iteration import Shortcuts, simulate_iteration
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     print("| layout | iteration | compute | cp_comm | stage 0 activations | closed form |")
     print("|---|---:|---:|---:|---:|---:|")
     for comm in ("p2p", "a2a+p2p"):

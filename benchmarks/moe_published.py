@@ -7,8 +7,8 @@ them against the model cards and an independent count).
 
 import argparse
 
-from simsp.model.moe_flops import moe_model_flops
-from simsp.model.moe_params import MoeArch, parameter_counts
+from simsp.model.blocks.moe.flops import moe_model_flops
+from simsp.model.blocks.moe.params import MoeArch, parameter_counts
 
 PUBLISHED = {  # Megatron-LM flags of each model card's architecture
     "Mixtral 8x7B": MoeArch(32, 4096, 32, 8, 128, 8, 2, 14336, 32000),

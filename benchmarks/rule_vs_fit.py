@@ -2,7 +2,7 @@
 
     python benchmarks/rule_vs_fit.py
 
-The rule (simsp.hardware.rule_calibration, docs/hardware.md) derives a GPU's compute model from
+The rule (simsp.hardware.constants.rule_calibration, docs/hardware.md) derives a GPU's compute model from
 its datasheet peak, HBM bandwidth and measured large-GEMM ceiling alone; the A100 profile's
 [compute] section holds the model fitted on Table 4 itself (benchmarks/calibrate_table4.py).
 Prints both tables and their rms and worst errors over the ten times. Nothing is fitted here.
@@ -12,9 +12,9 @@ import math
 
 from table4 import markdown, simulate_table
 
-from simsp.costmodel import calibration
-from simsp.hardware import A100_COMPUTE, rule_calibration
-from simsp.profiles import gpu_profile
+from simsp.hardware.costmodel import calibration
+from simsp.hardware.constants import A100_COMPUTE, rule_calibration
+from simsp.hardware.profiles import gpu_profile
 
 
 def errors(rows) -> list[float]:

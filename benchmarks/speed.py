@@ -74,9 +74,9 @@ os._exit(code)  # as the installed script: no interpreter teardown
 # Runs inside the subprocess: repeated in-process evaluations of the 22B scenario.
 IN_PROCESS = """
 import json, statistics, sys, time
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 sc = load_scenario("scenarios/paper-22b.toml")
 shortcuts = Shortcuts.for_scale(sc)
 wall, cpu = [], []

@@ -9,10 +9,10 @@ constant of the cost model and of the link calibration.
 
 from collections import defaultdict
 
-from simsp.config import load_scenario
-from simsp.costmodel import active_calibration
-from simsp.hardware import LinkCalibration
-from simsp.training.layer_sim import simulate_layer
+from simsp.scenario.config import load_scenario
+from simsp.hardware.costmodel import active_calibration
+from simsp.hardware.constants import LinkCalibration
+from simsp.training.driver.layer_sim import simulate_layer
 
 # (experiment, sequence parallel, recompute granularity, published forward ms, backward ms);
 # K22 Table 4, 22B model, t = 8 (docs/MODEL.md#paper-layouts)

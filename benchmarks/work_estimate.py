@@ -1,4 +1,4 @@
-"""Measure the meta-mode cost per layer-step that simsp/bounds.py uses to estimate run time.
+"""Measure the meta-mode cost per layer-step that simsp/scenario/bounds.py uses to estimate run time.
 
 Prints, for a few layouts, the layer-steps (layers x micro-batches, forward and backward of one
 layer for one micro-batch on one simulated stage) and the CPU seconds of one simulated iteration
@@ -9,9 +9,9 @@ layer for one micro-batch on one simulated stage) and the CPU seconds of one sim
 
 import time
 
-from simsp.bounds import layer_steps
-from simsp.config import load_scenario
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.scenario.bounds import layer_steps
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 LAYOUTS = [  # (label, overrides)
     ("22B-like L48 m4", dict(num_layers=48, global_batch_size=4, pp=1, dp=1, nodes=1)),

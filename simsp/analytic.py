@@ -5,7 +5,7 @@ Nothing here is used to *produce* a simulated number; these only cross-check the
 
 from dataclasses import replace
 
-from simsp.config import (Model, Parallel, Scenario, model_chunks, padded_vocab_size,
+from simsp.scenario.config import (Model, Parallel, Scenario, model_chunks, padded_vocab_size,
                           virtual_stage_layer_counts)
 
 

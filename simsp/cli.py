@@ -7,7 +7,7 @@ import sys
 
 from simsp import __version__
 from simsp.errors import UserError, one_line
-from simsp.flags import Parser
+from simsp.scenario.flags import Parser
 from simsp.progress import add_quiet_flag
 
 COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate", "sweep", "search",

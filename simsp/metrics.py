@@ -8,13 +8,13 @@ GEMMs actually counted are reported beside them.
 
 from simsp import analytic
 from simsp.model.architecture import architecture
-from simsp.model.moe_flops import megatron_flops, recomputed_flops
+from simsp.model.blocks.moe.flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
-from simsp.costmodel import calibration_table
-from simsp.config import Cluster, virtual_stage_layer_counts
-from simsp.hardware import GPUS, LinkCalibration, cluster_compute
-from simsp.profiles import gpu_profile
-from simsp.model.moe_placement import represented_by
+from simsp.hardware.costmodel import calibration_table
+from simsp.scenario.config import Cluster, virtual_stage_layer_counts
+from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
+from simsp.hardware.profiles import gpu_profile
+from simsp.model.blocks.moe.placement import represented_by
 from simsp.training.moe_load import moe_metrics
 
 
@@ -101,7 +101,7 @@ def exposure(run) -> list[dict]:
     cp_comm (cp > 1 only): blocked on ring attention's K/V and dK/dV exchanges."""
     t_iter = iteration_time(run)
     keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ()) + \
-        (("offload",) if run.sc.parallel.cpu_offloading else ())  # training/offload.py
+        (("offload",) if run.sc.parallel.cpu_offloading else ())  # training/data_parallel/offload.py
     rows = []
     for rank in stage_ranks(run):
         r = run.world.ranks[rank]
@@ -162,7 +162,7 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
 
 def _offload(run) -> dict:
     """Under --cpu-offloading, per stage: bytes moved to the host, copy seconds, seconds the
-    compute waited, and the host memory held at its peak (training/offload.py)."""
+    compute waited, and the host memory held at its peak (training/data_parallel/offload.py)."""
     p = run.sc.parallel
     if not p.cpu_offloading:
         return {}
@@ -175,7 +175,7 @@ def _offload(run) -> dict:
 
 def _fsdp(run) -> dict:
     """Under sharded data parallelism, per stage and unit: all-gather and reduction seconds
-    and the share the compute waited for (training/fsdp.py); absent otherwise."""
+    and the share the compute waited for (training/data_parallel/fsdp.py); absent otherwise."""
     p = run.sc.parallel
     if p.fsdp is None:
         return {}
@@ -197,7 +197,7 @@ def sparse_or_latent(m) -> bool:
 def model_flops(sc) -> float:
     """Model FLOPs of one iteration: K22's or Megatron's dense formula (analytic.py), or for
     MoE/MLA models Megatron's count with top-k routed and shared experts and MLA
-    (model/moe_flops.py)."""
+    (model/blocks/moe/flops.py)."""
     m, p = sc.model, sc.parallel
     if sparse_or_latent(m):
         return megatron_flops(m, p.global_batch, sc.padded_vocab_size)
@@ -232,8 +232,8 @@ def _architecture(sc) -> dict:
 def layer_tensors(sc) -> dict:
     """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
     simulation, beside docs/llama.md's closed form (the new tensors, by name)."""
-    from simsp.config import with_overrides
-    from simsp.training.layer_sim import simulate_layer
+    from simsp.scenario.config import with_overrides
+    from simsp.training.driver.layer_sim import simulate_layer
     record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
     p = sc.parallel
     formula = analytic.cp_layer_activation_bytes(sc.model, p, p.recompute_granularity,

@@ -14,13 +14,15 @@ PACKAGE = ROOT / "simsp"
 
 # lowest first; a module's layer is that of its longest listed prefix
 LAYERS = (
-    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.bounds", "simsp.config",
-     "simsp.flags", "simsp.hardware", "simsp.costmodel", "simsp.analytic", "simsp.progress",
+    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.scenario.bounds", "simsp.scenario.config",
+     "simsp.scenario.flags", "simsp.hardware.constants", "simsp.hardware.costmodel", "simsp.analytic", "simsp.progress",
      "simsp.outdir", "simsp.gc_pause"),
     ("simsp.cluster",),
     ("simsp.engine",),
     ("simsp.model",),
     ("simsp.training",),
+    ("simsp.shortcuts",),
+    ("simsp.training.driver",),
     ("simsp.metrics",),
     ("simsp.explore", "simsp.calibrate", "simsp.validation"),
     ("simsp.report",),

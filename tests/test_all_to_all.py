@@ -9,10 +9,10 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
-from simsp.engine.all_to_all import all_to_all
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives.all_to_all import all_to_all
 from simsp.engine.network import Network
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 from inprocess import cli
 
 CLUSTER = Cluster(nodes=2)

@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from simsp import costmodel, hardware
+from simsp.hardware import costmodel
+from simsp.hardware import constants as hardware
 from simsp.explore import cache as cache_module
 from simsp.api import build_configs, sweep_configs
 from simsp.explore.cache import ResultCache
@@ -53,14 +54,14 @@ def test_gpu_constant_change_recomputes(tmp_path, monkeypatch):
 
 
 def test_code_change_changes_every_key(tmp_path, monkeypatch):
-    """An edit to any of simsp's files (here a constant in a copy of config.py) changes the
+    """An edit to any of simsp's files (here a constant in a copy of scenario/config.py) changes the
     simulator digest, so every configuration's key."""
     copy = tmp_path / "simsp"
     shutil.copytree(cache_module.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     config = build_configs(None, {"mode": "meta"})[0]
     monkeypatch.setattr(cache_module, "PACKAGE", copy)
     same = config.digest()
-    config_py = copy / "config.py"
+    config_py = copy / "scenario/config.py"
     text = config_py.read_text()
     assert "ib_efficiency: float = 0.90" in text
     config_py.write_text(text.replace("ib_efficiency: float = 0.90", "ib_efficiency: float = 0.80"))

@@ -16,11 +16,11 @@ import pytest
 from simsp.calibrate.nccl_log import Row, row_collective
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster, load_scenario
-from simsp.engine.nccl_group import nccl_choice
-from simsp.engine.ring_alone import alone_time
-from simsp.engine.ring_timing import busbw_GBps
-from simsp.hardware import LinkCalibration
+from simsp.scenario.config import Cluster, load_scenario
+from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.ring_alone import alone_time
+from simsp.engine.collectives.ring_timing import busbw_GBps
+from simsp.hardware.constants import LinkCalibration
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 SIZES = [8 * 4 ** k for k in range(14)]  # 8 B .. 512 MiB, a factor 4 apart
@@ -403,7 +403,7 @@ def test_json_document_matches_the_fragment_and_the_rows(capsys, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# Across NCCL's knee: protocols and algorithms change with the size (engine/nccl_tuning.py)
+# Across NCCL's knee: protocols and algorithms change with the size (engine/collectives/nccl_tuning.py)
 # ------------------------------------------------------------------------------------------
 
 def choices_over(cluster: Cluster, collective: str, nodes: int, per_node: int) -> set:

@@ -9,8 +9,8 @@ import pytest
 
 from simsp.calibrate.gemm_fit import GemmRow, fit_all
 from simsp.commands.probe import SWEEP
-from simsp.costmodel import gemm_operand_bytes, gemm_seconds, kernel_time
-from simsp.hardware import compute_for
+from simsp.hardware.costmodel import gemm_operand_bytes, gemm_seconds, kernel_time
+from simsp.hardware.constants import compute_for
 
 TRUE = {"bf16": (700e12, 3.0e12, 4e-6), "fp8": (1300e12, 3.1e12, 5e-6)}  # C, B, L
 SHAPES = [(2048, 12288, 4608), (2048, 1536, 12288), (2048, 12288, 6144), (2048, 6144, 12288),
@@ -62,7 +62,7 @@ def test_the_fragment_in_a_profile_reproduces_the_measured_times(tmp_path):
     subprocess.run([sys.executable, "-m", "simsp.cli", "calibrate", "gemm",
                     str(_csv(tmp_path / "probe.csv")), "--gpu", "h100-sxm-80gb", "--out",
                     str(out)], check=True, capture_output=True)
-    from simsp.profiles import DATA
+    from simsp.hardware.profiles import DATA
     profile = tmp_path / "h100-measured.toml"
     profile.write_text((DATA / "gpus" / "h100-sxm-80gb.toml").read_text() + "\n" + out.read_text())
     for dtype, fp8 in (("bf16", False), ("fp8", True)):

@@ -356,8 +356,8 @@ def test_run_refuses_a_planted_report_folder_link(tmp_path, monkeypatch):
 
 # --- hardware profile files (--gpu PATH, --system PATH, `simsp hardware PATH`) -----------------
 
-H100 = (REPO / "simsp" / "hardware_data" / "gpus" / "h100-sxm-80gb.toml").read_text()
-DGX_H100 = (REPO / "simsp" / "hardware_data" / "systems" / "dgx-h100.toml").read_text()
+H100 = (REPO / "simsp" / "hardware/data" / "gpus" / "h100-sxm-80gb.toml").read_text()
+DGX_H100 = (REPO / "simsp" / "hardware/data" / "systems" / "dgx-h100.toml").read_text()
 
 
 @pytest.mark.parametrize("old,new,where", [

@@ -8,14 +8,14 @@ from hypothesis import given, settings, strategies as st
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
-from simsp.engine.collectives import RING_COLLECTIVES
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives.ring import RING_COLLECTIVES
 from simsp.engine.network import Network
-from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER,
+from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER,
                                     channel_bytes, channel_rings, chunk_counts, chunk_offsets)
-from simsp.engine.ring_timing import (busbw_GBps, closed_form_stats, collective_time,
+from simsp.engine.collectives.ring_timing import (busbw_GBps, closed_form_stats, collective_time,
                                       phase_step_times)
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 
 CLUSTER = Cluster(nodes=2)
 CAL = LinkCalibration()
@@ -151,9 +151,9 @@ def test_big_rings_time_in_closed_form_quickly_and_are_nic_bound():
 def test_numeric_iteration_with_multi_channel_dp_equals_the_single_device_reference():
     """d 4 over two 4-GPU nodes: every DP group runs as two rail channels; loss and gradients
     still equal one device's (≤ 1e-10)."""
-    from simsp.config import load_scenario
-    from simsp.training.compare import compare_with_reference
-    from simsp.training.iteration import simulate_iteration
+    from simsp.scenario.config import load_scenario
+    from simsp.training.driver.compare import compare_with_reference
+    from simsp.training.driver.iteration import simulate_iteration
 
     values = {("model", "num_layers"): 2, ("parallel", "tensor_model_parallel_size"): 2,
               ("parallel", "sequence_parallel"): True, ("parallel", "data_parallel_size"): 4,

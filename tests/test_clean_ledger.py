@@ -10,11 +10,11 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.engine.memory import CATEGORIES, PERSISTENT
 from simsp.metrics import collect
 from simsp.model.tensor import FP16, FP32
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 REPO = Path(__file__).resolve().parents[1]
 TRANSIENT = tuple(c for c in CATEGORIES if c not in PERSISTENT)

@@ -6,15 +6,15 @@ import simpy
 from hypothesis import given, settings, strategies as st
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
-from simsp.engine.collectives import (RING_COLLECTIVES, ring_all_gather, ring_all_reduce,
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives.ring import (RING_COLLECTIVES, ring_all_gather, ring_all_reduce,
                                       ring_reduce_scatter)
 from simsp.engine.network import Network
-from simsp.engine.nccl_group import nccl_choice
-from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS, apply_step,
+from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS, apply_step,
                                     chunk_counts, chunk_offsets, initial_holdings)
-from simsp.engine.ring_timing import busbw_GBps
-from simsp.hardware import LinkCalibration
+from simsp.engine.collectives.ring_timing import busbw_GBps
+from simsp.hardware.constants import LinkCalibration
 
 CLUSTER = Cluster(nodes=2)
 CAL = LinkCalibration()

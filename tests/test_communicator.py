@@ -7,15 +7,15 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
-from simsp.engine.collectives import RING_COLLECTIVES
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives.ring import RING_COLLECTIVES
 from simsp.engine.communicator import CLOSED_FORM, Communicator, collective_time
 from simsp.engine.network import Network
-from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
 from simsp.engine.streams import COMM, COMPUTE, Stream
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 
 GRAPH = build_topology(Cluster(nodes=2))
 CAL = LinkCalibration()

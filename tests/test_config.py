@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from simsp.config import (SECTIONS, Cluster, Model, Parallel, Run, Scenario, load_scenario,
+from simsp.scenario.config import (SECTIONS, Cluster, Model, Parallel, Run, Scenario, load_scenario,
                           validate, with_overrides)
 from simsp.errors import UserError
-from simsp.flags import SCENARIO_FLAGS, SWITCHES, Parser, add_scenario_arguments, \
+from simsp.scenario.flags import SCENARIO_FLAGS, SWITCHES, Parser, add_scenario_arguments, \
     overrides_from_args
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -7,13 +7,13 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.engine.network import Network
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 from simsp.model.context_split import gather_sequence, local_positions, split_sequence
-from simsp.model.ring_attention import CpShard
-from simsp.training.cp_a2a import CpAllToAll
-from simsp.training.cp_a2a_numeric import run_numeric_a2a
+from simsp.training.context_parallel.ring_kernels import CpShard
+from simsp.training.context_parallel.a2a import CpAllToAll
+from simsp.training.context_parallel.a2a_numeric import run_numeric_a2a
 from test_ring_attention import oracle_attention, oracle_grads
 
 

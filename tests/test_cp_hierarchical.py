@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.model.context_split import local_positions
-from simsp.training.compare import compare_with_reference
-from simsp.training.cp_hierarchical import hierarchical_groups
-from simsp.training.iteration import simulate_iteration
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.context_parallel.hierarchical import hierarchical_groups
+from simsp.training.driver.iteration import simulate_iteration
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 HCP_TINY = SCENARIOS / "llama-tiny-hcp.toml"  # cp 4 = 2 x 2, t 2 SP, p 2 (1 + 2), d 2
@@ -72,9 +72,9 @@ def test_cp4_2x2_attention_in_the_loop_by_hand(nvlink_gbps):
     partner), T one head group's K/V over NVLink, f_i, b_i the cost model's 2 and 5
     FlashAttention GEMMs of TE's step-i blocks on the head group's 2n tokens (diagonal: the
     whole block); exposed cp_comm = the all-to-alls + Σ max(T − block, 0); all to 1e-12."""
-    from simsp.costmodel import kernel_time
+    from simsp.hardware.costmodel import kernel_time
     from simsp.model.tensor import FP16
-    from simsp.training.world import build_world
+    from simsp.training.driver.world import build_world
     sc = load_scenario(None, {("model", "attention_backend"): "flash",
                               ("model", "attention_dropout"): 0.0,
                               ("model", "seq_length"): 512, ("run", "mode"): "meta",
@@ -127,7 +127,7 @@ def test_llama3_70b_cp4_2x2_memory_by_category_matches_the_closed_form():
     across nodes), p 2 interleaved (2 chunks of 2 layers), d 1, m 4: stage 0's rank 0 against
     docs/context-parallel.md's closed forms worked by hand; each layer keeps the p2p ring's K/V
     block and the a2a's head-split output beyond its own tensors at s/cp."""
-    from simsp.training.iteration import Shortcuts
+    from simsp.training.driver.iteration import Shortcuts
     overrides = {("model", "num_layers"): 8, ("parallel", "pipeline_model_parallel_size"): 2,
                  ("parallel", "num_layers_per_virtual_pipeline_stage"): 2,
                  ("parallel", "tensor_model_parallel_size"): 4,
@@ -163,7 +163,7 @@ def test_sweep_takes_a2a_p2p_and_search_bounds_stay_below_it(capsys, tmp_path):
     import pandas as pd
     from simsp.cli import main
     from simsp.explore.prune import memory_lower_bound, time_lower_bound
-    from simsp.training.iteration import Shortcuts
+    from simsp.training.driver.iteration import Shortcuts
     assert main(["sweep", str(HCP_TINY), "--mode", "meta", "--cp-comm-type", "p2p,a2a+p2p",
                  "--workers", "0", "--quiet", "--out", str(tmp_path)]) == 0
     frame = pd.read_csv(tmp_path / "results.csv")
@@ -180,12 +180,12 @@ def test_sweep_takes_a2a_p2p_and_search_bounds_stay_below_it(capsys, tmp_path):
 
 def test_fast_path_equals_full_simulation_with_a2a_inside_and_the_ring_across_nodes():
     """t 2, cp 4 = 2 x 2 on two nodes of 4 GPUs: a2a pairs (GPUs 0, 2) and (4, 6) inside each
-    node, rings (0, 4) and (2, 6) across them; the closed-form shortcut (training/cp_shortcuts.py
+    node, rings (0, 4) and (2, 6) across them; the closed-form shortcut (shortcuts/cp_traffic.py
     lists the CP group's every ordered pair) equals --no-shortcuts to 1%."""
-    from simsp.config import with_overrides
+    from simsp.scenario.config import with_overrides
     from tests.test_cp_shortcuts import cp_scenario
     from tests.test_shortcut_layouts import assert_same, fast_and_full
-    from simsp.training.iteration import Shortcuts
+    from simsp.training.driver.iteration import Shortcuts
     sc = with_overrides(cp_scenario(4, 2, 4, 1, 2, "p2p", True), parallel={
         "cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": "2 2"})
     assert Shortcuts.for_scale(sc).closed_form

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.model.moe_layer import aux_group
-from simsp.model.moe_placement import expert_grid
-from simsp.training.compare import compare_with_reference
-from simsp.training.iteration import simulate_iteration
+from simsp.model.blocks.moe.layer import aux_group
+from simsp.model.blocks.moe.placement import expert_grid
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.iteration import simulate_iteration
 from tests.test_moe_expert_parallel import TP_SP, scenario
 
 
@@ -96,7 +96,7 @@ LAYOUTS = {  # overrides of test_moe_expert_parallel's tiny MoE (4 experts, aux 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_every_gradient_equals_the_single_device_reference(name):
     """Each (tp, cp) rank routes, drops and balances its own tokens (the reference routes the
-    same row sets: training/compare.py moe_token_rows); the aux loss's tokens per expert are
+    same row sets: training/driver/compare.py moe_token_rows); the aux loss's tokens per expert are
     summed over the tp_cp group, as Megatron's router does."""
     sc = scenario(attention_backend="flash", **LAYOUTS[name])
     errors = compare_with_reference(simulate_iteration(sc))
@@ -106,10 +106,10 @@ def test_every_gradient_equals_the_single_device_reference(name):
 
 def test_fast_path_equals_full_simulation_with_moe_and_cp():
     """t 2, cp 2, d 2 on two nodes of 4 GPUs, EP 4 over each stage's (tp, cp) ranks: the
-    closed-form shortcut (the aux all-reduce's tp_cp groups listed: training/cp_shortcuts.py)
+    closed-form shortcut (the aux all-reduce's tp_cp groups listed: shortcuts/cp_traffic.py)
     equals --no-shortcuts to 1%."""
-    from simsp.config import with_overrides
-    from simsp.training.iteration import Shortcuts
+    from simsp.scenario.config import with_overrides
+    from simsp.training.driver.iteration import Shortcuts
     from tests.test_cp_shortcuts import cp_scenario
     from tests.test_shortcut_layouts import assert_same, fast_and_full
     sc = with_overrides(cp_scenario(4, 2, 2, 1, 2, "p2p", True),

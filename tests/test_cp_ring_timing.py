@@ -4,11 +4,11 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
-from simsp.hardware import LinkCalibration
-from simsp.training.cp_ring import CpRing, exchange_bytes, run_ring
+from simsp.hardware.constants import LinkCalibration
+from simsp.training.context_parallel.ring import CpRing, exchange_bytes, run_ring
 
 CLUSTER = Cluster(nodes=1)
 CAL = LinkCalibration()
@@ -69,7 +69,7 @@ def test_exchange_sizes_follow_te():
 
 
 def test_ulysses_cp2_by_hand():
-    from simsp.training.cp_a2a import CpAllToAll
+    from simsp.training.context_parallel.a2a import CpAllToAll
     env = simpy.Environment()
     network = Network(env, build_topology(CLUSTER), CAL)
     qkv, out = 3 * KV_BYTES, KV_BYTES
@@ -88,7 +88,7 @@ def test_ulysses_cp2_by_hand():
 
 
 def test_ulysses_cp4_pieces_share_the_sender_link():
-    from simsp.training.cp_a2a import CpAllToAll
+    from simsp.training.context_parallel.a2a import CpAllToAll
     env = simpy.Environment()
     network = Network(env, build_topology(CLUSTER), CAL)
     group = CpAllToAll(env, network, (0, 1, 2, 3), 4 * KV_BYTES, 4 * KV_BYTES)
@@ -101,8 +101,8 @@ def test_ulysses_cp4_pieces_share_the_sender_link():
 
 
 def test_block_seconds_are_the_flash_gemms_of_half_blocks_after_the_diagonal():
-    from simsp.costmodel import active_calibration, gemm_efficiency
-    from simsp.training.cp_ring import block_seconds
+    from simsp.hardware.costmodel import active_calibration, gemm_efficiency
+    from simsp.training.context_parallel.ring import block_seconds
     cal = active_calibration()
     b, heads, n, d = 1, 8, 4096, 128
     half = cal.launch_overhead_s + 2 * b * heads * n * (n // 2) * d / (
@@ -117,9 +117,9 @@ def test_block_seconds_are_the_flash_gemms_of_half_blocks_after_the_diagonal():
 
 def test_the_diagonal_block_is_forward_first_and_backward_last():
     """TE's AttnFuncWithCPAndKVP2P: forward `i == 0`, backward (reversed) `i == cp_size - 1`."""
-    from simsp.model.ring_attention import source_rank
+    from simsp.training.context_parallel.ring_kernels import source_rank
     from simsp.report.ring_attention_lesson import held_rank
-    from simsp.training.cp_ring import diagonal_step
+    from simsp.training.context_parallel.ring import diagonal_step
     assert [diagonal_step("forward", cp) for cp in (1, 2, 4)] == [0, 0, 0]
     assert [diagonal_step("backward", cp) for cp in (1, 2, 4)] == [0, 1, 3]
     assert all(source_rank(r, diagonal_step("forward", 4), 4) == r for r in range(4))

@@ -1,12 +1,12 @@
 """With context parallelism the fast path times collectives in closed form where no ring
-shares a link with other traffic, the CP exchanges included (training/cp_shortcuts.py), and
+shares a link with other traffic, the CP exchanges included (shortcuts/cp_traffic.py), and
 equals the full simulation (--no-shortcuts) to 1% in iteration time and every stage's
 exposure, on CP groups inside a node and spanning nodes (tiny models, meta mode)."""
 
 import pytest
 
-from simsp.config import load_scenario
-from simsp.training.iteration import Shortcuts
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.iteration import Shortcuts
 from tests.test_shortcut_layouts import assert_same, fast_and_full
 
 
@@ -46,7 +46,7 @@ def test_the_stage_table_names_each_stages_cp0_rank():
     """t 2 cp 2 p 2 d 2: stage 1 begins at rank t·c·d = 8 (rank 2 is stage 0's cp rank 1)."""
     from simsp.metrics import collect
     from simsp.report.summary_md import summary_text
-    from simsp.training.iteration import simulate_iteration
+    from simsp.training.driver.iteration import simulate_iteration
     sc = cp_scenario(8, 2, 2, 2, 2, "p2p", False)
     fast = Shortcuts.for_scale(sc)
     text = summary_text(collect(simulate_iteration(sc, fast, trace="none"), fast))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from simsp.commands.verify import REFERENCE_TOLERANCE, verify_report
-from simsp.config import load_scenario
-from simsp.training.compare import compare_with_reference
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 CP_TINY = Path(__file__).resolve().parents[1] / "scenarios" / "llama-tiny-cp.toml"
 LAYOUTS = {  # overrides of llama-tiny-cp.toml: cp 2, t 2 SP, p 2 (1 + 2), d 2, hidden dropout
@@ -138,9 +138,9 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
     block first forward and last backward) and T one K/V block over NVLink; the time blocked
     on the ring is the rank's exposed cp_comm; each step's block compute in the ring's
     timeline; all to 1e-12."""
-    from simsp.costmodel import kernel_time
+    from simsp.hardware.costmodel import kernel_time
     from simsp.model.tensor import FP16
-    from simsp.training.world import build_world
+    from simsp.training.driver.world import build_world
     sc = load_scenario(None, {("model", "attention_backend"): "flash",
                               ("model", "attention_dropout"): 0.0,
                               ("model", "seq_length"): 256, ("run", "mode"): "meta",

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from simsp.cli import main
-from simsp.config import load_scenario
-from simsp.training.layer_sim import simulate_layer
-from simsp.training.iteration import simulate_iteration
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.layer_sim import simulate_layer
+from simsp.training.driver.iteration import simulate_iteration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

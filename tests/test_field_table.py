@@ -8,10 +8,11 @@ import re
 import pytest
 
 import simsp
-from simsp import config, flags
+from simsp.scenario import config
+from simsp.scenario import flags
 from simsp.cli import build_parser, main
 from simsp.explore.arguments import field_lists
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 
 COMMANDS = ("run", "layer", "sweep", "search")
 
@@ -46,7 +47,7 @@ def test_every_field_has_a_flag_in_every_command_with_the_same_help(options):
     table = _field_flags()
     for section, cls in config.SECTIONS.items():
         for f in fields(cls):
-            assert (section, f.name) in table, f"{section}.{f.name} has no row in simsp/flags.py"
+            assert (section, f.name) in table, f"{section}.{f.name} has no row in simsp/scenario/flags.py"
             for flag in table[(section, f.name)]:
                 helps = {c: options[c][flag].help for c in COMMANDS if flag in options[c]}
                 assert set(helps) == set(COMMANDS), f"{flag} missing from {set(COMMANDS) - set(helps)}"

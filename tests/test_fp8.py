@@ -1,4 +1,4 @@
-"""FP8 training (simsp/precision.py, simsp/model/fp8.py): bytes by category for one layer
+"""FP8 training (simsp/scenario/precision.py, simsp/model/fp8.py): bytes by category for one layer
 against a hand-worked count, FP8 GEMM timing, refusal on A100."""
 
 import subprocess
@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from simsp.config import load_scenario
-from simsp.costmodel import gemm_seconds
-from simsp.hardware import compute_for
-from simsp.training.layer_sim import simulate_layer
+from simsp.scenario.config import load_scenario
+from simsp.hardware.costmodel import gemm_seconds
+from simsp.hardware.constants import compute_for
+from simsp.training.driver.layer_sim import simulate_layer
 
 S, B, H, A, T = 64, 2, 128, 4, 2  # sequence, micro-batch, hidden, heads, TP
 

@@ -1,4 +1,4 @@
-"""Sharded data parallelism (training/fsdp.py): numeric equality with the single-device
+"""Sharded data parallelism (training/data_parallel/fsdp.py): numeric equality with the single-device
 reference per strategy, a hand-worked timeline of gathers, compute and reduce-scatters with
 prefetch, and Llama 3 8B's per-rank memory against the closed form of docs/fsdp.md."""
 
@@ -8,18 +8,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.engine.communicator import CLOSED_FORM
-from simsp.engine.ring_timing import collective_time
+from simsp.engine.collectives.ring_timing import collective_time
 from simsp.explore.evaluate import collect_metrics
 from simsp.explore.prune import memory_lower_bound, time_lower_bound
 from simsp.model.params import layer_param_names, param_shapes
-from simsp.training.compare import compare_with_reference
-from simsp.training.fsdp import FsdpUnits
-from simsp.training.gradcheck import gradient_check_with_bounds
-from simsp.training.iteration import Shortcuts, simulate_iteration
-from simsp.training.plan import stage_plans
-from simsp.training.world import build_world
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.data_parallel.fsdp import FsdpUnits
+from simsp.training.driver.gradcheck import gradient_check_with_bounds
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from simsp.training.pipeline.plan import stage_plans
+from simsp.training.driver.world import build_world
 from tests.inprocess import cli
 
 TINY = {"model": {"num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
@@ -163,7 +163,7 @@ def _harness(strategy: dict):
 
 def test_hand_worked_timeline_of_two_units_with_prefetch():
     """ZeRO-3 (optim_grads_params) by hand, A = one unit's all-gather, R = its reduce-scatter
-    (the ring's closed form, engine/ring_timing.py), F < B the compute, A < F, R < B:
+    (the ring's closed form, engine/collectives/ring_timing.py), F < B the compute, A < F, R < B:
       0        issue AG0 and, prefetched, AG1 (queued behind it on the gather stream)
       A        AG0 done: F0 runs [A, A+F]; AG1 runs [A, 2A]
       A+F      F0 done, copy 0 freed; AG1 arrived: F1 runs [A+F, A+2F] at once
@@ -287,7 +287,7 @@ def test_meta_shortcuts_equal_the_full_simulation_under_fsdp(layout):
 
 def test_wide_fsdp_is_refused_before_it_runs():
     """FSDP's DP rings that share NVLink ports with TP traffic run step by step and cost about
-    d² per collective (simsp/bounds.py, measured at d = 16, 32, 64): Llama 3 8B at t 2, d = 256
+    d² per collective (simsp/scenario/bounds.py, measured at d = 16, 32, 64): Llama 3 8B at t 2, d = 256
     is estimated above the limit and refused at once (at t 1 they run as pieces: d·G)."""
     rc, _, err = cli(["run", "scenarios/llama3-8b.toml", "--tensor-model-parallel-size", "2",
                       "--sequence-parallel", "--data-parallel-size", "256", "--nodes", "64",

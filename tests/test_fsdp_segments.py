@@ -4,9 +4,9 @@ themselves"), equal to the full simulation of every rank and ring step."""
 
 import pytest
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
 def fsdp_scenario(d: int, t: int = 1, gpus_per_node_two: bool = False, **parallel):

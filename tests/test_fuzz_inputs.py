@@ -227,7 +227,7 @@ def test_random_nccl_tests_logs(text, flags):
         assert not escapes(base, before, base / "out")
 
 
-PROFILES = REPO / "simsp" / "hardware_data"
+PROFILES = REPO / "simsp" / "hardware/data"
 PROFILE_VALUES = st.one_of(VALUES, st.sampled_from(['{ value = 8, source = "s" }', "HDR"]))
 
 

@@ -1,4 +1,4 @@
-"""GPU and system profiles as data (simsp/profiles.py), the compute rule, NVLS timing."""
+"""GPU and system profiles as data (simsp/hardware/profiles.py), the compute rule, NVLS timing."""
 
 from dataclasses import replace
 import math
@@ -10,14 +10,14 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology, route
-from simsp.config import Cluster, load_scenario
-from simsp.costmodel import kernel_time
+from simsp.scenario.config import Cluster, load_scenario
+from simsp.hardware.costmodel import kernel_time
 from simsp.engine.communicator import CLOSED_FORM, Communicator
 from simsp.engine.network import Network
-from simsp.engine.nvls import nvls_all_reduce_time
+from simsp.engine.collectives.nvls import nvls_all_reduce_time
 from simsp.errors import UserError
-from simsp.hardware import A100_COMPUTE, LinkCalibration, compute_for, rule_calibration
-from simsp.profiles import DATA, available, gpu_profile, system_profile
+from simsp.hardware.constants import A100_COMPUTE, LinkCalibration, compute_for, rule_calibration
+from simsp.hardware.profiles import DATA, available, gpu_profile, system_profile
 from simsp.units import GiB
 
 

@@ -1,4 +1,4 @@
-"""Chained layer replays (training/layer_chain.py, model/replay.py replay_chain): the same
+"""Chained layer replays (training/pipeline/layer_chain.py, model/replay.py replay_chain): the same
 ledger, times and results as replaying the layers one event each."""
 
 import math
@@ -6,10 +6,10 @@ import math
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from simsp.config import load_scenario, with_overrides
+from simsp.scenario.config import load_scenario, with_overrides
 from simsp.model.replay import delay_to
-from simsp.training import layer_chain
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.pipeline import layer_chain
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 META = Shortcuts(True, True, True)
 

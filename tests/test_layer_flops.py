@@ -4,8 +4,8 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.config import load_scenario
-from simsp.training.layer_sim import simulate_layer
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.layer_sim import simulate_layer
 
 
 def scenario(s, b, h, a, t=1, sp=False, recompute="none", mode="meta", ffn=None):

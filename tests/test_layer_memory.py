@@ -13,10 +13,10 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.model import layer as layer_module
-from simsp.training.layer_sim import simulate_layer
-from simsp.training.iteration import simulate_iteration
+from simsp.training.driver.layer_sim import simulate_layer
+from simsp.training.driver.iteration import simulate_iteration
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

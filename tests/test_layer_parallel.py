@@ -10,8 +10,8 @@ import pytest
 
 from simsp import analytic
 from simsp.commands.layer import layer_report
-from simsp.config import load_scenario
-from simsp.training.layer_sim import simulate_layer
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.layer_sim import simulate_layer
 
 RECOMPUTE = ("none", "selective", "full")
 LAYOUTS = [(1, False), (2, False), (2, True), (4, False), (4, True), (8, False), (8, True)]

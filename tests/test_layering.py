@@ -17,7 +17,7 @@ def test_every_function_is_called_from_the_package_or_a_benchmark():
 
 @pytest.mark.parametrize("source, target", [
     ("simsp.engine.network", "simsp.report.trace"),  # engine must not know reports
-    ("simsp.config", "simsp.training.iteration"),
+    ("simsp.scenario.config", "simsp.training.driver.iteration"),
     ("simsp.commands.search", "simsp.commands.sweep"),  # commands are peers
     ("simsp.explore.evaluate", "simsp.report.whatif"),
 ])

@@ -2,9 +2,9 @@
 
 import pytest
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.engine.memory import CATEGORIES, Ledger, LiveTensor, MemEvent
-from simsp.training.layer_sim import simulate_layer
+from simsp.training.driver.layer_sim import simulate_layer
 
 GiB = 1 << 30
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 import numpy as np
 
 from simsp import analytic
-from simsp.config import Model, Parallel, load_scenario
+from simsp.scenario.config import Model, Parallel, load_scenario
 from simsp.model import kernels as K
-from simsp.training.layer_sim import simulate_layer
+from simsp.training.driver.layer_sim import simulate_layer
 from simsp.model.params import param_shapes
 
 
@@ -254,7 +254,7 @@ def test_hardware_flops_formula_equals_counted():
                   {("parallel", "recompute_granularity"): "full"}):
         sc = llama_run(extra)
         from simsp.metrics import _counted_flops
-        from simsp.training.iteration import Shortcuts, simulate_iteration
+        from simsp.training.driver.iteration import Shortcuts, simulate_iteration
         run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
         model, hardware = _counted_flops(run)
         m, p = sc.padded_model, sc.parallel
@@ -278,7 +278,7 @@ def test_pipeline_layer_counts_follow_megatron():
     """Megatron's get_num_layers_to_build, worked by hand: 405B's (126 + 2) / 8 = 16 with the
     embedding and loss stages one short; a given first stage with the rest spread evenly; a
     given last stage; both given on two stages."""
-    from simsp.config import pipeline_layer_counts
+    from simsp.scenario.config import pipeline_layer_counts
     sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3.1-405b.toml")
     assert pipeline_layer_counts(sc.model, sc.parallel) == (15,) + (16,) * 6 + (15,)
     m = Model(num_layers=10)
@@ -296,7 +296,7 @@ def test_uneven_pipeline_runs_its_layers_and_errors_name_the_field():
     import pytest
     from simsp.cluster.grid import RankGrid
     from simsp.errors import UserError
-    from simsp.training.plan import stage_plans
+    from simsp.training.pipeline.plan import stage_plans
     sc = load_scenario(None, {("model", "num_layers"): 8,
                               ("parallel", "pipeline_model_parallel_size"): 3,
                               ("parallel", "account_for_embedding_in_pipeline_split"): True,
@@ -361,7 +361,7 @@ def test_uneven_stage0_activation_peak_equals_formula(shape, split, schedule, re
     first/last counts, 2 layers a virtual stage with the accounted embedding/loss (chunks of
     1 and 2 layers, as 405B's)."""
     from simsp.errors import UserError
-    from simsp.training.iteration import Shortcuts, simulate_iteration
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     layers, p = shape
     fields = {("model", "num_layers"): layers, ("parallel", "pipeline_model_parallel_size"): p,
               ("parallel", "global_batch_size"): batches * p, ("run", "mode"): "meta",
@@ -482,7 +482,7 @@ def test_bundled_stage0_activation_peak_equals_formula():
     """Llama 3 70B (interleaved, equal chunks) and 3.1 405B (interleaved, accounted
     embedding/loss: chunks of 1 and 2 layers; mlp recompute): the ledger's stage-0 activation
     peak of a whole meta iteration equals analytic.first_stage_activation_bytes to the byte."""
-    from simsp.training.iteration import Shortcuts, simulate_iteration
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     root = Path(__file__).resolve().parents[1] / "scenarios"
     for name in ("llama3-70b", "llama3.1-405b"):
         sc = load_scenario(root / f"{name}.toml")

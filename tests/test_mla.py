@@ -1,4 +1,4 @@
-"""Multi-head latent attention (simsp/model/mla_kernels.py, mla_layer.py; docs/mla.md): the
+"""Multi-head latent attention (simsp/model/blocks/attention/mla_kernels.py, mla_layer.py; docs/mla.md): the
 math against central finite differences, every layout against the single-device reference,
 the kept bytes against docs/mla.md's closed form, the GEMM FLOPs against a hand count, and
 `simsp verify` on scenarios/mla-tiny.toml."""
@@ -11,11 +11,12 @@ import pytest
 
 from simsp import analytic
 from simsp.commands.verify import verify_report
-from simsp.config import load_scenario
-from simsp.model import kernels, mla_kernels
-from simsp.model.moe_flops import megatron_flops
+from simsp.scenario.config import load_scenario
+from simsp.model import kernels
+from simsp.model.blocks.attention import mla_kernels
+from simsp.model.blocks.moe.flops import megatron_flops
 from simsp.model.params import param_shapes
-from simsp.training.layer_sim import simulate_layer
+from simsp.training.driver.layer_sim import simulate_layer
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 TINY = SCENARIOS / "mla-tiny.toml"

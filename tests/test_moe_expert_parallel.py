@@ -11,17 +11,17 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.config import SECTIONS, Cluster, load_scenario
+from simsp.scenario.config import SECTIONS, Cluster, load_scenario
 from simsp.engine.communicator import Communicator
 from simsp.engine.network import Network
 from simsp.errors import UserError
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 from simsp.metrics import collect
-from simsp.model import moe_kernels as K
-from simsp.model.moe_routing import kept_counts, routed_counts
-from simsp.training.compare import compare_with_reference
-from simsp.training.gradcheck import gradient_check_with_bounds
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.model.blocks.moe import kernels as K
+from simsp.model.blocks.moe.routing import kept_counts, routed_counts
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.gradcheck import gradient_check_with_bounds
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 BASE = {("model", "num_layers"): 2, ("model", "hidden_size"): 16,
         ("model", "num_attention_heads"): 2, ("model", "seq_length"): 8,
@@ -94,7 +94,7 @@ def test_reference_discriminates_the_sequence_shards_routing():
     # each TP rank drops against its own s/t tokens' capacity: routing the whole micro-batch
     # at once (chunks 1) gives other gradients
     from simsp.model.reference import reference_forward_backward, relative_error
-    from simsp.training.compare import gathered_grads
+    from simsp.training.driver.compare import gathered_grads
     sc = scenario(**LAYOUTS["t2 sp etp1 ep4 dropping"])
     run = simulate_iteration(sc)
     _, whole = reference_forward_backward(run.canonical, run.tokens, run.targets, sc.model,
@@ -230,9 +230,9 @@ def test_bad_expert_layouts_name_their_field(extra, field):
 
 @pytest.mark.parametrize("modules", ["moe", "moe_act", "shared_experts"])
 def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
-    # meta: one layer's kept bytes against the closed form of simsp/model/moe_layer.py's
+    # meta: one layer's kept bytes against the closed form of simsp/model/blocks/moe/layer.py's
     # table (balanced, dropless: N = T·k rows), less what the module recomputes
-    from simsp.training.layer_sim import simulate_layer
+    from simsp.training.driver.layer_sim import simulate_layer
     s, b, h, a, E, k, f, fs = 64, 2, 32, 4, 8, 2, 48, 40
     sizes = dict(seq_length=s, micro_batch_size=b, hidden_size=h, num_attention_heads=a,
                  num_experts=E, moe_router_topk=k, moe_ffn_hidden_size=f, hidden_dropout=0.1,
@@ -284,7 +284,7 @@ def test_calibrate_reads_alltoall_perf_and_gives_the_links_back(tmp_path, capsys
     # inter-node parameters: the fit returns them
     import tomllib
     from simsp.cli import main
-    from simsp.engine.all_to_all import time_all_to_all
+    from simsp.engine.collectives.all_to_all import time_all_to_all
     truth = Cluster(nodes=2, ib_efficiency=0.8, ib_latency_us=1.5)
     gpus = [0, 1, 8, 9]
     graph, cal = build_topology(truth), LinkCalibration.from_cluster(truth)
@@ -312,7 +312,7 @@ def test_calibrate_reads_alltoall_perf_and_gives_the_links_back(tmp_path, capsys
 def test_one_layer_with_its_experts_split_over_tp_matches_the_reference(dispatcher):
     # `simsp layer`: one MoE layer on a TP group of 2 with SP, the experts' f over ETP = 2,
     # shared experts, capacity dropping per sequence shard
-    from simsp.training.layer_sim import simulate_layer
+    from simsp.training.driver.layer_sim import simulate_layer
     sc = scenario(**TP_SP, data_parallel_size=1, global_batch_size=None,
                   expert_model_parallel_size=1, moe_token_dispatcher_type=dispatcher,
                   moe_expert_capacity_factor=0.5, moe_shared_expert_intermediate_size=8)
@@ -322,9 +322,9 @@ def test_one_layer_with_its_experts_split_over_tp_matches_the_reference(dispatch
 def test_a_loop_of_gemms_costs_each_experts_own_gemm():
     # meta, one layer, E = 8 local experts with Zipf loads: the loop (SequentialMLP) takes
     # Σ_e t(n_e) per expert GEMM where the grouped GEMM takes t(Σ n_e); the rest is identical
-    from simsp.costmodel import kernel_time
-    from simsp.hardware import cluster_compute
-    from simsp.training.layer_sim import simulate_layer
+    from simsp.hardware.costmodel import kernel_time
+    from simsp.hardware.constants import cluster_compute
+    from simsp.training.driver.layer_sim import simulate_layer
     s, b, h, E, k, f = 256, 1, 64, 8, 2, 96
     sizes = dict(mode="meta", seq_length=s, micro_batch_size=b, hidden_size=h,
                  num_attention_heads=4, num_experts=E, moe_router_topk=k,
@@ -349,7 +349,7 @@ def test_a_loop_of_gemms_costs_each_experts_own_gemm():
 
 
 def test_megatron_layer_patterns():
-    from simsp.config import moe_layer_pattern
+    from simsp.scenario.config import moe_layer_pattern
     assert moe_layer_pattern("([0]*3+[1]*58)") == (0,) * 3 + (1,) * 58  # DeepSeek-V3
     assert moe_layer_pattern("([1]*3+[0]*1)*3") == (1, 1, 1, 0) * 3
     assert moe_layer_pattern("[1, 0, 1, 0]") == (1, 0, 1, 0)

@@ -3,8 +3,8 @@ the embedding, norms and router) plus the causal core attention, worked independ
 
 import pytest
 
-from simsp.model.moe_flops import moe_model_flops
-from simsp.model.moe_params import parameter_counts
+from simsp.model.blocks.moe.flops import moe_model_flops
+from simsp.model.blocks.moe.params import parameter_counts
 from test_moe_params import DEEPSEEK_V3, MIXTRAL, QWEN3
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simsp.model import kernels
-from simsp.model.moe_kernels import MoeSpec, get_capacity, moe_backward, moe_forward
+from simsp.model.blocks.moe.kernels import MoeSpec, get_capacity, moe_backward, moe_forward
 
 T, H, F, E = 12, 6, 5, 4
 

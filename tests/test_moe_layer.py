@@ -7,9 +7,9 @@ import math
 import pytest
 
 from simsp.commands.verify import verify_report
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.errors import UserError
-from simsp.training.layer_sim import simulate_layer
+from simsp.training.driver.layer_sim import simulate_layer
 
 BASE = {("model", "num_layers"): 2, ("model", "hidden_size"): 16,
         ("model", "num_attention_heads"): 2, ("model", "seq_length"): 8,

@@ -1,7 +1,7 @@
 """Total and active parameter counts of the published MoE architectures against their model
 cards (Mixtral 8x7B 46.7B / 12.9B; Qwen3-30B-A3B 30.5B / 3.3B; DeepSeek-V3 671B / 37B)."""
 
-from simsp.model.moe_params import MoeArch, parameter_counts
+from simsp.model.blocks.moe.params import MoeArch, parameter_counts
 
 MIXTRAL = MoeArch(32, 4096, 32, 8, 128, 8, 2, 14336, 32000)
 QWEN3 = MoeArch(48, 2048, 32, 4, 128, 128, 8, 768, 151936)

@@ -1,5 +1,5 @@
 """The bundled MoE scenarios against their model cards, and Megatron's FLOPs of the simulated
-model (simsp/model/moe_flops.py megatron_flops) against the independent counts of
+model (simsp/model/blocks/moe/flops.py megatron_flops) against the independent counts of
 test_moe_flops.py's architectures and the dense formula of analytic.py."""
 
 from pathlib import Path
@@ -12,8 +12,8 @@ import pytest
 
 from simsp import analytic
 from simsp.cli import main
-from simsp.config import load_scenario
-from simsp.model.moe_flops import megatron_flops, moe_model_flops
+from simsp.scenario.config import load_scenario
+from simsp.model.blocks.moe.flops import megatron_flops, moe_model_flops
 from simsp.model.param_counts import parameter_counts
 from test_moe_params import DEEPSEEK_V3, MIXTRAL, QWEN3
 
@@ -52,7 +52,7 @@ def test_published_total_and_active(name):
 def test_scenario_counts_equal_the_independent_architecture_count(name):
     """The simulated shapes count what moe_params.py's formula counts, less what simsp leaves
     out of DeepSeek-V3's layers: nothing (the formula has no router bias either)."""
-    from simsp.model.moe_params import parameter_counts as formula_counts
+    from simsp.model.blocks.moe.params import parameter_counts as formula_counts
     arch = PUBLISHED[name][0]
     counts = parameter_counts(load_scenario(SCENARIOS / f"{name}.toml").model)
     assert (counts["total"], counts["active"]) == formula_counts(arch)
@@ -82,7 +82,7 @@ def test_dense_model_differs_from_the_dense_formula_by_the_causal_half():
 
 def test_moe_layer_freq_pattern_places_dense_layers():
     """Megatron's pattern: the first layer dense, the rest MoE, in the model and its FLOPs."""
-    from simsp.config import Model
+    from simsp.scenario.config import Model
     m = Model(num_layers=3, num_experts=4, add_bias_linear=False,
               moe_layer_freq="([0]*1+[1]*2)")
     assert [m.is_moe_layer(i) for i in range(3)] == [False, True, True]

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from simsp.cluster.topology import NODES_PER_LEAF, placement
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
 def split_units_scenario():

@@ -8,13 +8,13 @@ import pytest
 
 from simsp.cli import main
 from simsp.commands.verify import verify_report
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
-from simsp.model.moe_flops import megatron_flops
+from simsp.model.blocks.moe.flops import megatron_flops
 from simsp.model.params import init_params, layer_shapes, mtp_shapes
-from simsp.training.compare import compare_with_reference, gathered_grads
-from simsp.training.gradcheck import _direction, _finite_difference
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.compare import compare_with_reference, gathered_grads
+from simsp.training.driver.gradcheck import _direction, _finite_difference
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 BASE = {("model", "num_layers"): 2, ("model", "hidden_size"): 16,
         ("model", "num_attention_heads"): 2, ("model", "seq_length"): 8,

@@ -1,4 +1,4 @@
-"""NCCL's algorithm, protocol and channel choice (engine/nccl_tuning.py) against times worked by
+"""NCCL's algorithm, protocol and channel choice (engine/collectives/nccl_tuning.py) against times worked by
 hand from NVIDIA/nccl 2.30.7's constants (src/graph/tuning.cc, src/enqueue.cc), and simsp's
 timing of each choice over its links, in closed form and step by step."""
 
@@ -12,10 +12,10 @@ import pytest
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
 from simsp.commands.ring import simulate, simulate_nccl
-from simsp.config import Cluster
-from simsp.engine.nccl_tuning import channels_and_threads, choose, nccl_graph, nccl_time_us
-from simsp.engine.ring_timing import collective_time
-from simsp.hardware import LinkCalibration
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives.nccl_tuning import channels_and_threads, choose, nccl_graph, nccl_time_us
+from simsp.engine.collectives.ring_timing import collective_time
+from simsp.hardware.constants import LinkCalibration
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 ONE_NODE = build_topology(Cluster())

@@ -5,10 +5,10 @@ import simpy
 from hypothesis import given, settings, strategies as st
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.network import Network
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 
 CLUSTER = Cluster(nodes=2)
 CAL = LinkCalibration()

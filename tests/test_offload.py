@@ -1,4 +1,4 @@
-"""Activation offload (training/offload.py): the copies' bytes and seconds, GPU memory moved to
+"""Activation offload (training/data_parallel/offload.py): the copies' bytes and seconds, GPU memory moved to
 the host and back, the compute's waits, and numbers unchanged in numeric mode."""
 
 import json
@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 from simsp.analytic import layer_activation_bytes
-from simsp.profiles import gpu_profile
-from simsp.training.compare import compare_with_reference
-from simsp.training.iteration import simulate_iteration
-from simsp.config import load_scenario
-from simsp.training.offload import ActivationOffload
-from simsp.training.plan import stage_plans
-from simsp.training.world import build_world
+from simsp.hardware.profiles import gpu_profile
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.iteration import simulate_iteration
+from simsp.scenario.config import load_scenario
+from simsp.training.data_parallel.offload import ActivationOffload
+from simsp.training.pipeline.plan import stage_plans
+from simsp.training.driver.world import build_world
 from tests.inprocess import cli
 
 META = ["--mode", "meta", "--num-layers", "4", "--hidden-size", "2048", "--num-attention-heads",

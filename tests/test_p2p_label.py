@@ -1,8 +1,8 @@
-"""A p2p transfer's label (training/p2p.py) reads as the f-string of its key would, for any key."""
+"""A p2p transfer's label (training/pipeline/p2p.py) reads as the f-string of its key would, for any key."""
 
 from hypothesis import given, strategies as st
 
-from simsp.training.p2p import _label
+from simsp.training.pipeline.p2p import _label
 
 fields = st.integers(-10**6, 10**6) | st.booleans() | st.text(max_size=4) | st.floats()
 

@@ -1,10 +1,10 @@
-"""The time a p2p call's data was moving (training/p2p.py): the two-transfer closed form against
+"""The time a p2p call's data was moving (training/pipeline/p2p.py): the two-transfer closed form against
 the general interval union, and both against a hand count."""
 
 from hypothesis import example, given, strategies as st
 import simpy
 
-from simsp.training.p2p import _moving_s, _union_length
+from simsp.training.pipeline.p2p import _moving_s, _union_length
 
 times = st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.1 + 0.2, 1.0, 1.5, 2.0]) | st.floats(0.0, 4.0)
 

@@ -131,10 +131,10 @@ def test_a_daemonic_process_runs_the_jobs_itself():
 
 @needs_fork
 def test_reports_are_the_same_bytes_painted_there_and_here(tmp_path, monkeypatch):
-    from simsp.config import load_scenario
+    from simsp.scenario.config import load_scenario
     from simsp.metrics import collect
     from simsp.report import write_reports
-    from simsp.training.iteration import Shortcuts, simulate_iteration
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
     run = simulate_iteration(sc, Shortcuts(), trace="steps")
     metrics = collect(run, Shortcuts())
@@ -149,10 +149,10 @@ def test_reports_are_the_same_bytes_painted_there_and_here(tmp_path, monkeypatch
 
 
 def test_the_label_drawn_before_the_metrics_is_the_metrics_label():
-    from simsp.config import load_scenario
+    from simsp.scenario.config import load_scenario
     from simsp.metrics import collect
     from simsp.report.summary_md import run_label, variant_label
-    from simsp.training.iteration import Shortcuts, simulate_iteration
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
     metrics = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
     assert run_label(sc) == variant_label(metrics) and "tiny" in run_label(sc)
@@ -207,11 +207,11 @@ def _alive(pid: int) -> bool:
 def test_the_painter_made_memory_counters_are_the_trace_writer_own(tmp_path):
     """trace.json with the stages' counters encoded by the painter equals the one the trace
     writer makes alone, byte for byte (a two-stage run: every simulated rank is a stage's)."""
-    from simsp.config import load_scenario
+    from simsp.scenario.config import load_scenario
     from simsp.metrics import collect
     from simsp.report import write_reports
     from simsp.report.trace import write_chrome_trace
-    from simsp.training.iteration import Shortcuts, simulate_iteration
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
     run = simulate_iteration(sc, Shortcuts(), trace="steps")
     write_reports(run, collect(run, Shortcuts()), tmp_path / "painted", trace="steps")

@@ -5,13 +5,13 @@ import math
 
 import pytest
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
-from simsp.training.compare import compare_with_reference
-from simsp.training.iteration import Shortcuts, simulate_iteration
-from simsp.training.plan import stage_param_names
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from simsp.training.pipeline.plan import stage_param_names
 
 
 def scenario(**sections):
@@ -96,7 +96,7 @@ def test_weights_gradients_optimizer_are_18_bytes_per_parameter():
     shapes = param_shapes(sc.model)
     # Megatron pads v = 128 to a multiple of 128·t = 256 rows (make_vocab_size_divisible_by)
     shapes["embedding.word"] = (256, sc.model.hidden_size)
-    from simsp.training.plan import stage_plans
+    from simsp.training.pipeline.plan import stage_plans
     from simsp.cluster.grid import RankGrid
     grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp)
     plans = stage_plans(sc, grid)

@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from simsp import analytic
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.errors import UserError
 from simsp.metrics import collect
-from simsp.training.compare import compare_with_reference
-from simsp.training.iteration import Shortcuts, simulate_iteration
-from simsp.training.plan import Segment, recompute_segments
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from simsp.training.pipeline.plan import Segment, recompute_segments
 
 S, B, H, A, L = 256, 1, 512, 8, 8  # meta model: 2 stages of 4 layers
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from simsp.config import Model
+from simsp.scenario.config import Model
 from simsp.model import kernels as K
 from simsp.model.dropout_sites import site_id
 from simsp.model.params import init_params, param_shapes

@@ -8,7 +8,7 @@ import re
 import pytest
 from browser import chromium, page_verdict, screenshot
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.engine.memory import Ledger
 from simsp.metrics import collect
 from simsp.explore.oom_advice import bytes_at_failure, candidate_switches, explain_oom
@@ -17,7 +17,7 @@ from simsp.report.figures import stage_intervals, stage_spans
 from simsp.report.glossary import GLOSSARY
 from simsp.report.html import report_html, to_html
 from simsp.report.summary_md import summary_text
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import GiB
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

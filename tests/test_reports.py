@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.engine.memory import CATEGORIES, MemEvent
 from simsp.metrics import collect
 from simsp.report import summary_text, write_reports
 from simsp.report import trace as chrome_trace
 from simsp.report.trace import memory_timeline, write_chrome_trace
 from simsp.report.figures import write_memory_plot
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import format_seconds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from simsp.model.context_split import gather_sequence, local_positions, split_sequence
-from simsp.model.ring_attention import CpShard, ring_backward, ring_forward, source_rank
+from simsp.training.context_parallel.ring_kernels import CpShard, ring_backward, ring_forward, source_rank
 
 
 def oracle_attention(q, k, v):
@@ -118,7 +118,7 @@ def test_cp_by_tp_attention_core_with_rope_equals_the_single_device_flash_core()
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("balanced", [True, False])
 def test_ulysses_attention_equals_full_causal_attention(cp, balanced):
-    from simsp.model.ulysses_attention import ulysses_backward, ulysses_forward
+    from simsp.training.context_parallel.ulysses_kernels import ulysses_backward, ulysses_forward
     s = 32
     rng = np.random.default_rng(cp)
     q = rng.standard_normal((1, 8, s, 8))  # (b, a, s, d)

@@ -11,8 +11,8 @@ from inprocess import cli
 
 from simsp.cluster.topology import build_topology
 from simsp.commands.ring import _placement
-from simsp.costmodel import calibration, kernel_time
-from simsp.hardware import compute_for
+from simsp.hardware.costmodel import calibration, kernel_time
+from simsp.hardware.constants import compute_for
 from simsp.model.context_split import visible_pairs
 from simsp.report.ring_attention_lesson import (PHASES, AttentionShape, block_pairs,
                                                 chunk_blocks, held_rank, lesson_data,

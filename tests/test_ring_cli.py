@@ -6,10 +6,10 @@ import json
 import pytest
 
 from simsp.commands import ring
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.errors import UserError
-from simsp.flags import Parser
-from simsp.hardware import LinkCalibration
+from simsp.scenario.flags import Parser
+from simsp.hardware.constants import LinkCalibration
 
 NVLINK_GBPS = Cluster().nvlink_bandwidth_GBps * LinkCalibration().nvlink_efficiency
 IB_GBPS = Cluster().ib_bandwidth_GBps * LinkCalibration().ib_efficiency
@@ -196,7 +196,7 @@ def test_one_node_is_one_ring_and_unchanged(capsys):
 
 
 def test_big_rings_are_timed_alone(capsys):
-    """Above 32 ranks a ring is timed as meta mode times it alone (engine/ring_alone.py)."""
+    """Above 32 ranks a ring is timed as meta mode times it alone (engine/collectives/ring_alone.py)."""
     text = output(capsys, ["--ranks", "64", "--nodes", "8", "--size", "64M"])
     assert "(timed alone: closed form, or one node's piece step by step)" in text
     assert len(channel_rows(text)) == 8

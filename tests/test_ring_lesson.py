@@ -10,9 +10,9 @@ from browser import chromium, page_verdict, screenshot
 
 from simsp.cluster.topology import build_topology
 from simsp.commands.ring import _placement, simulate
-from simsp.engine.nccl_group import nccl_choice
-from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from simsp.engine.ring_timing import step_times
+from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from simsp.engine.collectives.ring_timing import step_times
 from simsp.report import ring_lesson
 from simsp.report.ring_lesson import lesson_data, lesson_text
 from simsp.report.ring_lesson_page import lesson_html

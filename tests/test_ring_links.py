@@ -7,14 +7,14 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
-from simsp.engine.collectives import RING_COLLECTIVES
-from simsp.engine.nccl_group import nccl_choice
-from simsp.engine.nccl_tuning import RING
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives.ring import RING_COLLECTIVES
+from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.nccl_tuning import RING
 from simsp.engine.network import Network
-from simsp.engine.ring_plan import COLLECTIVES
-from simsp.engine.ring_timing import collective_time
-from simsp.hardware import LinkCalibration
+from simsp.engine.collectives.ring_plan import COLLECTIVES
+from simsp.engine.collectives.ring_timing import collective_time
+from simsp.hardware.constants import LinkCalibration
 
 CAL = LinkCalibration()
 NVLINK_Bps = 300e9 * CAL.nvlink_efficiency  # one GPU's NVLink port, achieved
@@ -51,7 +51,7 @@ def test_closed_form_equals_stepwise_whichever_tier_binds(collective, ib_GBps, b
 
 
 # ------------------------------------------------------------------------------------------
-# The ring alone (engine/ring_alone.py): exact where the closed form is not
+# The ring alone (engine/collectives/ring_alone.py): exact where the closed form is not
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("per_node,nodes,stride,ib_GBps,collective", [
@@ -66,7 +66,7 @@ def test_ring_alone_equals_stepwise_with_latency(per_node, nodes, stride, ib_GBp
     """With the links' own latencies (the PXN hop crosses NVLink and InfiniBand, an NVLink hop
     only NVLink), the ring alone is the stepwise ring: one node's piece of one channel where
     the ring is symmetric, the whole ring where not (4 x 3: unequal slices)."""
-    from simsp.engine.ring_alone import alone_stats, node_segment
+    from simsp.engine.collectives.ring_alone import alone_stats, node_segment
 
     graph = build_topology(Cluster(nodes=nodes, gpus_per_node=per_node,
                                    ib_bandwidth_GBps=ib_GBps))

@@ -6,18 +6,18 @@ from types import SimpleNamespace
 import pytest
 import simpy
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.engine.communicator import CLOSED_FORM
-from simsp.engine.ring_timing import collective_time
+from simsp.engine.collectives.ring_timing import collective_time
 from simsp.model.params import param_shapes
 from simsp.model.tensor import FP16, FP32, Tensor
-from simsp.training.world import build_world
-from simsp.training import p2p
-from simsp.config import bucket_size
-from simsp.training.grad_buckets import DDPBuckets, build_buckets
-from simsp.training.p2p_program import Exchange, call_name, megatron_program
-from simsp.training.plan import stage_plans
-from simsp.training.schedules import one_f_one_b, one_f_one_b_warmup
+from simsp.training.driver.world import build_world
+from simsp.training.pipeline import p2p
+from simsp.scenario.config import bucket_size
+from simsp.training.data_parallel.grad_buckets import DDPBuckets, build_buckets
+from simsp.training.pipeline.p2p_program import Exchange, call_name, megatron_program
+from simsp.training.pipeline.plan import stage_plans
+from simsp.training.pipeline.schedules import one_f_one_b, one_f_one_b_warmup
 
 
 # ------------------------------------------------------------------ p2p call sequence
@@ -48,7 +48,7 @@ def test_1f1b_program_is_megatrons_call_sequence():
 
 def test_interleaved_program_combines_each_phase_with_the_next_inputs():
     """Interleaved: one call after each phase; steady phases are forward+backward pairs."""
-    from simsp.training.schedules import interleaved_one_f_one_b, interleaved_warmup
+    from simsp.training.pipeline.schedules import interleaved_one_f_one_b, interleaved_warmup
     steps = interleaved_one_f_one_b(2, 2, 2)[1]  # stage 1: warm-up 2(p-r-1)+(v-1)p = 2
     program = megatron_program(steps, "interleaved", interleaved_warmup(2, 2, 2, 1))
     assert calls(program) == [
@@ -226,7 +226,7 @@ def test_overlapped_program_posts_each_direction_after_its_step():
     """--overlap-p2p-communication (interleaved): send_forward_recv_forward after a forward,
     send_backward_recv_backward after a backward; the first backward's receive is posted at
     the end of the warm-up."""
-    from simsp.training.schedules import interleaved_one_f_one_b, interleaved_warmup
+    from simsp.training.pipeline.schedules import interleaved_one_f_one_b, interleaved_warmup
     steps = interleaved_one_f_one_b(2, 2, 2)[1]  # F0 F1 | F0.1 B0.1 F1.1 B1.1 | B0 B1
     program = megatron_program(steps, "interleaved", interleaved_warmup(2, 2, 2, 1), True)
     assert calls(program) == [

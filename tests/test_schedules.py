@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from simsp.errors import SimulationError, UserError
-from simsp.training.schedules import (
+from simsp.training.pipeline.schedules import (
     Step, bubble_fraction, build_schedule, check_schedule, execution_order, gpipe,
     interleaved_one_f_one_b, max_in_flight, one_f_one_b, simulate_uniform)
 

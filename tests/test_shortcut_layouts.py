@@ -6,9 +6,9 @@ optimizer (tiny models)."""
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
 def layout_scenario(gpn, t, p, d, interleaved, overlap, distributed, m, **cluster):
@@ -78,7 +78,7 @@ def test_fast_path_equals_full_simulation(gpn, t, p, d, interleaved, overlap, di
 def test_paper_layouts_keep_every_shortcut():
     """K22's layouts (a TP group fills a node, DP over whole nodes) share no link a shortcut
     depends on: one rank per stage, every collective in closed form, templates."""
-    from simsp.training.shortcut_check import check_shortcuts
+    from simsp.shortcuts.check import check_shortcuts
 
     for name, overrides in [("paper-175b", {}), ("paper-530b", {}),
                             ("paper-1t", {("parallel", "data_parallel_size"): 2,
@@ -94,7 +94,7 @@ def test_groups_sharing_a_nic_run_stepwise():
     DP ring of stage 0 (0, 2, 4) relays its hop 2 -> 4 through GPU 0's NVLink port (PXN),
     which TP group (0, 1) uses while the overlapped gradient reduction runs, so its
     collectives run step by step, and one rank cannot stand for a stage."""
-    from simsp.training.shortcut_check import check_shortcuts
+    from simsp.shortcuts.check import check_shortcuts
 
     verdict = check_shortcuts(layout_scenario(4, 2, 2, 3, False, True, False, 4))
     assert (0, 2, 4) in verdict.stepwise_groups and not verdict.representative
@@ -116,7 +116,7 @@ def test_rings_sharing_ports_only_among_their_channels_are_timed_alone():
     """d = 16 on two 8-GPU nodes, NVLink-bound (InfiniBand at 100 GB/s): NCCL's 8 rail channels
     put 8 hops of unequal latency on every NVLink port, so the closed form would be 4-18% slow,
     but no other traffic shares them: the fast path times each collective as its ring alone
-    (engine/ring_alone.py, one node's piece of one channel step by step), equal to the full
+    (engine/collectives/ring_alone.py, one node's piece of one channel step by step), equal to the full
     simulation, with no group run step by step."""
     sc = layout_scenario(8, 1, 1, 16, False, True, True, 1, ib_bandwidth_GBps=100.0)
     shortcuts = Shortcuts.for_scale(sc)
@@ -139,7 +139,7 @@ def overlapped_scenario(gpn, t, p, d, interleaved, hidden=1024, seq=512):
 def test_rail_symmetric_stages_keep_one_rank_with_image_loads():
     """t2 p2 d4 interleaved on 4-GPU nodes: DP rings of every TP rank overlap TP collectives on
     the NVLink ports, so one rank stands for its stage only with the traffic it leaves out
-    loaded as images of its own (training/rail_symmetry.py): equal to the full simulation;
+    loaded as images of its own (shortcuts/rail_symmetry.py): equal to the full simulation;
     without the image loads stage exposures move by ~1e-3."""
     from dataclasses import replace
 

@@ -4,8 +4,8 @@ groups and pipeline pairs cross nodes (docs/shortcuts.md)."""
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.config import load_scenario
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 FULL = Shortcuts()
 REPRESENTATIVE = Shortcuts(representative=True)

@@ -12,11 +12,11 @@ from dataclasses import asdict, replace
 import pytest
 
 from simsp.commands.layer import layer_report
-from simsp.config import load_scenario
-from simsp.costmodel import (active_calibration, calibration, calibration_table, gemm_efficiency,
+from simsp.scenario.config import load_scenario
+from simsp.hardware.costmodel import (active_calibration, calibration, calibration_table, gemm_efficiency,
                              gemm_intensity, kernel_time)
-from simsp.hardware import A100_COMPUTE
-from simsp.training.layer_sim import simulate_layer
+from simsp.hardware.constants import A100_COMPUTE
+from simsp.training.driver.layer_sim import simulate_layer
 
 # (sequence parallel, recompute): (forward ms, backward ms), K22 Table 4, 22B model, t = 8
 TABLE4 = {(False, "none"): (7.7, 11.9), (True, "none"): (7.2, 11.8),

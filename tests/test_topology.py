@@ -4,7 +4,7 @@ import pytest
 
 from simsp.cluster.topology import (NODES_PER_LEAF, SPINE, build_topology, gpu_name, leaf_name,
                                     nvswitch_name, route, route_latency_s)
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 
 TWO_NODES = Cluster(nodes=2)
 

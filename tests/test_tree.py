@@ -6,11 +6,11 @@ import simpy
 from hypothesis import given, settings, strategies as st
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.engine.network import Network
-from simsp.engine.ring_timing import busbw_GBps
-from simsp.engine.tree import SLOT_BYTES, tree_all_reduce, tree_channels
-from simsp.hardware import LinkCalibration
+from simsp.engine.collectives.ring_timing import busbw_GBps
+from simsp.engine.collectives.tree import SLOT_BYTES, tree_all_reduce, tree_channels
+from simsp.hardware.constants import LinkCalibration
 
 GRAPH = build_topology(Cluster(nodes=3))
 IB_BPS = 25e9 * 0.9  # one HDR NIC at the default ib_efficiency

@@ -12,10 +12,10 @@ import pytest
 
 from simsp.cli import main
 from simsp.commands.validate import report
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
-from simsp.training.layer_sim import simulate_layer
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.layer_sim import simulate_layer
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.validation.measurements import read_measurements
 from simsp.validation.runner import (BUNDLED, EXAMPLE, compare, data_path, load_sets,
                                      select_groups)

@@ -6,10 +6,10 @@ import pytest
 
 from simsp.cli import main
 from simsp.commands.verify import FD_TOLERANCE, REFERENCE_TOLERANCE
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.model import kernels
 from simsp.model.params import param_shapes
-from simsp.training.gradcheck import EMBEDDING_OUTPUT, gradient_check_with_bounds
+from simsp.training.driver.gradcheck import EMBEDDING_OUTPUT, gradient_check_with_bounds
 
 
 def every_tensor(sc) -> set[str]:

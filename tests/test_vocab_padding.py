@@ -8,12 +8,12 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.config import Model, load_scenario, padded_vocab_size
-from simsp.flags import Parser, add_scenario_arguments, scenario_from_args
+from simsp.scenario.config import Model, load_scenario, padded_vocab_size
+from simsp.scenario.flags import Parser, add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
-from simsp.training.compare import compare_with_reference
-from simsp.training.iteration import Shortcuts, simulate_iteration
-from simsp.training.plan import global_batch
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from simsp.training.pipeline.plan import global_batch
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -1,4 +1,4 @@
-"""run's work estimate (simsp.bounds) against measured CPU time, along the axes where a term
+"""run's work estimate (simsp.scenario.bounds) against measured CPU time, along the axes where a term
 other than layer-steps dominates: pipeline depth (every rank's plan lists every layer), TP
 without shortcuts (every ring step of t ranks) and one-tensor gradient buckets. The estimate
 is within a factor of FACTOR of the measurement either way (README "Limits")."""
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from simsp.bounds import meta_bytes, meta_seconds
-from simsp.config import load_scenario
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.scenario.bounds import meta_bytes, meta_seconds
+from simsp.scenario.config import load_scenario
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 FACTOR = 4
 TINY = {("model", "hidden_size"): 64, ("model", "num_attention_heads"): 4,

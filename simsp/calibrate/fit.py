@@ -13,9 +13,9 @@ latency and hold transfer_overhead_us at the base value; the identifiable quanti
 per-step latency, reported as well. Efficiency is bounded to (0, 1] and latency to >= 0 (the
 config's checks); a parameter that reaches a bound is held there.
 
-Cost: an evaluation of the engine can run step-by-step rings (engine/ring_alone.py: a ring whose
+Cost: an evaluation of the engine can run step-by-step rings (engine/collectives/ring_alone.py: a ring whose
 channels share a port), so the exact model is evaluated as few times as the fit allows. The fit
-first runs on the closed form (engine/ring_timing.py, no simulation; exact where no link carries
+first runs on the closed form (engine/collectives/ring_timing.py, no simulation; exact where no link carries
 two hops of a ring, an upper bound elsewhere), then polishes on the exact model from there: near
 the answer and in its piece, that takes one Gauss-Newton step and a check. Every evaluation is
 kept per parameter vector, so the Jacobian at the answer (standard errors) and the
@@ -29,7 +29,7 @@ import numpy as np
 
 from simsp.calibrate.layout import Measurement
 from simsp.calibrate.link_model import link_values, predicted_times_s
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 
 TIER_PARAMETERS = {"intra": ("nvlink_efficiency", "nvlink_latency_us"),
                    "inter": ("ib_efficiency", "ib_latency_us")}

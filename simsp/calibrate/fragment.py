@@ -7,7 +7,7 @@ Paste it into a scenario without a [cluster] section (or copy its keys into the 
 from simsp.calibrate.fit import TierFit
 from simsp.calibrate.layout import Measurement
 from simsp.calibrate.link_model import BANDWIDTH_FIELDS, LINK_FIELDS
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.io_out import comment_text
 
 TIER_TITLE = {"intra": "intra-node tier, NVLink", "inter": "inter-node tier, InfiniBand"}

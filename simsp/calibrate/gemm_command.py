@@ -12,10 +12,10 @@ from pathlib import Path
 
 from simsp.calibrate.gemm_fit import compute_section, fit_all, fragment, read_probe_csv
 from simsp.errors import UserError
-from simsp.flags import nonempty
+from simsp.scenario.flags import nonempty
 from simsp.io_out import check_out_file, write_file
 from simsp.jsonout import dumps
-from simsp.profiles import gpu_profile
+from simsp.hardware.profiles import gpu_profile
 
 
 def add_parser(sources) -> None:
@@ -42,7 +42,7 @@ def run(args) -> int:
         peak = gpu.peak_flops if dtype == "bf16" else gpu.peak_fp8_flops
         if peak is None:
             raise UserError("--gpu", f"{gpu.name} has no FP8 peak but the file has fp8 rows")
-        if fit.ceiling_flops > peak:  # a profile's efficiency is at most 1 (simsp/profiles.py)
+        if fit.ceiling_flops > peak:  # a profile's efficiency is at most 1 (simsp/hardware/profiles.py)
             raise UserError("--gpu", f"the fitted {dtype} ceiling {fit.ceiling_flops / 1e12:.1f} "
                                      f"TFLOP/s is above {gpu.name}'s peak {peak / 1e12:.1f}: were "
                                      "the measurements taken on another GPU?")

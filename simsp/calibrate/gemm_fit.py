@@ -1,6 +1,6 @@
 """Fit a GPU profile's GEMM parameters to measured GEMM times (`simsp probe gemm`'s CSV).
 
-The model is the compute rule's additive form (simsp.costmodel.gemm_seconds): one GEMM takes
+The model is the compute rule's additive form (simsp.hardware.costmodel.gemm_seconds): one GEMM takes
 t = L + F / C + bytes / B, F = 2mkn its FLOPs, bytes its operands read and written once (2-byte
 BF16; 1-byte FP8 inputs with a 2-byte output). It is linear in (L, 1/C, 1/B), so the fit is one
 weighted linear least-squares solve per dtype, minimising relative errors (each row divided by
@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from simsp import io_in
-from simsp.costmodel import gemm_operand_bytes
+from simsp.hardware.costmodel import gemm_operand_bytes
 from simsp.errors import UserError
 from simsp.io_out import toml_string
 

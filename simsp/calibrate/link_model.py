@@ -1,9 +1,9 @@
 """The forward model of a calibration: simsp's own timing of the measured collective.
 
 For link parameters (the [cluster] fields below) the predicted time of each measured size is
-simsp.engine.ring_alone.alone_time (the collective alone on its links, as meta mode times it)
+simsp.engine.collectives.ring_alone.alone_time (the collective alone on its links, as meta mode times it)
 over simsp.cluster.topology.build_topology of the measured layout, so simulating with the fitted
-fragment reproduces the fitted times exactly. The closed form (engine/ring_timing.py
+fragment reproduces the fitted times exactly. The closed form (engine/collectives/ring_timing.py
 collective_time: an upper bound where a ring's channels share a port, docs/shortcuts.md) is the
 cheap approximation the fit starts from.
 """
@@ -15,14 +15,14 @@ import numpy as np
 
 from simsp.calibrate.layout import Measurement
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.calibrate.nccl_log import ALL_TO_ALL
-from simsp.engine.all_to_all import time_all_to_all
-from simsp.engine.ring_alone import alone_time
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, collective_time
-from simsp.hardware import LinkCalibration
+from simsp.engine.collectives.all_to_all import time_all_to_all
+from simsp.engine.collectives.ring_alone import alone_time
+from simsp.engine.collectives.ring_timing import algbw_GBps, busbw_GBps, collective_time
+from simsp.hardware.constants import LinkCalibration
 
-# The link calibration fields of [cluster] (simsp.hardware.LinkCalibration.from_cluster and the
+# The link calibration fields of [cluster] (simsp.hardware.constants.LinkCalibration.from_cluster and the
 # per-hop latencies build_topology puts on the edges).
 LINK_FIELDS = ("nvlink_efficiency", "nvlink_latency_us", "ib_efficiency", "ib_latency_us",
                "transfer_overhead_us")
@@ -63,7 +63,7 @@ def _times_s(base: Cluster, m: Measurement, links: tuple, exact: bool) -> tuple[
     graph = build_topology(cluster)
     calibration = LinkCalibration.from_cluster(cluster)
     gpus = ring_gpus(cluster, m)
-    if m.collective == ALL_TO_ALL:  # every pair at once over the links (engine/all_to_all.py)
+    if m.collective == ALL_TO_ALL:  # every pair at once over the links (engine/collectives/all_to_all.py)
         by_size = {size: time_all_to_all(graph, gpus, size, calibration)[1]
                    for size in sorted(set(m.sizes_bytes))}
     else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import re
 
-from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
 from simsp import io_in
 from simsp.errors import UserError
 
@@ -30,7 +30,7 @@ BINARY_NAME = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")  # all_reduce_perf, al
 TIME_COLUMNS = ("time", "algbw", "busbw")
 MAX_ROWS = 1000  # sizes in one table (nccl-tests' default -b 8 -e 128M -f 2 prints 25)
 MAX_RANKS = 8192  # ranks of one run: simsp ring's limit
-ALL_TO_ALL = "all_to_all"  # engine/all_to_all.py; nccl-tests' binary is alltoall_perf
+ALL_TO_ALL = "all_to_all"  # engine/collectives/all_to_all.py; nccl-tests' binary is alltoall_perf
 SUPPORTED = COLLECTIVES + (ALL_TO_ALL,)
 BINARY_COLLECTIVE = {"alltoall": ALL_TO_ALL}  # binary name -> simsp's collective name
 

@@ -8,7 +8,7 @@ import numpy as np
 from simsp.calibrate.fragment import describe_run, fragment_text, status_of
 from simsp.calibrate.layout import Measurement
 from simsp.calibrate.link_model import LINK_FIELDS, busbw_of, predicted_times_s
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 
 
 def report(base: Cluster, links: dict, fits: list, measurements: list[Measurement]) -> dict:

@@ -11,7 +11,7 @@ import functools
 
 import networkx as nx
 
-from simsp.config import Cluster
+from simsp.scenario.config import Cluster
 from simsp.units import GB
 
 # DGX SuperPOD scalable unit: the leaf switch of each rail serves 20 nodes.

@@ -2,7 +2,7 @@
 
     simsp hardware [PROFILE ...] [--json]
 
-With no argument, every bundled profile (simsp/hardware_data); a name or a .toml path shows that
+With no argument, every bundled profile (simsp/hardware/data); a name or a .toml path shows that
 one. Each GPU also shows the compute model simsp times its kernels with: the rule's derivation
 from the datasheet peak, the HBM bandwidth and the measured GEMM ceiling, or the fitted values
 its [compute] section states (docs/hardware.md).
@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 from simsp import io_in
-from simsp.flags import nonempty
-from simsp.hardware import gpu_compute
+from simsp.scenario.flags import nonempty
+from simsp.hardware.constants import gpu_compute
 from simsp.jsonout import dumps
-from simsp.profiles import (DATA, SYSTEM_NUMBERS, available, gpu_profile, load_profile,
+from simsp.hardware.profiles import (DATA, SYSTEM_NUMBERS, available, gpu_profile, load_profile,
                             system_profile)
 
 

@@ -3,15 +3,15 @@
 from dataclasses import replace
 
 from simsp import analytic
-from simsp.bounds import check_work
-from simsp.config import one_layer_fields
-from simsp.costmodel import calibration_table
-from simsp.flags import add_scenario_arguments, scenario_from_args
-from simsp.hardware import cluster_compute, LinkCalibration
+from simsp.scenario.bounds import check_work
+from simsp.scenario.config import one_layer_fields
+from simsp.hardware.costmodel import calibration_table
+from simsp.scenario.flags import add_scenario_arguments, scenario_from_args
+from simsp.hardware.constants import cluster_compute, LinkCalibration
 from simsp.jsonout import dumps
 from simsp.metrics import oom_report
 from simsp.model.architecture import architecture
-from simsp.training.layer_sim import simulate_layer
+from simsp.training.driver.layer_sim import simulate_layer
 from simsp.units import format_bytes, format_seconds
 
 

@@ -4,11 +4,11 @@
                [--step-factor F]) [--nccl-algo {auto,ring,tree}]
                [--nccl-proto {auto,LL,LL128,Simple}] [--explain] [--json]
 
-Every size runs as NCCL would pick it (engine/nccl_tuning.py: algorithm, protocol, channels;
+Every size runs as NCCL would pick it (engine/collectives/nccl_tuning.py: algorithm, protocol, channels;
 NCCL_ALGO / NCCL_PROTO force them). Rings are simulated step by step (meta mode) over the
 cluster's links, as NCCL's channels (one ring per GPU a node holds, laid out rail by rail across
 nodes); rings of more than 32 ranks are timed alone on their links as meta mode times them
-(engine/ring_alone.py: in closed form where no link carries two of their hops, else one node's
+(engine/collectives/ring_alone.py: in closed form where no link carries two of their hops, else one node's
 piece of one channel step by step where the ring is symmetric, else in closed form, an upper
 bound: docs/shortcuts.md); tree all-reduces in closed form (ring_timing.tree_time). The table shows nccl-tests' size, count,
 time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md) and the algorithm, protocol and
@@ -22,24 +22,24 @@ from pathlib import Path
 
 import simpy
 
-from simsp.bounds import check_field
+from simsp.scenario.bounds import check_field
 from simsp.cluster.topology import build_topology
-from simsp.config import Cluster
-from simsp.engine.all_to_all import time_all_to_all
-from simsp.engine.collectives import RING_COLLECTIVES, CollectiveStats
-from simsp.engine.nccl_group import nccl_choice
-from simsp.engine.nccl_tuning import PROTOCOLS, RING, TREE
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives.all_to_all import time_all_to_all
+from simsp.engine.collectives.ring import RING_COLLECTIVES, CollectiveStats
+from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.nccl_tuning import PROTOCOLS, RING, TREE
 from simsp.engine.network import Network
-from simsp.engine.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
+from simsp.engine.collectives.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_all_reduce_time,
                                nvls_available, nvls_bytes_per_direction)
-from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
-from simsp.engine.ring_alone import alone_stats
-from simsp.engine.ring_timing import algbw_GBps, busbw_GBps, tree_time
+from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+from simsp.engine.collectives.ring_alone import alone_stats
+from simsp.engine.collectives.ring_timing import algbw_GBps, busbw_GBps, tree_time
 from simsp.errors import UserError
-from simsp.flags import nonempty
-from simsp.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
-from simsp.costmodel import calibration as compute_calibration
-from simsp.hardware import LinkCalibration, cluster_compute
+from simsp.scenario.flags import nonempty
+from simsp.hardware.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
+from simsp.hardware.costmodel import calibration as compute_calibration
+from simsp.hardware.constants import LinkCalibration, cluster_compute
 from simsp.io_out import check_folder, check_out_file, write_file
 from simsp.jsonout import dumps
 from simsp.outdir import prepare_out_dir
@@ -80,7 +80,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--nccl-algo", choices=(AUTO, RING, TREE, NVLS), default=AUTO,
                         help="NCCL algorithm, as NCCL_ALGO: auto (NCCL's choice per size, "
                              "default), ring, tree (all-reduce only), or nvls (NVLink SHARP "
-                             "all-reduce in one NVSwitch-3+ domain, simsp/engine/nvls.py)")
+                             "all-reduce in one NVSwitch-3+ domain, simsp/engine/collectives/nvls.py)")
     parser.add_argument("--system", type=nonempty, default=None,
                         help="system profile whose nodes hold the ranks (dgx-a100, dgx-h100, "
                              "dgx-h200, dgx-b200, gb200-nvl72 or a .toml; default: DGX A100)")
@@ -165,7 +165,7 @@ def _run_all_to_all(args, sizes: list[int], cluster: Cluster, gpus: list[int]) -
 def _nccl_pick(cluster: Cluster, rows: list[CollectiveStats]) -> list[str]:
     """On an NVSwitch-3+ domain NCCL also weighs NVLS for an all-reduce and takes the fastest
     (tuning.cc): name the faster of the row above and NVLS per size. Nothing where NVLS cannot
-    run (training runs weigh it the same way: engine/nvls.py nvls_in_group)."""
+    run (training runs weigh it the same way: engine/collectives/nvls.py nvls_in_group)."""
     if not rows or rows[0].collective != ALL_REDUCE or nvls_available(
             nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
             cluster.nodes):
@@ -321,8 +321,8 @@ def _check_nvls(args, cluster: Cluster) -> None:
 
 
 def _run_nvls(args, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
-    """NVLS all-reduce at every size (closed form, simsp/engine/nvls.py), beside what NCCL's
-    modelled choice among ring and tree (engine/nccl_tuning.py) does at the same sizes."""
+    """NVLS all-reduce at every size (closed form, simsp/engine/collectives/nvls.py), beside what NCCL's
+    modelled choice among ring and tree (engine/collectives/nccl_tuning.py) does at the same sizes."""
     rows = [_nvls_stats(cluster, gpus, size) for size in sizes]
     if args.json:
         print(dumps(_json_result(ALL_REDUCE, rows[0])))
@@ -488,7 +488,7 @@ def simulate_nccl(graph, gpus: list[int], collective: str, nbytes: int,
 def simulate(graph, gpus: list[int], collective: str, nbytes: int,
              calibration: LinkCalibration | None = None) -> CollectiveStats:
     """Run one meta-mode ring collective of `nbytes` alone on the links; return its stats
-    (above STEPWISE_MAX_RANKS ranks timed as engine/ring_alone.py does: the closed form where
+    (above STEPWISE_MAX_RANKS ranks timed as engine/collectives/ring_alone.py does: the closed form where
     it is exact, one node's piece of one channel step by step where the ring is symmetric,
     else the closed form)."""
     if len(gpus) > STEPWISE_MAX_RANKS:
@@ -528,7 +528,7 @@ def _header(collective: str, cluster: Cluster, gpus: list[int],
         f"{cluster.ib_bandwidth_GBps:g} GB/s per direction; {LinkCalibration.from_cluster(cluster).describe()}",
         f"# busbw = algbw * {BUS_FACTOR_TEXT[collective]} (NCCL PERFORMANCE.md); "
         f"GB/s = 1e9 B/s; size = full message S",
-        f"# algorithm, protocol and channels as NCCL 2.30 picks them (engine/nccl_tuning.py; "
+        f"# algorithm, protocol and channels as NCCL 2.30 picks them (engine/collectives/nccl_tuning.py; "
         f"forced: {forced}); trees in closed form",
         "#",
         f"# {'size':>10} {'count':>13} {'type':>6} {'redop':>6} {'time':>12} {'algbw':>8} "

@@ -3,9 +3,9 @@
 import shlex
 from pathlib import Path
 
-from simsp.bounds import check_work
+from simsp.scenario.bounds import check_work
 from simsp.engine.trace import TRACE_DETAILS
-from simsp.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
+from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
 from simsp.io_out import check_not_inputs, check_target
 from simsp.jsonout import dumps
 from simsp.metrics import collect
@@ -16,7 +16,7 @@ from simsp.report import paint_stage_figures, summary_text, write_reports
 from simsp.report.drawing import warm_up
 from simsp.report.painter import start_painter
 from simsp.report.summary_md import run_label
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
 def add_parser(subparsers) -> None:

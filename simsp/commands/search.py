@@ -4,8 +4,8 @@ simulated on Dask (branch and bound on a time lower bound), ranked and explained
 import math
 from pathlib import Path
 
-from simsp.bounds import BOUNDS
-from simsp.config import Parallel
+from simsp.scenario.bounds import BOUNDS
+from simsp.scenario.config import Parallel
 from simsp.errors import UserError
 from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,
                                     add_reserve_argument, check_executor_arguments, field_lists)
@@ -16,7 +16,7 @@ from simsp.explore.fields import by_key
 from simsp.explore.headroom import reserve_bytes
 from simsp.explore.layouts import RESTRICTABLE, held_fields, search_base
 from simsp.explore.objectives import OBJECTIVES
-from simsp.hardware import GPUS
+from simsp.hardware.constants import GPUS
 from simsp.units import GiB, format_seconds
 
 # Fields the search sets itself: the layout (a comma list restricts the layouts to those values),

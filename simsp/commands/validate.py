@@ -12,10 +12,10 @@ line per group on stderr as it starts (not with --quiet).
 
 import sys
 
-from simsp.config import Cluster
-from simsp.costmodel import active_calibration, calibration_table
+from simsp.scenario.config import Cluster
+from simsp.hardware.costmodel import active_calibration, calibration_table
 from simsp.errors import UserError
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 from simsp.jsonout import dumps
 from simsp.validation.runner import (EXAMPLE, check_all, compare, data_path, load_sets,
                                      select_groups, summary)

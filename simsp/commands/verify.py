@@ -1,17 +1,17 @@
 """`simsp verify`: the small GPT's gradients on the emulated ranks vs finite differences and vs
 the single-device reference, in numeric mode."""
 
-from simsp.bounds import check_work
+from simsp.scenario.bounds import check_work
 from simsp.errors import UserError
-from simsp.flags import add_scenario_arguments, scenario_from_args
+from simsp.scenario.flags import add_scenario_arguments, scenario_from_args
 from simsp.progress import track
-from simsp.training.compare import compare_with_reference
+from simsp.training.driver.compare import compare_with_reference
 import numpy as np
 
 from simsp.jsonout import dumps
 from simsp.model.params import layer_shapes
-from simsp.training.gradcheck import fd_epsilon, gradient_check_with_bounds
-from simsp.training.iteration import simulate_iteration
+from simsp.training.driver.gradcheck import fd_epsilon, gradient_check_with_bounds
+from simsp.training.driver.iteration import simulate_iteration
 
 FD_TOLERANCE = 1e-5  # directional central differences, ε = 1e-5, float64
 REFERENCE_TOLERANCE = 1e-10  # same math in another order: rounding only

@@ -7,9 +7,9 @@ ring runs over the network and each caller gets its own result:
 Shortcut `present`: only these ranks run programs; the others are assumed to behave exactly like
 them (meta mode), so the ring still moves their bytes but the rendezvous does not wait for them.
 Shortcut timing="closed_form": time each collective as a whole, as its ring alone on its links
-takes (engine/ring_alone.py: the closed form, or the ring run once step by step where its own
+takes (engine/collectives/ring_alone.py: the closed form, or the ring run once step by step where its own
 channels share a link), except on `stepwise_groups` (rings sharing links with other traffic,
-whose time depends on it: training/shortcut_check.py), which run step by step and so load
+whose time depends on it: shortcuts/check.py), which run step by step and so load
 their links; an all-to-all of `alone_all_to_all` (no other traffic on its links) waits its time
 alone, found once per placement and byte matrix in a private simulation of its flows.
 """
@@ -20,17 +20,17 @@ import numpy as np
 import simpy
 
 from simsp.cluster.topology import placement
-from simsp.engine.all_to_all import all_to_all, alone_time
-from simsp.engine.collectives import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
+from simsp.engine.collectives.all_to_all import all_to_all, alone_time
+from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
-from simsp.engine.nccl_group import link_speeds_GBps, nccl_choice
-from simsp.engine.nccl_tuning import TREE
+from simsp.engine.collectives.nccl_group import link_speeds_GBps, nccl_choice
+from simsp.engine.collectives.nccl_tuning import TREE
 from simsp.engine.network import Network
-from simsp.engine.nvls import NVLS, nvls_bytes_per_direction, nvls_in_group
-from simsp.engine.ring_alone import alone_stats, node_segment, segment_run
-from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
+from simsp.engine.collectives.nvls import NVLS, nvls_bytes_per_direction, nvls_in_group
+from simsp.engine.collectives.ring_alone import alone_stats, node_segment, segment_run
+from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
-from simsp.engine.ring_timing import closed_form_stats, collective_time
+from simsp.engine.collectives.ring_timing import closed_form_stats, collective_time
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 
@@ -102,7 +102,7 @@ class Communicator:
                    tag: str = ""):
         """All-to-all(-v): this member sends send_bytes[j] bytes (chunks[j] in numeric mode) to
         group[j]; returns what each member sent it, in group order (None in meta). Always run
-        as flows over the links (engine/all_to_all.py), never in closed form."""
+        as flows over the links (engine/collectives/all_to_all.py), never in closed form."""
         group = tuple(group)
         meeting = self._join(ALL_TO_ALL, group, rank, (list(send_bytes), chunks), 0, tag, 1)
         results = yield meeting.done
@@ -223,7 +223,7 @@ class Communicator:
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
         """NCCL's NVLS all-reduce where the system runs it and it beats the ring or tree
-        (engine/nvls.py; closed form, loading no link, as the tree), memoised; else None."""
+        (engine/collectives/nvls.py; closed form, loading no link, as the tree), memoised; else None."""
         calibration = self.network.calibration
         if meeting.collective != ALL_REDUCE or not calibration.nvls_nvlink_generation:
             return None
@@ -245,7 +245,7 @@ class Communicator:
 
     def _all_to_all_alone(self, group: tuple, matrix: list) -> float:
         """Seconds of an all-to-all of `group` that no other traffic meets on its links
-        (training/shortcut_check.py), memoised per placement and byte matrix."""
+        (shortcuts/check.py), memoised per placement and byte matrix."""
         graph = self.network.graph
         key = (self._placement(group), tuple(map(tuple, matrix)))
         if key not in self._alike:
@@ -253,7 +253,7 @@ class Communicator:
         return self._alike[key]
     def _segment(self, meeting: _Meeting):
         """One node's piece of one channel of this ring where it is that symmetric and meta
-        (engine/ring_alone.py node_segment), else None."""
+        (engine/collectives/ring_alone.py node_segment), else None."""
         if any(b is not None for b in meeting.buffers.values()):
             return None
         segment = node_segment(self.network.graph, list(meeting.group),
@@ -282,7 +282,7 @@ class Communicator:
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode
-        (ring_timing.tree_time; the stepwise tree is engine/tree.py, for `simsp ring`)."""
+        (ring_timing.tree_time; the stepwise tree is engine/collectives/tree.py, for `simsp ring`)."""
         return meeting.collective == ALL_REDUCE and nccl_choice(
             ALL_REDUCE, self.network.graph, list(meeting.group), meeting.nbytes,
             self.network.calibration).algorithm == TREE
@@ -305,7 +305,7 @@ class Communicator:
         return self._plans[key]
 
     def _alone(self, meeting: _Meeting) -> CollectiveStats:
-        """The ring alone on its links (engine/ring_alone.py), memoised per group and, as a
+        """The ring alone on its links (engine/collectives/ring_alone.py), memoised per group and, as a
         ring runs alike on like links, per placement (cluster/topology.py placement): e.g.
         the DP groups of every pipeline stage."""
         key = (meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)

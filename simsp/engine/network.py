@@ -8,7 +8,7 @@ rate changed is touched: its bytes left are brought up to date and its finish ti
 heap, so an instant costs what changed, not every flow in flight. A wake-up is only scheduled
 when the first finish changes, so no wake-up is stale. Time = latency + bytes / rate, where a
 link's capacity is its configured bandwidth times the calibrated efficiency of its kind
-(simsp.hardware.LinkCalibration).
+(simsp.hardware.constants.LinkCalibration).
 """
 
 from collections import defaultdict
@@ -25,7 +25,7 @@ from simpy.events import NORMAL
 from simsp.cluster.topology import hop_route, route_latency_s
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.trace import Trace, TransferRecord
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 
 _ROUTE_ID = operator.attrgetter("route_id")
 _new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
@@ -69,7 +69,7 @@ class Network:
         self.calibration = calibration or LinkCalibration()
         self.trace = trace if trace is not None else Trace()
         # (src, dst, via) -> links a transfer on that hop also loads, at its own rate: the
-        # images of the flows a representative stands for (training/rail_symmetry.py)
+        # images of the flows a representative stands for (shortcuts/rail_symmetry.py)
         self.image_loads = image_loads or {}
         # a representative run keeps no record of its ring steps (a trace draws only pipeline
         # transfers; the full simulation's millions of ring steps would fill the memory)
@@ -106,7 +106,7 @@ class Network:
         the destination's rail, then its NIC). `drained`: an event to succeed when the last byte
         has left (one latency before delivery), so a pipelined sender can start its next slot.
         `latency_scale`: multiplies the route's latency (an NCCL protocol's step latency
-        relative to ring/Simple, engine/nccl_tuning.py). `ring_step`: a collective's ring
+        relative to ring/Simple, engine/collectives/nccl_tuning.py). `ring_step`: a collective's ring
         step, traced and counted unless `record_ring_steps` is off."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
@@ -129,7 +129,7 @@ class Network:
         """Drain `nbytes` over a multiset of links at one fair rate (a link listed m times
         carries m times that rate: fair_share weighs it so), then wait `latency_s`; the event
         returned succeeds then with (start_s, end_s). Not a transfer: nothing is traced or
-        counted (engine/ring_alone.py: a hop standing for its copies in a symmetric ring)."""
+        counted (engine/collectives/ring_alone.py: a hop standing for its copies in a symmetric ring)."""
         if nbytes < 0:
             raise ValueError(f"cannot load {nbytes} bytes")
         now = self.env.now

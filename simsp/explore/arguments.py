@@ -24,11 +24,11 @@ def add_field_arguments(parser, skip: tuple = (), metavar: str = "LIST",
                         title: str = "scenario fields (each takes a comma-separated list; a "
                                      "switch alone, or a list of true/false)",
                         list_keys: tuple = ()) -> None:
-    """Every flag of `run` for every scenario field, with `run`'s help (simsp.flags, one
+    """Every flag of `run` for every scenario field, with `run`'s help (simsp.scenario.flags, one
     table): a value flag takes a comma list, the field's own switch stands alone or takes a
     true/false list (for an inverted switch, whether it is given), other switches stand alone.
     `metavar` names the value (LIST, or VALUE where one is taken), LIST for `list_keys`."""
-    from simsp import flags
+    from simsp.scenario import flags
     group = parser.add_argument_group(title)
     switches = switch_flags()
     for field in all_fields():

@@ -40,7 +40,8 @@ def source_digest(root: Path) -> str:
 
 def constants_text() -> str:
     """The model constants in force in this process (GPU specs, compute calibration)."""
-    from simsp import costmodel, hardware
+    from simsp.hardware import costmodel
+    from simsp.hardware import constants as hardware
     return repr((sorted(getattr(hardware, "GPUS", {}).items()), costmodel.active_calibration()))
 
 

@@ -5,7 +5,7 @@ and the flags of every field whose value differs from it, spelled as `run` accep
 import shlex
 from functools import lru_cache
 
-from simsp import flags
+from simsp.scenario import flags
 from simsp.explore.configs import base_values
 from simsp.explore.fields import all_fields
 

@@ -5,13 +5,13 @@ JSON-ready values. An invalid configuration is a row with its `error:` text; out
 row with its verdict, the stage and the bytes over.
 """
 
-from simsp.config import load_scenario
+from simsp.scenario.config import load_scenario
 from simsp.errors import UserError
 from simsp.explore.flatten import flatten_metrics
 from simsp.gc_pause import gc_paused
-from simsp.hardware import GPUS
+from simsp.hardware.constants import GPUS
 from simsp.metrics import collect
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 TERA = 1e12
 

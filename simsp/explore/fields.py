@@ -1,6 +1,6 @@
 """Every scenario field once: its section, python type and the command-line flag that sets it.
 
-Flags come from simsp/flags.py's one table: a field's flag is `run`'s value flag, else the
+Flags come from simsp/scenario/flags.py's one table: a field's flag is `run`'s value flag, else the
 switch that turns it on, else the one that turns it off (`--disable-bias-linear`: then
 `inverted`, its list says whether the switch is given). A field with no row there (a table
 left incomplete: tests/test_field_table.py fails) gets the spelling of its name.
@@ -8,7 +8,8 @@ left incomplete: tests/test_field_table.py fails) gets the spelling of its name.
 
 from dataclasses import MISSING, dataclass, fields
 
-from simsp import config, flags
+from simsp.scenario import config
+from simsp.scenario import flags
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def _kind(annotation) -> type:
 
 
 def _table_flags() -> dict[tuple[str, str], str]:
-    """(section, key) -> flag, from the value flags of simsp/flags.py."""
+    """(section, key) -> flag, from the value flags of simsp/scenario/flags.py."""
     return {(entry[0], entry[1]): flag for flag, entry in flags.SCENARIO_FLAGS.items()}
 
 

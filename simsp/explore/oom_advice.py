@@ -11,11 +11,11 @@ from operator import itemgetter
 
 import numpy as np
 
-from simsp.config import Scenario, with_overrides
+from simsp.scenario.config import Scenario, with_overrides
 from simsp.engine.memory import CATEGORIES
 from simsp.errors import UserError
 from simsp.metrics import iteration_time, stage_ranks
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
 def category_states(events: list) -> np.ndarray:

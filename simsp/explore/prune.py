@@ -5,13 +5,13 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   of it, runs m·v chunk forwards and backwards one after another on its compute stream, and its
   last backward still has p − 1 chunk backwards downstream: T ≥ (m·v + p − 1)·(C_f + C_b)
   (N21 §2.2 with v model chunks per stage). C_f + C_b is one model chunk's layers simulated
-  alone on their TP group (simsp.training.layer_sim, timed as the iteration times collectives):
+  alone on their TP group (simsp.training.driver.layer_sim, timed as the iteration times collectives):
   block recompute rebuilds only the first N layers of a chunk, so a chunk costs
   N·(f + b)_full + (L_c − N)·(f + b)_none (Megatron transformer_block.py).
 - memory: stage 0 allocates its weights, gradients and optimizer state (bytes per parameter as
   simsp's allocators give them) before its first step and holds them to the end, and at the
   schedule's busiest moment it keeps the activations of
-  every (micro-batch, chunk) whose forward is done and backward not (simsp.training.schedules
+  every (micro-batch, chunk) whose forward is done and backward not (simsp.training.pipeline.schedules
   max_in_flight, exact for the schedule simsp runs). Each held chunk keeps at least its layers'
   saved tensors, measured from the ledger of the layer simulated alone. Under FSDP the static
   bytes are what the strategy keeps for the whole iteration, each sharded part at no more than
@@ -34,16 +34,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from simsp.analytic import chunk_recompute_bytes, chunks_per_stage
-from simsp.config import Parallel, Scenario, load_scenario, with_overrides
+from simsp.scenario.config import Parallel, Scenario, load_scenario, with_overrides
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
-from simsp.hardware import GPUS
-from simsp.training.layer_sim import PREFIX, simulate_layer
+from simsp.hardware.constants import GPUS
+from simsp.training.driver.layer_sim import PREFIX, simulate_layer
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
-from simsp.training.optimizer import allocate_optimizer
-from simsp.training.fsdp_units import fsdp_bytes_per_element, sharding_of
-from simsp.training.schedules import build_schedule, max_in_flight
+from simsp.training.data_parallel.optimizer import allocate_optimizer
+from simsp.training.data_parallel.fsdp_units import fsdp_bytes_per_element, sharding_of
+from simsp.training.pipeline.schedules import build_schedule, max_in_flight
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class LayerCost:
 
 
 def _optimizer_bytes_per_element(rank, elements: int) -> float:
-    """Bytes simsp's optimizer allocates per parameter (training/optimizer.py), probed on a
+    """Bytes simsp's optimizer allocates per parameter (training/data_parallel/optimizer.py), probed on a
     scratch parameter of the layer's size in the simulated rank's ledger; 0 (still a lower
     bound) if the allocator cannot be probed so."""
     probe = Tensor.meta((elements,), FP16, None)

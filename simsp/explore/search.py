@@ -22,7 +22,7 @@ from simsp.explore.prune import (memory_lower_bound, memory_verdict, scenario_of
 from simsp.explore.runner import evaluate_all, progress_bar
 from simsp.explore.stream import RowStream
 from simsp.explore.table import table_row
-from simsp.hardware import GPUS
+from simsp.hardware.constants import GPUS
 
 
 BATCH = 8  # layouts simulated per branch-and-bound round, fixed so results never depend on workers

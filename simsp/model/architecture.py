@@ -1,7 +1,7 @@
 """One line naming a model's layer variant, as reports print it (e.g. "GQA 64/8, SwiGLU f = 28672,
 RMSNorm, RoPE, untied, flash"); "GPT" for K22's layer, whose reports stay as they were."""
 
-from simsp.config import Model
+from simsp.scenario.config import Model
 
 
 def _attention(m: Model) -> str:

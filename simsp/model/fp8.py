@@ -11,13 +11,13 @@ output layer's logits and every element-wise op stay BF16. Per linear layer
   from the saved FP8 input and the cached FP8 weight;
 - the weight is quantized once per iteration (is_first_microbatch), here timed with the
   optimizer step that produced it;
-- bytes: simsp/precision.py (saved input 1 byte, weight copy beside the BF16 weight).
-Kernel times: simsp.costmodel.gemm_seconds with the GPU's FP8 compute model.
+- bytes: simsp/scenario/precision.py (saved input 1 byte, weight copy beside the BF16 weight).
+Kernel times: simsp.hardware.costmodel.gemm_seconds with the GPU's FP8 compute model.
 """
 
 import numpy as np
 
-from simsp.costmodel import gemm_operand_bytes, gemm_seconds
+from simsp.hardware.costmodel import gemm_operand_bytes, gemm_seconds
 
 FP8_BYTES = 1
 # The saved linear inputs (simsp/model/layer.py names) TE keeps in FP8.

@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from simsp.config import Model
+from simsp.scenario.config import Model
 from simsp.model import kernels, mappings, ops
 from simsp.model.context_split import rank_rows, rope_tables
 from simsp.model.dropout_sites import site_id
@@ -56,7 +56,7 @@ class LayerSpec:
 
     @property
     def moe(self) -> bool:
-        """Whether this layer's MLP is a mixture of experts (simsp/model/moe_layer.py)."""
+        """Whether this layer's MLP is a mixture of experts (simsp/model/blocks/moe/layer.py)."""
         return self.model.num_experts is not None and self.model.is_moe_layer(self.layer)
 
     def recomputes(self, module: str) -> bool:
@@ -212,8 +212,8 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
     norm_recomputed = spec.recomputes("layernorm")
     if not norm_recomputed:
         stash.put("qkv_input", y1)
-    if m.multi_latent_attention:  # simsp/model/mla_layer.py (import cycle: imported here)
-        from simsp.model.mla_layer import mla_attention_forward
+    if m.multi_latent_attention:  # simsp/model/blocks/attention/mla.py (import cycle: imported here)
+        from simsp.model.blocks.attention.mla import mla_attention_forward
         proj_in = yield from mla_attention_forward(r, spec, w, y1, stash, norm_recomputed)
     else:
         y1_full = yield from mappings.enter_forward(r, y1, "qkv_enter")  # (s, b, h)
@@ -233,7 +233,7 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
     stash.put("attn_dropout_mask", attn_mask)
     stash.put("ln2_input", residual)
     if spec.moe:
-        from simsp.model.moe_layer import moe_mlp_forward  # MoE models only (import cycle)
+        from simsp.model.blocks.moe.layer import moe_mlp_forward  # MoE models only (import cycle)
         out = yield from moe_mlp_forward(r, spec, w, residual, stash)
     else:
         out = yield from _mlp_forward(r, spec, w, residual, stash)

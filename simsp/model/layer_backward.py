@@ -118,8 +118,8 @@ def attention_backward(r, spec, w, g, saved, dres):
     proj_in = saved.pop("proj_input")
     dproj = yield from row_parallel_backward(r, spec, dres, saved.pop("attn_dropout_mask", None),
                                              proj_in, w, g, "attn.proj", keep_input=flash)
-    if m.multi_latent_attention:  # simsp/model/mla_layer.py (import cycle: imported here)
-        from simsp.model.mla_layer import mla_attention_backward
+    if m.multi_latent_attention:  # simsp/model/blocks/attention/mla.py (import cycle: imported here)
+        from simsp.model.blocks.attention.mla import mla_attention_backward
         dy1 = yield from mla_attention_backward(r, spec, w, g, saved, dproj, proj_in)
     else:
         if m.llama_layer:
@@ -297,7 +297,7 @@ def layer_backward(r, spec: LayerSpec, w: dict, g: dict, saved: dict, dout):
         r.phase = phase
     saved = dict(saved)
     if spec.moe:
-        from simsp.model.moe_layer import moe_mlp_backward  # MoE models only (import cycle)
+        from simsp.model.blocks.moe.layer import moe_mlp_backward  # MoE models only (import cycle)
         dres = yield from moe_mlp_backward(r, spec, w, g, saved, dout)
     else:
         dres = yield from mlp_backward(r, spec, w, g, saved, dout)

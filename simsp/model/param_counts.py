@@ -9,7 +9,7 @@ as the model cards count it.
 
 import math
 
-from simsp.config import Model
+from simsp.scenario.config import Model
 from simsp.model.params import param_shapes
 
 ROUTED = (".mlp.experts.fc1.weight", ".mlp.experts.fc2.weight")  # (E, ...) per MoE layer

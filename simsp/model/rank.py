@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simsp.costmodel import kernel_time
+from simsp.hardware.costmodel import kernel_time
 from simsp.engine.memory import AlreadyLive, Ledger
 from simsp.model.fp8 import FP8_SAVED_INPUTS, save_quantized
 from simsp.model.tensor import Tensor
-from simsp.precision import DEFAULT as DEFAULT_PRECISION
+from simsp.scenario.precision import DEFAULT as DEFAULT_PRECISION
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -53,12 +53,12 @@ class Rank:
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     moe_aux_loss: float = 0.0  # Σ aux_scale · aux loss of its MoE layers' forwards (numeric)
-    moe: object = None  # simsp.model.moe_placement.ExpertRank of a MoE model, else None
+    moe: object = None  # simsp.model.blocks.moe.placement.ExpertRank of a MoE model, else None
     moe_load: dict = field(default_factory=dict)  # forward MoE rows: expert_rows, dropped_pairs...
     compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
-    precision: object = DEFAULT_PRECISION  # simsp.precision.Precision: state dtypes, FP8
-    fp8: object = None  # simsp.precision.Fp8 when the linear layers run in FP8
-    cp: object = None  # training/cp_attention.py CpAttention with context parallelism, else None
+    precision: object = DEFAULT_PRECISION  # simsp.scenario.precision.Precision: state dtypes, FP8
+    fp8: object = None  # simsp.scenario.precision.Fp8 when the linear layers run in FP8
+    cp: object = None  # training/context_parallel/attention.py CpAttention with context parallelism, else None
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):

@@ -19,9 +19,9 @@ import numpy as np
 
 from simsp.model import kernels as K
 from simsp.model.dropout_sites import attention_keep, hidden_keep
-from simsp.model.moe_kernels import (MoeSpec, aux_loss, aux_loss_backward, moe_backward,
+from simsp.model.blocks.moe.kernels import (MoeSpec, aux_loss, aux_loss_backward, moe_backward,
                                      moe_forward, shared_backward, shared_forward)
-from simsp.model import mla_kernels as MLA
+from simsp.model.blocks.attention import mla_kernels as MLA
 from simsp.model.params import layer_param_names
 
 
@@ -112,7 +112,7 @@ def _layer_forward(P, x, i, model, seed, sample_offset, moe_group=None, moe_chun
 
 
 def _moe_spec(model) -> MoeSpec:
-    """The layer's routing flags (simsp/model/moe_kernels.py)."""
+    """The layer's routing flags (simsp/model/blocks/moe/kernels.py)."""
     coeff = model.moe_aux_loss_coeff if model.moe_router_load_balancing_type == "aux_loss" else 0.0
     return MoeSpec(model.num_experts, model.moe_router_topk, model.moe_router_score_function,
                    coeff, model.moe_expert_capacity_factor,

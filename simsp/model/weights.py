@@ -1,11 +1,11 @@
 """A rank's parameter shards in its ledger: fp16 weights and fp32 main gradients (K22 §4);
-other main-gradient dtypes and FP8 weight copies as simsp/precision.py states."""
+other main-gradient dtypes and FP8 weight copies as simsp/scenario/precision.py states."""
 
 import numpy as np
 
 from simsp.model.sharding import local_shape, shard, unshard
 from simsp.model.fp8 import add_weight_copy, is_fp8_param
-from simsp.model.moe_placement import is_expert_param, local_expert_shape, local_expert_shard
+from simsp.model.blocks.moe.placement import is_expert_param, local_expert_shape, local_expert_shard
 from simsp.model.tensor import FP16
 
 

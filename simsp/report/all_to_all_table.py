@@ -1,10 +1,10 @@
 """The nccl-tests alltoall_perf table and --json object of `simsp ring --collective all_to_all`.
 
 As nccl-tests: size = one rank's whole send buffer; busbw = algbw · (n − 1)/n (NCCL
-PERFORMANCE.md). The times come from engine/all_to_all.py.
+PERFORMANCE.md). The times come from engine/collectives/all_to_all.py.
 """
 
-from simsp.engine.all_to_all import ELEM_BYTES
+from simsp.engine.collectives.all_to_all import ELEM_BYTES
 
 ALL_TO_ALL = "all_to_all"
 

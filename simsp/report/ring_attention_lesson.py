@@ -3,10 +3,10 @@ as the text of `simsp ring --collective ring_attention --explain` and as a teach
 (report/ring_attention_page.py).
 
 The pieces are simsp's own: the 2·cp load-balanced split of model/context_split.py (rank r holds
-chunks r and 2cp−1−r), whose K/V block each rank holds at each step (model/ring_attention.py,
+chunks r and 2cp−1−r), whose K/V block each rank holds at each step (training/context_parallel/ring_kernels.py,
 Transformer Engine's AttnFuncWithCPAndKVP2P: forward step i holds rank r−i's; the backward walks
 the forward's steps in reverse, holding rank r+1+i's, so its diagonal block comes last), and the
-timeline of training/cp_ring.py run on the modelled links (exchange bytes, rendezvous, overlap
+timeline of training/context_parallel/ring.py run on the modelled links (exchange bytes, rendezvous, overlap
 with the block compute of training/cp_ring.block_seconds). docs/context-parallel.md has the
 science.
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import simpy
 
 from simsp.cluster.topology import hop_route, route_latency_s
-from simsp.costmodel import active_calibration, gemm_efficiency
+from simsp.hardware.costmodel import active_calibration, gemm_efficiency
 from simsp.engine.network import Network
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 from simsp.model.context_split import chunk_count, chunk_ids
-from simsp.model.ring_attention import source_rank
+from simsp.training.context_parallel.ring_kernels import source_rank
 from simsp.report.ring_lesson import LINKS, microseconds
-from simsp.training.cp_ring import CpRing, block_gemm, block_seconds, exchange_bytes, run_ring
+from simsp.training.context_parallel.ring import CpRing, block_gemm, block_seconds, exchange_bytes, run_ring
 from simsp.units import format_bytes
 
 RING_ATTENTION = "ring_attention"

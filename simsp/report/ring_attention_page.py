@@ -127,7 +127,7 @@ def overlap_panel(data: dict) -> str:
         '<div class="panel" id="overlap-panel"><h2>What the compute hides</h2>'
         "<p>Transformer Engine posts each step's send and receive <i>before</i> it computes the "
         "block it holds, so the next K/V block travels while this one is computed; a rank waits "
-        "only when the block arrives later than its compute ends (training/cp_ring.py runs that "
+        "only when the block arrives later than its compute ends (training/context_parallel/ring.py runs that "
         "schedule on the modelled links). In backward the dK/dV of the block just computed "
         "travels with the next K/V, back to the block's owner.</p>"
         f"<p>Here the longest send is {microseconds(longest['transfer_s'])} "

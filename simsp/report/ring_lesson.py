@@ -3,9 +3,9 @@ sets each step's time with the numbers of its formula, the channels with their r
 relays, all-reduce against reduce-scatter + all-gather), rendered three ways: the text of `simsp
 ring --explain`, the teaching page (report/ring_lesson_page.py) and the slides.
 
-Steps and holdings come from engine/ring_plan.py; each step lasts as long as its slowest hop of
+Steps and holdings come from engine/collectives/ring_plan.py; each step lasts as long as its slowest hop of
 its slowest channel, latency + bytes ÷ (link bandwidth × efficiency ÷ hops sharing the link), as
-engine/ring_timing.py prices it (docs/MODEL.md#collectives, #runtime-mechanisms).
+engine/collectives/ring_timing.py prices it (docs/MODEL.md#collectives, #runtime-mechanisms).
 """
 
 import colorsys
@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from simsp.cluster.topology import build_topology, hop_route
-from simsp.config import Cluster
-from simsp.engine import ring_timing
-from simsp.engine.nccl_group import hop_latency_scale, nccl_choice
-from simsp.engine.nccl_tuning import RING
-from simsp.engine.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS, apply_step,
+from simsp.scenario.config import Cluster
+from simsp.engine.collectives import ring_timing
+from simsp.engine.collectives.nccl_group import hop_latency_scale, nccl_choice
+from simsp.engine.collectives.nccl_tuning import RING
+from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS, apply_step,
                                     bytes_sent_per_rank, channel_rings, chunk_counts,
                                     chunk_offsets, initial_holdings, slice_counts)
-from simsp.hardware import LinkCalibration
+from simsp.hardware.constants import LinkCalibration
 from simsp.io_out import write_file
 from simsp.units import format_bytes
 

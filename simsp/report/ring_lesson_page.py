@@ -9,7 +9,7 @@ rails and PXN carry the ring, on one node how Megatron's sequence parallelism us
 import html
 import json
 
-from simsp.engine.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from simsp.report.html import page
 from simsp.report.ring_lesson import NAMES, hop_path, microseconds
 from simsp.units import format_bytes

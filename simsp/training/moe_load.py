@@ -1,6 +1,6 @@
 """The MoE layers' load after an iteration: rows each rank's experts computed (the slowest
 expert rank has the most), tokens dropped at capacity, padding, tokens dispatched per rank
-(docs/moe.md). Counted in forward on the simulated ranks (simsp/model/moe_layer.py)."""
+(docs/moe.md). Counted in forward on the simulated ranks (simsp/model/blocks/moe/layer.py)."""
 
 DISPATCH_LABELS = ("all_to_all_dispatch", "all_gather_etp", "all_gather_moe")  # token bytes out
 

@@ -19,8 +19,8 @@ input and recomputes itself; the norms and the projection keep theirs.
 import numpy as np
 
 from simsp.model import mappings, ops
-from simsp.model.embedding import embedding_backward, embedding_forward
-from simsp.model.head import output_loss_backward, output_loss_forward
+from simsp.model.blocks.embedding import embedding_backward, embedding_forward
+from simsp.model.blocks.head import output_loss_backward, output_loss_forward
 from simsp.model.layer import LayerSpec, layer_forward, norm
 from simsp.model.layer_backward import column_parallel_backward, layer_backward, norm_backward
 from simsp.model.tensor import FP16

@@ -11,13 +11,13 @@ import functools
 from typing import Callable
 
 from simsp.cluster.topology import build_topology
-from simsp.config import Scenario
-from simsp.engine.ring_alone import alone_time
-from simsp.engine.ring_timing import busbw_GBps
-from simsp.hardware import LinkCalibration
+from simsp.scenario.config import Scenario
+from simsp.engine.collectives.ring_alone import alone_time
+from simsp.engine.collectives.ring_timing import busbw_GBps
+from simsp.hardware.constants import LinkCalibration
 from simsp.metrics import collect
-from simsp.training.layer_sim import simulate_layer
-from simsp.training.iteration import Shortcuts, simulate_iteration
+from simsp.training.driver.layer_sim import simulate_layer
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import GB
 
 # dimension -> {unit: value of one unit in SI (seconds, bytes, fraction, bytes/s)}

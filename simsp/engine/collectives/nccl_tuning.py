@@ -1,0 +1,281 @@
+"""NCCL's choice of algorithm, protocol, channels and threads for one collective (pure).
+
+Everything here is NVIDIA/nccl v2.30.7 (makefiles/version.mk), read from its source:
+- src/graph/tuning.cc ncclTopoTuneModel: per algorithm x protocol the base latency, the per-step
+  hardware latency (NVLink / network), the bus bandwidth (channels x per-channel bandwidth, then
+  the protocol's refinements: LL x0.5 capped at llMaxBw, LL128 x0.92 capped per channel, tree
+  x0.92 capped per channel, LL tree /3.8, LL128 tree x120/128 or x7/9), and busbw -> algbw;
+  ncclTopoGetAlgoTime: time = latency + bytes / bandwidth, with the tree correction factors and
+  the ring plateau factor;
+- src/enqueue.cc topoGetAlgoInfo: the cheapest (algorithm, protocol), then channels and threads
+  reduced while bytes < channels x threads x threadThreshold;
+- src/graph/search.cc ncclTopoCompute / ncclTopoDupChannels, src/graph/connect.cc
+  ncclTopoPostset: the ring graph (speedArrayIntra / speedArrayInter, channels doubled) and the
+  communicator's channels (twice the graph's);
+- src/graph/topo.h (SM80_NVLINK_BW 20 GB/s per NVLink), src/graph/topo.cc (PCIe Gen4 x16 =
+  24 GB/s, NIC bandwidth = link speed / 8), src/include/device.h and comm.h (thread counts and
+  thresholds).
+The platform is simsp's DGX A100: Ampere GPUs (compute capability 8.0) with NVLink3 links of
+25 GB/s per direction (12 per GPU, 300 GB/s; NVIDIA A100 datasheet), AMD EPYC 7742 CPUs (DGX
+A100 user guide), one 200 Gb/s HDR NIC per GPU behind PCIe Gen4 x16.
+simsp times the chosen collective on its own links (engine/collectives/ring_timing.py, docs/nccl.md); from
+here it takes the choice, the base latency, each tier's per-step latency relative to ring/Simple
+and the bandwidth fraction relative to ring/Simple with every channel.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+import math
+
+RING, TREE = "ring", "tree"
+ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS: engine/collectives/nvls.py)
+LL, LL128, SIMPLE = "LL", "LL128", "Simple"
+PROTOCOLS = (LL, LL128, SIMPLE)  # NCCL_PROTO_LL, NCCL_PROTO_LL128, NCCL_PROTO_SIMPLE
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
+NVLINK, NET = "nvlink", "net"  # NCCL_HW_NVLINK, NCCL_HW_NET
+
+# tuning.cc ncclTunerConstantsDefaults.baseLatencies (us), per algorithm: LL, LL128, Simple
+BASE_LATENCY_US = {TREE: {LL: 6.8, LL128: 14.0, SIMPLE: 8.4},
+                   RING: {LL: 6.6, LL128: 14.0, SIMPLE: 8.4}}
+# tuning.cc hwLatencies (us per step), per hardware then algorithm: LL, LL128, Simple
+HW_LATENCY_US = {NVLINK: {TREE: {LL: 0.6, LL128: 1.25, SIMPLE: 4.0},
+                          RING: {LL: 0.6, LL128: 1.9, SIMPLE: 3.4}},
+                 NET: {TREE: {LL: 5.0, LL128: 8.5, SIMPLE: 14.0},
+                       RING: {LL: 2.7, LL128: 4.0, SIMPLE: 14.0}}}
+# tuning.cc, Ampere row / AMD CPU row, indexed by nNodes (1, 2, more): llMaxBws (for one node
+# the GPU row, Ampere; across nodes the CPU row, AMD), perChMaxRingLL128Bws, perChMaxTreeBws,
+# perChMaxTreeLL128Bws (GB/s)
+LL_MAX_BW = (87.7, 22.5, 19.0)
+PER_CH_MAX_RING_LL128_BW = (20.0, 20.0, 20.0)
+PER_CH_MAX_TREE_BW = (24.0, 23.6, 17.8)
+PER_CH_MAX_TREE_LL128_BW = (20.0, 20.0, 20.0)
+NET_OVERHEAD_US = 2.0  # tuning.cc getNetOverhead: x86 AMD CPU (x3 for Simple)
+RING_PLATEAU = 1.4  # tuning.cc ncclTopoGetAlgoTime: multi-node ring Simple all-reduce, SM >= 80
+# tuning.cc treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B .. 256 MB
+TREE_CORRECTION = {
+    LL: (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
+         1.0, 1.0, 1.0, 1.0),
+    LL128: (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9,
+            .9, 1.0, 1.0, 1.0),
+    SIMPLE: (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8,
+             .9, .9, .9)}
+# device.h NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, NCCL_SIMPLE_MAX_NTHREADS (the ring
+# graph is faster than PCI_BW), NCCL_MAX_NTHREADS (tree); comm.h thread thresholds (bytes per
+# thread; LL's is multiplied by nRanks for rings, tuning.cc)
+MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}
+TREE_THREADS = 640
+THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}
+WARP_SIZE = 32
+# search.cc speed arrays (GB/s per channel), SM80; init.cc ringGraph->maxChannels = MAXCHANNELS/2
+SPEED_INTRA = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+SPEED_INTER = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0,
+               3.0, 2.4, 1.2, 0.24, 0.12)
+GRAPH_MAX_CHANNELS = 32
+SM80_NVLINK_BW = 20.0  # topo.h: NCCL's bandwidth of one NVLink on SM80 (GB/s)
+NVLINK3_GBPS = 25.0  # one NVLink3 link per direction (A100 datasheet: 12 links, 300 GB/s)
+PCIE_GEN4_X16_BW = 24.0  # topo.cc: width 16 x 120 (16 GT/s) / 80
+
+
+@dataclass(frozen=True)
+class Graph:
+    """NCCL's ring graph for a group: channels and per-channel bandwidth (GB/s)."""
+
+    channels: int  # graph channels (ncclTopoGraph.nChannels)
+    bw: float  # per-channel bandwidth (bwIntra = bwInter on multi-node graphs)
+
+    @property
+    def comm_channels(self) -> int:
+        """The communicator's channels: connect.cc ncclTopoPostset doubles the graph's."""
+        return min(2 * self.channels, 64)
+
+
+@dataclass(frozen=True)
+class NcclChoice:
+    """What NCCL would run for one collective, and how it changes simsp's ring/Simple timing."""
+
+    algorithm: str  # RING or TREE
+    protocol: str  # LL, LL128 or SIMPLE
+    nchannels: int  # channels used (enqueue.cc), of max_channels
+    max_channels: int
+    nthreads: int  # threads per channel, before the Simple sync warps (enqueue.cc)
+    base_latency_s: float  # once per call (tuning.cc baseLatencies)
+    intra_latency_scale: float  # x an intra-node step's link latency (1 for ring/Simple)
+    inter_latency_scale: float  # x an inter-node step's link latency (1 for ring/Simple)
+    protocol_fraction: float  # busbw of (algorithm, protocol) / busbw of ring/Simple (NCCL)
+    channel_fraction: float  # busbw on the channels used / on all of them
+    estimated_time_s: float  # NCCL's own estimate (ncclTopoGetAlgoTime), which it minimises
+    intra_step_s: float = 0.0  # NCCL's own per-step latency inside a node (tuning.cc)
+    inter_step_s: float = 0.0  # and between nodes
+
+    @property
+    def bandwidth_fraction(self) -> float:
+        """The link rate this choice achieves, as a fraction of ring/Simple on every channel."""
+        return self.protocol_fraction * self.channel_fraction
+
+    def label(self) -> str:
+        """'ring/LL128', 'tree/Simple'."""
+        return f"{self.algorithm}/{self.protocol}"
+
+
+def nccl_graph(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float) -> Graph:
+    """The ring graph NCCL's search finds (search.cc ncclTopoCompute, simplified to its first
+    fitting speed): on one node as many channels of the first speed of speedArrayIntra as a
+    GPU's NVLinks hold; across nodes one channel per NIC the node's ranks own, at the first speed
+    of speedArrayInter within the NIC and its PCIe Gen4 path; then ncclTopoDupChannels."""
+    if nodes == 1:
+        total = nvlink_GBps / NVLINK3_GBPS * SM80_NVLINK_BW  # links x NCCL's per-link bandwidth
+        speed = next((s for s in SPEED_INTRA if s <= total), SPEED_INTRA[-1])
+        channels = max(1, min(GRAPH_MAX_CHANNELS, int(total // speed)))
+    else:
+        path = min(ib_GBps, PCIE_GEN4_X16_BW)
+        speed = next((s for s in SPEED_INTER if s <= path), SPEED_INTER[-1])
+        channels = max(1, ranks_per_node)
+    if speed >= 25.0:  # ncclTopoDupChannels (SM80: bwIntra >= 25)
+        doubled = min(2 * channels, GRAPH_MAX_CHANNELS)
+        speed /= math.ceil(doubled / channels)
+        channels = doubled
+    return Graph(channels, speed)
+
+
+def _nsteps(collective: str, ranks: int) -> int:
+    """tuning.cc: 2(n-1) steps for all-reduce, n-1 for reduce-scatter and all-gather."""
+    return 2 * (ranks - 1) if collective == ALL_REDUCE else ranks - 1
+
+
+def supported(collective: str, algorithm: str, protocol: str) -> bool:
+    """tuning.cc: reduce-scatter and all-gather run as rings (PAT needs one GPU per node and
+    NVLS/CollNet are not modelled); all-reduce as ring or tree; every protocol."""
+    return algorithm == RING or collective == ALL_REDUCE
+
+
+def bus_bandwidth(collective: str, algorithm: str, protocol: str, nodes: int,
+                  graph: Graph, channel_share: float = 1.0) -> float:
+    """tuning.cc: busBw of (algorithm, protocol) in GB/s, before the conversion to algbw, on
+    `channel_share` of the channels (busBw = channels x per-channel bandwidth; the per-channel
+    caps scale with the channels, llMaxBw is a total)."""
+    index = min(nodes, 3) - 1
+    channels = graph.channels * channel_share
+    bus = channels * graph.bw
+    if algorithm == RING and protocol == LL:
+        bus = min(LL_MAX_BW[index], bus * 0.5)
+    if algorithm == RING and protocol == LL128:
+        bus = min(bus * 0.92, channels * PER_CH_MAX_RING_LL128_BW[index])
+    if algorithm == TREE and collective == ALL_REDUCE:
+        bus = min(bus * 0.92, channels * PER_CH_MAX_TREE_BW[index])
+    if algorithm == TREE and protocol == LL:
+        bus = min(bus / 3.8, LL_MAX_BW[index])
+    if algorithm == TREE and protocol == LL128:
+        bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
+                  channels * PER_CH_MAX_TREE_LL128_BW[index])
+    return bus
+
+
+def algorithm_bandwidth(collective: str, algorithm: str, protocol: str, ranks: int, nodes: int,
+                        graph: Graph) -> float:
+    """tuning.cc: algbw = busBw x n / nsteps for rings, x 0.5 for trees (GB/s)."""
+    bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph)
+    return bus * (ranks / _nsteps(collective, ranks) if algorithm == RING else 0.5)
+
+
+def step_latencies_us(algorithm: str, protocol: str, ranks: int, nodes: int) -> tuple:
+    """tuning.cc: (intra-node, inter-node) latency of one step in us. Rings across nodes pay
+    at least the network post overhead per intra step (x3 for Simple); with one rank per node
+    the network steps take the tree's latency."""
+    intra = HW_LATENCY_US[NVLINK][algorithm][protocol]
+    inter = HW_LATENCY_US[NET][TREE if ranks == nodes else algorithm][protocol]
+    if algorithm == RING and nodes > 1:
+        intra = max(intra, NET_OVERHEAD_US * (3 if protocol == SIMPLE else 1))
+    return intra, inter
+
+
+def latency_us(collective: str, algorithm: str, protocol: str, ranks: int, nodes: int) -> float:
+    """tuning.cc comm->latencies: base + ring steps (2(nodes-1) of them on the network for an
+    all-reduce) or tree depth 2((ppn-1) intra + log2(nodes) inter)."""
+    intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes)
+    base = BASE_LATENCY_US[algorithm][protocol]
+    if algorithm == RING:
+        nsteps = _nsteps(collective, ranks)
+        inter_steps = 0 if nodes == 1 else (2 if collective == ALL_REDUCE else 1) * (nodes - 1)
+        return base + (nsteps - inter_steps) * intra + inter_steps * inter
+    return base + 2 * ((ranks // nodes - 1) * intra + _log2i(nodes) * inter)
+
+
+def _log2i(n: int) -> int:
+    """utils.h log2i: floor(log2(n)) for n >= 1, else 0... (-1 for n = 0)."""
+    return n.bit_length() - 1
+
+
+def tree_correction(protocol: str, nbytes: int) -> float:
+    """tuning.cc treeCorrectionFactor for this size (1 outside 64 B .. 256 MB)."""
+    log_size = _log2i(nbytes >> 6)
+    return TREE_CORRECTION[protocol][log_size] if 0 <= log_size < 23 else 1.0
+
+
+def nccl_time_us(collective: str, algorithm: str, protocol: str, nbytes: int, ranks: int,
+                 nodes: int, graph: Graph) -> float:
+    """tuning.cc ncclTopoGetAlgoTime for one operation: latency + bytes / (1000 x algbw)."""
+    bw = algorithm_bandwidth(collective, algorithm, protocol, ranks, nodes, graph)
+    lat = latency_us(collective, algorithm, protocol, ranks, nodes)
+    if algorithm == TREE and collective == ALL_REDUCE:
+        bw *= tree_correction(protocol, nbytes)
+    if (algorithm == RING and protocol == SIMPLE and nodes > 1 and collective == ALL_REDUCE
+            and nbytes // (graph.comm_channels * ranks) >= 64):
+        lat *= RING_PLATEAU
+    return lat + nbytes / (1000 * bw)
+
+
+def channels_and_threads(algorithm: str, protocol: str, nbytes: int, ranks: int,
+                         graph: Graph) -> tuple[int, int]:
+    """enqueue.cc topoGetAlgoInfo: fewer channels, then fewer threads (halved while a multiple
+    of 128), while bytes < channels x threads x threshold."""
+    nc = graph.comm_channels
+    nt = MAX_THREADS[protocol]
+    threshold = THREAD_THRESHOLD[protocol] * (ranks if algorithm == RING and protocol == LL
+                                              else 1)
+    while nbytes < nc * nt * threshold and nc >= 2:
+        nc -= 1
+    while nbytes < nc * nt * threshold and nt % 128 == 0:
+        nt //= 2
+    if algorithm == TREE:
+        nt = TREE_THREADS  # "Tree now uses all threads always"
+    return nc, nt
+
+
+@lru_cache(maxsize=4096)
+def choose(collective: str, nbytes: int, ranks: int, nodes: int, nvlink_GBps: float,
+           ib_GBps: float, algorithm: str | None = None,
+           protocol: str | None = None) -> NcclChoice:
+    """NCCL's pick for `collective` of `nbytes` (the full message S, as nccl-tests' size) over
+    `ranks` ranks on `nodes` nodes (evenly), with NCCL_ALGO / NCCL_PROTO forcing `algorithm` /
+    `protocol` when given. Memoised: cheap to call for every collective of a run."""
+    if ranks < 2:  # enqueue.cc updateCollCostTable: one rank costs nothing (ring/Simple)
+        return NcclChoice(RING, SIMPLE, 1, 1, MAX_THREADS[SIMPLE], 0.0, 1.0, 1.0, 1.0, 1.0, 0.0)
+    graph = nccl_graph(nodes, max(1, ranks // nodes), nvlink_GBps, ib_GBps)
+    options = [(a, p) for a in ALGORITHMS for p in PROTOCOLS if supported(collective, a, p)
+               and algorithm in (None, a) and protocol in (None, p)]
+    if not options:
+        raise ValueError(f"NCCL has no {algorithm} algorithm for {collective}")
+    times = {(a, p): nccl_time_us(collective, a, p, max(nbytes, 0), ranks, nodes, graph)
+             for a, p in options}
+    best = min(options, key=lambda ap: times[ap])  # first minimum, NCCL's loop order
+    return _describe(collective, best, nbytes, ranks, nodes, graph, times[best])
+
+
+def _describe(collective: str, best: tuple[str, str], nbytes: int, ranks: int, nodes: int,
+              graph: Graph, time_us: float) -> NcclChoice:
+    """The choice with its channels, threads, latency scales and bandwidth fractions: NCCL's
+    busBw is channels x per-channel bandwidth (tuning.cc), so fewer channels carry
+    proportionally less up to the protocol's total cap (llMaxBw); threads are sized to the data
+    within a channel and change nothing."""
+    algorithm, protocol = best
+    nc, nt = channels_and_threads(algorithm, protocol, nbytes, ranks, graph)
+    ref_intra, ref_inter = step_latencies_us(RING, SIMPLE, ranks, nodes)
+    intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes)
+    reference_bus = bus_bandwidth(collective, RING, SIMPLE, nodes, graph)
+    full_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph)
+    used_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph,
+                             nc / graph.comm_channels)
+    return NcclChoice(algorithm, protocol, nc, graph.comm_channels, nt,
+                      BASE_LATENCY_US[algorithm][protocol] * 1e-6, intra / ref_intra,
+                      inter / ref_inter, full_bus / reference_bus, used_bus / full_bus,
+                      time_us * 1e-6, intra * 1e-6, inter * 1e-6)

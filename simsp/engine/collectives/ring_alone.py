@@ -1,0 +1,176 @@
+"""A ring collective alone on its links: its exact time and stats, cheaply.
+
+Alone, a ring whose links each carry at most one of its hops drains every hop at a constant
+rate, so the closed form (engine/collectives/ring_timing.py: every step as long as its slowest hop) is the
+step-by-step time: the max-plus recurrence of the ring's per-rank dataflow grows by the slowest
+hop each step. A ring whose channels share a link (NCCL's rail channels on one NVLink port,
+docs/shortcuts.md) is not so: where the hops sharing a port have unequal latencies the channels
+drift out of step and the port carries one channel's bytes while another waits out its latency,
+which the closed form cannot see. Such a ring is run step by step, alone in a private
+simulation, and callers keep its stats for every later call of the same collective on the same
+group and size. Where its channels and nodes are alike (every node holds the group's members at
+the same GPUs, every chunk slice is equal) the symmetry makes that simulation small: channel c
+is channel 0 rotated by c members inside every node, so every NVLink port of a node carries one
+copy of each of channel 0's hops of that node, and every node's piece of the ring behaves as the
+first node's. One node's m positions of channel 0, all on one NVLink port each way and its
+crossing hop on its NICs, run step by step, give the time of all k x n positions (the max-min
+rates of the two problems are equal: the fair allocation is unique, hence symmetric).
+"""
+
+from dataclasses import replace
+
+import networkx as nx
+import simpy
+
+from simsp.cluster.topology import SPINE, hop_route
+from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
+                                      element_count)
+from simsp.engine.collectives.nccl_group import nccl_choice, wire_bytes
+from simsp.engine.collectives.nccl_tuning import RING
+from simsp.engine.network import Network
+from simsp.engine.collectives.ring_plan import ALL_REDUCE, Channel, channel_rings, members_by_node
+from simsp.engine.collectives.ring_timing import channel_hops, closed_form_stats, collective_time
+from simsp.hardware.constants import LinkCalibration
+
+Edge = tuple[str, str]
+
+
+def channel_routes(graph: nx.DiGraph, gpus: list[int],
+                   channels: list[Channel]) -> list[list[tuple[Edge, ...]]]:
+    """[channel][ring position] the links of the hop from that position to the next."""
+    return [[hop_route(graph, gpus[ch.order[i]], gpus[ch.order[(i + 1) % len(ch.order)]],
+                       ch.via[i]) for i in range(len(ch.order))] for ch in channels]
+
+
+def shares_a_link(graph: nx.DiGraph, gpus: list[int]) -> bool:
+    """Do two hops of this group's ring (of one channel or of two) cross one link that can
+    bind? Leaf-spine links cannot: a leaf's uplink bundle carries as much as all its GPU links
+    (cluster/topology.py _add_fabric), which every route through it also crosses."""
+    seen: set[Edge] = set()
+    channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
+    for routes in channel_routes(graph, list(gpus), channels):
+        for edges in routes:
+            for edge in edges:
+                if SPINE in edge:
+                    continue
+                if edge in seen:
+                    return True
+                seen.add(edge)
+    return False
+
+
+def alone_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
+               calibration: LinkCalibration | None = None, elem_bytes: int = DEFAULT_ELEM_BYTES,
+               stepwise_max_ranks: int | None = None) -> float:
+    """Seconds for a collective alone on its links, run as NCCL picks it: a tree all-reduce in
+    closed form (ring_timing.tree_time), a ring as alone_stats times it."""
+    choice = nccl_choice(collective, graph, list(gpus), nbytes, calibration)
+    if choice.algorithm != RING:
+        return collective_time(collective, graph, list(gpus), nbytes, calibration, elem_bytes)
+    return alone_stats(collective, graph, gpus, nbytes, calibration, elem_bytes,
+                       stepwise_max_ranks).time_s
+
+
+def alone_stats(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
+                calibration: LinkCalibration | None = None,
+                elem_bytes: int = DEFAULT_ELEM_BYTES,
+                stepwise_max_ranks: int | None = None) -> CollectiveStats:
+    """What the ring does alone on its links, starting at 0: the closed form where no link
+    carries two of its hops (exact, O(n log n)), else the ring run step by step: one node's
+    piece of one channel where the symmetry allows (segment_time), else all of it (up to
+    `stepwise_max_ranks` ranks; above, the closed form: an upper bound, docs/shortcuts.md)."""
+    closed = closed_form_stats(collective, graph, list(gpus), nbytes, calibration, elem_bytes)
+    if not shares_a_link(graph, gpus):
+        return closed
+    calibration = calibration or LinkCalibration()
+    segment = node_segment(graph, list(gpus), calibration, collective, nbytes, elem_bytes)
+    if segment is not None:
+        end_s = segment_time(graph, calibration, collective, len(gpus), segment)
+        return replace(closed, end_s=end_s,
+                       channels=tuple(replace(c, end_s=end_s) for c in closed.channels))
+    if stepwise_max_ranks is not None and len(gpus) > stepwise_max_ranks:
+        return closed
+    env = simpy.Environment()
+    network = Network(env, graph, calibration)
+    ring = env.process(RING_COLLECTIVES[collective](env, network, list(gpus), None, nbytes,
+                                                    elem_bytes))
+    env.run()
+    return ring.value[1]
+
+
+Hop = tuple[tuple[Edge, ...], float, float]  # (links, latency_s, wire bytes per step)
+
+
+def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
+                 collective: str, nbytes: int, elem_bytes: int,
+                 slowest_latency: bool = False) -> tuple[float, list[Hop]] | None:
+    """NCCL's base latency and channel 0's hops from the first node's m members on that node's
+    links (every intra hop and the crossing hop's relay leg on the first member's NVLink port,
+    the crossing hop then on its rail's NIC), where the ring is that symmetric: >= 2 nodes
+    holding the members at the same GPUs, one channel per member, equal chunk slices, equal
+    latencies at every node's like positions. None where it is not (`slowest_latency`:
+    unequal latencies allowed, each like position taking its slowest, e.g. the spine hop of a
+    ring across a leaf boundary: an approximation, docs/shortcuts.md)."""
+    per_node = graph.graph["gpus_per_node"]
+    by_node = members_by_node(gpus, per_node)
+    shapes = {tuple(gpus[member] % per_node for member in members) for members in by_node}
+    channels = channel_rings(gpus, per_node)
+    m, n = len(by_node[0]), len(gpus)
+    count = element_count(nbytes, elem_bytes)
+    if len(by_node) < 2 or len(shapes) != 1 or len(channels) != m or count % (n * m):
+        return None
+    choice = nccl_choice(collective, graph, gpus, nbytes, calibration, RING)
+    latencies = [latency for latency, _rate in channel_hops(graph, gpus, channels[:1],
+                                                            calibration, choice)[0]]
+    if any(latencies[p] != latencies[p % m] for p in range(n)):
+        if not slowest_latency:
+            return None
+        latencies = [max(latencies[q] for q in range(p % m, n, m)) for p in range(n)]
+    crossing_route = channel_routes(graph, gpus, channels[:1])[0][m - 1]
+    port = hop_route(graph, gpus[by_node[0][0]], gpus[by_node[0][1]])
+    up, down = port[0], port[-1]  # the first member's NVLink uplink and downlink
+    chunk = wire_bytes(count // (n * m) * elem_bytes, choice)
+    crossing = (up, down) + tuple(e for e in crossing_route if graph.edges[e]["kind"] == "ib")
+    hops = [((up, down), latencies[p], chunk) for p in range(m - 1)]
+    return choice.base_latency_s, hops + [(crossing, latencies[m - 1], chunk)]
+
+
+def segment_time(graph: nx.DiGraph, calibration: LinkCalibration, collective: str, n: int,
+                 segment: tuple[float, list[Hop]]) -> float:
+    """The ring's time alone, from one node's piece of one channel run step by step (ring
+    position m-1 sends to position 0: the next node's, which behaves as this one's): NCCL's
+    base latency, then each phase's n-1 steps, every position sending one chunk per step and
+    going on when its own and its predecessor's are delivered (engine/collectives/ring.py)."""
+    env = simpy.Environment()
+    network = Network(env, graph, calibration)
+    process = env.process(segment_run(env, network, collective, n, segment))
+    env.run()
+    return process.value
+
+
+def segment_run(env: simpy.Environment, network: Network, collective: str, n: int,
+                segment: tuple[float, list[Hop]]):
+    """Base latency, then the phases one after another (a phase ends when every position has
+    its last chunk, as _run_channels waits for every channel): a process body, on a private
+    network (segment_time) or on one shared with the group's other collectives."""
+    base_s, hops = segment
+    if base_s > 0:
+        yield env.timeout(base_s)
+    for _phase in range(2 if collective == ALL_REDUCE else 1):
+        inboxes = [[env.event() for _ in hops] for _ in range(n - 1)]  # [step][position]
+        yield env.all_of([env.process(_position(env, network, hops, p, inboxes))
+                          for p in range(len(hops))])
+    return env.now
+
+
+def _position(env: simpy.Environment, network: Network, hops: list[Hop], position: int,
+              inboxes: list[list[simpy.Event]]):
+    """One position's steps: send its chunk to the next position, wait for its own delivery
+    and for its predecessor's chunk (_Ring.rank_loop)."""
+    edges, latency_s, chunk = hops[position]
+    after = (position + 1) % len(hops)
+    for inbox in inboxes:
+        delivered = network.load(edges, chunk, latency_s)
+        delivered.callbacks.append(lambda _e, box=inbox[after]: box.succeed())
+        yield inbox[position]
+        yield delivered

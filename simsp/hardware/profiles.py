@@ -1,0 +1,258 @@
+"""GPU and system profiles as data: the TOML files of simsp/hardware/data (or a user's own).
+
+Every number in a profile is an inline table `{ value = ..., source = "..." }`: the value and
+where it comes from (a datasheet, a paper, a public measurement). A GPU file gives memory, dense
+BF16/FP8 peaks, HBM and NVLink bandwidth and the measured large-GEMM ceilings; a system file gives
+its GPU, the NVLink domain (simsp's node), the NVSwitch generation and the NICs. `--gpu NAME` or
+`--gpu PATH.toml` (and `--system`) select one; `simsp hardware` lists them with their sources.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+import tomllib
+
+from simsp import io_in
+from simsp.errors import UserError
+from simsp.units import GiB
+
+DATA = Path(__file__).parent / "data"
+KINDS = {"gpu": "gpus", "system": "systems"}
+NIC_GBPS = {"HDR": 200, "NDR": 400, "XDR": 800}  # InfiniBand generations, Gb/s per port
+GPU_NUMBERS = ("memory_GiB", "peak_bf16_TFLOPs", "hbm_TBps", "nvlink_generation", "nvlink_GBps",
+               "ceiling_bf16_TFLOPs")
+GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs", "host_link_GBps")
+SYSTEM_NUMBERS = ("gpus_per_nvlink_domain", "nvswitch_generation", "nics_per_node", "nic",
+                  "nic_Gbps")
+COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency",
+                "launch_overhead_s")
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """One number of a profile and where it comes from."""
+
+    value: float | int | str
+    source: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A parsed profile: its name, description, file, numbers with sources, sub-tables."""
+
+    kind: str  # "gpu" | "system"
+    name: str
+    description: str
+    path: str
+    numbers: dict  # key -> Sourced
+    sections: dict  # "compute" / "compute_fp8" -> {key: Sourced}
+    gpu: str | None = None  # a system's GPU profile
+    aliases: tuple = ()
+
+    def value(self, key: str, default=None):
+        """The value of `key` (default when the profile leaves it out)."""
+        return self.numbers[key].value if key in self.numbers else default
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    """The GPU numbers the simulator uses, in SI units."""
+
+    name: str
+    memory_bytes: int
+    peak_flops: float  # dense BF16 tensor-core FLOP/s
+    peak_fp8_flops: float | None  # dense FP8 FLOP/s; None: no FP8 tensor cores
+    hbm_bandwidth_Bps: float
+    nvlink_generation: int
+    nvlink_GBps: float  # per GPU per direction
+    ceiling_flops: float  # best measured large BF16 GEMM FLOP/s
+    ceiling_fp8_flops: float | None
+    fitted: dict  # [compute] section values (fitted or calibrated), may be empty
+    fitted_fp8: dict  # [compute_fp8]
+    host_link_GBps: float | None = None  # PCIe (NVLink-C2C on GB200) to the host, per direction
+
+
+@dataclass(frozen=True)
+class SystemProfile:
+    """One system: its GPU, NVLink domain size, NVSwitch generation and NICs."""
+
+    name: str
+    gpu: str
+    gpus_per_nvlink_domain: int
+    nvswitch_generation: int
+    nics_per_node: int
+    nic: str
+    nic_Gbps: float
+
+    @property
+    def ib_bandwidth_GBps(self) -> float:
+        """One NIC's speed in GB/s per direction (Gb/s / 8)."""
+        return self.nic_Gbps / 8
+
+
+def available(kind: str) -> list[str]:
+    """The bundled profile names of `kind`, sorted."""
+    return sorted(p.stem for p in (DATA / KINDS[kind]).glob("*.toml"))
+
+
+def _resolve_path(kind: str, name: str) -> Path:
+    """A bundled name (or alias) or a path to a .toml file."""
+    if name.endswith(".toml") or "/" in name:
+        return Path(name)
+    for stem in available(kind):
+        if stem == name or name in _aliases(kind, stem):
+            return DATA / KINDS[kind] / f"{stem}.toml"
+    raise UserError(f"cluster.{kind}", f"unknown {kind} {name!r} (bundled: "
+                                       f"{', '.join(available(kind))}; or a path to a .toml file)")
+
+
+@lru_cache(maxsize=None)
+def _aliases(kind: str, stem: str) -> tuple:
+    with open(DATA / KINDS[kind] / f"{stem}.toml", "rb") as handle:
+        return tuple(tomllib.load(handle).get("aliases", ()))
+
+
+# key -> (integer?, most allowed): every number is positive; these ceilings are far above any
+# real part (a 16 TiB GPU, an exaFLOP/s chip, NVLink generation 100) and keep the arithmetic
+# finite; a fraction (an efficiency) is at most 1
+LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
+          "peak_fp8_TFLOPs": (False, 1e6), "ceiling_bf16_TFLOPs": (False, 1e6),
+          "ceiling_fp8_TFLOPs": (False, 1e6), "hbm_TBps": (False, 1000),
+          "nvlink_generation": (True, 100), "nvlink_GBps": (False, 1e5),
+          "host_link_GBps": (False, 1e5), "gpus_per_nvlink_domain": (True, 4096),
+          "nvswitch_generation": (True, 100), "nics_per_node": (True, 4096),
+          "nic_Gbps": (False, 1e6), "gemm_max_efficiency": (False, 1),
+          "memory_efficiency": (False, 1), "gemm_half_intensity": (False, 1e6),
+          "launch_overhead_s": (False, 1)}
+TEXT_KEYS = {"name", "description", "gpu"}  # plain strings (a system's gpu: a name or path)
+
+
+@lru_cache(maxsize=64)
+def load_profile(kind: str, name: str) -> Profile:
+    """Read and check one profile (simsp/io_in.py: size-capped, a regular UTF-8 file): every
+    key known, every number positive, finite and in LIMITS, with a source."""
+    path = _resolve_path(kind, name)
+    field = f"cluster.{kind}"
+    if not path.exists() and not path.is_symlink():
+        raise UserError(field, f"file not found: {path}")
+    data = io_in.read_toml(path, "profile")
+    required = GPU_NUMBERS if kind == "gpu" else SYSTEM_NUMBERS
+    optional = GPU_OPTIONAL if kind == "gpu" else ()
+    _check_keys(field, path, data, required + optional, kind)
+    numbers = {key: _sourced(field, path, key, data[key]) for key in required + optional
+               if key in data}
+    missing = [key for key in required if key not in numbers]
+    if missing:
+        raise UserError(field, f"{path}: missing {', '.join(missing)}")
+    sections = {section: _section(field, path, section, data[section])
+                for section in ("compute", "compute_fp8") if section in data}
+    if kind == "system" and not isinstance(data.get("gpu"), str):
+        raise UserError(field, f"{path}: a system names its gpu (gpu = \"h100-sxm-80gb\")")
+    return Profile(kind, str(data.get("name", path.stem)), str(data.get("description", "")),
+                   str(path), numbers, sections, data.get("gpu"), tuple(data.get("aliases", ())))
+
+
+def _check_keys(field: str, path: Path, data: dict, numbers: tuple, kind: str) -> None:
+    """Only known keys; names and descriptions one line of text; aliases a list of names."""
+    known = set(numbers) | TEXT_KEYS | {"aliases"} | ({"compute", "compute_fp8"}
+                                                    if kind == "gpu" else set())
+    for key, value in data.items():
+        if key not in known:
+            raise UserError(field, f"{path}:{key}: unknown key (known: {', '.join(sorted(known))})")
+        if key in TEXT_KEYS and not (isinstance(value, str) and value.isprintable()):
+            raise UserError(field, f"{path}:{key}: must be one line of text, got {value!r}")
+    aliases = data.get("aliases", [])
+    if not (isinstance(aliases, list) and all(isinstance(a, str) and a.isprintable() and a
+                                              for a in aliases)):
+        raise UserError(field, f"{path}:aliases: must be a list of names, got {aliases!r}")
+
+
+def _section(field: str, path: Path, section: str, body) -> dict:
+    """A [compute] / [compute_fp8] table: known keys, each a sourced number."""
+    if not isinstance(body, dict):
+        raise UserError(field, f"{path}:{section}: must be a table ([{section}]), got {body!r}")
+    unknown = set(body) - set(COMPUTE_KEYS)
+    if unknown:
+        raise UserError(field, f"{path}:{section}.{sorted(unknown)[0]}: unknown key "
+                               f"(known: {', '.join(COMPUTE_KEYS)})")
+    return {k: _sourced(field, path, f"{section}.{k}", v) for k, v in body.items()}
+
+
+def _sourced(field: str, path: Path, key: str, entry) -> Sourced:
+    """`{ value = ..., source = "..." }`, checked: text only where the key is text (nic), else a
+    number, positive, finite and within LIMITS (an integer where the key counts things)."""
+    if not (isinstance(entry, dict) and "value" in entry and isinstance(entry.get("source"), str)
+            and entry["source"].strip()):
+        raise UserError(field, f"{path}:{key}: must be {{ value = ..., source = \"...\" }} "
+                               f"(every number names its source)")
+    value = entry["value"]
+    if key == "nic":
+        if value not in NIC_GBPS:
+            raise UserError(field, f"{path}:nic: must be one of {', '.join(NIC_GBPS)}, "
+                                   f"got {value!r}")
+        return Sourced(value, entry["source"])
+    integer, high = LIMITS[key.split(".")[-1]]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(field, f"{path}:{key}: value must be a number, got {value!r}")
+    if not 0 < value <= high:  # nan and inf fail here too
+        raise UserError(field, f"{path}:{key}: value must be positive and at most {high:g}, "
+                               f"got {value!r}")
+    if integer and value != int(value):
+        raise UserError(field, f"{path}:{key}: value must be a whole number, got {value!r}")
+    return Sourced(int(value) if integer else value, entry["source"])
+
+
+@lru_cache(maxsize=64)
+def gpu_profile(name: str) -> GPUProfile:
+    """The GPU profile `name` (bundled name, alias or path) in SI units."""
+    prof = load_profile("gpu", name)
+    fp8, ceiling_fp8 = prof.value("peak_fp8_TFLOPs"), prof.value("ceiling_fp8_TFLOPs")
+    return GPUProfile(
+        name=prof.name, memory_bytes=int(prof.value("memory_GiB") * GiB),
+        peak_flops=prof.value("peak_bf16_TFLOPs") * 1e12,
+        peak_fp8_flops=None if fp8 is None else fp8 * 1e12,
+        hbm_bandwidth_Bps=prof.value("hbm_TBps") * 1e12,
+        nvlink_generation=int(prof.value("nvlink_generation")),
+        nvlink_GBps=float(prof.value("nvlink_GBps")),
+        ceiling_flops=prof.value("ceiling_bf16_TFLOPs") * 1e12,
+        ceiling_fp8_flops=None if ceiling_fp8 is None else ceiling_fp8 * 1e12,
+        fitted={k: s.value for k, s in prof.sections.get("compute", {}).items()},
+        fitted_fp8={k: s.value for k, s in prof.sections.get("compute_fp8", {}).items()},
+        host_link_GBps=prof.value("host_link_GBps"))
+
+
+@lru_cache(maxsize=64)
+def system_profile(name: str) -> SystemProfile:
+    """The system profile `name` (bundled name or path)."""
+    prof = load_profile("system", name)
+    nic = str(prof.value("nic"))
+    system = SystemProfile(prof.name, prof.gpu, int(prof.value("gpus_per_nvlink_domain")),
+                           int(prof.value("nvswitch_generation")),
+                           int(prof.value("nics_per_node")), nic, float(prof.value("nic_Gbps")))
+    if system.nics_per_node != system.gpus_per_nvlink_domain:
+        raise UserError("cluster.system", f"{prof.path}: simsp's fabric has one NIC per GPU "
+                                          f"(rails): nics_per_node {system.nics_per_node} != "
+                                          f"gpus_per_nvlink_domain {system.gpus_per_nvlink_domain}")
+    gpu_profile(system.gpu)  # the GPU it names must load
+    return system
+
+
+def system_cluster_fields(name: str) -> dict:
+    """The [cluster] values a system implies: its GPU, NVLink domain, NVLink and NIC speeds."""
+    system = system_profile(name)
+    return {"gpu": system.gpu, "gpus_per_node": system.gpus_per_nvlink_domain,
+            "nvlink_bandwidth_GBps": gpu_profile(system.gpu).nvlink_GBps,
+            "ib_bandwidth_GBps": system.ib_bandwidth_GBps}
+
+
+def gpu_cluster_fields(name: str) -> dict:
+    """The [cluster] values a GPU implies: its NVLink speed per direction."""
+    return {"nvlink_bandwidth_GBps": gpu_profile(name).nvlink_GBps}
+
+
+def nvswitch_generation(cluster) -> int:
+    """The NVSwitch generation of a cluster: its system's, else the one that pairs with its GPU's
+    NVLink (NVLink 3 -> NVSwitch 2 in DGX A100, 4 -> 3 in DGX H100, 5 -> 4 in DGX B200)."""
+    if cluster.system:
+        return system_profile(cluster.system).nvswitch_generation
+    return gpu_profile(cluster.gpu).nvlink_generation - 1

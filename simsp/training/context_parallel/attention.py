@@ -1,0 +1,400 @@
+"""Context-parallel attention inside a layer, run by the CP group's rank programs together.
+
+A layer's FlashAttention core becomes Transformer Engine's context-parallel attention
+(NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py) by --cp-comm-type: p2p, AttnFuncWithCPAndKVP2P (CpAttention): every CP rank
+keeps its query chunks (Megatron-LM's 2·cp load-balanced split, megatron/core/utils.py
+get_batch_on_this_cp_rank) and the K/V blocks go round the ring step by step while each rank
+computes the block it holds (training/context_parallel/ring.py schedules it on the links,
+training/context_parallel/ring_kernels.py gives the numbers); a2a, AttnFuncWithCPAndQKVOA2A (CpUlysses); allgather,
+AttnFuncWithCPAndKVAllGather (CpAllGather). One shared instance serves one layer's forward,
+recompute or backward of one micro-batch on one CP group; the group's ranks meet in it through
+`rings`, shared by the world. The model calls `r.cp` (model/layer.py, layer_backward.py).
+"""
+
+import numpy as np
+
+from simsp.model.context_split import local_positions
+from simsp.model.mappings import tensor_collective
+from simsp.training.context_parallel.ring_kernels import CpShard, block_backward, block_forward
+from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to_heads
+from simsp.training.context_parallel.a2a import CpAllToAll
+from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
+from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
+
+FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
+BACKWARD_GEMMS = ("d_v", "d_probs", "d_q", "d_k")  # after the recomputed scores
+
+
+class SharedRing:
+    """One ring (CpRing) or all-to-all (CpAllToAll) met by every rank of a CP group, with its
+    numeric mailbox."""
+
+    def __init__(self, ring: CpRing):
+        self.ring, self.mailbox, self.done = ring, RingMailbox(), 0
+
+
+class CpAttention:
+    """One rank's context-parallel attention: its CP group, its tokens' global positions."""
+
+    def __init__(self, env, network, rings: dict, members: tuple, index: int, seq_length: int):
+        self.env, self.network, self.rings = env, network, rings
+        self.members, self.index, self.size = members, index, len(members)
+        self.positions = local_positions(seq_length, self.size, index)  # (s/cp,)
+        self.held = {}  # ledger scope -> the K/V block the forward ended on (numeric)
+
+    @staticmethod
+    def _keep(keep, heads: int, first: int = 0):
+        """keep(q_pos, k_pos) -> the (b, heads, nq, nk) dropout keep-mask of heads first..
+        (None without dropout); `keep` is model/layer.py's cp_attention_keep drawer."""
+        if keep is None:
+            return None
+        return lambda q_pos, k_pos: keep(q_pos, k_pos, first, heads)
+
+    def _all_positions(self) -> list:
+        """Every CP rank's global positions, (s/cp,) each, in cp-rank order."""
+        s = len(self.positions) * self.size
+        return [local_positions(s, self.size, j) for j in range(self.size)]
+
+    def _ring(self, r, phase: str, kv_bytes: int) -> SharedRing:
+        """The group's ring for this layer scope and phase, made by whichever rank comes first."""
+        key = (self.members, r.scope, phase)
+        shared = self.rings.get(key)
+        if shared is None:
+            ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope)
+            shared = self.rings[key] = SharedRing(ring)
+        shared.ring.ledgers[self.index] = r.ledger
+        return shared
+
+    def _finished(self, r, phase: str) -> None:
+        """Drop the ring once every rank of the group has run its side."""
+        key = (self.members, r.scope, phase)
+        shared = self.rings[key]
+        shared.done += 1
+        if shared.done == self.size:
+            del self.rings[key]
+
+    def _blocks(self, r, q, phase: str):
+        """The step's block attention on r's compute stream: TE's causal slices
+        (training/context_parallel/ring.py block_gemm; the whole block at diagonal_step: forward's first,
+        backward's last), 2 GEMMs forward, 1 recomputed + 4 backward."""
+        b, heads, n, d = q.shape
+
+        def run(ring_phase: str, step: int):
+            m, k, cols = block_gemm(n, d, step == diagonal_step(ring_phase, self.size))
+            flops = 2 * b * heads * m * k * cols
+            if ring_phase == "backward":
+                saved, r.phase = r.phase, "recompute"
+                yield from r.compute(f"cp_recompute_scores_{step}", "gemm", flops,
+                                     gemm=(m, k, cols))
+                r.phase = saved
+            for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
+                yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
+        return run
+
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
+                keep=None, p: float = 0.0):
+        """Ring attention forward: q (b, a/t, n, d), k, v (b, G/t, n, d) with n = s/cp ->
+        output (n, b, a/t·d) and the fp32 logsumexp (b, a/t, n), as ops.flash_attention."""
+        b, heads, n, d = q.shape
+        out = r.alloc((n, b, heads * d), FP16, out_name)
+        lse = r.alloc((b, heads, n), FP32, lse_name)
+        phase = r.phase
+        shared = self._ring(r, phase, k.nbytes + v.nbytes)
+        numbers = None
+        if r.numeric:
+            shard = CpShard(q.data, k.data, v.data, self.positions)
+            numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
+            numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
+        yield from shared.ring.forward(self.index, self._blocks(r, q, phase), numbers)
+        self._count_exposed(r, shared.ring, "forward")
+        r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
+        self._finished(r, phase)
+        if numbers is not None:
+            out.data = numbers.out.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
+            lse.data = numbers.lse
+            self.held[r.scope] = numbers.held
+        return out, lse
+
+    saved_name = "cp_kv_saved"  # what the layer's stash calls the tensor kept for backward
+
+    def saved(self, r, k: Tensor, v: Tensor) -> Tensor:
+        """The K/V block the forward ended on (rank + 1's), which the ring keeps in the ledger
+        for backward: a handle the layer's stash can free."""
+        saved = Tensor((2,) + k.shape, FP16)
+        saved.key = r.key(self.saved_name)
+        return saved
+
+    def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor, keep=None, p: float = 0.0):
+        """Ring attention backward: dout, out (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv
+        (b, G/t, n, d); dK/dV come back round the ring to their owner."""
+        dq = r.alloc(q.shape, FP16, "d_q")
+        dk = r.alloc(k.shape, FP16, "d_k")
+        dv = r.alloc(v.shape, FP16, "d_v")
+        shared = self._ring(r, "backward", k.nbytes + v.nbytes)
+        numbers = None
+        if r.numeric:
+            b, heads, n, d = q.shape
+            to_heads = lambda x: x.reshape(n, b, heads, d).transpose(1, 2, 0, 3)  # (b,a,n,d)
+            numbers = RankRingNumbers(self.index, self.size,
+                                      CpShard(q.data, k.data, v.data, self.positions),
+                                      shared.mailbox)
+            numbers.held = self.held.pop(r.scope)
+            numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
+            numbers.out, numbers.lse = to_heads(out.data), lse.data
+            numbers.start_backward(to_heads(dout.data))
+        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward"), numbers)
+        self._count_exposed(r, shared.ring, "backward")
+        r.count_comm("cp_ring", sum(exchange_bytes("backward", step, self.size,
+                                                   shared.ring.kv_bytes)
+                                    for step in range(self.size)))
+        self._finished(r, "backward")
+        if numbers is not None:
+            dq.data, (dk.data, dv.data) = numbers.dq, numbers.dkv
+        return dq, dk, dv
+
+    def _count_exposed(self, r, ring: CpRing, phase: str) -> None:
+        """The time this rank's side of the ring blocked on its K/V or dK/dV exchanges is
+        exposed context-parallel communication."""
+        r.count_exposed("cp_comm", ring.timeline.waited.get((phase, self.index), 0.0))
+
+
+class CpUlysses(CpAttention):
+    """One rank's Ulysses attention (--cp-comm-type a2a; Transformer Engine's
+    AttnFuncWithCPAndQKVOA2A, same file; DeepSpeed-Ulysses, Jacobs et al. 2023): an all-to-all
+    turns each rank's (a/t heads, s/cp tokens) q, k, v into (a/(t·cp) heads, all s tokens)
+    (training/context_parallel/ulysses_kernels.py seq_to_heads), FlashAttention runs on the whole sequence for
+    that head group, and a second all-to-all returns the output to the sequence split; the
+    backward sends dout the same way and dQ/dK/dV back (training/context_parallel/a2a.py times the pieces).
+    TE keeps the head-split q, k, v, output and logsumexp for backward: the layer's own q, k, v
+    and logsumexp stand for the first (the same bytes), and the head-split output is kept
+    beside proj_input as `cp_out_heads`."""
+
+    saved_name = "cp_out_heads"
+
+    def _a2a(self, r, phase: str, qkv_bytes: int, out_bytes: int) -> SharedRing:
+        """The group's all-to-alls for this layer scope and phase (made by the first rank)."""
+        key = (self.members, r.scope, phase)
+        shared = self.rings.get(key)
+        if shared is None:
+            a2a = CpAllToAll(self.env, self.network, self.members, qkv_bytes, out_bytes)
+            shared = self.rings[key] = SharedRing(a2a)
+            shared.sent = {}  # (tensor, cp rank) -> the arrays that rank posted (numeric)
+        return shared
+
+    def _exchange(self, r, shared, tensor: str, arrays):
+        """Post this rank's `tensor` all-to-all and wait for it; the wait is exposed."""
+        if arrays is not None:
+            shared.sent[(tensor, self.index)] = arrays
+        nbytes = shared.ring.nbytes[tensor]
+        r.count_comm("cp_all_to_all", nbytes - nbytes // self.size)  # 1/cp to each peer
+        start = self.env.now
+        yield shared.ring.exchange(tensor, self.index)
+        r.count_exposed("cp_comm", self.env.now - start)
+        if arrays is None:
+            return None
+        return [[shared.sent[(tensor, j)][c] for j in range(self.size)]
+                for c in range(len(arrays))]  # [component][cp rank]
+
+    def _flash(self, r, b: int, heads: int, s: int, d: int, names: tuple):
+        """FlashAttention's GEMMs on the head group's whole sequence (as ops.flash_attention)."""
+        for name in names:
+            yield from r.compute(f"cp_a2a_{name}", "gemm", 2 * b * heads * s * s * d,
+                                 gemm=(s, d, s))
+
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
+                keep=None, p: float = 0.0):
+        """q (b, a/t, n, d), k, v (b, G/t, n, d) -> output (n, b, a/t·d), logsumexp (b, a/t, n)."""
+        b, heads, n, d = q.shape
+        s, group = n * self.size, heads // self.size
+        shared = self._a2a(r, r.phase, q.nbytes + k.nbytes + v.nbytes, q.nbytes)
+        received = r.alloc((q.numel + k.numel + v.numel,), FP16, "cp_a2a_qkv")
+        pieces = yield from self._exchange(r, shared, "qkv", (q.data, k.data, v.data)
+                                           if r.numeric else None)
+        heads_out = r.alloc((b, group, s, d), FP16, self.saved_name)  # (b, a/(t·cp), s, d)
+        yield from self._flash(r, b, group, s, d, FORWARD_GEMMS)
+        r.free(received)
+        state = None
+        if pieces is not None:
+            qh, kh, vh = (seq_to_heads(parts, self._all_positions())[self.index]
+                          for parts in pieces)  # (b, ./cp, s, d) each
+            full = np.arange(s)  # (s,)
+            mask = self._mask(keep, group, full)  # (b, a/(t·cp), s, s) or None
+            o, lse_h = block_forward(qh, kh, vh, full, full, mask, p)
+            heads_out.data, state = o, (qh, kh, vh, o, lse_h)
+        out = r.alloc((n, b, heads * d), FP16, out_name)
+        lse = r.alloc((b, heads, n), FP32, lse_name)
+        back = yield from self._exchange(r, shared, "out", (heads_out.data,)
+                                         if r.numeric else None)
+        self._finished(r, r.phase)
+        self.pending = heads_out
+        if back is not None:
+            o = heads_to_seq(back[0], self._all_positions())[self.index]  # (b, a/t, n, d)
+            out.data = o.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
+            self.held[r.scope] = state
+        return out, lse
+
+    def _mask(self, keep, group: int, full):
+        """The head group's dropout keep-mask (b, a/(t·cp), s, s) over the whole sequence."""
+        drawer = self._keep(keep, group, self.index * group)
+        return None if drawer is None else drawer(full, full)
+
+    def saved(self, r, k: Tensor, v: Tensor) -> Tensor:
+        """The head-split output TE keeps for backward (allocated by forward)."""
+        return self.pending
+
+    def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor, keep=None, p: float = 0.0):
+        """dout (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv (b, G/t, n, d) via two all-to-alls."""
+        b, heads, n, d = q.shape
+        s, group = n * self.size, heads // self.size
+        shared = self._a2a(r, "backward", q.nbytes + k.nbytes + v.nbytes, q.nbytes)
+        to_heads = lambda x: x.reshape(n, b, heads, d).transpose(1, 2, 0, 3)  # (b, a/t, n, d)
+        douts = yield from self._exchange(r, shared, "dout", (to_heads(dout.data),)
+                                          if r.numeric else None)
+        received = r.alloc((b, group, s, d), FP16, "cp_a2a_dout")
+        grads = r.alloc((q.numel + k.numel + v.numel,), FP16, "cp_a2a_dqkv")
+        phase, r.phase = r.phase, "recompute"
+        yield from self._flash(r, b, group, s, d, ("recompute_scores",))
+        r.phase = phase
+        yield from self._flash(r, b, group, s, d, BACKWARD_GEMMS)
+        r.free(received)
+        r.ledger.free(r.key(self.saved_name), "cp_a2a", self.env.now)
+        arrays = None
+        if douts is not None:
+            qh, kh, vh, o, lse_h = self.held.pop(r.scope)
+            dout_h = seq_to_heads(douts[0], self._all_positions())[self.index]
+            delta = (dout_h * o).sum(axis=-1, keepdims=True)  # (b, a/(t·cp), s, 1)
+            full = np.arange(s)  # (s,)
+            arrays = block_backward(dout_h, qh, kh, vh, full, full, lse_h, delta,
+                                    self._mask(keep, group, full), p)
+        dq = r.alloc(q.shape, FP16, "d_q")
+        dk = r.alloc(k.shape, FP16, "d_k")
+        dv = r.alloc(v.shape, FP16, "d_v")
+        back = yield from self._exchange(r, shared, "dqkv", arrays)
+        r.free(grads)
+        self._finished(r, "backward")
+        if back is not None:
+            dq.data, dk.data, dv.data = (heads_to_seq(parts, self._all_positions())[self.index]
+                                         for parts in back)
+        return dq, dk, dv
+
+
+class CpAllGather(CpAttention):
+    """One rank's all-gather attention (--cp-comm-type allgather; Transformer Engine's
+    AttnFuncWithCPAndKVAllGather, same file): K and V are all-gathered over the CP group (a ring
+    all-gather on the links), each of the rank's two query chunks attends to the keys up to its
+    own end, and the backward gathers K/V again, computes dQ and the whole sequence's partial
+    dK/dV and reduce-scatters them back to their owners. Nothing beyond the layer's own q, k,
+    v, output and logsumexp is kept for backward; the gathered K/V lives while it is used."""
+
+    saved_name = None
+
+    def saved(self, r, k: Tensor, v: Tensor) -> None:
+        """Nothing kept beyond the layer's own tensors."""
+        return None
+
+    def _mask(self, keep, heads: int, keys):
+        """The rank's queries' dropout keep-mask (b, a/t, n, s) against every key."""
+        drawer = self._keep(keep, heads)
+        return None if drawer is None else drawer(self.positions, keys)
+
+    def _chunk_gemms(self, r, q: Tensor, names: tuple):
+        """Each local query chunk's GEMMs against the keys up to its end: chunk id i of 2·cp
+        (c tokens) sees (i + 1)·c keys (TE's per-chunk causal slices)."""
+        b, heads, n, d = q.shape
+        c = n // 2
+        for chunk in (self.index, 2 * self.size - 1 - self.index):
+            keys = (chunk + 1) * c
+            for name in names:
+                yield from r.compute(f"cp_ag_{name}_{chunk}", "gemm", 2 * b * heads * c * d * keys,
+                                     gemm=(c, d, keys))
+
+    def _gather_kv(self, r, k: Tensor, v: Tensor, tag: str):
+        """All-gather K and V over the CP group -> the gathered buffer and, numeric, k, v
+        (b, G/t, s, d) each in sequence order."""
+        local = Tensor((2 * k.numel,), FP16)
+        if r.numeric:
+            local.data = np.concatenate([k.data.reshape(-1), v.data.reshape(-1)])
+        full = (self.size * local.numel,)
+        gathered = yield from tensor_collective(r, "all_gather", local, full, full,
+                                                r.key(tag), label="cp_all_gather",
+                                                group=self.members, track="cp_comm")
+        if not r.numeric:
+            return gathered, None, None
+        b, groups, n, d = k.shape
+        parts = gathered.data.reshape(self.size, 2, b, groups, n, d)
+        order = np.argsort(np.concatenate(self._all_positions()))  # (s,)
+        k_all, v_all = (np.concatenate(list(parts[:, j]), axis=2)[:, :, order] for j in (0, 1))
+        return gathered, k_all, v_all
+
+    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
+                keep=None, p: float = 0.0):
+        """q (b, a/t, n, d), k, v (b, G/t, n, d) -> output (n, b, a/t·d), logsumexp (b, a/t, n)."""
+        b, heads, n, d = q.shape
+        gathered, k_all, v_all = yield from self._gather_kv(r, k, v, f"cp_kv_gather_{r.phase}")
+        out = r.alloc((n, b, heads * d), FP16, out_name)
+        lse = r.alloc((b, heads, n), FP32, lse_name)
+        yield from self._chunk_gemms(r, q, FORWARD_GEMMS)
+        if r.numeric:
+            s = k_all.shape[2]
+            mask = self._mask(keep, q.shape[1], np.arange(s))  # (b, a/t, n, s) or None
+            o, lse.data = block_forward(q.data, k_all, v_all, self.positions, np.arange(s),
+                                        mask, p)
+            out.data = o.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
+        r.free(gathered)
+        return out, lse
+
+    def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor, keep=None, p: float = 0.0):
+        """dout (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv (b, G/t, n, d): K/V gathered again,
+        the whole sequence's partial dK/dV reduce-scattered to their owners."""
+        b, heads, n, d = q.shape
+        gathered, k_all, v_all = yield from self._gather_kv(r, k, v, "cp_kv_gather_backward")
+        dq = r.alloc(q.shape, FP16, "d_q")
+        partial = r.alloc((2 * self.size * k.numel,), FP16, "cp_dkv_partial")
+        phase, r.phase = r.phase, "recompute"
+        yield from self._chunk_gemms(r, q, ("recompute_scores",))
+        r.phase = phase
+        yield from self._chunk_gemms(r, q, BACKWARD_GEMMS)
+        r.free(gathered)
+        if r.numeric:
+            to_heads = lambda x: x.reshape(n, b, heads, d).transpose(1, 2, 0, 3)  # (b,a,n,d)
+            do, o = to_heads(dout.data), to_heads(out.data)
+            delta = (do * o).sum(axis=-1, keepdims=True)  # (b, a/t, n, 1)
+            keys = np.arange(k_all.shape[2])  # (s,)
+            dq.data, dk_all, dv_all = block_backward(do, q.data, k_all, v_all, self.positions,
+                                                     keys, lse.data, delta,
+                                                     self._mask(keep, heads, keys), p)
+            partial.data = np.concatenate([np.stack([dk_all[:, :, pos], dv_all[:, :, pos]])
+                                           .reshape(-1) for pos in self._all_positions()])
+        owned = yield from tensor_collective(r, "reduce_scatter", partial, partial.shape,
+                                             (2 * k.numel,), r.key("cp_dkv_scatter"),
+                                             label="cp_reduce_scatter", group=self.members,
+                                             track="cp_comm")
+        r.free(partial)
+        dk = r.alloc(k.shape, FP16, "d_k")
+        dv = r.alloc(v.shape, FP16, "d_v")
+        if r.numeric:
+            dk.data, dv.data = owned.data.reshape((2,) + k.shape)
+        r.free(owned)
+        return dq, dk, dv
+
+
+def cp_attention_of(world, rank: int):
+    """Rank `rank`'s CP attention by --cp-comm-type: CpAttention (p2p), CpUlysses (a2a),
+    CpAllGather (allgather) or CpHierarchical (a2a+p2p); None without context parallelism."""
+    grid = world.grid
+    if grid.cp == 1:
+        return None
+    members = grid.cp_group(rank)
+    p = world.scenario.parallel
+    args = (world.env, world.network, world.cp_rings, members, members.index(rank),
+            world.scenario.model.seq_length)
+    if p.cp_comm_type == "a2a+p2p":  # training/context_parallel/hierarchical.py
+        from simsp.training.context_parallel.hierarchical import CpHierarchical
+        return CpHierarchical(*args, p.hcp_sizes[0])
+    kind = {"a2a": CpUlysses, "allgather": CpAllGather}.get(p.cp_comm_type, CpAttention)
+    return kind(*args)

@@ -1,0 +1,276 @@
+"""Data-parallel gradient buckets as Megatron-LM's DDP builds and reduces them.
+
+Sources: megatron/core/distributed/param_and_grad_buffer.py and distributed_data_parallel.py,
+distributed_optimizer.py (docs/MODEL.md#runtime-mechanisms). Each model chunk's gradients live
+in one contiguous
+buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes) walked in reverse parameter
+order and cut into buckets of at least max(40M, 1M·d) parameters; without
+--overlap-grad-reduce the bucket size is unlimited (one bucket per chunk). With the overlap, a
+bucket's all-reduce (reduce-scatter with the distributed optimizer) is launched on the DP
+communication stream as soon as the last micro-batch's backward has produced all its gradients;
+`finish` waits for every bucket (finish_grad_sync). Readiness is tracked per layer (a layer's
+gradients count as produced when its backward ends), per head and per embedding.
+With the distributed optimizer the updated parameters are all-gathered per bucket after the
+step; with --overlap-param-gather Megatron issues the first bucket's all-gather after the step and
+each forward pre-hook waits for its bucket and issues the next one. One simulated iteration stands
+for the steady state: the all-gather issued at the end of the previous iteration is issued at
+time 0 here, and nothing is issued at the end (it belongs to the next iteration).
+"""
+
+from dataclasses import dataclass, field
+import math
+
+import numpy as np
+import simpy
+
+from simsp.scenario.config import bucket_size
+from simsp.engine.streams import Stream
+from simsp.engine.trace import Trace
+from simsp.model.mappings import _bytes_sent
+from simsp.model.blocks.moe.placement import is_expert_param
+from simsp.model.params import layer_param_names
+from simsp.model.tensor import FP16, FP32, Tensor
+
+EMBEDDING = ("embedding.word", "embedding.position")
+HEAD = ("final_ln.gamma", "final_ln.beta", "output.weight")  # output.weight: untied only
+
+
+@dataclass
+class Bucket:
+    """Parameters in buffer (reverse forward) order, the padded element count, progress."""
+
+    chunk: int
+    names: tuple[str, ...]
+    numel: int
+    ready: set = field(default_factory=set)
+    reduce: simpy.Process | None = None
+    gather: simpy.Process | None = None
+    group: tuple = ()  # the ranks reducing it: DP, or EDP for expert weights (set by DDPBuckets)
+
+
+def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
+                  shared: str | None = None, chunk: int = 0) -> list[Bucket]:
+    """Cut (name, numel) params, given in forward order, into buckets walking them in reverse.
+
+    A bucket closes once it holds >= `size` elements; `shared` (the pipeline's tied embedding
+    copy, distributed optimizer) gets a bucket of its own; ends are padded to `pad_to`."""
+    buckets, current = [], []
+
+    def close():
+        numel = sum(n for _, n in current)
+        buckets.append(Bucket(chunk, tuple(name for name, _ in current),
+                              -(-numel // pad_to) * pad_to))
+        current.clear()
+
+    for name, numel in reversed(params):
+        if name == shared and current:
+            close()
+        current.append((name, numel))
+        if name == shared or (size is not None and sum(n for _, n in current) >= size):
+            close()
+    if current:
+        close()
+    return buckets
+
+
+def module_params(plan, module, grads: dict, producing: bool = False) -> list[str]:
+    """Parameter names of a module ("embedding", "head" or a layer index) on this rank.
+
+    `producing`: only those whose gradient is complete after this module's backward (the tied
+    word embedding on a one-stage pipeline is finished by the embedding's backward)."""
+    if module == "embedding":
+        names = list(EMBEDDING)
+    elif module == "head":
+        names = _head_names(grads)
+        if _shares_word_table(grads) and not (producing and plan.holds_embedding):
+            names.append("embedding.word")
+    else:
+        names = layer_param_names(module)
+    return [n for n in names if n in grads]
+
+
+def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
+    """The chunk's parameters in Megatron's module order (shared word embedding copy last)."""
+    names = list(EMBEDDING) if plan.is_first(chunk) else []
+    for i in plan.layers(chunk):
+        names += layer_param_names(i)
+    if plan.is_last(chunk):
+        names += _head_names(grads)
+        if not plan.is_first(chunk) and _shares_word_table(grads):
+            names.append("embedding.word")
+    return [n for n in names if n in grads]
+
+
+def _head_names(grads: dict) -> list[str]:
+    """The head's parameters in Megatron's module order: the final norm, the multi-token
+    prediction depths (training/mtp.py), the untied output layer."""
+    return list(HEAD[:2]) + [n for n in grads if n.startswith("mtp.")] + list(HEAD[2:])
+
+
+def _shares_word_table(grads: dict) -> bool:
+    """The last stage's copy of the word embedding: the tied output layer's, or the one
+    multi-token prediction embeds with."""
+    return "output.weight" not in grads or "mtp.0.eh_proj.weight" in grads
+
+
+class DDPBuckets:
+    """One rank's DP buckets, the stream they reduce on, and the pending all-gathers."""
+
+    def __init__(self, r, run, plan, grads: dict):
+        p = run.sc.parallel
+        self.group = run.world.grid.dp_cp_group(r.rank)  # CP ranks reduce with DP (Megatron)
+        self.grads, self.plan = grads, plan
+        self.distributed = p.distributed_optimizer
+        self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
+        self.last_micro_batch = p.num_micro_batches - 1
+        self.stream = Stream(r.env, r.rank, "dp_comm", Trace())
+        self.buckets = self._buckets(p, self.group)
+        if r.moe is not None:  # expert weights: their own buffers, reduced over EDP
+            self.buckets = expert_buckets(self, p, r.moe.edp_group)
+        self.overlap = p.overlap_grad_reduce and bool(self.buckets)
+        self.overlap_gather = p.overlap_param_gather and bool(self.buckets)
+        self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
+
+    def _buckets(self, p, group: tuple, keep=lambda name: True) -> list[Bucket]:
+        """Every chunk's buckets of the parameters `keep` accepts, reduced over `group` (none
+        for a group of one), chunks in order, each chunk's in buffer (reverse) order."""
+        if len(group) == 1:
+            return []
+        size = bucket_size(len(group), p.overlap_grad_reduce, p.ddp_bucket_size)
+        pad = math.lcm(len(group), 128) if self.distributed else 1
+        shared = "embedding.word" if self.distributed and not self.plan.holds_embedding else None
+        buckets = []
+        for chunk in range(self.plan.v):
+            names = [n for n in chunk_params(self.plan, chunk, self.grads) if keep(n)]
+            params = [(n, self.grads[n].numel) for n in names]
+            buckets += build_buckets(params, size, pad, shared, chunk)
+        for bucket in buckets:
+            bucket.group = group
+        return buckets
+
+    def _forward_order(self) -> list[Bucket]:
+        """All-gather order: chunks in order, each chunk's buckets as its forward uses them."""
+        return [b for c in range(self.plan.v) for b in reversed(self.buckets) if b.chunk == c]
+
+    # ------------------------------------------------------------------ gradient reduction
+    def grads_ready(self, r, run, plan, chunk: int, mb: int, modules: list) -> None:
+        """A module's backward ended: in the last micro-batch, launch every completed bucket."""
+        if not self._launches_in(mb):
+            return
+        for module in modules:
+            done = set(module_params(plan, module, self.grads, producing=True))
+            for bucket in self.buckets:
+                if bucket.chunk == chunk and bucket.reduce is None:
+                    bucket.ready |= done & set(bucket.names)
+                    if len(bucket.ready) == len(bucket.names):
+                        self._launch_reduce(r, run, bucket)
+
+    def _launch_reduce(self, r, run, bucket: Bucket) -> None:
+        kind = "reduce_scatter" if self.distributed else "all_reduce"
+        flat = self._flat(bucket)
+        bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads", bucket.group)
+        if r.numeric and not self.distributed:
+            bucket.reduce.callbacks.append(lambda event: self._unflat(bucket, event.value))
+
+    def _launch(self, r, kind: str, flat: Tensor, label: str, tag: str,
+                group: tuple) -> simpy.Process:
+        """Issue one DP collective on the DP stream, in place in Megatron's contiguous buffer
+        (nothing allocated); bytes are counted now, so no layer step records them."""
+        full_bytes = flat.nbytes * (len(group) if kind == "all_gather" else 1)
+        r.count_comm(label, _bytes_sent(kind, len(group), full_bytes))
+        return self.stream.launch(label, self._collective(r, kind, flat, full_bytes, tag,
+                                                          group))
+
+    def _collective(self, r, kind: str, flat: Tensor, full_bytes: int, tag: str, group: tuple):
+        """The ring itself, with a span on the DP track; returns the flat result (numeric)."""
+        start = r.env.now
+        buffer = None if flat.data is None else flat.data  # (numel,)
+        result = yield from getattr(r.tp.comm, kind)(group, r.rank, buffer, full_bytes,
+                                                     tag, elem_bytes=flat.itemsize)
+        if r.trace is not None:
+            r.trace.add_span(r.rank, "dp_comm", f"{kind} {tag}", start, r.env.now,
+                             {"bytes": full_bytes})
+        return result
+
+    def _flat(self, bucket: Bucket) -> Tensor:
+        """The bucket's slice of the contiguous gradient buffer: a ledger-less view."""
+        data = None
+        if self.grads[bucket.names[0]].data is not None:
+            data = np.concatenate([self.grads[n].data.reshape(-1)
+                                   for n in bucket.names])  # (numel,)
+        return Tensor((bucket.numel,), self.itemsize, data)
+
+    def _unflat(self, bucket: Bucket, flat: np.ndarray) -> None:
+        offset = 0
+        for n in bucket.names:
+            size = self.grads[n].numel
+            self.grads[n].data = flat[offset:offset + size].reshape(self.grads[n].shape)
+            offset += size
+
+    def finish(self, r, run):
+        """finish_grad_sync: launch what is not launched yet, wait for every bucket."""
+        if not self.buckets:
+            return
+        for bucket in self.buckets:
+            if bucket.reduce is None:
+                self._launch_reduce(r, run, bucket)
+        start = r.env.now
+        yield simpy.AllOf(r.env, [b.reduce for b in self.buckets])
+        r.count_exposed("dp_comm", r.env.now - start)
+
+    # ------------------------------------------------------------------ parameter all-gather
+    def _gather(self, r, bucket: Bucket) -> simpy.Process:
+        """All-gather one bucket's updated fp16 parameters over DP (in place in Megatron)."""
+        shard = Tensor((bucket.numel // len(bucket.group),), FP16, None)
+        return self._launch(r, "all_gather", shard, "all_gather_dp", "dp_params", bucket.group)
+
+    def gather_params(self, r, run):
+        """After the step, distributed optimizer: all-gather every bucket (unless overlapped)."""
+        if not self.buckets or not self.distributed or self.overlap_gather:
+            return
+        start = r.env.now
+        for bucket in self._forward_order():
+            yield self._gather(r, bucket)
+        r.count_exposed("dp_comm", r.env.now - start)
+
+    def start_param_gather(self, r, run) -> None:
+        """--overlap-param-gather: the previous step's first all-gather, issued at time 0."""
+        if self.pending_gathers:
+            bucket = self.pending_gathers[0]
+            bucket.gather = self._gather(r, bucket)
+
+    def quiet(self, mb: int) -> bool:
+        """Whether micro-batch `mb`'s layers neither wait for an all-gather nor launch a
+        reduction (they may then be replayed back to back: training/pipeline/layer_chain.py)."""
+        return not self.pending_gathers and not self._launches_in(mb)
+
+    def _launches_in(self, mb: int) -> bool:
+        """Whether micro-batch mb's backward launches bucket reductions (--overlap-grad-reduce:
+        the last micro-batch)."""
+        return self.overlap and mb == self.last_micro_batch
+
+    def params_needed(self, r, run, chunk: int, modules: list | tuple):
+        """Forward pre-hook: wait for the all-gathers up to these params', issue the next (an
+        empty tuple when no all-gather is pending: nothing to wait for, no generator)."""
+        if not self.pending_gathers:
+            return ()
+        return self._wait_gathers(r, chunk, modules)
+
+    def _wait_gathers(self, r, chunk: int, modules: list | tuple):
+        names = {n for m in modules for n in module_params(self.plan, m, self.grads)}
+        while any(b.chunk == chunk and names & set(b.names) for b in self.pending_gathers):
+            bucket = self.pending_gathers.pop(0)
+            start = r.env.now
+            yield bucket.gather
+            r.count_exposed("dp_comm", r.env.now - start)
+            if self.pending_gathers:
+                nxt = self.pending_gathers[0]
+                nxt.gather = self._gather(r, nxt)
+
+
+def expert_buckets(ddp: DDPBuckets, p, edp_group: tuple) -> list[Bucket]:
+    """Megatron DDP's expert_parallel_buffers: the dense parameters' buckets over DP, the
+    experts' over the expert-data-parallel group (megatron/core/distributed/
+    distributed_data_parallel.py), each set built as the dense one is."""
+    dense = ddp._buckets(p, ddp.group, lambda name: not is_expert_param(name))
+    return dense + ddp._buckets(p, edp_group, is_expert_param)

@@ -1,0 +1,77 @@
+"""Mixed-precision Adam (K22 §4: 18 bytes per parameter): fp16 weights, fp32 main gradients,
+fp32 master weights and Adam moments m, v — optionally sharded over DP (distributed optimizer)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simsp.model.fp8 import weight_cast_bytes
+from simsp.model.blocks.moe.placement import is_expert_param
+from simsp.scenario.precision import DEFAULT
+
+ADAM_LR, ADAM_BETAS, ADAM_EPS = 1e-3, (0.9, 0.999), 1e-8
+STATE_TENSORS = ("master", "adam_m", "adam_v")  # fp32 each: 12 bytes per parameter
+
+
+@dataclass
+class AdamState:
+    """One rank's optimizer tensors, keyed like its weights."""
+
+    tensors: dict  # (state name, param name) -> Tensor
+
+
+def allocate_optimizer(r, weights: dict, shard_over: int = 1,
+                       expert_shard_over: int | None = None) -> AdamState:
+    """fp32 master weights and Adam moments; 1/shard_over of each with the distributed optimizer
+    (expert weights: 1/expert_shard_over, their EDP group, when given)."""
+    tensors = {}
+    for name, weight in weights.items():
+        over = expert_shard_over if expert_shard_over and is_expert_param(name) else shard_over
+        numel = -(-weight.numel // over)
+        for state in STATE_TENSORS:
+            data = None
+            if r.numeric:
+                data = weight.data.reshape(-1).copy() if state == "master" else np.zeros(
+                    weight.numel, dtype=r.dtype)
+            tensors[(state, name)] = r.alloc((numel,), r.precision.state(state),
+                                             f"{state}.{name}", "optimizer",
+                                             data if over == 1 else None)
+    return AdamState(tensors)
+
+
+def adam_step(r, state: AdamState, weights: dict, grads: dict, step: int = 1):
+    """One Adam update of the master weights, copied back to the fp16 weights (Kingma & Ba)."""
+    b1, b2 = ADAM_BETAS
+    numel = 0
+    for name, weight in weights.items():
+        numel += state.tensors[("master", name)].numel
+        if not r.numeric or state.tensors[("master", name)].data is None:
+            continue
+        g = grads[name].data.reshape(-1)  # (n,)
+        m, v = state.tensors[("adam_m", name)], state.tensors[("adam_v", name)]
+        master = state.tensors[("master", name)]
+        m.data = b1 * m.data + (1 - b1) * g
+        v.data = b2 * v.data + (1 - b2) * g * g
+        m_hat, v_hat = m.data / (1 - b1 ** step), v.data / (1 - b2 ** step)
+        master.data = master.data - ADAM_LR * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
+        weight.data = master.data.reshape(weight.shape).astype(weight.data.dtype)
+    # reads grad, master, m, v (4 B each) and writes master, m, v (4 B) and the fp16 weight (2 B)
+    yield from r.compute("adam_step", "elementwise", nbytes=_adam_bytes_per_param(r) * numel)
+    if r.fp8 is not None:  # TE quantizes each weight once per iteration (simsp/model/fp8.py)
+        yield from r.compute("fp8_weight_cast", "elementwise",
+                             nbytes=weight_cast_bytes(r, weights))
+
+
+def _adam_bytes_per_param(r) -> int:
+    """Read the main gradient, master, m and v; write master, m, v and the 2-byte weight."""
+    if r.precision is DEFAULT:
+        return 30
+    states = sum(r.precision.state(s) for s in STATE_TENSORS)
+    return r.precision.main_grad_bytes + 2 * states + 2
+
+
+def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):
+    """The Adam step; its time is the iteration's optimizer share (metrics.exposure)."""
+    start = r.env.now
+    yield from adam_step(r, optimizer, weights, grads)
+    r.count_exposed("optimizer", r.env.now - start)

@@ -1,0 +1,98 @@
+"""A simulated cluster ready for rank programs: simpy env, topology, links, collectives, ranks."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import build_topology, nodes_hosting
+from simsp.scenario.config import Scenario
+from simsp.engine.communicator import STEPWISE, Communicator
+from simsp.engine.memory import Ledger
+from simsp.engine.network import Network
+from simsp.engine.streams import COMM, Stream
+from simsp.engine.trace import Trace
+from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
+from simsp.model.blocks.moe.placement import expert_rank
+from simsp.model.rank import Rank, TPGroup
+from simsp.scenario.precision import precision_of
+from simsp.training.context_parallel.attention import cp_attention_of
+
+
+@dataclass
+class World:
+    """Everything one simulation shares; `ranks` holds the simulated ranks only."""
+
+    scenario: Scenario
+    env: simpy.Environment
+    grid: RankGrid
+    network: Network
+    comm: Communicator
+    trace: Trace
+    ranks: dict = field(default_factory=dict)  # global rank -> Rank
+    cp_rings: dict = field(default_factory=dict)  # rings met by CP groups (cp_attention.py)
+
+    def release(self) -> None:
+        """Cut the reference cycles that keep a finished world alive (each ledger's clock
+        closes over the world, simpy's Environment binds its own methods, networkx caches its
+        views on the graph), so reference counting frees it at once instead of the cyclic
+        collector rescanning it (a sweep evaluates thousands). The world is unusable after."""
+        for rank in self.ranks.values():
+            rank.ledger.clock = None
+        self.ranks.clear()
+        vars(self.env).clear()
+        for view in ("edges", "adj", "succ", "pred", "nodes", "in_edges", "out_edges"):
+            vars(self.network.graph).pop(view, None)
+
+
+def build_world(sc: Scenario, simulated: list[int] | None = None,
+                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
+                image_loads: dict | None = None,
+                alone_all_to_all: frozenset = frozenset(),
+                segment_groups: frozenset = frozenset()) -> World:
+    """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
+
+    timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
+    engine/collectives/ring_alone.py) instead of moving every ring step over the links, except the
+    collectives of `stepwise_groups` (rings that share links with other traffic:
+    shortcuts/check.py), which run step by step. `image_loads`: per hop, the links its
+    flows also load for the ranks a rail-symmetric representative stands for
+    (shortcuts/rail_symmetry.py). The all-to-alls of `alone_all_to_all` (EP groups no other
+    traffic meets) are timed as alone. `segment_groups`: stepwise groups that meet only their
+    own collectives, run as one node's piece of one channel (engine/collectives/ring_alone.py)."""
+    env = simpy.Environment()
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
+    trace = Trace()
+    # only the nodes that host ranks (a 1-GPU job on a 100000-node cluster builds one node)
+    hosts = nodes_hosting(range(grid.world_size), sc.cluster.gpus_per_node)
+    network = Network(env, build_topology(sc.cluster, hosts),
+                      LinkCalibration.from_cluster(sc.cluster), trace=trace,
+                      image_loads=image_loads)
+    ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
+    network.record_ring_steps = simulated is None
+    present = None if simulated is None else set(ranks)
+    # the model's own spans name each collective by its role; the communicator's go unused
+    comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
+                        stepwise_groups=stepwise_groups, alone_all_to_all=alone_all_to_all,
+                        segment_groups=segment_groups)
+    world = World(sc, env, grid, network, comm, trace)
+    for rank in ranks:
+        world.ranks[rank] = _make_rank(world, rank)
+    return world
+
+
+def _make_rank(world: World, rank: int) -> Rank:
+    sc = world.scenario
+    members = world.grid.tp_group(rank)
+    tp = TPGroup(members, members.index(rank), sc.parallel.sequence_parallel, world.comm)
+    precision = precision_of(sc)
+    ledger = Ledger(rank, GPUS[sc.cluster.gpu].memory_bytes, clock=lambda: world.env.now)
+    # collectives record their own spans (by role, on tp/dp tracks); the stream's go unused
+    comm_stream = Stream(world.env, rank, COMM, Trace())
+    return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
+                dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
+                comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
+                precision=precision, fp8=precision.fp8, cp=cp_attention_of(world, rank),
+                moe=expert_rank(sc, rank))

@@ -1,0 +1,149 @@
+"""What one rank does in an iteration: its coordinates, model chunks, layers and schedule."""
+
+from dataclasses import dataclass
+import functools
+
+import numpy as np
+
+from simsp.cluster.grid import RankGrid
+from simsp.scenario.config import Scenario, model_chunks, virtual_stage_layer_counts
+from simsp.training.pipeline.schedules import Step, build_schedule
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Rank `rank` at (tp, dp, pp); virtual stage k = chunk·p + pp holds layers k·Lc..(k+1)·Lc−1."""
+
+    rank: int
+    tp: int
+    dp: int
+    pp: int
+    p: int
+    v: int
+    layers_per_chunk: int
+    steps: tuple[Step, ...]
+    chunk_ranges: tuple | None = None  # uneven pipelines: each chunk's layers (a range)
+    cp: int = 0  # context-parallel coordinate (docs/context-parallel.md)
+
+    def virtual_stage(self, chunk: int) -> int:
+        return chunk * self.p + self.pp
+
+    def layers(self, chunk: int) -> range:
+        if self.chunk_ranges is not None:
+            return self.chunk_ranges[chunk]
+        first = (chunk * self.p + self.pp) * self.layers_per_chunk
+        return range(first, first + self.layers_per_chunk)
+
+    def all_layers(self) -> list[int]:
+        return [i for chunk in range(self.v) for i in self.layers(chunk)]
+
+    def is_first(self, chunk: int) -> bool:
+        return chunk * self.p + self.pp == 0
+
+    def is_last(self, chunk: int) -> bool:
+        return chunk * self.p + self.pp == self.p * self.v - 1
+
+    @property
+    def holds_embedding(self) -> bool:
+        return self.pp == 0
+
+    @property
+    def holds_head(self) -> bool:
+        return self.pp == self.p - 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive layers of a model chunk run as one unit. A checkpointed segment keeps only
+    its first layer's input and recomputes all its layers in backward (full recompute)."""
+
+    layers: tuple[int, ...]
+    checkpointed: bool
+
+
+def recompute_segments(sc: Scenario, layers: range) -> tuple[Segment, ...]:
+    """A model chunk's layers cut as Megatron-LM's TransformerBlock._checkpointed_forward does:
+    uniform: groups of N layers, each checkpointed; block: the chunk's first N layers each
+    checkpointed alone, the rest not (N = recompute_num_layers). Without full recompute every
+    layer is its own, plain segment."""
+    p = sc.parallel
+    return _segments(p.recompute_granularity, p.recompute_method, p.recompute_num_layers,
+                     layers.start, layers.stop)
+
+
+@functools.lru_cache(maxsize=4096)
+def _segments(granularity: str, method: str | None, num_layers: int | None, start: int,
+              stop: int) -> tuple[Segment, ...]:
+    """recompute_segments, worked out once per chunk (every step of the chunk asks again)."""
+    layers = range(start, stop)
+    if granularity != "full":
+        return tuple(Segment((i,), False) for i in layers)
+    n = num_layers or 1
+    if method == "block":
+        return tuple(Segment((i,), k < n) for k, i in enumerate(layers))
+    return tuple(Segment(tuple(layers[k:k + n]), True) for k in range(0, len(layers), n))
+
+
+def chunks_per_stage(sc: Scenario) -> int:
+    """v: model chunks per pipeline stage (1 unless interleaved)."""
+    return model_chunks(sc.model, sc.parallel)
+
+
+def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
+    """A plan for every rank of the grid."""
+    p, v = sc.parallel.pp, chunks_per_stage(sc)
+    m = sc.parallel.num_micro_batches
+    schedule = build_schedule(sc.parallel.schedule_name, p, m, v)
+    per_chunk = sc.model.num_layers // (p * v)
+    ranges = _uneven_ranges(sc) if sc.parallel.uneven_pipeline else None
+    plans = {}
+    for rank in range(grid.world_size):
+        c = grid.coords(rank)
+        chunks = None if ranges is None else tuple(ranges[k * p + c.pp] for k in range(v))
+        plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
+                                tuple(schedule[c.pp]), chunks, c.cp)
+    return plans
+
+
+def _uneven_ranges(sc: Scenario) -> list[range]:
+    """Each virtual stage's contiguous layers under Megatron's uneven split
+    (config.virtual_stage_layer_counts; get_transformer_layer_offset)."""
+    ranges, start = [], 0
+    for count in virtual_stage_layer_counts(sc.model, sc.parallel):
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
+def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
+    """Canonical names of the parameters this stage holds (tied word table on first and last)."""
+    wanted = {f"layers.{i}." for i in plan.all_layers()}
+    mtp = "mtp.0.eh_proj.weight" in shapes  # multi-token prediction: the last stage embeds too
+    names = []
+    for name in shapes:
+        if name.startswith("layers."):
+            keep = name[:name.index(".", 7) + 1] in wanted
+        elif name == "embedding.word":  # tied: the output layer's weight too
+            keep = plan.holds_embedding or (plan.holds_head and
+                                            ("output.weight" not in shapes or mtp))
+        elif name == "embedding.position":
+            keep = plan.holds_embedding
+        else:  # final_ln, output.weight (untied)
+            keep = plan.holds_head
+        if keep:
+            names.append(name)
+    return names
+
+
+def global_batch(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic token ids and next-token targets for the whole global batch, (s, B) each."""
+    rng = np.random.default_rng(sc.run.seed + 7)
+    s, B, v = sc.model.seq_length, sc.parallel.global_batch, sc.model.vocab_size
+    tokens = rng.integers(0, v, size=(s + 1, B))
+    return tokens[:-1], tokens[1:]
+
+
+def sample_offset(sc: Scenario, dp: int, micro_batch: int) -> int:
+    """Global index of the first sample of this replica's micro-batch."""
+    per_replica = sc.parallel.global_batch // sc.parallel.dp
+    return dp * per_replica + micro_batch * sc.parallel.micro_batch_size

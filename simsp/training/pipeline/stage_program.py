@@ -1,0 +1,167 @@
+"""One stage's iteration as Megatron-LM runs it: compute steps and the p2p calls between them.
+
+The call sequence comes from training/pipeline/p2p_program.py, the calls from training/pipeline/p2p.py; without
+--overlap-p2p-communication each call blocks the stage, with it a call is waited for just before
+the next compute of its direction (Megatron's wait_handles). Without SP, p2p tensors are
+scattered over the TP ranks and all-gathered on arrival (Megatron's scatter/gather, default on).
+"""
+
+from dataclasses import dataclass
+import functools
+import math
+
+from simsp.model import mappings
+from simsp.model.tensor import FP16
+from simsp.training.pipeline import p2p
+from simsp.training.data_parallel.grad_buckets import DDPBuckets
+from simsp.training.pipeline.p2p_program import Exchange, call_name_of_kinds, megatron_program
+from simsp.training.pipeline.plan import StagePlan
+from simsp.training.pipeline.schedules import interleaved_warmup, one_f_one_b_warmup
+from simsp.training.pipeline.steps import RankState, activation_shape, backward_step, forward_step
+
+
+KIND_OF_KEY = {"act": "F", "grad": "B"}  # p2p key kind -> the kind of step that sends it
+
+
+@dataclass(frozen=True)
+class P2PSetup:
+    """What every p2p call of one rank shares, worked out once per iteration."""
+
+    overlap: bool  # --overlap-p2p-communication
+    scattered: bool  # Megatron's scatter/gather: each TP rank sends 1/t
+    tp_size: int
+    activation_shape: tuple  # (s_l, b, h) of a p2p tensor
+    received_shape: tuple  # a receive buffer: the activation, or its 1/t chunk
+    downstream: int  # the rank activations go to: next stage, same tp and dp (wrapping)
+    upstream: int  # the rank input gradients go to: previous stage (wrapping)
+
+    @classmethod
+    def of(cls, r, run, plan: StagePlan) -> "P2PSetup":
+        shape = activation_shape(run, r)
+        scattered = _scatter_gather(run, r)
+        received = (math.prod(shape) // r.tp.size,) if scattered else shape
+        return cls(run.sc.parallel.overlap_p2p_communication, scattered, r.tp.size, shape,
+                   received, run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p, plan.cp),
+                   run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p, plan.cp))
+
+
+def run_schedule(r, run, plan: StagePlan, state: RankState):
+    """The stage's steps with Megatron's p2p calls between them (training/pipeline/p2p_program.py)."""
+    state.ddp_buckets = state.fsdp or DDPBuckets(r, run, plan, state.grads)
+    state.ddp_buckets.start_param_gather(r, run)
+    state.p2p = P2PSetup.of(r, run, plan)
+    program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,
+                               _warmup(run, plan), run.sc.parallel.overlap_p2p_communication)
+    for action in program:
+        if isinstance(action, Exchange):
+            yield from _exchange(r, run, plan, state, action)
+        else:
+            if state.pending:
+                yield from _wait_pending(r, run, state, action.kind)
+            work = forward_step if action.kind == "F" else backward_step
+            yield from work(r, run, plan, state, action.micro_batch, action.chunk)
+    for kind in sorted(state.pending):
+        yield from _wait_pending(r, run, state, kind)
+
+
+def _warmup(run, plan: StagePlan) -> int:
+    """Warm-up forwards of this stage (Megatron schedules.py); GPipe: every forward."""
+    p, m = plan.p, run.sc.parallel.num_micro_batches
+    name = run.sc.parallel.schedule_name
+    if name == "interleaved":
+        return interleaved_warmup(p, m, plan.v, plan.pp)
+    return one_f_one_b_warmup(p, m, plan.pp) if name == "1f1b" else m
+
+
+def _exchange(r, run, plan: StagePlan, state: RankState, call: Exchange):
+    """Post one `_communicate` call; wait for it unless p2p overlap defers the wait."""
+    sends = [op for step in call.sends if (op := _send_op(r, plan, state, step))]
+    recvs = [op for step in call.recvs if (op := _recv_op(r, plan, state.p2p, step))]
+    if not state.p2p.overlap:
+        if sends or recvs:
+            received = yield from p2p.wait(r, _post(r, run, sends, recvs))
+            yield from _receive(r, state, received)
+        return
+    for kind, direction in (("F", "act"), ("B", "grad")):  # send_forward_recv_forward, ...
+        mine = [[op for op in ops if op.key[0] == direction] for ops in (sends, recvs)]
+        if mine[0] or mine[1]:
+            state.pending.setdefault(kind, []).append(_post(r, run, *mine))
+
+
+def _post(r, run, sends: list, recvs: list) -> p2p.Handle:
+    name = _call_name(tuple([op.key[0] for op in sends]), tuple([op.key[0] for op in recvs]))
+    return p2p.post(r, run.mailbox, run.world.network, name, sends, recvs)
+
+
+@functools.cache
+def _call_name(sent: tuple, received: tuple) -> str:
+    """The call's name from the kinds of the keys it sends and receives ("act", "grad"),
+    worked out once per combination (no frozensets made per call)."""
+    return call_name_of_kinds(frozenset(KIND_OF_KEY[kind] for kind in sent),
+                              frozenset(KIND_OF_KEY[kind] for kind in received))
+
+
+def _wait_pending(r, run, state: RankState, kind: str):
+    """Overlap mode: wait the calls of this direction posted so far (Megatron's wait_handles)."""
+    for handle in state.pending.pop(kind, []):
+        received = yield from p2p.wait(r, handle)
+        yield from _receive(r, state, received)
+
+
+def _receive(r, state: RankState, received: dict):
+    """Put what a finished call received ({key: tensor}) in the inbox, all-gathered if
+    scattered (a generator one level below the wait, so no wake-up passes through it)."""
+    if not state.p2p.scattered:
+        state.inbox.update(received)
+        return
+    for key, tensor in received.items():
+        state.inbox[key] = yield from _gather_chunk(r, state.p2p.activation_shape, tensor)
+
+
+def _scatter_gather(run, r) -> bool:
+    """Megatron's scatter/gather of p2p tensors: on by default, only without SP and with t > 1."""
+    p = run.sc.parallel
+    return p.scatter_gather_tensors_in_pipeline and not p.sequence_parallel and r.tp.size > 1
+
+
+def _send_op(r, plan: StagePlan, state: RankState, step) -> p2p.SendOp | None:
+    """The send of a step's output (activation or input gradient), if it has a peer."""
+    k = plan.virtual_stage(step.chunk)
+    key = ("act", step.micro_batch, k + 1, plan.tp, plan.dp, plan.cp) if step.kind == "F" \
+        else ("grad", step.micro_batch, k - 1, plan.tp, plan.dp, plan.cp)
+    sent = state.outbox.pop(key, None)
+    if sent is None:
+        return None
+    dst, tensor = sent
+    nbytes, payload, setup = tensor.nbytes, tensor.data, state.p2p
+    if setup.scattered:  # this TP rank sends its 1/t of the replicated tensor
+        nbytes //= setup.tp_size
+        if payload is not None:
+            payload = payload.reshape(setup.tp_size, -1)[r.tp.index]  # (s*b*h/t,)
+    return p2p.SendOp(key, dst, tensor, nbytes, payload)
+
+
+def _recv_op(r, plan: StagePlan, setup: P2PSetup, step) -> p2p.RecvOp | None:
+    """The receive of a step's input, if it comes from another stage; buffer allocated now."""
+    k = plan.virtual_stage(step.chunk)
+    forward = step.kind == "F"
+    if plan.is_first(step.chunk) if forward else plan.is_last(step.chunk):
+        return None  # the embedding makes the input / the loss makes the gradient
+    r.scope = f"mb{step.micro_batch}.c{step.chunk}."
+    buffer = r.alloc(setup.received_shape, FP16,
+                     "recv_activation" if forward else "recv_gradient",
+                     category="communication")
+    return p2p.RecvOp(("act" if forward else "grad", step.micro_batch, k, plan.tp, plan.dp,
+                       plan.cp), buffer)
+
+
+def _gather_chunk(r, shape: tuple, chunk):
+    """All-gather the received 1/t chunks over the TP group (NVLink) into the full tensor of
+    `shape` (s_l, b, h)."""
+    start = r.env.now
+    full = yield from mappings.tensor_collective(r, "all_gather", chunk, shape, shape,
+                                                 "p2p_gather", label="all_gather_pp",
+                                                 track="pp_comm", blocking=False)
+    r.count_exposed("pp_transfer", r.env.now - start)
+    r.free(chunk)
+    return full
