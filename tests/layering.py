@@ -96,7 +96,8 @@ def back_arrows() -> list[str]:
 
 
 # names reached without being written as a call in the package: entry points, protocols
-ENTRY_POINTS = {"console", "add_parser", "run", "sweep", "main"}
+ENTRY_POINTS = {"console", "add_parser", "run", "sweep", "main",
+                "find_class", "persistent_load"}  # pickle.Unpickler's hooks
 
 
 # the closed forms tests compare the simulation with (docs/MODEL.md): their users are the tests
