@@ -17,7 +17,8 @@ from simsp.engine.allocator.segments import SegmentInfo, segment_infos
 
 
 class Alloc(NamedTuple):
-    """A request of `nbytes` on `stream`; `context` names its model site (for snapshots)."""
+    """A request of `nbytes` on `stream` at `time_s`; `context` names its model site for
+    snapshots: a snapshot.Site, or any hashable label."""
 
     key: Hashable
     nbytes: int

@@ -22,7 +22,7 @@ ALLOC_ACTIONS = ("alloc", "free_requested", "free_completed")
 
 
 class Site(NamedTuple):
-    """Where a request comes from in the model: the path of names from outermost to innermost
+    """Where a request comes from in the model: the tuple of names from outermost to innermost
     (e.g. ("decoder", "layers.3", "self_attention", "linear_qkv")) and its ledger category."""
 
     path: tuple[str, ...]
