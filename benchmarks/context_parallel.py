@@ -125,7 +125,7 @@ def numeric_check(cp: int = 4, s: int = 16, balanced: bool = True) -> dict:
 def memory_table() -> None:
     """Stage 0's rank 0 of Llama 3 70B at CP 2, by category, against the closed form."""
     from simsp.analytic import first_stage_activation_bytes
-    from simsp.scenario.config import load_scenario
+    from simsp.scenario.loading import load_scenario
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     overrides = {("parallel", "context_parallel_size"): 2, ("parallel", "data_parallel_size"): 1,
                  ("parallel", "global_batch_size"): 8}
@@ -154,7 +154,7 @@ def hierarchical_table() -> None:
     """Llama 3 70B on 64 GPUs at t 4 SP, CP 4, p 4, d 1: one ring of 4 against a2a pairs inside
     a node and rings across nodes (stage 0's time, CP exposure and activations)."""
     from simsp.analytic import first_stage_activation_bytes
-    from simsp.scenario.config import load_scenario
+    from simsp.scenario.loading import load_scenario
     from simsp.metrics import exposure
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     print("| layout | iteration | compute | cp_comm | stage 0 activations | closed form |")

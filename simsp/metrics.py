@@ -11,7 +11,8 @@ from simsp.model.architecture import architecture
 from simsp.model.blocks.moe.flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
 from simsp.hardware.costmodel import calibration_table
-from simsp.scenario.config import Cluster, virtual_stage_layer_counts
+from simsp.scenario.config import Cluster
+from simsp.scenario.pipeline_split import virtual_stage_layer_counts
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
 from simsp.hardware.profiles import gpu_profile
 from simsp.model.blocks.moe.placement import represented_by
@@ -232,7 +233,7 @@ def _architecture(sc) -> dict:
 def layer_tensors(sc) -> dict:
     """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
     simulation, beside docs/llama.md's closed form (the new tensors, by name)."""
-    from simsp.scenario.config import with_overrides
+    from simsp.scenario.loading import with_overrides
     from simsp.training.driver.layer_sim import simulate_layer
     record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
     p = sc.parallel

@@ -14,8 +14,8 @@ PACKAGE = ROOT / "simsp"
 
 # lowest first; a module's layer is that of its longest listed prefix
 LAYERS = (
-    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.scenario.bounds", "simsp.scenario.config",
-     "simsp.scenario.flags", "simsp.hardware.constants", "simsp.hardware.costmodel", "simsp.analytic", "simsp.progress",
+    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.scenario",
+     "simsp.hardware.constants", "simsp.hardware.costmodel", "simsp.analytic", "simsp.progress",
      "simsp.outdir", "simsp.gc_pause"),
     ("simsp.cluster",),
     ("simsp.engine",),

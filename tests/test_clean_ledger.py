@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, PERSISTENT
 from simsp.metrics import collect
 from simsp.model.tensor import FP16, FP32

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model.context_split import local_positions
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.context_parallel.hierarchical import hierarchical_groups
@@ -182,7 +182,7 @@ def test_fast_path_equals_full_simulation_with_a2a_inside_and_the_ring_across_no
     """t 2, cp 4 = 2 x 2 on two nodes of 4 GPUs: a2a pairs (GPUs 0, 2) and (4, 6) inside each
     node, rings (0, 4) and (2, 6) across them; the closed-form shortcut (shortcuts/cp_traffic.py
     lists the CP group's every ordered pair) equals --no-shortcuts to 1%."""
-    from simsp.scenario.config import with_overrides
+    from simsp.scenario.loading import with_overrides
     from tests.test_cp_shortcuts import cp_scenario
     from tests.test_shortcut_layouts import assert_same, fast_and_full
     from simsp.training.driver.iteration import Shortcuts

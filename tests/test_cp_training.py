@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from simsp.commands.verify import REFERENCE_TOLERANCE, verify_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from simsp.cli import main
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.training.driver.iteration import simulate_iteration
 

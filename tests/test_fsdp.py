@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.communicator import CLOSED_FORM
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.explore.evaluate import collect_metrics
@@ -287,7 +287,7 @@ def test_meta_shortcuts_equal_the_full_simulation_under_fsdp(layout):
 
 def test_wide_fsdp_is_refused_before_it_runs():
     """FSDP's DP rings that share NVLink ports with TP traffic run step by step and cost about
-    d² per collective (simsp/scenario/bounds.py, measured at d = 16, 32, 64): Llama 3 8B at t 2, d = 256
+    d² per collective (simsp/scenario/work.py, measured at d = 16, 32, 64): Llama 3 8B at t 2, d = 256
     is estimated above the limit and refused at once (at t 1 they run as pieces: d·G)."""
     rc, _, err = cli(["run", "scenarios/llama3-8b.toml", "--tensor-model-parallel-size", "2",
                       "--sequence-parallel", "--data-parallel-size", "256", "--nodes", "64",

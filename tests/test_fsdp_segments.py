@@ -4,7 +4,7 @@ themselves"), equal to the full simulation of every rank and ring step."""
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 

@@ -10,7 +10,8 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology, route
-from simsp.scenario.config import Cluster, load_scenario
+from simsp.scenario.config import Cluster
+from simsp.scenario.loading import load_scenario
 from simsp.hardware.costmodel import kernel_time
 from simsp.engine.communicator import CLOSED_FORM, Communicator
 from simsp.engine.network import Network

@@ -6,7 +6,7 @@ import math
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from simsp.scenario.config import load_scenario, with_overrides
+from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.model.replay import delay_to
 from simsp.training.pipeline import layer_chain
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration

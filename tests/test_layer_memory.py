@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model import layer as layer_module
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.training.driver.iteration import simulate_iteration

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 import numpy as np
 
 from simsp import analytic
-from simsp.scenario.config import Model, Parallel, load_scenario
+from simsp.scenario.config import Model, Parallel
+from simsp.scenario.loading import load_scenario
 from simsp.model import kernels as K
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.model.params import param_shapes
@@ -278,7 +279,7 @@ def test_pipeline_layer_counts_follow_megatron():
     """Megatron's get_num_layers_to_build, worked by hand: 405B's (126 + 2) / 8 = 16 with the
     embedding and loss stages one short; a given first stage with the rest spread evenly; a
     given last stage; both given on two stages."""
-    from simsp.scenario.config import pipeline_layer_counts
+    from simsp.scenario.pipeline_split import pipeline_layer_counts
     sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3.1-405b.toml")
     assert pipeline_layer_counts(sc.model, sc.parallel) == (15,) + (16,) * 6 + (15,)
     m = Model(num_layers=10)

@@ -11,7 +11,7 @@ import pytest
 
 from simsp import analytic
 from simsp.commands.verify import verify_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model import kernels
 from simsp.model.blocks.attention import mla_kernels
 from simsp.model.blocks.moe.flops import megatron_flops

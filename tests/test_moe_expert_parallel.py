@@ -11,7 +11,8 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.scenario.config import SECTIONS, Cluster, load_scenario
+from simsp.scenario.config import SECTIONS, Cluster
+from simsp.scenario.loading import load_scenario
 from simsp.engine.communicator import Communicator
 from simsp.engine.network import Network
 from simsp.errors import UserError
@@ -349,7 +350,7 @@ def test_a_loop_of_gemms_costs_each_experts_own_gemm():
 
 
 def test_megatron_layer_patterns():
-    from simsp.scenario.config import moe_layer_pattern
+    from simsp.scenario.moe_pattern import moe_layer_pattern
     assert moe_layer_pattern("([0]*3+[1]*58)") == (0,) * 3 + (1,) * 58  # DeepSeek-V3
     assert moe_layer_pattern("([1]*3+[0]*1)*3") == (1, 1, 1, 0) * 3
     assert moe_layer_pattern("[1, 0, 1, 0]") == (1, 0, 1, 0)

@@ -12,7 +12,7 @@ import pytest
 
 from simsp import analytic
 from simsp.cli import main
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model.blocks.moe.flops import megatron_flops, moe_model_flops
 from simsp.model.param_counts import parameter_counts
 from test_moe_params import DEEPSEEK_V3, MIXTRAL, QWEN3

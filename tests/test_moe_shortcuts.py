@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from simsp.cluster.topology import NODES_PER_LEAF, placement
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 

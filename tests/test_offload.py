@@ -10,7 +10,7 @@ from simsp.analytic import layer_activation_bytes
 from simsp.hardware.profiles import gpu_profile
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.data_parallel.offload import ActivationOffload
 from simsp.training.pipeline.plan import stage_plans
 from simsp.training.driver.world import build_world

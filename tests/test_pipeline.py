@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.metrics import collect
 from simsp.training.driver.compare import compare_with_reference

@@ -8,7 +8,7 @@ import re
 import pytest
 from browser import chromium, page_verdict, screenshot
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import Ledger
 from simsp.metrics import collect
 from simsp.explore.oom_advice import bytes_at_failure, candidate_switches, explain_oom

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, MemEvent
 from simsp.metrics import collect
 from simsp.report import summary_text, write_reports

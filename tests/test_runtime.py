@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import simpy
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.communicator import CLOSED_FORM
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.model.params import param_shapes

@@ -6,7 +6,7 @@ optimizer (tiny models)."""
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 

@@ -4,7 +4,7 @@ groups and pipeline pairs cross nodes (docs/shortcuts.md)."""
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 FULL = Shortcuts()

@@ -6,7 +6,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.commands.verify import FD_TOLERANCE, REFERENCE_TOLERANCE
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model import kernels
 from simsp.model.params import param_shapes
 from simsp.training.driver.gradcheck import EMBEDDING_OUTPUT, gradient_check_with_bounds

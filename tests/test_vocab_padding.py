@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import Model, load_scenario, padded_vocab_size
+from simsp.scenario.config import Model, padded_vocab_size
+from simsp.scenario.loading import load_scenario
 from simsp.scenario.flags import Parser, add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
 from simsp.training.driver.compare import compare_with_reference

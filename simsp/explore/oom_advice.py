@@ -11,7 +11,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from simsp.scenario.config import Scenario, with_overrides
+from simsp.scenario.config import Scenario
+from simsp.scenario.loading import with_overrides
 from simsp.engine.memory import CATEGORIES
 from simsp.errors import UserError
 from simsp.metrics import iteration_time, stage_ranks

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from simsp.analytic import chunk_recompute_bytes, chunks_per_stage
-from simsp.scenario.config import Parallel, Scenario, load_scenario, with_overrides
+from simsp.scenario.config import Parallel, Scenario
+from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.hardware.constants import GPUS
 from simsp.training.driver.layer_sim import PREFIX, simulate_layer

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simsp.scenario.config import Scenario, one_layer_fields, with_overrides
+from simsp.scenario.config import Scenario, one_layer_fields
+from simsp.scenario.loading import with_overrides
 from simsp.engine.communicator import STEPWISE
 from simsp.model.context_split import gather_sequence
 from simsp.model.layer import LayerSpec, layer_forward
