@@ -1,4 +1,5 @@
-"""One iteration's traffic with context parallelism, listed for shortcuts/check.py.
+"""One iteration's traffic with context parallelism, listed for shortcuts/check.py (without CP:
+shortcuts/traffic.py).
 
 Ranks are placed as Megatron-LM places them with CP (cluster/grid.py: tp + t·cp + t·c·dp +
 t·c·d·pp): TP groups of t neighbours, gradients reduced over the dp_cp group (CP fastest),
@@ -19,7 +20,7 @@ Owner = tuple[str, tuple[int, ...]]
 
 def cp_traffic_owners(grid: RankGrid, interleaved: bool, cp_comm_type: str) -> list[Owner]:
     """Every collective group and point-to-point pair of one iteration with cp > 1 (rank r on
-    GPU r), with the same kinds and order rules as shortcut_check.traffic_owners."""
+    GPU r), with the same kinds and order rules as shortcuts/traffic.py traffic_owners."""
     owners: list[Owner] = []
     if grid.tp > 1:
         owners += [("tp", group) for group in grid.groups("tp")]
