@@ -67,10 +67,11 @@ GROUP_METHODS = (
            lambda f: True),
 )
 
-# groups the check lists no traffic for (a MoE layer's token-count all-gather over its ETP·EP
-# group, the expert data-parallel groups' gradient reductions): timed as their ring alone
-UNLISTED = Method(RING_ALONE, "assumed, not checked: the traffic lists of shortcuts/traffic.py "
-                  "and shortcuts/cp_traffic.py do not name these groups", "none")
+# groups the check lists no traffic for: the expert data-parallel groups' gradient reductions,
+# with ETP > 1 the ETP·EP groups' token-count all-gathers and the ETP groups' all-to-alls (which
+# RING_ALONE runs as flows): their rings are timed alone, as before the plan
+UNLISTED = Method(RING_ALONE, "assumed, not checked: shortcuts/traffic.py and "
+                  "shortcuts/cp_traffic.py do not list these groups' traffic", "none")
 
 RANK_METHODS = (
     Method(REPRESENTED, "t*d and t tile the GPUs per node and every clash between executed and "
