@@ -21,7 +21,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.engine.collectives.ring_alone import node_segment
 from simsp.engine.collectives.ring_plan import COLLECTIVES
-from simsp.engine.group_timing import NODE_PIECE, STEP_BY_STEP
+from simsp.engine.group_timing import STEPPED
 from simsp.hardware.constants import LinkCalibration
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
@@ -102,7 +102,7 @@ def check_shortcuts(sc) -> Shortcuts:
                   if p.fsdp is not None else frozenset())
     splits = _units_split_evenly(sc, grid, graph)
     methods = _group_methods(sc, owners, clashes, fsdp_rings, splits)
-    stepwise = frozenset(g for g, m in methods if m in (STEP_BY_STEP, NODE_PIECE))
+    stepwise = frozenset(g for g, m in methods if m in STEPPED)  # rings that load links
     not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise)
     used_templates = templates_why(sc, not_rep, stepwise,
                                    {ranks for kind, ranks in owners if kind == "tp"},

@@ -14,8 +14,7 @@ TP group is.
 """
 
 from simsp.cluster.grid import RankGrid
-
-Owner = tuple[str, tuple[int, ...]]
+from simsp.shortcuts.traffic import Owner, pipeline_owners
 
 
 def cp_traffic_owners(grid: RankGrid, interleaved: bool, cp_comm_type: str) -> list[Owner]:
@@ -28,11 +27,7 @@ def cp_traffic_owners(grid: RankGrid, interleaved: bool, cp_comm_type: str) -> l
     cp_kind = "tp" if cp_comm_type == "allgather" else "ep"
     owners += [(cp_kind, group) for group in grid.groups("cp")]
     if grid.pp > 1:
-        for group in grid.groups("pp"):  # activations down, gradients up (interleaved wraps)
-            ahead = group[1:] + group[:1] if interleaved else group[1:]
-            pairs = set(zip(group, ahead))
-            owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
-            owners.append(("embedding", (group[0], group[-1])))
+        owners += pipeline_owners(grid.groups("pp"), interleaved)
     return owners
 
 

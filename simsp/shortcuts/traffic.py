@@ -28,13 +28,22 @@ def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
     if d > 1:
         owners += [("dp", tuple(range(t * d * pp + tp, t * d * (pp + 1), t)))
                    for pp in range(p) for tp in range(t)]
-    if p > 1:
-        for first in range(t * d):  # activations down, gradients up (interleaved wraps)
-            group = tuple(range(first, t * d * p, t * d))  # rank = tp + t·dp + t·d·pp
-            ahead = group[1:] + group[:1] if interleaved else group[1:]
-            pairs = set(zip(group, ahead))
-            owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
-            owners.append(("embedding", (group[0], group[-1])))
+    if p > 1:  # rank = tp + t·dp + t·d·pp
+        owners += pipeline_owners([tuple(range(first, t * d * p, t * d))
+                                   for first in range(t * d)], interleaved)
+    return owners
+
+
+def pipeline_owners(pp_groups: list[tuple[int, ...]], interleaved: bool) -> list[Owner]:
+    """Per pipeline group, its pairs in both directions (activations down, gradients up; the
+    interleaved schedule wraps from the last stage to the first), then its tied embedding's
+    first and last stage."""
+    owners: list[Owner] = []
+    for group in pp_groups:
+        ahead = group[1:] + group[:1] if interleaved else group[1:]
+        pairs = set(zip(group, ahead))
+        owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
+        owners.append(("embedding", (group[0], group[-1])))
     return owners
 
 
@@ -77,7 +86,7 @@ def owner_routes(graph: nx.DiGraph, owner: Owner) -> list[tuple[Edge, ...]]:
     return routes
 
 
-def _can_bind(edge: Edge) -> bool:
+def can_bind(edge: Edge) -> bool:
     """Leaf-spine links never bind: a leaf's uplink bundle carries as much as all its GPU
     links (cluster/topology.py _add_fabric), which every route through it also crosses."""
     return SPINE not in edge
@@ -89,7 +98,7 @@ def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, list[Owner]
     for owner in owners:
         for route in owner_routes(graph, owner):
             for edge in route:
-                if _can_bind(edge):
+                if can_bind(edge):
                     users.setdefault(edge, []).append(owner)
     return users
 
