@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from simsp.scenario.loading import load_scenario
-from simsp.engine.communicator import CLOSED_FORM
+from simsp.engine.group_timing import NODE_PIECE, RING_ALONE, STEP_BY_STEP, EveryGroup
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.explore.evaluate import collect_metrics
 from simsp.explore.prune import memory_lower_bound, time_lower_bound
@@ -134,7 +134,7 @@ def _harness(strategy: dict):
                   "seq_length": 64, "vocab_size": 128},
         "parallel": {"data_parallel_size": 2, **strategy},
         "cluster": {"nccl_algo": "ring", "nccl_proto": "Simple"}, "run": {"mode": "meta"}})
-    world = build_world(sc, timing=CLOSED_FORM)
+    world = build_world(sc, timing_of=EveryGroup(RING_ALONE))
     run = SimpleNamespace(sc=sc, world=world, canonical=None)
     shapes = param_shapes(sc.padded_model)
     layer_shapes = {n: shapes[n] for i in (0, 1) for n in layer_param_names(i) if n in shapes}
@@ -278,7 +278,7 @@ def test_meta_shortcuts_equal_the_full_simulation_under_fsdp(layout):
                    "run": {"mode": "meta"}})
     fast = simulate_iteration(sc, Shortcuts.for_scale(sc))
     full = simulate_iteration(sc)
-    assert fast.shortcuts.closed_form and fast.world.comm.stepwise_groups
+    assert fast.shortcuts.closed_form and fast.shortcuts.groups(STEP_BY_STEP, NODE_PIECE)
     assert fast.shortcuts.representative == (layout["data_parallel_size"] == 8)
     assert max(fast.end_s.values()) == pytest.approx(max(full.end_s.values()), rel=1e-9)
     rank = next(iter(fast.world.ranks))

@@ -3,7 +3,7 @@ with EP, ETP, TP+SP, PP and DP against the single-device reference (and central 
 differences on the MoE weights of one layout), the EP dispatch sharing a NIC with a DP
 reduce-scatter (hand-worked), and meta mode's routing model (counts worked out here)."""
 
-from dataclasses import fields
+from dataclasses import fields, replace
 import math
 
 import numpy as np
@@ -23,6 +23,7 @@ from simsp.model.blocks.moe.routing import kept_counts, routed_counts
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.gradcheck import gradient_check_with_bounds
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from tests.test_moe_shortcuts import as_flows
 
 BASE = {("model", "num_layers"): 2, ("model", "hidden_size"): 16,
         ("model", "num_attention_heads"): 2, ("model", "seq_length"): 8,
@@ -268,7 +269,7 @@ def test_representatives_stand_for_the_others(imbalance, simulated):
                   num_attention_heads=4, ffn_hidden_size=512, seq_length=256)
     fast = Shortcuts.for_scale(sc)
     assert fast.representative
-    full = Shortcuts(closed_form=True, stepwise_groups=fast.stepwise_groups)
+    full = replace(fast, representative=False, templates=False, methods=as_flows(fast.methods))
     runs = [simulate_iteration(sc, shortcuts) for shortcuts in (fast, full)]
     assert len(runs[0].world.ranks) == simulated and len(runs[1].world.ranks) == 8
     metrics = [collect(run, shortcuts) for run, shortcuts in zip(runs, (fast, full))]

@@ -7,7 +7,7 @@ import pytest
 import simpy
 
 from simsp.scenario.loading import load_scenario
-from simsp.engine.communicator import CLOSED_FORM
+from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.model.params import param_shapes
 from simsp.model.tensor import FP16, FP32, Tensor
@@ -155,7 +155,7 @@ def bucket_world(**parallel):
                  ("parallel", "ddp_bucket_size"): 49_984}
     overrides.update({("parallel", k): v for k, v in parallel.items()})
     sc = load_scenario(None, overrides)
-    world = build_world(sc, simulated=[0], timing=CLOSED_FORM)
+    world = build_world(sc, simulated=[0], timing_of=EveryGroup(RING_ALONE))
     plan = stage_plans(sc, world.grid)[0]
     grads = {n: Tensor.meta(shape, FP32, n) for n, shape in param_shapes(sc.model).items()}
     return sc, world, plan, grads

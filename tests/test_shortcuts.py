@@ -113,7 +113,7 @@ def test_numeric_mode_refuses_the_representative_shortcut():
     with pytest.raises(ValueError):
         simulate_iteration(sc, REPRESENTATIVE)
     numeric = Shortcuts.for_scale(sc)
-    assert numeric.flags() == FULL.flags() and not numeric.stepwise_groups
+    assert numeric.flags() == FULL.flags() and not numeric.methods
     assert all(why.startswith("not used: numeric") for why in numeric.why().values())
 
 

@@ -9,13 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simsp.cluster.grid import RankGrid
 from simsp.scenario.config import Scenario
-from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.gc_pause import gc_paused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
-from simsp.model.blocks.moe.placement import representatives
-from simsp.model.blocks.moe.routing import uniform_routing
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
@@ -25,62 +21,11 @@ from simsp.training.data_parallel.finalize import data_parallel_gather_params, f
 from simsp.training.data_parallel.fsdp import FsdpUnits
 from simsp.training.data_parallel.offload import ActivationOffload
 from simsp.training.data_parallel.optimizer import allocate_optimizer, optimizer_step
-from simsp.shortcuts.rail_symmetry import RailSymmetry
-from simsp.shortcuts.check import check_shortcuts
+from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.plan import timing_plan
 from simsp.training.pipeline.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.pipeline.stage_program import run_schedule
 from simsp.training.pipeline.steps import RankState
-
-
-@dataclass(frozen=True)
-class Shortcuts:
-    """The scale shortcuts of meta mode, each shown equal to the full simulation in
-    tests/test_shortcuts.py: one simulated rank per TP group and DP replica, whole-collective
-    timing, and layer templates (which need the other two)."""
-
-    representative: bool = False
-    closed_form: bool = False
-    templates: bool = False
-    # groups whose collectives run step by step under closed_form (they share links with
-    # other traffic: shortcuts/check.py)
-    stepwise_groups: frozenset = frozenset()
-    reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
-    # representative by rail symmetry: the ranks simulated, per hop its images' links
-    # (shortcuts/rail_symmetry.py)
-    symmetry: RailSymmetry | None = None
-    alone_all_to_all: frozenset = frozenset()  # EP groups whose all-to-alls meet no traffic
-    # stepwise groups run as one node's piece of one channel (they meet only themselves)
-    segment_groups: frozenset = frozenset()
-
-    @classmethod
-    def for_scale(cls, sc: Scenario) -> "Shortcuts":
-        """In meta mode every shortcut that is exact for this layout (shortcuts/check.py);
-        none in numeric mode, whose numbers need every rank."""
-        if sc.run.mode != "meta":
-            why = "not used: numeric mode needs every rank and every ring step"
-            return cls(reasons=tuple((name, why) for name in
-                                     ("representative", "closed_form", "templates")))
-        verdict = check_shortcuts(sc)
-        if sc.parallel.cp > 1:  # closed form where no ring shares a link with the CP traffic
-            why = ("not used: context parallelism's ring attention needs every rank of its CP "
-                   "group to run")
-            return cls(closed_form=verdict.closed_form, stepwise_groups=verdict.stepwise_groups,
-                       reasons=(("representative", why), verdict.reasons[1],
-                                ("templates", why)))
-        return cls(verdict.representative, verdict.closed_form, verdict.templates,
-                   verdict.stepwise_groups, verdict.reasons, verdict.symmetry,
-                   verdict.alone_all_to_all, verdict.segment_groups)
-
-    def flags(self) -> dict:
-        """The three shortcuts, on or off."""
-        return {"representative": self.representative, "closed_form": self.closed_form,
-                "templates": self.templates}
-
-    def why(self) -> dict:
-        """Per shortcut: used or not, and why (the `shortcuts_used` of metrics.json)."""
-        reasons = dict(self.reasons)
-        return {name: reasons.get(name, ("used" if on else "not used") + ": as requested")
-                for name, on in self.flags().items()}
 
 
 @dataclass
@@ -175,19 +120,6 @@ def rank_program(r, run: Run, plan: StagePlan):
     run.end_s[r.rank] = r.env.now
 
 
-def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
-    if not shortcuts.representative:
-        return None
-    if shortcuts.symmetry is not None:  # one rank per orbit of rail symmetry, each stage
-        return list(shortcuts.symmetry.ranks)
-    p = sc.parallel
-    grid = RankGrid(p.tp, p.pp, p.dp)
-    ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
-    if sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1) and not uniform_routing(sc):
-        return representatives(sc, ranks)  # whole expert groups: they exchange their own rows
-    return ranks
-
-
 def _set_trace_detail(world: World, detail: str) -> None:
     """Record no spans ("none"), all but the detail tracks ("steps"), or every span ("full")."""
     if detail not in TRACE_DETAILS:
@@ -202,14 +134,9 @@ def _set_trace_detail(world: World, detail: str) -> None:
 def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                embedding_delta: np.ndarray | None, on_step, trace: str) -> Run:
     """The world, the plans and one simpy process per simulated rank, ready to run."""
-    world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
-                        timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
-                        stepwise_groups=shortcuts.stepwise_groups,
-                        image_loads=shortcuts.symmetry.loads if shortcuts.representative and
-                        shortcuts.symmetry else None,
-                        alone_all_to_all=shortcuts.alone_all_to_all,
-                        segment_groups=shortcuts.segment_groups if shortcuts.closed_form
-                        else frozenset())
+    plan = timing_plan(sc, shortcuts)  # decided before the run (shortcuts/plan.py)
+    world = build_world(sc, simulated=plan.simulated, timing_of=plan.timing_of,
+                        image_loads=plan.image_loads)
     _set_trace_detail(world, trace)
     run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
               shortcuts=shortcuts)

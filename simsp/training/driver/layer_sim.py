@@ -7,7 +7,7 @@ import numpy as np
 
 from simsp.scenario.config import Scenario, one_layer_fields
 from simsp.scenario.loading import with_overrides
-from simsp.engine.communicator import STEPWISE
+from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup
 from simsp.model.context_split import gather_sequence
 from simsp.model.layer import LayerSpec, layer_forward
 from simsp.model.layer_backward import layer_backward
@@ -118,11 +118,11 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.free(dx)
 
 
-def simulate_layer(sc: Scenario, timing: str = STEPWISE) -> LayerResult:
+def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP) -> LayerResult:
     """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results;
-    `timing` as simsp.training.driver.world.build_world (CLOSED_FORM: collectives timed as a whole)."""
+    every collective timed by `method` (engine/group_timing.py; RING_ALONE: as a whole)."""
     sc = one_tp_group(sc)
-    world = build_world(sc, timing=timing)
+    world = build_world(sc, timing_of=EveryGroup(method))
     numeric = sc.run.mode == "numeric"
     params, x, dout = _layer_inputs(sc) if numeric else (None, None, None)
     shapes = {n: s for n, s in param_shapes(sc.model).items() if n.startswith(PREFIX)}

@@ -1,5 +1,6 @@
 """A simulated cluster ready for rank programs: simpy env, topology, links, collectives, ranks."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -8,7 +9,8 @@ import simpy
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.scenario.config import Scenario
-from simsp.engine.communicator import STEPWISE, Communicator
+from simsp.engine.communicator import Communicator
+from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup, TimingOf
 from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
@@ -46,21 +48,15 @@ class World:
             vars(self.network.graph).pop(view, None)
 
 
-def build_world(sc: Scenario, simulated: list[int] | None = None,
-                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
-                image_loads: dict | None = None,
-                alone_all_to_all: frozenset = frozenset(),
-                segment_groups: frozenset = frozenset()) -> World:
+def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
+                timing_of: TimingOf = EveryGroup(STEP_BY_STEP),
+                image_loads: dict | None = None) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
-    timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
-    engine/collectives/ring_alone.py) instead of moving every ring step over the links, except the
-    collectives of `stepwise_groups` (rings that share links with other traffic:
-    shortcuts/check.py), which run step by step. `image_loads`: per hop, the links its
-    flows also load for the ranks a rail-symmetric representative stands for
-    (shortcuts/rail_symmetry.py). The all-to-alls of `alone_all_to_all` (EP groups no other
-    traffic meets) are timed as alone. `segment_groups`: stepwise groups that meet only their
-    own collectives, run as one node's piece of one channel (engine/collectives/ring_alone.py)."""
+    `timing_of(group)` gives each group's timing method (engine/group_timing.py; meta mode's
+    plan, shortcuts/plan.py, decided before the run; default: every ring step by step).
+    `image_loads`: per hop, the links its flows also load for the ranks a rail-symmetric
+    representative stands for (shortcuts/rail_symmetry.py)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -74,9 +70,7 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     network.record_ring_steps = simulated is None
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
-    comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
-                        stepwise_groups=stepwise_groups, alone_all_to_all=alone_all_to_all,
-                        segment_groups=segment_groups)
+    comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of)
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
