@@ -74,8 +74,8 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_gradient_matches_the_single_device_reference(name):
     run = simulate_iteration(scenario(**LAYOUTS[name]))
-    dispatcher = run.sc.parallel.moe_token_dispatcher_type
-    kinds = {kind for _, kind in run.world.ranks[0].comm_bytes}
+    dispatcher = run.inputs.sc.parallel.moe_token_dispatcher_type
+    kinds = {kind for _, kind in run.inputs.world.ranks[0].comm_bytes}
     assert ("all_to_all_dispatch" if dispatcher == "alltoall" else "all_gather_moe") in kinds
     errors = compare_with_reference(run)
     assert f"layers.{1 if 'dense first' in name else 0}.mlp.experts.fc1.weight" in errors
@@ -97,7 +97,8 @@ def test_reference_discriminates_the_sequence_shards_routing():
     from simsp.training.driver.compare import gathered_grads
     sc = scenario(**LAYOUTS["t2 sp etp1 ep4 dropping"])
     run = simulate_iteration(sc)
-    _, whole = reference_forward_backward(run.canonical, run.tokens, run.targets, sc.model,
+    data = run.inputs.data
+    _, whole = reference_forward_backward(data.params, data.tokens, data.targets, sc.model,
                                           sc.run.seed, moe_group=2, moe_chunks=1)
     grads = gathered_grads(run)
     assert max(relative_error(grads[n], whole[n]) for n in grads) > 1e-2
@@ -253,7 +254,8 @@ def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
                  moe_shared_expert_intermediate_size=8)
     run = simulate_iteration(scenario(**small))
     assert max(compare_with_reference(run).values()) < 1e-13
-    assert (run.world.ranks[0].flops["recompute"] > 0) == (modules != "moe_act")  # act: no GEMM
+    recomputed = run.inputs.world.ranks[0].flops["recompute"]
+    assert (recomputed > 0) == (modules != "moe_act")  # act: no GEMM
 
 
 @pytest.mark.parametrize("imbalance, simulated", [(1.0, 4), (0.0, 2)])
