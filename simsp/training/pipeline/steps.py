@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from simsp.model.blocks.embedding import embedding_backward, embedding_forward
 from simsp.model.blocks.head import head_backward, head_forward
-from simsp.model.tensor import FP16
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.pipeline.layer_chain import chunk_backward, chunk_forward
 from simsp.training.pipeline.plan import StagePlan, sample_offset
