@@ -201,7 +201,7 @@ def test_imbalanced_routing_slows_the_slowest_expert_rank():
     C = math.ceil(T * k / 8 * 2.0)
     rows, dropped = np.zeros(8, dtype=int), 0
     for layer in (0, 1):
-        counts = routed_counts(T, spec, 1.0, run1.sc.run.seed, layer)
+        counts = routed_counts(T, spec, 1.0, run1.inputs.sc.run.seed, layer)
         rows += 8 * np.minimum(counts, C)
         dropped += 8 * int(np.maximum(counts - C, 0).sum())  # 8 ranks, 1 micro-batch each
     assert skewed["moe"]["slowest_expert_rows"] == rows.max()
@@ -271,7 +271,7 @@ def test_representatives_stand_for_the_others(imbalance, simulated):
     assert fast.representative
     full = Shortcuts(closed_form=True, stepwise_groups=fast.stepwise_groups)
     runs = [simulate_iteration(sc, shortcuts) for shortcuts in (fast, full)]
-    assert len(runs[0].world.ranks) == simulated and len(runs[1].world.ranks) == 8
+    assert len(runs[0].inputs.world.ranks) == simulated and len(runs[1].inputs.world.ranks) == 8
     metrics = [collect(run, shortcuts) for run, shortcuts in zip(runs, (fast, full))]
     assert metrics[0]["iteration_time_s"] == pytest.approx(metrics[1]["iteration_time_s"],
                                                            rel=1e-12)
