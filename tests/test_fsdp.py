@@ -3,7 +3,6 @@ reference per strategy, a hand-worked timeline of gathers, compute and reduce-sc
 prefetch, and Llama 3 8B's per-rank memory against the closed form of docs/fsdp.md."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -135,24 +134,23 @@ def _harness(strategy: dict):
         "parallel": {"data_parallel_size": 2, **strategy},
         "cluster": {"nccl_algo": "ring", "nccl_proto": "Simple"}, "run": {"mode": "meta"}})
     world = build_world(sc, timing_of=EveryGroup(RING_ALONE))
-    run = SimpleNamespace(sc=sc, world=world, canonical=None)
     shapes = param_shapes(sc.padded_model)
     layer_shapes = {n: shapes[n] for i in (0, 1) for n in layer_param_names(i) if n in shapes}
     plans, log, units = stage_plans(sc, world.grid), [], {}
 
     def program(r):
-        fsdp = units[r.rank] = FsdpUnits(r, run, plans[r.rank], layer_shapes)
+        fsdp = units[r.rank] = FsdpUnits(r, sc, world.grid, plans[r.rank], layer_shapes, None)
         for i in (0, 1):
-            yield from fsdp.params_needed(r, run, 0, (i,))
+            yield from fsdp.params_needed(r, 0, (i,))
             log.append((r.rank, f"F{i}", r.env.now, r.ledger.current["weights"]))
             yield r.env.timeout(F)
             fsdp.after_forward(r, (i,))
         for i in (1, 0):
-            yield from fsdp.before_backward(r, run, 0, (i,))
+            yield from fsdp.before_backward(r, 0, (i,))
             log.append((r.rank, f"B{i}", r.env.now, r.ledger.current["gradients"]))
             yield r.env.timeout(B)
-            fsdp.grads_ready(r, run, plans[r.rank], 0, 0, (i,))
-        yield from fsdp.finish(r, run)
+            fsdp.grads_ready(r, plans[r.rank], 0, 0, (i,))
+        yield from fsdp.finish(r)
         log.append((r.rank, "end", r.env.now, r.ledger.current["gradients"]))
 
     for r in world.ranks.values():
@@ -278,11 +276,13 @@ def test_meta_shortcuts_equal_the_full_simulation_under_fsdp(layout):
                    "run": {"mode": "meta"}})
     fast = simulate_iteration(sc, Shortcuts.for_scale(sc))
     full = simulate_iteration(sc)
-    assert fast.shortcuts.closed_form and fast.shortcuts.groups(STEP_BY_STEP, NODE_PIECE)
-    assert fast.shortcuts.representative == (layout["data_parallel_size"] == 8)
-    assert max(fast.end_s.values()) == pytest.approx(max(full.end_s.values()), rel=1e-9)
-    rank = next(iter(fast.world.ranks))
-    assert fast.world.ranks[rank].ledger.peak_total == full.world.ranks[rank].ledger.peak_total
+    assert fast.inputs.shortcuts.closed_form and fast.inputs.shortcuts.groups(STEP_BY_STEP, NODE_PIECE)
+    assert fast.inputs.shortcuts.representative == (layout["data_parallel_size"] == 8)
+    assert max(fast.results.end_s.values()) == pytest.approx(max(full.results.end_s.values()),
+                                                             rel=1e-9)
+    rank = next(iter(fast.inputs.world.ranks))
+    assert (fast.inputs.world.ranks[rank].ledger.peak_total
+            == full.inputs.world.ranks[rank].ledger.peak_total)
 
 
 def test_wide_fsdp_is_refused_before_it_runs():

@@ -249,7 +249,7 @@ def test_full_recompute_peak_in_a_two_layer_model_is_2sbh_plus_one_full_set():
     s, b, h, a = 32, 1, 64, 4
     sbh = s * b * h
     run = simulate_iteration(scenario(s, b, h, a, recompute="full", mode="meta"))
-    ledger = run.world.ranks[0].ledger
+    ledger = run.inputs.world.ranks[0].ledger
     assert ledger.peak_by_category["activations"] == sbh + 2 * sbh + (34 * sbh + 5 * a * s * s * b)
 
 

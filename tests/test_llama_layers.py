@@ -380,7 +380,7 @@ def test_uneven_stage0_activation_peak_equals_formula(shape, split, schedule, re
     except UserError:
         assume(False)  # Megatron (and simsp) reject this split
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-    stage0 = run.world.ranks[run.rank_of(0, 0, 0)]
+    stage0 = run.inputs.world.ranks[run.inputs.rank_of(0, 0, 0)]
     assert stage0.ledger.peak_by_category["activations"] == \
         analytic.first_stage_activation_bytes(sc)
 
@@ -488,6 +488,6 @@ def test_bundled_stage0_activation_peak_equals_formula():
     for name in ("llama3-70b", "llama3.1-405b"):
         sc = load_scenario(root / f"{name}.toml")
         run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-        stage0 = run.world.ranks[run.rank_of(0, 0, 0)]
+        stage0 = run.inputs.world.ranks[run.inputs.rank_of(0, 0, 0)]
         measured = stage0.ledger.peak_by_category["activations"]
         assert measured == analytic.first_stage_activation_bytes(sc), name

@@ -33,7 +33,7 @@ def collect_metrics(sc, name_live: bool = True) -> dict:
         shortcuts = Shortcuts.for_scale(sc)
         run = simulate_iteration(sc, shortcuts, trace="none")
         metrics = collect(run, shortcuts, name_live)
-        run.world.release()
+        run.inputs.world.release()
     return metrics
 
 

@@ -17,7 +17,7 @@ from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
 from simsp.model.weights import allocate_params, gather_grads
 from simsp.training.driver.compare import moe_token_rows
-from simsp.training.data_parallel.sp_grad_sync import sync_sequence_parallel_grads
+from simsp.training.data_parallel.finalize import sync_sequence_parallel_grads
 from simsp.training.driver.world import build_world
 
 LAYER = 0

@@ -16,15 +16,16 @@ from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
-from simsp.model.blocks.moe.placement import expert_rank
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.precision import precision_of
-from simsp.training.context_parallel.attention import cp_attention_of
+from simsp.training.pipeline.p2p import Mailbox
 
 
 @dataclass
 class World:
-    """Everything one simulation shares; `ranks` holds the simulated ranks only."""
+    """Everything one simulation shares; `ranks` holds the simulated ranks only. Besides the
+    links and collectives, the meeting points of rank programs: the pipeline's p2p mailbox, the
+    tied embedding's all-reduce arrivals, the rings CP groups meet on."""
 
     scenario: Scenario
     env: simpy.Environment
@@ -33,7 +34,15 @@ class World:
     comm: Communicator
     trace: Trace
     ranks: dict = field(default_factory=dict)  # global rank -> Rank
-    cp_rings: dict = field(default_factory=dict)  # rings met by CP groups (cp_attention.py)
+    cp_rings: dict = field(default_factory=dict)  # rings met by CP groups (context_parallel/)
+    mailbox: Mailbox = field(init=False)  # posted p2p sends, receives (training/pipeline/p2p.py)
+    # (first stage rank, last stage rank) -> {rank: arrival_s} at the tied embedding's
+    # all-reduce (training/data_parallel/finalize.py)
+    tied_embedding_arrivals: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        """The p2p mailbox runs on the world's clock."""
+        self.mailbox = Mailbox(self.env)
 
     def release(self) -> None:
         """Cut the reference cycles that keep a finished world alive (each ledger's clock
@@ -88,5 +97,23 @@ def _make_rank(world: World, rank: int) -> Rank:
     return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
                 comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
-                precision=precision, fp8=precision.fp8, cp=cp_attention_of(world, rank),
-                moe=expert_rank(sc, rank))
+                precision=precision, fp8=precision.fp8, cp=_cp_attention(world, rank),
+                moe=_expert_rank(sc, rank))
+
+
+def _cp_attention(world: World, rank: int):
+    """The rank's context-parallel attention, or None without context parallelism (the CP
+    code, training/context_parallel/, is imported only by a run that has it)."""
+    if world.grid.cp == 1:
+        return None
+    from simsp.training.context_parallel.choice import cp_attention_of
+    return cp_attention_of(world, rank)
+
+
+def _expert_rank(sc: Scenario, rank: int):
+    """The rank's expert placement, or None for a dense model (the MoE placement code,
+    model/blocks/moe/placement.py, is imported only by a run that has experts)."""
+    if sc.model.num_experts is None:
+        return None
+    from simsp.model.blocks.moe.placement import expert_rank
+    return expert_rank(sc, rank)
