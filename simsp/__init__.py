@@ -11,7 +11,7 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-RESERVE_GIB = 4.0  # simsp.explore.headroom.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test)
+RESERVE_GIB = 4.0  # explore.results.headroom.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test)
 
 
 def run(scenario: str | Path | None = None, *, world_size: int | None = None, **fields) -> dict:

@@ -19,7 +19,7 @@ def test_every_function_is_called_from_the_package_or_a_benchmark():
     ("simsp.engine.network", "simsp.report.trace"),  # engine must not know reports
     ("simsp.scenario.config", "simsp.training.driver.iteration"),
     ("simsp.commands.search", "simsp.commands.sweep"),  # commands are peers
-    ("simsp.explore.evaluate", "simsp.report.whatif"),
+    ("simsp.explore.evaluation.evaluate", "simsp.report.whatif"),
 ])
 def test_a_new_back_arrow_is_caught(source, target):
     assert arrows_against_layers(source, [target]) == [f"{source} -> {target}"]

@@ -1,7 +1,7 @@
 """Resumable results that cannot lie: one JSON file per configuration, named by its key.
 
-The key (simsp.explore.configs.Config.digest) hashes every scenario field, simsp's version and
-`simulator_digest()`: the bytes of simsp's code and data files and the model constants in
+The key (simsp.explore.configs.grid.Config.digest) hashes every scenario field, simsp's version
+and `simulator_digest()`: the bytes of simsp's code and data files and the model constants in
 force, so any change to the simulator misses the cache. Each entry records its key and its
 configuration, and a read checks both and the row's shape: a wrong, corrupt, linked or stale
 entry is recomputed and counted. Entries are written under unique temporary names and renamed
