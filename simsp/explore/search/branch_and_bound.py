@@ -10,10 +10,10 @@ reported (the ranking is then only as sound as that check). `exhaustive` simulat
 from dataclasses import dataclass, field
 
 from simsp.analytic import model_flops
+from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
 from simsp.explore.evaluation.cache import ResultCache
 from simsp.errors import UserError
 from simsp.explore.configs.grid import Config
-from simsp.explore.evaluation.limits import TOTAL_TIME_LIMIT_S, row_seconds
 from simsp.explore.results.headroom import add_headroom
 from simsp.explore.search.layouts import Layouts, enumerate_layouts
 from simsp.explore.search.objectives import OBJECTIVES
@@ -102,8 +102,8 @@ def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, ba
     """Simulate survivors by increasing bound, a batch at a time; ({index: row}, never simulated).
     The progress total is what has run plus what could still enter the top K; with `reserve`
     (bytes), each simulated layout's line is printed as it is ready, in bound order. The
-    batches' estimated CPU seconds add up to at most the sweep limit
-    (explore/evaluation/limits.py) unless `force`: beyond it one `error: work:` (the batches done are cached; --force resumes)."""
+    batches' estimated CPU seconds add up to at most the batch limit (simsp/batch_work.py) unless
+    `force`: beyond it one `error: work:` (the batches done are cached; --force resumes)."""
     found, scores, position, spent = {}, [], 0, 0.0
     threshold = float("inf")
     while position < len(survivors) and (exhaustive or survivors[position][0] <= threshold):
