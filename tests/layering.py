@@ -2,7 +2,8 @@
 
 Every import points down the layers; within a layer any import is fine except between two
 commands (each command is a peer: what two share lives in a lower layer). The package root
-`simsp` holds `__version__` and the lazy `simsp.sweep` facade of simsp/api.py.
+`simsp` holds the lazy `simsp.sweep` facade of simsp/api.py; `__version__` lives in simsp/version.py,
+so no module below the facade imports the root.
 """
 
 import ast

@@ -19,11 +19,10 @@ from pathlib import Path
 import stat
 import tempfile
 
-import simsp
-from simsp import io_in, io_out
+from simsp import io_in, io_out, version
 
 FORMAT = 1  # the entry layout below; a change makes every older entry stale
-PACKAGE = Path(simsp.__file__).resolve().parent
+PACKAGE = Path(version.__file__).resolve().parent  # simsp/: its code and data files
 SOURCE_SUFFIXES = (".py", ".toml", ".json", ".csv")
 
 
@@ -47,7 +46,7 @@ def constants_text() -> str:
 
 def simulator_digest() -> str:
     """What besides the configuration decides a row: simsp's version, code and constants."""
-    text = json.dumps([simsp.__version__, FORMAT, source_digest(PACKAGE), constants_text()])
+    text = json.dumps([version.__version__, FORMAT, source_digest(PACKAGE), constants_text()])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
