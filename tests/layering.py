@@ -40,7 +40,7 @@ def package_files() -> list[Path]:
 
 
 def module_name(path: Path) -> str:
-    """simsp/engine/memory.py -> simsp.engine.memory; a package's __init__ -> the package."""
+    """simsp/engine/network.py -> simsp.engine.network; a package's __init__ -> the package."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
