@@ -7,7 +7,7 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 
 from pathlib import Path
 
-from simsp import __version__
+from simsp.version import __version__
 from simsp.io_out import write_file
 from simsp.metrics import layout
 from simsp.report.fsdp_summary import fsdp_lines, offload_lines
