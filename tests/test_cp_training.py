@@ -25,6 +25,7 @@ LAYOUTS = {  # overrides of llama-tiny-cp.toml: cp 2, t 2 SP, p 2 (1 + 2), d 2, 
                      ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 2},
     "cp2_learned_positions_tied_t1": {
         ("model", "position_embedding_type"): "learned_absolute",
+        ("model", "rotary_base"): 10000,  # the default: RoPE's base means nothing without RoPE
         ("model", "untie_embeddings_and_output_weights"): False,
         ("parallel", "tensor_model_parallel_size"): 1, ("parallel", "sequence_parallel"): False},
     "cp2_full_recompute_groups_overlap": {
