@@ -182,3 +182,11 @@ def test_a_run_name_cannot_inject_markdown_or_html(tmp_path):
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<img src=x" not in page and "<strong>bold</strong>" not in page
     assert 'href="http://x"' not in page
+
+
+def test_a_deep_multi_token_prediction_is_in_the_work_estimate():
+    """4,096 depths x 256 micro-batches on the last stage: about 3,000 CPU seconds by the
+    measured 2-3 ms per depth-step; the estimate used to count them as nothing."""
+    err = one_error(["run", str(ROOT / "scenarios" / "llama3-8b.toml"), "--mtp-num-layers",
+                     "4096", "--global-batch-size", "1024", "--json"])
+    assert err.startswith("error: work: about ") and "above the limit" in err, err
