@@ -27,7 +27,8 @@ def layouts(draw):
     t, p, d = (draw(st.sampled_from([1, 2])) for _ in range(3))
     schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved"] if p > 1 else
                                     ["gpipe", "1f1b"]))
-    layers_per_stage = draw(st.sampled_from([1, 2]))
+    # interleaving needs two chunks per stage (one chunk is plain 1F1B, refused as such)
+    layers_per_stage = 2 if schedule == "interleaved" else draw(st.sampled_from([1, 2]))
     micro_batches = draw(st.sampled_from([1, 2, 4])) * (p if schedule == "interleaved" else 1)
     overrides = {("model", "num_layers"): layers_per_stage * p, ("model", "hidden_size"): 64,
                  ("model", "num_attention_heads"): 4, ("model", "seq_length"): 16,
