@@ -16,18 +16,18 @@ def test_every_function_is_called_from_the_package_or_a_benchmark():
 
 
 @pytest.mark.parametrize("source, target", [
-    ("simsp.engine.network", "simsp.report.trace"),  # engine must not know reports
+    ("simsp.engine.network", "simsp.report.run.trace.writer"),  # engine must not know reports
     ("simsp.scenario.config", "simsp.training.driver.iteration"),
     ("simsp.commands.search", "simsp.commands.sweep"),  # commands are peers
-    ("simsp.explore.evaluate", "simsp.report.whatif"),
+    ("simsp.report.whatif.page", "simsp.explore.whatif"),  # reports format, explore runs
 ])
 def test_a_new_back_arrow_is_caught(source, target):
     assert arrows_against_layers(source, [target]) == [f"{source} -> {target}"]
 
 
 def test_downward_and_same_layer_imports_pass():
-    assert arrows_against_layers("simsp.report.summary_md", ["simsp.metrics", "simsp.units",
-                                                              "simsp.report.drawing"]) == []
+    assert arrows_against_layers("simsp.report.run.summary_md", [
+        "simsp.metrics", "simsp.units", "simsp.report.run.figures.drawing"]) == []
 
 
 def test_every_module_has_a_layer():

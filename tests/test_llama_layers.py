@@ -426,7 +426,7 @@ def test_report_layout_names_recompute_modules_and_uneven_split():
     each stage holds (Megatron's split, worked in test_pipeline_layer_counts_follow_megatron);
     K22's layouts carry neither (their reports stay as they were)."""
     from simsp.metrics import layout
-    from simsp.report.summary_md import _header
+    from simsp.report.run.summary_md import _header
     root = Path(__file__).resolve().parents[1] / "scenarios"
     lay = layout(load_scenario(root / "llama3.1-405b.toml"))
     assert lay["stage_layers"] == [15] + [16] * 6 + [15] and lay["recompute_modules"] == "mlp"

@@ -10,8 +10,8 @@ from pathlib import Path
 from simsp import __version__
 from simsp.io_out import write_file
 from simsp.metrics import layout
-from simsp.report.fsdp_summary import fsdp_lines, offload_lines
-from simsp.report.glossary import GLOSSARY
+from simsp.report.run.fsdp_summary import fsdp_lines, offload_lines
+from simsp.report.run.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),

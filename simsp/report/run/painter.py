@@ -3,7 +3,7 @@
 `simsp run` starts the painter first: a worker forked while this process is still small
 (multiprocessing's "fork" method) imports matplotlib and loads its fonts while the simulation
 runs here, then forks a second worker (the team, below). Once the run ends, this process
-sends them what each figure shows (plain numbers and numpy arrays, report/figures.py),
+sends them what each figure shows (plain numbers and numpy arrays, report/run/figures/),
 writes trace.json and measures memory meanwhile, and receives the PNG bytes: each figure from
 whichever worker was free first, so two are drawn at once when this process is done. Where fork
 is missing (Windows), a second core is not ours, or this is a daemonic process (a Dask worker,
@@ -27,7 +27,7 @@ from multiprocessing.reduction import ForkingPickler
 # The team: two worker processes
 # ---------------------------------------------------------------------------------------------
 #
-# The painter's side (report/painter.py): two worker processes that share the submitted jobs.
+# The painter's side (report/run/painter.py): two worker processes that share the submitted jobs.
 #
 # The first worker is forked by the parent before the simulation; it loads matplotlib and its
 # fonts (the warm-up), then forks the second, which starts warm. Every job goes to both; a byte
@@ -154,7 +154,7 @@ def _read_jobs(jobs_in, inbox: queue.SimpleQueue) -> None:
 # `simsp run` starts the painter first: a worker forked while this process is still small
 # (multiprocessing's "fork" method) imports matplotlib and loads its fonts while the simulation
 # runs here, then forks a second worker (the team, above). Once the run ends, this process
-# sends them what each figure shows (plain numbers and numpy arrays, report/figures.py),
+# sends them what each figure shows (plain numbers and numpy arrays, report/run/figures/),
 # writes trace.json and measures memory meanwhile, and receives the PNG bytes: each figure from
 # whichever worker was free first, so two are drawn at once when this process is done. Where fork
 # is missing (Windows), a second core is not ours, or this is a daemonic process (a Dask worker,

@@ -4,14 +4,16 @@ keyboard or a presenter's clicker sends), each step's time derived from its slow
 step in one table; all-reduce vs reduce-scatter + all-gather; on several nodes how channels,
 rails and PXN carry the ring, on one node how Megatron's sequence parallelism uses the pair
 (K22 §4.2.2). Inline CSS and JS, no network. The numbers all come from the lesson model
-(report/ring_lesson.py)."""
+(report/lessons/ring.py)."""
 
 import html
 import json
+from pathlib import Path
 
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from simsp.io_out import write_file
 from simsp.report.html import page
-from simsp.report.ring_lesson import NAMES, hop_path, microseconds
+from simsp.report.lessons.ring import NAMES, hop_path, lesson_title, microseconds
 from simsp.units import format_bytes
 
 STYLE = """
@@ -209,6 +211,14 @@ def lesson_html(data: dict, title: str) -> str:
             + context)
     script = f"var DATA = {json.dumps(data, sort_keys=True)};\n{SCRIPT}"
     return page(title, body, STYLE, script)
+
+
+def write_page(data: dict, path) -> Path:
+    """`simsp ring --html FILE`: the page of the lesson `data` (report/lessons/ring.py),
+    written to `path`."""
+    path = Path(path)
+    write_file(path, lesson_html(data, lesson_title(data)))
+    return path
 
 
 # What both lesson pages' scripts share (pasted inside each page's closure, which declares

@@ -4,7 +4,7 @@
 from pathlib import Path
 
 from simsp.io_out import markdown_text, write_file
-from simsp.report.whatif_plots import exposed_kinds, write_plots
+from simsp.report.sweep.plots import exposed_kinds, write_plots
 from simsp.units import GiB
 
 RANK_KEYS = {"time": ("iteration_time_s", True), "tokens-per-s": ("tokens_per_s", False),

@@ -11,10 +11,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 import numpy as np  # noqa: E402
 
-from simsp.explore.whatif import (OBJECTIVES, change, conclusion, exposure,  # noqa: E402
-                                  kinds_of)
 from simsp.io_out import markdown_text, write_file  # noqa: E402
 from simsp.report.html import figure, page, to_html  # noqa: E402
+from simsp.report.whatif.comparison import (OBJECTIVES, change, conclusion,  # noqa: E402
+                                            exposure, kinds_of)
 from simsp.units import GiB  # noqa: E402
 
 

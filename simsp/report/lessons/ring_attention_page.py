@@ -3,15 +3,18 @@ K/V blocks, a (query chunk × key chunk) grid filling in as each rank computes t
 queries see, each step's send and block compute derived side by side, every step in one table,
 and why the 2·cp split balances the causal triangle. Buttons, autoplay and the keys a keyboard or
 a presenter's clicker sends; inline CSS and JS, no network. The numbers all come from the lesson
-model (report/ring_attention_lesson.py)."""
+model (report/lessons/ring_attention.py)."""
 
 import html
 import json
+from pathlib import Path
 
+from simsp.io_out import write_file
 from simsp.report.html import page
-from simsp.report.ring_lesson import microseconds
-from simsp.report.ring_lesson_page import STEPPING_JS
-from simsp.report.ring_lesson_page import STYLE as RING_STYLE
+from simsp.report.lessons.ring import microseconds
+from simsp.report.lessons.ring_attention import lesson_title
+from simsp.report.lessons.ring_page import STEPPING_JS
+from simsp.report.lessons.ring_page import STYLE as RING_STYLE
 from simsp.units import format_bytes
 
 STYLE = RING_STYLE + """
@@ -171,6 +174,14 @@ def lesson_html(data: dict, title: str) -> str:
             + overlap_panel(data))
     script = f"var DATA = {json.dumps(data, sort_keys=True)};\n{SCRIPT}"
     return page(title, body, STYLE, script)
+
+
+def write_page(data: dict, path) -> Path:
+    """`simsp ring --collective ring_attention --html FILE`: the page of the lesson `data`
+    (report/lessons/ring_attention.py), written to `path`."""
+    path = Path(path)
+    write_file(path, lesson_html(data, lesson_title(data)))
+    return path
 
 
 # The page's script (plain ES5, no library): draws the ring as SVG and the (query chunk, key

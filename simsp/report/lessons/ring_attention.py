@@ -1,6 +1,6 @@
 """The ring attention lesson: context parallelism's ring carrying K and V, as one model rendered
-as the text of `simsp ring --collective ring_attention --explain` and as a teaching page
-(report/ring_attention_page.py).
+as the text of `simsp ring --collective ring_attention --explain` (ring_attention_text.py) and
+as a teaching page (ring_attention_page.py).
 
 The pieces are simsp's own: the 2·cp load-balanced split of model/context_split.py (rank r holds
 chunks r and 2cp−1−r), whose K/V block each rank holds at each step (training/context_parallel/ring_kernels.py,
@@ -11,18 +11,21 @@ with the block compute of training/cp_ring.block_seconds). docs/context-parallel
 science.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import simpy
 
-from simsp.cluster.topology import hop_route, route_latency_s
+from simsp.cluster.topology import build_topology, hop_route, route_latency_s
 from simsp.hardware.costmodel import active_calibration, gemm_efficiency
+from simsp.hardware.costmodel import calibration as compute_calibration
 from simsp.engine.network import Network
-from simsp.hardware.constants import LinkCalibration
+from simsp.hardware.constants import LinkCalibration, cluster_compute
 from simsp.model.context_split import chunk_count, chunk_ids
 from simsp.training.context_parallel.ring_kernels import source_rank
-from simsp.report.ring_lesson import LINKS, microseconds
-from simsp.training.context_parallel.ring import CpRing, block_gemm, block_seconds, exchange_bytes, run_ring
+from simsp.report.lessons.ring import LINKS, microseconds
+from simsp.training.context_parallel.ring import (CpRing, block_gemm, block_seconds,
+                                                  exchange_bytes, run_ring)
 from simsp.units import format_bytes
 
 RING_ATTENTION = "ring_attention"
@@ -285,66 +288,20 @@ def lesson_data(graph, gpus: list[int], shape: AttentionShape,
                         "causal_pairs": shape.seq_length * (shape.seq_length + 1) // 2}}
 
 
+def cluster_lesson(cluster, gpus: list[int], shape: AttentionShape) -> dict:
+    """lesson_data on the links of `cluster` (scenario.config.Cluster), the blocks priced by its
+    system's GPU (hardware/constants.py cluster_compute; None: the A100 fit)."""
+    compute = cluster_compute(cluster)
+    with compute_calibration(compute) if compute else contextlib.nullcontext():
+        return lesson_data(build_topology(cluster), gpus, shape,
+                           LinkCalibration.from_cluster(cluster))
+
+
 def lesson_title(data: dict) -> str:
     """'Ring attention over CP = 4 ranks (1 node): s = 8192'."""
     nodes = data["nodes"]
     return (f"Ring attention over CP = {data['cp']} ranks ({nodes} node"
             f"{'s' if nodes > 1 else ''}): s = {data['seq_length']}")
-
-
-# ---------------------------------------------------------------------------------------------
-# The text (`simsp ring --collective ring_attention --explain`)
-# ---------------------------------------------------------------------------------------------
-
-def _ascii(text: str) -> str:
-    """The terminal's spelling of the page's symbols."""
-    return (text.replace("µs", "us").replace("÷", "/").replace("×", "x").replace("·", "*")
-            .replace("−", "-"))
-
-
-def _block_names(blocks: list) -> str:
-    """'q0.k0 (triangle), q7.k0' for a rank's blocks of one step."""
-    return ", ".join(f"q{q}.k{k}" + (" (triangle)" if kind == DIAGONAL else "")
-                     for q, k, kind, _r in blocks)
-
-
-def lesson_text(data: dict) -> list[str]:
-    """The split, then every step: what each rank holds and computes, what it sends, the send's
-    and the block's times derived, and what the compute hides; then the balance."""
-    cp, c = data["cp"], data["chunk_tokens"]
-    lines = [f"ring attention over cp = {cp} ranks (GPUs {', '.join(map(str, data['gpus']))}): "
-             f"s = {data['seq_length']} tokens in {data['chunks']} chunks of {c}; rank r holds "
-             f"chunks r and {2 * cp - 1}-r (Megatron-LM's causal load balancing)",
-             f"per TP rank: {data['heads']} query heads, {data['kv_heads']} K/V heads, d = "
-             f"{data['head_dim']}, b = {data['micro_batch']}; one rank's K/V block = 2 x b x "
-             f"{data['kv_heads']} x {data['seq_length'] // cp} tokens x {data['head_dim']} x 2 B"
-             f" = {format_bytes(data['kv_bytes'])}"]
-    lines += [f"  rank {r}: chunks {a}, {b} (tokens [{a * c}, {(a + 1) * c}) and "
-              f"[{b * c}, {(b + 1) * c}))" for r, (a, b) in enumerate(data["owned"])]
-    for step in data["steps"]:
-        lines += _step_text(data, step)
-    return lines + [_ascii(line) for line in balance_sentences(data)]
-
-
-def _step_text(data: dict, step: dict) -> list[str]:
-    """One step's lines."""
-    cp = data["cp"]
-    lines = [f"{step['phase']} step {step['index'] + 1}/{cp}: block attention "
-             + _ascii(step["compute"]["formula"])]
-    for r in range(cp):
-        mine = [b for b in step["blocks"] if b[3] == r]
-        send = ""
-        if step["sends"]:
-            send = f"; sends {step['carried'][r]} to rank {step['sends'][r][1]}"
-        lines.append(f"  rank {r}: holds the K/V of rank {step['held'][r]}, computes "
-                     f"{_block_names(mine)}{send}")
-    if step["transfer"]:
-        hop = step["transfer"]
-        lines.append(f"  send {format_bytes(step['bytes_per_rank'])} per rank, slowest "
-                     f"gpu{hop['src']} -> gpu{hop['dst']} ({hop['link']}): "
-                     + _ascii(hop["formula"]))
-    lines.append(f"  {_ascii(hidden_sentence(step))}")
-    return lines
 
 
 def hidden_sentence(step: dict) -> str:
@@ -358,33 +315,3 @@ def hidden_sentence(step: dict) -> str:
                 f"of block compute")
     return (f"exposed: the send takes {microseconds(moved)}, the block compute "
             f"{microseconds(compute)}: the ring waits {microseconds(step['exposed_s'])}")
-
-
-def balance_sentences(data: dict) -> list[str]:
-    """Why the 2·cp split: the busiest rank's causal pairs, plain against balanced."""
-    balance, cp = data["balance"], data["cp"]
-    plain, mine = balance["plain_pairs"], balance["balanced_pairs"]
-    return [f"balance: causal attention over s = {data['seq_length']} has "
-            f"{balance['causal_pairs']:,} (query, key) pairs; cut into {cp} plain pieces, rank r "
-            f"computes {', '.join(f'{p:,}' for p in plain)} (the last rank "
-            f"{plain[-1] / plain[0]:.1f}× "
-            f"the first, and every step waits for the busiest); cut into 2·cp = {2 * cp} chunks, "
-            f"each rank computes {', '.join(f'{p:,}' for p in mine)}: the same work, "
-            f"{max(plain) / max(mine):.2f}× less for the busiest rank",
-            f"modelled: forward and backward of one layer's attention take "
-            f"{microseconds(data['end_s'])}"]
-
-
-def step_table(data: dict) -> list[str]:
-    """`simsp ring --collective ring_attention`'s table: per step, bytes each rank sends, the
-    send's and the block's modelled times, and the wait."""
-    lines = [f"# {_ascii(lesson_title(data))}, K/V block {format_bytes(data['kv_bytes'])}",
-             f"# {'step':>14}  {'sends':>12}  {'bytes':>10}  {'send (us)':>10}  "
-             f"{'block (us)':>10}  {'wait (us)':>9}"]
-    for step in data["steps"]:
-        name = f"{step['phase']} {step['index'] + 1}/{data['cp']}"
-        lines.append(f"  {name:>14}  {step['moves'] or '-':>12}  {step['bytes_per_rank']:>10}  "
-                     f"{step['transfer_s'] * 1e6:>10.2f}  {step['compute']['time_s'] * 1e6:>10.2f}"
-                     f"  {step['exposed_s'] * 1e6:>9.2f}")
-    lines.append(f"# forward + backward: {data['end_s'] * 1e6:.2f} us")
-    return lines
