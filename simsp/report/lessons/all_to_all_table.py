@@ -35,6 +35,7 @@ def table_lines(cluster, gpus: list[int], rows: list[tuple[int, float]], describ
 
 
 def json_result(n: int, size: int, seconds: float) -> dict:
+    """The --json object of one size: `size` bytes per rank's send buffer over `n` ranks."""
     algbw = size / seconds / 1e9 if seconds > 0 else 0.0
     return {"collective": ALL_TO_ALL, "ranks": n, "size_bytes": size, "time_s": seconds,
             "algbw_GBps": algbw, "busbw_GBps": algbw * (n - 1) / n,

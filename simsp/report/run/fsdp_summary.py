@@ -6,6 +6,7 @@ from simsp.units import format_bytes, format_seconds
 
 
 def _seconds(t: float) -> str:
+    """A duration as the report writes it; "0" for none."""
     return format_seconds(t) if t else "0"
 
 
