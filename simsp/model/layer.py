@@ -121,7 +121,8 @@ def norm(r, m: Model, x, w: dict, prefix: str, name: str):
     """LayerNorm or RMSNorm (--normalization) of x (s_l, b, h) with the weights under prefix."""
     if m.normalization == "RMSNorm":
         return (yield from ops.rmsnorm(r, x, w[f"{prefix}.gamma"], m.norm_epsilon, name))
-    return (yield from ops.layernorm(r, x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"], name))
+    return (yield from ops.layernorm(r, x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"],
+                                     m.norm_epsilon, name))
 
 
 def rope_angles(m: Model, s: int, cp=None):

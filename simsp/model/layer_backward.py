@@ -63,7 +63,8 @@ def norm_backward(r, m, dy, x, w: dict, g: dict, prefix: str, name: str):
     if m.normalization == "RMSNorm":
         return (yield from ops.rmsnorm_backward(r, dy, x, w[f"{prefix}.gamma"], m.norm_epsilon,
                                                 g, prefix, name))
-    return (yield from ops.layernorm_backward(r, dy, x, w[f"{prefix}.gamma"], g, prefix, name))
+    return (yield from ops.layernorm_backward(r, dy, x, w[f"{prefix}.gamma"], m.norm_epsilon,
+                                              g, prefix, name))
 
 
 def mlp_backward(r, spec, w, g, saved, dout):

@@ -90,19 +90,19 @@ def elementwise(r, shape: tuple, name: str, compute, nbytes: int, itemsize: int 
     return out
 
 
-def layernorm(r, x: Tensor, gamma: Tensor, beta: Tensor, name: str):
+def layernorm(r, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, name: str):
     """LayerNorm over the hidden (last) axis: reads x, writes y."""
     return (yield from elementwise(
-        r, x.shape, name, lambda: kernels.layernorm_forward(x.data, gamma.data, beta.data),
+        r, x.shape, name, lambda: kernels.layernorm_forward(x.data, gamma.data, beta.data, eps),
         2 * x.nbytes))
 
 
-def layernorm_backward(r, dy: Tensor, x: Tensor, gamma: Tensor, grads: dict, prefix: str,
-                       name: str):
+def layernorm_backward(r, dy: Tensor, x: Tensor, gamma: Tensor, eps: float, grads: dict,
+                       prefix: str, name: str):
     """dx of LayerNorm; dgamma, dbeta accumulate into grads[prefix.gamma/beta]."""
     dx = r.alloc(x.shape, FP16, name)
     if r.numeric:
-        dx.data, dgamma, dbeta = kernels.layernorm_backward(dy.data, x.data, gamma.data)
+        dx.data, dgamma, dbeta = kernels.layernorm_backward(dy.data, x.data, gamma.data, eps)
         grads[f"{prefix}.gamma"].data += dgamma
         grads[f"{prefix}.beta"].data += dbeta
     yield from r.compute(name, "elementwise", nbytes=3 * x.nbytes)

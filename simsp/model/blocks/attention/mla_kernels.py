@@ -6,8 +6,8 @@ Per token y (h,): the query latent c_q = y W_qd (r_q), normed, up-projected to a
 [q_nope (d_n) | q_pe (d_r)]; the KV latent [c_kv (r_kv) | k_pe (d_r)] = y W_kvd, c_kv normed and
 up-projected to a heads of [k_nope (d_n) | v (d_v)]; k_pe is one RoPE key shared by every head.
 RoPE as Megatron applies it to MLA (rope_utils.py `_apply_rotary_pos_emb_bshd` with
-mla_rotary_interleaved): the d_r channels are de-interleaved (even, then odd) and rotated by
-halves. The core is softmax(q kᵀ / √(d_n + d_r)) v over query/key width d_n + d_r and value
+mla_rotary_interleaved): the rotated channels (all d_r unless --rotary-percent < 1) are
+de-interleaved (even, then odd) and rotated by halves. The core is softmax(q kᵀ / √(d_n + d_r)) v over query/key width d_n + d_r and value
 width d_v. These are the reference's functions (simsp/model/reference.py); the rank's ops reuse
 the small ones.
 """
@@ -31,13 +31,19 @@ def reinterleave(x):
 
 
 def mla_rope_forward(x, cos, sin):
-    """x (b, heads, s, d_r) -> de-interleaved then rotated by halves (b, heads, s, d_r)."""
-    return K.rope_forward(deinterleave(x), cos, sin)
+    """x (b, heads, s, d_r) -> its first rot = cos.shape[-1] channels de-interleaved then
+    rotated by halves, the other d_r − rot passed through (rope_utils.py
+    _apply_rotary_pos_emb_bshd cuts t[..., :rot_dim] before the de-interleave)."""
+    rot = cos.shape[-1]
+    return K.rope_forward(np.concatenate([deinterleave(x[..., :rot]), x[..., rot:]], axis=-1),
+                          cos, sin)
 
 
 def mla_rope_backward(dy, cos, sin):
-    """dx of mla_rope_forward: the inverse rotation, then the channels put back."""
-    return reinterleave(K.rope_backward(dy, cos, sin))
+    """dx of mla_rope_forward: the inverse rotation, then the rotated channels put back."""
+    rot = cos.shape[-1]
+    dx = K.rope_backward(dy, cos, sin)  # (b, heads, s, d_r)
+    return np.concatenate([reinterleave(dx[..., :rot]), dx[..., rot:]], axis=-1)
 
 
 def split_last(x, sizes):
