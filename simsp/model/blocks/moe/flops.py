@@ -46,9 +46,14 @@ def moe_model_flops(m: MoeArch, batch: int, seq: int, padded_vocab: int,
 
 
 def _layer_kinds(m) -> tuple[int, int]:
-    """(dense MLP layers, MoE layers) of model m (--moe-layer-freq)."""
+    """(dense MLP layers, MoE layers) of model m (--moe-layer-freq), the multi-token
+    prediction depths' layers included (each built as the last layer)."""
     moe = sum(m.is_moe_layer(i) for i in range(m.num_layers))
-    return m.num_layers - moe, moe
+    dense = m.num_layers - moe
+    depths = getattr(m, "mtp_num_layers", None) or 0
+    if m.is_moe_layer(m.num_layers - 1):
+        return dense, moe + depths
+    return dense + depths, moe
 
 
 def _attention_terms(m) -> tuple[float, float]:
@@ -75,9 +80,6 @@ def megatron_flops(m, global_batch: int, padded_vocab: int) -> float:
     s, h = m.seq_length, m.hidden_size
     depths = getattr(m, "mtp_num_layers", None) or 0
     dense, moe = _layer_kinds(m)
-    if depths:
-        last_moe = m.is_moe_layer(m.num_layers - 1)
-        dense, moe = dense + depths * (not last_moe), moe + depths * last_moe
     layers = m.num_layers + depths
     ffn_factor = 3 if m.swiglu else 2
     shared = getattr(m, "moe_shared_expert_intermediate_size", None) or 0
@@ -94,17 +96,18 @@ def recomputed_flops(m, global_batch: int, modules: frozenset, recomputed_layers
     backward recomputes QKᵀ (2Bs²·a·(d_n + d_r) per layer); selective core_attn re-runs the
     core's forward (QKᵀ and ·V); selective mlp re-runs the dense MLPs; full recompute re-runs the
     forward of `recomputed_layers` layers, each at the model's per-layer average (exact when
-    every layer is recomputed, Megatron's uniform method, the MTP depths' layers included)."""
+    every layer is recomputed, Megatron's uniform method). The MTP depths' layers count as
+    layers throughout (they run the same attention, MLP and recompute)."""
     B, s, a, L = global_batch, m.seq_length, m.num_attention_heads, m.num_layers
+    depths = getattr(m, "mtp_num_layers", None) or 0
     qk = m.qk_head_dim + m.qk_pos_emb_head_dim if m.multi_latent_attention else m.head_dim
     v_width = m.v_head_dim if m.multi_latent_attention else m.head_dim
-    extra = 2 * B * s * s * a * qk * L if m.flash else 0
+    extra = 2 * B * s * s * a * qk * (L + depths) if m.flash else 0
     if "core_attn" in modules:
-        extra += 2 * B * s * s * a * (qk + v_width) * L
+        extra += 2 * B * s * s * a * (qk + v_width) * (L + depths)
     if "mlp" in modules:
         dense, _ = _layer_kinds(m)
         extra += (3 if m.swiglu else 2) * 2 * B * s * m.hidden_size * m.ffn * dense
-    depths = getattr(m, "mtp_num_layers", None) or 0
     if recomputed_layers and depths:  # full recompute of every layer: the MTP layers' too
         h = m.hidden_size
         forward = (megatron_flops(m, B, 0) - 6 * B * s * depths * (3 * h + 2 * h * h)) / 3
