@@ -1,5 +1,5 @@
 """Multi-token prediction (simsp/training/mtp.py, docs/mtp.md): every gradient against the
-single-device reference (simsp/model/reference.py) and central finite differences, the last
+single-device reference (simsp/model/reference/) and central finite differences, the last
 stage's weights against the count of the depths' tensors, Megatron's FLOPs against a hand
 count, bad input as one error line."""
 
