@@ -8,7 +8,7 @@ GEMMs actually counted are reported beside them.
 
 from simsp import analytic
 from simsp.model.architecture import architecture
-from simsp.model.blocks.moe.flops import megatron_flops, recomputed_flops
+from simsp.model.flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
 from simsp.hardware.costmodel import calibration_table
 from simsp.scenario.config import Cluster, virtual_stage_layer_counts

@@ -12,6 +12,7 @@ import numpy as np
 
 from simsp.hardware.costmodel import kernel_time
 from simsp.engine.memory import AlreadyLive, Ledger
+from simsp.model.blocks.attention.core import ContextParallelAttention
 from simsp.model.fp8 import FP8_SAVED_INPUTS, save_quantized
 from simsp.model.tensor import Tensor
 from simsp.scenario.precision import DEFAULT as DEFAULT_PRECISION
@@ -58,7 +59,7 @@ class Rank:
     compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
     precision: object = DEFAULT_PRECISION  # simsp.scenario.precision.Precision: state dtypes, FP8
     fp8: object = None  # simsp.scenario.precision.Fp8 when the linear layers run in FP8
-    cp: object = None  # training/context_parallel/attention.py CpAttention with context parallelism, else None
+    cp: ContextParallelAttention | None = None  # the rank's CP attention (context parallelism)
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):

@@ -45,6 +45,11 @@ class ExpertRank:
         return range(ep_index * n, (ep_index + 1) * n)
 
 
+def expert_parallel(r) -> bool:
+    """Whether rank r's expert rows cross ranks (EP > 1 or ETP > 1)."""
+    return r.moe is not None and (r.moe.ep > 1 or r.moe.etp > 1)
+
+
 def expert_grid(sc) -> ExpertGrid:
     """The scenario's expert grid (ETP defaults to t)."""
     p = sc.parallel

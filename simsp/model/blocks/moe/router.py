@@ -1,13 +1,15 @@
-"""A mixture-of-experts MLP as plain numpy forward/backward (Megatron-LM megatron/core/transformer/moe/).
+"""The MoE router (Megatron-LM megatron/core/transformer/moe/router.py TopKRouter: gating,
+routing) as plain numpy forward/backward, and its ops on a rank.
 
-Router (router.py TopKRouter: gating, routing), top-k with a softmax or sigmoid score
-(moe_utils.py topk_routing_with_score_function), capacity and token dropping
-(moe_utils.py get_capacity, apply_router_token_dropping, drop policy "probs"), the Switch
-load-balancing loss (moe_utils.py switch_load_balancing_loss_func on the scores of
-compute_routing_scores_for_aux_loss), permute / unpermute in expert-major, token-ascending
-order (moe_utils.py permute, unpermute: probabilities applied at unpermute) and per-expert MLPs
-without bias (experts.py SequentialMLP: fc1, GeLU or SwiGLU, fc2). Tokens are the rows of
-x (T, h), T = s·b. docs/moe.md has the formulas; ties in top-k go to the lower index.
+Top-k with a softmax or sigmoid score (moe_utils.py topk_routing_with_score_function), capacity
+and token dropping (moe_utils.py get_capacity, apply_router_token_dropping, drop policy
+"probs"), the Switch load-balancing loss (moe_utils.py switch_load_balancing_loss_func on the
+scores of compute_routing_scores_for_aux_loss), permute / unpermute in expert-major,
+token-ascending order (moe_utils.py permute, unpermute: probabilities applied at unpermute).
+Tokens are the rows of x (T, h), T = s·b. docs/moe.md has the formulas; ties in top-k go to
+the lower index. On a rank, numeric mode routes on the data; meta mode routes by the routing
+model (blocks/moe/routing.py). Kept for backward: router_logits (T, E) fp32 and routing_map
+(T, E) bool (the top-k is recomputed from the logits).
 """
 
 from dataclasses import dataclass
@@ -15,7 +17,8 @@ import math
 
 import numpy as np
 
-from simsp.model import kernels
+from simsp.model import mappings
+from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
 SCORE_EPS = 1e-20  # moe_utils.py: scores / (scores.sum(-1) + 1e-20)
 
@@ -163,35 +166,6 @@ def permute(x, kept):
     return x[tokens_of_pairs], tokens_of_pairs, counts
 
 
-def _splits(counts):
-    ends = np.cumsum(counts)
-    return [(int(e - c), int(e)) for c, e in zip(counts, ends)]
-
-
-def experts_forward(xp, fc1, fc2, counts, swiglu: bool):
-    """Each expert's MLP on its rows of xp (N, h): fc1 (E, h, f|2f), fc2 (E, f, h).
-    Returns out (N, h) and the activation inputs (N, f|2f) and outputs (N, f)."""
-    act = kernels.swiglu_forward if swiglu else kernels.gelu_forward
-    h1 = np.concatenate([xp[a:b] @ fc1[e] for e, (a, b) in enumerate(_splits(counts))])
-    g = act(h1)  # (N, f)
-    out = np.concatenate([g[a:b] @ fc2[e] for e, (a, b) in enumerate(_splits(counts))])
-    return out, h1, g
-
-
-def experts_backward(dout, xp, h1, g, fc1, fc2, counts, swiglu: bool):
-    """d xp (N, h), d fc1 (E, h, ·), d fc2 (E, f, h) of experts_forward."""
-    back = kernels.swiglu_backward if swiglu else kernels.gelu_backward
-    dfc1, dfc2 = np.zeros_like(fc1), np.zeros_like(fc2)
-    dxp = np.zeros_like(xp)  # (N, h)
-    for e, (a, b) in enumerate(_splits(counts)):
-        dg = dout[a:b] @ fc2[e].T  # (n_e, f)
-        dfc2[e] = g[a:b].T @ dout[a:b]
-        dh1 = back(dg, h1[a:b])  # (n_e, f|2f)
-        dfc1[e] = xp[a:b].T @ dh1
-        dxp[a:b] = dh1 @ fc1[e].T
-    return dxp, dfc1, dfc2
-
-
 def route(x, router, spec: MoeSpec) -> dict:
     """Gating, top-k, capacity and permutation of x (T, h) with router (h, E): the routing
     cache (logits, probs, top, kept, the permuted rows xp (N, h) with their tokens and experts
@@ -242,35 +216,70 @@ def router_backward(dx, dprobs, c: dict, router, spec: MoeSpec, daux: float = 1.
     return dx, c["x"].T @ dlogits
 
 
-def moe_forward(x, w: dict, spec: MoeSpec):
-    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
-    c = route(x, w["router"], spec)
-    c["out"], c["h1"], c["g"] = experts_forward(c["xp"], w["fc1"], w["fc2"], c["counts"],
-                                                spec.swiglu)  # (N, h), (N, ·), (N, f)
-    return unpermute(c["out"], c), c["aux"], c
+# ---------------------------------------------------------------------------------------------
+# ops on a rank
+
+ROUTER = "mlp.router.weight"  # (h, E), replicated over TP
+AUX_TOKENS = "aux_tokens_per_expert"  # SP: the whole sequence's tokens_e (E,), ledger-less
 
 
-def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
-    """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
-    hands the aux loss a gradient of 1 per layer)."""
-    dout, dprobs = unpermute_backward(dy, c["out"], c)  # (N, h), (T, E)
-    dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
-                                       c["counts"], spec.swiglu)
-    dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
-    return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}
+@dataclass(frozen=True)
+class Routed:
+    """One MoE layer's routing on a rank: the numeric cache (None in meta), the rows kept per
+    expert (E,), the (token, expert) pairs routed and kept, and the kept tensors."""
+
+    cache: dict | None
+    counts: np.ndarray  # (E,) rows each expert computes after the capacity
+    pairs: int  # (token, expert) pairs routed: T·k
+    real: int  # pairs kept (not dropped, not padding)
+    logits: Tensor  # router_logits (T, E) fp32
+    routing_map: Tensor  # routing_map (T, E) bool
 
 
-def shared_forward(x, fc1, fc2, swiglu: bool):
-    """The shared experts (shared_experts.py SharedExpertMLP, no gate, no bias): x (T, h) ->
-    (out (T, h), activation input (T, f_s | 2f_s), fc2 input (T, f_s)); fc1 (h, f_s | 2f_s)."""
-    act = kernels.swiglu_forward if swiglu else kernels.gelu_forward
-    h1 = x @ fc1  # (T, f_s | 2f_s)
-    g = act(h1)  # (T, f_s)
-    return g @ fc2, h1, g
+def moe_spec(m) -> MoeSpec:
+    """The model's routing flags (aux loss only with load balancing type aux_loss)."""
+    coeff = m.moe_aux_loss_coeff if m.moe_router_load_balancing_type == "aux_loss" else 0.0
+    return MoeSpec(m.num_experts, m.moe_router_topk, m.moe_router_score_function, coeff,
+                   m.moe_expert_capacity_factor, m.moe_pad_expert_input_to_capacity, m.swiglu)
 
 
-def shared_backward(dy, x, h1, g, fc1, fc2, swiglu: bool):
-    """dx (T, h), d fc1, d fc2 of shared_forward."""
-    back = kernels.swiglu_backward if swiglu else kernels.gelu_backward
-    dh1 = back(dy @ fc2.T, h1)  # (T, f_s | 2f_s)
-    return dh1 @ fc1.T, x.T @ dh1, g.T @ dy
+def aux_group(r) -> tuple:
+    """Megatron's tp_cp group, over which router.py reduces tokens_per_expert: the TP group,
+    with context parallelism every (tp, cp) rank of this rank's (dp, pp) (rank = tp + t·cp)."""
+    if r.cp is None:
+        return r.tp.members
+    return tuple(member - r.tp.index + i for member in r.cp.members for i in range(r.tp.size))
+
+
+def sequence_aux(r, mspec, c, E: int, T: int):
+    """Sequence (and context) parallelism: tokens_e (E,) all-reduced over the tp_cp group and
+    T·t·cp tokens (moe_utils.py get_tokens_per_expert_and_token_count): this rank's share of
+    the whole sequence's aux loss. Returns the summed tokens_e (ledger-less, 8·E bytes)."""
+    group = aux_group(r)
+    summed = Tensor((E,), 8, aux_tokens(c["logits"], mspec) if r.numeric else None)
+    yield from mappings.tensor_collective(r, "all_reduce", summed, summed.shape, summed.shape,
+                                          "moe_aux_tokens", "all_reduce_moe_aux", group=group)
+    if r.numeric:
+        c["aux"], c["dscores"], c["scores"] = aux_loss(c["logits"], mspec, summed.data,
+                                                       T * len(group))
+    return summed
+
+
+def router_grad(r, g: dict, dx_tokens, dx_route, shape: tuple, E: int):
+    """The router's backward after the experts': d logits (T, E) and d x = d logits · Wᵀ on
+    top of the tokens' gradient dx_tokens (T, h) (freed); `dx_route()` gives (numeric) the
+    input gradient and the router weight's (h, E). Returns d x (s, b, h)."""
+    s, b, h = shape
+    T = s * b
+    dx_data = None
+    if r.numeric:
+        dx2, drouter = dx_route()
+        g[ROUTER].data += drouter
+        dx_data = dx2.reshape(s, b, h)
+    dlogits = r.alloc((T, E), FP32, "d_router_logits")
+    yield from r.compute("d_router_logits", "elementwise", nbytes=8 * T * E)
+    r.free(dx_tokens)
+    dx = r.alloc((s, b, h), FP16, "d_router", data=dx_data)
+    yield from r.compute("d_router", "gemm", 2 * 2 * T * h * E, gemm=(T, E, h))
+    r.free(dlogits)
+    return dx
