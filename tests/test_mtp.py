@@ -10,7 +10,7 @@ from simsp.cli import main
 from simsp.commands.verify import verify_report
 from simsp.scenario.config import load_scenario
 from simsp.metrics import collect
-from simsp.model.blocks.moe.flops import megatron_flops
+from simsp.model.flops import megatron_flops
 from simsp.model.params import init_params, layer_shapes, mtp_shapes
 from simsp.training.driver.compare import compare_with_reference, gathered_grads
 from simsp.training.driver.gradcheck import _direction, _finite_difference
