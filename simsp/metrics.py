@@ -197,7 +197,7 @@ def sparse_or_latent(m) -> bool:
 def model_flops(sc) -> float:
     """Model FLOPs of one iteration: K22's or Megatron's dense formula (analytic.py), or for
     MoE/MLA models Megatron's count with top-k routed and shared experts and MLA
-    (model/blocks/moe/flops.py)."""
+    (model/flops.py)."""
     m, p = sc.model, sc.parallel
     if sparse_or_latent(m):
         return megatron_flops(m, p.global_batch, sc.padded_vocab_size)

@@ -54,7 +54,7 @@ class Rank:
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     moe_aux_loss: float = 0.0  # Σ aux_scale · aux loss of its MoE layers' forwards (numeric)
-    moe: object = None  # simsp.model.blocks.moe.placement.ExpertRank of a MoE model, else None
+    moe: object = None  # blocks/moe/placement.py ExpertRank of a MoE model, else None
     moe_load: dict = field(default_factory=dict)  # forward MoE rows: expert_rows, dropped_pairs...
     compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
     precision: object = DEFAULT_PRECISION  # simsp.scenario.precision.Precision: state dtypes, FP8

@@ -16,6 +16,7 @@ from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
 
 def _data(t: Tensor | None):
+    """The tensor's array, or None for no tensor."""
     return None if t is None else t.data
 
 
@@ -131,6 +132,7 @@ def dropout(r, x: Tensor, mask: Tensor | None, p: float, name: str):
 
 
 def dropout_backward(r, dy: Tensor, mask: Tensor | None, p: float, name: str):
+    """dy * mask / (1 - p); with no mask (p == 0) a no-op that returns dy."""
     if mask is None:
         return dy
     dx = r.alloc(dy.shape, FP16, name)

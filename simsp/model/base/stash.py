@@ -1,9 +1,10 @@
 """What a layer keeps for its backward: the stash every block puts its saved tensors in, and the
 recompute phase a block's backward re-runs part of its forward under.
 
-A tensor stashed under a name (the tables in each block's docstring, docs/MODEL.md#activation-
-memory) moves to the ledger's activations category; without `keep` (full recompute) the stash
-only collects the names so the layer can free them after its forward.
+A tensor stashed under a name (the tables in each block's docstring;
+docs/MODEL.md#activation-memory) moves to the ledger's activations category; without `keep`
+(full recompute) the stash only collects the names so the layer can free them after its
+forward.
 """
 
 from contextlib import contextmanager

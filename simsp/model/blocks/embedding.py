@@ -54,6 +54,7 @@ def _rows(start, n: int):
 
 
 def _vocab_range(r, word) -> tuple[int, int]:
+    """[start, end) of the vocabulary rows this TP rank's word table holds."""
     rows = word.shape[0]
     return r.tp.index * rows, (r.tp.index + 1) * rows
 

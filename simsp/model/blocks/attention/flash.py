@@ -22,6 +22,7 @@ def _flash_tiles(s):
 
 
 def _tile_keep(keep, i0, i1, j0, j1):
+    """The tile's (b, a, i, j) dropout keep-mask, or None without dropout."""
     return None if keep is None else keep(i0, i1, j0, j1)
 
 

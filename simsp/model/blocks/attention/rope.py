@@ -44,14 +44,12 @@ def rope_backward(dy, cos, sin):
     return np.concatenate([head * cos - _rotate_half(head * sin), rest], axis=-1)
 
 
-
 def rope(r, x: Tensor, cos, sin, name: str, inverse: bool = False):
     """x (b, heads, s, d) rotated per position by the angles (s, rot) (RoPE); `inverse` is the
     backward (the transposed rotation)."""
     kernel = rope_backward if inverse else rope_forward
     return (yield from elementwise(r, x.shape, name, lambda: kernel(x.data, cos, sin),
                                    2 * x.nbytes))
-
 
 
 def angles(m, s: int, cp=None):

@@ -30,6 +30,7 @@ COUNTS = "tokens_per_expert"  # the (EP, E) count matrix, kept outside the ledge
 
 
 def _splits(counts):
+    """(start, end) of each expert's rows in expert-major order."""
     ends = np.cumsum(counts)
     return [(int(e - c), int(e)) for c, e in zip(counts, ends)]
 

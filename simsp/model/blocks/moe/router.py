@@ -59,15 +59,18 @@ def _normalize_backward(dn, s):
 
 
 def _softmax(x):
+    """Softmax over the last axis."""
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
 def _softmax_backward(dp, p):
+    """d x of p = softmax(x) from d p."""
     return p * (dp - (dp * p).sum(axis=-1, keepdims=True))
 
 
 def _sigmoid(x):
+    """The logistic function."""
     return 1.0 / (1.0 + np.exp(-x))
 
 
