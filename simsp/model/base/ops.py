@@ -122,24 +122,24 @@ def dropout_mask(r, p: float, site: int, starts: tuple, shape: tuple, name: str)
 
 def dropout(r, x: Tensor, mask: Tensor | None, p: float, name: str):
     """x * mask / (1 - p); with no mask (p == 0) a no-op that returns x."""
-    if mask is None:
-        return x
-    y = r.alloc(x.shape, FP16, name)
-    if r.numeric:
-        y.data = kernels.dropout_forward(x.data, mask.data, p)
-    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes + mask.nbytes)
-    return y
+    return (yield from _masked(r, x, mask, p, name, kernels.dropout_forward))
 
 
 def dropout_backward(r, dy: Tensor, mask: Tensor | None, p: float, name: str):
     """dy * mask / (1 - p); with no mask (p == 0) a no-op that returns dy."""
+    return (yield from _masked(r, dy, mask, p, name, kernels.dropout_backward))
+
+
+def _masked(r, x: Tensor, mask: Tensor | None, p: float, name: str, kernel):
+    """kernel(x, mask, p) as a new tensor, reading x and the mask and writing the output; x
+    itself without a mask."""
     if mask is None:
-        return dy
-    dx = r.alloc(dy.shape, FP16, name)
+        return x
+    y = r.alloc(x.shape, FP16, name)
     if r.numeric:
-        dx.data = kernels.dropout_backward(dy.data, mask.data, p)
-    yield from r.compute(name, "elementwise", nbytes=2 * dy.nbytes + mask.nbytes)
-    return dx
+        y.data = kernel(x.data, mask.data, p)
+    yield from r.compute(name, "elementwise", nbytes=2 * x.nbytes + mask.nbytes)
+    return y
 
 
 def batched_matmul(r, a: Tensor, b: Tensor, name: str, transpose_b: bool = False,

@@ -63,6 +63,7 @@ class Activation:
     """One activation function of the MLP: its numpy pair and its shape."""
 
     name: str  # names the saved input: "{name}_input" (gelu_input, swiglu_input)
+    label: str  # as reports print it
     gated: bool  # reads [gate | up] (..., 2f): fc1 is h -> 2f
     forward: Callable  # numpy: x (..., f | 2f) -> (..., f)
     backward: Callable  # numpy: dy (..., f), x (..., f | 2f) -> dx (..., f | 2f)
@@ -77,8 +78,8 @@ class Activation:
         return 2 * f if self.gated else f
 
 
-GELU = Activation("gelu", False, gelu_forward, gelu_backward)
-SWIGLU = Activation("swiglu", True, swiglu_forward, swiglu_backward)
+GELU = Activation("gelu", "GeLU", False, gelu_forward, gelu_backward)
+SWIGLU = Activation("swiglu", "SwiGLU", True, swiglu_forward, swiglu_backward)
 
 
 def activation_of(m) -> Activation:
