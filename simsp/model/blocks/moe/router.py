@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from simsp.model import mappings
-from simsp.model.tensor import FP16, FP32, MASK, Tensor
+from simsp.model.tensor import FP16, FP32, Tensor
 
 SCORE_EPS = 1e-20  # moe_utils.py: scores / (scores.sum(-1) + 1e-20)
 
