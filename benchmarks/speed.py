@@ -87,7 +87,8 @@ for _ in range(int(sys.argv[2])):
     wall.append(time.perf_counter() - w)
     cpu.append(time.process_time() - c)
 with open(sys.argv[1], "w") as f:
-    json.dump({"code": 0, "events": next(run.world.env._eid), "wall": statistics.median(wall),
+    json.dump({"code": 0, "events": next(run.inputs.world.env._eid),
+               "wall": statistics.median(wall),
                "cpu": statistics.median(cpu), "metrics": metrics}, f)
 """
 

@@ -166,8 +166,8 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
 def run(scenario: str | Path | None = None, *, world_size: int | None = None, **fields) -> dict:
     """The metrics of `simsp run --json` for a scenario with field overrides (keyword
     arguments named like the scenario's keys: tensor_model_parallel_size=8, mode="meta")."""
-    from simsp.scenario.bounds import check_work
-    from simsp.scenario.config import load_scenario
+    from simsp.scenario.work import check_work
+    from simsp.scenario.loading import load_scenario
     from simsp.explore.evaluate import collect_metrics
     table = by_key()
     overrides = {}

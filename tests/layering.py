@@ -14,8 +14,8 @@ PACKAGE = ROOT / "simsp"
 
 # lowest first; a module's layer is that of its longest listed prefix
 LAYERS = (
-    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.scenario.bounds", "simsp.scenario.config",
-     "simsp.scenario.flags", "simsp.hardware.constants", "simsp.hardware.costmodel", "simsp.analytic", "simsp.progress",
+    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.scenario",
+     "simsp.hardware.constants", "simsp.hardware.costmodel", "simsp.analytic", "simsp.progress",
      "simsp.outdir", "simsp.gc_pause"),
     ("simsp.cluster",),
     ("simsp.engine",),
@@ -96,7 +96,8 @@ def back_arrows() -> list[str]:
 
 
 # names reached without being written as a call in the package: entry points, protocols
-ENTRY_POINTS = {"console", "add_parser", "run", "sweep", "main"}
+ENTRY_POINTS = {"console", "add_parser", "run", "sweep", "main",
+                "find_class", "persistent_load"}  # pickle.Unpickler's hooks
 
 
 # the closed forms tests compare the simulation with (docs/MODEL.md): their users are the tests

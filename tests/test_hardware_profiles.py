@@ -10,9 +10,11 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology, route
-from simsp.scenario.config import Cluster, load_scenario
+from simsp.scenario.config import Cluster
+from simsp.scenario.loading import load_scenario
 from simsp.hardware.costmodel import kernel_time
-from simsp.engine.communicator import CLOSED_FORM, Communicator
+from simsp.engine.communicator import Communicator
+from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.network import Network
 from simsp.engine.collectives.nvls import nvls_all_reduce_time
 from simsp.errors import UserError
@@ -179,7 +181,7 @@ def _all_reduce(cluster, gpus, nbytes, calibration=None):
     env = simpy.Environment()
     calibration = calibration or LinkCalibration.from_cluster(cluster)
     comm = Communicator(env, Network(env, build_topology(cluster), calibration),
-                        timing=CLOSED_FORM)
+                        timing_of=EveryGroup(RING_ALONE))
     for rank in gpus:
         env.process(comm.all_reduce(tuple(gpus), rank, None, nbytes, "tp"))
     env.run()

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model import layer as layer_module
 from simsp.model.blocks.attention import core as attention_core, mha
 from simsp.model.blocks.mlp import dense as dense_mlp
@@ -252,7 +252,7 @@ def test_full_recompute_peak_in_a_two_layer_model_is_2sbh_plus_one_full_set():
     s, b, h, a = 32, 1, 64, 4
     sbh = s * b * h
     run = simulate_iteration(scenario(s, b, h, a, recompute="full", mode="meta"))
-    ledger = run.world.ranks[0].ledger
+    ledger = run.inputs.world.ranks[0].ledger
     assert ledger.peak_by_category["activations"] == sbh + 2 * sbh + (34 * sbh + 5 * a * s * s * b)
 
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 import numpy as np
 
 from simsp import analytic
-from simsp.scenario.config import Model, Parallel, load_scenario
+from simsp.scenario.config import Model, Parallel
+from simsp.scenario.loading import load_scenario
 from simsp.model.base.kernels import dropout_backward, dropout_forward, keep_mask
 from simsp.model.blocks.attention.core import (attention_context_backward,
                                                attention_scores_backward, attention_scores_forward,
@@ -283,7 +284,7 @@ def test_pipeline_layer_counts_follow_megatron():
     """Megatron's get_num_layers_to_build, worked by hand: 405B's (126 + 2) / 8 = 16 with the
     embedding and loss stages one short; a given first stage with the rest spread evenly; a
     given last stage; both given on two stages."""
-    from simsp.scenario.config import pipeline_layer_counts
+    from simsp.scenario.pipeline_split import pipeline_layer_counts
     sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3.1-405b.toml")
     assert pipeline_layer_counts(sc.model, sc.parallel) == (15,) + (16,) * 6 + (15,)
     m = Model(num_layers=10)
@@ -384,7 +385,7 @@ def test_uneven_stage0_activation_peak_equals_formula(shape, split, schedule, re
     except UserError:
         assume(False)  # Megatron (and simsp) reject this split
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-    stage0 = run.world.ranks[run.rank_of(0, 0, 0)]
+    stage0 = run.inputs.world.ranks[run.inputs.rank_of(0, 0, 0)]
     assert stage0.ledger.peak_by_category["activations"] == \
         analytic.first_stage_activation_bytes(sc)
 
@@ -492,6 +493,6 @@ def test_bundled_stage0_activation_peak_equals_formula():
     for name in ("llama3-70b", "llama3.1-405b"):
         sc = load_scenario(root / f"{name}.toml")
         run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-        stage0 = run.world.ranks[run.rank_of(0, 0, 0)]
+        stage0 = run.inputs.world.ranks[run.inputs.rank_of(0, 0, 0)]
         measured = stage0.ledger.peak_by_category["activations"]
         assert measured == analytic.first_stage_activation_bytes(sc), name

@@ -11,7 +11,7 @@ import pytest
 
 from simsp import analytic
 from simsp.commands.verify import verify_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model.blocks.attention.rope import rope_angles
 from simsp.model.blocks.attention import mla
 from simsp.model.flops import megatron_flops

@@ -12,7 +12,7 @@ import pytest
 
 from simsp import analytic
 from simsp.cli import main
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model.blocks.moe.flops import moe_model_flops
 from simsp.model.flops import megatron_flops
 from simsp.model.param_counts import parameter_counts

@@ -7,7 +7,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.commands.verify import FD_TOLERANCE, REFERENCE_TOLERANCE
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model.blocks import numerics
 from simsp.model.blocks.mlp import activation
 from simsp.model.blocks.mlp.activation import gelu_backward

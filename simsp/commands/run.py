@@ -3,7 +3,7 @@
 import shlex
 from pathlib import Path
 
-from simsp.scenario.bounds import check_work
+from simsp.scenario.work import check_work
 from simsp.engine.trace import TRACE_DETAILS
 from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
 from simsp.io_out import check_not_inputs, check_target

@@ -4,7 +4,7 @@ simulated on Dask (branch and bound on a time lower bound), ranked and explained
 import math
 from pathlib import Path
 
-from simsp.scenario.bounds import BOUNDS
+from simsp.scenario.limits import BOUNDS
 from simsp.scenario.config import Parallel
 from simsp.errors import UserError
 from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,

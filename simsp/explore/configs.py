@@ -1,7 +1,7 @@
 """Configurations to simulate: a base scenario, named variants, and the cartesian grid of lists.
 
 A Config holds every scenario field's value (defaults filled in), so its digest is a hash of the
-full configuration; `simsp.scenario.config.load_scenario(None, config.overrides())` rebuilds the scenario.
+full configuration; `simsp.scenario.loading.load_scenario(None, config.overrides())` rebuilds the scenario.
 """
 
 import hashlib
@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from simsp.scenario.config import read_toml
+from simsp.scenario.loading import read_toml
 from simsp.errors import UserError
 from simsp.explore.fields import Field, all_fields, by_key, spell
 from simsp.hardware.profiles import gpu_cluster_fields, system_cluster_fields
@@ -111,7 +111,7 @@ def expand(variants: list[tuple], axes: list[tuple[Field, list]],
 
 def _fill_hardware(values: dict, axis_keys: set) -> None:
     """A configuration's system (and GPU) fill the cluster keys they imply, as load_scenario
-    does for a file (simsp/scenario/config.py): here every key is present, so those still at their
+    does for a file (simsp/scenario/loading.py): here every key is present, so those still at their
     default and not swept take the profile's value. A bad name is left for the row's error."""
     defaults = {f.path: f.default for f in all_fields()}
     for name, implied in (("system", system_cluster_fields), ("gpu", gpu_cluster_fields)):

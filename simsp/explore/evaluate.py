@@ -5,7 +5,7 @@ JSON-ready values. An invalid configuration is a row with its `error:` text; out
 row with its verdict, the stage and the bytes over.
 """
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.explore.flatten import flatten_metrics
 from simsp.gc_pause import gc_paused
@@ -33,7 +33,7 @@ def collect_metrics(sc, name_live: bool = True) -> dict:
         shortcuts = Shortcuts.for_scale(sc)
         run = simulate_iteration(sc, shortcuts, trace="none")
         metrics = collect(run, shortcuts, name_live)
-        run.world.release()
+        run.inputs.world.release()
     return metrics
 
 

@@ -1,4 +1,4 @@
-"""Work bounds for many configurations: `run`'s estimate (simsp.scenario.bounds.check_work) applied to
+"""Work bounds for many configurations: `run`'s estimate (simsp.scenario.work.check_work) applied to
 every row before it is submitted, and limits on the whole sweep, before any cluster starts.
 
 A row `run` would refuse is refused the same way: numeric mode beyond the memory limit stops the
@@ -11,8 +11,8 @@ are bounded too (README "Limits").
 import math
 import os
 
-from simsp.scenario.bounds import TIME_LIMIT_S, check_work, meta_seconds, numeric_seconds
-from simsp.scenario.config import load_scenario
+from simsp.scenario.work import TIME_LIMIT_S, check_work, meta_seconds, numeric_seconds
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 
 MAX_CONFIGS = 10000  # configurations in one sweep or search (rows of one results.csv)
@@ -47,7 +47,7 @@ def check_count(count: int, what: str = "configurations") -> None:
 
 
 def row_seconds(sc) -> float:
-    """run's CPU-second estimate of one configuration (simsp.scenario.bounds)."""
+    """run's CPU-second estimate of one configuration (simsp.scenario.work)."""
     return numeric_seconds(sc) if sc.run.mode == "numeric" else meta_seconds(sc, True)
 
 

@@ -10,7 +10,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, fields
 
-from simsp.scenario.config import Parallel, load_scenario
+from simsp.scenario.config import Parallel
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.explore.configs import Config
 

@@ -11,7 +11,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from simsp.scenario.config import Scenario, with_overrides
+from simsp.scenario.config import Scenario
+from simsp.scenario.loading import with_overrides
 from simsp.engine.memory import CATEGORIES
 from simsp.errors import UserError
 from simsp.metrics import iteration_time, stage_ranks
@@ -45,7 +46,7 @@ def failing_stages(run) -> list[dict]:
     """Each out-of-memory stage: rank, bytes by category at the failure, capacity."""
     out = []
     for stage, rank in enumerate(stage_ranks(run)):
-        ledger = run.world.ranks[rank].ledger
+        ledger = run.inputs.world.ranks[rank].ledger
         in_use = bytes_at_failure(ledger) if ledger.oom is not None else None
         if in_use is not None:
             out.append({"stage": stage, "rank": rank, "in_use_by_category_bytes": in_use,
@@ -129,9 +130,9 @@ def try_switch(sc: Scenario, change: dict) -> dict:
     except UserError as err:
         return {"valid": False, "reason": str(err)}
     run = simulate_iteration(variant, Shortcuts.for_scale(variant))
-    peaks = [run.world.ranks[rank].ledger.summary().peak_total for rank in stage_ranks(run)]
+    peaks = [run.inputs.world.ranks[rank].ledger.summary().peak_total for rank in stage_ranks(run)]
     worst = int(np.argmax(peaks))
-    capacity = run.world.ranks[stage_ranks(run)[worst]].ledger.capacity_bytes
+    capacity = run.inputs.world.ranks[stage_ranks(run)[worst]].ledger.capacity_bytes
     return {"valid": True, "peak_bytes": int(peaks[worst]), "worst_stage": worst,
             "capacity_bytes": capacity, "fits": peaks[worst] <= capacity,
             "iteration_time_s": iteration_time(run)}
@@ -143,6 +144,6 @@ def explain_oom(run) -> dict | None:
     if not stages:
         return None
     switches = []
-    for name, flags, change in candidate_switches(run.sc):
-        switches.append({"switch": name, "flags": flags, **try_switch(run.sc, change)})
+    for name, flags, change in candidate_switches(run.inputs.sc):
+        switches.append({"switch": name, "flags": flags, **try_switch(run.inputs.sc, change)})
     return {"stages": stages, "switches": switches}

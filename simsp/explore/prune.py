@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from simsp.analytic import chunk_recompute_bytes, chunks_per_stage
-from simsp.scenario.config import Parallel, Scenario, load_scenario, with_overrides
-from simsp.engine.communicator import CLOSED_FORM, STEPWISE
+from simsp.scenario.config import Parallel, Scenario
+from simsp.scenario.loading import load_scenario, with_overrides
+from simsp.engine.group_timing import RING_ALONE, STEP_BY_STEP
 from simsp.hardware.constants import GPUS
 from simsp.training.driver.layer_sim import PREFIX, simulate_layer
 from simsp.model.params import param_shapes
@@ -80,8 +81,8 @@ def _layer_elements(sc: Scenario, t: int) -> int:
 @lru_cache(maxsize=4096)
 def _simulated_layer(sc: Scenario) -> LayerCost:
     """Memoised: one layer of `sc` (already reduced to one TP group) simulated alone."""
-    timing = CLOSED_FORM if sc.run.mode == "meta" else STEPWISE  # as simulate_metrics times
-    result = simulate_layer(sc, timing=timing)
+    method = RING_ALONE if sc.run.mode == "meta" else STEP_BY_STEP  # as simulate_metrics times
+    result = simulate_layer(sc, method=method)
     kept = min(rec.activation_bytes for rec in result.records)
     elements = _layer_elements(sc, sc.parallel.tp)
     rank = result.ranks[0]

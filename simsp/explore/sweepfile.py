@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from simsp import io_in
-from simsp.scenario.config import _coerce
+from simsp.scenario.loading import _coerce
 from simsp.errors import UserError
 from simsp.explore.configs import base_values
 from simsp.explore.fields import by_key

@@ -44,10 +44,11 @@ class OffloadStats:
 class ActivationOffload:
     """One rank's offloaded layers, their copies in flight and what they hold on the host."""
 
-    def __init__(self, r, run, plan):
-        count = run.sc.parallel.cpu_offloading_num_layers
+    def __init__(self, r, sc, plan):
+        """Rank r offloads the first --cpu-offloading-num-layers layers of its stage's plan."""
+        count = sc.parallel.cpu_offloading_num_layers
         self.layers = frozenset(plan.all_layers()[:count])
-        self.rate_Bps = gpu_profile(run.sc.cluster.gpu).host_link_GBps * 1e9
+        self.rate_Bps = gpu_profile(sc.cluster.gpu).host_link_GBps * 1e9
         self.d2h = Stream(r.env, r.rank, "offload", Trace())
         self.h2d = Stream(r.env, r.rank, "offload", Trace())
         self.moved: dict = {}  # (mb, layer) -> [(Tensor, key, category, nbytes, op)]

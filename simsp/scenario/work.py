@@ -1,84 +1,17 @@
-"""Bounds before work: every numeric field finite and in a documented range, and the size of the
-work (simulated layer-steps, numeric-mode bytes) estimated before anything runs.
+"""The size of the work, estimated before anything runs: simulated layer-steps, numeric-mode
+bytes, meta-mode CPU seconds and bytes, per axis of the layout; check_work refuses work beyond
+the limits.
 
-The range table below is the single source of the limits (README "Limits" repeats it). The work
-limits are what this machine (2 cores, 24 GiB) does in reasonable time and memory; `--force`
-lifts the time limit, never the memory limit. Constants are measured by
+The limits are what this machine (2 cores, 24 GiB) does in reasonable time and memory;
+`--force` lifts the time limit, never the memory limit. Constants are measured by
 benchmarks/work_estimate.py (CPU seconds, time.process_time).
 """
 
-from dataclasses import dataclass
 import math
 
 from simsp.errors import UserError
+from simsp.scenario.config import bucket_size
 from simsp.units import GiB, format_bytes
-
-
-@dataclass(frozen=True)
-class Bound:
-    """A field's allowed closed range [low, high], its unit and why the limit is there."""
-
-    low: float
-    high: float
-    unit: str
-    why: str
-
-
-_DC = "a DGX SuperPOD-scale job; far beyond it the simulation cannot finish"
-# field -> Bound; the model sizes are ~8x the largest published dense GPT (1T: L 128, h 25600).
-BOUNDS = {
-    "model.num_layers": Bound(1, 4096, "layers", "32x the 1T model's 128 layers"),
-    "model.hidden_size": Bound(1, 262144, "elements", "10x the 1T model's 25600"),
-    "model.num_attention_heads": Bound(1, 8192, "heads", "50x the 1T model's 160"),
-    "model.seq_length": Bound(1, 1048576, "tokens", "a 1M-token context"),
-    "model.vocab_size": Bound(2, 4194304, "tokens", "one token makes the loss 0; 80x GPT 51200"),
-    "model.ffn_hidden_size": Bound(1, 1048576, "elements", "4x the largest hidden size"),
-    "model.hidden_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
-    "model.attention_dropout": Bound(0.0, 1.0, "probability", "a probability (1 itself excluded)"),
-    "model.num_query_groups": Bound(1, 8192, "groups", "at most the heads' limit"),
-    "model.kv_channels": Bound(1, 65536, "elements", "512x Llama's head dimension 128"),
-    "model.norm_epsilon": Bound(0.0, 1.0, "", "a small positive constant (Llama: 1e-5)"),
-    "model.rotary_base": Bound(1, 1e9, "", "2000x Llama 3's 500000"),
-    "model.rotary_percent": Bound(0.0, 1.0, "fraction", "a fraction of the head dimension"),
-    "model.num_experts": Bound(1, 4096, "experts", "16x DeepSeek-V3's 256"),
-    "model.moe_router_topk": Bound(1, 4096, "experts", "at most the experts' limit"),
-    "model.moe_ffn_hidden_size": Bound(1, 1048576, "elements", "as ffn_hidden_size"),
-    "model.moe_layer_freq": Bound(1, 4096, "layers", "at most the layers' limit"),
-    "model.moe_aux_loss_coeff": Bound(0.0, 1000.0, "", "Megatron's examples use 1e-2"),
-    "model.moe_expert_capacity_factor": Bound(0.0, 4096.0, "", "at most every token per expert"),
-    "model.q_lora_rank": Bound(1, 262144, "elements", "at most the hidden size's limit"),
-    "model.kv_lora_rank": Bound(1, 262144, "elements", "at most the hidden size's limit"),
-    "model.qk_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
-    "model.qk_pos_emb_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
-    "model.v_head_dim": Bound(1, 65536, "elements", "as kv_channels"),
-    "model.mtp_num_layers": Bound(1, 4096, "layers", "at most the layers' limit"),
-    "model.mtp_loss_scaling_factor": Bound(0.0, 1000.0, "", "Megatron's default 0.1"),
-    "model.moe_shared_expert_intermediate_size": Bound(1, 1048576, "elements", "as ffn_hidden_size"),
-    "model.moe_routing_imbalance": Bound(0.0, 16.0, "", "Zipf exponent: 16 puts all load on one expert"),
-    "parallel.expert_model_parallel_size": Bound(1, 4096, "GPUs", "at most the experts' limit"),
-    "parallel.expert_tensor_parallel_size": Bound(1, 4096, "GPUs", _DC),
-    "parallel.tensor_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
-    "parallel.pipeline_model_parallel_size": Bound(1, 4096, "GPUs", _DC),
-    "parallel.data_parallel_size": Bound(1, 32768, "GPUs", _DC),
-    "parallel.context_parallel_size": Bound(1, 4096, "GPUs", _DC),
-    "parallel.cpu_offloading_num_layers": Bound(0, 4096, "layers", "at most model.num_layers"),
-    "parallel.micro_batch_size": Bound(1, 65536, "samples", "far above any GPU's memory"),
-    "parallel.global_batch_size": Bound(1, 16777216, "samples", "16M samples per iteration"),
-    "parallel.num_layers_per_virtual_pipeline_stage": Bound(1, 4096, "layers",
-                                                            "at most model.num_layers"),
-    "parallel.num_virtual_stages_per_pipeline_rank": Bound(1, 4096, "chunks",
-                                                           "at most model.num_layers"),
-    "cluster.gpus_per_node": Bound(1, 72, "GPUs", "a node is one NVLink domain: 8 in a DGX, 72 in a GB200 NVL72"),
-    "cluster.nodes": Bound(1, 4096, "nodes", "32768 GPUs: " + _DC),
-    "cluster.nvlink_bandwidth_GBps": Bound(0.1, 10000.0, "GB/s", "A100 NVLink is 300 GB/s"),
-    "cluster.ib_bandwidth_GBps": Bound(0.01, 10000.0, "GB/s", "HDR InfiniBand is 25 GB/s"),
-    "cluster.nvlink_latency_us": Bound(0.0, 1e6, "us", "at most one second per hop"),
-    "cluster.ib_latency_us": Bound(0.0, 1e6, "us", "at most one second per link"),
-    "cluster.transfer_overhead_us": Bound(0.0, 1e6, "us", "at most one second per transfer"),
-    "cluster.nvlink_efficiency": Bound(0.0, 1.0, "fraction", "a fraction of link speed"),
-    "cluster.ib_efficiency": Bound(0.0, 1.0, "fraction", "a fraction of link speed"),
-    "run.seed": Bound(0, 2**32 - 1, "", "numpy seeds are 32-bit"),
-}
 
 # Work limits (measured with benchmarks/work_estimate.py on this 2-core machine).
 # Measured again on today's engine: 0.03-0.08 ms per layer-step for d = 1..64 at 175B width
@@ -125,31 +58,6 @@ EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
 EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
-
-
-def _number(x: float) -> str:
-    """A limit as people write it: 4096, not 4096.0 or 4.096e+03."""
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
-
-
-def check_field(name: str, value) -> None:
-    """Reject a non-finite value or one outside BOUNDS[name] (None means 'not set')."""
-    bound = BOUNDS.get(name)
-    if value is None or bound is None or isinstance(value, (bool, str)):
-        return
-    if not math.isfinite(value):
-        raise UserError(name, f"must be a finite number, got {value}")
-    if not bound.low <= value <= bound.high:
-        unit = f" {bound.unit}" if bound.unit else ""
-        raise UserError(name, f"{value} is outside [{_number(bound.low)}, "
-                              f"{_number(bound.high)}]{unit} ({bound.why})")
-
-
-def check_ranges(sections: dict) -> None:
-    """check_field on every field of every section ({'model': Model(...), ...})."""
-    for section, obj in sections.items():
-        for key, value in vars(obj).items():
-            check_field(f"{section}.{key}", value)
 
 
 def layer_steps(sc) -> int:
@@ -270,7 +178,6 @@ def simulated_ranks(sc, representative: bool) -> int:
 def bucket_count(sc) -> int:
     """Gradient buckets of one stage: its parameters over the bucket size (Megatron DDP,
     training/data_parallel/grad_buckets.py), at most one per parameter tensor (12 per layer, 3 more)."""
-    from simsp.scenario.config import bucket_size
     p = sc.parallel
     size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
     layers = sc.model.num_layers // p.pp
