@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 from simsp.cluster.grid import Coords, RankGrid
-from simsp.model.blocks.attention.rope import rope_angles, rope_forward
-from simsp.model.context_split import (chunk_ids, gather_sequence, local_positions,
-                                       rope_tables, split_sequence)
+from simsp.model.blocks.attention.rope import rope_angles, rope_forward, rope_tables
+from simsp.model.context_split import chunk_ids, gather_sequence, local_positions, split_sequence
 
 
 def test_cp_axis_sits_between_tp_and_dp_by_hand():

@@ -81,8 +81,8 @@ def test_each_step_holds_the_previous_ranks_block():
 
 def test_cp_by_tp_attention_core_with_rope_equals_the_single_device_flash_core():
     from simsp.model.blocks.attention.flash import flash_backward, flash_forward
-    from simsp.model.blocks.attention.rope import rope_angles, rope_backward, rope_forward
-    from simsp.model.context_split import rope_tables
+    from simsp.model.blocks.attention.rope import (rope_angles, rope_backward, rope_forward,
+                                                   rope_tables)
     cp, tp, s, rot, base = 4, 2, 32, 8, 10000.0
     rng = np.random.default_rng(7)
     q = rng.standard_normal((2, 8, s, 8))  # (b, a, s, d) before RoPE

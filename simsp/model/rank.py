@@ -68,6 +68,15 @@ class Rank:
     def key(self, name: str) -> str:
         return f"{self.scope}{name}"
 
+    def sequence_rows(self, rows: int):
+        """Global sequence positions of the `rows` rows this rank holds (its SP slice of its CP
+        share): the first position (an int) without context parallelism, else the positions
+        (rows,) of its CP attention's chunks (not contiguous)."""
+        start = self.tp.index * rows if self.tp.sequence_parallel else 0
+        if self.cp is None:
+            return start
+        return self.cp.positions[start:start + rows]  # (rows,)
+
     def alloc(self, shape, itemsize: int, name: str, category: str = "temporaries",
               data: np.ndarray | None = None) -> Tensor:
         """A new tensor in this rank's ledger (data only in numeric mode)."""

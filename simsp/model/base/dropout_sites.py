@@ -15,7 +15,6 @@ site's drawers are the attention core's (blocks/attention/core.py).
 
 from simsp.model.base import ops
 from simsp.model.base.kernels import keep_mask
-from simsp.model.context_split import rank_rows
 
 SITE_NAMES = ("embedding", "attention", "attn_out", "mlp_out")
 HIDDEN_SITES = ("embedding", "attn_out", "mlp_out")
@@ -49,7 +48,7 @@ def hidden_mask(r, spec, site: str, x):
     p = spec.model.hidden_dropout
     if p == 0:
         return None
-    starts = (rank_rows(r, x.shape[0]), spec.sample_offset, 0)
+    starts = (r.sequence_rows(x.shape[0]), spec.sample_offset, 0)
     return ops.dropout_mask(r, p, site_id(spec.layer, site), starts, x.shape, f"{site}_mask")
 
 

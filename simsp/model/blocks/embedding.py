@@ -12,7 +12,6 @@ import numpy as np
 from simsp.model import mappings
 from simsp.model.base import ops
 from simsp.model.base.dropout_sites import site_id
-from simsp.model.context_split import rank_rows
 from simsp.model.tensor import FP16
 
 
@@ -80,7 +79,7 @@ def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple
     x = yield from mappings.exit_forward(r, partial, "embedding_exit")  # (s_l, b, h)
     if x is not partial:
         r.free(partial)
-    seq_start = rank_rows(r, x.shape[0])  # first position, or the CP rank's positions
+    seq_start = r.sequence_rows(x.shape[0])  # first position, or the CP rank's positions
     if "embedding.position" in w:  # learned absolute positions (no table for rope, none)
         if r.numeric:
             position = w["embedding.position"].data[_rows(seq_start, x.shape[0])]  # (s_l, h)
@@ -105,7 +104,7 @@ def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx):
     r.free(mask)
     if demb is not dx:
         r.free(dx)
-    seq_start = rank_rows(r, demb.shape[0])
+    seq_start = r.sequence_rows(demb.shape[0])
     if r.numeric and "embedding.position" in g:
         rows = demb.data.sum(axis=1)  # (s_l, h)
         g["embedding.position"].data[_rows(seq_start, rows.shape[0])] += rows

@@ -8,16 +8,21 @@ blocks/attention/mla.py's.
 import numpy as np
 
 from simsp.model.base.ops import elementwise
-from simsp.model.context_split import rope_tables
 from simsp.model.tensor import Tensor
 
 
 def rope_angles(s, rot_dim, base, start=0):
-    """cos, sin (s, rot_dim) of positions start..start+s-1: inv_freq = base^(-2i/rot_dim),
-    repeated for both halves (Megatron-LM RotaryEmbedding, non-interleaved)."""
+    """cos, sin (s, rot_dim) of positions start..start+s-1."""
+    return rope_tables(np.arange(start, start + s, dtype=np.float64), rot_dim, base)
+
+
+def rope_tables(positions: np.ndarray, rot_dim: int, base: float):
+    """cos, sin (len(positions), rot_dim) at arbitrary global positions (a context-parallel
+    rank's chunks): inv_freq = base^(-2i/rot_dim), repeated for both halves (Megatron-LM
+    RotaryEmbedding, non-interleaved)."""
     inv_freq = 1.0 / (float(base) ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim))
-    freqs = np.arange(start, start + s, dtype=np.float64)[:, None] * inv_freq  # (s, rot/2)
-    emb = np.concatenate([freqs, freqs], axis=-1)  # (s, rot_dim)
+    freqs = positions.astype(np.float64)[:, None] * inv_freq  # (n, rot/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)  # (n, rot_dim)
     return np.cos(emb), np.sin(emb)
 
 
@@ -56,7 +61,7 @@ def angles(m, s: int, cp=None):
     """cos, sin (s, rot) of positions 0..s−1: attention sees the whole sequence on every TP
     rank (SP gathers it first), so every rank applies the same angles; with context
     parallelism (`cp`, a rank's ContextParallelAttention) those of its chunks' global
-    positions (model/context_split.py rope_tables)."""
+    positions (rope_tables)."""
     rot = int(m.head_dim * m.rotary_percent)
     if cp is not None:
         return rope_tables(cp.positions, rot, m.rotary_base)
