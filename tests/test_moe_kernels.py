@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simsp.model.blocks.mlp.activation import gelu_forward, swiglu_forward
-from simsp.model.blocks.moe.layer import moe_backward, moe_forward
+from simsp.model.blocks.moe.experts import moe_backward, moe_forward
 from simsp.model.blocks.moe.router import MoeSpec, get_capacity
 
 T, H, F, E = 12, 6, 5, 4

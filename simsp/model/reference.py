@@ -20,7 +20,7 @@ import numpy as np
 from simsp.model.blocks import numerics as K
 from simsp.model.base.dropout_sites import attention_keep, hidden_keep
 from simsp.model.blocks.moe.router import MoeSpec, aux_loss, aux_loss_backward
-from simsp.model.blocks.moe.layer import moe_backward, moe_forward
+from simsp.model.blocks.moe.experts import moe_backward, moe_forward
 from simsp.model.blocks.moe.shared import shared_backward, shared_forward
 from simsp.model.blocks.attention import mla as MLA
 from simsp.model.params import layer_param_names

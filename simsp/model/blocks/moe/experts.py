@@ -2,7 +2,8 @@
 megatron/core/transformer/moe/experts.py SequentialMLP, or TEGroupedMLP with
 --moe-grouped-gemm: fc1, GeLU or SwiGLU, fc2) on the rows routed to it, expert-major: numpy
 math and the rank's ops. A rank runs its E/EP local experts, each on its f/ETP slice (expert
-tensor parallelism, blocks/moe/placement.py). Kept for backward:
+tensor parallelism, blocks/moe/placement.py). The whole routed MoE on one device (router,
+experts, unpermute: the single-device reference's) is here too. Kept for backward:
 
 | name                       | shape            | bytes              |
 |----------------------------|------------------|--------------------|
@@ -19,6 +20,8 @@ import numpy as np
 
 from simsp.model.base.stash import recomputing
 from simsp.model.blocks.mlp.activation import GELU, SWIGLU, activation_of
+from simsp.model.blocks.moe.router import MoeSpec, route, route_backward, unpermute, \
+    unpermute_backward
 from simsp.model.tensor import FP16
 
 FC1, FC2 = "mlp.experts.fc1.weight", "mlp.experts.fc2.weight"
@@ -57,6 +60,28 @@ def experts_backward(dout, xp, h1, g, fc1, fc2, counts, swiglu: bool):
         dfc1[e] = xp[a:b].T @ dh1
         dxp[a:b] = dh1 @ fc1[e].T
     return dxp, dfc1, dfc2
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy: the whole routed MoE on one device (the reference's)
+
+
+def moe_forward(x, w: dict, spec: MoeSpec):
+    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
+    c = route(x, w["router"], spec)
+    c["out"], c["h1"], c["g"] = experts_forward(c["xp"], w["fc1"], w["fc2"], c["counts"],
+                                                spec.swiglu)  # (N, h), (N, ·), (N, f)
+    return unpermute(c["out"], c), c["aux"], c
+
+
+def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
+    """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
+    hands the aux loss a gradient of 1 per layer)."""
+    dout, dprobs = unpermute_backward(dy, c["out"], c)  # (N, h), (T, E)
+    dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
+                                       c["counts"], spec.swiglu)
+    dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
+    return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}
 
 
 # ---------------------------------------------------------------------------------------------

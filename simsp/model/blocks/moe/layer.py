@@ -31,12 +31,10 @@ from simsp.model.base.dropout_sites import dropout_add
 from simsp.model.base.stash import Stash, recomputing
 from simsp.model.blocks.mlp.activation import activation_of
 from simsp.model.blocks.moe import allgather, dispatch, shared
-from simsp.model.blocks.moe.experts import experts_backward, experts_forward
 from simsp.model.blocks.moe.placement import expert_parallel
-from simsp.model.blocks.moe.router import (AUX_TOKENS, ROUTER, MoeSpec, Routed, aux_group,
-                                           aux_loss, moe_spec, route, route_backward,
-                                           router_grad, sequence_aux, topk_routing, unpermute,
-                                           unpermute_backward)
+from simsp.model.blocks.moe.router import (AUX_TOKENS, ROUTER, Routed, aux_group, aux_loss,
+                                           moe_spec, route, router_grad, sequence_aux,
+                                           topk_routing)
 from simsp.model.blocks.moe.routing import model_counts
 from simsp.model.tensor import FP32, MASK
 
@@ -65,28 +63,6 @@ def token_flops(model) -> int:
     shared_f = getattr(model, "moe_shared_expert_intermediate_size", None) or 0
     routed_f = model.moe_ffn * model.moe_router_topk
     return 6 * model.hidden_size * activation_of(model).gemms * (routed_f + shared_f)
-
-
-# ---------------------------------------------------------------------------------------------
-# numpy: the single-device MoE (the reference's)
-
-
-def moe_forward(x, w: dict, spec: MoeSpec):
-    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
-    c = route(x, w["router"], spec)
-    c["out"], c["h1"], c["g"] = experts_forward(c["xp"], w["fc1"], w["fc2"], c["counts"],
-                                                spec.swiglu)  # (N, h), (N, ·), (N, f)
-    return unpermute(c["out"], c), c["aux"], c
-
-
-def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
-    """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
-    hands the aux loss a gradient of 1 per layer)."""
-    dout, dprobs = unpermute_backward(dy, c["out"], c)  # (N, h), (T, E)
-    dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
-                                       c["counts"], spec.swiglu)
-    dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
-    return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}
 
 
 # ---------------------------------------------------------------------------------------------
