@@ -74,7 +74,7 @@ os._exit(code)  # as the installed script: no interpreter teardown
 # Runs inside the subprocess: repeated in-process evaluations of the 22B scenario.
 IN_PROCESS = """
 import json, statistics, sys, time
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 sc = load_scenario("scenarios/paper-22b.toml")

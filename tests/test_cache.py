@@ -12,9 +12,9 @@ import pytest
 
 from simsp.hardware import costmodel
 from simsp.hardware import constants as hardware
-from simsp.explore import cache as cache_module
+from simsp.explore.evaluation import cache as cache_module
 from simsp.api import build_configs, sweep_configs
-from simsp.explore.cache import ResultCache
+from simsp.explore.evaluation.cache import ResultCache
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"mode": "meta", "recompute_granularity": "none,full"}

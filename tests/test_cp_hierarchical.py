@@ -158,11 +158,11 @@ def test_llama3_70b_cp4_2x2_memory_by_category_matches_the_closed_form():
 
 def test_sweep_takes_a2a_p2p_and_search_bounds_stay_below_it(capsys, tmp_path):
     """`simsp sweep --cp-comm-type p2p,a2a+p2p` on the hierarchical scenario (its TOML list of
-    sizes held) simulates both; explore/prune.py's proven bounds stay below an a2a+p2p run
+    sizes held) simulates both; explore/search/bounds.py's proven bounds stay below an a2a+p2p run
     (even stages: 4 layers)."""
     import pandas as pd
     from simsp.cli import main
-    from simsp.explore.prune import memory_lower_bound, time_lower_bound
+    from simsp.explore.search.bounds import memory_lower_bound, time_lower_bound
     from simsp.training.driver.iteration import Shortcuts
     assert main(["sweep", str(HCP_TINY), "--mode", "meta", "--cp-comm-type", "p2p,a2a+p2p",
                  "--workers", "0", "--quiet", "--out", str(tmp_path)]) == 0

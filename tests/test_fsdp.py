@@ -10,8 +10,8 @@ import pytest
 from simsp.scenario.loading import load_scenario
 from simsp.engine.group_timing import NODE_PIECE, RING_ALONE, STEP_BY_STEP, EveryGroup
 from simsp.engine.collectives.ring_timing import collective_time
-from simsp.explore.evaluate import collect_metrics
-from simsp.explore.prune import memory_lower_bound, time_lower_bound
+from simsp.explore.evaluation.evaluate import collect_metrics
+from simsp.explore.search.bounds import memory_lower_bound, time_lower_bound
 from simsp.model.params import layer_param_names, param_shapes
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.data_parallel.fsdp import FsdpUnits
@@ -251,7 +251,7 @@ def test_llama3_8b_fsdp_memory_matches_the_closed_form(flags):
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: str(list(s.values())[-1]))
 def test_search_bounds_hold_under_every_strategy(strategy):
-    """The search's proven lower bounds (explore/prune.py) stay below the simulated iteration
+    """The search's proven lower bounds (explore/search/bounds.py) stay below the simulated iteration
     time and stage-0 peak on a meta layout with TP, SP, a 2-stage pipeline and d = 2."""
     sc = scenario({"model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
                              "seq_length": 512, "vocab_size": 8000},

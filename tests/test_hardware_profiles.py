@@ -145,8 +145,8 @@ def test_the_nemo_group_runs_only_when_named():
 
 
 def test_a_swept_system_fills_its_cluster_unless_that_key_is_swept_too():
-    from simsp.explore.configs import base_values, expand
-    from simsp.explore.fields import by_key
+    from simsp.explore.configs.grid import base_values, expand
+    from simsp.explore.configs.fields import by_key
     fields = by_key()
     configs = expand([("", base_values(None))],
                      [(fields["cluster.system"], ["dgx-h100", "gb200-nvl72"]),

@@ -33,7 +33,7 @@ def _simulate(sc, chained: bool, monkeypatch):
     ({"recompute_granularity": "full"}, False),  # checkpointed segments: never chained
     ({"overlap_grad_reduce": True, "distributed_optimizer": True,
       "overlap_param_gather": True}, True),  # but not around all-gathers and bucket launches
-    ({"num_layers_per_virtual_pipeline_stage": 4}, True),  # one chunk of four layers (1F1B)
+    ({"num_layers_per_virtual_pipeline_stage": None}, True),  # one chunk of four layers (1F1B)
 ])
 def test_chained_replay_equals_one_event_per_layer(parallel, chains, monkeypatch):
     sc = _scenario(**parallel)

@@ -11,7 +11,7 @@ from browser import chromium, page_verdict, screenshot
 from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import Ledger
 from simsp.metrics import collect
-from simsp.explore.oom_advice import bytes_at_failure, candidate_switches, explain_oom
+from simsp.explore.whatif.oom_advice import bytes_at_failure, candidate_switches, explain_oom
 from simsp.report import write_reports
 from simsp.report.figures import stage_intervals, stage_spans
 from simsp.report.glossary import GLOSSARY

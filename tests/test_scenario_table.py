@@ -197,3 +197,11 @@ def test_a_clashing_row_fails_at_import(rows):
 
     with pytest.raises(TypeError, match="toy"):
         table_dataclass(Toy, rows)
+
+
+def test_every_numeric_field_has_a_row_in_the_readme_limits():
+    limits = _readme_limits()
+    numeric = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+               if _kind(f.type) in (int, float)]
+    assert len(numeric) > 50
+    assert [name for name in numeric if name not in limits] == []

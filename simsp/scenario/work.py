@@ -56,6 +56,10 @@ EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
 # active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
 # CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
 EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
+# Multi-token prediction's depths run on the last stage for every micro-batch, each a layer plus
+# its own embedding norm, projection and vocabulary head, untemplated: measured (Llama 3 8B
+# shape, 2 layers, one micro-batch, 8 and 64 depths) 2.0e-3 to 2.8e-3 CPU s per depth-step.
+MTP_SECONDS_PER_DEPTH_STEP = 3e-3
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -64,6 +68,12 @@ def layer_steps(sc) -> int:
     """Layer-steps one meta iteration simulates with the representative shortcut: each of the p
     simulated stages runs its L/p layers forward and backward for each of the m micro-batches."""
     return sc.model.num_layers * sc.parallel.num_micro_batches
+
+
+def mtp_steps(sc) -> int:
+    """Multi-token prediction depth-steps of one iteration: D depths x m micro-batches (the
+    last stage only; docs/mtp.md)."""
+    return (sc.model.mtp_num_layers or 0) * sc.parallel.num_micro_batches
 
 
 def param_count(m) -> int:
@@ -100,7 +110,8 @@ def numeric_seconds(sc) -> float:
     tokens = p.global_batch * m.seq_length
     attention = 16 * m.num_layers * p.global_batch * m.seq_length ** 2 * m.hidden_size
     flops = 8 * param_count(m) * tokens + attention
-    overhead = layer_steps(sc) * p.world_size * NUMERIC_SECONDS_PER_LAYER_STEP
+    overhead = (layer_steps(sc) + 2 * mtp_steps(sc)) * p.world_size * \
+        NUMERIC_SECONDS_PER_LAYER_STEP
     return flops / NUMERIC_FLOPS_PER_SECOND + overhead
 
 
@@ -125,7 +136,8 @@ def meta_seconds(sc, representative: bool) -> float:
         fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
     else:
         fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
-    return layer_steps(sc) * per_step + plans + buckets + fsdp + pair_seconds(sc)
+    mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
+    return layer_steps(sc) * per_step + plans + buckets + fsdp + mtp + pair_seconds(sc)
 
 
 def pair_seconds(sc) -> float:
@@ -191,7 +203,7 @@ def meta_bytes(sc, representative: bool = True) -> int:
     """Bytes meta mode keeps: the ledger and trace per layer-step, and every simulated rank's
     plan (its list of every layer's parameters: ranks x L)."""
     ranks = simulated_ranks(sc, representative)
-    return (layer_steps(sc) * META_BYTES_PER_LAYER_STEP
+    return ((layer_steps(sc) + mtp_steps(sc)) * META_BYTES_PER_LAYER_STEP
             + ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER)
 
 

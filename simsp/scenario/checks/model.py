@@ -44,6 +44,9 @@ def mtp_model(m: Model) -> None:
     check(m.mtp_num_layers is None or m.position_embedding_type != "learned_absolute",
           "model.mtp_num_layers", "simsp's multi-token prediction needs "
           "--position-embedding-type rope or none")
+    check(m.mtp_num_layers is None or m.mtp_num_layers < m.seq_length - 1, "model.mtp_num_layers",
+          f"{m.mtp_num_layers} depths leave no position to predict at seq_length={m.seq_length} "
+          f"(depth k predicts token t + k + 1 at s - k - 1 positions: at most seq_length - 2)")
 
 
 def mla_model(m: Model) -> None:

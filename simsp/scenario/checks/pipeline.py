@@ -109,6 +109,10 @@ def schedule(m: Model, p: Parallel) -> None:
         per_stage = (m.num_layers + _accounted(p)) // p.pp
         check(per_stage % virtual == 0, "parallel.num_layers_per_virtual_pipeline_stage",
               f"{virtual} does not divide the {per_stage} layers of each pipeline stage")
+        check(per_stage // virtual > 1, "parallel.num_layers_per_virtual_pipeline_stage",
+              f"{virtual} layers per virtual stage give one chunk per pipeline stage of "
+              f"{per_stage} layers: Megatron then runs plain 1F1B (it sets "
+              f"virtual_pipeline_model_parallel_size to None); drop the flag or use fewer layers")
     check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",
           f"interleaving needs the {p.num_micro_batches} micro-batches to be a multiple of "
           f"pipeline_model_parallel_size={p.pp}")

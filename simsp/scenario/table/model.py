@@ -27,7 +27,8 @@ MODEL = (
           bound=Bound(2, 4194304, "tokens", "one token makes the loss 0; 80x GPT 51200")),
     # Megatron pads v to a multiple of this times t
     Field("model", "make_vocab_size_divisible_by", int, 128, "pad the vocabulary to a multiple of "
-          "this x t (tokens)", "vdiv"),
+          "this x t (tokens)", "vdiv",
+          bound=Bound(1, 65536, "tokens", "512x Megatron's default 128")),
     Field("model", "ffn_hidden_size", int, None, "MLP width (elements; default 4 x hidden size)",
           "ffn", bound=Bound(1, 1048576, "elements", "4x the largest hidden size")),
     Field("model", "hidden_dropout", float, 0.1, "dropout probability after attention and MLP, in "

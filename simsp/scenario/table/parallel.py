@@ -49,7 +49,8 @@ PARALLEL = (
     Field("parallel", "recompute_method", str, None, "full recompute: uniform or block (Megatron; "
           "default: uniform)", "rm-", choices=RECOMPUTE_METHOD_CHOICES),
     Field("parallel", "recompute_num_layers", int, None, "layers per recompute group/block "
-          "(Megatron; default: 1)", "rnl"),
+          "(Megatron; default: 1)", "rnl",
+          bound=Bound(1, 4096, "layers", "at most model.num_layers")),
     Field("parallel", "micro_batch_size", int, 1, "micro-batch size b (samples)", "mbs",
           bound=Bound(1, 65536, "samples", "far above any GPU's memory")),
     Field("parallel", "global_batch_size", int, None, "samples per iteration B (default: b x d, "
@@ -79,7 +80,7 @@ PARALLEL = (
                "ovpg"),)),
     Field("parallel", "ddp_bucket_size", int, None, "data-parallel gradient bucket (parameters; "
           "default: max(40M, 1M x d) with --overlap-grad-reduce, else one bucket per chunk)",
-          "bucket"),
+          "bucket", bound=Bound(1, 10**13, "parameters", "10x a 1T model's parameters")),
     Field("parallel", "accumulate_allreduce_grads_in_fp32", bool, True, switches=(
         Switch("--accumulate-allreduce-grads-in-fp32", True, "reduce gradients in fp32",
                "fp32grad"),
@@ -106,9 +107,11 @@ PARALLEL = (
           "optimizer)", "m2-", choices=EXP_AVG_DTYPE_CHOICES),
     # Uneven pipeline stages (Megatron-LM transformer_block.py get_num_layers_to_build)
     Field("parallel", "decoder_first_pipeline_num_layers", int, None, "layers of the first "
-          "pipeline stage (default: an even split)", "first"),
+          "pipeline stage (default: an even split)", "first",
+          bound=Bound(1, 4096, "layers", "at most model.num_layers")),
     Field("parallel", "decoder_last_pipeline_num_layers", int, None, "layers of the last pipeline "
-          "stage (default: an even split)", "last"),
+          "stage (default: an even split)", "last",
+          bound=Bound(1, 4096, "layers", "at most model.num_layers")),
     Field("parallel", "account_for_embedding_in_pipeline_split", bool, False, switches=(
         Switch("--account-for-embedding-in-pipeline-split", True,
                "count the embedding as a layer when splitting the pipeline", "acemb"),)),

@@ -2,7 +2,7 @@
 in order of their objective's bound until no unsimulated layout can enter the top K, then ranked.
 
 Branch and bound: a layout whose bound is worse than the K-th best simulated objective provably
-cannot enter the top K (simsp.explore.prune), so it is counted and never simulated. Every
+cannot enter the top K (simsp.explore.search.bounds), so it is counted and never simulated. Every
 simulated layout re-checks its bounds against its simulation; a bound that was not one is
 reported (the ranking is then only as sound as that check). `exhaustive` simulates every layout.
 """
@@ -10,18 +10,18 @@ reported (the ranking is then only as sound as that check). `exhaustive` simulat
 from dataclasses import dataclass, field
 
 from simsp.analytic import model_flops
-from simsp.explore.cache import ResultCache
+from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.explore.evaluation.cache import ResultCache
 from simsp.errors import UserError
-from simsp.explore.configs import Config
-from simsp.explore.guard import TOTAL_TIME_LIMIT_S, row_seconds
-from simsp.explore.headroom import add_headroom
-from simsp.explore.layouts import Layouts, enumerate_layouts
-from simsp.explore.objectives import OBJECTIVES
-from simsp.explore.prune import (memory_lower_bound, memory_verdict, scenario_of,
+from simsp.explore.configs.grid import Config
+from simsp.explore.results.headroom import add_headroom
+from simsp.explore.search.layouts import Layouts, enumerate_layouts
+from simsp.explore.search.objectives import OBJECTIVES
+from simsp.explore.search.bounds import (memory_lower_bound, memory_verdict, scenario_of,
                                  time_lower_bound)
-from simsp.explore.runner import evaluate_all, progress_bar
-from simsp.explore.stream import RowStream
-from simsp.explore.table import table_row
+from simsp.explore.evaluation.runner import evaluate_all, progress_bar
+from simsp.explore.evaluation.stream import RowStream
+from simsp.explore.results.table import table_row
 from simsp.hardware.constants import GPUS
 
 
@@ -102,7 +102,7 @@ def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, ba
     """Simulate survivors by increasing bound, a batch at a time; ({index: row}, never simulated).
     The progress total is what has run plus what could still enter the top K; with `reserve`
     (bytes), each simulated layout's line is printed as it is ready, in bound order. The
-    batches' estimated CPU seconds add up to at most the sweep limit (explore/guard.py) unless
+    batches' estimated CPU seconds add up to at most the batch limit (simsp/batch_work.py) unless
     `force`: beyond it one `error: work:` (the batches done are cached; --force resumes)."""
     found, scores, position, spent = {}, [], 0, 0.0
     threshold = float("inf")

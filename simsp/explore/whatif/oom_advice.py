@@ -21,7 +21,7 @@ from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 def category_states(events: list) -> np.ndarray:
     """Bytes per category after each ledger event, events in time order (stable, ties in
-    recording order, as memory_summary.summarize reads them): (n, 6) int64."""
+    recording order, as engine/memory/summary.py's summarize reads them): (n, 6) int64."""
     ordered = sorted(events, key=itemgetter(0))
     code = {c: i for i, c in enumerate(CATEGORIES)}
     deltas = np.zeros((len(ordered), len(CATEGORIES)), dtype=np.int64)  # (n, 6)

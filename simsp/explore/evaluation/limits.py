@@ -1,5 +1,6 @@
-"""Work bounds for many configurations: `run`'s estimate (simsp.scenario.work.check_work) applied to
-every row before it is submitted, and limits on the whole sweep, before any cluster starts.
+"""Work bounds for many configurations: `run`'s estimate (simsp.scenario.work.check_work)
+applied to every row before it is submitted, and limits on the whole sweep (the batch limit of
+simsp/batch_work.py, the number of configurations, the workers), before any cluster starts.
 
 A row `run` would refuse is refused the same way: numeric mode beyond the memory limit stops the
 whole sweep (a model that cannot be numeric is never simulated numerically by accident); a row
@@ -11,12 +12,12 @@ are bounded too (README "Limits").
 import math
 import os
 
-from simsp.scenario.work import TIME_LIMIT_S, check_work, meta_seconds, numeric_seconds
+from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.scenario.work import check_work
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 
 MAX_CONFIGS = 10000  # configurations in one sweep or search (rows of one results.csv)
-TOTAL_TIME_LIMIT_S = 12 * TIME_LIMIT_S  # estimated CPU seconds of a whole sweep; --force lifts it
 
 
 def max_workers() -> int:
@@ -44,11 +45,6 @@ def check_count(count: int, what: str = "configurations") -> None:
     if count > MAX_CONFIGS:
         raise UserError("sweep", f"{count} {what}, above the limit of {MAX_CONFIGS} "
                                  "(split the sweep, or narrow its lists)")
-
-
-def row_seconds(sc) -> float:
-    """run's CPU-second estimate of one configuration (simsp.scenario.work)."""
-    return numeric_seconds(sc) if sc.run.mode == "numeric" else meta_seconds(sc, True)
 
 
 def refusal(values: tuple, force: bool = False) -> str | None:

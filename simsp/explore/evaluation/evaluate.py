@@ -7,7 +7,7 @@ row with its verdict, the stage and the bytes over.
 
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
-from simsp.explore.flatten import flatten_metrics
+from simsp.explore.evaluation.flatten import flatten_metrics
 from simsp.gc_pause import gc_paused
 from simsp.hardware.constants import GPUS
 from simsp.metrics import collect

@@ -1,7 +1,7 @@
 """Resumable results that cannot lie: one JSON file per configuration, named by its key.
 
-The key (simsp.explore.configs.Config.digest) hashes every scenario field, simsp's version and
-`simulator_digest()`: the bytes of simsp's code and data files and the model constants in
+The key (simsp.explore.configs.grid.Config.digest) hashes every scenario field, simsp's version
+and `simulator_digest()`: the bytes of simsp's code and data files and the model constants in
 force, so any change to the simulator misses the cache. Each entry records its key and its
 configuration, and a read checks both and the row's shape: a wrong, corrupt, linked or stale
 entry is recomputed and counted. Entries are written under unique temporary names and renamed
@@ -19,11 +19,10 @@ from pathlib import Path
 import stat
 import tempfile
 
-import simsp
-from simsp import io_in, io_out
+from simsp import io_in, io_out, version
 
 FORMAT = 1  # the entry layout below; a change makes every older entry stale
-PACKAGE = Path(simsp.__file__).resolve().parent
+PACKAGE = Path(version.__file__).resolve().parent  # simsp/: its code and data files
 SOURCE_SUFFIXES = (".py", ".toml", ".json", ".csv")
 
 
@@ -47,7 +46,7 @@ def constants_text() -> str:
 
 def simulator_digest() -> str:
     """What besides the configuration decides a row: simsp's version, code and constants."""
-    text = json.dumps([simsp.__version__, FORMAT, source_digest(PACKAGE), constants_text()])
+    text = json.dumps([version.__version__, FORMAT, source_digest(PACKAGE), constants_text()])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from simsp.explore.command import run_command
-from simsp.explore.configs import Config
+from simsp.explore.configs.run_line import run_command
+from simsp.explore.configs.grid import Config
 from simsp.io_out import write_file
 from simsp.jsonout import dumps
-from simsp.explore.fields import all_fields, spell
+from simsp.explore.configs.fields import all_fields, spell
 
 
 def changes_from_first(config: Config, first: Config) -> str:

@@ -18,9 +18,9 @@ from pathlib import Path
 from simsp import io_in
 from simsp.scenario.loading import _coerce
 from simsp.errors import UserError
-from simsp.explore.configs import base_values
-from simsp.explore.fields import by_key
-from simsp.explore.world import WORLD_SIZE
+from simsp.explore.configs.grid import base_values
+from simsp.explore.configs.fields import by_key
+from simsp.explore.configs.world import WORLD_SIZE
 
 MAX_VARIANTS = 10000  # the sweep's own configuration limit (simsp.explore.bounds) is lower
 MAX_NAME_CHARS = 200
@@ -59,7 +59,7 @@ def _field_value(where: str, field, value):
 
 def _variant_values(where: str, body: dict, folder: Path, default_base) -> tuple[dict, set, str]:
     """One variant's full field values (its base scenario, then its overrides) and the paths
-    it set itself; `world_size` is Megatron's (simsp.explore.world derives d from it)."""
+    it set itself; `world_size` is Megatron's (simsp.explore.configs.world derives d from it)."""
     base = body.get("base", default_base)
     if base is not None:
         _text(f"{where}.base", base, "base")

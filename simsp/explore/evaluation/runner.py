@@ -6,12 +6,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from simsp.explore.cache import ResultCache
-from simsp.explore.configs import Config
-from simsp.explore.executor import Executor, ExecutorLost
-from simsp.explore.guard import refusal
-from simsp.explore.stream import RowStream
-from simsp.explore.table import results_frame, table_row
+from simsp.explore.evaluation.cache import ResultCache
+from simsp.explore.configs.grid import Config
+from simsp.explore.evaluation.executor import Executor, ExecutorLost
+from simsp.explore.evaluation.limits import refusal
+from simsp.explore.evaluation.stream import RowStream
+from simsp.explore.results.table import results_frame, table_row
 from simsp.io_out import check_folder, check_not_inputs, check_target
 from simsp.outdir import prepare_out_dir
 from simsp.progress import wanted
@@ -36,9 +36,9 @@ def progress_bar(total: int | None, done: int, quiet: bool, what: str = "simsp s
 def evaluate_all(configs: list[Config], executor: Executor, cache: ResultCache, bar=None,
                  found: dict | None = None, stream=None) -> dict:
     """{digest: result row} for every configuration, simulating only what the cache lacks;
-    a row `run` would refuse (simsp.explore.guard) is its error row, never submitted;
+    a row `run` would refuse (simsp.explore.evaluation.limits) is its error row, never submitted;
     `bar` (a progress_bar, or None) advances once per configuration; `stream(found)` (a
-    simsp.explore.stream.RowStream, or None) prints the rows ready. A lost cluster raises
+    simsp.explore.evaluation.stream.RowStream, or None) prints the rows ready. A lost cluster raises
     ExecutorLost, the rows finished so far in `found` (a dict to fill, if given)."""
     stream = stream or (lambda found: None)
     digests = [c.digest() for c in configs]
@@ -93,8 +93,8 @@ def run_configs(configs: list[Config], executor: Executor, out: str | Path | Non
                 stream_reserve: float | None = None) -> list[dict]:
     """Table rows of every configuration, in configuration order (cache under out/cache);
     with `stream_reserve` (bytes), each row's line is printed to stdout as it is ready
-    (simsp.explore.stream). If the cluster is lost midway, the rows not finished are error
-    rows saying so and `executor.lost` says why."""
+    (simsp.explore.evaluation.stream). If the cluster is lost midway, the rows not finished are
+    error rows saying so and `executor.lost` says why."""
     cache = cache or ResultCache(Path(out) / "cache" if out is not None else None)
     unique = list({c.digest(): c for c in configs}.values())
     found = {}
@@ -110,8 +110,9 @@ def run_configs(configs: list[Config], executor: Executor, out: str | Path | Non
     return [table_row(i, c, configs[0], found[c.digest()]) for i, c in enumerate(configs)]
 
 
-# every file a sweep or search writes in its folder (explore/table.py, report/whatif.py,
-# report/whatif_plots.py, explore/folders.py), and what whatif adds (report/whatif_page.py)
+# every file a sweep or search writes in its folder (explore/results/table.py,
+# report/whatif.py, report/whatif_plots.py, explore/results/folders.py), and what whatif adds
+# (report/whatif_page.py)
 RESULT_FILES = ("results.csv", "results.jsonl", "report.md", "top.png", "pareto.png",
                 "memory.png", "exposed.png", "exploration.json")
 WHATIF_FILES = ("whatif.md", "whatif.html", "vs_baseline.png", "exposure.png")

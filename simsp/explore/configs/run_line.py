@@ -6,8 +6,8 @@ import shlex
 from functools import lru_cache
 
 from simsp.scenario import flags
-from simsp.explore.configs import base_values
-from simsp.explore.fields import all_fields
+from simsp.explore.configs.grid import base_values
+from simsp.explore.configs.fields import all_fields
 
 SKIPPED = (("run", "name"),)  # names the report folder only
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from simsp.scenario.config import Parallel
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
-from simsp.explore.configs import Config
+from simsp.explore.configs.grid import Config
 
 # The [parallel] fields every layout sets itself (global_batch_size comes from --global-batch-size).
 VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",

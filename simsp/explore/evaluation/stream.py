@@ -6,8 +6,8 @@ import sys
 
 from tqdm import tqdm
 
-from simsp.explore.headroom import add_headroom
-from simsp.explore.table import table_row
+from simsp.explore.results.headroom import add_headroom
+from simsp.explore.results.table import table_row
 from simsp.units import GiB
 
 

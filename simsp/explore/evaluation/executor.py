@@ -22,8 +22,8 @@ import socket
 import struct
 
 from simsp.errors import UserError
-from simsp.explore.evaluate import evaluate
-from simsp.explore.guard import check_workers, max_workers
+from simsp.explore.evaluation.evaluate import evaluate
+from simsp.explore.evaluation.limits import check_workers, max_workers
 
 # The scheduler's HTTP endpoint (and the dashboard, when bokeh is installed) on a free loopback
 # port: `dashboard_address=None` still binds port 8787, which another sweep may hold.

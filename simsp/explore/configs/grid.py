@@ -12,7 +12,7 @@ from pathlib import Path
 
 from simsp.scenario.loading import read_toml
 from simsp.errors import UserError
-from simsp.explore.fields import Field, all_fields, by_key, spell
+from simsp.explore.configs.fields import Field, all_fields, by_key, spell
 from simsp.hardware.profiles import gpu_cluster_fields, system_cluster_fields
 
 
@@ -23,7 +23,7 @@ class Config:
     name: str
     values: tuple  # ((section, key), value) for every scenario field
     error: str | None = None  # known invalid before simulating (e.g. a world size t·p misses)
-    note: str = ""  # what deriving d from the GPUs did (simsp.explore.world)
+    note: str = ""  # what deriving d from the GPUs did (simsp.explore.configs.world)
     source: str | None = None  # the scenario file it starts from (for its `simsp run` command)
 
     def overrides(self) -> dict:
@@ -32,8 +32,9 @@ class Config:
 
     def digest(self) -> str:
         """sha256 of the full configuration and of simsp's version, code and model constants
-        (simsp.explore.cache.simulator_digest): the cache key; an invalid one's error too."""
-        from simsp.explore.cache import simulator_digest
+        (simsp.explore.evaluation.cache.simulator_digest): the cache key; an invalid one's error
+        too."""
+        from simsp.explore.evaluation.cache import simulator_digest
         text = json.dumps([simulator_digest(), [[f"{s}.{k}", v] for (s, k), v in self.values]]
                           + ([self.error] if self.error else []))  # an invalid one is its own
         return hashlib.sha256(text.encode()).hexdigest()
@@ -85,8 +86,8 @@ def expand(variants: list[tuple], axes: list[tuple[Field, list]],
            world_sizes: list[int] | None = None) -> list[Config]:
     """Every variant (name, values[, the paths it set itself[, its scenario file]]) times the cartesian product of
     the axes (and world sizes), in a fixed order; with a world size, or nodes changed without
-    d, d is derived (simsp.explore.world)."""
-    from simsp.explore.world import derive_world
+    d, d is derived (simsp.explore.configs.world)."""
+    from simsp.explore.configs.world import derive_world
     configs = []
     for variant in variants:
         variant_name, values = variant[0], variant[1]

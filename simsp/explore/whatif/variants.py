@@ -6,10 +6,10 @@ import shlex
 
 from simsp import io_in
 from simsp.errors import UserError
-from simsp.explore.configs import base_values, expand, parse_value
-from simsp.explore.fields import all_fields, switch_flags
-from simsp.explore.sweepfile import load_sweep_file
-from simsp.explore.world import WORLD_SIZE
+from simsp.explore.configs.grid import base_values, expand, parse_value
+from simsp.explore.configs.fields import all_fields, switch_flags
+from simsp.explore.configs.sweep_file import load_sweep_file
+from simsp.explore.configs.world import WORLD_SIZE
 
 OBJECTIVES = {  # name: (column, larger is better)
     "time": ("iteration_time_s", False), "tokens-per-s": ("tokens_per_s", True),
