@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simsp.scenario.config import load_scenario  # noqa: E402
+from simsp.scenario.loading import load_scenario  # noqa: E402
 from simsp.metrics import collect  # noqa: E402
 from simsp.report import figures, trace  # noqa: E402
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration  # noqa: E402

@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from simsp.model import kernels
-from simsp.model.blocks.moe.kernels import MoeSpec, get_capacity, moe_backward, moe_forward
+from simsp.model.blocks.mlp.activation import gelu_forward, swiglu_forward
+from simsp.model.blocks.moe.experts import moe_backward, moe_forward
+from simsp.model.blocks.moe.router import MoeSpec, get_capacity
 
 T, H, F, E = 12, 6, 5, 4
 
@@ -21,7 +22,7 @@ def _weights(rng, swiglu):
 def _oracle(x, w, spec):
     """Every token through every expert, then a per-token gate built with Python's sorted()
     and per-expert capacity lists: y (T, h) and the aux loss."""
-    act = kernels.swiglu_forward if spec.swiglu else kernels.gelu_forward
+    act = swiglu_forward if spec.swiglu else gelu_forward
     logits = x @ w["router"]
     gates = np.zeros((T, E))
     for t in range(T):

@@ -5,7 +5,7 @@ A wrong simulated kernel (RoPE, norm, activation, K/V groups, router, experts) f
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.layer_sim import simulate_layer
 
 LLAMA = {("model", "swiglu"): True, ("model", "normalization"): "RMSNorm",

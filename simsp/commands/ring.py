@@ -22,7 +22,7 @@ from pathlib import Path
 
 import simpy
 
-from simsp.scenario.bounds import check_field
+from simsp.scenario.limits import check_field
 from simsp.cluster.topology import build_topology
 from simsp.scenario.config import Cluster
 from simsp.engine.collectives.all_to_all import time_all_to_all

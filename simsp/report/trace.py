@@ -458,10 +458,10 @@ class Recorded(NamedTuple):
 def trace_plan(run, detail: str) -> TracePlan:
     """Every event of the trace but the memory counters, laid out: per rank (pipeline order)
     process and thread metadata and its spans' Lanes; then the flow arrows."""
-    grid = run.world.grid
-    ranks = sorted(run.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
+    grid = run.inputs.world.grid
+    ranks = sorted(run.inputs.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
     names: dict[str, int] = {}
-    spans = _recorded(run.world.trace.spans, set(ranks), detail, names)
+    spans = _recorded(run.inputs.world.trace.spans, set(ranks), detail, names)
     groups = _groups(spans)
     max_detail = max(MIN_DETAIL_SPANS, SPAN_BUDGET // (len(DETAIL_TRACKS) * len(ranks)))
     tid_of = np.zeros(len(spans.spans), dtype=np.int64)  # (n,) thread of each span drawn
@@ -469,7 +469,7 @@ def trace_plan(run, detail: str) -> TracePlan:
               + _rank_threads(rank, spans, groups.get(rank, {}), detail, max_detail, names,
                               tid_of))
              for position, rank in enumerate(ranks)]
-    flows = _flows(run.world.trace.transfers, spans, groups, tid_of)
+    flows = _flows(run.inputs.world.trace.transfers, spans, groups, tid_of)
     return TracePlan(items, [string(name) for name in names], flows)
 
 
@@ -511,7 +511,7 @@ def _tracks_in_order(tracks: dict, detail: str) -> list[str]:
 
 def _rank_head(run, rank: int, position: int) -> list[str]:
     """One rank's process metadata."""
-    c = run.world.grid.coords(rank)
+    c = run.inputs.world.grid.coords(rank)
     return [metadata(rank, 0, "process_name",
                      {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}),
             metadata(rank, 0, "process_sort_index", {"sort_index": position})]
@@ -649,7 +649,7 @@ MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
 def counter_points(run) -> int:
     """Memory samples per rank: MEMORY_POINTS_BUDGET shared by the simulated ranks, within
     [MIN_MEMORY_POINTS, MAX_MEMORY_POINTS]."""
-    share = MEMORY_POINTS_BUDGET // max(len(run.world.ranks), 1)
+    share = MEMORY_POINTS_BUDGET // max(len(run.inputs.world.ranks), 1)
     return min(MAX_MEMORY_POINTS, max(MIN_MEMORY_POINTS, share))
 
 
@@ -701,13 +701,14 @@ def _document(run, detail: str, counters=None):
 
 def _other_data(run, detail: str) -> str:
     """The trace's "otherData": what it shows, and its units."""
-    return json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode, "detail": detail,
+    sc = run.inputs.sc
+    return json.dumps({"scenario": sc.run.name, "mode": sc.run.mode, "detail": detail,
                        "memory_unit": "bytes", "time_unit": "us"}, separators=(",", ":"))
 
 
 def _counters_of(run, rank: int) -> str:
     """The rank's memory counters as text, made here."""
-    return counter_lines(rank, *memory_timeline(run.world.ranks[rank].ledger,
+    return counter_lines(rank, *memory_timeline(run.inputs.world.ranks[rank].ledger,
                                                 counter_points(run)))
 
 

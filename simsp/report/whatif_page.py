@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 import numpy as np  # noqa: E402
 
-from simsp.explore.whatif import (OBJECTIVES, change, conclusion, exposure,  # noqa: E402
+from simsp.explore.whatif.variants import (OBJECTIVES, change, conclusion, exposure,  # noqa: E402
                                   kinds_of)
 from simsp.io_out import markdown_text, write_file  # noqa: E402
 from simsp.report.html import figure, page, to_html  # noqa: E402

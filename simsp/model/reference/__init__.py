@@ -6,7 +6,7 @@ Megatron-LM applies it, MLA's de-interleave included, causal attention with K/V 
 entropy); attention.py, moe.py and layer.py build the blocks from it; model.py the whole model
 with multi-token prediction. Gradients come from autodiff.py's reverse mode over the forward,
 so no backward formula is shared with (or copied from) the simulated kernels. Dropout masks
-come from simsp/model/dropout_sites.py, the random-number definition every layout draws from.
+come from simsp/model/base/dropout_sites.py, the random-number definition every layout draws from.
 """
 
 from simsp.model.reference.model import (reference_forward_backward, reference_layer,

@@ -4,13 +4,13 @@
   x -> norm1 -> attention -> projection (+ bias) -> dropout -> + x = x1
     -> norm2 -> MLP (GeLU or SwiGLU, or the MoE of reference/moe.py) -> dropout -> + x1
 
-Dropout masks come from simsp/model/dropout_sites.py: that module is the random-number
+Dropout masks come from simsp/model/base/dropout_sites.py: that module is the random-number
 definition every layout shares (which element of which site is dropped), not a kernel.
 """
 
 from dataclasses import dataclass
 
-from simsp.model.dropout_sites import attention_keep, hidden_keep
+from simsp.model.base.dropout_sites import attention_keep, hidden_keep
 from simsp.model.reference import textbook as tb
 from simsp.model.reference.attention import grouped_query_attention, latent_attention
 from simsp.model.reference.moe import moe_mlp

@@ -1,7 +1,7 @@
 """Textbook forward math of the transformer's pieces, written apart from the simulated kernels.
 
 Forward only, on autodiff Vars (reference/autodiff.py gives the gradients). Each function is
-the formula of its source, not a copy of simsp/model/kernels.py: a disagreement between the
+the formula of its source, not a copy of the blocks' numpy kernels (simsp/model/blocks/): a disagreement between the
 two is a bug in one of them. Layout (s, b, h) for activations, (b, heads, s, d) inside
 attention. Sources:
 - LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019) with eps inside the root,
