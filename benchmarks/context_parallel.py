@@ -25,8 +25,9 @@ from simsp.cluster.topology import build_topology
 from simsp.scenario.config import Cluster
 from simsp.engine.network import Network
 from simsp.hardware.constants import LinkCalibration
+from simsp.model.blocks.attention.rope import rope_tables
 from simsp.model.context_split import (balanced_step_pairs, gather_sequence, local_positions,
-                                       rope_tables, split_sequence, visible_pairs)
+                                       split_sequence, visible_pairs)
 from simsp.training.context_parallel.ring_kernels import CpShard, ring_backward, ring_forward, source_rank
 from simsp.training.context_parallel.ulysses_kernels import shard_positions, ulysses_backward, ulysses_forward
 from simsp.training.context_parallel.a2a import CpAllToAll
@@ -125,14 +126,14 @@ def numeric_check(cp: int = 4, s: int = 16, balanced: bool = True) -> dict:
 def memory_table() -> None:
     """Stage 0's rank 0 of Llama 3 70B at CP 2, by category, against the closed form."""
     from simsp.analytic import first_stage_activation_bytes
-    from simsp.scenario.config import load_scenario
+    from simsp.scenario.loading import load_scenario
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     overrides = {("parallel", "context_parallel_size"): 2, ("parallel", "data_parallel_size"): 1,
                  ("parallel", "global_batch_size"): 8}
     sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "llama3-70b.toml",
                        overrides)
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-    peaks = run.world.ranks[0].ledger.summary().peak_by_category
+    peaks = run.inputs.world.ranks[0].ledger.summary().peak_by_category
     m, p = sc.model, sc.parallel
     h, a, g, d, f, t = (m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim,
                         m.ffn, p.tp)
@@ -146,15 +147,15 @@ def memory_table() -> None:
     for category, measured in peaks.items():
         form = closed.get(category)
         print(f"| {category} | {measured:,} | {'' if form is None else f'{int(form):,}'} |")
-    print(f"iteration {max(run.end_s.values()):.4f} s; rank 0 blocked on CP exchanges "
-          f"{run.world.ranks[0].exposed_s.get('cp_comm', 0.0):.6f} s")
+    print(f"iteration {max(run.results.end_s.values()):.4f} s; rank 0 blocked on CP exchanges "
+          f"{run.inputs.world.ranks[0].exposed_s.get('cp_comm', 0.0):.6f} s")
 
 
 def hierarchical_table() -> None:
     """Llama 3 70B on 64 GPUs at t 4 SP, CP 4, p 4, d 1: one ring of 4 against a2a pairs inside
     a node and rings across nodes (stage 0's time, CP exposure and activations)."""
     from simsp.analytic import first_stage_activation_bytes
-    from simsp.scenario.config import load_scenario
+    from simsp.scenario.loading import load_scenario
     from simsp.metrics import exposure
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     print("| layout | iteration | compute | cp_comm | stage 0 activations | closed form |")
@@ -168,8 +169,9 @@ def hierarchical_table() -> None:
                            overrides)
         run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
         stage0 = exposure(run)[0]
-        peak = run.world.ranks[0].ledger.summary().peak_by_category["activations"]
-        print(f"| c 4 {comm} | {max(run.end_s.values()):.3f} s | {stage0['compute']:.3f} s | "
+        peak = run.inputs.world.ranks[0].ledger.summary().peak_by_category["activations"]
+        end_s = max(run.results.end_s.values())
+        print(f"| c 4 {comm} | {end_s:.3f} s | {stage0['compute']:.3f} s | "
               f"{stage0['cp_comm']:.4f} s | {peak:,} | {int(first_stage_activation_bytes(sc)):,} |")
 
 

@@ -1,6 +1,8 @@
 """How livable the code is, counted: files, files and functions one `simsp run` executes,
-functions and their sizes, imports against the layering, dead functions, and citations of files
-the repository does not have. Run before and after a restructuring to compare.
+modules one `simsp run` imports (a dense and a MoE scenario; which MoE, MLA, CP, FSDP, offload
+and MTP modules the dense run imports, and what imported each), functions and their sizes,
+imports against the layering, dead functions, and citations of files the repository does not
+have. Run before and after a restructuring to compare.
 
     python benchmarks/house_counts.py [--no-run] [--json]
 
@@ -17,6 +19,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +32,29 @@ OUTSIDE = re.compile(r"REFERENCE\.md|DESIGN\.md|\.\./shared")
 # "issue N" alone is this project's tracker; "owner/repo issue N" cites an upstream one
 ISSUE = re.compile(r"(\S+\s+)?issue \d+")
 CITING_TREES = ("simsp", "tests", "benchmarks", "scenarios", "sweeps", "docs", "README.md")
+DENSE, SPARSE = "paper-175b", "deepseek-v3"  # scenarios/*.toml of the run counts
+# module names of the code a dense GPT run should not need: MoE, MLA, context parallelism (its
+# ring and the positions it splits), sharded data parallelism, activation offload, MTP
+FEATURE_CODE = re.compile(r"moe|mla|context_parallel|context_split|cp_|ring_attention|fsdp|"
+                          r"offload|mtp")
+# run in a fresh interpreter: {simsp module: the simsp modules whose import statements named it}
+IMPORTS_OF_RUN = """
+import builtins, collections, contextlib, io, json, sys, tempfile
+importers, real_import = collections.defaultdict(set), builtins.__import__
+def traced(name, globals=None, locals=None, fromlist=(), level=0):
+    module = real_import(name, globals, locals, fromlist, level)
+    if level == 0 and name.startswith("simsp"):
+        for target in [name] + [f"{name}.{item}" for item in fromlist or ()]:
+            if target in sys.modules:
+                importers[target].add((globals or {}).get("__name__", "?"))
+    return module
+builtins.__import__ = traced
+from simsp.cli import main
+with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+    main(["run", sys.argv[1], "--quiet", "--trace", "none", "--out", out])
+print(json.dumps({m: sorted(importers[m]) for m in sorted(sys.modules)
+                  if m.split(".")[0] == "simsp"}))
+"""
 
 
 def function_sizes(files: list[Path]) -> list[tuple[int, str]]:
@@ -98,6 +124,21 @@ def executed_by_run(scenario: str) -> tuple[int, int]:
     return len(files), len(union)
 
 
+def imported_by_run(scenario: str) -> dict[str, list]:
+    """{simsp module: the modules that imported it} after one `simsp run SCENARIO` (report
+    written to a temporary folder, no trace) in a fresh interpreter."""
+    done = subprocess.run([sys.executable, "-c", IMPORTS_OF_RUN, scenario], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def feature_modules(imported: dict[str, list]) -> list[str]:
+    """'module <- importers' for each MoE, MLA, CP, FSDP, offload or MTP module imported."""
+    return [f"{name} <- {', '.join(by) or '(a package: its module was imported)'}"
+            for name, by in imported.items() if FEATURE_CODE.search(name)]
+
+
 def _patch_exit(hook) -> None:
     """Forked painters leave through os._exit: write their record first."""
     real_exit = os._exit
@@ -129,6 +170,10 @@ def counts(run: bool) -> dict:
         run_files, run_functions = executed_by_run(str(ROOT / "scenarios" / "paper-175b.toml"))
         result["files_executed_by_run"] = run_files
         result["functions_executed_by_run"] = run_functions
+        imported = {name: imported_by_run(str(ROOT / "scenarios" / f"{name}.toml"))
+                    for name in (DENSE, SPARSE)}
+        result["modules_imported_by_run"] = {name: len(mods) for name, mods in imported.items()}
+        result["feature_modules_imported_by_dense_run"] = feature_modules(imported[DENSE])
     return result
 
 

@@ -74,7 +74,7 @@ os._exit(code)  # as the installed script: no interpreter teardown
 # Runs inside the subprocess: repeated in-process evaluations of the 22B scenario.
 IN_PROCESS = """
 import json, statistics, sys, time
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 sc = load_scenario("scenarios/paper-22b.toml")
@@ -87,7 +87,8 @@ for _ in range(int(sys.argv[2])):
     wall.append(time.perf_counter() - w)
     cpu.append(time.process_time() - c)
 with open(sys.argv[1], "w") as f:
-    json.dump({"code": 0, "events": next(run.world.env._eid), "wall": statistics.median(wall),
+    json.dump({"code": 0, "events": next(run.inputs.world.env._eid),
+               "wall": statistics.median(wall),
                "cpu": statistics.median(cpu), "metrics": metrics}, f)
 """
 

@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simsp.scenario.config import load_scenario  # noqa: E402
+from simsp.scenario.loading import load_scenario  # noqa: E402
 from simsp.metrics import collect  # noqa: E402
 from simsp.engine.memory import CATEGORIES  # noqa: E402
 from simsp.report.run.figures import bars as bar_module, drawing  # noqa: E402
@@ -62,7 +62,7 @@ def plain_memory_over_time(inputs) -> bytes | None:
     stages, end_s = inputs.memory, inputs.end_s
     capacity = stages[0].capacity_bytes
     y_top = max(max(m.peak_total for m in stages), capacity) * memory_figures.HEADROOM
-    (unit, scale), (tunit, tscale) = drawing.memory_unit(y_top / memory_figures.HEADROOM), \
+    (unit, scale), (_, tscale) = drawing.memory_unit(y_top / memory_figures.HEADROOM), \
         drawing.time_unit(end_s)
     cols = min(memory_figures.COLS, len(stages))
     rows = -(-len(stages) // cols)

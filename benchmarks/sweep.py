@@ -15,9 +15,9 @@ import sys
 import time
 
 from simsp.api import build_configs
-from simsp.explore.evaluate import evaluate
-from simsp.explore.executor import Executor
-from simsp.explore.runner import run_configs
+from simsp.explore.evaluation.evaluate import evaluate
+from simsp.explore.evaluation.executor import Executor
+from simsp.explore.evaluation.runner import run_configs
 
 # The mixed grid: what a user weighs for each model, the link speeds as what-ifs.
 CLASSES = {

@@ -9,7 +9,7 @@ constant of the cost model and of the link calibration.
 
 from collections import defaultdict
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.hardware.costmodel import active_calibration
 from simsp.hardware.constants import LinkCalibration
 from simsp.training.driver.layer_sim import simulate_layer

@@ -1,4 +1,4 @@
-"""Measure the meta-mode cost per layer-step that simsp/scenario/bounds.py uses to estimate run time.
+"""Measure the meta-mode cost per layer-step that simsp/scenario/work.py uses to estimate run time.
 
 Prints, for a few layouts, the layer-steps (layers x micro-batches, forward and backward of one
 layer for one micro-batch on one simulated stage) and the CPU seconds of one simulated iteration
@@ -9,8 +9,8 @@ layer for one micro-batch on one simulated stage) and the CPU seconds of one sim
 
 import time
 
-from simsp.scenario.bounds import layer_steps
-from simsp.scenario.config import load_scenario
+from simsp.scenario.work import layer_steps
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 LAYOUTS = [  # (label, overrides)

@@ -9,9 +9,9 @@ Fields are the scenario's keys (tensor_model_parallel_size=8, ib_bandwidth_GBps=
 
 from pathlib import Path
 
-__version__ = "0.1.0"
+from simsp.version import __version__  # noqa: F401 (simsp.__version__)
 
-RESERVE_GIB = 4.0  # simsp.explore.headroom.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test)
+RESERVE_GIB = 4.0  # explore.results.headroom.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test)
 
 
 def run(scenario: str | Path | None = None, *, world_size: int | None = None, **fields) -> dict:

@@ -5,8 +5,8 @@ Nothing here is used to *produce* a simulated number; these only cross-check the
 
 from dataclasses import replace
 
-from simsp.scenario.config import (Model, Parallel, Scenario, model_chunks, padded_vocab_size,
-                          virtual_stage_layer_counts)
+from simsp.scenario.config import Model, Parallel, Scenario, padded_vocab_size
+from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,

@@ -7,15 +7,16 @@ from pathlib import Path
 import pandas as pd
 
 from simsp.errors import UserError
-from simsp.explore.cache import ResultCache
-from simsp.explore.configs import Config, base_values, expand, parse_list
-from simsp.explore.executor import Executor
-from simsp.explore.fields import by_key
-from simsp.explore.guard import check_count, check_sweep, grid_size
-from simsp.explore.headroom import DEFAULT_MEMORY_RESERVE_GIB, add_headroom, reserve_bytes
-from simsp.explore.runner import failure_message, prepare_out, results_frame, run_configs
-from simsp.explore.sweepfile import is_sweep_file, load_sweep_file
-from simsp.explore.table import write_results
+from simsp.explore.evaluation.cache import ResultCache
+from simsp.explore.configs.grid import Config, base_values, expand, parse_list
+from simsp.explore.evaluation.executor import Executor
+from simsp.explore.configs.fields import by_key
+from simsp.explore.evaluation.limits import check_count, check_sweep, grid_size
+from simsp.explore.results.headroom import DEFAULT_MEMORY_RESERVE_GIB, add_headroom, reserve_bytes
+from simsp.explore.evaluation.runner import (failure_message, prepare_out, results_frame,
+                                             run_configs)
+from simsp.explore.configs.sweep_file import is_sweep_file, load_sweep_file
+from simsp.explore.results.table import write_results
 
 
 def _axis_values(field, values) -> list:
@@ -66,9 +67,9 @@ def sweep_configs(configs: list[Config], out: str | Path | None = None,
                   memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB,
                   stream: bool = False) -> pd.DataFrame:
     """Simulate every configuration; write results (and the what-if report) under `out`.
-    Checked before any cluster starts: run's work limits (simsp.explore.guard), the output
-    folder (`inputs`: files this sweep reads, never overwritten). A row fits when its peak
-    leaves `memory_reserve_gib` free (simsp.explore.headroom). The frame's attrs["cache"]
+    Checked before any cluster starts: run's work limits (simsp.explore.evaluation.limits), the
+    output folder (`inputs`: files this sweep reads, never overwritten). A row fits when its peak
+    leaves `memory_reserve_gib` free (simsp.explore.results.headroom). The frame's attrs["cache"]
     says what the cache did; a lost cluster raises UserError once the finished rows are
     written. `stream`: print each row's line to stdout as it is ready, in order."""
     check_sweep(configs, force)
@@ -130,9 +131,9 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
     """The layouts `simsp search` simulated, best first (those that fit first); model, cluster
     and held [parallel] fields as keyword arguments, one value each; a layout field
     (tensor_model_parallel_size=[4, 8], recompute_granularity="full") restricts the layouts."""
-    from simsp.explore.headroom import reserve_bytes
-    from simsp.explore.layouts import RESTRICTABLE, held_fields, search_base
-    from simsp.explore.search import search as run_search
+    from simsp.explore.results.headroom import reserve_bytes
+    from simsp.explore.search.layouts import RESTRICTABLE, held_fields, search_base
+    from simsp.explore.search.branch_and_bound import search as run_search
     from simsp.report.sweep.report_md import ranked
     scenario_values = base_values(scenario)
     table = by_key()
@@ -166,9 +167,9 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
 def run(scenario: str | Path | None = None, *, world_size: int | None = None, **fields) -> dict:
     """The metrics of `simsp run --json` for a scenario with field overrides (keyword
     arguments named like the scenario's keys: tensor_model_parallel_size=8, mode="meta")."""
-    from simsp.scenario.bounds import check_work
-    from simsp.scenario.config import load_scenario
-    from simsp.explore.evaluate import collect_metrics
+    from simsp.scenario.work import check_work
+    from simsp.scenario.loading import load_scenario
+    from simsp.explore.evaluation.evaluate import collect_metrics
     table = by_key()
     overrides = {}
     for name, value in fields.items():

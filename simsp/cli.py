@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 
-from simsp import __version__
+from simsp.version import __version__
 from simsp.errors import UserError, one_line
 from simsp.scenario.flags import Parser
 from simsp.progress import add_quiet_flag

@@ -33,13 +33,16 @@ def _refuse(path, reason: str):
 
 def read_bytes(path: str | Path, kind: str) -> bytes:
     """The file's bytes: a regular file no larger than MAX_BYTES[kind]; a symbolic link the
-    user named is followed (they chose it), a missing or unreadable file is one UserError."""
+    user named is followed (they chose it), a missing or unreadable file is one UserError.
+    Nothing that is not a regular file is ever opened for reading (a FIFO would block the
+    open itself), and the open never waits (O_NONBLOCK) should the path change meanwhile."""
     limit = MAX_BYTES[kind]
     try:
-        with open(path, "rb", buffering=0) as handle:
+        _check_regular(path, os.stat(path).st_mode, kind)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb", buffering=0) as handle:
             info = os.fstat(handle.fileno())
-            if not _is_regular(info.st_mode):
-                _refuse(path, f"is not a regular file (a {kind} file must be one)")
+            _check_regular(path, info.st_mode, kind)
             if info.st_size > limit:
                 _refuse(path, f"is {info.st_size} bytes, above the {_size(limit)} limit of a "
                               f"{kind} file")
@@ -55,6 +58,14 @@ def read_bytes(path: str | Path, kind: str) -> bytes:
     return data
 
 
+def _check_regular(path, mode: int, kind: str) -> None:
+    """One UserError unless the mode is a regular file's (a folder is named as such)."""
+    if stat.S_ISDIR(mode):
+        _refuse(path, "is a folder, not a file")
+    if not _is_regular(mode):
+        _refuse(path, f"is not a regular file (a {kind} file must be one)")
+
+
 def _is_regular(mode: int) -> bool:
     return stat.S_ISREG(mode)
 
@@ -64,8 +75,9 @@ def _size(n: int) -> str:
 
 
 def read_text(path: str | Path, kind: str) -> str:
-    """The file as UTF-8 text (see read_bytes); NUL characters are refused (no text has them)."""
-    data = read_bytes(path, kind)
+    """The file as UTF-8 text (see read_bytes); a leading byte-order mark, as spreadsheet
+    programs write one, is dropped; NUL characters are refused (no text has them)."""
+    data = read_bytes(path, kind).removeprefix(b"\xef\xbb\xbf")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -147,6 +147,15 @@ def markdown_text(text) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub(" ", str(text)))
 
 
+def markdown_code(text) -> str:
+    """User text as one Markdown code span: control characters as spaces, fenced by one more
+    backtick than its longest run of them (CommonMark's rule), so it cannot end the span."""
+    text = _CONTROL.sub(" ", str(text))
+    fence = "`" * (max(map(len, re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def comment_text(text) -> str:
     """User text inside a one-line `#` comment (TOML, shell): line breaks and control
     characters as spaces, so it cannot start a line of its own."""

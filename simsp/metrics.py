@@ -8,24 +8,24 @@ GEMMs actually counted are reported beside them.
 
 from simsp import analytic
 from simsp.model.architecture import architecture
-from simsp.model.blocks.moe.flops import megatron_flops, recomputed_flops
+from simsp.model.flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
 from simsp.hardware.costmodel import calibration_table
-from simsp.scenario.config import Cluster, virtual_stage_layer_counts
+from simsp.scenario.config import Cluster
+from simsp.scenario.pipeline_split import virtual_stage_layer_counts
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
 from simsp.hardware.profiles import gpu_profile
 from simsp.model.blocks.moe.placement import represented_by
-from simsp.training.moe_load import moe_metrics
 
 
 def iteration_time(run) -> float:
     """From the first op to the last rank's optimizer step."""
-    return max(run.end_s.values())
+    return max(run.results.end_s.values())
 
 
 def stage_ranks(run) -> list[int]:
     """One simulated rank per pipeline stage (tp = 0, dp = 0), in stage order."""
-    return [run.rank_of(0, 0, pp) for pp in range(run.sc.parallel.pp)]
+    return [run.inputs.rank_of(0, 0, pp) for pp in range(run.inputs.sc.parallel.pp)]
 
 
 def bubble(run) -> tuple[float, list[float]]:
@@ -37,17 +37,17 @@ def bubble(run) -> tuple[float, list[float]]:
     waits, works = [], []
     for rank, row in zip(stage_ranks(run), exposure(run)):
         waits.append(row["pp_wait"])
-        works.append(sum(end - begin for *_, begin, end in run.steps.get(rank, [])))
+        works.append(sum(end - begin for *_, begin, end in run.results.steps.get(rank, [])))
     per_stage = [wait / work if work else 0.0 for wait, work in zip(waits, works)]
     return (sum(waits) / sum(works) if sum(works) else 0.0), per_stage
 
 
 def _counted_flops(run) -> tuple[float, float]:
     """GEMM FLOPs the simulation counted, over all ranks: (model, model + recompute)."""
-    p = run.sc.parallel
-    represented = p.world_size / len(run.world.ranks)  # each simulated rank stands for this many
+    ranks = run.inputs.world.ranks
+    represented = run.inputs.sc.parallel.world_size / len(ranks)  # each stands for this many
     model = hardware = 0.0
-    for r in run.world.ranks.values():
+    for r in ranks.values():
         model += (r.flops["forward"] + r.flops["backward"]) * represented
         hardware += (r.flops["forward"] + r.flops["backward"] + r.flops["recompute"]) * represented
     return model, hardware
@@ -67,12 +67,13 @@ def oom_report(oom) -> dict | None:
 def rank_memory(run, rank: int, name_live: bool = True) -> dict:
     """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict
     (`name_live=False`: the verdict's largest live tensors left out, its bytes the same)."""
-    c = run.world.grid.coords(rank)
-    simulated = rank in run.world.ranks
-    source = rank if simulated else run.rank_of(0, 0, c.pp)  # an identical representative
-    if not simulated and represented_by(run.sc, rank) in run.world.ranks:
-        source = represented_by(run.sc, rank)  # its place in a simulated expert group
-    ledger = run.world.ranks[source].ledger
+    inputs, ranks = run.inputs, run.inputs.world.ranks
+    c = inputs.world.grid.coords(rank)
+    simulated = rank in ranks
+    source = rank if simulated else inputs.rank_of(0, 0, c.pp)  # an identical representative
+    if not simulated and represented_by(inputs.sc, rank) in ranks:
+        source = represented_by(inputs.sc, rank)  # its place in a simulated expert group
+    ledger = ranks[source].ledger
     summary = ledger.summary(name_live)
     peaks = summary.peak_by_category
     return {"rank": rank, "tp": c.tp, "pp": c.pp, "dp": c.dp,
@@ -84,7 +85,7 @@ def rank_memory(run, rank: int, name_live: bool = True) -> dict:
             "simulated": simulated,
             "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks,
             "final_bytes": ledger.final_bytes(),
-            **({"cp": c.cp} if run.sc.parallel.cp > 1 else {})}
+            **({"cp": c.cp} if inputs.sc.parallel.cp > 1 else {})}
 
 
 COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm", "cp_comm")  # communication proper
@@ -99,16 +100,16 @@ def exposure(run) -> list[dict]:
     communication while data moved; pp_wait: blocked on a peer that had not arrived (pipeline
     fill, bubble, drain), plus the idle tail after the stage's own end; optimizer: Adam step;
     cp_comm (cp > 1 only): blocked on ring attention's K/V and dK/dV exchanges."""
-    t_iter = iteration_time(run)
-    keys = EXPOSURE_KEYS + (CP_KEYS if run.sc.parallel.cp > 1 else ()) + \
-        (("offload",) if run.sc.parallel.cpu_offloading else ())  # training/data_parallel/offload.py
+    t_iter, p = iteration_time(run), run.inputs.sc.parallel
+    keys = EXPOSURE_KEYS + (CP_KEYS if p.cp > 1 else ()) + \
+        (("offload",) if p.cpu_offloading else ())  # training/pipeline/offload.py
     rows = []
     for rank in stage_ranks(run):
-        r = run.world.ranks[rank]
+        r = run.inputs.world.ranks[rank]
         blocked = r.exposed_s
         row = {key: blocked.get(key, 0.0) for key in keys}
         row["compute"] = sum(r.busy_s.values()) - row["optimizer"]
-        row["pp_wait"] += t_iter - run.end_s[rank]
+        row["pp_wait"] += t_iter - run.results.end_s[rank]
         if "ep_comm" in blocked:  # MoE dispatch and combine (docs/moe.md)
             row["ep_comm"] = blocked["ep_comm"]
         rows.append(row)
@@ -118,7 +119,7 @@ def exposure(run) -> list[dict]:
 def collect(run, shortcuts, name_live: bool = True) -> dict:
     """Every metric of `simsp run`, JSON-ready (keys of issue #5 first); `name_live=False`
     leaves the tensors live at an out-of-memory verdict unnamed (a sweep row's cost)."""
-    sc = run.sc
+    sc = run.inputs.sc
     m, p = sc.model, sc.parallel
     t_iter = iteration_time(run)
     gpus, peak = p.world_size, GPUS[sc.cluster.gpu].peak_flops
@@ -156,19 +157,27 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         **_architecture(sc),
         **_fsdp(run),
         **_offload(run),
-        **moe_metrics(run),
+        **_moe(run),
     }
+
+
+def _moe(run) -> dict:
+    """The MoE layers' load (training/moe_load.py, imported only for a model with experts)."""
+    if run.inputs.sc.model.num_experts is None:
+        return {}
+    from simsp.training.moe_load import moe_metrics
+    return moe_metrics(run.inputs)
 
 
 def _offload(run) -> dict:
     """Under --cpu-offloading, per stage: bytes moved to the host, copy seconds, seconds the
-    compute waited, and the host memory held at its peak (training/data_parallel/offload.py)."""
-    p = run.sc.parallel
+    compute waited, and the host memory held at its peak (training/pipeline/offload.py)."""
+    p = run.inputs.sc.parallel
     if not p.cpu_offloading:
         return {}
     stages = [run.states[rank].offload.stats.as_dict() for rank in stage_ranks(run)]
     return {"offload": {"layers": p.cpu_offloading_num_layers,
-                        "host_link_GBps": gpu_profile(run.sc.cluster.gpu).host_link_GBps,
+                        "host_link_GBps": gpu_profile(run.inputs.sc.cluster.gpu).host_link_GBps,
                         "per_stage": stages,
                         "host_peak_bytes": max(s["host_peak_bytes"] for s in stages)}}
 
@@ -176,7 +185,7 @@ def _offload(run) -> dict:
 def _fsdp(run) -> dict:
     """Under sharded data parallelism, per stage and unit: all-gather and reduction seconds
     and the share the compute waited for (training/data_parallel/fsdp.py); absent otherwise."""
-    p = run.sc.parallel
+    p = run.inputs.sc.parallel
     if p.fsdp is None:
         return {}
     stages = [run.states[rank].fsdp.unit_report() for rank in stage_ranks(run)]
@@ -197,7 +206,7 @@ def sparse_or_latent(m) -> bool:
 def model_flops(sc) -> float:
     """Model FLOPs of one iteration: K22's or Megatron's dense formula (analytic.py), or for
     MoE/MLA models Megatron's count with top-k routed and shared experts and MLA
-    (model/blocks/moe/flops.py)."""
+    (model/flops.py)."""
     m, p = sc.model, sc.parallel
     if sparse_or_latent(m):
         return megatron_flops(m, p.global_batch, sc.padded_vocab_size)
@@ -232,7 +241,7 @@ def _architecture(sc) -> dict:
 def layer_tensors(sc) -> dict:
     """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
     simulation, beside docs/llama.md's closed form (the new tensors, by name)."""
-    from simsp.scenario.config import with_overrides
+    from simsp.scenario.loading import with_overrides
     from simsp.training.driver.layer_sim import simulate_layer
     record = simulate_layer(with_overrides(sc, run={"mode": "meta"})).records[0]
     p = sc.parallel

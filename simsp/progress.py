@@ -38,15 +38,17 @@ def track(items, desc: str, unit: str, quiet: bool, total: int | None = None):
 
 
 class StepProgress:
-    """Callback for Run.record_step: schedule steps done / total and the simulated time reached."""
+    """Callback for RunResults.record_step (training/driver/run.py): schedule steps done / total
+    and the simulated time reached."""
 
     def __init__(self, desc: str = "simulating"):
         self.desc, self.bar = desc, None
 
-    def __call__(self, run, now_s: float) -> None:
-        """One schedule step finished at simulated time now_s (seconds)."""
+    def __call__(self, total_steps: int, now_s: float) -> None:
+        """One of the run's total_steps schedule steps finished at simulated time now_s
+        (seconds)."""
         if self.bar is None:
-            self.bar = bar(run.total_steps, self.desc, "step")
+            self.bar = bar(total_steps, self.desc, "step")
         self.bar.set_postfix_str(f"simulated {now_s * 1e3:.1f} ms", refresh=False)
         self.bar.update(1)
 

@@ -1,8 +1,10 @@
 """simsp's layering and its dead functions, read from the source with ast (docs/ARCHITECTURE.md).
 
 Every import points down the layers; within a layer any import is fine except between two
-commands (each command is a peer: what two share lives in a lower layer). The package root
-`simsp` holds `__version__` and the lazy `simsp.sweep` facade of simsp/api.py.
+peers: two commands, or two of the drivers explore/, calibrate/ and validation/ (what two peers
+share lives in a lower layer). The package root
+`simsp` holds the lazy `simsp.sweep` facade of simsp/api.py; `__version__` lives in simsp/version.py,
+so no module below the facade imports the root.
 """
 
 import ast
@@ -14,8 +16,8 @@ PACKAGE = ROOT / "simsp"
 
 # lowest first; a module's layer is that of its longest listed prefix
 LAYERS = (
-    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.scenario.bounds", "simsp.scenario.config",
-     "simsp.scenario.flags", "simsp.hardware.constants", "simsp.hardware.costmodel", "simsp.analytic", "simsp.progress",
+    ("simsp", "simsp.errors", "simsp.units", "simsp.jsonout", "simsp.scenario",
+     "simsp.hardware.constants", "simsp.hardware.costmodel", "simsp.analytic", "simsp.progress",
      "simsp.outdir", "simsp.gc_pause"),
     ("simsp.cluster",),
     ("simsp.engine",),
@@ -31,6 +33,9 @@ LAYERS = (
 )
 # the root's one lazy import: `simsp.sweep(...)` is the Python twin of `simsp sweep`
 FACADE = {("simsp", "simsp.api")}
+# peers of one layer that never import each other: each command module, and these drivers (a
+# driver's own modules import each other freely)
+DRIVERS = ("simsp.explore", "simsp.calibrate", "simsp.validation")
 
 
 def package_files() -> list[Path]:
@@ -39,7 +44,7 @@ def package_files() -> list[Path]:
 
 
 def module_name(path: Path) -> str:
-    """simsp/engine/memory.py -> simsp.engine.memory; a package's __init__ -> the package."""
+    """simsp/engine/network.py -> simsp.engine.network; a package's __init__ -> the package."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -72,31 +77,52 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-def _is_command(module: str) -> bool:
-    return module.startswith("simsp.commands.")
+def peer_of(module: str) -> tuple[str, str] | None:
+    """(group, peer) of a module that has peers: ("command", the module) for each command,
+    ("driver", its package) for the drivers; None for any other module."""
+    if module.startswith("simsp.commands."):
+        return "command", module
+    for driver in DRIVERS:
+        if module == driver or module.startswith(driver + "."):
+            return "driver", driver
+    return None
+
+
+def _sideways(source: str, target: str) -> bool:
+    """Whether source and target are two different peers of one group."""
+    mine, theirs = peer_of(source), peer_of(target)
+    return mine is not None and theirs is not None and mine[0] == theirs[0] and mine != theirs
 
 
 def arrows_against_layers(source: str, targets) -> list[str]:
-    """'source -> target' for each target of a higher layer, or another command."""
+    """'source -> target' for each target of a higher layer, or another peer."""
     arrows = []
     for target in sorted(targets):
         if (source, target) in FACADE or target == source:
             continue
         up = layer_of(target) > layer_of(source)
-        sideways = _is_command(source) and _is_command(target)
+        sideways = _sideways(source, target)
         if up or sideways:
             arrows.append(f"{source} -> {target}")
     return arrows
 
 
+def root_importers() -> list[str]:
+    """Modules importing the package root `simsp` itself (its facade imports simsp.api, so any
+    such import below the API closes a circle)."""
+    return [module_name(path) for path in package_files()
+            if module_name(path) != "simsp" and "simsp" in imports_of(path)]
+
+
 def back_arrows() -> list[str]:
-    """'a -> b' for every import of a higher layer, and between two commands."""
+    """'a -> b' for every import of a higher layer, and between two peers."""
     return [arrow for path in package_files()
             for arrow in arrows_against_layers(module_name(path), imports_of(path))]
 
 
 # names reached without being written as a call in the package: entry points, protocols
-ENTRY_POINTS = {"console", "add_parser", "run", "sweep", "main"}
+ENTRY_POINTS = {"console", "add_parser", "run", "sweep", "main",
+                "find_class", "persistent_load"}  # pickle.Unpickler's hooks
 
 
 # the closed forms tests compare the simulation with (docs/MODEL.md): their users are the tests

@@ -12,9 +12,9 @@ import pytest
 
 from simsp.hardware import costmodel
 from simsp.hardware import constants as hardware
-from simsp.explore import cache as cache_module
+from simsp.explore.evaluation import cache as cache_module
 from simsp.api import build_configs, sweep_configs
-from simsp.explore.cache import ResultCache
+from simsp.explore.evaluation.cache import ResultCache
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"mode": "meta", "recompute_granularity": "none,full"}
@@ -54,17 +54,17 @@ def test_gpu_constant_change_recomputes(tmp_path, monkeypatch):
 
 
 def test_code_change_changes_every_key(tmp_path, monkeypatch):
-    """An edit to any of simsp's files (here a constant in a copy of scenario/config.py) changes the
+    """An edit to any of simsp's files (here a default in a copy of scenario/table/cluster.py) changes the
     simulator digest, so every configuration's key."""
     copy = tmp_path / "simsp"
     shutil.copytree(cache_module.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     config = build_configs(None, {"mode": "meta"})[0]
     monkeypatch.setattr(cache_module, "PACKAGE", copy)
     same = config.digest()
-    config_py = copy / "scenario/config.py"
+    config_py = copy / "scenario/table/cluster.py"
     text = config_py.read_text()
-    assert "ib_efficiency: float = 0.90" in text
-    config_py.write_text(text.replace("ib_efficiency: float = 0.90", "ib_efficiency: float = 0.80"))
+    assert '"ib_efficiency", float, 0.90' in text
+    config_py.write_text(text.replace('"ib_efficiency", float, 0.90', '"ib_efficiency", float, 0.80'))
     cache_module.source_digest.cache_clear()  # read once per process: a new process reads it
     assert config.digest() != same
 

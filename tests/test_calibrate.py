@@ -16,7 +16,8 @@ import pytest
 from simsp.calibrate.nccl_log import Row, row_collective
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
-from simsp.scenario.config import Cluster, load_scenario
+from simsp.scenario.config import Cluster
+from simsp.scenario.loading import load_scenario
 from simsp.engine.collectives.nccl_group import nccl_choice
 from simsp.engine.collectives.ring_alone import alone_time
 from simsp.engine.collectives.ring_timing import busbw_GBps

@@ -129,8 +129,8 @@ def test_time_limit_error_gives_estimate_and_limit():
 
 
 def test_force_lifts_the_time_limit_only():
-    from simsp.scenario.bounds import check_work
-    from simsp.scenario.config import load_scenario
+    from simsp.scenario.work import check_work
+    from simsp.scenario.loading import load_scenario
     sc = load_scenario(SCENARIOS / "paper-22b.toml",
                        {("parallel", "global_batch_size"): 1024})
     check_work(sc, shortcuts=False, force=True)  # no error: the time limit is lifted
@@ -271,7 +271,7 @@ def test_ring_of_512_ranks_on_64_nodes_runs():
 
 
 def test_readme_documents_every_bound():
-    from simsp.scenario.bounds import BOUNDS, _number
+    from simsp.scenario.limits import BOUNDS, _number
     readme = (REPO / "README.md").read_text()
     for field, bound in BOUNDS.items():
         assert f"| `{field}` | {_number(bound.low)} | {_number(bound.high)} |" in readme, field

@@ -571,7 +571,7 @@ def test_search_total_work_is_bounded(tmp_path, monkeypatch):
     """search --gpus 32768 on the 1T model simulated layout after layout (~10 s each) with no
     total bound; now its batches' estimates add up to the sweep limit, then one `error: work:`
     (here the limit is lowered so that a tiny search reaches it)."""
-    monkeypatch.setattr("simsp.explore.search.TOTAL_TIME_LIMIT_S", 1e-6)
+    monkeypatch.setattr("simsp.explore.search.branch_and_bound.TOTAL_TIME_LIMIT_S", 1e-6)
     argv = ["search", "--gpus", "2", TINY, "--workers", "0", "--quiet", "--out", str(tmp_path)]
     assert "--force to go on" in assert_error(argv, "work")
     rc, out, err = cli([*argv, "--force"])

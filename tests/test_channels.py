@@ -151,7 +151,7 @@ def test_big_rings_time_in_closed_form_quickly_and_are_nic_bound():
 def test_numeric_iteration_with_multi_channel_dp_equals_the_single_device_reference():
     """d 4 over two 4-GPU nodes: every DP group runs as two rail channels; loss and gradients
     still equal one device's (≤ 1e-10)."""
-    from simsp.scenario.config import load_scenario
+    from simsp.scenario.loading import load_scenario
     from simsp.training.driver.compare import compare_with_reference
     from simsp.training.driver.iteration import simulate_iteration
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, PERSISTENT
 from simsp.metrics import collect
 from simsp.model.tensor import FP16, FP32
@@ -51,7 +51,7 @@ def layouts(draw):
 @given(sc=layouts(), shortcuts=st.sampled_from(sorted(SHORTCUTS)))
 def test_every_transient_category_is_back_to_zero_at_the_end(sc, shortcuts):
     run = simulate_iteration(sc, SHORTCUTS[shortcuts])
-    for rank, r in run.world.ranks.items():
+    for rank, r in run.inputs.world.ranks.items():
         final = r.ledger.final_bytes()
         assert {c: final[c] for c in TRANSIENT} == dict.fromkeys(TRANSIENT, 0), (rank, final)
         assert all(final[c] > 0 for c in PERSISTENT)
@@ -64,7 +64,7 @@ def test_distributed_optimizer_frees_the_gathered_parameters():
     sc = load_scenario(REPO / "scenarios" / "tiny.toml",
                        {("run", "mode"): "meta", ("parallel", "distributed_optimizer"): True})
     run = simulate_iteration(sc, Shortcuts.for_scale(sc))
-    for r in run.world.ranks.values():
+    for r in run.inputs.world.ranks.values():
         final = r.ledger.final_bytes()
         params = final["weights"] // FP16
         assert final["gradients"] == FP32 * params
@@ -79,7 +79,7 @@ def test_metrics_report_final_bytes_per_rank_by_category():
     ranks = collect(run, shortcuts)["ranks"]
     assert len(ranks) == sc.parallel.world_size
     for entry in ranks:
-        source = run.world.ranks[run.rank_of(0, 0, entry["pp"])]
+        source = run.inputs.world.ranks[run.inputs.rank_of(0, 0, entry["pp"])]
         assert entry["final_bytes"] == source.ledger.current
         assert list(entry["final_bytes"]) == list(CATEGORIES)
 

@@ -67,7 +67,7 @@ FLAG_CASES = {
                                              "--num-layers-per-virtual-pipeline-stage", "1"],
                                             "parallel.num_layers_per_virtual_pipeline_stage"),
     "interleaved micro-batches not a multiple of p": (
-        ["--schedule", "interleaved", "--pipeline-model-parallel-size", "2",
+        ["--schedule", "interleaved", "--pipeline-model-parallel-size", "2", "--num-layers", "4",
          "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "3"],
         "parallel.global_batch_size"),
     "global batch not divisible by b*d": (["--global-batch-size", "3", "--micro-batch-size", "2"],

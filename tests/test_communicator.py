@@ -9,7 +9,8 @@ import simpy
 from simsp.cluster.topology import build_topology
 from simsp.scenario.config import Cluster
 from simsp.engine.collectives.ring import RING_COLLECTIVES
-from simsp.engine.communicator import CLOSED_FORM, Communicator, collective_time
+from simsp.engine.communicator import Communicator, collective_time
+from simsp.engine.group_timing import CLOSED_FORM, RING_ALONE, STEP_BY_STEP, EveryGroup
 from simsp.engine.network import Network
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
 from simsp.engine.streams import COMM, COMPUTE, Stream
@@ -31,10 +32,10 @@ def ring_alone_time(collective, gpus, nbytes):
     return process.value[1].time_s
 
 
-def run_programs(programs, present=None, timing="stepwise"):
+def run_programs(programs, present=None, timing_of=EveryGroup(STEP_BY_STEP)):
     """Run {rank: program(env, comm, rank)}; return (env, comm, {rank: returned value})."""
     env = simpy.Environment()
-    comm = Communicator(env, Network(env, GRAPH, CAL), present=present, timing=timing)
+    comm = Communicator(env, Network(env, GRAPH, CAL), present=present, timing_of=timing_of)
     processes = {rank: env.process(program(env, comm, rank)) for rank, program in programs.items()}
     env.run()
     return env, comm, {rank: p.value for rank, p in processes.items()}
@@ -127,7 +128,8 @@ def test_closed_form_time_matches_the_stepwise_simulation(collective, gpus, nbyt
         stepwise, rel=0.01)
 
 
-def test_closed_form_timing_mode_gives_the_same_results_and_time():
+@pytest.mark.parametrize("method", [RING_ALONE, CLOSED_FORM])
+def test_timing_as_a_whole_gives_the_same_results_and_time(method):
     group = (0, 1, 2, 3, 4)
 
     def program(env, comm, rank):
@@ -136,7 +138,8 @@ def test_closed_form_timing_mode_gives_the_same_results_and_time():
         return summed, chunk, env.now
 
     _, stepwise_comm, stepwise = run_programs({r: program for r in group})
-    _, closed_comm, closed = run_programs({r: program for r in group}, timing=CLOSED_FORM)
+    _, closed_comm, closed = run_programs({r: program for r in group},
+                                          timing_of=EveryGroup(method))
     for rank in group:
         assert np.array_equal(stepwise[rank][0], closed[rank][0])
         assert np.array_equal(stepwise[rank][1], closed[rank][1])

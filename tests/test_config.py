@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from simsp.scenario.config import (SECTIONS, Cluster, Model, Parallel, Run, Scenario, load_scenario,
-                          validate, with_overrides)
+from simsp.scenario.checks import validate
+from simsp.scenario.config import SECTIONS, Cluster, Model, Parallel, Run, Scenario
+from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.errors import UserError
 from simsp.scenario.flags import SCENARIO_FLAGS, SWITCHES, Parser, add_scenario_arguments, \
     overrides_from_args

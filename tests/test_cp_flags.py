@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 
 TINY = "scenarios/tiny.toml"  # s = 32, a = 4, G = 4, t = 2, p = 2, d = 2

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.model.context_split import local_positions
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.context_parallel.hierarchical import hierarchical_groups
@@ -137,7 +137,7 @@ def test_llama3_70b_cp4_2x2_memory_by_category_matches_the_closed_form():
                  ("cluster", "nodes"): 4}
     sc = load_scenario(SCENARIOS / "llama3-70b.toml", overrides)
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-    peaks = run.world.ranks[0].ledger.summary().peak_by_category
+    peaks = run.inputs.world.ranks[0].ledger.summary().peak_by_category
     h, a, g, d, f, t, cp, p, v = 8192, 64, 8, 128, 28672, 4, 4, 2, 2
     s = 8192 // cp  # each CP rank's tokens
     vocab = 128512  # 128256 padded to a multiple of 128·t
@@ -150,7 +150,7 @@ def test_llama3_70b_cp4_2x2_memory_by_category_matches_the_closed_form():
              + 2 * s * d * (2 * g + a) // t)  # the ring's K/V block and a2a's output
     in_flight = 2 * v * min(p, 4) * (1 + (p - 1) / (p * v))  # layers held at stage 0's peak
     assert peaks["activations"] == in_flight * layer
-    gpus = {(tr.src, tr.dst, tr.label.split()[1]) for tr in run.world.network.transfers
+    gpus = {(tr.src, tr.dst, tr.label.split()[1]) for tr in run.inputs.world.network.transfers
             if tr.label.startswith("cp ") and 0 in (tr.src, tr.dst)}
     assert {(src, dst) for src, dst, kind in gpus if kind == "a2a"} == {(0, 4), (4, 0)}
     assert {(src, dst) for src, dst, kind in gpus if kind != "a2a"} == {(0, 8), (8, 0)}
@@ -158,11 +158,11 @@ def test_llama3_70b_cp4_2x2_memory_by_category_matches_the_closed_form():
 
 def test_sweep_takes_a2a_p2p_and_search_bounds_stay_below_it(capsys, tmp_path):
     """`simsp sweep --cp-comm-type p2p,a2a+p2p` on the hierarchical scenario (its TOML list of
-    sizes held) simulates both; explore/prune.py's proven bounds stay below an a2a+p2p run
+    sizes held) simulates both; explore/search/bounds.py's proven bounds stay below an a2a+p2p run
     (even stages: 4 layers)."""
     import pandas as pd
     from simsp.cli import main
-    from simsp.explore.prune import memory_lower_bound, time_lower_bound
+    from simsp.explore.search.bounds import memory_lower_bound, time_lower_bound
     from simsp.training.driver.iteration import Shortcuts
     assert main(["sweep", str(HCP_TINY), "--mode", "meta", "--cp-comm-type", "p2p,a2a+p2p",
                  "--workers", "0", "--quiet", "--out", str(tmp_path)]) == 0
@@ -174,15 +174,15 @@ def test_sweep_takes_a2a_p2p_and_search_bounds_stay_below_it(capsys, tmp_path):
     sc = load_scenario(HCP_TINY, {("run", "mode"): "meta", ("model", "num_layers"): 4,
                                   ("parallel", "decoder_first_pipeline_num_layers"): None})
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-    assert 0 < time_lower_bound(sc) <= max(run.end_s.values())
-    assert 0 < memory_lower_bound(sc) <= run.world.ranks[0].ledger.summary().peak_total
+    assert 0 < time_lower_bound(sc) <= max(run.results.end_s.values())
+    assert 0 < memory_lower_bound(sc) <= run.inputs.world.ranks[0].ledger.summary().peak_total
 
 
 def test_fast_path_equals_full_simulation_with_a2a_inside_and_the_ring_across_nodes():
     """t 2, cp 4 = 2 x 2 on two nodes of 4 GPUs: a2a pairs (GPUs 0, 2) and (4, 6) inside each
     node, rings (0, 4) and (2, 6) across them; the closed-form shortcut (shortcuts/cp_traffic.py
     lists the CP group's every ordered pair) equals --no-shortcuts to 1%."""
-    from simsp.scenario.config import with_overrides
+    from simsp.scenario.loading import with_overrides
     from tests.test_cp_shortcuts import cp_scenario
     from tests.test_shortcut_layouts import assert_same, fast_and_full
     from simsp.training.driver.iteration import Shortcuts

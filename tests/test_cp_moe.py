@@ -8,7 +8,7 @@ import math
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.model.blocks.moe.layer import aux_group
+from simsp.model.blocks.moe.router import aux_group
 from simsp.model.blocks.moe.placement import expert_grid
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
@@ -108,7 +108,7 @@ def test_fast_path_equals_full_simulation_with_moe_and_cp():
     """t 2, cp 2, d 2 on two nodes of 4 GPUs, EP 4 over each stage's (tp, cp) ranks: the
     closed-form shortcut (the aux all-reduce's tp_cp groups listed: shortcuts/cp_traffic.py)
     equals --no-shortcuts to 1%."""
-    from simsp.scenario.config import with_overrides
+    from simsp.scenario.loading import with_overrides
     from simsp.training.driver.iteration import Shortcuts
     from tests.test_cp_shortcuts import cp_scenario
     from tests.test_shortcut_layouts import assert_same, fast_and_full

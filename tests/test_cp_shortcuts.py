@@ -5,7 +5,7 @@ exposure, on CP groups inside a node and spanning nodes (tiny models, meta mode)
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts
 from tests.test_shortcut_layouts import assert_same, fast_and_full
 

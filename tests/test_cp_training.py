@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from simsp.commands.verify import REFERENCE_TOLERANCE, verify_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
@@ -25,6 +25,7 @@ LAYOUTS = {  # overrides of llama-tiny-cp.toml: cp 2, t 2 SP, p 2 (1 + 2), d 2, 
                      ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 2},
     "cp2_learned_positions_tied_t1": {
         ("model", "position_embedding_type"): "learned_absolute",
+        ("model", "rotary_base"): 10000,  # the default: RoPE's base means nothing without RoPE
         ("model", "untie_embeddings_and_output_weights"): False,
         ("parallel", "tensor_model_parallel_size"): 1, ("parallel", "sequence_parallel"): False},
     "cp2_full_recompute_groups_overlap": {
@@ -75,7 +76,7 @@ def test_llama3_70b_cp2_memory_by_category_matches_the_closed_form():
                  ("parallel", "global_batch_size"): 4, ("cluster", "nodes"): 4}
     sc = load_scenario(CP_TINY.parent / "llama3-70b.toml", overrides)
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-    peaks = run.world.ranks[0].ledger.summary().peak_by_category
+    peaks = run.inputs.world.ranks[0].ledger.summary().peak_by_category
     h, a, g, d, f, t, cp, p, v = 8192, 64, 8, 128, 28672, 8, 2, 2, 2
     s = 8192 // cp  # each CP rank's tokens
     vocab = 129024  # 128256 padded to a multiple of 128·t
@@ -92,7 +93,7 @@ def test_llama3_70b_cp2_memory_by_category_matches_the_closed_form():
     in_flight = 2 * v * min(p, 4) * (1 + (p - 1) / (p * v))  # layers held at stage 0's peak
     assert peaks["activations"] == in_flight * layer
     kv_block = 2 * s * d * 2 * (g // t)  # K and V, one KV head per TP rank, fp16
-    ring = [tr.nbytes for tr in run.world.network.transfers if tr.label.startswith("cp ")]
+    ring = [tr.nbytes for tr in run.inputs.world.network.transfers if tr.label.startswith("cp ")]
     assert set(ring) == {kv_block}
     # per CP group (t·p·d = 16), layer (4 per stage) and micro-batch (4): forward 1 step of
     # 2 sends, backward K/V then dK/dV, 2 sends each
@@ -101,11 +102,11 @@ def test_llama3_70b_cp2_memory_by_category_matches_the_closed_form():
 
 def test_search_layouts_hold_the_fixed_cp_and_its_bounds_stay_below_the_simulation():
     """`simsp search --context-parallel-size 2`: every layout has t·cp·p·d = N; on one of them
-    the proven time and memory bounds (explore/prune.py, the layer alone at s/cp) stay below
+    the proven time and memory bounds (explore/search/bounds.py, the layer alone at s/cp) stay below
     the simulated iteration time and stage 0's peak."""
-    from simsp.explore.configs import base_values
-    from simsp.explore.layouts import enumerate_layouts, search_base
-    from simsp.explore.prune import memory_lower_bound, scenario_of, time_lower_bound
+    from simsp.explore.configs.grid import base_values
+    from simsp.explore.search.layouts import enumerate_layouts, search_base
+    from simsp.explore.search.bounds import memory_lower_bound, scenario_of, time_lower_bound
     base = search_base(base_values(CP_TINY))
     base[("run", "mode")] = "meta"
     found = enumerate_layouts(base, 16, 4, {"context_parallel_size": 2})
@@ -115,8 +116,8 @@ def test_search_layouts_hold_the_fixed_cp_and_its_bounds_stay_below_the_simulati
     sc = load_scenario(CP_TINY, {("run", "mode"): "meta", ("model", "num_layers"): 4,
                                  ("parallel", "decoder_first_pipeline_num_layers"): None})
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-    assert 0 < time_lower_bound(sc) <= max(run.end_s.values())
-    assert 0 < memory_lower_bound(sc) <= run.world.ranks[0].ledger.summary().peak_total
+    assert 0 < time_lower_bound(sc) <= max(run.results.end_s.values())
+    assert 0 < memory_lower_bound(sc) <= run.inputs.world.ranks[0].ledger.summary().peak_total
 
 
 def test_a_small_layout_passes_verify_with_finite_differences():

@@ -15,8 +15,8 @@ import pytest
 
 from inprocess import cli
 from simsp import api
-from simsp.explore import executor as executor_module
-from simsp.explore.executor import Executor, ExecutorLost
+from simsp.explore.evaluation import executor as executor_module
+from simsp.explore.evaluation.executor import Executor, ExecutorLost
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "scenarios" / "tiny.toml")
@@ -112,7 +112,7 @@ class FakeExecutor:
         return False
 
     def results(self, jobs: dict):
-        from simsp.explore.evaluate import evaluate
+        from simsp.explore.evaluation.evaluate import evaluate
         for number, (digest, values) in enumerate(jobs.items()):
             if number == self.finish and self.failure == "lost":
                 self.lost = "the Dask scheduler was lost (CommClosedError)"

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from simsp.cli import main
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.training.driver.iteration import simulate_iteration
 
@@ -67,18 +67,19 @@ def test_meta_and_numeric_iteration_ledgers_are_identical(case):
     numeric = simulate_iteration(with_mode(ITERATION_CASES[case], "numeric"))
     meta = simulate_iteration(with_mode(ITERATION_CASES[case], "meta"))
     assert numeric.loss is not None
-    assert sorted(meta.world.ranks) == sorted(numeric.world.ranks)
-    ranks = sorted(numeric.world.ranks)
-    assert (events_by_rank([meta.world.ranks[r] for r in ranks])
-            == events_by_rank([numeric.world.ranks[r] for r in ranks]))
-    assert meta.end_s == numeric.end_s
+    assert sorted(meta.inputs.world.ranks) == sorted(numeric.inputs.world.ranks)
+    ranks = sorted(numeric.inputs.world.ranks)
+    assert (events_by_rank([meta.inputs.world.ranks[r] for r in ranks])
+            == events_by_rank([numeric.inputs.world.ranks[r] for r in ranks]))
+    assert meta.results.end_s == numeric.results.end_s
 
 
 def test_numeric_iteration_repeats_bit_for_bit():
     sc = load_scenario(os.path.join(REPO, "scenarios", "tiny.toml"))
     first, second = simulate_iteration(sc), simulate_iteration(sc)
     assert first.loss == second.loss
-    assert events_by_rank(first.world.ranks.values()) == events_by_rank(second.world.ranks.values())
+    assert (events_by_rank(first.inputs.world.ranks.values())
+            == events_by_rank(second.inputs.world.ranks.values()))
 
 
 def run_cli(capsys, argv) -> str:
@@ -133,7 +134,8 @@ def test_layer_json_has_the_issue_2_keys_with_their_types(capsys):
     assert sum(item["bytes"] for item in items) == per_rank[0]
 
 
-# K22 §4's table (docs/MODEL.md#activation-memory), by the names of model/layer.py's docstring
+# K22 §4's table (docs/MODEL.md#activation-memory), by the names in the docstrings of the
+# layer and its blocks
 REFERENCE_NAMES = {
     "ln1_input", "qkv_input", "q", "k", "softmax_output", "softmax_dropout_mask",
     "attention_dropout_output", "v", "proj_input", "attn_dropout_mask", "ln2_input",

@@ -135,7 +135,7 @@ def test_a_world_size_t_p_misses_is_its_own_error_row():
 def test_world_size_divides_by_t_cp_p():
     """t 8, cp 2, p 1 on 16 GPUs is one replica (d = 1, t·cp·p·d = 16), not d = 2; 24 GPUs
     are no whole number of replicas. As a sweep (t 2, cp 2): 8 GPUs give d 2, 6 an error row."""
-    from simsp.explore.world import CP, D, GPN, NODES, P, T, derive_world
+    from simsp.explore.configs.world import CP, D, GPN, NODES, P, T, derive_world
     values = {T: 8, P: 1, CP: 2, D: 4, GPN: 8, NODES: 1, ("parallel", "global_batch_size"): 8,
               ("parallel", "micro_batch_size"): 1}
     merged, error, note = derive_world(values, values, 16, set())

@@ -47,7 +47,7 @@ def test_every_field_has_a_flag_in_every_command_with_the_same_help(options):
     table = _field_flags()
     for section, cls in config.SECTIONS.items():
         for f in fields(cls):
-            assert (section, f.name) in table, f"{section}.{f.name} has no row in simsp/scenario/flags.py"
+            assert (section, f.name) in table, f"{section}.{f.name} has no row in simsp/scenario/table/"
             for flag in table[(section, f.name)]:
                 helps = {c: options[c][flag].help for c in COMMANDS if flag in options[c]}
                 assert set(helps) == set(COMMANDS), f"{flag} missing from {set(COMMANDS) - set(helps)}"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.hardware.costmodel import gemm_seconds
 from simsp.hardware.constants import compute_for
 from simsp.training.driver.layer_sim import simulate_layer

@@ -3,16 +3,15 @@ reference per strategy, a hand-worked timeline of gathers, compute and reduce-sc
 prefetch, and Llama 3 8B's per-rank memory against the closed form of docs/fsdp.md."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from simsp.scenario.config import load_scenario
-from simsp.engine.communicator import CLOSED_FORM
+from simsp.scenario.loading import load_scenario
+from simsp.engine.group_timing import NODE_PIECE, RING_ALONE, STEP_BY_STEP, EveryGroup
 from simsp.engine.collectives.ring_timing import collective_time
-from simsp.explore.evaluate import collect_metrics
-from simsp.explore.prune import memory_lower_bound, time_lower_bound
+from simsp.explore.evaluation.evaluate import collect_metrics
+from simsp.explore.search.bounds import memory_lower_bound, time_lower_bound
 from simsp.model.params import layer_param_names, param_shapes
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.data_parallel.fsdp import FsdpUnits
@@ -134,25 +133,24 @@ def _harness(strategy: dict):
                   "seq_length": 64, "vocab_size": 128},
         "parallel": {"data_parallel_size": 2, **strategy},
         "cluster": {"nccl_algo": "ring", "nccl_proto": "Simple"}, "run": {"mode": "meta"}})
-    world = build_world(sc, timing=CLOSED_FORM)
-    run = SimpleNamespace(sc=sc, world=world, canonical=None)
+    world = build_world(sc, timing_of=EveryGroup(RING_ALONE))
     shapes = param_shapes(sc.padded_model)
     layer_shapes = {n: shapes[n] for i in (0, 1) for n in layer_param_names(i) if n in shapes}
     plans, log, units = stage_plans(sc, world.grid), [], {}
 
     def program(r):
-        fsdp = units[r.rank] = FsdpUnits(r, run, plans[r.rank], layer_shapes)
+        fsdp = units[r.rank] = FsdpUnits(r, sc, world.grid, plans[r.rank], layer_shapes, None)
         for i in (0, 1):
-            yield from fsdp.params_needed(r, run, 0, (i,))
+            yield from fsdp.params_needed(r, 0, (i,))
             log.append((r.rank, f"F{i}", r.env.now, r.ledger.current["weights"]))
             yield r.env.timeout(F)
             fsdp.after_forward(r, (i,))
         for i in (1, 0):
-            yield from fsdp.before_backward(r, run, 0, (i,))
+            yield from fsdp.before_backward(r, 0, (i,))
             log.append((r.rank, f"B{i}", r.env.now, r.ledger.current["gradients"]))
             yield r.env.timeout(B)
-            fsdp.grads_ready(r, run, plans[r.rank], 0, 0, (i,))
-        yield from fsdp.finish(r, run)
+            fsdp.grads_ready(r, plans[r.rank], 0, 0, (i,))
+        yield from fsdp.finish(r)
         log.append((r.rank, "end", r.env.now, r.ledger.current["gradients"]))
 
     for r in world.ranks.values():
@@ -253,7 +251,7 @@ def test_llama3_8b_fsdp_memory_matches_the_closed_form(flags):
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: str(list(s.values())[-1]))
 def test_search_bounds_hold_under_every_strategy(strategy):
-    """The search's proven lower bounds (explore/prune.py) stay below the simulated iteration
+    """The search's proven lower bounds (explore/search/bounds.py) stay below the simulated iteration
     time and stage-0 peak on a meta layout with TP, SP, a 2-stage pipeline and d = 2."""
     sc = scenario({"model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
                              "seq_length": 512, "vocab_size": 8000},
@@ -278,16 +276,18 @@ def test_meta_shortcuts_equal_the_full_simulation_under_fsdp(layout):
                    "run": {"mode": "meta"}})
     fast = simulate_iteration(sc, Shortcuts.for_scale(sc))
     full = simulate_iteration(sc)
-    assert fast.shortcuts.closed_form and fast.world.comm.stepwise_groups
-    assert fast.shortcuts.representative == (layout["data_parallel_size"] == 8)
-    assert max(fast.end_s.values()) == pytest.approx(max(full.end_s.values()), rel=1e-9)
-    rank = next(iter(fast.world.ranks))
-    assert fast.world.ranks[rank].ledger.peak_total == full.world.ranks[rank].ledger.peak_total
+    assert fast.inputs.shortcuts.closed_form and fast.inputs.shortcuts.groups(STEP_BY_STEP, NODE_PIECE)
+    assert fast.inputs.shortcuts.representative == (layout["data_parallel_size"] == 8)
+    assert max(fast.results.end_s.values()) == pytest.approx(max(full.results.end_s.values()),
+                                                             rel=1e-9)
+    rank = next(iter(fast.inputs.world.ranks))
+    assert (fast.inputs.world.ranks[rank].ledger.peak_total
+            == full.inputs.world.ranks[rank].ledger.peak_total)
 
 
 def test_wide_fsdp_is_refused_before_it_runs():
     """FSDP's DP rings that share NVLink ports with TP traffic run step by step and cost about
-    d² per collective (simsp/scenario/bounds.py, measured at d = 16, 32, 64): Llama 3 8B at t 2, d = 256
+    d² per collective (simsp/scenario/work.py, measured at d = 16, 32, 64): Llama 3 8B at t 2, d = 256
     is estimated above the limit and refused at once (at t 1 they run as pieces: d·G)."""
     rc, _, err = cli(["run", "scenarios/llama3-8b.toml", "--tensor-model-parallel-size", "2",
                       "--sequence-parallel", "--data-parallel-size", "256", "--nodes", "64",

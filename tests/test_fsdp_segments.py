@@ -4,9 +4,11 @@ themselves"), equal to the full simulation of every rank and ring step."""
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.engine.group_timing import NODE_PIECE
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
-from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from simsp.shortcuts.check import Shortcuts
+from simsp.training.driver.iteration import simulate_iteration
 
 
 def fsdp_scenario(d: int, t: int = 1, gpus_per_node_two: bool = False, **parallel):
@@ -35,7 +37,7 @@ def test_fsdp_rings_run_as_pieces_equal_to_the_full_simulation():
     the piece's links; iteration time and exposure as every rank's every ring step."""
     sc = fsdp_scenario(16)
     fast = Shortcuts.for_scale(sc)
-    assert fast.segment_groups == {tuple(range(16))}
+    assert fast.groups(NODE_PIECE) == {tuple(range(16))}
     mine = collect(simulate_iteration(sc, fast, trace="none"), fast)
     full = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
     assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)
@@ -45,7 +47,7 @@ def test_fsdp_rings_run_as_pieces_equal_to_the_full_simulation():
 
 def test_groups_sharing_links_with_tp_are_not_pieces():
     """t2 d8: each DP ring crosses NVLink ports TP collectives use, so it runs whole."""
-    assert not Shortcuts.for_scale(fsdp_scenario(8, t=2)).segment_groups
+    assert not Shortcuts.for_scale(fsdp_scenario(8, t=2)).groups(NODE_PIECE)
 
 
 def test_pieces_across_a_leaf_boundary_take_the_slowest_hop():
@@ -54,7 +56,7 @@ def test_pieces_across_a_leaf_boundary_take_the_slowest_hop():
     verdict) and the ring keeps the full simulation's pace."""
     sc = fsdp_scenario(42, gpus_per_node_two=True)
     fast = Shortcuts.for_scale(sc)
-    assert fast.segment_groups and "leaf" in fast.why()["closed_form"]
+    assert fast.groups(NODE_PIECE) and "leaf" in fast.why()["closed_form"]
     mine = collect(simulate_iteration(sc, fast, trace="none"), fast)
     full = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
     assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)

@@ -42,7 +42,7 @@ def test_a_sweep_row_leaves_its_world_to_reference_counting():
     cyclic collector is simpy's self-bound Resource methods (a few dozen objects), not the
     world (about 1,200 objects for this t2 p2 d2 model without World.release)."""
     from simsp.api import build_configs
-    from simsp.explore.evaluate import evaluate
+    from simsp.explore.evaluation.evaluate import evaluate
     config = build_configs(None, {"mode": "meta", "num_layers": "4", "data_parallel_size": "2",
                                   "pipeline_model_parallel_size": "2",
                                   "tensor_model_parallel_size": "2"})[0]

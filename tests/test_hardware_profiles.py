@@ -10,9 +10,11 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology, route
-from simsp.scenario.config import Cluster, load_scenario
+from simsp.scenario.config import Cluster
+from simsp.scenario.loading import load_scenario
 from simsp.hardware.costmodel import kernel_time
-from simsp.engine.communicator import CLOSED_FORM, Communicator
+from simsp.engine.communicator import Communicator
+from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.network import Network
 from simsp.engine.collectives.nvls import nvls_all_reduce_time
 from simsp.errors import UserError
@@ -143,8 +145,8 @@ def test_the_nemo_group_runs_only_when_named():
 
 
 def test_a_swept_system_fills_its_cluster_unless_that_key_is_swept_too():
-    from simsp.explore.configs import base_values, expand
-    from simsp.explore.fields import by_key
+    from simsp.explore.configs.grid import base_values, expand
+    from simsp.explore.configs.fields import by_key
     fields = by_key()
     configs = expand([("", base_values(None))],
                      [(fields["cluster.system"], ["dgx-h100", "gb200-nvl72"]),
@@ -179,7 +181,7 @@ def _all_reduce(cluster, gpus, nbytes, calibration=None):
     env = simpy.Environment()
     calibration = calibration or LinkCalibration.from_cluster(cluster)
     comm = Communicator(env, Network(env, build_topology(cluster), calibration),
-                        timing=CLOSED_FORM)
+                        timing_of=EveryGroup(RING_ALONE))
     for rank in gpus:
         env.process(comm.all_reduce(tuple(gpus), rank, None, nbytes, "tp"))
     env.run()

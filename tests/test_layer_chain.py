@@ -6,7 +6,7 @@ import math
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from simsp.scenario.config import load_scenario, with_overrides
+from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.model.replay import delay_to
 from simsp.training.pipeline import layer_chain
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
@@ -33,19 +33,19 @@ def _simulate(sc, chained: bool, monkeypatch):
     ({"recompute_granularity": "full"}, False),  # checkpointed segments: never chained
     ({"overlap_grad_reduce": True, "distributed_optimizer": True,
       "overlap_param_gather": True}, True),  # but not around all-gathers and bucket launches
-    ({"num_layers_per_virtual_pipeline_stage": 4}, True),  # one chunk of four layers (1F1B)
+    ({"num_layers_per_virtual_pipeline_stage": None}, True),  # one chunk of four layers (1F1B)
 ])
 def test_chained_replay_equals_one_event_per_layer(parallel, chains, monkeypatch):
     sc = _scenario(**parallel)
     chained, single = (_simulate(sc, flag, monkeypatch) for flag in (True, False))
-    assert chained.end_s == single.end_s  # bit for bit
-    assert chained.steps == single.steps
-    for rank, r in single.world.ranks.items():
-        twin = chained.world.ranks[rank]
+    assert chained.results.end_s == single.results.end_s  # bit for bit
+    assert chained.results.steps == single.results.steps
+    for rank, r in single.inputs.world.ranks.items():
+        twin = chained.inputs.world.ranks[rank]
         assert twin.ledger.events == r.ledger.events
         assert twin.flops == r.flops and twin.comm_bytes == r.comm_bytes
         assert twin.busy_s == pytest.approx(r.busy_s, rel=1e-12)
-    events = [next(run.world.env._eid) for run in (chained, single)]
+    events = [next(run.inputs.world.env._eid) for run in (chained, single)]
     assert events[0] < events[1] if chains else events[0] == events[1]
 
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.layer_sim import simulate_layer
 
 

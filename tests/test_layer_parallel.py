@@ -10,7 +10,7 @@ import pytest
 
 from simsp import analytic
 from simsp.commands.layer import layer_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.layer_sim import simulate_layer
 
 RECOMPUTE = ("none", "selective", "full")

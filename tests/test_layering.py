@@ -1,14 +1,27 @@
 """The layering of docs/ARCHITECTURE.md holds (every import points down, no command imports
-another) and no function is left that nothing calls (tests/layering.py reads the source)."""
+another, no driver imports another, nothing imports the package root) and no function is left
+that nothing calls (tests/layering.py reads the source)."""
 
 import pytest
 
-from layering import (arrows_against_layers, back_arrows, dead_functions, layer_of, module_name,
-                      package_files)
+from layering import (arrows_against_layers, back_arrows, dead_functions, imports_of, layer_of,
+                      module_name, package_files, root_importers)
 
 
 def test_every_import_points_down_the_layers():
     assert back_arrows() == []
+
+
+def test_nothing_imports_the_package_root():
+    """simsp/__init__.py's facade imports simsp.api lazily; importing the root from below would
+    close a circle (root -> api -> explore -> root): __version__ is read from simsp/version.py."""
+    assert root_importers() == []
+
+
+def test_an_import_of_the_root_is_seen(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import simsp\nfrom simsp import __version__\nfrom simsp import units\n")
+    assert imports_of(module) == {"simsp", "simsp.units"}
 
 
 def test_every_function_is_called_from_the_package_or_a_benchmark():
@@ -28,6 +41,13 @@ def test_a_new_back_arrow_is_caught(source, target):
 def test_downward_and_same_layer_imports_pass():
     assert arrows_against_layers("simsp.report.run.summary_md", [
         "simsp.metrics", "simsp.units", "simsp.report.run.figures.drawing"]) == []
+
+
+def test_a_driver_imports_its_own_modules_and_lower_layers():
+    assert arrows_against_layers("simsp.explore.search.bounds", [
+        "simsp.explore.configs.grid", "simsp.explore.evaluation.cache", "simsp.metrics",
+        "simsp.batch_work"]) == []
+    assert arrows_against_layers("simsp.commands.sweep", ["simsp.explore.configs.grid"]) == []
 
 
 def test_every_module_has_a_layer():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, Ledger, LiveTensor, MemEvent
 from simsp.training.driver.layer_sim import simulate_layer
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simsp.engine.memory import (BlockRecord, CATEGORIES, INPUT, Ledger, LiveTensor, MemEvent,
-                                 OpBlock)
+from simsp.engine.memory import CATEGORIES, INPUT, Ledger, LiveTensor, MemEvent, OpBlock
+from simsp.engine.memory.compact_log import BlockRecord
 from simsp.report.run.memory_timeline import memory_timeline
 
 SAVED = ("a", "b", "c")

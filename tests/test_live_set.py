@@ -1,10 +1,12 @@
-"""The live-tensor set (engine/memory.py, its live-set section), which applies a block's changes in bulk, against a
+"""The live-tensor set (engine/memory/live_set.py), which applies a block's changes in bulk, against a
 plain {key: LiveTensor} dict that applies them one key at a time."""
 
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from simsp.engine.memory import INPUT, LiveSet, LiveTensor, OpBlock, resolve
+from simsp.engine.memory.live_set import LiveSet
+from simsp.engine.memory.op_block import INPUT, OpBlock, resolve
+from simsp.engine.memory.summary import LiveTensor
 
 CATS = ("weights", "gradients", "optimizer", "activations", "temporaries", "communication")
 # A forward-like step: frees its input, keeps a, b and its output o.

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from simsp.commands.verify import verify_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 BASE = {("model", "num_layers"): 1,  # the default GPT otherwise: h 64, a 4, s 32, v 128

@@ -3,7 +3,7 @@ with EP, ETP, TP+SP, PP and DP against the single-device reference (and central 
 differences on the MoE weights of one layout), the EP dispatch sharing a NIC with a DP
 reduce-scatter (hand-worked), and meta mode's routing model (counts worked out here)."""
 
-from dataclasses import fields
+from dataclasses import fields, replace
 import math
 
 import numpy as np
@@ -11,17 +11,19 @@ import pytest
 import simpy
 
 from simsp.cluster.topology import build_topology
-from simsp.scenario.config import SECTIONS, Cluster, load_scenario
+from simsp.scenario.config import SECTIONS, Cluster
+from simsp.scenario.loading import load_scenario
 from simsp.engine.communicator import Communicator
 from simsp.engine.network import Network
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
 from simsp.metrics import collect
-from simsp.model.blocks.moe import kernels as K
+from simsp.model.blocks.moe import router as K
 from simsp.model.blocks.moe.routing import kept_counts, routed_counts
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.gradcheck import gradient_check_with_bounds
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from tests.test_moe_shortcuts import as_flows
 
 BASE = {("model", "num_layers"): 2, ("model", "hidden_size"): 16,
         ("model", "num_attention_heads"): 2, ("model", "seq_length"): 8,
@@ -74,8 +76,8 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_gradient_matches_the_single_device_reference(name):
     run = simulate_iteration(scenario(**LAYOUTS[name]))
-    dispatcher = run.sc.parallel.moe_token_dispatcher_type
-    kinds = {kind for _, kind in run.world.ranks[0].comm_bytes}
+    dispatcher = run.inputs.sc.parallel.moe_token_dispatcher_type
+    kinds = {kind for _, kind in run.inputs.world.ranks[0].comm_bytes}
     assert ("all_to_all_dispatch" if dispatcher == "alltoall" else "all_gather_moe") in kinds
     errors = compare_with_reference(run)
     assert f"layers.{1 if 'dense first' in name else 0}.mlp.experts.fc1.weight" in errors
@@ -97,7 +99,8 @@ def test_reference_discriminates_the_sequence_shards_routing():
     from simsp.training.driver.compare import gathered_grads
     sc = scenario(**LAYOUTS["t2 sp etp1 ep4 dropping"])
     run = simulate_iteration(sc)
-    _, whole = reference_forward_backward(run.canonical, run.tokens, run.targets, sc.model,
+    data = run.inputs.data
+    _, whole = reference_forward_backward(data.params, data.tokens, data.targets, sc.model,
                                           sc.run.seed, moe_group=2, moe_chunks=1)
     grads = gathered_grads(run)
     assert max(relative_error(grads[n], whole[n]) for n in grads) > 1e-2
@@ -200,7 +203,7 @@ def test_imbalanced_routing_slows_the_slowest_expert_rank():
     C = math.ceil(T * k / 8 * 2.0)
     rows, dropped = np.zeros(8, dtype=int), 0
     for layer in (0, 1):
-        counts = routed_counts(T, spec, 1.0, run1.sc.run.seed, layer)
+        counts = routed_counts(T, spec, 1.0, run1.inputs.sc.run.seed, layer)
         rows += 8 * np.minimum(counts, C)
         dropped += 8 * int(np.maximum(counts - C, 0).sum())  # 8 ranks, 1 micro-batch each
     assert skewed["moe"]["slowest_expert_rows"] == rows.max()
@@ -230,8 +233,8 @@ def test_bad_expert_layouts_name_their_field(extra, field):
 
 @pytest.mark.parametrize("modules", ["moe", "moe_act", "shared_experts"])
 def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
-    # meta: one layer's kept bytes against the closed form of simsp/model/blocks/moe/layer.py's
-    # table (balanced, dropless: N = T·k rows), less what the module recomputes
+    # meta: one layer's kept bytes against the closed form of the tables of simsp/model/blocks/moe/
+    # (balanced, dropless: N = T·k rows), less what the module recomputes
     from simsp.training.driver.layer_sim import simulate_layer
     s, b, h, a, E, k, f, fs = 64, 2, 32, 4, 8, 2, 48, 40
     sizes = dict(seq_length=s, micro_batch_size=b, hidden_size=h, num_attention_heads=a,
@@ -253,7 +256,8 @@ def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
                  moe_shared_expert_intermediate_size=8)
     run = simulate_iteration(scenario(**small))
     assert max(compare_with_reference(run).values()) < 1e-13
-    assert (run.world.ranks[0].flops["recompute"] > 0) == (modules != "moe_act")  # act: no GEMM
+    recomputed = run.inputs.world.ranks[0].flops["recompute"]
+    assert (recomputed > 0) == (modules != "moe_act")  # act: no GEMM
 
 
 @pytest.mark.parametrize("imbalance, simulated", [(1.0, 4), (0.0, 2)])
@@ -267,9 +271,9 @@ def test_representatives_stand_for_the_others(imbalance, simulated):
                   num_attention_heads=4, ffn_hidden_size=512, seq_length=256)
     fast = Shortcuts.for_scale(sc)
     assert fast.representative
-    full = Shortcuts(closed_form=True, stepwise_groups=fast.stepwise_groups)
+    full = replace(fast, representative=False, templates=False, methods=as_flows(fast.methods))
     runs = [simulate_iteration(sc, shortcuts) for shortcuts in (fast, full)]
-    assert len(runs[0].world.ranks) == simulated and len(runs[1].world.ranks) == 8
+    assert len(runs[0].inputs.world.ranks) == simulated and len(runs[1].inputs.world.ranks) == 8
     metrics = [collect(run, shortcuts) for run, shortcuts in zip(runs, (fast, full))]
     assert metrics[0]["iteration_time_s"] == pytest.approx(metrics[1]["iteration_time_s"],
                                                            rel=1e-12)
@@ -349,7 +353,7 @@ def test_a_loop_of_gemms_costs_each_experts_own_gemm():
 
 
 def test_megatron_layer_patterns():
-    from simsp.scenario.config import moe_layer_pattern
+    from simsp.scenario.moe_pattern import moe_layer_pattern
     assert moe_layer_pattern("([0]*3+[1]*58)") == (0,) * 3 + (1,) * 58  # DeepSeek-V3
     assert moe_layer_pattern("([1]*3+[0]*1)*3") == (1, 1, 1, 0) * 3
     assert moe_layer_pattern("[1, 0, 1, 0]") == (1, 0, 1, 0)

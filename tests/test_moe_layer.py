@@ -7,7 +7,7 @@ import math
 import pytest
 
 from simsp.commands.verify import verify_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.training.driver.layer_sim import simulate_layer
 

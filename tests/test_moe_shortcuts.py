@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from simsp.cluster.topology import NODES_PER_LEAF, placement
-from simsp.scenario.config import load_scenario
+from simsp.engine.group_timing import RING_ALONE, TEMPLATE
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
@@ -52,17 +53,23 @@ def _assert_equal(mine: dict, theirs: dict) -> None:
 def test_alone_all_to_alls_and_moe_templates_change_nothing():
     sc = split_units_scenario()
     fast = Shortcuts.for_scale(sc)
-    assert fast.representative and fast.templates and len(fast.alone_all_to_all) == 3
+    assert fast.representative and fast.templates and len(fast.groups(TEMPLATE)) == 3
     # every rank simulated: the all-to-alls timed alone equal their flows
-    alone = Shortcuts(closed_form=True, stepwise_groups=fast.stepwise_groups,
-                      alone_all_to_all=fast.alone_all_to_all)
+    alone = replace(fast, representative=False, templates=False)
     _assert_equal(_metrics(sc, alone), _metrics(sc, Shortcuts()))
     # one rank per stage: replayed MoE layer steps equal running every one with flows
     replayed = _metrics(sc, fast)
     _assert_equal(replayed, _metrics(sc, replace(fast, templates=False,
-                                                 alone_all_to_all=frozenset())))
+                                                 methods=as_flows(fast.methods))))
     ep = [stage["ep_comm"] for stage in replayed["exposed_s_per_stage"]]
     assert ep[2] > ep[1] * 1.05  # the split group is slower: one template for all would hide it
+
+
+def as_flows(methods: tuple) -> tuple:
+    """The same methods but the all-to-all templates: those groups' all-to-alls run as flows
+    (their rings still timed alone)."""
+    return tuple((group, RING_ALONE if method == TEMPLATE else method)
+                 for group, method in methods)
 
 
 def test_placement_is_the_same_for_groups_moved_by_whole_nodes_within_a_unit():

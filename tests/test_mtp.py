@@ -1,5 +1,5 @@
 """Multi-token prediction (simsp/training/mtp.py, docs/mtp.md): every gradient against the
-single-device reference (simsp/model/reference.py) and central finite differences, the last
+single-device reference (simsp/model/reference/) and central finite differences, the last
 stage's weights against the count of the depths' tensors, Megatron's FLOPs against a hand
 count, bad input as one error line."""
 
@@ -8,9 +8,9 @@ import pytest
 
 from simsp.cli import main
 from simsp.commands.verify import verify_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
-from simsp.model.blocks.moe.flops import megatron_flops
+from simsp.model.flops import megatron_flops
 from simsp.model.params import init_params, layer_shapes, mtp_shapes
 from simsp.training.driver.compare import compare_with_reference, gathered_grads
 from simsp.training.driver.gradcheck import _direction, _finite_difference
@@ -77,7 +77,8 @@ def test_the_last_stage_holds_the_depths_and_a_copy_of_the_embedding():
             ("model", "vocab_size"): 512, ("model", "ffn_hidden_size"): 128}
     weights = {}
     for depths in (None, 2):
-        sc = scenario({**meta, ("model", "mtp_num_layers"): depths})
+        without = {} if depths else {("model", "mtp_loss_scaling_factor"): 0.1}  # the default
+        sc = scenario({**meta, ("model", "mtp_num_layers"): depths, **without})
         metrics = collect(simulate_iteration(sc, Shortcuts()), Shortcuts())
         weights[depths] = {r["pp"]: r["weights_bytes"] for r in metrics["ranks"] if r["tp"] == 0}
     h, t = 64, 2
@@ -98,7 +99,8 @@ def test_megatron_flops_count_the_depths():
     core = 6 * m.num_attention_heads * m.head_dim  # causal QKᵀ and ·V
     extra = 6 * B * s * D * (layer + 3 * h + 2 * h * h + h * v) + B * s * s * core * D
     no_mtp = load_scenario(None, {**BASE, ("run", "mode"): "meta",
-                                  ("model", "mtp_num_layers"): None}).model
+                                  ("model", "mtp_num_layers"): None,
+                                  ("model", "mtp_loss_scaling_factor"): 0.1}).model
     assert megatron_flops(m, B, v) - megatron_flops(no_mtp, B, v) == pytest.approx(extra,
                                                                                   rel=1e-12)
 

@@ -1,8 +1,7 @@
-"""Activation offload (training/data_parallel/offload.py): the copies' bytes and seconds, GPU memory moved to
+"""Activation offload (training/pipeline/offload.py): the copies' bytes and seconds, GPU memory moved to
 the host and back, the compute's waits, and numbers unchanged in numeric mode."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -10,8 +9,8 @@ from simsp.analytic import layer_activation_bytes
 from simsp.hardware.profiles import gpu_profile
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
-from simsp.scenario.config import load_scenario
-from simsp.training.data_parallel.offload import ActivationOffload
+from simsp.scenario.loading import load_scenario
+from simsp.training.pipeline.offload import ActivationOffload
 from simsp.training.pipeline.plan import stage_plans
 from simsp.training.driver.world import build_world
 from tests.inprocess import cli
@@ -92,7 +91,7 @@ def test_hand_worked_offload_timeline():
                                   ("parallel", "cpu_offloading_num_layers"): 2})
     world = build_world(sc)
     r = world.ranks[0]
-    offload = ActivationOffload(r, SimpleNamespace(sc=sc), stage_plans(sc, world.grid)[0])
+    offload = ActivationOffload(r, sc, stage_plans(sc, world.grid)[0])
     X, F, B = 32_000_000, 6e-4, 1.5e-3
     C = X / 32e9
     log, kept = {}, {}

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
@@ -122,7 +122,7 @@ def test_everything_allocated_is_freed_but_the_model_state():
         "tensor_model_parallel_size": 2, "sequence_parallel": True,
         "pipeline_model_parallel_size": 2, "global_batch_size": 4, "micro_batch_size": 1})
     run = simulate_iteration(sc)
-    for r in run.world.ranks.values():
+    for r in run.inputs.world.ranks.values():
         live = {c: b for c, b in r.ledger.current.items() if b}
         assert set(live) == {"weights", "gradients", "optimizer"}, live
 
@@ -153,7 +153,7 @@ def test_numeric_runtime_variants_equal_the_single_device_reference(extra):
     run = simulate_iteration(sc)
     errors = compare_with_reference(run)
     assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
-    for r in run.world.ranks.values():  # nothing but the model state outlives the iteration
+    for r in run.inputs.world.ranks.values():  # nothing but the model state outlives the iteration
         assert {c for c, b in r.ledger.current.items() if b} == {"weights", "gradients",
                                                                 "optimizer"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import simsp
 from simsp.cli import main
-from simsp.explore.headroom import DEFAULT_MEMORY_RESERVE_GIB
+from simsp.explore.results.headroom import DEFAULT_MEMORY_RESERVE_GIB
 
 ROOT = Path(__file__).resolve().parent.parent
 

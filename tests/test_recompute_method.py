@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.metrics import collect
 from simsp.training.driver.compare import compare_with_reference
@@ -65,7 +65,7 @@ def test_numeric_iteration_equals_the_single_device_reference(method, n, p, virt
     if virtual:
         extra[("parallel", "num_layers_per_virtual_pipeline_stage")] = virtual
     run = simulate_iteration(scenario(method, n, extra))
-    assert run.world.ranks[0].flops["recompute"] > 0
+    assert run.inputs.world.ranks[0].flops["recompute"] > 0
     errors = compare_with_reference(run)
     assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
 
@@ -131,9 +131,10 @@ def test_layer_templates_match_executing_every_op(method, n):
     sc = meta(method, n, tensor_model_parallel_size=2, sequence_parallel=True)
     executed = simulate_iteration(sc, Shortcuts(True, True, False))
     replayed = simulate_iteration(sc, Shortcuts(True, True, True))
-    assert max(replayed.end_s.values()) == pytest.approx(max(executed.end_s.values()), rel=1e-12)
-    for rank, r in executed.world.ranks.items():
-        twin = replayed.world.ranks[rank]
+    assert max(replayed.results.end_s.values()) == pytest.approx(
+        max(executed.results.end_s.values()), rel=1e-12)
+    for rank, r in executed.inputs.world.ranks.items():
+        twin = replayed.inputs.world.ranks[rank]
         rows = lambda ev: sorted((round(e.time_s, 12), e.key, e.category, e.delta_bytes)
                                  for e in ev)
         assert rows(twin.ledger.events) == rows(r.ledger.events)

@@ -8,15 +8,14 @@ import re
 import pytest
 from browser import chromium, page_verdict, screenshot
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import Ledger
 from simsp.metrics import collect
-from simsp.explore.oom_advice import bytes_at_failure, candidate_switches, explain_oom
+from simsp.explore.whatif.oom_advice import bytes_at_failure, candidate_switches, explain_oom
 from simsp.report.html import to_html
 from simsp.report.run import write_reports
 from simsp.report.run.figures.schedule import stage_intervals, stage_spans
 from simsp.report.run.glossary import GLOSSARY
-from simsp.report.run.report_html import report_html
 from simsp.report.run.summary_md import summary_text
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import GiB
@@ -106,7 +105,7 @@ def test_each_switch_peak_is_that_of_the_modified_scenario(oom_22b):
                   if s["flags"] == "--micro-batch-size 8")
     sc = load_scenario(P22B, {**OOM_22B, ("parallel", "micro_batch_size"): 8})
     run = simulate_iteration(sc, Shortcuts.for_scale(sc))
-    assert switch["peak_bytes"] == run.world.ranks[0].ledger.peak_total
+    assert switch["peak_bytes"] == run.inputs.world.ranks[0].ledger.peak_total
     assert switch["fits"] == (switch["peak_bytes"] <= 80 * GiB)
 
 
@@ -226,9 +225,9 @@ def test_gantt_bars_tile_each_stage_and_recompute_sits_inside_backward():
     sc = load_scenario(TINY, {("parallel", "recompute_granularity"): "full"})
     run = simulate_iteration(sc, Shortcuts.for_scale(sc))
     for pp in range(sc.parallel.pp):
-        rank = run.rank_of(0, 0, pp)
+        rank = run.inputs.rank_of(0, 0, pp)
         bars = gantt_intervals(run, rank)
-        steps = run.steps[rank]
+        steps = run.results.steps[rank]
         first, last = min(s[3] for s in steps), max(s[4] for s in steps)
         tiled = sum(d for kind in ("forward", "backward", "wait") for _, d in bars[kind])
         assert tiled == pytest.approx(last - first, rel=1e-12)  # steps + waits, no overlap

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, MemEvent
 from simsp.metrics import collect
 from simsp.report.run import summary_text, write_reports
@@ -77,15 +77,15 @@ def test_trace_has_a_process_per_simulated_rank_and_five_ordered_threads(case, t
     assert doc["displayTimeUnit"] == "ms"
     events = doc["traceEvents"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert sorted(processes) == sorted(run.world.ranks)
+    assert sorted(processes) == sorted(run.inputs.world.ranks)
     for rank, name in processes.items():
-        c = run.world.grid.coords(rank)
+        c = run.inputs.world.grid.coords(rank)
         assert name == f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"
     threads = defaultdict(dict)
     for e in events:
         if e["name"] == "thread_name":
             threads[e["pid"]][e["tid"]] = e["args"]["name"]
-    for rank in run.world.ranks:
+    for rank in run.inputs.world.ranks:
         names = [threads[rank][tid] for tid in sorted(threads[rank])]
         assert [n for n in names if "#" not in n] == THREADS  # extra lanes are "name #2"
 
@@ -94,7 +94,7 @@ def test_trace_spans_are_complete_events_that_nest_per_thread(case, tmp_path):
     run, _ = case
     events = load_trace(run, tmp_path)["traceEvents"]
     xs = [e for e in events if e["ph"] == "X"]
-    assert len(xs) == len(run.world.trace.spans)  # small runs keep every span
+    assert len(xs) == len(run.inputs.world.trace.spans)  # small runs keep every span
     by_thread = defaultdict(list)
     for e in xs:
         assert e["dur"] >= 0 and e["ts"] >= 0
@@ -105,13 +105,13 @@ def test_trace_spans_are_complete_events_that_nest_per_thread(case, tmp_path):
     names = thread_names(events)
     for track, name in zip(["compute", "tp_comm", "pp_comm", "dp_comm", "schedule"], THREADS):
         on_thread = [e for e in xs if names[e["pid"], e["tid"]] == name]
-        assert len(on_thread) == sum(1 for s in run.world.trace.spans if s.track == track)
+        assert len(on_thread) == sum(1 for s in run.inputs.world.trace.spans if s.track == track)
 
 
 def test_memory_counter_peaks_at_the_ledger_peak(case, tmp_path):
     run, _ = case
     events = load_trace(run, tmp_path)["traceEvents"]
-    for rank, r in run.world.ranks.items():
+    for rank, r in run.inputs.world.ranks.items():
         per_category = [e for e in events if e["ph"] == "C" and e["pid"] == rank
                         and e["name"] == "memory"]
         assert per_category and len(per_category) <= MAX_MEMORY_POINTS
@@ -141,7 +141,7 @@ def test_detail_tracks_merge_per_schedule_step_over_budget(case, monkeypatch):
     events = trace_events(run)
     names = thread_names(events)
     xs = [e for e in events if e["ph"] == "X"]
-    spans = run.world.trace.spans
+    spans = run.inputs.world.trace.spans
     assert len(xs) < len(spans)
     kept = [e for e in xs if names[e["pid"], e["tid"]] in THREADS[2:]]  # left whole
     assert len(kept) == sum(1 for s in spans if s.track in ("pp_comm", "dp_comm", "schedule"))
@@ -170,8 +170,8 @@ def test_a_flow_arrow_links_each_pipeline_send_to_its_receive(case):
     run, _ = case
     events = trace_events(run)
     names = thread_names(events)
-    ranks = set(run.world.ranks)
-    transfers = [t for t in run.world.trace.transfers
+    ranks = set(run.inputs.world.ranks)
+    transfers = [t for t in run.inputs.world.trace.transfers
                  if t.label.startswith("p2p") and {t.src, t.dst} <= ranks]
     assert transfers  # p = 2: activations and gradients cross stages
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
@@ -203,7 +203,7 @@ def test_steps_detail_leaves_out_compute_and_tp_threads(case, tmp_path):
     assert names == set(THREADS[2:])
     full = trace_events(run, "full")
     assert len(doc["traceEvents"]) == len(full) - sum(
-        1 for e in full if e.get("cat") in ("compute", "tp_comm")) - 4 * len(run.world.ranks)
+        1 for e in full if e.get("cat") in ("compute", "tp_comm")) - 4 * len(run.inputs.world.ranks)
 
 
 # ---------------------------------------------------------------- memory timeline
@@ -264,8 +264,8 @@ def test_summary_has_the_key_figures_and_a_row_per_stage(case):
     assert f"{metrics['mfu'] * 100:.1f}%" in text and f"{metrics['hfu'] * 100:.1f}%" in text
     assert "MFU (counted FLOPs)" in text and "bubble fraction" in text
     table = text.split("## Memory per pipeline stage")[1].split("##")[0]
-    for pp in range(run.sc.parallel.pp):
-        assert f"| {pp} | {run.rank_of(0, 0, pp)} |" in table
+    for pp in range(run.inputs.sc.parallel.pp):
+        assert f"| {pp} | {run.inputs.rank_of(0, 0, pp)} |" in table
     assert "| fits |" in table and "Out of memory" not in text
     assert "## First-stage activation memory" in text and "## Shortcuts" in text
 

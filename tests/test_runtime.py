@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import simpy
 
-from simsp.scenario.config import load_scenario
-from simsp.engine.communicator import CLOSED_FORM
+from simsp.scenario.loading import load_scenario
+from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.model.params import param_shapes
 from simsp.model.tensor import FP16, FP32, Tensor
@@ -155,7 +155,7 @@ def bucket_world(**parallel):
                  ("parallel", "ddp_bucket_size"): 49_984}
     overrides.update({("parallel", k): v for k, v in parallel.items()})
     sc = load_scenario(None, overrides)
-    world = build_world(sc, simulated=[0], timing=CLOSED_FORM)
+    world = build_world(sc, simulated=[0], timing_of=EveryGroup(RING_ALONE))
     plan = stage_plans(sc, world.grid)[0]
     grads = {n: Tensor.meta(shape, FP32, n) for n, shape in param_shapes(sc.model).items()}
     return sc, world, plan, grads
@@ -168,22 +168,21 @@ def test_bucket_all_reduces_overlap_the_remaining_backward_by_hand():
     backward 10 µs; each bucket's all-reduce starts when its last layer is done and the DP
     stream is free (FIFO): start_k = max(ready_k, end_(k-1)), end_k = start_k + T_k."""
     sc, world, plan, grads = bucket_world()
-    run = SimpleNamespace(sc=sc, world=world)
     r, env = world.ranks[0], world.env
-    sync = DDPBuckets(r, run, plan, grads)
+    sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
     assert [b.names[-1] for b in sync.buckets] == [
         "layers.3.attn.qkv.weight", "layers.2.attn.qkv.weight", "layers.1.attn.qkv.weight",
         "layers.0.attn.qkv.weight", "embedding.word"]  # each later bucket starts with ln1
     layer_s, embedding_s, done = 40e-6, 10e-6, []
 
     def program():
-        sync.grads_ready(r, run, plan, 0, 0, ["head"])
+        sync.grads_ready(r, plan, 0, 0, ["head"])
         for i in (3, 2, 1, 0):
             yield env.timeout(layer_s)
-            sync.grads_ready(r, run, plan, 0, 0, [i])
+            sync.grads_ready(r, plan, 0, 0, [i])
         yield env.timeout(embedding_s)
-        sync.grads_ready(r, run, plan, 0, 0, ["embedding"])
-        yield from sync.finish(r, run)
+        sync.grads_ready(r, plan, 0, 0, ["embedding"])
+        yield from sync.finish(r)
         done.append(env.now)
 
     env.process(program())
@@ -201,17 +200,16 @@ def test_bucket_all_reduces_overlap_the_remaining_backward_by_hand():
 def test_without_overlap_one_bucket_reduces_after_the_backward():
     sc, world, plan, grads = bucket_world(overlap_grad_reduce=False,
                                           accumulate_allreduce_grads_in_fp32=False)
-    run = SimpleNamespace(sc=sc, world=world)
     r, env = world.ranks[0], world.env
-    sync = DDPBuckets(r, run, plan, grads)
+    sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
     assert len(sync.buckets) == 1
     done = []
 
     def program():
         for i in (3, 2, 1, 0):
             yield env.timeout(1e-3)
-            sync.grads_ready(r, run, plan, 0, 0, [i])
-        yield from sync.finish(r, run)
+            sync.grads_ready(r, plan, 0, 0, [i])
+        yield from sync.finish(r)
         done.append(env.now)
 
     env.process(program())
@@ -241,9 +239,8 @@ def test_overlapped_param_gather_chain_by_hand():
     (the previous step's), each waited by the first forward that uses it, which then issues the
     next (distributed_optimizer.py forward pre-hooks). Embedding 10 µs, layers 40 µs."""
     sc, world, plan, grads = bucket_world(distributed_optimizer=True, overlap_param_gather=True)
-    run = SimpleNamespace(sc=sc, world=world)
     r, env = world.ranks[0], world.env
-    sync = DDPBuckets(r, run, plan, grads)
+    sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
     b = sync.buckets  # b[4]: layer 0's ln1 + embeddings; b[3]: layer 1's ln1 + layer 0; ...
 
     def gather_s(bucket):
@@ -255,11 +252,11 @@ def test_overlapped_param_gather_chain_by_hand():
     done = []
 
     def program():
-        sync.start_param_gather(r, run)
+        sync.start_param_gather(r)
         for module, seconds, _ in modules:
-            yield from sync.params_needed(r, run, 0, [module])
+            yield from sync.params_needed(r, 0, [module])
             yield env.timeout(seconds)
-        yield from sync.params_needed(r, run, 0, ["head"])
+        yield from sync.params_needed(r, 0, ["head"])
         done.append(env.now)
 
     env.process(program())

@@ -5,12 +5,13 @@ tests/test_search_exhaustive.py)."""
 import pytest
 
 from simsp.cli import main
-from simsp.explore.configs import base_values
-from simsp.explore.evaluate import evaluate, simulate_metrics
-from simsp.explore.explain import limits, why_lost
-from simsp.explore.fields import by_key
-from simsp.explore.layouts import enumerate_layouts, search_base
-from simsp.explore.prune import memory_lower_bound, memory_verdict, scenario_of, time_lower_bound
+from simsp.explore.configs.grid import base_values
+from simsp.explore.evaluation.evaluate import evaluate, simulate_metrics
+from simsp.explore.search.explain import limits, why_lost
+from simsp.explore.configs.fields import by_key
+from simsp.explore.search.layouts import enumerate_layouts, search_base
+from simsp.explore.search.bounds import (memory_lower_bound, memory_verdict, scenario_of,
+                                         time_lower_bound)
 
 TINY = {"mode": "meta", "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
         "seq_length": 64, "vocab_size": 256}

@@ -1,11 +1,11 @@
 """search simulates the same layouts, prunes the same count and writes the same rows whatever
 the executor and however many workers it has (its rounds do not depend on the parallelism)."""
 
-from simsp.explore.cache import ResultCache
-from simsp.explore.configs import base_values
-from simsp.explore.executor import Executor
-from simsp.explore.fields import by_key
-from simsp.explore.search import search
+from simsp.explore.evaluation.cache import ResultCache
+from simsp.explore.configs.grid import base_values
+from simsp.explore.evaluation.executor import Executor
+from simsp.explore.configs.fields import by_key
+from simsp.explore.search.branch_and_bound import search
 
 
 def base() -> dict:

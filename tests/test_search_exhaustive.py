@@ -7,14 +7,15 @@ micro-batches, and a model large enough that the memory screen rules layouts out
 
 import pytest
 
-from simsp.explore.cache import ResultCache
-from simsp.explore.configs import base_values
-from simsp.explore.evaluate import evaluate
-from simsp.explore.executor import Executor
-from simsp.explore.fields import by_key
-from simsp.explore.layouts import enumerate_layouts, search_base
-from simsp.explore.prune import memory_lower_bound, memory_verdict, scenario_of, time_lower_bound
-from simsp.explore.search import search
+from simsp.explore.evaluation.cache import ResultCache
+from simsp.explore.configs.grid import base_values
+from simsp.explore.evaluation.evaluate import evaluate
+from simsp.explore.evaluation.executor import Executor
+from simsp.explore.configs.fields import by_key
+from simsp.explore.search.layouts import enumerate_layouts, search_base
+from simsp.explore.search.bounds import (memory_lower_bound, memory_verdict, scenario_of,
+                                         time_lower_bound)
+from simsp.explore.search.branch_and_bound import search
 from simsp.units import GiB
 
 SMALL = {"mode": "meta", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,

@@ -6,9 +6,11 @@ optimizer (tiny models)."""
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from simsp.scenario.config import load_scenario
+from simsp.engine.group_timing import NODE_PIECE, STEP_BY_STEP
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
-from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from simsp.shortcuts.check import Shortcuts
+from simsp.training.driver.iteration import simulate_iteration
 
 
 def layout_scenario(gpn, t, p, d, interleaved, overlap, distributed, m, **cluster):
@@ -86,7 +88,7 @@ def test_paper_layouts_keep_every_shortcut():
                                           ("cluster", "nodes"): 128})]:
         verdict = check_shortcuts(load_scenario(f"scenarios/{name}.toml", overrides))
         assert (verdict.representative, verdict.closed_form, verdict.templates) == \
-            (True, True, True) and not verdict.stepwise_groups, name
+            (True, True, True) and not verdict.groups(STEP_BY_STEP, NODE_PIECE), name
 
 
 def test_groups_sharing_a_nic_run_stepwise():
@@ -97,7 +99,7 @@ def test_groups_sharing_a_nic_run_stepwise():
     from simsp.shortcuts.check import check_shortcuts
 
     verdict = check_shortcuts(layout_scenario(4, 2, 2, 3, False, True, False, 4))
-    assert (0, 2, 4) in verdict.stepwise_groups and not verdict.representative
+    assert (0, 2, 4) in verdict.groups(STEP_BY_STEP) and not verdict.representative
     assert dict(verdict.reasons)["representative"].startswith("not used: ranks per stage")
 
 
@@ -107,7 +109,7 @@ def test_mirrored_clashes_keep_one_rank_per_stage():
     one rank per stage still stands for all while the rings run step by step: exact."""
     sc = layout_scenario(2, 2, 2, 3, False, True, False, 4)
     shortcuts = Shortcuts.for_scale(sc)
-    assert shortcuts.representative and (0, 2, 4) in shortcuts.stepwise_groups
+    assert shortcuts.representative and (0, 2, 4) in shortcuts.groups(STEP_BY_STEP)
     fast, full = fast_and_full(sc)
     assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9)
 
@@ -120,7 +122,7 @@ def test_rings_sharing_ports_only_among_their_channels_are_timed_alone():
     simulation, with no group run step by step."""
     sc = layout_scenario(8, 1, 1, 16, False, True, True, 1, ib_bandwidth_GBps=100.0)
     shortcuts = Shortcuts.for_scale(sc)
-    assert shortcuts.representative and not shortcuts.stepwise_groups
+    assert shortcuts.representative and not shortcuts.groups(STEP_BY_STEP, NODE_PIECE)
     fast, full = fast_and_full(sc)
     assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9)
 

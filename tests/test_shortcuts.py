@@ -4,7 +4,7 @@ groups and pipeline pairs cross nodes (docs/shortcuts.md)."""
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 FULL = Shortcuts()
@@ -42,8 +42,8 @@ def test_small_case_crosses_nodes():
 def stage_summaries(run):
     """Peak and per-category peaks of each pipeline stage's tp=0, dp=0 rank."""
     out = []
-    for pp in range(run.sc.parallel.pp):
-        summary = run.world.ranks[run.rank_of(0, 0, pp)].ledger.summary()
+    for pp in range(run.inputs.sc.parallel.pp):
+        summary = run.inputs.world.ranks[run.inputs.rank_of(0, 0, pp)].ledger.summary()
         out.append((summary.peak_total, summary.peak_by_category, summary.at_peak))
     return out
 
@@ -55,7 +55,7 @@ def _events(events):
 
 
 def iteration_time(run):
-    return max(run.end_s.values())
+    return max(run.results.end_s.values())
 
 
 RUNTIME_VARIANTS = [
@@ -72,13 +72,13 @@ def test_representative_ranks_match_every_rank(parallel):
     """Simulating one rank per TP group and DP replica changes neither time nor memory."""
     sc = small_meta(**parallel)
     full, rep = simulate_iteration(sc, FULL), simulate_iteration(sc, REPRESENTATIVE)
-    assert len(rep.world.ranks) == sc.parallel.pp < len(full.world.ranks)
+    assert len(rep.inputs.world.ranks) == sc.parallel.pp < len(full.inputs.world.ranks)
     assert iteration_time(rep) == pytest.approx(iteration_time(full), rel=1e-12)
     assert stage_summaries(rep) == stage_summaries(full)
     # every simulated rank of the full run has the ledger of its stage's representative
-    for rank, r in full.world.ranks.items():
-        pp = full.world.grid.coords(rank).pp
-        twin = rep.world.ranks[rep.rank_of(0, 0, pp)].ledger.summary()
+    for rank, r in full.inputs.world.ranks.items():
+        pp = full.inputs.world.grid.coords(rank).pp
+        twin = rep.inputs.world.ranks[rep.inputs.rank_of(0, 0, pp)].ledger.summary()
         assert r.ledger.summary().peak_total == twin.peak_total
 
 
@@ -100,8 +100,8 @@ def test_layer_templates_match_executing_every_op(parallel):
     sc = small_meta(**parallel)
     executed, replayed = simulate_iteration(sc, NO_TEMPLATES), simulate_iteration(sc, SCALE)
     assert iteration_time(replayed) == pytest.approx(iteration_time(executed), rel=1e-12)
-    for rank, r in executed.world.ranks.items():
-        twin = replayed.world.ranks[rank]
+    for rank, r in executed.inputs.world.ranks.items():
+        twin = replayed.inputs.world.ranks[rank]
         assert _events(twin.ledger.events) == _events(r.ledger.events)
         assert stage_summaries(replayed) == stage_summaries(executed)
         assert twin.flops == r.flops and twin.comm_bytes == r.comm_bytes
@@ -113,7 +113,7 @@ def test_numeric_mode_refuses_the_representative_shortcut():
     with pytest.raises(ValueError):
         simulate_iteration(sc, REPRESENTATIVE)
     numeric = Shortcuts.for_scale(sc)
-    assert numeric.flags() == FULL.flags() and not numeric.stepwise_groups
+    assert numeric.flags() == FULL.flags() and not numeric.methods
     assert all(why.startswith("not used: numeric") for why in numeric.why().values())
 
 
@@ -121,6 +121,6 @@ def test_numeric_mode_refuses_the_representative_shortcut():
 def test_only_the_model_state_outlives_the_iteration(parallel):
     """DP buckets, reduce-scatter and the parameter all-gather free what they allocate."""
     run = simulate_iteration(small_meta(**parallel), FULL)
-    for r in run.world.ranks.values():
+    for r in run.inputs.world.ranks.values():
         assert {c for c, b in r.ledger.current.items() if b} == {"weights", "gradients",
                                                                 "optimizer"}

@@ -2,10 +2,10 @@
 a sweep's progress counts only the configurations it will simulate."""
 
 from simsp.api import build_configs
-from simsp.explore.cache import ResultCache
-from simsp.explore.executor import Executor
-from simsp.explore.runner import evaluate_all
-from simsp.explore.stream import RowStream
+from simsp.explore.evaluation.cache import ResultCache
+from simsp.explore.evaluation.executor import Executor
+from simsp.explore.evaluation.runner import evaluate_all
+from simsp.explore.evaluation.stream import RowStream
 
 LISTS = {"mode": "meta", "num_layers": "2", "micro_batch_size": "1,2,4"}
 

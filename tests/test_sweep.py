@@ -9,10 +9,10 @@ import simsp
 from simsp.cli import main
 from simsp.errors import UserError
 from simsp.api import build_configs
-from simsp.explore.configs import base_values, parse_list
-from simsp.explore.evaluate import evaluate
-from simsp.explore.fields import by_key
-from simsp.explore.flatten import flatten_metrics
+from simsp.explore.configs.grid import base_values, parse_list
+from simsp.explore.evaluation.evaluate import evaluate
+from simsp.explore.configs.fields import by_key
+from simsp.explore.evaluation.flatten import flatten_metrics
 from simsp.units import GiB
 
 TINY = {"mode": "meta", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
@@ -130,7 +130,7 @@ def test_cache_resumes_only_what_is_missing(tmp_path, monkeypatch):
     assert len(cached) == 4
     cached[0].unlink()
     calls = []
-    import simsp.explore.executor as executor
+    import simsp.explore.evaluation.executor as executor
     monkeypatch.setattr(executor, "evaluate", lambda values: calls.append(1) or evaluate(values))
     again = simsp.sweep(None, out=tmp_path, workers=0, **{**lists, "mode": "meta"})
     assert len(calls) == 1

@@ -38,7 +38,7 @@ def test_unreachable_scheduler_is_one_error_line(capsys, tmp_path):
 
 
 def test_embedded_workers_run_without_the_statistical_profiler():
-    from simsp.explore.executor import Executor
+    from simsp.explore.evaluation.executor import Executor
     with Executor(workers=1) as executor:
         enabled = executor.client.run(
             lambda: __import__("dask").config.get("distributed.worker.profile.enabled"))

@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from simsp.commands.layer import layer_report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.hardware.costmodel import (active_calibration, calibration, calibration_table, gemm_efficiency,
                              gemm_intensity, kernel_time)
 from simsp.hardware.constants import A100_COMPUTE

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 

@@ -12,7 +12,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.commands.validate import report
-from simsp.scenario.config import load_scenario
+from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from simsp import analytic
-from simsp.scenario.config import Model, load_scenario, padded_vocab_size
+from simsp.scenario.config import Model, padded_vocab_size
+from simsp.scenario.loading import load_scenario
 from simsp.scenario.flags import Parser, add_scenario_arguments, scenario_from_args
 from simsp.metrics import collect
 from simsp.training.driver.compare import compare_with_reference
@@ -77,7 +78,7 @@ def test_head_memory_and_flops_use_the_padded_vocabulary():
                               ("run", "mode"): "meta"})
     shortcuts = Shortcuts.for_scale(sc)
     run = simulate_iteration(sc, shortcuts)
-    logits = [e.delta_bytes for e in run.world.ranks[0].ledger.events
+    logits = [e.delta_bytes for e in run.inputs.world.ranks[0].ledger.events
               if e.key.endswith("logits_fp32") and e.delta_bytes > 0]
     assert logits and set(logits) == {4 * s * B * 1024 // 2}
     metrics = collect(run, shortcuts)

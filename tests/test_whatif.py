@@ -8,7 +8,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.errors import UserError
-from simsp.explore.whatif import parse_variant
+from simsp.explore.whatif.variants import parse_variant
 from simsp.report.html import _cells as html_cells, inline as html_inline
 from tests.browser import page_verdict
 

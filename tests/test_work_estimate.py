@@ -1,4 +1,4 @@
-"""run's work estimate (simsp.scenario.bounds) against measured CPU time, along the axes where a term
+"""run's work estimate (simsp.scenario.work) against measured CPU time, along the axes where a term
 other than layer-steps dominates: pipeline depth (every rank's plan lists every layer), TP
 without shortcuts (every ring step of t ranks) and one-tensor gradient buckets. The estimate
 is within a factor of FACTOR of the measurement either way (README "Limits")."""
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from simsp.scenario.bounds import meta_bytes, meta_seconds
-from simsp.scenario.config import load_scenario
+from simsp.scenario.work import meta_bytes, meta_seconds
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 FACTOR = 4
@@ -58,7 +58,7 @@ def test_pipeline_depth_memory_term():
     assert meta_bytes(scenario(4096)) > 16 * meta_bytes(scenario(1024)) * 0.99
 
 
-PAIRS = {  # the terms that grow with the square of a group (bounds.pair_seconds)
+PAIRS = {  # the terms that grow with the square of a group (work.pair_seconds)
     "CP ring: cp = 64, s 4096": {("model", "num_layers"): 2, ("model", "seq_length"): 4096,
         ("model", "attention_backend"): "flash", ("parallel", "context_parallel_size"): 64,
         ("cluster", "nodes"): 8},
@@ -74,7 +74,7 @@ PAIRS = {  # the terms that grow with the square of a group (bounds.pair_seconds
 def test_group_squared_terms_within_a_factor_of_two(case):
     """Without the cp² and ep² terms the estimate was 3.7x (CP 64) and 800x (EP 64) below the
     measured time; with them it is within 2x either way (measured 0.72x and 0.83x: the EP
-    all-to-alls here meet nothing, so they are timed alone once per stage, bounds._ep_exchanges)."""
+    all-to-alls here meet nothing, so they are timed alone once per stage, work._ep_exchanges)."""
     sc = load_scenario(None, {**TINY, **PAIRS[case]})
     start = time.process_time()
     simulate_iteration(sc, Shortcuts.for_scale(sc))

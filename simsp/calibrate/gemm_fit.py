@@ -124,7 +124,8 @@ def fit_dtype(rows: list[GemmRow], where: str = "FILE") -> GemmFit:
     (the file) names the error when the rows cannot determine the three parameters."""
     dtype = rows[0].dtype if rows else "a dtype"
     measured = np.array([r.seconds for r in rows])  # (rows,)
-    design = np.array([[1.0, r.flops, r.nbytes] for r in rows])  # (rows, 3)
+    design = np.array([[1.0, float(r.flops), float(r.nbytes)] for r in rows])  # (rows, 3): floats,
+    # as 2mkn of three 2**31 dimensions is beyond int64
     scale = design.max(axis=0) if rows else np.ones(3)  # (3,) columns to O(1) for conditioning
     weighted = design / scale / measured[:, None] if rows else design  # (rows, 3)
     if len({(r.m, r.k, r.n) for r in rows}) < 3 or np.linalg.matrix_rank(weighted) < 3:

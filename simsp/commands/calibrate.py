@@ -14,15 +14,15 @@ stdout, or to --out).
 """
 
 from dataclasses import replace
-from pathlib import Path
 
-from simsp.scenario.bounds import BOUNDS, check_field
+from simsp.scenario.limits import BOUNDS, check_field
 from simsp.calibrate.fit import calibrate
 from simsp.calibrate.layout import measurement
 from simsp.calibrate.nccl_log import read_log
 from simsp.calibrate.summary import report
 from simsp.calibrate import gemm_command
-from simsp.scenario.config import NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES, Cluster
+from simsp.scenario.config import Cluster
+from simsp.scenario.table.cluster import NCCL_ALGO_CHOICES, NCCL_PROTO_CHOICES
 from simsp.calibrate.nccl_log import ALL_TO_ALL
 from simsp.engine.collectives.ring_plan import COLLECTIVES
 from simsp.errors import UserError

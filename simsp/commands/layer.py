@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 from simsp import analytic
-from simsp.scenario.bounds import check_work
+from simsp.scenario.work import check_work
 from simsp.scenario.config import one_layer_fields
 from simsp.hardware.costmodel import calibration_table
 from simsp.scenario.flags import add_scenario_arguments, scenario_from_args

@@ -42,7 +42,7 @@ from simsp.report.lessons.ring_attention_page import write_page as write_attenti
 from simsp.report.lessons.ring_page import write_page
 from simsp.report.lessons.ring_slides import write_slides
 from simsp.report.lessons.ring_text import lesson_text
-from simsp.scenario.bounds import check_field
+from simsp.scenario.limits import check_field
 from simsp.scenario.config import Cluster
 from simsp.scenario.flags import nonempty
 from simsp.units import parse_size

@@ -3,7 +3,7 @@
 import shlex
 from pathlib import Path
 
-from simsp.scenario.bounds import check_work
+from simsp.scenario.work import check_work
 from simsp.engine.trace import TRACE_DETAILS
 from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
 from simsp.io_out import check_not_inputs, check_target
@@ -11,7 +11,7 @@ from simsp.jsonout import dumps
 from simsp.metrics import collect
 from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
-from simsp.explore.oom_advice import explain_oom
+from simsp.explore.whatif.oom_advice import explain_oom
 from simsp.report.run import paint_stage_figures, summary_text, write_reports
 from simsp.report.run.figures.drawing import warm_up
 from simsp.report.run.painter import start_painter

@@ -4,18 +4,18 @@ simulated on Dask (branch and bound on a time lower bound), ranked and explained
 import math
 from pathlib import Path
 
-from simsp.scenario.bounds import BOUNDS
+from simsp.scenario.limits import BOUNDS
 from simsp.scenario.config import Parallel
 from simsp.errors import UserError
 from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,
                                     add_reserve_argument, check_executor_arguments, field_lists)
-from simsp.explore.cache import ResultCache
-from simsp.explore.configs import base_values, parse_list
-from simsp.explore.explain import limits, why_lost
-from simsp.explore.fields import by_key
-from simsp.explore.headroom import reserve_bytes
-from simsp.explore.layouts import RESTRICTABLE, held_fields, search_base
-from simsp.explore.objectives import OBJECTIVES
+from simsp.explore.evaluation.cache import ResultCache
+from simsp.explore.configs.grid import base_values, parse_list
+from simsp.explore.search.explain import limits, why_lost
+from simsp.explore.configs.fields import by_key
+from simsp.explore.results.headroom import reserve_bytes
+from simsp.explore.search.layouts import RESTRICTABLE, held_fields, search_base
+from simsp.explore.search.objectives import OBJECTIVES
 from simsp.hardware.constants import GPUS
 from simsp.units import GiB, format_seconds
 
@@ -201,11 +201,11 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
 
 def run(args) -> int:
     """Search, print the screening summary and the explained ranking, write the report."""
-    from simsp.explore.executor import Executor, ExecutorLost  # Dask, pandas: only here
-    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
-    from simsp.explore.runner import failure_message, prepare_out
-    from simsp.explore.search import search
-    from simsp.explore.table import results_frame, write_results
+    from simsp.explore.evaluation.executor import Executor, ExecutorLost  # Dask, pandas: only here
+    from simsp.explore.results.folders import default_folder, exploration_digest, write_manifest
+    from simsp.explore.evaluation.runner import failure_message, prepare_out
+    from simsp.explore.search.branch_and_bound import search
+    from simsp.explore.results.table import results_frame, write_results
     from simsp.report.sweep.report_md import write_whatif_report
     check_executor_arguments(args)
     base, fixed, allowed = _base(args)

@@ -32,9 +32,9 @@ def print_summary(frame, out: Path) -> None:
 def run(args) -> int:
     """Expand the configurations, simulate them, write and print the results."""
     from simsp.api import build_configs, sweep_configs  # pandas and Dask: only here
-    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
-    from simsp.explore.guard import check_sweep
-    from simsp.explore.runner import prepare_out
+    from simsp.explore.results.folders import default_folder, exploration_digest, write_manifest
+    from simsp.explore.evaluation.limits import check_sweep
+    from simsp.explore.evaluation.runner import prepare_out
     check_executor_arguments(args)
     check_reserve(args.memory_reserve)
     lists = field_lists(args)
@@ -58,6 +58,6 @@ def run(args) -> int:
 
 def by_flag(key: str) -> str:
     """A varied field's flag without its dashes (`tensor-model-parallel-size`), for folder names."""
-    from simsp.explore.fields import by_key
+    from simsp.explore.configs.fields import by_key
     field = by_key().get(key)
     return (field.flag if field else f"--{key.replace('_', '-')}").lstrip("-")

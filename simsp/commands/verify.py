@@ -1,7 +1,7 @@
 """`simsp verify`: the small GPT's gradients on the emulated ranks vs finite differences and vs
 the single-device reference, in numeric mode."""
 
-from simsp.scenario.bounds import check_work
+from simsp.scenario.work import check_work
 from simsp.errors import UserError
 from simsp.scenario.flags import add_scenario_arguments, scenario_from_args
 from simsp.progress import track

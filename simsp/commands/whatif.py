@@ -31,8 +31,8 @@ def add_parser(subparsers) -> None:
 
 def _variants(args) -> list[tuple]:
     """The baseline first, then the variants, from the command line or a sweep file."""
-    from simsp.explore.sweepfile import is_sweep_file
-    from simsp.explore.whatif import variants_from_specs, variants_from_sweep_file
+    from simsp.explore.configs.sweep_file import is_sweep_file
+    from simsp.explore.whatif.variants import variants_from_specs, variants_from_sweep_file
     if is_sweep_file(args.base):
         if args.variants:
             raise UserError("VARIANT", "a sweep file names its own variants; give none")
@@ -45,10 +45,10 @@ def _variants(args) -> list[tuple]:
 def run(args) -> int:
     """Simulate the baseline and the variants, print the conclusions, write the page."""
     from simsp.api import sweep_configs
-    from simsp.explore.folders import default_folder, exploration_digest, write_manifest
-    from simsp.explore.guard import check_sweep
-    from simsp.explore.runner import RESULT_FILES, WHATIF_FILES, prepare_out
-    from simsp.explore.whatif import add_derived, rank_rows, whatif_configs
+    from simsp.explore.results.folders import default_folder, exploration_digest, write_manifest
+    from simsp.explore.evaluation.limits import check_sweep
+    from simsp.explore.evaluation.runner import RESULT_FILES, WHATIF_FILES, prepare_out
+    from simsp.explore.whatif.variants import add_derived, rank_rows, whatif_configs
     from simsp.report.whatif.comparison import conclusion
     from simsp.report.whatif.page import write_whatif_page
     check_executor_arguments(args)

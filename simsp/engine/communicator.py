@@ -6,12 +6,10 @@ ring runs over the network and each caller gets its own result:
     result = yield from comm.all_reduce(group, rank, buffer, nbytes, tag)
 Shortcut `present`: only these ranks run programs; the others are assumed to behave exactly like
 them (meta mode), so the ring still moves their bytes but the rendezvous does not wait for them.
-Shortcut timing="closed_form": time each collective as a whole, as its ring alone on its links
-takes (engine/collectives/ring_alone.py: the closed form, or the ring run once step by step where its own
-channels share a link), except on `stepwise_groups` (rings sharing links with other traffic,
-whose time depends on it: shortcuts/check.py), which run step by step and so load
-their links; an all-to-all of `alone_all_to_all` (no other traffic on its links) waits its time
-alone, found once per placement and byte matrix in a private simulation of its flows.
+How each group's collectives are timed is one `timing_of(group)` passed in (the methods of
+engine/group_timing.py: step by step, as one node's piece, as its ring alone, in closed form, an
+all-to-all as a template); the plain default runs every group step by step. Which group gets
+which method is decided before the run by the caller (meta mode's plan, simsp/shortcuts/plan.py).
 """
 
 from dataclasses import dataclass, field, replace
@@ -31,13 +29,14 @@ from simsp.engine.collectives.ring_alone import alone_stats, node_segment, segme
 from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
 from simsp.engine.collectives.ring_timing import closed_form_stats, collective_time
+from simsp.engine.group_timing import (CLOSED_FORM, NODE_PIECE, RING_ALONE, STEP_BY_STEP, STEPPED,
+                                      TEMPLATE, EveryGroup, TimingOf)
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 
-STEPWISE, CLOSED_FORM = "stepwise", "closed_form"
 ALL_TO_ALL = "all_to_all"
 
-__all__ = ["Communicator", "collective_time", "STEPWISE", "CLOSED_FORM"]
+__all__ = ["Communicator", "collective_time"]
 
 
 @dataclass
@@ -59,23 +58,13 @@ class Communicator:
 
     def __init__(self, env: simpy.Environment, network: Network, present: set[int] | None = None,
                  elem_bytes: int = DEFAULT_ELEM_BYTES, trace: Trace | None = None,
-                 timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
-                 alone_all_to_all: frozenset = frozenset(),
-                 segment_groups: frozenset = frozenset()):
-        if timing not in (STEPWISE, CLOSED_FORM):
-            raise ValueError(f"timing must be {STEPWISE} or {CLOSED_FORM}, got {timing!r}")
+                 timing_of: TimingOf = EveryGroup(STEP_BY_STEP)):
         self.env = env
         self.network = network
         self.present = None if present is None else frozenset(present)
         self.elem_bytes = elem_bytes
         self.trace = trace if trace is not None else network.trace
-        self.timing = timing
-        self.stepwise_groups = frozenset(stepwise_groups)
-        # all-to-all groups whose links nothing else crosses meanwhile (closed_form: timed
-        # as alone, without flows)
-        self.alone_all_to_all = frozenset(alone_all_to_all)
-        # stepwise groups whose rings meet only each other: one node's piece of one channel
-        self.segment_groups = frozenset(segment_groups)
+        self.timing_of = timing_of  # group -> its method (engine/group_timing.py)
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
@@ -101,8 +90,9 @@ class Communicator:
     def all_to_all(self, group, rank: int, chunks: list | None, send_bytes: list[int],
                    tag: str = ""):
         """All-to-all(-v): this member sends send_bytes[j] bytes (chunks[j] in numeric mode) to
-        group[j]; returns what each member sent it, in group order (None in meta). Always run
-        as flows over the links (engine/collectives/all_to_all.py), never in closed form."""
+        group[j]; returns what each member sent it, in group order (None in meta). Run as flows
+        over the links (engine/collectives/all_to_all.py), or where the group's method is
+        TEMPLATE timed as those flows alone."""
         group = tuple(group)
         meeting = self._join(ALL_TO_ALL, group, rank, (list(send_bytes), chunks), 0, tag, 1)
         results = yield meeting.done
@@ -162,11 +152,10 @@ class Communicator:
             results = yield from self._all_to_all(meeting, buffers)
             meeting.done.succeed(results)
             return
-        stepwise = self.timing == STEPWISE or meeting.group in self.stepwise_groups
+        method = self.timing_of(meeting.group)
         nvls = self._nvls(meeting)
-        ring_steps = stepwise and nvls is None and not self._runs_as_tree(meeting)
-        segment = (self._segment(meeting) if ring_steps and meeting.group in self.segment_groups
-                   else None)
+        ring_steps = method in STEPPED and nvls is None and not self._runs_as_tree(meeting)
+        segment = self._segment(meeting) if ring_steps and method == NODE_PIECE else None
         if segment is not None:
             stats = yield from self._segment_ring(meeting, segment)
             results = [None] * len(buffers)
@@ -176,7 +165,7 @@ class Communicator:
                                              buffers, meeting.nbytes, meeting.elem_bytes,
                                              meeting.tag or meeting.collective)
         else:
-            stats = yield from self._as_a_whole(meeting, nvls)
+            stats = yield from self._as_a_whole(meeting, method, nvls)
             results = _direct_results(meeting.collective, buffers, meeting.nbytes,
                                       meeting.elem_bytes)
         self.stats.append(stats)
@@ -186,12 +175,12 @@ class Communicator:
                                               "nbytes": meeting.nbytes, "group": meeting.group})
         meeting.done.succeed(results)
 
-    def _as_a_whole(self, meeting: _Meeting, nvls: CollectiveStats | None = None):
-        """An NVLS or tree all-reduce, or a ring that nothing else shares links with: wait its
-        time alone on its links, without flows."""
+    def _as_a_whole(self, meeting: _Meeting, method: str, nvls: CollectiveStats | None = None):
+        """An NVLS or tree all-reduce, or a ring timed alone or in closed form (`method`):
+        wait its time alone on its links, without flows."""
         start_s = self.env.now
         alone = nvls or (self._tree(meeting) if self._runs_as_tree(meeting)
-                         else self._alone(meeting))
+                         else self._alone(meeting, method))
         yield self.env.timeout(alone.time_s)
         return replace(alone, start_s=start_s, end_s=self.env.now, channels=())
 
@@ -204,7 +193,7 @@ class Communicator:
         matrix = [b[0] if b is not None else [row[(j - i + present) % n] for j in range(n)]
                   for i, b in enumerate(buffers)]
         chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
-        if self.timing == CLOSED_FORM and meeting.group in self.alone_all_to_all:
+        if self.timing_of(meeting.group) == TEMPLATE:
             start_s = self.env.now
             yield self.env.timeout(self._all_to_all_alone(meeting.group, matrix))
             n = len(buffers)
@@ -244,13 +233,14 @@ class Communicator:
         return placement(group, graph["gpus_per_node"], graph["nodes"])
 
     def _all_to_all_alone(self, group: tuple, matrix: list) -> float:
-        """Seconds of an all-to-all of `group` that no other traffic meets on its links
-        (shortcuts/check.py), memoised per placement and byte matrix."""
+        """Seconds of an all-to-all of `group` alone on its links (TEMPLATE), memoised per
+        placement and byte matrix."""
         graph = self.network.graph
         key = (self._placement(group), tuple(map(tuple, matrix)))
         if key not in self._alike:
             self._alike[key] = alone_time(graph, self.network.calibration, list(group), matrix)
         return self._alike[key]
+
     def _segment(self, meeting: _Meeting):
         """One node's piece of one channel of this ring where it is that symmetric and meta
         (engine/collectives/ring_alone.py node_segment), else None."""
@@ -281,7 +271,7 @@ class Communicator:
                                       for c in closed.channels))
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
-        """NCCL runs this all-reduce as a tree: timed in closed form in either timing mode
+        """NCCL runs this all-reduce as a tree: timed in closed form whatever the group's method
         (ring_timing.tree_time; the stepwise tree is engine/collectives/tree.py, for `simsp ring`)."""
         return meeting.collective == ALL_REDUCE and nccl_choice(
             ALL_REDUCE, self.network.graph, list(meeting.group), meeting.nbytes,
@@ -304,19 +294,22 @@ class Communicator:
                                                sent, received, 0.0, duration)
         return self._plans[key]
 
-    def _alone(self, meeting: _Meeting) -> CollectiveStats:
-        """The ring alone on its links (engine/collectives/ring_alone.py), memoised per group and, as a
-        ring runs alike on like links, per placement (cluster/topology.py placement): e.g.
-        the DP groups of every pipeline stage."""
+    def _alone(self, meeting: _Meeting, method: str = RING_ALONE) -> CollectiveStats:
+        """The ring alone on its links (engine/collectives/ring_alone.py alone_stats; its closed
+        form, ring_timing.closed_form_stats, where `method` is CLOSED_FORM: no link carries two
+        of its hops, so the two agree), memoised per group and, as a ring runs alike on like
+        links, per placement (cluster/topology.py placement): e.g. the DP groups of every
+        pipeline stage."""
         key = (meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
         if key not in self._plans:
             graph = self.network.graph
             alike = (meeting.collective, self._placement(meeting.group), meeting.nbytes,
                      meeting.elem_bytes)
             if alike not in self._alike:
-                self._alike[alike] = alone_stats(meeting.collective, graph,
-                                                 list(meeting.group), meeting.nbytes,
-                                                 self.network.calibration, meeting.elem_bytes)
+                timing = closed_form_stats if method == CLOSED_FORM else alone_stats
+                self._alike[alike] = timing(meeting.collective, graph, list(meeting.group),
+                                            meeting.nbytes, self.network.calibration,
+                                            meeting.elem_bytes)
             stats = self._alike[alike]
             self._plans[key] = (stats if stats.gpus == meeting.group else
                                 replace(stats, gpus=meeting.group, channels=()))

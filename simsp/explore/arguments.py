@@ -2,7 +2,7 @@
 the Dask executor's --out/--workers/--scheduler/--force, and the memory reserve."""
 
 from simsp.errors import UserError
-from simsp.explore.fields import all_fields, switch_flags
+from simsp.explore.configs.fields import all_fields, switch_flags
 
 
 def _dest(field) -> str:
@@ -94,8 +94,8 @@ def add_executor_arguments(parser, command: str = "sweep") -> None:
 def check_executor_arguments(args) -> None:
     """--workers between 0 and the machine's cores; it has no meaning with --scheduler, whose
     address must be tcp://HOST:PORT."""
-    from simsp.explore.executor import parse_scheduler
-    from simsp.explore.guard import check_workers
+    from simsp.explore.evaluation.executor import parse_scheduler
+    from simsp.explore.evaluation.limits import check_workers
     check_workers(args.workers)
     if args.workers is not None and args.scheduler:
         raise UserError("--workers", "conflicts with --scheduler (the cluster has its workers)")
@@ -104,8 +104,8 @@ def check_executor_arguments(args) -> None:
 
 
 def add_reserve_argument(parser) -> None:
-    """--memory-reserve GiB: what "fits" leaves free (simsp.explore.headroom)."""
-    from simsp.explore.headroom import DEFAULT_MEMORY_RESERVE_GIB
+    """--memory-reserve GiB: what "fits" leaves free (simsp.explore.results.headroom)."""
+    from simsp.explore.results.headroom import DEFAULT_MEMORY_RESERVE_GIB
     parser.add_argument("--memory-reserve", type=float, default=DEFAULT_MEMORY_RESERVE_GIB,
                         metavar="GiB", help="GPU memory kept free for the CUDA context, NCCL "
                         "buffers and allocator fragmentation; a row fits when its peak leaves "

@@ -66,7 +66,7 @@ class LinkCalibration:
     scaling it by the efficiency of its kind, so a ring's busbw lands at link speed x efficiency.
     """
 
-    # The defaults are the scenario's [cluster] defaults (simsp/scenario/config.py Cluster, where their
+    # The defaults are the scenario's [cluster] defaults (simsp/scenario/table/cluster.py, where their
     # sources are stated): one place, so `--help` and the engine agree.
     nvlink_efficiency: float = Cluster.nvlink_efficiency
     ib_efficiency: float = Cluster.ib_efficiency

@@ -124,6 +124,21 @@ LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
           "nic_Gbps": (False, 1e6), "gemm_max_efficiency": (False, 1),
           "memory_efficiency": (False, 1), "gemm_half_intensity": (False, 1e6),
           "launch_overhead_s": (False, 1)}
+# the least each number can physically be, with the reason (a profile below it is a typo or a
+# wrong unit: 1e-300 TFLOP/s would make every MFU astronomical)
+LOWEST = {"memory_GiB": (1, "no training GPU has under 1 GiB"),
+          "peak_bf16_TFLOPs": (1, "a V100 already does 125 (FP16)"),
+          "peak_fp8_TFLOPs": (1, "FP8 tensor cores start at Hopper's 1979"),
+          "ceiling_bf16_TFLOPs": (0.1, "a measured GEMM ceiling in TFLOP/s"),
+          "ceiling_fp8_TFLOPs": (0.1, "a measured GEMM ceiling in TFLOP/s"),
+          "hbm_TBps": (0.05, "HBM/GDDR memory runs at 0.5 TB/s and up"),
+          "nvlink_GBps": (1, "an NVLink port alone carries 25 GB/s"),
+          "host_link_GBps": (1, "PCIe Gen3 x16 carries 16 GB/s"),
+          "nic_Gbps": (1, "InfiniBand HDR is 200 Gb/s"),
+          "gemm_max_efficiency": (0.01, "a fraction of peak a GEMM reaches"),
+          "memory_efficiency": (0.01, "a fraction of HBM bandwidth a kernel reaches"),
+          "gemm_half_intensity": (1e-3, "FLOPs per byte; GEMMs sit at 10 to 1000"),
+          "launch_overhead_s": (1e-8, "a kernel launch takes microseconds, not nanoseconds")}
 TEXT_KEYS = {"name", "description", "gpu"}  # plain strings (a system's gpu: a name or path)
 
 
@@ -199,6 +214,10 @@ def _sourced(field: str, path: Path, key: str, entry) -> Sourced:
                                f"got {value!r}")
     if integer and value != int(value):
         raise UserError(field, f"{path}:{key}: value must be a whole number, got {value!r}")
+    low, why = LOWEST.get(key.split(".")[-1], (0, ""))
+    if value < low:
+        raise UserError(field, f"{path}:{key}: value must be at least {low:g} ({why}), "
+                               f"got {value!r}")
     return Sourced(int(value) if integer else value, entry["source"])
 
 
@@ -207,7 +226,7 @@ def gpu_profile(name: str) -> GPUProfile:
     """The GPU profile `name` (bundled name, alias or path) in SI units."""
     prof = load_profile("gpu", name)
     fp8, ceiling_fp8 = prof.value("peak_fp8_TFLOPs"), prof.value("ceiling_fp8_TFLOPs")
-    return GPUProfile(
+    gpu = GPUProfile(
         name=prof.name, memory_bytes=int(prof.value("memory_GiB") * GiB),
         peak_flops=prof.value("peak_bf16_TFLOPs") * 1e12,
         peak_fp8_flops=None if fp8 is None else fp8 * 1e12,
@@ -219,6 +238,30 @@ def gpu_profile(name: str) -> GPUProfile:
         fitted={k: s.value for k, s in prof.sections.get("compute", {}).items()},
         fitted_fp8={k: s.value for k, s in prof.sections.get("compute_fp8", {}).items()},
         host_link_GBps=prof.value("host_link_GBps"))
+    _check_consistent(prof.path, gpu)
+    return gpu
+
+
+def _check_consistent(path: str, gpu: GPUProfile) -> None:
+    """A GPU's numbers agree with each other: a measured GEMM ceiling at most the datasheet's
+    peak, FP8 numbers only on a GPU with FP8 tensor cores (both or neither), and an FP8 peak
+    between 1 and 4 times the BF16 one (2x on Hopper and Blackwell datasheets)."""
+    def refuse(key: str, reason: str):
+        raise UserError("cluster.gpu", f"{path}:{key}: {reason}")
+    if gpu.ceiling_flops > gpu.peak_flops:
+        refuse("ceiling_bf16_TFLOPs", f"{gpu.ceiling_flops / 1e12:g} exceeds the peak "
+                                      f"peak_bf16_TFLOPs {gpu.peak_flops / 1e12:g}")
+    if (gpu.peak_fp8_flops is None) != (gpu.ceiling_fp8_flops is None):
+        refuse("ceiling_fp8_TFLOPs", "give peak_fp8_TFLOPs and ceiling_fp8_TFLOPs together (a "
+                                     "GPU with FP8 tensor cores has both, one without neither)")
+    if gpu.peak_fp8_flops is None:
+        return
+    if not gpu.peak_flops <= gpu.peak_fp8_flops <= 4 * gpu.peak_flops:
+        refuse("peak_fp8_TFLOPs", f"{gpu.peak_fp8_flops / 1e12:g} is not between 1 and 4 times "
+                                  f"peak_bf16_TFLOPs {gpu.peak_flops / 1e12:g}")
+    if gpu.ceiling_fp8_flops > gpu.peak_fp8_flops:
+        refuse("ceiling_fp8_TFLOPs", f"{gpu.ceiling_fp8_flops / 1e12:g} exceeds the peak "
+                                     f"peak_fp8_TFLOPs {gpu.peak_fp8_flops / 1e12:g}")
 
 
 @lru_cache(maxsize=64)

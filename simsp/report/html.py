@@ -85,25 +85,42 @@ def page(title: str, body: str, style: str = "", script: str = "") -> str:
 # The small Markdown subset summary_md writes (headings, tables, paragraphs, `code`, **bold**,
 # *italic*) as HTML, so report.html says exactly what summary.md says.
 
-INLINE = ((re.compile(r"`([^`]+)`"), r"<code>\1</code>"),
-          (re.compile(r"\*\*([^*]+)\*\*"), r"<strong>\1</strong>"),
+INLINE = ((re.compile(r"\*\*([^*]+)\*\*"), r"<strong>\1</strong>"),
           (re.compile(r"\*([^*]+)\*"), r"<em>\1</em>"))
+# a code span: a run of backticks, the code, the same run (CommonMark; io_out.markdown_code)
+CODE = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
 
 
 ESCAPED = re.compile(r"\\([\\`*_{}\[\]#!|<>&~])")  # io_out.markdown_text's backslash escapes
 HELD = "\ue000"  # a private-use character standing for an escaped one while markup is applied
+CODE_HELD = "\ue001"  # one standing for a code span while the other markup is applied
 
 
 def inline(text: str) -> str:
     """Escape `text` and apply the inline markup; a backslash-escaped character (user text
-    written by io_out.markdown_text) is that character, never markup."""
+    written by io_out.markdown_text) is that character, never markup, and a code span's text
+    is never markup either."""
     held = ESCAPED.findall(text)
-    out = html.escape(ESCAPED.sub(HELD, text.replace(HELD, "")), quote=False)
+    out = ESCAPED.sub(HELD, text.replace(HELD, "").replace(CODE_HELD, ""))
+    codes = []
+    out = html.escape(CODE.sub(lambda match: _hold_code(match, codes), out), quote=False)
     for pattern, replacement in INLINE:
         out = pattern.sub(replacement, out)
+    out = "".join(piece + (f"<code>{html.escape(code, quote=False)}</code>" if i < len(codes)
+                           else "") for i, (piece, code) in
+                  enumerate(zip(out.split(CODE_HELD), codes + [""])))
     pieces = out.split(HELD)
     return pieces[0] + "".join(html.escape(char, quote=False) + piece
                                for char, piece in zip(held, pieces[1:]))
+
+
+def _hold_code(match, codes: list) -> str:
+    """A code span's text kept aside (one space each side stripped, as CommonMark does)."""
+    body = match.group(2)
+    if len(body) > 2 and body.startswith(" ") and body.endswith(" ") and body.strip():
+        body = body[1:-1]
+    codes.append(body)
+    return CODE_HELD
 
 
 NUM = ' class="num"'

@@ -1,4 +1,5 @@
-"""One iteration's traffic with context parallelism, listed for shortcuts/check.py.
+"""One iteration's traffic with context parallelism, listed for shortcuts/check.py (without CP:
+shortcuts/traffic.py).
 
 Ranks are placed as Megatron-LM places them with CP (cluster/grid.py: tp + t·cp + t·c·dp +
 t·c·d·pp): TP groups of t neighbours, gradients reduced over the dp_cp group (CP fastest),
@@ -13,13 +14,12 @@ TP group is.
 """
 
 from simsp.cluster.grid import RankGrid
-
-Owner = tuple[str, tuple[int, ...]]
+from simsp.shortcuts.traffic import Owner, pipeline_owners
 
 
 def cp_traffic_owners(grid: RankGrid, interleaved: bool, cp_comm_type: str) -> list[Owner]:
     """Every collective group and point-to-point pair of one iteration with cp > 1 (rank r on
-    GPU r), with the same kinds and order rules as shortcut_check.traffic_owners."""
+    GPU r), with the same kinds and order rules as shortcuts/traffic.py traffic_owners."""
     owners: list[Owner] = []
     if grid.tp > 1:
         owners += [("tp", group) for group in grid.groups("tp")]
@@ -27,11 +27,7 @@ def cp_traffic_owners(grid: RankGrid, interleaved: bool, cp_comm_type: str) -> l
     cp_kind = "tp" if cp_comm_type == "allgather" else "ep"
     owners += [(cp_kind, group) for group in grid.groups("cp")]
     if grid.pp > 1:
-        for group in grid.groups("pp"):  # activations down, gradients up (interleaved wraps)
-            ahead = group[1:] + group[:1] if interleaved else group[1:]
-            pairs = set(zip(group, ahead))
-            owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
-            owners.append(("embedding", (group[0], group[-1])))
+        owners += pipeline_owners(grid.groups("pp"), interleaved)
     return owners
 
 

@@ -24,12 +24,11 @@ from itertools import product
 import networkx as nx
 
 from simsp.cluster.grid import RankGrid
-from simsp.cluster.topology import SPINE, hop_route
+from simsp.cluster.topology import hop_route
 from simsp.engine.collectives.ring_plan import channel_rings
+from simsp.shortcuts.traffic import Edge, Owner, can_bind
 
-Edge = tuple[str, str]
 Hop = tuple[int, int, int | None]  # (src GPU, dst GPU, relaying GPU or None)
-Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p", its ranks)
 MAX_IMAGE_ENTRIES = 4_000_000  # |H| x ranks: the permutations this module keeps in memory
 
 
@@ -136,7 +135,7 @@ def is_symmetry(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owner],
 
 def _binding(edges: tuple[Edge, ...]) -> tuple[Edge, ...]:
     """The links of a route that can bind (docs/shortcuts.md: leaf-spine links never do)."""
-    return tuple(e for e in edges if SPINE not in e)
+    return tuple(e for e in edges if can_bind(e))
 
 
 @dataclass(frozen=True)

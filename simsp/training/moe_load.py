@@ -5,21 +5,23 @@ expert rank has the most), tokens dropped at capacity, padding, tokens dispatche
 DISPATCH_LABELS = ("all_to_all_dispatch", "all_gather_etp", "all_gather_moe")  # token bytes out
 
 
-def moe_metrics(run) -> dict:
-    """{"moe": {...}} for a MoE model, {} for a dense one."""
-    if run.sc.model.num_experts is None:
+def moe_metrics(inputs) -> dict:
+    """{"moe": {...}} for a MoE model, {} for a dense one, from the simulated ranks of the
+    run's world (`inputs`: training/driver/run.py RunInputs)."""
+    if inputs.sc.model.num_experts is None:
         return {}
+    ranks = inputs.world.ranks
     # a counter that never moved is absent (replayed layer steps add only what changed)
-    loads = {rank: r.moe_load for rank, r in sorted(run.world.ranks.items()) if r.moe_load}
+    loads = {rank: r.moe_load for rank, r in sorted(ranks.items()) if r.moe_load}
     if not loads:
         return {"moe": {}}
-    represented = run.sc.parallel.world_size / len(run.world.ranks)  # meta: ranks per simulated
+    represented = inputs.sc.parallel.world_size / len(ranks)  # meta: ranks per simulated
     rows = {rank: load.get("expert_rows", 0) for rank, load in loads.items()}
     slowest = max(rows, key=lambda rank: (rows[rank], -rank))
     mean = sum(rows.values()) / len(rows)
     routed = round(represented * sum(load.get("routed_pairs", 0) for load in loads.values()))
     dropped = round(represented * sum(load.get("dropped_pairs", 0) for load in loads.values()))
-    sent = {rank: sum(n for (phase, label), n in run.world.ranks[rank].comm_bytes.items()
+    sent = {rank: sum(n for (phase, label), n in ranks[rank].comm_bytes.items()
                       if phase == "forward" and label in DISPATCH_LABELS)
             for rank in loads}
     return {"moe": {

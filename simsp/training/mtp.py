@@ -18,11 +18,13 @@ input and recomputes itself; the norms and the projection keep theirs.
 
 import numpy as np
 
-from simsp.model import mappings, ops
+from simsp.model import mappings
+from simsp.model.base import ops
+from simsp.model.base.linear import column_parallel_backward
 from simsp.model.blocks.embedding import embedding_backward, embedding_forward
 from simsp.model.blocks.head import output_loss_backward, output_loss_forward
-from simsp.model.layer import LayerSpec, layer_forward, norm
-from simsp.model.layer_backward import column_parallel_backward, layer_backward, norm_backward
+from simsp.model.blocks.norm import norm, norm_backward
+from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 from simsp.model.tensor import FP16
 
 
@@ -42,12 +44,12 @@ def kept_positions(s: int, b: int, k: int) -> np.ndarray:
     return mask
 
 
-def _spec(run, layer: int, offset: int) -> LayerSpec:
+def _spec(sc, layer: int, offset: int) -> LayerSpec:
     """The depth's transformer layer: its own index (dropout sites), the run's recompute."""
-    p = run.sc.parallel
+    p = sc.parallel
     modules = p.recompute_module_set or LayerSpec.modules
-    aux_scale = p.micro_batch_size / p.global_batch if run.sc.model.num_experts else 1.0
-    return LayerSpec(run.sc.model, layer, p.recompute_granularity, offset, modules, aux_scale)
+    aux_scale = p.micro_batch_size / p.global_batch if sc.model.num_experts else 1.0
+    return LayerSpec(sc.model, layer, p.recompute_granularity, offset, modules, aux_scale)
 
 
 def _layer_tables(state, k: int) -> tuple[dict, dict]:
@@ -57,30 +59,30 @@ def _layer_tables(state, k: int) -> tuple[dict, dict]:
                  for table in (state.weights, state.grads))
 
 
-def mtp_forward(r, run, state, y, tokens, targets, mb: int, offset: int):
-    """Every depth forward from the final norm's output y (s_l, b, h): the MTP losses go to
-    run.mtp_losses; returns the stash for mtp_backward."""
-    m, scope = run.sc.model, r.scope
+def mtp_forward(r, sc, state, y, tokens, targets, offset: int, losses: dict, key: tuple):
+    """Every depth forward from the final norm's output y (s_l, b, h): depth k's masked loss
+    goes to losses[key + (k,)] (key: (dp, micro_batch)); returns the stash for mtp_backward."""
+    m, scope = sc.model, r.scope
     h_prev, depths = y, []
     for k in range(m.mtp_num_layers):
         r.scope = f"{scope}mtp{k}."
-        saved = yield from _depth_forward(r, run, state, k, h_prev, tokens, offset)
-        s, b = m.seq_length, run.sc.parallel.micro_batch_size
+        saved = yield from _depth_forward(r, sc, state, k, h_prev, tokens, offset)
+        s, b = m.seq_length, sc.parallel.micro_batch_size
         loss, saved["head"] = yield from output_loss_forward(
             r, m, state.weights, saved["output"], shifted(targets, k + 1),
             kept_positions(s, b, k + 1) if r.numeric else None)
-        run.mtp_losses[(run.plans[r.rank].dp, mb, k)] = loss
+        losses[key + (k,)] = loss
         depths.append(saved)
         h_prev = saved["output"]
     r.scope = scope
     return depths
 
 
-def _depth_forward(r, run, state, k: int, h_prev, tokens, offset: int):
+def _depth_forward(r, sc, state, k: int, h_prev, tokens, offset: int):
     """Depth k from h_prev (s_l, b, h): its output h_k and what backward needs."""
-    m, w = run.sc.model, state.weights
+    m, w = sc.model, state.weights
     prefix, layer = f"mtp.{k}.", m.num_layers + k
-    s, b = m.seq_length, run.sc.parallel.micro_batch_size
+    s, b = m.seq_length, sc.parallel.micro_batch_size
     emb, emb_saved = yield from embedding_forward(r, m, w, shifted(tokens, k + 1), (s, b), offset,
                                                   dropout_layer=layer)
     r.save(emb, "enorm_input")
@@ -97,7 +99,7 @@ def _depth_forward(r, run, state, k: int, h_prev, tokens, offset: int):
     if cat_full is not cat:
         r.free(cat_full)
     x = yield from _gather_hidden(r, proj)  # (s_l, b, h)
-    spec = _spec(run, layer, offset)
+    spec = _spec(sc, layer, offset)
     lw, _ = _layer_tables(state, k)
     if spec.recompute == "full":
         r.save(x, "layer_input")
@@ -153,12 +155,12 @@ def _split_hidden(r, dx):
     return d_proj
 
 
-def mtp_backward(r, run, state, depths: list, tokens, targets):
+def mtp_backward(r, sc, state, depths: list, tokens, targets):
     """Every depth backward, the last first -> the gradient at the final norm's output
     (s_l, b, h), to add to the main head's."""
-    m, scope = run.sc.model, r.scope
-    s, B = m.seq_length, run.sc.parallel.global_batch
-    b = run.sc.parallel.micro_batch_size
+    m, scope = sc.model, r.scope
+    s, B = m.seq_length, sc.parallel.global_batch
+    b = sc.parallel.micro_batch_size
     dnext = None
     for k in reversed(range(m.mtp_num_layers)):
         r.scope = f"{scope}mtp{k}."
@@ -170,14 +172,14 @@ def mtp_backward(r, run, state, depths: list, tokens, targets):
         if dnext is not None:
             yield from ops.accumulate(r, dh, dnext, "d_mtp_output")
             r.free(dnext)
-        dnext = yield from _depth_backward(r, run, state, k, saved, dh, tokens)
+        dnext = yield from _depth_backward(r, sc, state, k, saved, dh, tokens)
     r.scope = scope
     return dnext
 
 
-def _depth_backward(r, run, state, k: int, saved: dict, dh, tokens):
+def _depth_backward(r, sc, state, k: int, saved: dict, dh, tokens):
     """Depth k backward from dh at its output h_k -> the gradient at h_{k-1}."""
-    m, w, g = run.sc.model, state.weights, state.grads
+    m, w, g = sc.model, state.weights, state.grads
     prefix = f"mtp.{k}."
     dout = yield from norm_backward(r, m, dh, saved["final_ln_input"], w, g,
                                     f"{prefix}final_ln", "d_mtp_final_ln_input")

@@ -4,10 +4,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from simsp.scenario.bounds import check_work
+from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.scenario.work import check_work
 from simsp.engine.collectives.ring_plan import COLLECTIVES
 from simsp.errors import UserError
-from simsp.explore.guard import TOTAL_TIME_LIMIT_S, row_seconds
 from simsp.units import parse_size
 from simsp.validation.measurements import Measurement, MeasurementSet, read_measurements
 from simsp.validation.quantities import METRICS, UNITS, Job
@@ -102,8 +102,8 @@ def select_groups(sets: list[MeasurementSet], only: list[str] | None) -> list[tu
 
 def check_all(selected: list[tuple], force: bool = False) -> None:
     """Resolve every row's inputs before simulating anything: bad rows fail fast, and each
-    row's scenarios pass run's work check (simsp.scenario.bounds), the whole set the sweep limit
-    (simsp.explore.guard) unless `force`."""
+    row's scenarios pass run's work check (simsp.scenario.work), the whole set the sweep limit
+    (simsp.batch_work) unless `force`."""
     total = 0.0
     for *_, rows in selected:
         for mset, row in rows:

@@ -4,7 +4,8 @@
 from pathlib import Path
 import shlex
 
-from simsp.scenario.config import SECTIONS, Scenario, load_scenario
+from simsp.scenario.config import SECTIONS, Scenario
+from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.scenario.flags import Parser, add_scenario_arguments, overrides_from_args
 from simsp.validation.measurements import Measurement, MeasurementSet

@@ -1,6 +1,6 @@
 """The run report's sections on sharded data parallelism and activation offload: per unit, the
 FSDP all-gather and reduction seconds and the share the compute waited for; the host memory
-activation offload holds (training/data_parallel/fsdp.py, training/data_parallel/offload.py; docs/fsdp.md)."""
+activation offload holds (training/data_parallel/fsdp.py, training/pipeline/offload.py; docs/fsdp.md)."""
 
 from simsp.units import format_bytes, format_seconds
 

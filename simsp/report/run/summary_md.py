@@ -7,8 +7,8 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 
 from pathlib import Path
 
-from simsp import __version__
-from simsp.io_out import write_file
+from simsp.version import __version__
+from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics import layout
 from simsp.report.run.fsdp_summary import fsdp_lines, offload_lines
 from simsp.report.run.glossary import GLOSSARY
@@ -75,7 +75,7 @@ def _provenance(m: dict) -> list[str]:
     """Which simsp made the report, and with what command."""
     command = m.get("command")
     return [f"Made by simsp {__version__}"
-            + (f" with `{command}`." if command else "."), ""]
+            + (f" with {markdown_code(command)}." if command else "."), ""]
 
 
 def _header(m: dict) -> list[str]:
@@ -87,7 +87,7 @@ def _header(m: dict) -> list[str]:
     cp = (f" cp={lay['cp']} ({lay['cp_comm_type']}{' ' + sizes if sizes else ''})"
           if "cp" in lay else "")  # cp > 1 only
     return [
-        f"# simsp run: {m['scenario']} ({m['mode']} mode)", "",
+        f"# simsp run: {markdown_text(m['scenario'])} ({m['mode']} mode)", "",
         f"Layout: t={lay['t']}{cp} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
         f"({_plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}{_modules(lay)}, "
         f"schedule {lay['schedule']}{_stage_layers(lay)}, micro-batch {lay['micro_batch']}, "

@@ -1,54 +1,56 @@
 """After the last backward: gradient reductions across DP, TP (SP) and pipeline (tied embedding).
 
 Megatron-LM finalize_model_grads order: DP reduction of the gradient buckets (finish_grad_sync:
-all-reduce, or reduce-scatter with the distributed optimizer; training/data_parallel/grad_buckets.py),
-SP-partial LN/bias gradients over TP, and the tied word-embedding gradient between the first and
-last pipeline stages (N21 §2.2, K22 §4.3).
+all-reduce, or reduce-scatter with the distributed optimizer;
+training/data_parallel/grad_buckets.py), SP-partial LN/bias gradients over TP, and the tied
+word-embedding gradient between the first and last pipeline stages (N21 §2.2, K22 §4.3).
 """
 
-from simsp.training.data_parallel.sp_grad_sync import sync_sequence_parallel_grads
-from simsp.model.mappings import tensor_collective
+from simsp.model import mappings
+from simsp.model.sharding import needs_sp_grad_sync
 
 
-def data_parallel_reduce(r, run, plan, grads: dict):
-    """Sum gradients over the DP group: wait for (or launch, then wait for) every bucket."""
-    yield from run.states[r.rank].ddp_buckets.finish(r, run)
+def sync_sequence_parallel_grads(r, grads: dict, prefix: str = ""):
+    """All-reduce (TP group) the fp32 grads that SP leaves partial: LN params, row-parallel biases.
+
+    Megatron-LM finalize_model_grads does the same (K22 §4.2.2: LN acts on a sequence shard)."""
+    if not r.tp.sequence_parallel:
+        return
+    for local, grad in grads.items():
+        if needs_sp_grad_sync(prefix + local):
+            yield from mappings.all_reduce(r, grad, f"sp_grad {prefix}{local}",
+                                           label="all_reduce_sp_grads")
 
 
-def data_parallel_gather_params(r, run, weights: dict):
-    """Distributed optimizer: all-gather the updated fp16 parameters over DP, bucket by bucket."""
-    yield from run.states[r.rank].ddp_buckets.gather_params(r, run)
-
-
-def tied_embedding_reduce(r, run, plan, grads: dict):
+def tied_embedding_reduce(r, world, plan, grads: dict):
     """All-reduce the word-embedding gradient between the first and last pipeline stages
     (tied output layer, or multi-token prediction's lookups: finalize_model_grads.py).
 
-    Waiting for the other stage to arrive (the pipeline drain) is pipeline wait; the rest is
-    pipeline transfer."""
-    m = run.sc.model
+    Each rank's arrival goes to world.tied_embedding_arrivals; waiting for the other stage to
+    arrive (the pipeline drain) is pipeline wait; the rest is pipeline transfer."""
+    m = world.scenario.model
     if plan.p == 1 or not (plan.holds_embedding or plan.holds_head) or not (
             m.tied or m.mtp_num_layers):
         return  # untied without multi-token prediction: nothing is shared
-    group = (run.rank_of(plan.tp, plan.dp, 0, plan.cp),
-             run.rank_of(plan.tp, plan.dp, plan.p - 1, plan.cp))
-    arrivals = run.tied_embedding_arrivals.setdefault(group, {})
+    group = (world.grid.rank_of(plan.tp, plan.dp, 0, plan.cp),
+             world.grid.rank_of(plan.tp, plan.dp, plan.p - 1, plan.cp))
+    arrivals = world.tied_embedding_arrivals.setdefault(group, {})
     arrivals[r.rank] = start = r.env.now
     grad = grads["embedding.word"]
-    yield from tensor_collective(r, "all_reduce", grad, grad.shape, grad.shape, "tied_embedding",
-                                 label="all_reduce_embedding", group=group, track="pp_comm",
-                                 blocking=False)
+    yield from mappings.tensor_collective(r, "all_reduce", grad, grad.shape, grad.shape,
+                                          "tied_embedding", label="all_reduce_embedding",
+                                          group=group, track="pp_comm", blocking=False)
     last_arrival = max(arrivals.values())
     r.count_exposed("pp_wait", last_arrival - start)
     r.count_exposed("pp_transfer", r.env.now - last_arrival)
 
 
-def finalize_grads(r, run, plan, grads: dict):
-    """Every post-backward gradient reduction, in Megatron-LM's order."""
-    fsdp = run.states[r.rank].fsdp
-    if fsdp is not None:  # sharded data parallelism (training/data_parallel/fsdp.py)
-        yield from fsdp.finalize(r, run, plan)
+def finalize_grads(r, world, plan, state):
+    """Every post-backward gradient reduction of the rank's state (training/pipeline/steps.py
+    RankState), in Megatron-LM's order."""
+    if state.fsdp is not None:  # sharded data parallelism (training/data_parallel/fsdp.py)
+        yield from state.fsdp.finalize(r, world, plan)
         return
-    yield from data_parallel_reduce(r, run, plan, grads)
-    yield from sync_sequence_parallel_grads(r, grads)
-    yield from tied_embedding_reduce(r, run, plan, grads)
+    yield from state.ddp_buckets.finish(r)
+    yield from sync_sequence_parallel_grads(r, state.grads)
+    yield from tied_embedding_reduce(r, world, plan, state.grads)

@@ -34,8 +34,8 @@ from simsp.model.tensor import FP16, Tensor
 from simsp.training.data_parallel.fsdp_units import GATHERED_BYTES, ROOT, WORD, sharding_of, stage_units
 from simsp.training.data_parallel.grad_buckets import module_params
 from simsp.training.data_parallel.optimizer import AdamState, allocate_optimizer
-from simsp.training.data_parallel.sp_grad_sync import sync_sequence_parallel_grads
-from simsp.training.data_parallel.finalize import tied_embedding_reduce
+from simsp.training.data_parallel.finalize import (sync_sequence_parallel_grads,
+                                                   tied_embedding_reduce)
 
 
 @dataclass
@@ -73,16 +73,18 @@ class FsdpUnits:
     """One rank's FSDP units: its shards in the ledger, the gathers and reductions in flight,
     and the hooks the training loop calls (the DDPBuckets interface plus two)."""
 
-    def __init__(self, r, run, plan, shapes: dict):
-        self.sc, self.plan = run.sc, plan
-        self.group = run.world.grid.dp_cp_group(r.rank)  # CP ranks shard with DP (Megatron)
+    def __init__(self, r, sc, grid, plan, shapes: dict, canonical: dict | None):
+        """Rank r's units of its stage's parameters `shapes` (canonical: their full values,
+        numeric mode), sharded over its DP group on the rank grid."""
+        self.sc, self.plan = sc, plan
+        self.group = grid.dp_cp_group(r.rank)  # CP ranks shard with DP (Megatron)
         self.d, self.index = len(self.group), self.group.index(r.rank)
-        self.s = sharding_of(run.sc)
+        self.s = sharding_of(sc)
         t = r.tp.size
         self.local = {n: local_shape(n, shape, t) for n, shape in shapes.items()}
         self.units = stage_units({n: math.prod(s) for n, s in self.local.items()}, self.d)
         self.by_name = {u.name: u for u in self.units}
-        self.last_micro_batch = run.sc.parallel.num_micro_batches - 1
+        self.last_micro_batch = sc.parallel.num_micro_batches - 1
         self.gather_stream = Stream(r.env, r.rank, "dp_comm", Trace())
         self.reduce_stream = Stream(r.env, r.rank, "dp_comm", Trace())
         self.gathers: dict = {}  # unit name -> _Pending all-gather (its buffer: the copy)
@@ -91,7 +93,7 @@ class FsdpUnits:
         self.stats = {u.name: UnitStats() for u in self.units}
         self.weights, self.grads = {}, {}
         self.shards, self.grad_shards = {}, {}  # unit name -> Tensor (d, or view) of its shard
-        self._allocate(r, run.canonical)
+        self._allocate(r, canonical)
         self.optimizer = self._allocate_optimizer(r)
 
     # ------------------------------------------------------------------ allocation
@@ -239,7 +241,7 @@ class FsdpUnits:
             return None
         return self.by_name.get(f"layers.{unit.layer + step}")
 
-    def params_needed(self, r, run, chunk: int, modules):
+    def params_needed(self, r, chunk: int, modules):
         """Pre-forward: gather these units (prefetching the next layer), wait for them; root
         units stay gathered until the schedule ends."""
         if not self.s.shard_params:
@@ -259,7 +261,7 @@ class FsdpUnits:
             for unit in self._units_of(layers):
                 self._reshard(r, unit)
 
-    def before_backward(self, r, run, chunk: int, layers):
+    def before_backward(self, r, chunk: int, layers):
         """Pre-backward: gather the units again (prefetching the layer before), and give each
         a fresh unsharded gradient under sharded gradients."""
         units = self._units_of(layers)
@@ -285,10 +287,10 @@ class FsdpUnits:
         """Layers may be replayed back to back only when no hook acts between them."""
         return not (self.s.shard_params or self.s.shard_grads or mb == self.last_micro_batch)
 
-    def start_param_gather(self, r, run) -> None:
+    def start_param_gather(self, r) -> None:
         """Nothing is gathered before the first forward asks."""
 
-    def grads_ready(self, r, run, plan, chunk: int, mb: int, modules) -> None:
+    def grads_ready(self, r, plan, chunk: int, mb: int, modules) -> None:
         """Post-backward: reshard the layers, then reduce their gradients (sharded gradients:
         every micro-batch; else in the last one). Root units reduce once the step's backward
         is through them: after the embedding's, or the head's on a stage without it."""
@@ -355,7 +357,7 @@ class FsdpUnits:
             shape = self.local[name]
             self.grads[name].data = flat[offset:offset + math.prod(shape)].reshape(shape)
 
-    def finish(self, r, run):
+    def finish(self, r):
         """Reduce the root units, then wait for every reduction; each wait is its unit's
         exposed reduction time."""
         for name, pending in self.reduces:
@@ -365,23 +367,23 @@ class FsdpUnits:
             r.count_exposed("dp_comm", r.env.now - start)
         self.reduces.clear()
 
-    def finalize(self, r, run, plan):
+    def finalize(self, r, world, plan):
         """Megatron's finalize_model_grads under FSDP: reshard the root, wait for every
         reduction, then the SP sums over TP and the tied embedding's sum between the first and
         last stages, on the full gradients or on the shards (a sum over DP commutes with both;
         the word embedding is a unit of its own, laid out alike on both stages)."""
         self.end_of_schedule(r)
-        yield from self.finish(r, run)
+        yield from self.finish(r)
         if not self.s.shard_grads:
             yield from sync_sequence_parallel_grads(r, self.grads)
-            yield from tied_embedding_reduce(r, run, plan, self.grads)
+            yield from tied_embedding_reduce(r, world, plan, self.grads)
             if r.numeric and self.s.shard_optim:  # optim: Adam reads its slot of the buffer
                 for unit in self.units:
                     self.grad_shards[unit.name].data = self.reduced_shard(unit)
             return
         yield from self._sync_sp_shards(r)
         if WORD in self.grad_shards:
-            yield from tied_embedding_reduce(r, run, plan, {WORD: self.grad_shards[WORD]})
+            yield from tied_embedding_reduce(r, world, plan, {WORD: self.grad_shards[WORD]})
 
     def _sync_sp_shards(self, r):
         """All-reduce over TP the slices of each layer shard that hold SP-partial gradients
@@ -410,7 +412,7 @@ class FsdpUnits:
         return np.concatenate(picks) if picks else np.zeros(0, dtype=int)
 
     # ------------------------------------------------------------------ after the step
-    def gather_params(self, r, run):
+    def gather_params(self, r):
         """optim, optim_grads: all-gather every unit's updated bf16 parameters after the step
         (sharded parameters are gathered by the next forward instead)."""
         if self.d == 1 or not self.s.shard_optim or self.s.shard_params:

@@ -27,7 +27,6 @@ from simsp.scenario.config import bucket_size
 from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
 from simsp.model.mappings import _bytes_sent
-from simsp.model.blocks.moe.placement import is_expert_param
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
 
@@ -116,9 +115,10 @@ def _shares_word_table(grads: dict) -> bool:
 class DDPBuckets:
     """One rank's DP buckets, the stream they reduce on, and the pending all-gathers."""
 
-    def __init__(self, r, run, plan, grads: dict):
-        p = run.sc.parallel
-        self.group = run.world.grid.dp_cp_group(r.rank)  # CP ranks reduce with DP (Megatron)
+    def __init__(self, r, p, grid, plan, grads: dict):
+        """Rank r's buckets of `grads` under the parallel settings p, over its DP group on
+        the rank grid."""
+        self.group = grid.dp_cp_group(r.rank)  # CP ranks reduce with DP (Megatron)
         self.grads, self.plan = grads, plan
         self.distributed = p.distributed_optimizer
         self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
@@ -153,7 +153,7 @@ class DDPBuckets:
         return [b for c in range(self.plan.v) for b in reversed(self.buckets) if b.chunk == c]
 
     # ------------------------------------------------------------------ gradient reduction
-    def grads_ready(self, r, run, plan, chunk: int, mb: int, modules: list) -> None:
+    def grads_ready(self, r, plan, chunk: int, mb: int, modules: list) -> None:
         """A module's backward ended: in the last micro-batch, launch every completed bucket."""
         if not self._launches_in(mb):
             return
@@ -163,9 +163,9 @@ class DDPBuckets:
                 if bucket.chunk == chunk and bucket.reduce is None:
                     bucket.ready |= done & set(bucket.names)
                     if len(bucket.ready) == len(bucket.names):
-                        self._launch_reduce(r, run, bucket)
+                        self._launch_reduce(r, bucket)
 
-    def _launch_reduce(self, r, run, bucket: Bucket) -> None:
+    def _launch_reduce(self, r, bucket: Bucket) -> None:
         kind = "reduce_scatter" if self.distributed else "all_reduce"
         flat = self._flat(bucket)
         bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads", bucket.group)
@@ -207,13 +207,13 @@ class DDPBuckets:
             self.grads[n].data = flat[offset:offset + size].reshape(self.grads[n].shape)
             offset += size
 
-    def finish(self, r, run):
+    def finish(self, r):
         """finish_grad_sync: launch what is not launched yet, wait for every bucket."""
         if not self.buckets:
             return
         for bucket in self.buckets:
             if bucket.reduce is None:
-                self._launch_reduce(r, run, bucket)
+                self._launch_reduce(r, bucket)
         start = r.env.now
         yield simpy.AllOf(r.env, [b.reduce for b in self.buckets])
         r.count_exposed("dp_comm", r.env.now - start)
@@ -224,7 +224,7 @@ class DDPBuckets:
         shard = Tensor((bucket.numel // len(bucket.group),), FP16, None)
         return self._launch(r, "all_gather", shard, "all_gather_dp", "dp_params", bucket.group)
 
-    def gather_params(self, r, run):
+    def gather_params(self, r):
         """After the step, distributed optimizer: all-gather every bucket (unless overlapped)."""
         if not self.buckets or not self.distributed or self.overlap_gather:
             return
@@ -233,7 +233,7 @@ class DDPBuckets:
             yield self._gather(r, bucket)
         r.count_exposed("dp_comm", r.env.now - start)
 
-    def start_param_gather(self, r, run) -> None:
+    def start_param_gather(self, r) -> None:
         """--overlap-param-gather: the previous step's first all-gather, issued at time 0."""
         if self.pending_gathers:
             bucket = self.pending_gathers[0]
@@ -249,7 +249,7 @@ class DDPBuckets:
         the last micro-batch)."""
         return self.overlap and mb == self.last_micro_batch
 
-    def params_needed(self, r, run, chunk: int, modules: list | tuple):
+    def params_needed(self, r, chunk: int, modules: list | tuple):
         """Forward pre-hook: wait for the all-gathers up to these params', issue the next (an
         empty tuple when no all-gather is pending: nothing to wait for, no generator)."""
         if not self.pending_gathers:
@@ -271,6 +271,8 @@ class DDPBuckets:
 def expert_buckets(ddp: DDPBuckets, p, edp_group: tuple) -> list[Bucket]:
     """Megatron DDP's expert_parallel_buffers: the dense parameters' buckets over DP, the
     experts' over the expert-data-parallel group (megatron/core/distributed/
-    distributed_data_parallel.py), each set built as the dense one is."""
+    distributed_data_parallel.py), each set built as the dense one is. (The MoE code is
+    imported only by a model with experts.)"""
+    from simsp.model.blocks.moe.placement import is_expert_param
     dense = ddp._buckets(p, ddp.group, lambda name: not is_expert_param(name))
     return dense + ddp._buckets(p, edp_group, is_expert_param)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from simsp.model.fp8 import weight_cast_bytes
-from simsp.model.blocks.moe.placement import is_expert_param
 from simsp.scenario.precision import DEFAULT
 
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1e-3, (0.9, 0.999), 1e-8
@@ -25,8 +24,9 @@ def allocate_optimizer(r, weights: dict, shard_over: int = 1,
     """fp32 master weights and Adam moments; 1/shard_over of each with the distributed optimizer
     (expert weights: 1/expert_shard_over, their EDP group, when given)."""
     tensors = {}
+    experts = _expert_names(weights) if expert_shard_over else frozenset()
     for name, weight in weights.items():
-        over = expert_shard_over if expert_shard_over and is_expert_param(name) else shard_over
+        over = expert_shard_over if name in experts else shard_over
         numel = -(-weight.numel // over)
         for state in STATE_TENSORS:
             data = None
@@ -37,6 +37,13 @@ def allocate_optimizer(r, weights: dict, shard_over: int = 1,
                                              f"{state}.{name}", "optimizer",
                                              data if over == 1 else None)
     return AdamState(tensors)
+
+
+def _expert_names(weights: dict) -> frozenset:
+    """The expert weights among `weights` (the MoE code is imported only for a model with
+    experts)."""
+    from simsp.model.blocks.moe.placement import is_expert_param
+    return frozenset(filter(is_expert_param, weights))
 
 
 def adam_step(r, state: AdamState, weights: dict, grads: dict, step: int = 1):

@@ -64,7 +64,7 @@ def gradient_check_with_bounds(sc: Scenario, names: list[str] | None = None,
     params = init_params(sc.padded_model, sc.run.seed, dtype)
     run = simulate_iteration(sc, canonical=params)
     analytic = gathered_grads(run)
-    analytic[EMBEDDING_OUTPUT] = embedding_output_grad(run)
+    analytic[EMBEDDING_OUTPUT] = embedding_output_grad(sc, run.results)
     rng = np.random.default_rng(sc.run.seed + 99)
     errors, ratios = {}, {}
     for name in track(names or list(analytic)):

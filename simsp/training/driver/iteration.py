@@ -5,187 +5,65 @@ ranks of a TP group or DP replica provably do the same work at the same times, s
 collectives still move their bytes over the links but they are not simulated one by one.
 """
 
-from dataclasses import dataclass, field
+import functools
 
 import numpy as np
 
-from simsp.cluster.grid import RankGrid
 from simsp.scenario.config import Scenario
-from simsp.engine.communicator import CLOSED_FORM, STEPWISE
 from simsp.gc_pause import gc_paused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
-from simsp.model.blocks.moe.placement import representatives
-from simsp.model.blocks.moe.routing import uniform_routing
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
 from simsp.model.weights import allocate_params
+from simsp.training.driver.run import NumericData, Run, RunInputs, RunResults
 from simsp.training.driver.world import World, build_world
-from simsp.training.pipeline import p2p
-from simsp.training.data_parallel.finalize import data_parallel_gather_params, finalize_grads
-from simsp.training.data_parallel.fsdp import FsdpUnits
-from simsp.training.data_parallel.offload import ActivationOffload
+from simsp.training.data_parallel.finalize import finalize_grads
 from simsp.training.data_parallel.optimizer import allocate_optimizer, optimizer_step
-from simsp.shortcuts.rail_symmetry import RailSymmetry
-from simsp.shortcuts.check import check_shortcuts
+from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.plan import timing_plan
 from simsp.training.pipeline.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.pipeline.stage_program import run_schedule
 from simsp.training.pipeline.steps import RankState
 
 
-@dataclass(frozen=True)
-class Shortcuts:
-    """The scale shortcuts of meta mode, each shown equal to the full simulation in
-    tests/test_shortcuts.py: one simulated rank per TP group and DP replica, whole-collective
-    timing, and layer templates (which need the other two)."""
-
-    representative: bool = False
-    closed_form: bool = False
-    templates: bool = False
-    # groups whose collectives run step by step under closed_form (they share links with
-    # other traffic: shortcuts/check.py)
-    stepwise_groups: frozenset = frozenset()
-    reasons: tuple = ()  # (shortcut, "used: ..." or "not used: ...") from check_shortcuts
-    # representative by rail symmetry: the ranks simulated, per hop its images' links
-    # (shortcuts/rail_symmetry.py)
-    symmetry: RailSymmetry | None = None
-    alone_all_to_all: frozenset = frozenset()  # EP groups whose all-to-alls meet no traffic
-    # stepwise groups run as one node's piece of one channel (they meet only themselves)
-    segment_groups: frozenset = frozenset()
-
-    @classmethod
-    def for_scale(cls, sc: Scenario) -> "Shortcuts":
-        """In meta mode every shortcut that is exact for this layout (shortcuts/check.py);
-        none in numeric mode, whose numbers need every rank."""
-        if sc.run.mode != "meta":
-            why = "not used: numeric mode needs every rank and every ring step"
-            return cls(reasons=tuple((name, why) for name in
-                                     ("representative", "closed_form", "templates")))
-        verdict = check_shortcuts(sc)
-        if sc.parallel.cp > 1:  # closed form where no ring shares a link with the CP traffic
-            why = ("not used: context parallelism's ring attention needs every rank of its CP "
-                   "group to run")
-            return cls(closed_form=verdict.closed_form, stepwise_groups=verdict.stepwise_groups,
-                       reasons=(("representative", why), verdict.reasons[1],
-                                ("templates", why)))
-        return cls(verdict.representative, verdict.closed_form, verdict.templates,
-                   verdict.stepwise_groups, verdict.reasons, verdict.symmetry,
-                   verdict.alone_all_to_all, verdict.segment_groups)
-
-    def flags(self) -> dict:
-        """The three shortcuts, on or off."""
-        return {"representative": self.representative, "closed_form": self.closed_form,
-                "templates": self.templates}
-
-    def why(self) -> dict:
-        """Per shortcut: used or not, and why (the `shortcuts_used` of metrics.json)."""
-        reasons = dict(self.reasons)
-        return {name: reasons.get(name, ("used" if on else "not used") + ": as requested")
-                for name, on in self.flags().items()}
+def rank_program(r, inputs: RunInputs, plan: StagePlan, states: dict, results: RunResults):
+    """Allocate the stage's parameters and optimizer (its state goes to states[rank]), run its
+    schedule, reduce, step; its steps and end time go to results."""
+    state, optimizer = _allocate(r, inputs, plan)
+    states[r.rank] = state
+    yield from run_schedule(r, inputs, plan, state, results)
+    r.phase, r.scope = "backward", ""
+    yield from finalize_grads(r, inputs.world, plan, state)
+    weights, grads = (state.weights, state.grads) if state.fsdp is None \
+        else state.fsdp.optimizer_tensors()
+    yield from optimizer_step(r, optimizer, weights, grads)
+    yield from state.ddp_buckets.gather_params(r)
+    results.end_s[r.rank] = r.env.now
 
 
-@dataclass
-class Run:
-    """State shared by all rank programs of one iteration."""
-
-    sc: Scenario
-    world: World
-    plans: dict
-    mailbox: p2p.Mailbox
-    tokens: np.ndarray | None = None  # (s, B)
-    targets: np.ndarray | None = None  # (s, B)
-    canonical: dict | None = None  # full parameters (numeric mode)
-    embedding_delta: np.ndarray | None = None  # (s, B, h) added to the embedding output
-    embedding_grads: dict = field(default_factory=dict)  # (tp, dp, mb, cp) -> grad at emb. output
-    losses: dict = field(default_factory=dict)  # (dp, micro_batch, cp) -> summed token loss
-    mtp_losses: dict = field(default_factory=dict)  # (dp, micro_batch, depth) -> masked sum
-    tied_embedding_arrivals: dict = field(default_factory=dict)  # group -> {rank: arrival_s}
-    shortcuts: Shortcuts = Shortcuts()  # which scale shortcuts this run takes
-    layers: object = field(default_factory=DirectLayers)  # LayerTemplates if shortcuts.templates
-    states: dict = field(default_factory=dict)  # rank -> RankState
-    end_s: dict = field(default_factory=dict)  # rank -> time its program finished
-    steps: dict = field(default_factory=dict)  # rank -> [(kind, mb, chunk, begin_s, end_s)]
-    on_step: object = None  # optional callback(run, now_s) after every schedule step (progress)
-
-    def record_step(self, r, kind: str, mb: int, chunk: int, begin_s: float) -> None:
-        """A schedule step's busy interval: from its input's arrival to its end."""
-        now = r.env.now
-        self.steps.setdefault(r.rank, []).append((kind, mb, chunk, begin_s, now))
-        if r.trace is not None:
-            r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, now)
-        if self.on_step is not None:
-            self.on_step(self, now)
-
-    @property
-    def total_steps(self) -> int:
-        """Schedule steps of all simulated ranks in this iteration (the progress bar's total)."""
-        return sum(len(self.plans[rank].steps) for rank in self.world.ranks)
-
-    def rank_of(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
-        return self.world.grid.rank_of(tp, dp, pp, cp)
-
-    @property
-    def loss(self) -> float | None:
-        """Mean token loss over the global batch (numeric mode)."""
-        if not self.losses or None in self.losses.values():
-            return None
-        m, p = self.sc.model, self.sc.parallel
-        return sum(self.losses.values()) / (m.seq_length * p.global_batch)
-
-    @property
-    def objective(self) -> float | None:
-        """What backward differentiates: the loss plus the MoE layers' aux losses and the
-        multi-token prediction losses, each scaled as its gradient is (docs/moe.md,
-        docs/mtp.md); the loss itself without either."""
-        loss = self.loss
-        if loss is None:
-            return loss
-        m, B = self.sc.model, self.sc.parallel.global_batch
-        if m.num_experts is not None:
-            loss += sum(r.moe_aux_loss for r in self.world.ranks.values())
-        for (_dp, _mb, k), masked in self.mtp_losses.items():  # depth k: s − k − 1 positions
-            loss += m.mtp_loss_scaling_factor / m.mtp_num_layers * masked / (
-                (m.seq_length - k - 1) * B)
-        return loss
-
-
-def rank_program(r, run: Run, plan: StagePlan):
-    """Allocate the stage's parameters and optimizer, run its schedule, reduce, step."""
-    shapes = param_shapes(run.sc.padded_model)
-    names = stage_param_names(shapes, plan)
-    p = run.sc.parallel
+def _allocate(r, inputs: RunInputs, plan: StagePlan) -> tuple[RankState, object]:
+    """The stage's parameters, gradients and optimizer, replicated over DP or sharded (FSDP),
+    and the activation offload under --cpu-offloading. The FSDP and offload code is imported
+    only by a run that uses it."""
+    sc, p = inputs.sc, inputs.sc.parallel
+    shapes = param_shapes(sc.padded_model)
+    shapes = {n: shapes[n] for n in stage_param_names(shapes, plan)}
+    canonical = None if inputs.data is None else inputs.data.params
     if p.fsdp is None:
-        weights, grads = allocate_params(r, {n: shapes[n] for n in names}, run.canonical)
+        weights, grads = allocate_params(r, shapes, canonical)
         shard = p.dp * p.cp if p.distributed_optimizer else 1  # over dp_cp_group, as Megatron
         expert_shard = (len(r.moe.edp_group) if p.distributed_optimizer and r.moe is not None
                         else None)
-        optimizer, fsdp = allocate_optimizer(r, weights, shard, expert_shard), None
+        state = RankState(weights, grads)
+        optimizer = allocate_optimizer(r, weights, shard, expert_shard)
     else:  # sharded data parallelism (training/data_parallel/fsdp.py)
-        fsdp = FsdpUnits(r, run, plan, {n: shapes[n] for n in names})
-        weights, grads, optimizer = fsdp.weights, fsdp.grads, fsdp.optimizer
-    state = run.states[r.rank] = RankState(weights, grads, fsdp=fsdp)
+        from simsp.training.data_parallel.fsdp import FsdpUnits
+        fsdp = FsdpUnits(r, sc, inputs.world.grid, plan, shapes, canonical)
+        state, optimizer = RankState(fsdp.weights, fsdp.grads, fsdp=fsdp), fsdp.optimizer
     if p.cpu_offloading:
-        state.offload = ActivationOffload(r, run, plan)
-    yield from run_schedule(r, run, plan, state)
-    r.phase, r.scope = "backward", ""
-    yield from finalize_grads(r, run, plan, grads)
-    if fsdp is not None:
-        weights, grads = fsdp.optimizer_tensors()
-    yield from optimizer_step(r, optimizer, weights, grads)
-    yield from data_parallel_gather_params(r, run, weights)
-    run.end_s[r.rank] = r.env.now
-
-
-def _simulated_ranks(sc: Scenario, shortcuts: Shortcuts) -> list[int] | None:
-    if not shortcuts.representative:
-        return None
-    if shortcuts.symmetry is not None:  # one rank per orbit of rail symmetry, each stage
-        return list(shortcuts.symmetry.ranks)
-    p = sc.parallel
-    grid = RankGrid(p.tp, p.pp, p.dp)
-    ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
-    if sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1) and not uniform_routing(sc):
-        return representatives(sc, ranks)  # whole expert groups: they exchange their own rows
-    return ranks
+        from simsp.training.pipeline.offload import ActivationOffload
+        state.offload = ActivationOffload(r, sc, plan)
+    return state, optimizer
 
 
 def _set_trace_detail(world: World, detail: str) -> None:
@@ -202,27 +80,31 @@ def _set_trace_detail(world: World, detail: str) -> None:
 def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                embedding_delta: np.ndarray | None, on_step, trace: str) -> Run:
     """The world, the plans and one simpy process per simulated rank, ready to run."""
-    world = build_world(sc, simulated=_simulated_ranks(sc, shortcuts),
-                        timing=CLOSED_FORM if shortcuts.closed_form else STEPWISE,
-                        stepwise_groups=shortcuts.stepwise_groups,
-                        image_loads=shortcuts.symmetry.loads if shortcuts.representative and
-                        shortcuts.symmetry else None,
-                        alone_all_to_all=shortcuts.alone_all_to_all,
-                        segment_groups=shortcuts.segment_groups if shortcuts.closed_form
-                        else frozenset())
+    plan = timing_plan(sc, shortcuts)  # decided before the run (shortcuts/plan.py)
+    world = build_world(sc, simulated=plan.simulated, timing_of=plan.timing_of,
+                        image_loads=plan.image_loads)
     _set_trace_detail(world, trace)
-    run = Run(sc, world, stage_plans(sc, world.grid), p2p.Mailbox(world.env), on_step=on_step,
-              shortcuts=shortcuts)
-    if shortcuts.templates:
-        run.layers = LayerTemplates()
-    if sc.run.mode == "numeric":
-        run.tokens, run.targets = global_batch(sc)
-        run.canonical = canonical or init_params(sc.padded_model, sc.run.seed,
-                                                 np.dtype(sc.run.numeric_dtype))
-        run.embedding_delta = embedding_delta
+    inputs = RunInputs(sc, world, stage_plans(sc, world.grid), shortcuts,
+                       LayerTemplates() if shortcuts.templates else DirectLayers(),
+                       _numeric_data(sc, canonical, embedding_delta))
+    results = RunResults(on_step=None if on_step is None
+                         else functools.partial(on_step, inputs.total_steps))
+    run = Run(inputs, {}, results)
     for rank, r in sorted(world.ranks.items()):
-        world.env.process(rank_program(r, run, run.plans[rank]))
+        world.env.process(rank_program(r, inputs, inputs.plans[rank], run.states, results))
     return run
+
+
+def _numeric_data(sc: Scenario, canonical: dict | None,
+                  embedding_delta: np.ndarray | None) -> NumericData | None:
+    """Numeric mode's global batch and full parameters (`canonical`, else drawn from the
+    seed); None in meta mode."""
+    if sc.run.mode != "numeric":
+        return None
+    tokens, targets = global_batch(sc)
+    params = canonical or init_params(sc.padded_model, sc.run.seed,
+                                      np.dtype(sc.run.numeric_dtype))
+    return NumericData(tokens, targets, params, embedding_delta)
 
 
 def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
@@ -232,9 +114,9 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
     """Simulate one iteration; every simulated rank's ledger, counters and trace are kept.
 
     Numeric mode may pass the full parameters and a perturbation of the embedding output
-    (finite differences); `on_step(run, now_s)` is called after every schedule step. `trace`
-    ("none", "steps", "full") says which spans are recorded: none, all but compute and TP
-    communication, or all; results are the same. `keep_until_exit`: the caller holds the run
+    (finite differences); `on_step(total_steps, now_s)` is called after every schedule step.
+    `trace` ("none", "steps", "full") says which spans are recorded: none, all but compute and
+    TP communication, or all; results are the same. `keep_until_exit`: the caller holds the run
     until its process ends (the command line), so its objects are frozen out of later garbage
     collections (gc_pause.py)."""
     if sc.run.mode == "numeric" and shortcuts.representative:
@@ -243,6 +125,6 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         raise ValueError("layer templates need the representative and closed-form shortcuts")
     with gc_paused(freeze=keep_until_exit):  # building the world makes many objects too
         run = _build_run(sc, shortcuts, canonical, embedding_delta, on_step, trace)
-        run.world.env.run()
-    run.layers.settle_counters(run.world.ranks)
+        run.inputs.world.env.run()
+    run.inputs.layers.settle_counters(run.inputs.world.ranks)
     return run

@@ -5,18 +5,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simsp.scenario.config import Scenario, one_layer_fields, with_overrides
-from simsp.engine.communicator import STEPWISE
+from simsp.scenario.config import Scenario, one_layer_fields
+from simsp.scenario.loading import with_overrides
+from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup
 from simsp.model.context_split import gather_sequence
-from simsp.model.layer import LayerSpec, layer_forward
-from simsp.model.layer_backward import layer_backward
+from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 from simsp.model.blocks.moe.placement import etp_split_axis, is_expert_param
 from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error
 from simsp.model.tensor import FP16
 from simsp.model.weights import allocate_params, gather_grads
 from simsp.training.driver.compare import moe_token_rows
-from simsp.training.data_parallel.sp_grad_sync import sync_sequence_parallel_grads
+from simsp.training.data_parallel.finalize import sync_sequence_parallel_grads
 from simsp.training.driver.world import build_world
 
 LAYER = 0
@@ -117,11 +117,11 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.free(dx)
 
 
-def simulate_layer(sc: Scenario, timing: str = STEPWISE) -> LayerResult:
+def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP) -> LayerResult:
     """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results;
-    `timing` as simsp.training.driver.world.build_world (CLOSED_FORM: collectives timed as a whole)."""
+    every collective timed by `method` (engine/group_timing.py; RING_ALONE: as a whole)."""
     sc = one_tp_group(sc)
-    world = build_world(sc, timing=timing)
+    world = build_world(sc, timing_of=EveryGroup(method))
     numeric = sc.run.mode == "numeric"
     params, x, dout = _layer_inputs(sc) if numeric else (None, None, None)
     shapes = {n: s for n, s in param_shapes(sc.model).items() if n.startswith(PREFIX)}

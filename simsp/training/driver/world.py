@@ -1,5 +1,6 @@
 """A simulated cluster ready for rank programs: simpy env, topology, links, collectives, ranks."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -8,21 +9,23 @@ import simpy
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.scenario.config import Scenario
-from simsp.engine.communicator import STEPWISE, Communicator
+from simsp.engine.communicator import Communicator
+from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup, TimingOf
 from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
-from simsp.model.blocks.moe.placement import expert_rank
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.precision import precision_of
-from simsp.training.context_parallel.attention import cp_attention_of
+from simsp.training.pipeline.p2p import Mailbox
 
 
 @dataclass
 class World:
-    """Everything one simulation shares; `ranks` holds the simulated ranks only."""
+    """Everything one simulation shares; `ranks` holds the simulated ranks only. Besides the
+    links and collectives, the meeting points of rank programs: the pipeline's p2p mailbox, the
+    tied embedding's all-reduce arrivals, the rings CP groups meet on."""
 
     scenario: Scenario
     env: simpy.Environment
@@ -31,7 +34,15 @@ class World:
     comm: Communicator
     trace: Trace
     ranks: dict = field(default_factory=dict)  # global rank -> Rank
-    cp_rings: dict = field(default_factory=dict)  # rings met by CP groups (cp_attention.py)
+    cp_rings: dict = field(default_factory=dict)  # rings met by CP groups (context_parallel/)
+    mailbox: Mailbox = field(init=False)  # posted p2p sends, receives (training/pipeline/p2p.py)
+    # (first stage rank, last stage rank) -> {rank: arrival_s} at the tied embedding's
+    # all-reduce (training/data_parallel/finalize.py)
+    tied_embedding_arrivals: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        """The p2p mailbox runs on the world's clock."""
+        self.mailbox = Mailbox(self.env)
 
     def release(self) -> None:
         """Cut the reference cycles that keep a finished world alive (each ledger's clock
@@ -46,21 +57,15 @@ class World:
             vars(self.network.graph).pop(view, None)
 
 
-def build_world(sc: Scenario, simulated: list[int] | None = None,
-                timing: str = STEPWISE, stepwise_groups: frozenset = frozenset(),
-                image_loads: dict | None = None,
-                alone_all_to_all: frozenset = frozenset(),
-                segment_groups: frozenset = frozenset()) -> World:
+def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
+                timing_of: TimingOf = EveryGroup(STEP_BY_STEP),
+                image_loads: dict | None = None) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
-    timing=CLOSED_FORM times each collective as a whole (as its ring alone on its links,
-    engine/collectives/ring_alone.py) instead of moving every ring step over the links, except the
-    collectives of `stepwise_groups` (rings that share links with other traffic:
-    shortcuts/check.py), which run step by step. `image_loads`: per hop, the links its
-    flows also load for the ranks a rail-symmetric representative stands for
-    (shortcuts/rail_symmetry.py). The all-to-alls of `alone_all_to_all` (EP groups no other
-    traffic meets) are timed as alone. `segment_groups`: stepwise groups that meet only their
-    own collectives, run as one node's piece of one channel (engine/collectives/ring_alone.py)."""
+    `timing_of(group)` gives each group's timing method (engine/group_timing.py; meta mode's
+    plan, shortcuts/plan.py, decided before the run; default: every ring step by step).
+    `image_loads`: per hop, the links its flows also load for the ranks a rail-symmetric
+    representative stands for (shortcuts/rail_symmetry.py)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -74,9 +79,7 @@ def build_world(sc: Scenario, simulated: list[int] | None = None,
     network.record_ring_steps = simulated is None
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
-    comm = Communicator(env, network, present=present, timing=timing, trace=Trace(),
-                        stepwise_groups=stepwise_groups, alone_all_to_all=alone_all_to_all,
-                        segment_groups=segment_groups)
+    comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of)
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
@@ -94,5 +97,23 @@ def _make_rank(world: World, rank: int) -> Rank:
     return Rank(rank, world.env, ledger, tp, mode=sc.run.mode,
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
                 comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
-                precision=precision, fp8=precision.fp8, cp=cp_attention_of(world, rank),
-                moe=expert_rank(sc, rank))
+                precision=precision, fp8=precision.fp8, cp=_cp_attention(world, rank),
+                moe=_expert_rank(sc, rank))
+
+
+def _cp_attention(world: World, rank: int):
+    """The rank's context-parallel attention, or None without context parallelism (the CP
+    code, training/context_parallel/, is imported only by a run that has it)."""
+    if world.grid.cp == 1:
+        return None
+    from simsp.training.context_parallel.choice import cp_attention_of
+    return cp_attention_of(world, rank)
+
+
+def _expert_rank(sc: Scenario, rank: int):
+    """The rank's expert placement, or None for a dense model (the MoE placement code,
+    model/blocks/moe/placement.py, is imported only by a run that has experts)."""
+    if sc.model.num_experts is None:
+        return None
+    from simsp.model.blocks.moe.placement import expert_rank
+    return expert_rank(sc, rank)

@@ -12,53 +12,53 @@ from simsp.training.pipeline.recompute import layer_scope, segment_backward, seg
 FORWARD, BACKWARD = ("F", False), ("B", False)  # layer template kinds of plain layers
 
 
-def chunk_forward(r, run, plan, state, chunk: int, x, mb: int, offset: int, stash: dict):
+def chunk_forward(r, inputs, plan, state, chunk: int, x, mb: int, offset: int, stash: dict):
     """x (s_l, b, h) through the chunk's layers; each segment's saved tensors go to stash."""
-    segments = _segments(run, plan, state, chunk)
-    if _chained(run, state, segments, FORWARD, mb):
-        results = yield from run.layers.replay_chain(r, FORWARD, x, _scopes(segments, mb))
+    segments = _segments(inputs.sc, plan, state, chunk)
+    if _chained(inputs.layers, state, segments, FORWARD, mb):
+        results = yield from inputs.layers.replay_chain(r, FORWARD, x, _scopes(segments, mb))
         stash["layers"] += [saved for _out, saved in results]
         return results[-1][0]
     for segment in segments:
-        yield from state.ddp_buckets.params_needed(r, run, chunk, segment.layers)
-        x, saved = yield from segment_forward(r, run, state, segment, x, mb, offset)
+        yield from state.ddp_buckets.params_needed(r, chunk, segment.layers)
+        x, saved = yield from segment_forward(r, inputs, state, segment, x, mb, offset)
         stash["layers"].append(saved)
         if state.fsdp is not None:
             state.fsdp.after_forward(r, segment.layers)
-        if state.offload is not None:  # activation offload (training/data_parallel/offload.py)
+        if state.offload is not None:  # activation offload (training/pipeline/offload.py)
             yield from state.offload.after_forward(r, mb, segment.layers[0], saved)
     return x
 
 
-def chunk_backward(r, run, plan, state, chunk: int, dx, mb: int, offset: int, stash: dict):
+def chunk_backward(r, inputs, plan, state, chunk: int, dx, mb: int, offset: int, stash: dict):
     """dx (s_l, b, h) at the chunk's output back to its input, last segment first."""
-    segments = _segments(run, plan, state, chunk)
-    if _chained(run, state, segments, BACKWARD, mb):
-        results = yield from run.layers.replay_chain(r, BACKWARD, dx,
-                                                     _scopes(segments[::-1], mb))
+    segments = _segments(inputs.sc, plan, state, chunk)
+    if _chained(inputs.layers, state, segments, BACKWARD, mb):
+        results = yield from inputs.layers.replay_chain(r, BACKWARD, dx,
+                                                        _scopes(segments[::-1], mb))
         return results[-1]
     for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
         if state.fsdp is not None:
-            yield from state.fsdp.before_backward(r, run, chunk, segment.layers)
+            yield from state.fsdp.before_backward(r, chunk, segment.layers)
         if state.offload is not None:
             yield from state.offload.before_backward(r, mb, segment.layers[0])
-        dx = yield from segment_backward(r, run, state, segment, saved, dx, mb, offset)
+        dx = yield from segment_backward(r, inputs, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
-        state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, segment.layers[::-1])
+        state.ddp_buckets.grads_ready(r, plan, chunk, mb, segment.layers[::-1])
     return dx
 
 
-def _segments(run, plan, state, chunk: int) -> tuple:
+def _segments(sc, plan, state, chunk: int) -> tuple:
     """The chunk's recompute segments (training/pipeline/plan.py), kept in the rank's state."""
     segments = state.segments.get(chunk)
     if segments is None:
-        segments = state.segments[chunk] = recompute_segments(run.sc, plan.layers(chunk))
+        segments = state.segments[chunk] = recompute_segments(sc, plan.layers(chunk))
     return segments
 
 
-def _chained(run, state, segments: tuple, kind: tuple, mb: int) -> bool:
+def _chained(layers, state, segments: tuple, kind: tuple, mb: int) -> bool:
     """Whether the segments can be replayed as one chain (see the module docstring)."""
-    return (len(segments) > 1 and run.layers.has_template(kind)
+    return (len(segments) > 1 and layers.has_template(kind)
             and not any(segment.checkpointed for segment in segments)
             and state.ddp_buckets.quiet(mb) and state.offload is None)
 

@@ -6,7 +6,8 @@ import functools
 import numpy as np
 
 from simsp.cluster.grid import RankGrid
-from simsp.scenario.config import Scenario, model_chunks, virtual_stage_layer_counts
+from simsp.scenario.config import Scenario
+from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.training.pipeline.schedules import Step, build_schedule
 
 

@@ -36,61 +36,66 @@ class P2PSetup:
     upstream: int  # the rank input gradients go to: previous stage (wrapping)
 
     @classmethod
-    def of(cls, r, run, plan: StagePlan) -> "P2PSetup":
-        shape = activation_shape(run, r)
-        scattered = _scatter_gather(run, r)
+    def of(cls, r, sc, grid, plan: StagePlan) -> "P2PSetup":
+        """The rank's p2p setup from the scenario and its neighbours on the rank grid."""
+        shape = activation_shape(sc, r)
+        scattered = _scatter_gather(sc.parallel, r)
         received = (math.prod(shape) // r.tp.size,) if scattered else shape
-        return cls(run.sc.parallel.overlap_p2p_communication, scattered, r.tp.size, shape,
-                   received, run.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p, plan.cp),
-                   run.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p, plan.cp))
+        return cls(sc.parallel.overlap_p2p_communication, scattered, r.tp.size, shape,
+                   received, grid.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p, plan.cp),
+                   grid.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p, plan.cp))
 
 
-def run_schedule(r, run, plan: StagePlan, state: RankState):
-    """The stage's steps with Megatron's p2p calls between them (training/pipeline/p2p_program.py)."""
-    state.ddp_buckets = state.fsdp or DDPBuckets(r, run, plan, state.grads)
-    state.ddp_buckets.start_param_gather(r, run)
-    state.p2p = P2PSetup.of(r, run, plan)
-    program = megatron_program(list(plan.steps), run.sc.parallel.schedule_name,
-                               _warmup(run, plan), run.sc.parallel.overlap_p2p_communication)
+def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
+    """The stage's steps with Megatron's p2p calls between them
+    (training/pipeline/p2p_program.py): reads the run's inputs, changes the rank's state, records
+    each step into results."""
+    sc, world = inputs.sc, inputs.world
+    state.ddp_buckets = state.fsdp or DDPBuckets(r, sc.parallel, world.grid, plan, state.grads)
+    state.ddp_buckets.start_param_gather(r)
+    state.p2p = P2PSetup.of(r, sc, world.grid, plan)
+    program = megatron_program(list(plan.steps), sc.parallel.schedule_name,
+                               _warmup(sc.parallel, plan), sc.parallel.overlap_p2p_communication)
     for action in program:
         if isinstance(action, Exchange):
-            yield from _exchange(r, run, plan, state, action)
+            yield from _exchange(r, world, plan, state, action)
         else:
             if state.pending:
-                yield from _wait_pending(r, run, state, action.kind)
+                yield from _wait_pending(r, state, action.kind)
             work = forward_step if action.kind == "F" else backward_step
-            yield from work(r, run, plan, state, action.micro_batch, action.chunk)
+            yield from work(r, inputs, plan, state, results, action.micro_batch, action.chunk)
     for kind in sorted(state.pending):
-        yield from _wait_pending(r, run, state, kind)
+        yield from _wait_pending(r, state, kind)
 
 
-def _warmup(run, plan: StagePlan) -> int:
+def _warmup(parallel, plan: StagePlan) -> int:
     """Warm-up forwards of this stage (Megatron schedules.py); GPipe: every forward."""
-    p, m = plan.p, run.sc.parallel.num_micro_batches
-    name = run.sc.parallel.schedule_name
+    p, m = plan.p, parallel.num_micro_batches
+    name = parallel.schedule_name
     if name == "interleaved":
         return interleaved_warmup(p, m, plan.v, plan.pp)
     return one_f_one_b_warmup(p, m, plan.pp) if name == "1f1b" else m
 
 
-def _exchange(r, run, plan: StagePlan, state: RankState, call: Exchange):
+def _exchange(r, world, plan: StagePlan, state: RankState, call: Exchange):
     """Post one `_communicate` call; wait for it unless p2p overlap defers the wait."""
     sends = [op for step in call.sends if (op := _send_op(r, plan, state, step))]
     recvs = [op for step in call.recvs if (op := _recv_op(r, plan, state.p2p, step))]
     if not state.p2p.overlap:
         if sends or recvs:
-            received = yield from p2p.wait(r, _post(r, run, sends, recvs))
+            received = yield from p2p.wait(r, _post(r, world, sends, recvs))
             yield from _receive(r, state, received)
         return
     for kind, direction in (("F", "act"), ("B", "grad")):  # send_forward_recv_forward, ...
         mine = [[op for op in ops if op.key[0] == direction] for ops in (sends, recvs)]
         if mine[0] or mine[1]:
-            state.pending.setdefault(kind, []).append(_post(r, run, *mine))
+            state.pending.setdefault(kind, []).append(_post(r, world, *mine))
 
 
-def _post(r, run, sends: list, recvs: list) -> p2p.Handle:
+def _post(r, world, sends: list, recvs: list) -> p2p.Handle:
+    """Post one call's sends and receives in the world's mailbox, over its network."""
     name = _call_name(tuple([op.key[0] for op in sends]), tuple([op.key[0] for op in recvs]))
-    return p2p.post(r, run.mailbox, run.world.network, name, sends, recvs)
+    return p2p.post(r, world.mailbox, world.network, name, sends, recvs)
 
 
 @functools.cache
@@ -101,7 +106,7 @@ def _call_name(sent: tuple, received: tuple) -> str:
                               frozenset(KIND_OF_KEY[kind] for kind in received))
 
 
-def _wait_pending(r, run, state: RankState, kind: str):
+def _wait_pending(r, state: RankState, kind: str):
     """Overlap mode: wait the calls of this direction posted so far (Megatron's wait_handles)."""
     for handle in state.pending.pop(kind, []):
         received = yield from p2p.wait(r, handle)
@@ -118,9 +123,8 @@ def _receive(r, state: RankState, received: dict):
         state.inbox[key] = yield from _gather_chunk(r, state.p2p.activation_shape, tensor)
 
 
-def _scatter_gather(run, r) -> bool:
+def _scatter_gather(p, r) -> bool:
     """Megatron's scatter/gather of p2p tensors: on by default, only without SP and with t > 1."""
-    p = run.sc.parallel
     return p.scatter_gather_tensors_in_pipeline and not p.sequence_parallel and r.tp.size > 1
 
 

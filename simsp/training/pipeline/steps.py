@@ -2,17 +2,16 @@
 
 A chunk is the embedding (first virtual stage), its layers, and the head and loss (last virtual
 stage); activations and their gradients cross stages point-to-point in the calls Megatron makes
-between steps (training/pipeline/stage_program.py runs them).
+between steps (training/pipeline/stage_program.py runs them). A step reads the run's inputs
+(training/driver/run.py RunInputs), changes its rank's RankState and records into RunResults.
 """
 
 from dataclasses import dataclass, field
 
 from simsp.model.blocks.embedding import embedding_backward, embedding_forward
 from simsp.model.blocks.head import head_backward, head_forward
-from simsp.model.tensor import FP16
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.pipeline.layer_chain import chunk_backward, chunk_forward
-from simsp.training.mtp import mtp_backward, mtp_forward
 from simsp.training.pipeline.plan import StagePlan, sample_offset
 
 
@@ -27,9 +26,10 @@ class RankState:
     outbox: dict = field(default_factory=dict)  # p2p key -> (destination, tensor) to send
     pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
     segments: dict = field(default_factory=dict)  # chunk -> its recompute segments
-    ddp_buckets: DDPBuckets | None = None  # DP gradient buckets (training/data_parallel/grad_buckets.py)
+    # DP gradient buckets (training/data_parallel/grad_buckets.py), or the FSDP units
+    ddp_buckets: DDPBuckets | None = None
     fsdp: object = None  # training/data_parallel/fsdp.py FsdpUnits under sharded data parallelism
-    offload: object = None  # training/data_parallel/offload.py ActivationOffload under --cpu-offloading
+    offload: object = None  # training/pipeline/offload.py ActivationOffload (--cpu-offloading)
     p2p: object = None  # training/pipeline/stage_program.py P2PSetup, set when the schedule starts
     _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
 
@@ -43,26 +43,28 @@ class RankState:
         return self._layers[i]
 
 
-def activation_shape(run, r) -> tuple:
-    m, b = run.sc.model, run.sc.parallel.micro_batch_size
-    s = m.seq_length // run.sc.parallel.cp // (r.tp.size if r.tp.sequence_parallel else 1)
+def activation_shape(sc, r) -> tuple:
+    """(s_l, b, h) of the activation a stage passes on: s split over CP, and over TP under SP."""
+    m, b = sc.model, sc.parallel.micro_batch_size
+    s = m.seq_length // sc.parallel.cp // (r.tp.size if r.tp.sequence_parallel else 1)
     return (s, b, m.hidden_size)
 
 
-def _micro_batch_data(run, r, plan: StagePlan, mb: int):
-    """This replica's micro-batch of tokens and targets, (s, b) each (None in meta mode); with
-    context parallelism the rank's s/cp tokens (get_batch_on_this_cp_rank)."""
-    if run.tokens is None:
+def _micro_batch_data(sc, data, r, plan: StagePlan, mb: int):
+    """This replica's micro-batch of tokens and targets, (s, b) each (None in meta mode, where
+    `data` is None); with context parallelism the rank's s/cp tokens
+    (get_batch_on_this_cp_rank)."""
+    if data is None:
         return None, None
-    start = sample_offset(run.sc, plan.dp, mb)
-    stop = start + run.sc.parallel.micro_batch_size
+    start = sample_offset(sc, plan.dp, mb)
+    stop = start + sc.parallel.micro_batch_size
     rows = slice(None) if r.cp is None else r.cp.positions
-    return run.tokens[rows, start:stop], run.targets[rows, start:stop]
+    return data.tokens[rows, start:stop], data.targets[rows, start:stop]
 
 
-def _local_block(run, r, full, offset: int):
+def _local_block(sc, r, full, offset: int):
     """This rank's (s_l, b, h) block of a global (s, B, h) array."""
-    b = run.sc.parallel.micro_batch_size
+    b = sc.parallel.micro_batch_size
     block = full[:, offset:offset + b]  # (s, b, h)
     if r.cp is not None:
         block = block[r.cp.positions]  # (s/cp, b, h)
@@ -71,71 +73,80 @@ def _local_block(run, r, full, offset: int):
     return block
 
 
-def forward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
-    """Embedding or receive, the chunk's layers, then the loss or a send downstream."""
-    sc, k = run.sc, plan.virtual_stage(chunk)
-    tokens, targets = _micro_batch_data(run, r, plan, mb)
+def _multi_token_prediction():
+    """training/mtp.py, imported only by a model that has multi-token prediction."""
+    from simsp.training import mtp
+    return mtp
+
+
+def forward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, chunk: int):
+    """Embedding or receive, the chunk's layers, then the loss (into results) or a send
+    downstream."""
+    sc, data, k = inputs.sc, inputs.data, plan.virtual_stage(chunk)
+    tokens, targets = _micro_batch_data(sc, data, r, plan, mb)
     offset = sample_offset(sc, plan.dp, mb)
     scope = f"mb{mb}.c{chunk}."
     r.phase, r.scope = "forward", scope
     stash = {"layers": []}
     if plan.is_first(chunk):
-        yield from state.ddp_buckets.params_needed(r, run, chunk, ["embedding"])
+        yield from state.ddp_buckets.params_needed(r, chunk, ["embedding"])
         x, stash["embedding"] = yield from embedding_forward(
             r, sc.model, state.weights, tokens,
             (sc.model.seq_length // sc.parallel.cp, sc.parallel.micro_batch_size), offset)
-        if run.embedding_delta is not None:
-            x.data = x.data + _local_block(run, r, run.embedding_delta, offset)
+        if data is not None and data.embedding_delta is not None:
+            x.data = x.data + _local_block(sc, r, data.embedding_delta, offset)
     else:
         x = state.inbox.pop(("act", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
-    x = yield from chunk_forward(r, run, plan, state, chunk, x, mb, offset, stash)
+    x = yield from chunk_forward(r, inputs, plan, state, chunk, x, mb, offset, stash)
     r.scope = scope
     if plan.is_last(chunk):
-        yield from state.ddp_buckets.params_needed(r, run, chunk, ["head"])
+        yield from state.ddp_buckets.params_needed(r, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
-        run.losses[(plan.dp, mb, plan.cp)] = loss
+        results.losses[(plan.dp, mb, plan.cp)] = loss
         if sc.model.mtp_num_layers:  # multi-token prediction (training/mtp.py)
-            stash["mtp"] = yield from mtp_forward(r, run, state, stash["head"]["output_proj_input"],
-                                                  tokens, targets, mb, offset)
+            stash["mtp"] = yield from _multi_token_prediction().mtp_forward(
+                r, sc, state, stash["head"]["output_proj_input"], tokens, targets, offset,
+                results.mtp_losses, (plan.dp, mb))
     else:
         state.outbox[("act", mb, k + 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.downstream, x)
     state.stashes[(mb, chunk)] = stash
-    run.record_step(r, "F", mb, chunk, begin)
+    results.record_step(r, "F", mb, chunk, begin)
 
 
-def backward_step(r, run, plan: StagePlan, state: RankState, mb: int, chunk: int):
-    """The loss gradient or a receive, the chunk's layers backwards, then embedding or a send."""
-    sc, k = run.sc, plan.virtual_stage(chunk)
-    tokens, targets = _micro_batch_data(run, r, plan, mb)
+def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, chunk: int):
+    """The loss gradient or a receive, the chunk's layers backwards, then embedding (its
+    output's gradient into results, numeric mode) or a send."""
+    sc, k = inputs.sc, plan.virtual_stage(chunk)
+    tokens, targets = _micro_batch_data(sc, inputs.data, r, plan, mb)
     stash = state.stashes.pop((mb, chunk))
     scope = f"mb{mb}.c{chunk}."
     r.phase, r.scope = "backward", scope
     if plan.is_last(chunk):
         if state.fsdp is not None:
-            yield from state.fsdp.before_backward(r, run, chunk, ["head"])
+            yield from state.fsdp.before_backward(r, chunk, ["head"])
         dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
         extra = None
         if "mtp" in stash:
-            extra = yield from mtp_backward(r, run, state, stash["mtp"], tokens, targets)
+            extra = yield from _multi_token_prediction().mtp_backward(
+                r, sc, state, stash["mtp"], tokens, targets)
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
                                       stash["head"], dloss, extra)
-        state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["head"])
+        state.ddp_buckets.grads_ready(r, plan, chunk, mb, ["head"])
     else:
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
-    dx = yield from chunk_backward(r, run, plan, state, chunk, dx, mb, offset, stash)
+    dx = yield from chunk_backward(r, inputs, plan, state, chunk, dx, mb, offset, stash)
     r.scope = scope
     if plan.is_first(chunk):
         if r.numeric:
-            run.embedding_grads[(plan.tp, plan.dp, mb, plan.cp)] = dx.data.copy()  # (s_l, b, h)
+            results.embedding_grads[(plan.tp, plan.dp, mb, plan.cp)] = dx.data.copy()  # (s_l, b, h)
         if state.fsdp is not None:
-            yield from state.fsdp.before_backward(r, run, chunk, ["embedding"])
+            yield from state.fsdp.before_backward(r, chunk, ["embedding"])
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
-        state.ddp_buckets.grads_ready(r, run, plan, chunk, mb, ["embedding"])
+        state.ddp_buckets.grads_ready(r, plan, chunk, mb, ["embedding"])
     else:
         state.outbox[("grad", mb, k - 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.upstream, dx)
-    run.record_step(r, "B", mb, chunk, begin)
-
+    results.record_step(r, "B", mb, chunk, begin)

@@ -59,7 +59,7 @@ class ScheduleFigure:
 
 def stage_memory(run, stage: int, rank: int) -> StageMemory:
     """One stage's memory inputs from its rank's ledger."""
-    ledger = run.world.ranks[rank].ledger
+    ledger = run.inputs.world.ranks[rank].ledger
     times, state = memory_timeline(ledger)  # (n,), (n, 6)
     summary = ledger.summary()
     return StageMemory(stage, rank, times, state, summary.peak_total, summary.peak_time_s,
@@ -69,7 +69,7 @@ def stage_memory(run, stage: int, rank: int) -> StageMemory:
 def memory_figures_of(run, label: str) -> MemoryFigures:
     """The memory figures' inputs from a finished run."""
     memory = tuple(stage_memory(run, s, r) for s, r in enumerate(stage_ranks(run)))
-    return MemoryFigures(run.sc.run.name, label, _end_s(run), memory)
+    return MemoryFigures(run.inputs.sc.run.name, label, _end_s(run), memory)
 
 
 def schedule_figure_of(run, label: str) -> ScheduleFigure:
@@ -83,4 +83,4 @@ def schedule_figure_of(run, label: str) -> ScheduleFigure:
 
 def _end_s(run) -> float:
     """When the iteration ends: its last rank's end."""
-    return max(run.end_s.values(), default=0.0)
+    return max(run.results.end_s.values(), default=0.0)

@@ -21,7 +21,7 @@ REPLAYED_NOTE = (" Recompute is drawn inside the backward bars here: meta mode's
 
 def capacity_of(run) -> int:
     """Device memory in bytes, as stage 0's ledger has it."""
-    return run.world.ranks[stage_ranks(run)[0]].ledger.capacity_bytes
+    return run.inputs.world.ranks[stage_ranks(run)[0]].ledger.capacity_bytes
 
 
 def _drawn(made: list) -> list[tuple[str, str, bytes]]:

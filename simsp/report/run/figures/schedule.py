@@ -27,14 +27,14 @@ TOP, MIDDLE, BOTTOM = 0.4, 0.75, 0.9  # inches: title; whole's ticks + zoom titl
 def replayed(run) -> bool:
     """Meta-mode layer templates: replayed layer steps keep one merged span per track, so
     recompute is only inside the backward bars (the first, recorded layer alone has detail)."""
-    return run.shortcuts.templates
+    return run.inputs.shortcuts.templates
 
 
 def stage_spans(run, ranks: list[int]) -> dict[int, list]:
     """{rank: [Span]} of the tracks the chart shows (pipeline and DP communication, compute for
     recompute), for `ranks`, in recording order: one pass over the trace."""
     out = {rank: [] for rank in ranks}
-    for span in run.world.trace.spans:
+    for span in run.inputs.world.trace.spans:
         if span.rank in out and span.track in ("pp_comm", "dp_comm", "compute"):
             out[span.rank].append(span)
     return out
@@ -43,7 +43,7 @@ def stage_spans(run, ranks: list[int]) -> dict[int, list]:
 def stage_intervals(run, rank: int, spans: list) -> dict[str, np.ndarray]:
     """{kind: (n, 2) [start_s, end_s]} of one stage: forward and backward steps, recompute,
     pipeline transfers, DP communication, and waits (gaps between consecutive steps)."""
-    steps = run.steps.get(rank, [])
+    steps = run.results.steps.get(rank, [])
     kinds, _, _, begins, ends = zip(*steps) if steps else ((),) * 5  # transposed once
     forward = np.array(kinds, dtype=object) == "F"  # (n,)
     bounds = np.column_stack([np.array(begins, dtype=float), np.array(ends, dtype=float)])
@@ -78,9 +78,9 @@ def clip(intervals: np.ndarray, window: tuple[float, float]) -> np.ndarray:
 
 def zoom_window(run, first_rank: int) -> tuple[float, float]:
     """The pipeline fill: from 0 to a little after stage 0's first backward step begins."""
-    steps = run.steps.get(first_rank, [])
+    steps = run.results.steps.get(first_rank, [])
     first_b = min((begin for kind, *_, begin, _ in steps if kind == "B"), default=0.0)
-    end_s = max(run.end_s.values(), default=0.0)
+    end_s = max(run.results.end_s.values(), default=0.0)
     return 0.0, min(end_s, 1.35 * first_b) or end_s or 1.0
 
 

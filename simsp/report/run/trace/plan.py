@@ -49,10 +49,10 @@ class Recorded(NamedTuple):
 def trace_plan(run, detail: str) -> TracePlan:
     """Every event of the trace but the memory counters, laid out: per rank (pipeline order)
     process and thread metadata and its spans' Lanes; then the flow arrows."""
-    grid = run.world.grid
-    ranks = sorted(run.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
+    grid = run.inputs.world.grid
+    ranks = sorted(run.inputs.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
     names: dict[str, int] = {}
-    spans = _recorded(run.world.trace.spans, set(ranks), detail, names)
+    spans = _recorded(run.inputs.world.trace.spans, set(ranks), detail, names)
     groups = _groups(spans)
     max_detail = max(MIN_DETAIL_SPANS, SPAN_BUDGET // (len(DETAIL_TRACKS) * len(ranks)))
     tid_of = np.zeros(len(spans.spans), dtype=np.int64)  # (n,) thread of each span drawn
@@ -60,7 +60,7 @@ def trace_plan(run, detail: str) -> TracePlan:
               + _rank_threads(rank, spans, groups.get(rank, {}), detail, max_detail, names,
                               tid_of))
              for position, rank in enumerate(ranks)]
-    flows = _flows(run.world.trace.transfers, spans, groups, tid_of)
+    flows = _flows(run.inputs.world.trace.transfers, spans, groups, tid_of)
     return TracePlan(items, [string(name) for name in names], flows)
 
 
@@ -102,7 +102,7 @@ def _tracks_in_order(tracks: dict, detail: str) -> list[str]:
 
 def _rank_head(run, rank: int, position: int) -> list[str]:
     """One rank's process metadata."""
-    c = run.world.grid.coords(rank)
+    c = run.inputs.world.grid.coords(rank)
     return [metadata(rank, 0, "process_name",
                      {"name": f"rank {rank} (tp {c.tp}, pp {c.pp}, dp {c.dp})"}),
             metadata(rank, 0, "process_sort_index", {"sort_index": position})]

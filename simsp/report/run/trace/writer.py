@@ -40,7 +40,7 @@ MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
 def counter_points(run) -> int:
     """Memory samples per rank: MEMORY_POINTS_BUDGET shared by the simulated ranks, within
     [MIN_MEMORY_POINTS, MAX_MEMORY_POINTS]."""
-    share = MEMORY_POINTS_BUDGET // max(len(run.world.ranks), 1)
+    share = MEMORY_POINTS_BUDGET // max(len(run.inputs.world.ranks), 1)
     return min(MAX_MEMORY_POINTS, max(MIN_MEMORY_POINTS, share))
 
 
@@ -92,13 +92,14 @@ def _document(run, detail: str, counters=None):
 
 def _other_data(run, detail: str) -> str:
     """The trace's "otherData": what it shows, and its units."""
-    return json.dumps({"scenario": run.sc.run.name, "mode": run.sc.run.mode, "detail": detail,
+    sc = run.inputs.sc
+    return json.dumps({"scenario": sc.run.name, "mode": sc.run.mode, "detail": detail,
                        "memory_unit": "bytes", "time_unit": "us"}, separators=(",", ":"))
 
 
 def _counters_of(run, rank: int) -> str:
     """The rank's memory counters as text, made here."""
-    return counter_lines(rank, *memory_timeline(run.world.ranks[rank].ledger,
+    return counter_lines(rank, *memory_timeline(run.inputs.world.ranks[rank].ledger,
                                                 counter_points(run)))
 
 

@@ -1,0 +1,174 @@
+"""`simsp search`: every layout for N GPUs, screened by proven bounds, the survivors simulated
+in order of their objective's bound until no unsimulated layout can enter the top K, then ranked.
+
+Branch and bound: a layout whose bound is worse than the K-th best simulated objective provably
+cannot enter the top K (simsp.explore.search.bounds), so it is counted and never simulated. Every
+simulated layout re-checks its bounds against its simulation; a bound that was not one is
+reported (the ranking is then only as sound as that check). `exhaustive` simulates every layout.
+"""
+
+from dataclasses import dataclass, field
+
+from simsp.analytic import model_flops
+from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.explore.evaluation.cache import ResultCache
+from simsp.errors import UserError
+from simsp.explore.configs.grid import Config
+from simsp.explore.results.headroom import add_headroom
+from simsp.explore.search.layouts import Layouts, enumerate_layouts
+from simsp.explore.search.objectives import OBJECTIVES
+from simsp.explore.search.bounds import (memory_lower_bound, memory_verdict, scenario_of,
+                                 time_lower_bound)
+from simsp.explore.evaluation.runner import evaluate_all, progress_bar
+from simsp.explore.evaluation.stream import RowStream
+from simsp.explore.results.table import table_row
+from simsp.hardware.constants import GPUS
+
+
+BATCH = 8  # layouts simulated per branch-and-bound round, fixed so results never depend on workers
+
+
+@dataclass
+class SearchResult:
+    """What the search found: simulated rows, and how many layouts it never simulated, and why."""
+
+    rows: list = field(default_factory=list)
+    layouts: int = 0
+    rejected: dict = field(default_factory=dict)  # `error:` text -> layouts the checks rejected
+    pruned_memory: int = 0
+    pruned_bound: int = 0
+    memory_examples: list = field(default_factory=list)  # a few (label, reason)
+    violations: list = field(default_factory=list)  # (label, which bound, bound / simulated)
+    exhaustive: bool = False
+
+    @property
+    def invalid(self) -> int:
+        return sum(self.rejected.values())
+
+
+def objective_bound(sc, objective: str) -> float:
+    """A bound of the objective no simulation of `sc` can beat, oriented smaller-is-better.
+    Tokens/s is B·s/T with B and s fixed: ranked by T; MFU is F(t)/(T·N·peak), F counting the
+    vocabulary as padded for t (analytic.model_flops), so it is bounded through T's bound."""
+    if objective == "memory":
+        return memory_lower_bound(sc)
+    bound = time_lower_bound(sc)
+    if objective == "mfu":
+        peak = GPUS[sc.cluster.gpu].peak_flops * sc.parallel.world_size
+        return -model_flops(sc.model, sc.parallel) / (bound * peak)
+    return bound
+
+
+def objective_score(row: dict, objective: str, usable_bytes: float) -> float | None:
+    """Smaller-is-better value comparable with objective_bound; None unless the layout ran and
+    fits in the usable memory (capacity less the reserve)."""
+    if row.get("status") != "ok" or row["peak_bytes_max"] > usable_bytes:
+        return None
+    if objective == "memory":
+        return row["peak_bytes_max"]
+    return -row["mfu"] if objective == "mfu" else row["iteration_time_s"]
+
+
+def screen(configs: list[Config], reserve: float, result: SearchResult, objective: str,
+           exhaustive: bool) -> list:
+    """[(bound, index, config)] of layouts the memory bound does not rule out, best bound first."""
+    survivors = []
+    for i, config in enumerate(configs):
+        sc = scenario_of(config)
+        verdict = None if exhaustive else memory_verdict(sc, reserve)
+        if verdict is None:
+            survivors.append((objective_bound(sc, objective), i, config))
+            continue
+        result.pruned_memory += 1
+        if len(result.memory_examples) < 3:
+            result.memory_examples.append((config.name, verdict))
+    return sorted(survivors, key=lambda item: (item[0], item[1]))
+
+
+def _kth_best(scores: list, top: int) -> float:
+    """The top-K's worst score so far (infinity until K layouts fit)."""
+    done = sorted(s for s in scores if s is not None)
+    return done[top - 1] if len(done) >= top else float("inf")
+
+
+def _open(survivors: list, position: int, threshold: float) -> int:
+    """How many unsimulated survivors could still enter the top K (bound not worse)."""
+    return sum(1 for bound, _, _ in survivors[position:] if bound <= threshold)
+
+
+def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, batch: int,
+                     objective: str, usable: float, bar, exhaustive: bool,
+                     reserve: float | None = None, force: bool = False) -> tuple[dict, int]:
+    """Simulate survivors by increasing bound, a batch at a time; ({index: row}, never simulated).
+    The progress total is what has run plus what could still enter the top K; with `reserve`
+    (bytes), each simulated layout's line is printed as it is ready, in bound order. The
+    batches' estimated CPU seconds add up to at most the batch limit (simsp/batch_work.py) unless
+    `force`: beyond it one `error: work:` (the batches done are cached; --force resumes)."""
+    found, scores, position, spent = {}, [], 0, 0.0
+    threshold = float("inf")
+    while position < len(survivors) and (exhaustive or survivors[position][0] <= threshold):
+        chunk = survivors[position:position + batch]
+        spent += sum(row_seconds(scenario_of(config)) for _, _, config in chunk)
+        if spent > TOTAL_TIME_LIMIT_S and not force:
+            raise UserError("work", f"the search has simulated {position} layouts and the next "
+                                    f"{len(chunk)} bring its estimate to about {spent:.3g} CPU "
+                                    f"seconds, above the limit of {TOTAL_TIME_LIMIT_S:g} s "
+                                    "(those simulated are cached: --force to go on)")
+        position += len(chunk)
+        stream = None if reserve is None else RowStream(
+            [(index, config) for _, index, config in chunk], chunk[0][2], reserve)
+        rows = evaluate_all([config for _, _, config in chunk], executor, cache, bar,
+                            stream=stream)
+        for _, index, config in chunk:
+            found[index] = rows[config.digest()]
+            scores.append(objective_score(found[index], objective, usable))
+        threshold = float("inf") if exhaustive else _kth_best(scores, top)
+        if bar is not None:
+            bar.total = position + _open(survivors, position, threshold)
+            bar.refresh()
+    return found, len(survivors) - position
+
+
+def check_bounds(result: SearchResult, sc, row: dict) -> None:
+    """Put both bounds in the row; record one the simulation beat (pruning would be unsound)."""
+    row["time_lower_bound_s"] = time_lower_bound(sc)
+    row["memory_lower_bound_bytes"] = memory_lower_bound(sc)
+    if row.get("status") == "error":
+        return
+    pairs = [("time", row["time_lower_bound_s"], row["iteration_time_s"]),
+             ("memory", row["memory_lower_bound_bytes"], row.get("peak_bytes_stage0"))]
+    for which, bound, simulated in pairs:
+        if simulated is not None and bound > simulated * (1 + 1e-12):
+            result.violations.append((row["variant"], which, bound / simulated))
+
+
+def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top: int = 5,
+           objective: str = "time", reserve: float = 0.0, quiet: bool = True,
+           fixed: dict | None = None, exhaustive: bool = False,
+           source: str | None = None, allowed: dict | None = None,
+           nodes: int | None = None, stream: bool = False, force: bool = False) -> SearchResult:
+    """Enumerate, screen, simulate and collect the rows of every simulated layout; `reserve`
+    bytes of each GPU are kept free (a layout fits when its peak leaves them); `allowed`
+    restricts layout fields to the values given, `nodes` the node count (default: enough);
+    `stream`: print each simulated layout's line to stdout as it is ready; `force`: past the
+    total work limit."""
+    layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed, source, allowed, nodes)
+    configs = layouts.configs
+    result = SearchResult(layouts=len(configs) + layouts.invalid, rejected=dict(layouts.rejected),
+                          exhaustive=exhaustive)
+    survivors = screen(configs, reserve, result, objective, exhaustive)
+    usable = GPUS[base[("cluster", "gpu")]].memory_bytes - reserve
+    width = BATCH  # not the executor's parallelism: the same rows whatever runs them
+    with progress_bar(len(survivors), 0, quiet, "simsp search") as bar:
+        found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
+                                                      objective, usable, bar, exhaustive,
+                                                      reserve if stream else None, force)
+    first = configs[min(found)] if found else None
+    for index in sorted(found):
+        row = add_headroom(table_row(index, configs[index], first, found[index]), reserve)
+        check_bounds(result, scenario_of(configs[index]), row)
+        result.rows.append(row)
+    return result
+
+
+__all__ = ["search", "SearchResult", "OBJECTIVES"]

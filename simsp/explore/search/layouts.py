@@ -1,0 +1,195 @@
+"""Every Megatron-LM layout of a model on N GPUs: t, p, d = N/(t·p), micro-batch size, the
+schedule (1F1B, or interleaved with each possible number of model chunks), SP, recompute and the
+distributed optimizer. Layouts the config checks reject are counted by reason, not returned.
+
+Every layout starts from the scenario's model, cluster and run sections and from the defaults
+of the [parallel] fields the search does not vary; `fixed` holds the ones the user chose (flags,
+or the scenario's own with --keep-scenario-parallel), each applied where Megatron allows it."""
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field, fields
+
+from simsp.scenario.config import Parallel
+from simsp.scenario.loading import load_scenario
+from simsp.errors import UserError
+from simsp.explore.configs.grid import Config
+
+# The [parallel] fields every layout sets itself (global_batch_size comes from --global-batch-size).
+VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+          "micro_batch_size", "num_layers_per_virtual_pipeline_stage", "schedule",
+          "sequence_parallel", "recompute_granularity", "distributed_optimizer",
+          "global_batch_size")
+# The layout fields a user may restrict to some values (global_batch_size is one value).
+RESTRICTABLE = tuple(key for key in VARIED if key != "global_batch_size")
+
+
+FSDP_FIELDS = ("use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2")
+
+
+def held_fields() -> list[str]:
+    """The [parallel] fields the search does not vary: defaults unless the user fixes them."""
+    return [f.name for f in fields(Parallel) if f.name not in VARIED]
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending (pairs k, n/k up to sqrt(n): O(sqrt n) steps)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
+
+
+def _schedules(layers_per_stage: int, p: int, micro_batches: int) -> list[int | None]:
+    """None for 1F1B, else num_layers_per_virtual_pipeline_stage for 2 or more chunks."""
+    options = [None]
+    if p > 1 and micro_batches % p == 0:
+        options += [k for k in divisors(layers_per_stage) if layers_per_stage // k >= 2]
+    return options
+
+
+def _parallel_options(t: int, p: int, d: int, b: int, virtual: int | None) -> list[dict]:
+    """SP x recompute x distributed optimizer for one (t, p, d, b, schedule)."""
+    options = []
+    for sp in ((False, True) if t > 1 else (False,)):
+        for recompute in ("none", "selective", "full"):
+            for dist_opt in ((False, True) if d > 1 else (False,)):
+                options.append({"tensor_model_parallel_size": t, "pipeline_model_parallel_size": p,
+                                "data_parallel_size": d, "micro_batch_size": b,
+                                "num_layers_per_virtual_pipeline_stage": virtual,
+                                "schedule": None, "sequence_parallel": sp,
+                                "recompute_granularity": recompute,
+                                "distributed_optimizer": dist_opt})
+    return options
+
+
+def layout_label(parallel: dict, layers: int) -> str:
+    """Readable name: `t8 p8 d1 b1, interleaved 3 chunks, SP, selective recompute, distributed
+    optimizer` (t, p, d: tensor, pipeline and data-parallel sizes; b: micro-batch size)."""
+    t, p = parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"]
+    cp = parallel.get("context_parallel_size", 1)
+    parts = [f"t{t}{f' cp{cp}' if cp > 1 else ''} p{p} d{parallel['data_parallel_size']} "
+             f"b{parallel['micro_batch_size']}"]
+    virtual = parallel["num_layers_per_virtual_pipeline_stage"]
+    parts.append(f"interleaved {layers // p // virtual} chunks" if virtual else "1F1B")
+    parts.append("SP" if parallel["sequence_parallel"] else "no SP")
+    recompute = parallel["recompute_granularity"]
+    text = "no recompute" if recompute == "none" else f"{recompute} recompute"
+    if recompute == "full" and parallel.get("recompute_method") == "block":
+        count = parallel.get("recompute_num_layers") or 1
+        text += f" (block, {count} layer{'s' if count > 1 else ''})"
+    elif recompute == "full" and (parallel.get("recompute_num_layers") or 1) > 1:
+        text += f" (groups of {parallel['recompute_num_layers']})"
+    parts.append(text)
+    if parallel["distributed_optimizer"]:
+        parts.append("distributed optimizer")
+    if parallel.get("use_torch_fsdp2"):
+        parts.append("FSDP2")
+    elif parallel.get("use_megatron_fsdp"):
+        parts.append(f"Megatron-FSDP {parallel.get('data_parallel_sharding_strategy')}")
+    return ", ".join(parts)
+
+
+def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int, cp: int = 1) -> list[dict]:
+    """Every (t, p, d, b, schedule, SP, recompute, dist-opt) with t·cp·p·d = gpus, before checks
+    (cp: the context-parallel size the user fixed, 1 by default; Megatron's world = t·cp·p·d)."""
+    found = []
+    if gpus % cp:
+        return found
+    ranks = gpus // cp  # t·p·d
+    for t in divisors(min(ranks, max_tp)):
+        for p in (p for p in divisors(ranks // t) if ranks % (t * p) == 0 and layers % p == 0):
+            d = ranks // (t * p)
+            if ranks % t or batch % d:
+                continue
+            for b in divisors(batch // d):
+                for virtual in _schedules(layers // p, p, batch // (b * d)):
+                    found += _parallel_options(t, p, d, b, virtual)
+    return found
+
+
+def applies(key: str, parallel: dict) -> bool:
+    """Whether Megatron lets a held field take a non-default value in this layout: recompute
+    method and layer count under full recompute, p2p overlap under interleaving, the parameter
+    all-gather overlap with the distributed optimizer (arguments.py's own checks)."""
+    if key in ("recompute_method", "recompute_num_layers"):
+        return parallel["recompute_granularity"] == "full"
+    if key == "overlap_p2p_communication":
+        return parallel["num_layers_per_virtual_pipeline_stage"] is not None
+    if key == "overlap_param_gather":
+        return parallel["distributed_optimizer"]
+    if key in FSDP_FIELDS:  # FSDP shards by its own strategy: the other rows keep dist. opt.
+        return not parallel["distributed_optimizer"]
+    return True
+
+
+def with_fixed(parallel: dict, fixed: dict) -> dict:
+    """The layout with each fixed field applied where it applies (else left at its default)."""
+    defaults = Parallel()
+    merged = dict(parallel)
+    for key, value in fixed.items():
+        merged[key] = value if applies(key, parallel) else getattr(defaults, key)
+    return merged
+
+
+@dataclass
+class Layouts:
+    """The valid layouts, and how many the config checks rejected, by reason."""
+
+    configs: list = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)  # `error:` text -> layouts
+
+    @property
+    def invalid(self) -> int:
+        return sum(self.rejected.values())
+
+
+def search_base(scenario: dict) -> dict:
+    """A layout's starting values: the scenario's model, cluster and run, and every [parallel]
+    field at its default but global_batch_size (the scenario's)."""
+    defaults = Parallel()
+    base = dict(scenario)
+    for f in fields(Parallel):
+        if f.name != "global_batch_size":
+            base[("parallel", f.name)] = getattr(defaults, f.name)
+    return base
+
+
+def allows(parallel: dict, allowed: dict) -> bool:
+    """Whether a layout takes one of the allowed values of every restricted field (the
+    schedule by its name: 1f1b, or interleaved with virtual stages)."""
+    for key, values in allowed.items():
+        value = parallel[key]
+        if key == "schedule":
+            value = "interleaved" if parallel["num_layers_per_virtual_pipeline_stage"] else "1f1b"
+        if value not in values:
+            return False
+    return True
+
+
+def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None,
+                      source: str | None = None, allowed: dict | None = None,
+                      nodes: int | None = None) -> Layouts:
+    """Valid layouts as Configs (and rejections by reason) for `gpus` GPUs: `base` from
+    search_base, `fixed` the held [parallel] fields the user chose, `source` the scenario file
+    (each row's `simsp run` command starts from it), `allowed` the values a layout field may
+    take (others are not enumerated), `nodes` the node count (default: enough for the GPUs)."""
+    layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
+    found = Layouts()
+    held = dict(fixed or {})
+    cps = held.pop("context_parallel_size", 1)  # one cp, or a tuple of them to vary
+    for cp, parallel in ((cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
+                         for parallel in raw_layouts(gpus, batch, layers, per_node, cp)):
+        if not allows(parallel, allowed or {}):
+            continue
+        parallel = with_fixed({**parallel, "context_parallel_size": cp}, held)
+        values = dict(base)
+        values.update({("parallel", k): v for k, v in parallel.items()})
+        values[("parallel", "global_batch_size")] = batch
+        values[("cluster", "nodes")] = nodes or math.ceil(gpus / per_node)
+        try:
+            load_scenario(None, values)
+        except UserError as exc:
+            found.rejected[f"error: {exc}"] += 1
+            continue
+        found.configs.append(Config(layout_label(parallel, layers), tuple(values.items()),
+                                    source=source))
+    return found

@@ -1,0 +1,19 @@
+"""Checks of the cluster: known GPU and system profiles, link efficiencies, and room for every
+rank of the layout."""
+
+from simsp.hardware.profiles import gpu_profile, system_profile
+from simsp.scenario.checks.rule import check
+from simsp.scenario.config import Cluster, Parallel
+
+
+def validate_cluster(c: Cluster, p: Parallel) -> None:
+    """The cluster must exist and hold every rank."""
+    gpu_profile(c.gpu)  # a known GPU profile (or a readable file): else one error line
+    if c.system is not None:
+        system_profile(c.system)
+    for name in ("nvlink_efficiency", "ib_efficiency"):
+        check(0 < getattr(c, name) <= 1, f"cluster.{name}", "must be in (0, 1]")
+    check(p.world_size <= c.num_gpus, "cluster.nodes",
+          f"the layout needs {'t*cp*p*d' if p.cp > 1 else 't*p*d'}={p.world_size} GPUs but "
+          f"{c.nodes} node(s) of "
+          f"{c.gpus_per_node} hold {c.num_gpus}")

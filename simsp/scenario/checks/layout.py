@@ -1,0 +1,38 @@
+"""Checks of the parallel layout's divisibility: what tensor parallelism splits (heads, MLP, KV
+groups, the padded vocabulary), sequence parallelism and the global batch (Megatron-LM
+arguments.py; K22 §4)."""
+
+from simsp.scenario.checks.rule import check
+from simsp.scenario.config import Model, Parallel, padded_vocab_size
+
+
+def tensor_parallel(m: Model, p: Parallel) -> None:
+    """Every tensor-parallel rank holds whole heads, KV groups, MLP columns and vocabulary rows."""
+    t = p.tp
+    check(m.num_attention_heads % t == 0, "parallel.tensor_model_parallel_size",
+          f"num_attention_heads={m.num_attention_heads} is not divisible by {t}")
+    check(m.ffn % t == 0, "parallel.tensor_model_parallel_size",
+          f"ffn_hidden_size={m.ffn} is not divisible by {t}")
+    check(m.query_groups % t == 0, "parallel.tensor_model_parallel_size",
+          f"num_query_groups={m.query_groups} is not divisible by {t} (Megatron: each TP "
+          "rank holds whole KV groups)")
+    padded = padded_vocab_size(m, t)
+    check(padded % t == 0, "parallel.tensor_model_parallel_size",
+          f"padded vocab_size={padded} is not divisible by {t} (the vocabulary is split over TP)")
+
+
+def sequence_parallel(m: Model, p: Parallel) -> None:
+    """SP splits the sequence over the TP ranks (K22 §4.2.2)."""
+    if not p.sequence_parallel:
+        return
+    t = p.tp
+    check(t > 1, "parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
+    check(m.seq_length % t == 0, "parallel.sequence_parallel",
+          f"seq_length={m.seq_length} is not divisible by tensor_model_parallel_size={t}")
+
+
+def global_batch(p: Parallel) -> None:
+    """B splits into whole micro-batches on every data-parallel replica."""
+    check(p.global_batch % (p.micro_batch_size * p.dp) == 0, "parallel.global_batch_size",
+          f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
+          f"{p.micro_batch_size * p.dp}")

@@ -1,0 +1,125 @@
+"""Checks of pipeline parallelism: how the layers split over the stages (even, Megatron's uneven
+first/last stages, accounted embedding and loss), the schedule and its virtual stages, and p2p
+overlap (Megatron-LM transformer_block.py get_num_layers_to_build, arguments.py, schedules.py)."""
+
+from simsp.scenario.checks.rule import check, positive
+from simsp.scenario.config import Model, Parallel
+from simsp.scenario.pipeline_split import pipeline_layer_counts, virtual_stage_layer_counts
+
+
+def stage_split(m: Model, p: Parallel) -> None:
+    """The layers split over the stages: L / p each, or Megatron's uneven split."""
+    if p.uneven_pipeline:
+        uneven_pipeline(m, p)
+    else:
+        check(m.num_layers % p.pp == 0, "parallel.pipeline_model_parallel_size",
+              f"num_layers={m.num_layers} is not divisible by {p.pp} stages")
+
+
+def _accounted(p: Parallel) -> int:
+    """Layers the accounted embedding and loss add to the split (0, 1 or 2)."""
+    return p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+
+
+def uneven_pipeline(m: Model, p: Parallel) -> None:
+    """Megatron's checks on uneven stages (transformer_block.py, arguments.py); simsp also needs
+    one layer or more per stage and a non-interleaved schedule."""
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    positive("parallel", p, ("decoder_first_pipeline_num_layers",
+                             "decoder_last_pipeline_num_layers"))
+    given = (first is not None) + (last is not None)
+    name = "parallel.decoder_first_pipeline_num_layers" if first is not None else \
+        "parallel.decoder_last_pipeline_num_layers" if last is not None else \
+        "parallel.account_for_embedding_in_pipeline_split"
+    check(not (given and _accounted(p)), name, "cannot be combined with account_for_embedding/"
+          "loss_in_pipeline_split (Megatron: not supported with uneven pp)")
+    check(p.pp > 1, name, "needs pipeline_model_parallel_size > 1")
+    check(p.schedule_name != "interleaved" or not given
+          or p.num_virtual_stages_per_pipeline_rank is not None, name,
+          "interleaving uneven first/last stages needs --num-virtual-stages-per-pipeline-rank "
+          "(Megatron arguments.py), not --num-layers-per-virtual-pipeline-stage")
+    _uneven_layers_add_up(m, p, name, given)
+    _uneven_chunks(m, p)
+    counts = virtual_stage_layer_counts(m, p)
+    check(min(counts) >= 1, name, f"gives a stage without layers ({counts})")
+
+
+def _uneven_layers_add_up(m: Model, p: Parallel, name: str, given: int) -> None:
+    """The given first/last stages leave a whole number of layers per middle stage; accounted
+    embedding/loss make L + e + l divisible by p."""
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    middle_stages = p.pp - given
+    middle_layers = m.num_layers - (first or 0) - (last or 0)
+    if given:
+        check(middle_layers >= 0 and (middle_stages > 0 or middle_layers == 0), name,
+              f"the first/last stage layers do not add up to num_layers={m.num_layers}")
+        check(middle_stages == 0 or middle_layers % middle_stages == 0, name,
+              f"the {middle_layers} remaining layers do not divide over {middle_stages} "
+              "middle stages")
+    else:
+        total = m.num_layers + _accounted(p)
+        check(total % p.pp == 0, name, f"num_layers + accounted embedding/loss = {total} is "
+              f"not divisible by {p.pp} stages")
+
+
+def _uneven_chunks(m: Model, p: Parallel) -> None:
+    """Interleaved uneven stages: the chunks divide every stage's layers (embedding/loss
+    counted)."""
+    chunks = p.num_virtual_stages_per_pipeline_rank
+    if p.schedule_name == "interleaved" and chunks:
+        stages = list(pipeline_layer_counts(m, p))
+        stages[0] += p.account_for_embedding_in_pipeline_split
+        stages[-1] += p.account_for_loss_in_pipeline_split
+        check(all(n % chunks == 0 for n in stages),
+              "parallel.num_virtual_stages_per_pipeline_rank",
+              f"{chunks} chunks do not divide every stage's layers {tuple(stages)}")
+    elif p.schedule_name == "interleaved" and p.num_layers_per_virtual_pipeline_stage:
+        per_stage = (m.num_layers + _accounted(p)) // p.pp
+        check(per_stage % p.num_layers_per_virtual_pipeline_stage == 0,
+              "parallel.num_layers_per_virtual_pipeline_stage",
+              f"{p.num_layers_per_virtual_pipeline_stage} does not divide the {per_stage} "
+              "layers (embedding/loss counted) of each pipeline stage")
+
+
+def schedule(m: Model, p: Parallel) -> None:
+    """Interleaving needs virtual stages that tile the layers and m a multiple of p."""
+    virtual = p.num_layers_per_virtual_pipeline_stage
+    if p.schedule_name != "interleaved":
+        check(virtual is None, "parallel.num_layers_per_virtual_pipeline_stage",
+              f"only applies to the interleaved schedule, not {p.schedule_name}")
+        check(p.num_virtual_stages_per_pipeline_rank is None,
+              "parallel.num_virtual_stages_per_pipeline_rank",
+              f"only applies to the interleaved schedule, not {p.schedule_name}")
+        return
+    chunks = p.num_virtual_stages_per_pipeline_rank
+    check(virtual is None or chunks is None, "parallel.num_virtual_stages_per_pipeline_rank",
+          "give it or num_layers_per_virtual_pipeline_stage, not both (Megatron)")
+    check(virtual is not None or chunks is not None, "parallel.schedule",
+          "interleaved needs num_layers_per_virtual_pipeline_stage")
+    check(p.pp > 1, "parallel.schedule", "interleaved needs pipeline_model_parallel_size > 1")
+    if chunks is not None:
+        check(chunks > 1, "parallel.num_virtual_stages_per_pipeline_rank",
+              "interleaving needs 2 or more chunks per stage")
+        if not p.uneven_pipeline:
+            check(m.num_layers // p.pp % chunks == 0,
+                  "parallel.num_virtual_stages_per_pipeline_rank",
+                  f"{chunks} chunks do not divide the {m.num_layers // p.pp} layers of each "
+                  "pipeline stage")
+    else:
+        per_stage = (m.num_layers + _accounted(p)) // p.pp
+        check(per_stage % virtual == 0, "parallel.num_layers_per_virtual_pipeline_stage",
+              f"{virtual} does not divide the {per_stage} layers of each pipeline stage")
+        check(per_stage // virtual > 1, "parallel.num_layers_per_virtual_pipeline_stage",
+              f"{virtual} layers per virtual stage give one chunk per pipeline stage of "
+              f"{per_stage} layers: Megatron then runs plain 1F1B (it sets "
+              f"virtual_pipeline_model_parallel_size to None); drop the flag or use fewer layers")
+    check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",
+          f"interleaving needs the {p.num_micro_batches} micro-batches to be a multiple of "
+          f"pipeline_model_parallel_size={p.pp}")
+
+
+def overlap_p2p(p: Parallel) -> None:
+    """Megatron-LM's own check (schedules.py) on --overlap-p2p-communication."""
+    check(not p.overlap_p2p_communication or p.schedule_name == "interleaved",
+          "parallel.overlap_p2p_communication", "needs the interleaved schedule (Megatron: "
+          "non-interleaved pipelining does not support overlapping p2p communication)")

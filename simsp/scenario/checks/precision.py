@@ -1,0 +1,25 @@
+"""Checks of training precision: FP8 GEMMs need FP8 tensor cores (Hopper and later), MXFP8
+Blackwell (Transformer Engine transformer_engine/pytorch/fp8.py check_mxfp8_support); state
+dtypes other than fp32 need the precision-aware optimizer (Megatron-LM arguments.py)."""
+
+from simsp.hardware.profiles import gpu_profile
+from simsp.scenario.checks.rule import check
+from simsp.scenario.config import Cluster, Parallel
+
+
+def validate_precision(p: Parallel, c: Cluster) -> None:
+    """FP8 on a GPU that has it; FP8 parameters only with FP8; reduced state dtypes only with
+    the precision-aware optimizer."""
+    if p.fp8_format is not None:
+        gpu = gpu_profile(c.gpu)
+        check(gpu.peak_fp8_flops is not None, "parallel.fp8_format",
+              f"{gpu.name} has no FP8 tensor cores (FP8 GEMMs need Hopper or later: "
+              f"h100-sxm-80gb, h200-sxm-141gb, b200, gb200)")
+        check(p.fp8_recipe != "mxfp8" or gpu.nvlink_generation >= 5, "parallel.fp8_recipe",
+              f"mxfp8 needs Blackwell (b200, gb200); {gpu.name} is not")
+    check(not p.fp8_param_gather or p.fp8_format is not None, "parallel.fp8_param_gather",
+          "needs fp8_format (FP8 parameters are FP8 training's)")
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        value = getattr(p, name)
+        check(value == "fp32" or p.use_precision_aware_optimizer, f"parallel.{name}",
+              f"{value} needs use_precision_aware_optimizer (Megatron-LM)")

@@ -1,0 +1,153 @@
+"""The [parallel] rows of the field table: Megatron-LM's layout (t, p, d, SP, CP, EP), batches,
+the pipeline schedule and split, recompute, data-parallel overlap and sharding, and precision.
+
+Names, meanings and defaults are Megatron-LM's (megatron/training/arguments.py); docs/MODEL.md,
+docs/context-parallel.md, docs/fsdp.md, docs/moe.md and docs/hardware.md say what each does.
+"""
+
+from simsp.scenario.table.row import Bound, Field, Switch
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
+SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved")
+# Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type)
+CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
+# Sharded data parallelism: Megatron-LM --data-parallel-sharding-strategy (docs/fsdp.md)
+FSDP_STRATEGY_CHOICES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-type
+# FP8 training and optimizer-state precision (Transformer Engine names; scenario/precision.py)
+FP8_FORMAT_CHOICES = ("e4m3", "hybrid")  # hybrid: E4M3 forward, E5M2 gradients
+FP8_RECIPE_CHOICES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+MAIN_GRADS_DTYPE_CHOICES = ("fp32", "bf16")
+MAIN_PARAMS_DTYPE_CHOICES = ("fp32", "fp16")
+EXP_AVG_DTYPE_CHOICES = ("fp32", "fp16", "fp8")
+
+SUPERPOD_SCALE = "a DGX SuperPOD-scale job; far beyond it the simulation cannot finish"
+
+PARALLEL = (
+    Field("parallel", "tensor_model_parallel_size", int, 1, "tensor-parallel size t (GPUs)", "t",
+          bound=Bound(1, 4096, "GPUs", SUPERPOD_SCALE)),
+    Field("parallel", "pipeline_model_parallel_size", int, 1, "pipeline-parallel size p (stages)",
+          "p", bound=Bound(1, 4096, "GPUs", SUPERPOD_SCALE)),
+    Field("parallel", "data_parallel_size", int, 1, "data-parallel size d (model replicas)", "d",
+          bound=Bound(1, 32768, "GPUs", SUPERPOD_SCALE)),
+    Field("parallel", "sequence_parallel", bool, False, switches=(
+        Switch("--sequence-parallel", True,
+               "shard layer norms and dropout along the sequence (K22 §4.2.2)", "sp"),
+        Switch("--no-sequence-parallel", False, "turn off a scenario's sequence parallelism",
+               "nosp"))),
+    # Context parallelism (docs/context-parallel.md)
+    Field("parallel", "context_parallel_size", int, 1, "context-parallel size cp (GPUs sharing "
+          "each sequence)", "cp", bound=Bound(1, 4096, "GPUs", SUPERPOD_SCALE)),
+    Field("parallel", "cp_comm_type", str, "p2p", "how CP ranks exchange attention inputs (p2p: "
+          "ring; a2a: Ulysses)", "cpcomm", choices=CP_COMM_TYPE_CHOICES),
+    # space-separated (a2a size, p2p size) of --cp-comm-type a2a+p2p, product cp
+    Field("parallel", "hierarchical_context_parallel_sizes", str, None, "a2a+p2p: the a2a (inner) "
+          "and p2p (outer) group sizes, product cp (default: none)", "hcp", words=True),
+    Field("parallel", "recompute_granularity", str, "none", "activation recomputation (K22 §4-5)",
+          "rc-", choices=RECOMPUTE_CHOICES),
+    Field("parallel", "recompute_method", str, None, "full recompute: uniform or block (Megatron; "
+          "default: uniform)", "rm-", choices=RECOMPUTE_METHOD_CHOICES),
+    Field("parallel", "recompute_num_layers", int, None, "layers per recompute group/block "
+          "(Megatron; default: 1)", "rnl",
+          bound=Bound(1, 4096, "layers", "at most model.num_layers")),
+    Field("parallel", "micro_batch_size", int, 1, "micro-batch size b (samples)", "mbs",
+          bound=Bound(1, 65536, "samples", "far above any GPU's memory")),
+    Field("parallel", "global_batch_size", int, None, "samples per iteration B (default: b x d, "
+          "one micro-batch per replica)", "gbs",
+          bound=Bound(1, 16777216, "samples", "16M samples per iteration")),
+    Field("parallel", "num_layers_per_virtual_pipeline_stage", int, None,
+          "layers per model chunk of the interleaved schedule (default: not interleaved)", "vp",
+          bound=Bound(1, 4096, "layers", "at most model.num_layers")),
+    Field("parallel", "schedule", str, None, "pipeline schedule (default: interleaved with "
+          "virtual stages, else 1f1b)", choices=SCHEDULE_CHOICES),
+    Field("parallel", "distributed_optimizer", bool, False, switches=(
+        Switch("--use-distributed-optimizer", True,
+               "shard optimizer state over data-parallel ranks (ZeRO-1)", "distopt",
+               aliases=("--distributed-optimizer",)),)),  # simsp's older name
+    # Runtime switches (docs/MODEL.md#runtime-mechanisms): p2p, scatter/gather, DP overlap
+    Field("parallel", "overlap_p2p_communication", bool, False, switches=(
+        Switch("--overlap-p2p-communication", True,
+               "overlap pipeline sends/receives with compute", "p2pov"),)),
+    Field("parallel", "scatter_gather_tensors_in_pipeline", bool, True, switches=(
+        Switch("--no-scatter-gather-tensors-in-pipeline", False,
+               "send whole (not TP-scattered) pipeline tensors", "nosg"),)),
+    Field("parallel", "overlap_grad_reduce", bool, False, switches=(
+        Switch("--overlap-grad-reduce", True, "overlap DP gradient reduction with backward",
+               "ovgr"),)),
+    Field("parallel", "overlap_param_gather", bool, False, switches=(
+        Switch("--overlap-param-gather", True, "overlap distributed-optimizer parameter all-gather",
+               "ovpg"),)),
+    Field("parallel", "ddp_bucket_size", int, None, "data-parallel gradient bucket (parameters; "
+          "default: max(40M, 1M x d) with --overlap-grad-reduce, else one bucket per chunk)",
+          "bucket", bound=Bound(1, 10**13, "parameters", "10x a 1T model's parameters")),
+    Field("parallel", "accumulate_allreduce_grads_in_fp32", bool, True, switches=(
+        Switch("--accumulate-allreduce-grads-in-fp32", True, "reduce gradients in fp32",
+               "fp32grad"),
+        Switch("--no-accumulate-allreduce-grads-in-fp32", False, "reduce gradients in bf16",
+               "nofp32grad"))),
+    # FP8 GEMMs (fp8_format None: BF16) and optimizer-state dtypes (docs/hardware.md)
+    Field("parallel", "fp8_format", str, None, "FP8 GEMMs (Transformer Engine): e4m3, or hybrid "
+          "(E5M2 gradients) (default: off, BF16)", "fp8-", choices=FP8_FORMAT_CHOICES),
+    Field("parallel", "fp8_recipe", str, "delayed", "FP8 scaling: per-tensor delayed or current "
+          "(tensorwise), 128-blocks, or MXFP8 (Blackwell)", "rcp-", choices=FP8_RECIPE_CHOICES),
+    Field("parallel", "fp8_param_gather", bool, False, switches=(
+        Switch("--fp8-param-gather", True, "FP8 parameters: no BF16 weight beside the FP8 copy",
+               "fp8pg"),)),
+    Field("parallel", "use_precision_aware_optimizer", bool, False, switches=(
+        Switch("--use-precision-aware-optimizer", True, "optimizer states in the dtypes given",
+               "pao"),)),
+    Field("parallel", "main_grads_dtype", str, "fp32", "main gradient dtype (precision-aware "
+          "optimizer)", "mg-", choices=MAIN_GRADS_DTYPE_CHOICES),
+    Field("parallel", "main_params_dtype", str, "fp32", "master parameter dtype (precision-aware "
+          "optimizer)", "mp-", choices=MAIN_PARAMS_DTYPE_CHOICES),
+    Field("parallel", "exp_avg_dtype", str, "fp32", "Adam first moment dtype (precision-aware "
+          "optimizer)", "m1-", choices=EXP_AVG_DTYPE_CHOICES),
+    Field("parallel", "exp_avg_sq_dtype", str, "fp32", "Adam second moment dtype (precision-aware "
+          "optimizer)", "m2-", choices=EXP_AVG_DTYPE_CHOICES),
+    # Uneven pipeline stages (Megatron-LM transformer_block.py get_num_layers_to_build)
+    Field("parallel", "decoder_first_pipeline_num_layers", int, None, "layers of the first "
+          "pipeline stage (default: an even split)", "first",
+          bound=Bound(1, 4096, "layers", "at most model.num_layers")),
+    Field("parallel", "decoder_last_pipeline_num_layers", int, None, "layers of the last pipeline "
+          "stage (default: an even split)", "last",
+          bound=Bound(1, 4096, "layers", "at most model.num_layers")),
+    Field("parallel", "account_for_embedding_in_pipeline_split", bool, False, switches=(
+        Switch("--account-for-embedding-in-pipeline-split", True,
+               "count the embedding as a layer when splitting the pipeline", "acemb"),)),
+    Field("parallel", "account_for_loss_in_pipeline_split", bool, False, switches=(
+        Switch("--account-for-loss-in-pipeline-split", True,
+               "count the loss as a layer when splitting the pipeline", "acloss"),)),
+    Field("parallel", "num_virtual_stages_per_pipeline_rank", int, None, "model chunks per stage "
+          "of the interleaved schedule (default: from the layers per virtual stage)", "vs",
+          bound=Bound(1, 4096, "chunks", "at most model.num_layers")),
+    Field("parallel", "recompute_modules", str, None, "selective recompute: modules among "
+          "core_attn, mlp, layernorm, space-separated in one argument (default: core_attn)",
+          "rmod-", words=True),
+    # Sharded data parallelism and activation offload (docs/fsdp.md)
+    Field("parallel", "use_megatron_fsdp", bool, False, switches=(
+        Switch("--use-megatron-fsdp", True,
+               "Megatron-FSDP: per-layer units, sharded by the strategy", "mfsdp"),)),
+    Field("parallel", "data_parallel_sharding_strategy", str, "no_shard",
+          "Megatron-FSDP: what is sharded over DP (ZeRO-0..3)", "shard-",
+          choices=FSDP_STRATEGY_CHOICES),
+    Field("parallel", "use_torch_fsdp2", bool, False, switches=(
+        Switch("--use-torch-fsdp2", True,
+               "PyTorch FSDP2 fully_shard per layer (fp32 sharded parameters)", "fsdp2"),)),
+    Field("parallel", "cpu_offloading", bool, False, switches=(
+        Switch("--cpu-offloading", True,
+               "move saved activations to host memory and back before backward", "offload"),)),
+    Field("parallel", "cpu_offloading_num_layers", int, 0, "layers whose saved activations go to "
+          "host memory", "offl", bound=Bound(0, 4096, "layers", "at most model.num_layers")),
+    # Expert parallelism (docs/moe.md)
+    Field("parallel", "expert_model_parallel_size", int, 1, "expert-parallel size (GPUs sharing a "
+          "MoE layer's experts)", "ep", bound=Bound(1, 4096, "GPUs", "at most the experts' limit")),
+    Field("parallel", "expert_tensor_parallel_size", int, None, "tensor-parallel size of each "
+          "expert (default: t)", "etp", bound=Bound(1, 4096, "GPUs", SUPERPOD_SCALE)),
+    Field("parallel", "moe_token_dispatcher_type", str, "allgather", "how tokens reach their "
+          "experts' ranks: all-gather / reduce-scatter, or all-to-all", "disp-",
+          choices=MOE_DISPATCHER_CHOICES),
+    Field("parallel", "moe_grouped_gemm", bool, False, switches=(
+        Switch("--moe-grouped-gemm", True,
+               "each rank's experts as one grouped GEMM (default: a loop of GEMMs)", "ggemm"),)),
+)

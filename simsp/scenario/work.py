@@ -1,0 +1,231 @@
+"""The size of the work, estimated before anything runs: simulated layer-steps, numeric-mode
+bytes, meta-mode CPU seconds and bytes, per axis of the layout; check_work refuses work beyond
+the limits.
+
+The limits are what this machine (2 cores, 24 GiB) does in reasonable time and memory;
+`--force` lifts the time limit, never the memory limit. Constants are measured by
+benchmarks/work_estimate.py (CPU seconds, time.process_time).
+"""
+
+import math
+
+from simsp.errors import UserError
+from simsp.scenario.config import bucket_size
+from simsp.units import GiB, format_bytes
+
+# Work limits (measured with benchmarks/work_estimate.py on this 2-core machine).
+# Measured again on today's engine: 0.03-0.08 ms per layer-step for d = 1..64 at 175B width
+# (0.18 ms on a 192-step run, where the start dominates) and 0.57 ms at d = 512; without
+# shortcuts 1.7 ms per rank-step at t = 8 and 3.4 ms at t = 64; numeric 15 ms per rank-step at
+# tiny shapes and about 3e9 FLOP/s at h = 256.
+META_SECONDS_PER_LAYER_STEP = 0.1e-3  # meta mode, all shortcuts: one layer fwd+bwd, one stage
+META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 1e-6  # the growth with d measured above
+FULL_SECONDS_PER_RANK_STEP = 2e-3  # --no-shortcuts: per simulated rank
+NUMERIC_FLOPS_PER_SECOND = 2e9  # numpy float64 GEMMs on one core, with simsp's op overhead
+NUMERIC_SECONDS_PER_LAYER_STEP = 15e-3  # numeric mode's per-op overhead per rank, tiny shapes
+# Meta mode keeps its ledger and trace: the 1T scenario (65,536 layer-steps) peaks at 526 MB
+# RSS, 476 MB above the interpreter with simsp imported: 7.3 KiB per layer-step.
+META_BYTES_PER_LAYER_STEP = 10 * 1024
+# Terms the per-layer-step cost misses, measured by benchmarks/work_estimate.py --terms:
+# each simulated rank builds its plan from every layer's parameter names (training/pipeline/plan.py
+# stage_param_names: L=p=1024, one micro-batch: 7 s, 1.5 GB); without shortcuts a rank-step
+# costs more the more ranks its TP ring has (1.7 ms at t = 8, 3.4 ms at t = 64); one collective
+# per data-parallel gradient bucket (--ddp-bucket-size with --overlap-grad-reduce).
+PLAN_SECONDS_PER_RANK_LAYER = 8e-6
+PLAN_BYTES_PER_RANK_LAYER = 1536
+FULL_SECONDS_PER_RING_RANK = 3e-5  # --no-shortcuts: per rank-step, per rank of the TP ring
+SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
+# FSDP (docs/fsdp.md): its DP rings run step by step; measured on Llama 3 8B under FSDP2 at
+# d = 16, 32, 64 (one micro-batch): 1.2e-4 to 1.3e-4 CPU s per collective per d².
+FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
+# A DP ring that meets only its own collectives runs as one node's piece of one channel
+# (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
+# 256 (0.95 and 3.4 CPU s in all): about 1.5e-5 s per collective per d·G.
+FSDP_SECONDS_PER_COLLECTIVE_PIECE = 1.5e-5
+# Context parallelism's ring (p2p) and Ulysses all-to-all (a2a) pass a block between every pair
+# of a CP group's ranks per layer-step, each a transfer on the links: measured (a 2-layer model,
+# s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
+# per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
+CP_SECONDS_PER_RANK_PAIR = 1e-4
+# Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
+# layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
+# MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
+EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
+# Above ~128 EP ranks the all-to-all's ep² flows stop finishing together: the links' max-min
+# fair rates (engine/fair_share.py) are solved again at each finish over the flows still
+# active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
+# CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
+EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
+# Multi-token prediction's depths run on the last stage for every micro-batch, each a layer plus
+# its own embedding norm, projection and vocabulary head, untemplated: measured (Llama 3 8B
+# shape, 2 layers, one micro-batch, 8 and 64 depths) 2.0e-3 to 2.8e-3 CPU s per depth-step.
+MTP_SECONDS_PER_DEPTH_STEP = 3e-3
+TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
+MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
+
+
+def layer_steps(sc) -> int:
+    """Layer-steps one meta iteration simulates with the representative shortcut: each of the p
+    simulated stages runs its L/p layers forward and backward for each of the m micro-batches."""
+    return sc.model.num_layers * sc.parallel.num_micro_batches
+
+
+def mtp_steps(sc) -> int:
+    """Multi-token prediction depth-steps of one iteration: D depths x m micro-batches (the
+    last stage only; docs/mtp.md)."""
+    return (sc.model.mtp_num_layers or 0) * sc.parallel.num_micro_batches
+
+
+def param_count(m) -> int:
+    """Parameters: 4h^2 + 2hf + 9h + f per layer, (v + s)h embeddings, 2h final norm
+    (N21 Eq. 2 with ffn f; model/params.py's shapes)."""
+    h, f = m.hidden_size, m.ffn
+    per_layer = 4 * h * h + 2 * h * f + 9 * h + f
+    return m.num_layers * per_layer + (m.vocab_size + m.seq_length) * h + 2 * h
+
+
+def activation_elements(sc) -> int:
+    """Elements every layer of every sample keeps, unsharded: sbh(34 + 5as/h)/2 bytes->elements
+    (K22 §1 at 2 bytes/element, an upper bound for any t, SP and recompute), plus the logits."""
+    m, p = sc.model, sc.parallel
+    s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
+    per_sample_layer = s * h * 17 + 5 * a * s * s // 2 + s * m.ffn * 3
+    return p.global_batch * (m.num_layers * per_sample_layer + 3 * s * m.vocab_size)
+
+
+def numeric_bytes(sc) -> int:
+    """Bytes numeric mode allocates, an upper estimate: weights, gradients and two Adam moments on
+    every replica plus the single-device reference's copy, and every activation of the global
+    batch twice (parallel run and reference), all in the numeric dtype."""
+    itemsize = 4 if sc.run.numeric_dtype == "float32" else 8
+    params = param_count(sc.model) * 4 * (sc.parallel.data_parallel_size + 1)
+    return itemsize * (params + 2 * activation_elements(sc))
+
+
+def numeric_seconds(sc) -> float:
+    """CPU seconds of one numeric iteration: 8 FLOPs per parameter per token (forward 2, backward
+    4, recompute 2; N21 Eq. 3) plus attention's 16s^2h per layer and sample, at
+    NUMERIC_FLOPS_PER_SECOND, plus the per-op overhead of every rank's layer-steps."""
+    m, p = sc.model, sc.parallel
+    tokens = p.global_batch * m.seq_length
+    attention = 16 * m.num_layers * p.global_batch * m.seq_length ** 2 * m.hidden_size
+    flops = 8 * param_count(m) * tokens + attention
+    overhead = (layer_steps(sc) + 2 * mtp_steps(sc)) * p.world_size * \
+        NUMERIC_SECONDS_PER_LAYER_STEP
+    return flops / NUMERIC_FLOPS_PER_SECOND + overhead
+
+
+def meta_seconds(sc, representative: bool) -> float:
+    """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
+    with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
+    the representative shortcut; plus each simulated rank's plan (every layer's parameter
+    names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
+    rank (no representative shortcut): t*cp*d ranks per stage."""
+    p = sc.parallel
+    representative = representative and p.cp == 1
+    if representative:
+        per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
+    else:
+        per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
+                                         + p.tp * FULL_SECONDS_PER_RING_RANK)
+    ranks = simulated_ranks(sc, representative)
+    plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
+    buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
+    d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
+    if p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:  # rings as pieces
+        fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
+    else:
+        fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
+    mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
+    return layer_steps(sc) * per_step + plans + buckets + fsdp + mtp + pair_seconds(sc)
+
+
+def pair_seconds(sc) -> float:
+    """The terms that grow with the square of a group: every pair of a CP group's ranks
+    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch)."""
+    p, m = sc.parallel, sc.model
+    seconds = 0.0
+    if p.cp > 1 and p.cp_comm_type != "allgather":
+        seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+    ep = p.expert_model_parallel_size
+    if m.num_experts is not None and ep > 1:
+        moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
+        per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
+        if p.moe_token_dispatcher_type == "alltoall":
+            per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
+        seconds += _ep_exchanges(sc) * moe_share * per_step
+    return seconds
+
+
+def _ep_exchanges(sc) -> float:
+    """MoE layer-steps whose all-to-alls run as flows: every one, except where nothing can
+    meet them (balanced routing, ETP 1, no overlapped DP traffic): then each is timed alone
+    once per placement and byte matrix (engine/communicator.py), about once per stage."""
+    p, m = sc.parallel, sc.model
+    alone = (p.moe_token_dispatcher_type == "alltoall" and m.moe_routing_imbalance == 0
+             and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather))
+    return min(layer_steps(sc), p.pp) if alone else layer_steps(sc)
+
+
+def fsdp_collectives(sc) -> int:
+    """FSDP collectives of one stage per iteration (training/data_parallel/fsdp.py): two gathers and a
+    reduce-scatter per layer and micro-batch with sharded parameters, a reduce-scatter with
+    sharded gradients, else one reduction per layer (and one gather after the step)."""
+    p = sc.parallel
+    if p.fsdp is None or p.dp * p.cp == 1:
+        return 0
+    layers, m = sc.model.num_layers // p.pp, p.num_micro_batches
+    if p.fsdp in ("fsdp2", "optim_grads_params"):
+        return 3 * layers * m
+    return layers * m if p.fsdp == "optim_grads" else 2 * layers
+
+
+def simulated_ranks(sc, representative: bool) -> int:
+    """Ranks the simulation runs a program for: one per stage with the shortcut (never with
+    context parallelism), else all."""
+    p = sc.parallel
+    return p.pp if representative and p.cp == 1 else p.tp * p.cp * p.pp * p.dp
+
+
+def bucket_count(sc) -> int:
+    """Gradient buckets of one stage: its parameters over the bucket size (Megatron DDP,
+    training/data_parallel/grad_buckets.py), at most one per parameter tensor (12 per layer, 3 more)."""
+    p = sc.parallel
+    size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
+    layers = sc.model.num_layers // p.pp
+    if size is None:
+        return 1
+    stage_params = param_count(sc.model) // p.pp
+    return max(1, min(12 * layers + 3, math.ceil(stage_params / size)))
+
+
+def meta_bytes(sc, representative: bool = True) -> int:
+    """Bytes meta mode keeps: the ledger and trace per layer-step, and every simulated rank's
+    plan (its list of every layer's parameters: ranks x L)."""
+    ranks = simulated_ranks(sc, representative)
+    return ((layer_steps(sc) + mtp_steps(sc)) * META_BYTES_PER_LAYER_STEP
+            + ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER)
+
+
+def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
+    """One error giving the estimated bytes and the limit when `need` is above it."""
+    if need > MEMORY_LIMIT_BYTES:
+        raise UserError(field, f"{what} {format_bytes(need)} of memory, above the limit of "
+                               f"{format_bytes(MEMORY_LIMIT_BYTES)}{hint}")
+
+
+def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False) -> None:
+    """Refuse work beyond the limits with one error giving the estimate and the limit:
+    memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
+    iterations (verify runs two per checked tensor)."""
+    if sc.run.mode == "numeric":
+        _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
+                      " (use --mode meta)")
+        seconds = numeric_seconds(sc) * iterations
+    else:
+        _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
+        seconds = meta_seconds(sc, shortcuts) * iterations
+    if seconds > TIME_LIMIT_S and not force:
+        raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
+                        f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "
+                        f"limit of {TIME_LIMIT_S:g} s (--force to run anyway)")

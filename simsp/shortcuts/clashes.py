@@ -1,0 +1,73 @@
+"""Which hops may cross one link at the same time (docs/shortcuts.md, "The traffic and its links").
+
+Two hops on one link clash unless they are in turn: both owners include the GPU whose port or
+NIC the link is, and one of them runs after that GPU's schedule. Two hops of one owner always
+clash. A group whose hops clash with another owner's has a time that depends on what else runs;
+one whose hops clash only with each other runs one collective at a time, alone on its links.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+from simsp.shortcuts.traffic import Edge, Owner, gpu_of_link
+
+
+@dataclass(frozen=True)
+class Overlaps:
+    """The flags that let one GPU's traffic kinds run at once: DP buckets during the backward
+    pass (`overlap_grad_reduce`), pipeline transfers during compute and its TP collectives
+    (`overlap_p2p_communication`)."""
+
+    grad_reduce: bool
+    p2p: bool
+
+
+def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
+    """Two owners on a link of GPU x that both include x run one after the other: x's
+    collectives and blocking point-to-point calls complete for all members before x goes on,
+    and training/data_parallel/finalize.py reduces gradients after x's schedule, DP before the tied
+    embedding. Not so for the kinds that `overlaps` lets run at once."""
+    x = gpu_of_link(edge)
+    if x not in a[1] or x not in b[1]:
+        return False
+    kinds = {a[0], b[0]}
+    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p", "ep"}:
+        return False
+    return not (overlaps.p2p and "p2p" in kinds and kinds & {"tp", "ep"})
+
+
+def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
+    """(link, owner, other) for every two hops that may cross one link at the same time:
+    two hops of one owner, or of two owners not in turn (_in_turn). Each clash once per link,
+    in the order of its first appearance (an all-to-all puts dozens of one owner's hops on a
+    NIC: their pairs are one clash)."""
+    for edge, owners in users.items():
+        if len(owners) < 2:
+            continue
+        hops = Counter(owners)  # distinct owners in first-appearance order, with their hops
+        distinct = list(hops)
+        for i, owner in enumerate(distinct):
+            if hops[owner] > 1:
+                yield edge, owner, owner
+            for other in distinct[i + 1:]:
+                if not _in_turn(edge, owner, other, overlaps):
+                    yield edge, owner, other
+
+
+def meeting_others(clashes: list) -> frozenset[tuple[int, ...]]:
+    """Collective groups whose ring may share a link with another owner's hop (`clashes` from
+    conflicts): their time depends on what else runs. A clash of two hops of one owner does
+    not count: its collectives run one at a time (one stream per rank), so alone on their
+    links (engine/collectives/ring_alone.py)."""
+    shared = set()
+    for _edge, owner, other in clashes:
+        if owner != other:
+            shared.update(o[1] for o in (owner, other) if o[0] != "p2p")
+    return frozenset(shared)
+
+
+def meeting_themselves(clashes: list) -> frozenset[tuple[int, ...]]:
+    """Collective groups two of whose own hops cross one link (NCCL's rail channels on one
+    NVLink port, an all-to-all's pairs on one NIC)."""
+    return frozenset(owner[1] for _edge, owner, other in clashes
+                     if owner == other and owner[0] != "p2p")

@@ -1,0 +1,64 @@
+"""The timing plan of one run, computed before it: which ranks run programs, every communication
+group's timing method, and the links the simulated ranks' hops also load for their images.
+
+The engine takes the plan's `timing_of` as its one entry (engine/communicator.py) and knows no
+group lists; where each method is exact is shortcuts/methods.py, which group meets which
+condition shortcuts/check.py. Without the closed-form shortcut (`--no-shortcuts`, numeric mode)
+every group runs step by step.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from simsp.cluster.grid import RankGrid
+from simsp.engine.group_timing import STEP_BY_STEP
+from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.methods import UNLISTED
+from simsp.shortcuts.traffic import has_expert_groups, routing_is_uniform
+
+
+@dataclass(frozen=True, eq=False)
+class TimingPlan:
+    """Every group's timing method (engine/group_timing.py), the simulated ranks (None: all)
+    and, per hop they send, the links of its images (shortcuts/rail_symmetry.py; None: none).
+    A group none of whose ranks is simulated is never run: the representative shortcut
+    (shortcuts/methods.py REPRESENTED) times it as the image of one that is."""
+
+    default: str  # the method of a group the check does not list
+    methods: Mapping[tuple[int, ...], str]  # checked group -> its method
+    simulated: tuple[int, ...] | None = None
+    image_loads: Mapping | None = field(default=None, repr=False)
+
+    def timing_of(self, group: tuple[int, ...]) -> str:
+        """How the communicator times this group's collectives."""
+        return self.methods.get(group, self.default)
+
+
+def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
+    """The plan that carries out `shortcuts` for scenario `sc`."""
+    simulated = simulated_ranks(sc, shortcuts)
+    loads = (shortcuts.symmetry.loads if shortcuts.representative and shortcuts.symmetry
+             else None)
+    if not shortcuts.closed_form:
+        return TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, loads)
+    return TimingPlan(UNLISTED.name, MappingProxyType(dict(shortcuts.methods)), simulated,
+                      loads)
+
+
+def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
+    """The ranks that run programs: all (None) without the representative shortcut; one per
+    orbit of rail symmetry on every stage; else the ranks with tp = 0 and dp = 0, grown to
+    whole expert groups where routing depends on the data (they exchange their own rows;
+    the MoE placement is imported only then)."""
+    if not shortcuts.representative:
+        return None
+    if shortcuts.symmetry is not None:
+        return tuple(shortcuts.symmetry.ranks)
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+    if has_expert_groups(sc) and not routing_is_uniform(sc):
+        from simsp.model.blocks.moe.placement import representatives
+        return tuple(representatives(sc, ranks))
+    return tuple(ranks)

@@ -1,0 +1,61 @@
+"""What metrics.json's `shortcuts_used` says of each shortcut: used or not, and why (one sentence per
+shortcut, from the facts shortcuts/check.py found; docs/shortcuts.md quotes them)."""
+
+from simsp.cluster.topology import NODES_PER_LEAF
+from simsp.shortcuts.clashes import meeting_themselves
+from simsp.shortcuts.rail_symmetry import RailSymmetry
+from simsp.shortcuts.traffic import has_expert_groups, routing_is_uniform
+
+
+def closed_form_why(clashes: list, stepwise: frozenset) -> str:
+    """How collectives are timed: as a whole (alone on their links,
+    engine/collectives/ring_alone.py) or, sharing links with other traffic, step by step."""
+    own = len(meeting_themselves(clashes) - stepwise)
+    if not own and not stepwise:
+        return "used: no collective's ring shares a link"
+    alone = (f"{own} collective group(s) share links only among their own channels and are "
+             f"timed as their ring alone, run once step by step" if own else "")
+    if not stepwise:
+        return "used: " + alone
+    return (f"used where exact: {len(stepwise)} collective group(s) share links with other "
+            f"traffic and run step by step, loading them; "
+            + (alone + "; the others are timed as a whole" if alone else
+               "the others are timed as a whole"))
+
+
+def segments_why(segments: frozenset, gpus_per_node: int) -> str:
+    """What the verdict says of the groups run as pieces (docs/shortcuts.md)."""
+    if not segments:
+        return ""
+    leaves = any(len({gpu // gpus_per_node // NODES_PER_LEAF for gpu in group}) > 1
+                 for group in segments)
+    return (f"; {len(segments)} of them meet only their own collectives (FSDP) and run as one "
+            f"node's piece of one channel" + (", each like hop at its slowest latency (their "
+                                              "rings cross a leaf boundary)" if leaves else ""))
+
+
+def representative_why(not_rep: str, symmetry: RailSymmetry | None) -> str:
+    """One rank per stage (or per orbit of the stage's rail symmetry), or why not."""
+    if not_rep:
+        return "not used: " + not_rep
+    return ("used: every rank of a stage is placed and loaded as its representative" + (
+        f" up to rail symmetry ({len(symmetry.ranks)} ranks simulated): the "
+        f"{len(symmetry.loads)} hops they send also load their images' links, for "
+        f"the groups they leave out" if symmetry else ""))
+
+
+def templates_why(sc, not_rep: str, stepwise: frozenset, tp_groups: set,
+                  ep_groups: set) -> str:
+    """Layer templates (model/replay.py): used where every layer step of a stage is alike."""
+    p, m = sc.parallel, sc.model
+    if not_rep:
+        return "not used: needs the representative shortcut"
+    if has_expert_groups(sc) and (stepwise & ep_groups or not routing_is_uniform(sc) or
+                                  p.etp > 1):
+        return "not used: the MoE all-to-alls run as flows whose time may vary"
+    if m.num_experts is not None and m.moe_routing_imbalance > 0:
+        return "not used: imbalanced routing loads each MoE layer differently"
+    if stepwise & tp_groups:
+        return "not used: TP collectives share links, so a layer step's time varies"
+    return "used: every layer step of a stage is alike, recorded once and replayed"
+

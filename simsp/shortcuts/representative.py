@@ -1,0 +1,110 @@
+"""The representative shortcut: one simulated rank per pipeline stage, where it is exact.
+
+Every rank of a stage must sit on the nodes as its representative does (t*d and t tile the GPUs
+per node), and every clash between traffic the representative run executes and traffic it
+leaves out must be mirrored: moved by whole nodes so that its link's GPU is the stage's
+representative, it is a clash the run meets among its own traffic (docs/shortcuts.md, "The
+conditions"). Where a clash is not so mirrored, the stage's rail symmetry may still let one
+rank per orbit stand for the others (shortcuts/rail_symmetry.py).
+"""
+
+import networkx as nx
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import NODES_PER_LEAF, gpu_name, leaf_name, nvswitch_name
+from simsp.shortcuts.rail_symmetry import RailSymmetry, rail_symmetry
+from simsp.shortcuts.traffic import (Edge, Owner, gpu_of_link, has_expert_groups,
+                                     routing_is_uniform)
+
+
+def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[Owner],
+                           clashes: list, stepwise: frozenset) -> tuple[str, RailSymmetry | None]:
+    """Why one rank per stage (or per orbit of its rail symmetry) cannot stand for the others
+    ("" when it can), and the rail symmetry where the plain representative is refused for an
+    unmirrored clash. Not under FSDP: a DP rank's shard (its padding, its optimizer work) makes
+    ranks of a stage end at different times, so they are not images of each other."""
+    p = sc.parallel
+    not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes)
+    symmetry = None
+    if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None and \
+            p.fsdp is None:
+        symmetry = rail_symmetry(graph, grid, owners, stepwise)
+        not_rep = "" if symmetry is not None else not_rep
+    if has_expert_groups(sc) and not not_rep and not routing_is_uniform(sc) and (
+            p.overlap_grad_reduce or p.overlap_param_gather):
+        not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
+                   "overlapped DP communication")
+    return not_rep, symmetry
+
+
+def _aligned(a: int, b: int) -> bool:
+    """a and b tile each other: one is a multiple of the other."""
+    return a % b == 0 or b % a == 0
+
+
+def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list) -> str:
+    """Why one rank per stage cannot stand for the others ("" when it can)."""
+    t, d = grid.tp, grid.dp
+    if not _aligned(t * d, gpus_per_node):
+        return (f"ranks per stage (t*d = {t * d}) and GPUs per node ({gpus_per_node}) do not "
+                f"tile: stages share nodes unevenly")
+    if not _aligned(t, gpus_per_node):
+        return f"t = {t} and GPUs per node ({gpus_per_node}) do not tile: TP groups differ"
+    simulated = {grid.rank_of(0, 0, pp) for pp in range(grid.pp)}
+    seen = {_clash_key(*clash) for clash in clashes}
+    for edge, owner, other in clashes:
+        if _is_simulated(owner, simulated) == _is_simulated(other, simulated):
+            continue
+        image = _image_at_representative(grid, gpus_per_node, edge, owner, other)
+        if image is None or _clash_key(*image) not in seen or not all(
+                _is_simulated(o, simulated) for o in image[1:]):
+            return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
+                    f"represented ranks at once ({owner[0]} {owner[1][:4]}, {other[0]} "
+                    f"{other[1][:4]}), unlike the representative's own")
+    return ""
+
+
+def _clash_key(edge: Edge, owner: Owner, other: Owner) -> tuple:
+    """A clash, whatever the order of its owners and of their ranks."""
+    return (edge, frozenset({(owner[0], frozenset(owner[1])), (other[0], frozenset(other[1]))}))
+
+
+def _image_at_representative(grid: RankGrid, gpus_per_node: int, edge: Edge, owner: Owner,
+                             other: Owner):
+    """The same clash moved by whole nodes so that its link's GPU is its stage's
+    representative (None where that is no move by whole nodes). A clash whose image the
+    representative run meets among its own traffic is mirrored: every member of a ring meets
+    at its own GPU what the representative's member meets at the same moments, so the ring,
+    run step by step, keeps the full simulation's pace (tests/test_shortcut_layouts.py)."""
+    per_stage = grid.tp * grid.dp
+    shift = gpu_of_link(edge) % per_stage
+    if shift % gpus_per_node:
+        return None
+
+    def move(rank: int) -> int:
+        return rank - rank % per_stage + (rank % per_stage - shift) % per_stage
+
+    return (_move_edge(edge, move, gpus_per_node), (owner[0], tuple(map(move, owner[1]))),
+            (other[0], tuple(map(move, other[1]))))
+
+
+def _move_edge(edge: Edge, move, gpus_per_node: int) -> Edge:
+    """The link of the moved GPU that plays the same part (its NVLink port or its NIC)."""
+    gpu = gpu_of_link(edge)
+    moved = move(gpu)
+    node, rail = divmod(moved, gpus_per_node)
+    far = {"nvswitch": nvswitch_name(node), "leaf": leaf_name(node // NODES_PER_LEAF, rail)}
+
+    def rename(end: str) -> str:
+        if end.startswith("gpu"):
+            return gpu_name(moved)
+        return far["nvswitch" if end.endswith("nvswitch") else "leaf"]
+
+    return rename(edge[0]), rename(edge[1])
+
+
+def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
+    """The representative run executes this owner's traffic: a collective with a simulated
+    member, or a point-to-point pair sent by a simulated rank."""
+    kind, ranks = owner
+    return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))

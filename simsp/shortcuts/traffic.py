@@ -1,0 +1,109 @@
+"""One iteration's traffic, listed by owner, and the links each owner's hops cross.
+
+An owner is a collective group (TP, DP, the tied embedding's first and last stage, an EP group's
+all-to-all) or a pipeline pair in one direction; its hops are every ring position of every NCCL
+channel (engine/collectives/ring_plan.py channel_rings, PXN relays included), every ordered pair
+of an all-to-all, or the pair's one route (cluster/topology.py hop_route). With context
+parallelism the owners are listed by shortcuts/cp_traffic.py. Read by shortcuts/clashes.py.
+"""
+
+import networkx as nx
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import SPINE, hop_route
+from simsp.engine.collectives.ring_plan import channel_rings
+
+Edge = tuple[str, str]
+Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep", its ranks)
+
+
+def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
+    """Every collective group and point-to-point pair of one iteration (rank r on GPU r): the
+    interleaved schedule also sends from the last stage to the first; with p > 1 the first
+    and last stages all-reduce the tied word embedding (training/data_parallel/finalize.py)."""
+    owners: list[Owner] = []
+    t, d, p = grid.tp, grid.dp, grid.pp
+    if t > 1:
+        owners += [("tp", tuple(range(base, base + t))) for base in range(0, t * d * p, t)]
+    if d > 1:
+        owners += [("dp", tuple(range(t * d * pp + tp, t * d * (pp + 1), t)))
+                   for pp in range(p) for tp in range(t)]
+    if p > 1:  # rank = tp + t·dp + t·d·pp
+        owners += pipeline_owners([tuple(range(first, t * d * p, t * d))
+                                   for first in range(t * d)], interleaved)
+    return owners
+
+
+def pipeline_owners(pp_groups: list[tuple[int, ...]], interleaved: bool) -> list[Owner]:
+    """Per pipeline group, its pairs in both directions (activations down, gradients up; the
+    interleaved schedule wraps from the last stage to the first), then its tied embedding's
+    first and last stage."""
+    owners: list[Owner] = []
+    for group in pp_groups:
+        ahead = group[1:] + group[:1] if interleaved else group[1:]
+        pairs = set(zip(group, ahead))
+        owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
+        owners.append(("embedding", (group[0], group[-1])))
+    return owners
+
+
+def expert_owners(sc) -> list[Owner]:
+    """The MoE layers' all-to-all groups (expert parallelism; docs/moe.md): every ordered pair
+    of an EP group sends at once. The MoE placement is imported only for a model with experts."""
+    if sc.model.num_experts is None or sc.parallel.ep == 1:
+        return []
+    from simsp.model.blocks.moe.placement import expert_grid
+    return [("ep", group) for group in expert_grid(sc).groups("ep")]
+
+
+def has_expert_groups(sc) -> bool:
+    """The model has experts split over EP or ETP groups."""
+    p = sc.parallel
+    return sc.model.num_experts is not None and (p.ep > 1 or p.etp > 1)
+
+
+def routing_is_uniform(sc) -> bool:
+    """The MoE router sends every token alike (model/blocks/moe/routing.py uniform_routing;
+    imported only for a model with experts)."""
+    from simsp.model.blocks.moe.routing import uniform_routing
+    return uniform_routing(sc)
+
+
+def owner_routes(graph: nx.DiGraph, owner: Owner) -> list[tuple[Edge, ...]]:
+    """The route of every hop the owner's traffic takes: every ring position of every NCCL
+    channel for a collective, the one route for a point-to-point pair."""
+    kind, ranks = owner
+    if kind == "p2p":
+        return [hop_route(graph, ranks[0], ranks[1])]
+    if kind == "ep":  # all-to-all: every ordered pair at once
+        return [hop_route(graph, a, b) for a in ranks for b in ranks if a != b]
+    gpus = list(ranks)
+    routes = []
+    for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
+        order = channel.order
+        routes += [hop_route(graph, gpus[order[i]], gpus[order[(i + 1) % len(order)]],
+                             channel.via[i]) for i in range(len(order))]
+    return routes
+
+
+def can_bind(edge: Edge) -> bool:
+    """Leaf-spine links never bind: a leaf's uplink bundle carries as much as all its GPU
+    links (cluster/topology.py _add_fabric), which every route through it also crosses."""
+    return SPINE not in edge
+
+
+def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, list[Owner]]:
+    """Per link that can bind: one entry per hop crossing it, naming the hop's owner."""
+    users: dict[Edge, list[Owner]] = {}
+    for owner in owners:
+        for route in owner_routes(graph, owner):
+            for edge in route:
+                if can_bind(edge):
+                    users.setdefault(edge, []).append(owner)
+    return users
+
+
+def gpu_of_link(edge: Edge) -> int:
+    """The GPU whose NVLink port or NIC this link is (every link that can bind has one)."""
+    end = edge[0] if edge[0].startswith("gpu") else edge[1]
+    return int(end[3:])

@@ -1,0 +1,24 @@
+"""Which context-parallel attention a rank runs, by --cp-comm-type (docs/context-parallel.md):
+p2p, a2a and allgather (training/context_parallel/attention.py) or a2a+p2p
+(training/context_parallel/hierarchical.py). Kept apart from both so neither imports the other
+back: the hierarchical variant is built from the p2p and a2a ones.
+"""
+
+from simsp.training.context_parallel.attention import CpAllGather, CpAttention, CpUlysses
+from simsp.training.context_parallel.hierarchical import CpHierarchical
+
+
+def cp_attention_of(world, rank: int):
+    """Rank `rank`'s CP attention by --cp-comm-type: CpAttention (p2p), CpUlysses (a2a),
+    CpAllGather (allgather) or CpHierarchical (a2a+p2p); None without context parallelism."""
+    grid = world.grid
+    if grid.cp == 1:
+        return None
+    members = grid.cp_group(rank)
+    p = world.scenario.parallel
+    args = (world.env, world.network, world.cp_rings, members, members.index(rank),
+            world.scenario.model.seq_length)
+    if p.cp_comm_type == "a2a+p2p":
+        return CpHierarchical(*args, p.hcp_sizes[0])
+    kind = {"a2a": CpUlysses, "allgather": CpAllGather}.get(p.cp_comm_type, CpAttention)
+    return kind(*args)
