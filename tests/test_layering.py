@@ -32,7 +32,9 @@ def test_every_function_is_called_from_the_package_or_a_benchmark():
     ("simsp.engine.network", "simsp.report.run.trace.writer"),  # engine must not know reports
     ("simsp.scenario.config", "simsp.training.driver.iteration"),
     ("simsp.commands.search", "simsp.commands.sweep"),  # commands are peers
-    ("simsp.report.whatif.page", "simsp.explore.whatif"),  # reports format, explore runs
+    ("simsp.validation.runner", "simsp.explore.evaluation.limits"),  # drivers are peers
+    ("simsp.calibrate.fit", "simsp.validation.quantities"),
+    ("simsp.report.whatif.page", "simsp.explore.whatif"),  # reports format, drivers run
 ])
 def test_a_new_back_arrow_is_caught(source, target):
     assert arrows_against_layers(source, [target]) == [f"{source} -> {target}"]
