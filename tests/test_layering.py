@@ -4,8 +4,8 @@ that nothing calls (tests/layering.py reads the source)."""
 
 import pytest
 
-from layering import (arrows_against_layers, back_arrows, dead_functions, imports_of, layer_of,
-                      module_name, package_files, root_importers)
+from layering import (LAYERS, ROOT, arrows_against_layers, back_arrows, dead_functions,
+                      imports_of, layer_of, module_name, package_files, root_importers)
 
 
 def test_every_import_points_down_the_layers():
@@ -55,3 +55,13 @@ def test_a_driver_imports_its_own_modules_and_lower_layers():
 def test_every_module_has_a_layer():
     for path in package_files():
         layer_of(module_name(path))  # raises KeyError for a module in no layer
+
+
+def test_the_architecture_doc_states_the_layers_in_the_tests_order():
+    """docs/ARCHITECTURE.md's layer table, top to bottom, is tests/layering.py LAYERS."""
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    table = doc.split("## The package map, lowest layer first", 1)[1].split("\n\n")[2]
+    names = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    first_prefix = {"base": "simsp", "drivers": "simsp.explore", "commands": "simsp.commands"}
+    assert [first_prefix.get(name, f"simsp.{name}") for name in names] == \
+        [layer[0] for layer in LAYERS]
