@@ -25,8 +25,9 @@ from simsp.cluster.topology import build_topology
 from simsp.scenario.config import Cluster
 from simsp.engine.network import Network
 from simsp.hardware.constants import LinkCalibration
+from simsp.model.blocks.attention.rope import rope_tables
 from simsp.model.context_split import (balanced_step_pairs, gather_sequence, local_positions,
-                                       rope_tables, split_sequence, visible_pairs)
+                                       split_sequence, visible_pairs)
 from simsp.training.context_parallel.ring_kernels import CpShard, ring_backward, ring_forward, source_rank
 from simsp.training.context_parallel.ulysses_kernels import shard_positions, ulysses_backward, ulysses_forward
 from simsp.training.context_parallel.a2a import CpAllToAll

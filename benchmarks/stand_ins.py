@@ -5,9 +5,10 @@ simulated run, alternating the two so that a loaded machine's drift hits both al
     python benchmarks/stand_ins.py [--scenario paper-1t] [--repeats 5] [--json]
 
 Prints per stand-in the best and median seconds of each variant and the saving. The plain
-variants are the calls a reader would write first (report/drawing.py names what each stand-in
-replaces); each must draw the same figure (the equivalence tests say how closely). The PNG
-writer and memory.png's polygon stack were measured here too and dropped (docs/PERFORMANCE.md).
+variants are the calls a reader would write first (report/run/figures/drawing.py names what
+each stand-in replaces); each must draw the same figure (the equivalence tests say how closely).
+The PNG writer and memory.png's polygon stack were measured here too and dropped
+(docs/PERFORMANCE.md).
 """
 
 import argparse
@@ -15,7 +16,7 @@ import json
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,17 @@ sys.path.insert(0, str(ROOT))
 
 from simsp.scenario.loading import load_scenario  # noqa: E402
 from simsp.metrics import collect  # noqa: E402
-from simsp.report import figures, trace  # noqa: E402
+from simsp.engine.memory import CATEGORIES  # noqa: E402
+from simsp.report.run.figures import bars as bar_module, drawing  # noqa: E402
+from simsp.report.run.figures import memory as memory_figures  # noqa: E402
+from simsp.report.run.figures import schedule as schedule_chart  # noqa: E402
+from simsp.report.run.figures.bars import exposed_time_bars, memory_at_peak_bars  # noqa: E402
+from simsp.report.run.figures.inputs import memory_figures_of, schedule_figure_of  # noqa: E402
+from simsp.report.run.figures.pictures import capacity_of  # noqa: E402
+from simsp.report.run.figures.schedule import schedule_gantt  # noqa: E402
+from simsp.report.run.trace.columns import table  # noqa: E402
+from simsp.report.run.trace.events import lane_text, string  # noqa: E402
+from simsp.report.run.trace.plan import trace_plan  # noqa: E402
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration  # noqa: E402
 
 
@@ -50,21 +61,21 @@ def plain_memory_over_time(inputs) -> bytes | None:
     """The every-stage memory figure with an Axes per panel and stackplot in each."""
     stages, end_s = inputs.memory, inputs.end_s
     capacity = stages[0].capacity_bytes
-    y_top = max(max(m.peak_total for m in stages), capacity) * figures.HEADROOM
-    (unit, scale), (tunit, tscale) = figures.memory_unit(y_top / figures.HEADROOM), \
-        figures.time_unit(end_s)
-    cols = min(figures.COLS, len(stages))
+    y_top = max(max(m.peak_total for m in stages), capacity) * memory_figures.HEADROOM
+    (unit, scale), (_, tscale) = drawing.memory_unit(y_top / memory_figures.HEADROOM), \
+        drawing.time_unit(end_s)
+    cols = min(memory_figures.COLS, len(stages))
     rows = -(-len(stages) // cols)
-    fig = figures.new_figure(13.0, 0.8 + rows * 1.9 + 0.55)
+    fig = drawing.new_figure(13.0, 0.8 + rows * 1.9 + 0.55)
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
     for ax, memory in zip(axes, stages):
-        times, state = memory.timeline(figures.MEMORY_POINTS)
+        times, state = memory.timeline(memory_figures.MEMORY_POINTS)
         times = np.append(times, max(end_s, times[-1]))
         state = np.vstack([state, state[-1:]])
         ax.stackplot(times / tscale, state.T / scale, step="post", linewidth=0,
-                     colors=[figures.COLORS[c] for c in figures.CATEGORIES])
+                     colors=[memory_figures.COLORS[c] for c in CATEGORIES])
         ax.axhline(capacity / scale, color="black", linestyle="--", linewidth=1)
-        ax.set_title(figures._title(memory, ((unit, scale), None))[0], fontsize=9)
+        ax.set_title(memory_figures._title(memory, ((unit, scale), None))[0], fontsize=9)
         ax.grid(True, alpha=0.3)
     for ax in axes[len(stages):]:
         ax.set_axis_off()
@@ -73,14 +84,14 @@ def plain_memory_over_time(inputs) -> bytes | None:
     fig.suptitle(f"Memory over one iteration, every pipeline stage: {inputs.label}")
     fig.subplots_adjust(left=0.06, right=0.99, top=1 - 0.8 / fig.get_size_inches()[1],
                         bottom=0.55 / fig.get_size_inches()[1], hspace=0.5)
-    return figures.png_bytes(fig)
+    return drawing.png_bytes(fig)
 
 
 def plain_lane_text(lane, names: list[str]) -> str:
     """A lane's X events formatted a row at a time in Python (the same text as lane_text)."""
-    head = (f'{{"ph":"X","cat":{trace.string(lane.cat)},"pid":{lane.pid},"tid":{lane.tid},'
+    head = (f'{{"ph":"X","cat":{string(lane.cat)},"pid":{lane.pid},"tid":{lane.tid},'
             f'"name":')
-    keys = [trace.string(k) for k in lane.arg_keys]
+    keys = [string(k) for k in lane.arg_keys]
     rows = []
     for i, (name, start, dur) in enumerate(zip(lane.names.tolist(), lane.start_ns.tolist(),
                                                lane.dur_ns.tolist())):
@@ -124,40 +135,43 @@ def alternate(stand_in, plain, repeats: int) -> tuple[list[float], list[float]]:
 
 def cases(run, metrics: dict) -> dict:
     """name -> (stand-in call, plain call) over this run's figures and trace."""
-    memory = figures.memory_figures_of(run, "bench")
-    schedule = figures.schedule_figure_of(run, "bench")
-    capacity = figures.capacity_of(run)
-    plan = trace.trace_plan(run, "steps")
+    memory = memory_figures_of(run, "bench")
+    schedule = schedule_figure_of(run, "bench")
+    capacity = capacity_of(run)
+    plan = trace_plan(run, "steps")
     lanes = [item for _, items in plan.ranks for item in items if not isinstance(item, str)]
-    name_table = trace.table(plan.names)
+    name_table = table(plan.names)
 
-    def with_plain(module, name, value, call):
+    def with_plain(modules, name, value, call):
         def plain():
-            with patched(module, name, value):
+            with ExitStack() as stack:
+                for module in modules:
+                    stack.enter_context(patched(module, name, value))
                 return call()
         return plain
 
     def bar_charts():
-        figures.exposed_time_bars(metrics, "bench")
-        figures.memory_at_peak_bars(metrics, capacity, "bench")
+        exposed_time_bars(metrics, "bench")
+        memory_at_peak_bars(metrics, capacity, "bench")
 
     return {
         "stage ticks (schedule + 2 bar charts)": (
-            lambda: (figures.schedule_gantt(schedule), bar_charts()),
-            with_plain(figures, "stage_ticks", plain_stage_ticks,
-                       lambda: (figures.schedule_gantt(schedule), bar_charts()))),
+            lambda: (schedule_gantt(schedule), bar_charts()),
+            with_plain((schedule_chart, bar_module), "stage_ticks", plain_stage_ticks,
+                       lambda: (schedule_gantt(schedule), bar_charts()))),
         "pixel blit (schedule)": (
-            lambda: figures.schedule_gantt(schedule),
-            with_plain(figures, "draw_pixels", plain_draw_pixels,
-                       lambda: figures.schedule_gantt(schedule))),
+            lambda: schedule_gantt(schedule),
+            with_plain((schedule_chart,), "draw_pixels", plain_draw_pixels,
+                       lambda: schedule_gantt(schedule))),
         "pixel shares vs every bar (schedule)": (
-            lambda: figures.schedule_gantt(schedule),
-            with_plain(figures, "median_bar_px", lambda *a: np.inf,
-                       lambda: figures.schedule_gantt(schedule))),
+            lambda: schedule_gantt(schedule),
+            with_plain((schedule_chart,), "median_bar_px", lambda *a: np.inf,
+                       lambda: schedule_gantt(schedule))),
         "one sheet for all panels (memory_stages.png)": (
-            lambda: figures.memory_over_time(memory), lambda: plain_memory_over_time(memory)),
+            lambda: memory_figures.memory_over_time(memory),
+            lambda: plain_memory_over_time(memory)),
         "column encoder (trace X events)": (
-            lambda: [trace.lane_text(lane, name_table) for lane in lanes],
+            lambda: [lane_text(lane, name_table) for lane in lanes],
             lambda: [plain_lane_text(lane, plan.names) for lane in lanes]),
     }
 

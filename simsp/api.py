@@ -84,7 +84,7 @@ def sweep_configs(configs: list[Config], out: str | Path | None = None,
     if out is not None:
         write_results(rows, frame, out)
         if report:
-            from simsp.report.whatif import write_whatif_report
+            from simsp.report.sweep.report_md import write_whatif_report
             write_whatif_report(frame, Path(out))
     failure = failure_message(executor, rows, out)
     if failure:
@@ -134,7 +134,7 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
     from simsp.explore.results.headroom import reserve_bytes
     from simsp.explore.search.layouts import RESTRICTABLE, held_fields, search_base
     from simsp.explore.search.branch_and_bound import search as run_search
-    from simsp.report.whatif import ranked
+    from simsp.report.sweep.report_md import ranked
     scenario_values = base_values(scenario)
     table = by_key()
     given, allowed = {}, {}

@@ -8,7 +8,7 @@ GEMMs actually counted are reported beside them.
 
 from simsp import analytic
 from simsp.model.architecture import architecture
-from simsp.model.blocks.moe.flops import megatron_flops, recomputed_flops
+from simsp.model.flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
 from simsp.hardware.costmodel import calibration_table
 from simsp.scenario.config import Cluster
@@ -206,7 +206,7 @@ def sparse_or_latent(m) -> bool:
 def model_flops(sc) -> float:
     """Model FLOPs of one iteration: K22's or Megatron's dense formula (analytic.py), or for
     MoE/MLA models Megatron's count with top-k routed and shared experts and MLA
-    (model/blocks/moe/flops.py)."""
+    (model/flops.py)."""
     m, p = sc.model, sc.parallel
     if sparse_or_latent(m):
         return megatron_flops(m, p.global_batch, sc.padded_vocab_size)

@@ -26,8 +26,8 @@ LAYERS = (
     ("simsp.shortcuts",),
     ("simsp.training.driver",),
     ("simsp.metrics",),
-    ("simsp.explore", "simsp.calibrate", "simsp.validation"),
     ("simsp.report",),
+    ("simsp.explore", "simsp.calibrate", "simsp.validation"),
     ("simsp.commands", "simsp.api"),
     ("simsp.cli",),
 )

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 from simsp.cluster.grid import Coords, RankGrid
-from simsp.model import kernels
-from simsp.model.context_split import (chunk_ids, gather_sequence, local_positions,
-                                       rope_tables, split_sequence)
+from simsp.model.blocks.attention.rope import rope_angles, rope_forward, rope_tables
+from simsp.model.context_split import chunk_ids, gather_sequence, local_positions, split_sequence
 
 
 def test_cp_axis_sits_between_tp_and_dp_by_hand():
@@ -65,12 +64,12 @@ def test_split_then_gather_is_the_identity(balanced):
 def test_rope_per_chunk_equals_rope_of_the_whole_sequence():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 2, 16, 8))  # (b, heads, s, d)
-    cos, sin = kernels.rope_angles(16, 8, 10000.0)
-    whole = kernels.rope_forward(x, cos, sin)
+    cos, sin = rope_angles(16, 8, 10000.0)
+    whole = rope_forward(x, cos, sin)
     for r in range(4):
         pos = local_positions(16, 4, r)
         cos_r, sin_r = rope_tables(pos, 8, 10000.0)
-        mine = kernels.rope_forward(x[:, :, pos], cos_r, sin_r)
+        mine = rope_forward(x[:, :, pos], cos_r, sin_r)
         assert np.array_equal(mine, whole[:, :, pos])
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.model.blocks.moe.layer import aux_group
+from simsp.model.blocks.moe.router import aux_group
 from simsp.model.blocks.moe.placement import expert_grid
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration

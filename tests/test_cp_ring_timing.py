@@ -118,7 +118,7 @@ def test_block_seconds_are_the_flash_gemms_of_half_blocks_after_the_diagonal():
 def test_the_diagonal_block_is_forward_first_and_backward_last():
     """TE's AttnFuncWithCPAndKVP2P: forward `i == 0`, backward (reversed) `i == cp_size - 1`."""
     from simsp.training.context_parallel.ring_kernels import source_rank
-    from simsp.report.ring_attention_lesson import held_rank
+    from simsp.report.lessons.ring_attention import held_rank
     from simsp.training.context_parallel.ring import diagonal_step
     assert [diagonal_step("forward", cp) for cp in (1, 2, 4)] == [0, 0, 0]
     assert [diagonal_step("backward", cp) for cp in (1, 2, 4)] == [0, 1, 3]

@@ -192,7 +192,7 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
 
 
 def test_what_if_shows_cp_time_only_where_a_row_has_it():
-    from simsp.explore.whatif.variants import KINDS, exposure, kinds_of
+    from simsp.report.whatif.comparison import KINDS, exposure, kinds_of
     plain = {"iteration_time_s": 2.0, "bubble_fraction": 0.0, "exposed_compute_s": 1.0}
     with_cp = dict(plain, exposed_cp_comm_s=0.25)
     assert kinds_of([plain]) == KINDS and kinds_of([plain, with_cp]) == KINDS + ("cp_comm",)

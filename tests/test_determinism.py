@@ -134,7 +134,8 @@ def test_layer_json_has_the_issue_2_keys_with_their_types(capsys):
     assert sum(item["bytes"] for item in items) == per_rank[0]
 
 
-# K22 §4's table (docs/MODEL.md#activation-memory), by the names of model/layer.py's docstring
+# K22 §4's table (docs/MODEL.md#activation-memory), by the names in the docstrings of the
+# layer and its blocks
 REFERENCE_NAMES = {
     "ln1_input", "qkv_input", "q", "k", "softmax_output", "softmax_dropout_mask",
     "attention_dropout_output", "v", "proj_input", "attn_dropout_mask", "ln2_input",

@@ -9,11 +9,14 @@ from hypothesis import given, strategies as st
 import pytest
 
 from simsp.engine.memory import Ledger
-from simsp.report.figures import (bar_outlines, clip, column_rectangles, lane_strip, median_bar_px,
-                                  memory_timeline, state_at)
-from simsp.report.drawing import (PanelGrid, nice_ticks, painted_shares, pixel_coverage,
-                                  stacked_step_polygons, step_path, tick_labels, union)
-from simsp.report.trace import enclosing_calls, string
+from simsp.report.run.figures.bars import column_rectangles
+from simsp.report.run.figures.drawing import (PanelGrid, nice_ticks, painted_shares,
+                                              pixel_coverage, stacked_step_polygons, step_path,
+                                              tick_labels, union)
+from simsp.report.run.figures.schedule import bar_outlines, clip, lane_strip, median_bar_px
+from simsp.report.run.memory_timeline import memory_timeline, state_at
+from simsp.report.run.trace.events import string
+from simsp.report.run.trace.layout import enclosing_calls
 
 
 # ---------------------------------------------------------------- stacked steps

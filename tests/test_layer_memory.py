@@ -15,6 +15,8 @@ import pytest
 from simsp import analytic
 from simsp.scenario.loading import load_scenario
 from simsp.model import layer as layer_module
+from simsp.model.blocks.attention import core as attention_core, mha
+from simsp.model.blocks.mlp import dense as dense_mlp
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.training.driver.iteration import simulate_iteration
 
@@ -46,7 +48,8 @@ def k22_bytes(s, b, h, a, t=1, sp=False, recompute="none") -> Fraction:
 
 
 def expected_saved(s, b, h, a, t=1, sp=False) -> dict:
-    """Per-tensor bytes of the layer.py docstring table (REFERENCE §1 with TP/SP sharding)."""
+    """Per-tensor bytes of the docstring tables of layer.py and its blocks (REFERENCE §1 with
+    TP/SP sharding)."""
     rep = s * b * h // (t if sp else 1)  # replicated under TP, split along s under SP
     sharded = s * b * h // t
     core = a * s * s * b // t
@@ -120,8 +123,8 @@ def test_saved_tensors_have_the_reference_names_and_sizes(t, sp, recompute):
         assert rec.activation_bytes == sum(expected.values())
 
 
-def test_saved_tensor_names_are_the_ones_in_the_layer_docstring():
-    doc = layer_module.__doc__
+def test_saved_tensor_names_are_the_ones_in_the_layer_and_block_docstrings():
+    doc = "".join(module.__doc__ for module in (layer_module, mha, attention_core, dense_mlp))
     for name in expected_saved(1, 1, 1, 1):
         assert f"{name} " in doc or f"{name}," in doc, name
 

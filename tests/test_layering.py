@@ -4,8 +4,8 @@ that nothing calls (tests/layering.py reads the source)."""
 
 import pytest
 
-from layering import (arrows_against_layers, back_arrows, dead_functions, imports_of, layer_of,
-                      module_name, package_files, root_importers)
+from layering import (LAYERS, ROOT, arrows_against_layers, back_arrows, dead_functions,
+                      imports_of, layer_of, module_name, package_files, root_importers)
 
 
 def test_every_import_points_down_the_layers():
@@ -29,20 +29,20 @@ def test_every_function_is_called_from_the_package_or_a_benchmark():
 
 
 @pytest.mark.parametrize("source, target", [
-    ("simsp.engine.network", "simsp.report.trace"),  # engine must not know reports
+    ("simsp.engine.network", "simsp.report.run.trace.writer"),  # engine must not know reports
     ("simsp.scenario.config", "simsp.training.driver.iteration"),
     ("simsp.commands.search", "simsp.commands.sweep"),  # commands are peers
     ("simsp.validation.runner", "simsp.explore.evaluation.limits"),  # drivers are peers
     ("simsp.calibrate.fit", "simsp.validation.quantities"),
-    ("simsp.explore.evaluation.evaluate", "simsp.report.whatif"),
+    ("simsp.report.whatif.page", "simsp.explore.whatif"),  # reports format, drivers run
 ])
 def test_a_new_back_arrow_is_caught(source, target):
     assert arrows_against_layers(source, [target]) == [f"{source} -> {target}"]
 
 
 def test_downward_and_same_layer_imports_pass():
-    assert arrows_against_layers("simsp.report.summary_md", ["simsp.metrics", "simsp.units",
-                                                              "simsp.report.drawing"]) == []
+    assert arrows_against_layers("simsp.report.run.summary_md", [
+        "simsp.metrics", "simsp.units", "simsp.report.run.figures.drawing"]) == []
 
 
 def test_a_driver_imports_its_own_modules_and_lower_layers():
@@ -55,3 +55,13 @@ def test_a_driver_imports_its_own_modules_and_lower_layers():
 def test_every_module_has_a_layer():
     for path in package_files():
         layer_of(module_name(path))  # raises KeyError for a module in no layer
+
+
+def test_the_architecture_doc_states_the_layers_in_the_tests_order():
+    """docs/ARCHITECTURE.md's layer table, top to bottom, is tests/layering.py LAYERS."""
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    table = doc.split("## The package map, lowest layer first", 1)[1].split("\n\n")[2]
+    names = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    first_prefix = {"base": "simsp", "drivers": "simsp.explore", "commands": "simsp.commands"}
+    assert [first_prefix.get(name, f"simsp.{name}") for name in names] == \
+        [layer[0] for layer in LAYERS]

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from simsp.engine.memory import CATEGORIES, INPUT, Ledger, LiveTensor, MemEvent, OpBlock
 from simsp.engine.memory.compact_log import BlockRecord
-from simsp.report.figures import memory_timeline
+from simsp.report.run.memory_timeline import memory_timeline
 
 SAVED = ("a", "b", "c")
 

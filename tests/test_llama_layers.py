@@ -14,7 +14,12 @@ import numpy as np
 from simsp import analytic
 from simsp.scenario.config import Model, Parallel
 from simsp.scenario.loading import load_scenario
-from simsp.model import kernels as K
+from simsp.model.base.kernels import dropout_backward, dropout_forward, keep_mask
+from simsp.model.blocks.attention.core import (attention_context_backward,
+                                               attention_scores_backward, attention_scores_forward,
+                                               causal_softmax_forward, softmax_backward)
+from simsp.model.blocks.attention.flash import flash_backward, flash_forward
+from simsp.model.blocks.attention.heads import expand_kv, reduce_kv
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.model.params import param_shapes
 
@@ -179,20 +184,20 @@ def test_flash_kernel_equals_plain_attention():
     rng = np.random.default_rng(0)
     b, a, G, s, d = 2, 4, 2, 37, 8
     q, k, v, dout = (rng.normal(size=(b, n, s, d)) for n in (a, G, G, a))
-    full_keep = K.keep_mask(0.2, 3, 5, (0, 0, 0, 0), (b, a, s, s))
+    full_keep = keep_mask(0.2, 3, 5, (0, 0, 0, 0), (b, a, s, s))
     keep = lambda i0, i1, j0, j1: full_keep[:, :, i0:i1, j0:j1]
-    out, lse = K.flash_forward(q, k, v, keep, 0.2)
-    kx, vx = K.expand_kv(k, a // G), K.expand_kv(v, a // G)
-    probs = K.causal_softmax_forward(K.attention_scores_forward(q, kx))
-    dropped = K.dropout_forward(probs, full_keep, 0.2)
+    out, lse = flash_forward(q, k, v, keep, 0.2)
+    kx, vx = expand_kv(k, a // G), expand_kv(v, a // G)
+    probs = causal_softmax_forward(attention_scores_forward(q, kx))
+    dropped = dropout_forward(probs, full_keep, 0.2)
     assert np.abs(out - dropped @ vx).max() < 1e-13
-    dq, dk, dv = K.flash_backward(dout, q, k, v, out, lse, keep, 0.2)
-    dprobs_d, dvx = K.attention_context_backward(dout, dropped, vx)
-    dscores = K.softmax_backward(K.dropout_backward(dprobs_d, full_keep, 0.2), probs)
-    dq_ref, dkx = K.attention_scores_backward(dscores, q, kx)
+    dq, dk, dv = flash_backward(dout, q, k, v, out, lse, keep, 0.2)
+    dprobs_d, dvx = attention_context_backward(dout, dropped, vx)
+    dscores = softmax_backward(dropout_backward(dprobs_d, full_keep, 0.2), probs)
+    dq_ref, dkx = attention_scores_backward(dscores, q, kx)
     assert np.abs(dq - dq_ref).max() < 1e-12
-    assert np.abs(dk - K.reduce_kv(dkx, a // G)).max() < 1e-12
-    assert np.abs(dv - K.reduce_kv(dvx, a // G)).max() < 1e-12
+    assert np.abs(dk - reduce_kv(dkx, a // G)).max() < 1e-12
+    assert np.abs(dv - reduce_kv(dvx, a // G)).max() < 1e-12
 
 
 def test_flash_skips_the_tiles_above_the_diagonal():
@@ -427,7 +432,7 @@ def test_report_layout_names_recompute_modules_and_uneven_split():
     each stage holds (Megatron's split, worked in test_pipeline_layer_counts_follow_megatron);
     K22's layouts carry neither (their reports stay as they were)."""
     from simsp.metrics import layout
-    from simsp.report.summary_md import _header
+    from simsp.report.run.summary_md import _header
     root = Path(__file__).resolve().parents[1] / "scenarios"
     lay = layout(load_scenario(root / "llama3.1-405b.toml"))
     assert lay["stage_layers"] == [15] + [16] * 6 + [15] and lay["recompute_modules"] == "mlp"

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (simsp/model/blocks/attention/mla_kernels.py, mla_layer.py; docs/mla.md): the
+"""Multi-head latent attention (simsp/model/blocks/attention/mla.py; docs/mla.md): the
 math against central finite differences, every layout against the single-device reference,
 the kept bytes against docs/mla.md's closed form, the GEMM FLOPs against a hand count, and
 `simsp verify` on scenarios/mla-tiny.toml."""
@@ -12,9 +12,9 @@ import pytest
 from simsp import analytic
 from simsp.commands.verify import verify_report
 from simsp.scenario.loading import load_scenario
-from simsp.model import kernels
-from simsp.model.blocks.attention import mla_kernels
-from simsp.model.blocks.moe.flops import megatron_flops
+from simsp.model.blocks.attention.rope import rope_angles
+from simsp.model.blocks.attention import mla
+from simsp.model.flops import megatron_flops
 from simsp.model.params import param_shapes
 from simsp.training.driver.layer_sim import simulate_layer
 
@@ -40,16 +40,16 @@ def test_mla_kernels_match_finite_differences(latent_q):
     P |= {"attn.kv_down.weight": rng.normal(size=(h, 7 + 6)),
          "attn.kv_norm.gamma": 1 + 0.1 * rng.normal(size=7),
          "attn.kv_up.weight": rng.normal(size=(7, 3 * 9))}
-    cos, sin = kernels.rope_angles(s, 6, 10000)
+    cos, sin = rope_angles(s, 6, 10000)
     y = rng.normal(size=(s, B, h))
     R = [rng.normal(size=(B, 3, s, w)) for w in (10, 10, 5)]  # weights of q, k, v
 
     def loss(params, x):
         return sum(float((t * r).sum()) for t, r in
-                   zip(mla_kernels.mla_forward(x, params, m, cos, sin)[:3], R))
+                   zip(mla.mla_forward(x, params, m, cos, sin)[:3], R))
 
-    cache = mla_kernels.mla_forward(y, P, m, cos, sin)[3]
-    dy, grads = mla_kernels.mla_backward(*R, cache, P, m, cos, sin)
+    cache = mla.mla_forward(y, P, m, cos, sin)[3]
+    dy, grads = mla.mla_backward(*R, cache, P, m, cos, sin)
     grads["y"] = dy
     for name, grad in grads.items():
         base = y if name == "y" else P[name]
@@ -63,8 +63,8 @@ def test_mla_kernels_match_finite_differences(latent_q):
 
 def test_rope_deinterleave_is_a_permutation():
     x = np.arange(12.0).reshape(1, 1, 1, 12)
-    assert mla_kernels.deinterleave(x)[0, 0, 0].tolist() == [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11]
-    assert np.array_equal(mla_kernels.reinterleave(mla_kernels.deinterleave(x)), x)
+    assert mla.deinterleave(x)[0, 0, 0].tolist() == [0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11]
+    assert np.array_equal(mla.reinterleave(mla.deinterleave(x)), x)
 
 
 LAYOUTS = {

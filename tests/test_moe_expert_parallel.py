@@ -18,7 +18,7 @@ from simsp.engine.network import Network
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
 from simsp.metrics import collect
-from simsp.model.blocks.moe import kernels as K
+from simsp.model.blocks.moe import router as K
 from simsp.model.blocks.moe.routing import kept_counts, routed_counts
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.gradcheck import gradient_check_with_bounds
@@ -233,8 +233,8 @@ def test_bad_expert_layouts_name_their_field(extra, field):
 
 @pytest.mark.parametrize("modules", ["moe", "moe_act", "shared_experts"])
 def test_recomputed_moe_modules_keep_less_and_compute_the_same(modules):
-    # meta: one layer's kept bytes against the closed form of simsp/model/blocks/moe/layer.py's
-    # table (balanced, dropless: N = T·k rows), less what the module recomputes
+    # meta: one layer's kept bytes against the closed form of the tables of simsp/model/blocks/moe/
+    # (balanced, dropless: N = T·k rows), less what the module recomputes
     from simsp.training.driver.layer_sim import simulate_layer
     s, b, h, a, E, k, f, fs = 64, 2, 32, 4, 8, 2, 48, 40
     sizes = dict(seq_length=s, micro_batch_size=b, hidden_size=h, num_attention_heads=a,

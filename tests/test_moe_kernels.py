@@ -6,10 +6,32 @@ import math
 import numpy as np
 import pytest
 
-from simsp.model import kernels
-from simsp.model.blocks.moe.kernels import MoeSpec, get_capacity, moe_backward, moe_forward
+from simsp.model.blocks.mlp.activation import gelu_forward, swiglu_forward
+from simsp.model.blocks.moe.experts import experts_backward, experts_forward
+from simsp.model.blocks.moe.router import (MoeSpec, get_capacity, route, route_backward, unpermute,
+                                          unpermute_backward)
 
 T, H, F, E = 12, 6, 5, 4
+
+
+# The rank-side kernels composed into the whole routed MoE on one device: route, the experts'
+# GEMMs, un-permute (and back), as the MoE layer chains them (model/blocks/moe/).
+def moe_forward(x, w: dict, spec: MoeSpec):
+    """x (T, h) -> y (T, h), aux loss, cache. w: router (h, E), fc1 (E, h, ·), fc2 (E, f, h)."""
+    c = route(x, w["router"], spec)
+    c["out"], c["h1"], c["g"] = experts_forward(c["xp"], w["fc1"], w["fc2"], c["counts"],
+                                                spec.swiglu)  # (N, h), (N, ·), (N, f)
+    return unpermute(c["out"], c), c["aux"], c
+
+
+def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
+    """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
+    hands the aux loss a gradient of 1 per layer)."""
+    dout, dprobs = unpermute_backward(dy, c["out"], c)  # (N, h), (T, E)
+    dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
+                                       c["counts"], spec.swiglu)
+    dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
+    return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}
 
 
 def _weights(rng, swiglu):
@@ -21,7 +43,7 @@ def _weights(rng, swiglu):
 def _oracle(x, w, spec):
     """Every token through every expert, then a per-token gate built with Python's sorted()
     and per-expert capacity lists: y (T, h) and the aux loss."""
-    act = kernels.swiglu_forward if spec.swiglu else kernels.gelu_forward
+    act = swiglu_forward if spec.swiglu else gelu_forward
     logits = x @ w["router"]
     gates = np.zeros((T, E))
     for t in range(T):

@@ -1,5 +1,5 @@
 """The bundled MoE scenarios against their model cards, and Megatron's FLOPs of the simulated
-model (simsp/model/blocks/moe/flops.py megatron_flops) against the independent counts of
+model (simsp/model/flops.py megatron_flops) against the independent counts of
 test_moe_flops.py's architectures and the dense formula of analytic.py."""
 
 from pathlib import Path
@@ -13,7 +13,8 @@ import pytest
 from simsp import analytic
 from simsp.cli import main
 from simsp.scenario.loading import load_scenario
-from simsp.model.blocks.moe.flops import megatron_flops, moe_model_flops
+from simsp.model.blocks.moe.flops import moe_model_flops
+from simsp.model.flops import megatron_flops
 from simsp.model.param_counts import parameter_counts
 from test_moe_params import DEEPSEEK_V3, MIXTRAL, QWEN3
 

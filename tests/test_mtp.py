@@ -1,5 +1,5 @@
 """Multi-token prediction (simsp/training/mtp.py, docs/mtp.md): every gradient against the
-single-device reference (simsp/model/reference.py) and central finite differences, the last
+single-device reference (simsp/model/reference/) and central finite differences, the last
 stage's weights against the count of the depths' tensors, Megatron's FLOPs against a hand
 count, bad input as one error line."""
 
@@ -10,7 +10,7 @@ from simsp.cli import main
 from simsp.commands.verify import verify_report
 from simsp.scenario.loading import load_scenario
 from simsp.metrics import collect
-from simsp.model.blocks.moe.flops import megatron_flops
+from simsp.model.flops import megatron_flops
 from simsp.model.params import init_params, layer_shapes, mtp_shapes
 from simsp.training.driver.compare import compare_with_reference, gathered_grads
 from simsp.training.driver.gradcheck import _direction, _finite_difference

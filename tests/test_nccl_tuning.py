@@ -11,7 +11,7 @@ import pytest
 
 from simsp.cli import main
 from simsp.cluster.topology import build_topology
-from simsp.commands.ring import simulate, simulate_nccl
+from simsp.engine.collectives.nccl_tests import simulate, simulate_nccl
 from simsp.scenario.config import Cluster
 from simsp.engine.collectives.nccl_tuning import channels_and_threads, choose, nccl_graph, nccl_time_us
 from simsp.engine.collectives.ring_timing import collective_time

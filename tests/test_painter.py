@@ -1,4 +1,4 @@
-"""The painter (report/painter.py): jobs in a process forked early, results by name, errors,
+"""The painter (report/run/painter.py): jobs in a process forked early, results by name, errors,
 the one-process fallback, and the reports' bytes both ways."""
 
 import multiprocessing
@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from simsp.report import painter as painting
-from simsp.report.painter import Painter, start_painter
+from simsp.report.run import painter as painting
+from simsp.report.run.painter import Painter, start_painter
 
 needs_fork = pytest.mark.skipif(not painting.can_fork(), reason="no fork or a single core")
 WARMED = []  # what the warm-up left in the painter's process
@@ -133,7 +133,7 @@ def test_a_daemonic_process_runs_the_jobs_itself():
 def test_reports_are_the_same_bytes_painted_there_and_here(tmp_path, monkeypatch):
     from simsp.scenario.loading import load_scenario
     from simsp.metrics import collect
-    from simsp.report import write_reports
+    from simsp.report.run import write_reports
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
     run = simulate_iteration(sc, Shortcuts(), trace="steps")
@@ -151,7 +151,7 @@ def test_reports_are_the_same_bytes_painted_there_and_here(tmp_path, monkeypatch
 def test_the_label_drawn_before_the_metrics_is_the_metrics_label():
     from simsp.scenario.loading import load_scenario
     from simsp.metrics import collect
-    from simsp.report.summary_md import run_label, variant_label
+    from simsp.report.run.summary_md import run_label, variant_label
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
     metrics = collect(simulate_iteration(sc, Shortcuts(), trace="none"), Shortcuts())
@@ -209,8 +209,8 @@ def test_the_painter_made_memory_counters_are_the_trace_writer_own(tmp_path):
     writer makes alone, byte for byte (a two-stage run: every simulated rank is a stage's)."""
     from simsp.scenario.loading import load_scenario
     from simsp.metrics import collect
-    from simsp.report import write_reports
-    from simsp.report.trace import write_chrome_trace
+    from simsp.report.run import write_reports
+    from simsp.report.run.trace.writer import write_chrome_trace
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
     run = simulate_iteration(sc, Shortcuts(), trace="steps")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from simsp.report.drawing import add_axes_in, draw_pixels, new_figure
+from simsp.report.run.figures.drawing import add_axes_in, draw_pixels, new_figure
 
 
 def rendered(draw, rgb: np.ndarray) -> np.ndarray:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from simsp.scenario.config import Model
-from simsp.model import kernels as K
-from simsp.model.dropout_sites import site_id
+from simsp.model.base.kernels import dropout_backward, keep_mask
+from simsp.model.base.dropout_sites import site_id
 from simsp.model.params import init_params, param_shapes
 from simsp.model.reference import reference_forward_backward
 
@@ -86,9 +86,9 @@ def test_finite_differences_every_param(tiny):
 def test_embedding_output_grad(tiny):
     """d position = sum over the batch of the embedding-dropout backward of d embedding_output."""
     _, _, _, _, grads = tiny
-    keep = K.keep_mask(TINY.hidden_dropout, SEED, site_id(-1, "embedding"), (0, OFFSET, 0),
+    keep = keep_mask(TINY.hidden_dropout, SEED, site_id(-1, "embedding"), (0, OFFSET, 0),
                        grads["embedding_output"].shape)  # (s, B, h)
-    demb = K.dropout_backward(grads["embedding_output"], keep, TINY.hidden_dropout)
+    demb = dropout_backward(grads["embedding_output"], keep, TINY.hidden_dropout)
     assert np.allclose(demb.sum(axis=1), grads["embedding.position"], rtol=1e-12, atol=1e-15)
 
 

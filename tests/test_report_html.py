@@ -12,11 +12,11 @@ from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import Ledger
 from simsp.metrics import collect
 from simsp.explore.whatif.oom_advice import bytes_at_failure, candidate_switches, explain_oom
-from simsp.report import write_reports
-from simsp.report.figures import stage_intervals, stage_spans
-from simsp.report.glossary import GLOSSARY
-from simsp.report.html import report_html, to_html
-from simsp.report.summary_md import summary_text
+from simsp.report.html import to_html
+from simsp.report.run import write_reports
+from simsp.report.run.figures.schedule import stage_intervals, stage_spans
+from simsp.report.run.glossary import GLOSSARY
+from simsp.report.run.summary_md import summary_text
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import GiB
 

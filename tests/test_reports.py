@@ -14,10 +14,11 @@ import pytest
 from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, MemEvent
 from simsp.metrics import collect
-from simsp.report import summary_text, write_reports
-from simsp.report import trace as chrome_trace
-from simsp.report.trace import memory_timeline, write_chrome_trace
-from simsp.report.figures import write_memory_plot
+from simsp.report.run import summary_text, write_reports
+from simsp.report.run.figures.memory import write_memory_plot
+from simsp.report.run.memory_timeline import MAX_MEMORY_POINTS, memory_timeline
+from simsp.report.run.trace import plan as trace_plan
+from simsp.report.run.trace.writer import write_chrome_trace
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import format_seconds
 
@@ -113,7 +114,7 @@ def test_memory_counter_peaks_at_the_ledger_peak(case, tmp_path):
     for rank, r in run.inputs.world.ranks.items():
         per_category = [e for e in events if e["ph"] == "C" and e["pid"] == rank
                         and e["name"] == "memory"]
-        assert per_category and len(per_category) <= chrome_trace.MAX_MEMORY_POINTS
+        assert per_category and len(per_category) <= MAX_MEMORY_POINTS
         assert all(set(e["args"]) == set(CATEGORIES) for e in per_category)
         stamps = [e["ts"] for e in per_category]
         assert stamps == sorted(stamps)
@@ -135,8 +136,8 @@ def test_trace_is_byte_identical_for_the_same_scenario(tmp_path):
 
 def test_detail_tracks_merge_per_schedule_step_over_budget(case, monkeypatch):
     run, _ = case
-    monkeypatch.setattr(chrome_trace, "SPAN_BUDGET", 1)
-    monkeypatch.setattr(chrome_trace, "MIN_DETAIL_SPANS", 10)
+    monkeypatch.setattr(trace_plan, "SPAN_BUDGET", 1)
+    monkeypatch.setattr(trace_plan, "MIN_DETAIL_SPANS", 10)
     events = trace_events(run)
     names = thread_names(events)
     xs = [e for e in events if e["ph"] == "X"]

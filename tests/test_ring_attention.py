@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from simsp.model.context_split import gather_sequence, local_positions, split_sequence
-from simsp.training.context_parallel.ring_kernels import CpShard, ring_backward, ring_forward, source_rank
+from simsp.training.context_parallel.ring_kernels import (CpShard, ring_backward, ring_forward,
+                                                          source_rank)
 
 
 def oracle_attention(q, k, v):
@@ -79,19 +80,20 @@ def test_each_step_holds_the_previous_ranks_block():
 
 
 def test_cp_by_tp_attention_core_with_rope_equals_the_single_device_flash_core():
-    from simsp.model import kernels
-    from simsp.model.context_split import rope_tables
+    from simsp.model.blocks.attention.flash import flash_backward, flash_forward
+    from simsp.model.blocks.attention.rope import (rope_angles, rope_backward, rope_forward,
+                                                   rope_tables)
     cp, tp, s, rot, base = 4, 2, 32, 8, 10000.0
     rng = np.random.default_rng(7)
     q = rng.standard_normal((2, 8, s, 8))  # (b, a, s, d) before RoPE
     k, v = rng.standard_normal((2, 2, 4, s, 8))  # (b, G, s, d)
     dout = rng.standard_normal(q.shape)
-    cos, sin = kernels.rope_angles(s, rot, base)
-    q_rot, k_rot = kernels.rope_forward(q, cos, sin), kernels.rope_forward(k, cos, sin)
-    out, lse = kernels.flash_forward(q_rot, k_rot, v)
-    dq_rot, dk_rot, dv = kernels.flash_backward(dout, q_rot, k_rot, v, out, lse)
-    expected = (out, kernels.rope_backward(dq_rot, cos, sin),
-                kernels.rope_backward(dk_rot, cos, sin), dv)
+    cos, sin = rope_angles(s, rot, base)
+    q_rot, k_rot = rope_forward(q, cos, sin), rope_forward(k, cos, sin)
+    out, lse = flash_forward(q_rot, k_rot, v)
+    dq_rot, dk_rot, dv = flash_backward(dout, q_rot, k_rot, v, out, lse)
+    expected = (out, rope_backward(dq_rot, cos, sin),
+                rope_backward(dk_rot, cos, sin), dv)
     got = [np.zeros_like(x) for x in expected]
     for t in range(tp):  # each TP rank: a/t query heads, G/t KV heads
         heads, groups = slice(4 * t, 4 * t + 4), slice(2 * t, 2 * t + 2)
@@ -100,16 +102,16 @@ def test_cp_by_tp_attention_core_with_rope_equals_the_single_device_flash_core()
             pos = local_positions(s, cp, r)
             c, sn = rope_tables(pos, rot, base)
             tables.append((c, sn))
-            shards.append(CpShard(kernels.rope_forward(q[:, heads][:, :, pos], c, sn),
-                                  kernels.rope_forward(k[:, groups][:, :, pos], c, sn),
+            shards.append(CpShard(rope_forward(q[:, heads][:, :, pos], c, sn),
+                                  rope_forward(k[:, groups][:, :, pos], c, sn),
                                   v[:, groups][:, :, pos], pos))
         state = ring_forward(shards)
         douts = [dout[:, heads][:, :, sh.pos] for sh in shards]
         grads = ring_backward(shards, douts, [o for o, _ in state], [l for _, l in state])
         for r, (sh, (c, sn)) in enumerate(zip(shards, tables)):
             got[0][:, heads.start:heads.stop, sh.pos] = state[r][0]
-            got[1][:, heads.start:heads.stop, sh.pos] = kernels.rope_backward(grads[r][0], c, sn)
-            got[2][:, groups.start:groups.stop, sh.pos] = kernels.rope_backward(grads[r][1], c, sn)
+            got[1][:, heads.start:heads.stop, sh.pos] = rope_backward(grads[r][0], c, sn)
+            got[2][:, groups.start:groups.stop, sh.pos] = rope_backward(grads[r][1], c, sn)
             got[3][:, groups.start:groups.stop, sh.pos] = grads[r][2]
     for mine, ref in zip(got, expected):
         assert np.abs(mine - ref).max() < 1e-12

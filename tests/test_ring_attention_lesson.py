@@ -14,9 +14,9 @@ from simsp.commands.ring import _placement
 from simsp.hardware.costmodel import calibration, kernel_time
 from simsp.hardware.constants import compute_for
 from simsp.model.context_split import visible_pairs
-from simsp.report.ring_attention_lesson import (PHASES, AttentionShape, block_pairs,
-                                                chunk_blocks, held_rank, lesson_data,
-                                                plain_split_pairs)
+from simsp.report.lessons.ring_attention import (PHASES, AttentionShape, block_pairs,
+                                                 chunk_blocks, held_rank, lesson_data,
+                                                 plain_split_pairs)
 
 IB_RATE_BPS = 25e9 * 0.9  # one HDR NIC at ib_efficiency
 IB_RAIL_LATENCY_S = 2e-6  # GPU 0 to GPU 8: NIC to rail 0's leaf to NIC, 1 µs per link

@@ -9,13 +9,15 @@ import pytest
 from browser import chromium, page_verdict, screenshot
 
 from simsp.cluster.topology import build_topology
-from simsp.commands.ring import _placement, simulate
+from simsp.commands.ring import _placement
 from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.nccl_tests import simulate
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from simsp.engine.collectives.ring_timing import step_times
-from simsp.report import ring_lesson
-from simsp.report.ring_lesson import lesson_data, lesson_text
-from simsp.report.ring_lesson_page import lesson_html
+from simsp.report.lessons import ring_slides
+from simsp.report.lessons.ring import lesson_data
+from simsp.report.lessons.ring_page import lesson_html
+from simsp.report.lessons.ring_text import lesson_text
 from simsp.units import GiB, MiB
 
 NVLINK_STEP_LATENCY_S = 2e-6  # one NVSwitch hop at nvlink_latency_us = 2
@@ -123,13 +125,13 @@ def test_the_page_shows_every_step_in_one_unit_and_only_the_panels_that_apply(ra
 
 
 def test_every_slide_has_a_legend(monkeypatch):
-    monkeypatch.setattr(ring_lesson, "pyplot_png", lambda plt, fig: fig)
+    monkeypatch.setattr(ring_slides, "pyplot_png", lambda plt, fig: fig)
     data, _, _ = data_for(16, size=GiB, nodes=2)
-    compare = ring_lesson.comparison_slide(data)
+    compare = ring_slides.comparison_slide(data)
     labels = [t.get_text() for t in compare.axes[0].get_legend().get_texts()]
     assert labels == ["all-reduce", "reduce-scatter", "all-gather"]
     for k in (0, 8):
-        slide = ring_lesson.step_slide(data, k)
+        slide = ring_slides.step_slide(data, k)
         texts = [t.get_text() for t in slide.legends[0].get_texts()]
         assert "InfiniBand hop" in texts and "just received" in texts
     for fig in (compare, slide):

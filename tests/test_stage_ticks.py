@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from simsp.report.drawing import add_axes_in, new_figure, stage_ticks
+from simsp.report.run.figures.drawing import add_axes_in, new_figure, stage_ticks
 
 LABELS = [f"stage {s}" for s in range(12)]
 

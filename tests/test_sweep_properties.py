@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simsp.api import build_configs
-from simsp.report.whatif_plots import pareto_front
+from simsp.report.sweep.plots import pareto_front
 
 points = st.lists(st.tuples(st.integers(1, 20), st.integers(1, 20)), min_size=1, max_size=30)
 

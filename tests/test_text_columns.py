@@ -1,4 +1,4 @@
-"""The trace's column encoder (report/trace.py, its text-columns section) writes numbers and strings exactly as
+"""The trace's column encoder (report/run/trace/columns.py) writes numbers and strings exactly as
 Python's str() and repr() do, for any value in its range."""
 
 import math
@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simsp.report.trace import (CHUNK_ROWS, Flows, constant, flows_text, integers, microseconds,
-                                rows_text, seconds_9, string, table, take)
+from simsp.report.run.trace.columns import (CHUNK_ROWS, constant, integers, microseconds,
+                                            rows_text, seconds_9, table, take)
+from simsp.report.run.trace.events import Flows, flows_text, string
 
 
 def column_rows(column, rows: int) -> list[str]:

@@ -1,5 +1,6 @@
 """Finite-difference gradient check of the 2-layer model: `simsp verify` and the Python API."""
 
+from dataclasses import replace
 import json
 
 import pytest
@@ -7,7 +8,9 @@ import pytest
 from simsp.cli import main
 from simsp.commands.verify import FD_TOLERANCE, REFERENCE_TOLERANCE
 from simsp.scenario.loading import load_scenario
-from simsp.model import kernels
+from simsp.model.blocks import numerics
+from simsp.model.blocks.mlp import activation
+from simsp.model.blocks.mlp.activation import gelu_backward
 from simsp.model.params import param_shapes
 from simsp.training.driver.gradcheck import EMBEDDING_OUTPUT, gradient_check_with_bounds
 
@@ -66,8 +69,9 @@ def test_simsp_verify_passes_on_parallel_layouts(capsys, flags):
 def test_gradient_check_catches_a_wrong_backward(monkeypatch, capsys):
     """A GeLU backward 10% too large: the FD check flags the layers' fc1 (the reference, which
     shares the kernel, would not), and `simsp verify` exits 1."""
-    right = kernels.gelu_backward
-    monkeypatch.setattr(kernels, "gelu_backward", lambda dy, x: 1.1 * right(dy, x))
+    wrong = lambda dy, x: 1.1 * gelu_backward(dy, x)  # noqa: E731
+    monkeypatch.setattr(activation, "GELU", replace(activation.GELU, backward=wrong))
+    monkeypatch.setattr(numerics, "gelu_backward", wrong)  # the reference's binding of it
     sc = load_scenario()
     errors, _ = gradient_check_with_bounds(sc, names=["layers.0.mlp.fc1.weight", "layers.1.mlp.fc2.weight"])
     assert errors["layers.0.mlp.fc1.weight"] > 1e-3

@@ -14,7 +14,6 @@ stdout, or to --out).
 """
 
 from dataclasses import replace
-from pathlib import Path
 
 from simsp.scenario.limits import BOUNDS, check_field
 from simsp.calibrate.fit import calibrate

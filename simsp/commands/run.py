@@ -12,10 +12,10 @@ from simsp.metrics import collect
 from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
 from simsp.explore.whatif.oom_advice import explain_oom
-from simsp.report import paint_stage_figures, summary_text, write_reports
-from simsp.report.drawing import warm_up
-from simsp.report.painter import start_painter
-from simsp.report.summary_md import run_label
+from simsp.report.run import paint_stage_figures, summary_text, write_reports
+from simsp.report.run.figures.drawing import warm_up
+from simsp.report.run.painter import start_painter
+from simsp.report.run.summary_md import run_label
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
@@ -80,7 +80,7 @@ def simulate(args, sc, shortcuts):
 
 def run(args) -> int:
     """Simulate, measure, report. Where reports are written, the painter process (started
-    first, report/painter.py) loads matplotlib during the simulation and draws the figures."""
+    first, report/run/painter.py) loads matplotlib during the simulation and draws the figures."""
     sc = scenario_from_args(args)
     # first at the cheapest the shortcuts could make it: their check walks every route of every
     # group (CP 2048 took minutes there before refusing), so a run far too big stops before it

@@ -177,7 +177,7 @@ def no_layout_reason(gpus: int, batch: int, result) -> str:
 
 def ranking_lines(frame, top: int, objective: str) -> list[str]:
     """The top K with what limits each, then the best rejected with why they lost."""
-    from simsp.report.whatif import ranked  # matplotlib: only when a search has run
+    from simsp.report.sweep.report_md import ranked  # matplotlib: only when a search has run
     order = ranked(frame, objective)
     rows = [row.to_dict() for _, row in order.iterrows()]
     fits = [row for row in rows if row.get("fits", row["status"] == "ok") is True]
@@ -206,7 +206,7 @@ def run(args) -> int:
     from simsp.explore.evaluation.runner import failure_message, prepare_out
     from simsp.explore.search.branch_and_bound import search
     from simsp.explore.results.table import results_frame, write_results
-    from simsp.report.whatif import write_whatif_report
+    from simsp.report.sweep.report_md import write_whatif_report
     check_executor_arguments(args)
     base, fixed, allowed = _base(args)
     batch = base[("parallel", "global_batch_size")]

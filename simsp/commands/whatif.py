@@ -7,7 +7,7 @@ from pathlib import Path
 from simsp.errors import UserError
 from simsp.explore.arguments import (add_executor_arguments, add_reserve_argument,
                                     check_executor_arguments, check_reserve)
-from simsp.explore.whatif.variants import OBJECTIVES
+from simsp.report.whatif.comparison import OBJECTIVES
 
 
 def add_parser(subparsers) -> None:
@@ -48,8 +48,9 @@ def run(args) -> int:
     from simsp.explore.results.folders import default_folder, exploration_digest, write_manifest
     from simsp.explore.evaluation.limits import check_sweep
     from simsp.explore.evaluation.runner import RESULT_FILES, WHATIF_FILES, prepare_out
-    from simsp.explore.whatif.variants import add_derived, conclusion, rank_rows, whatif_configs
-    from simsp.report.whatif_page import write_whatif_page
+    from simsp.explore.whatif.variants import add_derived, rank_rows, whatif_configs
+    from simsp.report.whatif.comparison import conclusion
+    from simsp.report.whatif.page import write_whatif_page
     check_executor_arguments(args)
     check_reserve(args.memory_reserve)
     configs = whatif_configs(_variants(args))

@@ -1,6 +1,7 @@
 """One line naming a model's layer variant, as reports print it (e.g. "GQA 64/8, SwiGLU f = 28672,
 RMSNorm, RoPE, untied, flash"); "GPT" for K22's layer, whose reports stay as they were."""
 
+from simsp.model.blocks.mlp.activation import activation_of
 from simsp.scenario.config import Model
 
 
@@ -22,7 +23,7 @@ def architecture(m: Model) -> str:
     position = {"rope": f"RoPE base {m.rotary_base}" + (
         f" {m.rotary_percent:g} of d" if m.rotary_percent < 1 else ""),
         "learned_absolute": "learned positions", "none": "no positions"}
-    parts = [_attention(m), f"{'SwiGLU' if m.swiglu else 'GeLU'} f = {m.ffn}", m.normalization,
+    parts = [_attention(m), f"{activation_of(m).label} f = {m.ffn}", m.normalization,
              position[m.position_embedding_type], "tied" if m.tied else "untied"]
     if m.num_experts is not None:
         moe_layers = sum(m.is_moe_layer(i) for i in range(m.num_layers))

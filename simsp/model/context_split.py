@@ -47,15 +47,6 @@ def gather_sequence(parts: list, load_balanced: bool = True, axis: int = -2) -> 
     return np.take(stacked, np.argsort(order), axis=axis)
 
 
-def rope_tables(positions: np.ndarray, rot_dim: int, base: float):
-    """cos, sin (len(positions), rot_dim) at arbitrary global positions (Megatron-LM
-    RotaryEmbedding, non-interleaved), the per-chunk angles a CP rank applies."""
-    inv_freq = 1.0 / (float(base) ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim))
-    freqs = positions.astype(np.float64)[:, None] * inv_freq  # (n, rot/2)
-    emb = np.concatenate([freqs, freqs], axis=-1)  # (n, rot_dim)
-    return np.cos(emb), np.sin(emb)
-
-
 def visible_pairs(s: int, cp: int, cp_rank: int, step: int, load_balanced: bool = True) -> int:
     """Causal (query, key) pairs rank `cp_rank` computes at ring step `step` (the K/V of rank
     cp_rank - step), counted from the positions: the work of that step's block attention."""
@@ -70,14 +61,3 @@ def balanced_step_pairs(s: int, cp: int, step: int) -> int:
     c(c + 1) + c²; every other step one full half block, 2c² (TE's three causal cases)."""
     c = s // (2 * cp)
     return c * (c + 1) + c * c if step == 0 else 2 * c * c
-
-
-def rank_rows(r, rows: int):
-    """Global sequence positions of the `rows` rows rank `r` holds (its SP slice of its CP
-    share): the first position (an int) without context parallelism, else the positions
-    (rows,) taken from r.cp.positions (two chunks: not contiguous)."""
-    start = r.tp.index * rows if r.tp.sequence_parallel else 0
-    if r.cp is None:
-        return start
-    return r.cp.positions[start:start + rows]  # (rows,)
-

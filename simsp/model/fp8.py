@@ -20,7 +20,7 @@ import numpy as np
 from simsp.hardware.costmodel import gemm_operand_bytes, gemm_seconds
 
 FP8_BYTES = 1
-# The saved linear inputs (simsp/model/layer.py names) TE keeps in FP8.
+# The saved linear inputs (the blocks' stash names, simsp/model/blocks/) TE keeps in FP8.
 FP8_SAVED_INPUTS = frozenset({"qkv_input", "proj_input", "fc1_input", "fc2_input"})
 
 

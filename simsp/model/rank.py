@@ -12,6 +12,7 @@ import numpy as np
 
 from simsp.hardware.costmodel import kernel_time
 from simsp.engine.memory import AlreadyLive, Ledger
+from simsp.model.blocks.attention.core import ContextParallelAttention
 from simsp.model.fp8 import FP8_SAVED_INPUTS, save_quantized
 from simsp.model.tensor import Tensor
 from simsp.scenario.precision import DEFAULT as DEFAULT_PRECISION
@@ -53,12 +54,12 @@ class Rank:
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     moe_aux_loss: float = 0.0  # Σ aux_scale · aux loss of its MoE layers' forwards (numeric)
-    moe: object = None  # simsp.model.blocks.moe.placement.ExpertRank of a MoE model, else None
+    moe: object = None  # blocks/moe/placement.py ExpertRank of a MoE model, else None
     moe_load: dict = field(default_factory=dict)  # forward MoE rows: expert_rows, dropped_pairs...
     compute_cal: object = None  # the GPU's ComputeCalibration; None: costmodel's active one
     precision: object = DEFAULT_PRECISION  # simsp.scenario.precision.Precision: state dtypes, FP8
     fp8: object = None  # simsp.scenario.precision.Fp8 when the linear layers run in FP8
-    cp: object = None  # training/context_parallel/attention.py CpAttention with context parallelism, else None
+    cp: ContextParallelAttention | None = None  # the rank's CP attention (context parallelism)
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):
@@ -66,6 +67,15 @@ class Rank:
 
     def key(self, name: str) -> str:
         return f"{self.scope}{name}"
+
+    def sequence_rows(self, rows: int):
+        """Global sequence positions of the `rows` rows this rank holds (its SP slice of its CP
+        share): the first position (an int) without context parallelism, else the positions
+        (rows,) of its CP attention's chunks (not contiguous)."""
+        start = self.tp.index * rows if self.tp.sequence_parallel else 0
+        if self.cp is None:
+            return start
+        return self.cp.positions[start:start + rows]  # (rows,)
 
     def alloc(self, shape, itemsize: int, name: str, category: str = "temporaries",
               data: np.ndarray | None = None) -> Tensor:

@@ -5,7 +5,6 @@ import numpy as np
 
 from simsp.model.sharding import local_shape, shard, unshard
 from simsp.model.fp8 import add_weight_copy, is_fp8_param
-from simsp.model.blocks.moe.placement import is_expert_param, local_expert_shape, local_expert_shard
 from simsp.model.tensor import FP16
 
 
@@ -18,11 +17,11 @@ def allocate_params(r, shapes: dict, canonical: dict | None, strip: str = ""):
     t, index = r.tp.size, r.tp.index
     for name, shape in shapes.items():
         local = name.removeprefix(strip)
-        experts = r.moe is not None and is_expert_param(name)  # E/EP experts, f/ETP each
-        part = local_expert_shape(r.moe, name, shape) if experts else local_shape(name, shape, t)
+        experts = r.moe is not None and r.moe.holds(name)  # E/EP experts, f/ETP each
+        part = r.moe.shard_shape(name, shape) if experts else local_shape(name, shape, t)
         data = None
         if r.numeric:
-            data = (local_expert_shard(r.moe, name, canonical[name]) if experts
+            data = (r.moe.shard(name, canonical[name]) if experts
                     else shard(name, canonical[name], index, t)).astype(r.dtype)
         weights[local] = r.alloc(part, FP16, f"weight.{name}", "weights", data)
         if r.fp8 is not None and is_fp8_param(name, part):

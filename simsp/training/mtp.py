@@ -18,11 +18,13 @@ input and recomputes itself; the norms and the projection keep theirs.
 
 import numpy as np
 
-from simsp.model import mappings, ops
+from simsp.model import mappings
+from simsp.model.base import ops
+from simsp.model.base.linear import column_parallel_backward
 from simsp.model.blocks.embedding import embedding_backward, embedding_forward
 from simsp.model.blocks.head import output_loss_backward, output_loss_forward
-from simsp.model.layer import LayerSpec, layer_forward, norm
-from simsp.model.layer_backward import column_parallel_backward, layer_backward, norm_backward
+from simsp.model.blocks.norm import norm, norm_backward
+from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 from simsp.model.tensor import FP16
 
 

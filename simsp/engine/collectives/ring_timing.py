@@ -11,7 +11,7 @@ paid once per call, and an all-reduce NCCL runs as a tree is timed by tree_time.
 import networkx as nx
 import numpy as np
 
-from simsp.cluster.topology import hop_route, route_latency_s
+from simsp.cluster.topology import hop_route
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, ChannelStats, CollectiveStats,
                                       element_count)
 from simsp.engine.collectives.nccl_group import hop_latency_scale, nccl_choice

@@ -110,9 +110,8 @@ def run_configs(configs: list[Config], executor: Executor, out: str | Path | Non
     return [table_row(i, c, configs[0], found[c.digest()]) for i, c in enumerate(configs)]
 
 
-# every file a sweep or search writes in its folder (explore/results/table.py,
-# report/whatif.py, report/whatif_plots.py, explore/results/folders.py), and what whatif adds
-# (report/whatif_page.py)
+# every file a sweep or search writes in its folder (explore/table.py, report/sweep/report_md.py,
+# report/sweep/plots.py, explore/folders.py), and what whatif adds (report/whatif/page.py)
 RESULT_FILES = ("results.csv", "results.jsonl", "report.md", "top.png", "pareto.png",
                 "memory.png", "exposed.png", "exploration.json")
 WHATIF_FILES = ("whatif.md", "whatif.html", "vs_baseline.png", "exposure.png")

@@ -3,14 +3,48 @@
 Each TP rank holds v/t rows of the word table; a token outside its rows contributes zeros and
 the partial sums meet in f̄ (all-reduce) or, under SP, ḡ (reduce-scatter) (Megatron-LM
 VocabParallelEmbedding). Keeps the dropout mask (sbh/t under SP) for backward (K22 §4.3).
+Parameters: the word table embedding.word (v, h) and, with learned absolute positions, the
+position table embedding.position (s, h) (no table for rope or none).
 """
 
 import numpy as np
 
-from simsp.model import mappings, ops
-from simsp.model.context_split import rank_rows
-from simsp.model.dropout_sites import site_id
+from simsp.model import mappings
+from simsp.model.base import ops
+from simsp.model.base.dropout_sites import site_id
 from simsp.model.tensor import FP16
+
+
+def shapes(model) -> dict[str, tuple[int, ...]]:
+    """embedding.word (v, h) and, learned absolute positions only, embedding.position (s, h)."""
+    out = {"embedding.word": (model.vocab_size, model.hidden_size)}
+    if model.position_embedding_type == "learned_absolute":
+        out["embedding.position"] = (model.seq_length, model.hidden_size)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy: the single-device lookup (the reference's)
+
+
+def token_embedding_forward(tokens, word, position):
+    """tokens (s, b) ints -> word[tokens] + position[0:s], shape (s, b, h)."""
+    s = tokens.shape[0]
+    return word[tokens] + position[:s][:, None, :]  # (s, b, h)
+
+
+def token_embedding_backward(dy, tokens, v, s):
+    """Scatter-add dy (s_tok, b, h) into (dword (v, h), dposition (s, h)); s is the table length."""
+    h = dy.shape[-1]
+    dword = np.zeros((v, h), dtype=dy.dtype)  # (v, h)
+    np.add.at(dword, tokens.reshape(-1), dy.reshape(-1, h))
+    dposition = np.zeros((s, h), dtype=dy.dtype)  # (s, h)
+    dposition[: dy.shape[0]] = dy.sum(axis=1)
+    return dword, dposition
+
+
+# ---------------------------------------------------------------------------------------------
+# ops on a rank
 
 
 def _rows(start, n: int):
@@ -19,6 +53,7 @@ def _rows(start, n: int):
 
 
 def _vocab_range(r, word) -> tuple[int, int]:
+    """[start, end) of the vocabulary rows this TP rank's word table holds."""
     rows = word.shape[0]
     return r.tp.index * rows, (r.tp.index + 1) * rows
 
@@ -44,7 +79,7 @@ def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple
     x = yield from mappings.exit_forward(r, partial, "embedding_exit")  # (s_l, b, h)
     if x is not partial:
         r.free(partial)
-    seq_start = rank_rows(r, x.shape[0])  # first position, or the CP rank's positions
+    seq_start = r.sequence_rows(x.shape[0])  # first position, or the CP rank's positions
     if "embedding.position" in w:  # learned absolute positions (no table for rope, none)
         if r.numeric:
             position = w["embedding.position"].data[_rows(seq_start, x.shape[0])]  # (s_l, h)
@@ -69,7 +104,7 @@ def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx):
     r.free(mask)
     if demb is not dx:
         r.free(dx)
-    seq_start = rank_rows(r, demb.shape[0])
+    seq_start = r.sequence_rows(demb.shape[0])
     if r.numeric and "embedding.position" in g:
         rows = demb.data.sum(axis=1)  # (s_l, h)
         g["embedding.position"].data[_rows(seq_start, rows.shape[0])] += rows

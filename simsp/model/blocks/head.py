@@ -4,15 +4,66 @@ Kept for backward (K22 §4.3): final LN input 2sbh/t, output-projection input 2s
 4sbv/t. The loss is Megatron-LM's vocab-parallel cross-entropy: the row maxima are all-gathered
 (a ring collective of s·b·t fp32 values; Megatron all-reduces with MAX), the sums of exponentials
 and the target logits all-reduced. Row maxima and sums (8sb bytes) are ignored as K22 ignores
-LN statistics.
+LN statistics. Parameters: the final norm's (final_ln) and, untied
+(--untie-embeddings-and-output-weights), the output layer's own output.weight (v, h); tied, the
+word embedding's table. FLOPs: the logits' GEMM, 6·h·v per token with its backward.
 """
 
 import numpy as np
 
-from simsp.model import mappings, ops
-from simsp.model.layer import norm
-from simsp.model.layer_backward import column_parallel_backward, norm_backward
+from simsp.model import mappings
+from simsp.model.base import ops
+from simsp.model.base.linear import column_parallel, column_parallel_backward
+from simsp.model.blocks.norm import norm, norm_backward
 from simsp.model.tensor import FP32, Tensor
+
+
+def output_shapes(model) -> dict[str, tuple[int, ...]]:
+    """The untied output layer's weight output.weight (v, h); none when tied."""
+    if model.untie_embeddings_and_output_weights:
+        return {"output.weight": (model.vocab_size, model.hidden_size)}
+    return {}
+
+
+def token_flops(model, padded_vocab: int) -> int:
+    """The logits' GEMM per token, forward and backward: 6·h·v (Megatron-LM's
+    num_floating_point_operations, its vocabulary padded)."""
+    return 6 * model.hidden_size * padded_vocab
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy: the single-device loss (the reference's)
+
+
+def _loss_dtype(logits):
+    """fp32 semantics: never below float32 (Megatron upcasts fp16 logits for the loss)."""
+    return np.promote_types(logits.dtype, np.float32)
+
+
+def _log_softmax(logits):
+    """Stable log-softmax over the vocabulary (last dim), in the loss dtype."""
+    z = logits.astype(_loss_dtype(logits), copy=False)  # (s, b, v)
+    z = z - z.max(axis=-1, keepdims=True)  # (s, b, v)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))  # (s, b, v)
+
+
+def cross_entropy_forward(logits, targets):
+    """SUM over tokens of -log softmax(logits)[target]; logits (s, b, v), targets (s, b)."""
+    logp = _log_softmax(logits)  # (s, b, v)
+    picked = np.take_along_axis(logp, targets[..., None], axis=-1)  # (s, b, 1)
+    return -picked.sum()
+
+
+def cross_entropy_backward(logits, targets, dloss):
+    """dlogits = (softmax - onehot(target)) * dloss, in the logits dtype."""
+    dlogits = np.exp(_log_softmax(logits))  # (s, b, v)
+    np.put_along_axis(dlogits, targets[..., None],
+                      np.take_along_axis(dlogits, targets[..., None], axis=-1) - 1.0, axis=-1)
+    return (dlogits * dloss).astype(logits.dtype, copy=False)  # (s, b, v)
+
+
+# ---------------------------------------------------------------------------------------------
+# ops on a rank
 
 
 def _transposed(t: Tensor) -> Tensor:
@@ -72,11 +123,8 @@ def output_loss_forward(r, model, w: dict, y: Tensor, targets: np.ndarray | None
     default all 1) through the output layer, stash for backward (multi-token prediction's
     depths share it: training/mtp.py)."""
     r.save(y, "output_proj_input")
-    y_full = yield from mappings.enter_forward(r, y, "head_enter")  # (s, b, h)
-    logits = yield from ops.linear(r, y_full, _transposed(_output_table(model, w)), None,
-                                   "logits")  # (s, b, v/t)
-    if y_full is not y:
-        r.free(y_full)
+    logits = yield from column_parallel(r, y, _transposed(_output_table(model, w)), None,
+                                        "head_enter", "logits")  # (s, b, v/t)
     logits32 = yield from ops.fp32_copy(r, logits, "logits_fp32")
     r.free(logits)
     r.save(logits32, "logits_fp32")

@@ -9,11 +9,13 @@ computes the block it holds (training/context_parallel/ring.py schedules it on t
 training/context_parallel/ring_kernels.py gives the numbers); a2a, AttnFuncWithCPAndQKVOA2A (CpUlysses); allgather,
 AttnFuncWithCPAndKVAllGather (CpAllGather). One shared instance serves one layer's forward,
 recompute or backward of one micro-batch on one CP group; the group's ranks meet in it through
-`rings`, shared by the world. The model calls `r.cp` (model/layer.py, layer_backward.py).
+`rings`, shared by the world. Each implements the model's declared interface
+ContextParallelAttention (model/blocks/attention/core.py), which the model calls as `r.cp`.
 """
 
 import numpy as np
 
+from simsp.model.blocks.attention.core import ContextParallelAttention
 from simsp.model.context_split import local_positions
 from simsp.model.mappings import tensor_collective
 from simsp.training.context_parallel.ring_kernels import CpShard, block_backward, block_forward
@@ -35,7 +37,7 @@ class SharedRing:
         self.ring, self.mailbox, self.done = ring, RingMailbox(), 0
 
 
-class CpAttention:
+class CpAttention(ContextParallelAttention):
     """One rank's context-parallel attention: its CP group, its tokens' global positions."""
 
     def __init__(self, env, network, rings: dict, members: tuple, index: int, seq_length: int):
@@ -47,7 +49,7 @@ class CpAttention:
     @staticmethod
     def _keep(keep, heads: int, first: int = 0):
         """keep(q_pos, k_pos) -> the (b, heads, nq, nk) dropout keep-mask of heads first..
-        (None without dropout); `keep` is model/layer.py's cp_attention_keep drawer."""
+        (None without dropout); `keep` is the attention core's cp_attention_keep drawer."""
         if keep is None:
             return None
         return lambda q_pos, k_pos: keep(q_pos, k_pos, first, heads)

@@ -61,7 +61,7 @@ def block_gemm(n: int, d: int, diagonal: bool) -> tuple:
 def block_seconds(b: int, heads: int, n: int, d: int, diagonal: bool, backward: bool) -> float:
     """A step's block attention time from the cost model: 2 batched GEMMs forward (scores,
     context), 5 backward (recomputed scores, dV, dP, dQ, dK), 2·b·heads·m·k·n FLOPs each, as
-    simsp/model/ops.py charges the FlashAttention core."""
+    simsp/model/blocks/attention/flash.py charges the FlashAttention core."""
     m, k, cols = block_gemm(n, d, diagonal)
     gemms = 5 if backward else 2
     return gemms * kernel_time("gemm", 2 * b * heads * m * k * cols, 0, gemm=(m, k, cols))

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from simsp.model.kernels import expand_kv, reduce_kv
+from simsp.model.blocks.attention.heads import expand_kv, reduce_kv
 
 
 class CpShard(NamedTuple):

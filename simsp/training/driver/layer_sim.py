@@ -9,8 +9,7 @@ from simsp.scenario.config import Scenario, one_layer_fields
 from simsp.scenario.loading import with_overrides
 from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup
 from simsp.model.context_split import gather_sequence
-from simsp.model.layer import LayerSpec, layer_forward
-from simsp.model.layer_backward import layer_backward
+from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 from simsp.model.blocks.moe.placement import etp_split_axis, is_expert_param
 from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error

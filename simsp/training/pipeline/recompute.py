@@ -8,8 +8,7 @@ scheme of Megatron-LM's `tensor_parallel.checkpoint` around `custom(l, l + N)` i
 """
 
 from simsp.cluster.topology import placement
-from simsp.model.layer import LayerSpec, layer_forward
-from simsp.model.layer_backward import layer_backward
+from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 
 
 PLAIN = None  # a layer outside checkpointed segments: its granularity worked out if it runs

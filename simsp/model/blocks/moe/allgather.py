@@ -13,7 +13,10 @@ conjugates: dy all-gathered, the tokens' and the probabilities' gradients reduce
 
 import numpy as np
 
-from simsp.model.tensor import FP16, FP32, MASK
+from simsp.model.blocks.moe import experts
+from simsp.model.blocks.moe.experts import COUNTS
+from simsp.model.blocks.moe.router import ROUTER, moe_spec, router_backward
+from simsp.model.tensor import FP16, FP32, MASK, Tensor
 
 
 def _gather(r, er, data, shape: tuple, itemsize: int, tag: str, label: str):
@@ -124,3 +127,77 @@ def scatter_grads(r, er, dx_all, dprobs_all, T: int, E: int, h: int):
                                  "reduce_scatter_moe")
     return dx, dprobs
 
+
+# ---------------------------------------------------------------------------------------------
+# the MoE layer's dispatch through it
+
+
+def forward(r, spec, w, x, routed, stash):
+    """Gather every member's tokens, run this rank's experts on theirs, unpermute into the
+    (n·T, h) buffer, reduce-scatter it: x (s, b, h) -> the routed output (s, b, h), and the
+    rows this rank's experts computed."""
+    s, b, h = x.shape
+    T, E = s * b, spec.model.num_experts
+    er, n, c = r.moe, len(r.moe.tp_ep_group), routed.cache
+    x_all, probs_t, kept_t = yield from gather_tokens(
+        r, er, x.data.reshape(T, h) if r.numeric else None, c, T, E, h)
+    gathered = r.alloc((n * T, h), FP16, "gathered_tokens", data=x_all)
+    local = local_counts(kept_t.data, er) if r.numeric else modelled_counts(routed.counts, er)
+    rows = x_all[local_pairs(kept_t.data, er)[0]] if r.numeric else None
+    x_in = r.alloc((int(local.sum()), h), FP16, "permuted_tokens", data=rows)
+    yield from r.compute("permute", "elementwise", nbytes=gathered.nbytes + x_in.nbytes)
+    r.free(gathered)
+    out = yield from experts.forward(r, spec, w, x_in, local, stash)
+    partial = r.alloc((n * T, h), FP16, "unpermuted_output", data=unpermute_partial(
+        out.data, probs_t.data, kept_t.data, er) if r.numeric else None)
+    yield from r.compute("unpermute", "elementwise", nbytes=out.nbytes + partial.nbytes)
+    y = yield from combine(r, er, partial.data, T, h, "moe_combine")  # (T, h)
+    r.free(partial)
+    for name, tensor in (("gathered_probs", probs_t), ("gathered_routing_map", kept_t),
+                         ("permuted_tokens", x_in), ("expert_output", out)):
+        stash.put(name, tensor)
+    stash.tensors[COUNTS] = Tensor((1, len(local)), 8, local[None])
+    combined = r.alloc((s, b, h), FP16, "moe_output",
+                       data=y.reshape(s, b, h) if r.numeric else None)
+    for name, tensor in (("router_logits", routed.logits), ("routing_map", routed.routing_map)):
+        stash.put(name, tensor)
+    return combined, int(local.sum())
+
+
+def backward(r, spec, w, g, saved, dy, dout, c):
+    """dy (s, b, h) at the routed output -> the tokens' gradient (T, h), and the router's
+    backward (a thunk, numeric) from the probabilities' gradient."""
+    m = spec.model
+    s, b, h = dy.shape
+    T = s * b
+    dx_tokens, dprobs = yield from _gradients(r, m, w, g, saved, dy, T, m.num_experts, h)
+    if dy is not dout:
+        r.free(dy)
+    dx_tokens_t = r.alloc((T, h), FP16, "d_permuted_tokens", data=dx_tokens)
+    return dx_tokens_t, (lambda: router_backward(dx_tokens, dprobs, c, w[ROUTER].data,
+                                                 moe_spec(m), spec.aux_scale))
+
+
+def _gradients(r, m, w, g, saved, dy, T: int, E: int, h: int):
+    """The conjugates: dy all-gathered, this rank's experts' backward, the tokens' and probs'
+    gradients reduce-scattered. Returns dx at the tokens (T, h) and d probs (T, E) (numeric)."""
+    er, n = r.moe, len(r.moe.tp_ep_group)
+    probs_t, kept_t = saved.pop("gathered_probs"), saved.pop("gathered_routing_map")
+    out, local = saved["expert_output"], saved.pop(COUNTS).data[0]
+    dy_all = yield from gather_grad(r, er, dy.data.reshape(T, h) if r.numeric else None, T, h)
+    gathered = r.alloc((n * T, h), FP16, "d_gathered_output", data=dy_all)
+    d_rows = dprobs_all = None
+    if r.numeric:
+        d_rows, dprobs_all = unpermute_backward(dy_all, out.data, probs_t.data, kept_t.data, er)
+    d_in = r.alloc(out.shape, FP16, "d_expert_output", data=d_rows)
+    yield from r.compute("d_unpermute", "elementwise", nbytes=gathered.nbytes + 2 * d_in.nbytes)
+    r.free(gathered)
+    dx_in = yield from experts.backward(r, m, w, g, saved, d_in, local, h)
+    dx_all = r.alloc((n * T, h), FP16, "d_gathered_tokens", data=scatter_add(
+        dx_in.data, kept_t.data, er, h) if r.numeric else None)
+    dprobs = r.alloc((n * T, E), FP32, "d_gathered_probs", data=dprobs_all)
+    yield from r.compute("d_permute", "elementwise", nbytes=dx_in.nbytes + dx_all.nbytes)
+    r.free(dx_in)
+    dx_tokens, dprobs_local = yield from scatter_grads(r, er, dx_all.data, dprobs.data, T, E, h)
+    r.free(dx_all, dprobs, probs_t, kept_t)
+    return dx_tokens, dprobs_local

@@ -3,7 +3,7 @@
 expert-parallel (EP) and expert-tensor-parallel (ETP) groups, through the communicator's
 all-to-all-v over the real links.
 
-Each rank routes its own tokens and permutes the kept pairs expert-major (moe_kernels.route).
+Each rank routes its own tokens and permutes the kept pairs expert-major (blocks/moe/router.py route).
 The ETP·EP ranks of an expert group first all-gather every member's tokens per expert (E,)
 (the dispatcher's `num_global_tokens_per_expert`, gathered over tp_ep_group), so every rank
 knows the count matrix C (ETP·EP, E), row etp + ETP·ep. Dispatch: rank (j, i) sends each EP
@@ -22,7 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simsp.model.tensor import FP16
+from simsp.model.blocks.moe import experts
+from simsp.model.blocks.moe.experts import COUNTS
+from simsp.model.blocks.moe.placement import expert_parallel
+from simsp.model.blocks.moe.router import ROUTER, moe_spec, route_backward, unpermute, \
+    unpermute_backward
+from simsp.model.tensor import FP16, Tensor
 
 COUNT_BYTES = 8  # int64 tokens per expert
 
@@ -145,3 +150,82 @@ def combine(r, er, plan: Exchange, out_data, h: int, tag: str):
     got = yield from all_to_all(r, er.ep_group, er.ep_index, chunks, plan.ep_recv, h, tag,
                                 "all_to_all_combine")
     return np.concatenate(got) if r.numeric else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the MoE layer's dispatch through it (or, without expert parallelism, none)
+
+
+def sort_chunks(r, rows):
+    """sort_chunks_by_idxs: source-major <-> expert-major rows, a copy, when a rank holds
+    more than one expert."""
+    if r.moe.num_local_experts > 1:
+        yield from r.compute("sort_chunks", "elementwise", nbytes=2 * rows.nbytes)
+
+
+def forward(r, spec, w, x, routed, stash):
+    """Permute, dispatch to the experts' ranks, the experts, combine back, unpermute: x
+    (s, b, h) -> the routed output (s, b, h), and the rows this rank's experts computed."""
+    s, b, h = x.shape
+    c, counts = routed.cache, routed.counts
+    N, parallel = int(counts.sum()), expert_parallel(r)
+    xp = r.alloc((N, h), FP16, "dispatch_input" if parallel else "permuted_tokens",
+                 data=c["xp"] if r.numeric else None)
+    yield from r.compute("permute", "elementwise", nbytes=2 * xp.nbytes)
+    M, x_in = counts[None], xp  # (ETP·EP, E) count matrix; the experts' input rows
+    if parallel:
+        M = yield from exchange_counts(r, r.moe, counts, counts)
+        plan = exchange(M, r.moe)
+        rows = yield from dispatch(r, r.moe, plan, xp.data, h, "moe_dispatch")
+        r.free(xp)
+        x_in = r.alloc((plan.rows_in, h), FP16, "permuted_tokens", data=rows)
+        yield from sort_chunks(r, x_in)
+    local = plan.local.sum(axis=0) if parallel else counts  # (E_local,)
+    out = yield from experts.forward(r, spec, w, x_in, local, stash)
+    if parallel:
+        yield from sort_chunks(r, out)
+        rows = yield from combine(r, r.moe, plan, out.data, h, "moe_combine")
+        r.free(out)
+        out = r.alloc((N, h), FP16, "expert_output", data=rows)
+    combined = r.alloc((s, b, h), FP16, "moe_output",
+                       data=unpermute(out.data, c).reshape(s, b, h) if r.numeric else None)
+    yield from r.compute("unpermute", "elementwise", nbytes=out.nbytes + combined.nbytes)
+    for name, tensor in (("router_logits", routed.logits), ("routing_map", routed.routing_map),
+                         ("permuted_tokens", x_in), ("expert_output", out)):
+        stash.put(name, tensor)
+    stash.tensors[COUNTS] = Tensor(M.shape, 8, M)  # ledger-less: 8·ETP·EP·E bytes
+    return combined, int(local.sum())
+
+
+def backward(r, spec, w, g, saved, dy, dout, c):
+    """Unpermute's backward at the source, then the pairs' gradients to their experts and the
+    rows' gradients back. Returns the permuted rows' gradient (N, h) and the router's
+    backward (a thunk, numeric)."""
+    s, b, h = dy.shape
+    out = saved["expert_output"]
+    N, M = out.shape[0], saved.pop(COUNTS).data
+    parallel = expert_parallel(r)
+    d_rows = dprobs = None
+    if r.numeric:
+        d_rows, dprobs = unpermute_backward(dy.data.reshape(s * b, h), out.data, c)
+    d_out = r.alloc((N, h), FP16, "d_expert_output", data=d_rows)
+    yield from r.compute("d_unpermute", "elementwise", nbytes=dy.nbytes + 2 * N * h)
+    if dy is not dout:
+        r.free(dy)
+    plan = exchange(M, r.moe) if parallel else None
+    local = plan.local.sum(axis=0) if parallel else M[0]  # (E_local,)
+    d_in = d_out
+    if parallel:  # combine's backward: the pairs' gradients to their experts
+        rows = yield from dispatch(r, r.moe, plan, d_out.data, h, "moe_combine_grad")
+        r.free(d_out)
+        d_in = r.alloc((plan.rows_in, h), FP16, "d_expert_output_recv", data=rows)
+        yield from sort_chunks(r, d_in)
+    dx_in = yield from experts.backward(r, spec.model, w, g, saved, d_in, local, h)
+    dxp = dx_in
+    if parallel:  # dispatch's backward: the rows' gradients to their sources
+        yield from sort_chunks(r, dx_in)
+        rows = yield from combine(r, r.moe, plan, dx_in.data, h, "moe_dispatch_grad")
+        r.free(dx_in)
+        dxp = r.alloc((N, h), FP16, "d_permuted_tokens", data=rows)
+    return dxp, (lambda: route_backward(dxp.data, dprobs, c, w[ROUTER].data,
+                                        moe_spec(spec.model), spec.aux_scale))

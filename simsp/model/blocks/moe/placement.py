@@ -44,6 +44,26 @@ class ExpertRank:
         n = self.num_local_experts
         return range(ep_index * n, (ep_index + 1) * n)
 
+    def holds(self, name: str) -> bool:
+        """Whether a canonical parameter is an expert weight, sharded here by expert."""
+        return is_expert_param(name)
+
+    def shard(self, name: str, full):
+        """This rank's experts of an expert weight, their f split over ETP: (E/EP, ...) array."""
+        experts = full[self.first_expert:self.first_expert + self.num_local_experts]
+        return np.array_split(experts, self.etp, axis=etp_split_axis(name))[self.etp_index].copy()
+
+    def shard_shape(self, name: str, shape: tuple) -> tuple:
+        """The shape of `shard` of an expert weight of full shape `shape`."""
+        out = [self.num_local_experts] + list(shape[1:])
+        out[etp_split_axis(name)] //= self.etp
+        return tuple(out)
+
+
+def expert_parallel(r) -> bool:
+    """Whether rank r's expert rows cross ranks (EP > 1 or ETP > 1)."""
+    return r.moe is not None and (r.moe.ep > 1 or r.moe.etp > 1)
+
 
 def expert_grid(sc) -> ExpertGrid:
     """The scenario's expert grid (ETP defaults to t)."""
@@ -77,19 +97,6 @@ ETP_SPLIT_AXIS = {"mlp.experts.fc1.weight": -1, "mlp.experts.fc2.weight": 1}  # 
 def etp_split_axis(name: str) -> int:
     """The axis of an expert weight split over ETP: fc1's f (column parallel), fc2's f (row)."""
     return next(axis for suffix, axis in ETP_SPLIT_AXIS.items() if name.endswith(suffix))
-
-
-def local_expert_shard(er: ExpertRank, name: str, full):
-    """This rank's experts of an expert weight, their f split over ETP: (E/EP, ...) array."""
-    experts = full[er.first_expert:er.first_expert + er.num_local_experts]
-    return np.array_split(experts, er.etp, axis=etp_split_axis(name))[er.etp_index].copy()
-
-
-def local_expert_shape(er: ExpertRank, name: str, shape: tuple) -> tuple:
-    """The shape of local_expert_shard."""
-    out = [er.num_local_experts] + list(shape[1:])
-    out[etp_split_axis(name)] //= er.etp
-    return tuple(out)
 
 
 def representatives(sc, ranks: list[int]) -> list[int]:

@@ -7,12 +7,12 @@ popular) getting a share ∝ (i + 1)^-α of the pairs, the popularity order a pe
 experts drawn from (seed, layer); counts are the largest-remainder rounding of T·k·share, each
 at most T (a token picks an expert once; the excess goes to the next most popular). The same
 expected loads hold on every rank and micro-batch: the hot experts of a layer stay hot. Then
-the capacity (moe_kernels.get_capacity) cuts or pads each expert's rows.
+the capacity (blocks/moe/router.py get_capacity) cuts or pads each expert's rows.
 """
 
 import numpy as np
 
-from simsp.model.blocks.moe import kernels as K
+from simsp.model.blocks.moe.router import MoeSpec, get_capacity, moe_spec
 
 
 def zipf_shares(E: int, alpha: float, seed: int, layer: int) -> np.ndarray:
@@ -45,7 +45,7 @@ def _round_capped(total: int, shares: np.ndarray, cap: int) -> np.ndarray:
     return counts
 
 
-def routed_counts(T: int, spec: K.MoeSpec, alpha: float, seed: int, layer: int) -> np.ndarray:
+def routed_counts(T: int, spec: MoeSpec, alpha: float, seed: int, layer: int) -> np.ndarray:
     """(E,) tokens routed to each expert before capacity."""
     E, pairs = spec.num_experts, T * spec.topk
     if alpha == 0:
@@ -53,14 +53,22 @@ def routed_counts(T: int, spec: K.MoeSpec, alpha: float, seed: int, layer: int) 
     return _round_capped(pairs, zipf_shares(E, alpha, seed, layer), T)
 
 
-def kept_counts(routed: np.ndarray, T: int, spec: K.MoeSpec) -> np.ndarray:
+def kept_counts(routed: np.ndarray, T: int, spec: MoeSpec) -> np.ndarray:
     """(E,) rows each expert computes after the capacity: cut to C, or padded to it."""
     if spec.capacity_factor is None:
         return routed
-    capacity = K.get_capacity(T * spec.topk, spec.num_experts, spec.capacity_factor)
+    capacity = get_capacity(T * spec.topk, spec.num_experts, spec.capacity_factor)
     if capacity > T:
         return np.full_like(routed, T) if spec.pad_to_capacity else routed
     return np.full_like(routed, capacity) if spec.pad_to_capacity else np.minimum(routed, capacity)
+
+
+def model_counts(r, spec, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """Meta mode: the routing model's pairs routed to each expert (E,) and its rows (E,)
+    after the capacity, for this layer (spec: its LayerSpec) on rank r."""
+    m = spec.model
+    routed = routed_counts(T, moe_spec(m), m.moe_routing_imbalance, r.seed, spec.layer)
+    return routed, kept_counts(routed, T, moe_spec(m))
 
 
 def uniform_routing(sc) -> bool:
@@ -71,7 +79,7 @@ def uniform_routing(sc) -> bool:
     if m.num_experts is None or m.moe_routing_imbalance > 0:
         return False
     coeff = 0.0
-    spec = K.MoeSpec(m.num_experts, m.moe_router_topk, m.moe_router_score_function, coeff,
+    spec = MoeSpec(m.num_experts, m.moe_router_topk, m.moe_router_score_function, coeff,
                      m.moe_expert_capacity_factor, m.moe_pad_expert_input_to_capacity, m.swiglu)
     T = m.seq_length // p.cp // (p.tp if p.sequence_parallel else 1) * p.micro_batch_size
     counts = kept_counts(routed_counts(T, spec, 0.0, 0, 0), T, spec)

@@ -7,10 +7,36 @@ and shared_expert_fc2_input (s, b, f_s/t), unless --recompute-modules shared_exp
 """
 
 from simsp.model import mappings
-from simsp.model.blocks.moe import kernels as K
+from simsp.model.base.stash import recomputing
+from simsp.model.blocks.mlp.activation import GELU, SWIGLU, activation_of
+from simsp.model.blocks.moe.experts import activation
 from simsp.model.tensor import FP16
 
 SHARED_FC1, SHARED_FC2 = "mlp.shared_experts.fc1.weight", "mlp.shared_experts.fc2.weight"
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy
+
+
+def shared_forward(x, fc1, fc2, swiglu: bool):
+    """The shared experts (shared_experts.py SharedExpertMLP, no gate, no bias): x (T, h) ->
+    (out (T, h), activation input (T, f_s | 2f_s), fc2 input (T, f_s)); fc1 (h, f_s | 2f_s)."""
+    act = (SWIGLU if swiglu else GELU).forward
+    h1 = x @ fc1  # (T, f_s | 2f_s)
+    g = act(h1)  # (T, f_s)
+    return g @ fc2, h1, g
+
+
+def shared_backward(dy, x, h1, g, fc1, fc2, swiglu: bool):
+    """dx (T, h), d fc1, d fc2 of shared_forward."""
+    back = (SWIGLU if swiglu else GELU).backward
+    dh1 = back(dy @ fc2.T, h1)  # (T, f_s | 2f_s)
+    return dh1 @ fc1.T, x.T @ dh1, g.T @ dy
+
+
+# ---------------------------------------------------------------------------------------------
+# ops on a rank
 
 
 def _shared_fc1(w: dict):
@@ -20,10 +46,11 @@ def _shared_fc1(w: dict):
 
 
 def _shared_names(m) -> tuple[str, str]:
-    return f"shared_expert_{'swiglu' if m.swiglu else 'gelu'}_input", "shared_expert_fc2_input"
+    """The kept activation input and fc2 input: shared_expert_{gelu,swiglu}_input, ..."""
+    return f"shared_expert_{activation_of(m).name}_input", "shared_expert_fc2_input"
 
 
-def shared_forward(r, spec, w, x, combined, stash):
+def forward(r, spec, w, x, combined, stash):
     """The shared experts (Megatron shared_experts.py SharedExpertMLP, no gate) on every token
     of x (s_l, b, h), added to the routed experts' output `combined` (s_l, b, h): a dense MLP
     of width f_s, column/row parallel over TP (under SP: the sequence all-gathered before fc1,
@@ -33,10 +60,10 @@ def shared_forward(r, spec, w, x, combined, stash):
     x_full = yield from mappings.enter_forward(r, x, "shared_fc1_enter")  # (s, b, h)
     s, b, h = x_full.shape
     T, f = s * b, m.moe_shared_expert_intermediate_size // r.tp.size
-    width = 2 * f if m.swiglu else f
+    width = activation_of(m).fc1_width(f)
     out = h1 = g = None
     if r.numeric:
-        out, h1, g = K.shared_forward(x_full.data.reshape(T, h), _shared_fc1(w),
+        out, h1, g = shared_forward(x_full.data.reshape(T, h), _shared_fc1(w),
                                       w[SHARED_FC2].data, m.swiglu)
     act_name, fc2_name = _shared_names(m)
     act_in = r.alloc((s, b, width), FP16, act_name, data=None if h1 is None else
@@ -68,7 +95,7 @@ def _shared_recompute(r, m, w, x, saved):
     x_full = yield from mappings.enter_forward(r, x, "shared_fc1_regather")  # (s, b, h)
     s, b, h = x_full.shape
     T, f = s * b, m.moe_shared_expert_intermediate_size // r.tp.size
-    width = 2 * f if m.swiglu else f
+    width = activation_of(m).fc1_width(f)
     act_name, fc2_name = _shared_names(m)
     h1 = x_full.data.reshape(T, h) @ _shared_fc1(w) if r.numeric else None  # (T, ·)
     act_in = r.alloc((s, b, width), FP16, act_name,
@@ -80,14 +107,13 @@ def _shared_recompute(r, m, w, x, saved):
     saved[fc2_name] = yield from activation(r, m, act_in, fc2_name, f, "recompute_shared_act")
 
 
-def shared_backward(r, m, w, g, saved, dy, x):
+def backward(r, m, w, g, saved, dy, x):
     """dy (s_l, b, h) at the shared experts' output -> their input gradient (s_l, b, h); their
     weight gradients accumulate in g (Megatron's column/row parallel backward)."""
     act_name, fc2_name = _shared_names(m)
     if act_name not in saved:  # shared_experts recomputed
-        r.phase = "recompute"
-        yield from _shared_recompute(r, m, w, x, saved)
-        r.phase = "backward"
+        with recomputing(r):
+            yield from _shared_recompute(r, m, w, x, saved)
     act_in, act_out = saved.pop(act_name), saved.pop(fc2_name)
     dfull = yield from mappings.exit_backward(r, dy, "shared_exit_grad")  # (s, b, h)
     x_full = yield from mappings.enter_forward(r, x, "shared_fc1_regather")  # (s, b, h)
@@ -95,7 +121,7 @@ def shared_backward(r, m, w, g, saved, dy, x):
     T, f, width = s * b, act_out.shape[2], act_in.shape[2]
     dx_data = None
     if r.numeric:
-        dx_data, dfc1, dfc2 = K.shared_backward(dfull.data.reshape(T, h),
+        dx_data, dfc1, dfc2 = shared_backward(dfull.data.reshape(T, h),
                                                 x_full.data.reshape(T, h),
                                                 act_in.data.reshape(T, width),
                                                 act_out.data.reshape(T, f), _shared_fc1(w),
@@ -120,12 +146,3 @@ def shared_backward(r, m, w, g, saved, dy, x):
     if dx is not dx_full:
         r.free(dx_full)
     return dx
-
-
-def activation(r, m, act_in, name: str, f: int, site: str):
-    """GeLU or SwiGLU of act_in (N, f | 2f) (a recompute), as a new (N, f) tensor."""
-    fn = K.kernels.swiglu_forward if m.swiglu else K.kernels.gelu_forward
-    out = r.alloc(act_in.shape[:-1] + (f,), FP16, name,
-                  data=fn(act_in.data) if r.numeric else None)
-    yield from r.compute(site, "elementwise", nbytes=act_in.nbytes + out.nbytes)
-    return out

@@ -1,0 +1,1 @@
+"""The dense MLP block (dense.py) and the activations every MLP applies (activation.py)."""

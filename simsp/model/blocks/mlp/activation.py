@@ -1,0 +1,101 @@
+"""The MLP's activation functions, numpy math and the rank's op: GeLU (tanh form, GPT-2 and
+Megatron-LM's default) and SwiGLU (--swiglu: silu(gate) · up, Megatron-LM
+fusions/fused_bias_swiglu.py). The dense MLP (mlp/dense.py), the routed and the shared experts
+(blocks/moe/) all apply them.
+
+A gated activation reads fc1's output (..., 2f) = [gate | up] and writes (..., f): its fc1 is
+h -> 2f, so an MLP of width f runs three GEMMs of h·f per token where GeLU's runs two (the
+ffn factor of Megatron-LM's num_floating_point_operations, megatron/training/training.py).
+"""
+
+from dataclasses import dataclass
+import math
+from typing import Callable
+
+import numpy as np
+
+from simsp.model.base.ops import elementwise
+from simsp.model.tensor import Tensor
+
+# ---------------------------------------------------------------------------------------------
+# GeLU, tanh approximation (GPT-2 / Megatron: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))))
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+def gelu_forward(x):
+    """GPT-2 tanh-approximated GeLU, elementwise."""
+    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + _GELU_A * x**3)))  # (...)
+
+
+def gelu_backward(dy, x):
+    """dx of the tanh-approximated GeLU (derivative of the formula above)."""
+    t = np.tanh(_GELU_C * (x + _GELU_A * x**3))  # (...)
+    dinner = _GELU_C * (1.0 + 3.0 * _GELU_A * x**2)  # (...)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)  # (...)
+
+
+# ---------------------------------------------------------------------------------------------
+# SwiGLU (Shazeer 2020, arXiv:2002.05202)
+
+
+def swiglu_forward(x):
+    """silu(gate) * up for x (..., 2f') = [gate | up] (Megatron-LM fusions/fused_bias_swiglu.py)."""
+    gate, up = np.split(x, 2, axis=-1)  # (..., f') each
+    return gate / (1.0 + np.exp(-gate)) * up  # (..., f')
+
+
+def swiglu_backward(dy, x):
+    """dx (..., 2f') = [d gate | d up] of silu(gate) * up."""
+    gate, up = np.split(x, 2, axis=-1)  # (..., f') each
+    sig = 1.0 / (1.0 + np.exp(-gate))  # (..., f')
+    dgate = dy * up * sig * (1.0 + gate * (1.0 - sig))  # (..., f')
+    return np.concatenate([dgate, dy * gate * sig], axis=-1)  # (..., 2f')
+
+
+# ---------------------------------------------------------------------------------------------
+# the activation a model's MLPs use
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One activation function of the MLP: its numpy pair and its shape."""
+
+    name: str  # names the saved input: "{name}_input" (gelu_input, swiglu_input)
+    label: str  # as reports print it
+    gated: bool  # reads [gate | up] (..., 2f): fc1 is h -> 2f
+    forward: Callable  # numpy: x (..., f | 2f) -> (..., f)
+    backward: Callable  # numpy: dy (..., f), x (..., f | 2f) -> dx (..., f | 2f)
+
+    @property
+    def gemms(self) -> int:
+        """GEMMs of h·f per token in an MLP of width f: 3 gated (fc1's two halves, fc2), else 2."""
+        return 3 if self.gated else 2
+
+    def fc1_width(self, f: int) -> int:
+        """fc1's output width for an MLP of width f: 2f gated, else f."""
+        return 2 * f if self.gated else f
+
+
+GELU = Activation("gelu", "GeLU", False, gelu_forward, gelu_backward)
+SWIGLU = Activation("swiglu", "SwiGLU", True, swiglu_forward, swiglu_backward)
+
+
+def activation_of(m) -> Activation:
+    """The model's MLP activation: SwiGLU with --swiglu, else GeLU."""
+    return SWIGLU if m.swiglu else GELU
+
+
+def activate(r, act: Activation, x: Tensor, name: str):
+    """act(x): x (..., f | 2f) -> (..., f); reads x, writes the output."""
+    f = x.shape[-1] // 2 if act.gated else x.shape[-1]
+    out_bytes = x.nbytes // 2 if act.gated else x.nbytes
+    return (yield from elementwise(r, x.shape[:-1] + (f,), name, lambda: act.forward(x.data),
+                                   x.nbytes + out_bytes))
+
+
+def activate_grad(r, act: Activation, dy: Tensor, x: Tensor, name: str):
+    """d act at the kept input x (..., f | 2f) from dy (..., f); reads dy and x, writes dx."""
+    return (yield from elementwise(r, x.shape, name, lambda: act.backward(dy.data, x.data),
+                                   dy.nbytes + 2 * x.nbytes))

@@ -1,0 +1,4 @@
+"""`simsp ring`'s output below the command: the nccl-tests style tables of ring collectives
+(nccl_table.py) and all-to-alls (all_to_all_table.py), the ring lesson (ring.py, the model;
+ring_text.py, ring_page.py, ring_slides.py, its renderings) and the ring attention lesson
+(ring_attention.py; ring_attention_text.py, ring_attention_page.py)."""

@@ -1,0 +1,462 @@
+"""The ring lesson as one self-contained teaching page: ranks around a ring, chunks as coloured
+cells of a rank x chunk grid, stepping through the collective (buttons, autoplay, and the keys a
+keyboard or a presenter's clicker sends), each step's time derived from its slowest hop; every
+step in one table; all-reduce vs reduce-scatter + all-gather; on several nodes how channels,
+rails and PXN carry the ring, on one node how Megatron's sequence parallelism uses the pair
+(K22 §4.2.2). Inline CSS and JS, no network. The numbers all come from the lesson model
+(report/lessons/ring.py)."""
+
+import html
+import json
+from pathlib import Path
+
+from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from simsp.io_out import write_file
+from simsp.report.html import page
+from simsp.report.lessons.ring import NAMES, hop_path, lesson_title, microseconds
+from simsp.units import format_bytes
+
+STYLE = """
+.lesson{display:flex;gap:28px;flex-wrap:wrap;align-items:flex-start}
+#ring{flex:0 0 420px}#grid-box{flex:1 1 480px}
+.controls{margin:10px 0;display:flex;gap:8px;align-items:center;flex-wrap:wrap}
+.controls button{font-size:15px;padding:5px 14px;border:1px solid #b8c0cc;border-radius:6px;
+ background:#f4f6f9;cursor:pointer}.controls button:hover{background:#e6eaf0}
+#step-label{font-weight:600;font-size:17px}#step-info{color:#333;margin:4px 0 10px}
+table.grid td{width:30px;height:26px;text-align:center;font-size:11.5px;padding:0;
+ border:1px solid #d0d5dd}table.grid th{font-size:12px;padding:2px 5px}
+table.grid td.empty{background:#fff;color:#bbb}table.grid td.recv{outline:3px solid #111;
+ outline-offset:-3px}
+table.grid.big td{width:46px;height:36px;font-size:13px}
+.steps-box{display:inline-block;border:1px solid #e5e7eb}
+.steps-box table{margin:0}
+table.steps tr.current{background:#fff3c4 !important}
+.panel{background:#fafbfc;border:1px solid #e5e7eb;border-radius:8px;padding:12px 18px;
+ margin:16px 0}
+.bars{display:grid;grid-template-columns:220px 1fr 110px;gap:6px 12px;align-items:center}
+.bar{height:22px;border-radius:3px}.rs{background:#4c72b0}.ag{background:#55a868}
+.ar{background:linear-gradient(90deg,#4c72b0 50%,#55a868 50%)}
+.legend span{display:inline-block;width:12px;height:12px;margin:0 4px -1px 10px}
+#step-formula{font-family:monospace;font-size:15px;margin:2px 0 10px;min-height:1.2em}
+table.steps td.formula{font-family:monospace;font-size:12px}
+.keys kbd{border:1px solid #b8c0cc;border-radius:3px;padding:0 4px;font-size:12px}
+"""
+
+
+SP_DIAGRAM = """<svg width="900" height="120" viewBox="0 0 900 120" role="img"
+ aria-label="sequence-parallel region, g all-gather, tensor-parallel region, g-bar
+ reduce-scatter, sequence-parallel region">
+<defs><marker id="sp-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7"
+ markerHeight="7" orient="auto"><path d="M0 0 L10 5 L0 10 z" fill="#333"/></marker></defs>
+<rect x="10" y="30" width="190" height="60" rx="8" fill="#dde8f6" stroke="#4c72b0"/>
+<text x="105" y="56" text-anchor="middle" font-size="13">LayerNorm, dropout</text>
+<text x="105" y="75" text-anchor="middle" font-size="12">SP: s/t of the sequence</text>
+<rect x="350" y="30" width="200" height="60" rx="8" fill="#fde9d9" stroke="#c44e52"/>
+<text x="450" y="56" text-anchor="middle" font-size="13">attention or MLP</text>
+<text x="450" y="75" text-anchor="middle" font-size="12">TP: h/t of the weights</text>
+<rect x="700" y="30" width="190" height="60" rx="8" fill="#dde8f6" stroke="#4c72b0"/>
+<text x="795" y="56" text-anchor="middle" font-size="13">LayerNorm, dropout</text>
+<text x="795" y="75" text-anchor="middle" font-size="12">SP: s/t of the sequence</text>
+<line x1="200" y1="60" x2="348" y2="60" stroke="#333" stroke-width="2" marker-end="url(#sp-arrow)"/>
+<text x="274" y="50" text-anchor="middle" font-size="14" font-weight="600">g</text>
+<text x="274" y="80" text-anchor="middle" font-size="12">all-gather</text>
+<line x1="550" y1="60" x2="698" y2="60" stroke="#333" stroke-width="2" marker-end="url(#sp-arrow)"/>
+<text x="624" y="50" text-anchor="middle" font-size="14" font-weight="600">ḡ</text>
+<text x="624" y="80" text-anchor="middle" font-size="12">reduce-scatter</text>
+<text x="450" y="112" text-anchor="middle" font-size="12" fill="#555">forward pass; the
+ backward pass swaps them (g: reduce-scatter, ḡ: all-gather)</text></svg>"""
+
+
+def _step_rows(data: dict) -> str:
+    """The table of every step: phase, bytes each rank sends, the slowest hop and its formula,
+    cumulative time; all rows visible (no scroll box)."""
+    rows, total = [], 0.0
+    for i, step in enumerate(data["steps"]):
+        total += step["time_s"]
+        hop = step["hop"]
+        rows.append(f'<tr id="row-{i + 1}"><td>{i + 1}</td><td>{NAMES[step["phase"]]} '
+                    f'{step["index"] + 1}</td><td class="num">'
+                    f'{format_bytes(step["bytes_per_rank"])}</td><td>{html.escape(hop_path(hop))}'
+                    f' <small>({hop["link"]}, ch {hop["channel"]})</small></td>'
+                    f'<td class="formula">{html.escape(hop["formula"])}</td><td class="num">'
+                    f'{microseconds(total)}</td></tr>')
+    return ('<div class="steps-box"><table class="steps"><thead><tr><th>step</th><th>phase</th>'
+            '<th class="num">sent per rank</th><th>slowest hop</th><th>time = bytes ÷ '
+            '(bandwidth × efficiency ÷ sharing × protocol) + latency</th>'
+            '<th class="num">cumulative</th>'
+            '</tr></thead><tbody>' + "".join(rows) + "</tbody></table></div>")
+
+
+def _bar(label: str, seconds: float, longest: float, css: str, nbytes: int) -> str:
+    """One bar of the comparison: label, width by time, time and bytes per rank."""
+    width = 100 * seconds / longest if longest else 0
+    return (f"<div>{html.escape(label)}</div><div><div class=\"bar {css}\" "
+            f"style=\"width:{width:.1f}%\"></div></div><div class=\"num\">"
+            f"{microseconds(seconds)}<br><small>{format_bytes(nbytes)}/rank</small></div>")
+
+
+def comparison_panel(data: dict) -> str:
+    """All-reduce vs reduce-scatter + all-gather: equal bytes, (nearly) equal time."""
+    c, n = data["compare"], data["ranks"]
+    t, sent = c["time_s"], c["bytes_sent_per_rank"]
+    pair = t[REDUCE_SCATTER] + t[ALL_GATHER]
+    longest = max(t[ALL_REDUCE], pair)
+    diff = pair - t[ALL_REDUCE]
+    return (
+        '<div class="panel" id="compare"><h2>All-reduce = reduce-scatter + all-gather</h2>'
+        f"<p>The same S = {format_bytes(data['size_bytes'])} over the same {n}-rank ring. "
+        f"The all-reduce is {c['steps'][ALL_REDUCE]} = 2(n−1) steps: the {n - 1} steps of the "
+        f"reduce-scatter, then the {n - 1} of the all-gather. Each rank sends 2(n−1)/n·S either "
+        "way (NVIDIA/nccl-tests doc/PERFORMANCE.md).</p>"
+        '<p class="legend"><span class="rs"></span>reduce-scatter<span class="ag"></span>'
+        'all-gather<span class="ar"></span>all-reduce (its two halves)</p><div class="bars">'
+        + _bar("all-reduce (one call)", t[ALL_REDUCE], longest, "ar", sent[ALL_REDUCE])
+        + _bar("reduce-scatter", t[REDUCE_SCATTER], longest, "rs", sent[REDUCE_SCATTER])
+        + _bar("then all-gather", t[ALL_GATHER], longest, "ag", sent[ALL_GATHER])
+        + _bar("reduce-scatter + all-gather", pair, longest, "ar",
+               sent[REDUCE_SCATTER] + sent[ALL_GATHER])
+        + "</div>"
+        f"<p>Modelled difference: {microseconds(abs(diff)) if abs(diff) > 1e-12 else 'none'}"
+        ". simsp runs the "
+        "all-reduce as exactly these two phases, so bytes and step times agree. Where a real "
+        "difference comes from: two calls instead of one pay <b>one extra latency</b>, the "
+        "second collective's launch and start-up (NCCL's base latency, "
+        f"{microseconds(c['base_latency_s'][ALL_REDUCE])} per call here, not in the bars), "
+        "nothing else: the steps and the bytes are the same. It matters for small messages "
+        "only.</p></div>")
+
+
+def channels_panel(data: dict) -> str:
+    """Several nodes: how NCCL's channels, rails and PXN carry the ring, with this page's
+    numbers, and why a step here can be faster than on one node."""
+    n, nodes, k = data["ranks"], data["nodes"], len(data["channels"])
+    chunk, first, one = data["chunk_bytes"][0], data["steps"][0]["hop"], data["one_node"]
+    per_node = n // nodes
+    channel = data["channels"][0]
+    relays = [f"gpu{data['gpus'][channel['order'][p]]} → gpu{v}"
+              for p, v in enumerate(channel["via"]) if v is not None]
+    return (
+        '<div class="panel" id="channels"><h2>Two nodes: channels, rails and PXN</h2>'
+        f"<p><b>Channels.</b> NCCL does not run one ring but {k}: one <i>channel</i> per GPU a "
+        f"node holds, each its own ring through all {n} GPUs, each carrying 1/{k} of every "
+        f"chunk at the same time. A chunk is S/n = {format_bytes(chunk)}, so a channel moves "
+        f"{format_bytes(chunk / k)} per hop. The channel selector above shows each ring.</p>"
+        f"<p><b>Rails.</b> Every GPU of a DGX node has its own InfiniBand NIC; NIC i of every "
+        f"node sits on the same leaf switch, <i>rail</i> i. Channel c enters each node at the "
+        f"GPU on rail c and leaves it through rail c's NIC, so the {k} channels cross between "
+        f"nodes over {k} different NICs at once instead of sharing one.</p>"
+        f"<p><b>PXN.</b> The GPU just before a node crossing is not the one on the channel's "
+        f"rail. With PXN (NCCL ≥ 2.12) it hands the data over NVLink to the GPU that owns the "
+        f"rail's NIC, which sends it across: channel 0's crossings are "
+        f"{html.escape(', '.join(relays))} then out over InfiniBand, drawn on the ring as a "
+        f"dotted NVLink leg and a red dashed InfiniBand leg.</p>"
+        f"<p><b>Why a step here is faster than on one node.</b> Every step waits for its "
+        f"slowest hop. Here that is {html.escape(hop_path(first))} over {first['link']}: "
+        f"<code>{html.escape(first['formula'])}</code>. The same S on one node's {per_node} "
+        f"GPUs cuts it into {per_node} chunks of {format_bytes(data['size_bytes'] / per_node)} "
+        f"on one ring over NVLink: <code>{html.escape(one['formula'])}</code>. Twice the ranks "
+        f"halve the chunk, and {k} channels on {k} NICs split it again, which outweighs the "
+        f"slower InfiniBand link. The 2-node ring still takes 2(n−1) = {2 * (n - 1)} steps "
+        f"instead of {2 * (per_node - 1)}.</p></div>")
+
+
+def sp_panel(data: dict) -> str:
+    """One node: Megatron sequence parallelism (K22 §4.2.2), g = all-gather in, g-bar =
+    reduce-scatter out; tensor parallelism never spans nodes, so only one-node pages have it."""
+    c, size = data["compare"], data["size_bytes"]
+    sent = c["bytes_sent_per_rank"]
+    return (
+        '<div class="panel" id="sp"><h2>Why it matters: Megatron sequence parallelism</h2>'
+        "<p>Tensor parallelism without SP wraps each attention and MLP block in <i>f</i> "
+        "(identity forward, all-reduce backward) and <i>f̄</i> (all-reduce forward): "
+        f"every layer-norm and dropout between blocks runs on the whole s·b·h activation, "
+        "replicated on every TP rank.</p><p>With sequence parallelism (K22 §4.2.2) those "
+        "regions are split along the sequence. Entering a TP block, <b>g</b> = all-gather "
+        "collects the sequence shards into the full activation; leaving it, <b>ḡ</b> = "
+        "reduce-scatter sums the partial results and hands each rank its sequence shard back "
+        "(and the reverse in the backward pass).</p>"
+        f"<p>For an activation of S = {format_bytes(size)} on {data['ranks']} ranks: the "
+        f"all-reduce of f̄ sends {format_bytes(sent[ALL_REDUCE])} per rank; g + ḡ send "
+        f"{format_bytes(sent[ALL_GATHER])} + {format_bytes(sent[REDUCE_SCATTER])} = "
+        f"{format_bytes(sent[ALL_GATHER] + sent[REDUCE_SCATTER])}: the same bytes, because an "
+        "all-reduce <i>is</i> a reduce-scatter followed by an all-gather, now split around the "
+        "block instead of after it. The communication is free; the activations between blocks "
+        "shrink t-fold.</p>" + SP_DIAGRAM + "</div>")
+
+
+def lesson_html(data: dict, title: str) -> str:
+    """The whole page."""
+    n, nodes = data["ranks"], data["nodes"]
+    intro = (f"<h1>{html.escape(title)}</h1><p class=\"meta\">{n} ranks on {nodes} node(s) of "
+             f"{data['gpus_per_node']} GPUs; S = {format_bytes(data['size_bytes'])} split into "
+             f"{n} chunks; {len(data['channels'])} channel(s); link calibration "
+             f"<code>{html.escape(data['calibration'])}</code>.</p>"
+             "<p>Each row of the grid is a rank, each column a chunk of the message. A cell's "
+             "colour is its chunk; its shade, how many ranks' data it already sums "
+             "(pale: its own only, dark: <b>all</b>). Arrows on the ring show this step's sends; "
+             "thick outlined cells just received a chunk. Each step's time is derived below the "
+             "step's title: bytes ÷ (bandwidth × efficiency ÷ hops sharing the link × the "
+             "share of it NCCL's protocol gets) + latency (× the protocol's factor)."
+             "</p><p class=\"keys\">Keys: <kbd>→</kbd> or <kbd>PageDown</kbd> next, <kbd>←"
+             "</kbd> or <kbd>PageUp</kbd> back (a presenter's clicker sends these), "
+             "<kbd>space</kbd> play/pause, <kbd>Home</kbd> start.</p>")
+    lesson = ('<div class="lesson"><div id="ring"></div><div id="grid-box">'
+              '<div class="controls"><button id="prev">◀ prev</button><button id="next">next ▶'
+              '</button><button id="play">▶ play</button><button id="reset">reset</button>'
+              '<span id="channel-box"></span></div><div id="step-label"></div>'
+              '<div id="step-info"></div><div id="step-formula"></div><div id="grid"></div>'
+              '</div></div>')
+    context = channels_panel(data) if nodes > 1 else sp_panel(data)
+    body = (intro + lesson + "<h2>Every step</h2>" + _step_rows(data) + comparison_panel(data)
+            + context)
+    script = f"var DATA = {json.dumps(data, sort_keys=True)};\n{SCRIPT}"
+    return page(title, body, STYLE, script)
+
+
+def write_page(data: dict, path) -> Path:
+    """`simsp ring --html FILE`: the page of the lesson `data` (report/lessons/ring.py),
+    written to `path`."""
+    path = Path(path)
+    write_file(path, lesson_html(data, lesson_title(data)))
+    return path
+
+
+# What both lesson pages' scripts share (pasted inside each page's closure, which declares
+# `steps`, `current`, `timer`, PERIOD, hue(k) and render()): number formats as the Python side writes
+# them, an SVG element maker, the ring's canvas, and the stepping: show(k), play(), the buttons (#prev, #next,
+# #play, #reset) and the keys a keyboard or a presenter's clicker sends.
+STEPPING_JS = r"""
+  var SVGNS = 'http://www.w3.org/2000/svg';
+  function fmtBytes(b) {
+    var u = [['GiB', 1073741824], ['MiB', 1048576], ['KiB', 1024]];
+    for (var i = 0; i < u.length; i++) if (b >= u[i][1]) return (b / u[i][1]).toFixed(2) + ' ' + u[i][0];
+    return b + ' B';
+  }
+  function fmtTime(s) {  // every time of the lesson in one unit, as the Python side writes it
+    return (s * 1e6).toLocaleString('en-US', {minimumFractionDigits: 2, maximumFractionDigits: 2}) + ' µs';
+  }
+  function el(tag, attrs, parent) {
+    var e = document.createElementNS(SVGNS, tag);
+    for (var a in attrs) e.setAttribute(a, attrs[a]);
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  // #ring emptied for a new SVG drawing `size` square (a key line below it) with an arrowhead
+  // per colour index k (#arrowk, hue(k)); pos(p, radius) places ring position p of `count`
+  // clockwise from the top.
+  function ringCanvas(size, count) {
+    var box = document.getElementById('ring'); box.innerHTML = '';
+    var c = size / 2, svg = el('svg', {width: size, height: size + 30,
+      viewBox: '0 0 ' + size + ' ' + (size + 30), id: 'ring-svg'}, box);
+    var defs = el('defs', {}, svg);
+    for (var k = 0; k < count; k++) {
+      var m = el('marker', {id: 'arrow' + k, viewBox: '0 0 10 10', refX: 9, refY: 5,
+        markerWidth: 5, markerHeight: 5, orient: 'auto-start-reverse'}, defs);
+      el('path', {d: 'M 0 0 L 10 5 L 0 10 z', fill: 'hsl(' + hue(k) + ',65%,40%)'}, m);
+    }
+    function pos(p, radius) {
+      var a = -Math.PI / 2 + 2 * Math.PI * p / count;
+      return [c + radius * Math.cos(a), c + radius * Math.sin(a)];
+    }
+    return {svg: svg, c: c, pos: pos};
+  }
+  // The stepping's self-check (window.__checks), merged into `verdict`: from the start, the
+  // next button changes what `text()` reads and the step label, prev brings it back; → and
+  // PageDown step on, PageUp back, space plays and pauses.
+  function checkStepping(text, verdict) {
+    function key(name) { document.dispatchEvent(new KeyboardEvent('keydown', {key: name, bubbles: true})); }
+    function label() { return document.getElementById('step-label').textContent; }
+    document.getElementById('reset').click();
+    var start = text(), label0 = label();
+    document.getElementById('next').click();
+    var after = text(), label1 = label();
+    document.getElementById('prev').click();
+    verdict.advanced = after !== start && label1 !== label0;
+    verdict.back = text() === start;
+    verdict.steps = steps.length;
+    key('ArrowRight'); var byArrow = text();
+    key('PageDown'); var byPage = text(), atTwo = current;
+    key('PageUp'); var byPageUp = current;
+    key(' '); var playing = timer !== null; key(' '); var paused = timer === null;
+    verdict.keys_advanced = byArrow !== start && byPage !== byArrow && atTwo === 2;
+    verdict.page_up = byPageUp === 1;
+    verdict.space_plays = playing && paused;
+    return verdict;
+  }
+  function show(k) { current = Math.max(0, Math.min(steps.length, k)); render(); }
+  function play() {
+    var b = document.getElementById('play');
+    if (timer) { clearInterval(timer); timer = null; b.textContent = '▶ play'; return; }
+    if (current === steps.length) show(0);
+    b.textContent = '❚❚ pause';
+    timer = setInterval(function () { if (current >= steps.length) { play(); return; } show(current + 1); }, PERIOD);
+  }
+  document.getElementById('prev').onclick = function () { show(current - 1); };
+  document.getElementById('next').onclick = function () { show(current + 1); };
+  document.getElementById('reset').onclick = function () { show(0); };
+  document.getElementById('play').onclick = play;
+  // a keyboard or a presenter's clicker (which sends PageUp/PageDown) steps the lesson
+  document.addEventListener('keydown', function (e) {
+    if (e.target && e.target.tagName === 'SELECT') return;
+    var k = e.key;
+    if (k === 'ArrowRight' || k === 'PageDown' || k === 'ArrowDown') show(current + 1);
+    else if (k === 'ArrowLeft' || k === 'PageUp' || k === 'ArrowUp') show(current - 1);
+    else if (k === ' ' || k === 'Spacebar') play();
+    else if (k === 'Home') show(0);
+    else if (k === 'End') show(steps.length);
+    else return;
+    e.preventDefault();
+  });
+"""
+
+
+# The page's script (plain ES5, no library): draws the ring as SVG and the rank x chunk grid
+# from DATA and steps through DATA.steps with the buttons and the keys. It registers a
+# self-check (window.__checks.stepping) that clicks the buttons and presses the keys and reports
+# whether the grid advanced, for the headless-browser test.
+SCRIPT = (r"""
+(function () {
+  var n = DATA.ranks, steps = DATA.steps, current = 0, channel = 0, timer = null;
+  var PERIOD = 1100;  // ms per step when playing
+""" + STEPPING_JS + r"""  var NAMES = {all_reduce: 'all-reduce', reduce_scatter: 'reduce-scatter', all_gather: 'all-gather'};
+  function hue(c) { return Math.round(360 * c / n); }
+  function hopPath(h) {
+    return h.via === null ? 'gpu' + h.src + ' → gpu' + h.dst
+      : 'gpu' + h.src + ' → gpu' + h.via + ' (NVLink, PXN) → gpu' + h.dst;
+  }
+  function holdings(k) { return k === 0 ? DATA.start : steps[k - 1].holdings; }
+  function rankOf(p) { return DATA.channels[channel].order[p]; }
+  function positionOfGpu(g) {
+    for (var q = 0; q < n; q++) if (gpuOf(q) === g) return q;
+    return 0;
+  }
+  function gpuOf(p) { return DATA.gpus[rankOf(p)]; }
+  function drawRing() {
+    var size = 420, r = 150, ring = ringCanvas(size, n), svg = ring.svg, pos = ring.pos;
+    var hops = DATA.channels[channel].hops, via = DATA.channels[channel].via;
+    for (var p = 0; p < n; p++) {
+      var a = pos(p, r), b = pos((p + 1) % n, r), ib = hops[p] === 'InfiniBand';
+      if (via[p] !== null) {  // PXN: NVLink to the GPU whose NIC is on the rail, then across
+        var q = positionOfGpu(via[p]), relay = pos(q, r), bend = pos(p + 0.5, r * 0.55);
+        el('path', {d: 'M ' + a[0] + ' ' + a[1] + ' Q ' + bend[0] + ' ' + bend[1] + ' '
+          + relay[0] + ' ' + relay[1], fill: 'none', stroke: '#7f8c8d', 'stroke-width': 2,
+          'stroke-dasharray': '2 3', 'class': 'pxn'}, svg);
+        var tag = el('text', {x: bend[0], y: bend[1] - 4, 'text-anchor': 'middle',
+          'font-size': 10, fill: '#555'}, svg);
+        tag.textContent = 'PXN via gpu' + via[p];
+        a = relay;
+      }
+      if (ib) {  // each direction of a NIC-to-NIC leg beside the other, not on top of it
+        var dx = b[0] - a[0], dy = b[1] - a[1], len = Math.sqrt(dx * dx + dy * dy) || 1;
+        a = [a[0] - 4 * dy / len, a[1] + 4 * dx / len]; b = [b[0] - 4 * dy / len, b[1] + 4 * dx / len];
+      }
+      el('line', {x1: a[0], y1: a[1], x2: b[0], y2: b[1], stroke: ib ? '#d62728' : '#9aa5b1',
+        'stroke-width': ib ? 3 : 2, 'stroke-dasharray': ib ? '6 4' : '', 'class': ib ? 'ib' : 'nvlink'}, svg);
+    }
+    if (current > 0) {
+      steps[current - 1].sends.forEach(function (s) {
+        var a = pos(s[0], r - 32), b = pos(s[1], r - 32), m = a;
+        if (via[s[0]] !== null) m = pos(positionOfGpu(via[s[0]]), r - 32);  // relayed: via PXN
+        el('path', {d: 'M ' + a[0] + ' ' + a[1] + ' L ' + m[0] + ' ' + m[1] + ' L ' + b[0] + ' '
+          + b[1], fill: 'none', 'class': 'send', stroke: 'hsl(' + hue(s[2]) + ',65%,40%)',
+          'stroke-width': 3, 'marker-end': 'url(#arrow' + s[2] + ')'}, svg);
+        var mid = pos(s[0] + 0.5, r - 52), t = el('text', {x: mid[0], y: mid[1] + 4,
+          'text-anchor': 'middle', 'font-size': 11, fill: 'hsl(' + hue(s[2]) + ',65%,35%)'}, svg);
+        t.textContent = 'c' + s[2];
+      });
+    }
+    for (var q = 0; q < n; q++) {
+      var at = pos(q, r), node = Math.floor(gpuOf(q) / DATA.gpus_per_node);
+      el('circle', {cx: at[0], cy: at[1], r: 17, fill: node % 2 ? '#fde9d9' : '#dde8f6',
+        stroke: '#34495e', 'stroke-width': 1.5}, svg);
+      var label = el('text', {x: at[0], y: at[1] + 4, 'text-anchor': 'middle', 'font-size': 12,
+        'font-weight': 600}, svg);
+      label.textContent = 'r' + rankOf(q);
+      var g = pos(q, r + 32), gl = el('text', {x: g[0], y: g[1] + 4, 'text-anchor': 'middle',
+        'font-size': 10, fill: '#555'}, svg);
+      gl.textContent = 'gpu' + gpuOf(q);
+    }
+    var key = el('text', {x: 8, y: size + 12, 'font-size': 12, fill: '#333'}, svg);
+    key.textContent = DATA.nodes > 1 ? 'grey: NVLink; red dashed: InfiniBand, NIC to NIC;'
+      : 'all hops NVLink through the NVSwitch (one node)';
+    if (DATA.nodes > 1) {
+      var key2 = el('text', {x: 8, y: size + 27, 'font-size': 12, fill: '#333'}, svg);
+      key2.textContent = 'dotted: PXN relay over NVLink; circle colour: node (blue, orange)';
+    }
+  }
+  function drawGrid() {
+    var held = holdings(current), recv = {};
+    if (current > 0) steps[current - 1].sends.forEach(function (s) { recv[s[1] + ',' + s[2]] = 1; });
+    var h = '<table class="grid' + (n <= 8 ? ' big' : '') + '" id="grid-table"><thead><tr><th></th>';
+    for (var c = 0; c < n; c++) h += '<th style="color:hsl(' + hue(c) + ',65%,35%)">c' + c + '</th>';
+    h += '</tr></thead><tbody>';
+    for (var p = 0; p < n; p++) {
+      h += '<tr><th>r' + rankOf(p) + '</th>';
+      for (var k = 0; k < n; k++) {
+        var who = held[p][k], m = who.length, cls = recv[p + ',' + k] ? ' recv' : '';
+        if (m === 0) { h += '<td class="empty' + cls + '">–</td>'; continue; }
+        var gather = DATA.collective === 'all_gather';
+        var light = gather ? 55 : 90 - 48 * (m - 1) / Math.max(n - 1, 1);
+        h += '<td class="' + cls + '" title="sum of ranks ' + who.join('+') + '" style="background:hsl('
+          + hue(k) + ',65%,' + light + '%);color:' + (light < 60 ? '#fff' : '#222') + '">'
+          + (gather ? 'r' + who[0] : m === n ? 'all' : m) + '</td>';
+      }
+      h += '</tr>';
+    }
+    document.getElementById('grid').innerHTML = h + '</tbody></table>';
+  }
+  function label() {
+    var l = document.getElementById('step-label'), info = document.getElementById('step-info');
+    var rows = document.querySelectorAll('table.steps tr.current');
+    for (var i = 0; i < rows.length; i++) rows[i].className = '';
+    document.getElementById('step-formula').textContent = '';
+    if (current === 0) {
+      l.textContent = 'Start: ' + (DATA.collective === 'all_gather' ? 'each rank holds only its own chunk'
+        : 'each rank holds its own data, all ' + n + ' chunks');
+      info.textContent = NAMES[DATA.collective] + ' of ' + fmtBytes(DATA.size_bytes) + ': '
+        + steps.length + ' steps. Press next or play (keys: → or PageDown, ← or PageUp, space).';
+      return;
+    }
+    var s = steps[current - 1], done = 0;
+    for (var k = 0; k < current; k++) done += steps[k].time_s;
+    l.textContent = NAMES[s.phase] + ' step ' + (s.index + 1) + '/' + (n - 1)
+      + (DATA.collective === 'all_reduce' ? '  (all-reduce step ' + current + '/' + steps.length + ')' : '');
+    info.textContent = 'every rank sends one chunk (' + fmtBytes(s.bytes_per_rank) + ') to the next and '
+      + (s.phase === 'reduce_scatter' ? 'adds what it receives' : 'copies what it receives')
+      + (DATA.channels.length > 1 ? ', 1/' + DATA.channels.length + ' of it on each channel' : '')
+      + '. The step lasts as long as its slowest hop, ' + hopPath(s.hop) + ' over ' + s.hop.link
+      + ' (channel ' + s.hop.channel + '):';
+    document.getElementById('step-formula').textContent = s.hop.formula
+      + '   (cumulative ' + fmtTime(done) + ')';
+    var row = document.getElementById('row-' + current);
+    if (row) row.className = 'current';
+  }
+  function render() { drawRing(); drawGrid(); label(); }
+  if (DATA.channels.length > 1) {
+    var sel = '<label>channel <select id="channel">';
+    DATA.channels.forEach(function (ch) {
+      sel += '<option value="' + ch.index + '">' + ch.index + (ch.rail === null ? '' : ' (rail ' + ch.rail + ')') + '</option>';
+    });
+    document.getElementById('channel-box').innerHTML = sel + '</select></label> of ' + DATA.channels.length;
+    document.getElementById('channel').onchange = function (e) { channel = +e.target.value; show(current); };
+  }
+  var wanted = /step=(\d+)/.exec(window.location.hash);
+  show(wanted ? +wanted[1] : 0);
+  function gridText() { return document.getElementById('grid-table').textContent; }
+  window.__checks.stepping = function () {
+    var initial = current;
+    show(steps.length);
+    var cells = document.querySelectorAll('#grid-table td'), full = 0, filled = 0;
+    for (var i = 0; i < cells.length; i++) {
+      if (cells[i].textContent === 'all') full++;
+      if (cells[i].className.indexOf('empty') < 0) filled++;
+    }
+    var verdict = checkStepping(gridText, {full_cells_at_end: full, filled_cells_at_end: filled,
+      arrows_at_end: document.querySelectorAll('#ring-svg .send').length,
+      formula_at_end: document.getElementById('step-formula').textContent,
+      relayed_hops: document.querySelectorAll('#ring-svg path.pxn').length});
+    show(initial);
+    return verdict;
+  };
+})();
+""")
