@@ -5,11 +5,18 @@ layer for one micro-batch on one simulated stage) and the CPU seconds of one sim
 (time.process_time, so other processes on the machine do not inflate it).
 
     python benchmarks/work_estimate.py
+
+Then, for the layouts where a term other than layer-steps dominates (tests/test_work_estimate.py
+CASES and PAIRS: pipeline depth, TP without shortcuts, one-tensor buckets, the CP and EP pair
+terms), the estimate (meta_seconds) against the measured CPU seconds, and their ratio: README
+"Limits" promises a factor of 4 (2 for the pair terms).
 """
 
+import sys
 import time
+from pathlib import Path
 
-from simsp.scenario.work import layer_steps
+from simsp.scenario.work import layer_steps, meta_seconds
 from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
@@ -50,5 +57,26 @@ def main() -> None:
         print(f"{label:<20}{steps:>12}{spent:>9.2f}{1e3 * spent / steps:>9.3f}")
 
 
+def accuracy() -> None:
+    """The estimate against the measured CPU time on the tests' layouts, with the promised factor."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_work_estimate import CASES, PAIRS, TINY  # noqa: E402 (the tests' layouts)
+    rows = [(label, {**base, **layout}, representative, 4)
+            for label, (base, layout, representative) in CASES.items()]
+    rows += [(label, {**TINY, **layout}, True, 2) for label, layout in PAIRS.items()]
+    print(f"\n{'layout':<45}{'estimate s':>11}{'cpu s':>9}{'ratio':>7}  within")
+    for label, overrides, representative, factor in rows:
+        sc = load_scenario(None, overrides)
+        shortcuts = Shortcuts.for_scale(sc) if representative else Shortcuts()
+        start = time.process_time()
+        simulate_iteration(sc, shortcuts)
+        spent = time.process_time() - start
+        estimate = meta_seconds(sc, representative)
+        ok = spent / factor <= estimate <= spent * factor
+        print(f"{label:<45}{estimate:>11.2f}{spent:>9.2f}{estimate / spent:>7.2f}  "
+              f"{'yes' if ok else 'NO'} (x{factor})")
+
+
 if __name__ == "__main__":
     main()
+    accuracy()
