@@ -18,7 +18,8 @@ def _attention(m: Model) -> str:
 
 def architecture(m: Model) -> str:
     """The variant's parts in Megatron-LM's terms, or "GPT" for the K22 layer."""
-    if not (m.llama_layer or not m.tied or m.position_embedding_type != "learned_absolute"):
+    if not (m.llama_layer or m.squared_relu or not m.tied
+            or m.position_embedding_type != "learned_absolute"):
         return "GPT"
     position = {"rope": f"RoPE base {m.rotary_base}" + (
         f" {m.rotary_percent:g} of d" if m.rotary_percent < 1 else ""),

@@ -46,12 +46,15 @@ def norm(P: dict, x, prefix: str, model):
 
 
 def dense_mlp(P: dict, y, model):
-    """fc1 -> GeLU -> fc2, or SwiGLU with fc1 (h, 2, f) = [gate, up] (biases (2, f))."""
+    """fc1 -> GeLU (or squared ReLU) -> fc2, or SwiGLU with fc1 (h, 2, f) = [gate, up] (biases
+    (2, f))."""
     fc1, bias = P["mlp.fc1.weight"], P.get("mlp.fc1.bias")
     if model.swiglu:
         gate = tb.linear(y, fc1[:, 0], None if bias is None else bias[0])  # (s, B, f)
         up = tb.linear(y, fc1[:, 1], None if bias is None else bias[1])  # (s, B, f)
         hidden = tb.swiglu(gate, up)
+    elif model.squared_relu:
+        hidden = tb.squared_relu(tb.linear(y, fc1, bias))  # (s, B, f)
     else:
         hidden = tb.gelu_tanh(tb.linear(y, fc1, bias))  # (s, B, f)
     return tb.linear(hidden, P["mlp.fc2.weight"], P.get("mlp.fc2.bias"))

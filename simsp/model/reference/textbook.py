@@ -53,6 +53,13 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + ad.tanh(GELU_TANH_SCALE * (x + GELU_CUBIC * x * x * x)))
 
 
+def squared_relu(x):
+    """max(x, 0)² (Primer, So et al. 2021; Megatron-LM core/activations.py squared_relu:
+    torch.pow(F.relu(x), 2))."""
+    positive = ad.where(x.value > 0, x, 0.0)
+    return positive * positive
+
+
 def sigmoid(x):
     """1 / (1 + e^(−x))."""
     return 1.0 / (1.0 + ad.exp(-x))

@@ -29,6 +29,10 @@ def llama_model(m: Model) -> None:
     check(m.num_attention_heads % m.query_groups == 0, "model.num_query_groups",
           f"{m.query_groups} does not divide num_attention_heads={m.num_attention_heads}")
     check(m.norm_epsilon > 0, "model.norm_epsilon", f"must be positive, got {m.norm_epsilon}")
+    check(not (m.squared_relu and m.swiglu), "model.squared_relu",
+          "one MLP activation: squared ReLU or SwiGLU, not both (Megatron-LM asserts the same)")
+    check(not (m.squared_relu and m.num_experts is not None), "model.squared_relu",
+          "built for the dense MLP only: the experts apply GeLU or SwiGLU (docs/llama.md)")
     check(0 < m.rotary_percent <= 1, "model.rotary_percent",
           f"must be in (0, 1], got {m.rotary_percent}")
     rope_width = m.qk_pos_emb_head_dim if m.multi_latent_attention else m.head_dim

@@ -48,6 +48,9 @@ MODEL = (
           "heads)", "kv", bound=Bound(1, 65536, "elements", "512x Llama's head dimension 128")),
     Field("model", "swiglu", bool, False, switches=(
         Switch("--swiglu", True, "SwiGLU MLP (gate and up projections)", "swiglu"),)),
+    Field("model", "squared_relu", bool, False, switches=(
+        Switch("--squared-relu", True, "squared ReLU MLP activation, relu(x)² (Megatron-LM "
+               "activations.py squared_relu)", "sqrelu"),)),
     Field("model", "normalization", str, "LayerNorm", "layer normalization kind",
           choices=NORMALIZATION_CHOICES),
     Field("model", "norm_epsilon", float, 1e-5, "epsilon of the normalization", "eps",

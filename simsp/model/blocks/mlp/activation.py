@@ -1,6 +1,7 @@
 """The MLP's activation functions, numpy math and the rank's op: GeLU (tanh form, GPT-2 and
-Megatron-LM's default) and SwiGLU (--swiglu: silu(gate) · up, Megatron-LM
-fusions/fused_bias_swiglu.py). The dense MLP (mlp/dense.py), the routed and the shared experts
+Megatron-LM's default), SwiGLU (--swiglu: silu(gate) · up, Megatron-LM
+fusions/fused_bias_swiglu.py) and squared ReLU (--squared-relu: relu(x)², So et al. 2021
+arXiv:2109.08668, Megatron-LM core/activations.py squared_relu; the dense MLP only). The dense MLP (mlp/dense.py), the routed and the shared experts
 (blocks/moe/) all apply them.
 
 A gated activation reads fc1's output (..., 2f) = [gate | up] and writes (..., f): its fc1 is
@@ -55,6 +56,20 @@ def swiglu_backward(dy, x):
 
 
 # ---------------------------------------------------------------------------------------------
+# squared ReLU (Primer, So et al. 2021, arXiv:2109.08668)
+
+
+def squared_relu_forward(x):
+    """relu(x)², elementwise."""
+    return np.square(np.maximum(x, 0.0))  # (...)
+
+
+def squared_relu_backward(dy, x):
+    """dx of relu(x)²: 2·relu(x)·dy."""
+    return dy * 2.0 * np.maximum(x, 0.0)  # (...)
+
+
+# ---------------------------------------------------------------------------------------------
 # the activation a model's MLPs use
 
 
@@ -80,11 +95,16 @@ class Activation:
 
 GELU = Activation("gelu", "GeLU", False, gelu_forward, gelu_backward)
 SWIGLU = Activation("swiglu", "SwiGLU", True, swiglu_forward, swiglu_backward)
+SQUARED_RELU = Activation("squared_relu", "squared ReLU", False, squared_relu_forward,
+                          squared_relu_backward)
 
 
 def activation_of(m) -> Activation:
-    """The model's MLP activation: SwiGLU with --swiglu, else GeLU."""
-    return SWIGLU if m.swiglu else GELU
+    """The model's MLP activation: SwiGLU with --swiglu, squared ReLU with --squared-relu, else
+    GeLU."""
+    if m.swiglu:
+        return SWIGLU
+    return SQUARED_RELU if m.squared_relu else GELU
 
 
 def activate(r, act: Activation, x: Tensor, name: str):
