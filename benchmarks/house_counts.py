@@ -134,9 +134,12 @@ def imported_by_run(scenario: str) -> dict[str, list]:
 
 
 def feature_modules(imported: dict[str, list]) -> list[str]:
-    """'module <- importers' for each MoE, MLA, CP, FSDP, offload or MTP module imported."""
+    """'module <- importers' for each MoE, MLA, CP, FSDP, offload or MTP module imported; the
+    scenario's own checks and fields (simsp.scenario: every run validates every setting) are
+    settings, not the features' code."""
     return [f"{name} <- {', '.join(by) or '(a package: its module was imported)'}"
-            for name, by in imported.items() if FEATURE_CODE.search(name)]
+            for name, by in imported.items()
+            if FEATURE_CODE.search(name) and not name.startswith("simsp.scenario.")]
 
 
 def _patch_exit(hook) -> None:

@@ -15,7 +15,6 @@ from simsp.scenario.config import Cluster
 from simsp.scenario.pipeline_split import virtual_stage_layer_counts
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
 from simsp.hardware.profiles import gpu_profile
-from simsp.model.blocks.moe.placement import represented_by
 
 
 def iteration_time(run) -> float:
@@ -71,8 +70,10 @@ def rank_memory(run, rank: int, name_live: bool = True) -> dict:
     c = inputs.world.grid.coords(rank)
     simulated = rank in ranks
     source = rank if simulated else inputs.rank_of(0, 0, c.pp)  # an identical representative
-    if not simulated and represented_by(inputs.sc, rank) in ranks:
-        source = represented_by(inputs.sc, rank)  # its place in a simulated expert group
+    if not simulated and inputs.sc.model.num_experts is not None:
+        from simsp.model.blocks.moe.placement import represented_by  # MoE only
+        if represented_by(inputs.sc, rank) in ranks:
+            source = represented_by(inputs.sc, rank)  # its place in a simulated expert group
     ledger = ranks[source].ledger
     summary = ledger.summary(name_live)
     peaks = summary.peak_by_category

@@ -11,7 +11,6 @@ from simsp.hardware.constants import cluster_compute, LinkCalibration
 from simsp.jsonout import dumps
 from simsp.metrics import oom_report
 from simsp.model.architecture import architecture
-from simsp.training.driver.layer_sim import simulate_layer
 from simsp.units import format_bytes, format_seconds
 
 
@@ -110,6 +109,7 @@ def _print_table(report: dict) -> None:
 
 
 def run(args) -> int:
+    from simsp.training.driver.layer_sim import simulate_layer  # not when the CLI is built
     sc = scenario_from_args(args)
     check_work(layer_only(sc), force=args.force)
     report = layer_report(simulate_layer(sc))

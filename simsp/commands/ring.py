@@ -35,10 +35,8 @@ from simsp.io_out import check_folder, check_out_file
 from simsp.jsonout import dumps
 from simsp.outdir import prepare_out_dir
 from simsp.progress import track
-from simsp.report.lessons import all_to_all_table, nccl_table, ring_attention_text
+from simsp.report.lessons import RING_ATTENTION, all_to_all_table, nccl_table
 from simsp.report.lessons.ring import MAX_LESSON_RANKS, lesson_data
-from simsp.report.lessons.ring_attention import RING_ATTENTION, AttentionShape, cluster_lesson
-from simsp.report.lessons.ring_attention_page import write_page as write_attention_page
 from simsp.report.lessons.ring_page import write_page
 from simsp.report.lessons.ring_slides import write_slides
 from simsp.report.lessons.ring_text import lesson_text
@@ -333,8 +331,10 @@ def _refuse_attention_flags(args) -> None:
             raise UserError(flag, "describes --collective ring_attention only")
 
 
-def _attention_shape(args) -> AttentionShape:
-    """One TP rank's attention from the flags (defaults filled), checked."""
+def _attention_shape(args):
+    """One TP rank's attention (report/lessons/ring_attention.py AttentionShape) from the
+    flags (defaults filled), checked."""
+    from simsp.report.lessons.ring_attention import AttentionShape
     value = {dest: default if getattr(args, dest) is None else getattr(args, dest)
              for dest, default, _meaning in ATTENTION_FLAGS.values()}
     for flag, (dest, _default, _meaning) in ATTENTION_FLAGS.items():
@@ -385,7 +385,11 @@ def _check_ring_attention(args) -> None:
 
 
 def _run_ring_attention(args) -> int:
-    """The ring attention lesson: the step table, --explain's text, --json, --html's page."""
+    """The ring attention lesson: the step table, --explain's text, --json, --html's page (the
+    lesson's modules, with the CP ring they run, are imported only for this collective)."""
+    from simsp.report.lessons import ring_attention_text
+    from simsp.report.lessons.ring_attention import cluster_lesson
+    from simsp.report.lessons.ring_attention_page import write_page as write_attention_page
     _check_ring_attention(args)
     cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
     data = cluster_lesson(cluster, gpus, _attention_shape(args))

@@ -5,13 +5,10 @@ from simsp.scenario.work import check_work
 from simsp.errors import UserError
 from simsp.scenario.flags import add_scenario_arguments, scenario_from_args
 from simsp.progress import track
-from simsp.training.driver.compare import compare_with_reference
 import numpy as np
 
 from simsp.jsonout import dumps
 from simsp.model.params import layer_shapes
-from simsp.training.driver.gradcheck import fd_epsilon, gradient_check_with_bounds
-from simsp.training.driver.iteration import simulate_iteration
 
 FD_TOLERANCE = 1e-5  # directional central differences, ε = 1e-5, float64
 REFERENCE_TOLERANCE = 1e-10  # same math in another order: rounding only
@@ -47,11 +44,19 @@ def _iterations(sc) -> int:
     return 2 * tensors + 2
 
 
+def _reference_errors(sc) -> dict:
+    """Every gradient of one simulated iteration against the single-device reference (the
+    verify machinery is imported here, when a verify runs, not when the CLI is built)."""
+    from simsp.training.driver.compare import compare_with_reference
+    from simsp.training.driver.iteration import simulate_iteration
+    return compare_with_reference(simulate_iteration(sc))
+
+
 def fp8_report(sc) -> dict:
     """Under FP8 (emulated rounding, simsp/model/fp8.py) the error FP8 introduces: every
     gradient against the FP64 single-device reference, measured, not checked (finite differences
     of a rounded function say nothing)."""
-    ref = compare_with_reference(simulate_iteration(sc))
+    ref = _reference_errors(sc)
     return {"scenario": sc.run.name, "fp8_format": sc.parallel.fp8_format,
             "checked": [n for n in ref if n != "loss"],
             "max_rel_err_vs_reference": max(ref.values()), "reference_errors": ref,
@@ -62,9 +67,10 @@ def verify_report(sc, quiet: bool = True) -> dict:
     """Finite-difference and reference errors for every parameter and the input embeddings."""
     if sc.parallel.fp8_format is not None:
         return fp8_report(sc)
+    from simsp.training.driver.gradcheck import fd_epsilon, gradient_check_with_bounds
     fd, ratios = gradient_check_with_bounds(
         sc, track=lambda names: track(names, "gradient check", "param", quiet))
-    ref = compare_with_reference(simulate_iteration(sc))
+    ref = _reference_errors(sc)
     worst_fd, worst_ref = max(fd.values()), max(ref.values())
     limits = tolerances(sc.run.numeric_dtype)
     fd_ok = max(ratios.values()) <= 1.0 if "finite_difference_bound_ratio" in limits else \

@@ -27,7 +27,6 @@ from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, FP32
 from simsp.shortcuts.clashes import Overlaps, conflicts, meeting_others, meeting_themselves
-from simsp.shortcuts.cp_traffic import cp_moe_owners, cp_traffic_owners
 from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.reasons import (closed_form_why, representative_why, segments_why,
@@ -122,9 +121,11 @@ def _owners(sc, grid: RankGrid) -> list[Owner]:
     parallelism shortcuts/cp_traffic.py), the MoE all-to-all groups last."""
     p = sc.parallel
     interleaved = p.schedule_name == "interleaved"
-    owners = (traffic_owners(grid, interleaved) if p.cp == 1 else
-              cp_traffic_owners(grid, interleaved, p.cp_comm_type) + cp_moe_owners(sc))
-    return owners + expert_owners(sc)
+    if p.cp == 1:
+        return traffic_owners(grid, interleaved) + expert_owners(sc)
+    from simsp.shortcuts.cp_traffic import cp_moe_owners, cp_traffic_owners  # CP runs only
+    return (cp_traffic_owners(grid, interleaved, p.cp_comm_type) + cp_moe_owners(sc)
+            + expert_owners(sc))
 
 
 def _group_methods(sc, owners: list[Owner], clashes: list, fsdp_rings: frozenset,

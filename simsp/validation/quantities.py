@@ -16,7 +16,6 @@ from simsp.engine.collectives.ring_alone import alone_time
 from simsp.engine.collectives.ring_timing import busbw_GBps
 from simsp.hardware.constants import LinkCalibration
 from simsp.metrics import collect
-from simsp.training.driver.layer_sim import simulate_layer
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import GB
 
@@ -57,7 +56,9 @@ def run_metrics(sc: Scenario) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def layer_numbers(sc: Scenario) -> tuple[float, float, int]:
-    """`simsp layer`'s (forward s, backward s, rank 0 activation bytes) of one layer."""
+    """`simsp layer`'s (forward s, backward s, rank 0 activation bytes) of one layer (its
+    simulation, with the reference it can compare against, imported when a row asks)."""
+    from simsp.training.driver.layer_sim import simulate_layer
     result = simulate_layer(sc)
     return result.forward_time_s, result.backward_time_s, result.records[0].activation_bytes
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from simsp.model.base.dropout_sites import attention_keep, hidden_keep
 from simsp.model.reference import textbook as tb
 from simsp.model.reference.attention import grouped_query_attention, latent_attention
-from simsp.model.reference.moe import moe_mlp
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,7 @@ def layer(P: dict, x, model, site: Site, moe_group: int | None = None, moe_chunk
     x1 = x + tb.dropout(proj, site.hidden(ph, "attn_out", proj.shape), ph)
     y = norm(P, x1, "ln2", model)
     if "mlp.router.weight" in P:
+        from simsp.model.reference.moe import moe_mlp  # MoE layers only
         mlp, aux = moe_mlp(P, y, model, moe_group or B, moe_chunks)
     else:
         mlp, aux = dense_mlp(P, y, model), None

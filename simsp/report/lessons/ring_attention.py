@@ -23,12 +23,12 @@ from simsp.engine.network import Network
 from simsp.hardware.constants import LinkCalibration, cluster_compute
 from simsp.model.context_split import chunk_count, chunk_ids
 from simsp.training.context_parallel.ring_kernels import source_rank
+from simsp.report.lessons import RING_ATTENTION
 from simsp.report.lessons.ring import LINKS, microseconds
 from simsp.training.context_parallel.ring import (CpRing, block_gemm, block_seconds,
                                                   exchange_bytes, run_ring)
 from simsp.units import format_bytes
 
-RING_ATTENTION = "ring_attention"
 ELEM_BYTES = 2  # BF16 K and V
 PHASES = ("forward", "backward")
 FULL, DIAGONAL = "full", "diagonal"  # a (query chunk, key chunk) block: all pairs, or causal half

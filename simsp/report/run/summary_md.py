@@ -10,7 +10,6 @@ from pathlib import Path
 from simsp.version import __version__
 from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics import layout
-from simsp.report.run.fsdp_summary import fsdp_lines, offload_lines
 from simsp.report.run.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
@@ -373,8 +372,16 @@ def summary_text(metrics: dict) -> str:
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
              + _expert_load(metrics)
              + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
-             + fsdp_lines(metrics) + offload_lines(metrics) + _calibration(metrics))
+             + _sharding(metrics) + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _sharding(metrics: dict) -> list[str]:
+    """The FSDP and activation-offload sections, from their module only when the run has one."""
+    if not (metrics.get("fsdp") or metrics.get("offload")):
+        return []
+    from simsp.report.run.fsdp_summary import fsdp_lines, offload_lines
+    return fsdp_lines(metrics) + offload_lines(metrics)
 
 
 def figure_links(figures: list[tuple[str, str]]) -> list[str]:
