@@ -11,11 +11,10 @@ import functools
 
 import networkx as nx
 
+from simsp.hardware.constants import NODES_PER_LEAF
 from simsp.scenario.config import Cluster
 from simsp.units import GB
 
-# DGX SuperPOD scalable unit: the leaf switch of each rail serves 20 nodes.
-NODES_PER_LEAF = 20
 SPINE = "spine"
 
 

@@ -4,6 +4,7 @@ import shlex
 from pathlib import Path
 
 from simsp.scenario.work import check_work
+from simsp.engine.group_timing import NODE_PIECE
 from simsp.engine.trace import TRACE_DETAILS
 from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
 from simsp.io_out import check_not_inputs, check_target
@@ -86,7 +87,8 @@ def run(args) -> int:
     # group (CP 2048 took minutes there before refusing), so a run far too big stops before it
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
-    check_work(sc, shortcuts=shortcuts.representative, force=args.force)
+    check_work(sc, shortcuts=shortcuts.representative, force=args.force,
+               fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods))
     out_dir = report_folder(args, sc)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

@@ -55,6 +55,9 @@ GPUS = _GPUProfiles()
 # Links
 # ---------------------------------------------------------------------------------------------
 
+# DGX SuperPOD scalable unit: the leaf switch of each rail serves 20 nodes (NVIDIA DGX SuperPOD
+# reference architecture, DGX A100: 20 nodes per scalable unit; cluster/topology.py builds it).
+NODES_PER_LEAF = 20
 NVLS_NVSWITCH_GENERATION = 3  # NVLink SHARP is in the third-generation NVSwitch and later
 
 

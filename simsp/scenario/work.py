@@ -10,6 +10,7 @@ benchmarks/work_estimate.py (CPU seconds, time.process_time).
 import math
 
 from simsp.errors import UserError
+from simsp.hardware.constants import NODES_PER_LEAF
 from simsp.scenario.config import bucket_size
 from simsp.units import GiB, format_bytes
 
@@ -47,6 +48,12 @@ FSDP_SECONDS_PER_COLLECTIVE_PIECE = 1.5e-5
 # s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
 # per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
 CP_SECONDS_PER_RANK_PAIR = 1e-4
+# Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective timed alone
+# while its group stays within one leaf (cp 16 to 128, s 4096, 2 layers: 0.11 to 0.84 CPU s, in
+# the linear terms); a group across leaf switches (NODES_PER_LEAF) is stepped whole, every member
+# every step: cp 256 over 32 nodes, 2 layers, one micro-batch measured 173 and 343 CPU s on this
+# 2-core machine (2026-11-27), 1.3e-3 s per layer-step per t·d·cp² at the lower.
+CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR = 1.3e-3
 # Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
 # layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
 # MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
@@ -115,12 +122,14 @@ def numeric_seconds(sc) -> float:
     return flops / NUMERIC_FLOPS_PER_SECOND + overhead
 
 
-def meta_seconds(sc, representative: bool) -> float:
+def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
     names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
-    rank (no representative shortcut): t*cp*d ranks per stage."""
+    rank (no representative shortcut): t*cp*d ranks per stage. `fsdp_pieces` False: the
+    shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
+    into equal node pieces), so they are priced per d²."""
     p = sc.parallel
     representative = representative and p.cp == 1
     if representative:
@@ -132,7 +141,7 @@ def meta_seconds(sc, representative: bool) -> float:
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
-    if p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:  # rings as pieces
+    if fsdp_pieces and p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:
         fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
     else:
         fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
@@ -147,6 +156,9 @@ def pair_seconds(sc) -> float:
     seconds = 0.0
     if p.cp > 1 and p.cp_comm_type != "allgather":
         seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+    if p.cp > 1 and p.cp_comm_type == "allgather" and _cp_group_nodes(sc) > NODES_PER_LEAF:
+        seconds += (layer_steps(sc) * p.tp * p.dp * p.cp ** 2
+                    * CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR)
     ep = p.expert_model_parallel_size
     if m.num_experts is not None and ep > 1:
         moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
@@ -155,6 +167,12 @@ def pair_seconds(sc) -> float:
             per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
         seconds += _ep_exchanges(sc) * moe_share * per_step
     return seconds
+
+
+def _cp_group_nodes(sc) -> int:
+    """Nodes one CP group spans: its cp members sit t ranks apart (Megatron's order tp, cp,
+    dp, pp; cluster/grid.py)."""
+    return math.ceil(sc.parallel.tp * sc.parallel.cp / sc.cluster.gpus_per_node)
 
 
 def _ep_exchanges(sc) -> float:
@@ -214,17 +232,18 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
                                f"{format_bytes(MEMORY_LIMIT_BYTES)}{hint}")
 
 
-def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False) -> None:
+def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
+               fsdp_pieces: bool = True) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor)."""
+    iterations (verify runs two per checked tensor); `fsdp_pieces` as meta_seconds."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
-        seconds = meta_seconds(sc, shortcuts) * iterations
+        seconds = meta_seconds(sc, shortcuts, fsdp_pieces) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "
