@@ -153,6 +153,27 @@ def search_base(scenario: dict) -> dict:
     return base
 
 
+def search_start(source, given: dict, keep_scenario_parallel: bool = False) -> tuple[dict, dict]:
+    """(the layouts' starting values in meta mode, the held [parallel] fields the user fixed)
+    for `simsp search` and simsp.search alike: the scenario file and the one-valued fields
+    `given` {(section, key): value} resolved as `run` resolves them
+    (simsp.explore.configs.grid.base_values: --gpu and --system fill the [cluster] keys they
+    imply), the [parallel] fields at Megatron's defaults but those fixed (the scenario's own
+    with `keep_scenario_parallel`, then the given) and the global batch."""
+    from simsp.explore.configs.grid import base_values
+    scenario = base_values(source, {path: value for path, value in given.items()
+                                    if path[0] != "parallel"})
+    held = held_fields()
+    fixed = {key: scenario[("parallel", key)] for key in held} if keep_scenario_parallel else {}
+    fixed.update({key: value for (section, key), value in given.items()
+                  if section == "parallel" and key in held})
+    base = search_base(scenario)
+    if ("parallel", "global_batch_size") in given:
+        base[("parallel", "global_batch_size")] = given[("parallel", "global_batch_size")]
+    base[("run", "mode")] = "meta"
+    return base, fixed
+
+
 def allows(parallel: dict, allowed: dict) -> bool:
     """Whether a layout takes one of the allowed values of every restricted field (the
     schedule by its name: 1f1b, or interleaved with virtual stages)."""
