@@ -14,6 +14,7 @@ from simsp.scenario.config import Parallel
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.explore.configs.grid import Config
+from simsp.progress import track
 
 # The [parallel] fields every layout sets itself (global_batch_size comes from --global-batch-size).
 VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
@@ -188,19 +189,20 @@ def allows(parallel: dict, allowed: dict) -> bool:
 
 def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None,
                       source: str | None = None, allowed: dict | None = None,
-                      nodes: int | None = None) -> Layouts:
+                      nodes: int | None = None, quiet: bool = True) -> Layouts:
     """Valid layouts as Configs (and rejections by reason) for `gpus` GPUs: `base` from
     search_base, `fixed` the held [parallel] fields the user chose, `source` the scenario file
     (each row's `simsp run` command starts from it), `allowed` the values a layout field may
-    take (others are not enumerated), `nodes` the node count (default: enough for the GPUs)."""
+    take (others are not enumerated), `nodes` the node count (default: enough for the GPUs);
+    unless `quiet`, a bar on stderr counts the layouts checked against their total."""
     layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
     found = Layouts()
     held = dict(fixed or {})
     cps = held.pop("context_parallel_size", 1)  # one cp, or a tuple of them to vary
-    for cp, parallel in ((cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
-                         for parallel in raw_layouts(gpus, batch, layers, per_node, cp)):
-        if not allows(parallel, allowed or {}):
-            continue
+    candidates = [(cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
+                  for parallel in raw_layouts(gpus, batch, layers, per_node, cp)
+                  if allows(parallel, allowed or {})]
+    for cp, parallel in track(candidates, "simsp search: layouts checked", "layout", quiet):
         parallel = with_fixed({**parallel, "context_parallel_size": cp}, held)
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})
