@@ -89,7 +89,6 @@ def expand(variants: list[tuple], axes: list[tuple[Field, list]],
     from simsp.explore.configs.world import world_of
     configs = []
     for variant in variants:
-        variant_name = variant[0]
         own = set(variant[2] if len(variant) > 2 else ())
         given = {field.path for field, _ in axes} | own
         source = variant[3] if len(variant) > 3 else None
