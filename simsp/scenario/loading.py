@@ -127,7 +127,8 @@ def _derive_nodes(data: dict, world_size: int, explicit_nodes: bool) -> None:
     does (simsp/explore/configs/world.py)."""
     cluster = data.setdefault("cluster", {})
     per_node = cluster.get("gpus_per_node", Cluster.gpus_per_node)
-    if explicit_nodes or not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
+    if explicit_nodes or isinstance(per_node, bool) or not isinstance(per_node, int) \
+            or per_node < 1:
         return  # the cluster's own checks name a bad gpus_per_node
     cluster["nodes"] = -(-world_size // per_node)
 

@@ -53,7 +53,8 @@ def _needed(values: dict, source: str | None) -> list[tuple]:
     """The fields to give, in field order: those that differ from the file, less the keys the
     profiles imply (all of them, else all but the GPU) when `run` resolves the rest to `values`."""
     start = dict(_start(source))
-    changed = [f.path for f in all_fields() if f.path not in SKIPPED and values[f.path] != start[f.path]]
+    changed = [f.path for f in all_fields()
+               if f.path not in SKIPPED and values[f.path] != start[f.path]]
     implied = _implied(values) & set(changed)
     for dropped in (implied, implied - {("cluster", "gpu")}):
         kept = [path for path in changed if path not in dropped]
