@@ -19,8 +19,9 @@ def run(scenario: str | Path | None = None, *, world_size: int | None = None, **
 
     Main keys: iteration_time_s, tokens_per_s, mfu, hfu, bubble_fraction, exposed_s_per_stage
     (seconds per stage by kind: compute, tp_comm, pp_transfer, pp_wait, dp_comm, optimizer),
-    ranks (per rank: peak_bytes, oom, ...), oom. `world_size` derives d = N/(t·p) as Megatron
-    does. Refuses work beyond `simsp run`'s limits (UserError), as the command does."""
+    ranks (per rank: peak_bytes, oom, ...), oom. `world_size` derives d = N/(t·cp·p) as Megatron
+    does, and the nodes as `simsp run --world-size` does. Refuses work beyond `simsp run`'s
+    limits (UserError), as the command does."""
     from simsp.api import run as run_api
     return run_api(scenario, world_size=world_size, **fields)
 

@@ -132,10 +132,9 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
     and held [parallel] fields as keyword arguments, one value each; a layout field
     (tensor_model_parallel_size=[4, 8], recompute_granularity="full") restricts the layouts."""
     from simsp.explore.results.headroom import reserve_bytes
-    from simsp.explore.search.layouts import RESTRICTABLE, held_fields, search_base
+    from simsp.explore.search.layouts import RESTRICTABLE, search_start
     from simsp.explore.search.branch_and_bound import search as run_search
     from simsp.report.sweep.report_md import ranked
-    scenario_values = base_values(scenario)
     table = by_key()
     given, allowed = {}, {}
     for name, value in fields.items():
@@ -145,12 +144,7 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
             allowed[table[name].key] = _axis_values(table[name], value)
             continue
         given[table[name].path] = value
-    fixed = {key: scenario_values[("parallel", key)] for key in held_fields()} \
-        if keep_scenario_parallel else {}
-    fixed.update({key: value for (section, key), value in given.items() if section == "parallel"})
-    base = search_base(scenario_values)
-    base.update({path: value for path, value in given.items() if path[0] != "parallel"})
-    base[("run", "mode")] = "meta"
+    base, fixed = search_start(scenario, given, keep_scenario_parallel)
     batch = global_batch_size or base[("parallel", "global_batch_size")]
     if not isinstance(gpus, int) or gpus < 1 or not isinstance(batch, int) or batch < 1:
         raise UserError("gpus", f"gpus and the global batch must be positive integers, got "
@@ -159,7 +153,8 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
         result = run_search(base, gpus, batch, executor,
                             ResultCache(Path(out) / "cache" if out else None), top, objective,
                             reserve_bytes(memory_reserve_gib), quiet, fixed, exhaustive,
-                            None if scenario is None else str(scenario), allowed)
+                            None if scenario is None else str(scenario), allowed,
+                            given.get(("cluster", "nodes")))
     frame = results_frame(result.rows)
     return ranked(frame, objective).reset_index(drop=True) if len(frame) else frame
 

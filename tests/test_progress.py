@@ -90,3 +90,22 @@ def test_every_command_accepts_quiet():
     assert set(COMMANDS) <= set(commands)
     for name in COMMANDS:
         assert "--quiet" in commands[name]._option_string_actions
+
+
+def test_search_shows_its_phases_with_totals_and_quiet_silences_them(tmp_path):
+    """search's bars on a terminal: the layouts checked (2 GPUs, 2 layers, global batch 2:
+    t 1 p 1 d 2 b 1 gives 3 recompute x 2 distributed optimizer = 6; t 1 p 2 d 1 b 1 or 2, 3 each;
+    t 2 p 1 d 1 b 1 or 2, 2 SP x 3 each = 12; 24 in all), the layouts bounded and those simulated.
+    --quiet: nothing on stderr (not a terminal: simsp.progress.wanted, the test above), the same
+    stdout (but its folder). A bar that vanishes when done may never draw its last count: the
+    total is what is checked."""
+    search = ["search", *SMALL, "--gpus", "2", "--global-batch-size", "2", "--workers", "0"]
+    outputs = []
+    for name, extra in (("bar", []), ("quiet", ["--quiet"])):
+        out, err, status = run_cli([*search, *extra, "--out", name], tmp_path, tty=True)
+        assert status == 0
+        outputs.append((out.replace(name, "DIR"), err))
+    (bar_out, err), (quiet_out, quiet_err) = outputs
+    assert re.search(r"simsp search: layouts checked: +\d+%\|[^|]*\| \d+/24 ", err)
+    assert "simsp search: bounds" in err and "simsp search: simulated" in err
+    assert quiet_err == "" and quiet_out == bar_out

@@ -10,11 +10,11 @@ from simsp.errors import UserError
 from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,
                                     add_reserve_argument, check_executor_arguments, field_lists)
 from simsp.explore.evaluation.cache import ResultCache
-from simsp.explore.configs.grid import base_values, parse_list
+from simsp.explore.configs.grid import parse_list
 from simsp.explore.search.explain import limits, why_lost
 from simsp.explore.configs.fields import by_key
 from simsp.explore.results.headroom import reserve_bytes
-from simsp.explore.search.layouts import RESTRICTABLE, held_fields, search_base
+from simsp.explore.search.layouts import RESTRICTABLE, held_fields, search_start
 from simsp.explore.search.objectives import OBJECTIVES
 from simsp.hardware.constants import GPUS
 from simsp.units import GiB, format_seconds
@@ -73,21 +73,10 @@ def _given(args) -> tuple[dict, dict]:
 
 
 def _base(args) -> tuple[dict, dict, dict]:
-    """(the layouts' starting values in meta mode, the held [parallel] fields fixed by the user:
-    the scenario's own with --keep-scenario-parallel, then the flags; the allowed values of
-    the layout fields the user restricted)."""
-    scenario = base_values(args.scenario)
+    """(the layouts' starting values in meta mode, the held [parallel] fields fixed by the user,
+    the allowed values of the layout fields the user restricted): search_start, as simsp.search."""
     given, allowed = _given(args)
-    held = held_fields()
-    fixed = {}
-    if args.keep_scenario_parallel:
-        fixed = {key: scenario[("parallel", key)] for key in held}
-    fixed.update({key: value for (section, key), value in given.items()
-                  if section == "parallel" and key in held})
-    base = search_base(scenario)
-    base.update({path: value for path, value in given.items()
-                 if path[0] != "parallel" or path[1] == "global_batch_size"})
-    base[("run", "mode")] = "meta"
+    base, fixed = search_start(args.scenario, given, args.keep_scenario_parallel)
     return base, fixed, allowed
 
 

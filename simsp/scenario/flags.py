@@ -220,8 +220,9 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
                            help=switch_help(flag))
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
-                       help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
-                            "the scenario's d)")
+                       help="total GPUs; derives d = N / (t x cp x p) as Megatron does, and "
+                            "the nodes = N / GPUs per node unless --nodes is given (default: the "
+                            "scenario's d and nodes)")
     parser.add_argument("--force", action="store_true",
                         help="run even if the estimated time is above the limit (never lifts "
                              "the memory limit; see README 'Limits')")

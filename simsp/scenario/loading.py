@@ -10,7 +10,7 @@ from simsp.errors import UserError
 from simsp.hardware.profiles import gpu_cluster_fields, system_cluster_fields
 from simsp.scenario.checks import validate
 from simsp.scenario.checks.rule import check
-from simsp.scenario.config import SECTIONS, Parallel, Scenario
+from simsp.scenario.config import SECTIONS, Cluster, Parallel, Scenario
 from simsp.scenario.table import SECTION_ROWS
 from simsp.scenario.table.row import INT_OR_STR
 
@@ -77,30 +77,60 @@ def read_toml(path: str | Path) -> dict:
     return data
 
 
-def load_scenario(path: str | Path | None = None, overrides: dict | None = None,
-                  world_size: int | None = None) -> Scenario:
-    """Scenario from an optional TOML file, then `overrides` {(section, key): value}, validated.
-    A `world_size` (Megatron's --world-size) derives data_parallel_size = world / (t * p)."""
+def scenario_data(path: str | Path | None = None, overrides: dict | None = None,
+                  world_size: int | None = None, lenient: bool = False) -> dict:
+    """The one path from a file and flags to a configuration, as nested {section: {key: value}}:
+    the TOML file, then `overrides` {(section, key): value}, then the [cluster] keys the system
+    and GPU profiles imply (given keys win), then d (and the nodes) from `world_size`, then the
+    run's name; unvalidated. `lenient`: an unknown profile fills nothing (the validation that
+    follows names it), so a sweep row can carry the error."""
     data = read_toml(path) if path else {}
     for (section, key), value in (overrides or {}).items():
         data.setdefault(section, {})[key] = value
-    _fill_from_hardware(data.setdefault("cluster", {}))
+    _fill_from_hardware(data.setdefault("cluster", {}), lenient)
     if world_size is not None:
         _derive_data_parallel(data, world_size, ("parallel", "data_parallel_size") in (overrides or {}))
+        _derive_nodes(data, world_size, ("cluster", "nodes") in (overrides or {}))
     if path and "name" not in data.get("run", {}):
         data.setdefault("run", {})["name"] = Path(path).stem
+    return data
+
+
+def load_scenario(path: str | Path | None = None, overrides: dict | None = None,
+                  world_size: int | None = None) -> Scenario:
+    """Scenario from an optional TOML file, then `overrides` {(section, key): value}, validated
+    (scenario_data says in what order). A `world_size` (Megatron's --world-size) derives
+    data_parallel_size = world / (t * cp * p) and nodes = world / GPUs per node."""
+    data = scenario_data(path, overrides, world_size)
     scenario = Scenario(**{s: _build_section(s, data.get(s, {})) for s in SECTIONS})
     validate(scenario)
     return scenario
 
 
-def _fill_from_hardware(cluster: dict) -> None:
+def _fill_from_hardware(cluster: dict, lenient: bool = False) -> None:
     """A system profile fills the [cluster] keys it implies (gpu, gpus_per_node, link speeds),
     then the GPU profile its NVLink speed; keys the scenario or a flag gives win."""
     for name, kind in (("system", system_cluster_fields), ("gpu", gpu_cluster_fields)):
         if isinstance(cluster.get(name), str):
-            for key, value in kind(cluster[name]).items():
+            try:
+                implied = kind(cluster[name])
+            except UserError:
+                if not lenient:
+                    raise
+                continue
+            for key, value in implied.items():
                 cluster.setdefault(key, value)
+
+
+def _derive_nodes(data: dict, world_size: int, explicit_nodes: bool) -> None:
+    """nodes = ceil(world / GPUs per node) unless --nodes is given, as `sweep --world-size`
+    does (simsp/explore/configs/world.py)."""
+    cluster = data.setdefault("cluster", {})
+    per_node = cluster.get("gpus_per_node", Cluster.gpus_per_node)
+    if explicit_nodes or isinstance(per_node, bool) or not isinstance(per_node, int) \
+            or per_node < 1:
+        return  # the cluster's own checks name a bad gpus_per_node
+    cluster["nodes"] = -(-world_size // per_node)
 
 
 def _derive_data_parallel(data: dict, world_size: int, explicit_d: bool) -> None:

@@ -10,10 +10,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from simsp.scenario.loading import read_toml
+from simsp.scenario.loading import scenario_data
 from simsp.errors import UserError
 from simsp.explore.configs.fields import Field, all_fields, by_key, spell
-from simsp.hardware.profiles import gpu_cluster_fields, system_cluster_fields
 
 
 @dataclass(frozen=True)
@@ -40,15 +39,13 @@ class Config:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def base_values(path: str | Path | None) -> dict:
-    """Every field's value from a scenario file (or the built-in defaults), name included."""
+def base_values(path: str | Path | None, overrides: dict | None = None) -> dict:
+    """Every field's value from a scenario file (or the built-in defaults) and `overrides`
+    {(section, key): value}, name included, resolved as `run` resolves them
+    (simsp.scenario.loading.scenario_data: the profiles' implied [cluster] keys filled)."""
     values = {f.path: f.default for f in all_fields()}
-    if path is None:
-        return values
     table = by_key()
-    data = read_toml(path)
-    values[("run", "name")] = Path(path).stem
-    for section, body in data.items():
+    for section, body in scenario_data(path, overrides, lenient=True).items():
         for key, value in body.items():
             field = table.get(f"{section}.{key}")
             if field is None:
@@ -84,46 +81,48 @@ def parse_list(field: Field, text: str) -> list:
 
 def expand(variants: list[tuple], axes: list[tuple[Field, list]],
            world_sizes: list[int] | None = None) -> list[Config]:
-    """Every variant (name, values[, the paths it set itself[, its scenario file]]) times the cartesian product of
-    the axes (and world sizes), in a fixed order; with a world size, or nodes changed without
-    d, d is derived (simsp.explore.configs.world)."""
-    from simsp.explore.configs.world import derive_world
+    """Every variant (name, values[, the paths it set itself[, its scenario file]]) times the
+    cartesian product of the axes (and world sizes), in a fixed order. Each configuration is
+    resolved from its scenario file and its own values as `run` resolves flags (base_values);
+    d is derived from a world size, from nodes changed without d, or from the GPUs kept when
+    t, p or cp change (simsp.explore.configs.world)."""
+    from simsp.explore.configs.world import world_of
     configs = []
     for variant in variants:
-        variant_name, values = variant[0], variant[1]
-        given = {field.path for field, _ in axes} | set(variant[2] if len(variant) > 2 else ())
+        own = set(variant[2] if len(variant) > 2 else ())
+        given = {field.path for field, _ in axes} | own
         source = variant[3] if len(variant) > 3 else None
+        kept = world_of(base_values(source))  # the scenario's GPUs, kept when t, p or cp change
         for world in world_sizes or [None]:
             for combo in itertools.product(*(choices for _, choices in axes)):
-                merged = dict(values)
-                merged.update({field.path: value for (field, _), value in zip(axes, combo)})
-                _fill_hardware(merged, given)
-                merged, error, note = derive_world(merged, values, world, given)
-                label = " ".join(spell(field, value) for (field, choices), value
-                                 in zip(axes, combo) if len(choices) > 1)  # what varies
-                shown_world = world and len(world_sizes) > 1
-                label = " ".join(part for part in (f"--world-size {world}" if shown_world else "",
-                                                   label) if part)
-                name = " | ".join(part for part in (variant_name, label) if part)
-                name = name or str(merged[("run", "name")])
-                configs.append(Config(name, tuple(merged.items()), error, note, source))
+                changes = {field.path: value for (field, _), value in zip(axes, combo)}
+                configs.append(_config(variant, own, given, changes, (world, kept),
+                                       _label(axes, combo, world, world_sizes)))
     return configs
 
 
-def _fill_hardware(values: dict, axis_keys: set) -> None:
-    """A configuration's system (and GPU) fill the cluster keys they imply, as load_scenario
-    does for a file (simsp/scenario/loading.py): here every key is present, so those still at their
-    default and not swept take the profile's value. A bad name is left for the row's error."""
-    defaults = {f.path: f.default for f in all_fields()}
-    for name, implied in (("system", system_cluster_fields), ("gpu", gpu_cluster_fields)):
-        profile = values.get(("cluster", name))
-        if not isinstance(profile, str) or profile == defaults.get(("cluster", name)):
-            continue
-        try:
-            fields = implied(profile)
-        except UserError:
-            continue
-        for key, value in fields.items():
-            path = ("cluster", key)
-            if path not in axis_keys and values.get(path) == defaults.get(path):
-                values[path] = value
+def _label(axes: list, combo: tuple, world: int | None, world_sizes: list | None) -> str:
+    """What varies in this configuration: `--world-size 64 --tensor-model-parallel-size 8`."""
+    label = " ".join(spell(field, value) for (field, choices), value
+                     in zip(axes, combo) if len(choices) > 1)
+    shown_world = world and len(world_sizes) > 1
+    return " ".join(part for part in (f"--world-size {world}" if shown_world else "", label)
+                    if part)
+
+
+def _config(variant: tuple, own: set, given: set, changes: dict, worlds: tuple,
+            label: str) -> Config:
+    """One configuration: the variant's own values and the axes' `changes` resolved from its
+    scenario file, then d derived from `worlds` (the world size asked for or None, the
+    scenario's GPUs)."""
+    from simsp.explore.configs.world import WORLD_SIZE, derive_world
+    variant_name, values = variant[0], variant[1]
+    source = variant[3] if len(variant) > 3 else None
+    overrides = {path: values[path] for path in own if path != WORLD_SIZE}
+    merged = base_values(source, {**overrides, **changes})
+    if WORLD_SIZE in own:
+        merged[WORLD_SIZE] = values[WORLD_SIZE]
+    merged, error, note = derive_world(merged, values, worlds[0], given, worlds[1])
+    name = " | ".join(part for part in (variant_name, label) if part)
+    return Config(name or str(merged[("run", "name")]), tuple(merged.items()), error, note,
+                  source)

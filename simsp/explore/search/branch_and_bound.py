@@ -23,6 +23,7 @@ from simsp.explore.evaluation.runner import evaluate_all, progress_bar
 from simsp.explore.evaluation.stream import RowStream
 from simsp.explore.results.table import table_row
 from simsp.hardware.constants import GPUS
+from simsp.progress import track
 
 
 BATCH = 8  # layouts simulated per branch-and-bound round, fixed so results never depend on workers
@@ -70,10 +71,11 @@ def objective_score(row: dict, objective: str, usable_bytes: float) -> float | N
 
 
 def screen(configs: list[Config], reserve: float, result: SearchResult, objective: str,
-           exhaustive: bool) -> list:
-    """[(bound, index, config)] of layouts the memory bound does not rule out, best bound first."""
+           exhaustive: bool, quiet: bool = True) -> list:
+    """[(bound, index, config)] of layouts the memory bound does not rule out, best bound first
+    (unless `quiet`, a bar on stderr counts the layouts bounded against their total)."""
     survivors = []
-    for i, config in enumerate(configs):
+    for i, config in track(list(enumerate(configs)), "simsp search: bounds", "layout", quiet):
         sc = scenario_of(config)
         verdict = None if exhaustive else memory_verdict(sc, reserve)
         if verdict is None:
@@ -152,14 +154,15 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
     restricts layout fields to the values given, `nodes` the node count (default: enough);
     `stream`: print each simulated layout's line to stdout as it is ready; `force`: past the
     total work limit."""
-    layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed, source, allowed, nodes)
+    layouts: Layouts = enumerate_layouts(base, gpus, batch, fixed, source, allowed, nodes,
+                                         quiet)
     configs = layouts.configs
     result = SearchResult(layouts=len(configs) + layouts.invalid, rejected=dict(layouts.rejected),
                           exhaustive=exhaustive)
-    survivors = screen(configs, reserve, result, objective, exhaustive)
+    survivors = screen(configs, reserve, result, objective, exhaustive, quiet)
     usable = GPUS[base[("cluster", "gpu")]].memory_bytes - reserve
     width = BATCH  # not the executor's parallelism: the same rows whatever runs them
-    with progress_bar(len(survivors), 0, quiet, "simsp search") as bar:
+    with progress_bar(len(survivors), 0, quiet, "simsp search: simulated") as bar:
         found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
                                                       objective, usable, bar, exhaustive,
                                                       reserve if stream else None, force)

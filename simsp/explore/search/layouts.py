@@ -14,6 +14,7 @@ from simsp.scenario.config import Parallel
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.explore.configs.grid import Config
+from simsp.progress import track
 
 # The [parallel] fields every layout sets itself (global_batch_size comes from --global-batch-size).
 VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
@@ -153,6 +154,27 @@ def search_base(scenario: dict) -> dict:
     return base
 
 
+def search_start(source, given: dict, keep_scenario_parallel: bool = False) -> tuple[dict, dict]:
+    """(the layouts' starting values in meta mode, the held [parallel] fields the user fixed)
+    for `simsp search` and simsp.search alike: the scenario file and the one-valued fields
+    `given` {(section, key): value} resolved as `run` resolves them
+    (simsp.explore.configs.grid.base_values: --gpu and --system fill the [cluster] keys they
+    imply), the [parallel] fields at Megatron's defaults but those fixed (the scenario's own
+    with `keep_scenario_parallel`, then the given) and the global batch."""
+    from simsp.explore.configs.grid import base_values
+    scenario = base_values(source, {path: value for path, value in given.items()
+                                    if path[0] != "parallel"})
+    held = held_fields()
+    fixed = {key: scenario[("parallel", key)] for key in held} if keep_scenario_parallel else {}
+    fixed.update({key: value for (section, key), value in given.items()
+                  if section == "parallel" and key in held})
+    base = search_base(scenario)
+    if ("parallel", "global_batch_size") in given:
+        base[("parallel", "global_batch_size")] = given[("parallel", "global_batch_size")]
+    base[("run", "mode")] = "meta"
+    return base, fixed
+
+
 def allows(parallel: dict, allowed: dict) -> bool:
     """Whether a layout takes one of the allowed values of every restricted field (the
     schedule by its name: 1f1b, or interleaved with virtual stages)."""
@@ -167,19 +189,20 @@ def allows(parallel: dict, allowed: dict) -> bool:
 
 def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None,
                       source: str | None = None, allowed: dict | None = None,
-                      nodes: int | None = None) -> Layouts:
+                      nodes: int | None = None, quiet: bool = True) -> Layouts:
     """Valid layouts as Configs (and rejections by reason) for `gpus` GPUs: `base` from
     search_base, `fixed` the held [parallel] fields the user chose, `source` the scenario file
     (each row's `simsp run` command starts from it), `allowed` the values a layout field may
-    take (others are not enumerated), `nodes` the node count (default: enough for the GPUs)."""
+    take (others are not enumerated), `nodes` the node count (default: enough for the GPUs);
+    unless `quiet`, a bar on stderr counts the layouts checked against their total."""
     layers, per_node = base[("model", "num_layers")], base[("cluster", "gpus_per_node")]
     found = Layouts()
     held = dict(fixed or {})
     cps = held.pop("context_parallel_size", 1)  # one cp, or a tuple of them to vary
-    for cp, parallel in ((cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
-                         for parallel in raw_layouts(gpus, batch, layers, per_node, cp)):
-        if not allows(parallel, allowed or {}):
-            continue
+    candidates = [(cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
+                  for parallel in raw_layouts(gpus, batch, layers, per_node, cp)
+                  if allows(parallel, allowed or {})]
+    for cp, parallel in track(candidates, "simsp search: layouts checked", "layout", quiet):
         parallel = with_fixed({**parallel, "context_parallel_size": cp}, held)
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})
