@@ -37,9 +37,11 @@ def site_of(key: str, category: str) -> Site:
     return Site(tuple(path), category)
 
 
-def allocation_events(ledger) -> list:
+def allocation_events(ledger, with_sites: bool = True) -> list:
     """The ledger's changes in time order (ties in recording order, as its peaks count them) as
-    Alloc/Free events with the ledger's times, each request keyed by its Alloc's index."""
+    Alloc/Free events with the ledger's times, each request keyed by its Alloc's index and, with
+    `with_sites`, its model site as context (a snapshot's frames; the byte counts need none)."""
+    site = site_of if with_sites else _no_site
     log, changes = ledger.sorted_log(), ledger.events
     events, live, moving = [], {}, None  # live: ledger key -> index of its Alloc in events
     for position in log.order.tolist():
@@ -47,7 +49,8 @@ def allocation_events(ledger) -> list:
         if moving is not None:
             _check_retag(moving, change)
             index = live[change.key] = live.pop(moving.key)
-            events[index] = events[index]._replace(context=site_of(change.key, change.category))
+            if with_sites:
+                events[index] = events[index]._replace(context=site(change.key, change.category))
             moving = None
         elif change.delta_bytes < 0 and change.op == RETAG:
             moving = change
@@ -56,8 +59,13 @@ def allocation_events(ledger) -> list:
         else:
             live[change.key] = len(events)
             events.append(Alloc(len(events), change.delta_bytes, COMPUTE_STREAM, change.time_s,
-                                site_of(change.key, change.category)))
+                                site(change.key, change.category)))
     return events
+
+
+def _no_site(key: str, category: str) -> None:
+    """No context: a replay for its byte counts only."""
+    return None
 
 
 def _check_retag(moving, change) -> None:
@@ -69,6 +77,8 @@ def _check_retag(moving, change) -> None:
 
 def replay_ledger(ledger, record_trace: bool = False) -> Replay:
     """The rank's allocation stream through PyTorch's default caching allocator, its capacity
-    the ledger's (the GPU's memory)."""
+    the ledger's (the GPU's memory); `record_trace`: with the trace and model sites a snapshot
+    shows."""
     config = AllocatorConfig(ledger.capacity_bytes)
-    return replay(allocation_events(ledger), config, record_trace=record_trace)
+    return replay(allocation_events(ledger, with_sites=record_trace), config,
+                  record_trace=record_trace)
