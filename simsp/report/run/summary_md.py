@@ -232,12 +232,12 @@ def _allocator(m: dict) -> list[str]:
     if memory is None:
         return []
     header = ["stage", "rank", "capacity", "ledger peak", "allocated peak", "reserved peak",
-              "fragmentation at peak", "headroom"]
+              "fragmentation at peak", "headroom", "allocator"]
     rows = [[str(s["stage"]), str(s["rank"])]
             + [format_bytes(s[key]) for key in ("capacity_bytes", "peak_bytes",
                                                   "allocated_peak_bytes", "reserved_peak_bytes",
                                                   "fragmentation_at_peak_bytes", "headroom_bytes")]
-            for s in memory["stages"]]
+            + [_allocator_verdict(s["allocator_oom"])] for s in memory["stages"]]
     reserve, headroom = memory["memory_reserve_bytes"] / GiB, memory["headroom_bytes"] / GiB
     verdict = ("**fits**" if memory["fits"] else "**does not fit**") + (
         f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
@@ -247,13 +247,19 @@ def _allocator(m: dict) -> list[str]:
         f"{memory['capacity_bytes'] / GiB:.2f} GiB is {-headroom:.2f} GiB over its "
         f"{reserve:g} GiB reserve")
     return ["## Memory against the GPU: verdict and PyTorch's caching allocator", "",
-            f"Verdict ({'out of memory, ' if m['oom'] else ''}as `simsp search`, `sweep` and "
-            f"`whatif` give it; `--memory-reserve`): {verdict}.", "",
+            f"Verdict (the one `simsp search`, `sweep` and `whatif` give; `--memory-reserve`"
+            f"{'; out of memory' if m['oom'] else ''}): {verdict}.", "",
             "Each stage's rank replayed through PyTorch's caching allocator (default settings): "
             "allocated is what the tensors hold in 512 B blocks, reserved what the allocator "
-            "holds in segments; fragmentation is reserved − allocated at the allocated peak. "
-            "Headroom is capacity − reserve − ledger peak.", "",
-            *_table(header, rows), ""]
+            "holds in segments; fragmentation is reserved − allocated at the allocated peak; "
+            "where the allocator runs out of memory, its peaks are those before the request it "
+            "could not serve. Headroom is capacity − reserve − ledger peak.", "",
+            *_table(header, rows, left=(len(header) - 1,)), ""]
+
+
+def _allocator_verdict(oom: dict | None) -> str:
+    """The allocator's own verdict: fits, or the request it could not serve."""
+    return "fits" if oom is None else f"**OOM** ({format_bytes(oom['bytes_asked'])} asked)"
 
 
 def _oom_categories(failing: list[dict], explained: dict) -> list[str]:
