@@ -11,7 +11,7 @@ from pathlib import Path
 
 from simsp.version import __version__  # noqa: F401 (simsp.__version__)
 
-RESERVE_GIB = 4.0  # explore.results.headroom.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test)
+RESERVE_GIB = 4.0  # memory_verdict.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test)
 
 
 def run(scenario: str | Path | None = None, *, world_size: int | None = None, **fields) -> dict:

@@ -7,6 +7,8 @@ GEMMs actually counted are reported beside them.
 
 
 from simsp import analytic
+from simsp.engine.allocator.ledger_stream import replay_ledger
+from simsp.memory_verdict import memory_verdict
 from simsp.model.architecture import architecture
 from simsp.model.flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
@@ -63,18 +65,26 @@ def oom_report(oom) -> dict | None:
                              for t in oom.largest_live]}
 
 
-def rank_memory(run, rank: int, name_live: bool = True) -> dict:
-    """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict
-    (`name_live=False`: the verdict's largest live tensors left out, its bytes the same)."""
+def ledger_of(run, rank: int):
+    """The ledger of `rank`, or of the simulated rank identical to it when it was not simulated."""
     inputs, ranks = run.inputs, run.inputs.world.ranks
-    c = inputs.world.grid.coords(rank)
-    simulated = rank in ranks
-    source = rank if simulated else inputs.rank_of(0, 0, c.pp)  # an identical representative
-    if not simulated and inputs.sc.model.num_experts is not None:
+    if rank in ranks:
+        return ranks[rank].ledger
+    source = inputs.rank_of(0, 0, inputs.world.grid.coords(rank).pp)  # an identical representative
+    if inputs.sc.model.num_experts is not None:
         from simsp.model.blocks.moe.placement import represented_by  # MoE only
         if represented_by(inputs.sc, rank) in ranks:
             source = represented_by(inputs.sc, rank)  # its place in a simulated expert group
-    ledger = ranks[source].ledger
+    return ranks[source].ledger
+
+
+def rank_memory(run, rank: int, name_live: bool = True) -> dict:
+    """One rank's memory: peak, peaks by category, composition at the peak, OOM verdict
+    (`name_live=False`: the verdict's largest live tensors left out, its bytes the same)."""
+    inputs = run.inputs
+    c = inputs.world.grid.coords(rank)
+    simulated = rank in inputs.world.ranks
+    ledger = ledger_of(run, rank)
     summary = ledger.summary(name_live)
     peaks = summary.peak_by_category
     return {"rank": rank, "tp": c.tp, "pp": c.pp, "dp": c.dp,
@@ -87,6 +97,37 @@ def rank_memory(run, rank: int, name_live: bool = True) -> dict:
             "at_peak_bytes": summary.at_peak, "peak_by_category_bytes": peaks,
             "final_bytes": ledger.final_bytes(),
             **({"cp": c.cp} if inputs.sc.parallel.cp > 1 else {})}
+
+
+def memory_report(run, metrics: dict, reserve_bytes: float) -> dict:
+    """The memory verdict of the layout (simsp/memory_verdict.py, as search, sweep and whatif
+    give it) and, per stage's rank, its ledger replayed through PyTorch's caching allocator:
+    reserved and allocated peaks and the fragmentation at the allocated peak (docs/allocator.md)."""
+    capacity = GPUS[run.inputs.sc.cluster.gpu].memory_bytes
+    peak = max(r["peak_bytes"] for r in metrics["ranks"])
+    verdict = memory_verdict(capacity, peak, metrics["oom"], reserve_bytes)
+    return {"capacity_bytes": capacity, "memory_reserve_bytes": reserve_bytes,
+            "peak_bytes_max": peak, "headroom_bytes": verdict.headroom_bytes,
+            "fits": verdict.fits,
+            "stages": [_allocator_stage(run, stage, rank, reserve_bytes)
+                       for stage, rank in enumerate(stage_ranks(run))]}
+
+
+def _allocator_stage(run, stage: int, rank: int, reserve_bytes: float) -> dict:
+    """One stage's rank through the caching allocator; headroom as the verdict counts it."""
+    ledger = ledger_of(run, rank)
+    timeline = replay_ledger(ledger).timeline
+    peak = ledger.summary().peak_total
+    oom = timeline.oom
+    return {"stage": stage, "rank": rank, "capacity_bytes": ledger.capacity_bytes,
+            "peak_bytes": peak, "allocated_peak_bytes": timeline.allocated_peak,
+            "reserved_peak_bytes": timeline.reserved_peak,
+            "fragmentation_at_peak_bytes": timeline.fragmentation_at_peak,
+            "headroom_bytes": memory_verdict(ledger.capacity_bytes, peak, False,
+                                             reserve_bytes).headroom_bytes,
+            "allocator_oom": None if oom is None else {
+                "bytes_asked": oom.nbytes, "reserved_bytes": oom.reserved,
+                "allocated_bytes": oom.allocated}}
 
 
 COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm", "cp_comm")  # communication proper

@@ -9,12 +9,18 @@ from simsp.engine.trace import TRACE_DETAILS
 from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
 from simsp.io_out import check_not_inputs, check_target
 from simsp.jsonout import dumps
-from simsp.metrics import collect
+from simsp.errors import UserError
+from simsp.hardware.constants import GPUS
+from simsp.units import GiB
+from simsp.explore.arguments import add_reserve_argument, check_reserve
+from simsp.memory_verdict import reserve_bytes
+from simsp.metrics import collect, memory_report
 from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
 from simsp.explore.whatif.oom_advice import explain_oom
 from simsp.report.run import paint_stage_figures, summary_text, write_reports
 from simsp.report.run.figures.drawing import warm_up
+from simsp.report.run.memory_snapshot import snapshot_name, write_memory_snapshots
 from simsp.report.run.painter import start_painter
 from simsp.report.run.summary_md import run_label
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
@@ -34,25 +40,46 @@ def add_parser(subparsers) -> None:
                         help="trace.json detail: none (no file), steps (schedule, pipeline "
                              "transfers, DP communication, memory; default) or full (also "
                              "compute and TP communication)")
+    add_reserve_argument(parser)
+    parser.add_argument("--memory-snapshot", metavar="RANKS", type=nonempty, default=None,
+                        help="write memory_snapshot_rank<N>.pickle for each rank of this comma "
+                             "list (e.g. 0,8) into the report folder: its ledger through "
+                             "PyTorch's caching allocator, as torch.cuda.memory._dump_snapshot "
+                             "writes it, for PyTorch's memory visualizer (docs/allocator.md)")
     parser.set_defaults(handler=run)
 
 
 REPORT_FILES = ("summary.md", "metrics.json", "trace.json", "report.html", "memory.png")
 
 
-def report_folder(args, sc) -> Path | None:
+def snapshot_ranks(text: str | None, world_size: int) -> list[int]:
+    """--memory-snapshot's ranks: distinct integers in [0, world size), in the order given."""
+    if text is None:
+        return []
+    ranks = []
+    for item in text.split(","):
+        if not item.strip().isdigit() or int(item) >= world_size:
+            raise UserError("--memory-snapshot", f"expected a comma list of ranks in "
+                                                 f"[0, {world_size}), got {text!r}")
+        ranks += [] if int(item) in ranks else [int(item)]
+    return ranks
+
+
+def report_folder(args, sc, snapshots: list[int] = ()) -> Path | None:
     """The folder reports go to, created and proven writable, with no link, folder or device
     where a report file goes; None for --json without --out."""
     if args.out is not None:
         out = prepare_out_dir(Path(args.out))
     elif args.json:
+        if snapshots:
+            raise UserError("--memory-snapshot", "needs a report folder: give --out with --json")
         return None
     else:
         out = prepare_out_dir(default_out_dir(sc.run.name, override_tokens(args)))
-    for name in REPORT_FILES:
+    names = REPORT_FILES + tuple(snapshot_name(rank) for rank in snapshots)
+    for name in names:
         check_target(out / name)
-    check_not_inputs([out / name for name in REPORT_FILES], [args.scenario] if args.scenario
-                     else [])
+    check_not_inputs([out / name for name in names], [args.scenario] if args.scenario else [])
     return out
 
 
@@ -83,13 +110,15 @@ def run(args) -> int:
     """Simulate, measure, report. Where reports are written, the painter process (started
     first, report/run/painter.py) loads matplotlib during the simulation and draws the figures."""
     sc = scenario_from_args(args)
+    check_reserve(args.memory_reserve, GPUS[sc.cluster.gpu].memory_bytes / GiB)
+    snapshots = snapshot_ranks(args.memory_snapshot, sc.parallel.world_size)
     # first at the cheapest the shortcuts could make it: their check walks every route of every
     # group (CP 2048 took minutes there before refusing), so a run far too big stops before it
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
                fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods))
-    out_dir = report_folder(args, sc)
+    out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)
         if out_dir is not None:
@@ -97,7 +126,9 @@ def run(args) -> int:
         metrics = collect(result, shortcuts)
         metrics["command"] = reported_command(args.argv)
         metrics["oom_explanation"] = explain_oom(result)
+        metrics["memory"] = memory_report(result, metrics, reserve_bytes(args.memory_reserve))
         written = (write_reports(result, metrics, out_dir, trace=args.trace, painter=painter)
+                   + write_memory_snapshots(result, snapshots, out_dir)
                    if out_dir is not None else [])
     if args.json:
         print(dumps(metrics, indent=2))

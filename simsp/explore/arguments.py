@@ -104,7 +104,7 @@ def check_executor_arguments(args) -> None:
 
 
 def add_reserve_argument(parser) -> None:
-    """--memory-reserve GiB: what "fits" leaves free (simsp.explore.results.headroom)."""
+    """--memory-reserve GiB: what "fits" leaves free (simsp/memory_verdict.py)."""
     from simsp.explore.results.headroom import DEFAULT_MEMORY_RESERVE_GIB
     parser.add_argument("--memory-reserve", type=float, default=DEFAULT_MEMORY_RESERVE_GIB,
                         metavar="GiB", help="GPU memory kept free for the CUDA context, NCCL "

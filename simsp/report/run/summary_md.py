@@ -225,6 +225,43 @@ def _memory(m: dict, stages: list[dict]) -> list[str]:
     return lines + _switches(m.get("oom_explanation"))
 
 
+def _allocator(m: dict) -> list[str]:
+    """The memory verdict (simsp/memory_verdict.py, the same as search's, sweep's and whatif's)
+    and each stage's rank through PyTorch's caching allocator (docs/allocator.md)."""
+    memory = m.get("memory")
+    if memory is None:
+        return []
+    header = ["stage", "rank", "capacity", "ledger peak", "allocated peak", "reserved peak",
+              "fragmentation at peak", "headroom", "allocator"]
+    rows = [[str(s["stage"]), str(s["rank"])]
+            + [format_bytes(s[key]) for key in ("capacity_bytes", "peak_bytes",
+                                                  "allocated_peak_bytes", "reserved_peak_bytes",
+                                                  "fragmentation_at_peak_bytes", "headroom_bytes")]
+            + [_allocator_verdict(s["allocator_oom"])] for s in memory["stages"]]
+    reserve, headroom = memory["memory_reserve_bytes"] / GiB, memory["headroom_bytes"] / GiB
+    verdict = ("**fits**" if memory["fits"] else "**does not fit**") + (
+        f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
+        f"{memory['capacity_bytes'] / GiB:.2f} GiB leaves {headroom:.2f} GiB after the "
+        f"{reserve:g} GiB reserve" if headroom >= 0 else
+        f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
+        f"{memory['capacity_bytes'] / GiB:.2f} GiB is {-headroom:.2f} GiB over its "
+        f"{reserve:g} GiB reserve")
+    return ["## Memory against the GPU: verdict and PyTorch's caching allocator", "",
+            f"Verdict (the one `simsp search`, `sweep` and `whatif` give; `--memory-reserve`"
+            f"{'; out of memory' if m['oom'] else ''}): {verdict}.", "",
+            "Each stage's rank replayed through PyTorch's caching allocator (default settings): "
+            "allocated is what the tensors hold in 512 B blocks, reserved what the allocator "
+            "holds in segments; fragmentation is reserved − allocated at the allocated peak; "
+            "where the allocator runs out of memory, its peaks are those before the request it "
+            "could not serve. Headroom is capacity − reserve − ledger peak.", "",
+            *_table(header, rows, left=(len(header) - 1,)), ""]
+
+
+def _allocator_verdict(oom: dict | None) -> str:
+    """The allocator's own verdict: fits, or the request it could not serve."""
+    return "fits" if oom is None else f"**OOM** ({format_bytes(oom['bytes_asked'])} asked)"
+
+
 def _oom_categories(failing: list[dict], explained: dict) -> list[str]:
     """Bytes by category at each failing stage's first failed allocation, largest first, and
     the cause in words (the largest category)."""
@@ -371,7 +408,7 @@ def summary_text(metrics: dict) -> str:
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
              + _expert_load(metrics)
-             + _memory(metrics, stages) + _activations(metrics, stages) + _layer_tensors(metrics)
+             + _memory(metrics, stages) + _allocator(metrics) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _sharding(metrics) + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
 
