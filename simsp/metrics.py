@@ -99,10 +99,11 @@ def rank_memory(run, rank: int, name_live: bool = True) -> dict:
             **({"cp": c.cp} if inputs.sc.parallel.cp > 1 else {})}
 
 
-def memory_report(run, metrics: dict, reserve_bytes: float) -> dict:
+def memory_report(run, metrics: dict, reserve_bytes: float, allocator: bool = False) -> dict:
     """The memory verdict of the layout (simsp/memory_verdict.py, as search, sweep and whatif
-    give it) and, per stage's rank, its ledger replayed through PyTorch's caching allocator:
-    reserved and allocated peaks and the fragmentation at the allocated peak (docs/allocator.md)."""
+    give it) and, with `allocator` (run --caching-allocator), per stage's rank its ledger
+    replayed through PyTorch's caching allocator: reserved and allocated peaks and the
+    fragmentation at the allocated peak (docs/allocator.md)."""
     capacity = GPUS[run.inputs.sc.cluster.gpu].memory_bytes
     peak = max(r["peak_bytes"] for r in metrics["ranks"])
     verdict = memory_verdict(capacity, peak, metrics["oom"], reserve_bytes)
@@ -110,7 +111,7 @@ def memory_report(run, metrics: dict, reserve_bytes: float) -> dict:
             "peak_bytes_max": peak, "headroom_bytes": verdict.headroom_bytes,
             "fits": verdict.fits,
             "stages": [_allocator_stage(run, stage, rank, reserve_bytes)
-                       for stage, rank in enumerate(stage_ranks(run))]}
+                       for stage, rank in enumerate(stage_ranks(run))] if allocator else []}
 
 
 def _allocator_stage(run, stage: int, rank: int, reserve_bytes: float) -> dict:

@@ -3,10 +3,13 @@ request stream it makes, and reserved bytes counted by hand from the rules of do
 (512 B blocks; at most 1 MiB: the small pool's 2 MiB segments; below 10 MiB: a shared 20 MiB
 segment; from 10 MiB: a segment of its own rounded to 2 MiB)."""
 
+import json
+
 import numpy as np
 
 from simsp.engine.allocator.ledger_stream import allocation_events, replay_ledger, site_of
 from simsp.engine.allocator.replay import Alloc, Free
+from simsp.cli import main
 from simsp.engine.memory import Ledger
 from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
@@ -75,3 +78,14 @@ def test_tiny_scenario_fits_one_small_segment():
         assert timeline.allocated_peak == allocated_peak < 2 * MiB
         assert timeline.reserved_peak == 2 * MiB
         assert timeline.fragmentation_at_peak == 2 * MiB - allocated_peak
+
+
+def test_run_reports_the_allocator_per_stage_only_when_asked(capsys):
+    """`run --caching-allocator` adds each stage's reserved peak (tiny.toml: the one 2 MiB small
+    segment counted above); without it the verdict alone (the replay costs several times the
+    simulation on paper-scale layouts)."""
+    for flags, stages in (([], 0), (["--caching-allocator"], 2)):  # tiny.toml: p 2
+        assert main(["run", "scenarios/tiny.toml", "--json", *flags]) == 0
+        memory = json.loads(capsys.readouterr().out)["memory"]
+        assert len(memory["stages"]) == stages and "fits" in memory
+    assert [s["reserved_peak_bytes"] for s in memory["stages"]] == [2 * MiB, 2 * MiB]

@@ -41,6 +41,11 @@ def add_parser(subparsers) -> None:
                              "transfers, DP communication, memory; default) or full (also "
                              "compute and TP communication)")
     add_reserve_argument(parser)
+    parser.add_argument("--caching-allocator", action="store_true",
+                        help="replay every stage's rank through the model of PyTorch's caching "
+                             "allocator: reserved and allocated peaks, fragmentation at the peak "
+                             "(docs/allocator.md; several times the simulation's CPU time on "
+                             "paper-scale layouts)")
     parser.add_argument("--memory-snapshot", metavar="RANKS", type=nonempty, default=None,
                         help="write memory_snapshot_rank<N>.pickle for each rank of this comma "
                              "list (e.g. 0,8) into the report folder: its ledger through "
@@ -126,7 +131,8 @@ def run(args) -> int:
         metrics = collect(result, shortcuts)
         metrics["command"] = reported_command(args.argv)
         metrics["oom_explanation"] = explain_oom(result)
-        metrics["memory"] = memory_report(result, metrics, reserve_bytes(args.memory_reserve))
+        metrics["memory"] = memory_report(result, metrics, reserve_bytes(args.memory_reserve),
+                                          args.caching_allocator)
         written = (write_reports(result, metrics, out_dir, trace=args.trace, painter=painter)
                    + write_memory_snapshots(result, snapshots, out_dir)
                    if out_dir is not None else [])

@@ -238,6 +238,15 @@ def _allocator(m: dict) -> list[str]:
                                                   "allocated_peak_bytes", "reserved_peak_bytes",
                                                   "fragmentation_at_peak_bytes", "headroom_bytes")]
             + [_allocator_verdict(s["allocator_oom"])] for s in memory["stages"]]
+    allocator = [
+        "Each stage's rank replayed through PyTorch's caching allocator (default settings): "
+        "allocated is what the tensors hold in 512 B blocks, reserved what the allocator "
+        "holds in segments; fragmentation is reserved − allocated at the allocated peak; "
+        "where the allocator runs out of memory, its peaks are those before the request it "
+        "could not serve. Headroom is capacity − reserve − ledger peak.", "",
+        *_table(header, rows, left=(len(header) - 1,)), ""] if rows else [
+        "`--caching-allocator` replays each stage's rank through PyTorch's caching allocator "
+        "(reserved and allocated peaks, fragmentation).", ""]
     reserve, headroom = memory["memory_reserve_bytes"] / GiB, memory["headroom_bytes"] / GiB
     verdict = ("**fits**" if memory["fits"] else "**does not fit**") + (
         f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
@@ -248,13 +257,7 @@ def _allocator(m: dict) -> list[str]:
         f"{reserve:g} GiB reserve")
     return ["## Memory against the GPU: verdict and PyTorch's caching allocator", "",
             f"Verdict (the one `simsp search`, `sweep` and `whatif` give; `--memory-reserve`"
-            f"{'; out of memory' if m['oom'] else ''}): {verdict}.", "",
-            "Each stage's rank replayed through PyTorch's caching allocator (default settings): "
-            "allocated is what the tensors hold in 512 B blocks, reserved what the allocator "
-            "holds in segments; fragmentation is reserved − allocated at the allocated peak; "
-            "where the allocator runs out of memory, its peaks are those before the request it "
-            "could not serve. Headroom is capacity − reserve − ledger peak.", "",
-            *_table(header, rows, left=(len(header) - 1,)), ""]
+            f"{'; out of memory' if m['oom'] else ''}): {verdict}.", "", *allocator]
 
 
 def _allocator_verdict(oom: dict | None) -> str:
