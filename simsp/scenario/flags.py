@@ -204,13 +204,8 @@ def switch_help(flag: str) -> str:
             f"[{section}.{key}]")
 
 
-def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
-    """Add the optional scenario file, every Megatron-style override flag, --world-size and
-    --force."""
-    if positional:
-        parser.add_argument("scenario", nargs="?", type=nonempty, metavar="SCENARIO",
-                            help="scenario TOML file (default: the built-in small GPT)")
-    group = parser.add_argument_group("scenario overrides (Megatron-LM flags)")
+def add_scenario_flags(group) -> None:
+    """Add every Megatron-style override flag of the field table to a parser or group."""
     for flag in SCENARIO_FLAGS:
         row = _row(flag)
         group.add_argument(flag, dest=_dest(flag), type=row.kind, choices=row.choices,
@@ -219,12 +214,40 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
     for flag in SWITCHES:
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
                            help=switch_help(flag))
+
+
+def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
+    """Add the optional scenario file, every Megatron-style override flag, --world-size, the
+    pasted launch line and Hugging Face config, and --force."""
+    if positional:
+        parser.add_argument("scenario", nargs="?", type=nonempty, metavar="SCENARIO",
+                            help="scenario TOML file (default: the built-in small GPT)")
+    group = parser.add_argument_group("scenario overrides (Megatron-LM flags)")
+    add_scenario_flags(group)
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
                             "the scenario's d)")
+    _add_outside_sources(parser)
     parser.add_argument("--force", action="store_true",
                         help="run even if the estimated time is above the limit (never lifts "
                              "the memory limit; see README 'Limits')")
+
+
+def _add_outside_sources(parser: argparse.ArgumentParser) -> None:
+    """--megatron-args, --megatron-args-file and --hf-config (README "Start from your own
+    launch line"); flags given directly override them."""
+    group = parser.add_argument_group("start from your own configuration")
+    group.add_argument("--megatron-args", type=nonempty, metavar="LINE", default=None,
+                       help="a whole Megatron-LM launch line ('torchrun ... pretrain_gpt.py "
+                            "--num-layers 96 ...'): the flags simsp models are used, torchrun's "
+                            "--nnodes x --nproc-per-node set the GPUs, training-only flags are "
+                            "named in one note line")
+    group.add_argument("--megatron-args-file", type=nonempty, metavar="FILE", default=None,
+                       help="the same, read from a file (backslash-newlines and # comments as "
+                            "in a shell script)")
+    group.add_argument("--hf-config", type=nonempty, metavar="FILE", default=None,
+                       help="a Hugging Face config.json (Llama, Mistral/Mixtral, Qwen2/3, "
+                            "DeepSeek-V3) read into the [model] section")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
@@ -268,6 +291,15 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    """Load the scenario file (if any) and apply the command-line overrides."""
-    return load_scenario(getattr(args, "scenario", None), overrides_from_args(args),
-                         getattr(args, "world_size", None))
+    """Load the scenario file (if any) and apply, in this order, the Hugging Face config, the
+    pasted launch line and the command-line overrides (each later one wins)."""
+    from simsp.scenario.outside import outside_overrides
+    given = overrides_from_args(args)
+    pasted = outside_overrides(args)
+    overrides = {**pasted.overrides, **given}
+    world = getattr(args, "world_size", None)
+    if world is None and ("parallel", "data_parallel_size") not in given:
+        world = pasted.world(overrides)
+        if world is not None:
+            return pasted.load(getattr(args, "scenario", None), overrides, world)
+    return load_scenario(getattr(args, "scenario", None), overrides, world)
