@@ -6,6 +6,7 @@ argument is an error, and every flag's --help gives its meaning, unit and defaul
 """
 
 import argparse
+import difflib
 from pathlib import Path
 import sys
 from typing import NamedTuple
@@ -112,6 +113,14 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"error: {one_line(message)}\n")
         sys.exit(2)
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's parse_args, with a "did you mean" after an unrecognized flag."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}"
+                       + _did_you_mean(extras, _option_names(self, parsed)))
+        return parsed
+
     def parse_known_args(self, args=None, namespace=None):
         """Refuse a flag given twice (under any of its names) before argparse keeps the last."""
         argv = sys.argv[1:] if args is None else list(args)
@@ -149,6 +158,25 @@ class Parser(argparse.ArgumentParser):
         for action in self._positionals._group_actions:
             return action.metavar or action.dest
         return "(an empty word)"
+
+
+def _option_names(parser: argparse.ArgumentParser, parsed) -> set[str]:
+    """Every option string of `parser` and of the subcommand parsers `parsed` chose."""
+    names = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+            names |= _option_names(chosen, parsed) if chosen is not None else set()
+    return names
+
+
+def _did_you_mean(extras: list[str], names: set[str]) -> str:
+    """' (did you mean --x?)' for the first unrecognized flag close to a known one, else ''."""
+    for word in extras:
+        close = difflib.get_close_matches(word.split("=", 1)[0], sorted(names), n=1)
+        if word.startswith("-") and close:
+            return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def nonempty(text: str) -> str:
@@ -296,7 +324,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     from simsp.scenario.outside import outside_overrides
     given = overrides_from_args(args)
     pasted = outside_overrides(args)
-    overrides = {**pasted.overrides, **given}
+    overrides = pasted.completed(getattr(args, "scenario", None), {**pasted.overrides, **given})
     world = getattr(args, "world_size", None)
     if world is None and ("parallel", "data_parallel_size") not in given:
         world = pasted.world(overrides)

@@ -6,7 +6,7 @@ import sys
 from typing import NamedTuple
 
 from simsp.errors import UserError
-from simsp.scenario.loading import load_scenario
+from simsp.scenario.loading import load_scenario, read_toml
 from simsp.scenario.launch_line import parse_launch_line, read_launch_text
 
 _NODES, _GPUS = ("cluster", "nodes"), ("cluster", "gpus_per_node")
@@ -17,6 +17,7 @@ class Pasted(NamedTuple):
 
     overrides: dict
     launcher_world: bool
+    fallback: dict = {}  # {(section, key): value} used only where nothing else gives it
 
     def world(self, merged: dict) -> int | None:
         """Megatron's world size, nodes x GPUs per node of the merged overrides, when the pasted
@@ -24,6 +25,14 @@ class Pasted(NamedTuple):
         if not self.launcher_world or _NODES not in merged or _GPUS not in merged:
             return None
         return merged[_NODES] * merged[_GPUS]
+
+    def completed(self, path, merged: dict) -> dict:
+        """`merged` with each fallback value whose key neither it nor the scenario file sets."""
+        if not self.fallback:
+            return merged
+        in_file = read_toml(path) if path else {}
+        return {**{(section, key): value for (section, key), value in self.fallback.items()
+                   if key not in in_file.get(section, {})}, **merged}
 
     def load(self, path, merged: dict, world: int):
         """load_scenario with the launcher's world; a world that does not fit names it."""
@@ -40,17 +49,17 @@ class Pasted(NamedTuple):
 def outside_overrides(args) -> Pasted:
     """The Hugging Face config's [model] overrides, then the launch line's (which win); the
     launch line's ignored flags are named in one note line on stderr."""
-    overrides = {}
+    overrides, fallback = {}, {}
     path = getattr(args, "hf_config", None)
     if path is not None:
         from simsp.scenario.hf_config import hf_overrides
-        overrides.update(hf_overrides(path))
+        overrides, fallback = hf_overrides(path)
     text = read_launch_text(args)
     if text is None:
-        return Pasted(overrides, False)
+        return Pasted(overrides, False, fallback)
     line = parse_launch_line(text)
     note = line.note()
     if note:
         sys.stderr.write(note + "\n")
     overrides.update(line.overrides)
-    return Pasted(overrides, _NODES in line.overrides or _GPUS in line.overrides)
+    return Pasted(overrides, _NODES in line.overrides or _GPUS in line.overrides, fallback)
