@@ -244,9 +244,10 @@ def add_scenario_flags(group) -> None:
                            help=switch_help(flag))
 
 
-def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
+def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True,
+                           outside: bool = True) -> None:
     """Add the optional scenario file, every Megatron-style override flag, --world-size, the
-    pasted launch line and Hugging Face config, and --force."""
+    pasted launch line and Hugging Face config (unless not `outside`), and --force."""
     if positional:
         parser.add_argument("scenario", nargs="?", type=nonempty, metavar="SCENARIO",
                             help="scenario TOML file (default: the built-in small GPT)")
@@ -255,7 +256,8 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x p) as Megatron does (default: "
                             "the scenario's d)")
-    _add_outside_sources(parser)
+    if outside:
+        _add_outside_sources(parser)
     parser.add_argument("--force", action="store_true",
                         help="run even if the estimated time is above the limit (never lifts "
                              "the memory limit; see README 'Limits')")

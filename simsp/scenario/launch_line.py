@@ -128,7 +128,8 @@ def parse_launch_line(text: str) -> LaunchLine:
     overrides = {**world, **flags.overrides_from_args(_LineParser().parse_args(used))}
     tokenizer = "" if ("model", "vocab_size") in overrides else next(
         (flag for flag in training if flag in TOKENIZER_FLAGS), "")
-    return LaunchLine(overrides, tuple(training), tuple(other), tuple(read_as), tokenizer)
+    return LaunchLine(overrides, tuple(dict.fromkeys(training)), tuple(dict.fromkeys(other)),
+                      tuple(read_as), tokenizer)
 
 
 def _translated(flag: str, group: list[str], read_as: list[str]) -> list[str]:
