@@ -180,6 +180,16 @@ def test_qwen_moe_sparse_step_pattern(tmp_path):
     assert sc.model.moe_layer_freq == "[0,1,0,0]"
 
 
+def test_deepseek_moe_every_other_layer(tmp_path):
+    config = json.loads((FIXTURES / "hf" / "deepseek-v3.json").read_text())
+    config.update(num_hidden_layers=6, first_k_dense_replace=1, moe_layer_freq=2)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    sc = scenario_of(["--hf-config", str(path), "--mode", "meta", "--seq-length", "128"])
+    # MoE where i >= 1 and i % 2 == 0: layers 2 and 4
+    assert sc.model.moe_layer_freq == "[0,0,1,0,1,0]"
+
+
 @pytest.mark.parametrize("text, words", [
     ("[1, 2]", ["must be a JSON object"]),
     ("{", ["is not valid JSON"]),

@@ -167,22 +167,26 @@ def _moe_fields(path, data: dict, fields: dict) -> dict:
 
 
 def _moe_layers(path, data: dict, layers: int) -> str | None:
-    """Megatron's --moe-layer-freq pattern of DeepSeek's first_k_dense_replace or Qwen-MoE's
-    decoder_sparse_step and mlp_only_layers; None when every layer is a MoE layer."""
+    """Megatron's --moe-layer-freq pattern of which layers are MoE layers, None when all are:
+    DeepseekV3DecoderLayer's `i >= first_k_dense_replace and i % moe_layer_freq == 0`,
+    Qwen*MoeDecoderLayer's `i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0`
+    (transformers' modeling_deepseek_v3.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py)."""
     first = _int(path, data, "first_k_dense_replace") if data.get("first_k_dense_replace") else 0
-    if not 0 <= first < layers:
-        raise UserError(f"{path}: first_k_dense_replace", f"must be below num_hidden_layers "
-                                                          f"({layers}), got {first}")
-    if first:
-        return f"([0]*{first}+[1]*{layers - first})"
+    every = _int(path, data, "moe_layer_freq") if data.get("moe_layer_freq") else 1
     step = _int(path, data, "decoder_sparse_step") if data.get("decoder_sparse_step") else 1
     dense = data.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense) or step < 1:
+    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
         raise UserError(f"{path}: mlp_only_layers", "must be a list of layer numbers")
-    if step == 1 and not dense:
-        return None  # Qwen*MoeDecoderLayer: layer i is sparse when (i + 1) % step == 0
-    return "[" + ",".join("0" if i in dense or (i + 1) % step else "1"
-                          for i in range(layers)) + "]"
+    if not 0 <= first < layers or every < 1 or step < 1:
+        raise UserError(f"{path}: first_k_dense_replace", f"must be below num_hidden_layers "
+                                                          f"({layers}), with positive steps")
+    sparse = [i >= first and i % every == 0 and (i + 1) % step == 0 and i not in dense
+              for i in range(layers)]
+    if all(sparse):
+        return None
+    if sparse == [i >= first for i in range(layers)]:
+        return f"([0]*{first}+[1]*{layers - first})"
+    return "[" + ",".join("1" if moe else "0" for moe in sparse) + "]"
 
 
 def hf_overrides(path) -> tuple[dict, dict]:
