@@ -78,6 +78,7 @@ def test_gpt3_175b_line_runs_in_meta_mode(capsys):
     assert err.startswith("note: --megatron-args: ignored 27 flag(s)") and err.count("\n") == 1
     result = json.loads(out)
     assert result["oom"] is False and result["iteration_time_s"] > 0
+    assert result["scenario"] == "gpt3_175b_launch"  # no scenario file: named after the line's
     assert result["architecture"].startswith("MHA 96, GeLU f = 49152")  # 4h, Megatron's default
 
 

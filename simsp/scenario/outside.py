@@ -2,6 +2,7 @@
 Megatron-LM launch line (`--megatron-args`, `--megatron-args-file`); the flags given directly
 on simsp's command line override both (simsp/scenario/flags.py scenario_from_args)."""
 
+from pathlib import Path
 import sys
 from typing import NamedTuple
 
@@ -57,6 +58,9 @@ def outside_overrides(args) -> Pasted:
     text = read_launch_text(args)
     if text is None:
         return Pasted(overrides, False, fallback)
+    named_by = getattr(args, "megatron_args_file", None)
+    if named_by is not None and getattr(args, "scenario", None) is None:
+        fallback[("run", "name")] = Path(named_by).stem  # the report names the launch file
     line = parse_launch_line(text)
     note = line.note()
     if note:
