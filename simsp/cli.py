@@ -27,6 +27,16 @@ def build_parser() -> Parser:
     return parser
 
 
+def command_list(parser: Parser) -> str:
+    """What bare `simsp` prints: usage and one line per command (its --help summary)."""
+    action = parser._subparsers._group_actions[0]
+    width = max(len(name) for name in COMMANDS)
+    lines = [f"usage: simsp COMMAND [flags]   (simsp COMMAND --help: its flags; simsp "
+             f"--version)", "", "commands:"]
+    lines += [f"  {choice.dest:<{width}}  {choice.help}" for choice in action._choices_actions]
+    return "\n".join(lines) + "\n"
+
+
 def _silence_stdout() -> None:
     """After a broken pipe, point stdout at /dev/null so the interpreter's final flush is quiet
     (the recipe of Python's signal module documentation, 'Note on SIGPIPE')."""
@@ -50,7 +60,11 @@ def main(argv: list[str] | None = None, process_ends: bool = False) -> int:
     exits right after (the installed script), so what it built need not be collected."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        if not argv:  # bare `simsp`: the command list, exit 0 (README "Commands")
+            sys.stdout.write(command_list(parser))
+            return 0
+        args = parser.parse_args(argv)
         args.argv = argv  # the command line as given, for reports that state what made them
         args.process_ends = process_ends
         return _dispatch(args)

@@ -24,6 +24,8 @@ MAX_BYTES = {
     "cache": 4 * MiB,         # one cached result row is ~10 KiB
     "profile": 256 * KiB,     # a GPU or system profile is ~3 KiB
     "probe": 4 * MiB,         # `simsp probe gemm` writes ~40 rows of ~60 bytes
+    "launch line": 256 * KiB,  # Megatron's 175B example script is ~2 KiB
+    "hf-config": 1 * MiB,     # a Hugging Face config.json is 1-5 KiB
 }
 
 

@@ -555,7 +555,8 @@ def test_readme_limits_cover_every_command_and_input_file():
     assert set(COMMANDS) <= {c.split()[0] for c in commands}, set(COMMANDS) - commands
     rows = {"scenario": "| scenario", "sweep": "| sweep file", "measurements": "| measurements",
             "nccl-tests": "| nccl-tests log", "cache": "| sweep cache entry",
-            "profile": "| GPU or system profile", "probe": "| probe CSV"}
+            "profile": "| GPU or system profile", "probe": "| probe CSV",
+            "launch line": "| launch line", "hf-config": "| Hugging Face config"}
     assert set(rows) == set(MAX_BYTES)
     for kind, start in rows.items():
         line = next(line for line in limits.splitlines() if line.startswith(start))

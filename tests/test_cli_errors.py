@@ -127,7 +127,6 @@ ARGPARSE_CASES = {
     "float for an integer flag": (["layer", "--num-layers", "2.5"], "--num-layers"),
     "not a number": (["layer", "--hidden-dropout", "high"], "--hidden-dropout"),
     "unknown command": (["train"], "command"),
-    "no command": ([], "command"),
     "two scenario files": (["layer", "a.toml", "b.toml"], "b.toml"),
 }
 

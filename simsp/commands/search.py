@@ -31,7 +31,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--gpus", "--world-size", dest="gpus", type=int, required=True,
                         metavar="N", help="GPUs to lay out (Megatron's --world-size)")
     parser.add_argument("--top", type=int, default=5, metavar="K", help="layouts to show (5)")
-    parser.add_argument("--objective", choices=OBJECTIVES, default="time")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="time",
+                        help="what ranks the layouts: time (iteration seconds, lowest first), "
+                             "tokens-per-s or mfu (highest first), memory (the busiest GPU's "
+                             "peak, lowest first); default: time")
     add_reserve_argument(parser)
     parser.add_argument("--exhaustive", action="store_true",
                         help="simulate every layout (no memory screen, no time bound)")

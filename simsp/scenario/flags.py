@@ -6,6 +6,7 @@ argument is an error, and every flag's --help gives its meaning, unit and defaul
 """
 
 import argparse
+import difflib
 from pathlib import Path
 import sys
 from typing import NamedTuple
@@ -112,6 +113,14 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"error: {one_line(message)}\n")
         sys.exit(2)
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's parse_args, with a "did you mean" after an unrecognized flag."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}"
+                       + _did_you_mean(extras, _option_names(self, parsed)))
+        return parsed
+
     def parse_known_args(self, args=None, namespace=None):
         """Refuse a flag given twice (under any of its names) before argparse keeps the last."""
         argv = sys.argv[1:] if args is None else list(args)
@@ -149,6 +158,25 @@ class Parser(argparse.ArgumentParser):
         for action in self._positionals._group_actions:
             return action.metavar or action.dest
         return "(an empty word)"
+
+
+def _option_names(parser: argparse.ArgumentParser, parsed) -> set[str]:
+    """Every option string of `parser` and of the subcommand parsers `parsed` chose."""
+    names = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+            names |= _option_names(chosen, parsed) if chosen is not None else set()
+    return names
+
+
+def _did_you_mean(extras: list[str], names: set[str]) -> str:
+    """' (did you mean --x?)' for the first unrecognized flag close to a known one, else ''."""
+    for word in extras:
+        close = difflib.get_close_matches(word.split("=", 1)[0], sorted(names), n=1)
+        if word.startswith("-") and close:
+            return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def nonempty(text: str) -> str:
@@ -204,13 +232,8 @@ def switch_help(flag: str) -> str:
             f"[{section}.{key}]")
 
 
-def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
-    """Add the optional scenario file, every Megatron-style override flag, --world-size and
-    --force."""
-    if positional:
-        parser.add_argument("scenario", nargs="?", type=nonempty, metavar="SCENARIO",
-                            help="scenario TOML file (default: the built-in small GPT)")
-    group = parser.add_argument_group("scenario overrides (Megatron-LM flags)")
+def add_scenario_flags(group) -> None:
+    """Add every Megatron-style override flag of the field table to a parser or group."""
     for flag in SCENARIO_FLAGS:
         row = _row(flag)
         group.add_argument(flag, dest=_dest(flag), type=row.kind, choices=row.choices,
@@ -219,13 +242,43 @@ def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = T
     for flag in SWITCHES:
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=_dest(flag), action="store_true",
                            help=switch_help(flag))
+
+
+def add_scenario_arguments(parser: argparse.ArgumentParser, positional: bool = True,
+                           outside: bool = True) -> None:
+    """Add the optional scenario file, every Megatron-style override flag, --world-size, the
+    pasted launch line and Hugging Face config (unless not `outside`), and --force."""
+    if positional:
+        parser.add_argument("scenario", nargs="?", type=nonempty, metavar="SCENARIO",
+                            help="scenario TOML file (default: the built-in small GPT)")
+    group = parser.add_argument_group("scenario overrides (Megatron-LM flags)")
+    add_scenario_flags(group)
     group.add_argument("--world-size", dest="world_size", type=int, default=None, metavar="N",
                        help="total GPUs; derives d = N / (t x cp x p) as Megatron does, and "
                             "the nodes = N / GPUs per node unless --nodes is given (default: the "
                             "scenario's d and nodes)")
+    if outside:
+        _add_outside_sources(parser)
     parser.add_argument("--force", action="store_true",
                         help="run even if the estimated time is above the limit (never lifts "
                              "the memory limit; see README 'Limits')")
+
+
+def _add_outside_sources(parser: argparse.ArgumentParser) -> None:
+    """--megatron-args, --megatron-args-file and --hf-config (README "Start from your own
+    launch line"); flags given directly override them."""
+    group = parser.add_argument_group("start from your own configuration")
+    group.add_argument("--megatron-args", type=nonempty, metavar="LINE", default=None,
+                       help="a whole Megatron-LM launch line ('torchrun ... pretrain_gpt.py "
+                            "--num-layers 96 ...'): the flags simsp models are used, torchrun's "
+                            "--nnodes x --nproc-per-node set the GPUs, training-only flags are "
+                            "named in one note line")
+    group.add_argument("--megatron-args-file", type=nonempty, metavar="FILE", default=None,
+                       help="the same, read from a file (backslash-newlines and # comments as "
+                            "in a shell script)")
+    group.add_argument("--hf-config", type=nonempty, metavar="FILE", default=None,
+                       help="a Hugging Face config.json (Llama, Mistral/Mixtral, Qwen2/3, "
+                            "DeepSeek-V3) read into the [model] section")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
@@ -269,6 +322,15 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    """Load the scenario file (if any) and apply the command-line overrides."""
-    return load_scenario(getattr(args, "scenario", None), overrides_from_args(args),
-                         getattr(args, "world_size", None))
+    """Load the scenario file (if any) and apply, in this order, the Hugging Face config, the
+    pasted launch line and the command-line overrides (each later one wins)."""
+    from simsp.scenario.outside import outside_overrides
+    given = overrides_from_args(args)
+    pasted = outside_overrides(args)
+    overrides = pasted.completed(getattr(args, "scenario", None), {**pasted.overrides, **given})
+    world = getattr(args, "world_size", None)
+    if world is None and ("parallel", "data_parallel_size") not in given:
+        world = pasted.world(overrides)
+        if world is not None:
+            return pasted.load(getattr(args, "scenario", None), overrides, world)
+    return load_scenario(getattr(args, "scenario", None), overrides, world)

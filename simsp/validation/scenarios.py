@@ -18,7 +18,7 @@ class RowFlagParser(Parser):
     def __init__(self, where: str):
         super().__init__(prog=where, add_help=False)
         self.where = where
-        add_scenario_arguments(self, positional=False)
+        add_scenario_arguments(self, positional=False, outside=False)
 
     def error(self, message):
         """argparse's error: one UserError naming the row, instead of exiting."""
