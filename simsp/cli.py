@@ -31,8 +31,8 @@ def command_list(parser: Parser) -> str:
     """What bare `simsp` prints: usage and one line per command (its --help summary)."""
     action = parser._subparsers._group_actions[0]
     width = max(len(name) for name in COMMANDS)
-    lines = [f"usage: simsp COMMAND [flags]   (simsp COMMAND --help: its flags; simsp "
-             f"--version)", "", "commands:"]
+    lines = ["usage: simsp COMMAND [flags]   (simsp COMMAND --help: its flags; simsp "
+             "--version)", "", "commands:"]
     lines += [f"  {choice.dest:<{width}}  {choice.help}" for choice in action._choices_actions]
     return "\n".join(lines) + "\n"
 

@@ -16,7 +16,7 @@ from simsp.explore.arguments import field_lists
 from simsp.explore.search.bounds import scenario_of
 from simsp.explore.search.layouts import enumerate_layouts
 from simsp.explore.whatif.variants import variants_from_specs, whatif_configs
-from simsp.scenario.flags import scenario_from_args
+from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.table import CLUSTER
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from simsp.cli import COMMANDS, main
-from simsp.scenario.flags import Parser, add_scenario_arguments, scenario_from_args
+from simsp.scenario.flags import Parser, add_scenario_arguments
+from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.loading import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,8 @@ from simsp import analytic
 from simsp.scenario.work import check_work
 from simsp.scenario.config import one_layer_fields
 from simsp.hardware.costmodel import calibration_table
-from simsp.scenario.flags import add_scenario_arguments, scenario_from_args
+from simsp.scenario.flags import add_scenario_arguments
+from simsp.scenario.outside import scenario_from_args
 from simsp.hardware.constants import cluster_compute, LinkCalibration
 from simsp.jsonout import dumps
 from simsp.metrics import oom_report

@@ -15,7 +15,8 @@ import datetime
 import statistics
 
 from simsp.errors import UserError
-from simsp.scenario.flags import add_scenario_arguments, nonempty, scenario_from_args
+from simsp.scenario.flags import add_scenario_arguments, nonempty
+from simsp.scenario.outside import scenario_from_args
 from simsp.io_out import check_out_file, write_file
 
 SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -6,7 +6,8 @@ from pathlib import Path
 from simsp.scenario.work import check_work
 from simsp.engine.group_timing import NODE_PIECE
 from simsp.engine.trace import TRACE_DETAILS
-from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens, scenario_from_args
+from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens
+from simsp.scenario.outside import scenario_from_args
 from simsp.io_out import check_not_inputs, check_target
 from simsp.jsonout import dumps
 from simsp.errors import UserError

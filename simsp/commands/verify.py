@@ -3,7 +3,8 @@ the single-device reference, in numeric mode."""
 
 from simsp.scenario.work import check_work
 from simsp.errors import UserError
-from simsp.scenario.flags import add_scenario_arguments, scenario_from_args
+from simsp.scenario.flags import add_scenario_arguments
+from simsp.scenario.outside import scenario_from_args
 from simsp.progress import track
 import numpy as np
 

@@ -12,8 +12,6 @@ import sys
 from typing import NamedTuple
 
 from simsp.errors import UserError, one_line
-from simsp.scenario.config import Scenario
-from simsp.scenario.loading import load_scenario
 from simsp.scenario.table import FIELDS
 from simsp.scenario.table.row import INT_OR_STR
 
@@ -319,18 +317,3 @@ def override_tokens(args: argparse.Namespace) -> list[str]:
     if getattr(args, "world_size", None) is not None:
         tokens.append(f"w{args.world_size}")
     return tokens
-
-
-def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    """Load the scenario file (if any) and apply, in this order, the Hugging Face config, the
-    pasted launch line and the command-line overrides (each later one wins)."""
-    from simsp.scenario.outside import outside_overrides
-    given = overrides_from_args(args)
-    pasted = outside_overrides(args)
-    overrides = pasted.completed(getattr(args, "scenario", None), {**pasted.overrides, **given})
-    world = getattr(args, "world_size", None)
-    if world is None and ("parallel", "data_parallel_size") not in given:
-        world = pasted.world(overrides)
-        if world is not None:
-            return pasted.load(getattr(args, "scenario", None), overrides, world)
-    return load_scenario(getattr(args, "scenario", None), overrides, world)

@@ -1,12 +1,15 @@
 """Overrides from outside simsp: a Hugging Face config.json (`--hf-config`) and a pasted
 Megatron-LM launch line (`--megatron-args`, `--megatron-args-file`); the flags given directly
-on simsp's command line override both (simsp/scenario/flags.py scenario_from_args)."""
+on simsp's command line override both (`scenario_from_args`, the scenario every command that
+takes scenario flags simulates)."""
 
 from pathlib import Path
 import sys
 from typing import NamedTuple
 
 from simsp.errors import UserError
+from simsp.scenario.config import Scenario
+from simsp.scenario.flags import overrides_from_args
 from simsp.scenario.loading import load_scenario, read_toml
 from simsp.scenario.launch_line import parse_launch_line, read_launch_text
 
@@ -67,3 +70,17 @@ def outside_overrides(args) -> Pasted:
         sys.stderr.write(note + "\n")
     overrides.update(line.overrides)
     return Pasted(overrides, _NODES in line.overrides or _GPUS in line.overrides, fallback)
+
+
+def scenario_from_args(args) -> Scenario:
+    """Load the scenario file (if any) and apply, in this order, the Hugging Face config, the
+    pasted launch line and the command-line overrides (each later one wins)."""
+    given = overrides_from_args(args)
+    pasted = outside_overrides(args)
+    overrides = pasted.completed(getattr(args, "scenario", None), {**pasted.overrides, **given})
+    world = getattr(args, "world_size", None)
+    if world is None and ("parallel", "data_parallel_size") not in given:
+        world = pasted.world(overrides)
+        if world is not None:
+            return pasted.load(getattr(args, "scenario", None), overrides, world)
+    return load_scenario(getattr(args, "scenario", None), overrides, world)
