@@ -1,4 +1,4 @@
-"""One path from flags to a simulated configuration (issue 37): every [cluster] field, --gpu and
+"""One path from flags to a simulated configuration (docs/exploration.md): every [cluster] field, --gpu and
 --system reach the Scenario that run, sweep, search, whatif and the Python API simulate, and a
 search on H100s reproduces its winner with `simsp run`."""
 
@@ -135,7 +135,7 @@ def test_every_cluster_field_reaches_the_python_api(command, name, flag, value, 
 
 def test_a_search_on_h100_reproduces_its_winner(tmp_path, capsys):
     """`search --system dgx-h100` simulates H100 compute and links: the winner's own `simsp run`
-    command gives its iteration time to 1e-9 (it gave A100's before issue 37)."""
+    command gives its iteration time to 1e-9 (it gave A100's before the one path)."""
     out = tmp_path / "search"
     assert main(["search", SCENARIO, "--mode", "meta", "--gpus", "4", "--system", "dgx-h100",
                  "--workers", "0", "--quiet", "--top", "1", "--out", str(out)]) == 0
