@@ -1,5 +1,5 @@
-"""The GPUs stay fixed unless the user varies them (docs/exploration.md): a sweep or what-if over t, p or cp
-keeps the scenario's world size and derives d = world / (t·cp·p) (Megatron's
+"""The GPUs stay fixed unless the user varies them (docs/exploration.md): a sweep or what-if
+over t, p or cp keeps the scenario's world size and derives d = world / (t·cp·p) (Megatron's
 initialize_model_parallel); `run --world-size N` sets the nodes as `sweep --world-size` does.
 Expected counts are worked by hand from scenarios/llama3-70b.toml (t 8, p 4, d 2, 8 nodes of 8:
 64 GPUs)."""
