@@ -1,6 +1,6 @@
 """One path from flags to a simulated configuration (docs/exploration.md): every [cluster]
-field, --gpu and --system reach the Scenario that run, sweep, search, whatif and the Python API simulate, and a
-search on H100s reproduces its winner with `simsp run`."""
+field, --gpu and --system reach the Scenario that run, sweep, search, whatif and the Python API
+simulate, and a search on H100s reproduces its winner with `simsp run`."""
 
 import json
 import shlex
