@@ -7,19 +7,10 @@ import sys
 
 import pytest
 
-from simsp.cli import main
+from inprocess import cli
+
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def cli(capsys, argv) -> tuple[int, str, str]:
-    """Run simsp.cli.main; argparse errors leave through SystemExit, UserErrors return 2."""
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def assert_one_error_line(rc, out, err, field):
@@ -90,7 +81,7 @@ FLAG_CASES = {
 @pytest.mark.parametrize("case", FLAG_CASES)
 def test_impossible_combination_is_one_error_line(capsys, case):
     flags, field = FLAG_CASES[case]
-    assert_one_error_line(*cli(capsys, ["layer", *flags]), field)
+    assert_one_error_line(*cli(["layer", *flags]), field)
 
 
 NON_POSITIVE = {
@@ -110,7 +101,7 @@ NON_POSITIVE = {
 @pytest.mark.parametrize("value", ["0", "-2"])
 @pytest.mark.parametrize("flag", NON_POSITIVE)
 def test_non_positive_size_is_one_error_line(capsys, flag, value):
-    assert_one_error_line(*cli(capsys, ["layer", f"{flag}={value}"]), NON_POSITIVE[flag])
+    assert_one_error_line(*cli(["layer", f"{flag}={value}"]), NON_POSITIVE[flag])
 
 
 # --- argparse: unknown flags, bad choices, bad values -----------------------------------------
@@ -134,11 +125,11 @@ ARGPARSE_CASES = {
 @pytest.mark.parametrize("case", ARGPARSE_CASES)
 def test_argparse_errors_are_one_error_line(capsys, case):
     argv, field = ARGPARSE_CASES[case]
-    assert_one_error_line(*cli(capsys, argv), field)
+    assert_one_error_line(*cli(argv), field)
 
 
 def test_verify_refuses_meta_mode(capsys):
-    assert_one_error_line(*cli(capsys, ["verify", "--mode", "meta"]), "run.mode")
+    assert_one_error_line(*cli(["verify", "--mode", "meta"]), "run.mode")
 
 
 # --- scenario files ---------------------------------------------------------------------------
@@ -179,35 +170,35 @@ TOML_CASES = {
 @pytest.mark.parametrize("case", TOML_CASES)
 def test_bad_scenario_file_is_one_error_line(capsys, tmp_path, case):
     text, field = TOML_CASES[case]
-    assert_one_error_line(*cli(capsys, ["layer", toml(tmp_path, text)]), field)
+    assert_one_error_line(*cli(["layer", toml(tmp_path, text)]), field)
 
 
 def test_missing_scenario_file(capsys, tmp_path):
-    rc, out, err = cli(capsys, ["layer", str(tmp_path / "nowhere.toml")])
+    rc, out, err = cli(["layer", str(tmp_path / "nowhere.toml")])
     assert_one_error_line(rc, out, err, "scenario")
     assert "nowhere.toml" in err and "not found" in err
 
 
 def test_scenario_path_that_is_a_directory(capsys, tmp_path):
-    assert_one_error_line(*cli(capsys, ["verify", str(tmp_path)]), "scenario")
+    assert_one_error_line(*cli(["verify", str(tmp_path)]), "scenario")
 
 
 def test_flag_overrides_a_bad_file_value_but_not_a_bad_key(capsys, tmp_path):
     path = toml(tmp_path, "[model]\nhidden_size = 66\n")
-    assert cli(capsys, ["layer", path, "--hidden-size", "64", "--mode", "meta"])[0] == 0
+    assert cli(["layer", path, "--hidden-size", "64", "--mode", "meta"])[0] == 0
     path = toml(tmp_path, "[model]\nhiden_size = 64\n", "typo.toml")
-    assert_one_error_line(*cli(capsys, ["layer", path, "--hidden-size", "64"]),
+    assert_one_error_line(*cli(["layer", path, "--hidden-size", "64"]),
                           "model.hiden_size")
 
 
 def test_non_utf8_scenario_file(capsys, tmp_path):
     path = tmp_path / "binary.toml"
     path.write_bytes(b"\xff\xfe[model]\n")
-    assert_one_error_line(*cli(capsys, ["layer", str(path)]), "scenario")
+    assert_one_error_line(*cli(["layer", str(path)]), "scenario")
 
 
 def test_negative_seed(capsys):
-    assert_one_error_line(*cli(capsys, ["layer", "--seed=-1"]), "run.seed")
+    assert_one_error_line(*cli(["layer", "--seed=-1"]), "run.seed")
 
 
 # --- through a real process: no traceback ----------------------------------------------------

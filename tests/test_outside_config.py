@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from simsp.cli import COMMANDS, main
+from inprocess import cli
+
+from simsp.cli import COMMANDS
 from simsp.scenario.flags import Parser, add_scenario_arguments
 from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.loading import load_scenario
@@ -17,16 +19,6 @@ from simsp.scenario.loading import load_scenario
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 GPT3_LINE = FIXTURES / "megatron" / "gpt3_175b_launch.sh"
-
-
-def cli(capsys, argv) -> tuple[int, str, str]:
-    """Run simsp.cli.main; argparse errors leave through SystemExit, UserErrors return 2."""
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def scenario_of(argv: list[str]):
@@ -73,7 +65,7 @@ def test_gpt3_175b_line_sets_the_model_and_layout(capsys):
 
 
 def test_gpt3_175b_line_runs_in_meta_mode(capsys):
-    rc, out, err = cli(capsys, ["run", "--megatron-args-file", str(GPT3_LINE), "--nodes", "16",
+    rc, out, err = cli(["run", "--megatron-args-file", str(GPT3_LINE), "--nodes", "16",
                                 "--global-batch-size", "32", "--mode", "meta", "--json", "--quiet"])
     assert rc == 0, err
     assert err.startswith("note: --megatron-args: ignored 27 flag(s)") and err.count("\n") == 1
@@ -90,7 +82,7 @@ def test_launcher_world_derives_data_parallel_and_names_itself():
 
 
 def test_launcher_world_that_does_not_fit_is_one_error(capsys):
-    rc, out, err = cli(capsys, ["run", "--megatron-args", "torchrun --nnodes 1 "
+    rc, out, err = cli(["run", "--megatron-args", "torchrun --nnodes 1 "
                                 "--nproc_per_node 8 x.py --tensor-model-parallel-size 16"])
     assert_one_error(rc, out, err, "--megatron-args", "--nnodes 1 x --nproc_per_node 8")
 
@@ -116,18 +108,18 @@ def test_flags_only_line_without_a_script():
     ("x.py --num-layers 'unclosed", ["cannot split into words"]),
 ])
 def test_bad_lines_are_one_error(capsys, line, words):
-    rc, out, err = cli(capsys, ["run", "--megatron-args", line])
+    rc, out, err = cli(["run", "--megatron-args", line])
     assert_one_error(rc, out, err, "--megatron-args", *words)
 
 
 def test_line_and_file_together_conflict(capsys):
-    rc, out, err = cli(capsys, ["run", "--megatron-args", "--num-layers 2",
+    rc, out, err = cli(["run", "--megatron-args", "--num-layers 2",
                                 "--megatron-args-file", str(GPT3_LINE)])
     assert_one_error(rc, out, err, "--megatron-args", "--megatron-args-file")
 
 
 def test_unknown_flag_on_simsp_command_line_says_did_you_mean(capsys):
-    rc, out, err = cli(capsys, ["run", "--tensor-model-paralel-size", "2"])
+    rc, out, err = cli(["run", "--tensor-model-paralel-size", "2"])
     assert_one_error(rc, out, err, "--tensor-model-paralel-size",
                      "did you mean --tensor-model-parallel-size?")
 
@@ -210,7 +202,7 @@ def test_deepseek_moe_every_other_layer(tmp_path):
 def test_hostile_hf_configs_are_one_error(capsys, tmp_path, text, words):
     path = tmp_path / "config.json"
     path.write_text(text)
-    rc, out, err = cli(capsys, ["run", "--hf-config", str(path)])
+    rc, out, err = cli(["run", "--hf-config", str(path)])
     assert_one_error(rc, out, err, str(path), *words)
 
 
@@ -218,22 +210,22 @@ def test_hostile_hf_configs_are_one_error(capsys, tmp_path, text, words):
 def test_fifo_and_folder_are_refused(capsys, tmp_path, flag):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    rc, out, err = cli(capsys, ["run", flag, str(fifo)])
+    rc, out, err = cli(["run", flag, str(fifo)])
     assert_one_error(rc, out, err, str(fifo), "not a regular file")
-    rc, out, err = cli(capsys, ["run", flag, str(tmp_path)])
+    rc, out, err = cli(["run", flag, str(tmp_path)])
     assert_one_error(rc, out, err, "is a folder")
 
 
 # --- bare simsp and help ----------------------------------------------------------------------
 
 def test_bare_simsp_lists_every_command(capsys):
-    rc, out, err = cli(capsys, [])
+    rc, out, err = cli([])
     assert rc == 0 and err == ""
     listed = [line.split()[0] for line in out.split("commands:\n", 1)[1].splitlines()]
     assert listed == list(COMMANDS)
 
 
 def test_objective_has_help(capsys):
-    rc, out, _ = cli(capsys, ["search", "--help"])
+    rc, out, _ = cli(["search", "--help"])
     assert rc == 0
     assert "what ranks the layouts" in " ".join(out.split())
