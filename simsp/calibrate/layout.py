@@ -1,7 +1,10 @@
 """What an nccl-tests run measured: the collective, how many ranks on how many nodes, the sizes.
 
 Ranks and nodes come from the log's Rank lines (distinct hosts = nodes), else from the
-`--gpus-per-node` / `--nodes` flags, else from the header's nThread x nGpus on one node.
+`--gpus-per-node` / `--nodes` flags, else from the header's nThread x nGpus on one node. Where
+the Rank lines are abbreviated (a `#  ...` line) or fewer than the table's own numbers say
+(calibrate/rank_count.py), the table gives the ranks and the flags or the listed hosts the
+ranks per node.
 The collective comes from the binary named in the log, the table (nccl_log.row_collective),
 or the `--collective` flag; all that are present must agree.
 """
@@ -9,6 +12,7 @@ or the `--collective` flag; all that are present must agree.
 from dataclasses import dataclass
 
 from simsp.calibrate.nccl_log import ALL_TO_ALL, TYPE_BYTES, NcclTestsLog, row_collective
+from simsp.calibrate.rank_count import describe, rank_candidates
 from simsp.errors import UserError
 
 
@@ -58,6 +62,9 @@ def _layout(log: NcclTestsLog, nodes: int | None, per_node: int | None) -> tuple
     """(nodes, ranks per node) from the Rank lines, checked against the flags if given."""
     if not log.hosts:
         return _layout_without_ranks(log, nodes, per_node)
+    table = rank_candidates(log)
+    if log.abbreviated or (table and len(log.hosts) not in table):
+        return _layout_from_table(log, nodes, per_node)
     distinct = list(dict.fromkeys(log.hosts))
     counts = {host: log.hosts.count(host) for host in distinct}
     if len(set(counts.values())) != 1:
@@ -68,6 +75,37 @@ def _layout(log: NcclTestsLog, nodes: int | None, per_node: int | None) -> tuple
         if given is not None and given != value:
             raise UserError(flag, f"{given} disagrees with {log.path}'s Rank lines ({value})")
     return found
+
+
+def _layout_from_table(log: NcclTestsLog, nodes, per_node) -> tuple[int, int]:
+    """Rank lines that list only some ranks: the count from the table's numbers, narrowed by
+    the flags (which must agree with them); the ranks per node from the flags, else from where
+    the listed hosts change."""
+    table = rank_candidates(log, at_least=max(log.listed_ranks, 2))
+    listed = f"{log.listed_ranks} Rank lines"
+    if not table:
+        raise UserError(log.path, f"{listed} and a table that does not say how many ranks ran: "
+                                  "pass --gpus-per-node and --nodes")
+    fits = [n for n in table if (not per_node or n % per_node == 0) and
+            (not nodes or n % nodes == 0) and (not (nodes and per_node) or n == nodes * per_node)]
+    if not fits and (nodes or per_node):
+        flag, value = ("--nodes", nodes) if nodes else ("--gpus-per-node", per_node)
+        raise UserError(flag, f"{value} does not fit the {describe(table)} ranks that "
+                              f"{log.path}'s busbw/algbw and counts say ran")
+    if len(fits) != 1:
+        raise UserError(log.path, f"{listed}; its busbw/algbw allow {describe(table)} ranks: "
+                                  "pass --gpus-per-node and --nodes")
+    ranks = fits[0]
+    per_node = per_node or (ranks // nodes if nodes else _per_node_of_hosts(log.hosts))
+    if per_node is None or ranks % per_node:
+        raise UserError(log.path, f"{listed} of {ranks} (its busbw/algbw and counts say "
+                                  f"{ranks} ranks ran): pass --gpus-per-node")
+    return ranks // per_node, per_node
+
+
+def _per_node_of_hosts(hosts: tuple[str, ...]) -> int | None:
+    """Ranks on the first host when the listed ranks reach a second one, else None."""
+    return next((r for r, host in enumerate(hosts) if host != hosts[0]), None)
 
 
 def _layout_without_ranks(log: NcclTestsLog, nodes, per_node) -> tuple[int, int]:

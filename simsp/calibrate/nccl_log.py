@@ -4,10 +4,11 @@ or `--collective all_to_all` tells it).
 
 The format (NVIDIA/nccl-tests src/common.cu): a `# nThread .. nGpus ..` header,
 one `#  Rank  N Group  G Pid  P on HOST device  D [0x..] NAME` line per rank (older versions:
-no `Group G`), a column header
+no `Group G`; a published log may list a few and abbreviate the rest with a `#  ...` line), a
+column header
 `#  size count type redop root  time algbw busbw #wrong  time algbw busbw #wrong` (out-of-place
 then in-place; older versions have no root column and `error` for `#wrong`), one row per size
-(size in bytes, time in us, bandwidths in GB/s), then `# Avg bus bandwidth : X`.
+(size in bytes, time in us, bandwidths in GB/s printed `%6.2f`), then `# Avg bus bandwidth : X`.
 Every problem is one UserError naming FILE:LINE.
 """
 
@@ -26,6 +27,7 @@ TYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint6
 RANK_LINE = re.compile(
     r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
 HEADER_LINE = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
+ABBREVIATION_LINE = re.compile(r"^#\s*(?:\.{3,}|\u2026)\s*$")  # `#  ...`: Rank lines left out
 BINARY_NAME = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")  # all_reduce_perf, all_reduce_perf_mpi
 TIME_COLUMNS = ("time", "algbw", "busbw")
 MAX_ROWS = 1000  # sizes in one table (nccl-tests' default -b 8 -e 128M -f 2 prints 25)
@@ -46,6 +48,9 @@ class Row:
     redop: str
     out_of_place_us: float
     in_place_us: float
+    algbw_GBps: tuple[float, float] = (0.0, 0.0)  # (out-of-place, in-place), as printed
+    busbw_GBps: tuple[float, float] = (0.0, 0.0)
+    bandwidth_half_unit: float = 0.005  # half the last printed digit of the bandwidths
 
 
 @dataclass(frozen=True)
@@ -54,17 +59,20 @@ class NcclTestsLog:
 
     path: str
     hosts: tuple[str, ...]  # hosts[r] = host of rank r; empty when the log has no Rank lines
+    # (abbreviated: the hosts of ranks 0.. up to the first rank left out)
     threads_gpus: tuple[int, int] | None  # (nThread, nGpus) of the header, if present
     binary: str | None  # collective named by a `*_perf` binary in the log, if any
     binary_line: int | None
     rows: tuple[Row, ...]
+    abbreviated: bool = False  # a `#  ...` line stands for Rank lines left out
+    listed_ranks: int = 0  # Rank lines present (the highest listed rank + 1 when abbreviated)
 
 
 def read_log(path: str | Path) -> NcclTestsLog:
     """Parse one nccl-tests output file."""
     lines = _read_lines(path)
     hosts, header, binary, binary_line = {}, None, None, None
-    columns, rows = None, []
+    columns, rows, abbreviated = None, [], False
     for number, text in enumerate(lines, start=1):
         where = f"{path}:{number}"
         stripped = text.strip()
@@ -77,13 +85,15 @@ def read_log(path: str | Path) -> NcclTestsLog:
                 _add_rank(hosts, int(match.group(1)), match.group(2), where)
             elif match := HEADER_LINE.match(stripped):
                 header = (int(match.group(1)), int(match.group(2)))
+            elif hosts and columns is None and ABBREVIATION_LINE.match(stripped):
+                abbreviated = True
         elif columns is not None and stripped[:1].isdigit():
             rows.append(_row(stripped, columns, where, number))
             if len(rows) > MAX_ROWS:
                 raise UserError(where, f"more than {MAX_ROWS} sizes in one table")
         if binary is None and (name := _binary_name(stripped, where)):
             binary, binary_line = name, number
-    return _finish(path, hosts, header, binary, binary_line, columns, rows)
+    return _finish(path, hosts, header, (binary, binary_line), columns, rows, abbreviated)
 
 
 def _add_rank(hosts: dict, rank: int, host: str, where: str) -> None:
@@ -139,9 +149,30 @@ def _row(text: str, columns: list[str], where: str, number: int) -> Row:
     times = [i for i, name in enumerate(columns) if name == "time"]
     _check_root(value, where)
     _check_wrong(fields, times, where)
+    bandwidths = [fields[i + k] for i in times for k in (1, 2)]  # algbw, busbw per group
     return Row(number, _integer(value["size"], "size", where), _integer(value["count"], "count",
                where), _dtype(value["type"], where), value.get("redop", "none"),
-               _time_us(fields[times[0]], where), _time_us(fields[times[1]], where))
+               _time_us(fields[times[0]], where), _time_us(fields[times[1]], where),
+               (_bandwidth(bandwidths[0], where), _bandwidth(bandwidths[2], where)),
+               (_bandwidth(bandwidths[1], where), _bandwidth(bandwidths[3], where)),
+               max(_half_unit(text) for text in bandwidths))
+
+
+def _bandwidth(text: str, where: str) -> float:
+    """A bandwidth column (GB/s), non-negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(where, f"bandwidth {text!r} is not a number") from None
+    if not value >= 0:
+        raise UserError(where, f"bandwidth {text!r} must not be negative")
+    return value
+
+
+def _half_unit(text: str) -> float:
+    """Half the last printed digit of a number: how far rounding may have moved it."""
+    decimals = len(text.partition(".")[2])
+    return 0.5 * 10.0 ** -decimals
 
 
 def _integer(text: str, name: str, where: str) -> int:
@@ -184,16 +215,20 @@ def _check_wrong(fields: list[str], times: list[int], where: str) -> None:
             raise UserError(where, f"{wrong} wrong elements: this run failed nccl-tests' check")
 
 
-def _finish(path, hosts: dict, header, binary, binary_line, columns, rows) -> NcclTestsLog:
-    """Check completeness: a table with rows, and rank lines numbered 0..n-1."""
+def _finish(path, hosts: dict, header, binary: tuple, columns, rows,
+            abbreviated: bool) -> NcclTestsLog:
+    """Check completeness: a table with rows, and rank lines numbered 0..n-1 (abbreviated: the
+    hosts of the ranks listed from 0 on)."""
     if columns is None:
         raise UserError(str(path), "no nccl-tests table (no '#  size  count  type ...' header)")
     if not rows:
         raise UserError(str(path), "the nccl-tests table has no rows")
-    if sorted(hosts) != list(range(len(hosts))):
+    if not abbreviated and sorted(hosts) != list(range(len(hosts))):
         raise UserError(str(path), f"Rank lines are not numbered 0..{len(hosts) - 1}")
-    return NcclTestsLog(str(path), tuple(hosts[r] for r in range(len(hosts))), header, binary,
-                        binary_line, tuple(rows))
+    prefix = next((r for r in range(len(hosts) + 1) if r not in hosts), len(hosts))
+    listed = max(hosts) + 1 if abbreviated else len(hosts)
+    return NcclTestsLog(str(path), tuple(hosts[r] for r in range(prefix)), header, *binary,
+                        tuple(rows), abbreviated, listed)
 
 
 def row_collective(row: Row, ranks: int) -> str | None:

@@ -41,9 +41,9 @@ def add_parser(subparsers) -> None:
     nccl.add_argument("--collective", choices=COLLECTIVES + (ALL_TO_ALL,), default=None,
                       help="the collective, when the log does not say")
     nccl.add_argument("--gpus-per-node", type=int, default=None,
-                      help="ranks per node, when the log has no Rank lines")
+                      help="ranks per node, when the log has no Rank lines or abbreviates them")
     nccl.add_argument("--nodes", type=int, default=None,
-                      help="nodes, when the log has no Rank lines")
+                      help="nodes, when the log has no Rank lines or abbreviates them")
     nccl.add_argument("--transfer-overhead-us", type=float, default=None,
                       help="held per-step overhead (default: the cluster's, 0)")
     nccl.add_argument("--nccl-algo", choices=NCCL_ALGO_CHOICES, default="auto",
