@@ -179,7 +179,8 @@ def test_simsps_own_export_against_itself_differs_by_nothing(own_export, tmp_pat
         assert f"| {category} |" in out
     cells = difference_cells(out)
     assert len(cells) == 2 + 6 * 2 + 3 and set(cells) == {"0 B"}  # peaks, categories, layers
-    assert "0 allocations alive at the snapshot's peak (0 B)" in out
+    assert "size at simsp's: 0 allocations (0 B). simsp's with none in the snapshot: " \
+        "0 allocations (0 B)." in out
     page = (tmp_path / "d" / "memory_diff.html").read_bytes()
     assert b"<svg" in page and b"http" not in page.replace(b"http://www.w3.org/2000/svg", b"")
     rc, _, _ = cli(["memory", "diff", str(own_export), TINY, "--rank", "0",
@@ -206,7 +207,7 @@ def test_a_workspace_planted_in_the_export_is_found_exactly(own_export, tmp_path
     workspaces = out.split("| workspaces |")[1].split("\n")[0]
     assert workspaces.count("+256.00 MiB") == 2  # at the peak and its own peak
     assert set(difference_cells(out)) == {"0 B", "+256.00 MiB"}
-    assert "1 allocations alive at the snapshot's peak (256.00 MiB)" in out
+    assert "size at simsp's: 1 allocation (256.00 MiB)." in out
     assert "get\\_workspace" in out or "get_workspace" in out
 
 

@@ -10,7 +10,7 @@ from simsp.report.html import page, to_html
 from simsp.units import format_bytes
 
 PAGE_NAME = "memory_diff.html"
-CHART_W, CHART_H, MARGIN = 1000, 300, 60  # the SVG chart's size and left margin, in pixels
+CHART_W, CHART_H, MARGIN = 1000, 300, 90  # the SVG chart's size and left margin, in pixels
 # (side, column of the points: 1 allocated, 2 reserved, colour, dash)
 CURVES = (("snapshot", 1, "#e8838f", ""), ("snapshot", 2, "#e8838f", "6 4"),
           ("simsp", 1, "#1f5fbf", ""), ("simsp", 2, "#1f5fbf", "6 4"))
@@ -38,13 +38,16 @@ def _category_table(diff: dict) -> list[str]:
                    "snapshot's own peak", "simsp's own peak", "difference"], rows)
 
 
+def _count(n: int) -> str:
+    return f"{n} allocation" + ("" if n == 1 else "s")
+
+
 def _unexplained(diff: dict) -> list[str]:
     """The snapshot's allocations at its peak that simsp's peak does not hold, largest first."""
-    lines = [f"{diff['unexplained_count']} allocations alive at the snapshot's peak "
-             f"({format_bytes(diff['unexplained_bytes'])}) have no allocation of the same "
-             f"category, layer (where both name one) and size at simsp's; "
-             f"{diff['missing_count']} of simsp's ({format_bytes(diff['missing_bytes'])}) "
-             f"have none in the snapshot.", ""]
+    lines = ["Alive at the snapshot's peak with no allocation of the same category, layer (where "
+             f"both name one) and size at simsp's: {_count(diff['unexplained_count'])} "
+             f"({format_bytes(diff['unexplained_bytes'])}). simsp's with none in the snapshot: "
+             f"{_count(diff['missing_count'])} ({format_bytes(diff['missing_bytes'])}).", ""]
     if diff["unexplained"]:
         rows = [[format_bytes(a["bytes"]), a["category"],
                  "—" if a["layer"] is None else str(a["layer"]), markdown_code(a["site"])]
