@@ -81,6 +81,7 @@ def hand_snapshot(allocations, frames_of) -> dict:
 
 
 def megatron_frames(category, layer):
+    """Frames of a real stack for the category."""
     return MEGATRON_FRAMES[category]  # a real stack names no layer
 
 
@@ -92,6 +93,7 @@ def read_back(tmp_path, snapshot, name) -> dict:
 
 
 def rows(diff, part) -> dict:
+    """A part of the diff by row name."""
     return {row["name"]: row for row in diff[part]}
 
 
@@ -222,6 +224,7 @@ class CreatesAFile:
 
 
 def one_error(argv) -> str:
+    """Run the command: exit 2, nothing on stdout, one `error:` line on stderr; that line."""
     rc, out, err = cli(argv)
     assert rc == 2 and out == ""
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err

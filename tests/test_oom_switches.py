@@ -26,6 +26,7 @@ ACTIVATION_BOUND = 10e9  # K22's sbh(34 + 5as/h) is 0.23 GB a layer here: 1.4 GB
 
 
 def big_dense():
+    """The scenario above: out of memory with its optimizer state alone."""
     sc = load_scenario(str(SCENARIOS / "tiny.toml"))
     return with_overrides(sc, model={"num_layers": LAYERS, "hidden_size": H,
                                      "num_attention_heads": 64, "seq_length": SEQ,

@@ -20,6 +20,7 @@ from simsp.units import format_bytes
 
 
 def add_parser(subparsers) -> None:
+    """The `memory` command group and its `diff` subcommand."""
     parser = subparsers.add_parser("memory", help="compare a PyTorch memory snapshot with "
                                                   "simsp's (memory diff)")
     actions = parser.add_subparsers(dest="memory_command", required=True,

@@ -23,22 +23,26 @@ def signed_bytes(n: int) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines, then a blank line."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
             *["| " + " | ".join(row) + " |" for row in rows], ""]
 
 
 def _three(row: dict) -> list[str]:
+    """A compared row's cells: snapshot, simsp, difference."""
     return [format_bytes(row["snapshot_bytes"]), format_bytes(row["simsp_bytes"]),
             signed_bytes(row["difference_bytes"])]
 
 
 def _category_table(diff: dict) -> list[str]:
+    """Per category: at each side's peak and each category's own peak."""
     rows = [[row["name"], *_three(row), *_three(row["own_peak"])] for row in diff["categories"]]
     return _table(["category", "snapshot at its peak", "simsp at its peak", "difference",
                    "snapshot's own peak", "simsp's own peak", "difference"], rows)
 
 
 def _count(n: int) -> str:
+    """'1 allocation', '2 allocations'."""
     return f"{n} allocation" + ("" if n == 1 else "s")
 
 

@@ -26,6 +26,7 @@ def _bytes_by(alive: list, key) -> dict:
 
 
 def _row(name: str, snapshot: int, simsp: int) -> dict:
+    """One compared quantity: both sides' bytes and their difference."""
     return {"name": name, "snapshot_bytes": snapshot, "simsp_bytes": simsp,
             "difference_bytes": snapshot - simsp}
 
@@ -45,11 +46,14 @@ def category_rows(snapshot: Profile, simsp: Profile) -> list[dict]:
     return rows
 
 
+def _layer_key(allocation) -> int | str:
+    """The allocation's layer, or NO_LAYER."""
+    return NO_LAYER if allocation.layer is None else allocation.layer
+
+
 def layer_rows(snapshot: Profile, simsp: Profile) -> list[dict]:
     """Per layer (then what names none), the bytes alive at each one's allocated peak."""
-    def key(a):
-        return NO_LAYER if a.layer is None else a.layer
-    real, own = _bytes_by(snapshot.at_peak, key), _bytes_by(simsp.at_peak, key)
+    real, own = _bytes_by(snapshot.at_peak, _layer_key), _bytes_by(simsp.at_peak, _layer_key)
     layers = sorted(k for k in set(real) | set(own) if k != NO_LAYER)
     names = [*layers, *([NO_LAYER] if NO_LAYER in real or NO_LAYER in own else [])]
     return [_row(f"layer {k}" if k != NO_LAYER else k, real.get(k, 0), own.get(k, 0))

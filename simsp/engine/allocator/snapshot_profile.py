@@ -57,6 +57,7 @@ def profile_of(snapshot: dict, source: str) -> Profile:
 
 
 def _allocation(entry: dict) -> Allocation:
+    """An alloc entry (or an active block) as an Allocation, its category and layer from its frames."""
     frames = entry.get("frames") or []
     return Allocation(entry["size"], category_of(frames), layer_of(frames), site_text(frames))
 
