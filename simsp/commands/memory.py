@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
     """The `memory` command group and its `diff` subcommand."""
     parser = subparsers.add_parser("memory", help="compare a PyTorch memory snapshot with "
                                                   "simsp's (memory diff)")
-    actions = parser.add_subparsers(dest="memory_command", required=True,
+    actions = parser.add_subparsers(dest="memory_command", required=True, metavar="diff",
                                     parser_class=type(parser))
     diff = actions.add_parser(
         "diff", help="a real memory snapshot against simsp's for one rank: per category, per "
