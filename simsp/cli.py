@@ -11,7 +11,7 @@ from simsp.scenario.flags import Parser
 from simsp.progress import add_quiet_flag
 
 COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate", "sweep", "search",
-            "whatif", "hardware", "probe")
+            "whatif", "hardware", "probe", "memory")
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141  # 128 + SIGINT, 128 + SIGPIPE
 
 

@@ -95,7 +95,9 @@ def test_candidate_switches_follow_the_layout():
     flags = [flags for _, flags, _ in candidate_switches(dp)]
     assert flags == ["--recompute-granularity full", "--use-distributed-optimizer",
                      "--micro-batch-size 8", "--pipeline-model-parallel-size 2 "
-                     "--data-parallel-size 1"]
+                     "--data-parallel-size 1",
+                     "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params",
+                     "--use-torch-fsdp2"]  # d = 2 to shard over; selective recompute: no offload
 
 
 def test_each_switch_peak_is_that_of_the_modified_scenario(oom_22b):

@@ -131,9 +131,10 @@ def run(args) -> int:
             paint_stage_figures(result, run_label(sc), painter, args.trace)
         metrics = collect(result, shortcuts)
         metrics["command"] = reported_command(args.argv)
-        metrics["oom_explanation"] = explain_oom(result)
-        metrics["memory"] = memory_report(result, metrics, reserve_bytes(args.memory_reserve),
-                                          args.caching_allocator)
+        memory = memory_report(result, metrics, reserve_bytes(args.memory_reserve),
+                               args.caching_allocator)
+        metrics["oom_explanation"] = explain_oom(result, memory["stages"])
+        metrics["memory"] = memory
         written = (write_reports(result, metrics, out_dir, trace=args.trace, painter=painter)
                    + write_memory_snapshots(result, snapshots, out_dir)
                    if out_dir is not None else [])

@@ -75,10 +75,11 @@ def _check_retag(moving, change) -> None:
                               f"(got {change.key!r}, {change.delta_bytes} B)")
 
 
-def replay_ledger(ledger, record_trace: bool = False) -> Replay:
-    """The rank's allocation stream through PyTorch's default caching allocator, its capacity
-    the ledger's (the GPU's memory); `record_trace`: with the trace and model sites a snapshot
-    shows."""
-    config = AllocatorConfig(ledger.capacity_bytes)
+def replay_ledger(ledger, record_trace: bool = False,
+                  expandable_segments: bool = False) -> Replay:
+    """The rank's allocation stream through PyTorch's caching allocator, its capacity the
+    ledger's (the GPU's memory), default settings or `expandable_segments:True`; `record_trace`:
+    with the trace and model sites a snapshot shows."""
+    config = AllocatorConfig(ledger.capacity_bytes, expandable_segments=expandable_segments)
     return replay(allocation_events(ledger, with_sites=record_trace), config,
                   record_trace=record_trace)

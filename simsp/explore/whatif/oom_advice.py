@@ -3,8 +3,11 @@
 The explanation is measured, never guessed: the bytes by category come from the failing rank's
 ledger at the moment of the first allocation that did not fit, and each candidate switch (turn on
 SP, selective or full recompute, the distributed optimizer, a smaller micro-batch, more pipeline
-stages) is a real simulate_iteration of the modified scenario in meta mode, whose worst stage
-peak is compared with the capacity.
+stages, Megatron-FSDP or FSDP2, activation offload) is a real simulate_iteration of the modified
+scenario in meta mode, whose worst stage peak is compared with the capacity. With the caching
+allocator (`run --caching-allocator`, docs/allocator.md) a stage whose allocator runs out of
+memory fails too, a switch fits only if every stage's replay succeeds, and the allocator setting
+`expandable_segments:True` is one more switch: the same ledgers replayed with it.
 """
 
 from operator import itemgetter
@@ -13,9 +16,10 @@ import numpy as np
 
 from simsp.scenario.config import Scenario
 from simsp.scenario.loading import with_overrides
+from simsp.engine.allocator.ledger_stream import replay_ledger
 from simsp.engine.memory import CATEGORIES
 from simsp.errors import UserError
-from simsp.metrics import iteration_time, stage_ranks
+from simsp.metrics import iteration_time, ledger_of, stage_ranks
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
@@ -109,6 +113,32 @@ def _stage_switch(sc: Scenario) -> list[tuple[str, str, dict]]:
              {"parallel": stages, "cluster": {"nodes": nodes}})]
 
 
+def _fsdp_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
+    """Megatron-FSDP sharding parameters, gradients and optimizer state (ZeRO-3) and PyTorch
+    FSDP2 (docs/fsdp.md), where data parallelism has replicas to shard over, FSDP is off and
+    the model is one FSDP takes (scenario/checks/fsdp.py: no MoE, FP8 or MTP)."""
+    p, m = sc.parallel, sc.model
+    if p.fsdp is not None or p.dp == 1 or m.num_experts is not None \
+            or p.fp8_format is not None or m.mtp_num_layers is not None:
+        return []
+    return [("Megatron-FSDP (ZeRO-3)",
+             "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params",
+             {"parallel": {"use_megatron_fsdp": True,
+                           "data_parallel_sharding_strategy": "optim_grads_params"}}),
+            ("PyTorch FSDP2", "--use-torch-fsdp2", {"parallel": {"use_torch_fsdp2": True}})]
+
+
+def _offload_switch(sc: Scenario) -> list[tuple[str, str, dict]]:
+    """Activation offload of every layer but the last (Megatron's limit: fewer than
+    num_layers, without pipeline parallelism or recompute; scenario/checks/fsdp.py)."""
+    p, layers = sc.parallel, sc.model.num_layers
+    if p.cpu_offloading or p.pp > 1 or p.recompute_granularity != "none" or layers < 2:
+        return []
+    return [(f"activation offload ({layers - 1} layers)",
+             f"--cpu-offloading --cpu-offloading-num-layers {layers - 1}",
+             {"parallel": {"cpu_offloading": True, "cpu_offloading_num_layers": layers - 1}})]
+
+
 def candidate_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
     """[(description, Megatron flags, {section: {field: value}})] that could lower the peak."""
     p = sc.parallel
@@ -120,30 +150,73 @@ def candidate_switches(sc: Scenario) -> list[tuple[str, str, dict]]:
         half = p.micro_batch_size // 2
         out.append((f"micro-batch {half}", f"--micro-batch-size {half}",
                     {"parallel": {"micro_batch_size": half}}))
-    return out + _stage_switch(sc)
+    return out + _stage_switch(sc) + _fsdp_switches(sc) + _offload_switch(sc)
 
 
-def try_switch(sc: Scenario, change: dict) -> dict:
-    """Simulate the scenario with `change` (meta mode): worst stage peak, fits?, iteration time."""
+def allocator_timelines(ledgers: list, expandable_segments: bool = False) -> list:
+    """Each ledger's replay through the caching allocator: its timeline (docs/allocator.md)."""
+    return [replay_ledger(ledger, expandable_segments=expandable_segments).timeline
+            for ledger in ledgers]
+
+
+def try_switch(sc: Scenario, change: dict, allocator: bool = False) -> dict:
+    """Simulate the scenario with `change` (meta mode): worst stage peak, fits?, iteration time;
+    with `allocator`, fits only if every stage's rank also fits PyTorch's caching allocator."""
     try:
         variant = with_overrides(sc, **change, run={"mode": "meta"})
     except UserError as err:
         return {"valid": False, "reason": str(err)}
     run = simulate_iteration(variant, Shortcuts.for_scale(variant))
-    peaks = [run.inputs.world.ranks[rank].ledger.summary().peak_total for rank in stage_ranks(run)]
+    ledgers = [ledger_of(run, rank) for rank in stage_ranks(run)]
+    peaks = [ledger.summary().peak_total for ledger in ledgers]
     worst = int(np.argmax(peaks))
-    capacity = run.inputs.world.ranks[stage_ranks(run)[worst]].ledger.capacity_bytes
+    capacity = ledgers[worst].capacity_bytes
+    fits = peaks[worst] <= capacity and (
+        not allocator or all(t.oom is None for t in allocator_timelines(ledgers)))
     return {"valid": True, "peak_bytes": int(peaks[worst]), "worst_stage": worst,
-            "capacity_bytes": capacity, "fits": peaks[worst] <= capacity,
+            "capacity_bytes": capacity, "fits": bool(fits),
             "iteration_time_s": iteration_time(run)}
 
 
-def explain_oom(run) -> dict | None:
-    """The out-of-memory explanation of `run` (None when every stage fits), JSON-ready."""
+EXPANDABLE = ("expandable segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+def expandable_switch(ledgers: list, iteration_time_s: float) -> dict:
+    """The allocator setting expandable_segments:True as a switch: the same stage ranks'
+    ledgers replayed with it; its peak is the worst stage's reserved peak (up to a failure)."""
+    timelines = allocator_timelines(ledgers, expandable_segments=True)
+    reserved = [t.reserved_peak for t in timelines]
+    worst = int(np.argmax(reserved))
+    fits = all(t.oom is None for t in timelines) and all(led.oom is None for led in ledgers)
+    return {"switch": EXPANDABLE[0], "flags": EXPANDABLE[1], "valid": True,
+            "peak_bytes": int(reserved[worst]), "worst_stage": worst,
+            "capacity_bytes": ledgers[worst].capacity_bytes, "fits": fits,
+            "iteration_time_s": iteration_time_s}
+
+
+def allocator_failures(allocator_stages, ledger_failures: list) -> list[dict]:
+    """The stages `run --caching-allocator` found out of memory in the allocator only (the
+    memory report's `stages`), after those whose ledger failed."""
+    failed = {s["stage"] for s in ledger_failures}
+    return [{"stage": s["stage"], "rank": s["rank"], "allocator_oom": s["allocator_oom"],
+             "capacity_bytes": s["capacity_bytes"]}
+            for s in allocator_stages if s["allocator_oom"] and s["stage"] not in failed]
+
+
+def explain_oom(run, allocator_stages=()) -> dict | None:
+    """The out-of-memory explanation of `run` (None when every stage fits), JSON-ready;
+    `allocator_stages`: the memory report's stages through the caching allocator (run
+    --caching-allocator), empty without it."""
     stages = failing_stages(run)
+    stages += allocator_failures(allocator_stages, stages)
     if not stages:
         return None
+    allocator = bool(allocator_stages)
     switches = []
     for name, flags, change in candidate_switches(run.inputs.sc):
-        switches.append({"switch": name, "flags": flags, **try_switch(run.inputs.sc, change)})
+        switches.append({"switch": name, "flags": flags,
+                         **try_switch(run.inputs.sc, change, allocator)})
+    if allocator:
+        ledgers = [ledger_of(run, rank) for rank in stage_ranks(run)]
+        switches.append(expandable_switch(ledgers, iteration_time(run)))
     return {"stages": stages, "switches": switches}

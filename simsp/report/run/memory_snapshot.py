@@ -18,13 +18,18 @@ def snapshot_name(rank: int) -> str:
     return f"memory_snapshot_rank{rank}.pickle"
 
 
+def rank_snapshot(run, rank: int) -> dict:
+    """The snapshot dict of one rank (a rank not simulated: its identical representative's
+    ledger) through the caching allocator, its trace recorded."""
+    return build_snapshot(replay_ledger(ledger_of(run, rank), record_trace=True).allocator)
+
+
 def write_memory_snapshots(run, ranks: list[int], out_dir: Path) -> list[Path]:
     """One snapshot per rank in `ranks` (a rank not simulated: its identical representative's
     ledger), written into `out_dir`; the paths written."""
     written = []
     for rank in ranks:
-        allocator = replay_ledger(ledger_of(run, rank), record_trace=True).allocator
         path = out_dir / snapshot_name(rank)
-        write_snapshot(path, build_snapshot(allocator))
+        write_snapshot(path, rank_snapshot(run, rank))
         written.append(path)
     return written
