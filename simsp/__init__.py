@@ -11,7 +11,7 @@ from pathlib import Path
 
 from simsp.version import __version__  # noqa: F401 (simsp.__version__)
 
-RESERVE_GIB = 4.0  # memory_verdict.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test)
+RESERVE_GIB = None  # memory_verdict.DEFAULT_MEMORY_RESERVE_GIB (kept equal by a test): itemised
 
 
 def run(scenario: str | Path | None = None, *, world_size: int | None = None, **fields) -> dict:
@@ -28,7 +28,7 @@ def run(scenario: str | Path | None = None, *, world_size: int | None = None, **
 
 def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
           workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
-          memory_reserve_gib: float = RESERVE_GIB,
+          memory_reserve_gib: float | None = RESERVE_GIB,
           world_size: int | list[int] | str | None = None, **lists):
     """Simulate every combination of the lists (a list, or a comma string, per field) on a
     scenario or sweep file; returns a pandas DataFrame, one row per configuration.
@@ -48,7 +48,7 @@ def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
 
 def search(scenario: str | Path | None = None, *, gpus: int,
            global_batch_size: int | None = None, top: int = 5, objective: str = "time",
-           memory_reserve_gib: float = RESERVE_GIB, exhaustive: bool = False,
+           memory_reserve_gib: float | None = RESERVE_GIB, exhaustive: bool = False,
            keep_scenario_parallel: bool = False, out: str | Path | None = None,
            workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
            **fields):

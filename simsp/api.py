@@ -64,7 +64,7 @@ def sweep_configs(configs: list[Config], out: str | Path | None = None,
                   workers: int | None = None, scheduler: str | None = None,
                   quiet: bool = True, report: bool = True, force: bool = False,
                   inputs: tuple = (),
-                  memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB,
+                  memory_reserve_gib: float | None = DEFAULT_MEMORY_RESERVE_GIB,
                   stream: bool = False) -> pd.DataFrame:
     """Simulate every configuration; write results (and the what-if report) under `out`.
     Checked before any cluster starts: run's work limits (simsp.explore.evaluation.limits), the
@@ -77,7 +77,7 @@ def sweep_configs(configs: list[Config], out: str | Path | None = None,
     cache = ResultCache(out / "cache" if out is not None else None)
     with Executor(workers, scheduler, force) as executor:
         rows = run_configs(configs, executor, out, quiet, cache,
-                           reserve_bytes(memory_reserve_gib) if stream else None)
+                           stream, reserve_bytes(memory_reserve_gib))
     rows = [add_headroom(row, reserve_bytes(memory_reserve_gib)) for row in rows]
     frame = results_frame(rows)
     frame.attrs["cache"] = cache.stats.line()
@@ -109,7 +109,7 @@ def script_safe_workers():
 
 def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
           workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
-          memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB,
+          memory_reserve_gib: float | None = DEFAULT_MEMORY_RESERVE_GIB,
           world_size: int | list[int] | str | None = None, **lists) -> pd.DataFrame:
     """Sweep a scenario or sweep file over lists of field values; one row per configuration.
 
@@ -124,7 +124,7 @@ def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
 
 def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: int | None = None,
            top: int = 5, objective: str = "time",
-           memory_reserve_gib: float = DEFAULT_MEMORY_RESERVE_GIB, exhaustive: bool = False,
+           memory_reserve_gib: float | None = DEFAULT_MEMORY_RESERVE_GIB, exhaustive: bool = False,
            keep_scenario_parallel: bool = False, out: str | Path | None = None,
            workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
            **fields) -> pd.DataFrame:

@@ -4,24 +4,18 @@ rank's ledger peak leaves a reserve of GPU memory free for what the ledger does 
 
     headroom = capacity − reserve − peak        fits = (no allocation failed) and headroom ≥ 0
 
-The default reserve, per GPU:
-- CUDA context and kernel images: about 0.7 GiB as soon as a framework touches the GPU
-  (PyTorch forums, discuss.pytorch.org/t/73021: 723 MiB after the first CUDA tensor); 1 GiB.
-- NCCL buffers: per channel and peer, Simple 4 MiB + LL128 4.69 MiB + LL 0.5 MiB
-  (NVIDIA/nccl src/init.cc DEFAULT_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, DEFAULT_LL_BUFFSIZE with
-  src/include/device.h), 9.2 MiB; 32 channels for each of the TP, DP and pipeline
-  communicators: 0.9 GiB; 1 GiB.
-- The caching allocator's fragmentation (memory reserved by PyTorch but not allocated to a
-  tensor): a judgement, 2 GiB (2.5% of 80 GiB); `simsp run` reports the modelled one per stage
-  (docs/allocator.md), and yours is torch.cuda.max_memory_reserved() −
-  torch.cuda.max_memory_allocated().
+The reserve is the layout's non-tensor memory, itemised and sourced by
+simsp/training/non_tensor_memory.py (docs/non_tensor_memory.md): the CUDA context and kernel
+images, the cuBLAS/cuBLASLt workspaces, NCCL's buffers per communicator and the caching
+allocator's fragmentation (a judged 2 GiB allowance; the modelled one in `run
+--caching-allocator`). `--memory-reserve GiB` replaces it with one figure for every layout.
 """
 
 from typing import NamedTuple
 
 from simsp.units import GiB
 
-DEFAULT_MEMORY_RESERVE_GIB = 4.0
+DEFAULT_MEMORY_RESERVE_GIB = None  # None: each layout's itemised non-tensor memory
 
 
 class MemoryVerdict(NamedTuple):
@@ -40,6 +34,11 @@ def memory_verdict(capacity_bytes: float, peak_bytes: float, out_of_memory: bool
     return MemoryVerdict(reserve_bytes, headroom, not out_of_memory and headroom >= 0)
 
 
-def reserve_bytes(gib: float) -> float:
-    """GiB from the command line as bytes."""
-    return gib * GiB
+def reserve_bytes(gib: float | None) -> float | None:
+    """`--memory-reserve` GiB as bytes; None (not given) stays None: the itemised reserve."""
+    return None if gib is None else gib * GiB
+
+
+def chosen_reserve(override_bytes: float | None, itemised_bytes: float) -> float:
+    """The reserve a layout is judged with: the user's override, else its itemised one."""
+    return itemised_bytes if override_bytes is None else override_bytes

@@ -8,7 +8,7 @@ GEMMs actually counted are reported beside them.
 
 from simsp import analytic
 from simsp.engine.allocator.ledger_stream import replay_ledger
-from simsp.memory_verdict import memory_verdict
+from simsp.memory_verdict import chosen_reserve, memory_verdict
 from simsp.model.architecture import architecture
 from simsp.model.flops import megatron_flops, recomputed_flops
 from simsp.model.param_counts import parameter_counts
@@ -17,6 +17,7 @@ from simsp.scenario.config import Cluster
 from simsp.scenario.pipeline_split import virtual_stage_layer_counts
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
 from simsp.hardware.profiles import gpu_profile
+from simsp.training.non_tensor_memory import non_tensor_items
 
 
 def iteration_time(run) -> float:
@@ -99,23 +100,34 @@ def rank_memory(run, rank: int, name_live: bool = True) -> dict:
             **({"cp": c.cp} if inputs.sc.parallel.cp > 1 else {})}
 
 
-def memory_report(run, metrics: dict, reserve_bytes: float, allocator: bool = False) -> dict:
+def memory_report(run, metrics: dict, override_bytes: float | None,
+                  allocator: bool = False) -> dict:
     """The memory verdict of the layout (simsp/memory_verdict.py, as search, sweep and whatif
-    give it) and, with `allocator` (run --caching-allocator), per stage's rank its ledger
-    replayed through PyTorch's caching allocator: reserved and allocated peaks and the
-    fragmentation at the allocated peak (docs/allocator.md)."""
+    give it), judged with `override_bytes` (--memory-reserve) or else the itemised non-tensor
+    memory (`non_tensor`, each item's bytes and source: docs/non_tensor_memory.md) and, with
+    `allocator` (run --caching-allocator), per stage's rank its ledger replayed through
+    PyTorch's caching allocator: reserved and allocated peaks and the fragmentation at the
+    allocated peak (docs/allocator.md), the largest of which is then the fragmentation item."""
     capacity = GPUS[run.inputs.sc.cluster.gpu].memory_bytes
     peak = max(r["peak_bytes"] for r in metrics["ranks"])
-    verdict = memory_verdict(capacity, peak, metrics["oom"], reserve_bytes)
-    return {"capacity_bytes": capacity, "memory_reserve_bytes": reserve_bytes,
+    stages = [_allocator_stage(run, stage, rank)
+              for stage, rank in enumerate(stage_ranks(run))] if allocator else []
+    modelled = max((s["fragmentation_at_peak_bytes"] for s in stages), default=None)
+    items = non_tensor_items(run.inputs.sc, modelled)
+    reserve = chosen_reserve(override_bytes, sum(item.bytes for item in items))
+    verdict = memory_verdict(capacity, peak, metrics["oom"], reserve)
+    for stage in stages:
+        stage["headroom_bytes"] = capacity - reserve - stage["peak_bytes"]
+    return {"capacity_bytes": capacity, "memory_reserve_bytes": reserve,
             "peak_bytes_max": peak, "headroom_bytes": verdict.headroom_bytes,
             "fits": verdict.fits,
-            "stages": [_allocator_stage(run, stage, rank, reserve_bytes)
-                       for stage, rank in enumerate(stage_ranks(run))] if allocator else []}
+            "non_tensor": {item.name: {"bytes": item.bytes, "source": item.source}
+                           for item in items},
+            "stages": stages}
 
 
-def _allocator_stage(run, stage: int, rank: int, reserve_bytes: float) -> dict:
-    """One stage's rank through the caching allocator; headroom as the verdict counts it."""
+def _allocator_stage(run, stage: int, rank: int) -> dict:
+    """One stage's rank through the caching allocator (its headroom: memory_report)."""
     ledger = ledger_of(run, rank)
     timeline = replay_ledger(ledger).timeline
     peak = ledger.summary().peak_total
@@ -124,8 +136,7 @@ def _allocator_stage(run, stage: int, rank: int, reserve_bytes: float) -> dict:
             "peak_bytes": peak, "allocated_peak_bytes": timeline.allocated_peak,
             "reserved_peak_bytes": timeline.reserved_peak,
             "fragmentation_at_peak_bytes": timeline.fragmentation_at_peak,
-            "headroom_bytes": memory_verdict(ledger.capacity_bytes, peak, False,
-                                             reserve_bytes).headroom_bytes,
+            "headroom_bytes": None,
             "allocator_oom": None if oom is None else {
                 "bytes_asked": oom.nbytes, "reserved_bytes": oom.reserved,
                 "allocated_bytes": oom.allocated}}

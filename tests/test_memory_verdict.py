@@ -68,3 +68,26 @@ def test_run_reserve_is_checked(capsys):
     assert main(["run", *MODEL, "--mode", "meta", "--memory-reserve", "80", "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --memory-reserve")
+
+
+def test_itemised_reserve_agrees_across_commands(tmp_path, capsys):
+    """Without --memory-reserve every command judges with the layout's itemised non-tensor
+    memory: the same reserve, headroom and fits from run, sweep, whatif and search."""
+    assert main(["search", "--gpus", "4", *MODEL, "--workers", "0", "--quiet", "--top", "2",
+                 "--out", str(tmp_path / "search")]) == 0
+    capsys.readouterr()
+    frame = pd.read_csv(tmp_path / "search" / "results.csv")
+    flags = shlex.split(frame.iloc[0]["command"])[2:]
+    assert main(["run", *flags, "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert memory["memory_reserve_bytes"] == sum(i["bytes"] for i in memory["non_tensor"].values())
+    assert main(["sweep", *flags, "--workers", "0", "--quiet", "--out", str(tmp_path / "sw")]) == 0
+    scenario = tmp_path / "empty.toml"
+    scenario.write_text("[run]\nmode = \"meta\"\n")
+    assert main(["whatif", str(scenario), f"L={shlex.join(flags)}", "--workers", "0", "--quiet",
+                 "--out", str(tmp_path / "wi")]) == 0
+    rows = [frame.iloc[0], pd.read_csv(tmp_path / "sw" / "results.csv").iloc[0],
+            pd.read_csv(tmp_path / "wi" / "results.csv").set_index("variant").loc["L"]]
+    for row in rows:
+        assert (row["memory_reserve_bytes"], row["headroom_bytes"], bool(row["fits"])) == \
+            (memory["memory_reserve_bytes"], memory["headroom_bytes"], memory["fits"])

@@ -1,14 +1,14 @@
 """`simsp search --gpus N`: every layout of a model on N GPUs, pruned by closed forms, the rest
 simulated on Dask (branch and bound on a time lower bound), ranked and explained."""
 
-import math
 from pathlib import Path
 
 from simsp.scenario.limits import BOUNDS
 from simsp.scenario.config import Parallel
 from simsp.errors import UserError
 from simsp.explore.arguments import (add_executor_arguments, add_field_arguments,
-                                    add_reserve_argument, check_executor_arguments, field_lists)
+                                    add_reserve_argument, check_executor_arguments, check_reserve,
+                                    field_lists)
 from simsp.explore.evaluation.cache import ResultCache
 from simsp.explore.configs.grid import parse_list
 from simsp.explore.search.explain import limits, why_lost
@@ -103,10 +103,7 @@ def _check(args, batch, base) -> None:
             raise UserError(name, f"must be a positive integer, got {value}")
         if value > high:
             raise UserError(name, f"{value} is above the limit of {int(high)}")
-    capacity = GPUS[base[("cluster", "gpu")]].memory_bytes / GiB
-    if not (math.isfinite(args.memory_reserve) and 0 <= args.memory_reserve < capacity):
-        raise UserError("--memory-reserve", f"must be in [0, {capacity:g}) GiB, got "
-                                            f"{args.memory_reserve}")
+    check_reserve(args.memory_reserve, GPUS[base[("cluster", "gpu")]].memory_bytes / GiB)
 
 
 def _fixed_line(fixed: dict) -> str:
@@ -128,8 +125,10 @@ def _fixed_line(fixed: dict) -> str:
 
 def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
     """How many layouts there were, how many were screened out and why, how many simulated."""
+    reserve = ("each layout's non-tensor memory" if args.memory_reserve is None
+               else f"{args.memory_reserve:g} GiB")
     lines = [f"{args.gpus} GPUs, global batch {batch}, objective {args.objective}, memory "
-             f"reserve {args.memory_reserve:g} GiB: {result.layouts} layouts, "
+             f"reserve {reserve}: {result.layouts} layouts, "
              f"{result.invalid} rejected by the config checks", _fixed_line(fixed)]
     for reason, count in sorted(result.rejected.items(), key=lambda item: -item[1])[:3]:
         lines.append(f"  {count} x {reason}")

@@ -107,13 +107,14 @@ def add_reserve_argument(parser) -> None:
     """--memory-reserve GiB: what "fits" leaves free (simsp/memory_verdict.py)."""
     from simsp.explore.results.headroom import DEFAULT_MEMORY_RESERVE_GIB
     parser.add_argument("--memory-reserve", type=float, default=DEFAULT_MEMORY_RESERVE_GIB,
-                        metavar="GiB", help="GPU memory kept free for the CUDA context, NCCL "
-                        "buffers and allocator fragmentation; a row fits when its peak leaves "
-                        f"it (default {DEFAULT_MEMORY_RESERVE_GIB:g}; docs/exploration.md)")
+                        metavar="GiB", help="GPU memory kept free for what the ledger does not "
+                        "hold, replacing each layout's itemised non-tensor memory (CUDA context, "
+                        "cuBLAS workspace, NCCL buffers, fragmentation allowance; the default; "
+                        "docs/non_tensor_memory.md); a row fits when its peak leaves it")
 
 
-def check_reserve(gib: float, capacity_gib: float = 80.0) -> None:
-    """The reserve must be a finite part of the GPU's memory."""
+def check_reserve(gib: float | None, capacity_gib: float = 80.0) -> None:
+    """The reserve, when given, must be a finite part of the GPU's memory."""
     import math
-    if not (math.isfinite(gib) and 0 <= gib < capacity_gib):
+    if gib is not None and not (math.isfinite(gib) and 0 <= gib < capacity_gib):
         raise UserError("--memory-reserve", f"must be in [0, {capacity_gib:g}) GiB, got {gib}")

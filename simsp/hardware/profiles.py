@@ -21,7 +21,8 @@ KINDS = {"gpu": "gpus", "system": "systems"}
 NIC_GBPS = {"HDR": 200, "NDR": 400, "XDR": 800}  # InfiniBand generations, Gb/s per port
 GPU_NUMBERS = ("memory_GiB", "peak_bf16_TFLOPs", "hbm_TBps", "nvlink_generation", "nvlink_GBps",
                "ceiling_bf16_TFLOPs")
-GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs", "host_link_GBps")
+GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs", "host_link_GBps", "cuda_context_MiB",
+                "cublas_workspace_MiB")
 SYSTEM_NUMBERS = ("gpus_per_nvlink_domain", "nvswitch_generation", "nics_per_node", "nic",
                   "nic_Gbps")
 COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency",
@@ -70,6 +71,8 @@ class GPUProfile:
     fitted: dict  # [compute] section values (fitted or calibrated), may be empty
     fitted_fp8: dict  # [compute_fp8]
     host_link_GBps: float | None = None  # PCIe (NVLink-C2C on GB200) to the host, per direction
+    cuda_context: Sourced | None = None  # MiB the CUDA context and kernel images take
+    cublas_workspace: Sourced | None = None  # MiB of cuBLAS + cuBLASLt workspace per stream
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
           "peak_fp8_TFLOPs": (False, 1e6), "ceiling_bf16_TFLOPs": (False, 1e6),
           "ceiling_fp8_TFLOPs": (False, 1e6), "hbm_TBps": (False, 1000),
           "nvlink_generation": (True, 100), "nvlink_GBps": (False, 1e5),
-          "host_link_GBps": (False, 1e5), "gpus_per_nvlink_domain": (True, 4096),
+          "host_link_GBps": (False, 1e5), "cuda_context_MiB": (False, 65536),
+          "cublas_workspace_MiB": (False, 65536), "gpus_per_nvlink_domain": (True, 4096),
           "nvswitch_generation": (True, 100), "nics_per_node": (True, 4096),
           "nic_Gbps": (False, 1e6), "gemm_max_efficiency": (False, 1),
           "memory_efficiency": (False, 1), "gemm_half_intensity": (False, 1e6),
@@ -237,7 +241,9 @@ def gpu_profile(name: str) -> GPUProfile:
         ceiling_fp8_flops=None if ceiling_fp8 is None else ceiling_fp8 * 1e12,
         fitted={k: s.value for k, s in prof.sections.get("compute", {}).items()},
         fitted_fp8={k: s.value for k, s in prof.sections.get("compute_fp8", {}).items()},
-        host_link_GBps=prof.value("host_link_GBps"))
+        host_link_GBps=prof.value("host_link_GBps"),
+        cuda_context=prof.numbers.get("cuda_context_MiB"),
+        cublas_workspace=prof.numbers.get("cublas_workspace_MiB"))
     _check_consistent(prof.path, gpu)
     return gpu
 

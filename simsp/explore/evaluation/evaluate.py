@@ -12,6 +12,7 @@ from simsp.gc_pause import gc_paused
 from simsp.hardware.constants import GPUS
 from simsp.metrics import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+from simsp.training.non_tensor_memory import non_tensor_bytes
 
 TERA = 1e12
 
@@ -77,7 +78,8 @@ def evaluate(values: tuple) -> dict:
     """Result row of one configuration, given as ((section, key), value) pairs."""
     overrides = dict(values)
     try:
-        metrics = simulate_metrics(overrides)
+        sc = load_scenario(None, overrides)
+        metrics = collect_metrics(sc, name_live=False)
     except UserError as exc:
         return {"status": "error", "error": f"error: {exc}"}
     except Exception as exc:  # noqa: BLE001  a simulator bug in one row must not end the sweep
@@ -85,6 +87,7 @@ def evaluate(values: tuple) -> dict:
     capacity = GPUS[overrides[("cluster", "gpu")]].memory_bytes
     row = {"status": "oom" if metrics["oom"] else "ok", "error": None}
     row.update(summary_columns(metrics, capacity))
+    row["non_tensor_bytes"] = non_tensor_bytes(sc)
     row.update({k: v for k, v in flatten_metrics(metrics).items() if k not in row})
     return row
 

@@ -90,20 +90,21 @@ def _advance(bar, rows: list[dict]) -> None:
 
 def run_configs(configs: list[Config], executor: Executor, out: str | Path | None = None,
                 quiet: bool = True, cache: ResultCache | None = None,
-                stream_reserve: float | None = None) -> list[dict]:
+                stream: bool = False, reserve: float | None = None) -> list[dict]:
     """Table rows of every configuration, in configuration order (cache under out/cache);
-    with `stream_reserve` (bytes), each row's line is printed to stdout as it is ready
+    with `stream`, each row's line (judged with the `reserve` override in bytes, None: the
+    row's itemised one) is printed to stdout as it is ready
     (simsp.explore.evaluation.stream). If the cluster is lost midway, the rows not finished are
     error rows saying so and `executor.lost` says why."""
     cache = cache or ResultCache(Path(out) / "cache" if out is not None else None)
     unique = list({c.digest(): c for c in configs}.values())
     found = {}
-    stream = None
-    if stream_reserve is not None and configs:
-        stream = RowStream(list(enumerate(configs)), configs[0], stream_reserve)
+    printer = None
+    if stream and configs:
+        printer = RowStream(list(enumerate(configs)), configs[0], reserve)
     with progress_bar(None, 0, quiet) as bar:  # its total: the configurations to simulate
         try:
-            evaluate_all(unique, executor, cache, bar, found, stream)
+            evaluate_all(unique, executor, cache, bar, found, printer)
         except ExecutorLost as exc:
             lost = {"status": "error", "error": f"internal error: not simulated: {exc}"}
             found.update({d: lost for d, row in found.items() if row is None})

@@ -14,7 +14,7 @@ from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
 from simsp.explore.evaluation.cache import ResultCache
 from simsp.errors import UserError
 from simsp.explore.configs.grid import Config
-from simsp.explore.results.headroom import add_headroom
+from simsp.explore.results.headroom import add_headroom, row_reserve
 from simsp.explore.search.layouts import Layouts, enumerate_layouts
 from simsp.explore.search.objectives import OBJECTIVES
 from simsp.explore.search.bounds import (memory_lower_bound, memory_verdict, scenario_of,
@@ -23,7 +23,9 @@ from simsp.explore.evaluation.runner import evaluate_all, progress_bar
 from simsp.explore.evaluation.stream import RowStream
 from simsp.explore.results.table import table_row
 from simsp.hardware.constants import GPUS
+from simsp.memory_verdict import chosen_reserve
 from simsp.progress import track
+from simsp.training.non_tensor_memory import non_tensor_bytes
 
 
 BATCH = 8  # layouts simulated per branch-and-bound round, fixed so results never depend on workers
@@ -60,9 +62,11 @@ def objective_bound(sc, objective: str) -> float:
     return bound
 
 
-def objective_score(row: dict, objective: str, usable_bytes: float) -> float | None:
+def objective_score(row: dict, objective: str, reserve: float | None) -> float | None:
     """Smaller-is-better value comparable with objective_bound; None unless the layout ran and
-    fits in the usable memory (capacity less the reserve)."""
+    fits in the usable memory (capacity less the reserve: `reserve` bytes, None: the row's
+    itemised one)."""
+    usable_bytes = row.get("capacity_bytes", 0) - row_reserve(row, reserve)
     if row.get("status") != "ok" or row["peak_bytes_max"] > usable_bytes:
         return None
     if objective == "memory":
@@ -70,14 +74,15 @@ def objective_score(row: dict, objective: str, usable_bytes: float) -> float | N
     return -row["mfu"] if objective == "mfu" else row["iteration_time_s"]
 
 
-def screen(configs: list[Config], reserve: float, result: SearchResult, objective: str,
+def screen(configs: list[Config], reserve: float | None, result: SearchResult, objective: str,
            exhaustive: bool, quiet: bool = True) -> list:
     """[(bound, index, config)] of layouts the memory bound does not rule out, best bound first
     (unless `quiet`, a bar on stderr counts the layouts bounded against their total)."""
     survivors = []
     for i, config in track(list(enumerate(configs)), "simsp search: bounds", "layout", quiet):
         sc = scenario_of(config)
-        verdict = None if exhaustive else memory_verdict(sc, reserve)
+        verdict = None if exhaustive else memory_verdict(
+            sc, chosen_reserve(reserve, non_tensor_bytes(sc)))
         if verdict is None:
             survivors.append((objective_bound(sc, objective), i, config))
             continue
@@ -99,11 +104,12 @@ def _open(survivors: list, position: int, threshold: float) -> int:
 
 
 def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, batch: int,
-                     objective: str, usable: float, bar, exhaustive: bool,
-                     reserve: float | None = None, force: bool = False) -> tuple[dict, int]:
+                     objective: str, reserve: float | None, bar, exhaustive: bool,
+                     stream: bool = False, force: bool = False) -> tuple[dict, int]:
     """Simulate survivors by increasing bound, a batch at a time; ({index: row}, never simulated).
-    The progress total is what has run plus what could still enter the top K; with `reserve`
-    (bytes), each simulated layout's line is printed as it is ready, in bound order. The
+    A row scores only if it fits (`reserve` bytes override, None: its itemised reserve).
+    The progress total is what has run plus what could still enter the top K; with `stream`,
+    each simulated layout's line is printed as it is ready, in bound order. The
     batches' estimated CPU seconds add up to at most the batch limit (simsp/batch_work.py) unless
     `force`: beyond it one `error: work:` (the batches done are cached; --force resumes)."""
     found, scores, position, spent = {}, [], 0, 0.0
@@ -117,13 +123,13 @@ def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, ba
                                     f"seconds, above the limit of {TOTAL_TIME_LIMIT_S:g} s "
                                     "(those simulated are cached: --force to go on)")
         position += len(chunk)
-        stream = None if reserve is None else RowStream(
-            [(index, config) for _, index, config in chunk], chunk[0][2], reserve)
+        printer = RowStream([(index, config) for _, index, config in chunk], chunk[0][2],
+                            reserve) if stream else None
         rows = evaluate_all([config for _, _, config in chunk], executor, cache, bar,
-                            stream=stream)
+                            stream=printer)
         for _, index, config in chunk:
             found[index] = rows[config.digest()]
-            scores.append(objective_score(found[index], objective, usable))
+            scores.append(objective_score(found[index], objective, reserve))
         threshold = float("inf") if exhaustive else _kth_best(scores, top)
         if bar is not None:
             bar.total = position + _open(survivors, position, threshold)
@@ -145,12 +151,13 @@ def check_bounds(result: SearchResult, sc, row: dict) -> None:
 
 
 def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top: int = 5,
-           objective: str = "time", reserve: float = 0.0, quiet: bool = True,
+           objective: str = "time", reserve: float | None = None, quiet: bool = True,
            fixed: dict | None = None, exhaustive: bool = False,
            source: str | None = None, allowed: dict | None = None,
            nodes: int | None = None, stream: bool = False, force: bool = False) -> SearchResult:
     """Enumerate, screen, simulate and collect the rows of every simulated layout; `reserve`
-    bytes of each GPU are kept free (a layout fits when its peak leaves them); `allowed`
+    bytes of each GPU are kept free (None: each layout's itemised non-tensor memory; a layout
+    fits when its peak leaves them); `allowed`
     restricts layout fields to the values given, `nodes` the node count (default: enough);
     `stream`: print each simulated layout's line to stdout as it is ready; `force`: past the
     total work limit."""
@@ -160,12 +167,11 @@ def search(base: dict, gpus: int, batch: int, executor, cache: ResultCache, top:
     result = SearchResult(layouts=len(configs) + layouts.invalid, rejected=dict(layouts.rejected),
                           exhaustive=exhaustive)
     survivors = screen(configs, reserve, result, objective, exhaustive, quiet)
-    usable = GPUS[base[("cluster", "gpu")]].memory_bytes - reserve
     width = BATCH  # not the executor's parallelism: the same rows whatever runs them
     with progress_bar(len(survivors), 0, quiet, "simsp search: simulated") as bar:
         found, result.pruned_bound = branch_and_bound(survivors, executor, cache, top, width,
-                                                      objective, usable, bar, exhaustive,
-                                                      reserve if stream else None, force)
+                                                      objective, reserve, bar, exhaustive,
+                                                      stream, force)
     first = configs[min(found)] if found else None
     for index in sorted(found):
         row = add_headroom(table_row(index, configs[index], first, found[index]), reserve)

@@ -51,7 +51,7 @@ def why_lost(row: dict, best: dict) -> str:
                 f"(would take {format_seconds(row['iteration_time_s'])})")
     if row.get("fits") is False:
         return (f"peak {row['peak_bytes_max'] / GiB:.1f} GiB leaves {row['headroom_bytes'] / GiB:.2f}"
-                f" GiB beyond the {row['memory_reserve_bytes'] / GiB:g} GiB reserve "
+                f" GiB beyond the {row['memory_reserve_bytes'] / GiB:.2f} GiB reserve "
                 f"(would take {format_seconds(row['iteration_time_s'])})")
     slower = row["iteration_time_s"] / best["iteration_time_s"] - 1
     mine, theirs = losses(row), losses(best)

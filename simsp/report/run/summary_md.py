@@ -251,13 +251,29 @@ def _allocator(m: dict) -> list[str]:
     verdict = ("**fits**" if memory["fits"] else "**does not fit**") + (
         f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
         f"{memory['capacity_bytes'] / GiB:.2f} GiB leaves {headroom:.2f} GiB after the "
-        f"{reserve:g} GiB reserve" if headroom >= 0 else
+        f"{reserve:.2f} GiB reserve" if headroom >= 0 else
         f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
         f"{memory['capacity_bytes'] / GiB:.2f} GiB is {-headroom:.2f} GiB over its "
-        f"{reserve:g} GiB reserve")
+        f"{reserve:.2f} GiB reserve")
     return ["## Memory against the GPU: verdict and PyTorch's caching allocator", "",
             f"Verdict (the one `simsp search`, `sweep` and `whatif` give; `--memory-reserve`"
-            f"{'; out of memory' if m['oom'] else ''}): {verdict}.", "", *allocator]
+            f"{'; out of memory' if m['oom'] else ''}): {verdict}.", "",
+            *_non_tensor_lines(memory), *allocator]
+
+
+def _non_tensor_lines(memory: dict) -> list[str]:
+    """The non-tensor memory, item by item with its source (docs/non_tensor_memory.md), and
+    whether `--memory-reserve` replaced it in the verdict."""
+    items = memory.get("non_tensor", {})
+    if not items:
+        return []
+    total = sum(item["bytes"] for item in items.values())
+    rows = [[name, format_bytes(item["bytes"]), item["source"]] for name, item in items.items()]
+    rows.append(["total", format_bytes(total), ""])
+    used = ("the reserve" if abs(total - memory["memory_reserve_bytes"]) < 1 else
+            "replaced by `--memory-reserve` in the verdict")
+    return [f"Non-tensor memory per GPU (docs/non_tensor_memory.md), {used}:", "",
+            *_table(["item", "bytes", "source"], rows, left=(0, 2)), ""]
 
 
 def _allocator_verdict(oom: dict | None) -> str:

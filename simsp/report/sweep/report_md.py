@@ -31,7 +31,7 @@ def _verdict(row) -> str:
     if row["oom"]:
         return f"OOM stage {int(row['oom_stage'])} +{row['oom_bytes_over'] / GiB:.2f} GiB"
     if row.get("fits") is False:
-        return f"inside the {row['memory_reserve_bytes'] / GiB:g} GiB reserve"
+        return f"inside the {row['memory_reserve_bytes'] / GiB:.2f} GiB reserve"
     return "fits"
 
 
