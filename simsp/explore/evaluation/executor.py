@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import logging
 import re
 import signal
+import subprocess
 import socket
 import struct
 
@@ -110,14 +111,27 @@ def embedded_client(workers: int | None):
     from distributed import Client
     from distributed.security import Security
     security = Security.temporary()
+    witness = _interrupt_witness()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the nannies inherit "ignore"
     try:
         with dask.config.set(WORKER_CONFIG):  # the nannies hand it to their workers
             cluster = _local_cluster(workers, security)
     finally:
         signal.signal(signal.SIGINT, previous)
+        witness.kill()  # a SIGINT sent before this already set its exit status (fatal signal)
+        interrupted = witness.wait() == -signal.SIGINT  # a Ctrl-C this process ignored
+    if interrupted:
+        cluster.close()
+        raise KeyboardInterrupt
     with cluster, Client(cluster, security=security) as client:
         yield client
+
+
+def _interrupt_witness() -> subprocess.Popen:
+    """A `sleep` in this process group that a Ctrl-C ends (SIGINT's default action), started
+    before this process ignores SIGINT for the nannies' start, so a Ctrl-C meanwhile is seen."""
+    return subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 # The workers' statistical profiler samples the task thread's stack every 10 ms for the
