@@ -53,30 +53,37 @@ def exposure(row: dict) -> dict:
 def _stage_value(row: dict, stage: int, kind: str) -> float | None:
     """The stage's seconds of one kind, None when its row has no such column (or NaN: a
     column only another row of the table has)."""
-    value = row.get(STAGE_COLUMN.format(stage=stage, key=BUBBLE_KEY if kind == "bubble" else kind))
-    return value if value is not None and value == value else None
+    return _given(row, STAGE_COLUMN.format(stage=stage, key=BUBBLE_KEY if kind == "bubble" else kind))
 
 
 def baseline_description(row: dict) -> str:
     """What the baseline is: the model (its scenario name, architecture and parameters), the
     layout (t, p, d, cp, ep and how weights are sharded), the GPUs, the GPU and system
     profiles, and the precision."""
-    parts = [f"model {row.get('name') or row['variant']}" + (
-        f" ({row['architecture']})" if isinstance(row.get("architecture"), str) else "")]
-    if row.get("parameters.total") is not None and row["parameters.total"] == row["parameters.total"]:
+    architecture = _given(row, "architecture")
+    parts = [f"model {_given(row, 'name') or row['variant']}"
+             + (f" ({architecture})" if architecture else "")]
+    if _given(row, "parameters.total"):
         parts.append(_parameters(row))
     parts.append(f"layout t={row['tensor_model_parallel_size']} "
                  f"p={row['pipeline_model_parallel_size']} d={row['data_parallel_size']} "
                  f"cp={row['context_parallel_size']} ep={row['expert_model_parallel_size']}, "
                  f"{_sharding(row)}")
+    system = _given(row, "system")
     parts.append(f"{row['gpus']} GPUs ({row['nodes']} node{'s' if row['nodes'] != 1 else ''} of "
-                 f"{row['gpus_per_node']}) "
-                 f"{row['gpu']}" + (f" in a {row['system']} system" if row.get("system") else
-                                    ", links from [cluster] (no system profile)"))
-    parts.append(f"FP8 {row['fp8_format']} ({row['fp8_recipe']} recipe)"
-                 if row.get("fp8_format") else "BF16 with FP32 main weights and gradients"
-                 if row.get("main_params_dtype", "fp32") == "fp32" else "BF16")
+                 f"{row['gpus_per_node']}) {row['gpu']}"
+                 + (f" in a {system} system" if system else
+                    ", links from [cluster] (no system profile)"))
+    fp8, main = _given(row, "fp8_format"), _given(row, "main_params_dtype") or "fp32"
+    parts.append((f"FP8 {fp8} GEMMs ({row['fp8_recipe']} recipe)" if fp8 else "BF16")
+                 + f", {main.upper()} main weights")
     return "; ".join(parts)
+
+
+def _given(row: dict, key: str):
+    """The row's value, None when absent or NaN (a column only other rows of the table have)."""
+    value = row.get(key)
+    return None if value is None or value != value else value
 
 
 def baseline_line(row: dict) -> str:
@@ -95,9 +102,9 @@ def _parameters(row: dict) -> str:
 
 def _sharding(row: dict) -> str:
     """How weights and optimizer state are held across data-parallel ranks (docs/fsdp.md)."""
-    if row.get("use_megatron_fsdp"):
+    if _given(row, "use_megatron_fsdp"):
         return f"Megatron-FSDP {row.get('data_parallel_sharding_strategy')}"
-    if row.get("use_torch_fsdp2"):
+    if _given(row, "use_torch_fsdp2"):
         return "PyTorch FSDP2"
     return "distributed optimizer" if row.get("distributed_optimizer") else \
         "replicated optimizer state"
