@@ -115,3 +115,4 @@ def test_a_variant_that_does_not_fit_is_a_memory_risk(tmp_path, capsys):
     assert f"headroom -{over:.2f} MiB after the 79.99 GiB reserve)." in lines[1]
     assert "memory: fits, peak " in lines[0] and "MEMORY RISK" not in lines[0]
     assert "MEMORY RISK" in text
+

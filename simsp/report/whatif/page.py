@@ -137,7 +137,8 @@ def plot_vs_baseline(rows: list[dict], path: Path) -> Path:
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [r["variant"] for r in done], fontsize=9)
     ax.set(xlabel="change against the baseline (%): tokens/s up is better, time and GPU-hours "
-                  "per token down", title=f"each variant against the baseline ({base['variant']})")
+                  "per token down", title="each variant against the baseline" + (
+               "" if base["variant"] == "baseline" else f" ({base['variant']})"))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
