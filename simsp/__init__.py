@@ -27,7 +27,7 @@ def run(scenario: str | Path | None = None, *, world_size: int | None = None, **
 
 
 def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
-          workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
+          workers: int | None = None, scheduler: str | None = None, quiet: bool = False,
           memory_reserve_gib: float | None = RESERVE_GIB,
           world_size: int | list[int] | str | None = None, **lists):
     """Simulate every combination of the lists (a list, or a comma string, per field) on a
@@ -40,6 +40,8 @@ def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
     `out`: write results.csv/.jsonl, report.md and figures there (and cache rows under
     out/cache). `workers`: embedded Dask worker processes (default one per core; 0: this
     process); started by fork on POSIX, so a plain script needs no `__main__` guard.
+    `quiet`: no progress bar (default: on stderr when it is a terminal, the configurations
+    done / total, as `simsp sweep` draws it).
     Example: simsp.sweep("scenarios/paper-175b.toml", world_size=[64, 128], workers=2)."""
     from simsp.api import sweep as sweep_api
     return sweep_api(source, out=out, workers=workers, scheduler=scheduler, quiet=quiet,
@@ -50,14 +52,15 @@ def search(scenario: str | Path | None = None, *, gpus: int,
            global_batch_size: int | None = None, top: int = 5, objective: str = "time",
            memory_reserve_gib: float | None = RESERVE_GIB, exhaustive: bool = False,
            keep_scenario_parallel: bool = False, out: str | Path | None = None,
-           workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
+           workers: int | None = None, scheduler: str | None = None, quiet: bool = False,
            **fields):
     """Every layout of the scenario's model on `gpus` GPUs, screened by proven bounds and
     simulated until the top `top` are certain (docs/exploration.md); returns the simulated
     layouts as a DataFrame, best first by `objective` (time, tokens-per-s, mfu, memory), those
     that fit in memory less the reserve first. Columns as simsp.sweep's, plus
     time_lower_bound_s and memory_lower_bound_bytes. `fields`: model/cluster fields and the
-    [parallel] fields the search does not vary, one value each (recompute_method="block")."""
+    [parallel] fields the search does not vary, one value each (recompute_method="block").
+    `quiet`: no progress bars (default: on stderr when it is a terminal, as `simsp search`)."""
     from simsp.api import search as search_api
     return search_api(scenario, gpus=gpus, global_batch_size=global_batch_size, top=top,
                       objective=objective, memory_reserve_gib=memory_reserve_gib,

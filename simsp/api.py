@@ -108,7 +108,7 @@ def script_safe_workers():
 
 
 def sweep(source: str | Path | None = None, *, out: str | Path | None = None,
-          workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
+          workers: int | None = None, scheduler: str | None = None, quiet: bool = False,
           memory_reserve_gib: float | None = DEFAULT_MEMORY_RESERVE_GIB,
           world_size: int | list[int] | str | None = None, **lists) -> pd.DataFrame:
     """Sweep a scenario or sweep file over lists of field values; one row per configuration.
@@ -126,7 +126,7 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
            top: int = 5, objective: str = "time",
            memory_reserve_gib: float | None = DEFAULT_MEMORY_RESERVE_GIB, exhaustive: bool = False,
            keep_scenario_parallel: bool = False, out: str | Path | None = None,
-           workers: int | None = None, scheduler: str | None = None, quiet: bool = True,
+           workers: int | None = None, scheduler: str | None = None, quiet: bool = False,
            **fields) -> pd.DataFrame:
     """The layouts `simsp search` simulated, best first (those that fit first); model, cluster
     and held [parallel] fields as keyword arguments, one value each; a layout field

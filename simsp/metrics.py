@@ -203,6 +203,7 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         "mfu_counted": counted_model / (t_iter * gpus * peak),
         "hfu_counted": counted_hw / (t_iter * gpus * peak),
         "first_stage_activation_formula_bytes": analytic.first_stage_activation_bytes(sc),
+        "parameters": parameter_counts(m),
         "oom": any(r["oom"] for r in ranks),
         "loss": run.loss,
         "calibration": {"compute": calibration_table(cluster_compute(sc.cluster)), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
@@ -278,14 +279,13 @@ def hardware_flops(sc) -> float:
 
 def _architecture(sc) -> dict:
     """The Llama-class variant and the FLOPs formula used (absent for K22's GPT layer, whose
-    metrics stay as they were); MoE and MLA models add their total and active parameters."""
+    metrics stay as they were); MoE and MLA models name Megatron's FLOPs count."""
     name = architecture(sc.model)
     if name == "GPT":
         return {}
     extra = {}
     if sparse_or_latent(sc.model):
-        extra = {"parameters": parameter_counts(sc.model),
-                 "flops_formula": "Megatron-LM num_floating_point_operations (training.py): "
+        extra = {"flops_formula": "Megatron-LM num_floating_point_operations (training.py): "
                                   "top-k routed and shared experts, MLA"
                                   + (", MTP" if sc.model.mtp_num_layers else "")}
     return {"architecture": name, "flops_formula": analytic.flops_formula(sc.model),

@@ -193,8 +193,10 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
 
 def test_what_if_shows_cp_time_only_where_a_row_has_it():
     from simsp.report.whatif.comparison import KINDS, exposure, kinds_of
-    plain = {"iteration_time_s": 2.0, "bubble_fraction": 0.0, "exposed_compute_s": 1.0}
-    with_cp = dict(plain, exposed_cp_comm_s=0.25)
+    stage = {"compute": 1.0, "tp_comm": 0.5, "pp_transfer": 0.0, "pp_wait": 0.5, "dp_comm": 0.0,
+             "optimizer": 0.0}
+    plain = {"iteration_time_s": 2.0, **{f"exposed_s_stage0.{k}": v for k, v in stage.items()}}
+    with_cp = dict(plain, **{"exposed_s_stage0.pp_wait": 0.25, "exposed_s_stage0.cp_comm": 0.25})
     assert kinds_of([plain]) == KINDS and kinds_of([plain, with_cp]) == KINDS + ("cp_comm",)
     assert exposure(with_cp)["cp_comm"] == 0.25 and exposure(plain)["cp_comm"] == 0.0
 

@@ -107,7 +107,7 @@ def test_the_text_shows_each_step_formula():
     lines = lesson_text(data)
     hops = [line for line in lines if line.startswith("  slowest hop")]
     assert len(hops) == 14
-    assert hops[0] == ("  slowest hop gpu0 -> gpu1, channel 0, NVLink: 575.58 us = 128.00 MiB / "
+    assert hops[0] == ("  slowest hop gpu0 -> gpu1, ring order 0, NVLink: 575.58 us = 128.00 MiB / "
                        "(300 GB/s x 0.78) + 2.00 us")
 
 

@@ -32,7 +32,9 @@ def test_conclusions_and_vs_baseline_columns(page, capsys):
     out, args = page
     assert main(args) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in printed[:3]] == ["IB 2x", "2x GPUs", "2x GPUs 2x batch"]
+    assert [line.split(":")[0] for line in printed[:4]] == ["Baseline", "IB 2x", "2x GPUs",
+                                                            "2x GPUs 2x batch"]
+    printed = printed[1:]
     rows = pd.read_csv(out / "results.csv")
     base, doubled = rows.iloc[0], rows.iloc[2]
     assert (base["gpus"], doubled["gpus"], doubled["data_parallel_size"]) == (4, 8, 2)
@@ -79,8 +81,9 @@ def test_sweep_file_with_a_marked_baseline(capsys, tmp_path):
                      '[[variant]]\nname = "today"\nbaseline = true\n')
     assert main(["whatif", str(sweep), "--workers", "0", "--quiet", "--out",
                  str(tmp_path / "out")]) == 0
-    assert capsys.readouterr().out.startswith("b2: ")
-    assert "Baseline: **today**" in (tmp_path / "out" / "whatif.md").read_text()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("Baseline (today): model base; ") and printed[1].startswith("b2: ")
+    assert "Baseline (today): model base; " in (tmp_path / "out" / "whatif.md").read_text()
 
 
 def test_markup_in_a_variant_name_is_text_in_both_files(capsys, tmp_path):

@@ -62,9 +62,12 @@ def add_parser(subparsers) -> None:
                         help="DGX nodes, ranks spread evenly (default: ceil(ranks/8))")
     parser.add_argument("--collective", choices=COLLECTIVES + (ALL_TO_ALL, RING_ATTENTION),
                         default=ALL_REDUCE)
-    parser.add_argument("--size", default=None, help="one message size: 8, 256K, 1M, 1G")
-    parser.add_argument("--min-size", default=None, help="smallest size of a sweep")
-    parser.add_argument("--max-size", default=None, help="largest size of a sweep")
+    parser.add_argument("--size", default=None,
+                        help="one message size in bytes: 8, 256K, 1.5M, 1G; K, M and G are "
+                             "powers of 1024 as nccl-tests reads -b/-e: 1G = 1GB = 2^30 bytes "
+                             "(src/common.cu parsesize)")
+    parser.add_argument("--min-size", default=None, help="smallest size of a sweep (as --size)")
+    parser.add_argument("--max-size", default=None, help="largest size of a sweep (as --size)")
     parser.add_argument("--step-factor", type=int, default=None,
                         help="multiply the size by this between sweep rows (default 2)")
     parser.add_argument("--nccl-algo", choices=(AUTO, RING, TREE, NVLS), default=AUTO,

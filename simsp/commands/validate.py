@@ -6,8 +6,9 @@ Without MEASUREMENTS: the bundled published set (simsp/validation/data/published
 Table 4 (table4), K22 Table 5 (table5), K22 Table 2 / Fig. 7 ratios (memory) and the nccl-tests
 single-node all-reduce (nccl). MEASUREMENTS: CSV or TOML files in the format of
 simsp/validation/measurements.py (`--print-example` prints a CSV to start from).
-Prints one table per group (Calculon llm-validation style) with mean and worst |error|, and a
-line per group on stderr as it starts (not with --quiet).
+Prints one table per group (Calculon llm-validation style) with mean and worst |error|, and on
+stderr a line per group as it starts and a bar of its rows done / total (not with --quiet; the
+bar only when stderr is a terminal).
 """
 
 import sys
@@ -17,6 +18,7 @@ from simsp.hardware.costmodel import active_calibration, calibration_table
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
 from simsp.jsonout import dumps
+from simsp.progress import track
 from simsp.validation.runner import (EXAMPLE, check_all, compare, data_path, load_sets,
                                      select_groups, summary)
 
@@ -47,10 +49,12 @@ def run(args) -> int:
     selected = select_groups(load_sets(args.measurements), only)
     check_all(selected, args.force)
     results = []
+    quiet = getattr(args, "quiet", False)
     for group, title, note, rows in selected:
-        if not getattr(args, "quiet", False):
+        if not quiet:
             sys.stderr.write(f"validate: {group}: {len(rows)} row(s)\n")
-        results.append((group, title, note, [compare(mset, row) for mset, row in rows]))
+        shown = track(rows, f"validate {group}", "row", quiet, total=len(rows))  # simsp/progress.py
+        results.append((group, title, note, [compare(mset, row) for mset, row in shown]))
     document = report(results)
     print(dumps(document, indent=2) if args.json else "\n".join(text_lines(document)))
     return 0

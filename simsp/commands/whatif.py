@@ -21,6 +21,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("variants", nargs="*", metavar="VARIANT",
                         help="NAME=FLAGS, e.g. 'IB 2x=--ib-bandwidth-GBps 50' (flags of simsp run, "
                              "and --world-size N: d = N/(t x p) as Megatron derives it)")
+    parser.add_argument("--baseline-flags", metavar="FLAGS", default=None,
+                        help="flags of simsp run applied to the baseline, and so to every variant "
+                             "built on it, e.g. '--use-megatron-fsdp --micro-batch-size 2'")
     parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="tokens-per-s",
                         help="what ranks the variants (default tokens-per-s; cost is GPU-hours "
                              "per token)")
@@ -36,10 +39,13 @@ def _variants(args) -> list[tuple]:
     if is_sweep_file(args.base):
         if args.variants:
             raise UserError("VARIANT", "a sweep file names its own variants; give none")
+        if args.baseline_flags is not None:
+            raise UserError("--baseline-flags", "a sweep file's baseline variant takes its own "
+                                                "keys; give the flags to a scenario file")
         return variants_from_sweep_file(args.base)
     if not args.variants:
         raise UserError("VARIANT", "give at least one NAME=FLAGS variant to compare")
-    return variants_from_specs(args.base, args.variants)
+    return variants_from_specs(args.base, args.variants, args.baseline_flags)
 
 
 def run(args) -> int:
@@ -49,7 +55,7 @@ def run(args) -> int:
     from simsp.explore.evaluation.limits import check_sweep
     from simsp.explore.evaluation.runner import RESULT_FILES, WHATIF_FILES, prepare_out
     from simsp.explore.whatif.variants import add_derived, rank_rows, whatif_configs
-    from simsp.report.whatif.comparison import conclusion
+    from simsp.report.whatif.comparison import baseline_line, conclusion
     from simsp.report.whatif.page import write_whatif_page
     check_executor_arguments(args)
     check_reserve(args.memory_reserve)
@@ -68,6 +74,7 @@ def run(args) -> int:
     rows = [add_derived(row) for row in frame.to_dict("records")]
     if rows[0]["status"] == "error":
         raise UserError("baseline", rows[0]["error"])
+    print(baseline_line(rows[0]))
     for row in rows[1:]:
         print(conclusion(row, rows[0]))
     write_whatif_page(rows, rank_rows(rows, args.objective), args.objective, out)

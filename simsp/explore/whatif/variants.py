@@ -5,12 +5,13 @@ variant compared with the baseline on time, throughput, cost, memory and exposur
 import shlex
 
 from simsp import io_in
-from simsp.errors import UserError
+from simsp.errors import UserError, one_line
 from simsp.explore.configs.grid import base_values, expand, parse_value
 from simsp.explore.configs.fields import all_fields, switch_flags
 from simsp.explore.configs.sweep_file import load_sweep_file
 from simsp.explore.configs.world import WORLD_SIZE
 from simsp.report.whatif.comparison import OBJECTIVES
+from simsp.scenario.flags import Parser, add_scenario_flags, overrides_from_args
 
 
 def _flag_table() -> dict:
@@ -58,16 +59,47 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name.strip(), changes
 
 
-def variants_from_specs(scenario, specs: list[str]) -> list[tuple]:
-    """The baseline (the scenario itself) and each NAME=FLAGS variant, as expand() variants."""
+class _BaselineParser(Parser):
+    """`simsp run`'s flag parser whose every error names --baseline-flags."""
+
+    def error(self, message):
+        raise UserError("--baseline-flags", one_line(message))
+
+
+def baseline_changes(text: str | None) -> dict:
+    """`--baseline-flags 'FLAGS'`, parsed by `simsp run`'s own flag parser (scenario/flags.py)
+    and --world-size, as {path: value}; {} when not given."""
+    if text is None:
+        return {}
+    parser = _BaselineParser(prog="--baseline-flags", add_help=False)
+    add_scenario_flags(parser)
+    parser.add_argument("--world-size", dest="world_size", type=int, default=None)
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:  # an unclosed quote
+        raise UserError("--baseline-flags", str(exc)) from None
+    args = parser.parse_args(tokens)
+    changes = overrides_from_args(args)
+    if args.world_size is not None:
+        if args.world_size < 1:
+            raise UserError("--baseline-flags", f"--world-size {args.world_size} is not positive")
+        changes[WORLD_SIZE] = args.world_size
+    return changes
+
+
+def variants_from_specs(scenario, specs: list[str], baseline_flags: str | None = None) -> list[tuple]:
+    """The baseline (the scenario with `baseline_flags`, run's flags) and each NAME=FLAGS
+    variant on top of it, as expand() variants."""
+    own = baseline_changes(baseline_flags)
     base = base_values(scenario)
+    base.update(own)
     source = None if scenario is None else str(scenario)
-    found = [("baseline", base, set(), source)]
+    found = [("baseline", base, set(own), source)]
     for spec in specs:
         name, changes = parse_variant(spec)
         values = dict(base)
         values.update(changes)
-        found.append((name, values, set(changes), source))
+        found.append((name, values, set(own) | set(changes), source))
     return found
 
 

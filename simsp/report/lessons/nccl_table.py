@@ -11,6 +11,7 @@ from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SC
 from simsp.engine.collectives.ring_timing import algbw_GBps, busbw_GBps
 from simsp.hardware.constants import LinkCalibration
 from simsp.hardware.profiles import gpu_profile, nvswitch_generation
+from simsp.report.lessons.ring import channel_words
 from simsp.scenario.config import Cluster
 
 ALONE_WORDS = "timed alone: closed form, or one node's piece step by step"
@@ -126,12 +127,13 @@ def nvls_table_lines(cluster: Cluster, gpus: list[int], rows: list[CollectiveSta
 
 
 def channel_lines(stats: CollectiveStats, gpus_per_node: int) -> list[str]:
-    """Per NCCL channel: ring order, the rail its node crossings use, bytes and time."""
+    """Per ring order (NCCL's channels share them: report/lessons/ring.py channel_words): its
+    GPUs, the rail its node crossings use, bytes and time."""
     nics = _nics_per_node(stats, gpus_per_node)
-    lines = [f"# {len(stats.channels)} channel(s) (NCCL rings; across nodes one per GPU a node "
-             f"holds, rail by rail); NICs sending per node: {nics}",
+    lines = [f"# {channel_words(stats.nchannels, len(stats.channels))}: across nodes one order "
+             f"per GPU a node holds, rail by rail; NICs sending per node: {nics}",
              "# ring order: | = node crossing, ^N = relayed through gpuN's NIC over NVLink (PXN)",
-             f"# {'channel':>7} {'rail':>4} {'bytes':>12} {'sent/GPU':>12} {'time (us)':>10}"
+             f"# {'order':>7} {'rail':>4} {'bytes':>12} {'sent/GPU':>12} {'time (us)':>10}"
              f"  ring order"]
     for ch in stats.channels:
         rail = "-" if ch.rail is None else str(ch.rail)

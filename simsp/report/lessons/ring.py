@@ -145,6 +145,48 @@ def comparison(graph, gpus: list[int], nbytes: int, elem_bytes: int,
         ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}}
 
 
+def call_time(collective: str, graph, gpus: list[int], nbytes: int,
+              calibration: LinkCalibration, steps: list[dict]) -> dict:
+    """The one derivation of the call's time and channels every view shows: NCCL's channels
+    for the ring at this size (`nccl_channels`, the table's nch; their rings take the lesson's
+    `channels` orders), the steps' sum, NCCL's base latency paid once per call, and their
+    total `call_s`: `simsp ring`'s time when NCCL runs a ring (engine/collectives/nccl_tests.py);
+    `nccl_algorithm` is what NCCL would pick at this size (the lesson always shows the ring)."""
+    ring = nccl_choice(collective, graph, gpus, nbytes, calibration, RING)
+    picked = nccl_choice(collective, graph, gpus, nbytes, calibration)
+    steps_s = sum(step["time_s"] for step in steps)
+    return {"nccl_channels": ring.nchannels, "protocol": ring.protocol, "steps_s": steps_s,
+            "base_latency_s": ring.base_latency_s, "call_s": steps_s + ring.base_latency_s,
+            "nccl_algorithm": picked.algorithm}
+
+
+def channel_words(nch: int, orders: int) -> str:
+    """`16 NCCL channels on 8 ring orders (2 channels per order)`: the table's nch and the
+    rings simsp moves the bytes over, in the same words in the text, the page and the table
+    (on one node every order crosses the same NVSwitch, so one order stands for them all)."""
+    if nch >= orders and nch % orders == 0:
+        share = f"{nch // orders} channel{'s' if nch // orders > 1 else ''} per order"
+    else:
+        share = f"the bytes spread over the orders at the rate of {nch} channels"
+    return (f"{nch} NCCL channel{'s' if nch > 1 else ''} on {orders} ring "
+            f"order{'s' if orders > 1 else ''} ({share})")
+
+
+def call_times(compare: dict) -> dict:
+    """{collective: seconds of one whole call}: its ring steps and NCCL's base latency."""
+    return {kind: compare["time_s"][kind] + compare["base_latency_s"][kind]
+            for kind in compare["time_s"]}
+
+
+def call_note(data: dict) -> str:
+    """Whether the `simsp ring` table times this call: yes when NCCL runs a ring at this size,
+    else it times what NCCL runs (the lesson always shows the ring)."""
+    if data["nccl_algorithm"] == RING:
+        return "the simsp ring table's time"
+    return (f"the ring shown here; NCCL would run a {data['nccl_algorithm']} at this size, "
+            "which the simsp ring table times")
+
+
 def one_node_step(collective: str, gpus_per_node: int, nbytes: int, elem_bytes: int,
                   calibration: LinkCalibration) -> dict:
     """The first step of the same collective and S on one node's GPUs: the 2-node page's
@@ -162,13 +204,14 @@ def lesson_data(collective: str, graph, gpus: list[int], nbytes: int, elem_bytes
     chunk_bytes = [c * elem_bytes for c in chunk_counts(nbytes // elem_bytes, n)]
     derivations = step_derivations(collective, graph, gpus, nbytes, elem_bytes, calibration)
     nodes = len({g // per_node for g in gpus})
+    steps = lesson_steps(collective, n, chunk_bytes, derivations)
     data = {"collective": collective, "ranks": n, "gpus": list(gpus), "nodes": nodes,
             "gpus_per_node": per_node, "size_bytes": nbytes, "elem_bytes": elem_bytes,
             "chunk_bytes": chunk_bytes, "calibration": calibration.describe(),
             "channels": lesson_channels(graph, gpus),
-            "start": _holdings(initial_holdings(collective, n)),
-            "steps": lesson_steps(collective, n, chunk_bytes, derivations),
-            "compare": comparison(graph, gpus, nbytes, elem_bytes, calibration)}
+            "start": _holdings(initial_holdings(collective, n)), "steps": steps,
+            "compare": comparison(graph, gpus, nbytes, elem_bytes, calibration),
+            **call_time(collective, graph, gpus, nbytes, calibration, steps)}
     if nodes > 1:
         data["one_node"] = one_node_step(collective, per_node, nbytes, elem_bytes, calibration)
     return data

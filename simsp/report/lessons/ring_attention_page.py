@@ -310,9 +310,10 @@ SCRIPT = (r"""
     }
     var s = steps[current - 1], fwd = s.phase === 'forward';
     l.textContent = s.phase + ' step ' + (s.index + 1) + '/' + cp;
-    info.textContent = (fwd ? 'Each rank computes its queries against the K/V block it holds (rank r holds rank r'
-        + (s.index ? '−' + s.index : '') + '\'s)' : 'Each rank recomputes the block it holds (rank r holds rank r+'
-        + (s.index + 1) + (s.index + 1 === cp ? ' = its own' : '') + '\'s K/V) and adds its share of that block\'s dK/dV')
+    info.textContent = (fwd ? 'Each rank computes its queries against the K/V block it holds (rank r holds '
+        + (s.index ? 'rank r−' + s.index + '\'s, mod ' + cp : 'its own') + ')' : 'Each rank recomputes the block it holds (rank r holds '
+        + (s.index + 1 === cp ? 'its own K/V again' : 'rank r+' + (s.index + 1) + '\'s K/V, mod ' + cp)
+        + ') and adds its share of that block\'s dK/dV')
       + (s.sends.length ? ', while it sends ' + s.moves + ' (' + fmtBytes(s.bytes_per_rank) + ') to rank r'
         + (fwd ? '+1' : '−1') + ':' : '; nothing left to send:');
     if (s.transfer) lines.appendChild(line('send: ' + s.transfer.formula + '  (gpu' + s.transfer.src

@@ -13,7 +13,8 @@ from pathlib import Path
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from simsp.io_out import write_file
 from simsp.report.html import page
-from simsp.report.lessons.ring import NAMES, hop_path, lesson_title, microseconds
+from simsp.report.lessons.ring import (NAMES, call_note, call_times, channel_words, hop_path,
+                                       lesson_title, microseconds)
 from simsp.units import format_bytes
 
 STYLE = """
@@ -77,9 +78,14 @@ def _step_rows(data: dict) -> str:
         rows.append(f'<tr id="row-{i + 1}"><td>{i + 1}</td><td>{NAMES[step["phase"]]} '
                     f'{step["index"] + 1}</td><td class="num">'
                     f'{format_bytes(step["bytes_per_rank"])}</td><td>{html.escape(hop_path(hop))}'
-                    f' <small>({hop["link"]}, ch {hop["channel"]})</small></td>'
+                    f' <small>({hop["link"]}, ring order {hop["channel"]})</small></td>'
                     f'<td class="formula">{html.escape(hop["formula"])}</td><td class="num">'
                     f'{microseconds(total)}</td></tr>')
+    rows.append(f'<tr><td></td><td colspan="4">NCCL\'s base latency, paid once per call '
+                f'({data["protocol"]})</td><td class="num">+ {microseconds(data["base_latency_s"])}'
+                f'</td></tr><tr><td></td><td colspan="4"><b>one call</b>'
+                f' ({html.escape(call_note(data))})</td><td class="num"><b>'
+                f'{microseconds(data["call_s"])}</b></td></tr>')
     return ('<div class="steps-box"><table class="steps"><thead><tr><th>step</th><th>phase</th>'
             '<th class="num">sent per rank</th><th>slowest hop</th><th>time = bytes ÷ '
             '(bandwidth × efficiency ÷ sharing × protocol) + latency</th>'
@@ -98,7 +104,8 @@ def _bar(label: str, seconds: float, longest: float, css: str, nbytes: int) -> s
 def comparison_panel(data: dict) -> str:
     """All-reduce vs reduce-scatter + all-gather: equal bytes, (nearly) equal time."""
     c, n = data["compare"], data["ranks"]
-    t, sent = c["time_s"], c["bytes_sent_per_rank"]
+    t = call_times(c)  # whole calls: steps and base latency
+    sent = c["bytes_sent_per_rank"]
     pair = t[REDUCE_SCATTER] + t[ALL_GATHER]
     longest = max(t[ALL_REDUCE], pair)
     diff = pair - t[ALL_REDUCE]
@@ -113,17 +120,15 @@ def comparison_panel(data: dict) -> str:
         + _bar("all-reduce (one call)", t[ALL_REDUCE], longest, "ar", sent[ALL_REDUCE])
         + _bar("reduce-scatter", t[REDUCE_SCATTER], longest, "rs", sent[REDUCE_SCATTER])
         + _bar("then all-gather", t[ALL_GATHER], longest, "ag", sent[ALL_GATHER])
-        + _bar("reduce-scatter + all-gather", pair, longest, "ar",
+        + _bar("reduce-scatter + all-gather (two calls)", pair, longest, "ar",
                sent[REDUCE_SCATTER] + sent[ALL_GATHER])
         + "</div>"
-        f"<p>Modelled difference: {microseconds(abs(diff)) if abs(diff) > 1e-12 else 'none'}"
-        ". simsp runs the "
-        "all-reduce as exactly these two phases, so bytes and step times agree. Where a real "
-        "difference comes from: two calls instead of one pay <b>one extra latency</b>, the "
-        "second collective's launch and start-up (NCCL's base latency, "
-        f"{microseconds(c['base_latency_s'][ALL_REDUCE])} per call here, not in the bars), "
-        "nothing else: the steps and the bytes are the same. It matters for small messages "
-        "only.</p></div>")
+        f"<p>Modelled difference: {microseconds(diff)}. Each bar is a whole call: its steps "
+        "and NCCL's base latency, its launch and start-up, paid once per call "
+        f"({microseconds(c['base_latency_s'][ALL_REDUCE])} for the all-reduce here). simsp runs "
+        "the all-reduce as exactly these two phases, so the steps and the bytes agree; two "
+        "calls instead of one pay <b>one extra base latency</b>, nothing else. It matters for "
+        "small messages only.</p></div>")
 
 
 def channels_panel(data: dict) -> str:
@@ -137,17 +142,18 @@ def channels_panel(data: dict) -> str:
               for p, v in enumerate(channel["via"]) if v is not None]
     return (
         '<div class="panel" id="channels"><h2>Two nodes: channels, rails and PXN</h2>'
-        f"<p><b>Channels.</b> NCCL does not run one ring but {k}: one <i>channel</i> per GPU a "
-        f"node holds, each its own ring through all {n} GPUs, each carrying 1/{k} of every "
-        f"chunk at the same time. A chunk is S/n = {format_bytes(chunk)}, so a channel moves "
-        f"{format_bytes(chunk / k)} per hop. The channel selector above shows each ring.</p>"
+        f"<p><b>Channels.</b> NCCL does not run one ring but "
+        f"{html.escape(channel_words(data['nccl_channels'], k))}: one ring order per GPU a node "
+        f"holds, each its own ring through all {n} GPUs, each carrying 1/{k} of every chunk at "
+        f"the same time. A chunk is S/n = {format_bytes(chunk)}, so a ring order moves "
+        f"{format_bytes(chunk / k)} per hop. The ring-order selector above shows each ring.</p>"
         f"<p><b>Rails.</b> Every GPU of a DGX node has its own InfiniBand NIC; NIC i of every "
         f"node sits on the same leaf switch, <i>rail</i> i. Channel c enters each node at the "
-        f"GPU on rail c and leaves it through rail c's NIC, so the {k} channels cross between "
-        f"nodes over {k} different NICs at once instead of sharing one.</p>"
+        f"GPU on rail c and leaves it through rail c's NIC, so the {k} ring orders cross "
+        f"between nodes over {k} different NICs at once instead of sharing one.</p>"
         f"<p><b>PXN.</b> The GPU just before a node crossing is not the one on the channel's "
         f"rail. With PXN (NCCL ≥ 2.12) it hands the data over NVLink to the GPU that owns the "
-        f"rail's NIC, which sends it across: channel 0's crossings are "
+        f"rail's NIC, which sends it across: ring order 0's crossings are "
         f"{html.escape(', '.join(relays))} then out over InfiniBand, drawn on the ring as a "
         f"dotted NVLink leg and a red dashed InfiniBand leg.</p>"
         f"<p><b>Why a step here is faster than on one node.</b> Every step waits for its "
@@ -155,7 +161,7 @@ def channels_panel(data: dict) -> str:
         f"<code>{html.escape(first['formula'])}</code>. The same S on one node's {per_node} "
         f"GPUs cuts it into {per_node} chunks of {format_bytes(data['size_bytes'] / per_node)} "
         f"on one ring over NVLink: <code>{html.escape(one['formula'])}</code>. Twice the ranks "
-        f"halve the chunk, and {k} channels on {k} NICs split it again, which outweighs the "
+        f"halve the chunk, and {k} ring orders on {k} NICs split it again, which outweighs the "
         f"slower InfiniBand link. The 2-node ring still takes 2(n−1) = {2 * (n - 1)} steps "
         f"instead of {2 * (per_node - 1)}.</p></div>")
 
@@ -189,7 +195,8 @@ def lesson_html(data: dict, title: str) -> str:
     n, nodes = data["ranks"], data["nodes"]
     intro = (f"<h1>{html.escape(title)}</h1><p class=\"meta\">{n} ranks on {nodes} node(s) of "
              f"{data['gpus_per_node']} GPUs; S = {format_bytes(data['size_bytes'])} split into "
-             f"{n} chunks; {len(data['channels'])} channel(s); link calibration "
+             f"{n} chunks; {html.escape(channel_words(data['nccl_channels'], len(data['channels'])))}; "
+             f"one call {microseconds(data['call_s'])}; link calibration "
              f"<code>{html.escape(data['calibration'])}</code>.</p>"
              "<p>Each row of the grid is a rank, each column a chunk of the message. A cell's "
              "colour is its chunk; its shade, how many ranks' data it already sums "
@@ -423,9 +430,9 @@ SCRIPT = (r"""
       + (DATA.collective === 'all_reduce' ? '  (all-reduce step ' + current + '/' + steps.length + ')' : '');
     info.textContent = 'every rank sends one chunk (' + fmtBytes(s.bytes_per_rank) + ') to the next and '
       + (s.phase === 'reduce_scatter' ? 'adds what it receives' : 'copies what it receives')
-      + (DATA.channels.length > 1 ? ', 1/' + DATA.channels.length + ' of it on each channel' : '')
+      + (DATA.channels.length > 1 ? ', 1/' + DATA.channels.length + ' of it on each ring order' : '')
       + '. The step lasts as long as its slowest hop, ' + hopPath(s.hop) + ' over ' + s.hop.link
-      + ' (channel ' + s.hop.channel + '):';
+      + ' (ring order ' + s.hop.channel + '):';
     document.getElementById('step-formula').textContent = s.hop.formula
       + '   (cumulative ' + fmtTime(done) + ')';
     var row = document.getElementById('row-' + current);
@@ -433,7 +440,7 @@ SCRIPT = (r"""
   }
   function render() { drawRing(); drawGrid(); label(); }
   if (DATA.channels.length > 1) {
-    var sel = '<label>channel <select id="channel">';
+    var sel = '<label>ring order <select id="channel">';
     DATA.channels.forEach(function (ch) {
       sel += '<option value="' + ch.index + '">' + ch.index + (ch.rail === null ? '' : ' (rail ' + ch.rail + ')') + '</option>';
     });

@@ -9,7 +9,7 @@ import numpy as np
 
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from simsp.io_out import write_file
-from simsp.report.lessons.ring import NAMES, hop_path, microseconds
+from simsp.report.lessons.ring import NAMES, call_times, hop_path, microseconds
 from simsp.units import format_bytes
 
 
@@ -151,9 +151,11 @@ def step_slide(data: dict, k: int) -> bytes | None:
     _grid(grid, data, step["holdings"] if step else data["start"], step["sends"] if step else [])
     if step:
         done = sum(s["time_s"] for s in data["steps"][:k])
+        call = (f"; + base latency {microseconds(data['base_latency_s'])} = one call "
+                f"{microseconds(data['call_s'])}" if k == len(data["steps"]) else "")
         title = (f"{NAMES[step['phase']]} step {step['index'] + 1}/{data['ranks'] - 1}: each "
-                 f"rank sends {format_bytes(step['bytes_per_rank'])} (total "
-                 f"{microseconds(done)})\nslowest hop {hop_path(step['hop'])}, "
+                 f"rank sends {format_bytes(step['bytes_per_rank'])} (steps so far "
+                 f"{microseconds(done)}{call})\nslowest hop {hop_path(step['hop'])}, "
                  f"{step['hop']['link']}: {step['hop']['formula']}")
     else:
         title = f"{NAMES[data['collective']]} of {format_bytes(data['size_bytes'])}: the start"
@@ -169,7 +171,7 @@ def comparison_slide(data: dict) -> bytes | None:
     plt = pyplot()
     if plt is None:
         return None
-    t, sent = data["compare"]["time_s"], data["compare"]["bytes_sent_per_rank"]
+    t, sent = call_times(data["compare"]), data["compare"]["bytes_sent_per_rank"]
     fig, ax = plt.subplots(figsize=(11, 3.4))
     ax.barh([1], [t[ALL_REDUCE] * 1e6], color="#8172b2", height=0.5, label="all-reduce")
     ax.barh([0], [t[REDUCE_SCATTER] * 1e6], color="#4c72b0", height=0.5,
@@ -179,7 +181,8 @@ def comparison_slide(data: dict) -> bytes | None:
     ax.set_yticks([0, 1], [f"reduce-scatter + all-gather\n"
                            f"{format_bytes(sent[REDUCE_SCATTER] + sent[ALL_GATHER])}/rank",
                            f"all-reduce\n{format_bytes(sent[ALL_REDUCE])}/rank"])
-    ax.set_xlabel("modelled time (µs)")
+    ax.set_xlabel("modelled time of whole calls (µs): the steps and NCCL's base latency, once "
+                  "per call")
     ax.set_title("All-reduce = reduce-scatter + all-gather: same steps, same bytes")
     ax.legend(loc="center right", fontsize=8)  # in the gap between the two bars
     fig.tight_layout()

@@ -3,7 +3,7 @@ its modelled time with the hop that sets it, then the bytes and the AR = RS + AG
 
 from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS,
                                                 bytes_sent_per_rank, chunk_offsets)
-from simsp.report.lessons.ring import hop_path
+from simsp.report.lessons.ring import call_note, call_times, channel_words, hop_path
 
 
 def lesson_text(data: dict) -> list[str]:
@@ -19,7 +19,7 @@ def lesson_text(data: dict) -> list[str]:
         if collective == ALL_REDUCE:
             title += f"  (all_reduce step {overall + 1}/{len(steps)})"
         lines.append(title + f"  time {step['time_s'] * 1e6:.3f} us")
-        lines.append(f"  slowest hop {_ascii(hop_path(step['hop']))}, channel "
+        lines.append(f"  slowest hop {_ascii(hop_path(step['hop']))}, ring order "
                      f"{step['hop']['channel']}, {step['hop']['link']}: "
                      f"{_ascii(step['hop']['formula'])}")
         lines += [_rank_line(step, p, n) for p in range(n)]
@@ -83,14 +83,16 @@ def _text_summary(data: dict) -> list[str]:
 def _time_lines(data: dict) -> list[str]:
     """Channels, and the all-reduce's time against reduce-scatter + all-gather."""
     compare = data["compare"]
-    ar, rs, ag = (compare["time_s"][c] + compare["base_latency_s"][c]
-                  for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER))  # whole calls
-    channels, lines = len(data["channels"]), []
-    if channels > 1:
-        lines.append(f"runs as {channels} channels (NCCL rings, one per rail), each carrying a "
-                     f"1/{channels} slice of every chunk; the plan above is each channel's in "
-                     f"ring positions (its GPU order: the channel table below); a step's time "
-                     f"is its slowest channel's")
+    calls = call_times(compare)
+    ar, rs, ag = (calls[c] for c in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER))
+    orders = len(data["channels"])
+    lines = [f"runs as {channel_words(data['nccl_channels'], orders)}"
+             + (f"; each order carries a 1/{orders} slice of every chunk; the plan above is each "
+                f"order's in ring positions (its GPU order: the table below); a step's time is "
+                f"its slowest order's" if orders > 1 else ""),
+             f"one call: the steps {data['steps_s'] * 1e6:.3f} us + NCCL's base latency "
+             f"{data['base_latency_s'] * 1e6:.3f} us (once per call, {data['protocol']}) = "
+             f"{data['call_s'] * 1e6:.3f} us ({call_note(data)})"]
     lines.append(f"time: all_reduce {ar * 1e6:.3f} us = reduce_scatter {rs * 1e6:.3f} us + "
                  f"all_gather {ag * 1e6:.3f} us ({(rs + ag) * 1e6:.3f} us, difference "
                  f"{(ar - rs - ag) * 1e6:+.3f} us): the same 2(n-1) steps and bytes; each call "
@@ -98,3 +100,4 @@ def _time_lines(data: dict) -> list[str]:
                  f"({compare['base_latency_s'][ALL_REDUCE] * 1e6:.3f} us for the all-reduce), "
                  f"so as two calls RS + AG pay it twice")
     return lines
+

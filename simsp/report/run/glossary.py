@@ -38,7 +38,16 @@ GLOSSARY = (
      "iteration time × GPUs × peak 312 TFLOP/s (K22 §6.3, App. A)."),
     ("HFU (hardware FLOPs utilisation)", "Like MFU, but counting the FLOPs of recomputation "
      "too: what the hardware actually executed (K22 §6.3)."),
-    ("counted FLOPs", "FLOPs of the GEMMs the simulation ran, beside the K22 closed forms."),
+    ("counted FLOPs", "FLOPs of the GEMMs the simulation ran, beside the K22 closed forms; a "
+     "causal FlashAttention kernel computes only the unmasked tiles of the s × s scores (about "
+     "half), which the formulas count whole."),
+    ("MFU to quote", "The MFU by the formula (K22, or Megatron-LM's count for Llama-class and "
+     "MoE models): Megatron-LM logs it and papers report it, so it compares with them. The "
+     "counted MFU is lower where the kernels skip work the formula counts (causal attention, "
+     "most at long context): it says how much of peak the kernels' own work used."),
+    ("parameters", "Every weight of the model counted from the shapes it allocates, the "
+     "embedding and output layer included; for MoE models also the active ones, those one "
+     "token's forward touches (its top-k routed experts of E)."),
     ("exposed communication", "Time a GPU waited for communication that no computation hid "
      "(by track: TP, pipeline, DP)."),
     ("pipeline wait", "Time a stage was blocked on a peer stage that had not arrived (pipeline "

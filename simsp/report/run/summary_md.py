@@ -94,7 +94,7 @@ def _header(m: dict) -> list[str]:
         f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
         f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
-        f"v={lay['vocab']}.", *_architecture(m), *_hardware_line(lay), ""]
+        f"v={lay['vocab']}.", *_architecture(m), *_parameters(m), *_hardware_line(lay), ""]
 
 
 def _stage_layers(lay: dict) -> str:
@@ -121,15 +121,27 @@ def _architecture(m: dict) -> list[str]:
     """The Llama-class variant in words (none for K22's GPT layer)."""
     if "architecture" not in m:
         return []
-    lines = [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
-    if "parameters" in m:  # MoE and MLA models (simsp/model/param_counts.py)
-        n = m["parameters"]
-        mtp = (f"; multi-token prediction {n['mtp']['total'] / 1e9:.2f}B more "
-               f"({n['mtp']['active'] / 1e9:.2f}B active), sharing them" if "mtp" in n else "")
-        lines.append(f"Parameters: {n['total'] / 1e9:.2f}B total, {n['active'] / 1e9:.2f}B "
-                     f"active per token ({100 * n['active'] / n['total']:.1f}%), embedding and "
-                     f"output layer {n['embedding'] / 1e9:.2f}B{mtp}.")
-    return lines
+    return [f"Architecture: {m['architecture']}; model FLOPs by {m['flops_formula']}."]
+
+
+def _parameters(m: dict) -> list[str]:
+    """Total parameters of every model, and active per token where routed experts make them
+    differ (simsp/model/param_counts.py); none in metrics from before they were counted."""
+    if "parameters" not in m:
+        return []
+    n = m["parameters"]
+    mtp = (f"; multi-token prediction {_billions(n['mtp']['total'])} more "
+           f"({_billions(n['mtp']['active'])} active), sharing them" if "mtp" in n else "")
+    active = (f", {_billions(n['active'])} active per token "
+              f"({100 * n['active'] / n['total']:.1f}%)" if n["active"] != n["total"]
+              else " (all active per token)")
+    return [f"Parameters: {_billions(n['total'])} total{active}, embedding and output layer "
+            f"{_billions(n['embedding'])}{mtp}."]
+
+
+def _billions(n: int) -> str:
+    """`8.03B`, or the exact count below ten million (a small test model's)."""
+    return f"{n / 1e9:.2f}B" if n >= 10**7 else f"{n:,}"
 
 
 def _layer_doc(m: dict) -> str:
@@ -183,7 +195,21 @@ def _performance(m: dict) -> list[str]:
     if m.get("loss") is not None:
         rows.append(["loss", f"{m['loss']:.6f}"])
     rows.append(["out of memory", "**yes**" if m["oom"] else "no"])
-    return ["## Performance", "", *_table(["metric", "value"], rows), ""]
+    return ["## Performance", "", *_table(["metric", "value"], rows), "", _mfu_to_quote(m, source),
+            ""]
+
+
+def _mfu_to_quote(m: dict, source: str) -> str:
+    """Which of the two MFUs to quote, and why the other differs (glossary "MFU to quote")."""
+    quote = (f"MFU to quote: {pct(m['mfu'])}, by the {source} formula, as Megatron-LM logs it "
+             "and papers report it, so it compares with them.")
+    if abs(m["mfu_counted"] - m["mfu"]) < 5e-4:  # the same to the 0.1% shown
+        return quote + " The FLOPs simsp's GEMMs counted give the same here."
+    return quote + (f" The counted MFU ({pct(m['mfu_counted'])}) divides the FLOPs of the GEMMs "
+                    "simsp ran instead: lower where the kernels skip work the formula counts (a "
+                    "causal FlashAttention kernel skips the masked half of the s × s attention "
+                    "scores, most at long context), higher where they run work it leaves out; "
+                    "it says how much of peak the kernels' own work used.")
 
 
 def _stages(m: dict, stages: list[dict]) -> list[str]:

@@ -2,6 +2,8 @@
 table, one dict per variant): the objectives that rank them, the busiest stage's time by kind,
 the relative change, and the one-sentence conclusion `simsp whatif` prints and its page shows."""
 
+from simsp.units import format_bytes
+
 
 OBJECTIVES = {  # name: (column, larger is better)
     "time": ("iteration_time_s", False), "tokens-per-s": ("tokens_per_s", True),
@@ -14,23 +16,110 @@ EP_KIND = "ep_comm"  # MoE dispatch and combine: rows with expert layers only (d
 OPTIONAL_KINDS = (CP_KIND, EP_KIND, OFFLOAD_KIND)
 
 
+STAGE_COLUMN = "exposed_s_stage{stage}.{key}"  # metrics.py exposure, flattened per stage
+BUBBLE_KEY = "pp_wait"  # blocked on a peer stage (fill, drain) and the idle tail: metrics.py
+
+
+def busiest_stage(row: dict) -> int:
+    """The pipeline stage that waited least on its peers (the first of equals): its program
+    was busy the longest, so it sets the iteration's pace."""
+    stages = []  # (stages,) seconds waited; a table's wider rows give this one NaN columns
+    while _stage_value(row, len(stages), "bubble") is not None:
+        stages.append(_stage_value(row, len(stages), "bubble"))
+    if not stages:
+        raise KeyError("the row has no per-stage exposure (exposed_s_stage0.*)")
+    return min(range(len(stages)), key=lambda stage: (stages[stage], stage))
+
+
 def kinds_of(rows: list[dict]) -> tuple:
-    """KINDS, and cp_comm / ep_comm / offload when some row has context-parallel / MoE /
-    activation-offload exposure (docs/context-parallel.md, docs/moe.md, docs/fsdp.md)."""
-    return KINDS + tuple(kind for kind in OPTIONAL_KINDS
-                         if any(row.get(f"exposed_{kind}_s") is not None for row in rows))
+    """KINDS, and cp_comm / ep_comm / offload when some row's busiest stage has
+    context-parallel / MoE / activation-offload time (docs/context-parallel.md, docs/moe.md,
+    docs/fsdp.md)."""
+    stages = [(row, busiest_stage(row)) for row in rows]
+    return KINDS + tuple(kind for kind in OPTIONAL_KINDS if any(
+        _stage_value(row, stage, kind) is not None for row, stage in stages))
 
 
 def exposure(row: dict) -> dict:
-    """Seconds of the busiest stage by kind: compute, the bubble (T − T/(1 + f), N21 §2.2.1)
-    and each exposed communication."""
-    time = row["iteration_time_s"]
-    found = {"compute": row.get("exposed_compute_s") or 0.0,
-             "bubble": time - time / (1 + row["bubble_fraction"])}
-    for kind in KINDS[2:] + OPTIONAL_KINDS:
-        value = row.get(f"exposed_{kind}_s")
-        found[kind] = value if value == value and value is not None else 0.0
-    return found
+    """Seconds of the busiest stage's iteration by what its program was doing (metrics.py
+    `exposure`): the parts partition the iteration, each second counted once — compute
+    (kernels), bubble (blocked on a peer stage in fill and drain, and the idle tail), each
+    communication while the program was blocked on it, the optimizer step
+    (docs/exploration.md#where-the-time-goes); a kind the stage does not have is 0 s."""
+    stage = busiest_stage(row)
+    return {kind: _stage_value(row, stage, kind) or 0.0 for kind in KINDS + OPTIONAL_KINDS}
+
+
+def _stage_value(row: dict, stage: int, kind: str) -> float | None:
+    """The stage's seconds of one kind, None when its row has no such column (or NaN: a
+    column only another row of the table has)."""
+    return _given(row, STAGE_COLUMN.format(stage=stage, key=BUBBLE_KEY if kind == "bubble" else kind))
+
+
+def baseline_description(row: dict) -> str:
+    """What the baseline is: the model (its scenario name, architecture and parameters), the
+    layout (t, p, d, cp, ep and how weights are sharded), the GPUs, the GPU and system
+    profiles, and the precision."""
+    architecture = _given(row, "architecture")
+    parts = [f"model {_given(row, 'name') or row['variant']}"
+             + (f" ({architecture})" if architecture else "")]
+    if _given(row, "parameters.total"):
+        parts.append(_parameters(row))
+    parts.append(f"layout t={row['tensor_model_parallel_size']} "
+                 f"p={row['pipeline_model_parallel_size']} d={row['data_parallel_size']} "
+                 f"cp={row['context_parallel_size']} ep={row['expert_model_parallel_size']}, "
+                 f"{_sharding(row)}")
+    system = _given(row, "system")
+    parts.append(f"{row['gpus']} GPUs ({row['nodes']} node{'s' if row['nodes'] != 1 else ''} of "
+                 f"{row['gpus_per_node']}) {row['gpu']}"
+                 + (f" in a {system} system" if system else
+                    ", links from [cluster] (no system profile)"))
+    fp8, main = _given(row, "fp8_format"), _given(row, "main_params_dtype") or "fp32"
+    parts.append((f"FP8 {fp8} GEMMs ({row['fp8_recipe']} recipe)" if fp8 else "BF16")
+                 + f", {main.upper()} main weights")
+    return "; ".join(parts)
+
+
+def _given(row: dict, key: str):
+    """The row's value, None when absent or NaN (a column only other rows of the table have)."""
+    value = row.get(key)
+    return None if value is None or value != value else value
+
+
+def baseline_line(row: dict) -> str:
+    """`Baseline: NAME: its description; its memory verdict.`"""
+    name = "" if row["variant"] == "baseline" else f" ({row['variant']})"
+    return f"Baseline{name}: {baseline_description(row)}; {memory_clause(row)}."
+
+
+def _parameters(row: dict) -> str:
+    """`8.03B parameters` or, where some are not active per token, `671.03B parameters,
+    37.55B active per token`."""
+    total, active = row["parameters.total"], row["parameters.active"]
+    return f"{total / 1e9:.2f}B parameters" + (
+        f", {active / 1e9:.2f}B active per token" if active != total else "")
+
+
+def _sharding(row: dict) -> str:
+    """How weights and optimizer state are held across data-parallel ranks (docs/fsdp.md)."""
+    if _given(row, "use_megatron_fsdp"):
+        return f"Megatron-FSDP {row.get('data_parallel_sharding_strategy')}"
+    if _given(row, "use_torch_fsdp2"):
+        return "PyTorch FSDP2"
+    return "distributed optimizer" if row.get("distributed_optimizer") else \
+        "replicated optimizer state"
+
+
+def memory_clause(row: dict) -> str:
+    """The memory verdict of simsp/memory_verdict.py in words: a variant that does not fit is
+    a memory risk; one that fits says how much it has beyond the reserve."""
+    peak, headroom = format_bytes(row["peak_bytes_max"]), format_bytes(row["headroom_bytes"])
+    reserve = format_bytes(row.get("memory_reserve_bytes") or 0.0)
+    if not row.get("fits", row["status"] == "ok"):
+        cause = "out of memory" if row["status"] == "oom" else "short of the reserve"
+        return (f"MEMORY RISK: does not fit ({cause}: peak {peak}, headroom {headroom} after "
+                f"the {reserve} reserve)")
+    return f"memory: fits, peak {peak}, {headroom} beyond the {reserve} reserve"
 
 
 def change(new: float, old: float) -> float:
@@ -39,7 +128,8 @@ def change(new: float, old: float) -> float:
 
 
 def conclusion(row: dict, base: dict) -> str:
-    """One sentence: the variant's effect on time, throughput and cost, and what moved."""
+    """One sentence: the variant's effect on time, throughput and cost, what moved, and its
+    memory verdict (a memory risk when it does not fit)."""
     name = row["variant"]
     if row["status"] == "error":
         return f"{name}: cannot run ({row['error']})."
@@ -50,10 +140,7 @@ def conclusion(row: dict, base: dict) -> str:
              "per GPU",
              f"{change(row['gpu_hours_per_million_tokens'], base['gpu_hours_per_million_tokens']):+.1%}"
              " GPU-hours per token"]
-    sentence = f"{name}: {', '.join(parts)}; {_what_moved(row, base)}"
-    if not row.get("fits", True):
-        sentence += (f"; does not fit: peak {row['peak_bytes_max'] / 2**30:.1f} GiB leaves "
-                     f"{row['headroom_bytes'] / 2**30:.1f} GiB of headroom")
+    sentence = f"{name}: {', '.join(parts)}; {_what_moved(row, base)}; {memory_clause(row)}"
     if row.get("note"):
         sentence += f" ({row['note']})"
     return sentence + "."
@@ -72,3 +159,4 @@ def _what_moved(row: dict, base: dict) -> str:
                 f"{delta:+.3f} s")
     shown = ", ".join(f"{kind} {delta:+.3f} s" for delta, kind in moved[:3])
     return f"what moved (busiest stage): {shown}"
+

@@ -13,8 +13,9 @@ import numpy as np  # noqa: E402
 
 from simsp.io_out import markdown_text, write_file  # noqa: E402
 from simsp.report.html import figure, page, to_html  # noqa: E402
-from simsp.report.whatif.comparison import (OBJECTIVES, change, conclusion,  # noqa: E402
-                                            exposure, kinds_of)
+from simsp.report.whatif.comparison import (OBJECTIVES, baseline_line,  # noqa: E402
+                                            busiest_stage, change, conclusion, exposure,
+                                            kinds_of)
 from simsp.units import GiB  # noqa: E402
 
 
@@ -47,16 +48,25 @@ def comparison_table(rows: list[dict], base: dict) -> list[str]:
     return lines
 
 
+PARTITION = ("Seconds of each variant's busiest pipeline stage (the one that waited least on "
+             "its peers) by what it was doing; the parts partition the iteration, each second "
+             "counted once: compute is kernels, bubble is waiting on a peer stage (fill, drain "
+             "and the idle tail), each comm kind is time blocked on it (docs/exploration.md).")
+
+
 def exposure_table(rows: list[dict]) -> list[str]:
-    """Seconds per kind (rows) by variant (columns), the busiest stage of each."""
+    """Seconds per kind (rows) by variant (columns), the busiest stage of each; they add up to
+    the iteration (the last row)."""
     done = [row for row in rows if row["status"] != "error"]
-    lines = ["| seconds (busiest stage) | " + " | ".join(markdown_text(r["variant"]) for r in done)
-             + " |",
-             "|---|" + "---:|" * len(done)]
+    lines = [PARTITION, "",
+             "| seconds | " + " | ".join(markdown_text(r["variant"]) for r in done) + " |",
+             "|---|" + "---:|" * len(done),
+             "| busiest stage | " + " | ".join(str(busiest_stage(r)) for r in done) + " |"]
     spent = [exposure(row) for row in done]
     for kind in kinds_of(done):
         lines.append(f"| {kind} | " + " | ".join(f"{s[kind]:.3f}" for s in spent) + " |")
-    lines.append("| iteration | " + " | ".join(f"{r['iteration_time_s']:.3f}" for r in done) + " |")
+    lines.append("| **iteration (sum)** | " + " | ".join(f"{r['iteration_time_s']:.3f}" for r in done)
+                 + " |")
     return lines
 
 
@@ -79,8 +89,7 @@ def whatif_markdown(rows: list[dict], ranked: list[dict], objective: str,
                     pictures: list[Path]) -> str:
     """The whole whatif.md: conclusions, tables, ranking, commands, pictures."""
     base = rows[0]
-    lines = ["# What-if against the baseline", "",
-             f"Baseline: **{markdown_text(base['variant'])}**, {base['gpus']} GPUs, "
+    lines = ["# What-if against the baseline", "", markdown_text(baseline_line(base)), "",
              f"{base['iteration_time_s']:.3f} s per iteration, {base['tokens_per_s']:,.0f} tokens/s. "
              "Time, exposure and memory are simulated by simsp; cost is GPU-hours per million "
              "tokens (GPUs × iteration time / tokens per iteration).", "", "## Conclusions", ""]
@@ -128,7 +137,8 @@ def plot_vs_baseline(rows: list[dict], path: Path) -> Path:
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [r["variant"] for r in done], fontsize=9)
     ax.set(xlabel="change against the baseline (%): tokens/s up is better, time and GPU-hours "
-                  "per token down", title=f"each variant against the baseline ({base['variant']})")
+                  "per token down", title="each variant against the baseline" + (
+               "" if base["variant"] == "baseline" else f" ({base['variant']})"))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
@@ -144,7 +154,7 @@ def plot_exposure(rows: list[dict], path: Path) -> Path:
         ax.barh(y, values, left=left, label=kind)
         left += values
     ax.set_yticks(y, [r["variant"] for r in done], fontsize=9)
-    ax.set(xlabel="seconds per iteration, busiest stage",
+    ax.set(xlabel="seconds per iteration, busiest stage: the parts add up to the iteration",
            title="where the time goes: compute, bubble and exposed communication")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
@@ -174,7 +184,8 @@ def plot_memory(rows: list[dict], path: Path) -> Path:
 WIDE_TABLES = "table{display:block;max-width:100%;overflow-x:auto}"
 CAPTIONS = {"vs_baseline": "Each variant against the baseline: iteration time, tokens/s, "
                            "tokens/s per GPU and cost (GPU-hours per token).",
-            "exposure": "Where the time goes, per variant (busiest stage).",
+            "exposure": "Where the time goes, per variant: the busiest stage's iteration "
+                        "partitioned (each bar's length is the iteration time).",
             "memory": "Peak memory per variant, with the GPU's capacity and the usable memory."}
 
 
