@@ -135,6 +135,8 @@ def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
         lines.append(f"  {count} x {reason}")
     if result.layouts == 0:
         lines.append(f"why none: {no_layout_reason(args.gpus, batch, result)}")
+    elif result.invalid == result.layouts:
+        lines += rejected_lines(result.rejected)
     if result.exhaustive:
         lines.append(f"exhaustive: simulated all {len(result.rows)} valid layouts")
         return lines + _violation_lines(result)
@@ -147,7 +149,24 @@ def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
              + (" as an MFU ceiling" if args.objective == "mfu" else ""))
     lines.append(f"screened out {result.pruned_bound} whose {bound} cannot beat the top K")
     lines.append(f"simulated {len(result.rows)}")
+    if result.layouts > result.invalid and not result.rows:
+        lines.append(f"why none: all {result.pruned_memory} valid layouts need more memory than "
+                     "capacity less the reserve (lower the --memory-reserve, add GPUs, or "
+                     "restrict fewer layout fields)")
     return lines + _violation_lines(result)
+
+
+def rejected_lines(rejected: dict) -> list[str]:
+    """`why none:` then one line per field the config checks rejected layouts by, with counts
+    and the commonest message (every layout was rejected)."""
+    by_field = {}
+    for reason, count in sorted(rejected.items(), key=lambda item: (-item[1], item[0])):
+        name = reason.removeprefix("error: ").split(":")[0]
+        total, example = by_field.get(name, (0, reason))
+        by_field[name] = (total + count, example)
+    lines = ["why none: the config checks rejected every layout:"]
+    return lines + [f"  {total} x {name} (e.g. {example})"
+                    for name, (total, example) in by_field.items()]
 
 
 def _violation_lines(result) -> list[str]:
@@ -174,7 +193,8 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
     rows = [row.to_dict() for _, row in order.iterrows()]
     fits = [row for row in rows if row.get("fits", row["status"] == "ok") is True]
     if not fits:
-        return ["no simulated layout fits in memory (less the reserve)"]
+        return ["why none: no simulated layout fits in memory (less the reserve):"] + [
+            f"  {count} x {status}" for status, count in _misfit_counts(rows).items()]
     lines = [f"top {min(top, len(fits))}:"]
     for place, row in enumerate(fits[:top], 1):
         lines.append(f"{place:2d}. {row['variant']}")
@@ -189,6 +209,16 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
         for row in rejected:
             lines += [f"    {row['variant']}", f"      {why_lost(row, fits[0])}"]
     return lines
+
+
+def _misfit_counts(rows: list) -> dict:
+    """{why a simulated layout does not fit: layouts}, commonest first."""
+    counts = {}
+    for row in rows:
+        status = {"oom": "out of memory", "error": "simulation error"}.get(
+            row["status"], "fit the GPU but not its capacity less the reserve")
+        counts[status] = counts.get(status, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def run(args) -> int:
