@@ -1,11 +1,12 @@
-"""Search against brute force: every layout of seven small models simulated, the bounds checked
+"""Search against brute force: every layout of eight small models simulated, the bounds checked
 on each, and the search's top K (branch and bound, memory screen) equal to the exhaustive top K.
 
 The models cover what made the old screens unsound: block recompute (a chunk rebuilds only its
 first N layers), uniform groups, 16-bit gradient reduction with overlap, interleaving with few
 micro-batches, a model large enough that the memory screen rules layouts out, and the newer
 dimensions: a MoE model with dense and MoE layers (EP, dispatcher and grouped GEMM varied),
-context parallelism varied over 1 and 2, and Megatron-FSDP."""
+context parallelism varied over 1 and 2 and two of its communication types, two Megatron-FSDP
+strategies, and activation offload (3 of 4 layers' saved tensors on the host)."""
 
 import pytest
 
@@ -26,6 +27,7 @@ TWO = {**SMALL, "num_layers": 2}
 MOE = {**TWO, "num_experts": 4, "moe_router_topk": 2, "add_bias_linear": False,
        "moe_layer_freq": 2}  # layer 0 MoE, layer 1 dense
 FEW = {"recompute_granularity": ["none", "full"]}  # restrictions that keep the tests short
+NONE = {"recompute_granularity": ["none"]}
 MODELS = {  # name: (model fields, held [parallel] fields, GPUs, global batch, memory reserve GiB,
     #                restricted layout fields)
     "block recompute": (SMALL, {"recompute_method": "block", "recompute_num_layers": 1}, 4, 4, 4),
@@ -37,10 +39,15 @@ MODELS = {  # name: (model fields, held [parallel] fields, GPUs, global batch, m
                                "num_attention_heads": 64, "seq_length": 256,
                                "vocab_size": 1024}, {}, 4, 4, 4),
     "MoE, dense and MoE layers": (MOE, {}, 4, 4, 0, {**FEW, "micro_batch_size": [1]}),
-    "context parallel 1 or 2": ({**TWO, "seq_length": 512}, {"context_parallel_size": (1, 2)},
-                                4, 4, 0, FEW),
-    "Megatron-FSDP": (TWO, {"use_megatron_fsdp": True,
-                            "data_parallel_sharding_strategy": "optim_grads_params"}, 4, 4, 0, FEW),
+    "context parallel 1 or 2, p2p or a2a": (
+        {**TWO, "seq_length": 512, "attention_backend": "flash"},
+        {"context_parallel_size": (1, 2), "cp_comm_type": ("p2p", "a2a")}, 4, 4, 0, NONE),
+    "Megatron-FSDP, two strategies": (
+        TWO, {"use_megatron_fsdp": True,
+              "data_parallel_sharding_strategy": ("optim", "optim_grads_params")}, 4, 4, 0, NONE),
+    "activation offload": ({**SMALL, "num_layers": 4},
+                           {"cpu_offloading": True, "cpu_offloading_num_layers": 3}, 4, 4, 0,
+                           {**NONE, "pipeline_model_parallel_size": [1]}),
 }
 TOP = 3
 

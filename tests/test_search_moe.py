@@ -92,3 +92,28 @@ def test_nothing_fits_says_why(tmp_path):
     assert rc == 0
     assert "simulated 0" in out
     assert "why none: all 3 valid layouts need more memory than capacity less the reserve" in out
+
+
+def test_a_held_list_is_varied_where_it_matters():
+    """2 GPUs, B = 2, flash attention, 2 layers, no recompute, b 1: cp 1 gives (t,p,d) =
+    (1,1,2) x dist-opt on/off (2), (1,2,1) (1), (2,1,1) x SP on/off (2) = 5 layouts, each once
+    (the CP type does not matter there); cp 2 gives t1 p1 d1 (1) once per type, p2p and a2a:
+    5 + 2 = 7, the cp 2 ones named by their type."""
+    from simsp.explore.configs.grid import base_values
+    from simsp.explore.configs.fields import by_key
+    from simsp.explore.search.layouts import enumerate_layouts, search_base
+    values, table = base_values(None), by_key()
+    for key, value in {"mode": "meta", "num_layers": 2, "hidden_size": 64,
+                       "num_attention_heads": 4, "seq_length": 64, "vocab_size": 128,
+                       "attention_backend": "flash"}.items():
+        values[table[key].path] = value
+    layouts = enumerate_layouts(search_base(values), 2, 2,
+                                {"context_parallel_size": (1, 2), "cp_comm_type": ("p2p", "a2a")},
+                                allowed={"recompute_granularity": ["none"],
+                                         "micro_batch_size": [1]})
+    names = [config.name for config in layouts.configs]
+    assert len(names) == 7 and layouts.invalid == 0
+    assert [name for name in names if "cp2" in name] == [
+        "t1 cp2 p1 d1 b1, 1F1B, no SP, no recompute, cp_comm_type p2p",
+        "t1 cp2 p1 d1 b1, 1F1B, no SP, no recompute, cp_comm_type a2a"]
+    assert not any("cp_comm_type" in name for name in names if "cp2" not in name)

@@ -67,8 +67,12 @@ def _given(args) -> tuple[dict, dict]:
         if key in RESTRICTABLE:
             allowed[key] = items
             continue
+        if key in held_fields() and len(items) > 1:  # a held field the search varies
+            values[table[key].path] = tuple(dict.fromkeys(items))
+            continue
         if len(items) != 1:
-            raise UserError(table[key].flag, "search takes one value (sweep takes lists)")
+            raise UserError(table[key].flag, "search takes one value (sweep takes lists; "
+                                             "a [parallel] field's list is varied)")
         values[table[key].path] = items[0]
     if values.get(("run", "mode"), "meta") != "meta":
         raise UserError("--mode", "search simulates in meta mode only")
@@ -112,10 +116,11 @@ def _check(args, batch, base) -> None:
 def _fixed_line(fixed: dict) -> str:
     """Which held [parallel] fields every layout takes from the user, and where they apply."""
     changed = {key: value for key, value in fixed.items() if getattr(Parallel(), key) != value}
-    varied = changed.pop(CP_KEY) if isinstance(changed.get(CP_KEY), tuple) else None
-    if varied:  # a cp list: varied like t, p and d, not held
-        rest = _fixed_line({key: value for key, value in fixed.items() if key != CP_KEY})
-        return f"context_parallel_size varied over {', '.join(map(str, varied))}; {rest}"
+    varied = {key: value for key, value in changed.items() if isinstance(value, tuple)}
+    if varied:  # lists (a cp list, ...): varied like t, p and d, not held
+        rest = _fixed_line({key: value for key, value in fixed.items() if key not in varied})
+        return "; ".join([f"{key} varied over {', '.join(map(str, values))}"
+                          for key, values in varied.items()] + [rest])
     if not changed:
         return "every [parallel] field the search does not vary is at Megatron's default"
     shown = ", ".join(f"{key} = {value}" for key, value in changed.items())

@@ -230,9 +230,13 @@ def stage0_in_flight(schedule: str, p: int, m: int, v: int) -> int:
 
 
 def chunk_kept_bytes(sc: Scenario) -> int:
-    """Bytes one model chunk keeps per micro-batch (Megatron's uniform or block methods)."""
+    """Bytes one model chunk keeps per micro-batch (Megatron's uniform or block methods); under
+    --cpu-offloading only the layers past the first N (whose saved tensors go to host memory,
+    training/pipeline/offload.py; offload needs one stage and no recompute) are counted."""
     p = sc.parallel
     own = layer_kept_bytes(sc, p.recompute_granularity)
+    if p.cpu_offloading:
+        return max(layers_per_chunk(sc) - p.cpu_offloading_num_layers, 0) * own
     plain = layer_kept_bytes(sc, "none") if p.recompute_granularity == "full" else own
     return chunk_recompute_bytes(p, layers_per_chunk(sc), own, plain)[0]
 

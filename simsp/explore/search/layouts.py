@@ -6,6 +6,7 @@ Every layout starts from the scenario's model, cluster and run sections and from
 of the [parallel] fields the search does not vary; `fixed` holds the ones the user chose (flags,
 or the scenario's own with --keep-scenario-parallel), each applied where Megatron allows it."""
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -108,10 +109,11 @@ def _expert_label(parallel: dict) -> tuple[str, list[str]]:
     return sizes, [dispatcher] + (["grouped GEMM"] if grouped else [])
 
 
-def layout_label(parallel: dict, layers: int) -> str:
+def layout_label(parallel: dict, layers: int, shown: tuple = ()) -> str:
     """Readable name: `t8 p8 d1 b1, interleaved 3 chunks, SP, selective recompute, distributed
     optimizer` (t, p, d: tensor, pipeline and data-parallel sizes; b: micro-batch size; a MoE
-    layout adds `ep8` after d and its dispatcher and grouped GEMM at the end)."""
+    layout adds `ep8` after d and its dispatcher and grouped GEMM at the end; `shown`: held
+    fields the search varies, named with their values where they matter, FSDP's as FSDP)."""
     t, p = parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"]
     cp = parallel.get("context_parallel_size", 1)
     sizes, expert_parts = _expert_label(parallel)
@@ -134,7 +136,9 @@ def layout_label(parallel: dict, layers: int) -> str:
         parts.append("FSDP2")
     elif parallel.get("use_megatron_fsdp"):
         parts.append(f"Megatron-FSDP {parallel.get('data_parallel_sharding_strategy')}")
-    return ", ".join(parts + expert_parts)
+    varied = [f"{key} {parallel[key]}" for key in shown
+              if key not in FSDP_FIELDS and _matters(key, parallel)]
+    return ", ".join(parts + expert_parts + varied)
 
 
 def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int, cp: int = 1) -> list[dict]:
@@ -168,6 +172,36 @@ def applies(key: str, parallel: dict) -> bool:
     if key in FSDP_FIELDS:  # FSDP shards by its own strategy: the other rows keep dist. opt.
         return not parallel["distributed_optimizer"]
     return True
+
+
+CP_FIELDS = ("cp_comm_type", "hierarchical_context_parallel_sizes")  # used only when cp > 1
+
+
+def held_choices(held: dict) -> tuple[dict, list[dict]]:
+    """(the held fields given one value, [{field: value}] every combination of those given a
+    list, in the order given): a held field given several values is varied like a layout's."""
+    single = {k: v for k, v in held.items() if not isinstance(v, (tuple, list))}
+    lists = {k: tuple(v) for k, v in held.items() if isinstance(v, (tuple, list))}
+    return single, [dict(zip(lists, values)) for values in itertools.product(*lists.values())]
+
+
+def _matters(key: str, parallel: dict) -> bool:
+    """Whether a held field changes this layout (cp_comm_type only with cp > 1; applies)."""
+    if key in CP_FIELDS:
+        return parallel["context_parallel_size"] > 1
+    return applies(key, parallel)
+
+
+def held_variants(parallel: dict, combos: list[dict]) -> list[dict]:
+    """The combinations of varied held fields that differ in this layout: a field that does
+    not matter here takes its first value only (no two layouts run the same thing)."""
+    seen, variants = set(), []
+    for combo in combos:
+        key = tuple((k, v if _matters(k, parallel) else None) for k, v in combo.items())
+        if key not in seen:
+            seen.add(key)
+            variants.append(combo)
+    return variants
 
 
 def with_fixed(parallel: dict, fixed: dict) -> dict:
@@ -249,15 +283,19 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
     found = Layouts()
     held = dict(fixed or {})
     cps = held.pop("context_parallel_size", 1)  # one cp, or a tuple of them to vary
+    held, combos = held_choices(held)
     experts = base[("model", "num_experts")]
-    candidates = [(cp, {**parallel, **expert})
-                  for cp in (cps if isinstance(cps, tuple) else (cps,))
+    candidates = [(cp, {**parallel, **expert, "context_parallel_size": cp})
+                  for cp in (tuple(cps) if isinstance(cps, (tuple, list)) else (cps,))
                   for parallel in raw_layouts(gpus, batch, layers, per_node, cp)
                   if allows(parallel, allowed or {})
                   for expert in expert_options(experts, parallel["tensor_model_parallel_size"],
                                                allowed or {})]
-    for cp, parallel in track(candidates, "simsp search: layouts checked", "layout", quiet):
-        parallel = with_fixed({**parallel, "context_parallel_size": cp}, held)
+    candidates = [(cp, parallel, combo) for cp, parallel in candidates
+                  for combo in held_variants(parallel, combos)]
+    for cp, parallel, combo in track(candidates, "simsp search: layouts checked", "layout",
+                                     quiet):
+        parallel = with_fixed(parallel, {**held, **combo})
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})
         values[("parallel", "global_batch_size")] = batch
@@ -267,6 +305,6 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
         except UserError as exc:
             found.rejected[f"error: {exc}"] += 1
             continue
-        found.configs.append(Config(layout_label(parallel, layers), tuple(values.items()),
-                                    source=source))
+        label = layout_label(parallel, layers, shown=tuple(combo))
+        found.configs.append(Config(label, tuple(values.items()), source=source))
     return found
