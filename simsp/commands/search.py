@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
     add_field_arguments(parser, metavar="VALUE", list_keys=RESTRICTABLE,
                         title="scenario fields (one value each; the layout's own fields, "
                               f"{', '.join(_flag(key) for key in RESTRICTABLE)}, take a comma "
-                              "list that restricts the layouts searched)")
+                              "list that restricts the layouts searched; another [parallel] "
+                              "field's comma list is varied with every layout)")
     add_executor_arguments(parser, "search-<N>gpus")
     parser.set_defaults(handler=run)
 
