@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
     add_field_arguments(parser, metavar="VALUE", list_keys=RESTRICTABLE,
                         title="scenario fields (one value each; the layout's own fields, "
                               f"{', '.join(_flag(key) for key in RESTRICTABLE)}, take a comma "
-                              "list that restricts the layouts searched)")
+                              "list that restricts the layouts searched; another [parallel] "
+                              "field's comma list is varied with every layout)")
     add_executor_arguments(parser, "search-<N>gpus")
     parser.set_defaults(handler=run)
 
@@ -67,8 +68,12 @@ def _given(args) -> tuple[dict, dict]:
         if key in RESTRICTABLE:
             allowed[key] = items
             continue
+        if key in held_fields() and len(items) > 1:  # a held field the search varies
+            values[table[key].path] = tuple(dict.fromkeys(items))
+            continue
         if len(items) != 1:
-            raise UserError(table[key].flag, "search takes one value (sweep takes lists)")
+            raise UserError(table[key].flag, "search takes one value (sweep takes lists; "
+                                             "a [parallel] field's list is varied)")
         values[table[key].path] = items[0]
     if values.get(("run", "mode"), "meta") != "meta":
         raise UserError("--mode", "search simulates in meta mode only")
@@ -109,10 +114,11 @@ def _check(args, batch, base) -> None:
 def _fixed_line(fixed: dict) -> str:
     """Which held [parallel] fields every layout takes from the user, and where they apply."""
     changed = {key: value for key, value in fixed.items() if getattr(Parallel(), key) != value}
-    varied = changed.pop(CP_KEY) if isinstance(changed.get(CP_KEY), tuple) else None
-    if varied:  # a cp list: varied like t, p and d, not held
-        rest = _fixed_line({key: value for key, value in fixed.items() if key != CP_KEY})
-        return f"context_parallel_size varied over {', '.join(map(str, varied))}; {rest}"
+    varied = {key: value for key, value in changed.items() if isinstance(value, tuple)}
+    if varied:  # lists (a cp list, ...): varied like t, p and d, not held
+        rest = _fixed_line({key: value for key, value in fixed.items() if key not in varied})
+        return "; ".join([f"{key} varied over {', '.join(map(str, values))}"
+                          for key, values in varied.items()] + [rest])
     if not changed:
         return "every [parallel] field the search does not vary is at Megatron's default"
     shown = ", ".join(f"{key} = {value}" for key, value in changed.items())
@@ -134,6 +140,8 @@ def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
         lines.append(f"  {count} x {reason}")
     if result.layouts == 0:
         lines.append(f"why none: {no_layout_reason(args.gpus, batch, result)}")
+    elif result.invalid == result.layouts:
+        lines += rejected_lines(result.rejected)
     if result.exhaustive:
         lines.append(f"exhaustive: simulated all {len(result.rows)} valid layouts")
         return lines + _violation_lines(result)
@@ -146,7 +154,24 @@ def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
              + (" as an MFU ceiling" if args.objective == "mfu" else ""))
     lines.append(f"screened out {result.pruned_bound} whose {bound} cannot beat the top K")
     lines.append(f"simulated {len(result.rows)}")
+    if result.layouts > result.invalid and not result.rows:
+        lines.append(f"why none: all {result.pruned_memory} valid layouts need more memory than "
+                     "capacity less the reserve (lower the --memory-reserve, add GPUs, or "
+                     "restrict fewer layout fields)")
     return lines + _violation_lines(result)
+
+
+def rejected_lines(rejected: dict) -> list[str]:
+    """`why none:` then one line per field the config checks rejected layouts by, with counts
+    and the commonest message (every layout was rejected)."""
+    by_field = {}
+    for reason, count in sorted(rejected.items(), key=lambda item: (-item[1], item[0])):
+        name = reason.removeprefix("error: ").split(":")[0]
+        total, example = by_field.get(name, (0, reason))
+        by_field[name] = (total + count, example)
+    lines = ["why none: the config checks rejected every layout:"]
+    return lines + [f"  {total} x {name} (e.g. {example})"
+                    for name, (total, example) in by_field.items()]
 
 
 def _violation_lines(result) -> list[str]:
@@ -173,7 +198,8 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
     rows = [row.to_dict() for _, row in order.iterrows()]
     fits = [row for row in rows if row.get("fits", row["status"] == "ok") is True]
     if not fits:
-        return ["no simulated layout fits in memory (less the reserve)"]
+        return ["why none: no simulated layout fits in memory (less the reserve):"] + [
+            f"  {count} x {status}" for status, count in _misfit_counts(rows).items()]
     lines = [f"top {min(top, len(fits))}:"]
     for place, row in enumerate(fits[:top], 1):
         lines.append(f"{place:2d}. {row['variant']}")
@@ -188,6 +214,16 @@ def ranking_lines(frame, top: int, objective: str) -> list[str]:
         for row in rejected:
             lines += [f"    {row['variant']}", f"      {why_lost(row, fits[0])}"]
     return lines
+
+
+def _misfit_counts(rows: list) -> dict:
+    """{why a simulated layout does not fit: layouts}, commonest first."""
+    counts = {}
+    for row in rows:
+        status = {"oom": "out of memory", "error": "simulation error"}.get(
+            row["status"], "fit the GPU but not its capacity less the reserve")
+        counts[status] = counts.get(status, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def run(args) -> int:

@@ -27,6 +27,14 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   run (A·s/cp, d, A·s/cp) blocks on a/(t·A) heads (A = cp for a2a), whose time is at least
   the (s/cp)² block's on a/t heads (docs/context-parallel.md's argument).
   Stage 0's optimizer state is sharded over d·cp.
+- experts: a MoE layer is simulated alone on one expert grid (t ranks by ETP·EP/gcd(t, ETP·EP)
+  replicas, the smallest d Megatron allows), its tokens crossing the layout's own EP group with
+  its dispatcher, each rank computing and keeping its own E/EP experts' rows: the layout's layer,
+  less the gradient reduction and pipeline that only add. Expert parameters are E/EP experts of
+  f/ETP on a rank, their optimizer state sharded over t·cp·d/(ETP·EP) (Megatron's expert data
+  parallel group); a model with dense and MoE layers charges every layer the smaller kind. With
+  imbalanced routing and 1 < EP < E another layer's busiest rank may hold cooler experts than
+  layer 0's: no bound there (alike_layers). docs/exploration.md "Experts".
 """
 
 import math
@@ -39,6 +47,7 @@ from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.engine.group_timing import RING_ALONE, STEP_BY_STEP
 from simsp.hardware.constants import GPUS
 from simsp.training.driver.layer_sim import PREFIX, simulate_layer
+from simsp.model.blocks.moe.placement import is_expert_param
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
@@ -49,13 +58,22 @@ from simsp.training.pipeline.schedules import build_schedule, max_in_flight
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One layer on one TP rank, simulated alone: seconds, kept activations, and its parameters
+    """One layer on one rank, simulated alone: seconds, kept activations, and its parameters
     with the bytes simsp's own allocators give them (so a dtype the config changes is followed)."""
 
     seconds: float  # forward + backward (with the recompute it was simulated with)
-    kept_bytes: int  # activations saved for backward, the fewest over the TP ranks
-    weight_elements: int  # this rank's parameters of the layer
+    kept_bytes: int  # activations saved for backward, the fewest over the ranks simulated
+    dense_elements: int  # this rank's parameters of the layer outside the experts
+    expert_elements: int  # this rank's expert parameters (E/EP experts, f/ETP each)
     static_bytes_per_element: tuple  # (weights, gradients, optimizer unsharded) bytes
+
+    def static_bytes(self, layers: int, dense_shard: int, expert_shard: int) -> float:
+        """Weights, gradients and optimizer state of `layers` such layers on a rank, the
+        optimizer's sharded over `dense_shard` (dp·cp) and `expert_shard` (the expert data
+        parallel size)."""
+        weight, gradient, optimizer = self.static_bytes_per_element
+        return (layers * self.dense_elements * (weight + gradient + optimizer / dense_shard)
+                + layers * self.expert_elements * (weight + gradient + optimizer / expert_shard))
 
 
 def _optimizer_bytes_per_element(rank, elements: int) -> float:
@@ -71,37 +89,63 @@ def _optimizer_bytes_per_element(rank, elements: int) -> float:
     return (rank.ledger.live_bytes("optimizer") - before) / elements
 
 
-def _layer_elements(sc: Scenario, t: int) -> int:
-    """One layer's parameters on one TP rank, from the model's shapes and their TP split."""
-    shapes = param_shapes(sc.padded_model)
-    return sum(math.prod(local_shape(name, shape, t)) for name, shape in shapes.items()
-               if name.startswith(PREFIX))
+def _layer_elements(sc: Scenario) -> tuple[int, int]:
+    """(dense, expert) parameters of one layer on one rank, from the model's shapes: dense ones
+    split over t, expert ones E/EP experts with f split over ETP (model/blocks/moe/placement.py)."""
+    p, dense, expert = sc.parallel, 0, 0
+    for name, shape in param_shapes(sc.padded_model).items():
+        if not name.startswith(PREFIX):
+            continue
+        if is_expert_param(name):
+            expert += math.prod(shape) // (p.ep * p.etp)
+        else:
+            dense += math.prod(local_shape(name, shape, p.tp))
+    return dense, expert
 
 
 @lru_cache(maxsize=4096)
 def _simulated_layer(sc: Scenario) -> LayerCost:
-    """Memoised: one layer of `sc` (already reduced to one TP group) simulated alone."""
+    """Memoised: one layer of `sc` (already reduced to one expert grid) simulated alone."""
     method = RING_ALONE if sc.run.mode == "meta" else STEP_BY_STEP  # as simulate_metrics times
-    result = simulate_layer(sc, method=method)
+    result = simulate_layer(sc, method=method, keep_experts=True)
     kept = min(rec.activation_bytes for rec in result.records)
-    elements = _layer_elements(sc, sc.parallel.tp)
+    dense, expert = _layer_elements(result.scenario)
     rank = result.ranks[0]
-    per_element = (rank.ledger.live_bytes("weights") / elements,
-                   rank.ledger.live_bytes("gradients") / elements,
-                   _optimizer_bytes_per_element(rank, elements))
-    return LayerCost(result.forward_time_s + result.backward_time_s, kept, elements, per_element)
+    per_element = (rank.ledger.live_bytes("weights") / (dense + expert),
+                   rank.ledger.live_bytes("gradients") / (dense + expert),
+                   _optimizer_bytes_per_element(rank, dense + expert))
+    seconds = result.forward_time_s + result.backward_time_s
+    return LayerCost(seconds, kept, dense, expert, per_element)
 
 
-def layer_cost(sc: Scenario, granularity: str) -> LayerCost:
-    """One layer of this layout (t, SP, b, model) under `granularity`; the pipeline, data
-    parallelism and runtime switches do not change a layer alone, so they are reset (shared memo)."""
+def _expert_grid_dp(sc: Scenario) -> int:
+    """The data-parallel size of the smallest grid of t ranks per replica that the expert grid
+    (ETP·EP ranks) tiles: ETP·EP / gcd(t, ETP·EP) (Megatron: t·dp divisible by ETP·EP)."""
+    grid = sc.parallel.etp * sc.parallel.ep if sc.model.num_experts else 1
+    return grid // math.gcd(sc.parallel.tp, grid)
+
+
+def _layer_kinds(sc: Scenario) -> list[dict]:
+    """Model overrides for each kind of layer the model has: itself when all its layers are
+    alike, else a dense layer and a MoE layer (as --moe-layer-freq patterns of one entry)."""
+    m = sc.model
+    kinds = {m.is_moe_layer(i) for i in range(m.num_layers)}
+    return [{}] if len(kinds) == 1 else [{"num_layers": 1, "moe_layer_freq": f"[{kind}]"}
+                                           for kind in (0, 1)]
+
+
+def layer_costs(sc: Scenario, granularity: str) -> list[LayerCost]:
+    """One layer of each kind of this layout (t, SP, b, model, expert layout) under
+    `granularity`, on one expert grid (a MoE layer exchanges its tokens as in the layout); the
+    pipeline, data parallelism and runtime switches do not change a layer alone, so they are
+    reset (shared memo)."""
     defaults = Parallel()
     reduced = with_overrides(sc, model={"seq_length": sc.model.seq_length // sc.parallel.cp},
                              parallel={
         "context_parallel_size": 1, "cp_comm_type": defaults.cp_comm_type,
         "hierarchical_context_parallel_sizes": None,
-        "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
-        "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,  # one TP group
+        "pipeline_model_parallel_size": 1, "data_parallel_size": _expert_grid_dp(sc),
+        "global_batch_size": None,
         "schedule": None, "num_layers_per_virtual_pipeline_stage": None,
         "distributed_optimizer": False, "recompute_granularity": granularity,
         "recompute_method": None, "recompute_num_layers": None,
@@ -109,9 +153,21 @@ def layer_cost(sc: Scenario, granularity: str) -> LayerCost:
             "overlap_p2p_communication", "scatter_gather_tensors_in_pipeline",
             "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
             "accumulate_allreduce_grads_in_fp32")}},
-        cluster={"nodes": math.ceil(sc.parallel.tp / sc.cluster.gpus_per_node)},
+        cluster={"nodes": math.ceil(sc.parallel.tp * _expert_grid_dp(sc)
+                                    / sc.cluster.gpus_per_node)},
         run={"name": "layer"})
-    return _simulated_layer(reduced)
+    return [_simulated_layer(with_overrides(reduced, model=kind) if kind else reduced)
+            for kind in _layer_kinds(sc)]
+
+
+def layer_seconds(sc: Scenario, granularity: str) -> float:
+    """The fewest seconds any layer of the model takes alone under `granularity`."""
+    return min(cost.seconds for cost in layer_costs(sc, granularity))
+
+
+def layer_kept_bytes(sc: Scenario, granularity: str) -> int:
+    """The fewest bytes any layer of the model keeps for backward under `granularity`."""
+    return min(cost.kept_bytes for cost in layer_costs(sc, granularity))
 
 
 def layers_per_chunk(sc: Scenario) -> int:
@@ -131,10 +187,10 @@ def _chunk_recomputed_layers(sc: Scenario) -> int:
 def chunk_seconds(sc: Scenario) -> float:
     """C_f + C_b: one model chunk's forward and backward, from its layers alone."""
     layers, rebuilt = layers_per_chunk(sc), _chunk_recomputed_layers(sc)
-    own = layer_cost(sc, sc.parallel.recompute_granularity).seconds
+    own = layer_seconds(sc, sc.parallel.recompute_granularity)
     if rebuilt == layers:
         return layers * own
-    return rebuilt * own + (layers - rebuilt) * layer_cost(sc, "none").seconds
+    return rebuilt * own + (layers - rebuilt) * layer_seconds(sc, "none")
 
 
 def even_stages(sc: Scenario) -> bool:
@@ -143,9 +199,24 @@ def even_stages(sc: Scenario) -> bool:
     return not getattr(sc.parallel, "uneven_pipeline", False)
 
 
+def alike_layers(sc: Scenario) -> bool:
+    """Every MoE layer's expert loads on its ranks are layer 0's up to the ranks' order (the
+    bounds' other premise): balanced routing, or imbalanced (a seeded expert order per layer,
+    model/blocks/moe/routing.py) with all experts on one rank or one expert per rank. Between
+    those, another layer's busiest rank may hold a cooler set of experts than layer 0's."""
+    m, p = sc.model, sc.parallel
+    return (not m.num_experts or m.moe_routing_imbalance == 0
+            or p.ep in (1, m.num_experts))
+
+
+def bounded(sc: Scenario) -> bool:
+    """Whether the layout meets both premises; the bounds are 0 (always simulated) if not."""
+    return even_stages(sc) and alike_layers(sc)
+
+
 def time_lower_bound(sc: Scenario) -> float:
-    """T ≥ (m·v + p − 1)·(C_f + C_b) (module docstring); 0 for uneven stages."""
-    if not even_stages(sc):
+    """T ≥ (m·v + p − 1)·(C_f + C_b) (module docstring); 0 without its premises (bounded)."""
+    if not bounded(sc):
         return 0.0
     p = sc.parallel
     chunks = chunks_per_stage(sc.model, p)
@@ -159,34 +230,44 @@ def stage0_in_flight(schedule: str, p: int, m: int, v: int) -> int:
 
 
 def chunk_kept_bytes(sc: Scenario) -> int:
-    """Bytes one model chunk keeps per micro-batch (Megatron's uniform or block methods)."""
+    """Bytes one model chunk keeps per micro-batch (Megatron's uniform or block methods); under
+    --cpu-offloading only the layers past the first N (whose saved tensors go to host memory,
+    training/pipeline/offload.py; offload needs one stage and no recompute) are counted."""
     p = sc.parallel
-    own = layer_cost(sc, p.recompute_granularity).kept_bytes
-    plain = layer_cost(sc, "none").kept_bytes if p.recompute_granularity == "full" else own
+    own = layer_kept_bytes(sc, p.recompute_granularity)
+    if p.cpu_offloading:
+        return max(layers_per_chunk(sc) - p.cpu_offloading_num_layers, 0) * own
+    plain = layer_kept_bytes(sc, "none") if p.recompute_granularity == "full" else own
     return chunk_recompute_bytes(p, layers_per_chunk(sc), own, plain)[0]
 
 
 def static_bytes(sc: Scenario) -> float:
-    """Weights, gradients and optimizer state one stage-0 rank holds at least: its layers'
-    parameters and its word-embedding shard, at the bytes per parameter simsp's allocators gave
-    the layer alone (the optimizer's over d·cp with the distributed optimizer); the embedding's
-    shard at no more than 4 bytes per parameter (16-bit weights and gradients: a lower bound)."""
+    """Weights, gradients and optimizer state one stage-0 rank holds at least: L/p layers at the
+    fewest bytes any kind of layer takes (its parameters on one rank, at the bytes per parameter
+    simsp's allocators gave the layer alone; with the distributed optimizer the optimizer's over
+    d·cp, and over the expert-data-parallel size t·cp·d/(ETP·EP) for expert weights), and its
+    word-embedding shard at no more than 4 bytes per parameter (16-bit weights and gradients)."""
     p = sc.parallel
-    cost = layer_cost(sc, "none")
-    weight, gradient, optimizer = cost.static_bytes_per_element
-    shard = p.dp * p.cp if p.distributed_optimizer else 1  # Megatron's dp_cp group
-    per_element = weight + gradient + optimizer / shard
+    costs = layer_costs(sc, "none")
+    dense_shard = p.dp * p.cp if p.distributed_optimizer else 1  # Megatron's dp_cp group
+    expert_shard = (p.tp * p.cp * p.dp // (p.etp * p.ep) if p.distributed_optimizer
+                    and sc.model.num_experts else 1)  # the EDP group (iteration.py)
+    count = sc.model.num_layers // p.pp
+    layers = min(cost.static_bytes(count, dense_shard, expert_shard) for cost in costs)
+    weight, gradient, optimizer = costs[0].static_bytes_per_element
+    per_element = weight + gradient + optimizer / dense_shard
     if p.fsdp is not None:  # what the strategy keeps for the whole iteration (docs/fsdp.md)
         per_element = fsdp_bytes_per_element(sharding_of(sc), p.dp * p.cp)
-    layers = sc.model.num_layers // p.pp * cost.weight_elements * per_element
+        layers = min(count * (cost.dense_elements + cost.expert_elements) * per_element
+                     for cost in costs)
     embedding = sc.padded_vocab_size * sc.model.hidden_size // p.tp
     return layers + embedding * min(per_element, FP16 + FP16)
 
 
 def memory_lower_bound(sc: Scenario) -> float:
     """Stage 0's peak is at least its static bytes plus its busiest moment's kept chunks;
-    0 for uneven stages."""
-    if not even_stages(sc):
+    0 without its premises (bounded)."""
+    if not bounded(sc):
         return 0.0
     p = sc.parallel
     chunks = chunks_per_stage(sc.model, p)

@@ -6,6 +6,7 @@ Every layout starts from the scenario's model, cluster and run sections and from
 of the [parallel] fields the search does not vary; `fixed` holds the ones the user chose (flags,
 or the scenario's own with --keep-scenario-parallel), each applied where Megatron allows it."""
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -16,11 +17,15 @@ from simsp.errors import UserError
 from simsp.explore.configs.grid import Config
 from simsp.progress import track
 
+# The expert layout a MoE model's layouts vary (Megatron-LM --expert-model-parallel-size,
+# --expert-tensor-parallel-size, --moe-token-dispatcher-type, --moe-grouped-gemm; docs/moe.md).
+EXPERT_FIELDS = ("expert_model_parallel_size", "expert_tensor_parallel_size",
+                 "moe_token_dispatcher_type", "moe_grouped_gemm")
 # The [parallel] fields every layout sets itself (global_batch_size comes from --global-batch-size).
 VARIED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
           "micro_batch_size", "num_layers_per_virtual_pipeline_stage", "schedule",
           "sequence_parallel", "recompute_granularity", "distributed_optimizer",
-          "global_batch_size")
+          "global_batch_size", *EXPERT_FIELDS)
 # The layout fields a user may restrict to some values (global_batch_size is one value).
 RESTRICTABLE = tuple(key for key in VARIED if key != "global_batch_size")
 
@@ -62,13 +67,58 @@ def _parallel_options(t: int, p: int, d: int, b: int, virtual: int | None) -> li
     return options
 
 
-def layout_label(parallel: dict, layers: int) -> str:
+def expert_options(experts: int | None, t: int, allowed: dict) -> list[dict]:
+    """The expert layouts of one (t, ...) layout: for a MoE model every EP dividing the experts,
+    ETP at its default (t), both dispatchers (where tokens cross ranks) and both grouped-GEMM
+    settings (where a rank holds more than one expert: with one, both run the same single GEMM,
+    model/blocks/moe/experts.py), each field's values replaced by the user's restriction
+    (`allowed`); for a dense model the defaults (or the restriction, which the checks reject)."""
+    defaults = Parallel()
+    plain = {key: (getattr(defaults, key),) for key in EXPERT_FIELDS}
+    space = plain if experts is None else {
+        **plain, "expert_model_parallel_size": tuple(divisors(experts)),
+        "moe_grouped_gemm": (False, True)}
+    space.update({key: tuple(values) for key, values in allowed.items() if key in EXPERT_FIELDS})
+    options = []
+    for ep in space["expert_model_parallel_size"]:
+        for etp in space["expert_tensor_parallel_size"]:
+            crossing = experts is not None and ep * (etp or t) > 1  # tokens leave the rank
+            dispatchers = space["moe_token_dispatcher_type"]
+            if crossing and "moe_token_dispatcher_type" not in allowed:
+                dispatchers = ("alltoall", "allgather")
+            groupings = space["moe_grouped_gemm"]  # one local expert: the same one GEMM
+            if experts is not None and experts == ep and "moe_grouped_gemm" not in allowed:
+                groupings = (False,)
+            options += [dict(zip(EXPERT_FIELDS, (ep, etp, dispatcher, grouped)))
+                        for dispatcher in dispatchers for grouped in groupings]
+    return options
+
+
+def _expert_label(parallel: dict) -> tuple[str, list[str]]:
+    """(` ep8` or ` ep8 etp1` after d, [the dispatcher, grouped GEMM]) for a layout with
+    experts off their defaults; ("", []) for a dense one."""
+    defaults = Parallel()
+    ep = parallel.get("expert_model_parallel_size", 1)
+    etp = parallel.get("expert_tensor_parallel_size")
+    dispatcher = parallel.get("moe_token_dispatcher_type", defaults.moe_token_dispatcher_type)
+    grouped = parallel.get("moe_grouped_gemm", False)
+    if ep == 1 and etp is None and dispatcher == defaults.moe_token_dispatcher_type \
+            and not grouped:
+        return "", []
+    sizes = f" ep{ep}" + (f" etp{etp}" if etp is not None else "")
+    return sizes, [dispatcher] + (["grouped GEMM"] if grouped else [])
+
+
+def layout_label(parallel: dict, layers: int, shown: tuple = ()) -> str:
     """Readable name: `t8 p8 d1 b1, interleaved 3 chunks, SP, selective recompute, distributed
-    optimizer` (t, p, d: tensor, pipeline and data-parallel sizes; b: micro-batch size)."""
+    optimizer` (t, p, d: tensor, pipeline and data-parallel sizes; b: micro-batch size; a MoE
+    layout adds `ep8` after d and its dispatcher and grouped GEMM at the end; `shown`: held
+    fields the search varies, named with their values where they matter, FSDP's as FSDP)."""
     t, p = parallel["tensor_model_parallel_size"], parallel["pipeline_model_parallel_size"]
     cp = parallel.get("context_parallel_size", 1)
-    parts = [f"t{t}{f' cp{cp}' if cp > 1 else ''} p{p} d{parallel['data_parallel_size']} "
-             f"b{parallel['micro_batch_size']}"]
+    sizes, expert_parts = _expert_label(parallel)
+    parts = [f"t{t}{f' cp{cp}' if cp > 1 else ''} p{p} d{parallel['data_parallel_size']}"
+             f"{sizes} b{parallel['micro_batch_size']}"]
     virtual = parallel["num_layers_per_virtual_pipeline_stage"]
     parts.append(f"interleaved {layers // p // virtual} chunks" if virtual else "1F1B")
     parts.append("SP" if parallel["sequence_parallel"] else "no SP")
@@ -86,7 +136,9 @@ def layout_label(parallel: dict, layers: int) -> str:
         parts.append("FSDP2")
     elif parallel.get("use_megatron_fsdp"):
         parts.append(f"Megatron-FSDP {parallel.get('data_parallel_sharding_strategy')}")
-    return ", ".join(parts)
+    varied = [f"{key} {parallel[key]}" for key in shown
+              if key not in FSDP_FIELDS and _matters(key, parallel)]
+    return ", ".join(parts + expert_parts + varied)
 
 
 def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int, cp: int = 1) -> list[dict]:
@@ -120,6 +172,36 @@ def applies(key: str, parallel: dict) -> bool:
     if key in FSDP_FIELDS:  # FSDP shards by its own strategy: the other rows keep dist. opt.
         return not parallel["distributed_optimizer"]
     return True
+
+
+CP_FIELDS = ("cp_comm_type", "hierarchical_context_parallel_sizes")  # used only when cp > 1
+
+
+def held_choices(held: dict) -> tuple[dict, list[dict]]:
+    """(the held fields given one value, [{field: value}] every combination of those given a
+    list, in the order given): a held field given several values is varied like a layout's."""
+    single = {k: v for k, v in held.items() if not isinstance(v, (tuple, list))}
+    lists = {k: tuple(v) for k, v in held.items() if isinstance(v, (tuple, list))}
+    return single, [dict(zip(lists, values)) for values in itertools.product(*lists.values())]
+
+
+def _matters(key: str, parallel: dict) -> bool:
+    """Whether a held field changes this layout (cp_comm_type only with cp > 1; applies)."""
+    if key in CP_FIELDS:
+        return parallel["context_parallel_size"] > 1
+    return applies(key, parallel)
+
+
+def held_variants(parallel: dict, combos: list[dict]) -> list[dict]:
+    """The combinations of varied held fields that differ in this layout: a field that does
+    not matter here takes its first value only (no two layouts run the same thing)."""
+    seen, variants = set(), []
+    for combo in combos:
+        key = tuple((k, v if _matters(k, parallel) else None) for k, v in combo.items())
+        if key not in seen:
+            seen.add(key)
+            variants.append(combo)
+    return variants
 
 
 def with_fixed(parallel: dict, fixed: dict) -> dict:
@@ -179,6 +261,8 @@ def allows(parallel: dict, allowed: dict) -> bool:
     """Whether a layout takes one of the allowed values of every restricted field (the
     schedule by its name: 1f1b, or interleaved with virtual stages)."""
     for key, values in allowed.items():
+        if key not in parallel:  # an expert field: expert_options enumerates only its values
+            continue
         value = parallel[key]
         if key == "schedule":
             value = "interleaved" if parallel["num_layers_per_virtual_pipeline_stage"] else "1f1b"
@@ -199,11 +283,19 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
     found = Layouts()
     held = dict(fixed or {})
     cps = held.pop("context_parallel_size", 1)  # one cp, or a tuple of them to vary
-    candidates = [(cp, parallel) for cp in (cps if isinstance(cps, tuple) else (cps,))
+    held, combos = held_choices(held)
+    experts = base[("model", "num_experts")]
+    candidates = [(cp, {**parallel, **expert, "context_parallel_size": cp})
+                  for cp in (tuple(cps) if isinstance(cps, (tuple, list)) else (cps,))
                   for parallel in raw_layouts(gpus, batch, layers, per_node, cp)
-                  if allows(parallel, allowed or {})]
-    for cp, parallel in track(candidates, "simsp search: layouts checked", "layout", quiet):
-        parallel = with_fixed({**parallel, "context_parallel_size": cp}, held)
+                  if allows(parallel, allowed or {})
+                  for expert in expert_options(experts, parallel["tensor_model_parallel_size"],
+                                               allowed or {})]
+    candidates = [(cp, parallel, combo) for cp, parallel in candidates
+                  for combo in held_variants(parallel, combos)]
+    for cp, parallel, combo in track(candidates, "simsp search: layouts checked", "layout",
+                                     quiet):
+        parallel = with_fixed(parallel, {**held, **combo})
         values = dict(base)
         values.update({("parallel", k): v for k, v in parallel.items()})
         values[("parallel", "global_batch_size")] = batch
@@ -213,6 +305,6 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
         except UserError as exc:
             found.rejected[f"error: {exc}"] += 1
             continue
-        found.configs.append(Config(layout_label(parallel, layers), tuple(values.items()),
-                                    source=source))
+        label = layout_label(parallel, layers, shown=tuple(combo))
+        found.configs.append(Config(label, tuple(values.items()), source=source))
     return found

@@ -52,13 +52,16 @@ class LayerResult:
         return max(rec.backward_end_s for rec in self.records) - self.forward_time_s
 
 
-def one_tp_group(sc: Scenario) -> Scenario:
+def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
     """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism;
     a MoE layer's experts all on the group, their f split over it: with balanced routing its
-    rows are the same)."""
-    return with_overrides(sc, model=one_layer_fields(sc.model), parallel={
+    rows are the same). With `keep_experts`, the expert layout and the data-parallel size that
+    tiles it are kept as given (the layer on every rank of one expert grid)."""
+    experts = {} if keep_experts else {
         "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
-        "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "global_batch_size": None,
+        "data_parallel_size": 1}
+    return with_overrides(sc, model=one_layer_fields(sc.model), parallel={
+        **experts, "pipeline_model_parallel_size": 1, "global_batch_size": None,
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
         "recompute_method": None, "recompute_num_layers": None,  # one layer: its own group
         "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
@@ -117,10 +120,12 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.free(dx)
 
 
-def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP) -> LayerResult:
+def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP,
+                   keep_experts: bool = False) -> LayerResult:
     """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results;
-    every collective timed by `method` (engine/group_timing.py; RING_ALONE: as a whole)."""
-    sc = one_tp_group(sc)
+    every collective timed by `method` (engine/group_timing.py; RING_ALONE: as a whole);
+    `keep_experts`: on the ranks of the scenario's expert grid instead (one_tp_group)."""
+    sc = one_tp_group(sc, keep_experts)
     world = build_world(sc, timing_of=EveryGroup(method))
     numeric = sc.run.mode == "numeric"
     params, x, dout = _layer_inputs(sc) if numeric else (None, None, None)
