@@ -3,6 +3,7 @@
 import os
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 
@@ -130,7 +131,9 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
            **fields) -> pd.DataFrame:
     """The layouts `simsp search` simulated, best first (those that fit first); model, cluster
     and held [parallel] fields as keyword arguments, one value each; a layout field
-    (tensor_model_parallel_size=[4, 8], recompute_granularity="full") restricts the layouts."""
+    (tensor_model_parallel_size=[4, 8], recompute_granularity="full") restricts the layouts.
+    With `out`, writes there what `simsp search --out` writes: the cache, results.csv,
+    results.jsonl and the report."""
     from simsp.explore.results.headroom import reserve_bytes
     from simsp.explore.search.layouts import RESTRICTABLE, search_start
     from simsp.explore.search.branch_and_bound import search as run_search
@@ -149,12 +152,18 @@ def search(scenario: str | Path | None = None, *, gpus: int, global_batch_size: 
     if not isinstance(gpus, int) or gpus < 1 or not isinstance(batch, int) or batch < 1:
         raise UserError("gpus", f"gpus and the global batch must be positive integers, got "
                                 f"{gpus} and {batch}")
+    folder = None if out is None else prepare_out(out, (scenario,))
     with script_safe_workers(), Executor(workers, scheduler) as executor:
         result = run_search(base, gpus, batch, executor,
-                            ResultCache(Path(out) / "cache" if out else None), top, objective,
+                            ResultCache(folder / "cache" if folder else None), top, objective,
                             reserve_bytes(memory_reserve_gib), quiet, fixed, exhaustive,
                             None if scenario is None else str(scenario), allowed,
                             given.get(("cluster", "nodes")))
+    if folder is not None:  # the command's results and report (commands/search.py)
+        from simsp.commands.search import write_outputs
+        write_outputs(result, folder, SimpleNamespace(gpus=gpus, top=top, objective=objective,
+                                                      memory_reserve=memory_reserve_gib),
+                      batch, fixed)
     frame = results_frame(result.rows)
     return ranked(frame, objective).reset_index(drop=True) if len(frame) else frame
 

@@ -41,3 +41,20 @@ def test_example_script_runs_as_a_plain_script_on_dask(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reproduce the winner: simsp run" in done.stdout
     assert done.stdout.count("--world-size 8") == 2  # both IB rows of the 8-GPU what-if
+
+
+def test_search_out_writes_what_the_command_writes(tmp_path, capsys):
+    """simsp.search(out=...) writes the command's results.csv, results.jsonl and report.md,
+    byte for byte (the same layouts, simulated in this process)."""
+    flags = {"num_layers": 4, "hidden_size": 128, "seq_length": 64, "vocab_size": 256}
+    simsp.search(gpus=4, global_batch_size=4, top=3, out=tmp_path / "api", workers=0,
+                 quiet=True, **flags)
+    argv = ["search", "--gpus", "4", "--global-batch-size", "4", "--top", "3", "--workers",
+            "0", "--quiet", "--out", str(tmp_path / "cli")]
+    for name, value in flags.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    for name in ("results.csv", "results.jsonl", "report.md"):
+        api, cli = (tmp_path / side / name for side in ("api", "cli"))
+        assert api.read_bytes() == cli.read_bytes(), name

@@ -226,14 +226,28 @@ def _misfit_counts(rows: list) -> dict:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
+def write_outputs(result, out: Path, args, batch: int, fixed: dict) -> tuple[list, list]:
+    """`results.csv`, `results.jsonl` and the report (`report.md` and its figures) of a search
+    into `out`, as `simsp search` and `simsp.search(out=...)` write them; returns (the summary
+    lines, the ranking lines). `args` holds gpus, top, objective and memory_reserve."""
+    from simsp.explore.results.table import results_frame, write_results
+    from simsp.report.sweep.report_md import write_whatif_report
+    frame = results_frame(result.rows)
+    lines, ranking = summary_lines(result, args, batch, fixed), []
+    if result.rows:
+        write_results(result.rows, frame, out)
+        ranking = ranking_lines(frame, args.top, args.objective)
+        write_whatif_report(frame, out, args.objective, [line + "  " for line in lines + ranking]
+                            + [""], title="Search report")
+    return lines, ranking
+
+
 def run(args) -> int:
     """Search, print the screening summary and the explained ranking, write the report."""
     from simsp.explore.evaluation.executor import Executor, ExecutorLost  # Dask, pandas: only here
     from simsp.explore.results.folders import default_folder, exploration_digest, write_manifest
     from simsp.explore.evaluation.runner import failure_message, prepare_out
     from simsp.explore.search.branch_and_bound import search
-    from simsp.explore.results.table import results_frame, write_results
-    from simsp.report.sweep.report_md import write_whatif_report
     check_executor_arguments(args)
     base, fixed, allowed = _base(args)
     batch = base[("parallel", "global_batch_size")]
@@ -256,15 +270,8 @@ def run(args) -> int:
             raise UserError("dask", f"{exc}; the {cache.stats.simulated} layouts simulated so "
                                     f"far are cached in {out / 'cache'} (run it again to resume)"
                             ) from None
-    frame = results_frame(result.rows)
-    lines = summary_lines(result, args, batch, fixed)
-    print("\n".join(lines))
-    if result.rows:
-        write_results(result.rows, frame, out)
-        ranking = ranking_lines(frame, args.top, args.objective)
-        write_whatif_report(frame, out, args.objective, [line + "  " for line in lines + ranking]
-                            + [""], title="Search report")
-        print("\n".join(ranking))
+    lines, ranking = write_outputs(result, out, args, batch, fixed)
+    print("\n".join(lines + ranking))
     print(cache.stats.line())
     print(f"results: {out}")
     failure = failure_message(executor, result.rows, out)
