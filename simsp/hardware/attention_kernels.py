@@ -226,11 +226,6 @@ def attention_seconds(rates: AttentionRates, shape: AttentionShape, backward: bo
     return max(compute + _fixed_seconds(work, rates), floor + rates.launch_s)
 
 
-def achieved_tflops(rates: AttentionRates, shape: AttentionShape, backward: bool) -> float:
-    """The model's throughput as the benchmarks report it (published_flops / seconds), TFLOP/s."""
-    return published_flops(shape, backward) / attention_seconds(rates, shape, backward) / 1e12
-
-
 def kernel_for(backend: str, gpu_attention: dict, hopper: bool) -> str | None:
     """The kernel a Megatron --attention-backend runs on a GPU, None where its figures are not in
     the profile (the core then falls back to GEMM pricing). flash: FlashAttention-2 (the
