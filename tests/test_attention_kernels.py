@@ -119,3 +119,26 @@ def test_h800_is_h100_with_400_GBps_nvlink():
     assert h800.nvlink_GBps == 200  # 400 GB/s both directions
     assert (h800.peak_flops, h800.hbm_bandwidth_Bps, h800.attention) == (
         h100.peak_flops, h100.hbm_bandwidth_Bps, h100.attention)
+
+
+def test_layer_ops_charge_the_fused_kernel_and_keep_the_flops():
+    # llama-tiny on an H100 with auto (cuDNN): rank 0 holds 2 of 4 query heads, 1 of 2 K/V
+    # heads, s = 32, d = 8; its forward core is one causal cuDNN call of that shape, split over
+    # the scores and context parts, whose FLOPs stay the causal tiles' GEMMs' (2·b·h·A·d each,
+    # A = 32·32 for s <= 128: one tile)
+    import json
+
+    from simsp.hardware.attention_kernels import attention_rates
+    from tests.inprocess import cli
+    rc, out, err = cli(["layer", "scenarios/llama-tiny.toml", "--gpu", "h100-sxm-80gb",
+                        "--attention-backend", "auto", "--mode", "meta", "--ops", "--json"])
+    assert rc == 0, err
+    ops = {row["name"]: row for row in json.loads(out)["ops"]}
+    forward = [ops[n] for n in ops if n.endswith(("_scores", "_context"))
+               and "recompute" not in n]
+    rates = attention_rates("h100-sxm-80gb", "auto")
+    shape = AttentionShape(1, 2, 1, 32, 32, 8, 8, True)
+    assert sum(row["seconds"] for row in forward) == pytest.approx(
+        attention_seconds(rates, shape, False), rel=1e-12)
+    flops = 2 * 1 * 2 * 32 * 32 * 8
+    assert all(row["TFLOPs"] * 1e12 * row["seconds"] == pytest.approx(flops) for row in forward)
