@@ -32,7 +32,7 @@ def _cli(*args):
 def test_every_number_of_every_bundled_profile_names_its_source(path):
     data = tomllib.loads(path.read_text())
     numbers = {k: v for k, v in data.items() if k not in ("name", "description", "gpu", "aliases")}
-    for section in ("compute", "compute_fp8"):
+    for section in ("compute", "compute_fp8", "attention"):
         numbers.update({f"{section}.{k}": v for k, v in numbers.pop(section, {}).items()})
     assert numbers
     for key, entry in numbers.items():
@@ -41,8 +41,9 @@ def test_every_number_of_every_bundled_profile_names_its_source(path):
 
 def test_the_bundled_set_is_the_issue_s_list():
     assert available("gpu") == ["a100-sxm-40gb", "a100-sxm-80gb", "b200", "gb200",
-                                "h100-sxm-80gb", "h200-sxm-141gb"]
-    assert available("system") == ["dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "gb200-nvl72"]
+                                "h100-sxm-80gb", "h200-sxm-141gb", "h800-sxm-80gb"]
+    assert available("system") == ["dgx-a100", "dgx-b200", "dgx-h100", "dgx-h200", "dgx-h800",
+                                   "gb200-nvl72"]
 
 
 def test_the_default_gpu_is_the_fitted_a100_unchanged():

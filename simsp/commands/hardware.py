@@ -87,7 +87,7 @@ def _lines(entry: dict) -> list[str]:
         lines.append(f"gpu: {entry['gpu']}")
     for key, item in entry["numbers"].items():
         lines.append(f"  {key} = {item['value']:<8}  [{item['source']}]")
-    for section in ("compute", "compute_fp8"):
+    for section in ("compute", "compute_fp8", "attention"):
         if section in entry:
             for key, item in entry[section].items():
                 lines.append(f"  {section}.{key} = {item['value']:<8}  [{item['source']}]")

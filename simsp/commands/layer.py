@@ -19,6 +19,8 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("layer", help="one layer, forward then backward, per rank")
     add_scenario_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--ops", action="store_true", help="also list rank 0's kernels: time "
+                        "and achieved TFLOP/s or GB/s (docs/attention_kernels.md)")
     parser.set_defaults(handler=run)
 
 
@@ -82,6 +84,29 @@ def layer_report(result) -> dict:
     return report
 
 
+def kernel_rows(log: list) -> list:
+    """Rank 0's kernels as rows: name, phase, kind, seconds and the achieved TFLOP/s (FLOPs
+    over time) or GB/s (bytes over time) of each."""
+    rows = []
+    for name, phase, kind, flops, nbytes, seconds in log:
+        row = {"name": name, "phase": phase, "kind": kind, "seconds": seconds}
+        if flops and seconds:
+            row["TFLOPs"] = flops / seconds / 1e12
+        elif nbytes and seconds:
+            row["GBps"] = nbytes / seconds / 1e9
+        rows.append(row)
+    return rows
+
+
+def _print_ops(rows: list) -> None:
+    print(f"{'kernel (rank 0)':<34}{'phase':<10}{'time':>12}{'achieved':>18}")
+    for row in rows:
+        rate = (f"{row['TFLOPs']:.1f} TFLOP/s" if "TFLOPs" in row else
+                f"{row['GBps']:.0f} GB/s" if "GBps" in row else "")
+        print(f"{row['name']:<34}{row['phase']:<10}{format_seconds(row['seconds']):>12}"
+              f"{rate:>18}")
+
+
 def _print_table(report: dict) -> None:
     print(f"layer: t={report['tensor_model_parallel_size']} SP={report['sequence_parallel']} "
           f"recompute={report['recompute_granularity']}"
@@ -113,9 +138,14 @@ def run(args) -> int:
     from simsp.training.driver.layer_sim import simulate_layer  # not when the CLI is built
     sc = scenario_from_args(args)
     check_work(layer_only(sc), force=args.force)
-    report = layer_report(simulate_layer(sc))
+    result = simulate_layer(sc, log_kernels=args.ops)
+    report = layer_report(result)
+    if args.ops:
+        report["ops"] = kernel_rows(result.ranks[0].kernel_log)
     if args.json:
         print(dumps(report, indent=2))
     else:
         _print_table(report)
+        if args.ops:
+            _print_ops(report["ops"])
     return 0

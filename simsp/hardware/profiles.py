@@ -7,7 +7,7 @@ its GPU, the NVLink domain (simsp's node), the NVSwitch generation and the NICs.
 `--gpu PATH.toml` (and `--system`) select one; `simsp hardware` lists them with their sources.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dc_field
 from functools import lru_cache
 from pathlib import Path
 import tomllib
@@ -27,6 +27,11 @@ SYSTEM_NUMBERS = ("gpus_per_nvlink_domain", "nvswitch_generation", "nics_per_nod
                   "nic_Gbps")
 COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency",
                 "launch_overhead_s")
+# [attention]: the SMs and the fused attention kernels' published TFLOP/s at the benchmarks'
+# shape (simsp/hardware/attention_kernels.py; docs/attention_kernels.md)
+ATTENTION_KEYS = ("sm_count", "fa2_fwd_TFLOPs", "fa2_bwd_TFLOPs", "fa3_fwd_TFLOPs",
+                  "fa3_bwd_TFLOPs", "cudnn_fwd_TFLOPs", "cudnn_bwd_TFLOPs")
+SECTION_KEYS = {"compute": COMPUTE_KEYS, "compute_fp8": COMPUTE_KEYS, "attention": ATTENTION_KEYS}
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class Profile:
     description: str
     path: str
     numbers: dict  # key -> Sourced
-    sections: dict  # "compute" / "compute_fp8" -> {key: Sourced}
+    sections: dict  # "compute" / "compute_fp8" / "attention" -> {key: Sourced}
     gpu: str | None = None  # a system's GPU profile
     aliases: tuple = ()
 
@@ -73,6 +78,7 @@ class GPUProfile:
     host_link_GBps: float | None = None  # PCIe (NVLink-C2C on GB200) to the host, per direction
     cuda_context: Sourced | None = None  # MiB the CUDA context and kernel images take
     cublas_workspace: Sourced | None = None  # MiB of cuBLAS + cuBLASLt workspace per stream
+    attention: dict = dc_field(default_factory=dict)  # [attention] values: SMs, kernels' TFLOP/s
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,8 @@ LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
           "nvswitch_generation": (True, 100), "nics_per_node": (True, 4096),
           "nic_Gbps": (False, 1e6), "gemm_max_efficiency": (False, 1),
           "memory_efficiency": (False, 1), "gemm_half_intensity": (False, 1e6),
-          "launch_overhead_s": (False, 1)}
+          "launch_overhead_s": (False, 1), "sm_count": (True, 4096),
+          **{key: (False, 1e6) for key in ATTENTION_KEYS[1:]}}
 # the least each number can physically be, with the reason (a profile below it is a typo or a
 # wrong unit: 1e-300 TFLOP/s would make every MFU astronomical)
 LOWEST = {"memory_GiB": (1, "no training GPU has under 1 GiB"),
@@ -142,7 +149,9 @@ LOWEST = {"memory_GiB": (1, "no training GPU has under 1 GiB"),
           "gemm_max_efficiency": (0.01, "a fraction of peak a GEMM reaches"),
           "memory_efficiency": (0.01, "a fraction of HBM bandwidth a kernel reaches"),
           "gemm_half_intensity": (1e-3, "FLOPs per byte; GEMMs sit at 10 to 1000"),
-          "launch_overhead_s": (1e-8, "a kernel launch takes microseconds, not nanoseconds")}
+          "launch_overhead_s": (1e-8, "a kernel launch takes microseconds, not nanoseconds"),
+          "sm_count": (1, "a GPU has at least one streaming multiprocessor"),
+          **{key: (1, "an attention kernel's TFLOP/s") for key in ATTENTION_KEYS[1:]}}
 TEXT_KEYS = {"name", "description", "gpu"}  # plain strings (a system's gpu: a name or path)
 
 
@@ -164,7 +173,7 @@ def load_profile(kind: str, name: str) -> Profile:
     if missing:
         raise UserError(field, f"{path}: missing {', '.join(missing)}")
     sections = {section: _section(field, path, section, data[section])
-                for section in ("compute", "compute_fp8") if section in data}
+                for section in SECTION_KEYS if section in data}
     if kind == "system" and not isinstance(data.get("gpu"), str):
         raise UserError(field, f"{path}: a system names its gpu (gpu = \"h100-sxm-80gb\")")
     return Profile(kind, str(data.get("name", path.stem)), str(data.get("description", "")),
@@ -173,8 +182,8 @@ def load_profile(kind: str, name: str) -> Profile:
 
 def _check_keys(field: str, path: Path, data: dict, numbers: tuple, kind: str) -> None:
     """Only known keys; names and descriptions one line of text; aliases a list of names."""
-    known = set(numbers) | TEXT_KEYS | {"aliases"} | ({"compute", "compute_fp8"}
-                                                    if kind == "gpu" else set())
+    known = set(numbers) | TEXT_KEYS | {"aliases"} | (set(SECTION_KEYS) if kind == "gpu"
+                                                    else set())
     for key, value in data.items():
         if key not in known:
             raise UserError(field, f"{path}:{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -187,13 +196,13 @@ def _check_keys(field: str, path: Path, data: dict, numbers: tuple, kind: str) -
 
 
 def _section(field: str, path: Path, section: str, body) -> dict:
-    """A [compute] / [compute_fp8] table: known keys, each a sourced number."""
+    """A [compute] / [compute_fp8] / [attention] table: known keys, each a sourced number."""
     if not isinstance(body, dict):
         raise UserError(field, f"{path}:{section}: must be a table ([{section}]), got {body!r}")
-    unknown = set(body) - set(COMPUTE_KEYS)
+    unknown = set(body) - set(SECTION_KEYS[section])
     if unknown:
         raise UserError(field, f"{path}:{section}.{sorted(unknown)[0]}: unknown key "
-                               f"(known: {', '.join(COMPUTE_KEYS)})")
+                               f"(known: {', '.join(SECTION_KEYS[section])})")
     return {k: _sourced(field, path, f"{section}.{k}", v) for k, v in body.items()}
 
 
@@ -243,7 +252,8 @@ def gpu_profile(name: str) -> GPUProfile:
         fitted_fp8={k: s.value for k, s in prof.sections.get("compute_fp8", {}).items()},
         host_link_GBps=prof.value("host_link_GBps"),
         cuda_context=prof.numbers.get("cuda_context_MiB"),
-        cublas_workspace=prof.numbers.get("cublas_workspace_MiB"))
+        cublas_workspace=prof.numbers.get("cublas_workspace_MiB"),
+        attention={k: s.value for k, s in prof.sections.get("attention", {}).items()})
     _check_consistent(prof.path, gpu)
     return gpu
 
@@ -260,6 +270,7 @@ def _check_consistent(path: str, gpu: GPUProfile) -> None:
     if (gpu.peak_fp8_flops is None) != (gpu.ceiling_fp8_flops is None):
         refuse("ceiling_fp8_TFLOPs", "give peak_fp8_TFLOPs and ceiling_fp8_TFLOPs together (a "
                                      "GPU with FP8 tensor cores has both, one without neither)")
+    _check_attention(refuse, gpu.attention)
     if gpu.peak_fp8_flops is None:
         return
     if not gpu.peak_flops <= gpu.peak_fp8_flops <= 4 * gpu.peak_flops:
@@ -268,6 +279,17 @@ def _check_consistent(path: str, gpu: GPUProfile) -> None:
     if gpu.ceiling_fp8_flops > gpu.peak_fp8_flops:
         refuse("ceiling_fp8_TFLOPs", f"{gpu.ceiling_fp8_flops / 1e12:g} exceeds the peak "
                                      f"peak_fp8_TFLOPs {gpu.peak_fp8_flops / 1e12:g}")
+
+
+def _check_attention(refuse, attention: dict) -> None:
+    """An [attention] section names its SMs and gives each kernel's forward and backward
+    figures together."""
+    if attention and "sm_count" not in attention:
+        refuse("attention.sm_count", "an [attention] section gives the GPU's SMs")
+    for kernel in ("fa2", "fa3", "cudnn"):
+        if (f"{kernel}_fwd_TFLOPs" in attention) != (f"{kernel}_bwd_TFLOPs" in attention):
+            refuse(f"attention.{kernel}_bwd_TFLOPs", f"give {kernel}_fwd_TFLOPs and "
+                                                     f"{kernel}_bwd_TFLOPs together")
 
 
 @lru_cache(maxsize=64)

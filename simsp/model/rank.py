@@ -60,6 +60,8 @@ class Rank:
     precision: object = DEFAULT_PRECISION  # simsp.scenario.precision.Precision: state dtypes, FP8
     fp8: object = None  # simsp.scenario.precision.Fp8 when the linear layers run in FP8
     cp: ContextParallelAttention | None = None  # the rank's CP attention (context parallelism)
+    attention: object = None  # hardware/attention_kernels.py AttentionRates of its fused core
+    kernel_log: list | None = None  # (name, phase, kind, flops, bytes, seconds) per kernel, if set
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
     def __post_init__(self):
@@ -125,6 +127,7 @@ class Rank:
         if kind == "gemm":
             self.flops[self.phase] += flops
         duration = kernel_time(kind, flops, nbytes, gemm, self.compute_cal)
+        self._log(name, kind, flops, nbytes, duration)
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
         start = self.env.now
         yield self.env.timeout(duration)
@@ -136,12 +139,18 @@ class Rank:
         """Hold the compute stream for a kernel timed by the caller (FP8 GEMMs)."""
         if kind == "gemm":
             self.flops[self.phase] += flops
+        self._log(name, kind, flops, 0, duration)
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
         start = self.env.now
         yield self.env.timeout(duration)
         if self.trace is not None:
             self.trace.add_span(self.rank, "compute", name, start, self.env.now,
                                 {"phase": self.phase, "kind": kind})
+
+    def _log(self, name: str, kind: str, flops: int, nbytes: int, seconds: float) -> None:
+        """One kernel into kernel_log, when a caller asked for it (`simsp layer --ops`)."""
+        if self.kernel_log is not None:
+            self.kernel_log.append((name, self.phase, kind, flops, nbytes, seconds))
 
     def count_exposed(self, track: str, seconds: float) -> None:
         """Time the program waited on communication that no compute hid."""

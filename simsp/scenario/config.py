@@ -68,7 +68,9 @@ class Model:
 
     @property
     def flash(self) -> bool:
-        return self.attention_backend == "flash"
+        """A fused core that keeps no s x s tensor (flash, fused, auto); unfused and local
+        (Megatron's own unfused path) keep them."""
+        return self.attention_backend in ("flash", "fused", "auto")
 
     @property
     def rmsnorm(self) -> bool:

@@ -13,10 +13,9 @@ from simsp.scenario import flags
 from simsp.scenario.megatron_flags import KNOWN, LAUNCHER_WORLD, TOKENIZER_FLAGS, TRAINING_ONLY
 
 WHERE = "--megatron-args"
-# Megatron's --attention-backend values simsp has no row for, read as the core they run
-# (megatron/core/transformer/enums.py AttnBackend: auto and fused pick Transformer Engine's
-# fused attention, which keeps no s x s tensor, as FlashAttention; local is the unfused core)
-READ_AS = {"--attention-backend": {"auto": "flash", "fused": "flash", "local": "unfused"}}
+# Megatron's flag values simsp has no row for, read as what they run (none now: every
+# --attention-backend value of megatron/core/transformer/enums.py AttnBackend is a row)
+READ_AS: dict = {}
 
 
 class LaunchLine(NamedTuple):

@@ -9,7 +9,7 @@ from simsp.scenario.table.row import INT_OR_STR, Bound, Field, Switch
 
 NORMALIZATION_CHOICES = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDING_CHOICES = ("learned_absolute", "rope", "none")
-ATTENTION_BACKEND_CHOICES = ("unfused", "flash")
+ATTENTION_BACKEND_CHOICES = ("unfused", "flash", "fused", "local", "auto")  # Megatron's AttnBackend
 MOE_SCORE_CHOICES = ("softmax", "sigmoid")  # --moe-router-score-function
 MOE_BALANCING_CHOICES = ("aux_loss", "none")  # --moe-router-load-balancing-type
 
@@ -66,8 +66,9 @@ MODEL = (
                "untied"),)),
     Field("model", "add_bias_linear", bool, True, switches=(
         Switch("--disable-bias-linear", False, "no biases in linear layers", "nobias"),)),
-    Field("model", "attention_backend", str, "unfused", "attention core: unfused (s x s tensors "
-          "kept) or flash (FlashAttention)", "attn-", choices=ATTENTION_BACKEND_CHOICES,
+    Field("model", "attention_backend", str, "unfused", "attention core: unfused or local (s x s "
+          "tensors kept), flash (FlashAttention-2), fused (cuDNN) or auto (Transformer Engine's "
+          "pick: cuDNN on Hopper+, else flash); docs/attention_kernels.md", "attn-", choices=ATTENTION_BACKEND_CHOICES,
           switches=(Switch("--use-flash-attn", "flash",
                            "FlashAttention (same as --attention-backend flash)", "flash"),)),
     # Mixture of experts (megatron/core/transformer/moe/; docs/moe.md)

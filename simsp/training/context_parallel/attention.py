@@ -15,7 +15,9 @@ ContextParallelAttention (model/blocks/attention/core.py), which the model calls
 
 import numpy as np
 
+from simsp.hardware.attention_kernels import AttentionShape
 from simsp.model.blocks.attention.core import ContextParallelAttention
+from simsp.model.blocks.attention.flash import fused_core
 from simsp.model.context_split import local_positions
 from simsp.model.mappings import tensor_collective
 from simsp.training.context_parallel.ring_kernels import CpShard, block_backward, block_forward
@@ -27,6 +29,14 @@ from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMa
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
 BACKWARD_GEMMS = ("d_v", "d_probs", "d_q", "d_k")  # after the recomputed scores
+
+
+def _kernel_share(names: tuple) -> tuple:
+    """(backward?, share of the fused kernel) of a call's GEMM names: the forward whole; the
+    backward kernel's 5 equal GEMMs (d_qk = d_v) split 1 recomputed + 4."""
+    if names == FORWARD_GEMMS:
+        return False, 1.0
+    return True, len(names) / (len(BACKWARD_GEMMS) + 1)
 
 
 class SharedRing:
@@ -84,8 +94,17 @@ class CpAttention(ContextParallelAttention):
         b, heads, n, d = q.shape
 
         def run(ring_phase: str, step: int):
-            m, k, cols = block_gemm(n, d, step == diagonal_step(ring_phase, self.size))
+            diagonal = step == diagonal_step(ring_phase, self.size)
+            m, k, cols = block_gemm(n, d, diagonal)
             flops = 2 * b * heads * m * k * cols
+            if r.attention is not None:  # the fused kernel: causal diagonal, whole half blocks
+                backward = ring_phase == "backward"
+                names = (("recompute_scores",) + BACKWARD_GEMMS if backward else FORWARD_GEMMS)
+                shape = AttentionShape(b, heads, heads, n, n if diagonal else n // 2, d, d,
+                                       diagonal)
+                yield from fused_core(r, shape, {f"cp_{x}_{step}": flops for x in names},
+                                      backward)
+                return
             if ring_phase == "backward":
                 saved, r.phase = r.phase, "recompute"
                 yield from r.compute(f"cp_recompute_scores_{step}", "gemm", flops,
@@ -201,7 +220,13 @@ class CpUlysses(CpAttention):
                 for c in range(len(arrays))]  # [component][cp rank]
 
     def _flash(self, r, b: int, heads: int, s: int, d: int, names: tuple):
-        """FlashAttention's GEMMs on the head group's whole sequence (as ops.flash_attention)."""
+        """FlashAttention's GEMMs on the head group's whole sequence (as ops.flash_attention),
+        or the fused kernel of that causal shape where the GPU has its figures."""
+        if r.attention is not None:
+            parts = {f"cp_a2a_{name}": 2 * b * heads * s * s * d for name in names}
+            yield from fused_core(r, AttentionShape(b, heads, heads, s, s, d, d, True), parts,
+                                  *_kernel_share(names))
+            return
         for name in names:
             yield from r.compute(f"cp_a2a_{name}", "gemm", 2 * b * heads * s * s * d,
                                  gemm=(s, d, s))
@@ -310,6 +335,11 @@ class CpAllGather(CpAttention):
         c = n // 2
         for chunk in (self.index, 2 * self.size - 1 - self.index):
             keys = (chunk + 1) * c
+            if r.attention is not None:  # the fused kernel: c queries, causal over `keys`
+                parts = {f"cp_ag_{name}_{chunk}": 2 * b * heads * c * d * keys for name in names}
+                yield from fused_core(r, AttentionShape(b, heads, heads, c, keys, d, d, True),
+                                      parts, *_kernel_share(names))
+                continue
             for name in names:
                 yield from r.compute(f"cp_ag_{name}_{chunk}", "gemm", 2 * b * heads * c * d * keys,
                                      gemm=(c, d, keys))

@@ -120,11 +120,12 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.free(dx)
 
 
-def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP,
-                   keep_experts: bool = False) -> LayerResult:
+def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP, keep_experts: bool = False,
+                   log_kernels: bool = False) -> LayerResult:
     """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results;
     every collective timed by `method` (engine/group_timing.py; RING_ALONE: as a whole);
-    `keep_experts`: on the ranks of the scenario's expert grid instead (one_tp_group)."""
+    `keep_experts`: on the ranks of the scenario's expert grid instead (one_tp_group);
+    log_kernels: rank 0 keeps every kernel in its kernel_log."""
     sc = one_tp_group(sc, keep_experts)
     world = build_world(sc, timing_of=EveryGroup(method))
     numeric = sc.run.mode == "numeric"
@@ -134,6 +135,8 @@ def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP,
                      modules=sc.parallel.recompute_module_set or LayerSpec.modules)
     b = sc.parallel.micro_batch_size
     ranks = [world.ranks[i] for i in sorted(world.ranks)]
+    if log_kernels:
+        ranks[0].kernel_log = []
     records = [RankRecord() for _ in ranks]
     for r, rec in zip(ranks, records):
         world.env.process(layer_program(r, spec, b, shapes, params, x, dout, rec))

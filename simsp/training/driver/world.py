@@ -15,6 +15,7 @@ from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
+from simsp.hardware.attention_kernels import attention_rates
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.precision import precision_of
@@ -98,6 +99,7 @@ def _make_rank(world: World, rank: int) -> Rank:
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
                 comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
                 precision=precision, fp8=precision.fp8, cp=_cp_attention(world, rank),
+                attention=attention_rates(sc.cluster.gpu, sc.model.attention_backend),
                 moe=_expert_rank(sc, rank))
 
 

@@ -2,14 +2,17 @@
 softmax, keeping its output and the fp32 logsumexp instead of any s × s tensor (Dao et al. 2022,
 arXiv:2205.14135; FlashAttention-2, Dao 2023, arXiv:2307.08691): numpy math and the rank's ops.
 K and V come in unexpanded (b, G, s, d), each shared by a/G query heads (blocks/attention/
-heads.py). The timed kernels charge the causal tiles' GEMMs and no element-wise traffic (the
-tiles stay on chip).
+heads.py). Timing: one fused kernel forward, one backward, priced as the tiled kernel the
+backend runs on the rank's GPU (simsp/hardware/attention_kernels.py, docs/attention_kernels.md);
+on a GPU whose profile has no figures for it, as the causal tiles' GEMMs (no element-wise
+traffic: the tiles stay on chip). Either way the FLOPs counted are the causal tiles' GEMMs'.
 """
 
 import math
 
 import numpy as np
 
+from simsp.hardware.attention_kernels import AttentionShape, attention_seconds, shape_of
 from simsp.model.blocks.attention.heads import expand_kv, reduce_kv
 from simsp.model.tensor import FP16, FP32, Tensor
 
@@ -107,14 +110,42 @@ def causal_tile_area(s: int, block: int = FLASH_BLOCK) -> int:
     return block * block * whole * (whole + 1) // 2 + rest * s
 
 
-def _flash_gemms(r, q: Tensor, names: tuple, widths: tuple | None = None):
-    """One batched GEMM of the attention core per name, 2·b·heads·A·w FLOPs each, A the causal
-    tiles' area (causal_tile_area), w the head width it contracts or produces (d; d_v for MLA's
-    value GEMMs) (the tiles stay on chip: no element-wise traffic is charged)."""
-    b, heads, s, d = q.shape
+def _gemm_flops(q: Tensor, widths: tuple) -> list:
+    """FLOPs of each GEMM of the core, 2·b·heads·A·w, A the causal tiles' area
+    (causal_tile_area), w the head width it contracts or produces."""
+    b, heads, s, _ = q.shape
     area = causal_tile_area(s)
-    for name, width in zip(names, widths or (d,) * len(names)):
-        yield from r.compute(name, "gemm", 2 * b * heads * area * width, gemm=(s, width, s))
+    return [2 * b * heads * area * width for width in widths]
+
+
+def _flash_gemms(r, q: Tensor, names: tuple, widths: tuple | None = None):
+    """One batched GEMM of the attention core per name (the fallback pricing, for a GPU without
+    the kernel's figures): FLOPs as _gemm_flops, each at a GEMM's efficiency for (s, w, s)."""
+    s, d = q.shape[2], q.shape[3]
+    widths = widths or (d,) * len(names)
+    for name, width, flops in zip(names, widths, _gemm_flops(q, widths)):
+        yield from r.compute(name, "gemm", flops, gemm=(s, width, s))
+
+
+def fused_core(r, shape: AttentionShape, parts: dict, backward: bool, share: float = 1.0):
+    """One fused attention kernel of `shape` on r's compute stream (r.attention's figures,
+    simsp/hardware/attention_kernels.py), or the `share` of it that `parts` are: its time split
+    over `parts` ({name: FLOPs}) in proportion to their FLOPs, so the FLOPs each phase counts
+    stay the GEMMs'; a name with "recompute" in it counts to the recompute phase."""
+    seconds = attention_seconds(r.attention, shape, backward) * share
+    total = sum(parts.values())
+    for name, flops in parts.items():
+        phase = r.phase
+        if "recompute" in name:
+            r.phase = "recompute"
+        yield from r.hold(name, "gemm", flops, seconds * flops / total)
+        r.phase = phase
+
+
+def _fused_kernel(r, q: Tensor, k: Tensor, v: Tensor, parts: dict, backward: bool):
+    """The layer's causal core as one fused kernel (fused_core) of q, k, v's shapes."""
+    shape = shape_of(q.shape, k.shape[1], q.shape[2], v.shape[-1], True)
+    yield from fused_core(r, shape, parts, backward)
 
 
 def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name: str,
@@ -128,8 +159,12 @@ def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name
     if r.numeric:
         o, lse.data = flash_forward(q.data, k.data, v.data, keep, p)  # (b, a, s, d_v)
         out.data = o.transpose(2, 0, 1, 3).reshape(s, b, heads * dv)
-    yield from _flash_gemms(r, q, (f"{out_name}_scores", f"{out_name}_context"),
-                            None if dv == d else (d, dv))
+    names = (f"{out_name}_scores", f"{out_name}_context")
+    if r.attention is not None:
+        parts = dict(zip(names, _gemm_flops(q, (d, dv))))
+        yield from _fused_kernel(r, q, k, v, parts, backward=False)
+    else:
+        yield from _flash_gemms(r, q, names, None if dv == d else (d, dv))
     return out, lse
 
 
@@ -146,9 +181,14 @@ def flash_attention_backward(r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
         to_heads = lambda x: x.reshape(s, b, heads, width).transpose(1, 2, 0, 3)  # (b,a,s,dv)
         dq.data, dk.data, dv.data = flash_backward(
             to_heads(dout.data), q.data, k.data, v.data, to_heads(out.data), lse.data, keep, p)
+    names = ("flash_recompute_scores", "flash_d_v", "flash_d_probs", "flash_d_q", "flash_d_k")
+    widths = (d, width, width, d, d)
+    if r.attention is not None:
+        parts = dict(zip(names, _gemm_flops(q, widths)))
+        yield from _fused_kernel(r, q, k, v, parts, backward=True)
+        return dq, dk, dv
     phase, r.phase = r.phase, "recompute"
-    yield from _flash_gemms(r, q, ("flash_recompute_scores",))
+    yield from _flash_gemms(r, q, names[:1])
     r.phase = phase
-    yield from _flash_gemms(r, q, ("flash_d_v", "flash_d_probs", "flash_d_q", "flash_d_k"),
-                            None if width == d else (width, width, d, d))
+    yield from _flash_gemms(r, q, names[1:], None if width == d else widths[1:])
     return dq, dk, dv
