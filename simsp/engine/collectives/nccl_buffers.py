@@ -10,7 +10,7 @@ NVIDIA/nccl v2.30.7, the version simsp's tuning port follows (nccl_tuning.py):
   (P2P write) or on the sender (P2P read), each end one allocation; with cuMem (NCCL's default)
   each allocation is rounded up to the 2 MiB granularity: 10 MiB at the receiver and 2 MiB at
   the sender in write mode, 6 + 6 MiB in read mode, 12 MiB a connection either way (NVIDIA/nccl
-  issue 1685 counts allocations of 10,485,760 B and 2,097,152 B on 8 × H100);
+  NVIDIA/nccl issue 1685 counts allocations of 10,485,760 B and 2,097,152 B on 8 × H100);
 - src/transport/net.cc sendProxyConnect / recvProxyConnect: across nodes (GPUDirect RDMA) the
   receiver holds all three in GPU memory and the sender LL128 and Simple (10 MiB each, rounded);
 - ring collectives: one send and one receive connection per channel, on the communicator's
@@ -28,7 +28,7 @@ from simsp.engine.collectives.nccl_tuning import GRAPH_MAX_CHANNELS, NVLINK3_GBP
 LL_BUFFSIZE = 8 * 512 * 8 * 16  # B: init.cc DEFAULT_LL_BUFFSIZE
 LL128_BUFFSIZE = 120 * 640 * 8 * 8  # B: init.cc DEFAULT_LL128_BUFFSIZE
 SIMPLE_BUFFSIZE = 1 << 22  # B: init.cc DEFAULT_BUFFSIZE
-CUMEM_GRANULARITY = 2 << 20  # B: cuMem allocation granularity (issue 1685's 2,097,152 B)
+CUMEM_GRANULARITY = 2 << 20  # B: cuMem granularity (NVIDIA/nccl issue 1685: 2,097,152 B)
 CONTROL_BYTES = 4096  # B: ncclSendMem / ncclRecvMem (comm.h), well under one granule
 
 
