@@ -143,6 +143,13 @@ def test_finished_rows_are_written_when_the_cluster_fails(tmp_path, monkeypatch,
     assert len(list((tmp_path / "cache").glob("*.json"))) == sum(",ok," in x for x in lines)
 
 
+def default_sigint() -> None:
+    """In the child before exec: SIGINT's default action, as at a terminal (a suite started in
+    the background, e.g. `nohup ... &`, hands its children SIGINT ignored, and a command started
+    so ignores Ctrl-C by design)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupt_to_the_process_group_is_one_line(tmp_path):
     """Ctrl-C reaches every process of the group: the workers ignore it, the command prints
     `interrupted`, shuts its cluster down and exits 130."""
@@ -150,7 +157,7 @@ def test_interrupt_to_the_process_group_is_one_line(tmp_path):
             "--seed", ",".join(map(str, range(60))), "--workers", "2", "--quiet", "--out",
             str(tmp_path)]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=default_sigint)
     deadline = time.time() + 300  # a loaded machine starts the cluster slowly
     while not list((tmp_path / "cache").glob("*.json")) and time.time() < deadline:
         time.sleep(0.2)  # the cluster is up and rows are finishing
@@ -191,7 +198,8 @@ def test_an_interrupt_while_the_workers_start_is_not_lost():
     """The command ignores SIGINT while the nannies start (they inherit it); a Ctrl-C then
     still ends the command: a `sleep` witness in the process group dies of it."""
     process = subprocess.run([sys.executable, "-c", STARTING], capture_output=True, text=True,
-                             start_new_session=True, cwd=REPO, timeout=60)
+                             start_new_session=True, cwd=REPO, timeout=60,
+                             preexec_fn=default_sigint)
     assert process.stdout.split() == ["closed", "interrupted"], process.stderr
 
 
