@@ -14,7 +14,8 @@ from simsp.training.pipeline.schedule_step import (
 
 
 def zb_h1(p: int, m: int) -> Schedule:
-    """ZB-H1: stage r holds at most p - r micro-batches' activations, 1F1B's (arXiv:2401.10241 §2.1)."""
+    """ZB-H1: stage r holds at most p - r micro-batches' activations, 1F1B's
+    (arXiv:2401.10241 §2.1)."""
     _check_sizes(p, m)
     return unit_time_heuristic(p, m, [p - r for r in range(p)])
 
