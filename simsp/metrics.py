@@ -31,17 +31,25 @@ def stage_ranks(run) -> list[int]:
 
 
 def bubble(run) -> tuple[float, list[float]]:
-    """The pipeline bubble, defined once from pipeline wait (exposure's pp_wait: blocked on a
-    peer stage in fill and drain, plus the idle tail): per stage pp_wait over the stage's
-    schedule work (its steps, from input ready to end), N21 §2.2.1's bubble time over ideal
-    time m·(tf + tb); the pipeline's is all stages' wait over all their work (GPU time idle
-    per GPU time working; each stage's for uniform stages). 0 at p = 1, where none waits."""
+    """The pipeline bubble as a fraction in [0, 1], defined once from pipeline wait (exposure's
+    pp_wait: blocked on a peer stage in fill and drain, plus the idle tail): per stage pp_wait
+    over pp_wait plus the stage's schedule work (its steps, from input ready to end), the share
+    of its pipeline time the stage sits idle; the pipeline's is all stages' wait over all their
+    wait and work. Uniform stages give GPipe's (p−1)/(m+p−1) (Huang et al., arXiv:1811.06965
+    §2.2), N21 §2.2.1's ratio t_pb/t_id = (p−1)/m turned into a share (that ratio exceeds 1
+    when m < p − 1 or a stage works little, e.g. a last stage of one layer); docs/schedules.md.
+    0 at p = 1, where none waits."""
     waits, works = [], []
     for rank, row in zip(stage_ranks(run), exposure(run)):
         waits.append(row["pp_wait"])
         works.append(sum(end - begin for *_, begin, end in run.results.steps.get(rank, [])))
-    per_stage = [wait / work if work else 0.0 for wait, work in zip(waits, works)]
-    return (sum(waits) / sum(works) if sum(works) else 0.0), per_stage
+    per_stage = [_share(wait, work) for wait, work in zip(waits, works)]
+    return _share(sum(waits), sum(works)), per_stage
+
+
+def _share(wait: float, work: float) -> float:
+    """wait / (wait + work), 0 without work."""
+    return wait / (wait + work) if work else 0.0
 
 
 def _counted_flops(run) -> tuple[float, float]:

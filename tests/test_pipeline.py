@@ -76,17 +76,22 @@ def test_later_1f1b_stages_hold_fewer_micro_batches():
 
 @pytest.mark.parametrize("parallel,v", [({}, 1), ({"global_batch_size": 16}, 1),
                                         ({"schedule": "gpipe"}, 1),
+                                        ({"global_batch_size": 2}, 1),  # m = 1: N21's ratio 3
                                         ({"num_layers_per_virtual_pipeline_stage": 2}, 4),
                                         ({"num_layers_per_virtual_pipeline_stage": 4,
                                           "global_batch_size": 16}, 2)])
 def test_bubble_fraction_matches_n21(parallel, v):
-    """(p−1)/m for GPipe and 1F1B, (p−1)/(v·m) interleaved; the small excess is the stages'
-    wait for the embedding/head work of the end stages (real stages are not quite uniform) and
-    for the tied-embedding reduction; interleaving makes v times more transfers."""
+    """Idle over idle plus work: (p−1)/(m+p−1) for GPipe and 1F1B, (p−1)/(v·m+p−1)
+    interleaved, i.e. N21's bubble time over ideal time (p−1)/m, (p−1)/(v·m) as a share; the
+    small excess is the stages' wait for the embedding/head work of the end stages (real
+    stages are not quite uniform) and for the tied-embedding reduction; interleaving makes v
+    times more transfers."""
     sc = big_meta(**parallel)
-    expected = (sc.parallel.pp - 1) / (v * sc.parallel.num_micro_batches)
+    p, m = sc.parallel.pp, sc.parallel.num_micro_batches
     measured = run_metrics(sc)["bubble_fraction"]
-    assert expected <= measured <= expected * (1.015 if v == 1 else 1.09)
+    assert (p - 1) / (v * m + p - 1) <= measured < 1
+    n21_ratio = (p - 1) / (v * m)  # bubble time over ideal time, N21 §2.2.1
+    assert n21_ratio <= measured / (1 - measured) <= n21_ratio * (1.015 if v == 1 else 1.09)
 
 
 def test_weights_gradients_optimizer_are_18_bytes_per_parameter():

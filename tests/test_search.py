@@ -107,15 +107,16 @@ def test_cli_search_rejects_bad_counts(capsys, tmp_path, flag, value):
 
 
 def test_explanations_from_a_hand_made_row():
-    """Bubble seconds = T − T/(1 + f): 12 − 12/1.2 = 2 s; waits are shown, not counted twice."""
-    best = {"status": "ok", "iteration_time_s": 10.0, "bubble_fraction": 0.25,
+    """Bubble seconds = T × f (f the idle share): 12 × 0.25 = 3 s against the best's
+    10 × 0.2 = 2 s; waits are shown, not counted twice."""
+    best = {"status": "ok", "iteration_time_s": 10.0, "bubble_fraction": 0.2,
             "exposed_tp_comm_s": 1.0, "exposed_pp_wait_s": 0.5, "headroom_bytes": 2 * 2**30}
-    row = {**best, "iteration_time_s": 12.0, "bubble_fraction": 0.2, "exposed_tp_comm_s": 0.5}
-    assert limits(row) == ("bubble 2.000 s (20.0%), tp_comm 500.000 ms, pp_wait 500.000 ms "
+    row = {**best, "iteration_time_s": 12.0, "bubble_fraction": 0.25, "exposed_tp_comm_s": 0.5}
+    assert limits(row) == ("bubble 3.000 s (25.0%), tp_comm 500.000 ms, pp_wait 500.000 ms "
                            "(in the bubble); headroom 2.0 GiB; largest loss: bubble")
-    # bubble 2 s vs 2 s: +0; tp_comm −0.5 s; the rest +2.5 s of the +2 s
-    assert why_lost(row, best) == ("+20.0% time vs the best: compute and rest +2.500 s, "
-                                   "tp_comm -500.000 ms, bubble +0.000 us")
+    # bubble 3 s vs 2 s: +1 s; tp_comm −0.5 s; the rest +1.5 s of the +2 s
+    assert why_lost(row, best) == ("+20.0% time vs the best: compute and rest +1.500 s, "
+                                   "bubble +1.000 s, tp_comm -500.000 ms")
     oom = {**row, "status": "oom", "oom_stage": 3, "oom_bytes_over": 1.5 * 2**30}
     assert why_lost(oom, best) == "OOM on stage 3 by 1.50 GiB (would take 12.000 s)"
 

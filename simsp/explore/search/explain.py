@@ -10,8 +10,8 @@ def _present(value) -> bool:
 
 
 def bubble_seconds(row: dict) -> float:
-    """Pipeline bubble in seconds: time − time / (1 + bubble fraction) (N21 §2.2.1)."""
-    return row["iteration_time_s"] - row["iteration_time_s"] / (1 + row["bubble_fraction"])
+    """Pipeline bubble in seconds: time × bubble fraction (the idle share, metrics.bubble)."""
+    return row["iteration_time_s"] * row["bubble_fraction"]
 
 
 def exposed(row: dict) -> dict:

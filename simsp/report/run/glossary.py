@@ -17,9 +17,11 @@ GLOSSARY = (
     ("schedule (1F1B, interleaved)", "The order in which each stage runs forward (F) and "
      "backward (B) steps; interleaving gives each GPU several model chunks (virtual stages) to "
      "shrink the bubble (N21 §2.2)."),
-    ("bubble", "A stage's pipeline wait over its schedule's work (its forward and backward "
-     "steps): N21 §2.2.1's bubble time over ideal time; the pipeline's bubble fraction is all "
-     "stages' wait over all their work; 0 with one stage."),
+    ("bubble", "The share of a stage's pipeline time spent waiting on peer stages (fill, "
+     "drain, the idle tail): its wait over its wait plus its schedule's work (its forward and "
+     "backward steps), a fraction in [0, 1]; (p−1)/(m+p−1) for uniform 1F1B stages (GPipe, "
+     "arXiv:1811.06965); the pipeline's is all stages' wait over all their wait and work; 0 "
+     "with one stage (docs/schedules.md)."),
     ("activation", "A tensor saved in the forward pass for use in the backward pass; activation "
      "memory grows with the micro-batches in flight (K22 §4)."),
     ("recompute", "Saving fewer activations and recomputing them in the backward pass. "

@@ -156,12 +156,13 @@ def exposed_kinds(frame) -> list[str]:
 
 def plot_exposed(frame, path: Path) -> Path:
     """Where the best rows' time goes beyond compute, stacked per row: the pipeline bubble,
-    time − time/(1 + bubble fraction) (N21 §2.2.1), then each kind of exposed communication."""
+    time × bubble fraction (the idle share, metrics.bubble), then each kind of exposed
+    communication."""
     top = frame.head(TOP_BARS)
     fig, ax = plt.subplots(figsize=(14, 1.4 + 0.38 * len(top)))
     y = np.arange(len(top))[::-1]  # (k,) best at the top
     time = top["iteration_time_s"].to_numpy(dtype=float)  # (k,)
-    left = time - time / (1 + top["bubble_fraction"].to_numpy(dtype=float))  # (k,)
+    left = time * top["bubble_fraction"].to_numpy(dtype=float)  # (k,)
     ax.barh(y, left, color="#bbbbbb", label="bubble")
     for column in (c for c in exposed_kinds(top) if not c.endswith("_wait_s")):  # waits: bubble
         values = top[column].fillna(0.0).to_numpy(dtype=float)  # (k,)

@@ -4,11 +4,16 @@ Bubble definition (N21 §2.2.1): bubble time fraction = t_pb / t_id, the idle ti
 per iteration over the ideal time t_id of its own compute; here (T_iteration - T_ideal) / T_ideal
 with T_ideal = one stage's busy time = m*v*(f + b). Gives (p-1)/m for GPipe and 1F1B and
 (p-1)/(v*m) for interleaved 1F1B with uniform per-chunk times and no p2p cost.
+
+The zero-bubble paper (Qi et al., arXiv:2401.10241 §2) counts a stage's bubble as its idle time
+between its own first and last step (`stage_idle`): a schedule whose stages start and end at
+different times (ZB-H2's parallelogram) is bubble-free; `pipeline_bubble` is the largest.
 """
 from dataclasses import dataclass
 
-from simsp.training.pipeline.schedule_check import dependency, execution_order, key_of, stage_of
-from simsp.training.pipeline.schedule_step import FORWARD, Schedule, Step
+from simsp.training.pipeline.schedule_check import dependency, execution_order, key_of
+from simsp.training.pipeline.schedule_step import (
+    BACKWARD, FORWARD, ROUND_ROBIN, Schedule, Step, stage_of)
 
 
 @dataclass(frozen=True)
@@ -35,17 +40,25 @@ class Timeline:
         """Total compute time of one stage."""
         return sum(s.end - s.start for s in self.spans[stage])
 
+    def stage_idle(self, stage: int) -> float:
+        """Idle time of one stage between the start of its first step and the end of its last."""
+        steps = self.spans[stage]
+        return steps[-1].end - min(s.start for s in steps) - self.busy_time(stage)
+
 
 def simulate_uniform(schedule: Schedule, p: int, v: int = 1, forward_time: float = 1.0,
-                     backward_time: float = 2.0, p2p_time: float = 0.0) -> Timeline:
-    """Run each stage's steps in order, each once its stage is free and its input has arrived."""
+                     backward_time: float = 2.0, p2p_time: float = 0.0,
+                     weight_time: float = 0.0, placement: str = ROUND_ROBIN) -> Timeline:
+    """Run each stage's steps in order, each once its stage is free and its input has arrived
+    (a W step takes weight_time; backward_time is then the input-gradient step alone)."""
     free = [0.0] * p
     end: dict = {}
     spans: list[list[Span]] = [[] for _ in range(p)]
-    for stage, step in execution_order(schedule, p, v):
-        start = max(free[stage], _input_ready(step, stage, p, v, end, p2p_time))
-        finish = start + (forward_time if step.kind == FORWARD else backward_time)
-        end[key_of(step, stage, p)] = finish
+    took = {FORWARD: forward_time, BACKWARD: backward_time}
+    for stage, step in execution_order(schedule, p, v, placement):
+        start = max(free[stage], _input_ready(step, stage, p, v, end, p2p_time, placement))
+        finish = start + took.get(step.kind, weight_time)
+        end[key_of(step, stage, p, placement)] = finish
         free[stage] = finish
         spans[stage].append(Span(step, start, finish))
     return Timeline(tuple(tuple(s) for s in spans))
@@ -57,10 +70,16 @@ def bubble_fraction(result: Timeline) -> float:
     return (result.iteration_time - ideal) / ideal
 
 
-def _input_ready(step: Step, stage: int, p: int, v: int, end: dict, p2p_time: float) -> float:
+def pipeline_bubble(result: Timeline) -> float:
+    """The largest stage idle time between a stage's first and last step (arXiv:2401.10241 §2)."""
+    return max(result.stage_idle(stage) for stage in range(len(result.spans)))
+
+
+def _input_ready(step: Step, stage: int, p: int, v: int, end: dict, p2p_time: float,
+                 placement: str) -> float:
     """When the step's input is here: its dependency's end, plus p2p_time if it crossed stages."""
-    need = dependency(step, stage, p, v)
+    need = dependency(step, stage, p, v, placement)
     if need is None:
         return 0.0
-    hop = p2p_time if stage_of(need[2], p) != stage else 0.0
+    hop = p2p_time if stage_of(need[2], p, placement) != stage else 0.0
     return end[need] + hop

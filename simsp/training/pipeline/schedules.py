@@ -1,17 +1,21 @@
 """Pipeline schedules as plain data: per stage, the ordered list of forward/backward steps.
 
 Sources: N21 §2.2 (GPipe, 1F1B, interleaved 1F1B) and Megatron-LM
-megatron/core/pipeline_parallel/schedules.py (warm-up counts and chunk/micro-batch numbering).
+megatron/core/pipeline_parallel/schedules.py (warm-up counts and chunk/micro-batch numbering);
+the zero-bubble family (split backward: B then W) is training/pipeline/zero_bubble.py's.
 """
 from simsp.errors import UserError
 from simsp.training.pipeline.schedule_check import check_schedule, execution_order
-from simsp.training.pipeline.schedule_step import BACKWARD, FORWARD, Schedule, Step
-from simsp.training.pipeline.schedule_timing import Span, Timeline, bubble_fraction, simulate_uniform
+from simsp.training.pipeline.schedule_step import (
+    BACKWARD, FORWARD, ROUND_ROBIN, V_SHAPE, Schedule, Step)
+from simsp.training.pipeline.schedule_timing import (
+    Span, Timeline, bubble_fraction, pipeline_bubble, simulate_uniform)
+from simsp.training.pipeline.zero_bubble import zb_h1, zb_h2, zbv
 
 __all__ = ["Step", "Schedule", "Span", "Timeline", "SCHEDULES", "gpipe", "one_f_one_b",
            "interleaved_one_f_one_b", "build_schedule", "check_schedule", "execution_order",
-           "simulate_uniform", "bubble_fraction", "max_in_flight", "one_f_one_b_warmup",
-           "interleaved_warmup"]
+           "simulate_uniform", "bubble_fraction", "pipeline_bubble", "max_in_flight",
+           "one_f_one_b_warmup", "interleaved_warmup", "placement_of", "SPLIT_BACKWARD"]
 
 
 def gpipe(p: int, m: int) -> Schedule:
@@ -62,16 +66,26 @@ SCHEDULES = {
     "gpipe": lambda p, m, v: gpipe(p, m),
     "1f1b": lambda p, m, v: one_f_one_b(p, m),
     "interleaved": interleaved_one_f_one_b,
+    "zb-h1": lambda p, m, v: zb_h1(p, m),
+    "zb-h2": lambda p, m, v: zb_h2(p, m),
+    "zbv": zbv,
 }
+CHUNKED = ("interleaved", "zbv")  # the schedules that hold more than one chunk per stage
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zbv")  # backward as B then W (arXiv:2401.10241)
 
 
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """The schedule called `name` ("gpipe" | "1f1b" | "interleaved"); v is for interleaved."""
+    """The schedule called `name` (a key of SCHEDULES); v is for interleaved and zbv (2)."""
     if name not in SCHEDULES:
         raise UserError("schedule", f"unknown {name!r}; choose one of {sorted(SCHEDULES)}")
-    if v != 1 and name != "interleaved":
-        raise UserError("v", f"{v} model chunks per stage need interleaved, not {name}")
+    if v != 1 and name not in CHUNKED:
+        raise UserError("v", f"{v} model chunks per stage need interleaved or zbv, not {name}")
     return SCHEDULES[name](p, m, v)
+
+
+def placement_of(name: str) -> str:
+    """Where a schedule's chunks sit: the V for zbv, else Megatron's round robin."""
+    return V_SHAPE if name == "zbv" else ROUND_ROBIN
 
 
 def max_in_flight(schedule: Schedule) -> list[int]:
@@ -80,10 +94,11 @@ def max_in_flight(schedule: Schedule) -> list[int]:
 
 
 def _peak_in_flight(steps: list[Step]) -> int:
-    """Walk one stage's steps counting stashed activations; forward +1, backward -1."""
+    """Walk one stage's steps counting stashed activations; forward +1, backward -1 (a W step
+    keeps only the linears' inputs, counted apart: arXiv:2401.10241 Table 1's M_W)."""
     current = peak = 0
     for step in steps:
-        current += 1 if step.kind == FORWARD else -1
+        current += {FORWARD: 1, BACKWARD: -1}.get(step.kind, 0)
         peak = max(peak, current)
     return peak
 
