@@ -135,3 +135,17 @@ def test_bad_sizes_name_the_field(call, field):
     with pytest.raises(UserError) as caught:
         call()
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize("pp", [4, 8, 16])
+@pytest.mark.parametrize("f_and_b", [2.0, 2.2, 2.5, 2.8])
+def test_overlap_gain_the_middle_ranks_idle_table_2s_bubble(pp, f_and_b):
+    """F = B = W = 1 and F + B <= F&B <= F + B + W: the middle ranks (PP/2 - 1, PP/2) idle
+    (PP/2 - 1)(F&B + B - 3W) with Table 2's B = 2, the others less (they start pairs earlier)."""
+    m = 2 * pp + 4
+    timeline = simulate_ops(dualpipe(pp, m), Durations(1.0, 1.0, 1.0, f_and_b))
+    published = (pp / 2 - 1) * (f_and_b + 2.0 - 3.0)
+    bubbles = [timeline.bubble(rank) for rank in range(pp)]
+    for middle in (pp // 2 - 1, pp // 2):
+        assert bubbles[middle] == pytest.approx(published, abs=1e-12)
+    assert max(bubbles) == pytest.approx(published, abs=1e-12)
