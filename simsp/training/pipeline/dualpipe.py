@@ -24,6 +24,7 @@ class _RankOps:
     """One rank's op list being written, tracking the next micro-batch of each phase."""
 
     def __init__(self, chunk_of_phase: tuple[int, int], first_micro_batch: tuple[int, int]):
+        """Nothing run yet; phases map to chunks and to their first global micro-batch."""
         self.chunk_of_phase = chunk_of_phase  # phase -> chunk (DualPipe: direction)
         self.first = first_micro_batch  # phase -> global id of its chunk's first micro-batch
         self.forwards, self.backwards = [0, 0], [0, 0]

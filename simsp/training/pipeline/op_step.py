@@ -27,6 +27,7 @@ class Task:
     chunk: int = 0
 
     def __str__(self) -> str:
+        """'F3.0': kind, micro-batch, chunk."""
         return f"{self.kind}{self.micro_batch}.{self.chunk}"
 
 
@@ -42,6 +43,7 @@ class Op:
         return len(self.tasks) == 2
 
     def __str__(self) -> str:
+        """'F3.0&BW5.1' for a pair, else the task."""
         return "&".join(map(str, self.tasks))
 
 
