@@ -10,8 +10,8 @@ from simsp.errors import UserError, one_line
 from simsp.scenario.flags import Parser
 from simsp.progress import add_quiet_flag
 
-COMMANDS = ("run", "layer", "verify", "ring", "calibrate", "validate", "sweep", "search",
-            "whatif", "hardware", "probe", "memory")
+COMMANDS = ("run", "layer", "verify", "ring", "schedule", "calibrate", "validate", "sweep",
+            "search", "whatif", "hardware", "probe", "memory")
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141  # 128 + SIGINT, 128 + SIGPIPE
 
 
