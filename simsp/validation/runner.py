@@ -4,7 +4,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.batch_work import TOTAL_TIME_LIMIT_S
+from simsp.shortcuts.work_counts import row_seconds
 from simsp.scenario.work import check_work
 from simsp.engine.collectives.ring_plan import COLLECTIVES
 from simsp.errors import UserError

@@ -12,7 +12,8 @@ are bounded too (README "Limits").
 import math
 import os
 
-from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.batch_work import TOTAL_TIME_LIMIT_S
+from simsp.shortcuts.work_counts import row_seconds
 from simsp.scenario.work import check_work
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError

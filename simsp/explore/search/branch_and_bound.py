@@ -10,7 +10,8 @@ reported (the ranking is then only as sound as that check). `exhaustive` simulat
 from dataclasses import dataclass, field
 
 from simsp.analytic import model_flops
-from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.batch_work import TOTAL_TIME_LIMIT_S
+from simsp.shortcuts.work_counts import row_seconds
 from simsp.explore.evaluation.cache import ResultCache
 from simsp.errors import UserError
 from simsp.explore.configs.grid import Config
