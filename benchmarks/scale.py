@@ -13,7 +13,8 @@ the links (engine/network.py `flows_started`) and fair-share solves.
 Families (the layouts of docs/PERFORMANCE.md "Scale"):
 - gpt3-175b-h100: GPT-3 175B on DGX H100 as NeMo's recipe runs it (NVIDIA/NeMo
   examples/nlp/language_modeling/conf/gpt3_175b.yaml style: TP 4 with SP, PP 8 interleaved,
-  distributed optimizer, overlapped gradient reduce and parameter gather), global batch 2048;
+  distributed optimizer, overlapped gradient reduce and parameter gather), 16 micro-batches
+  per replica;
 - deepseek-v3: scenarios/deepseek-v3.toml (EP 64, PP 16, MLA), d from the GPU count;
 - llama3.1-405b-fsdp: scenarios/llama3.1-405b.toml at TP 8 PP 16 with Megatron-FSDP;
 - cp-128k: scenarios/llama3-70b.toml at 128K tokens, TP 8, CP 8 and 16;
@@ -37,12 +38,13 @@ QUICK = (128, 256, 512)
 
 
 def _gpt3(gpus: int) -> list[str]:
-    """GPT-3 175B, NeMo's H100 layout: d = GPUs / 32."""
+    """GPT-3 175B, NeMo's H100 layout: d = GPUs / 32, 16 micro-batches per replica (NeMo's
+    global batch 2048 at 4,096 GPUs)."""
     return ["scenarios/paper-175b.toml", "--system", "dgx-h100",
             "--tensor-model-parallel-size", "4", "--sequence-parallel",
             "--pipeline-model-parallel-size", "8", "--num-layers-per-virtual-pipeline-stage", "6",
             "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-            "--global-batch-size", "2048", "--world-size", str(gpus)]
+            "--global-batch-size", str(gpus // 2), "--world-size", str(gpus)]
 
 
 def _deepseek(gpus: int) -> list[str]:
@@ -114,14 +116,12 @@ CHILD = """
 import json, resource, sys, time
 from simsp.cli import build_parser
 from simsp.scenario.outside import scenario_from_args
-from simsp.scenario.work import estimated_counts, meta_seconds
-from simsp.shortcuts.work_facts import work_facts
+from simsp.shortcuts.work_counts import estimated_counts, run_seconds
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 args = build_parser().parse_args(["run", *sys.argv[1:], "--mode", "meta"])
 sc = scenario_from_args(args)
 start = time.process_time()
 shortcuts = Shortcuts.for_scale(sc)
-facts = work_facts(sc, shortcuts)
 run = simulate_iteration(sc, shortcuts, trace="none")
 spent = time.process_time() - start
 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -129,8 +129,8 @@ network = run.inputs.world.network
 print(json.dumps({"cpu_s": spent, "rss_bytes": usage.ru_maxrss * 1024,
                   "events": next(run.inputs.world.env._eid), "flows": network.flows_started,
                   "solves": network.rate_computations,
-                  "estimate_s": meta_seconds(sc, True, facts=facts),
-                  "estimate": estimated_counts(sc, facts)._asdict()}))
+                  "estimate_s": run_seconds(sc, shortcuts),
+                  "estimate": estimated_counts(sc, shortcuts)._asdict()}))
 """
 
 
@@ -180,7 +180,7 @@ def _row_text(row: dict, cap_s: float) -> str:
     ratio = row["cpu_s"] / row["estimate_s"] if row["estimate_s"] else math.inf
     return (f"{head}{row['cpu_s']:>9.2f}{row['rss_bytes'] / 2 ** 30:>7.2f}{row['events']:>11}"
             f"{row['flows']:>10}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}"
-            f"{ratio:>7.2f}")
+            f"{ratio:>9.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write every row here")
     args = parser.parse_args(argv)
     print(f"{'family':<20}{'size':>7}{'cpu s':>9}{'GiB':>7}{'events':>11}{'flows':>10}"
-          f"{'est fl':>10}{'est s':>9}{'meas/est':>7}")
+          f"{'est fl':>10}{'est s':>9}{'meas/est':>9}")
     rows = []
     for name in args.only:
         family = run_family(name, args.quick, args.cap)
