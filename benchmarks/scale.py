@@ -133,17 +133,39 @@ print(json.dumps({"cpu_s": spent, "rss_bytes": usage.ru_maxrss * 1024,
                   "estimate": estimated_counts(sc, shortcuts)._asdict()}))
 """
 
+# Runs in the child for a point past the cap: the estimate alone (the shortcut check, no run).
+ESTIMATE_CHILD = """
+import json, sys
+from simsp.cli import build_parser
+from simsp.scenario.outside import scenario_from_args
+from simsp.shortcuts.work_counts import estimated_counts, run_seconds
+from simsp.training.driver.iteration import Shortcuts
+sc = scenario_from_args(build_parser().parse_args(["run", *sys.argv[1:], "--mode", "meta"]))
+shortcuts = Shortcuts.for_scale(sc)
+print(json.dumps({"cpu_s": None, "estimate_s": run_seconds(sc, shortcuts),
+                  "estimate": estimated_counts(sc, shortcuts)._asdict()}))
+"""
 
-def measure(arguments: list[str], cap_s: float) -> dict | None:
-    """One point in a child process: its counts, CPU and memory; None past the cap."""
+
+def _child(script: str, arguments: list[str], cap_s: float) -> dict | None:
+    """The JSON line a child script prints; None past the cap."""
     try:
-        done = subprocess.run([sys.executable, "-c", CHILD, *arguments], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-c", script, *arguments], cwd=ROOT,
                               capture_output=True, text=True, timeout=cap_s)
     except subprocess.TimeoutExpired:
         return None
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(arguments: list[str], cap_s: float) -> dict:
+    """One point in a child process: its counts, CPU and memory; past the cap, CPU None and
+    the estimate alone (itself under the cap)."""
+    point = _child(CHILD, arguments, cap_s)
+    if point is None:
+        point = _child(ESTIMATE_CHILD, arguments, cap_s) or {"cpu_s": None}
+    return point
 
 
 def growth_exponent(points: list[tuple[int, float]]) -> float | None:
@@ -163,9 +185,9 @@ def run_family(name: str, quick: bool, cap_s: float) -> list[dict]:
     rows = []
     for size in (quick_sizes if quick else sizes):
         point = measure(arguments_of(size), cap_s)
-        rows.append({"family": name, "size": size, **(point or {"cpu_s": None})})
+        rows.append({"family": name, "size": size, **point})
         print(_row_text(rows[-1], cap_s), flush=True)
-        if point is None or "error" in point:
+        if point.get("cpu_s") is None:
             break
     return rows
 
@@ -176,7 +198,9 @@ def _row_text(row: dict, cap_s: float) -> str:
     if "error" in row:
         return f"{head}  error: {row['error']}"
     if row["cpu_s"] is None:
-        return f"{head}{'> ' + format(cap_s, 'g'):>9}"
+        estimate = (f"{'':>27}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}"
+                    if "estimate" in row else "")
+        return f"{head}{'> ' + format(cap_s, 'g'):>9}{estimate}"
     ratio = row["cpu_s"] / row["estimate_s"] if row["estimate_s"] else math.inf
     return (f"{head}{row['cpu_s']:>9.2f}{row['rss_bytes'] / 2 ** 30:>7.2f}{row['events']:>11}"
             f"{row['flows']:>10}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}"
