@@ -17,7 +17,7 @@ Families (the layouts of docs/PERFORMANCE.md "Scale"):
   per replica;
 - deepseek-v3: scenarios/deepseek-v3.toml (EP 64, PP 16, MLA), d from the GPU count;
 - llama3.1-405b-fsdp: scenarios/llama3.1-405b.toml at TP 8 PP 16 with Megatron-FSDP;
-- cp-128k: scenarios/llama3-70b.toml at 128K tokens, TP 8, CP 8 and 16;
+- cp-128k: scenarios/llama3-70b.toml (TP 8, PP 4 interleaved) at 128K tokens, CP 8 and 16;
 - fsdp2-d64: scenarios/llama3-8b.toml with 8 layers under FSDP2, d = GPUs;
 - mtp-deep: scenarios/llama3-8b.toml with 2 layers and D multi-token-prediction depths (the
   "size" is D; one GPU count);
@@ -54,19 +54,19 @@ def _deepseek(gpus: int) -> list[str]:
 
 
 def _llama405_fsdp(gpus: int) -> list[str]:
-    """Llama 3.1 405B at TP 8 PP 16 with Megatron-FSDP, d = GPUs / 128."""
+    """Llama 3.1 405B at TP 8 PP 16 with Megatron-FSDP, d = GPUs / 128, 16 micro-batches per
+    replica."""
     return ["scenarios/llama3.1-405b.toml", "--pipeline-model-parallel-size", "16",
-            "--num-layers-per-virtual-pipeline-stage", "1", "--use-megatron-fsdp",
+            "--num-layers-per-virtual-pipeline-stage", "2", "--use-megatron-fsdp",
             "--data-parallel-sharding-strategy", "optim_grads_params",
-            "--global-batch-size", str(max(256, gpus // 128)), "--world-size", str(gpus)]
+            "--global-batch-size", str(gpus // 8), "--world-size", str(gpus)]
 
 
 def _cp_128k(gpus: int) -> list[str]:
-    """Llama 3 70B at 128K tokens, TP 8, CP = GPUs / 8 (the family's natural sizes)."""
+    """Llama 3 70B as bundled (TP 8, PP 4 interleaved) at 128K tokens, CP = GPUs / 32."""
     return ["scenarios/llama3-70b.toml", "--seq-length", "131072",
-            "--tensor-model-parallel-size", "8", "--context-parallel-size", str(gpus // 8),
-            "--pipeline-model-parallel-size", "1", "--data-parallel-size", "1",
-            "--global-batch-size", "1", "--world-size", str(gpus)]
+            "--context-parallel-size", str(gpus // 32), "--global-batch-size", "4",
+            "--world-size", str(gpus)]
 
 
 def _fsdp2(gpus: int) -> list[str]:
@@ -94,9 +94,11 @@ def _a2a(gpus: int) -> list[str]:
     """A 2-layer MoE (one expert per rank), alltoall dispatcher, EP = d = GPUs."""
     return ["scenarios/tiny.toml", "--num-layers", "2", "--seq-length", "256",
             "--disable-bias-linear", "--num-experts", str(gpus), "--tensor-model-parallel-size", "1",
+            "--pipeline-model-parallel-size", "1",
             "--no-sequence-parallel",
             "--expert-model-parallel-size", str(gpus), "--moe-token-dispatcher-type",
-            "alltoall", "--global-batch-size", str(gpus), "--world-size", str(gpus)]
+            "alltoall", "--micro-batch-size", "1", "--global-batch-size", str(gpus),
+            "--world-size", str(gpus)]
 
 
 # family -> (arguments of one size, full sizes, quick sizes)
@@ -104,7 +106,7 @@ FAMILIES = {
     "gpt3-175b-h100": (_gpt3, SIZES, QUICK),
     "deepseek-v3": (_deepseek, (1024, 2048, 4096), (1024,)),
     "llama3.1-405b-fsdp": (_llama405_fsdp, (2048, 4096, 8192, 16384), (2048,)),
-    "cp-128k": (_cp_128k, (64, 128), (64,)),
+    "cp-128k": (_cp_128k, (256, 512), (256,)),
     "fsdp2-d64": (_fsdp2, (16, 32, 64, 128, 256), (16, 32, 64)),
     "mtp-deep": (_mtp, (64, 256, 1024, 4096), (64, 256)),
     "cp-allgather": (_cp_allgather, (64, 128, 256, 512), (64, 128)),

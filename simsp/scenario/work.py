@@ -77,6 +77,10 @@ MTP_SECONDS_PER_DEPTH_STEP_PER_DEPTH = 8e-6
 # d 4 on DGX H100, 32 micro-batches, 128 layer-steps), about 1e-4 s per flow with its events
 # and fair-share solves.
 SECONDS_PER_FLOW = 1e-4
+# Every run's start: the world (topology, links, ranks), the plans, the metrics; measured on the
+# smallest runs of benchmarks/scale.py (2 to 8 layers, 8 to 128 GPUs: 0.22 to 0.43 CPU s where
+# the terms above gave 0.05 to 0.26, 2026-11-28, loaded 2-core machine).
+RUN_START_SECONDS = 0.15
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -159,8 +163,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     per_depth_step = (MTP_SECONDS_PER_DEPTH_STEP
                       + (sc.model.mtp_num_layers or 0) * MTP_SECONDS_PER_DEPTH_STEP_PER_DEPTH)
     mtp = mtp_steps(sc) * per_depth_step * (1 if representative else p.tp * p.dp)
-    return (layer_steps(sc) * per_step + plans + buckets + fsdp + mtp + pair_seconds(sc)
-            + flows * SECONDS_PER_FLOW)
+    return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
+            + pair_seconds(sc) + flows * SECONDS_PER_FLOW)
 
 
 def pair_seconds(sc) -> float:
