@@ -41,8 +41,9 @@ SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
 # A DP ring that meets only its own collectives runs as one node's piece of one channel
 # (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
-# 256 (0.95 and 3.4 CPU s in all): about 1.5e-5 s per collective per d·G.
-FSDP_SECONDS_PER_COLLECTIVE_PIECE = 1.5e-5
+# 256 (0.95 and 3.4 CPU s in all), and again by benchmarks/scale.py fsdp2-d64 (8 layers, d 16
+# to 64: 0.17 to 0.76 CPU s, 2026-11-28, loaded machine): about 4e-5 s per collective per d·G.
+FSDP_SECONDS_PER_COLLECTIVE_PIECE = 4e-5
 # Context parallelism's ring (p2p) and Ulysses all-to-all (a2a) pass a block between every pair
 # of a CP group's ranks per layer-step, each a transfer on the links: measured (a 2-layer model,
 # s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
