@@ -78,6 +78,16 @@ def test_ring_alone_equals_stepwise_with_latency(per_node, nodes, stride, ib_GBp
     assert symmetric == ((per_node, nodes) != (4, 3))
 
 
+def test_one_member_per_node_has_no_node_piece():
+    """A ring with one GPU on each of 4 nodes (Megatron-FSDP's DP group at TP 8) has no NVLink
+    hop for a node's piece to stand on: no piece, the whole ring stepped instead (this raised
+    IndexError)."""
+    from simsp.engine.collectives.ring_alone import node_segment
+
+    graph = build_topology(Cluster(nodes=4))
+    assert node_segment(graph, [0, 8, 16, 24], CAL, "all_gather", 2 * 2 ** 20, 2) is None
+
+
 def test_closed_form_overestimates_drifting_channels():
     """The closed form is an upper bound: on 16 GPUs NVLink-bound its steps each pay the PXN
     hop's latency, while the stepwise channels drift apart and the port carries one channel's

@@ -24,6 +24,7 @@ from simsp.report.run.figures.drawing import warm_up
 from simsp.report.run.memory_snapshot import snapshot_name, write_memory_snapshots
 from simsp.report.run.painter import start_painter
 from simsp.report.run.summary_md import run_label
+from simsp.shortcuts.work_counts import estimated_counts
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
@@ -123,7 +124,8 @@ def run(args) -> int:
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
-               fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods))
+               fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods),
+               flows=estimated_counts(sc, shortcuts).flows)
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

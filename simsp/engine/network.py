@@ -91,6 +91,12 @@ class Network:
         self.rate_computations = 0  # fair-share solves actually run (memo misses)
 
     @property
+    def flows_started(self) -> int:
+        """Flows started on the links so far, transfers and loads (the work estimate's count,
+        simsp/scenario/work.py)."""
+        return self._next_id
+
+    @property
     def transfers(self) -> list[TransferRecord]:
         """Every delivered transfer, in delivery order."""
         return self.trace.transfers

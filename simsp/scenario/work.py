@@ -41,8 +41,9 @@ SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
 # A DP ring that meets only its own collectives runs as one node's piece of one channel
 # (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
-# 256 (0.95 and 3.4 CPU s in all): about 1.5e-5 s per collective per d·G.
-FSDP_SECONDS_PER_COLLECTIVE_PIECE = 1.5e-5
+# 256 (0.95 and 3.4 CPU s in all), and again by benchmarks/scale.py fsdp2-d64 (8 layers, d 16
+# to 64: 0.17 to 0.76 CPU s, 2026-11-28, loaded machine): about 4e-5 s per collective per d·G.
+FSDP_SECONDS_PER_COLLECTIVE_PIECE = 4e-5
 # Context parallelism's ring (p2p) and Ulysses all-to-all (a2a) pass a block between every pair
 # of a CP group's ranks per layer-step, each a transfer on the links: measured (a 2-layer model,
 # s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
@@ -67,6 +68,20 @@ EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 # its own embedding norm, projection and vocabulary head, untemplated: measured (Llama 3 8B
 # shape, 2 layers, one micro-batch, 8 and 64 depths) 2.0e-3 to 2.8e-3 CPU s per depth-step.
 MTP_SECONDS_PER_DEPTH_STEP = 3e-3
+# ... and each depth-step looks its layer's weights up among every depth's (training/mtp.py
+# _layer_tables scans the whole weight table): D² work per micro-batch. Measured (the same
+# shape, 8 GPUs, 64 and 1,024 depths: 0.27 and 11.3 CPU s) 7.9e-6 s per depth-step per depth.
+MTP_SECONDS_PER_DEPTH_STEP_PER_DEPTH = 8e-6
+# A ring that shares links with other traffic runs step by step, every step's hops as flows on
+# the shared links (the DP and TP rings of the H100 layouts, shortcuts/work_counts.py counts
+# them): measured 2.32 CPU s for 21,840 flows (GPT-3 width, 16 layers, t 4 SP p 8 interleaved,
+# d 4 on DGX H100, 32 micro-batches, 128 layer-steps), about 1e-4 s per flow with its events
+# and fair-share solves.
+SECONDS_PER_FLOW = 1e-4
+# Every run's start: the world (topology, links, ranks), the plans, the metrics; measured on the
+# smallest runs of benchmarks/scale.py (2 to 8 layers, 8 to 128 GPUs: 0.22 to 0.43 CPU s where
+# the terms above gave 0.05 to 0.26, 2026-11-28, loaded 2-core machine).
+RUN_START_SECONDS = 0.15
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
@@ -122,14 +137,15 @@ def numeric_seconds(sc) -> float:
     return flops / NUMERIC_FLOPS_PER_SECOND + overhead
 
 
-def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True) -> float:
+def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
     names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
     rank (no representative shortcut): t*cp*d ranks per stage. `fsdp_pieces` False: the
     shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
-    into equal node pieces), so they are priced per d²."""
+    into equal node pieces), so they are priced per d². `flows`: the stepped rings' flows
+    (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each."""
     p = sc.parallel
     representative = representative and p.cp == 1
     if representative:
@@ -145,8 +161,11 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True) -> float:
         fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
     else:
         fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
-    mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
-    return layer_steps(sc) * per_step + plans + buckets + fsdp + mtp + pair_seconds(sc)
+    per_depth_step = (MTP_SECONDS_PER_DEPTH_STEP
+                      + (sc.model.mtp_num_layers or 0) * MTP_SECONDS_PER_DEPTH_STEP_PER_DEPTH)
+    mtp = mtp_steps(sc) * per_depth_step * (1 if representative else p.tp * p.dp)
+    return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
+            + pair_seconds(sc) + flows * SECONDS_PER_FLOW)
 
 
 def pair_seconds(sc) -> float:
@@ -206,15 +225,24 @@ def simulated_ranks(sc, representative: bool) -> int:
 
 
 def bucket_count(sc) -> int:
-    """Gradient buckets of one stage: its parameters over the bucket size (Megatron DDP,
-    training/data_parallel/grad_buckets.py), at most one per parameter tensor (12 per layer, 3 more)."""
-    p = sc.parallel
+    """Gradient buckets of one stage's rank (Megatron DDP, training/data_parallel/grad_buckets.py):
+    its tensors (TP shards: 12 per layer, the embedding and final norm) filled in order into
+    buckets that close once they hold the bucket size."""
+    p, m = sc.parallel, sc.model
     size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
-    layers = sc.model.num_layers // p.pp
+    layers = m.num_layers // p.pp
     if size is None:
         return 1
-    stage_params = param_count(sc.model) // p.pp
-    return max(1, min(12 * layers + 3, math.ceil(stage_params / size)))
+    h, f, t = m.hidden_size, m.ffn, p.tp
+    layer = [3 * h * h // t, 3 * h // t, h * h // t, h, h * f // t, f // t, f * h // t, h,
+             h, h, h, h]  # QKV, projection, fc1, fc2 (weight, bias), two norms (weight, bias)
+    tensors = layer * layers + [m.vocab_size * h // t, h, h]  # the embedding, the final norm
+    count, held = 0, 0
+    for numel in tensors:  # shape (12 * layers + 3,): per-rank elements of each tensor
+        held += numel
+        if held >= size:
+            count, held = count + 1, 0
+    return max(1, count + (held > 0))
 
 
 def meta_bytes(sc, representative: bool = True) -> int:
@@ -233,17 +261,17 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
-               fsdp_pieces: bool = True) -> None:
+               fsdp_pieces: bool = True, flows: int = 0) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `fsdp_pieces` as meta_seconds."""
+    iterations (verify runs two per checked tensor); `fsdp_pieces` and `flows` as meta_seconds."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
-        seconds = meta_seconds(sc, shortcuts, fsdp_pieces) * iterations
+        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.batch_work import TOTAL_TIME_LIMIT_S
 from simsp.scenario.work import check_work
 from simsp.engine.collectives.ring_plan import COLLECTIVES
 from simsp.errors import UserError
@@ -115,6 +115,7 @@ def check_all(selected: list[tuple], force: bool = False) -> None:
                     check_work(sc, force=force)
                 except UserError as exc:
                     raise UserError(row.where, str(exc)) from None
+                from simsp.shortcuts.work_counts import row_seconds  # the shortcut check: networkx
                 total += row_seconds(sc)
     if total > TOTAL_TIME_LIMIT_S and not force:
         raise UserError("work", f"about {total:.3g} CPU seconds for these rows, above the "

@@ -117,8 +117,8 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
     channels = channel_rings(gpus, per_node)
     m, n = len(by_node[0]), len(gpus)
     count = element_count(nbytes, elem_bytes)
-    if len(by_node) < 2 or len(shapes) != 1 or len(channels) != m or count % (n * m):
-        return None
+    if len(by_node) < 2 or m < 2 or len(shapes) != 1 or len(channels) != m or count % (n * m):
+        return None  # m < 2: one member per node, no NVLink port to stand for the node
     choice = nccl_choice(collective, graph, gpus, nbytes, calibration, RING)
     latencies = [latency for latency, _rate in channel_hops(graph, gpus, channels[:1],
                                                             calibration, choice)[0]]

@@ -12,7 +12,7 @@ are bounded too (README "Limits").
 import math
 import os
 
-from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.batch_work import TOTAL_TIME_LIMIT_S
 from simsp.scenario.work import check_work
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
@@ -79,6 +79,7 @@ def check_sweep(configs: list, force: bool = False) -> None:
                 check_work(sc, force=True)
             except UserError as exc:
                 raise UserError(exc.field, f"row {index} ({config.name}): {exc.reason}") from None
+        from simsp.shortcuts.work_counts import row_seconds  # the shortcut check: networkx
         total += row_seconds(sc)
     if total > TOTAL_TIME_LIMIT_S and not force:
         raise UserError("work", f"about {total:.3g} CPU seconds for {len(seen)} configurations, "

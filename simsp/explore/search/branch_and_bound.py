@@ -10,7 +10,7 @@ reported (the ranking is then only as sound as that check). `exhaustive` simulat
 from dataclasses import dataclass, field
 
 from simsp.analytic import model_flops
-from simsp.batch_work import TOTAL_TIME_LIMIT_S, row_seconds
+from simsp.batch_work import TOTAL_TIME_LIMIT_S
 from simsp.explore.evaluation.cache import ResultCache
 from simsp.errors import UserError
 from simsp.explore.configs.grid import Config
@@ -116,6 +116,7 @@ def branch_and_bound(survivors: list, executor, cache: ResultCache, top: int, ba
     threshold = float("inf")
     while position < len(survivors) and (exhaustive or survivors[position][0] <= threshold):
         chunk = survivors[position:position + batch]
+        from simsp.shortcuts.work_counts import row_seconds  # the shortcut check: networkx
         spent += sum(row_seconds(scenario_of(config)) for _, _, config in chunk)
         if spent > TOTAL_TIME_LIMIT_S and not force:
             raise UserError("work", f"the search has simulated {position} layouts and the next "

@@ -1,0 +1,109 @@
+"""What the engine will simulate, counted from the shortcut verdict before the run: the flows the
+stepped tensor- and data-parallel rings start on the shared links (engine/network.py
+`flows_started`), the work estimate's term that layer-steps miss (simsp/scenario/work.py).
+
+A ring collective over n ranks on k NCCL channels (engine/collectives/ring_plan.py
+channel_rings) starts k·n·(n − 1) flows per phase (reduce-scatter or all-gather: n − 1 steps,
+every position sending; an all-reduce is two phases). A group runs step by step when the
+verdict gives it STEP_BY_STEP or NODE_PIECE (engine/group_timing.py); the representative run
+executes only the groups holding its simulated ranks (shortcuts/plan.py simulated_ranks), each
+once. Per layer-step a tensor-parallel group runs, with sequence parallelism, 4 collectives
+forward and 6 backward (Megatron-LM megatron/core/tensor_parallel/layers.py: the column-parallel
+backward gathers its input again for the weight gradient), without it 2 all-reduces each way;
+after the schedule one all-reduce per sequence-parallel gradient tensor (norm weights and
+biases, row-parallel biases; training/data_parallel/finalize.py); a data-parallel group two
+phases per gradient bucket (training/data_parallel/grad_buckets.py).
+"""
+
+from typing import NamedTuple
+
+from simsp.cluster.grid import RankGrid
+from simsp.engine.collectives.ring_plan import channel_rings
+from simsp.engine.group_timing import STEPPED
+from simsp.scenario.work import (TIME_LIMIT_S, bucket_count, layer_steps, meta_seconds,
+                                 numeric_seconds)
+from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.plan import simulated_ranks
+
+# sequence parallel -> ring phases of one layer's (forward, backward): 4 and 6 single-phase
+# collectives with SP, 2 all-reduces (4 phases) each way without
+TP_PHASES_PER_LAYER_STEP = {True: (4, 6), False: (4, 4)}
+
+
+class WorkCounts(NamedTuple):
+    """Counts of one meta iteration: layer-steps and flows of the stepped TP and DP rings."""
+
+    layer_steps: int
+    flows: int
+
+
+def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
+    """Flows one phase of a ring collective over `gpus` starts: k channels x n positions x
+    (n − 1) steps."""
+    n = len(gpus)
+    return len(channel_rings(list(gpus), gpus_per_node)) * n * (n - 1)
+
+
+def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
+    """Layer-steps and the stepped rings' flows of one meta iteration under `shortcuts`."""
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
+    ranks = simulated_ranks(sc, shortcuts)
+    ranks = range(grid.world_size) if ranks is None else ranks
+    stepped = _stepped_groups(sc, shortcuts)
+    per_node = sc.cluster.gpus_per_node
+    tp_groups = {grid.tp_group(r) for r in ranks} & stepped if p.tp > 1 else set()
+    dp_groups = ({grid.dp_cp_group(r) for r in ranks} & stepped
+                 if p.dp * p.cp > 1 and p.fsdp is None else set())
+    stage_steps = layer_steps(sc) / p.pp  # layer-steps of one stage (uneven splits: the mean)
+    forward, backward = TP_PHASES_PER_LAYER_STEP[p.sequence_parallel]
+    recomputed = forward if p.recompute_granularity == "full" else 0  # the forward again
+    tp_phases = stage_steps * (forward + backward + recomputed)
+    if p.sequence_parallel:
+        tp_phases += 2 * _sp_tensors(sc) / p.pp
+    flows = sum(tp_phases * ring_flows(g, per_node) for g in tp_groups)
+    flows += sum(2 * bucket_count(sc) * ring_flows(g, per_node) for g in dp_groups)
+    return WorkCounts(layer_steps(sc), round(flows))
+
+
+def _stepped_groups(sc, shortcuts: Shortcuts) -> set:
+    """The groups whose rings run as flows: every group without whole-collective timing."""
+    if not shortcuts.closed_form:
+        p = sc.parallel
+        grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
+        return set(grid.groups("tp")) | set(grid.groups("dp_cp"))
+    return {group for group, method in shortcuts.methods if method in STEPPED}
+
+
+def _sp_tensors(sc) -> int:
+    """Gradient tensors sequence parallelism leaves partial over TP: per layer its two norms'
+    weights (and biases with LayerNorm) and the two row-parallel biases, plus the final norm."""
+    m = sc.model
+    per_norm = 2 if m.normalization == "LayerNorm" else 1
+    per_layer = 2 * per_norm + (2 if m.add_bias_linear else 0)
+    return m.num_layers * per_layer + per_norm
+
+
+def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
+    """CPU seconds of one iteration by run's rule (simsp/scenario/work.py meta_seconds) with
+    the stepped rings' flows counted under `shortcuts` (meta mode; default: the verdict
+    Shortcuts.for_scale gives)."""
+    shortcuts = Shortcuts.for_scale(sc) if shortcuts is None else shortcuts
+    flows = estimated_counts(sc, shortcuts).flows
+    return meta_seconds(sc, shortcuts.representative, _pieces(shortcuts), flows=flows)
+
+
+def _pieces(shortcuts: Shortcuts) -> bool:
+    """Whether any FSDP ring runs as one node's piece (scenario/work.py fsdp_pieces)."""
+    return any(method == "node_piece" for _, method in shortcuts.methods)
+
+
+def row_seconds(sc) -> float:
+    """run's CPU-second estimate of one configuration, for a batch's budget (simsp/batch_work.py
+    TOTAL_TIME_LIMIT_S: sweep, search, validate): numeric mode's, else meta mode's with the
+    stepped rings counted, unless the estimate without them is already above run's limit
+    (the shortcut check walks every route: a row run refuses is not worth it)."""
+    if sc.run.mode == "numeric":
+        return numeric_seconds(sc)
+    cheapest = meta_seconds(sc, True)
+    return cheapest if cheapest > TIME_LIMIT_S else run_seconds(sc)

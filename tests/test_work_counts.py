@@ -1,0 +1,75 @@
+"""The work estimate's counts (simsp/shortcuts/work_counts.py) against what the engine counted:
+the flows the stepped rings start on the links (engine/network.py flows_started), on small
+layouts that use each mechanism the per-layer-step price misses (TP rings sharing NVLink ports
+with overlapped DP traffic so layer templates are off, the DP rings stepped beside them, every
+ring stepped without shortcuts, with and without sequence parallelism). The estimate leaves out
+the pipeline sends and the loss's small collectives, so it may fall short, never by half."""
+
+import pytest
+
+from simsp.cli import build_parser
+from simsp.scenario.outside import scenario_from_args
+from simsp.scenario.work import bucket_count
+from simsp.shortcuts.work_counts import estimated_counts, ring_flows
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+
+H100 = ["scenarios/paper-22b.toml", "--micro-batch-size", "1", "--system", "dgx-h100",
+        "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "512"]
+CASES = {  # label -> (flags, shortcuts on)
+    "t4 SP p2 interleaved d4, overlapped DP (templates off)": (H100 + [
+        "--num-layers", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel",
+        "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+        "--global-batch-size", "16", "--world-size", "32"], True),
+    "no shortcuts, t4 SP d2": (H100 + [
+        "--num-layers", "2", "--tensor-model-parallel-size", "4", "--sequence-parallel",
+        "--global-batch-size", "4", "--world-size", "8"], False),
+    "no shortcuts, t4 without SP, full recompute, d2": (H100 + [
+        "--num-layers", "2", "--tensor-model-parallel-size", "4", "--no-sequence-parallel",
+        "--recompute-granularity", "full", "--global-batch-size", "4", "--world-size", "8"],
+        False),
+}
+
+
+def scenario(flags: list[str]):
+    """The scenario `simsp run FLAGS --mode meta` would simulate."""
+    return scenario_from_args(build_parser().parse_args(["run", *flags, "--mode", "meta"]))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_estimated_flows_within_a_factor_of_two_of_the_flows_the_run_starts(case):
+    flags, shortcuts_on = CASES[case]
+    sc = scenario(flags)
+    shortcuts = Shortcuts.for_scale(sc) if shortcuts_on else Shortcuts()
+    run = simulate_iteration(sc, shortcuts, trace="none")
+    measured = run.inputs.world.network.flows_started
+    estimated = estimated_counts(sc, shortcuts).flows
+    assert measured > 0
+    assert 0.5 <= measured / estimated <= 2, (measured, estimated)
+
+
+def test_a_ring_phase_starts_channels_times_positions_times_steps_flows():
+    """Hand-counted: 4 GPUs of one node are one channel, 4 positions x 3 steps; 4 GPUs on two
+    nodes (2 each) are 2 channels (one per member a node holds): 2 x 4 x 3."""
+    assert ring_flows((0, 1, 2, 3), 8) == 12
+    assert ring_flows((0, 1, 8, 9), 8) == 24
+
+
+def test_templated_layouts_count_no_flows():
+    """22B as published (t 8 in one node, nothing beside its rings): every ring timed whole."""
+    sc = scenario(["scenarios/paper-22b.toml"])
+    assert estimated_counts(sc, Shortcuts.for_scale(sc)).flows == 0
+
+
+def test_buckets_close_once_they_hold_the_bucket_size():
+    """Hand-worked: h 1024, f 4096, t 1, 4 layers, v 128, d 64: the bucket is max(40e6, 64e6)
+    parameters; a layer's matrices are 3M, 1M, 4M and 4M (M = 2^20; its biases and norms under
+    0.01M), 48.2M in all with the 0.125M embedding: one bucket; at --ddp-bucket-size 5M they
+    close after 3+1+4, then 4+3, 1+4 three times, and the last 4M with the embedding and the
+    final norm stays open: 8 buckets."""
+    flags = ["scenarios/paper-22b.toml", "--hidden-size", "1024", "--num-attention-heads", "16",
+             "--num-layers", "4", "--vocab-size", "128", "--tensor-model-parallel-size", "1",
+             "--no-sequence-parallel", "--overlap-grad-reduce", "--global-batch-size", "256", "--world-size", "64"]
+    m = 2 ** 20
+    assert bucket_count(scenario(flags)) == 1
+    assert bucket_count(scenario(flags + ["--ddp-bucket-size", str(5 * m)])) == 8
