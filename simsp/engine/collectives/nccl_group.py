@@ -48,14 +48,14 @@ def nccl_choice(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int
 def hop_step_latency_s(graph: nx.DiGraph, edges, choice: NcclChoice,
                        overhead_s: float = 0.0) -> float:
     """One step's latency over this hop under `choice`: NCCL's own per-step latency of its tier
-    (tuning.cc; inter-node if the route crosses InfiniBand) times the route's link latency over
-    the same route's on the default links, plus the transfer overhead. On the default links a
-    step costs exactly NCCL's; calibrated link latencies scale it."""
+    (tuning.cc; inter-node if the route crosses InfiniBand) times the hop's latency as the
+    network sees it (its links' + the transfer overhead) over the same route's on the default
+    links. On the default links a step costs exactly NCCL's; calibrated latencies scale it."""
     inter = any(graph.edges[e]["kind"] == "ib" for e in edges)
     step_s = choice.inter_step_s if inter else choice.intra_step_s
     default_s = sum(DEFAULT_EDGE_LATENCY_S[graph.edges[e]["kind"]] for e in edges)
-    configured_s = sum(graph.edges[e]["latency_s"] for e in edges)
-    return (step_s * configured_s / default_s if default_s > 0 else 0.0) + overhead_s
+    configured_s = sum(graph.edges[e]["latency_s"] for e in edges) + overhead_s
+    return step_s * configured_s / default_s if default_s > 0 else configured_s
 
 
 # the default links' latency per edge (scenario/table/cluster.py defaults): half of
