@@ -5,8 +5,9 @@ of `simsp ring --explain` (ring_text.py), the teaching page (ring_page.py) and t
 (ring_slides.py).
 
 Steps and holdings come from engine/collectives/ring_plan.py; each step lasts as long as its
-slowest hop of its slowest channel, latency + bytes ÷ (link bandwidth × efficiency ÷ hops sharing
-the link), as engine/collectives/ring_timing.py prices it (docs/MODEL.md#collectives,
+slowest hop of its slowest channel, the ring's step latency (NCCL's own, pipelined: docs/nccl.md)
++ bytes ÷ (link bandwidth × efficiency ÷ hops sharing the link), as
+engine/collectives/ring_timing.py prices it (docs/MODEL.md#collectives,
 #runtime-mechanisms).
 """
 
@@ -66,7 +67,7 @@ def step_derivations(collective: str, graph, gpus: list[int], nbytes: int, elem_
                      calibration: LinkCalibration) -> list[dict]:
     """For every step, the hop that sets its time (the slowest send of the slowest channel) and
     its formula's numbers: bytes, the bottleneck link's bandwidth, efficiency and sharing, the
-    route's latency."""
+    ring's step latency."""
     n = len(gpus)
     counts = chunk_counts(nbytes // elem_bytes, n)
     channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
