@@ -213,11 +213,13 @@ def test_noisy_generated_log_recovers_within_tolerance(capsys, tmp_path):
 def test_engine_time_on_one_node_is_the_textbook_ring_after_nccls_base_latency(tmp_path):
     """The forward model on one node, forced to ring/Simple (NCCL_ALGO=ring NCCL_PROTO=Simple)
     at sizes where NCCL uses every channel: NCCL's base latency 8.4 us (tuning.cc), then
-    2(n-1) steps of (latency + overhead + S/n / (B e)) (docs/MODEL.md#collectives)."""
+    2(n-1) steps of (latency + S/n / (B e)) (docs/MODEL.md#collectives), the
+    latency NCCL's ring/Simple NVLink step (3.4 us, tuning.cc hwLatencies) scaled by the
+    calibrated NVSwitch hop and overhead over the default hop ((3 + 0.5) / 2 us): 5.95 us."""
     cluster = replace(Cluster(), nvlink_latency_us=3.0, transfer_overhead_us=0.5,
                       nvlink_efficiency=0.8, nccl_algo="ring", nccl_proto="Simple")
     for size in (1 << 20, 8 * 2 ** 20):
-        closed = 8.4e-6 + 14 * (3.5e-6 + size / 8 / (300e9 * 0.8))
+        closed = 8.4e-6 + 14 * (3.4e-6 * (3 + 0.5) / 2 + size / 8 / (300e9 * 0.8))
         assert engine_time_s(cluster, "all_reduce", 1, 8, size) == pytest.approx(closed, rel=1e-12)
 
 

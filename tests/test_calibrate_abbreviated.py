@@ -36,7 +36,7 @@ def test_the_ranks_come_from_the_table_not_from_the_five_rank_lines(capsys, tmp_
     """busbw = algbw x 2(n-1)/n over the rows leaves n in a narrow range including 128; with
     --gpus-per-node 8 only 128 is left: 16 nodes, fitted to the generated links."""
     message = error_of(capsys, log_128)
-    assert "5 Rank lines of" in message and "128" in message
+    assert "5 Rank lines" in message and "128" in message
     assert "--gpus-per-node" in message
     fitted, out = calibrate(capsys, tmp_path, log_128, "--gpus-per-node", "8")
     assert "all_reduce, 128 ranks on 16 nodes" in out

@@ -55,14 +55,15 @@ def test_hand_worked_two_channel_ring_timeline():
     # gpus 0, 1 on node 0 and 8, 9 on node 1: two channels, on rails 0 and 1.
     # Channel 0: 0 -> 1 -> (NVLink to gpu0, its NIC) 8 -> 9 -> (NVLink to gpu8, NIC) 0.
     # Channel 1: 1 -> 0 -> (via gpu1) 9 -> 8 -> (via gpu9) 1.
-    # A node crossing: NVLink hop (2 us) + GPU->leaf->GPU (2 x 1 us) = 4 us, and the NIC is its
-    # only shared-free bottleneck: 22.5 GB/s. Each GPU's NVLink egress carries two flows, one
-    # NIC-bound at 22.5 GB/s, the other gets 234 - 22.5 GB/s and finishes first.
-    # S = 18 MB of 2-byte elements: 4 chunks of 4.5 MB, each split in 2 slices of 2.25 MB.
-    # NCCL runs it as ring/Simple on every channel (tuning.cc), which adds its base latency of
-    # 8.4 us once per call and leaves the steps as the links make them.
+    # The NIC is a node crossing's only shared-free bottleneck: 22.5 GB/s. Each GPU's NVLink
+    # egress carries two flows, one NIC-bound at 22.5 GB/s, the other gets 234 - 22.5 GB/s and
+    # finishes first. S = 18 MB of 2-byte elements: 4 chunks of 4.5 MB, each split in 2 slices
+    # of 2.25 MB. NCCL runs it as ring/Simple on every channel (tuning.cc): its base latency of
+    # 8.4 us once per call, and its ring latency on the default links, 4 NVLink steps at
+    # max(3.4, 3 x 2.0 network overhead) us + 2 node crossings at 14 us = 52 us, spread over
+    # the 6 steps.
     nbytes = 18_000_000
-    step_s = (NVLINK_HOP_S + 2 * IB_EDGE_S) + 2_250_000 / IB_BPS  # 4 us + 100 us
+    step_s = 52e-6 / 6 + 2_250_000 / IB_BPS
     base_s = 8.4e-6
     _, stats = run_ring(ALL_REDUCE, [0, 1, 8, 9], None, nbytes)
     assert (stats.protocol, stats.nchannels) == ("Simple", 4)

@@ -114,13 +114,14 @@ def test_the_choice_is_memoised_and_cheap():
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("protocol, base_us, step_latency_us, fraction", [
-    ("LL", 6.6, 2.0 * 0.6 / 3.4, 87.7 / 240),
-    ("LL128", 14.0, 2.0 * 1.9 / 3.4, 0.92),
-    ("Simple", 8.4, 2.0, 1.0)])
+    ("LL", 6.6, 0.6, 87.7 / 240),
+    ("LL128", 14.0, 1.9, 0.92),
+    ("Simple", 8.4, 3.4, 1.0)])
 def test_ring_time_per_protocol_is_hand_worked(protocol, base_us, step_latency_us, fraction):
     """64 MiB over 8 GPUs of one node, every channel: NCCL's base latency, then 14 steps of
-    (the 2 us NVSwitch hop x the protocol's step latency over Simple's + S/8 at the achieved
-    NVLink rate x the protocol's busbw over Simple's), in closed form and step by step."""
+    (NCCL's ring NVLink step latency of the protocol, tuning.cc hwLatencies, on the default
+    links + S/8 at the achieved NVLink rate x the protocol's busbw over Simple's), in closed
+    form and step by step."""
     forced = LinkCalibration(nccl_algo="ring", nccl_proto=protocol)
     nbytes = 64 * MiB
     expected = base_us * 1e-6 + 14 * (step_latency_us * 1e-6 + nbytes / 8 / (NVLINK_BPS
@@ -134,29 +135,29 @@ def test_ring_time_per_protocol_is_hand_worked(protocol, base_us, step_latency_u
 
 
 def test_tree_time_on_sixteen_nodes_is_hand_worked():
-    """8 B over 128 GPUs: tree/LL, base 6.8 us + 2 x (7 NVLink steps of 2 us x 0.6 / 6.0 (a
-    multi-node ring/Simple NVLink step: max(3.4, 3 x 2.0 us)) + log2(16) = 4 network steps of
-    4 us (NVLink relay + GPU-leaf-GPU) x 5.0 / 14); 8 B on one channel of 16 is ~7 ns."""
+    """8 B over 128 GPUs: tree/LL, base 6.8 us + 2 x (7 NVLink steps of 0.6 us + log2(16) = 4
+    network steps of 5.0 us), NCCL's tree/LL step latencies (tuning.cc hwLatencies) on the
+    default links; 8 B on one channel of 16 is ~7 ns."""
     graph = build_topology(Cluster(nodes=16))
-    latency_s = (6.8 + 2 * (7 * 2.0 * 0.6 / 6.0 + 4 * 4.0 * 5.0 / 14)) * 1e-6
+    latency_s = (6.8 + 2 * (7 * 0.6 + 4 * 5.0)) * 1e-6
     seconds = collective_time("all_reduce", graph, list(range(128)), 8)
     assert latency_s < seconds < latency_s + 1e-8
 
 
-@pytest.mark.parametrize("protocol, base_us, intra_scale, inter_scale, fraction, correction", [
-    ("LL", 6.8, 0.6 / 6.0, 5.0 / 14, 22.5 / 192, 1.0),  # bus min(8x24x0.92 / 3.8, llMaxBw 22.5)
-    ("LL128", 14.0, 1.25 / 6.0, 8.5 / 14, 160 / 192, 0.9),  # min(x120/128, 8 x 20 per channel)
-    ("Simple", 8.4, 4.0 / 6.0, 14.0 / 14, 0.92, 0.8)])  # tree all-reduce x0.92
-def test_tree_time_per_protocol_on_two_nodes_is_hand_worked(protocol, base_us, intra_scale,
-                                                             inter_scale, fraction, correction):
+@pytest.mark.parametrize("protocol, base_us, intra_us, inter_us, fraction, correction", [
+    ("LL", 6.8, 0.6, 5.0, 22.5 / 192, 1.0),  # bus min(8x24x0.92 / 3.8, llMaxBw 22.5)
+    ("LL128", 14.0, 1.25, 8.5, 160 / 192, 0.9),  # min(x120/128, 8 x 20 per channel)
+    ("Simple", 8.4, 4.0, 14.0, 0.92, 0.8)])  # tree all-reduce x0.92
+def test_tree_time_per_protocol_on_two_nodes_is_hand_worked(protocol, base_us, intra_us,
+                                                             inter_us, fraction, correction):
     """64 MiB over 16 GPUs of two nodes, forced tree: NCCL's base latency, 2 x (7 NVLink steps
-    of 2 us + log2(2) = 1 network step of 4 us (NVLink relay + GPU-leaf-GPU)), each scaled by
-    the tree's step latency over a multi-node ring/Simple step's (NVLink max(3.4, 3 x 2.0), net
-    14); then S at half the ring/Simple bus rate (8 channels at the NIC's 25 x 0.9 GB/s) x the
-    protocol's busbw over ring/Simple's (8 x 24 GB/s) x treeCorrectionFactor[log2(2^26 / 64)]."""
+    + log2(2) = 1 network step) at the tree's own step latencies (tuning.cc hwLatencies, on the
+    default links); then S at half the ring/Simple bus rate (8 channels at the NIC's
+    25 x 0.9 GB/s) x the protocol's busbw over ring/Simple's (8 x 24 GB/s) x
+    treeCorrectionFactor[log2(2^26 / 64)]."""
     forced = LinkCalibration(nccl_algo="tree", nccl_proto=protocol)
     nbytes = 64 * MiB
-    latency_us = base_us + 2 * (7 * 2.0 * intra_scale + 1 * 4.0 * inter_scale)
+    latency_us = base_us + 2 * (7 * intra_us + 1 * inter_us)
     expected = latency_us * 1e-6 + nbytes / (0.5 * 8 * 22.5e9 * fraction * correction)
     stats = simulate_nccl(TWO_NODES, list(range(16)), "all_reduce", nbytes, forced)
     assert (stats.algorithm, stats.protocol) == ("tree", protocol)
@@ -232,4 +233,4 @@ def test_the_pick_is_the_cheapest_allowed_and_its_terms_are_fractions(collective
     assert (choice.algorithm, choice.protocol) == allowed[times.index(min(times))]
     assert 1 <= choice.nchannels <= choice.max_channels == graph.comm_channels
     assert 0 < choice.bandwidth_fraction <= 1 and 0 < choice.channel_fraction <= 1
-    assert choice.intra_latency_scale > 0 and choice.inter_latency_scale > 0
+    assert choice.intra_step_s > 0 and choice.inter_step_s > 0

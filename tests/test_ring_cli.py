@@ -191,8 +191,9 @@ def test_one_node_is_one_ring_and_unchanged(capsys):
     assert [r[:2] for r in channel_rows(text)] == [(0, "-")]
     assert "NICs sending per node: 0 (one node: NVLink only)" in text
     (row,) = table_rows(text)
-    # the figure before channels existed (4043.06 us), plus NCCL's ring/Simple base latency
-    assert row[2] == pytest.approx(4043.06 + 8.4, abs=0.006)
+    # the figure before channels existed (4043.06 us, 14 steps at a 2 us hop), plus NCCL's
+    # ring/Simple base latency, with NCCL's own ring/Simple NVLink step of 3.4 us (tuning.cc)
+    assert row[2] == pytest.approx(4043.06 + 8.4 + 14 * (3.4 - 2.0), abs=0.006)
 
 
 def test_big_rings_are_timed_alone(capsys):
@@ -204,11 +205,11 @@ def test_big_rings_are_timed_alone(capsys):
 
 def test_explain_gives_each_step_its_time_and_compares_ar_with_rs_plus_ag(capsys):
     text = output(capsys, ["--ranks", "4", "--size", "64", "--explain"])
-    # NCCL runs 64 B with LL on 1 of its 24 channels (tuning.cc, enqueue.cc): per step one
-    # NVSwitch hop (2 us) x LL's 0.6 us / Simple's 3.4 us, and a 16-byte chunk at 0.78 x 300 GB/s
+    # NCCL runs 64 B with LL on 1 of its 24 channels (tuning.cc, enqueue.cc): per step NCCL's
+    # ring/LL NVLink step latency, 0.6 us, and a 16-byte chunk at 0.78 x 300 GB/s
     # x LL's bus bandwidth on one channel of 24 (0.5 x 20 GB/s x 12/24 = 5 GB/s) over Simple's on
     # all (20 GB/s x 12 = 240 GB/s); every call pays LL's base latency 6.6 us
-    step_us = 2.0 * 0.6 / 3.4 + 16 / (0.78 * 300e9 * 5 / 240) * 1e6
+    step_us = 0.6 + 16 / (0.78 * 300e9 * 5 / 240) * 1e6
     titles = [line for line in text.splitlines() if "step" in line and "time" in line
               and not line.startswith(("time", "one call"))]
     assert len(titles) == 6
@@ -223,11 +224,10 @@ def test_tree_table_and_its_errors(capsys):
                            "tree", "--nccl-proto", "Simple"])
     (row,) = table_rows(text)
     assert nccl_columns(text) == [("tree", "Simple", 16)]
-    # tuning.cc's tree over the links: base 8.4 us; 2 x (7 NVLink steps of 2 us x tree/Simple
-    # 4.0 us over a multi-node ring/Simple's max(3.4, 3 x 2.0) us, + 1 network step of 4 us
-    # (relay 2 us + GPU-leaf-GPU 2 us) x 14/14); S at half the ring's 8 NICs x 22.5 GB/s x 0.92
-    # (tree all-reduce) x 0.9 (treeCorrectionFactor at 256 MB)
-    latency_us = 8.4 + 2 * (7 * 2.0 * 4.0 / 6.0 + 4.0)
+    # tuning.cc's tree over the links: base 8.4 us; 2 x (7 NVLink steps of tree/Simple's 4.0 us
+    # + 1 network step of its 14 us, NCCL's own on the default links); S at half the ring's
+    # 8 NICs x 22.5 GB/s x 0.92 (tree all-reduce) x 0.9 (treeCorrectionFactor at 256 MB)
+    latency_us = 8.4 + 2 * (7 * 4.0 + 14.0)
     data_us = 256 * 2 ** 20 / (0.5 * 8 * IB_GBPS * 1e9 * 0.92 * 0.9) * 1e6
     assert row[2] == pytest.approx(latency_us + data_us, abs=0.006)
     for argv in (["--ranks", "8", "--size", "8M", "--nccl-algo", "tree", "--explain"],

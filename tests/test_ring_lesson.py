@@ -20,7 +20,9 @@ from simsp.report.lessons.ring_page import lesson_html
 from simsp.report.lessons.ring_text import lesson_text
 from simsp.units import GiB, MiB
 
-NVLINK_STEP_LATENCY_S = 2e-6  # one NVSwitch hop at nvlink_latency_us = 2
+# NCCL's ring step latency on one node's NVLink, per protocol (tuning.cc hwLatencies), which a
+# step costs on the default links
+NVLINK_STEP_LATENCY_S = {"LL": 0.6e-6, "Simple": 3.4e-6}
 NVLINK_RATE_BPS = 0.78 * 300e9  # nvlink_efficiency x 300 GB/s
 
 
@@ -37,9 +39,9 @@ def test_four_rank_all_reduce_steps_bytes_and_closed_form_times():
     for step in data["steps"]:
         assert step["bytes_per_rank"] == MiB // 4
         # docs/MODEL.md#collectives on uniform NVLink hops: latency + (S/n) / B per step, at the LL
-        # protocol NCCL runs 1 MiB on 4 GPUs with (tuning.cc): the hop latency x 0.6 / 3.4 us
+        # protocol NCCL runs 1 MiB on 4 GPUs with (tuning.cc): its ring/LL NVLink step latency
         # and the rate x llMaxBw 87.7 / Simple's 240 GB/s
-        assert step["time_s"] == pytest.approx(NVLINK_STEP_LATENCY_S * 0.6 / 3.4
+        assert step["time_s"] == pytest.approx(NVLINK_STEP_LATENCY_S["LL"]
                                                + MiB / 4 / (NVLINK_RATE_BPS * 87.7 / 240),
                                                rel=1e-12)
     assert all(cell == [0, 1, 2, 3] for row in data["steps"][-1]["holdings"] for cell in row)
@@ -74,23 +76,27 @@ def test_two_nodes_mark_the_infiniband_hops_of_every_channel():
 
 def test_each_step_derives_its_time_from_its_slowest_hop():
     """8 ranks, 1 GiB: every step moves a 128 MiB chunk over one NVSwitch hop at 300 GB/s x 0.78
-    plus 2 us: 575.58 us, written out with its numbers."""
+    plus NCCL's ring/Simple NVLink step latency, 3.4 us: 576.98 us, written out with its
+    numbers."""
     data, graph, gpus = data_for(8, size=GiB)
-    expected_s = 2e-6 + 128 * MiB / (300e9 * 0.78)
+    expected_s = NVLINK_STEP_LATENCY_S["Simple"] + 128 * MiB / (300e9 * 0.78)
     for step, engine in zip(data["steps"], zip(*step_times(ALL_REDUCE, graph, gpus, GiB,
                                                              elem_bytes=4))):
         hop = step["hop"]
         assert hop["time_s"] == pytest.approx(expected_s, rel=1e-12) == max(engine)
-        assert hop["formula"] == "575.58 µs = 128.00 MiB ÷ (300 GB/s × 0.78) + 2.00 µs"
+        assert hop["formula"] == ("576.98 µs = 128.00 MiB ÷ (300 GB/s × 0.78) + 3.40 µs "
+                                  "ring/Simple step")
         assert (hop["link"], hop["via"], hop["sharing"]) == ("NVLink", None, 1)
 
 
 def test_two_node_steps_are_relayed_infiniband_hops_of_an_eighth_of_a_chunk():
     """16 ranks on 2 nodes, 1 GiB: 8 channels each carry 1/8 of a 64 MiB chunk; the slowest hop
-    leaves a node through the rail's NIC after a PXN relay: 4 us + 8 MiB / (25 GB/s x 0.9),
-    faster than one node's step (2 us + 128 MiB / (300 GB/s x 0.78)) for the same S."""
+    leaves a node through the rail's NIC after a PXN relay: 8 MiB / (25 GB/s x 0.9) + NCCL's
+    ring latency spread over the 15 steps of a phase (tuning.cc: 14 NVLink steps at
+    max(3.4, 3 x 2.0 network overhead) us + 1 node crossing at 14 us: 98 / 15 us), faster than
+    one node's step (3.4 us + 128 MiB / (300 GB/s x 0.78)) for the same S."""
     data, graph, gpus = data_for(16, size=GiB, nodes=2)
-    two_node_s = 4e-6 + 8 * MiB / (25e9 * 0.9)
+    two_node_s = 98e-6 / 15 + 8 * MiB / (25e9 * 0.9)
     for step, engine in zip(data["steps"], zip(*step_times(ALL_REDUCE, graph, gpus, GiB,
                                                              elem_bytes=4))):
         hop = step["hop"]
@@ -98,7 +104,7 @@ def test_two_node_steps_are_relayed_infiniband_hops_of_an_eighth_of_a_chunk():
         assert hop["time_s"] == pytest.approx(max(engine), rel=1e-12)
         assert (hop["link"], hop["bytes"], hop["sharing"]) == ("InfiniBand", 8 * MiB, 1)
         assert hop["via"] is not None and hop["via"] // 8 == hop["src"] // 8 != hop["dst"] // 8
-    assert data["one_node"]["time_s"] == pytest.approx(2e-6 + 128 * MiB / 234e9, rel=1e-12)
+    assert data["one_node"]["time_s"] == pytest.approx(3.4e-6 + 128 * MiB / 234e9, rel=1e-12)
     assert data["one_node"]["time_s"] > two_node_s
 
 
@@ -107,8 +113,8 @@ def test_the_text_shows_each_step_formula():
     lines = lesson_text(data)
     hops = [line for line in lines if line.startswith("  slowest hop")]
     assert len(hops) == 14
-    assert hops[0] == ("  slowest hop gpu0 -> gpu1, ring order 0, NVLink: 575.58 us = 128.00 MiB / "
-                       "(300 GB/s x 0.78) + 2.00 us")
+    assert hops[0] == ("  slowest hop gpu0 -> gpu1, ring order 0, NVLink: 576.98 us = 128.00 MiB / "
+                       "(300 GB/s x 0.78) + 3.40 us ring/Simple step")
 
 
 @pytest.mark.parametrize("ranks, nodes", [(8, 1), (16, 2)])

@@ -17,15 +17,16 @@ from tests.test_ring_cli import nccl_columns, output, table_rows
 
 # Two DGX A100 nodes, 16 ranks, 1 GiB all-reduce, NCCL's ring/Simple: a chunk is 1 GiB / 16 =
 # 64 MiB, cut over 8 ring orders (one per rail) = 8 MiB per hop; the slowest hop of every step
-# is a node crossing: GPU -> NVSwitch -> PXN relay GPU (nvlink_latency_us 2 = 1 per edge), then
-# NIC -> rail leaf -> NIC (ib_latency_us 1 per edge) = 4 us, at 25 GB/s x ib_efficiency 0.9.
-# 2(n-1) = 30 steps, and NCCL's base latency for ring/Simple, 8.4 us (src/graph/tuning.cc
-# baseLat), once per call.
-TWO_NODE_STEP_S = 8 * 2**20 / (25e9 * 0.9) + 4e-6
-TWO_NODE_CALL_S = 30 * TWO_NODE_STEP_S + 8.4e-6  # 11,313.21 us
-# One node, 8 ranks, 1 GiB: 128 MiB per step over one NVSwitch hop (2 us) at 300 x 0.78 GB/s,
-# 14 steps, the same base latency.
-ONE_NODE_CALL_S = 14 * (2**27 / (300e9 * 0.78) + 2e-6) + 8.4e-6  # 8,066.52 us
+# is a node crossing (GPU -> NVSwitch -> PXN relay GPU, then NIC -> rail leaf -> NIC) at
+# 25 GB/s x ib_efficiency 0.9. 2(n-1) = 30 steps, NCCL's ring latency on the default links
+# (src/graph/tuning.cc: 28 NVLink steps at max(3.4, 3 x 2.0 network overhead) us + 2 node
+# crossings at 14 us = 196 us), and NCCL's base latency for ring/Simple, 8.4 us (baseLat),
+# once per call.
+TWO_NODE_STEP_S = 8 * 2**20 / (25e9 * 0.9)
+TWO_NODE_CALL_S = 30 * TWO_NODE_STEP_S + 196e-6 + 8.4e-6  # 11,389.21 us
+# One node, 8 ranks, 1 GiB: 128 MiB per step over one NVSwitch hop at 300 x 0.78 GB/s plus
+# NCCL's ring/Simple NVLink step latency (3.4 us), 14 steps, the same base latency.
+ONE_NODE_CALL_S = 14 * (2**27 / (300e9 * 0.78) + 3.4e-6) + 8.4e-6  # 8,086.12 us
 
 
 def _lesson(ranks: int, nodes: int, size: int) -> dict:

@@ -111,9 +111,9 @@ def test_memory_ratios_equal_k22_table2_formulas(bundled_cheap, h, a):
 
 def test_nccl_busbw_is_the_textbook_ring_on_nvlink(bundled_cheap):
     """busbw = S / T * 2(n-1)/n with T = NCCL's ring/Simple base latency 8.4 us (tuning.cc)
-    + 2(n-1)(latency + S/n / (300 GB/s * 0.78))."""
+    + 2(n-1)(NCCL's ring/Simple NVLink step latency 3.4 us + S/n / (300 GB/s * 0.78))."""
     size, n = 8 * 2 ** 30, 8
-    time_s = 8.4e-6 + 2 * (n - 1) * (2e-6 + size / n / (300e9 * 0.78))
+    time_s = 8.4e-6 + 2 * (n - 1) * (3.4e-6 + size / n / (300e9 * 0.78))
     row = bundled_cheap["groups"][2]["rows"][0]
     assert row["simsp"] == pytest.approx(size / time_s * 2 * (n - 1) / n / 1e9, rel=1e-9)
 

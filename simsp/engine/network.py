@@ -103,7 +103,7 @@ class Network:
 
     def transfer(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str = "",
                  via_gpu: int | None = None, drained: simpy.Event | None = None,
-                 delivered: simpy.Event | None = None, latency_scale: float = 1.0,
+                 delivered: simpy.Event | None = None, latency_s: float | None = None,
                  ring_step: bool = False) -> simpy.Event:
         """Start sending `nbytes` from `src_gpu` to `dst_gpu`; the event returned (`delivered`
         if given, else a new one) succeeds on delivery with (start_s, end_s).
@@ -111,15 +111,15 @@ class Network:
         `via_gpu`: relay through that GPU's links (NCCL PXN: NVLink to the GPU whose NIC is on
         the destination's rail, then its NIC). `drained`: an event to succeed when the last byte
         has left (one latency before delivery), so a pipelined sender can start its next slot.
-        `latency_scale`: multiplies the route's latency (an NCCL protocol's step latency
-        relative to ring/Simple, engine/collectives/nccl_tuning.py). `ring_step`: a collective's ring
+        `latency_s`: the transfer's latency in place of its route's (a ring step's pipelined
+        NCCL latency, engine/collectives/nccl_group.py). `ring_step`: a collective's ring
         step, traced and counted unless `record_ring_steps` is off."""
         if nbytes < 0:
             raise ValueError(f"cannot send {nbytes} bytes")
         flow = self._new_flow(src_gpu, dst_gpu, nbytes, label, via_gpu,
                               delivered if delivered is not None else self.env.event())
-        if latency_scale != 1.0:
-            flow.latency_s *= latency_scale
+        if latency_s is not None:
+            flow.latency_s = latency_s
         flow.drained = drained
         if ring_step and not self.record_ring_steps:
             flow.recorded = False

@@ -19,8 +19,9 @@ The platform is simsp's DGX A100: Ampere GPUs (compute capability 8.0) with NVLi
 25 GB/s per direction (12 per GPU, 300 GB/s; NVIDIA A100 datasheet), AMD EPYC 7742 CPUs (DGX
 A100 user guide), one 200 Gb/s HDR NIC per GPU behind PCIe Gen4 x16.
 simsp times the chosen collective on its own links (engine/collectives/ring_timing.py, docs/nccl.md); from
-here it takes the choice, the base latency, each tier's per-step latency relative to ring/Simple
-and the bandwidth fraction relative to ring/Simple with every channel.
+here it takes the choice, the base latency, each tier's per-step latency (NCCL's own: a step on
+simsp's default links costs exactly it, engine/collectives/nccl_group.hop_step_latency_s) and
+the bandwidth fraction relative to ring/Simple with every channel.
 """
 
 from dataclasses import dataclass
@@ -99,13 +100,11 @@ class NcclChoice:
     max_channels: int
     nthreads: int  # threads per channel, before the Simple sync warps (enqueue.cc)
     base_latency_s: float  # once per call (tuning.cc baseLatencies)
-    intra_latency_scale: float  # x an intra-node step's link latency (1 for ring/Simple)
-    inter_latency_scale: float  # x an inter-node step's link latency (1 for ring/Simple)
     protocol_fraction: float  # busbw of (algorithm, protocol) / busbw of ring/Simple (NCCL)
     channel_fraction: float  # busbw on the channels used / on all of them
     estimated_time_s: float  # NCCL's own estimate (ncclTopoGetAlgoTime), which it minimises
-    intra_step_s: float = 0.0  # NCCL's own per-step latency inside a node (tuning.cc)
-    inter_step_s: float = 0.0  # and between nodes
+    intra_step_s: float  # NCCL's own per-step latency inside a node (tuning.cc)
+    inter_step_s: float  # and between nodes
 
     @property
     def bandwidth_fraction(self) -> float:
@@ -249,7 +248,7 @@ def choose(collective: str, nbytes: int, ranks: int, nodes: int, nvlink_GBps: fl
     `ranks` ranks on `nodes` nodes (evenly), with NCCL_ALGO / NCCL_PROTO forcing `algorithm` /
     `protocol` when given. Memoised: cheap to call for every collective of a run."""
     if ranks < 2:  # enqueue.cc updateCollCostTable: one rank costs nothing (ring/Simple)
-        return NcclChoice(RING, SIMPLE, 1, 1, MAX_THREADS[SIMPLE], 0.0, 1.0, 1.0, 1.0, 1.0, 0.0)
+        return NcclChoice(RING, SIMPLE, 1, 1, MAX_THREADS[SIMPLE], 0.0, 1.0, 1.0, 0.0, 0.0, 0.0)
     graph = nccl_graph(nodes, max(1, ranks // nodes), nvlink_GBps, ib_GBps)
     options = [(a, p) for a in ALGORITHMS for p in PROTOCOLS if supported(collective, a, p)
                and algorithm in (None, a) and protocol in (None, p)]
@@ -269,13 +268,11 @@ def _describe(collective: str, best: tuple[str, str], nbytes: int, ranks: int, n
     within a channel and change nothing."""
     algorithm, protocol = best
     nc, nt = channels_and_threads(algorithm, protocol, nbytes, ranks, graph)
-    ref_intra, ref_inter = step_latencies_us(RING, SIMPLE, ranks, nodes)
     intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes)
     reference_bus = bus_bandwidth(collective, RING, SIMPLE, nodes, graph)
     full_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph)
     used_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph,
                              nc / graph.comm_channels)
     return NcclChoice(algorithm, protocol, nc, graph.comm_channels, nt,
-                      BASE_LATENCY_US[algorithm][protocol] * 1e-6, intra / ref_intra,
-                      inter / ref_inter, full_bus / reference_bus, used_bus / full_bus,
-                      time_us * 1e-6, intra * 1e-6, inter * 1e-6)
+                      BASE_LATENCY_US[algorithm][protocol] * 1e-6, full_bus / reference_bus,
+                      used_bus / full_bus, time_us * 1e-6, intra * 1e-6, inter * 1e-6)

@@ -14,8 +14,8 @@ from functools import partial
 import numpy as np
 import simpy
 
-from simsp.cluster.topology import hop_route
-from simsp.engine.collectives.nccl_group import hop_latency_scale, nccl_choice, wire_bytes
+from simsp.engine.collectives.nccl_group import (nccl_choice, pipelined_step_latency_s,
+                                                ring_hop_latencies, wire_bytes)
 from simsp.engine.collectives.nccl_tuning import RING, NcclChoice
 from simsp.engine.network import Network
 from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Channel, RingStep,
@@ -266,9 +266,9 @@ class _Ring:
                  choice: NcclChoice):
         self.env, self.network, self.gpus, self.steps = env, network, gpus, steps
         self.choice = choice
-        n = len(gpus)
-        self.latency_scale = [hop_latency_scale(network.graph, hop_route(
-            network.graph, gpus[p], gpus[(p + 1) % n], via[p]), choice) for p in range(n)]
+        self.step_latency_s = pipelined_step_latency_s(ring_hop_latencies(
+            network.graph, gpus, replace(channel, order=tuple(range(len(gpus)))), choice,
+            network.calibration.transfer_overhead_s))
         self.via = via  # [rank] -> relaying GPU of its outgoing hop (PXN) or None
         self.holdings = holdings  # [rank][chunk] -> (counts[chunk],) array, or None in meta mode
         self.chunk_bytes = chunk_bytes
@@ -295,7 +295,7 @@ class _Ring:
         delivered = self.network.transfer(self.gpus[rank], self.gpus[out.dst],
                                           wire_bytes(self.chunk_bytes[out.chunk], self.choice),
                                           f"{self.label} step {index}", self.via[rank],
-                                          latency_scale=self.latency_scale[rank],
+                                          latency_s=self.step_latency_s,
                                           ring_step=True)
         delivered.callbacks.append(partial(_post, self.inboxes[index][out.dst], payload))
         self.sent[rank] += self.chunk_bytes[out.chunk]

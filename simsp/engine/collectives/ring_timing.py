@@ -3,9 +3,11 @@
 collective_time is the fast path for scale: it prices every step of every channel's ring at its
 slowest hop without simulating flows, in O(n log n) for an n-member ring. tests/test_communicator.py
 shows it matches the stepwise simulation.
-Every collective runs as NCCL would pick it (engine/collectives/nccl_tuning.py, docs/nccl.md): its protocol
-scales each step's link latency and the bytes a link carries per data byte, its base latency is
-paid once per call, and an all-reduce NCCL runs as a tree is timed by tree_time.
+Every collective runs as NCCL would pick it (engine/collectives/nccl_tuning.py, docs/nccl.md): every step
+of a ring pays the ring's pipelined step latency (NCCL's own per-hop latencies, each paid once
+as a chunk travels: nccl_group.pipelined_step_latency_s), its protocol scales the bytes a link
+carries per data byte, its base latency is paid once per call, and an all-reduce NCCL runs as a
+tree is timed by tree_time.
 """
 
 import networkx as nx
@@ -14,7 +16,8 @@ import numpy as np
 from simsp.cluster.topology import hop_route
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, ChannelStats, CollectiveStats,
                                       element_count)
-from simsp.engine.collectives.nccl_group import hop_latency_scale, nccl_choice
+from simsp.engine.collectives.nccl_group import (nccl_choice, pipelined_step_latency_s,
+                                                ring_hop_latencies)
 from simsp.engine.collectives.nccl_tuning import RING, TREE, NcclChoice, tree_correction
 from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, Channel,
                                     channel_bytes, channel_rings, chunk_counts, members_by_node,
@@ -47,9 +50,11 @@ def channel_hops(graph: nx.DiGraph, gpus: list[int], channels: list[Channel],
     """(latency_s, rate_Bps) of the hop from ring position i to i+1 of every channel.
 
     A hop's rate is its route's bottleneck: min over its links of achieved capacity divided by
-    the number of hops of all channels crossing that link (fair sharing among them). With an
-    NCCL `choice`, the latency is scaled by its tier's factor (inter-node: the route has an
-    InfiniBand link) and the rate by the choice's bandwidth fraction (per data byte).
+    the number of hops of all channels crossing that link (fair sharing among them); its
+    latency the route's link latencies + the transfer overhead. With an NCCL `choice`, the rate
+    is scaled by the choice's bandwidth fraction (per data byte) and every hop of a channel
+    takes the ring's pipelined step latency (nccl_group.pipelined_step_latency_s over NCCL's
+    per-hop step latencies, docs/nccl.md).
     """
     routes = [[hop_route(graph, gpus[ch.order[i]], gpus[ch.order[(i + 1) % len(ch.order)]],
                          ch.via[i]) for i in range(len(ch.order))] for ch in channels]
@@ -65,11 +70,13 @@ def channel_hops(graph: nx.DiGraph, gpus: list[int], channels: list[Channel],
         if edges not in hops:
             latency_s = sum(delay[e] for e in edges) + (overhead_s if edges else 0.0)
             rate_Bps = min((share[e] for e in edges), default=float("inf"))
-            if choice is not None:
-                latency_s *= hop_latency_scale(graph, edges, choice)
-                rate_Bps *= choice.bandwidth_fraction
             hops[edges] = (latency_s, rate_Bps)
-    return [[hops[edges] for edges in channel] for channel in routes]
+    if choice is None:
+        return [[hops[edges] for edges in channel] for channel in routes]
+    steps = [pipelined_step_latency_s(ring_hop_latencies(graph, gpus, ch, choice, overhead_s))
+             for ch in channels]
+    return [[(step_s, hops[edges][1] * choice.bandwidth_fraction) for edges in channel]
+            for step_s, channel in zip(steps, routes)]
 
 
 def _capacity_Bps(graph: nx.DiGraph, edge: tuple[str, str], calibration: LinkCalibration) -> float:
@@ -83,8 +90,8 @@ def collective_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes:
                     elem_bytes: int = DEFAULT_ELEM_BYTES) -> float:
     """Seconds for a collective alone on the links, run as NCCL picks it: a tree all-reduce
     (tree_time), or a ring whose channels run concurrently, each step of a channel lasting as
-    long as its slowest hop's latency + chunk bytes / rate, after NCCL's base latency. For
-    equal chunks on uniform hops this is steps * (latency + S/n / B)
+    long as the ring's pipelined step latency + its slowest hop's chunk bytes / rate, after
+    NCCL's base latency. For equal chunks on uniform hops this is steps * (latency + S/n / B)
     (docs/MODEL.md#collectives), e.g. all-reduce 2(n-1)/n * S/B plus 2(n-1) latencies.
     """
     choice = nccl_choice(collective, graph, gpus, nbytes, calibration)
@@ -97,30 +104,32 @@ def collective_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes:
 def tree_time(graph: nx.DiGraph, gpus: list[int], nbytes: int,
               calibration: LinkCalibration | None, choice: NcclChoice) -> float:
     """NCCL's tree all-reduce in closed form (tuning.cc's model over simsp's links): the base
-    latency, 2((ppn-1) intra + floor(log2 nodes) inter) steps at the ring's hop latencies
-    scaled to the tree's protocol, and S at half the ring/Simple bus rate of the group's links
-    times the tree's bandwidth fraction and NCCL's tree correction factor for this size."""
+    latency, 2((ppn-1) intra + floor(log2 nodes) inter) steps at the tree's step latencies on
+    the ring's hops (nccl_group.hop_step_latency_s, the slowest of each tier), and S at half the
+    ring/Simple bus rate of the group's links times the tree's bandwidth fraction and NCCL's
+    tree correction factor for this size."""
     calibration = calibration or LinkCalibration()
     channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
     hops = channel_hops(graph, list(gpus), channels, calibration)
     bus_Bps = sum(min(rate for _lat, rate in channel) for channel in hops)
-    intra_s, inter_s = _tier_latencies(graph, list(gpus), channels[0], hops[0])
+    steps = ring_hop_latencies(graph, list(gpus), channels[0], choice,
+                               calibration.transfer_overhead_s)
+    intra_s, inter_s = _tier_latencies(graph, list(gpus), channels[0], steps)
     by_node = members_by_node(list(gpus), graph.graph["gpus_per_node"])
     per_node, nodes = len(by_node[0]), len(by_node)
     latency_s = choice.base_latency_s + 2 * (
-        (per_node - 1) * intra_s * choice.intra_latency_scale
-        + (nodes.bit_length() - 1) * inter_s * choice.inter_latency_scale)
+        (per_node - 1) * intra_s + (nodes.bit_length() - 1) * inter_s)
     rate_Bps = 0.5 * bus_Bps * choice.bandwidth_fraction * tree_correction(choice.protocol,
                                                                            nbytes)
     return latency_s + nbytes / rate_Bps
 
 
 def _tier_latencies(graph: nx.DiGraph, gpus: list[int], channel: Channel,
-                    hops: list[tuple[float, float]]) -> tuple[float, float]:
-    """(slowest intra-node, slowest inter-node) hop latency of one ring channel."""
+                    latencies: list[float]) -> tuple[float, float]:
+    """(slowest intra-node, slowest inter-node) of one ring channel's hop `latencies`."""
     intra, inter = 0.0, 0.0
     n = len(channel.order)
-    for p, (latency_s, _rate) in enumerate(hops):
+    for p, latency_s in enumerate(latencies):
         src, dst = gpus[channel.order[p]], gpus[channel.order[(p + 1) % n]]
         if src // graph.graph["gpus_per_node"] == dst // graph.graph["gpus_per_node"]:
             intra = max(intra, latency_s)

@@ -5,15 +5,16 @@ of `simsp ring --explain` (ring_text.py), the teaching page (ring_page.py) and t
 (ring_slides.py).
 
 Steps and holdings come from engine/collectives/ring_plan.py; each step lasts as long as its
-slowest hop of its slowest channel, latency + bytes ÷ (link bandwidth × efficiency ÷ hops sharing
-the link), as engine/collectives/ring_timing.py prices it (docs/MODEL.md#collectives,
+slowest hop of its slowest channel, the ring's step latency (NCCL's own, pipelined: docs/nccl.md)
++ bytes ÷ (link bandwidth × efficiency ÷ hops sharing the link), as
+engine/collectives/ring_timing.py prices it (docs/MODEL.md#collectives,
 #runtime-mechanisms).
 """
 
 from simsp.cluster.topology import build_topology, hop_route
 from simsp.scenario.config import Cluster
 from simsp.engine.collectives import ring_timing
-from simsp.engine.collectives.nccl_group import hop_latency_scale, nccl_choice
+from simsp.engine.collectives.nccl_group import nccl_choice
 from simsp.engine.collectives.nccl_tuning import RING
 from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, STEPS,
                                                 apply_step, bytes_sent_per_rank, channel_rings,
@@ -66,7 +67,7 @@ def step_derivations(collective: str, graph, gpus: list[int], nbytes: int, elem_
                      calibration: LinkCalibration) -> list[dict]:
     """For every step, the hop that sets its time (the slowest send of the slowest channel) and
     its formula's numbers: bytes, the bottleneck link's bandwidth, efficiency and sharing, the
-    route's latency."""
+    ring's step latency."""
     n = len(gpus)
     counts = chunk_counts(nbytes // elem_bytes, n)
     channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
@@ -89,18 +90,18 @@ def step_derivations(collective: str, graph, gpus: list[int], nbytes: int, elem_
 def _derivation(graph, gpus, ch, send, time_s, routes, load, nbytes, calibration,
                 latency_s, choice) -> dict:
     """One step's slowest hop: where it goes, over what, and its time as a formula (at the
-    protocol NCCL picks, docs/nccl.md: its share of the link's rate and latency factor)."""
+    protocol NCCL picks, docs/nccl.md: its share of the link's rate, and the ring's pipelined
+    step latency from NCCL's own per-step latencies)."""
     edges = routes[ch.index][send.src]
     bottleneck = min(edges, key=lambda e: graph.edges[e]["bandwidth_Bps"]
                      * calibration.efficiency(graph.edges[e]["kind"]) / load[e])
     kind = graph.edges[bottleneck]["kind"]
     bandwidth_GBps = graph.edges[bottleneck]["bandwidth_Bps"] / 1e9
     efficiency, sharing = calibration.efficiency(kind), load[bottleneck]
-    fraction, scale = choice.bandwidth_fraction, hop_latency_scale(graph, edges, choice)
+    fraction = choice.bandwidth_fraction
     shared = f" ÷ {sharing}" if sharing > 1 else ""
     protocol = f" × {fraction:.3g} {choice.protocol}" if fraction != 1.0 else ""
-    latency = (f"{microseconds(latency_s / scale)} × {scale:.3g} {choice.protocol}"
-               if scale != 1.0 else microseconds(latency_s))
+    latency = f"{microseconds(latency_s)} {choice.label()} step"
     formula = (f"{microseconds(time_s)} = {format_bytes(nbytes)} ÷ ({bandwidth_GBps:g} GB/s × "
                f"{efficiency:g}{shared}{protocol}) + {latency}")
     via = ch.via[send.src]
@@ -108,7 +109,7 @@ def _derivation(graph, gpus, ch, send, time_s, routes, load, nbytes, calibration
             "dst": gpus[ch.order[send.dst]], "via": via, "link": LINKS[kind], "bytes": nbytes,
             "bandwidth_GBps": bandwidth_GBps, "efficiency": efficiency, "sharing": sharing,
             "latency_s": latency_s, "protocol": choice.protocol, "protocol_fraction": fraction,
-            "latency_scale": scale, "time_s": time_s, "formula": formula}
+            "time_s": time_s, "formula": formula}
 
 
 def _holdings(holdings) -> list[list[list[int]]]:

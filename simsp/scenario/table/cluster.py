@@ -30,6 +30,9 @@ CLUSTER = (
     Field("cluster", "ib_bandwidth_GBps", float, 25.0, "InfiniBand bandwidth per NIC per "
           "direction (GB/s)", "ib",  # 200 Gb/s HDR
           bound=Bound(0.01, 10000.0, "GB/s", "HDR InfiniBand is 25 GB/s")),
+    # Link latencies: point-to-point transfers pay them as they are; a collective's step pays
+    # NCCL's own step latency times its route's latency over the route's at these defaults
+    # (engine/collectives/nccl_group.py, docs/nccl.md), so `calibrate` fits them on top of NCCL's.
     Field("cluster", "nvlink_latency_us", float, 2.0, "latency per NVSwitch hop (us)", "nvlat",
           bound=Bound(0.0, 1e6, "us", "at most one second per hop")),
     # per InfiniBand link (GPU-NIC-leaf-spine: a cross-rail route has 4)
@@ -44,8 +47,8 @@ CLUSTER = (
     Field("cluster", "ib_efficiency", float, 0.90, "achieved fraction of InfiniBand bandwidth, in "
           "(0, 1]", "ibeff", bound=Bound(0.0, 1.0, "fraction", "a fraction of link speed")),
     # Software cost added to every point-to-point transfer (NCCL step synchronisation) on top of
-    # the per-hop link latencies. Zero: the configured nvlink_latency_us (2 us per switch hop)
-    # already exceeds NCCL's measured per-step latency on NVLink (~1 us, LL protocol).
+    # the per-hop link latencies. Zero: a collective's steps already pay NCCL's own per-step
+    # latencies (tuning.cc), which the link latencies and this overhead scale (docs/nccl.md).
     Field("cluster", "transfer_overhead_us", float, 0.0, "software cost per transfer (us)", "xfer",
           bound=Bound(0.0, 1e6, "us", "at most one second per transfer")),
     # force every collective's algorithm / protocol (docs/nccl.md); auto: NCCL's own choice
