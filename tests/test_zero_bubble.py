@@ -29,11 +29,11 @@ def bubble(name, p, m, times):
 
 
 def test_zb_h1_p2_m3_worked_by_hand():
-    # ticks of one unit; stage 1 holds one micro-batch (p - r = 1), stage 0 two; stage 0
-    # idles at tick 2 (B0 not back yet, F2 over its limit, no W pending)
+    # 1F1B's F/B order; stage 0 runs each W right after its B, stage 1 one B later (its W of
+    # micro-batch i after B of i + 1), so stage 1 keeps at most one W waiting
     schedule = zb_h1(2, 3)
-    assert text(schedule[0]) == "F0 F1 B0 F2 B1 W0 B2 W1 W2"
-    assert text(schedule[1]) == "F0 B0 F1 B1 F2 B2 W0 W1 W2"
+    assert text(schedule[0]) == "F0 F1 B0 W0 F2 B1 W1 B2 W2"
+    assert text(schedule[1]) == "F0 B0 F1 B1 W0 F2 B2 W1 W2"
 
 
 @pytest.mark.parametrize("times", TIMES)

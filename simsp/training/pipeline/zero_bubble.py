@@ -14,10 +14,22 @@ from simsp.training.pipeline.schedule_step import (
 
 
 def zb_h1(p: int, m: int) -> Schedule:
-    """ZB-H1: stage r holds at most p - r micro-batches' activations, 1F1B's
-    (arXiv:2401.10241 §2.1)."""
+    """ZB-H1 (arXiv:2401.10241 §2.1, Fig. 3): 1F1B's order of F and B, so stage r holds at most
+    p - r micro-batches between F and B, with stage r's W of micro-batch i after its B of i + r
+    (the rest at the tail): W fills the time the stage would wait for a gradient, and at most r
+    Ws wait on stage r, so no stage holds more than 1F1B's first stage (W's inputs are part of
+    B's)."""
+    from simsp.training.pipeline.schedules import one_f_one_b  # its F/B order
     _check_sizes(p, m)
-    return unit_time_heuristic(p, m, [p - r for r in range(p)])
+    schedule = []
+    for r, steps in enumerate(one_f_one_b(p, m)):
+        stage = []
+        for step in steps:
+            stage.append(step)
+            if step.kind == BACKWARD and step.micro_batch >= r:
+                stage.append(Step(WEIGHT, step.micro_batch - r))
+        schedule.append(stage + [Step(WEIGHT, i) for i in range(max(0, m - r), m)])
+    return schedule
 
 
 def zb_h2(p: int, m: int) -> Schedule:
