@@ -54,15 +54,21 @@ def pipeline_only(schedule: str):
                     sequence_parallel=False)
 
 
-def test_zb_h1_first_stage_holds_what_1f1b_holds():
-    """ZB-H1 keeps 1F1B's p - r micro-batches between F and B and at most r Ws waiting on
-    stage r (arXiv:2401.10241 §2.1): the first stage's activation peak is 1F1B's to the byte,
-    no later stage holds more than it, and each holds more than under 1F1B (its waiting Ws)."""
+def test_first_stage_peaks_are_the_papers():
+    """ZB-H1 keeps 1F1B's p - r micro-batches between F and B and few Ws waiting on stage r
+    (arXiv:2401.10241 §2.1): the first stage's activation peak is 1F1B's to the byte, no later
+    stage holds more than it, and each holds more than under 1F1B (its waiting Ws). ZB-H2's
+    first stage holds 2p - 1 micro-batches (§2.2): 1F1B's p micro-batches' peak times
+    (2p - 1)/p, to the byte, and again no later stage more."""
+    p = 4
     one_f_one_b = stage_activation_peaks(run_metrics(pipeline_only("1f1b")))
     zb_h1 = stage_activation_peaks(run_metrics(pipeline_only("zb-h1")))
     assert zb_h1[0] == one_f_one_b[0]
     assert max(zb_h1) == zb_h1[0]
     assert all(z > o for z, o in zip(zb_h1[1:], one_f_one_b[1:]))
+    zb_h2 = stage_activation_peaks(run_metrics(pipeline_only("zb-h2")))
+    assert zb_h2[0] * p == one_f_one_b[0] * (2 * p - 1)
+    assert max(zb_h2) == zb_h2[0]
 
 
 def stage_idle_and_step_times(sc):
