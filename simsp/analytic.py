@@ -208,8 +208,11 @@ def chunk_recompute_bytes(p: Parallel, layers: int, per_layer: int, full: int) -
 
 
 def _layer_micro_batches(p: Parallel) -> int:
-    """Micro-batches in flight on stage 0: all m under GPipe, at most p under 1F1B (N21 §2.2)."""
+    """Micro-batches in flight on stage 0: all m under GPipe, at most p under 1F1B (N21 §2.2)
+    and ZB-H1, 2p - 1 under ZB-H2 (arXiv:2401.10241 §2.2; docs/schedules.md)."""
     m = p.num_micro_batches
+    if p.schedule_name == "zb-h2":
+        return min(2 * p.pp - 1, m)
     return m if p.schedule_name == "gpipe" else min(p.pp, m)
 
 

@@ -29,11 +29,31 @@ def bubble(name, p, m, times):
 
 
 def test_zb_h1_p2_m3_worked_by_hand():
-    # ticks of one unit; stage 1 holds one micro-batch (p - r = 1), stage 0 two; stage 0
-    # idles at tick 2 (B0 not back yet, F2 over its limit, no W pending)
+    # 1F1B's F/B order; stage 0 runs each W right after its B, stage 1 one B later (its W of
+    # micro-batch i after B of i + 1), so stage 1 keeps at most one W waiting
     schedule = zb_h1(2, 3)
-    assert text(schedule[0]) == "F0 F1 B0 F2 B1 W0 B2 W1 W2"
-    assert text(schedule[1]) == "F0 B0 F1 B1 F2 B2 W0 W1 W2"
+    assert text(schedule[0]) == "F0 F1 B0 W0 F2 B1 W1 B2 W2"
+    assert text(schedule[1]) == "F0 B0 F1 B1 W0 F2 B2 W1 W2"
+
+
+def most_weights_waiting(schedule) -> list[int]:
+    """Per stage, the most Ws whose B has run and which have not run yet."""
+    peaks = []
+    for steps in schedule:
+        waiting = peak = 0
+        for step in steps:
+            waiting += {"B": 1, "W": -1}.get(step.kind, 0)
+            peak = max(peak, waiting)
+        peaks.append(peak)
+    return peaks
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (8, 16)])
+def test_weights_wait_a_fixed_number_of_backwards(p, m):
+    """Stage r's W of micro-batch i runs after its B of i + r (ZB-H1) or i + 2r (ZB-H2): at
+    most r + 1 (2r + 1) Ws pending right after a B, however long the iteration."""
+    assert most_weights_waiting(zb_h1(p, m)) == [r + 1 for r in range(p)]
+    assert most_weights_waiting(zb_h2(p, m)) == [2 * r + 1 for r in range(p)]
 
 
 @pytest.mark.parametrize("times", TIMES)

@@ -61,6 +61,7 @@ class Rank:
     fp8: object = None  # simsp.scenario.precision.Fp8 when the linear layers run in FP8
     cp: ContextParallelAttention | None = None  # the rank's CP attention (context parallelism)
     attention: object = None  # hardware/attention_kernels.py AttentionRates of its fused core
+    wgrad: object = None  # base/wgrad_store.py WeightGradStore during a split backward's B
     kernel_log: list | None = None  # (name, phase, kind, flops, bytes, seconds) per kernel, if set
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 

@@ -59,7 +59,18 @@ def linear_grad_input(r, dy: Tensor, w: Tensor, name: str):
 
 def linear_grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str | None,
                        name: str):
-    """Accumulate dW = x^T dy (and db = sum dy) into the fp32 main gradients."""
+    """Accumulate dW = x^T dy (and db = sum dy) into the fp32 main gradients; during the B step
+    of a split backward (`r.wgrad`, base/wgrad_store.py) deferred to the W step instead."""
+    if r.wgrad is not None:
+        r.wgrad.defer(r, (dy, x), lambda dy, x: _grad_weight(r, dy, x, grads, w_name, b_name,
+                                                              name))
+        return
+    yield from _grad_weight(r, dy, x, grads, w_name, b_name, name)
+
+
+def _grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str | None,
+                 name: str):
+    """dW = x^T dy (and db): dy (..., n), x (..., k) -> grads[w_name] (k, n) += x^T dy."""
     k, n = x.shape[-1], dy.shape[-1]
     m = dy.numel // n
     in_fp8 = r.fp8 is not None and fp8.is_fp8_weight(grads[w_name])

@@ -90,6 +90,7 @@ def schedule(m: Model, p: Parallel) -> None:
         check(p.num_virtual_stages_per_pipeline_rank is None,
               "parallel.num_virtual_stages_per_pipeline_rank",
               f"only applies to the interleaved schedule, not {p.schedule_name}")
+        split_backward(p)
         return
     chunks = p.num_virtual_stages_per_pipeline_rank
     check(virtual is None or chunks is None, "parallel.num_virtual_stages_per_pipeline_rank",
@@ -116,6 +117,17 @@ def schedule(m: Model, p: Parallel) -> None:
     check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",
           f"interleaving needs the {p.num_micro_batches} micro-batches to be a multiple of "
           f"pipeline_model_parallel_size={p.pp}")
+
+
+def split_backward(p: Parallel) -> None:
+    """What the zero-bubble schedules (docs/schedules.md) do not run with yet: sharded data
+    parallelism and activation offload, whose per-layer hooks follow the whole backward."""
+    if p.schedule_name not in ("zb-h1", "zb-h2"):
+        return
+    check(p.fsdp is None, "parallel.use_megatron_fsdp",
+          f"is not supported with the {p.schedule_name} schedule (its W steps)")
+    check(not p.cpu_offloading, "parallel.cpu_offloading",
+          f"is not supported with the {p.schedule_name} schedule (its W steps)")
 
 
 def overlap_p2p(p: Parallel) -> None:

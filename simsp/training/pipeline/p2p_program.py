@@ -80,6 +80,25 @@ def _overlapped(steps: list[Step], warmup: int) -> list:
     return program
 
 
+def split_backward_program(steps: list[Step]) -> list:
+    """A zero-bubble schedule's calls, all non-blocking (its order is not 1F1B's, and blocking
+    calls in an arbitrary order can deadlock): after each F or B, send its output and post the
+    receive of the next step of its kind; the first B's receive is posted after the last F
+    before it. W steps send and receive nothing."""
+    program = [Exchange(recvs=steps[:1])]
+    first_backward = next((j for j, s in enumerate(steps) if s.kind == BACKWARD), len(steps))
+    last_warmup = max((j for j in range(first_backward) if steps[j].kind == FORWARD), default=-1)
+    for j, step in enumerate(steps):
+        program.append(step)
+        if step.kind not in (FORWARD, BACKWARD):
+            continue
+        later = [s for s in steps[j + 1:] if s.kind == step.kind][:1]
+        program.append(Exchange((step,), tuple(later)))
+        if j == last_warmup and first_backward < len(steps):
+            program.append(Exchange(recvs=(steps[first_backward],)))
+    return program
+
+
 def call_name(sends: list[Step], recvs: list[Step]) -> str:
     """Megatron's name for a call, e.g. send_forward_recv_backward."""
     return call_name_of_kinds(frozenset(s.kind for s in sends),

@@ -14,13 +14,17 @@ from simsp.model import mappings
 from simsp.model.tensor import FP16
 from simsp.training.pipeline import p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
-from simsp.training.pipeline.p2p_program import Exchange, call_name_of_kinds, megatron_program
+from simsp.training.pipeline.p2p_program import (
+    Exchange, call_name_of_kinds, megatron_program, split_backward_program)
 from simsp.training.pipeline.plan import StagePlan
-from simsp.training.pipeline.schedules import interleaved_warmup, one_f_one_b_warmup
-from simsp.training.pipeline.steps import RankState, activation_shape, backward_step, forward_step
+from simsp.training.pipeline.schedules import (
+    SPLIT_BACKWARD, interleaved_warmup, one_f_one_b_warmup)
+from simsp.training.pipeline.steps import (
+    RankState, activation_shape, backward_step, forward_step, weight_step)
 
 
 KIND_OF_KEY = {"act": "F", "grad": "B"}  # p2p key kind -> the kind of step that sends it
+WORK_OF_KIND = {"F": forward_step, "B": backward_step, "W": weight_step}
 
 
 @dataclass(frozen=True)
@@ -36,12 +40,13 @@ class P2PSetup:
     upstream: int  # the rank input gradients go to: previous stage (wrapping)
 
     @classmethod
-    def of(cls, r, sc, grid, plan: StagePlan) -> "P2PSetup":
-        """The rank's p2p setup from the scenario and its neighbours on the rank grid."""
+    def of(cls, r, sc, grid, plan: StagePlan, split: bool = False) -> "P2PSetup":
+        """The rank's p2p setup from the scenario and its neighbours on the rank grid (a
+        split-backward schedule's calls are always non-blocking)."""
         shape = activation_shape(sc, r)
         scattered = _scatter_gather(sc.parallel, r)
         received = (math.prod(shape) // r.tp.size,) if scattered else shape
-        return cls(sc.parallel.overlap_p2p_communication, scattered, r.tp.size, shape,
+        return cls(sc.parallel.overlap_p2p_communication or split, scattered, r.tp.size, shape,
                    received, grid.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p, plan.cp),
                    grid.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p, plan.cp))
 
@@ -53,19 +58,27 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     sc, world = inputs.sc, inputs.world
     state.ddp_buckets = state.fsdp or DDPBuckets(r, sc.parallel, world.grid, plan, state.grads)
     state.ddp_buckets.start_param_gather(r)
-    state.p2p = P2PSetup.of(r, sc, world.grid, plan)
-    program = megatron_program(list(plan.steps), sc.parallel.schedule_name,
-                               _warmup(sc.parallel, plan), sc.parallel.overlap_p2p_communication)
-    for action in program:
+    state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
+    state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
+    for action in _program(sc.parallel, plan, state.split_backward):
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
         else:
             if state.pending:
                 yield from _wait_pending(r, state, action.kind)
-            work = forward_step if action.kind == "F" else backward_step
-            yield from work(r, inputs, plan, state, results, action.micro_batch, action.chunk)
+            yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
+                                                 action.micro_batch, action.chunk)
     for kind in sorted(state.pending):
         yield from _wait_pending(r, state, kind)
+
+
+def _program(parallel, plan: StagePlan, split: bool) -> list:
+    """The stage's steps and p2p calls: Megatron's (training/pipeline/p2p_program.py), or the
+    non-blocking calls of a split-backward schedule."""
+    if split:
+        return split_backward_program(list(plan.steps))
+    return megatron_program(list(plan.steps), parallel.schedule_name,
+                            _warmup(parallel, plan), parallel.overlap_p2p_communication)
 
 
 def _warmup(parallel, plan: StagePlan) -> int:

@@ -9,6 +9,7 @@ between steps (training/pipeline/stage_program.py runs them). A step reads the r
 from dataclasses import dataclass, field
 
 from simsp.model.blocks.embedding import embedding_backward, embedding_forward
+from simsp.model.base.wgrad_store import WeightGradStore
 from simsp.model.blocks.head import head_backward, head_forward
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.pipeline.layer_chain import chunk_backward, chunk_forward
@@ -22,6 +23,8 @@ class RankState:
     weights: dict
     grads: dict
     stashes: dict = field(default_factory=dict)  # (micro_batch, chunk) -> saved tensors
+    split_backward: bool = False  # the schedule has W steps (training/pipeline/schedules.py)
+    deferred: dict = field(default_factory=dict)  # (micro_batch, chunk) -> WeightGradStore
     inbox: dict = field(default_factory=dict)  # p2p key -> received tensor, not yet consumed
     outbox: dict = field(default_factory=dict)  # p2p key -> (destination, tensor) to send
     pending: dict = field(default_factory=dict)  # step kind -> posted p2p Handles (overlap)
@@ -122,6 +125,8 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
     stash = state.stashes.pop((mb, chunk))
     scope = f"mb{mb}.c{chunk}."
     r.phase, r.scope = "backward", scope
+    if state.split_backward:  # B only: the weight-gradient GEMMs wait for this W step
+        r.wgrad = state.deferred[(mb, chunk)] = WeightGradStore()
     if plan.is_last(chunk):
         if state.fsdp is not None:
             yield from state.fsdp.before_backward(r, chunk, ["head"])
@@ -132,7 +137,7 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
                 r, sc, state, stash["mtp"], tokens, targets)
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
                                       stash["head"], dloss, extra)
-        state.ddp_buckets.grads_ready(r, plan, chunk, mb, ["head"])
+        _grads_ready(r, plan, state, chunk, mb, ["head"])
     else:
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
@@ -146,7 +151,26 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
             yield from state.fsdp.before_backward(r, chunk, ["embedding"])
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
-        state.ddp_buckets.grads_ready(r, plan, chunk, mb, ["embedding"])
+        _grads_ready(r, plan, state, chunk, mb, ["embedding"])
     else:
         state.outbox[("grad", mb, k - 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.upstream, dx)
+    r.wgrad = None
     results.record_step(r, "B", mb, chunk, begin)
+
+
+def weight_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, chunk: int):
+    """W of a split backward: the weight-gradient GEMMs its B deferred, then the chunk's
+    gradients are ready for the data-parallel buckets (head, layers last first, embedding)."""
+    r.phase, r.scope = "backward", f"mb{mb}.c{chunk}."
+    begin = r.env.now
+    yield from state.deferred.pop((mb, chunk)).run(r)
+    modules = (["head"] if plan.is_last(chunk) else []) + list(plan.layers(chunk))[::-1] \
+        + (["embedding"] if plan.is_first(chunk) else [])
+    state.ddp_buckets.grads_ready(r, plan, chunk, mb, modules)
+    results.record_step(r, "W", mb, chunk, begin)
+
+
+def _grads_ready(r, plan: StagePlan, state: RankState, chunk: int, mb: int, modules: list):
+    """A module's gradients are complete, unless its W step is still to come."""
+    if not state.split_backward:
+        state.ddp_buckets.grads_ready(r, plan, chunk, mb, modules)

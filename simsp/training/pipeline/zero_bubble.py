@@ -3,8 +3,8 @@
 
 Sources: Qi et al., "Zero Bubble Pipeline Parallelism", arXiv:2401.10241 (ICLR 2024): §2 the
 handcrafted ZB-H1 and ZB-H2 (bubble (p-1)(T_F+T_B-T_W) with 1F1B's p micro-batches in flight, and
-(p-1)(T_F+T_B-2T_W) with 2p-1), §3.1 the heuristic that places them (as many warm-up forwards as
-memory allows, a B as soon as it can run, a W in every gap), §6 the V schedule; ZB-V after
+(p-1)(T_F+T_B-2T_W) with 2p-1; Figs. 3 and 4 place each stage's W a fixed number of Bs after
+its own B), §6 the V schedule; ZB-V after
 torch.distributed.pipelining schedules.py ScheduleZBVZeroBubble._calculate_single_rank_operations.
 docs/schedules.md derives the bubbles and peaks the tests check.
 """
@@ -14,67 +14,38 @@ from simsp.training.pipeline.schedule_step import (
 
 
 def zb_h1(p: int, m: int) -> Schedule:
-    """ZB-H1: stage r holds at most p - r micro-batches' activations, 1F1B's
-    (arXiv:2401.10241 §2.1)."""
+    """ZB-H1 (arXiv:2401.10241 §2.1, Fig. 3): 1F1B's order of F and B (p - r forwards before
+    stage r's first B), and stage r's W of micro-batch i after its B of i + r."""
     _check_sizes(p, m)
-    return unit_time_heuristic(p, m, [p - r for r in range(p)])
+    return [delayed_weights(m, p - r, r) for r in range(p)]
 
 
 def zb_h2(p: int, m: int) -> Schedule:
-    """ZB-H2: stage r holds at most 2(p - r) - 1, enough warm-up forwards to fill the bubble
-    before the first B (arXiv:2401.10241 §2.2); zero bubble once m >= 2p - 1."""
+    """ZB-H2 (arXiv:2401.10241 §2.2, Fig. 4): 2(p - r) - 1 forwards before stage r's first B,
+    enough to fill the bubble before it, and stage r's W of micro-batch i after its B of
+    i + 2r; zero bubble once m >= 2p - 1."""
     _check_sizes(p, m)
-    return unit_time_heuristic(p, m, [2 * (p - r) - 1 for r in range(p)])
+    return [delayed_weights(m, 2 * (p - r) - 1, 2 * r) for r in range(p)]
 
 
-def unit_time_heuristic(p: int, m: int, limits: list[int]) -> Schedule:
-    """Each stage's steps with T_F = T_B = T_W = one tick (arXiv:2401.10241 §3.1): a free stage
-    runs its next B if its gradient has arrived, else its next F if its activation has arrived
-    and fewer than limits[r] micro-batches are between F and B, else its oldest pending W."""
-    finished: dict = {}  # (kind, micro_batch, stage) -> the tick it ends
-    state = [_StageCursor() for _ in range(p)]
-    schedule: Schedule = [[] for _ in range(p)]
-    tick = 0
-    while sum(len(steps) for steps in schedule) < 3 * p * m:
-        for stage in range(p):
-            step = state[stage].next_step(stage, p, m, limits[stage], finished, tick)
-            if step is not None:
-                finished[(step.kind, step.micro_batch, stage)] = tick + 1
-                schedule[stage].append(step)
-        tick += 1
-    return schedule
+def delayed_weights(m: int, warmup: int, delay: int) -> list[Step]:
+    """One stage's steps: `warmup` forwards, then each B followed by the next F, and each W
+    of micro-batch i right after the B of i + delay (the last `delay` Ws at the tail).
 
-
-class _StageCursor:
-    """One stage's progress in the heuristic: next F and B micro-batch, pending Ws, busy until."""
-
-    def __init__(self):
-        self.forward = self.backward = self.busy_until = 0
-        self.weights: list[int] = []  # micro-batches whose B ran and W did not, oldest first
-
-    def next_step(self, stage: int, p: int, m: int, limit: int, finished: dict,
-                  tick: int) -> Step | None:
-        """The step this stage starts at `tick`, or None (busy, or nothing is ready)."""
-        if self.busy_until > tick:
-            return None
-        step = self._pick(stage, p, m, limit, finished, tick)
-        if step is not None:
-            self.busy_until = tick + 1
-        return step
-
-    def _pick(self, stage, p, m, limit, finished, tick) -> Step | None:
-        """B first, then F within the limit, then the oldest W (each one tick long)."""
-        b, f = self.backward, self.forward
-        grad = (FORWARD, b, stage) if stage == p - 1 else (BACKWARD, b, stage + 1)
-        if b < f and finished.get(grad, tick + 1) <= tick:
-            self.backward += 1
-            self.weights.append(b)
-            return Step(BACKWARD, b)
-        ready = stage == 0 or finished.get((FORWARD, f, stage - 1), tick + 1) <= tick
-        if f < m and f - b < limit and ready:
-            self.forward += 1
-            return Step(FORWARD, f)
-        return Step(WEIGHT, self.weights.pop(0)) if self.weights else None
+    The W that waits `delay` Bs fills the time the stage would otherwise wait for a gradient
+    (stage r's wait before its first B grows with p - r, its spare Ws with r), and at most
+    `delay` Ws are pending, each holding less than a micro-batch's activations
+    (docs/schedules.md derives the bubbles and peaks)."""
+    warmup = min(warmup, m)
+    forwards = [Step(FORWARD, i) for i in range(m)]
+    steps = forwards[:warmup]
+    for b in range(m):
+        steps.append(Step(BACKWARD, b))
+        if b >= delay:
+            steps.append(Step(WEIGHT, b - delay))
+        if warmup + b < m:
+            steps.append(forwards[warmup + b])
+    return steps + [Step(WEIGHT, i) for i in range(max(0, m - delay), m)]
 
 
 def zbv(p: int, m: int, v: int = 2) -> Schedule:
