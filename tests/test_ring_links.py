@@ -92,3 +92,26 @@ def test_closed_form_overestimates_drifting_channels():
         NVLINK_Bps * choice.bandwidth_fraction)
     assert port_bound < stepwise < closed
     assert closed / stepwise - 1 == pytest.approx(0.178, abs=0.001)
+
+
+@pytest.mark.parametrize("per_node,first,nodes,ib_GBps,collective", [
+    (8, 18, 3, 100.0, "all_gather"),  # NVLink-bound; 18 -> 19 on a leaf, 19 -> 20 -> 18 spine
+    (8, 18, 3, 12.5, "reduce_scatter"),  # NIC-bound
+    (4, 18, 4, 100.0, "all_reduce"),  # 19 -> 20 and 21 -> 18 cross the spine
+])
+def test_one_channel_equals_stepwise_across_a_leaf_boundary(per_node, first, nodes, ib_GBps,
+                                                             collective):
+    """A ring across a leaf boundary (docs/shortcuts.md): its spine hops are slower than its
+    leaf hops, so the nodes are not alike (node_segment refuses) but the channels still are:
+    channel 0's whole ring on each node's port (channel_segment) is the stepwise ring."""
+    from simsp.engine.collectives.ring_alone import alone_stats, channel_segment, node_segment
+
+    cluster = Cluster(nodes=first + nodes, gpus_per_node=per_node, ib_bandwidth_GBps=ib_GBps)
+    graph = build_topology(cluster, range(first, first + nodes))
+    gpus = list(range(first * per_node, (first + nodes) * per_node))
+    nbytes = 3 * 2 ** 21  # equal slices: 3 x 2^20 elements, a multiple of n x m
+    assert node_segment(graph, gpus, CAL, collective, nbytes, 2) is None
+    assert channel_segment(graph, gpus, CAL, collective, nbytes, 2) is not None
+    alone = alone_stats(collective, graph, gpus, nbytes, CAL)
+    assert alone.time_s == pytest.approx(stepwise_time(graph, collective, gpus, nbytes),
+                                         rel=1e-9)
