@@ -104,3 +104,31 @@ def test_pipelined_latency_keeps_channels_sharing_a_port_in_step():
                 NVLINK_Bps * choice.bandwidth_fraction)
             assert closed == pytest.approx(stepwise, rel=1e-12)
             assert port_bound < stepwise
+
+
+@pytest.mark.parametrize("per_node,first,nodes,ib_GBps,collective", [
+    (8, 18, 3, 100.0, "all_gather"),  # NVLink-bound; 18 -> 19 on a leaf, 19 -> 20 -> 18 spine
+    (8, 18, 3, 12.5, "reduce_scatter"),  # NIC-bound
+    (4, 18, 4, 100.0, "all_reduce"),  # 19 -> 20 and 21 -> 18 cross the spine
+])
+def test_one_channel_equals_stepwise_across_a_leaf_boundary(per_node, first, nodes, ib_GBps,
+                                                             collective):
+    """A ring across a leaf boundary (docs/shortcuts.md): its channels are alike, so channel 0's
+    whole ring on each node's port (channel_segment) is the stepwise ring; with NCCL's pipelined
+    step latency (docs/nccl.md) every hop of a channel pays the same latency, so the nodes are
+    alike too and one node's piece (node_segment) is the stepwise ring as well."""
+    from simsp.engine.collectives.ring_alone import (alone_stats, channel_segment, node_segment,
+                                                      segment_time)
+
+    cluster = Cluster(nodes=first + nodes, gpus_per_node=per_node, ib_bandwidth_GBps=ib_GBps)
+    graph = build_topology(cluster, range(first, first + nodes))
+    gpus = list(range(first * per_node, (first + nodes) * per_node))
+    nbytes = 3 * 2 ** 21  # equal slices: 3 x 2^20 elements, a multiple of n x m
+    stepwise = stepwise_time(graph, collective, gpus, nbytes)
+    for segment_of in (node_segment, channel_segment):
+        segment = segment_of(graph, gpus, CAL, collective, nbytes, 2)
+        assert segment is not None
+        end_s = segment_time(graph, CAL, collective, len(gpus), segment)
+        assert end_s == pytest.approx(stepwise, rel=1e-9)
+    alone = alone_stats(collective, graph, gpus, nbytes, CAL)
+    assert alone.time_s == pytest.approx(stepwise, rel=1e-9)

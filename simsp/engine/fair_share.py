@@ -55,3 +55,26 @@ def _push_changed(heap: list, fixed: list[int], flows: dict, left: dict, unfixed
             if edge not in seen and unfixed[edge]:
                 seen.add(edge)
                 heapq.heappush(heap, (left[edge] / unfixed[edge], order[edge], edge))
+
+
+def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
+                 flows: dict[int, object]) -> list[int]:
+    """Ids (ascending) of the flows joined to a `changed` link through shared links,
+    transitively (`users`: link -> ids of the flows crossing it; `flows`: id -> a flow with its
+    `edges`): a union of connected components of the flow-link graph. Max-min rates are solved
+    per component alone (progressive filling never moves a rate across components), and in
+    ascending id order within it every link sees the same subtractions in the same order as in
+    a solve of all flows: the rates of these flows, bit for bit, while the others' stand."""
+    seen_links: set[Edge] = set()
+    found: set[int] = set()
+    stack = list(changed)
+    while stack:
+        edge = stack.pop()
+        if edge in seen_links:
+            continue
+        seen_links.add(edge)
+        for flow_id in users.get(edge, ()):
+            if flow_id not in found:
+                found.add(flow_id)
+                stack.extend(flows[flow_id].edges)
+    return sorted(found)

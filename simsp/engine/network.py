@@ -2,8 +2,10 @@
 
 A transfer drains its bytes along its route at the max-min fair rate of the links it crosses,
 then arrives after the route's latency. Rates are recomputed once per instant at which transfers
-start or finish (a ring step's hops all start together: one computation, not one per hop), and
-memoised per sequence of active routes (a hit returns the very same floats). Only a flow whose
+start or finish (a ring step's hops all start together: one computation, not one per hop), only
+for the flows joined to a link that a flow entered or left through shared links (their connected
+components: fair_share.linked_flows; the others' rates cannot move), and memoised per sequence of
+those flows' routes (a hit returns the very same floats). Only a flow whose
 rate changed is touched: its bytes left are brought up to date and its finish time goes into a
 heap, so an instant costs what changed, not every flow in flight. A wake-up is only scheduled
 when the first finish changes, so no wake-up is stale. Time = latency + bytes / rate, where a
@@ -23,7 +25,7 @@ import simpy
 from simpy.events import NORMAL
 
 from simsp.cluster.topology import hop_route, route_latency_s
-from simsp.engine.fair_share import max_min_rates
+from simsp.engine.fair_share import linked_flows, max_min_rates
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware.constants import LinkCalibration
 
@@ -80,6 +82,9 @@ class Network:
         self.bytes_received: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered to it
         self._draining: dict[int, _Flow] = {}  # flow id -> flow, in start order
         self._finishes: list[tuple[float, int]] = []  # heap of (finish_s, flow id)
+        self._users: dict[tuple[str, str], dict[int, None]] = {}  # link -> draining flow ids
+        self._changed_links: list[tuple[str, str]] = []  # links a flow entered or left since
+        # the last solve
         self._next_id = 0
         self._route_ids: dict[tuple, int] = {}  # route edges -> small integer id
         self._routes: dict[tuple, tuple] = {}  # (src, dst, via) -> (edges, latency_s, route id)
@@ -126,8 +131,7 @@ class Network:
         if nbytes == 0 or not flow.edges:  # nothing shares a link: only the latency remains
             self._deliver_after_latency(flow)
         else:
-            self._draining[flow.flow_id] = flow
-            self._request_recompute()
+            self._start_draining(flow)
         return flow.delivered
 
     def load(self, edges: tuple[tuple[str, str], ...], nbytes: float, latency_s: float,
@@ -146,8 +150,7 @@ class Network:
         if nbytes == 0 or not edges:
             self._deliver_after_latency(flow)
         else:
-            self._draining[flow.flow_id] = flow
-            self._request_recompute()
+            self._start_draining(flow)
         return flow.delivered
 
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
@@ -173,6 +176,15 @@ class Network:
             self._routes[key] = (edges, latency_s, route_id)
         return self._routes[key]
 
+    def _start_draining(self, flow: _Flow) -> None:
+        """A flow starts sharing its links: index it and mark its links changed."""
+        self._draining[flow.flow_id] = flow
+        flow_id, users = flow.flow_id, self._users
+        for edge in flow.edges:
+            users.setdefault(edge, {})[flow_id] = None
+        self._changed_links.extend(flow.edges)
+        self._request_recompute()
+
     def _request_recompute(self) -> None:
         """Recompute the rates once, after every start and finish at this instant."""
         if not self._recompute_pending:
@@ -180,15 +192,19 @@ class Network:
             self.env.timeout(0).callbacks.append(self._reschedule)
 
     def _reschedule(self, _event: simpy.Event | None = None) -> None:
-        """Recompute fair rates, re-time the flows whose rate changed, and wake up when the
+        """Recompute the fair rates of the flows a start or finish since the last solve can
+        affect (those linked to a changed link through shared links, fair_share.linked_flows:
+        the others' rates cannot move), re-time those whose rate changed, and wake up when the
         first flow finishes draining."""
         self._recompute_pending = False
+        changed, self._changed_links = self._changed_links, []
         if not self._draining:
             self._wake = None
             return
-        flows = list(self._draining.values())
+        draining = self._draining
+        flows = [draining[flow_id] for flow_id in linked_flows(changed, self._users, draining)]
         now = self.env.now
-        for flow, rate in zip(flows, self._rates(flows)):
+        for flow, rate in zip(flows, self._rates(flows) if flows else ()):
             if rate != flow.rate_Bps:
                 self._retime(flow, rate, now)
         self._wake_at_first_finish()
@@ -260,6 +276,15 @@ class Network:
     def _retire(self, flow: _Flow) -> None:
         """A flow's last byte has left: it no longer shares links; delivery follows."""
         del self._draining[flow.flow_id]
+        flow_id, users = flow.flow_id, self._users
+        for edge in flow.edges:
+            sharing = users.get(edge)
+            if sharing is None or flow_id not in sharing:
+                continue  # a link the load lists twice, left already
+            del sharing[flow_id]
+            if not sharing:
+                del users[edge]
+        self._changed_links.extend(flow.edges)
         self._deliver_after_latency(flow)
 
     def _deliver_after_latency(self, flow: _Flow) -> None:

@@ -77,13 +77,16 @@ def alone_stats(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int
                 stepwise_max_ranks: int | None = None) -> CollectiveStats:
     """What the ring does alone on its links, starting at 0: the closed form where no link
     carries two of its hops (exact, O(n log n)), else the ring run step by step: one node's
-    piece of one channel where the symmetry allows (segment_time), else all of it (up to
+    piece of one channel where the symmetry allows (segment_time), one channel where only
+    the channels are alike (channel_segment), else all of it (up to
     `stepwise_max_ranks` ranks; above, the closed form: an upper bound, docs/shortcuts.md)."""
     closed = closed_form_stats(collective, graph, list(gpus), nbytes, calibration, elem_bytes)
     if not shares_a_link(graph, gpus):
         return closed
     calibration = calibration or LinkCalibration()
-    segment = node_segment(graph, list(gpus), calibration, collective, nbytes, elem_bytes)
+    segment = (node_segment(graph, list(gpus), calibration, collective, nbytes, elem_bytes)
+               or channel_segment(graph, list(gpus), calibration, collective, nbytes,
+                                  elem_bytes))
     if segment is not None:
         end_s = segment_time(graph, calibration, collective, len(gpus), segment)
         return replace(closed, end_s=end_s,
@@ -106,11 +109,49 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
                  slowest_latency: bool = False) -> tuple[float, list[Hop]] | None:
     """NCCL's base latency and channel 0's hops from the first node's m members on that node's
     links (every intra hop and the crossing hop's relay leg on the first member's NVLink port,
-    the crossing hop then on its rail's NIC), where the ring is that symmetric: >= 2 nodes
-    holding the members at the same GPUs, one channel per member, equal chunk slices, equal
-    latencies at every node's like positions. None where it is not (`slowest_latency`:
-    unequal latencies allowed, each like position taking its slowest, e.g. the spine hop of a
-    ring across a leaf boundary: an approximation, docs/shortcuts.md)."""
+    the crossing hop then on its rail's NIC), where the ring is that symmetric: its channels
+    alike (_alike_channel) and equal latencies at every node's like positions. None where it
+    is not (`slowest_latency`: unequal latencies allowed, each like position taking its
+    slowest, e.g. the spine hop of a ring across a leaf boundary: an approximation,
+    docs/shortcuts.md)."""
+    alike = _alike_channel(graph, gpus, calibration, collective, nbytes, elem_bytes)
+    if alike is None:
+        return None
+    base_s, by_node, latencies, routes, chunk = alike
+    m, n = len(by_node[0]), len(gpus)
+    if any(latencies[p] != latencies[p % m] for p in range(n)):
+        if not slowest_latency:
+            return None
+        latencies = [max(latencies[q] for q in range(p % m, n, m)) for p in range(n)]
+    return base_s, _node_hops(graph, gpus, by_node[0], 0, latencies, routes, chunk)
+
+
+def channel_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
+                    collective: str, nbytes: int,
+                    elem_bytes: int) -> tuple[float, list[Hop]] | None:
+    """NCCL's base latency and all n hops of channel 0, each node's on that node's first
+    member's NVLink port (its crossing hop then on its rail's NICs), where the channels are
+    alike but the nodes need not be (e.g. a ring across a leaf boundary, whose spine hops are
+    slower): channel c is channel 0 rotated by c members inside every node, so every NVLink
+    port of node k carries one copy of each of channel 0's hops of node k, and channel 0 alone
+    on those ports runs as every channel does (the max-min rates of the two problems are equal:
+    the fair allocation is unique, hence symmetric). None where the channels are not alike."""
+    alike = _alike_channel(graph, gpus, calibration, collective, nbytes, elem_bytes)
+    if alike is None:
+        return None
+    base_s, by_node, latencies, routes, chunk = alike
+    m = len(by_node[0])
+    hops: list[Hop] = []
+    for node, members in enumerate(by_node):
+        hops += _node_hops(graph, gpus, members, node * m, latencies, routes, chunk)
+    return base_s, hops
+
+
+def _alike_channel(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
+                   collective: str, nbytes: int, elem_bytes: int) -> tuple | None:
+    """(NCCL's base latency, members by node, channel 0's hop latencies [position], its hops'
+    links [position], a chunk's wire bytes) where the channels are alike: >= 2 nodes holding
+    >= 2 members each at the same GPUs, one channel per member, equal chunk slices; else None."""
     per_node = graph.graph["gpus_per_node"]
     by_node = members_by_node(gpus, per_node)
     shapes = {tuple(gpus[member] % per_node for member in members) for members in by_node}
@@ -122,17 +163,21 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
     choice = nccl_choice(collective, graph, gpus, nbytes, calibration, RING)
     latencies = [latency for latency, _rate in channel_hops(graph, gpus, channels[:1],
                                                             calibration, choice)[0]]
-    if any(latencies[p] != latencies[p % m] for p in range(n)):
-        if not slowest_latency:
-            return None
-        latencies = [max(latencies[q] for q in range(p % m, n, m)) for p in range(n)]
-    crossing_route = channel_routes(graph, gpus, channels[:1])[0][m - 1]
-    port = hop_route(graph, gpus[by_node[0][0]], gpus[by_node[0][1]])
-    up, down = port[0], port[-1]  # the first member's NVLink uplink and downlink
+    routes = channel_routes(graph, gpus, channels[:1])[0]  # [position] links of its hop
     chunk = wire_bytes(count // (n * m) * elem_bytes, choice)
-    crossing = (up, down) + tuple(e for e in crossing_route if graph.edges[e]["kind"] == "ib")
-    hops = [((up, down), latencies[p], chunk) for p in range(m - 1)]
-    return choice.base_latency_s, hops + [(crossing, latencies[m - 1], chunk)]
+    return choice.base_latency_s, by_node, latencies, routes, chunk
+
+
+def _node_hops(graph: nx.DiGraph, gpus: list[int], members: list[int], first: int,
+               latencies: list[float], routes: list[tuple[Edge, ...]], chunk: float) -> list[Hop]:
+    """One node's m hops of channel 0 (positions first .. first + m - 1), on its first
+    member's NVLink port; the last, crossing to the next node, then on its rail's NICs."""
+    port = hop_route(graph, gpus[members[0]], gpus[members[1]])
+    up, down = port[0], port[-1]  # the first member's NVLink uplink and downlink
+    last = first + len(members) - 1  # the node's crossing position
+    crossing = (up, down) + tuple(e for e in routes[last] if graph.edges[e]["kind"] == "ib")
+    hops = [((up, down), latencies[p], chunk) for p in range(first, last)]
+    return hops + [(crossing, latencies[last], chunk)]
 
 
 def segment_time(graph: nx.DiGraph, calibration: LinkCalibration, collective: str, n: int,
