@@ -12,9 +12,15 @@ communication stream as soon as the last micro-batch's backward has produced all
 gradients count as produced when its backward ends), per head and per embedding.
 With the distributed optimizer the updated parameters are all-gathered per bucket after the
 step; with --overlap-param-gather Megatron issues the first bucket's all-gather after the step and
-each forward pre-hook waits for its bucket and issues the next one. One simulated iteration stands
-for the steady state: the all-gather issued at the end of the previous iteration is issued at
-time 0 here, and nothing is issued at the end (it belongs to the next iteration).
+each forward pre-hook waits for its bucket and issues the next one of the same model chunk
+(param_and_grad_buffer.py finish_param_sync, next_param_gather_bucket_group; a chunk's first
+bucket is issued by its first pre-hook). Interleaved, with --align-param-gather (Megatron-LM's
+default there), the schedule issues whole chunks instead: chunks 0 and 1 at the start, chunk c+1
+at the forward whose virtual micro-batch id plus the stage's pipeline rank is the first
+micro-batch of chunk c (megatron/core/pipeline_parallel/schedules.py param_sync_func), and the
+pre-hooks only wait. One simulated iteration stands for the steady state: the all-gather issued
+at the end of the previous iteration is issued at time 0 here, and nothing is issued at the end
+(it belongs to the next iteration).
 """
 
 from dataclasses import dataclass, field
@@ -130,6 +136,8 @@ class DDPBuckets:
         self.overlap = p.overlap_grad_reduce and bool(self.buckets)
         self.overlap_gather = p.overlap_param_gather and bool(self.buckets)
         self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
+        # --align-param-gather: whole chunks issued by the interleaved schedule
+        self.align_gather = self.overlap_gather and p.align_param_gather and plan.v > 1
 
     def _buckets(self, p, group: tuple, keep=lambda name: True) -> list[Bucket]:
         """Every chunk's buckets of the parameters `keep` accepts, reduced over `group` (none
@@ -234,10 +242,39 @@ class DDPBuckets:
         r.count_exposed("dp_comm", r.env.now - start)
 
     def start_param_gather(self, r) -> None:
-        """--overlap-param-gather: the previous step's first all-gather, issued at time 0."""
-        if self.pending_gathers:
+        """--overlap-param-gather: the previous step's first all-gather, issued at time 0;
+        aligned, chunks 0 and 1 (schedules.py: "Synchronize params for first two model
+        chunks")."""
+        if self.align_gather:
+            for chunk in (0, 1):
+                self.gather_chunk(r, chunk)
+        elif self.pending_gathers:
             bucket = self.pending_gathers[0]
             bucket.gather = self._gather(r, bucket)
+
+    def gather_chunk(self, r, chunk: int) -> None:
+        """DDP.start_param_sync of one model chunk: issue its buckets' all-gathers, in the
+        order its forward uses them."""
+        for bucket in self.pending_gathers:
+            if bucket.chunk == chunk and bucket.gather is None:
+                bucket.gather = self._gather(r, bucket)
+
+    def chunk_ahead_triggers(self, forwards: list) -> dict:
+        """{forward index: chunk to gather before it} of the aligned interleaved schedule.
+
+        forwards: the stage's forward steps' chunks in order (its virtual micro-batches).
+        Megatron's forward_step_helper_preprocess: with j = index + pipeline rank, when j is
+        the first micro-batch of chunk c, chunk c+1 is gathered if 1 < c+1 < v."""
+        if not self.align_gather:
+            return {}
+        first = {}
+        for j, chunk in enumerate(forwards):
+            first.setdefault(chunk, j)
+        triggers = {}
+        for chunk, j in first.items():
+            if 1 < chunk + 1 < self.plan.v and j - self.plan.pp >= 0:
+                triggers[j - self.plan.pp] = chunk + 1
+        return triggers
 
     def quiet(self, mb: int) -> bool:
         """Whether micro-batch `mb`'s layers neither wait for an all-gather nor launch a
@@ -260,12 +297,14 @@ class DDPBuckets:
         names = {n for m in modules for n in module_params(self.plan, m, self.grads)}
         while any(b.chunk == chunk and names & set(b.names) for b in self.pending_gathers):
             bucket = self.pending_gathers.pop(0)
+            if bucket.gather is None:  # finish_param_sync issues a bucket not yet issued
+                bucket.gather = self._gather(r, bucket)
             start = r.env.now
             yield bucket.gather
             r.count_exposed("dp_comm", r.env.now - start)
-            if self.pending_gathers:
-                nxt = self.pending_gathers[0]
-                nxt.gather = self._gather(r, nxt)
+            nxt = self.pending_gathers[0] if self.pending_gathers else None
+            if nxt is not None and nxt.chunk == bucket.chunk and not self.align_gather:
+                nxt.gather = self._gather(r, nxt)  # next_param_gather_bucket_group
 
 
 def expert_buckets(ddp: DDPBuckets, p, edp_group: tuple) -> list[Bucket]:

@@ -56,16 +56,30 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.p2p = P2PSetup.of(r, sc, world.grid, plan)
     program = megatron_program(list(plan.steps), sc.parallel.schedule_name,
                                _warmup(sc.parallel, plan), sc.parallel.overlap_p2p_communication)
+    ahead, forwards = _chunk_ahead(state, plan), 0
     for action in program:
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
         else:
             if state.pending:
                 yield from _wait_pending(r, state, action.kind)
+            if action.kind == "F":
+                if forwards in ahead:  # aligned --overlap-param-gather: the next chunk
+                    state.ddp_buckets.gather_chunk(r, ahead[forwards])
+                forwards += 1
             work = forward_step if action.kind == "F" else backward_step
             yield from work(r, inputs, plan, state, results, action.micro_batch, action.chunk)
     for kind in sorted(state.pending):
         yield from _wait_pending(r, state, kind)
+
+
+def _chunk_ahead(state: RankState, plan: StagePlan) -> dict:
+    """{forward index: model chunk whose parameters are all-gathered before it}
+    (training/data_parallel/grad_buckets.py; sharded data parallelism has none)."""
+    if state.fsdp is not None:
+        return {}
+    return state.ddp_buckets.chunk_ahead_triggers(
+        [step.chunk for step in plan.steps if step.kind == "F"])
 
 
 def _warmup(parallel, plan: StagePlan) -> int:
