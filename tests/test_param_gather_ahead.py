@@ -95,6 +95,10 @@ def test_aligned_gather_issues_both_first_chunks_at_the_start_by_hand():
     assert end == pytest.approx(max(chunk1_start, e3) + 2 * LAYER_S, rel=1e-9)
     assert world.ranks[0].exposed_s["dp_comm"] == pytest.approx(exposed, rel=1e-9)
     assert e3 < chunk1_start  # the tiny layout hides chunk 1's gather entirely
+    report = sync.overlap_report()["all_gather"]  # metrics.py dp_overlap_per_stage
+    assert report["comm_s"] == pytest.approx(e3, rel=1e-9)
+    assert report["exposed_s"] == pytest.approx(exposed, rel=1e-9)
+    assert report["hidden_s"] == pytest.approx(e3 - exposed, rel=1e-9)
 
 
 def test_unaligned_gather_chains_within_a_chunk_by_hand():
@@ -155,3 +159,53 @@ def test_shortcuts_equal_the_full_run_with_chunk_ahead_gathers(p, d, align):
     for a, b in zip(mine["exposed_s_per_stage"], full["exposed_s_per_stage"]):
         assert a == pytest.approx(b, rel=1e-9, abs=1e-15)
     assert max(stage["dp_comm"] for stage in full["exposed_s_per_stage"]) > 0
+
+
+@pytest.mark.parametrize("pp,v,expected", [
+    (0, 2, {5: 1, 7: 0}), (1, 2, {6: 1}),  # chunk 0's last backward + 1 is past the end
+    (0, 3, {7: 2, 9: 1, 11: 0}), (1, 3, {8: 2, 10: 1})])
+def test_chunk_reduce_triggers_follow_megatrons_rule(pp, v, expected):
+    """p = 2, m = 4: backwards run chunks v − 1 − (k // 2) % v; Megatron launches chunk c's
+    reductions after the backward whose index − pp is chunk c's last."""
+    sync = DDPBuckets.__new__(DDPBuckets)
+    sync.align_reduce = True
+    sync.plan = type("Plan", (), {"pp": pp, "v": v})()
+    backwards = [v - 1 - (k // 2) % v for k in range(4 * v)]
+    assert sync.chunk_reduce_triggers(backwards) == expected
+
+
+def test_aligned_reductions_launch_chunk_by_chunk_by_hand():
+    """Aligned, interleaved, stage 0 (backwards run chunks 1, 1, 0, 0, 40 µs each): no
+    bucket launches from the backward itself; chunk 1's bucket reduce-scatters from 80 µs
+    (after backward 1, chunk 1's last), chunk 0's two buckets from 160 µs behind it on the
+    DP stream (layer 0's, then the embeddings'); finish waits for the last."""
+    sc, world, plan, grads = interleaved_world()
+    r, env = world.ranks[0], world.env
+    sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
+    emb, layer0, layer2 = buckets_of(sync)
+    backwards = [step.chunk for step in plan.steps if step.kind == "B"]
+    assert backwards == [1, 1, 0, 0]
+    after = sync.chunk_reduce_triggers(backwards)
+    assert after == {1: 1, 3: 0}
+    done = []
+
+    def program():
+        for index, chunk in enumerate(backwards):
+            layers = list(plan.layers(chunk)) + (["embedding"] if chunk == 0 else [])
+            sync.grads_ready(r, plan, chunk, index // 2, layers)
+            yield env.timeout(LAYER_S)
+            if index in after:
+                sync.reduce_chunk(r, after[index])
+        yield from sync.finish(r)
+        done.append(env.now)
+
+    def reduce_s(bucket):
+        return collective_time("reduce_scatter", world.network.graph, [0, 1], 4 * bucket.numel,
+                               world.network.calibration, 4)
+
+    env.process(program())
+    env.run()
+    chunk1_end = 2 * LAYER_S + reduce_s(layer2)
+    end = max(4 * LAYER_S, chunk1_end) + reduce_s(layer0) + reduce_s(emb)
+    assert done == [pytest.approx(end, rel=1e-9)]
+    assert r.exposed_s["dp_comm"] == pytest.approx(end - 4 * LAYER_S, rel=1e-9)

@@ -78,6 +78,11 @@ PARALLEL = (
     Field("parallel", "overlap_param_gather", bool, False, switches=(
         Switch("--overlap-param-gather", True, "overlap distributed-optimizer parameter all-gather",
                "ovpg"),)),
+    # Megatron-LM --no-align-grad-reduce (training.py grad_sync_func; default on)
+    Field("parallel", "align_grad_reduce", bool, True, switches=(
+        Switch("--no-align-grad-reduce", False, "--overlap-grad-reduce: reduce buckets as the "
+               "last backward makes them on every stage, not chunk-wise (docs/MODEL.md)",
+               "noagr"),)),
     # Megatron-LM --no-align-param-gather (arguments.py; forced off without interleaving)
     Field("parallel", "align_param_gather", bool, True, switches=(
         Switch("--no-align-param-gather", False, "interleaved --overlap-param-gather: each chunk "

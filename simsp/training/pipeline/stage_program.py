@@ -57,6 +57,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     program = megatron_program(list(plan.steps), sc.parallel.schedule_name,
                                _warmup(sc.parallel, plan), sc.parallel.overlap_p2p_communication)
     ahead, forwards = _chunk_ahead(state, plan), 0
+    reduce_after, backwards = _chunk_reductions(state, plan), 0
     for action in program:
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
@@ -69,6 +70,10 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
                 forwards += 1
             work = forward_step if action.kind == "F" else backward_step
             yield from work(r, inputs, plan, state, results, action.micro_batch, action.chunk)
+            if action.kind == "B":
+                if backwards in reduce_after:  # aligned --overlap-grad-reduce
+                    state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
+                backwards += 1
     for kind in sorted(state.pending):
         yield from _wait_pending(r, state, kind)
 
@@ -80,6 +85,15 @@ def _chunk_ahead(state: RankState, plan: StagePlan) -> dict:
         return {}
     return state.ddp_buckets.chunk_ahead_triggers(
         [step.chunk for step in plan.steps if step.kind == "F"])
+
+
+def _chunk_reductions(state: RankState, plan: StagePlan) -> dict:
+    """{backward index: model chunk whose gradient reductions launch after it}
+    (training/data_parallel/grad_buckets.py; sharded data parallelism has none)."""
+    if state.fsdp is not None:
+        return {}
+    return state.ddp_buckets.chunk_reduce_triggers(
+        [step.chunk for step in plan.steps if step.kind == "B"])
 
 
 def _warmup(parallel, plan: StagePlan) -> int:
