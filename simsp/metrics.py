@@ -219,6 +219,7 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
         **_fsdp(run),
+        **_dp_overlap(run),
         **_offload(run),
         **_moe(run),
     }
@@ -243,6 +244,17 @@ def _offload(run) -> dict:
                         "host_link_GBps": gpu_profile(run.inputs.sc.cluster.gpu).host_link_GBps,
                         "per_stage": stages,
                         "host_peak_bytes": max(s["host_peak_bytes"] for s in stages)}}
+
+
+def _dp_overlap(run) -> dict:
+    """With --overlap-grad-reduce or --overlap-param-gather, per stage: the DP parameter
+    all-gathers' and gradient reductions' seconds, the part the program waited on (exposed)
+    and the part compute hid (training/data_parallel/grad_buckets.py); absent otherwise."""
+    p = run.inputs.sc.parallel
+    if p.fsdp is not None or not (p.overlap_grad_reduce or p.overlap_param_gather):
+        return {}
+    return {"dp_overlap_per_stage": [run.states[rank].ddp_buckets.overlap_report()
+                                     for rank in stage_ranks(run)]}
 
 
 def _fsdp(run) -> dict:

@@ -102,6 +102,8 @@ def test_every_switch_sets_one_field_and_aliases_match():
             ("parallel", "scatter_gather_tensors_in_pipeline", False),
         "--no-accumulate-allreduce-grads-in-fp32":
             ("parallel", "accumulate_allreduce_grads_in_fp32", False),
+        "--no-align-param-gather": ("parallel", "align_param_gather", False),
+        "--no-align-grad-reduce": ("parallel", "align_grad_reduce", False),
     }
     every = list(SWITCHES) + [alias for names in ALIASES.values() for alias in names]
     assert set(known) <= set(every)

@@ -151,7 +151,8 @@ def layer_costs(sc: Scenario, granularity: str) -> list[LayerCost]:
         "recompute_method": None, "recompute_num_layers": None,
         **{key: getattr(defaults, key) for key in (
             "overlap_p2p_communication", "scatter_gather_tensors_in_pipeline",
-            "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
+            "overlap_grad_reduce", "overlap_param_gather", "align_grad_reduce",
+            "align_param_gather", "ddp_bucket_size",
             "accumulate_allreduce_grads_in_fp32")}},
         cluster={"nodes": math.ceil(sc.parallel.tp * _expert_grid_dp(sc)
                                     / sc.cluster.gpus_per_node)},

@@ -78,6 +78,15 @@ PARALLEL = (
     Field("parallel", "overlap_param_gather", bool, False, switches=(
         Switch("--overlap-param-gather", True, "overlap distributed-optimizer parameter all-gather",
                "ovpg"),)),
+    # Megatron-LM --no-align-grad-reduce (training.py grad_sync_func; default on)
+    Field("parallel", "align_grad_reduce", bool, True, switches=(
+        Switch("--no-align-grad-reduce", False, "--overlap-grad-reduce: reduce buckets as the "
+               "last backward makes them on every stage, not chunk-wise (docs/MODEL.md)",
+               "noagr"),)),
+    # Megatron-LM --no-align-param-gather (arguments.py; forced off without interleaving)
+    Field("parallel", "align_param_gather", bool, True, switches=(
+        Switch("--no-align-param-gather", False, "interleaved --overlap-param-gather: each chunk "
+               "gathers at its first forward, not a chunk ahead (docs/MODEL.md)", "noapg"),)),
     Field("parallel", "ddp_bucket_size", int, None, "data-parallel gradient bucket (parameters; "
           "default: max(40M, 1M x d) with --overlap-grad-reduce, else one bucket per chunk)",
           "bucket", bound=Bound(1, 10**13, "parameters", "10x a 1T model's parameters")),

@@ -5,16 +5,29 @@ distributed_optimizer.py (docs/MODEL.md#runtime-mechanisms). Each model chunk's 
 in one contiguous
 buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes) walked in reverse parameter
 order and cut into buckets of at least max(40M, 1M·d) parameters; without
---overlap-grad-reduce the bucket size is unlimited (one bucket per chunk). With the overlap, a
+--overlap-grad-reduce the bucket size is unlimited (one bucket per chunk), and so it is on every
+pipeline stage but the first and for every model chunk but the first (distributed_data_parallel.py
+"Turn off bucketing if we are on a pipeline stage that is not the first"; training.py
+disable_bucketing for chunks after the first). With the overlap, a
 bucket's all-reduce (reduce-scatter with the distributed optimizer) is launched on the DP
 communication stream as soon as the last micro-batch's backward has produced all its gradients;
-`finish` waits for every bucket (finish_grad_sync). Readiness is tracked per layer (a layer's
+`finish` waits for every bucket (finish_grad_sync). With --align-grad-reduce (Megatron-LM's
+default) the schedule launches whole chunks instead (grad_sync_func, schedules.py): interleaved,
+chunk c after the backward whose virtual micro-batch index minus the pipeline rank is chunk c's
+last; not interleaved, only the first stage launches buckets during its last backward; the
+rest launch at the end ("Launch any remaining grad reductions"). Readiness is tracked per layer (a layer's
 gradients count as produced when its backward ends), per head and per embedding.
 With the distributed optimizer the updated parameters are all-gathered per bucket after the
 step; with --overlap-param-gather Megatron issues the first bucket's all-gather after the step and
-each forward pre-hook waits for its bucket and issues the next one. One simulated iteration stands
-for the steady state: the all-gather issued at the end of the previous iteration is issued at
-time 0 here, and nothing is issued at the end (it belongs to the next iteration).
+each forward pre-hook waits for its bucket and issues the next one of the same model chunk
+(param_and_grad_buffer.py finish_param_sync, next_param_gather_bucket_group; a chunk's first
+bucket is issued by its first pre-hook). Interleaved, with --align-param-gather (Megatron-LM's
+default there), the schedule issues whole chunks instead: chunks 0 and 1 at the start, chunk c+1
+at the forward whose virtual micro-batch id plus the stage's pipeline rank is the first
+micro-batch of chunk c (megatron/core/pipeline_parallel/schedules.py param_sync_func), and the
+pre-hooks only wait. One simulated iteration stands for the steady state: the all-gather issued
+at the end of the previous iteration is issued at time 0 here, and nothing is issued at the end
+(it belongs to the next iteration).
 """
 
 from dataclasses import dataclass, field
@@ -128,8 +141,15 @@ class DDPBuckets:
         if r.moe is not None:  # expert weights: their own buffers, reduced over EDP
             self.buckets = expert_buckets(self, p, r.moe.edp_group)
         self.overlap = p.overlap_grad_reduce and bool(self.buckets)
+        # --align-grad-reduce: the schedule launches whole chunks (grad_sync_func)
+        self.align_reduce = self.overlap and p.align_grad_reduce
         self.overlap_gather = p.overlap_param_gather and bool(self.buckets)
         self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
+        # --align-param-gather: whole chunks issued by the interleaved schedule
+        self.align_gather = self.overlap_gather and p.align_param_gather and plan.v > 1
+        # seconds the DP collectives ran and the program waited on them, by kind
+        self.ran_s = {"all_gather": 0.0, "reduce": 0.0}
+        self.waited_s = {"all_gather": 0.0, "reduce": 0.0}
 
     def _buckets(self, p, group: tuple, keep=lambda name: True) -> list[Bucket]:
         """Every chunk's buckets of the parameters `keep` accepts, reduced over `group` (none
@@ -143,7 +163,8 @@ class DDPBuckets:
         for chunk in range(self.plan.v):
             names = [n for n in chunk_params(self.plan, chunk, self.grads) if keep(n)]
             params = [(n, self.grads[n].numel) for n in names]
-            buckets += build_buckets(params, size, pad, shared, chunk)
+            bucketed = chunk == 0 and self.plan.pp == 0
+            buckets += build_buckets(params, size if bucketed else None, pad, shared, chunk)
         for bucket in buckets:
             bucket.group = group
         return buckets
@@ -190,6 +211,7 @@ class DDPBuckets:
         if r.trace is not None:
             r.trace.add_span(r.rank, "dp_comm", f"{kind} {tag}", start, r.env.now,
                              {"bytes": full_bytes})
+        self.ran_s[_overlap_kind(kind)] += r.env.now - start
         return result
 
     def _flat(self, bucket: Bucket) -> Tensor:
@@ -216,7 +238,19 @@ class DDPBuckets:
                 self._launch_reduce(r, bucket)
         start = r.env.now
         yield simpy.AllOf(r.env, [b.reduce for b in self.buckets])
-        r.count_exposed("dp_comm", r.env.now - start)
+        self._waited(r, "reduce", r.env.now - start)
+
+    def _waited(self, r, kind: str, seconds: float) -> None:
+        """The program waited `seconds` on DP collectives of one kind: exposed dp_comm."""
+        self.waited_s[kind] += seconds
+        r.count_exposed("dp_comm", seconds)
+
+    def overlap_report(self) -> dict:
+        """What the DP collectives hid and left exposed: per kind (parameter all-gather,
+        gradient reduction), seconds run, seconds waited on (exposed) and the rest (hidden)."""
+        return {kind: {"comm_s": self.ran_s[kind], "exposed_s": self.waited_s[kind],
+                       "hidden_s": max(self.ran_s[kind] - self.waited_s[kind], 0.0)}
+                for kind in self.ran_s}
 
     # ------------------------------------------------------------------ parameter all-gather
     def _gather(self, r, bucket: Bucket) -> simpy.Process:
@@ -231,13 +265,42 @@ class DDPBuckets:
         start = r.env.now
         for bucket in self._forward_order():
             yield self._gather(r, bucket)
-        r.count_exposed("dp_comm", r.env.now - start)
+        self._waited(r, "all_gather", r.env.now - start)
 
     def start_param_gather(self, r) -> None:
-        """--overlap-param-gather: the previous step's first all-gather, issued at time 0."""
-        if self.pending_gathers:
+        """--overlap-param-gather: the previous step's first all-gather, issued at time 0;
+        aligned, chunks 0 and 1 (schedules.py: "Synchronize params for first two model
+        chunks")."""
+        if self.align_gather:
+            for chunk in (0, 1):
+                self.gather_chunk(r, chunk)
+        elif self.pending_gathers:
             bucket = self.pending_gathers[0]
             bucket.gather = self._gather(r, bucket)
+
+    def gather_chunk(self, r, chunk: int) -> None:
+        """DDP.start_param_sync of one model chunk: issue its buckets' all-gathers, in the
+        order its forward uses them."""
+        for bucket in self.pending_gathers:
+            if bucket.chunk == chunk and bucket.gather is None:
+                bucket.gather = self._gather(r, bucket)
+
+    def chunk_ahead_triggers(self, forwards: list) -> dict:
+        """{forward index: chunk to gather before it} of the aligned interleaved schedule.
+
+        forwards: the stage's forward steps' chunks in order (its virtual micro-batches).
+        Megatron's forward_step_helper_preprocess: with j = index + pipeline rank, when j is
+        the first micro-batch of chunk c, chunk c+1 is gathered if 1 < c+1 < v."""
+        if not self.align_gather:
+            return {}
+        first = {}
+        for j, chunk in enumerate(forwards):
+            first.setdefault(chunk, j)
+        triggers = {}
+        for chunk, j in first.items():
+            if 1 < chunk + 1 < self.plan.v and j - self.plan.pp >= 0:
+                triggers[j - self.plan.pp] = chunk + 1
+        return triggers
 
     def quiet(self, mb: int) -> bool:
         """Whether micro-batch `mb`'s layers neither wait for an all-gather nor launch a
@@ -246,8 +309,30 @@ class DDPBuckets:
 
     def _launches_in(self, mb: int) -> bool:
         """Whether micro-batch mb's backward launches bucket reductions (--overlap-grad-reduce:
-        the last micro-batch)."""
+        the last micro-batch; aligned, only on the first stage of a non-interleaved pipeline,
+        schedules.py grad_sync_first_stage)."""
+        if self.align_reduce and (self.plan.v > 1 or self.plan.pp > 0):
+            return False
         return self.overlap and mb == self.last_micro_batch
+
+    def reduce_chunk(self, r, chunk: int) -> None:
+        """DDP.start_grad_sync of one model chunk: launch its buckets not yet launched."""
+        for bucket in self.buckets:
+            if bucket.chunk == chunk and bucket.reduce is None:
+                self._launch_reduce(r, bucket)
+
+    def chunk_reduce_triggers(self, backwards: list) -> dict:
+        """{backward index: chunk whose reductions launch after it}, aligned and interleaved.
+
+        backwards: the stage's backward steps' chunks in order. Megatron's
+        backward_step_helper_postprocess: with j = index − pipeline rank, when j is the last
+        micro-batch of chunk c, chunk c's reductions launch; the rest at the end
+        (finish)."""
+        if not (self.align_reduce and self.plan.v > 1):
+            return {}
+        last = {chunk: j for j, chunk in enumerate(backwards)}
+        return {j + self.plan.pp: chunk for chunk, j in last.items()
+                if j + self.plan.pp < len(backwards)}
 
     def params_needed(self, r, chunk: int, modules: list | tuple):
         """Forward pre-hook: wait for the all-gathers up to these params', issue the next (an
@@ -260,12 +345,20 @@ class DDPBuckets:
         names = {n for m in modules for n in module_params(self.plan, m, self.grads)}
         while any(b.chunk == chunk and names & set(b.names) for b in self.pending_gathers):
             bucket = self.pending_gathers.pop(0)
+            if bucket.gather is None:  # finish_param_sync issues a bucket not yet issued
+                bucket.gather = self._gather(r, bucket)
             start = r.env.now
             yield bucket.gather
-            r.count_exposed("dp_comm", r.env.now - start)
-            if self.pending_gathers:
-                nxt = self.pending_gathers[0]
-                nxt.gather = self._gather(r, nxt)
+            self._waited(r, "all_gather", r.env.now - start)
+            nxt = self.pending_gathers[0] if self.pending_gathers else None
+            if nxt is not None and nxt.chunk == bucket.chunk and not self.align_gather:
+                nxt.gather = self._gather(r, nxt)  # next_param_gather_bucket_group
+
+
+def _overlap_kind(kind: str) -> str:
+    """The overlap report's kind of a DP collective: all_gather, or reduce (the gradients'
+    all-reduce or reduce-scatter)."""
+    return "all_gather" if kind == "all_gather" else "reduce"
 
 
 def expert_buckets(ddp: DDPBuckets, p, edp_group: tuple) -> list[Bucket]:

@@ -60,14 +60,24 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.ddp_buckets.start_param_gather(r)
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
+    ahead, forwards = _chunk_ahead(state, plan), 0
+    reduce_after, backwards = _chunk_reductions(state, plan), 0
     for action in _program(sc.parallel, plan, state.split_backward):
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
         else:
             if state.pending:
                 yield from _wait_pending(r, state, action.kind)
+            if action.kind == "F":
+                if forwards in ahead:  # aligned --overlap-param-gather: the next chunk
+                    state.ddp_buckets.gather_chunk(r, ahead[forwards])
+                forwards += 1
             yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
                                                  action.micro_batch, action.chunk)
+            if action.kind == "B":
+                if backwards in reduce_after:  # aligned --overlap-grad-reduce
+                    state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
+                backwards += 1
     for kind in sorted(state.pending):
         yield from _wait_pending(r, state, kind)
 
@@ -79,6 +89,24 @@ def _program(parallel, plan: StagePlan, split: bool) -> list:
         return split_backward_program(list(plan.steps))
     return megatron_program(list(plan.steps), parallel.schedule_name,
                             _warmup(parallel, plan), parallel.overlap_p2p_communication)
+
+
+def _chunk_ahead(state: RankState, plan: StagePlan) -> dict:
+    """{forward index: model chunk whose parameters are all-gathered before it}
+    (training/data_parallel/grad_buckets.py; sharded data parallelism has none)."""
+    if state.fsdp is not None:
+        return {}
+    return state.ddp_buckets.chunk_ahead_triggers(
+        [step.chunk for step in plan.steps if step.kind == "F"])
+
+
+def _chunk_reductions(state: RankState, plan: StagePlan) -> dict:
+    """{backward index: model chunk whose gradient reductions launch after it}
+    (training/data_parallel/grad_buckets.py; sharded data parallelism has none)."""
+    if state.fsdp is not None:
+        return {}
+    return state.ddp_buckets.chunk_reduce_triggers(
+        [step.chunk for step in plan.steps if step.kind == "B"])
 
 
 def _warmup(parallel, plan: StagePlan) -> int:
