@@ -134,3 +134,27 @@ def test_under_sp_the_linear_inputs_are_gathered_in_fp8():
     assert bf16.ranks[0].comm_bytes[("forward", "all_gather")] == 2 * 2 * per_gather
     assert fp8.ranks[0].comm_bytes[("forward", "all_gather")] == 2 * per_gather
     assert fp8.ranks[0].comm_bytes[("backward", "all_gather_ln_output")] == 2 * per_gather
+
+
+def test_swiglu_fc1_runs_its_three_gemms_in_fp8_after_its_cast():
+    """A gated fc1 (h, 2, f/t) is seen as the (h, 2f/t) GEMM operand: it is a transformer
+    layer's linear weight like any other, so its forward, data-gradient and weight-gradient
+    GEMMs run at the FP8 rate on 1-byte operands, each after the quantize kernel."""
+    f = 256
+    overrides = {("model", "num_layers"): 1, ("model", "hidden_size"): H,
+                 ("model", "num_attention_heads"): A, ("model", "seq_length"): S,
+                 ("model", "vocab_size"): 256, ("model", "swiglu"): True,
+                 ("model", "ffn_hidden_size"): f, ("parallel", "micro_batch_size"): B,
+                 ("parallel", "tensor_model_parallel_size"): T, ("run", "mode"): "meta",
+                 ("cluster", "system"): "dgx-h100", ("parallel", "fp8_format"): "hybrid"}
+    log = simulate_layer(load_scenario(None, overrides), log_kernels=True).ranks[0].kernel_log
+    seconds = {(name, phase): s for name, phase, _, _, _, s in log}
+    cal = compute_for("h100-sxm-80gb", fp8=True)
+    m, k, n = S * B, H, 2 * f // T  # tokens, hidden, [gate | up] per TP rank
+    for name, (a, b, c) in (("swiglu_input", (m, k, n)), ("d_mlp.fc1_input", (m, n, k)),
+                            ("d_mlp.fc1_weight", (k, m, n))):
+        phase = "forward" if name == "swiglu_input" else "backward"
+        by_hand = gemm_seconds(2 * a * b * c, a * b + b * c + 2 * a * c, cal)
+        assert seconds[(name, phase)] == pytest.approx(by_hand, rel=1e-12)
+    assert ("swiglu_input_fp8_cast", "forward") in seconds
+    assert ("d_mlp.fc1_input_fp8_cast", "backward") in seconds

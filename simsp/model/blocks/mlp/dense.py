@@ -52,7 +52,8 @@ def token_flops(model) -> int:
 
 def fc1_views(m, table: dict) -> dict:
     """A gated fc1's (h, 2, f/t) weight (and (2, f/t) bias) seen as the (h, 2f/t) GEMM operand
-    [gate | up] (ledger-less views of the same arrays); an ungated (GeLU) table as it is."""
+    [gate | up] (views of the same arrays, under the same ledger key: the FP8 test reads it,
+    simsp/model/fp8.py is_fp8_weight); an ungated (GeLU) table as it is."""
     if not activation_of(m).gated:
         return table
     views = dict(table)
@@ -61,7 +62,7 @@ def fc1_views(m, table: dict) -> dict:
             t = table[name]
             shape = t.shape[:-2] + (2 * t.shape[-1],)
             views[name] = Tensor(shape, t.itemsize,
-                                 None if t.data is None else t.data.reshape(shape))
+                                 None if t.data is None else t.data.reshape(shape), t.key)
     return views
 
 
