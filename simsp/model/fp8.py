@@ -50,6 +50,22 @@ def quantize(r, name: str, numel: int):
     yield from r.compute(f"{name}_fp8_cast", "elementwise", nbytes=nbytes)
 
 
+def normed_cast_bytes(r, numel: int) -> int:
+    """What a norm fused with the following FP8 cast writes (TE LayerNormLinear's quantized
+    norm, module/layernorm_linear.py with_quantized_norm): 1-byte data and scales per direction,
+    row-wise only under SP (the direction TE all-gathers)."""
+    directions = 1 if r.tp.sequence_parallel else r.fp8.directions("input")
+    return directions * (numel + r.fp8.scale_bytes(numel, "input"))
+
+
+def gathered_transpose(r, name: str, numel: int):
+    """Under SP, the column-wise copy of an all-gathered FP8 norm output when the GEMMs need
+    it (Hopper per-tensor, the block recipes): a transpose kernel reading and writing 1 byte
+    per element of the gathered tensor."""
+    if r.tp.sequence_parallel and r.fp8.directions("input") == 2:
+        yield from r.compute(f"{name}_fp8_transpose", "elementwise", nbytes=2 * numel)
+
+
 def save_quantized(r, tensor, name: str):
     """Keep a linear input for backward as TE does: FP8, one direction, with its scales. The
     tensor is FP8 from here on (1-byte elements): under SP its all-gathers, forward and the
