@@ -158,3 +158,32 @@ def test_swiglu_fc1_runs_its_three_gemms_in_fp8():
         by_hand = gemm_seconds(2 * a * b * c, a * b + b * c + 2 * a * c, cal)
         assert seconds[(name, phase)] == pytest.approx(by_hand, rel=1e-12)
     assert ("d_mlp.fc1_input_fp8_cast", "backward") in seconds
+
+
+def test_fp8_dot_product_attention_runs_cudnn_forward_at_its_published_fp8_figure():
+    """--fp8-dot-product-attention: cuDNN's forward at 1005 TFLOP/s at the benchmarks' shape
+    (FlashAttention-3 paper Fig. 7, H100), so the reference call takes the published time;
+    the backward keeps the BF16 figure (516: no FP8 backward is published)."""
+    from simsp.hardware.attention_kernels import (attention_rates, attention_seconds,
+                                                  published_flops, reference_shape)
+    fp8, bf16 = attention_rates("h100-sxm-80gb", "fused", True), attention_rates(
+        "h100-sxm-80gb", "fused")
+    shape = reference_shape()
+    assert attention_seconds(fp8, shape, False) == pytest.approx(
+        published_flops(shape, False) / 1005e12, rel=1e-9)
+    assert attention_seconds(fp8, shape, True) == attention_seconds(bf16, shape, True)
+    assert attention_rates("h100-sxm-80gb", "flash", True) == attention_rates(
+        "h100-sxm-80gb", "flash")  # FlashAttention-2: no FP8 figure
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "parallel.fp8_dot_product_attention: needs fp8_format"),
+    (["--fp8-format", "hybrid"], "parallel.fp8_dot_product_attention: needs attention_backend "
+                                 "fused or auto"),
+])
+def test_fp8_dot_product_attention_is_refused_without_fp8_or_cudnn(flags, message):
+    refused = subprocess.run([sys.executable, "-m", "simsp.cli", "layer", "--gpu",
+                              "h100-sxm-80gb", "--fp8-dot-product-attention", *flags],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith(f"error: {message}")
