@@ -187,3 +187,25 @@ def test_fp8_dot_product_attention_is_refused_without_fp8_or_cudnn(flags, messag
                              capture_output=True, text=True)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert refused.stderr.startswith(f"error: {message}")
+
+
+def test_swiglu_fc1_has_its_fp8_weight_copy_and_the_router_none():
+    """One SwiGLU layer without biases (t 2, f 256, RMSNorm): every TE linear weight, the gated
+    fc1 (h, 2, f/t) among them, has its FP8 copy (data and transpose, one fp32 scale each)
+    beside the BF16 weight; a MoE router's weight (a plain torch linear) would have none."""
+    f = 256
+    overrides = {("model", "num_layers"): 1, ("model", "hidden_size"): H,
+                 ("model", "num_attention_heads"): A, ("model", "seq_length"): S,
+                 ("model", "vocab_size"): 256, ("model", "swiglu"): True,
+                 ("model", "ffn_hidden_size"): f, ("model", "add_bias_linear"): False,
+                 ("model", "normalization"): "RMSNorm", ("parallel", "micro_batch_size"): B,
+                 ("parallel", "tensor_model_parallel_size"): T, ("run", "mode"): "meta",
+                 ("cluster", "system"): "dgx-h100", ("parallel", "fp8_format"): "hybrid"}
+    final = simulate_layer(load_scenario(None, overrides)).ranks[0].ledger.final_bytes()
+    linear = [H * 3 * H // T, H // T * H, H * 2 * f // T, f // T * H]  # qkv, proj, fc1, fc2
+    params = sum(linear) + 2 * H  # and the two RMSNorm gammas
+    assert final["weights"] == 2 * params + sum(2 * (n + 4) for n in linear)
+    from simsp.model.fp8 import is_fp8_param
+    assert not is_fp8_param("layers.0.mlp.router.weight", (H, 8))
+    assert is_fp8_param("layers.0.mlp.fc1.weight", (H, 2, f))
+    assert not is_fp8_param("layers.0.mlp.experts.fc1.weight", (8, H, 2, f))

@@ -24,17 +24,26 @@ FP8_BYTES = 1
 FP8_SAVED_INPUTS = frozenset({"qkv_input", "proj_input", "fc1_input", "fc2_input"})
 
 
+def _te_linear(name: str, shape) -> bool:
+    """A weight TE runs as a linear layer: 2-D, or a dense gated fc1 (h, 2, f/t) whose GEMM
+    sees (h, 2f/t); not the MoE router's, a plain torch linear (Megatron-LM
+    megatron/core/transformer/moe/router.py), nor the experts' stacked weights."""
+    if name.endswith(".router.weight"):
+        return False
+    return len(shape) == 2 or (len(shape) == 3 and name.endswith(".mlp.fc1.weight"))
+
+
 def is_fp8_weight(w) -> bool:
-    """A transformer layer's linear weight, or its main gradient (2-D, ledger key under
+    """A transformer layer's linear weight, or its main gradient (ledger key under
     weight.layers.N. or grad.layers.N.): TE runs its GEMMs in FP8."""
     key = w.key or ""
-    return (len(w.shape) == 2 and key.endswith(".weight")
-            and ("weight.layers." in key or "grad.layers." in key))
+    return (key.endswith(".weight") and ("weight.layers." in key or "grad.layers." in key)
+            and _te_linear(key, w.shape))
 
 
 def is_fp8_param(name: str, shape) -> bool:
     """The same test on a canonical parameter name and shape, at allocation."""
-    return len(shape) == 2 and name.startswith("layers.") and name.endswith(".weight")
+    return name.startswith("layers.") and name.endswith(".weight") and _te_linear(name, shape)
 
 
 def gemm(r, name: str, m: int, k: int, n: int):
