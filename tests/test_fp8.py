@@ -134,3 +134,78 @@ def test_under_sp_the_linear_inputs_are_gathered_in_fp8():
     assert bf16.ranks[0].comm_bytes[("forward", "all_gather")] == 2 * 2 * per_gather
     assert fp8.ranks[0].comm_bytes[("forward", "all_gather")] == 2 * per_gather
     assert fp8.ranks[0].comm_bytes[("backward", "all_gather_ln_output")] == 2 * per_gather
+
+
+def test_swiglu_fc1_runs_its_three_gemms_in_fp8():
+    """A gated fc1 (h, 2, f/t) is seen as the (h, 2f/t) GEMM operand: it is a transformer
+    layer's linear weight like any other, so its forward, data-gradient and weight-gradient
+    GEMMs run at the FP8 rate on 1-byte operands; the output gradient is quantized for them
+    (the input is quantized by LN2's kernel: test_fusions.py)."""
+    f = 256
+    overrides = {("model", "num_layers"): 1, ("model", "hidden_size"): H,
+                 ("model", "num_attention_heads"): A, ("model", "seq_length"): S,
+                 ("model", "vocab_size"): 256, ("model", "swiglu"): True,
+                 ("model", "ffn_hidden_size"): f, ("parallel", "micro_batch_size"): B,
+                 ("parallel", "tensor_model_parallel_size"): T, ("run", "mode"): "meta",
+                 ("cluster", "system"): "dgx-h100", ("parallel", "fp8_format"): "hybrid"}
+    log = simulate_layer(load_scenario(None, overrides), log_kernels=True).ranks[0].kernel_log
+    seconds = {(name, phase): s for name, phase, _, _, _, s in log}
+    cal = compute_for("h100-sxm-80gb", fp8=True)
+    m, k, n = S * B, H, 2 * f // T  # tokens, hidden, [gate | up] per TP rank
+    for name, (a, b, c) in (("swiglu_input", (m, k, n)), ("d_mlp.fc1_input", (m, n, k)),
+                            ("d_mlp.fc1_weight", (k, m, n))):
+        phase = "forward" if name == "swiglu_input" else "backward"
+        by_hand = gemm_seconds(2 * a * b * c, a * b + b * c + 2 * a * c, cal)
+        assert seconds[(name, phase)] == pytest.approx(by_hand, rel=1e-12)
+    assert ("d_mlp.fc1_input_fp8_cast", "backward") in seconds
+
+
+def test_fp8_dot_product_attention_runs_cudnn_forward_at_its_published_fp8_figure():
+    """--fp8-dot-product-attention: cuDNN's forward at 1005 TFLOP/s at the benchmarks' shape
+    (FlashAttention-3 paper Fig. 7, H100), so the reference call takes the published time;
+    the backward keeps the BF16 figure (516: no FP8 backward is published)."""
+    from simsp.hardware.attention_kernels import (attention_rates, attention_seconds,
+                                                  published_flops, reference_shape)
+    fp8, bf16 = attention_rates("h100-sxm-80gb", "fused", True), attention_rates(
+        "h100-sxm-80gb", "fused")
+    shape = reference_shape()
+    assert attention_seconds(fp8, shape, False) == pytest.approx(
+        published_flops(shape, False) / 1005e12, rel=1e-9)
+    assert attention_seconds(fp8, shape, True) == attention_seconds(bf16, shape, True)
+    assert attention_rates("h100-sxm-80gb", "flash", True) == attention_rates(
+        "h100-sxm-80gb", "flash")  # FlashAttention-2: no FP8 figure
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "parallel.fp8_dot_product_attention: needs fp8_format"),
+    (["--fp8-format", "hybrid"], "parallel.fp8_dot_product_attention: needs attention_backend "
+                                 "fused or auto"),
+])
+def test_fp8_dot_product_attention_is_refused_without_fp8_or_cudnn(flags, message):
+    refused = subprocess.run([sys.executable, "-m", "simsp.cli", "layer", "--gpu",
+                              "h100-sxm-80gb", "--fp8-dot-product-attention", *flags],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith(f"error: {message}")
+
+
+def test_swiglu_fc1_has_its_fp8_weight_copy_and_the_router_none():
+    """One SwiGLU layer without biases (t 2, f 256, RMSNorm): every TE linear weight, the gated
+    fc1 (h, 2, f/t) among them, has its FP8 copy (data and transpose, one fp32 scale each)
+    beside the BF16 weight; a MoE router's weight (a plain torch linear) would have none."""
+    f = 256
+    overrides = {("model", "num_layers"): 1, ("model", "hidden_size"): H,
+                 ("model", "num_attention_heads"): A, ("model", "seq_length"): S,
+                 ("model", "vocab_size"): 256, ("model", "swiglu"): True,
+                 ("model", "ffn_hidden_size"): f, ("model", "add_bias_linear"): False,
+                 ("model", "normalization"): "RMSNorm", ("parallel", "micro_batch_size"): B,
+                 ("parallel", "tensor_model_parallel_size"): T, ("run", "mode"): "meta",
+                 ("cluster", "system"): "dgx-h100", ("parallel", "fp8_format"): "hybrid"}
+    final = simulate_layer(load_scenario(None, overrides)).ranks[0].ledger.final_bytes()
+    linear = [H * 3 * H // T, H // T * H, H * 2 * f // T, f // T * H]  # qkv, proj, fc1, fc2
+    params = sum(linear) + 2 * H  # and the two RMSNorm gammas
+    assert final["weights"] == 2 * params + sum(2 * (n + 4) for n in linear)
+    from simsp.model.fp8 import is_fp8_param
+    assert not is_fp8_param("layers.0.mlp.router.weight", (H, 8))
+    assert is_fp8_param("layers.0.mlp.fc1.weight", (H, 2, f))
+    assert not is_fp8_param("layers.0.mlp.experts.fc1.weight", (8, H, 2, f))

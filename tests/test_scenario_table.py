@@ -104,6 +104,10 @@ def test_every_switch_sets_one_field_and_aliases_match():
             ("parallel", "accumulate_allreduce_grads_in_fp32", False),
         "--no-align-param-gather": ("parallel", "align_param_gather", False),
         "--no-align-grad-reduce": ("parallel", "align_grad_reduce", False),
+        "--no-masked-softmax-fusion": ("model", "masked_softmax_fusion", False),
+        "--no-bias-gelu-fusion": ("model", "bias_gelu_fusion", False),
+        "--no-bias-swiglu-fusion": ("model", "bias_swiglu_fusion", False),
+        "--no-rope-fusion": ("model", "apply_rope_fusion", False),
     }
     every = list(SWITCHES) + [alias for names in ALIASES.values() for alias in names]
     assert set(known) <= set(every)

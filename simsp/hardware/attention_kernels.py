@@ -13,7 +13,7 @@ the kernel's published throughput at the published shape (FlashAttention-3 paper
 with its source in the GPU profile's [attention] section.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 KERNELS = ("fa2", "fa3", "cudnn")
@@ -255,11 +255,14 @@ def shape_of(q_shape: tuple, kv_heads: int, s_k: int, d_v: int, causal: bool) ->
 
 
 @lru_cache(maxsize=64)
-def attention_rates(gpu_name: str, backend: str) -> AttentionRates | None:
+def attention_rates(gpu_name: str, backend: str, fp8: bool = False) -> AttentionRates | None:
     """The fused kernel `backend` runs on GPU profile `gpu_name`, with its figures; None for the
     unfused/local core and where the profile has no [attention] figures for that kernel (the
     core is then priced as GEMMs, simsp/model/blocks/attention/flash.py). Hopper and later:
-    a GPU with FP8 tensor cores (profiles.py LOWEST: they start at Hopper)."""
+    a GPU with FP8 tensor cores (profiles.py LOWEST: they start at Hopper). `fp8`
+    (--fp8-dot-product-attention): cuDNN's forward at its published FP8 figure
+    (cudnn_fp8_fwd_TFLOPs) where the profile has one; its backward keeps the BF16 figure (no
+    FP8 backward figure is published)."""
     from simsp.hardware.constants import compute_for
     from simsp.hardware.profiles import gpu_profile
     gpu = gpu_profile(gpu_name)
@@ -267,5 +270,9 @@ def attention_rates(gpu_name: str, backend: str) -> AttentionRates | None:
     if kernel is None:
         return None
     cal = compute_for(gpu_name)
-    return rates_for(kernel, gpu.attention, gpu.hbm_bandwidth_Bps, cal.memory_efficiency,
-                     cal.launch_overhead_s)
+    rates = rates_for(kernel, gpu.attention, gpu.hbm_bandwidth_Bps, cal.memory_efficiency,
+                      cal.launch_overhead_s)
+    fp8_forward = gpu.attention.get(f"{kernel}_fp8_fwd_TFLOPs")
+    if fp8 and fp8_forward is not None:
+        return replace(rates, fwd_flops=fp8_forward * 1e12)
+    return rates

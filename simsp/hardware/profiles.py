@@ -30,7 +30,8 @@ COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency
 # [attention]: the SMs and the fused attention kernels' published TFLOP/s at the benchmarks'
 # shape (simsp/hardware/attention_kernels.py; docs/attention_kernels.md)
 ATTENTION_KEYS = ("sm_count", "fa2_fwd_TFLOPs", "fa2_bwd_TFLOPs", "fa3_fwd_TFLOPs",
-                  "fa3_bwd_TFLOPs", "cudnn_fwd_TFLOPs", "cudnn_bwd_TFLOPs")
+                  "fa3_bwd_TFLOPs", "cudnn_fwd_TFLOPs", "cudnn_bwd_TFLOPs",
+                  "cudnn_fp8_fwd_TFLOPs")
 SECTION_KEYS = {"compute": COMPUTE_KEYS, "compute_fp8": COMPUTE_KEYS, "attention": ATTENTION_KEYS}
 
 

@@ -24,17 +24,26 @@ FP8_BYTES = 1
 FP8_SAVED_INPUTS = frozenset({"qkv_input", "proj_input", "fc1_input", "fc2_input"})
 
 
+def _te_linear(name: str, shape) -> bool:
+    """A weight TE runs as a linear layer: 2-D, or a dense gated fc1 (h, 2, f/t) whose GEMM
+    sees (h, 2f/t); not the MoE router's, a plain torch linear (Megatron-LM
+    megatron/core/transformer/moe/router.py), nor the experts' stacked weights."""
+    if name.endswith(".router.weight"):
+        return False
+    return len(shape) == 2 or (len(shape) == 3 and name.endswith(".mlp.fc1.weight"))
+
+
 def is_fp8_weight(w) -> bool:
-    """A transformer layer's linear weight, or its main gradient (2-D, ledger key under
+    """A transformer layer's linear weight, or its main gradient (ledger key under
     weight.layers.N. or grad.layers.N.): TE runs its GEMMs in FP8."""
     key = w.key or ""
-    return (len(w.shape) == 2 and key.endswith(".weight")
-            and ("weight.layers." in key or "grad.layers." in key))
+    return (key.endswith(".weight") and ("weight.layers." in key or "grad.layers." in key)
+            and _te_linear(key, w.shape))
 
 
 def is_fp8_param(name: str, shape) -> bool:
     """The same test on a canonical parameter name and shape, at allocation."""
-    return len(shape) == 2 and name.startswith("layers.") and name.endswith(".weight")
+    return name.startswith("layers.") and name.endswith(".weight") and _te_linear(name, shape)
 
 
 def gemm(r, name: str, m: int, k: int, n: int):
@@ -48,6 +57,22 @@ def quantize(r, name: str, numel: int):
     """Quantize `numel` BF16 elements to FP8 in the directions the backward needs."""
     nbytes = r.fp8.cast_bytes(numel, r.fp8.directions("input"))
     yield from r.compute(f"{name}_fp8_cast", "elementwise", nbytes=nbytes)
+
+
+def normed_cast_bytes(r, numel: int) -> int:
+    """What a norm fused with the following FP8 cast writes (TE LayerNormLinear's quantized
+    norm, module/layernorm_linear.py with_quantized_norm): 1-byte data and scales per direction,
+    row-wise only under SP (the direction TE all-gathers)."""
+    directions = 1 if r.tp.sequence_parallel else r.fp8.directions("input")
+    return directions * (numel + r.fp8.scale_bytes(numel, "input"))
+
+
+def gathered_transpose(r, name: str, numel: int):
+    """Under SP, the column-wise copy of an all-gathered FP8 norm output when the GEMMs need
+    it (Hopper per-tensor, the block recipes): a transpose kernel reading and writing 1 byte
+    per element of the gathered tensor."""
+    if r.tp.sequence_parallel and r.fp8.directions("input") == 2:
+        yield from r.compute(f"{name}_fp8_transpose", "elementwise", nbytes=2 * numel)
 
 
 def save_quantized(r, tensor, name: str):

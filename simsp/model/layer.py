@@ -57,14 +57,22 @@ def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
     stash = Stash(r, keep)
     if keep:
         stash.put("ln1_input", x)
-    y1 = yield from norm(r, m, x, w, "ln1", "ln1_output")  # ln1(x)
+    y1 = yield from norm(r, m, x, w, "ln1", "ln1_output",
+                         _cast_fused(r, attention))  # ln1(x)
     h = yield from attention.forward(r, spec, w, y1, x, stash)  # x + attention(ln1(x))
     stash.put("ln2_input", h)
-    y2 = yield from norm(r, m, h, w, "ln2", mlp.INPUT)  # ln2(h)
+    y2 = yield from norm(r, m, h, w, "ln2", mlp.INPUT, _cast_fused(r, mlp))  # ln2(h)
     out = yield from mlp.forward(r, spec, w, y2, h, stash)  # h + mlp(ln2(h))
     if not keep:
         stash.release()
     return out, stash.tensors
+
+
+def _cast_fused(r, block) -> bool:
+    """Under FP8, whether the norm before `block` writes the FP8 input of its first linear
+    (the block's LAYERNORM_LINEAR: Transformer Engine's LayerNormLinear; MLA's and MoE's norms
+    are TENorm, a kernel of their own)."""
+    return r.fp8 is not None and getattr(block, "LAYERNORM_LINEAR", False)
 
 
 def layer_backward(r, spec: LayerSpec, w: dict, g: dict, saved: dict, dout):

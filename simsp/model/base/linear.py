@@ -13,10 +13,11 @@ from simsp.model.base import ops
 from simsp.model.base.dropout_sites import dropout_add
 
 
-def column_parallel(r, x, weight, bias, enter_tag: str, name: str):
-    """f / g, then y = x W (+ b): x (s_l, b, k) -> y (s, b, n/t); x stays the caller's."""
+def column_parallel(r, x, weight, bias, enter_tag: str, name: str, normed: bool = False):
+    """f / g, then y = x W (+ b): x (s_l, b, k) -> y (s, b, n/t); x stays the caller's.
+    `normed`: x is the norm output of a TE LayerNormLinear (ops.linear)."""
     x_full = yield from mappings.enter_forward(r, x, enter_tag)  # (s, b, k)
-    y = yield from ops.linear(r, x_full, weight, bias, name)  # (s, b, n/t)
+    y = yield from ops.linear(r, x_full, weight, bias, name, normed)  # (s, b, n/t)
     if x_full is not x:
         r.free(x_full)
     return y

@@ -20,8 +20,10 @@ def _data(t: Tensor | None):
     return None if t is None else t.data
 
 
-def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str):
-    """y = x @ w + b. x (..., k), w (k, n) -> y (..., n)."""
+def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str, normed: bool = False):
+    """y = x @ w + b. x (..., k), w (k, n) -> y (..., n). `normed`: x is a norm's output
+    that TE's LayerNormLinear quantized in the norm's kernel (fp8.normed_cast_bytes), so an FP8
+    GEMM needs no cast of its own (under SP, the gathered copy's transpose)."""
     k, n = w.shape
     m = x.numel // k
     y = r.alloc(x.shape[:-1] + (n,), FP16, name)
@@ -32,7 +34,10 @@ def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str):
             xd, wd = fp8.emulate(xd, "e4m3"), fp8.emulate(wd, "e4m3")
         y.data = kernels.linear_forward(xd, wd, _data(b))
     if in_fp8:
-        yield from fp8.quantize(r, name, m * k)
+        if normed:
+            yield from fp8.gathered_transpose(r, name, m * k)
+        else:
+            yield from fp8.quantize(r, name, m * k)
         yield from fp8.gemm(r, name, m, k, n)
         return y
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, k, n))
@@ -97,13 +102,23 @@ def bias_grad(r, dy: Tensor, grads: dict, b_name: str, name: str):
     yield from r.compute(name, "elementwise", nbytes=dy.nbytes)
 
 
-def elementwise(r, shape: tuple, name: str, compute, nbytes: int, itemsize: int = FP16):
-    """A new tensor from a memory-bound kernel moving `nbytes`; `compute()` gives its data."""
+def elementwise(r, shape: tuple, name: str, compute, nbytes: int | tuple,
+                itemsize: int = FP16):
+    """A new tensor from a memory-bound kernel moving `nbytes` (or from the kernels moving each
+    of a tuple's counts, base/fusions.py); `compute()` gives its data."""
     out = r.alloc(shape, itemsize, name)
     if r.numeric:
         out.data = compute()
-    yield from r.compute(name, "elementwise", nbytes=nbytes)
+    yield from run_kernels(r, name, nbytes if isinstance(nbytes, tuple) else (nbytes,))
     return out
+
+
+def run_kernels(r, name: str, byte_counts: tuple):
+    """Memory-bound kernels one after the other, each moving its count of bytes: the first
+    named `name`, the others `name_1`, `name_2`, ... (an unfused op's eager kernels)."""
+    for index, nbytes in enumerate(byte_counts):
+        yield from r.compute(name if index == 0 else f"{name}_{index}", "elementwise",
+                             nbytes=nbytes)
 
 
 def bias_dropout_add(r, x: Tensor, bias: Tensor, mask: Tensor | None, p: float,

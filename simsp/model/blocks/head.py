@@ -12,7 +12,7 @@ word embedding's table. FLOPs: the logits' GEMM, 6·h·v per token with its back
 import numpy as np
 
 from simsp.model import mappings
-from simsp.model.base import ops
+from simsp.model.base import fusions, ops
 from simsp.model.base.linear import column_parallel, column_parallel_backward
 from simsp.model.blocks.norm import norm, norm_backward
 from simsp.model.tensor import FP32, Tensor
@@ -71,8 +71,9 @@ def _transposed(t: Tensor) -> Tensor:
     return Tensor(t.shape[::-1], t.itemsize, None if t.data is None else t.data.T)
 
 
-def _loss_terms(r, logits: Tensor, targets: np.ndarray):
-    """Per-token max (s, b), sum of exponentials (s, b) and target logit (s, b), TP-reduced."""
+def _loss_terms(r, logits: Tensor, targets: np.ndarray, fused: bool):
+    """Per-token max (s, b), sum of exponentials (s, b) and target logit (s, b), TP-reduced;
+    the kernels priced fused or not (--cross-entropy-loss-fusion, base/fusions.py)."""
     s, b, v_local = logits.shape
     maxima = r.alloc((s, b), FP32, "logit_max", data=None)
     if r.numeric:
@@ -91,7 +92,8 @@ def _loss_terms(r, logits: Tensor, targets: np.ndarray):
         owned = (local >= 0) & (local < v_local)
         picked = np.take_along_axis(logits.data, np.where(owned, local, 0)[..., None], -1)[..., 0]
         stats.data = np.stack([np.exp(logits.data - row_max[..., None]).sum(-1), picked * owned])
-    yield from r.compute("loss_stats", "elementwise", nbytes=logits.nbytes)
+    yield from ops.run_kernels(r, "loss_stats",
+                           fusions.cross_entropy_forward(logits.nbytes, fused))
     stats = yield from mappings.all_reduce(r, stats, "loss_sums")
     return row_max, stats
 
@@ -128,7 +130,8 @@ def output_loss_forward(r, model, w: dict, y: Tensor, targets: np.ndarray | None
     logits32 = yield from ops.fp32_copy(r, logits, "logits_fp32")
     r.free(logits)
     r.save(logits32, "logits_fp32")
-    row_max, stats = yield from _loss_terms(r, logits32, targets)
+    row_max, stats = yield from _loss_terms(r, logits32, targets,
+                                            model.cross_entropy_loss_fusion)
     loss_sum = None
     if r.numeric:
         per_token = np.log(stats.data[0]) + row_max - stats.data[1]  # (s, b)
@@ -168,7 +171,7 @@ def output_loss_backward(r, model, w: dict, g: dict, targets, stash: dict, dloss
         dlogits.data = (probs - onehot) * dloss
         if weights is not None:
             dlogits.data *= weights[..., None]
-    yield from r.compute("d_logits", "elementwise", nbytes=logits32.nbytes + dlogits.nbytes)
+    yield from ops.run_kernels(r, "d_logits", fusions.cross_entropy_backward(logits32.nbytes))
     r.free(logits32, stats)
     head = {"output.weight": _transposed(_output_table(model, w))}
     head_grads = {"output.weight": _transposed(_output_table(model, g))}

@@ -11,6 +11,7 @@ count them). An op reads x and writes y (2·x bytes); its backward reads dy and 
 
 import numpy as np
 
+from simsp.model import fp8
 from simsp.model.base.ops import elementwise
 from simsp.model.base.stash import recomputing
 from simsp.model.tensor import FP16, Tensor
@@ -75,11 +76,12 @@ def rmsnorm_backward(dy, x, gamma, eps=1e-5):
 # ops on a rank
 
 
-def layernorm(r, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, name: str):
-    """LayerNorm over the hidden (last) axis: reads x, writes y."""
+def layernorm(r, x: Tensor, gamma: Tensor, beta: Tensor, eps: float, name: str,
+              moved: int | None = None):
+    """LayerNorm over the hidden (last) axis: reads x, writes y (`moved` bytes, default 2x)."""
     return (yield from elementwise(
         r, x.shape, name, lambda: layernorm_forward(x.data, gamma.data, beta.data, eps),
-        2 * x.nbytes))
+        2 * x.nbytes if moved is None else moved))
 
 
 def layernorm_grad(r, dy: Tensor, x: Tensor, gamma: Tensor, eps: float, grads: dict,
@@ -94,10 +96,11 @@ def layernorm_grad(r, dy: Tensor, x: Tensor, gamma: Tensor, eps: float, grads: d
     return dx
 
 
-def rmsnorm(r, x: Tensor, gamma: Tensor, eps: float, name: str):
+def rmsnorm(r, x: Tensor, gamma: Tensor, eps: float, name: str, moved: int | None = None):
     """RMSNorm over the hidden (last) axis: reads x, writes y (as layernorm)."""
     return (yield from elementwise(
-        r, x.shape, name, lambda: rmsnorm_forward(x.data, gamma.data, eps), 2 * x.nbytes))
+        r, x.shape, name, lambda: rmsnorm_forward(x.data, gamma.data, eps),
+        2 * x.nbytes if moved is None else moved))
 
 
 def rmsnorm_grad(r, dy: Tensor, x: Tensor, gamma: Tensor, eps: float, grads: dict,
@@ -115,12 +118,15 @@ def rmsnorm_grad(r, dy: Tensor, x: Tensor, gamma: Tensor, eps: float, grads: dic
 # the block
 
 
-def norm(r, m, x, w: dict, prefix: str, name: str):
-    """LayerNorm or RMSNorm (--normalization) of x (s_l, b, h) with the weights under prefix."""
+def norm(r, m, x, w: dict, prefix: str, name: str, cast_fused: bool = False):
+    """LayerNorm or RMSNorm (--normalization) of x (s_l, b, h) with the weights under prefix.
+    `cast_fused`: the kernel writes its output as FP8 for the next linear (fp8.py
+    normed_cast_bytes) instead of 16-bit; the numbers are the same (the GEMM emulates it)."""
+    moved = x.nbytes + (fp8.normed_cast_bytes(r, x.numel) if cast_fused else x.nbytes)
     if m.normalization == "RMSNorm":
-        return (yield from rmsnorm(r, x, w[f"{prefix}.gamma"], m.norm_epsilon, name))
+        return (yield from rmsnorm(r, x, w[f"{prefix}.gamma"], m.norm_epsilon, name, moved))
     return (yield from layernorm(r, x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"],
-                                 m.norm_epsilon, name))
+                                 m.norm_epsilon, name, moved))
 
 
 def norm_backward(r, m, dy, x, w: dict, g: dict, prefix: str, name: str):

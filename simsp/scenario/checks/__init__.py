@@ -14,7 +14,7 @@ from simsp.scenario.checks.model import validate_model
 from simsp.scenario.checks.moe import expert_parallel
 from simsp.scenario.checks.partners import partners
 from simsp.scenario.checks.pipeline import overlap_p2p, schedule, stage_split
-from simsp.scenario.checks.precision import validate_precision
+from simsp.scenario.checks.precision import validate_fp8_attention, validate_precision
 from simsp.scenario.checks.recompute import recompute_method, recompute_modules
 from simsp.scenario.checks.run import routing_model_mode, run_name
 from simsp.scenario.config import SECTIONS, Model, Parallel, Scenario
@@ -51,6 +51,7 @@ def validate(s: Scenario) -> None:
     validate_parallel(s.model, s.parallel)
     validate_cluster(s.cluster, s.parallel)
     validate_precision(s.parallel, s.cluster)
+    validate_fp8_attention(s.model, s.parallel)
     run_name(s)
     offload_host_link(s)
     distributed_optimizer_mode(s)

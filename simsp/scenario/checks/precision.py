@@ -4,7 +4,7 @@ dtypes other than fp32 need the precision-aware optimizer (Megatron-LM arguments
 
 from simsp.hardware.profiles import gpu_profile
 from simsp.scenario.checks.rule import check
-from simsp.scenario.config import Cluster, Parallel
+from simsp.scenario.config import Cluster, Model, Parallel
 
 
 def validate_precision(p: Parallel, c: Cluster) -> None:
@@ -23,3 +23,15 @@ def validate_precision(p: Parallel, c: Cluster) -> None:
         value = getattr(p, name)
         check(value == "fp32" or p.use_precision_aware_optimizer, f"parallel.{name}",
               f"{value} needs use_precision_aware_optimizer (Megatron-LM)")
+
+
+def validate_fp8_attention(m: Model, p: Parallel) -> None:
+    """FP8 attention is FP8 training's, in cuDNN's fused attention (Transformer Engine's
+    FusedAttention: --attention-backend fused, or auto on Hopper; docs/attention_kernels.md)."""
+    if not p.fp8_dot_product_attention:
+        return
+    check(p.fp8_format is not None, "parallel.fp8_dot_product_attention",
+          "needs fp8_format (FP8 attention is FP8 training's)")
+    check(m.attention_backend in ("fused", "auto"), "parallel.fp8_dot_product_attention",
+          f"needs attention_backend fused or auto (cuDNN's FP8 attention), not "
+          f"{m.attention_backend}")

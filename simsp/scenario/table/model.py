@@ -71,6 +71,22 @@ MODEL = (
           "pick: cuDNN on Hopper+, else flash); docs/attention_kernels.md", "attn-", choices=ATTENTION_BACKEND_CHOICES,
           switches=(Switch("--use-flash-attn", "flash",
                            "FlashAttention (same as --attention-backend flash)", "flash"),)),
+    # Megatron-LM's kernel fusions (megatron/training/arguments.py; docs/fusions.md): they
+    # change only the element-wise kernels' time, never the numbers
+    Field("model", "masked_softmax_fusion", bool, True, switches=(
+        Switch("--no-masked-softmax-fusion", False, "unfused core: mask and softmax as two "
+               "kernels (fused: one)", "nosmf"),)),
+    Field("model", "bias_gelu_fusion", bool, True, switches=(
+        Switch("--no-bias-gelu-fusion", False, "bias add and GeLU as two kernels", "nobgf"),)),
+    Field("model", "bias_swiglu_fusion", bool, True, switches=(
+        Switch("--no-bias-swiglu-fusion", False, "SwiGLU as PyTorch's silu and mul kernels",
+               "nobsf"),)),
+    Field("model", "apply_rope_fusion", bool, True, switches=(
+        Switch("--no-rope-fusion", False, "RoPE as PyTorch's element-wise kernels (fused: one)",
+               "noropef"),)),
+    Field("model", "cross_entropy_loss_fusion", bool, False, switches=(
+        Switch("--cross-entropy-loss-fusion", True, "the loss's fused kernels (Megatron-LM "
+               "fusions/fused_cross_entropy.py)", "cef"),)),
     # Mixture of experts (megatron/core/transformer/moe/; docs/moe.md)
     Field("model", "num_experts", int, None, "routed experts of each MoE layer (default: dense "
           "MLPs)", "E", bound=Bound(1, 4096, "experts", "16x DeepSeek-V3's 256")),

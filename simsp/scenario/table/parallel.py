@@ -103,6 +103,9 @@ PARALLEL = (
     Field("parallel", "fp8_param_gather", bool, False, switches=(
         Switch("--fp8-param-gather", True, "FP8 parameters: no BF16 weight beside the FP8 copy",
                "fp8pg"),)),
+    Field("parallel", "fp8_dot_product_attention", bool, False, switches=(
+        Switch("--fp8-dot-product-attention", True, "the attention core in FP8 (cuDNN; "
+               "docs/attention_kernels.md)", "fp8dpa"),)),
     Field("parallel", "use_precision_aware_optimizer", bool, False, switches=(
         Switch("--use-precision-aware-optimizer", True, "optimizer states in the dtypes given",
                "pao"),)),

@@ -99,7 +99,8 @@ def _make_rank(world: World, rank: int) -> Rank:
                 dtype=np.dtype(sc.run.numeric_dtype), seed=sc.run.seed, trace=world.trace,
                 comm_stream=comm_stream, compute_cal=cluster_compute(sc.cluster),
                 precision=precision, fp8=precision.fp8, cp=_cp_attention(world, rank),
-                attention=attention_rates(sc.cluster.gpu, sc.model.attention_backend),
+                attention=attention_rates(sc.cluster.gpu, sc.model.attention_backend,
+                                          sc.parallel.fp8_dot_product_attention),
                 moe=_expert_rank(sc, rank))
 
 

@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from simsp.model.base import ops
+from simsp.model.base import fusions, ops
 from simsp.model.base.dropout_sites import site_id
 from simsp.model.base.kernels import keep_mask
 from simsp.model.base.linear import row_parallel, row_parallel_backward
@@ -119,18 +119,21 @@ def attention_context_backward(dcontext, probs, v):
 # ops on a rank
 
 
-def causal_softmax(r, scores: Tensor, name: str):
-    """The causal softmax of scores (b, a/t, s, s): reads them, writes the probabilities."""
+def causal_softmax(r, scores: Tensor, name: str, fused: bool = True):
+    """The causal softmax of scores (b, a/t, s, s): fused (Megatron's masked_softmax_fusion)
+    one kernel reads them, writes the probabilities; unfused mask, then softmax
+    (base/fusions.py)."""
     return (yield from ops.elementwise(r, scores.shape, name,
                                        lambda: causal_softmax_forward(scores.data),
-                                       2 * scores.nbytes))
+                                       fusions.masked_softmax_forward(scores.nbytes, fused)))
 
 
-def softmax_grad(r, dprobs: Tensor, probs: Tensor, name: str):
-    """d scores of the softmax from d probs and the kept probs: reads both, writes one."""
+def softmax_grad(r, dprobs: Tensor, probs: Tensor, name: str, fused: bool = True):
+    """d scores of the softmax from d probs and the kept probs: fused reads both, writes one;
+    unfused also masked_fill's backward (base/fusions.py)."""
     return (yield from ops.elementwise(r, probs.shape, name,
                                        lambda: softmax_backward(dprobs.data, probs.data),
-                                       3 * probs.nbytes))
+                                       fusions.masked_softmax_backward(probs.nbytes, fused)))
 
 
 def attention_keep(r, spec, b: int, heads: int):
@@ -185,7 +188,8 @@ def attention_core(r, spec, q, k, v):
     b, heads, s, d = q.shape
     scores = yield from ops.batched_matmul(r, q, k, "attention_scores", transpose_b=True,
                                            scale=1.0 / math.sqrt(d))  # (b, a/t, s, s)
-    probs = yield from causal_softmax(r, scores, "softmax_output")
+    probs = yield from causal_softmax(r, scores, "softmax_output",
+                                  spec.model.masked_softmax_fusion)
     r.free(scores)
     p = spec.model.attention_dropout
     mask = None
@@ -297,7 +301,8 @@ def core_backward(r, spec, q, k, v, probs, mask, dropped, dctx):
     if dprobs is not ddropped:
         r.free(ddropped)
     r.free(mask)
-    dscores = yield from softmax_grad(r, dprobs, probs, "d_attention_scores")
+    dscores = yield from softmax_grad(r, dprobs, probs, "d_attention_scores",
+                                      spec.model.masked_softmax_fusion)
     r.free(dprobs, probs)
     dq = yield from ops.batched_matmul(r, dscores, k, "d_q", scale=scale)
     dk = yield from ops.batched_matmul(r, dscores, q, "d_k", transpose_a=True, scale=scale)

@@ -29,6 +29,7 @@ from simsp.model.blocks.attention.heads import kv_expand, kv_names, kv_reduce, q
 from simsp.model.blocks.norm import recompute_norm
 
 INPUT = "qkv_input"  # the LN1 output, as this block keeps it
+LAYERNORM_LINEAR = True  # LN1 and QKV are one TE LayerNormLinear (norm + FP8 cast fused)
 
 
 def shapes(model) -> dict[str, tuple[int, ...]]:
@@ -62,7 +63,7 @@ def forward(r, spec, w: dict, y1, residual, stash):
     if not norm_recomputed:
         stash.put(INPUT, y1)
     qkv = yield from column_parallel(r, y1, w["attn.qkv.weight"], w.get("attn.qkv.bias"),
-                                     "qkv_enter", "qkv")  # (s, b, (a + 2G)d/t)
+                                     "qkv_enter", "qkv", True)  # (s, b, (a + 2G)d/t)
     if norm_recomputed:
         r.free(y1)
     q, k, v = yield from _heads(r, spec, qkv)
@@ -82,8 +83,8 @@ def _heads(r, spec, qkv):
     r.free(qkv)
     if rotary:
         cos, sin = rope.angles(m, q.shape[2], r.cp) if r.numeric else (None, None)
-        q_rot = yield from rope.rope(r, q, cos, sin, "q")
-        k_rot = yield from rope.rope(r, k, cos, sin, k_name)
+        q_rot = yield from rope.rope(r, q, cos, sin, "q", m)
+        k_rot = yield from rope.rope(r, k, cos, sin, k_name, m)
         r.free(q, k)
         q, k = q_rot, k_rot
     if groups != heads and not m.flash:
@@ -119,8 +120,8 @@ def _heads_backward(r, spec, dq, dk, dv):
         dk, dv = dk_g, dv_g
     if m.position_embedding_type == "rope":
         cos, sin = rope.angles(m, dq.shape[2], r.cp) if r.numeric else (None, None)
-        dq_in = yield from rope.rope(r, dq, cos, sin, "d_q_unrotated", inverse=True)
-        dk_in = yield from rope.rope(r, dk, cos, sin, "d_k_unrotated", inverse=True)
+        dq_in = yield from rope.rope(r, dq, cos, sin, "d_q_unrotated", m, inverse=True)
+        dk_in = yield from rope.rope(r, dk, cos, sin, "d_k_unrotated", m, inverse=True)
         r.free(dq, dk)
         dq, dk = dq_in, dk_in
     dqkv = yield from qkv_merge_grads(r, dq, dk, dv)  # (s, b, (a + 2G)d/t)

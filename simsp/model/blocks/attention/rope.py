@@ -7,6 +7,7 @@ blocks/attention/mla.py's.
 
 import numpy as np
 
+from simsp.model.base import fusions
 from simsp.model.base.ops import elementwise
 from simsp.model.tensor import Tensor
 
@@ -49,12 +50,15 @@ def rope_backward(dy, cos, sin):
     return np.concatenate([head * cos - _rotate_half(head * sin), rest], axis=-1)
 
 
-def rope(r, x: Tensor, cos, sin, name: str, inverse: bool = False):
+def rope(r, x: Tensor, cos, sin, name: str, m, inverse: bool = False):
     """x (b, heads, s, d) rotated per position by the angles (s, rot) (RoPE); `inverse` is the
-    backward (the transposed rotation)."""
+    backward (the transposed rotation). Priced fused (one kernel) or, without
+    m.apply_rope_fusion, as PyTorch's eager kernels (base/fusions.py)."""
     kernel = rope_backward if inverse else rope_forward
+    rotated = x.nbytes * int(m.head_dim * m.rotary_percent) // m.head_dim
+    price = fusions.rope_backward if inverse else fusions.rope_forward
     return (yield from elementwise(r, x.shape, name, lambda: kernel(x.data, cos, sin),
-                                   2 * x.nbytes))
+                                   price(x.nbytes, rotated, m.apply_rope_fusion)))
 
 
 def angles(m, s: int, cp=None):

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from simsp.model.base import fusions
 from simsp.model.base.ops import elementwise
 from simsp.model.tensor import Tensor
 
@@ -107,15 +108,28 @@ def activation_of(m) -> Activation:
     return SQUARED_RELU if m.squared_relu else GELU
 
 
-def activate(r, act: Activation, x: Tensor, name: str):
-    """act(x): x (..., f | 2f) -> (..., f); reads x, writes the output."""
+def fused_with_bias(m, act: Activation) -> bool:
+    """Megatron's bias + activation fusion for the model: SwiGLU's with bias_swiglu_fusion,
+    GeLU's with bias_gelu_fusion and a bias (megatron/training/arguments.py turns it off
+    without one); squared ReLU is priced as one kernel (its two eager kernels not modelled)."""
+    if act.gated:
+        return m.bias_swiglu_fusion
+    return act is SQUARED_RELU or (m.bias_gelu_fusion and m.add_bias_linear)
+
+
+def activate(r, act: Activation, x: Tensor, name: str, fused: bool = True,
+             biased: bool = False):
+    """act(x): x (..., f | 2f) -> (..., f); fused one kernel reads x, writes the output
+    (unfused: base/fusions.py bias_activation_forward's kernels)."""
     f = x.shape[-1] // 2 if act.gated else x.shape[-1]
-    out_bytes = x.nbytes // 2 if act.gated else x.nbytes
+    moved = fusions.bias_activation_forward(x.nbytes, act.gated, fused, biased)
     return (yield from elementwise(r, x.shape[:-1] + (f,), name, lambda: act.forward(x.data),
-                                   x.nbytes + out_bytes))
+                                   moved))
 
 
-def activate_grad(r, act: Activation, dy: Tensor, x: Tensor, name: str):
-    """d act at the kept input x (..., f | 2f) from dy (..., f); reads dy and x, writes dx."""
+def activate_grad(r, act: Activation, dy: Tensor, x: Tensor, name: str, fused: bool = True):
+    """d act at the kept input x (..., f | 2f) from dy (..., f); fused one kernel reads dy and
+    x, writes dx (unfused: base/fusions.py bias_activation_backward's kernels)."""
+    moved = fusions.bias_activation_backward(x.nbytes, act.gated, fused)
     return (yield from elementwise(r, x.shape, name, lambda: act.backward(dy.data, x.data),
-                                   dy.nbytes + 2 * x.nbytes))
+                                   moved))

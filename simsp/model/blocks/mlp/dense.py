@@ -23,11 +23,13 @@ from simsp.model.base import ops
 from simsp.model.base.linear import (column_parallel, column_parallel_backward, row_parallel,
                                      row_parallel_backward)
 from simsp.model.base.stash import recomputing
-from simsp.model.blocks.mlp.activation import activate, activate_grad, activation_of
+from simsp.model.blocks.mlp.activation import (activate, activate_grad, activation_of,
+                                               fused_with_bias)
 from simsp.model.blocks.norm import recompute_norm
 from simsp.model.tensor import Tensor
 
 INPUT = "fc1_input"  # the LN2 output, as this block keeps it
+LAYERNORM_LINEAR = True  # LN2 and fc1 are one TE LayerNormLinear (norm + FP8 cast fused)
 
 
 def shapes(model) -> dict[str, tuple[int, ...]]:
@@ -52,7 +54,8 @@ def token_flops(model) -> int:
 
 def fc1_views(m, table: dict) -> dict:
     """A gated fc1's (h, 2, f/t) weight (and (2, f/t) bias) seen as the (h, 2f/t) GEMM operand
-    [gate | up] (ledger-less views of the same arrays); an ungated (GeLU) table as it is."""
+    [gate | up] (views of the same arrays, under the same ledger key: the FP8 test reads it,
+    simsp/model/fp8.py is_fp8_weight); an ungated (GeLU) table as it is."""
     if not activation_of(m).gated:
         return table
     views = dict(table)
@@ -61,7 +64,7 @@ def fc1_views(m, table: dict) -> dict:
             t = table[name]
             shape = t.shape[:-2] + (2 * t.shape[-1],)
             views[name] = Tensor(shape, t.itemsize,
-                                 None if t.data is None else t.data.reshape(shape))
+                                 None if t.data is None else t.data.reshape(shape), t.key)
     return views
 
 
@@ -80,12 +83,13 @@ def forward(r, spec, w, y2, residual, stash):
         stash.put(INPUT, y2)
     fc1 = fc1_views(m, w)
     h1 = yield from column_parallel(r, y2, fc1["mlp.fc1.weight"], fc1.get("mlp.fc1.bias"),
-                                    "fc1_enter", act_input_name(m))  # (s, b, f/t | 2f/t)
+                                    "fc1_enter", act_input_name(m), True)  # (s, b, f/t | 2f/t)
     if norm_recomputed:
         r.free(y2)
     if not mlp_recomputed:
         stash.put(act_input_name(m), h1)
-    g = yield from activate(r, act, h1, "fc2_input")  # (s, b, f/t)
+    g = yield from activate(r, act, h1, "fc2_input", fused_with_bias(m, act),
+                            m.add_bias_linear)  # (s, b, f/t)
     if mlp_recomputed:
         r.free(h1)
     else:
@@ -110,7 +114,8 @@ def backward(r, spec, w, g, saved, dout):
     dg = yield from row_parallel_backward(r, spec, dout, saved.pop("mlp_dropout_mask", None),
                                           saved.pop("fc2_input"), w, g, "mlp.fc2")
     name = act_input_name(m)
-    dh = yield from activate_grad(r, act, dg, saved[name], f"d_{name}")
+    dh = yield from activate_grad(r, act, dg, saved[name], f"d_{name}",
+                                  fused_with_bias(m, act))
     r.free(dg, saved.pop(name))
     return (yield from column_parallel_backward(r, dh, saved.pop(INPUT), fc1_views(m, w),
                                                 fc1_views(m, g), "mlp.fc1", "mlp.fc1.bias" in g))
@@ -126,7 +131,9 @@ def _recompute(r, spec, w, saved):
         h1 = yield from column_parallel(r, saved[INPUT], fc1["mlp.fc1.weight"],
                                         fc1.get("mlp.fc1.bias"), "fc1_enter",
                                         act_input_name(m))  # (s, b, f/t | 2f/t)
-        g = yield from activate(r, activation_of(m), h1, "fc2_input")  # (s, b, f/t)
+        act = activation_of(m)
+        g = yield from activate(r, act, h1, "fc2_input", fused_with_bias(m, act),
+                                m.add_bias_linear)  # (s, b, f/t)
         partial = yield from ops.linear(r, g, w["mlp.fc2.weight"], None, "mlp_output")
         reduced = yield from mappings.exit_forward(r, partial, "mlp_exit")  # (s_l, b, h)
         r.free(partial, None if reduced is partial else reduced)
