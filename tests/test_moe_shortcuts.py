@@ -61,8 +61,9 @@ def test_alone_all_to_alls_and_moe_templates_change_nothing():
     replayed = _metrics(sc, fast)
     _assert_equal(replayed, _metrics(sc, replace(fast, templates=False,
                                                  methods=as_flows(fast.methods))))
-    ep = [stage["ep_comm"] for stage in replayed["exposed_s_per_stage"]]
-    assert ep[2] > ep[1] * 1.05  # the split group is slower: one template for all would hide it
+    # the split group keeps its own template (3 above); its exposure no longer differs from
+    # stage 1's: what made it slower was the rings' spine latency, and NCCL's per-tier step
+    # latency (docs/nccl.md) has no spine term
 
 
 def as_flows(methods: tuple) -> tuple:
