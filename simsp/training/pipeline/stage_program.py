@@ -60,8 +60,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.ddp_buckets.start_param_gather(r)
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
-    ahead, forwards = _chunk_ahead(state, plan), 0
-    reduce_after, backwards = _chunk_reductions(state, plan), 0
+    (ahead, reduce_after), forwards, backwards = _chunk_triggers(state, plan), 0, 0
     for action in _program(sc.parallel, plan, state.split_backward):
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
@@ -91,22 +90,15 @@ def _program(parallel, plan: StagePlan, split: bool) -> list:
                             _warmup(parallel, plan), parallel.overlap_p2p_communication)
 
 
-def _chunk_ahead(state: RankState, plan: StagePlan) -> dict:
-    """{forward index: model chunk whose parameters are all-gathered before it}
+def _chunk_triggers(state: RankState, plan: StagePlan) -> tuple[dict, dict]:
+    """({forward index: model chunk whose parameters are all-gathered before it},
+    {backward index: model chunk whose gradient reductions launch after it})
     (training/data_parallel/grad_buckets.py; sharded data parallelism has none)."""
     if state.fsdp is not None:
-        return {}
-    return state.ddp_buckets.chunk_ahead_triggers(
-        [step.chunk for step in plan.steps if step.kind == "F"])
-
-
-def _chunk_reductions(state: RankState, plan: StagePlan) -> dict:
-    """{backward index: model chunk whose gradient reductions launch after it}
-    (training/data_parallel/grad_buckets.py; sharded data parallelism has none)."""
-    if state.fsdp is not None:
-        return {}
-    return state.ddp_buckets.chunk_reduce_triggers(
-        [step.chunk for step in plan.steps if step.kind == "B"])
+        return {}, {}
+    chunks = {kind: [step.chunk for step in plan.steps if step.kind == kind] for kind in "FB"}
+    return (state.ddp_buckets.chunk_ahead_triggers(chunks["F"]),
+            state.ddp_buckets.chunk_reduce_triggers(chunks["B"]))
 
 
 def _warmup(parallel, plan: StagePlan) -> int:
