@@ -65,13 +65,12 @@ EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
 # CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
 EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 # Multi-token prediction's depths run on the last stage for every micro-batch, each a layer plus
-# its own embedding norm, projection and vocabulary head, untemplated: measured (Llama 3 8B
-# shape, 2 layers, one micro-batch, 8 and 64 depths) 2.0e-3 to 2.8e-3 CPU s per depth-step.
-MTP_SECONDS_PER_DEPTH_STEP = 3e-3
-# ... and each depth-step looks its layer's weights up among every depth's (training/mtp.py
-# _layer_tables scans the whole weight table): D² work per micro-batch. Measured (the same
-# shape, 8 GPUs, 64 and 1,024 depths: 0.27 and 11.3 CPU s) 7.9e-6 s per depth-step per depth.
-MTP_SECONDS_PER_DEPTH_STEP_PER_DEPTH = 8e-6
+# its own embedding norm, projection and vocabulary head, untemplated: measured with
+# benchmarks/scale.py's mtp-deep family (Llama 3 8B shape, 2 layers, one micro-batch, 8 GPUs;
+# 2026-11-28, loaded 2-core machine): 0.84 / 3.80 / 14.02 CPU s at 256 / 1,024 / 4,096 depths,
+# 3.3e-3 to 3.7e-3 s per depth-step, linear since each depth's weights are looked up in a table
+# built once (training/pipeline/steps.py RankState.layer_tables; the scan it replaced was D²).
+MTP_SECONDS_PER_DEPTH_STEP = 3.4e-3
 # A ring that shares links with other traffic runs step by step, every step's hops as flows on
 # the shared links (the DP and TP rings of the H100 layouts, shortcuts/work_counts.py counts
 # them): measured 2.32 CPU s for 21,840 flows (GPT-3 width, 16 layers, t 4 SP p 8 interleaved,
@@ -161,9 +160,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
         fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
     else:
         fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
-    per_depth_step = (MTP_SECONDS_PER_DEPTH_STEP
-                      + (sc.model.mtp_num_layers or 0) * MTP_SECONDS_PER_DEPTH_STEP_PER_DEPTH)
-    mtp = mtp_steps(sc) * per_depth_step * (1 if representative else p.tp * p.dp)
+    mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
             + pair_seconds(sc) + flows * SECONDS_PER_FLOW)
 

@@ -54,9 +54,7 @@ def _spec(sc, layer: int, offset: int) -> LayerSpec:
 
 def _layer_tables(state, k: int) -> tuple[dict, dict]:
     """Depth k's transformer layer weights and gradients, keyed by suffix."""
-    prefix = f"mtp.{k}.layer."
-    return tuple({n.removeprefix(prefix): t for n, t in table.items() if n.startswith(prefix)}
-                 for table in (state.weights, state.grads))
+    return state.layer_tables(f"mtp.{k}.layer.")
 
 
 def mtp_forward(r, sc, state, y, tokens, targets, offset: int, losses: dict, key: tuple):

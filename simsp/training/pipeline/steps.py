@@ -34,16 +34,34 @@ class RankState:
     fsdp: object = None  # training/data_parallel/fsdp.py FsdpUnits under sharded data parallelism
     offload: object = None  # training/pipeline/offload.py ActivationOffload (--cpu-offloading)
     p2p: object = None  # training/pipeline/stage_program.py P2PSetup, set when the schedule starts
-    _layers: dict = field(default_factory=dict)  # layer index -> (weights, grads) by suffix
+    _layers: dict = field(default_factory=dict)  # layer prefix -> (weights, grads) by suffix
 
     def layer(self, i: int) -> tuple[dict, dict]:
         """Layer i's weights and gradients keyed by suffix ("ln1.gamma", ...)."""
-        if i not in self._layers:
-            prefix = f"layers.{i}."
-            self._layers[i] = tuple(
-                {k.removeprefix(prefix): t for k, t in table.items() if k.startswith(prefix)}
-                for table in (self.weights, self.grads))
-        return self._layers[i]
+        return self.layer_tables(f"layers.{i}.")
+
+    def layer_tables(self, prefix: str) -> tuple[dict, dict]:
+        """The weights and gradients under `prefix` ("layers.3.", "mtp.0.layer."), keyed by
+        suffix; every layer's tables are built in one pass over the names, on first use."""
+        if not self._layers:
+            for table_index, table in enumerate((self.weights, self.grads)):
+                for name, tensor in table.items():
+                    head = _layer_prefix(name)
+                    if head is not None:
+                        tables = self._layers.setdefault(head, ({}, {}))
+                        tables[table_index][name.removeprefix(head)] = tensor
+        return self._layers.get(prefix, ({}, {}))
+
+
+def _layer_prefix(name: str) -> str | None:
+    """The layer a parameter belongs to: "layers.3." for "layers.3.ln1.gamma", "mtp.0.layer."
+    for "mtp.0.layer.ln1.gamma"; None for the embedding, head and MTP's own norms."""
+    parts = name.split(".", 3)
+    if parts[0] == "layers" and len(parts) > 2:
+        return f"layers.{parts[1]}."
+    if parts[0] == "mtp" and len(parts) > 3 and parts[2] == "layer":
+        return f"mtp.{parts[1]}.layer."
+    return None
 
 
 def activation_shape(sc, r) -> tuple:
