@@ -62,26 +62,38 @@ def test_between_points_the_log_rate_is_interpolated_in_log2_of_the_dims():
     expected = math.exp((1 - frac) * math.log(rates[(4096, 2048, 4096)])
                         + frac * math.log(rates[(4096, 4096, 4096)]))
     assert table_rate(table, 4096, k, 4096) == pytest.approx(expected, rel=1e-12)
-    # m = 3072 (between 2048 and 4096): each point's full-wave rate blended, times 3072's waves
+    # m = 3072: 24 x 16 = 384 tiles in 3 waves, as full as 2048's and 4096's (32/33): the blend
     frac = math.log2(3072) - 11
-    full = [rates[(m, 4096, 4096)] / wave_efficiency(m, 4096, 132) for m in (2048, 4096)]
-    expected = (math.exp((1 - frac) * math.log(full[0]) + frac * math.log(full[1]))
-                * (24 * 16) / (3 * 132))  # 384 tiles, 3 waves
+    expected = math.exp((1 - frac) * math.log(rates[(2048, 4096, 4096)])
+                        + frac * math.log(rates[(4096, 4096, 4096)]))
     assert table_rate(table, 3072, 4096, 4096) == pytest.approx(expected, rel=1e-12)
 
 
-def test_outside_the_grid_the_edge_rate_is_taken_with_the_shape_s_own_waves():
+def test_past_the_grid_the_edge_rate_loses_what_its_emptier_last_wave_costs():
     table = compute_for("h100-sxm-80gb").gemm_table
-    rates = _csv_rates("xla-sm90", "bf16")
-    full_wave = rates[(4096, 4096, 4096)] / (512 / 528)
-    # 8192 x 14336 output: 64 x 56 = 3584 tiles, 28 waves = 3696 slots
-    assert table_rate(table, 8192, 16384, 14336) == pytest.approx(full_wave * 3584 / 3696,
-                                                                  rel=1e-12)
-    # a layer GEMM through kernel_time: launch + FLOPs at that rate
+    edge = _csv_rates("xla-sm90", "bf16")[(4096, 4096, 4096)]  # 512 tiles, 4 waves: 512/528
+    # 8192 x 4352 output: 64 x 17 = 1088 tiles, 9 waves = 1188 slots
+    expected = edge * (1088 / 1188) / (512 / 528)
+    assert table_rate(table, 8192, 16384, 4352) == pytest.approx(expected, rel=1e-12)
+    # 8192 x 14336: 3584 tiles in 28 waves (3584/3696 = 32/33, as full as the edge): the edge
+    assert table_rate(table, 8192, 16384, 14336) == pytest.approx(edge, rel=1e-12)
     cal = compute_for("h100-sxm-80gb")
-    flops = 2 * 8192 * 16384 * 14336
-    assert kernel_time("gemm", flops, 0, (8192, 16384, 14336), cal) == pytest.approx(
-        cal.launch_overhead_s + flops / (full_wave * 3584 / 3696), rel=1e-12)
+    flops = 2 * 8192 * 16384 * 4352
+    assert kernel_time("gemm", flops, 0, (8192, 16384, 4352), cal) == pytest.approx(
+        cal.launch_overhead_s + flops / expected, rel=1e-12)
+
+
+def test_a_batched_gemm_never_runs_above_its_measured_point():
+    # the attention's context GEMM, 48 copies of (2048, 2048) x (2048, 128): n clamped to 256;
+    # its 768 tiles fill the waves better than the single (2048, 2048, 256) point's 16, but the
+    # rate stays the point's (cuBLAS ran that point with smaller tiles: no wave gain is credited)
+    table = compute_for("h100-sxm-80gb").gemm_table
+    point = _csv_rates("xla-sm90", "bf16")[(2048, 2048, 256)]
+    assert table_rate(table, 2048, 2048, 128, copies=48) == pytest.approx(point, rel=1e-12)
+    flops = 48 * 2 * 2048 * 2048 * 128
+    cal = compute_for("h100-sxm-80gb")
+    assert kernel_time("gemm", flops, 0, (2048, 2048, 128), cal) == pytest.approx(
+        cal.launch_overhead_s + flops / point, rel=1e-12)
 
 
 def test_the_rule_is_kept_where_no_table_exists():

@@ -3,11 +3,11 @@ quantisation (docs/gemm_shapes.md).
 
 A table is a CSV in simsp/hardware/data/gemm/ (`dtype,m,k,n,TFLOPs`, a full grid of powers of
 two per dtype, its source in the header comments), named by a GPU profile's `gemm_table`. A
-shape's rate: each table point's rate divided by its own wave efficiency (the rate of full waves),
-interpolated linearly in log2(m), log2(k), log2(n) on the log of that rate, times the shape's own
-wave efficiency; coordinates outside the grid are clamped to its edge (as XLA's
-matmul_interpolator.cc clamps to its table's min/max context). At a table point this is the
-table's value exactly.
+shape's rate: the table's rates interpolated linearly in log2(m), log2(k), log2(n) on their log,
+coordinates outside the grid clamped to its edge (as XLA's matmul_interpolator.cc clamps to its
+table's min/max context), times the shape's wave efficiency relative to the same blend of the
+table points' own where the shape's is lower (a shape past the grid whose last wave is emptier).
+At a table point this is the table's value exactly.
 
 Wave quantisation (NVIDIA Deep Learning Performance Documentation, "Matrix Multiplication
 Background User's Guide", §Tile Quantization and §Wave Quantization): C is computed in tiles of
@@ -74,10 +74,11 @@ def _bracket(axis: tuple, value: int) -> tuple:
 
 @lru_cache(maxsize=65536)
 def table_rate(table: GemmTable, m: int, k: int, n: int, copies: int = 1) -> float:
-    """FLOP/s of `copies` (m,k)x(k,n) GEMMs in one kernel: the full-wave rate interpolated
-    (trilinear in log2 of the dims, on log rate) times the kernel's own wave efficiency."""
+    """FLOP/s of `copies` (m,k)x(k,n) GEMMs in one kernel: the measured rates interpolated
+    (trilinear in log2 of the dims, on log rate), times the kernel's wave efficiency over the
+    same blend of the points' own, where that is below 1 (never above the measured points)."""
     brackets = [_bracket(axis, value) for axis, value in zip(table.axes, (m, k, n))]
-    log_rate = 0.0
+    log_rate, log_waves = 0.0, 0.0
     for corner in range(8):
         weight, point = 1.0, []
         for bit, (low, high, frac) in enumerate(brackets):
@@ -85,9 +86,10 @@ def table_rate(table: GemmTable, m: int, k: int, n: int, copies: int = 1) -> flo
             weight *= frac if upper else 1.0 - frac
             point.append(high if upper else low)
         if weight:
-            full_wave = table.rate_at(*point) / wave_efficiency(point[0], point[2], table.sms)
-            log_rate += weight * math.log(full_wave)
-    return math.exp(log_rate) * wave_efficiency(m, n, table.sms, copies)
+            log_rate += weight * math.log(table.rate_at(*point))
+            log_waves += weight * math.log(wave_efficiency(point[0], point[2], table.sms))
+    waves = wave_efficiency(m, n, table.sms, copies) / math.exp(log_waves)
+    return math.exp(log_rate) * min(1.0, waves)
 
 
 def available_tables() -> list[str]:
