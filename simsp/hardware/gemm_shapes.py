@@ -28,7 +28,6 @@ GEMM_DATA = Path(__file__).parent / "data" / "gemm"
 # CUTLASS SM90 tile (CUTLASS include/cutlass/gemm/collective/builders/sm90_gmma_builder.inl
 # tiles up to 256 on N; the Matrix Multiplication Background guide's worked example: 256 x 128)
 TILE_M, TILE_N = 128, 256
-DTYPES = ("bf16", "fp8")
 
 
 def wave_efficiency(m: int, n: int, sms: int, copies: int = 1) -> float:
