@@ -38,11 +38,12 @@ def wave_efficiency(m: int, n: int, sms: int, copies: int = 1) -> float:
     return tiles / (waves * sms)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GemmTable:
-    """One GPU's measured GEMM rates for one dtype: the grid axes (log2 of the powers of two m,
-    k and n take), the rates in FLOP/s by (m, k, n), the GPU's SMs and where the numbers come
-    from (the CSV's header)."""
+    """One GPU's measured GEMM rates for one dtype: the grid axes (the powers of two m, k and n
+    take), the rates in FLOP/s by (m, k, n), the GPU's SMs and where the numbers come from (the
+    CSV's header). Compared and hashed by identity (load_table makes one per table, dtype and
+    SMs), so the per-GEMM cache never hashes the rows."""
 
     name: str
     dtype: str
