@@ -105,12 +105,25 @@ def test_model_within_the_published_range(kernel, causal, backward, figures):
 
 
 def test_backends_on_each_gpu():
-    # TE prefers cuDNN on Hopper (auto), flash is FlashAttention-2; A100 has no figures
+    # TE prefers cuDNN on Hopper (auto), flash is FlashAttention-2; the A100 80 GB has the
+    # FlashAttention-2 paper's figures only (auto before Hopper: FlashAttention-2), the 40 GB none
     assert attention_rates("h100-sxm-80gb", "auto").kernel == "cudnn"
     assert attention_rates("h100-sxm-80gb", "fused").kernel == "cudnn"
     assert attention_rates("h100-sxm-80gb", "flash").kernel == "fa2"
     assert attention_rates("h100-sxm-80gb", "local") is None
-    assert attention_rates("a100-sxm-80gb", "flash") is None
+    assert attention_rates("a100-sxm-80gb", "flash").kernel == "fa2"
+    assert attention_rates("a100-sxm-80gb", "auto").kernel == "fa2"
+    assert attention_rates("a100-sxm-80gb", "fused") is None
+    assert attention_rates("a100-sxm-40gb", "flash") is None
+
+
+def test_a100_flash_reproduces_the_fa2_paper_at_its_shape():
+    # Dao 2023 (arXiv:2307.08691) Figs. 5(b), 6(b): 225 forward, 196 backward TFLOP/s at 16k
+    rates = attention_rates("a100-sxm-80gb", "flash")
+    ref = AttentionShape(1, 16, 16, 16384, 16384, 128, 128, False)
+    flops = 4 * 16 * 16384 * 16384 * 128  # by hand
+    assert flops / attention_seconds(rates, ref, False) == pytest.approx(225e12, rel=1e-9)
+    assert 2.5 * flops / attention_seconds(rates, ref, True) == pytest.approx(196e12, rel=1e-9)
 
 
 def test_h800_is_h100_with_400_GBps_nvlink():

@@ -136,13 +136,14 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
     """Two CP ranks' attention through the training loop's op (r.cp): forward ends at
     max(f0, T) + f1, backward max(b0, T) + max(b1, T) later (docs/context-parallel.md), with
     f_i, b_i the cost model's FlashAttention GEMMs on TE's step-i blocks (the diagonal, whole
-    block first forward and last backward) and T one K/V block over NVLink; the time blocked
+    block first forward and last backward; `fused`: the A100 has no cuDNN figures, so the blocks
+    are priced as those GEMMs) and T one K/V block over NVLink; the time blocked
     on the ring is the rank's exposed cp_comm; each step's block compute in the ring's
     timeline; all to 1e-12."""
     from simsp.hardware.costmodel import kernel_time
     from simsp.model.tensor import FP16
     from simsp.training.driver.world import build_world
-    sc = load_scenario(None, {("model", "attention_backend"): "flash",
+    sc = load_scenario(None, {("model", "attention_backend"): "fused",
                               ("model", "attention_dropout"): 0.0,
                               ("model", "seq_length"): 256, ("run", "mode"): "meta",
                               ("parallel", "context_parallel_size"): 2,

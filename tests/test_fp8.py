@@ -155,7 +155,7 @@ def test_swiglu_fc1_runs_its_three_gemms_in_fp8():
     for name, (a, b, c) in (("swiglu_input", (m, k, n)), ("d_mlp.fc1_input", (m, n, k)),
                             ("d_mlp.fc1_weight", (k, m, n))):
         phase = "forward" if name == "swiglu_input" else "backward"
-        by_hand = gemm_seconds(2 * a * b * c, a * b + b * c + 2 * a * c, cal)
+        by_hand = gemm_seconds(2 * a * b * c, a * b + b * c + 2 * a * c, cal, (a, b, c))
         assert seconds[(name, phase)] == pytest.approx(by_hand, rel=1e-12)
     assert ("d_mlp.fc1_input_fp8_cast", "backward") in seconds
 

@@ -5,16 +5,17 @@
 With no argument, every bundled profile (simsp/hardware/data); a name or a .toml path shows that
 one. Each GPU also shows the compute model simsp times its kernels with: the rule's derivation
 from the datasheet peak, the HBM bandwidth and the measured GEMM ceiling, or the fitted values
-its [compute] section states (docs/hardware.md).
+its [compute] section states (docs/hardware.md), and what times its GEMMs: a measured table by
+shape where the profile names one, else that curve as the fallback (docs/gemm_shapes.md).
 """
 
-from dataclasses import asdict
 import os
 from pathlib import Path
 
 from simsp import io_in
 from simsp.scenario.flags import nonempty
 from simsp.hardware.constants import gpu_compute
+from simsp.hardware.costmodel import calibration_table
 from simsp.jsonout import dumps
 from simsp.hardware.profiles import (DATA, SYSTEM_NUMBERS, available, gpu_profile, load_profile,
                             system_profile)
@@ -71,14 +72,30 @@ def describe(kind: str, name: str) -> dict:
         entry["gpu"] = prof.gpu
         return entry
     gpu = gpu_profile(name)
-    entry["model"] = {"bf16": asdict(gpu_compute(gpu)),
-                      "bf16_from": "fitted [compute]" if gpu.fitted else "rule"}
+    entry["model"] = _model(gpu, "bf16", "fitted [compute]" if gpu.fitted else "rule")
     if gpu.peak_fp8_flops is not None and gpu.ceiling_fp8_flops is not None:
-        entry["model"]["fp8"] = asdict(gpu_compute(gpu, fp8=True))
-        entry["model"]["fp8_from"] = "fitted [compute_fp8]" if gpu.fitted_fp8 else "rule"
+        entry["model"].update(_model(gpu, "fp8", "fitted [compute_fp8]" if gpu.fitted_fp8
+                                     else "rule"))
     for section, body in prof.sections.items():
         entry[section] = {k: {"value": s.value, "source": s.source} for k, s in body.items()}
     return entry
+
+
+def _model(gpu, dtype: str, curve: str) -> dict:
+    """A GPU's compute model for one dtype: the curve's constants, where they come from, and what
+    times its GEMMs (a measured shape table, or the curve as the fallback; docs/gemm_shapes.md)."""
+    cal = gpu_compute(gpu, fp8=dtype == "fp8")
+    if cal.gemm_table is not None:
+        table = cal.gemm_table
+        low, high = table.axes[0][0], table.axes[0][-1]
+        gemms = (f"measured table {table.name} ({len(table.rates)} shapes, m, k, n {low}-{high}, "
+                 f"clamped outside), wave-quantised over {table.sms} SMs")
+    elif cal.gemm_sms:
+        gemms = (f"{curve} (fallback: no measured {dtype} table), its FLOP term wave-quantised "
+                 f"over {cal.gemm_sms} SMs")
+    else:
+        gemms = f"{curve} (fallback: no measured {dtype} table)"
+    return {dtype: calibration_table(cal), f"{dtype}_from": curve, f"{dtype}_gemms": gemms}
 
 
 def _lines(entry: dict) -> list[str]:
@@ -100,6 +117,7 @@ def _lines(entry: dict) -> list[str]:
                          f"{cal['gemm_half_intensity']:.4g} FLOP/B memory_efficiency="
                          f"{cal['memory_efficiency']:g} launch_overhead_s="
                          f"{cal['launch_overhead_s']:g}")
+            lines.append(f"  GEMMs {dtype}: {compute[dtype + '_gemms']}")
     return lines
 
 

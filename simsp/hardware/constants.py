@@ -8,7 +8,9 @@ the compute cost model's constants; the compute rule that derives them for any G
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from simsp.errors import UserError
 from simsp.scenario.config import Cluster
+from simsp.hardware.gemm_shapes import load_table
 from simsp.hardware.profiles import GPUProfile, available, gpu_profile, nvswitch_generation
 from simsp.units import GiB
 
@@ -132,6 +134,11 @@ class ComputeCalibration:
     gemm_half_intensity: float = 335.6  # FLOP/B at which a GEMM gets half of the maximum
     memory_efficiency: float = 0.9  # 1.8 TB/s for memory-bound kernels
     launch_overhead_s: float = 2e-6  # set: gap between back-to-back kernels on a busy stream
+    # GEMMs by shape (simsp/hardware/gemm_shapes.py, docs/gemm_shapes.md): a measured table
+    # (GemmTable) replacing the curve above where the GPU's profile names one; else, with the
+    # GPU's SMs, the curve's FLOP term wave-quantised (0: not, as the A100 fit)
+    gemm_table: object = None
+    gemm_sms: int = 0
 
     def describe(self) -> str:
         """One line stating the constants, printed with every result that depends on them."""
@@ -175,7 +182,21 @@ def gpu_compute(gpu: GPUProfile, fp8: bool = False) -> ComputeCalibration:
         raise ValueError(f"{gpu.name} has no FP8 tensor cores (no peak_fp8_TFLOPs)")
     derived = rule_calibration(peak, ceiling, gpu.hbm_bandwidth_Bps)
     stated = gpu.fitted_fp8 if fp8 else gpu.fitted
-    return replace(derived, **stated) if stated else derived
+    return replace(derived, **stated) if stated else replace(derived, **_by_shape(gpu, fp8))
+
+
+def _by_shape(gpu: GPUProfile, fp8: bool) -> dict:
+    """The GEMM-by-shape fields of a GPU without a stated fit: its measured table for the dtype
+    (where its profile names one with rows of that dtype) and its SMs (wave quantisation)."""
+    sms = int(gpu.attention.get("sm_count", 0))
+    if not sms:
+        return {}
+    table = load_table(gpu.gemm_table, "fp8" if fp8 else "bf16", sms) if gpu.gemm_table else None
+    peak = gpu.peak_fp8_flops if fp8 else gpu.peak_flops
+    if table and max(rate for *_, rate in table.rates) > peak:
+        raise UserError("cluster.gpu", f"{gpu.name}: gemm_table {gpu.gemm_table!r} has a "
+                                       f"{table.dtype} rate above the peak {peak / 1e12:g} TFLOP/s")
+    return {"gemm_sms": sms, "gemm_table": table}
 
 
 @lru_cache(maxsize=64)

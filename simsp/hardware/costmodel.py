@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from simsp.hardware.constants import A100_COMPUTE, ComputeCalibration
+from simsp.hardware.gemm_shapes import table_rate, wave_efficiency
 
 _ACTIVE = [A100_COMPUTE]  # stack: the last entry times every kernel
 
@@ -49,14 +50,32 @@ def kernel_time(kind: str, flops: int, nbytes: int, gemm: tuple | None = None,
     bytes it reads and writes; plus the launch overhead."""
     cal = cal or active_calibration()
     if kind == "gemm":
-        rate = cal.peak_flops * gemm_efficiency(*gemm, cal)
-        return cal.launch_overhead_s + flops / rate
+        copies = max(1, round(flops / (2 * gemm[0] * gemm[1] * gemm[2])))  # a batched GEMM's
+        return cal.launch_overhead_s + flops / gemm_rate(gemm, cal, copies)
     return cal.launch_overhead_s + nbytes / (cal.hbm_bandwidth_Bps * cal.memory_efficiency)
 
 
+def gemm_rate(gemm: tuple, cal: ComputeCalibration, copies: int = 1) -> float:
+    """FLOP/s of a 16-bit GEMM of shape (m, k, n), `copies` of it batched in one kernel: the
+    GPU's measured table where it has one (simsp/hardware/gemm_shapes.py), else the curve,
+    wave-quantised where the GPU's SMs are known (docs/gemm_shapes.md)."""
+    m, k, n = gemm
+    if cal.gemm_table is not None:
+        return table_rate(cal.gemm_table, m, k, n, copies)
+    if not cal.gemm_sms:
+        return cal.peak_flops * gemm_efficiency(m, k, n, cal)
+    # the additive form with the FLOP term wave-quantised: per FLOP 1/(C·w) + (1/I)·I_half/C
+    waves = wave_efficiency(m, n, cal.gemm_sms, copies)
+    ceiling = cal.peak_flops * cal.gemm_max_efficiency
+    return ceiling / (1 / waves + cal.gemm_half_intensity / gemm_intensity(m, k, n))
+
+
 def calibration_table(cal: ComputeCalibration | None = None) -> dict:
-    """The constants as a plain dict, for reports."""
-    return asdict(cal or active_calibration())
+    """The curve's constants as a plain dict, for reports (the shape table is named by
+    `simsp hardware`, not repeated in every result)."""
+    constants = asdict(cal or active_calibration())
+    return {key: value for key, value in constants.items()
+            if key not in ("gemm_table", "gemm_sms")}
 
 
 def gemm_operand_bytes(m: int, k: int, n: int, dtype: str = "bf16") -> int:
@@ -65,9 +84,15 @@ def gemm_operand_bytes(m: int, k: int, n: int, dtype: str = "bf16") -> int:
     return 2 * (m * k + k * n + m * n) if dtype == "bf16" else m * k + k * n + 2 * m * n
 
 
-def gemm_seconds(flops: int, nbytes: int, cal: ComputeCalibration) -> float:
+def gemm_seconds(flops: int, nbytes: int, cal: ComputeCalibration,
+                 shape: tuple | None = None) -> float:
     """The curve in its additive form (simsp.hardware.constants.rule_calibration): launch + FLOPs at the
     ceiling peak x E_max + operand bytes at peak x E_max / I_half. Equal to kernel_time's GEMM
-    for 16-bit bytes; FP8 GEMMs pass their 1-byte operands."""
+    for 16-bit bytes; FP8 GEMMs pass their 1-byte operands. With the (m, k, n) `shape`: the
+    GPU's measured table where it has one, else the FLOP term at the ceiling wave-quantised."""
+    if shape is not None and cal.gemm_table is not None:
+        return cal.launch_overhead_s + flops / table_rate(cal.gemm_table, *shape)
     ceiling = cal.peak_flops * cal.gemm_max_efficiency
-    return cal.launch_overhead_s + flops / ceiling + nbytes * cal.gemm_half_intensity / ceiling
+    waves = wave_efficiency(shape[0], shape[2], cal.gemm_sms) if shape and cal.gemm_sms else 1.0
+    return (cal.launch_overhead_s + flops / (ceiling * waves)
+            + nbytes * cal.gemm_half_intensity / ceiling)

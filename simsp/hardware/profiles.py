@@ -14,6 +14,7 @@ import tomllib
 
 from simsp import io_in
 from simsp.errors import UserError
+from simsp.hardware.gemm_shapes import available_tables
 from simsp.units import GiB
 
 DATA = Path(__file__).parent / "data"
@@ -22,7 +23,7 @@ NIC_GBPS = {"HDR": 200, "NDR": 400, "XDR": 800}  # InfiniBand generations, Gb/s 
 GPU_NUMBERS = ("memory_GiB", "peak_bf16_TFLOPs", "hbm_TBps", "nvlink_generation", "nvlink_GBps",
                "ceiling_bf16_TFLOPs")
 GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs", "host_link_GBps", "cuda_context_MiB",
-                "cublas_workspace_MiB")
+                "cublas_workspace_MiB", "gemm_table")
 SYSTEM_NUMBERS = ("gpus_per_nvlink_domain", "nvswitch_generation", "nics_per_node", "nic",
                   "nic_Gbps")
 COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency",
@@ -80,6 +81,7 @@ class GPUProfile:
     cuda_context: Sourced | None = None  # MiB the CUDA context and kernel images take
     cublas_workspace: Sourced | None = None  # MiB of cuBLAS + cuBLASLt workspace per stream
     attention: dict = dc_field(default_factory=dict)  # [attention] values: SMs, kernels' TFLOP/s
+    gemm_table: str | None = None  # measured GEMM rates by shape: data/gemm/<name>.csv
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,11 @@ def _sourced(field: str, path: Path, key: str, entry) -> Sourced:
             raise UserError(field, f"{path}:nic: must be one of {', '.join(NIC_GBPS)}, "
                                    f"got {value!r}")
         return Sourced(value, entry["source"])
+    if key == "gemm_table":
+        if value not in available_tables():
+            raise UserError(field, f"{path}:gemm_table: must name a bundled GEMM table "
+                                   f"({', '.join(available_tables())}), got {value!r}")
+        return Sourced(value, entry["source"])
     integer, high = LIMITS[key.split(".")[-1]]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(field, f"{path}:{key}: value must be a number, got {value!r}")
@@ -254,7 +261,8 @@ def gpu_profile(name: str) -> GPUProfile:
         host_link_GBps=prof.value("host_link_GBps"),
         cuda_context=prof.numbers.get("cuda_context_MiB"),
         cublas_workspace=prof.numbers.get("cublas_workspace_MiB"),
-        attention={k: s.value for k, s in prof.sections.get("attention", {}).items()})
+        attention={k: s.value for k, s in prof.sections.get("attention", {}).items()},
+        gemm_table=prof.value("gemm_table"))
     _check_consistent(prof.path, gpu)
     return gpu
 
@@ -272,6 +280,9 @@ def _check_consistent(path: str, gpu: GPUProfile) -> None:
         refuse("ceiling_fp8_TFLOPs", "give peak_fp8_TFLOPs and ceiling_fp8_TFLOPs together (a "
                                      "GPU with FP8 tensor cores has both, one without neither)")
     _check_attention(refuse, gpu.attention)
+    if gpu.gemm_table and "sm_count" not in gpu.attention:
+        refuse("gemm_table", "a GEMM table needs the GPU's SMs ([attention] sm_count) for its "
+                             "wave quantisation")
     if gpu.peak_fp8_flops is None:
         return
     if not gpu.peak_flops <= gpu.peak_fp8_flops <= 4 * gpu.peak_flops:

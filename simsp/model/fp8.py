@@ -49,7 +49,7 @@ def is_fp8_param(name: str, shape) -> bool:
 def gemm(r, name: str, m: int, k: int, n: int):
     """An FP8 GEMM (m,k)x(k,n): 1-byte operands, BF16 output, at the FP8 rate."""
     flops = 2 * m * k * n
-    duration = gemm_seconds(flops, gemm_operand_bytes(m, k, n, "fp8"), r.fp8.cal)
+    duration = gemm_seconds(flops, gemm_operand_bytes(m, k, n, "fp8"), r.fp8.cal, (m, k, n))
     yield from r.hold(name, "gemm", flops, duration)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import simpy
 
 from simsp.cluster.topology import build_topology, hop_route, route_latency_s
-from simsp.hardware.costmodel import active_calibration, gemm_efficiency
+from simsp.hardware.costmodel import active_calibration, gemm_rate
 from simsp.hardware.costmodel import calibration as compute_calibration
 from simsp.engine.network import Network
 from simsp.hardware.constants import LinkCalibration, cluster_compute
@@ -161,7 +161,7 @@ def compute_derivation(shape: AttentionShape, cp: int, diagonal: bool, backward:
     cal = active_calibration()
     gemms = 5 if backward else 2
     flops = 2 * shape.micro_batch * shape.heads * m * k * n
-    rate = cal.peak_flops * gemm_efficiency(m, k, n, cal)
+    rate = gemm_rate((m, k, n), cal, shape.micro_batch * shape.heads)  # the batch: b·heads
     time_s = gemms * (cal.launch_overhead_s + flops / rate)
     formula = (f"{microseconds(time_s)} = {gemms} GEMMs × ({flops / 1e9:.4g} GFLOP ÷ "
                f"{rate / 1e12:.4g} TFLOP/s + {microseconds(cal.launch_overhead_s)})")
