@@ -7,7 +7,8 @@ import sys
 import networkx as nx
 import pytest
 
-from simsp.cluster.topology import (CORE, SPINE, build_topology, gpu_name, leaf_name, route,
+from simsp.cluster.topology import (CORE, SPINE, build_topology, gpu_name, leaf_name, placement,
+                                    route,
                                     route_tier, spine_name)
 from simsp.engine.collectives.ring_alone import alone_time, shares_a_link
 from simsp.engine.fair_share import max_min_rates
@@ -138,3 +139,24 @@ def test_the_oversubscription_field_is_bounded():
     assert run.stderr.strip().splitlines() == [
         "error: cluster.fabric_oversubscription: 0.5 is outside [1, 64] :1 (a leaf has at "
         "least one uplink per 64 downlinks; 1 is non-blocking)"]
+
+
+@pytest.mark.parametrize("ranks, nodes, counts", [
+    (16, 2, "14 nvlink, 2 leaf"),  # 2 nodes of one SU: the 2 node crossings stay on a leaf
+    # 64 nodes = 2 SUs of 32: of the 64 node crossings, 31 -> 32 and 63 -> 0 cross the spine
+    (512, 64, "448 nvlink, 62 leaf, 2 spine")])
+def test_simsp_ring_shows_each_hop_s_route_class(ranks, nodes, counts):
+    run = subprocess.run([sys.executable, "-m", "simsp.cli", "ring", "--system", "dgx-h100",
+                          "--ranks", str(ranks), "--nodes", str(nodes), "--size", "1M"],
+                         capture_output=True, text=True)
+    assert run.stdout.splitlines()[-1] == (f"# channel 0's hops by route class: {counts}; "
+                                           f"fabric 32 nodes per leaf, 1:1")
+
+
+def test_a_group_s_placement_tells_pods_apart():
+    # units of one node, pods of 2 units (3 units: three-tier): nodes 0-1 share pod 0, nodes
+    # 1-2 straddle pods 0 and 1, so the two pairs route differently and must not look alike
+    a = placement((0, 8), 8, 6, THREE_TIER)
+    b = placement((8, 16), 8, 6, THREE_TIER)
+    assert a != b and a[1][-1] == 0 and b[1][-1] == 1
+    assert placement((0, 8), 8, 6) == placement((0, 8), 8, 6, DEFAULT)  # two-tier: as before

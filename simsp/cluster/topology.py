@@ -187,10 +187,10 @@ def _fabric_path(graph: nx.DiGraph, src_node: int, src_rail: int, dst_node: int,
     return [src_leaf, spine_name(src_pod), CORE, spine_name(dst_pod), dst_leaf]
 
 
-def route_tier(graph: nx.DiGraph, src: int, dst: int) -> str:
-    """A route's latency class: the highest tier it climbs to ("self", "nvlink", "leaf",
-    "spine" or "core")."""
-    names = [v for _, v in _structural_route(graph, src, dst)]
+def route_tier(graph: nx.DiGraph, src: int, dst: int, via: int | None = None) -> str:
+    """A transfer's latency class (relayed through GPU `via` if given, as hop_route): the
+    highest tier it climbs to ("self", "nvlink", "leaf", "spine" or "core")."""
+    names = [v for _, v in hop_route(graph, src, dst, via)]
     for tier in (CORE, SPINE):
         if any(name == tier or name.endswith("/" + tier) for name in names):
             return tier

@@ -131,9 +131,10 @@ def _route_tier_lines(graph, gpus: list[int]) -> list[str]:
     if graph.graph["nodes"] == 1 or len({gpu // graph.graph["gpus_per_node"]
                                          for gpu in gpus}) == 1:
         return []
-    order = channel_rings(gpus, graph.graph["gpus_per_node"])[0].order
-    tiers = Counter(route_tier(graph, gpus[order[i]], gpus[order[(i + 1) % len(order)]])
-                    for i in range(len(order)))
+    channel = channel_rings(gpus, graph.graph["gpus_per_node"])[0]
+    order = channel.order
+    tiers = Counter(route_tier(graph, gpus[order[i]], gpus[order[(i + 1) % len(order)]],
+                               channel.via[i]) for i in range(len(order)))
     counts = ", ".join(f"{tiers[tier]} {tier}" for tier in ("nvlink", "leaf", "spine", "core")
                        if tiers[tier])
     fabric = graph.graph["fabric"]
