@@ -160,3 +160,8 @@ def test_a_group_s_placement_tells_pods_apart():
     b = placement((8, 16), 8, 6, THREE_TIER)
     assert a != b and a[1][-1] == 0 and b[1][-1] == 1
     assert placement((0, 8), 8, 6) == placement((0, 8), 8, 6, DEFAULT)  # two-tier: as before
+
+
+def test_sharp_is_data_of_the_switches():
+    assert [system_profile(n).fabric.sharp_generation for n in ("dgx-a100", "dgx-h100",
+                                                                "dgx-h800")] == [2, 3, None]

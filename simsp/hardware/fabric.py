@@ -11,11 +11,11 @@ sources; a cluster without a system keeps simsp's historical fabric (DEFAULT).
 from dataclasses import dataclass, replace
 
 FABRIC_KEYS = ("nodes_per_leaf", "switch_radix", "two_tier_max_units", "units_per_pod",
-               "oversubscription")
+               "oversubscription", "sharp_generation")
 # key -> (integer?, most allowed, least allowed)
 FABRIC_LIMITS = {"nodes_per_leaf": (True, 4096, 1), "switch_radix": (True, 4096, 2),
                  "two_tier_max_units": (True, 4096, 1), "units_per_pod": (True, 4096, 1),
-                 "oversubscription": (False, 64, 1)}
+                 "oversubscription": (False, 64, 1), "sharp_generation": (True, 16, 1)}
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class Fabric:
     two_tier_max_units: int | None = None
     units_per_pod: int | None = None
     oversubscription: float = 1.0
+    # the switches' in-network reduction (NVIDIA SHARP) generation; None: none. Data only so
+    # far: NCCL's CollNet over it is not modelled (docs/hardware.md#fabric)
+    sharp_generation: int | None = None
     sources: tuple = ()  # ((key, source), ...) as the profile gives them
 
     def units(self, nodes: int) -> int:
