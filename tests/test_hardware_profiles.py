@@ -32,7 +32,7 @@ def _cli(*args):
 def test_every_number_of_every_bundled_profile_names_its_source(path):
     data = tomllib.loads(path.read_text())
     numbers = {k: v for k, v in data.items() if k not in ("name", "description", "gpu", "aliases")}
-    for section in ("compute", "compute_fp8", "attention"):
+    for section in ("compute", "compute_fp8", "attention", "fabric"):
         numbers.update({f"{section}.{k}": v for k, v in numbers.pop(section, {}).items()})
     assert numbers
     for key, entry in numbers.items():

@@ -1,9 +1,12 @@
-"""Cluster topology as a networkx DiGraph: DGX A100 nodes on a rail-optimised leaf/spine fat tree.
+"""Cluster topology as a networkx DiGraph: DGX nodes on a rail-optimised leaf/spine(/core) fat tree.
 
 Inside a node every GPU has one NVLink edge to and from the node's NVSwitch fabric (modelled as
-one switch vertex). Between nodes GPU j of every node owns one HDR NIC cabled to the leaf switch
-of rail j (rail-optimised, as in the DGX SuperPOD); leaves meet at a non-blocking spine.
-Edges carry `bandwidth_Bps` (bytes/s, per direction), `latency_s` and `kind` ("nvlink" | "ib").
+one switch vertex). Between nodes GPU j of every node owns one NIC cabled to the leaf switch
+of rail j in its scalable unit (rail-optimised, as in the DGX SuperPOD); leaves meet at a spine
+(one vertex), or, where the system's fabric needs a core tier, at their pod's spine and the pods'
+spines at the core (hardware/fabric.py, docs/hardware.md#fabric). A leaf's uplink carries its
+downlinks / the fabric's oversubscription. Edges carry `bandwidth_Bps` (bytes/s, per direction),
+`latency_s` and `kind` ("nvlink" | "ib").
 """
 
 from collections.abc import Iterable
@@ -12,10 +15,13 @@ import functools
 import networkx as nx
 
 from simsp.hardware.constants import NODES_PER_LEAF
+from simsp.hardware.fabric import Fabric
+from simsp.hardware.profiles import fabric_of
 from simsp.scenario.config import Cluster
 from simsp.units import GB
 
 SPINE = "spine"
+CORE = "core"
 
 
 def gpu_name(index: int) -> str:
@@ -31,6 +37,11 @@ def nvswitch_name(node: int) -> str:
 def leaf_name(leaf_group: int, rail: int) -> str:
     """Vertex name of the leaf switch of `rail` in scalable unit `leaf_group`."""
     return f"leaf{leaf_group}/rail{rail}"
+
+
+def spine_name(pod: int | None) -> str:
+    """Vertex name of the spine: the one spine of a two-tier fabric, else pod `pod`'s."""
+    return SPINE if pod is None else f"pod{pod}/{SPINE}"
 
 
 def _link(graph: nx.DiGraph, a: str, b: str, bandwidth_Bps: float, latency_s: float,
@@ -51,53 +62,79 @@ def _add_node(graph: nx.DiGraph, cluster: Cluster, node: int) -> None:
         _link(graph, gpu, nvswitch_name(node), nvlink_Bps, half_hop_s, "nvlink")
 
 
-def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int]) -> None:
-    """Rail-optimised leaves (one per rail per scalable unit) under one non-blocking spine."""
+def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int], fabric: Fabric) -> None:
+    """Rail-optimised leaves (one per rail per scalable unit) under the spine (or their pod's
+    spine, the pods' spines under the core)."""
     ib_Bps = cluster.ib_bandwidth_GBps * GB
     ib_s = cluster.ib_latency_us * 1e-6
-    leaves: dict[str, None] = {}  # an ordered set
+    per_leaf = fabric.nodes_per_leaf
+    leaves: dict[str, int] = {}  # leaf -> its scalable unit, in order
     for node in nodes:
         for rail in range(cluster.gpus_per_node):
-            leaf = leaf_name(node // NODES_PER_LEAF, rail)
+            leaf = leaf_name(node // per_leaf, rail)
             _link(graph, gpu_name(node * cluster.gpus_per_node + rail), leaf, ib_Bps, ib_s, "ib")
-            leaves[leaf] = None
-    # Full bisection: a leaf's bundle of uplinks carries as much as all its downlinks (every
-    # node of its scalable unit in the whole cluster, built or not).
-    for leaf in leaves:
-        group = int(leaf[len("leaf"):leaf.index("/")])
-        count = min(NODES_PER_LEAF, cluster.nodes - group * NODES_PER_LEAF)
-        _link(graph, leaf, SPINE, count * ib_Bps, ib_s, "ib")
+            leaves[leaf] = node // per_leaf
+    # A leaf's bundle of uplinks carries all its downlinks (every node of its scalable unit in
+    # the whole cluster, built or not) over the oversubscription (1: full bisection).
+    pods: dict[int, float] = {}  # pod -> its spine's uplink to the core, bytes/s
+    for leaf, unit in leaves.items():
+        count = min(per_leaf, cluster.nodes - unit * per_leaf)
+        pod = fabric.pod_of(unit, cluster.nodes)
+        _link(graph, leaf, spine_name(pod), count * ib_Bps / fabric.oversubscription, ib_s, "ib")
+        if pod is not None:
+            pods[pod] = _pod_uplink_Bps(cluster, fabric, pod, ib_Bps)
+    for pod, uplink_Bps in pods.items():
+        _link(graph, spine_name(pod), CORE, uplink_Bps, ib_s, "ib")
 
 
-def build_topology(cluster: Cluster, nodes: Iterable[int] | None = None) -> nx.DiGraph:
+def _pod_uplink_Bps(cluster: Cluster, fabric: Fabric, pod: int, ib_Bps: float) -> float:
+    """A pod spine's bundle to the core: every leaf uplink of the pod's units (non-blocking
+    above the leaves, as the SuperPOD RA's spine has as many ports up as down)."""
+    first = pod * fabric.units_per_pod * fabric.nodes_per_leaf
+    last = min(cluster.nodes, first + fabric.units_per_pod * fabric.nodes_per_leaf)
+    return (last - first) * cluster.gpus_per_node * ib_Bps / fabric.oversubscription
+
+
+def build_topology(cluster: Cluster, nodes: Iterable[int] | None = None,
+                   fabric: Fabric | None = None) -> nx.DiGraph:
     """The cluster's DGX nodes of `cluster.gpus_per_node` GPUs each: all of them, or only
-    `nodes` (those hosting ranks), with the leaves and spine they need."""
+    `nodes` (those hosting ranks), with the leaves and spines they need, on `fabric` (default:
+    the cluster's, hardware/profiles.py fabric_of)."""
+    fabric = fabric_of(cluster) if fabric is None else fabric
     built = sorted(set(range(cluster.nodes) if nodes is None else nodes))
     if built and not 0 <= built[0] <= built[-1] < cluster.nodes:
         raise ValueError(f"nodes {built[0]}..{built[-1]} outside the cluster's {cluster.nodes}")
     graph = nx.DiGraph(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
-                       nodes=cluster.nodes, route_cache={})
+                       nodes=cluster.nodes, route_cache={}, fabric=fabric)
     for node in built:
         graph.add_node(nvswitch_name(node), kind="switch")
         _add_node(graph, cluster, node)
-    _add_fabric(graph, cluster, built)
+    _add_fabric(graph, cluster, built, fabric)
     return graph
 
 
 @functools.lru_cache(maxsize=4096)
-def placement(gpus: tuple[int, ...], gpus_per_node: int, nodes: int) -> tuple:
+def placement(gpus: tuple[int, ...], gpus_per_node: int, nodes: int,
+              fabric: Fabric | None = None) -> tuple:
     """A group's place on the fabric up to moving it by whole nodes: per member its GPU in its
     node, its node and scalable unit relative to the first member's, and how many nodes its
-    unit has (its spine uplink's width, _add_fabric). Groups of one placement have the same
-    routes up to renaming (they depend only on same node, same unit and rails:
-    _structural_route) over links of the same speeds and latencies, so traffic runs alike."""
+    unit has (its spine uplink's width, _add_fabric); in a three-tier fabric also its pod
+    relative to the first member's. Groups of one placement have the same routes up to
+    renaming (they depend only on same node, same unit, same pod and rails: _structural_route)
+    over links of the same speeds and latencies, so traffic runs alike. `fabric` None: the
+    default fabric's 20 nodes per leaf (NODES_PER_LEAF)."""
     node0 = gpus[0] // gpus_per_node
+    per_leaf = NODES_PER_LEAF if fabric is None else fabric.nodes_per_leaf
+    three_tier = fabric is not None and fabric.three_tier(nodes)
 
     def member(gpu: int) -> tuple:
         node = gpu // gpus_per_node
-        unit = node // NODES_PER_LEAF
-        return (gpu % gpus_per_node, node - node0, unit - node0 // NODES_PER_LEAF,
-                min(NODES_PER_LEAF, nodes - unit * NODES_PER_LEAF))
+        unit = node // per_leaf
+        place = (gpu % gpus_per_node, node - node0, unit - node0 // per_leaf,
+                 min(per_leaf, nodes - unit * per_leaf))
+        if three_tier:
+            return place + (fabric.pod_of(unit, nodes) - fabric.pod_of(node0 // per_leaf, nodes),)
+        return place
 
     return tuple(map(member, gpus))
 
@@ -110,7 +147,8 @@ def nodes_hosting(gpus: Iterable[int], gpus_per_node: int) -> list[int]:
 def route(graph: nx.DiGraph, src: str, dst: str) -> list[tuple[str, str]]:
     """The fewest-hop path from GPU `src` to GPU `dst`; GPUs never forward, so it is unique:
     same node -> through the NVSwitch; same rail and leaf -> through that leaf; otherwise
-    GPU -> its rail's leaf -> spine -> the destination rail's leaf -> GPU. Cached on the graph.
+    GPU -> its rail's leaf -> spine -> the destination rail's leaf -> GPU, or, between pods of
+    a three-tier fabric, leaf -> pod spine -> core -> pod spine -> leaf. Cached on the graph.
     """
     cache = graph.graph.setdefault("route_cache", {})
     if (src, dst) not in cache:
@@ -128,11 +166,37 @@ def _structural_route(graph: nx.DiGraph, src: int, dst: int) -> list[tuple[str, 
     if src_node == dst_node:
         path = [gpu_name(src), nvswitch_name(src_node), gpu_name(dst)]
     else:
-        src_leaf = leaf_name(src_node // NODES_PER_LEAF, src_rail)
-        dst_leaf = leaf_name(dst_node // NODES_PER_LEAF, dst_rail)
-        middle = [src_leaf] if src_leaf == dst_leaf else [src_leaf, SPINE, dst_leaf]
-        path = [gpu_name(src), *middle, gpu_name(dst)]
+        path = [gpu_name(src), *_fabric_path(graph, src_node, src_rail, dst_node, dst_rail),
+                gpu_name(dst)]
     return list(zip(path[:-1], path[1:]))
+
+
+def _fabric_path(graph: nx.DiGraph, src_node: int, src_rail: int, dst_node: int,
+                 dst_rail: int) -> list[str]:
+    """The switches between two nodes' NICs: their leaf, or leaf, spine(s) (and core), leaf."""
+    fabric, nodes = graph.graph.get("fabric"), graph.graph["nodes"]
+    per_leaf = NODES_PER_LEAF if fabric is None else fabric.nodes_per_leaf
+    src_unit, dst_unit = src_node // per_leaf, dst_node // per_leaf
+    src_leaf, dst_leaf = leaf_name(src_unit, src_rail), leaf_name(dst_unit, dst_rail)
+    if src_leaf == dst_leaf:
+        return [src_leaf]
+    src_pod, dst_pod = ((None, None) if fabric is None else
+                        (fabric.pod_of(src_unit, nodes), fabric.pod_of(dst_unit, nodes)))
+    if src_pod == dst_pod:
+        return [src_leaf, spine_name(src_pod), dst_leaf]
+    return [src_leaf, spine_name(src_pod), CORE, spine_name(dst_pod), dst_leaf]
+
+
+def route_tier(graph: nx.DiGraph, src: int, dst: int, via: int | None = None) -> str:
+    """A transfer's latency class (relayed through GPU `via` if given, as hop_route): the
+    highest tier it climbs to ("self", "nvlink", "leaf", "spine" or "core")."""
+    names = [v for _, v in hop_route(graph, src, dst, via)]
+    for tier in (CORE, SPINE):
+        if any(name == tier or name.endswith("/" + tier) for name in names):
+            return tier
+    if any(name.startswith("leaf") for name in names):
+        return "leaf"
+    return "nvlink" if names else "self"
 
 
 def hop_route(graph: nx.DiGraph, src: int, dst: int,

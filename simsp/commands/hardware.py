@@ -68,8 +68,11 @@ def describe(kind: str, name: str) -> dict:
              "file": _shown_path(prof.path),
              "numbers": {k: {"value": s.value, "source": s.source} for k, s in prof.numbers.items()}}
     if kind == "system":
-        system_profile(name)  # its checks
+        system = system_profile(name)  # its checks
         entry["gpu"] = prof.gpu
+        entry["fabric"] = {k: {"value": s.value, "source": s.source}
+                           for k, s in prof.sections.get("fabric", {}).items()}
+        entry["fabric_sizes"] = _fabric_sizes(system)
         return entry
     gpu = gpu_profile(name)
     entry["model"] = _model(gpu, "bf16", "fitted [compute]" if gpu.fitted else "rule")
@@ -96,6 +99,30 @@ def _model(gpu, dtype: str, curve: str) -> dict:
     else:
         gemms = f"{curve} (fallback: no measured {dtype} table)"
     return {dtype: calibration_table(cal), f"{dtype}_from": curve, f"{dtype}_gemms": gemms}
+def _fabric_sizes(system) -> list[dict]:
+    """The fabric's tiers and switch counts at 1 to 64 scalable units (hardware/fabric.py)."""
+    fabric, sizes = system.fabric, []
+    for units in (1, 2, 4, 8, 16, 64):
+        nodes = units * fabric.nodes_per_leaf
+        tiers = "leaf/spine/core" if fabric.three_tier(nodes) else "leaf/spine"
+        sizes.append({"units": units, "nodes": nodes,
+                      "gpus": nodes * system.gpus_per_nvlink_domain, "tiers": tiers,
+                      "switches": fabric.switch_counts(nodes, system.nics_per_node),
+                      "oversubscription": fabric.oversubscription})
+    return sizes
+
+
+def _fabric_lines(entry: dict) -> list[str]:
+    """A system's [fabric] numbers and its tiers and switches per size."""
+    lines = [f"  fabric.{key} = {item['value']:<8}  [{item['source']}]"
+             for key, item in entry.get("fabric", {}).items()]
+    for size in entry.get("fabric_sizes", []):
+        switches = ", ".join(f"{count} {tier}" for tier, count in size["switches"].items()
+                             if count)
+        lines.append(f"  fabric at {size['units']} scalable unit(s) ({size['nodes']} nodes, "
+                     f"{size['gpus']} GPUs): {size['tiers']}, "
+                     f"{size['oversubscription']:g}:1" + (f"; {switches}" if switches else ""))
+    return lines
 
 
 def _lines(entry: dict) -> list[str]:
@@ -104,6 +131,7 @@ def _lines(entry: dict) -> list[str]:
         lines.append(f"gpu: {entry['gpu']}")
     for key, item in entry["numbers"].items():
         lines.append(f"  {key} = {item['value']:<8}  [{item['source']}]")
+    lines += _fabric_lines(entry)
     for section in ("compute", "compute_fp8", "attention"):
         if section in entry:
             for key, item in entry[section].items():
@@ -121,6 +149,16 @@ def _lines(entry: dict) -> list[str]:
     return lines
 
 
+def _fabric_cells(entry: dict) -> str:
+    """Nodes per leaf, the size above which a core tier is built, the oversubscription."""
+    sizes = entry["fabric_sizes"]
+    core = next((s for s in sizes if s["tiers"].endswith("core")), None)
+    fabric = {k: v["value"] for k, v in entry["fabric"].items()}
+    two_tier = fabric.get("two_tier_max_units")
+    above = f"{two_tier * sizes[0]['nodes']} nodes" if core and two_tier else "never"
+    return f"{sizes[0]['nodes']} | {above} | {sizes[0]['oversubscription']:g}:1"
+
+
 def _summary(entries: list[dict]) -> list[str]:
     gpus = [e for e in entries if e["kind"] == "gpu"]
     systems = [e for e in entries if e["kind"] == "system"]
@@ -135,13 +173,13 @@ def _summary(entries: list[dict]) -> list[str]:
                          f"{n['nvlink_generation']} | {n['nvlink_GBps']} | "
                          f"{n['ceiling_bf16_TFLOPs']} / {n.get('ceiling_fp8_TFLOPs', '—')} |")
     if systems:
-        lines += ["", "| system | gpu | GPUs per NVLink domain | NVSwitch | NICs per node | NIC |",
-                  "|---|---|---:|---:|---:|---|"]
+        lines += ["", "| system | gpu | GPUs per NVLink domain | NVSwitch | NICs per node | NIC | "
+                      "nodes per leaf | core above | ratio |", "|---|---|---:|---:|---:|---|---:|---|---:|"]
         for e in systems:
             n = {k: v["value"] for k, v in e["numbers"].items()}
             lines.append(f"| {e['name']} | {e['gpu']} | {n['gpus_per_nvlink_domain']} | "
                          f"{n['nvswitch_generation']} | {n['nics_per_node']} | "
-                         f"{n['nic']} {n['nic_Gbps']} Gb/s |")
+                         f"{n['nic']} {n['nic_Gbps']} Gb/s | {_fabric_cells(e)} |")
     return lines
 
 

@@ -22,12 +22,14 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from simsp.cluster.topology import build_topology
+from collections import Counter
+
+from simsp.cluster.topology import build_topology, route_tier
 from simsp.engine.collectives.all_to_all import time_all_to_all
 from simsp.engine.collectives.nccl_tests import ELEM_BYTES, nvls_stats, simulate_nccl
 from simsp.engine.collectives.nccl_tuning import PROTOCOLS, RING, TREE
 from simsp.engine.collectives.nvls import NVLS, nvls_available
-from simsp.engine.collectives.ring_plan import ALL_REDUCE, COLLECTIVES
+from simsp.engine.collectives.ring_plan import ALL_REDUCE, COLLECTIVES, channel_rings
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
 from simsp.hardware.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
@@ -118,8 +120,26 @@ def run(args) -> int:
     quiet = getattr(args, "quiet", False) or len(sizes) < 2
     rows = [simulate_nccl(graph, gpus, args.collective, size, calibration)
             for size in track(sizes, "sizes", "size", quiet)]
-    print("\n".join(nccl_table.table_lines(args.collective, cluster, gpus, rows, calibration)))
+    print("\n".join(nccl_table.table_lines(args.collective, cluster, gpus, rows, calibration)
+                    + _route_tier_lines(graph, gpus)))
     return 0
+
+
+def _route_tier_lines(graph, gpus: list[int]) -> list[str]:
+    """Across nodes: channel 0's hops per latency class (cluster/topology.py route_tier) and
+    the fabric's oversubscription."""
+    if graph.graph["nodes"] == 1 or len({gpu // graph.graph["gpus_per_node"]
+                                         for gpu in gpus}) == 1:
+        return []
+    channel = channel_rings(gpus, graph.graph["gpus_per_node"])[0]
+    order = channel.order
+    tiers = Counter(route_tier(graph, gpus[order[i]], gpus[order[(i + 1) % len(order)]],
+                               channel.via[i]) for i in range(len(order)))
+    counts = ", ".join(f"{tiers[tier]} {tier}" for tier in ("nvlink", "leaf", "spine", "core")
+                       if tiers[tier])
+    fabric = graph.graph["fabric"]
+    return [f"# channel 0's hops by route class: {counts}; fabric {fabric.nodes_per_leaf} "
+            f"nodes per leaf, {fabric.oversubscription:g}:1"]
 
 
 def _check_all_to_all(args) -> None:

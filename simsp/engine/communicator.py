@@ -230,7 +230,7 @@ class Communicator:
 
     def _placement(self, group: tuple) -> tuple:
         graph = self.network.graph.graph
-        return placement(group, graph["gpus_per_node"], graph["nodes"])
+        return placement(group, graph["gpus_per_node"], graph["nodes"], graph.get("fabric"))
 
     def _all_to_all_alone(self, group: tuple, matrix: list) -> float:
         """Seconds of an all-to-all of `group` alone on its links (TEMPLATE), memoised per

@@ -15,6 +15,8 @@ import tomllib
 from simsp import io_in
 from simsp.errors import UserError
 from simsp.hardware.gemm_shapes import available_tables
+from simsp.hardware.fabric import (DEFAULT, FABRIC_KEYS, FABRIC_LIMITS, Fabric,
+                                   with_oversubscription)
 from simsp.units import GiB
 
 DATA = Path(__file__).parent / "data"
@@ -33,7 +35,9 @@ COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency
 ATTENTION_KEYS = ("sm_count", "fa2_fwd_TFLOPs", "fa2_bwd_TFLOPs", "fa3_fwd_TFLOPs",
                   "fa3_bwd_TFLOPs", "cudnn_fwd_TFLOPs", "cudnn_bwd_TFLOPs",
                   "cudnn_fp8_fwd_TFLOPs")
-SECTION_KEYS = {"compute": COMPUTE_KEYS, "compute_fp8": COMPUTE_KEYS, "attention": ATTENTION_KEYS}
+SECTION_KEYS = {"compute": COMPUTE_KEYS, "compute_fp8": COMPUTE_KEYS, "attention": ATTENTION_KEYS,
+                "fabric": FABRIC_KEYS}  # [fabric]: a system's only (hardware/fabric.py)
+SYSTEM_SECTIONS = ("fabric",)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class SystemProfile:
     nics_per_node: int
     nic: str
     nic_Gbps: float
+    fabric: Fabric = DEFAULT  # the scale-out fabric ([fabric]; hardware/fabric.py)
 
     @property
     def ib_bandwidth_GBps(self) -> float:
@@ -137,7 +142,8 @@ LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
           "nic_Gbps": (False, 1e6), "gemm_max_efficiency": (False, 1),
           "memory_efficiency": (False, 1), "gemm_half_intensity": (False, 1e6),
           "launch_overhead_s": (False, 1), "sm_count": (True, 4096),
-          **{key: (False, 1e6) for key in ATTENTION_KEYS[1:]}}
+          **{key: (False, 1e6) for key in ATTENTION_KEYS[1:]},
+          **{key: limit[:2] for key, limit in FABRIC_LIMITS.items()}}
 # the least each number can physically be, with the reason (a profile below it is a typo or a
 # wrong unit: 1e-300 TFLOP/s would make every MFU astronomical)
 LOWEST = {"memory_GiB": (1, "no training GPU has under 1 GiB"),
@@ -154,7 +160,9 @@ LOWEST = {"memory_GiB": (1, "no training GPU has under 1 GiB"),
           "gemm_half_intensity": (1e-3, "FLOPs per byte; GEMMs sit at 10 to 1000"),
           "launch_overhead_s": (1e-8, "a kernel launch takes microseconds, not nanoseconds"),
           "sm_count": (1, "a GPU has at least one streaming multiprocessor"),
-          **{key: (1, "an attention kernel's TFLOP/s") for key in ATTENTION_KEYS[1:]}}
+          **{key: (1, "an attention kernel's TFLOP/s") for key in ATTENTION_KEYS[1:]},
+          **{key: (limit[2], "a fabric's counts and ratio (1:1 is non-blocking)")
+             for key, limit in FABRIC_LIMITS.items()}}
 TEXT_KEYS = {"name", "description", "gpu"}  # plain strings (a system's gpu: a name or path)
 
 
@@ -176,7 +184,8 @@ def load_profile(kind: str, name: str) -> Profile:
     if missing:
         raise UserError(field, f"{path}: missing {', '.join(missing)}")
     sections = {section: _section(field, path, section, data[section])
-                for section in SECTION_KEYS if section in data}
+                for section in SECTION_KEYS if section in data
+                and (section in SYSTEM_SECTIONS) == (kind == "system")}
     if kind == "system" and not isinstance(data.get("gpu"), str):
         raise UserError(field, f"{path}: a system names its gpu (gpu = \"h100-sxm-80gb\")")
     return Profile(kind, str(data.get("name", path.stem)), str(data.get("description", "")),
@@ -185,8 +194,8 @@ def load_profile(kind: str, name: str) -> Profile:
 
 def _check_keys(field: str, path: Path, data: dict, numbers: tuple, kind: str) -> None:
     """Only known keys; names and descriptions one line of text; aliases a list of names."""
-    known = set(numbers) | TEXT_KEYS | {"aliases"} | (set(SECTION_KEYS) if kind == "gpu"
-                                                    else set())
+    known = set(numbers) | TEXT_KEYS | {"aliases"} | (set(SYSTEM_SECTIONS) if kind == "system"
+                                                    else set(SECTION_KEYS) - {"fabric"})
     for key, value in data.items():
         if key not in known:
             raise UserError(field, f"{path}:{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -311,13 +320,33 @@ def system_profile(name: str) -> SystemProfile:
     nic = str(prof.value("nic"))
     system = SystemProfile(prof.name, prof.gpu, int(prof.value("gpus_per_nvlink_domain")),
                            int(prof.value("nvswitch_generation")),
-                           int(prof.value("nics_per_node")), nic, float(prof.value("nic_Gbps")))
+                           int(prof.value("nics_per_node")), nic, float(prof.value("nic_Gbps")),
+                           _fabric(prof.sections.get("fabric", {})))
     if system.nics_per_node != system.gpus_per_nvlink_domain:
         raise UserError("cluster.system", f"{prof.path}: simsp's fabric has one NIC per GPU "
                                           f"(rails): nics_per_node {system.nics_per_node} != "
                                           f"gpus_per_nvlink_domain {system.gpus_per_nvlink_domain}")
     gpu_profile(system.gpu)  # the GPU it names must load
     return system
+
+
+def _fabric(section: dict) -> Fabric:
+    """A system's [fabric] table as a Fabric (what it leaves out: DEFAULT's)."""
+    values = {key: entry.value for key, entry in section.items()}
+    if "oversubscription" in values:
+        values["oversubscription"] = float(values["oversubscription"])
+    sources = tuple((key, entry.source) for key, entry in section.items())
+    if ("two_tier_max_units" in values) != ("units_per_pod" in values):
+        raise UserError("cluster.system", "[fabric]: give two_tier_max_units and units_per_pod "
+                                          "together (a core tier's pods need both)")
+    return Fabric(**{**{k: getattr(DEFAULT, k) for k in FABRIC_KEYS}, **values}, sources=sources)
+
+
+def fabric_of(cluster) -> Fabric:
+    """The fabric of a cluster: its system's (DEFAULT without one), with the scenario's
+    cluster.fabric_oversubscription override."""
+    fabric = system_profile(cluster.system).fabric if cluster.system else DEFAULT
+    return with_oversubscription(fabric, getattr(cluster, "fabric_oversubscription", None))
 
 
 def system_cluster_fields(name: str) -> dict:

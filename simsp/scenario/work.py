@@ -10,7 +10,7 @@ benchmarks/work_estimate.py (CPU seconds, time.process_time).
 import math
 
 from simsp.errors import UserError
-from simsp.hardware.constants import NODES_PER_LEAF
+from simsp.hardware.profiles import fabric_of
 from simsp.scenario.config import bucket_size
 from simsp.units import GiB, format_bytes
 
@@ -51,7 +51,7 @@ FSDP_SECONDS_PER_COLLECTIVE_PIECE = 4e-5
 CP_SECONDS_PER_RANK_PAIR = 1e-4
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective timed alone
 # while its group stays within one leaf (cp 16 to 128, s 4096, 2 layers: 0.11 to 0.84 CPU s, in
-# the linear terms); a group across leaf switches (NODES_PER_LEAF) is stepped whole, every member
+# the linear terms); a group across leaf switches (the fabric's nodes_per_leaf) is stepped whole, every member
 # every step: cp 256 over 32 nodes, 2 layers, one micro-batch measured 173 and 343 CPU s on this
 # 2-core machine (2026-11-27), 1.3e-3 s per layer-step per t·d·cp² at the lower.
 CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR = 1.3e-3
@@ -172,7 +172,7 @@ def pair_seconds(sc) -> float:
     seconds = 0.0
     if p.cp > 1 and p.cp_comm_type != "allgather":
         seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
-    if p.cp > 1 and p.cp_comm_type == "allgather" and _cp_group_nodes(sc) > NODES_PER_LEAF:
+    if p.cp > 1 and p.cp_comm_type == "allgather" and _cp_group_nodes(sc) > fabric_of(sc.cluster).nodes_per_leaf:
         seconds += (layer_steps(sc) * p.tp * p.dp * p.cp ** 2
                     * CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR)
     ep = p.expert_model_parallel_size

@@ -23,6 +23,7 @@ from simsp.engine.collectives.ring_alone import node_segment
 from simsp.engine.collectives.ring_plan import COLLECTIVES
 from simsp.engine.group_timing import STEPPED
 from simsp.hardware.constants import LinkCalibration
+from simsp.hardware.profiles import fabric_of
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, FP32
@@ -60,6 +61,11 @@ class Shortcuts:
         in numeric mode, whose numbers need every rank."""
         if sc.run.mode != "meta":
             why = "not used: numeric mode needs every rank and every ring step"
+            return cls(reasons=tuple((name, why) for name in SHORTCUTS))
+        binding = fabric_of(sc.cluster).uplinks_can_bind(sc.cluster.nodes)
+        if binding:  # the proofs (docs/shortcuts.md) hold where links above the leaves never bind
+            why = (f"not used: {binding}, so links above the leaves can bind, which the "
+                   f"shortcuts' proofs assume they never do")
             return cls(reasons=tuple((name, why) for name in SHORTCUTS))
         verdict = check_shortcuts(sc)
         if sc.parallel.cp > 1:  # closed form where no ring shares a link with the CP traffic
@@ -108,8 +114,8 @@ def check_shortcuts(sc) -> Shortcuts:
                                    {ranks for kind, ranks in owners if kind == "tp"},
                                    {ranks for kind, ranks in owners if kind == "ep"})
     pieces = (fsdp_rings - meeting_others(clashes)) if splits else frozenset()
-    closed_why = closed_form_why(clashes, stepwise) + segments_why(pieces,
-                                                                   cluster.gpus_per_node)
+    closed_why = closed_form_why(clashes, stepwise) + segments_why(
+        pieces, cluster.gpus_per_node, graph.graph["fabric"].nodes_per_leaf)
     return Shortcuts(representative=not not_rep, closed_form=True,
                      templates=used_templates.startswith("used"), methods=methods,
                      reasons=(("representative", representative_why(not_rep, symmetry)),

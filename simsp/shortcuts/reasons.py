@@ -23,11 +23,11 @@ def closed_form_why(clashes: list, stepwise: frozenset) -> str:
                "the others are timed as a whole"))
 
 
-def segments_why(segments: frozenset, gpus_per_node: int) -> str:
+def segments_why(segments: frozenset, gpus_per_node: int, per_leaf: int = NODES_PER_LEAF) -> str:
     """What the verdict says of the groups run as pieces (docs/shortcuts.md)."""
     if not segments:
         return ""
-    leaves = any(len({gpu // gpus_per_node // NODES_PER_LEAF for gpu in group}) > 1
+    leaves = any(len({gpu // gpus_per_node // per_leaf for gpu in group}) > 1
                  for group in segments)
     return (f"; {len(segments)} of them meet only their own collectives (FSDP) and run as one "
             f"node's piece of one channel" + (", each like hop at its slowest latency (their "

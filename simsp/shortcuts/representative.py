@@ -24,7 +24,8 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
     unmirrored clash. Not under FSDP: a DP rank's shard (its padding, its optimizer work) makes
     ranks of a stage end at different times, so they are not images of each other."""
     p = sc.parallel
-    not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes)
+    not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes,
+                                     graph.graph["fabric"].nodes_per_leaf)
     symmetry = None
     if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None and \
             p.fsdp is None:
@@ -42,8 +43,10 @@ def _aligned(a: int, b: int) -> bool:
     return a % b == 0 or b % a == 0
 
 
-def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list) -> str:
-    """Why one rank per stage cannot stand for the others ("" when it can)."""
+def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list,
+                           per_leaf: int = NODES_PER_LEAF) -> str:
+    """Why one rank per stage cannot stand for the others ("" when it can); `per_leaf`: the
+    fabric's nodes per leaf (hardware/fabric.py)."""
     t, d = grid.tp, grid.dp
     if not _aligned(t * d, gpus_per_node):
         return (f"ranks per stage (t*d = {t * d}) and GPUs per node ({gpus_per_node}) do not "
@@ -55,7 +58,7 @@ def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list) ->
     for edge, owner, other in clashes:
         if _is_simulated(owner, simulated) == _is_simulated(other, simulated):
             continue
-        image = _image_at_representative(grid, gpus_per_node, edge, owner, other)
+        image = _image_at_representative(grid, gpus_per_node, edge, owner, other, per_leaf)
         if image is None or _clash_key(*image) not in seen or not all(
                 _is_simulated(o, simulated) for o in image[1:]):
             return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
@@ -70,7 +73,7 @@ def _clash_key(edge: Edge, owner: Owner, other: Owner) -> tuple:
 
 
 def _image_at_representative(grid: RankGrid, gpus_per_node: int, edge: Edge, owner: Owner,
-                             other: Owner):
+                             other: Owner, per_leaf: int):
     """The same clash moved by whole nodes so that its link's GPU is its stage's
     representative (None where that is no move by whole nodes). A clash whose image the
     representative run meets among its own traffic is mirrored: every member of a ring meets
@@ -84,16 +87,16 @@ def _image_at_representative(grid: RankGrid, gpus_per_node: int, edge: Edge, own
     def move(rank: int) -> int:
         return rank - rank % per_stage + (rank % per_stage - shift) % per_stage
 
-    return (_move_edge(edge, move, gpus_per_node), (owner[0], tuple(map(move, owner[1]))),
+    return (_move_edge(edge, move, gpus_per_node, per_leaf), (owner[0], tuple(map(move, owner[1]))),
             (other[0], tuple(map(move, other[1]))))
 
 
-def _move_edge(edge: Edge, move, gpus_per_node: int) -> Edge:
+def _move_edge(edge: Edge, move, gpus_per_node: int, per_leaf: int) -> Edge:
     """The link of the moved GPU that plays the same part (its NVLink port or its NIC)."""
     gpu = gpu_of_link(edge)
     moved = move(gpu)
     node, rail = divmod(moved, gpus_per_node)
-    far = {"nvswitch": nvswitch_name(node), "leaf": leaf_name(node // NODES_PER_LEAF, rail)}
+    far = {"nvswitch": nvswitch_name(node), "leaf": leaf_name(node // per_leaf, rail)}
 
     def rename(end: str) -> str:
         if end.startswith("gpu"):

@@ -44,19 +44,27 @@ def channel_routes(graph: nx.DiGraph, gpus: list[int],
 
 def shares_a_link(graph: nx.DiGraph, gpus: list[int]) -> bool:
     """Do two hops of this group's ring (of one channel or of two) cross one link that can
-    bind? Leaf-spine links cannot: a leaf's uplink bundle carries as much as all its GPU links
-    (cluster/topology.py _add_fabric), which every route through it also crosses."""
+    bind? Leaf-spine links cannot on a two-tier 1:1 fabric: a leaf's uplink bundle carries as
+    much as all its GPU links (cluster/topology.py _add_fabric), which every route through it
+    also crosses; on any other fabric (oversubscribed, or with a core tier) they are counted."""
+    spine_never_binds = not uplinks_can_bind(graph)
     seen: set[Edge] = set()
     channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
     for routes in channel_routes(graph, list(gpus), channels):
         for edges in routes:
             for edge in edges:
-                if SPINE in edge:
+                if spine_never_binds and SPINE in edge:
                     continue
                 if edge in seen:
                     return True
                 seen.add(edge)
     return False
+
+
+def uplinks_can_bind(graph: nx.DiGraph) -> str:
+    """Why a link above the graph's leaves can bind ("" where none can: hardware/fabric.py)."""
+    fabric = graph.graph.get("fabric")
+    return "" if fabric is None else fabric.uplinks_can_bind(graph.graph["nodes"])
 
 
 def alone_time(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int,
@@ -84,9 +92,11 @@ def alone_stats(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int
     if not shares_a_link(graph, gpus):
         return closed
     calibration = calibration or LinkCalibration()
-    segment = (node_segment(graph, list(gpus), calibration, collective, nbytes, elem_bytes)
-               or channel_segment(graph, list(gpus), calibration, collective, nbytes,
-                                  elem_bytes))
+    # a node's or a channel's piece stands for the rest only where no link above the leaves
+    # binds (the pieces load none of the other nodes' uplink traffic): else the whole ring
+    segment = None if uplinks_can_bind(graph) else (
+        node_segment(graph, list(gpus), calibration, collective, nbytes, elem_bytes)
+        or channel_segment(graph, list(gpus), calibration, collective, nbytes, elem_bytes))
     if segment is not None:
         end_s = segment_time(graph, calibration, collective, len(gpus), segment)
         return replace(closed, end_s=end_s,

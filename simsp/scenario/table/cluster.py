@@ -30,6 +30,12 @@ CLUSTER = (
     Field("cluster", "ib_bandwidth_GBps", float, 25.0, "InfiniBand bandwidth per NIC per "
           "direction (GB/s)", "ib",  # 200 Gb/s HDR
           bound=Bound(0.01, 10000.0, "GB/s", "HDR InfiniBand is 25 GB/s")),
+    # the leaves' oversubscription (downlinks / uplinks) over the system's [fabric] value
+    # (hardware/fabric.py; DGX SuperPOD is 1:1)
+    Field("cluster", "fabric_oversubscription", float, None, "leaf switches' downlink:uplink "
+          "ratio, e.g. 2 for 2:1 (default: the system profile's [fabric], 1:1 as in a DGX "
+          "SuperPOD)", "osub", bound=Bound(1.0, 64.0, ":1", "a leaf has at least one uplink "
+                                                           "per 64 downlinks; 1 is non-blocking")),
     # Link latencies: point-to-point transfers pay them as they are; a collective's step pays
     # NCCL's own step latency times its route's latency over the route's at these defaults
     # (engine/collectives/nccl_group.py, docs/nccl.md), so `calibrate` fits them on top of NCCL's.

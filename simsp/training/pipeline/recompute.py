@@ -8,6 +8,7 @@ scheme of Megatron-LM's `tensor_parallel.checkpoint` around `custom(l, l + N)` i
 """
 
 from simsp.cluster.topology import placement
+from simsp.hardware.profiles import fabric_of
 from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 
 
@@ -72,7 +73,8 @@ def _kind(sc, r, i: int, kind: tuple) -> tuple:
     if not m.is_moe_layer(i) or r.moe is None or r.moe.ep == 1:
         return kind + (m.is_moe_layer(i),)
     cluster = sc.cluster
-    return kind + (True, placement(r.moe.tp_ep_group, cluster.gpus_per_node, cluster.nodes))
+    return kind + (True, placement(r.moe.tp_ep_group, cluster.gpus_per_node, cluster.nodes,
+                                     fabric_of(cluster)))
 
 
 def segment_forward(r, inputs, state, seg, x, mb: int, offset: int):
