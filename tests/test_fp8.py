@@ -14,6 +14,12 @@ from simsp.training.driver.layer_sim import simulate_layer
 S, B, H, A, T = 64, 2, 128, 4, 2  # sequence, micro-batch, hidden, heads, TP
 
 
+def _meta(history: int = 1) -> int:
+    """Delayed scaling's buffers of one TE linear by hand: 3 forward quantizers (input, weight,
+    output) + 2 backward (grad_output, grad_input), each `history` fp32 amaxes + 1 fp32 scale."""
+    return (3 + 2) * (history + 1) * 4
+
+
 def _layer(**extra):
     overrides = {("model", "num_layers"): 1, ("model", "hidden_size"): H,
                  ("model", "num_attention_heads"): A, ("model", "seq_length"): S,
@@ -44,14 +50,14 @@ def test_saved_activations_by_name_match_the_hand_count(fp8):
     assert result.records[0].activation_bytes == sum(_by_hand_saved(fp8).values())
 
 
-def _by_hand_static(param_gather: bool, grad_bytes: int = 4) -> dict:
+def _by_hand_static(param_gather: bool, grad_bytes: int = 4, meta: int = _meta()) -> dict:
     """One layer's weights and main gradients on one TP rank (H100: FP8 weights keep data and
     transpose, 1 byte each, and one fp32 scale per direction)."""
     h, t = H, T
     linear = [h * 3 * h // t, h // t * h, h * 4 * h // t, 4 * h // t * h]  # qkv, proj, fc1, fc2
     small = 3 * h // t + h + 4 * h // t + h + 4 * h  # biases (qkv, proj, fc1, fc2), 2 LNs x 2
     params = sum(linear) + small
-    copies = sum(2 * (n + 4) for n in linear)
+    copies = sum(2 * (n + 4) + meta for n in linear)
     weights = 2 * small + copies if param_gather else 2 * params + copies
     return {"weights": weights, "gradients": grad_bytes * params}
 
@@ -62,6 +68,26 @@ def test_weights_and_gradients_by_category_match_the_hand_count(param_gather):
     final = _layer(**extra).ranks[0].ledger.final_bytes()
     hand = _by_hand_static(param_gather)
     assert (final["weights"], final["gradients"]) == (hand["weights"], hand["gradients"])
+
+
+@pytest.mark.parametrize("recipe, history, meta", [("delayed", 1024, _meta(1024)),
+                                                   ("tensorwise", 1, 0)])
+def test_delayed_scalings_amax_history_is_in_the_weights_by_hand(recipe, history, meta):
+    extra = {"fp8_format": "e4m3", "fp8_recipe": recipe}
+    if recipe == "delayed":
+        extra["fp8_amax_history_len"] = history
+    final = _layer(**extra).ranks[0].ledger.final_bytes()
+    assert final["weights"] == _by_hand_static(False, meta=meta)["weights"]
+
+
+def test_amax_history_without_delayed_scaling_is_refused_in_one_line():
+    refused = subprocess.run([sys.executable, "-m", "simsp.cli", "layer", "--system", "dgx-h100",
+                              "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise",
+                              "--fp8-amax-history-len", "16"], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: parallel.fp8_amax_history_len: needs fp8_format "
+                                     "with fp8_recipe delayed")
+    assert len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_bf16_main_gradients_with_the_precision_aware_optimizer_halve_the_gradients():
@@ -204,7 +230,7 @@ def test_swiglu_fc1_has_its_fp8_weight_copy_and_the_router_none():
     final = simulate_layer(load_scenario(None, overrides)).ranks[0].ledger.final_bytes()
     linear = [H * 3 * H // T, H // T * H, H * 2 * f // T, f // T * H]  # qkv, proj, fc1, fc2
     params = sum(linear) + 2 * H  # and the two RMSNorm gammas
-    assert final["weights"] == 2 * params + sum(2 * (n + 4) for n in linear)
+    assert final["weights"] == 2 * params + sum(2 * (n + 4) + _meta() for n in linear)
     from simsp.model.fp8 import is_fp8_param
     assert not is_fp8_param("layers.0.mlp.router.weight", (H, 8))
     assert is_fp8_param("layers.0.mlp.fc1.weight", (H, 2, f))

@@ -96,6 +96,9 @@ def add_weight_copy(r, name: str, weight) -> None:
         r.ledger.alloc(weight.key, nbytes, "weights", f"fp8 param {name}", now)
     else:
         r.ledger.alloc(r.scope + f"fp8_weight.{name}", nbytes, "weights", f"fp8 copy {name}", now)
+    state = r.fp8.scaling_state_bytes()
+    if state:  # the linear module's delayed-scaling buffers (amax history, scales)
+        r.ledger.alloc(r.scope + f"fp8_meta.{name}", state, "weights", f"fp8 meta {name}", now)
 
 
 def weight_cast_bytes(r, weights: dict) -> int:

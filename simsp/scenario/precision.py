@@ -38,6 +38,17 @@ class Fp8:
     param_gather: bool
     tn_only: bool  # Hopper: FP8 GEMMs take only TN, so per-tensor weights keep a transpose
     cal: ComputeCalibration  # FP8 GEMM rates
+    amax_history_len: int = 1  # delayed scaling's amax history, steps
+
+    def scaling_state_bytes(self) -> int:
+        """Delayed scaling's state of one TE linear module (one GEMM): forward 3 quantizers
+        (input, weight, output), backward 2 (grad_output, grad_input), each with an fp32 amax
+        history of `amax_history_len` rows and an fp32 scale (transformer_engine/pytorch/
+        module/base.py set_meta_tensor, fp8.py DelayedScalingRecipeState); 0 otherwise."""
+        if self.recipe != "delayed":
+            return 0
+        quantizers = 3 + 2
+        return SCALE_BYTES["fp32"] * quantizers * (self.amax_history_len + 1)
 
     def directions(self, kind: str = "weight") -> int:
         """Copies a tensor the backward also reads needs: 2 (row-wise and column-wise) for the
@@ -90,7 +101,7 @@ def precision_of(sc) -> Precision:
     if p.fp8_format is not None:
         gpu = gpu_profile(sc.cluster.gpu)
         fp8 = Fp8(p.fp8_format, p.fp8_recipe, p.fp8_param_gather, gpu.nvlink_generation < 5,
-                  compute_for(sc.cluster.gpu, fp8=True))
+                  compute_for(sc.cluster.gpu, fp8=True), p.fp8_amax_history_len)
     states = (("master", DTYPE_BYTES[p.main_params_dtype]),
               ("adam_m", DTYPE_BYTES[p.exp_avg_dtype]), ("adam_v", DTYPE_BYTES[p.exp_avg_sq_dtype]))
     result = Precision(DTYPE_BYTES[p.main_grads_dtype], states, fp8)

@@ -28,6 +28,9 @@ PARALLEL_PARTNERS = {
                                   is not None),
     "moe_grouped_gemm": ("num_experts (a MoE model)", lambda m, p: m.num_experts is not None),
     "fp8_recipe": ("fp8_format", lambda m, p: p.fp8_format is not None),
+    **{name: ("fp8_format with fp8_recipe delayed", lambda m, p: p.fp8_format is not None
+              and p.fp8_recipe == "delayed")
+       for name in ("fp8_amax_history_len", "fp8_amax_compute_algo")},
 }
 
 

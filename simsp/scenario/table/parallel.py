@@ -18,6 +18,7 @@ MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-typ
 # FP8 training and optimizer-state precision (Transformer Engine names; scenario/precision.py)
 FP8_FORMAT_CHOICES = ("e4m3", "hybrid")  # hybrid: E4M3 forward, E5M2 gradients
 FP8_RECIPE_CHOICES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+FP8_AMAX_COMPUTE_ALGO_CHOICES = ("most_recent", "max")  # Megatron-LM arguments.py
 MAIN_GRADS_DTYPE_CHOICES = ("fp32", "bf16")
 MAIN_PARAMS_DTYPE_CHOICES = ("fp32", "fp16")
 EXP_AVG_DTYPE_CHOICES = ("fp32", "fp16", "fp8")
@@ -100,6 +101,12 @@ PARALLEL = (
           "(E5M2 gradients) (default: off, BF16)", "fp8-", choices=FP8_FORMAT_CHOICES),
     Field("parallel", "fp8_recipe", str, "delayed", "FP8 scaling: per-tensor delayed or current "
           "(tensorwise), 128-blocks, or MXFP8 (Blackwell)", "rcp-", choices=FP8_RECIPE_CHOICES),
+    Field("parallel", "fp8_amax_history_len", int, 1, "delayed scaling: steps of amax history "
+          "kept per FP8 tensor (fp32, Transformer Engine's DelayedScaling)", "amaxh",
+          bound=Bound(1, 1 << 20, "steps", "a history of at least one step")),
+    Field("parallel", "fp8_amax_compute_algo", str, "most_recent", "delayed scaling: the scale "
+          "from the most recent amax or the history's max", "amaxalg-",
+          choices=FP8_AMAX_COMPUTE_ALGO_CHOICES),
     Field("parallel", "fp8_param_gather", bool, False, switches=(
         Switch("--fp8-param-gather", True, "FP8 parameters: no BF16 weight beside the FP8 copy",
                "fp8pg"),)),

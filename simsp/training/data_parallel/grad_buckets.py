@@ -39,6 +39,7 @@ import simpy
 from simsp.scenario.config import bucket_size
 from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
+from simsp.model.fp8 import FP8_BYTES as FP8, is_fp8_param
 from simsp.model.mappings import _bytes_sent
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
@@ -58,6 +59,7 @@ class Bucket:
     reduce: simpy.Process | None = None
     gather: simpy.Process | None = None
     group: tuple = ()  # the ranks reducing it: DP, or EDP for expert weights (set by DDPBuckets)
+    param_bytes: int = FP16  # bytes per gathered parameter: 1 in an FP8 parameter buffer
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
@@ -134,6 +136,7 @@ class DDPBuckets:
         self.group = grid.dp_cp_group(r.rank)  # CP ranks reduce with DP (Megatron)
         self.grads, self.plan = grads, plan
         self.distributed = p.distributed_optimizer
+        self.fp8_params = p.fp8_param_gather and p.fp8_format is not None
         self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
         self.last_micro_batch = p.num_micro_batches - 1
         self.stream = Stream(r.env, r.rank, "dp_comm", Trace())
@@ -162,12 +165,29 @@ class DDPBuckets:
         buckets = []
         for chunk in range(self.plan.v):
             names = [n for n in chunk_params(self.plan, chunk, self.grads) if keep(n)]
-            params = [(n, self.grads[n].numel) for n in names]
             bucketed = chunk == 0 and self.plan.pp == 0
-            buckets += build_buckets(params, size if bucketed else None, pad, shared, chunk)
+            for itemsize, members in self._dtype_buffers(names):
+                params = [(n, self.grads[n].numel) for n in members]
+                built = build_buckets(params, size if bucketed else None, pad, shared, chunk)
+                for bucket in built:
+                    bucket.param_bytes = itemsize
+                buckets += built
         for bucket in buckets:
             bucket.group = group
         return buckets
+
+    def _dtype_buffers(self, names: list[str]) -> list[tuple[int, list[str]]]:
+        """A chunk's parameters split as Megatron splits them into one buffer per parameter
+        dtype (distributed_data_parallel.py _allocate_buffers_for_parameters: an FP8 parameter,
+        --fp8-param-gather, is stored as torch.uint8 and gets a buffer of its own), in the
+        order their first parameter appears: [(gathered bytes per element, names)]."""
+        if not self.fp8_params:
+            return [(FP16, names)]
+        buffers = {}
+        for n in names:
+            itemsize = FP8 if is_fp8_param(n, self.grads[n].shape) else FP16
+            buffers.setdefault(itemsize, []).append(n)
+        return list(buffers.items())
 
     def _forward_order(self) -> list[Bucket]:
         """All-gather order: chunks in order, each chunk's buckets as its forward uses them."""
@@ -254,8 +274,9 @@ class DDPBuckets:
 
     # ------------------------------------------------------------------ parameter all-gather
     def _gather(self, r, bucket: Bucket) -> simpy.Process:
-        """All-gather one bucket's updated fp16 parameters over DP (in place in Megatron)."""
-        shard = Tensor((bucket.numel // len(bucket.group),), FP16, None)
+        """All-gather one bucket's updated parameters over DP (in place in Megatron): 2-byte
+        BF16, or 1-byte FP8 data in an FP8 parameter buffer (--fp8-param-gather)."""
+        shard = Tensor((bucket.numel // len(bucket.group),), bucket.param_bytes, None)
         return self._launch(r, "all_gather", shard, "all_gather_dp", "dp_params", bucket.group)
 
     def gather_params(self, r):
