@@ -96,7 +96,7 @@ def check_shortcuts(sc) -> Shortcuts:
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
     overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None,  # zero-bubble p2p: non-blocking
-                        p.overlap_p2p_communication or p.schedule_name in ("zb-h1", "zb-h2"))
+                        p.overlap_p2p_communication or p.schedule_name in ("zb-h1", "zb-h2", "zbv"))
     clashes = list(conflicts(link_users(graph, owners), overlaps))
     fsdp_rings = (frozenset(ranks for kind, ranks in owners if kind == "dp" and len(ranks) > 1)
                   if p.fsdp is not None else frozenset())

@@ -1,0 +1,75 @@
+"""ZB-V runs event by event (docs/schedules.md): two chunks per stage placed as a V (stage r
+holds virtual stages r and 2p-1-r, embedding and head on stage 0, the turn local to stage p-1),
+every gradient equal to the single-device reference, each stage's bubble equal to the unit-time
+scheduler's with the run's own step times, and each stage's activation peak p stages' worth
+(2p half-stage chunks, arXiv:2401.10241 §6), as 1F1B's first stage."""
+
+import pytest
+
+from simsp.errors import UserError
+from simsp.training.driver.compare import compare_with_reference
+from simsp.training.driver.iteration import simulate_iteration
+from simsp.training.pipeline.op_schedules import zbv_ops
+from simsp.training.pipeline.op_timing import Durations, simulate_ops
+from tests.test_pipeline import run_metrics, scenario, stage_activation_peaks
+from tests.test_zero_bubble_run import only_model_state_left, pipeline_only
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_numeric_iteration_equals_the_single_device_reference(pp):
+    """t 2 with SP, d 2 with overlapped bucket reduction (each chunk's buckets after its last
+    W), m 8: loss and every gradient, the tied word table summed on stage 0 alone."""
+    parallel = {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                "pipeline_model_parallel_size": pp, "data_parallel_size": 2,
+                "micro_batch_size": 1, "global_batch_size": 16, "schedule": "zbv",
+                "overlap_grad_reduce": True, "ddp_bucket_size": 3000}
+    sc = scenario(model={"num_layers": 2 * pp}, parallel=parallel, cluster={"nodes": 2})
+    run = simulate_iteration(sc)
+    errors = compare_with_reference(run)
+    assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    assert only_model_state_left(run)
+    chunks = [(kind, chunk) for kind, _mb, chunk, *_ in run.results.steps[0]]
+    assert all(chunks.count((kind, c)) == 8 for kind in "FBW" for c in (0, 1))
+
+
+def test_stage_bubbles_are_the_unit_time_schedulers():
+    """p 4, m 8, t 1: each stage's idle time within the iteration (from the first step's start
+    on any stage to the last end) against op_timing.simulate_ops of the same step lists with
+    the run's own F, B, W times of a middle chunk: within 3% (what is over is the p2p hops and
+    stage 0's embedding, head and loss)."""
+    sc = pipeline_only("zbv")
+    steps = simulate_iteration(sc).results.steps
+    ranks = sorted(steps)[:sc.parallel.pp]
+    times = {kind: end - begin for kind, *_, begin, end in reversed(steps[ranks[1]])}
+    timeline = simulate_ops(zbv_ops(sc.parallel.pp, sc.parallel.num_micro_batches),
+                            Durations(times["F"], times["B"], times["W"]))
+    start = min(steps[r][0][3] for r in ranks)
+    end = max(steps[r][-1][4] for r in ranks)
+    for stage, r in enumerate(ranks):
+        idle = end - start - sum(e - b for *_, b, e in steps[r])
+        assert idle == pytest.approx(timeline.bubble(stage), rel=0.03)
+
+
+def test_every_stage_holds_the_first_stage_of_1f1b():
+    """Activations in flight (docs/schedules.md): 2p chunks of L/2p layers on every stage of
+    ZB-V, p micro-batches of L/p layers on 1F1B's first. One micro-batch of one stage's layers
+    is 1F1B's stage-1 peak less its stage-2 peak (p-1 and p-2 in flight, no embedding or head);
+    ZB-V's stages 1..p-1 hold p of them to the byte; stage 0 holds 1F1B's first stage (its
+    embedding output too) and at most 1% more (the head's loss inputs)."""
+    p = 4
+    one_f_one_b = stage_activation_peaks(run_metrics(pipeline_only("1f1b")))
+    unit = one_f_one_b[1] - one_f_one_b[2]
+    zbv = stage_activation_peaks(run_metrics(pipeline_only("zbv")))
+    assert zbv[1:] == [p * unit] * (p - 1)
+    assert one_f_one_b[0] <= zbv[0] <= 1.01 * one_f_one_b[0]
+
+
+@pytest.mark.parametrize("model,parallel,reason", [
+    ({"num_layers": 6}, {}, "divisible by 2 x 2"),
+    ({"num_experts": 4}, {}, "num_experts"),
+    ({}, {"context_parallel_size": 2}, "context_parallel_size"),
+    ({}, {"pipeline_model_parallel_size": 1}, "pipeline_model_parallel_size > 1")])
+def test_what_zbv_does_not_run_with_is_refused(model, parallel, reason):
+    with pytest.raises(UserError, match=reason):
+        scenario(model={"num_layers": 8, **model},
+                 parallel={"schedule": "zbv", "pipeline_model_parallel_size": 2, **parallel})
