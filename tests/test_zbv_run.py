@@ -9,10 +9,20 @@ import pytest
 from simsp.errors import UserError
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
-from simsp.training.pipeline.op_schedules import zbv_ops
+from simsp.training.pipeline.op_step import OpSchedule, single
 from simsp.training.pipeline.op_timing import Durations, simulate_ops
+from simsp.training.pipeline.zero_bubble import zbv
 from tests.test_pipeline import run_metrics, scenario, stage_activation_peaks
 from tests.test_zero_bubble_run import only_model_state_left, pipeline_only
+
+
+def zbv_ops(p: int, m: int) -> OpSchedule:
+    """ZB-V's step lists as ops, every micro-batch down chunk 0 of stages 0..p-1 and back up
+    chunk 1 of stages p-1..0 (the V, arXiv:2401.10241 §6)."""
+    route = tuple((stage, 0) for stage in range(p)) + \
+        tuple((stage, 1) for stage in reversed(range(p)))
+    return OpSchedule("zbv", tuple(tuple(single(s.kind, s.micro_batch, s.chunk) for s in steps)
+                                   for steps in zbv(p, m)), tuple(route for _ in range(m)))
 
 
 @pytest.mark.parametrize("pp", [2, 4])

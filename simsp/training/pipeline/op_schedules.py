@@ -1,4 +1,4 @@
-"""1F1B, ZB-H1 and ZB-V as op schedules (op_step.py), for the unit-time list scheduler and the pipeline
+"""1F1B and ZB-H1 as op schedules (op_step.py), for the unit-time list scheduler and the pipeline
 lesson: 1F1B's backward as one BW task, ZB-H1's split into B and a deferred W.
 
 1F1B: Megatron-LM's warm-up, steady and cool-down (schedules.py one_f_one_b_warmup). ZB-H1: the
@@ -6,9 +6,9 @@ step lists of zero_bubble.py (Qi et al., "Zero Bubble Pipeline Parallelism", arX
 §2.1 and Figure 3), one op per step; bubble (p-1)(F+B-W) and 1F1B's activation memory.
 """
 from simsp.training.pipeline.op_step import (FORWARD, FULL_BACKWARD, OpSchedule, line_routes,
-                                             single, v_routes)
+                                             single)
 from simsp.training.pipeline.schedules import one_f_one_b_warmup
-from simsp.training.pipeline.zero_bubble import zb_h1, zbv
+from simsp.training.pipeline.zero_bubble import zb_h1
 
 
 def one_f_one_b_ops(p: int, m: int) -> OpSchedule:
@@ -31,12 +31,3 @@ def zb_h1_ops(p: int, m: int) -> OpSchedule:
     stages = zb_h1(p, m)
     return OpSchedule("zb-h1", tuple(tuple(single(step.kind, step.micro_batch) for step in steps)
                                      for steps in stages), line_routes(p, m))
-
-
-def zbv_ops(p: int, m: int) -> OpSchedule:
-    """ZB-V in op form: the steps `simsp run --schedule zbv` executes (zero_bubble.zbv, torch's
-    ScheduleZBVZeroBubble), each one op on its chunk of the V."""
-    stages = zbv(p, m)
-    return OpSchedule("zbv", tuple(tuple(single(step.kind, step.micro_batch, step.chunk)
-                                         for step in steps) for steps in stages),
-                      v_routes(p, m))

@@ -83,11 +83,3 @@ def line_routes(ranks: int, micro_batches: int) -> tuple[tuple[Stage, ...], ...]
     """Every micro-batch through chunk 0 of ranks 0..p-1 (GPipe, 1F1B and ZB-H1's placement)."""
     route = tuple((rank, 0) for rank in range(ranks))
     return tuple(route for _ in range(micro_batches))
-
-
-def v_routes(ranks: int, micro_batches: int) -> tuple[tuple[Stage, ...], ...]:
-    """Every micro-batch down chunk 0 of ranks 0..p-1, then back up chunk 1 of ranks p-1..0
-    (the V placement of ZB-V and DualPipeV, schedule_step.V_SHAPE)."""
-    route = tuple((rank, 0) for rank in range(ranks)) + \
-        tuple((rank, 1) for rank in reversed(range(ranks)))
-    return tuple(route for _ in range(micro_batches))
