@@ -7,6 +7,7 @@ scheduler's with the run's own step times, and each stage's activation peak p st
 import pytest
 
 from simsp.errors import UserError
+from simsp.report.run.figures.schedule import stage_intervals
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.pipeline.op_step import OpSchedule, single
@@ -58,6 +59,20 @@ def test_stage_bubbles_are_the_unit_time_schedulers():
     for stage, r in enumerate(ranks):
         idle = end - start - sum(e - b for *_, b, e in steps[r])
         assert idle == pytest.approx(timeline.bubble(stage), rel=0.03)
+
+
+def test_the_schedule_figure_draws_each_kind_of_step_apart():
+    """schedule.png's bars: every stage's 2m F, 2m B and 2m W steps (m micro-batches through
+    two chunks) each under its own kind, at the times the run recorded."""
+    sc = pipeline_only("zbv")
+    run = simulate_iteration(sc)
+    m = sc.parallel.num_micro_batches
+    for rank, steps in run.results.steps.items():
+        bars = stage_intervals(run, rank, [])
+        for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight gradient")):
+            recorded = sorted((b, e) for k, *_, b, e in steps if k == kind)
+            assert len(recorded) == 2 * m
+            assert [tuple(bar) for bar in bars[name]] == recorded
 
 
 def test_every_stage_holds_the_first_stage_of_1f1b():
