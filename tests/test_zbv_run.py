@@ -26,13 +26,16 @@ def zbv_ops(p: int, m: int) -> OpSchedule:
                                    for steps in zbv(p, m)), tuple(route for _ in range(m)))
 
 
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 @pytest.mark.parametrize("pp", [2, 4])
-def test_numeric_iteration_equals_the_single_device_reference(pp):
+def test_numeric_iteration_equals_the_single_device_reference(pp, schedule):
     """t 2 with SP, d 2 with overlapped bucket reduction (each chunk's buckets after its last
-    W), m 8: loss and every gradient, the tied word table summed on stage 0 alone."""
+    W), m 8: loss and every gradient, the tied word table summed on stage 0 alone. DualPipeV
+    (deepseek-ai/DualPipe dualpipev.py's op lists) runs on the same V, its F&B pairs as F then
+    B and its full backwards as B then W."""
     parallel = {"tensor_model_parallel_size": 2, "sequence_parallel": True,
                 "pipeline_model_parallel_size": pp, "data_parallel_size": 2,
-                "micro_batch_size": 1, "global_batch_size": 16, "schedule": "zbv",
+                "micro_batch_size": 1, "global_batch_size": 16, "schedule": schedule,
                 "overlap_grad_reduce": True, "ddp_bucket_size": 3000}
     sc = scenario(model={"num_layers": 2 * pp}, parallel=parallel, cluster={"nodes": 2})
     run = simulate_iteration(sc)
@@ -93,8 +96,22 @@ def test_every_stage_holds_the_first_stage_of_1f1b():
     ({"num_layers": 6}, {}, "divisible by 2 x 2"),
     ({"num_experts": 4}, {}, "num_experts"),
     ({}, {"context_parallel_size": 2}, "context_parallel_size"),
-    ({}, {"pipeline_model_parallel_size": 1}, "pipeline_model_parallel_size > 1")])
+    ({}, {"pipeline_model_parallel_size": 1}, "pipeline_model_parallel_size > 1"),
+    ({}, {"schedule": "dualpipev", "global_batch_size": 2}, "at least 2 x 2 micro-batches")])
 def test_what_zbv_does_not_run_with_is_refused(model, parallel, reason):
     with pytest.raises(UserError, match=reason):
         scenario(model={"num_layers": 8, **model},
                  parallel={"schedule": "zbv", "pipeline_model_parallel_size": 2, **parallel})
+
+
+def test_dualpipev_holds_2n_plus_1_chunks_per_rank():
+    """docs/dualpipe.md's hand count: 2n + 1 chunk activations on every DualPipeV rank (n = 4
+    ranks, m = 8), a chunk half a stage of 1F1B (unit: 1F1B's stage-1 peak less its stage-2
+    peak, one micro-batch of a stage): ranks 1..n-1 to the byte, rank 0 (embedding and head) at
+    most 1% more."""
+    n = 4
+    one_f_one_b = stage_activation_peaks(run_metrics(pipeline_only("1f1b")))
+    chunk = (one_f_one_b[1] - one_f_one_b[2]) // 2
+    peaks = stage_activation_peaks(run_metrics(pipeline_only("dualpipev")))
+    assert peaks[1:] == [(2 * n + 1) * chunk] * (n - 1)
+    assert (2 * n + 1) * chunk <= peaks[0] <= 1.01 * (2 * n + 1) * chunk
