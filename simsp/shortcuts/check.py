@@ -35,6 +35,7 @@ from simsp.shortcuts.reasons import (closed_form_why, representative_why, segmen
 from simsp.shortcuts.representative import representative_verdict
 from simsp.shortcuts.traffic import Owner, expert_owners, link_users, traffic_owners
 from simsp.training.pipeline.plan import stage_param_names, stage_plans
+from simsp.training.pipeline.schedules import SPLIT_BACKWARD
 
 SHORTCUTS = ("representative", "closed_form", "templates")
 
@@ -102,7 +103,7 @@ def check_shortcuts(sc) -> Shortcuts:
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
     overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None,  # zero-bubble p2p: non-blocking
-                        p.overlap_p2p_communication or p.schedule_name in ("zb-h1", "zb-h2"))
+                        p.overlap_p2p_communication or p.schedule_name in SPLIT_BACKWARD)
     clashes = list(conflicts(link_users(graph, owners), overlaps))
     fsdp_rings = (frozenset(ranks for kind, ranks in owners if kind == "dp" and len(ranks) > 1)
                   if p.fsdp is not None else frozenset())

@@ -5,6 +5,7 @@ from simsp.cluster.topology import NODES_PER_LEAF
 from simsp.shortcuts.clashes import meeting_themselves
 from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.traffic import has_expert_groups, routing_is_uniform
+from simsp.training.pipeline.schedules import SPLIT_BACKWARD
 
 
 def closed_form_why(clashes: list, stepwise: frozenset) -> str:
@@ -50,7 +51,7 @@ def templates_why(sc, not_rep: str, stepwise: frozenset, tp_groups: set,
     p, m = sc.parallel, sc.model
     if not_rep:
         return "not used: needs the representative shortcut"
-    if p.schedule_name in ("zb-h1", "zb-h2"):  # model/base/wgrad_store.py
+    if p.schedule_name in SPLIT_BACKWARD:  # model/base/wgrad_store.py
         return "not used: a split backward's weight-gradient GEMMs wait for their W step"
     if has_expert_groups(sc) and (stepwise & ep_groups or not routing_is_uniform(sc) or
                                   p.etp > 1):

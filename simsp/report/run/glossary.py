@@ -14,9 +14,13 @@ GLOSSARY = (
      "average their gradients with an all-reduce; d = GPUs / (t·p)."),
     ("micro-batch", "The b sequences that go through the pipeline together; a global batch of "
      "B sequences is m = B / (b·d) micro-batches per replica."),
-    ("schedule (1F1B, interleaved)", "The order in which each stage runs forward (F) and "
-     "backward (B) steps; interleaving gives each GPU several model chunks (virtual stages) to "
-     "shrink the bubble (N21 §2.2)."),
+    ("schedule (1F1B, interleaved, zero-bubble)", "The order in which each stage runs forward "
+     "(F) and backward (B) steps; interleaving gives each GPU several model chunks (virtual "
+     "stages) to shrink the bubble (N21 §2.2). The zero-bubble schedules (ZB-H1, ZB-H2, ZB-V) "
+     "split the backward into B, the input gradients the previous stage waits for, and W, the "
+     "weight gradients, run where the stage would idle (arXiv:2401.10241); ZB-V and DualPipeV "
+     "hold two chunks per stage as a V (docs/dualpipe.md). The schedule figure draws F blue, "
+     "B green, W brown, waits grey (docs/schedules.md)."),
     ("bubble", "The share of a stage's pipeline time spent waiting on peer stages (fill, "
      "drain, the idle tail): its wait over its wait plus its schedule's work (its forward and "
      "backward steps), a fraction in [0, 1]; (p−1)/(m+p−1) for uniform 1F1B stages (GPipe, "

@@ -90,7 +90,7 @@ def schedule(m: Model, p: Parallel) -> None:
         check(p.num_virtual_stages_per_pipeline_rank is None,
               "parallel.num_virtual_stages_per_pipeline_rank",
               f"only applies to the interleaved schedule, not {p.schedule_name}")
-        split_backward(p)
+        split_backward(m, p)
         return
     chunks = p.num_virtual_stages_per_pipeline_rank
     check(virtual is None or chunks is None, "parallel.num_virtual_stages_per_pipeline_rank",
@@ -119,11 +119,13 @@ def schedule(m: Model, p: Parallel) -> None:
           f"pipeline_model_parallel_size={p.pp}")
 
 
-def split_backward(p: Parallel) -> None:
+def split_backward(m: Model, p: Parallel) -> None:
     """What the zero-bubble schedules (docs/schedules.md) do not run with yet: sharded data
     parallelism and activation offload, whose per-layer hooks follow the whole backward."""
-    if p.schedule_name not in ("zb-h1", "zb-h2"):
+    if p.schedule_name not in ("zb-h1", "zb-h2", "zbv", "dualpipev"):
         return
+    if p.schedule_name in ("zbv", "dualpipev"):
+        v_shape(m, p)
     check(p.fsdp is None, "parallel.use_megatron_fsdp",
           f"is not supported with the {p.schedule_name} schedule (its W steps)")
     check(not p.cpu_offloading, "parallel.cpu_offloading",
@@ -135,3 +137,20 @@ def overlap_p2p(p: Parallel) -> None:
     check(not p.overlap_p2p_communication or p.schedule_name == "interleaved",
           "parallel.overlap_p2p_communication", "needs the interleaved schedule (Megatron: "
           "non-interleaved pipelining does not support overlapping p2p communication)")
+
+
+def v_shape(m: Model, p: Parallel) -> None:
+    """ZB-V's and DualPipeV's two chunks per stage tile the layers evenly (DualPipeV: m >= 2p,
+    deepseek-ai/DualPipe dualpipev.py asserts it); what they do not run with yet (context
+    parallelism, experts, multi-token prediction, uneven stages) is refused."""
+    name = p.schedule_name
+    check(p.pp > 1, "parallel.schedule", f"{name} needs pipeline_model_parallel_size > 1")
+    check(m.num_layers % (2 * p.pp) == 0, "parallel.schedule",
+          f"{name} needs num_layers={m.num_layers} divisible by 2 x {p.pp} stages (two chunks)")
+    check(name != "dualpipev" or p.num_micro_batches >= 2 * p.pp, "parallel.global_batch_size",
+          f"dualpipev needs at least 2 x {p.pp} micro-batches, got {p.num_micro_batches}")
+    for field, off in (("uneven pipeline stages", not p.uneven_pipeline),
+                       ("context_parallel_size > 1", p.cp == 1),
+                       ("num_experts", not m.num_experts),
+                       ("mtp_num_layers", not m.mtp_num_layers)):
+        check(off, "parallel.schedule", f"{name} is not supported with {field} yet")

@@ -29,11 +29,11 @@ def tied_embedding_reduce(r, world, plan, grads: dict):
     Each rank's arrival goes to world.tied_embedding_arrivals; waiting for the other stage to
     arrive (the pipeline drain) is pipeline wait; the rest is pipeline transfer."""
     m = world.scenario.model
-    if plan.p == 1 or not (plan.holds_embedding or plan.holds_head) or not (
+    if plan.head_stage == 0 or not (plan.holds_embedding or plan.holds_head) or not (
             m.tied or m.mtp_num_layers):
-        return  # untied without multi-token prediction: nothing is shared
+        return  # one rank holds both (p 1, the V), or untied without multi-token prediction
     group = (world.grid.rank_of(plan.tp, plan.dp, 0, plan.cp),
-             world.grid.rank_of(plan.tp, plan.dp, plan.p - 1, plan.cp))
+             world.grid.rank_of(plan.tp, plan.dp, plan.head_stage, plan.cp))
     arrivals = world.tied_embedding_arrivals.setdefault(group, {})
     arrivals[r.rank] = start = r.env.now
     grad = grads["embedding.word"]

@@ -110,7 +110,7 @@ def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
         names += layer_param_names(i)
     if plan.is_last(chunk):
         names += _head_names(grads)
-        if not plan.is_first(chunk) and _shares_word_table(grads):
+        if not plan.holds_embedding and _shares_word_table(grads):  # V: rank 0 holds both
             names.append("embedding.word")
     return [n for n in names if n in grads]
 

@@ -18,6 +18,7 @@ from collections import deque
 from simsp.errors import UserError
 from simsp.training.pipeline.op_step import (FORWARD, FULL_BACKWARD, INPUT_GRAD, WEIGHT_GRAD, Op,
                                              OpSchedule, Task)
+from simsp.training.pipeline.schedule_step import BACKWARD, WEIGHT, Schedule, Step
 
 
 class _RankOps:
@@ -147,3 +148,19 @@ def _check(ranks: int, m: int, field: str) -> None:
     for name, value in ((field, ranks), ("m", m)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UserError(name, f"must be a positive integer, got {value!r}")
+
+
+def dualpipev_steps(ranks: int, m: int) -> Schedule:
+    """DualPipeV's op lists as the steps a run executes: an F&B pair as its F then its
+    backward on the same stream (no overlap inside the pair yet), a full backward BW as B then
+    its W at once (the same gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
+    return [[step for op in ops for task in sorted(op.tasks, key=lambda t: t.kind != FORWARD)
+             for step in _steps_of(task)] for ops in dualpipev(ranks, m).ops]
+
+
+def _steps_of(task: Task) -> list[Step]:
+    """One task as run steps: F, B or W as itself, BW as B and W."""
+    if task.kind == FULL_BACKWARD:
+        return [Step(BACKWARD, task.micro_batch, task.chunk),
+                Step(WEIGHT, task.micro_batch, task.chunk)]
+    return [Step(task.kind, task.micro_batch, task.chunk)]

@@ -8,12 +8,14 @@ import numpy as np
 from simsp.cluster.grid import RankGrid
 from simsp.scenario.config import Scenario
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
-from simsp.training.pipeline.schedules import Step, build_schedule
+from simsp.training.pipeline.schedule_step import ROUND_ROBIN, stage_of, virtual_stage_of
+from simsp.training.pipeline.schedules import Step, build_schedule, placement_of
 
 
 @dataclass(frozen=True)
 class StagePlan:
-    """Rank `rank` at (tp, dp, pp); virtual stage k = chunk·p + pp holds layers k·Lc..(k+1)·Lc−1."""
+    """Rank `rank` at (tp, dp, pp); its chunk c holds virtual stage k (c·p + pp round robin,
+    pp / 2p−1−pp in the V: schedule_step.py), whose layers are k·Lc..(k+1)·Lc−1."""
 
     rank: int
     tp: int
@@ -25,24 +27,34 @@ class StagePlan:
     steps: tuple[Step, ...]
     chunk_ranges: tuple | None = None  # uneven pipelines: each chunk's layers (a range)
     cp: int = 0  # context-parallel coordinate (docs/context-parallel.md)
+    placement: str = ROUND_ROBIN  # where the chunks sit (schedule_step.py; V for zbv)
 
     def virtual_stage(self, chunk: int) -> int:
-        return chunk * self.p + self.pp
+        return virtual_stage_of(chunk, self.pp, self.p, self.placement)
+
+    def stage_of(self, virtual_stage: int) -> int:
+        """The pipeline stage holding `virtual_stage` under this plan's placement."""
+        return stage_of(virtual_stage, self.p, self.placement)
 
     def layers(self, chunk: int) -> range:
         if self.chunk_ranges is not None:
             return self.chunk_ranges[chunk]
-        first = (chunk * self.p + self.pp) * self.layers_per_chunk
+        first = self.virtual_stage(chunk) * self.layers_per_chunk
         return range(first, first + self.layers_per_chunk)
 
     def all_layers(self) -> list[int]:
         return [i for chunk in range(self.v) for i in self.layers(chunk)]
 
     def is_first(self, chunk: int) -> bool:
-        return chunk * self.p + self.pp == 0
+        return self.virtual_stage(chunk) == 0
 
     def is_last(self, chunk: int) -> bool:
-        return chunk * self.p + self.pp == self.p * self.v - 1
+        return self.virtual_stage(chunk) == self.p * self.v - 1
+
+    @property
+    def head_stage(self) -> int:
+        """The pipeline stage holding the last virtual stage (the head): p−1, or 0 in the V."""
+        return self.stage_of(self.p * self.v - 1)
 
     @property
     def holds_embedding(self) -> bool:
@@ -50,7 +62,7 @@ class StagePlan:
 
     @property
     def holds_head(self) -> bool:
-        return self.pp == self.p - 1
+        return self.pp == self.head_stage
 
 
 @dataclass(frozen=True)
@@ -95,14 +107,16 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
     p, v = sc.parallel.pp, chunks_per_stage(sc)
     m = sc.parallel.num_micro_batches
     schedule = build_schedule(sc.parallel.schedule_name, p, m, v)
+    placement = placement_of(sc.parallel.schedule_name)
     per_chunk = sc.model.num_layers // (p * v)
     ranges = _uneven_ranges(sc) if sc.parallel.uneven_pipeline else None
     plans = {}
     for rank in range(grid.world_size):
         c = grid.coords(rank)
-        chunks = None if ranges is None else tuple(ranges[k * p + c.pp] for k in range(v))
+        chunks = None if ranges is None else tuple(
+            ranges[virtual_stage_of(k, c.pp, p, placement)] for k in range(v))
         plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
-                                tuple(schedule[c.pp]), chunks, c.cp)
+                                tuple(schedule[c.pp]), chunks, c.cp, placement)
     return plans
 
 

@@ -5,6 +5,7 @@ megatron/core/pipeline_parallel/schedules.py (warm-up counts and chunk/micro-bat
 the zero-bubble family (split backward: B then W) is training/pipeline/zero_bubble.py's.
 """
 from simsp.errors import UserError
+from simsp.training.pipeline.dualpipe import dualpipev_steps
 from simsp.training.pipeline.schedule_check import check_schedule, execution_order
 from simsp.training.pipeline.schedule_step import (
     BACKWARD, FORWARD, ROUND_ROBIN, V_SHAPE, Schedule, Step)
@@ -69,9 +70,11 @@ SCHEDULES = {
     "zb-h1": lambda p, m, v: zb_h1(p, m),
     "zb-h2": lambda p, m, v: zb_h2(p, m),
     "zbv": zbv,
+    "dualpipev": lambda p, m, v: dualpipev_steps(p, m),
 }
-CHUNKED = ("interleaved", "zbv")  # the schedules that hold more than one chunk per stage
-SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zbv")  # backward as B then W (arXiv:2401.10241)
+CHUNKED = ("interleaved", "zbv", "dualpipev")  # the schedules that hold more than one chunk per stage
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zbv", "dualpipev")  # B then W (arXiv:2401.10241)
+V_PLACED = ("zbv", "dualpipev")  # two chunks per stage as a V (schedule_step.V_SHAPE)
 
 
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
@@ -84,8 +87,8 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 
 
 def placement_of(name: str) -> str:
-    """Where a schedule's chunks sit: the V for zbv, else Megatron's round robin."""
-    return V_SHAPE if name == "zbv" else ROUND_ROBIN
+    """Where a schedule's chunks sit: the V for zbv and dualpipev, else Megatron's round robin."""
+    return V_SHAPE if name in V_PLACED else ROUND_ROBIN
 
 
 def max_in_flight(schedule: Schedule) -> list[int]:

@@ -17,6 +17,7 @@ from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.pipeline.p2p_program import (
     Exchange, call_name_of_kinds, megatron_program, split_backward_program)
 from simsp.training.pipeline.plan import StagePlan
+from simsp.training.pipeline.schedule_step import V_SHAPE
 from simsp.training.pipeline.schedules import (
     SPLIT_BACKWARD, interleaved_warmup, one_f_one_b_warmup)
 from simsp.training.pipeline.steps import (
@@ -36,8 +37,9 @@ class P2PSetup:
     tp_size: int
     activation_shape: tuple  # (s_l, b, h) of a p2p tensor
     received_shape: tuple  # a receive buffer: the activation, or its 1/t chunk
-    downstream: int  # the rank activations go to: next stage, same tp and dp (wrapping)
-    upstream: int  # the rank input gradients go to: previous stage (wrapping)
+    sends_apart: bool  # the V: a step waits only for its receive, sends at the end
+    peers: dict  # {virtual stage: its rank, same tp, dp and cp} (activations go to k + 1,
+    # input gradients to k - 1; in the V chunk 1 runs towards stage 0)
 
     @classmethod
     def of(cls, r, sc, grid, plan: StagePlan, split: bool = False) -> "P2PSetup":
@@ -46,9 +48,10 @@ class P2PSetup:
         shape = activation_shape(sc, r)
         scattered = _scatter_gather(sc.parallel, r)
         received = (math.prod(shape) // r.tp.size,) if scattered else shape
+        peers = {k: grid.rank_of(plan.tp, plan.dp, plan.stage_of(k), plan.cp)
+                 for k in range(plan.p * plan.v)}
         return cls(sc.parallel.overlap_p2p_communication or split, scattered, r.tp.size, shape,
-                   received, grid.rank_of(plan.tp, plan.dp, (plan.pp + 1) % plan.p, plan.cp),
-                   grid.rank_of(plan.tp, plan.dp, (plan.pp - 1) % plan.p, plan.cp))
+                   received, plan.placement == V_SHAPE, peers)
 
 
 def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
@@ -73,7 +76,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
                 forwards += 1
             yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
                                                  action.micro_batch, action.chunk)
-            if action.kind == "B":
+            if action.kind == ("W" if plan.placement == V_SHAPE else "B"):
                 if backwards in reduce_after:  # aligned --overlap-grad-reduce
                     state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
                 backwards += 1
@@ -96,7 +99,12 @@ def _chunk_triggers(state: RankState, plan: StagePlan) -> tuple[dict, dict]:
     (training/data_parallel/grad_buckets.py; sharded data parallelism has none)."""
     if state.fsdp is not None:
         return {}, {}
-    chunks = {kind: [step.chunk for step in plan.steps if step.kind == kind] for kind in "FB"}
+    chunks = {kind: [step.chunk for step in plan.steps if step.kind == kind] for kind in "FBW"}
+    if plan.placement == V_SHAPE:  # each chunk's reductions after its last W (its last grads)
+        reduce_after = {j: chunk for chunk, j in
+                        {chunk: j for j, chunk in enumerate(chunks["W"])}.items()}
+        return state.ddp_buckets.chunk_ahead_triggers(chunks["F"]), \
+            (reduce_after if state.ddp_buckets.align_reduce else {})
     return (state.ddp_buckets.chunk_ahead_triggers(chunks["F"]),
             state.ddp_buckets.chunk_reduce_triggers(chunks["B"]))
 
@@ -119,6 +127,11 @@ def _exchange(r, world, plan: StagePlan, state: RankState, call: Exchange):
             received = yield from p2p.wait(r, _post(r, world, sends, recvs))
             yield from _receive(r, state, received)
         return
+    if state.p2p.sends_apart:  # the V's chunks send both ways: waiting a send before the
+        # next step of its kind deadlocks, so each step waits only what it receives
+        if sends:
+            state.pending.setdefault("sent", []).append(_post(r, world, sends, []))
+        sends = []
     for kind, direction in (("F", "act"), ("B", "grad")):  # send_forward_recv_forward, ...
         mine = [[op for op in ops if op.key[0] == direction] for ops in (sends, recvs)]
         if mine[0] or mine[1]:
@@ -184,6 +197,8 @@ def _recv_op(r, plan: StagePlan, setup: P2PSetup, step) -> p2p.RecvOp | None:
     forward = step.kind == "F"
     if plan.is_first(step.chunk) if forward else plan.is_last(step.chunk):
         return None  # the embedding makes the input / the loss makes the gradient
+    if plan.stage_of(k - 1 if forward else k + 1) == plan.pp:
+        return None  # the V's turn: the other chunk of this rank made it (steps.py)
     r.scope = f"mb{step.micro_batch}.c{step.chunk}."
     buffer = r.alloc(setup.received_shape, FP16,
                      "recv_activation" if forward else "recv_gradient",

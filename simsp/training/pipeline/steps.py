@@ -130,7 +130,7 @@ def forward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int,
                 r, sc, state, stash["head"]["output_proj_input"], tokens, targets, offset,
                 results.mtp_losses, (plan.dp, mb))
     else:
-        state.outbox[("act", mb, k + 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.downstream, x)
+        _pass_on(plan, state, ("act", mb, k + 1, plan.tp, plan.dp, plan.cp), x)
     state.stashes[(mb, chunk)] = stash
     results.record_step(r, "F", mb, chunk, begin)
 
@@ -171,7 +171,7 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
                                       stash["embedding"], dx)
         _grads_ready(r, plan, state, chunk, mb, ["embedding"])
     else:
-        state.outbox[("grad", mb, k - 1, plan.tp, plan.dp, plan.cp)] = (state.p2p.upstream, dx)
+        _pass_on(plan, state, ("grad", mb, k - 1, plan.tp, plan.dp, plan.cp), dx)
     r.wgrad = None
     results.record_step(r, "B", mb, chunk, begin)
 
@@ -186,6 +186,15 @@ def weight_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, 
         + (["embedding"] if plan.is_first(chunk) else [])
     state.ddp_buckets.grads_ready(r, plan, chunk, mb, modules)
     results.record_step(r, "W", mb, chunk, begin)
+
+
+def _pass_on(plan: StagePlan, state: RankState, key: tuple, tensor) -> None:
+    """A step's output for virtual stage key[2]: into the outbox for its rank's p2p send, or
+    straight into this rank's inbox at the V's turn (both chunks on this rank, no p2p)."""
+    if plan.stage_of(key[2]) == plan.pp:
+        state.inbox[key] = tensor
+    else:
+        state.outbox[key] = (state.p2p.peers[key[2]], tensor)
 
 
 def _grads_ready(r, plan: StagePlan, state: RankState, chunk: int, mb: int, modules: list):

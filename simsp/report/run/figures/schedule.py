@@ -15,9 +15,11 @@ from simsp.report.run.figures.drawing import (add_axes_in, draw_pixels, new_figu
                                               painted_shares, png_bytes, stage_ticks, time_unit)
 
 
-GANTT_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#dd8452",
-                "transfer": "#8172b2", "wait": "#d9d9d9", "DP communication": "#c44e52"}
-LANES = {"forward": (0.0, 0.62), "backward": (0.0, 0.62), "wait": (0.0, 0.62),
+GANTT_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "weight gradient": "#937860",
+                "recompute": "#dd8452", "transfer": "#8172b2", "wait": "#d9d9d9",
+                "DP communication": "#c44e52"}  # weight gradient: W steps (docs/schedules.md)
+LANES = {"forward": (0.0, 0.62), "backward": (0.0, 0.62), "weight gradient": (0.0, 0.62),
+         "wait": (0.0, 0.62),
          "recompute": (0.0, 0.62), "transfer": (0.66, 0.26), "DP communication": (0.66, 0.26)}
 MIN_BAR_PX = 3.0  # median step narrower than this: paint pixel shares instead of bars
 WIDTH, LEFT, RIGHT = 13.0, 0.85, 0.2  # inches
@@ -45,13 +47,13 @@ def stage_intervals(run, rank: int, spans: list) -> dict[str, np.ndarray]:
     pipeline transfers, DP communication, and waits (gaps between consecutive steps)."""
     steps = run.results.steps.get(rank, [])
     kinds, _, _, begins, ends = zip(*steps) if steps else ((),) * 5  # transposed once
-    forward = np.array(kinds, dtype=object) == "F"  # (n,)
+    kind_of = np.array(kinds, dtype=object)  # (n,) "F", "B" or "W"
     bounds = np.column_stack([np.array(begins, dtype=float), np.array(ends, dtype=float)])
     order = np.argsort(bounds[:, 0], kind="stable")
-    forward, bounds = forward[order], bounds[order]  # (n,), (n, 2) by start
+    kind_of, bounds = kind_of[order], bounds[order]  # (n,), (n, 2) by start
     gaps = np.column_stack([bounds[:-1, 1], bounds[1:, 0]])  # (n - 1, 2)
-    out = {"forward": bounds[forward], "backward": bounds[~forward],
-           "wait": gaps[gaps[:, 1] > gaps[:, 0]]}
+    out = {"forward": bounds[kind_of == "F"], "backward": bounds[kind_of == "B"],
+           "weight gradient": bounds[kind_of == "W"], "wait": gaps[gaps[:, 1] > gaps[:, 0]]}
     out.update(_span_kinds(spans, detailed=not replayed(run)))
     return {kind: out[kind] for kind in GANTT_COLORS}
 
@@ -168,10 +170,12 @@ def _schedule_panels(fig) -> tuple:
     return whole, zoom, int(round((WIDTH - LEFT - RIGHT) * fig.dpi))
 
 
-def _schedule_legend(fig) -> None:
-    """A swatch per kind along the bottom edge."""
+def _schedule_legend(fig, stages: list) -> None:
+    """A swatch per kind along the bottom edge (W steps' only when the schedule has them)."""
     from matplotlib.patches import Patch
-    handles = [Patch(facecolor=c, edgecolor="white", label=k) for k, c in GANTT_COLORS.items()]
+    has_w = any(len(stage["weight gradient"]) for stage in stages)
+    handles = [Patch(facecolor=c, edgecolor="white", label=k) for k, c in GANTT_COLORS.items()
+               if k != "weight gradient" or has_w]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
                frameon=False)
 
@@ -192,5 +196,5 @@ def schedule_gantt(inputs) -> bytes | None:
     zoom.set_title(f"Zoom: the pipeline fill (first {window[1] / tscale:.3g} {unit})",
                    fontsize=10)
     zoom.set_xlabel(f"time ({unit})")
-    _schedule_legend(fig)
+    _schedule_legend(fig, stages)
     return png_bytes(fig)
