@@ -31,14 +31,18 @@ H100_LINKS = {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nvlink_bandwidth_GBps
 
 def _other_value(row):
     """A valid value of the row other than its default: another choice, a known profile, the
-    default plus one (integers), half the default (fractions and speeds) or 0.5 (a zero)."""
+    default plus one (integers), half the default (fractions and speeds) or 0.5 (a zero),
+    twice the lower bound where that falls outside the bounds."""
     if row.choices:
         return next(choice for choice in reversed(row.choices) if choice != row.default)
     if row.kind is str:
         return PROFILES[row.name]  # a new text field must name its test value here
     if row.kind is int:
         return row.default + 1
-    return row.default / 2 if row.default else 0.5
+    value = row.default / 2 if row.default else 0.5
+    if row.bound is not None and not row.bound.low <= value <= row.bound.high:
+        return 2 * row.bound.low  # e.g. a ratio bounded below by 1: 2
+    return value
 
 
 CASES = [(row.name, row.flag, _other_value(row)) for row in CLUSTER]
