@@ -22,7 +22,7 @@ from simsp.engine.collectives.all_to_all import all_to_all, alone_time
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.collectives.nccl_group import link_speeds_GBps, nccl_choice
-from simsp.engine.collectives.nccl_tuning import TREE
+from simsp.engine.collectives.nccl_tuning import TREE, p2p_channels
 from simsp.engine.network import Network
 from simsp.engine.collectives.nvls import NVLS, nvls_bytes_per_direction, nvls_in_group
 from simsp.engine.collectives.ring_alone import alone_stats, node_segment, segment_run
@@ -70,6 +70,8 @@ class Communicator:
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
         self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
         self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
+        self.sm_share = None  # engine/sm_share.py SmShare where SM contention is modelled
+        self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None):
@@ -95,7 +97,7 @@ class Communicator:
         TEMPLATE timed as those flows alone."""
         group = tuple(group)
         meeting = self._join(ALL_TO_ALL, group, rank, (list(send_bytes), chunks), 0, tag, 1)
-        results = yield meeting.done
+        results = yield from self._hold_sms(meeting, rank)
         return results[group.index(rank)]
 
     def _call(self, collective: str, group, rank: int, buffer, nbytes: int, tag: str,
@@ -106,8 +108,35 @@ class Communicator:
         group = tuple(group)
         meeting = self._join(collective, group, rank, buffer, nbytes, tag,
                              elem_bytes or self.elem_bytes)
-        results = yield meeting.done
+        results = yield from self._hold_sms(meeting, rank)
         return results[group.index(rank)]
+
+    def _hold_sms(self, meeting: _Meeting, rank: int):
+        """Wait for the collective to finish, its kernel holding on `rank` one SM per NCCL
+        channel from the rank's arrival (the kernel is launched and waits for its peers) to the
+        end, where SM contention is modelled (engine/sm_share.py); the results."""
+        if self.sm_share is None:
+            return (yield meeting.done)
+        sms = self._channels(meeting)
+        self.sm_share.take(rank, sms)
+        results = yield meeting.done
+        self.sm_share.give_back(rank, sms)
+        return results
+
+    def _channels(self, meeting: _Meeting) -> int:
+        """The channels (thread blocks) NCCL launches this collective on, memoised: a ring or
+        tree's as NCCL's tuning picks them (engine/collectives/nccl_tuning.py, enqueue.cc); an
+        all-to-all, grouped sends and receives, on the communicator's p2p channels
+        (src/graph/paths.cc ncclTopoComputeP2pChannels: its channels rounded up to a power of
+        two). An NVLS all-reduce is counted as the ring or tree NCCL would run otherwise."""
+        key = (meeting.collective, meeting.group, meeting.nbytes)
+        if key not in self._sm_counts:
+            collective = ALL_REDUCE if meeting.collective == ALL_TO_ALL else meeting.collective
+            choice = nccl_choice(collective, self.network.graph, list(meeting.group),
+                                 max(meeting.nbytes, 1), self.network.calibration)
+            self._sm_counts[key] = (p2p_channels(choice.max_channels)
+                                    if meeting.collective == ALL_TO_ALL else choice.nchannels)
+        return self._sm_counts[key]
 
     def _join(self, collective, group, rank, buffer, nbytes, tag, elem_bytes) -> _Meeting:
         """Register `rank`'s arrival at its next call on `group`; start the ring if it is last."""

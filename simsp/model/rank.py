@@ -62,6 +62,7 @@ class Rank:
     cp: ContextParallelAttention | None = None  # the rank's CP attention (context parallelism)
     attention: object = None  # hardware/attention_kernels.py AttentionRates of its fused core
     wgrad: object = None  # base/wgrad_store.py WeightGradStore during a split backward's B
+    sm_share: object = None  # engine/sm_share.py SmShare where SM contention is modelled
     kernel_log: list | None = None  # (name, phase, kind, flops, bytes, seconds) per kernel, if set
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
@@ -130,11 +131,7 @@ class Rank:
         duration = kernel_time(kind, flops, nbytes, gemm, self.compute_cal)
         self._log(name, kind, flops, nbytes, duration)
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
-        start = self.env.now
-        yield self.env.timeout(duration)
-        if self.trace is not None:
-            self.trace.add_span(self.rank, "compute", name, start, self.env.now,
-                                {"phase": self.phase, "kind": kind})
+        yield from self._occupy(name, kind, duration)
 
     def hold(self, name: str, kind: str, flops: int, duration: float):
         """Hold the compute stream for a kernel timed by the caller (FP8 GEMMs)."""
@@ -142,11 +139,23 @@ class Rank:
             self.flops[self.phase] += flops
         self._log(name, kind, flops, 0, duration)
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
+        yield from self._occupy(name, kind, duration)
+
+    def _occupy(self, name: str, kind: str, duration: float):
+        """Hold the compute stream for `duration` seconds at full rate, longer while
+        communication kernels hold SMs where SM contention is modelled (engine/sm_share.py);
+        one compute span (its `slowed_s`: the seconds contention added)."""
         start = self.env.now
-        yield self.env.timeout(duration)
+        if self.sm_share is None:
+            yield self.env.timeout(duration)
+        else:
+            yield from self.sm_share.run(self.rank, duration)
         if self.trace is not None:
-            self.trace.add_span(self.rank, "compute", name, start, self.env.now,
-                                {"phase": self.phase, "kind": kind})
+            args = {"phase": self.phase, "kind": kind}
+            slowed = self.env.now - start - duration
+            if self.sm_share is not None and slowed > 0:
+                args["slowed_s"] = slowed
+            self.trace.add_span(self.rank, "compute", name, start, self.env.now, args)
 
     def _log(self, name: str, kind: str, flops: int, nbytes: int, seconds: float) -> None:
         """One kernel into kernel_log, when a caller asked for it (`simsp layer --ops`)."""

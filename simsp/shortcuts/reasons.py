@@ -60,5 +60,9 @@ def templates_why(sc, not_rep: str, stepwise: frozenset, tp_groups: set,
         return "not used: imbalanced routing loads each MoE layer differently"
     if stepwise & tp_groups:
         return "not used: TP collectives share links, so a layer step's time varies"
+    if sc.cluster.sm_contention and (p.overlap_grad_reduce or p.overlap_param_gather or
+                                     p.fsdp is not None):  # engine/sm_share.py
+        return ("not used: SM contention slows a layer step by the data-parallel collectives "
+                "running beside it")
     return "used: every layer step of a stage is alike, recorded once and replayed"
 

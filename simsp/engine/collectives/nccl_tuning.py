@@ -276,3 +276,10 @@ def _describe(collective: str, best: tuple[str, str], nbytes: int, ranks: int, n
     return NcclChoice(algorithm, protocol, nc, graph.comm_channels, nt,
                       BASE_LATENCY_US[algorithm][protocol] * 1e-6, full_bus / reference_bus,
                       used_bus / full_bus, time_us * 1e-6, intra * 1e-6, inter * 1e-6)
+
+
+def p2p_channels(comm_channels: int) -> int:
+    """The channels grouped sends and receives (an all-to-all) spread over: the communicator's
+    rounded up to a power of two (src/graph/paths.cc ncclTopoComputeP2pChannels: p2pnChannels =
+    pow2Up(min(nChannels, NCCL_MAX_P2P_NCHANNELS)))."""
+    return 1 << max(comm_channels - 1, 0).bit_length()

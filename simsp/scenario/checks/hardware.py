@@ -8,7 +8,9 @@ from simsp.scenario.config import Cluster, Parallel
 
 def validate_cluster(c: Cluster, p: Parallel) -> None:
     """The cluster must exist and hold every rank."""
-    gpu_profile(c.gpu)  # a known GPU profile (or a readable file): else one error line
+    gpu = gpu_profile(c.gpu)  # a known GPU profile (or a readable file): else one error line
+    check(not c.sm_contention or "sm_count" in gpu.attention, "cluster.sm_contention",
+          f"GPU profile {gpu.name} gives no [attention] sm_count (the SMs contention divides)")
     if c.system is not None:
         system_profile(c.system)
     for name in ("nvlink_efficiency", "ib_efficiency"):

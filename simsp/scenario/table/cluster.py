@@ -6,7 +6,7 @@ them; `simsp calibrate` fits them; docs/MODEL.md#hardware).
 """
 
 from simsp.scenario.table.parallel import SUPERPOD_SCALE
-from simsp.scenario.table.row import Bound, Field
+from simsp.scenario.table.row import Bound, Field, Switch
 
 NCCL_ALGO_CHOICES = ("auto", "ring", "tree")  # NCCL_ALGO (engine/collectives/nccl_tuning.py)
 NCCL_PROTO_CHOICES = ("auto", "LL", "LL128", "Simple")  # NCCL_PROTO
@@ -62,6 +62,10 @@ CLUSTER = (
           "(auto: NCCL's choice; tree: all-reduces only)", "algo-", choices=NCCL_ALGO_CHOICES),
     Field("cluster", "nccl_proto", str, "auto", "NCCL protocol of every collective, as NCCL_PROTO "
           "(auto: NCCL's choice)", "proto-", choices=NCCL_PROTO_CHOICES),
+    # SM contention (engine/sm_share.py, docs/MODEL.md): off by default; Megatron has no flag
+    Field("cluster", "sm_contention", bool, False, switches=(
+        Switch("--sm-contention", True, "slow a compute kernel by the SMs the communication "
+               "kernels beside it hold (one per NCCL channel; docs/MODEL.md)", "smc"),)),
 )
 
 RUN = (  # numeric (numpy arrays) or meta (shapes only), seed, numeric dtype

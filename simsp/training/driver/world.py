@@ -13,10 +13,12 @@ from simsp.engine.communicator import Communicator
 from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup, TimingOf
 from simsp.engine.memory import Ledger
 from simsp.engine.network import Network
+from simsp.engine.sm_share import SmShare
 from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.hardware.attention_kernels import attention_rates
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
+from simsp.hardware.profiles import gpu_profile
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.precision import precision_of
 from simsp.training.pipeline.p2p import Mailbox
@@ -81,6 +83,7 @@ def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
     comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of)
+    comm.sm_share = _sm_share(sc, env)
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
@@ -101,7 +104,14 @@ def _make_rank(world: World, rank: int) -> Rank:
                 precision=precision, fp8=precision.fp8, cp=_cp_attention(world, rank),
                 attention=attention_rates(sc.cluster.gpu, sc.model.attention_backend,
                                           sc.parallel.fp8_dot_product_attention),
-                moe=_expert_rank(sc, rank))
+                moe=_expert_rank(sc, rank), sm_share=world.comm.sm_share)
+
+
+def _sm_share(sc: Scenario, env: simpy.Environment) -> SmShare | None:
+    """The ranks' shared SMs under --sm-contention (engine/sm_share.py), else None."""
+    if not sc.cluster.sm_contention:
+        return None
+    return SmShare(env, int(gpu_profile(sc.cluster.gpu).attention["sm_count"]))
 
 
 def _cp_attention(world: World, rank: int):
