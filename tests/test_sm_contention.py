@@ -165,5 +165,5 @@ def test_all_to_all_holds_the_p2p_channels():
 
 def test_switch_refused_where_the_gpu_profile_gives_no_sms():
     with pytest.raises(UserError, match="cluster.sm_contention"):
-        load_scenario(None, {("cluster", "gpu"): "b200", ("cluster", "sm_contention"): True})
+        load_scenario(None, {("cluster", "gpu"): "gb200", ("cluster", "sm_contention"): True})
     assert load_scenario(None, {("cluster", "sm_contention"): True}).cluster.sm_contention
