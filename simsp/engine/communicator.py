@@ -70,54 +70,60 @@ class Communicator:
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
         self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
         self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
-        self.sm_share = None  # engine/sm_share.py SmShare where SM contention is modelled
+        self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
+        self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
         self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
-                   elem_bytes: int | None = None):
+                   elem_bytes: int | None = None, sms: int | None = None):
         """Sum of every member's buffer, same shape (None in meta mode). Use with `yield from`."""
-        return (yield from self._call(ALL_REDUCE, group, rank, buffer, nbytes, tag, elem_bytes))
+        return (yield from self._call(ALL_REDUCE, group, rank, buffer, nbytes, tag, elem_bytes,
+                                      sms))
 
     def reduce_scatter(self, group, rank: int, buffer, nbytes: int, tag: str = "",
-                       elem_bytes: int | None = None):
-        """This member's chunk of the sum (1-D; None in meta). `nbytes` is the full size S."""
+                       elem_bytes: int | None = None, sms: int | None = None):
+        """This member's chunk of the sum (1-D; None in meta). `nbytes` is the full size S;
+        `sms`: the SMs its kernel holds (a userbuffers kernel's), default NCCL's channels."""
         return (yield from self._call(REDUCE_SCATTER, group, rank, buffer, nbytes, tag,
-                                      elem_bytes))
+                                      elem_bytes, sms))
 
     def all_gather(self, group, rank: int, chunk, nbytes: int, tag: str = "",
-                   elem_bytes: int | None = None):
+                   elem_bytes: int | None = None, sms: int | None = None):
         """Concatenation of every member's chunk (1-D; None in meta). `nbytes` is the whole S."""
-        return (yield from self._call(ALL_GATHER, group, rank, chunk, nbytes, tag, elem_bytes))
+        return (yield from self._call(ALL_GATHER, group, rank, chunk, nbytes, tag, elem_bytes,
+                                      sms))
 
     def all_to_all(self, group, rank: int, chunks: list | None, send_bytes: list[int],
-                   tag: str = ""):
+                   tag: str = "", sms: int | None = None):
         """All-to-all(-v): this member sends send_bytes[j] bytes (chunks[j] in numeric mode) to
         group[j]; returns what each member sent it, in group order (None in meta). Run as flows
         over the links (engine/collectives/all_to_all.py), or where the group's method is
         TEMPLATE timed as those flows alone."""
         group = tuple(group)
         meeting = self._join(ALL_TO_ALL, group, rank, (list(send_bytes), chunks), 0, tag, 1)
-        results = yield from self._hold_sms(meeting, rank)
+        results = yield from self._hold_sms(meeting, rank, sms)
         return results[group.index(rank)]
 
     def _call(self, collective: str, group, rank: int, buffer, nbytes: int, tag: str,
-              elem_bytes: int | None = None):
+              elem_bytes: int | None = None, sms: int | None = None):
         """Join the rendezvous, wait for the ring to finish, return this member's result.
 
         `elem_bytes` (default: the communicator's) sizes the elements, e.g. 4 for fp32 grads."""
         group = tuple(group)
         meeting = self._join(collective, group, rank, buffer, nbytes, tag,
                              elem_bytes or self.elem_bytes)
-        results = yield from self._hold_sms(meeting, rank)
+        results = yield from self._hold_sms(meeting, rank, sms)
         return results[group.index(rank)]
 
-    def _hold_sms(self, meeting: _Meeting, rank: int):
-        """Wait for the collective to finish, its kernel holding on `rank` one SM per NCCL
-        channel from the rank's arrival (the kernel is launched and waits for its peers) to the
-        end, where SM contention is modelled (engine/sm_share.py); the results."""
-        if self.sm_share is None:
+    def _hold_sms(self, meeting: _Meeting, rank: int, sms: int | None = None):
+        """Wait for the collective to finish, its kernel holding on `rank` `sms` SMs (default:
+        one per NCCL channel, where --sm-contention models them) from the rank's arrival (the
+        kernel is launched and waits for its peers) to the end (engine/sm_share.py); the
+        results."""
+        if sms is None:
+            sms = self._channels(meeting) if self.nccl_sms else 0
+        if self.sm_share is None or sms == 0:
             return (yield meeting.done)
-        sms = self._channels(meeting)
         self.sm_share.take(rank, sms)
         results = yield meeting.done
         self.sm_share.give_back(rank, sms)

@@ -56,6 +56,13 @@ class SmShare:
         if added > 0:
             self.slowed_s[rank] = self.slowed_s.get(rank, 0.0) + added
 
+    def margin_rate(self, reserved: int) -> float:
+        """The fraction of its full rate a GEMM launched on all SMs but `reserved` keeps
+        throughout (Transformer Engine's set_sm_margin: the GEMM's SM budget is cut at launch,
+        transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp CommOverlapCore
+        `_math_sms = set_sm_margin ? sm_count - num_comm_sm : sm_count`)."""
+        return (self.sm_count - reserved) / self.sm_count
+
     def _event(self, rank: int) -> simpy.Event:
         """The event fired at the next change of `rank`'s taken SMs."""
         event = self._changed.get(rank)

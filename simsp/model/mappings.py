@@ -20,11 +20,12 @@ def _bytes_sent(kind: str, n: int, full_bytes: int) -> int:
 
 def tensor_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tuple, tag: str,
                       label: str | None = None, group: tuple | None = None, track: str = "tp_comm",
-                      blocking: bool = True):
+                      blocking: bool = True, sms: int | None = None):
     """Run one ring collective over `group` (default: this rank's TP group); returns the output.
 
     Bytes sent are counted under `label` (default: the collective's kind); a blocking call's
-    whole duration is exposed communication (an async one's is counted by `finish`)."""
+    whole duration is exposed communication (an async one's is counted by `finish`); `sms`:
+    the SMs its kernel holds (a userbuffers kernel's; default NCCL's channels)."""
     group = group or r.tp.members
     n = len(group)
     full_bytes = x.itemsize * math.prod(full_shape)
@@ -33,7 +34,7 @@ def tensor_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tup
     buffer = None if x.data is None else x.data.reshape(-1)  # (numel,)
     collective = getattr(r.tp.comm, kind)
     result = yield from collective(group, r.rank, buffer, full_bytes, tag,
-                                   elem_bytes=x.itemsize)
+                                   elem_bytes=x.itemsize, sms=sms)
     if blocking:
         r.count_exposed(track, r.env.now - start)
     if r.trace is not None:
@@ -58,22 +59,23 @@ def all_reduce(r, x: Tensor, tag: str, label: str | None = None, blocking: bool 
                                          blocking=blocking))
 
 
-def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None, blocking: bool = True):
+def all_gather_seq(r, x: Tensor, tag: str, label: str | None = None, blocking: bool = True,
+                   sms: int | None = None):
     """(s/t, ...) shards -> the full (s, ...) tensor, as a new tensor."""
     if r.tp.size == 1:
         return x
     full = (x.shape[0] * r.tp.size,) + x.shape[1:]
     return (yield from tensor_collective(r, "all_gather", x, full, full, tag, label,
-                                         blocking=blocking))
+                                         blocking=blocking, sms=sms))
 
 
-def reduce_scatter_seq(r, x: Tensor, tag: str, blocking: bool = True):
+def reduce_scatter_seq(r, x: Tensor, tag: str, blocking: bool = True, sms: int | None = None):
     """(s, ...) partial sums -> this rank's (s/t, ...) chunk of the sum, as a new tensor."""
     if r.tp.size == 1:
         return x
     part = (x.shape[0] // r.tp.size,) + x.shape[1:]
     return (yield from tensor_collective(r, "reduce_scatter", x, x.shape, part, tag,
-                                         blocking=blocking))
+                                         blocking=blocking, sms=sms))
 
 
 def start(r, generator, name: str = "collective"):
@@ -97,10 +99,11 @@ def enter_forward(r, x: Tensor, tag: str):
     return x
 
 
-def enter_backward(r, dx: Tensor, tag: str, blocking: bool = True):
-    """f backward all-reduces; g backward reduce-scatters the sequence (SP)."""
+def enter_backward(r, dx: Tensor, tag: str, blocking: bool = True, sms: int | None = None):
+    """f backward all-reduces; g backward reduce-scatters the sequence (SP); `sms` as in
+    `tensor_collective`."""
     if r.tp.sequence_parallel:
-        return (yield from reduce_scatter_seq(r, dx, tag, blocking=blocking))
+        return (yield from reduce_scatter_seq(r, dx, tag, blocking=blocking, sms=sms))
     return (yield from all_reduce(r, dx, tag, blocking=blocking))
 
 

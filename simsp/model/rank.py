@@ -28,6 +28,7 @@ class TPGroup:
     index: int
     sequence_parallel: bool
     comm: object = None  # simsp.engine.communicator.Communicator, None when t == 1
+    overlap: dict | None = None  # TE GEMM name -> scenario/tp_overlap.py UbGemm, when on
 
     @property
     def size(self) -> int:
@@ -52,6 +53,7 @@ class Rank:
     comm_bytes: dict = field(default_factory=dict)  # (phase, kind) -> bytes sent by this rank
     busy_s: dict = field(default_factory=dict)  # kernel kind -> seconds on the compute stream
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
+    tp_overlap_s: dict = field(default_factory=dict)  # TE method -> [comm seconds, exposed]
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     moe_aux_loss: float = 0.0  # Σ aux_scale · aux loss of its MoE layers' forwards (numeric)
     moe: object = None  # blocks/moe/placement.py ExpertRank of a MoE model, else None

@@ -10,6 +10,7 @@ activation, the attention core) live in its block and are built on these.
 
 import numpy as np
 
+from simsp.hardware.costmodel import kernel_time
 from simsp.model import fp8
 from simsp.model.base import kernels
 from simsp.model.tensor import FP16, FP32, MASK, Tensor
@@ -20,61 +21,87 @@ def _data(t: Tensor | None):
     return None if t is None else t.data
 
 
-def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str, normed: bool = False):
+def linear(r, x: Tensor, w: Tensor, b: Tensor | None, name: str, normed: bool = False,
+           runner=None):
     """y = x @ w + b. x (..., k), w (k, n) -> y (..., n). `normed`: x is a norm's output
     that TE's LayerNormLinear quantized in the norm's kernel (fp8.normed_cast_bytes), so an FP8
-    GEMM needs no cast of its own (under SP, the gathered copy's transpose)."""
+    GEMM needs no cast of its own (under SP, the gathered copy's transpose). `runner`: runs the
+    GEMM in pieces beside communication (base/tp_overlap.py), setting y's data from the math."""
     k, n = w.shape
     m = x.numel // k
     y = r.alloc(x.shape[:-1] + (n,), FP16, name)
     in_fp8 = r.fp8 is not None and fp8.is_fp8_weight(w)
-    if r.numeric:
+
+    def math():
         xd, wd = x.data, w.data
         if in_fp8:
             xd, wd = fp8.emulate(xd, "e4m3"), fp8.emulate(wd, "e4m3")
-        y.data = kernels.linear_forward(xd, wd, _data(b))
+        return kernels.linear_forward(xd, wd, _data(b))
     if in_fp8:
-        if normed:
-            yield from fp8.gathered_transpose(r, name, m * k)
-        else:
-            yield from fp8.quantize(r, name, m * k)
-        yield from fp8.gemm(r, name, m, k, n)
-        return y
-    yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, k, n))
+        yield from (fp8.gathered_transpose(r, name, m * k) if normed
+                    else fp8.quantize(r, name, m * k))
+    yield from _gemm(r, name, (m, k, n), in_fp8, y, math, runner)
     return y
 
 
-def linear_grad_input(r, dy: Tensor, w: Tensor, name: str):
-    """dx = dy @ w^T. dy (..., n), w (k, n) -> dx (..., k)."""
+def _gemm(r, name: str, shape: tuple, in_fp8: bool, out: Tensor, math, runner):
+    """One GEMM of `shape` (m, k, n) whose output `out` is `math()`: whole, or by `runner`."""
+    if runner is not None:
+        yield from runner(r, name, shape, in_fp8, out, math)
+        return
+    if r.numeric and math is not None:
+        out.data = math()
+    yield from gemm_kernel(r, name, shape, in_fp8)
+
+
+def gemm_kernel(r, name: str, shape: tuple, in_fp8: bool):
+    """Hold the compute stream for one (m, k, n) GEMM, FP8 or 16-bit."""
+    m, k, n = shape
+    if in_fp8:
+        yield from fp8.gemm(r, name, m, k, n)
+        return
+    yield from r.compute(name, "gemm", 2 * m * k * n, gemm=shape)
+
+
+def gemm_seconds(r, shape: tuple, in_fp8: bool) -> float:
+    """The modelled seconds of one (m, k, n) GEMM alone on the GPU."""
+    m, k, n = shape
+    if in_fp8:
+        return fp8.gemm_time(r, m, k, n)
+    return kernel_time("gemm", 2 * m * k * n, 0, shape, r.compute_cal)
+
+
+def linear_grad_input(r, dy: Tensor, w: Tensor, name: str, runner=None):
+    """dx = dy @ w^T. dy (..., n), w (k, n) -> dx (..., k). `runner` as in `linear`."""
     k, n = w.shape
     m = dy.numel // n
     dx = r.alloc(dy.shape[:-1] + (k,), FP16, name)
     in_fp8 = r.fp8 is not None and fp8.is_fp8_weight(w)
-    if r.numeric and in_fp8:
-        dx.data = fp8.emulate(dy.data, fp8.backward_format(r)) @ fp8.emulate(w.data, "e4m3").T
-    elif r.numeric:
-        dx.data = dy.data @ w.data.T
+
+    def math():
+        if in_fp8:
+            return fp8.emulate(dy.data, fp8.backward_format(r)) @ fp8.emulate(w.data, "e4m3").T
+        return dy.data @ w.data.T
     if in_fp8:
         yield from fp8.quantize(r, name, m * n)  # dy, for this GEMM and the weight gradient's
-        yield from fp8.gemm(r, name, m, n, k)
-        return dx
-    yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(m, n, k))
+    yield from _gemm(r, name, (m, n, k), in_fp8, dx, math, runner)
     return dx
 
 
 def linear_grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str | None,
-                       name: str):
+                       name: str, runner=None):
     """Accumulate dW = x^T dy (and db = sum dy) into the fp32 main gradients; during the B step
-    of a split backward (`r.wgrad`, base/wgrad_store.py) deferred to the W step instead."""
+    of a split backward (`r.wgrad`, base/wgrad_store.py) deferred to the W step instead (alone
+    there: `runner`, a GEMM beside communication, applies only to one run now)."""
     if r.wgrad is not None:
         r.wgrad.defer(r, (dy, x), lambda dy, x: _grad_weight(r, dy, x, grads, w_name, b_name,
                                                               name))
         return
-    yield from _grad_weight(r, dy, x, grads, w_name, b_name, name)
+    yield from _grad_weight(r, dy, x, grads, w_name, b_name, name, runner)
 
 
 def _grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str | None,
-                 name: str):
+                 name: str, runner=None):
     """dW = x^T dy (and db): dy (..., n), x (..., k) -> grads[w_name] (k, n) += x^T dy."""
     k, n = x.shape[-1], dy.shape[-1]
     m = dy.numel // n
@@ -89,10 +116,7 @@ def _grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str
             grads[w_name].data += x2.T @ dy2
         if b_name:
             grads[b_name].data += dy2.sum(axis=0)
-    if in_fp8:
-        yield from fp8.gemm(r, name, k, m, n)  # saved FP8 input x FP8 dy
-        return
-    yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(k, m, n))
+    yield from _gemm(r, name, (k, m, n), in_fp8, None, None, runner)  # FP8: saved input x dy
 
 
 def bias_grad(r, dy: Tensor, grads: dict, b_name: str, name: str):

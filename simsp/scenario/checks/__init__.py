@@ -9,7 +9,8 @@ from simsp.scenario.checks.data_parallel import (buckets, distributed_optimizer_
                                                  overlap_param_gather)
 from simsp.scenario.checks.fsdp import fsdp, offload_host_link, without_fsdp
 from simsp.scenario.checks.hardware import validate_cluster
-from simsp.scenario.checks.layout import global_batch, sequence_parallel, tensor_parallel
+from simsp.scenario.checks.layout import (global_batch, sequence_parallel, tensor_parallel,
+                                          tp_comm_overlap)
 from simsp.scenario.checks.model import validate_model
 from simsp.scenario.checks.moe import expert_parallel
 from simsp.scenario.checks.partners import partners
@@ -52,6 +53,7 @@ def validate(s: Scenario) -> None:
     validate_cluster(s.cluster, s.parallel)
     validate_precision(s.parallel, s.cluster)
     validate_fp8_attention(s.model, s.parallel)
+    tp_comm_overlap(s)
     run_name(s)
     offload_host_link(s)
     distributed_optimizer_mode(s)

@@ -2,8 +2,10 @@
 groups, the padded vocabulary), sequence parallelism and the global batch (Megatron-LM
 arguments.py; K22 §4)."""
 
+from simsp.hardware.profiles import gpu_profile
 from simsp.scenario.checks.rule import check
 from simsp.scenario.config import Model, Parallel, padded_vocab_size
+from simsp.scenario.tp_overlap import PIPELINE, ub_gemms
 
 
 def tensor_parallel(m: Model, p: Parallel) -> None:
@@ -36,3 +38,28 @@ def global_batch(p: Parallel) -> None:
     check(p.global_batch % (p.micro_batch_size * p.dp) == 0, "parallel.global_batch_size",
           f"{p.global_batch} is not divisible by micro_batch_size*data_parallel_size="
           f"{p.micro_batch_size * p.dp}")
+
+
+def tp_comm_overlap(s) -> None:
+    """Transformer Engine's TP overlap needs SP (Megatron-LM arguments.py: "Tensor parallel
+    communication/GEMM overlap can happen only when sequence parallelism is enabled"), the GPU's
+    SM count, a readable per-GEMM file, and hidden columns that split evenly into each
+    pipelined GEMM's chunks (docs/tp-overlap.md)."""
+    p = s.parallel
+    if not p.tp_comm_overlap:
+        check(p.tp_comm_overlap_cfg is None, "parallel.tp_comm_overlap_cfg",
+              "needs tp_comm_overlap (--tp-comm-overlap)")
+        return
+    check(p.sequence_parallel, "parallel.tp_comm_overlap",
+          "needs sequence_parallel (TE overlaps SP's all-gathers and reduce-scatters)")
+    gpu = gpu_profile(s.cluster.gpu)
+    check("sm_count" in gpu.attention, "parallel.tp_comm_overlap",
+          f"{gpu.name}'s profile gives no sm_count ([attention] section)")
+    for gemm in ub_gemms(p.tp, p.tp_comm_overlap_cfg).values():
+        if gemm.method == PIPELINE:
+            check(s.model.hidden_size % gemm.num_splits == 0, "parallel.tp_comm_overlap_cfg",
+                  f"{gemm.name}: hidden_size={s.model.hidden_size} does not split into "
+                  f"num_splits={gemm.num_splits} column chunks")
+        check(gemm.comm_sms < gpu.attention["sm_count"], "parallel.tp_comm_overlap_cfg",
+              f"{gemm.name}: num_sm={gemm.num_sm} leaves the GEMM no SM of "
+              f"{int(gpu.attention['sm_count'])}")

@@ -70,6 +70,11 @@ PARALLEL = (
     Field("parallel", "overlap_p2p_communication", bool, False, switches=(
         Switch("--overlap-p2p-communication", True,
                "overlap pipeline sends/receives with compute", "p2pov"),)),
+    Field("parallel", "tp_comm_overlap", bool, False, switches=(
+        Switch("--tp-comm-overlap", True, "Transformer Engine's TP communication overlap "
+               "(userbuffers; needs SP; docs/tp-overlap.md)", "tpov"),)),
+    Field("parallel", "tp_comm_overlap_cfg", str, None, "a YAML or TOML file of per-GEMM "
+          "userbuffers methods, as TE's ub_cfgs (default: TE's own; docs/tp-overlap.md)", None),
     Field("parallel", "scatter_gather_tensors_in_pipeline", bool, True, switches=(
         Switch("--no-scatter-gather-tensors-in-pipeline", False,
                "send whole (not TP-scattered) pipeline tensors", "nosg"),)),

@@ -1,5 +1,6 @@
 """A simulated cluster ready for rank programs: simpy env, topology, links, collectives, ranks."""
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
 from simsp.hardware.profiles import gpu_profile
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.precision import precision_of
+from simsp.scenario.tp_overlap import ub_gemms
 from simsp.training.pipeline.p2p import Mailbox
 
 
@@ -83,17 +85,26 @@ def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
     comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of)
-    comm.sm_share = _sm_share(sc, env)
+    comm.sm_share, comm.nccl_sms = _sm_share(sc, env), sc.cluster.sm_contention
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
     return world
 
 
+@functools.lru_cache(maxsize=8)
+def _tp_overlap(tp: int, cfg: str | None) -> dict:
+    """TE's per-GEMM overlap (scenario/tp_overlap.py; the user's file read once)."""
+    return ub_gemms(tp, cfg)
+
+
 def _make_rank(world: World, rank: int) -> Rank:
     sc = world.scenario
     members = world.grid.tp_group(rank)
-    tp = TPGroup(members, members.index(rank), sc.parallel.sequence_parallel, world.comm)
+    overlap = (_tp_overlap(sc.parallel.tp, sc.parallel.tp_comm_overlap_cfg)
+               if sc.parallel.tp_comm_overlap else None)
+    tp = TPGroup(members, members.index(rank), sc.parallel.sequence_parallel, world.comm,
+                 overlap)
     precision = precision_of(sc)
     ledger = Ledger(rank, GPUS[sc.cluster.gpu].memory_bytes, clock=lambda: world.env.now)
     # collectives record their own spans (by role, on tp/dp tracks); the stream's go unused
@@ -108,8 +119,9 @@ def _make_rank(world: World, rank: int) -> Rank:
 
 
 def _sm_share(sc: Scenario, env: simpy.Environment) -> SmShare | None:
-    """The ranks' shared SMs under --sm-contention (engine/sm_share.py), else None."""
-    if not sc.cluster.sm_contention:
+    """The ranks' shared SMs (engine/sm_share.py) where communication kernels hold some: NCCL's
+    channels under --sm-contention, TE's userbuffers kernels under --tp-comm-overlap."""
+    if not (sc.cluster.sm_contention or sc.parallel.tp_comm_overlap):
         return None
     return SmShare(env, int(gpu_profile(sc.cluster.gpu).attention["sm_count"]))
 

@@ -1,0 +1,179 @@
+"""Transformer Engine's TP communication overlap (userbuffers) on an emulated rank, the methods as
+they run (docs/tp-overlap.md; NVIDIA/TransformerEngine transformer_engine/common/
+comm_gemm_overlap/comm_gemm_overlap.cpp CommOverlapP2PBase::split_overlap_ag,
+CommOverlapBase::split_overlap_rs and bulk_overlap):
+
+- ring exchange AG+GEMM: the t sequence chunks pass round the TP ring in t − 1 neighbour
+  sends (each rank to the next), back to back; the GEMM runs in t row chunks, chunk i on the
+  chunk received at step i − 1, so each step hides behind a GEMM chunk of 1/t;
+- pipelined GEMM+RS: the GEMM runs in num_splits column chunks; chunk i's reduce-scatter runs
+  while chunk i + 1 computes;
+- bulk: a whole GEMM beside a whole collective of the other direction (the dgrad GEMM beside
+  the all-gather of the input the wgrad needs, the wgrad GEMM beside the dgrad's reduce-scatter).
+
+Each is a GEMM `runner` for base/ops.py: the math is the unsplit op's (so the numbers are the
+unsplit run's), only its time is split. The GEMM keeps (SMs − num_sm)/SMs of its rate for its
+whole run under TE's set_sm_margin, else the communication kernels hold their SMs while they run
+and the GEMM is re-timed around them (engine/sm_share.py). Communication runs over the links
+through the TP communicator.
+"""
+
+import numpy as np
+
+from simsp.model.base.ops import gemm_seconds
+
+
+def ub_of(r, gemm: str):
+    """The overlap of TE GEMM `gemm` (scenario/tp_overlap.py UbGemm), None when it is off."""
+    return None if r.tp.overlap is None else r.tp.overlap[gemm]
+
+
+def record(r, method: str, comm_s: float, exposed_s: float) -> None:
+    """Count `comm_s` of `method`'s communication, `exposed_s` of it not hidden."""
+    seen = r.tp_overlap_s.setdefault(method, [0.0, 0.0])
+    seen[0] += comm_s
+    seen[1] += exposed_s
+    r.count_exposed("tp_comm", exposed_s)
+
+
+def comm_sms(ub) -> int:
+    """SMs `ub`'s communication kernels take from the GEMM beside them while they run: none
+    under set_sm_margin (the GEMM was launched on the others, `chunk_gemm`)."""
+    return 0 if ub.set_sm_margin else ub.comm_sms
+
+
+def chunk_gemm(r, name: str, shape: tuple, in_fp8: bool, ub, pieces: int = 1):
+    """One of `pieces` equal pieces of the GEMM of `shape` (m, k, n): under set_sm_margin on
+    sm_count − num_sm SMs throughout, else on all SMs, re-timed while communication kernels hold
+    some (engine/sm_share.py). A piece takes 1/pieces of the whole GEMM's time: TE launches the
+    pieces round-robin on NVTE_COMM_OVERLAP_MAX_STREAMS = 3 compute streams
+    (transformer_engine/common/include/transformer_engine/comm_gemm_overlap.h), so one piece's
+    last partial wave of tiles fills with the next piece's (docs/tp-overlap.md)."""
+    m, k, n = shape
+    work_s = gemm_seconds(r, shape, in_fp8) / pieces
+    if ub.set_sm_margin:
+        work_s /= r.sm_share.margin_rate(ub.num_sm)
+    yield from r.hold(name, "gemm", 2 * m * k * n // pieces, work_s)
+
+
+def _ring_steps(r, ub, local, gathered, tag: str, arrived: list):
+    """The t − 1 neighbour sends of a ring exchange (each to the next TP rank), back to back;
+    `arrived[i]` fires when step i's chunk is in; numeric: `gathered` gets the chunks in order."""
+    group, t, me = r.tp.members, r.tp.size, r.tp.index
+    chunks = {me: local.data}  # TP index -> (s/t, ...) chunk
+    held = local.data
+    send = [local.nbytes if j == (me + 1) % t else 0 for j in range(t)]
+    for step in range(t - 1):
+        data = None if not r.numeric else [held if j == (me + 1) % t else None
+                                           for j in range(t)]
+        received = yield from r.tp.comm.all_to_all(group, r.rank, data, send,
+                                                   f"{tag} ring {step}", sms=comm_sms(ub))
+        held = None if received is None else received[(me - 1) % t]
+        chunks[(me - 1 - step) % t] = held
+        arrived[step].succeed(r.env.now)
+    if r.numeric:
+        gathered.data = np.concatenate([chunks[j] for j in range(t)], axis=0)  # (s, ...)
+
+
+def ring_exchange(ub, local, gathered, tag: str, label: str = "all_gather"):
+    """A runner: `local` (s/t, ...) all-gathered into `gathered` (s, ...) by ring exchange
+    while the GEMM on the gathered rows runs in t row chunks."""
+    def run(r, name, shape, in_fp8, out, math):
+        m, k, n = shape
+        t = r.tp.size
+        r.count_comm(label, (t - 1) * local.nbytes)
+        arrived = [r.env.event() for _ in range(t - 1)]
+        start = r.env.now
+        r.env.process(_ring_steps(r, ub, local, gathered, tag, arrived))
+        exposed = 0.0
+        for i in range(t):
+            if i:
+                wait = r.env.now
+                yield arrived[i - 1]
+                exposed += r.env.now - wait
+            yield from chunk_gemm(r, f"{name}#{i}", shape, in_fp8, ub, t)
+        end = arrived[-1].value  # the last step's arrival
+        record(r, ub.method, end - start, exposed)
+        _span(r, f"ring_exchange {tag}", start, end, local.nbytes * t)
+        if r.numeric:
+            out.data = math()
+    return run
+
+
+def _span(r, name: str, start: float, end: float, nbytes: int) -> None:
+    """The overlapped collective on the rank's tp_comm track."""
+    if r.trace is not None:
+        r.trace.add_span(r.rank, "tp_comm", name, start, end,
+                         {"phase": r.phase, "bytes": nbytes})
+
+
+def _rs_splits(r, ub, partial, reduced, tag: str, computed: list, busy: list):
+    """Reduce-scatter each column chunk of `partial` (s, b, h) over TP once its GEMM piece is
+    done (`computed[i]`), one after the other, into `reduced` (s/t, b, h); `busy` sums their
+    seconds."""
+    splits = len(computed)
+    width = partial.shape[-1] // splits
+    piece_bytes = partial.nbytes // splits
+    for i, done in enumerate(computed):
+        yield done
+        start = r.env.now
+        cols = slice(i * width, (i + 1) * width)
+        buffer = None if not r.numeric else np.ascontiguousarray(
+            partial.data[..., cols]).reshape(-1)  # (s · b · h/splits,)
+        result = yield from r.tp.comm.reduce_scatter(r.tp.members, r.rank, buffer, piece_bytes,
+                                                     f"{tag} split {i}",
+                                                     elem_bytes=partial.itemsize,
+                                                     sms=comm_sms(ub))
+        if r.numeric:
+            reduced.data[..., cols] = result.reshape(reduced.shape[:-1] + (width,))
+        busy.append(r.env.now - start)
+
+
+def pipelined_rs(ub, reduced, tag: str):
+    """A runner: the GEMM's output (s, b, h) partial sums reduce-scattered into `reduced`
+    (s/t, b, h) in num_splits column chunks, chunk i's beside GEMM piece i + 1."""
+    def run(r, name, shape, in_fp8, out, math):
+        m, k, n = shape
+        splits, t = ub.num_splits, r.tp.size
+        r.count_comm("reduce_scatter", (t - 1) * out.nbytes // t)
+        if r.numeric:
+            out.data = math()
+            reduced.data = np.empty(reduced.shape, dtype=out.data.dtype)  # (s/t, b, h)
+        computed = [r.env.event() for _ in range(splits)]
+        busy = []
+        start = r.env.now
+        comm = r.env.process(_rs_splits(r, ub, out, reduced, tag, computed, busy))
+        for i in range(splits):
+            yield from chunk_gemm(r, f"{name}#{i}", shape, in_fp8, ub, splits)
+            computed[i].succeed()
+        wait = r.env.now
+        yield comm
+        record(r, ub.method, sum(busy), r.env.now - wait)
+        _span(r, f"pipelined reduce_scatter {tag}", start, r.env.now, out.nbytes)
+    return run
+
+
+def bulk(ub):
+    """A runner: the whole GEMM beside a collective on the communication stream, as TE's bulk
+    overlap (the collective launched with `comm_sms(ub)` SMs)."""
+    def run(r, name, shape, in_fp8, out, math):
+        if r.numeric and math is not None:
+            out.data = math()
+        yield from chunk_gemm(r, name, shape, in_fp8, ub)
+    return run
+
+
+def timed(r, body, box: list):
+    """Run collective generator `body`, appending its seconds to `box`; return its value."""
+    start = r.env.now
+    result = yield from body
+    box.append(r.env.now - start)
+    return result
+
+
+def finish_bulk(r, ub, process, box: list):
+    """Wait for a bulk collective; its wait is exposed, the rest of its time hidden."""
+    wait = r.env.now
+    result = yield process
+    record(r, ub.method, box[0], r.env.now - wait)
+    return result

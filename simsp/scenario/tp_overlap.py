@@ -1,0 +1,124 @@
+"""Transformer Engine's TP communication overlap per GEMM (userbuffers; docs/tp-overlap.md): TE's
+defaults and a user's `--tp-comm-overlap-cfg` file read as TE's `ub_cfgs`.
+
+The GEMM names, the AG / RS split, the default method of each and the default knobs are
+NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub
+(layers_all_gather_overlap, layers_reduce_scatter_overlap, methods, get_default_config: num_sm
+1 for ring_exchange else 16, num_splits tp_size for ring_exchange else 4, set_sm_margin off for
+ring_exchange only, use_ce on). Megatron-LM reads the file with yaml.safe_load and hands it to
+initialize_ub (megatron/training/initialize.py _initialize_tp_communicators).
+"""
+
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from simsp.errors import UserError
+
+RING_EXCHANGE, PIPELINE, BULK = "ring_exchange", "pipeline", "bulk"
+ALL_GATHER_GEMMS = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "fc1_fprop", "fc1_dgrad",
+                    "fc2_dgrad")  # layers_all_gather_overlap
+REDUCE_SCATTER_GEMMS = ("proj_fprop", "fc2_fprop", "qkv_wgrad", "fc1_wgrad")
+DEFAULT_METHODS = {RING_EXCHANGE: ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"),
+                   PIPELINE: ("proj_fprop", "fc2_fprop"),
+                   BULK: ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")}
+GEMMS = sum(DEFAULT_METHODS.values(), ())  # the ten userbuffers, in initialize_ub's order
+# the methods simsp runs for each kind of GEMM (TE refuses pipeline for an all-gather; the dgrad
+# reduce-scatter overlap that replaces a bulk pair is not modelled)
+ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE,), "bulk": (BULK,)}
+MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce")
+IGNORED_KEYS = ("cga_size", "aggregate", "atomic_gemm", "fp8_buf", "comm_priority",
+                "gemm_priority", "pipeline_rs_overlap_first_gemm", "is_reduce_scatter")
+
+
+@dataclass(frozen=True)
+class UbGemm:
+    """One GEMM's overlap: its method, communication SMs, splits, SM margin, copy engines."""
+
+    name: str
+    method: str
+    num_sm: int
+    num_splits: int
+    set_sm_margin: bool
+    use_ce: bool
+
+    @property
+    def comm_sms(self) -> int:
+        """SMs its communication kernels hold: none for ring exchange over copy engines
+        (userbuffers_send with use_ce), else num_sm."""
+        return 0 if self.method == RING_EXCHANGE and self.use_ce else self.num_sm
+
+
+def default_gemm(name: str, tp: int) -> UbGemm:
+    """TE's get_default_config for `name` at TP size `tp`."""
+    method = next(m for m, names in DEFAULT_METHODS.items() if name in names)
+    ring = method == RING_EXCHANGE
+    return UbGemm(name, method, 1 if ring else 16, tp if ring else 4, not ring, True)
+
+
+def _kind(name: str) -> str:
+    """Which methods a GEMM may take: ALLOWED's key."""
+    if name in DEFAULT_METHODS[BULK]:
+        return "bulk"
+    return "rs" if name in REDUCE_SCATTER_GEMMS else "fprop_ag"
+
+
+def _entry(name: str, body, tp: int, source: str) -> UbGemm:
+    """One GEMM's table of the file over TE's default, checked."""
+    field = f"parallel.tp_comm_overlap_cfg ({source}: {name})"
+    if not isinstance(body, dict):
+        raise UserError(field, f"must be a table of settings, got {body!r}")
+    unknown = sorted(set(body) - set(MODELLED_KEYS) - set(IGNORED_KEYS))
+    if unknown:
+        raise UserError(field, f"unknown setting {unknown[0]!r} (TE's ub_cfgs keys: "
+                               f"{', '.join(MODELLED_KEYS + IGNORED_KEYS)})")
+    gemm = default_gemm(name, tp)
+    allowed = ALLOWED[_kind(name)]
+    if body.get("method", gemm.method) not in allowed:
+        raise UserError(field, f"method {body['method']!r} is not modelled for {name} (simsp "
+                               f"runs {' or '.join(allowed)})")
+    for key, kind in (("num_sm", int), ("num_splits", int), ("set_sm_margin", bool),
+                      ("use_ce", bool)):
+        if key in body:
+            gemm = replace(gemm, **{key: _typed(field, key, body[key], kind)})
+    return gemm
+
+
+def _typed(field: str, key: str, value, kind: type):
+    """A setting as `kind` (ints for booleans as YAML writes 0/1), range-checked."""
+    if kind is bool and value in (0, 1):
+        return bool(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise UserError(field, f"{key} must be {'a boolean' if kind is bool else 'an integer ≥ 1'}"
+                           f", got {value!r}")
+
+
+def read_cfg(path: str) -> dict:
+    """The file's mapping of GEMM name to settings: YAML (as Megatron reads it) or TOML."""
+    field = "parallel.tp_comm_overlap_cfg"
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise UserError(field, f"cannot read {path}: {err.strerror}") from None
+    try:
+        if path.endswith(".toml"):
+            body = tomllib.loads(text)
+        else:
+            import yaml  # Megatron-LM's reader (PyYAML comes with dask)
+            body = yaml.safe_load(text) or {}
+    except Exception as err:  # noqa: BLE001 - a parse error of either format, named
+        raise UserError(field, f"{path} does not parse: {str(err).splitlines()[0]}") from None
+    if not isinstance(body, dict):
+        raise UserError(field, f"{path} must map GEMM names to settings")
+    unknown = sorted(set(body) - set(GEMMS))
+    if unknown:
+        raise UserError(field, f"{path}: unknown GEMM {unknown[0]!r} (TE's: {', '.join(GEMMS)})")
+    return body
+
+
+def ub_gemms(tp: int, path: str | None = None) -> dict[str, UbGemm]:
+    """Every GEMM's overlap: TE's defaults, updated by the file at `path` if given."""
+    body = read_cfg(path) if path else {}
+    return {name: (_entry(name, body[name], tp, path) if name in body
+                   else default_gemm(name, tp)) for name in GEMMS}

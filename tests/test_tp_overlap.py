@@ -1,0 +1,209 @@
+"""Transformer Engine's TP communication overlap (model/base/tp_overlap.py, docs/tp-overlap.md)
+against hand-worked timelines: a pipelined GEMM+RS split in 4, a ring-exchange AG+GEMM, a bulk
+overlap slowed by its kernel's SMs; TE's defaults and a user's file; the numbers of a numeric
+run unchanged by the overlap; the switch's refusals."""
+
+import pytest
+import simpy
+
+from simsp.cluster.topology import build_topology
+from simsp.engine.communicator import Communicator
+from simsp.engine.memory import Ledger
+from simsp.engine.network import Network
+from simsp.engine.sm_share import SmShare
+from simsp.engine.streams import COMM, Stream
+from simsp.errors import UserError
+from simsp.hardware.constants import LinkCalibration
+from simsp.model.base import ops, tp_overlap
+from simsp.model.rank import Rank, TPGroup
+from simsp.model.tensor import FP16
+from simsp.scenario.config import Cluster
+from simsp.scenario.loading import load_scenario
+from simsp.scenario.tp_overlap import BULK, PIPELINE, RING_EXCHANGE, UbGemm, ub_gemms
+
+MS = 1e-3
+SHAPE = (4096, 6144, 6144)  # (m tokens, k, n): x (m, k) @ w (k, n)
+
+
+class FixedComm:
+    """A TP communicator whose every call lasts `seconds` and returns zeros (meta: None)."""
+
+    def __init__(self, env, seconds: float):
+        self.env, self.seconds, self.calls = env, seconds, []
+
+    def reduce_scatter(self, group, rank, buffer, nbytes, tag="", elem_bytes=None, sms=None):
+        self.calls.append(("reduce_scatter", self.env.now, nbytes, sms))
+        yield self.env.timeout(self.seconds)
+
+    def all_to_all(self, group, rank, chunks, send_bytes, tag="", sms=None):
+        self.calls.append(("all_to_all", self.env.now, sum(send_bytes), sms))
+        yield self.env.timeout(self.seconds)
+        return None
+
+
+def meta_rank(env, comm, t: int = 2) -> Rank:
+    """Rank 0 of a TP group of `t` in meta mode, on a 132-SM GPU."""
+    tp = TPGroup(tuple(range(t)), 0, True, comm)
+    return Rank(0, env, Ledger(0, 1 << 40), tp, mode="meta", sm_share=SmShare(env, 132))
+
+
+def gemm_s(r) -> float:
+    """The unsplit GEMM's modelled seconds alone (the cost model's; the overlap only splits it)."""
+    return ops.gemm_seconds(r, SHAPE, False)
+
+
+def run_pipelined_rs(comm_s: float, num_sm: int = 16, margin: bool = True):
+    env = simpy.Environment()
+    comm = FixedComm(env, comm_s)
+    r = meta_rank(env, comm)
+    ub = UbGemm("proj_fprop", PIPELINE, num_sm, 4, margin, True)
+    m, k, n = SHAPE
+    x, w = r.alloc((m, 1, k), FP16, "x"), r.alloc((k, n), FP16, "w")
+    reduced = r.alloc((m // 2, 1, n), FP16, "reduced")
+    env.process(ops.linear(r, x, w, None, "proj", runner=tp_overlap.pipelined_rs(ub, reduced,
+                                                                                 "proj_exit")))
+    env.run()
+    return env.now, r, comm
+
+
+@pytest.mark.parametrize("comm_fraction", [0.5, 3.0])
+def test_pipelined_gemm_rs_split_in_4_matches_the_hand_timeline(comm_fraction):
+    # four GEMM pieces of g/4 each on 116 of 132 SMs (set_sm_margin): piece i ends at
+    # (i+1)·p with p = g/4 · 132/116; reduce-scatter i starts when piece i and RS i-1 are done
+    _, r0, _ = run_pipelined_rs(1.0)
+    p = gemm_s(r0) / 4 * 132 / 116
+    c = comm_fraction * p
+    end, r, comm = run_pipelined_rs(c)
+    rs_end = 0.0
+    for i in range(4):
+        rs_end = max((i + 1) * p, rs_end) + c
+    assert end == pytest.approx(rs_end, rel=1e-12)
+    assert [call[1] for call in comm.calls] == pytest.approx(
+        [max((i + 1) * p, (i + 1) * p if c <= p else p + i * c) for i in range(4)], rel=1e-12)
+    method_s = r.tp_overlap_s[PIPELINE]
+    assert method_s[0] == pytest.approx(4 * c, rel=1e-12)  # the reduce-scatters' own time
+    assert method_s[1] == pytest.approx(rs_end - 4 * p, rel=1e-9)  # the wait after the GEMM
+    assert r.exposed_s["tp_comm"] == pytest.approx(rs_end - 4 * p, rel=1e-9)
+    # each piece's bytes are a quarter of the (m, n) BF16 partial output; the margin leaves the
+    # kernels' SMs to the communication (none taken from the GEMM)
+    assert {call[2] for call in comm.calls} == {SHAPE[0] * SHAPE[2] * 2 // 4}
+    assert {call[3] for call in comm.calls} == {0}
+
+
+def test_pipelined_rs_without_margin_holds_its_sms_beside_the_gemm():
+    _, r0, _ = run_pipelined_rs(1.0)
+    end, _, comm = run_pipelined_rs(0.1 * gemm_s(r0) / 4, num_sm=16, margin=False)
+    assert {call[3] for call in comm.calls} == {16}  # a fixed-time fake: the SMs are passed on
+
+
+def test_ring_exchange_ag_gemm_matches_the_hand_timeline():
+    # t = 4: piece 0 on the own chunk from 0, step i's chunk (1 exchange of c) feeds piece i+1;
+    # the exchanges run back to back (c each): piece i+1 starts at max(end of piece i, (i+1)c)
+    for c_over_p in (0.5, 2.0):
+        env = simpy.Environment()
+        r = meta_rank(env, None, t=4)
+        p = gemm_s(r) / 4
+        comm = FixedComm(env, c_over_p * p)
+        r.tp.comm = comm
+        ub = UbGemm("qkv_fprop", RING_EXCHANGE, 1, 4, False, True)
+        m, k, n = SHAPE
+        x_local = r.alloc((m // 4, 1, k), FP16, "x")
+        x_full = r.alloc((m, 1, k), FP16, "x_full")
+        w = r.alloc((k, n), FP16, "w")
+        env.process(ops.linear(r, x_full, w, None, "qkv",
+                               runner=tp_overlap.ring_exchange(ub, x_local, x_full, "qkv")))
+        env.run()
+        c, end = c_over_p * p, p
+        for i in range(3):
+            end = max(end, (i + 1) * c) + p
+        assert env.now == pytest.approx(end, rel=1e-12)
+        assert r.tp_overlap_s[RING_EXCHANGE][1] == pytest.approx(end - 4 * p, rel=1e-9, abs=1e-15)
+        # each step sends the local chunk once, to the next rank; over copy engines, no SMs
+        assert [call[2] for call in comm.calls] == [x_local.nbytes] * 3
+        assert {call[3] for call in comm.calls} == {0}
+
+
+GRAPH = build_topology(Cluster(nodes=1))
+
+
+def test_bulk_overlap_gemm_slowed_by_its_kernels_sms_while_they_run():
+    """A bulk all-gather of 64 MiB over 2 GPUs of one node holding num_sm = 8 SMs (no margin)
+    beside a GEMM: the GEMM loses 8/132 of its rate for the collective's span."""
+    env = simpy.Environment()
+    comm = Communicator(env, Network(env, GRAPH, LinkCalibration()))
+    comm.sm_share = SmShare(env, 132)
+    r = meta_rank(env, comm)
+    r.sm_share = comm.sm_share
+    r.comm_stream = Stream(env, 0, COMM)
+    ub = UbGemm("qkv_dgrad", BULK, 8, 4, False, True)
+    nbytes, ends = 64 << 20, {}
+
+    def rank0():
+        launched = r.comm_stream.launch("ag", comm.all_gather((0, 1), 0, None, nbytes,
+                                                              sms=tp_overlap.comm_sms(ub)))
+        yield from tp_overlap.bulk(ub)(r, "dgrad", SHAPE, False, None, None)
+        ends["gemm"] = env.now
+        yield launched
+
+    def rank1():
+        yield from comm.all_gather((0, 1), 1, None, nbytes, sms=0)
+
+    env.process(rank0())
+    env.process(rank1())
+    env.run()
+    span = comm.stats[0].end_s - comm.stats[0].start_s
+    g = gemm_s(r)
+    assert span < g  # the collective ends inside the GEMM
+    assert ends["gemm"] == pytest.approx(g + span * 8 / 132, rel=1e-12)
+    assert comm.sm_share.taken == {0: 0}  # rank 1 launched its side with no SMs
+
+
+def test_te_defaults_and_a_users_file(tmp_path):
+    # TE initialize_ub's defaults at t = 4: ring exchange with 1 SM over copy engines, t splits
+    # and no margin; pipeline and bulk 16 SMs, 4 splits, with the margin
+    gemms = ub_gemms(4)
+    assert gemms["qkv_fprop"] == UbGemm("qkv_fprop", RING_EXCHANGE, 1, 4, False, True)
+    assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 16, 4, True, True)
+    assert gemms["fc1_wgrad"] == UbGemm("fc1_wgrad", BULK, 16, 4, True, True)
+    # NeMo's 175B file (ub_cfg_h100_h12288_tp4_mbs2_seqlen2048.yaml) as a user writes it
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text("qkv_dgrad:\n  method: bulk\n  num_sm: 4\n  cga_size: 2\n  set_sm_margin: 0\n"
+                   "proj_fprop:\n  method: pipeline\n  num_sm: 24\n  num_splits: 4\n"
+                   "  set_sm_margin: 1\n  fp8_buf: 1\n")
+    gemms = ub_gemms(4, str(cfg))
+    assert gemms["qkv_dgrad"] == UbGemm("qkv_dgrad", BULK, 4, 4, False, True)
+    assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True)
+    assert gemms["fc2_fprop"] == UbGemm("fc2_fprop", PIPELINE, 16, 4, True, True)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("qkv_fprop:\n  method: bulk\n", "not modelled"),
+    ("nope_fprop:\n  method: bulk\n", "unknown GEMM"),
+    ("qkv_dgrad:\n  num_sm: 0\n", "num_sm must be an integer"),
+    ("qkv_dgrad:\n  colour: red\n", "unknown setting"),
+])
+def test_a_bad_file_is_one_named_error(tmp_path, text, reason):
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text(text)
+    with pytest.raises(UserError, match=reason) as err:
+        ub_gemms(2, str(cfg))
+    assert "parallel.tp_comm_overlap_cfg" in str(err.value)
+
+
+def test_switch_needs_sequence_parallel_and_cfg_needs_the_switch(tmp_path):
+    with pytest.raises(UserError, match="needs sequence_parallel"):
+        load_scenario("scenarios/tiny.toml", {("parallel", "tp_comm_overlap"): True,
+                                              ("parallel", "sequence_parallel"): False})
+    with pytest.raises(UserError, match="needs tp_comm_overlap"):
+        load_scenario("scenarios/tiny.toml", {("parallel", "tp_comm_overlap_cfg"): "x.yaml"})
+
+
+def test_every_gradient_with_the_overlap_equals_the_single_device_reference():
+    """The overlap only reorders and splits: tiny (t 2 SP, p 2, d 2) against the reference."""
+    from simsp.commands.verify import REFERENCE_TOLERANCE
+    from simsp.training.driver.compare import compare_with_reference
+    from simsp.training.driver.iteration import simulate_iteration
+    sc = load_scenario("scenarios/tiny.toml", {("parallel", "tp_comm_overlap"): True})
+    errors = compare_with_reference(simulate_iteration(sc))
+    assert max(errors.values()) < REFERENCE_TOLERANCE
+    assert "loss" in errors and "layers.0.attn.qkv.weight" in errors
