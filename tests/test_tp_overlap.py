@@ -162,18 +162,18 @@ def test_te_defaults_and_a_users_file(tmp_path):
     # TE initialize_ub's defaults at t = 4: ring exchange with 1 SM over copy engines, t splits
     # and no margin; pipeline and bulk 16 SMs, 4 splits, with the margin
     gemms = ub_gemms(4)
-    assert gemms["qkv_fprop"] == UbGemm("qkv_fprop", RING_EXCHANGE, 1, 4, False, True)
-    assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 16, 4, True, True)
-    assert gemms["fc1_wgrad"] == UbGemm("fc1_wgrad", BULK, 16, 4, True, True)
+    assert gemms["qkv_fprop"] == UbGemm("qkv_fprop", RING_EXCHANGE, 1, 4, False, True, True)
+    assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 16, 4, True, True, False)
+    assert gemms["fc1_wgrad"] == UbGemm("fc1_wgrad", BULK, 16, 4, True, True, False)
     # NeMo's 175B file (ub_cfg_h100_h12288_tp4_mbs2_seqlen2048.yaml) as a user writes it
     cfg = tmp_path / "ub.yaml"
     cfg.write_text("qkv_dgrad:\n  method: bulk\n  num_sm: 4\n  cga_size: 2\n  set_sm_margin: 0\n"
                    "proj_fprop:\n  method: pipeline\n  num_sm: 24\n  num_splits: 4\n"
                    "  set_sm_margin: 1\n  fp8_buf: 1\n")
     gemms = ub_gemms(4, str(cfg))
-    assert gemms["qkv_dgrad"] == UbGemm("qkv_dgrad", BULK, 4, 4, False, True)
-    assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True)
-    assert gemms["fc2_fprop"] == UbGemm("fc2_fprop", PIPELINE, 16, 4, True, True)
+    assert gemms["qkv_dgrad"] == UbGemm("qkv_dgrad", BULK, 4, 4, False, True, True)
+    assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True, True)
+    assert gemms["fc2_fprop"] == UbGemm("fc2_fprop", PIPELINE, 16, 4, True, True, False)
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -207,3 +207,39 @@ def test_every_gradient_with_the_overlap_equals_the_single_device_reference():
     errors = compare_with_reference(simulate_iteration(sc))
     assert max(errors.values()) < REFERENCE_TOLERANCE
     assert "loss" in errors and "layers.0.attn.qkv.weight" in errors
+
+
+def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
+    """GPT-3 20B's layer at t 2, b 2, s 2048 under FP8: ten buffers of (4096, 6144), the six
+    all-gather ones in FP8 (1 B), the four reduce-scatter ones in BF16 (2 B)."""
+    from simsp.training.non_tensor_memory import non_tensor_items
+    overrides = {("parallel", "tp_comm_overlap"): True, ("parallel", "fp8_format"): "hybrid",
+                 ("model", "hidden_size"): 6144, ("model", "num_attention_heads"): 48,
+                 ("model", "seq_length"): 2048, ("parallel", "micro_batch_size"): 2,
+                 ("parallel", "global_batch_size"): 16, ("run", "mode"): "meta",
+                 ("cluster", "gpu"): "h100-sxm-80gb"}
+    items = {i.name: i.bytes for i in non_tensor_items(load_scenario("scenarios/tiny.toml",
+                                                                     overrides))}
+    assert items["te_userbuffers"] == 4096 * 6144 * (6 * 1 + 4 * 2)
+    del overrides[("parallel", "tp_comm_overlap")]
+    items = {i.name for i in non_tensor_items(load_scenario("scenarios/tiny.toml", overrides))}
+    assert "te_userbuffers" not in items
+
+
+@pytest.mark.parametrize("overrides", [
+    {("model", "hidden_size"): 1024, ("model", "num_attention_heads"): 8,
+     ("model", "seq_length"): 512},
+    {("model", "hidden_size"): 768, ("model", "num_attention_heads"): 12,
+     ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
+     ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
+     ("cluster", "sm_contention"): True},
+])
+def test_shortcuts_give_the_full_simulations_times(overrides):
+    from simsp.training.driver.iteration import Shortcuts, simulate_iteration
+    sc = load_scenario("scenarios/tiny.toml", {("run", "mode"): "meta",
+                                               ("parallel", "tp_comm_overlap"): True,
+                                               **overrides})
+    fast = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    full = simulate_iteration(sc, Shortcuts(), trace="none")
+    assert max(fast.results.end_s.values()) == pytest.approx(max(full.results.end_s.values()),
+                                                             rel=1e-9)

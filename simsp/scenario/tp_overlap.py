@@ -5,7 +5,7 @@ The GEMM names, the AG / RS split, the default method of each and the default kn
 NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub
 (layers_all_gather_overlap, layers_reduce_scatter_overlap, methods, get_default_config: num_sm
 1 for ring_exchange else 16, num_splits tp_size for ring_exchange else 4, set_sm_margin off for
-ring_exchange only, use_ce on). Megatron-LM reads the file with yaml.safe_load and hands it to
+ring_exchange only, use_ce on, fp8_buf for the all-gather layers). Megatron-LM reads the file with yaml.safe_load and hands it to
 initialize_ub (megatron/training/initialize.py _initialize_tp_communicators).
 """
 
@@ -26,14 +26,15 @@ GEMMS = sum(DEFAULT_METHODS.values(), ())  # the ten userbuffers, in initialize_
 # the methods simsp runs for each kind of GEMM (TE refuses pipeline for an all-gather; the dgrad
 # reduce-scatter overlap that replaces a bulk pair is not modelled)
 ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE,), "bulk": (BULK,)}
-MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce")
-IGNORED_KEYS = ("cga_size", "aggregate", "atomic_gemm", "fp8_buf", "comm_priority",
+MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce", "fp8_buf")
+IGNORED_KEYS = ("cga_size", "aggregate", "atomic_gemm", "comm_priority",
                 "gemm_priority", "pipeline_rs_overlap_first_gemm", "is_reduce_scatter")
 
 
 @dataclass(frozen=True)
 class UbGemm:
-    """One GEMM's overlap: its method, communication SMs, splits, SM margin, copy engines."""
+    """One GEMM's overlap: its method, communication SMs, splits, SM margin, copy engines, and
+    whether its buffer holds FP8 (under FP8)."""
 
     name: str
     method: str
@@ -41,6 +42,7 @@ class UbGemm:
     num_splits: int
     set_sm_margin: bool
     use_ce: bool
+    fp8_buf: bool = False
 
     @property
     def comm_sms(self) -> int:
@@ -50,10 +52,11 @@ class UbGemm:
 
 
 def default_gemm(name: str, tp: int) -> UbGemm:
-    """TE's get_default_config for `name` at TP size `tp`."""
+    """TE's get_default_config for `name` at TP size `tp` (fp8_buf: the all-gather layers)."""
     method = next(m for m, names in DEFAULT_METHODS.items() if name in names)
     ring = method == RING_EXCHANGE
-    return UbGemm(name, method, 1 if ring else 16, tp if ring else 4, not ring, True)
+    return UbGemm(name, method, 1 if ring else 16, tp if ring else 4, not ring, True,
+                  name in ALL_GATHER_GEMMS)
 
 
 def _kind(name: str) -> str:
@@ -78,9 +81,12 @@ def _entry(name: str, body, tp: int, source: str) -> UbGemm:
         raise UserError(field, f"method {body['method']!r} is not modelled for {name} (simsp "
                                f"runs {' or '.join(allowed)})")
     for key, kind in (("num_sm", int), ("num_splits", int), ("set_sm_margin", bool),
-                      ("use_ce", bool)):
+                      ("use_ce", bool), ("fp8_buf", bool)):
         if key in body:
             gemm = replace(gemm, **{key: _typed(field, key, body[key], kind)})
+    if "fp8_buf" in body:  # TE honours a user's fp8_buf on pipelined layers alone
+        gemm = replace(gemm, fp8_buf=name in ALL_GATHER_GEMMS or (
+            gemm.fp8_buf and gemm.method == PIPELINE))
     return gemm
 
 
@@ -122,3 +128,17 @@ def ub_gemms(tp: int, path: str | None = None) -> dict[str, UbGemm]:
     body = read_cfg(path) if path else {}
     return {name: (_entry(name, body[name], tp, path) if name in body
                    else default_gemm(name, tp)) for name in GEMMS}
+
+
+def userbuffers_bytes(gemms: dict[str, UbGemm], tokens: int, hidden: int, fp8: bool) -> int:
+    """Bytes of the userbuffers one rank registers: one (tokens, hidden) buffer per GEMM
+    (Megatron-LM megatron/training/initialize.py _initialize_tp_communicators: seq_length ×
+    micro_batch_size / context_parallel_size rows of hidden_size), 1 B per element where FP8
+    runs and the GEMM's fp8_buf is set, else 2 (BF16) (TE's initialize_ub add_ub). (A
+    ring-exchange reduce-scatter would hold 2t − 1 chunks of t, CommOverlapP2PBase::initialize;
+    simsp runs reduce-scatters pipelined only.)"""
+    total = 0
+    for gemm in gemms.values():
+        elem = 1 if fp8 and gemm.fp8_buf else 2
+        total += tokens * hidden * elem
+    return total

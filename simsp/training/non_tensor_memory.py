@@ -7,8 +7,7 @@ profile's `cuda_context_MiB`, `cublas_workspace_MiB`); NCCL's buffers for each c
 layout has (simsp/engine/collectives/nccl_buffers.py); and the caching allocator's
 fragmentation: a judged allowance, or the modelled one where `run --caching-allocator`
 replays the ledger. No cuDNN workspace (simsp's attention is flash or unfused, never cuDNN)
-and no Transformer Engine userbuffers (simsp has no `--tp-comm-overlap`; te_userbuffers_bytes
-is where they would enter).
+and Transformer Engine's userbuffers under `--tp-comm-overlap` (scenario/tp_overlap.py).
 """
 
 from typing import NamedTuple
@@ -17,6 +16,7 @@ from simsp.cluster.expert_grid import ExpertGrid
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.nccl_buffers import p2p_bytes, ring_bytes
 from simsp.hardware.profiles import gpu_profile
+from simsp.scenario.tp_overlap import ub_gemms, userbuffers_bytes
 from simsp.units import GiB, MiB
 
 FRAGMENTATION_ALLOWANCE = 2 * GiB  # a judgement: 2.5% of an 80 GiB GPU (docs/non_tensor_memory.md)
@@ -90,10 +90,15 @@ def nccl_items(sc) -> list[NonTensorItem]:
     return [item for item in items if item is not None]
 
 
-def te_userbuffers_bytes(sc) -> float:
-    """Transformer Engine's userbuffers for TP communication overlap: none, as simsp has no
-    `--tp-comm-overlap` (docs/non_tensor_memory.md says what would enter here)."""
-    return 0.0
+def te_userbuffers_bytes(sc) -> int:
+    """Transformer Engine's userbuffers for TP communication overlap, registered once per rank
+    for its TP group (scenario/tp_overlap.py userbuffers_bytes); none without the overlap."""
+    p = sc.parallel
+    if not p.tp_comm_overlap:
+        return 0
+    tokens = sc.model.seq_length * p.micro_batch_size // p.cp
+    return userbuffers_bytes(ub_gemms(p.tp, p.tp_comm_overlap_cfg), tokens,
+                             sc.model.hidden_size, p.fp8_format is not None)
 
 
 def non_tensor_items(sc, fragmentation_bytes: float | None = None) -> list[NonTensorItem]:
@@ -105,7 +110,9 @@ def non_tensor_items(sc, fragmentation_bytes: float | None = None) -> list[NonTe
              *nccl_items(sc)]
     userbuffers = te_userbuffers_bytes(sc)
     if userbuffers:
-        items.append(NonTensorItem("te_userbuffers", userbuffers, "Transformer Engine"))
+        items.append(NonTensorItem("te_userbuffers", userbuffers, "Transformer Engine "
+                                   "initialize_ub: one (s·b/cp, h) buffer per overlapped GEMM "
+                                   "(docs/tp-overlap.md)"))
     if fragmentation_bytes is None:
         items.append(NonTensorItem("fragmentation", FRAGMENTATION_ALLOWANCE,
                                    "allowance, a judgement (docs/non_tensor_memory.md)"))
