@@ -220,6 +220,7 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         **_architecture(sc),
         **_fsdp(run),
         **_dp_overlap(run),
+        **_tp_overlap(run),
         **_offload(run),
         **_moe(run),
     }
@@ -255,6 +256,24 @@ def _dp_overlap(run) -> dict:
         return {}
     return {"dp_overlap_per_stage": [run.states[rank].ddp_buckets.overlap_report()
                                      for rank in stage_ranks(run)]}
+
+
+def _tp_overlap(run) -> dict:
+    """Under --tp-comm-overlap, per stage and Transformer Engine method: the seconds of TP
+    communication it overlapped, the part the GEMMs waited on (exposed) and the part they hid
+    (model/base/tp_overlap.py; docs/tp-overlap.md); absent otherwise."""
+    if not run.inputs.sc.parallel.tp_comm_overlap:
+        return {}
+    stages = []
+    for rank in stage_ranks(run):
+        seen = run.inputs.world.ranks[rank].tp_overlap_s
+        methods = sorted({method for method, _ in seen})
+        comm = {method: seen.get((method, "comm"), 0.0) for method in methods}
+        exposed = {method: seen.get((method, "exposed"), 0.0) for method in methods}
+        stages.append({method: {"comm_s": comm[method], "exposed_s": exposed[method],
+                                "hidden_s": comm[method] - exposed[method]}
+                       for method in methods})
+    return {"tp_overlap_per_stage": stages}
 
 
 def _fsdp(run) -> dict:

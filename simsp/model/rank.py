@@ -53,7 +53,8 @@ class Rank:
     comm_bytes: dict = field(default_factory=dict)  # (phase, kind) -> bytes sent by this rank
     busy_s: dict = field(default_factory=dict)  # kernel kind -> seconds on the compute stream
     exposed_s: dict = field(default_factory=dict)  # track -> seconds blocked on communication
-    tp_overlap_s: dict = field(default_factory=dict)  # TE method -> [comm seconds, exposed]
+    # (TE method, "comm" | "exposed") -> seconds of TP communication it overlapped / left exposed
+    tp_overlap_s: dict = field(default_factory=dict)
     comm_stream: object = None  # simsp.engine.streams.Stream for asynchronous collectives
     moe_aux_loss: float = 0.0  # Σ aux_scale · aux loss of its MoE layers' forwards (numeric)
     moe: object = None  # blocks/moe/placement.py ExpertRank of a MoE model, else None

@@ -95,7 +95,7 @@ class LayerTemplates:
         return result
 
 
-_COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s", "moe_load")
+_COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s", "moe_load", "tp_overlap_s")
 
 
 class _Snapshot:

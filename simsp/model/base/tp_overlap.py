@@ -30,9 +30,9 @@ def ub_of(r, gemm: str):
 
 def record(r, method: str, comm_s: float, exposed_s: float) -> None:
     """Count `comm_s` of `method`'s communication, `exposed_s` of it not hidden."""
-    seen = r.tp_overlap_s.setdefault(method, [0.0, 0.0])
-    seen[0] += comm_s
-    seen[1] += exposed_s
+    seen = r.tp_overlap_s
+    seen[(method, "comm")] = seen.get((method, "comm"), 0.0) + comm_s
+    seen[(method, "exposed")] = seen.get((method, "exposed"), 0.0) + exposed_s
     r.count_exposed("tp_comm", exposed_s)
 
 

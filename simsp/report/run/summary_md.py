@@ -192,6 +192,9 @@ def _performance(m: dict) -> list[str]:
             ["bubble fraction", pct(m["bubble_fraction"])],
             ["exposed communication (worst stage, excl. pipeline wait)",
              seconds(m["exposed_comm_s"])]]
+    for method, seen in (m.get("tp_overlap_per_stage") or [{}])[0].items():
+        rows.append([f"TP overlap, {method.replace('_', ' ')} (stage 0): hidden / exposed",
+                     f"{seconds(seen['hidden_s'])} / {seconds(seen['exposed_s'])}"])
     if m.get("loss") is not None:
         rows.append(["loss", f"{m['loss']:.6f}"])
     rows.append(["out of memory", "**yes**" if m["oom"] else "no"])
