@@ -8,8 +8,7 @@ runs at (SMs − taken) / SMs of its rate while they overlap; the communication 
 slowed (its time is set by the links). `take` / `give_back` say when SMs are held on a rank
 (any caller: the communicator's collectives, or another kernel holding a fixed SM count);
 `run` is one compute kernel of given full-rate seconds, re-timed whenever its rank's taken
-SMs change, as the fair share re-times flows when a link's load changes (docs/MODEL.md,
-"SM contention").
+SMs change, as the fair share re-times flows when a link's load changes (docs/tp-overlap.md#sm-contention).
 """
 
 import simpy
