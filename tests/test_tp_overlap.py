@@ -182,6 +182,7 @@ def test_te_defaults_and_a_users_file(tmp_path):
     ("nope_fprop:\n  method: bulk\n", "unknown GEMM"),
     ("qkv_dgrad:\n  num_sm: 0\n", "num_sm must be an integer"),
     ("qkv_dgrad:\n  colour: red\n", "unknown setting"),
+    ("proj_fprop:\n  atomic_gemm: 1\n", "atomic_gemm is not modelled"),
 ])
 def test_a_bad_file_is_one_named_error(tmp_path, text, reason):
     cfg = tmp_path / "ub.yaml"
@@ -189,6 +190,18 @@ def test_a_bad_file_is_one_named_error(tmp_path, text, reason):
     with pytest.raises(UserError, match=reason) as err:
         ub_gemms(2, str(cfg))
     assert "parallel.tp_comm_overlap_cfg" in str(err.value)
+
+
+def test_nemos_bundled_files_by_name():
+    # NeMo's Llama 2 70B file (ub_cfg_h100_h8192_tp4_mbs1_seqlen4096.yaml at 0446d2c0): bulk
+    # qkv_dgrad 8 SMs and fc1_dgrad 2 without the margin; pipelined proj_fprop 24 with it
+    gemms = ub_gemms(4, "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096")
+    assert gemms["qkv_dgrad"] == UbGemm("qkv_dgrad", BULK, 8, 4, False, True, True)
+    assert gemms["fc1_dgrad"] == UbGemm("fc1_dgrad", BULK, 2, 4, False, True, True)
+    assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True, False)
+    assert gemms["fc2_dgrad"] == UbGemm("fc2_dgrad", RING_EXCHANGE, 1, 4, False, True, True)
+    with pytest.raises(UserError, match="cannot read"):
+        ub_gemms(4, "ub_cfg_not_bundled")
 
 
 def test_switch_needs_sequence_parallel_and_cfg_needs_the_switch(tmp_path):

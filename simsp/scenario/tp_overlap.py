@@ -27,6 +27,7 @@ GEMMS = sum(DEFAULT_METHODS.values(), ())  # the ten userbuffers, in initialize_
 # reduce-scatter overlap that replaces a bulk pair is not modelled)
 ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE,), "bulk": (BULK,)}
 MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce", "fp8_buf")
+BUNDLED = Path(__file__).parent / "data" / "tp_overlap"  # NeMo's files restated, by name
 IGNORED_KEYS = ("cga_size", "aggregate", "atomic_gemm", "comm_priority",
                 "gemm_priority", "pipeline_rs_overlap_first_gemm", "is_reduce_scatter")
 
@@ -75,6 +76,8 @@ def _entry(name: str, body, tp: int, source: str) -> UbGemm:
     if unknown:
         raise UserError(field, f"unknown setting {unknown[0]!r} (TE's ub_cfgs keys: "
                                f"{', '.join(MODELLED_KEYS + IGNORED_KEYS)})")
+    if body.get("atomic_gemm") in (1, True):
+        raise UserError(field, "atomic_gemm is not modelled (docs/tp-overlap.md)")
     gemm = default_gemm(name, tp)
     allowed = ALLOWED[_kind(name)]
     if body.get("method", gemm.method) not in allowed:
@@ -100,9 +103,23 @@ def _typed(field: str, key: str, value, kind: type):
                            f", got {value!r}")
 
 
+def bundled_cfgs() -> list[str]:
+    """The names of the bundled per-GEMM files (NeMo's layouts), sorted."""
+    return sorted(p.stem for p in BUNDLED.glob("*.toml"))
+
+
+def cfg_path(value: str) -> str:
+    """A bundled file's path for its bare name (no folder, no suffix), else `value` itself."""
+    if value in bundled_cfgs():
+        return str(BUNDLED / f"{value}.toml")
+    return value
+
+
 def read_cfg(path: str) -> dict:
-    """The file's mapping of GEMM name to settings: YAML (as Megatron reads it) or TOML."""
+    """The file's mapping of GEMM name to settings: YAML (as Megatron reads it) or TOML; a bare
+    name is a bundled file (`bundled_cfgs`)."""
     field = "parallel.tp_comm_overlap_cfg"
+    path = cfg_path(path)
     try:
         text = Path(path).read_text()
     except OSError as err:
