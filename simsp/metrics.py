@@ -219,8 +219,7 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         "shortcuts_used": shortcuts.why(),
         **_architecture(sc),
         **_fsdp(run),
-        **_dp_overlap(run),
-        **_tp_overlap(run),
+        **_overlaps(run),
         **_offload(run),
         **_moe(run),
     }
@@ -245,6 +244,11 @@ def _offload(run) -> dict:
                         "host_link_GBps": gpu_profile(run.inputs.sc.cluster.gpu).host_link_GBps,
                         "per_stage": stages,
                         "host_peak_bytes": max(s["host_peak_bytes"] for s in stages)}}
+
+
+def _overlaps(run) -> dict:
+    """What the DP and the TP overlaps hid and left exposed, per stage (absent when off)."""
+    return {**_dp_overlap(run), **_tp_overlap(run)}
 
 
 def _dp_overlap(run) -> dict:
