@@ -45,25 +45,41 @@ def _other_value(row):
     return value
 
 
-CASES = [(row.name, row.flag, _other_value(row)) for row in CLUSTER]
+def _case(row) -> tuple:
+    """(field, flag, value): a value flag with another valid value, or a switch with its value."""
+    if row.flag is None:  # a switch alone (e.g. --sm-contention)
+        return row.name, row.switches[0].flag, row.switches[0].value
+    return row.name, row.flag, _other_value(row)
 
 
-def _text(value) -> str:
+CASES = [_case(row) for row in CLUSTER]
+
+
+def _text(value) -> str | None:
+    """The value's text after its flag; None after a switch (a boolean)."""
+    if isinstance(value, bool):
+        return None
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _tokens(flag, text) -> list[str]:
+    return [flag] if text is None else [flag, text]
+
+
 def _run(flag, text):
-    return [scenario_from_args(build_parser().parse_args(["run", SCENARIO, flag, text]))]
+    return [scenario_from_args(build_parser().parse_args(["run", SCENARIO,
+                                                          *_tokens(flag, text)]))]
 
 
 def _sweep(flag, text):
-    args = build_parser().parse_args(["sweep", SCENARIO, flag, text])
+    args = build_parser().parse_args(["sweep", SCENARIO, *_tokens(flag, text)])
     return [load_scenario(None, c.overrides())
             for c in simsp.api.build_configs(args.source, field_lists(args))]
 
 
 def _search(flag, text):
-    args = build_parser().parse_args(["search", SCENARIO, "--gpus", str(GPUS), flag, text])
+    args = build_parser().parse_args(["search", SCENARIO, "--gpus", str(GPUS),
+                                      *_tokens(flag, text)])
     base, fixed, allowed = search_command._base(args)
     batch = base[("parallel", "global_batch_size")]
     layouts = enumerate_layouts(base, GPUS, batch, fixed, SCENARIO, allowed,
@@ -72,7 +88,7 @@ def _search(flag, text):
 
 
 def _whatif(flag, text):
-    configs = whatif_configs(variants_from_specs(SCENARIO, [f"v={flag} {text}"]))
+    configs = whatif_configs(variants_from_specs(SCENARIO, [f"v={' '.join(_tokens(flag, text))}"]))
     return [load_scenario(None, configs[1].overrides())]
 
 

@@ -65,7 +65,7 @@ CLUSTER = (
     # SM contention (engine/sm_share.py, docs/MODEL.md): off by default; Megatron has no flag
     Field("cluster", "sm_contention", bool, False, switches=(
         Switch("--sm-contention", True, "slow a compute kernel by the SMs the communication "
-               "kernels beside it hold (one per NCCL channel; docs/MODEL.md)", "smc"),)),
+               "kernels beside it hold (one per NCCL channel; docs/tp-overlap.md)", "smc"),)),
 )
 
 RUN = (  # numeric (numpy arrays) or meta (shapes only), seed, numeric dtype
