@@ -113,8 +113,24 @@ FAMILIES = {
     "a2a-dispatch": (_a2a, (64, 128, 256), (64, 128)),
 }
 
+# Both children: what the shortcut verdict keeps (simulated ranks, groups stepped as flows) and
+# the first shortcut it refuses, with its reason (shortcuts/check.py).
+VERDICT = """
+from simsp.engine.group_timing import STEPPED
+from simsp.shortcuts.plan import simulated_ranks
+
+
+def verdict(sc, shortcuts):
+    ranks = simulated_ranks(sc, shortcuts)
+    refused = [f"{name}: {why}" for name, why in shortcuts.reasons if why.startswith("not used")]
+    return {"ranks": None if ranks is None else len(list(ranks)),
+            "stepped": (sum(method in STEPPED for _, method in shortcuts.methods)
+                        if shortcuts.closed_form else None),
+            "refused": refused[0] if refused else None}
+"""
+
 # Runs in the child: one meta iteration, its counts, CPU and peak memory, and the estimate.
-CHILD = """
+CHILD = VERDICT + """
 import json, resource, sys, time
 from simsp.cli import build_parser
 from simsp.scenario.outside import scenario_from_args
@@ -132,11 +148,12 @@ print(json.dumps({"cpu_s": spent, "rss_bytes": usage.ru_maxrss * 1024,
                   "events": next(run.inputs.world.env._eid), "flows": network.flows_started,
                   "solves": network.rate_computations,
                   "estimate_s": run_seconds(sc, shortcuts),
-                  "estimate": estimated_counts(sc, shortcuts)._asdict()}))
+                  "estimate": estimated_counts(sc, shortcuts)._asdict(),
+                  "verdict": verdict(sc, shortcuts)}))
 """
 
 # Runs in the child for a point past the cap: the estimate alone (the shortcut check, no run).
-ESTIMATE_CHILD = """
+ESTIMATE_CHILD = VERDICT + """
 import json, sys
 from simsp.cli import build_parser
 from simsp.scenario.outside import scenario_from_args
@@ -145,7 +162,8 @@ from simsp.training.driver.iteration import Shortcuts
 sc = scenario_from_args(build_parser().parse_args(["run", *sys.argv[1:], "--mode", "meta"]))
 shortcuts = Shortcuts.for_scale(sc)
 print(json.dumps({"cpu_s": None, "estimate_s": run_seconds(sc, shortcuts),
-                  "estimate": estimated_counts(sc, shortcuts)._asdict()}))
+                  "estimate": estimated_counts(sc, shortcuts)._asdict(),
+                  "verdict": verdict(sc, shortcuts)}))
 """
 
 
@@ -195,18 +213,31 @@ def run_family(name: str, quick: bool, cap_s: float) -> list[dict]:
 
 
 def _row_text(row: dict, cap_s: float) -> str:
-    """One table line: size, CPU, peak memory, counts, estimate and measured / estimated."""
+    """One table line: size, CPU, peak memory, counts, estimate, measured / estimated, and the
+    verdict's simulated ranks and stepped groups; below it the first shortcut refused, if any."""
     head = f"{row['family']:<20}{row['size']:>7}"
     if "error" in row:
         return f"{head}  error: {row['error']}"
     if row["cpu_s"] is None:
-        estimate = (f"{'':>27}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}"
+        estimate = (f"{'':>27}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}{'':>9}"
                     if "estimate" in row else "")
-        return f"{head}{'> ' + format(cap_s, 'g'):>9}{estimate}"
+        return f"{head}{'> ' + format(cap_s, 'g'):>9}{estimate}{_verdict_text(row)}"
     ratio = row["cpu_s"] / row["estimate_s"] if row["estimate_s"] else math.inf
     return (f"{head}{row['cpu_s']:>9.2f}{row['rss_bytes'] / 2 ** 30:>7.2f}{row['events']:>11}"
             f"{row['flows']:>10}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}"
-            f"{ratio:>9.2f}")
+            f"{ratio:>9.2f}{_verdict_text(row)}")
+
+
+def _verdict_text(row: dict) -> str:
+    """The verdict's columns (simulated ranks, 'all' without the representative; stepped
+    groups) and, on a line of its own, the first shortcut it refuses."""
+    verdict = row.get("verdict")
+    if verdict is None:
+        return ""
+    ranks = "all" if verdict["ranks"] is None else verdict["ranks"]
+    refused = f"\n{'':>27}refused {verdict['refused']}" if verdict["refused"] else ""
+    stepped = "all" if verdict["stepped"] is None else verdict["stepped"]
+    return f"{ranks:>7}{stepped:>9}{refused}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -218,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write every row here")
     args = parser.parse_args(argv)
     print(f"{'family':<20}{'size':>7}{'cpu s':>9}{'GiB':>7}{'events':>11}{'flows':>10}"
-          f"{'est fl':>10}{'est s':>9}{'meas/est':>9}")
+          f"{'est fl':>10}{'est s':>9}{'meas/est':>9}{'ranks':>7}{'stepped':>9}")
     rows = []
     for name in args.only:
         family = run_family(name, args.quick, args.cap)

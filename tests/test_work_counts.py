@@ -10,7 +10,8 @@ import pytest
 from simsp.cli import build_parser
 from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.work import bucket_count
-from simsp.shortcuts.work_counts import estimated_counts, ring_flows
+from simsp.cluster.grid import RankGrid
+from simsp.shortcuts.work_counts import estimated_counts, ring_flows, stage_buckets
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 H100 = ["scenarios/paper-22b.toml", "--micro-batch-size", "1", "--system", "dgx-h100",
@@ -73,3 +74,23 @@ def test_buckets_close_once_they_hold_the_bucket_size():
     m = 2 ** 20
     assert bucket_count(scenario(flags)) == 1
     assert bucket_count(scenario(flags + ["--ddp-bucket-size", str(5 * m)])) == 8
+
+
+def test_each_stage_counts_the_buckets_its_ranks_build():
+    """Megatron-LM distributed_data_parallel.py cuts only the first stage's first model chunk at
+    the bucket size. t 4 SP, p 2 interleaved (v 2), d 4, distributed optimizer, tied
+    embeddings: the last stage has one bucket per chunk and one for its copy of the word
+    embedding, 2 + 1 = 3 (hand-counted); the first stage, at a 1M bucket, its first chunk's one
+    layer walked in reverse (fc2 4M/4 = 1M closes one, fc1 1M closes one, the projection, QKV
+    and small tensors 1M closes one; M = 2^20) then the position table (0.5M) and the word
+    embedding (12.5M) close a fourth, plus one for its second chunk: 5. Both against the
+    buckets the engine builds on each simulated rank."""
+    flags, _ = CASES["t4 SP p2 interleaved d4, overlapped DP (templates off)"]
+    sc = scenario(flags + ["--ddp-bucket-size", str(2 ** 20)])
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    assert (stage_buckets(sc, 0), stage_buckets(sc, 1)) == (5, 3)
+    grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp, sc.parallel.cp)
+    for rank in sorted(run.results.end_s):
+        stage = grid.coords(rank).pp
+        built = len(run.states[rank].ddp_buckets.buckets)
+        assert stage_buckets(sc, stage) == built, (rank, stage, built)

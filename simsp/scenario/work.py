@@ -226,16 +226,27 @@ def bucket_count(sc) -> int:
     its tensors (TP shards: 12 per layer, the embedding and final norm) filled in order into
     buckets that close once they hold the bucket size."""
     p, m = sc.parallel, sc.model
-    size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
-    layers = m.num_layers // p.pp
+    h = m.hidden_size
+    tensors = layer_tensors(sc) * (m.num_layers // p.pp) + [m.vocab_size * h // p.tp, h, h]
+    return buckets_of(tensors, bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size))
+
+
+def layer_tensors(sc) -> list[int]:
+    """One layer's gradient tensors on a TP rank, in module order (elements each, shape (12,)):
+    QKV, projection, fc1, fc2 (weight, bias), two norms (weight, bias)."""
+    m, t = sc.model, sc.parallel.tp
+    h, f = m.hidden_size, m.ffn
+    return [3 * h * h // t, 3 * h // t, h * h // t, h, h * f // t, f // t, f * h // t, h,
+            h, h, h, h]
+
+
+def buckets_of(tensors: list[int], size: int | None) -> int:
+    """Buckets `tensors` (elements each, in the order they fill) make when a bucket closes once
+    it holds `size` elements (None: one bucket)."""
     if size is None:
         return 1
-    h, f, t = m.hidden_size, m.ffn, p.tp
-    layer = [3 * h * h // t, 3 * h // t, h * h // t, h, h * f // t, f // t, f * h // t, h,
-             h, h, h, h]  # QKV, projection, fc1, fc2 (weight, bias), two norms (weight, bias)
-    tensors = layer * layers + [m.vocab_size * h // t, h, h]  # the embedding, the final norm
     count, held = 0, 0
-    for numel in tensors:  # shape (12 * layers + 3,): per-rank elements of each tensor
+    for numel in tensors:
         held += numel
         if held >= size:
             count, held = count + 1, 0

@@ -12,7 +12,8 @@ forward and 6 backward (Megatron-LM megatron/core/tensor_parallel/layers.py: the
 backward gathers its input again for the weight gradient), without it 2 all-reduces each way;
 after the schedule one all-reduce per sequence-parallel gradient tensor (norm weights and
 biases, row-parallel biases; training/data_parallel/finalize.py); a data-parallel group two
-phases per gradient bucket (training/data_parallel/grad_buckets.py).
+phases per gradient bucket of its stage (stage_buckets: only the first stage's first model
+chunk is cut at the bucket size; training/data_parallel/grad_buckets.py).
 """
 
 from typing import NamedTuple
@@ -20,8 +21,10 @@ from typing import NamedTuple
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.engine.group_timing import STEPPED
-from simsp.scenario.work import (TIME_LIMIT_S, bucket_count, layer_steps, meta_seconds,
-                                 numeric_seconds)
+from simsp.scenario.pipeline_split import model_chunks
+from simsp.scenario.config import bucket_size
+from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, layer_steps, layer_tensors,
+                                 meta_seconds, numeric_seconds)
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.plan import simulated_ranks
 
@@ -62,8 +65,36 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     if p.sequence_parallel:
         tp_phases += 2 * _sp_tensors(sc) / p.pp
     flows = sum(tp_phases * ring_flows(g, per_node) for g in tp_groups)
-    flows += sum(2 * bucket_count(sc) * ring_flows(g, per_node) for g in dp_groups)
+    flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * ring_flows(g, per_node)
+                 for g in dp_groups)
     return WorkCounts(layer_steps(sc), round(flows))
+
+
+def stage_buckets(sc, stage: int) -> int:
+    """Gradient buckets a data-parallel group of pipeline stage `stage` reduces, as
+    training/data_parallel/grad_buckets.py DDPBuckets builds them after Megatron-LM
+    megatron/core/distributed/distributed_data_parallel.py (bucket_size None on pipeline ranks
+    > 0 and for model chunks after the first): the first stage's first chunk cut at the bucket
+    size (its layers and the embedding, scenario/work.py bucket_count), every other chunk one
+    bucket; with the distributed optimizer the last stage's copy of the tied word embedding
+    one more."""
+    p, m = sc.parallel, sc.model
+    chunks = model_chunks(m, p)
+    buckets = _first_chunk_buckets(sc, chunks) + chunks - 1 if stage == 0 else chunks
+    tied_copy = p.distributed_optimizer and m.tied and p.pp > 1 and stage == p.pp - 1
+    return buckets + tied_copy
+
+
+def _first_chunk_buckets(sc, chunks: int) -> int:
+    """Buckets of the first stage's first chunk: its layers' tensors and then the embedding
+    tables (the position table where positions are learned), walked in reverse module order
+    (grad_buckets.py build_buckets) and cut at the bucket size."""
+    p, m = sc.parallel, sc.model
+    tensors = layer_tensors(sc) * (m.num_layers // (p.pp * chunks))
+    tables = [m.seq_length * m.hidden_size] if m.position_embedding_type == "learned_absolute" else []
+    tables.append(m.vocab_size * m.hidden_size // p.tp)  # shape (1 or 2,): elements per table
+    size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
+    return buckets_of(tensors[::-1] + tables, size)
 
 
 def _stepped_groups(sc, shortcuts: Shortcuts) -> set:
