@@ -52,6 +52,7 @@ def test_h100_profile_states_the_sourced_launch_costs():
 @pytest.mark.parametrize("parallel, captured, replays", [
     ({"cuda_graph_impl": "local"}, ("attn", "mlp"), 1),  # whole layer: one graph per pass
     ({"enable_cuda_graph": True}, ("attn", "mlp"), 1),  # the deprecated spelling of local
+    ({"external_cuda_graph": True}, ("attn", "mlp"), 1),  # deprecated: transformer_engine
     ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": "full"}, ("attn", "mlp"), 1),
     ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": "attn"}, ("attn",), 1),
     ({"cuda_graph_impl": "local", "cuda_graph_scope": "mlp"}, ("mlp",), 1),
@@ -81,6 +82,8 @@ def test_mamba_module_captures_nothing_in_a_model_without_mamba_layers():
     (["--cuda-graph-impl", "bogus"], "--cuda-graph-impl", "invalid choice: 'bogus'"),
     (["--enable-cuda-graph", "--cuda-graph-impl", "transformer_engine"],
      "parallel.enable_cuda_graph", "do not use --enable-cuda-graph with --cuda-graph-impl"),
+    (["--enable-cuda-graph", "--external-cuda-graph"], "parallel.external_cuda_graph",
+     "cannot be enabled at the same time"),
     (["--cuda-graph-impl", "full_iteration", "--cuda-graph-scope", "attn"],
      "parallel.cuda_graph_modules", "must be empty when cuda_graph_impl is full_iteration"),
     (["--cuda-graph-impl", "local", "--cuda-graph-scope", "full", "attn"],

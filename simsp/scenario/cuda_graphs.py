@@ -1,5 +1,5 @@
 """What a scenario's CUDA-graph flags capture, as Megatron-LM resolves them (docs/launch.md):
---enable-cuda-graph is --cuda-graph-impl local; --cuda-graph-scope is the older spelling of
+--enable-cuda-graph is --cuda-graph-impl local, --external-cuda-graph transformer_engine; --cuda-graph-scope is the older spelling of
 --cuda-graph-modules; "full" (or nothing) captures the whole layer; the deprecated scope value
 "full_iteration" is --cuda-graph-impl full_iteration (megatron/training/arguments.py
 validate_args, megatron/core/transformer/cuda_graph_config.py, NVIDIA/Megatron-LM d98e8a64).
@@ -21,6 +21,8 @@ def graph_impl(p) -> str:
     """The capture implementation Megatron runs: none, local, transformer_engine, full_iteration."""
     if p.enable_cuda_graph:
         return "local"
+    if p.external_cuda_graph:
+        return "transformer_engine"
     if "full_iteration" in scope_words(p):
         return "full_iteration"
     return p.cuda_graph_impl

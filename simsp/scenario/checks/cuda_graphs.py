@@ -12,8 +12,11 @@ SCOPE = "parallel.cuda_graph_modules"
 
 def cuda_graphs(m: Model, p: Parallel) -> None:
     """The flags' own combinations, then the per-layer modules against the model and layout."""
-    check(not p.enable_cuda_graph or p.cuda_graph_impl == "none", "parallel.enable_cuda_graph",
-          "do not use --enable-cuda-graph with --cuda-graph-impl (Megatron)")
+    for name in ("enable_cuda_graph", "external_cuda_graph"):
+        check(not getattr(p, name) or p.cuda_graph_impl == "none", f"parallel.{name}",
+              f"do not use --{name.replace('_', '-')} with --cuda-graph-impl (Megatron)")
+    check(not (p.enable_cuda_graph and p.external_cuda_graph), "parallel.external_cuda_graph",
+          "--enable-cuda-graph and --external-cuda-graph cannot be enabled at the same time")
     check(p.cuda_graph_scope is None or p.cuda_graph_modules is None, SCOPE,
           "--cuda-graph-scope and --cuda-graph-modules cannot be used together")
     _scope_words(p)

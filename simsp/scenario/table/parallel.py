@@ -127,6 +127,9 @@ PARALLEL = (
     Field("parallel", "enable_cuda_graph", bool, False, switches=(
         Switch("--enable-cuda-graph", True, "deprecated Megatron spelling of --cuda-graph-impl "
                "local", "cg"),)),
+    Field("parallel", "external_cuda_graph", bool, False, switches=(
+        Switch("--external-cuda-graph", True, "deprecated Megatron spelling of "
+               "--cuda-graph-impl transformer_engine", "tecg"),)),
     Field("parallel", "use_precision_aware_optimizer", bool, False, switches=(
         Switch("--use-precision-aware-optimizer", True, "optimizer states in the dtypes given",
                "pao"),)),
