@@ -181,6 +181,8 @@ def gpu_compute(gpu: GPUProfile, fp8: bool = False) -> ComputeCalibration:
     if peak is None or ceiling is None:
         raise ValueError(f"{gpu.name} has no FP8 tensor cores (no peak_fp8_TFLOPs)")
     derived = rule_calibration(peak, ceiling, gpu.hbm_bandwidth_Bps)
+    if "launch_overhead_us" in gpu.launch:  # the profile's sourced figure (docs/launch.md)
+        derived = replace(derived, launch_overhead_s=gpu.launch["launch_overhead_us"] * 1e-6)
     stated = gpu.fitted_fp8 if fp8 else gpu.fitted
     return replace(derived, **stated) if stated else replace(derived, **_by_shape(gpu, fp8))
 

@@ -25,7 +25,9 @@ NIC_GBPS = {"HDR": 200, "NDR": 400, "XDR": 800}  # InfiniBand generations, Gb/s 
 GPU_NUMBERS = ("memory_GiB", "peak_bf16_TFLOPs", "hbm_TBps", "nvlink_generation", "nvlink_GBps",
                "ceiling_bf16_TFLOPs")
 GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs", "host_link_GBps", "cuda_context_MiB",
-                "cublas_workspace_MiB", "gemm_table")
+                "cublas_workspace_MiB", "gemm_table", "launch_overhead_us", "graph_node_us",
+                "graph_launch_us")
+LAUNCH_KEYS = ("launch_overhead_us", "graph_node_us", "graph_launch_us")  # hardware/launch.py
 SYSTEM_NUMBERS = ("gpus_per_nvlink_domain", "nvswitch_generation", "nics_per_node", "nic",
                   "nic_Gbps")
 COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency",
@@ -86,6 +88,7 @@ class GPUProfile:
     cublas_workspace: Sourced | None = None  # MiB of cuBLAS + cuBLASLt workspace per stream
     attention: dict = dc_field(default_factory=dict)  # [attention] values: SMs, kernels' TFLOP/s
     gemm_table: str | None = None  # measured GEMM rates by shape: data/gemm/<name>.csv
+    launch: dict = dc_field(default_factory=dict)  # LAUNCH_KEYS stated, in us (hardware/launch.py)
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
           "nic_Gbps": (False, 1e6), "gemm_max_efficiency": (False, 1),
           "memory_efficiency": (False, 1), "gemm_half_intensity": (False, 1e6),
           "launch_overhead_s": (False, 1), "sm_count": (True, 4096),
+          **{key: (False, 1000) for key in LAUNCH_KEYS},
           **{key: (False, 1e6) for key in ATTENTION_KEYS[1:]},
           **{key: limit[:2] for key, limit in FABRIC_LIMITS.items()}}
 # the least each number can physically be, with the reason (a profile below it is a typo or a
@@ -160,6 +164,7 @@ LOWEST = {"memory_GiB": (1, "no training GPU has under 1 GiB"),
           "gemm_half_intensity": (1e-3, "FLOPs per byte; GEMMs sit at 10 to 1000"),
           "launch_overhead_s": (1e-8, "a kernel launch takes microseconds, not nanoseconds"),
           "sm_count": (1, "a GPU has at least one streaming multiprocessor"),
+          **{key: (0.01, "a launch takes microseconds") for key in LAUNCH_KEYS},
           **{key: (1, "an attention kernel's TFLOP/s") for key in ATTENTION_KEYS[1:]},
           **{key: (limit[2], "a fabric's counts and ratio (1:1 is non-blocking)")
              for key, limit in FABRIC_LIMITS.items()}}
@@ -271,7 +276,8 @@ def gpu_profile(name: str) -> GPUProfile:
         cuda_context=prof.numbers.get("cuda_context_MiB"),
         cublas_workspace=prof.numbers.get("cublas_workspace_MiB"),
         attention={k: s.value for k, s in prof.sections.get("attention", {}).items()},
-        gemm_table=prof.value("gemm_table"))
+        gemm_table=prof.value("gemm_table"),
+        launch={key: prof.value(key) for key in LAUNCH_KEYS if key in prof.numbers})
     _check_consistent(prof.path, gpu)
     return gpu
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from simsp.model.base import ops
 from simsp.model.base.stash import Stash, recomputing
 from simsp.model.blocks.norm import norm, norm_backward
-from simsp.model.blocks.variants import attention_block, mlp_block
+from simsp.model.blocks.variants import attention_block, mlp_block, mlp_graph_module
+from simsp.model.cuda_graphs import captured
 from simsp.scenario.config import Model
 
 
@@ -51,18 +52,22 @@ class LayerSpec:
 
 
 def layer_forward(r, spec: LayerSpec, w: dict, x, keep: bool = True):
-    """x (s_l, b, h) -> (s_l, b, h). Returns (output, stash of tensors kept for backward)."""
+    """x (s_l, b, h) -> (s_l, b, h). Returns (output, stash of tensors kept for backward).
+    Each region a CUDA graph captures runs as one replay (model/cuda_graphs.py)."""
     m = spec.model
     attention, mlp = attention_block(m), mlp_block(m, spec.layer)
     stash = Stash(r, keep)
     if keep:
         stash.put("ln1_input", x)
-    y1 = yield from norm(r, m, x, w, "ln1", "ln1_output",
-                         _cast_fused(r, attention))  # ln1(x)
-    h = yield from attention.forward(r, spec, w, y1, x, stash)  # x + attention(ln1(x))
-    stash.put("ln2_input", h)
-    y2 = yield from norm(r, m, h, w, "ln2", mlp.INPUT, _cast_fused(r, mlp))  # ln2(h)
-    out = yield from mlp.forward(r, spec, w, y2, h, stash)  # h + mlp(ln2(h))
+    with captured(r, "layer"):
+        with captured(r, "attn"):
+            y1 = yield from norm(r, m, x, w, "ln1", "ln1_output",
+                                 _cast_fused(r, attention))  # ln1(x)
+            h = yield from attention.forward(r, spec, w, y1, x, stash)  # x + attention(ln1(x))
+        stash.put("ln2_input", h)
+        with captured(r, mlp_graph_module(m, spec.layer)):
+            y2 = yield from norm(r, m, h, w, "ln2", mlp.INPUT, _cast_fused(r, mlp))  # ln2(h)
+            out = yield from mlp.forward(r, spec, w, y2, h, stash)  # h + mlp(ln2(h))
     if not keep:
         stash.release()
     return out, stash.tensors
@@ -87,12 +92,16 @@ def layer_backward(r, spec: LayerSpec, w: dict, g: dict, saved: dict, dout):
             out, saved = yield from layer_forward(r, spec, w, layer_input, keep=True)
             r.free(out)
     saved = dict(saved)
-    dy2 = yield from mlp.backward(r, spec, w, g, saved, dout)  # d ln2(h)
-    dh = yield from _residual_backward(r, m, w, g, saved, dy2, dout, "ln2", mlp.INPUT,
-                                       "d_residual")  # dout + d ln2 · dy2
-    dy1 = yield from attention.backward(r, spec, w, g, saved, dh)  # d ln1(x)
-    dx = yield from _residual_backward(r, m, w, g, saved, dy1, dh, "ln1", attention.INPUT,
-                                       "d_layer_input")  # dh + d ln1 · dy1
+    with captured(r, "layer"):
+        with captured(r, mlp_graph_module(m, spec.layer)):
+            dy2 = yield from mlp.backward(r, spec, w, g, saved, dout)  # d ln2(h)
+            dh = yield from _residual_backward(r, m, w, g, saved, dy2, dout, "ln2", mlp.INPUT,
+                                               "d_residual")  # dout + d ln2 · dy2
+        with captured(r, "attn"):
+            dy1 = yield from attention.backward(r, spec, w, g, saved, dh)  # d ln1(x)
+            dx = yield from _residual_backward(r, m, w, g, saved, dy1, dh, "ln1",
+                                               attention.INPUT,
+                                               "d_layer_input")  # dh + d ln1 · dy1
     assert not saved, f"saved tensors left after backward: {sorted(saved)}"
     return dx
 

@@ -66,6 +66,7 @@ class Rank:
     attention: object = None  # hardware/attention_kernels.py AttentionRates of its fused core
     wgrad: object = None  # base/wgrad_store.py WeightGradStore during a split backward's B
     sm_share: object = None  # engine/sm_share.py SmShare where SM contention is modelled
+    graphs: object = None  # model/cuda_graphs.py CudaGraphs under --cuda-graph-impl, else None
     kernel_log: list | None = None  # (name, phase, kind, flops, bytes, seconds) per kernel, if set
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
 
@@ -132,6 +133,8 @@ class Rank:
         if kind == "gemm":
             self.flops[self.phase] += flops
         duration = kernel_time(kind, flops, nbytes, gemm, self.compute_cal)
+        if self.graphs is not None:
+            duration = self.graphs.kernel(duration)
         self._log(name, kind, flops, nbytes, duration)
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
         yield from self._occupy(name, kind, duration)
@@ -140,6 +143,8 @@ class Rank:
         """Hold the compute stream for a kernel timed by the caller (FP8 GEMMs)."""
         if kind == "gemm":
             self.flops[self.phase] += flops
+        if self.graphs is not None:
+            duration = self.graphs.kernel(duration)
         self._log(name, kind, flops, 0, duration)
         self.busy_s[kind] = self.busy_s.get(kind, 0.0) + duration
         yield from self._occupy(name, kind, duration)

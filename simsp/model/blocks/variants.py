@@ -32,3 +32,9 @@ def mlp_block(model, layer: int):
         from simsp.model.blocks.moe import layer as moe  # MoE layers only
         return moe
     return dense
+
+
+def mlp_graph_module(model, layer: int) -> str:
+    """The CUDA-graph module capturing layer `layer`'s MLP block (Megatron-LM CudaGraphModule):
+    moe for a mixture of experts, mlp for the dense MLP (model/cuda_graphs.py)."""
+    return "moe" if model.num_experts is not None and model.is_moe_layer(layer) else "mlp"

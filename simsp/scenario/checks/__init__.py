@@ -5,6 +5,7 @@ A new cross-field rule goes into its concept's module and is called from here.
 """
 
 from simsp.scenario.checks.context_parallel import context_parallel, without_context_parallel
+from simsp.scenario.checks.cuda_graphs import cuda_graphs
 from simsp.scenario.checks.data_parallel import (buckets, distributed_optimizer_mode,
                                                  overlap_param_gather)
 from simsp.scenario.checks.fsdp import fsdp, offload_host_link, without_fsdp
@@ -40,6 +41,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     recompute_method(m, p)
     recompute_modules(p, m.num_experts is not None)
     partners(m, p)
+    cuda_graphs(m, p)
 
 
 def validate(s: Scenario) -> None:

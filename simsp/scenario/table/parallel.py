@@ -19,6 +19,8 @@ MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-typ
 FP8_FORMAT_CHOICES = ("e4m3", "hybrid")  # hybrid: E4M3 forward, E5M2 gradients
 FP8_RECIPE_CHOICES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 FP8_AMAX_COMPUTE_ALGO_CHOICES = ("most_recent", "max")  # Megatron-LM arguments.py
+# Megatron-LM transformer_config.py cuda_graph_impl (docs/launch.md)
+CUDA_GRAPH_IMPL_CHOICES = ("none", "local", "transformer_engine", "full_iteration")
 MAIN_GRADS_DTYPE_CHOICES = ("fp32", "bf16")
 MAIN_PARAMS_DTYPE_CHOICES = ("fp32", "fp16")
 EXP_AVG_DTYPE_CHOICES = ("fp32", "fp16", "fp8")
@@ -118,6 +120,21 @@ PARALLEL = (
     Field("parallel", "fp8_dot_product_attention", bool, False, switches=(
         Switch("--fp8-dot-product-attention", True, "the attention core in FP8 (cuDNN; "
                "docs/attention_kernels.md)", "fp8dpa"),)),
+    # CUDA graphs (Megatron-LM arguments.py / transformer_config.py; docs/launch.md)
+    Field("parallel", "cuda_graph_impl", str, "none", "CUDA graphs: none, local (Megatron-Core), "
+          "transformer_engine (TE make_graphed_callables), full_iteration (the forward-backward "
+          "as one graph)", "cg-", choices=CUDA_GRAPH_IMPL_CHOICES),
+    Field("parallel", "cuda_graph_scope", str, None, "per-layer CUDA graphs: what each captures, "
+          "among attn mlp moe moe_router moe_preprocess mamba, or full (default: the whole "
+          "layer)", "cgs-", words=True),
+    Field("parallel", "cuda_graph_modules", str, None, "Megatron's newer name of "
+          "--cuda-graph-scope (default: the whole layer)", "cgm-", words=True),
+    Field("parallel", "enable_cuda_graph", bool, False, switches=(
+        Switch("--enable-cuda-graph", True, "deprecated Megatron spelling of --cuda-graph-impl "
+               "local", "cg"),)),
+    Field("parallel", "external_cuda_graph", bool, False, switches=(
+        Switch("--external-cuda-graph", True, "deprecated Megatron spelling of "
+               "--cuda-graph-impl transformer_engine", "tecg"),)),
     Field("parallel", "use_precision_aware_optimizer", bool, False, switches=(
         Switch("--use-precision-aware-optimizer", True, "optimizer states in the dtypes given",
                "pao"),)),

@@ -10,6 +10,7 @@ import simpy
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.scenario.config import Scenario
+from simsp.scenario.cuda_graphs import graph_impl, graph_modules
 from simsp.engine.communicator import Communicator
 from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup, TimingOf
 from simsp.engine.memory import Ledger
@@ -19,7 +20,10 @@ from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.hardware.attention_kernels import attention_rates
 from simsp.hardware.constants import GPUS, LinkCalibration, cluster_compute
+from simsp.hardware.costmodel import active_calibration
+from simsp.hardware.launch import launch_costs
 from simsp.hardware.profiles import gpu_profile
+from simsp.model.cuda_graphs import cuda_graphs
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.precision import precision_of
 from simsp.scenario.tp_overlap import ub_gemms
@@ -115,7 +119,19 @@ def _make_rank(world: World, rank: int) -> Rank:
                 precision=precision, fp8=precision.fp8, cp=_cp_attention(world, rank),
                 attention=attention_rates(sc.cluster.gpu, sc.model.attention_backend,
                                           sc.parallel.fp8_dot_product_attention),
-                moe=_expert_rank(sc, rank), sm_share=world.comm.sm_share)
+                moe=_expert_rank(sc, rank), sm_share=world.comm.sm_share,
+                graphs=_cuda_graphs(sc))
+
+
+def _cuda_graphs(sc: Scenario):
+    """The rank's CUDA graphs as Megatron resolves the flags (scenario/cuda_graphs.py), with the
+    GPU's launch costs (hardware/launch.py); None without graphs."""
+    impl = graph_impl(sc.parallel)
+    if impl == "none":
+        return None
+    stream_launch = (cluster_compute(sc.cluster) or active_calibration()).launch_overhead_s
+    costs = launch_costs(gpu_profile(sc.cluster.gpu).launch, stream_launch)
+    return cuda_graphs(impl, graph_modules(sc.parallel), costs)
 
 
 def _sm_share(sc: Scenario, env: simpy.Environment) -> SmShare | None:
