@@ -29,7 +29,7 @@ from functools import lru_cache
 import math
 
 RING, TREE = "ring", "tree"
-ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS: engine/collectives/nvls.py)
+ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS...: SHARP_ALGORITHMS)
 LL, LL128, SIMPLE = "LL", "LL128", "Simple"
 PROTOCOLS = (LL, LL128, SIMPLE)  # NCCL_PROTO_LL, NCCL_PROTO_LL128, NCCL_PROTO_SIMPLE
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
@@ -142,8 +142,8 @@ def _nsteps(collective: str, ranks: int) -> int:
 
 
 def supported(collective: str, algorithm: str, protocol: str) -> bool:
-    """tuning.cc: reduce-scatter and all-gather run as rings (PAT needs one GPU per node and
-    NVLS/CollNet are not modelled); all-reduce as ring or tree; every protocol."""
+    """tuning.cc: reduce-scatter and all-gather run as rings (PAT needs one GPU per node;
+    NVLS/CollNet are weighed apart: sharp_choice); all-reduce as ring or tree; every protocol."""
     return algorithm == RING or collective == ALL_REDUCE
 
 
