@@ -4,11 +4,15 @@ engine/collectives/nccl_tuning.py against numbers worked by hand from NVIDIA/ncc
 refinements and latency formulas), src/graph/search.cc (sm90SpeedArrayIntra) and src/graph/topo.h
 (SM90_NVLINK_BW)."""
 
+from dataclasses import replace
+
 import pytest
 
+from simsp.engine.collectives.nvls import nvls_all_reduce_time, nvls_in_group
+from simsp.hardware.constants import LinkCalibration
 from simsp.engine.collectives.nccl_tuning import (
     ALL_GATHER, ALL_REDUCE, BLACKWELL, COLLNET_CHAIN, COLLNET_DIRECT, HOPPER, NVLS, NVLS_TREE,
-    REDUCE_SCATTER, SharpGraph, nvls_graph, sharp_bus_bandwidth, sharp_choice, sharp_enabled,
+    REDUCE_SCATTER, SharpGraph, choose, nvls_graph, sharp_bus_bandwidth, sharp_choice, sharp_enabled,
     sharp_latency_us, sharp_time_us)
 
 MiB = 2 ** 20
@@ -114,3 +118,28 @@ def test_choice_by_size_on_one_h100_node():
         other = 20.0 + nbytes / (1000 * 100.0)
         assert sharp_choice(ALL_REDUCE, nbytes, 8, 1, graphs, HOPPER, enabled, other) == expected
     assert sharp_choice(ALL_REDUCE, 256 * MiB, 8, 1, graphs, HOPPER, {NVLS: False}, 1e9) is None
+
+
+def test_a_run_takes_nvls_where_nccls_estimates_pick_it_on_dgx_h100():
+    """The communicator's rule (nvls.nvls_in_group): on one DGX H100 node (450 GB/s of NVLink,
+    18 links) NCCL's ring/LL estimate of 512 KiB, 6.6 + 14 x 0.6 + 524288 / (1000 x 87.7 x
+    8/14) = 25.462 us, beats NVLS's 25 + 524288 x 7 / 1.6e6 = 27.294 us; at 1 MiB NVLS's
+    29.588 us beats the ring's 35.924 us (6.6 + 8.4 + 1048576 x 14 / 701600), and the run
+    times NVLS over its links. A100 (no NVLS) and a forced protocol never take it."""
+    gpus = tuple(range(8))
+    h100 = LinkCalibration(nvls_nvlink_generation=4)
+    for nbytes, ring_us, nvls_us in ((512 * 1024, 15.0 + 512 * 1024 * 14 / 701600,
+                                      25.0 + 512 * 1024 * 7 / 1.6e6),
+                                     (MiB, 15.0 + MiB * 14 / 701600, 25.0 + MiB * 7 / 1.6e6)):
+        estimate = choose(ALL_REDUCE, nbytes, 8, 1, 450.0, 0.0)
+        assert (estimate.label(), estimate.estimated_time_s * 1e6) == (
+            "ring/LL", pytest.approx(ring_us, rel=1e-12))
+        assert sharp_time_us(ALL_REDUCE, NVLS, nbytes, 8, 1, nvls_graph(8, 18, HOPPER),
+                             HOPPER) == pytest.approx(nvls_us, rel=1e-12)
+    assert nvls_in_group(gpus, 512 * 1024, 8, 450.0, h100, 15.0 + 512 * 1024 * 14 / 701600) \
+        is None
+    assert nvls_in_group(gpus, MiB, 8, 450.0, h100, 15.0 + MiB * 14 / 701600) == \
+        nvls_all_reduce_time(MiB, 8, 450.0, h100.nvlink_efficiency, 4)
+    assert nvls_in_group(gpus, MiB, 8, 450.0, LinkCalibration(), 1e9) is None
+    assert nvls_in_group(gpus, MiB, 8, 450.0, replace(h100, nccl_proto="LL128"), 1e9) is None
+    assert nvls_in_group(tuple(range(16)), MiB, 8, 450.0, h100, 1e9) is None  # two nodes
