@@ -253,10 +253,12 @@ class Communicator:
             return None
         key = (NVLS, meeting.group, meeting.nbytes, meeting.elem_bytes)
         if key not in self._plans:
-            other = self._tree(meeting) if self._runs_as_tree(meeting) else self._alone(meeting)
             graph, n = self.network.graph, len(meeting.group)
+            other = nccl_choice(ALL_REDUCE, graph, list(meeting.group), meeting.nbytes,
+                                calibration)  # NCCL's estimate of its ring or tree
             seconds = nvls_in_group(meeting.group, meeting.nbytes, graph.graph["gpus_per_node"],
-                                    link_speeds_GBps(graph)[0], calibration, other.time_s)
+                                    link_speeds_GBps(graph)[0], calibration,
+                                    other.estimated_time_s * 1e6)
             sent = (round(nvls_bytes_per_direction(meeting.nbytes, n)),) * n
             self._plans[key] = None if seconds is None else CollectiveStats(
                 ALL_REDUCE, meeting.group, meeting.nbytes, 1, sent, sent, 0.0, seconds, (),

@@ -29,7 +29,7 @@ from functools import lru_cache
 import math
 
 RING, TREE = "ring", "tree"
-ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS: engine/collectives/nvls.py)
+ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS...: SHARP_ALGORITHMS)
 LL, LL128, SIMPLE = "LL", "LL128", "Simple"
 PROTOCOLS = (LL, LL128, SIMPLE)  # NCCL_PROTO_LL, NCCL_PROTO_LL128, NCCL_PROTO_SIMPLE
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
@@ -142,8 +142,8 @@ def _nsteps(collective: str, ranks: int) -> int:
 
 
 def supported(collective: str, algorithm: str, protocol: str) -> bool:
-    """tuning.cc: reduce-scatter and all-gather run as rings (PAT needs one GPU per node and
-    NVLS/CollNet are not modelled); all-reduce as ring or tree; every protocol."""
+    """tuning.cc: reduce-scatter and all-gather run as rings (PAT needs one GPU per node;
+    NVLS/CollNet are weighed apart: sharp_choice); all-reduce as ring or tree; every protocol."""
     return algorithm == RING or collective == ALL_REDUCE
 
 
@@ -283,3 +283,169 @@ def p2p_channels(comm_channels: int) -> int:
     rounded up to a power of two (src/graph/paths.cc ncclTopoComputeP2pChannels: p2pnChannels =
     pow2Up(min(nChannels, NCCL_MAX_P2P_NCHANNELS)))."""
     return 1 << max(comm_channels - 1, 0).bit_length()
+
+
+# ------------------------------------------------------------------------------------------
+# In-network reduction: NVLS, NVLS_TREE (NVLink SHARP in the NVSwitch), COLLNET_DIRECT,
+# COLLNET_CHAIN (SHARP in the IB switches, through the CollNet plugin). NVIDIA/nccl commit
+# 5067397c (2.30.7), src/graph/tuning.cc ncclTopoTuneModel: bandwidths lines 305-385,
+# latencies 418-430, enable conditions 500-510; src/transport/nvls.cc (NCCL_NVLS_ENABLE).
+# ------------------------------------------------------------------------------------------
+
+COLLNET_DIRECT, COLLNET_CHAIN = "collnet_direct", "collnet_chain"  # NCCL_ALGO_COLLNET_* = 2, 3
+NVLS, NVLS_TREE = "nvls", "nvls_tree"  # NCCL_ALGO_NVLS = 4, NCCL_ALGO_NVLS_TREE = 5
+SHARP_ALGORITHMS = (COLLNET_DIRECT, COLLNET_CHAIN, NVLS, NVLS_TREE)
+AMPERE, HOPPER, BLACKWELL = "ampere", "hopper", "blackwell"  # tuning.cc compCapIndex 1, 2, 3
+NVLS_EFFICIENCY = {AMPERE: 0.0, HOPPER: 0.85, BLACKWELL: 0.74}  # tuning.cc nvlsEfficiency
+# tuning.cc hwLatencies (us), Simple only (LL and LL128 are 0: these algorithms run Simple);
+# baseLatencies are 0 for all four
+SHARP_HW_LATENCY_US = {NVLINK: {COLLNET_DIRECT: 3.7, COLLNET_CHAIN: 2.8, NVLS: 25.0,
+                                NVLS_TREE: 25.0},
+                       NET: {COLLNET_DIRECT: 31.0, COLLNET_CHAIN: 30.0, NVLS: 18.0,
+                             NVLS_TREE: 20.9}}
+# tuning.cc perChMaxNVLSTreeBws (GB/s), per compCapIndex, indexed by nNodes (1, 2, more)
+PER_CH_MAX_NVLS_TREE_BW = {AMPERE: (24.0, 23.6, 17.8), HOPPER: (0.0, 57.7, 45.5),
+                           BLACKWELL: (0.0, 96.0, 80.0)}
+COLLNET_ARITY_US = 0.4  # tuning.cc: "0.4 us arity serialization latency" (CollNet Direct)
+COLLNET_DIRECT_AG_RS_NET = 0.9  # tuning.cc: AG/RS busBw = ppn x min(bwIntra, bwInter x 0.9)
+COLLNET_DIRECT_SM90 = 0.85  # tuning.cc: Collnet Direct all-reduce busBw x .85 on SM90+
+
+
+@dataclass(frozen=True)
+class SharpGraph:
+    """NCCL's graph for one of the four algorithms: channels (NVLS: the heads, one per GPU
+    pulling from the switch) and per-channel bandwidths inside and between nodes (GB/s)."""
+
+    channels: int
+    bw_intra: float
+    bw_inter: float
+
+
+def sharp_enabled(algorithm: str, nodes: int, nvls_support: bool, collnet_enable: bool,
+                  nvswitch: bool) -> bool:
+    """tuning.cc 500-510 and init.cc: NVLS needs the multicast support (nvls.cc
+    NCCL_NVLS_ENABLE=2 default: on where the NVSwitch can, H100 and later); NVLS_TREE is off on
+    one node; CollNet Direct/Chain and multi-node NVLS need NCCL_COLLNET_ENABLE (off by
+    default, and only with a CollNet plugin); CollNet Direct needs an NVSwitch system."""
+    if algorithm in (NVLS, NVLS_TREE) and not nvls_support:
+        return False
+    if algorithm == NVLS_TREE and nodes == 1:
+        return False
+    if not collnet_enable and (algorithm in (COLLNET_DIRECT, COLLNET_CHAIN)
+                               or (algorithm == NVLS and nodes > 1)):
+        return False
+    return not (algorithm == COLLNET_DIRECT and not nvswitch)
+
+
+def _nvls_channel_bw(collective: str, algorithm: str, nodes: int, ppn: float,
+                     graph: SharpGraph, compcap: str) -> float:
+    """tuning.cc 307-323: NVLS busBw per channel: bwIntra x nvlsEfficiency x (nc-1)/nc, x2
+    for an all-reduce (two operations pipelined) else x(ppn-1)/ppn, capped by bwInter (x2 for
+    NVLS_TREE on two nodes) and, for NVLS_TREE, perChMaxNVLSTreeBw."""
+    intra = graph.bw_intra * NVLS_EFFICIENCY[compcap] * (graph.channels - 1) / graph.channels
+    intra *= 2.0 if collective == ALL_REDUCE else (ppn - 1) / ppn
+    inter = graph.bw_inter * (2 if nodes <= 2 and algorithm == NVLS_TREE else 1)
+    cap = (PER_CH_MAX_NVLS_TREE_BW[compcap][min(nodes, 3) - 1] if algorithm == NVLS_TREE
+           else math.inf)
+    return min(intra, inter, cap)
+
+
+def sharp_bus_bandwidth(collective: str, algorithm: str, ranks: int, nodes: int,
+                        graph: SharpGraph, compcap: str) -> float:
+    """tuning.cc 305-385: the algorithm bandwidth (GB/s, after the busBw -> algbw ratio) of
+    one of the four algorithms with Simple; 0 where NCCL gives it none (reduce-scatter and
+    all-gather across nodes: simsp models no CollNet plugin with iallgather/ireducescatter;
+    NVLS with fewer than 2 channels; NVLS_TREE and CollNet Chain outside all-reduce)."""
+    ppn = ranks / nodes
+    gathers = collective in (REDUCE_SCATTER, ALL_GATHER)
+    if (gathers and (algorithm in (NVLS_TREE, COLLNET_CHAIN) or nodes > 1)) or (
+            algorithm in (NVLS, NVLS_TREE) and graph.channels < 2):
+        return 0.0
+    if algorithm in (NVLS, NVLS_TREE):
+        bus = graph.channels * _nvls_channel_bw(collective, algorithm, nodes, ppn, graph,
+                                                compcap)
+    elif algorithm == COLLNET_DIRECT and gathers:
+        bus = ppn * min(graph.bw_intra, graph.bw_inter * COLLNET_DIRECT_AG_RS_NET)
+    else:  # CollNet: bw = bwIntra (tuning.cc 306)
+        bus = graph.channels * graph.bw_intra
+        if algorithm == COLLNET_DIRECT:
+            factor = ppn / graph.channels  # GPU/NIC ratio
+            bus /= factor - (factor - 1) / 2
+            bus *= COLLNET_DIRECT_SM90 if compcap in (HOPPER, BLACKWELL) else 1.0
+    if gathers:  # rings only convert reduce-scatter/all-gather busBw
+        return bus
+    return bus * (ranks / _nsteps(collective, ranks) if algorithm in (NVLS, NVLS_TREE) else 0.5)
+
+
+def sharp_latency_us(algorithm: str, ranks: int, nodes: int) -> float:
+    """tuning.cc 388-430: base 0 plus, with intra = hwLatencies[NVLINK] and inter =
+    hwLatencies[NET] (the tree's, 14 us, with one rank per node): CollNet Direct
+    2(min(1, ppn-1) intra + 0.4 (ppn-1)) + inter; CollNet Chain 2(ppn-1) intra + inter; NVLS
+    intra (+ inter across nodes); NVLS_TREE intra + 2 log2(nodes) inter."""
+    ppn = ranks // nodes
+    intra = SHARP_HW_LATENCY_US[NVLINK][algorithm]
+    inter = HW_LATENCY_US[NET][TREE][SIMPLE] if ppn == 1 else SHARP_HW_LATENCY_US[NET][algorithm]
+    if algorithm == COLLNET_DIRECT:
+        return 2 * (min(1, ppn - 1) * intra + (ppn - 1) * COLLNET_ARITY_US) + inter
+    if algorithm == COLLNET_CHAIN:
+        return 2 * (ppn - 1) * intra + inter
+    if algorithm == NVLS:
+        return intra + (inter if nodes > 1 else 0.0)
+    return intra + 2 * _log2i(nodes) * inter
+
+
+def sharp_time_us(collective: str, algorithm: str, nbytes: int, ranks: int, nodes: int,
+                  graph: SharpGraph, compcap: str, x86: bool = True) -> float | None:
+    """tuning.cc ncclTopoGetAlgoTime for one operation: latency + bytes / (1000 x algbw), with
+    the tree correction on an NVLS_TREE all-reduce on Blackwell x86 hosts; None where the
+    bandwidth is 0 (NCCL's time -1: never chosen)."""
+    bw = sharp_bus_bandwidth(collective, algorithm, ranks, nodes, graph, compcap)
+    if bw == 0.0:
+        return None
+    log_size = _log2i(nbytes >> 6)
+    if (algorithm == NVLS_TREE and collective == ALL_REDUCE and compcap == BLACKWELL and x86
+            and 0 <= log_size < 24):
+        bw *= TREE_CORRECTION[SIMPLE][log_size]
+    return sharp_latency_us(algorithm, ranks, nodes) + nbytes / (1000 * bw)
+
+
+# search.cc sm90SpeedArrayIntra / sm100SpeedArrayIntra (GB/s per channel); topo.h
+# SM90_NVLINK_BW / SM100_NVLINK_BW (NCCL's bandwidth of one NVLink, GB/s); device.h
+# NCCL_MAX_NVLS_ARITY
+SPEED_INTRA_BY_CC = {HOPPER: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+                     BLACKWELL: (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0,
+                                 19.0, 18.0)}
+NVLINK_BW_BY_CC = {HOPPER: 20.6, BLACKWELL: 40.1}
+MAX_NVLS_ARITY = 32
+
+
+def nvls_graph(gpus: int, nvlinks: int, compcap: str) -> SharpGraph:
+    """NCCL's NVLS graph on one NVSwitch node (search.cc ncclTopoCompute, first fitting
+    speed): one channel (head) per GPU, min(NCCL_MAX_NVLS_ARITY, gpus), forced for an
+    intra-node NVLS; the first speed within a GPU's NVLink total (links x NCCL's per-link
+    bandwidth) once x gpus/(gpus-1) ("algo other than RING do not need to close to the
+    starting NET")."""
+    channels = min(MAX_NVLS_ARITY, gpus)
+    total = nvlinks * NVLINK_BW_BY_CC[compcap]
+    room = total * gpus / (gpus - 1) if gpus > 1 else total
+    speeds = SPEED_INTRA_BY_CC[compcap]
+    speed = next((s for s in speeds if s <= total and s * channels <= room), speeds[-1])
+    return SharpGraph(channels, speed, speed)
+
+
+def sharp_choice(collective: str, nbytes: int, ranks: int, nodes: int, graphs: dict,
+                 compcap: str, enabled: dict, other_us: float) -> str | None:
+    """The in-network algorithm NCCL would pick over the ring/tree it would otherwise run
+    (estimated `other_us`), or None: enqueue.cc topoGetAlgoInfo keeps the first minimum in
+    algorithm order (tree, ring, CollNet Direct, CollNet Chain, NVLS, NVLS_TREE), so one of
+    these wins only when strictly faster. `graphs` and `enabled` are keyed by algorithm
+    (`enabled` from sharp_enabled)."""
+    best, best_us = None, other_us
+    for algorithm in SHARP_ALGORITHMS:
+        if not enabled.get(algorithm) or algorithm not in graphs:
+            continue
+        time_us = sharp_time_us(collective, algorithm, nbytes, ranks, nodes, graphs[algorithm],
+                                compcap)
+        if time_us is not None and time_us < best_us:
+            best, best_us = algorithm, time_us
+    return best

@@ -13,13 +13,19 @@ nvlsEfficiency and hwLatencies[NVLINK][NVLS][SIMPLE]). Single NVLink domain only
 nodes NCCL uses NVLS_TREE or CollNet, which simsp does not model.
 """
 
+from simsp.engine.collectives import nccl_tuning as tuning
 from simsp.hardware.constants import NVLS_NVSWITCH_GENERATION
 from simsp.units import GB
 
-# NVIDIA/nccl src/graph/tuning.cc nvlsEfficiency per compute capability, keyed here by the GPU's
-# NVLink generation (4: Hopper, 5: Blackwell); NVLink 3 (Ampere) has no NVLS (0 in tuning.cc).
-NVLS_EFFICIENCY = {4: 0.85, 5: 0.74}
-NVLS_LATENCY_S = 25e-6  # tuning.cc hwLatencies[NCCL_HW_NVLINK][NCCL_ALGO_NVLS][NCCL_PROTO_SIMPLE]
+# The GPU's NVLink generation -> NCCL's compute-capability row (tuning.cc compCapIndex):
+# NVLink 4 is Hopper's, NVLink 5 Blackwell's; NVLink 3 (Ampere) has no NVLS (0 in tuning.cc).
+COMPCAP = {4: tuning.HOPPER, 5: tuning.BLACKWELL}
+NVLS_EFFICIENCY = {gen: tuning.NVLS_EFFICIENCY[cc] for gen, cc in COMPCAP.items()}
+# tuning.cc hwLatencies[NCCL_HW_NVLINK][NCCL_ALGO_NVLS][NCCL_PROTO_SIMPLE]
+NVLS_LATENCY_S = tuning.SHARP_HW_LATENCY_US[tuning.NVLINK][tuning.NVLS] * 1e-6
+# One NVLink's bandwidth per direction: NVLink 4 25 GB/s (H100 datasheet: 18 links, 900 GB/s
+# both ways), NVLink 5 50 GB/s (B200 datasheet: 18 links, 1.8 TB/s both ways)
+NVLINK_LINK_GBPS = {4: 25.0, 5: 50.0}
 MIN_NVSWITCH_GENERATION = NVLS_NVSWITCH_GENERATION
 NVLS = "nvls"
 
@@ -50,17 +56,24 @@ def nvls_all_reduce_time(nbytes: int, ranks: int, nvlink_GBps: float, link_effic
 
 
 def nvls_in_group(gpus: tuple[int, ...], nbytes: int, gpus_per_node: int, nvlink_GBps: float,
-                  calibration, other_time_s: float) -> float | None:
+                  calibration, other_estimate_us: float) -> float | None:
     """NVLS's seconds for this all-reduce where NCCL would run it as NVLS, else None: the
-    system can (calibration.nvls_nvlink_generation, set from its NVSwitch), NCCL_ALGO and
-    NCCL_PROTO leave the choice open (NVLS runs Simple), the group is one NVLink domain, and
-    NVLS beats the ring or tree NCCL would otherwise run (`other_time_s`): NCCL takes the
-    lowest predicted time (NVIDIA/nccl src/enqueue.cc topoGetAlgoInfo)."""
+    system can (calibration.nvls_nvlink_generation, set from its NVSwitch; NCCL_NVLS_ENABLE's
+    default), NCCL_ALGO and NCCL_PROTO leave the choice open (NVLS runs Simple), the group is one
+    NVLink domain (multi-node NVLS needs CollNet, off by default: tuning.cc), and NCCL's own
+    estimate of NVLS (nccl_tuning.sharp_choice on its NVLS graph) beats its estimate of the ring
+    or tree it would otherwise run (`other_estimate_us`): NCCL takes the lowest predicted time
+    (NVIDIA/nccl src/enqueue.cc topoGetAlgoInfo). The time itself is simsp's, over its links."""
     generation = calibration.nvls_nvlink_generation
+    nodes = len({gpu // gpus_per_node for gpu in gpus})
     if (generation not in NVLS_EFFICIENCY or calibration.nccl_algo is not None
             or calibration.nccl_proto not in (None, "Simple") or len(gpus) < 2
-            or len({gpu // gpus_per_node for gpu in gpus}) != 1):
+            or not tuning.sharp_enabled(tuning.NVLS, nodes, True, False, True)):
         return None
-    seconds = nvls_all_reduce_time(nbytes, len(gpus), nvlink_GBps,
-                                   calibration.nvlink_efficiency, generation)
-    return seconds if seconds < other_time_s else None
+    compcap, n = COMPCAP[generation], len(gpus)
+    graph = tuning.nvls_graph(n, round(nvlink_GBps / NVLINK_LINK_GBPS[generation]), compcap)
+    if tuning.sharp_choice(tuning.ALL_REDUCE, nbytes, n, 1, {tuning.NVLS: graph}, compcap,
+                           {tuning.NVLS: True}, other_estimate_us) != tuning.NVLS:
+        return None
+    return nvls_all_reduce_time(nbytes, n, nvlink_GBps, calibration.nvlink_efficiency,
+                                generation)

@@ -4,8 +4,12 @@ bytes/s, NCCL PERFORMANCE.md) with the algorithm, protocol and channels NCCL run
 comparison where it can run, and a single size's per-channel breakdown of a ring. The times come
 from engine/collectives/nccl_tests.py."""
 
+from dataclasses import replace
+
 from simsp.engine.collectives.nccl_tests import ELEM_BYTES, STEPWISE_MAX_RANKS, nvls_stats
-from simsp.engine.collectives.nvls import NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_available
+from simsp.engine.collectives.nccl_tuning import choose
+from simsp.engine.collectives.nvls import (NVLS, NVLS_EFFICIENCY, NVLS_LATENCY_S, nvls_available,
+                                         nvls_in_group)
 from simsp.engine.collectives.ring import CollectiveStats
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from simsp.engine.collectives.ring_timing import algbw_GBps, busbw_GBps
@@ -23,7 +27,7 @@ def table_lines(collective: str, cluster: Cluster, gpus: list[int],
     """The whole table: header, one line per size, NVLS's pick where it can run, and a single
     size's per-channel breakdown."""
     lines = (header_lines(collective, cluster, gpus, calibration) + size_lines(rows)
-             + nccl_pick_lines(cluster, rows))
+             + nccl_pick_lines(cluster, rows, calibration))
     if len(rows) == 1 and rows[0].channels:
         lines += channel_lines(rows[0], cluster.gpus_per_node)
     return lines
@@ -81,21 +85,28 @@ def size_lines(rows: list[CollectiveStats]) -> list[str]:
     return lines
 
 
-def nccl_pick_lines(cluster: Cluster, rows: list[CollectiveStats]) -> list[str]:
-    """On an NVSwitch-3+ domain NCCL also weighs NVLS for an all-reduce and takes the fastest
-    (tuning.cc): name the faster of the row above and NVLS per size. Nothing where NVLS cannot
-    run (training runs weigh it the same way: engine/collectives/nvls.py nvls_in_group)."""
+def nccl_pick_lines(cluster: Cluster, rows: list[CollectiveStats],
+                    calibration: LinkCalibration) -> list[str]:
+    """On an NVSwitch-3+ domain NCCL also weighs NVLS for an all-reduce and takes the lowest of
+    its own estimates (tuning.cc, enqueue.cc): name NCCL's pick between the row above and NVLS
+    per size, with both of simsp's times. Nothing where NVLS cannot run (training runs pick the
+    same way: engine/collectives/nvls.py nvls_in_group)."""
     if not rows or rows[0].collective != ALL_REDUCE or nvls_available(
             nvswitch_generation(cluster), gpu_profile(cluster.gpu).nvlink_generation,
             cluster.nodes):
         return []
-    lines = ["# NVLS (NVLink SHARP) can run here; the faster of the row above and nvls per "
-             "size (--nccl-algo nvls prints its table):"]
+    able = replace(calibration, nvls_nvlink_generation=gpu_profile(cluster.gpu).nvlink_generation)
+    lines = ["# NVLS (NVLink SHARP) can run here; NCCL's pick (lowest of its own estimates) "
+             "between the row above and nvls per size (--nccl-algo nvls prints its table):"]
     for row in rows:
         nvls = nvls_stats(cluster, list(row.gpus), row.nbytes)
+        estimate_us = choose(ALL_REDUCE, row.nbytes, len(row.gpus), 1,
+                             cluster.nvlink_bandwidth_GBps, 0.0).estimated_time_s * 1e6
+        picked = nvls_in_group(row.gpus, row.nbytes, cluster.gpus_per_node,
+                               cluster.nvlink_bandwidth_GBps, able, estimate_us)
         lines.append(f"#   {row.nbytes:>10} B: {row.algorithm}/{row.protocol} "
                      f"{row.time_s * 1e6:.2f} us, nvls {nvls.time_s * 1e6:.2f} us -> "
-                     f"{NVLS if nvls.time_s < row.time_s else row.algorithm}")
+                     f"{row.algorithm if picked is None else NVLS}")
     return lines
 
 
