@@ -151,11 +151,22 @@ def _check(ranks: int, m: int, field: str) -> None:
 
 
 def dualpipev_steps(ranks: int, m: int) -> Schedule:
-    """DualPipeV's op lists as the steps a run executes: an F&B pair as its F then its
-    backward on the same stream (no overlap inside the pair yet), a full backward BW as B then
-    its W at once (the same gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
+    """DualPipeV's op lists as the steps a run executes (op_steps)."""
+    return op_steps(dualpipev(ranks, m))
+
+
+def dualpipe_steps(pp: int, m: int) -> Schedule:
+    """DualPipe's op lists as the steps a run executes (op_steps): chunk 0 of rank r runs the
+    down pipeline's stage r, chunk 1 the up pipeline's stage pp-1-r."""
+    return op_steps(dualpipe(pp, m))
+
+
+def op_steps(schedule: OpSchedule) -> Schedule:
+    """Op lists as run steps: an F&B pair as its F then its backward on the same stream (no
+    overlap inside the pair yet), a full backward BW as B then its W at once (the same
+    gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
     return [[step for op in ops for task in sorted(op.tasks, key=lambda t: t.kind != FORWARD)
-             for step in _steps_of(task)] for ops in dualpipev(ranks, m).ops]
+             for step in _steps_of(task)] for ops in schedule.ops]
 
 
 def _steps_of(task: Task) -> list[Step]:

@@ -17,7 +17,9 @@ from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.pipeline.p2p_program import (
     Exchange, call_name_of_kinds, megatron_program, split_backward_program)
 from simsp.training.pipeline.plan import StagePlan
-from simsp.training.pipeline.schedule_step import V_SHAPE
+from simsp.training.pipeline.schedule_step import DUAL, V_SHAPE
+
+BOTH_WAYS = (V_SHAPE, DUAL)  # placements whose chunks send both ways (sends waited apart)
 from simsp.training.pipeline.schedules import (
     SPLIT_BACKWARD, interleaved_warmup, one_f_one_b_warmup)
 from simsp.training.pipeline.steps import (
@@ -51,7 +53,7 @@ class P2PSetup:
         peers = {k: grid.rank_of(plan.tp, plan.dp, plan.stage_of(k), plan.cp)
                  for k in range(plan.p * plan.v)}
         return cls(sc.parallel.overlap_p2p_communication or split, scattered, r.tp.size, shape,
-                   received, plan.placement == V_SHAPE, peers)
+                   received, plan.placement in BOTH_WAYS, peers)
 
 
 def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
@@ -76,7 +78,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
                 forwards += 1
             yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
                                                  action.micro_batch, action.chunk)
-            if action.kind == ("W" if plan.placement == V_SHAPE else "B"):
+            if action.kind == ("W" if plan.placement in BOTH_WAYS else "B"):
                 if backwards in reduce_after:  # aligned --overlap-grad-reduce
                     state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
                 backwards += 1
@@ -100,7 +102,7 @@ def _chunk_triggers(state: RankState, plan: StagePlan) -> tuple[dict, dict]:
     if state.fsdp is not None:
         return {}, {}
     chunks = {kind: [step.chunk for step in plan.steps if step.kind == kind] for kind in "FBW"}
-    if plan.placement == V_SHAPE:  # each chunk's reductions after its last W (its last grads)
+    if plan.placement in BOTH_WAYS:  # each chunk's reductions after its last W (last grads)
         reduce_after = {j: chunk for chunk, j in
                         {chunk: j for j, chunk in enumerate(chunks["W"])}.items()}
         return state.ddp_buckets.chunk_ahead_triggers(chunks["F"]), \
