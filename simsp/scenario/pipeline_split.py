@@ -53,7 +53,8 @@ def virtual_stage_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
 def model_chunks(m: Model, p: Parallel) -> int:
     """v: model chunks per stage: --num-virtual-stages-per-pipeline-rank, or
     ((L + accounted embedding/loss) / p) / N interleaved, else 1 (Megatron arguments.py)."""
-    if p.schedule_name in ("zbv", "dualpipev"):  # the V: two chunks per stage (docs/schedules.md)
+    if p.schedule_name in ("zbv", "dualpipev", "dualpipe"):  # two chunks per stage (the V,
+        # docs/schedules.md; DualPipe's stage r and p-1-r, docs/dualpipe.md)
         return 2
     if p.num_virtual_stages_per_pipeline_rank:
         return p.num_virtual_stages_per_pipeline_rank

@@ -122,10 +122,12 @@ def schedule(m: Model, p: Parallel) -> None:
 def split_backward(m: Model, p: Parallel) -> None:
     """What the zero-bubble schedules (docs/schedules.md) do not run with yet: sharded data
     parallelism and activation offload, whose per-layer hooks follow the whole backward."""
-    if p.schedule_name not in ("zb-h1", "zb-h2", "zbv", "dualpipev"):
+    if p.schedule_name not in ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe"):
         return
     if p.schedule_name in ("zbv", "dualpipev"):
         v_shape(m, p)
+    if p.schedule_name == "dualpipe":
+        dual(m, p)
     check(p.fsdp is None, "parallel.use_megatron_fsdp",
           f"is not supported with the {p.schedule_name} schedule (its W steps)")
     check(not p.cpu_offloading, "parallel.cpu_offloading",
@@ -149,6 +151,26 @@ def v_shape(m: Model, p: Parallel) -> None:
           f"{name} needs num_layers={m.num_layers} divisible by 2 x {p.pp} stages (two chunks)")
     check(name != "dualpipev" or p.num_micro_batches >= 2 * p.pp, "parallel.global_batch_size",
           f"dualpipev needs at least 2 x {p.pp} micro-batches, got {p.num_micro_batches}")
+    not_yet(m, p)
+
+
+def dual(m: Model, p: Parallel) -> None:
+    """DualPipe's refusals (deepseek-ai/DualPipe dualpipe.py asserts an even number of ranks
+    and an even number of micro-batches, at least twice the ranks); each of its two pipelines
+    splits the layers evenly over the p stages."""
+    check(p.pp > 1 and p.pp % 2 == 0, "parallel.pipeline_model_parallel_size",
+          f"dualpipe needs an even number of pipeline ranks, got {p.pp}")
+    check(m.num_layers % p.pp == 0, "parallel.schedule",
+          f"dualpipe needs num_layers={m.num_layers} divisible by {p.pp} stages")
+    mb = p.num_micro_batches
+    check(mb % 2 == 0 and mb >= 2 * p.pp, "parallel.global_batch_size",
+          f"dualpipe needs an even number of micro-batches, at least 2 x {p.pp}, got {mb}")
+    not_yet(m, p)
+
+
+def not_yet(m: Model, p: Parallel) -> None:
+    """What the two-chunk schedules (zbv, dualpipev, dualpipe) do not run with yet."""
+    name = p.schedule_name
     for field, off in (("uneven pipeline stages", not p.uneven_pipeline),
                        ("context_parallel_size > 1", p.cp == 1),
                        ("num_experts", not m.num_experts),

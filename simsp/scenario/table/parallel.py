@@ -9,7 +9,8 @@ from simsp.scenario.table.row import Bound, Field, Switch
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 RECOMPUTE_METHOD_CHOICES = ("uniform", "block")
-SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")  # docs/schedules.md
+SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev",
+                    "dualpipe")  # docs/schedules.md, docs/dualpipe.md
 # Megatron-LM --cp-comm-type (Transformer Engine's cp_comm_type)
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
 # Sharded data parallelism: Megatron-LM --data-parallel-sharding-strategy (docs/fsdp.md)

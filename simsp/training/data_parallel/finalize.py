@@ -6,7 +6,10 @@ training/data_parallel/grad_buckets.py), SP-partial LN/bias gradients over TP, a
 word-embedding gradient between the first and last pipeline stages (N21 §2.2, K22 §4.3).
 """
 
+import numpy as np
+
 from simsp.model import mappings
+from simsp.model.tensor import Tensor
 from simsp.model.sharding import needs_sp_grad_sync
 
 
@@ -45,6 +48,35 @@ def tied_embedding_reduce(r, world, plan, grads: dict):
     r.count_exposed("pp_transfer", r.env.now - last_arrival)
 
 
+def mirror_reduce(r, world, plan, grads: dict):
+    """DualPipe: each model stage lives on two ranks (stage r on rank r as chunk 0 and on rank
+    p-1-r as chunk 1), each copy's gradient summing only its own direction's micro-batches; the
+    two copies' gradients are summed so both hold the full gradient, as deepseek-ai/DualPipe
+    examples/example_dualpipe.py does after `step()` (`p0.grad += p1all[pp_size - 1 - rank]`).
+    Modelled as one all-reduce of the rank's whole gradient buffer, names in sorted order (the
+    mirror holds the same names), over the pair (rank, mirror) of the same tp, dp and cp: the
+    bytes the example's exchange needs, without its all-gather over every pipeline rank."""
+    if plan.mirror_stage is None:
+        return
+    names = sorted(grads)
+    mirror = world.grid.rank_of(plan.tp, plan.dp, plan.mirror_stage, plan.cp)
+    group = tuple(sorted((r.rank, mirror)))
+    first = grads[names[0]]
+    data = None if first.data is None else np.concatenate(
+        [grads[n].data.reshape(-1) for n in names])  # (numel,)
+    flat = Tensor((sum(grads[n].numel for n in names),), first.itemsize, data)
+    start = r.env.now
+    yield from mappings.tensor_collective(r, "all_reduce", flat, flat.shape, flat.shape,
+                                          "dualpipe_mirror", label="all_reduce_mirror",
+                                          group=group, track="pp_comm", blocking=False)
+    r.count_exposed("pp_transfer", r.env.now - start)
+    if flat.data is not None:
+        offset = 0
+        for n in names:
+            grads[n].data = flat.data[offset:offset + grads[n].numel].reshape(grads[n].shape)
+            offset += grads[n].numel
+
+
 def finalize_grads(r, world, plan, state):
     """Every post-backward gradient reduction of the rank's state (training/pipeline/steps.py
     RankState), in Megatron-LM's order."""
@@ -54,3 +86,4 @@ def finalize_grads(r, world, plan, state):
     yield from state.ddp_buckets.finish(r)
     yield from sync_sequence_parallel_grads(r, state.grads)
     yield from tied_embedding_reduce(r, world, plan, state.grads)
+    yield from mirror_reduce(r, world, plan, state.grads)

@@ -151,11 +151,22 @@ def _check(ranks: int, m: int, field: str) -> None:
 
 
 def dualpipev_steps(ranks: int, m: int) -> Schedule:
-    """DualPipeV's op lists as the steps a run executes: an F&B pair as its F then its
-    backward on the same stream (no overlap inside the pair yet), a full backward BW as B then
-    its W at once (the same gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
+    """DualPipeV's op lists as the steps a run executes (op_steps)."""
+    return op_steps(dualpipev(ranks, m))
+
+
+def dualpipe_steps(pp: int, m: int) -> Schedule:
+    """DualPipe's op lists as the steps a run executes (op_steps): chunk 0 of rank r runs the
+    down pipeline's stage r, chunk 1 the up pipeline's stage pp-1-r."""
+    return op_steps(dualpipe(pp, m))
+
+
+def op_steps(schedule: OpSchedule) -> Schedule:
+    """Op lists as run steps: an F&B pair as its F then its backward on the same stream (no
+    overlap inside the pair yet), a full backward BW as B then its W at once (the same
+    gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
     return [[step for op in ops for task in sorted(op.tasks, key=lambda t: t.kind != FORWARD)
-             for step in _steps_of(task)] for ops in dualpipev(ranks, m).ops]
+             for step in _steps_of(task)] for ops in schedule.ops]
 
 
 def _steps_of(task: Task) -> list[Step]:
@@ -164,3 +175,36 @@ def _steps_of(task: Task) -> list[Step]:
         return [Step(BACKWARD, task.micro_batch, task.chunk),
                 Step(WEIGHT, task.micro_batch, task.chunk)]
     return [Step(task.kind, task.micro_batch, task.chunk)]
+
+
+def pair_forwards(pp: int, m: int, rank: int) -> frozenset:
+    """The forwards of rank's F&B pairs in DualPipe, as run steps (a pair waits both inputs
+    before it starts: upstream's `_commit_and_wait_comm` before `_forward_backward_chunk`)."""
+    return frozenset(Step(task.kind, task.micro_batch, task.chunk)
+                     for op in dualpipe(pp, m).ops[rank] if op.is_pair
+                     for task in op.tasks if task.kind == FORWARD)
+
+
+def sent_after_weight(pp: int, m: int, rank: int) -> frozenset:
+    """The run steps whose output DualPipe sends only after the W that follows: a pair's forward
+    and every full backward BW (upstream computes the pair, or B and W, then `_send_forward`
+    and `_send_backward`); a zero-bubble B sends before its W."""
+    full = frozenset(Step(BACKWARD, task.micro_batch, task.chunk)
+                     for op in dualpipe(pp, m).ops[rank] for task in op.tasks
+                     if task.kind == FULL_BACKWARD)
+    return pair_forwards(pp, m, rank) | full
+
+
+def defer_sends(program: list, deferred: frozenset) -> list:
+    """A split-backward program (p2p_program.split_backward_program) with the calls that send
+    a `deferred` step's output moved after the next W step, in their order."""
+    out, held = [], []
+    for action in program:
+        if hasattr(action, "sends") and any(step in deferred for step in action.sends):
+            held.append(action)
+            continue
+        out.append(action)
+        if isinstance(action, Step) and action.kind == WEIGHT:
+            out += held
+            held = []
+    return out + held

@@ -8,7 +8,8 @@ import numpy as np
 from simsp.cluster.grid import RankGrid
 from simsp.scenario.config import Scenario
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
-from simsp.training.pipeline.schedule_step import ROUND_ROBIN, stage_of, virtual_stage_of
+from simsp.training.pipeline.schedule_step import (DUAL, ROUND_ROBIN, route_ends, stage_of,
+                                                   virtual_stage_of)
 from simsp.training.pipeline.schedules import Step, build_schedule, placement_of
 
 
@@ -39,30 +40,42 @@ class StagePlan:
     def layers(self, chunk: int) -> range:
         if self.chunk_ranges is not None:
             return self.chunk_ranges[chunk]
-        first = self.virtual_stage(chunk) * self.layers_per_chunk
+        first = self.model_stage(chunk) * self.layers_per_chunk
         return range(first, first + self.layers_per_chunk)
+
+    def model_stage(self, chunk: int) -> int:
+        """The model stage the chunk holds: its virtual stage, or that mod p in DualPipe."""
+        k = self.virtual_stage(chunk)
+        return k % self.p if self.placement == DUAL else k
 
     def all_layers(self) -> list[int]:
         return [i for chunk in range(self.v) for i in self.layers(chunk)]
 
     def is_first(self, chunk: int) -> bool:
-        return self.virtual_stage(chunk) == 0
+        return route_ends(self.virtual_stage(chunk), self.p, self.v, self.placement)[0]
 
     def is_last(self, chunk: int) -> bool:
-        return self.virtual_stage(chunk) == self.p * self.v - 1
+        return route_ends(self.virtual_stage(chunk), self.p, self.v, self.placement)[1]
+
+    @property
+    def mirror_stage(self) -> int | None:
+        """DualPipe: the stage holding this one's two model stages the other way round
+        (p-1-pp), whose gradients this stage's are summed with; else None."""
+        return self.p - 1 - self.pp if self.placement == DUAL else None
 
     @property
     def head_stage(self) -> int:
-        """The pipeline stage holding the last virtual stage (the head): p−1, or 0 in the V."""
+        """The pipeline stage holding the last virtual stage (the head): p−1, or 0 in the V
+        (and in DualPipe, whose stage p−1 holds the down pipeline's head too)."""
         return self.stage_of(self.p * self.v - 1)
 
     @property
     def holds_embedding(self) -> bool:
-        return self.pp == 0
+        return self.pp == 0 or (self.placement == DUAL and self.pp == self.p - 1)
 
     @property
     def holds_head(self) -> bool:
-        return self.pp == self.head_stage
+        return self.pp == self.head_stage or (self.placement == DUAL and self.pp == self.p - 1)
 
 
 @dataclass(frozen=True)
@@ -108,7 +121,7 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
     m = sc.parallel.num_micro_batches
     schedule = build_schedule(sc.parallel.schedule_name, p, m, v)
     placement = placement_of(sc.parallel.schedule_name)
-    per_chunk = sc.model.num_layers // (p * v)
+    per_chunk = sc.model.num_layers // (p if placement == DUAL else p * v)
     ranges = _uneven_ranges(sc) if sc.parallel.uneven_pipeline else None
     plans = {}
     for rank in range(grid.world_size):

@@ -10,7 +10,7 @@ from collections import Counter
 
 from simsp.errors import SimulationError
 from simsp.training.pipeline.schedule_step import (
-    BACKWARD, FORWARD, ROUND_ROBIN, WEIGHT, Schedule, Step, stage_of)
+    BACKWARD, FORWARD, ROUND_ROBIN, WEIGHT, Schedule, Step, route_ends, stage_of)
 
 Key = tuple[str, int, int]  # (kind, micro_batch, virtual_stage)
 KINDS = (FORWARD, BACKWARD, WEIGHT)
@@ -59,9 +59,10 @@ def dependency(step: Step, stage: int, p: int, v: int,
     k = step.virtual_stage(stage, p, placement)
     if step.kind == WEIGHT:
         return BACKWARD, step.micro_batch, k
+    first, last = route_ends(k, p, v, placement)
     if step.kind == FORWARD:
-        return (FORWARD, step.micro_batch, k - 1) if k > 0 else None
-    if k == p * v - 1:
+        return None if first else (FORWARD, step.micro_batch, k - 1)
+    if last:
         return FORWARD, step.micro_batch, k
     return BACKWARD, step.micro_batch, k + 1
 

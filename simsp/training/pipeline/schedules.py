@@ -5,10 +5,10 @@ megatron/core/pipeline_parallel/schedules.py (warm-up counts and chunk/micro-bat
 the zero-bubble family (split backward: B then W) is training/pipeline/zero_bubble.py's.
 """
 from simsp.errors import UserError
-from simsp.training.pipeline.dualpipe import dualpipev_steps
+from simsp.training.pipeline.dualpipe import dualpipe_steps, dualpipev_steps
 from simsp.training.pipeline.schedule_check import check_schedule, execution_order
 from simsp.training.pipeline.schedule_step import (
-    BACKWARD, FORWARD, ROUND_ROBIN, V_SHAPE, Schedule, Step)
+    BACKWARD, DUAL, FORWARD, ROUND_ROBIN, V_SHAPE, Schedule, Step)
 from simsp.training.pipeline.schedule_timing import (
     Span, Timeline, bubble_fraction, pipeline_bubble, simulate_uniform)
 from simsp.training.pipeline.zero_bubble import zb_h1, zb_h2, zbv
@@ -71,9 +71,10 @@ SCHEDULES = {
     "zb-h2": lambda p, m, v: zb_h2(p, m),
     "zbv": zbv,
     "dualpipev": lambda p, m, v: dualpipev_steps(p, m),
+    "dualpipe": lambda p, m, v: dualpipe_steps(p, m),
 }
-CHUNKED = ("interleaved", "zbv", "dualpipev")  # the schedules that hold more than one chunk per stage
-SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zbv", "dualpipev")  # B then W (arXiv:2401.10241)
+CHUNKED = ("interleaved", "zbv", "dualpipev", "dualpipe")  # the schedules that hold more than one chunk per stage
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe")  # B then W (arXiv:2401.10241)
 V_PLACED = ("zbv", "dualpipev")  # two chunks per stage as a V (schedule_step.V_SHAPE)
 
 
@@ -87,7 +88,10 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 
 
 def placement_of(name: str) -> str:
-    """Where a schedule's chunks sit: the V for zbv and dualpipev, else Megatron's round robin."""
+    """Where a schedule's chunks sit: the V for zbv and dualpipev, DualPipe's two pipelines,
+    else Megatron's round robin."""
+    if name == "dualpipe":
+        return DUAL
     return V_SHAPE if name in V_PLACED else ROUND_ROBIN
 
 

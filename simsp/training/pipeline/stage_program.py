@@ -14,10 +14,13 @@ from simsp.model import mappings
 from simsp.model.tensor import FP16
 from simsp.training.pipeline import p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
+from simsp.training.pipeline.dualpipe import defer_sends, pair_forwards, sent_after_weight
 from simsp.training.pipeline.p2p_program import (
     Exchange, call_name_of_kinds, megatron_program, split_backward_program)
 from simsp.training.pipeline.plan import StagePlan
-from simsp.training.pipeline.schedule_step import V_SHAPE
+from simsp.training.pipeline.schedule_step import DUAL, V_SHAPE
+
+BOTH_WAYS = (V_SHAPE, DUAL)  # placements whose chunks send both ways (sends waited apart)
 from simsp.training.pipeline.schedules import (
     SPLIT_BACKWARD, interleaved_warmup, one_f_one_b_warmup)
 from simsp.training.pipeline.steps import (
@@ -51,7 +54,7 @@ class P2PSetup:
         peers = {k: grid.rank_of(plan.tp, plan.dp, plan.stage_of(k), plan.cp)
                  for k in range(plan.p * plan.v)}
         return cls(sc.parallel.overlap_p2p_communication or split, scattered, r.tp.size, shape,
-                   received, plan.placement == V_SHAPE, peers)
+                   received, plan.placement in BOTH_WAYS, peers)
 
 
 def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
@@ -64,19 +67,22 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
     (ahead, reduce_after), forwards, backwards = _chunk_triggers(state, plan), 0, 0
+    pairs = pair_forwards(plan.p, sc.parallel.num_micro_batches, plan.pp) \
+        if sc.parallel.schedule_name == "dualpipe" else frozenset()
     for action in _program(sc.parallel, plan, state.split_backward):
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
         else:
-            if state.pending:
-                yield from _wait_pending(r, state, action.kind)
+            if state.pending:  # a DualPipe pair waits both inputs first (_commit_and_wait_comm)
+                for kind in ("F", "B") if action in pairs else (action.kind,):
+                    yield from _wait_pending(r, state, kind)
             if action.kind == "F":
                 if forwards in ahead:  # aligned --overlap-param-gather: the next chunk
                     state.ddp_buckets.gather_chunk(r, ahead[forwards])
                 forwards += 1
             yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
                                                  action.micro_batch, action.chunk)
-            if action.kind == ("W" if plan.placement == V_SHAPE else "B"):
+            if action.kind == ("W" if plan.placement in BOTH_WAYS else "B"):
                 if backwards in reduce_after:  # aligned --overlap-grad-reduce
                     state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
                 backwards += 1
@@ -88,7 +94,11 @@ def _program(parallel, plan: StagePlan, split: bool) -> list:
     """The stage's steps and p2p calls: Megatron's (training/pipeline/p2p_program.py), or the
     non-blocking calls of a split-backward schedule."""
     if split:
-        return split_backward_program(list(plan.steps))
+        program = split_backward_program(list(plan.steps))
+        if parallel.schedule_name == "dualpipe":  # a pair's (a BW's) outputs after its W
+            program = defer_sends(program, sent_after_weight(plan.p, parallel.num_micro_batches,
+                                                             plan.pp))
+        return program
     return megatron_program(list(plan.steps), parallel.schedule_name,
                             _warmup(parallel, plan), parallel.overlap_p2p_communication)
 
@@ -100,7 +110,7 @@ def _chunk_triggers(state: RankState, plan: StagePlan) -> tuple[dict, dict]:
     if state.fsdp is not None:
         return {}, {}
     chunks = {kind: [step.chunk for step in plan.steps if step.kind == kind] for kind in "FBW"}
-    if plan.placement == V_SHAPE:  # each chunk's reductions after its last W (its last grads)
+    if plan.placement in BOTH_WAYS:  # each chunk's reductions after its last W (last grads)
         reduce_after = {j: chunk for chunk, j in
                         {chunk: j for j, chunk in enumerate(chunks["W"])}.items()}
         return state.ddp_buckets.chunk_ahead_triggers(chunks["F"]), \
