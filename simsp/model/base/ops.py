@@ -90,7 +90,7 @@ def _grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str
         if b_name:
             grads[b_name].data += dy2.sum(axis=0)
     if in_fp8:
-        yield from fp8.gemm(r, name, k, m, n)  # saved FP8 input x FP8 dy
+        yield from fp8.wgrad_gemm(r, name, k, m, n)  # saved FP8 input x FP8 dy, into main_grad
         return
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=(k, m, n))
 
