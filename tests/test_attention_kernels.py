@@ -134,6 +134,22 @@ def test_h800_is_h100_with_400_GBps_nvlink():
         h100.peak_flops, h100.hbm_bandwidth_Bps, h100.attention)
 
 
+def test_h200_reuses_the_h100_figures_at_its_own_hbm():
+    # the same GH100 (132 SMs, the same tensor-core peaks): the H100 SXM5's published figures,
+    # so at the compute-bound reference shape the H200 takes the published time; the per-SM
+    # rate is solved with the H200's own 4.8 TB/s, so its time there equals the H100's
+    from simsp.hardware.profiles import gpu_profile
+    h200, h100 = gpu_profile("h200-sxm-141gb"), gpu_profile("h100-sxm-80gb")
+    assert h200.attention == h100.attention
+    assert attention_rates("h200-sxm-141gb", "auto").kernel == "cudnn"
+    ref = AttentionShape(1, 16, 16, 16384, 16384, 128, 128, False)
+    flops = 4 * 16 * 16384 * 16384 * 128  # by hand
+    for backend, fwd, bwd in (("fused", 595e12, 516e12), ("flash", 370e12, 322e12)):
+        rates = attention_rates("h200-sxm-141gb", backend)
+        assert flops / attention_seconds(rates, ref, False) == pytest.approx(fwd, rel=1e-9)
+        assert 2.5 * flops / attention_seconds(rates, ref, True) == pytest.approx(bwd, rel=1e-9)
+
+
 def test_layer_ops_charge_the_fused_kernel_and_keep_the_flops():
     # llama-tiny on an H100 with auto (cuDNN): rank 0 holds 2 of 4 query heads, 1 of 2 K/V
     # heads, s = 32, d = 8; its forward core is one causal cuDNN call of that shape, split over

@@ -67,14 +67,17 @@ def test_every_gradient_equals_the_single_device_reference(name):
 @pytest.mark.parametrize("nvlink_gbps", [300.0, 0.5])  # transfers hidden / exposed
 def test_cp4_2x2_attention_in_the_loop_by_hand(nvlink_gbps):
     """Four CP ranks on one node, a2a pairs (0, 1), (2, 3), rings (0, 2), (1, 3), through the
-    loop's op (r.cp): forward = A_qkv + max(f0, T) + f1 + A_out and backward = A_dout +
-    max(b0, T) + max(b1, T) + A_dqkv, with A_x one all-to-all (each rank sends half of x to its
-    partner), T one head group's K/V over NVLink, f_i, b_i the cost model's 2 and 5
+    loop's op (r.cp): forward = A_qkv + the ring's forward + A_out and backward = A_dout + the
+    ring's backward + A_dqkv, with A_x one all-to-all (each rank sends half of x to its
+    partner), the ring as tests/test_cp_training.py works it (TE's bookkeeping kernels
+    around the blocks; ring rank = the a2a group's index, so ranks 2, 3 merge whole blocks where
+    0, 1 merge halves), T one head group's K/V over NVLink, f_i, b_i the cost model's 2 and 5
     FlashAttention GEMMs of TE's step-i blocks on the head group's 2n tokens (diagonal: the
     whole block; `fused`: the A100 has no cuDNN figures, so the blocks are priced as those
-    GEMMs); exposed cp_comm = the all-to-alls + Σ max(T − block, 0); all to 1e-12."""
+    GEMMs); exposed cp_comm = the all-to-alls + the ring's waits; all to 1e-12."""
     from simsp.hardware.costmodel import kernel_time
     from simsp.model.tensor import FP16
+    from simsp.training.context_parallel import te_p2p_kernels as te
     from simsp.training.driver.world import build_world
     sc = load_scenario(None, {("model", "attention_backend"): "fused",
                               ("model", "attention_dropout"): 0.0,
@@ -107,20 +110,33 @@ def test_cp4_2x2_attention_in_the_loop_by_hand(nvlink_gbps):
     m = 2 * n  # the head group's tokens
     gemm = lambda cols: kernel_time("gemm", 2 * b * (heads // 2) * m * d * cols, 0,
                                     gemm=(m, d, cols))
+    mem = lambda kernels: sum(kernel_time("elementwise", 0, nbytes) for _, nbytes in kernels)
     f0, f1 = 2 * gemm(m), 2 * gemm(m // 2)
     b0, b1 = 5 * gemm(m // 2), 5 * gemm(m)
-    forward = a_qkv + max(f0, kv) + f1 + a_out
-    backward = forward + a_out + max(b0, kv) + max(b1, kv) + a_qkv
-    exposed = 2 * (a_qkv + a_out) + max(kv - f0, 0) + max(kv - b0, 0) + max(kv - b1, 0)
+    lse_bytes = b * (heads // 2) * m * 4
+    l0 = mem(te.forward_step(0, 0, lse_bytes))
+    step1 = a_qkv + mem(te.forward_prologue(2 * x)) + max(f0 + l0, kv)
+    forward = {o: step1 + f1 + mem(te.forward_step(1, o, lse_bytes))
+               + mem(te.forward_epilogue(2, o, x)) + a_out for o in (0, 1)}
+    pb = mem(te.backward_prologue(2 * x))
+    g = {(i, o): mem(te.backward_step(i, 2, o, x, x, x)) for i in (0, 1) for o in (0, 1)}
+    ring0 = {o: forward[o] + a_out + pb for o in (0, 1)}  # after the dout all-to-all
+    wait0 = {o: max(ring0[o] + b0 + g[(0, o)], max(ring0.values()) + kv) for o in (0, 1)}
+    ring_end = {o: max(wait0[o] + b1 + g[(1, o)], max(wait0.values()) + kv) for o in (0, 1)}
+    backward = {o: ring_end[o] + a_qkv for o in (0, 1)}
+    exposed = {o: 2 * (a_qkv + a_out) + max(kv - f0 - l0, 0)
+               + max(max(ring0.values()) + kv - (ring0[o] + b0 + g[(0, o)]), 0)
+               + max(max(wait0.values()) + kv - (wait0[o] + b1 + g[(1, o)]), 0) for o in (0, 1)}
     for r in world.ranks.values():
-        assert abs(ends[("forward", r.rank)] - forward) < 1e-12
-        assert abs(ends[("backward", r.rank)] - backward) < 1e-12
-        assert abs(r.exposed_s["cp_comm"] - exposed) < 1e-12
+        o = r.cp.ring.index  # the ring rank: the a2a group's index
+        assert abs(ends[("forward", r.rank)] - forward[o]) < 1e-12
+        assert abs(ends[("backward", r.rank)] - backward[o]) < 1e-12
+        assert abs(r.exposed_s["cp_comm"] - exposed[o]) < 1e-12
         assert not [key for key in r.ledger.live if "cp_" in key]  # buffers, kept block freed
     pairs = {(t.src, t.dst) for t in world.network.transfers if t.label.startswith("cp a2a")}
     rings = {(t.src, t.dst) for t in world.network.transfers if t.label.startswith("cp forward")}
     assert pairs == {(0, 1), (1, 0), (2, 3), (3, 2)} and rings == {(0, 2), (2, 0), (1, 3), (3, 1)}
-    assert (max(kv - f0, 0) > 0) == (nvlink_gbps < 1)
+    assert (max(kv - f0 - l0, 0) > 0) == (nvlink_gbps < 1)
 
 
 def test_llama3_70b_cp4_2x2_memory_by_category_matches_the_closed_form():

@@ -133,15 +133,20 @@ def test_a_small_layout_passes_verify_with_finite_differences():
 
 @pytest.mark.parametrize("nvlink_gbps", [300.0, 0.5])  # transfer hidden / exposed
 def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
-    """Two CP ranks' attention through the training loop's op (r.cp): forward ends at
-    max(f0, T) + f1, backward max(b0, T) + max(b1, T) later (docs/context-parallel.md), with
-    f_i, b_i the cost model's FlashAttention GEMMs on TE's step-i blocks (the diagonal, whole
-    block first forward and last backward; `fused`: the A100 has no cuDNN figures, so the blocks
-    are priced as those GEMMs) and T one K/V block over NVLink; the time blocked
-    on the ring is the rank's exposed cp_comm; each step's block compute in the ring's
-    timeline; all to 1e-12."""
+    """Two CP ranks' attention through the training loop's op (r.cp): the ring of
+    docs/context-parallel.md with Transformer Engine's bookkeeping kernels around it
+    (te_p2p_kernels, tests/test_cp_te_kernels.py): the K/V pack P, then step 0's block f0 and
+    logsumexp copy L0, step 1 (after the K/V transfer T) f1 and its merge L1, then the output
+    merges E; backward the K/V copy Pb, then per step the block b_i and the dQ/dK/dV merges G_i,
+    each step waiting for its exchange. f_i, b_i are the cost model's FlashAttention GEMMs on
+    TE's step-i blocks (the diagonal, whole block first forward and last backward; `fused`: the
+    A100 has no cuDNN figures, so the blocks are priced as those GEMMs); rank 1 merges whole
+    blocks where rank 0 merges halves, so the ranks differ and the ring waits for the later
+    one; the time blocked on the ring is the rank's exposed cp_comm; each step's block GEMMs
+    in the ring's timeline; all to 1e-12."""
     from simsp.hardware.costmodel import kernel_time
     from simsp.model.tensor import FP16
+    from simsp.training.context_parallel import te_p2p_kernels as te
     from simsp.training.driver.world import build_world
     sc = load_scenario(None, {("model", "attention_backend"): "fused",
                               ("model", "attention_dropout"): 0.0,
@@ -151,9 +156,13 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
     world = build_world(sc)
     b, heads, n, d = 1, 4, 128, 16
     ends, spans_of = {}, {}
+    gemm_names = ("cp_scores_", "cp_context_", "cp_recompute_scores_", "cp_d_v_", "cp_d_probs_",
+                  "cp_d_q_", "cp_d_k_")
 
     class Spans:  # each compute span of the ring's block attention, by (rank, phase, step)
         def add_span(self, rank, stream, name, start, end, args):
+            if not name.startswith(gemm_names):
+                return
             key = (rank, args["phase"] if args["phase"] != "recompute" else "backward",
                    int(name.rsplit("_", 1)[1]))
             spans_of.setdefault(key, []).append((start, end))
@@ -172,24 +181,41 @@ def test_cp2_ring_in_the_loop_by_hand(nvlink_gbps):
         world.env.process(rank(r))
     world.env.run()
     gemm = lambda cols: kernel_time("gemm", 2 * b * heads * n * d * cols, 0, gemm=(n, d, cols))
+    mem = lambda kernels: sum(kernel_time("elementwise", 0, nbytes) for _, nbytes in kernels)
     f0, f1 = 2 * gemm(n), 2 * gemm(n // 2)  # forward: diagonal block, then half a block
     b0, b1 = 5 * gemm(n // 2), 5 * gemm(n)  # backward: half, then the diagonal (TE's reverse)
-    kv = 2 * b * heads * n * d * FP16
+    x = b * heads * n * d * FP16  # q (= the output), k, v: MHA here
+    lse_bytes = b * heads * n * 4
+    kv = 2 * x
     link = sc.cluster
     t = link.nvlink_latency_us * 1e-6 + kv / (nvlink_gbps * 1e9 * link.nvlink_efficiency)
-    forward = max(f0, t) + f1
-    backward = forward + max(b0, t) + max(b1, t)
-    exposed = max(t - f0, 0) + max(t - b0, 0) + max(t - b1, 0)
-    steps = {("forward", 0): (0.0, f0), ("forward", 1): (max(f0, t), f1),
-             ("backward", 0): (forward, b0), ("backward", 1): (forward + max(b0, t), b1)}
+    p, pb = mem(te.forward_prologue(kv)), mem(te.backward_prologue(kv))
+    l0 = mem(te.forward_step(0, 0, lse_bytes))
+    step1, fwd_end, start = {}, {}, p + max(f0 + l0, t)
+    for cp_rank in (0, 1):
+        step1[cp_rank] = start
+        fwd_end[cp_rank] = (start + f1 + mem(te.forward_step(1, cp_rank, lse_bytes))
+                            + mem(te.forward_epilogue(2, cp_rank, x)))
+    g = {(i, cp_rank): mem(te.backward_step(i, 2, cp_rank, x, x, x))
+         for i in (0, 1) for cp_rank in (0, 1)}
+    posted0 = max(fwd_end.values()) + pb  # the exchange starts once both ranks have posted
+    wait0 = {c: max(fwd_end[c] + pb + b0 + g[(0, c)], posted0 + t) for c in (0, 1)}
+    posted1 = max(wait0.values())
+    bwd_end = {c: max(wait0[c] + b1 + g[(1, c)], posted1 + t) for c in (0, 1)}
+    exposed = {c: max(t - f0 - l0, 0) + max(posted0 + t - (fwd_end[c] + pb + b0 + g[(0, c)]), 0)
+               + max(posted1 + t - (wait0[c] + b1 + g[(1, c)]), 0) for c in (0, 1)}
     for r in world.ranks.values():
-        assert abs(ends[("forward", r.rank)] - forward) < 1e-12
-        assert abs(ends[("backward", r.rank)] - backward) < 1e-12
-        assert abs(r.exposed_s.get("cp_comm", 0.0) - exposed) < 1e-12
-        for (phase, step), (start, seconds) in steps.items():
+        c = r.cp.index
+        assert abs(ends[("forward", r.rank)] - fwd_end[c]) < 1e-12
+        assert abs(ends[("backward", r.rank)] - bwd_end[c]) < 1e-12
+        assert abs(r.exposed_s.get("cp_comm", 0.0) - exposed[c]) < 1e-12
+        steps = {("forward", 0): (p, f0), ("forward", 1): (step1[c], f1),
+                 ("backward", 0): (fwd_end[c] + pb, b0), ("backward", 1): (wait0[c], b1)}
+        for (phase, step), (begin, seconds) in steps.items():
             spans = spans_of[(r.rank, phase, step)]  # the step's GEMMs, back to back
-            assert abs(spans[0][0] - start) < 1e-12 and abs(spans[-1][1] - start - seconds) < 1e-12
-    assert (exposed > 0) == (nvlink_gbps < 1)
+            assert abs(spans[0][0] - begin) < 1e-12
+            assert abs(spans[-1][1] - begin - seconds) < 1e-12
+    assert (max(t - f0 - l0, 0) > 0) == (nvlink_gbps < 1)
 
 
 def test_what_if_shows_cp_time_only_where_a_row_has_it():

@@ -181,7 +181,9 @@ def test_swiglu_fc1_runs_its_three_gemms_in_fp8():
     for name, (a, b, c) in (("swiglu_input", (m, k, n)), ("d_mlp.fc1_input", (m, n, k)),
                             ("d_mlp.fc1_weight", (k, m, n))):
         phase = "forward" if name == "swiglu_input" else "backward"
-        by_hand = gemm_seconds(2 * a * b * c, a * b + b * c + 2 * a * c, cal, (a, b, c))
+        into_main_grad = (2 * 4 - 2) * a * c if name.endswith("_weight") else 0
+        by_hand = gemm_seconds(2 * a * b * c, a * b + b * c + 2 * a * c, cal, (a, b, c),
+                               extra_bytes=into_main_grad)
         assert seconds[(name, phase)] == pytest.approx(by_hand, rel=1e-12)
     assert ("d_mlp.fc1_input_fp8_cast", "backward") in seconds
 
@@ -235,3 +237,34 @@ def test_swiglu_fc1_has_its_fp8_weight_copy_and_the_router_none():
     assert not is_fp8_param("layers.0.mlp.router.weight", (H, 8))
     assert is_fp8_param("layers.0.mlp.fc1.weight", (H, 2, f))
     assert not is_fp8_param("layers.0.mlp.experts.fc1.weight", (8, H, 2, f))
+
+
+@pytest.mark.parametrize("main_grads, width", [("fp32", 4), ("bf16", 2)])
+def test_weight_gradient_gemms_accumulate_into_the_main_gradient(main_grads, width):
+    """TE's weight-gradient GEMM under Megatron's gradient_accumulation_fusion adds into
+    weight.main_grad (accumulate=True, out=weight.main_grad: transformer_engine/pytorch/module/
+    linear.py): the (k, n) gradient is read and written at the main gradient's width instead of
+    written once in BF16, (2·width − 2)·k·n more bytes at the rule's memory-bound rate
+    (0.9 × 3.35 TB/s on the H100); the data-gradient GEMMs do not change."""
+    extra = {"use_precision_aware_optimizer": True, "main_grads_dtype": "bf16"} \
+        if main_grads == "bf16" else {}
+    overrides = {("model", "num_layers"): 1, ("model", "hidden_size"): H,
+                 ("model", "num_attention_heads"): A, ("model", "seq_length"): S,
+                 ("model", "vocab_size"): 256, ("parallel", "micro_batch_size"): B,
+                 ("parallel", "tensor_model_parallel_size"): T, ("run", "mode"): "meta",
+                 ("cluster", "system"): "dgx-h100", ("parallel", "fp8_format"): "hybrid"}
+    overrides.update({("parallel", k): v for k, v in extra.items()})
+    log = simulate_layer(load_scenario(None, overrides), log_kernels=True).ranks[0].kernel_log
+    seconds = {(name, phase): s for name, phase, _, _, _, s in log}
+    cal = compute_for("h100-sxm-80gb", fp8=True)
+    memory_Bps = 0.9 * 3.35e12
+    tokens = S * B
+    for name, (k, n) in (("d_mlp.fc1_weight", (H, 4 * H // T)), ("d_mlp.fc2_weight", (4 * H // T, H)),
+                         ("d_attn.qkv_weight", (H, 3 * H // T)), ("d_attn.proj_weight", (H // T, H))):
+        plain = gemm_seconds(2 * k * tokens * n, k * tokens + tokens * n + 2 * k * n, cal,
+                             (k, tokens, n))
+        assert seconds[(name, "backward")] - plain == pytest.approx(
+            (2 * width - 2) * k * n / memory_Bps, rel=1e-9)
+    m, k, n = tokens, 4 * H // T, H  # fc2's data gradient: dy (m, h) x w^T
+    assert seconds[("d_mlp.fc2_input", "backward")] == pytest.approx(
+        gemm_seconds(2 * m * k * n, m * n + n * k + 2 * m * k, cal, (m, n, k)), rel=1e-12)

@@ -84,15 +84,28 @@ def gemm_operand_bytes(m: int, k: int, n: int, dtype: str = "bf16") -> int:
     return 2 * (m * k + k * n + m * n) if dtype == "bf16" else m * k + k * n + 2 * m * n
 
 
+def accumulate_extra_bytes(m: int, n: int, accumulator_bytes: int) -> int:
+    """Bytes a GEMM moves beyond gemm_operand_bytes when its (m, n) output is accumulated into
+    a tensor of `accumulator_bytes` per element (beta = 1: C read and D written at that width)
+    instead of written once in 16 bits: Transformer Engine's weight-gradient GEMM into the
+    main gradient (`accumulate=True, out=weight.main_grad` with fuse_wgrad_accumulation,
+    transformer_engine/pytorch/module/linear.py; Megatron's gradient_accumulation_fusion)."""
+    return (2 * accumulator_bytes - 2) * m * n
+
+
 def gemm_seconds(flops: int, nbytes: int, cal: ComputeCalibration,
-                 shape: tuple | None = None) -> float:
+                 shape: tuple | None = None, extra_bytes: int = 0) -> float:
     """The curve in its additive form (simsp.hardware.constants.rule_calibration): launch + FLOPs at the
     ceiling peak x E_max + operand bytes at peak x E_max / I_half. Equal to kernel_time's GEMM
     for 16-bit bytes; FP8 GEMMs pass their 1-byte operands. With the (m, k, n) `shape`: the
-    GPU's measured table where it has one, else the FLOP term at the ceiling wave-quantised."""
-    if shape is not None and cal.gemm_table is not None:
-        return cal.launch_overhead_s + flops / table_rate(cal.gemm_table, *shape)
+    GPU's measured table where it has one, else the FLOP term at the ceiling wave-quantised.
+    `extra_bytes`: traffic the plain GEMM (and a measured table's, beta = 0 with a 16-bit
+    output) does not have, such as a main-gradient accumulation (accumulate_extra_bytes),
+    added at the same memory-bound rate, peak x E_max / I_half."""
     ceiling = cal.peak_flops * cal.gemm_max_efficiency
+    extra = extra_bytes * cal.gemm_half_intensity / ceiling
+    if shape is not None and cal.gemm_table is not None:
+        return cal.launch_overhead_s + flops / table_rate(cal.gemm_table, *shape) + extra
     waves = wave_efficiency(shape[0], shape[2], cal.gemm_sms) if shape and cal.gemm_sms else 1.0
     return (cal.launch_overhead_s + flops / (ceiling * waves)
-            + nbytes * cal.gemm_half_intensity / ceiling)
+            + nbytes * cal.gemm_half_intensity / ceiling + extra)

@@ -17,7 +17,7 @@ Kernel times: simsp.hardware.costmodel.gemm_seconds with the GPU's FP8 compute m
 
 import numpy as np
 
-from simsp.hardware.costmodel import gemm_operand_bytes, gemm_seconds
+from simsp.hardware.costmodel import accumulate_extra_bytes, gemm_operand_bytes, gemm_seconds
 
 FP8_BYTES = 1
 # The saved linear inputs (the blocks' stash names, simsp/model/blocks/) TE keeps in FP8.
@@ -46,14 +46,30 @@ def is_fp8_param(name: str, shape) -> bool:
     return name.startswith("layers.") and name.endswith(".weight") and _te_linear(name, shape)
 
 
-def gemm(r, name: str, m: int, k: int, n: int):
-    """An FP8 GEMM (m,k)x(k,n): 1-byte operands, BF16 output, at the FP8 rate."""
-    yield from r.hold(name, "gemm", 2 * m * k * n, gemm_time(r, m, k, n))
+def gemm(r, name: str, m: int, k: int, n: int, accumulator_bytes: int = 0):
+    """An FP8 GEMM (m,k)x(k,n): 1-byte operands, BF16 output, at the FP8 rate. With
+    `accumulator_bytes`, the output is accumulated into a tensor of that width instead (the
+    weight gradient into the main gradient: read and written, accumulate_extra_bytes)."""
+    yield from r.hold(name, "gemm", 2 * m * k * n, gemm_time(r, m, k, n, accumulator_bytes))
 
 
-def gemm_time(r, m: int, k: int, n: int) -> float:
-    """Seconds of an FP8 GEMM (m,k)x(k,n) alone on the GPU."""
-    return gemm_seconds(2 * m * k * n, gemm_operand_bytes(m, k, n, "fp8"), r.fp8.cal, (m, k, n))
+def gemm_time(r, m: int, k: int, n: int, accumulator_bytes: int = 0) -> float:
+    """Seconds of an FP8 GEMM (m,k)x(k,n) alone on the GPU, accumulating into a tensor of
+    `accumulator_bytes` per element if given."""
+    extra = accumulate_extra_bytes(m, n, accumulator_bytes) if accumulator_bytes else 0
+    return gemm_seconds(2 * m * k * n, gemm_operand_bytes(m, k, n, "fp8"), r.fp8.cal, (m, k, n),
+                        extra_bytes=extra)
+
+
+def wgrad_gemm(r, name: str, m: int, k: int, n: int):
+    """The weight-gradient GEMM as TE runs it under Megatron's gradient_accumulation_fusion
+    (TE `fuse_wgrad_accumulation`, transformer_engine/pytorch/module/linear.py:
+    `accumulate=accumulate_wgrad_into_param_main_grad, out=weight.main_grad`): the (m, n)
+    weight gradient is added into the main gradient (fp32 by default: 4 bytes read and 4
+    written per element, beta = 1) rather than written once in BF16. Every micro-batch is
+    timed as accumulating; TE's first micro-batch of an iteration (is_first_microbatch)
+    writes without reading, 4 bytes less per element once per iteration."""
+    yield from gemm(r, name, m, k, n, accumulator_bytes=r.precision.main_grad_bytes)
 
 
 def quantize(r, name: str, numel: int):

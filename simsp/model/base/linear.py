@@ -80,7 +80,7 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
                                                          blocking=False, sms=_sms(ub_wgrad)))
     yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight",
                                       f"{prefix}.bias" if has_bias else None,
-                                      f"d_{prefix}_weight", _beside(ub_wgrad, reduce))
+                                      f"d_{prefix}_weight", _beside(ub_wgrad, reduce, wgrad=True))
     dx = yield from _finish(r, ub_wgrad, reduce)  # (s_l, b, k)
     if x_full is not saved_input:
         r.free(x_full)
@@ -104,9 +104,10 @@ def _sms(ub) -> int | None:
     return None if ub is None else tp_overlap.comm_sms(ub)
 
 
-def _beside(ub, launched):
-    """The bulk runner of a GEMM beside the collective `_start` launched, None without `ub`."""
-    return None if ub is None or launched is None else tp_overlap.bulk(ub)
+def _beside(ub, launched, wgrad: bool = False):
+    """The bulk runner of a GEMM (a weight gradient's: `wgrad`) beside the collective `_start`
+    launched, None without `ub`."""
+    return None if ub is None or launched is None else tp_overlap.bulk(ub, wgrad)
 
 
 def _finish(r, ub, launched):

@@ -63,11 +63,12 @@ def gemm_kernel(r, name: str, shape: tuple, in_fp8: bool):
     yield from r.compute(name, "gemm", 2 * m * k * n, gemm=shape)
 
 
-def gemm_seconds(r, shape: tuple, in_fp8: bool) -> float:
-    """The modelled seconds of one (m, k, n) GEMM alone on the GPU."""
+def gemm_seconds(r, shape: tuple, in_fp8: bool, wgrad: bool = False) -> float:
+    """The modelled seconds of one (m, k, n) GEMM alone on the GPU; `wgrad`: an FP8 weight
+    gradient accumulating into the main gradient (fp8.wgrad_gemm)."""
     m, k, n = shape
     if in_fp8:
-        return fp8.gemm_time(r, m, k, n)
+        return fp8.gemm_time(r, m, k, n, r.precision.main_grad_bytes if wgrad else 0)
     return kernel_time("gemm", 2 * m * k * n, 0, shape, r.compute_cal)
 
 
@@ -116,7 +117,10 @@ def _grad_weight(r, dy: Tensor, x: Tensor, grads: dict, w_name: str, b_name: str
             grads[w_name].data += x2.T @ dy2
         if b_name:
             grads[b_name].data += dy2.sum(axis=0)
-    yield from _gemm(r, name, (k, m, n), in_fp8, None, None, runner)  # FP8: saved input x dy
+    if in_fp8 and runner is None:
+        yield from fp8.wgrad_gemm(r, name, k, m, n)  # saved FP8 input x FP8 dy, into main_grad
+        return
+    yield from _gemm(r, name, (k, m, n), in_fp8, None, None, runner)
 
 
 def bias_grad(r, dy: Tensor, grads: dict, b_name: str, name: str):

@@ -42,7 +42,8 @@ def comm_sms(ub) -> int:
     return 0 if ub.set_sm_margin else ub.comm_sms
 
 
-def chunk_gemm(r, name: str, shape: tuple, in_fp8: bool, ub, pieces: int = 1):
+def chunk_gemm(r, name: str, shape: tuple, in_fp8: bool, ub, pieces: int = 1,
+               wgrad: bool = False):
     """One of `pieces` equal pieces of the GEMM of `shape` (m, k, n): under set_sm_margin on
     sm_count − num_sm SMs throughout, else on all SMs, re-timed while communication kernels hold
     some (engine/sm_share.py). A piece takes 1/pieces of the whole GEMM's time: TE launches the
@@ -50,7 +51,7 @@ def chunk_gemm(r, name: str, shape: tuple, in_fp8: bool, ub, pieces: int = 1):
     (transformer_engine/common/include/transformer_engine/comm_gemm_overlap.h), so one piece's
     last partial wave of tiles fills with the next piece's (docs/tp-overlap.md)."""
     m, k, n = shape
-    work_s = gemm_seconds(r, shape, in_fp8) / pieces
+    work_s = gemm_seconds(r, shape, in_fp8, wgrad) / pieces
     if ub.set_sm_margin:
         work_s /= r.sm_share.margin_rate(ub.num_sm)
     yield from r.hold(name, "gemm", 2 * m * k * n // pieces, work_s)
@@ -153,13 +154,13 @@ def pipelined_rs(ub, reduced, tag: str):
     return run
 
 
-def bulk(ub):
+def bulk(ub, wgrad: bool = False):
     """A runner: the whole GEMM beside a collective on the communication stream, as TE's bulk
     overlap (the collective launched with `comm_sms(ub)` SMs)."""
     def run(r, name, shape, in_fp8, out, math):
         if r.numeric and math is not None:
             out.data = math()
-        yield from chunk_gemm(r, name, shape, in_fp8, ub)
+        yield from chunk_gemm(r, name, shape, in_fp8, ub, wgrad=wgrad)
     return run
 
 

@@ -26,6 +26,7 @@ from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to
 from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
+from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
 BACKWARD_GEMMS = ("d_v", "d_probs", "d_q", "d_k")  # after the recomputed scores
@@ -87,13 +88,25 @@ class CpAttention(ContextParallelAttention):
         if shared.done == self.size:
             del self.rings[key]
 
-    def _blocks(self, r, q, phase: str):
+    def _kernels(self, r, kernels: list):
+        """TE's memory-bound bookkeeping kernels (te_p2p_kernels), one after the other; none
+        on a group of one (TE runs no context-parallel attention there)."""
+        for name, nbytes in kernels if self.size > 1 else []:
+            yield from r.compute(name, "elementwise", nbytes=nbytes)
+
+    def _blocks(self, r, q, phase: str, after=None):
         """The step's block attention on r's compute stream: TE's causal slices
         (training/context_parallel/ring.py block_gemm; the whole block at diagonal_step: forward's first,
-        backward's last), 2 GEMMs forward, 1 recomputed + 4 backward."""
+        backward's last), 2 GEMMs forward, 1 recomputed + 4 backward; then `after(step)`'s
+        bookkeeping kernels (TE's per-step merges, te_p2p_kernels)."""
         b, heads, n, d = q.shape
 
         def run(ring_phase: str, step: int):
+            yield from block(ring_phase, step)
+            if after is not None:
+                yield from self._kernels(r, after(step))
+
+        def block(ring_phase: str, step: int):
             diagonal = step == diagonal_step(ring_phase, self.size)
             m, k, cols = block_gemm(n, d, diagonal)
             flops = 2 * b * heads * m * k * cols
@@ -128,7 +141,10 @@ class CpAttention(ContextParallelAttention):
             shard = CpShard(q.data, k.data, v.data, self.positions)
             numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
-        yield from shared.ring.forward(self.index, self._blocks(r, q, phase), numbers)
+        yield from self._kernels(r, te_kernels.forward_prologue(k.nbytes + v.nbytes))
+        lse_step = lambda step: te_kernels.forward_step(step, self.index, lse.nbytes)
+        yield from shared.ring.forward(self.index, self._blocks(r, q, phase, lse_step), numbers)
+        yield from self._kernels(r, te_kernels.forward_epilogue(self.size, self.index, out.nbytes))
         self._count_exposed(r, shared.ring, "forward")
         r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
         self._finished(r, phase)
@@ -166,7 +182,11 @@ class CpAttention(ContextParallelAttention):
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
             numbers.out, numbers.lse = to_heads(out.data), lse.data
             numbers.start_backward(to_heads(dout.data))
-        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward"), numbers)
+        yield from self._kernels(r, te_kernels.backward_prologue(k.nbytes + v.nbytes))
+        grads = lambda step: te_kernels.backward_step(step, self.size, self.index, q.nbytes,
+                                                      k.nbytes, v.nbytes)
+        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward", grads),
+                                        numbers)
         self._count_exposed(r, shared.ring, "backward")
         r.count_comm("cp_ring", sum(exchange_bytes("backward", step, self.size,
                                                    shared.ring.kv_bytes)
