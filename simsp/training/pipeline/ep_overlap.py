@@ -71,7 +71,7 @@ def pair_seconds(f: LayerPieces | None, b: LayerPieces | None, delay_wgrad: bool
         seconds = getattr(layer, piece)
         if who == "b" and not delay_wgrad and piece in ("mlp", "pre_dispatch"):
             seconds += getattr(layer, piece + "_dw")
-        if piece.endswith("_dw") and (not delay_wgrad or who == "f" or
+        if piece.endswith("_dw") and (not delay_wgrad or
                                       (piece == "pre_dispatch_dw" and last_in_backward)):
             continue
         issued.append((who, piece, seconds))
