@@ -59,12 +59,13 @@ class PairTimeline:
 
 
 def pair_seconds(f: LayerPieces | None, b: LayerPieces | None, delay_wgrad: bool,
-                 last_in_backward: bool = False) -> list:
-    """[(micro-batch, piece, seconds)] in issue order: without delayed weight gradients each
-    backward node carries its own; the last backward layer keeps pre_dispatch's for later."""
+                 last_in_backward: bool = False, order: tuple = ISSUE) -> list:
+    """[(micro-batch, piece, seconds)] in issue `order` (Megatron's by default; a DualPipe F&B
+    pair passes its own): without delayed weight gradients each backward node carries its own;
+    the last backward layer keeps pre_dispatch's for later."""
     layers = {"f": f, "b": b}
     issued = []
-    for who, piece in ISSUE:
+    for who, piece in order:
         layer = layers[who]
         if layer is None:
             continue
