@@ -13,7 +13,7 @@ from simsp.scenario.checks.hardware import validate_cluster
 from simsp.scenario.checks.layout import (global_batch, sequence_parallel, tensor_parallel,
                                           tp_comm_overlap)
 from simsp.scenario.checks.model import validate_model
-from simsp.scenario.checks.moe import expert_parallel
+from simsp.scenario.checks.moe import expert_comm_overlap, expert_parallel
 from simsp.scenario.checks.partners import partners
 from simsp.scenario.checks.pipeline import overlap_p2p, schedule, stage_split
 from simsp.scenario.checks.precision import validate_fp8_attention, validate_precision
@@ -40,6 +40,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     overlap_param_gather(p)
     recompute_method(m, p)
     recompute_modules(p, m.num_experts is not None)
+    expert_comm_overlap(m, p)
     partners(m, p)
     cuda_graphs(m, p)
 

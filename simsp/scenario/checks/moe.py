@@ -62,3 +62,31 @@ def expert_parallel(m: Model, p: Parallel) -> None:
     check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
           "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
           "built yet (core_attn is)")
+
+
+def expert_comm_overlap(m: Model, p: Parallel) -> None:
+    """Megatron-Core's checks on --overlap-moe-expert-parallel-comm and --delay-wgrad-compute
+    (NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py __post_init__, commit
+    d98e8a6), in its order; then what simsp does not model yet."""
+    check(not p.delay_wgrad_compute or p.overlap_moe_expert_parallel_comm,
+          "parallel.delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm (Megatron)")
+    if not p.overlap_moe_expert_parallel_comm:
+        return
+    name = "parallel.overlap_moe_expert_parallel_comm"
+    check(p.pp == 1 or p.schedule_name == "interleaved", name,
+          "needs virtual pipeline stages (the interleaved schedule) when "
+          f"pipeline_model_parallel_size={p.pp} > 1 (Megatron)")
+    check(p.ep > 1, name, "needs expert_model_parallel_size > 1 (Megatron)")
+    check(p.moe_token_dispatcher_type == "alltoall", name,
+          f"needs moe_token_dispatcher_type alltoall, not {p.moe_token_dispatcher_type} "
+          "(Megatron: alltoall or flex)")
+    check(p.recompute_granularity != "full", name, "refuses recompute_granularity full (Megatron)")
+    check(p.recompute_method is None and p.recompute_num_layers is None, name,
+          "refuses recompute_method and recompute_num_layers (Megatron)")
+    check("moe" not in p.recompute_module_set, name,
+          "refuses moe in recompute_modules (Megatron)")
+    check(m.mtp_num_layers in (None, 0, 1), name,
+          f"supports at most one MTP layer, not mtp_num_layers={m.mtp_num_layers} (Megatron)")
+    raise UserError(name, "not modelled yet: simsp does not yet interleave one micro-batch's "
+                    "forward with another's backward layer by layer (Megatron's "
+                    "combined_1f1b.py); run without it")

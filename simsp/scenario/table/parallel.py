@@ -192,4 +192,11 @@ PARALLEL = (
     Field("parallel", "moe_grouped_gemm", bool, False, switches=(
         Switch("--moe-grouped-gemm", True,
                "each rank's experts as one grouped GEMM (default: a loop of GEMMs)", "ggemm"),)),
+    # Megatron-Core's EP all-to-all overlap (transformer_config.py; docs/moe.md)
+    Field("parallel", "overlap_moe_expert_parallel_comm", bool, False, switches=(
+        Switch("--overlap-moe-expert-parallel-comm", True, "hide one micro-batch's expert "
+               "dispatch/combine behind another's compute (Megatron's combined 1F1B)", "epov"),)),
+    Field("parallel", "delay_wgrad_compute", bool, False, switches=(
+        Switch("--delay-wgrad-compute", True, "with --overlap-moe-expert-parallel-comm: "
+               "weight gradients deferred after the input gradients", "dwgrad"),)),
 )

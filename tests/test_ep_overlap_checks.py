@@ -1,0 +1,62 @@
+"""--overlap-moe-expert-parallel-comm and --delay-wgrad-compute: Megatron-Core's own refusals
+(megatron/core/transformer/transformer_config.py __post_init__), each naming the field, and the
+command line's one error: line."""
+
+import pytest
+
+from inprocess import cli
+from simsp.errors import UserError
+from simsp.scenario.loading import load_scenario
+
+MOE = "scenarios/moe-tiny-cp.toml"  # EP 2, the alltoall dispatcher, PP 1
+OVERLAP = {"overlap_moe_expert_parallel_comm": True}
+
+
+def _refused(parallel: dict, model: dict | None = None) -> UserError:
+    """The error loading the MoE scenario with these overrides raises."""
+    overrides = {("parallel", k): v for k, v in parallel.items()}
+    overrides.update({("model", k): v for k, v in (model or {}).items()})
+    with pytest.raises(UserError) as caught:
+        load_scenario(MOE, overrides)
+    return caught.value
+
+
+@pytest.mark.parametrize("parallel,model,words", [
+    ({"delay_wgrad_compute": True}, None, "needs overlap_moe_expert_parallel_comm"),
+    ({**OVERLAP, "moe_token_dispatcher_type": "allgather"}, None, "alltoall"),
+    ({**OVERLAP, "recompute_granularity": "full"}, None, "recompute_granularity full"),
+    ({**OVERLAP, "recompute_granularity": "selective", "recompute_modules": "moe"}, None,
+     "moe in recompute_modules"),
+    ({**OVERLAP, "pipeline_model_parallel_size": 2, "context_parallel_size": 1}, None,
+     "virtual pipeline stages"),
+    ({**OVERLAP, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None}, None,
+     "expert_model_parallel_size > 1")])
+def test_megatrons_refusals_name_the_field(parallel, model, words):
+    err = _refused(parallel, model)
+    field = "parallel.delay_wgrad_compute" if "delay_wgrad_compute" in parallel and \
+        len(parallel) == 1 else "parallel.overlap_moe_expert_parallel_comm"
+    assert err.field == field
+    assert words in err.reason
+
+
+def test_what_megatron_accepts_is_refused_as_not_modelled_yet():
+    """A layout Megatron accepts (EP 2, alltoall, PP 1) meets simsp's own refusal, so the flags
+    never run as a silent no-op."""
+    err = _refused({**OVERLAP, "delay_wgrad_compute": True})
+    assert err.field == "parallel.overlap_moe_expert_parallel_comm"
+    assert err.reason.startswith("not modelled yet")
+
+
+def test_command_line_prints_one_error_line():
+    rc, out, err = cli(["run", MOE, "--delay-wgrad-compute"])
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("error: parallel.delay_wgrad_compute")
+
+
+def test_interleaved_pipelining_passes_megatrons_checks():
+    """PP 2 with virtual stages (4 layers, 1 per chunk) meets only simsp's own refusal."""
+    err = _refused({**OVERLAP, "pipeline_model_parallel_size": 2, "context_parallel_size": 1,
+                    "num_layers_per_virtual_pipeline_stage": 1, "global_batch_size": 8},
+                   {"num_layers": 4})
+    assert err.field == "parallel.overlap_moe_expert_parallel_comm"
+    assert err.reason.startswith("not modelled yet")

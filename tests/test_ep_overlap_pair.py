@@ -1,0 +1,72 @@
+"""One layer's F&B pair on the compute and communication streams (Megatron-Core's
+TransformerLayerSchedulePlan.run order), against timelines worked by hand below."""
+
+import pytest
+
+from simsp.training.pipeline.ep_overlap import LayerPieces, pair_timeline
+
+F = LayerPieces(pre_dispatch=3.0, dispatch=2.0, mlp=4.0, combine=2.0)
+B = LayerPieces(pre_dispatch=5.0, dispatch=6.0, mlp=6.0, combine=1.0, mlp_dw=3.0,
+                pre_dispatch_dw=2.0)
+
+
+def _spans(timeline) -> dict:
+    return {(who, piece): (start, end) for who, piece, _, start, end in timeline.spans}
+
+
+def test_delayed_wgrad_hides_every_all_to_all():
+    """By hand: comm B.combine [0,1]; compute F.pre [0,3]; B.mlp after B.combine, the compute
+    stream free at 3: [3,9]; F.dispatch after F.pre: [3,5]; B.mlp_dw [9,12]; B.dispatch after
+    B.mlp (not its dw): [9,15]; F.mlp after F.dispatch, compute free at 12: [12,16]; F.combine
+    [16,18]; B.pre after B.dispatch (15), compute free 16: [16,21]; B.pre_dw [21,23]. Every
+    all-to-all lies under compute: 11 s hidden, none exposed."""
+    t = pair_timeline(F, B, delay_wgrad=True)
+    want = {("b", "combine"): (0, 1), ("f", "pre_dispatch"): (0, 3), ("b", "mlp"): (3, 9),
+            ("f", "dispatch"): (3, 5), ("b", "mlp_dw"): (9, 12), ("b", "dispatch"): (9, 15),
+            ("f", "mlp"): (12, 16), ("f", "combine"): (16, 18), ("b", "pre_dispatch"): (16, 21),
+            ("b", "pre_dispatch_dw"): (21, 23)}
+    got = _spans(t)
+    assert set(got) == set(want)
+    for key, span in want.items():
+        assert got[key] == pytest.approx(span, abs=1e-9), key
+    assert t.end_s == pytest.approx(23.0, abs=1e-9)
+    assert (t.comm_hidden_s, t.comm_exposed_s) == pytest.approx((11.0, 0.0), abs=1e-9)
+
+
+def test_without_delay_the_backward_dispatch_waits_for_the_weight_gradients():
+    """By hand: B.mlp carries its dw: [3,12]; B.dispatch [12,18]; F.mlp [12,16]; F.combine queued
+    behind B.dispatch on the comm stream: [18,20]; B.pre (with its dw) after B.dispatch:
+    [18,25]. B.dispatch is under F.mlp for 4 s of 6: of the 11 s of all-to-all 2 s are exposed,
+    9 hidden; the pair ends at 25."""
+    t = pair_timeline(F, B, delay_wgrad=False)
+    s = _spans(t)
+    assert s[("b", "mlp")] == pytest.approx((3, 12), abs=1e-9)
+    assert s[("b", "dispatch")] == pytest.approx((12, 18), abs=1e-9)
+    assert s[("f", "combine")] == pytest.approx((18, 20), abs=1e-9)
+    assert s[("b", "pre_dispatch")] == pytest.approx((18, 25), abs=1e-9)
+    assert t.end_s == pytest.approx(25.0, abs=1e-9)
+    assert (t.comm_hidden_s, t.comm_exposed_s) == pytest.approx((9.0, 2.0), abs=1e-9)
+
+
+def test_a_forward_alone_exposes_its_all_to_all():
+    """No backward to hide behind: 3 + 2 + 4 + 2 = 11 s, both all-to-alls exposed."""
+    t = pair_timeline(F, None, delay_wgrad=True)
+    assert t.end_s == pytest.approx(11.0, abs=1e-9)
+    assert (t.comm_hidden_s, t.comm_exposed_s) == pytest.approx((0.0, 4.0), abs=1e-9)
+
+
+def test_the_last_backward_layer_keeps_its_attention_wgrad():
+    """is_last_layer_in_bwd: B.pre_dispatch_dw is left for later, the pair ends at 21."""
+    t = pair_timeline(F, B, delay_wgrad=True, last_in_backward=True)
+    assert ("b", "pre_dispatch_dw") not in _spans(t)
+    assert t.end_s == pytest.approx(21.0, abs=1e-9)
+
+
+def test_the_combine_kernel_takes_its_sms_from_the_forward_attention():
+    """4 SMs, the all-to-all holds 1 for its 1 s: F.pre does 3/4 s of work in [0,1], its other
+    2.25 s after, ending at 3.25 (engine/sm_share.py)."""
+    f = LayerPieces(pre_dispatch=3.0, dispatch=0.0, mlp=0.0, combine=0.0)
+    b = LayerPieces(pre_dispatch=0.0, dispatch=0.0, mlp=0.0, combine=1.0)
+    t = pair_timeline(f, b, delay_wgrad=True, sm_count=4, comm_sms=1)
+    assert _spans(t)[("f", "pre_dispatch")] == pytest.approx((0.0, 3.25), abs=1e-9)
+    assert t.end_s == pytest.approx(3.25, abs=1e-9)
