@@ -10,6 +10,7 @@ from pathlib import Path
 from simsp.version import __version__
 from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics import layout
+from simsp.report.run.overlap_summary import overlap_lines
 from simsp.report.run.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
@@ -192,9 +193,6 @@ def _performance(m: dict) -> list[str]:
             ["bubble fraction", pct(m["bubble_fraction"])],
             ["exposed communication (worst stage, excl. pipeline wait)",
              seconds(m["exposed_comm_s"])]]
-    for method, seen in (m.get("tp_overlap_per_stage") or [{}])[0].items():
-        rows.append([f"TP overlap, {method.replace('_', ' ')} (stage 0): hidden / exposed",
-                     f"{seconds(seen['hidden_s'])} / {seconds(seen['exposed_s'])}"])
     if m.get("loss") is not None:
         rows.append(["loss", f"{m['loss']:.6f}"])
     rows.append(["out of memory", "**yes**" if m["oom"] else "no"])
@@ -455,6 +453,7 @@ def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
+             + overlap_lines(metrics)
              + _expert_load(metrics)
              + _memory(metrics, stages) + _allocator(metrics) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _sharding(metrics) + _calibration(metrics))

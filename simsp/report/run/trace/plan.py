@@ -12,6 +12,7 @@ import numpy as np
 
 from simsp.engine.trace import DETAIL_TRACKS
 from simsp.report.run.trace.events import Flows, Lane, lane_args, metadata, string
+from simsp.report.run.trace.overlaps import annotate
 from simsp.report.run.trace.layout import coarsen, enclosing_calls, lane_members, ns_array
 
 
@@ -69,6 +70,8 @@ def _recorded(spans: list, ranks: set, detail: str, names: dict) -> Recorded:
     names join the `names` table."""
     skip = () if detail == "full" else DETAIL_TRACKS
     kept = [s for s in spans if s.rank in ranks and s.track not in skip]
+    if detail == "full":  # communication spans say what compute hid them (overlaps.py)
+        kept = annotate(kept)
     rank, track, name, start, end, args = zip(*kept) if kept else ((),) * 6
     for distinct in dict.fromkeys(name):  # first appearance order, once each
         names.setdefault(distinct, len(names))
