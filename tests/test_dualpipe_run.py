@@ -13,10 +13,10 @@ from simsp.errors import UserError
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.pipeline.dualpipe import dualpipe, dualpipe_steps
-from simsp.training.pipeline.op_step import OpSchedule, single
 from simsp.training.pipeline.op_timing import Durations, simulate_ops
 from tests.test_pipeline import run_metrics, scenario, stage_activation_peaks
-from tests.test_zero_bubble_run import only_model_state_left, pipeline_only
+from tests.test_zero_bubble_run import (idle_against_unit_time, only_model_state_left,
+                                        pipeline_only)
 
 
 @pytest.mark.parametrize("pp,t,d", [(4, 2, 2), (8, 1, 1)])
@@ -64,17 +64,8 @@ def test_each_ranks_idle_is_the_unit_time_schedulers():
     """p 4, m 8, t 1: each rank's idle within the iteration against op_timing.simulate_ops of
     DualPipe's op lists with the run's own F, B, W times of a middle rank: within 4% (what is
     over is the p2p hops and the end ranks' embedding, head and loss)."""
-    sc = pipeline_only("dualpipe")
-    steps = simulate_iteration(sc).results.steps
-    ranks = sorted(steps)[:sc.parallel.pp]
-    times = {kind: end - begin for kind, *_, begin, end in reversed(steps[ranks[1]])}
-    timeline = simulate_ops(dualpipe(sc.parallel.pp, sc.parallel.num_micro_batches),
-                            Durations(times["F"], times["B"], times["W"]))
-    start = min(steps[r][0][3] for r in ranks)
-    end = max(steps[r][-1][4] for r in ranks)
-    for stage, r in enumerate(ranks):
-        idle = end - start - sum(e - b for *_, b, e in steps[r])
-        assert idle == pytest.approx(timeline.bubble(stage), rel=0.04)
+    for idle, unit_time in idle_against_unit_time("dualpipe", dualpipe):
+        assert idle == pytest.approx(unit_time, rel=0.04)
 
 
 def test_every_rank_holds_pp_plus_1_stage_activations():

@@ -11,10 +11,10 @@ from simsp.report.run.figures.schedule import stage_intervals
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.pipeline.op_step import OpSchedule, single
-from simsp.training.pipeline.op_timing import Durations, simulate_ops
 from simsp.training.pipeline.zero_bubble import zbv
 from tests.test_pipeline import run_metrics, scenario, stage_activation_peaks
-from tests.test_zero_bubble_run import only_model_state_left, pipeline_only
+from tests.test_zero_bubble_run import (idle_against_unit_time, only_model_state_left,
+                                        pipeline_only)
 
 
 def zbv_ops(p: int, m: int) -> OpSchedule:
@@ -51,17 +51,8 @@ def test_stage_bubbles_are_the_unit_time_schedulers():
     on any stage to the last end) against op_timing.simulate_ops of the same step lists with
     the run's own F, B, W times of a middle chunk: within 3% (what is over is the p2p hops and
     stage 0's embedding, head and loss)."""
-    sc = pipeline_only("zbv")
-    steps = simulate_iteration(sc).results.steps
-    ranks = sorted(steps)[:sc.parallel.pp]
-    times = {kind: end - begin for kind, *_, begin, end in reversed(steps[ranks[1]])}
-    timeline = simulate_ops(zbv_ops(sc.parallel.pp, sc.parallel.num_micro_batches),
-                            Durations(times["F"], times["B"], times["W"]))
-    start = min(steps[r][0][3] for r in ranks)
-    end = max(steps[r][-1][4] for r in ranks)
-    for stage, r in enumerate(ranks):
-        idle = end - start - sum(e - b for *_, b, e in steps[r])
-        assert idle == pytest.approx(timeline.bubble(stage), rel=0.03)
+    for idle, unit_time in idle_against_unit_time("zbv", zbv_ops):
+        assert idle == pytest.approx(unit_time, rel=0.03)
 
 
 def test_the_schedule_figure_draws_each_kind_of_step_apart():

@@ -9,6 +9,7 @@ import pytest
 from simsp.errors import UserError
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
+from simsp.training.pipeline.op_timing import Durations, simulate_ops
 from tests.test_moe_expert_parallel import scenario as moe_scenario
 from tests.test_pipeline import big_meta, run_metrics, scenario, stage_activation_peaks
 
@@ -52,6 +53,22 @@ def pipeline_only(schedule: str):
     """p 4, t 1, m 8: layers heavy enough that the end stages' embedding and head are small."""
     return big_meta(schedule=schedule, global_batch_size=16, tensor_model_parallel_size=1,
                     sequence_parallel=False)
+
+
+def idle_against_unit_time(schedule: str, ops_of) -> list[tuple[float, float]]:
+    """p 4, m 8, t 1: per stage (its idle time within the iteration, from the first step's start
+    on any stage to the last end; op_timing.simulate_ops's bubble of `ops_of(p, m)`'s op lists
+    with the run's own F, B, W times of a middle stage)."""
+    sc = pipeline_only(schedule)
+    steps = simulate_iteration(sc).results.steps
+    ranks = sorted(steps)[:sc.parallel.pp]
+    times = {kind: end - begin for kind, *_, begin, end in reversed(steps[ranks[1]])}
+    timeline = simulate_ops(ops_of(sc.parallel.pp, sc.parallel.num_micro_batches),
+                            Durations(times["F"], times["B"], times["W"]))
+    start = min(steps[r][0][3] for r in ranks)
+    end = max(steps[r][-1][4] for r in ranks)
+    return [(end - start - sum(e - b for *_, b, e in steps[r]), timeline.bubble(stage))
+            for stage, r in enumerate(ranks)]
 
 
 def test_first_stage_peaks_are_the_papers():
