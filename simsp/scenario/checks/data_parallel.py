@@ -17,6 +17,29 @@ def overlap_param_gather(p: Parallel) -> None:
           "parallel.overlap_param_gather", "needs distributed_optimizer and overlap_grad_reduce")
 
 
+def overlap_param_gather_with_optimizer_step(p: Parallel) -> None:
+    """Megatron-LM's checks (megatron/training/arguments.py at d98e8a64, in its order): the
+    distributed optimizer, --overlap-param-gather, interleaved pipeline parallelism; then
+    simsp's own: not modelled with FSDP. (Megatron also refuses distributed checkpointing,
+    --ckpt-format other than torch: simsp saves no checkpoint.)"""
+    if not p.overlap_param_gather_with_optimizer_step:
+        return
+    name = "parallel.overlap_param_gather_with_optimizer_step"
+    check(p.distributed_optimizer, name, "only supported with distributed optimizer")
+    check(p.overlap_param_gather, name, "needs overlap_param_gather")
+    check(p.schedule_name == "interleaved", name,
+          "only supported with interleaved pipeline parallelism")
+    check(p.fsdp is None, name, "is not modelled with FSDP")
+
+
+def average_in_collective(p: Parallel) -> None:
+    """--ddp-average-in-collective: Megatron-LM refuses it with per-token loss and GTP
+    (distributed_data_parallel.py, arguments.py at d98e8a64; simsp has neither); simsp
+    models it for Megatron's DDP buckets only, not for FSDP's."""
+    check(not (p.ddp_average_in_collective and p.fsdp is not None),
+          "parallel.ddp_average_in_collective", "is not modelled with FSDP")
+
+
 def distributed_optimizer_mode(s: Scenario) -> None:
     """The distributed optimizer (without FSDP) is modelled in meta mode only."""
     check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"

@@ -147,7 +147,10 @@ class DDPBuckets:
         # --align-grad-reduce: the schedule launches whole chunks (grad_sync_func)
         self.align_reduce = self.overlap and p.align_grad_reduce
         self.overlap_gather = p.overlap_param_gather and bool(self.buckets)
-        self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
+        # --overlap-param-gather-with-optimizer-step: chunk 0 gathered by the step before
+        self.gather_with_step = self.overlap_gather and p.overlap_param_gather_with_optimizer_step
+        self.pending_gathers = [b for b in self._forward_order() if not (
+            self.gather_with_step and b.chunk == 0)] if self.overlap_gather else []
         # --align-param-gather: whole chunks issued by the interleaved schedule
         self.align_gather = self.overlap_gather and p.align_param_gather and plan.v > 1
         # seconds the DP collectives ran and the program waited on them, by kind
@@ -165,7 +168,8 @@ class DDPBuckets:
         buckets = []
         for chunk in range(self.plan.v):
             names = [n for n in chunk_params(self.plan, chunk, self.grads) if keep(n)]
-            bucketed = chunk == 0 and self.plan.pp == 0
+            bucketed = chunk == 0 and self.plan.pp == 0 and \
+                not p.overlap_param_gather_with_optimizer_step  # training.py: every chunk whole
             for itemsize, members in self._dtype_buffers(names):
                 params = [(n, self.grads[n].numel) for n in members]
                 built = build_buckets(params, size if bucketed else None, pad, shared, chunk)
@@ -295,9 +299,29 @@ class DDPBuckets:
         if self.align_gather:
             for chunk in (0, 1):
                 self.gather_chunk(r, chunk)
-        elif self.pending_gathers:
+        elif self.pending_gathers and self.pending_gathers[0].chunk == 0:
             bucket = self.pending_gathers[0]
             bucket.gather = self._gather(r, bucket)
+
+    def first_chunk_dense(self) -> set:
+        """The parameters of model chunk 0's dense buffers: what Megatron's first chained
+        optimizer steps (megatron/core/optimizer/__init__.py: [model_chunks[0]], then the other
+        chunks, then every chunk's expert parameters)."""
+        return {n for b in self.buckets if b.chunk == 0 and b.group == self.group
+                for n in b.names}
+
+    def gather_first_chunk(self, r) -> list:
+        """--overlap-param-gather-with-optimizer-step: chunk 0's start_param_sync(force_dispatch)
+        right after chunk 0's own step (megatron/core/optimizer/optimizer.py ChainedOptimizer.
+        _step): every bucket of chunk 0, dense and expert, in forward order; their processes."""
+        return [self._gather(r, b) for b in self._forward_order() if b.chunk == 0]
+
+    def wait_first_chunk(self, r, gathers: list):
+        """The iteration ends once chunk 0's all-gathers are done: the part that outlasts the
+        step is what the next iteration's first forward (stage 0, chunk 0) waits for."""
+        start = r.env.now
+        yield simpy.AllOf(r.env, gathers)
+        self._waited(r, "all_gather", r.env.now - start)
 
     def gather_chunk(self, r, chunk: int) -> None:
         """DDP.start_param_sync of one model chunk: issue its buckets' all-gathers, in the
