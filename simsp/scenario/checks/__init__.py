@@ -40,7 +40,7 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     overlap_p2p(p)
     overlap_param_gather(p)
     overlap_param_gather_with_optimizer_step(p)
-    average_in_collective(p)
+    average_in_collective(m, p)
     recompute_method(m, p)
     recompute_modules(p, m.num_experts is not None)
     expert_comm_overlap(m, p)

@@ -2,7 +2,7 @@
 (Megatron-LM arguments.py, distributed_data_parallel.py)."""
 
 from simsp.scenario.checks.rule import check, positive
-from simsp.scenario.config import Parallel, Scenario
+from simsp.scenario.config import Model, Parallel, Scenario
 
 
 def buckets(p: Parallel) -> None:
@@ -32,12 +32,19 @@ def overlap_param_gather_with_optimizer_step(p: Parallel) -> None:
     check(p.fsdp is None, name, "is not modelled with FSDP")
 
 
-def average_in_collective(p: Parallel) -> None:
+def average_in_collective(m: Model, p: Parallel) -> None:
     """--ddp-average-in-collective: Megatron-LM refuses it with per-token loss and GTP
     (distributed_data_parallel.py, arguments.py at d98e8a64; simsp has neither); simsp
-    models it for Megatron's DDP buckets only, not for FSDP's."""
-    check(not (p.ddp_average_in_collective and p.fsdp is not None),
-          "parallel.ddp_average_in_collective", "is not modelled with FSDP")
+    models it for Megatron's DDP buckets only, not for FSDP's, and not for expert weights no
+    other rank holds (expert data-parallel size t·d·cp / (etp·ep) of 1 under d·cp > 1:
+    Megatron still scales them by 1/(d·cp), simsp has no bucket to do it in)."""
+    if not p.ddp_average_in_collective:
+        return
+    name = "parallel.ddp_average_in_collective"
+    check(p.fsdp is None, name, "is not modelled with FSDP")
+    edp = p.tp * p.dp * p.cp // (p.etp * p.ep)
+    check(m.num_experts is None or edp > 1 or p.dp * p.cp == 1, name,
+          "is not modelled when each expert weight is on one data-parallel rank (edp = 1)")
 
 
 def distributed_optimizer_mode(s: Scenario) -> None:

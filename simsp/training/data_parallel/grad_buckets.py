@@ -43,6 +43,7 @@ from simsp.model.fp8 import FP8_BYTES as FP8, is_fp8_param
 from simsp.model.mappings import _bytes_sent
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.training.data_parallel.grad_scaling import pre_multiply, scale_kernel, scaling_factor
 
 EMBEDDING = ("embedding.word", "embedding.position")
 HEAD = ("final_ln.gamma", "final_ln.beta", "output.weight")  # output.weight: untied only
@@ -60,6 +61,7 @@ class Bucket:
     gather: simpy.Process | None = None
     group: tuple = ()  # the ranks reducing it: DP, or EDP for expert weights (set by DDPBuckets)
     param_bytes: int = FP16  # bytes per gathered parameter: 1 in an FP8 parameter buffer
+    scale: float = 1.0  # gradient_scaling_factor (training/data_parallel/grad_scaling.py)
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
@@ -143,6 +145,9 @@ class DDPBuckets:
         self.buckets = self._buckets(p, self.group)
         if r.moe is not None:  # expert weights: their own buffers, reduced over EDP
             self.buckets = expert_buckets(self, p, r.moe.edp_group)
+        self.average = p.ddp_average_in_collective  # ReduceOp.AVG, no dense scale kernel
+        for bucket in self.buckets:
+            bucket.scale = scaling_factor(self.average, len(self.group), len(bucket.group))
         self.overlap = p.overlap_grad_reduce and bool(self.buckets)
         # --align-grad-reduce: the schedule launches whole chunks (grad_sync_func)
         self.align_reduce = self.overlap and p.align_grad_reduce
@@ -198,21 +203,30 @@ class DDPBuckets:
         return [b for c in range(self.plan.v) for b in reversed(self.buckets) if b.chunk == c]
 
     # ------------------------------------------------------------------ gradient reduction
-    def grads_ready(self, r, plan, chunk: int, mb: int, modules: list) -> None:
-        """A module's backward ended: in the last micro-batch, launch every completed bucket."""
+    def grads_ready(self, r, plan, chunk: int, mb: int, modules: list):
+        """A module's backward ended: in the last micro-batch, launch every completed bucket
+        (a generator: each launch runs its scaling kernel first; an empty tuple when this
+        micro-batch launches nothing)."""
         if not self._launches_in(mb):
-            return
+            return ()
+        return self._launch_ready(r, plan, chunk, modules)
+
+    def _launch_ready(self, r, plan, chunk: int, modules: list):
         for module in modules:
             done = set(module_params(plan, module, self.grads, producing=True))
             for bucket in self.buckets:
                 if bucket.chunk == chunk and bucket.reduce is None:
                     bucket.ready |= done & set(bucket.names)
                     if len(bucket.ready) == len(bucket.names):
-                        self._launch_reduce(r, bucket)
+                        yield from self._launch_reduce(r, bucket)
 
-    def _launch_reduce(self, r, bucket: Bucket) -> None:
+    def _launch_reduce(self, r, bucket: Bucket):
+        """start_grad_sync of one bucket: its scaling kernel on the compute stream, then its
+        all-reduce (reduce-scatter) on the DP stream, summing or averaging."""
         kind = "reduce_scatter" if self.distributed else "all_reduce"
         flat = self._flat(bucket)
+        yield from scale_kernel(r, bucket, self.itemsize, self.average, flat.data)
+        pre_multiply(flat.data, self.average, len(bucket.group))
         bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads", bucket.group)
         if r.numeric and not self.distributed:
             bucket.reduce.callbacks.append(lambda event: self._unflat(bucket, event.value))
@@ -259,7 +273,7 @@ class DDPBuckets:
             return
         for bucket in self.buckets:
             if bucket.reduce is None:
-                self._launch_reduce(r, bucket)
+                yield from self._launch_reduce(r, bucket)
         start = r.env.now
         yield simpy.AllOf(r.env, [b.reduce for b in self.buckets])
         self._waited(r, "reduce", r.env.now - start)
@@ -360,11 +374,11 @@ class DDPBuckets:
             return False
         return self.overlap and mb == self.last_micro_batch
 
-    def reduce_chunk(self, r, chunk: int) -> None:
+    def reduce_chunk(self, r, chunk: int):
         """DDP.start_grad_sync of one model chunk: launch its buckets not yet launched."""
         for bucket in self.buckets:
             if bucket.chunk == chunk and bucket.reduce is None:
-                self._launch_reduce(r, bucket)
+                yield from self._launch_reduce(r, bucket)
 
     def chunk_reduce_triggers(self, backwards: list) -> dict:
         """{backward index: chunk whose reductions launch after it}, aligned and interleaved.
