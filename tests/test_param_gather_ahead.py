@@ -217,3 +217,46 @@ def test_aligned_reductions_launch_chunk_by_chunk_by_hand():
     end = max(emb_launch, layer0_end) + reduce_s(emb)
     assert done == [pytest.approx(end, rel=1e-9)]
     assert r.exposed_s["dp_comm"] == pytest.approx(end - emb_launch, rel=1e-9)
+
+
+def test_unaligned_reductions_launch_bucket_by_bucket_by_hand():
+    """--no-align-grad-reduce, interleaved, stage 0 (backwards: chunk 1 mb 0, 1, then chunk 0
+    mb 0, 1; layers 40 µs, the embedding 10 µs): Megatron enables grad sync in each chunk's
+    last micro-batch (schedules.py backward_step_helper_preprocess), so a bucket launches as
+    soon as that backward has made its gradients, after its scaling kernel: layer 2's at 80 µs,
+    layer 0's before the embedding's backward, the embeddings' last."""
+    sc, world, plan, grads = interleaved_world(align_grad_reduce=False)
+    r, env = world.ranks[0], world.env
+    sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
+    emb, layer0, layer2 = buckets_of(sync)
+    backwards = [(step.chunk, step.micro_batch) for step in plan.steps if step.kind == "B"]
+    assert backwards == [(1, 0), (1, 1), (0, 0), (0, 1)]
+    assert sync.chunk_reduce_triggers([c for c, _ in backwards]) == {}
+    done = []
+
+    def program():
+        for chunk, mb in backwards:
+            yield env.timeout(LAYER_S)
+            yield from sync.grads_ready(r, plan, chunk, mb, list(plan.layers(chunk)))
+            if chunk == 0:
+                yield env.timeout(EMBEDDING_S)
+                yield from sync.grads_ready(r, plan, chunk, mb, ["embedding"])
+        yield from sync.finish(r)
+        done.append(env.now)
+
+    def reduce_s(bucket):
+        return collective_time("reduce_scatter", world.network.graph, [0, 1], 4 * bucket.numel,
+                               world.network.calibration, 4)
+
+    def scale_s(bucket):  # grad_data *= 1/2 on the 4-byte bucket: read and written
+        return kernel_time("elementwise", 0, 2 * 4 * bucket.numel, cal=r.compute_cal)
+
+    env.process(program())
+    env.run()
+    layer2_launch = 2 * LAYER_S + scale_s(layer2)
+    layer0_launch = layer2_launch + 2 * LAYER_S + EMBEDDING_S + scale_s(layer0)
+    emb_launch = layer0_launch + EMBEDDING_S + scale_s(emb)
+    layer0_end = max(layer0_launch, layer2_launch + reduce_s(layer2)) + reduce_s(layer0)
+    end = max(emb_launch, layer0_end) + reduce_s(emb)
+    assert done == [pytest.approx(end, rel=1e-9)]
+    assert r.exposed_s["dp_comm"] == pytest.approx(end - emb_launch, rel=1e-9)
