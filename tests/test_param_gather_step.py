@@ -18,7 +18,7 @@ from simsp.model.tensor import FP16, Tensor
 from tests.test_param_gather_ahead import EMBEDDING_S, LAYER_S, interleaved_world, run_forwards
 from tests.test_shortcut_layouts import assert_same, fast_and_full, layout_scenario
 
-ADAM_BYTES = 16 + 12 + 2  # reads grad, master, m, v (4 B); writes master, m, v and the 2-byte weight
+ADAM_BYTES = 16 + 12 + 2  # reads grad, master, m, v (4 B); writes master, m, v, the 2-B weight
 
 
 def step_world():
