@@ -8,6 +8,7 @@ import pytest
 from simsp.scenario.loading import load_scenario
 from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.collectives.ring_timing import collective_time
+from simsp.hardware.costmodel import kernel_time
 from simsp.model.params import param_shapes
 from simsp.model.tensor import FP32, Tensor
 from simsp.training.driver.world import build_world
@@ -176,9 +177,10 @@ def test_chunk_reduce_triggers_follow_megatrons_rule(pp, v, expected):
 
 def test_aligned_reductions_launch_chunk_by_chunk_by_hand():
     """Aligned, interleaved, stage 0 (backwards run chunks 1, 1, 0, 0, 40 µs each): no
-    bucket launches from the backward itself; chunk 1's bucket reduce-scatters from 80 µs
-    (after backward 1, chunk 1's last), chunk 0's two buckets from 160 µs behind it on the
-    DP stream (layer 0's, then the embeddings'); finish waits for the last."""
+    bucket launches from the backward itself; chunk 1's bucket reduce-scatters after backward
+    1 (chunk 1's last) and its scaling kernel S2 (1/d on the compute stream), chunk 0's two
+    buckets after backward 3, each after its kernel (S0, then SE), behind it on the DP stream
+    (layer 0's, then the embeddings'); finish waits for the last."""
     sc, world, plan, grads = interleaved_world()
     r, env = world.ranks[0], world.env
     sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
@@ -192,10 +194,10 @@ def test_aligned_reductions_launch_chunk_by_chunk_by_hand():
     def program():
         for index, chunk in enumerate(backwards):
             layers = list(plan.layers(chunk)) + (["embedding"] if chunk == 0 else [])
-            sync.grads_ready(r, plan, chunk, index // 2, layers)
+            yield from sync.grads_ready(r, plan, chunk, index // 2, layers)
             yield env.timeout(LAYER_S)
             if index in after:
-                sync.reduce_chunk(r, after[index])
+                yield from sync.reduce_chunk(r, after[index])
         yield from sync.finish(r)
         done.append(env.now)
 
@@ -203,9 +205,58 @@ def test_aligned_reductions_launch_chunk_by_chunk_by_hand():
         return collective_time("reduce_scatter", world.network.graph, [0, 1], 4 * bucket.numel,
                                world.network.calibration, 4)
 
+    def scale_s(bucket):  # grad_data *= 1/2 on the 4-byte bucket: read and written
+        return kernel_time("elementwise", 0, 2 * 4 * bucket.numel, cal=r.compute_cal)
+
     env.process(program())
     env.run()
-    chunk1_end = 2 * LAYER_S + reduce_s(layer2)
-    end = max(4 * LAYER_S, chunk1_end) + reduce_s(layer0) + reduce_s(emb)
+    chunk1_end = 2 * LAYER_S + scale_s(layer2) + reduce_s(layer2)
+    layer0_launch = 4 * LAYER_S + scale_s(layer2) + scale_s(layer0)
+    layer0_end = max(layer0_launch, chunk1_end) + reduce_s(layer0)
+    emb_launch = layer0_launch + scale_s(emb)
+    end = max(emb_launch, layer0_end) + reduce_s(emb)
     assert done == [pytest.approx(end, rel=1e-9)]
-    assert r.exposed_s["dp_comm"] == pytest.approx(end - 4 * LAYER_S, rel=1e-9)
+    assert r.exposed_s["dp_comm"] == pytest.approx(end - emb_launch, rel=1e-9)
+
+
+def test_unaligned_reductions_launch_bucket_by_bucket_by_hand():
+    """--no-align-grad-reduce, interleaved, stage 0 (backwards: chunk 1 mb 0, 1, then chunk 0
+    mb 0, 1; layers 40 µs, the embedding 10 µs): Megatron enables grad sync in each chunk's
+    last micro-batch (schedules.py backward_step_helper_preprocess), so a bucket launches as
+    soon as that backward has made its gradients, after its scaling kernel: layer 2's at 80 µs,
+    layer 0's before the embedding's backward, the embeddings' last."""
+    sc, world, plan, grads = interleaved_world(align_grad_reduce=False)
+    r, env = world.ranks[0], world.env
+    sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
+    emb, layer0, layer2 = buckets_of(sync)
+    backwards = [(step.chunk, step.micro_batch) for step in plan.steps if step.kind == "B"]
+    assert backwards == [(1, 0), (1, 1), (0, 0), (0, 1)]
+    assert sync.chunk_reduce_triggers([c for c, _ in backwards]) == {}
+    done = []
+
+    def program():
+        for chunk, mb in backwards:
+            yield env.timeout(LAYER_S)
+            yield from sync.grads_ready(r, plan, chunk, mb, list(plan.layers(chunk)))
+            if chunk == 0:
+                yield env.timeout(EMBEDDING_S)
+                yield from sync.grads_ready(r, plan, chunk, mb, ["embedding"])
+        yield from sync.finish(r)
+        done.append(env.now)
+
+    def reduce_s(bucket):
+        return collective_time("reduce_scatter", world.network.graph, [0, 1], 4 * bucket.numel,
+                               world.network.calibration, 4)
+
+    def scale_s(bucket):  # grad_data *= 1/2 on the 4-byte bucket: read and written
+        return kernel_time("elementwise", 0, 2 * 4 * bucket.numel, cal=r.compute_cal)
+
+    env.process(program())
+    env.run()
+    layer2_launch = 2 * LAYER_S + scale_s(layer2)
+    layer0_launch = layer2_launch + 2 * LAYER_S + EMBEDDING_S + scale_s(layer0)
+    emb_launch = layer0_launch + EMBEDDING_S + scale_s(emb)
+    layer0_end = max(layer0_launch, layer2_launch + reduce_s(layer2)) + reduce_s(layer0)
+    end = max(emb_launch, layer0_end) + reduce_s(emb)
+    assert done == [pytest.approx(end, rel=1e-9)]
+    assert r.exposed_s["dp_comm"] == pytest.approx(end - emb_launch, rel=1e-9)

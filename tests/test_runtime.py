@@ -9,6 +9,7 @@ import simpy
 from simsp.scenario.loading import load_scenario
 from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.collectives.ring_timing import collective_time
+from simsp.hardware.costmodel import kernel_time
 from simsp.model.params import param_shapes
 from simsp.model.tensor import FP16, FP32, Tensor
 from simsp.training.driver.world import build_world
@@ -161,13 +162,21 @@ def bucket_world(**parallel):
     return sc, world, plan, grads
 
 
-def test_bucket_all_reduces_overlap_the_remaining_backward_by_hand():
+def scale_s(r, numel: int, average: bool = False) -> float:
+    """Megatron's `grad_data *= 1/d` on a 4-byte bucket (reads and writes it), on the compute
+    stream before the bucket's collective; none when the collective averages."""
+    return 0.0 if average else kernel_time("elementwise", 0, 2 * 4 * numel, cal=r.compute_cal)
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_bucket_all_reduces_overlap_the_remaining_backward_by_hand(average):
     """Buckets (reverse order, size one layer: 49 984): final_ln and layer 3 down to its QKV
     weight; layer 3's ln1 and layer 2 down to its QKV weight; ...; layer 0's ln1 and the
     position and word embeddings. Layer backwards take 40 µs each after the head, the embedding
-    backward 10 µs; each bucket's all-reduce starts when its last layer is done and the DP
-    stream is free (FIFO): start_k = max(ready_k, end_(k-1)), end_k = start_k + T_k."""
-    sc, world, plan, grads = bucket_world()
+    backward 10 µs; a completed bucket's scaling kernel S_k (1/d, none under
+    --ddp-average-in-collective) holds the compute stream, then its all-reduce starts when the
+    DP stream is free (FIFO): start_k = max(ready_k, end_(k-1)), end_k = start_k + T_k."""
+    sc, world, plan, grads = bucket_world(ddp_average_in_collective=average)
     r, env = world.ranks[0], world.env
     sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
     assert [b.names[-1] for b in sync.buckets] == [
@@ -176,25 +185,25 @@ def test_bucket_all_reduces_overlap_the_remaining_backward_by_hand():
     layer_s, embedding_s, done = 40e-6, 10e-6, []
 
     def program():
-        sync.grads_ready(r, plan, 0, 0, ["head"])
+        yield from sync.grads_ready(r, plan, 0, 0, ["head"])
         for i in (3, 2, 1, 0):
             yield env.timeout(layer_s)
-            sync.grads_ready(r, plan, 0, 0, [i])
+            yield from sync.grads_ready(r, plan, 0, 0, [i])
         yield env.timeout(embedding_s)
-        sync.grads_ready(r, plan, 0, 0, ["embedding"])
+        yield from sync.grads_ready(r, plan, 0, 0, ["embedding"])
         yield from sync.finish(r)
         done.append(env.now)
 
     env.process(program())
     env.run()
-    ready = [layer_s * k for k in (1, 2, 3, 4)] + [4 * layer_s + embedding_s]
-    end = 0.0
-    for bucket, ready_s in zip(sync.buckets, ready):
-        nbytes = 4 * sum(grads[n].numel for n in bucket.names)
-        end = max(ready_s, end) + collective_time("all_reduce", world.network.graph, [0, 1],
-                                                  nbytes, world.network.calibration, 4)
+    now, end = 0.0, 0.0
+    for bucket, work_s in zip(sync.buckets, [layer_s] * 4 + [embedding_s]):
+        numel = sum(grads[n].numel for n in bucket.names)
+        now += work_s + scale_s(r, numel, average)  # the backward, then the scaling kernel
+        end = max(now, end) + collective_time("all_reduce", world.network.graph, [0, 1],
+                                              4 * numel, world.network.calibration, 4)
     assert done == [pytest.approx(end, rel=1e-12)]
-    assert r.exposed_s["dp_comm"] == pytest.approx(end - ready[-1], rel=1e-9)
+    assert r.exposed_s["dp_comm"] == pytest.approx(end - now, rel=1e-9)
 
 
 def test_without_overlap_one_bucket_reduces_after_the_backward():
@@ -208,15 +217,16 @@ def test_without_overlap_one_bucket_reduces_after_the_backward():
     def program():
         for i in (3, 2, 1, 0):
             yield env.timeout(1e-3)
-            sync.grads_ready(r, plan, 0, 0, [i])
+            yield from sync.grads_ready(r, plan, 0, 0, [i])
         yield from sync.finish(r)
         done.append(env.now)
 
     env.process(program())
     env.run()
     total = 2 * sum(g.numel for g in grads.values())  # 2 bytes: no fp32 accumulation
-    expected = 4e-3 + collective_time("all_reduce", world.network.graph, [0, 1], total,
-                                      world.network.calibration, 2)
+    scale = kernel_time("elementwise", 0, 2 * total, cal=r.compute_cal)  # 1/d, read + write
+    expected = 4e-3 + scale + collective_time("all_reduce", world.network.graph, [0, 1], total,
+                                              world.network.calibration, 2)
     assert done == [pytest.approx(expected, rel=1e-12)]
 
 

@@ -45,6 +45,8 @@ class LayerSpec:
     sample_offset: int = 0  # global index of this micro-batch's first sample
     modules: frozenset = frozenset(("core_attn",))  # selective: Megatron's --recompute-modules
     aux_scale: float = 1.0  # MoE aux loss gradient: b/B (1/micro-batches, DP-averaged)
+    gradient_factor: int = 1  # d·cp when the DP collective averages (training/data_parallel/
+    # grad_scaling.py): the aux loss gradient is the replica's, as the main loss's
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute rebuilds `module` (core_attn, mlp, layernorm) in backward."""

@@ -94,6 +94,8 @@ def _first_chunk_buckets(sc, chunks: int) -> int:
     tables = [m.seq_length * m.hidden_size] if m.position_embedding_type == "learned_absolute" else []
     tables.append(m.vocab_size * m.hidden_size // p.tp)  # shape (1 or 2,): elements per table
     size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
+    if p.overlap_param_gather_with_optimizer_step:  # Megatron's training.py: every chunk whole
+        size = None
     return buckets_of(tensors[::-1] + tables, size)
 
 

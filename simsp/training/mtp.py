@@ -26,6 +26,7 @@ from simsp.model.blocks.head import output_loss_backward, output_loss_forward
 from simsp.model.blocks.norm import norm, norm_backward
 from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 from simsp.model.tensor import FP16
+from simsp.training.data_parallel.grad_scaling import loss_gradient_factor
 
 
 def shifted(tokens: np.ndarray | None, k: int):
@@ -49,7 +50,8 @@ def _spec(sc, layer: int, offset: int) -> LayerSpec:
     p = sc.parallel
     modules = p.recompute_module_set or LayerSpec.modules
     aux_scale = p.micro_batch_size / p.global_batch if sc.model.num_experts else 1.0
-    return LayerSpec(sc.model, layer, p.recompute_granularity, offset, modules, aux_scale)
+    return LayerSpec(sc.model, layer, p.recompute_granularity, offset, modules, aux_scale,
+                     loss_gradient_factor(p))
 
 
 def _layer_tables(state, k: int) -> tuple[dict, dict]:
@@ -163,7 +165,8 @@ def mtp_backward(r, sc, state, depths: list, tokens, targets):
     for k in reversed(range(m.mtp_num_layers)):
         r.scope = f"{scope}mtp{k}."
         saved = depths[k]
-        dloss = m.mtp_loss_scaling_factor / (m.mtp_num_layers * (s - k - 1) * B)
+        dloss = m.mtp_loss_scaling_factor * loss_gradient_factor(sc.parallel) / (
+            m.mtp_num_layers * (s - k - 1) * B)
         dh = yield from output_loss_backward(
             r, m, state.weights, state.grads, shifted(targets, k + 1), saved["head"], dloss,
             kept_positions(s, b, k + 1) if r.numeric else None)

@@ -152,7 +152,8 @@ def layer_costs(sc: Scenario, granularity: str) -> list[LayerCost]:
         **{key: getattr(defaults, key) for key in (
             "overlap_p2p_communication", "scatter_gather_tensors_in_pipeline",
             "overlap_grad_reduce", "overlap_param_gather", "align_grad_reduce",
-            "align_param_gather", "ddp_bucket_size",
+            "align_param_gather", "ddp_bucket_size", "overlap_param_gather_with_optimizer_step",
+            "ddp_average_in_collective",
             "accumulate_allreduce_grads_in_fp32")}},
         cluster={"nodes": math.ceil(sc.parallel.tp * _expert_grid_dp(sc)
                                     / sc.cluster.gpus_per_node)},

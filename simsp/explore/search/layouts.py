@@ -169,6 +169,9 @@ def applies(key: str, parallel: dict) -> bool:
         return parallel["num_layers_per_virtual_pipeline_stage"] is not None
     if key == "overlap_param_gather":
         return parallel["distributed_optimizer"]
+    if key == "overlap_param_gather_with_optimizer_step":
+        return parallel["distributed_optimizer"] and \
+            parallel["num_layers_per_virtual_pipeline_stage"] is not None
     if key in FSDP_FIELDS:  # FSDP shards by its own strategy: the other rows keep dist. opt.
         return not parallel["distributed_optimizer"]
     return True

@@ -6,8 +6,9 @@ A new cross-field rule goes into its concept's module and is called from here.
 
 from simsp.scenario.checks.context_parallel import context_parallel, without_context_parallel
 from simsp.scenario.checks.cuda_graphs import cuda_graphs
-from simsp.scenario.checks.data_parallel import (buckets, distributed_optimizer_mode,
-                                                 overlap_param_gather)
+from simsp.scenario.checks.data_parallel import (
+    average_in_collective, buckets, distributed_optimizer_mode, overlap_param_gather,
+    overlap_param_gather_with_optimizer_step)
 from simsp.scenario.checks.fsdp import fsdp, offload_host_link, without_fsdp
 from simsp.scenario.checks.hardware import validate_cluster
 from simsp.scenario.checks.layout import (global_batch, sequence_parallel, tensor_parallel,
@@ -38,6 +39,8 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     fsdp(m, p)
     overlap_p2p(p)
     overlap_param_gather(p)
+    overlap_param_gather_with_optimizer_step(p)
+    average_in_collective(m, p)
     recompute_method(m, p)
     recompute_modules(p, m.num_experts is not None)
     expert_comm_overlap(m, p)

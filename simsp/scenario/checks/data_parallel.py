@@ -2,7 +2,7 @@
 (Megatron-LM arguments.py, distributed_data_parallel.py)."""
 
 from simsp.scenario.checks.rule import check, positive
-from simsp.scenario.config import Parallel, Scenario
+from simsp.scenario.config import Model, Parallel, Scenario
 
 
 def buckets(p: Parallel) -> None:
@@ -15,6 +15,36 @@ def overlap_param_gather(p: Parallel) -> None:
     distributed optimizer's, with overlapped gradient reduction."""
     check(not p.overlap_param_gather or (p.distributed_optimizer and p.overlap_grad_reduce),
           "parallel.overlap_param_gather", "needs distributed_optimizer and overlap_grad_reduce")
+
+
+def overlap_param_gather_with_optimizer_step(p: Parallel) -> None:
+    """Megatron-LM's checks (megatron/training/arguments.py at d98e8a64, in its order): the
+    distributed optimizer, --overlap-param-gather, interleaved pipeline parallelism; then
+    simsp's own: not modelled with FSDP. (Megatron also refuses distributed checkpointing,
+    --ckpt-format other than torch: simsp saves no checkpoint.)"""
+    if not p.overlap_param_gather_with_optimizer_step:
+        return
+    name = "parallel.overlap_param_gather_with_optimizer_step"
+    check(p.distributed_optimizer, name, "only supported with distributed optimizer")
+    check(p.overlap_param_gather, name, "needs overlap_param_gather")
+    check(p.schedule_name == "interleaved", name,
+          "only supported with interleaved pipeline parallelism")
+    check(p.fsdp is None, name, "is not modelled with FSDP")
+
+
+def average_in_collective(m: Model, p: Parallel) -> None:
+    """--ddp-average-in-collective: Megatron-LM refuses it with per-token loss and GTP
+    (distributed_data_parallel.py, arguments.py at d98e8a64; simsp has neither); simsp
+    models it for Megatron's DDP buckets only, not for FSDP's, and not for expert weights no
+    other rank holds (expert data-parallel size t·d·cp / (etp·ep) of 1 under d·cp > 1:
+    Megatron still scales them by 1/(d·cp), simsp has no bucket to do it in)."""
+    if not p.ddp_average_in_collective:
+        return
+    name = "parallel.ddp_average_in_collective"
+    check(p.fsdp is None, name, "is not modelled with FSDP")
+    edp = p.tp * p.dp * p.cp // (p.etp * p.ep)
+    check(m.num_experts is None or edp > 1 or p.dp * p.cp == 1, name,
+          "is not modelled when each expert weight is on one data-parallel rank (edp = 1)")
 
 
 def distributed_optimizer_mode(s: Scenario) -> None:

@@ -87,6 +87,16 @@ PARALLEL = (
     Field("parallel", "overlap_param_gather", bool, False, switches=(
         Switch("--overlap-param-gather", True, "overlap distributed-optimizer parameter all-gather",
                "ovpg"),)),
+    # Megatron-LM arguments.py (d98e8a64): chunk 0's optimizer step, then its all-gather
+    Field("parallel", "overlap_param_gather_with_optimizer_step", bool, False, switches=(
+        Switch("--overlap-param-gather-with-optimizer-step", True, "interleaved "
+               "--overlap-param-gather: the first model chunk's all-gather issued right after "
+               "its own optimizer step, beside the other chunks' (docs/MODEL.md)", "ovpgstep"),)),
+    # Megatron-LM --ddp-average-in-collective (param_and_grad_buffer.py: ReduceOp.AVG)
+    Field("parallel", "ddp_average_in_collective", bool, False, switches=(
+        Switch("--ddp-average-in-collective", True, "divide the DP gradients by d inside the "
+               "collective (NCCL's average), not by a scale kernel before it (docs/MODEL.md)",
+               "avgcoll"),)),
     # Megatron-LM --no-align-grad-reduce (training.py grad_sync_func; default on)
     Field("parallel", "align_grad_reduce", bool, True, switches=(
         Switch("--no-align-grad-reduce", False, "--overlap-grad-reduce: reduce buckets as the "

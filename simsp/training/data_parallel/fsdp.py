@@ -290,10 +290,11 @@ class FsdpUnits:
     def start_param_gather(self, r) -> None:
         """Nothing is gathered before the first forward asks."""
 
-    def grads_ready(self, r, plan, chunk: int, mb: int, modules) -> None:
+    def grads_ready(self, r, plan, chunk: int, mb: int, modules) -> tuple:
         """Post-backward: reshard the layers, then reduce their gradients (sharded gradients:
         every micro-batch; else in the last one). Root units reduce once the step's backward
-        is through them: after the embedding's, or the head's on a stage without it."""
+        is through them: after the embedding's, or the head's on a stage without it. Returns
+        an empty tuple (the DP buckets' grads_ready is a generator; callers `yield from`)."""
         reducing = self.s.per_step_reduce or mb == self.last_micro_batch
         for unit in self._units_of(modules):
             if unit.layer is None:
@@ -307,6 +308,7 @@ class FsdpUnits:
             for unit in self.units:
                 if unit.layer is None:
                     self._reduce(r, unit)
+        return ()
 
     def _reduce(self, r, unit) -> None:
         """Launch the unit's gradient reduction: reduce-scatter (all-reduce under no_shard)."""

@@ -43,6 +43,7 @@ from simsp.model.fp8 import FP8_BYTES as FP8, is_fp8_param
 from simsp.model.mappings import _bytes_sent
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.training.data_parallel.grad_scaling import pre_multiply, scale_kernel, scaling_factor
 
 EMBEDDING = ("embedding.word", "embedding.position")
 HEAD = ("final_ln.gamma", "final_ln.beta", "output.weight")  # output.weight: untied only
@@ -60,6 +61,7 @@ class Bucket:
     gather: simpy.Process | None = None
     group: tuple = ()  # the ranks reducing it: DP, or EDP for expert weights (set by DDPBuckets)
     param_bytes: int = FP16  # bytes per gathered parameter: 1 in an FP8 parameter buffer
+    scale: float = 1.0  # gradient_scaling_factor (training/data_parallel/grad_scaling.py)
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,
@@ -143,11 +145,17 @@ class DDPBuckets:
         self.buckets = self._buckets(p, self.group)
         if r.moe is not None:  # expert weights: their own buffers, reduced over EDP
             self.buckets = expert_buckets(self, p, r.moe.edp_group)
+        self.average = p.ddp_average_in_collective  # ReduceOp.AVG, no dense scale kernel
+        for bucket in self.buckets:
+            bucket.scale = scaling_factor(self.average, len(self.group), len(bucket.group))
         self.overlap = p.overlap_grad_reduce and bool(self.buckets)
         # --align-grad-reduce: the schedule launches whole chunks (grad_sync_func)
         self.align_reduce = self.overlap and p.align_grad_reduce
         self.overlap_gather = p.overlap_param_gather and bool(self.buckets)
-        self.pending_gathers = list(self._forward_order()) if self.overlap_gather else []
+        # --overlap-param-gather-with-optimizer-step: chunk 0 gathered by the step before
+        self.gather_with_step = self.overlap_gather and p.overlap_param_gather_with_optimizer_step
+        self.pending_gathers = [b for b in self._forward_order() if not (
+            self.gather_with_step and b.chunk == 0)] if self.overlap_gather else []
         # --align-param-gather: whole chunks issued by the interleaved schedule
         self.align_gather = self.overlap_gather and p.align_param_gather and plan.v > 1
         # seconds the DP collectives ran and the program waited on them, by kind
@@ -165,7 +173,8 @@ class DDPBuckets:
         buckets = []
         for chunk in range(self.plan.v):
             names = [n for n in chunk_params(self.plan, chunk, self.grads) if keep(n)]
-            bucketed = chunk == 0 and self.plan.pp == 0
+            bucketed = chunk == 0 and self.plan.pp == 0 and \
+                not p.overlap_param_gather_with_optimizer_step  # training.py: every chunk whole
             for itemsize, members in self._dtype_buffers(names):
                 params = [(n, self.grads[n].numel) for n in members]
                 built = build_buckets(params, size if bucketed else None, pad, shared, chunk)
@@ -194,21 +203,30 @@ class DDPBuckets:
         return [b for c in range(self.plan.v) for b in reversed(self.buckets) if b.chunk == c]
 
     # ------------------------------------------------------------------ gradient reduction
-    def grads_ready(self, r, plan, chunk: int, mb: int, modules: list) -> None:
-        """A module's backward ended: in the last micro-batch, launch every completed bucket."""
+    def grads_ready(self, r, plan, chunk: int, mb: int, modules: list):
+        """A module's backward ended: in the last micro-batch, launch every completed bucket
+        (a generator: each launch runs its scaling kernel first; an empty tuple when this
+        micro-batch launches nothing)."""
         if not self._launches_in(mb):
-            return
+            return ()
+        return self._launch_ready(r, plan, chunk, modules)
+
+    def _launch_ready(self, r, plan, chunk: int, modules: list):
         for module in modules:
             done = set(module_params(plan, module, self.grads, producing=True))
             for bucket in self.buckets:
                 if bucket.chunk == chunk and bucket.reduce is None:
                     bucket.ready |= done & set(bucket.names)
                     if len(bucket.ready) == len(bucket.names):
-                        self._launch_reduce(r, bucket)
+                        yield from self._launch_reduce(r, bucket)
 
-    def _launch_reduce(self, r, bucket: Bucket) -> None:
+    def _launch_reduce(self, r, bucket: Bucket):
+        """start_grad_sync of one bucket: its scaling kernel on the compute stream, then its
+        all-reduce (reduce-scatter) on the DP stream, summing or averaging."""
         kind = "reduce_scatter" if self.distributed else "all_reduce"
         flat = self._flat(bucket)
+        yield from scale_kernel(r, bucket, self.itemsize, self.average, flat.data)
+        pre_multiply(flat.data, self.average, len(bucket.group))
         bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads", bucket.group)
         if r.numeric and not self.distributed:
             bucket.reduce.callbacks.append(lambda event: self._unflat(bucket, event.value))
@@ -255,7 +273,7 @@ class DDPBuckets:
             return
         for bucket in self.buckets:
             if bucket.reduce is None:
-                self._launch_reduce(r, bucket)
+                yield from self._launch_reduce(r, bucket)
         start = r.env.now
         yield simpy.AllOf(r.env, [b.reduce for b in self.buckets])
         self._waited(r, "reduce", r.env.now - start)
@@ -295,9 +313,29 @@ class DDPBuckets:
         if self.align_gather:
             for chunk in (0, 1):
                 self.gather_chunk(r, chunk)
-        elif self.pending_gathers:
+        elif self.pending_gathers and self.pending_gathers[0].chunk == 0:
             bucket = self.pending_gathers[0]
             bucket.gather = self._gather(r, bucket)
+
+    def first_chunk_dense(self) -> set:
+        """The parameters of model chunk 0's dense buffers: what Megatron's first chained
+        optimizer steps (megatron/core/optimizer/__init__.py: [model_chunks[0]], then the other
+        chunks, then every chunk's expert parameters)."""
+        return {n for b in self.buckets if b.chunk == 0 and b.group == self.group
+                for n in b.names}
+
+    def gather_first_chunk(self, r) -> list:
+        """--overlap-param-gather-with-optimizer-step: chunk 0's start_param_sync(force_dispatch)
+        right after chunk 0's own step (megatron/core/optimizer/optimizer.py ChainedOptimizer.
+        _step): every bucket of chunk 0, dense and expert, in forward order; their processes."""
+        return [self._gather(r, b) for b in self._forward_order() if b.chunk == 0]
+
+    def wait_first_chunk(self, r, gathers: list):
+        """The iteration ends once chunk 0's all-gathers are done: the part that outlasts the
+        step is what the next iteration's first forward (stage 0, chunk 0) waits for."""
+        start = r.env.now
+        yield simpy.AllOf(r.env, gathers)
+        self._waited(r, "all_gather", r.env.now - start)
 
     def gather_chunk(self, r, chunk: int) -> None:
         """DDP.start_param_sync of one model chunk: issue its buckets' all-gathers, in the
@@ -336,11 +374,11 @@ class DDPBuckets:
             return False
         return self.overlap and mb == self.last_micro_batch
 
-    def reduce_chunk(self, r, chunk: int) -> None:
+    def reduce_chunk(self, r, chunk: int):
         """DDP.start_grad_sync of one model chunk: launch its buckets not yet launched."""
         for bucket in self.buckets:
             if bucket.chunk == chunk and bucket.reduce is None:
-                self._launch_reduce(r, bucket)
+                yield from self._launch_reduce(r, bucket)
 
     def chunk_reduce_triggers(self, backwards: list) -> dict:
         """{backward index: chunk whose reductions launch after it}, aligned and interleaved.

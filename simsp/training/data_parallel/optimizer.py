@@ -82,3 +82,19 @@ def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):
     start = r.env.now
     yield from adam_step(r, optimizer, weights, grads)
     r.count_exposed("optimizer", r.env.now - start)
+
+
+def chained_step(r, optimizer: AdamState, weights: dict, grads: dict, ddp):
+    """--overlap-param-gather-with-optimizer-step (megatron/core/optimizer/optimizer.py
+    ChainedOptimizer._step at d98e8a64): the first model chunk's dense parameters step, then
+    that chunk's all-gathers are issued on the DP stream, then the other chunks' (and the
+    experts') step beside them; the iteration ends when the step and those gathers are done
+    (training/data_parallel/grad_buckets.py DDPBuckets)."""
+    first = ddp.first_chunk_dense()
+    start = r.env.now
+    yield from adam_step(r, optimizer, {n: w for n, w in weights.items() if n in first}, grads)
+    gathers = ddp.gather_first_chunk(r)
+    yield from adam_step(r, optimizer, {n: w for n, w in weights.items() if n not in first},
+                         grads)
+    r.count_exposed("optimizer", r.env.now - start)
+    yield from ddp.wait_first_chunk(r, gathers)

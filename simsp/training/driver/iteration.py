@@ -18,7 +18,8 @@ from simsp.model.weights import allocate_params
 from simsp.training.driver.run import NumericData, Run, RunInputs, RunResults
 from simsp.training.driver.world import World, build_world
 from simsp.training.data_parallel.finalize import finalize_grads
-from simsp.training.data_parallel.optimizer import allocate_optimizer, optimizer_step
+from simsp.training.data_parallel.optimizer import (allocate_optimizer, chained_step,
+                                                    optimizer_step)
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.plan import timing_plan
 from simsp.training.pipeline.plan import StagePlan, global_batch, stage_param_names, stage_plans
@@ -36,8 +37,11 @@ def rank_program(r, inputs: RunInputs, plan: StagePlan, states: dict, results: R
     yield from finalize_grads(r, inputs.world, plan, state)
     weights, grads = (state.weights, state.grads) if state.fsdp is None \
         else state.fsdp.optimizer_tensors()
-    yield from optimizer_step(r, optimizer, weights, grads)
-    yield from state.ddp_buckets.gather_params(r)
+    if state.fsdp is None and state.ddp_buckets.gather_with_step:
+        yield from chained_step(r, optimizer, weights, grads, state.ddp_buckets)
+    else:
+        yield from optimizer_step(r, optimizer, weights, grads)
+        yield from state.ddp_buckets.gather_params(r)
     results.end_s[r.rank] = r.env.now
 
 

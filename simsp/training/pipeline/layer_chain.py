@@ -45,7 +45,7 @@ def chunk_backward(r, inputs, plan, state, chunk: int, dx, mb: int, offset: int,
         dx = yield from segment_backward(r, inputs, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
         if not state.split_backward:  # else the W step says when (training/pipeline/steps.py)
-            state.ddp_buckets.grads_ready(r, plan, chunk, mb, segment.layers[::-1])
+            yield from state.ddp_buckets.grads_ready(r, plan, chunk, mb, segment.layers[::-1])
     return dx
 
 

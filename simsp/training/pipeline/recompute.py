@@ -10,6 +10,7 @@ scheme of Megatron-LM's `tensor_parallel.checkpoint` around `custom(l, l + N)` i
 from simsp.cluster.topology import placement
 from simsp.hardware.profiles import fabric_of
 from simsp.model.layer import LayerSpec, layer_backward, layer_forward
+from simsp.training.data_parallel.grad_scaling import loss_gradient_factor
 
 
 PLAIN = None  # a layer outside checkpointed segments: its granularity worked out if it runs
@@ -40,7 +41,8 @@ def _layer(sc, state, i: int, offset: int, granularity: str):
     modules = sc.parallel.recompute_module_set or LayerSpec.modules
     p = sc.parallel
     aux_scale = p.micro_batch_size / p.global_batch if sc.model.num_experts else 1.0
-    return LayerSpec(sc.model, i, granularity, offset, modules, aux_scale), w, g
+    return LayerSpec(sc.model, i, granularity, offset, modules, aux_scale,
+                     loss_gradient_factor(p)), w, g
 
 
 def _forward(r, inputs, state, i: int, x, offset: int, granularity: str, kind: tuple,

@@ -84,7 +84,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
                                                  action.micro_batch, action.chunk)
             if action.kind == ("W" if plan.placement in BOTH_WAYS else "B"):
                 if backwards in reduce_after:  # aligned --overlap-grad-reduce
-                    state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
+                    yield from state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
                 backwards += 1
     for kind in sorted(state.pending):
         yield from _wait_pending(r, state, kind)

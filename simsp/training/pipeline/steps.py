@@ -12,6 +12,7 @@ from simsp.model.blocks.embedding import embedding_backward, embedding_forward
 from simsp.model.base.wgrad_store import WeightGradStore
 from simsp.model.blocks.head import head_backward, head_forward
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
+from simsp.training.data_parallel.grad_scaling import loss_gradient_factor
 from simsp.training.pipeline.layer_chain import chunk_backward, chunk_forward
 from simsp.training.pipeline.plan import StagePlan, sample_offset
 
@@ -148,14 +149,15 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
     if plan.is_last(chunk):
         if state.fsdp is not None:
             yield from state.fsdp.before_backward(r, chunk, ["head"])
-        dloss = 1.0 / (sc.model.seq_length * sc.parallel.global_batch)  # mean over B·s tokens
+        # mean over B·s tokens (the replica's B/d under --ddp-average-in-collective)
+        dloss = loss_gradient_factor(sc.parallel) / (sc.model.seq_length * sc.parallel.global_batch)
         extra = None
         if "mtp" in stash:
             extra = yield from _multi_token_prediction().mtp_backward(
                 r, sc, state, stash["mtp"], tokens, targets)
         dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
                                       stash["head"], dloss, extra)
-        _grads_ready(r, plan, state, chunk, mb, ["head"])
+        yield from _grads_ready(r, plan, state, chunk, mb, ["head"])
     else:
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
@@ -169,7 +171,7 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
             yield from state.fsdp.before_backward(r, chunk, ["embedding"])
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
                                       stash["embedding"], dx)
-        _grads_ready(r, plan, state, chunk, mb, ["embedding"])
+        yield from _grads_ready(r, plan, state, chunk, mb, ["embedding"])
     else:
         _pass_on(plan, state, ("grad", mb, k - 1, plan.tp, plan.dp, plan.cp), dx)
     r.wgrad = None
@@ -184,7 +186,7 @@ def weight_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, 
     yield from state.deferred.pop((mb, chunk)).run(r)
     modules = (["head"] if plan.is_last(chunk) else []) + list(plan.layers(chunk))[::-1] \
         + (["embedding"] if plan.is_first(chunk) else [])
-    state.ddp_buckets.grads_ready(r, plan, chunk, mb, modules)
+    yield from state.ddp_buckets.grads_ready(r, plan, chunk, mb, modules)
     results.record_step(r, "W", mb, chunk, begin)
 
 
@@ -200,4 +202,4 @@ def _pass_on(plan: StagePlan, state: RankState, key: tuple, tensor) -> None:
 def _grads_ready(r, plan: StagePlan, state: RankState, chunk: int, mb: int, modules: list):
     """A module's gradients are complete, unless its W step is still to come."""
     if not state.split_backward:
-        state.ddp_buckets.grads_ready(r, plan, chunk, mb, modules)
+        yield from state.ddp_buckets.grads_ready(r, plan, chunk, mb, modules)

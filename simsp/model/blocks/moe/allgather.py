@@ -175,7 +175,8 @@ def backward(r, spec, w, g, saved, dy, dout, c):
         r.free(dy)
     dx_tokens_t = r.alloc((T, h), FP16, "d_permuted_tokens", data=dx_tokens)
     return dx_tokens_t, (lambda: router_backward(dx_tokens, dprobs, c, w[ROUTER].data,
-                                                 moe_spec(m), spec.aux_scale))
+                                                 moe_spec(m),
+                                                 spec.aux_scale * spec.gradient_factor))
 
 
 def _gradients(r, m, w, g, saved, dy, T: int, E: int, h: int):

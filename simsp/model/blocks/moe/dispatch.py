@@ -228,4 +228,5 @@ def backward(r, spec, w, g, saved, dy, dout, c):
         r.free(dx_in)
         dxp = r.alloc((N, h), FP16, "d_permuted_tokens", data=rows)
     return dxp, (lambda: route_backward(dxp.data, dprobs, c, w[ROUTER].data,
-                                        moe_spec(spec.model), spec.aux_scale))
+                                        moe_spec(spec.model),
+                                        spec.aux_scale * spec.gradient_factor))
