@@ -67,7 +67,8 @@ def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
         "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
         "account_for_embedding_in_pipeline_split": False,
         "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
-        "cpu_offloading": False, "cpu_offloading_num_layers": 0})  # a layer alone keeps its own
+        "cpu_offloading": False, "cpu_offloading_num_layers": 0,  # a layer alone keeps its own
+        "overlap_moe_expert_parallel_comm": False})  # one micro-batch: no pair to overlap
 
 
 def _layer_inputs(sc: Scenario):
