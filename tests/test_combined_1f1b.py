@@ -163,14 +163,17 @@ def test_gradients_equal_the_reference(pp):
     run = simulate_iteration(_scenario(pp))
     errors = compare_with_reference(run)
     assert max(errors.values()) <= 1e-12, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
-    for rank, steps in run.results.steps.items():
-        forwards = [s for s in steps if s[0] == "F"]
-        assert len(forwards) == 4 * (2 if pp > 1 else 1)
+    for rank, plan in run.inputs.plans.items():
+        warmup = combined_warmup(pp, 4, plan.v, plan.pp)
+        assert len(combined_forwards(list(plan.steps), warmup)) == 4 * plan.v - warmup > 0
+        assert run.inputs.world.ranks[rank].ep_streams.held_s() > 0  # pairs shared streams
+        assert len(run.results.steps[rank]) == 2 * 4 * plan.v
 
 
 def test_the_overlap_hides_all_to_all_and_equals_without_shortcuts():
     """Meta mode, PP 2 × 2 chunks: the same iteration time and exposure with every shortcut
-    as with none (to rounding: the rings' closed form sums in another order); and less exposed EP communication than the same layout without the overlap
+    as with none (to rounding: the rings' closed form sums in another order); and less
+    exposed EP communication than the same layout without the overlap
     (the steady state's all-to-alls run beside the other micro-batch's compute)."""
     sc = _scenario(2, "meta")
     fast = simulate_iteration(sc, Shortcuts.for_scale(sc))

@@ -222,7 +222,8 @@ def backward(r, spec, w, g, saved, dy, dout, c):
     local = plan.local.sum(axis=0) if parallel else M[0]  # (E_local,)
     d_in = d_out
     if parallel:  # combine's backward: the pairs' gradients to their experts
-        rows = yield from on_comm_stream(r, dispatch(r, r.moe, plan, d_out.data, h, "moe_combine_grad"))
+        rows = yield from on_comm_stream(r, dispatch(r, r.moe, plan, d_out.data, h,
+                                                  "moe_combine_grad"))
         r.free(d_out)
         d_in = r.alloc((plan.rows_in, h), FP16, "d_expert_output_recv", data=rows)
         yield from sort_chunks(r, d_in)
@@ -230,7 +231,8 @@ def backward(r, spec, w, g, saved, dy, dout, c):
     dxp = dx_in
     if parallel:  # dispatch's backward: the rows' gradients to their sources
         yield from sort_chunks(r, dx_in)
-        rows = yield from on_comm_stream(r, combine(r, r.moe, plan, dx_in.data, h, "moe_dispatch_grad"))
+        rows = yield from on_comm_stream(r, combine(r, r.moe, plan, dx_in.data, h,
+                                                  "moe_dispatch_grad"))
         r.free(dx_in)
         dxp = r.alloc((N, h), FP16, "d_permuted_tokens", data=rows)
     return dxp, (lambda: route_backward(dxp.data, dprobs, c, w[ROUTER].data,
