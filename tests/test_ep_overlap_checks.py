@@ -1,6 +1,6 @@
 """--overlap-moe-expert-parallel-comm and --delay-wgrad-compute: Megatron-Core's own refusals
-(megatron/core/transformer/transformer_config.py __post_init__), each naming the field, and the
-command line's one error: line."""
+(megatron/core/transformer/transformer_config.py __post_init__), each naming the field, the
+command line's one error: line, and simsp's refusal of the delayed weight gradients."""
 
 import pytest
 
@@ -39,11 +39,11 @@ def test_megatrons_refusals_name_the_field(parallel, model, words):
     assert words in err.reason
 
 
-def test_what_megatron_accepts_is_refused_as_not_modelled_yet():
-    """A layout Megatron accepts (EP 2, alltoall, PP 1) meets simsp's own refusal, so the flags
-    never run as a silent no-op."""
+def test_delayed_weight_gradients_are_refused_as_not_modelled_yet():
+    """A layout Megatron accepts (EP 2, alltoall, PP 1) with --delay-wgrad-compute meets
+    simsp's own refusal, so the flag never runs as a silent no-op."""
     err = _refused({**OVERLAP, "delay_wgrad_compute": True})
-    assert err.field == "parallel.overlap_moe_expert_parallel_comm"
+    assert err.field == "parallel.delay_wgrad_compute"
     assert err.reason.startswith("not modelled yet")
 
 
@@ -53,10 +53,13 @@ def test_command_line_prints_one_error_line():
     assert err.startswith("error: parallel.delay_wgrad_compute")
 
 
-def test_interleaved_pipelining_passes_megatrons_checks():
-    """PP 2 with virtual stages (4 layers, 1 per chunk) meets only simsp's own refusal."""
-    err = _refused({**OVERLAP, "pipeline_model_parallel_size": 2, "context_parallel_size": 1,
-                    "num_layers_per_virtual_pipeline_stage": 1, "global_batch_size": 8},
-                   {"num_layers": 4})
-    assert err.field == "parallel.overlap_moe_expert_parallel_comm"
-    assert err.reason.startswith("not modelled yet")
+def test_what_megatron_accepts_loads():
+    """PP 1, and PP 2 with virtual stages (4 layers, 1 per chunk): the overlap is accepted
+    (training/pipeline/combined_1f1b.py runs it)."""
+    overrides = {("parallel", k): v for k, v in OVERLAP.items()}
+    assert load_scenario(MOE, overrides).parallel.overlap_moe_expert_parallel_comm
+    overrides.update({("parallel", "pipeline_model_parallel_size"): 2,
+                      ("parallel", "context_parallel_size"): 1,
+                      ("parallel", "num_layers_per_virtual_pipeline_stage"): 1,
+                      ("parallel", "global_batch_size"): 8, ("model", "num_layers"): 4})
+    assert load_scenario(MOE, overrides).parallel.schedule_name == "interleaved"

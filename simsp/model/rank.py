@@ -66,6 +66,7 @@ class Rank:
     attention: object = None  # hardware/attention_kernels.py AttentionRates of its fused core
     wgrad: object = None  # base/wgrad_store.py WeightGradStore during a split backward's B
     sm_share: object = None  # engine/sm_share.py SmShare where SM contention is modelled
+    ep_streams: object = None  # blocks/moe/comm_stream.py PairedStreams (combined 1F1B), or None
     graphs: object = None  # model/cuda_graphs.py CudaGraphs under --cuda-graph-impl, else None
     kernel_log: list | None = None  # (name, phase, kind, flops, bytes, seconds) per kernel, if set
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)

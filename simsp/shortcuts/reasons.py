@@ -51,6 +51,9 @@ def templates_why(sc, not_rep: str, stepwise: frozenset, tp_groups: set,
     p, m = sc.parallel, sc.model
     if not_rep:
         return "not used: needs the representative shortcut"
+    if p.overlap_moe_expert_parallel_comm:  # training/pipeline/combined_1f1b.py
+        return ("not used: a combined 1F1B step runs two micro-batches' layers beside each "
+                "other")
     if p.schedule_name in SPLIT_BACKWARD:  # model/base/wgrad_store.py
         return "not used: a split backward's weight-gradient GEMMs wait for their W step"
     if has_expert_groups(sc) and (stepwise & ep_groups or not routing_is_uniform(sc) or

@@ -67,7 +67,8 @@ def expert_parallel(m: Model, p: Parallel) -> None:
 def expert_comm_overlap(m: Model, p: Parallel) -> None:
     """Megatron-Core's checks on --overlap-moe-expert-parallel-comm and --delay-wgrad-compute
     (NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py __post_init__, commit
-    d98e8a6), in its order; then what simsp does not model yet."""
+    d98e8a6), in its order; then what simsp does not model yet (the delayed weight
+    gradients)."""
     check(not p.delay_wgrad_compute or p.overlap_moe_expert_parallel_comm,
           "parallel.delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm (Megatron)")
     if not p.overlap_moe_expert_parallel_comm:
@@ -87,6 +88,6 @@ def expert_comm_overlap(m: Model, p: Parallel) -> None:
           "refuses moe in recompute_modules (Megatron)")
     check(m.mtp_num_layers in (None, 0, 1), name,
           f"supports at most one MTP layer, not mtp_num_layers={m.mtp_num_layers} (Megatron)")
-    raise UserError(name, "not modelled yet: simsp does not yet interleave one micro-batch's "
-                    "forward with another's backward layer by layer (Megatron's "
-                    "combined_1f1b.py); run without it")
+    check(not p.delay_wgrad_compute, "parallel.delay_wgrad_compute",
+          "not modelled yet: the combined 1F1B step runs each backward's weight gradients "
+          "with its input gradients; run without it")

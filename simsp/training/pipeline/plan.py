@@ -8,6 +8,7 @@ import numpy as np
 from simsp.cluster.grid import RankGrid
 from simsp.scenario.config import Scenario
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
+from simsp.training.pipeline.combined_1f1b import combined_schedule
 from simsp.training.pipeline.schedule_step import (DUAL, ROUND_ROBIN, route_ends, stage_of,
                                                    virtual_stage_of)
 from simsp.training.pipeline.schedules import Step, build_schedule, placement_of
@@ -119,7 +120,8 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
     """A plan for every rank of the grid."""
     p, v = sc.parallel.pp, chunks_per_stage(sc)
     m = sc.parallel.num_micro_batches
-    schedule = build_schedule(sc.parallel.schedule_name, p, m, v)
+    schedule = combined_schedule(p, m, v) if sc.parallel.overlap_moe_expert_parallel_comm \
+        else build_schedule(sc.parallel.schedule_name, p, m, v)
     placement = placement_of(sc.parallel.schedule_name)
     per_chunk = sc.model.num_layers // (p if placement == DUAL else p * v)
     ranges = _uneven_ranges(sc) if sc.parallel.uneven_pipeline else None

@@ -16,7 +16,8 @@ from simsp.training.pipeline.zero_bubble import zb_h1, zb_h2, zbv
 __all__ = ["Step", "Schedule", "Span", "Timeline", "SCHEDULES", "gpipe", "one_f_one_b",
            "interleaved_one_f_one_b", "build_schedule", "check_schedule", "execution_order",
            "simulate_uniform", "bubble_fraction", "pipeline_bubble", "max_in_flight",
-           "one_f_one_b_warmup", "interleaved_warmup", "placement_of", "SPLIT_BACKWARD"]
+           "one_f_one_b_warmup", "interleaved_warmup", "warmup_steady_cooldown", "placement_of",
+           "SPLIT_BACKWARD"]
 
 
 def gpipe(p: int, m: int) -> Schedule:
@@ -39,7 +40,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     _check_sizes(p, m, 1)
     forwards = [Step(FORWARD, i) for i in range(m)]
     backwards = [Step(BACKWARD, i) for i in range(m)]
-    return [_warmup_steady_cooldown(forwards, backwards, one_f_one_b_warmup(p, m, r))
+    return [warmup_steady_cooldown(forwards, backwards, one_f_one_b_warmup(p, m, r))
             for r in range(p)]
 
 
@@ -59,7 +60,7 @@ def interleaved_one_f_one_b(p: int, m: int, v: int) -> Schedule:
         raise UserError("m", f"interleaving needs {m} micro-batches to be a multiple of p={p}")
     forwards = [_interleaved_step(FORWARD, k, p, v) for k in range(m * v)]
     backwards = [_interleaved_step(BACKWARD, k, p, v) for k in range(m * v)]
-    return [_warmup_steady_cooldown(forwards, backwards, interleaved_warmup(p, m, v, r))
+    return [warmup_steady_cooldown(forwards, backwards, interleaved_warmup(p, m, v, r))
             for r in range(p)]
 
 
@@ -122,7 +123,7 @@ def _interleaved_step(kind: str, k: int, p: int, v: int) -> Step:
     return Step(kind, micro_batch, chunk)
 
 
-def _warmup_steady_cooldown(forwards: list[Step], backwards: list[Step],
+def warmup_steady_cooldown(forwards: list[Step], backwards: list[Step],
                             warmup: int) -> list[Step]:
     """Megatron's loop: `warmup` forwards, pairs (forward k+warmup, backward k), rest backwards."""
     steps = list(forwards[:warmup])

@@ -14,6 +14,8 @@ from simsp.model import mappings
 from simsp.model.tensor import FP16
 from simsp.training.pipeline import p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
+from simsp.model.blocks.moe.comm_stream import PairedStreams
+from simsp.training.pipeline.combined_1f1b import combined_forwards, combined_warmup
 from simsp.training.pipeline.dualpipe import defer_sends, pair_forwards, sent_after_weight
 from simsp.training.pipeline.p2p_program import (
     Exchange, call_name_of_kinds, megatron_program, split_backward_program)
@@ -66,28 +68,101 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.ddp_buckets.start_param_gather(r)
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
-    (ahead, reduce_after), forwards, backwards = _chunk_triggers(state, plan), 0, 0
+    triggers = _Triggers(*_chunk_triggers(state, plan), plan.placement)
     pairs = pair_forwards(plan.p, sc.parallel.num_micro_batches, plan.pp) \
         if sc.parallel.schedule_name == "dualpipe" else frozenset()
-    for action in _program(sc.parallel, plan, state.split_backward):
+    combined = _combined_forwards(r, sc.parallel, plan)
+    program, j = _program(sc.parallel, plan, state.split_backward), 0
+    while j < len(program):
+        action, j = program[j], j + 1
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
-        else:
-            if state.pending:  # a DualPipe pair waits both inputs first (_commit_and_wait_comm)
-                for kind in ("F", "B") if action in pairs else (action.kind,):
-                    yield from _wait_pending(r, state, kind)
-            if action.kind == "F":
-                if forwards in ahead:  # aligned --overlap-param-gather: the next chunk
-                    state.ddp_buckets.gather_chunk(r, ahead[forwards])
-                forwards += 1
-            yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
-                                                 action.micro_batch, action.chunk)
-            if action.kind == ("W" if plan.placement in BOTH_WAYS else "B"):
-                if backwards in reduce_after:  # aligned --overlap-grad-reduce
-                    yield from state.ddp_buckets.reduce_chunk(r, reduce_after[backwards])
-                backwards += 1
+            continue
+        if action in combined:  # Megatron's combined 1F1B step, then the calls it deferred
+            j, deferred = yield from _combined_step(r, inputs, (plan, state, results),
+                                                    program, j - 1, triggers)
+            for call in deferred:
+                yield from _exchange(r, world, plan, state, call)
+            yield from triggers.after(r, state, "B")
+            continue
+        if state.pending:  # a DualPipe pair waits both inputs first (_commit_and_wait_comm)
+            for kind in ("F", "B") if action in pairs else (action.kind,):
+                yield from _wait_pending(r, state, kind)
+        triggers.before(r, state, action.kind)
+        yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
+                                             action.micro_batch, action.chunk)
+        yield from triggers.after(r, state, action.kind)
     for kind in sorted(state.pending):
         yield from _wait_pending(r, state, kind)
+
+
+class _Triggers:
+    """The chunk-aligned DP calls between steps: a chunk's parameter all-gather before a
+    forward (aligned --overlap-param-gather), its gradient reductions after its last backward
+    (W in the V and DualPipe; aligned --overlap-grad-reduce)."""
+
+    def __init__(self, ahead: dict, reduce_after: dict, placement: str):
+        """Nothing run yet."""
+        self.ahead, self.reduce_after = ahead, reduce_after
+        self.last_kind = "W" if placement in BOTH_WAYS else "B"
+        self.forwards = self.backwards = 0
+
+    def before(self, r, state: RankState, kind: str) -> None:
+        """Before a step of `kind`: the next chunk's gather, if this forward starts it."""
+        if kind == "F":
+            if self.forwards in self.ahead:
+                state.ddp_buckets.gather_chunk(r, self.ahead[self.forwards])
+            self.forwards += 1
+
+    def after(self, r, state: RankState, kind: str):
+        """After a step of `kind`: a chunk's reductions, if this backward ends it (a
+        generator: the reductions first run their gradient-scaling kernels)."""
+        if kind == self.last_kind:
+            if self.backwards in self.reduce_after:
+                yield from state.ddp_buckets.reduce_chunk(r, self.reduce_after[self.backwards])
+            self.backwards += 1
+
+
+def _combined_forwards(r, parallel, plan: StagePlan) -> frozenset:
+    """The forwards run combined with a backward under --overlap-moe-expert-parallel-comm
+    (training/pipeline/combined_1f1b.py; the rank's streams made paired-ready), else none."""
+    if not parallel.overlap_moe_expert_parallel_comm:
+        return frozenset()
+    r.ep_streams = PairedStreams(r.env)
+    return combined_forwards(list(plan.steps), _warmup(parallel, plan))
+
+
+def _combined_step(r, inputs, step_state: tuple, program: list, j: int, triggers):
+    """The forward at program[j] and the next backward as one combined step (comm_stream.py:
+    the backward's process first, as Megatron issues its combine first), once both inputs are
+    in; returns the index after the backward and the p2p calls between the two, which run
+    after the step (Megatron's post_forward / post_backward). `step_state`: (plan, state,
+    results)."""
+    forward = program[j]
+    k = next(i for i in range(j + 1, len(program))
+             if not isinstance(program[i], Exchange) and program[i].kind == "B")
+    backward, (plan, state, results) = program[k], step_state
+    for kind in ("F", "B"):
+        yield from _wait_pending(r, state, kind)
+    triggers.before(r, state, "F")
+    streams, count = r.ep_streams, len(results.steps.get(r.rank, []))
+    streams.paired = True
+    steps = [r.env.process(streams.own(WORK_OF_KIND[step.kind](
+        r, inputs, plan, state, results, step.micro_batch, step.chunk)))
+        for step in (backward, forward)]
+    yield r.env.all_of(steps)
+    streams.paired = False
+    _serialise_spans(results.steps[r.rank], count)
+    return k + 1, program[j + 1:k]
+
+
+def _serialise_spans(spans: list, first: int) -> None:
+    """The pair's two step spans (from index `first`) made disjoint, the later-ending one
+    starting when the other ends, so the stage's work counts the step's time once
+    (metrics.py bubble)."""
+    early, late = sorted(spans[first:first + 2], key=lambda span: span[4])
+    late = late[:3] + (max(late[3], early[4]), late[4])
+    spans[first:first + 2] = [early, late]
 
 
 def _program(parallel, plan: StagePlan, split: bool) -> list:
@@ -120,9 +195,12 @@ def _chunk_triggers(state: RankState, plan: StagePlan) -> tuple[dict, dict]:
 
 
 def _warmup(parallel, plan: StagePlan) -> int:
-    """Warm-up forwards of this stage (Megatron schedules.py); GPipe: every forward."""
+    """Warm-up forwards of this stage (Megatron schedules.py); GPipe: every forward; one more
+    with the EP all-to-all overlap (training/pipeline/combined_1f1b.py)."""
     p, m = plan.p, parallel.num_micro_batches
     name = parallel.schedule_name
+    if parallel.overlap_moe_expert_parallel_comm:
+        return combined_warmup(p, m, plan.v, plan.pp)
     if name == "interleaved":
         return interleaved_warmup(p, m, plan.v, plan.pp)
     return one_f_one_b_warmup(p, m, plan.pp) if name == "1f1b" else m

@@ -156,6 +156,12 @@ def combine(r, er, plan: Exchange, out_data, h: int, tag: str):
 # the MoE layer's dispatch through it (or, without expert parallelism, none)
 
 
+def on_comm_stream(r, body):
+    """An all-to-all `body` on the communication stream beside another micro-batch's compute
+    in a combined 1F1B step (comm_stream.py), else `body` as it is."""
+    return body if r.ep_streams is None else r.ep_streams.on_comm(r, body)
+
+
 def sort_chunks(r, rows):
     """sort_chunks_by_idxs: source-major <-> expert-major rows, a copy, when a rank holds
     more than one expert."""
@@ -176,7 +182,7 @@ def forward(r, spec, w, x, routed, stash):
     if parallel:
         M = yield from exchange_counts(r, r.moe, counts, counts)
         plan = exchange(M, r.moe)
-        rows = yield from dispatch(r, r.moe, plan, xp.data, h, "moe_dispatch")
+        rows = yield from on_comm_stream(r, dispatch(r, r.moe, plan, xp.data, h, "moe_dispatch"))
         r.free(xp)
         x_in = r.alloc((plan.rows_in, h), FP16, "permuted_tokens", data=rows)
         yield from sort_chunks(r, x_in)
@@ -184,7 +190,7 @@ def forward(r, spec, w, x, routed, stash):
     out = yield from experts.forward(r, spec, w, x_in, local, stash)
     if parallel:
         yield from sort_chunks(r, out)
-        rows = yield from combine(r, r.moe, plan, out.data, h, "moe_combine")
+        rows = yield from on_comm_stream(r, combine(r, r.moe, plan, out.data, h, "moe_combine"))
         r.free(out)
         out = r.alloc((N, h), FP16, "expert_output", data=rows)
     combined = r.alloc((s, b, h), FP16, "moe_output",
@@ -216,7 +222,8 @@ def backward(r, spec, w, g, saved, dy, dout, c):
     local = plan.local.sum(axis=0) if parallel else M[0]  # (E_local,)
     d_in = d_out
     if parallel:  # combine's backward: the pairs' gradients to their experts
-        rows = yield from dispatch(r, r.moe, plan, d_out.data, h, "moe_combine_grad")
+        rows = yield from on_comm_stream(r, dispatch(r, r.moe, plan, d_out.data, h,
+                                                  "moe_combine_grad"))
         r.free(d_out)
         d_in = r.alloc((plan.rows_in, h), FP16, "d_expert_output_recv", data=rows)
         yield from sort_chunks(r, d_in)
@@ -224,7 +231,8 @@ def backward(r, spec, w, g, saved, dy, dout, c):
     dxp = dx_in
     if parallel:  # dispatch's backward: the rows' gradients to their sources
         yield from sort_chunks(r, dx_in)
-        rows = yield from combine(r, r.moe, plan, dx_in.data, h, "moe_dispatch_grad")
+        rows = yield from on_comm_stream(r, combine(r, r.moe, plan, dx_in.data, h,
+                                                  "moe_dispatch_grad"))
         r.free(dx_in)
         dxp = r.alloc((N, h), FP16, "d_permuted_tokens", data=rows)
     return dxp, (lambda: route_backward(dxp.data, dprobs, c, w[ROUTER].data,
