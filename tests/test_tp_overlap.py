@@ -14,6 +14,7 @@ from simsp.engine.sm_share import SmShare
 from simsp.engine.streams import COMM, Stream
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
+from simsp.hardware.costmodel import kernel_time
 from simsp.model.base import ops, tp_overlap
 from simsp.model.rank import Rank, TPGroup
 from simsp.model.tensor import FP16
@@ -124,6 +125,54 @@ def test_ring_exchange_ag_gemm_matches_the_hand_timeline():
         assert {call[3] for call in comm.calls} == {0}
 
 
+def run_ring_exchange_rs(t: int, c_over_p: float):
+    """fc2_fprop by ring exchange as NeMo's 175B file sets it (num_sm 1 with the SM margin):
+    rank 0 of t over a fixed-time fake; returns (end, rank, comm, p, reduce seconds)."""
+    env = simpy.Environment()
+    r = meta_rank(env, None, t=t)
+    m, k, n = SHAPE
+    p = gemm_s(r) / t * 132 / 131  # a piece on 131 of 132 SMs
+    comm = FixedComm(env, c_over_p * p)
+    r.tp.comm = comm
+    ub = UbGemm("fc2_fprop", RING_EXCHANGE, 1, 4, True, True)
+    x, w = r.alloc((m, 1, k), FP16, "x"), r.alloc((k, n), FP16, "w")
+    reduced = r.alloc((m // t, 1, n), FP16, "reduced")
+    env.process(ops.linear(r, x, w, None, "fc2", runner=tp_overlap.ring_exchange_rs(
+        ub, reduced, "fc2_exit")))
+    env.run()
+    # TE's reduce kernel: reads the t BF16 chunks of (m/t, n), writes one
+    reduce_s = kernel_time("elementwise", 0, m // t * n * (2 * t + 2), None, r.compute_cal)
+    return env.now, r, comm, p, reduce_s
+
+
+@pytest.mark.parametrize("t", [4, 8])
+@pytest.mark.parametrize("c_over_p", [0.5, 3.0])
+def test_ring_exchange_gemm_rs_matches_the_hand_timeline(t, c_over_p):
+    # t GEMM pieces of p back to back; send i (1..t-1) carries piece i-1's rows to rank me+i
+    # once that piece is done, on send stream (i-1) mod 3, so also after send i-3; then the
+    # reduce kernel. Compute-bound: t·p + reduce; comm-bound at t 4: 3p + c + reduce
+    end, r, comm, p, reduce_s = run_ring_exchange_rs(t, c_over_p)
+    c = c_over_p * p
+    starts, ends = [], []
+    for i in range(1, t):
+        starts.append(max(i * p, ends[i - 4] if i > 3 else 0.0))
+        ends.append(starts[-1] + c)
+    comm_end = max(t * p, ends[-1])
+    assert end == pytest.approx(comm_end + reduce_s, rel=1e-12)
+    assert [call[1] for call in comm.calls] == pytest.approx(starts, rel=1e-12)
+    if t == 4:
+        assert comm_end == pytest.approx(4 * p if c_over_p < 1 else 3 * p + c, rel=1e-12)
+    # one chunk of (m/t, n) BF16 per send, to one peer, over copy engines (no SM)
+    assert {call[2] for call in comm.calls} == {SHAPE[0] // t * SHAPE[2] * 2}
+    assert {call[3] for call in comm.calls} == {0}
+    exposed = comm_end - t * p
+    assert r.tp_overlap_s[(tp_overlap.RS_P2P, "exposed")] == pytest.approx(exposed, rel=1e-9,
+                                                                            abs=1e-15)
+    assert r.exposed_s.get("tp_comm", 0.0) == pytest.approx(exposed, rel=1e-9, abs=1e-15)
+    busy = sum(min(e, s2) - s for s, e, s2 in zip(starts, ends, starts[1:] + [float("inf")]))
+    assert r.tp_overlap_s[(tp_overlap.RS_P2P, "comm")] == pytest.approx(busy, rel=1e-12)
+
+
 GRAPH = build_topology(Cluster(nodes=1))
 
 
@@ -221,6 +270,31 @@ def test_every_gradient_with_the_overlap_equals_the_single_device_reference():
     errors = compare_with_reference(simulate_iteration(sc))
     assert max(errors.values()) < REFERENCE_TOLERANCE
     assert "loss" in errors and "layers.0.attn.qkv.weight" in errors
+
+
+RS_P2P_CFG = ("proj_fprop:\n  method: ring_exchange\n  num_sm: 1\n  set_sm_margin: 1\n"
+              "fc2_fprop:\n  method: ring_exchange\n")
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_ring_exchange_rs_gradients_equal_the_single_device_reference(t, tmp_path):
+    """Both GEMM+RS by ring exchange (rows sent to their ranks, summed by the reduce kernel):
+    tiny at t 2 (p 2, d 2) and t 4 (p 2), SP, against the reference."""
+    from simsp.commands.verify import REFERENCE_TOLERANCE
+    from simsp.training.driver.compare import compare_with_reference
+    from simsp.training.driver.iteration import simulate_iteration
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text(RS_P2P_CFG)
+    sc = load_scenario("scenarios/tiny.toml", {
+        ("parallel", "tp_comm_overlap"): True, ("parallel", "tp_comm_overlap_cfg"): str(cfg),
+        ("parallel", "tensor_model_parallel_size"): t,
+        ("parallel", "data_parallel_size"): 4 // t})
+    run = simulate_iteration(sc)
+    errors = compare_with_reference(run)
+    assert max(errors.values()) < REFERENCE_TOLERANCE
+    assert "layers.0.mlp.fc2.weight" in errors
+    seen = run.inputs.world.ranks[0].tp_overlap_s
+    assert seen[(tp_overlap.RS_P2P, "comm")] > 0 and (PIPELINE, "comm") not in seen
 
 
 def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():

@@ -21,6 +21,9 @@ through the TP communicator.
 import numpy as np
 
 from simsp.model.base.ops import gemm_seconds
+from simsp.model.tensor import FP16
+
+RS_P2P = "ring_exchange_rs"  # the report's name for a ring-exchange GEMM+RS (AG: ring_exchange)
 
 
 def ub_of(r, gemm: str):
@@ -151,6 +154,96 @@ def pipelined_rs(ub, reduced, tag: str):
         yield comm
         record(r, ub.method, sum(busy), r.env.now - wait)
         _span(r, f"pipelined reduce_scatter {tag}", start, r.env.now, out.nbytes)
+    return run
+
+
+SEND_STREAMS = 3  # NVTE_COMM_OVERLAP_MAX_STREAMS: TE's send streams, one per compute stream
+
+
+def _rs_p2p_sends(r, ub, partial, tag: str, computed: list, received: list, spans: list):
+    """The t − 1 sends of a ring-exchange GEMM+RS (CommOverlapP2PBase::split_overlap_rs): step
+    i (1..t − 1) sends GEMM chunk i − 1's output, the rows (s/t, b, h) of TP rank me + i, to that
+    rank once the chunk is done, on send stream (i − 1) mod 3 (so after step i − 3); the rank
+    receives rank me − i's rows of its own chunk into `received[i − 1]` (numeric). Launched in
+    step order, so every rank joins the steps' exchanges in the same order."""
+    t, me, rows = r.tp.size, r.tp.index, partial.shape[0] // r.tp.size
+    steps = []
+    for i in range(1, t):
+        yield computed[i - 1]
+        if i > SEND_STREAMS:
+            yield steps[i - 1 - SEND_STREAMS]
+        peer = (me + i) % t
+        data = None if not r.numeric else [
+            partial.data[peer * rows:(peer + 1) * rows] if j == peer else None
+            for j in range(t)]  # (s/t, b, h) to rank me + i
+        steps.append(r.env.process(_rs_p2p_step(r, ub, data, partial.nbytes // t,
+                                                f"{tag} p2p {i}", i, received, spans)))
+    yield r.env.all_of(steps)
+
+
+def _rs_p2p_step(r, ub, data, nbytes: int, tag: str, step: int, received: list, spans: list):
+    """One step of `_rs_p2p_sends`: this rank to rank me + step, rank me − step to it; its
+    (start, end) appended to `spans`."""
+    t, me = r.tp.size, r.tp.index
+    send = [nbytes if j == (me + step) % t else 0 for j in range(t)]
+    start = r.env.now
+    got = yield from r.tp.comm.all_to_all(r.tp.members, r.rank, data, send, tag,
+                                          sms=comm_sms(ub))
+    spans.append((start, r.env.now))
+    if got is not None:
+        received[step - 1] = got[(me - step) % t]
+
+
+def busy_seconds(spans: list) -> float:
+    """The length of the union of (start, end) intervals: time with some send in flight."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _reduce_chunks(r, ub, name: str, partial, reduced, received: list):
+    """TE's reduce kernel after the exchange: the rank's own chunk of `partial` (s, b, h) and
+    the t − 1 received ones summed in buffer order (own, then from me − 1, me − 2, ...) into
+    `reduced` (s/t, b, h); reads t chunks (1 B per element from an FP8 buffer, else 2), writes
+    one in BF16 (comm_gemm_overlap.cpp reduce_bf16, reduce_fp8_in_bf16_out)."""
+    t, me = r.tp.size, r.tp.index
+    rows = partial.shape[0] // t
+    if r.numeric:
+        total = partial.data[me * rows:(me + 1) * rows].copy()  # (s/t, b, h)
+        for chunk in received:
+            total = total + chunk
+        reduced.data = total.astype(partial.data.dtype)
+    elements = partial.numel // t
+    read = 1 if r.fp8 is not None and ub.fp8_buf else FP16
+    yield from r.compute(f"{name}_ub_reduce", "elementwise", nbytes=elements * (t * read + FP16))
+
+
+def ring_exchange_rs(ub, reduced, tag: str):
+    """A runner: the GEMM in t row chunks, chunk i on the rows of TP rank me + i + 1 (the last
+    on the rank's own), each chunk's output sent to its rank while the next computes; then TE's
+    reduce kernel sums the t partial chunks into `reduced` (s/t, b, h)
+    (CommOverlapP2PBase::split_overlap_rs)."""
+    def run(r, name, shape, in_fp8, out, math):
+        t = r.tp.size
+        r.count_comm("reduce_scatter", (t - 1) * (out.nbytes // t))
+        if r.numeric:
+            out.data = math()
+        computed = [r.env.event() for _ in range(t - 1)]
+        received, spans = [None] * (t - 1), []
+        start = r.env.now
+        sends = r.env.process(_rs_p2p_sends(r, ub, out, tag, computed, received, spans))
+        for i in range(t):
+            yield from chunk_gemm(r, f"{name}#{i}", shape, in_fp8, ub, t)
+            if i < t - 1:
+                computed[i].succeed()
+        wait = r.env.now
+        yield sends
+        record(r, RS_P2P, busy_seconds(spans), r.env.now - wait)
+        _span(r, f"ring_exchange reduce_scatter {tag}", start, r.env.now, out.nbytes)
+        yield from _reduce_chunks(r, ub, name, out, reduced, received)
     return run
 
 
