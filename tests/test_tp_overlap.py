@@ -253,6 +253,26 @@ def test_nemos_bundled_files_by_name():
         ub_gemms(4, "ub_cfg_not_bundled")
 
 
+def test_nemos_175b_file_sets_fc2_fprop_to_ring_exchange_over_the_pipeline_defaults():
+    # NeMo's GPT-3 175B file (ub_cfg_h100_h12288_tp4_mbs1_seqlen2048.yaml at 121c975d): fc2_fprop
+    # ring_exchange with num_sm 1 and the margin; num_splits stays TE's pipeline default (4,
+    # unused: a ring exchange runs in t chunks); proj_fprop's fp8_buf honoured (pipelined)
+    for mbs in (1, 2):
+        gemms = ub_gemms(4, f"ub_cfg_h100_h12288_tp4_mbs{mbs}_seqlen2048")
+        assert gemms["fc2_fprop"] == UbGemm("fc2_fprop", RING_EXCHANGE, 1, 4, True, True, False)
+        assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True, True)
+        assert gemms["qkv_wgrad"] == UbGemm("qkv_wgrad", BULK, 4, 4, False, True, False)
+
+
+def test_a_method_alone_keeps_the_default_methods_knobs(tmp_path):
+    # TE's initialize_ub: get_default_config by the default method (pipeline: 16 SMs, margin),
+    # then the user's keys; fp8_buf honoured on a layer pipelined by default
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text("proj_fprop:\n  method: ring_exchange\n  fp8_buf: 1\n")
+    assert ub_gemms(8, str(cfg))["proj_fprop"] == UbGemm("proj_fprop", RING_EXCHANGE, 16, 4,
+                                                          True, True, True)
+
+
 def test_switch_needs_sequence_parallel_and_cfg_needs_the_switch(tmp_path):
     with pytest.raises(UserError, match="needs sequence_parallel"):
         load_scenario("scenarios/tiny.toml", {("parallel", "tp_comm_overlap"): True,
@@ -309,6 +329,15 @@ def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
     items = {i.name: i.bytes for i in non_tensor_items(load_scenario("scenarios/tiny.toml",
                                                                      overrides))}
     assert items["te_userbuffers"] == 4096 * 6144 * (6 * 1 + 4 * 2)
+    # GPT-3 175B at t 4, b 1, s 2048 with NeMo's file: six FP8 all-gather buffers, proj_fprop's
+    # FP8 (fp8_buf), the two wgrad ones BF16, fc2_fprop's ring-exchange RS BF16 of 2t - 1 = 7
+    # chunks of 2048/4 rows
+    big = {**overrides, ("model", "hidden_size"): 12288, ("model", "num_attention_heads"): 96,
+           ("parallel", "micro_batch_size"): 1, ("parallel", "tensor_model_parallel_size"): 4,
+           ("parallel", "data_parallel_size"): 1,
+           ("parallel", "tp_comm_overlap_cfg"): "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048"}
+    items = {i.name: i.bytes for i in non_tensor_items(load_scenario("scenarios/tiny.toml", big))}
+    assert items["te_userbuffers"] == 12288 * (2048 * (7 * 1 + 2 * 2) + 512 * 7 * 2)
     del overrides[("parallel", "tp_comm_overlap")]
     items = {i.name for i in non_tensor_items(load_scenario("scenarios/tiny.toml", overrides))}
     assert "te_userbuffers" not in items
@@ -321,6 +350,10 @@ def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
      ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
      ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
      ("cluster", "sm_contention"): True},
+    {("model", "hidden_size"): 768, ("model", "num_attention_heads"): 12,
+     ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
+     ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
+     ("parallel", "tp_comm_overlap_cfg"): "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048"},
 ])
 def test_shortcuts_give_the_full_simulations_times(overrides):
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
