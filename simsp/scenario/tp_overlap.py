@@ -77,7 +77,8 @@ def _entry(name: str, body, tp: int, source: str) -> UbGemm:
         raise UserError(field, f"unknown setting {unknown[0]!r} (TE's ub_cfgs keys: "
                                f"{', '.join(MODELLED_KEYS + IGNORED_KEYS)})")
     if body.get("atomic_gemm") in (1, True):
-        raise UserError(field, "atomic_gemm is not modelled (docs/tp-overlap.md)")
+        raise UserError(field, "atomic_gemm is not modelled: a beta cuBLAS kernel whose chunks "
+                               "signal a counter, timing not sourced (docs/tp-overlap.md)")
     gemm = default_gemm(name, tp)
     allowed = ALLOWED[_kind(name)]
     if body.get("method", gemm.method) not in allowed:
