@@ -173,6 +173,39 @@ def test_ring_exchange_gemm_rs_matches_the_hand_timeline(t, c_over_p):
     assert r.tp_overlap_s[(tp_overlap.RS_P2P, "comm")] == pytest.approx(busy, rel=1e-12)
 
 
+@pytest.mark.parametrize("c_over_p", [0.5, 3.0])
+def test_aggregate_ring_exchange_matches_the_hand_timeline(c_over_p):
+    # TE's aggregate at t 4: the pair swap (one chunk, c), then one step passing the pair's two
+    # chunks to rank me + 2 (c in the fake), back to back; the GEMM in 2 pieces of 2p, the first
+    # after the swap, the second after the step: ends max(c + 2p, 2c) + 2p
+    env = simpy.Environment()
+    r = meta_rank(env, None, t=4)
+    p = gemm_s(r) / 4
+    c = c_over_p * p
+    comm = FixedComm(env, c)
+    r.tp.comm = comm
+    ub = UbGemm("fc2_dgrad", RING_EXCHANGE, 1, 4, False, True, aggregate=True)
+    m, k, n = SHAPE
+    x_local, x_full = r.alloc((m // 4, 1, k), FP16, "x"), r.alloc((m, 1, k), FP16, "x_full")
+    w = r.alloc((k, n), FP16, "w")
+    env.process(ops.linear(r, x_full, w, None, "fc2",
+                           runner=tp_overlap.ring_exchange(ub, x_local, x_full, "fc2")))
+    env.run()
+    assert env.now == pytest.approx(max(c + 2 * p, 2 * c) + 2 * p, rel=1e-12)
+    assert [call[1] for call in comm.calls] == pytest.approx([0.0, c], rel=1e-12)
+    assert [call[2] for call in comm.calls] == [x_local.nbytes, 2 * x_local.nbytes]
+    exposed = c + max(0.0, c - 2 * p)
+    assert r.tp_overlap_s[(RING_EXCHANGE, "exposed")] == pytest.approx(exposed, rel=1e-9)
+
+
+def test_aggregate_needs_an_even_tp_and_is_read_on_all_gathers_alone(tmp_path):
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text("fc2_dgrad:\n  aggregate: 1\nproj_fprop:\n  aggregate: 1\n")
+    assert not ub_gemms(4, str(cfg))["proj_fprop"].aggregate
+    with pytest.raises(UserError, match="aggregate needs an even"):
+        ub_gemms(3, str(cfg))
+
+
 GRAPH = build_topology(Cluster(nodes=1))
 
 
@@ -250,7 +283,9 @@ def test_nemos_bundled_files_by_name():
     assert gemms["qkv_dgrad"] == UbGemm("qkv_dgrad", BULK, 8, 4, False, True, True)
     assert gemms["fc1_dgrad"] == UbGemm("fc1_dgrad", BULK, 2, 4, False, True, True)
     assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True, False)
-    assert gemms["fc2_dgrad"] == UbGemm("fc2_dgrad", RING_EXCHANGE, 1, 4, False, True, True)
+    assert gemms["fc2_dgrad"] == UbGemm("fc2_dgrad", RING_EXCHANGE, 1, 4, False, True, True,
+                                        aggregate=True)
+    assert not gemms["qkv_fprop"].aggregate
     with pytest.raises(UserError, match="cannot read"):
         ub_gemms(4, "ub_cfg_not_bundled")
 
@@ -295,13 +330,15 @@ def test_every_gradient_with_the_overlap_equals_the_single_device_reference():
 
 
 RS_P2P_CFG = ("proj_fprop:\n  method: ring_exchange\n  num_sm: 1\n  set_sm_margin: 1\n"
-              "fc2_fprop:\n  method: ring_exchange\n")
+              "fc2_fprop:\n  method: ring_exchange\n"
+              "qkv_fprop:\n  aggregate: 1\nfc2_dgrad:\n  aggregate: 1\n")
 
 
 @pytest.mark.parametrize("t", [2, 4])
 def test_ring_exchange_rs_gradients_equal_the_single_device_reference(t, tmp_path):
-    """Both GEMM+RS by ring exchange (rows sent to their ranks, summed by the reduce kernel):
-    tiny at t 2 (p 2, d 2) and t 4 (p 2), SP, against the reference."""
+    """Both GEMM+RS by ring exchange (rows sent to their ranks, summed by the reduce kernel)
+    and two all-gathers under aggregate (pairs): tiny at t 2 (p 2, d 2) and t 4 (p 2), SP,
+    against the reference."""
     from simsp.commands.verify import REFERENCE_TOLERANCE
     from simsp.training.driver.compare import compare_with_reference
     from simsp.training.driver.iteration import simulate_iteration

@@ -26,16 +26,18 @@ GEMMS = sum(DEFAULT_METHODS.values(), ())  # the ten userbuffers, in initialize_
 # the methods simsp runs for each kind of GEMM (TE refuses pipeline for an all-gather; the dgrad
 # reduce-scatter overlap that replaces a bulk pair is not modelled)
 ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE, RING_EXCHANGE), "bulk": (BULK,)}
-MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce", "fp8_buf")
+MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce", "fp8_buf",
+                 "aggregate")
 BUNDLED = Path(__file__).parent / "data" / "tp_overlap"  # NeMo's files restated, by name
-IGNORED_KEYS = ("cga_size", "aggregate", "atomic_gemm", "comm_priority",
+IGNORED_KEYS = ("cga_size", "atomic_gemm", "comm_priority",
                 "gemm_priority", "pipeline_rs_overlap_first_gemm", "is_reduce_scatter")
 
 
 @dataclass(frozen=True)
 class UbGemm:
-    """One GEMM's overlap: its method, communication SMs, splits, SM margin, copy engines, and
-    whether its buffer holds FP8 (under FP8)."""
+    """One GEMM's overlap: its method, communication SMs, splits, SM margin, copy engines,
+    whether its buffer holds FP8 (under FP8), and whether a ring-exchange all-gather passes
+    chunks two at a time (`aggregate`)."""
 
     name: str
     method: str
@@ -44,6 +46,7 @@ class UbGemm:
     set_sm_margin: bool
     use_ce: bool
     fp8_buf: bool = False
+    aggregate: bool = False
 
     @property
     def comm_sms(self) -> int:
@@ -86,12 +89,17 @@ def _entry(name: str, body, tp: int, source: str) -> UbGemm:
                                f"runs {' or '.join(allowed)})")
     gemm = replace(gemm, method=body.get("method", gemm.method))  # over the default's knobs
     for key, kind in (("num_sm", int), ("num_splits", int), ("set_sm_margin", bool),
-                      ("use_ce", bool), ("fp8_buf", bool)):
+                      ("use_ce", bool), ("fp8_buf", bool), ("aggregate", bool)):
         if key in body:
             gemm = replace(gemm, **{key: _typed(field, key, body[key], kind)})
     if "fp8_buf" in body:  # TE honours a user's fp8_buf on the layers pipelined by default
         gemm = replace(gemm, fp8_buf=name in ALL_GATHER_GEMMS or (
             gemm.fp8_buf and name in DEFAULT_METHODS[PIPELINE]))
+    # TE reads aggregate in the ring-exchange all-gather alone (split_overlap_ag), in pairs
+    gemm = replace(gemm, aggregate=gemm.aggregate and gemm.method == RING_EXCHANGE
+                   and name in ALL_GATHER_GEMMS)
+    if gemm.aggregate and tp % 2:
+        raise UserError(field, f"aggregate needs an even tensor_model_parallel_size, got {tp}")
     return gemm
 
 

@@ -60,18 +60,25 @@ def chunk_gemm(r, name: str, shape: tuple, in_fp8: bool, ub, pieces: int = 1,
     yield from r.hold(name, "gemm", 2 * m * k * n // pieces, work_s)
 
 
+def _send_to(r, ub, peer: int, data, nbytes: int, tag: str):
+    """One exchange of the TP group: this rank sends `nbytes` (`data`, numeric) to TP rank
+    `peer`; what each rank sent this one, by TP index (None in meta)."""
+    t = r.tp.size
+    send = [nbytes if j == peer else 0 for j in range(t)]
+    chunks = None if not r.numeric else [data if j == peer else None for j in range(t)]
+    return (yield from r.tp.comm.all_to_all(r.tp.members, r.rank, chunks, send, tag,
+                                            sms=comm_sms(ub)))
+
+
 def _ring_steps(r, ub, local, gathered, tag: str, arrived: list):
     """The t − 1 neighbour sends of a ring exchange (each to the next TP rank), back to back;
     `arrived[i]` fires when step i's chunk is in; numeric: `gathered` gets the chunks in order."""
-    group, t, me = r.tp.members, r.tp.size, r.tp.index
+    t, me = r.tp.size, r.tp.index
     chunks = {me: local.data}  # TP index -> (s/t, ...) chunk
     held = local.data
-    send = [local.nbytes if j == (me + 1) % t else 0 for j in range(t)]
     for step in range(t - 1):
-        data = None if not r.numeric else [held if j == (me + 1) % t else None
-                                           for j in range(t)]
-        received = yield from r.tp.comm.all_to_all(group, r.rank, data, send,
-                                                   f"{tag} ring {step}", sms=comm_sms(ub))
+        received = yield from _send_to(r, ub, (me + 1) % t, held, local.nbytes,
+                                       f"{tag} ring {step}")
         held = None if received is None else received[(me - 1) % t]
         chunks[(me - 1 - step) % t] = held
         arrived[step].succeed(r.env.now)
@@ -79,23 +86,49 @@ def _ring_steps(r, ub, local, gathered, tag: str, arrived: list):
         gathered.data = np.concatenate([chunks[j] for j in range(t)], axis=0)  # (s, ...)
 
 
+def _paired_steps(r, ub, local, gathered, tag: str, arrived: list):
+    """TE's `aggregate` ring exchange (split_overlap_ag with _aggregate): the rank swaps its
+    chunk with its pair partner (even with the next rank, odd with the one before), then passes
+    its pair's two chunks round the ring of pairs (to rank me + 2, from me − 2) in t/2 − 1
+    steps, back to back; `arrived[0]` fires with the partner's chunk, `arrived[i]` with step
+    i's pair; numeric: `gathered` gets the chunks in order."""
+    t, me = r.tp.size, r.tp.index
+    partner, base = me + 1 - 2 * (me % 2), me - me % 2
+    received = yield from _send_to(r, ub, partner, local.data, local.nbytes, f"{tag} pair")
+    chunks = {me: local.data, partner: None if received is None else received[partner]}
+    arrived[0].succeed(r.env.now)
+    for step in range(1, t // 2):
+        sent = (base - 2 * step + 2) % t
+        pair = None if not r.numeric else np.concatenate([chunks[sent], chunks[sent + 1]])
+        received = yield from _send_to(r, ub, (me + 2) % t, pair, 2 * local.nbytes,
+                                       f"{tag} ring {step}")  # pair: (2 s/t, ...)
+        got = (base - 2 * step) % t
+        if received is not None:
+            chunks[got], chunks[got + 1] = np.split(received[(me - 2) % t], 2)
+        arrived[step].succeed(r.env.now)
+    if r.numeric:
+        gathered.data = np.concatenate([chunks[j] for j in range(t)], axis=0)  # (s, ...)
+
+
 def ring_exchange(ub, local, gathered, tag: str, label: str = "all_gather"):
     """A runner: `local` (s/t, ...) all-gathered into `gathered` (s, ...) by ring exchange
-    while the GEMM on the gathered rows runs in t row chunks."""
+    while the GEMM on the gathered rows runs in t row chunks, each after its chunk's step;
+    under `aggregate` in t/2 chunks of two, the first after the pair swap."""
     def run(r, name, shape, in_fp8, out, math):
-        m, k, n = shape
         t = r.tp.size
         r.count_comm(label, (t - 1) * local.nbytes)
-        arrived = [r.env.event() for _ in range(t - 1)]
+        steps = _paired_steps if ub.aggregate else _ring_steps
+        arrived = [r.env.event() for _ in range(t // 2 if ub.aggregate else t - 1)]
+        waits = arrived if ub.aggregate else [None] + arrived  # per GEMM piece
         start = r.env.now
-        r.env.process(_ring_steps(r, ub, local, gathered, tag, arrived))
+        r.env.process(steps(r, ub, local, gathered, tag, arrived))
         exposed = 0.0
-        for i in range(t):
-            if i:
+        for i, ready in enumerate(waits):
+            if ready is not None:
                 wait = r.env.now
-                yield arrived[i - 1]
+                yield ready
                 exposed += r.env.now - wait
-            yield from chunk_gemm(r, f"{name}#{i}", shape, in_fp8, ub, t)
+            yield from chunk_gemm(r, f"{name}#{i}", shape, in_fp8, ub, len(waits))
         end = arrived[-1].value  # the last step's arrival
         record(r, ub.method, end - start, exposed)
         _span(r, f"ring_exchange {tag}", start, end, local.nbytes * t)
@@ -173,9 +206,7 @@ def _rs_p2p_sends(r, ub, partial, tag: str, computed: list, received: list, span
         if i > SEND_STREAMS:
             yield steps[i - 1 - SEND_STREAMS]
         peer = (me + i) % t
-        data = None if not r.numeric else [
-            partial.data[peer * rows:(peer + 1) * rows] if j == peer else None
-            for j in range(t)]  # (s/t, b, h) to rank me + i
+        data = None if not r.numeric else partial.data[peer * rows:(peer + 1) * rows]
         steps.append(r.env.process(_rs_p2p_step(r, ub, data, partial.nbytes // t,
                                                 f"{tag} p2p {i}", i, received, spans)))
     yield r.env.all_of(steps)
@@ -185,10 +216,8 @@ def _rs_p2p_step(r, ub, data, nbytes: int, tag: str, step: int, received: list, 
     """One step of `_rs_p2p_sends`: this rank to rank me + step, rank me − step to it; its
     (start, end) appended to `spans`."""
     t, me = r.tp.size, r.tp.index
-    send = [nbytes if j == (me + step) % t else 0 for j in range(t)]
     start = r.env.now
-    got = yield from r.tp.comm.all_to_all(r.tp.members, r.rank, data, send, tag,
-                                          sms=comm_sms(ub))
+    got = yield from _send_to(r, ub, (me + step) % t, data, nbytes, tag)  # data: (s/t, b, h)
     spans.append((start, r.env.now))
     if got is not None:
         received[step - 1] = got[(me - step) % t]
