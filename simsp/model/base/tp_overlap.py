@@ -1,11 +1,14 @@
 """Transformer Engine's TP communication overlap (userbuffers) on an emulated rank, the methods as
 they run (docs/tp-overlap.md; NVIDIA/TransformerEngine transformer_engine/common/
-comm_gemm_overlap/comm_gemm_overlap.cpp CommOverlapP2PBase::split_overlap_ag,
-CommOverlapBase::split_overlap_rs and bulk_overlap):
+comm_gemm_overlap/comm_gemm_overlap.cpp CommOverlapP2PBase::split_overlap_ag and
+split_overlap_rs, CommOverlapBase::split_overlap_rs and bulk_overlap):
 
 - ring exchange AG+GEMM: the t sequence chunks pass round the TP ring in t − 1 neighbour
   sends (each rank to the next), back to back; the GEMM runs in t row chunks, chunk i on the
-  chunk received at step i − 1, so each step hides behind a GEMM chunk of 1/t;
+  chunk received at step i − 1, so each step hides behind a GEMM chunk of 1/t (`aggregate`:
+  a pair swap, then two chunks a step, the GEMM in t/2 chunks);
+- ring exchange GEMM+RS: the GEMM runs in t row chunks, each chunk's output sent straight to
+  the rank owning those rows while the next computes, then a reduce kernel sums the t chunks;
 - pipelined GEMM+RS: the GEMM runs in num_splits column chunks; chunk i's reduce-scatter runs
   while chunk i + 1 computes;
 - bulk: a whole GEMM beside a whole collective of the other direction (the dgrad GEMM beside
