@@ -393,6 +393,10 @@ def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
      ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
      ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
      ("parallel", "tp_comm_overlap_cfg"): "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048"},
+    {("model", "hidden_size"): 768, ("model", "num_attention_heads"): 12,
+     ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
+     ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
+     ("parallel", "tp_comm_overlap_cfg"): "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096"},  # aggregate
 ])
 def test_shortcuts_give_the_full_simulations_times(overrides):
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration

@@ -106,7 +106,7 @@ def _paired_steps(r, ub, local, gathered, tag: str, arrived: list):
         received = yield from _send_to(r, ub, (me + 2) % t, pair, 2 * local.nbytes,
                                        f"{tag} ring {step}")  # pair: (2 s/t, ...)
         got = (base - 2 * step) % t
-        if received is not None:
+        if r.numeric:
             chunks[got], chunks[got + 1] = np.split(received[(me - 2) % t], 2)
         arrived[step].succeed(r.env.now)
     if r.numeric:
