@@ -222,7 +222,7 @@ def _rs_p2p_step(r, ub, data, nbytes: int, tag: str, step: int, received: list, 
     start = r.env.now
     got = yield from _send_to(r, ub, (me + step) % t, data, nbytes, tag)  # data: (s/t, b, h)
     spans.append((start, r.env.now))
-    if got is not None:
+    if r.numeric:
         received[step - 1] = got[(me - step) % t]
 
 
