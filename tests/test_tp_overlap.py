@@ -14,6 +14,7 @@ from simsp.engine.sm_share import SmShare
 from simsp.engine.streams import COMM, Stream
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
+from simsp.hardware.costmodel import kernel_time
 from simsp.model.base import ops, tp_overlap
 from simsp.model.rank import Rank, TPGroup
 from simsp.model.tensor import FP16
@@ -124,6 +125,87 @@ def test_ring_exchange_ag_gemm_matches_the_hand_timeline():
         assert {call[3] for call in comm.calls} == {0}
 
 
+def run_ring_exchange_rs(t: int, c_over_p: float):
+    """fc2_fprop by ring exchange as NeMo's 175B file sets it (num_sm 1 with the SM margin):
+    rank 0 of t over a fixed-time fake; returns (end, rank, comm, p, reduce seconds)."""
+    env = simpy.Environment()
+    r = meta_rank(env, None, t=t)
+    m, k, n = SHAPE
+    p = gemm_s(r) / t * 132 / 131  # a piece on 131 of 132 SMs
+    comm = FixedComm(env, c_over_p * p)
+    r.tp.comm = comm
+    ub = UbGemm("fc2_fprop", RING_EXCHANGE, 1, 4, True, True)
+    x, w = r.alloc((m, 1, k), FP16, "x"), r.alloc((k, n), FP16, "w")
+    reduced = r.alloc((m // t, 1, n), FP16, "reduced")
+    env.process(ops.linear(r, x, w, None, "fc2", runner=tp_overlap.ring_exchange_rs(
+        ub, reduced, "fc2_exit")))
+    env.run()
+    # TE's reduce kernel: reads the t BF16 chunks of (m/t, n), writes one
+    reduce_s = kernel_time("elementwise", 0, m // t * n * (2 * t + 2), None, r.compute_cal)
+    return env.now, r, comm, p, reduce_s
+
+
+@pytest.mark.parametrize("t", [4, 8])
+@pytest.mark.parametrize("c_over_p", [0.5, 3.0])
+def test_ring_exchange_gemm_rs_matches_the_hand_timeline(t, c_over_p):
+    # t GEMM pieces of p back to back; send i (1..t-1) carries piece i-1's rows to rank me+i
+    # once that piece is done, on send stream (i-1) mod 3, so also after send i-3; then the
+    # reduce kernel. Compute-bound: t·p + reduce; comm-bound at t 4: 3p + c + reduce
+    end, r, comm, p, reduce_s = run_ring_exchange_rs(t, c_over_p)
+    c = c_over_p * p
+    starts, ends = [], []
+    for i in range(1, t):
+        starts.append(max(i * p, ends[i - 4] if i > 3 else 0.0))
+        ends.append(starts[-1] + c)
+    comm_end = max(t * p, ends[-1])
+    assert end == pytest.approx(comm_end + reduce_s, rel=1e-12)
+    assert [call[1] for call in comm.calls] == pytest.approx(starts, rel=1e-12)
+    if t == 4:
+        assert comm_end == pytest.approx(4 * p if c_over_p < 1 else 3 * p + c, rel=1e-12)
+    # one chunk of (m/t, n) BF16 per send, to one peer, over copy engines (no SM)
+    assert {call[2] for call in comm.calls} == {SHAPE[0] // t * SHAPE[2] * 2}
+    assert {call[3] for call in comm.calls} == {0}
+    exposed = comm_end - t * p
+    assert r.tp_overlap_s[(tp_overlap.RS_P2P, "exposed")] == pytest.approx(exposed, rel=1e-9,
+                                                                            abs=1e-15)
+    assert r.exposed_s.get("tp_comm", 0.0) == pytest.approx(exposed, rel=1e-9, abs=1e-15)
+    busy = sum(min(e, s2) - s for s, e, s2 in zip(starts, ends, starts[1:] + [float("inf")]))
+    assert r.tp_overlap_s[(tp_overlap.RS_P2P, "comm")] == pytest.approx(busy, rel=1e-12)
+
+
+@pytest.mark.parametrize("c_over_p", [0.5, 3.0])
+def test_aggregate_ring_exchange_matches_the_hand_timeline(c_over_p):
+    # TE's aggregate at t 4: the pair swap (one chunk, c), then one step passing the pair's two
+    # chunks to rank me + 2 (c in the fake), back to back; the GEMM in 2 pieces of 2p, the first
+    # after the swap, the second after the step: ends max(c + 2p, 2c) + 2p
+    env = simpy.Environment()
+    r = meta_rank(env, None, t=4)
+    p = gemm_s(r) / 4
+    c = c_over_p * p
+    comm = FixedComm(env, c)
+    r.tp.comm = comm
+    ub = UbGemm("fc2_dgrad", RING_EXCHANGE, 1, 4, False, True, aggregate=True)
+    m, k, n = SHAPE
+    x_local, x_full = r.alloc((m // 4, 1, k), FP16, "x"), r.alloc((m, 1, k), FP16, "x_full")
+    w = r.alloc((k, n), FP16, "w")
+    env.process(ops.linear(r, x_full, w, None, "fc2",
+                           runner=tp_overlap.ring_exchange(ub, x_local, x_full, "fc2")))
+    env.run()
+    assert env.now == pytest.approx(max(c + 2 * p, 2 * c) + 2 * p, rel=1e-12)
+    assert [call[1] for call in comm.calls] == pytest.approx([0.0, c], rel=1e-12)
+    assert [call[2] for call in comm.calls] == [x_local.nbytes, 2 * x_local.nbytes]
+    exposed = c + max(0.0, c - 2 * p)
+    assert r.tp_overlap_s[(RING_EXCHANGE, "exposed")] == pytest.approx(exposed, rel=1e-9)
+
+
+def test_aggregate_needs_an_even_tp_and_is_read_on_all_gathers_alone(tmp_path):
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text("fc2_dgrad:\n  aggregate: 1\nproj_fprop:\n  aggregate: 1\n")
+    assert not ub_gemms(4, str(cfg))["proj_fprop"].aggregate
+    with pytest.raises(UserError, match="aggregate needs an even"):
+        ub_gemms(3, str(cfg))
+
+
 GRAPH = build_topology(Cluster(nodes=1))
 
 
@@ -183,6 +265,8 @@ def test_te_defaults_and_a_users_file(tmp_path):
     ("qkv_dgrad:\n  num_sm: 0\n", "num_sm must be an integer"),
     ("qkv_dgrad:\n  colour: red\n", "unknown setting"),
     ("proj_fprop:\n  atomic_gemm: 1\n", "atomic_gemm is not modelled"),
+    ("fc1_dgrad:\n  method: ring_exchange\n", "not modelled for fc1_dgrad"),
+    ("fc2_fprop:\n  method: bulk\n", "pipeline or ring_exchange"),
 ])
 def test_a_bad_file_is_one_named_error(tmp_path, text, reason):
     cfg = tmp_path / "ub.yaml"
@@ -199,9 +283,31 @@ def test_nemos_bundled_files_by_name():
     assert gemms["qkv_dgrad"] == UbGemm("qkv_dgrad", BULK, 8, 4, False, True, True)
     assert gemms["fc1_dgrad"] == UbGemm("fc1_dgrad", BULK, 2, 4, False, True, True)
     assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True, False)
-    assert gemms["fc2_dgrad"] == UbGemm("fc2_dgrad", RING_EXCHANGE, 1, 4, False, True, True)
+    assert gemms["fc2_dgrad"] == UbGemm("fc2_dgrad", RING_EXCHANGE, 1, 4, False, True, True,
+                                        aggregate=True)
+    assert not gemms["qkv_fprop"].aggregate
     with pytest.raises(UserError, match="cannot read"):
         ub_gemms(4, "ub_cfg_not_bundled")
+
+
+def test_nemos_175b_file_sets_fc2_fprop_to_ring_exchange_over_the_pipeline_defaults():
+    # NeMo's GPT-3 175B file (ub_cfg_h100_h12288_tp4_mbs1_seqlen2048.yaml at 121c975d): fc2_fprop
+    # ring_exchange with num_sm 1 and the margin; num_splits stays TE's pipeline default (4,
+    # unused: a ring exchange runs in t chunks); proj_fprop's fp8_buf honoured (pipelined)
+    for mbs in (1, 2):
+        gemms = ub_gemms(4, f"ub_cfg_h100_h12288_tp4_mbs{mbs}_seqlen2048")
+        assert gemms["fc2_fprop"] == UbGemm("fc2_fprop", RING_EXCHANGE, 1, 4, True, True, False)
+        assert gemms["proj_fprop"] == UbGemm("proj_fprop", PIPELINE, 24, 4, True, True, True)
+        assert gemms["qkv_wgrad"] == UbGemm("qkv_wgrad", BULK, 4, 4, False, True, False)
+
+
+def test_a_method_alone_keeps_the_default_methods_knobs(tmp_path):
+    # TE's initialize_ub: get_default_config by the default method (pipeline: 16 SMs, margin),
+    # then the user's keys; fp8_buf honoured on a layer pipelined by default
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text("proj_fprop:\n  method: ring_exchange\n  fp8_buf: 1\n")
+    assert ub_gemms(8, str(cfg))["proj_fprop"] == UbGemm("proj_fprop", RING_EXCHANGE, 16, 4,
+                                                          True, True, True)
 
 
 def test_switch_needs_sequence_parallel_and_cfg_needs_the_switch(tmp_path):
@@ -223,6 +329,33 @@ def test_every_gradient_with_the_overlap_equals_the_single_device_reference():
     assert "loss" in errors and "layers.0.attn.qkv.weight" in errors
 
 
+RS_P2P_CFG = ("proj_fprop:\n  method: ring_exchange\n  num_sm: 1\n  set_sm_margin: 1\n"
+              "fc2_fprop:\n  method: ring_exchange\n"
+              "qkv_fprop:\n  aggregate: 1\nfc2_dgrad:\n  aggregate: 1\n")
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_ring_exchange_rs_gradients_equal_the_single_device_reference(t, tmp_path):
+    """Both GEMM+RS by ring exchange (rows sent to their ranks, summed by the reduce kernel)
+    and two all-gathers under aggregate (pairs): tiny at t 2 (p 2, d 2) and t 4 (p 2), SP,
+    against the reference."""
+    from simsp.commands.verify import REFERENCE_TOLERANCE
+    from simsp.training.driver.compare import compare_with_reference
+    from simsp.training.driver.iteration import simulate_iteration
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text(RS_P2P_CFG)
+    sc = load_scenario("scenarios/tiny.toml", {
+        ("parallel", "tp_comm_overlap"): True, ("parallel", "tp_comm_overlap_cfg"): str(cfg),
+        ("parallel", "tensor_model_parallel_size"): t,
+        ("parallel", "data_parallel_size"): 4 // t})
+    run = simulate_iteration(sc)
+    errors = compare_with_reference(run)
+    assert max(errors.values()) < REFERENCE_TOLERANCE
+    assert "layers.0.mlp.fc2.weight" in errors
+    seen = run.inputs.world.ranks[0].tp_overlap_s
+    assert seen[(tp_overlap.RS_P2P, "comm")] > 0 and (PIPELINE, "comm") not in seen
+
+
 def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
     """GPT-3 20B's layer at t 2, b 2, s 2048 under FP8: ten buffers of (4096, 6144), the six
     all-gather ones in FP8 (1 B), the four reduce-scatter ones in BF16 (2 B)."""
@@ -235,6 +368,15 @@ def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
     items = {i.name: i.bytes for i in non_tensor_items(load_scenario("scenarios/tiny.toml",
                                                                      overrides))}
     assert items["te_userbuffers"] == 4096 * 6144 * (6 * 1 + 4 * 2)
+    # GPT-3 175B at t 4, b 1, s 2048 with NeMo's file: six FP8 all-gather buffers, proj_fprop's
+    # FP8 (fp8_buf), the two wgrad ones BF16, fc2_fprop's ring-exchange RS BF16 of 2t - 1 = 7
+    # chunks of 2048/4 rows
+    big = {**overrides, ("model", "hidden_size"): 12288, ("model", "num_attention_heads"): 96,
+           ("parallel", "micro_batch_size"): 1, ("parallel", "tensor_model_parallel_size"): 4,
+           ("parallel", "data_parallel_size"): 1,
+           ("parallel", "tp_comm_overlap_cfg"): "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048"}
+    items = {i.name: i.bytes for i in non_tensor_items(load_scenario("scenarios/tiny.toml", big))}
+    assert items["te_userbuffers"] == 12288 * (2048 * (7 * 1 + 2 * 2) + 512 * 7 * 2)
     del overrides[("parallel", "tp_comm_overlap")]
     items = {i.name for i in non_tensor_items(load_scenario("scenarios/tiny.toml", overrides))}
     assert "te_userbuffers" not in items
@@ -247,6 +389,14 @@ def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
      ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
      ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
      ("cluster", "sm_contention"): True},
+    {("model", "hidden_size"): 768, ("model", "num_attention_heads"): 12,
+     ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
+     ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
+     ("parallel", "tp_comm_overlap_cfg"): "ub_cfg_h100_h12288_tp4_mbs1_seqlen2048"},
+    {("model", "hidden_size"): 768, ("model", "num_attention_heads"): 12,
+     ("model", "seq_length"): 256, ("parallel", "tensor_model_parallel_size"): 4,
+     ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8,
+     ("parallel", "tp_comm_overlap_cfg"): "ub_cfg_h100_h8192_tp4_mbs1_seqlen4096"},  # aggregate
 ])
 def test_shortcuts_give_the_full_simulations_times(overrides):
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration

@@ -25,17 +25,19 @@ DEFAULT_METHODS = {RING_EXCHANGE: ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_
 GEMMS = sum(DEFAULT_METHODS.values(), ())  # the ten userbuffers, in initialize_ub's order
 # the methods simsp runs for each kind of GEMM (TE refuses pipeline for an all-gather; the dgrad
 # reduce-scatter overlap that replaces a bulk pair is not modelled)
-ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE,), "bulk": (BULK,)}
-MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce", "fp8_buf")
+ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE, RING_EXCHANGE), "bulk": (BULK,)}
+MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce", "fp8_buf",
+                 "aggregate")
 BUNDLED = Path(__file__).parent / "data" / "tp_overlap"  # NeMo's files restated, by name
-IGNORED_KEYS = ("cga_size", "aggregate", "atomic_gemm", "comm_priority",
+IGNORED_KEYS = ("cga_size", "atomic_gemm", "comm_priority",
                 "gemm_priority", "pipeline_rs_overlap_first_gemm", "is_reduce_scatter")
 
 
 @dataclass(frozen=True)
 class UbGemm:
-    """One GEMM's overlap: its method, communication SMs, splits, SM margin, copy engines, and
-    whether its buffer holds FP8 (under FP8)."""
+    """One GEMM's overlap: its method, communication SMs, splits, SM margin, copy engines,
+    whether its buffer holds FP8 (under FP8), and whether a ring-exchange all-gather passes
+    chunks two at a time (`aggregate`)."""
 
     name: str
     method: str
@@ -44,6 +46,7 @@ class UbGemm:
     set_sm_margin: bool
     use_ce: bool
     fp8_buf: bool = False
+    aggregate: bool = False
 
     @property
     def comm_sms(self) -> int:
@@ -77,19 +80,26 @@ def _entry(name: str, body, tp: int, source: str) -> UbGemm:
         raise UserError(field, f"unknown setting {unknown[0]!r} (TE's ub_cfgs keys: "
                                f"{', '.join(MODELLED_KEYS + IGNORED_KEYS)})")
     if body.get("atomic_gemm") in (1, True):
-        raise UserError(field, "atomic_gemm is not modelled (docs/tp-overlap.md)")
+        raise UserError(field, "atomic_gemm is not modelled: a beta cuBLAS kernel whose chunks "
+                               "signal a counter, timing not sourced (docs/tp-overlap.md)")
     gemm = default_gemm(name, tp)
     allowed = ALLOWED[_kind(name)]
     if body.get("method", gemm.method) not in allowed:
         raise UserError(field, f"method {body['method']!r} is not modelled for {name} (simsp "
                                f"runs {' or '.join(allowed)})")
+    gemm = replace(gemm, method=body.get("method", gemm.method))  # over the default's knobs
     for key, kind in (("num_sm", int), ("num_splits", int), ("set_sm_margin", bool),
-                      ("use_ce", bool), ("fp8_buf", bool)):
+                      ("use_ce", bool), ("fp8_buf", bool), ("aggregate", bool)):
         if key in body:
             gemm = replace(gemm, **{key: _typed(field, key, body[key], kind)})
-    if "fp8_buf" in body:  # TE honours a user's fp8_buf on pipelined layers alone
+    if "fp8_buf" in body:  # TE honours a user's fp8_buf on the layers pipelined by default
         gemm = replace(gemm, fp8_buf=name in ALL_GATHER_GEMMS or (
-            gemm.fp8_buf and gemm.method == PIPELINE))
+            gemm.fp8_buf and name in DEFAULT_METHODS[PIPELINE]))
+    # TE reads aggregate in the ring-exchange all-gather alone (split_overlap_ag), in pairs
+    gemm = replace(gemm, aggregate=gemm.aggregate and gemm.method == RING_EXCHANGE
+                   and name in ALL_GATHER_GEMMS)
+    if gemm.aggregate and tp % 2:
+        raise UserError(field, f"aggregate needs an even tensor_model_parallel_size, got {tp}")
     return gemm
 
 
@@ -147,15 +157,22 @@ def ub_gemms(tp: int, path: str | None = None) -> dict[str, UbGemm]:
                    else default_gemm(name, tp)) for name in GEMMS}
 
 
-def userbuffers_bytes(gemms: dict[str, UbGemm], tokens: int, hidden: int, fp8: bool) -> int:
+def userbuffers_bytes(gemms: dict[str, UbGemm], tokens: int, hidden: int, fp8: bool,
+                      tp: int) -> int:
     """Bytes of the userbuffers one rank registers: one (tokens, hidden) buffer per GEMM
     (Megatron-LM megatron/training/initialize.py _initialize_tp_communicators: seq_length ×
     micro_batch_size / context_parallel_size rows of hidden_size), 1 B per element where FP8
-    runs and the GEMM's fp8_buf is set, else 2 (BF16) (TE's initialize_ub add_ub). (A
-    ring-exchange reduce-scatter would hold 2t − 1 chunks of t, CommOverlapP2PBase::initialize;
-    simsp runs reduce-scatters pipelined only.)"""
+    runs and the GEMM's fp8_buf is set, else 2 (BF16) (TE's initialize_ub add_ub); a
+    ring-exchange reduce-scatter's holds 2t − 1 chunks of tokens/t rows, its t GEMM output
+    chunks and the t − 1 it receives (CommOverlapP2PBase::initialize)."""
     total = 0
     for gemm in gemms.values():
         elem = 1 if fp8 and gemm.fp8_buf else 2
-        total += tokens * hidden * elem
+        rows = tokens // tp * (2 * tp - 1) if is_rs_p2p(gemm) else tokens
+        total += rows * hidden * elem
     return total
+
+
+def is_rs_p2p(gemm: UbGemm) -> bool:
+    """A GEMM+RS overlapped by ring exchange (TE's CommOverlapP2P with CommOverlapType.RS)."""
+    return gemm.method == RING_EXCHANGE and gemm.name in REDUCE_SCATTER_GEMMS

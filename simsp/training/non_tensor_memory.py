@@ -98,7 +98,7 @@ def te_userbuffers_bytes(sc) -> int:
         return 0
     tokens = sc.model.seq_length * p.micro_batch_size // p.cp
     return userbuffers_bytes(ub_gemms(p.tp, p.tp_comm_overlap_cfg), tokens,
-                             sc.model.hidden_size, p.fp8_format is not None)
+                             sc.model.hidden_size, p.fp8_format is not None, p.tp)
 
 
 def non_tensor_items(sc, fragmentation_bytes: float | None = None) -> list[NonTensorItem]:

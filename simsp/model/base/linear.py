@@ -12,6 +12,7 @@ from simsp.model import mappings
 from simsp.model.base import ops, tp_overlap
 from simsp.model.base.dropout_sites import dropout_add
 from simsp.model.tensor import FP16
+from simsp.scenario.tp_overlap import RING_EXCHANGE
 
 # the Transformer Engine GEMM (transformer_engine/pytorch/module/base.py initialize_ub) each
 # linear's tag names: overlapped under --tp-comm-overlap (base/tp_overlap.py), others never
@@ -47,13 +48,14 @@ def row_parallel(r, spec, x, weight, bias, name: str, residual, out_name: str):
     """x @ W (partial sums) -> f̄/ḡ -> residual + dropout(· + bias): x (s, b, k/t) ->
     (output (s_l, b, h), dropout mask)."""
     ub = _ub(r, name, "fprop")
-    if ub is not None:  # pipelined: each column chunk's reduce-scatter beside the next chunk
+    if ub is not None:  # pipelined (column chunks) or ring exchange (row chunks to their ranks)
         rows = x.shape[0] // r.tp.size
         reduced = r.alloc((rows,) + x.shape[1:-1] + (weight.shape[1],), FP16, f"{name}_exit",
                           category="communication")  # (s_l, b, h)
+        runner = (tp_overlap.ring_exchange_rs if ub.method == RING_EXCHANGE
+                  else tp_overlap.pipelined_rs)
         partial = yield from ops.linear(r, x, weight, None, f"{name}_output",
-                                        runner=tp_overlap.pipelined_rs(ub, reduced,
-                                                                       f"{name}_exit"))
+                                        runner=runner(ub, reduced, f"{name}_exit"))
     else:
         partial = yield from ops.linear(r, x, weight, None, f"{name}_output")  # (s, b, h)
         reduced = yield from mappings.exit_forward(r, partial, f"{name}_exit")  # (s_l, b, h)

@@ -60,6 +60,7 @@ def tp_comm_overlap(s) -> None:
             check(s.model.hidden_size % gemm.num_splits == 0, "parallel.tp_comm_overlap_cfg",
                   f"{gemm.name}: hidden_size={s.model.hidden_size} does not split into "
                   f"num_splits={gemm.num_splits} column chunks")
-        check(gemm.comm_sms < gpu.attention["sm_count"], "parallel.tp_comm_overlap_cfg",
+        taken = gemm.num_sm if gemm.set_sm_margin else gemm.comm_sms
+        check(taken < gpu.attention["sm_count"], "parallel.tp_comm_overlap_cfg",
               f"{gemm.name}: num_sm={gemm.num_sm} leaves the GEMM no SM of "
               f"{int(gpu.attention['sm_count'])}")
