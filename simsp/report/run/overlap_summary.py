@@ -20,6 +20,8 @@ TP_METHODS = {
     "ring_exchange": ("TP ring exchange (--tp-comm-overlap)", "the GEMM pieces it feeds"),
     "pipeline": ("TP pipelined reduce-scatter (--tp-comm-overlap)",
                  "the GEMM's later column pieces"),
+    "ring_exchange_rs": ("TP ring-exchange reduce-scatter (--tp-comm-overlap)",
+                         "the GEMM's later row pieces"),
     "bulk": ("TP bulk collective (--tp-comm-overlap)",
              "the other backward GEMM (dgrad beside wgrad)"),
 }
