@@ -1,0 +1,79 @@
+"""`simsp search` with the split-backward schedules (zb-h1, zb-h2, zbv, dualpipev, dualpipe):
+their time bound equals the published closed forms at equal step times and stays below the
+simulated iteration on random small layouts; the layout space holds them."""
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from simsp.errors import UserError
+from simsp.explore.configs.fields import by_key
+from simsp.explore.configs.grid import base_values
+from simsp.explore.evaluation.evaluate import simulate_metrics
+from simsp.explore.search.bounds import (memory_lower_bound, split_schedule_time,
+                                         time_lower_bound)
+from simsp.scenario.loading import load_scenario
+
+SPLIT = ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe")
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 12), (8, 16)])
+def test_zero_bubble_bound_is_the_papers_at_equal_times(p, m):
+    """ZB §2: ZB-H1's stage 0 idles (p−1)(F+B−W) beside its m(F+B+W) of work; stage p − 1 of
+    ZB-H2 starts after p − 1 forwards and then never idles (m ≥ 2p − 1): both 3m + p − 1 at
+    F = B = W = 1; with F = 2, B = 3, W = 1 ZB-H1 is 6m + (p − 1)·4."""
+    assert split_schedule_time("zb-h1", p, m, 1, (1.0, 1.0, 1.0)) == pytest.approx(
+        3 * m + p - 1, abs=1e-12)
+    assert split_schedule_time("zb-h1", p, m, 1, (2.0, 3.0, 1.0)) == pytest.approx(
+        6 * m + (p - 1) * 4, abs=1e-12)
+    if m >= 2 * p - 1:
+        assert split_schedule_time("zb-h2", p, m, 1, (1.0, 1.0, 1.0)) == pytest.approx(
+            3 * m + p - 1, abs=1e-12)
+
+
+@pytest.mark.parametrize("pp, m", [(4, 8), (4, 12), (8, 16), (8, 24)])
+def test_dualpipe_bound_is_table_2_at_equal_times(pp, m):
+    """DeepSeek-V3 Table 2: every rank does m chunk forwards and backwards (3m units at
+    F = B = W = 1) and idles (PP/2 − 1)(F&B + B − 3W), Table 2's B the whole backward (2) and
+    F&B = F + B + W = 3 (pairs not overlapped): 3m + PP − 2. DualPipeV on n ranks is the
+    same V of PP = 2n stages, each rank running 2m chunk forwards and backwards (6m units) and
+    idling (n − 1)(3 + 2 − 3)."""
+    assert split_schedule_time("dualpipe", pp, m, 2, (1.0, 1.0, 1.0)) == pytest.approx(
+        3 * m + pp - 2, abs=1e-12)
+    n = pp // 2
+    assert split_schedule_time("dualpipev", n, m, 2, (1.0, 1.0, 1.0)) == pytest.approx(
+        6 * m + 2 * (n - 1), abs=1e-12)
+
+
+def layout(schedule: str, pp: int, layers: int, tp: int, sp: bool, recompute: str, b: int,
+           m: int) -> dict:
+    """A meta-mode tiny GPT on t·p GPUs (d 1) with the given schedule."""
+    values = base_values(None)
+    table = by_key()
+    fields = {"mode": "meta", "num_layers": layers, "hidden_size": 128,
+              "num_attention_heads": 4, "seq_length": 64, "vocab_size": 256,
+              "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+              "sequence_parallel": sp, "recompute_granularity": recompute,
+              "micro_batch_size": b, "global_batch_size": b * m, "schedule": schedule}
+    for key, value in fields.items():
+        values[table[key].path] = value
+    values[("cluster", "nodes")] = 1
+    return values
+
+
+@settings(max_examples=5, suppress_health_check=[HealthCheck.too_slow])
+@given(pp=st.sampled_from([2, 4]), chunks=st.sampled_from([1, 2]), tp=st.sampled_from([1, 2]),
+       sp=st.booleans(), recompute=st.sampled_from(["none", "selective", "full"]),
+       b=st.sampled_from([1, 2]), m=st.sampled_from([4, 8, 10]))
+@pytest.mark.parametrize("schedule", SPLIT)
+def test_bounds_hold_on_random_small_layouts(schedule, pp, chunks, tp, sp, recompute, b, m):
+    """Time and memory lower bounds never above the simulation, for each schedule."""
+    values = layout(schedule, pp, 2 * pp * chunks, tp, sp and tp > 1, recompute, b, m)
+    try:
+        sc = load_scenario(None, values)
+    except UserError:
+        assume(False)
+    metrics = simulate_metrics(values)
+    stage0 = max(r["peak_bytes"] for r in metrics["ranks"] if r["pp"] == 0)
+    assert 0 < time_lower_bound(sc) <= metrics["iteration_time_s"]
+    assert 0 < memory_lower_bound(sc) <= stage0
