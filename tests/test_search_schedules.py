@@ -1,12 +1,17 @@
 """`simsp search` with the split-backward schedules (zb-h1, zb-h2, zbv, dualpipev, dualpipe):
 their time bound equals the published closed forms at equal step times and stays below the
-simulated iteration on random small layouts; the layout space holds them."""
+simulated iteration on random small layouts; sweep refuses a schedule as run does; the bundled
+schedule what-if."""
+
+import os
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from simsp.cli import main
 from simsp.errors import UserError
+from simsp.explore.configs.sweep_file import load_sweep_file
 from simsp.explore.configs.fields import by_key
 from simsp.explore.configs.grid import base_values
 from simsp.explore.evaluation.evaluate import simulate_metrics
@@ -14,6 +19,7 @@ from simsp.explore.search.bounds import (memory_lower_bound, split_schedule_time
                                          time_lower_bound)
 from simsp.scenario.loading import load_scenario
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPLIT = ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe")
 
 
@@ -77,3 +83,34 @@ def test_bounds_hold_on_random_small_layouts(schedule, pp, chunks, tp, sp, recom
     stage0 = max(r["peak_bytes"] for r in metrics["ranks"] if r["pp"] == 0)
     assert 0 < time_lower_bound(sc) <= metrics["iteration_time_s"]
     assert 0 < memory_lower_bound(sc) <= stage0
+
+
+def test_sweep_refuses_a_schedule_as_run_does(capsys, tmp_path):
+    """ZB-V and DualPipeV need 2p to divide the layers: tiny's 4 layers on p = 4 do not, and
+    each sweep row carries run's own `error:` line."""
+    args = [os.path.join(REPO, "scenarios", "tiny.toml"), "--schedule", "zbv", "--pipeline-model-parallel-size", "4",
+            "--data-parallel-size", "1"]
+    assert main(["run", *args, "--json", "--quiet"]) == 2
+    refusal = capsys.readouterr().err.strip()
+    assert refusal == ("error: parallel.schedule: zbv needs num_layers=4 divisible by 2 x 4 "
+                       "stages (two chunks)")
+    sweep = ["sweep", *args[:2], "zbv,dualpipev", *args[3:], "--workers", "0", "--quiet",
+             "--out", str(tmp_path)]
+    assert main(sweep) == 0
+    out = capsys.readouterr().out
+    assert f"--schedule zbv: {refusal}" in out
+    assert "--schedule dualpipev: error: parallel.schedule: dualpipev needs num_layers=4" in out
+
+
+def test_the_bundled_schedule_what_if_compares_four_schedules_on_one_layout():
+    """sweeps/schedules.toml: 1F1B (the baseline), interleaved with 2 chunks of 4 layers,
+    ZB-H1 and DualPipe, each Llama 2 7B on t1 p4 d2 with 32 / (1·2) = 16 micro-batches."""
+    variants = load_sweep_file(os.path.join(REPO, "sweeps", "schedules.toml"))
+    scenarios = [load_scenario(None, values) for _, values, _, _ in variants]
+    assert [name for name, *_ in variants] == ["1F1B", "interleaved, 2 chunks", "ZB-H1",
+                                               "DualPipe"]
+    assert [sc.parallel.schedule_name for sc in scenarios] == ["1f1b", "interleaved", "zb-h1",
+                                                               "dualpipe"]
+    for sc in scenarios:
+        p = sc.parallel
+        assert (p.tp, p.pp, p.dp, p.num_micro_batches, sc.model.num_layers) == (1, 4, 2, 16, 32)
