@@ -15,6 +15,7 @@ from simsp.explore.configs.sweep_file import load_sweep_file
 from simsp.explore.configs.fields import by_key
 from simsp.explore.configs.grid import base_values
 from simsp.explore.evaluation.evaluate import simulate_metrics
+from simsp.explore.search.layouts import enumerate_layouts, search_base
 from simsp.explore.search.bounds import (memory_lower_bound, split_schedule_time,
                                          time_lower_bound)
 from simsp.scenario.loading import load_scenario
@@ -114,3 +115,14 @@ def test_the_bundled_schedule_what_if_compares_four_schedules_on_one_layout():
     for sc in scenarios:
         p = sc.parallel
         assert (p.tp, p.pp, p.dp, p.num_micro_batches, sc.model.num_layers) == (1, 4, 2, 16, 32)
+
+
+def test_search_restricted_to_named_schedules():
+    """`--schedule gpipe,dualpipe` on 2 GPUs, B = 2, 2 layers: only p = 2 layouts pipeline, b 1
+    or 2 (m 2 or 1) x 3 recomputes, GPipe each (6); DualPipe needs m >= 2p = 4: none."""
+    values = layout("1f1b", 1, 2, 1, False, "none", 1, 2)
+    layouts = enumerate_layouts(search_base(values), 2, 2,
+                                allowed={"schedule": ["gpipe", "dualpipe"]})
+    names = [config.name for config in layouts.configs]
+    assert len(names) == 6 and layouts.invalid == 0
+    assert all(", GPipe, " in name and name.startswith("t1 p2 d1 b") for name in names)

@@ -8,6 +8,13 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   alone on their TP group (simsp.training.driver.layer_sim, timed as the iteration times collectives):
   block recompute rebuilds only the first N layers of a chunk, so a chunk costs
   N·(f + b)_full + (L_c − N)·(f + b)_none (Megatron transformer_block.py).
+- time, split-backward schedules (zb-h1, zb-h2, zbv, dualpipev, dualpipe; their W steps fill
+  what 1F1B idles, so the bound above is not theirs): each layer simulated alone with its
+  backward split (B, then W running the deferred weight-gradient GEMMs) gives a chunk's F, B,
+  W; T is at least the iteration time of the schedule's own step (or op) lists with each step
+  taking that time and no communication, since the run executes the same steps in the same
+  order and every end in such a list schedule is a max of sums of durations, none decreasing
+  when a duration grows. At F = B = W it is ZB §2's and DeepSeek-V3 Table 2's closed forms.
 - memory: stage 0 allocates its weights, gradients and optimizer state (bytes per parameter as
   simsp's allocators give them) before its first step and holds them to the end, and at the
   schedule's busiest moment it keeps the activations of

@@ -5,7 +5,6 @@ gradient), or F&B, a step of one of DualPipe's or DualPipeV's F&B pairs (docs/du
 from simsp.training.pipeline.dualpipe import pair_steps
 from simsp.training.pipeline.schedule_step import Step
 
-STEP_KINDS = ("F", "B", "W", "F&B")
 # Per kind, a colour of the Chrome trace viewer's reserved palette (an event's "cname"; catapult
 # tracing/base/color_scheme.html): cornflower blue, shamrock green, tawny, pink, close to the
 # timeline figure's (report/run/figures/schedule.py GANTT_COLORS).
