@@ -42,14 +42,21 @@ def test_zero_bubble_bound_is_the_papers_at_equal_times(p, m):
 def test_dualpipe_bound_is_table_2_at_equal_times(pp, m):
     """DeepSeek-V3 Table 2: every rank does m chunk forwards and backwards (3m units at
     F = B = W = 1) and idles (PP/2 − 1)(F&B + B − 3W), Table 2's B the whole backward (2) and
-    F&B = F + B + W = 3 (pairs not overlapped): 3m + PP − 2. DualPipeV on n ranks is the
-    same V of PP = 2n stages, each rank running 2m chunk forwards and backwards (6m units) and
-    idling (n − 1)(3 + 2 − 3)."""
+    F&B = F + B + W = 3 (the run does not overlap a pair's halves and sends their outputs
+    after the pair): 3m + PP − 2."""
     assert split_schedule_time("dualpipe", pp, m, 2, (1.0, 1.0, 1.0)) == pytest.approx(
         3 * m + pp - 2, abs=1e-12)
-    n = pp // 2
+
+
+@pytest.mark.parametrize("n, m", [(2, 4), (2, 8), (4, 8), (4, 12), (8, 16)])
+def test_dualpipev_bound_at_equal_times(n, m):
+    """DualPipeV on n ranks runs its pairs' steps one by one, each sent when it ends (not after
+    the pair, as DualPipe's run does): rank n − 1 cannot start before chunk 0 has crossed
+    n − 1 ranks, then has 2m F, B and W (6m units) to run, and the step lists never leave it
+    idle after that: 6m + n − 1, under Table 2's 6m + 2(n − 1) for op lists that send after
+    the pair."""
     assert split_schedule_time("dualpipev", n, m, 2, (1.0, 1.0, 1.0)) == pytest.approx(
-        6 * m + 2 * (n - 1), abs=1e-12)
+        6 * m + n - 1, abs=1e-12)
 
 
 def layout(schedule: str, pp: int, layers: int, tp: int, sp: bool, recompute: str, b: int,

@@ -60,7 +60,7 @@ from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
 from simsp.training.data_parallel.optimizer import allocate_optimizer
 from simsp.training.data_parallel.fsdp_units import fsdp_bytes_per_element, sharding_of
-from simsp.training.pipeline.dualpipe import dualpipe, dualpipev
+from simsp.training.pipeline.dualpipe import dualpipe
 from simsp.training.pipeline.op_timing import Durations, simulate_ops
 from simsp.training.pipeline.schedules import (SPLIT_BACKWARD, build_schedule, max_in_flight,
                                                placement_of, simulate_uniform)
@@ -262,17 +262,19 @@ def time_lower_bound(sc: Scenario) -> float:
     return (p.num_micro_batches * chunks + p.pp - 1) * chunk_seconds(sc)
 
 
-DUAL_OPS = {"dualpipe": dualpipe, "dualpipev": dualpipev}  # op lists with F&B pairs
+# Op lists whose run sends a pair's (and a full backward's) outputs after the op ends and waits
+# both inputs before a pair (training/pipeline/stage_program.py): DualPipe's; DualPipeV runs
+# its steps one by one, each sending when it ends, so its step lists are what bounds it.
+DUAL_OPS = {"dualpipe": dualpipe}
 
 
 @lru_cache(maxsize=1024)
 def split_schedule_time(name: str, p: int, m: int, v: int, steps: tuple) -> float:
     """The iteration time of schedule `name`'s own step lists run as soon as each step's input
     is there, every F, B, W taking steps = (F, B, W) seconds, no communication
-    (schedule_timing.simulate_uniform; DualPipe's and DualPipeV's op lists by
-    op_timing.simulate_ops, a pair's and a full backward's outputs sent when the op ends, as
-    the run sends them): at equal times the ZB paper's and DeepSeek-V3 Table 2's bubbles
-    (docs/schedules.md, docs/dualpipe.md)."""
+    (schedule_timing.simulate_uniform; DualPipe's op lists by op_timing.simulate_ops, a pair's
+    and a full backward's outputs sent when the op ends, as the run sends them): at equal times
+    the ZB paper's and DeepSeek-V3 Table 2's bubbles (docs/schedules.md, docs/dualpipe.md)."""
     forward, input_grad, weight_grad = steps
     if name in DUAL_OPS:
         ops = DUAL_OPS[name](p, m)
