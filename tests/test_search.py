@@ -27,12 +27,14 @@ def base(**changes) -> dict:
 
 def test_layouts_on_two_gpus_hand_counted():
     """N = 2, B = 2. (t,p,d) = (1,1,2): b 1, 3 recomputes x 2 dist-opt = 6; (1,2,1): b 1 or 2,
-    3 each = 6, plus with 4 layers b 1 (m = 2) may interleave 2 chunks of 1 layer: 3 more;
-    (2,1,1): b 1 or 2, SP on/off x 3 = 12. Total 24 with 2 layers, 27 with 4."""
+    each 1F1B, ZB-H1 and ZB-H2 x 3 recomputes = 18, plus with 4 layers (2 a stage) ZB-V on
+    both (6 more) and b 1 (m = 2) may interleave 2 chunks of 1 layer: 3 more (DualPipe(V)
+    needs m >= 2p = 4); (2,1,1): b 1 or 2, SP on/off x 3 = 12. Total 36 with 2 layers, 45
+    with 4."""
     two = enumerate_layouts(base(num_layers=2), gpus=2, batch=2)
     four = enumerate_layouts(base(num_layers=4), gpus=2, batch=2).configs
-    assert (len(two.configs), two.invalid, len(four)) == (24, 0, 27)
-    assert len({c.digest() for c in four}) == 27
+    assert (len(two.configs), two.invalid, len(four)) == (36, 0, 45)
+    assert len({c.digest() for c in four}) == 45
     interleaved = [c.name for c in four if "interleaved" in c.name]
     assert interleaved == ["t1 p2 d1 b1, interleaved 2 chunks, no SP, no recompute",
                            "t1 p2 d1 b1, interleaved 2 chunks, no SP, selective recompute",
@@ -48,15 +50,19 @@ def test_every_layout_uses_all_gpus():
 def test_scenario_parallel_fields_do_not_leak_into_layouts():
     """A scenario's block recompute made two thirds of the layouts invalid (none and selective
     cannot take a recompute method): the search starts from Megatron's defaults, and a kept
-    or given field applies only where Megatron allows it."""
+    or given field applies only where Megatron allows it. 105 layouts of 1F1B and interleaving,
+    plus the split-backward schedules (6 layouts a schedule for each (t, p, d, b) with t·d = 2,
+    3 with t = d = 1): t1 p2 d2 b1 and b2 (m 2, 1) ZB-H1, ZB-H2, ZB-V: 36; t2 p2 d1 b1 (m 4)
+    those and DualPipeV, DualPipe, b2 and b4 three each: 66; t1 p4 d1 (1 layer a stage, m at
+    most 4 < 2p) ZB-H1 and ZB-H2 for b 1, 2, 4: 18. 225 in all."""
     scenario = base(recompute_granularity="full", recompute_method="block",
                     recompute_num_layers=1, overlap_grad_reduce=True)
     plain = enumerate_layouts(search_base(scenario), gpus=4, batch=4)
-    assert plain.invalid == 0 and len(plain.configs) == 105
+    assert plain.invalid == 0 and len(plain.configs) == 225
     assert {scenario_of(c).parallel.recompute_method for c in plain.configs} == {None}
     fixed = {"recompute_method": "block", "recompute_num_layers": 1}
     kept = enumerate_layouts(search_base(scenario), 4, 4, fixed)
-    assert kept.invalid == 0 and len(kept.configs) == 105
+    assert kept.invalid == 0 and len(kept.configs) == 225
     methods = {(scenario_of(c).parallel.recompute_granularity,
                 scenario_of(c).parallel.recompute_method) for c in kept.configs}
     assert methods == {("none", None), ("selective", None), ("full", "block")}
@@ -134,5 +140,5 @@ def test_cli_exhaustive_simulates_every_layout(capsys, tmp_path):
             "32", "--vocab-size", "128", "--global-batch-size", "2", "--exhaustive", "--workers",
             "0", "--quiet", "--out", str(tmp_path)]
     assert main(args) == 0
-    assert "exhaustive: simulated all 24 valid layouts" in capsys.readouterr().out  # hand-counted above
-    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 24
+    assert "exhaustive: simulated all 36 valid layouts" in capsys.readouterr().out  # hand-counted above
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 36

@@ -102,9 +102,10 @@ def test_nothing_fits_says_why(tmp_path):
 
 def test_a_held_list_is_varied_where_it_matters():
     """2 GPUs, B = 2, flash attention, 2 layers, no recompute, b 1: cp 1 gives (t,p,d) =
-    (1,1,2) x dist-opt on/off (2), (1,2,1) (1), (2,1,1) x SP on/off (2) = 5 layouts, each once
-    (the CP type does not matter there); cp 2 gives t1 p1 d1 (1) once per type, p2p and a2a:
-    5 + 2 = 7, the cp 2 ones named by their type."""
+    (1,1,2) x dist-opt on/off (2), (1,2,1) with 1F1B, ZB-H1 and ZB-H2 (3; one layer a stage and
+    m = 2 leave out the two-chunk ones), (2,1,1) x SP on/off (2) = 7 layouts, each once (the CP
+    type does not matter there); cp 2 gives t1 p1 d1 (1) once per type, p2p and a2a: 7 + 2 = 9,
+    the cp 2 ones named by their type."""
     from simsp.explore.configs.grid import base_values
     from simsp.explore.configs.fields import by_key
     from simsp.explore.search.layouts import enumerate_layouts, search_base
@@ -118,7 +119,7 @@ def test_a_held_list_is_varied_where_it_matters():
                                 allowed={"recompute_granularity": ["none"],
                                          "micro_batch_size": [1]})
     names = [config.name for config in layouts.configs]
-    assert len(names) == 7 and layouts.invalid == 0
+    assert len(names) == 9 and layouts.invalid == 0
     assert [name for name in names if "cp2" in name] == [
         "t1 cp2 p1 d1 b1, 1F1B, no SP, no recompute, cp_comm_type p2p",
         "t1 cp2 p1 d1 b1, 1F1B, no SP, no recompute, cp_comm_type a2a"]

@@ -150,7 +150,8 @@ def summary_lines(result, args, batch: int, fixed: dict) -> list[str]:
                  "once) exceeds capacity less the reserve")
     lines += [f"  e.g. {label}: {reason}" for label, reason in result.memory_examples]
     bound = ("memory lower bound" if args.objective == "memory" else
-             "time lower bound (m·v + p − 1)·(chunk forward + backward)"
+             "time lower bound ((m·v + p − 1)·(chunk forward + backward); a split-backward "
+             "schedule's own steps at the chunk's F, B, W)"
              + (" as an MFU ceiling" if args.objective == "mfu" else ""))
     lines.append(f"screened out {result.pruned_bound} whose {bound} cannot beat the top K")
     lines.append(f"simulated {len(result.rows)}")

@@ -8,6 +8,13 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   alone on their TP group (simsp.training.driver.layer_sim, timed as the iteration times collectives):
   block recompute rebuilds only the first N layers of a chunk, so a chunk costs
   N·(f + b)_full + (L_c − N)·(f + b)_none (Megatron transformer_block.py).
+- time, split-backward schedules (zb-h1, zb-h2, zbv, dualpipev, dualpipe; their W steps fill
+  what 1F1B idles, so the bound above is not theirs): each layer simulated alone with its
+  backward split (B, then W running the deferred weight-gradient GEMMs) gives a chunk's F, B,
+  W; T is at least the iteration time of the schedule's own step (or op) lists with each step
+  taking that time and no communication, since the run executes the same steps in the same
+  order and every end in such a list schedule is a max of sums of durations, none decreasing
+  when a duration grows. At F = B = W it is ZB §2's and DeepSeek-V3 Table 2's closed forms.
 - memory: stage 0 allocates its weights, gradients and optimizer state (bytes per parameter as
   simsp's allocators give them) before its first step and holds them to the end, and at the
   schedule's busiest moment it keeps the activations of
@@ -53,7 +60,10 @@ from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
 from simsp.training.data_parallel.optimizer import allocate_optimizer
 from simsp.training.data_parallel.fsdp_units import fsdp_bytes_per_element, sharding_of
-from simsp.training.pipeline.schedules import build_schedule, max_in_flight
+from simsp.training.pipeline.dualpipe import dualpipe
+from simsp.training.pipeline.op_timing import Durations, simulate_ops
+from simsp.training.pipeline.schedules import (SPLIT_BACKWARD, build_schedule, max_in_flight,
+                                               placement_of, simulate_uniform)
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class LayerCost:
     dense_elements: int  # this rank's parameters of the layer outside the experts
     expert_elements: int  # this rank's expert parameters (E/EP experts, f/ETP each)
     static_bytes_per_element: tuple  # (weights, gradients, optimizer unsharded) bytes
+    steps: tuple = ()  # (F, B, W) seconds with the backward split (B then W); () if not split
 
     def static_bytes(self, layers: int, dense_shard: int, expert_shard: int) -> float:
         """Weights, gradients and optimizer state of `layers` such layers on a rank, the
@@ -104,10 +115,11 @@ def _layer_elements(sc: Scenario) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=4096)
-def _simulated_layer(sc: Scenario) -> LayerCost:
-    """Memoised: one layer of `sc` (already reduced to one expert grid) simulated alone."""
+def _simulated_layer(sc: Scenario, split: bool = False) -> LayerCost:
+    """Memoised: one layer of `sc` (already reduced to one expert grid) simulated alone; with
+    `split` its backward as B then W, as the zero-bubble schedules run it (layer_sim)."""
     method = RING_ALONE if sc.run.mode == "meta" else STEP_BY_STEP  # as simulate_metrics times
-    result = simulate_layer(sc, method=method, keep_experts=True)
+    result = simulate_layer(sc, method=method, keep_experts=True, split_backward=split)
     kept = min(rec.activation_bytes for rec in result.records)
     dense, expert = _layer_elements(result.scenario)
     rank = result.ranks[0]
@@ -115,7 +127,9 @@ def _simulated_layer(sc: Scenario) -> LayerCost:
                    rank.ledger.live_bytes("gradients") / (dense + expert),
                    _optimizer_bytes_per_element(rank, dense + expert))
     seconds = result.forward_time_s + result.backward_time_s
-    return LayerCost(seconds, kept, dense, expert, per_element)
+    steps = (result.forward_time_s, result.input_grad_time_s,
+             result.weight_grad_time_s) if split else ()
+    return LayerCost(seconds, kept, dense, expert, per_element, steps)
 
 
 def _expert_grid_dp(sc: Scenario) -> int:
@@ -134,11 +148,11 @@ def _layer_kinds(sc: Scenario) -> list[dict]:
                                            for kind in (0, 1)]
 
 
-def layer_costs(sc: Scenario, granularity: str) -> list[LayerCost]:
+def layer_costs(sc: Scenario, granularity: str, split: bool = False) -> list[LayerCost]:
     """One layer of each kind of this layout (t, SP, b, model, expert layout) under
     `granularity`, on one expert grid (a MoE layer exchanges its tokens as in the layout); the
     pipeline, data parallelism and runtime switches do not change a layer alone, so they are
-    reset (shared memo)."""
+    reset (shared memo); `split`: its backward as B then W."""
     defaults = Parallel()
     reduced = with_overrides(sc, model={"seq_length": sc.model.seq_length // sc.parallel.cp},
                              parallel={
@@ -158,7 +172,7 @@ def layer_costs(sc: Scenario, granularity: str) -> list[LayerCost]:
         cluster={"nodes": math.ceil(sc.parallel.tp * _expert_grid_dp(sc)
                                     / sc.cluster.gpus_per_node)},
         run={"name": "layer"})
-    return [_simulated_layer(with_overrides(reduced, model=kind) if kind else reduced)
+    return [_simulated_layer(with_overrides(reduced, model=kind) if kind else reduced, split)
             for kind in _layer_kinds(sc)]
 
 
@@ -172,9 +186,20 @@ def layer_kept_bytes(sc: Scenario, granularity: str) -> int:
     return min(cost.kept_bytes for cost in layer_costs(sc, granularity))
 
 
+def split_layer_seconds(sc: Scenario, granularity: str) -> tuple[float, float, float]:
+    """(F, B, W): the fewest seconds any layer of the model takes in each step of a split
+    backward under `granularity` (each the smallest over the layer kinds on its own)."""
+    steps = [cost.steps for cost in layer_costs(sc, granularity, split=True)]
+    return tuple(min(kind[i] for kind in steps) for i in range(3))
+
+
 def layers_per_chunk(sc: Scenario) -> int:
-    """L_c: layers of one model chunk (L / p, or L / (p·v) interleaved)."""
-    return sc.model.num_layers // sc.parallel.pp // chunks_per_stage(sc.model, sc.parallel)
+    """L_c: layers of one model chunk (L / p, or L / (p·v) interleaved or as a V; DualPipe's
+    two chunks are each a whole stage of its two pipelines, L / p: docs/dualpipe.md)."""
+    p = sc.parallel
+    if p.schedule_name == "dualpipe":
+        return sc.model.num_layers // p.pp
+    return sc.model.num_layers // p.pp // chunks_per_stage(sc.model, p)
 
 
 def _chunk_recomputed_layers(sc: Scenario) -> int:
@@ -193,6 +218,15 @@ def chunk_seconds(sc: Scenario) -> float:
     if rebuilt == layers:
         return layers * own
     return rebuilt * own + (layers - rebuilt) * layer_seconds(sc, "none")
+
+
+def chunk_steps(sc: Scenario) -> tuple[float, float, float]:
+    """(F, B, W) of one model chunk under a split backward, from its layers alone (block
+    recompute: the first N layers at the full-recompute cost, the rest at none's)."""
+    layers, rebuilt = layers_per_chunk(sc), _chunk_recomputed_layers(sc)
+    own = split_layer_seconds(sc, sc.parallel.recompute_granularity)
+    plain = own if rebuilt == layers else split_layer_seconds(sc, "none")
+    return tuple(rebuilt * o + (layers - rebuilt) * q for o, q in zip(own, plain))
 
 
 def even_stages(sc: Scenario) -> bool:
@@ -217,12 +251,38 @@ def bounded(sc: Scenario) -> bool:
 
 
 def time_lower_bound(sc: Scenario) -> float:
-    """T ≥ (m·v + p − 1)·(C_f + C_b) (module docstring); 0 without its premises (bounded)."""
+    """T ≥ (m·v + p − 1)·(C_f + C_b), or for a split-backward schedule the list schedule of
+    its own steps at the chunk's F, B, W (module docstring); 0 without its premises."""
     if not bounded(sc):
         return 0.0
     p = sc.parallel
     chunks = chunks_per_stage(sc.model, p)
+    if p.schedule_name in SPLIT_BACKWARD:
+        return split_schedule_time(p.schedule_name, p.pp, p.num_micro_batches, chunks,
+                                   chunk_steps(sc))
     return (p.num_micro_batches * chunks + p.pp - 1) * chunk_seconds(sc)
+
+
+# Op lists whose run sends a pair's (and a full backward's) outputs after the op ends and waits
+# both inputs before a pair (training/pipeline/stage_program.py): DualPipe's; DualPipeV runs
+# its steps one by one, each sending when it ends, so its step lists are what bounds it.
+DUAL_OPS = {"dualpipe": dualpipe}
+
+
+@lru_cache(maxsize=1024)
+def split_schedule_time(name: str, p: int, m: int, v: int, steps: tuple) -> float:
+    """The iteration time of schedule `name`'s own step lists run as soon as each step's input
+    is there, every F, B, W taking steps = (F, B, W) seconds, no communication
+    (schedule_timing.simulate_uniform; DualPipe's op lists by op_timing.simulate_ops, a pair's
+    and a full backward's outputs sent when the op ends, as the run sends them): at equal times
+    the ZB paper's and DeepSeek-V3 Table 2's bubbles (docs/schedules.md, docs/dualpipe.md)."""
+    forward, input_grad, weight_grad = steps
+    if name in DUAL_OPS:
+        ops = DUAL_OPS[name](p, m)
+        return simulate_ops(ops, Durations(forward, input_grad, weight_grad)).iteration_time
+    timeline = simulate_uniform(build_schedule(name, p, m, v), p, v, forward, input_grad,
+                                weight_time=weight_grad, placement=placement_of(name))
+    return timeline.iteration_time
 
 
 @lru_cache(maxsize=1024)
@@ -254,7 +314,7 @@ def static_bytes(sc: Scenario) -> float:
     dense_shard = p.dp * p.cp if p.distributed_optimizer else 1  # Megatron's dp_cp group
     expert_shard = (p.tp * p.cp * p.dp // (p.etp * p.ep) if p.distributed_optimizer
                     and sc.model.num_experts else 1)  # the EDP group (iteration.py)
-    count = sc.model.num_layers // p.pp
+    count = layers_per_chunk(sc) * chunks_per_stage(sc.model, p)  # DualPipe: two stages
     layers = min(cost.static_bytes(count, dense_shard, expert_shard) for cost in costs)
     weight, gradient, optimizer = costs[0].static_bytes_per_element
     per_element = weight + gradient + optimizer / dense_shard

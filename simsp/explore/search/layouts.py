@@ -1,6 +1,7 @@
 """Every Megatron-LM layout of a model on N GPUs: t, p, d = N/(t·p), micro-batch size, the
-schedule (1F1B, or interleaved with each possible number of model chunks), SP, recompute and the
-distributed optimizer. Layouts the config checks reject are counted by reason, not returned.
+schedule (1F1B, interleaved with each possible number of model chunks, and the split-backward
+schedules ZB-H1, ZB-H2, ZB-V, DualPipeV and DualPipe where their shapes allow: docs/schedules.md,
+docs/dualpipe.md), SP, recompute and the distributed optimizer. Layouts the config checks reject are counted by reason, not returned.
 
 Every layout starts from the scenario's model, cluster and run sections and from the defaults
 of the [parallel] fields the search does not vary; `fixed` holds the ones the user chose (flags,
@@ -44,16 +45,39 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
-def _schedules(layers_per_stage: int, p: int, micro_batches: int) -> list[int | None]:
-    """None for 1F1B, else num_layers_per_virtual_pipeline_stage for 2 or more chunks."""
-    options = [None]
-    if p > 1 and micro_batches % p == 0:
-        options += [k for k in divisors(layers_per_stage) if layers_per_stage // k >= 2]
-    return options
+# The schedules a search tries by default (gpipe only when asked for: 1F1B's time, more memory).
+SEARCHED_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe")
+# Readable names (ZB paper arXiv:2401.10241; DeepSeek-V3 report arXiv:2412.19437 §3.2.1).
+SCHEDULE_LABELS = {"gpipe": "GPipe", "zb-h1": "ZB-H1", "zb-h2": "ZB-H2", "zbv": "ZB-V",
+                   "dualpipev": "DualPipeV", "dualpipe": "DualPipe"}
 
 
-def _parallel_options(t: int, p: int, d: int, b: int, virtual: int | None) -> list[dict]:
+def _shape_allows(name: str, layers_per_stage: int, p: int, micro_batches: int) -> bool:
+    """Whether p stages of `layers_per_stage` layers and m micro-batches have the shape the
+    schedule needs (the V's two chunks: L divisible by 2p, DualPipeV m ≥ 2p; DualPipe p and m
+    even, m ≥ 2p: deepseek-ai/DualPipe's asserts); the config checks still decide the rest."""
+    if name == "dualpipe":
+        return p % 2 == 0 and micro_batches % 2 == 0 and micro_batches >= 2 * p
+    if name in ("zbv", "dualpipev"):
+        return layers_per_stage % 2 == 0 and (name == "zbv" or micro_batches >= 2 * p)
+    return True
+
+
+def _schedules(layers_per_stage: int, p: int, micro_batches: int,
+               names: tuple = SEARCHED_SCHEDULES) -> list[tuple[str | None, int | None]]:
+    """(schedule, num_layers_per_virtual_pipeline_stage) options among `names`: (None, None)
+    for 1F1B, (None, k) interleaved with 2 or more chunks, (name, None) for the others (more
+    than one stage)."""
+    options = [(None, None)] if "1f1b" in names else []
+    if p > 1 and micro_batches % p == 0 and "interleaved" in names:
+        options += [(None, k) for k in divisors(layers_per_stage) if layers_per_stage // k >= 2]
+    return options + [(name, None) for name in names if p > 1 and name not in (
+        "1f1b", "interleaved") and _shape_allows(name, layers_per_stage, p, micro_batches)]
+
+
+def _parallel_options(t: int, p: int, d: int, b: int, schedule: tuple) -> list[dict]:
     """SP x recompute x distributed optimizer for one (t, p, d, b, schedule)."""
+    name, virtual = schedule
     options = []
     for sp in ((False, True) if t > 1 else (False,)):
         for recompute in ("none", "selective", "full"):
@@ -61,7 +85,7 @@ def _parallel_options(t: int, p: int, d: int, b: int, virtual: int | None) -> li
                 options.append({"tensor_model_parallel_size": t, "pipeline_model_parallel_size": p,
                                 "data_parallel_size": d, "micro_batch_size": b,
                                 "num_layers_per_virtual_pipeline_stage": virtual,
-                                "schedule": None, "sequence_parallel": sp,
+                                "schedule": name, "sequence_parallel": sp,
                                 "recompute_granularity": recompute,
                                 "distributed_optimizer": dist_opt})
     return options
@@ -120,7 +144,9 @@ def layout_label(parallel: dict, layers: int, shown: tuple = ()) -> str:
     parts = [f"t{t}{f' cp{cp}' if cp > 1 else ''} p{p} d{parallel['data_parallel_size']}"
              f"{sizes} b{parallel['micro_batch_size']}"]
     virtual = parallel["num_layers_per_virtual_pipeline_stage"]
-    parts.append(f"interleaved {layers // p // virtual} chunks" if virtual else "1F1B")
+    schedule = SCHEDULE_LABELS.get(parallel.get("schedule"))
+    parts.append(schedule or (f"interleaved {layers // p // virtual} chunks" if virtual
+                              else "1F1B"))
     parts.append("SP" if parallel["sequence_parallel"] else "no SP")
     recompute = parallel["recompute_granularity"]
     text = "no recompute" if recompute == "none" else f"{recompute} recompute"
@@ -141,9 +167,11 @@ def layout_label(parallel: dict, layers: int, shown: tuple = ()) -> str:
     return ", ".join(parts + expert_parts + varied)
 
 
-def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int, cp: int = 1) -> list[dict]:
+def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int, cp: int = 1,
+                schedules: tuple = SEARCHED_SCHEDULES) -> list[dict]:
     """Every (t, p, d, b, schedule, SP, recompute, dist-opt) with t·cp·p·d = gpus, before checks
-    (cp: the context-parallel size the user fixed, 1 by default; Megatron's world = t·cp·p·d)."""
+    (cp: the context-parallel size the user fixed, 1 by default; Megatron's world = t·cp·p·d;
+    `schedules`: the names tried)."""
     found = []
     if gpus % cp:
         return found
@@ -154,8 +182,8 @@ def raw_layouts(gpus: int, batch: int, layers: int, max_tp: int, cp: int = 1) ->
             if ranks % t or batch % d:
                 continue
             for b in divisors(batch // d):
-                for virtual in _schedules(layers // p, p, batch // (b * d)):
-                    found += _parallel_options(t, p, d, b, virtual)
+                for schedule in _schedules(layers // p, p, batch // (b * d), schedules):
+                    found += _parallel_options(t, p, d, b, schedule)
     return found
 
 
@@ -262,16 +290,22 @@ def search_start(source, given: dict, keep_scenario_parallel: bool = False) -> t
 
 def allows(parallel: dict, allowed: dict) -> bool:
     """Whether a layout takes one of the allowed values of every restricted field (the
-    schedule by its name: 1f1b, or interleaved with virtual stages)."""
+    schedule by its name: 1f1b or interleaved (virtual stages) where the field is unset)."""
     for key, values in allowed.items():
         if key not in parallel:  # an expert field: expert_options enumerates only its values
             continue
         value = parallel[key]
-        if key == "schedule":
+        if key == "schedule" and value is None:
             value = "interleaved" if parallel["num_layers_per_virtual_pipeline_stage"] else "1f1b"
         if value not in values:
             return False
     return True
+
+
+def _searched(allowed: dict) -> tuple:
+    """The schedules to enumerate: the restriction's (gpipe included when named), else the
+    default SEARCHED_SCHEDULES."""
+    return tuple(allowed["schedule"]) if "schedule" in allowed else SEARCHED_SCHEDULES
 
 
 def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = None,
@@ -290,7 +324,8 @@ def enumerate_layouts(base: dict, gpus: int, batch: int, fixed: dict | None = No
     experts = base[("model", "num_experts")]
     candidates = [(cp, {**parallel, **expert, "context_parallel_size": cp})
                   for cp in (tuple(cps) if isinstance(cps, (tuple, list)) else (cps,))
-                  for parallel in raw_layouts(gpus, batch, layers, per_node, cp)
+                  for parallel in raw_layouts(gpus, batch, layers, per_node, cp,
+                                              _searched(allowed or {}))
                   if allows(parallel, allowed or {})
                   for expert in expert_options(experts, parallel["tensor_model_parallel_size"],
                                                allowed or {})]

@@ -10,6 +10,7 @@ from simsp.scenario.loading import with_overrides
 from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup
 from simsp.model.context_split import gather_sequence
 from simsp.model.layer import LayerSpec, layer_backward, layer_forward
+from simsp.model.base.wgrad_store import WeightGradStore
 from simsp.model.blocks.moe.placement import etp_split_axis, is_expert_param
 from simsp.model.params import init_params, layer_param_names, param_shapes
 from simsp.model.reference import reference_layer, relative_error
@@ -28,6 +29,7 @@ class RankRecord:
     """What one rank measured: times, activation bytes between passes, saved tensors, outputs."""
 
     forward_end_s: float = 0.0
+    input_grad_end_s: float = 0.0  # the end of B when the backward is split, else of backward
     backward_end_s: float = 0.0
     activation_bytes: int = 0
     saved: list = field(default_factory=list)  # [(name, bytes)] in the order kept
@@ -50,6 +52,17 @@ class LayerResult:
     @property
     def backward_time_s(self) -> float:
         return max(rec.backward_end_s for rec in self.records) - self.forward_time_s
+
+    @property
+    def input_grad_time_s(self) -> float:
+        """B of a split backward (the whole backward when not split)."""
+        return max(rec.input_grad_end_s for rec in self.records) - self.forward_time_s
+
+    @property
+    def weight_grad_time_s(self) -> float:
+        """W of a split backward: the deferred weight-gradient GEMMs (0 when not split)."""
+        return self.forward_time_s + self.backward_time_s - \
+            max(rec.input_grad_end_s for rec in self.records)
 
 
 def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
@@ -92,8 +105,10 @@ def _seq_shard(r, full: np.ndarray | None) -> np.ndarray | None:
 
 
 def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout_full,
-                  rec: RankRecord):
-    """One rank: allocate its shards, run forward, measure, run backward (+ SP grad sync)."""
+                  rec: RankRecord, split_backward: bool = False):
+    """One rank: allocate its shards, run forward, measure, run backward (+ SP grad sync);
+    `split_backward`: B with the weight-gradient GEMMs deferred, then W runs them
+    (model/base/wgrad_store.py, as a zero-bubble schedule's steps do)."""
     w, g = allocate_params(r, shapes, params, strip=PREFIX)
     cp = 1 if r.cp is None else r.cp.size
     s_local = spec.model.seq_length // cp // (r.tp.size if r.tp.sequence_parallel else 1)
@@ -115,7 +130,12 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     r.free(out)
     r.phase = "backward"
     dout = r.alloc(shape, FP16, "d_layer_output", data=_seq_shard(r, dout_full))
+    store = r.wgrad = WeightGradStore() if split_backward else None
     dx = yield from layer_backward(r, spec, w, g, saved, dout)
+    r.wgrad = None
+    rec.input_grad_end_s = r.env.now
+    if store is not None:
+        yield from store.run(r)
     rec.backward_end_s = r.env.now  # Megatron reduces SP-partial grads once per iteration
     yield from sync_sequence_parallel_grads(r, g, PREFIX)
     rec.dx, rec.grads = dx.data, g
@@ -123,11 +143,12 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
 
 
 def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP, keep_experts: bool = False,
-                   log_kernels: bool = False) -> LayerResult:
+                   log_kernels: bool = False, split_backward: bool = False) -> LayerResult:
     """Run one layer on every rank of TP group 0 (numeric or meta) and compare numeric results;
     every collective timed by `method` (engine/group_timing.py; RING_ALONE: as a whole);
     `keep_experts`: on the ranks of the scenario's expert grid instead (one_tp_group);
-    log_kernels: rank 0 keeps every kernel in its kernel_log."""
+    log_kernels: rank 0 keeps every kernel in its kernel_log; `split_backward`: B then W
+    (layer_program)."""
     sc = one_tp_group(sc, keep_experts)
     world = build_world(sc, timing_of=EveryGroup(method))
     numeric = sc.run.mode == "numeric"
@@ -141,7 +162,8 @@ def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP, keep_experts: bool 
         ranks[0].kernel_log = []
     records = [RankRecord() for _ in ranks]
     for r, rec in zip(ranks, records):
-        world.env.process(layer_program(r, spec, b, shapes, params, x, dout, rec))
+        world.env.process(layer_program(r, spec, b, shapes, params, x, dout, rec,
+                                        split_backward))
     world.env.run()
     result = LayerResult(sc, ranks, records)
     if numeric:

@@ -208,3 +208,13 @@ def defer_sends(program: list, deferred: frozenset) -> list:
             out += held
             held = []
     return out + held
+
+
+def pair_steps(name: str, pp: int, m: int, rank: int) -> frozenset:
+    """The run steps of rank's F&B pairs under `name` (dualpipe or dualpipev): each pair's F and
+    its backward's B and W, as op_steps runs them; empty for any other schedule."""
+    builder = {"dualpipe": dualpipe, "dualpipev": dualpipev}.get(name)
+    if builder is None:
+        return frozenset()
+    return frozenset(step for op in builder(pp, m).ops[rank] if op.is_pair
+                     for task in op.tasks for step in _steps_of(task))

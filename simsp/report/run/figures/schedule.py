@@ -11,15 +11,21 @@ passes over the spans, not one matplotlib artist per bar.
 
 import numpy as np
 
+from simsp.report.run.step_kinds import paired_steps, step_kind
+
 from simsp.report.run.figures.drawing import (add_axes_in, draw_pixels, new_figure,
                                               painted_shares, png_bytes, stage_ticks, time_unit)
 
 
 GANTT_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "weight gradient": "#937860",
-                "recompute": "#dd8452", "transfer": "#8172b2", "wait": "#d9d9d9",
-                "DP communication": "#c44e52"}  # weight gradient: W steps (docs/schedules.md)
+                "F&B pair": "#da8bc3", "recompute": "#dd8452", "transfer": "#8172b2",
+                "wait": "#d9d9d9", "DP communication": "#c44e52"}
+# weight gradient: W steps (docs/schedules.md); F&B pair: the F, B and W of DualPipe's pairs
+# (docs/dualpipe.md); the trace's colours by kind: report/run/step_kinds.py
+STEP_KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient", "F&B": "F&B pair"}
+OPTIONAL = ("weight gradient", "F&B pair")  # in the legend only when the schedule has them
 LANES = {"forward": (0.0, 0.62), "backward": (0.0, 0.62), "weight gradient": (0.0, 0.62),
-         "wait": (0.0, 0.62),
+         "F&B pair": (0.0, 0.62), "wait": (0.0, 0.62),
          "recompute": (0.0, 0.62), "transfer": (0.66, 0.26), "DP communication": (0.66, 0.26)}
 MIN_BAR_PX = 3.0  # median step narrower than this: paint pixel shares instead of bars
 WIDTH, LEFT, RIGHT = 13.0, 0.85, 0.2  # inches
@@ -43,17 +49,20 @@ def stage_spans(run, ranks: list[int]) -> dict[int, list]:
 
 
 def stage_intervals(run, rank: int, spans: list) -> dict[str, np.ndarray]:
-    """{kind: (n, 2) [start_s, end_s]} of one stage: forward and backward steps, recompute,
-    pipeline transfers, DP communication, and waits (gaps between consecutive steps)."""
+    """{kind: (n, 2) [start_s, end_s]} of one stage: forward, backward, W and F&B pair steps,
+    recompute, pipeline transfers, DP communication, and waits (gaps between consecutive
+    steps)."""
     steps = run.results.steps.get(rank, [])
-    kinds, _, _, begins, ends = zip(*steps) if steps else ((),) * 5  # transposed once
-    kind_of = np.array(kinds, dtype=object)  # (n,) "F", "B" or "W"
+    paired = paired_steps(run, rank)
+    kinds = [step_kind(kind, mb, chunk, paired) for kind, mb, chunk, _, _ in steps]
+    _, _, _, begins, ends = zip(*steps) if steps else ((),) * 5  # transposed once
+    kind_of = np.array(kinds, dtype=object)  # (n,) "F", "B", "W" or "F&B"
     bounds = np.column_stack([np.array(begins, dtype=float), np.array(ends, dtype=float)])
     order = np.argsort(bounds[:, 0], kind="stable")
     kind_of, bounds = kind_of[order], bounds[order]  # (n,), (n, 2) by start
     gaps = np.column_stack([bounds[:-1, 1], bounds[1:, 0]])  # (n - 1, 2)
-    out = {"forward": bounds[kind_of == "F"], "backward": bounds[kind_of == "B"],
-           "weight gradient": bounds[kind_of == "W"], "wait": gaps[gaps[:, 1] > gaps[:, 0]]}
+    out = {name: bounds[kind_of == kind] for kind, name in STEP_KIND_NAMES.items()}
+    out["wait"] = gaps[gaps[:, 1] > gaps[:, 0]]
     out.update(_span_kinds(spans, detailed=not replayed(run)))
     return {kind: out[kind] for kind in GANTT_COLORS}
 
@@ -171,11 +180,12 @@ def _schedule_panels(fig) -> tuple:
 
 
 def _schedule_legend(fig, stages: list) -> None:
-    """A swatch per kind along the bottom edge (W steps' only when the schedule has them)."""
+    """A swatch per kind along the bottom edge (W steps' and F&B pairs' only when the schedule
+    has them)."""
     from matplotlib.patches import Patch
-    has_w = any(len(stage["weight gradient"]) for stage in stages)
+    present = {k for k in OPTIONAL if any(len(stage[k]) for stage in stages)}
     handles = [Patch(facecolor=c, edgecolor="white", label=k) for k, c in GANTT_COLORS.items()
-               if k != "weight gradient" or has_w]
+               if k not in OPTIONAL or k in present]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
                frameon=False)
 

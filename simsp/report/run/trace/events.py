@@ -64,6 +64,7 @@ class Lane:
     arg_keys: tuple = ()  # float-valued argument keys every span has (with arg_values)
     arg_values: np.ndarray | None = None  # (n, len(arg_keys)) float
     arg_texts: list | None = None  # (n,) `,"args":{...}` each, when spans' arguments differ
+    cnames: list | None = None  # (n,) each event's trace-viewer colour name (schedule steps)
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,11 @@ def lane_args(args: list[dict]) -> dict:
 def lane_text(lane: Lane, names: Column) -> str:
     """The lane's X events as JSON text, joined by commas (`names`: the name table)."""
     head = f'{{"ph":"X","cat":{string(lane.cat)},"pid":{lane.pid},"tid":{lane.tid},"name":'
-    columns = [constant(head), take(names, lane.names), constant(',"ts":'),
-               microseconds(lane.start_ns), constant(',"dur":'), microseconds(lane.dur_ns)]
+    columns = [constant(head), take(names, lane.names)]
+    if lane.cnames is not None:  # `,"cname":"rail_load"`: the viewer's colour for its kind
+        columns += [constant(',"cname":'), table([string(c) for c in lane.cnames])]
+    columns += [constant(',"ts":'), microseconds(lane.start_ns), constant(',"dur":'),
+                microseconds(lane.dur_ns)]
     if lane.arg_texts is not None:
         columns.append(table(lane.arg_texts))
     for i, key in enumerate(lane.arg_keys):  # float arguments: `,"args":{"key":value,...}`

@@ -14,6 +14,7 @@ from simsp.engine.trace import DETAIL_TRACKS
 from simsp.report.run.trace.events import Flows, Lane, lane_args, metadata, string
 from simsp.report.run.trace.overlaps import annotate
 from simsp.report.run.trace.layout import coarsen, enclosing_calls, lane_members, ns_array
+from simsp.report.run.step_kinds import TRACE_COLOURS, paired_steps, span_kind
 
 
 TRACKS = (("compute", "compute"), ("tp_comm", "TP communication"),
@@ -59,7 +60,7 @@ def trace_plan(run, detail: str) -> TracePlan:
     tid_of = np.zeros(len(spans.spans), dtype=np.int64)  # (n,) thread of each span drawn
     items = [(rank, _rank_head(run, rank, position)
               + _rank_threads(rank, spans, groups.get(rank, {}), detail, max_detail, names,
-                              tid_of))
+                              tid_of, paired_steps(run, rank)))
              for position, rank in enumerate(ranks)]
     flows = _flows(run.inputs.world.trace.transfers, spans, groups, tid_of)
     return TracePlan(items, [string(name) for name in names], flows)
@@ -122,9 +123,10 @@ class LaneSpans(NamedTuple):
 
 
 def _rank_threads(pid: int, spans: Recorded, tracks: dict, detail: str, max_detail: int,
-                  names: dict, tid_of: np.ndarray) -> list:
+                  names: dict, tid_of: np.ndarray, paired: frozenset) -> list:
     """Thread metadata and Lanes of one rank, threads numbered 1, 2, ... in display order
-    (each track, then its extra lanes); `tid_of` gets each drawn span's thread."""
+    (each track, then its extra lanes); `tid_of` gets each drawn span's thread; schedule
+    steps are coloured by kind (`paired`: the rank's F&B pair steps, report/run/step_kinds.py)."""
     labels, out, tid = dict(TRACKS), [], 0
     for track in _tracks_in_order(tracks, detail):
         members = tracks.get(track, np.zeros(0, dtype=np.int64))
@@ -138,7 +140,8 @@ def _rank_threads(pid: int, spans: Recorded, tracks: dict, detail: str, max_deta
             out.append(metadata(pid, tid, "thread_name", {"name": label}))
             out.append(metadata(pid, tid, "thread_sort_index", {"sort_index": tid}))
             if drawn is not None:
-                out.append(_lane(pid, tid, track, drawn))
+                cnames = _step_colours(drawn, names, paired) if track == "schedule" else None
+                out.append(_lane(pid, tid, track, drawn, cnames))
                 tid_of[drawn.indices] = tid
     return out
 
@@ -169,12 +172,18 @@ def _merged_lanes(spans: Recorded, members: np.ndarray, tracks: dict,
             for order in lane_members(start, end)]
 
 
-def _lane(pid: int, tid: int, track: str, drawn: LaneSpans) -> Lane:
-    """The Lane (columns for events.py's text) of one thread's spans."""
+def _step_colours(drawn: LaneSpans, names: dict, paired: frozenset) -> list[str]:
+    """(m,) the trace-viewer colour of each schedule step by its kind (F, B, W, F&B)."""
+    text = list(names)  # the name table in index order
+    return [TRACE_COLOURS[span_kind(text[i], paired)] for i in drawn.names.tolist()]
+
+
+def _lane(pid: int, tid: int, track: str, drawn: LaneSpans, cnames: list | None = None) -> Lane:
+    """The Lane (columns for events.py's text) of one thread's spans (`cnames`: (m,) colours)."""
     start = drawn.start_ns.astype(np.int64)  # (m,) whole ns
     end = np.maximum(drawn.end_ns.astype(np.int64), start)  # (m,)
     fields = lane_args(drawn.args) if drawn.args is not None else {}
-    return Lane(pid, tid, track, start, end - start, drawn.names, **fields)
+    return Lane(pid, tid, track, start, end - start, drawn.names, cnames=cnames, **fields)
 
 
 def _flows(transfers: list, spans: Recorded, groups: dict, tid_of: np.ndarray) -> Flows:
