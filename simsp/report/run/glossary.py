@@ -20,7 +20,8 @@ GLOSSARY = (
      "split the backward into B, the input gradients the previous stage waits for, and W, the "
      "weight gradients, run where the stage would idle (arXiv:2401.10241); ZB-V and DualPipeV "
      "hold two chunks per stage as a V (docs/dualpipe.md). The schedule figure draws F blue, "
-     "B green, W brown, waits grey (docs/schedules.md)."),
+     "B green, W brown, DualPipe's F&B pairs pink, waits grey; the trace colours its schedule "
+     "steps the same way (docs/schedules.md)."),
     ("bubble", "The share of a stage's pipeline time spent waiting on peer stages (fill, "
      "drain, the idle tail): its wait over its wait plus its schedule's work (its forward and "
      "backward steps), a fraction in [0, 1]; (p−1)/(m+p−1) for uniform 1F1B stages (GPipe, "
