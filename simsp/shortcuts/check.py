@@ -33,7 +33,8 @@ from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.reasons import (closed_form_why, representative_why, segments_why,
                                      templates_why)
 from simsp.shortcuts.representative import representative_verdict
-from simsp.shortcuts.traffic import Owner, expert_owners, link_users, traffic_owners
+from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, link_users,
+                                     traffic_owners)
 from simsp.training.pipeline.plan import stage_param_names, stage_plans
 from simsp.training.pipeline.schedules import SPLIT_BACKWARD
 
@@ -126,14 +127,15 @@ def check_shortcuts(sc) -> Shortcuts:
 
 def _owners(sc, grid: RankGrid) -> list[Owner]:
     """Every owner of traffic in one iteration (shortcuts/traffic.py; with context
-    parallelism shortcuts/cp_traffic.py), the MoE all-to-all groups last."""
+    parallelism shortcuts/cp_traffic.py), FP8 delayed scaling's amax groups, the MoE all-to-all
+    groups last."""
     p = sc.parallel
     interleaved = p.schedule_name == "interleaved"
     if p.cp == 1:
-        return traffic_owners(grid, interleaved) + expert_owners(sc)
+        return traffic_owners(grid, interleaved) + amax_owners(sc, grid) + expert_owners(sc)
     from simsp.shortcuts.cp_traffic import cp_moe_owners, cp_traffic_owners  # CP runs only
     return (cp_traffic_owners(grid, interleaved, p.cp_comm_type) + cp_moe_owners(sc)
-            + expert_owners(sc))
+            + amax_owners(sc, grid) + expert_owners(sc))
 
 
 def _group_methods(sc, owners: list[Owner], clashes: list, fsdp_rings: frozenset,

@@ -12,9 +12,10 @@ import networkx as nx
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import SPINE, hop_route
 from simsp.engine.collectives.ring_plan import channel_rings
+from simsp.training.fp8_amax import amax_group
 
 Edge = tuple[str, str]
-Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep", its ranks)
+Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "amax", ranks)
 
 
 def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
@@ -54,6 +55,17 @@ def expert_owners(sc) -> list[Owner]:
         return []
     from simsp.model.blocks.moe.placement import expert_grid
     return [("ep", group) for group in expert_grid(sc).groups("ep")]
+
+
+def amax_owners(sc, grid: RankGrid) -> list[Owner]:
+    """Under FP8 delayed scaling, each stage's TP x CP x DP amax all-reduce
+    (training/fp8_amax.py): a ring collective on the compute stream, in turn with the TP
+    collectives as they are."""
+    p = sc.parallel
+    if p.fp8_format is None or p.fp8_recipe != "delayed" or grid.tp * grid.cp * grid.dp == 1:
+        return []
+    stage_first = range(0, grid.world_size, grid.tp * grid.cp * grid.dp)
+    return [("amax", amax_group(grid, first)) for first in stage_first]
 
 
 def has_expert_groups(sc) -> bool:

@@ -12,6 +12,7 @@ import math
 
 from simsp.model import mappings
 from simsp.model.tensor import FP16
+from simsp.training.fp8_amax import AmaxReduction
 from simsp.training.pipeline import p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.pipeline.dualpipe import defer_sends, pair_forwards, sent_after_weight
@@ -66,6 +67,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.ddp_buckets.start_param_gather(r)
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
+    state.amax = AmaxReduction.of(sc, world.grid, r.rank, state.weights)
     (ahead, reduce_after), forwards, backwards = _chunk_triggers(state, plan), 0, 0
     pairs = pair_forwards(plan.p, sc.parallel.num_micro_batches, plan.pp) \
         if sc.parallel.schedule_name == "dualpipe" else frozenset()
