@@ -8,6 +8,7 @@ import pytest
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import ALL_REDUCE
 from simsp.engine.collectives.ring_timing import collective_time
+from simsp.metrics import exposure
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
 from simsp.training.driver.iteration import simulate_iteration
@@ -63,6 +64,14 @@ def test_timeline_spans_by_hand(delayed_run):
             assert span.end_s - span.start_s == pytest.approx(alone, rel=1e-9, abs=1e-15)
         exposed = world.ranks[rank].exposed_s[TRACK]
         assert exposed == pytest.approx(sum(s.end_s - s.start_s for s in spans), rel=1e-9)
+
+
+def test_exposure_still_partitions_the_iteration(delayed_run):
+    """The amax waits are one more exposure part: every stage's parts add up to the iteration."""
+    total = max(delayed_run.results.end_s.values())
+    for row in exposure(delayed_run):
+        assert row[TRACK] > 0
+        assert sum(row.values()) == pytest.approx(total, rel=1e-9)
 
 
 def test_no_reduction_under_current_scaling():

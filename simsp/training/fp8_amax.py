@@ -33,6 +33,9 @@ from simsp.model.fp8 import is_fp8_param
 AMAX_BYTES = 4  # fp32 amax (module/base.py set_meta_tensor: amax_history dtype float32)
 QUANTIZERS = {True: 3, False: 2}  # per GEMM: forward (input, weight, output), backward
 TRACK = "fp8_amax"  # exposure key and trace track
+# its own NCCL communicator (a process group of its own), even where its ranks are those of the
+# TP or DP group (d = c = 1, or t = c = 1)
+COMMUNICATOR = "amax_reduction"
 
 
 def amax_group(grid, rank: int) -> tuple[int, ...]:
@@ -79,7 +82,7 @@ class AmaxReduction:
         n, start = len(self.group), r.env.now
         r.count_comm(TRACK, 2 * (n - 1) * nbytes // n)  # a ring all-reduce's bytes sent
         yield from r.tp.comm.all_reduce(self.group, r.rank, None, nbytes, tag,
-                                        elem_bytes=AMAX_BYTES)
+                                        elem_bytes=AMAX_BYTES, name=COMMUNICATOR)
         r.count_exposed(TRACK, r.env.now - start)
         if r.trace is not None:
             r.trace.add_span(r.rank, TRACK, tag, start, r.env.now,
