@@ -6,11 +6,13 @@ without meta mode's shortcuts."""
 import pytest
 
 from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.engine.collectives.ring_plan import ALL_REDUCE
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.metrics import exposure
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.traffic import amax_owners
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.fp8_amax import TRACK, amax_bytes, amax_group
 
@@ -87,3 +89,20 @@ def test_same_iteration_without_shortcuts(delayed_run):
     full = simulate_iteration(tiny("delayed"))
     assert max(full.results.end_s.values()) == pytest.approx(
         max(delayed_run.results.end_s.values()), rel=1e-12)
+
+
+def test_shortcuts_list_the_group_only_where_nccl_runs_a_ring():
+    """llama-tiny's groups (4 ranks, one node) run their 96 B and 64 B all-reduces as LL rings,
+    which load the NVLink ports: listed; 16 ranks over 2 nodes run them as trees, which load no
+    link (engine/communicator.py): not listed."""
+    sc = tiny()
+    grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp, sc.parallel.cp)
+    graph = build_topology(sc.cluster, nodes_hosting(range(grid.world_size), 8))
+    assert amax_owners(sc, grid, graph) == [("amax", (0, 1, 2, 3)), ("amax", (4, 5, 6, 7))]
+    wide = load_scenario(TINY, {("run", "mode"): "meta", ("cluster", "gpu"): "h100-sxm-80gb",
+                                ("cluster", "nodes"): 4, ("parallel", "data_parallel_size"): 8,
+                                ("parallel", "global_batch_size"): 16,
+                                ("parallel", "fp8_format"): "hybrid"})
+    grid = RankGrid(2, 2, 8)
+    graph = build_topology(wide.cluster, nodes_hosting(range(grid.world_size), 8))
+    assert amax_owners(wide, grid, graph) == []

@@ -100,7 +100,7 @@ def check_shortcuts(sc) -> Shortcuts:
     p, cluster = sc.parallel, sc.cluster
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
-    owners = _owners(sc, grid)
+    owners = _owners(sc, grid) + amax_owners(sc, grid, graph)
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
     overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None,  # zero-bubble p2p: non-blocking
@@ -127,15 +127,15 @@ def check_shortcuts(sc) -> Shortcuts:
 
 def _owners(sc, grid: RankGrid) -> list[Owner]:
     """Every owner of traffic in one iteration (shortcuts/traffic.py; with context
-    parallelism shortcuts/cp_traffic.py), FP8 delayed scaling's amax groups, the MoE all-to-all
-    groups last."""
+    parallelism shortcuts/cp_traffic.py), the MoE all-to-all groups last (FP8 delayed scaling's
+    amax groups are added after them, shortcuts/traffic.py amax_owners)."""
     p = sc.parallel
     interleaved = p.schedule_name == "interleaved"
     if p.cp == 1:
-        return traffic_owners(grid, interleaved) + amax_owners(sc, grid) + expert_owners(sc)
+        return traffic_owners(grid, interleaved) + expert_owners(sc)
     from simsp.shortcuts.cp_traffic import cp_moe_owners, cp_traffic_owners  # CP runs only
     return (cp_traffic_owners(grid, interleaved, p.cp_comm_type) + cp_moe_owners(sc)
-            + amax_owners(sc, grid) + expert_owners(sc))
+            + expert_owners(sc))
 
 
 def _group_methods(sc, owners: list[Owner], clashes: list, fsdp_rings: frozenset,

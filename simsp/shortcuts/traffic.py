@@ -11,8 +11,14 @@ import networkx as nx
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import SPINE, hop_route
-from simsp.engine.collectives.ring_plan import channel_rings
-from simsp.training.fp8_amax import amax_group
+from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.nccl_tuning import TREE
+from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
+from simsp.hardware.constants import LinkCalibration
+from simsp.model.fp8 import is_fp8_param
+from simsp.model.params import param_shapes
+from simsp.training.fp8_amax import amax_bytes, amax_group
+from simsp.training.pipeline.plan import stage_param_names, stage_plans
 
 Edge = tuple[str, str]
 Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "amax", ranks)
@@ -57,15 +63,26 @@ def expert_owners(sc) -> list[Owner]:
     return [("ep", group) for group in expert_grid(sc).groups("ep")]
 
 
-def amax_owners(sc, grid: RankGrid) -> list[Owner]:
+def amax_owners(sc, grid: RankGrid, graph: nx.DiGraph) -> list[Owner]:
     """Under FP8 delayed scaling, each stage's TP x CP x DP amax all-reduce
     (training/fp8_amax.py): a ring collective on the compute stream, in turn with the TP
-    collectives as they are."""
+    collectives as they are. Listed only where NCCL runs one of its two sizes (forward and
+    backward amaxes of the stage's FP8 GEMMs) as a ring: a tree all-reduce loads no link
+    (engine/communicator.py)."""
     p = sc.parallel
     if p.fp8_format is None or p.fp8_recipe != "delayed" or grid.tp * grid.cp * grid.dp == 1:
         return []
-    stage_first = range(0, grid.world_size, grid.tp * grid.cp * grid.dp)
-    return [("amax", amax_group(grid, first)) for first in stage_first]
+    shapes, calibration = param_shapes(sc.padded_model), LinkCalibration.from_cluster(sc.cluster)
+    owners = []
+    for rank, plan in stage_plans(sc, grid).items():
+        group = amax_group(grid, rank)
+        if rank != group[0]:
+            continue
+        gemms = sum(is_fp8_param(n, shapes[n]) for n in stage_param_names(shapes, plan))
+        if gemms and any(nccl_choice(ALL_REDUCE, graph, list(group), amax_bytes(gemms, forward),
+                                     calibration).algorithm != TREE for forward in (True, False)):
+            owners.append(("amax", group))
+    return owners
 
 
 def has_expert_groups(sc) -> bool:
