@@ -15,10 +15,8 @@ from simsp.engine.collectives.nccl_group import nccl_choice
 from simsp.engine.collectives.nccl_tuning import TREE
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
 from simsp.hardware.constants import LinkCalibration
-from simsp.model.fp8 import is_fp8_param
-from simsp.model.params import param_shapes
-from simsp.training.fp8_amax import amax_bytes, amax_group
-from simsp.training.pipeline.plan import stage_param_names, stage_plans
+from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, stage_fp8_gemms
+from simsp.training.pipeline.plan import stage_plans
 
 Edge = tuple[str, str]
 Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "amax", ranks)
@@ -69,16 +67,14 @@ def amax_owners(sc, grid: RankGrid, graph: nx.DiGraph) -> list[Owner]:
     collectives as they are. Listed only where NCCL runs one of its two sizes (forward and
     backward amaxes of the stage's FP8 GEMMs) as a ring: a tree all-reduce loads no link
     (engine/communicator.py)."""
-    p = sc.parallel
-    if p.fp8_format is None or p.fp8_recipe != "delayed" or grid.tp * grid.cp * grid.dp == 1:
+    if not delayed_scaling(sc) or grid.tp * grid.cp * grid.dp == 1:
         return []
-    shapes, calibration = param_shapes(sc.padded_model), LinkCalibration.from_cluster(sc.cluster)
-    owners = []
+    calibration, owners = LinkCalibration.from_cluster(sc.cluster), []
     for rank, plan in stage_plans(sc, grid).items():
         group = amax_group(grid, rank)
         if rank != group[0]:
             continue
-        gemms = sum(is_fp8_param(n, shapes[n]) for n in stage_param_names(shapes, plan))
+        gemms = stage_fp8_gemms(sc, plan)
         if gemms and any(nccl_choice(ALL_REDUCE, graph, list(group), amax_bytes(gemms, forward),
                                      calibration).algorithm != TREE for forward in (True, False)):
             owners.append(("amax", group))

@@ -29,6 +29,8 @@ docs/hardware.md#fp8-amax-reduction works one case by hand.
 from dataclasses import dataclass
 
 from simsp.model.fp8 import is_fp8_param
+from simsp.model.params import param_shapes
+from simsp.training.pipeline.plan import stage_param_names
 
 AMAX_BYTES = 4  # fp32 amax (module/base.py set_meta_tensor: amax_history dtype float32)
 QUANTIZERS = {True: 3, False: 2}  # per GEMM: forward (input, weight, output), backward
@@ -36,6 +38,11 @@ TRACK = "fp8_amax"  # exposure key and trace track
 # its own NCCL communicator (a process group of its own), even where its ranks are those of the
 # TP or DP group (d = c = 1, or t = c = 1)
 COMMUNICATOR = "amax_reduction"
+
+
+def delayed_scaling(sc) -> bool:
+    """The scenario runs FP8 under the delayed recipe (the one that reduces amaxes)."""
+    return sc.parallel.fp8_format is not None and sc.parallel.fp8_recipe == "delayed"
 
 
 def amax_group(grid, rank: int) -> tuple[int, ...]:
@@ -46,10 +53,11 @@ def amax_group(grid, rank: int) -> tuple[int, ...]:
     return tuple(range(start, start + size))
 
 
-def fp8_gemms(weights: dict) -> int:
-    """The FP8 GEMMs (TE linear modules, one GEMM each in Megatron's TE spec) among a rank's
-    weights (canonical name -> tensor)."""
-    return sum(1 for name, w in weights.items() if is_fp8_param(name, w.shape))
+def stage_fp8_gemms(sc, plan) -> int:
+    """The FP8 GEMMs (TE linear modules, one GEMM each in Megatron's TE spec) among the
+    parameters of a stage (training/pipeline/plan.py StagePlan), every chunk's."""
+    shapes = param_shapes(sc.padded_model)
+    return sum(1 for name in stage_param_names(shapes, plan) if is_fp8_param(name, shapes[name]))
 
 
 def amax_bytes(gemms: int, forward: bool) -> int:
@@ -65,14 +73,14 @@ class AmaxReduction:
     gemms: int
 
     @classmethod
-    def of(cls, sc, grid, rank: int, weights: dict) -> "AmaxReduction | None":
+    def of(cls, sc, grid, rank: int, plan) -> "AmaxReduction | None":
         """The rank's reduction under FP8 delayed scaling with a group of two ranks or more and
-        some FP8 GEMM; None otherwise (TE reduces nothing)."""
-        p = sc.parallel
-        if p.fp8_format is None or p.fp8_recipe != "delayed":
+        some FP8 GEMM on its stage (`plan`); None otherwise (TE reduces nothing)."""
+        if not delayed_scaling(sc):
             return None
-        group, gemms = amax_group(grid, rank), fp8_gemms(weights)
-        return cls(group, gemms) if len(group) > 1 and gemms else None
+        group = amax_group(grid, rank)
+        gemms = stage_fp8_gemms(sc, plan) if len(group) > 1 else 0
+        return cls(group, gemms) if gemms else None
 
     def reduce(self, r, forward: bool):
         """The MAX all-reduce of the forward or backward amaxes, blocking the compute stream:

@@ -67,7 +67,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.ddp_buckets.start_param_gather(r)
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
-    state.amax = AmaxReduction.of(sc, world.grid, r.rank, state.weights)
+    state.amax = AmaxReduction.of(sc, world.grid, r.rank, plan)
     (ahead, reduce_after), forwards, backwards = _chunk_triggers(state, plan), 0, 0
     pairs = pair_forwards(plan.p, sc.parallel.num_micro_batches, plan.pp) \
         if sc.parallel.schedule_name == "dualpipe" else frozenset()
