@@ -153,6 +153,9 @@ def _allocator_stage(run, stage: int, rank: int) -> dict:
 COMM_KEYS = ("tp_comm", "pp_transfer", "dp_comm", "cp_comm")  # communication proper
 EXPOSURE_KEYS = ("compute", "tp_comm", "pp_transfer", "pp_wait", "dp_comm", "optimizer")
 CP_KEYS = ("cp_comm",)  # context parallelism's ring exchanges (only where cp > 1)
+# only where the run has them: MoE dispatch and combine (docs/moe.md), FP8 delayed scaling's amax
+# all-reduces (training/fp8_amax.py)
+OPTIONAL_KEYS = ("ep_comm", "fp8_amax")
 
 
 def exposure(run) -> list[dict]:
@@ -172,8 +175,9 @@ def exposure(run) -> list[dict]:
         row = {key: blocked.get(key, 0.0) for key in keys}
         row["compute"] = sum(r.busy_s.values()) - row["optimizer"]
         row["pp_wait"] += t_iter - run.results.end_s[rank]
-        if "ep_comm" in blocked:  # MoE dispatch and combine (docs/moe.md)
-            row["ep_comm"] = blocked["ep_comm"]
+        for key in OPTIONAL_KEYS:  # where the run has them
+            if key in blocked:
+                row[key] = blocked[key]
         rows.append(row)
     return rows
 
@@ -188,7 +192,7 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
     bubble_all, bubble_stages = bubble(run)
     counted_model, counted_hw = _counted_flops(run)
     breakdown = exposure(run)
-    exposed = [{k: e[k] for k in COMM_KEYS + ("ep_comm",) if e.get(k)} for e in breakdown]
+    exposed = [{k: e[k] for k in COMM_KEYS + OPTIONAL_KEYS if e.get(k)} for e in breakdown]
     ranks = [rank_memory(run, rank, name_live) for rank in range(p.world_size)]
     return {
         "iteration_time_s": t_iter,

@@ -171,3 +171,51 @@ def test_layer_ops_charge_the_fused_kernel_and_keep_the_flops():
         attention_seconds(rates, shape, False), rel=1e-12)
     flops = 2 * 1 * 2 * 32 * 32 * 8
     assert all(row["TFLOPs"] * 1e12 * row["seconds"] == pytest.approx(flops) for row in forward)
+
+
+# NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/llama3.1/gb200/
+# llama3.1_20260424_100750.csv (commit 3929da2e; cuDNN 9.22.0 on a GB200): batch 2, 64 query and
+# 8 K/V heads of 128, BF16, non-deterministic backward; {seqlen: (fwd, bwd)} TFLOP/s, copied by hand
+GB200_NO_MASK = {2048: (1433, 1124), 4096: (1599, 1350), 8192: (1771, 1404),
+                 16384: (1697, 1374), 32768: (1634, 1262)}
+GB200_CAUSAL = {2048: (1097, 885), 4096: (1408, 1148), 8192: (1574, 1332),
+                16384: (1708, 1328), 32768: (1622, 1226)}
+
+
+def test_gb200_reproduces_cudnn_at_its_own_benchmark_shape():
+    """The GB200's figures are measured at batch 2, 64/8 heads, seqlen 16384, not the FA3
+    paper's shape: the per-SM rate is solved there, so that shape takes the published time,
+    BF16 and (--fp8-dot-product-attention) FP8 forward; flash has no Blackwell figure."""
+    shape = AttentionShape(2, 64, 8, 16384, 16384, 128, 128, False)
+    flops = 4 * 2 * 64 * 16384 * 16384 * 128  # by hand
+    rates = attention_rates("gb200", "auto")
+    assert (rates.kernel, rates.sms, rates.reference) == ("cudnn", 152, shape)
+    assert flops / attention_seconds(rates, shape, False) == pytest.approx(1697e12, rel=1e-9)
+    assert 2.5 * flops / attention_seconds(rates, shape, True) == pytest.approx(1374e12, rel=1e-9)
+    fp8 = attention_rates("gb200", "auto", fp8=True)
+    assert flops / attention_seconds(fp8, shape, False) == pytest.approx(2263e12, rel=1e-9)
+    assert attention_rates("gb200", "flash") is None
+    assert attention_rates("b200", "auto") is None  # forward-only figures found: fallback
+
+
+@pytest.mark.parametrize("causal, rows", [(False, GB200_NO_MASK), (True, GB200_CAUSAL)])
+def test_gb200_model_against_the_other_published_rows(causal, rows):
+    """A check, nothing fitted: every other BF16 row of the same file within 16% (the causal
+    2k forward is the farthest: the model is optimistic on short sequences, as on the H100)."""
+    rates = attention_rates("gb200", "fused")
+    for seq, published in rows.items():
+        shape = AttentionShape(2, 64, 8, seq, seq, 128, 128, causal)
+        for backward, figure in zip((False, True), published):
+            assert achieved_tflops(rates, shape, backward) == pytest.approx(figure, rel=0.16)
+
+
+def test_a_partial_reference_shape_is_one_error(tmp_path):
+    """A profile's reference shape gives all five sizes or none."""
+    from simsp.errors import UserError
+    from simsp.hardware.profiles import DATA, gpu_profile
+    text = (DATA / "gpus" / "gb200.toml").read_text().replace('name = "gb200"', 'name = "mine"')
+    bad = tmp_path / "mine.toml"
+    bad.write_text("\n".join(line for line in text.splitlines()
+                             if not line.startswith("reference_kv_heads")))
+    with pytest.raises(UserError, match="attention.reference_kv_heads"):
+        gpu_profile(str(bad))

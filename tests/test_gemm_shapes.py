@@ -96,14 +96,17 @@ def test_a_batched_gemm_never_runs_above_its_measured_point():
         cal.launch_overhead_s + flops / point, rel=1e-12)
 
 
-def test_the_rule_is_kept_where_no_table_exists():
+def test_the_rule_is_kept_where_no_table_exists(tmp_path):
     # the A100's fitted curve, unchanged: E_max I / (I + I_half) of peak
     m, k, n = 8192, 4096, 14336
     intensity = m * k * n / (m * k + k * n + m * n)
     assert gemm_rate((m, k, n), A100_COMPUTE) == pytest.approx(
         312e12 * 0.9345 * intensity / (intensity + 335.6), rel=1e-12)
-    # GB200: no table, no SMs in its profile: the rule exactly
-    cal = compute_for("gb200")
+    # GB200 without its [attention] section: no table, no SMs, the rule exactly
+    text = (DATA / "gpus" / "gb200.toml").read_text()
+    no_sms = tmp_path / "gb200-no-sms.toml"
+    no_sms.write_text(text[:text.index("# Fused attention kernels")])
+    cal = compute_for(str(no_sms))
     assert cal.gemm_table is None and cal.gemm_sms == 0
     ceiling, b_eff = 1939e12, 0.9 * 8.0e12
     seconds = 2 * m * k * n / ceiling + 2 * (m * k + k * n + m * n) / b_eff
@@ -146,6 +149,7 @@ def test_simsp_hardware_labels_the_table_and_the_fallback():
     models = {p["name"]: p.get("model", {}) for p in json.loads(out)["profiles"]}
     assert models["h100-sxm-80gb"]["bf16_gemms"].startswith("measured table xla-sm90")
     assert models["h100-sxm-80gb"]["fp8_gemms"].startswith("rule (fallback: no measured fp8")
-    assert models["gb200"]["bf16_gemms"] == "rule (fallback: no measured bf16 table)"
+    assert models["gb200"]["bf16_gemms"] == ("rule (fallback: no measured bf16 table), its FLOP "
+                                             "term wave-quantised over 152 SMs")
     assert models["a100-sxm-80gb"]["bf16_gemms"].startswith("fitted [compute] (fallback")
     assert "gemm_table" not in models["h100-sxm-80gb"]["bf16"]

@@ -17,6 +17,7 @@ from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
+from simsp.hardware.profiles import DATA
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.config import Cluster
 from simsp.scenario.loading import load_scenario
@@ -163,7 +164,10 @@ def test_all_to_all_holds_the_p2p_channels():
     assert comm.sm_share.taken == {0: 0, 1: 0}
 
 
-def test_switch_refused_where_the_gpu_profile_gives_no_sms():
+def test_switch_refused_where_the_gpu_profile_gives_no_sms(tmp_path):
+    text = (DATA / "gpus" / "gb200.toml").read_text()  # without its [attention] section
+    no_sms = tmp_path / "gb200-no-sms.toml"
+    no_sms.write_text(text[:text.index("# Fused attention kernels")])
     with pytest.raises(UserError, match="cluster.sm_contention"):
-        load_scenario(None, {("cluster", "gpu"): "gb200", ("cluster", "sm_contention"): True})
+        load_scenario(None, {("cluster", "gpu"): str(no_sms), ("cluster", "sm_contention"): True})
     assert load_scenario(None, {("cluster", "sm_contention"): True}).cluster.sm_contention

@@ -6,7 +6,9 @@ With no argument, every bundled profile (simsp/hardware/data); a name or a .toml
 one. Each GPU also shows the compute model simsp times its kernels with: the rule's derivation
 from the datasheet peak, the HBM bandwidth and the measured GEMM ceiling, or the fitted values
 its [compute] section states (docs/hardware.md), and what times its GEMMs: a measured table by
-shape where the profile names one, else that curve as the fallback (docs/gemm_shapes.md).
+shape where the profile names one, else that curve as the fallback (docs/gemm_shapes.md); and how
+each fused --attention-backend's core is priced: the tiled kernel at its published figures, or the
+GEMM pricing as the fallback (docs/attention_kernels.md).
 """
 
 import os
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from simsp import io_in
 from simsp.scenario.flags import nonempty
+from simsp.hardware.attention_kernels import backend_pricing
 from simsp.hardware.constants import gpu_compute
 from simsp.hardware.costmodel import calibration_table
 from simsp.jsonout import dumps
@@ -76,6 +79,9 @@ def describe(kind: str, name: str) -> dict:
         return entry
     gpu = gpu_profile(name)
     entry["model"] = _model(gpu, "bf16", "fitted [compute]" if gpu.fitted else "rule")
+    hopper = gpu.peak_fp8_flops is not None
+    entry["model"]["attention"] = {backend: backend_pricing(backend, gpu.attention, hopper)
+                                   for backend in ("flash", "fused", "auto")}
     if gpu.peak_fp8_flops is not None and gpu.ceiling_fp8_flops is not None:
         entry["model"].update(_model(gpu, "fp8", "fitted [compute_fp8]" if gpu.fitted_fp8
                                      else "rule"))
@@ -146,6 +152,8 @@ def _lines(entry: dict) -> list[str]:
                          f"{cal['memory_efficiency']:g} launch_overhead_s="
                          f"{cal['launch_overhead_s']:g}")
             lines.append(f"  GEMMs {dtype}: {compute[dtype + '_gemms']}")
+    for backend, pricing in compute.get("attention", {}).items():
+        lines.append(f"  attention --attention-backend {backend}: {pricing}")
     return lines
 
 

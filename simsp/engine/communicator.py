@@ -66,8 +66,8 @@ class Communicator:
         self.trace = trace if trace is not None else network.trace
         self.timing_of = timing_of  # group -> its method (engine/group_timing.py)
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
-        self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
-        self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
+        self._calls: dict[tuple, int] = {}  # (group, rank, communicator name) -> calls so far
+        self._meetings: dict[tuple, _Meeting] = {}  # (group, communicator name, call number)
         self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
         self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
@@ -75,10 +75,11 @@ class Communicator:
         self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
-                   elem_bytes: int | None = None, sms: int | None = None):
-        """Sum of every member's buffer, same shape (None in meta mode). Use with `yield from`."""
+                   elem_bytes: int | None = None, sms: int | None = None, name: str = ""):
+        """Sum of every member's buffer, same shape (None in meta mode). Use with `yield from`.
+        `name` tells apart communicators over the same ranks (their calls meet separately)."""
         return (yield from self._call(ALL_REDUCE, group, rank, buffer, nbytes, tag, elem_bytes,
-                                      sms))
+                                      sms, name))
 
     def reduce_scatter(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                        elem_bytes: int | None = None, sms: int | None = None):
@@ -105,13 +106,13 @@ class Communicator:
         return results[group.index(rank)]
 
     def _call(self, collective: str, group, rank: int, buffer, nbytes: int, tag: str,
-              elem_bytes: int | None = None, sms: int | None = None):
+              elem_bytes: int | None = None, sms: int | None = None, name: str = ""):
         """Join the rendezvous, wait for the ring to finish, return this member's result.
 
         `elem_bytes` (default: the communicator's) sizes the elements, e.g. 4 for fp32 grads."""
         group = tuple(group)
         meeting = self._join(collective, group, rank, buffer, nbytes, tag,
-                             elem_bytes or self.elem_bytes)
+                             elem_bytes or self.elem_bytes, name)
         results = yield from self._hold_sms(meeting, rank, sms)
         return results[group.index(rank)]
 
@@ -144,12 +145,14 @@ class Communicator:
                                     if meeting.collective == ALL_TO_ALL else choice.nchannels)
         return self._sm_counts[key]
 
-    def _join(self, collective, group, rank, buffer, nbytes, tag, elem_bytes) -> _Meeting:
-        """Register `rank`'s arrival at its next call on `group`; start the ring if it is last."""
+    def _join(self, collective, group, rank, buffer, nbytes, tag, elem_bytes,
+              name: str = "") -> _Meeting:
+        """Register `rank`'s arrival at its next call on communicator `name` of `group`; start
+        the ring if it is last."""
         expected = self._expected(group, rank, buffer)
-        sequence = self._calls.get((group, rank), 0)
-        self._calls[(group, rank)] = sequence + 1
-        key = (group, sequence)
+        sequence = self._calls.get((group, rank, name), 0)
+        self._calls[(group, rank, name)] = sequence + 1
+        key = (group, name, sequence)
         if key not in self._meetings:
             self._meetings[key] = _Meeting(collective, group, nbytes, tag, expected,
                                            self.env.event(), elem_bytes)

@@ -175,6 +175,7 @@ class AttentionRates:
     launch_s: float
     fwd_flops: float  # published FLOP/s at the reference shape
     bwd_flops: float
+    reference: AttentionShape | None = None  # the figures' own shape; None: reference_shape()
 
 
 def _fixed_seconds(work: KernelWork, rates: AttentionRates) -> float:
@@ -205,12 +206,12 @@ def published_flops(shape: AttentionShape, backward: bool) -> int:
 @lru_cache(maxsize=64)
 def sm_rate(rates: AttentionRates, backward: bool) -> float:
     """FLOP/s of tile math on one SM: the rate at which the model reproduces the published
-    throughput at the reference shape (T_published = wave_tiles·tile_flops/rate + fixed part,
-    solved for rate)."""
-    work = (backward_work if backward else forward_work)(rates.kernel, reference_shape(),
-                                                         rates.sms)
+    throughput at the figures' shape (the profile's, else the reference shape; T_published =
+    wave_tiles·tile_flops/rate + fixed part, solved for rate)."""
+    shape = rates.reference or reference_shape()
+    work = (backward_work if backward else forward_work)(rates.kernel, shape, rates.sms)
     published = rates.bwd_flops if backward else rates.fwd_flops
-    seconds = published_flops(reference_shape(), backward) / published
+    seconds = published_flops(shape, backward) / published
     math_s = seconds - _fixed_seconds(work, rates)
     return work.wave_tiles * work.tile_flops / math_s
 
@@ -233,10 +234,32 @@ def kernel_for(backend: str, gpu_attention: dict, hopper: bool) -> str | None:
     installed); fused: cuDNN; auto: Transformer Engine's choice, cuDNN on Hopper and later
     ("give FusedAttention preference on Hopper+", transformer_engine/pytorch/attention/
     dot_product_attention/utils.py get_attention_backend), FlashAttention-2 before."""
-    wanted = {"flash": "fa2", "fused": "cudnn", "auto": "cudnn" if hopper else "fa2"}.get(backend)
+    wanted = wanted_kernel(backend, hopper)
     if wanted is None or f"{wanted}_fwd_TFLOPs" not in gpu_attention:
         return None
     return wanted
+
+
+def wanted_kernel(backend: str, hopper: bool) -> str | None:
+    """The kernel a fused backend runs (kernel_for), whether or not the GPU has its figures;
+    None for the unfused/local core."""
+    return {"flash": "fa2", "fused": "cudnn", "auto": "cudnn" if hopper else "fa2"}.get(backend)
+
+
+def backend_pricing(backend: str, gpu_attention: dict, hopper: bool) -> str:
+    """One line for `simsp hardware`: how a fused backend's core is priced on this GPU, the
+    tiled kernel at its figures and their shape, or the GEMM pricing as the fallback."""
+    wanted = wanted_kernel(backend, hopper)
+    if kernel_for(backend, gpu_attention, hopper) is None:
+        return (f"{KERNEL_NAMES[wanted]}: no published figure in [attention]; fallback: the "
+                f"causal tiles as batched GEMMs")
+    shape = profile_reference(gpu_attention) or reference_shape()
+    fp8 = gpu_attention.get(f"{wanted}_fp8_fwd_TFLOPs")
+    return (f"{KERNEL_NAMES[wanted]}, tiled, at {gpu_attention[f'{wanted}_fwd_TFLOPs']:g} / "
+            f"{gpu_attention[f'{wanted}_bwd_TFLOPs']:g} TFLOP/s forward / backward"
+            + (f" (FP8 forward {fp8:g})" if fp8 else "")
+            + f" published at batch {shape.batch}, {shape.heads}/{shape.kv_heads} heads of "
+              f"{shape.d_qk}, seqlen {shape.s_q}, no mask")
 
 
 def rates_for(kernel: str, gpu_attention: dict, hbm_Bps: float, memory_efficiency: float,
@@ -244,7 +267,20 @@ def rates_for(kernel: str, gpu_attention: dict, hbm_Bps: float, memory_efficienc
     """A kernel's AttentionRates from a profile's [attention] values."""
     return AttentionRates(kernel, int(gpu_attention["sm_count"]), hbm_Bps, memory_efficiency,
                           launch_s, gpu_attention[f"{kernel}_fwd_TFLOPs"] * 1e12,
-                          gpu_attention[f"{kernel}_bwd_TFLOPs"] * 1e12)
+                          gpu_attention[f"{kernel}_bwd_TFLOPs"] * 1e12,
+                          profile_reference(gpu_attention))
+
+
+def profile_reference(gpu_attention: dict) -> AttentionShape | None:
+    """The shape a profile's figures were measured at, where its [attention] section names one
+    (reference_batch, _heads, _kv_heads, _seq, _head_dim; no mask), else None (the FA3 paper's
+    reference_shape())."""
+    if "reference_seq" not in gpu_attention:
+        return None
+    seq, dim = int(gpu_attention["reference_seq"]), int(gpu_attention["reference_head_dim"])
+    return AttentionShape(int(gpu_attention["reference_batch"]),
+                          int(gpu_attention["reference_heads"]),
+                          int(gpu_attention["reference_kv_heads"]), seq, seq, dim, dim, False)
 
 
 def shape_of(q_shape: tuple, kv_heads: int, s_k: int, d_v: int, causal: bool) -> AttentionShape:

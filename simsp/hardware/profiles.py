@@ -37,7 +37,11 @@ COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency
 ATTENTION_KEYS = ("sm_count", "fa2_fwd_TFLOPs", "fa2_bwd_TFLOPs", "fa3_fwd_TFLOPs",
                   "fa3_bwd_TFLOPs", "cudnn_fwd_TFLOPs", "cudnn_bwd_TFLOPs",
                   "cudnn_fp8_fwd_TFLOPs")
-SECTION_KEYS = {"compute": COMPUTE_KEYS, "compute_fp8": COMPUTE_KEYS, "attention": ATTENTION_KEYS,
+# the shape a profile's figures were measured at, when not the FA3 paper's (no mask; all five)
+ATTENTION_REFERENCE_KEYS = ("reference_batch", "reference_heads", "reference_kv_heads",
+                            "reference_seq", "reference_head_dim")
+SECTION_KEYS = {"compute": COMPUTE_KEYS, "compute_fp8": COMPUTE_KEYS,
+                "attention": ATTENTION_KEYS + ATTENTION_REFERENCE_KEYS,
                 "fabric": FABRIC_KEYS}  # [fabric]: a system's only (hardware/fabric.py)
 SYSTEM_SECTIONS = ("fabric",)
 
@@ -147,6 +151,7 @@ LIMITS = {"memory_GiB": (False, 16384), "peak_bf16_TFLOPs": (False, 1e6),
           "launch_overhead_s": (False, 1), "sm_count": (True, 4096),
           **{key: (False, 1000) for key in LAUNCH_KEYS},
           **{key: (False, 1e6) for key in ATTENTION_KEYS[1:]},
+          **{key: (True, 1 << 20) for key in ATTENTION_REFERENCE_KEYS},
           **{key: limit[:2] for key, limit in FABRIC_LIMITS.items()}}
 # the least each number can physically be, with the reason (a profile below it is a typo or a
 # wrong unit: 1e-300 TFLOP/s would make every MFU astronomical)
@@ -313,6 +318,11 @@ def _check_attention(refuse, attention: dict) -> None:
     figures together."""
     if attention and "sm_count" not in attention:
         refuse("attention.sm_count", "an [attention] section gives the GPU's SMs")
+    given = [key for key in ATTENTION_REFERENCE_KEYS if key in attention]
+    if given and len(given) < len(ATTENTION_REFERENCE_KEYS):
+        missing = next(key for key in ATTENTION_REFERENCE_KEYS if key not in attention)
+        refuse(f"attention.{missing}", "a reference shape gives all of "
+                                       + ", ".join(ATTENTION_REFERENCE_KEYS))
     for kernel in ("fa2", "fa3", "cudnn"):
         if (f"{kernel}_fwd_TFLOPs" in attention) != (f"{kernel}_bwd_TFLOPs" in attention):
             refuse(f"attention.{kernel}_bwd_TFLOPs", f"give {kernel}_fwd_TFLOPs and "

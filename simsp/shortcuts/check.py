@@ -33,7 +33,8 @@ from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.reasons import (closed_form_why, representative_why, segments_why,
                                      templates_why)
 from simsp.shortcuts.representative import representative_verdict
-from simsp.shortcuts.traffic import Owner, expert_owners, link_users, traffic_owners
+from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, link_users,
+                                     traffic_owners)
 from simsp.training.pipeline.plan import stage_param_names, stage_plans
 from simsp.training.pipeline.schedules import SPLIT_BACKWARD
 
@@ -99,7 +100,7 @@ def check_shortcuts(sc) -> Shortcuts:
     p, cluster = sc.parallel, sc.cluster
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
-    owners = _owners(sc, grid)
+    owners = _owners(sc, grid) + amax_owners(sc, grid, graph)
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
     overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None,  # zero-bubble p2p: non-blocking
@@ -126,7 +127,8 @@ def check_shortcuts(sc) -> Shortcuts:
 
 def _owners(sc, grid: RankGrid) -> list[Owner]:
     """Every owner of traffic in one iteration (shortcuts/traffic.py; with context
-    parallelism shortcuts/cp_traffic.py), the MoE all-to-all groups last."""
+    parallelism shortcuts/cp_traffic.py), the MoE all-to-all groups last (FP8 delayed scaling's
+    amax groups are added after them, shortcuts/traffic.py amax_owners)."""
     p = sc.parallel
     interleaved = p.schedule_name == "interleaved"
     if p.cp == 1:

@@ -16,7 +16,8 @@ from simsp.shortcuts.traffic import Edge, Owner, gpu_of_link
 class Overlaps:
     """The flags that let one GPU's traffic kinds run at once: DP buckets during the backward
     pass (`overlap_grad_reduce`), pipeline transfers during compute and its TP collectives
-    (`overlap_p2p_communication`)."""
+    (`overlap_p2p_communication`). FP8 delayed scaling's amax all-reduce ("amax", on the compute
+    stream: training/fp8_amax.py) overlaps them as a TP collective does."""
 
     grad_reduce: bool
     p2p: bool
@@ -31,9 +32,9 @@ def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
     if x not in a[1] or x not in b[1]:
         return False
     kinds = {a[0], b[0]}
-    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p", "ep"}:
+    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p", "ep", "amax"}:
         return False
-    return not (overlaps.p2p and "p2p" in kinds and kinds & {"tp", "ep"})
+    return not (overlaps.p2p and "p2p" in kinds and kinds & {"tp", "ep", "amax"})
 
 
 def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):

@@ -11,10 +11,15 @@ import networkx as nx
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import SPINE, hop_route
-from simsp.engine.collectives.ring_plan import channel_rings
+from simsp.engine.collectives.nccl_group import nccl_choice
+from simsp.engine.collectives.nccl_tuning import TREE
+from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
+from simsp.hardware.constants import LinkCalibration
+from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, stage_fp8_gemms
+from simsp.training.pipeline.plan import stage_plans
 
 Edge = tuple[str, str]
-Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep", its ranks)
+Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "amax", ranks)
 
 
 def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
@@ -54,6 +59,26 @@ def expert_owners(sc) -> list[Owner]:
         return []
     from simsp.model.blocks.moe.placement import expert_grid
     return [("ep", group) for group in expert_grid(sc).groups("ep")]
+
+
+def amax_owners(sc, grid: RankGrid, graph: nx.DiGraph) -> list[Owner]:
+    """Under FP8 delayed scaling, each stage's TP x CP x DP amax all-reduce
+    (training/fp8_amax.py): a ring collective on the compute stream, in turn with the TP
+    collectives as they are. Listed only where NCCL runs one of its two sizes (forward and
+    backward amaxes of the stage's FP8 GEMMs) as a ring: a tree all-reduce loads no link
+    (engine/communicator.py)."""
+    if not delayed_scaling(sc) or grid.tp * grid.cp * grid.dp == 1:
+        return []
+    calibration, owners = LinkCalibration.from_cluster(sc.cluster), []
+    for rank, plan in stage_plans(sc, grid).items():
+        group = amax_group(grid, rank)
+        if rank != group[0]:
+            continue
+        gemms = stage_fp8_gemms(sc, plan)
+        if gemms and any(nccl_choice(ALL_REDUCE, graph, list(group), amax_bytes(gemms, forward),
+                                     calibration).algorithm != TREE for forward in (True, False)):
+            owners.append(("amax", group))
+    return owners
 
 
 def has_expert_groups(sc) -> bool:

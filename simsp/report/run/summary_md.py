@@ -20,7 +20,8 @@ MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
 COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
                ("pp_transfer", "pipeline transfer exposed"), ("pp_wait", "pipeline wait"),
                ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"),
-               ("cp_comm", "CP comm exposed"), ("ep_comm", "EP comm exposed"))
+               ("cp_comm", "CP comm exposed"), ("ep_comm", "EP comm exposed"),
+               ("fp8_amax", "FP8 amax reduction exposed"))
 
 
 def pct(fraction: float) -> str:

@@ -13,7 +13,8 @@ KINDS = ("compute", "bubble", "tp_comm", "pp_transfer", "dp_comm", "optimizer")
 OFFLOAD_KIND = "offload"  # waits on activation copies (--cpu-offloading; docs/fsdp.md)
 CP_KIND = "cp_comm"  # context parallelism's exchanges: rows with cp > 1 only
 EP_KIND = "ep_comm"  # MoE dispatch and combine: rows with expert layers only (docs/moe.md)
-OPTIONAL_KINDS = (CP_KIND, EP_KIND, OFFLOAD_KIND)
+AMAX_KIND = "fp8_amax"  # FP8 delayed scaling's amax all-reduces (docs/hardware.md#fp8-amax-reduction)
+OPTIONAL_KINDS = (CP_KIND, EP_KIND, OFFLOAD_KIND, AMAX_KIND)
 
 
 STAGE_COLUMN = "exposed_s_stage{stage}.{key}"  # metrics.py exposure, flattened per stage
@@ -32,9 +33,9 @@ def busiest_stage(row: dict) -> int:
 
 
 def kinds_of(rows: list[dict]) -> tuple:
-    """KINDS, and cp_comm / ep_comm / offload when some row's busiest stage has
-    context-parallel / MoE / activation-offload time (docs/context-parallel.md, docs/moe.md,
-    docs/fsdp.md)."""
+    """KINDS, and cp_comm / ep_comm / offload / fp8_amax when some row's busiest stage has
+    context-parallel / MoE / activation-offload / amax-reduction time (docs/context-parallel.md,
+    docs/moe.md, docs/fsdp.md, docs/hardware.md#fp8-amax-reduction)."""
     stages = [(row, busiest_stage(row)) for row in rows]
     return KINDS + tuple(kind for kind in OPTIONAL_KINDS if any(
         _stage_value(row, stage, kind) is not None for row, stage in stages))

@@ -12,6 +12,7 @@ import math
 
 from simsp.model import mappings
 from simsp.model.tensor import FP16
+from simsp.training.fp8_amax import AmaxReduction
 from simsp.training.pipeline import p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.model.blocks.moe.comm_stream import PairedStreams
@@ -68,6 +69,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.ddp_buckets.start_param_gather(r)
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
+    state.amax = AmaxReduction.of(sc, world.grid, r.rank, plan)
     triggers = _Triggers(*_chunk_triggers(state, plan), plan.placement)
     pairs = pair_forwards(plan.p, sc.parallel.num_micro_batches, plan.pp) \
         if sc.parallel.schedule_name == "dualpipe" else frozenset()

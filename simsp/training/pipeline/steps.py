@@ -35,6 +35,7 @@ class RankState:
     fsdp: object = None  # training/data_parallel/fsdp.py FsdpUnits under sharded data parallelism
     offload: object = None  # training/pipeline/offload.py ActivationOffload (--cpu-offloading)
     p2p: object = None  # training/pipeline/stage_program.py P2PSetup, set when the schedule starts
+    amax: object = None  # training/fp8_amax.py AmaxReduction under FP8 delayed scaling, else None
     _layers: dict = field(default_factory=dict)  # layer prefix -> (weights, grads) by suffix
 
     def layer(self, i: int) -> tuple[dict, dict]:
@@ -122,6 +123,8 @@ def forward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int,
     begin = r.env.now
     x = yield from chunk_forward(r, inputs, plan, state, chunk, x, mb, offset, stash)
     r.scope = scope
+    if state.amax is not None:  # the block's fp8_autocast exits (training/fp8_amax.py)
+        yield from state.amax.reduce(r, forward=True)
     if plan.is_last(chunk):
         yield from state.ddp_buckets.params_needed(r, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
@@ -164,6 +167,8 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
     offset = sample_offset(sc, plan.dp, mb)
     dx = yield from chunk_backward(r, inputs, plan, state, chunk, dx, mb, offset, stash)
     r.scope = scope
+    if state.amax is not None:  # the chunk's first FP8 module's backward (training/fp8_amax.py)
+        yield from state.amax.reduce(r, forward=False)
     if plan.is_first(chunk):
         if r.numeric:
             results.embedding_grads[(plan.tp, plan.dp, mb, plan.cp)] = dx.data.copy()  # (s_l, b, h)
