@@ -66,12 +66,12 @@ def expert_parallel(m: Model, p: Parallel) -> None:
 
 
 def flex_dispatcher(m: Model, p: Parallel) -> None:
-    """Megatron-LM's MoEFlexTokenDispatcher asserts (megatron/core/transformer/moe/
-    token_dispatcher.py): DeepEP enabled, TP·EP > 1, no padding to capacity (its shared-expert
-    overlap is refused there too; simsp has none); and what simsp's DeepEP path has (ETP 1: docs/deepep.md)."""
+    """Megatron-LM's flex dispatcher checks (megatron/core/transformer/moe/token_dispatcher.py
+    MoEFlexTokenDispatcher, transformer_config.py __post_init__): DeepEP enabled, TP·EP > 1,
+    no padding to capacity; and what simsp's DeepEP path has (ETP 1: docs/deepep.md)."""
     flex = p.moe_token_dispatcher_type == "flex"
     check(flex or not p.moe_enable_deepep, "parallel.moe_enable_deepep",
-          "needs moe_token_dispatcher_type flex (Megatron arguments.py)")
+          "needs moe_token_dispatcher_type flex (Megatron transformer_config.py)")
     if not flex:
         return
     check(p.moe_enable_deepep, "parallel.moe_token_dispatcher_type",
