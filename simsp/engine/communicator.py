@@ -19,6 +19,7 @@ import simpy
 
 from simsp.cluster.topology import placement
 from simsp.engine.collectives.all_to_all import all_to_all, alone_time
+from simsp.engine.collectives.deepep import NUM_SMS, two_hop, two_hop_plan
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.collectives.nccl_group import link_speeds_GBps, nccl_choice
@@ -35,6 +36,7 @@ from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 
 ALL_TO_ALL = "all_to_all"
+DEEPEP = ("deepep_dispatch", "deepep_combine")  # DeepEP's normal kernels (collectives/deepep.py)
 
 __all__ = ["Communicator", "collective_time"]
 
@@ -104,6 +106,17 @@ class Communicator:
         results = yield from self._hold_sms(meeting, rank, sms)
         return results[group.index(rank)]
 
+    def deepep(self, group, rank: int, chunks: list | None, in_rank: np.ndarray,
+               token_bytes: int, tag: str, combine: bool = False):
+        """DeepEP's dispatch (or `combine`): this member's tokens in_rank (T, n) bool to the
+        members each reaches, two hops across nodes (engine/collectives/deepep.py); chunks[j]
+        (numeric) is what group[j] gets. Returns what each member sent it (None in meta)."""
+        group = tuple(group)
+        meeting = self._join(DEEPEP[combine], group, rank, (in_rank, chunks), token_bytes, tag,
+                             1)
+        results = yield from self._hold_sms(meeting, rank)
+        return results[group.index(rank)]
+
     def _call(self, collective: str, group, rank: int, buffer, nbytes: int, tag: str,
               elem_bytes: int | None = None, sms: int | None = None):
         """Join the rendezvous, wait for the ring to finish, return this member's result.
@@ -136,6 +149,8 @@ class Communicator:
         (src/graph/paths.cc ncclTopoComputeP2pChannels: its channels rounded up to a power of
         two). An NVLS all-reduce is counted as the ring or tree NCCL would run otherwise."""
         key = (meeting.collective, meeting.group, meeting.nbytes)
+        if meeting.collective in DEEPEP:  # the kernels' own SM budget, not NCCL channels
+            return NUM_SMS
         if key not in self._sm_counts:
             collective = ALL_REDUCE if meeting.collective == ALL_TO_ALL else meeting.collective
             choice = nccl_choice(collective, self.network.graph, list(meeting.group),
@@ -183,6 +198,10 @@ class Communicator:
     def _execute(self, meeting: _Meeting):
         """Run the ring (or time it as a whole), record stats and spans, hand out results."""
         buffers = [meeting.buffers.get(rank) for rank in meeting.group]
+        if meeting.collective in DEEPEP:
+            results = yield from self._deepep(meeting, buffers)
+            meeting.done.succeed(results)
+            return
         if meeting.collective == ALL_TO_ALL:
             results = yield from self._all_to_all(meeting, buffers)
             meeting.done.succeed(results)
@@ -244,6 +263,29 @@ class Communicator:
             self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, start_s, end_s,
                                 {"collective": ALL_TO_ALL, "group": meeting.group})
         return received
+
+    def _deepep(self, meeting: _Meeting, buffers: list):
+        """DeepEP's two hops over the links; each member's received chunks. An absent member
+        (meta, present-rank shortcut) routes as the first present one, its columns turned by
+        their distance, as in _all_to_all."""
+        present = next(i for i, b in enumerate(buffers) if b is not None)
+        routes = [b[0] if b is not None else np.roll(buffers[present][0], i - present, axis=1)
+                  for i, b in enumerate(buffers)]  # each (T_i, n) bool
+        graph, group = self.network.graph.graph, list(meeting.group)
+        per_node = graph["gpus_per_node"]
+        plan = two_hop_plan(routes, [g // per_node for g in group],
+                            [g % per_node for g in group], meeting.nbytes)
+        start_s = self.env.now
+        yield from two_hop(self.env, self.network, group, plan, meeting.tag,
+                           meeting.collective == DEEPEP[1])
+        n = len(buffers)
+        chunks = None if buffers[present][1] is None else [c for _r, c in buffers]
+        for rank in sorted(meeting.expected):
+            self.trace.add_span(rank, "comm", meeting.tag, start_s, self.env.now,
+                                {"collective": meeting.collective, "group": meeting.group,
+                                 **plan.link_bytes()})
+        return [[None if chunks is None or chunks[i][j] is None else chunks[i][j].copy()
+                 for i in range(n)] for j in range(n)]
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
         """NCCL's NVLS all-reduce where the system runs it and it beats the ring or tree
