@@ -2,6 +2,8 @@
 counted for 4 EP ranks over 2 DGX nodes (GPUs 0, 1 on node 0 and 8, 9 on node 1: rails 0, 1,
 0, 1), a token crossing IB once per node, and a hand-worked timeline."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import simpy
@@ -149,3 +151,76 @@ def test_flex_refusals_name_their_field(extra, field):
     with pytest.raises(UserError) as caught:
         scenario(**extra)
     assert str(caught.value).startswith(field)
+
+
+def two_node_ep(**extra):
+    """Meta, p 2, d 4, EP 4 on 2-GPU nodes: each stage's EP group spans two nodes (two rails)."""
+    from simsp.scenario.loading import load_scenario
+    model = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+             "vocab_size": 256, "ffn_hidden_size": 128, "add_bias_linear": False,
+             "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64, "swiglu": True,
+             "normalization": "RMSNorm", "position_embedding_type": "rope"}
+    parallel = {"pipeline_model_parallel_size": 2, "data_parallel_size": 4,
+                "expert_model_parallel_size": 4, "moe_grouped_gemm": True,
+                "micro_batch_size": 1, "global_batch_size": 16, "distributed_optimizer": True,
+                "recompute_granularity": "full", **FLEX, **extra}
+    overrides = {("model", k): v for k, v in model.items()}
+    overrides.update({("parallel", k): v for k, v in parallel.items()})
+    overrides.update({("cluster", "gpus_per_node"): 2, ("cluster", "nodes"): 4,
+                      ("run", "mode"): "meta"})
+    return load_scenario(None, overrides)
+
+
+def test_flex_shortcuts_equal_the_full_simulation():
+    # The EP groups' DeepEP exchanges timed alone once per placement and plan (TEMPLATE) and
+    # the MoE layer steps replayed give the numbers of every rank's flows on shared links.
+    from simsp.engine.group_timing import TEMPLATE
+    from simsp.training.driver.iteration import Shortcuts
+    from tests.test_moe_shortcuts import _assert_equal, _metrics, as_flows
+    sc = two_node_ep()
+    fast = Shortcuts.for_scale(sc)
+    assert fast.representative and fast.templates
+    assert fast.groups(TEMPLATE) == {(0, 1, 2, 3), (4, 5, 6, 7)}
+    full = _metrics(sc, Shortcuts())
+    fast_metrics = _metrics(sc, fast)
+    assert fast_metrics["exposed_s_per_stage"][0]["ep_comm"] > 0
+    _assert_equal(fast_metrics, full)
+    every_rank = replace(fast, representative=False, templates=False)
+    _assert_equal(_metrics(sc, every_rank), full)
+    _assert_equal(_metrics(sc, replace(every_rank, methods=as_flows(fast.methods))), full)
+
+
+def test_meta_routes_are_member_zeros_turned():
+    # Member i's table is member 0's with its columns turned by i (what the communicator
+    # assumes of a member the shortcuts leave out), and alike in every layer.
+    from types import SimpleNamespace
+    from simsp.model.blocks.moe import deepep
+    counts = np.full(8, 4)  # T 16, top-2, 8 experts: 4 rows each
+    routed = SimpleNamespace(logits=np.zeros((16, 8)), counts=counts)
+    tables = [deepep.in_rank(SimpleNamespace(moe=SimpleNamespace(ep=4, ep_index=i), numeric=False,
+                                             seed=7), routed) for i in range(4)]
+    for i, table in enumerate(tables):  # (16, 4)
+        assert np.array_equal(table, np.roll(tables[0], i, axis=1))
+    # each expert pair of member 0 holds 2 experts of 4 rows: between 4 and 8 tokens reach it
+    assert all(4 <= n <= 8 for n in tables[0].sum(axis=0))
+
+
+def test_one_layer_side_run_falls_back_to_alltoall():
+    # `simsp run`'s one-layer measurement (metrics.layer_tensors) puts every expert on one TP
+    # group: no EP exchange, so flex (TP*EP > 1, ETP 1) becomes the alltoall dispatcher.
+    from simsp.training.driver.layer_sim import one_tp_group
+    one = one_tp_group(two_node_ep())
+    assert (one.parallel.ep, one.parallel.moe_token_dispatcher_type) == (1, "alltoall")
+    assert not one.parallel.moe_enable_deepep
+    kept = one_tp_group(two_node_ep(), keep_experts=True)
+    assert kept.parallel.moe_token_dispatcher_type == "flex"
+
+
+def test_a_bad_flex_layout_is_refused_before_the_run():
+    from inprocess import cli
+    rc, out, err = cli(["run", "scenarios/mixtral-8x7b.toml", "--json",
+                        "--moe-token-dispatcher-type", "flex", "--moe-enable-deepep",
+                        "--expert-model-parallel-size", "1", "--tensor-model-parallel-size", "1"])
+    assert (rc, out) == (2, "")
+    assert err.splitlines() == [err.splitlines()[0]]
+    assert err.startswith("error: parallel.moe_token_dispatcher_type") and "TP*EP > 1" in err

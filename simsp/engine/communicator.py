@@ -19,7 +19,8 @@ import simpy
 
 from simsp.cluster.topology import placement
 from simsp.engine.collectives.all_to_all import all_to_all, alone_time
-from simsp.engine.collectives.deepep import NUM_SMS, two_hop, two_hop_plan
+from simsp.engine.collectives.deepep import (NUM_SMS, alone_time as two_hop_alone_time,
+                                             routes_key, two_hop, two_hop_plan)
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.collectives.nccl_group import link_speeds_GBps, nccl_choice
@@ -70,7 +71,7 @@ class Communicator:
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls so far
         self._meetings: dict[tuple[tuple[int, ...], int], _Meeting] = {}
-        self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
+        self._plans: dict[tuple, object] = {}  # alone stats by (collective, group, S, elem); DeepEP plans
         self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
         self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
@@ -265,27 +266,44 @@ class Communicator:
         return received
 
     def _deepep(self, meeting: _Meeting, buffers: list):
-        """DeepEP's two hops over the links; each member's received chunks. An absent member
-        (meta, present-rank shortcut) routes as the first present one, its columns turned by
-        their distance, as in _all_to_all."""
-        present = next(i for i, b in enumerate(buffers) if b is not None)
-        routes = [b[0] if b is not None else np.roll(buffers[present][0], i - present, axis=1)
-                  for i, b in enumerate(buffers)]  # each (T_i, n) bool
-        graph, group = self.network.graph.graph, list(meeting.group)
-        per_node = graph["gpus_per_node"]
-        plan = two_hop_plan(routes, [g // per_node for g in group],
-                            [g % per_node for g in group], meeting.nbytes)
-        start_s = self.env.now
-        yield from two_hop(self.env, self.network, group, plan, meeting.tag,
-                           meeting.collective == DEEPEP[1])
-        n = len(buffers)
-        chunks = None if buffers[present][1] is None else [c for _r, c in buffers]
+        """DeepEP's two hops over the links (TEMPLATE: waits their time alone, memoised per
+        placement and plan); each member's received chunks."""
+        plan = self._deepep_plan(meeting, buffers)
+        start_s, combine = self.env.now, meeting.collective == DEEPEP[1]
+        if self.timing_of(meeting.group) == TEMPLATE:
+            key = (DEEPEP[combine], self._placement(meeting.group), plan.key())
+            if key not in self._alike:
+                self._alike[key] = two_hop_alone_time(
+                    self.network.graph, self.network.calibration, list(meeting.group), plan,
+                    combine)
+            yield self.env.timeout(self._alike[key])
+        else:
+            yield from two_hop(self.env, self.network, list(meeting.group), plan, meeting.tag,
+                               combine)
         for rank in sorted(meeting.expected):
             self.trace.add_span(rank, "comm", meeting.tag, start_s, self.env.now,
                                 {"collective": meeting.collective, "group": meeting.group,
                                  **plan.link_bytes()})
-        return [[None if chunks is None or chunks[i][j] is None else chunks[i][j].copy()
+        n = len(buffers)
+        chunks = [None if b is None else b[1] for b in buffers]  # chunks[i][j]: i's to j
+        return [[None if chunks[i] is None or chunks[i][j] is None else chunks[i][j].copy()
                  for i in range(n)] for j in range(n)]
+
+    def _deepep_plan(self, meeting: _Meeting, buffers: list):
+        """The two-hop plan of the members' routes, memoised per group, token bytes and routes.
+        An absent member (meta, present-rank shortcut) routes as the first present one, its
+        columns turned by their distance, as in _all_to_all."""
+        present = next(i for i, b in enumerate(buffers) if b is not None)
+        key = (DEEPEP, meeting.group, meeting.nbytes,
+               tuple((i, routes_key(b[0])) for i, b in enumerate(buffers) if b is not None))
+        if key not in self._plans:
+            routes = [b[0] if b is not None else np.roll(buffers[present][0], i - present,
+                                                         axis=1)
+                      for i, b in enumerate(buffers)]  # each (T_i, n) bool
+            group, per_node = meeting.group, self.network.graph.graph["gpus_per_node"]
+            self._plans[key] = two_hop_plan(routes, [g // per_node for g in group],
+                                            [g % per_node for g in group], meeting.nbytes)
+        return self._plans[key]
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
         """NCCL's NVLS all-reduce where the system runs it and it beats the ring or tree

@@ -17,6 +17,7 @@ fairly with everything else in flight (engine/network.py). docs/deepep.md.
 """
 
 from dataclasses import dataclass, field
+import hashlib
 
 import numpy as np
 import simpy
@@ -36,6 +37,11 @@ class TwoHopPlan:
     rdma: dict = field(default_factory=dict)  # (i, f) -> bytes, node(i) != node(f), same rail
     nvlink: dict = field(default_factory=dict)  # (i, j) -> bytes, same node, sent at once
     forwarded: dict = field(default_factory=dict)  # (i, f) -> {j: bytes} after the RDMA hop
+
+    def key(self) -> tuple:
+        """The plan as a hashable value (memo keys: equal plans, equal timings)."""
+        forwarded = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in self.forwarded.items()))
+        return tuple(sorted(self.rdma.items())), tuple(sorted(self.nvlink.items())), forwarded
 
     def link_bytes(self) -> dict:
         """Bytes per hop kind: {'rdma': total, 'nvlink': total} (forwarded counted as NVLink)."""
@@ -105,3 +111,17 @@ def two_hop(env: simpy.Environment, network: Network, gpus: list[int], plan: Two
     for process in processes:
         yield process
     return arrivals
+
+
+def routes_key(routes: np.ndarray) -> tuple:
+    """A (T, n) bool routing table as a short hashable value: its shape and a digest of it."""
+    return routes.shape, hashlib.blake2b(np.ascontiguousarray(routes).tobytes()).digest()
+
+
+def alone_time(graph, calibration, gpus: list[int], plan: TwoHopPlan, combine: bool) -> float:
+    """Seconds of one DeepEP dispatch (or combine) alone on its links: the same flows in a
+    private simulation (its time in the run when no other traffic crosses its links)."""
+    env = simpy.Environment()
+    env.process(two_hop(env, Network(env, graph, calibration), gpus, plan, combine=combine))
+    env.run()
+    return env.now

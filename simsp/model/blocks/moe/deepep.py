@@ -5,9 +5,10 @@ token once per node over RDMA and once per rank over NVLink (engine/collectives/
 
 Which EP members a token reaches (DeepEP's is_token_in_rank, (T, EP) bool) is the kept routing
 map folded over each member's experts in numeric mode. Meta mode has counts only: each expert's
-kept rows are drawn from the T tokens uniformly without replacement (seeded by the run's seed
-and the layer), the counts kept exactly; a token's experts are then spread as random top-k
-routing spreads them (docs/deepep.md). The rows moved, and so the numerics, are the alltoall
+kept rows are drawn from the T tokens uniformly without replacement (seeded by the run's seed),
+the counts kept exactly; a token's experts are then spread as random top-k routing spreads
+them; member i's table is member 0's turned by i, alike in every layer, as the alltoall
+dispatcher's byte rows are (docs/deepep.md). The rows moved, and so the numerics, are the alltoall
 dispatcher's: only the bytes on each link and their timing differ.
 """
 
@@ -22,9 +23,10 @@ ROUTES = "deepep_in_rank"  # stash key: (T, EP) bool, ledger-less (DeepEP's hand
 
 
 @lru_cache(maxsize=256)
-def _drawn(seed: int, layer: int, T: int, counts: tuple, ep: int) -> np.ndarray:
-    """Meta mode's (T, EP) bool: expert e's counts[e] rows drawn from T tokens uniformly."""
-    rng = np.random.default_rng([seed, layer, 4099])
+def _drawn(seed: int, T: int, counts: tuple, ep: int) -> np.ndarray:
+    """Meta mode's (T, EP) bool for EP member 0: expert e's counts[e] rows drawn from T tokens
+    uniformly (member i's is this turned by i: docs/deepep.md "Meta mode")."""
+    rng = np.random.default_rng([seed, 4099])
     E = len(counts)
     kept = np.zeros((T, E), dtype=bool)  # (T, E)
     for e, n in enumerate(counts):
@@ -32,20 +34,21 @@ def _drawn(seed: int, layer: int, T: int, counts: tuple, ep: int) -> np.ndarray:
     return kept.reshape(T, ep, E // ep).any(axis=2)
 
 
-def in_rank(r, spec, routed) -> np.ndarray:
+def in_rank(r, routed) -> np.ndarray:
     """(T, EP) bool: which EP members each of this rank's tokens reaches."""
     er, T = r.moe, routed.logits.shape[0]
     if r.numeric:
         kept = routed.cache["kept"]  # (T, E)
         return kept.reshape(T, er.ep, er.num_local_experts).any(axis=2)
-    return _drawn(r.seed, spec.layer, T, tuple(int(c) for c in routed.counts), er.ep)
+    drawn = _drawn(r.seed, T, tuple(int(c) for c in routed.counts), er.ep)  # (T, EP)
+    return np.roll(drawn, er.ep_index, axis=1)
 
 
-def with_routes(r, spec, plan, routed, stash):
+def with_routes(r, plan, routed, stash):
     """The exchange plan with its routes for flex (stashed for backward); unchanged else."""
     if r.moe.dispatcher != "flex":
         return plan
-    routes = in_rank(r, spec, routed)
+    routes = in_rank(r, routed)
     stash.tensors[ROUTES] = Tensor(routes.shape, 1, routes)
     return replace(plan, in_rank=routes)
 

@@ -183,7 +183,7 @@ def forward(r, spec, w, x, routed, stash):
     M, x_in = counts[None], xp  # (ETP·EP, E) count matrix; the experts' input rows
     if parallel:
         M = yield from exchange_counts(r, r.moe, counts, counts)
-        plan = deepep.with_routes(r, spec, exchange(M, r.moe), routed, stash)
+        plan = deepep.with_routes(r, exchange(M, r.moe), routed, stash)
         rows = yield from dispatch(r, r.moe, plan, xp.data, h, "moe_dispatch")
         r.free(xp)
         x_in = r.alloc((plan.rows_in, h), FP16, "permuted_tokens", data=rows)
