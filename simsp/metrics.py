@@ -339,6 +339,15 @@ def _architecture(sc) -> dict:
             "layer_tensors": layer_tensors(sc), **extra}
 
 
+def check_side_runs(sc) -> None:
+    """Build, and so check, the scenario collect simulates beside the run (layer_tensors' one
+    layer on one TP group): a refusal there comes before the run, not after it."""
+    if architecture(sc.model) != "GPT":
+        from simsp.scenario.loading import with_overrides
+        from simsp.training.driver.layer_sim import one_tp_group
+        one_tp_group(with_overrides(sc, run={"mode": "meta"}))
+
+
 def layer_tensors(sc) -> dict:
     """One layer's kept tensors on rank 0 of a TP group, measured by `simsp layer`'s meta
     simulation, beside docs/llama.md's closed form (the new tensors, by name)."""

@@ -15,7 +15,7 @@ from simsp.hardware.constants import GPUS
 from simsp.units import GiB
 from simsp.explore.arguments import add_reserve_argument, check_reserve
 from simsp.memory_verdict import reserve_bytes
-from simsp.metrics import collect, memory_report
+from simsp.metrics import check_side_runs, collect, memory_report
 from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
 from simsp.explore.whatif.oom_advice import explain_oom
@@ -119,6 +119,7 @@ def run(args) -> int:
     sc = scenario_from_args(args)
     check_reserve(args.memory_reserve, GPUS[sc.cluster.gpu].memory_bytes / GiB)
     snapshots = snapshot_ranks(args.memory_snapshot, sc.parallel.world_size)
+    check_side_runs(sc)
     # first at the cheapest the shortcuts could make it: their check walks every route of every
     # group (CP 2048 took minutes there before refusing), so a run far too big stops before it
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)

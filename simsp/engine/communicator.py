@@ -19,6 +19,8 @@ import simpy
 
 from simsp.cluster.topology import placement
 from simsp.engine.collectives.all_to_all import all_to_all, alone_time
+from simsp.engine.collectives.deepep import (NUM_SMS, alone_time as two_hop_alone_time,
+                                             routes_key, two_hop, two_hop_plan)
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.collectives.nccl_group import link_speeds_GBps, nccl_choice
@@ -35,6 +37,7 @@ from simsp.engine.trace import Trace
 from simsp.errors import SimulationError
 
 ALL_TO_ALL = "all_to_all"
+DEEPEP = ("deepep_dispatch", "deepep_combine")  # DeepEP's normal kernels (collectives/deepep.py)
 
 __all__ = ["Communicator", "collective_time"]
 
@@ -68,7 +71,7 @@ class Communicator:
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple, int] = {}  # (group, rank, communicator name) -> calls so far
         self._meetings: dict[tuple, _Meeting] = {}  # (group, communicator name, call number)
-        self._plans: dict[tuple, CollectiveStats] = {}  # alone, by (collective, group, S, elem)
+        self._plans: dict[tuple, object] = {}  # alone stats by (collective, group, S, elem); DeepEP plans
         self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
         self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
@@ -105,6 +108,17 @@ class Communicator:
         results = yield from self._hold_sms(meeting, rank, sms)
         return results[group.index(rank)]
 
+    def deepep(self, group, rank: int, chunks: list | None, in_rank: np.ndarray,
+               token_bytes: int, tag: str, combine: bool = False):
+        """DeepEP's dispatch (or `combine`): this member's tokens in_rank (T, n) bool to the
+        members each reaches, two hops across nodes (engine/collectives/deepep.py); chunks[j]
+        (numeric) is what group[j] gets. Returns what each member sent it (None in meta)."""
+        group = tuple(group)
+        meeting = self._join(DEEPEP[combine], group, rank, (in_rank, chunks), token_bytes, tag,
+                             1)
+        results = yield from self._hold_sms(meeting, rank)
+        return results[group.index(rank)]
+
     def _call(self, collective: str, group, rank: int, buffer, nbytes: int, tag: str,
               elem_bytes: int | None = None, sms: int | None = None, name: str = ""):
         """Join the rendezvous, wait for the ring to finish, return this member's result.
@@ -137,6 +151,8 @@ class Communicator:
         (src/graph/paths.cc ncclTopoComputeP2pChannels: its channels rounded up to a power of
         two). An NVLS all-reduce is counted as the ring or tree NCCL would run otherwise."""
         key = (meeting.collective, meeting.group, meeting.nbytes)
+        if meeting.collective in DEEPEP:  # the kernels' own SM budget, not NCCL channels
+            return NUM_SMS
         if key not in self._sm_counts:
             collective = ALL_REDUCE if meeting.collective == ALL_TO_ALL else meeting.collective
             choice = nccl_choice(collective, self.network.graph, list(meeting.group),
@@ -186,6 +202,10 @@ class Communicator:
     def _execute(self, meeting: _Meeting):
         """Run the ring (or time it as a whole), record stats and spans, hand out results."""
         buffers = [meeting.buffers.get(rank) for rank in meeting.group]
+        if meeting.collective in DEEPEP:
+            results = yield from self._deepep(meeting, buffers)
+            meeting.done.succeed(results)
+            return
         if meeting.collective == ALL_TO_ALL:
             results = yield from self._all_to_all(meeting, buffers)
             meeting.done.succeed(results)
@@ -247,6 +267,46 @@ class Communicator:
             self.trace.add_span(rank, "comm", meeting.tag or ALL_TO_ALL, start_s, end_s,
                                 {"collective": ALL_TO_ALL, "group": meeting.group})
         return received
+
+    def _deepep(self, meeting: _Meeting, buffers: list):
+        """DeepEP's two hops over the links (TEMPLATE: waits their time alone, memoised per
+        placement and plan); each member's received chunks."""
+        plan = self._deepep_plan(meeting, buffers)
+        start_s, combine = self.env.now, meeting.collective == DEEPEP[1]
+        if self.timing_of(meeting.group) == TEMPLATE:
+            key = (DEEPEP[combine], self._placement(meeting.group), plan.key())
+            if key not in self._alike:
+                self._alike[key] = two_hop_alone_time(
+                    self.network.graph, self.network.calibration, list(meeting.group), plan,
+                    combine)
+            yield self.env.timeout(self._alike[key])
+        else:
+            yield from two_hop(self.env, self.network, list(meeting.group), plan, meeting.tag,
+                               combine)
+        for rank in sorted(meeting.expected):
+            self.trace.add_span(rank, "comm", meeting.tag, start_s, self.env.now,
+                                {"collective": meeting.collective, "group": meeting.group,
+                                 **plan.link_bytes()})
+        n = len(buffers)
+        chunks = [None if b is None else b[1] for b in buffers]  # chunks[i][j]: i's to j
+        return [[None if chunks[i] is None or chunks[i][j] is None else chunks[i][j].copy()
+                 for i in range(n)] for j in range(n)]
+
+    def _deepep_plan(self, meeting: _Meeting, buffers: list):
+        """The two-hop plan of the members' routes, memoised per group, token bytes and routes.
+        An absent member (meta, present-rank shortcut) routes as the first present one, its
+        columns turned by their distance, as in _all_to_all."""
+        present = next(i for i, b in enumerate(buffers) if b is not None)
+        key = (DEEPEP, meeting.group, meeting.nbytes,
+               tuple((i, routes_key(b[0])) for i, b in enumerate(buffers) if b is not None))
+        if key not in self._plans:
+            routes = [b[0] if b is not None else np.roll(buffers[present][0], i - present,
+                                                         axis=1)
+                      for i, b in enumerate(buffers)]  # each (T_i, n) bool
+            group, per_node = meeting.group, self.network.graph.graph["gpus_per_node"]
+            self._plans[key] = two_hop_plan(routes, [g // per_node for g in group],
+                                            [g % per_node for g in group], meeting.nbytes)
+        return self._plans[key]
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
         """NCCL's NVLS all-reduce where the system runs it and it beats the ring or tree

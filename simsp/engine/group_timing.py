@@ -15,7 +15,8 @@ simsp/shortcuts/methods.py). What each method makes engine/communicator.py do:
 - CLOSED_FORM: a ring waits its closed-form time (engine/collectives/ring_timing.py
   closed_form_stats: no link carries two of its hops), loading no link; an all-to-all as flows.
 - TEMPLATE: an all-to-all waits its time alone, found once per placement and byte matrix in a
-  private simulation of its flows (all_to_all.alone_time); a ring as RING_ALONE.
+  private simulation of its flows (all_to_all.alone_time); a DeepEP dispatch or combine likewise
+  once per placement and two-hop plan (collectives/deepep.py alone_time); a ring as RING_ALONE.
 
 Whatever the method, an all-reduce NCCL runs as a tree or as NVLS is timed in closed form
 (it loads no link in either path: docs/shortcuts.md, "One choice for both paths").

@@ -55,7 +55,7 @@ HELP_ORDER = (
     "--nvlink-efficiency", "--ib-efficiency", "--transfer-overhead-us", "--nccl-algo",
     "--nccl-proto", "--mode", "--seed", "--numeric-dtype", "--name",
     "--group-query-attention", "--swiglu", "--moe-pad-expert-input-to-capacity",
-    "--multi-latent-attention", "--moe-grouped-gemm", "--untie-embeddings-and-output-weights",
+    "--multi-latent-attention", "--moe-grouped-gemm", "--moe-enable-deepep", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--use-flash-attn", "--sequence-parallel", "--no-sequence-parallel",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--use-distributed-optimizer", "--overlap-p2p-communication",

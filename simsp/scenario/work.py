@@ -194,9 +194,10 @@ def _cp_group_nodes(sc) -> int:
 def _ep_exchanges(sc) -> float:
     """MoE layer-steps whose all-to-alls run as flows: every one, except where nothing can
     meet them (balanced routing, ETP 1, no overlapped DP traffic): then each is timed alone
-    once per placement and byte matrix (engine/communicator.py), about once per stage."""
+    once per placement and byte matrix or DeepEP plan (engine/communicator.py), about once per
+    stage."""
     p, m = sc.parallel, sc.model
-    alone = (p.moe_token_dispatcher_type == "alltoall" and m.moe_routing_imbalance == 0
+    alone = (p.moe_token_dispatcher_type in ("alltoall", "flex") and m.moe_routing_imbalance == 0
              and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather))
     return min(layer_steps(sc), p.pp) if alone else layer_steps(sc)
 

@@ -53,7 +53,8 @@ GROUP_METHODS = (
            lambda f: f.meets_others or f.fsdp_ring),
     Method(TEMPLATE, "an EP group no other owner's hop meets, without context parallelism: "
            "its all-to-all's time depends only on its placement and byte matrix, found once "
-           "alone", "tests/test_moe_shortcuts.py",
+           "alone; a DeepEP dispatch's or combine's (some of the all-to-all's pairs) on its "
+           "placement and two-hop plan", "tests/test_moe_shortcuts.py, tests/test_deepep.py",
            lambda f: f.all_to_all and f.templates_allowed),
     Method(RING_ALONE, "no other owner's hop meets the group; its own hops may share links "
            "(NCCL's rail channels on one NVLink port): it runs one collective at a time (one "

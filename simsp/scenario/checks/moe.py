@@ -58,6 +58,7 @@ def expert_parallel(m: Model, p: Parallel) -> None:
     shared = m.moe_shared_expert_intermediate_size
     check(not shared or shared % t == 0, "model.moe_shared_expert_intermediate_size",
           f"{shared} is not divisible by tensor_model_parallel_size={t}")
+    flex_dispatcher(m, p)
     modules = p.recompute_module_set or frozenset()
     check(p.recompute_granularity != "selective" or not modules & {"mlp", "layernorm"},
           "parallel.recompute_modules", "MoE layers: recomputing mlp or layernorm is not "
@@ -91,3 +92,21 @@ def expert_comm_overlap(m: Model, p: Parallel) -> None:
     check(not p.delay_wgrad_compute, "parallel.delay_wgrad_compute",
           "not modelled yet: the combined 1F1B step runs each backward's weight gradients "
           "with its input gradients; run without it")
+
+
+def flex_dispatcher(m: Model, p: Parallel) -> None:
+    """Megatron-LM's flex dispatcher checks (megatron/core/transformer/moe/token_dispatcher.py
+    MoEFlexTokenDispatcher, transformer_config.py __post_init__): DeepEP enabled, TP·EP > 1,
+    no padding to capacity; and what simsp's DeepEP path has (ETP 1: docs/deepep.md)."""
+    flex = p.moe_token_dispatcher_type == "flex"
+    check(flex or not p.moe_enable_deepep, "parallel.moe_enable_deepep",
+          "needs moe_token_dispatcher_type flex (Megatron transformer_config.py)")
+    if not flex:
+        return
+    check(p.moe_enable_deepep, "parallel.moe_token_dispatcher_type",
+          "flex needs --moe-enable-deepep (the DeepEP backend; HybridEP is not modelled)")
+    check(p.tp * p.ep > 1, "parallel.moe_token_dispatcher_type", "flex needs TP*EP > 1")
+    check(not m.moe_pad_expert_input_to_capacity, "model.moe_pad_expert_input_to_capacity",
+          "not supported by the flex dispatcher")
+    check(p.etp == 1, "parallel.expert_tensor_parallel_size",
+          "the flex dispatcher is modelled with expert tensor parallelism 1 only")

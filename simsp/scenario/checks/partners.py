@@ -27,6 +27,7 @@ PARALLEL_PARTNERS = {
     "moe_token_dispatcher_type": ("num_experts (a MoE model)", lambda m, p: m.num_experts
                                   is not None),
     "moe_grouped_gemm": ("num_experts (a MoE model)", lambda m, p: m.num_experts is not None),
+    "moe_enable_deepep": ("num_experts (a MoE model)", lambda m, p: m.num_experts is not None),
     "fp8_recipe": ("fp8_format", lambda m, p: p.fp8_format is not None),
     **{name: ("fp8_format with fp8_recipe delayed", lambda m, p: p.fp8_format is not None
               and p.fp8_recipe == "delayed")

@@ -15,7 +15,7 @@ SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "du
 CP_COMM_TYPE_CHOICES = ("p2p", "a2a", "allgather", "a2a+p2p")
 # Sharded data parallelism: Megatron-LM --data-parallel-sharding-strategy (docs/fsdp.md)
 FSDP_STRATEGY_CHOICES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-MOE_DISPATCHER_CHOICES = ("allgather", "alltoall")  # --moe-token-dispatcher-type
+MOE_DISPATCHER_CHOICES = ("allgather", "alltoall", "flex")  # --moe-token-dispatcher-type
 # FP8 training and optimizer-state precision (Transformer Engine names; scenario/precision.py)
 FP8_FORMAT_CHOICES = ("e4m3", "hybrid")  # hybrid: E4M3 forward, E5M2 gradients
 FP8_RECIPE_CHOICES = ("delayed", "tensorwise", "blockwise", "mxfp8")
@@ -197,8 +197,12 @@ PARALLEL = (
     Field("parallel", "expert_tensor_parallel_size", int, None, "tensor-parallel size of each "
           "expert (default: t)", "etp", bound=Bound(1, 4096, "GPUs", SUPERPOD_SCALE)),
     Field("parallel", "moe_token_dispatcher_type", str, "allgather", "how tokens reach their "
-          "experts' ranks: all-gather / reduce-scatter, or all-to-all", "disp-",
-          choices=MOE_DISPATCHER_CHOICES),
+          "experts' ranks: all-gather / reduce-scatter, all-to-all, or flex (DeepEP, with "
+          "--moe-enable-deepep; docs/deepep.md)", "disp-", choices=MOE_DISPATCHER_CHOICES),
+    Field("parallel", "moe_enable_deepep", bool, False, switches=(
+        Switch("--moe-enable-deepep", True,
+               "the flex dispatcher's DeepEP backend: two-hop RDMA-then-NVLink dispatch, "
+               "tokens deduplicated per node (docs/deepep.md)", "deepep"),)),
     Field("parallel", "moe_grouped_gemm", bool, False, switches=(
         Switch("--moe-grouped-gemm", True,
                "each rank's experts as one grouped GEMM (default: a loop of GEMMs)", "ggemm"),)),

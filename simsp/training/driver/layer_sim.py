@@ -69,10 +69,12 @@ def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
     """The scenario cut down to one layer on one TP group (no pipeline, no data parallelism;
     a MoE layer's experts all on the group, their f split over it: with balanced routing its
     rows are the same). With `keep_experts`, the expert layout and the data-parallel size that
-    tiles it are kept as given (the layer on every rank of one expert grid)."""
+    tiles it are kept as given (the layer on every rank of one expert grid). Experts all on
+    the group cross no EP link: the flex dispatcher (DeepEP, which needs TP*EP > 1 and ETP 1)
+    is then the alltoall one it falls back to for the same rows (docs/deepep.md)."""
     experts = {} if keep_experts else {
         "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
-        "data_parallel_size": 1}
+        "data_parallel_size": 1, **_without_deepep(sc.parallel)}
     return with_overrides(sc, model=one_layer_fields(sc.model), parallel={
         **experts, "pipeline_model_parallel_size": 1, "global_batch_size": None,
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
@@ -83,6 +85,14 @@ def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
         "cpu_offloading": False, "cpu_offloading_num_layers": 0,  # a layer alone keeps its own
         "overlap_param_gather_with_optimizer_step": False,
         "overlap_moe_expert_parallel_comm": False})  # one micro-batch: no pair to overlap
+
+
+def _without_deepep(p) -> dict:
+    """The flex dispatcher swapped for alltoall (the same rows, no two-hop exchange) when the
+    experts leave their EP group; other dispatchers unchanged."""
+    if p.moe_token_dispatcher_type != "flex":
+        return {}
+    return {"moe_token_dispatcher_type": "alltoall", "moe_enable_deepep": False}
 
 
 def _layer_inputs(sc: Scenario):

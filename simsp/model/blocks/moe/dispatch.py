@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simsp.model.blocks.moe import experts
+from simsp.model.blocks.moe import deepep, experts
 from simsp.model.blocks.moe.experts import COUNTS
 from simsp.model.blocks.moe.placement import expert_parallel
 from simsp.model.blocks.moe.router import ROUTER, moe_spec, route_backward, unpermute, \
@@ -40,6 +40,7 @@ class Exchange:
     ep_recv: tuple  # rows from each EP member (its pairs for this rank's experts)
     etp_rows: tuple  # rows each ETP member holds after its EP exchange
     local: np.ndarray  # (ETP·EP, E_local) rows per source (j', i') and local expert
+    in_rank: np.ndarray | None = None  # flex: (T, EP) bool, token t reaches EP member i
 
     @property
     def rows_in(self) -> int:
@@ -114,12 +115,20 @@ def all_to_all(r, group: tuple, me: int, chunks, rows, h: int, tag: str, label: 
     return received
 
 
+def ep_exchange(r, er, plan: Exchange, chunks, rows, h: int, tag: str, combine: bool):
+    """The EP hop of dispatch (or `combine`): the alltoall dispatcher's all-to-all-v, or
+    with --moe-token-dispatcher-type flex DeepEP's two hops (model/blocks/moe/deepep.py)."""
+    if er.dispatcher == "flex":
+        return (yield from deepep.exchange(r, er, plan.in_rank, chunks, rows, h, tag, combine))
+    label = "all_to_all_combine" if combine else "all_to_all_dispatch"
+    return (yield from all_to_all(r, er.ep_group, er.ep_index, chunks, rows, h, tag, label))
+
+
 def dispatch(r, er, plan: Exchange, xp_data, h: int, tag: str):
     """This rank's expert-major rows xp (N, h) -> its experts' rows from every source,
     expert-major (N_in, h) (None in meta)."""
     chunks = split_rows(xp_data, plan.ep_send) if r.numeric else None
-    got = yield from all_to_all(r, er.ep_group, er.ep_index, chunks, plan.ep_send, h, tag,
-                                "all_to_all_dispatch")
+    got = yield from ep_exchange(r, er, plan, chunks, plan.ep_send, h, tag, False)
     blocks = [np.concatenate(got)] if r.numeric else None
     if er.etp > 1:  # every ETP member's block to every other
         n = plan.etp_rows[er.etp_index]
@@ -147,8 +156,7 @@ def combine(r, er, plan: Exchange, out_data, h: int, tag: str):
     else:
         block = blocks[0] if r.numeric else None
     chunks = split_rows(block, plan.ep_recv) if r.numeric else None
-    got = yield from all_to_all(r, er.ep_group, er.ep_index, chunks, plan.ep_recv, h, tag,
-                                "all_to_all_combine")
+    got = yield from ep_exchange(r, er, plan, chunks, plan.ep_recv, h, tag, True)
     return np.concatenate(got) if r.numeric else None
 
 
@@ -181,7 +189,7 @@ def forward(r, spec, w, x, routed, stash):
     M, x_in = counts[None], xp  # (ETP·EP, E) count matrix; the experts' input rows
     if parallel:
         M = yield from exchange_counts(r, r.moe, counts, counts)
-        plan = exchange(M, r.moe)
+        plan = deepep.with_routes(r, exchange(M, r.moe), routed, stash)
         rows = yield from on_comm_stream(r, dispatch(r, r.moe, plan, xp.data, h, "moe_dispatch"))
         r.free(xp)
         x_in = r.alloc((plan.rows_in, h), FP16, "permuted_tokens", data=rows)
@@ -218,7 +226,7 @@ def backward(r, spec, w, g, saved, dy, dout, c):
     yield from r.compute("d_unpermute", "elementwise", nbytes=dy.nbytes + 2 * N * h)
     if dy is not dout:
         r.free(dy)
-    plan = exchange(M, r.moe) if parallel else None
+    plan = deepep.saved_routes(exchange(M, r.moe), saved) if parallel else None
     local = plan.local.sum(axis=0) if parallel else M[0]  # (E_local,)
     d_in = d_out
     if parallel:  # combine's backward: the pairs' gradients to their experts
