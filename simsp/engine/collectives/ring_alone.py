@@ -22,7 +22,7 @@ from dataclasses import replace
 import networkx as nx
 import simpy
 
-from simsp.cluster.topology import SPINE, hop_route
+from simsp.cluster.topology import above_leaves, hop_route
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.collectives.nccl_group import nccl_choice, wire_bytes
@@ -44,16 +44,16 @@ def channel_routes(graph: nx.DiGraph, gpus: list[int],
 
 def shares_a_link(graph: nx.DiGraph, gpus: list[int]) -> bool:
     """Do two hops of this group's ring (of one channel or of two) cross one link that can
-    bind? Leaf-spine links cannot on a two-tier 1:1 fabric: a leaf's uplink bundle carries as
-    much as all its GPU links (cluster/topology.py _add_fabric), which every route through it
-    also crosses; on any other fabric (oversubscribed, or with a core tier) they are counted."""
-    spine_never_binds = not uplinks_can_bind(graph)
+    bind? Links above the leaves cannot where hardware/fabric.py uplinks_can_bind says so
+    (leaves and pod spines at 1:1: each bundle carries as much as the links below it, which
+    every route through it also crosses); on any other fabric they are counted."""
+    uplinks_never_bind = not uplinks_can_bind(graph)
     seen: set[Edge] = set()
     channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
     for routes in channel_routes(graph, list(gpus), channels):
         for edges in routes:
             for edge in edges:
-                if spine_never_binds and SPINE in edge:
+                if uplinks_never_bind and above_leaves(edge):
                     continue
                 if edge in seen:
                     return True
