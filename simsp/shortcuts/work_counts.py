@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import channel_rings
-from simsp.engine.group_timing import STEPPED
+from simsp.engine.group_timing import NODE_PIECE, STEPPED
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
 from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,
@@ -34,12 +34,13 @@ TP_PHASES_PER_LAYER_STEP = {True: (4, 6), False: (4, 4)}
 
 
 class WorkCounts(NamedTuple):
-    """Counts of one meta iteration: layer-steps, flows of the stepped TP and DP rings and of
-    the stepped FSDP rings (priced apart: scenario/work.py FSDP_SECONDS_PER_FLOW)."""
+    """Counts of one meta iteration: layer-steps, flows of the stepped TP and DP rings, and of
+    the FSDP rings stepped whole and run as pieces (priced apart: scenario/work.py)."""
 
     layer_steps: int
     flows: int
     fsdp_flows: int = 0
+    piece_flows: int = 0
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -69,19 +70,29 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     flows = sum(tp_phases * ring_flows(g, per_node) for g in tp_groups)
     flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * ring_flows(g, per_node)
                  for g in dp_groups)
-    return WorkCounts(layer_steps(sc), round(flows), _fsdp_flows(sc, grid, ranks, stepped))
+    pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
+    return WorkCounts(layer_steps(sc), round(flows),
+                      _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
+                      _fsdp_flows(sc, grid, ranks, pieces, piece_flows))
 
 
-def _fsdp_flows(sc, grid: RankGrid, ranks, stepped: set) -> int:
-    """Flows of the stepped FSDP rings the simulated ranks belong to: each collective of its
-    stage (scenario/work.py fsdp_collectives, the stage's own layers) one ring phase."""
+def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
+    """Flows one phase of a ring run as one node's piece of one channel starts: the m members
+    a node holds x (n − 1) steps (engine/collectives/ring_alone.py segment_run)."""
+    return len(gpus) // len({gpu // gpus_per_node for gpu in gpus}) * (len(gpus) - 1)
+
+
+def _fsdp_flows(sc, grid: RankGrid, ranks, groups: set, per_phase) -> int:
+    """Flows of the FSDP rings among `groups` the simulated ranks belong to: each collective
+    of its stage (scenario/work.py fsdp_collectives, the stage's own layers) one phase of
+    `per_phase` flows."""
     p = sc.parallel
     if p.fsdp is None or p.dp * p.cp == 1:
         return 0
     layers = stage_layers(sc)
-    groups = {grid.dp_cp_group(r) for r in ranks} & stepped
     return sum(fsdp_collectives(sc, layers[grid.coords(g[0]).pp])
-               * ring_flows(g, sc.cluster.gpus_per_node) for g in groups)
+               * per_phase(g, sc.cluster.gpus_per_node)
+               for g in {grid.dp_cp_group(r) for r in ranks} & groups)
 
 
 def stage_layers(sc) -> list[int]:
@@ -146,7 +157,7 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     shortcuts = Shortcuts.for_scale(sc) if shortcuts is None else shortcuts
     counts = estimated_counts(sc, shortcuts)
     return meta_seconds(sc, shortcuts.representative, _pieces(shortcuts), flows=counts.flows,
-                        fsdp_flows=counts.fsdp_flows)
+                        fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
