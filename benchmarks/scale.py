@@ -219,13 +219,19 @@ def _row_text(row: dict, cap_s: float) -> str:
     if "error" in row:
         return f"{head}  error: {row['error']}"
     if row["cpu_s"] is None:
-        estimate = (f"{'':>27}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}{'':>9}"
+        estimate = (f"{'':>27}{_flows(row['estimate']):>10}{row['estimate_s']:>9.2f}{'':>9}"
                     if "estimate" in row else "")
         return f"{head}{'> ' + format(cap_s, 'g'):>9}{estimate}{_verdict_text(row)}"
     ratio = row["cpu_s"] / row["estimate_s"] if row["estimate_s"] else math.inf
     return (f"{head}{row['cpu_s']:>9.2f}{row['rss_bytes'] / 2 ** 30:>7.2f}{row['events']:>11}"
-            f"{row['flows']:>10}{row['estimate']['flows']:>10}{row['estimate_s']:>9.2f}"
+            f"{row['flows']:>10}{_flows(row['estimate']):>10}{row['estimate_s']:>9.2f}"
             f"{ratio:>9.2f}{_verdict_text(row)}")
+
+
+def _flows(estimate: dict) -> int:
+    """The estimate's flows: stepped TP and DP rings, FSDP rings stepped and as pieces
+    (shortcuts/work_counts.py WorkCounts)."""
+    return sum(count for name, count in estimate.items() if name.endswith("flows"))
 
 
 def _verdict_text(row: dict) -> str:

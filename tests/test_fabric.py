@@ -112,23 +112,30 @@ def _meta(**cluster) -> Scenario:
                     run=Run(mode="meta"))
 
 
-def test_the_shortcuts_refuse_an_oversubscribed_or_three_tier_fabric_with_a_reason():
+def test_the_shortcuts_refuse_an_oversubscribed_fabric_with_a_reason():
     assert Shortcuts.for_scale(_meta(nodes=2)).closed_form
     refused = Shortcuts.for_scale(_meta(nodes=2, fabric_oversubscription=2.0))
     assert not (refused.representative or refused.closed_form or refused.templates)
     assert all("oversubscribed 2:1" in why for why in refused.why().values())
+    # 257 nodes of 32 per SU: 9 SUs, three-tier; the SuperPOD's core is 1:1, so its links
+    # never bind and the shortcuts are kept (docs/hardware.md#fabric)
     core = Shortcuts.for_scale(_meta(system="dgx-h100", nodes=257))
-    assert "9 scalable units need the core tier" in core.why()["closed_form"]
+    assert core.closed_form and core.why()["closed_form"].startswith("used")
+
+
+CORE_4_TO_1 = Fabric(nodes_per_leaf=1, two_tier_max_units=2, units_per_pod=2,
+                     core_oversubscription=4.0)
 
 
 def test_ring_alone_counts_uplinks_only_where_they_can_bind():
     # the rail-0 ring 0 -> 16 -> 8 -> 24 (nodes 0, 2, 1, 3) sends two hops up out of each
     # leaf of 2 nodes: at 1:1 the uplinks never bind and are skipped (no link carries two
-    # hops: its closed form is exact); at 2:1, or through a core, they count and it shares
+    # hops: its closed form is exact), through a 1:1 core too; at 2:1, or through a core at
+    # 4:1, they count and it shares
     ring = [0, 16, 8, 24]
-    assert not shares_a_link(build_topology(Cluster(nodes=4), fabric=Fabric(nodes_per_leaf=2)),
-                             ring)
-    for fabric in (Fabric(nodes_per_leaf=2, oversubscription=2.0), THREE_TIER):
+    for fabric in (Fabric(nodes_per_leaf=2), THREE_TIER):
+        assert not shares_a_link(build_topology(Cluster(nodes=4), fabric=fabric), ring)
+    for fabric in (Fabric(nodes_per_leaf=2, oversubscription=2.0), CORE_4_TO_1):
         assert shares_a_link(build_topology(Cluster(nodes=4), fabric=fabric), ring)
 
 

@@ -2,8 +2,9 @@
 the flows the stepped rings start on the links (engine/network.py flows_started), on small
 layouts that use each mechanism the per-layer-step price misses (TP rings sharing NVLink ports
 with overlapped DP traffic so layer templates are off, the DP rings stepped beside them, every
-ring stepped without shortcuts, with and without sequence parallelism). The estimate leaves out
-the pipeline sends and the loss's small collectives, so it may fall short, never by half."""
+ring stepped without shortcuts, with and without sequence parallelism, FSDP rings stepped beside
+the pipeline sends). The estimate leaves out the pipeline sends, the loss's small collectives and
+FSDP's root units, so it may fall short, never by half."""
 
 import pytest
 
@@ -16,6 +17,10 @@ from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 H100 = ["scenarios/paper-22b.toml", "--micro-batch-size", "1", "--system", "dgx-h100",
         "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "512"]
+FSDP_T8 = H100 + ["--num-layers", "4", "--tensor-model-parallel-size", "8",
+                  "--sequence-parallel", "--pipeline-model-parallel-size", "2",
+                  "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                  "optim_grads_params", "--global-batch-size", "8", "--world-size", "64"]
 CASES = {  # label -> (flags, shortcuts on)
     "t4 SP p2 interleaved d4, overlapped DP (templates off)": (H100 + [
         "--num-layers", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel",
@@ -29,6 +34,8 @@ CASES = {  # label -> (flags, shortcuts on)
         "--num-layers", "2", "--tensor-model-parallel-size", "4", "--no-sequence-parallel",
         "--recompute-granularity", "full", "--global-batch-size", "4", "--world-size", "8"],
         False),
+    # one DP member per node: the FSDP rings meet the pipeline sends on the NICs, stepped
+    "t8 SP p2 d4 Megatron-FSDP (ZeRO-3)": (FSDP_T8, True),
 }
 
 
@@ -44,7 +51,8 @@ def test_estimated_flows_within_a_factor_of_two_of_the_flows_the_run_starts(case
     shortcuts = Shortcuts.for_scale(sc) if shortcuts_on else Shortcuts()
     run = simulate_iteration(sc, shortcuts, trace="none")
     measured = run.inputs.world.network.flows_started
-    estimated = estimated_counts(sc, shortcuts).flows
+    counts = estimated_counts(sc, shortcuts)
+    estimated = counts.flows + counts.fsdp_flows + counts.piece_flows
     assert measured > 0
     assert 0.5 <= measured / estimated <= 2, (measured, estimated)
 
@@ -54,6 +62,18 @@ def test_a_ring_phase_starts_channels_times_positions_times_steps_flows():
     nodes (2 each) are 2 channels (one per member a node holds): 2 x 4 x 3."""
     assert ring_flows((0, 1, 2, 3), 8) == 12
     assert ring_flows((0, 1, 8, 9), 8) == 24
+
+
+def test_fsdp_rings_count_a_ring_phase_or_a_piece_per_collective():
+    """Hand-counted: t8 p2 d4 ZeRO-3, 2 layers per stage, 2 micro-batches: per stage and layer
+    two gathers and a reduce-scatter per micro-batch (12 collectives) on DP rings of 4 nodes,
+    one member each, one channel. With the shortcuts the representative's ring meets only the
+    pipeline sends and runs as a piece, 1 position x 3 steps: 2 stages x 12 x 3 = 72; without
+    them every stage's 8 rings step whole, 4 positions x 3 steps: 2 x 8 x 12 x 12 = 2,304."""
+    sc = scenario(FSDP_T8)
+    counts = estimated_counts(sc, Shortcuts.for_scale(sc))
+    assert (counts.flows, counts.fsdp_flows, counts.piece_flows) == (0, 0, 72)
+    assert estimated_counts(sc, Shortcuts()).fsdp_flows == 2304
 
 
 def test_templated_layouts_count_no_flows():

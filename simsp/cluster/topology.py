@@ -5,8 +5,9 @@ one switch vertex). Between nodes GPU j of every node owns one NIC cabled to the
 of rail j in its scalable unit (rail-optimised, as in the DGX SuperPOD); leaves meet at a spine
 (one vertex), or, where the system's fabric needs a core tier, at their pod's spine and the pods'
 spines at the core (hardware/fabric.py, docs/hardware.md#fabric). A leaf's uplink carries its
-downlinks / the fabric's oversubscription. Edges carry `bandwidth_Bps` (bytes/s, per direction),
-`latency_s` and `kind` ("nvlink" | "ib").
+downlinks / the fabric's oversubscription, a pod spine's to the core its leaves' uplinks / the
+core's. Edges carry `bandwidth_Bps` (bytes/s, per direction), `latency_s` and `kind` ("nvlink" |
+"ib").
 """
 
 from collections.abc import Iterable
@@ -37,6 +38,12 @@ def nvswitch_name(node: int) -> str:
 def leaf_name(leaf_group: int, rail: int) -> str:
     """Vertex name of the leaf switch of `rail` in scalable unit `leaf_group`."""
     return f"leaf{leaf_group}/rail{rail}"
+
+
+def above_leaves(edge: tuple[str, str]) -> bool:
+    """A link above the leaves: a leaf's uplink or a pod spine's to the core (every such link
+    has a spine at one end)."""
+    return any(end == SPINE or end.endswith("/" + SPINE) for end in edge)
 
 
 def spine_name(pod: int | None) -> str:
@@ -88,11 +95,12 @@ def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int], fabric: F
 
 
 def _pod_uplink_Bps(cluster: Cluster, fabric: Fabric, pod: int, ib_Bps: float) -> float:
-    """A pod spine's bundle to the core: every leaf uplink of the pod's units (non-blocking
-    above the leaves, as the SuperPOD RA's spine has as many ports up as down)."""
+    """A pod spine's bundle to the core: every leaf uplink of the pod's units over the core
+    ratio (1: non-blocking, as the SuperPOD RA's spine has as many ports up as down)."""
     first = pod * fabric.units_per_pod * fabric.nodes_per_leaf
     last = min(cluster.nodes, first + fabric.units_per_pod * fabric.nodes_per_leaf)
-    return (last - first) * cluster.gpus_per_node * ib_Bps / fabric.oversubscription
+    leaf_uplinks_Bps = (last - first) * cluster.gpus_per_node * ib_Bps / fabric.oversubscription
+    return leaf_uplinks_Bps / fabric.core_oversubscription
 
 
 def build_topology(cluster: Cluster, nodes: Iterable[int] | None = None,

@@ -124,9 +124,10 @@ def run(args) -> int:
     # group (CP 2048 took minutes there before refusing), so a run far too big stops before it
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
+    counts = estimated_counts(sc, shortcuts)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
                fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods),
-               flows=estimated_counts(sc, shortcuts).flows)
+               flows=counts.flows, fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

@@ -348,7 +348,7 @@ class Communicator:
             return None
         segment = node_segment(self.network.graph, list(meeting.group),
                                self.network.calibration, meeting.collective, meeting.nbytes,
-                               meeting.elem_bytes, slowest_latency=True)
+                               meeting.elem_bytes, slowest_latency=True, one_per_node=True)
         if segment is None:  # its whole ring would load links the pieces stand for
             raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group run "
                                   f"as pieces of its ring does not split evenly")

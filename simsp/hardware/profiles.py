@@ -349,8 +349,9 @@ def system_profile(name: str) -> SystemProfile:
 def _fabric(section: dict) -> Fabric:
     """A system's [fabric] table as a Fabric (what it leaves out: DEFAULT's)."""
     values = {key: entry.value for key, entry in section.items()}
-    if "oversubscription" in values:
-        values["oversubscription"] = float(values["oversubscription"])
+    for ratio in ("oversubscription", "core_oversubscription"):
+        if ratio in values:
+            values[ratio] = float(values[ratio])
     sources = tuple((key, entry.source) for key, entry in section.items())
     if ("two_tier_max_units" in values) != ("units_per_pod" in values):
         raise UserError("cluster.system", "[fabric]: give two_tier_max_units and units_per_pod "

@@ -39,6 +39,18 @@ SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
 # FSDP (docs/fsdp.md): its DP rings run step by step; measured on Llama 3 8B under FSDP2 at
 # d = 16, 32, 64 (one micro-batch): 1.2e-4 to 1.3e-4 CPU s per collective per d².
 FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
+# Where the verdict is known its stepped FSDP rings' flows are counted instead
+# (shortcuts/work_counts.py): measured by benchmarks/scale.py llama3.1-405b-fsdp (TP 8, PP 16,
+# d 16 one DP member per node, the DP rings meeting the pipeline sends on the NICs) at 2,048
+# GPUs, 64.6 CPU s for 1,461,696 flows (2026-11-29, loaded 2-core machine): 4.4e-5 s per flow,
+# less than SECONDS_PER_FLOW's rings since one channel's flows start and end together.
+FSDP_SECONDS_PER_FLOW = 4.4e-5
+# An FSDP ring run as one node's piece (docs/shortcuts.md) starts m positions x (d - 1) flows
+# per collective: measured by the same family once its rings of one member per node ran as
+# pieces, 14.0 / 22.0 / 38.3 / 75.7 CPU s for 93,246 / 190,558 / 385,182 / 774,430 flows at
+# 2,048 / 4,096 / 8,192 / 16,384 GPUs (2026-11-29, loaded 2-core machine): 1e-4 to 1.5e-4 s
+# per flow with the check's per-unit pieces.
+PIECE_SECONDS_PER_FLOW = 1e-4
 # A DP ring that meets only its own collectives runs as one node's piece of one channel
 # (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
 # 256 (0.95 and 3.4 CPU s in all), and again by benchmarks/scale.py fsdp2-d64 (8 layers, d 16
@@ -136,7 +148,8 @@ def numeric_seconds(sc) -> float:
     return flops / NUMERIC_FLOPS_PER_SECOND + overhead
 
 
-def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0) -> float:
+def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
+                 fsdp_flows: tuple[int, int] | None = None) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -144,7 +157,9 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     rank (no representative shortcut): t*cp*d ranks per stage. `fsdp_pieces` False: the
     shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
     into equal node pieces), so they are priced per d². `flows`: the stepped rings' flows
-    (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each."""
+    (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each; `fsdp_flows`: the
+    FSDP rings' flows counted the same way (stepped whole, run as pieces), which replace the
+    d² and per-piece rules."""
     p = sc.parallel
     representative = representative and p.cp == 1
     if representative:
@@ -155,14 +170,24 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     ranks = simulated_ranks(sc, representative)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
-    d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
-    if fsdp_pieces and p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:
-        fsdp = fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
-    else:
-        fsdp = p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
+    fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
             + pair_seconds(sc) + flows * SECONDS_PER_FLOW)
+
+
+def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> float:
+    """CPU seconds of the FSDP rings (as meta_seconds takes its arguments): their counted
+    flows (stepped whole, as pieces) where given, else one node's pieces where every unit
+    splits so, else the whole rings' d² rule."""
+    p = sc.parallel
+    d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
+    if fsdp_flows is not None:
+        stepped, pieces = fsdp_flows
+        return stepped * FSDP_SECONDS_PER_FLOW + pieces * PIECE_SECONDS_PER_FLOW
+    if fsdp_pieces and p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:
+        return fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
+    return p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
 
 
 def pair_seconds(sc) -> float:
@@ -202,14 +227,16 @@ def _ep_exchanges(sc) -> float:
     return min(layer_steps(sc), p.pp) if alone else layer_steps(sc)
 
 
-def fsdp_collectives(sc) -> int:
-    """FSDP collectives of one stage per iteration (training/data_parallel/fsdp.py): two gathers and a
-    reduce-scatter per layer and micro-batch with sharded parameters, a reduce-scatter with
-    sharded gradients, else one reduction per layer (and one gather after the step)."""
+def fsdp_collectives(sc, layers: int | None = None) -> int:
+    """FSDP collectives of one stage of `layers` layers (default L / p) per iteration
+    (training/data_parallel/fsdp.py): two gathers and a reduce-scatter per layer and
+    micro-batch with sharded parameters, a reduce-scatter with sharded gradients, else one
+    reduction per layer (and one gather after the step)."""
     p = sc.parallel
     if p.fsdp is None or p.dp * p.cp == 1:
         return 0
-    layers, m = sc.model.num_layers // p.pp, p.num_micro_batches
+    layers = sc.model.num_layers // p.pp if layers is None else layers
+    m = p.num_micro_batches
     if p.fsdp in ("fsdp2", "optim_grads_params"):
         return 3 * layers * m
     return layers * m if p.fsdp == "optim_grads" else 2 * layers
@@ -270,17 +297,19 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
-               fsdp_pieces: bool = True, flows: int = 0) -> None:
+               fsdp_pieces: bool = True, flows: int = 0,
+               fsdp_flows: tuple[int, int] | None = None) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `fsdp_pieces` and `flows` as meta_seconds."""
+    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows` and `fsdp_flows`
+    as meta_seconds."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
-        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows) * iterations
+        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "

@@ -21,7 +21,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.engine.collectives.ring_alone import node_segment
 from simsp.engine.collectives.ring_plan import COLLECTIVES
-from simsp.engine.group_timing import STEPPED
+from simsp.engine.group_timing import NODE_PIECE, STEP_BY_STEP, STEPPED
 from simsp.hardware.constants import LinkCalibration
 from simsp.hardware.profiles import fabric_of
 from simsp.model.params import param_shapes
@@ -112,10 +112,12 @@ def check_shortcuts(sc) -> Shortcuts:
     methods = _group_methods(sc, owners, clashes, fsdp_rings, splits)
     stepwise = frozenset(g for g, m in methods if m in STEPPED)  # rings that load links
     not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise)
+    if splits and not not_rep and symmetry is None and p.cp == 1:
+        methods = _pieces_beside_sends(methods, fsdp_rings, clashes, cluster.gpus_per_node)
     used_templates = templates_why(sc, not_rep, stepwise,
                                    {ranks for kind, ranks in owners if kind == "tp"},
                                    {ranks for kind, ranks in owners if kind == "ep"})
-    pieces = (fsdp_rings - meeting_others(clashes)) if splits else frozenset()
+    pieces = frozenset(g for g, m in methods if m == NODE_PIECE)
     closed_why = closed_form_why(clashes, stepwise) + segments_why(
         pieces, cluster.gpus_per_node, graph.graph["fabric"].nodes_per_leaf)
     return Shortcuts(representative=not not_rep, closed_form=True,
@@ -156,11 +158,32 @@ def _group_methods(sc, owners: list[Owner], clashes: list, fsdp_rings: frozenset
     return tuple(methods.items())
 
 
+def _pieces_beside_sends(methods: tuple, fsdp_rings: frozenset, clashes: list,
+                        gpus_per_node: int) -> tuple:
+    """The methods with every stepped FSDP ring of one member per node that meets no other
+    owner but pipeline pairs run as pieces: under the plain representative each member's
+    NIC meets its own replica's sends, the image of the representative's (their clashes are
+    mirrored), so the representative's NIC, up and down, stands for every member's
+    (engine/collectives/ring_alone.py _lone_member_hop): the quotient of the full simulation
+    by the shift of whole nodes, as for the pieces that meet only themselves."""
+    partners: dict[tuple[int, ...], set[str]] = {}
+    for _edge, owner, other in clashes:
+        if owner != other:
+            partners.setdefault(owner[1], set()).add(other[0])
+            partners.setdefault(other[1], set()).add(owner[0])
+
+    def lone(group: tuple[int, ...]) -> bool:
+        return len({gpu // gpus_per_node for gpu in group}) == len(group)
+
+    return tuple((g, NODE_PIECE if m == STEP_BY_STEP and g in fsdp_rings and lone(g)
+                  and partners.get(g, set()) <= {"p2p"} else m) for g, m in methods)
+
+
 def _units_split_evenly(sc, grid: RankGrid, graph: nx.DiGraph) -> bool:
     """Every FSDP collective (a unit's padded buffer, training/data_parallel/fsdp_units.py, in
     2- or 4-byte elements) can run as one node's piece of one channel
     (engine/collectives/ring_alone.py node_segment: nodes alike, one channel per member, equal
-    slices). The FSDP units are imported only under FSDP."""
+    slices; one member per node too). The FSDP units are imported only under FSDP."""
     if sc.parallel.fsdp is None:
         return False
     from simsp.training.data_parallel.fsdp_units import stage_units
@@ -173,7 +196,8 @@ def _units_split_evenly(sc, grid: RankGrid, graph: nx.DiGraph) -> bool:
         numels = {n: math.prod(local_shape(n, shapes[n], grid.tp))
                   for n in stage_param_names(shapes, plan)}
         if any(node_segment(graph, gpus, calibration, collective, unit.padded * elem, elem,
-                            slowest_latency=True) is None for unit in stage_units(numels, d)
-               for collective in COLLECTIVES for elem in (FP16, FP32)):
+                            slowest_latency=True, one_per_node=True) is None
+               for unit in stage_units(numels, d) for collective in COLLECTIVES
+               for elem in (FP16, FP32)):
             return False
     return True

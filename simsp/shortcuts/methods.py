@@ -44,7 +44,9 @@ GROUP_METHODS = (
            "slices; a ring across a leaf boundary takes each like hop's slowest latency); "
            "no context parallelism. One node's piece of one channel then stands for its "
            "images in every node and channel: the quotient of the full simulation by the "
-           "ring's symmetry", "tests/test_fsdp_segments.py",
+           "ring's symmetry. Also given after the representative verdict to a ring of one "
+           "member per node that only pipeline pairs meet (shortcuts/check.py "
+           "_pieces_beside_sends)", "tests/test_fsdp_segments.py",
            lambda f: f.fsdp_ring and f.pieces_allowed and not f.meets_others),
     Method(STEP_BY_STEP, "always (the full model); given where a hop may share a link with "
            "another owner's hop at the same time, or where the group's own collectives "

@@ -10,7 +10,7 @@ parallelism the owners are listed by shortcuts/cp_traffic.py. Read by shortcuts/
 import networkx as nx
 
 from simsp.cluster.grid import RankGrid
-from simsp.cluster.topology import SPINE, hop_route
+from simsp.cluster.topology import above_leaves, hop_route
 from simsp.engine.collectives.nccl_group import nccl_choice
 from simsp.engine.collectives.nccl_tuning import TREE
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
@@ -112,9 +112,12 @@ def owner_routes(graph: nx.DiGraph, owner: Owner) -> list[tuple[Edge, ...]]:
 
 
 def can_bind(edge: Edge) -> bool:
-    """Leaf-spine links never bind: a leaf's uplink bundle carries as much as all its GPU
-    links (cluster/topology.py _add_fabric), which every route through it also crosses."""
-    return SPINE not in edge
+    """Links above the leaves never bind where the check runs (shortcuts/check.py refuses a
+    fabric where they can: hardware/fabric.py uplinks_can_bind): a leaf's uplink bundle
+    carries as much as its NICs, a pod spine's to the core as much as its leaves' uplinks,
+    and every route through either also crosses one of those (cluster/topology.py
+    _add_fabric)."""
+    return not above_leaves(edge)
 
 
 def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, list[Owner]]:

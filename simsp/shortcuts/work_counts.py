@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import channel_rings
-from simsp.engine.group_timing import STEPPED
-from simsp.scenario.pipeline_split import model_chunks
+from simsp.engine.group_timing import NODE_PIECE, STEPPED
+from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
-from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, layer_steps, layer_tensors,
-                                 meta_seconds, numeric_seconds)
+from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,
+                                 layer_tensors, meta_seconds, numeric_seconds)
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.plan import simulated_ranks
 
@@ -34,10 +34,13 @@ TP_PHASES_PER_LAYER_STEP = {True: (4, 6), False: (4, 4)}
 
 
 class WorkCounts(NamedTuple):
-    """Counts of one meta iteration: layer-steps and flows of the stepped TP and DP rings."""
+    """Counts of one meta iteration: layer-steps, flows of the stepped TP and DP rings, and of
+    the FSDP rings stepped whole and run as pieces (priced apart: scenario/work.py)."""
 
     layer_steps: int
     flows: int
+    fsdp_flows: int = 0
+    piece_flows: int = 0
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -67,7 +70,39 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     flows = sum(tp_phases * ring_flows(g, per_node) for g in tp_groups)
     flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * ring_flows(g, per_node)
                  for g in dp_groups)
-    return WorkCounts(layer_steps(sc), round(flows))
+    pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
+    return WorkCounts(layer_steps(sc), round(flows),
+                      _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
+                      _fsdp_flows(sc, grid, ranks, pieces, piece_flows))
+
+
+def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
+    """Flows one phase of a ring run as one node's piece of one channel starts: the m members
+    a node holds x (n − 1) steps (engine/collectives/ring_alone.py segment_run)."""
+    return len(gpus) // len({gpu // gpus_per_node for gpu in gpus}) * (len(gpus) - 1)
+
+
+def _fsdp_flows(sc, grid: RankGrid, ranks, groups: set, per_phase) -> int:
+    """Flows of the FSDP rings among `groups` the simulated ranks belong to: each collective
+    of its stage (scenario/work.py fsdp_collectives, the stage's own layers) one phase of
+    `per_phase` flows."""
+    p = sc.parallel
+    if p.fsdp is None or p.dp * p.cp == 1:
+        return 0
+    layers = stage_layers(sc)
+    return sum(fsdp_collectives(sc, layers[grid.coords(g[0]).pp])
+               * per_phase(g, sc.cluster.gpus_per_node)
+               for g in {grid.dp_cp_group(r) for r in ranks} & groups)
+
+
+def stage_layers(sc) -> list[int]:
+    """Transformer layers per pipeline stage, its model chunks' together (Megatron's split:
+    scenario/pipeline_split.py), shape (p,)."""
+    p = sc.parallel
+    layers = [0] * p.pp
+    for virtual, count in enumerate(virtual_stage_layer_counts(sc.model, p)):
+        layers[virtual % p.pp] += count
+    return layers
 
 
 def stage_buckets(sc, stage: int) -> int:
@@ -122,8 +157,9 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     the stepped rings' flows counted under `shortcuts` (meta mode; default: the verdict
     Shortcuts.for_scale gives)."""
     shortcuts = Shortcuts.for_scale(sc) if shortcuts is None else shortcuts
-    flows = estimated_counts(sc, shortcuts).flows
-    return meta_seconds(sc, shortcuts.representative, _pieces(shortcuts), flows=flows)
+    counts = estimated_counts(sc, shortcuts)
+    return meta_seconds(sc, shortcuts.representative, _pieces(shortcuts), flows=counts.flows,
+                        fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:

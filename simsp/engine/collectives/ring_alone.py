@@ -22,7 +22,7 @@ from dataclasses import replace
 import networkx as nx
 import simpy
 
-from simsp.cluster.topology import SPINE, hop_route
+from simsp.cluster.topology import above_leaves, hop_route
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
                                       element_count)
 from simsp.engine.collectives.nccl_group import nccl_choice, wire_bytes
@@ -44,16 +44,16 @@ def channel_routes(graph: nx.DiGraph, gpus: list[int],
 
 def shares_a_link(graph: nx.DiGraph, gpus: list[int]) -> bool:
     """Do two hops of this group's ring (of one channel or of two) cross one link that can
-    bind? Leaf-spine links cannot on a two-tier 1:1 fabric: a leaf's uplink bundle carries as
-    much as all its GPU links (cluster/topology.py _add_fabric), which every route through it
-    also crosses; on any other fabric (oversubscribed, or with a core tier) they are counted."""
-    spine_never_binds = not uplinks_can_bind(graph)
+    bind? Links above the leaves cannot where hardware/fabric.py uplinks_can_bind says so
+    (leaves and pod spines at 1:1: each bundle carries as much as the links below it, which
+    every route through it also crosses); on any other fabric they are counted."""
+    uplinks_never_bind = not uplinks_can_bind(graph)
     seen: set[Edge] = set()
     channels = channel_rings(list(gpus), graph.graph["gpus_per_node"])
     for routes in channel_routes(graph, list(gpus), channels):
         for edges in routes:
             for edge in edges:
-                if spine_never_binds and SPINE in edge:
+                if uplinks_never_bind and above_leaves(edge):
                     continue
                 if edge in seen:
                     return True
@@ -115,16 +115,18 @@ Hop = tuple[tuple[Edge, ...], float, float]  # (links, latency_s, wire bytes per
 
 
 def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
-                 collective: str, nbytes: int, elem_bytes: int,
-                 slowest_latency: bool = False) -> tuple[float, list[Hop]] | None:
+                 collective: str, nbytes: int, elem_bytes: int, slowest_latency: bool = False,
+                 one_per_node: bool = False) -> tuple[float, list[Hop]] | None:
     """NCCL's base latency and channel 0's hops from the first node's m members on that node's
     links (every intra hop and the crossing hop's relay leg on the first member's NVLink port,
     the crossing hop then on its rail's NIC), where the ring is that symmetric: its channels
     alike (_alike_channel) and equal latencies at every node's like positions. None where it
     is not (`slowest_latency`: unequal latencies allowed, each like position taking its
     slowest, e.g. the spine hop of a ring across a leaf boundary: an approximation,
-    docs/shortcuts.md)."""
-    alike = _alike_channel(graph, gpus, calibration, collective, nbytes, elem_bytes)
+    docs/shortcuts.md; `one_per_node`: a ring of one member per node too, its piece the one
+    crossing hop on the first member's own NIC, up and down: _lone_member_hop)."""
+    alike = _alike_channel(graph, gpus, calibration, collective, nbytes, elem_bytes,
+                           one_per_node)
     if alike is None:
         return None
     base_s, by_node, latencies, routes, chunk = alike
@@ -133,7 +135,19 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
         if not slowest_latency:
             return None
         latencies = [max(latencies[q] for q in range(p % m, n, m)) for p in range(n)]
+    if m == 1:
+        hop = _lone_member_hop(routes, latencies[0], chunk)
+        nics = all(any(end.startswith("leaf") for end in edge) for edge in hop[0])
+        return (base_s, [hop]) if nics else None
     return base_s, _node_hops(graph, gpus, by_node[0], 0, latencies, routes, chunk)
+
+
+def _lone_member_hop(routes: list[tuple[Edge, ...]], latency_s: float, chunk: float) -> Hop:
+    """A ring of one member per node as its first member's hop: on that member's NIC up (the
+    hop it sends) and down (the hop it receives, the image of the one the next member
+    receives), which is where the node's other traffic (its pipeline sends) meets the ring;
+    the links above the leaves never bind where pieces run (hardware/fabric.py)."""
+    return (routes[0][0], routes[-1][-1]), latency_s, chunk
 
 
 def channel_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
@@ -158,17 +172,20 @@ def channel_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibra
 
 
 def _alike_channel(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
-                   collective: str, nbytes: int, elem_bytes: int) -> tuple | None:
+                   collective: str, nbytes: int, elem_bytes: int,
+                   one_per_node: bool = False) -> tuple | None:
     """(NCCL's base latency, members by node, channel 0's hop latencies [position], its hops'
     links [position], a chunk's wire bytes) where the channels are alike: >= 2 nodes holding
-    >= 2 members each at the same GPUs, one channel per member, equal chunk slices; else None."""
+    >= 2 members each (or, `one_per_node`, 1) at the same GPUs, one channel per member, equal
+    chunk slices; else None."""
     per_node = graph.graph["gpus_per_node"]
     by_node = members_by_node(gpus, per_node)
     shapes = {tuple(gpus[member] % per_node for member in members) for members in by_node}
     channels = channel_rings(gpus, per_node)
     m, n = len(by_node[0]), len(gpus)
     count = element_count(nbytes, elem_bytes)
-    if len(by_node) < 2 or m < 2 or len(shapes) != 1 or len(channels) != m or count % (n * m):
+    if len(by_node) < 2 or m < 2 - one_per_node or len(shapes) != 1 or len(channels) != m \
+            or count % (n * m):
         return None  # m < 2: one member per node, no NVLink port to stand for the node
     choice = nccl_choice(collective, graph, gpus, nbytes, calibration, RING)
     latencies = [latency for latency, _rate in channel_hops(graph, gpus, channels[:1],
