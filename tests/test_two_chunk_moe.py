@@ -1,6 +1,6 @@
 """The two-chunk schedules (ZB-V, DualPipeV, DualPipe) with mixture-of-experts under expert
-parallelism, as DeepSeek-V3 runs DualPipe (docs/dualpipe.md "Experts"): every gradient equal to
-the single-device reference, and the experts' grouped-GEMM weight gradients run in the W steps
+parallelism and multi-token prediction, as DeepSeek-V3 runs DualPipe (docs/dualpipe.md
+"Experts"): every gradient equal to the single-device reference, and the experts' grouped-GEMM weight gradients run in the W steps
 (arXiv:2401.10241 §2; DeepSeek-V3 report §3.2.1, Figure 4's "backward for weights")."""
 
 import pytest
@@ -14,22 +14,26 @@ from tests.test_zero_bubble_run import only_model_state_left
 PP, M, LAYERS = 4, 8, 8  # m = global batch 32 / (micro-batch 2 x DP 2)
 
 
-def moe_layout(schedule: str):
+def moe_layout(schedule: str, **extra):
     """EP 2 over DP 2, PP 4, 8 layers of 4 experts (top-2, capacity 0.5: tokens dropped),
     all-to-all dispatch, 8 micro-batches."""
     return moe_scenario(pipeline_model_parallel_size=PP, num_layers=LAYERS,
                         moe_expert_capacity_factor=0.5, global_batch_size=32,
-                        schedule=schedule)
+                        schedule=schedule, **extra)
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "dualpipe"])
-def test_moe_with_expert_parallelism_equals_the_reference(schedule):
-    """Loss and every gradient (router, experts, attention, embedding, head) within 1e-10 of
-    the single-device reference; nothing but model state left after the iteration (every W
+def test_moe_and_mtp_with_expert_parallelism_equal_the_reference(schedule):
+    """The MoE layout with one multi-token prediction depth (a MoE layer, loss weight 0.3) on
+    the last stage (the V's rank 0; both of DualPipe's end ranks): loss and every gradient
+    (router, experts, attention, the depth's, embedding, head) within 1e-10 of the
+    single-device reference; nothing but model state left after the iteration (every W
     freed what its B held for the experts' weight gradients)."""
-    run = simulate_iteration(moe_layout(schedule))
+    run = simulate_iteration(moe_layout(schedule, mtp_num_layers=1, mtp_loss_scaling_factor=0.3,
+                                        position_embedding_type="rope"))
     errors = compare_with_reference(run)
     assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    assert any(name.startswith("mtp.0.layer.mlp.experts") for name in errors)
     assert only_model_state_left(run)
 
 

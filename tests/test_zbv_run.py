@@ -94,7 +94,6 @@ def test_every_stage_holds_the_first_stage_of_1f1b():
 
 @pytest.mark.parametrize("model,parallel,reason", [
     ({"num_layers": 6}, {}, "divisible by 2 x 2"),
-    ({"mtp_num_layers": 1}, {}, "mtp_num_layers"),
     ({}, {"context_parallel_size": 2}, "context_parallel_size"),
     ({}, {"pipeline_model_parallel_size": 1}, "pipeline_model_parallel_size > 1"),
     ({}, {"schedule": "dualpipev", "global_batch_size": 2}, "at least 2 x 2 micro-batches")])
