@@ -123,3 +123,26 @@ def test_dualpipe_pair_exposes_a_dispatch_longer_than_the_backward_mlp():
         assert got[key] == pytest.approx(span, abs=1e-9), key
     assert t.end_s == pytest.approx(26.0, abs=1e-9)
     assert (t.comm_hidden_s, t.comm_exposed_s) == pytest.approx((17.0, 3.0), abs=1e-9)
+
+
+def test_dualpipe_pair_with_sms_taken_by_communication():
+    """One layer, PP sends 1 s, 4 SMs of which each communication kernel holds 1: compute runs
+    at 3/4 while one is in flight (engine/sm_share.py). By hand: B.combine [0,2] (comm);
+    F.pre does 1.5 of its 3 s by 2, the rest alone: [0,3.5]; F.dispatch [3.5,5.5]; B.mlp from
+    3.5, 1.5 s of work under it, 4.5 alone: [3.5,10]; B.dispatch [10,12]; B.mlp_dw 1.5 under
+    it, 1.5 alone: [10,13.5]; F.mlp alone [13.5,17.5]; F.combine [17.5,19.5] then F's send
+    [19.5,20.5]; B.pre 2.25 of 5 s under them: [17.5,23.25]; B's send [23.25,24.25]; B.pre_dw
+    0.75 under it: [23.25,25.5]. The 10 s of communication under compute cost a quarter of
+    their length: 23 + 2.5."""
+    t = issued_timeline(dualpipe_pair_seconds([F_LAYER], [B_LAYER], 1.0, 1.0), sm_count=4,
+                        comm_sms=1)
+    got = {(who, piece): (start, end) for who, piece, _, start, end in t.spans}
+    for key, span in {("b", "combine"): (0, 2), ("f", "pre_dispatch"): (0, 3.5),
+                      ("f", "dispatch"): (3.5, 5.5), ("b", "mlp"): (3.5, 10),
+                      ("b", "dispatch"): (10, 12), ("b", "mlp_dw"): (10, 13.5),
+                      ("f", "mlp"): (13.5, 17.5), ("f", "combine"): (17.5, 19.5),
+                      ("f", "pp"): (19.5, 20.5), ("b", "pre_dispatch"): (17.5, 23.25),
+                      ("b", "pp"): (23.25, 24.25),
+                      ("b", "pre_dispatch_dw"): (23.25, 25.5)}.items():
+        assert got[key] == pytest.approx(span, abs=1e-9), key
+    assert t.end_s == pytest.approx(25.5, abs=1e-9)
