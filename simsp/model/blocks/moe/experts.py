@@ -46,15 +46,10 @@ def experts_forward(xp, fc1, fc2, counts, swiglu: bool):
     return out, h1, g
 
 
-def experts_backward(dout, xp, h1, g, fc1, fc2, counts, swiglu: bool):
-    """d xp (N, h), d fc1 (E, h, ·), d fc2 (E, f, h) of experts_forward."""
-    dxp, dh1 = experts_input_grads(dout, h1, fc1, fc2, counts, swiglu)
-    return dxp, expert_weight_grads(xp, dh1, counts), expert_weight_grads(g, dout, counts)
-
-
 def experts_input_grads(dout, h1, fc1, fc2, counts, swiglu: bool):
     """The data gradients of experts_forward: d xp (N, h) and d h1 (N, f|2f), the
-    activation input's gradient that fc1's weight gradient multiplies."""
+    activation input's gradient that fc1's weight gradient multiplies (d fc1 =
+    expert_weight_grads(xp, d h1), d fc2 = expert_weight_grads(g, dout))."""
     back = (SWIGLU if swiglu else GELU).backward
     dxp = np.zeros((dout.shape[0], fc1.shape[1]), dtype=dout.dtype)  # (N, h)
     dh1 = np.zeros_like(h1)  # (N, f|2f)
