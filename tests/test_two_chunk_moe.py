@@ -1,11 +1,13 @@
 """The two-chunk schedules (ZB-V, DualPipeV, DualPipe) with mixture-of-experts under expert
-parallelism and multi-token prediction, as DeepSeek-V3 runs DualPipe (docs/dualpipe.md
-"Experts"): every gradient equal to the single-device reference, and the experts' grouped-GEMM weight gradients run in the W steps
-(arXiv:2401.10241 §2; DeepSeek-V3 report §3.2.1, Figure 4's "backward for weights")."""
+parallelism, multi-token prediction and context parallelism, as DeepSeek-V3 runs DualPipe
+(docs/dualpipe.md "Experts, multi-token prediction and context parallelism"): every gradient
+equal to the single-device reference, and the experts' grouped-GEMM weight gradients run in the
+W steps (arXiv:2401.10241 §2; DeepSeek-V3 report §3.2.1, Figure 4's "backward for weights")."""
 
 import pytest
 
 from simsp.model.blocks.moe import experts
+from simsp.scenario.loading import load_scenario
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from tests.test_moe_expert_parallel import scenario as moe_scenario
@@ -62,3 +64,18 @@ def test_expert_weight_gradients_run_in_the_w_steps(monkeypatch):
         assert all(any(b <= now < e for b, e in w_spans) for _, now in weights)
         assert not any(any(b <= now < e for b, e in w_spans)
                        for name, now in mine if not name.endswith("_weight"))
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipe"])
+def test_context_parallel_moe_equals_the_reference(schedule):
+    """scenarios/moe-tiny-cp.toml (CP 2 over TP 2 with SP, EP 2, top-1 with dropping, hidden
+    dropout) on PP 2 with 4 layers and 4 micro-batches, on the V and on DualPipe's two
+    pipelines: every gradient within 1e-10 of the reference."""
+    overrides = {("parallel", "schedule"): schedule,
+                 ("parallel", "pipeline_model_parallel_size"): 2, ("model", "num_layers"): 4, ("parallel", "global_batch_size"): 8,
+                 ("parallel", "data_parallel_size"): 1}
+    run = simulate_iteration(load_scenario("scenarios/moe-tiny-cp.toml", overrides))
+    assert run.inputs.sc.parallel.cp == 2 and run.inputs.sc.parallel.num_micro_batches == 4
+    errors = compare_with_reference(run)
+    assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    assert only_model_state_left(run)
