@@ -41,6 +41,24 @@ def test_numeric_iteration_equals_the_single_device_reference(pp, t, d):
             assert np.array_equal(grad.data, states[mirror].grads[name].data), name
 
 
+def test_uneven_stages_equal_the_reference_with_each_pipeline_split_as_megatrons():
+    """Megatron's uneven split (first stage 3 layers, last 1, the middle 2 each of 8) on both
+    pipelines: rank r holds stage r's layers as chunk 0 and stage p-1-r's as chunk 1 (rank 0:
+    layers 0-2 and 7, as DeepSeek-V3 pairs its heavy first stage with its light last one);
+    every gradient within 1e-10 of the reference."""
+    parallel = {"pipeline_model_parallel_size": 4, "micro_batch_size": 1,
+                "global_batch_size": 8, "schedule": "dualpipe",
+                "decoder_first_pipeline_num_layers": 3, "decoder_last_pipeline_num_layers": 1}
+    run = simulate_iteration(scenario(model={"num_layers": 8}, parallel=parallel))
+    layers = {plan.pp: [list(plan.layers(chunk)) for chunk in (0, 1)]
+              for plan in run.inputs.plans.values()}
+    assert layers == {0: [[0, 1, 2], [7]], 1: [[3, 4], [5, 6]], 2: [[5, 6], [3, 4]],
+                      3: [[7], [0, 1, 2]]}
+    errors = compare_with_reference(run)
+    assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    assert only_model_state_left(run)
+
+
 def test_the_run_executes_dualpipes_op_lists():
     """The steps are upstream's ops in order, a pair as its F then its BW and a BW as B then W:
     rank 0 of PP 4, m 8 starts with upstream's step 1 (2(n-h-1) = 2 F0) and step 2 (F0 F1)."""

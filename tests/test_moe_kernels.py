@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from simsp.model.blocks.mlp.activation import gelu_forward, swiglu_forward
-from simsp.model.blocks.moe.experts import experts_backward, experts_forward
+from simsp.model.blocks.moe.experts import (expert_weight_grads, experts_forward,
+                                            experts_input_grads)
 from simsp.model.blocks.moe.router import (MoeSpec, get_capacity, route, route_backward, unpermute,
                                           unpermute_backward)
 
@@ -28,8 +29,9 @@ def moe_backward(dy, w: dict, c: dict, spec: MoeSpec, daux: float = 1.0):
     """dx (T, h) and grads {router, fc1, fc2} of y and daux · aux loss (MoEAuxLossAutoScaler
     hands the aux loss a gradient of 1 per layer)."""
     dout, dprobs = unpermute_backward(dy, c["out"], c)  # (N, h), (T, E)
-    dxp, dfc1, dfc2 = experts_backward(dout, c["xp"], c["h1"], c["g"], w["fc1"], w["fc2"],
-                                       c["counts"], spec.swiglu)
+    dxp, dh1 = experts_input_grads(dout, c["h1"], w["fc1"], w["fc2"], c["counts"], spec.swiglu)
+    dfc1 = expert_weight_grads(c["xp"], dh1, c["counts"])  # B's and W's halves (the split
+    dfc2 = expert_weight_grads(c["g"], dout, c["counts"])  # backward's W runs these later)
     dx, drouter = route_backward(dxp, dprobs, c, w["router"], spec, daux)
     return dx, {"router": drouter, "fc1": dfc1, "fc2": dfc2}
 

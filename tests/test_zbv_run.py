@@ -85,8 +85,7 @@ def test_every_stage_holds_the_first_stage_of_1f1b():
 
 @pytest.mark.parametrize("model,parallel,reason", [
     ({"num_layers": 6}, {}, "divisible by 2 x 2"),
-    ({"num_experts": 4}, {}, "num_experts"),
-    ({}, {"context_parallel_size": 2}, "context_parallel_size"),
+    ({}, {"decoder_first_pipeline_num_layers": 2}, "uneven pipeline stages"),
     ({}, {"pipeline_model_parallel_size": 1}, "pipeline_model_parallel_size > 1"),
     ({}, {"schedule": "dualpipev", "global_batch_size": 2}, "at least 2 x 2 micro-batches")])
 def test_what_zbv_does_not_run_with_is_refused(model, parallel, reason):

@@ -28,7 +28,7 @@ import simpy
 
 from simsp.engine.sm_share import SmShare
 
-COMM_PIECES = frozenset(("dispatch", "combine"))
+COMM_PIECES = frozenset(("dispatch", "combine", "pp"))  # "pp": a DualPipe pair's p2p sends
 # (micro-batch, piece) in Megatron's issue order; *_dw only with --delay-wgrad-compute
 ISSUE = (("b", "combine"), ("f", "pre_dispatch"), ("b", "mlp"), ("f", "dispatch"),
          ("b", "mlp_dw"), ("b", "dispatch"), ("f", "mlp"), ("f", "combine"),
@@ -121,9 +121,15 @@ def pair_timeline(f: LayerPieces | None, b: LayerPieces | None, delay_wgrad: boo
                   sm_count: int | None = None, comm_sms: int = 0,
                   last_in_backward: bool = False) -> PairTimeline:
     """One layer pair alone on a GPU from time 0 (SM contention when `sm_count` is given)."""
+    return issued_timeline(pair_seconds(f, b, delay_wgrad, last_in_backward), sm_count,
+                           comm_sms)
+
+
+def issued_timeline(issued: list, sm_count: int | None = None,
+                    comm_sms: int = 0) -> PairTimeline:
+    """Issued pieces [(micro-batch, piece, seconds)] alone on a GPU from time 0."""
     env = simpy.Environment()
     sm = SmShare(env, sm_count) if sm_count else None
-    issued = pair_seconds(f, b, delay_wgrad, last_in_backward)
     proc = env.process(run_pair(env, 0, issued, sm, comm_sms))
     env.run()
     spans = tuple(proc.value)
@@ -142,3 +148,21 @@ def comm_exposure(spans) -> tuple[float, float]:
         hidden += under
         exposed += (end - start) - under
     return hidden, exposed
+
+
+def dualpipe_pair_seconds(f_layers: list, b_layers: list, pp_f: float = 0.0,
+                          pp_b: float = 0.0) -> list:
+    """A DualPipe F&B pair of two chunks (DeepSeek-V3 report, arXiv:2412.19437 §3.2.1 and
+    Figure 4): forward layer i issued with the backward's i-th layer (b_layers in the order the
+    backward runs them, last layer first) in `ISSUE` order, whose streams are Figure 4's
+    (compute ATTN(F), MLP(B), MLP(W), MLP(F), ATTN(B), ATTN(W); communication COMBINE(B),
+    DISPATCH(F), DISPATCH(B), COMBINE(F)); the pair's backward is full, so every layer's W
+    pieces run inside it; then the two PP sends on the communication stream (Figure 4's "PP"):
+    the forward's output, the backward's input gradient. A chunk with fewer layers leaves the
+    other's pieces alone."""
+    issued = []
+    for i in range(max(len(f_layers), len(b_layers))):
+        issued += pair_seconds(f_layers[i] if i < len(f_layers) else None,
+                               b_layers[i] if i < len(b_layers) else None, delay_wgrad=True)
+    return issued + [(who, "pp", seconds) for who, seconds in (("f", pp_f), ("b", pp_b))
+                     if seconds > 0]

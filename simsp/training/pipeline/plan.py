@@ -129,10 +129,17 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
     for rank in range(grid.world_size):
         c = grid.coords(rank)
         chunks = None if ranges is None else tuple(
-            ranges[virtual_stage_of(k, c.pp, p, placement)] for k in range(v))
+            ranges[_model_stage(virtual_stage_of(k, c.pp, p, placement), p, placement)]
+            for k in range(v))
         plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
                                 tuple(schedule[c.pp]), chunks, c.cp, placement)
     return plans
+
+
+def _model_stage(virtual_stage: int, p: int, placement: str) -> int:
+    """The model stage whose layers a virtual stage runs: itself, or, in DualPipe, k mod p
+    (both pipelines split the model as Megatron's p stages)."""
+    return virtual_stage % p if placement == DUAL else virtual_stage
 
 
 def _uneven_ranges(sc: Scenario) -> list[range]:

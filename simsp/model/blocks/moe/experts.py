@@ -46,18 +46,23 @@ def experts_forward(xp, fc1, fc2, counts, swiglu: bool):
     return out, h1, g
 
 
-def experts_backward(dout, xp, h1, g, fc1, fc2, counts, swiglu: bool):
-    """d xp (N, h), d fc1 (E, h, ·), d fc2 (E, f, h) of experts_forward."""
+def experts_input_grads(dout, h1, fc1, fc2, counts, swiglu: bool):
+    """The data gradients of experts_forward: d xp (N, h) and d h1 (N, f|2f), the
+    activation input's gradient that fc1's weight gradient multiplies (d fc1 =
+    expert_weight_grads(xp, d h1), d fc2 = expert_weight_grads(g, dout))."""
     back = (SWIGLU if swiglu else GELU).backward
-    dfc1, dfc2 = np.zeros_like(fc1), np.zeros_like(fc2)
-    dxp = np.zeros_like(xp)  # (N, h)
+    dxp = np.zeros((dout.shape[0], fc1.shape[1]), dtype=dout.dtype)  # (N, h)
+    dh1 = np.zeros_like(h1)  # (N, f|2f)
     for e, (a, b) in enumerate(_splits(counts)):
-        dg = dout[a:b] @ fc2[e].T  # (n_e, f)
-        dfc2[e] = g[a:b].T @ dout[a:b]
-        dh1 = back(dg, h1[a:b])  # (n_e, f|2f)
-        dfc1[e] = xp[a:b].T @ dh1
-        dxp[a:b] = dh1 @ fc1[e].T
-    return dxp, dfc1, dfc2
+        dh1[a:b] = back(dout[a:b] @ fc2[e].T, h1[a:b])  # (n_e, f|2f)
+        dxp[a:b] = dh1[a:b] @ fc1[e].T
+    return dxp, dh1
+
+
+def expert_weight_grads(x, dy, counts):
+    """Each expert's weight gradient x_e^T dy_e from its rows: x (N, k), dy (N, n) ->
+    (E, k, n) (an expert without rows: zeros)."""
+    return np.stack([x[a:b].T @ dy[a:b] for a, b in _splits(counts)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +133,8 @@ def forward(r, spec, w, x_in, local, stash):
 
 def backward(r, m, w, g, saved, d_in, local, h: int):
     """d of fc2, the activation and fc1 on the experts' rows: d_in (N_in, h) -> (N_in, h);
-    the local experts' weight gradients accumulate in g."""
+    the local experts' weight gradients accumulate in g, or, in a split backward's B
+    (`r.wgrad`, base/wgrad_store.py), wait with what they read for the W step."""
     x_in, act_in = saved.pop("permuted_tokens"), saved.pop(act_in_name(m))
     act_out = saved.pop("expert_fc2_input", None)
     if act_out is None:  # moe_act recomputed
@@ -137,21 +143,45 @@ def backward(r, m, w, g, saved, d_in, local, h: int):
             act_out = yield from activation(r, m, act_in, "expert_fc2_input", f,
                                              "recompute_experts_act")
     n_in, width, f = x_in.shape[0], act_in.shape[1], act_out.shape[1]
-    dx_data = None
+    dx_data = dh1 = None
     if r.numeric:
         weights = _weights(w)
-        dx_data, dfc1, dfc2 = experts_backward(d_in.data, x_in.data, act_in.data,
-                                               act_out.data, weights["fc1"], weights["fc2"],
-                                               local, m.swiglu)
-        g[FC1].data += dfc1.reshape(g[FC1].shape)
-        g[FC2].data += dfc2
+        dx_data, dh1 = experts_input_grads(d_in.data, act_in.data, weights["fc1"],
+                                           weights["fc2"], local, m.swiglu)
     d_act = r.alloc((n_in, f), FP16, "d_expert_fc2")
-    yield from expert_gemm(r, "d_expert_fc2", local, f, h, passes=2)
+    yield from _grads(r, g, FC2, (d_in, act_out), local, "d_expert_fc2", (f, h))
     r.free(d_in, act_out)
-    d_act_in = r.alloc((n_in, width), FP16, "d_expert_act_input")
+    d_act_in = r.alloc((n_in, width), FP16, "d_expert_act_input", data=dh1)
     yield from r.compute("d_expert_act_input", "elementwise", nbytes=3 * act_in.nbytes)
     r.free(d_act, act_in)
     dx_in = r.alloc((n_in, h), FP16, "d_expert_fc1", data=dx_data)
-    yield from expert_gemm(r, "d_expert_fc1", local, h, width, passes=2)
+    yield from _grads(r, g, FC1, (d_act_in, x_in), local, "d_expert_fc1", (h, width))
     r.free(d_act_in, x_in)
     return dx_in
+
+
+def _grads(r, g, w_name: str, read: tuple, local, name: str, kn: tuple):
+    """One expert GEMM's backward, read = (its output gradient (N_in, n), its input (N_in, k)):
+    the data and weight gradients as one kernel of two passes, or, in a split backward's B,
+    the data gradient now and the weight gradient's grouped GEMM deferred to W with the two
+    tensors it reads (Qi et al., arXiv:2401.10241 §2; DeepSeek-V3 report §3.2.1's "backward
+    for weights" of the MLP)."""
+    if r.wgrad is None:
+        _accumulate(r, g, w_name, *read, local)
+        yield from expert_gemm(r, name, local, *kn, passes=2)
+        return
+    yield from expert_gemm(r, name, local, *kn)
+    r.wgrad.defer(r, read, lambda dy, x: _weight_grad(r, g, w_name, dy, x, local,
+                                                       name + "_weight", kn))
+
+
+def _weight_grad(r, g, w_name: str, dy, x, local, name: str, kn: tuple):
+    """The deferred weight gradient of one expert GEMM, at the W step."""
+    _accumulate(r, g, w_name, dy, x, local)
+    yield from expert_gemm(r, name, local, *kn)
+
+
+def _accumulate(r, g, w_name: str, dy, x, local) -> None:
+    """g[w_name] (E_local, k, n·) += each local expert's x_e^T dy_e (numeric mode)."""
+    if r.numeric:
+        g[w_name].data += expert_weight_grads(x.data, dy.data, local).reshape(g[w_name].shape)
