@@ -18,8 +18,10 @@ gradients are nodes of their own (megatron/core/models/common/utils.py `backward
 compute stream, no event), so dispatch_bwd starts once mlp_bwd's input gradients exist; without
 it they are part of mlp_bwd and pre_dispatch_bwd. The last layer of a backward keeps its
 pre_dispatch weight gradients for later (`is_last_layer_in_bwd`). Communication kernels hold
-SMs while they run (engine/sm_share.py) when an `SmShare` is given. This module is the one
-place either a Megatron combined-1F1B step or a DualPipe F&B pair times a layer pair.
+SMs while they run (engine/sm_share.py) when an `SmShare` is given. These timelines take each
+piece's duration up front: the hand-worked reference that the event-by-event combined 1F1B step
+(model/blocks/moe/comm_stream.py) is tested against, and the time of a DualPipe F&B pair
+(`dualpipe_pair_seconds`), which the DualPipe run does not execute yet (docs/dualpipe.md).
 """
 
 from dataclasses import dataclass
