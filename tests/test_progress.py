@@ -94,8 +94,9 @@ def test_every_command_accepts_quiet():
 
 def test_search_shows_its_phases_with_totals_and_quiet_silences_them(tmp_path):
     """search's bars on a terminal: the layouts checked (2 GPUs, 2 layers, global batch 2:
-    t 1 p 1 d 2 b 1 gives 3 recompute x 2 distributed optimizer = 6; t 1 p 2 d 1 b 1 or 2, 3 each;
-    t 2 p 1 d 1 b 1 or 2, 2 SP x 3 each = 12; 24 in all), the layouts bounded and those simulated.
+    t 1 p 1 d 2 b 1 gives 3 recompute x 2 distributed optimizer = 6; t 1 p 2 d 1 b 1 or 2, 3 each
+    under 1F1B, ZB-H1 and ZB-H2 = 18 (ZB-V and DualPipeV need 2p | 2 layers, DualPipe m >= 2p);
+    t 2 p 1 d 1 b 1 or 2, 2 SP x 3 each = 12; 36 in all), the layouts bounded and those simulated.
     --quiet: nothing on stderr (not a terminal: simsp.progress.wanted, the test above), the same
     stdout (but its folder). A bar that vanishes when done may never draw its last count: the
     total is what is checked."""
@@ -106,6 +107,6 @@ def test_search_shows_its_phases_with_totals_and_quiet_silences_them(tmp_path):
         assert status == 0
         outputs.append((out.replace(name, "DIR"), err))
     (bar_out, err), (quiet_out, quiet_err) = outputs
-    assert re.search(r"simsp search: layouts checked: +\d+%\|[^|]*\| \d+/24 ", err)
+    assert re.search(r"simsp search: layouts checked: +\d+%\|[^|]*\| \d+/36 ", err)
     assert "simsp search: bounds" in err and "simsp search: simulated" in err
     assert quiet_err == "" and quiet_out == bar_out
