@@ -18,9 +18,21 @@ from simsp.training.pipeline.plan import stage_plans
 EMBEDDING_S, LAYER_S = 10e-6, 40e-6
 
 
-def interleaved_world(**parallel):
-    """p = 2, v = 2 (one layer per chunk), d = 2, m = 2 on one node; stage 0 holds the
-    embedding and layer 0 (chunk 0) and layer 2 (chunk 1); buckets of one layer."""
+def bucket_seconds(world, r):
+    """(reduce_s, scale_s): a bucket's fp32 reduce-scatter over ranks 0 and 1 alone, and its
+    scaling kernel (grad_data *= 1/2 on the 4-byte bucket: read and written), each of a bucket."""
+    def reduce_s(bucket):
+        return collective_time("reduce_scatter", world.network.graph, [0, 1], 4 * bucket.numel,
+                               world.network.calibration, 4)
+
+    def scale_s(bucket):
+        return kernel_time("elementwise", 0, 2 * 4 * bucket.numel, cal=r.compute_cal)
+    return reduce_s, scale_s
+
+
+def interleaved_overrides(**parallel) -> dict:
+    """p = 2, v = 2 (one layer per chunk), d = 2, m = 2, overlapped reduce and gather with the
+    distributed optimizer; `parallel` fields override."""
     overrides = {("model", "num_layers"): 4, ("model", "hidden_size"): 64,
                  ("run", "mode"): "meta", ("parallel", "data_parallel_size"): 2,
                  ("parallel", "pipeline_model_parallel_size"): 2,
@@ -28,10 +40,15 @@ def interleaved_world(**parallel):
                  ("parallel", "overlap_p2p_communication"): True,
                  ("parallel", "global_batch_size"): 4, ("parallel", "overlap_grad_reduce"): True,
                  ("parallel", "distributed_optimizer"): True,
-                 ("parallel", "overlap_param_gather"): True,
-                 ("parallel", "ddp_bucket_size"): 49_984}
+                 ("parallel", "overlap_param_gather"): True}
     overrides.update({("parallel", k): v for k, v in parallel.items()})
-    sc = load_scenario(None, overrides)
+    return overrides
+
+
+def interleaved_world(**parallel):
+    """p = 2, v = 2 (one layer per chunk), d = 2, m = 2 on one node; stage 0 holds the
+    embedding and layer 0 (chunk 0) and layer 2 (chunk 1); buckets of one layer."""
+    sc = load_scenario(None, interleaved_overrides(**{"ddp_bucket_size": 49_984, **parallel}))
     world = build_world(sc, simulated=[0], timing_of=EveryGroup(RING_ALONE))
     plan = stage_plans(sc, world.grid)[0]
     grads = {n: Tensor.meta(shape, FP32, n) for n, shape in param_shapes(sc.model).items()}
@@ -201,13 +218,7 @@ def test_aligned_reductions_launch_chunk_by_chunk_by_hand():
         yield from sync.finish(r)
         done.append(env.now)
 
-    def reduce_s(bucket):
-        return collective_time("reduce_scatter", world.network.graph, [0, 1], 4 * bucket.numel,
-                               world.network.calibration, 4)
-
-    def scale_s(bucket):  # grad_data *= 1/2 on the 4-byte bucket: read and written
-        return kernel_time("elementwise", 0, 2 * 4 * bucket.numel, cal=r.compute_cal)
-
+    reduce_s, scale_s = bucket_seconds(world, r)
     env.process(program())
     env.run()
     chunk1_end = 2 * LAYER_S + scale_s(layer2) + reduce_s(layer2)
@@ -244,13 +255,7 @@ def test_unaligned_reductions_launch_bucket_by_bucket_by_hand():
         yield from sync.finish(r)
         done.append(env.now)
 
-    def reduce_s(bucket):
-        return collective_time("reduce_scatter", world.network.graph, [0, 1], 4 * bucket.numel,
-                               world.network.calibration, 4)
-
-    def scale_s(bucket):  # grad_data *= 1/2 on the 4-byte bucket: read and written
-        return kernel_time("elementwise", 0, 2 * 4 * bucket.numel, cal=r.compute_cal)
-
+    reduce_s, scale_s = bucket_seconds(world, r)
     env.process(program())
     env.run()
     layer2_launch = 2 * LAYER_S + scale_s(layer2)

@@ -15,7 +15,8 @@ from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.data_parallel.optimizer import allocate_optimizer, chained_step
 from simsp.model.tensor import FP16, Tensor
 
-from tests.test_param_gather_ahead import EMBEDDING_S, LAYER_S, interleaved_world, run_forwards
+from tests.test_param_gather_ahead import (EMBEDDING_S, LAYER_S, interleaved_overrides,
+                                           interleaved_world, run_forwards)
 from tests.test_shortcut_layouts import assert_same, fast_and_full, layout_scenario
 
 ADAM_BYTES = 16 + 12 + 2  # reads grad, master, m, v (4 B); writes master, m, v, the 2-B weight
@@ -108,16 +109,7 @@ def test_chained_step_issues_chunk_zero_between_the_two_steps_by_hand():
 def test_megatrons_refusals_in_its_order(parallel, reason):
     """megatron/training/arguments.py (d98e8a64): distributed optimizer, then
     --overlap-param-gather, then interleaving."""
-    overrides = {("model", "num_layers"): 4, ("run", "mode"): "meta",
-                 ("parallel", "data_parallel_size"): 2,
-                 ("parallel", "pipeline_model_parallel_size"): 2,
-                 ("parallel", "num_layers_per_virtual_pipeline_stage"): 1,
-                 ("parallel", "overlap_p2p_communication"): True,
-                 ("parallel", "global_batch_size"): 4, ("parallel", "overlap_grad_reduce"): True,
-                 ("parallel", "distributed_optimizer"): True,
-                 ("parallel", "overlap_param_gather"): True,
-                 ("parallel", "overlap_param_gather_with_optimizer_step"): True}
-    overrides.update({("parallel", k): v for k, v in parallel.items()})
+    overrides = interleaved_overrides(overlap_param_gather_with_optimizer_step=True, **parallel)
     with pytest.raises(UserError) as caught:
         load_scenario(None, overrides)
     assert caught.value.field == "parallel.overlap_param_gather_with_optimizer_step"
