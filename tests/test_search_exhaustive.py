@@ -28,16 +28,20 @@ MOE = {**TWO, "num_experts": 4, "moe_router_topk": 2, "add_bias_linear": False,
        "moe_layer_freq": 2}  # layer 0 MoE, layer 1 dense
 FEW = {"recompute_granularity": ["none", "full"]}  # restrictions that keep the tests short
 NONE = {"recompute_granularity": ["none"]}
+# The split-backward schedules' bounds have their own property test (test_search_schedules.py);
+# the recompute-soundness models below keep to 1F1B and interleaving to stay short.
+MEGATRON = {"schedule": ["1f1b", "interleaved"]}
 MODELS = {  # name: (model fields, held [parallel] fields, GPUs, global batch, memory reserve GiB,
     #                restricted layout fields)
     "block recompute": (SMALL, {"recompute_method": "block", "recompute_num_layers": 1}, 4, 4, 4),
     "fp16 gradients, overlapped": (
         {**SMALL, "num_layers": 4},
-        {"accumulate_allreduce_grads_in_fp32": False, "overlap_grad_reduce": True}, 4, 8, 4),
-    "uniform groups of 2": (SMALL, {"recompute_num_layers": 2}, 4, 8, 0),
+        {"accumulate_allreduce_grads_in_fp32": False, "overlap_grad_reduce": True}, 4, 8, 4,
+        MEGATRON),
+    "uniform groups of 2": (SMALL, {"recompute_num_layers": 2}, 4, 8, 0, MEGATRON),
     "memory-bound 8 x 8192": ({"mode": "meta", "num_layers": 8, "hidden_size": 8192,
                                "num_attention_heads": 64, "seq_length": 256,
-                               "vocab_size": 1024}, {}, 4, 4, 4),
+                               "vocab_size": 1024}, {}, 4, 4, 4, MEGATRON),
     "MoE, dense and MoE layers": (MOE, {}, 4, 4, 0, {**FEW, "micro_batch_size": [1]}),
     "context parallel 1 or 2, p2p or a2a": (
         {**TWO, "seq_length": 512, "attention_backend": "flash"},
