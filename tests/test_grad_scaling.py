@@ -12,6 +12,7 @@ from simsp.errors import UserError
 from simsp.hardware.costmodel import kernel_time
 from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.shortcuts.check import Shortcuts
+from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.data_parallel.grad_scaling import scaling_factor
 
@@ -45,6 +46,17 @@ def test_averaged_gradients_equal_the_default_ones(path, parallel):
     scale = max(np.abs(g).max() for g in default.values())
     for key, g in default.items():
         np.testing.assert_allclose(averaged[key], g, rtol=0, atol=1e-12 * scale, err_msg=str(key))
+
+
+def test_verify_compares_the_average_against_the_reference():
+    """llama-tiny (TP 2 + SP, PP 2, DP 2) under the average: every parameter's gradient and the
+    embedding output's gradient (a replica's, of its own mean loss) against the single-device
+    reference's global-mean gradients, within 1e-10."""
+    sc = load_scenario("scenarios/llama-tiny.toml",
+                       {("parallel", "ddp_average_in_collective"): True})
+    errors = compare_with_reference(simulate_iteration(sc, Shortcuts(), trace="none"))
+    assert "embedding_output" in errors
+    assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
 
 
 def meta_run(average: bool):

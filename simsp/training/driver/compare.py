@@ -7,6 +7,7 @@ from simsp.model.blocks.moe.placement import etp_split_axis, is_expert_param
 from simsp.model.params import param_shapes
 from simsp.model.reference import reference_forward_backward, relative_error
 from simsp.model.sharding import unshard
+from simsp.training.data_parallel.grad_scaling import loss_gradient_factor
 
 
 def _holder_stage(name: str, plans: dict, states: dict) -> int:
@@ -87,7 +88,9 @@ def compare_with_reference(run) -> dict:
 
 def embedding_output_grad(sc, results) -> np.ndarray:
     """The gradient at the embedding output for the whole global batch, (s, B, h), from the
-    run's results."""
+    run's results, as the gradient of the global-mean loss: a replica's activation gradients
+    are of its own mean loss (d·cp times larger) under --ddp-average-in-collective
+    (training/data_parallel/grad_scaling.py)."""
     s, B, h = sc.model.seq_length, sc.parallel.global_batch, sc.model.hidden_size
     full = np.zeros((s, B, h))
     b, t, cp = sc.parallel.micro_batch_size, sc.parallel.tp, sc.parallel.cp
@@ -99,4 +102,4 @@ def embedding_output_grad(sc, results) -> np.ndarray:
             start = tp * rows if sc.parallel.sequence_parallel else 0
             col = dp * per_replica + mb * b
             full[positions[start:start + rows], col:col + b] = grad
-    return full
+    return full / loss_gradient_factor(sc.parallel)
