@@ -19,6 +19,7 @@ import simpy
 
 from simsp.cluster.topology import placement
 from simsp.engine.collectives.all_to_all import all_to_all, alone_time
+from simsp.engine.collectives.collnet import sharp_in_group
 from simsp.engine.collectives.deepep import (NUM_SMS, alone_time as two_hop_alone_time,
                                              routes_key, two_hop, two_hop_plan)
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
@@ -309,24 +310,37 @@ class Communicator:
         return self._plans[key]
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
-        """NCCL's NVLS all-reduce where the system runs it and it beats the ring or tree
-        (engine/collectives/nvls.py; closed form, loading no link, as the tree), memoised; else None."""
+        """NCCL's in-network all-reduce where it runs one and it beats the ring or tree: NVLS
+        inside one NVLink domain (engine/collectives/nvls.py), CollNet or NVLS_TREE across
+        nodes under --use-sharp (engine/collectives/collnet.py); closed form, loading no link,
+        as the tree; memoised; else None."""
         calibration = self.network.calibration
-        if meeting.collective != ALL_REDUCE or not calibration.nvls_nvlink_generation:
+        if meeting.collective != ALL_REDUCE or not (calibration.nvls_nvlink_generation
+                                                    or calibration.sharp_collnet):
             return None
         key = (NVLS, meeting.group, meeting.nbytes, meeting.elem_bytes)
         if key not in self._plans:
-            graph, n = self.network.graph, len(meeting.group)
-            other = nccl_choice(ALL_REDUCE, graph, list(meeting.group), meeting.nbytes,
-                                calibration)  # NCCL's estimate of its ring or tree
-            seconds = nvls_in_group(meeting.group, meeting.nbytes, graph.graph["gpus_per_node"],
-                                    link_speeds_GBps(graph)[0], calibration,
-                                    other.estimated_time_s * 1e6)
-            sent = (round(nvls_bytes_per_direction(meeting.nbytes, n)),) * n
-            self._plans[key] = None if seconds is None else CollectiveStats(
-                ALL_REDUCE, meeting.group, meeting.nbytes, 1, sent, sent, 0.0, seconds, (),
-                NVLS, "Simple", 0)
+            self._plans[key] = self._in_network(meeting)
         return self._plans[key]
+
+    def _in_network(self, meeting: _Meeting) -> CollectiveStats | None:
+        """The stats of NVLS, CollNet or NVLS_TREE for this all-reduce, or None (NCCL keeps
+        its ring or tree)."""
+        graph, n, calibration = self.network.graph, len(meeting.group), self.network.calibration
+        other = nccl_choice(ALL_REDUCE, graph, list(meeting.group), meeting.nbytes,
+                            calibration)  # NCCL's estimate of its ring or tree
+        per_node, (nvlink, ib) = graph.graph["gpus_per_node"], link_speeds_GBps(graph)
+        seconds = nvls_in_group(meeting.group, meeting.nbytes, per_node, nvlink, calibration,
+                                other.estimated_time_s * 1e6)
+        algorithm, sent = NVLS, round(nvls_bytes_per_direction(meeting.nbytes, n))
+        if seconds is None:
+            across = sharp_in_group(meeting.group, meeting.nbytes, per_node, nvlink, ib,
+                                    calibration, other.estimated_time_s * 1e6)
+            if across is None:
+                return None
+            algorithm, seconds, sent = across
+        return CollectiveStats(ALL_REDUCE, meeting.group, meeting.nbytes, 1, (sent,) * n,
+                               (sent,) * n, 0.0, seconds, (), algorithm, "Simple", 0)
 
     def _placement(self, group: tuple) -> tuple:
         graph = self.network.graph.graph

@@ -11,7 +11,8 @@ from functools import lru_cache
 from simsp.errors import UserError
 from simsp.scenario.config import Cluster
 from simsp.hardware.gemm_shapes import load_table
-from simsp.hardware.profiles import GPUProfile, available, gpu_profile, nvswitch_generation
+from simsp.hardware.profiles import (GPUProfile, available, fabric_of, gpu_profile,
+                                     nvswitch_generation)
 from simsp.units import GiB
 
 
@@ -83,6 +84,10 @@ class LinkCalibration:
     # The GPU's NVLink generation where its system's NVSwitch (3 or later) can run NCCL's NVLS
     # all-reduce in one NVLink domain (simsp/engine/collectives/nvls.py); 0 where it cannot (DGX A100)
     nvls_nvlink_generation: int = 0
+    # NCCL_COLLNET_ENABLE over switches with SHARP (Megatron's --use-sharp; the system's
+    # [fabric] sharp_generation): multi-node all-reduces weigh CollNet and NVLS_TREE
+    # (simsp/engine/collectives/collnet.py)
+    sharp_collnet: bool = False
 
     @classmethod
     def from_cluster(cls, cluster) -> "LinkCalibration":
@@ -92,7 +97,8 @@ class LinkCalibration:
         nvls = (gpu_profile(cluster.gpu).nvlink_generation
                 if nvswitch_generation(cluster) >= NVLS_NVSWITCH_GENERATION else 0)
         return cls(cluster.nvlink_efficiency, cluster.ib_efficiency,
-                   cluster.transfer_overhead_us * 1e-6, **forced, nvls_nvlink_generation=nvls)
+                   cluster.transfer_overhead_us * 1e-6, **forced, nvls_nvlink_generation=nvls,
+                   sharp_collnet=_sharp_collnet(cluster))
 
     def efficiency(self, kind: str) -> float:
         """Achieved fraction of bandwidth for a link of `kind` ("nvlink" or "ib")."""
@@ -106,6 +112,17 @@ class LinkCalibration:
         return (f"nvlink_efficiency={self.nvlink_efficiency:g} ib_efficiency={self.ib_efficiency:g}"
                 f" transfer_overhead_s={self.transfer_overhead_s:g}")
 
+
+def _sharp_collnet(cluster) -> bool:
+    """Megatron's --use-sharp (cluster.use_sharp) where the system's switches have SHARP; a
+    user error where they have none (hardware/fabric.py sharp_generation)."""
+    if not getattr(cluster, "use_sharp", False):
+        return False
+    if fabric_of(cluster).sharp_generation is None:
+        raise UserError("cluster.use_sharp", "needs a system whose [fabric] has "
+                        "sharp_generation (switches with SHARP), e.g. --system dgx-h100; "
+                        f"{cluster.system or 'no system'} has none")
+    return True
 
 # ---------------------------------------------------------------------------------------------
 # Compute (kernel FLOPs and bytes -> seconds; the formulas are in simsp/hardware/costmodel.py)

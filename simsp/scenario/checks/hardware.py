@@ -1,7 +1,7 @@
 """Checks of the cluster: known GPU and system profiles, link efficiencies, and room for every
 rank of the layout."""
 
-from simsp.hardware.profiles import gpu_profile, system_profile
+from simsp.hardware.profiles import fabric_of, gpu_profile, system_profile
 from simsp.scenario.checks.rule import check
 from simsp.scenario.config import Cluster, Parallel
 
@@ -13,6 +13,9 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
           f"GPU profile {gpu.name} gives no [attention] sm_count (the SMs contention divides)")
     if c.system is not None:
         system_profile(c.system)
+    check(not c.use_sharp or fabric_of(c).sharp_generation is not None, "cluster.use_sharp",
+          f"needs a system whose switches have SHARP ([fabric] sharp_generation, e.g. "
+          f"dgx-h100); {c.system or 'no system'} has none")
     for name in ("nvlink_efficiency", "ib_efficiency"):
         check(0 < getattr(c, name) <= 1, f"cluster.{name}", "must be in (0, 1]")
     check(p.world_size <= c.num_gpus, "cluster.nodes",

@@ -1,0 +1,125 @@
+"""In-network reduction across nodes: NCCL's CollNet (IB SHARP) and NVLS_TREE, picked by NCCL's
+own estimate and timed in closed form over simsp's links (docs/nccl.md, "Across nodes").
+
+NCCL's estimates (engine/collectives/nccl_tuning.py, "In-network reduction") need each
+algorithm's graph. NVIDIA/nccl commit 5067397c (2.30.7): src/init.cc builds the CollNet Chain
+graph with the ring graph's channels and the CollNet Direct and NVLS graphs (NVLS_TREE shares
+NVLS's) with one head per NIC (src/graph/search.cc ncclTopoSearchTryNet: "NVLS search only
+tries to find NIC:GPU combinations to compute the heads"); across nodes every graph takes the
+first speed of the compute capability's speedArrayInter within the GPU's path to its NIC
+(search.cc ncclTopoCompute; src/graph/topo.cc: NIC bandwidth = link speed / 8, PCIe width x
+per-lane rate / 80). simsp has one NIC per GPU (rails), so a node of p GPUs has p heads.
+
+simsp times the pick, as it times one-node NVLS (engine/collectives/nvls.py), in closed form:
+NCCL's latency (nccl_tuning.sharp_latency_us) plus the slower of the node's NVLink part and
+its NIC part, each its bytes per GPU per direction over the tier's achieved rate (the two
+run pipelined, chunk by chunk: src/device/all_reduce.h runs CollNet and NVLS_TREE as
+concurrent intra-node and network warps). Bytes per GPU per direction, S the message, p GPUs
+per node (the switch reduces, so a rank's share crosses its NIC once each way):
+- CollNet Direct: NVLink 2 (p-1)/p S (scatter to the p heads, gather back); NIC S/p.
+- CollNet Chain: NVLink 2 S (each GPU passes its partial sum up its channels' chains and the
+  result down); NIC S/p.
+- NVLS (multi-node, over CollNet): NVLink S (1 + 1/p) at nvlsEfficiency, as one node's NVLS;
+  NIC S/p.
+- NVLS_TREE: NVLink as NVLS; the heads' slices S/p over a double binary tree of nodes
+  (NCCL's tree, src/graph/trees.cc): S/p each way on 2 nodes (each sends its slice, receives
+  the other's), 2 S/p beyond (a node is inner in one tree: two children up, two down).
+It loads no link (as a tree or NVLS all-reduce: engine/communicator.py), so beside other
+traffic on the same NICs it is as fast as alone.
+"""
+
+from simsp.engine.collectives import nccl_tuning as tuning
+from simsp.engine.collectives.nvls import COMPCAP, NVLS_EFFICIENCY
+from simsp.units import GB
+
+# search.cc sm90SpeedArrayInter / sm100SpeedArrayInter (GB/s per channel); Ampere's is
+# nccl_tuning.SPEED_INTER
+SPEED_INTER_BY_CC = {
+    tuning.AMPERE: tuning.SPEED_INTER,
+    tuning.HOPPER: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
+                    2.4, 1.2, 0.24, 0.12),
+    tuning.BLACKWELL: (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5,
+                       15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12)}
+# topo.cc: PCIe bandwidth = width x per-lane rate / 80 (Gen4 16 GT/s: 120, Gen5 32 GT/s: 240);
+# DGX A100 NICs sit behind PCIe Gen4 x16, DGX H100 / B200 NICs behind Gen5 x16 (the DGX user
+# guides' PCIe switches)
+PCIE_X16_BW = {tuning.AMPERE: 16 * 120 / 80, tuning.HOPPER: 16 * 240 / 80,
+               tuning.BLACKWELL: 16 * 240 / 80}
+MULTI_NODE = (tuning.COLLNET_DIRECT, tuning.COLLNET_CHAIN, tuning.NVLS, tuning.NVLS_TREE)
+
+
+def compcap_of(nvlink_generation: int) -> str:
+    """NCCL's compute-capability row of a GPU by its NVLink generation (3: Ampere)."""
+    return COMPCAP.get(nvlink_generation, tuning.AMPERE)
+
+
+def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
+                     compcap: str) -> dict:
+    """algorithm -> SharpGraph across nodes (simplified as nccl_graph is: the first fitting
+    speed): one head per NIC for CollNet Direct, NVLS and NVLS_TREE, the ring graph's channels
+    for CollNet Chain, all at the first inter-node speed within the NIC and its PCIe path."""
+    path = min(ib_GBps, PCIE_X16_BW[compcap])
+    speeds = SPEED_INTER_BY_CC[compcap]
+    speed = next((s for s in speeds if s <= path), speeds[-1])
+    heads = tuning.SharpGraph(min(tuning.MAX_NVLS_ARITY, ppn), speed, speed)
+    ring = tuning.nccl_graph(nodes, ppn, nvlink_GBps, ib_GBps)
+    return {tuning.COLLNET_DIRECT: heads, tuning.NVLS: heads, tuning.NVLS_TREE: heads,
+            tuning.COLLNET_CHAIN: tuning.SharpGraph(ring.channels, speed, speed)}
+
+
+def tier_bytes(algorithm: str, nbytes: int, ppn: int, nodes: int) -> tuple[float, float]:
+    """(NVLink, NIC) bytes per GPU per direction of an all-reduce of `nbytes` (module doc)."""
+    nic = nbytes / ppn * (2 if algorithm == tuning.NVLS_TREE and nodes > 2 else 1)
+    if algorithm == tuning.COLLNET_DIRECT:
+        return 2 * (ppn - 1) / ppn * nbytes, nic
+    if algorithm == tuning.COLLNET_CHAIN:
+        return 2.0 * nbytes, nic
+    return nbytes * (1 + 1 / ppn), nic
+
+
+def sharp_all_reduce_time(algorithm: str, nbytes: int, ranks: int, nodes: int, nvlink_GBps: float,
+                          ib_GBps: float, calibration, nvlink_generation: int) -> float:
+    """Seconds of a multi-node all-reduce run as `algorithm`: NCCL's latency plus the slower
+    tier (module doc); NVLS's NVLink part at nvlsEfficiency."""
+    ppn = ranks // nodes
+    intra_bytes, nic_bytes = tier_bytes(algorithm, nbytes, ppn, nodes)
+    intra_rate = nvlink_GBps * GB * calibration.nvlink_efficiency
+    if algorithm in (tuning.NVLS, tuning.NVLS_TREE):
+        intra_rate *= NVLS_EFFICIENCY[nvlink_generation]
+    nic_rate = ib_GBps * GB * calibration.ib_efficiency
+    latency_s = tuning.sharp_latency_us(algorithm, ranks, nodes) * 1e-6
+    return latency_s + max(intra_bytes / intra_rate if ppn > 1 else 0.0, nic_bytes / nic_rate)
+
+
+def sharp_pick(nbytes: int, ranks: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
+               calibration, other_estimate_us: float) -> str | None:
+    """The in-network algorithm NCCL would run this multi-node all-reduce as, or None (its ring
+    or tree, estimated `other_estimate_us`, stays): the calibration's NCCL_COLLNET_ENABLE over a
+    SHARP fabric (`sharp_collnet`), NCCL_ALGO / NCCL_PROTO leaving the choice open (these run
+    Simple), each algorithm enabled as tuning.cc says, and NCCL's estimates compared
+    (nccl_tuning.sharp_choice: strictly faster than the ring or tree)."""
+    if (not calibration.sharp_collnet or nodes < 2 or ranks % nodes
+            or calibration.nccl_algo is not None
+            or calibration.nccl_proto not in (None, tuning.SIMPLE)):
+        return None
+    generation = calibration.nvls_nvlink_generation
+    compcap, ppn = compcap_of(generation), ranks // nodes
+    enabled = {a: tuning.sharp_enabled(a, nodes, generation in NVLS_EFFICIENCY, True, True)
+               for a in MULTI_NODE}
+    graphs = multinode_graphs(ppn, nodes, nvlink_GBps, ib_GBps, compcap)
+    return tuning.sharp_choice(tuning.ALL_REDUCE, nbytes, ranks, nodes, graphs, compcap,
+                               enabled, other_estimate_us)
+
+
+def sharp_in_group(gpus: tuple[int, ...], nbytes: int, gpus_per_node: int, nvlink_GBps: float,
+                   ib_GBps: float, calibration, other_estimate_us: float) -> tuple | None:
+    """(algorithm, seconds, bytes each GPU sends) of this all-reduce where NCCL would run it in
+    the network across nodes (sharp_pick), else None."""
+    nodes, ranks = len({gpu // gpus_per_node for gpu in gpus}), len(gpus)
+    algorithm = sharp_pick(nbytes, ranks, nodes, nvlink_GBps, ib_GBps, calibration,
+                           other_estimate_us)
+    if algorithm is None:
+        return None
+    seconds = sharp_all_reduce_time(algorithm, nbytes, ranks, nodes, nvlink_GBps, ib_GBps,
+                                    calibration, calibration.nvls_nvlink_generation)
+    return algorithm, seconds, round(sum(tier_bytes(algorithm, nbytes, ranks // nodes, nodes)))
