@@ -17,7 +17,7 @@ from pathlib import Path
 from simsp import io_in
 from simsp.scenario.flags import nonempty
 from simsp.hardware.attention_kernels import backend_pricing
-from simsp.hardware.constants import gpu_compute
+from simsp.hardware.constants import NVLS_NVSWITCH_GENERATION, gpu_compute
 from simsp.hardware.costmodel import calibration_table
 from simsp.jsonout import dumps
 from simsp.hardware.profiles import (DATA, SYSTEM_NUMBERS, available, gpu_profile, load_profile,
@@ -76,6 +76,7 @@ def describe(kind: str, name: str) -> dict:
         entry["fabric"] = {k: {"value": s.value, "source": s.source}
                            for k, s in prof.sections.get("fabric", {}).items()}
         entry["fabric_sizes"] = _fabric_sizes(system)
+        entry["in_network"] = _in_network(system)
         return entry
     gpu = gpu_profile(name)
     entry["model"] = _model(gpu, "bf16", "fitted [compute]" if gpu.fitted else "rule")
@@ -118,10 +119,24 @@ def _fabric_sizes(system) -> list[dict]:
     return sizes
 
 
+def _in_network(system) -> str:
+    """Which of NCCL's in-network all-reduces the system can run (docs/nccl.md)."""
+    nvls = system.nvswitch_generation >= NVLS_NVSWITCH_GENERATION
+    sharp = system.fabric.sharp_generation
+    words = ["NVLS in one node" if nvls else "no NVLS (NVSwitch < 3)"]
+    if sharp is None:
+        return words[0] + "; no SHARP in the switches: --use-sharp refused"
+    across = "CollNet Direct/Chain" + (", NVLS and NVLS_TREE" if nvls else "")
+    return (f"{words[0]}; SHARPv{sharp} in the switches: {across} across nodes with "
+            f"--use-sharp (NCCL_COLLNET_ENABLE=1 on the DP groups)")
+
+
 def _fabric_lines(entry: dict) -> list[str]:
     """A system's [fabric] numbers and its tiers and switches per size."""
     lines = [f"  fabric.{key} = {item['value']:<8}  [{item['source']}]"
              for key, item in entry.get("fabric", {}).items()]
+    if "in_network" in entry:
+        lines.append(f"  in-network reduction: {entry['in_network']}")
     for size in entry.get("fabric_sizes", []):
         switches = ", ".join(f"{count} {tier}" for tier, count in size["switches"].items()
                              if count)

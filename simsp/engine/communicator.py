@@ -77,6 +77,9 @@ class Communicator:
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
         self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
         self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
+        # the groups whose communicators have NCCL_COLLNET_ENABLE (Megatron's --use-sharp: the
+        # DP groups; the world sets them); None: every group, as the calibration says
+        self.sharp_groups: frozenset | None = None
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None, sms: int | None = None, name: str = ""):
@@ -334,6 +337,8 @@ class Communicator:
                                 other.estimated_time_s * 1e6)
         algorithm, sent = NVLS, round(nvls_bytes_per_direction(meeting.nbytes, n))
         if seconds is None:
+            if self.sharp_groups is not None and meeting.group not in self.sharp_groups:
+                calibration = replace(calibration, sharp_collnet=False)
             across = sharp_in_group(meeting.group, meeting.nbytes, per_node, nvlink, ib,
                                     calibration, other.estimated_time_s * 1e6)
             if across is None:

@@ -114,15 +114,11 @@ class LinkCalibration:
 
 
 def _sharp_collnet(cluster) -> bool:
-    """Megatron's --use-sharp (cluster.use_sharp) where the system's switches have SHARP; a
-    user error where they have none (hardware/fabric.py sharp_generation)."""
-    if not getattr(cluster, "use_sharp", False):
-        return False
-    if fabric_of(cluster).sharp_generation is None:
-        raise UserError("cluster.use_sharp", "needs a system whose [fabric] has "
-                        "sharp_generation (switches with SHARP), e.g. --system dgx-h100; "
-                        f"{cluster.system or 'no system'} has none")
-    return True
+    """Megatron's --use-sharp (cluster.use_sharp) where the system's switches have SHARP
+    (hardware/fabric.py sharp_generation; scenario/checks/hardware.py refuses it elsewhere)."""
+    return (bool(getattr(cluster, "use_sharp", False))
+            and fabric_of(cluster).sharp_generation is not None)
+
 
 # ---------------------------------------------------------------------------------------------
 # Compute (kernel FLOPs and bytes -> seconds; the formulas are in simsp/hardware/costmodel.py)

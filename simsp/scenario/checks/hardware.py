@@ -14,8 +14,9 @@ def validate_cluster(c: Cluster, p: Parallel) -> None:
     if c.system is not None:
         system_profile(c.system)
     check(not c.use_sharp or fabric_of(c).sharp_generation is not None, "cluster.use_sharp",
-          f"needs a system whose switches have SHARP ([fabric] sharp_generation, e.g. "
-          f"dgx-h100); {c.system or 'no system'} has none")
+          "needs a system whose switches have SHARP ([fabric] sharp_generation), e.g. --system "
+          f"dgx-h100; {f'system {c.system}' if c.system else 'a cluster without --system'} "
+          "has none")
     for name in ("nvlink_efficiency", "ib_efficiency"):
         check(0 < getattr(c, name) <= 1, f"cluster.{name}", "must be in (0, 1]")
     check(p.world_size <= c.num_gpus, "cluster.nodes",

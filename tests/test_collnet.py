@@ -1,0 +1,143 @@
+"""SHARP across nodes (engine/collectives/collnet.py, docs/nccl.md "Across nodes"): NCCL's pick
+among CollNet Direct/Chain, multi-node NVLS and NVLS_TREE against tuning.cc's costs worked by
+hand, the closed form in a run, Megatron's DP-only scope, and the refusal without SHARP."""
+
+from dataclasses import replace
+
+import pytest
+import simpy
+
+from simsp.cluster.topology import build_topology
+from simsp.engine.collectives import collnet
+from simsp.engine.collectives.nccl_tuning import ALL_REDUCE, HOPPER, sharp_time_us
+from simsp.engine.communicator import Communicator
+from simsp.engine.group_timing import RING_ALONE, EveryGroup
+from simsp.engine.network import Network
+from simsp.errors import UserError
+from simsp.hardware.constants import LinkCalibration
+from simsp.scenario.loading import load_scenario
+from simsp.shortcuts.check import Shortcuts
+from simsp.training.driver.iteration import simulate_iteration
+
+MiB = 2**20
+# DGX H100, --use-sharp: 450 GB/s NVLink, NDR 50 GB/s NICs, Hopper
+SHARP = LinkCalibration(nvls_nvlink_generation=4, sharp_collnet=True)
+
+
+def _estimates_by_hand(nbytes: int, nodes: int) -> dict:
+    """tuning.cc's estimates (us) on 8 H100s per node: every graph at 48 GB/s per channel
+    (sm90SpeedArrayInter's first speed within NDR 50 GB/s and PCIe Gen5 x16 = 16 x 240 / 80
+    = 48), 8 heads; CollNet Chain on the ring graph's 8 channels."""
+    n = 8 * nodes
+    ar = n / (2 * (n - 1))  # busbw -> algbw, n / nsteps
+    nvls_tree_ch = min(48 * 0.85 * 7 / 8 * 2, 48 * (2 if nodes == 2 else 1),
+                       57.7 if nodes == 2 else 45.5)
+    bw = {"nvls": 8 * min(48 * 0.85 * 7 / 8 * 2, 48) * ar, "nvls_tree": 8 * nvls_tree_ch * ar,
+          "collnet_direct": 8 * 48 * 0.85 * 0.5, "collnet_chain": 8 * 48 * 0.5}
+    log2_nodes = {2: 1, 8: 3}[nodes]
+    latency = {"nvls": 25 + 18, "nvls_tree": 25 + 2 * log2_nodes * 20.9,
+               "collnet_direct": 2 * (3.7 + 7 * 0.4) + 31, "collnet_chain": 2 * 7 * 2.8 + 30}
+    return {a: latency[a] + nbytes / (1000 * bw[a]) for a in bw}
+
+
+@pytest.mark.parametrize("nodes, nbytes, expected", [
+    (2, 64 * 1024, "nvls"), (2, MiB, "nvls"), (2, 256 * MiB, "nvls_tree"),
+    (8, 256 * MiB, "nvls"), (8, 1024 * MiB, "nvls")])
+def test_nccl_s_pick_is_the_cheapest_hand_worked_estimate(nodes, nbytes, expected):
+    by_hand = _estimates_by_hand(nbytes, nodes)
+    graphs = collnet.multinode_graphs(8, nodes, 450.0, 50.0, HOPPER)
+    for algorithm, estimate in by_hand.items():
+        assert sharp_time_us(ALL_REDUCE, algorithm, nbytes, 8 * nodes, nodes, graphs[algorithm],
+                             HOPPER) == pytest.approx(estimate, rel=1e-12)
+    assert min(by_hand, key=by_hand.get) == expected
+    assert collnet.sharp_pick(nbytes, 8 * nodes, nodes, 450.0, 50.0, SHARP, 1e12) == expected
+    # strictly faster than NCCL's ring or tree, else it keeps that
+    best = by_hand[expected]
+    assert collnet.sharp_pick(nbytes, 8 * nodes, nodes, 450.0, 50.0, SHARP, best) is None
+
+
+def test_nothing_in_the_network_without_collnet_a_forced_algorithm_or_nvswitch_3():
+    pick = lambda cal: collnet.sharp_pick(256 * MiB, 16, 2, 450.0, 50.0, cal, 1e12)
+    assert pick(replace(SHARP, sharp_collnet=False)) is None
+    assert pick(replace(SHARP, nccl_algo="ring")) is None
+    assert pick(replace(SHARP, nccl_proto="LL128")) is None
+    # DGX A100 (no NVLS): CollNet only, on Ampere's graph (24 GB/s: PCIe Gen4 x16), no x0.85:
+    # Direct 8 x 24 x 0.5 = 96 GB/s, 44 us; Chain the same bandwidth, 69.2 us: Direct
+    a100 = replace(SHARP, nvls_nvlink_generation=0)
+    assert collnet.sharp_pick(256 * MiB, 16, 2, 300.0, 25.0, a100, 1e12) == "collnet_direct"
+
+
+def test_the_closed_form_by_hand():
+    # NVLS_TREE, 2 nodes, 256 MiB: 66.8 us + max(NVLink S (1 + 1/8) at 450 x 0.78 x 0.85,
+    # NIC S / 8 at 50 x 0.9) GB/s
+    S = 256 * MiB
+    time_s = collnet.sharp_all_reduce_time("nvls_tree", S, 16, 2, 450.0, 50.0, SHARP, 4)
+    assert time_s == pytest.approx(66.8e-6 + max(S * 1.125 / (450e9 * 0.78 * 0.85),
+                                                  S / 8 / 45e9), rel=1e-12)
+    # beyond 2 nodes the tree carries 2 S / 8 per NIC; CollNet Direct 2 (7/8) S over NVLink
+    assert collnet.sharp_all_reduce_time("nvls_tree", S, 64, 8, 450.0, 50.0, SHARP, 4) == \
+        pytest.approx(150.4e-6 + max(S * 1.125 / (450e9 * 0.78 * 0.85), 2 * S / 8 / 45e9),
+                      rel=1e-12)
+    assert collnet.sharp_all_reduce_time("collnet_direct", S, 64, 8, 450.0, 50.0, SHARP, 4) \
+        == pytest.approx(44e-6 + max(2 * 7 / 8 * S / (450e9 * 0.78), S / 8 / 45e9), rel=1e-12)
+
+
+def _all_reduce(gpus, nbytes, sharp_groups=None):
+    """One all-reduce through the training loop's Communicator on 2 DGX H100 nodes, SHARP on."""
+    cluster = load_scenario(None, {("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
+                                   ("cluster", "use_sharp"): True}).cluster
+    env = simpy.Environment()
+    comm = Communicator(env, Network(env, build_topology(cluster),
+                                     LinkCalibration.from_cluster(cluster)),
+                        timing_of=EveryGroup(RING_ALONE))
+    comm.sharp_groups = sharp_groups
+    for rank in gpus:
+        env.process(comm.all_reduce(tuple(gpus), rank, None, nbytes, "dp"))
+    env.run()
+    return comm.stats[0]
+
+
+def test_a_communicator_runs_the_pick_only_on_the_sharp_groups():
+    S, group = 256 * MiB, tuple(range(16))
+    stats = _all_reduce(group, S)
+    assert (stats.algorithm, stats.protocol) == ("nvls_tree", "Simple")
+    assert stats.time_s == collnet.sharp_all_reduce_time("nvls_tree", S, 16, 2, 450.0, 50.0,
+                                                         SHARP, 4)
+    # Megatron's --use-sharp: only the DP groups' communicators have CollNet
+    assert _all_reduce(group, S, frozenset({(0, 8)})).algorithm == "ring"
+
+
+def _dp_run(use_sharp: bool, shortcuts: bool):
+    """A tiny meta layout, t1 p1 d16 over 2 DGX H100 nodes: its one DP all-reduce's stats."""
+    sc = load_scenario(None, {
+        ("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
+        ("cluster", "use_sharp"): use_sharp, ("model", "num_layers"): 2,
+        ("model", "hidden_size"): 256, ("model", "num_attention_heads"): 4,
+        ("model", "seq_length"): 128, ("model", "vocab_size"): 512,
+        ("parallel", "tensor_model_parallel_size"): 1,
+        ("parallel", "pipeline_model_parallel_size"): 1, ("parallel", "data_parallel_size"): 16,
+        ("parallel", "micro_batch_size"): 1, ("parallel", "global_batch_size"): 16,
+        ("run", "mode"): "meta"})
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc) if shortcuts else Shortcuts(),
+                             trace="none")
+    [stats] = [s for s in run.inputs.world.comm.stats if len(s.gpus) == 16]
+    return stats
+
+
+def test_a_run_s_dp_all_reduce_is_the_closed_form_with_and_without_shortcuts():
+    stats = _dp_run(True, shortcuts=True)
+    S = stats.nbytes  # the fp32 gradients of the layout's parameters
+    assert stats.algorithm == "nvls"  # 43 us + S / 204.8 GB/s beats the ring and the others
+    by_hand = 43e-6 + max(S * 1.125 / (450e9 * 0.78 * 0.85), S / 8 / 45e9)
+    assert stats.end_s - stats.start_s == pytest.approx(by_hand, rel=1e-12)
+    plain = _dp_run(True, shortcuts=False)
+    assert (plain.algorithm, plain.end_s - plain.start_s) == ("nvls", stats.end_s - stats.start_s)
+    assert _dp_run(False, shortcuts=True).algorithm == "ring"
+
+
+def test_use_sharp_without_sharp_switches_is_one_error():
+    with pytest.raises(UserError, match="cluster.use_sharp"):
+        load_scenario(None, {("cluster", "use_sharp"): True})
+    with pytest.raises(UserError, match="system dgx-h800 has none"):
+        load_scenario(None, {("cluster", "use_sharp"): True,
+                             ("cluster", "system"): "dgx-h800"})
