@@ -82,7 +82,7 @@ def test_the_closed_form_by_hand():
         == pytest.approx(44e-6 + max(2 * 7 / 8 * S / (450e9 * 0.78), S / 8 / 45e9), rel=1e-12)
 
 
-def _all_reduce(gpus, nbytes, sharp_groups=None):
+def _all_reduce(gpus, nbytes, sharp_groups=None, name=""):
     """One all-reduce through the training loop's Communicator on 2 DGX H100 nodes, SHARP on."""
     cluster = load_scenario(None, {("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
                                    ("cluster", "use_sharp"): True}).cluster
@@ -92,7 +92,7 @@ def _all_reduce(gpus, nbytes, sharp_groups=None):
                         timing_of=EveryGroup(RING_ALONE))
     comm.sharp_groups = sharp_groups
     for rank in gpus:
-        env.process(comm.all_reduce(tuple(gpus), rank, None, nbytes, "dp"))
+        env.process(comm.all_reduce(tuple(gpus), rank, None, nbytes, "dp", name=name))
     env.run()
     return comm.stats[0]
 
@@ -103,8 +103,11 @@ def test_a_communicator_runs_the_pick_only_on_the_sharp_groups():
     assert (stats.algorithm, stats.protocol) == ("nvls_tree", "Simple")
     assert stats.time_s == collnet.sharp_all_reduce_time("nvls_tree", S, 16, 2, 450.0, 50.0,
                                                          SHARP, 4)
-    # Megatron's --use-sharp: only the DP groups' communicators have CollNet
+    # Megatron's --use-sharp: only the DP-CP groups' own communicators have CollNet, not
+    # another group's, nor another communicator over the same ranks (the FP8 amax group's)
+    assert _all_reduce(group, S, frozenset({group})).algorithm == "nvls_tree"
     assert _all_reduce(group, S, frozenset({(0, 8)})).algorithm == "ring"
+    assert _all_reduce(group, S, frozenset({group}), name="fp8_amax").algorithm == "ring"
 
 
 def _dp_run(use_sharp: bool, shortcuts: bool):

@@ -128,7 +128,7 @@ def _in_network(system) -> str:
         return words[0] + "; no SHARP in the switches: --use-sharp refused"
     across = "CollNet Direct/Chain" + (", NVLS and NVLS_TREE" if nvls else "")
     return (f"{words[0]}; SHARPv{sharp} in the switches: {across} across nodes with "
-            f"--use-sharp (NCCL_COLLNET_ENABLE=1 on the DP groups)")
+            f"--use-sharp (NCCL_COLLNET_ENABLE=1 on the DP-CP groups)")
 
 
 def _fabric_lines(entry: dict) -> list[str]:

@@ -55,6 +55,7 @@ class _Meeting:
     done: simpy.Event
     elem_bytes: int
     buffers: dict[int, object] = field(default_factory=dict)
+    name: str = ""  # the communicator's name ("": the group's default one)
 
 
 class Communicator:
@@ -77,8 +78,9 @@ class Communicator:
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
         self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
         self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
-        # the groups whose communicators have NCCL_COLLNET_ENABLE (Megatron's --use-sharp: the
-        # DP groups; the world sets them); None: every group, as the calibration says
+        # the groups whose default communicators have NCCL_COLLNET_ENABLE (Megatron's
+        # --use-sharp: the DP-CP groups; the world sets them); None: every communicator, as the
+        # calibration says
         self.sharp_groups: frozenset | None = None
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
@@ -175,7 +177,7 @@ class Communicator:
         key = (group, name, sequence)
         if key not in self._meetings:
             self._meetings[key] = _Meeting(collective, group, nbytes, tag, expected,
-                                           self.env.event(), elem_bytes)
+                                           self.env.event(), elem_bytes, name=name)
         meeting = self._meetings[key]
         if (meeting.collective, meeting.nbytes, meeting.tag) != (collective, nbytes, tag):
             raise SimulationError(f"rank {rank} called {collective} {tag!r} ({nbytes} B) on "
@@ -321,14 +323,16 @@ class Communicator:
         if meeting.collective != ALL_REDUCE or not (calibration.nvls_nvlink_generation
                                                     or calibration.sharp_collnet):
             return None
-        key = (NVLS, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        sharp = calibration.sharp_collnet and (self.sharp_groups is None or (
+            meeting.name == "" and meeting.group in self.sharp_groups))
+        key = (NVLS, meeting.group, meeting.nbytes, meeting.elem_bytes, sharp)
         if key not in self._plans:
-            self._plans[key] = self._in_network(meeting)
+            self._plans[key] = self._in_network(meeting, sharp)
         return self._plans[key]
 
-    def _in_network(self, meeting: _Meeting) -> CollectiveStats | None:
+    def _in_network(self, meeting: _Meeting, sharp: bool) -> CollectiveStats | None:
         """The stats of NVLS, CollNet or NVLS_TREE for this all-reduce, or None (NCCL keeps
-        its ring or tree)."""
+        its ring or tree); across nodes only where its communicator has CollNet (`sharp`)."""
         graph, n, calibration = self.network.graph, len(meeting.group), self.network.calibration
         other = nccl_choice(ALL_REDUCE, graph, list(meeting.group), meeting.nbytes,
                             calibration)  # NCCL's estimate of its ring or tree
@@ -337,8 +341,7 @@ class Communicator:
                                 other.estimated_time_s * 1e6)
         algorithm, sent = NVLS, round(nvls_bytes_per_direction(meeting.nbytes, n))
         if seconds is None:
-            if self.sharp_groups is not None and meeting.group not in self.sharp_groups:
-                calibration = replace(calibration, sharp_collnet=False)
+            calibration = replace(calibration, sharp_collnet=sharp)
             across = sharp_in_group(meeting.group, meeting.nbytes, per_node, nvlink, ib,
                                     calibration, other.estimated_time_s * 1e6)
             if across is None:

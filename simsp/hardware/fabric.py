@@ -32,8 +32,8 @@ class Fabric:
     units_per_pod: int | None = None
     oversubscription: float = 1.0
     core_oversubscription: float = 1.0  # a pod spine's ports down : up (to the core)
-    # the switches' in-network reduction (NVIDIA SHARP) generation; None: none. Data only so
-    # far: NCCL's CollNet over it is not modelled (docs/hardware.md#fabric)
+    # the switches' in-network reduction (NVIDIA SHARP) generation; None: none. NCCL's CollNet
+    # runs over it under --use-sharp (engine/collectives/collnet.py, docs/nccl.md)
     sharp_generation: int | None = None
     sources: tuple = ()  # ((key, source), ...) as the profile gives them
 

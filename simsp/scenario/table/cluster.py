@@ -62,12 +62,12 @@ CLUSTER = (
           "(auto: NCCL's choice; tree: all-reduces only)", "algo-", choices=NCCL_ALGO_CHOICES),
     Field("cluster", "nccl_proto", str, "auto", "NCCL protocol of every collective, as NCCL_PROTO "
           "(auto: NCCL's choice)", "proto-", choices=NCCL_PROTO_CHOICES),
-    # Megatron-LM --use-sharp (parallel_state.py: NCCL_COLLNET_ENABLE=1 for the DP groups):
+    # Megatron-LM --use-sharp (core/parallel_state.py: NCCL_COLLNET_ENABLE=1 for the DP-CP groups):
     # multi-node all-reduces weigh NCCL's CollNet and NVLS_TREE (engine/collectives/collnet.py)
     Field("cluster", "use_sharp", bool, False, switches=(
         Switch("--use-sharp", True, "NCCL_COLLNET_ENABLE=1 on a system whose switches have "
-               "SHARP: multi-node all-reduces as NCCL picks among ring, tree, CollNet and "
-               "NVLS_TREE (docs/nccl.md)", "sharp"),)),
+               "SHARP: the DP groups' multi-node all-reduces as NCCL picks among ring, tree, "
+               "CollNet, NVLS and NVLS_TREE (docs/nccl.md)", "sharp"),)),
     # SM contention (engine/sm_share.py, docs/MODEL.md): off by default; Megatron has no flag
     Field("cluster", "sm_contention", bool, False, switches=(
         Switch("--sm-contention", True, "slow a compute kernel by the SMs the communication "

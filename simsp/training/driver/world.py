@@ -90,10 +90,11 @@ def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
     # the model's own spans name each collective by its role; the communicator's go unused
     comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of)
     comm.sm_share, comm.nccl_sms = _sm_share(sc, env), sc.cluster.sm_contention
-    # Megatron's --use-sharp: NCCL_COLLNET_ENABLE=1 while the DP groups (with and without CP)
-    # are created, then 0 (megatron/core/parallel_state.py initialize_model_parallel)
+    # Megatron's --use-sharp: NCCL_COLLNET_ENABLE=1 while the DP-CP groups are created, first
+    # ("only the initially created communication group is eligible"), then unset
+    # (megatron/core/parallel_state.py initialize_model_parallel)
     if sc.cluster.use_sharp:
-        comm.sharp_groups = frozenset(grid.groups("dp") + grid.groups("dp_cp"))
+        comm.sharp_groups = frozenset(grid.groups("dp_cp"))
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
