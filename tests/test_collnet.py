@@ -80,6 +80,9 @@ def test_the_closed_form_by_hand():
                       rel=1e-12)
     assert collnet.sharp_all_reduce_time("collnet_direct", S, 64, 8, 450.0, 50.0, SHARP, 4) \
         == pytest.approx(44e-6 + max(2 * 7 / 8 * S / (450e9 * 0.78), S / 8 / 45e9), rel=1e-12)
+    # CollNet Chain: the same bytes, its own latency 2 x 7 x 2.8 + 30 us
+    assert collnet.sharp_all_reduce_time("collnet_chain", S, 64, 8, 450.0, 50.0, SHARP, 4) \
+        == pytest.approx(69.2e-6 + max(2 * 7 / 8 * S / (450e9 * 0.78), S / 8 / 45e9), rel=1e-12)
 
 
 def _all_reduce(gpus, nbytes, sharp_groups=None, name=""):

@@ -155,7 +155,8 @@ class Communicator:
         tree's as NCCL's tuning picks them (engine/collectives/nccl_tuning.py, enqueue.cc); an
         all-to-all, grouped sends and receives, on the communicator's p2p channels
         (src/graph/paths.cc ncclTopoComputeP2pChannels: its channels rounded up to a power of
-        two). An NVLS all-reduce is counted as the ring or tree NCCL would run otherwise."""
+        two). An in-network all-reduce (NVLS, CollNet, NVLS_TREE) is counted as the ring or
+        tree NCCL would run otherwise."""
         key = (meeting.collective, meeting.group, meeting.nbytes)
         if meeting.collective in DEEPEP:  # the kernels' own SM budget, not NCCL channels
             return NUM_SMS

@@ -17,8 +17,9 @@ run pipelined, chunk by chunk: src/device/all_reduce.h runs CollNet and NVLS_TRE
 concurrent intra-node and network warps). Bytes per GPU per direction, S the message, p GPUs
 per node (the switch reduces, so a rank's share crosses its NIC once each way):
 - CollNet Direct: NVLink 2 (p-1)/p S (scatter to the p heads, gather back); NIC S/p.
-- CollNet Chain: NVLink 2 S (each GPU passes its partial sum up its channels' chains and the
-  result down); NIC S/p.
+- CollNet Chain: NVLink 2 (p-1)/p S (each channel's chain of the p GPUs passes partial sums
+  up p-1 hops to its NIC and the result down p-1 hops; the chains' heads spread over the p
+  NICs, so each GPU carries (p-1)/p of the channels' hops each way); NIC S/p.
 - NVLS (multi-node, over CollNet): NVLink S (1 + 1/p) at nvlsEfficiency, as one node's NVLS;
   NIC S/p.
 - NVLS_TREE: NVLink as NVLS; the heads' slices S/p over a double binary tree of nodes
@@ -70,10 +71,8 @@ def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
 def tier_bytes(algorithm: str, nbytes: int, ppn: int, nodes: int) -> tuple[float, float]:
     """(NVLink, NIC) bytes per GPU per direction of an all-reduce of `nbytes` (module doc)."""
     nic = nbytes / ppn * (2 if algorithm == tuning.NVLS_TREE and nodes > 2 else 1)
-    if algorithm == tuning.COLLNET_DIRECT:
+    if algorithm in (tuning.COLLNET_DIRECT, tuning.COLLNET_CHAIN):
         return 2 * (ppn - 1) / ppn * nbytes, nic
-    if algorithm == tuning.COLLNET_CHAIN:
-        return 2.0 * nbytes, nic
     return nbytes * (1 + 1 / ppn), nic
 
 
