@@ -147,3 +147,13 @@ def test_use_sharp_without_sharp_switches_is_one_error():
     with pytest.raises(UserError, match="system dgx-h800 has none"):
         load_scenario(None, {("cluster", "use_sharp"): True,
                              ("cluster", "system"): "dgx-h800"})
+
+
+def test_simsp_hardware_says_which_in_network_reductions_a_system_runs():
+    from simsp.commands.hardware import describe
+    assert "SHARPv3 in the switches: CollNet Direct/Chain, NVLS and NVLS_TREE across nodes" in \
+        describe("system", "dgx-h100")["in_network"]
+    assert describe("system", "dgx-a100")["in_network"].startswith(
+        "no NVLS (NVSwitch < 3); SHARPv2 in the switches: CollNet Direct/Chain across nodes")
+    assert "no SHARP in the switches: --use-sharp refused" in \
+        describe("system", "dgx-h800")["in_network"]
