@@ -63,7 +63,7 @@ CLUSTER = (
     Field("cluster", "nccl_proto", str, "auto", "NCCL protocol of every collective, as NCCL_PROTO "
           "(auto: NCCL's choice)", "proto-", choices=NCCL_PROTO_CHOICES),
     # Megatron-LM --use-sharp (core/parallel_state.py: NCCL_COLLNET_ENABLE=1 for the DP-CP groups):
-    # multi-node all-reduces weigh NCCL's CollNet and NVLS_TREE (engine/collectives/collnet.py)
+    # their multi-node all-reduces weigh NCCL's CollNet, NVLS and NVLS_TREE (collectives/collnet.py)
     Field("cluster", "use_sharp", bool, False, switches=(
         Switch("--use-sharp", True, "NCCL_COLLNET_ENABLE=1 on a system whose switches have "
                "SHARP: the DP groups' multi-node all-reduces as NCCL picks among ring, tree, "
