@@ -11,6 +11,7 @@ import simpy
 
 from simsp.model.blocks.moe.comm_stream import PairedStreams
 from simsp.scenario.loading import load_scenario
+from simsp.shortcuts.check import Shortcuts
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.pipeline import delay_wgrad
@@ -141,24 +142,21 @@ def test_a_backward_alone_hides_its_dispatch_behind_its_expert_weight_gradients(
 MOE = "scenarios/moe-tiny-cp.toml"  # 4 experts, EP 2
 
 
-def _scenario(pp: int, **parallel):
+_OVERRIDES = {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True,
+              "overlap_grad_reduce": True, "tensor_model_parallel_size": 1,
+              "sequence_parallel": False, "context_parallel_size": 1, "data_parallel_size": 2,
+              "micro_batch_size": 1, "global_batch_size": 8}
+
+
+def _scenario(pp: int, mode: str = "numeric", **parallel):
     """The tiny MoE model with EP 2, the overlap and the delayed weight gradients: t 1, d 2,
     m 4, the last micro-batch's buckets launched as their gradients complete; PP 2 with two
     chunks of one layer each (4 layers)."""
-    overrides = {("parallel", "overlap_moe_expert_parallel_comm"): True,
-                 ("parallel", "delay_wgrad_compute"): True,
-                 ("parallel", "overlap_grad_reduce"): True,
-                 ("parallel", "tensor_model_parallel_size"): 1,
-                 ("parallel", "sequence_parallel"): False,
-                 ("parallel", "context_parallel_size"): 1,
-                 ("parallel", "data_parallel_size"): 2,
-                 ("parallel", "micro_batch_size"): 1,
-                 ("parallel", "global_batch_size"): 8,
-                 ("parallel", "pipeline_model_parallel_size"): pp}
+    overrides = {("parallel", k): v for k, v in {**_OVERRIDES, **parallel}.items()}
+    overrides.update({("parallel", "pipeline_model_parallel_size"): pp, ("run", "mode"): mode})
     if pp > 1:
         overrides[("parallel", "num_layers_per_virtual_pipeline_stage")] = 1
         overrides[("model", "num_layers")] = 4
-    overrides.update({("parallel", k): v for k, v in parallel.items()})
     return load_scenario(MOE, overrides)
 
 
@@ -188,3 +186,16 @@ def test_gradients_equal_the_reference(monkeypatch, pp, dispatcher):
     # per layer: its experts' GEMMs beside its dispatch's backward, its attention's beside the
     # next layer's combine backward or after the step (the chunk's last)
     assert min(runs) > 0 and len(runs) == 2 * layers * backwards
+
+
+def test_meta_mode_equals_without_shortcuts():
+    """Meta mode, PP 2 × 2 chunks: the same iteration time and exposure with every shortcut as
+    with none (to rounding)."""
+    sc = _scenario(2, "meta")
+    fast = simulate_iteration(sc, Shortcuts.for_scale(sc))
+    full = simulate_iteration(sc)
+    assert max(fast.results.end_s.values()) == pytest.approx(max(full.results.end_s.values()),
+                                                             rel=1e-12)
+    for rank, r in fast.inputs.world.ranks.items():
+        assert r.exposed_s == pytest.approx(full.inputs.world.ranks[rank].exposed_s, rel=1e-9,
+                                            abs=1e-15)

@@ -58,14 +58,19 @@ class DelayedWgrad:
             yield from self.buckets.grads_ready(r, self.plan, self.chunk, self.mb, layers)
 
 
-def start(r, state, plan, chunk: int, mb: int) -> DelayedWgrad:
-    """The backward step's delayed weight gradients, made the rank's deferral store (r.wgrad)
-    and known to its paired streams."""
+def layers_backward(r, parallel, state, step: tuple, backward):
+    """Run `backward` (a generator: the chunk's layers backwards) with their weight gradients
+    delayed under --delay-wgrad-compute (the rank's deferral store r.wgrad, known to its paired
+    streams), else as it is; `step`: (plan, chunk, micro-batch). Returns its value."""
+    if not parallel.delay_wgrad_compute:
+        return (yield from backward)
+    plan, chunk, mb = step
     delayed = state.delayed = DelayedWgrad(r.env.active_process, state.ddp_buckets, plan,
                                            chunk, mb)
-    r.wgrad = delayed.store
-    r.ep_streams.delayed = delayed
-    return delayed
+    r.wgrad, r.ep_streams.delayed = delayed.store, delayed
+    dx = yield from backward
+    r.wgrad = None  # the head's and embedding's weight gradients are not delayed
+    return dx
 
 
 def after_layers(r, state, layers: list, with_all_to_all: bool, last: bool):

@@ -168,11 +168,9 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
-    if sc.parallel.delay_wgrad_compute:
-        delay_wgrad.start(r, state, plan, chunk, mb)
-    dx = yield from chunk_backward(r, inputs, plan, state, chunk, dx, mb, offset, stash)
-    if sc.parallel.delay_wgrad_compute:
-        r.wgrad = None  # the embedding's weight gradient is not delayed
+    dx = yield from delay_wgrad.layers_backward(
+        r, sc.parallel, state, (plan, chunk, mb),
+        chunk_backward(r, inputs, plan, state, chunk, dx, mb, offset, stash))
     r.scope = scope
     if state.amax is not None:  # the chunk's first FP8 module's backward (training/fp8_amax.py)
         yield from state.amax.reduce(r, forward=False)
