@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import simpy
+from test_combined_1f1b import B_ORDER, F_ORDER, _timed  # the pieces' order, a timed piece
 
 from simsp.model.blocks.moe.comm_stream import PairedStreams
 from simsp.scenario.loading import load_scenario
@@ -20,10 +21,6 @@ from simsp.training.pipeline.ep_overlap import LayerPieces, issued_timeline, pai
 F = LayerPieces(pre_dispatch=3.0, dispatch=2.0, mlp=4.0, combine=2.0)
 B = LayerPieces(pre_dispatch=5.0, dispatch=6.0, mlp=6.0, combine=1.0, mlp_dw=3.0,
                 pre_dispatch_dw=2.0)  # *_dw: the weight gradients, deferred
-F_ORDER = (("pre_dispatch", "compute"), ("dispatch", "comm"), ("mlp", "compute"),
-           ("combine", "comm"))
-B_ORDER = (("combine", "comm"), ("mlp", "compute"), ("dispatch", "comm"),
-           ("pre_dispatch", "compute"))
 
 
 class _Deferred:
@@ -57,15 +54,6 @@ def _micro_batch(env, streams, r, who, layers, spans, deferred=None):
                 deferred.work.append((i, piece + "_dw", getattr(layer, piece + "_dw")))
     if deferred is not None and deferred.waiting():
         yield from deferred.run(r)
-
-
-def _timed(env, r, key, seconds, spans, stream):
-    """A piece taking `seconds`; an all-to-all's time counted exposed as dispatch.py does."""
-    start = env.now
-    yield env.timeout(seconds)
-    spans[key] = (start, env.now)
-    if stream == "comm":
-        r.exposed_s["ep_comm"] = r.exposed_s.get("ep_comm", 0.0) + env.now - start
 
 
 def _run(f_layers, b_layers):
