@@ -31,7 +31,8 @@ def _refused(parallel: dict, model: dict | None = None) -> UserError:
     ({**OVERLAP, "pipeline_model_parallel_size": 2, "context_parallel_size": 1}, None,
      "virtual pipeline stages"),
     ({**OVERLAP, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None}, None,
-     "expert_model_parallel_size > 1")])
+     "expert_model_parallel_size > 1"),
+    ({**OVERLAP, "schedule": "zb-h1"}, None, "not the zb-h1 schedule")])  # simsp's: no W steps
 def test_megatrons_refusals_name_the_field(parallel, model, words):
     err = _refused(parallel, model)
     field = "parallel.delay_wgrad_compute" if "delay_wgrad_compute" in parallel and \

@@ -77,6 +77,9 @@ def expert_comm_overlap(m: Model, p: Parallel) -> None:
     check(p.pp == 1 or p.schedule_name == "interleaved", name,
           "needs virtual pipeline stages (the interleaved schedule) when "
           f"pipeline_model_parallel_size={p.pp} > 1 (Megatron)")
+    check(p.schedule_name not in ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe"), name,
+          f"runs Megatron's combined 1F1B (1F1B at PP 1, interleaved above), not the "
+          f"{p.schedule_name} schedule")
     check(p.ep > 1, name, "needs expert_model_parallel_size > 1 (Megatron)")
     check(p.moe_token_dispatcher_type in ("alltoall", "flex"), name,
           f"needs moe_token_dispatcher_type alltoall or flex, not "
