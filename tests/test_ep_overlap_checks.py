@@ -1,6 +1,7 @@
 """--overlap-moe-expert-parallel-comm and --delay-wgrad-compute: Megatron-Core's own refusals
 (megatron/core/transformer/transformer_config.py __post_init__), each naming the field, the
-command line's one error: line, and simsp's refusal of the delayed weight gradients."""
+command line's one error: line; what Megatron accepts loads (flex, the delayed weight
+gradients)."""
 
 import pytest
 
@@ -23,28 +24,21 @@ def _refused(parallel: dict, model: dict | None = None) -> UserError:
 
 @pytest.mark.parametrize("parallel,model,words", [
     ({"delay_wgrad_compute": True}, None, "needs overlap_moe_expert_parallel_comm"),
-    ({**OVERLAP, "moe_token_dispatcher_type": "allgather"}, None, "alltoall"),
+    ({**OVERLAP, "moe_token_dispatcher_type": "allgather"}, None, "alltoall or flex"),
     ({**OVERLAP, "recompute_granularity": "full"}, None, "recompute_granularity full"),
     ({**OVERLAP, "recompute_granularity": "selective", "recompute_modules": "moe"}, None,
      "moe in recompute_modules"),
     ({**OVERLAP, "pipeline_model_parallel_size": 2, "context_parallel_size": 1}, None,
      "virtual pipeline stages"),
     ({**OVERLAP, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None}, None,
-     "expert_model_parallel_size > 1")])
+     "expert_model_parallel_size > 1"),
+    ({**OVERLAP, "schedule": "zb-h1"}, None, "not the zb-h1 schedule")])  # simsp's: no W steps
 def test_megatrons_refusals_name_the_field(parallel, model, words):
     err = _refused(parallel, model)
     field = "parallel.delay_wgrad_compute" if "delay_wgrad_compute" in parallel and \
         len(parallel) == 1 else "parallel.overlap_moe_expert_parallel_comm"
     assert err.field == field
     assert words in err.reason
-
-
-def test_delayed_weight_gradients_are_refused_as_not_modelled_yet():
-    """A layout Megatron accepts (EP 2, alltoall, PP 1) with --delay-wgrad-compute meets
-    simsp's own refusal, so the flag never runs as a silent no-op."""
-    err = _refused({**OVERLAP, "delay_wgrad_compute": True})
-    assert err.field == "parallel.delay_wgrad_compute"
-    assert err.reason.startswith("not modelled yet")
 
 
 def test_command_line_prints_one_error_line():
@@ -63,3 +57,7 @@ def test_what_megatron_accepts_loads():
                       ("parallel", "num_layers_per_virtual_pipeline_stage"): 1,
                       ("parallel", "global_batch_size"): 8, ("model", "num_layers"): 4})
     assert load_scenario(MOE, overrides).parallel.schedule_name == "interleaved"
+    flex = {**overrides, ("parallel", "moe_token_dispatcher_type"): "flex",
+            ("parallel", "moe_enable_deepep"): True, ("parallel", "delay_wgrad_compute"): True}
+    loaded = load_scenario(MOE, flex).parallel  # Megatron: "alltoall/flex token dispatcher"
+    assert loaded.moe_token_dispatcher_type == "flex" and loaded.delay_wgrad_compute

@@ -68,8 +68,7 @@ def expert_parallel(m: Model, p: Parallel) -> None:
 def expert_comm_overlap(m: Model, p: Parallel) -> None:
     """Megatron-Core's checks on --overlap-moe-expert-parallel-comm and --delay-wgrad-compute
     (NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py __post_init__, commit
-    d98e8a6), in its order; then what simsp does not model yet (the delayed weight
-    gradients)."""
+    d98e8a6), in its order."""
     check(not p.delay_wgrad_compute or p.overlap_moe_expert_parallel_comm,
           "parallel.delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm (Megatron)")
     if not p.overlap_moe_expert_parallel_comm:
@@ -78,10 +77,13 @@ def expert_comm_overlap(m: Model, p: Parallel) -> None:
     check(p.pp == 1 or p.schedule_name == "interleaved", name,
           "needs virtual pipeline stages (the interleaved schedule) when "
           f"pipeline_model_parallel_size={p.pp} > 1 (Megatron)")
+    check(p.schedule_name not in ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe"), name,
+          f"runs Megatron's combined 1F1B (1F1B at PP 1, interleaved above), not the "
+          f"{p.schedule_name} schedule")
     check(p.ep > 1, name, "needs expert_model_parallel_size > 1 (Megatron)")
-    check(p.moe_token_dispatcher_type == "alltoall", name,
-          f"needs moe_token_dispatcher_type alltoall, not {p.moe_token_dispatcher_type} "
-          "(Megatron: alltoall or flex)")
+    check(p.moe_token_dispatcher_type in ("alltoall", "flex"), name,
+          f"needs moe_token_dispatcher_type alltoall or flex, not "
+          f"{p.moe_token_dispatcher_type} (Megatron)")
     check(p.recompute_granularity != "full", name, "refuses recompute_granularity full (Megatron)")
     check(p.recompute_method is None and p.recompute_num_layers is None, name,
           "refuses recompute_method and recompute_num_layers (Megatron)")
@@ -89,9 +91,6 @@ def expert_comm_overlap(m: Model, p: Parallel) -> None:
           "refuses moe in recompute_modules (Megatron)")
     check(m.mtp_num_layers in (None, 0, 1), name,
           f"supports at most one MTP layer, not mtp_num_layers={m.mtp_num_layers} (Megatron)")
-    check(not p.delay_wgrad_compute, "parallel.delay_wgrad_compute",
-          "not modelled yet: the combined 1F1B step runs each backward's weight gradients "
-          "with its input gradients; run without it")
 
 
 def flex_dispatcher(m: Model, p: Parallel) -> None:

@@ -84,7 +84,8 @@ def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
         "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
         "cpu_offloading": False, "cpu_offloading_num_layers": 0,  # a layer alone keeps its own
         "overlap_param_gather_with_optimizer_step": False,
-        "overlap_moe_expert_parallel_comm": False})  # one micro-batch: no pair to overlap
+        "overlap_moe_expert_parallel_comm": False,  # one micro-batch: no pair to overlap
+        "delay_wgrad_compute": False})
 
 
 def _without_deepep(p) -> dict:

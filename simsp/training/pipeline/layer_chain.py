@@ -6,6 +6,7 @@ wait for, no gradient bucket to launch), they are replayed as one chain: the sam
 records at the same times and the same results, one simulation event instead of one per layer.
 """
 
+from simsp.training.pipeline import delay_wgrad
 from simsp.training.pipeline.plan import recompute_segments
 from simsp.training.pipeline.recompute import layer_scope, segment_backward, segment_forward
 
@@ -37,16 +38,25 @@ def chunk_backward(r, inputs, plan, state, chunk: int, dx, mb: int, offset: int,
         results = yield from inputs.layers.replay_chain(r, BACKWARD, dx,
                                                         _scopes(segments[::-1], mb))
         return results[-1]
-    for segment, saved in zip(reversed(segments), reversed(stash["layers"])):
+    for n, (segment, saved) in enumerate(zip(reversed(segments), reversed(stash["layers"]))):
         if state.fsdp is not None:
             yield from state.fsdp.before_backward(r, chunk, segment.layers)
         if state.offload is not None:
             yield from state.offload.before_backward(r, mb, segment.layers[0])
         dx = yield from segment_backward(r, inputs, state, segment, saved, dx, mb, offset)
         r.phase = "backward"
-        if not state.split_backward:  # else the W step says when (training/pipeline/steps.py)
+        if state.delayed is not None:  # complete once their weight gradients ran
+            yield from delay_wgrad.after_layers(r, state, segment.layers[::-1],
+                                                _all_to_all(inputs.sc, segment),
+                                                n == len(segments) - 1)
+        elif not state.split_backward:  # else the W step says when (training/pipeline/steps.py)
             yield from state.ddp_buckets.grads_ready(r, plan, chunk, mb, segment.layers[::-1])
     return dx
+
+
+def _all_to_all(sc, segment) -> bool:
+    """Whether the segment's backward runs expert all-to-alls (a MoE layer under EP)."""
+    return sc.parallel.ep > 1 and any(sc.model.is_moe_layer(i) for i in segment.layers)
 
 
 def _segments(sc, plan, state, chunk: int) -> tuple:

@@ -13,7 +13,7 @@ import math
 from simsp.model import mappings
 from simsp.model.tensor import FP16
 from simsp.training.fp8_amax import AmaxReduction
-from simsp.training.pipeline import p2p
+from simsp.training.pipeline import delay_wgrad, p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.model.blocks.moe.comm_stream import PairedStreams
 from simsp.training.pipeline.combined_1f1b import combined_forwards, combined_warmup
@@ -85,6 +85,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
                                                     program, j - 1, triggers)
             for call in deferred:
                 yield from _exchange(r, world, plan, state, call)
+            j = yield from _after_backward(r, world, plan, state, (program, j))
             yield from triggers.after(r, state, "B")
             continue
         if state.pending:  # a DualPipe pair waits both inputs first (_commit_and_wait_comm)
@@ -93,6 +94,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
         triggers.before(r, state, action.kind)
         yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
                                              action.micro_batch, action.chunk)
+        j = yield from _after_backward(r, world, plan, state, (program, j))
         yield from triggers.after(r, state, action.kind)
     for kind in sorted(state.pending):
         yield from _wait_pending(r, state, kind)
@@ -156,6 +158,20 @@ def _combined_step(r, inputs, step_state: tuple, program: list, j: int, triggers
     streams.paired = False
     _serialise_spans(results.steps[r.rank], count)
     return k + 1, program[j + 1:k]
+
+
+def _after_backward(r, world, plan: StagePlan, state: RankState, at: tuple):
+    """--delay-wgrad-compute: the backward's p2p call (Megatron's post_backward) if it comes
+    next, then its last deferred weight gradients (training/pipeline/delay_wgrad.py); `at`:
+    (program, index of the next action). Returns the index of the next action."""
+    program, j = at
+    if state.delayed is None:
+        return j
+    if j < len(program) and isinstance(program[j], Exchange):
+        yield from _exchange(r, world, plan, state, program[j])
+        j += 1
+    yield from delay_wgrad.finish(r, state)
+    return j
 
 
 def _serialise_spans(spans: list, first: int) -> None:

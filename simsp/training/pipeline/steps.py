@@ -13,6 +13,7 @@ from simsp.model.base.wgrad_store import WeightGradStore
 from simsp.model.blocks.head import head_backward, head_forward
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.data_parallel.grad_scaling import loss_gradient_factor
+from simsp.training.pipeline import delay_wgrad
 from simsp.training.pipeline.layer_chain import chunk_backward, chunk_forward
 from simsp.training.pipeline.plan import StagePlan, sample_offset
 
@@ -34,6 +35,8 @@ class RankState:
     ddp_buckets: DDPBuckets | None = None
     fsdp: object = None  # training/data_parallel/fsdp.py FsdpUnits under sharded data parallelism
     offload: object = None  # training/pipeline/offload.py ActivationOffload (--cpu-offloading)
+    delayed: object = None  # training/pipeline/delay_wgrad.py DelayedWgrad of the last backward
+    # under --delay-wgrad-compute, until its deferred weight gradients have all run
     p2p: object = None  # training/pipeline/stage_program.py P2PSetup, set when the schedule starts
     amax: object = None  # training/fp8_amax.py AmaxReduction under FP8 delayed scaling, else None
     _layers: dict = field(default_factory=dict)  # layer prefix -> (weights, grads) by suffix
@@ -165,11 +168,14 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
     offset = sample_offset(sc, plan.dp, mb)
-    dx = yield from chunk_backward(r, inputs, plan, state, chunk, dx, mb, offset, stash)
+    dx = yield from delay_wgrad.layers_backward(
+        r, sc.parallel, state, (plan, chunk, mb),
+        chunk_backward(r, inputs, plan, state, chunk, dx, mb, offset, stash))
     r.scope = scope
     if state.amax is not None:  # the chunk's first FP8 module's backward (training/fp8_amax.py)
         yield from state.amax.reduce(r, forward=False)
     if plan.is_first(chunk):
+        yield from delay_wgrad.finish(r, state)  # before the embedding's backward (Megatron)
         if r.numeric:
             results.embedding_grads[(plan.tp, plan.dp, mb, plan.cp)] = dx.data.copy()  # (s_l, b, h)
         if state.fsdp is not None:

@@ -16,6 +16,14 @@ started first, the streams take the pieces in Megatron's issue order
 (training/pipeline/ep_overlap.py times that pair from its pieces; tests/test_combined_1f1b.py
 checks the two agree). The rank's key scope and phase belong to the process running, so each
 is restored when its process resumes.
+
+With --delay-wgrad-compute the backward's weight-gradient GEMMs wait in `delayed`
+(training/pipeline/delay_wgrad.py) and run as Megatron's `backward_dw` nodes: at the
+backward's next all-to-all they are the compute stream's next piece while that all-to-all runs on
+the communication stream (`TransformerLayerSchedulePlan.run`: `mlp.backward_dw()` is issued
+just before `moe_dispatch.backward`, whose event was recorded at the experts' input
+gradients; a layer's `pre_dispatch_computation.backward_dw()` just before the next layer's
+`moe_combine.backward`), in a pair or alone.
 """
 import simpy
 
@@ -30,6 +38,7 @@ class PairedStreams:
         self.compute = simpy.Resource(env, capacity=1)
         self.comm = simpy.Resource(env, capacity=1)
         self.paired = False
+        self.delayed = None  # the running backward's delayed weight gradients, or None
         self._held: dict = {}  # simpy process -> its request of the compute stream
         self._held_s = 0.0  # seconds the compute stream was held, up to _since
         self._since: float | None = None  # when the current holder took it, if held
@@ -46,6 +55,9 @@ class PairedStreams:
         """Run `body` (an all-to-all) on the communication stream, the compute stream handed
         to the other micro-batch meanwhile; its seconds under the other's compute are taken
         off the rank's exposed EP communication. Plain `yield from body` outside a pair."""
+        delayed = self._delayed_of_caller()
+        if delayed is not None:
+            return (yield from self._beside_weight_grads(r, body, delayed))
         if not self.paired:
             return (yield from body)
         scope, phase = r.scope, r.phase
@@ -60,6 +72,44 @@ class PairedStreams:
         yield from self._take()
         r.scope, r.phase = scope, phase
         return result
+
+    def _delayed_of_caller(self):
+        """The delayed weight gradients waiting to run, if the caller is their backward."""
+        delayed = self.delayed
+        if delayed is None or not delayed.waiting() or \
+                delayed.owner is not self.env.active_process:
+            return None
+        return delayed
+
+    def _beside_weight_grads(self, r, body, delayed):
+        """The all-to-all `body` on the communication stream while the caller, holding the
+        compute stream, runs its delayed weight gradients; then the compute stream to the other
+        micro-batch (if paired) until the all-to-all ends. Its seconds under compute are taken
+        off the rank's exposed EP communication."""
+        scope, phase = r.scope, r.phase
+        if not self.paired:  # alone: the weight gradients are the compute stream's only work
+            yield from self._take()
+        comm = self.env.process(self._comm_piece(r, body, scope, phase))
+        yield from delayed.run(r)
+        r.scope, r.phase = scope, phase
+        self._give()
+        result, hidden = yield comm
+        exposed = r.exposed_s.get("ep_comm", 0.0)
+        r.exposed_s["ep_comm"] = max(0.0, exposed - hidden)
+        if self.paired:
+            yield from self._take()
+        r.scope, r.phase = scope, phase
+        return result
+
+    def _comm_piece(self, r, body, scope: str, phase: str):
+        """A process: `body` on the communication stream in the caller's scope; returns its
+        value and its seconds under compute."""
+        with self.comm.request() as slot:
+            yield slot
+            start, held = self.env.now, self.held_s()
+            result = yield from _in_scope(r, body, scope, phase)
+            hidden = min(self.held_s() - held, self.env.now - start)
+        return result, hidden
 
     def held_s(self) -> float:
         """Seconds the compute stream has been held so far."""
