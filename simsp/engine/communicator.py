@@ -401,8 +401,8 @@ class Communicator:
             self.network.calibration).algorithm == TREE
 
     def _tree(self, meeting: _Meeting) -> CollectiveStats:
-        """The tree all-reduce's closed-form time (it loads no link in either timing) and the
-        ring's bytes, memoised."""
+        """The tree all-reduce's closed-form time (it loads no link in either timing), the
+        ring's bytes and NCCL's labels (tree, its protocol), memoised."""
         key = (TREE, meeting.group, meeting.nbytes, meeting.elem_bytes)
         if key not in self._plans:
             group, n = meeting.group, len(meeting.group)
@@ -413,8 +413,12 @@ class Communicator:
             duration = collective_time(ALL_REDUCE, self.network.graph, list(group),
                                        meeting.nbytes, self.network.calibration,
                                        meeting.elem_bytes)
+            choice = nccl_choice(ALL_REDUCE, self.network.graph, list(group), meeting.nbytes,
+                                 self.network.calibration)
             self._plans[key] = CollectiveStats(ALL_REDUCE, group, meeting.nbytes, 2 * (n - 1),
-                                               sent, received, 0.0, duration)
+                                               sent, received, 0.0, duration,
+                                               algorithm=TREE, protocol=choice.protocol,
+                                               nchannels=choice.nchannels)
         return self._plans[key]
 
     def _alone(self, meeting: _Meeting, method: str = RING_ALONE) -> CollectiveStats:
