@@ -265,7 +265,8 @@ def test_te_defaults_and_a_users_file(tmp_path):
     ("qkv_dgrad:\n  num_sm: 0\n", "num_sm must be an integer"),
     ("qkv_dgrad:\n  colour: red\n", "unknown setting"),
     ("proj_fprop:\n  atomic_gemm: 1\n", "atomic_gemm is not modelled"),
-    ("fc1_dgrad:\n  method: ring_exchange\n", "not modelled for fc1_dgrad"),
+    ("fc1_dgrad:\n  method: external\n", "not modelled for fc1_dgrad"),
+    ("fc1_dgrad:\n  method: pipeline\nfc1_wgrad:\n  num_sm: 4\n", "may not be set when"),
     ("fc2_fprop:\n  method: bulk\n", "pipeline or ring_exchange"),
 ])
 def test_a_bad_file_is_one_named_error(tmp_path, text, reason):
