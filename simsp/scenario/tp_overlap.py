@@ -78,6 +78,12 @@ def is_dgrad_rs(gemm: UbGemm) -> bool:
     return gemm.name in DGRAD_RS_GEMMS and gemm.method != BULK
 
 
+def dgrad_rs_on(p) -> bool:
+    """Does parallel section `p` run some dgrad GEMM's reduce-scatter overlap?"""
+    return p.tp_comm_overlap and any(
+        is_dgrad_rs(gemm) for gemm in ub_gemms(p.tp, p.tp_comm_overlap_cfg).values())
+
+
 def _kind(name: str) -> str:
     """Which methods a GEMM may take: ALLOWED's key."""
     if name in DGRAD_RS_GEMMS:
