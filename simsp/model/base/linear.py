@@ -100,7 +100,8 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
 def _dgrad_rs_backward(r, dy, saved_input, w: dict, g: dict, prefix: str, has_bias: bool,
                        ub):
     """`column_parallel_backward` under TE's ub_overlap_rs_dgrad (transformer_engine/pytorch/
-    module/layernorm_linear.py and layernorm_mlp.py backward at d0067d0d): the saved input's
+    module/layernorm_linear.py backward at d0067d0d; Megatron-Core's qkv and fc1 are TE
+    LayerNormLinears): the saved input's
     all-gather for the weight gradient launched on NCCL's stream (gather_along_first_dim,
     async: no userbuffer, no bulk overlap) beside the dgrad GEMM, whose output is
     reduce-scattered in chunks beside its own pieces (`ub`: pipelined or ring exchange); then
