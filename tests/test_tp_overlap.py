@@ -265,7 +265,8 @@ def test_te_defaults_and_a_users_file(tmp_path):
     ("qkv_dgrad:\n  num_sm: 0\n", "num_sm must be an integer"),
     ("qkv_dgrad:\n  colour: red\n", "unknown setting"),
     ("proj_fprop:\n  atomic_gemm: 1\n", "atomic_gemm is not modelled"),
-    ("fc1_dgrad:\n  method: ring_exchange\n", "not modelled for fc1_dgrad"),
+    ("fc1_dgrad:\n  method: external\n", "not modelled for fc1_dgrad"),
+    ("fc1_dgrad:\n  method: pipeline\nfc1_wgrad:\n  num_sm: 4\n", "may not be set when"),
     ("fc2_fprop:\n  method: bulk\n", "pipeline or ring_exchange"),
 ])
 def test_a_bad_file_is_one_named_error(tmp_path, text, reason):
@@ -331,14 +332,17 @@ def test_every_gradient_with_the_overlap_equals_the_single_device_reference():
 
 RS_P2P_CFG = ("proj_fprop:\n  method: ring_exchange\n  num_sm: 1\n  set_sm_margin: 1\n"
               "fc2_fprop:\n  method: ring_exchange\n"
-              "qkv_fprop:\n  aggregate: 1\nfc2_dgrad:\n  aggregate: 1\n")
+              "qkv_fprop:\n  aggregate: 1\nfc2_dgrad:\n  aggregate: 1\n"
+              "qkv_dgrad:\n  method: ring_exchange\nfc1_dgrad:\n  method: pipeline\n"
+              "  num_splits: 2\n  set_sm_margin: 0\n")
 
 
 @pytest.mark.parametrize("t", [2, 4])
 def test_ring_exchange_rs_gradients_equal_the_single_device_reference(t, tmp_path):
-    """Both GEMM+RS by ring exchange (rows sent to their ranks, summed by the reduce kernel)
-    and two all-gathers under aggregate (pairs): tiny at t 2 (p 2, d 2) and t 4 (p 2), SP,
-    against the reference."""
+    """Both GEMM+RS by ring exchange (rows sent to their ranks, summed by the reduce kernel),
+    two all-gathers under aggregate (pairs), and both dgrad reduce-scatter overlaps (qkv's by
+    ring exchange, fc1's pipelined in 2 without the margin, replacing the bulk pairs): tiny at
+    t 2 (p 2, d 2) and t 4 (p 2), SP, against the reference."""
     from simsp.commands.verify import REFERENCE_TOLERANCE
     from simsp.training.driver.compare import compare_with_reference
     from simsp.training.driver.iteration import simulate_iteration
@@ -353,7 +357,8 @@ def test_ring_exchange_rs_gradients_equal_the_single_device_reference(t, tmp_pat
     assert max(errors.values()) < REFERENCE_TOLERANCE
     assert "layers.0.mlp.fc2.weight" in errors
     seen = run.inputs.world.ranks[0].tp_overlap_s
-    assert seen[(tp_overlap.RS_P2P, "comm")] > 0 and (PIPELINE, "comm") not in seen
+    assert seen[(tp_overlap.RS_P2P, "comm")] > 0 and (BULK, "comm") not in seen
+    assert seen[(PIPELINE, "comm")] > 0  # fc1_dgrad's, the only pipelined GEMM
 
 
 def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():

@@ -7,6 +7,12 @@ NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub
 1 for ring_exchange else 16, num_splits tp_size for ring_exchange else 4, set_sm_margin off for
 ring_exchange only, use_ce on, fp8_buf for the all-gather layers). Megatron-LM reads the file with yaml.safe_load and hands it to
 initialize_ub (megatron/training/initialize.py _initialize_tp_communicators).
+
+A method other than bulk on qkv_dgrad or fc1_dgrad (initialize_ub's dgrad_reduce_scatter_overlap)
+turns that GEMM into a reduce-scatter overlap of the dgrad GEMM's output: initialize_ub moves it
+from the all-gather layers to the reduce-scatter ones, so its defaults are the new method's and its
+buffer holds FP8 only when pipelined with the user's fp8_buf; the file may then not set the
+paired wgrad GEMM (TE raises a ValueError). At NVIDIA/TransformerEngine d0067d0d.
 """
 
 import tomllib
@@ -23,9 +29,11 @@ DEFAULT_METHODS = {RING_EXCHANGE: ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_
                    PIPELINE: ("proj_fprop", "fc2_fprop"),
                    BULK: ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")}
 GEMMS = sum(DEFAULT_METHODS.values(), ())  # the ten userbuffers, in initialize_ub's order
-# the methods simsp runs for each kind of GEMM (TE refuses pipeline for an all-gather; the dgrad
-# reduce-scatter overlap that replaces a bulk pair is not modelled)
-ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE, RING_EXCHANGE), "bulk": (BULK,)}
+DGRAD_RS_GEMMS = ("qkv_dgrad", "fc1_dgrad")  # dgrad_reduce_scatter_overlap
+# the methods simsp runs for each kind of GEMM (TE refuses pipeline for an all-gather; a dgrad
+# GEMM other than bulk reduce-scatters its output, replacing the bulk pair)
+ALLOWED = {"fprop_ag": (RING_EXCHANGE,), "rs": (PIPELINE, RING_EXCHANGE), "bulk": (BULK,),
+           "dgrad": (BULK, PIPELINE, RING_EXCHANGE)}
 MODELLED_KEYS = ("method", "num_sm", "num_splits", "set_sm_margin", "use_ce", "fp8_buf",
                  "aggregate")
 BUNDLED = Path(__file__).parent / "data" / "tp_overlap"  # NeMo's files restated, by name
@@ -55,16 +63,31 @@ class UbGemm:
         return 0 if self.method == RING_EXCHANGE and self.use_ce else self.num_sm
 
 
-def default_gemm(name: str, tp: int) -> UbGemm:
-    """TE's get_default_config for `name` at TP size `tp` (fp8_buf: the all-gather layers)."""
-    method = next(m for m, names in DEFAULT_METHODS.items() if name in names)
+def default_gemm(name: str, tp: int, method: str | None = None) -> UbGemm:
+    """TE's get_default_config for `name` at TP size `tp` (fp8_buf: the all-gather layers);
+    `method`: a dgrad GEMM moved to a reduce-scatter method (no longer an all-gather layer)."""
+    moved = method not in (None, BULK)
+    method = method or next(m for m, names in DEFAULT_METHODS.items() if name in names)
     ring = method == RING_EXCHANGE
     return UbGemm(name, method, 1 if ring else 16, tp if ring else 4, not ring, True,
-                  name in ALL_GATHER_GEMMS)
+                  name in ALL_GATHER_GEMMS and not moved)
+
+
+def is_dgrad_rs(gemm: UbGemm) -> bool:
+    """A dgrad GEMM whose output is reduce-scattered beside it (TE's ub_overlap_rs_dgrad)."""
+    return gemm.name in DGRAD_RS_GEMMS and gemm.method != BULK
+
+
+def dgrad_rs_on(p) -> bool:
+    """Does parallel section `p` run some dgrad GEMM's reduce-scatter overlap?"""
+    return p.tp_comm_overlap and any(
+        is_dgrad_rs(gemm) for gemm in ub_gemms(p.tp, p.tp_comm_overlap_cfg).values())
 
 
 def _kind(name: str) -> str:
     """Which methods a GEMM may take: ALLOWED's key."""
+    if name in DGRAD_RS_GEMMS:
+        return "dgrad"
     if name in DEFAULT_METHODS[BULK]:
         return "bulk"
     return "rs" if name in REDUCE_SCATTER_GEMMS else "fprop_ag"
@@ -87,20 +110,30 @@ def _entry(name: str, body, tp: int, source: str) -> UbGemm:
     if body.get("method", gemm.method) not in allowed:
         raise UserError(field, f"method {body['method']!r} is not modelled for {name} (simsp "
                                f"runs {' or '.join(allowed)})")
+    if name in DGRAD_RS_GEMMS:  # initialize_ub moved it to its method's list: those defaults
+        gemm = default_gemm(name, tp, body.get("method", BULK))
     gemm = replace(gemm, method=body.get("method", gemm.method))  # over the default's knobs
     for key, kind in (("num_sm", int), ("num_splits", int), ("set_sm_margin", bool),
                       ("use_ce", bool), ("fp8_buf", bool), ("aggregate", bool)):
         if key in body:
             gemm = replace(gemm, **{key: _typed(field, key, body[key], kind)})
-    if "fp8_buf" in body:  # TE honours a user's fp8_buf on the layers pipelined by default
-        gemm = replace(gemm, fp8_buf=name in ALL_GATHER_GEMMS or (
-            gemm.fp8_buf and name in DEFAULT_METHODS[PIPELINE]))
-    # TE reads aggregate in the ring-exchange all-gather alone (split_overlap_ag), in pairs
-    gemm = replace(gemm, aggregate=gemm.aggregate and gemm.method == RING_EXCHANGE
-                   and name in ALL_GATHER_GEMMS)
+    gemm = _as_te_reads(gemm, "fp8_buf" in body)
     if gemm.aggregate and tp % 2:
         raise UserError(field, f"aggregate needs an even tensor_model_parallel_size, got {tp}")
     return gemm
+
+
+def _as_te_reads(gemm: UbGemm, fp8_buf_set: bool) -> UbGemm:
+    """`gemm` with fp8_buf and aggregate as initialize_ub and split_overlap_ag read them: a
+    user's fp8_buf counts on the layers in methods["pipeline"] (the all-gather layers' buffers
+    are FP8 anyway); aggregate on a ring-exchange all-gather alone."""
+    all_gather = gemm.name in ALL_GATHER_GEMMS and not is_dgrad_rs(gemm)
+    pipelined = gemm.name in DEFAULT_METHODS[PIPELINE] or (
+        is_dgrad_rs(gemm) and gemm.method == PIPELINE)
+    if fp8_buf_set:
+        gemm = replace(gemm, fp8_buf=all_gather or (gemm.fp8_buf and pipelined))
+    return replace(gemm, aggregate=gemm.aggregate and gemm.method == RING_EXCHANGE
+                   and all_gather)
 
 
 def _typed(field: str, key: str, value, kind: type):
@@ -150,9 +183,24 @@ def read_cfg(path: str) -> dict:
     return body
 
 
+def _no_wgrad_beside_dgrad_rs(body: dict, path: str) -> None:
+    """TE's initialize_ub refuses a file that sets a wgrad GEMM whose dgrad GEMM it moves to a
+    reduce-scatter method ("Cannot specify user UB config for '<wgrad>' when its corresponding
+    dgrad '<dgrad>' uses a non-bulk overlap method")."""
+    for name in DGRAD_RS_GEMMS:
+        settings = body.get(name)
+        wgrad = name.replace("dgrad", "wgrad")
+        if isinstance(settings, dict) and settings.get("method", BULK) != BULK and wgrad in body:
+            raise UserError(f"parallel.tp_comm_overlap_cfg ({path}: {wgrad})",
+                            f"may not be set when {name} uses method {settings['method']!r}: "
+                            f"its reduce-scatter replaces the bulk pair (TE's initialize_ub "
+                            "refuses it)")
+
+
 def ub_gemms(tp: int, path: str | None = None) -> dict[str, UbGemm]:
     """Every GEMM's overlap: TE's defaults, updated by the file at `path` if given."""
     body = read_cfg(path) if path else {}
+    _no_wgrad_beside_dgrad_rs(body, path)
     return {name: (_entry(name, body[name], tp, path) if name in body
                    else default_gemm(name, tp)) for name in GEMMS}
 
@@ -175,4 +223,5 @@ def userbuffers_bytes(gemms: dict[str, UbGemm], tokens: int, hidden: int, fp8: b
 
 def is_rs_p2p(gemm: UbGemm) -> bool:
     """A GEMM+RS overlapped by ring exchange (TE's CommOverlapP2P with CommOverlapType.RS)."""
-    return gemm.method == RING_EXCHANGE and gemm.name in REDUCE_SCATTER_GEMMS
+    return gemm.method == RING_EXCHANGE and (gemm.name in REDUCE_SCATTER_GEMMS
+                                             or is_dgrad_rs(gemm))

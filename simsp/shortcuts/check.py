@@ -27,6 +27,7 @@ from simsp.hardware.profiles import fabric_of
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, FP32
+from simsp.scenario.tp_overlap import dgrad_rs_on
 from simsp.shortcuts.clashes import Overlaps, conflicts, meeting_others, meeting_themselves
 from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
@@ -146,6 +147,8 @@ def _group_methods(sc, owners: list[Owner], clashes: list, fsdp_rings: frozenset
     the first method of shortcuts/methods.py whose condition the group's facts meet."""
     others, themselves = meeting_others(clashes), meeting_themselves(clashes)
     all_to_all = {ranks for kind, ranks in owners if kind == "ep"}
+    own_overlap = {ranks for kind, ranks in owners if kind == "tp"} if dgrad_rs_on(
+        sc.parallel) else set()
     no_cp = sc.parallel.cp == 1
     methods = {}
     for kind, group in owners:
@@ -153,7 +156,8 @@ def _group_methods(sc, owners: list[Owner], clashes: list, fsdp_rings: frozenset
             continue
         methods[group] = method_for(GroupFacts(
             meets_others=group in others, meets_itself=group in themselves,
-            fsdp_ring=group in fsdp_rings, pieces_allowed=splits and no_cp,
+            fsdp_ring=group in fsdp_rings, tp_own_overlap=group in own_overlap,
+            pieces_allowed=splits and no_cp,
             all_to_all=group in all_to_all, templates_allowed=no_cp))
     return tuple(methods.items())
 

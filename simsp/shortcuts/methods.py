@@ -22,6 +22,8 @@ class GroupFacts:
     meets_others: bool  # a hop may cross a link while another owner's hop does
     meets_itself: bool  # two of its own hops cross one link (rail channels, all-to-all pairs)
     fsdp_ring: bool  # an FSDP DP ring: its gathers and reduce-scatters overlap (two streams)
+    tp_own_overlap: bool  # a TP group under TE's dgrad reduce-scatter overlap: the input's
+    # NCCL all-gather runs beside the dgrad's userbuffers reduce-scatter (docs/tp-overlap.md)
     pieces_allowed: bool  # every FSDP unit's collective splits into node pieces, and no CP
     all_to_all: bool  # an EP group: its hops are an all-to-all's pairs, not ring channels
     templates_allowed: bool  # no context parallelism (whose all-to-alls always run as flows)
@@ -50,9 +52,11 @@ GROUP_METHODS = (
            lambda f: f.fsdp_ring and f.pieces_allowed and not f.meets_others),
     Method(STEP_BY_STEP, "always (the full model); given where a hop may share a link with "
            "another owner's hop at the same time, or where the group's own collectives "
-           "overlap (FSDP), so that its flows load the links as in the full simulation",
-           "tests/test_communicator.py, tests/test_shortcut_layouts.py",
-           lambda f: f.meets_others or f.fsdp_ring),
+           "overlap (FSDP; TE's dgrad reduce-scatter beside the input's all-gather), so that "
+           "its flows load the links as in the full simulation",
+           "tests/test_communicator.py, tests/test_shortcut_layouts.py, "
+           "tests/test_tp_overlap_rs_dgrad.py",
+           lambda f: f.meets_others or f.fsdp_ring or f.tp_own_overlap),
     Method(TEMPLATE, "an EP group no other owner's hop meets, without context parallelism: "
            "its all-to-all's time depends only on its placement and byte matrix, found once "
            "alone; a DeepEP dispatch's or combine's (some of the all-to-all's pairs) on its "

@@ -5,14 +5,16 @@ and leaves the region (f̄, or ḡ under SP), then the block's bias, dropout and
 
 Overlap as Megatron-LM's column-parallel backward does it (K22 §4.2.2, §5): under SP the
 LN output is all-gathered again while the input-gradient GEMM runs, and the input gradient's
-all-reduce (TP) or reduce-scatter (SP) runs while the weight-gradient GEMM runs.
+all-reduce (TP) or reduce-scatter (SP) runs while the weight-gradient GEMM runs. Under TE's
+dgrad reduce-scatter overlap the input gradient is reduce-scattered beside its own GEMM instead
+(docs/tp-overlap.md).
 """
 
 from simsp.model import mappings
 from simsp.model.base import ops, tp_overlap
 from simsp.model.base.dropout_sites import dropout_add
 from simsp.model.tensor import FP16
-from simsp.scenario.tp_overlap import RING_EXCHANGE
+from simsp.scenario.tp_overlap import RING_EXCHANGE, is_dgrad_rs
 
 # the Transformer Engine GEMM (transformer_engine/pytorch/module/base.py initialize_ub) each
 # linear's tag names: overlapped under --tp-comm-overlap (base/tp_overlap.py), others never
@@ -70,6 +72,9 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
     overlap both pairs are TE's bulk overlaps, the GEMMs sharing the SMs (base/tp_overlap.py)."""
     weight = w[f"{prefix}.weight"]
     ub_dgrad, ub_wgrad = _ub(r, prefix, "dgrad"), _ub(r, prefix, "wgrad")
+    if ub_dgrad is not None and is_dgrad_rs(ub_dgrad):
+        return (yield from _dgrad_rs_backward(r, dy, saved_input, w, g, prefix, has_bias,
+                                              ub_dgrad))
     gather = None
     if r.tp.sequence_parallel:
         gather = _start(r, ub_dgrad, mappings.all_gather_seq(
@@ -89,6 +94,32 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
     if dx is not dx_full:
         r.free(dx_full)
     r.free(saved_input, dy)
+    return dx
+
+
+def _dgrad_rs_backward(r, dy, saved_input, w: dict, g: dict, prefix: str, has_bias: bool,
+                       ub):
+    """`column_parallel_backward` under TE's ub_overlap_rs_dgrad (transformer_engine/pytorch/
+    module/layernorm_linear.py backward at d0067d0d; Megatron-Core's qkv and fc1 are TE
+    LayerNormLinears): the saved input's
+    all-gather for the weight gradient launched on NCCL's stream (gather_along_first_dim,
+    async: no userbuffer, no bulk overlap) beside the dgrad GEMM, whose output is
+    reduce-scattered in chunks beside its own pieces (`ub`: pipelined or ring exchange); then
+    the weight-gradient GEMM alone. dy (s, b, n/t) -> dx (s_l, b, k)."""
+    weight = w[f"{prefix}.weight"]
+    gather = mappings.start(r, mappings.all_gather_seq(
+        r, saved_input, f"{prefix}_regather", label="all_gather_ln_output", blocking=False))
+    dx = r.alloc((dy.shape[0] // r.tp.size,) + dy.shape[1:-1] + (weight.shape[0],), FP16,
+                 f"{prefix}_enter_grad", category="communication")  # (s_l, b, k)
+    runner = (tp_overlap.ring_exchange_rs if ub.method == RING_EXCHANGE
+              else tp_overlap.pipelined_rs)
+    dx_full = yield from ops.linear_grad_input(r, dy, weight, f"d_{prefix}_input",
+                                               runner(ub, dx, f"{prefix}_enter_grad"))
+    x_full = yield from mappings.finish(r, gather)  # (s, b, k)
+    yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight",
+                                      f"{prefix}.bias" if has_bias else None,
+                                      f"d_{prefix}_weight")
+    r.free(x_full, dx_full, saved_input, dy)
     return dx
 
 
