@@ -80,7 +80,9 @@ def _adam_bytes_per_param(r) -> int:
 def zero_grad_buffer(r, grads: dict):
     """Megatron's train_step zeroes every model chunk's gradient buffer before the forward
     (megatron/training/training.py `model_chunk.zero_grad_buffer()`; param_and_grad_buffer.py
-    `reset`: `self.grad_data.zero_()`): one fill kernel writing the rank's main gradients."""
+    `reset`: `self.grad_data.zero_()`; Megatron-FSDP's its own buffer, megatron_fsdp.py; the
+    torch FSDP2 wrapper none, data_parallel_base.py `pass`): one fill kernel writing the
+    rank's main gradients."""
     nbytes = sum(grad.nbytes for grad in grads.values())
     yield from r.compute("zero_grad_buffer", "elementwise", nbytes=nbytes)
 

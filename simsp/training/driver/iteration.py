@@ -32,8 +32,9 @@ def rank_program(r, inputs: RunInputs, plan: StagePlan, states: dict, results: R
     schedule, reduce, step; its steps and end time go to results."""
     state, optimizer = _allocate(r, inputs, plan)
     states[r.rank] = state
-    yield from zero_grad_buffer(r, state.grads if state.fsdp is None
-                                else state.fsdp.optimizer_tensors()[1])
+    if inputs.sc.parallel.fsdp != "fsdp2":  # torch's FSDP2 wrapper zeroes no buffer
+        yield from zero_grad_buffer(r, state.grads if state.fsdp is None
+                                    else state.fsdp.optimizer_tensors()[1])
     yield from run_schedule(r, inputs, plan, state, results)
     r.phase, r.scope = "backward", ""
     yield from finalize_grads(r, inputs.world, plan, state)

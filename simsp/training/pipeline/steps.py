@@ -100,10 +100,11 @@ def _word_grad_fold(sc, plan, chunk: int) -> tuple[bool, bool]:
     """(after_other, fold) for the main lookup's table gradient (embedding.word_grad_kernels):
     it meets the gradients that reached the table first on this rank (the tied output layer's
     placeholder, which also sets grad_added_to_main_grad so Megatron's hook adds nothing; MTP's
-    lookups at PP 1), and is added into the main gradient unless the tied output layer did."""
+    lookups at PP 1), and is added into the main gradient unless the tied output layer did or
+    torch's FSDP2 reduces the table itself (its reduce-scatter, training/data_parallel/fsdp.py)."""
     tied_head = sc.model.tied and plan.is_last(chunk)
     mtp_here = bool(sc.model.mtp_num_layers) and plan.is_last(chunk)
-    return tied_head or mtp_here, not tied_head
+    return tied_head or mtp_here, not tied_head and sc.parallel.fsdp != "fsdp2"
 
 
 def _multi_token_prediction():
