@@ -45,3 +45,10 @@ def test_zeroing_and_norm_once_per_iteration(distributed, shard):
         [kernel_time("elementwise", 0, 4 * PARAMS, cal=cal)], rel=1e-12)
     assert spans["grad_norm"] == pytest.approx(
         [kernel_time("elementwise", 0, 4 * PARAMS // shard, cal=cal)], rel=1e-12)
+
+
+def test_torch_fsdp2_zeroes_no_buffer():
+    # Megatron's TorchFullyShardedDataParallel keeps _BaseDataParallel.zero_grad_buffer: `pass`
+    spans = _spans(data_parallel_size=2, use_torch_fsdp2=True, global_batch_size=4)
+    assert "zero_grad_buffer" not in spans
+    assert len(spans["grad_norm"]) == 1
