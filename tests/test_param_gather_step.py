@@ -68,10 +68,11 @@ def test_forwards_wait_only_for_chunk_one_by_hand():
 
 
 def test_chained_step_issues_chunk_zero_between_the_two_steps_by_hand():
-    """Adam over chunk 0's shard (S1 = its parameters / 2, each rounded up, at 30 B each),
-    then chunk 0's all-gather G0 on the DP stream from S1, beside Adam over chunk 1's shard
-    (S2); the iteration ends at S1 + max(S2, G0), the tail max(G0 − S2, 0) waited on (exposed
-    dp_comm), the two steps exposed as optimizer time."""
+    """The gradient norm over both chunks' shards (N: 4 B per shard parameter, read once), Adam
+    over chunk 0's shard (S1 = its parameters / 2, each rounded up, at 30 B each), then chunk
+    0's all-gather G0 on the DP stream from N + S1, beside Adam over chunk 1's shard (S2); the
+    iteration ends at N + S1 + max(S2, G0), the tail max(G0 − S2, 0) waited on (exposed
+    dp_comm), the norm and the two steps exposed as optimizer time."""
     sc, world, plan, grads = step_world()
     r, env = world.ranks[0], world.env
     sync = DDPBuckets(r, sc.parallel, world.grid, plan, grads)
@@ -83,6 +84,8 @@ def test_chained_step_issues_chunk_zero_between_the_two_steps_by_hand():
     s2 = kernel_time("elementwise", 0, ADAM_BYTES * sum(-(-grads[n].numel // 2)
                                                          for n in grads if n not in first),
                      cal=r.compute_cal)
+    norm = kernel_time("elementwise", 0, 4 * sum(-(-g.numel // 2) for g in grads.values()),
+                       cal=r.compute_cal)
     g0 = gather_s(world, sync.buckets[0].numel)
     done = []
 
@@ -93,8 +96,8 @@ def test_chained_step_issues_chunk_zero_between_the_two_steps_by_hand():
     env.process(program())
     env.run()
     assert g0 > s2  # the tiny layout's gather outlasts the second step: a tail is exposed
-    assert done == [pytest.approx(s1 + max(s2, g0), rel=1e-9)]
-    assert r.exposed_s["optimizer"] == pytest.approx(s1 + s2, rel=1e-9)
+    assert done == [pytest.approx(norm + s1 + max(s2, g0), rel=1e-9)]
+    assert r.exposed_s["optimizer"] == pytest.approx(norm + s1 + s2, rel=1e-9)
     assert r.exposed_s["dp_comm"] == pytest.approx(g0 - s2, rel=1e-9)
     report = sync.overlap_report()["all_gather"]
     assert report["hidden_s"] == pytest.approx(s2, rel=1e-9)

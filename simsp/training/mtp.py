@@ -197,7 +197,14 @@ def _depth_backward(r, sc, state, k: int, saved: dict, dh, tokens):
     demb = yield from norm_backward(r, m, de, saved["enorm_input"], w, g, f"{prefix}enorm",
                                     "d_enorm_input")
     r.free(de, dhn, saved["enorm_input"])
-    yield from embedding_backward(r, m, w, g, shifted(tokens, k + 1), saved["embedding"], demb)
+    # the table's gradient (the depths run last first): after the tied output layer's
+    # placeholder or a later depth's; folded into the main gradient at the last lookup to run
+    # when no main lookup follows on this rank (PP > 1)
+    after_other = m.tied or k < m.mtp_num_layers - 1
+    fold = (not m.tied and sc.parallel.pipeline_model_parallel_size > 1 and k == 0
+            and sc.parallel.fsdp != "fsdp2")
+    yield from embedding_backward(r, m, w, g, shifted(tokens, k + 1), saved["embedding"], demb,
+                                  after_other, fold)
     return dprev
 
 

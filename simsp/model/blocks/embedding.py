@@ -97,8 +97,40 @@ def embedding_forward(r, model, w: dict, tokens: np.ndarray | None, shape: tuple
     return out, {"embedding_dropout_mask": mask}
 
 
-def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx):
-    """Gradient at the embedding output dx (s_l, b, h) -> word and position gradients."""
+# PyTorch's embedding_dense_backward_cuda takes its small-batch kernel up to this many tokens
+# (aten/src/ATen/native/cuda/Embedding.cu: `num_indices <= 3072 && !scale_grad_by_freq`).
+_FEATURE_KERNEL_MAX_TOKENS = 3072
+
+
+def word_grad_kernels(tokens: int, rows: int, h: int, itemsize: int, main_grad_bytes: int,
+                      after_other: bool, fold: bool) -> tuple:
+    """Bytes of each kernel one lookup's backward runs on a (rows, h) table for `tokens` tokens
+    (docs/hardware.md §6, "The word embedding's gradient"): PyTorch's dense backward zeroes the
+    whole table (`at::zeros`, written at the gradient's `itemsize`) and scatters the tokens'
+    rows into it (up to 3072 tokens one kernel reading the rows and adding them in place; more:
+    sorted, fp32 partial sums per segment written and read back, then the rows written); autograd
+    sums it with a contribution that reached the parameter first (`after_other`: read two
+    tables, write one); Megatron's DDP hook then adds the table into the main gradient
+    (`fold`: `main_grad.add_(param.grad)`, main gradient read and written)."""
+    table = rows * h
+    token_bytes = tokens * h * itemsize
+    if tokens <= _FEATURE_KERNEL_MAX_TOKENS:
+        scatter = 2 * token_bytes
+    else:
+        scatter = 2 * token_bytes + 2 * tokens * h * 4
+    kernels = (table * itemsize, scatter)
+    if after_other:
+        kernels += (3 * table * itemsize,)
+    if fold:
+        kernels += (table * (2 * main_grad_bytes + itemsize),)
+    return kernels
+
+
+def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx,
+                       after_other: bool = False, fold: bool = True):
+    """Gradient at the embedding output dx (s_l, b, h) -> word and position gradients;
+    `after_other` / `fold`: the table's gradient meets one that reached it first on this rank
+    / is then added into the main gradient (word_grad_kernels)."""
     mask = saved.get("embedding_dropout_mask")
     demb = yield from ops.dropout_backward(r, dx, mask, model.hidden_dropout, "d_embedding")
     r.free(mask)
@@ -115,7 +147,10 @@ def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx):
         contrib = dfull.data * owned[..., None]  # (s, b, h)
         np.add.at(g["embedding.word"].data, local.reshape(-1),
                   contrib.reshape(-1, contrib.shape[-1]))
-    yield from r.compute("d_word_embedding", "elementwise", nbytes=2 * dfull.nbytes)
+    s_full, b, h = dfull.shape
+    rows = w["embedding.word"].shape[0]
+    yield from ops.run_kernels(r, "d_word_embedding", word_grad_kernels(
+        s_full * b, rows, h, dfull.itemsize, r.precision.main_grad_bytes, after_other, fold))
     r.free(demb)
     if dfull is not demb:
         r.free(dfull)

@@ -77,9 +77,31 @@ def _adam_bytes_per_param(r) -> int:
     return r.precision.main_grad_bytes + 2 * states + 2
 
 
+def zero_grad_buffer(r, grads: dict):
+    """Megatron's train_step zeroes every model chunk's gradient buffer before the forward
+    (megatron/training/training.py `model_chunk.zero_grad_buffer()`; param_and_grad_buffer.py
+    `reset`: `self.grad_data.zero_()`; Megatron-FSDP's its own buffer, megatron_fsdp.py; the
+    torch FSDP2 wrapper none, data_parallel_base.py `pass`): one fill kernel writing the
+    rank's main gradients."""
+    nbytes = sum(grad.nbytes for grad in grads.values())
+    yield from r.compute("zero_grad_buffer", "elementwise", nbytes=nbytes)
+
+
+def grad_norm(r, optimizer: AdamState, weights: dict):
+    """The L2 norm of the main gradients this rank's optimizer steps, before the step
+    (Megatron's default --clip-grad 1.0: megatron/core/optimizer/optimizer.py `clip_grad_norm`,
+    clip_grads.py `get_grad_norm_fp32`: multi_tensor_l2norm reads each gradient once). The
+    scaling by the clip coefficient runs only when the norm exceeds the threshold, which a
+    timing model cannot know; it is not timed, nor the norm's all-reduce of one float."""
+    numel = sum(optimizer.tensors[("master", name)].numel for name in weights)
+    yield from r.compute("grad_norm", "elementwise", nbytes=r.precision.main_grad_bytes * numel)
+
+
 def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):
-    """The Adam step; its time is the iteration's optimizer share (metrics.exposure)."""
+    """The gradient norm and the Adam step; their time is the iteration's optimizer share
+    (metrics.exposure)."""
     start = r.env.now
+    yield from grad_norm(r, optimizer, weights)
     yield from adam_step(r, optimizer, weights, grads)
     r.count_exposed("optimizer", r.env.now - start)
 
@@ -92,6 +114,7 @@ def chained_step(r, optimizer: AdamState, weights: dict, grads: dict, ddp):
     (training/data_parallel/grad_buckets.py DDPBuckets)."""
     first = ddp.first_chunk_dense()
     start = r.env.now
+    yield from grad_norm(r, optimizer, weights)  # over every chunk, before any step
     yield from adam_step(r, optimizer, {n: w for n, w in weights.items() if n in first}, grads)
     gathers = ddp.gather_first_chunk(r)
     yield from adam_step(r, optimizer, {n: w for n, w in weights.items() if n not in first},

@@ -19,7 +19,7 @@ from simsp.training.driver.run import NumericData, Run, RunInputs, RunResults
 from simsp.training.driver.world import World, build_world
 from simsp.training.data_parallel.finalize import finalize_grads
 from simsp.training.data_parallel.optimizer import (allocate_optimizer, chained_step,
-                                                    optimizer_step)
+                                                    optimizer_step, zero_grad_buffer)
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.plan import timing_plan
 from simsp.training.pipeline.plan import StagePlan, global_batch, stage_param_names, stage_plans
@@ -32,6 +32,9 @@ def rank_program(r, inputs: RunInputs, plan: StagePlan, states: dict, results: R
     schedule, reduce, step; its steps and end time go to results."""
     state, optimizer = _allocate(r, inputs, plan)
     states[r.rank] = state
+    if inputs.sc.parallel.fsdp != "fsdp2":  # torch's FSDP2 wrapper zeroes no buffer
+        yield from zero_grad_buffer(r, state.grads if state.fsdp is None
+                                    else state.fsdp.optimizer_tensors()[1])
     yield from run_schedule(r, inputs, plan, state, results)
     r.phase, r.scope = "backward", ""
     yield from finalize_grads(r, inputs.world, plan, state)

@@ -99,6 +99,17 @@ def _local_block(sc, r, full, offset: int):
     return block
 
 
+def _word_grad_fold(sc, plan, chunk: int) -> tuple[bool, bool]:
+    """(after_other, fold) for the main lookup's table gradient (embedding.word_grad_kernels):
+    it meets the gradients that reached the table first on this rank (the tied output layer's
+    placeholder, which also sets grad_added_to_main_grad so Megatron's hook adds nothing; MTP's
+    lookups at PP 1), and is added into the main gradient unless the tied output layer did or
+    torch's FSDP2 reduces the table itself (its reduce-scatter, training/data_parallel/fsdp.py)."""
+    tied_head = sc.model.tied and plan.is_last(chunk)
+    mtp_here = bool(sc.model.mtp_num_layers) and plan.is_last(chunk)
+    return tied_head or mtp_here, not tied_head and sc.parallel.fsdp != "fsdp2"
+
+
 def _multi_token_prediction():
     """training/mtp.py, imported only by a model that has multi-token prediction."""
     from simsp.training import mtp
@@ -181,7 +192,7 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
         if state.fsdp is not None:
             yield from state.fsdp.before_backward(r, chunk, ["embedding"])
         yield from embedding_backward(r, sc.model, state.weights, state.grads, tokens,
-                                      stash["embedding"], dx)
+                                      stash["embedding"], dx, *_word_grad_fold(sc, plan, chunk))
         yield from _grads_ready(r, plan, state, chunk, mb, ["embedding"])
     else:
         _pass_on(plan, state, ("grad", mb, k - 1, plan.tp, plan.dp, plan.cp), dx)
