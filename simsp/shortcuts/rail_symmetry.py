@@ -26,6 +26,7 @@ import networkx as nx
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import hop_route
 from simsp.engine.collectives.ring_plan import channel_rings
+from simsp.shortcuts.quotient import quotient
 from simsp.shortcuts.traffic import Edge, Owner, can_bind
 
 Hop = tuple[int, int, int | None]  # (src GPU, dst GPU, relaying GPU or None)
@@ -145,6 +146,10 @@ class RailSymmetry:
 
     ranks: tuple[int, ...]
     loads: dict = field(compare=False, repr=False)
+    # the quotient (shortcuts/quotient.py) where every executed ring has its piece: link ->
+    # its orbit's link, and group -> its ring piece; then `loads` is empty
+    link_reps: dict = field(default_factory=dict, compare=False, repr=False)
+    pieces: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
@@ -166,7 +171,10 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     executed = [o for o in owners if (o[0] == "p2p" and o[1][0] in ranks) or
                 (o[0] != "p2p" and o[1] in stepwise and set(ranks).intersection(o[1]))]
     loads = image_loads(graph, owners, stepwise, executed, shifts)
-    return None if loads is None else RailSymmetry(ranks, loads)
+    if loads is None:
+        return None
+    reduced = quotient(graph, executed, set(ranks), shifts)
+    return RailSymmetry(ranks, loads) if reduced is None else RailSymmetry(ranks, {}, *reduced)
 
 
 def _orbit_origin(axes: StageAxes, rank: int, steps: tuple[int, int, int]) -> bool:
