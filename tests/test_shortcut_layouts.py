@@ -175,3 +175,28 @@ def test_node_shifts_stop_at_a_leaf_boundary():
     assert fast.symmetry is not None and len(fast.symmetry.ranks) == 22
     mine, full = fast_and_full(sc)
     assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("per_leaf, d, ranks, refused", [
+    # 4 nodes a stage on leaves of 2: rings 0-1|2-3 cross a spine twice, every pair 0->4 ... 3->7
+    # crosses one: a shift by one node keeps both (the ring's channel, the pairs' class)
+    (2, 8, (0, 16), ""),
+    # 3 nodes a stage on leaves of 4: the pair 0 -> 3 stays on leaf 0, 1 -> 4 crosses the spine
+    (4, 6, (0, 4, 8, 12, 16, 20), "moves p2p (0, 12) onto a route of another class")])
+def test_node_shifts_across_leaves_keep_route_classes(monkeypatch, per_leaf, d, ranks, refused):
+    """Stages across scalable units (leaves of `per_leaf` nodes): a node shift that moves a DP
+    ring's spine crossing along the ring keeps its channel's hop routes, so its step latency
+    (NCCL's pipelined latency), and is kept where every pipeline pair keeps its route class;
+    refused, with the pair named, where one does not. Equal to the full simulation."""
+    from dataclasses import replace
+    import simsp.hardware.profiles as profiles
+
+    monkeypatch.setattr(profiles, "DEFAULT", replace(profiles.DEFAULT, nodes_per_leaf=per_leaf))
+    sc = overlapped_scenario(4, 2, 2, d, False, hidden=512, seq=256)
+    fast = Shortcuts.for_scale(sc)
+    assert fast.symmetry is not None and fast.symmetry.ranks == ranks
+    assert refused in dict(fast.reasons)["representative"]
+    mine, full = fast_and_full(sc)
+    assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9)
+    for a, b in zip(mine["exposed_s_per_stage"], full["exposed_s_per_stage"]):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-15)

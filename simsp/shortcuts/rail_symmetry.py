@@ -36,15 +36,18 @@ MAX_IMAGE_ENTRIES = 4_000_000  # |H| x ranks: the permutations this module keeps
 def owner_hops(graph: nx.DiGraph, owner: Owner) -> list[Hop]:
     """Every hop of an owner's traffic: a pair's one hop, or every ring position of every NCCL
     channel (engine/collectives/ring_plan.py channel_rings), as the transfers name them."""
+    return [hop for channel in owner_channels(graph, owner) for hop in channel]
+
+
+def owner_channels(graph: nx.DiGraph, owner: Owner) -> list[list[Hop]]:
+    """[channel][ring position] an owner's hops (a pair: one channel of its one hop)."""
     kind, ranks = owner
     if kind == "p2p":
-        return [(ranks[0], ranks[1], None)]
+        return [[(ranks[0], ranks[1], None)]]
     gpus = list(ranks)
-    hops = []
-    for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
-        order, n = channel.order, len(channel.order)
-        hops += [(gpus[order[i]], gpus[order[(i + 1) % n]], channel.via[i]) for i in range(n)]
-    return hops
+    n = len(gpus)
+    return [[(gpus[ch.order[i]], gpus[ch.order[(i + 1) % n]], ch.via[i]) for i in range(n)]
+            for ch in channel_rings(gpus, graph.graph["gpus_per_node"])]
 
 
 @dataclass(frozen=True)
@@ -85,19 +88,22 @@ def stage_axes(grid: RankGrid, gpus_per_node: int) -> StageAxes | None:
 
 
 def symmetric_steps(graph: nx.DiGraph, axes: StageAxes, world_size: int, owners: list[Owner],
-                    stepwise: frozenset) -> tuple[int, int, int]:
-    """Per axis the shortest shift that is a symmetry (is_symmetry); an axis's size where none
-    is (e.g. node shifts that would move a ring's hop across a leaf's boundary)."""
-    steps = []
+                    stepwise: frozenset) -> tuple[tuple[int, int, int], str]:
+    """Per axis the shortest shift that is a symmetry (symmetry_breach); an axis's size where
+    none is (e.g. node shifts that would move a pipeline pair from one leaf to two); and why a
+    shift by one node is none ("" where it is, or the stage has one node)."""
+    steps, node_why = [], ""
     for axis, size in enumerate(axes.sizes):
         step = size
         for candidate in (s for s in range(1, size) if size % s == 0):
             unit = tuple(candidate if i == axis else 0 for i in range(3))
-            if is_symmetry(graph, axes.shift(world_size, unit), owners, stepwise):
+            breach = symmetry_breach(graph, axes.shift(world_size, unit), owners, stepwise)
+            if not breach:
                 step = candidate
                 break
+            node_why = node_why or (breach if axis == 2 else "")
         steps.append(step)
-    return tuple(steps)
+    return tuple(steps), node_why
 
 
 def _hop_signature(graph: nx.DiGraph, hop: Hop) -> tuple:
@@ -116,22 +122,49 @@ def _owner_key(owner: Owner) -> tuple:
     return owner[0], owner[1] if owner[0] == "p2p" else frozenset(owner[1])
 
 
-def is_symmetry(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owner],
-                stepwise: frozenset) -> bool:
-    """`shift` maps every owner onto an owner of its kind whose hops are its hops' images, each
-    crossing links of the same speeds and latencies, and keeps who runs step by step."""
+def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owner],
+                    stepwise: frozenset) -> str:
+    """Why `shift` is no symmetry ("" where it is): it must map every owner onto an owner of its kind whose hops are its hops' images, and
+    keeps who runs step by step. A pair's image hop crosses links of the same kinds, speeds and
+    latencies; a ring hop's, binding links of the same kinds and speeds in a channel whose
+    hops' routes are those of its own channel (every step of a channel pays one pipelined
+    latency from them, engine/collectives/nccl_group.py pipelined_step_latency_s, so a map may
+    move a spine or core crossing along the ring)."""
     by_key = {_owner_key(o): o for o in owners}
     for owner in owners:
         image = by_key.get(_owner_key((owner[0], tuple(shift[r] for r in owner[1]))))
+        named = f"{owner[0]} {owner[1][:4]}"
         if image is None or (owner[1] in stepwise) != (image[1] in stepwise):
-            return False
+            return f"maps {named} onto no owner of its kind and timing"
         hops = owner_hops(graph, owner)
         if sorted(_image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
-            return False
-        if any(_hop_signature(graph, h) != _hop_signature(graph, _image_hop(shift, h))
-               for h in hops):
-            return False
-    return True
+            return f"maps the hops of {named} onto other hops than its image's"
+        if owner[0] == "p2p":
+            if any(_hop_signature(graph, h) != _hop_signature(graph, _image_hop(shift, h))
+                   for h in hops):
+                return (f"moves {named} onto a route of another class (leaf, spine, core: "
+                        f"other link latencies)")
+            continue
+        mine, theirs = _channel_keys(graph, owner), _channel_keys(graph, image)
+        if any(_binding_signature(graph, h) != _binding_signature(graph, _image_hop(shift, h))
+               or mine[h] != theirs[_image_hop(shift, h)] for h in hops):
+            return f"moves a hop of {named} into a channel of other hop routes"
+    return ""
+
+
+def _binding_signature(graph: nx.DiGraph, hop: Hop) -> tuple:
+    """The kinds and speeds of the links of a hop that can bind, in order."""
+    return tuple((graph.edges[e]["kind"], graph.edges[e]["bandwidth_Bps"])
+                 for e in hop_route(graph, *hop) if can_bind(e))
+
+
+def _channel_keys(graph: nx.DiGraph, owner: Owner) -> dict[Hop, tuple]:
+    """Per hop of a ring, what fixes its step latency: its channel's hop signatures, sorted."""
+    keys = {}
+    for channel in owner_channels(graph, owner):
+        key = tuple(sorted(_hop_signature(graph, hop) for hop in channel))
+        keys.update((hop, key) for hop in channel)
+    return keys
 
 
 def _binding(edges: tuple[Edge, ...]) -> tuple[Edge, ...]:
@@ -146,6 +179,7 @@ class RailSymmetry:
 
     ranks: tuple[int, ...]
     loads: dict = field(compare=False, repr=False)
+    node_why: str = ""  # why a shift by one node is no symmetry ("" where it is)
     # the quotient (shortcuts/quotient.py) where every executed ring has its piece: link ->
     # its orbit's link, and group -> its ring piece; then `loads` is empty
     link_reps: dict = field(default_factory=dict, compare=False, repr=False)
@@ -160,7 +194,7 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     axes = stage_axes(grid, graph.graph["gpus_per_node"])
     if axes is None:
         return None
-    steps = symmetric_steps(graph, axes, grid.world_size, owners, stepwise)
+    steps, node_why = symmetric_steps(graph, axes, grid.world_size, owners, stepwise)
     counts = [size // step for size, step in zip(axes.sizes, steps)]
     if counts[0] * counts[1] * counts[2] * grid.world_size > MAX_IMAGE_ENTRIES:
         return None
@@ -174,7 +208,8 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     if loads is None:
         return None
     reduced = quotient(graph, executed, set(ranks), shifts)
-    return RailSymmetry(ranks, loads) if reduced is None else RailSymmetry(ranks, {}, *reduced)
+    return (RailSymmetry(ranks, loads, node_why) if reduced is None else
+            RailSymmetry(ranks, {}, node_why, *reduced))
 
 
 def _orbit_origin(axes: StageAxes, rank: int, steps: tuple[int, int, int]) -> bool:
