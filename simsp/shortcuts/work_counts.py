@@ -67,13 +67,29 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     tp_phases = stage_steps * (forward + backward + recomputed)
     if p.sequence_parallel:
         tp_phases += 2 * _sp_tensors(sc) / p.pp
-    flows = sum(tp_phases * ring_flows(g, per_node) for g in tp_groups)
-    flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * ring_flows(g, per_node)
+    per_phase = phase_flows(shortcuts, per_node)
+    flows = sum(tp_phases * per_phase(g) for g in tp_groups)
+    flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * per_phase(g)
                  for g in dp_groups)
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces, piece_flows))
+
+
+def phase_flows(shortcuts: Shortcuts, gpus_per_node: int):
+    """Flows of one phase of a stepped ring: ring_flows, or where the representative run is
+    the quotient by rail symmetry (shortcuts/quotient.py) its piece's positions x (n − 1)
+    steps (engine/collectives/ring_piece.py)."""
+    symmetry = shortcuts.symmetry if shortcuts.representative else None
+    pieces = symmetry.pieces if symmetry is not None else {}
+
+    def flows(gpus: tuple[int, ...]) -> int:
+        if gpus in pieces:
+            return len(pieces[gpus].executed) * (len(gpus) - 1)
+        return ring_flows(gpus, gpus_per_node)
+
+    return flows
 
 
 def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
