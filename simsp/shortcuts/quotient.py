@@ -18,7 +18,6 @@ from simsp.engine.collectives.ring_piece import RingPiece
 from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.shortcuts.traffic import Edge, Owner, can_bind, gpu_of_link
 
-Hop = tuple[int, int, int | None]  # (src GPU, dst GPU, relaying GPU or None)
 
 
 def _role(edge: Edge) -> tuple[bool, str]:
@@ -27,54 +26,53 @@ def _role(edge: Edge) -> tuple[bool, str]:
     return edge[0].startswith("gpu"), "nvswitch" if far.endswith("nvswitch") else "leaf"
 
 
-def link_representatives(graph: nx.DiGraph, simulated: set[int],
-                         shifts: list[tuple[int, ...]]) -> dict[Edge, Edge]:
+
+
+def link_representatives(graph: nx.DiGraph, to_origin, moved) -> dict[Edge, Edge]:
     """Every binding link of a GPU -> the link of the same role of the simulated GPU in its
-    orbit (the shift mapping that GPU to it is unique: H acts freely)."""
-    rep_of = {shift[rank]: rank for shift in shifts for rank in simulated}  # GPU -> orbit's
+    orbit (`moved(gpu, to_origin(gpu))`: the one shift mapping it there, H acting freely)."""
     by_role: dict[int, dict] = {}
     for edge in graph.edges:
         if can_bind(edge):
             by_role.setdefault(gpu_of_link(edge), {})[_role(edge)] = edge
-    return {edge: by_role[rep_of[gpu]][role] for gpu, roles in by_role.items()
-            if gpu in rep_of for role, edge in roles.items()}
+    return {edge: by_role[moved(gpu, to_origin(gpu))][role]
+            for gpu, roles in by_role.items() for role, edge in roles.items()}
 
 
-def ring_piece(group: tuple[int, ...], gpus_per_node: int, simulated: set[int],
-               shifts: list[tuple[int, ...]]) -> RingPiece | None:
+def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,
+               moved) -> RingPiece | None:
     """The piece of a ring group: its hops sent by simulated members (every channel), each
-    waiting on the executed hop whose image its predecessor's hop is; None where some hop of
-    the ring is no executed hop's image under exactly one of them."""
+    waiting on the executed hop whose image its predecessor's hop is (the hop moved by the
+    shift taking its sender to its orbit's simulated rank); None where that image is no hop
+    of the ring."""
     gpus = list(group)
     channels = channel_rings(gpus, gpus_per_node)
     n = len(gpus)
     hops = {(gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]): (c, p)
             for c, ch in enumerate(channels) for p in range(n)}  # hop -> (channel, position)
-    executed = [position for hop, position in hops.items() if hop[0] in simulated]
+    executed = [position for hop, position in hops.items() if not any(to_origin(hop[0]))]
     index = {position: i for i, position in enumerate(executed)}
-    source: dict[tuple[int, int], int] = {}  # every position -> executed one standing for it
-    by_position = {position: hop for hop, position in hops.items()}
-    for i, position in enumerate(executed):
-        src, dst, via = by_position[position]
-        for shift in shifts:
-            image = hops.get((shift[src], shift[dst], None if via is None else shift[via]))
-            if image is not None and source.setdefault(image, i) != i:
-                return None
-    if len(source) != len(hops):
-        return None
+    source = {}  # every position -> the index of the executed one standing for it
+    for (src, dst, via), position in hops.items():
+        shift = to_origin(src)
+        image = (moved(src, shift), moved(dst, shift), None if via is None else moved(via, shift))
+        if index.get(hops.get(image)) is None:
+            return None
+        source[position] = index[hops[image]]
     return RingPiece(tuple(executed), tuple(source[(c, (p - 1) % n)] for c, p in executed))
 
 
-def quotient(graph: nx.DiGraph, executed: list[Owner], simulated: set[int],
-             shifts: list[tuple[int, ...]]) -> tuple[dict, dict] | None:
+def quotient(graph: nx.DiGraph, executed: list[Owner], to_origin,
+             moved) -> tuple[dict, dict] | None:
     """(link representatives, group -> its ring piece) for the executed ring groups, or None
-    where a group has no piece (the caller then loads images instead)."""
+    where a group has no piece (the caller then loads images instead). `to_origin(rank)`: the
+    shift taking a rank to its orbit's simulated rank; `moved(rank, shift)`: its image."""
     pieces = {}
     for kind, ranks in executed:
         if kind == "p2p" or ranks in pieces:
             continue
-        piece = ring_piece(ranks, graph.graph["gpus_per_node"], simulated, shifts)
+        piece = ring_piece(ranks, graph.graph["gpus_per_node"], to_origin, moved)
         if piece is None:
             return None
         pieces[ranks] = piece
-    return link_representatives(graph, simulated, shifts), pieces
+    return link_representatives(graph, to_origin, moved), pieces
