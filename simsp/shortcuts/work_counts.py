@@ -31,6 +31,11 @@ from simsp.shortcuts.plan import simulated_ranks
 # sequence parallel -> ring phases of one layer's (forward, backward): 4 and 6 single-phase
 # collectives with SP, 2 all-reduces (4 phases) each way without
 TP_PHASES_PER_LAYER_STEP = {True: (4, 6), False: (4, 4)}
+# CPU seconds per rank of the world that rail symmetry's check costs (shortcuts/rail_symmetry.py
+# symmetric_steps: every owner's hops and their images' routes, per shift tried), measured with
+# benchmarks/scale.py gpt3-175b-h100 on this 2-core machine: the check alone 6.0 s at 8,192
+# GPUs and 17.1 s at 16,384, about half of it the symmetry's (cProfile at 4,096)
+SYMMETRY_SECONDS_PER_RANK = 5e-4
 
 
 class WorkCounts(NamedTuple):
@@ -171,11 +176,14 @@ def _sp_tensors(sc) -> int:
 def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     """CPU seconds of one iteration by run's rule (simsp/scenario/work.py meta_seconds) with
     the stepped rings' flows counted under `shortcuts` (meta mode; default: the verdict
-    Shortcuts.for_scale gives)."""
+    Shortcuts.for_scale gives), and rail symmetry's check where the verdict took it."""
     shortcuts = Shortcuts.for_scale(sc) if shortcuts is None else shortcuts
     counts = estimated_counts(sc, shortcuts)
-    return meta_seconds(sc, shortcuts.representative, _pieces(shortcuts), flows=counts.flows,
-                        fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
+    symmetry = (sc.parallel.tp * sc.parallel.pp * sc.parallel.dp * SYMMETRY_SECONDS_PER_RANK
+                if shortcuts.symmetry is not None else 0.0)
+    return symmetry + meta_seconds(sc, shortcuts.representative, _pieces(shortcuts),
+                                   flows=counts.flows,
+                                   fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
