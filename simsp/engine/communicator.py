@@ -253,7 +253,10 @@ class Communicator:
         its row turned by their distance: j gets what the present member sends j − (i − p)."""
         present = next(i for i, b in enumerate(buffers) if b is not None)
         n, row = len(buffers), buffers[present][0]
-        matrix = [b[0] if b is not None else [row[(j - i + present) % n] for j in range(n)]
+        # under the quotient by rail symmetry (network.link_reps) an absent member's pairs
+        # are images of a present one's: only the present send (docs/shortcuts.md)
+        matrix = [b[0] if b is not None else [0] * n if self.network.link_reps
+                  else [row[(j - i + present) % n] for j in range(n)]
                   for i, b in enumerate(buffers)]
         chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
         if self.timing_of(meeting.group) == TEMPLATE:

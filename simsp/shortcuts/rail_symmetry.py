@@ -218,10 +218,9 @@ class RailSymmetry:
 
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
-                  stepwise: frozenset, quotient_allowed: bool = True) -> RailSymmetry | None:
-    """The representative run by rail symmetry: its quotient where `quotient_allowed` (every
-    flow the run starts is a listed owner's hop) and every executed ring has its piece, else
-    image loads; None where the layout is not so symmetric, where it keeps too many images,
+                  stepwise: frozenset) -> RailSymmetry | None:
+    """The representative run by rail symmetry: its quotient where every executed ring has its
+    piece, else image loads; None where the layout is not so symmetric, where it keeps too many images,
     or where the orbits of the traffic it runs miss traffic that loads links (a pipeline pair,
     a stepwise group) or hold it twice."""
     axes = stage_axes(grid, graph.graph["gpus_per_node"])
@@ -233,8 +232,7 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     simulated = set(ranks)
     executed = [o for o in owners if (o[0] == "p2p" and o[1][0] in simulated) or
                 (o[0] != "p2p" and o[1] in stepwise and simulated.intersection(o[1]))]
-    reduced = quotient(graph, executed, lambda rank: axes.to_origin(rank, steps),
-                       axes.moved) if quotient_allowed else None
+    reduced = quotient(graph, executed, lambda rank: axes.to_origin(rank, steps), axes.moved)
     if reduced is not None:  # every hop orbit has one hop a simulated rank sends: no loads
         return RailSymmetry(ranks, {}, node_why, *reduced)
     counts = [size // step for size, step in zip(axes.sizes, steps)]

@@ -31,10 +31,7 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
     symmetry = None
     if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None and \
             p.fsdp is None:
-        # TE's userbuffers exchanges (--tp-comm-overlap) run as all-to-alls of the TP group,
-        # every pair a flow, which no listed owner's hop stands for: image loads, no quotient
-        symmetry = rail_symmetry(graph, grid, owners, stepwise,
-                                 quotient_allowed=not p.tp_comm_overlap)
+        symmetry = rail_symmetry(graph, grid, owners, stepwise)
         not_rep = "" if symmetry is not None else not_rep
     if has_expert_groups(sc) and not not_rep and not routing_is_uniform(sc) and (
             p.overlap_grad_reduce or p.overlap_param_gather):
