@@ -15,7 +15,8 @@ its images under one h per other group of the orbit (the cosets of the group's s
 every link is loaded as in the full simulation and max-min fair sharing (engine/fair_share.py)
 gives every executed flow its full-simulation rate. Flows are equal across an orbit only when
 the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where they are not the images differ by
-one element per slice.
+one element per slice. Where every executed ring has its piece the run is rather the full
+simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one link per orbit.
 """
 
 from dataclasses import dataclass, field
