@@ -50,11 +50,18 @@ def test_a_tp_ring_sharing_nvlink_with_overlapped_dp_runs_step_by_step():
     """The same layout with --overlap-grad-reduce: DP (0, 2) sends on GPU 0's NVLink port while
     TP (0, 1) may: both run step by step, as do (2, 3) and (1, 3) on GPU 3's port. The clash
     TP (0, 1) / DP (1, 3) on GPU 1's port is no move of whole nodes, but the two rail shifts
-    (TP rank, TP group) map the stage onto itself: rank 0 runs, its hops loading their images'."""
+    (TP rank, TP group) map the stage onto itself: rank 0 runs, as the quotient by them. Each
+    of its rings runs as the one hop GPU 0 sends (0 -> 1, 0 -> 2: the other is its image), and
+    every GPU's NVLink port stands as GPU 0's (the shifts move any GPU of the node onto 0)."""
     plan = plan_of(layout_scenario(4, 2, 1, 2, False, True, False, 2))
     for group in [(0, 1), (2, 3), (0, 2), (1, 3)]:
         assert plan.timing_of(group) == STEP_BY_STEP, group
-    assert plan.simulated == (0,) and plan.image_loads
+    assert plan.simulated == (0,) and not plan.image_loads
+    assert set(plan.pieces) == {(0, 1), (0, 2)}
+    assert all(piece.executed == ((0, 0),) for piece in plan.pieces.values())
+    up, down = ("gpu0", "node0/nvswitch"), ("node0/nvswitch", "gpu0")
+    assert {plan.link_reps[(f"gpu{g}", "node0/nvswitch")] for g in range(4)} == {up}
+    assert {plan.link_reps[("node0/nvswitch", f"gpu{g}")] for g in range(4)} == {down}
 
 
 def test_a_dp_ring_whose_channels_share_ports_is_its_ring_alone():

@@ -114,3 +114,16 @@ def test_each_stage_counts_the_buckets_its_ranks_build():
         stage = grid.coords(rank).pp
         built = len(run.states[rank].ddp_buckets.buckets)
         assert stage_buckets(sc, stage) == built, (rank, stage, built)
+
+
+def test_rings_run_as_pieces_count_the_hops_they_run():
+    """t4 SP p2 interleaved d4 on 8-GPU nodes: one rank per stage runs (the quotient by rail
+    symmetry), each ring as the hops it sends: a TP ring of 4 in one node (one channel) 1 hop a
+    step, 3 a phase against 4 x 3 whole; a DP ring of 4 on two nodes (2 channels) 2 hops a
+    step, 2 x 3 against 2 x 4 x 3."""
+    from simsp.shortcuts.work_counts import phase_flows
+
+    sc = scenario(CASES["t4 SP p2 interleaved d4, overlapped DP (templates off)"][0])
+    flows = phase_flows(Shortcuts.for_scale(sc), 8)
+    assert (flows((0, 1, 2, 3)), flows((0, 4, 8, 12))) == (3, 6)
+    assert (ring_flows((0, 1, 2, 3), 8), ring_flows((0, 4, 8, 12), 8)) == (12, 24)

@@ -29,6 +29,7 @@ from simsp.engine.collectives.nccl_tuning import TREE, p2p_channels
 from simsp.engine.network import Network
 from simsp.engine.collectives.nvls import NVLS, nvls_bytes_per_direction, nvls_in_group
 from simsp.engine.collectives.ring_alone import alone_stats, node_segment, segment_run
+from simsp.engine.collectives.ring_piece import RingPiece, piece_plan, piece_run
 from simsp.engine.collectives.ring_plan import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, channel_bytes,
                                     channel_rings, chunk_counts, chunk_offsets)
 from simsp.engine.collectives.ring_timing import closed_form_stats, collective_time
@@ -63,13 +64,15 @@ class Communicator:
 
     def __init__(self, env: simpy.Environment, network: Network, present: set[int] | None = None,
                  elem_bytes: int = DEFAULT_ELEM_BYTES, trace: Trace | None = None,
-                 timing_of: TimingOf = EveryGroup(STEP_BY_STEP)):
+                 timing_of: TimingOf = EveryGroup(STEP_BY_STEP), pieces: dict | None = None):
         self.env = env
         self.network = network
         self.present = None if present is None else frozenset(present)
         self.elem_bytes = elem_bytes
         self.trace = trace if trace is not None else network.trace
         self.timing_of = timing_of  # group -> its method (engine/group_timing.py)
+        # stepped ring group -> the positions that run (collectives/ring_piece.py: meta only)
+        self.pieces = pieces or {}
         self.stats: list[CollectiveStats] = []  # one per finished collective, in finish order
         self._calls: dict[tuple, int] = {}  # (group, rank, communicator name) -> calls so far
         self._meetings: dict[tuple, _Meeting] = {}  # (group, communicator name, call number)
@@ -221,8 +224,10 @@ class Communicator:
         nvls = self._nvls(meeting)
         ring_steps = method in STEPPED and nvls is None and not self._runs_as_tree(meeting)
         segment = self._segment(meeting) if ring_steps and method == NODE_PIECE else None
-        if segment is not None:
-            stats = yield from self._segment_ring(meeting, segment)
+        piece = self.pieces.get(meeting.group) if ring_steps and all(
+            b is None for b in buffers) else None
+        if segment is not None or piece is not None:
+            stats = yield from self._segment_ring(meeting, segment, piece)
             results = [None] * len(buffers)
         elif ring_steps:
             ring = RING_COLLECTIVES[meeting.collective]
@@ -255,7 +260,10 @@ class Communicator:
         its row turned by their distance: j gets what the present member sends j − (i − p)."""
         present = next(i for i, b in enumerate(buffers) if b is not None)
         n, row = len(buffers), buffers[present][0]
-        matrix = [b[0] if b is not None else [row[(j - i + present) % n] for j in range(n)]
+        # under the quotient by rail symmetry (network.link_reps) an absent member's pairs
+        # are images of a present one's: only the present send (docs/shortcuts.md)
+        matrix = [b[0] if b is not None else [0] * n if self.network.link_reps
+                  else [row[(j - i + present) % n] for j in range(n)]
                   for i, b in enumerate(buffers)]
         chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
         if self.timing_of(meeting.group) == TEMPLATE:
@@ -377,18 +385,24 @@ class Communicator:
                                   f"as pieces of its ring does not split evenly")
         return segment
 
-    def _segment_ring(self, meeting: _Meeting, segment):
+    def _segment_ring(self, meeting: _Meeting, segment, piece: RingPiece | None = None):
         """A ring whose group meets only its own collectives, run as one node's piece of one
         channel on the shared links: each link of the piece stands for its images in every
         node and channel, which the group's other collectives load alike (the quotient of the
         full simulation by the ring's symmetry, docs/shortcuts.md). Stats as the closed form's
-        with the span it took."""
+        with the span it took. Or a ring run as its `piece` (collectives/ring_piece.py)."""
         start_s = self.env.now
-        yield self.env.process(segment_run(self.env, self.network, meeting.collective,
-                                           len(meeting.group), segment))
-        closed = closed_form_stats(meeting.collective, self.network.graph, list(meeting.group),
-                                   meeting.nbytes, self.network.calibration,
-                                   meeting.elem_bytes)
+        key = ("piece", meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        if key not in self._plans:  # the same collective on the same group and size: once
+            self._plans[key] = (closed_form_stats(
+                meeting.collective, self.network.graph, list(meeting.group), meeting.nbytes,
+                self.network.calibration, meeting.elem_bytes), piece and piece_plan(
+                self.network, meeting.collective, list(meeting.group), meeting.nbytes,
+                meeting.elem_bytes, piece))
+        closed, plan = self._plans[key]
+        yield self.env.process(
+            segment_run(self.env, self.network, meeting.collective, len(meeting.group), segment)
+            if piece is None else piece_run(self.env, self.network, plan))
         return replace(closed, start_s=start_s, end_s=self.env.now,
                        channels=tuple(replace(c, start_s=start_s, end_s=self.env.now)
                                       for c in closed.channels))

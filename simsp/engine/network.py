@@ -65,7 +65,7 @@ class Network:
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph,
                  calibration: LinkCalibration | None = None, trace: Trace | None = None,
-                 image_loads: dict | None = None):
+                 image_loads: dict | None = None, link_reps: dict | None = None):
         self.env = env
         self.graph = graph
         self.calibration = calibration or LinkCalibration()
@@ -73,6 +73,9 @@ class Network:
         # (src, dst, via) -> links a transfer on that hop also loads, at its own rate: the
         # images of the flows a representative stands for (shortcuts/rail_symmetry.py)
         self.image_loads = image_loads or {}
+        # link -> the link standing for its orbit (a quotient by the layout's symmetry: every
+        # flow runs on the representatives of its links, shortcuts/quotient.py)
+        self.link_reps = link_reps or {}
         # a representative run keeps no record of its ring steps (a trace draws only pipeline
         # transfers; the full simulation's millions of ring steps would fill the memory)
         self.record_ring_steps = True
@@ -171,6 +174,8 @@ class Network:
             latency_s = route_latency_s(self.graph, edges)
             if edges:
                 latency_s += self.calibration.transfer_overhead_s
+            if self.link_reps:
+                edges = tuple(self.link_reps.get(edge, edge) for edge in edges)
             edges = edges + self.image_loads.get(key, ())
             route_id = self._route_ids.setdefault(edges, len(self._route_ids))
             self._routes[key] = (edges, latency_s, route_id)

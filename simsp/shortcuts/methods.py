@@ -84,7 +84,9 @@ RANK_METHODS = (
     Method(REPRESENTED, "t*d and t tile the GPUs per node and every clash between executed and "
            "left-out traffic is mirrored by a move of whole nodes onto the representative's "
            "(shortcuts/representative.py); or the stage is rail-symmetric and one rank per "
-           "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py); "
+           "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py), "
+           "or, where every executed ring has its piece, as the full simulation's quotient: "
+           "one hop per orbit on one link per orbit (shortcuts/quotient.py); "
            "not with context parallelism", "tests/test_shortcut_layouts.py, "
            "tests/test_shortcuts.py"),
     Method("layer_templates", "the representative shortcut holds and no TP group runs step by "

@@ -29,6 +29,10 @@ class TimingPlan:
     methods: Mapping[tuple[int, ...], str]  # checked group -> its method
     simulated: tuple[int, ...] | None = None
     image_loads: Mapping | None = field(default=None, repr=False)
+    # the quotient by rail symmetry (shortcuts/quotient.py): link -> its orbit's link, and
+    # ring group -> its piece (engine/collectives/ring_piece.py)
+    link_reps: Mapping | None = field(default=None, repr=False)
+    pieces: Mapping = field(default_factory=dict, repr=False)
 
     def timing_of(self, group: tuple[int, ...]) -> str:
         """How the communicator times this group's collectives."""
@@ -38,12 +42,13 @@ class TimingPlan:
 def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
     """The plan that carries out `shortcuts` for scenario `sc`."""
     simulated = simulated_ranks(sc, shortcuts)
-    loads = (shortcuts.symmetry.loads if shortcuts.representative and shortcuts.symmetry
-             else None)
+    symmetry = shortcuts.symmetry if shortcuts.representative else None
+    reduced = (() if symmetry is None else
+               (symmetry.loads, symmetry.link_reps, MappingProxyType(symmetry.pieces)))
     if not shortcuts.closed_form:
-        return TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, loads)
+        return TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, *reduced)
     return TimingPlan(UNLISTED.name, MappingProxyType(dict(shortcuts.methods)), simulated,
-                      loads)
+                      *reduced)
 
 
 def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:

@@ -15,7 +15,8 @@ its images under one h per other group of the orbit (the cosets of the group's s
 every link is loaded as in the full simulation and max-min fair sharing (engine/fair_share.py)
 gives every executed flow its full-simulation rate. Flows are equal across an orbit only when
 the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where they are not the images differ by
-one element per slice.
+one element per slice. Where every executed ring has its piece the run is rather the full
+simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one link per orbit.
 """
 
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import networkx as nx
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import hop_route
 from simsp.engine.collectives.ring_plan import channel_rings
+from simsp.shortcuts.quotient import quotient
 from simsp.shortcuts.traffic import Edge, Owner, can_bind
 
 Hop = tuple[int, int, int | None]  # (src GPU, dst GPU, relaying GPU or None)
@@ -35,15 +37,18 @@ MAX_IMAGE_ENTRIES = 4_000_000  # |H| x ranks: the permutations this module keeps
 def owner_hops(graph: nx.DiGraph, owner: Owner) -> list[Hop]:
     """Every hop of an owner's traffic: a pair's one hop, or every ring position of every NCCL
     channel (engine/collectives/ring_plan.py channel_rings), as the transfers name them."""
+    return [hop for channel in owner_channels(graph, owner) for hop in channel]
+
+
+def owner_channels(graph: nx.DiGraph, owner: Owner) -> list[list[Hop]]:
+    """[channel][ring position] an owner's hops (a pair: one channel of its one hop)."""
     kind, ranks = owner
     if kind == "p2p":
-        return [(ranks[0], ranks[1], None)]
+        return [[(ranks[0], ranks[1], None)]]
     gpus = list(ranks)
-    hops = []
-    for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
-        order, n = channel.order, len(channel.order)
-        hops += [(gpus[order[i]], gpus[order[(i + 1) % n]], channel.via[i]) for i in range(n)]
-    return hops
+    n = len(gpus)
+    return [[(gpus[ch.order[i]], gpus[ch.order[(i + 1) % n]], ch.via[i]) for i in range(n)]
+            for ch in channel_rings(gpus, graph.graph["gpus_per_node"])]
 
 
 @dataclass(frozen=True)
@@ -62,16 +67,26 @@ class StageAxes:
 
     def shift(self, world_size: int, steps: tuple[int, int, int]) -> tuple[int, ...]:
         """The permutation rank -> image moving every stage by `steps` along the three axes."""
+        return tuple(self.moved(rank, steps) for rank in range(world_size))
+
+    def coords(self, rank: int) -> tuple[int, tuple[int, int, int]]:
+        """(the rank's stage's first rank, its (TP rank, TP group, node) in the stage)."""
+        base, local = divmod(rank, self.per_stage)
+        node, within = divmod(local, self.block)
+        group, tp = divmod(within, self.tp)
+        return base * self.per_stage, (tp, group, node)
+
+    def moved(self, rank: int, steps: tuple[int, int, int]) -> int:
+        """The rank's image under the shift by `steps` along the three axes."""
+        first, coords = self.coords(rank)
+        tp, group, node = (c + s for c, s in zip(coords, steps))
         t, groups, nodes = self.sizes
-        a, b, c = steps
-        image = []
-        for rank in range(world_size):
-            base, local = divmod(rank, self.per_stage)
-            node, within = divmod(local, self.block)
-            group, tp = divmod(within, t)
-            image.append(base * self.per_stage + (node + c) % nodes * self.block
-                         + (group + b) % groups * t + (tp + a) % t)
-        return tuple(image)
+        return first + node % nodes * self.block + group % groups * t + tp % t
+
+    def to_origin(self, rank: int, steps: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The shift (a multiple of `steps` per axis) moving the rank onto its orbit's
+        representative (_orbit_origin: each coordinate below its axis's step)."""
+        return tuple(-(c - c % s) for c, s in zip(self.coords(rank)[1], steps))
 
 
 def stage_axes(grid: RankGrid, gpus_per_node: int) -> StageAxes | None:
@@ -84,25 +99,64 @@ def stage_axes(grid: RankGrid, gpus_per_node: int) -> StageAxes | None:
 
 
 def symmetric_steps(graph: nx.DiGraph, axes: StageAxes, world_size: int, owners: list[Owner],
-                    stepwise: frozenset) -> tuple[int, int, int]:
-    """Per axis the shortest shift that is a symmetry (is_symmetry); an axis's size where none
-    is (e.g. node shifts that would move a ring's hop across a leaf's boundary)."""
-    steps = []
+                    stepwise: frozenset) -> tuple[tuple[int, int, int], str]:
+    """Per axis the shortest shift that is a symmetry (symmetry_breach); an axis's size where
+    none is (e.g. node shifts that would move a pipeline pair from one leaf to two); and why a
+    shift by one node is none ("" where it is, or the stage has one node)."""
+    steps, node_why = [], ""
+    routes = RouteSignatures(graph)  # one cache for every candidate shift
     for axis, size in enumerate(axes.sizes):
         step = size
         for candidate in (s for s in range(1, size) if size % s == 0):
             unit = tuple(candidate if i == axis else 0 for i in range(3))
-            if is_symmetry(graph, axes.shift(world_size, unit), owners, stepwise):
+            breach = symmetry_breach(graph, axes.shift(world_size, unit), owners, stepwise,
+                                     routes)
+            if not breach:
                 step = candidate
                 break
+            node_why = node_why or (breach if axis == 2 else "")
         steps.append(step)
-    return tuple(steps)
+    return tuple(steps), node_why
 
 
-def _hop_signature(graph: nx.DiGraph, hop: Hop) -> tuple:
-    """What a hop's flow meets on its way: every link's kind, speed and latency, in order."""
-    return tuple((graph.edges[e]["kind"], graph.edges[e]["bandwidth_Bps"],
-                  graph.edges[e]["latency_s"]) for e in hop_route(graph, *hop))
+class RouteSignatures:
+    """What hops meet on their routes, worked out once per hop (and per ring owner) for every
+    shift symmetric_steps tries."""
+
+    def __init__(self, graph: nx.DiGraph):
+        self.graph = graph
+        self._full: dict[Hop, tuple] = {}
+        self._binding: dict[Hop, tuple] = {}
+        self._keys: dict[tuple, dict] = {}
+
+    def full(self, hop: Hop) -> tuple:
+        """Every link's kind, speed and latency on the hop's route, in order."""
+        if hop not in self._full:
+            succ = self.graph.succ
+            self._full[hop] = tuple((succ[u][v]["kind"], succ[u][v]["bandwidth_Bps"],
+                                     succ[u][v]["latency_s"])
+                                    for u, v in hop_route(self.graph, *hop))
+        return self._full[hop]
+
+    def binding(self, hop: Hop) -> tuple:
+        """The kinds and speeds of the hop's links that can bind, in order."""
+        if hop not in self._binding:
+            succ = self.graph.succ
+            self._binding[hop] = tuple((succ[u][v]["kind"], succ[u][v]["bandwidth_Bps"])
+                                       for u, v in hop_route(self.graph, *hop)
+                                       if can_bind((u, v)))
+        return self._binding[hop]
+
+    def channel_keys(self, owner: Owner) -> dict[Hop, tuple]:
+        """Per hop of a ring, what fixes its step latency: its channel's hop signatures,
+        sorted."""
+        if owner not in self._keys:
+            keys = {}
+            for channel in owner_channels(self.graph, owner):
+                key = tuple(sorted(self.full(hop) for hop in channel))
+                keys.update((hop, key) for hop in channel)
+            self._keys[owner] = keys
+        return self._keys[owner]
 
 
 def _image_hop(shift: tuple[int, ...], hop: Hop) -> Hop:
@@ -115,22 +169,34 @@ def _owner_key(owner: Owner) -> tuple:
     return owner[0], owner[1] if owner[0] == "p2p" else frozenset(owner[1])
 
 
-def is_symmetry(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owner],
-                stepwise: frozenset) -> bool:
-    """`shift` maps every owner onto an owner of its kind whose hops are its hops' images, each
-    crossing links of the same speeds and latencies, and keeps who runs step by step."""
+def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owner],
+                    stepwise: frozenset, routes: RouteSignatures | None = None) -> str:
+    """Why `shift` is no symmetry ("" where it is): it must map every owner onto an owner of
+    its kind whose hops are its hops' images, and keep who runs step by step. A pair's image hop crosses links of the same kinds, speeds and
+    latencies; a ring hop's, binding links of the same kinds and speeds in a channel whose
+    hops' routes are those of its own channel (every step of a channel pays one pipelined
+    latency from them, engine/collectives/nccl_group.py pipelined_step_latency_s, so a map may
+    move a spine or core crossing along the ring)."""
+    routes = routes or RouteSignatures(graph)
     by_key = {_owner_key(o): o for o in owners}
     for owner in owners:
         image = by_key.get(_owner_key((owner[0], tuple(shift[r] for r in owner[1]))))
+        named = f"{owner[0]} {owner[1][:4]}"
         if image is None or (owner[1] in stepwise) != (image[1] in stepwise):
-            return False
+            return f"maps {named} onto no owner of its kind and timing"
         hops = owner_hops(graph, owner)
         if sorted(_image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
-            return False
-        if any(_hop_signature(graph, h) != _hop_signature(graph, _image_hop(shift, h))
-               for h in hops):
-            return False
-    return True
+            return f"maps the hops of {named} onto other hops than its image's"
+        if owner[0] == "p2p":
+            if any(routes.full(h) != routes.full(_image_hop(shift, h)) for h in hops):
+                return (f"moves {named} onto a route of another class (leaf, spine, core: "
+                        f"other link latencies)")
+            continue
+        mine, theirs = routes.channel_keys(owner), routes.channel_keys(image)
+        if any(routes.binding(h) != routes.binding(_image_hop(shift, h))
+               or mine[h] != theirs[_image_hop(shift, h)] for h in hops):
+            return f"moves a hop of {named} into a channel of other hop routes"
+    return ""
 
 
 def _binding(edges: tuple[Edge, ...]) -> tuple[Edge, ...]:
@@ -145,28 +211,38 @@ class RailSymmetry:
 
     ranks: tuple[int, ...]
     loads: dict = field(compare=False, repr=False)
+    node_why: str = ""  # why a shift by one node is no symmetry ("" where it is)
+    # the quotient (shortcuts/quotient.py) where every executed ring has its piece: link ->
+    # its orbit's link, and group -> its ring piece; then `loads` is empty
+    link_reps: dict = field(default_factory=dict, compare=False, repr=False)
+    pieces: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
                   stepwise: frozenset) -> RailSymmetry | None:
-    """The representative run by rail symmetry, or None where the layout is not so symmetric,
-    where it keeps too many images, or where the orbits of the traffic it runs miss traffic
-    that loads links (a pipeline pair, a stepwise group) or hold it twice."""
+    """The representative run by rail symmetry: its quotient where every executed ring has its
+    piece, else image loads; None where the layout is not so symmetric, where it keeps too many images,
+    or where the orbits of the traffic it runs miss traffic that loads links (a pipeline pair,
+    a stepwise group) or hold it twice."""
     axes = stage_axes(grid, graph.graph["gpus_per_node"])
     if axes is None:
         return None
-    steps = symmetric_steps(graph, axes, grid.world_size, owners, stepwise)
+    steps, node_why = symmetric_steps(graph, axes, grid.world_size, owners, stepwise)
+    ranks = tuple(rank for rank in range(grid.world_size)
+                  if _orbit_origin(axes, rank, steps))
+    simulated = set(ranks)
+    executed = [o for o in owners if (o[0] == "p2p" and o[1][0] in simulated) or
+                (o[0] != "p2p" and o[1] in stepwise and simulated.intersection(o[1]))]
+    reduced = quotient(graph, executed, lambda rank: axes.to_origin(rank, steps), axes.moved)
+    if reduced is not None:  # every hop orbit has one hop a simulated rank sends: no loads
+        return RailSymmetry(ranks, {}, node_why, *reduced)
     counts = [size // step for size, step in zip(axes.sizes, steps)]
     if counts[0] * counts[1] * counts[2] * grid.world_size > MAX_IMAGE_ENTRIES:
         return None
     shifts = [axes.shift(grid.world_size, (i * steps[0], j * steps[1], k * steps[2]))
               for i, j, k in product(*map(range, counts))]
-    ranks = tuple(rank for rank in range(grid.world_size)
-                  if _orbit_origin(axes, rank, steps))
-    executed = [o for o in owners if (o[0] == "p2p" and o[1][0] in ranks) or
-                (o[0] != "p2p" and o[1] in stepwise and set(ranks).intersection(o[1]))]
     loads = image_loads(graph, owners, stepwise, executed, shifts)
-    return None if loads is None else RailSymmetry(ranks, loads)
+    return None if loads is None else RailSymmetry(ranks, loads, node_why)
 
 
 def _orbit_origin(axes: StageAxes, rank: int, steps: tuple[int, int, int]) -> bool:

@@ -39,10 +39,14 @@ def representative_why(not_rep: str, symmetry: RailSymmetry | None) -> str:
     """One rank per stage (or per orbit of the stage's rail symmetry), or why not."""
     if not_rep:
         return "not used: " + not_rep
-    return ("used: every rank of a stage is placed and loaded as its representative" + (
-        f" up to rail symmetry ({len(symmetry.ranks)} ranks simulated): the "
-        f"{len(symmetry.loads)} hops they send also load their images' links, for "
-        f"the groups they leave out" if symmetry else ""))
+    return "used: every rank of a stage is placed and loaded as its representative" + (
+        "" if symmetry is None else f" up to rail symmetry ({len(symmetry.ranks)} ranks "
+        f"simulated): " + (f"the {len(symmetry.loads)} hops they send also load their images' "
+                           f"links, for the groups they leave out" if not symmetry.pieces else
+                           f"the quotient by it, {len(symmetry.pieces)} ring groups run as the "
+                           f"hops their simulated members send, each link as its orbit's")
+        + (f"; node shifts by one refused: a shift by one node {symmetry.node_why}"
+           if symmetry and symmetry.node_why else ""))
 
 
 def templates_why(sc, not_rep: str, stepwise: frozenset, tp_groups: set,

@@ -8,6 +8,8 @@ conditions"). Where a clash is not so mirrored, the stage's rail symmetry may st
 rank per orbit stand for the others (shortcuts/rail_symmetry.py).
 """
 
+import functools
+
 import networkx as nx
 
 from simsp.cluster.grid import RankGrid
@@ -69,7 +71,13 @@ def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list,
 
 def _clash_key(edge: Edge, owner: Owner, other: Owner) -> tuple:
     """A clash, whatever the order of its owners and of their ranks."""
-    return (edge, frozenset({(owner[0], frozenset(owner[1])), (other[0], frozenset(other[1]))}))
+    return (edge, frozenset({(owner[0], _members(owner[1])), (other[0], _members(other[1]))}))
+
+
+@functools.lru_cache(maxsize=65536)
+def _members(ranks: tuple[int, ...]) -> frozenset[int]:
+    """An owner's ranks as a set (a DP ring's hundreds of ranks meet in many clashes)."""
+    return frozenset(ranks)
 
 
 def _image_at_representative(grid: RankGrid, gpus_per_node: int, edge: Edge, owner: Owner,

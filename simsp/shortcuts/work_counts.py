@@ -31,6 +31,11 @@ from simsp.shortcuts.plan import simulated_ranks
 # sequence parallel -> ring phases of one layer's (forward, backward): 4 and 6 single-phase
 # collectives with SP, 2 all-reduces (4 phases) each way without
 TP_PHASES_PER_LAYER_STEP = {True: (4, 6), False: (4, 4)}
+# CPU seconds per rank of the world that rail symmetry's check costs (shortcuts/rail_symmetry.py
+# symmetric_steps: every owner's hops and their images' routes, per shift tried), measured with
+# benchmarks/scale.py gpt3-175b-h100 on this 2-core machine: the check alone 6.0 s at 8,192
+# GPUs and 17.1 s at 16,384, about half of it the symmetry's (cProfile at 4,096)
+SYMMETRY_SECONDS_PER_RANK = 5e-4
 
 
 class WorkCounts(NamedTuple):
@@ -67,13 +72,29 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     tp_phases = stage_steps * (forward + backward + recomputed)
     if p.sequence_parallel:
         tp_phases += 2 * _sp_tensors(sc) / p.pp
-    flows = sum(tp_phases * ring_flows(g, per_node) for g in tp_groups)
-    flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * ring_flows(g, per_node)
+    per_phase = phase_flows(shortcuts, per_node)
+    flows = sum(tp_phases * per_phase(g) for g in tp_groups)
+    flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * per_phase(g)
                  for g in dp_groups)
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces, piece_flows))
+
+
+def phase_flows(shortcuts: Shortcuts, gpus_per_node: int):
+    """Flows of one phase of a stepped ring: ring_flows, or where the representative run is
+    the quotient by rail symmetry (shortcuts/quotient.py) its piece's positions x (n − 1)
+    steps (engine/collectives/ring_piece.py)."""
+    symmetry = shortcuts.symmetry if shortcuts.representative else None
+    pieces = symmetry.pieces if symmetry is not None else {}
+
+    def flows(gpus: tuple[int, ...]) -> int:
+        if gpus in pieces:
+            return len(pieces[gpus].executed) * (len(gpus) - 1)
+        return ring_flows(gpus, gpus_per_node)
+
+    return flows
 
 
 def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -155,11 +176,14 @@ def _sp_tensors(sc) -> int:
 def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     """CPU seconds of one iteration by run's rule (simsp/scenario/work.py meta_seconds) with
     the stepped rings' flows counted under `shortcuts` (meta mode; default: the verdict
-    Shortcuts.for_scale gives)."""
+    Shortcuts.for_scale gives), and rail symmetry's check where the verdict took it."""
     shortcuts = Shortcuts.for_scale(sc) if shortcuts is None else shortcuts
     counts = estimated_counts(sc, shortcuts)
-    return meta_seconds(sc, shortcuts.representative, _pieces(shortcuts), flows=counts.flows,
-                        fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
+    symmetry = (sc.parallel.tp * sc.parallel.pp * sc.parallel.dp * SYMMETRY_SECONDS_PER_RANK
+                if shortcuts.symmetry is not None else 0.0)
+    return symmetry + meta_seconds(sc, shortcuts.representative, _pieces(shortcuts),
+                                   flows=counts.flows,
+                                   fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:

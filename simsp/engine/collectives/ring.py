@@ -266,9 +266,8 @@ class _Ring:
                  choice: NcclChoice):
         self.env, self.network, self.gpus, self.steps = env, network, gpus, steps
         self.choice = choice
-        self.step_latency_s = pipelined_step_latency_s(ring_hop_latencies(
-            network.graph, gpus, replace(channel, order=tuple(range(len(gpus)))), choice,
-            network.calibration.transfer_overhead_s))
+        self.step_latency_s = channel_step_latency_s(
+            network, gpus, replace(channel, order=tuple(range(len(gpus)))), choice)
         self.via = via  # [rank] -> relaying GPU of its outgoing hop (PXN) or None
         self.holdings = holdings  # [rank][chunk] -> (counts[chunk],) array, or None in meta mode
         self.chunk_bytes = chunk_bytes
@@ -308,6 +307,14 @@ class _Ring:
         if self.holdings is not None:
             mine = self.holdings[rank][chunk]
             self.holdings[rank][chunk] = mine + incoming if step.reduce else incoming
+
+
+def channel_step_latency_s(network: Network, gpus: list[int], channel: Channel,
+                           choice: NcclChoice) -> float:
+    """The latency every step of `channel` pays (NCCL's pipelined ring latency over its hops,
+    nccl_group.pipelined_step_latency_s)."""
+    return pipelined_step_latency_s(ring_hop_latencies(network.graph, gpus, channel, choice,
+                                                       network.calibration.transfer_overhead_s))
 
 
 def _post(inbox: simpy.Event, payload, _delivered: simpy.Event) -> None:

@@ -89,7 +89,8 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     """The world, the plans and one simpy process per simulated rank, ready to run."""
     plan = timing_plan(sc, shortcuts)  # decided before the run (shortcuts/plan.py)
     world = build_world(sc, simulated=plan.simulated, timing_of=plan.timing_of,
-                        image_loads=plan.image_loads)
+                        image_loads=plan.image_loads, link_reps=plan.link_reps,
+                        pieces=plan.pieces)
     _set_trace_detail(world, trace)
     inputs = RunInputs(sc, world, stage_plans(sc, world.grid), shortcuts,
                        LayerTemplates() if shortcuts.templates else DirectLayers(),

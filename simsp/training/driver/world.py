@@ -68,13 +68,16 @@ class World:
 
 def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
                 timing_of: TimingOf = EveryGroup(STEP_BY_STEP),
-                image_loads: dict | None = None) -> World:
+                image_loads: dict | None = None, link_reps: dict | None = None,
+                pieces: dict | None = None) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     `timing_of(group)` gives each group's timing method (engine/group_timing.py; meta mode's
     plan, shortcuts/plan.py, decided before the run; default: every ring step by step).
     `image_loads`: per hop, the links its flows also load for the ranks a rail-symmetric
-    representative stands for (shortcuts/rail_symmetry.py)."""
+    representative stands for (shortcuts/rail_symmetry.py); or, its quotient
+    (shortcuts/quotient.py), `link_reps` (link -> its orbit's) and `pieces` (ring group -> the
+    positions that run, engine/collectives/ring_piece.py)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -83,12 +86,13 @@ def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
     hosts = nodes_hosting(range(grid.world_size), sc.cluster.gpus_per_node)
     network = Network(env, build_topology(sc.cluster, hosts),
                       LinkCalibration.from_cluster(sc.cluster), trace=trace,
-                      image_loads=image_loads)
+                      image_loads=image_loads, link_reps=link_reps)
     ranks = list(range(grid.world_size)) if simulated is None else sorted(simulated)
     network.record_ring_steps = simulated is None
     present = None if simulated is None else set(ranks)
     # the model's own spans name each collective by its role; the communicator's go unused
-    comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of)
+    comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of,
+                        pieces=pieces)
     comm.sm_share, comm.nccl_sms = _sm_share(sc, env), sc.cluster.sm_contention
     # Megatron's --use-sharp: NCCL_COLLNET_ENABLE=1 while the DP-CP groups are created, first
     # ("only the initially created communication group is eligible"), then unset

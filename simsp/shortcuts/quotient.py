@@ -1,0 +1,78 @@
+"""The full simulation's quotient by a layout's rail symmetry: one hop per orbit, on one link per orbit.
+
+H (shortcuts/rail_symmetry.py) acts freely on every stage's ranks and so on the links that can
+bind (each is one GPU's NVLink port or NIC, up or down). The full simulation is H-invariant:
+every flow's images move at its rate (the max-min fair allocation is unique, hence symmetric).
+Max-min fair sharing then commutes with the quotient: a link stands for its orbit (the same
+link of the orbit's simulated GPU), every flow orbit runs as the one flow its simulated rank
+sends, and each orbit link carries, per flow orbit, the one image crossing it (freeness: a hop
+crosses at most one link of a role, so one of an orbit's flows crosses a given link), as every
+link of the orbit does in the full simulation. A ring group runs as its piece
+(engine/collectives/ring_piece.py): the hops its simulated members send in every channel, one
+per orbit of its hops. docs/shortcuts.md, "Rings as their pieces".
+"""
+
+import networkx as nx
+
+from simsp.engine.collectives.ring_piece import RingPiece
+from simsp.engine.collectives.ring_plan import channel_rings
+from simsp.shortcuts.traffic import Edge, Owner, can_bind, gpu_of_link
+
+
+
+def _role(edge: Edge) -> tuple[bool, str]:
+    """What a binding link is to its GPU: (leaves it, the kind of the far end)."""
+    far = edge[1] if edge[0].startswith("gpu") else edge[0]
+    return edge[0].startswith("gpu"), "nvswitch" if far.endswith("nvswitch") else "leaf"
+
+
+
+
+def link_representatives(graph: nx.DiGraph, to_origin, moved) -> dict[Edge, Edge]:
+    """Every binding link of a GPU -> the link of the same role of the simulated GPU in its
+    orbit (`moved(gpu, to_origin(gpu))`: the one shift mapping it there, H acting freely)."""
+    by_role: dict[int, dict] = {}
+    for edge in graph.edges:
+        if can_bind(edge):
+            by_role.setdefault(gpu_of_link(edge), {})[_role(edge)] = edge
+    return {edge: by_role[moved(gpu, to_origin(gpu))][role]
+            for gpu, roles in by_role.items() for role, edge in roles.items()}
+
+
+def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,
+               moved) -> RingPiece | None:
+    """The piece of a ring group: its hops sent by simulated members (every channel), each
+    waiting on the executed hop whose image its predecessor's hop is (the hop moved by the
+    shift taking its sender to its orbit's simulated rank); None where that image is no hop
+    of the ring."""
+    gpus = list(group)
+    channels = channel_rings(gpus, gpus_per_node)
+    n = len(gpus)
+    hops = {(gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]): (c, p)
+            for c, ch in enumerate(channels) for p in range(n)}  # hop -> (channel, position)
+    executed = [position for hop, position in hops.items() if not any(to_origin(hop[0]))]
+    index = {position: i for i, position in enumerate(executed)}
+    source = {}  # every position -> the index of the executed one standing for it
+    for (src, dst, via), position in hops.items():
+        shift = to_origin(src)
+        image = (moved(src, shift), moved(dst, shift), None if via is None else moved(via, shift))
+        if index.get(hops.get(image)) is None:
+            return None
+        source[position] = index[hops[image]]
+    return RingPiece(tuple(executed), tuple(source[(c, (p - 1) % n)] for c, p in executed))
+
+
+def quotient(graph: nx.DiGraph, executed: list[Owner], to_origin,
+             moved) -> tuple[dict, dict] | None:
+    """(link representatives, group -> its ring piece) for the executed ring groups, or None
+    where a group has no piece (the caller then loads images instead). `to_origin(rank)`: the
+    shift taking a rank to its orbit's simulated rank; `moved(rank, shift)`: its image."""
+    pieces = {}
+    for kind, ranks in executed:
+        if kind == "p2p" or ranks in pieces:
+            continue
+        piece = ring_piece(ranks, graph.graph["gpus_per_node"], to_origin, moved)
+        if piece is None:
+            return None
+        pieces[ranks] = piece
+    return link_representatives(graph, to_origin, moved), pieces
