@@ -350,6 +350,7 @@ def test_ring_exchange_rs_gradients_equal_the_single_device_reference(t, tmp_pat
     cfg.write_text(RS_P2P_CFG)
     sc = load_scenario("scenarios/tiny.toml", {
         ("parallel", "tp_comm_overlap"): True, ("parallel", "tp_comm_overlap_cfg"): str(cfg),
+        ("parallel", "tp_comm_overlap_rs_dgrad"): True,
         ("parallel", "tensor_model_parallel_size"): t,
         ("parallel", "data_parallel_size"): 4 // t})
     run = simulate_iteration(sc)

@@ -14,6 +14,7 @@ from simsp.model.base import linear, ops, tp_overlap
 from simsp.model.rank import Rank, TPGroup
 from simsp.model.tensor import FP16
 from simsp.scenario.loading import load_scenario
+from simsp.errors import UserError
 from simsp.scenario.tp_overlap import BULK, PIPELINE, RING_EXCHANGE, UbGemm, ub_gemms
 
 T = 4
@@ -143,6 +144,7 @@ def test_userbuffers_with_the_dgrad_rs_against_a_hand_count(tmp_path):
     cfg.write_text(DGRAD_RS_CFG)
     overrides = {("parallel", "tp_comm_overlap"): True, ("parallel", "fp8_format"): "hybrid",
                  ("parallel", "tp_comm_overlap_cfg"): str(cfg),
+        ("parallel", "tp_comm_overlap_rs_dgrad"): True,
                  ("model", "hidden_size"): 6144, ("model", "num_attention_heads"): 48,
                  ("model", "seq_length"): 2048, ("parallel", "micro_batch_size"): 2,
                  ("parallel", "global_batch_size"): 16, ("run", "mode"): "meta",
@@ -158,7 +160,8 @@ def test_shortcuts_give_the_full_simulations_times_with_the_dgrad_rs(tmp_path):
     cfg.write_text(DGRAD_RS_CFG)
     sc = load_scenario("scenarios/tiny.toml", {
         ("run", "mode"): "meta", ("parallel", "tp_comm_overlap"): True,
-        ("parallel", "tp_comm_overlap_cfg"): str(cfg), ("model", "hidden_size"): 768,
+        ("parallel", "tp_comm_overlap_cfg"): str(cfg),
+        ("parallel", "tp_comm_overlap_rs_dgrad"): True, ("model", "hidden_size"): 768,
         ("model", "num_attention_heads"): 12, ("model", "seq_length"): 256,
         ("parallel", "tensor_model_parallel_size"): 4, ("parallel", "data_parallel_size"): 1,
         ("parallel", "global_batch_size"): 8})
@@ -171,3 +174,24 @@ def test_shortcuts_give_the_full_simulations_times_with_the_dgrad_rs(tmp_path):
     for key in fast_seen.keys() | full_seen.keys():
         assert fast_seen.get(key, 0.0) == pytest.approx(full_seen.get(key, 0.0), rel=1e-9,
                                                         abs=1e-15)
+
+
+@pytest.mark.parametrize("text, flag, reason", [
+    (DGRAD_RS_CFG, False, "qkv_dgrad: a reduce-scatter method needs tp_comm_overlap_rs_dgrad"),
+    ("fc1_dgrad:\n  method: pipeline\n", True, "qkv_dgrad: tp_comm_overlap_rs_dgrad needs method"),
+    ("qkv_dgrad:\n  method: pipeline\n", False, "qkv_dgrad: a reduce-scatter method needs"),
+])
+def test_the_switch_and_the_file_must_agree(tmp_path, text, flag, reason):
+    # Megatron's --tp-comm-overlap-rs-dgrad picks TE's code path for every qkv and fc1 layer,
+    # the file's method the buffer initialize_ub builds: both dgrad GEMMs moved, or neither
+    cfg = tmp_path / "ub.yaml"
+    cfg.write_text(text)
+    with pytest.raises(UserError, match=reason):
+        load_scenario("scenarios/tiny.toml", {
+            ("parallel", "tp_comm_overlap"): True, ("parallel", "tp_comm_overlap_cfg"): str(cfg),
+            ("parallel", "tp_comm_overlap_rs_dgrad"): flag})
+
+
+def test_the_switch_without_the_overlap_is_refused():
+    with pytest.raises(UserError, match="parallel.tp_comm_overlap_rs_dgrad"):
+        load_scenario("scenarios/tiny.toml", {("parallel", "tp_comm_overlap_rs_dgrad"): True})

@@ -5,7 +5,7 @@ arguments.py; K22 §4)."""
 from simsp.hardware.profiles import gpu_profile
 from simsp.scenario.checks.rule import check
 from simsp.scenario.config import Model, Parallel, padded_vocab_size
-from simsp.scenario.tp_overlap import PIPELINE, ub_gemms
+from simsp.scenario.tp_overlap import DGRAD_RS_GEMMS, PIPELINE, is_dgrad_rs, ub_gemms
 
 
 def tensor_parallel(m: Model, p: Parallel) -> None:
@@ -49,12 +49,15 @@ def tp_comm_overlap(s) -> None:
     if not p.tp_comm_overlap:
         check(p.tp_comm_overlap_cfg is None, "parallel.tp_comm_overlap_cfg",
               "needs tp_comm_overlap (--tp-comm-overlap)")
+        check(not p.tp_comm_overlap_rs_dgrad, "parallel.tp_comm_overlap_rs_dgrad",
+              "needs tp_comm_overlap (--tp-comm-overlap)")
         return
     check(p.sequence_parallel, "parallel.tp_comm_overlap",
           "needs sequence_parallel (TE overlaps SP's all-gathers and reduce-scatters)")
     gpu = gpu_profile(s.cluster.gpu)
     check("sm_count" in gpu.attention, "parallel.tp_comm_overlap",
           f"{gpu.name}'s profile gives no sm_count ([attention] section)")
+    dgrad_reduce_scatter(p)
     for gemm in ub_gemms(p.tp, p.tp_comm_overlap_cfg).values():
         if gemm.method == PIPELINE:
             check(s.model.hidden_size % gemm.num_splits == 0, "parallel.tp_comm_overlap_cfg",
@@ -64,3 +67,19 @@ def tp_comm_overlap(s) -> None:
         check(taken < gpu.attention["sm_count"], "parallel.tp_comm_overlap_cfg",
               f"{gemm.name}: num_sm={gemm.num_sm} leaves the GEMM no SM of "
               f"{int(gpu.attention['sm_count'])}")
+
+
+def dgrad_reduce_scatter(p) -> None:
+    """TE runs the dgrad reduce-scatter overlap when Megatron passes ub_overlap_rs_dgrad
+    (--tp-comm-overlap-rs-dgrad) to every qkv and fc1 layer, through the buffer initialize_ub
+    built for the file's method: pipeline or ring_exchange (a bulk buffer in that code path,
+    or a reduce-scatter buffer under the bulk code path, is not what TE builds it for;
+    docs/tp-overlap.md)."""
+    for name in DGRAD_RS_GEMMS:
+        moved = is_dgrad_rs(ub_gemms(p.tp, p.tp_comm_overlap_cfg)[name])
+        if p.tp_comm_overlap_rs_dgrad:
+            check(moved, "parallel.tp_comm_overlap_cfg", f"{name}: tp_comm_overlap_rs_dgrad "
+                  "needs method pipeline or ring_exchange here, not bulk")
+        else:
+            check(not moved, "parallel.tp_comm_overlap_cfg", f"{name}: a reduce-scatter "
+                  "method needs tp_comm_overlap_rs_dgrad (--tp-comm-overlap-rs-dgrad)")

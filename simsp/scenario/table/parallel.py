@@ -78,6 +78,11 @@ PARALLEL = (
                "(userbuffers; needs SP; docs/tp-overlap.md)", "tpov"),)),
     Field("parallel", "tp_comm_overlap_cfg", str, None, "a YAML or TOML file of per-GEMM "
           "userbuffers methods, as TE's ub_cfgs (default: TE's own; docs/tp-overlap.md)", None),
+    # Megatron-LM --tp-comm-overlap-rs-dgrad (arguments.py 93da800: TE's ub_overlap_rs_dgrad)
+    Field("parallel", "tp_comm_overlap_rs_dgrad", bool, False, switches=(
+        Switch("--tp-comm-overlap-rs-dgrad", True, "TE's reduce-scatter overlap of the qkv and "
+               "fc1 dgrad GEMMs (their file method pipeline or ring_exchange; docs/tp-overlap.md)",
+               "rsdgrad"),)),
     Field("parallel", "scatter_gather_tensors_in_pipeline", bool, True, switches=(
         Switch("--no-scatter-gather-tensors-in-pipeline", False,
                "send whole (not TP-scattered) pipeline tensors", "nosg"),)),
