@@ -73,6 +73,7 @@ class Communicator:
         self._meetings: dict[tuple, _Meeting] = {}  # (group, communicator name, call number)
         self._plans: dict[tuple, object] = {}  # alone stats by (collective, group, S, elem); DeepEP plans
         self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
+        self.alone_flows = 0  # flows the TEMPLATE all-to-alls' private simulations started
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
         self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
         self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
@@ -338,7 +339,9 @@ class Communicator:
         graph = self.network.graph
         key = (self._placement(group), tuple(map(tuple, matrix)))
         if key not in self._alike:
-            self._alike[key] = alone_time(graph, self.network.calibration, list(group), matrix)
+            self._alike[key], flows = alone_time(graph, self.network.calibration, list(group),
+                                                 matrix)
+            self.alone_flows += flows
         return self._alike[key]
 
     def _segment(self, meeting: _Meeting):
