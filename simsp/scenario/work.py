@@ -164,7 +164,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
     names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
-    rank (no representative shortcut): t*cp*d ranks per stage. `fsdp_pieces` False: the
+    rank but where its representative holds (cp_representative: TP rank 0's cp ranks per
+    stage), else t*cp*d ranks per stage. `fsdp_pieces` False: the
     shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
     into equal node pieces), so they are priced per d². `flows`: the stepped rings' flows
     (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each; `fsdp_flows`: the
@@ -172,19 +173,32 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
     pairs) counted the same way (pair_seconds)."""
     p = sc.parallel
+    cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
     if representative:
         per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
+    elif cp_ranks:  # the cp ranks of TP rank 0 run, without templates
+        per_step = p.cp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
     else:
         per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
                                          + p.tp * FULL_SECONDS_PER_RING_RANK)
-    ranks = simulated_ranks(sc, representative)
+    ranks = simulated_ranks(sc, representative or cp_ranks)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a) + flows * SECONDS_PER_FLOW)
+            + pair_seconds(sc, a2a, cp_ranks) + flows * SECONDS_PER_FLOW)
+
+
+def cp_representative(sc, representative: bool) -> bool:
+    """Whether a context-parallel run may keep only TP rank 0's cp ranks per stage
+    (shortcuts/representative.py: d = 1, no experts, no FSDP, t dividing the GPUs per node;
+    the check's link conditions are known only to the verdict, so this is the estimate's
+    optimistic side, as the representative is without CP)."""
+    p = sc.parallel
+    return (representative and p.cp > 1 and p.dp == 1 and sc.model.num_experts is None
+            and p.fsdp is None and sc.cluster.gpus_per_node % p.tp == 0)
 
 
 def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> float:
@@ -201,19 +215,20 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> f
     return p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
 
 
-def pair_seconds(sc, a2a: tuple[int, int] | None = None) -> float:
+def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
     exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
     `a2a`: (alone all-to-all flows, checked pairs) where the verdict counted them: the check's
     pairs priced, and the all-to-alls timed alone by their flows in place of the per-pair
-    rule."""
+    rule. `cp_ranks`: one CP group per stage runs (cp_representative)."""
     p, m = sc.parallel, sc.model
     alone_flows, pairs = (0, 0) if a2a is None else a2a
     seconds = pairs * CHECK_SECONDS_PER_PAIR
+    groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
-        seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+        seconds += layer_steps(sc) * groups * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
     if p.cp > 1 and p.cp_comm_type == "allgather" and _cp_group_nodes(sc) > fabric_of(sc.cluster).nodes_per_leaf:
-        seconds += (layer_steps(sc) * p.tp * p.dp * p.cp ** 2
+        seconds += (layer_steps(sc) * groups * p.cp ** 2
                     * CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR)
     ep = p.expert_model_parallel_size
     if alone_flows:
@@ -260,10 +275,12 @@ def fsdp_collectives(sc, layers: int | None = None) -> int:
 
 
 def simulated_ranks(sc, representative: bool) -> int:
-    """Ranks the simulation runs a program for: one per stage with the shortcut (never with
-    context parallelism), else all."""
+    """Ranks the simulation runs a program for: one per stage with the shortcut (with context
+    parallelism TP rank 0's cp ranks, where cp_representative), else all."""
     p = sc.parallel
-    return p.pp if representative and p.cp == 1 else p.tp * p.cp * p.pp * p.dp
+    if representative and p.cp > 1:
+        return p.cp * p.pp if cp_representative(sc, True) else p.world_size
+    return p.pp if representative else p.world_size
 
 
 def bucket_count(sc) -> int:
