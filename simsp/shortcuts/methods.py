@@ -81,8 +81,9 @@ RANK_METHODS = (
            "left-out traffic is mirrored by a move of whole nodes onto the representative's "
            "(shortcuts/representative.py); or the stage is rail-symmetric and one rank per "
            "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py); "
-           "not with context parallelism", "tests/test_shortcut_layouts.py, "
-           "tests/test_shortcuts.py"),
+           "with context parallelism TP rank 0's CP ranks run where d = 1, t divides the GPUs "
+           "per node and no link carries executed and left-out traffic at once",
+           "tests/test_shortcut_layouts.py, tests/test_shortcuts.py, tests/test_cp_shortcuts.py"),
     Method("layer_templates", "the representative shortcut holds and no TP group runs step by "
            "step; with experts also uniform routing, ETP 1 and no EP group step by step "
            "(model/replay.py records a layer step once and replays it)",
