@@ -73,9 +73,14 @@ class Shortcuts:
         if sc.parallel.cp > 1:  # every CP rank of the representative's TP and DP coordinates
             # runs (shortcuts/plan.py simulated_ranks); no templates: CP steps differ per rank
             why = "not used: context parallelism's attention steps differ per CP rank"
+            kept = verdict.reasons[0]
+            if verdict.representative:
+                kept = ("representative", f"used: TP rank 0's {sc.parallel.cp} CP ranks of each "
+                        f"stage run; the other TP ranks are their images (rails renamed) and "
+                        f"no link carries their traffic and a simulated rank's at once")
             return cls(representative=verdict.representative, closed_form=verdict.closed_form,
-                       methods=verdict.methods, reasons=(verdict.reasons[0],
-                                                         verdict.reasons[1], ("templates", why)))
+                       methods=verdict.methods, reasons=(kept, verdict.reasons[1],
+                                                         ("templates", why)))
         return verdict
 
     def flags(self) -> dict:
