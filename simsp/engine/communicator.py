@@ -346,29 +346,35 @@ class Communicator:
 
     def _segment(self, meeting: _Meeting):
         """One node's piece of one channel of this ring where it is that symmetric and meta
-        (engine/collectives/ring_alone.py node_segment), else None."""
+        (engine/collectives/ring_alone.py node_segment), with the ring's closed-form stats;
+        else None. Both depend only on the collective, group, size and element size, so they
+        are worked out once per such key (an FSDP unit's gathers repeat every micro-batch)."""
         if any(b is not None for b in meeting.buffers.values()):
             return None
-        segment = node_segment(self.network.graph, list(meeting.group),
-                               self.network.calibration, meeting.collective, meeting.nbytes,
-                               meeting.elem_bytes, slowest_latency=True, one_per_node=True)
-        if segment is None:  # its whole ring would load links the pieces stand for
-            raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group run "
-                                  f"as pieces of its ring does not split evenly")
-        return segment
+        key = ("piece", meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        if key not in self._plans:
+            gpus = list(meeting.group)
+            segment = node_segment(self.network.graph, gpus, self.network.calibration,
+                                   meeting.collective, meeting.nbytes, meeting.elem_bytes,
+                                   slowest_latency=True, one_per_node=True)
+            if segment is None:  # its whole ring would load links the pieces stand for
+                raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group "
+                                      f"run as pieces of its ring does not split evenly")
+            self._plans[key] = segment, closed_form_stats(
+                meeting.collective, self.network.graph, gpus, meeting.nbytes,
+                self.network.calibration, meeting.elem_bytes)
+        return self._plans[key]
 
-    def _segment_ring(self, meeting: _Meeting, segment):
+    def _segment_ring(self, meeting: _Meeting, piece):
         """A ring whose group meets only its own collectives, run as one node's piece of one
         channel on the shared links: each link of the piece stands for its images in every
         node and channel, which the group's other collectives load alike (the quotient of the
         full simulation by the ring's symmetry, docs/shortcuts.md). Stats as the closed form's
-        with the span it took."""
+        (`piece`: the segment and those stats, _segment) with the span it took."""
+        segment, closed = piece
         start_s = self.env.now
         yield self.env.process(segment_run(self.env, self.network, meeting.collective,
                                            len(meeting.group), segment))
-        closed = closed_form_stats(meeting.collective, self.network.graph, list(meeting.group),
-                                   meeting.nbytes, self.network.calibration,
-                                   meeting.elem_bytes)
         return replace(closed, start_s=start_s, end_s=self.env.now,
                        channels=tuple(replace(c, start_s=start_s, end_s=self.env.now)
                                       for c in closed.channels))
