@@ -49,8 +49,11 @@ FSDP_SECONDS_PER_FLOW = 4.4e-5
 # per collective: measured by the same family once its rings of one member per node ran as
 # pieces, 14.0 / 22.0 / 38.3 / 75.7 CPU s for 93,246 / 190,558 / 385,182 / 774,430 flows at
 # 2,048 / 4,096 / 8,192 / 16,384 GPUs (2026-11-29, loaded 2-core machine): 1e-4 to 1.5e-4 s
-# per flow with the check's per-unit pieces.
-PIECE_SECONDS_PER_FLOW = 1e-4
+# per flow with the check's per-unit pieces. Since each piece and its ring's closed-form stats
+# are worked out once per collective, group and size (engine/communicator.py _segment): 5.92 /
+# 28.70 CPU s for 93,246 / 774,430 flows at 2,048 / 16,384 GPUs (2026-11-29, loaded machine),
+# 3.6e-5 to 6.1e-5 s per flow beside the other terms.
+PIECE_SECONDS_PER_FLOW = 4.5e-5
 # A DP ring that meets only its own collectives runs as one node's piece of one channel
 # (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
 # 256 (0.95 and 3.4 CPU s in all), and again by benchmarks/scale.py fsdp2-d64 (8 layers, d 16
