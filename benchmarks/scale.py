@@ -9,7 +9,8 @@ Each point runs in its own subprocess under a wall-clock cap (--cap, default 120
 past it is recorded as "> cap" and the larger sizes of its family are skipped (the cost only
 grows), so the benchmark always finishes. CPU is the child's process time (user + system),
 memory its peak RSS (getrusage). The counts are the engine's: simpy events, flows started on
-the links (engine/network.py `flows_started`) and fair-share solves.
+the links (engine/network.py `flows_started`, with those the all-to-alls timed alone start in
+their private simulations, engine/communicator.py `alone_flows`) and fair-share solves.
 Families (the layouts of docs/PERFORMANCE.md "Scale"):
 - gpt3-175b-h100: GPT-3 175B on DGX H100 as NeMo's recipe runs it (NVIDIA/NeMo
   examples/nlp/language_modeling/conf/gpt3_175b.yaml style: TP 4 with SP, PP 8 interleaved,
@@ -145,7 +146,8 @@ spent = time.process_time() - start
 usage = resource.getrusage(resource.RUSAGE_SELF)
 network = run.inputs.world.network
 print(json.dumps({"cpu_s": spent, "rss_bytes": usage.ru_maxrss * 1024,
-                  "events": next(run.inputs.world.env._eid), "flows": network.flows_started,
+                  "events": next(run.inputs.world.env._eid),
+                  "flows": network.flows_started + run.inputs.world.comm.alone_flows,
                   "solves": network.rate_computations,
                   "estimate_s": run_seconds(sc, shortcuts),
                   "estimate": estimated_counts(sc, shortcuts)._asdict(),

@@ -79,7 +79,8 @@ def ledger_of(run, rank: int):
     inputs, ranks = run.inputs, run.inputs.world.ranks
     if rank in ranks:
         return ranks[rank].ledger
-    source = inputs.rank_of(0, 0, inputs.world.grid.coords(rank).pp)  # an identical representative
+    coords = inputs.world.grid.coords(rank)
+    source = inputs.rank_of(0, 0, coords.pp, coords.cp)  # an identical representative
     if inputs.sc.model.num_experts is not None:
         from simsp.model.blocks.moe.placement import represented_by  # MoE only
         if represented_by(inputs.sc, rank) in ranks:

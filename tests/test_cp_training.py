@@ -95,9 +95,11 @@ def test_llama3_70b_cp2_memory_by_category_matches_the_closed_form():
     kv_block = 2 * s * d * 2 * (g // t)  # K and V, one KV head per TP rank, fp16
     ring = [tr.nbytes for tr in run.inputs.world.network.transfers if tr.label.startswith("cp ")]
     assert set(ring) == {kv_block}
-    # per CP group (t·p·d = 16), layer (4 per stage) and micro-batch (4): forward 1 step of
-    # 2 sends, backward K/V then dK/dV, 2 sends each
-    assert len(ring) == 16 * 4 * 4 * (2 + 4)
+    # per CP group run (TP rank 0's of each stage, p·d = 2: the representative shortcut runs
+    # no TP images), layer (4 per stage) and micro-batch (4): forward 1 step of 2 sends,
+    # backward K/V then dK/dV, 2 sends each
+    assert sorted(run.inputs.world.ranks) == [0, 8, 16, 24]  # rank tp + t·cp_rank + t·c·d·pp
+    assert len(ring) == 2 * 4 * 4 * (2 + 4)
 
 
 def test_search_layouts_hold_the_fixed_cp_and_its_bounds_stay_below_the_simulation():

@@ -91,3 +91,24 @@ def test_rings_of_one_member_per_node_beside_the_pipeline_sends_run_as_pieces():
         graph, [0, 8, 16, 24], LinkCalibration.from_cluster(sc.cluster), "all_gather", 2 ** 20,
         2, one_per_node=True)
     assert links == ((gpu_name(0), "leaf0/rail0"), ("leaf0/rail0", gpu_name(0)))
+
+
+def test_a_piece_is_worked_out_once_per_collective_group_and_size(monkeypatch):
+    """d = 16 on two nodes, 2 layers, 2 micro-batches: each unit's gathers and reduce-scatters
+    repeat per micro-batch and layer, and a piece depends only on (collective, group, size,
+    element size), so node_segment runs once per such key (engine/communicator.py _segment),
+    fewer times than the piece collectives run; the results are those of the full
+    simulation (test above)."""
+    import simsp.engine.communicator as communicator
+    calls = []
+    real = communicator.node_segment
+
+    def counting(graph, gpus, calibration, collective, nbytes, elem_bytes, **kw):
+        calls.append((collective, tuple(gpus), nbytes, elem_bytes))
+        return real(graph, gpus, calibration, collective, nbytes, elem_bytes, **kw)
+
+    monkeypatch.setattr(communicator, "node_segment", counting)
+    sc = fsdp_scenario(16)
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    pieces = [s for s in run.inputs.world.comm.stats if s.gpus == tuple(range(16))]
+    assert len(calls) == len(set(calls)) < len(pieces)

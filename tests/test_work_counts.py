@@ -127,3 +127,28 @@ def test_rings_run_as_pieces_count_the_hops_they_run():
     flows = phase_flows(Shortcuts.for_scale(sc), 8)
     assert (flows((0, 1, 2, 3)), flows((0, 4, 8, 12))) == (3, 6)
     assert (ring_flows((0, 1, 2, 3), 8), ring_flows((0, 4, 8, 12), 8)) == (12, 24)
+
+
+def moe_flags(ep: int, pp: int) -> list[str]:
+    """2 MoE layers per stage (one expert per EP rank), alltoall dispatcher, EP = d = `ep` on
+    each of `pp` stages (benchmarks/scale.py a2a-dispatch's layout)."""
+    return ["scenarios/tiny.toml", "--num-layers", str(2 * pp), "--seq-length", "256",
+            "--disable-bias-linear", "--num-experts", str(ep), "--tensor-model-parallel-size", "1",
+            "--pipeline-model-parallel-size", str(pp), "--no-sequence-parallel",
+            "--expert-model-parallel-size", str(ep), "--moe-token-dispatcher-type", "alltoall",
+            "--micro-batch-size", "1", "--global-batch-size", str(2 * ep),
+            "--world-size", str(ep * pp)]
+
+
+@pytest.mark.parametrize("ep, pp, flows", [(16, 1, 16 * 15), (8, 2, 8 * 7)])
+def test_all_to_alls_timed_alone_count_the_flows_their_private_runs_start(ep, pp, flows):
+    """Hand-counted: uniform routing, so every dispatch and combine of an EP group sends one
+    matrix, timed alone once per placement (engine/communicator.py): EP 16 on two nodes, one
+    group, 16 x 15 transfers; EP 8 on each of two stages' nodes, both groups one placement up
+    to moving by whole nodes, 8 x 7 once. Equal to the flows the private runs started."""
+    sc = scenario(moe_flags(ep, pp))
+    shortcuts = Shortcuts.for_scale(sc)
+    run = simulate_iteration(sc, shortcuts, trace="none")
+    counts = estimated_counts(sc, shortcuts)
+    assert counts.a2a_flows == flows == run.inputs.world.comm.alone_flows
+    assert counts.checked_pairs == pp * ep * (ep - 1)  # every EP group's ordered pairs

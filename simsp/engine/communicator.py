@@ -78,6 +78,7 @@ class Communicator:
         self._meetings: dict[tuple, _Meeting] = {}  # (group, communicator name, call number)
         self._plans: dict[tuple, object] = {}  # alone stats by (collective, group, S, elem); DeepEP plans
         self._alike: dict[tuple, object] = {}  # alone, by placement: stats, all-to-all seconds
+        self.alone_flows = 0  # flows the TEMPLATE all-to-alls' private simulations started
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
         self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
         self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
@@ -369,43 +370,64 @@ class Communicator:
         graph = self.network.graph
         key = (self._placement(group), tuple(map(tuple, matrix)))
         if key not in self._alike:
-            self._alike[key] = alone_time(graph, self.network.calibration, list(group), matrix)
+            self._alike[key], flows = alone_time(graph, self.network.calibration, list(group),
+                                                 matrix)
+            self.alone_flows += flows
         return self._alike[key]
 
     def _segment(self, meeting: _Meeting):
         """One node's piece of one channel of this ring where it is that symmetric and meta
-        (engine/collectives/ring_alone.py node_segment), else None."""
+        (engine/collectives/ring_alone.py node_segment), with the ring's closed-form stats;
+        else None. Both depend only on the collective, group, size and element size, so they
+        are worked out once per such key (an FSDP unit's gathers repeat every micro-batch)."""
         if any(b is not None for b in meeting.buffers.values()):
             return None
-        segment = node_segment(self.network.graph, list(meeting.group),
-                               self.network.calibration, meeting.collective, meeting.nbytes,
-                               meeting.elem_bytes, slowest_latency=True, one_per_node=True)
-        if segment is None:  # its whole ring would load links the pieces stand for
-            raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group run "
-                                  f"as pieces of its ring does not split evenly")
-        return segment
+        key = ("segment", meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        if key not in self._plans:
+            gpus = list(meeting.group)
+            segment = node_segment(self.network.graph, gpus, self.network.calibration,
+                                   meeting.collective, meeting.nbytes, meeting.elem_bytes,
+                                   slowest_latency=True, one_per_node=True)
+            if segment is None:  # its whole ring would load links the pieces stand for
+                raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group "
+                                      f"run as pieces of its ring does not split evenly")
+            self._plans[key] = segment, closed_form_stats(
+                meeting.collective, self.network.graph, gpus, meeting.nbytes,
+                self.network.calibration, meeting.elem_bytes)
+        return self._plans[key]
 
     def _segment_ring(self, meeting: _Meeting, segment, piece: RingPiece | None = None):
         """A ring whose group meets only its own collectives, run as one node's piece of one
         channel on the shared links: each link of the piece stands for its images in every
         node and channel, which the group's other collectives load alike (the quotient of the
         full simulation by the ring's symmetry, docs/shortcuts.md). Stats as the closed form's
-        with the span it took. Or a ring run as its `piece` (collectives/ring_piece.py)."""
+        (`segment`: the node piece and those stats, _segment) with the span it took. Or a ring
+        run as its `piece` (collectives/ring_piece.py)."""
         start_s = self.env.now
-        key = ("piece", meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
-        if key not in self._plans:  # the same collective on the same group and size: once
-            self._plans[key] = (closed_form_stats(
-                meeting.collective, self.network.graph, list(meeting.group), meeting.nbytes,
-                self.network.calibration, meeting.elem_bytes), piece and piece_plan(
-                self.network, meeting.collective, list(meeting.group), meeting.nbytes,
-                meeting.elem_bytes, piece))
-        closed, plan = self._plans[key]
-        yield self.env.process(
-            segment_run(self.env, self.network, meeting.collective, len(meeting.group), segment)
-            if piece is None else piece_run(self.env, self.network, plan))
+        if piece is None:
+            segment, closed = segment
+            run = segment_run(self.env, self.network, meeting.collective, len(meeting.group),
+                              segment)
+        else:
+            closed, plan = self._piece_plan(meeting, piece)
+            run = piece_run(self.env, self.network, plan)
+        yield self.env.process(run)
         return replace(closed, start_s=start_s, end_s=self.env.now,
                        channels=tuple(replace(c, start_s=start_s, end_s=self.env.now)
                                       for c in closed.channels))
+
+    def _piece_plan(self, meeting: _Meeting, piece: RingPiece) -> tuple:
+        """(the ring's closed-form stats, its piece's plan), worked out once per collective,
+        group, size and element size."""
+        key = ("piece", meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes)
+        if key not in self._plans:
+            gpus = list(meeting.group)
+            self._plans[key] = (closed_form_stats(
+                meeting.collective, self.network.graph, gpus, meeting.nbytes,
+                self.network.calibration, meeting.elem_bytes), piece_plan(
+                self.network, meeting.collective, gpus, meeting.nbytes, meeting.elem_bytes,
+                piece))
+        return self._plans[key]
 
     def _runs_as_tree(self, meeting: _Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form whatever the group's method

@@ -49,8 +49,11 @@ FSDP_SECONDS_PER_FLOW = 4.4e-5
 # per collective: measured by the same family once its rings of one member per node ran as
 # pieces, 14.0 / 22.0 / 38.3 / 75.7 CPU s for 93,246 / 190,558 / 385,182 / 774,430 flows at
 # 2,048 / 4,096 / 8,192 / 16,384 GPUs (2026-11-29, loaded 2-core machine): 1e-4 to 1.5e-4 s
-# per flow with the check's per-unit pieces.
-PIECE_SECONDS_PER_FLOW = 1e-4
+# per flow with the check's per-unit pieces. Since each piece and its ring's closed-form stats
+# are worked out once per collective, group and size (engine/communicator.py _segment): 5.92 /
+# 28.70 CPU s for 93,246 / 774,430 flows at 2,048 / 16,384 GPUs (2026-11-29, loaded machine),
+# 3.6e-5 to 6.1e-5 s per flow beside the other terms.
+PIECE_SECONDS_PER_FLOW = 4.5e-5
 # A DP ring that meets only its own collectives runs as one node's piece of one channel
 # (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
 # 256 (0.95 and 3.4 CPU s in all), and again by benchmarks/scale.py fsdp2-d64 (8 layers, d 16
@@ -76,6 +79,15 @@ EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
 # active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
 # CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
 EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
+# Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
+# (TEMPLATE) is priced by the flows of its private simulations, run once per placement
+# (engine/communicator.py), and the check by the all-to-all pairs it routes: measured by
+# benchmarks/scale.py a2a-dispatch (EP 32 / 64 / 128: 992 / 4,032 / 16,256 flows in 0.047 /
+# 0.19 / 0.93 CPU s, the check 0.04 / 0.08 / 0.42 s) and deepseek-v3 at 1,024 GPUs (4,032
+# flows in 0.20 s, the check of 64,512 pairs 1.57 s; 2026-11-29, loaded 2-core machine):
+# 4.8e-5 to 5.7e-5 s per flow, 2e-5 to 2.6e-5 s per checked pair.
+A2A_ALONE_SECONDS_PER_FLOW = 5e-5
+CHECK_SECONDS_PER_PAIR = 2.4e-5
 # Multi-token prediction's depths run on the last stage for every micro-batch, each a layer plus
 # its own embedding norm, projection and vocabulary head, untemplated: measured with
 # benchmarks/scale.py's mtp-deep family (Llama 3 8B shape, 2 layers, one micro-batch, 8 GPUs;
@@ -149,31 +161,47 @@ def numeric_seconds(sc) -> float:
 
 
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
-                 fsdp_flows: tuple[int, int] | None = None) -> float:
+                 fsdp_flows: tuple[int, int] | None = None,
+                 a2a: tuple[int, int] | None = None) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
     names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
-    rank (no representative shortcut): t*cp*d ranks per stage. `fsdp_pieces` False: the
+    rank but where its representative holds (cp_representative: TP rank 0's cp ranks per
+    stage), else t*cp*d ranks per stage. `fsdp_pieces` False: the
     shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
     into equal node pieces), so they are priced per d². `flows`: the stepped rings' flows
     (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each; `fsdp_flows`: the
     FSDP rings' flows counted the same way (stepped whole, run as pieces), which replace the
-    d² and per-piece rules."""
+    d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
+    pairs) counted the same way (pair_seconds)."""
     p = sc.parallel
+    cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
     if representative:
         per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
+    elif cp_ranks:  # the cp ranks of TP rank 0 run, without templates
+        per_step = p.cp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
     else:
         per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
                                          + p.tp * FULL_SECONDS_PER_RING_RANK)
-    ranks = simulated_ranks(sc, representative)
+    ranks = simulated_ranks(sc, representative or cp_ranks)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
-            + pair_seconds(sc) + flows * SECONDS_PER_FLOW)
+            + pair_seconds(sc, a2a, cp_ranks) + flows * SECONDS_PER_FLOW)
+
+
+def cp_representative(sc, representative: bool) -> bool:
+    """Whether a context-parallel run may keep only TP rank 0's cp ranks per stage
+    (shortcuts/representative.py: d = 1, no experts, no FSDP, t dividing the GPUs per node;
+    the check's link conditions are known only to the verdict, so this is the estimate's
+    optimistic side, as the representative is without CP)."""
+    p = sc.parallel
+    return (representative and p.cp > 1 and p.dp == 1 and sc.model.num_experts is None
+            and p.fsdp is None and sc.cluster.gpus_per_node % p.tp == 0)
 
 
 def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> float:
@@ -190,18 +218,25 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> f
     return p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
 
 
-def pair_seconds(sc) -> float:
+def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
-    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch)."""
+    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
+    `a2a`: (alone all-to-all flows, checked pairs) where the verdict counted them: the check's
+    pairs priced, and the all-to-alls timed alone by their flows in place of the per-pair
+    rule. `cp_ranks`: one CP group per stage runs (cp_representative)."""
     p, m = sc.parallel, sc.model
-    seconds = 0.0
+    alone_flows, pairs = (0, 0) if a2a is None else a2a
+    seconds = pairs * CHECK_SECONDS_PER_PAIR
+    groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
-        seconds += layer_steps(sc) * p.tp * p.dp * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+        seconds += layer_steps(sc) * groups * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
     if p.cp > 1 and p.cp_comm_type == "allgather" and _cp_group_nodes(sc) > fabric_of(sc.cluster).nodes_per_leaf:
-        seconds += (layer_steps(sc) * p.tp * p.dp * p.cp ** 2
+        seconds += (layer_steps(sc) * groups * p.cp ** 2
                     * CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR)
     ep = p.expert_model_parallel_size
-    if m.num_experts is not None and ep > 1:
+    if alone_flows:
+        seconds += alone_flows * A2A_ALONE_SECONDS_PER_FLOW
+    elif m.num_experts is not None and ep > 1:
         moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
         per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
         if p.moe_token_dispatcher_type == "alltoall":
@@ -243,10 +278,12 @@ def fsdp_collectives(sc, layers: int | None = None) -> int:
 
 
 def simulated_ranks(sc, representative: bool) -> int:
-    """Ranks the simulation runs a program for: one per stage with the shortcut (never with
-    context parallelism), else all."""
+    """Ranks the simulation runs a program for: one per stage with the shortcut (with context
+    parallelism TP rank 0's cp ranks, where cp_representative), else all."""
     p = sc.parallel
-    return p.pp if representative and p.cp == 1 else p.tp * p.cp * p.pp * p.dp
+    if representative and p.cp > 1:
+        return p.cp * p.pp if cp_representative(sc, True) else p.world_size
+    return p.pp if representative else p.world_size
 
 
 def bucket_count(sc) -> int:

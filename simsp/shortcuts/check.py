@@ -71,12 +71,17 @@ class Shortcuts:
                    f"shortcuts' proofs assume they never do")
             return cls(reasons=tuple((name, why) for name in SHORTCUTS))
         verdict = check_shortcuts(sc)
-        if sc.parallel.cp > 1:  # closed form where no ring shares a link with the CP traffic
-            why = ("not used: context parallelism's ring attention needs every rank of its CP "
-                   "group to run")
-            return cls(closed_form=verdict.closed_form, methods=verdict.methods,
-                       reasons=(("representative", why), verdict.reasons[1],
-                                ("templates", why)))
+        if sc.parallel.cp > 1:  # every CP rank of the representative's TP and DP coordinates
+            # runs (shortcuts/plan.py simulated_ranks); no templates: CP steps differ per rank
+            why = "not used: context parallelism's attention steps differ per CP rank"
+            kept = verdict.reasons[0]
+            if verdict.representative:
+                kept = ("representative", f"used: TP rank 0's {sc.parallel.cp} CP ranks of each "
+                        f"stage run; the other TP ranks are their images (rails renamed) and "
+                        f"no link carries their traffic and a simulated rank's at once")
+            return cls(representative=verdict.representative, closed_form=verdict.closed_form,
+                       methods=verdict.methods, reasons=(kept, verdict.reasons[1],
+                                                         ("templates", why)))
         return verdict
 
     def flags(self) -> dict:

@@ -87,8 +87,9 @@ RANK_METHODS = (
            "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py), "
            "or, where every executed ring has its piece, as the full simulation's quotient: "
            "one hop per orbit on one link per orbit (shortcuts/quotient.py); "
-           "not with context parallelism", "tests/test_shortcut_layouts.py, "
-           "tests/test_shortcuts.py"),
+           "with context parallelism TP rank 0's CP ranks run where d = 1, t divides the GPUs "
+           "per node and no link carries executed and left-out traffic at once",
+           "tests/test_shortcut_layouts.py, tests/test_shortcuts.py, tests/test_cp_shortcuts.py"),
     Method("layer_templates", "the representative shortcut holds and no TP group runs step by "
            "step; with experts also uniform routing, ETP 1 and no EP group step by step "
            "(model/replay.py records a layer step once and replays it)",

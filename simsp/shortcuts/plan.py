@@ -15,6 +15,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.engine.group_timing import STEP_BY_STEP
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.methods import UNLISTED
+from simsp.shortcuts.representative import cp_simulated_ranks
 from simsp.shortcuts.traffic import has_expert_groups, routing_is_uniform
 
 
@@ -61,6 +62,8 @@ def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
     if shortcuts.symmetry is not None:
         return tuple(shortcuts.symmetry.ranks)
     p = sc.parallel
+    if p.cp > 1:  # every CP rank of TP rank 0, replica 0 (shortcuts/representative.py)
+        return tuple(cp_simulated_ranks(RankGrid(p.tp, p.pp, p.dp, p.cp)))
     grid = RankGrid(p.tp, p.pp, p.dp)
     ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
     if has_expert_groups(sc) and not routing_is_uniform(sc):

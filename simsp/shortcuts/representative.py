@@ -28,6 +28,8 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
     p = sc.parallel
     not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes,
                                      graph.graph["fabric"].nodes_per_leaf)
+    if p.cp > 1 and not not_rep:
+        not_rep = _cp_why_not(sc, grid, clashes)
     symmetry = None
     if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None and \
             p.fsdp is None:
@@ -38,6 +40,35 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
         not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
                    "overlapped DP communication")
     return not_rep, symmetry
+
+
+def _cp_why_not(sc, grid: RankGrid, clashes: list) -> str:
+    """With context parallelism every CP rank of TP rank 0 and DP rank 0 runs
+    (shortcuts/plan.py simulated_ranks). The others are their images under the shift of the TP
+    rank, a renaming of rails inside each node where t divides the GPUs per node: exact where
+    no link may carry traffic of a simulated owner and of a left-out one at once (then every
+    simulated flow shares its links as in the full simulation), with one replica (d = 1: no
+    node moves, whose leaf boundaries the check would have to follow) and no experts or FSDP
+    (whose representatives grow or whose shards differ)."""
+    p = sc.parallel
+    if p.dp > 1 or sc.model.num_experts is not None or p.fsdp is not None:
+        return ("context parallelism keeps every CP rank of one TP rank only with d = 1, "
+                "no experts and no FSDP")
+    if sc.cluster.gpus_per_node % grid.tp:
+        return f"t = {grid.tp} does not divide the GPUs per node: the TP shift moves nodes"
+    simulated = set(cp_simulated_ranks(grid))
+    for edge, owner, other in clashes:
+        if _is_simulated(owner, simulated) != _is_simulated(other, simulated):
+            return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
+                    f"represented ranks at once ({owner[0]} {owner[1][:4]}, {other[0]} "
+                    f"{other[1][:4]}) under context parallelism")
+    return ""
+
+
+def cp_simulated_ranks(grid: RankGrid) -> list[int]:
+    """The ranks a CP representative run simulates: TP rank 0 of DP replica 0, every CP rank
+    of every stage, ascending."""
+    return sorted(grid.rank_of(0, 0, pp, cp) for pp in range(grid.pp) for cp in range(grid.cp))
 
 
 def _aligned(a: int, b: int) -> bool:
@@ -55,6 +86,8 @@ def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list,
                 f"tile: stages share nodes unevenly")
     if not _aligned(t, gpus_per_node):
         return f"t = {t} and GPUs per node ({gpus_per_node}) do not tile: TP groups differ"
+    if grid.cp > 1:  # its own rule (_cp_why_not) after the tiling above
+        return ""
     simulated = {grid.rank_of(0, 0, pp) for pp in range(grid.pp)}
     seen = {_clash_key(*clash) for clash in clashes}
     for edge, owner, other in clashes:

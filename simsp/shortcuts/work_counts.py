@@ -20,7 +20,9 @@ from typing import NamedTuple
 
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import channel_rings
-from simsp.engine.group_timing import NODE_PIECE, STEPPED
+from simsp.cluster.topology import placement
+from simsp.engine.group_timing import NODE_PIECE, STEPPED, TEMPLATE
+from simsp.hardware.profiles import fabric_of
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
 from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,
@@ -46,6 +48,8 @@ class WorkCounts(NamedTuple):
     flows: int
     fsdp_flows: int = 0
     piece_flows: int = 0
+    a2a_flows: int = 0  # the TEMPLATE all-to-alls' private simulations (alone_a2a_flows)
+    checked_pairs: int = 0  # ordered pairs of the all-to-all owners the check routes
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -79,7 +83,37 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
-                      _fsdp_flows(sc, grid, ranks, pieces, piece_flows))
+                      _fsdp_flows(sc, grid, ranks, pieces, piece_flows),
+                      alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc))
+
+
+def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
+    """Flows the all-to-alls timed alone (TEMPLATE, alltoall dispatcher) start in their
+    private simulations: engine/communicator.py runs one per placement of the group on the
+    fabric (cluster/topology.py placement) and byte matrix, n(n − 1) transfers each
+    (engine/collectives/all_to_all.py). TEMPLATE needs uniform routing, under which every
+    dispatch and combine of a group sends the same uniform matrix: one per placement of the
+    simulated ranks' EP groups. The MoE grid is imported only for a model with experts."""
+    templates = shortcuts.groups(TEMPLATE) if shortcuts.closed_form else frozenset()
+    if not templates or sc.parallel.moe_token_dispatcher_type != "alltoall":
+        return 0
+    from simsp.model.blocks.moe.placement import expert_grid
+    ranks, cluster = set(ranks), sc.cluster
+    fabric = fabric_of(cluster)
+    placements = {placement(g, cluster.gpus_per_node, cluster.nodes, fabric)
+                  for g in set(expert_grid(sc).groups("ep")) & templates if ranks & set(g)}
+    return sum(len(place) * (len(place) - 1) for place in placements)
+
+
+def checked_pairs(sc) -> int:
+    """Ordered pairs of the owners the shortcut check lists as all-to-alls, each routed and
+    its links walked (shortcuts/traffic.py expert_owners: every EP group; shortcuts/cp_traffic.py:
+    every CP group but all-gather's): world/n groups of n(n − 1) pairs each."""
+    p, world = sc.parallel, sc.parallel.world_size
+    sizes = [p.expert_model_parallel_size] if sc.model.num_experts is not None else []
+    if p.cp > 1 and p.cp_comm_type != "allgather":
+        sizes.append(p.cp)
+    return sum(world // n * n * (n - 1) for n in sizes if n > 1)
 
 
 def phase_flows(shortcuts: Shortcuts, gpus_per_node: int):
@@ -183,7 +217,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                 if shortcuts.symmetry is not None else 0.0)
     return symmetry + meta_seconds(sc, shortcuts.representative, _pieces(shortcuts),
                                    flows=counts.flows,
-                                   fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
+                                   fsdp_flows=(counts.fsdp_flows, counts.piece_flows),
+                                   a2a=(counts.a2a_flows, counts.checked_pairs))
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:

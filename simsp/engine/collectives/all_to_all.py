@@ -58,13 +58,16 @@ def all_to_all(env: simpy.Environment, network: Network, gpus: list[int],
     return received, AllToAllStats(start, env.now, arrivals)
 
 
-def alone_time(graph, calibration, gpus: list[int], send_bytes: list[list[int]]) -> float:
-    """Seconds of one all-to-all(-v) alone on its links: the same flows in a private
-    simulation (what it takes in the run when no other traffic crosses its links)."""
+def alone_time(graph, calibration, gpus: list[int],
+               send_bytes: list[list[int]]) -> tuple[float, int]:
+    """(seconds, flows started) of one all-to-all(-v) alone on its links: the same flows in a
+    private simulation (what it takes in the run when no other traffic crosses its links), and
+    the flows that simulation started (the work estimate's count, shortcuts/work_counts.py)."""
     env = simpy.Environment()
-    process = env.process(all_to_all(env, Network(env, graph, calibration), gpus, send_bytes))
+    network = Network(env, graph, calibration)
+    process = env.process(all_to_all(env, network, gpus, send_bytes))
     env.run()
-    return process.value[1].time_s
+    return process.value[1].time_s, network.flows_started
 
 
 def _copy(chunk):
