@@ -177,11 +177,13 @@ def _steps_of(task: Task) -> list[Step]:
     return [Step(task.kind, task.micro_batch, task.chunk)]
 
 
-def pair_forwards(pp: int, m: int, rank: int) -> frozenset:
-    """The forwards of rank's F&B pairs in DualPipe, as run steps (a pair waits both inputs
-    before it starts: upstream's `_commit_and_wait_comm` before `_forward_backward_chunk`)."""
+def pair_forwards(pp: int, m: int, rank: int, name: str = "dualpipe") -> frozenset:
+    """The forwards of rank's F&B pairs in DualPipe (or DualPipeV, `name`), as run steps (a pair
+    waits both inputs before it starts: upstream's `_commit_and_wait_comm` before
+    `_forward_backward_chunk`)."""
+    builder = {"dualpipe": dualpipe, "dualpipev": dualpipev}[name]
     return frozenset(Step(task.kind, task.micro_batch, task.chunk)
-                     for op in dualpipe(pp, m).ops[rank] if op.is_pair
+                     for op in builder(pp, m).ops[rank] if op.is_pair
                      for task in op.tasks if task.kind == FORWARD)
 
 
