@@ -162,8 +162,8 @@ def dualpipe_steps(pp: int, m: int) -> Schedule:
 
 
 def op_steps(schedule: OpSchedule) -> Schedule:
-    """Op lists as run steps: an F&B pair as its F then its backward on the same stream (no
-    overlap inside the pair yet), a full backward BW as B then its W at once (the same
+    """Op lists as run steps: an F&B pair as its F then its backward's B and W (the run
+    overlaps them: stage_program.py), a full backward BW as B then its W at once (the same
     gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
     return [[step for op in ops for task in sorted(op.tasks, key=lambda t: t.kind != FORWARD)
              for step in _steps_of(task)] for ops in schedule.ops]
