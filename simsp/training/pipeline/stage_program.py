@@ -16,6 +16,7 @@ from simsp.training.fp8_amax import AmaxReduction
 from simsp.training.pipeline import p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.model.blocks.moe.comm_stream import PairedStreams
+from simsp.model.blocks.moe.placement import expert_parallel
 from simsp.training.pipeline.combined_1f1b import combined_forwards, combined_warmup
 from simsp.training.pipeline.dualpipe import defer_sends, pair_forwards, sent_after_weight
 from simsp.training.pipeline.p2p_program import (
@@ -154,9 +155,11 @@ def _pair_forwards(r, parallel, plan: StagePlan) -> frozenset:
 def _dualpipe_pair(r, inputs, step_state: tuple, program: list, j: int, triggers):
     """The forward at program[j] and the next B and W (its full backward) as one F&B pair
     (dualpipe.py `_forward_backward_chunk`: both inputs waited first, `_commit_and_wait_comm`),
-    the backward's process first (DeepSeek-V3 Figure 4 opens with its COMBINE(B)); returns the
-    index after the W and the p2p calls between, which run after the pair (upstream sends
-    both outputs after it). `step_state`: (plan, state, results)."""
+    the backward's process first (DeepSeek-V3 Figure 4 opens with its COMBINE(B)), or, on a
+    rank with no TP or EP collective to hand over at, the forward's (upstream's F then B
+    without an overlap strategy); returns the index after the W and the p2p calls between,
+    which run after the pair (upstream sends both outputs after it). `step_state`: (plan,
+    state, results)."""
     state = step_state[1]
     k = _next_of_kind(program, j, "B")
     w = _next_of_kind(program, k, "W")
@@ -164,8 +167,11 @@ def _dualpipe_pair(r, inputs, step_state: tuple, program: list, j: int, triggers
         yield from _wait_pending(r, state, kind)
     triggers.before(r, state, "F")
     backward = program[k]
-    yield from _run_paired(r, inputs, step_state, ((program[k], program[w]), (program[j],)),
-                           lambda: state.deferred.get((backward.micro_batch, backward.chunk)))
+    groups = (((program[k], program[w]),
+               lambda: state.deferred.get((backward.micro_batch, backward.chunk))),
+              ((program[j],), None))
+    hands_over = r.tp.size > 1 or expert_parallel(r)
+    yield from _run_paired(r, inputs, step_state, groups if hands_over else groups[::-1])
     return w + 1, [call for call in program[j + 1:w] if isinstance(call, Exchange)]
 
 
@@ -175,21 +181,19 @@ def _next_of_kind(program: list, j: int, kind: str) -> int:
                 if not isinstance(program[i], Exchange) and program[i].kind == kind)
 
 
-def _run_paired(r, inputs, step_state: tuple, groups: tuple, weights=None):
-    """Each group of steps (the backward's first) as one process on the rank's paired streams
-    (comm_stream.py), the first group's deferred weight gradients from `weights`; the steps'
-    spans made disjoint after."""
+def _run_paired(r, inputs, step_state: tuple, groups: tuple):
+    """Each group (steps, () -> their deferred weight gradients or None) as one process on the
+    rank's paired streams (comm_stream.py), in order; the steps' spans made disjoint after."""
     plan, state, results = step_state
     streams, count = r.ep_streams, len(results.steps.get(r.rank, []))
     streams.paired = True
     results.pairing.add(r.rank)
-    processes = [r.env.process(streams.own(_steps_in_order(r, inputs, step_state, group),
-                                           weights if i == 0 else None))
-                 for i, group in enumerate(groups)]
+    processes = [r.env.process(streams.own(_steps_in_order(r, inputs, step_state, steps),
+                                           weights)) for steps, weights in groups]
     yield r.env.all_of(processes)
     streams.paired = False
     results.pairing.discard(r.rank)
-    _serialise_spans(results.steps[r.rank], count, sum(map(len, groups)))
+    _serialise_spans(results.steps[r.rank], count, sum(len(steps) for steps, _ in groups))
     results.trace_steps(r, count)
 
 
@@ -212,7 +216,7 @@ def _combined_step(r, inputs, step_state: tuple, program: list, j: int, triggers
     for kind in ("F", "B"):
         yield from _wait_pending(r, state, kind)
     triggers.before(r, state, "F")
-    yield from _run_paired(r, inputs, step_state, ((program[k],), (program[j],)))
+    yield from _run_paired(r, inputs, step_state, (((program[k],), None), ((program[j],), None)))
     return k + 1, program[j + 1:k]
 
 
