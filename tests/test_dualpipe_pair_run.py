@@ -13,6 +13,7 @@ from simsp.model.blocks.moe.comm_stream import PairedStreams
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.pipeline.ep_overlap import LayerPieces, dualpipe_pair_seconds, issued_timeline
+from tests.test_combined_1f1b import _timed  # a piece of given seconds, its span recorded
 from tests.test_two_chunk_moe import moe_layout
 
 F = LayerPieces(pre_dispatch=3.0, dispatch=2.0, mlp=4.0, combine=2.0)
@@ -23,15 +24,6 @@ F_ORDER = (("pre_dispatch", "compute"), ("dispatch", "comm"), ("mlp", "compute")
            ("combine", "comm"))
 B_ORDER = (("combine", "comm"), ("mlp", "compute"), ("dispatch", "comm"),
            ("pre_dispatch", "compute"))
-
-
-def _timed(env, r, key, seconds, spans, stream):
-    """A piece taking `seconds`, its span recorded; a collective's counted exposed."""
-    start = env.now
-    yield env.timeout(seconds)
-    spans[key] = (start, env.now)
-    if stream == "comm":
-        r.exposed_s["ep_comm"] = r.exposed_s.get("ep_comm", 0.0) + env.now - start
 
 
 def _micro_batch(env, streams, r, who, layers, spans, store=None):
