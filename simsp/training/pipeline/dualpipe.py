@@ -161,11 +161,13 @@ def dualpipe_steps(pp: int, m: int) -> Schedule:
     return op_steps(dualpipe(pp, m))
 
 
-def op_steps(schedule: OpSchedule) -> Schedule:
+def op_steps(schedule: OpSchedule, backward_first: bool = False) -> Schedule:
     """Op lists as run steps: an F&B pair as its F then its backward's B and W (the run
-    overlaps them: stage_program.py), a full backward BW as B then its W at once (the same
-    gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
-    return [[step for op in ops for task in sorted(op.tasks, key=lambda t: t.kind != FORWARD)
+    overlaps them: stage_program.py; `backward_first`: its B and W first, the order in which
+    a pair frees its backward's chunk soonest), a full backward BW as B then its W at once (the
+    same gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
+    return [[step for op in ops
+             for task in sorted(op.tasks, key=lambda t: (t.kind != FORWARD) != backward_first)
              for step in _steps_of(task)] for ops in schedule.ops]
 
 
