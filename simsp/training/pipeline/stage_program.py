@@ -16,7 +16,6 @@ from simsp.training.fp8_amax import AmaxReduction
 from simsp.training.pipeline import p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.model.blocks.moe.comm_stream import PairedStreams
-from simsp.model.blocks.moe.placement import expert_parallel
 from simsp.training.pipeline.combined_1f1b import combined_forwards, combined_warmup
 from simsp.training.pipeline.dualpipe import defer_sends, pair_forwards, sent_after_weight
 from simsp.training.pipeline.p2p_program import (
@@ -170,7 +169,7 @@ def _dualpipe_pair(r, inputs, step_state: tuple, program: list, j: int, triggers
     groups = (((program[k], program[w]),
                lambda: state.deferred.get((backward.micro_batch, backward.chunk))),
               ((program[j],), None))
-    hands_over = r.tp.size > 1 or expert_parallel(r)
+    hands_over = r.tp.size > 1 or r.moe is not None and r.moe.ep * r.moe.etp > 1  # EP or ETP
     yield from _run_paired(r, inputs, step_state, groups if hands_over else groups[::-1])
     return w + 1, [call for call in program[j + 1:w] if isinstance(call, Exchange)]
 
