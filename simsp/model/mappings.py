@@ -30,16 +30,15 @@ def tensor_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tup
     n = len(group)
     full_bytes = x.itemsize * math.prod(full_shape)
     r.count_comm(label or kind, _bytes_sent(kind, n, full_bytes))
-    start = r.env.now
     buffer = None if x.data is None else x.data.reshape(-1)  # (numel,)
-    collective = getattr(r.tp.comm, kind)
-    result = yield from collective(group, r.rank, buffer, full_bytes, tag,
-                                   elem_bytes=x.itemsize, sms=sms)
-    if blocking:
-        r.count_exposed(track, r.env.now - start)
-    if r.trace is not None:
-        r.trace.add_span(r.rank, track, f"{kind} {tag}", start, r.env.now,
-                         {"phase": r.phase, "bytes": full_bytes})
+    call = _timed(r, getattr(r.tp.comm, kind)(group, r.rank, buffer, full_bytes, tag,
+                                              elem_bytes=x.itemsize, sms=sms),
+                  (track, blocking), f"{kind} {tag}", full_bytes)
+    if blocking and r.ep_streams is not None and group is r.tp.members:
+        # a DualPipe F&B pair: on the communication stream beside the other micro-batch
+        result = yield from r.ep_streams.on_comm(r, call, track, tp=True)
+    else:
+        result = yield from call
     if kind == "all_reduce":
         if r.numeric:
             x.data = result.reshape(x.shape)
@@ -49,6 +48,18 @@ def tensor_collective(r, kind: str, x: Tensor, full_shape: tuple, out_shape: tup
         out.data = result.reshape(out_shape)
     return out
 
+
+def _timed(r, call, track: tuple, name: str, nbytes: int):
+    """`call` (a collective) with its span on the trace's track (`track`: (name, blocking)) and,
+    if blocking, its duration counted exposed there (an async call's is counted by `finish`)."""
+    (track, blocking), start = track, r.env.now
+    result = yield from call
+    if blocking:
+        r.count_exposed(track, r.env.now - start)
+    if r.trace is not None:
+        r.trace.add_span(r.rank, track, name, start, r.env.now,
+                         {"phase": r.phase, "bytes": nbytes})
+    return result
 
 
 def all_reduce(r, x: Tensor, tag: str, label: str | None = None, blocking: bool = True):

@@ -19,7 +19,10 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   simsp's allocators give them) before its first step and holds them to the end, and at the
   schedule's busiest moment it keeps the activations of
   every (micro-batch, chunk) whose forward is done and backward not (simsp.training.pipeline.schedules
-  max_in_flight, exact for the schedule simsp runs). Each held chunk keeps at least its layers'
+  max_in_flight, exact for the schedule simsp runs; where DualPipe's or DualPipeV's F&B pairs
+  overlap (TP or EP collectives to hand over at) a pair is counted backward first, as the run
+  may free its backward's chunk before its forward keeps one, and there is no time bound: the
+  collectives timed in the chunk's F, B and W may hide behind the other half of a pair). Each held chunk keeps at least its layers'
   saved tensors, measured from the ledger of the layer simulated alone. Under FSDP the static
   bytes are what the strategy keeps for the whole iteration, each sharded part at no more than
   its 1/d share (a unit's padding only adds); gathered copies and unsharded gradients are
@@ -60,7 +63,7 @@ from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
 from simsp.training.data_parallel.optimizer import allocate_optimizer
 from simsp.training.data_parallel.fsdp_units import fsdp_bytes_per_element, sharding_of
-from simsp.training.pipeline.dualpipe import dualpipe
+from simsp.training.pipeline.dualpipe import dualpipe, dualpipev, op_steps
 from simsp.training.pipeline.op_timing import Durations, simulate_ops
 from simsp.training.pipeline.schedules import (SPLIT_BACKWARD, build_schedule, max_in_flight,
                                                placement_of, simulate_uniform)
@@ -252,8 +255,9 @@ def bounded(sc: Scenario) -> bool:
 
 def time_lower_bound(sc: Scenario) -> float:
     """T ≥ (m·v + p − 1)·(C_f + C_b), or for a split-backward schedule the list schedule of
-    its own steps at the chunk's F, B, W (module docstring); 0 without its premises."""
-    if not bounded(sc):
+    its own steps at the chunk's F, B, W (module docstring); 0 without its premises, and 0
+    where F&B pairs overlap (their collectives, timed in F, B, W, may hide)."""
+    if not bounded(sc) or pairs_overlap(sc):
         return 0.0
     p = sc.parallel
     chunks = chunks_per_stage(sc.model, p)
@@ -267,6 +271,7 @@ def time_lower_bound(sc: Scenario) -> float:
 # both inputs before a pair (training/pipeline/stage_program.py): DualPipe's; DualPipeV runs
 # its steps one by one, each sending when it ends, so its step lists are what bounds it.
 DUAL_OPS = {"dualpipe": dualpipe}
+PAIRED_OPS = {"dualpipe": dualpipe, "dualpipev": dualpipev}  # schedules with F&B pairs
 
 
 @lru_cache(maxsize=1024)
@@ -286,9 +291,22 @@ def split_schedule_time(name: str, p: int, m: int, v: int, steps: tuple) -> floa
 
 
 @lru_cache(maxsize=1024)
-def stage0_in_flight(schedule: str, p: int, m: int, v: int) -> int:
-    """Peak (micro-batch, chunk) pairs stage 0 holds between forward and backward."""
+def stage0_in_flight(schedule: str, p: int, m: int, v: int, pairs_overlap: bool = False) -> int:
+    """Peak (micro-batch, chunk) pairs stage 0 holds between forward and backward; with
+    `pairs_overlap` an F&B pair's backward counted first (the run may then free its chunk
+    before the forward keeps one: training/pipeline/stage_program.py)."""
+    if pairs_overlap and schedule in PAIRED_OPS:
+        return max_in_flight(op_steps(PAIRED_OPS[schedule](p, m), backward_first=True))[0]
     return max_in_flight(build_schedule(schedule, p, m, v))[0]
+
+
+def pairs_overlap(sc: Scenario) -> bool:
+    """Whether the run overlaps the two halves of DualPipe's or DualPipeV's F&B pairs: the
+    schedule has them and its ranks have TP or EP collectives to hand the compute stream over
+    at (training/pipeline/stage_program.py `_dualpipe_pair`)."""
+    p = sc.parallel
+    return p.schedule_name in PAIRED_OPS and (
+        p.tp > 1 or bool(sc.model.num_experts) and p.ep * p.etp > 1)
 
 
 def chunk_kept_bytes(sc: Scenario) -> int:
@@ -333,7 +351,8 @@ def memory_lower_bound(sc: Scenario) -> float:
         return 0.0
     p = sc.parallel
     chunks = chunks_per_stage(sc.model, p)
-    held = stage0_in_flight(p.schedule_name, p.pp, p.num_micro_batches, chunks)
+    held = stage0_in_flight(p.schedule_name, p.pp, p.num_micro_batches, chunks,
+                            pairs_overlap(sc))
     return static_bytes(sc) + held * chunk_kept_bytes(sc)
 
 

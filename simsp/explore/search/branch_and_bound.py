@@ -8,6 +8,7 @@ reported (the ranking is then only as sound as that check). `exhaustive` simulat
 """
 
 from dataclasses import dataclass, field
+import math
 
 from simsp.analytic import model_flops
 from simsp.batch_work import TOTAL_TIME_LIMIT_S
@@ -57,6 +58,8 @@ def objective_bound(sc, objective: str) -> float:
         return memory_lower_bound(sc)
     bound = time_lower_bound(sc)
     if objective == "mfu":
+        if bound <= 0:  # no time bound (bounds.py): any MFU
+            return -math.inf
         peak = GPUS[sc.cluster.gpu].peak_flops * sc.parallel.world_size
         return -model_flops(sc.model, sc.parallel) / (bound * peak)
     return bound

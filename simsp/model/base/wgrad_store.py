@@ -41,7 +41,13 @@ class WeightGradStore:
 
     def run(self, r):
         """W: every deferred GEMM in order, then free what they held."""
-        for gemm in self.work:
-            yield from gemm()
+        yield from self.run_pending(r)
         r.free(*self.held)
-        self.work, self.held = [], []
+        self.held = []
+
+    def run_pending(self, r):
+        """The GEMMs deferred so far, in order, what they read kept until `run` (a DualPipe
+        pair's weight gradients beside its next collective, model/blocks/moe/comm_stream.py)."""
+        work, self.work = self.work, []
+        for gemm in work:
+            yield from gemm()

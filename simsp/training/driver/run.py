@@ -55,15 +55,22 @@ class RunResults:
     steps: dict = field(default_factory=dict)  # rank -> [(kind, mb, chunk, begin_s, end_s)]
     end_s: dict = field(default_factory=dict)  # rank -> time its program finished
     on_step: object = None  # optional callback(now_s) after every schedule step (progress)
+    pairing: set = field(default_factory=set)  # ranks inside a paired step: traced after it
 
     def record_step(self, r, kind: str, mb: int, chunk: int, begin_s: float) -> None:
         """A schedule step's busy interval: from its input's arrival to its end."""
         now = r.env.now
         self.steps.setdefault(r.rank, []).append((kind, mb, chunk, begin_s, now))
-        if r.trace is not None:
+        if r.trace is not None and r.rank not in self.pairing:
             r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, now)
         if self.on_step is not None:
             self.on_step(now)
+
+    def trace_steps(self, r, first: int) -> None:
+        """Trace the rank's steps from index `first` (a paired step's, once made disjoint)."""
+        if r.trace is not None:
+            for kind, mb, chunk, begin_s, end_s in self.steps[r.rank][first:]:
+                r.trace.add_span(r.rank, "schedule", f"{kind}{mb}.{chunk}", begin_s, end_s)
 
 
 @dataclass(frozen=True)

@@ -161,11 +161,13 @@ def dualpipe_steps(pp: int, m: int) -> Schedule:
     return op_steps(dualpipe(pp, m))
 
 
-def op_steps(schedule: OpSchedule) -> Schedule:
-    """Op lists as run steps: an F&B pair as its F then its backward on the same stream (no
-    overlap inside the pair yet), a full backward BW as B then its W at once (the same
-    gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
-    return [[step for op in ops for task in sorted(op.tasks, key=lambda t: t.kind != FORWARD)
+def op_steps(schedule: OpSchedule, backward_first: bool = False) -> Schedule:
+    """Op lists as run steps: an F&B pair as its F then its backward's B and W (the run
+    overlaps them: stage_program.py; `backward_first`: its B and W first, the order in which
+    a pair frees its backward's chunk soonest), a full backward BW as B then its W at once (the
+    same gradients: dualpipe.py `_backward_chunk(enable_zb=False)`)."""
+    return [[step for op in ops
+             for task in sorted(op.tasks, key=lambda t: (t.kind != FORWARD) != backward_first)
              for step in _steps_of(task)] for ops in schedule.ops]
 
 
@@ -177,11 +179,13 @@ def _steps_of(task: Task) -> list[Step]:
     return [Step(task.kind, task.micro_batch, task.chunk)]
 
 
-def pair_forwards(pp: int, m: int, rank: int) -> frozenset:
-    """The forwards of rank's F&B pairs in DualPipe, as run steps (a pair waits both inputs
-    before it starts: upstream's `_commit_and_wait_comm` before `_forward_backward_chunk`)."""
+def pair_forwards(pp: int, m: int, rank: int, name: str = "dualpipe") -> frozenset:
+    """The forwards of rank's F&B pairs in DualPipe (or DualPipeV, `name`), as run steps (a pair
+    waits both inputs before it starts: upstream's `_commit_and_wait_comm` before
+    `_forward_backward_chunk`)."""
+    builder = {"dualpipe": dualpipe, "dualpipev": dualpipev}[name]
     return frozenset(Step(task.kind, task.micro_batch, task.chunk)
-                     for op in dualpipe(pp, m).ops[rank] if op.is_pair
+                     for op in builder(pp, m).ops[rank] if op.is_pair
                      for task in op.tasks if task.kind == FORWARD)
 
 

@@ -21,7 +21,8 @@ pre_dispatch weight gradients for later (`is_last_layer_in_bwd`). Communication 
 SMs while they run (engine/sm_share.py) when an `SmShare` is given. These timelines take each
 piece's duration up front: the hand-worked reference that the event-by-event combined 1F1B step
 (model/blocks/moe/comm_stream.py) is tested against, and the time of a DualPipe F&B pair
-(`dualpipe_pair_seconds`), which the DualPipe run does not execute yet (docs/dualpipe.md).
+(`dualpipe_pair_seconds`), which the DualPipe run executes event by event with the same streams
+(comm_stream.py `beside_weights`; docs/dualpipe.md).
 """
 
 from dataclasses import dataclass

@@ -71,8 +71,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
     state.amax = AmaxReduction.of(sc, world.grid, r.rank, plan)
     triggers = _Triggers(*_chunk_triggers(state, plan), plan.placement)
-    pairs = pair_forwards(plan.p, sc.parallel.num_micro_batches, plan.pp) \
-        if sc.parallel.schedule_name == "dualpipe" else frozenset()
+    pairs = _pair_forwards(r, sc.parallel, plan)
     combined = _combined_forwards(r, sc.parallel, plan)
     program, j = _program(sc.parallel, plan, state.split_backward), 0
     while j < len(program):
@@ -88,9 +87,16 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
             j = yield from _after_backward(r, world, plan, state, (program, j))
             yield from triggers.after(r, state, "B")
             continue
-        if state.pending:  # a DualPipe pair waits both inputs first (_commit_and_wait_comm)
-            for kind in ("F", "B") if action in pairs else (action.kind,):
-                yield from _wait_pending(r, state, kind)
+        if action in pairs:  # DualPipe's F&B pair, then the calls between its steps
+            j, deferred = yield from _dualpipe_pair(r, inputs, (plan, state, results),
+                                                    program, j - 1, triggers)
+            for call in deferred:
+                yield from _exchange(r, world, plan, state, call)
+            for kind in "BW":
+                yield from triggers.after(r, state, kind)
+            continue
+        if state.pending:
+            yield from _wait_pending(r, state, action.kind)
         triggers.before(r, state, action.kind)
         yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
                                              action.micro_batch, action.chunk)
@@ -136,27 +142,82 @@ def _combined_forwards(r, parallel, plan: StagePlan) -> frozenset:
     return combined_forwards(list(plan.steps), _warmup(parallel, plan))
 
 
+def _pair_forwards(r, parallel, plan: StagePlan) -> frozenset:
+    """The forwards of this rank's DualPipe or DualPipeV F&B pairs (training/pipeline/
+    dualpipe.py; the rank's streams made pair-ready, weight gradients beside collectives),
+    else none."""
+    name = parallel.schedule_name
+    if name not in ("dualpipe", "dualpipev"):
+        return frozenset()
+    r.ep_streams = PairedStreams(r.env, beside_weights=True)
+    return pair_forwards(parallel.pp, parallel.num_micro_batches, plan.pp, name)
+
+
+def _dualpipe_pair(r, inputs, step_state: tuple, program: list, j: int, triggers):
+    """The forward at program[j] and the next B and W (its full backward) as one F&B pair
+    (dualpipe.py `_forward_backward_chunk`: both inputs waited first, `_commit_and_wait_comm`),
+    the backward's process first (DeepSeek-V3 Figure 4 opens with its COMBINE(B)), or, on a
+    rank with no TP or EP collective to hand over at, the forward's (upstream's F then B
+    without an overlap strategy); returns the index after the W and the p2p calls between,
+    which run after the pair (upstream sends both outputs after it). `step_state`: (plan,
+    state, results)."""
+    state = step_state[1]
+    k = _next_of_kind(program, j, "B")
+    w = _next_of_kind(program, k, "W")
+    for kind in ("F", "B"):
+        yield from _wait_pending(r, state, kind)
+    triggers.before(r, state, "F")
+    backward = program[k]
+    groups = (((program[k], program[w]),
+               lambda: state.deferred.get((backward.micro_batch, backward.chunk))),
+              ((program[j],), None))
+    hands_over = r.tp.size > 1 or r.moe is not None and r.moe.ep * r.moe.etp > 1  # EP or ETP
+    yield from _run_paired(r, inputs, step_state, groups if hands_over else groups[::-1])
+    return w + 1, [call for call in program[j + 1:w] if isinstance(call, Exchange)]
+
+
+def _next_of_kind(program: list, j: int, kind: str) -> int:
+    """Index of the first step of `kind` after program[j]."""
+    return next(i for i in range(j + 1, len(program))
+                if not isinstance(program[i], Exchange) and program[i].kind == kind)
+
+
+def _run_paired(r, inputs, step_state: tuple, groups: tuple):
+    """Each group (steps, () -> their deferred weight gradients or None) as one process on the
+    rank's paired streams (comm_stream.py), in order; the steps' spans made disjoint after."""
+    plan, state, results = step_state
+    streams, count = r.ep_streams, len(results.steps.get(r.rank, []))
+    streams.paired = True
+    results.pairing.add(r.rank)
+    processes = [r.env.process(streams.own(_steps_in_order(r, inputs, step_state, steps),
+                                           weights)) for steps, weights in groups]
+    yield r.env.all_of(processes)
+    streams.paired = False
+    results.pairing.discard(r.rank)
+    _serialise_spans(results.steps[r.rank], count, sum(len(steps) for steps, _ in groups))
+    results.trace_steps(r, count)
+
+
+def _steps_in_order(r, inputs, step_state: tuple, steps: tuple):
+    """The steps one after the other, as one micro-batch's process."""
+    plan, state, results = step_state
+    for step in steps:
+        yield from WORK_OF_KIND[step.kind](r, inputs, plan, state, results, step.micro_batch,
+                                           step.chunk)
+
+
 def _combined_step(r, inputs, step_state: tuple, program: list, j: int, triggers):
     """The forward at program[j] and the next backward as one combined step (comm_stream.py:
     the backward's process first, as Megatron issues its combine first), once both inputs are
     in; returns the index after the backward and the p2p calls between the two, which run
     after the step (Megatron's post_forward / post_backward). `step_state`: (plan, state,
     results)."""
-    forward = program[j]
-    k = next(i for i in range(j + 1, len(program))
-             if not isinstance(program[i], Exchange) and program[i].kind == "B")
-    backward, (plan, state, results) = program[k], step_state
+    k = _next_of_kind(program, j, "B")
+    state = step_state[1]
     for kind in ("F", "B"):
         yield from _wait_pending(r, state, kind)
     triggers.before(r, state, "F")
-    streams, count = r.ep_streams, len(results.steps.get(r.rank, []))
-    streams.paired = True
-    steps = [r.env.process(streams.own(WORK_OF_KIND[step.kind](
-        r, inputs, plan, state, results, step.micro_batch, step.chunk)))
-        for step in (backward, forward)]
-    yield r.env.all_of(steps)
-    streams.paired = False
-    _serialise_spans(results.steps[r.rank], count)
+    yield from _run_paired(r, inputs, step_state, (((program[k],), None), ((program[j],), None)))
     return k + 1, program[j + 1:k]
 
 
@@ -174,13 +235,15 @@ def _after_backward(r, world, plan: StagePlan, state: RankState, at: tuple):
     return j
 
 
-def _serialise_spans(spans: list, first: int) -> None:
-    """The pair's two step spans (from index `first`) made disjoint, the later-ending one
-    starting when the other ends, so the stage's work counts the step's time once
-    (metrics.py bubble)."""
-    early, late = sorted(spans[first:first + 2], key=lambda span: span[4])
-    late = late[:3] + (max(late[3], early[4]), late[4])
-    spans[first:first + 2] = [early, late]
+def _serialise_spans(spans: list, first: int, count: int) -> None:
+    """The pair's `count` step spans (from index `first`) made disjoint in the order they end,
+    each starting no earlier than the one before ends, so the stage's work counts the pair's
+    time once (metrics.py bubble)."""
+    ordered = sorted(spans[first:first + count], key=lambda span: span[4])
+    for i in range(1, count):
+        span = ordered[i]
+        ordered[i] = span[:3] + (max(span[3], ordered[i - 1][4]), span[4])
+    spans[first:first + count] = ordered
 
 
 def _program(parallel, plan: StagePlan, split: bool) -> list:

@@ -24,6 +24,16 @@ the communication stream (`TransformerLayerSchedulePlan.run`: `mlp.backward_dw()
 just before `moe_dispatch.backward`, whose event was recorded at the experts' input
 gradients; a layer's `pre_dispatch_computation.backward_dw()` just before the next layer's
 `moe_combine.backward`), in a pair or alone.
+
+A DualPipe F&B pair (`beside_weights`; deepseek-ai/DualPipe dualpipe/dualpipe.py
+`_forward_backward_chunk`, DeepSeek-V3 report arXiv:2412.19437 Figure 4) runs the same way, with
+two additions: the backward's weight-gradient GEMMs that its B deferred so far (its `weights`,
+base/wgrad_store.py) run on the compute stream while its next collective runs on the
+communication stream (Figure 4's MLP(W) beside DISPATCH(B), ATTN(W) beside the next layer's
+COMBINE(B)); and TP collectives go on the communication stream too (`on_comm(tp=True)`), so a
+dense model's pair overlaps its TP communication. training/pipeline/ep_overlap.py
+`dualpipe_pair_seconds` times that pair from its pieces (tests/test_dualpipe_pair_run.py checks
+the two agree).
 """
 import simpy
 
@@ -32,9 +42,12 @@ class PairedStreams:
     """One rank's compute and communication streams shared by a combined step's two
     micro-batches; outside such a step (`paired` False) nothing is handed over."""
 
-    def __init__(self, env: simpy.Environment):
-        """Both streams free, no step running, nothing held yet."""
+    def __init__(self, env: simpy.Environment, beside_weights: bool = False):
+        """Both streams free, no step running, nothing held yet; `beside_weights`: a DualPipe
+        pair's streams (deferred weight gradients beside each collective, TP on comm too)."""
         self.env = env
+        self.beside_weights = beside_weights
+        self._weights: dict = {}  # simpy process -> () -> its deferred WeightGradStore or None
         self.compute = simpy.Resource(env, capacity=1)
         self.comm = simpy.Resource(env, capacity=1)
         self.paired = False
@@ -43,34 +56,55 @@ class PairedStreams:
         self._held_s = 0.0  # seconds the compute stream was held, up to _since
         self._since: float | None = None  # when the current holder took it, if held
 
-    def own(self, body):
+    def own(self, body, weights=None):
         """A process body: `body` (one micro-batch's step) holding the compute stream except
-        while its all-to-alls run; returns its value."""
+        while its collectives run; returns its value. `weights`: () -> the WeightGradStore its
+        backward defers into now, or None (a DualPipe pair's backward)."""
         yield from self._take()
+        self._weights[self.env.active_process] = weights
         result = yield from body
+        self._weights.pop(self.env.active_process)
         self._give()
         return result
 
-    def on_comm(self, r, body):
-        """Run `body` (an all-to-all) on the communication stream, the compute stream handed
-        to the other micro-batch meanwhile; its seconds under the other's compute are taken
-        off the rank's exposed EP communication. Plain `yield from body` outside a pair."""
-        delayed = self._delayed_of_caller()
+    def on_comm(self, r, body, key: str = "ep_comm", tp: bool = False):
+        """Run `body` (an all-to-all; a TP collective if `tp`) on the communication stream, the
+        compute stream handed to the other micro-batch meanwhile (after the caller's deferred
+        weight gradients, in a DualPipe pair); its seconds under some compute are taken off the
+        rank's exposed `key`. Under --delay-wgrad-compute an all-to-all of the backward whose
+        weight gradients wait runs beside them (_beside_weight_grads), paired or not. Plain
+        `yield from body` outside a pair, from a process not holding the compute stream (a
+        collective inside another), or for TP outside DualPipe."""
+        delayed = None if tp else self._delayed_of_caller()
         if delayed is not None:
             return (yield from self._beside_weight_grads(r, body, delayed))
-        if not self.paired:
+        if not self.paired or self.env.active_process not in self._held or \
+                (tp and not self.beside_weights):
             return (yield from body)
         scope, phase = r.scope, r.phase
-        self._give()
+        store = (self._weights.get(self.env.active_process) or _none)()
+        if store is not None and store.work:  # Figure 4: W on compute beside the collective
+            comm = self.env.process(self._comm(r, body, scope, phase, key))
+            yield from store.run_pending(r)
+            self._give()
+            result = yield comm
+        else:
+            self._give()
+            result = yield from self._comm(r, body, scope, phase, key)
+        yield from self._take()
+        r.scope, r.phase = scope, phase
+        return result
+
+    def _comm(self, r, body, scope: str, phase: str, key: str):
+        """`body` on the communication stream (FIFO) in the caller's scope; its seconds under
+        the compute stream's work come off the exposed `key`."""
         with self.comm.request() as slot:
             yield slot
             start, held = self.env.now, self.held_s()
             result = yield from _in_scope(r, body, scope, phase)
             hidden = self.held_s() - held
-        exposed = r.exposed_s.get("ep_comm", 0.0)
-        r.exposed_s["ep_comm"] = max(0.0, exposed - min(hidden, self.env.now - start))
-        yield from self._take()
-        r.scope, r.phase = scope, phase
+        exposed = r.exposed_s.get(key, 0.0)
+        r.exposed_s[key] = max(0.0, exposed - min(hidden, self.env.now - start))
         return result
 
     def _delayed_of_caller(self):
@@ -89,27 +123,15 @@ class PairedStreams:
         scope, phase = r.scope, r.phase
         if not self.paired:  # alone: the weight gradients are the compute stream's only work
             yield from self._take()
-        comm = self.env.process(self._comm_piece(r, body, scope, phase))
+        comm = self.env.process(self._comm(r, body, scope, phase, "ep_comm"))
         yield from delayed.run(r)
         r.scope, r.phase = scope, phase
         self._give()
-        result, hidden = yield comm
-        exposed = r.exposed_s.get("ep_comm", 0.0)
-        r.exposed_s["ep_comm"] = max(0.0, exposed - hidden)
+        result = yield comm
         if self.paired:
             yield from self._take()
         r.scope, r.phase = scope, phase
         return result
-
-    def _comm_piece(self, r, body, scope: str, phase: str):
-        """A process: `body` on the communication stream in the caller's scope; returns its
-        value and its seconds under compute."""
-        with self.comm.request() as slot:
-            yield slot
-            start, held = self.env.now, self.held_s()
-            result = yield from _in_scope(r, body, scope, phase)
-            hidden = min(self.held_s() - held, self.env.now - start)
-        return result, hidden
 
     def held_s(self) -> float:
         """Seconds the compute stream has been held so far."""
@@ -127,6 +149,11 @@ class PairedStreams:
         self._held_s += self.env.now - self._since
         self._since = None
         self.compute.release(self._held.pop(self.env.active_process))
+
+
+def _none():
+    """No deferred weight gradients."""
+    return None
 
 
 def _in_scope(r, body, scope: str, phase: str):
