@@ -62,8 +62,17 @@ def _text(value) -> str | None:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+# a field valid only beside another: the flags and fields that make it valid
+COMPANION_FLAGS = {"--use-sharp": ["--system", "dgx-h100"]}  # needs a SHARP fabric
+COMPANION_FIELDS = {"use_sharp": {"system": "dgx-h100"}}
+
+
 def _tokens(flag, text) -> list[str]:
-    return [flag] if text is None else [flag, text]
+    return ([flag] if text is None else [flag, text]) + COMPANION_FLAGS.get(flag, [])
+
+
+def _fields(name, value) -> dict:
+    return {name: value, **COMPANION_FIELDS.get(name, {})}
 
 
 def _run(flag, text):
@@ -95,7 +104,7 @@ def _whatif(flag, text):
 def _api_run(name, value, monkeypatch):
     seen = []
     monkeypatch.setattr(evaluate, "collect_metrics", lambda sc: seen.append(sc) or {})
-    simsp.api.run(SCENARIO, **{name: value})
+    simsp.api.run(SCENARIO, **_fields(name, value))
     return seen
 
 
@@ -103,7 +112,7 @@ def _api_sweep(name, value, monkeypatch):
     seen = []
     monkeypatch.setattr(simsp.api, "sweep_configs", lambda configs, *a, **k: seen.extend(
         load_scenario(None, c.overrides()) for c in configs))
-    simsp.api.sweep(SCENARIO, workers=0, **{name: value})
+    simsp.api.sweep(SCENARIO, workers=0, **_fields(name, value))
     return seen
 
 
@@ -121,7 +130,7 @@ def _api_search(name, value, monkeypatch):
         raise _Enumerated
     monkeypatch.setattr(branch_and_bound, "search", enumerate_only)
     with pytest.raises(_Enumerated):
-        simsp.api.search(SCENARIO, gpus=GPUS, workers=0, **{name: value})
+        simsp.api.search(SCENARIO, gpus=GPUS, workers=0, **_fields(name, value))
     return seen
 
 
