@@ -33,11 +33,15 @@ MAX_IMAGE_ENTRIES = 4_000_000  # |H| x ranks: the permutations this module keeps
 
 
 def owner_hops(graph: nx.DiGraph, owner: Owner) -> list[Hop]:
-    """Every hop of an owner's traffic: a pair's one hop, or every ring position of every NCCL
-    channel (engine/collectives/ring_plan.py channel_rings), as the transfers name them."""
+    """Every hop of an owner's traffic: a pair's one hop, an EP group's every ordered pair (its
+    all-to-all's direct transfers, engine/collectives/all_to_all.py), or every ring position of
+    every NCCL channel (engine/collectives/ring_plan.py channel_rings), as the transfers name
+    them."""
     kind, ranks = owner
     if kind == "p2p":
         return [(ranks[0], ranks[1], None)]
+    if kind == "ep":
+        return [(a, b, None) for a in ranks for b in ranks if a != b]
     gpus = list(ranks)
     hops = []
     for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
