@@ -1,0 +1,97 @@
+"""Rail symmetry with expert all-to-alls (docs/shortcuts.md, "Rail symmetry with expert
+all-to-alls"): under the split-backward schedules the non-blocking pipeline sends meet the EP
+all-to-alls on the NICs, so the plain representative is refused; one rank per orbit of the
+stage's rail symmetry then runs, its sends loading their images' links, and equals the full
+simulation (--no-shortcuts)."""
+
+from dataclasses import replace
+
+import pytest
+
+from simsp.cluster.topology import hop_route
+from simsp.metrics import collect
+from simsp.scenario.loading import load_scenario
+from simsp.shortcuts.check import Shortcuts, check_shortcuts
+from simsp.shortcuts.rail_symmetry import RailSymmetry
+from simsp.shortcuts.traffic import can_bind
+from simsp.training.driver.iteration import simulate_iteration
+from simsp.cluster.topology import build_topology, nodes_hosting
+
+
+def moe_scenario(schedule: str, model_fields: dict | None = None, **parallel):
+    """p 4, d 4, EP 4 on 2-GPU nodes (each stage's EP group spans two nodes, 16 GPUs), a 4-layer
+    MoE of hidden 1024 (8 experts, top 2: uniform routing), s 2048, 2 GB/s NICs so that a
+    pipeline send lasts as long as an all-to-all; 4 micro-batches per replica."""
+    model = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 4, "seq_length": 2048,
+             "vocab_size": 256, "ffn_hidden_size": 2048, "add_bias_linear": False,
+             "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 1024,
+             "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope",
+             **(model_fields or {})}
+    layout = {"pipeline_model_parallel_size": 4, "data_parallel_size": 4,
+              "expert_model_parallel_size": 4, "moe_token_dispatcher_type": "alltoall",
+              "moe_grouped_gemm": True, "micro_batch_size": 1, "global_batch_size": 16,
+              "distributed_optimizer": True, "schedule": schedule}
+    layout.update(parallel)
+    overrides = {("model", k): v for k, v in model.items()}
+    overrides.update({("parallel", k): v for k, v in layout.items()})
+    overrides.update({("cluster", "gpus_per_node"): 2, ("cluster", "nodes"): 8,
+                      ("cluster", "ib_bandwidth_GBps"): 2.0, ("run", "mode"): "meta"})
+    return load_scenario(None, overrides)
+
+
+def _metrics(sc, shortcuts: Shortcuts) -> dict:
+    return collect(simulate_iteration(sc, shortcuts, trace="none"), shortcuts)
+
+
+def _assert_equal(mine: dict, theirs: dict, rel: float = 1e-9) -> None:
+    """Iteration time and every stage's exposure (each kind) equal to `rel`."""
+    assert mine["iteration_time_s"] == pytest.approx(theirs["iteration_time_s"], rel=rel)
+    for stage, other in zip(mine["exposed_s_per_stage"], theirs["exposed_s_per_stage"]):
+        for kind, seconds in other.items():
+            assert stage[kind] == pytest.approx(seconds, rel=rel, abs=1e-15), kind
+
+
+@pytest.mark.parametrize("schedule, batch", [("zb-h1", 16), ("dualpipe", 32)])
+def test_one_rank_per_stage_by_rail_symmetry_equals_every_rank(schedule, batch):
+    sc = moe_scenario(schedule, global_batch_size=batch)  # DualPipe: 2 x p micro-batches
+    fast = Shortcuts.for_scale(sc)
+    # a stage's 4 ranks on 2 nodes x 2 rails: the rail swap and the node swap are symmetries,
+    # so the 4 form one orbit and the first rank of each stage runs
+    assert fast.representative and fast.symmetry is not None
+    assert fast.symmetry.ranks == (0, 4, 8, 12)
+    assert "up to rail symmetry" in fast.why()["representative"]
+    _assert_equal(_metrics(sc, fast), _metrics(sc, Shortcuts()))
+
+
+def test_the_images_of_one_send_are_needed():
+    """Stage 2's gradient send to stage 1 (rank 8 to rank 4) stands for ranks 9, 10, 11's to 5,
+    6, 7: its flows also load those three routes' binding links (a NIC up, a NIC down each).
+    Without them the rank-8 send's all-to-all neighbours run faster and the run moves."""
+    sc = moe_scenario("zb-h1")
+    fast = Shortcuts.for_scale(sc)
+    graph = build_topology(sc.cluster, nodes_hosting(range(16), 2))
+    images = [(9, 5), (10, 6), (11, 7)]
+    expected = [e for src, dst in images for e in hop_route(graph, src, dst) if can_bind(e)]
+    assert len(expected) == 6
+    loads = fast.symmetry.loads
+    assert sorted(loads[(8, 4, None)]) == sorted(expected)
+    cut = replace(fast, symmetry=RailSymmetry(fast.symmetry.ranks,
+                                              {**loads, (8, 4, None): ()}))
+    full = _metrics(sc, Shortcuts())
+    dropped = _metrics(sc, cut)
+    assert abs(dropped["iteration_time_s"] - full["iteration_time_s"]) > 1e-3 * \
+        full["iteration_time_s"]
+
+
+def test_refused_with_the_reason_where_ranks_of_an_orbit_differ():
+    """Imbalanced routing sends each EP member different bytes: no rail symmetry, every rank
+    runs, and the verdict says why; so does the flex dispatcher (its two-hop traffic is not
+    listed hop by hop)."""
+    skewed = check_shortcuts(moe_scenario("zb-h1", {"moe_routing_imbalance": 0.5}))
+    assert not skewed.representative and skewed.symmetry is None
+    assert skewed.why()["representative"].endswith("rail symmetry needs uniform routing "
+                                                   "(every EP member sending alike)")
+    flex = check_shortcuts(moe_scenario("zb-h1", moe_token_dispatcher_type="flex",
+                                     moe_enable_deepep=True))
+    assert not flex.representative
+    assert "not tried with the flex dispatcher" in flex.why()["representative"]
