@@ -93,7 +93,10 @@ SECONDS_PER_FLOW = 1e-4
 # smallest runs of benchmarks/scale.py (2 to 8 layers, 8 to 128 GPUs: 0.22 to 0.43 CPU s where
 # the terms above gave 0.05 to 0.26, 2026-11-28, loaded 2-core machine).
 RUN_START_SECONDS = 0.15
-TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
+TIME_LIMIT_S = 600.0
+# the schedules whose backward is split into B and W, their sends non-blocking
+# (training/pipeline/schedules.py SPLIT_BACKWARD, which this layer may not import)
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe")  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
 
@@ -223,8 +226,18 @@ def _ep_exchanges(sc) -> float:
     stage."""
     p, m = sc.parallel, sc.model
     alone = (p.moe_token_dispatcher_type in ("alltoall", "flex") and m.moe_routing_imbalance == 0
-             and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather))
+             and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather)
+             and not sends_beside_compute(sc))
     return min(layer_steps(sc), p.pp) if alone else layer_steps(sc)
+
+
+def sends_beside_compute(sc) -> bool:
+    """Pipeline sends are non-blocking and may cross a NIC while an all-to-all does
+    (shortcuts/clashes.py): the split-backward schedules' (training/pipeline/schedules.py
+    SPLIT_BACKWARD) and --overlap-p2p-communication's, with p > 1."""
+    p = sc.parallel
+    return p.pp > 1 and (p.schedule_name in SPLIT_BACKWARD_SCHEDULES
+                         or p.overlap_p2p_communication)
 
 
 def fsdp_collectives(sc, layers: int | None = None) -> int:
