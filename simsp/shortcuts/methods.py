@@ -80,9 +80,10 @@ RANK_METHODS = (
     Method(REPRESENTED, "t*d and t tile the GPUs per node and every clash between executed and "
            "left-out traffic is mirrored by a move of whole nodes onto the representative's "
            "(shortcuts/representative.py); or the stage is rail-symmetric and one rank per "
-           "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py); "
+           "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py; "
+           "with experts only under ETP 1, the alltoall dispatcher and uniform routing); "
            "not with context parallelism", "tests/test_shortcut_layouts.py, "
-           "tests/test_shortcuts.py"),
+           "tests/test_shortcuts.py, tests/test_rail_symmetry_experts.py"),
     Method("layer_templates", "the representative shortcut holds and no TP group runs step by "
            "step; with experts also uniform routing, ETP 1 and no EP group step by step "
            "(model/replay.py records a layer step once and replays it)",

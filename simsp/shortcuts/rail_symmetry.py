@@ -7,7 +7,8 @@ beyond one node, on N = t·d / B whole nodes. Three shifts move a stage onto its
 inside a stage. They commute, so they generate a group H of t·d elements acting on every
 stage's ranks freely and transitively, and on the links that can bind (NVLink ports and NICs,
 each one GPU's) alike. Where every shift maps every traffic owner (TP, DP, embedding group,
-pipeline pair) onto an owner of the same kind, hop for hop with the same links' speeds and
+pipeline pair, EP group: its all-to-all's direct pairs, where every member sends alike:
+shortcuts/representative.py experts_why_not_symmetric) onto an owner of the same kind, hop for hop with the same links' speeds and
 latencies, and keeps which groups run step by step, the full simulation is H-invariant: the
 image h(f) of a flow f moves at f's rate at every moment. The representative run executes the
 groups holding its ranks; each of their flows then carries, besides its own links, the links of
