@@ -18,7 +18,7 @@ import numpy as np
 import simpy
 
 from simsp.cluster.topology import placement
-from simsp.engine.collectives.all_to_all import all_to_all, alone_time
+from simsp.engine.collectives.all_to_all import all_to_all, alone_time, orbit_all_to_all
 from simsp.engine.collectives.deepep import (NUM_SMS, alone_time as two_hop_alone_time,
                                              routes_key, two_hop, two_hop_plan)
 from simsp.engine.collectives.ring import (DEFAULT_ELEM_BYTES, RING_COLLECTIVES, CollectiveStats,
@@ -76,6 +76,9 @@ class Communicator:
         self.sm_share = None  # engine/sm_share.py SmShare where communication SMs are modelled
         self.nccl_sms = True  # whether NCCL's channels hold SMs (the world sets --sm-contention)
         self._sm_counts: dict[tuple, int] = {}  # (collective, group, bytes) -> SMs it holds
+        # EP group -> ((src GPU, dst GPU, its images' links), ...): one flow per orbit of its
+        # pairs under a rail symmetry (shortcuts/rail_symmetry.py pair_orbits; meta only)
+        self.pair_orbits: dict[tuple[int, ...], tuple] = {}
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None, sms: int | None = None, name: str = ""):
@@ -258,6 +261,13 @@ class Communicator:
             received = [[None if chunks is None or chunks[i][j] is None
                          else chunks[i][j].copy() for i in range(n)] for j in range(n)]
             end_s = self.env.now
+        elif chunks is None and meeting.group in self.pair_orbits:  # meta, rail-symmetric
+            orbits, index = self.pair_orbits[meeting.group], meeting.group.index
+            stats = yield from orbit_all_to_all(
+                self.env, self.network, orbits,
+                {(a, b): matrix[index(a)][index(b)] for a, b, _images in orbits})
+            received = [[None] * len(buffers) for _ in buffers]
+            start_s, end_s = stats.start_s, stats.end_s
         else:
             received, stats = yield from all_to_all(self.env, self.network,
                                                     list(meeting.group), matrix, chunks,

@@ -29,6 +29,8 @@ class TimingPlan:
     methods: Mapping[tuple[int, ...], str]  # checked group -> its method
     simulated: tuple[int, ...] | None = None
     image_loads: Mapping | None = field(default=None, repr=False)
+    # stepwise EP group -> its pairs' orbits, one flow each (shortcuts/rail_symmetry.py)
+    pair_orbits: Mapping = field(default_factory=dict, repr=False)
 
     def timing_of(self, group: tuple[int, ...]) -> str:
         """How the communicator times this group's collectives."""
@@ -38,12 +40,13 @@ class TimingPlan:
 def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
     """The plan that carries out `shortcuts` for scenario `sc`."""
     simulated = simulated_ranks(sc, shortcuts)
-    loads = (shortcuts.symmetry.loads if shortcuts.representative and shortcuts.symmetry
-             else None)
+    symmetric = shortcuts.representative and shortcuts.symmetry
+    loads = shortcuts.symmetry.loads if symmetric else None
+    orbits = MappingProxyType(dict(shortcuts.symmetry.pair_orbits) if symmetric else {})
     if not shortcuts.closed_form:
-        return TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, loads)
+        return TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, loads, orbits)
     return TimingPlan(UNLISTED.name, MappingProxyType(dict(shortcuts.methods)), simulated,
-                      loads)
+                      loads, orbits)
 
 
 def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:

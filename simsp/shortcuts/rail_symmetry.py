@@ -150,6 +150,8 @@ class RailSymmetry:
 
     ranks: tuple[int, ...]
     loads: dict = field(compare=False, repr=False)
+    # stepwise EP group -> its pairs' orbits (pair_orbits), each run as one flow
+    pair_orbits: dict = field(compare=False, repr=False, default_factory=dict)
 
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
@@ -171,7 +173,10 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     executed = [o for o in owners if (o[0] == "p2p" and o[1][0] in ranks) or
                 (o[0] != "p2p" and o[1] in stepwise and set(ranks).intersection(o[1]))]
     loads = image_loads(graph, owners, stepwise, executed, shifts)
-    return None if loads is None else RailSymmetry(ranks, loads)
+    if loads is None:
+        return None
+    return RailSymmetry(ranks, loads, {o[1]: pair_orbits(graph, o, shifts) for o in executed
+                                       if o[0] == "ep"})
 
 
 def _orbit_origin(axes: StageAxes, rank: int, steps: tuple[int, int, int]) -> bool:
@@ -179,6 +184,25 @@ def _orbit_origin(axes: StageAxes, rank: int, steps: tuple[int, int, int]) -> bo
     node, within = divmod(rank % axes.per_stage, axes.block)
     group, tp = divmod(within, axes.tp)
     return tp < steps[0] and group < steps[1] and node < steps[2]
+
+
+def pair_orbits(graph: nx.DiGraph, owner: Owner, shifts: list[tuple[int, ...]]) -> tuple:
+    """An EP group's ordered pairs by orbit under the symmetry (`shifts`, the identity first):
+    per orbit (src GPU, dst GPU, the binding links of the pair's images under every other
+    shift). H acts freely, so an orbit's |H| pairs are distinct: those in this group are the
+    images under its stabiliser, the rest the pairs of the groups it is mapped onto. One flow
+    per orbit loading its images' links then loads every link as the group's flows and their
+    images do in the full simulation (engine/collectives/all_to_all.py orbit_all_to_all)."""
+    ranks, orbits, seen = owner[1], [], set()
+    for src in ranks:
+        for dst in ranks:
+            if src == dst or (src, dst) in seen:
+                continue
+            images = [(shift[src], shift[dst]) for shift in shifts[1:]]
+            seen.update(images)
+            orbits.append((src, dst, tuple(e for a, b in images
+                                           for e in _binding(hop_route(graph, a, b)))))
+    return tuple(orbits)
 
 
 def image_loads(graph: nx.DiGraph, owners: list[Owner], stepwise: frozenset,
@@ -197,7 +221,7 @@ def image_loads(graph: nx.DiGraph, owners: list[Owner], stepwise: frozenset,
             return None  # two executed owners in one orbit: their images would count twice
         covered |= cosets.keys()
         others = [shift for key, shift in cosets.items() if key != _owner_key(owner)]
-        for hop in owner_hops(graph, owner):
+        for hop in owner_hops(graph, owner) if owner[0] != "ep" else ():  # ep: pair_orbits
             extra = tuple(e for shift in others
                           for e in _binding(hop_route(graph, *_image_hop(shift, hop))))
             if loads.setdefault(hop, extra) != extra:

@@ -86,7 +86,7 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     """The world, the plans and one simpy process per simulated rank, ready to run."""
     plan = timing_plan(sc, shortcuts)  # decided before the run (shortcuts/plan.py)
     world = build_world(sc, simulated=plan.simulated, timing_of=plan.timing_of,
-                        image_loads=plan.image_loads)
+                        image_loads=plan.image_loads, pair_orbits=plan.pair_orbits)
     _set_trace_detail(world, trace)
     inputs = RunInputs(sc, world, stage_plans(sc, world.grid), shortcuts,
                        LayerTemplates() if shortcuts.templates else DirectLayers(),

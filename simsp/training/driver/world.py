@@ -68,13 +68,14 @@ class World:
 
 def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
                 timing_of: TimingOf = EveryGroup(STEP_BY_STEP),
-                image_loads: dict | None = None) -> World:
+                image_loads: dict | None = None, pair_orbits=None) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     `timing_of(group)` gives each group's timing method (engine/group_timing.py; meta mode's
     plan, shortcuts/plan.py, decided before the run; default: every ring step by step).
     `image_loads`: per hop, the links its flows also load for the ranks a rail-symmetric
-    representative stands for (shortcuts/rail_symmetry.py)."""
+    representative stands for (shortcuts/rail_symmetry.py); `pair_orbits`: per EP group, its
+    all-to-all's pairs by orbit, one flow each (the same symmetry)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -90,6 +91,7 @@ def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
     # the model's own spans name each collective by its role; the communicator's go unused
     comm = Communicator(env, network, present=present, trace=Trace(), timing_of=timing_of)
     comm.sm_share, comm.nccl_sms = _sm_share(sc, env), sc.cluster.sm_contention
+    comm.pair_orbits = dict(pair_orbits or {})
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
