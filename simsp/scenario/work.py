@@ -152,7 +152,8 @@ def numeric_seconds(sc) -> float:
 
 
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
-                 fsdp_flows: tuple[int, int] | None = None) -> float:
+                 fsdp_flows: tuple[int, int] | None = None,
+                 ep_pairs: float | None = None) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -162,7 +163,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     into equal node pieces), so they are priced per d². `flows`: the stepped rings' flows
     (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each; `fsdp_flows`: the
     FSDP rings' flows counted the same way (stepped whole, run as pieces), which replace the
-    d² and per-piece rules."""
+    d² and per-piece rules; `ep_pairs`: the flows one all-to-all starts where not ep² (pair_seconds)."""
     p = sc.parallel
     representative = representative and p.cp == 1
     if representative:
@@ -176,7 +177,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
-            + pair_seconds(sc) + flows * SECONDS_PER_FLOW)
+            + pair_seconds(sc, ep_pairs) + flows * SECONDS_PER_FLOW)
 
 
 def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> float:
@@ -193,9 +194,12 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> f
     return p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
 
 
-def pair_seconds(sc) -> float:
+def pair_seconds(sc, ep_pairs: float | None = None) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
-    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch)."""
+    exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
+    `ep_pairs`: the flows one all-to-all starts where the run does not start one per pair
+    (under rail symmetry one per orbit of its pairs: shortcuts/work_counts.py), in place of
+    ep²."""
     p, m = sc.parallel, sc.model
     seconds = 0.0
     if p.cp > 1 and p.cp_comm_type != "allgather":
@@ -206,9 +210,10 @@ def pair_seconds(sc) -> float:
     ep = p.expert_model_parallel_size
     if m.num_experts is not None and ep > 1:
         moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
-        per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
+        pairs = ep ** 2 if ep_pairs is None else ep_pairs
+        per_step = pairs * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
         if p.moe_token_dispatcher_type == "alltoall":
-            per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
+            per_step += pairs ** 2 * EP_SECONDS_PER_RANK_PAIR_SQUARED
         seconds += _ep_exchanges(sc) * moe_share * per_step
     return seconds
 
@@ -311,18 +316,20 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                fsdp_pieces: bool = True, flows: int = 0,
-               fsdp_flows: tuple[int, int] | None = None) -> None:
+               fsdp_flows: tuple[int, int] | None = None,
+               ep_pairs: float | None = None) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows` and `fsdp_flows`
-    as meta_seconds."""
+    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows`, `fsdp_flows` and
+    `ep_pairs` as meta_seconds."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
-        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows) * iterations
+        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows,
+                               ep_pairs) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "

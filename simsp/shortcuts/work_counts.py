@@ -41,6 +41,7 @@ class WorkCounts(NamedTuple):
     flows: int
     fsdp_flows: int = 0
     piece_flows: int = 0
+    ep_pairs: float | None = None  # flows per all-to-all where not one per pair (_ep_pairs)
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -73,7 +74,16 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
-                      _fsdp_flows(sc, grid, ranks, pieces, piece_flows))
+                      _fsdp_flows(sc, grid, ranks, pieces, piece_flows), _ep_pairs(shortcuts))
+
+
+def _ep_pairs(shortcuts: Shortcuts) -> float | None:
+    """Flows one all-to-all of a stepwise EP group starts under rail symmetry: one per orbit of
+    its pairs (shortcuts/rail_symmetry.py pair_orbits; the mean over the groups run); None
+    where every pair is a flow."""
+    orbits = (shortcuts.symmetry.pair_orbits if shortcuts.representative and shortcuts.symmetry
+              else {})
+    return sum(map(len, orbits.values())) / len(orbits) if orbits else None
 
 
 def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -159,7 +169,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     shortcuts = Shortcuts.for_scale(sc) if shortcuts is None else shortcuts
     counts = estimated_counts(sc, shortcuts)
     return meta_seconds(sc, shortcuts.representative, _pieces(shortcuts), flows=counts.flows,
-                        fsdp_flows=(counts.fsdp_flows, counts.piece_flows))
+                        fsdp_flows=(counts.fsdp_flows, counts.piece_flows),
+                        ep_pairs=counts.ep_pairs)
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
