@@ -8,14 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from simsp.cluster.topology import hop_route
+from simsp.cluster.topology import build_topology, hop_route, nodes_hosting
 from simsp.metrics import collect
 from simsp.scenario.loading import load_scenario
+from simsp.scenario.work import pair_seconds
 from simsp.shortcuts.check import Shortcuts, check_shortcuts
 from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.traffic import can_bind
+from simsp.shortcuts.work_counts import estimated_counts
 from simsp.training.driver.iteration import simulate_iteration
-from simsp.cluster.topology import build_topology, nodes_hosting
 
 
 def moe_scenario(schedule: str, model_fields: dict | None = None, **parallel):
@@ -113,3 +114,18 @@ def test_refused_with_the_reason_where_ranks_of_an_orbit_differ():
                                      moe_enable_deepep=True))
     assert not flex.representative
     assert "not tried with the flex dispatcher" in flex.why()["representative"]
+
+
+def test_work_estimate_counts_every_exchange_and_one_flow_per_orbit():
+    """ZB-H1's sends are non-blocking, so every MoE layer-step's all-to-alls run as flows:
+    4 layers x 4 micro-batches = 16 exchanges (1F1B's, timed alone, about once per stage: 4),
+    each of 3 orbit flows (12 pairs / 4 shifts) in place of EP² = 16 (scenario/work.py's
+    per-pair constants: 4e-5 s a pair, 4.2e-9 s a pair squared)."""
+    sc = moe_scenario("zb-h1")
+    counts = estimated_counts(sc, Shortcuts.for_scale(sc))
+    assert counts.ep_pairs == 3.0
+    assert pair_seconds(sc, counts.ep_pairs) == pytest.approx(16 * (3 * 4e-5 + 9 * 4.2e-9),
+                                                              rel=1e-12)
+    blocking = moe_scenario("1f1b")
+    assert estimated_counts(blocking, Shortcuts.for_scale(blocking)).ep_pairs is None
+    assert pair_seconds(blocking) == pytest.approx(4 * (16 * 4e-5 + 256 * 4.2e-9), rel=1e-12)
