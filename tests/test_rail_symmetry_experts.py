@@ -5,10 +5,12 @@ stage's rail symmetry then runs, its sends and one flow per orbit of its all-to-
 loading their images' links, and equals the full simulation (--no-shortcuts)."""
 
 from dataclasses import replace
+import os
 
 import pytest
 
 from simsp.cluster.topology import build_topology, hop_route, nodes_hosting
+from simsp.explore.configs.sweep_file import load_sweep_file
 from simsp.metrics import collect
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.work import pair_seconds
@@ -17,6 +19,8 @@ from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.traffic import can_bind
 from simsp.shortcuts.work_counts import estimated_counts
 from simsp.training.driver.iteration import simulate_iteration
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def moe_scenario(schedule: str, model_fields: dict | None = None, **parallel):
@@ -129,3 +133,14 @@ def test_work_estimate_counts_every_exchange_and_one_flow_per_orbit():
     blocking = moe_scenario("1f1b")
     assert estimated_counts(blocking, Shortcuts.for_scale(blocking)).ep_pairs is None
     assert pair_seconds(blocking) == pytest.approx(4 * (16 * 4e-5 + 256 * 4.2e-9), rel=1e-12)
+
+
+def test_deepseek_schedules_sweep_file_loads():
+    """sweeps/deepseek-v3-schedules.toml: 1F1B (the baseline) and DualPipe at 2048 sequences,
+    32 micro-batches per pipeline (DualPipe: at least 2 x 16, even)."""
+    variants = load_sweep_file(os.path.join(REPO, "sweeps", "deepseek-v3-schedules.toml"))
+    assert [v[0] for v in variants] == ["1F1B", "DualPipe"]
+    for _name, values, *_rest in variants:
+        sc = load_scenario(None, values)
+        assert sc.parallel.num_micro_batches == 32
+    assert sc.parallel.schedule_name == "dualpipe"
