@@ -9,15 +9,16 @@ stage's ranks freely and transitively, and on the links that can bind (NVLink po
 each one GPU's) alike. Where every shift maps every traffic owner (TP, DP, embedding group,
 pipeline pair, EP group: its all-to-all's direct pairs, where every member sends alike:
 shortcuts/representative.py experts_why_not_symmetric) onto an owner of the same kind, hop for
-hop with the same links' speeds and latencies, and keeps which groups run step by step, the full simulation is H-invariant: the
-image h(f) of a flow f moves at f's rate at every moment. The representative run executes the
-groups holding its ranks; each of their flows then carries, besides its own links, the links of
-its images under one h per other group of the orbit (the cosets of the group's stabiliser), so
-every link is loaded as in the full simulation and max-min fair sharing (engine/fair_share.py)
-gives every executed flow its full-simulation rate. Flows are equal across an orbit only when
-the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where they are not the images differ by
-one element per slice. Where every executed ring has its piece the run is rather the full
-simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one link per orbit.
+hop with the same links' speeds and latencies, and keeps which groups run step by step, the
+full simulation is H-invariant: the image h(f) of a flow f moves at f's rate at every moment.
+The representative run executes the groups holding its ranks; each of their flows then carries,
+besides its own links, the links of its images under one h per other group of the orbit (the cosets
+of the group's stabiliser), so every link is loaded as in the full simulation and max-min fair
+sharing (engine/fair_share.py) gives every executed flow its full-simulation rate. Flows are equal
+across an orbit only when the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where
+they are not the images differ by one element per slice. Where every executed ring has its piece the
+run is rather the full simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one
+link per orbit.
 """
 
 from dataclasses import dataclass, field
