@@ -18,7 +18,7 @@ import numpy as np
 import simpy
 
 from simsp.cluster.topology import placement
-from simsp.engine.collectives.all_to_all import all_to_all, alone_time
+from simsp.engine.collectives.all_to_all import all_to_all, alone_time, orbit_all_to_all
 from simsp.engine.collectives.collnet import sharp_in_group
 from simsp.engine.collectives.deepep import (NUM_SMS, alone_time as two_hop_alone_time,
                                              routes_key, two_hop, two_hop_plan)
@@ -86,6 +86,7 @@ class Communicator:
         # --use-sharp: the DP-CP groups; the world sets them); None: every communicator, as the
         # calibration says
         self.sharp_groups: frozenset | None = None
+        self.pair_orbits: dict = {}  # EP group -> its pairs' orbits (rail_symmetry.pair_orbits)
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None, sms: int | None = None, name: str = ""):
@@ -261,19 +262,24 @@ class Communicator:
         its row turned by their distance: j gets what the present member sends j − (i − p)."""
         present = next(i for i, b in enumerate(buffers) if b is not None)
         n, row = len(buffers), buffers[present][0]
-        # under the quotient by rail symmetry (network.link_reps) an absent member's pairs
-        # are images of a present one's: only the present send (docs/shortcuts.md)
-        matrix = [b[0] if b is not None else [0] * n if self.network.link_reps
+        # under the quotient by rail symmetry (network.link_reps) an absent member's pairs are
+        # images of a present one's: only the present send, unless timed alone (TEMPLATE)
+        alone = self.timing_of(meeting.group) == TEMPLATE
+        matrix = [b[0] if b is not None else [0] * n if self.network.link_reps and not alone
                   else [row[(j - i + present) % n] for j in range(n)]
                   for i, b in enumerate(buffers)]
         chunks = None if buffers[present][1] is None else [c for _row, c in buffers]
-        if self.timing_of(meeting.group) == TEMPLATE:
+        if alone:
             start_s = self.env.now
             yield self.env.timeout(self._all_to_all_alone(meeting.group, matrix))
-            n = len(buffers)
             received = [[None if chunks is None or chunks[i][j] is None
                          else chunks[i][j].copy() for i in range(n)] for j in range(n)]
             end_s = self.env.now
+        elif chunks is None and meeting.group in self.pair_orbits:  # meta, rail-symmetric
+            orbits, index = self.pair_orbits[meeting.group], meeting.group.index
+            stats = yield from orbit_all_to_all(self.env, self.network, orbits, {
+                (a, b): matrix[index(a)][index(b)] for a, b, _images in orbits})
+            received, start_s, end_s = [[None] * n for _ in buffers], stats.start_s, stats.end_s
         else:
             received, stats = yield from all_to_all(self.env, self.network,
                                                     list(meeting.group), matrix, chunks,

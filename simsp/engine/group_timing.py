@@ -5,8 +5,9 @@ plan, simsp/shortcuts/plan.py, decided before the run; where each method is exac
 simsp/shortcuts/methods.py). What each method makes engine/communicator.py do:
 
 - STEP_BY_STEP: every ring step as flows on the shared links (engine/collectives/ring.py), an
-  all-to-all as its flows (engine/collectives/all_to_all.py). The full model; the plain path
-  (`--no-shortcuts`) gives it to every group.
+  all-to-all as its flows (engine/collectives/all_to_all.py; in meta mode under a rail
+  symmetry one flow per orbit of its pairs, Communicator.pair_orbits). The full model; the
+  plain path (`--no-shortcuts`) gives it to every group.
 - NODE_PIECE: a meta ring as one node's piece of one channel on the shared links
   (engine/collectives/ring_alone.py node_segment, segment_run); an all-to-all as flows.
 - RING_ALONE: a ring waits the time it takes alone on its links (ring_alone.alone_stats: its

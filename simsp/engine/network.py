@@ -91,6 +91,7 @@ class Network:
         self._next_id = 0
         self._route_ids: dict[tuple, int] = {}  # route edges -> small integer id
         self._routes: dict[tuple, tuple] = {}  # (src, dst, via) -> (edges, latency_s, route id)
+        self._plain_routes: dict[tuple, tuple] = {}  # (src, dst, via) -> (edges, latency_s)
         self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}  # route ids -> rates
         self._memo_size = 0  # route ids held by the memo's keys
         self._recompute_pending = False
@@ -166,16 +167,27 @@ class Network:
         self._next_id += 1
         return flow
 
-    def _route(self, src_gpu: int, dst_gpu: int, via_gpu: int | None) -> tuple:
-        """(edges, latency in seconds, route id) of a transfer, worked out once per route."""
+    def route_of(self, src_gpu: int, dst_gpu: int, via_gpu: int | None = None
+                 ) -> tuple[tuple, float]:
+        """(links, latency in seconds) of a transfer's route without its image loads, worked
+        out once per route: also what a flow standing for a transfer (load) drains over and
+        then waits (engine/collectives/all_to_all.py orbit_all_to_all)."""
         key = (src_gpu, dst_gpu, via_gpu)
-        if key not in self._routes:
+        if key not in self._plain_routes:
             edges = hop_route(self.graph, src_gpu, dst_gpu, via_gpu)
             latency_s = route_latency_s(self.graph, edges)
             if edges:
                 latency_s += self.calibration.transfer_overhead_s
-            if self.link_reps:
+            if self.link_reps:  # the quotient: every link as its orbit's
                 edges = tuple(self.link_reps.get(edge, edge) for edge in edges)
+            self._plain_routes[key] = (edges, latency_s)
+        return self._plain_routes[key]
+
+    def _route(self, src_gpu: int, dst_gpu: int, via_gpu: int | None) -> tuple:
+        """(edges, latency in seconds, route id) of a transfer, worked out once per route."""
+        key = (src_gpu, dst_gpu, via_gpu)
+        if key not in self._routes:
+            edges, latency_s = self.route_of(src_gpu, dst_gpu, via_gpu)
             edges = edges + self.image_loads.get(key, ())
             route_id = self._route_ids.setdefault(edges, len(self._route_ids))
             self._routes[key] = (edges, latency_s, route_id)

@@ -106,6 +106,9 @@ SECONDS_PER_FLOW = 1e-4
 # the terms above gave 0.05 to 0.26, 2026-11-28, loaded 2-core machine).
 RUN_START_SECONDS = 0.15
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
+# the schedules whose backward is split into B and W, their sends non-blocking
+# (training/pipeline/schedules.py SPLIT_BACKWARD, which this layer may not import)
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zbv", "dualpipev", "dualpipe")
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
 
 
@@ -162,7 +165,7 @@ def numeric_seconds(sc) -> float:
 
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
                  fsdp_flows: tuple[int, int] | None = None,
-                 a2a: tuple[int, int] | None = None) -> float:
+                 a2a: tuple[int, int] | None = None, ep_pairs: float | None = None) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -174,7 +177,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each; `fsdp_flows`: the
     FSDP rings' flows counted the same way (stepped whole, run as pieces), which replace the
     d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
-    pairs) counted the same way (pair_seconds)."""
+    pairs) counted the same way, and `ep_pairs` the flows one stepped all-to-all starts where
+    not ep² (pair_seconds)."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
@@ -191,7 +195,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a, cp_ranks) + flows * SECONDS_PER_FLOW)
+            + pair_seconds(sc, a2a, cp_ranks, ep_pairs) + flows * SECONDS_PER_FLOW)
 
 
 def cp_representative(sc, representative: bool) -> bool:
@@ -218,12 +222,15 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> f
     return p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
 
 
-def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False) -> float:
+def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
+                 ep_pairs: float | None = None) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
     exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
     `a2a`: (alone all-to-all flows, checked pairs) where the verdict counted them: the check's
     pairs priced, and the all-to-alls timed alone by their flows in place of the per-pair
-    rule. `cp_ranks`: one CP group per stage runs (cp_representative)."""
+    rule. `cp_ranks`: one CP group per stage runs (cp_representative). `ep_pairs`: the flows
+    one all-to-all starts where the run does not start one per pair (under rail symmetry one
+    per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
     p, m = sc.parallel, sc.model
     alone_flows, pairs = (0, 0) if a2a is None else a2a
     seconds = pairs * CHECK_SECONDS_PER_PAIR
@@ -238,9 +245,10 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False)
         seconds += alone_flows * A2A_ALONE_SECONDS_PER_FLOW
     elif m.num_experts is not None and ep > 1:
         moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
-        per_step = ep ** 2 * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
+        ep_flows = ep ** 2 if ep_pairs is None else ep_pairs
+        per_step = ep_flows * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
         if p.moe_token_dispatcher_type == "alltoall":
-            per_step += ep ** 4 * EP_SECONDS_PER_RANK_PAIR_SQUARED
+            per_step += ep_flows ** 2 * EP_SECONDS_PER_RANK_PAIR_SQUARED
         seconds += _ep_exchanges(sc) * moe_share * per_step
     return seconds
 
@@ -258,8 +266,18 @@ def _ep_exchanges(sc) -> float:
     stage."""
     p, m = sc.parallel, sc.model
     alone = (p.moe_token_dispatcher_type in ("alltoall", "flex") and m.moe_routing_imbalance == 0
-             and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather))
+             and p.etp == 1 and not (p.overlap_grad_reduce or p.overlap_param_gather)
+             and not sends_beside_compute(sc))
     return min(layer_steps(sc), p.pp) if alone else layer_steps(sc)
+
+
+def sends_beside_compute(sc) -> bool:
+    """Pipeline sends are non-blocking and may cross a NIC while an all-to-all does
+    (shortcuts/clashes.py): the split-backward schedules' (training/pipeline/schedules.py
+    SPLIT_BACKWARD) and --overlap-p2p-communication's, with p > 1."""
+    p = sc.parallel
+    return p.pp > 1 and (p.schedule_name in SPLIT_BACKWARD_SCHEDULES
+                         or p.overlap_p2p_communication)
 
 
 def fsdp_collectives(sc, layers: int | None = None) -> int:
@@ -335,18 +353,20 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                fsdp_pieces: bool = True, flows: int = 0,
-               fsdp_flows: tuple[int, int] | None = None) -> None:
+               fsdp_flows: tuple[int, int] | None = None,
+               ep_pairs: float | None = None) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows` and `fsdp_flows`
-    as meta_seconds."""
+    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows`, `fsdp_flows` and
+    `ep_pairs` as meta_seconds."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
-        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows) * iterations
+        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows,
+                               ep_pairs) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "

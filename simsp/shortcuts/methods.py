@@ -84,12 +84,15 @@ RANK_METHODS = (
     Method(REPRESENTED, "t*d and t tile the GPUs per node and every clash between executed and "
            "left-out traffic is mirrored by a move of whole nodes onto the representative's "
            "(shortcuts/representative.py); or the stage is rail-symmetric and one rank per "
-           "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py), "
-           "or, where every executed ring has its piece, as the full simulation's quotient: "
+           "orbit runs, its hops loading their images' links (shortcuts/rail_symmetry.py; "
+           "with experts only under ETP 1, the alltoall dispatcher and uniform routing, each "
+           "EP all-to-all as one flow per orbit of its pairs), or, where every executed ring "
+           "has its piece and no EP group runs, as the full simulation's quotient: "
            "one hop per orbit on one link per orbit (shortcuts/quotient.py); "
            "with context parallelism TP rank 0's CP ranks run where d = 1, t divides the GPUs "
            "per node and no link carries executed and left-out traffic at once",
-           "tests/test_shortcut_layouts.py, tests/test_shortcuts.py, tests/test_cp_shortcuts.py"),
+           "tests/test_shortcut_layouts.py, tests/test_shortcuts.py, tests/test_cp_shortcuts.py, "
+           "tests/test_rail_symmetry_experts.py"),
     Method("layer_templates", "the representative shortcut holds and no TP group runs step by "
            "step; with experts also uniform routing, ETP 1 and no EP group step by step "
            "(model/replay.py records a layer step once and replays it)",

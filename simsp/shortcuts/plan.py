@@ -34,6 +34,8 @@ class TimingPlan:
     # ring group -> its piece (engine/collectives/ring_piece.py)
     link_reps: Mapping | None = field(default=None, repr=False)
     pieces: Mapping = field(default_factory=dict, repr=False)
+    # stepwise EP group -> its pairs' orbits, one flow each (shortcuts/rail_symmetry.py)
+    pair_orbits: Mapping = field(default_factory=dict, repr=False)
 
     def timing_of(self, group: tuple[int, ...]) -> str:
         """How the communicator times this group's collectives."""
@@ -45,7 +47,8 @@ def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
     simulated = simulated_ranks(sc, shortcuts)
     symmetry = shortcuts.symmetry if shortcuts.representative else None
     reduced = (() if symmetry is None else
-               (symmetry.loads, symmetry.link_reps, MappingProxyType(symmetry.pieces)))
+               (symmetry.loads, symmetry.link_reps, MappingProxyType(symmetry.pieces),
+                MappingProxyType(dict(symmetry.pair_orbits))))
     if not shortcuts.closed_form:
         return TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, *reduced)
     return TimingPlan(UNLISTED.name, MappingProxyType(dict(shortcuts.methods)), simulated,

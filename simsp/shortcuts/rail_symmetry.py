@@ -7,16 +7,18 @@ beyond one node, on N = t·d / B whole nodes. Three shifts move a stage onto its
 inside a stage. They commute, so they generate a group H of t·d elements acting on every
 stage's ranks freely and transitively, and on the links that can bind (NVLink ports and NICs,
 each one GPU's) alike. Where every shift maps every traffic owner (TP, DP, embedding group,
-pipeline pair) onto an owner of the same kind, hop for hop with the same links' speeds and
-latencies, and keeps which groups run step by step, the full simulation is H-invariant: the
-image h(f) of a flow f moves at f's rate at every moment. The representative run executes the
-groups holding its ranks; each of their flows then carries, besides its own links, the links of
-its images under one h per other group of the orbit (the cosets of the group's stabiliser), so
-every link is loaded as in the full simulation and max-min fair sharing (engine/fair_share.py)
-gives every executed flow its full-simulation rate. Flows are equal across an orbit only when
-the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where they are not the images differ by
-one element per slice. Where every executed ring has its piece the run is rather the full
-simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one link per orbit.
+pipeline pair, EP group: its all-to-all's direct pairs, where every member sends alike:
+shortcuts/representative.py experts_why_not_symmetric) onto an owner of the same kind, hop for
+hop with the same links' speeds and latencies, and keeps which groups run step by step, the
+full simulation is H-invariant: the image h(f) of a flow f moves at f's rate at every moment.
+The representative run executes the groups holding its ranks; each of their flows then carries,
+besides its own links, the links of its images under one h per other group of the orbit (the cosets
+of the group's stabiliser), so every link is loaded as in the full simulation and max-min fair
+sharing (engine/fair_share.py) gives every executed flow its full-simulation rate. Flows are equal
+across an orbit only when the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where
+they are not the images differ by one element per slice. Where every executed ring has its piece the
+run is rather the full simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one
+link per orbit.
 """
 
 from dataclasses import dataclass, field
@@ -35,16 +37,21 @@ MAX_IMAGE_ENTRIES = 4_000_000  # |H| x ranks: the permutations this module keeps
 
 
 def owner_hops(graph: nx.DiGraph, owner: Owner) -> list[Hop]:
-    """Every hop of an owner's traffic: a pair's one hop, or every ring position of every NCCL
-    channel (engine/collectives/ring_plan.py channel_rings), as the transfers name them."""
+    """Every hop of an owner's traffic: a pair's one hop, an EP group's every ordered pair (its
+    all-to-all's direct transfers, engine/collectives/all_to_all.py), or every ring position of
+    every NCCL channel (engine/collectives/ring_plan.py channel_rings), as the transfers name
+    them."""
     return [hop for channel in owner_channels(graph, owner) for hop in channel]
 
 
 def owner_channels(graph: nx.DiGraph, owner: Owner) -> list[list[Hop]]:
-    """[channel][ring position] an owner's hops (a pair: one channel of its one hop)."""
+    """[channel][ring position] an owner's hops (a pair: one channel of its one hop; an EP
+    group: one channel per ordered pair, each its own transfer)."""
     kind, ranks = owner
     if kind == "p2p":
         return [[(ranks[0], ranks[1], None)]]
+    if kind == "ep":
+        return [[(a, b, None)] for a in ranks for b in ranks if a != b]
     gpus = list(ranks)
     n = len(gpus)
     return [[(gpus[ch.order[i]], gpus[ch.order[(i + 1) % n]], ch.via[i]) for i in range(n)]
@@ -187,7 +194,7 @@ def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owne
         hops = owner_hops(graph, owner)
         if sorted(_image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
             return f"maps the hops of {named} onto other hops than its image's"
-        if owner[0] == "p2p":
+        if owner[0] in ("p2p", "ep"):  # direct transfers: every link alike
             if any(routes.full(h) != routes.full(_image_hop(shift, h)) for h in hops):
                 return (f"moves {named} onto a route of another class (leaf, spine, core: "
                         f"other link latencies)")
@@ -216,6 +223,9 @@ class RailSymmetry:
     # its orbit's link, and group -> its ring piece; then `loads` is empty
     link_reps: dict = field(default_factory=dict, compare=False, repr=False)
     pieces: dict = field(default_factory=dict, compare=False, repr=False)
+    # stepwise EP group -> its pairs' orbits (pair_orbits), each run as one flow (image loads
+    # only: the quotient is not taken where an EP group runs, rail_symmetry)
+    pair_orbits: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
@@ -233,7 +243,10 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     simulated = set(ranks)
     executed = [o for o in owners if (o[0] == "p2p" and o[1][0] in simulated) or
                 (o[0] != "p2p" and o[1] in stepwise and simulated.intersection(o[1]))]
-    reduced = quotient(graph, executed, lambda rank: axes.to_origin(rank, steps), axes.moved)
+    # an EP group's all-to-all runs as one flow per orbit of its pairs loading its images'
+    # links (pair_orbits): the quotient's ring pieces do not cover it, so it takes image loads
+    reduced = None if any(o[0] == "ep" for o in executed) else quotient(
+        graph, executed, lambda rank: axes.to_origin(rank, steps), axes.moved)
     if reduced is not None:  # every hop orbit has one hop a simulated rank sends: no loads
         return RailSymmetry(ranks, {}, node_why, *reduced)
     counts = [size // step for size, step in zip(axes.sizes, steps)]
@@ -242,7 +255,10 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     shifts = [axes.shift(grid.world_size, (i * steps[0], j * steps[1], k * steps[2]))
               for i, j, k in product(*map(range, counts))]
     loads = image_loads(graph, owners, stepwise, executed, shifts)
-    return None if loads is None else RailSymmetry(ranks, loads, node_why)
+    if loads is None:
+        return None
+    return RailSymmetry(ranks, loads, node_why, pair_orbits={
+        o[1]: pair_orbits(graph, o, shifts) for o in executed if o[0] == "ep"})
 
 
 def _orbit_origin(axes: StageAxes, rank: int, steps: tuple[int, int, int]) -> bool:
@@ -250,6 +266,25 @@ def _orbit_origin(axes: StageAxes, rank: int, steps: tuple[int, int, int]) -> bo
     node, within = divmod(rank % axes.per_stage, axes.block)
     group, tp = divmod(within, axes.tp)
     return tp < steps[0] and group < steps[1] and node < steps[2]
+
+
+def pair_orbits(graph: nx.DiGraph, owner: Owner, shifts: list[tuple[int, ...]]) -> tuple:
+    """An EP group's ordered pairs by orbit under the symmetry (`shifts`, the identity first):
+    per orbit (src GPU, dst GPU, the binding links of the pair's images under every other
+    shift). H acts freely, so an orbit's |H| pairs are distinct: those in this group are the
+    images under its stabiliser, the rest the pairs of the groups it is mapped onto. One flow
+    per orbit loading its images' links then loads every link as the group's flows and their
+    images do in the full simulation (engine/collectives/all_to_all.py orbit_all_to_all)."""
+    ranks, orbits, seen = owner[1], [], set()
+    for src in ranks:
+        for dst in ranks:
+            if src == dst or (src, dst) in seen:
+                continue
+            images = [(shift[src], shift[dst]) for shift in shifts[1:]]
+            seen.update(images)
+            orbits.append((src, dst, tuple(e for a, b in images
+                                           for e in _binding(hop_route(graph, a, b)))))
+    return tuple(orbits)
 
 
 def image_loads(graph: nx.DiGraph, owners: list[Owner], stepwise: frozenset,
@@ -268,7 +303,7 @@ def image_loads(graph: nx.DiGraph, owners: list[Owner], stepwise: frozenset,
             return None  # two executed owners in one orbit: their images would count twice
         covered |= cosets.keys()
         others = [shift for key, shift in cosets.items() if key != _owner_key(owner)]
-        for hop in owner_hops(graph, owner):
+        for hop in owner_hops(graph, owner) if owner[0] != "ep" else ():  # ep: pair_orbits
             extra = tuple(e for shift in others
                           for e in _binding(hop_route(graph, *_image_hop(shift, hop))))
             if loads.setdefault(hop, extra) != extra:

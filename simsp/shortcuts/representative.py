@@ -31,10 +31,10 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
     if p.cp > 1 and not not_rep:
         not_rep = _cp_why_not(sc, grid, clashes)
     symmetry = None
-    if not_rep.startswith("link ") and p.cp == 1 and sc.model.num_experts is None and \
-            p.fsdp is None:
-        symmetry = rail_symmetry(graph, grid, owners, stepwise)
-        not_rep = "" if symmetry is not None else not_rep
+    if not_rep.startswith("link ") and p.cp == 1 and p.fsdp is None:
+        experts = experts_why_not_symmetric(sc)
+        symmetry = None if experts else rail_symmetry(graph, grid, owners, stepwise)
+        not_rep = "" if symmetry is not None else not_rep + experts
     if has_expert_groups(sc) and not not_rep and not routing_is_uniform(sc) and (
             p.overlap_grad_reduce or p.overlap_param_gather):
         not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
@@ -69,6 +69,23 @@ def cp_simulated_ranks(grid: RankGrid) -> list[int]:
     """The ranks a CP representative run simulates: TP rank 0 of DP replica 0, every CP rank
     of every stage, ascending."""
     return sorted(grid.rank_of(0, 0, pp, cp) for pp in range(grid.pp) for cp in range(grid.cp))
+
+
+def experts_why_not_symmetric(sc) -> str:
+    """Why a model's experts could make ranks of one orbit of rail symmetry differ ("" when
+    they cannot: no experts, or ETP 1, the alltoall dispatcher and uniform routing, so every
+    EP member computes alike and sends every other the same bytes, its all-to-all's hops the
+    direct pairs shortcuts/rail_symmetry.py owner_hops lists; docs/shortcuts.md, "Rail
+    symmetry with expert all-to-alls")."""
+    p = sc.parallel
+    if not has_expert_groups(sc):
+        return ""
+    if p.etp > 1 or p.moe_token_dispatcher_type != "alltoall":
+        return (f"; rail symmetry is not tried with the {p.moe_token_dispatcher_type} "
+                f"dispatcher or ETP > 1 (their expert traffic is not listed hop by hop)")
+    if not routing_is_uniform(sc):
+        return "; rail symmetry needs uniform routing (every EP member sending alike)"
+    return ""
 
 
 def _aligned(a: int, b: int) -> bool:

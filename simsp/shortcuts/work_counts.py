@@ -50,6 +50,7 @@ class WorkCounts(NamedTuple):
     piece_flows: int = 0
     a2a_flows: int = 0  # the TEMPLATE all-to-alls' private simulations (alone_a2a_flows)
     checked_pairs: int = 0  # ordered pairs of the all-to-all owners the check routes
+    ep_pairs: float | None = None  # flows per all-to-all where not one per pair (_ep_pairs)
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -84,7 +85,8 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces, piece_flows),
-                      alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc))
+                      alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc),
+                      _ep_pairs(shortcuts))
 
 
 def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
@@ -129,6 +131,15 @@ def phase_flows(shortcuts: Shortcuts, gpus_per_node: int):
         return ring_flows(gpus, gpus_per_node)
 
     return flows
+
+
+def _ep_pairs(shortcuts: Shortcuts) -> float | None:
+    """Flows one all-to-all of a stepwise EP group starts under rail symmetry: one per orbit of
+    its pairs (shortcuts/rail_symmetry.py pair_orbits; the mean over the groups run); None
+    where every pair is a flow."""
+    orbits = (shortcuts.symmetry.pair_orbits if shortcuts.representative and shortcuts.symmetry
+              else {})
+    return sum(map(len, orbits.values())) / len(orbits) if orbits else None
 
 
 def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -218,7 +229,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     return symmetry + meta_seconds(sc, shortcuts.representative, _pieces(shortcuts),
                                    flows=counts.flows,
                                    fsdp_flows=(counts.fsdp_flows, counts.piece_flows),
-                                   a2a=(counts.a2a_flows, counts.checked_pairs))
+                                   a2a=(counts.a2a_flows, counts.checked_pairs),
+                                   ep_pairs=counts.ep_pairs)
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:

@@ -58,6 +58,27 @@ def all_to_all(env: simpy.Environment, network: Network, gpus: list[int],
     return received, AllToAllStats(start, env.now, arrivals)
 
 
+def orbit_all_to_all(env: simpy.Environment, network: Network, orbits: tuple,
+                     nbytes: dict[tuple[int, int], int]):
+    """A meta all-to-all run as one flow per orbit of its pairs under a rail symmetry
+    (shortcuts/rail_symmetry.py pair_orbits): `orbits` holds (src GPU, dst GPU, links of the
+    pair's images), each flow draining the pair's bytes (`nbytes[(src, dst)]`, alike across an
+    orbit) over its route and its images' links at one fair rate (Network.load), then the
+    route's latency, as the pair's transfer would. Every image moves as its pair does (the
+    full simulation is symmetric), so the last delivery ends the all-to-all. Returns
+    AllToAllStats (arrivals of the orbits' pairs only)."""
+    start = env.now
+    pending = {}
+    for src, dst, images in orbits:
+        edges, latency_s = network.route_of(src, dst)
+        pending[(src, dst)] = network.load(edges + images, nbytes[(src, dst)], latency_s)
+    arrivals = {}
+    for pair, delivered in pending.items():
+        yield delivered
+        arrivals[pair] = delivered.value[1]
+    return AllToAllStats(start, env.now, arrivals)
+
+
 def alone_time(graph, calibration, gpus: list[int],
                send_bytes: list[list[int]]) -> tuple[float, int]:
     """(seconds, flows started) of one all-to-all(-v) alone on its links: the same flows in a

@@ -90,7 +90,7 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     plan = timing_plan(sc, shortcuts)  # decided before the run (shortcuts/plan.py)
     world = build_world(sc, simulated=plan.simulated, timing_of=plan.timing_of,
                         image_loads=plan.image_loads, link_reps=plan.link_reps,
-                        pieces=plan.pieces)
+                        pieces=plan.pieces, pair_orbits=plan.pair_orbits)
     _set_trace_detail(world, trace)
     inputs = RunInputs(sc, world, stage_plans(sc, world.grid), shortcuts,
                        LayerTemplates() if shortcuts.templates else DirectLayers(),

@@ -69,15 +69,16 @@ class World:
 def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
                 timing_of: TimingOf = EveryGroup(STEP_BY_STEP),
                 image_loads: dict | None = None, link_reps: dict | None = None,
-                pieces: dict | None = None) -> World:
+                pieces: dict | None = None, pair_orbits: dict | None = None) -> World:
     """A world whose `simulated` ranks (default: all) get a Rank; others are assumed alike.
 
     `timing_of(group)` gives each group's timing method (engine/group_timing.py; meta mode's
     plan, shortcuts/plan.py, decided before the run; default: every ring step by step).
     `image_loads`: per hop, the links its flows also load for the ranks a rail-symmetric
-    representative stands for (shortcuts/rail_symmetry.py); or, its quotient
-    (shortcuts/quotient.py), `link_reps` (link -> its orbit's) and `pieces` (ring group -> the
-    positions that run, engine/collectives/ring_piece.py)."""
+    representative stands for (shortcuts/rail_symmetry.py), `pair_orbits` per EP group its
+    all-to-all's pairs by orbit, one flow each; or, its quotient (shortcuts/quotient.py),
+    `link_reps` (link -> its orbit's) and `pieces` (ring group -> the positions that run,
+    engine/collectives/ring_piece.py)."""
     env = simpy.Environment()
     p = sc.parallel
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
@@ -99,6 +100,7 @@ def build_world(sc: Scenario, simulated: Sequence[int] | None = None,
     # (megatron/core/parallel_state.py initialize_model_parallel)
     if sc.cluster.use_sharp:
         comm.sharp_groups = frozenset(grid.groups("dp_cp"))
+    comm.pair_orbits = dict(pair_orbits or {})
     world = World(sc, env, grid, network, comm, trace)
     for rank in ranks:
         world.ranks[rank] = _make_rank(world, rank)
