@@ -19,13 +19,10 @@ from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.shortcuts.traffic import Edge, Owner, can_bind, gpu_of_link
 
 
-
 def _role(edge: Edge) -> tuple[bool, str]:
     """What a binding link is to its GPU: (leaves it, the kind of the far end)."""
     far = edge[1] if edge[0].startswith("gpu") else edge[0]
     return edge[0].startswith("gpu"), "nvswitch" if far.endswith("nvswitch") else "leaf"
-
-
 
 
 def link_representatives(graph: nx.DiGraph, to_origin, moved) -> dict[Edge, Edge]:
@@ -43,19 +40,22 @@ def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,
                moved) -> RingPiece | None:
     """The piece of a ring group: its hops sent by simulated members (every channel), each
     waiting on the executed hop whose image its predecessor's hop is (the hop moved by the
-    shift taking its sender to its orbit's simulated rank); None where that image is no hop
-    of the ring."""
+    shift taking its sender to its orbit's simulated rank, in the same channel); None where
+    that image is no hop of the ring's channel."""
     gpus = list(group)
     channels = channel_rings(gpus, gpus_per_node)
     n = len(gpus)
-    hops = {(gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]): (c, p)
-            for c, ch in enumerate(channels) for p in range(n)}  # hop -> (channel, position)
-    executed = [position for hop, position in hops.items() if not any(to_origin(hop[0]))]
+    # (channel, hop) -> position: a hop may repeat in another channel (the node's members in
+    # another order), so a hop's image is looked up in its own channel
+    hops = {(c, gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]): (c, p)
+            for c, ch in enumerate(channels) for p in range(n)}
+    executed = [position for hop, position in hops.items() if not any(to_origin(hop[1]))]
     index = {position: i for i, position in enumerate(executed)}
     source = {}  # every position -> the index of the executed one standing for it
-    for (src, dst, via), position in hops.items():
+    for (c, src, dst, via), position in hops.items():
         shift = to_origin(src)
-        image = (moved(src, shift), moved(dst, shift), None if via is None else moved(via, shift))
+        image = (c, moved(src, shift), moved(dst, shift),
+                 None if via is None else moved(via, shift))
         if index.get(hops.get(image)) is None:
             return None
         source[position] = index[hops[image]]
