@@ -40,26 +40,37 @@ def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,
                moved) -> RingPiece | None:
     """The piece of a ring group: its hops sent by simulated members (every channel), each
     waiting on the executed hop whose image its predecessor's hop is (the hop moved by the
-    shift taking its sender to its orbit's simulated rank, in the same channel); None where
-    that image is no hop of the ring's channel."""
+    shift taking its sender to its orbit's simulated rank; in its own channel where the image
+    hop repeats across channels); None where that image is no hop of the ring."""
     gpus = list(group)
     channels = channel_rings(gpus, gpus_per_node)
     n = len(gpus)
-    # (channel, hop) -> position: a hop may repeat in another channel (the node's members in
-    # another order), so a hop's image is looked up in its own channel
-    hops = {(c, gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]): (c, p)
-            for c, ch in enumerate(channels) for p in range(n)}
-    executed = [position for hop, position in hops.items() if not any(to_origin(hop[1]))]
+    at: dict[tuple, list] = {}  # hop -> its positions (channel, position): NCCL's rotated
+    for c, ch in enumerate(channels):  # channels may repeat a node's hops
+        for p in range(n):
+            at.setdefault((gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]),
+                          []).append((c, p))
+    executed = [pos for hop, positions in at.items() if not any(to_origin(hop[0]))
+                for pos in positions]
     index = {position: i for i, position in enumerate(executed)}
     source = {}  # every position -> the index of the executed one standing for it
-    for (c, src, dst, via), position in hops.items():
+    for (src, dst, via), positions in at.items():
         shift = to_origin(src)
-        image = (c, moved(src, shift), moved(dst, shift),
-                 None if via is None else moved(via, shift))
-        if index.get(hops.get(image)) is None:
-            return None
-        source[position] = index[hops[image]]
+        image = at.get((moved(src, shift), moved(dst, shift),
+                        None if via is None else moved(via, shift)), [])
+        for c, p in positions:
+            stand = _in_channel(image, c)
+            if index.get(stand) is None:
+                return None
+            source[(c, p)] = index[stand]
     return RingPiece(tuple(executed), tuple(source[(c, (p - 1) % n)] for c, p in executed))
+
+
+def _in_channel(image: list, channel: int):
+    """The position of a hop's image that stands for it: the one in its own channel where the
+    image hop repeats across channels, else the image's only position (None: ambiguous)."""
+    same = [position for position in image if position[0] == channel]
+    return same[0] if same else (image[0] if len(image) == 1 else None)
 
 
 def quotient(graph: nx.DiGraph, executed: list[Owner], to_origin,
