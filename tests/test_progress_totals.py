@@ -18,7 +18,7 @@ def test_validate_draws_a_bar_of_rows_with_their_total(capsys, monkeypatch):
     shown = capsys.readouterr()
     assert shown.out == quiet.out and quiet.err == ""
     rows = int(shown.err.split("validate: table4: ")[1].split(" row")[0])
-    assert rows > 1 and f"validate table4:   0%|" in shown.err and f"| 0/{rows} [" in shown.err
+    assert rows > 1 and "validate table4:   0%|" in shown.err and f"| 0/{rows} [" in shown.err
 
 
 def test_the_api_sweep_draws_the_commands_bar_unless_quiet(capsys, monkeypatch, tmp_path):

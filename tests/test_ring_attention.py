@@ -68,7 +68,7 @@ def test_ring_attention_equals_full_causal_attention(cp, balanced):
     state = ring_forward(shards)
     out = gather_sequence([o for o, _ in state], balanced)
     assert np.abs(out - oracle_attention(q, k, v)).max() < 1e-12
-    grads = ring_backward(shards, cut(dout), [o for o, _ in state], [l for _, l in state])
+    grads = ring_backward(shards, cut(dout), [o for o, _ in state], [lse for _, lse in state])
     for which, expected in enumerate(oracle_grads(q, k, v, dout)):
         got = gather_sequence([g[which] for g in grads], balanced)
         assert np.abs(got - expected).max() < 1e-12
@@ -107,7 +107,7 @@ def test_cp_by_tp_attention_core_with_rope_equals_the_single_device_flash_core()
                                   v[:, groups][:, :, pos], pos))
         state = ring_forward(shards)
         douts = [dout[:, heads][:, :, sh.pos] for sh in shards]
-        grads = ring_backward(shards, douts, [o for o, _ in state], [l for _, l in state])
+        grads = ring_backward(shards, douts, [o for o, _ in state], [lse for _, lse in state])
         for r, (sh, (c, sn)) in enumerate(zip(shards, tables)):
             got[0][:, heads.start:heads.stop, sh.pos] = state[r][0]
             got[1][:, heads.start:heads.stop, sh.pos] = rope_backward(grads[r][0], c, sn)
@@ -153,7 +153,7 @@ def test_ring_attention_matches_the_oracle_on_random_layouts(cp, chunk, groups, 
     state = ring_forward(shards)
     assert np.abs(gather_sequence([o for o, _ in state], balanced)
                   - oracle_attention(q, k, v)).max() < 1e-12
-    grads = ring_backward(shards, cut(dout), [o for o, _ in state], [l for _, l in state])
+    grads = ring_backward(shards, cut(dout), [o for o, _ in state], [lse for _, lse in state])
     for which, expected in enumerate(oracle_grads(q, k, v, dout)):
         assert np.abs(gather_sequence([g[which] for g in grads], balanced)
                       - expected).max() < 1e-12

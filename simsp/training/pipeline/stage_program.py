@@ -23,7 +23,6 @@ from simsp.training.pipeline.p2p_program import (
 from simsp.training.pipeline.plan import StagePlan
 from simsp.training.pipeline.schedule_step import DUAL, V_SHAPE
 
-BOTH_WAYS = (V_SHAPE, DUAL)  # placements whose chunks send both ways (sends waited apart)
 from simsp.training.pipeline.schedules import (
     SPLIT_BACKWARD, interleaved_warmup, one_f_one_b_warmup)
 from simsp.training.pipeline.steps import (
@@ -32,6 +31,7 @@ from simsp.training.pipeline.steps import (
 
 KIND_OF_KEY = {"act": "F", "grad": "B"}  # p2p key kind -> the kind of step that sends it
 WORK_OF_KIND = {"F": forward_step, "B": backward_step, "W": weight_step}
+BOTH_WAYS = (V_SHAPE, DUAL)  # placements whose chunks send both ways (sends waited apart)
 
 
 @dataclass(frozen=True)
