@@ -81,6 +81,12 @@ def _timed(env, r, key, seconds, spans, stream):
         r.exposed_s["ep_comm"] = r.exposed_s.get("ep_comm", 0.0) + env.now - start
 
 
+def assert_spans(spans: dict, want: dict) -> None:
+    """Every hand-worked span in `want` is the run's, to 1e-9 (key named where one is not)."""
+    for key, span in want.items():
+        assert spans[key] == pytest.approx(span, abs=1e-9), key
+
+
 def _paired(f_layers, b_layers):
     """The backward's process started first, then the forward's (stage_program.py)."""
     env = simpy.Environment()
@@ -118,8 +124,7 @@ def test_two_layers_worked_by_hand():
             ("b", 1, "mlp"): (26.5, 35.5), ("f", 1, "dispatch"): (26.5, 28.5),
             ("f", 1, "mlp"): (35.5, 39.5), ("b", 1, "dispatch"): (35.5, 41.5),
             ("f", 1, "combine"): (41.5, 43.5), ("b", 1, "pre_dispatch"): (41.5, 48.5)}
-    for key, span in want.items():
-        assert spans[key] == pytest.approx(span, abs=1e-9), key
+    assert_spans(spans, want)
     assert end == pytest.approx(48.5, abs=1e-9)
     assert exposed == pytest.approx(4.0, abs=1e-9)
 

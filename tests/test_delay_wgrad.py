@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import simpy
-from test_combined_1f1b import B_ORDER, F_ORDER, _timed  # the pieces' order, a timed piece
+from test_combined_1f1b import (  # the pieces' order, a timed piece, span checks
+    B_ORDER, F_ORDER, _timed, assert_spans)
 
 from simsp.model.blocks.moe.comm_stream import PairedStreams
 from simsp.scenario.loading import load_scenario
@@ -100,14 +101,12 @@ def test_two_layer_pairs_worked_by_hand():
             ("b", 1, "mlp_dw"): (32, 35), ("b", 1, "dispatch"): (32, 38),
             ("f", 1, "mlp"): (35, 39), ("f", 1, "combine"): (39, 41),
             ("b", 1, "pre_dispatch"): (39, 44), ("b", 1, "pre_dispatch_dw"): (44, 46)}
-    for key, span in want.items():
-        assert spans[key] == pytest.approx(span, abs=1e-9), key
+    assert_spans(spans, want)
     assert end == pytest.approx(46.0, abs=1e-9)
     assert exposed == pytest.approx(0.0, abs=1e-9)
     reference, timeline = _reference([F, F], [B, B])
     assert set(spans) == set(reference)
-    for key, span in reference.items():
-        assert spans[key] == pytest.approx(span, abs=1e-9), key
+    assert_spans(spans, reference)
     assert timeline.comm_exposed_s == pytest.approx(exposed, abs=1e-9)
 
 
@@ -121,8 +120,7 @@ def test_a_backward_alone_hides_its_dispatch_behind_its_expert_weight_gradients(
     assert end == pytest.approx(20.0, abs=1e-9)
     assert exposed == pytest.approx(4.0, abs=1e-9)
     reference, _ = _reference([], [B])
-    for key, span in reference.items():
-        assert spans[key] == pytest.approx(span, abs=1e-9), key
+    assert_spans(spans, reference)
 
 
 # -- whole iterations --------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from simsp.model.blocks.moe.comm_stream import PairedStreams
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
 from simsp.training.pipeline.ep_overlap import LayerPieces, dualpipe_pair_seconds, issued_timeline
-from tests.test_combined_1f1b import _timed  # a piece of given seconds, its span recorded
+from tests.test_combined_1f1b import (  # a piece of given seconds, span checks
+    _timed, assert_spans)
 from tests.test_two_chunk_moe import moe_layout
 
 F = LayerPieces(pre_dispatch=3.0, dispatch=2.0, mlp=4.0, combine=2.0)
@@ -71,8 +72,7 @@ def test_one_layer_worked_by_hand():
             ("f", 0, "mlp"): (12, 16), ("f", 0, "combine"): (18, 20),
             ("b", 0, "pre_dispatch"): (18, 23), ("b", 0, "pre_dispatch_dw"): (23, 25)}
     assert sorted(spans) == sorted(want)
-    for key, span in want.items():
-        assert spans[key] == pytest.approx(span, abs=1e-9), key
+    assert_spans(spans, want)
     assert end == pytest.approx(25.0, abs=1e-9)
     assert exposed == pytest.approx(2.0, abs=1e-9)
 

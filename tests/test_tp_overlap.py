@@ -362,15 +362,20 @@ def test_ring_exchange_rs_gradients_equal_the_single_device_reference(t, tmp_pat
     assert seen[(PIPELINE, "comm")] > 0  # fc1_dgrad's, the only pipelined GEMM
 
 
+# GPT-3 20B's layer shape on H100 under FP8 with TE's comm overlap, in meta mode (t as tiny's)
+GPT3_20B_FP8_OVERLAP = {
+    ("parallel", "tp_comm_overlap"): True, ("parallel", "fp8_format"): "hybrid",
+    ("model", "hidden_size"): 6144, ("model", "num_attention_heads"): 48,
+    ("model", "seq_length"): 2048, ("parallel", "micro_batch_size"): 2,
+    ("parallel", "global_batch_size"): 16, ("run", "mode"): "meta",
+    ("cluster", "gpu"): "h100-sxm-80gb"}
+
+
 def test_userbuffers_in_the_non_tensor_memory_against_a_hand_count():
     """GPT-3 20B's layer at t 2, b 2, s 2048 under FP8: ten buffers of (4096, 6144), the six
     all-gather ones in FP8 (1 B), the four reduce-scatter ones in BF16 (2 B)."""
     from simsp.training.non_tensor_memory import non_tensor_items
-    overrides = {("parallel", "tp_comm_overlap"): True, ("parallel", "fp8_format"): "hybrid",
-                 ("model", "hidden_size"): 6144, ("model", "num_attention_heads"): 48,
-                 ("model", "seq_length"): 2048, ("parallel", "micro_batch_size"): 2,
-                 ("parallel", "global_batch_size"): 16, ("run", "mode"): "meta",
-                 ("cluster", "gpu"): "h100-sxm-80gb"}
+    overrides = dict(GPT3_20B_FP8_OVERLAP)  # a copy: the overlap is dropped below
     items = {i.name: i.bytes for i in non_tensor_items(load_scenario("scenarios/tiny.toml",
                                                                      overrides))}
     assert items["te_userbuffers"] == 4096 * 6144 * (6 * 1 + 4 * 2)

@@ -16,6 +16,7 @@ from simsp.model.tensor import FP16
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
 from simsp.scenario.tp_overlap import BULK, PIPELINE, RING_EXCHANGE, UbGemm, ub_gemms
+from test_tp_overlap import GPT3_20B_FP8_OVERLAP  # GPT-3 20B FP8 with comm overlap, meta
 
 T = 4
 M, K, N = 4096, 6144, 4608  # tokens, the layer's input columns, its output columns per rank
@@ -142,13 +143,8 @@ def test_userbuffers_with_the_dgrad_rs_against_a_hand_count(tmp_path):
     from simsp.training.non_tensor_memory import non_tensor_items
     cfg = tmp_path / "ub.yaml"
     cfg.write_text(DGRAD_RS_CFG)
-    overrides = {("parallel", "tp_comm_overlap"): True, ("parallel", "fp8_format"): "hybrid",
-                 ("parallel", "tp_comm_overlap_cfg"): str(cfg),
-        ("parallel", "tp_comm_overlap_rs_dgrad"): True,
-                 ("model", "hidden_size"): 6144, ("model", "num_attention_heads"): 48,
-                 ("model", "seq_length"): 2048, ("parallel", "micro_batch_size"): 2,
-                 ("parallel", "global_batch_size"): 16, ("run", "mode"): "meta",
-                 ("cluster", "gpu"): "h100-sxm-80gb"}
+    overrides = {**GPT3_20B_FP8_OVERLAP, ("parallel", "tp_comm_overlap_cfg"): str(cfg),
+                 ("parallel", "tp_comm_overlap_rs_dgrad"): True}
     items = {i.name: i.bytes for i in non_tensor_items(load_scenario("scenarios/tiny.toml",
                                                                      overrides))}
     assert items["te_userbuffers"] == 6144 * (4096 * (4 * 1 + 1 * 1 + 4 * 2) + 2048 * 3 * 2)
