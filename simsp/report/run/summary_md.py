@@ -12,7 +12,10 @@ from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics import layout
 from simsp.report.run.overlap_summary import overlap_lines
 from simsp.report.run.glossary import GLOSSARY
-from simsp.units import GiB, MiB, format_bytes, format_seconds
+from simsp.report.run.markdown import memory_unit, pct, plural, seconds, table
+from simsp.report.run.memory_summary import (
+    allocator_section, oom_categories, oom_section, switch_section)
+from simsp.units import format_bytes
 
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
                   ("optimizer", "optimizer"), ("activations", "activations (peak)"),
@@ -24,37 +27,10 @@ COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
                ("fp8_amax", "FP8 amax reduction exposed"))
 
 
-def pct(fraction: float) -> str:
-    """0.5143 -> '51.4%'."""
-    return f"{fraction * 100:.1f}%"
-
-
-def seconds(t: float) -> str:
-    """Three decimals in s, ms or us; an exact zero is just 0."""
-    return format_seconds(t) if t else "0"
-
-
-def _plural(n: int, word: str) -> str:
-    """"3 stages", "1 batch", "2 batches"."""
-    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("h") else "s")
-
-
-def _table(header: list[str], rows: list[list[str]], right_from: int = 1,
-           left: tuple[int, ...] = ()) -> list[str]:
-    """A Markdown table; columns from `right_from` on (except `left`) are right-aligned."""
-    align = ["---" if i < right_from or i in left else "---:" for i in range(len(header))]
-    return ["| " + " | ".join(row) + " |" for row in [header, align, *rows]]
-
-
 def stage_rows(metrics: dict) -> list[dict]:
     """The rank with tp = 0, dp = 0 of each pipeline stage, in stage order."""
     rows = [r for r in metrics["ranks"] if r["tp"] == 0 and r["dp"] == 0]
     return sorted(rows, key=lambda r: r["pp"])
-
-
-def _memory_unit(stages: list[dict]) -> tuple[str, int]:
-    """GiB, or MiB when no stage reaches 1 GiB (two decimals of GiB would all read 0.00)."""
-    return ("GiB", GiB) if max(r["peak_bytes"] for r in stages) >= GiB else ("MiB", MiB)
 
 
 def run_label(sc) -> str:
@@ -90,10 +66,10 @@ def _header(m: dict) -> list[str]:
     return [
         f"# simsp run: {markdown_text(m['scenario'])} ({m['mode']} mode)", "",
         f"Layout: t={lay['t']}{cp} p={lay['p']} d={lay['d']} on {lay['gpus']} GPUs "
-        f"({_plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}{_modules(lay)}, "
+        f"({plural(lay['nodes'], 'node')}), {sp}, recompute {lay['recompute']}{_modules(lay)}, "
         f"schedule {lay['schedule']}{_stage_layers(lay)}, micro-batch {lay['micro_batch']}, "
         f"global batch "
-        f"{lay['global_batch']} ({_plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
+        f"{lay['global_batch']} ({plural(lay['micro_batches'], 'micro-batch')} per data-parallel "
         f"replica){extra}.",
         f"Model: L={lay['layers']} h={lay['hidden']} a={lay['heads']} s={lay['seq']} "
         f"v={lay['vocab']}.", *_architecture(m), *_parameters(m), *_hardware_line(lay), ""]
@@ -197,7 +173,7 @@ def _performance(m: dict) -> list[str]:
     if m.get("loss") is not None:
         rows.append(["loss", f"{m['loss']:.6f}"])
     rows.append(["out of memory", "**yes**" if m["oom"] else "no"])
-    return ["## Performance", "", *_table(["metric", "value"], rows), "", _mfu_to_quote(m, source),
+    return ["## Performance", "", *table(["metric", "value"], rows), "", _mfu_to_quote(m, source),
             ""]
 
 
@@ -228,12 +204,12 @@ def _stages(m: dict, stages: list[dict]) -> list[str]:
         rows.append([str(stage), str(rank), pct(bubble)]
                     + [seconds(e.get(k, 0.0)) for k, _ in tracks])
     return ["## Pipeline stages: bubble and where the iteration time went", "",
-            *_table(header, rows), ""]
+            *table(header, rows), ""]
 
 
 def _memory(m: dict, stages: list[dict]) -> list[str]:
     """Per stage: peak bytes by category and the out-of-memory verdict."""
-    unit, scale = _memory_unit(stages)
+    unit, scale = memory_unit(stages)
     header = ["stage", "rank"] + [f"{name} ({unit})" for _, name in MEMORY_COLUMNS]
     header += [f"peak total ({unit})", "verdict"]
     rows = []
@@ -245,135 +221,12 @@ def _memory(m: dict, stages: list[dict]) -> list[str]:
                      verdict])
     lines = ["## Memory per pipeline stage (rank tp 0, dp 0)", "",
              "Each category's own peak; the peak total is the highest sum at one moment.", "",
-             *_table(header, rows, left=(len(header) - 1,)), ""]
+             *table(header, rows, left=(len(header) - 1,)), ""]
     failing = [r for r in stages if r["oom"]]
     if failing:
         explained = {s["stage"]: s for s in (m.get("oom_explanation") or {}).get("stages", [])}
-        lines += _oom(failing[0]) + _oom_categories(failing, explained)
-    return lines + _switches(m.get("oom_explanation"))
-
-
-def _allocator(m: dict) -> list[str]:
-    """The memory verdict (simsp/memory_verdict.py, the same as search's, sweep's and whatif's)
-    and each stage's rank through PyTorch's caching allocator (docs/allocator.md)."""
-    memory = m.get("memory")
-    if memory is None:
-        return []
-    header = ["stage", "rank", "capacity", "ledger peak", "allocated peak", "reserved peak",
-              "fragmentation at peak", "headroom", "allocator"]
-    rows = [[str(s["stage"]), str(s["rank"])]
-            + [format_bytes(s[key]) for key in ("capacity_bytes", "peak_bytes",
-                                                  "allocated_peak_bytes", "reserved_peak_bytes",
-                                                  "fragmentation_at_peak_bytes", "headroom_bytes")]
-            + [_allocator_verdict(s["allocator_oom"])] for s in memory["stages"]]
-    allocator = [
-        "Each stage's rank replayed through PyTorch's caching allocator (default settings): "
-        "allocated is what the tensors hold in 512 B blocks, reserved what the allocator "
-        "holds in segments; fragmentation is reserved − allocated at the allocated peak; "
-        "where the allocator runs out of memory, its peaks are those before the request it "
-        "could not serve. Headroom is capacity − reserve − ledger peak.", "",
-        *_table(header, rows, left=(len(header) - 1,)), ""] if rows else [
-        "`--caching-allocator` replays each stage's rank through PyTorch's caching allocator "
-        "(reserved and allocated peaks, fragmentation).", ""]
-    reserve, headroom = memory["memory_reserve_bytes"] / GiB, memory["headroom_bytes"] / GiB
-    verdict = ("**fits**" if memory["fits"] else "**does not fit**") + (
-        f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
-        f"{memory['capacity_bytes'] / GiB:.2f} GiB leaves {headroom:.2f} GiB after the "
-        f"{reserve:.2f} GiB reserve" if headroom >= 0 else
-        f": the busiest rank's peak {memory['peak_bytes_max'] / GiB:.2f} GiB of "
-        f"{memory['capacity_bytes'] / GiB:.2f} GiB is {-headroom:.2f} GiB over its "
-        f"{reserve:.2f} GiB reserve")
-    return ["## Memory against the GPU: verdict and PyTorch's caching allocator", "",
-            f"Verdict (the one `simsp search`, `sweep` and `whatif` give; `--memory-reserve`"
-            f"{'; out of memory' if m['oom'] else ''}): {verdict}.", "",
-            *_non_tensor_lines(memory), *allocator]
-
-
-def _non_tensor_lines(memory: dict) -> list[str]:
-    """The non-tensor memory, item by item with its source (docs/non_tensor_memory.md), and
-    whether `--memory-reserve` replaced it in the verdict."""
-    items = memory.get("non_tensor", {})
-    if not items:
-        return []
-    total = sum(item["bytes"] for item in items.values())
-    rows = [[name, format_bytes(item["bytes"]), item["source"]] for name, item in items.items()]
-    rows.append(["total", format_bytes(total), ""])
-    used = ("the reserve" if abs(total - memory["memory_reserve_bytes"]) < 1 else
-            "replaced by `--memory-reserve` in the verdict")
-    return [f"Non-tensor memory per GPU (docs/non_tensor_memory.md), {used}:", "",
-            *_table(["item", "bytes", "source"], rows, left=(0, 2)), ""]
-
-
-def _allocator_verdict(oom: dict | None) -> str:
-    """The allocator's own verdict: fits, or the request it could not serve."""
-    return "fits" if oom is None else f"**OOM** ({format_bytes(oom['bytes_asked'])} asked)"
-
-
-def _oom_categories(failing: list[dict], explained: dict) -> list[str]:
-    """Bytes by category at each failing stage's first failed allocation, largest first, and
-    the cause in words (the largest category)."""
-    known = [explained[r["pp"]] for r in failing if r["pp"] in explained]
-    if not known:
-        return []
-    order = list(known[0]["in_use_by_category_bytes"])  # largest first on the first stage
-    unit, scale = _memory_unit(failing)
-    header = ["stage", "failed op (tensor)", "asked"] + [f"{c} ({unit})" for c in order]
-    rows = []
-    for r, e in zip(failing, known):
-        o, in_use = r["oom_detail"], e["in_use_by_category_bytes"]
-        rows.append([str(r["pp"]), f"`{o['op']}` (`{o['tensor']}`)", format_bytes(o["bytes_asked"])]
-                    + [f"{in_use[c] / scale:.2f}" for c in order])
-    causes = {next(iter(e["in_use_by_category_bytes"])) for e in known}
-    first = known[0]["in_use_by_category_bytes"]
-    cause = order[0]
-    where = "every failing stage" if causes == {cause} else f"stage {known[0]['stage']}"
-    return [f"Memory in use when the first allocation failed, by category (largest first), on "
-            f"each of the {len(failing)} failing stages:", "",
-            *_table(header, rows, right_from=2), "",
-            f"Cause: **{cause}** are the largest part on {where} ({format_bytes(first[cause])} "
-            f"of {format_bytes(sum(first.values()))} in use on stage {known[0]['stage']}, "
-            f"{pct(first[cause] / sum(first.values()))}).", ""]
-
-
-def _switch_row(s: dict) -> list[str]:
-    """One candidate switch of the out-of-memory advice as a table row."""
-    if not s["valid"]:
-        return [s["switch"], f"`{s['flags']}`", "not a valid layout", "", s["reason"]]
-    verdict = "**fits**" if s["fits"] else "out of memory"
-    return [s["switch"], f"`{s['flags']}`", format_bytes(s["peak_bytes"]),
-            f"stage {s['worst_stage']}", verdict, seconds(s["iteration_time_s"])]
-
-
-def _switches(explanation: dict | None) -> list[str]:
-    """Each candidate switch with the peak of its own simulated iteration (meta mode)."""
-    if not explanation:
-        return []
-    fits = [s["switch"] for s in explanation["switches"] if s.get("fits")]
-    rows = [_switch_row(s) for s in explanation["switches"]]
-    rows = [r + [""] * (6 - len(r)) for r in rows]
-    return ["### Switches that would bring it under capacity", "",
-            "Each row is its own simulated iteration of the modified scenario (meta mode): its "
-            "worst-stage peak against the capacity, and its iteration time.", "",
-            *_table(["switch", "flags", "peak", "worst stage", "verdict", "iteration time"],
-                    rows, right_from=2, left=(4,)), "",
-            ("Fits: " + ", ".join(fits) + ".") if fits else "None of these fits alone.", ""]
-
-
-def _oom(r: dict) -> list[str]:
-    """A rank out of memory: the allocation that failed and the largest tensors live then."""
-    o = r["oom_detail"]
-    lines = [f"### Out of memory on stage {r['pp']} (rank {r['rank']})", "",
-             f"The first allocation that did not fit: op `{o['op']}` (tensor `{o['tensor']}`) "
-             f"at t = {format_seconds(o['time_s'])} asked for {format_bytes(o['bytes_asked'])} "
-             f"with {format_bytes(o['bytes_in_use'])} in use of "
-             f"{format_bytes(o['capacity_bytes'])} capacity.", ""]
-    if o["largest_live"]:
-        rows = [[f"`{t['name']}`", t["category"], format_bytes(t["bytes"])]
-                for t in o["largest_live"]]
-        lines += ["Largest single live tensors at that moment (each is small; the categories "
-                  "below add up to the cause):", "",
-                  *_table(["tensor", "category", "size"], rows, right_from=2), ""]
-    return lines
+        lines += oom_section(failing[0]) + oom_categories(failing, explained)
+    return lines + switch_section(m.get("oom_explanation"))
 
 
 def _activations(m: dict, stages: list[dict]) -> list[str]:
@@ -387,7 +240,7 @@ def _activations(m: dict, stages: list[dict]) -> list[str]:
              f"{measured:,}"],
             ["difference (measured vs formula)", diff, ""]]
     return ["## First-stage activation memory", "",
-            *_table(["", "size", "bytes"], rows), ""]
+            *table(["", "size", "bytes"], rows), ""]
 
 
 def _layer_tensors(m: dict) -> list[str]:
@@ -401,7 +254,7 @@ def _layer_tensors(m: dict) -> list[str]:
              [f"closed form ({_layer_doc(m)})", format_bytes(lt["formula_bytes"]),
               f"{lt['formula_bytes']:,}"]]
     return ["## One layer's kept tensors (rank 0, largest first)", "",
-            *_table(["tensor", "size", "bytes"], rows), ""]
+            *table(["tensor", "size", "bytes"], rows), ""]
 
 
 def _value(v) -> str:
@@ -418,7 +271,7 @@ def _calibration(m: dict) -> list[str]:
             rows += [[group, f"`{k}`", _value(v)] for k, v in values.items()]
         else:
             rows.append([group, "", f"`{values}`"])
-    lines += _table(["group", "constant", "value"], rows, right_from=2) if rows else ["(none)"]
+    lines += table(["group", "constant", "value"], rows, right_from=2) if rows else ["(none)"]
     shortcuts = m.get("shortcuts", {})
     used = [k for k, v in shortcuts.items() if v]
     lines += ["", "## Shortcuts", "",
@@ -447,7 +300,7 @@ def _expert_load(metrics: dict) -> list[str]:
            str(moe["routed_pairs"]), f"{moe['dropped_pairs']} ({pct(moe['dropped_fraction'])})",
            str(moe["padding_rows"]), format_bytes(max(sent.values(), default=0))]
     return ["## Mixture of experts: expert load (forward, whole iteration)", "",
-            *_table(header, [row]), ""]
+            *table(header, [row]), ""]
 
 
 def summary_text(metrics: dict) -> str:
@@ -456,7 +309,7 @@ def summary_text(metrics: dict) -> str:
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
              + overlap_lines(metrics)
              + _expert_load(metrics)
-             + _memory(metrics, stages) + _allocator(metrics) + _activations(metrics, stages) + _layer_tensors(metrics)
+             + _memory(metrics, stages) + allocator_section(metrics) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _sharding(metrics) + _calibration(metrics))
     return "\n".join(lines).rstrip("\n") + "\n"
 
