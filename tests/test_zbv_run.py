@@ -10,6 +10,7 @@ from simsp.errors import UserError
 from simsp.report.run.figures.schedule import stage_intervals
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import simulate_iteration
+from simsp.training.pipeline.dualpipe import dualpipev
 from simsp.training.pipeline.op_step import OpSchedule, single
 from simsp.training.pipeline.zero_bubble import zbv
 from tests.test_pipeline import run_metrics, scenario, stage_activation_peaks
@@ -53,6 +54,17 @@ def test_stage_bubbles_are_the_unit_time_schedulers():
     stage 0's embedding, head and loss)."""
     for idle, unit_time in idle_against_unit_time("zbv", zbv_ops):
         assert idle == pytest.approx(unit_time, rel=0.03)
+
+
+def test_dualpipev_ranks_idle_is_its_op_lists_with_full_backwards_sent_after_w():
+    """DualPipeV at p 4, m 8, t 1: each rank's idle against op_timing.simulate_ops of
+    dualpipev.py's op lists (a pair's and a full backward's outputs sent when the op ends, as
+    `_backward_chunk(enable_zb=False)` sends after B and W) with the run's own F, B, W: within
+    5% (the p2p hops, rank 0's embedding, head and loss). Sending a full backward's input
+    gradient before its W, as the run once did, left 6-8% less idle than upstream's order
+    allows."""
+    for idle, unit_time in idle_against_unit_time("dualpipev", dualpipev):
+        assert idle == pytest.approx(unit_time, rel=0.05)
 
 
 def test_the_schedule_figure_draws_each_kind_of_step_apart():

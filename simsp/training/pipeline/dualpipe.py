@@ -189,14 +189,16 @@ def pair_forwards(pp: int, m: int, rank: int, name: str = "dualpipe") -> frozens
                      for task in op.tasks if task.kind == FORWARD)
 
 
-def sent_after_weight(pp: int, m: int, rank: int) -> frozenset:
-    """The run steps whose output DualPipe sends only after the W that follows: a pair's forward
-    and every full backward BW (upstream computes the pair, or B and W, then `_send_forward`
-    and `_send_backward`); a zero-bubble B sends before its W."""
+def sent_after_weight(pp: int, m: int, rank: int, name: str = "dualpipe") -> frozenset:
+    """The run steps whose output DualPipe (or DualPipeV, `name`) sends only after the W that
+    follows: a pair's forward and every full backward BW (upstream computes the pair, or B and
+    W in one `_backward_chunk(enable_zb=False)`, then `_send_forward` and `_send_backward`:
+    dualpipe.py and dualpipev.py alike); a zero-bubble B sends before its W."""
+    builder = {"dualpipe": dualpipe, "dualpipev": dualpipev}[name]
     full = frozenset(Step(BACKWARD, task.micro_batch, task.chunk)
-                     for op in dualpipe(pp, m).ops[rank] for task in op.tasks
+                     for op in builder(pp, m).ops[rank] for task in op.tasks
                      if task.kind == FULL_BACKWARD)
-    return pair_forwards(pp, m, rank) | full
+    return pair_forwards(pp, m, rank, name) | full
 
 
 def defer_sends(program: list, deferred: frozenset) -> list:

@@ -251,9 +251,10 @@ def _program(parallel, plan: StagePlan, split: bool) -> list:
     non-blocking calls of a split-backward schedule."""
     if split:
         program = split_backward_program(list(plan.steps))
-        if parallel.schedule_name == "dualpipe":  # a pair's (a BW's) outputs after its W
-            program = defer_sends(program, sent_after_weight(plan.p, parallel.num_micro_batches,
-                                                             plan.pp))
+        name = parallel.schedule_name
+        if name in ("dualpipe", "dualpipev"):  # a pair's (a BW's) outputs after its W
+            program = defer_sends(program, sent_after_weight(
+                plan.p, parallel.num_micro_batches, plan.pp, name))
         return program
     return megatron_program(list(plan.steps), parallel.schedule_name,
                             _warmup(parallel, plan), parallel.overlap_p2p_communication)
