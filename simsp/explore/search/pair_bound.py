@@ -18,7 +18,8 @@ max of sums of durations, none decreasing when a duration grows) bounds the iter
 
 Not bounded (0): per-layer CUDA graphs, whose capture depth the two processes of a pair share
 (model/cuda_graphs.py), so a kernel of one half may be charged the graphed launch while the
-other half is inside a captured region: shorter than the layer alone measured it.
+other half is inside a captured region: shorter than the layer alone measured it. A
+whole-iteration graph charges every kernel its graphed time, alone as in the run: bounded.
 """
 
 from functools import lru_cache
