@@ -30,7 +30,7 @@ class Wide(Executor):
 
 def outcome(executor) -> tuple:
     with executor:
-        found = search(base(), 4, 8, executor, ResultCache(None), top=2)  # 289 pruned
+        found = search(base(), 8, 8, executor, ResultCache(None), top=2)  # 542 pruned
     return found.pruned_bound, found.pruned_memory, [row["variant"] for row in found.rows], \
         [row["iteration_time_s"] for row in found.rows]
 

@@ -15,14 +15,16 @@ dtype, so a layout they rule out provably loses (docs/exploration.md gives the p
   taking that time and no communication, since the run executes the same steps in the same
   order and every end in such a list schedule is a max of sums of durations, none decreasing
   when a duration grows. At F = B = W it is ZB §2's and DeepSeek-V3 Table 2's closed forms.
+  Where DualPipe's or DualPipeV's F&B pairs overlap (TP or EP collectives to hand over at) a
+  pair takes the compute kernels' seconds of its F, B and W alone, which run one at a time on
+  the rank's compute stream, its collectives free to hide (pair_bound.py).
 - memory: stage 0 allocates its weights, gradients and optimizer state (bytes per parameter as
   simsp's allocators give them) before its first step and holds them to the end, and at the
   schedule's busiest moment it keeps the activations of
   every (micro-batch, chunk) whose forward is done and backward not (simsp.training.pipeline.schedules
   max_in_flight, exact for the schedule simsp runs; where DualPipe's or DualPipeV's F&B pairs
   overlap (TP or EP collectives to hand over at) a pair is counted backward first, as the run
-  may free its backward's chunk before its forward keeps one, and there is no time bound: the
-  collectives timed in the chunk's F, B and W may hide behind the other half of a pair). Each held chunk keeps at least its layers'
+  may free its backward's chunk before its forward keeps one). Each held chunk keeps at least its layers'
   saved tensors, measured from the ledger of the layer simulated alone. Under FSDP the static
   bytes are what the strategy keeps for the whole iteration, each sharded part at no more than
   its 1/d share (a unit's padding only adds); gathered copies and unsharded gradients are
@@ -57,6 +59,8 @@ from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.engine.group_timing import RING_ALONE, STEP_BY_STEP
 from simsp.hardware.constants import GPUS
 from simsp.training.driver.layer_sim import PREFIX, simulate_layer
+from simsp.explore.search.pair_bound import PER_LAYER_GRAPHS, overlapped_pairs_time
+from simsp.scenario.cuda_graphs import graph_impl
 from simsp.model.blocks.moe.placement import is_expert_param
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
@@ -80,6 +84,7 @@ class LayerCost:
     expert_elements: int  # this rank's expert parameters (E/EP experts, f/ETP each)
     static_bytes_per_element: tuple  # (weights, gradients, optimizer unsharded) bytes
     steps: tuple = ()  # (F, B, W) seconds with the backward split (B then W); () if not split
+    compute: tuple = ()  # (F, B, W) of compute kernels alone (full rate); () if not split
 
     def static_bytes(self, layers: int, dense_shard: int, expert_shard: int) -> float:
         """Weights, gradients and optimizer state of `layers` such layers on a rank, the
@@ -132,7 +137,8 @@ def _simulated_layer(sc: Scenario, split: bool = False) -> LayerCost:
     seconds = result.forward_time_s + result.backward_time_s
     steps = (result.forward_time_s, result.input_grad_time_s,
              result.weight_grad_time_s) if split else ()
-    return LayerCost(seconds, kept, dense, expert, per_element, steps)
+    compute = result.compute_steps_s if split else ()
+    return LayerCost(seconds, kept, dense, expert, per_element, steps, compute)
 
 
 def _expert_grid_dp(sc: Scenario) -> int:
@@ -189,10 +195,13 @@ def layer_kept_bytes(sc: Scenario, granularity: str) -> int:
     return min(cost.kept_bytes for cost in layer_costs(sc, granularity))
 
 
-def split_layer_seconds(sc: Scenario, granularity: str) -> tuple[float, float, float]:
+def split_layer_seconds(sc: Scenario, granularity: str,
+                        compute: bool = False) -> tuple[float, float, float]:
     """(F, B, W): the fewest seconds any layer of the model takes in each step of a split
-    backward under `granularity` (each the smallest over the layer kinds on its own)."""
-    steps = [cost.steps for cost in layer_costs(sc, granularity, split=True)]
+    backward under `granularity` (each the smallest over the layer kinds on its own);
+    `compute`: of its compute kernels alone."""
+    steps = [cost.compute if compute else cost.steps
+             for cost in layer_costs(sc, granularity, split=True)]
     return tuple(min(kind[i] for kind in steps) for i in range(3))
 
 
@@ -223,12 +232,13 @@ def chunk_seconds(sc: Scenario) -> float:
     return rebuilt * own + (layers - rebuilt) * layer_seconds(sc, "none")
 
 
-def chunk_steps(sc: Scenario) -> tuple[float, float, float]:
+def chunk_steps(sc: Scenario, compute: bool = False) -> tuple[float, float, float]:
     """(F, B, W) of one model chunk under a split backward, from its layers alone (block
-    recompute: the first N layers at the full-recompute cost, the rest at none's)."""
+    recompute: the first N layers at the full-recompute cost, the rest at none's);
+    `compute`: of their compute kernels alone."""
     layers, rebuilt = layers_per_chunk(sc), _chunk_recomputed_layers(sc)
-    own = split_layer_seconds(sc, sc.parallel.recompute_granularity)
-    plain = own if rebuilt == layers else split_layer_seconds(sc, "none")
+    own = split_layer_seconds(sc, sc.parallel.recompute_granularity, compute)
+    plain = own if rebuilt == layers else split_layer_seconds(sc, "none", compute)
     return tuple(rebuilt * o + (layers - rebuilt) * q for o, q in zip(own, plain))
 
 
@@ -255,11 +265,16 @@ def bounded(sc: Scenario) -> bool:
 
 def time_lower_bound(sc: Scenario) -> float:
     """T ≥ (m·v + p − 1)·(C_f + C_b), or for a split-backward schedule the list schedule of
-    its own steps at the chunk's F, B, W (module docstring); 0 without its premises, and 0
-    where F&B pairs overlap (their collectives, timed in F, B, W, may hide)."""
-    if not bounded(sc) or pairs_overlap(sc):
+    its own steps at the chunk's F, B, W (module docstring), an overlapped F&B pair at the
+    compute of its F, B and W (pair_bound.py); 0 without its premises."""
+    if not bounded(sc):
         return 0.0
     p = sc.parallel
+    if pairs_overlap(sc):
+        if graph_impl(p) in PER_LAYER_GRAPHS:
+            return 0.0
+        return overlapped_pairs_time(p.schedule_name, p.pp, p.num_micro_batches,
+                                     chunk_steps(sc), chunk_steps(sc, compute=True))
     chunks = chunks_per_stage(sc.model, p)
     if p.schedule_name in SPLIT_BACKWARD:
         return split_schedule_time(p.schedule_name, p.pp, p.num_micro_batches, chunks,

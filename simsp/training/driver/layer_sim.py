@@ -31,6 +31,7 @@ class RankRecord:
     forward_end_s: float = 0.0
     input_grad_end_s: float = 0.0  # the end of B when the backward is split, else of backward
     backward_end_s: float = 0.0
+    busy_s: tuple = (0.0, 0.0, 0.0)  # compute-stream seconds (full rate) by those three ends
     activation_bytes: int = 0
     saved: list = field(default_factory=list)  # [(name, bytes)] in the order kept
     out: np.ndarray | None = None  # (s_l, b, h)
@@ -63,6 +64,13 @@ class LayerResult:
         """W of a split backward: the deferred weight-gradient GEMMs (0 when not split)."""
         return self.forward_time_s + self.backward_time_s - \
             max(rec.input_grad_end_s for rec in self.records)
+
+    @property
+    def compute_steps_s(self) -> tuple[float, float, float]:
+        """(F, B, W) of compute alone: each the fewest seconds of compute kernels (their
+        full-rate times, Rank.busy_s) any rank ran in that step, communication left out."""
+        steps = [(f, b - f, w - b) for f, b, w in (rec.busy_s for rec in self.records)]
+        return tuple(min(step[i] for step in steps) for i in range(3))
 
 
 def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
@@ -126,6 +134,7 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     shape = (s_local, b, spec.model.hidden_size)
     x = r.alloc(shape, FP16, "layer_input", data=_seq_shard(r, x_full))
     r.phase = "forward"
+    marks = [_busy(r)]
     if spec.recompute == "full":
         r.save(x, "layer_input")
         out, _ = yield from layer_forward(r, spec, w, x, keep=False)
@@ -133,6 +142,7 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     else:
         out, saved = yield from layer_forward(r, spec, w, x)
     rec.forward_end_s = r.env.now
+    marks.append(_busy(r))
     rec.activation_bytes = r.ledger.live_bytes("activations")
     live = r.ledger.live  # the ledger's bytes: FP8-saved inputs are smaller than t.nbytes
     rec.saved = [(name, live[t.key].nbytes if t.key in live else t.nbytes)
@@ -145,12 +155,19 @@ def layer_program(r, spec: LayerSpec, b: int, shapes: dict, params, x_full, dout
     dx = yield from layer_backward(r, spec, w, g, saved, dout)
     r.wgrad = None
     rec.input_grad_end_s = r.env.now
+    marks.append(_busy(r))
     if store is not None:
         yield from store.run(r)
     rec.backward_end_s = r.env.now  # Megatron reduces SP-partial grads once per iteration
+    rec.busy_s = tuple(mark - marks[0] for mark in marks[1:] + [_busy(r)])
     yield from sync_sequence_parallel_grads(r, g, PREFIX)
     rec.dx, rec.grads = dx.data, g
     r.free(dx)
+
+
+def _busy(r) -> float:
+    """Seconds of compute kernels rank r has run so far, each at its full-rate time."""
+    return sum(r.busy_s.values())
 
 
 def simulate_layer(sc: Scenario, method: str = STEP_BY_STEP, keep_experts: bool = False,
