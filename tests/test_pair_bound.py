@@ -36,10 +36,10 @@ def test_dualpipe_on_two_ranks_worked_by_hand(steps, compute):
                                         ("dualpipev", 4, 8)])
 def test_pairs_at_their_full_steps_give_the_bound_without_overlap(name, p, m):
     """With the pair's compute at the full F, B, W the bound is the one without overlap
-    (DualPipe Table 2's 3m + PP − 2, DualPipeV's 6m + n − 1 at unit times); less compute in the
+    (DualPipe Table 2's 3m + PP − 2, DualPipeV's 6m + 2(n − 1) at unit times); less compute in the
     pairs never gives more."""
     unit = (1.0, 1.0, 1.0)
-    closed = 3 * m + p - 2 if name == "dualpipe" else 6 * m + p - 1
+    closed = 3 * m + p - 2 if name == "dualpipe" else 6 * m + 2 * (p - 1)
     assert overlapped_pairs_time(name, p, m, unit, unit) == pytest.approx(closed, abs=1e-12)
     assert split_schedule_time(name, p, m, 2, unit) == pytest.approx(closed, abs=1e-12)
     assert overlapped_pairs_time(name, p, m, unit, (0.5, 0.5, 0.5)) < closed

@@ -49,14 +49,12 @@ def test_dualpipe_bound_is_table_2_at_equal_times(pp, m):
 
 
 @pytest.mark.parametrize("n, m", [(2, 4), (2, 8), (4, 8), (4, 12), (8, 16)])
-def test_dualpipev_bound_at_equal_times(n, m):
-    """DualPipeV on n ranks runs its pairs' steps one by one, each sent when it ends (not after
-    the pair, as DualPipe's run does): rank n − 1 cannot start before chunk 0 has crossed
-    n − 1 ranks, then has 2m F, B and W (6m units) to run, and the step lists never leave it
-    idle after that: 6m + n − 1, under Table 2's 6m + 2(n − 1) for op lists that send after
-    the pair."""
+def test_dualpipev_bound_is_table_2_at_equal_times(n, m):
+    """DualPipeV on n ranks (2n stages) runs its op lists as DualPipe does, a pair's and a full
+    backward's outputs sent after the op (dualpipev.py): every rank does 2m chunk forwards and
+    backwards (6m units) and idles Table 2's (PP/2 − 1)(F&B + B − 3W) with PP = 2n: 6m + 2(n − 1)."""
     assert split_schedule_time("dualpipev", n, m, 2, (1.0, 1.0, 1.0)) == pytest.approx(
-        6 * m + n - 1, abs=1e-12)
+        6 * m + 2 * (n - 1), abs=1e-12)
 
 
 def layout(schedule: str, pp: int, layers: int, tp: int, sp: bool, recompute: str, b: int,

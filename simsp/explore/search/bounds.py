@@ -282,23 +282,23 @@ def time_lower_bound(sc: Scenario) -> float:
     return (p.num_micro_batches * chunks + p.pp - 1) * chunk_seconds(sc)
 
 
-# Op lists whose run sends a pair's (and a full backward's) outputs after the op ends and waits
-# both inputs before a pair (training/pipeline/stage_program.py): DualPipe's; DualPipeV runs
-# its steps one by one, each sending when it ends, so its step lists are what bounds it.
-DUAL_OPS = {"dualpipe": dualpipe}
-PAIRED_OPS = {"dualpipe": dualpipe, "dualpipev": dualpipev}  # schedules with F&B pairs
+# The schedules with F&B pairs, by their op lists: the run sends a pair's (and a full
+# backward's) outputs after the op ends and waits both inputs before a pair
+# (training/pipeline/stage_program.py), as dualpipe.py and dualpipev.py do.
+PAIRED_OPS = {"dualpipe": dualpipe, "dualpipev": dualpipev}
 
 
 @lru_cache(maxsize=1024)
 def split_schedule_time(name: str, p: int, m: int, v: int, steps: tuple) -> float:
     """The iteration time of schedule `name`'s own step lists run as soon as each step's input
     is there, every F, B, W taking steps = (F, B, W) seconds, no communication
-    (schedule_timing.simulate_uniform; DualPipe's op lists by op_timing.simulate_ops, a pair's
+    (schedule_timing.simulate_uniform; DualPipe's and DualPipeV's op lists by
+    op_timing.simulate_ops, a pair's
     and a full backward's outputs sent when the op ends, as the run sends them): at equal times
     the ZB paper's and DeepSeek-V3 Table 2's bubbles (docs/schedules.md, docs/dualpipe.md)."""
     forward, input_grad, weight_grad = steps
-    if name in DUAL_OPS:
-        ops = DUAL_OPS[name](p, m)
+    if name in PAIRED_OPS:
+        ops = PAIRED_OPS[name](p, m)
         return simulate_ops(ops, Durations(forward, input_grad, weight_grad)).iteration_time
     timeline = simulate_uniform(build_schedule(name, p, m, v), p, v, forward, input_grad,
                                 weight_time=weight_grad, placement=placement_of(name))

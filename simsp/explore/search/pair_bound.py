@@ -12,7 +12,7 @@ contention only lowers the rate: engine/sm_share.py). So a pair lasts at least
 F_c + B_c + W_c, the compute-kernel seconds of the chunk's F, B and W measured on the layer
 simulated alone (layer_sim `compute_steps_s`), while its collectives may all hide. Steps
 outside pairs run one at a time as in a run without the overlap and keep the layer's full
-F, B, W. Each model op (or step) then takes no more than the run's, the pair waits both inputs
+F, B, W. Each model op then takes no more than the run's, the pair waits both inputs
 before it starts and sends after it ends in the run, so the list-schedule argument (every end a
 max of sums of durations, none decreasing when a duration grows) bounds the iteration.
 
@@ -24,39 +24,16 @@ whole-iteration graph charges every kernel its graphed time, alone as in the run
 
 from functools import lru_cache
 
-from simsp.training.pipeline.dualpipe import dualpipe, dualpipev_steps, pair_steps
+from simsp.training.pipeline.dualpipe import dualpipe, dualpipev
 from simsp.training.pipeline.op_timing import Durations, simulate_ops
-from simsp.training.pipeline.schedule_check import dependency, execution_order, key_of
-from simsp.training.pipeline.schedule_step import BACKWARD, FORWARD, V_SHAPE, WEIGHT
 
 PER_LAYER_GRAPHS = ("local", "transformer_engine")  # scenario/cuda_graphs.py graph_impl values
 
 
 @lru_cache(maxsize=1024)
 def overlapped_pairs_time(name: str, p: int, m: int, steps: tuple, compute: tuple) -> float:
-    """The iteration time of `name`'s own op (DualPipe) or step (DualPipeV) lists, each pair
-    taking the sum of `compute` = (F_c, B_c, W_c) and every other op or step its
-    `steps` = (F, B, W) seconds, no communication; see the module docstring."""
-    if name == "dualpipe":
-        durations = Durations(*steps, pair=sum(compute))
-        return simulate_ops(dualpipe(p, m), durations).iteration_time
-    return _mixed_step_time(p, m, steps, compute)
-
-
-def _mixed_step_time(p: int, m: int, steps: tuple, compute: tuple) -> float:
-    """DualPipeV's step lists run as soon as each step's input is there (as
-    schedule_timing.simulate_uniform does), a pair's F, B and W at their compute seconds, the
-    other steps at `steps`' (each step's output there when it ends)."""
-    schedule = dualpipev_steps(p, m)
-    paired = [pair_steps("dualpipev", p, m, stage) for stage in range(p)]
-    free, end = [0.0] * p, {}
-    for stage, step in execution_order(schedule, p, 2, V_SHAPE):
-        need = dependency(step, stage, p, 2, V_SHAPE)
-        start = max(free[stage], 0.0 if need is None else end[need])
-        times = compute if step in paired[stage] else steps
-        free[stage] = start + times[_KIND_INDEX[step.kind]]
-        end[key_of(step, stage, p, V_SHAPE)] = free[stage]
-    return max(free)
-
-
-_KIND_INDEX = {FORWARD: 0, BACKWARD: 1, WEIGHT: 2}  # a step's kind -> its index in (F, B, W)
+    """The iteration time of `name`'s own op lists (DualPipe's or DualPipeV's), each pair
+    taking the sum of `compute` = (F_c, B_c, W_c) and every other op its `steps` = (F, B, W)
+    seconds (a BW B + W), no communication; see the module docstring."""
+    builder = {"dualpipe": dualpipe, "dualpipev": dualpipev}[name]
+    return simulate_ops(builder(p, m), Durations(*steps, pair=sum(compute))).iteration_time
