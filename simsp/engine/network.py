@@ -98,6 +98,9 @@ class Network:
         self._wake: tuple[float, int, int] | None = None  # (time, flow id, token) of the wake
         self._token = 0  # bumps when a new wake-up replaces the pending one
         self.rate_computations = 0  # fair-share solves actually run (memo misses)
+        # link -> the one-hop ring pieces advanced in arithmetic on it (collectives/step_trains.py)
+        self.trains: dict = {}
+        self.step_trains = True  # off: such pieces step on the links (the tests' reference)
 
     @property
     def flows_started(self) -> int:
@@ -194,7 +197,12 @@ class Network:
         return self._routes[key]
 
     def _start_draining(self, flow: _Flow) -> None:
-        """A flow starts sharing its links: index it and mark its links changed."""
+        """A flow starts sharing its links: index it and mark its links changed (first handing
+        back to the network any pieces running in arithmetic on them, step_trains.py)."""
+        if self.trains:
+            for group in dict.fromkeys(self.trains.get(edge) for edge in flow.edges):
+                if group is not None:
+                    group.dissolve()
         self._draining[flow.flow_id] = flow
         flow_id, users = flow.flow_id, self._users
         for edge in flow.edges:
