@@ -63,6 +63,9 @@ class _Flow:
 class Network:
     """The links of one cluster graph inside one simpy environment."""
 
+    step_trains = True  # one-hop ring pieces in arithmetic (off: stepped on the links, the
+    # reference tests/test_fsdp_step_trains.py compares with)
+
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph,
                  calibration: LinkCalibration | None = None, trace: Trace | None = None,
                  image_loads: dict | None = None, link_reps: dict | None = None):
@@ -100,7 +103,6 @@ class Network:
         self.rate_computations = 0  # fair-share solves actually run (memo misses)
         # link -> the one-hop ring pieces advanced in arithmetic on it (collectives/step_trains.py)
         self.trains: dict = {}
-        self.step_trains = True  # off: such pieces step on the links (the tests' reference)
 
     @property
     def flows_started(self) -> int:
