@@ -74,7 +74,7 @@ def test_fsdp_rings_count_a_ring_phase_or_a_piece_per_collective():
     shortcuts = Shortcuts.for_scale(sc)
     counts = estimated_counts(sc, shortcuts)
     assert (counts.flows, counts.fsdp_flows, counts.piece_flows) == (0, 0, 0)
-    assert counts.train_steps == 72
+    assert (counts.train_steps, counts.train_collectives) == (72, 24)
     assert simulate_iteration(sc, shortcuts, trace="none").inputs.world.network \
         .flows_started < counts.train_steps
     assert estimated_counts(sc, Shortcuts()).fsdp_flows == 2304

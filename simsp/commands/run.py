@@ -128,7 +128,8 @@ def run(args) -> int:
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
                fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods),
                flows=counts.flows,
-               fsdp_flows=(counts.fsdp_flows, counts.piece_flows, counts.train_steps),
+               fsdp_flows=(counts.fsdp_flows, counts.piece_flows, counts.train_steps,
+                           counts.train_collectives),
                ep_pairs=counts.ep_pairs)
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:

@@ -52,6 +52,7 @@ class WorkCounts(NamedTuple):
     checked_pairs: int = 0  # ordered pairs of the all-to-all owners the check routes
     ep_pairs: float | None = None  # flows per all-to-all where not one per pair (_ep_pairs)
     train_steps: int = 0  # steps of FSDP pieces of one member per node, run in arithmetic
+    train_collectives: int = 0  # those pieces' collectives (phases)
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -87,7 +88,8 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces, piece_flows),
                       alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc),
-                      _ep_pairs(shortcuts), _fsdp_flows(sc, grid, ranks, pieces, train_steps))
+                      _ep_pairs(shortcuts), _fsdp_flows(sc, grid, ranks, pieces, train_steps),
+                      _fsdp_flows(sc, grid, ranks, pieces, train_phases))
 
 
 def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
@@ -154,7 +156,12 @@ def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
 
 def train_steps(gpus: tuple[int, ...], gpus_per_node: int) -> int:
     """Steps one phase of a piece of one member per node runs in arithmetic: n − 1."""
-    return len(gpus) - 1 if len({gpu // gpus_per_node for gpu in gpus}) == len(gpus) else 0
+    return (len(gpus) - 1) * train_phases(gpus, gpus_per_node)
+
+
+def train_phases(gpus: tuple[int, ...], gpus_per_node: int) -> int:
+    """1 where a ring is one member per node (its pieces run in arithmetic), else 0."""
+    return int(len({gpu // gpus_per_node for gpu in gpus}) == len(gpus))
 
 
 def _fsdp_flows(sc, grid: RankGrid, ranks, groups: set, per_phase) -> int:
@@ -238,7 +245,7 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     return symmetry + meta_seconds(sc, shortcuts.representative, _pieces(shortcuts),
                                    flows=counts.flows,
                                    fsdp_flows=(counts.fsdp_flows, counts.piece_flows,
-                                               counts.train_steps),
+                                               counts.train_steps, counts.train_collectives),
                                    a2a=(counts.a2a_flows, counts.checked_pairs),
                                    ep_pairs=counts.ep_pairs)
 
