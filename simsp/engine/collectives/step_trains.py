@@ -29,8 +29,8 @@ Edge = tuple[str, str]
 @dataclass(slots=True, eq=False)
 class _Train:
     """One piece in a group: its step's chunk and latency, the steps after the current one,
-    and the current step's state (draining: bytes left as of `updated_s` at `rate_Bps`;
-    else delivered at `deliver_s`)."""
+    and the current step's state (draining: bytes left as of `updated_s` at `rate_Bps`, the
+    last byte leaving at `due_s`; else delivered at `due_s`)."""
 
     chunk: float
     latency_s: float
@@ -40,8 +40,7 @@ class _Train:
     remaining: float = 0.0
     updated_s: float = 0.0
     rate_Bps: float = 0.0
-    finish_s: float = math.inf
-    deliver_s: float = math.inf
+    due_s: float = math.inf  # its next event: the drain's end, or the delivery
 
 
 class StepTrains:
@@ -67,7 +66,7 @@ class StepTrains:
         train = _Train(chunk, latency_s, steps_left, self.env.event(), remaining=float(chunk),
                        updated_s=now)
         self.trains.append(train)
-        self._retime(self.trains, now)
+        _retime(self.trains, now, self._rate_table(len(self.trains)))
         self._schedule()
         return train.done
 
@@ -83,7 +82,7 @@ class StepTrains:
                 delivery = self.network.load(self.edges, max(left, 0.0), train.latency_s)
             else:
                 delivery = self.env.event()
-                succeed_after(delivery, max(train.deliver_s - now, 0.0), None)
+                succeed_after(delivery, max(train.due_s - now, 0.0), None)
             train.done.succeed((delivery, train.steps_left))
         self.trains = []
 
@@ -131,23 +130,27 @@ class StepTrains:
         steps starting) in time order, in place; stop after the first instant a piece ends if
         `stop_at_end`. Returns (that instant or inf, the pieces that ended)."""
         live, ended = list(trains), []
+        rates = self._rate_table(len(live))
         while live:
             if len(live) == 1:
                 end_s = self._alone(live[0], until_s)
                 if end_s <= until_s:
                     ended.append(live[0])
                 return end_s, ended
-            next_s = min(t.finish_s if t.draining else t.deliver_s for t in live)
+            next_s = math.inf
+            for train in live:
+                if train.due_s < next_s:
+                    next_s = train.due_s
             if next_s > until_s:
                 break
             changed = False
             for train in live:
                 if train.draining:
-                    if train.finish_s == next_s or train.remaining - train.rate_Bps * (
+                    if train.due_s == next_s or train.remaining - train.rate_Bps * (
                             next_s - train.updated_s) <= DRAINED_FRACTION * train.chunk:
-                        train.draining, train.deliver_s = False, next_s + train.latency_s
+                        train.draining, train.due_s = False, next_s + train.latency_s
                         changed = True
-                elif train.deliver_s == next_s:
+                elif train.due_s == next_s:
                     if not train.steps_left:
                         ended.append(train)
                         continue
@@ -157,7 +160,7 @@ class StepTrains:
             if ended and ended[-1] in live:
                 live = [t for t in live if t not in ended]
             if changed:
-                self._retime(live, next_s)
+                _retime(live, next_s, rates)
             if ended and stop_at_end:
                 return next_s, ended
         return math.inf, ended
@@ -168,15 +171,13 @@ class StepTrains:
         latency L later, so step i after the current one's delivery d0 starts at
         d0 + (i - 1)(x + L). Returns when its last step is delivered."""
         rate = self._rate(1)
-        if train.draining:  # at `rate` already: _retime runs whenever the draining count moves
-            first_s = train.finish_s + train.latency_s
-        else:
-            first_s = train.deliver_s
+        # a draining piece is at `rate` already: _retime runs whenever the draining count moves
+        first_s = train.due_s + train.latency_s if train.draining else train.due_s
         period_s = train.chunk / rate + train.latency_s
         end_s = first_s + train.steps_left * period_s
         if end_s <= until_s or until_s < first_s:
-            if train.draining and train.finish_s <= until_s:
-                train.draining, train.deliver_s = False, first_s
+            if train.draining and train.due_s <= until_s:
+                train.draining, train.due_s = False, first_s
             return end_s
         done = min(int((until_s - first_s) // period_s), train.steps_left - 1)  # steps since
         start_s = first_s + done * period_s  # the step in flight at until_s started then
@@ -184,23 +185,14 @@ class StepTrains:
         drain_s = start_s + train.chunk / rate
         if until_s < drain_s:
             train.draining, train.remaining, train.updated_s = True, float(train.chunk), start_s
-            train.rate_Bps, train.finish_s = rate, drain_s
+            train.rate_Bps, train.due_s = rate, drain_s
         else:
-            train.draining, train.deliver_s = False, start_s + period_s
+            train.draining, train.due_s = False, start_s + period_s
         return end_s
 
-    def _retime(self, trains: list[_Train], now: float) -> None:
-        """The network's _retime for every draining piece whose fair rate changed."""
-        draining = [train for train in trains if train.draining]
-        if not draining:
-            return
-        rate = self._rate(len(draining))
-        for train in draining:
-            if rate != train.rate_Bps:
-                left = train.remaining - train.rate_Bps * (now - train.updated_s)
-                train.remaining = left if left > 0.0 else 0.0
-                train.updated_s, train.rate_Bps = now, rate
-                train.finish_s = now + train.remaining / rate
+    def _rate_table(self, pieces: int) -> list[float]:
+        """[k] each piece's fair rate with k of `pieces` draining (k = 0: none, 0.0)."""
+        return [0.0] + [self._rate(k) for k in range(1, pieces + 1)]
 
     def _rate(self, draining: int) -> float:
         """Each piece's max-min fair rate with `draining` of them on the links alone."""
@@ -208,6 +200,21 @@ class StepTrains:
             flows = {i: self.edges for i in range(draining)}
             self._rates[draining] = max_min_rates(flows, self.network.capacity_Bps)[0]
         return self._rates[draining]
+
+
+def _retime(trains: list[_Train], now: float, rates: list[float]) -> None:
+    """The network's _retime for every draining piece whose fair rate changed (`rates`: each
+    one's rate by the number draining)."""
+    draining = 0
+    for train in trains:
+        draining += train.draining
+    rate = rates[draining]
+    for train in trains:
+        if train.draining and rate != train.rate_Bps:
+            left = train.remaining - train.rate_Bps * (now - train.updated_s)
+            train.remaining = left if left > 0.0 else 0.0
+            train.updated_s, train.rate_Bps = now, rate
+            train.due_s = now + train.remaining / rate
 
 
 def joinable(network: Network, edges: tuple[Edge, ...]) -> StepTrains | None:
