@@ -196,10 +196,10 @@ def _units_split_evenly(sc, grid: RankGrid, graph: nx.DiGraph) -> bool:
     from simsp.training.data_parallel.fsdp_units import stage_units
     shapes = param_shapes(sc.padded_model)
     d = grid.dp * grid.cp
-    for rank, plan in stage_plans(sc, grid).items():
-        if grid.coords(rank)[:2] != (0, 0):
-            continue
-        divisor = piece_divisor(graph, list(grid.dp_cp_group(rank)), one_per_node=True)
+    # a stage's layers depend on its pipeline rank alone: one plan per stage, not per rank
+    for pp, plan in stage_plans(sc, RankGrid(1, grid.pp, 1, 1)).items():
+        group = grid.dp_cp_group(grid.rank_of(0, 0, pp))
+        divisor = piece_divisor(graph, list(group), one_per_node=True)
         numels = {n: math.prod(local_shape(n, shapes[n], grid.tp))
                   for n in stage_param_names(shapes, plan)}
         if divisor is None or any(unit.padded % divisor for unit in stage_units(numels, d)):
