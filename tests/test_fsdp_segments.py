@@ -130,3 +130,36 @@ def test_a_piece_is_worked_out_once_per_collective_group_and_size(monkeypatch):
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
     pieces = [s for s in run.inputs.world.comm.stats if s.gpus == tuple(range(16))]
     assert len(calls) == len(set(calls)) < len(pieces)
+
+
+def test_the_check_asks_each_group_once_what_its_units_must_divide_by():
+    """A piece needs nodes alike (m members each, or one per node with NICs at both ends) and
+    every chunk an equal slice per channel: n x m must divide each unit's elements. The check
+    asks the group once (ring_alone.py piece_divisor) where it asked node_segment per unit,
+    collective and element size; both agree. d = 16 on two 8-GPU nodes: 16 x 8 = 128; with
+    h 520 (4 heads) a layer unit holds 4,277,520 elements (520 x 1560 + 520 x 520 + 3 x 520 x 2048 +
+    2 x 520), a multiple of 16 but 16 past one of 128, so no ring runs as pieces."""
+    from simsp.cluster.topology import build_topology, nodes_hosting
+    from simsp.engine.collectives.ring_alone import node_segment, piece_divisor
+    from simsp.hardware.constants import LinkCalibration
+
+    sc = fsdp_scenario(16)
+    graph = build_topology(sc.cluster, nodes_hosting(range(16), 8))
+    calibration = LinkCalibration.from_cluster(sc.cluster)
+    assert piece_divisor(graph, list(range(16))) == 128
+    assert piece_divisor(graph, [0, 8], one_per_node=True) == 2
+    assert piece_divisor(graph, [0, 8]) is None  # one member per node, not asked for
+    assert piece_divisor(graph, list(range(12))) is None  # 8 and 4 members
+    for count in (128 * 3, 128 * 3 + 16):
+        assert (node_segment(graph, list(range(16)), calibration, "all_gather", 2 * count, 2)
+                is None) == bool(count % 128)
+    assert Shortcuts.for_scale(sc).groups(NODE_PIECE)
+    uneven = load_scenario("scenarios/llama3-8b.toml", {
+        **{("model", k): v for k, v in sc.model.__dict__.items() if k in (
+            "num_layers", "ffn_hidden_size", "seq_length", "vocab_size")},
+        ("model", "hidden_size"): 520, ("model", "num_attention_heads"): 4,
+        ("model", "num_query_groups"): 4, ("run", "mode"): "meta", ("cluster", "nodes"): 2,
+        ("parallel", "tensor_model_parallel_size"): 1, ("parallel", "sequence_parallel"): False,
+        ("parallel", "data_parallel_size"): 16, ("parallel", "use_torch_fsdp2"): True,
+        ("parallel", "global_batch_size"): 32, ("parallel", "micro_batch_size"): 1})
+    assert not Shortcuts.for_scale(uneven).groups(NODE_PIECE)
