@@ -62,17 +62,22 @@ def test_pieces_across_a_leaf_boundary_take_the_slowest_hop():
     assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)
 
 
-def test_rings_of_one_member_per_node_beside_the_pipeline_sends_run_as_pieces():
+def test_rings_of_one_member_per_node_beside_the_pipeline_sends_run_as_pieces(monkeypatch):
     """t8 p2 d4 ZeRO-3 on DGX H100 (tests/test_work_counts.py FSDP_T8): each DP ring holds one
     member per node and meets the pipeline sends on its NICs. Under the plain representative
     each member's NIC meets its own replica's sends, the image of the representative's, so
     the ring runs as the representative's one hop on its own NIC, up and down: the same
-    iteration and exposure, to the bit, as the ring stepped whole beside those sends."""
+    iteration and exposure, to the bit, as the ring stepped whole beside those sends. Its
+    steps run in arithmetic while only pieces use the NIC (engine/collectives/step_trains.py,
+    handed back to the network when a pipeline send starts there, which happens here): the
+    same to 1e-12."""
     from dataclasses import replace
 
     from simsp.cluster.topology import gpu_name
+    from simsp.engine.collectives import step_trains
     from simsp.engine.collectives.ring_alone import node_segment
     from simsp.engine.group_timing import STEP_BY_STEP
+    from simsp.engine.network import Network
     from simsp.hardware.constants import LinkCalibration
     from tests.test_work_counts import FSDP_T8, scenario
 
@@ -82,10 +87,23 @@ def test_rings_of_one_member_per_node_beside_the_pipeline_sends_run_as_pieces():
                                        for first in (*range(8), *range(32, 40))}
     stepped = replace(fast, methods=tuple((g, STEP_BY_STEP if m == NODE_PIECE else m)
                                           for g, m in fast.methods))
-    mine, theirs = (collect(simulate_iteration(sc, s, trace="none"), s) for s in (fast, stepped))
+    dissolved = []
+    real = step_trains.StepTrains.dissolve
+    monkeypatch.setattr(step_trains.StepTrains, "dissolve",
+                        lambda self: dissolved.append(self) or real(self))
+    trains = collect(simulate_iteration(sc, fast, trace="none"), fast)
+    monkeypatch.setattr(Network, "step_trains", False)
+    run = simulate_iteration(sc, fast, trace="none")
+    mine, theirs = collect(run, fast), collect(simulate_iteration(sc, stepped, trace="none"),
+                                               stepped)
     assert mine["iteration_time_s"] == theirs["iteration_time_s"]
     assert mine["exposed_s_per_stage"] == theirs["exposed_s_per_stage"]
-    run = simulate_iteration(sc, fast, trace="none")
+    assert dissolved
+    assert trains["iteration_time_s"] == pytest.approx(theirs["iteration_time_s"], rel=1e-12)
+    for got, want in zip(trains["exposed_s_per_stage"], theirs["exposed_s_per_stage"]):
+        assert got.keys() == want.keys()
+        assert [got[k] for k in got] == pytest.approx([want[k] for k in got], rel=1e-12,
+                                                      abs=1e-15)
     graph = run.inputs.world.network.graph
     _base, [(links, _latency, _chunk)] = node_segment(
         graph, [0, 8, 16, 24], LinkCalibration.from_cluster(sc.cluster), "all_gather", 2 ** 20,
@@ -112,3 +130,36 @@ def test_a_piece_is_worked_out_once_per_collective_group_and_size(monkeypatch):
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
     pieces = [s for s in run.inputs.world.comm.stats if s.gpus == tuple(range(16))]
     assert len(calls) == len(set(calls)) < len(pieces)
+
+
+def test_the_check_asks_each_group_once_what_its_units_must_divide_by():
+    """A piece needs nodes alike (m members each, or one per node with NICs at both ends) and
+    every chunk an equal slice per channel: n x m must divide each unit's elements. The check
+    asks the group once (ring_alone.py piece_divisor) where it asked node_segment per unit,
+    collective and element size; both agree. d = 16 on two 8-GPU nodes: 16 x 8 = 128; with
+    h 520 (4 heads) a layer unit holds 4,277,520 elements (520 x 1560 + 520 x 520 + 3 x 520 x 2048 +
+    2 x 520), a multiple of 16 but 16 past one of 128, so no ring runs as pieces."""
+    from simsp.cluster.topology import build_topology, nodes_hosting
+    from simsp.engine.collectives.ring_alone import node_segment, piece_divisor
+    from simsp.hardware.constants import LinkCalibration
+
+    sc = fsdp_scenario(16)
+    graph = build_topology(sc.cluster, nodes_hosting(range(16), 8))
+    calibration = LinkCalibration.from_cluster(sc.cluster)
+    assert piece_divisor(graph, list(range(16))) == 128
+    assert piece_divisor(graph, [0, 8], one_per_node=True) == 2
+    assert piece_divisor(graph, [0, 8]) is None  # one member per node, not asked for
+    assert piece_divisor(graph, list(range(12))) is None  # 8 and 4 members
+    for count in (128 * 3, 128 * 3 + 16):
+        assert (node_segment(graph, list(range(16)), calibration, "all_gather", 2 * count, 2)
+                is None) == bool(count % 128)
+    assert Shortcuts.for_scale(sc).groups(NODE_PIECE)
+    uneven = load_scenario("scenarios/llama3-8b.toml", {
+        **{("model", k): v for k, v in sc.model.__dict__.items() if k in (
+            "num_layers", "ffn_hidden_size", "seq_length", "vocab_size")},
+        ("model", "hidden_size"): 520, ("model", "num_attention_heads"): 4,
+        ("model", "num_query_groups"): 4, ("run", "mode"): "meta", ("cluster", "nodes"): 2,
+        ("parallel", "tensor_model_parallel_size"): 1, ("parallel", "sequence_parallel"): False,
+        ("parallel", "data_parallel_size"): 16, ("parallel", "use_torch_fsdp2"): True,
+        ("parallel", "global_batch_size"): 32, ("parallel", "micro_batch_size"): 1})
+    assert not Shortcuts.for_scale(uneven).groups(NODE_PIECE)

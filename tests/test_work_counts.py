@@ -34,9 +34,7 @@ CASES = {  # label -> (flags, shortcuts on)
         "--num-layers", "2", "--tensor-model-parallel-size", "4", "--no-sequence-parallel",
         "--recompute-granularity", "full", "--global-batch-size", "4", "--world-size", "8"],
         False),
-    # one DP member per node: the FSDP rings meet the pipeline sends on the NICs, stepped
-    "t8 SP p2 d4 Megatron-FSDP (ZeRO-3)": (FSDP_T8, True),
-}
+}  # t8 p2 d4 FSDP (FSDP_T8): its pieces' steps run in arithmetic (test below)
 
 
 def scenario(flags: list[str]):
@@ -68,11 +66,17 @@ def test_fsdp_rings_count_a_ring_phase_or_a_piece_per_collective():
     """Hand-counted: t8 p2 d4 ZeRO-3, 2 layers per stage, 2 micro-batches: per stage and layer
     two gathers and a reduce-scatter per micro-batch (12 collectives) on DP rings of 4 nodes,
     one member each, one channel. With the shortcuts the representative's ring meets only the
-    pipeline sends and runs as a piece, 1 position x 3 steps: 2 stages x 12 x 3 = 72; without
-    them every stage's 8 rings step whole, 4 positions x 3 steps: 2 x 8 x 12 x 12 = 2,304."""
+    pipeline sends and runs as a piece, 1 position x 3 steps, in arithmetic while only pieces
+    use its NIC (engine/collectives/step_trains.py): 2 stages x 12 x 3 = 72 steps and no
+    flows; the run starts only the pipeline sends and the steps a send met; without them
+    every stage's 8 rings step whole, 4 positions x 3 steps: 2 x 8 x 12 x 12 = 2,304."""
     sc = scenario(FSDP_T8)
-    counts = estimated_counts(sc, Shortcuts.for_scale(sc))
-    assert (counts.flows, counts.fsdp_flows, counts.piece_flows) == (0, 0, 72)
+    shortcuts = Shortcuts.for_scale(sc)
+    counts = estimated_counts(sc, shortcuts)
+    assert (counts.flows, counts.fsdp_flows, counts.piece_flows) == (0, 0, 0)
+    assert (counts.train_steps, counts.train_collectives) == (72, 24)
+    assert simulate_iteration(sc, shortcuts, trace="none").inputs.world.network \
+        .flows_started < counts.train_steps
     assert estimated_counts(sc, Shortcuts()).fsdp_flows == 2304
 
 

@@ -127,7 +127,9 @@ def run(args) -> int:
     counts = estimated_counts(sc, shortcuts)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
                fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods),
-               flows=counts.flows, fsdp_flows=(counts.fsdp_flows, counts.piece_flows),
+               flows=counts.flows,
+               fsdp_flows=(counts.fsdp_flows, counts.piece_flows, counts.train_steps,
+                           counts.train_collectives),
                ep_pairs=counts.ep_pairs)
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:

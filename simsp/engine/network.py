@@ -63,6 +63,9 @@ class _Flow:
 class Network:
     """The links of one cluster graph inside one simpy environment."""
 
+    step_trains = True  # one-hop ring pieces in arithmetic (off: stepped on the links, the
+    # reference tests/test_fsdp_step_trains.py compares with)
+
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph,
                  calibration: LinkCalibration | None = None, trace: Trace | None = None,
                  image_loads: dict | None = None, link_reps: dict | None = None):
@@ -98,6 +101,8 @@ class Network:
         self._wake: tuple[float, int, int] | None = None  # (time, flow id, token) of the wake
         self._token = 0  # bumps when a new wake-up replaces the pending one
         self.rate_computations = 0  # fair-share solves actually run (memo misses)
+        # link -> the one-hop ring pieces advanced in arithmetic on it (collectives/step_trains.py)
+        self.trains: dict = {}
 
     @property
     def flows_started(self) -> int:
@@ -194,7 +199,12 @@ class Network:
         return self._routes[key]
 
     def _start_draining(self, flow: _Flow) -> None:
-        """A flow starts sharing its links: index it and mark its links changed."""
+        """A flow starts sharing its links: index it and mark its links changed (first handing
+        back to the network any pieces running in arithmetic on them, step_trains.py)."""
+        if self.trains:
+            for group in dict.fromkeys(self.trains.get(edge) for edge in flow.edges):
+                if group is not None:
+                    group.dissolve()
         self._draining[flow.flow_id] = flow
         flow_id, users = flow.flow_id, self._users
         for edge in flow.edges:

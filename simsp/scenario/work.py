@@ -54,6 +54,13 @@ FSDP_SECONDS_PER_FLOW = 4.4e-5
 # 28.70 CPU s for 93,246 / 774,430 flows at 2,048 / 16,384 GPUs (2026-11-29, loaded machine),
 # 3.6e-5 to 6.1e-5 s per flow beside the other terms.
 PIECE_SECONDS_PER_FLOW = 4.5e-5
+# A piece of one member per node runs its steps in arithmetic while only pieces use its NIC
+# (engine/collectives/step_trains.py): measured by the same family, 1.87 and 5.70 CPU s at
+# 2,048 and 16,384 GPUs for 6,048 such collectives of 90,720 and 768,096 steps (2026-11-29,
+# loaded 2-core machine), 1.47 and 5.10 s beside the other terms: 5.4e-6 s per step (the
+# check's routes over the world, which grow alike, included) and 1.6e-4 s per collective.
+TRAIN_SECONDS_PER_STEP = 5.4e-6
+TRAIN_SECONDS_PER_COLLECTIVE = 1.6e-4
 # A DP ring that meets only its own collectives runs as one node's piece of one channel
 # (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
 # 256 (0.95 and 3.4 CPU s in all), and again by benchmarks/scale.py fsdp2-d64 (8 layers, d 16
@@ -164,7 +171,7 @@ def numeric_seconds(sc) -> float:
 
 
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
-                 fsdp_flows: tuple[int, int] | None = None,
+                 fsdp_flows: tuple[int, ...] | None = None,
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
@@ -208,15 +215,17 @@ def cp_representative(sc, representative: bool) -> bool:
             and p.fsdp is None and sc.cluster.gpus_per_node % p.tp == 0)
 
 
-def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, int] | None) -> float:
+def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None) -> float:
     """CPU seconds of the FSDP rings (as meta_seconds takes its arguments): their counted
-    flows (stepped whole, as pieces) where given, else one node's pieces where every unit
+    flows (stepped whole, as pieces) and the steps and collectives run in arithmetic (pieces
+    of one member per node) where given, else one node's pieces where every unit
     splits so, else the whole rings' d² rule."""
     p = sc.parallel
     d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
     if fsdp_flows is not None:
-        stepped, pieces = fsdp_flows
-        return stepped * FSDP_SECONDS_PER_FLOW + pieces * PIECE_SECONDS_PER_FLOW
+        stepped, pieces, steps, collectives = (*fsdp_flows, 0, 0)[:4]
+        return (stepped * FSDP_SECONDS_PER_FLOW + pieces * PIECE_SECONDS_PER_FLOW
+                + steps * TRAIN_SECONDS_PER_STEP + collectives * TRAIN_SECONDS_PER_COLLECTIVE)
     if fsdp_pieces and p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:
         return fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
     return p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
@@ -353,7 +362,7 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                fsdp_pieces: bool = True, flows: int = 0,
-               fsdp_flows: tuple[int, int] | None = None,
+               fsdp_flows: tuple[int, ...] | None = None,
                ep_pairs: float | None = None) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated

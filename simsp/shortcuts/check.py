@@ -19,14 +19,12 @@ import networkx as nx
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
-from simsp.engine.collectives.ring_alone import node_segment
-from simsp.engine.collectives.ring_plan import COLLECTIVES
+from simsp.engine.collectives.ring_alone import piece_divisor
+from simsp.gc_pause import gc_paused
 from simsp.engine.group_timing import NODE_PIECE, STEP_BY_STEP, STEPPED
-from simsp.hardware.constants import LinkCalibration
 from simsp.hardware.profiles import fabric_of
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
-from simsp.model.tensor import FP16, FP32
 from simsp.scenario.tp_overlap import dgrad_rs_on
 from simsp.shortcuts.clashes import Overlaps, conflicts, meeting_others, meeting_themselves
 from simsp.shortcuts.methods import GroupFacts, method_for
@@ -102,7 +100,14 @@ class Shortcuts:
 
 def check_shortcuts(sc) -> Shortcuts:
     """The exact shortcuts of a meta-mode scenario, every checked group's method, and the
-    reason for each shortcut."""
+    reason for each shortcut. The cyclic collector is paused meanwhile (gc_pause.py): the
+    check builds a tuple per route and clash over the whole world, and each full collection
+    rescanned them (0.7 of 2.1 CPU s at 16,384 GPUs, benchmarks/scale.py llama3.1-405b-fsdp)."""
+    with gc_paused():
+        return _check_shortcuts(sc)
+
+
+def _check_shortcuts(sc) -> Shortcuts:
     p, cluster = sc.parallel, sc.cluster
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
@@ -190,23 +195,21 @@ def _pieces_beside_sends(methods: tuple, fsdp_rings: frozenset, clashes: list,
 
 def _units_split_evenly(sc, grid: RankGrid, graph: nx.DiGraph) -> bool:
     """Every FSDP collective (a unit's padded buffer, training/data_parallel/fsdp_units.py, in
-    2- or 4-byte elements) can run as one node's piece of one channel
+    2- or 4-byte elements alike) can run as one node's piece of one channel
     (engine/collectives/ring_alone.py node_segment: nodes alike, one channel per member, equal
-    slices; one member per node too). The FSDP units are imported only under FSDP."""
+    slices; one member per node too): its group allows a piece and every unit's element count
+    divides by the group's piece_divisor. The FSDP units are imported only under FSDP."""
     if sc.parallel.fsdp is None:
         return False
     from simsp.training.data_parallel.fsdp_units import stage_units
     shapes = param_shapes(sc.padded_model)
-    d, calibration = grid.dp * grid.cp, LinkCalibration.from_cluster(sc.cluster)
-    for rank, plan in stage_plans(sc, grid).items():
-        if grid.coords(rank)[:2] != (0, 0):
-            continue
-        gpus = list(grid.dp_cp_group(rank))
+    d = grid.dp * grid.cp
+    # a stage's layers depend on its pipeline rank alone: one plan per stage, not per rank
+    for pp, plan in stage_plans(sc, RankGrid(1, grid.pp, 1, 1)).items():
+        group = grid.dp_cp_group(grid.rank_of(0, 0, pp))
+        divisor = piece_divisor(graph, list(group), one_per_node=True)
         numels = {n: math.prod(local_shape(n, shapes[n], grid.tp))
                   for n in stage_param_names(shapes, plan)}
-        if any(node_segment(graph, gpus, calibration, collective, unit.padded * elem, elem,
-                            slowest_latency=True, one_per_node=True) is None
-               for unit in stage_units(numels, d) for collective in COLLECTIVES
-               for elem in (FP16, FP32)):
+        if divisor is None or any(unit.padded % divisor for unit in stage_units(numels, d)):
             return False
     return True

@@ -51,6 +51,8 @@ class WorkCounts(NamedTuple):
     a2a_flows: int = 0  # the TEMPLATE all-to-alls' private simulations (alone_a2a_flows)
     checked_pairs: int = 0  # ordered pairs of the all-to-all owners the check routes
     ep_pairs: float | None = None  # flows per all-to-all where not one per pair (_ep_pairs)
+    train_steps: int = 0  # steps of FSDP pieces of one member per node, run in arithmetic
+    train_collectives: int = 0  # those pieces' collectives (phases)
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -86,7 +88,8 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces, piece_flows),
                       alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc),
-                      _ep_pairs(shortcuts))
+                      _ep_pairs(shortcuts), _fsdp_flows(sc, grid, ranks, pieces, train_steps),
+                      _fsdp_flows(sc, grid, ranks, pieces, train_phases))
 
 
 def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
@@ -144,8 +147,21 @@ def _ep_pairs(shortcuts: Shortcuts) -> float | None:
 
 def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
     """Flows one phase of a ring run as one node's piece of one channel starts: the m members
-    a node holds x (n − 1) steps (engine/collectives/ring_alone.py segment_run)."""
-    return len(gpus) // len({gpu // gpus_per_node for gpu in gpus}) * (len(gpus) - 1)
+    a node holds x (n − 1) steps (engine/collectives/ring_alone.py segment_run); none for a
+    ring of one member per node, whose one hop's steps run in arithmetic while only pieces
+    use its NIC (engine/collectives/step_trains.py; counted by train_steps)."""
+    m = len(gpus) // len({gpu // gpus_per_node for gpu in gpus})
+    return 0 if m == 1 else m * (len(gpus) - 1)
+
+
+def train_steps(gpus: tuple[int, ...], gpus_per_node: int) -> int:
+    """Steps one phase of a piece of one member per node runs in arithmetic: n − 1."""
+    return (len(gpus) - 1) * train_phases(gpus, gpus_per_node)
+
+
+def train_phases(gpus: tuple[int, ...], gpus_per_node: int) -> int:
+    """1 where a ring is one member per node (its pieces run in arithmetic), else 0."""
+    return int(len({gpu // gpus_per_node for gpu in gpus}) == len(gpus))
 
 
 def _fsdp_flows(sc, grid: RankGrid, ranks, groups: set, per_phase) -> int:
@@ -228,7 +244,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                 if shortcuts.symmetry is not None else 0.0)
     return symmetry + meta_seconds(sc, shortcuts.representative, _pieces(shortcuts),
                                    flows=counts.flows,
-                                   fsdp_flows=(counts.fsdp_flows, counts.piece_flows),
+                                   fsdp_flows=(counts.fsdp_flows, counts.piece_flows,
+                                               counts.train_steps, counts.train_collectives),
                                    a2a=(counts.a2a_flows, counts.checked_pairs),
                                    ep_pairs=counts.ep_pairs)
 

@@ -29,6 +29,7 @@ from simsp.engine.collectives.nccl_group import nccl_choice, wire_bytes
 from simsp.engine.collectives.nccl_tuning import RING
 from simsp.engine.network import Network
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, Channel, channel_rings, members_by_node
+from simsp.engine.collectives.step_trains import lone_hop_steps
 from simsp.engine.collectives.ring_timing import channel_hops, closed_form_stats, collective_time
 from simsp.hardware.constants import LinkCalibration
 
@@ -135,10 +136,8 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
         if not slowest_latency:
             return None
         latencies = [max(latencies[q] for q in range(p % m, n, m)) for p in range(n)]
-    if m == 1:
-        hop = _lone_member_hop(routes, latencies[0], chunk)
-        nics = all(any(end.startswith("leaf") for end in edge) for edge in hop[0])
-        return (base_s, [hop]) if nics else None
+    if m == 1:  # NICs at both ends (piece_divisor)
+        return base_s, [_lone_member_hop(routes, latencies[0], chunk)]
     return base_s, _node_hops(graph, gpus, by_node[0], 0, latencies, routes, chunk)
 
 
@@ -178,21 +177,41 @@ def _alike_channel(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibrat
     links [position], a chunk's wire bytes) where the channels are alike: >= 2 nodes holding
     >= 2 members each (or, `one_per_node`, 1) at the same GPUs, one channel per member, equal
     chunk slices; else None."""
-    per_node = graph.graph["gpus_per_node"]
-    by_node = members_by_node(gpus, per_node)
-    shapes = {tuple(gpus[member] % per_node for member in members) for members in by_node}
-    channels = channel_rings(gpus, per_node)
-    m, n = len(by_node[0]), len(gpus)
+    divisor = piece_divisor(graph, gpus, one_per_node)
     count = element_count(nbytes, elem_bytes)
-    if len(by_node) < 2 or m < 2 - one_per_node or len(shapes) != 1 or len(channels) != m \
-            or count % (n * m):
-        return None  # m < 2: one member per node, no NVLink port to stand for the node
+    if divisor is None or count % divisor:
+        return None
+    by_node = members_by_node(gpus, graph.graph["gpus_per_node"])
+    channels = channel_rings(gpus, graph.graph["gpus_per_node"])
+    m, n = len(by_node[0]), len(gpus)
     choice = nccl_choice(collective, graph, gpus, nbytes, calibration, RING)
     latencies = [latency for latency, _rate in channel_hops(graph, gpus, channels[:1],
                                                             calibration, choice)[0]]
     routes = channel_routes(graph, gpus, channels[:1])[0]  # [position] links of its hop
     chunk = wire_bytes(count // (n * m) * elem_bytes, choice)
     return choice.base_latency_s, by_node, latencies, routes, chunk
+
+
+def piece_divisor(graph: nx.DiGraph, gpus: list[int], one_per_node: bool = False) -> int | None:
+    """n·m, what every chunk's element count must divide by for the ring to run as one node's
+    piece of one channel (_alike_channel, node_segment), where its group allows it: >= 2 nodes
+    holding m >= 2 members each (or, `one_per_node`, 1, the crossing hop then leaving and
+    entering through NICs) at the same GPUs, so one channel per member; else None. It depends
+    on the group alone, so a check of many sizes works it out once (shortcuts/check.py)."""
+    per_node = graph.graph["gpus_per_node"]
+    by_node = members_by_node(gpus, per_node)
+    shapes = {tuple(gpus[member] % per_node for member in members) for members in by_node}
+    m, n = len(by_node[0]), len(gpus)
+    if len(by_node) < 2 or m < 2 - one_per_node or len(shapes) != 1:
+        return None  # m < 2: one member per node, no NVLink port to stand for the node
+    if m == 1:
+        channel = channel_rings(gpus, per_node)[0]
+        order = channel.order
+        hop = _lone_member_hop([hop_route(graph, gpus[order[p]], gpus[order[(p + 1) % n]],
+                                          channel.via[p]) for p in (0, n - 1)], 0.0, 0.0)
+        if not all(any(end.startswith("leaf") for end in edge) for edge in hop[0]):
+            return None
+    return n * m
 
 
 def _node_hops(graph: nx.DiGraph, gpus: list[int], members: list[int], first: int,
@@ -228,7 +247,11 @@ def segment_run(env: simpy.Environment, network: Network, collective: str, n: in
     base_s, hops = segment
     if base_s > 0:
         yield env.timeout(base_s)
-    for _phase in range(2 if collective == ALL_REDUCE else 1):
+    phases = 2 if collective == ALL_REDUCE else 1
+    if len(hops) == 1:  # one position: its steps one after another, phase after phase
+        yield from lone_hop_steps(env, network, hops[0], phases * (n - 1))
+        return env.now
+    for _phase in range(phases):
         inboxes = [[env.event() for _ in hops] for _ in range(n - 1)]  # [step][position]
         yield env.all_of([env.process(_position(env, network, hops, p, inboxes))
                           for p in range(len(hops))])
