@@ -6,6 +6,7 @@ layouts (an MTP depth, empty virtual stages) equal to the single-device referenc
 import pytest
 
 from simsp.cli import main
+from simsp.errors import UserError
 from simsp.cluster.grid import RankGrid
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.pipeline_layout import parse_layout
@@ -60,41 +61,46 @@ def test_one_virtual_stage_per_rank_runs_1f1b():
     assert pipeline_layer_counts(sc.model, sc.parallel) == (3,) + (4,) * 14 + (2,)
 
 
-@pytest.mark.parametrize("flags, reason", [
-    (["--pipeline-model-parallel-layout", "Et|(tt|)*29,mL"], "not divisible by"),
-    (["--pipeline-model-parallel-layout", "tE|(tt|)*30,mL"], "first layer must be the embedding"),
-    (["--pipeline-model-parallel-layout", "Et|(tt|)*30,Lm"], "last layer must be the loss"),
-    (["--pipeline-model-parallel-layout", "Et|(tt|)*30,tmL"], "62 transformer layers"),
-    (["--pipeline-model-parallel-layout", "Et|(tt|)*30,L"], "0 MTP layers m"),
-    (["--pipeline-model-parallel-layout", "Et|(tt|)*30,Lx"], "invalid layer character 'x'"),
-    (["--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L"], "not supported by simsp yet"),
-    (["--pipeline-model-parallel-layout", "Et*3|(tt|)*28,t|m|tL"], "placed before MTP"),
-    (["--pipeline-model-parallel-layout", "Et*61|m|(|)*29,L"],
-     "last virtual stage of its pipeline rank"),
-    (["--pipeline-model-parallel-layout", "Et|(tt|)*30,mL", "--schedule", "1f1b"],
-     "runs interleaved"),
+LAYOUT = "parallel.pipeline_model_parallel_layout"
+
+
+@pytest.mark.parametrize("layout, field, reason", [
+    ("Et|(tt|)*29,mL", LAYOUT, "31 virtual stages are not divisible by"),
+    ("tE|(tt|)*30,mL", LAYOUT, "first layer must be the embedding"),
+    ("Et|(tt|)*30,Lm", LAYOUT, "last layer must be the loss"),
+    ("Et|(tt|)*30,tmL", LAYOUT, "62 transformer layers"),
+    ("Et|(tt|)*30,L", LAYOUT, "0 MTP layers m"),
+    ("Et|(tt|)*30,Lx", LAYOUT, "invalid layer character 'x'"),
+    ("Et*3|(tt|)*29,m|L", LAYOUT, "not supported by simsp yet"),  # Megatron's own example
+    ("Et*3|(tt|)*28,t|m|tL", LAYOUT, "placed before MTP"),
+    ("Et*61|m|(|)*29,L", LAYOUT, "last virtual stage of its pipeline rank"),
+    ("|Ett|(tt|)*29,tmL", LAYOUT, "embedding E in the first virtual stage"),
 ])
-def test_bad_layouts_are_one_error_line(flags, reason, capsys):
-    rc = main(["run", "--num-layers", "61", "--mtp-num-layers", "1", "--position-embedding-type",
-               "rope", "--pipeline-model-parallel-size", "16", "--global-batch-size", "16",
-               "--mode", "meta", *flags])
-    err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1, err
-    assert err.startswith("error: parallel.pipeline_model_parallel_layout:") or \
-        err.startswith("error: parallel.schedule:"), err
-    assert reason in err, err
+def test_bad_layouts_are_refused_by_name(layout, field, reason):
+    with pytest.raises(UserError) as refused:
+        dsv3_like(pipeline_model_parallel_layout=layout)
+    assert refused.value.field == field and reason in refused.value.reason
 
 
-@pytest.mark.parametrize("flag", ["--decoder-first-pipeline-num-layers 4",
-                                  "--account-for-loss-in-pipeline-split",
-                                  "--num-layers-per-virtual-pipeline-stage 2"])
-def test_other_split_flags_conflict_as_in_megatron(flag, capsys):
+@pytest.mark.parametrize("parallel, field", [
+    ({"decoder_first_pipeline_num_layers": 4}, "parallel.decoder_first_pipeline_num_layers"),
+    ({"account_for_loss_in_pipeline_split": True},
+     "parallel.account_for_loss_in_pipeline_split"),
+    ({"num_layers_per_virtual_pipeline_stage": 2},
+     "parallel.num_layers_per_virtual_pipeline_stage"),
+    ({"schedule": "1f1b"}, "parallel.schedule"),
+])
+def test_other_split_flags_conflict_as_in_megatron(parallel, field):
+    with pytest.raises(UserError) as refused:
+        dsv3_like(pipeline_model_parallel_layout="Et|(tt|)*30,mL", **parallel)
+    assert refused.value.field == field
+
+
+def test_a_bad_layout_is_one_error_line(capsys):
     rc = main(["run", "--num-layers", "4", "--pipeline-model-parallel-size", "2",
-               "--global-batch-size", "4", "--mode", "meta",
-               "--pipeline-model-parallel-layout", "Et|t|t|tL", *flag.split()])
+               "--mode", "meta", "--pipeline-model-parallel-layout", "Et|t|t|ttL"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "cannot be set with pipeline_model_parallel_layout" \
-        in err, err
+    assert rc == 2 and err == f"error: {LAYOUT}: 5 transformer layers t, but num_layers=4\n"
 
 
 NUMERIC = {
