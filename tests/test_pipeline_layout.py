@@ -55,6 +55,17 @@ def test_the_layout_gives_each_virtual_stage_and_rank_its_layers():
     assert plans[15].chunk_ranges == (range(29, 31), range(61, 61))
 
 
+def test_the_report_names_the_layout():
+    from simsp.metrics import layout
+    from simsp.report.run.summary_md import _header
+    lay = layout(dsv3_like(pipeline_model_parallel_layout="Et|(tt|)*30,mL"))
+    assert lay["stage_layers"] == [3] + [4] * 14 + [2]
+    assert lay["pipeline_layout"] == "Et|(tt|)*30,mL"
+    line = _header({"scenario": "x", "mode": "meta", "layout": lay})[2]
+    assert "schedule interleaved (layers per stage 3 + 4 x 14 + 2, layout `Et|(tt|)*30,mL`)" \
+        in line
+
+
 def test_one_virtual_stage_per_rank_runs_1f1b():
     sc = dsv3_like(pipeline_model_parallel_layout="Et*3|(t*4|)*14,t*2,mL")
     assert sc.parallel.schedule_name == "1f1b" and model_chunks(sc.model, sc.parallel) == 1
