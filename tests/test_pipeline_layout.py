@@ -13,7 +13,8 @@ from simsp.scenario.pipeline_layout import parse_layout
 from simsp.scenario.pipeline_split import (model_chunks, pipeline_layer_counts,
                                            virtual_stage_layer_counts)
 from simsp.training.driver.compare import compare_with_reference
-from simsp.training.driver.iteration import simulate_iteration
+from simsp.metrics import collect
+from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.pipeline.plan import stage_plans
 from test_mtp import BASE, MOE_EP
 
@@ -135,3 +136,28 @@ def test_every_gradient_matches_the_single_device_reference(name):
     errors = compare_with_reference(simulate_iteration(sc))
     assert max(errors.values()) <= 1e-10, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
     assert "mtp.0.eh_proj.weight" in errors and "layers.0.ln1.gamma" in errors
+
+
+def test_meta_shortcuts_keep_the_full_simulation_under_a_layout():
+    """MoE, EP 2 over DP 2, PP 4 × 2 chunks with an empty chunk and EP overlap, meta mode: the
+    shortcuts (docs/shortcuts.md) against the full simulation (Shortcuts(), the oracle)."""
+    values = {("model", "num_layers"): 7, ("model", "hidden_size"): 256,
+              ("model", "num_attention_heads"): 4, ("model", "seq_length"): 256,
+              ("model", "vocab_size"): 512, ("model", "position_embedding_type"): "rope",
+              ("model", "mtp_num_layers"): 1, ("model", "add_bias_linear"): False,
+              ("model", "num_experts"): 8, ("model", "moe_router_topk"): 2,
+              ("model", "moe_layer_freq"): "([0]*1+[1]*6)",
+              ("parallel", "expert_model_parallel_size"): 2,
+              ("parallel", "moe_token_dispatcher_type"): "alltoall",
+              ("parallel", "overlap_moe_expert_parallel_comm"): True,
+              ("parallel", "delay_wgrad_compute"): True,
+              ("parallel", "pipeline_model_parallel_size"): 4,
+              ("parallel", "data_parallel_size"): 2, ("parallel", "global_batch_size"): 16,
+              ("parallel", "pipeline_model_parallel_layout"): "Et|t|t|t||tt|t|mL",
+              ("cluster", "nodes"): 1, ("run", "mode"): "meta"}
+    sc = load_scenario(None, values)
+    fast, full = (collect(simulate_iteration(sc, s), s) for s in (Shortcuts.for_scale(sc),
+                                                                  Shortcuts()))
+    assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)
+    assert fast["bubble_fraction"] == pytest.approx(full["bubble_fraction"], rel=1e-12)
+    assert [r["peak_bytes"] for r in fast["ranks"]] == [r["peak_bytes"] for r in full["ranks"]]
