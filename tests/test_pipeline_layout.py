@@ -87,6 +87,7 @@ LAYOUT = "parallel.pipeline_model_parallel_layout"
     ("Et*3|(tt|)*28,t|m|tL", LAYOUT, "placed before MTP"),
     ("Et*61|m|(|)*29,L", LAYOUT, "last virtual stage of its pipeline rank"),
     ("|Ett|(tt|)*29,tmL", LAYOUT, "embedding E in the first virtual stage"),
+    ("Et*99999999999|L", LAYOUT, "unrolls to more than 1048576 symbols"),  # simsp's guard
 ])
 def test_bad_layouts_are_refused_by_name(layout, field, reason):
     with pytest.raises(UserError) as refused:

@@ -15,6 +15,7 @@ FIELD = "parallel.pipeline_model_parallel_layout"
 SYMBOLS = "ELtm"  # Megatron's char2layer_type: embedding, loss, decoder, mtp
 # Megatron's two unrolling patterns, applied in this order: (...)*n, then x*n
 _REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
+MAX_SYMBOLS = 1 << 20  # simsp's cap on the unrolled string (a guard against `t*99999999999`)
 
 
 @functools.lru_cache(maxsize=64)
@@ -22,7 +23,8 @@ def parse_layout(text: str) -> tuple[str, ...]:
     """The layout string as one string of symbols per virtual stage, in flat order k."""
     flat = text.replace(",", "")
     for pattern in _REPEATS:
-        flat = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), flat)
+        grown = [len(flat)]  # the unrolled length so far, checked before each copy is made
+        flat = re.sub(pattern, lambda match: _unrolled(match, grown), flat)
     stages = tuple(flat.split("|"))
     for stage in stages:
         bad = next((c for c in stage if c not in SYMBOLS), None)
@@ -30,6 +32,15 @@ def parse_layout(text: str) -> tuple[str, ...]:
             raise UserError(FIELD, f"invalid layer character {bad!r} in stage {stage!r} "
                                    f"(known: E, L, t, m)")
     return stages
+
+
+def _unrolled(match: re.Match, grown: list) -> str:
+    """One `(...)*n` or `x*n` written out n times; the whole string refused past MAX_SYMBOLS."""
+    grown[0] += len(match.group(1)) * int(match.group(2)) - len(match.group(0))
+    if grown[0] > MAX_SYMBOLS:
+        raise UserError(FIELD, f"unrolls to more than {MAX_SYMBOLS} symbols (at "
+                               f"{match.group(0)[:40]!r})")
+    return match.group(1) * int(match.group(2))
 
 
 def layout_chunks(text: str, pp: int) -> int:
