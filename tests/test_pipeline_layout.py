@@ -109,6 +109,15 @@ def test_other_split_flags_conflict_as_in_megatron(parallel, field):
     assert refused.value.field == field
 
 
+def test_chunks_without_a_pipeline_are_refused():
+    with pytest.raises(UserError) as refused:
+        dsv3_like(pipeline_model_parallel_layout="Et*30|t*31,mL", pipeline_model_parallel_size=1)
+    assert refused.value.field == LAYOUT and "pipeline_model_parallel_size=1" in refused.value.reason
+    sc = dsv3_like(pipeline_model_parallel_layout="Et*61,mL", pipeline_model_parallel_size=1)
+    assert sc.parallel.schedule_name == "1f1b" and pipeline_layer_counts(sc.model, sc.parallel) \
+        == (61,)
+
+
 def test_a_bad_layout_is_one_error_line(capsys):
     rc = main(["run", "--num-layers", "4", "--pipeline-model-parallel-size", "2",
                "--mode", "meta", "--pipeline-model-parallel-layout", "Et|t|t|ttL"])

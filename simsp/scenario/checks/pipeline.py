@@ -31,6 +31,9 @@ def layout_split(m: Model, p: Parallel) -> None:
               "argument)")
     validate_layout(p.pipeline_model_parallel_layout, p.pp, m.num_layers, m.mtp_num_layers)
     chunks = layout_chunks(p.pipeline_model_parallel_layout, p.pp)
+    check(p.pp > 1 or chunks == 1, "parallel.pipeline_model_parallel_layout",
+          f"{chunks} virtual stages at pipeline_model_parallel_size=1: Megatron runs them "
+          "without pipelining, which simsp does not build (give one stage, e.g. 'EttL')")
     check(p.schedule is None or p.schedule == ("interleaved" if chunks > 1 else "1f1b"),
           "parallel.schedule", f"a layout of {chunks} virtual stage(s) per rank runs "
           f"{'interleaved' if chunks > 1 else '1f1b'} (Megatron), not {p.schedule}")
