@@ -171,3 +171,17 @@ def test_meta_shortcuts_keep_the_full_simulation_under_a_layout():
     assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)
     assert fast["bubble_fraction"] == pytest.approx(full["bubble_fraction"], rel=1e-12)
     assert [r["peak_bytes"] for r in fast["ranks"]] == [r["peak_bytes"] for r in full["ranks"]]
+
+
+def test_search_labels_a_held_layout_by_its_chunks():
+    """`simsp search --pipeline-model-parallel-layout ...`: p 2 runs the 4-stage layout
+    interleaved, p 4 as 1F1B, and the row names say so."""
+    from simsp.explore.search.layouts import layout_label
+    parallel = {"tensor_model_parallel_size": 1, "data_parallel_size": 2, "micro_batch_size": 1,
+                "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
+                "sequence_parallel": False, "recompute_granularity": "none",
+                "distributed_optimizer": False, "pipeline_model_parallel_layout": "Et|t|t|tL"}
+    assert layout_label({**parallel, "pipeline_model_parallel_size": 2}, 4) == \
+        "t1 p2 d2 b1, interleaved 2 chunks, no SP, no recompute"
+    assert layout_label({**parallel, "pipeline_model_parallel_size": 4}, 4) == \
+        "t1 p4 d2 b1, 1F1B, no SP, no recompute"
