@@ -387,6 +387,8 @@ def _llama_layout(sc) -> dict:
     if p.uneven_pipeline:
         counts = virtual_stage_layer_counts(m, p)  # virtual stage k = chunk·p + stage
         extra["stage_layers"] = [sum(counts[k::p.pp]) for k in range(p.pp)]
+    if p.pipeline_model_parallel_layout is not None:  # as given (docs/pipeline-layout.md)
+        extra["pipeline_layout"] = p.pipeline_model_parallel_layout
     return extra
 
 

@@ -136,14 +136,18 @@ def test_work_estimate_counts_every_exchange_and_one_flow_per_orbit():
 
 
 def test_deepseek_schedules_sweep_file_loads():
-    """sweeps/deepseek-v3-schedules.toml: 1F1B (the baseline) and DualPipe at 2048 sequences,
-    32 micro-batches per pipeline (DualPipe: at least 2 x 16, even)."""
+    """sweeps/deepseek-v3-schedules.toml: 1F1B (the baseline), DualPipe and interleaved (by a
+    pipeline layout; docs/pipeline-layout.md) at 2048 sequences, 32 micro-batches per pipeline
+    (DualPipe: at least 2 x 16, even)."""
     variants = load_sweep_file(os.path.join(REPO, "sweeps", "deepseek-v3-schedules.toml"))
-    assert [v[0] for v in variants] == ["1F1B", "DualPipe"]
+    assert [v[0] for v in variants] == ["1F1B", "DualPipe", "Interleaved",
+                                        "Interleaved + EP overlap"]
+    schedules = []
     for _name, values, *_rest in variants:
         sc = load_scenario(None, values)
         assert sc.parallel.num_micro_batches == 32
-    assert sc.parallel.schedule_name == "dualpipe"
+        schedules.append(sc.parallel.schedule_name)
+    assert schedules == ["1f1b", "dualpipe", "interleaved", "interleaved"]
 
 
 def test_executed_expert_groups_take_image_loads_not_the_quotient():

@@ -30,7 +30,8 @@ def layer_only(sc):
     one = replace(m, **one_layer_fields(m))
     return replace(sc, model=one, parallel=replace(p, global_batch_size=p.micro_batch_size,
                                                    data_parallel_size=1,
-                                                   pipeline_model_parallel_size=1))
+                                                   pipeline_model_parallel_size=1,
+                                                   pipeline_model_parallel_layout=None))
 
 
 def _comm_by_phase(rank) -> dict:

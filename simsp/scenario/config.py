@@ -9,6 +9,7 @@ flags; scenario/checks/ holds every cross-field check.
 from dataclasses import dataclass, field, replace
 
 from simsp.scenario.moe_pattern import moe_layer_pattern
+from simsp.scenario.pipeline_layout import parse_layout
 from simsp.scenario.table import SECTION_ROWS
 
 
@@ -100,6 +101,7 @@ class Parallel:
                      or self.account_for_loss_in_pipeline_split)
         return (self.decoder_first_pipeline_num_layers is not None
                 or self.decoder_last_pipeline_num_layers is not None
+                or self.pipeline_model_parallel_layout is not None
                 or (accounted and self.pp > 1))
 
     @property
@@ -169,6 +171,10 @@ class Parallel:
             return self.schedule
         virtual = self.num_layers_per_virtual_pipeline_stage or \
             self.num_virtual_stages_per_pipeline_rank
+        if self.pipeline_model_parallel_layout is not None:  # Megatron arguments.py: VPP =
+            # the layout's virtual stages / p, and None (1F1B) when that is 1
+            stages = len(parse_layout(self.pipeline_model_parallel_layout))
+            virtual = stages // self.pp > 1
         return "interleaved" if virtual else "1f1b"
 
 

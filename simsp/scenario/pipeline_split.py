@@ -1,7 +1,8 @@
 """Layers per pipeline stage and per model chunk, as Megatron-LM splits them (even, uneven first
-and last stages, accounted embedding and loss, interleaved chunks)."""
+and last stages, accounted embedding and loss, interleaved chunks, a given layout)."""
 
 from simsp.scenario.config import Model, Parallel
+from simsp.scenario.pipeline_layout import layout_chunks, layout_layer_counts
 
 
 def pipeline_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
@@ -10,6 +11,9 @@ def pipeline_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
     the given first/last stage counts and the rest spread evenly over the middle stages; or
     (L + 1 per accounted embedding/loss) / p per stage, one fewer on the first (embedding) and
     last (loss) stage; else L / p each."""
+    if p.pipeline_model_parallel_layout is not None:  # its virtual stages, summed per rank
+        counts = layout_layer_counts(p.pipeline_model_parallel_layout)
+        return tuple(sum(counts[k::p.pp]) for k in range(p.pp))
     first, last, L, n = (p.decoder_first_pipeline_num_layers,
                          p.decoder_last_pipeline_num_layers, m.num_layers, p.pp)
     if first is not None or last is not None:
@@ -33,6 +37,8 @@ def virtual_stage_layer_counts(m: Model, p: Parallel) -> tuple[int, ...]:
     """Layers of each virtual stage k = chunk·p + stage, contiguous in k order. Interleaved with
     accounted embedding/loss (Megatron arguments.py: vp = ((L + e + l)/p) / N): N each, one
     fewer on the first (embedding) and the last (loss); otherwise pipeline_layer_counts."""
+    if p.pipeline_model_parallel_layout is not None:  # pipeline_layout.py, Megatron's order
+        return layout_layer_counts(p.pipeline_model_parallel_layout)
     virtual = p.num_layers_per_virtual_pipeline_stage
     chunks = model_chunks(m, p)
     if p.schedule_name != "interleaved" or chunks == 1:
@@ -58,6 +64,8 @@ def model_chunks(m: Model, p: Parallel) -> int:
         return 2
     if p.num_virtual_stages_per_pipeline_rank:
         return p.num_virtual_stages_per_pipeline_rank
+    if p.pipeline_model_parallel_layout is not None:  # its virtual stages / p
+        return layout_chunks(p.pipeline_model_parallel_layout, p.pp)
     virtual = p.num_layers_per_virtual_pipeline_stage
     if not virtual:
         return 1

@@ -170,6 +170,7 @@ def layer_costs(sc: Scenario, granularity: str, split: bool = False) -> list[Lay
         "pipeline_model_parallel_size": 1, "data_parallel_size": _expert_grid_dp(sc),
         "global_batch_size": None,
         "schedule": None, "num_layers_per_virtual_pipeline_stage": None,
+        "pipeline_model_parallel_layout": None,
         "distributed_optimizer": False, "recompute_granularity": granularity,
         "recompute_method": None, "recompute_num_layers": None,
         **{key: getattr(defaults, key) for key in (

@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, fields
 
+from simsp.scenario.pipeline_layout import parse_layout
 from simsp.scenario.config import Parallel
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
@@ -145,6 +146,9 @@ def layout_label(parallel: dict, layers: int, shown: tuple = ()) -> str:
              f"{sizes} b{parallel['micro_batch_size']}"]
     virtual = parallel["num_layers_per_virtual_pipeline_stage"]
     schedule = SCHEDULE_LABELS.get(parallel.get("schedule"))
+    if parallel.get("pipeline_model_parallel_layout") and not schedule:  # its chunks, checked
+        chunks = len(parse_layout(parallel["pipeline_model_parallel_layout"])) // p
+        schedule = f"interleaved {chunks} chunks" if chunks > 1 else None
     parts.append(schedule or (f"interleaved {layers // p // virtual} chunks" if virtual
                               else "1F1B"))
     parts.append("SP" if parallel["sequence_parallel"] else "no SP")

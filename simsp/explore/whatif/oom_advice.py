@@ -61,7 +61,7 @@ def failing_stages(run) -> list[dict]:
 def _more_stages(sc: Scenario) -> dict | None:
     """Parallel overrides doubling p (and the GPUs, or halving d), or None if the layers don't tile."""
     p, layers = sc.parallel, sc.model.num_layers
-    if layers % (2 * p.pp):
+    if layers % (2 * p.pp) or p.pipeline_model_parallel_layout is not None:  # a layout names p
         return None
     change = {"pipeline_model_parallel_size": 2 * p.pp}
     virtual = p.num_layers_per_virtual_pipeline_stage

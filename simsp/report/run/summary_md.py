@@ -87,7 +87,8 @@ def _stage_layers(lay: dict) -> str:
         else:
             runs.append([n, 1])
     words = " + ".join(f"{n} x {k}" if k > 1 else f"{n}" for n, k in runs)
-    return f" (layers per stage {words})"
+    given = f", layout {markdown_code(lay['pipeline_layout'])}" if "pipeline_layout" in lay else ""
+    return f" (layers per stage {words}{given})"
 
 
 def _modules(lay: dict) -> str:

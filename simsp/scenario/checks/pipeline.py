@@ -4,16 +4,39 @@ overlap (Megatron-LM transformer_block.py get_num_layers_to_build, arguments.py,
 
 from simsp.scenario.checks.rule import check, positive
 from simsp.scenario.config import Model, Parallel
+from simsp.scenario.pipeline_layout import layout_chunks, validate_layout
 from simsp.scenario.pipeline_split import pipeline_layer_counts, virtual_stage_layer_counts
 
 
 def stage_split(m: Model, p: Parallel) -> None:
-    """The layers split over the stages: L / p each, or Megatron's uneven split."""
-    if p.uneven_pipeline:
+    """The layers split over the stages: L / p each, Megatron's uneven split, or a layout."""
+    if p.pipeline_model_parallel_layout is not None:
+        layout_split(m, p)
+    elif p.uneven_pipeline:
         uneven_pipeline(m, p)
     else:
         check(m.num_layers % p.pp == 0, "parallel.pipeline_model_parallel_size",
               f"num_layers={m.num_layers} is not divisible by {p.pp} stages")
+
+
+def layout_split(m: Model, p: Parallel) -> None:
+    """--pipeline-model-parallel-layout: Megatron's refusals of the other split flags
+    (transformer_config.py, arguments.py), then the layout's own checks (pipeline_layout.py).
+    Virtual stages without transformer layers run (Megatron: "Empty stages are allowed")."""
+    for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank"):
+        check(getattr(p, name) in (None, False), f"parallel.{name}", "cannot be set with "
+              "pipeline_model_parallel_layout (Megatron: no more than one pipeline layout "
+              "argument)")
+    validate_layout(p.pipeline_model_parallel_layout, p.pp, m.num_layers, m.mtp_num_layers)
+    chunks = layout_chunks(p.pipeline_model_parallel_layout, p.pp)
+    check(p.pp > 1 or chunks == 1, "parallel.pipeline_model_parallel_layout",
+          f"{chunks} virtual stages at pipeline_model_parallel_size=1: Megatron runs them "
+          "without pipelining, which simsp does not build (give one stage, e.g. 'EttL')")
+    check(p.schedule is None or p.schedule == ("interleaved" if chunks > 1 else "1f1b"),
+          "parallel.schedule", f"a layout of {chunks} virtual stage(s) per rank runs "
+          f"{'interleaved' if chunks > 1 else '1f1b'} (Megatron), not {p.schedule}")
 
 
 def _accounted(p: Parallel) -> int:
@@ -92,6 +115,9 @@ def schedule(m: Model, p: Parallel) -> None:
               f"only applies to the interleaved schedule, not {p.schedule_name}")
         split_backward(m, p)
         return
+    if p.pipeline_model_parallel_layout is not None:  # layout_split checked its chunks
+        _micro_batches_tile(p)
+        return
     chunks = p.num_virtual_stages_per_pipeline_rank
     check(virtual is None or chunks is None, "parallel.num_virtual_stages_per_pipeline_rank",
           "give it or num_layers_per_virtual_pipeline_stage, not both (Megatron)")
@@ -114,6 +140,11 @@ def schedule(m: Model, p: Parallel) -> None:
               f"{virtual} layers per virtual stage give one chunk per pipeline stage of "
               f"{per_stage} layers: Megatron then runs plain 1F1B (it sets "
               f"virtual_pipeline_model_parallel_size to None); drop the flag or use fewer layers")
+    _micro_batches_tile(p)
+
+
+def _micro_batches_tile(p: Parallel) -> None:
+    """Interleaving runs the micro-batches in groups of p (Megatron schedules.py)."""
     check(p.num_micro_batches % p.pp == 0, "parallel.global_batch_size",
           f"interleaving needs the {p.num_micro_batches} micro-batches to be a multiple of "
           f"pipeline_model_parallel_size={p.pp}")

@@ -24,7 +24,7 @@ def recompute_method(m: Model, p: Parallel) -> None:
     chunk_sizes = (virtual_stage_layer_counts(m, p) if p.uneven_pipeline else
                    (p.num_layers_per_virtual_pipeline_stage
                     or m.num_layers // p.pp // model_chunks(m, p),))
-    for per_chunk in sorted(set(chunk_sizes)):
+    for per_chunk in sorted(set(chunk_sizes) - {0}):  # a layout's empty stages recompute nothing
         if method == "block":
             check(n <= per_chunk, "parallel.recompute_num_layers",
                   f"block recomputes {n} layers but each model chunk has {per_chunk}")

@@ -178,6 +178,9 @@ PARALLEL = (
     Field("parallel", "num_virtual_stages_per_pipeline_rank", int, None, "model chunks per stage "
           "of the interleaved schedule (default: from the layers per virtual stage)", "vs",
           bound=Bound(1, 4096, "chunks", "at most model.num_layers")),
+    Field("parallel", "pipeline_model_parallel_layout", str, None, "every virtual stage's "
+          "layers, e.g. 'Et|(tt|)*30,mL': E embedding, t layer, m MTP, L loss, | between "
+          "stages (Megatron; docs/pipeline-layout.md; default: the split above)", None),
     Field("parallel", "recompute_modules", str, None, "selective recompute: modules among "
           "core_attn, mlp, layernorm, space-separated in one argument (default: core_attn)",
           "rmod-", words=True),

@@ -88,6 +88,7 @@ def one_tp_group(sc: Scenario, keep_experts: bool = False) -> Scenario:
         "num_layers_per_virtual_pipeline_stage": None, "schedule": None,
         "recompute_method": None, "recompute_num_layers": None,  # one layer: its own group
         "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
+        "pipeline_model_parallel_layout": None,
         "account_for_embedding_in_pipeline_split": False,
         "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
         "cpu_offloading": False, "cpu_offloading_num_layers": 0,  # a layer alone keeps its own
