@@ -15,14 +15,20 @@ A ring-exchange all-gather sends t − 1 steps (`aggregate`: the pair swap and t
 two chunks, t/2 in all), a ring-exchange reduce-scatter t − 1 steps; each step is one
 all-to-all over the TP group (model/base/tp_overlap.py _send_to), which starts a flow for every
 ordered pair of its t ranks, the t − 1 zero-byte ones included (engine/collectives/all_to_all.py),
-whatever the group's timing method (engine/communicator.py _all_to_all).
+whatever the group's timing method (engine/communicator.py _all_to_all). The sites are the
+dense MLP's and the attention's (an MoE layer's experts and MLA's projections are not TE's
+overlapped GEMMs: block_weights).
 """
 
 from simsp.scenario.tp_overlap import PIPELINE, is_dgrad_rs, ub_gemms
 
-AG_SITES = {"forward": ("qkv_fprop", "fc1_fprop"), "backward": ("proj_dgrad", "fc2_dgrad")}
+AG_GEMMS = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")  # ring-exchange all-gathers
 RS_FPROP = ("proj_fprop", "fc2_fprop")  # row-parallel forward: output reduce-scattered
-COLUMN_DGRAD = ("qkv_dgrad", "fc1_dgrad")  # column-parallel backward: bulk or dgrad RS
+# the GEMM sites of one layer-step by direction, each with the block it belongs to
+SITES = {"forward": (("qkv_fprop", "qkv"), ("proj_fprop", "attn"), ("fc1_fprop", "mlp"),
+                     ("fc2_fprop", "mlp")),
+         "backward": (("proj_dgrad", "attn"), ("qkv_dgrad", "qkv"), ("fc2_dgrad", "mlp"),
+                      ("fc1_dgrad", "mlp"))}
 
 
 def _rs_counts(ub, t: int) -> tuple[int, int]:
@@ -31,44 +37,61 @@ def _rs_counts(ub, t: int) -> tuple[int, int]:
     return (ub.num_splits, 0) if ub.method == PIPELINE else (0, t - 1)
 
 
-def _ag_steps(ub, t: int) -> int:
-    """Exchange steps of one ring-exchange all-gather: t − 1, or t/2 under `aggregate`."""
-    return t // 2 if ub.aggregate else t - 1
+def _site_counts(ub, t: int) -> tuple[int, int]:
+    """(ring phases, exchange steps) of one GEMM site: a ring-exchange all-gather t − 1 steps
+    (t/2 under `aggregate`); a forward reduce-scatter as _rs_counts; a column-parallel dgrad
+    TE's bulk pair (two whole phases) or, as a dgrad reduce-scatter, the input's all-gather
+    and the output's reduce-scatter."""
+    if ub.name in AG_GEMMS:
+        return 0, t // 2 if ub.aggregate else t - 1
+    if ub.name in RS_FPROP:
+        return _rs_counts(ub, t)
+    if is_dgrad_rs(ub):
+        phases, steps = _rs_counts(ub, t)
+        return 1 + phases, steps
+    return 2, 0
 
 
-def overlap_counts(sc) -> tuple[int, int, int, int]:
+def block_weights(sc) -> dict[str, float]:
+    """How many of each block's overlapped sites a mean layer runs: TE's GEMMs are the dense
+    MLP's (model/blocks/mlp/dense.py; an MoE layer's experts are not overlapped) and the
+    attention's QKV (mha.py; MLA's projections are not) and output projection (core.py)."""
+    m = sc.model
+    dense = sum(not m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+    return {"qkv": 0.0 if m.multi_latent_attention else 1.0, "attn": 1.0, "mlp": dense}
+
+
+def overlap_counts(sc) -> tuple[float, float, float, float]:
     """Per layer-step of one TP group under TP overlap: (forward ring phases, backward ring
     phases, forward exchange steps, backward exchange steps)."""
     t = sc.parallel.tp
     gemms = ub_gemms(t, sc.parallel.tp_comm_overlap_cfg)
-    forward = [_rs_counts(gemms[name], t) for name in RS_FPROP]  # (phases, steps) per site
-    backward = []
-    for name in COLUMN_DGRAD:
-        ub = gemms[name]
-        if is_dgrad_rs(ub):  # the input's all-gather, then the dgrad output's reduce-scatter
-            phases, steps = _rs_counts(ub, t)
-            backward.append((1 + phases, steps))
-        else:  # TE's bulk pair: a whole all-gather and a whole reduce-scatter
-            backward.append((2, 0))
-    ag = {kind: sum(_ag_steps(gemms[name], t) for name in names)
-          for kind, names in AG_SITES.items()}
-    return (sum(c[0] for c in forward), sum(c[0] for c in backward),
-            ag["forward"] + sum(c[1] for c in forward),
-            ag["backward"] + sum(c[1] for c in backward))
+    weights = block_weights(sc)
+    totals = []
+    for direction in ("forward", "backward"):
+        counts = [(weights[block], _site_counts(gemms[name], t))
+                  for name, block in SITES[direction]]  # (weight, (phases, steps)) per site
+        totals.append([sum(w * c[k] for w, c in counts) for k in (0, 1)])
+    (fwd_phases, fwd_steps), (bwd_phases, bwd_steps) = totals
+    return fwd_phases, bwd_phases, fwd_steps, bwd_steps
 
 
 def exchange_flows(sc, templates: bool, tp_groups: int) -> int:
     """Flows the ring exchanges of one iteration start: steps x t(t − 1) per layer-step of each
     of `tp_groups` TP groups (one per simulated stage's rank), the forward again under full
-    recompute; under layer templates (model/replay.py) one layer's forward and backward,
-    recorded once and replayed."""
+    recompute and fc1's all-gather again under selective recompute of the MLP
+    (dense.py _recompute); under layer templates (model/replay.py) one layer's forward and
+    backward, recorded once and replayed."""
     p = sc.parallel
     if not p.tp_comm_overlap or p.tp == 1:
         return 0
     _, _, forward, backward = overlap_counts(sc)
     recomputed = forward if p.recompute_granularity == "full" else 0
+    if "mlp" in p.recompute_module_set:
+        fc1 = ub_gemms(p.tp, p.tp_comm_overlap_cfg)["fc1_fprop"]
+        recomputed += block_weights(sc)["mlp"] * _site_counts(fc1, p.tp)[1]
     steps = forward + backward + recomputed
     if templates:
-        return steps * p.tp * (p.tp - 1)
+        return round(steps * p.tp * (p.tp - 1))
     stage_steps = sc.model.num_layers * p.num_micro_batches / p.pp
     return round(tp_groups * stage_steps * steps * p.tp * (p.tp - 1))
