@@ -7,7 +7,6 @@ The limits are what this machine (2 cores, 24 GiB) does in reasonable time and m
 benchmarks/work_estimate.py (CPU seconds, time.process_time).
 """
 
-
 from simsp.errors import UserError
 from simsp.scenario.config import bucket_size
 from simsp.units import GiB, format_bytes
@@ -65,13 +64,15 @@ CP_SECONDS_PER_RANK_PAIR = 1e-4
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it, within a leaf or across leaf switches (engine/collectives/ring_alone.py
 # channel_segment runs one channel's piece per node), so in the linear terms (benchmarks/scale.py
-# cp-allgather, cp 64 to 512: 0.34 / 0.56 / 1.00 / 2.46 CPU s, 2026-11-29, loaded 2-core
-# machine); where the verdict steps it, its flows are counted (shortcuts/work_counts.py).
+# cp-allgather, cp 64 to 512: 0.20 / 0.42 / 1.03 / 2.62 CPU s against 0.41 / 0.67 / 1.19 / 2.24
+# estimated, 2026-11-29, 2-core machine); where the verdict steps it, its flows are counted
+# (shortcuts/work_counts.py cp_gather_flows).
 # Transformer Engine's ring exchanges (--tp-comm-overlap) start t(t − 1) flows a step, all but
 # one per sender of zero bytes (latency only, no fair-share solve), each step beside a GEMM piece:
-# measured by benchmarks/scale.py gpt3-175b-h100 at 128 GPUs with and without --tp-comm-overlap
-# (8.77 against 3.39 CPU s for 221,184 exchange flows and 9,216 more ring flows, 2026-11-29,
-# loaded 2-core machine): 2.0e-5 s per exchange flow beside the ring flows at SECONDS_PER_FLOW.
+# measured by benchmarks/work_estimate.py --exchanges (GPT-3 175B on H100 at 128 GPUs with and
+# without the overlap, best of 3: 3.27 against 6.71 and 3.63 against 7.67 CPU s for 221,184
+# exchange flows and 9,216 more ring flows at SECONDS_PER_FLOW; 2026-11-29, loaded 2-core
+# machine): 1.14e-5 and 1.41e-5 s per exchange flow.
 EXCHANGE_SECONDS_PER_FLOW = 1.2e-5
 # Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
 # layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per

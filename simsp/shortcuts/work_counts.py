@@ -13,7 +13,10 @@ backward gathers its input again for the weight gradient), without it 2 all-redu
 after the schedule one all-reduce per sequence-parallel gradient tensor (norm weights and
 biases, row-parallel biases; training/data_parallel/finalize.py); a data-parallel group two
 phases per gradient bucket of its stage (stage_buckets: only the first stage's first model
-chunk is cut at the bucket size; training/data_parallel/grad_buckets.py).
+chunk is cut at the bucket size; training/data_parallel/grad_buckets.py). A CP all-gather group
+(--cp-comm-type allgather) that steps runs cp_gather_phases ring phases per layer-step; under
+--tp-comm-overlap Transformer Engine's exchanges and the phases it leaves to NCCL are counted by
+shortcuts/overlap_counts.py.
 """
 
 from typing import NamedTuple
