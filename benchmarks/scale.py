@@ -16,6 +16,7 @@ Families (the layouts of docs/PERFORMANCE.md "Scale"):
   examples/nlp/language_modeling/conf/gpt3_175b.yaml style: TP 4 with SP, PP 8 interleaved,
   distributed optimizer, overlapped gradient reduce and parameter gather), 16 micro-batches
   per replica;
+- gpt3-175b-h100-tpo: the same with --tp-comm-overlap (TE's userbuffers ring exchanges);
 - deepseek-v3: scenarios/deepseek-v3.toml (EP 64, PP 16, MLA), d from the GPU count;
 - llama3.1-405b-fsdp: scenarios/llama3.1-405b.toml at TP 8 PP 16 with Megatron-FSDP;
 - cp-128k: scenarios/llama3-70b.toml (TP 8, PP 4 interleaved) at 128K tokens, CP 8 and 16;
@@ -46,6 +47,12 @@ def _gpt3(gpus: int) -> list[str]:
             "--pipeline-model-parallel-size", "8", "--num-layers-per-virtual-pipeline-stage", "6",
             "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
             "--global-batch-size", str(gpus // 2), "--world-size", str(gpus)]
+
+
+def _gpt3_tp_overlap(gpus: int) -> list[str]:
+    """The GPT-3 175B layout above with Transformer Engine's TP communication overlap (TE's
+    default userbuffers methods: ring-exchange all-gathers, pipelined reduce-scatters)."""
+    return _gpt3(gpus) + ["--tp-comm-overlap"]
 
 
 def _deepseek(gpus: int) -> list[str]:
@@ -105,6 +112,7 @@ def _a2a(gpus: int) -> list[str]:
 # family -> (arguments of one size, full sizes, quick sizes)
 FAMILIES = {
     "gpt3-175b-h100": (_gpt3, SIZES, QUICK),
+    "gpt3-175b-h100-tpo": (_gpt3_tp_overlap, (128, 512, 2048), (128,)),
     "deepseek-v3": (_deepseek, (1024, 2048, 4096), (1024,)),
     "llama3.1-405b-fsdp": (_llama405_fsdp, (2048, 4096, 8192, 16384), (2048,)),
     "cp-128k": (_cp_128k, (256, 512), (256,)),

@@ -6,6 +6,12 @@ layer for one micro-batch on one simulated stage) and the CPU seconds of one sim
 
     python benchmarks/work_estimate.py
 
+`--exchanges` measures instead the CPU price of one flow of Transformer Engine's ring
+exchanges (--tp-comm-overlap; simsp/shortcuts/overlap_counts.py), work.py's
+EXCHANGE_SECONDS_PER_FLOW: benchmarks/scale.py's GPT-3 175B H100 layout at 128 GPUs with and
+without the overlap, the best of three runs each, the ring flows the overlap adds taken off at
+SECONDS_PER_FLOW.
+
 Then, for the layouts where a term other than layer-steps dominates (tests/test_work_estimate.py
 CASES and PAIRS: pipeline depth, TP without shortcuts, one-tensor buckets, the CP and EP pair
 terms), the estimate (meta_seconds) against the measured CPU seconds, and their ratio: README
@@ -77,6 +83,37 @@ def accuracy() -> None:
               f"{'yes' if ok else 'NO'} (x{factor})")
 
 
+def exchanges(gpus: int = 128, repeats: int = 3) -> None:
+    """CPU seconds per TE exchange flow: (CPU with --tp-comm-overlap − without − the added
+    ring flows x SECONDS_PER_FLOW) / exchange flows, on scale.py's gpt3-175b-h100 layout."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from scale import _gpt3  # noqa: E402 (the benchmark's layout)
+    from simsp.cli import build_parser
+    from simsp.scenario.outside import scenario_from_args
+    from simsp.scenario.work import SECONDS_PER_FLOW
+    from simsp.shortcuts.work_counts import estimated_counts
+    rows = []
+    for extra in ([], ["--tp-comm-overlap"]):
+        args = build_parser().parse_args(["run", *_gpt3(gpus), *extra, "--mode", "meta"])
+        sc = scenario_from_args(args)
+        shortcuts = Shortcuts.for_scale(sc)
+        spent = []
+        for _ in range(repeats):
+            start = time.process_time()
+            simulate_iteration(sc, shortcuts, trace="none")
+            spent.append(time.process_time() - start)
+        rows.append((min(spent), estimated_counts(sc, shortcuts)))
+    (base, plain), (overlapped, counts) = rows
+    rings = counts.flows - plain.flows
+    price = (overlapped - base - rings * SECONDS_PER_FLOW) / counts.exchange_flows
+    print(f"{gpus} GPUs: {base:.2f} CPU s without, {overlapped:.2f} with --tp-comm-overlap; "
+          f"{counts.exchange_flows} exchange flows, {rings} more ring flows: "
+          f"{price:.2e} s per exchange flow")
+
+
 if __name__ == "__main__":
-    main()
-    accuracy()
+    if "--exchanges" in sys.argv:
+        exchanges()
+    else:
+        main()
+        accuracy()

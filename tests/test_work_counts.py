@@ -12,7 +12,9 @@ from simsp.cli import build_parser
 from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.work import bucket_count
 from simsp.cluster.grid import RankGrid
-from simsp.shortcuts.work_counts import estimated_counts, ring_flows, stage_buckets
+from simsp.scenario.loading import load_scenario
+from simsp.shortcuts.work_counts import (cp_gather_flows, estimated_counts, ring_flows,
+                                         stage_buckets)
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 H100 = ["scenarios/paper-22b.toml", "--micro-batch-size", "1", "--system", "dgx-h100",
@@ -156,3 +158,127 @@ def test_all_to_alls_timed_alone_count_the_flows_their_private_runs_start(ep, pp
     counts = estimated_counts(sc, shortcuts)
     assert counts.a2a_flows == flows == run.inputs.world.comm.alone_flows
     assert counts.checked_pairs == pp * ep * (ep - 1)  # every EP group's ordered pairs
+
+
+# TE's userbuffers with every method the exchanges take: aggregate ring-exchange all-gather,
+# ring-exchange reduce-scatters (proj forward, qkv dgrad), a pipelined dgrad reduce-scatter
+UB_CFG = """
+[qkv_fprop]
+aggregate = 1
+[proj_fprop]
+method = "ring_exchange"
+[qkv_dgrad]
+method = "ring_exchange"
+[fc1_dgrad]
+method = "pipeline"
+num_splits = 2
+"""
+EXCHANGE = (" ring ", " pair ", " p2p ")  # the labels of TE's exchange steps (base/tp_overlap.py)
+
+
+def flow_labels(sc, shortcuts) -> tuple[int, list[str]]:
+    """The flows one meta iteration starts and the labels of its transfers (every transfer is
+    a flow; ring steps recorded where every rank runs, engine/network.py)."""
+    run = simulate_iteration(sc, shortcuts, trace="none")
+    network = run.inputs.world.network
+    return network.flows_started, [tr.label for tr in network.transfers]
+
+
+T4_P2 = H100 + ["--num-layers", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel",
+                "--pipeline-model-parallel-size", "2", "--global-batch-size", "8",
+                "--world-size", "16"]
+T2 = H100 + ["--num-layers", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+             "--global-batch-size", "4", "--world-size", "4"]
+MOE_2_OF_4 = ["--num-experts", "4", "--expert-model-parallel-size", "2", "--moe-layer-freq",
+              "[0,1,0,1]", "--disable-bias-linear"]
+EXCHANGE_CASES = {  # label -> (flags, shortcuts on, UB_CFG, exchange flows hand-counted)
+    # a step is t(t − 1) = 12 flows; the quotient runs one rank per stage (2 TP groups), 8
+    # layer-steps each; TE's defaults: 4 AG sites x 3 steps
+    "t4 p2 interleaved d4, the quotient": (
+        CASES["t4 SP p2 interleaved d4, overlapped DP (templates off)"][0], True, False,
+        2 * 8 * 12 * 12),
+    # UB_CFG: forward qkv's AG in t/2 = 2 steps, fc1's AG and proj's RS 3 each (fc2's
+    # pipelined: rings); backward proj's and fc2's AG and qkv's dgrad RS 3 each (fc1's
+    # pipelined): 17 steps x 12 flows x 2 TP groups x 4 layer-steps (2 layers, 2 micro-batches)
+    "t4 d2, every exchange method, no shortcuts": (CASES["no shortcuts, t4 SP d2"][0], False,
+                                                   True, 17 * 12 * 2 * 4),
+    # t 4 in one node, nothing beside: layer templates record one layer's forward and
+    # backward once (model/replay.py), 4 AG sites x 3 steps x 12 flows
+    "t4 p2 templated": (T4_P2, True, False, 12 * 12),
+    # t 2 (2 flows a step, 1 step an AG), 2 TP groups, 2 micro-batches: the MoE layers' experts
+    # are not TE's GEMMs, so 2 steps there (qkv fprop, proj dgrad), 4 in the dense layers:
+    # (2 x 2 + 2 x 4) x 2 x 2 x 2
+    "t2 d2, MoE every other layer, no shortcuts": (T2 + MOE_2_OF_4, False, False,
+                                                   (2 * 2 + 2 * 4) * 2 * 2 * 2),
+    # selective recompute of the MLP runs fc1's forward again: 5 steps a layer,
+    # 4 layers x 2 micro-batches x 2 TP groups x 2 flows
+    "t2 d2, MLP recomputed, no shortcuts": (T2 + ["--recompute-granularity", "selective",
+                                                  "--recompute-modules", "core_attn mlp"],
+                                            False, False, 5 * 4 * 2 * 2 * 2),
+}
+
+
+@pytest.mark.parametrize("case", EXCHANGE_CASES)
+def test_te_exchanges_count_every_pair_of_each_step(case, tmp_path):
+    """--tp-comm-overlap: the exchange steps' flows equal the hand count and the transfers the
+    run labels as exchange steps; on dense layers without the MLP recomputed (where the
+    estimate's ring phases are exact) the overlap changes the run's flows by exactly what it
+    changes the estimate's (ring phases moved to exchanges or split; what the estimate leaves
+    out, pipeline sends and the loss's collectives, is alike with and without)."""
+    flags, shortcuts_on, cfg, exchanges = EXCHANGE_CASES[case]
+    overlap = ["--tp-comm-overlap"]
+    if cfg:
+        (tmp_path / "ub.toml").write_text(UB_CFG)
+        overlap += ["--tp-comm-overlap-cfg", str(tmp_path / "ub.toml"),
+                    "--tp-comm-overlap-rs-dgrad"]
+    estimated, measured = [], []
+    # the estimate's ring phases are exact for dense layers without the MLP recomputed
+    compared = "MoE" not in case and "recomputed" not in case
+    for extra in ([], overlap) if compared else (overlap,):
+        sc = scenario(flags + extra)
+        shortcuts = Shortcuts.for_scale(sc) if shortcuts_on else Shortcuts()
+        flows, labels = flow_labels(sc, shortcuts)
+        counts = estimated_counts(sc, shortcuts)
+        estimated.append(counts.flows + counts.exchange_flows)
+        measured.append(flows)
+    assert counts.exchange_flows == exchanges
+    assert sum(any(tag in label for tag in EXCHANGE) for label in labels) == exchanges
+    if compared:
+        assert measured[1] - measured[0] == estimated[1] - estimated[0]
+
+
+def cp_gather_scenario(recompute: str):
+    """t 2, cp 2 (--cp-comm-type allgather), d 2 on 4-GPU nodes with --overlap-grad-reduce: the
+    gradient rings meet the K/V all-gathers, so the CP groups step (tests/test_cp_shortcuts.py's
+    layout); 2 layers, 2 micro-batches."""
+    parallel = {"tensor_model_parallel_size": 2, "context_parallel_size": 2,
+                "cp_comm_type": "allgather", "data_parallel_size": 2, "global_batch_size": 4,
+                "overlap_grad_reduce": True, "distributed_optimizer": True,
+                "ddp_bucket_size": 20_000, "sequence_parallel": True,
+                "recompute_granularity": recompute}
+    overrides = {("model", "num_layers"): 2, ("model", "hidden_size"): 96,
+                 ("model", "num_attention_heads"): 12, ("model", "seq_length"): 96,
+                 ("model", "group_query_attention"): True, ("model", "num_query_groups"): 4,
+                 ("model", "attention_backend"): "flash", ("model", "vocab_size"): 256,
+                 ("run", "mode"): "meta", ("cluster", "gpus_per_node"): 4,
+                 ("cluster", "nodes"): 2}
+    overrides.update({("parallel", k): v for k, v in parallel.items()})
+    return load_scenario(None, overrides)
+
+
+@pytest.mark.parametrize("recompute, phases", [("none", 3), ("selective", 4), ("full", 4)])
+def test_cp_all_gather_rings_count_their_phases(recompute, phases):
+    """Hand-counted: per layer-step a CP all-gather group gathers K/V forward and again
+    backward and reduce-scatters dK/dV (the forward's gather again where the core attention is
+    recomputed: full, or selective's default core_attn), each
+    a ring phase of 2 positions x 1 step; the 4 CP groups all step, 4 layer-steps: 4 x 4 x
+    phases x 2 flows, equal to the CP transfers the run starts."""
+    sc = cp_gather_scenario(recompute)
+    shortcuts = Shortcuts.for_scale(sc)
+    grid = RankGrid(2, 1, 2, 2)
+    stepped = {group for group, method in shortcuts.methods if method == "step_by_step"}
+    assert set(grid.groups("cp")) <= stepped
+    _, labels = flow_labels(sc, shortcuts)
+    sent = sum("cp_kv_gather" in label or "cp_dkv" in label for label in labels)
+    counted = cp_gather_flows(sc, shortcuts, range(grid.world_size), stepped)
+    assert counted == sent == 4 * 4 * phases * 2

@@ -7,10 +7,7 @@ The limits are what this machine (2 cores, 24 GiB) does in reasonable time and m
 benchmarks/work_estimate.py (CPU seconds, time.process_time).
 """
 
-import math
-
 from simsp.errors import UserError
-from simsp.hardware.profiles import fabric_of
 from simsp.scenario.config import bucket_size
 from simsp.units import GiB, format_bytes
 
@@ -71,12 +68,19 @@ FSDP_SECONDS_PER_COLLECTIVE_PIECE = 4e-5
 # s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
 # per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
 CP_SECONDS_PER_RANK_PAIR = 1e-4
-# Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective timed alone
-# while its group stays within one leaf (cp 16 to 128, s 4096, 2 layers: 0.11 to 0.84 CPU s, in
-# the linear terms); a group across leaf switches (the fabric's nodes_per_leaf) is stepped whole, every member
-# every step: cp 256 over 32 nodes, 2 layers, one micro-batch measured 173 and 343 CPU s on this
-# 2-core machine (2026-11-27), 1.3e-3 s per layer-step per t·d·cp² at the lower.
-CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR = 1.3e-3
+# Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
+# where nothing meets it, within a leaf or across leaf switches (engine/collectives/ring_alone.py
+# channel_segment runs one channel's piece per node), so in the linear terms (benchmarks/scale.py
+# cp-allgather, cp 64 to 512: 0.20 / 0.42 / 1.03 / 2.62 CPU s against 0.41 / 0.67 / 1.19 / 2.24
+# estimated, 2026-11-29, 2-core machine); where the verdict steps it, its flows are counted
+# (shortcuts/work_counts.py cp_gather_flows).
+# Transformer Engine's ring exchanges (--tp-comm-overlap) start t(t − 1) flows a step, all but
+# one per sender of zero bytes (latency only, no fair-share solve), each step beside a GEMM piece:
+# measured by benchmarks/work_estimate.py --exchanges (GPT-3 175B on H100 at 128 GPUs with and
+# without the overlap, best of 3: 3.27 against 6.71 and 3.63 against 7.67 CPU s for 221,184
+# exchange flows and 9,216 more ring flows at SECONDS_PER_FLOW; 2026-11-29, loaded 2-core
+# machine): 1.14e-5 and 1.41e-5 s per exchange flow.
+EXCHANGE_SECONDS_PER_FLOW = 1.2e-5
 # Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
 # layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
 # MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
@@ -172,7 +176,8 @@ def numeric_seconds(sc) -> float:
 
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
                  fsdp_flows: tuple[int, ...] | None = None,
-                 a2a: tuple[int, int] | None = None, ep_pairs: float | None = None) -> float:
+                 a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
+                 exchange_flows: int = 0) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -185,7 +190,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     FSDP rings' flows counted the same way (stepped whole, run as pieces), which replace the
     d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
     pairs) counted the same way, and `ep_pairs` the flows one stepped all-to-all starts where
-    not ep² (pair_seconds)."""
+    not ep² (pair_seconds); `exchange_flows`: TE's ring exchanges' flows under
+    --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
@@ -202,7 +208,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a, cp_ranks, ep_pairs) + flows * SECONDS_PER_FLOW)
+            + pair_seconds(sc, a2a, cp_ranks, ep_pairs) + flows * SECONDS_PER_FLOW
+            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW)
 
 
 def cp_representative(sc, representative: bool) -> bool:
@@ -246,9 +253,6 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
         seconds += layer_steps(sc) * groups * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
-    if p.cp > 1 and p.cp_comm_type == "allgather" and _cp_group_nodes(sc) > fabric_of(sc.cluster).nodes_per_leaf:
-        seconds += (layer_steps(sc) * groups * p.cp ** 2
-                    * CP_ALLGATHER_ACROSS_LEAVES_SECONDS_PER_RANK_PAIR)
     ep = p.expert_model_parallel_size
     if alone_flows:
         seconds += alone_flows * A2A_ALONE_SECONDS_PER_FLOW
@@ -260,12 +264,6 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
             per_step += ep_flows ** 2 * EP_SECONDS_PER_RANK_PAIR_SQUARED
         seconds += _ep_exchanges(sc) * moe_share * per_step
     return seconds
-
-
-def _cp_group_nodes(sc) -> int:
-    """Nodes one CP group spans: its cp members sit t ranks apart (Megatron's order tp, cp,
-    dp, pp; cluster/grid.py)."""
-    return math.ceil(sc.parallel.tp * sc.parallel.cp / sc.cluster.gpus_per_node)
 
 
 def _ep_exchanges(sc) -> float:

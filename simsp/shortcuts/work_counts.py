@@ -13,7 +13,10 @@ backward gathers its input again for the weight gradient), without it 2 all-redu
 after the schedule one all-reduce per sequence-parallel gradient tensor (norm weights and
 biases, row-parallel biases; training/data_parallel/finalize.py); a data-parallel group two
 phases per gradient bucket of its stage (stage_buckets: only the first stage's first model
-chunk is cut at the bucket size; training/data_parallel/grad_buckets.py).
+chunk is cut at the bucket size; training/data_parallel/grad_buckets.py). A CP all-gather group
+(--cp-comm-type allgather) that steps runs cp_gather_phases ring phases per layer-step; under
+--tp-comm-overlap Transformer Engine's exchanges and the phases it leaves to NCCL are counted by
+shortcuts/overlap_counts.py.
 """
 
 from typing import NamedTuple
@@ -28,6 +31,7 @@ from simsp.scenario.config import bucket_size
 from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,
                                  layer_tensors, meta_seconds, numeric_seconds)
 from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.overlap_counts import exchange_flows, overlap_counts
 from simsp.shortcuts.plan import simulated_ranks
 
 # sequence parallel -> ring phases of one layer's (forward, backward): 4 and 6 single-phase
@@ -53,6 +57,7 @@ class WorkCounts(NamedTuple):
     ep_pairs: float | None = None  # flows per all-to-all where not one per pair (_ep_pairs)
     train_steps: int = 0  # steps of FSDP pieces of one member per node, run in arithmetic
     train_collectives: int = 0  # those pieces' collectives (phases)
+    exchange_flows: int = 0  # TE's ring exchanges under --tp-comm-overlap (overlap_counts.py)
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -70,11 +75,12 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     ranks = range(grid.world_size) if ranks is None else ranks
     stepped = _stepped_groups(sc, shortcuts)
     per_node = sc.cluster.gpus_per_node
-    tp_groups = {grid.tp_group(r) for r in ranks} & stepped if p.tp > 1 else set()
+    all_tp_groups = {grid.tp_group(r) for r in ranks} if p.tp > 1 else set()
+    tp_groups = all_tp_groups & stepped
     dp_groups = ({grid.dp_cp_group(r) for r in ranks} & stepped
                  if p.dp * p.cp > 1 and p.fsdp is None else set())
     stage_steps = layer_steps(sc) / p.pp  # layer-steps of one stage (uneven splits: the mean)
-    forward, backward = TP_PHASES_PER_LAYER_STEP[p.sequence_parallel]
+    forward, backward = tp_phases_per_layer_step(sc)
     recomputed = forward if p.recompute_granularity == "full" else 0  # the forward again
     tp_phases = stage_steps * (forward + backward + recomputed)
     if p.sequence_parallel:
@@ -83,13 +89,49 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     flows = sum(tp_phases * per_phase(g) for g in tp_groups)
     flows += sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * per_phase(g)
                  for g in dp_groups)
+    flows += cp_gather_flows(sc, shortcuts, ranks, stepped)
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces, piece_flows),
                       alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc),
                       _ep_pairs(shortcuts), _fsdp_flows(sc, grid, ranks, pieces, train_steps),
-                      _fsdp_flows(sc, grid, ranks, pieces, train_phases))
+                      _fsdp_flows(sc, grid, ranks, pieces, train_phases),
+                      exchange_flows(sc, shortcuts.templates, len(all_tp_groups)))
+
+
+def tp_phases_per_layer_step(sc) -> tuple[int, int]:
+    """Ring phases of one TP group per layer-step, (forward, backward): Megatron's
+    collectives (TP_PHASES_PER_LAYER_STEP), or under TE's overlap those it leaves to NCCL's
+    rings (shortcuts/overlap_counts.py)."""
+    p = sc.parallel
+    if p.tp_comm_overlap:
+        forward, backward, _, _ = overlap_counts(sc)
+        return forward, backward
+    return TP_PHASES_PER_LAYER_STEP[p.sequence_parallel]
+
+
+def cp_gather_flows(sc, shortcuts: Shortcuts, ranks, stepped: set) -> float:
+    """Flows the stepped CP all-gather rings of the simulated ranks start: cp_gather_phases
+    per layer-step of their stage, each one phase (phase_flows)."""
+    p = sc.parallel
+    if p.cp == 1 or p.cp_comm_type != "allgather":
+        return 0
+    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
+    per_phase = phase_flows(shortcuts, sc.cluster.gpus_per_node)
+    stage_steps = layer_steps(sc) / p.pp
+    return sum(stage_steps * cp_gather_phases(sc) * per_phase(g)
+               for g in {grid.cp_group(r) for r in ranks} & stepped)
+
+
+def cp_gather_phases(sc) -> int:
+    """Ring phases of one CP all-gather group per layer-step (training/context_parallel/
+    attention.py CpAllGather): the forward's K/V all-gather, the backward's again and its dK/dV
+    reduce-scatter, and the forward's again where the core attention is recomputed (full, or
+    selective with core_attn: model/blocks/attention/core.py _cp_forward)."""
+    p = sc.parallel
+    again = p.recompute_granularity == "full" or "core_attn" in p.recompute_module_set
+    return 3 + again
 
 
 def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
@@ -221,7 +263,7 @@ def _stepped_groups(sc, shortcuts: Shortcuts) -> set:
     if not shortcuts.closed_form:
         p = sc.parallel
         grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
-        return set(grid.groups("tp")) | set(grid.groups("dp_cp"))
+        return set(grid.groups("tp")) | set(grid.groups("dp_cp")) | set(grid.groups("cp"))
     return {group for group, method in shortcuts.methods if method in STEPPED}
 
 
@@ -247,7 +289,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    fsdp_flows=(counts.fsdp_flows, counts.piece_flows,
                                                counts.train_steps, counts.train_collectives),
                                    a2a=(counts.a2a_flows, counts.checked_pairs),
-                                   ep_pairs=counts.ep_pairs)
+                                   ep_pairs=counts.ep_pairs,
+                                   exchange_flows=counts.exchange_flows)
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
