@@ -9,7 +9,9 @@ sends, and each orbit link carries, per flow orbit, the one image crossing it (f
 crosses at most one link of a role, so one of an orbit's flows crosses a given link), as every
 link of the orbit does in the full simulation. A ring group runs as its piece
 (engine/collectives/ring_piece.py): the hops its simulated members send in every channel, one
-per orbit of its hops. docs/shortcuts.md, "Rings as their pieces".
+per orbit of its hops. An EP group's all-to-all runs as the pairs its simulated members send
+(one per orbit of its pairs, on the orbits' links; rail_symmetry.py present_pairs), its
+token-count all-gather as its ring piece. docs/shortcuts.md, "Rings as their pieces".
 """
 
 import networkx as nx
@@ -73,6 +75,15 @@ def _in_channel(image: list, channel: int):
     return same[0] if same else (image[0] if len(image) == 1 else None)
 
 
+def _closed(group: tuple[int, ...], to_origin, moved) -> bool:
+    """Every member's shift to its orbit's simulated rank maps the group onto itself: then the
+    pairs the simulated members send stand for every pair of the group, one per orbit, and its
+    all-to-all ends with theirs (an EP group under the quotient: rail_symmetry.py
+    present_pairs)."""
+    members = set(group)
+    return all(moved(b, to_origin(a)) in members for a in group for b in group)
+
+
 def quotient(graph: nx.DiGraph, executed: list[Owner], to_origin,
              moved) -> tuple[dict, dict] | None:
     """(link representatives, group -> its ring piece) for the executed ring groups, or None
@@ -80,6 +91,8 @@ def quotient(graph: nx.DiGraph, executed: list[Owner], to_origin,
     shift taking a rank to its orbit's simulated rank; `moved(rank, shift)`: its image."""
     pieces = {}
     for kind, ranks in executed:
+        if kind == "ep" and not _closed(ranks, to_origin, moved):
+            return None
         if kind == "p2p" or ranks in pieces:
             continue
         piece = ring_piece(ranks, graph.graph["gpus_per_node"], to_origin, moved)
