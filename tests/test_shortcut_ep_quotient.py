@@ -1,0 +1,131 @@
+"""The quotient by rail symmetry with stepwise EP groups (docs/shortcuts.md, "Rail symmetry with
+expert all-to-alls", "Under the quotient"): each EP group's all-to-all runs as the pairs its
+simulated members send (one per orbit of its pairs) on the orbits' links, its token-count
+all-gather as its ring piece; equal to the full simulation (Shortcuts()) to 1e-9."""
+
+from dataclasses import replace
+
+import pytest
+
+from simsp.cluster.grid import RankGrid
+from simsp.cluster.topology import build_topology, nodes_hosting
+from simsp.metrics import collect
+from simsp.scenario.loading import load_scenario
+from simsp.scenario.work import check_work
+from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.rail_symmetry import stage_axes, symmetry_breach
+from simsp.shortcuts.traffic import expert_owners, traffic_owners
+from simsp.shortcuts.work_counts import estimated_counts
+from simsp.training.driver.iteration import simulate_iteration
+
+
+def moe_layout(schedule: str, gpn: int, t: int, d: int, ep: int, **parallel):
+    """p 2, t·d ranks a stage on `gpn`-GPU nodes, EP `ep` (ETP 1), overlapped DP reduction; a
+    4-layer MoE of hidden 1024 (8 experts, top 2: uniform routing), s 2048; 2 GB/s NICs so
+    that pipeline sends, all-to-alls and DP rings meet; 2 micro-batches per replica unless
+    `parallel` says otherwise."""
+    model = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 4, "seq_length": 2048,
+             "vocab_size": 256, "ffn_hidden_size": 2048, "add_bias_linear": False,
+             "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 1024,
+             "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope"}
+    layout = {"tensor_model_parallel_size": t, "sequence_parallel": t > 1,
+              "pipeline_model_parallel_size": 2, "data_parallel_size": d,
+              "expert_model_parallel_size": ep, "expert_tensor_parallel_size": 1,
+              "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True,
+              "micro_batch_size": 1, "global_batch_size": 2 * d, "schedule": schedule,
+              "distributed_optimizer": True, "overlap_grad_reduce": True,
+              "ddp_bucket_size": 2_000_000, **parallel}
+    overrides = {("model", k): v for k, v in model.items()}
+    overrides.update({("parallel", k): v for k, v in layout.items()})
+    overrides.update({("cluster", "gpus_per_node"): gpn, ("cluster", "nodes"): 2 * t * d // gpn,
+                      ("cluster", "ib_bandwidth_GBps"): 2.0, ("run", "mode"): "meta"})
+    return load_scenario(None, overrides)
+
+
+def _metrics(sc, shortcuts: Shortcuts) -> dict:
+    return collect(simulate_iteration(sc, shortcuts, trace="none"), shortcuts)
+
+
+def assert_equal_to_full(sc, fast: Shortcuts) -> dict:
+    """Iteration time and every stage's exposure (each kind) equal to the full simulation's to
+    1e-9; returns the full simulation's metrics."""
+    mine, full = _metrics(sc, fast), _metrics(sc, Shortcuts())
+    assert mine["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9)
+    for stage, other in zip(mine["exposed_s_per_stage"], full["exposed_s_per_stage"]):
+        for kind, seconds in other.items():
+            assert stage[kind] == pytest.approx(seconds, rel=1e-9, abs=1e-15), kind
+    return full
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "dualpipe"])
+def test_the_token_count_ring_refuses_the_tp_shift(schedule):
+    """t2 d4 EP 4 on 4-GPU nodes (EP groups 0-3 and 4-7 of stage 0 on nodes 0 and 1): the DP
+    rings of TP rank 1 cross the NVLink ports TP group (0, 1) uses, so only rail symmetry keeps
+    a representative. The TP shift maps every EP group's pairs onto its pairs but its
+    token-count all-gather's ring 0 -> 1 -> 2 -> 3 onto 1 -> 0 -> 3 -> 2, no hop of that ring:
+    refused, so TP ranks 0 and 1 run (with the TP shift taken, before this check, exposures
+    were 5.6e-4 off). Each EP group runs its simulated members' 2 x 3 pairs, on the links of
+    GPU 0 (or 8) and 1 (or 9); equal to the full simulation."""
+    sc = moe_layout(schedule, 4, 2, 4, 4, global_batch_size=16)  # DualPipe: 2p micro-batches
+    fast = Shortcuts.for_scale(sc)
+    symmetry = fast.symmetry
+    assert symmetry.ranks == (0, 1, 8, 9) and symmetry.loads == {}
+    assert symmetry.link_reps[("gpu7", "leaf0/rail3")] == ("gpu1", "leaf0/rail1")
+    assert (0, 1, 2, 3) in symmetry.pieces
+    assert symmetry.pair_orbits[(0, 1, 2, 3)] == tuple(
+        (a, b, ()) for a in (0, 1) for b in (0, 1, 2, 3) if b != a)
+    assert estimated_counts(sc, fast).ep_pairs == 6.0
+    graph = build_topology(sc.cluster, nodes_hosting(range(16), 4))
+    grid = RankGrid(2, 2, 4, 1)
+    owners = traffic_owners(grid, False) + expert_owners(sc)
+    tp_shift = stage_axes(grid, 4).shift(16, (1, 0, 0))
+    why = symmetry_breach(graph, tp_shift, owners, frozenset(o[1] for o in owners))
+    assert why == "maps the token-count ring of ep (0, 1, 2, 3) onto other hops than its image's"
+    assert_equal_to_full(sc, fast)
+
+
+@pytest.mark.parametrize("per_leaf, ranks, refused", [
+    # stage 0 on nodes 0-3, leaves {0, 1} {2, 3}: a node shift by one moves the EP pair 0 -> 2
+    # (one leaf) onto 2 -> 4 (across the spine); by two keeps every pair's class
+    (2, (0, 2, 8, 10), "moves ep (0, 1, 2, 3) onto a route of another class"),
+    # leaves of 3 nodes: a node shift by one moves the pipeline pair 2 -> 10 (leaf 0 to 1) onto
+    # 4 -> 12 (leaf 0 to leaf 2, which holds 2 nodes: spine links of 2/3 the speed); by two the
+    # EP pair 0 -> 2 (one leaf) onto 4 -> 6 (two): no node shift
+    (3, (0, 2, 4, 6, 8, 10, 12, 14), "moves p2p (2, 10) onto a route of another class")])
+def test_expert_groups_across_a_leaf_boundary(monkeypatch, per_leaf, ranks, refused):
+    """d = EP 8 on 2-GPU nodes under ZB-H1 (each EP group over 4 nodes): node shifts stop where
+    an EP pair or a pipeline pair would change route class, with the owner named; the ranks
+    kept run the quotient, equal to the full simulation."""
+    from simsp.hardware import profiles
+
+    monkeypatch.setattr(profiles, "DEFAULT", replace(profiles.DEFAULT, nodes_per_leaf=per_leaf))
+    sc = moe_layout("zb-h1", 2, 1, 8, 8)
+    fast = Shortcuts.for_scale(sc)
+    assert fast.symmetry.ranks == ranks and fast.symmetry.link_reps
+    assert refused in dict(fast.reasons)["representative"]
+    assert estimated_counts(sc, fast).ep_pairs == 7 * len(ranks) / 2
+    assert_equal_to_full(sc, fast)
+
+
+def test_dropping_one_gpus_orbit_links_moves_the_run():
+    """ZB-H1, p 4, d = EP 4 on 2-GPU nodes: stage 3's all-to-all runs as rank 12's pairs to
+    13, 14, 15, each on the links of its orbit (GPU 12's NIC down stands for those of 12-15).
+    With GPU 14's links standing for themselves, the pair 12 -> 14 no longer shares GPU 12's
+    NIC down with the image of 12 -> 15 there: stage 3's exposed all-to-all moves by > 1%."""
+    from test_rail_symmetry_experts import moe_scenario
+
+    sc = moe_scenario("zb-h1")
+    fast = Shortcuts.for_scale(sc)
+    full = assert_equal_to_full(sc, fast)
+    reps = {link: rep for link, rep in fast.symmetry.link_reps.items() if "gpu14" not in link}
+    bare = replace(fast, symmetry=replace(fast.symmetry, link_reps=reps))
+    moved = _metrics(sc, bare)["exposed_s_per_stage"][3]["ep_comm"]
+    assert abs(moved / full["exposed_s_per_stage"][3]["ep_comm"] - 1) > 1e-2
+
+
+def test_the_work_check_takes_the_orbit_flows():
+    """run's work check prices the all-to-alls by their orbit flows (WorkCounts.ep_pairs),
+    passed to the estimate by name (a float in the all-to-all counts' place raised TypeError)."""
+    sc = moe_layout("zb-h1", 2, 1, 8, 8)
+    counts = estimated_counts(sc, Shortcuts.for_scale(sc))
+    check_work(sc, shortcuts=True, flows=counts.flows, ep_pairs=counts.ep_pairs)
