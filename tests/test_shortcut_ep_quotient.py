@@ -57,16 +57,15 @@ def assert_equal_to_full(sc, fast: Shortcuts) -> dict:
     return full
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "dualpipe"])
-def test_the_token_count_ring_refuses_the_tp_shift(schedule):
-    """t2 d4 EP 4 on 4-GPU nodes (EP groups 0-3 and 4-7 of stage 0 on nodes 0 and 1): the DP
-    rings of TP rank 1 cross the NVLink ports TP group (0, 1) uses, so only rail symmetry keeps
-    a representative. The TP shift maps every EP group's pairs onto its pairs but its
-    token-count all-gather's ring 0 -> 1 -> 2 -> 3 onto 1 -> 0 -> 3 -> 2, no hop of that ring:
-    refused, so TP ranks 0 and 1 run (with the TP shift taken, before this check, exposures
-    were 5.6e-4 off). Each EP group runs its simulated members' 2 x 3 pairs, on the links of
-    GPU 0 (or 8) and 1 (or 9); equal to the full simulation."""
-    sc = moe_layout(schedule, 4, 2, 4, 4, global_batch_size=16)  # DualPipe: 2p micro-batches
+def test_the_token_count_ring_refuses_the_tp_shift():
+    """1F1B, t2 d4 EP 4 on 4-GPU nodes (EP groups 0-3 and 4-7 of stage 0 on nodes 0 and 1):
+    the DP rings of TP rank 1 cross the NVLink ports TP group (0, 1) uses, so only rail
+    symmetry keeps a representative. The TP shift maps every EP group's pairs onto its pairs
+    but its token-count all-gather's ring 0 -> 1 -> 2 -> 3 onto 1 -> 0 -> 3 -> 2, no hop of
+    that ring: refused, so TP ranks 0 and 1 run (with the TP shift taken, before this check,
+    exposures were 5.6e-4 off; DualPipe's alike). Each EP group runs its simulated members'
+    2 x 3 pairs, on the links of GPU 0 (or 8) and 1 (or 9); equal to the full simulation."""
+    sc = moe_layout("1f1b", 4, 2, 4, 4, global_batch_size=16)
     fast = Shortcuts.for_scale(sc)
     symmetry = fast.symmetry
     assert symmetry.ranks == (0, 1, 8, 9) and symmetry.loads == {}
