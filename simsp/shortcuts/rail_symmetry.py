@@ -18,7 +18,7 @@ sharing (engine/fair_share.py) gives every executed flow its full-simulation rat
 across an orbit only when the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where
 they are not the images differ by one element per slice. Where every executed ring has its piece the
 run is rather the full simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one
-link per orbit.
+link per orbit, an EP group's all-to-all as the pairs its simulated members send (present_pairs).
 """
 
 from dataclasses import dataclass, field
@@ -249,8 +249,8 @@ class RailSymmetry:
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
                   stepwise: frozenset) -> RailSymmetry | None:
-    """The representative run by rail symmetry: its quotient where every executed ring has its
-    piece, else image loads; None where the layout is not so symmetric, where it keeps too many images,
+    """The representative run by rail symmetry: its quotient where every executed ring (an EP
+    group's token-count ring too) has its piece, else image loads; None where the layout is not so symmetric, where it keeps too many images,
     or where the orbits of the traffic it runs miss traffic that loads links (a pipeline pair,
     a stepwise group) or hold it twice."""
     axes = stage_axes(grid, graph.graph["gpus_per_node"])
