@@ -1,10 +1,12 @@
 """Rail symmetry with expert all-to-alls (docs/shortcuts.md, "Rail symmetry with expert
 all-to-alls"): under the split-backward schedules the non-blocking pipeline sends meet the EP
 all-to-alls on the NICs, so the plain representative is refused; one rank per orbit of the
-stage's rail symmetry then runs, its sends and one flow per orbit of its all-to-alls' pairs
-loading their images' links, and equals the full simulation (--no-shortcuts)."""
+stage's rail symmetry then runs, as the quotient by it (tests/test_shortcut_ep_quotient.py) or,
+where that is refused, its sends and one flow per orbit of its all-to-alls' pairs loading their
+images' links, and equals the full simulation (--no-shortcuts)."""
 
 from dataclasses import replace
+import functools
 import os
 
 import pytest
@@ -47,6 +49,12 @@ def _metrics(sc, shortcuts: Shortcuts) -> dict:
     return collect(simulate_iteration(sc, shortcuts, trace="none"), shortcuts)
 
 
+@functools.cache
+def full_metrics(schedule: str, batch: int = 16) -> dict:
+    """The full simulation's metrics of moe_scenario(schedule), run once for every test."""
+    return _metrics(moe_scenario(schedule, global_batch_size=batch), Shortcuts())
+
+
 def _assert_equal(mine: dict, theirs: dict, rel: float = 1e-9) -> None:
     """Iteration time and every stage's exposure (each kind) equal to `rel`."""
     assert mine["iteration_time_s"] == pytest.approx(theirs["iteration_time_s"], rel=rel)
@@ -64,13 +72,22 @@ def test_one_rank_per_stage_by_rail_symmetry_equals_every_rank(schedule, batch):
     assert fast.representative and fast.symmetry is not None
     assert fast.symmetry.ranks == (0, 4, 8, 12)
     assert "up to rail symmetry" in fast.why()["representative"]
-    _assert_equal(_metrics(sc, fast), _metrics(sc, Shortcuts()))
+    _assert_equal(_metrics(sc, fast), full_metrics(schedule, batch))
 
 
-def test_the_images_of_one_send_are_needed():
-    """Stage 2's gradient send to stage 1 (rank 8 to rank 4) stands for ranks 9, 10, 11's to 5,
-    6, 7: its flows also load those three routes' binding links (a NIC up, a NIC down each).
-    Without them the rank-8 send's all-to-all neighbours run faster and the run moves."""
+def image_loads_only(monkeypatch):
+    """The representative run without the quotient (as where a ring has no piece): image loads."""
+    from simsp.shortcuts import rail_symmetry
+
+    monkeypatch.setattr(rail_symmetry, "quotient", lambda *args: None)
+
+
+def test_the_images_of_one_send_are_needed(monkeypatch):
+    """Image loads (the quotient refused): stage 2's gradient send to stage 1 (rank 8 to rank 4)
+    stands for ranks 9, 10, 11's to 5, 6, 7: its flows also load those three routes' binding
+    links (a NIC up, a NIC down each). Without them the rank-8 send's all-to-all neighbours run
+    faster and the run moves."""
+    image_loads_only(monkeypatch)
     sc = moe_scenario("zb-h1")
     fast = Shortcuts.for_scale(sc)
     graph = build_topology(sc.cluster, nodes_hosting(range(16), 2))
@@ -82,17 +99,18 @@ def test_the_images_of_one_send_are_needed():
     # the all-to-alls whole (no pair orbits), as with image loads alone
     cut = replace(fast, symmetry=replace(fast.symmetry, loads={**loads, (8, 4, None): ()},
                                          pair_orbits={}))
-    full = _metrics(sc, Shortcuts())
+    full = full_metrics("zb-h1", 16)
     dropped = _metrics(sc, cut)
     assert abs(dropped["iteration_time_s"] - full["iteration_time_s"]) > 1e-3 * \
         full["iteration_time_s"]
 
 
-def test_the_images_of_one_all_to_all_are_needed():
-    """Each stepwise EP group's all-to-all runs as one flow per orbit of its pairs: 12 pairs
-    under the 4 shifts of a stage, 3 orbits (rank 12 to 13, 14 and 15), each loading its 3
-    images' NVLink ports or NICs. Without stage 3's images its ranks' NICs carry less than in
-    the full simulation and the run moves."""
+def test_the_images_of_one_all_to_all_are_needed(monkeypatch):
+    """Image loads (the quotient refused): each stepwise EP group's all-to-all runs as one flow
+    per orbit of its pairs: 12 pairs under the 4 shifts of a stage, 3 orbits (rank 12 to 13, 14
+    and 15), each loading its 3 images' NVLink ports or NICs. Without stage 3's images its
+    ranks' NICs carry less than in the full simulation and the run moves."""
+    image_loads_only(monkeypatch)
     sc = moe_scenario("zb-h1")
     fast = Shortcuts.for_scale(sc)
     orbits = fast.symmetry.pair_orbits
@@ -101,7 +119,7 @@ def test_the_images_of_one_all_to_all_are_needed():
     assert all(len(images) == 3 * 2 for group in orbits.values() for *_pair, images in group)
     bare = {**orbits, (12, 13, 14, 15): tuple((a, b, ()) for a, b, _ in orbits[(12, 13, 14, 15)])}
     cut = replace(fast, symmetry=replace(fast.symmetry, pair_orbits=bare))
-    full = _metrics(sc, Shortcuts())
+    full = full_metrics("zb-h1", 16)
     assert abs(_metrics(sc, cut)["iteration_time_s"] - full["iteration_time_s"]) > 1e-3 * \
         full["iteration_time_s"]
 
@@ -150,13 +168,13 @@ def test_deepseek_schedules_sweep_file_loads():
     assert schedules == ["1f1b", "dualpipe", "interleaved", "interleaved"]
 
 
-def test_executed_expert_groups_take_image_loads_not_the_quotient():
-    """Stage s's DP ring (4s .. 4s + 3, also its EP group) steps and has a piece, so without
-    experts the run would be the quotient (shortcuts/quotient.py); with a stepwise EP group
-    executed it loads images instead (docs/shortcuts.md, "Not with the quotient"): no link map,
-    no ring pieces, and each of the 4 EP groups' all-to-alls as its 3 pair orbits."""
+def test_executed_expert_groups_take_the_quotient():
+    """Stage s's DP ring (4s .. 4s + 3, also its EP group) steps and has a piece, so the run is
+    the quotient (shortcuts/quotient.py; docs/shortcuts.md, "Under the quotient"): every link as
+    its orbit's, the rings (and the EP group's token-count all-gather) as their pieces, each EP
+    group's all-to-all as its simulated member's 3 pairs with no image load."""
     fast = Shortcuts.for_scale(moe_scenario("zb-h1"))
-    assert fast.symmetry.link_reps == {} and fast.symmetry.pieces == {}
-    assert {group: len(orbits) for group, orbits in fast.symmetry.pair_orbits.items()} == {
-        (0, 1, 2, 3): 3, (4, 5, 6, 7): 3, (8, 9, 10, 11): 3, (12, 13, 14, 15): 3}
-    assert (0, 1, None) in fast.symmetry.loads  # the DP ring's hops carry their images' links
+    assert fast.symmetry.loads == {} and fast.symmetry.link_reps
+    assert set(fast.symmetry.pieces) == {(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11),
+                                         (12, 13, 14, 15)}
+    assert fast.symmetry.pair_orbits[(4, 5, 6, 7)] == ((4, 5, ()), (4, 6, ()), (4, 7, ()))

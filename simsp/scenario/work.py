@@ -373,7 +373,7 @@ def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = Fa
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
         seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows,
-                               ep_pairs) * iterations
+                               ep_pairs=ep_pairs) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "

@@ -9,7 +9,9 @@ sends, and each orbit link carries, per flow orbit, the one image crossing it (f
 crosses at most one link of a role, so one of an orbit's flows crosses a given link), as every
 link of the orbit does in the full simulation. A ring group runs as its piece
 (engine/collectives/ring_piece.py): the hops its simulated members send in every channel, one
-per orbit of its hops. docs/shortcuts.md, "Rings as their pieces".
+per orbit of its hops. An EP group's all-to-all runs as the pairs its simulated members send
+(one per orbit of its pairs, on the orbits' links; rail_symmetry.py present_pairs), its
+token-count all-gather as its ring piece. docs/shortcuts.md, "Rings as their pieces".
 """
 
 import networkx as nx
@@ -40,30 +42,63 @@ def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,
                moved) -> RingPiece | None:
     """The piece of a ring group: its hops sent by simulated members (every channel), each
     waiting on the executed hop whose image its predecessor's hop is (the hop moved by the
-    shift taking its sender to its orbit's simulated rank; in its own channel where the image
-    hop repeats across channels); None where that image is no hop of the ring."""
+    shift taking its sender to its orbit's simulated rank, in the channel that shift maps its
+    channel onto: _standing); None where that image is no hop of the ring."""
     gpus = list(group)
-    channels = channel_rings(gpus, gpus_per_node)
     n = len(gpus)
+    hops = [[(gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]) for p in range(n)]
+            for ch in channel_rings(gpus, gpus_per_node)]  # [channel][ring position]
     at: dict[tuple, list] = {}  # hop -> its positions (channel, position): NCCL's rotated
-    for c, ch in enumerate(channels):  # channels may repeat a node's hops
-        for p in range(n):
-            at.setdefault((gpus[ch.order[p]], gpus[ch.order[(p + 1) % n]], ch.via[p]),
-                          []).append((c, p))
+    for c, channel in enumerate(hops):  # channels may repeat a node's hops
+        for p, hop in enumerate(channel):
+            at.setdefault(hop, []).append((c, p))
     executed = [pos for hop, positions in at.items() if not any(to_origin(hop[0]))
                 for pos in positions]
     index = {position: i for i, position in enumerate(executed)}
+    standing = _standing(hops, at, moved)
     source = {}  # every position -> the index of the executed one standing for it
-    for (src, dst, via), positions in at.items():
-        shift = to_origin(src)
-        image = at.get((moved(src, shift), moved(dst, shift),
-                        None if via is None else moved(via, shift)), [])
+    for hop, positions in at.items():
         for c, p in positions:
-            stand = _in_channel(image, c)
+            stand = standing(hop, c, to_origin(hop[0]))
             if index.get(stand) is None:
                 return None
             source[(c, p)] = index[stand]
     return RingPiece(tuple(executed), tuple(source[(c, (p - 1) % n)] for c, p in executed))
+
+
+def _standing(hops: list[list[tuple]], at: dict, moved):
+    """(hop, its channel, shift) -> the position of the hop's image that stands for it: in the
+    channel the shift maps the hop's channel onto, where it maps every channel onto one
+    (rail shifts permute NCCL's rotated channels: channel c of GPUs 0-7 moved by one rail is
+    channel c + 1), else as _in_channel picks it."""
+    channels: dict[frozenset, list[int]] = {}  # a channel's hops -> the channels holding them
+    for c, channel in enumerate(hops):
+        channels.setdefault(frozenset(channel), []).append(c)
+    onto: dict[tuple, list | None] = {}  # shift -> per channel the channel it maps onto
+
+    def channel_map(shift) -> list | None:
+        if shift not in onto:
+            images = [channels.get(frozenset(_moved_hop(hop, shift, moved) for hop in channel))
+                      for channel in hops]
+            onto[shift] = None if None in images else [
+                c if c in image else image[0] if len(image) == 1 else None
+                for c, image in enumerate(images)]
+        return onto[shift]
+
+    def stand(hop: tuple, channel: int, shift):
+        image_hop = _moved_hop(hop, shift, moved)
+        mapped = channel_map(shift)
+        if mapped is not None and mapped[channel] is not None:
+            return mapped[channel], hops[mapped[channel]].index(image_hop)
+        return _in_channel(at.get(image_hop, []), channel)
+
+    return stand
+
+
+def _moved_hop(hop: tuple, shift, moved) -> tuple:
+    """The hop (src, dst, relay or None) moved by `shift`."""
+    src, dst, via = hop
+    return moved(src, shift), moved(dst, shift), None if via is None else moved(via, shift)
 
 
 def _in_channel(image: list, channel: int):
@@ -73,6 +108,15 @@ def _in_channel(image: list, channel: int):
     return same[0] if same else (image[0] if len(image) == 1 else None)
 
 
+def _closed(group: tuple[int, ...], to_origin, moved) -> bool:
+    """Every member's shift to its orbit's simulated rank maps the group onto itself: then the
+    pairs the simulated members send stand for every pair of the group, one per orbit, and its
+    all-to-all ends with theirs (an EP group under the quotient: rail_symmetry.py
+    present_pairs)."""
+    members = set(group)
+    return all(moved(b, to_origin(a)) in members for a in group for b in group)
+
+
 def quotient(graph: nx.DiGraph, executed: list[Owner], to_origin,
              moved) -> tuple[dict, dict] | None:
     """(link representatives, group -> its ring piece) for the executed ring groups, or None
@@ -80,6 +124,8 @@ def quotient(graph: nx.DiGraph, executed: list[Owner], to_origin,
     shift taking a rank to its orbit's simulated rank; `moved(rank, shift)`: its image."""
     pieces = {}
     for kind, ranks in executed:
+        if kind == "ep" and not _closed(ranks, to_origin, moved):
+            return None
         if kind == "p2p" or ranks in pieces:
             continue
         piece = ring_piece(ranks, graph.graph["gpus_per_node"], to_origin, moved)

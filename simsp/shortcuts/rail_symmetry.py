@@ -18,7 +18,7 @@ sharing (engine/fair_share.py) gives every executed flow its full-simulation rat
 across an orbit only when the chunk slices are (engine/collectives/ring_plan.py chunk_counts); where
 they are not the images differ by one element per slice. Where every executed ring has its piece the
 run is rather the full simulation's quotient by H (shortcuts/quotient.py): one hop per orbit, one
-link per orbit.
+link per orbit, an EP group's all-to-all as the pairs its simulated members send (present_pairs).
 """
 
 from dataclasses import dataclass, field
@@ -198,12 +198,31 @@ def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owne
             if any(routes.full(h) != routes.full(_image_hop(shift, h)) for h in hops):
                 return (f"moves {named} onto a route of another class (leaf, spine, core: "
                         f"other link latencies)")
-            continue
-        mine, theirs = routes.channel_keys(owner), routes.channel_keys(image)
-        if any(routes.binding(h) != routes.binding(_image_hop(shift, h))
-               or mine[h] != theirs[_image_hop(shift, h)] for h in hops):
+            if owner[0] == "p2p":
+                continue
+            # an EP group also gathers its token counts as a ring over its ranks
+            # (model/blocks/moe/dispatch.py exchange_counts): checked as a ring is
+            owner, image = as_ring(owner), as_ring(image)
+            hops = owner_hops(graph, owner)
+            if sorted(_image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
+                return f"maps the token-count ring of {named} onto other hops than its image's"
+        if _ring_breach(routes, shift, owner, image, hops):
             return f"moves a hop of {named} into a channel of other hop routes"
     return ""
+
+
+def as_ring(owner: Owner) -> Owner:
+    """An EP group's token-count all-gather: a ring over the group's ranks."""
+    return ("ring", owner[1])
+
+
+def _ring_breach(routes: RouteSignatures, shift: tuple[int, ...], owner: Owner, image: Owner,
+                 hops: list[Hop]) -> bool:
+    """Some ring hop's image crosses binding links of other kinds or speeds, or sits in a
+    channel of other hop routes (another pipelined step latency)."""
+    mine, theirs = routes.channel_keys(owner), routes.channel_keys(image)
+    return any(routes.binding(h) != routes.binding(_image_hop(shift, h))
+               or mine[h] != theirs[_image_hop(shift, h)] for h in hops)
 
 
 def _binding(edges: tuple[Edge, ...]) -> tuple[Edge, ...]:
@@ -223,15 +242,15 @@ class RailSymmetry:
     # its orbit's link, and group -> its ring piece; then `loads` is empty
     link_reps: dict = field(default_factory=dict, compare=False, repr=False)
     pieces: dict = field(default_factory=dict, compare=False, repr=False)
-    # stepwise EP group -> its pairs' orbits (pair_orbits), each run as one flow (image loads
-    # only: the quotient is not taken where an EP group runs, rail_symmetry)
+    # stepwise EP group -> its pairs' orbits, each run as one flow: with image loads each
+    # loading its images' links (pair_orbits), under the quotient none (present_pairs)
     pair_orbits: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
                   stepwise: frozenset) -> RailSymmetry | None:
-    """The representative run by rail symmetry: its quotient where every executed ring has its
-    piece, else image loads; None where the layout is not so symmetric, where it keeps too many images,
+    """The representative run by rail symmetry: its quotient where every executed ring (an EP
+    group's token-count ring too) has its piece, else image loads; None where the layout is not so symmetric, where it keeps too many images,
     or where the orbits of the traffic it runs miss traffic that loads links (a pipeline pair,
     a stepwise group) or hold it twice."""
     axes = stage_axes(grid, graph.graph["gpus_per_node"])
@@ -243,12 +262,11 @@ def rail_symmetry(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
     simulated = set(ranks)
     executed = [o for o in owners if (o[0] == "p2p" and o[1][0] in simulated) or
                 (o[0] != "p2p" and o[1] in stepwise and simulated.intersection(o[1]))]
-    # an EP group's all-to-all runs as one flow per orbit of its pairs loading its images'
-    # links (pair_orbits): the quotient's ring pieces do not cover it, so it takes image loads
-    reduced = None if any(o[0] == "ep" for o in executed) else quotient(
-        graph, executed, lambda rank: axes.to_origin(rank, steps), axes.moved)
+    reduced = quotient(graph, executed, lambda rank: axes.to_origin(rank, steps), axes.moved)
     if reduced is not None:  # every hop orbit has one hop a simulated rank sends: no loads
-        return RailSymmetry(ranks, {}, node_why, *reduced)
+        # an EP group's all-to-all: its simulated members' pairs, one per orbit, no image load
+        return RailSymmetry(ranks, {}, node_why, *reduced, pair_orbits={
+            o[1]: present_pairs(o, simulated) for o in executed if o[0] == "ep"})
     counts = [size // step for size, step in zip(axes.sizes, steps)]
     if counts[0] * counts[1] * counts[2] * grid.world_size > MAX_IMAGE_ENTRIES:
         return None
@@ -287,6 +305,16 @@ def pair_orbits(graph: nx.DiGraph, owner: Owner, shifts: list[tuple[int, ...]]) 
     return tuple(orbits)
 
 
+def present_pairs(owner: Owner, simulated: set[int]) -> tuple:
+    """Under the quotient, an EP group's pairs a simulated member sends, each (src GPU, dst GPU,
+    no image links): one per orbit of the group's pairs (the quotient takes the group only where
+    every member's shift to its orbit's simulated rank maps the group onto itself,
+    shortcuts/quotient.py; H acts freely, so two such pairs are never in one orbit), its links
+    mapped onto the orbit's (engine/network.py link_reps)."""
+    ranks = owner[1]
+    return tuple((a, b, ()) for a in ranks if a in simulated for b in ranks if b != a)
+
+
 def image_loads(graph: nx.DiGraph, owners: list[Owner], stepwise: frozenset,
                 executed: list[Owner], shifts: list[tuple[int, ...]]
                 ) -> dict[Hop, tuple[Edge, ...]] | None:
@@ -303,7 +331,8 @@ def image_loads(graph: nx.DiGraph, owners: list[Owner], stepwise: frozenset,
             return None  # two executed owners in one orbit: their images would count twice
         covered |= cosets.keys()
         others = [shift for key, shift in cosets.items() if key != _owner_key(owner)]
-        for hop in owner_hops(graph, owner) if owner[0] != "ep" else ():  # ep: pair_orbits
+        # an EP group's pairs load through pair_orbits, its token-count ring's hops here
+        for hop in owner_hops(graph, as_ring(owner) if owner[0] == "ep" else owner):
             extra = tuple(e for shift in others
                           for e in _binding(hop_route(graph, *_image_hop(shift, hop))))
             if loads.setdefault(hop, extra) != extra:
