@@ -26,6 +26,7 @@ from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to
 from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
+from simsp.training.context_parallel.step_clock import run_step
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -101,12 +102,15 @@ class CpAttention(ContextParallelAttention):
         bookkeeping kernels (TE's per-step merges, te_p2p_kernels)."""
         b, heads, n, d = q.shape
 
-        def run(ring_phase: str, step: int):
-            yield from block(ring_phase, step)
+        def run(ring_phase: str, step: int):  # the step's kernels under one timeout (step_clock)
+            yield from run_step(r, lambda rank: kernels(rank, ring_phase, step))
+
+        def kernels(r, ring_phase: str, step: int):
+            yield from block(r, ring_phase, step)
             if after is not None:
                 yield from self._kernels(r, after(step))
 
-        def block(ring_phase: str, step: int):
+        def block(r, ring_phase: str, step: int):
             diagonal = step == diagonal_step(ring_phase, self.size)
             m, k, cols = block_gemm(n, d, diagonal)
             flops = 2 * b * heads * m * k * cols

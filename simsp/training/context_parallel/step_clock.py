@@ -1,0 +1,51 @@
+"""A ring step's kernels under one timeout: the same charges and the same end time as running
+them one by one, with a fraction of the events (docs/context-parallel.md, "One timeout per
+ring step").
+
+A ring step's compute (its block attention's GEMMs or fused-kernel parts, then TE's
+bookkeeping kernels, training/context_parallel/attention.py) holds the rank's compute stream
+for kernel after kernel with nothing in between: no allocation, no wait, no other process
+touching the stream. Where the stream runs every kernel at full rate (no SM contention,
+engine/sm_share.py) and no compute span is traced, the step's end is the sum of its kernel
+times added in order to its start, so one timeout landing exactly there (model/replay.py
+delay_to) ends the step at the very float the kernel-by-kernel run ends it; every counter
+(FLOPs, busy seconds, kernel log, CUDA-graph charges) is charged by Rank.compute and Rank.hold
+themselves, in the same order: only holding the stream (Rank._occupy) is deferred.
+"""
+
+from simsp.model.replay import delay_to
+
+
+def one_timeout(r) -> bool:
+    """Whether r's ring steps may run under one timeout: full-rate stream, no compute spans."""
+    return r.sm_share is None and (r.trace is None or "compute" in r.trace.skip)
+
+
+def run_step(r, kernels):
+    """Run `kernels(r)` (a generator function charging a step's kernels on r) on r's compute
+    stream: under one timeout where one_timeout(r), else as is."""
+    if not one_timeout(r):
+        yield from kernels(r)
+        return
+    durations = []  # each kernel's seconds, in order
+
+    def occupy(name: str, kind: str, duration: float):  # Rank._occupy, holding nothing yet
+        durations.append(duration)
+        return
+        yield
+
+    r._occupy = occupy  # the instance's, for these kernels only: nothing runs in between
+    try:
+        for _ in kernels(r):
+            raise AssertionError("a ring step's kernel waited on an event")
+    finally:
+        del r._occupy
+    end_s = r.env.now
+    for seconds in durations:
+        end_s += seconds
+    delay = delay_to(r.env.now, end_s)
+    if delay is not None:
+        yield r.env.timeout(delay)
+        return
+    for seconds in durations:  # no single delay lands there: one timeout per kernel
+        yield r.env.timeout(seconds)
