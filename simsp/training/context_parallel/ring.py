@@ -79,15 +79,15 @@ class CpRing:
         self.timeline = RingTimeline()
         self._moving: dict = {}  # (phase, step, src cp rank) -> [sides posted, delivered]
 
-    def _post(self, phase: str, step: int, rank: int) -> simpy.Event:
-        """Post this rank's send and receive of `step`; the event succeeds when both are done."""
+    def _post(self, phase: str, step: int, rank: int) -> tuple:
+        """Post this rank's send and receive of `step`: their delivery events (none at a step
+        that sends nothing)."""
         nbytes = exchange_bytes(phase, step, self.cp, self.kv_bytes)
         if nbytes == 0:
-            return self.env.event().succeed()
+            return ()
         to = 1 if phase == "forward" else -1
-        send = self._side(phase, step, rank, (rank + to) % self.cp, nbytes)
-        recv = self._side(phase, step, (rank - to) % self.cp, rank, nbytes)
-        return send & recv
+        return (self._side(phase, step, rank, (rank + to) % self.cp, nbytes),
+                self._side(phase, step, (rank - to) % self.cp, rank, nbytes))
 
     def _side(self, phase: str, step: int, src: int, dst: int, nbytes: int) -> simpy.Event:
         """One side (src's send or dst's receive) of the transfer src -> dst of `step`: the
@@ -113,10 +113,12 @@ class CpRing:
             yield self.env.timeout(seconds)
         self.timeline.compute[(phase, rank, step)] = (start, self.env.now)
 
-    def _wait(self, phase: str, rank: int, pending: simpy.Event):
-        """Wait for a posted exchange, adding the time blocked to the timeline's `waited`."""
+    def _wait(self, phase: str, rank: int, pending: tuple):
+        """Wait for a posted exchange (both its transfers delivered: the later one's delivery,
+        as a condition on both would), adding the time blocked to the timeline's `waited`."""
         start = self.env.now
-        yield pending
+        for delivered in pending:
+            yield delivered
         key = (phase, rank)
         self.timeline.waited[key] = self.timeline.waited.get(key, 0.0) + (self.env.now - start)
 
