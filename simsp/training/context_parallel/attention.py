@@ -96,6 +96,12 @@ class CpAttention(ContextParallelAttention):
         for name, nbytes in kernels if self.size > 1 else []:
             yield from r.compute(name, "elementwise", nbytes=nbytes)
 
+    def _bookkeeping(self, r, kernels: list):
+        """_kernels before or after the ring (forward's output merge: cp kernels), under one
+        timeout as a ring step's (step_clock.run_step)."""
+        yield from run_step(r, lambda rank: self._kernels(rank, kernels), self.steps,
+                            ("kernels", tuple(kernels), r.phase))
+
     def _blocks(self, r, q, phase: str, after=None, after_bytes: tuple = ()):
         """The step's block attention on r's compute stream: TE's causal slices
         (training/context_parallel/ring.py block_gemm; the whole block at diagonal_step: forward's first,
@@ -148,11 +154,12 @@ class CpAttention(ContextParallelAttention):
             shard = CpShard(q.data, k.data, v.data, self.positions)
             numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
-        yield from self._kernels(r, te_kernels.forward_prologue(k.nbytes + v.nbytes))
+        yield from self._bookkeeping(r, te_kernels.forward_prologue(k.nbytes + v.nbytes))
         lse_step = lambda step: te_kernels.forward_step(step, self.index, lse.nbytes)
         yield from shared.ring.forward(self.index, self._blocks(r, q, phase, lse_step,
                                                                  (lse.nbytes,)), numbers)
-        yield from self._kernels(r, te_kernels.forward_epilogue(self.size, self.index, out.nbytes))
+        yield from self._bookkeeping(r, te_kernels.forward_epilogue(self.size, self.index,
+                                                                    out.nbytes))
         self._count_exposed(r, shared.ring, "forward")
         r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
         self._finished(r, phase)
@@ -190,7 +197,7 @@ class CpAttention(ContextParallelAttention):
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
             numbers.out, numbers.lse = to_heads(out.data), lse.data
             numbers.start_backward(to_heads(dout.data))
-        yield from self._kernels(r, te_kernels.backward_prologue(k.nbytes + v.nbytes))
+        yield from self._bookkeeping(r, te_kernels.backward_prologue(k.nbytes + v.nbytes))
         grads = lambda step: te_kernels.backward_step(step, self.size, self.index, q.nbytes,
                                                       k.nbytes, v.nbytes)
         yield from shared.ring.backward(self.index, self._blocks(r, q, "backward", grads, (

@@ -38,6 +38,8 @@ def run_step(r, kernels, memo: dict | None = None, key=None):
             memo[key] = charges
     else:
         _recharge(r, charges)
+    if not charges[1]:  # no kernel: nothing to wait for, as the kernel-by-kernel run
+        return
     end_s = r.env.now
     for _kind, seconds in charges[1]:
         end_s += seconds
