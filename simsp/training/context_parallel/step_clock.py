@@ -18,7 +18,7 @@ from simsp.model.replay import delay_to
 
 def one_timeout(r) -> bool:
     """Whether r's ring steps may run under one timeout: full-rate stream, no compute spans."""
-    return r.sm_share is None and (r.trace is None or "compute" in r.trace.skip)
+    return r.sm_share is None and (r.trace is None or "compute" in getattr(r.trace, "skip", ()))
 
 
 def run_step(r, kernels, memo: dict | None = None, key=None):
