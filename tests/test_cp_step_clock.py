@@ -25,8 +25,8 @@ def _counters(run) -> dict:
 
 
 @pytest.mark.parametrize("gpn, t, cp, p, path", [
-    (4, 2, 4, 2, "fast"),  # CP 4 over two nodes (two members each), TP 2, two stages
-    (2, 1, 3, 1, "full"),  # an odd CP group of 3 over two nodes, the last alone on its node
+    (4, 2, 4, 1, "fast"),  # CP 4 over two nodes (two members each), TP 2 (rank 0 of each runs)
+    (2, 1, 3, 2, "full"),  # CP groups of 3 on 2-GPU nodes: stages 0 and 1 share node 1
 ])
 def test_one_timeout_steps_equal_kernel_by_kernel(gpn, t, cp, p, path):
     sc = cp_scenario(gpn, t, cp, p, 1, "p2p", False)
