@@ -26,6 +26,7 @@ from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to
 from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
+from simsp.training.context_parallel.step_clock import run_step
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -56,6 +57,7 @@ class CpAttention(ContextParallelAttention):
         self.members, self.index, self.size = members, index, len(members)
         self.positions = local_positions(seq_length, self.size, index)  # (s/cp,)
         self.held = {}  # ledger scope -> the K/V block the forward ended on (numeric)
+        self.steps = {}  # a ring step's kernels -> what they charge (step_clock.run_step)
 
     @staticmethod
     def _keep(keep, heads: int, first: int = 0):
@@ -94,19 +96,30 @@ class CpAttention(ContextParallelAttention):
         for name, nbytes in kernels if self.size > 1 else []:
             yield from r.compute(name, "elementwise", nbytes=nbytes)
 
-    def _blocks(self, r, q, phase: str, after=None):
+    def _bookkeeping(self, r, kernels: list):
+        """_kernels before or after the ring (forward's output merge: cp kernels), under one
+        timeout as a ring step's (step_clock.run_step)."""
+        yield from run_step(r, lambda rank: self._kernels(rank, kernels), self.steps,
+                            ("kernels", tuple(kernels), r.phase))
+
+    def _blocks(self, r, q, phase: str, after=None, after_bytes: tuple = ()):
         """The step's block attention on r's compute stream: TE's causal slices
         (training/context_parallel/ring.py block_gemm; the whole block at diagonal_step: forward's first,
         backward's last), 2 GEMMs forward, 1 recomputed + 4 backward; then `after(step)`'s
-        bookkeeping kernels (TE's per-step merges, te_p2p_kernels)."""
+        bookkeeping kernels (TE's per-step merges, te_p2p_kernels) of tensors of `after_bytes`."""
         b, heads, n, d = q.shape
+        shapes = (q.shape, phase, r.phase, after is None, after_bytes)  # and the step: its charges
 
-        def run(ring_phase: str, step: int):
-            yield from block(ring_phase, step)
+        def run(ring_phase: str, step: int):  # the step's kernels under one timeout (step_clock)
+            yield from run_step(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
+                                (shapes, ring_phase, step))
+
+        def kernels(r, ring_phase: str, step: int):
+            yield from block(r, ring_phase, step)
             if after is not None:
                 yield from self._kernels(r, after(step))
 
-        def block(ring_phase: str, step: int):
+        def block(r, ring_phase: str, step: int):
             diagonal = step == diagonal_step(ring_phase, self.size)
             m, k, cols = block_gemm(n, d, diagonal)
             flops = 2 * b * heads * m * k * cols
@@ -141,10 +154,12 @@ class CpAttention(ContextParallelAttention):
             shard = CpShard(q.data, k.data, v.data, self.positions)
             numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
-        yield from self._kernels(r, te_kernels.forward_prologue(k.nbytes + v.nbytes))
+        yield from self._bookkeeping(r, te_kernels.forward_prologue(k.nbytes + v.nbytes))
         lse_step = lambda step: te_kernels.forward_step(step, self.index, lse.nbytes)
-        yield from shared.ring.forward(self.index, self._blocks(r, q, phase, lse_step), numbers)
-        yield from self._kernels(r, te_kernels.forward_epilogue(self.size, self.index, out.nbytes))
+        yield from shared.ring.forward(self.index, self._blocks(r, q, phase, lse_step,
+                                                                 (lse.nbytes,)), numbers)
+        yield from self._bookkeeping(r, te_kernels.forward_epilogue(self.size, self.index,
+                                                                    out.nbytes))
         self._count_exposed(r, shared.ring, "forward")
         r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
         self._finished(r, phase)
@@ -182,10 +197,11 @@ class CpAttention(ContextParallelAttention):
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
             numbers.out, numbers.lse = to_heads(out.data), lse.data
             numbers.start_backward(to_heads(dout.data))
-        yield from self._kernels(r, te_kernels.backward_prologue(k.nbytes + v.nbytes))
+        yield from self._bookkeeping(r, te_kernels.backward_prologue(k.nbytes + v.nbytes))
         grads = lambda step: te_kernels.backward_step(step, self.size, self.index, q.nbytes,
                                                       k.nbytes, v.nbytes)
-        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward", grads),
+        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward", grads, (
+                                            q.nbytes, k.nbytes, v.nbytes)),
                                         numbers)
         self._count_exposed(r, shared.ring, "backward")
         r.count_comm("cp_ring", sum(exchange_bytes("backward", step, self.size,

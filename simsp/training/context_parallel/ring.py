@@ -77,38 +77,31 @@ class CpRing:
         self.ledgers = {} if ledgers is None else ledgers
         self.prefix = prefix  # ledger key scope of the buffers (a layer's, in the training loop)
         self.timeline = RingTimeline()
-        self._posted: dict = {}  # (phase, step, cp rank) -> event: that rank has posted
-        self._moving: dict = {}  # (phase, step, src cp rank) -> the transfer's process
+        self._moving: dict = {}  # (phase, step, src cp rank) -> [sides posted, delivered]
 
-    def _posted_event(self, phase: str, step: int, rank: int) -> simpy.Event:
-        key = (phase, step, rank)
-        if key not in self._posted:
-            self._posted[key] = self.env.event()
-        return self._posted[key]
-
-    def _transfer(self, phase: str, step: int, src: int, dst: int, nbytes: int):
-        """Starts once src and dst have both posted step `step`; returns on delivery."""
-        yield self._posted_event(phase, step, src) & self._posted_event(phase, step, dst)
-        yield self.network.transfer(self.gpus[src], self.gpus[dst], nbytes,
-                                    label=f"cp {phase} step {step} {src}->{dst}")
-
-    def _post(self, phase: str, step: int, rank: int) -> simpy.Event:
-        """Post this rank's send and receive of `step`; the event succeeds when both are done."""
+    def _post(self, phase: str, step: int, rank: int) -> tuple:
+        """Post this rank's send and receive of `step`: their delivery events (none at a step
+        that sends nothing)."""
         nbytes = exchange_bytes(phase, step, self.cp, self.kv_bytes)
         if nbytes == 0:
-            return self.env.event().succeed()
+            return ()
         to = 1 if phase == "forward" else -1
-        send = self._moving_from(phase, step, rank, (rank + to) % self.cp, nbytes)
-        recv = self._moving_from(phase, step, (rank - to) % self.cp, rank, nbytes)
-        self._posted_event(phase, step, rank).succeed()
-        return send & recv
+        return (self._side(phase, step, rank, (rank + to) % self.cp, nbytes),
+                self._side(phase, step, (rank - to) % self.cp, rank, nbytes))
 
-    def _moving_from(self, phase: str, step: int, src: int, dst: int, nbytes: int):
-        """The one transfer src -> dst of `step`, made by whichever side posts first."""
+    def _side(self, phase: str, step: int, src: int, dst: int, nbytes: int) -> simpy.Event:
+        """One side (src's send or dst's receive) of the transfer src -> dst of `step`: the
+        transfer starts when its second side is posted (both have then posted the step) and
+        the event returned succeeds on delivery."""
         key = (phase, step, src)
-        if key not in self._moving:
-            self._moving[key] = self.env.process(self._transfer(phase, step, src, dst, nbytes))
-        return self._moving[key]
+        sides = self._moving.get(key)
+        if sides is None:
+            self._moving[key] = [1, self.env.event()]
+            return self._moving[key][1]
+        sides[0] += 1
+        self.network.transfer(self.gpus[src], self.gpus[dst], nbytes,
+                              label=f"cp {phase} step {step} {src}->{dst}", delivered=sides[1])
+        return sides[1]
 
     def _compute(self, phase: str, rank: int, step: int, seconds):
         """The step's block attention: `seconds`, or a generator function of (phase, step)
@@ -120,10 +113,12 @@ class CpRing:
             yield self.env.timeout(seconds)
         self.timeline.compute[(phase, rank, step)] = (start, self.env.now)
 
-    def _wait(self, phase: str, rank: int, pending: simpy.Event):
-        """Wait for a posted exchange, adding the time blocked to the timeline's `waited`."""
+    def _wait(self, phase: str, rank: int, pending: tuple):
+        """Wait for a posted exchange (both its transfers delivered: the later one's delivery,
+        as a condition on both would), adding the time blocked to the timeline's `waited`."""
         start = self.env.now
-        yield pending
+        for delivered in pending:
+            yield delivered
         key = (phase, rank)
         self.timeline.waited[key] = self.timeline.waited.get(key, 0.0) + (self.env.now - start)
 

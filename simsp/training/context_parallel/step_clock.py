@@ -1,0 +1,83 @@
+"""A ring step's kernels under one timeout: the same charges and the same end time as running
+them one by one, with a fraction of the events (docs/context-parallel.md, "One timeout per
+ring step").
+
+A ring step's compute (its block attention's GEMMs or fused-kernel parts, then TE's
+bookkeeping kernels, training/context_parallel/attention.py) holds the rank's compute stream
+for kernel after kernel with nothing in between: no allocation, no wait, no other process
+touching the stream. Where the stream runs every kernel at full rate (no SM contention,
+engine/sm_share.py) and no compute span is traced, the step's end is the sum of its kernel
+times added in order to its start, so one timeout landing exactly there (model/replay.py
+delay_to) ends the step at the very float the kernel-by-kernel run ends it; every counter
+(FLOPs, busy seconds, kernel log, CUDA-graph charges) is charged by Rank.compute and Rank.hold
+themselves, in the same order: only holding the stream (Rank._occupy) is deferred.
+"""
+
+from simsp.model.replay import delay_to
+
+
+def one_timeout(r) -> bool:
+    """Whether r's ring steps may run under one timeout: full-rate stream, no compute spans."""
+    return r.sm_share is None and (r.trace is None or "compute" in getattr(r.trace, "skip", ()))
+
+
+def run_step(r, kernels, memo: dict | None = None, key=None):
+    """Run `kernels(r)` (a generator function charging a step's kernels on r) on r's compute
+    stream: under one timeout where one_timeout(r), else as is. `memo` (a dict kept by the
+    caller) holds, under `key` (everything the step's kernels depend on), what the step
+    charged the first time, replayed after (not with a kernel log or CUDA graphs)."""
+    if not one_timeout(r):
+        yield from kernels(r)
+        return
+    if r.kernel_log is not None or r.graphs is not None:
+        memo = None
+    charges = None if memo is None else memo.get(key)
+    if charges is None:
+        charges = _charge(r, kernels)
+        if memo is not None:
+            memo[key] = charges
+    else:
+        _recharge(r, charges)
+    if not charges[1]:  # no kernel: nothing to wait for, as the kernel-by-kernel run
+        return
+    end_s = r.env.now
+    for _kind, seconds in charges[1]:
+        end_s += seconds
+    delay = delay_to(r.env.now, end_s)
+    if delay is not None:
+        yield r.env.timeout(delay)
+        return
+    for _kind, seconds in charges[1]:  # no single delay lands there: one timeout per kernel
+        yield r.env.timeout(seconds)
+
+
+def _charge(r, kernels) -> tuple:
+    """Charge `kernels(r)` as Rank.compute and Rank.hold do, holding nothing: ({phase: FLOPs
+    added}, ((kind, seconds), ...) in kernel order)."""
+    held = []  # (kind, seconds) of each kernel, in order
+
+    def occupy(name: str, kind: str, duration: float):  # Rank._occupy, holding nothing yet
+        held.append((kind, duration))
+        return
+        yield
+
+    flops = dict(r.flops)
+    r._occupy = occupy  # the instance's, for these kernels only: nothing runs in between
+    try:
+        for _ in kernels(r):
+            raise AssertionError("a ring step's kernel waited on an event")
+    finally:
+        del r._occupy
+    added = {phase: r.flops[phase] - flops.get(phase, 0) for phase in r.flops}
+    return added, tuple(held)
+
+
+def _recharge(r, charges: tuple) -> None:
+    """Charge r's counters as the recorded step did: FLOPs per phase, then each kernel's busy
+    seconds added in the same order (so the float sums are the same)."""
+    added, held = charges
+    for phase, flops in added.items():
+        r.flops[phase] += flops
+    busy = r.busy_s
+    for kind, seconds in held:
+        busy[kind] = busy.get(kind, 0.0) + seconds
