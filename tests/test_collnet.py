@@ -9,7 +9,8 @@ import simpy
 
 from simsp.cluster.topology import build_topology
 from simsp.engine.collectives import collnet
-from simsp.engine.collectives.nccl_tuning import ALL_REDUCE, HOPPER, sharp_time_us
+from simsp.engine.collectives.nccl_tuning import (ALL_GATHER, ALL_REDUCE, HOPPER, REDUCE_SCATTER,
+                                                  sharp_time_us)
 from simsp.engine.communicator import Communicator
 from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.network import Network
@@ -85,6 +86,55 @@ def test_the_closed_form_by_hand():
         == pytest.approx(69.2e-6 + max(2 * 7 / 8 * S / (450e9 * 0.78), S / 8 / 45e9), rel=1e-12)
 
 
+@pytest.mark.parametrize("collective", [REDUCE_SCATTER, ALL_GATHER])
+def test_reduce_scatter_and_all_gather_picks_against_hand_worked_estimates(collective):
+    """tuning.cc on 8 H100s a node, S the whole buffer (enqueue.cc: nRanks x count), busBw not
+    converted to algbw: CollNet Direct 2 (3.7 + 7 x 0.4) + 31 = 44 us + S / (8 x min(48,
+    0.9 x 48)); NVLS 25 + 18 = 43 us + S / (8 x min(48 x 0.85 x 7/8 x 7/8, 48)); NVLS_TREE
+    and Chain none."""
+    def by_hand(nbytes):
+        return {"collnet_direct": 44 + nbytes / (1000 * 8 * 43.2),
+                "nvls": 43 + nbytes / (1000 * 8 * 48 * 0.85 * 7 / 8 * 7 / 8)}
+    for nodes in (2, 8):
+        graphs = collnet.multinode_graphs(8, nodes, 450.0, 50.0, HOPPER)
+        for nbytes, expected in ((64 * 1024, "nvls"), (MiB, "collnet_direct"),
+                                 (256 * MiB, "collnet_direct")):
+            hand = by_hand(nbytes)
+            for algorithm, estimate in hand.items():
+                assert sharp_time_us(collective, algorithm, nbytes, 8 * nodes, nodes,
+                                     graphs[algorithm], HOPPER) == pytest.approx(estimate,
+                                                                                 rel=1e-12)
+            assert sharp_time_us(collective, "nvls_tree", nbytes, 8 * nodes, nodes,
+                                 graphs["nvls_tree"], HOPPER) is None
+            assert min(hand, key=hand.get) == expected
+            assert collnet.sharp_pick(nbytes, 8 * nodes, nodes, 450.0, 50.0, SHARP, 1e12,
+                                      collective) == expected
+            assert collnet.sharp_pick(nbytes, 8 * nodes, nodes, 450.0, 50.0, SHARP,
+                                      hand[expected], collective) is None
+
+
+def test_enqueue_s_local_rank_limits():
+    # 36 GPUs a node: CollNet (Direct and Chain) needs <= 8, NVLS outside all-reduce <= 32
+    # (enqueue.cc updateCollCostTable): nothing for a reduce-scatter, NVLS for an all-reduce
+    assert collnet.sharp_pick(256 * MiB, 72, 2, 900.0, 50.0, SHARP, 1e12, REDUCE_SCATTER) \
+        is None
+    assert collnet.sharp_pick(256 * MiB, 72, 2, 900.0, 50.0, SHARP, 1e12) in ("nvls",
+                                                                              "nvls_tree")
+
+
+def test_reduce_scatter_and_all_gather_closed_forms_by_hand():
+    # CollNet Direct: NVLink 7/8 S to and from the heads, NIC S/8; NVLS: NVLink S at
+    # nvlsEfficiency (ld_reduce reads each slice once; the multicast writes each once)
+    S = 256 * MiB
+    for collective in (REDUCE_SCATTER, ALL_GATHER):
+        assert collnet.sharp_all_reduce_time("collnet_direct", S, 16, 2, 450.0, 50.0, SHARP, 4,
+                                             collective) == pytest.approx(
+            44e-6 + max(S * 7 / 8 / (450e9 * 0.78), S / 8 / 45e9), rel=1e-12)
+        assert collnet.sharp_all_reduce_time("nvls", S, 64, 8, 450.0, 50.0, SHARP, 4,
+                                             collective) == pytest.approx(
+            43e-6 + max(S / (450e9 * 0.78 * 0.85), S / 8 / 45e9), rel=1e-12)
+
+
 def _all_reduce(gpus, nbytes, sharp_groups=None, name=""):
     """One all-reduce through the training loop's Communicator on 2 DGX H100 nodes, SHARP on."""
     cluster = load_scenario(None, {("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
@@ -111,6 +161,38 @@ def test_a_communicator_runs_the_pick_only_on_the_sharp_groups():
     assert _all_reduce(group, S, frozenset({group})).algorithm == "nvls_tree"
     assert _all_reduce(group, S, frozenset({(0, 8)})).algorithm == "ring"
     assert _all_reduce(group, S, frozenset({group}), name="fp8_amax").algorithm == "ring"
+
+
+def _gathers(gpus, nbytes, sharp_groups=None):
+    """A reduce-scatter then an all-gather of `nbytes` through the Communicator on 2 DGX H100
+    nodes, SHARP on: their stats."""
+    cluster = load_scenario(None, {("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
+                                   ("cluster", "use_sharp"): True}).cluster
+    env = simpy.Environment()
+    comm = Communicator(env, Network(env, build_topology(cluster),
+                                     LinkCalibration.from_cluster(cluster)),
+                        timing_of=EveryGroup(RING_ALONE))
+    comm.sharp_groups = sharp_groups
+
+    def member(rank):
+        yield from comm.reduce_scatter(tuple(gpus), rank, None, nbytes, "dp")
+        yield from comm.all_gather(tuple(gpus), rank, None, nbytes, "dp")
+    for rank in gpus:
+        env.process(member(rank))
+    env.run()
+    return comm.stats
+
+
+def test_a_communicator_runs_reduce_scatter_and_all_gather_in_the_network():
+    S, group = 256 * MiB, tuple(range(16))
+    rs, ag = _gathers(group, S, frozenset({group}))
+    by_hand = 44e-6 + max(S * 7 / 8 / (450e9 * 0.78), S / 8 / 45e9)
+    for stats, collective in ((rs, REDUCE_SCATTER), (ag, ALL_GATHER)):
+        assert (stats.collective, stats.algorithm, stats.protocol) == (
+            collective, "collnet_direct", "Simple")
+        assert stats.end_s - stats.start_s == pytest.approx(by_hand, rel=1e-12)
+    # not a DP-CP group: NCCL's ring
+    assert [s.algorithm for s in _gathers(group, S, frozenset({(0, 8)}))] == ["ring", "ring"]
 
 
 def _dp_run(use_sharp: bool, shortcuts: bool):
