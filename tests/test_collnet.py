@@ -195,9 +195,10 @@ def test_a_communicator_runs_reduce_scatter_and_all_gather_in_the_network():
     assert [s.algorithm for s in _gathers(group, S, frozenset({(0, 8)}))] == ["ring", "ring"]
 
 
-def _dp_run(use_sharp: bool, shortcuts: bool):
-    """A tiny meta layout, t1 p1 d16 over 2 DGX H100 nodes: its one DP all-reduce's stats."""
-    sc = load_scenario(None, {
+def _dp_run(use_sharp: bool, shortcuts: bool, distributed_optimizer: bool = False):
+    """A tiny meta layout, t1 p1 d16 over 2 DGX H100 nodes: its one DP all-reduce's stats (the
+    DP group's collectives' with the distributed optimizer)."""
+    sc = load_scenario(None, {("parallel", "distributed_optimizer"): distributed_optimizer,
         ("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
         ("cluster", "use_sharp"): use_sharp, ("model", "num_layers"): 2,
         ("model", "hidden_size"): 256, ("model", "num_attention_heads"): 4,
@@ -208,8 +209,21 @@ def _dp_run(use_sharp: bool, shortcuts: bool):
         ("run", "mode"): "meta"})
     run = simulate_iteration(sc, Shortcuts.for_scale(sc) if shortcuts else Shortcuts(),
                              trace="none")
-    [stats] = [s for s in run.inputs.world.comm.stats if len(s.gpus) == 16]
-    return stats
+    dp = [s for s in run.inputs.world.comm.stats if len(s.gpus) == 16]
+    return dp if distributed_optimizer else dp[0]
+
+
+def test_a_run_s_distributed_optimizer_reduce_scatters_and_gathers_in_the_network():
+    with_sharp = _dp_run(True, shortcuts=True, distributed_optimizer=True)
+    assert {(s.collective, s.algorithm) for s in with_sharp} >= {
+        (REDUCE_SCATTER, "collnet_direct"), (ALL_GATHER, "collnet_direct")}
+    for stats in with_sharp:
+        if stats.collective in (REDUCE_SCATTER, ALL_GATHER):  # 44 us + the NIC's S/8
+            S = stats.nbytes
+            by_hand = 44e-6 + max(S * 7 / 8 / (450e9 * 0.78), S / 8 / 45e9)
+            assert stats.end_s - stats.start_s == pytest.approx(by_hand, rel=1e-12)
+    assert {s.algorithm for s in _dp_run(False, shortcuts=True, distributed_optimizer=True)
+            if s.collective != ALL_REDUCE} == {"ring"}
 
 
 def test_a_run_s_dp_all_reduce_is_the_closed_form_with_and_without_shortcuts():
