@@ -16,6 +16,8 @@ from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.network import Network
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
+from simsp.metrics import _in_network
+from simsp.report.run.in_network import in_network_lines
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
 from simsp.training.driver.iteration import simulate_iteration
@@ -210,11 +212,11 @@ def _dp_run(use_sharp: bool, shortcuts: bool, distributed_optimizer: bool = Fals
     run = simulate_iteration(sc, Shortcuts.for_scale(sc) if shortcuts else Shortcuts(),
                              trace="none")
     dp = [s for s in run.inputs.world.comm.stats if len(s.gpus) == 16]
-    return dp if distributed_optimizer else dp[0]
+    return (dp, run) if distributed_optimizer else dp[0]
 
 
 def test_a_run_s_distributed_optimizer_reduce_scatters_and_gathers_in_the_network():
-    with_sharp = _dp_run(True, shortcuts=True, distributed_optimizer=True)
+    with_sharp, run = _dp_run(True, shortcuts=True, distributed_optimizer=True)
     assert {(s.collective, s.algorithm) for s in with_sharp} >= {
         (REDUCE_SCATTER, "collnet_direct"), (ALL_GATHER, "collnet_direct")}
     for stats in with_sharp:
@@ -222,8 +224,13 @@ def test_a_run_s_distributed_optimizer_reduce_scatters_and_gathers_in_the_networ
             S = stats.nbytes
             by_hand = 44e-6 + max(S * 7 / 8 / (450e9 * 0.78), S / 8 / 45e9)
             assert stats.end_s - stats.start_s == pytest.approx(by_hand, rel=1e-12)
-    assert {s.algorithm for s in _dp_run(False, shortcuts=True, distributed_optimizer=True)
-            if s.collective != ALL_REDUCE} == {"ring"}
+    without, plain_run = _dp_run(False, shortcuts=True, distributed_optimizer=True)
+    assert {s.algorithm for s in without if s.collective != ALL_REDUCE} == {"ring"}
+    # the run report says what ran in the network, and nothing without --use-sharp
+    lines = in_network_lines(_in_network(run))
+    assert "| reduce-scatter | collnet_direct | yes | 1 |" in lines
+    assert "| all-gather | collnet_direct | yes | 1 |" in lines
+    assert _in_network(plain_run) == {} and in_network_lines({}) == []
 
 
 def test_a_run_s_dp_all_reduce_is_the_closed_form_with_and_without_shortcuts():

@@ -11,6 +11,7 @@ from simsp.version import __version__
 from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics import layout
 from simsp.report.run.overlap_summary import overlap_lines
+from simsp.report.run.in_network import in_network_lines
 from simsp.report.run.glossary import GLOSSARY
 from simsp.units import GiB, MiB, format_bytes, format_seconds
 
@@ -454,7 +455,7 @@ def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
-             + overlap_lines(metrics)
+             + overlap_lines(metrics) + in_network_lines(metrics)
              + _expert_load(metrics)
              + _memory(metrics, stages) + _allocator(metrics) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _sharding(metrics) + _calibration(metrics))
