@@ -235,9 +235,9 @@ def _in_network(run) -> dict:
     """Under --use-sharp: how many collectives on the DP-CP groups (the communicators with
     CollNet) ran as each (collective, algorithm), e.g. reduce_scatter/collnet_direct or
     all_reduce/ring (engine/collectives/collnet.py); absent otherwise."""
-    comm = run.inputs.world.comm
     if not run.inputs.sc.cluster.use_sharp:
         return {}
+    comm = run.inputs.world.comm
     counts: dict = {}
     for stats in comm.stats:
         if comm.sharp_groups is None or stats.gpus in comm.sharp_groups:
