@@ -59,15 +59,25 @@ def test_nccl_s_pick_is_the_cheapest_hand_worked_estimate(nodes, nbytes, expecte
     assert collnet.sharp_pick(nbytes, 8 * nodes, nodes, 450.0, 50.0, SHARP, best) is None
 
 
-def test_nothing_in_the_network_without_collnet_a_forced_algorithm_or_nvswitch_3():
+def test_only_nvls_tree_without_collnet_nothing_forced_or_below_nvswitch_3():
     pick = lambda cal: collnet.sharp_pick(256 * MiB, 16, 2, 450.0, 50.0, cal, 1e12)
-    assert pick(replace(SHARP, sharp_collnet=False)) is None
+    # NCCL_NVLS_ENABLE's default leaves NVLS_TREE on every multi-node communicator; CollNet
+    # and multi-node NVLS need NCCL_COLLNET_ENABLE (tuning.cc 500-510): at 1 MiB on 2 nodes
+    # NVLS (48.12 us) wins with CollNet, NVLS_TREE (71.06) without
+    no_collnet = replace(SHARP, sharp_collnet=False)
+    assert pick(no_collnet) == "nvls_tree"
+    assert collnet.sharp_pick(MiB, 16, 2, 450.0, 50.0, SHARP, 1e12) == "nvls"
+    assert collnet.sharp_pick(MiB, 16, 2, 450.0, 50.0, no_collnet, 1e12) == "nvls_tree"
+    assert collnet.sharp_pick(MiB, 16, 2, 450.0, 50.0, no_collnet, 71.0) is None
+    assert collnet.sharp_pick(MiB, 16, 2, 450.0, 50.0, no_collnet, 1e12, REDUCE_SCATTER) is None
     assert pick(replace(SHARP, nccl_algo="ring")) is None
     assert pick(replace(SHARP, nccl_proto="LL128")) is None
     # DGX A100 (no NVLS): CollNet only, on Ampere's graph (24 GB/s: PCIe Gen4 x16), no x0.85:
     # Direct 8 x 24 x 0.5 = 96 GB/s, 44 us; Chain the same bandwidth, 69.2 us: Direct
     a100 = replace(SHARP, nvls_nvlink_generation=0)
     assert collnet.sharp_pick(256 * MiB, 16, 2, 300.0, 25.0, a100, 1e12) == "collnet_direct"
+    assert collnet.sharp_pick(256 * MiB, 16, 2, 300.0, 25.0,
+                              replace(a100, sharp_collnet=False), 1e12) is None
 
 
 def test_the_closed_form_by_hand():
@@ -159,10 +169,14 @@ def test_a_communicator_runs_the_pick_only_on_the_sharp_groups():
     assert stats.time_s == collnet.sharp_all_reduce_time("nvls_tree", S, 16, 2, 450.0, 50.0,
                                                          SHARP, 4)
     # Megatron's --use-sharp: only the DP-CP groups' own communicators have CollNet, not
-    # another group's, nor another communicator over the same ranks (the FP8 amax group's)
+    # another group's, nor another communicator over the same ranks (the FP8 amax group's);
+    # 1 MiB runs as NVLS with CollNet (48.12 us) and as NCCL's tree/LL128 without (70.3 us,
+    # below NVLS_TREE's 71.06); 256 MiB is NVLS_TREE either way (no CollNet needed)
     assert _all_reduce(group, S, frozenset({group})).algorithm == "nvls_tree"
-    assert _all_reduce(group, S, frozenset({(0, 8)})).algorithm == "ring"
-    assert _all_reduce(group, S, frozenset({group}), name="fp8_amax").algorithm == "ring"
+    assert _all_reduce(group, MiB, frozenset({group})).algorithm == "nvls"
+    assert _all_reduce(group, MiB, frozenset({(0, 8)})).algorithm == "tree"
+    assert _all_reduce(group, MiB, frozenset({group}), name="fp8_amax").algorithm == "tree"
+    assert _all_reduce(group, S, frozenset({(0, 8)})).algorithm == "nvls_tree"
 
 
 def _gathers(gpus, nbytes, sharp_groups=None):
@@ -241,7 +255,12 @@ def test_a_run_s_dp_all_reduce_is_the_closed_form_with_and_without_shortcuts():
     assert stats.end_s - stats.start_s == pytest.approx(by_hand, rel=1e-12)
     plain = _dp_run(True, shortcuts=False)
     assert (plain.algorithm, plain.end_s - plain.start_s) == ("nvls", stats.end_s - stats.start_s)
-    assert _dp_run(False, shortcuts=True).algorithm == "tree"  # NCCL picks its tree here
+    # without --use-sharp NCCL_NVLS_ENABLE's default still weighs NVLS_TREE: 66.8 us + the
+    # slower of NVLink S (1 + 1/8) at nvlsEfficiency and the NIC's S/8
+    plain = _dp_run(False, shortcuts=True)
+    assert plain.algorithm == "nvls_tree"
+    assert plain.end_s - plain.start_s == pytest.approx(
+        66.8e-6 + max(S * 1.125 / (450e9 * 0.78 * 0.85), S / 8 / 45e9), rel=1e-12)
 
 
 def test_use_sharp_without_sharp_switches_is_one_error():
@@ -254,8 +273,9 @@ def test_use_sharp_without_sharp_switches_is_one_error():
 
 def test_simsp_hardware_says_which_in_network_reductions_a_system_runs():
     from simsp.commands.hardware import describe
-    assert "SHARPv3 in the switches: CollNet Direct/Chain, NVLS and NVLS_TREE across nodes" in \
-        describe("system", "dgx-h100")["in_network"]
+    assert describe("system", "dgx-h100")["in_network"].startswith(
+        "NVLS in one node, NVLS_TREE across nodes; SHARPv3 in the switches: CollNet Direct/Chain "
+        "and NVLS across nodes with --use-sharp")
     assert describe("system", "dgx-a100")["in_network"].startswith(
         "no NVLS (NVSwitch < 3); SHARPv2 in the switches: CollNet Direct/Chain across nodes")
     assert "no SHARP in the switches: --use-sharp refused" in \

@@ -332,10 +332,11 @@ class Communicator:
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
         """NCCL's in-network collective where it runs one and it beats the ring or tree: an
-        NVLS all-reduce inside one NVLink domain (engine/collectives/nvls.py); across nodes
-        under --use-sharp CollNet or NVLS_TREE all-reduces and NVLS or CollNet Direct
-        reduce-scatters and all-gathers (engine/collectives/collnet.py); closed form, loading
-        no link, as the tree; memoised; else None."""
+        NVLS all-reduce inside one NVLink domain (engine/collectives/nvls.py); across nodes an
+        NVLS_TREE all-reduce (NCCL_NVLS_ENABLE's default) and, under --use-sharp on the DP-CP
+        groups, CollNet or NVLS all-reduces and NVLS or CollNet Direct reduce-scatters and
+        all-gathers (engine/collectives/collnet.py); closed form, loading no link, as the tree;
+        memoised; else None."""
         calibration = self.network.calibration
         sharp = calibration.sharp_collnet and (self.sharp_groups is None or (
             meeting.name == "" and meeting.group in self.sharp_groups))
@@ -351,7 +352,8 @@ class Communicator:
 
     def _in_network(self, meeting: _Meeting, sharp: bool) -> CollectiveStats | None:
         """The stats of NVLS, CollNet or NVLS_TREE for this collective, or None (NCCL keeps
-        its ring or tree); across nodes only where its communicator has CollNet (`sharp`)."""
+        its ring or tree); CollNet and multi-node NVLS only where its communicator has CollNet
+        (`sharp`)."""
         graph, n, calibration = self.network.graph, len(meeting.group), self.network.calibration
         collective = meeting.collective
         other = nccl_choice(collective, graph, list(meeting.group), meeting.nbytes,

@@ -1,5 +1,7 @@
-"""In-network reduction across nodes: NCCL's CollNet (IB SHARP) and NVLS_TREE, picked by NCCL's
-own estimate and timed in closed form over simsp's links (docs/nccl.md, "Across nodes").
+"""In-network reduction across nodes: NCCL's CollNet (IB SHARP, under --use-sharp) and NVLS_TREE
+(NVLink SHARP in each node, NCCL's tree between: on by default, NCCL_NVLS_ENABLE=2 needs no
+CollNet), picked by NCCL's own estimate and timed in closed form over simsp's links
+(docs/nccl.md, "Across nodes").
 
 NCCL's estimates (engine/collectives/nccl_tuning.py, "In-network reduction") need each
 algorithm's graph. NVIDIA/nccl commit 5067397c (2.30.7): src/init.cc builds the CollNet Chain
@@ -108,18 +110,19 @@ def sharp_pick(nbytes: int, ranks: int, nodes: int, nvlink_GBps: float, ib_GBps:
                calibration, other_estimate_us: float,
                collective: str = tuning.ALL_REDUCE) -> str | None:
     """The in-network algorithm NCCL would run this multi-node `collective` as, or None (its
-    ring or tree, estimated `other_estimate_us`, stays): the calibration's NCCL_COLLNET_ENABLE
-    over a SHARP fabric (`sharp_collnet`), NCCL_ALGO / NCCL_PROTO leaving the choice open (these
-    run Simple), each algorithm enabled as tuning.cc and enqueue.cc say (CollNet up to 8 ranks
-    a node, NVLS reduce-scatter / all-gather up to 32), and NCCL's estimates compared
+    ring or tree, estimated `other_estimate_us`, stays): NCCL_ALGO / NCCL_PROTO leaving the
+    choice open (these run Simple), each algorithm enabled as tuning.cc and enqueue.cc say
+    (NVLS_TREE on an NVSwitch-3+ system; CollNet and multi-node NVLS only with the
+    calibration's NCCL_COLLNET_ENABLE over a SHARP fabric, `sharp_collnet`; CollNet up to 8
+    ranks a node, NVLS reduce-scatter / all-gather up to 32), and NCCL's estimates compared
     (nccl_tuning.sharp_choice: strictly faster than the ring or tree)."""
-    if (not calibration.sharp_collnet or nodes < 2 or ranks % nodes
-            or calibration.nccl_algo is not None
+    if (nodes < 2 or ranks % nodes or calibration.nccl_algo is not None
             or calibration.nccl_proto not in (None, tuning.SIMPLE)):
         return None
     generation = calibration.nvls_nvlink_generation
     compcap, ppn = compcap_of(generation), ranks // nodes
-    enabled = {a: tuning.sharp_enabled(a, nodes, generation in NVLS_EFFICIENCY, True, True)
+    enabled = {a: tuning.sharp_enabled(a, nodes, generation in NVLS_EFFICIENCY,
+                                       calibration.sharp_collnet, True)
                and _fits(a, collective, ppn) for a in MULTI_NODE}
     graphs = multinode_graphs(ppn, nodes, nvlink_GBps, ib_GBps, compcap)
     return tuning.sharp_choice(collective, nbytes, ranks, nodes, graphs, compcap, enabled,

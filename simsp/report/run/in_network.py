@@ -7,8 +7,9 @@ Read from the metrics' `in_network` counts (metrics.py `_in_network`).
 IN_NETWORK = {"nvls", "nvls_tree", "collnet_direct", "collnet_chain"}
 WHY_NOT = [
     "Collectives on other groups (TP, PP, EP) and on other communicators over the DP-CP ranks "
-    "(the FP8 amax reduction's, counted above under its ring or tree) never use SHARP: Megatron "
-    "sets NCCL_COLLNET_ENABLE only while it creates the DP-CP groups.",
+    "(the FP8 amax reduction's, counted above) never use the switches' SHARP (CollNet): Megatron "
+    "sets NCCL_COLLNET_ENABLE only while it creates the DP-CP groups. NVLS_TREE (NVLink SHARP "
+    "in each node, NCCL's tree between) needs no CollNet: any all-reduce across nodes weighs it.",
     "A ring or tree on a DP-CP group is NCCL's own pick: its estimate of the ring or tree "
     "(tuning.cc) was not above every in-network algorithm's, or the group is inside one node "
     "(CollNet needs 2 nodes or more).",
