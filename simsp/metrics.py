@@ -227,7 +227,23 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         **_overlaps(run),
         **_offload(run),
         **_moe(run),
+        **_in_network(run),
     }
+
+
+def _in_network(run) -> dict:
+    """Under --use-sharp: how many collectives on the DP-CP groups (the communicators with
+    CollNet) ran as each (collective, algorithm), e.g. reduce_scatter/collnet_direct or
+    all_reduce/ring (engine/collectives/collnet.py); absent otherwise."""
+    if not run.inputs.sc.cluster.use_sharp:
+        return {}
+    comm = run.inputs.world.comm
+    counts: dict = {}
+    for stats in comm.stats:
+        if comm.sharp_groups is None or stats.gpus in comm.sharp_groups:
+            key = f"{stats.collective}/{stats.algorithm}"
+            counts[key] = counts.get(key, 0) + 1
+    return {"in_network": dict(sorted(counts.items()))}
 
 
 def _moe(run) -> dict:

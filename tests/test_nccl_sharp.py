@@ -84,10 +84,15 @@ def test_collnet_direct_and_chain_on_h100():
 
 
 def test_no_bandwidth_where_nccl_gives_none():
-    # AG/RS across nodes (no CollNet iallgather/ireducescatter), NVLS_TREE/Chain outside
-    # all-reduce, NVLS with one channel: NCCL's time -1, never chosen
-    assert sharp_time_us(ALL_GATHER, NVLS, MiB, 16, 2, H100_NODE, HOPPER) is None
-    assert sharp_time_us(REDUCE_SCATTER, COLLNET_DIRECT, MiB, 16, 2, H100_NODE, HOPPER) is None
+    # AG/RS across nodes with more ranks a node than CollNet heads (8 GPUs, 4 heads),
+    # NVLS_TREE/Chain outside all-reduce, NVLS with one channel: NCCL's time -1, never chosen
+    four_heads = SharpGraph(4, 50.0, 50.0)
+    assert sharp_time_us(ALL_GATHER, NVLS, MiB, 16, 2, four_heads, HOPPER) is None
+    assert sharp_time_us(REDUCE_SCATTER, COLLNET_DIRECT, MiB, 16, 2, four_heads, HOPPER) is None
+    # one head per GPU (the SHARP plugin has iallgather / ireducescatter): 43 + S / (1000 x
+    # 8 x min(50 x 0.85 x 7/8 x 7/8, 50)) us, busBw not converted to algbw
+    assert sharp_time_us(ALL_GATHER, NVLS, MiB, 16, 2, H100_NODE, HOPPER) == pytest.approx(
+        43 + MiB / (1000 * 8 * 50 * 0.85 * 7 / 8 * 7 / 8), rel=1e-12)
     assert sharp_time_us(ALL_GATHER, NVLS_TREE, MiB, 16, 2, H100_NODE, HOPPER) is None
     assert sharp_time_us(ALL_REDUCE, NVLS, MiB, 8, 1, SharpGraph(1, 50.0, 50.0), HOPPER) is None
 

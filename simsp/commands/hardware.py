@@ -123,10 +123,10 @@ def _in_network(system) -> str:
     """Which of NCCL's in-network all-reduces the system can run (docs/nccl.md)."""
     nvls = system.nvswitch_generation >= NVLS_NVSWITCH_GENERATION
     sharp = system.fabric.sharp_generation
-    words = ["NVLS in one node" if nvls else "no NVLS (NVSwitch < 3)"]
+    words = ["NVLS in one node, NVLS_TREE across nodes" if nvls else "no NVLS (NVSwitch < 3)"]
     if sharp is None:
         return words[0] + "; no SHARP in the switches: --use-sharp refused"
-    across = "CollNet Direct/Chain" + (", NVLS and NVLS_TREE" if nvls else "")
+    across = "CollNet Direct/Chain" + (" and NVLS" if nvls else "")
     return (f"{words[0]}; SHARPv{sharp} in the switches: {across} across nodes with "
             f"--use-sharp (NCCL_COLLNET_ENABLE=1 on the DP-CP groups)")
 

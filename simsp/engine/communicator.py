@@ -331,39 +331,46 @@ class Communicator:
         return self._plans[key]
 
     def _nvls(self, meeting: _Meeting) -> CollectiveStats | None:
-        """NCCL's in-network all-reduce where it runs one and it beats the ring or tree: NVLS
-        inside one NVLink domain (engine/collectives/nvls.py), CollNet or NVLS_TREE across
-        nodes under --use-sharp (engine/collectives/collnet.py); closed form, loading no link,
-        as the tree; memoised; else None."""
+        """NCCL's in-network collective where it runs one and it beats the ring or tree: an
+        NVLS all-reduce inside one NVLink domain (engine/collectives/nvls.py); across nodes an
+        NVLS_TREE all-reduce (NCCL_NVLS_ENABLE's default) and, under --use-sharp on the DP-CP
+        groups, CollNet or NVLS all-reduces and NVLS or CollNet Direct reduce-scatters and
+        all-gathers (engine/collectives/collnet.py); closed form, loading no link, as the tree;
+        memoised; else None."""
         calibration = self.network.calibration
-        if meeting.collective != ALL_REDUCE or not (calibration.nvls_nvlink_generation
-                                                    or calibration.sharp_collnet):
-            return None
         sharp = calibration.sharp_collnet and (self.sharp_groups is None or (
             meeting.name == "" and meeting.group in self.sharp_groups))
-        key = (NVLS, meeting.group, meeting.nbytes, meeting.elem_bytes, sharp)
+        if meeting.collective not in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER) or not (
+                calibration.nvls_nvlink_generation or sharp) or (
+                meeting.collective != ALL_REDUCE and not sharp):
+            return None
+        key = (NVLS, meeting.collective, meeting.group, meeting.nbytes, meeting.elem_bytes,
+               sharp)
         if key not in self._plans:
             self._plans[key] = self._in_network(meeting, sharp)
         return self._plans[key]
 
     def _in_network(self, meeting: _Meeting, sharp: bool) -> CollectiveStats | None:
-        """The stats of NVLS, CollNet or NVLS_TREE for this all-reduce, or None (NCCL keeps
-        its ring or tree); across nodes only where its communicator has CollNet (`sharp`)."""
+        """The stats of NVLS, CollNet or NVLS_TREE for this collective, or None (NCCL keeps
+        its ring or tree); CollNet and multi-node NVLS only where its communicator has CollNet
+        (`sharp`)."""
         graph, n, calibration = self.network.graph, len(meeting.group), self.network.calibration
-        other = nccl_choice(ALL_REDUCE, graph, list(meeting.group), meeting.nbytes,
+        collective = meeting.collective
+        other = nccl_choice(collective, graph, list(meeting.group), meeting.nbytes,
                             calibration)  # NCCL's estimate of its ring or tree
         per_node, (nvlink, ib) = graph.graph["gpus_per_node"], link_speeds_GBps(graph)
-        seconds = nvls_in_group(meeting.group, meeting.nbytes, per_node, nvlink, calibration,
-                                other.estimated_time_s * 1e6)
+        seconds = None if collective != ALL_REDUCE else nvls_in_group(
+            meeting.group, meeting.nbytes, per_node, nvlink, calibration,
+            other.estimated_time_s * 1e6)
         algorithm, sent = NVLS, round(nvls_bytes_per_direction(meeting.nbytes, n))
         if seconds is None:
             calibration = replace(calibration, sharp_collnet=sharp)
             across = sharp_in_group(meeting.group, meeting.nbytes, per_node, nvlink, ib,
-                                    calibration, other.estimated_time_s * 1e6)
+                                    calibration, other.estimated_time_s * 1e6, collective)
             if across is None:
                 return None
             algorithm, seconds, sent = across
-        return CollectiveStats(ALL_REDUCE, meeting.group, meeting.nbytes, 1, (sent,) * n,
+        return CollectiveStats(collective, meeting.group, meeting.nbytes, 1, (sent,) * n,
                                (sent,) * n, 0.0, seconds, (), algorithm, "Simple", 0)
 
     def _placement(self, group: tuple) -> tuple:

@@ -1,5 +1,7 @@
-"""In-network reduction across nodes: NCCL's CollNet (IB SHARP) and NVLS_TREE, picked by NCCL's
-own estimate and timed in closed form over simsp's links (docs/nccl.md, "Across nodes").
+"""In-network reduction across nodes: NCCL's CollNet (IB SHARP, under --use-sharp) and NVLS_TREE
+(NVLink SHARP in each node, NCCL's tree between: on by default, NCCL_NVLS_ENABLE=2 needs no
+CollNet), picked by NCCL's own estimate and timed in closed form over simsp's links
+(docs/nccl.md, "Across nodes").
 
 NCCL's estimates (engine/collectives/nccl_tuning.py, "In-network reduction") need each
 algorithm's graph. NVIDIA/nccl commit 5067397c (2.30.7): src/init.cc builds the CollNet Chain
@@ -25,6 +27,14 @@ per node (the switch reduces, so a rank's share crosses its NIC once each way):
 - NVLS_TREE: NVLink as NVLS; the heads' slices S/p over a double binary tree of nodes
   (NCCL's tree, src/graph/trees.cc): S/p each way on 2 nodes (each sends its slice, receives
   the other's), 2 S/p beyond (a node is inner in one tree: two children up, two down).
+Reduce-scatter and all-gather (the distributed optimizer's) run as NVLS or CollNet Direct
+across nodes (tuning.cc: not NVLS_TREE nor Chain), through the SHARP plugin's
+ireducescatter / iallgather, with at most one rank per CollNet head; per GPU per direction:
+- CollNet Direct: NVLink (p-1)/p S (to and from the p heads: src/device/reduce_scatter.h
+  and all_gather.h, RunWorkColl<..., NCCL_ALGO_COLLNET_DIRECT>); NIC S/p (its rail's S/p up,
+  S/n down for a reduce-scatter; the reverse for an all-gather).
+- NVLS: NVLink S at nvlsEfficiency (a reduce-scatter's multimem ld_reduce reads every slice
+  of this GPU once; an all-gather's multicast store writes every slice to it once); NIC S/p.
 It loads no link (as a tree or NVLS all-reduce: engine/communicator.py), so beside other
 traffic on the same NICs it is as fast as alone.
 """
@@ -68,8 +78,13 @@ def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
             tuning.COLLNET_CHAIN: tuning.SharpGraph(ring.channels, speed, speed)}
 
 
-def tier_bytes(algorithm: str, nbytes: int, ppn: int, nodes: int) -> tuple[float, float]:
-    """(NVLink, NIC) bytes per GPU per direction of an all-reduce of `nbytes` (module doc)."""
+def tier_bytes(algorithm: str, nbytes: int, ppn: int, nodes: int,
+               collective: str = tuning.ALL_REDUCE) -> tuple[float, float]:
+    """(NVLink, NIC) bytes per GPU per direction of a collective of `nbytes` (the full S;
+    module doc); a reduce-scatter or all-gather moves one half of the all-reduce's."""
+    if collective != tuning.ALL_REDUCE:
+        nvlink = nbytes if algorithm == tuning.NVLS else (ppn - 1) / ppn * nbytes
+        return nvlink, nbytes / ppn
     nic = nbytes / ppn * (2 if algorithm == tuning.NVLS_TREE and nodes > 2 else 1)
     if algorithm in (tuning.COLLNET_DIRECT, tuning.COLLNET_CHAIN):
         return 2 * (ppn - 1) / ppn * nbytes, nic
@@ -77,11 +92,12 @@ def tier_bytes(algorithm: str, nbytes: int, ppn: int, nodes: int) -> tuple[float
 
 
 def sharp_all_reduce_time(algorithm: str, nbytes: int, ranks: int, nodes: int, nvlink_GBps: float,
-                          ib_GBps: float, calibration, nvlink_generation: int) -> float:
-    """Seconds of a multi-node all-reduce run as `algorithm`: NCCL's latency plus the slower
-    tier (module doc); NVLS's NVLink part at nvlsEfficiency."""
+                          ib_GBps: float, calibration, nvlink_generation: int,
+                          collective: str = tuning.ALL_REDUCE) -> float:
+    """Seconds of a multi-node `collective` (an all-reduce unless told) run as `algorithm`:
+    NCCL's latency plus the slower tier (module doc); NVLS's NVLink part at nvlsEfficiency."""
     ppn = ranks // nodes
-    intra_bytes, nic_bytes = tier_bytes(algorithm, nbytes, ppn, nodes)
+    intra_bytes, nic_bytes = tier_bytes(algorithm, nbytes, ppn, nodes, collective)
     intra_rate = nvlink_GBps * GB * calibration.nvlink_efficiency
     if algorithm in (tuning.NVLS, tuning.NVLS_TREE):
         intra_rate *= NVLS_EFFICIENCY[nvlink_generation]
@@ -91,34 +107,48 @@ def sharp_all_reduce_time(algorithm: str, nbytes: int, ranks: int, nodes: int, n
 
 
 def sharp_pick(nbytes: int, ranks: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
-               calibration, other_estimate_us: float) -> str | None:
-    """The in-network algorithm NCCL would run this multi-node all-reduce as, or None (its ring
-    or tree, estimated `other_estimate_us`, stays): the calibration's NCCL_COLLNET_ENABLE over a
-    SHARP fabric (`sharp_collnet`), NCCL_ALGO / NCCL_PROTO leaving the choice open (these run
-    Simple), each algorithm enabled as tuning.cc says, and NCCL's estimates compared
+               calibration, other_estimate_us: float,
+               collective: str = tuning.ALL_REDUCE) -> str | None:
+    """The in-network algorithm NCCL would run this multi-node `collective` as, or None (its
+    ring or tree, estimated `other_estimate_us`, stays): NCCL_ALGO / NCCL_PROTO leaving the
+    choice open (these run Simple), each algorithm enabled as tuning.cc and enqueue.cc say
+    (NVLS_TREE on an NVSwitch-3+ system; CollNet and multi-node NVLS only with the
+    calibration's NCCL_COLLNET_ENABLE over a SHARP fabric, `sharp_collnet`; CollNet up to 8
+    ranks a node, NVLS reduce-scatter / all-gather up to 32), and NCCL's estimates compared
     (nccl_tuning.sharp_choice: strictly faster than the ring or tree)."""
-    if (not calibration.sharp_collnet or nodes < 2 or ranks % nodes
-            or calibration.nccl_algo is not None
+    if (nodes < 2 or ranks % nodes or calibration.nccl_algo is not None
             or calibration.nccl_proto not in (None, tuning.SIMPLE)):
         return None
     generation = calibration.nvls_nvlink_generation
     compcap, ppn = compcap_of(generation), ranks // nodes
-    enabled = {a: tuning.sharp_enabled(a, nodes, generation in NVLS_EFFICIENCY, True, True)
-               for a in MULTI_NODE}
+    enabled = {a: tuning.sharp_enabled(a, nodes, generation in NVLS_EFFICIENCY,
+                                       calibration.sharp_collnet, True)
+               and _fits(a, collective, ppn) for a in MULTI_NODE}
     graphs = multinode_graphs(ppn, nodes, nvlink_GBps, ib_GBps, compcap)
-    return tuning.sharp_choice(tuning.ALL_REDUCE, nbytes, ranks, nodes, graphs, compcap,
-                               enabled, other_estimate_us)
+    return tuning.sharp_choice(collective, nbytes, ranks, nodes, graphs, compcap, enabled,
+                               other_estimate_us)
+
+
+def _fits(algorithm: str, collective: str, ppn: int) -> bool:
+    """enqueue.cc updateCollCostTable: CollNet Direct / Chain need at most 8 local ranks;
+    NVLS outside all-reduce at most NCCL_MAX_NVLS_ARITY."""
+    if algorithm in (tuning.COLLNET_DIRECT, tuning.COLLNET_CHAIN):
+        return ppn <= tuning.MAX_COLLNET_LOCAL_RANKS
+    return not (algorithm == tuning.NVLS and collective != tuning.ALL_REDUCE
+                and ppn > tuning.MAX_NVLS_ARITY)
 
 
 def sharp_in_group(gpus: tuple[int, ...], nbytes: int, gpus_per_node: int, nvlink_GBps: float,
-                   ib_GBps: float, calibration, other_estimate_us: float) -> tuple | None:
-    """(algorithm, seconds, bytes each GPU sends) of this all-reduce where NCCL would run it in
-    the network across nodes (sharp_pick), else None."""
+                   ib_GBps: float, calibration, other_estimate_us: float,
+                   collective: str = tuning.ALL_REDUCE) -> tuple | None:
+    """(algorithm, seconds, bytes each GPU sends) of this collective where NCCL would run it
+    in the network across nodes (sharp_pick), else None."""
     nodes, ranks = len({gpu // gpus_per_node for gpu in gpus}), len(gpus)
     algorithm = sharp_pick(nbytes, ranks, nodes, nvlink_GBps, ib_GBps, calibration,
-                           other_estimate_us)
+                           other_estimate_us, collective)
     if algorithm is None:
         return None
     seconds = sharp_all_reduce_time(algorithm, nbytes, ranks, nodes, nvlink_GBps, ib_GBps,
-                                    calibration, calibration.nvls_nvlink_generation)
-    return algorithm, seconds, round(sum(tier_bytes(algorithm, nbytes, ranks // nodes, nodes)))
+                                    calibration, calibration.nvls_nvlink_generation, collective)
+    sent = tier_bytes(algorithm, nbytes, ranks // nodes, nodes, collective)
+    return algorithm, seconds, round(sum(sent))

@@ -309,6 +309,13 @@ PER_CH_MAX_NVLS_TREE_BW = {AMPERE: (24.0, 23.6, 17.8), HOPPER: (0.0, 57.7, 45.5)
 COLLNET_ARITY_US = 0.4  # tuning.cc: "0.4 us arity serialization latency" (CollNet Direct)
 COLLNET_DIRECT_AG_RS_NET = 0.9  # tuning.cc: AG/RS busBw = ppn x min(bwIntra, bwInter x 0.9)
 COLLNET_DIRECT_SM90 = 0.85  # tuning.cc: Collnet Direct all-reduce busBw x .85 on SM90+
+# The CollNet plugin simsp models is NVIDIA's SHARP plugin, which implements iallgather and
+# ireducescatter (Mellanox/nccl-rdma-sharp-plugins src/sharp_plugin.c ncclCollNetPlugin_v8..v11;
+# SHARP_DISABLE_ALLGATHER / _REDUCE_SCATTER default 0)
+SHARP_PLUGIN_GATHERS = True
+# enqueue.cc updateCollCostTable: CollNet Direct and Chain only up to NCCL_MAX_DIRECT_ARITY + 1
+# local ranks (device.h: 7 + 1); NVLS outside all-reduce only up to NCCL_MAX_NVLS_ARITY
+MAX_COLLNET_LOCAL_RANKS = 8
 
 
 @dataclass(frozen=True)
@@ -353,13 +360,13 @@ def _nvls_channel_bw(collective: str, algorithm: str, nodes: int, ppn: float,
 def sharp_bus_bandwidth(collective: str, algorithm: str, ranks: int, nodes: int,
                         graph: SharpGraph, compcap: str) -> float:
     """tuning.cc 305-385: the algorithm bandwidth (GB/s, after the busBw -> algbw ratio) of
-    one of the four algorithms with Simple; 0 where NCCL gives it none (reduce-scatter and
-    all-gather across nodes: simsp models no CollNet plugin with iallgather/ireducescatter;
-    NVLS with fewer than 2 channels; NVLS_TREE and CollNet Chain outside all-reduce)."""
+    one of the four algorithms with Simple; 0 where NCCL gives it none (NVLS with fewer than
+    2 channels; NVLS_TREE and CollNet Chain outside all-reduce; reduce-scatter and all-gather
+    across nodes where a node has more ranks than CollNet heads, `graph.channels`)."""
     ppn = ranks / nodes
     gathers = collective in (REDUCE_SCATTER, ALL_GATHER)
-    if (gathers and (algorithm in (NVLS_TREE, COLLNET_CHAIN) or nodes > 1)) or (
-            algorithm in (NVLS, NVLS_TREE) and graph.channels < 2):
+    if (gathers and (algorithm in (NVLS_TREE, COLLNET_CHAIN) or not _gathers_across(
+            nodes, ppn, graph))) or (algorithm in (NVLS, NVLS_TREE) and graph.channels < 2):
         return 0.0
     if algorithm in (NVLS, NVLS_TREE):
         bus = graph.channels * _nvls_channel_bw(collective, algorithm, nodes, ppn, graph,
@@ -375,6 +382,15 @@ def sharp_bus_bandwidth(collective: str, algorithm: str, ranks: int, nodes: int,
     if gathers:  # rings only convert reduce-scatter/all-gather busBw
         return bus
     return bus * (ranks / _nsteps(collective, ranks) if algorithm in (NVLS, NVLS_TREE) else 0.5)
+
+
+def _gathers_across(nodes: int, ppn: float, graph: SharpGraph) -> bool:
+    """tuning.cc 351-372: NVLS and CollNet Direct reduce-scatter / all-gather across nodes need
+    the CollNet plugin's ireducescatter / iallgather (the SHARP plugin has both:
+    Mellanox/nccl-rdma-sharp-plugins src/sharp_plugin.c, unless SHARP_DISABLE_REDUCE_SCATTER /
+    SHARP_DISABLE_ALLGATHER) and every node's ranks within the CollNet heads (1:1 GPU:NIC;
+    transport/coll_net.cc: the NVLS graph's heads, else CollNet Direct's)."""
+    return nodes == 1 or (SHARP_PLUGIN_GATHERS and ppn <= graph.channels)
 
 
 def sharp_latency_us(algorithm: str, ranks: int, nodes: int) -> float:

@@ -10,8 +10,8 @@ and S/n + S in: S(1 + 1/n) each way, against the ring's 2(n - 1)/n S. The switch
 runs below link speed: NCCL's own model scales NVLS bandwidth by nvlsEfficiency (0.85 Hopper,
 0.74 Blackwell) and charges 25 us of NVLink latency (NVIDIA/nccl src/graph/tuning.cc,
 nvlsEfficiency and hwLatencies[NVLINK][NVLS][SIMPLE]). Single NVLink domain only: across
-nodes NCCL uses NVLS_TREE or CollNet: a run's DP groups under --use-sharp
-(engine/collectives/collnet.py); `simsp ring` does not run them.
+nodes NCCL uses NVLS_TREE (by default) or CollNet (a run's DP groups under --use-sharp):
+engine/collectives/collnet.py; `simsp ring` does not run them.
 """
 
 from simsp.engine.collectives import nccl_tuning as tuning
@@ -38,7 +38,7 @@ def nvls_available(nvswitch_generation: int, nvlink_generation: int, nodes: int)
                 f"this one has NVSwitch {nvswitch_generation}")
     if nodes != 1:
         return (f"NVLS runs inside one NVLink domain; {nodes} nodes need NVLS_TREE or CollNet, "
-                f"which simsp ring does not run (a run's DP groups do under --use-sharp)")
+                f"which simsp ring does not run (a run's all-reduces do)")
     return None
 
 

@@ -11,6 +11,7 @@ from simsp.version import __version__
 from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics import layout
 from simsp.report.run.overlap_summary import overlap_lines
+from simsp.report.run.in_network import in_network_lines
 from simsp.report.run.glossary import GLOSSARY
 from simsp.report.run.markdown import memory_unit, pct, plural, seconds, table
 from simsp.report.run.memory_summary import (
@@ -308,7 +309,7 @@ def summary_text(metrics: dict) -> str:
     """The Markdown report of one run's metrics (what `simsp run` prints)."""
     stages = stage_rows(metrics)
     lines = (_header(metrics) + _provenance(metrics) + _verdict(metrics) + _performance(metrics) + _stages(metrics, stages)
-             + overlap_lines(metrics)
+             + overlap_lines(metrics) + in_network_lines(metrics)
              + _expert_load(metrics)
              + _memory(metrics, stages) + allocator_section(metrics) + _activations(metrics, stages) + _layer_tensors(metrics)
              + _sharding(metrics) + _calibration(metrics))
