@@ -90,6 +90,14 @@ EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
 # active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
 # CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
 EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
+# Under the quotient by rail symmetry with stepwise EP groups every flow of a stage shares its
+# one simulated GPU's links, so each fair-share solve (engine/network.py _reschedule: linked
+# flows, memo, retimes) takes up every all-to-all flow in flight there; the solves' flows are
+# counted (shortcuts/work_counts.py ep_visits) and priced per flow taken up: measured by timing
+# _reschedule (time.process_time) in a DeepSeek-V3-shaped run scaled down (13 layers, p 4,
+# d = EP 64, DualPipe, m 8 and 16): 1.47 / 5.33 CPU s for 2.29 / 8.69 million flow visits
+# (2026-11-29, loaded 2-core machine), 6.1e-7 to 6.4e-7 s per visit.
+SECONDS_PER_FLOW_VISIT = 6.3e-7
 # Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
 # (TEMPLATE) is priced by the flows of its private simulations, run once per placement
 # (engine/communicator.py), and the check by the all-to-all pairs it routes: measured by
@@ -177,7 +185,7 @@ def numeric_seconds(sc) -> float:
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
                  fsdp_flows: tuple[int, ...] | None = None,
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
-                 exchange_flows: int = 0) -> float:
+                 exchange_flows: int = 0, flow_visits: float = 0.0) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -191,7 +199,9 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
     pairs) counted the same way, and `ep_pairs` the flows one stepped all-to-all starts where
     not ep² (pair_seconds); `exchange_flows`: TE's ring exchanges' flows under
-    --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each."""
+    --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each;
+    `flow_visits`: the flows the fair-share solves take up under the quotient with EP groups
+    (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
@@ -209,7 +219,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs) + flows * SECONDS_PER_FLOW
-            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW)
+            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT)
 
 
 def cp_representative(sc, representative: bool) -> bool:
