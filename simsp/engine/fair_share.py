@@ -64,11 +64,14 @@ def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
     `edges`): a union of connected components of the flow-link graph. Max-min rates are solved
     per component alone (progressive filling never moves a rate across components), and in
     ascending id order within it every link sees the same subtractions in the same order as in
-    a solve of all flows: the rates of these flows, bit for bit, while the others' stand."""
+    a solve of all flows: the rates of these flows, bit for bit, while the others' stand.
+    The walk stops once it holds every flow (under the quotient by rail symmetry a stage's
+    flows all share its simulated GPU's links, so the component is often all of them)."""
     seen_links: set[Edge] = set()
     found: set[int] = set()
     stack = list(changed)
-    while stack:
+    everyone = len(flows)  # once all are found the walk stops: the rest can add none
+    while stack and len(found) < everyone:
         edge = stack.pop()
         if edge in seen_links:
             continue

@@ -93,11 +93,12 @@ EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 # Under the quotient by rail symmetry with stepwise EP groups every flow of a stage shares its
 # one simulated GPU's links, so each fair-share solve (engine/network.py _reschedule: linked
 # flows, memo, retimes) takes up every all-to-all flow in flight there; the solves' flows are
-# counted (shortcuts/work_counts.py ep_visits) and priced per flow taken up: measured by timing
-# _reschedule (time.process_time) in a DeepSeek-V3-shaped run scaled down (13 layers, p 4,
-# d = EP 64, DualPipe, m 8 and 16): 1.47 / 5.33 CPU s for 2.29 / 8.69 million flow visits
-# (2026-11-29, loaded 2-core machine), 6.1e-7 to 6.4e-7 s per visit.
-SECONDS_PER_FLOW_VISIT = 6.3e-7
+# counted (shortcuts/work_counts.py ep_visits) and priced per flow taken up: measured by
+# benchmarks/work_estimate.py --visits (time.process_time inside _reschedule, a DeepSeek-V3
+# shape scaled down: 13 layers, p 4, d = EP 64, DualPipe, m 8 and 16): 0.84-0.92 / 2.99-3.14
+# CPU s for 2.29 / 8.69 million visits, 3.4e-7 to 4.0e-7 s per visit (2026-11-29, loaded 2-core
+# machine; 6.1e-7 to 6.4e-7 before linked_flows stopped its walk once it holds every flow).
+SECONDS_PER_FLOW_VISIT = 3.7e-7
 # Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
 # (TEMPLATE) is priced by the flows of its private simulations, run once per placement
 # (engine/communicator.py), and the check by the all-to-all pairs it routes: measured by
@@ -371,11 +372,11 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                fsdp_pieces: bool = True, flows: int = 0,
                fsdp_flows: tuple[int, ...] | None = None,
-               ep_pairs: float | None = None) -> None:
+               ep_pairs: float | None = None, flow_visits: float = 0.0) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows`, `fsdp_flows` and
-    `ep_pairs` as meta_seconds."""
+    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows`, `fsdp_flows`,
+    `ep_pairs` and `flow_visits` as meta_seconds."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
@@ -383,7 +384,7 @@ def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = Fa
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
         seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows,
-                               ep_pairs=ep_pairs) * iterations
+                               ep_pairs=ep_pairs, flow_visits=flow_visits) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "
