@@ -71,7 +71,7 @@ def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
     found: set[int] = set()
     stack = list(changed)
     everyone = len(flows)  # once all are found the walk stops: the rest can add none
-    while stack and len(found) < everyone:
+    while stack:
         edge = stack.pop()
         if edge in seen_links:
             continue
@@ -80,4 +80,6 @@ def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
             if flow_id not in found:
                 found.add(flow_id)
                 stack.extend(flows[flow_id].edges)
+        if len(found) == everyone:
+            break
     return sorted(found)
