@@ -319,3 +319,33 @@ def test_ep_visits_estimate_the_solves_flows_under_the_quotient(batch):
     measured = run.inputs.world.network.flow_visits
     estimate = estimated_counts(sc, shortcuts).flow_visits
     assert measured / 2 <= estimate <= 2 * measured, (estimate, measured)
+
+
+def test_gather_flows_count_the_token_count_all_gathers_under_the_quotient():
+    """The EP groups' token-count all-gathers run as ring pieces under the quotient, one per
+    forward of each MoE layer-step: doubling the micro-batches adds exactly the flows the
+    estimate adds (work_counts.gather_flows), the DP ring's all-gathers (per bucket, not per
+    micro-batch) staying as they were."""
+    from test_shortcut_ep_quotient import moe_layout
+    from simsp.engine.network import Network
+    started = []
+    transfer = Network.transfer
+
+    def counted(self, *args, **kwargs):
+        started.append(kwargs.get("label", args[3] if len(args) > 3 else ""))  # (src, dst,
+        # nbytes, label)
+        return transfer(self, *args, **kwargs)
+
+    measured, estimated = [], []
+    Network.transfer = counted
+    try:
+        for batch in (32, 64):
+            sc = moe_layout("dualpipe", 4, 1, 8, 8, global_batch_size=batch)
+            shortcuts = Shortcuts.for_scale(sc)
+            started.clear()
+            simulate_iteration(sc, shortcuts, trace="none")
+            measured.append(sum(label.startswith("all_gather") for label in started))
+            estimated.append(estimated_counts(sc, shortcuts).gather_flows)
+    finally:
+        Network.transfer = transfer
+    assert measured[1] - measured[0] == estimated[1] - estimated[0] == 16 * 4 * 7

@@ -99,6 +99,10 @@ EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
 # CPU s for 2.29 / 8.69 million visits, 3.4e-7 to 4.0e-7 s per visit (2026-11-29, loaded 2-core
 # machine; 6.1e-7 to 6.4e-7 before linked_flows stopped its walk once it holds every flow).
 SECONDS_PER_FLOW_VISIT = 3.7e-7
+# Its token-count all-gathers' ring pieces (shortcuts/work_counts.py gather_flows), each flow's
+# events outside the solves: the same runs, m 8 to 16, 1.96 more CPU s outside _reschedule for
+# 144,192 more flows (2026-11-29, loaded machine): 1.4e-5 s per flow.
+SECONDS_PER_GATHER_FLOW = 1.4e-5
 # Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
 # (TEMPLATE) is priced by the flows of its private simulations, run once per placement
 # (engine/communicator.py), and the check by the all-to-all pairs it routes: measured by
@@ -186,7 +190,8 @@ def numeric_seconds(sc) -> float:
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
                  fsdp_flows: tuple[int, ...] | None = None,
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
-                 exchange_flows: int = 0, flow_visits: float = 0.0) -> float:
+                 exchange_flows: int = 0, flow_visits: float = 0.0,
+                 gather_flows: float = 0.0) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -202,7 +207,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     not ep² (pair_seconds); `exchange_flows`: TE's ring exchanges' flows under
     --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each;
     `flow_visits`: the flows the fair-share solves take up under the quotient with EP groups
-    (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each."""
+    (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each, and its token-count
+    all-gathers' flows at SECONDS_PER_GATHER_FLOW."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
@@ -220,7 +226,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs) + flows * SECONDS_PER_FLOW
-            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT)
+            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
+            + gather_flows * SECONDS_PER_GATHER_FLOW)
 
 
 def cp_representative(sc, representative: bool) -> bool:
