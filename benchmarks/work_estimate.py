@@ -12,6 +12,11 @@ EXCHANGE_SECONDS_PER_FLOW: benchmarks/scale.py's GPT-3 175B H100 layout at 128 G
 without the overlap, the best of three runs each, the ring flows the overlap adds taken off at
 SECONDS_PER_FLOW.
 
+`--visits` measures work.py's SECONDS_PER_FLOW_VISIT: a DeepSeek-V3-shaped DualPipe run scaled
+down (13 layers, p 4, d = EP 64, the quotient by rail symmetry with its EP groups) at m 8 and
+16, the CPU seconds inside Network._reschedule (its solves) over the flows they took up
+(Network.flow_visits), beside the estimate of those visits (work_counts.py ep_visits).
+
 Then, for the layouts where a term other than layer-steps dominates (tests/test_work_estimate.py
 CASES and PAIRS: pipeline depth, TP without shortcuts, one-tensor buckets, the CP and EP pair
 terms), the estimate (meta_seconds) against the measured CPU seconds, and their ratio: README
@@ -111,9 +116,39 @@ def exchanges(gpus: int = 128, repeats: int = 3) -> None:
           f"{price:.2e} s per exchange flow")
 
 
+def visits(batches: tuple[int, ...] = (512, 1024)) -> None:
+    """CPU seconds per flow visit: the seconds spent in Network._reschedule over the flows its
+    solves took up, on DeepSeek-V3's DualPipe layout scaled down."""
+    from simsp.engine.network import Network
+    from simsp.shortcuts.work_counts import estimated_counts
+    spent = [0.0]
+    reschedule = Network._reschedule
+
+    def timed(self, event=None):
+        start = time.process_time()
+        reschedule(self, event)
+        spent[0] += time.process_time() - start
+
+    Network._reschedule = timed
+    for batch in batches:
+        sc = load_scenario("scenarios/deepseek-v3.toml", {
+            ("model", "num_layers"): 13, ("model", "moe_layer_freq"): "([0]*1+[1]*12)",
+            ("parallel", "pipeline_model_parallel_size"): 4, ("parallel", "schedule"): "dualpipe",
+            ("parallel", "global_batch_size"): batch, ("cluster", "nodes"): 32})
+        shortcuts, spent[0] = Shortcuts.for_scale(sc), 0.0
+        network = simulate_iteration(sc, shortcuts, trace="none").inputs.world.network
+        estimate = estimated_counts(sc, shortcuts).flow_visits
+        print(f"m {sc.parallel.num_micro_batches}: {network.flow_visits} visits "
+              f"(estimated {estimate:.3g}) in {spent[0]:.2f} CPU s: "
+              f"{spent[0] / network.flow_visits:.2e} s per visit")
+    Network._reschedule = reschedule
+
+
 if __name__ == "__main__":
     if "--exchanges" in sys.argv:
         exchanges()
+    elif "--visits" in sys.argv:
+        visits()
     else:
         main()
         accuracy()

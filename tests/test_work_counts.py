@@ -282,3 +282,70 @@ def test_cp_all_gather_rings_count_their_phases(recompute, phases):
     sent = sum("cp_kv_gather" in label or "cp_dkv" in label for label in labels)
     counted = cp_gather_flows(sc, shortcuts, range(grid.world_size), stepped)
     assert counted == sent == 4 * 4 * phases * 2
+
+
+def test_flow_visits_count_the_flows_each_solve_takes_up():
+    """Two 1 MB transfers out of GPU 0 share its NVLink from t = 0: one solve of both (2
+    visits); when they drain together the solve after finds none draining (0); a third started
+    alone later is one solve of one flow: 3 visits in all (engine/network.py flow_visits)."""
+    import simpy
+    from simsp.cluster.topology import build_topology
+    from simsp.engine.network import Network
+    from simsp.scenario.config import Cluster
+    env = simpy.Environment()
+    network = Network(env, build_topology(Cluster(nodes=1)))
+
+    def later():
+        yield env.timeout(1.0)
+        yield network.transfer(0, 3, 1_000_000)
+
+    network.transfer(0, 1, 1_000_000)
+    network.transfer(0, 2, 1_000_000)
+    env.process(later())
+    env.run()
+    assert network.flow_visits == 3
+
+
+@pytest.mark.parametrize("batch", [32, 64])
+def test_ep_visits_estimate_the_solves_flows_under_the_quotient(batch):
+    """Under the quotient with EP groups (DeepSeek-V3's stage scaled down, DualPipe) the
+    estimate of the flows the fair-share solves take up (work_counts.ep_visits) is within a
+    factor of 2 of the count the run reports (measured 2,424 and 5,586 against 4,181 and
+    10,035 estimated)."""
+    from test_shortcut_ep_quotient import moe_layout
+    sc = moe_layout("dualpipe", 4, 1, 8, 8, global_batch_size=batch)
+    shortcuts = Shortcuts.for_scale(sc)
+    run = simulate_iteration(sc, shortcuts, trace="none")
+    measured = run.inputs.world.network.flow_visits
+    estimate = estimated_counts(sc, shortcuts).flow_visits
+    assert measured / 2 <= estimate <= 2 * measured, (estimate, measured)
+
+
+def test_gather_flows_count_the_token_count_all_gathers_under_the_quotient():
+    """The EP groups' token-count all-gathers run as ring pieces under the quotient, one per
+    forward of each MoE layer-step: doubling the micro-batches adds exactly the flows the
+    estimate adds (work_counts.gather_flows), the DP ring's all-gathers (per bucket, not per
+    micro-batch) staying as they were."""
+    from test_shortcut_ep_quotient import moe_layout
+    from simsp.engine.network import Network
+    started = []
+    transfer = Network.transfer
+
+    def counted(self, *args, **kwargs):
+        started.append(kwargs.get("label", args[3] if len(args) > 3 else ""))  # (src, dst,
+        # nbytes, label)
+        return transfer(self, *args, **kwargs)
+
+    measured, estimated = [], []
+    Network.transfer = counted
+    try:
+        for batch in (32, 64):
+            sc = moe_layout("dualpipe", 4, 1, 8, 8, global_batch_size=batch)
+            shortcuts = Shortcuts.for_scale(sc)
+            started.clear()
+            simulate_iteration(sc, shortcuts, trace="none")
+            measured.append(sum(label.startswith("all_gather") for label in started))
+            estimated.append(estimated_counts(sc, shortcuts).gather_flows)
+    finally:
+        Network.transfer = transfer
+    assert measured[1] - measured[0] == estimated[1] - estimated[0] == 16 * 4 * 7

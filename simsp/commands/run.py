@@ -130,7 +130,7 @@ def run(args) -> int:
                flows=counts.flows,
                fsdp_flows=(counts.fsdp_flows, counts.piece_flows, counts.train_steps,
                            counts.train_collectives),
-               ep_pairs=counts.ep_pairs)
+               ep_pairs=counts.ep_pairs, flow_visits=counts.flow_visits)
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

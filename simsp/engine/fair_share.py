@@ -64,10 +64,13 @@ def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
     `edges`): a union of connected components of the flow-link graph. Max-min rates are solved
     per component alone (progressive filling never moves a rate across components), and in
     ascending id order within it every link sees the same subtractions in the same order as in
-    a solve of all flows: the rates of these flows, bit for bit, while the others' stand."""
+    a solve of all flows: the rates of these flows, bit for bit, while the others' stand.
+    The walk stops once it holds every flow (under the quotient by rail symmetry a stage's
+    flows all share its simulated GPU's links, so the component is often all of them)."""
     seen_links: set[Edge] = set()
     found: set[int] = set()
     stack = list(changed)
+    everyone = len(flows)  # once all are found the walk stops: the rest can add none
     while stack:
         edge = stack.pop()
         if edge in seen_links:
@@ -77,4 +80,6 @@ def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
             if flow_id not in found:
                 found.add(flow_id)
                 stack.extend(flows[flow_id].edges)
+        if len(found) == everyone:
+            break
     return sorted(found)

@@ -101,6 +101,7 @@ class Network:
         self._wake: tuple[float, int, int] | None = None  # (time, flow id, token) of the wake
         self._token = 0  # bumps when a new wake-up replaces the pending one
         self.rate_computations = 0  # fair-share solves actually run (memo misses)
+        self.flow_visits = 0  # flows whose rates the solves took up, summed over the solves
         # link -> the one-hop ring pieces advanced in arithmetic on it (collectives/step_trains.py)
         self.trains: dict = {}
 
@@ -230,6 +231,7 @@ class Network:
             return
         draining = self._draining
         flows = [draining[flow_id] for flow_id in linked_flows(changed, self._users, draining)]
+        self.flow_visits += len(flows)
         now = self.env.now
         for flow, rate in zip(flows, self._rates(flows) if flows else ()):
             if rate != flow.rate_Bps:

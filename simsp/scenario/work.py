@@ -90,6 +90,19 @@ EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
 # active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
 # CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
 EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
+# Under the quotient by rail symmetry with stepwise EP groups every flow of a stage shares its
+# one simulated GPU's links, so each fair-share solve (engine/network.py _reschedule: linked
+# flows, memo, retimes) takes up every all-to-all flow in flight there; the solves' flows are
+# counted (shortcuts/work_counts.py ep_visits) and priced per flow taken up: measured by
+# benchmarks/work_estimate.py --visits (time.process_time inside _reschedule, a DeepSeek-V3
+# shape scaled down: 13 layers, p 4, d = EP 64, DualPipe, m 8 and 16): 0.84-0.92 / 2.99-3.14
+# CPU s for 2.29 / 8.69 million visits, 3.4e-7 to 4.0e-7 s per visit (2026-11-29, loaded 2-core
+# machine; 6.1e-7 to 6.4e-7 before linked_flows stopped its walk once it holds every flow).
+SECONDS_PER_FLOW_VISIT = 3.7e-7
+# Its token-count all-gathers' ring pieces (shortcuts/work_counts.py gather_flows), each flow's
+# events outside the solves: the same runs, m 8 to 16, 1.96 more CPU s outside _reschedule for
+# 144,192 more flows (2026-11-29, loaded machine): 1.4e-5 s per flow.
+SECONDS_PER_GATHER_FLOW = 1.4e-5
 # Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
 # (TEMPLATE) is priced by the flows of its private simulations, run once per placement
 # (engine/communicator.py), and the check by the all-to-all pairs it routes: measured by
@@ -177,7 +190,8 @@ def numeric_seconds(sc) -> float:
 def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
                  fsdp_flows: tuple[int, ...] | None = None,
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
-                 exchange_flows: int = 0) -> float:
+                 exchange_flows: int = 0, flow_visits: float = 0.0,
+                 gather_flows: float = 0.0) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -191,7 +205,10 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
     pairs) counted the same way, and `ep_pairs` the flows one stepped all-to-all starts where
     not ep² (pair_seconds); `exchange_flows`: TE's ring exchanges' flows under
-    --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each."""
+    --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each;
+    `flow_visits`: the flows the fair-share solves take up under the quotient with EP groups
+    (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each, and its token-count
+    all-gathers' flows at SECONDS_PER_GATHER_FLOW."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
@@ -209,7 +226,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs) + flows * SECONDS_PER_FLOW
-            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW)
+            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
+            + gather_flows * SECONDS_PER_GATHER_FLOW)
 
 
 def cp_representative(sc, representative: bool) -> bool:
@@ -361,11 +379,11 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                fsdp_pieces: bool = True, flows: int = 0,
                fsdp_flows: tuple[int, ...] | None = None,
-               ep_pairs: float | None = None) -> None:
+               ep_pairs: float | None = None, flow_visits: float = 0.0) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows`, `fsdp_flows` and
-    `ep_pairs` as meta_seconds."""
+    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows`, `fsdp_flows`,
+    `ep_pairs` and `flow_visits` as meta_seconds."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
@@ -373,7 +391,7 @@ def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = Fa
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
         seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows,
-                               ep_pairs=ep_pairs) * iterations
+                               ep_pairs=ep_pairs, flow_visits=flow_visits) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "

@@ -58,6 +58,8 @@ class WorkCounts(NamedTuple):
     train_steps: int = 0  # steps of FSDP pieces of one member per node, run in arithmetic
     train_collectives: int = 0  # those pieces' collectives (phases)
     exchange_flows: int = 0  # TE's ring exchanges under --tp-comm-overlap (overlap_counts.py)
+    flow_visits: float = 0.0  # flows the fair-share solves take up under the quotient (ep_visits)
+    gather_flows: float = 0.0  # token-count all-gathers' flows under the quotient (gather_flows)
 
 
 def ring_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
@@ -97,7 +99,49 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
                       alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc),
                       _ep_pairs(shortcuts), _fsdp_flows(sc, grid, ranks, pieces, train_steps),
                       _fsdp_flows(sc, grid, ranks, pieces, train_phases),
-                      exchange_flows(sc, shortcuts.templates, len(all_tp_groups)))
+                      exchange_flows(sc, shortcuts.templates, len(all_tp_groups)),
+                      ep_visits(sc, shortcuts), gather_flows(sc, shortcuts))
+
+
+def ep_visits(sc, shortcuts: Shortcuts) -> float:
+    """Flows the fair-share solves take up (engine/network.py `flow_visits`) where the quotient
+    by rail symmetry runs stepwise EP groups: every EP flow a simulated rank starts (each
+    all-to-all's E orbit flows, each token-count all-gather's ring piece) is, at its start or
+    finish, solved with the all-to-all flows in flight on its GPU's links, E of them while
+    micro-batches stream (a share m/(m + p) of the schedule), since under the quotient every
+    flow of a stage shares its one simulated GPU's links (docs/PERFORMANCE.md)."""
+    a2a, gathers, pairs = _ep_flows(sc, shortcuts)
+    p = sc.parallel
+    return (a2a + gathers) * pairs * p.num_micro_batches / (p.num_micro_batches + p.pp)
+
+
+def gather_flows(sc, shortcuts: Shortcuts) -> float:
+    """Flows of the EP groups' token-count all-gathers under the quotient with EP groups: one
+    ring piece per forward of every MoE layer-step (_ep_flows)."""
+    return _ep_flows(sc, shortcuts)[1]
+
+
+def _ep_flows(sc, shortcuts: Shortcuts) -> tuple[float, float, float]:
+    """(all-to-all orbit flows, token-count all-gather flows, E) the simulated ranks start in
+    one iteration under the quotient with stepwise EP groups, else zeros: per MoE layer-step
+    (every stage's and the MTP depths' together) dispatch and combine forward and backward, and
+    forward again under full recompute, each E flows (one per orbit of a member's pairs); a
+    token-count all-gather per forward (model/blocks/moe/dispatch.py exchange_counts), its
+    ring piece's executed positions x (n − 1) steps."""
+    orbits = (shortcuts.symmetry.pair_orbits if shortcuts.representative and shortcuts.symmetry
+              else {})
+    if not orbits or sc.model.num_experts is None:
+        return 0.0, 0.0, 0.0
+    p, m = sc.parallel, sc.model
+    pieces = shortcuts.symmetry.pieces
+    pairs = sum(map(len, orbits.values())) / len(orbits)  # E: orbit flows of one all-to-all
+    gather = sum(len(pieces[g].executed) * (len(g) - 1) if g in pieces else len(g) - 1
+                 for g in orbits) / len(orbits)  # flows of one token-count all-gather
+    recompute = p.recompute_granularity == "full"
+    moe_layers = sum(map(m.is_moe_layer, range(m.num_layers))) + (m.mtp_num_layers or 0)
+    moe_steps = moe_layers * p.num_micro_batches
+    return (moe_steps * 2 * (2 + recompute) * pairs, moe_steps * (1 + recompute) * gather,
+            pairs)
 
 
 def tp_phases_per_layer_step(sc) -> tuple[int, int]:
@@ -290,7 +334,9 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                                counts.train_steps, counts.train_collectives),
                                    a2a=(counts.a2a_flows, counts.checked_pairs),
                                    ep_pairs=counts.ep_pairs,
-                                   exchange_flows=counts.exchange_flows)
+                                   exchange_flows=counts.exchange_flows,
+                                   flow_visits=counts.flow_visits,
+                                   gather_flows=counts.gather_flows)
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
