@@ -147,8 +147,8 @@ def test_reduce_scatter_and_all_gather_closed_forms_by_hand():
             43e-6 + max(S / (450e9 * 0.78 * 0.85), S / 8 / 45e9), rel=1e-12)
 
 
-def _all_reduce(gpus, nbytes, sharp_groups=None, name=""):
-    """One all-reduce through the training loop's Communicator on 2 DGX H100 nodes, SHARP on."""
+def _sharp_communicator(sharp_groups):
+    """A Communicator on 2 DGX H100 nodes with SHARP on, its CollNet on `sharp_groups`."""
     cluster = load_scenario(None, {("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
                                    ("cluster", "use_sharp"): True}).cluster
     env = simpy.Environment()
@@ -156,6 +156,12 @@ def _all_reduce(gpus, nbytes, sharp_groups=None, name=""):
                                      LinkCalibration.from_cluster(cluster)),
                         timing_of=EveryGroup(RING_ALONE))
     comm.sharp_groups = sharp_groups
+    return env, comm
+
+
+def _all_reduce(gpus, nbytes, sharp_groups=None, name=""):
+    """One all-reduce through the training loop's Communicator on 2 DGX H100 nodes, SHARP on."""
+    env, comm = _sharp_communicator(sharp_groups)
     for rank in gpus:
         env.process(comm.all_reduce(tuple(gpus), rank, None, nbytes, "dp", name=name))
     env.run()
@@ -182,13 +188,7 @@ def test_a_communicator_runs_the_pick_only_on_the_sharp_groups():
 def _gathers(gpus, nbytes, sharp_groups=None):
     """A reduce-scatter then an all-gather of `nbytes` through the Communicator on 2 DGX H100
     nodes, SHARP on: their stats."""
-    cluster = load_scenario(None, {("cluster", "system"): "dgx-h100", ("cluster", "nodes"): 2,
-                                   ("cluster", "use_sharp"): True}).cluster
-    env = simpy.Environment()
-    comm = Communicator(env, Network(env, build_topology(cluster),
-                                     LinkCalibration.from_cluster(cluster)),
-                        timing_of=EveryGroup(RING_ALONE))
-    comm.sharp_groups = sharp_groups
+    env, comm = _sharp_communicator(sharp_groups)
 
     def member(rank):
         yield from comm.reduce_scatter(tuple(gpus), rank, None, nbytes, "dp")
