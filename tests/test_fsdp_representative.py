@@ -35,12 +35,15 @@ def test_sp_slices_per_dp_rank_hand_worked():
     assert stage0 == [(n, n, 0, 131072) for n in layer]
 
 
-@pytest.mark.parametrize("d, layers, replicas", [(4, 4, (0, 1, 2, 3)), (8, 2, (0, 1, 2, 7))])
+@pytest.mark.parametrize("d, layers, replicas", [(4, 4, (0, 1, 2, 3)), (6, 2, (0, 1, 2, 5)),
+                                                   (3, 2, (0, 1, 2))])
 def test_one_replica_per_kind_equals_the_full_simulation(d, layers, replicas):
-    """d 4: four kinds, every replica runs; d 8 (shard 197,488): ranks 0, 1 (none), 2 (proj
-    bias, ln2), 7 (fc2 bias) are the kinds and 3-6 are images of 1. Iteration time and
-    per-stage exposure equal the full simulation's; replica 0 alone ends earlier than the
-    slowest replica (the gap this closes) and the verdict names the kinds."""
+    """d 4: four kinds, every replica runs. d 6 (layer units of 1,579,904 padded by 4, the
+    root too; shard 263,318): ranks 0 (ln1), 1 (none), 2 (proj bias, ln2), 5 (fc2 bias and
+    the root's padding) are the kinds, 3 and 4 images of 1. d 3 (padded by 1): ln1, proj bias
+    and ln2, fc2 bias, three kinds. Iteration time and per-stage exposure equal the full
+    simulation's; replica 0 alone ends earlier than the slowest replica (the gap this closes)
+    and the verdict names the kinds."""
     sc = t8_p2(d, layers)
     fast = Shortcuts.for_scale(sc)
     assert fast.replicas == replicas
