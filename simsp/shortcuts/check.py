@@ -31,9 +31,9 @@ from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.reasons import (closed_form_why, representative_why, segments_why,
                                      templates_why)
-from simsp.shortcuts.representative import representative_verdict
-from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, link_users,
-                                     traffic_owners)
+from simsp.shortcuts.representative import fsdp_replicas, representative_verdict
+from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, has_expert_groups,
+                                     link_users, traffic_owners)
 from simsp.training.pipeline.plan import stage_param_names, stage_plans
 from simsp.training.pipeline.schedules import SPLIT_BACKWARD
 
@@ -55,6 +55,9 @@ class Shortcuts:
     # representative by rail symmetry: the ranks simulated, per hop its images' links
     # (shortcuts/rail_symmetry.py)
     symmetry: RailSymmetry | None = None
+    # the DP replicas whose TP rank 0 runs on every stage: one per kind of FSDP shard
+    # (shortcuts/representative.py fsdp_replicas)
+    replicas: tuple[int, ...] = (0,)
 
     @classmethod
     def for_scale(cls, sc) -> "Shortcuts":
@@ -123,6 +126,10 @@ def _check_shortcuts(sc) -> Shortcuts:
     methods = _group_methods(sc, owners, clashes, fsdp_rings, splits)
     stepwise = frozenset(g for g, m in methods if m in STEPPED)  # rings that load links
     not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise)
+    replicas = fsdp_replicas(sc, grid) if not not_rep and symmetry is None else (0,)
+    if len(replicas) > 1 and has_expert_groups(sc):  # untested: experts grow the replicas
+        not_rep, replicas = ("under FSDP the DP replicas' shards differ (fsdp_replicas) and "
+                             "expert groups would grow each replica simulated"), (0,)
     if splits and not not_rep and symmetry is None and p.cp == 1:
         methods = _pieces_beside_sends(methods, fsdp_rings, clashes, cluster.gpus_per_node)
     used_templates = templates_why(sc, not_rep, stepwise,
@@ -133,9 +140,10 @@ def _check_shortcuts(sc) -> Shortcuts:
         pieces, cluster.gpus_per_node, graph.graph["fabric"].nodes_per_leaf)
     return Shortcuts(representative=not not_rep, closed_form=True,
                      templates=used_templates.startswith("used"), methods=methods,
-                     reasons=(("representative", representative_why(not_rep, symmetry)),
+                     reasons=(("representative", representative_why(not_rep, symmetry,
+                                                                      replicas)),
                               ("closed_form", closed_why), ("templates", used_templates)),
-                     symmetry=symmetry)
+                     symmetry=symmetry, replicas=replicas)
 
 
 def _owners(sc, grid: RankGrid) -> list[Owner]:

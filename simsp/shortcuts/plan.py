@@ -57,8 +57,8 @@ def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
 
 def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
     """The ranks that run programs: all (None) without the representative shortcut; one per
-    orbit of rail symmetry on every stage; else the ranks with tp = 0 and dp = 0, grown to
-    whole expert groups where routing depends on the data (they exchange their own rows;
+    orbit of rail symmetry on every stage; else the ranks with tp = 0 and dp = 0 (and each other
+    replica of shortcuts.replicas, FSDP shards of another kind), grown to whole expert groups where routing depends on the data (they exchange their own rows;
     the MoE placement is imported only then)."""
     if not shortcuts.representative:
         return None
@@ -68,7 +68,7 @@ def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
     if p.cp > 1:  # every CP rank of TP rank 0, replica 0 (shortcuts/representative.py)
         return tuple(cp_simulated_ranks(RankGrid(p.tp, p.pp, p.dp, p.cp)))
     grid = RankGrid(p.tp, p.pp, p.dp)
-    ranks = [grid.rank_of(0, 0, pp) for pp in range(p.pp)]
+    ranks = [grid.rank_of(0, dp, pp) for dp in shortcuts.replicas for pp in range(p.pp)]
     if has_expert_groups(sc) and not routing_is_uniform(sc):
         from simsp.model.blocks.moe.placement import representatives
         return tuple(representatives(sc, ranks))

@@ -35,11 +35,16 @@ def segments_why(segments: frozenset, gpus_per_node: int, per_leaf: int = NODES_
                                               "rings cross a leaf boundary)" if leaves else ""))
 
 
-def representative_why(not_rep: str, symmetry: RailSymmetry | None) -> str:
-    """One rank per stage (or per orbit of the stage's rail symmetry), or why not."""
+def representative_why(not_rep: str, symmetry: RailSymmetry | None,
+                       replicas: tuple[int, ...] = (0,)) -> str:
+    """One rank per stage (or per orbit of the stage's rail symmetry, or per kind of FSDP
+    shard), or why not."""
     if not_rep:
         return "not used: " + not_rep
     return "used: every rank of a stage is placed and loaded as its representative" + (
+        "" if len(replicas) == 1 else f" of its DP replica's kind (FSDP shards hold "
+        f"SP-partial slices of {len(replicas)} kinds: TP rank 0 of replicas "
+        f"{', '.join(map(str, replicas))} runs)") + (
         "" if symmetry is None else f" up to rail symmetry ({len(symmetry.ranks)} ranks "
         f"simulated): " + (f"the {len(symmetry.loads)} hops they send also load their images' "
                            f"links, for the groups they leave out" if not symmetry.pieces else

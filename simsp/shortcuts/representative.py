@@ -23,8 +23,8 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
                            clashes: list, stepwise: frozenset) -> tuple[str, RailSymmetry | None]:
     """Why one rank per stage (or per orbit of its rail symmetry) cannot stand for the others
     ("" when it can), and the rail symmetry where the plain representative is refused for an
-    unmirrored clash. Not under FSDP: a DP rank's shard (its padding, its optimizer work) makes
-    ranks of a stage end at different times, so they are not images of each other."""
+    unmirrored clash. No rail symmetry under FSDP, where DP ranks' shards may differ
+    (fsdp_replicas)."""
     p = sc.parallel
     not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes,
                                      graph.graph["fabric"].nodes_per_leaf)
@@ -40,6 +40,55 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
         not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
                    "overlapped DP communication")
     return not_rep, symmetry
+
+
+def fsdp_replicas(sc, grid: RankGrid) -> tuple[int, ...]:
+    """The DP replicas whose TP rank 0 the representative run simulates on every stage: 0 alone
+    where DP ranks are alike; under FSDP with sequence parallelism and sharded gradients, the
+    first replica of each kind of SP-partial slices. Each rank all-reduces over TP, after the
+    schedule, the slice of its gradient shard that holds SP-partial parameters (the norms), one
+    all-reduce per unit with such a slice (training/data_parallel/fsdp.py _sync_sp_shards), so
+    replicas whose slices differ in size end at different times (t8 p2 d4 ZeRO-3: 5.8e-4 of the
+    iteration, tests/test_fsdp_representative.py); replicas of one kind run alike. The FSDP
+    units are imported only under FSDP."""
+    p = sc.parallel
+    if p.fsdp is None or not p.sequence_parallel or grid.tp == 1 or grid.dp == 1:
+        return (0,)
+    from simsp.training.data_parallel.fsdp_units import sharding_of
+    if not sharding_of(sc).shard_grads:  # the SP sums run on full gradients, alike
+        return (0,)
+    kinds = {}
+    for dp, kind in enumerate(zip(*sp_slices_per_dp_rank(sc, grid))):  # kind: per stage
+        kinds.setdefault(kind, dp)
+    return tuple(sorted(kinds.values()))
+
+
+def sp_slices_per_dp_rank(sc, grid: RankGrid) -> list[list[tuple[int, ...]]]:
+    """Per stage, per DP rank: the SP-partial elements of each unit in that rank's shard (the
+    sizes of its _sync_sp_shards all-reduces, 0 where it runs none)."""
+    import math
+
+    from simsp.model.params import param_shapes
+    from simsp.model.sharding import local_shape
+    from simsp.training.data_parallel.fsdp_units import stage_units
+    from simsp.training.pipeline.plan import stage_param_names, stage_plans
+    shapes, d = param_shapes(sc.padded_model), grid.dp * grid.cp
+    stages = []
+    for _pp, plan in sorted(stage_plans(sc, RankGrid(1, grid.pp, 1, 1)).items()):
+        numels = {n: math.prod(local_shape(n, shapes[n], grid.tp))
+                  for n in stage_param_names(shapes, plan)}
+        units = stage_units(numels, d)
+        stages.append([tuple(_sp_in_window(u, i * u.shard(d), (i + 1) * u.shard(d))
+                             for u in units) for i in range(d)])
+    return stages
+
+
+def _sp_in_window(unit, start: int, stop: int) -> int:
+    """SP-partial elements of `unit` in its flat window [start, stop) (fsdp.py _sp_indices)."""
+    from simsp.model.sharding import needs_sp_grad_sync
+    return sum(max(0, min(o + n, stop) - max(o, start))
+               for name, o, n in zip(unit.params, unit.offsets(), unit.numels)
+               if needs_sp_grad_sync(name))
 
 
 def _cp_why_not(sc, grid: RankGrid, clashes: list) -> str:
