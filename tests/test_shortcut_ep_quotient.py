@@ -11,11 +11,11 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.metrics import collect
 from simsp.scenario.loading import load_scenario
-from simsp.scenario.work import check_work
+from simsp.scenario.work import check_work, meta_seconds
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.rail_symmetry import stage_axes, symmetry_breach
 from simsp.shortcuts.traffic import expert_owners, traffic_owners
-from simsp.shortcuts.work_counts import estimated_counts
+from simsp.shortcuts.work_counts import estimated_counts, run_seconds
 from simsp.training.driver.iteration import simulate_iteration
 
 
@@ -117,11 +117,15 @@ def test_dropping_one_gpus_orbit_links_moves_the_run():
 
 
 def test_the_work_check_takes_the_orbit_flows():
-    """run's work check prices the all-to-alls by their orbit flows (WorkCounts.ep_pairs),
-    passed to the estimate by name (a float in the all-to-all counts' place raised TypeError)."""
+    """run's work check takes run_seconds (commands/run.py), which prices the all-to-alls by
+    their orbit flows (WorkCounts.ep_pairs, passed by name: a float in the all-to-all counts'
+    place raised TypeError) on top of the layer-steps alone."""
     sc = moe_layout("zb-h1", 2, 1, 8, 8)
-    counts = estimated_counts(sc, Shortcuts.for_scale(sc))
-    check_work(sc, shortcuts=True, flows=counts.flows, ep_pairs=counts.ep_pairs)
+    shortcuts = Shortcuts.for_scale(sc)
+    assert estimated_counts(sc, shortcuts).ep_pairs is not None
+    estimate = run_seconds(sc, shortcuts)
+    assert estimate > meta_seconds(sc, True)
+    check_work(sc, shortcuts=True, meta_estimate=estimate)
 
 
 def test_rail_shifts_permute_the_channels_of_a_ring_across_nodes():

@@ -4,7 +4,6 @@ import shlex
 from pathlib import Path
 
 from simsp.scenario.work import check_work
-from simsp.engine.group_timing import NODE_PIECE
 from simsp.engine.trace import TRACE_DETAILS
 from simsp.scenario.flags import add_scenario_arguments, nonempty, override_tokens
 from simsp.scenario.outside import scenario_from_args
@@ -24,7 +23,7 @@ from simsp.report.run.figures.drawing import warm_up
 from simsp.report.run.memory_snapshot import snapshot_name, write_memory_snapshots
 from simsp.report.run.painter import start_painter
 from simsp.report.run.summary_md import run_label
-from simsp.shortcuts.work_counts import estimated_counts
+from simsp.shortcuts.work_counts import run_seconds
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 
@@ -124,13 +123,8 @@ def run(args) -> int:
     # group (CP 2048 took minutes there before refusing), so a run far too big stops before it
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
-    counts = estimated_counts(sc, shortcuts)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
-               fsdp_pieces=any(method == NODE_PIECE for _, method in shortcuts.methods),
-               flows=counts.flows,
-               fsdp_flows=(counts.fsdp_flows, counts.piece_flows, counts.train_steps,
-                           counts.train_collectives),
-               ep_pairs=counts.ep_pairs, flow_visits=counts.flow_visits)
+               meta_estimate=run_seconds(sc, shortcuts))
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

@@ -191,7 +191,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  fsdp_flows: tuple[int, ...] | None = None,
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
                  exchange_flows: int = 0, flow_visits: float = 0.0,
-                 gather_flows: float = 0.0) -> float:
+                 gather_flows: float = 0.0, replicas: int = 1) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -208,18 +208,21 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each;
     `flow_visits`: the flows the fair-share solves take up under the quotient with EP groups
     (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each, and its token-count
-    all-gathers' flows at SECONDS_PER_GATHER_FLOW."""
+    all-gathers' flows at SECONDS_PER_GATHER_FLOW; `replicas`: the DP replicas whose stages
+    the representative runs (one per kind of FSDP shard, shortcuts/representative.py
+    fsdp_replicas), each its stages' layer-steps, plans and buckets."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
     if representative:
-        per_step = META_SECONDS_PER_LAYER_STEP + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA
+        per_step = replicas * (META_SECONDS_PER_LAYER_STEP
+                               + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
     elif cp_ranks:  # the cp ranks of TP rank 0 run, without templates
         per_step = p.cp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
     else:
         per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
                                          + p.tp * FULL_SECONDS_PER_RING_RANK)
-    ranks = simulated_ranks(sc, representative or cp_ranks)
+    ranks = simulated_ranks(sc, representative or cp_ranks) * (replicas if representative else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
@@ -377,21 +380,20 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
-               fsdp_pieces: bool = True, flows: int = 0,
-               fsdp_flows: tuple[int, ...] | None = None,
-               ep_pairs: float | None = None, flow_visits: float = 0.0) -> None:
+               meta_estimate: float | None = None) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `fsdp_pieces`, `flows`, `fsdp_flows`,
-    `ep_pairs` and `flow_visits` as meta_seconds."""
+    iterations (verify runs two per checked tensor); `meta_estimate`: one meta iteration's CPU
+    seconds with the work the shortcut verdict leaves counted (shortcuts/work_counts.py
+    run_seconds), else meta_seconds' rule alone."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
         _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
-        seconds = meta_seconds(sc, shortcuts, fsdp_pieces, flows, fsdp_flows,
-                               ep_pairs=ep_pairs, flow_visits=flow_visits) * iterations
+        seconds = (meta_seconds(sc, shortcuts) if meta_estimate is None
+                   else meta_estimate) * iterations
     if seconds > TIME_LIMIT_S and not force:
         raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
                         f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "

@@ -336,7 +336,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    ep_pairs=counts.ep_pairs,
                                    exchange_flows=counts.exchange_flows,
                                    flow_visits=counts.flow_visits,
-                                   gather_flows=counts.gather_flows)
+                                   gather_flows=counts.gather_flows,
+                                   replicas=len(shortcuts.replicas))
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
