@@ -20,8 +20,8 @@ from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, sta
 from simsp.training.pipeline.plan import stage_plans
 
 Edge = tuple[str, str]
-Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "edp" | "amax",
-#                                        ranks)
+Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "edp" | "amax"
+#                                        | "mirror", ranks)
 
 
 def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
@@ -52,6 +52,14 @@ def pipeline_owners(pp_groups: list[tuple[int, ...]], interleaved: bool) -> list
         owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
         owners.append(("embedding", (group[0], group[-1])))
     return owners
+
+
+def mirror_owners(pp_groups: list[tuple[int, ...]]) -> list[Owner]:
+    """DualPipe's gradient sum of each stage with its mirror p-1-pp (training/data_parallel/
+    finalize.py mirror_reduce: an all-reduce over the pair after the DP reduction) for the
+    stages between the ends: the ends' pair is the embedding owner already."""
+    return [("mirror", (group[i], group[-1 - i])) for group in pp_groups
+            for i in range(1, len(group) // 2)]
 
 
 def expert_owners(sc) -> list[Owner]:
