@@ -104,12 +104,15 @@ def moe_scenario(**parallel):
 
 def test_an_ep_group_alone_is_a_template_and_unlisted_groups_their_ring_alone():
     """d4 EP 2 on one node: EP groups (0, 1) and (2, 3) meet no other owner's hop (DP (0..3)
-    runs in turn): all-to-all templates. The expert data-parallel groups (0, 2), (1, 3) are not
-    in the check's traffic lists: timed as their ring alone (shortcuts/methods.py UNLISTED)."""
+    runs in turn): all-to-all templates. The expert data-parallel groups (0, 2), (1, 3) are
+    checked (shortcuts/traffic.py expert_owners): in turn with DP on the DP stream, one hop per
+    NVLink port, closed form. A group the check does not list (an ETP group) is timed as its
+    ring alone (shortcuts/methods.py UNLISTED)."""
     plan = plan_of(moe_scenario(data_parallel_size=4, expert_model_parallel_size=2))
     assert plan.timing_of((0, 1)) == plan.timing_of((2, 3)) == TEMPLATE
     assert plan.timing_of((0, 1, 2, 3)) == CLOSED_FORM
-    assert plan.timing_of((0, 2)) == plan.timing_of((1, 3)) == RING_ALONE
+    assert plan.timing_of((0, 2)) == plan.timing_of((1, 3)) == CLOSED_FORM
+    assert plan.default == RING_ALONE
 
 
 def test_without_shortcuts_every_group_runs_step_by_step():

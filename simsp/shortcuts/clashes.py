@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from simsp.shortcuts.traffic import Edge, Owner, gpu_of_link
 
+# the gradient reductions on one GPU's DP stream, dense buckets over DP and expert buckets over
+# EDP alike (training/data_parallel/grad_buckets.py): one stream, so in turn with each other
+REDUCTIONS = frozenset({"dp", "edp"})
+
 
 @dataclass(frozen=True)
 class Overlaps:
@@ -32,7 +36,7 @@ def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
     if x not in a[1] or x not in b[1]:
         return False
     kinds = {a[0], b[0]}
-    if overlaps.grad_reduce and "dp" in kinds and kinds & {"tp", "p2p", "ep", "amax"}:
+    if overlaps.grad_reduce and kinds & REDUCTIONS and kinds & {"tp", "p2p", "ep", "amax"}:
         return False
     return not (overlaps.p2p and "p2p" in kinds and kinds & {"tp", "ep", "amax"})
 

@@ -74,9 +74,9 @@ GROUP_METHODS = (
            lambda f: True),
 )
 
-# groups the check lists no traffic for: the expert data-parallel groups' gradient reductions,
-# with ETP > 1 the ETP·EP groups' token-count all-gathers and the ETP groups' all-to-alls (which
-# RING_ALONE runs as flows): their rings are timed alone, as before the plan
+# groups the check lists no traffic for: with ETP > 1 the ETP·EP groups' token-count
+# all-gathers and the ETP groups' all-to-alls (which RING_ALONE runs as flows): their rings are
+# timed alone, as before the plan (the expert data-parallel groups are listed: traffic.py)
 UNLISTED = Method(RING_ALONE, "assumed, not checked: shortcuts/traffic.py and "
                   "shortcuts/cp_traffic.py do not list these groups' traffic", "none")
 

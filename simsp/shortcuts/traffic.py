@@ -1,7 +1,8 @@
 """One iteration's traffic, listed by owner, and the links each owner's hops cross.
 
 An owner is a collective group (TP, DP, the tied embedding's first and last stage, an EP group's
-all-to-all) or a pipeline pair in one direction; its hops are every ring position of every NCCL
+all-to-all, an expert-data-parallel group's gradient reduction) or a pipeline pair in one
+direction; its hops are every ring position of every NCCL
 channel (engine/collectives/ring_plan.py channel_rings, PXN relays included), every ordered pair
 of an all-to-all, or the pair's one route (cluster/topology.py hop_route). With context
 parallelism the owners are listed by shortcuts/cp_traffic.py. Read by shortcuts/clashes.py.
@@ -19,7 +20,8 @@ from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, sta
 from simsp.training.pipeline.plan import stage_plans
 
 Edge = tuple[str, str]
-Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "amax", ranks)
+Owner = tuple[str, tuple[int, ...]]  # ("tp" | "dp" | "embedding" | "p2p" | "ep" | "edp" | "amax"
+#                                        | "mirror", ranks)
 
 
 def traffic_owners(grid: RankGrid, interleaved: bool) -> list[Owner]:
@@ -52,13 +54,26 @@ def pipeline_owners(pp_groups: list[tuple[int, ...]], interleaved: bool) -> list
     return owners
 
 
+def mirror_owners(pp_groups: list[tuple[int, ...]]) -> list[Owner]:
+    """DualPipe's gradient sum of each stage with its mirror p-1-pp (training/data_parallel/
+    finalize.py mirror_reduce: an all-reduce over the pair after the DP reduction) for the
+    stages between the ends: the ends' pair is the embedding owner already."""
+    return [("mirror", (group[i], group[-1 - i])) for group in pp_groups
+            for i in range(1, len(group) // 2)]
+
+
 def expert_owners(sc) -> list[Owner]:
     """The MoE layers' all-to-all groups (expert parallelism; docs/moe.md): every ordered pair
-    of an EP group sends at once. The MoE placement is imported only for a model with experts."""
+    of an EP group sends at once; then the expert-data-parallel groups of more than one rank,
+    which reduce (and, under the distributed optimizer, gather) the experts' weights as DP
+    rings on the DP stream (training/data_parallel/grad_buckets.py expert_buckets; Megatron's
+    expert data parallel group). The MoE placement is imported only for a model with experts."""
     if sc.model.num_experts is None or sc.parallel.ep == 1:
         return []
     from simsp.model.blocks.moe.placement import expert_grid
-    return [("ep", group) for group in expert_grid(sc).groups("ep")]
+    grid = expert_grid(sc)
+    return ([("ep", group) for group in grid.groups("ep")]
+            + [("edp", group) for group in grid.groups("edp") if len(group) > 1])
 
 
 def amax_owners(sc, grid: RankGrid, graph: nx.DiGraph) -> list[Owner]:
