@@ -12,7 +12,7 @@ from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from tests.test_cp_shortcuts import exposures_apart
 
 
-def cp_scenario(gpn, t, cp, p, d, comm_type, interleaved=False, seq=1024):
+def cp_scenario(gpn, t, cp, p, d, comm_type, interleaved=False, overlap=False, seq=1024):
     """tests/test_cp_shortcuts.py's tiny flash model (hidden 96, 12 heads, 4 KV groups) of
     2p layers (4p interleaved, 2 a chunk) and `seq` tokens, meta mode, on links slow enough
     (2 GB/s InfiniBand, 4 GB/s NVLink) that the ring's sends outlast its block compute and
@@ -21,7 +21,8 @@ def cp_scenario(gpn, t, cp, p, d, comm_type, interleaved=False, seq=1024):
     parallel = {"tensor_model_parallel_size": t, "context_parallel_size": cp,
                 "cp_comm_type": comm_type, "pipeline_model_parallel_size": p,
                 "data_parallel_size": d, "global_batch_size": 4 * d,
-                "distributed_optimizer": True, "sequence_parallel": t > 1}
+                "distributed_optimizer": True, "sequence_parallel": t > 1,
+                "overlap_grad_reduce": overlap, "ddp_bucket_size": 20_000}
     if comm_type == "a2a+p2p":
         parallel["hierarchical_context_parallel_sizes"] = [2, cp // 2]
     if interleaved:
@@ -47,21 +48,22 @@ def _fast_and_full(sc):
     return collect(run, fast), collect(full, Shortcuts()), lone
 
 
-LAYOUTS = [  # gpn, t, cp, p, d, comm_type, interleaved, lone rings expected
-    (4, 4, 2, 2, 1, "p2p", False, 2),  # CP pairs across nodes, each TP group a node
-    (2, 2, 4, 2, 1, "p2p", True, 2),  # CP 4 over four nodes, TP and PP interleaved
-    (4, 1, 4, 2, 1, "p2p", False, 2),  # CP 4 inside a node (NVLink), two stages
-    (2, 1, 4, 1, 1, "a2a+p2p", False, 0),  # hierarchical: its rings stay flows
-    (8, 2, 2, 2, 2, "p2p", False, None),  # DP over dp_cp groups inside a node
+LAYOUTS = [  # gpn, t, cp, p, d, comm_type, interleaved, overlapped DP, lone rings expected
+    (4, 4, 2, 2, 1, "p2p", False, False, 2),  # CP pairs across nodes, each TP group a node
+    (2, 2, 4, 2, 1, "p2p", True, False, 2),  # CP 4 over four nodes, TP and PP interleaved
+    (4, 1, 4, 2, 1, "p2p", False, False, 2),  # CP 4 inside a node (NVLink), two stages
+    (2, 1, 4, 1, 1, "a2a+p2p", False, False, 0),  # hierarchical: its rings stay flows
+    (8, 2, 2, 2, 2, "p2p", False, False, 8),  # d 2: every rank runs, dp_cp groups in a node
+    (8, 2, 2, 2, 2, "p2p", False, True, 0),  # overlapped DP meets the CP groups: flows
 ]
 
 
-@pytest.mark.parametrize("gpn, t, cp, p, d, comm_type, interleaved, rings", LAYOUTS)
-def test_lone_ring_equals_full_simulation(gpn, t, cp, p, d, comm_type, interleaved, rings):
-    sc = cp_scenario(gpn, t, cp, p, d, comm_type, interleaved)
+@pytest.mark.parametrize("gpn, t, cp, p, d, comm_type, interleaved, overlap, rings", LAYOUTS)
+def test_lone_ring_equals_full_simulation(gpn, t, cp, p, d, comm_type, interleaved, overlap,
+                                          rings):
+    sc = cp_scenario(gpn, t, cp, p, d, comm_type, interleaved, overlap)
     fast, full, lone = _fast_and_full(sc)
-    if rings is not None:
-        assert len(lone) == rings
+    assert len(lone) == rings
     assert exposures_apart(fast, full) <= 1e-9
 
 

@@ -68,6 +68,10 @@ FSDP_SECONDS_PER_COLLECTIVE_PIECE = 4e-5
 # s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
 # per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
 CP_SECONDS_PER_RANK_PAIR = 1e-4
+# A p2p ring's sends alone on their links (context_parallel/lone_ring.py; assumed wherever TP
+# rank 0's CP ranks run): scale.py cp-128k, 320 layer-steps, 3.6 / 10.0 CPU s at cp 8 / 16
+# (2026-11-29, shared 2 cores) fit a·cp + b·cp² with b = 6.8e-5 per layer-step (flows: 9e-5).
+CP_LONE_SECONDS_PER_RANK_PAIR = 7e-5
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it, within a leaf or across leaf switches (engine/collectives/ring_alone.py
 # channel_segment runs one channel's piece per node), so in the linear terms (benchmarks/scale.py
@@ -270,7 +274,9 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     seconds = pairs * CHECK_SECONDS_PER_PAIR
     groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
-        seconds += layer_steps(sc) * groups * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+        per_pair = (CP_LONE_SECONDS_PER_RANK_PAIR if cp_ranks and p.cp_comm_type == "p2p"
+                    else CP_SECONDS_PER_RANK_PAIR)
+        seconds += layer_steps(sc) * groups * p.cp ** 2 * per_pair
     ep = p.expert_model_parallel_size
     if alone_flows:
         seconds += alone_flows * A2A_ALONE_SECONDS_PER_FLOW
