@@ -12,7 +12,7 @@ from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from tests.test_cp_shortcuts import exposures_apart
 
 
-def cp_scenario(gpn, t, cp, p, d, comm_type, interleaved=False, overlap=False, seq=1024):
+def cp_scenario(gpn, t, cp, p, d, comm_type, interleaved=False, overlap=False, seq=512):
     """tests/test_cp_shortcuts.py's tiny flash model (hidden 96, 12 heads, 4 KV groups) of
     2p layers (4p interleaved, 2 a chunk) and `seq` tokens, meta mode, on links slow enough
     (2 GB/s InfiniBand, 4 GB/s NVLink) that the ring's sends outlast its block compute and
