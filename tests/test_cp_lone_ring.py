@@ -78,3 +78,13 @@ def test_a_wrong_lone_time_fails(monkeypatch):
     monkeypatch.setattr(lone_ring.LoneRing, "send", slow)
     fast, full, lone = _fast_and_full(sc)
     assert lone and exposures_apart(fast, full) > 1e-9
+
+
+def test_pairs_that_share_a_link_are_refused():
+    """A ring whose neighbour pairs of one direction meet on a link (here 0 -> 1 twice: each at
+    half its lone rate together) is refused; CP pair (0, 1) across NVLink is not."""
+    sc = cp_scenario(4, 1, 4, 1, 1, "p2p")
+    network = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none").inputs.world.network
+    assert lone_ring.LoneRing(network, (0, 1)).routes.keys() == {(0, 1), (1, 0)}
+    with pytest.raises(ValueError, match="shares a link"):
+        lone_ring.LoneRing(network, (0, 1, 0, 1))
