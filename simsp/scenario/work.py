@@ -68,6 +68,11 @@ FSDP_SECONDS_PER_COLLECTIVE_PIECE = 4e-5
 # s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
 # per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
 CP_SECONDS_PER_RANK_PAIR = 1e-4
+# p2p rings alone on their links (context_parallel/lone_ring.py) where TP rank 0's CP ranks run:
+# scale.py cp-128k (320 layer-steps; 3.57 / 9.28 CPU s at cp 8 / 16 less the start, 2026-11-29,
+# 2 shared cores) fit a·cp + b·cp², a = 8.8e-4 s a layer-step per CP rank (TP in closed form),
+# b = 5.6e-5 to 6.8e-5 per CP pair (every send a flow: 9e-5).
+CP_SECONDS_PER_RANK_STEP, CP_LONE_SECONDS_PER_RANK_PAIR = 8.8e-4, 7e-5
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it, within a leaf or across leaf switches (engine/collectives/ring_alone.py
 # channel_segment runs one channel's piece per node), so in the linear terms (benchmarks/scale.py
@@ -218,7 +223,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
         per_step = replicas * (META_SECONDS_PER_LAYER_STEP
                                + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
     elif cp_ranks:  # the cp ranks of TP rank 0 run, without templates
-        per_step = p.cp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
+        per_step = p.cp * (CP_SECONDS_PER_RANK_STEP if p.cp_comm_type == "p2p" else
+                           FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
     else:
         per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
                                          + p.tp * FULL_SECONDS_PER_RING_RANK)
@@ -273,7 +279,9 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     seconds = pairs * CHECK_SECONDS_PER_PAIR
     groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
-        seconds += layer_steps(sc) * groups * p.cp ** 2 * CP_SECONDS_PER_RANK_PAIR
+        per_pair = (CP_LONE_SECONDS_PER_RANK_PAIR if cp_ranks and p.cp_comm_type == "p2p"
+                    else CP_SECONDS_PER_RANK_PAIR)
+        seconds += layer_steps(sc) * groups * p.cp ** 2 * per_pair
     ep = p.expert_model_parallel_size
     if alone_flows:
         seconds += alone_flows * A2A_ALONE_SECONDS_PER_FLOW

@@ -58,6 +58,7 @@ class CpAttention(ContextParallelAttention):
         self.positions = local_positions(seq_length, self.size, index)  # (s/cp,)
         self.held = {}  # ledger scope -> the K/V block the forward ended on (numeric)
         self.steps = {}  # a ring step's kernels -> what they charge (step_clock.run_step)
+        self.lone = None  # context_parallel/lone_ring.py LoneRing, where the plan allows it
 
     @staticmethod
     def _keep(keep, heads: int, first: int = 0):
@@ -77,7 +78,8 @@ class CpAttention(ContextParallelAttention):
         key = (self.members, r.scope, phase)
         shared = self.rings.get(key)
         if shared is None:
-            ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope)
+            ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope,
+                          lone=self.lone)
             shared = self.rings[key] = SharedRing(ring)
         shared.ring.ledgers[self.index] = r.ledger
         return shared

@@ -6,6 +6,7 @@ back: the hierarchical variant is built from the p2p and a2a ones.
 
 from simsp.training.context_parallel.attention import CpAllGather, CpAttention, CpUlysses
 from simsp.training.context_parallel.hierarchical import CpHierarchical
+from simsp.training.context_parallel.lone_ring import lone_ring
 
 
 def cp_attention_of(world, rank: int):
@@ -21,4 +22,10 @@ def cp_attention_of(world, rank: int):
     if p.cp_comm_type == "a2a+p2p":
         return CpHierarchical(*args, p.hcp_sizes[0])
     kind = {"a2a": CpUlysses, "allgather": CpAllGather}.get(p.cp_comm_type, CpAttention)
-    return kind(*args)
+    attention = kind(*args)
+    if kind is CpAttention:  # the plain p2p ring: its sends alone on their links where proven
+        key = ("lone", members)  # found once per group, kept beside the group's rings
+        if key not in world.cp_rings:
+            world.cp_rings[key] = lone_ring(world, members)
+        attention.lone = world.cp_rings[key]
+    return attention

@@ -71,8 +71,9 @@ class CpRing:
     """One CP group's ring attention on a Network: gpus in cp-rank order, block times given."""
 
     def __init__(self, env: simpy.Environment, network, gpus: tuple, kv_bytes: int,
-                 ledgers: dict | None = None, prefix: str = ""):
+                 ledgers: dict | None = None, prefix: str = "", lone=None):
         self.env, self.network, self.gpus, self.kv_bytes = env, network, gpus, kv_bytes
+        self.lone = lone  # context_parallel/lone_ring.py LoneRing: sends timed in arithmetic
         self.cp = len(gpus)
         self.ledgers = {} if ledgers is None else ledgers
         self.prefix = prefix  # ledger key scope of the buffers (a layer's, in the training loop)
@@ -99,8 +100,12 @@ class CpRing:
             self._moving[key] = [1, self.env.event()]
             return self._moving[key][1]
         sides[0] += 1
-        self.network.transfer(self.gpus[src], self.gpus[dst], nbytes,
-                              label=f"cp {phase} step {step} {src}->{dst}", delivered=sides[1])
+        label = f"cp {phase} step {step} {src}->{dst}"
+        if self.lone is not None:
+            self.lone.send(self.gpus[src], self.gpus[dst], nbytes, label, sides[1])
+        else:
+            self.network.transfer(self.gpus[src], self.gpus[dst], nbytes, label=label,
+                                  delivered=sides[1])
         return sides[1]
 
     def _compute(self, phase: str, rank: int, step: int, seconds):
