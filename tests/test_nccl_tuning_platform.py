@@ -4,14 +4,17 @@ hand from NVIDIA/nccl v2.30.7 src/graph/tuning.cc, search.cc and topo.h for a DG
 
 import pytest
 
+from simsp.errors import UserError
 from simsp.engine.collectives.nccl_platform import (AMPERE, BLACKWELL, DGX_A100, HOPPER, INTEL,
                                                     Platform)
 from simsp.engine.collectives.nccl_tuning import (ALL_REDUCE, LL, LL128, RING, SIMPLE, TREE,
                                                   Graph, bus_bandwidth, choose, latency_us,
                                                   nccl_graph)
 from simsp.hardware.constants import LinkCalibration
+from simsp.hardware.profiles import DATA, load_profile
 from simsp.scenario.config import Cluster
 
+SYSTEMS = DATA / "systems"
 H100 = Platform(HOPPER, INTEL)
 # two nodes: path min(50 GB/s NIC, PCIe Gen5 x16 16 x 240 / 80 = 48) = 48, the first of
 # sm90SpeedArrayInter <= 48 is 48; one channel per NIC (8); no doubling (SM90, 48 < 50, 8 > 4)
@@ -69,3 +72,12 @@ def test_platform_from_profiles():
     assert LinkCalibration.from_cluster(gb200).nccl_platform == (5, "arm")
     assert LinkCalibration.from_cluster(Cluster()).nccl_platform == (3, "amd")
     assert DGX_A100 == Platform(AMPERE, "amd")
+
+
+def test_a_wrong_cpu_vendor_is_one_error(tmp_path):
+    """A system file's cpu_vendor outside amd / intel / arm: a UserError naming the key."""
+    text = (SYSTEMS / "dgx-h100.toml").read_text().replace('value = "intel"', 'value = "sparc"')
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    with pytest.raises(UserError, match="cpu_vendor: must be one of amd, intel, arm"):
+        load_profile("system", str(path))
