@@ -200,7 +200,10 @@ def _gathers(gpus, nbytes, sharp_groups=None):
 
 
 def test_a_communicator_runs_reduce_scatter_and_all_gather_in_the_network():
-    S, group = 256 * MiB, tuple(range(16))
+    # 32 MiB: NCCL's estimates on Hopper (tuning.cc): CollNet Direct 44 + S / 345.6 GB/s
+    # (8 x min(48, 48 x 0.9)) = 141.1 us beats ring/Simple 70 + S / (8 x 48 x 16/15 GB/s) =
+    # 151.9 us and ring/LL128 44.6 + S / (8 x 36.7 x 16/15) = 151.7 us (at 256 MiB the ring wins)
+    S, group = 32 * MiB, tuple(range(16))
     rs, ag = _gathers(group, S, frozenset({group}))
     by_hand = 44e-6 + max(S * 7 / 8 / (450e9 * 0.78), S / 8 / 45e9)
     for stats, collective in ((rs, REDUCE_SCATTER), (ag, ALL_GATHER)):

@@ -195,11 +195,12 @@ def test_a_training_all_reduce_runs_as_nvls_where_nccl_would_pick_it():
     big = _all_reduce(h100, range(8), 2**28)  # 256 MiB in one node: NVLS, by hand
     assert big.algorithm == "nvls"
     assert big.time_s == pytest.approx(25e-6 + 2**28 * 1.125 / (450e9 * 0.78 * 0.85), rel=1e-12)
-    # 16 KiB: ring/LL 6.6 + 14 x (0.6 + 2 KiB / (450 GB/s x 0.78 x LL on 1 of 36 channels,
-    # 5 / 360 of Simple's busbw)) = 20.88 us < NVLS 25 + 18 KiB / (450 x 0.78 x 0.85 GB/s) = 25.06
+    # 16 KiB: ring/LL 6.6 + 14 x (0.6 + 2 KiB / (450 GB/s x 0.78 x LL on 1 of 24 channels:
+    # Hopper's graph is 12 channels of 30 GB/s, LL on half a graph channel 0.5 x 30 x 0.5 =
+    # 7.5 of Simple's 360 GB/s busbw)) = 18.92 us < NVLS 25 + 18 KiB / (450 x 0.78 x 0.85 GB/s)
     small = _all_reduce(h100, range(8), 2**14)
     assert (small.algorithm, small.protocol) == ("ring", "LL")
-    assert small.time_s == pytest.approx((6.6 + 14 * (0.6 + 2048 / 4.875e9 * 1e6)) * 1e-6,
+    assert small.time_s == pytest.approx((6.6 + 14 * (0.6 + 2048 / 7.3125e9 * 1e6)) * 1e-6,
                                          rel=1e-12)
     assert _all_reduce(h100, (0, 8), 2**28).algorithm != "nvls"  # two NVLink domains
     forced = _all_reduce(h100, range(8), 2**28,

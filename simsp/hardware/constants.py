@@ -11,7 +11,7 @@ from functools import lru_cache
 from simsp.errors import UserError
 from simsp.scenario.config import Cluster
 from simsp.hardware.gemm_shapes import load_table
-from simsp.hardware.profiles import (GPUProfile, available, fabric_of, gpu_profile,
+from simsp.hardware.profiles import (GPUProfile, available, cpu_vendor, fabric_of, gpu_profile,
                                      nvswitch_generation)
 from simsp.units import GiB
 
@@ -88,6 +88,9 @@ class LinkCalibration:
     # [fabric] sharp_generation): multi-node all-reduces weigh CollNet and NVLS_TREE
     # (simsp/engine/collectives/collnet.py)
     sharp_collnet: bool = False
+    # the platform NCCL tunes for (engine/collectives/nccl_platform.py): the GPU's NVLink
+    # generation (3 Ampere, 4 Hopper, 5 Blackwell) and the host CPU vendor; DGX A100's default
+    nccl_platform: tuple = (3, "amd")
 
     @classmethod
     def from_cluster(cls, cluster) -> "LinkCalibration":
@@ -98,7 +101,9 @@ class LinkCalibration:
                 if nvswitch_generation(cluster) >= NVLS_NVSWITCH_GENERATION else 0)
         return cls(cluster.nvlink_efficiency, cluster.ib_efficiency,
                    cluster.transfer_overhead_us * 1e-6, **forced, nvls_nvlink_generation=nvls,
-                   sharp_collnet=_sharp_collnet(cluster))
+                   sharp_collnet=_sharp_collnet(cluster),
+                   nccl_platform=(gpu_profile(cluster.gpu).nvlink_generation,
+                                  cpu_vendor(cluster)))
 
     def efficiency(self, kind: str) -> float:
         """Achieved fraction of bandwidth for a link of `kind` ("nvlink" or "ib")."""

@@ -30,6 +30,11 @@ GPU_OPTIONAL = ("peak_fp8_TFLOPs", "ceiling_fp8_TFLOPs", "host_link_GBps", "cuda
 LAUNCH_KEYS = ("launch_overhead_us", "graph_node_us", "graph_launch_us")  # hardware/launch.py
 SYSTEM_NUMBERS = ("gpus_per_nvlink_domain", "nvswitch_generation", "nics_per_node", "nic",
                   "nic_Gbps")
+SYSTEM_OPTIONAL = ("cpu_vendor",)  # the host CPU NCCL tunes for (engine/collectives/nccl_platform)
+CPU_VENDORS = ("amd", "intel", "arm")
+# without a system: the DGX that pairs with the GPU's NVLink (DGX A100: AMD EPYC 7742; DGX H100
+# and DGX B200: Intel Xeon Platinum 8480C / 8570, the DGX user guides)
+CPU_BY_NVLINK = {3: "amd", 4: "intel", 5: "intel"}
 COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency",
                 "launch_overhead_s")
 # [attention]: the SMs and the fused attention kernels' published TFLOP/s at the benchmarks'
@@ -186,7 +191,7 @@ def load_profile(kind: str, name: str) -> Profile:
         raise UserError(field, f"file not found: {path}")
     data = io_in.read_toml(path, "profile")
     required = GPU_NUMBERS if kind == "gpu" else SYSTEM_NUMBERS
-    optional = GPU_OPTIONAL if kind == "gpu" else ()
+    optional = GPU_OPTIONAL if kind == "gpu" else SYSTEM_OPTIONAL
     _check_keys(field, path, data, required + optional, kind)
     numbers = {key: _sourced(field, path, key, data[key]) for key in required + optional
                if key in data}
@@ -239,6 +244,11 @@ def _sourced(field: str, path: Path, key: str, entry) -> Sourced:
     if key == "nic":
         if value not in NIC_GBPS:
             raise UserError(field, f"{path}:nic: must be one of {', '.join(NIC_GBPS)}, "
+                                   f"got {value!r}")
+        return Sourced(value, entry["source"])
+    if key == "cpu_vendor":
+        if value not in CPU_VENDORS:
+            raise UserError(field, f"{path}:cpu_vendor: must be one of {', '.join(CPU_VENDORS)}, "
                                    f"got {value!r}")
         return Sourced(value, entry["source"])
     if key == "gemm_table":
@@ -377,6 +387,15 @@ def system_cluster_fields(name: str) -> dict:
 def gpu_cluster_fields(name: str) -> dict:
     """The [cluster] values a GPU implies: its NVLink speed per direction."""
     return {"nvlink_bandwidth_GBps": gpu_profile(name).nvlink_GBps}
+
+
+def cpu_vendor(cluster) -> str:
+    """The host CPU vendor of a cluster: its system's, else the DGX's that pairs with its GPU."""
+    if cluster.system:
+        stated = load_profile("system", cluster.system).value("cpu_vendor")
+        if stated:
+            return str(stated)
+    return CPU_BY_NVLINK.get(gpu_profile(cluster.gpu).nvlink_generation, "intel")
 
 
 def nvswitch_generation(cluster) -> int:

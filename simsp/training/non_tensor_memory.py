@@ -15,7 +15,8 @@ from typing import NamedTuple
 from simsp.cluster.expert_grid import ExpertGrid
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.nccl_buffers import p2p_bytes, ring_bytes
-from simsp.hardware.profiles import gpu_profile
+from simsp.engine.collectives.nccl_platform import Platform, platform_of
+from simsp.hardware.profiles import cpu_vendor, gpu_profile
 from simsp.scenario.tp_overlap import ub_gemms, userbuffers_bytes
 from simsp.units import GiB, MiB
 
@@ -53,7 +54,13 @@ def _ring_item(name: str, group: tuple, cluster) -> NonTensorItem | None:
         return None
     nodes, per_node = _span(group, cluster.gpus_per_node)
     return NonTensorItem(name, ring_bytes(nodes, per_node, cluster.nvlink_bandwidth_GBps,
-                                          cluster.ib_bandwidth_GBps), NCCL_SOURCE)
+                                          cluster.ib_bandwidth_GBps, _platform(cluster)),
+                         NCCL_SOURCE)
+
+
+def _platform(cluster) -> Platform:
+    """The platform NCCL tunes for on this cluster: its GPU's architecture, its host CPU."""
+    return platform_of(gpu_profile(cluster.gpu).nvlink_generation, cpu_vendor(cluster))
 
 
 def _p2p_item(name: str, group: tuple, peers: tuple, cluster) -> NonTensorItem | None:
@@ -65,7 +72,8 @@ def _p2p_item(name: str, group: tuple, peers: tuple, cluster) -> NonTensorItem |
     nodes, ranks_per_node = _span(group, per_node)
     return NonTensorItem(name, p2p_bytes(local, len(peers) - local, nodes, ranks_per_node,
                                          cluster.nvlink_bandwidth_GBps,
-                                         cluster.ib_bandwidth_GBps), NCCL_SOURCE)
+                                         cluster.ib_bandwidth_GBps, _platform(cluster)),
+                         NCCL_SOURCE)
 
 
 def _pipeline_peers(group: tuple) -> tuple:

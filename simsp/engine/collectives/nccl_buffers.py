@@ -18,12 +18,14 @@ NVIDIA/nccl v2.30.7, the version simsp's tuning port follows (nccl_tuning.py):
 - send/recv (pipeline, all-to-all): src/graph/paths.cc ncclTopoGetNchannels gives a peer over
   NVLink 2 × its links channels, rounded up to a power of two and at most p2pnChannels (the
   communicator's channels, a power of two), here at most 32, the ring graph's maximum: issue
-  1685 sees 32 per peer on 8 × H100, where the port's SM80 speeds give 36 ring channels; a peer across nodes uses the proxy's shared buffers,
+  1685 sees 32 per peer on 8 × H100, where the port's SM90 speeds give 24 ring channels
+  (nccl_platform.py); a peer across nodes uses the proxy's shared buffers,
   p2pnChannels × NCCL_SHARED_STEPS (16, net.cc) × p2pChunkSize (128 KiB, init.cc
   P2P_NET_CHUNKSIZE) on each of the send and receive side, once for all such peers.
 """
 
-from simsp.engine.collectives.nccl_tuning import GRAPH_MAX_CHANNELS, NVLINK3_GBPS, nccl_graph
+from simsp.engine.collectives.nccl_platform import DGX_A100, NVLINK_LINK_GBPS, Platform
+from simsp.engine.collectives.nccl_tuning import GRAPH_MAX_CHANNELS, nccl_graph
 
 LL_BUFFSIZE = 8 * 512 * 8 * 16  # B: init.cc DEFAULT_LL_BUFFSIZE
 LL128_BUFFSIZE = 120 * 640 * 8 * 8  # B: init.cc DEFAULT_LL128_BUFFSIZE
@@ -54,25 +56,27 @@ def pow2_up(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def comm_channels(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float) -> int:
+def comm_channels(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float,
+                  platform: Platform = DGX_A100) -> int:
     """The communicator's channels as NCCL's ring graph gives them (nccl_tuning.nccl_graph)."""
-    return nccl_graph(nodes, ranks_per_node, nvlink_GBps, ib_GBps).comm_channels
+    return nccl_graph(nodes, ranks_per_node, nvlink_GBps, ib_GBps, platform).comm_channels
 
 
-def ring_bytes(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float) -> int:
+def ring_bytes(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float,
+               platform: Platform = DGX_A100) -> int:
     """A rank's ring buffers: one connection per channel, its sending end across nodes when
     the ring leaves the node (the busiest rank, at a node's edge)."""
-    channels = comm_channels(nodes, ranks_per_node, nvlink_GBps, ib_GBps)
+    channels = comm_channels(nodes, ranks_per_node, nvlink_GBps, ib_GBps, platform)
     return channels * (NET_RING_CHANNEL if nodes > 1 else CONNECTION_SET)
 
 
 def p2p_bytes(local_peers: int, remote_peers: int, nodes: int, ranks_per_node: int,
-              nvlink_GBps: float, ib_GBps: float) -> int:
+              nvlink_GBps: float, ib_GBps: float, platform: Platform = DGX_A100) -> int:
     """A rank's send/recv buffers: per NVLink peer, its channels × one connection set; for the
     peers across nodes, the proxy's shared send and receive buffers once."""
     p2p_channels = min(P2P_MAX_CHANNELS, pow2_up(comm_channels(nodes, ranks_per_node, nvlink_GBps,
-                                                           ib_GBps)))
-    links = max(1, int(nvlink_GBps // NVLINK3_GBPS))  # NVLink3/4/5 links carry 25 GB/s each
+                                                           ib_GBps, platform)))
+    links = max(1, int(nvlink_GBps // NVLINK_LINK_GBPS[platform.compcap]))  # 25 / 25 / 50 GB/s
     per_peer = min(p2p_channels, pow2_up(2 * links))
     shared = 2 * p2p_channels * SHARED_STEPS * P2P_NET_CHUNK if remote_peers else 0
     return local_peers * per_peer * CONNECTION_SET + shared

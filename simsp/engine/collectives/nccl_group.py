@@ -10,6 +10,7 @@ latency, and the bytes a link carries per data byte (docs/nccl.md).
 import networkx as nx
 
 from simsp.cluster.topology import hop_route
+from simsp.engine.collectives.nccl_platform import platform_of
 from simsp.engine.collectives.nccl_tuning import RING, NcclChoice, choose
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, Channel
 from simsp.hardware.constants import LinkCalibration
@@ -42,7 +43,7 @@ def nccl_choice(collective: str, graph: nx.DiGraph, gpus: list[int], nbytes: int
     nodes = len({gpu // graph.graph["gpus_per_node"] for gpu in gpus})
     nvlink, ib = link_speeds_GBps(graph)
     return choose(collective, nbytes, len(gpus), nodes, nvlink, ib, forced,
-                  calibration.nccl_proto)
+                  calibration.nccl_proto, platform_of(*calibration.nccl_platform))
 
 
 def hop_step_latency_s(graph: nx.DiGraph, edges, choice: NcclChoice,

@@ -15,9 +15,8 @@ Everything here is NVIDIA/nccl v2.30.7 (makefiles/version.mk), read from its sou
 - src/graph/topo.h (SM80_NVLINK_BW 20 GB/s per NVLink), src/graph/topo.cc (PCIe Gen4 x16 =
   24 GB/s, NIC bandwidth = link speed / 8), src/include/device.h and comm.h (thread counts and
   thresholds).
-The platform is simsp's DGX A100: Ampere GPUs (compute capability 8.0) with NVLink3 links of
-25 GB/s per direction (12 per GPU, 300 GB/s; NVIDIA A100 datasheet), AMD EPYC 7742 CPUs (DGX
-A100 user guide), one 200 Gb/s HDR NIC per GPU behind PCIe Gen4 x16.
+The platform (GPU architecture and host CPU: nccl_platform.py) picks the per-architecture rows;
+the default is DGX A100 (SM80, AMD EPYC 7742, one HDR NIC per GPU behind PCIe Gen4 x16).
 simsp times the chosen collective on its own links (engine/collectives/ring_timing.py, docs/nccl.md); from
 here it takes the choice, the base latency, each tier's per-step latency (NCCL's own: a step on
 simsp's default links costs exactly it, engine/collectives/nccl_group.hop_step_latency_s) and
@@ -27,6 +26,10 @@ the bandwidth fraction relative to ring/Simple with every channel.
 from dataclasses import dataclass
 from functools import lru_cache
 import math
+
+from simsp.engine.collectives import nccl_platform as plat
+from simsp.engine.collectives.nccl_platform import (AMPERE, BLACKWELL, DGX_A100, HOPPER,
+                                                    Platform)
 
 RING, TREE = "ring", "tree"
 ALGORITHMS = (TREE, RING)  # NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1 (NVLS...: SHARP_ALGORITHMS)
@@ -43,14 +46,7 @@ HW_LATENCY_US = {NVLINK: {TREE: {LL: 0.6, LL128: 1.25, SIMPLE: 4.0},
                           RING: {LL: 0.6, LL128: 1.9, SIMPLE: 3.4}},
                  NET: {TREE: {LL: 5.0, LL128: 8.5, SIMPLE: 14.0},
                        RING: {LL: 2.7, LL128: 4.0, SIMPLE: 14.0}}}
-# tuning.cc, Ampere row / AMD CPU row, indexed by nNodes (1, 2, more): llMaxBws (for one node
-# the GPU row, Ampere; across nodes the CPU row, AMD), perChMaxRingLL128Bws, perChMaxTreeBws,
-# perChMaxTreeLL128Bws (GB/s)
-LL_MAX_BW = (87.7, 22.5, 19.0)
-PER_CH_MAX_RING_LL128_BW = (20.0, 20.0, 20.0)
-PER_CH_MAX_TREE_BW = (24.0, 23.6, 17.8)
-PER_CH_MAX_TREE_LL128_BW = (20.0, 20.0, 20.0)
-NET_OVERHEAD_US = 2.0  # tuning.cc getNetOverhead: x86 AMD CPU (x3 for Simple)
+# the per-platform tables (llMaxBws, per-channel caps, net overhead): nccl_platform.py
 RING_PLATEAU = 1.4  # tuning.cc ncclTopoGetAlgoTime: multi-node ring Simple all-reduce, SM >= 80
 # tuning.cc treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B .. 256 MB
 TREE_CORRECTION = {
@@ -67,15 +63,10 @@ MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}
 TREE_THREADS = 640
 THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}
 WARP_SIZE = 32
-# search.cc speed arrays (GB/s per channel), SM80; init.cc ringGraph->maxChannels = MAXCHANNELS/2
-SPEED_INTRA = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
-SPEED_INTER = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0,
-               3.0, 2.4, 1.2, 0.24, 0.12)
+# init.cc ringGraph->maxChannels = MAXCHANNELS/2; the speed arrays: nccl_platform.py
+SPEED_INTER = plat.SPEED_INTER[AMPERE]
 GRAPH_MAX_CHANNELS = 32
-SM80_NVLINK_BW = 20.0  # topo.h: NCCL's bandwidth of one NVLink on SM80 (GB/s)
-NVLINK3_GBPS = 25.0  # one NVLink3 link per direction (A100 datasheet: 12 links, 300 GB/s)
-PCIE_GEN4_X16_BW = 24.0  # topo.cc: width 16 x 120 (16 GT/s) / 80
-
+NVLINK3_GBPS = plat.NVLINK_LINK_GBPS[AMPERE]  # one NVLink3 link per direction (A100 datasheet)
 
 @dataclass(frozen=True)
 class Graph:
@@ -116,20 +107,25 @@ class NcclChoice:
         return f"{self.algorithm}/{self.protocol}"
 
 
-def nccl_graph(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float) -> Graph:
+def nccl_graph(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float,
+               platform: Platform = DGX_A100) -> Graph:
     """The ring graph NCCL's search finds (search.cc ncclTopoCompute, simplified to its first
-    fitting speed): on one node as many channels of the first speed of speedArrayIntra as a
-    GPU's NVLinks hold; across nodes one channel per NIC the node's ranks own, at the first speed
-    of speedArrayInter within the NIC and its PCIe Gen4 path; then ncclTopoDupChannels."""
-    if nodes == 1:
-        total = nvlink_GBps / NVLINK3_GBPS * SM80_NVLINK_BW  # links x NCCL's per-link bandwidth
-        speed = next((s for s in SPEED_INTRA if s <= total), SPEED_INTRA[-1])
+    fitting speed): on one node as many channels of the first speed of the architecture's
+    speedArrayIntra as a GPU's NVLinks hold; across nodes one channel per NIC the node's ranks
+    own, at the first speed of speedArrayInter within the NIC and its PCIe path; then
+    ncclTopoDupChannels."""
+    cc = platform.compcap
+    if nodes == 1:  # links x NCCL's per-link bandwidth
+        total = nvlink_GBps / plat.NVLINK_LINK_GBPS[cc] * plat.NVLINK_BW[cc]
+        speeds = plat.SPEED_INTRA[cc]
+        speed = next((s for s in speeds if s <= total), speeds[-1])
         channels = max(1, min(GRAPH_MAX_CHANNELS, int(total // speed)))
     else:
-        path = min(ib_GBps, PCIE_GEN4_X16_BW)
-        speed = next((s for s in SPEED_INTER if s <= path), SPEED_INTER[-1])
+        path = min(ib_GBps, plat.PCIE_X16_BW[cc])
+        speeds = plat.SPEED_INTER[cc]
+        speed = next((s for s in speeds if s <= path), speeds[-1])
         channels = max(1, ranks_per_node)
-    if speed >= 25.0:  # ncclTopoDupChannels (SM80: bwIntra >= 25)
+    if platform.duplicates(speed, channels):  # ncclTopoDupChannels
         doubled = min(2 * channels, GRAPH_MAX_CHANNELS)
         speed /= math.ceil(doubled / channels)
         channels = doubled
@@ -148,49 +144,52 @@ def supported(collective: str, algorithm: str, protocol: str) -> bool:
 
 
 def bus_bandwidth(collective: str, algorithm: str, protocol: str, nodes: int,
-                  graph: Graph, channel_share: float = 1.0) -> float:
+                  graph: Graph, channel_share: float = 1.0,
+                  platform: Platform = DGX_A100) -> float:
     """tuning.cc: busBw of (algorithm, protocol) in GB/s, before the conversion to algbw, on
     `channel_share` of the channels (busBw = channels x per-channel bandwidth; the per-channel
     caps scale with the channels, llMaxBw is a total)."""
-    index = min(nodes, 3) - 1
     channels = graph.channels * channel_share
     bus = channels * graph.bw
+    ll_max, cap = platform.ll_max_bw(nodes), platform.per_channel_cap
     if algorithm == RING and protocol == LL:
-        bus = min(LL_MAX_BW[index], bus * 0.5)
+        bus = min(ll_max, bus * 0.5)
     if algorithm == RING and protocol == LL128:
-        bus = min(bus * 0.92, channels * PER_CH_MAX_RING_LL128_BW[index])
+        bus = min(bus * 0.92, channels * cap(plat.PER_CH_MAX_RING_LL128_BW, nodes))
     if algorithm == TREE and collective == ALL_REDUCE:
-        bus = min(bus * 0.92, channels * PER_CH_MAX_TREE_BW[index])
+        bus = min(bus * 0.92, channels * cap(plat.PER_CH_MAX_TREE_BW, nodes))
     if algorithm == TREE and protocol == LL:
-        bus = min(bus / 3.8, LL_MAX_BW[index])
+        bus = min(bus / 3.8, ll_max)
     if algorithm == TREE and protocol == LL128:
         bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
-                  channels * PER_CH_MAX_TREE_LL128_BW[index])
+                  channels * cap(plat.PER_CH_MAX_TREE_LL128_BW, nodes))
     return bus
 
 
 def algorithm_bandwidth(collective: str, algorithm: str, protocol: str, ranks: int, nodes: int,
-                        graph: Graph) -> float:
+                        graph: Graph, platform: Platform = DGX_A100) -> float:
     """tuning.cc: algbw = busBw x n / nsteps for rings, x 0.5 for trees (GB/s)."""
-    bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph)
+    bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph, platform=platform)
     return bus * (ranks / _nsteps(collective, ranks) if algorithm == RING else 0.5)
 
 
-def step_latencies_us(algorithm: str, protocol: str, ranks: int, nodes: int) -> tuple:
+def step_latencies_us(algorithm: str, protocol: str, ranks: int, nodes: int,
+                      platform: Platform = DGX_A100) -> tuple:
     """tuning.cc: (intra-node, inter-node) latency of one step in us. Rings across nodes pay
     at least the network post overhead per intra step (x3 for Simple); with one rank per node
     the network steps take the tree's latency."""
     intra = HW_LATENCY_US[NVLINK][algorithm][protocol]
     inter = HW_LATENCY_US[NET][TREE if ranks == nodes else algorithm][protocol]
     if algorithm == RING and nodes > 1:
-        intra = max(intra, NET_OVERHEAD_US * (3 if protocol == SIMPLE else 1))
+        intra = max(intra, platform.net_overhead_us * (3 if protocol == SIMPLE else 1))
     return intra, inter
 
 
-def latency_us(collective: str, algorithm: str, protocol: str, ranks: int, nodes: int) -> float:
+def latency_us(collective: str, algorithm: str, protocol: str, ranks: int, nodes: int,
+               platform: Platform = DGX_A100) -> float:
     """tuning.cc comm->latencies: base + ring steps (2(nodes-1) of them on the network for an
     all-reduce) or tree depth 2((ppn-1) intra + log2(nodes) inter)."""
-    intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes)
+    intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes, platform)
     base = BASE_LATENCY_US[algorithm][protocol]
     if algorithm == RING:
         nsteps = _nsteps(collective, ranks)
@@ -211,10 +210,10 @@ def tree_correction(protocol: str, nbytes: int) -> float:
 
 
 def nccl_time_us(collective: str, algorithm: str, protocol: str, nbytes: int, ranks: int,
-                 nodes: int, graph: Graph) -> float:
+                 nodes: int, graph: Graph, platform: Platform = DGX_A100) -> float:
     """tuning.cc ncclTopoGetAlgoTime for one operation: latency + bytes / (1000 x algbw)."""
-    bw = algorithm_bandwidth(collective, algorithm, protocol, ranks, nodes, graph)
-    lat = latency_us(collective, algorithm, protocol, ranks, nodes)
+    bw = algorithm_bandwidth(collective, algorithm, protocol, ranks, nodes, graph, platform)
+    lat = latency_us(collective, algorithm, protocol, ranks, nodes, platform)
     if algorithm == TREE and collective == ALL_REDUCE:
         bw *= tree_correction(protocol, nbytes)
     if (algorithm == RING and protocol == SIMPLE and nodes > 1 and collective == ALL_REDUCE
@@ -243,36 +242,36 @@ def channels_and_threads(algorithm: str, protocol: str, nbytes: int, ranks: int,
 @lru_cache(maxsize=4096)
 def choose(collective: str, nbytes: int, ranks: int, nodes: int, nvlink_GBps: float,
            ib_GBps: float, algorithm: str | None = None,
-           protocol: str | None = None) -> NcclChoice:
+           protocol: str | None = None, platform: Platform = DGX_A100) -> NcclChoice:
     """NCCL's pick for `collective` of `nbytes` (the full message S, as nccl-tests' size) over
     `ranks` ranks on `nodes` nodes (evenly), with NCCL_ALGO / NCCL_PROTO forcing `algorithm` /
-    `protocol` when given. Memoised: cheap to call for every collective of a run."""
+    `protocol` when given, tuned for `platform` (GPU architecture, CPU). Memoised: cheap to call for every collective of a run."""
     if ranks < 2:  # enqueue.cc updateCollCostTable: one rank costs nothing (ring/Simple)
         return NcclChoice(RING, SIMPLE, 1, 1, MAX_THREADS[SIMPLE], 0.0, 1.0, 1.0, 0.0, 0.0, 0.0)
-    graph = nccl_graph(nodes, max(1, ranks // nodes), nvlink_GBps, ib_GBps)
+    graph = nccl_graph(nodes, max(1, ranks // nodes), nvlink_GBps, ib_GBps, platform)
     options = [(a, p) for a in ALGORITHMS for p in PROTOCOLS if supported(collective, a, p)
                and algorithm in (None, a) and protocol in (None, p)]
     if not options:
         raise ValueError(f"NCCL has no {algorithm} algorithm for {collective}")
-    times = {(a, p): nccl_time_us(collective, a, p, max(nbytes, 0), ranks, nodes, graph)
-             for a, p in options}
+    times = {(a, p): nccl_time_us(collective, a, p, max(nbytes, 0), ranks, nodes, graph,
+                                  platform) for a, p in options}
     best = min(options, key=lambda ap: times[ap])  # first minimum, NCCL's loop order
-    return _describe(collective, best, nbytes, ranks, nodes, graph, times[best])
+    return _describe(collective, best, nbytes, ranks, nodes, graph, times[best], platform)
 
 
 def _describe(collective: str, best: tuple[str, str], nbytes: int, ranks: int, nodes: int,
-              graph: Graph, time_us: float) -> NcclChoice:
+              graph: Graph, time_us: float, platform: Platform) -> NcclChoice:
     """The choice with its channels, threads, latency scales and bandwidth fractions: NCCL's
     busBw is channels x per-channel bandwidth (tuning.cc), so fewer channels carry
     proportionally less up to the protocol's total cap (llMaxBw); threads are sized to the data
     within a channel and change nothing."""
     algorithm, protocol = best
     nc, nt = channels_and_threads(algorithm, protocol, nbytes, ranks, graph)
-    intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes)
-    reference_bus = bus_bandwidth(collective, RING, SIMPLE, nodes, graph)
-    full_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph)
+    intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes, platform)
+    reference_bus = bus_bandwidth(collective, RING, SIMPLE, nodes, graph, platform=platform)
+    full_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph, platform=platform)
     used_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph,
-                             nc / graph.comm_channels)
+                             nc / graph.comm_channels, platform)
     return NcclChoice(algorithm, protocol, nc, graph.comm_channels, nt,
                       BASE_LATENCY_US[algorithm][protocol] * 1e-6, full_bus / reference_bus,
                       used_bus / full_bus, time_us * 1e-6, intra * 1e-6, inter * 1e-6)
@@ -295,7 +294,6 @@ def p2p_channels(comm_channels: int) -> int:
 COLLNET_DIRECT, COLLNET_CHAIN = "collnet_direct", "collnet_chain"  # NCCL_ALGO_COLLNET_* = 2, 3
 NVLS, NVLS_TREE = "nvls", "nvls_tree"  # NCCL_ALGO_NVLS = 4, NCCL_ALGO_NVLS_TREE = 5
 SHARP_ALGORITHMS = (COLLNET_DIRECT, COLLNET_CHAIN, NVLS, NVLS_TREE)
-AMPERE, HOPPER, BLACKWELL = "ampere", "hopper", "blackwell"  # tuning.cc compCapIndex 1, 2, 3
 NVLS_EFFICIENCY = {AMPERE: 0.0, HOPPER: 0.85, BLACKWELL: 0.74}  # tuning.cc nvlsEfficiency
 # tuning.cc hwLatencies (us), Simple only (LL and LL128 are 0: these algorithms run Simple);
 # baseLatencies are 0 for all four
@@ -428,10 +426,8 @@ def sharp_time_us(collective: str, algorithm: str, nbytes: int, ranks: int, node
 # search.cc sm90SpeedArrayIntra / sm100SpeedArrayIntra (GB/s per channel); topo.h
 # SM90_NVLINK_BW / SM100_NVLINK_BW (NCCL's bandwidth of one NVLink, GB/s); device.h
 # NCCL_MAX_NVLS_ARITY
-SPEED_INTRA_BY_CC = {HOPPER: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
-                     BLACKWELL: (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0,
-                                 19.0, 18.0)}
-NVLINK_BW_BY_CC = {HOPPER: 20.6, BLACKWELL: 40.1}
+SPEED_INTRA_BY_CC = {cc: plat.SPEED_INTRA[cc] for cc in (HOPPER, BLACKWELL)}
+NVLINK_BW_BY_CC = {cc: plat.NVLINK_BW[cc] for cc in (HOPPER, BLACKWELL)}
 MAX_NVLS_ARITY = 32
 
 
