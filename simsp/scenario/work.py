@@ -196,7 +196,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  fsdp_flows: tuple[int, ...] | None = None,
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
                  exchange_flows: int = 0, flow_visits: float = 0.0,
-                 gather_flows: float = 0.0, replicas: int = 1) -> float:
+                 gather_flows: float = 0.0, replicas: int = 1,
+                 cp_lone: bool = False) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -215,7 +216,11 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each, and its token-count
     all-gathers' flows at SECONDS_PER_GATHER_FLOW; `replicas`: the DP replicas whose stages
     the representative runs (one per kind of FSDP shard, shortcuts/representative.py
-    fsdp_replicas), each its stages' layer-steps, plans and buckets."""
+    fsdp_replicas), each its stages' layer-steps, plans and buckets; `cp_lone`: the verdict leaves
+    the simulated CP groups' p2p rings alone on their links (timed in arithmetic,
+    training/context_parallel/lone_ring.py), so their sends cost less per pair; without a
+    verdict (the check before it) the flows' price."""
+
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
@@ -223,7 +228,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
         per_step = replicas * (META_SECONDS_PER_LAYER_STEP
                                + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
     elif cp_ranks:  # the cp ranks of TP rank 0 run, without templates
-        per_step = p.cp * (CP_SECONDS_PER_RANK_STEP if p.cp_comm_type == "p2p" else
+        per_step = p.cp * (CP_SECONDS_PER_RANK_STEP if cp_lone and p.cp_comm_type == "p2p" else
                            FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
     else:
         per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
@@ -234,7 +239,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a, cp_ranks, ep_pairs) + flows * SECONDS_PER_FLOW
+            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone) + flows * SECONDS_PER_FLOW
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
             + gather_flows * SECONDS_PER_GATHER_FLOW)
 
@@ -266,12 +271,13 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None) -> f
 
 
 def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
-                 ep_pairs: float | None = None) -> float:
+                 ep_pairs: float | None = None, cp_lone: bool = False) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
     exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
     `a2a`: (alone all-to-all flows, checked pairs) where the verdict counted them: the check's
     pairs priced, and the all-to-alls timed alone by their flows in place of the per-pair
-    rule. `cp_ranks`: one CP group per stage runs (cp_representative). `ep_pairs`: the flows
+    rule. `cp_ranks`: one CP group per stage runs (cp_representative); `cp_lone` its p2p ring
+    alone on its links too (meta_seconds). `ep_pairs`: the flows
     one all-to-all starts where the run does not start one per pair (under rail symmetry one
     per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
     p, m = sc.parallel, sc.model
@@ -279,8 +285,8 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     seconds = pairs * CHECK_SECONDS_PER_PAIR
     groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
-        per_pair = (CP_LONE_SECONDS_PER_RANK_PAIR if cp_ranks and p.cp_comm_type == "p2p"
-                    else CP_SECONDS_PER_RANK_PAIR)
+        per_pair = CP_LONE_SECONDS_PER_RANK_PAIR if cp_ranks and cp_lone else \
+            CP_SECONDS_PER_RANK_PAIR
         seconds += layer_steps(sc) * groups * p.cp ** 2 * per_pair
     ep = p.expert_model_parallel_size
     if alone_flows:

@@ -337,7 +337,21 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    exchange_flows=counts.exchange_flows,
                                    flow_visits=counts.flow_visits,
                                    gather_flows=counts.gather_flows,
-                                   replicas=len(shortcuts.replicas))
+                                   replicas=len(shortcuts.replicas),
+                                   cp_lone=cp_lone(sc, shortcuts))
+
+
+def cp_lone(sc, shortcuts: Shortcuts) -> bool:
+    """Whether the simulated ranks' CP p2p rings run alone on their links, timed in arithmetic
+    (training/context_parallel/lone_ring.py lone_ring: not stepped by the verdict, no image
+    loads or link quotient)."""
+    p = sc.parallel
+    if p.cp == 1 or p.cp_comm_type != "p2p" or not shortcuts.representative \
+            or shortcuts.symmetry is not None:
+        return False
+    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
+    ranks = simulated_ranks(sc, shortcuts) or range(grid.world_size)
+    return not {grid.cp_group(r) for r in ranks} & _stepped_groups(sc, shortcuts)
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
