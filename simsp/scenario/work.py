@@ -220,19 +220,10 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     the simulated CP groups' p2p rings alone on their links (timed in arithmetic,
     training/context_parallel/lone_ring.py), so their sends cost less per pair; without a
     verdict (the check before it) the flows' price."""
-
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
-    if representative:
-        per_step = replicas * (META_SECONDS_PER_LAYER_STEP
-                               + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
-    elif cp_ranks:  # the cp ranks of TP rank 0 run, without templates
-        per_step = p.cp * (CP_SECONDS_PER_RANK_STEP if cp_lone and p.cp_comm_type == "p2p" else
-                           FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
-    else:
-        per_step = p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP
-                                         + p.tp * FULL_SECONDS_PER_RING_RANK)
+    per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone)
     ranks = simulated_ranks(sc, representative or cp_ranks) * (replicas if representative else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
@@ -242,6 +233,20 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone) + flows * SECONDS_PER_FLOW
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
             + gather_flows * SECONDS_PER_GATHER_FLOW)
+
+
+def layer_step_seconds(sc, representative: bool, cp_ranks: bool, replicas: int,
+                       cp_lone: bool) -> float:
+    """CPU seconds of one layer-step (meta_seconds): the representative's (growing with d, once
+    per replica it runs), TP rank 0's cp ranks' (a lone p2p ring's cheaper), or every rank's."""
+    p = sc.parallel
+    if representative:
+        return replicas * (META_SECONDS_PER_LAYER_STEP
+                           + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
+    if cp_ranks:  # the cp ranks of TP rank 0 run, without templates
+        return p.cp * (CP_SECONDS_PER_RANK_STEP if cp_lone and p.cp_comm_type == "p2p" else
+                       FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
+    return p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
 
 
 def cp_representative(sc, representative: bool) -> bool:
