@@ -40,28 +40,16 @@ traffic on the same NICs it is as fast as alone.
 """
 
 from simsp.engine.collectives import nccl_tuning as tuning
-from simsp.engine.collectives.nvls import COMPCAP, NVLS_EFFICIENCY
+from simsp.engine.collectives.nccl_platform import COMPCAP_BY_NVLINK, inter_node_speed
+from simsp.engine.collectives.nvls import NVLS_EFFICIENCY
 from simsp.units import GB
 
-# search.cc sm90SpeedArrayInter / sm100SpeedArrayInter (GB/s per channel); Ampere's is
-# nccl_tuning.SPEED_INTER
-SPEED_INTER_BY_CC = {
-    tuning.AMPERE: tuning.SPEED_INTER,
-    tuning.HOPPER: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
-                    2.4, 1.2, 0.24, 0.12),
-    tuning.BLACKWELL: (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5,
-                       15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12)}
-# topo.cc: PCIe bandwidth = width x per-lane rate / 80 (Gen4 16 GT/s: 120, Gen5 32 GT/s: 240);
-# DGX A100 NICs sit behind PCIe Gen4 x16, DGX H100 / B200 NICs behind Gen5 x16 (the DGX user
-# guides' PCIe switches)
-PCIE_X16_BW = {tuning.AMPERE: 16 * 120 / 80, tuning.HOPPER: 16 * 240 / 80,
-               tuning.BLACKWELL: 16 * 240 / 80}
 MULTI_NODE = (tuning.COLLNET_DIRECT, tuning.COLLNET_CHAIN, tuning.NVLS, tuning.NVLS_TREE)
 
 
 def compcap_of(nvlink_generation: int) -> str:
     """NCCL's compute-capability row of a GPU by its NVLink generation (3: Ampere)."""
-    return COMPCAP.get(nvlink_generation, tuning.AMPERE)
+    return COMPCAP_BY_NVLINK.get(nvlink_generation, tuning.AMPERE)
 
 
 def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
@@ -69,9 +57,7 @@ def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
     """algorithm -> SharpGraph across nodes (simplified as nccl_graph is: the first fitting
     speed): one head per NIC for CollNet Direct, NVLS and NVLS_TREE, the ring graph's channels
     for CollNet Chain, all at the first inter-node speed within the NIC and its PCIe path."""
-    path = min(ib_GBps, PCIE_X16_BW[compcap])
-    speeds = SPEED_INTER_BY_CC[compcap]
-    speed = next((s for s in speeds if s <= path), speeds[-1])
+    speed = inter_node_speed(compcap, ib_GBps)
     heads = tuning.SharpGraph(min(tuning.MAX_NVLS_ARITY, ppn), speed, speed)
     ring = tuning.nccl_graph(nodes, ppn, nvlink_GBps, ib_GBps)
     return {tuning.COLLNET_DIRECT: heads, tuning.NVLS: heads, tuning.NVLS_TREE: heads,

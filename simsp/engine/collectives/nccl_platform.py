@@ -83,6 +83,14 @@ class Platform:
         return speed >= 25.0 and not (self.compcap != AMPERE and speed < 50.0 and channels > 4)
 
 
+def inter_node_speed(compcap: str, nic_GBps: float) -> float:
+    """search.cc ncclTopoCompute across nodes, simplified to its first fitting speed: the first
+    of the architecture's speedArrayInter within the NIC and its PCIe path (GB/s a channel)."""
+    path = min(nic_GBps, PCIE_X16_BW[compcap])
+    speeds = SPEED_INTER[compcap]
+    return next((s for s in speeds if s <= path), speeds[-1])
+
+
 DGX_A100 = Platform(AMPERE, AMD)  # A100 (SM80), AMD EPYC 7742 (NVIDIA DGX A100 user guide)
 
 

@@ -121,9 +121,7 @@ def nccl_graph(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: flo
         speed = next((s for s in speeds if s <= total), speeds[-1])
         channels = max(1, min(GRAPH_MAX_CHANNELS, int(total // speed)))
     else:
-        path = min(ib_GBps, plat.PCIE_X16_BW[cc])
-        speeds = plat.SPEED_INTER[cc]
-        speed = next((s for s in speeds if s <= path), speeds[-1])
+        speed = plat.inter_node_speed(cc, ib_GBps)
         channels = max(1, ranks_per_node)
     if platform.duplicates(speed, channels):  # ncclTopoDupChannels
         doubled = min(2 * channels, GRAPH_MAX_CHANNELS)
@@ -423,12 +421,7 @@ def sharp_time_us(collective: str, algorithm: str, nbytes: int, ranks: int, node
     return sharp_latency_us(algorithm, ranks, nodes) + nbytes / (1000 * bw)
 
 
-# search.cc sm90SpeedArrayIntra / sm100SpeedArrayIntra (GB/s per channel); topo.h
-# SM90_NVLINK_BW / SM100_NVLINK_BW (NCCL's bandwidth of one NVLink, GB/s); device.h
-# NCCL_MAX_NVLS_ARITY
-SPEED_INTRA_BY_CC = {cc: plat.SPEED_INTRA[cc] for cc in (HOPPER, BLACKWELL)}
-NVLINK_BW_BY_CC = {cc: plat.NVLINK_BW[cc] for cc in (HOPPER, BLACKWELL)}
-MAX_NVLS_ARITY = 32
+MAX_NVLS_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY
 
 
 def nvls_graph(gpus: int, nvlinks: int, compcap: str) -> SharpGraph:
@@ -438,9 +431,9 @@ def nvls_graph(gpus: int, nvlinks: int, compcap: str) -> SharpGraph:
     bandwidth) once x gpus/(gpus-1) ("algo other than RING do not need to close to the
     starting NET")."""
     channels = min(MAX_NVLS_ARITY, gpus)
-    total = nvlinks * NVLINK_BW_BY_CC[compcap]
+    total = nvlinks * plat.NVLINK_BW[compcap]  # topo.h SM90/SM100_NVLINK_BW per link
     room = total * gpus / (gpus - 1) if gpus > 1 else total
-    speeds = SPEED_INTRA_BY_CC[compcap]
+    speeds = plat.SPEED_INTRA[compcap]  # search.cc sm90/sm100SpeedArrayIntra
     speed = next((s for s in speeds if s <= total and s * channels <= room), speeds[-1])
     return SharpGraph(channels, speed, speed)
 
