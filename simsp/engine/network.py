@@ -327,10 +327,15 @@ class Network:
 
     def _finish(self, flow: _Flow, _event: simpy.Event) -> None:
         """Record the delivered transfer and count its bytes."""
-        self.trace.add_transfer(_new(TransferRecord, (flow.src, flow.dst, flow.nbytes,
-                                                      flow.start_s, self.env.now, flow.label)))
-        self.bytes_sent[flow.src] += flow.nbytes
-        self.bytes_received[flow.dst] += flow.nbytes
+        self.delivered(flow.src, flow.dst, flow.nbytes, flow.start_s, flow.label)
+
+    def delivered(self, src: int, dst: int, nbytes: int, start_s: float, label: str) -> None:
+        """A transfer delivered now (a flow's, or one timed outside the links): its record and
+        its bytes counted."""
+        self.trace.add_transfer(_new(TransferRecord, (src, dst, nbytes, start_s, self.env.now,
+                                                      label)))
+        self.bytes_sent[src] += nbytes
+        self.bytes_received[dst] += nbytes
 
 
 def succeed_after(event: simpy.Event, delay_s: float, value) -> None:

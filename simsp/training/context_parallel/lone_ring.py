@@ -18,7 +18,6 @@ from functools import partial
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.group_timing import STEP_BY_STEP
 from simsp.engine.network import succeed_after
-from simsp.engine.trace import TransferRecord
 from simsp.model.replay import delay_to
 
 
@@ -66,7 +65,5 @@ def lone_ring(world, members: tuple) -> LoneRing | None:
 
 def _record(network, src: int, dst: int, nbytes: int, start_s: float, label: str,
             _event) -> None:
-    """Record the delivered transfer and count its bytes, as Network._finish does."""
-    network.trace.add_transfer(TransferRecord(src, dst, nbytes, start_s, network.env.now, label))
-    network.bytes_sent[src] += nbytes
-    network.bytes_received[dst] += nbytes
+    """The delivery's record and bytes, as the network's own (Network.delivered)."""
+    network.delivered(src, dst, nbytes, start_s, label)
