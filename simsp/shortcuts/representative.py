@@ -85,10 +85,8 @@ def sp_slices_per_dp_rank(sc, grid: RankGrid) -> list[list[tuple[int, ...]]]:
 
 def _sp_in_window(unit, start: int, stop: int) -> int:
     """SP-partial elements of `unit` in its flat window [start, stop) (fsdp.py _sp_indices)."""
-    from simsp.model.sharding import needs_sp_grad_sync
-    return sum(max(0, min(o + n, stop) - max(o, start))
-               for name, o, n in zip(unit.params, unit.offsets(), unit.numels)
-               if needs_sp_grad_sync(name))
+    from simsp.training.data_parallel.fsdp_units import sp_partial_ranges
+    return sum(hi - lo for lo, hi in sp_partial_ranges(unit, start, stop))
 
 
 def _cp_why_not(sc, grid: RankGrid, clashes: list) -> str:

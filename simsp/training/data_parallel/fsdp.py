@@ -29,9 +29,10 @@ from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
 from simsp.model import mappings
 from simsp.model.mappings import _bytes_sent
-from simsp.model.sharding import local_shape, needs_sp_grad_sync, shard
+from simsp.model.sharding import local_shape, shard
 from simsp.model.tensor import FP16, Tensor
-from simsp.training.data_parallel.fsdp_units import GATHERED_BYTES, ROOT, WORD, sharding_of, stage_units
+from simsp.training.data_parallel.fsdp_units import (GATHERED_BYTES, ROOT, WORD, sharding_of,
+                                                     sp_partial_ranges, stage_units)
 from simsp.training.data_parallel.grad_buckets import module_params
 from simsp.training.data_parallel.optimizer import AdamState, allocate_optimizer
 from simsp.training.data_parallel.finalize import (sync_sequence_parallel_grads,
@@ -408,9 +409,8 @@ class FsdpUnits:
     def _sp_indices(self, unit) -> np.ndarray:
         """Positions in this rank's shard of the unit's SP-partial parameters, (k,)."""
         window = self._slice(unit)
-        picks = [np.arange(max(o, window.start), min(o + n, window.stop)) - window.start
-                 for name, o, n in zip(unit.params, unit.offsets(), unit.numels)
-                 if needs_sp_grad_sync(name)]
+        picks = [np.arange(lo, hi) - window.start
+                 for lo, hi in sp_partial_ranges(unit, window.start, window.stop)]
         return np.concatenate(picks) if picks else np.zeros(0, dtype=int)
 
     # ------------------------------------------------------------------ after the step

@@ -19,6 +19,7 @@ torch/distributed/fsdp/_fully_shard/_fsdp_param.py):
 
 from dataclasses import dataclass
 
+from simsp.model.sharding import needs_sp_grad_sync
 from simsp.model.tensor import FP16, FP32
 from simsp.scenario.precision import precision_of
 
@@ -125,3 +126,13 @@ def fsdp_bytes_per_element(s: Sharding, d: int) -> float:
     return (s.param_bytes / (d if s.shard_params else 1)
             + s.grad_bytes / (d if s.shard_grads else 1)
             + states / (d if s.shard_optim else 1))
+
+
+def sp_partial_ranges(unit, start: int, stop: int) -> list[tuple[int, int]]:
+    """The [lo, hi) runs of `unit`'s flat window [start, stop) that hold SP-partial parameters
+    (norms, row-parallel biases: model/sharding.py needs_sp_grad_sync), in order; empty runs
+    left out."""
+    runs = [(max(o, start), min(o + n, stop))
+            for name, o, n in zip(unit.params, unit.offsets(), unit.numels)
+            if needs_sp_grad_sync(name)]
+    return [(lo, hi) for lo, hi in runs if hi > lo]
