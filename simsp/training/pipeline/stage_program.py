@@ -10,10 +10,8 @@ from dataclasses import dataclass
 import functools
 import math
 
-import numpy as np
-
 from simsp.model import mappings
-from simsp.model.tensor import FP16, Tensor
+from simsp.model.tensor import FP16
 from simsp.training.fp8_amax import AmaxReduction
 from simsp.training.pipeline import delay_wgrad, p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
@@ -314,7 +312,6 @@ def _exchange(r, world, plan: StagePlan, state: RankState, call: Exchange):
     recvs = [op for step in call.recvs if (op := _recv_op(r, plan, state.p2p, step))]
     if not state.p2p.overlap:
         if sends or recvs:
-            yield from _shapes_first(r, world, state.p2p, sends, recvs)
             received = yield from p2p.wait(r, _post(r, world, sends, recvs))
             yield from _receive(r, state, received)
         return
@@ -326,25 +323,7 @@ def _exchange(r, world, plan: StagePlan, state: RankState, call: Exchange):
     for kind, direction in (("F", "act"), ("B", "grad")):  # send_forward_recv_forward, ...
         mine = [[op for op in ops if op.key[0] == direction] for ops in (sends, recvs)]
         if mine[0] or mine[1]:
-            yield from _shapes_first(r, world, state.p2p, *mine)
             state.pending.setdefault(kind, []).append(_post(r, world, *mine))
-
-
-SHAPE_BYTES = 3 * 8  # a p2p tensor's shape: three int64 (p2p_communication.py)
-
-
-def _shapes_first(r, world, setup: P2PSetup, sends: list, recvs: list):
-    """Under standalone MTP Megatron's `_communicate` first exchanges the shapes of what it
-    sends and receives (`config.mtp_standalone`: _communicate_shapes, 3 int64 each, one
-    batch_isend_irecv waited at once, even with p2p overlap); nothing otherwise."""
-    if setup.mtp_stage is None:
-        return
-    shape_sends = [p2p.SendOp(("shape",) + op.key, op.dst, Tensor((3,), 8), SHAPE_BYTES,
-                              np.array(op.tensor.shape) if r.numeric else None)
-                   for op in sends]
-    shape_recvs = [p2p.RecvOp(("shape",) + op.key, Tensor((3,), 8)) for op in recvs]
-    yield from p2p.wait(r, p2p.post(r, world.mailbox, world.network, "communicate_shapes",
-                                    shape_sends, shape_recvs))
 
 
 def _post(r, world, sends: list, recvs: list) -> p2p.Handle:
