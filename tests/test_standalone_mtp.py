@@ -75,8 +75,8 @@ def test_every_gradient_matches_the_single_device_reference(name):
     assert {"loss", "mtp.1.eh_proj.weight", "final_ln.gamma", "embedding.word"} <= set(errors)
     copies = [state.grads["embedding.word"].data for rank, state in run.states.items()
               if "embedding.word" in state.grads and run.inputs.plans[rank].tp == 0]
-    assert len(copies) == 2 + (not sc.model.untie_embeddings_and_output_weights) * 1 + (
-        sc.parallel.dp - 1) * (3 if not sc.model.untie_embeddings_and_output_weights else 2)
+    tied = not sc.model.untie_embeddings_and_output_weights
+    assert len(copies) == sc.parallel.dp * (3 if tied else 2)  # first, MTP (, loss) stages
     assert all(np.array_equal(copy, copies[0]) for copy in copies)  # one all-reduced sum
 
 
