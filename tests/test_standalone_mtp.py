@@ -13,6 +13,7 @@ from simsp.errors import UserError
 from simsp.metrics import collect
 from simsp.model.params import param_shapes
 from simsp.scenario.loading import load_scenario, with_overrides
+from simsp.shortcuts.work_counts import stage_buckets
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.pipeline.plan import stage_param_names, stage_plans
@@ -46,7 +47,8 @@ def test_each_module_sits_where_megatron_builds_it():
 
 
 NUMERIC = {  # BASE: two MTP depths, untied, RMSNorm, RoPE, float64
-    "pp3 1f1b": ({("parallel", "pipeline_model_parallel_size"): 3}, "Ett|mm|L"),
+    # an empty stage between the depths and the loss passes their concatenation on
+    "pp4 1f1b": ({("parallel", "pipeline_model_parallel_size"): 4}, "Ett|mm||L"),
     # an empty stage on rank 2's chunk 0; the depths on rank 1's chunk 1, TP 2 with SP
     "pp3 x2 interleaved, tp2 sp": ({("parallel", "pipeline_model_parallel_size"): 3,
                                     ("parallel", "tensor_model_parallel_size"): 2,
@@ -77,7 +79,8 @@ def test_every_gradient_matches_the_single_device_reference(name):
     extra, layout = NUMERIC[name]
     sc = load_scenario(None, {**BASE, **extra, ("model", "num_layers"): layout.count("t"),
                               ("parallel", "pipeline_model_parallel_layout"): layout})
-    assert sc.parallel.schedule_name == ("interleaved" if layout.count("|") > 2 else "1f1b")
+    chunks = (layout.count("|") + 1) // sc.parallel.pp
+    assert sc.parallel.schedule_name == ("interleaved" if chunks > 1 else "1f1b")
     run = simulate_iteration(sc)
     errors = compare_with_reference(run)
     assert max(errors.values()) < 1e-13, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
@@ -90,9 +93,9 @@ def test_every_gradient_matches_the_single_device_reference(name):
 
 
 def test_meta_shortcuts_keep_the_full_simulation():
-    """MoE with EP 2 over DP 2, PP 4 x 2, the depth on rank 1's chunk 1 and an empty stage
-    between it and the loss, the distributed optimizer: the shortcuts (docs/shortcuts.md)
-    against the full simulation (Shortcuts(), the oracle)."""
+    """MoE with EP 2 over DP 2, PP 4 x 2, the depth on rank 2's chunk 1, the distributed
+    optimizer: the shortcuts (docs/shortcuts.md) against the full simulation (Shortcuts(), the
+    oracle); the buckets the work estimate counts against those the ranks build."""
     values = {("model", "num_layers"): 6, ("model", "hidden_size"): 256,
               ("model", "num_attention_heads"): 4, ("model", "seq_length"): 256,
               ("model", "vocab_size"): 512, ("model", "position_embedding_type"): "rope",
@@ -104,13 +107,19 @@ def test_meta_shortcuts_keep_the_full_simulation():
               ("parallel", "pipeline_model_parallel_size"): 4,
               ("parallel", "data_parallel_size"): 2, ("parallel", "global_batch_size"): 16,
               ("parallel", "distributed_optimizer"): True,
-              ("parallel", "pipeline_model_parallel_layout"): "Et|t|t|t|tt|m||L",
+              ("parallel", "pipeline_model_parallel_layout"): "Et|t|t|t|t|t|m|L",
               ("cluster", "nodes"): 1, ("run", "mode"): "meta"}
     sc = load_scenario(None, values)
-    fast, full = (collect(simulate_iteration(sc, s), s) for s in (Shortcuts.for_scale(sc),
-                                                                  Shortcuts()))
+    runs = [simulate_iteration(sc, s) for s in (Shortcuts.for_scale(sc), Shortcuts())]
+    fast, full = (collect(run, s) for run, s in zip(runs, (Shortcuts.for_scale(sc), Shortcuts())))
     assert fast["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-12)
     assert [r["peak_bytes"] for r in fast["ranks"]] == [r["peak_bytes"] for r in full["ranks"]]
+    # one bucket per chunk past stage 0's first, one more on the MTP stage for its table copy
+    plans = runs[1].inputs.plans
+    built = {plans[rank].pp: len(state.ddp_buckets.buckets)
+             for rank, state in runs[1].states.items()}
+    assert built == {stage: stage_buckets(sc, stage) for stage in range(4)}
+    assert (built[1], built[2], built[3]) == (2, 3, 2)
 
 
 @pytest.mark.parametrize("layout, pp, depths, reason", [
