@@ -9,7 +9,6 @@ from simsp.model.params import layer_param_names
 
 EMBEDDING = ("embedding.word", "embedding.position")
 FINAL_NORM = ("final_ln.gamma", "final_ln.beta")
-MODULES = ("final_norm", "mtp", "head")  # the modules after a chunk's layers
 
 
 def chunk_modules(plan, chunk: int) -> list:
