@@ -83,7 +83,7 @@ LAYOUT = "parallel.pipeline_model_parallel_layout"
     ("Et|(tt|)*30,tmL", LAYOUT, "62 transformer layers"),
     ("Et|(tt|)*30,L", LAYOUT, "0 MTP layers m"),
     ("Et|(tt|)*30,Lx", LAYOUT, "invalid layer character 'x'"),
-    ("Et*3|(tt|)*29,m|L", LAYOUT, "not supported by simsp yet"),  # Megatron's own example
+    ("Et*3|(tt|)*29,mL|", LAYOUT, "simsp needs the loss L in the last virtual stage"),
     ("Et*3|(tt|)*28,t|m|tL", LAYOUT, "placed before MTP"),
     ("Et*61|m|(|)*29,L", LAYOUT, "last virtual stage of its pipeline rank"),
     ("|Ett|(tt|)*29,tmL", LAYOUT, "embedding E in the first virtual stage"),

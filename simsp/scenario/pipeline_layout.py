@@ -54,7 +54,7 @@ def layout_chunks(text: str, pp: int) -> int:
 
 def validate_layout(text: str, pp: int, num_layers: int, mtp_num_layers: int | None) -> None:
     """Megatron's validate_layer_layout, plus simsp's placement: the embedding in virtual stage
-    0, the loss in the last, and every MTP depth in the loss's virtual stage."""
+    0 and the loss in the last; the MTP depths off the first pipeline rank."""
     stages, chunks = parse_layout(text), layout_chunks(text, pp)
     flat = "".join(stages)
     _check(flat[:1] == "E", f"the first layer must be the embedding E, got {flat[:1]!r}")
@@ -69,11 +69,29 @@ def validate_layout(text: str, pp: int, num_layers: int, mtp_num_layers: int | N
            "decoder layers must be placed before MTP layers")
     _check(all("m" not in stages[c * pp + r] for r in range(pp) for c in range(chunks - 1)),
            "MTP must be in the last virtual stage of its pipeline rank (Megatron)")
+    _check("m" not in flat or max(s.count("m") for s in stages) == flat.count("m"),
+           "all MTP layers must be in one virtual stage (Megatron)")
     _check("E" in stages[0], "simsp needs the embedding E in the first virtual stage")
     _check("L" in stages[-1], "simsp needs the loss L in the last virtual stage")
-    _check("m" not in flat or "m" in stages[-1], "MTP in its own virtual stage before the loss "
-           "(Megatron's standalone MTP) is not supported by simsp yet: put the m with the L "
-           "(e.g. 'Et|(tt|)*30,mL' for DeepSeek-V3 at PP 16, VPP 2)")
+    _check(pp == 1 or all("m" not in stages[c * pp] for c in range(chunks)),
+           "MTP must not be on the first pipeline rank (Megatron's restriction; there its "
+           "copy of the word embedding would stay out of the embedding group)")
+
+
+def standalone_mtp_stage(text: str | None) -> int | None:
+    """The virtual stage of Megatron's standalone MTP (the depths in a stage of their own
+    before the loss's: `mtp_standalone`, validate_layer_layout), or None."""
+    if text is None:
+        return None
+    stages = parse_layout(text)
+    return next((k for k, stage in enumerate(stages[:-1]) if "m" in stage), None)
+
+
+def last_decoder_stage(text: str) -> int:
+    """The virtual stage holding the last transformer layer t (with MTP Megatron builds the
+    decoder's final norm there: TransformerBlock.has_final_layernorm_in_this_stage)."""
+    stages = parse_layout(text)
+    return max(k for k, stage in enumerate(stages) if "t" in stage)
 
 
 def _check(condition: bool, reason: str) -> None:

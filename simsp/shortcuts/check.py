@@ -33,7 +33,8 @@ from simsp.shortcuts.reasons import (closed_form_why, representative_why, segmen
                                      templates_why)
 from simsp.shortcuts.representative import fsdp_replicas, representative_verdict
 from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, has_expert_groups,
-                                     link_users, mirror_owners, traffic_owners)
+                                     link_users, mirror_owners, standalone_mtp_owners,
+                                     traffic_owners)
 from simsp.training.pipeline.plan import stage_param_names, stage_plans
 from simsp.training.pipeline.schedules import SPLIT_BACKWARD
 
@@ -153,6 +154,7 @@ def _owners(sc, grid: RankGrid) -> list[Owner]:
     p = sc.parallel
     interleaved = p.schedule_name == "interleaved"
     mirrors = mirror_owners(grid.groups("pp")) if p.schedule_name == "dualpipe" else []
+    mirrors += standalone_mtp_owners(sc, grid.groups("pp"))  # its embedding group
     if p.cp == 1:
         return traffic_owners(grid, interleaved) + mirrors + expert_owners(sc)
     from simsp.shortcuts.cp_traffic import cp_moe_owners, cp_traffic_owners  # CP runs only

@@ -16,6 +16,7 @@ from simsp.engine.collectives.nccl_group import nccl_choice
 from simsp.engine.collectives.nccl_tuning import TREE
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
 from simsp.hardware.constants import LinkCalibration
+from simsp.scenario.pipeline_layout import standalone_mtp_stage
 from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, stage_fp8_gemms
 from simsp.training.pipeline.plan import stage_plans
 
@@ -52,6 +53,17 @@ def pipeline_owners(pp_groups: list[tuple[int, ...]], interleaved: bool) -> list
         owners += [("p2p", pair) for pair in sorted(pairs | {(b, a) for a, b in pairs})]
         owners.append(("embedding", (group[0], group[-1])))
     return owners
+
+
+def standalone_mtp_owners(sc, pp_groups: list[tuple[int, ...]]) -> list[Owner]:
+    """Under Megatron's standalone MTP the embedding group is the first stage, the MTP stage
+    and, when tied, the last (training/data_parallel/finalize.py tied_embedding_reduce)."""
+    p = sc.parallel
+    k = standalone_mtp_stage(p.pipeline_model_parallel_layout)
+    if k is None:
+        return []
+    stages = sorted({0, k % p.pp} | ({p.pp - 1} if sc.model.tied else set()))
+    return [("embedding", tuple(group[stage] for stage in stages)) for group in pp_groups]
 
 
 def mirror_owners(pp_groups: list[tuple[int, ...]]) -> list[Owner]:

@@ -26,6 +26,7 @@ from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.cluster.topology import placement
 from simsp.engine.group_timing import NODE_PIECE, STEPPED, TEMPLATE
 from simsp.hardware.profiles import fabric_of
+from simsp.scenario.pipeline_layout import standalone_mtp_stage
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
 from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,
@@ -280,10 +281,13 @@ def stage_buckets(sc, stage: int) -> int:
     > 0 and for model chunks after the first): the first stage's first chunk cut at the bucket
     size (its layers and the embedding, scenario/work.py bucket_count), every other chunk one
     bucket; with the distributed optimizer the last stage's copy of the tied word embedding
-    one more."""
+    one more; under standalone MTP the MTP stage's copy instead (docs/pipeline-layout.md)."""
     p, m = sc.parallel, sc.model
     chunks = model_chunks(m, p)
     buckets = _first_chunk_buckets(sc, chunks) + chunks - 1 if stage == 0 else chunks
+    mtp = standalone_mtp_stage(p.pipeline_model_parallel_layout)
+    if mtp is not None:  # the MTP chunk's copy of the table; the loss chunk holds its copy alone
+        return buckets + (p.distributed_optimizer and stage == mtp % p.pp)
     tied_copy = p.distributed_optimizer and m.tied and p.pp > 1 and stage == p.pp - 1
     return buckets + tied_copy
 

@@ -66,7 +66,7 @@ def mtp_forward(r, sc, state, y, tokens, targets, offset: int, losses: dict, key
     h_prev, depths = y, []
     for k in range(m.mtp_num_layers):
         r.scope = f"{scope}mtp{k}."
-        saved = yield from _depth_forward(r, sc, state, k, h_prev, tokens, offset)
+        saved = yield from depth_forward(r, sc, state, k, h_prev, tokens, offset)
         s, b = m.seq_length, sc.parallel.micro_batch_size
         loss, saved["head"] = yield from output_loss_forward(
             r, m, state.weights, saved["output"], shifted(targets, k + 1),
@@ -78,7 +78,7 @@ def mtp_forward(r, sc, state, y, tokens, targets, offset: int, losses: dict, key
     return depths
 
 
-def _depth_forward(r, sc, state, k: int, h_prev, tokens, offset: int):
+def depth_forward(r, sc, state, k: int, h_prev, tokens, offset: int):
     """Depth k from h_prev (s_l, b, h): its output h_k and what backward needs."""
     m, w = sc.model, state.weights
     prefix, layer = f"mtp.{k}.", m.num_layers + k
@@ -155,31 +155,38 @@ def _split_hidden(r, dx):
     return d_proj
 
 
+def depth_loss_gradient(sc, k: int) -> float:
+    """d(objective)/d(depth k's summed masked token loss): λ/D over its (s − k − 1)·B
+    positions, with the loss gradient's data-parallel factor (process_mtp_loss)."""
+    m = sc.model
+    return m.mtp_loss_scaling_factor * loss_gradient_factor(sc.parallel) / (
+        m.mtp_num_layers * (m.seq_length - k - 1) * sc.parallel.global_batch)
+
+
 def mtp_backward(r, sc, state, depths: list, tokens, targets):
     """Every depth backward, the last first -> the gradient at the final norm's output
     (s_l, b, h), to add to the main head's."""
     m, scope = sc.model, r.scope
-    s, B = m.seq_length, sc.parallel.global_batch
-    b = sc.parallel.micro_batch_size
+    s, b = m.seq_length, sc.parallel.micro_batch_size
     dnext = None
     for k in reversed(range(m.mtp_num_layers)):
         r.scope = f"{scope}mtp{k}."
         saved = depths[k]
-        dloss = m.mtp_loss_scaling_factor * loss_gradient_factor(sc.parallel) / (
-            m.mtp_num_layers * (s - k - 1) * B)
+        dloss = depth_loss_gradient(sc, k)
         dh = yield from output_loss_backward(
             r, m, state.weights, state.grads, shifted(targets, k + 1), saved["head"], dloss,
             kept_positions(s, b, k + 1) if r.numeric else None)
         if dnext is not None:
             yield from ops.accumulate(r, dh, dnext, "d_mtp_output")
             r.free(dnext)
-        dnext = yield from _depth_backward(r, sc, state, k, saved, dh, tokens)
+        dnext = yield from depth_backward(r, sc, state, k, saved, dh, tokens)
     r.scope = scope
     return dnext
 
 
-def _depth_backward(r, sc, state, k: int, saved: dict, dh, tokens):
-    """Depth k backward from dh at its output h_k -> the gradient at h_{k-1}."""
+def depth_backward(r, sc, state, k: int, saved: dict, dh, tokens, own_table: bool = False):
+    """Depth k backward from dh at its output h_k -> the gradient at h_{k-1}; `own_table`: the
+    standalone MTP stage's word table, which only the depths' lookups reach."""
     m, w, g = sc.model, state.weights, state.grads
     prefix = f"mtp.{k}."
     dout = yield from norm_backward(r, m, dh, saved["final_ln_input"], w, g,
@@ -200,9 +207,9 @@ def _depth_backward(r, sc, state, k: int, saved: dict, dh, tokens):
     # the table's gradient (the depths run last first): after the tied output layer's
     # placeholder or a later depth's; folded into the main gradient at the last lookup to run
     # when no main lookup follows on this rank (PP > 1)
-    after_other = m.tied or k < m.mtp_num_layers - 1
-    fold = (not m.tied and sc.parallel.pipeline_model_parallel_size > 1 and k == 0
-            and sc.parallel.fsdp != "fsdp2")
+    after_other = (m.tied and not own_table) or k < m.mtp_num_layers - 1
+    fold = ((own_table or not m.tied) and sc.parallel.pipeline_model_parallel_size > 1
+            and k == 0 and sc.parallel.fsdp != "fsdp2")
     yield from embedding_backward(r, m, w, g, shifted(tokens, k + 1), saved["embedding"], demb,
                                   after_other, fold)
     return dprev

@@ -26,17 +26,17 @@ def sync_sequence_parallel_grads(r, grads: dict, prefix: str = ""):
 
 
 def tied_embedding_reduce(r, world, plan, grads: dict):
-    """All-reduce the word-embedding gradient between the first and last pipeline stages
-    (tied output layer, or multi-token prediction's lookups: finalize_model_grads.py).
+    """All-reduce the word-embedding gradient over Megatron's embedding group: the first and
+    last pipeline stages (tied output layer, or multi-token prediction's lookups:
+    finalize_model_grads.py); under standalone MTP the first stage, the MTP stage and, when
+    tied, the last (pretrain_gpt.py get_embedding_ranks with get_mtp_ranks).
 
-    Each rank's arrival goes to world.tied_embedding_arrivals; waiting for the other stage to
+    Each rank's arrival goes to world.tied_embedding_arrivals; waiting for the other stages to
     arrive (the pipeline drain) is pipeline wait; the rest is pipeline transfer."""
-    m = world.scenario.model
-    if plan.head_stage == 0 or not (plan.holds_embedding or plan.holds_head) or not (
-            m.tied or m.mtp_num_layers):
-        return  # one rank holds both (p 1, the V), or untied without multi-token prediction
-    group = (world.grid.rank_of(plan.tp, plan.dp, 0, plan.cp),
-             world.grid.rank_of(plan.tp, plan.dp, plan.head_stage, plan.cp))
+    stages = _embedding_stages(world.scenario.model, plan)
+    if plan.pp not in stages or len(stages) == 1:
+        return  # one rank holds every copy (p 1, the V), or no copy is shared
+    group = tuple(world.grid.rank_of(plan.tp, plan.dp, stage, plan.cp) for stage in stages)
     arrivals = world.tied_embedding_arrivals.setdefault(group, {})
     arrivals[r.rank] = start = r.env.now
     grad = grads["embedding.word"]
@@ -46,6 +46,16 @@ def tied_embedding_reduce(r, world, plan, grads: dict):
     last_arrival = max(arrivals.values())
     r.count_exposed("pp_wait", last_arrival - start)
     r.count_exposed("pp_transfer", r.env.now - last_arrival)
+
+
+def _embedding_stages(m, plan) -> tuple:
+    """The pipeline stages of the embedding group, in order (none without a shared copy)."""
+    if not (m.tied or m.mtp_num_layers):
+        return ()
+    if plan.mtp_stage is None:
+        return (0, plan.head_stage) if plan.head_stage != 0 else (0,)
+    stages = {0, plan.stage_of(plan.mtp_stage)} | ({plan.head_stage} if m.tied else set())
+    return tuple(sorted(stages))
 
 
 def mirror_reduce(r, world, plan, grads: dict):

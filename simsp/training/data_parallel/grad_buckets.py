@@ -43,6 +43,7 @@ from simsp.model.fp8 import FP8_BYTES as FP8, is_fp8_param
 from simsp.model.mappings import _bytes_sent
 from simsp.model.params import layer_param_names
 from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.training.data_parallel import standalone_mtp_params
 from simsp.training.data_parallel.grad_scaling import pre_multiply, scale_kernel, scaling_factor
 
 EMBEDDING = ("embedding.word", "embedding.position")
@@ -94,6 +95,8 @@ def module_params(plan, module, grads: dict, producing: bool = False) -> list[st
 
     `producing`: only those whose gradient is complete after this module's backward (the tied
     word embedding on a one-stage pipeline is finished by the embedding's backward)."""
+    if plan.mtp_stage is not None:  # standalone MTP: each module where Megatron builds it
+        return [n for n in standalone_mtp_params.module_names(module, grads) if n in grads]
     if module == "embedding":
         names = list(EMBEDDING)
     elif module == "head":
@@ -107,6 +110,8 @@ def module_params(plan, module, grads: dict, producing: bool = False) -> list[st
 
 def chunk_params(plan, chunk: int, grads: dict) -> list[str]:
     """The chunk's parameters in Megatron's module order (shared word embedding copy last)."""
+    if plan.mtp_stage is not None:
+        return standalone_mtp_params.chunk_params(plan, chunk, grads)
     names = list(EMBEDDING) if plan.is_first(chunk) else []
     for i in plan.layers(chunk):
         names += layer_param_names(i)

@@ -7,6 +7,7 @@ import numpy as np
 
 from simsp.cluster.grid import RankGrid
 from simsp.scenario.config import Scenario
+from simsp.scenario.pipeline_layout import last_decoder_stage, standalone_mtp_stage
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.training.pipeline.combined_1f1b import combined_schedule
 from simsp.training.pipeline.schedule_step import (DUAL, ROUND_ROBIN, route_ends, stage_of,
@@ -30,6 +31,10 @@ class StagePlan:
     chunk_ranges: tuple | None = None  # uneven pipelines: each chunk's layers (a range)
     cp: int = 0  # context-parallel coordinate (docs/context-parallel.md)
     placement: str = ROUND_ROBIN  # where the chunks sit (schedule_step.py; V for zbv)
+    # Megatron's standalone MTP (docs/pipeline-layout.md): the virtual stage running the MTP
+    # depths, and the one running the decoder's final norm (its last layer's); None otherwise
+    mtp_stage: int | None = None
+    norm_stage: int | None = None
 
     def virtual_stage(self, chunk: int) -> int:
         return virtual_stage_of(chunk, self.pp, self.p, self.placement)
@@ -57,6 +62,18 @@ class StagePlan:
 
     def is_last(self, chunk: int) -> bool:
         return route_ends(self.virtual_stage(chunk), self.p, self.v, self.placement)[1]
+
+    def is_mtp(self, chunk: int) -> bool:
+        """The chunk is the standalone MTP stage (its output: the hidden states, concatenated)."""
+        return self.mtp_stage is not None and self.virtual_stage(chunk) == self.mtp_stage
+
+    def is_norm(self, chunk: int) -> bool:
+        """Standalone MTP: the chunk ends with the decoder's final norm."""
+        return self.norm_stage is not None and self.virtual_stage(chunk) == self.norm_stage
+
+    def stage_holds(self, virtual_stage: int | None) -> bool:
+        """This rank runs `virtual_stage` (False for None)."""
+        return virtual_stage is not None and self.stage_of(virtual_stage) == self.pp
 
     @property
     def mirror_stage(self) -> int | None:
@@ -125,6 +142,9 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
     placement = placement_of(sc.parallel.schedule_name)
     per_chunk = sc.model.num_layers // (p if placement == DUAL else p * v)
     ranges = _uneven_ranges(sc) if sc.parallel.uneven_pipeline else None
+    layout = sc.parallel.pipeline_model_parallel_layout
+    mtp_stage = standalone_mtp_stage(layout)
+    norm_stage = None if mtp_stage is None else last_decoder_stage(layout)
     plans = {}
     for rank in range(grid.world_size):
         c = grid.coords(rank)
@@ -132,7 +152,8 @@ def stage_plans(sc: Scenario, grid: RankGrid) -> dict[int, StagePlan]:
             ranges[_model_stage(virtual_stage_of(k, c.pp, p, placement), p, placement)]
             for k in range(v))
         plans[rank] = StagePlan(rank, c.tp, c.dp, c.pp, p, v, per_chunk,
-                                tuple(schedule[c.pp]), chunks, c.cp, placement)
+                                tuple(schedule[c.pp]), chunks, c.cp, placement, mtp_stage,
+                                norm_stage)
     return plans
 
 
@@ -160,6 +181,8 @@ def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
     for name in shapes:
         if name.startswith("layers."):
             keep = name[:name.index(".", 7) + 1] in wanted
+        elif plan.mtp_stage is not None:  # standalone MTP: each module where Megatron builds it
+            keep = _standalone_holder(name, plan, "output.weight" in shapes)
         elif name == "embedding.word":  # tied: the output layer's weight too
             keep = plan.holds_embedding or (plan.holds_head and
                                             ("output.weight" not in shapes or mtp))
@@ -170,6 +193,23 @@ def stage_param_names(shapes: dict, plan: StagePlan) -> list[str]:
         if keep:
             names.append(name)
     return names
+
+
+def _standalone_holder(name: str, plan: StagePlan, untied: bool) -> bool:
+    """Standalone MTP (gpt_model.py): the MTP stage builds the depths and its own embedding
+    (`pre_process or mtp_process`), the last decoder layer's stage the final norm
+    (transformer_block.py has_final_layernorm_in_this_stage), the loss stage the output layer
+    (a copy of the word table when tied)."""
+    if name.startswith("mtp."):
+        return plan.stage_holds(plan.mtp_stage)
+    if name.startswith("final_ln."):
+        return plan.stage_holds(plan.norm_stage)
+    if name == "embedding.word":
+        return plan.holds_embedding or plan.stage_holds(plan.mtp_stage) or (
+            plan.holds_head and not untied)
+    if name == "embedding.position":
+        return plan.holds_embedding
+    return plan.holds_head  # output.weight (untied)
 
 
 def global_batch(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:

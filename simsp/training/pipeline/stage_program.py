@@ -42,10 +42,28 @@ class P2PSetup:
     scattered: bool  # Megatron's scatter/gather: each TP rank sends 1/t
     tp_size: int
     activation_shape: tuple  # (s_l, b, h) of a p2p tensor
-    received_shape: tuple  # a receive buffer: the activation, or its 1/t chunk
     sends_apart: bool  # the V: a step waits only for its receive, sends at the end
     peers: dict  # {virtual stage: its rank, same tp, dp and cp} (activations go to k + 1,
     # input gradients to k - 1; in the V chunk 1 runs towards stage 0)
+    mtp_stage: int | None = None  # standalone MTP: past it the tensors are 1 + D times as long
+    rows_factor: int = 1  # 1 + D under standalone MTP
+
+    def shape_of(self, key: tuple) -> tuple:
+        """The full shape of a p2p tensor: (s_l, b, h), or (s_l·(1+D), b, h) between the
+        standalone MTP stage and the loss's (its concatenated hidden states, Megatron's
+        MultiTokenPredictionBlock.forward, and their gradient)."""
+        kind, k = key[0], key[2]
+        past = self.mtp_stage is not None and (k > self.mtp_stage or (
+            kind == "grad" and k == self.mtp_stage))
+        if not past:
+            return self.activation_shape
+        rows, *rest = self.activation_shape
+        return (rows * self.rows_factor, *rest)
+
+    def received_of(self, key: tuple) -> tuple:
+        """The receive buffer of `key`: its tensor, or its 1/t chunk under scatter/gather."""
+        shape = self.shape_of(key)
+        return (math.prod(shape) // self.tp_size,) if self.scattered else shape
 
     @classmethod
     def of(cls, r, sc, grid, plan: StagePlan, split: bool = False) -> "P2PSetup":
@@ -53,11 +71,11 @@ class P2PSetup:
         split-backward schedule's calls are always non-blocking)."""
         shape = activation_shape(sc, r)
         scattered = _scatter_gather(sc.parallel, r)
-        received = (math.prod(shape) // r.tp.size,) if scattered else shape
         peers = {k: grid.rank_of(plan.tp, plan.dp, plan.stage_of(k), plan.cp)
                  for k in range(plan.p * plan.v)}
         return cls(sc.parallel.overlap_p2p_communication or split, scattered, r.tp.size, shape,
-                   received, plan.placement in BOTH_WAYS, peers)
+                   plan.placement in BOTH_WAYS, peers, plan.mtp_stage,
+                   1 + (sc.model.mtp_num_layers or 0))
 
 
 def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
@@ -336,7 +354,7 @@ def _receive(r, state: RankState, received: dict):
         state.inbox.update(received)
         return
     for key, tensor in received.items():
-        state.inbox[key] = yield from _gather_chunk(r, state.p2p.activation_shape, tensor)
+        state.inbox[key] = yield from _gather_chunk(r, state.p2p.shape_of(key), tensor)
 
 
 def _scatter_gather(p, r) -> bool:
@@ -370,11 +388,11 @@ def _recv_op(r, plan: StagePlan, setup: P2PSetup, step) -> p2p.RecvOp | None:
     if plan.stage_of(k - 1 if forward else k + 1) == plan.pp:
         return None  # the V's turn: the other chunk of this rank made it (steps.py)
     r.scope = f"mb{step.micro_batch}.c{step.chunk}."
-    buffer = r.alloc(setup.received_shape, FP16,
+    key = ("act" if forward else "grad", step.micro_batch, k, plan.tp, plan.dp, plan.cp)
+    buffer = r.alloc(setup.received_of(key), FP16,
                      "recv_activation" if forward else "recv_gradient",
                      category="communication")
-    return p2p.RecvOp(("act" if forward else "grad", step.micro_batch, k, plan.tp, plan.dp,
-                       plan.cp), buffer)
+    return p2p.RecvOp(key, buffer)
 
 
 def _gather_chunk(r, shape: tuple, chunk):

@@ -116,6 +116,12 @@ def _multi_token_prediction():
     return mtp
 
 
+def _standalone_mtp():
+    """training/mtp_stage.py, imported only under a layout with Megatron's standalone MTP."""
+    from simsp.training import mtp_stage
+    return mtp_stage
+
+
 def forward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, chunk: int):
     """Embedding or receive, the chunk's layers, then the loss (into results) or a send
     downstream."""
@@ -139,7 +145,12 @@ def forward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int,
     r.scope = scope
     if state.amax is not None:  # the block's fp8_autocast exits (training/fp8_amax.py)
         yield from state.amax.reduce(r, forward=True)
-    if plan.is_last(chunk):
+    if plan.mtp_stage is not None:  # Megatron's standalone MTP (training/mtp_stage.py)
+        x = yield from _standalone_forward(r, inputs, (plan, chunk, mb), state, x, results,
+                                           stash)
+    if plan.is_last(chunk) and plan.mtp_stage is not None:
+        results.losses[(plan.dp, mb, plan.cp)] = x
+    elif plan.is_last(chunk):
         yield from state.ddp_buckets.params_needed(r, chunk, ["head"])
         loss, stash["head"] = yield from head_forward(r, sc.model, state.weights, x, targets)
         results.losses[(plan.dp, mb, plan.cp)] = loss
@@ -151,6 +162,39 @@ def forward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int,
         _pass_on(plan, state, ("act", mb, k + 1, plan.tp, plan.dp, plan.cp), x)
     state.stashes[(mb, chunk)] = stash
     results.record_step(r, "F", mb, chunk, begin)
+
+
+def _standalone_forward(r, inputs, step: tuple, state: RankState, x, results, stash: dict):
+    """Standalone MTP's forward after the chunk's layers: the decoder's final norm, the
+    depths (-> their concatenated hidden states), or the loss stage's losses (-> the summed
+    LM token loss, MTP's into results)."""
+    (plan, chunk, mb), sc, ms = step, inputs.sc, _standalone_mtp()
+    tokens, targets = _micro_batch_data(sc, inputs.data, r, plan, mb)
+    if plan.is_norm(chunk):
+        yield from state.ddp_buckets.params_needed(r, chunk, ["final_norm"])
+        x, stash["final_norm"] = yield from ms.final_norm_forward(r, sc.model, state.weights, x)
+    if plan.is_mtp(chunk):
+        yield from state.ddp_buckets.params_needed(r, chunk, ["mtp"])
+        x, stash["mtp"] = yield from ms.depths_forward(r, sc, state, x, tokens,
+                                                       sample_offset(sc, plan.dp, mb))
+    if plan.is_last(chunk):
+        yield from state.ddp_buckets.params_needed(r, chunk, ["head"])
+        x, stash["loss"] = yield from ms.loss_forward(r, sc, state, x, targets,
+                                                      results.mtp_losses, (plan.dp, mb))
+    return x
+
+
+def _standalone_backward(r, inputs, step: tuple, state: RankState, dx, stash: dict):
+    """Standalone MTP's backward before the chunk's layers: the depths, then the final norm."""
+    (plan, chunk, mb), sc, ms = step, inputs.sc, _standalone_mtp()
+    tokens, _ = _micro_batch_data(sc, inputs.data, r, plan, mb)
+    if plan.is_mtp(chunk):
+        dx = yield from ms.depths_backward(r, sc, state, stash["mtp"], dx, tokens)
+        yield from _grads_ready(r, plan, state, chunk, mb, ["mtp"])
+    if plan.is_norm(chunk):
+        dx = yield from ms.final_norm_backward(r, sc.model, state, dx, stash["final_norm"])
+        yield from _grads_ready(r, plan, state, chunk, mb, ["final_norm"])
+    return dx
 
 
 def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, chunk: int):
@@ -166,6 +210,10 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
     if plan.is_last(chunk):
         if state.fsdp is not None:
             yield from state.fsdp.before_backward(r, chunk, ["head"])
+    if plan.is_last(chunk) and plan.mtp_stage is not None:
+        dx = yield from _standalone_mtp().loss_backward(r, sc, state, stash["loss"], targets)
+        yield from _grads_ready(r, plan, state, chunk, mb, ["head"])
+    elif plan.is_last(chunk):
         # mean over B·s tokens (the replica's B/d under --ddp-average-in-collective)
         dloss = loss_gradient_factor(sc.parallel) / (sc.model.seq_length * sc.parallel.global_batch)
         extra = None
@@ -178,6 +226,8 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
     else:
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
+    if plan.mtp_stage is not None:
+        dx = yield from _standalone_backward(r, inputs, (plan, chunk, mb), state, dx, stash)
     offset = sample_offset(sc, plan.dp, mb)
     dx = yield from delay_wgrad.layers_backward(
         r, sc.parallel, state, (plan, chunk, mb),
