@@ -13,7 +13,9 @@ import pytest
 from test_delay_wgrad import _scenario as delay_wgrad_scenario
 
 from simsp.engine.memory import HELD_FOR_WGRAD, Ledger
+from simsp.explore.evaluation.evaluate import collect_metrics, summary_columns
 from simsp.report.run.memory_timeline import memory_timeline
+from simsp.report.whatif.comparison import memory_clause
 from simsp.training.driver.iteration import simulate_iteration
 from tests.test_pipeline import scenario
 
@@ -118,3 +120,15 @@ def test_delay_wgrad_compute_holds_for_its_deferred_gemms(monkeypatch):
         assert ledger.final_bytes()[HELD_FOR_WGRAD] == 0
     labelled_as_before(monkeypatch)
     assert_relabelled(new, simulate_iteration(sc))
+
+
+def test_a_result_row_and_the_whatif_clause_name_the_held_bytes_at_the_peak():
+    """ZB-H1 PP 4, m 8: the busiest stage is stage 0 (the embedding's weights and state), whose
+    W runs right after its B (delay 0): at its peak, in fc1's backward, it holds fc2's W inputs
+    alone, 20480 B; the what-if sentence names them, and a row without any names none."""
+    row = summary_columns(collect_metrics(one_layer_stages(4, "zb-h1", 8)), 80 * 2**30)
+    assert (row["peak_stage"], row["held_for_wgrad_at_peak_bytes"]) == (0, FC2_W_INPUTS)
+    row.update(status="ok", fits=True, memory_reserve_bytes=0.0)
+    assert "(20.00 KiB of it held_for_wgrad, kept for deferred W steps)" in memory_clause(row)
+    row["held_for_wgrad_at_peak_bytes"] = 0
+    assert "held_for_wgrad" not in memory_clause(row)
