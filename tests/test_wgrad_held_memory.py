@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from test_delay_wgrad import _scenario as delay_wgrad_scenario
 
+from simsp.engine.allocator.snapshot_diff import paired_across_held
+from simsp.engine.allocator.snapshot_profile import Allocation
 from simsp.engine.memory import HELD_FOR_WGRAD, Ledger
 from simsp.explore.evaluation.evaluate import collect_metrics, summary_columns
 from simsp.report.run.memory_timeline import memory_timeline
@@ -132,3 +134,19 @@ def test_a_result_row_and_the_whatif_clause_name_the_held_bytes_at_the_peak():
     assert "(20.00 KiB of it held_for_wgrad, kept for deferred W steps)" in memory_clause(row)
     row["held_for_wgrad_at_peak_bytes"] = 0
     assert "held_for_wgrad" not in memory_clause(row)
+
+
+def test_memory_diff_pairs_a_real_activation_with_simsps_held_tensor():
+    """A real snapshot names a W input where it was made (activations, temporaries,
+    communication); simsp's export calls it held_for_wgrad. Left over after the exact match,
+    the two pair one to one by size and layer (or no layer); nothing else pairs."""
+    extra = [Allocation(4096, "activations", None, "real fc1 input"),
+             Allocation(4096, "temporaries", 2, "real grad, layer 2"),
+             Allocation(512, "weights", None, "real weight"),
+             Allocation(4096, "activations", None, "real, one too many")]
+    missing = [Allocation(4096, HELD_FOR_WGRAD, 3, "simsp held, layer 3"),
+               Allocation(4096, HELD_FOR_WGRAD, 1, "simsp held, layer 1"),
+               Allocation(512, HELD_FOR_WGRAD, None, "simsp held, weight-sized")]
+    still_extra, still_missing = paired_across_held(extra, missing)
+    assert [a.site for a in still_extra] == ["real grad, layer 2", "real weight"]
+    assert [a.site for a in still_missing] == ["simsp held, weight-sized"]
