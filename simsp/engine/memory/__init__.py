@@ -18,5 +18,6 @@ from simsp.engine.memory.live_set import AlreadyLive
 from simsp.engine.memory.op_block import INPUT, OpBlock
 from simsp.engine.memory.summary import LiveTensor, MemorySummary, OutOfMemory
 
-__all__ = ["AlreadyLive", "CATEGORIES", "HELD_FOR_WGRAD", "INPUT", "Ledger", "LiveTensor", "MemEvent",
-           "MemorySummary", "OpBlock", "OutOfMemory", "PERSISTENT", "expand", "sort_log"]
+__all__ = ["AlreadyLive", "CATEGORIES", "HELD_FOR_WGRAD", "INPUT", "Ledger", "LiveTensor",
+           "MemEvent", "MemorySummary", "OpBlock", "OutOfMemory", "PERSISTENT", "expand",
+           "sort_log"]
