@@ -13,7 +13,8 @@ from tests.test_pipeline import scenario
 
 def weight_gradient_holds(ledger) -> tuple[int, dict]:
     """The most micro-batches with W inputs ("wgrad_hold." keys) live at once, and the bytes by
-    category of those inputs when their total is highest, walking the log in time order."""
+    category of those inputs when their total is highest (all held_for_wgrad), walking the log
+    in time order."""
     events, log = ledger.events, ledger.sorted_log()
     held, live, most, top, top_bytes = {}, {}, 0, {}, 0  # held: micro-batch -> live tensors
     for position in log.order.tolist():  # time order, ties as recorded
@@ -45,16 +46,15 @@ def dense_dualpipe(pp: int):
 def test_a_rank_holds_the_w_inputs_of_half_rank_plus_one_micro_batches(pp):
     """Rank r holds h + 1 micro-batches' W inputs at most (PP 8: 1, 2, 3, 4, 4, 3, 2, 1), the
     count upstream's steps 6-8 give; on a middle rank (no embedding or head) their bytes are
-    h + 1 layers' worth, counted by hand: each linear keeps its input (activations) and its
-    output gradient (temporaries) for its weight-gradient GEMM. With s·b·h = 32·1·64 elements
-    of 2 bytes (bf16) = 4096 B: inputs of QKV, proj and fc1 (4096 each) and fc2 (4h: 16384) =
-    28672 B; output gradients of QKV (3h: 12288), proj (4096, its dropout's input gradient),
-    fc1 (16384) and fc2 (4096) = 36864 B."""
+    h + 1 layers' worth, counted by hand, all of it held_for_wgrad: each linear keeps its input
+    and its output gradient for its weight-gradient GEMM. With s·b·h = 32·1·64 elements of 2
+    bytes (bf16) = 4096 B: inputs of QKV, proj and fc1 (4096 each) and fc2 (4h: 16384) = 28672
+    B; output gradients of QKV (3h: 12288), proj (4096, its dropout's input gradient), fc1
+    (16384) and fc2 (4096) = 36864 B."""
     run = dense_dualpipe(pp)
     for rank in range(pp):
         most, top = weight_gradient_holds(run.inputs.world.ranks[rank].ledger)
         half_rank = min(rank, pp - 1 - rank)
         assert most == half_rank + 1, rank
         if 0 < rank < pp - 1:
-            assert top == {"activations": (half_rank + 1) * 28672,
-                           "temporaries": (half_rank + 1) * 36864}, rank
+            assert top == {"held_for_wgrad": (half_rank + 1) * (28672 + 36864)}, rank

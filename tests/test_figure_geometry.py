@@ -113,7 +113,8 @@ def test_state_at_sums_each_category_up_to_the_kept_changes():
     deltas = np.array([5, 3, -2, 7, 4])
     state = state_at(codes, deltas, np.array([1, 2, 4]))
     assert state.dtype == np.int64
-    assert state.tolist() == [[5, 3, 0, 0, 0, 0], [3, 3, 0, 0, 0, 0], [3, 7, 7, 0, 0, 0]]
+    assert state.tolist() == [[5, 3, 0, 0, 0, 0, 0], [3, 3, 0, 0, 0, 0, 0],
+                              [3, 7, 7, 0, 0, 0, 0]]
 
 
 # ---------------------------------------------------------------- Chrome trace text

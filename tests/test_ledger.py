@@ -25,7 +25,8 @@ def test_alloc_and_free_move_the_category_totals_and_the_total():
     ledger.alloc("a", 40, "activations", "ln1")
     ledger.alloc("t", 7, "temporaries", "gelu")
     assert ledger.current == {"weights": 100, "gradients": 0, "optimizer": 0,
-                              "activations": 40, "temporaries": 7, "communication": 0}
+                              "activations": 40, "temporaries": 7, "held_for_wgrad": 0,
+                              "communication": 0}
     assert ledger.total == 147
     assert ledger.live_bytes("activations") == 40
     ledger.free("a")

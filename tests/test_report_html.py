@@ -60,7 +60,7 @@ def test_bytes_at_failure_of_a_hand_worked_ledger():
     ledger.alloc("c", 10, "communication", "f", time_s=5.0)  # 105 > 100: the failure
     in_use = bytes_at_failure(ledger)
     assert in_use == {"activations": 65, "weights": 30, "communication": 0, "gradients": 0,
-                      "optimizer": 0, "temporaries": 0}
+                      "held_for_wgrad": 0, "optimizer": 0, "temporaries": 0}
     assert list(in_use)[:2] == ["activations", "weights"]  # largest first
     assert ledger.summary().oom.bytes_in_use == sum(in_use.values())
 

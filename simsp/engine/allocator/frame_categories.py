@@ -4,7 +4,9 @@ frames (docs/allocator.md#comparing-a-real-snapshot-simsp-memory-diff).
 A frame is `{"filename", "line", "name"}`, innermost first, as `torch.cuda.memory._snapshot()`
 records Python stacks. The innermost frame that a rule recognises decides:
 
-- simsp's own export: file `simsp/<category>` (engine/allocator/snapshot.py) is that category;
+- simsp's own export: file `simsp/<category>` (engine/allocator/snapshot.py) is that category
+  (held_for_wgrad only there: a real snapshot's stacks name where a tensor was made, not that
+  a deferred W step keeps it, so a real one counts those bytes as activations or temporaries);
 - workspaces (a category simsp's ledger does not hold): a function named `*workspace*`
   (Transformer Engine `transformer_engine/pytorch/module/base.py` `get_workspace`, the cuBLAS
   workspace), or a file or function naming cublas, cudnn, nccl or userbuffers;
@@ -34,7 +36,7 @@ UNKNOWN = "unknown"
 # every category a diff can show: simsp's ledger's, then those only a real snapshot has
 DIFF_CATEGORIES = CATEGORIES + (WORKSPACES, UNKNOWN)
 
-_SIMSP_FILE = re.compile(r"^simsp/([a-z]+)$")
+_SIMSP_FILE = re.compile(r"^simsp/([a-z_]+)$")
 _WORKSPACE = re.compile(r"workspace|cublas|cudnn|nccl|userbuffers", re.IGNORECASE)
 _LAYER = re.compile(r"(?:^layer |layers[.\[])(\d+)")
 # (path piece, category) for the files whose frames decide whatever the function

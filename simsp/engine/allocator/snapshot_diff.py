@@ -5,16 +5,21 @@ the snapshot's allocations simsp does not explain
 
 Every difference is the snapshot's bytes less simsp's. An allocation alive at the snapshot's
 peak is explained when simsp's peak holds one of the same category, layer and size (matched one
-to one; one naming no layer, by category and size); the rest are listed, largest first.
+to one; one naming no layer, by category and size); the rest are listed, largest first. A real
+snapshot's frames say where a tensor was made, never that a deferred W step keeps it, so what
+is left of both sides then pairs across simsp's held_for_wgrad: one held_for_wgrad with one of
+the categories B moves into it (model/base/wgrad_store.py), of the same size and layer.
 """
 
 from collections import Counter
 
 from simsp.engine.allocator.frame_categories import DIFF_CATEGORIES
 from simsp.engine.allocator.snapshot_profile import Profile
+from simsp.engine.memory import HELD_FOR_WGRAD
 
 MAX_UNEXPLAINED = 20  # allocations listed
 NO_LAYER = "no layer"
+HELD_FROM = frozenset(("activations", "temporaries", "communication"))  # what B hands to W
 
 
 def _bytes_by(alive: list, key) -> dict:
@@ -96,10 +101,37 @@ def _unmatched_loosely(left: list, exact: Counter) -> list:
     return still
 
 
+def _may_pair(a, b) -> bool:
+    """Whether `a` and `b` may be one tensor seen from both sides: one held_for_wgrad, the
+    other a category B moves into it, the same layer or either naming none."""
+    categories = {a.category, b.category}
+    return HELD_FOR_WGRAD in categories and bool(categories & HELD_FROM) and \
+        (a.layer is None or b.layer is None or a.layer == b.layer)
+
+
+def paired_across_held(extra: list, missing: list) -> tuple[list, list]:
+    """What stays unmatched of each side's leftovers (`extra`: the snapshot's, `missing`:
+    simsp's) once they pair one to one across held_for_wgrad (_may_pair, same size), in order."""
+    candidates: dict = {}  # nbytes -> [index into missing], in order
+    for index, item in enumerate(missing):
+        if item.category == HELD_FOR_WGRAD or item.category in HELD_FROM:
+            candidates.setdefault(item.nbytes, []).append(index)
+    paired, still = set(), []
+    for item in extra:
+        same_size = candidates.get(item.nbytes, [])
+        match = next((i for i in same_size if _may_pair(item, missing[i])), None)
+        if match is None:
+            still.append(item)
+        else:
+            same_size.remove(match)
+            paired.add(match)
+    return still, [item for index, item in enumerate(missing) if index not in paired]
+
+
 def memory_diff(snapshot: Profile, simsp: Profile) -> dict:
     """The whole comparison, JSON-ready."""
-    extra, missing = unmatched(snapshot.at_peak, simsp.at_peak), \
-        unmatched(simsp.at_peak, snapshot.at_peak)
+    extra, missing = paired_across_held(unmatched(snapshot.at_peak, simsp.at_peak),
+                                        unmatched(simsp.at_peak, snapshot.at_peak))
     return {"peaks": [_row("allocated", snapshot.allocated_peak, simsp.allocated_peak),
                       _row("reserved", snapshot.reserved_peak, simsp.reserved_peak)],
             "categories": category_rows(snapshot, simsp),

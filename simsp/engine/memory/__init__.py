@@ -13,10 +13,11 @@ Ledger, CATEGORIES`).
 """
 
 from simsp.engine.memory.compact_log import MemEvent, expand, sort_log
-from simsp.engine.memory.ledger import CATEGORIES, PERSISTENT, Ledger
+from simsp.engine.memory.ledger import CATEGORIES, HELD_FOR_WGRAD, PERSISTENT, Ledger
 from simsp.engine.memory.live_set import AlreadyLive
 from simsp.engine.memory.op_block import INPUT, OpBlock
 from simsp.engine.memory.summary import LiveTensor, MemorySummary, OutOfMemory
 
-__all__ = ["AlreadyLive", "CATEGORIES", "INPUT", "Ledger", "LiveTensor", "MemEvent",
-           "MemorySummary", "OpBlock", "OutOfMemory", "PERSISTENT", "expand", "sort_log"]
+__all__ = ["AlreadyLive", "CATEGORIES", "HELD_FOR_WGRAD", "INPUT", "Ledger", "LiveTensor",
+           "MemEvent", "MemorySummary", "OpBlock", "OutOfMemory", "PERSISTENT", "expand",
+           "sort_log"]

@@ -20,7 +20,11 @@ from simsp.gc_pause import gc_paused
 
 _new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 
-CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "communication")
+# held_for_wgrad: what a split backward's B keeps for its deferred W step (each linear's input
+# and output gradient, model/base/wgrad_store.py), from B until W frees it (docs/MODEL.md).
+HELD_FOR_WGRAD = "held_for_wgrad"
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", HELD_FOR_WGRAD,
+              "communication")
 CODE = {category: code for code, category in enumerate(CATEGORIES)}
 # What may still be live when an iteration ends (docs/MODEL.md#accounting-rules): the rest
 # must be back to zero.

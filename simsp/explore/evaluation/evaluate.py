@@ -57,6 +57,13 @@ def _oom_columns(metrics: dict, capacity_bytes: int) -> dict:
     return {"oom_stage": None, "oom_bytes_over": None, "oom_first_overflow_bytes": None}
 
 
+def _held_for_wgrad_at_peak(metrics: dict, stage: int, peak_bytes: int) -> int:
+    """Bytes held for deferred W steps (the ledger's held_for_wgrad) at the peak of the rank of
+    `stage` whose peak is `peak_bytes`: what a split backward's W deferral costs there."""
+    return max((r["at_peak_bytes"].get("held_for_wgrad", 0) for r in metrics["ranks"]
+                if r["pp"] == stage and r["peak_bytes"] == peak_bytes), default=0)
+
+
 def summary_columns(metrics: dict, capacity_bytes: int) -> dict:
     """The issue's named columns first: time, throughput, utilisation, memory, OOM."""
     gpus = metrics["layout"]["gpus"]
@@ -69,6 +76,8 @@ def summary_columns(metrics: dict, capacity_bytes: int) -> dict:
            "mfu": metrics["mfu"], "hfu": metrics["hfu"],
            "bubble_fraction": metrics["bubble_fraction"], **_exposed_by_kind(metrics),
            "peak_bytes_max": peaks[peak_stage], "peak_stage": peak_stage,
+           "held_for_wgrad_at_peak_bytes": _held_for_wgrad_at_peak(metrics, peak_stage,
+                                                                   peaks[peak_stage]),
            "capacity_bytes": capacity_bytes, "headroom_bytes": capacity_bytes - peaks[peak_stage],
            "oom": metrics["oom"], **_oom_columns(metrics, capacity_bytes)}
     return row

@@ -25,10 +25,10 @@ from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 def category_states(events: list) -> np.ndarray:
     """Bytes per category after each ledger event, events in time order (stable, ties in
-    recording order, as engine/memory/summary.py's summarize reads them): (n, 6) int64."""
+    recording order, as engine/memory/summary.py's summarize reads them): (n, 7) int64."""
     ordered = sorted(events, key=itemgetter(0))
     code = {c: i for i, c in enumerate(CATEGORIES)}
-    deltas = np.zeros((len(ordered), len(CATEGORIES)), dtype=np.int64)  # (n, 6)
+    deltas = np.zeros((len(ordered), len(CATEGORIES)), dtype=np.int64)  # (n, 7)
     deltas[np.arange(len(ordered)), [code[e.category] for e in ordered]] = [
         e.delta_bytes for e in ordered]
     return np.cumsum(deltas, axis=0)
@@ -37,11 +37,11 @@ def category_states(events: list) -> np.ndarray:
 def bytes_at_failure(ledger) -> dict | None:
     """{category: bytes in use} just before the first allocation that did not fit, largest
     first; None if every allocation fits."""
-    state = category_states(ledger.events)  # (n, 6)
+    state = category_states(ledger.events)  # (n, 7)
     over = np.flatnonzero(state.sum(axis=1) > ledger.capacity_bytes)
     if len(over) == 0:
         return None
-    before = state[over[0] - 1] if over[0] > 0 else np.zeros(len(CATEGORIES), np.int64)  # (6,)
+    before = state[over[0] - 1] if over[0] > 0 else np.zeros(len(CATEGORIES), np.int64)  # (7,)
     in_use = {c: int(b) for c, b in zip(CATEGORIES, before.tolist())}
     return dict(sorted(in_use.items(), key=lambda kv: (-kv[1], kv[0])))
 

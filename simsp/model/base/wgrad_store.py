@@ -4,11 +4,14 @@ linear's weight-gradient GEMM with the tensors it reads, W runs them later.
 Source: Qi et al., "Zero Bubble Pipeline Parallelism", arXiv:2401.10241 §2 (B and W), and
 sail-sg/zero-bubble-pipeline-parallelism megatron/core/weight_grad_store.py (WeightGradStore:
 `put` during the backward, `pop` runs the stored GEMMs). What a deferred GEMM reads (the linear's
-input and its output gradient) stays in the rank's ledger, in its own category, under a
-"wgrad_hold." key until the W step frees it (ZB Table 1's M_W).
+input and its output gradient) stays in the rank's ledger under a "wgrad_hold." key, moved from
+its own category (activations, temporaries, communication) to held_for_wgrad when B hands it
+over, until the W step frees it (ZB Table 1's M_W): the memory W's deferral costs, named.
 """
 
 import copy
+
+from simsp.engine.memory import HELD_FOR_WGRAD
 
 
 class WeightGradStore:
@@ -27,13 +30,12 @@ class WeightGradStore:
 
     def _hold(self, r, tensor):
         """A copy of `tensor` (its data copied: the caller may reuse the array) that now owns its
-        ledger entry; the caller's own free of `tensor` becomes a no-op."""
+        ledger entry, held_for_wgrad; the caller's own free of `tensor` becomes a no-op."""
         kept = copy.copy(tensor)
         if r.numeric:
             kept.data = tensor.data.copy()
         if tensor.key is not None:
-            category = r.ledger.live_set.get(tensor.key).category
-            kept.key = r.ledger.retag(tensor.key, category, r._unique_key(
+            kept.key = r.ledger.retag(tensor.key, HELD_FOR_WGRAD, r._unique_key(
                 r.key("wgrad_hold." + tensor.key.rsplit(".", 1)[-1])))
             self.held.append(kept)
             tensor.key = None

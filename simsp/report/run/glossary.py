@@ -39,6 +39,10 @@ GLOSSARY = (
      "bytes/parameter)."),
     ("temporaries, communication", "Short-lived buffers inside one op, and the buffers a "
      "collective or pipeline transfer holds while it runs."),
+    ("held for wgrad (held_for_wgrad)", "What a split backward's B step keeps for the W step "
+     "it defers (ZB-H1, ZB-V, DualPipe, DualPipeV; --delay-wgrad-compute): each linear's input "
+     "and output gradient, from B until W has run its weight-gradient GEMM; 0 under 1F1B, "
+     "whose backward is whole (docs/schedules.md)."),
     ("peak, capacity, out of memory", "The highest total of the categories at one moment, the "
      "GPU's memory (80 GiB for A100-SXM4-80GB), and a run whose peak goes above it."),
     ("MFU (model FLOPs utilisation)", "Model FLOPs per iteration (no recompute counted) over "

@@ -19,7 +19,7 @@ _FINEST: dict = {}  # id(ledger) -> (records, times, state) while that ledger li
 
 
 def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
-    """A ledger (or a list of MemEvents) -> (times_s, bytes per category (n, 6) int64), at most
+    """A ledger (or a list of MemEvents) -> (times_s, bytes per category (n, 7) int64), at most
     `max_points` rows.
 
     The log is read in time order (stable, ties in recording order, as the ledger's summary
@@ -32,7 +32,7 @@ def memory_timeline(log, max_points: int = MAX_MEMORY_POINTS):
 
 
 def coarser(times: np.ndarray, state: np.ndarray, max_points: int):
-    """A timeline (times (n,), state (n, 6)) at most `max_points` rows long, each time bucket's
+    """A timeline (times (n,), state (n, 7)) at most `max_points` rows long, each time bucket's
     highest and lowest state kept (the peak stays exact)."""
     if len(times) <= max_points:
         return times, state
@@ -66,7 +66,7 @@ def _timeline(log, max_points: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def state_at(codes: np.ndarray, deltas: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """(m, 6) int64: bytes per category after each kept change (`keep`, sorted, ending at the
+    """(m, 7) int64: bytes per category after each kept change (`keep`, sorted, ending at the
     last change), from the changes' category `codes` (n,) and byte `deltas` (n,).
 
     Each change is summed into the segment that ends at the next kept change (np.bincount; its

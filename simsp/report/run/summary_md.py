@@ -20,7 +20,8 @@ from simsp.units import format_bytes
 
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
                   ("optimizer", "optimizer"), ("activations", "activations (peak)"),
-                  ("temporaries", "temporaries"), ("communication", "communication"))
+                  ("temporaries", "temporaries"), ("held_for_wgrad", "held for wgrad"),
+                  ("communication", "communication"))
 COMM_TRACKS = (("compute", "compute"), ("tp_comm", "TP comm exposed"),
                ("pp_transfer", "pipeline transfer exposed"), ("pp_wait", "pipeline wait"),
                ("dp_comm", "DP comm exposed"), ("optimizer", "optimizer"),
@@ -222,7 +223,10 @@ def _memory(m: dict, stages: list[dict]) -> list[str]:
         rows.append([str(r["pp"]), str(r["rank"]), *cells, f"{r['peak_bytes'] / scale:.2f}",
                      verdict])
     lines = ["## Memory per pipeline stage (rank tp 0, dp 0)", "",
-             "Each category's own peak; the peak total is the highest sum at one moment.", "",
+             "Each category's own peak; the peak total is the highest sum at one moment. Held "
+             "for wgrad: the linear inputs and output gradients a split backward's B keeps for "
+             "its deferred W step (zero-bubble, DualPipe, --delay-wgrad-compute; 0 otherwise).",
+             "",
              *table(header, rows, left=(len(header) - 1,)), ""]
     failing = [r for r in stages if r["oom"]]
     if failing:

@@ -113,8 +113,12 @@ def _sharding(row: dict) -> str:
 
 def memory_clause(row: dict) -> str:
     """The memory verdict of simsp/memory_verdict.py in words: a variant that does not fit is
-    a memory risk; one that fits says how much it has beyond the reserve."""
+    a memory risk; one that fits says how much it has beyond the reserve. The peak names the
+    bytes held there for deferred W steps (split backwards), when there are any."""
     peak, headroom = format_bytes(row["peak_bytes_max"]), format_bytes(row["headroom_bytes"])
+    held = row.get("held_for_wgrad_at_peak_bytes") or 0
+    if held:
+        peak += f" ({format_bytes(held)} of it held_for_wgrad, kept for deferred W steps)"
     reserve = format_bytes(row.get("memory_reserve_bytes") or 0.0)
     if not row.get("fits", row["status"] == "ok"):
         cause = "out of memory" if row["status"] == "oom" else "short of the reserve"

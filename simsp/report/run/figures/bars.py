@@ -108,7 +108,7 @@ def memory_at_peak_bars(metrics: dict, capacity_bytes: int, label: str) -> bytes
                label="capacity")
     ax.set_ylim(0, top / scale * 1.1)
     ax.set_ylabel(unit)
-    _bar_legend(fig, ax, 7)
+    _bar_legend(fig, ax, len(CATEGORIES) + 1)
     ax.set_title(f"Memory by category at each stage's peak: {label}")
     return png_bytes(fig)
 

@@ -24,14 +24,14 @@ class StageMemory:
     stage: int
     rank: int
     times: np.ndarray  # (n,) seconds of each kept change, n <= MAX_MEMORY_POINTS
-    state: np.ndarray  # (n, 6) int64 bytes per category after each change
+    state: np.ndarray  # (n, 7) int64 bytes per category after each change
     peak_total: int  # bytes at the stage's peak
     peak_time_s: float
     oom: bool  # the stage ran out of memory
     capacity_bytes: int
 
     def timeline(self, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-        """(times (m,), state (m, 6)), m <= max_points, the peak kept (memory_timeline)."""
+        """(times (m,), state (m, 7)), m <= max_points, the peak kept (memory_timeline)."""
         return coarser(self.times, self.state, max_points)
 
 
@@ -60,7 +60,7 @@ class ScheduleFigure:
 def stage_memory(run, stage: int, rank: int) -> StageMemory:
     """One stage's memory inputs from its rank's ledger."""
     ledger = run.inputs.world.ranks[rank].ledger
-    times, state = memory_timeline(ledger)  # (n,), (n, 6)
+    times, state = memory_timeline(ledger)  # (n,), (n, 7)
     summary = ledger.summary()
     return StageMemory(stage, rank, times, state, summary.peak_total, summary.peak_time_s,
                        summary.oom is not None, ledger.capacity_bytes)

@@ -28,21 +28,22 @@ from simsp.units import GiB, KiB, MiB
 
 
 COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer": "#8172b2",
-          "activations": "#c44e52", "temporaries": "#dd8452", "communication": "#937860"}
+          "activations": "#c44e52", "temporaries": "#dd8452", "held_for_wgrad": "#ccb974",
+          "communication": "#937860"}
 MEMORY_POINTS = 600  # per stage panel: the downsampling keeps each bucket's max, so the peak
 COLS = 4
 HEADROOM = 1.08  # the y range over the larger of the highest peak and the capacity
 
 
 def stage_polygons(memory, end_s: float, y_top: float) -> np.ndarray | None:
-    """(6, m, 2): one stage's (StageMemory) stacked category areas, time / end_s
+    """(7, m, 2): one stage's (StageMemory) stacked category areas, time / end_s
     and bytes / y_top (each in [0, 1]), the last state held to the end of the iteration; None
     without memory events."""
-    times, state = memory.timeline(MEMORY_POINTS)  # (n,), (n, 6)
+    times, state = memory.timeline(MEMORY_POINTS)  # (n,), (n, 7)
     if not len(times):
         return None
     times = np.append(times, max(end_s, times[-1]))  # (n + 1,)
-    state = np.vstack([state, state[-1:]]) / y_top  # (n + 1, 6)
+    state = np.vstack([state, state[-1:]]) / y_top  # (n + 1, 7)
     return stacked_step_polygons(times / (end_s or 1.0), state)
 
 
@@ -147,7 +148,7 @@ def _unit(nbytes: float) -> tuple[str, int]:
 
 
 def _plot_areas(ax, times: np.ndarray, layers: np.ndarray) -> None:
-    """The stacked category areas of `layers` (n, 6) over `times` (n,), each value held until
+    """The stacked category areas of `layers` (n, 7) over `times` (n,), each value held until
     the next time."""
     ax.stackplot(times, layers.T, step="post", linewidth=0,
                  colors=[COLORS[c] for c in CATEGORIES])

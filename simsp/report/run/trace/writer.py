@@ -45,7 +45,7 @@ def counter_points(run) -> int:
 
 
 def counter_lines(pid: int, times: np.ndarray, state: np.ndarray) -> str:
-    """The memory counters of one rank from its timeline (times (n,), bytes (n, 6)) as JSON
+    """The memory counters of one rank from its timeline (times (n,), bytes (n, 7)) as JSON
     text: per sample the "memory" counter (bytes per category; the stack is the total) and the
     "memory total" counter at the same timestamp, joined by commas ("" for no samples)."""
     head = '{"ph":"C","cat":"memory","pid":' + str(pid) + ',"name":'
