@@ -51,6 +51,18 @@ def run_step(r, kernels, memo: dict | None = None, key=None):
         yield r.env.timeout(seconds)
 
 
+def step_seconds(r, kernels, memo: dict, key) -> tuple:
+    """Charge `kernels(r)` as run_step does where one_timeout(r) (recorded once in `memo`
+    under `key`, replayed after) without holding the stream: its kernels' seconds, in order
+    (training/context_parallel/ring_pass.py adds them to the step's start)."""
+    charges = memo.get(key)
+    if charges is None:
+        charges = memo[key] = _charge(r, kernels)
+    else:
+        _recharge(r, charges)
+    return tuple(seconds for _kind, seconds in charges[1])
+
+
 def _charge(r, kernels) -> tuple:
     """Charge `kernels(r)` as Rank.compute and Rank.hold do, holding nothing: ({phase: FLOPs
     added}, ((kind, seconds), ...) in kernel order)."""
