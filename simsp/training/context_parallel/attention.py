@@ -25,7 +25,8 @@ from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to
 from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
-from simsp.training.context_parallel.step_clock import run_step
+from simsp.training.context_parallel.ring_pass import RingPass
+from simsp.training.context_parallel.step_clock import charged_apart, run_step, step_seconds
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -79,6 +80,8 @@ class CpAttention(ContextParallelAttention):
         if shared is None:
             ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope,
                           lone=self.lone)
+            if self.lone is not None and not r.numeric and charged_apart(r):  # ring_pass.py
+                ring.arith = RingPass(ring)
             shared = self.rings[key] = SharedRing(ring)
         shared.ring.ledgers[self.index] = r.ledger
         return shared
@@ -115,6 +118,10 @@ class CpAttention(ContextParallelAttention):
             yield from run_step(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
                                 (shapes, ring_phase, step))
 
+        def seconds(ring_phase: str, step: int) -> tuple:  # charged, for ring_pass.py
+            return step_seconds(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
+                                (shapes, ring_phase, step))
+
         def kernels(r, ring_phase: str, step: int):
             yield from block(r, ring_phase, step)
             if after is not None:
@@ -139,6 +146,7 @@ class CpAttention(ContextParallelAttention):
                 r.phase = saved
             for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
+        run.seconds = seconds
         return run
 
     def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,

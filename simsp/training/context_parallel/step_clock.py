@@ -21,6 +21,12 @@ def one_timeout(r) -> bool:
     return r.sm_share is None and (r.trace is None or "compute" in getattr(r.trace, "skip", ()))
 
 
+def charged_apart(r) -> bool:
+    """Whether r's ring steps may be charged apart from holding the stream (step_seconds):
+    one_timeout(r), and no kernel log or CUDA graphs, which note when each kernel runs."""
+    return one_timeout(r) and r.kernel_log is None and r.graphs is None
+
+
 def run_step(r, kernels, memo: dict | None = None, key=None):
     """Run `kernels(r)` (a generator function charging a step's kernels on r) on r's compute
     stream: under one timeout where one_timeout(r), else as is. `memo` (a dict kept by the
