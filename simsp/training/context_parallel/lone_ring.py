@@ -21,6 +21,8 @@ from simsp.engine.network import succeed_after
 from simsp.engine.trace import TransferRecord
 from simsp.model.replay import delay_to
 
+_new = tuple.__new__  # skips NamedTuple's Python-level constructor, as engine/network.py
+
 
 class LoneRing:
     """The lone-rate routes of one CP ring's neighbour pairs on a Network (`gpus` in cp-rank
@@ -61,7 +63,7 @@ class LoneRing:
         end_s, delay = self._timing(src, dst, nbytes, start_s)
         at_s = start_s + (end_s - start_s if delay is None else delay)
         network = self.network  # as Network.delivered, with the delivery time given
-        network.trace.add_transfer(TransferRecord(src, dst, nbytes, start_s, at_s, label))
+        network.trace.add_transfer(_new(TransferRecord, (src, dst, nbytes, start_s, at_s, label)))
         network.bytes_sent[src] += nbytes
         network.bytes_received[dst] += nbytes
         return at_s

@@ -15,6 +15,7 @@ entry: its last step waits on sends whose posts chain back, one ring hop per ste
 rank's entry.
 """
 
+from functools import cache
 from heapq import heappush
 
 from simpy.events import NORMAL
@@ -109,12 +110,18 @@ def _sends(ring, phase: str, step: int, posts: list, to: int) -> list:
     c, gpus, lone = ring.cp, ring.gpus, ring.lone
     nbytes = exchange_bytes(phase, step, c, ring.kv_bytes)
     delivered = [0.0] * c
+    labels = _labels(phase, step, c, to)
     for src in range(c):
         dst = (src + to) % c
         delivered[src] = lone.delivered_at(gpus[src], gpus[dst], nbytes,
-                                           max(posts[src], posts[dst]),
-                                           f"cp {phase} step {step} {src}->{dst}")
+                                           max(posts[src], posts[dst]), labels[src])
     return delivered
+
+
+@cache
+def _labels(phase: str, step: int, c: int, to: int) -> tuple:
+    """Each cp rank's send label at `step`, as ring.py CpRing._side names it."""
+    return tuple(f"cp {phase} step {step} {src}->{(src + to) % c}" for src in range(c))
 
 
 def _sleep_until(env, end_s: float):

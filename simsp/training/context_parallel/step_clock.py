@@ -66,12 +66,12 @@ def step_seconds(r, kernels, memo: dict, key) -> tuple:
         charges = memo[key] = _charge(r, kernels)
     else:
         _recharge(r, charges)
-    return tuple(seconds for _kind, seconds in charges[1])
+    return charges[2]
 
 
 def _charge(r, kernels) -> tuple:
     """Charge `kernels(r)` as Rank.compute and Rank.hold do, holding nothing: ({phase: FLOPs
-    added}, ((kind, seconds), ...) in kernel order)."""
+    added}, ((kind, seconds), ...) in kernel order, (seconds, ...) in kernel order)."""
     held = []  # (kind, seconds) of each kernel, in order
 
     def occupy(name: str, kind: str, duration: float):  # Rank._occupy, holding nothing yet
@@ -87,13 +87,13 @@ def _charge(r, kernels) -> tuple:
     finally:
         del r._occupy
     added = {phase: r.flops[phase] - flops.get(phase, 0) for phase in r.flops}
-    return added, tuple(held)
+    return added, tuple(held), tuple(seconds for _kind, seconds in held)
 
 
 def _recharge(r, charges: tuple) -> None:
     """Charge r's counters as the recorded step did: FLOPs per phase, then each kernel's busy
     seconds added in the same order (so the float sums are the same)."""
-    added, held = charges
+    added, held = charges[0], charges[1]
     for phase, flops in added.items():
         r.flops[phase] += flops
     busy = r.busy_s
