@@ -6,9 +6,13 @@ counters and memory peaks agree to the bit, on layouts whose ranks enter each ca
 times; and the pass equals the full simulation (`Shortcuts()`: every send a fair-shared flow,
 every kernel on the stream) to 1e-9 s. A pass that drops one rank's step fails."""
 
+from dataclasses import replace
+
 import pytest
 
 from simsp.metrics import collect
+from simsp.scenario.work import (CP_LONE_SECONDS_PER_RANK_PAIR, CP_PASS_SECONDS_PER_RANK_PAIR,
+                                 layer_steps, pair_seconds)
 from simsp.training.context_parallel import attention, ring_pass
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from tests.test_cp_lone_ring import cp_scenario
@@ -78,3 +82,16 @@ def test_a_pass_dropping_a_step_fails(monkeypatch):
     fast, _, _, passes = _run(sc, Shortcuts.for_scale(sc), monkeypatch, True)
     full, _, _, _ = _run(sc, Shortcuts(), monkeypatch, True)
     assert passes and exposures_apart(fast, full) > 1e-9
+
+
+def test_estimate_prices_the_pass_only_where_it_runs():
+    """The work estimate's CP pairs (scenario/work.py pair_seconds): a lone ring's calls priced
+    as worked out in arithmetic, but under SM contention (no pass: steps and sends as events)
+    at the lone rate."""
+    sc = cp_scenario(4, 2, 3, 1, 1, "p2p", seq=288)
+    pairs = layer_steps(sc) * 3 ** 2
+    assert pair_seconds(sc, cp_ranks=True, cp_lone=True) == pytest.approx(
+        pairs * CP_PASS_SECONDS_PER_RANK_PAIR, rel=1e-12)
+    contended = replace(sc, cluster=replace(sc.cluster, sm_contention=True))
+    assert pair_seconds(contended, cp_ranks=True, cp_lone=True) == pytest.approx(
+        pairs * CP_LONE_SECONDS_PER_RANK_PAIR, rel=1e-12)
