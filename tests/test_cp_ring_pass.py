@@ -39,17 +39,18 @@ def _run(sc, shortcuts, monkeypatch, arithmetic: bool):
     return collect(run, shortcuts), ranks, next(run.inputs.world.env._eid), passes
 
 
-LAYOUTS = [  # gpn, t, cp, p, interleaved
-    (4, 4, 2, 2, False),  # CP pairs across nodes, each TP group a node
-    (2, 2, 4, 2, True),  # CP 4 over four nodes, TP 2, PP 2 interleaved
-    (4, 1, 4, 2, False),  # CP 4 inside a node (NVLink), two stages
-    (4, 2, 3, 1, False),  # CP 3 of TP 2 on 4-GPU nodes: two hops on NVLink, one on IB
+LAYOUTS = [  # gpn, t, cp, p, interleaved; against the full simulation here or not
+    # (tests/test_cp_lone_ring.py compares the first three, now run by the pass, with it)
+    (4, 4, 2, 2, False, False),  # CP pairs across nodes, each TP group a node
+    (2, 2, 4, 2, True, False),  # CP 4 over four nodes, TP 2, PP 2 interleaved
+    (4, 1, 4, 2, False, False),  # CP 4 inside a node (NVLink), two stages
+    (4, 2, 3, 1, False, True),  # CP 3 of TP 2 on 4-GPU nodes: two hops on NVLink, one on IB
 ]
 
 
-@pytest.mark.parametrize("gpn, t, cp, p, interleaved", LAYOUTS)
+@pytest.mark.parametrize("gpn, t, cp, p, interleaved, against_full", LAYOUTS)
 def test_ring_pass_equals_event_run_and_full_simulation(gpn, t, cp, p, interleaved,
-                                                        monkeypatch):
+                                                        against_full, monkeypatch):
     sc = cp_scenario(gpn, t, cp, p, 1, "p2p", interleaved, seq=96 * cp)
     fast = Shortcuts.for_scale(sc)
     metrics, ranks, events, passes = _run(sc, fast, monkeypatch, True)
@@ -57,8 +58,9 @@ def test_ring_pass_equals_event_run_and_full_simulation(gpn, t, cp, p, interleav
     assert passes and set(passes) == {cp} and not event_passes
     assert events < event_events
     assert metrics == event_metrics and ranks == event_ranks  # to the bit
-    full, _, _, _ = _run(sc, Shortcuts(), monkeypatch, True)
-    assert exposures_apart(metrics, full) <= 1e-9
+    if against_full:
+        full, _, _, _ = _run(sc, Shortcuts(), monkeypatch, True)
+        assert exposures_apart(metrics, full) <= 1e-9
 
 
 def test_a_pass_dropping_a_step_fails(monkeypatch):

@@ -288,7 +288,8 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     `a2a`: (alone all-to-all flows, checked pairs) where the verdict counted them: the check's
     pairs priced, and the all-to-alls timed alone by their flows in place of the per-pair
     rule. `cp_ranks`: one CP group per stage runs (cp_representative); `cp_lone` its p2p ring
-    alone on its links too (meta_seconds). `ep_pairs`: the flows
+    alone on its links too (meta_seconds), each call then worked out in arithmetic
+    (context_parallel/ring_pass.py) unless SMs are shared. `ep_pairs`: the flows
     one all-to-all starts where the run does not start one per pair (under rail symmetry one
     per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
     p, m = sc.parallel, sc.model
