@@ -1,5 +1,5 @@
 """Which context-parallel attention a rank runs, by --cp-comm-type (docs/context-parallel.md):
-p2p, a2a and allgather (training/context_parallel/attention.py) or a2a+p2p
+p2p and a2a (training/context_parallel/attention.py), allgather (allgather.py) or a2a+p2p
 (training/context_parallel/hierarchical.py). Kept apart from both so neither imports the other
 back: the hierarchical variant is built from the p2p and a2a ones.
 """
