@@ -9,6 +9,7 @@ every kernel on the stream) to 1e-9 s. A pass that drops one rank's step fails."
 from dataclasses import replace
 
 import pytest
+import simpy
 
 from simsp.metrics import collect
 from simsp.scenario.work import (CP_LONE_SECONDS_PER_RANK_PAIR, CP_PASS_SECONDS_PER_RANK_PAIR,
@@ -97,3 +98,20 @@ def test_estimate_prices_the_pass_only_where_it_runs():
     contended = replace(sc, cluster=replace(sc.cluster, sm_contention=True))
     assert pair_seconds(contended, cp_ranks=True, cp_lone=True) == pytest.approx(
         pairs * CP_LONE_SECONDS_PER_RANK_PAIR, rel=1e-12)
+
+
+def test_a_rank_wakes_exactly_at_its_end_without_a_landing_delay(monkeypatch):
+    """Where no single delay lands on a rank's end (model/replay.py delay_to None), the rank
+    still wakes at exactly that float: an event queued at it (ring_pass._sleep_until)."""
+    env = simpy.Environment()
+    woke = []
+
+    def rank():
+        yield env.timeout(0.1)
+        yield from ring_pass._sleep_until(env, 0.7000000000000001)
+        woke.append(env.now)
+
+    monkeypatch.setattr(ring_pass, "delay_to", lambda now, target: None)
+    env.process(rank())
+    env.run()
+    assert woke == [0.7000000000000001]
