@@ -73,6 +73,12 @@ CP_SECONDS_PER_RANK_PAIR = 1e-4
 # 2 shared cores) fit a·cp + b·cp², a = 8.8e-4 s a layer-step per CP rank (TP in closed form),
 # b = 5.6e-5 to 6.8e-5 per CP pair (every send a flow: 9e-5).
 CP_SECONDS_PER_RANK_STEP, CP_LONE_SECONDS_PER_RANK_PAIR = 8.8e-4, 7e-5
+# Those rings' calls worked out in arithmetic once the group has entered (context_parallel/
+# ring_pass.py: no SM contention, no TP comm overlap; the steps' charges, sends' records and
+# receive buffers still cost per pair): scale.py cp-128k at cp 8 / 16 / 32, 3.67 / 8.43 /
+# 22.7 CPU s (best of two, one run at 32; 2026-11-29, loaded 2-core machine), the cp² term
+# fitted with the estimate's other terms as they are.
+CP_PASS_SECONDS_PER_RANK_PAIR = 2.6e-5
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it, within a leaf or across leaf switches (engine/collectives/ring_alone.py
 # channel_segment runs one channel's piece per node), so in the linear terms (benchmarks/scale.py
@@ -282,7 +288,8 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     `a2a`: (alone all-to-all flows, checked pairs) where the verdict counted them: the check's
     pairs priced, and the all-to-alls timed alone by their flows in place of the per-pair
     rule. `cp_ranks`: one CP group per stage runs (cp_representative); `cp_lone` its p2p ring
-    alone on its links too (meta_seconds). `ep_pairs`: the flows
+    alone on its links too (meta_seconds), each call then worked out in arithmetic
+    (context_parallel/ring_pass.py) unless SMs are shared. `ep_pairs`: the flows
     one all-to-all starts where the run does not start one per pair (under rail symmetry one
     per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
     p, m = sc.parallel, sc.model
@@ -290,8 +297,10 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     seconds = pairs * CHECK_SECONDS_PER_PAIR
     groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
-        per_pair = CP_LONE_SECONDS_PER_RANK_PAIR if cp_ranks and cp_lone else \
-            CP_SECONDS_PER_RANK_PAIR
+        per_pair = CP_SECONDS_PER_RANK_PAIR
+        if cp_ranks and cp_lone:  # ring_pass.py works the calls out where no SM is shared
+            per_pair = CP_LONE_SECONDS_PER_RANK_PAIR if sc.cluster.sm_contention or \
+                p.tp_comm_overlap else CP_PASS_SECONDS_PER_RANK_PAIR
         seconds += layer_steps(sc) * groups * p.cp ** 2 * per_pair
     ep = p.expert_model_parallel_size
     if alone_flows:

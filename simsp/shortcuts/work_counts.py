@@ -171,7 +171,7 @@ def cp_gather_flows(sc, shortcuts: Shortcuts, ranks, stepped: set) -> float:
 
 def cp_gather_phases(sc) -> int:
     """Ring phases of one CP all-gather group per layer-step (training/context_parallel/
-    attention.py CpAllGather): the forward's K/V all-gather, the backward's again and its dK/dV
+    allgather.py CpAllGather): the forward's K/V all-gather, the backward's again and its dK/dV
     reduce-scatter, and the forward's again where the core attention is recomputed (full, or
     selective with core_attn: model/blocks/attention/core.py _cp_forward)."""
     p = sc.parallel

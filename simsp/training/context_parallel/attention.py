@@ -7,7 +7,7 @@ keeps its query chunks (Megatron-LM's 2·cp load-balanced split, megatron/core/u
 get_batch_on_this_cp_rank) and the K/V blocks go round the ring step by step while each rank
 computes the block it holds (training/context_parallel/ring.py schedules it on the links,
 training/context_parallel/ring_kernels.py gives the numbers); a2a, AttnFuncWithCPAndQKVOA2A (CpUlysses); allgather,
-AttnFuncWithCPAndKVAllGather (CpAllGather). One shared instance serves one layer's forward,
+AttnFuncWithCPAndKVAllGather (CpAllGather, allgather.py). One shared instance serves one layer's forward,
 recompute or backward of one micro-batch on one CP group; the group's ranks meet in it through
 `rings`, shared by the world. Each implements the model's declared interface
 ContextParallelAttention (model/blocks/attention/core.py), which the model calls as `r.cp`.
@@ -19,14 +19,14 @@ from simsp.hardware.attention_kernels import AttentionShape
 from simsp.model.blocks.attention.core import ContextParallelAttention
 from simsp.model.blocks.attention.flash import fused_core
 from simsp.model.context_split import local_positions
-from simsp.model.mappings import tensor_collective
 from simsp.training.context_parallel.ring_kernels import CpShard, block_backward, block_forward
 from simsp.model.tensor import FP16, FP32, Tensor
 from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to_heads
 from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
-from simsp.training.context_parallel.step_clock import run_step
+from simsp.training.context_parallel.ring_pass import RingPass
+from simsp.training.context_parallel.step_clock import charged_apart, run_step, step_seconds
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -80,6 +80,8 @@ class CpAttention(ContextParallelAttention):
         if shared is None:
             ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope,
                           lone=self.lone)
+            if self.lone is not None and not r.numeric and charged_apart(r):  # ring_pass.py
+                ring.arith = RingPass(ring)
             shared = self.rings[key] = SharedRing(ring)
         shared.ring.ledgers[self.index] = r.ledger
         return shared
@@ -116,6 +118,10 @@ class CpAttention(ContextParallelAttention):
             yield from run_step(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
                                 (shapes, ring_phase, step))
 
+        def seconds(ring_phase: str, step: int) -> tuple:  # charged, for ring_pass.py
+            return step_seconds(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
+                                (shapes, ring_phase, step))
+
         def kernels(r, ring_phase: str, step: int):
             yield from block(r, ring_phase, step)
             if after is not None:
@@ -140,6 +146,7 @@ class CpAttention(ContextParallelAttention):
                 r.phase = saved
             for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
+        run.seconds = seconds
         return run
 
     def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
@@ -345,110 +352,3 @@ class CpUlysses(CpAttention):
             dq.data, dk.data, dv.data = (heads_to_seq(parts, self._all_positions())[self.index]
                                          for parts in back)
         return dq, dk, dv
-
-
-class CpAllGather(CpAttention):
-    """One rank's all-gather attention (--cp-comm-type allgather; Transformer Engine's
-    AttnFuncWithCPAndKVAllGather, same file): K and V are all-gathered over the CP group (a ring
-    all-gather on the links), each of the rank's two query chunks attends to the keys up to its
-    own end, and the backward gathers K/V again, computes dQ and the whole sequence's partial
-    dK/dV and reduce-scatters them back to their owners. Nothing beyond the layer's own q, k,
-    v, output and logsumexp is kept for backward; the gathered K/V lives while it is used."""
-
-    saved_name = None
-
-    def saved(self, r, k: Tensor, v: Tensor) -> None:
-        """Nothing kept beyond the layer's own tensors."""
-        return None
-
-    def _mask(self, keep, heads: int, keys):
-        """The rank's queries' dropout keep-mask (b, a/t, n, s) against every key."""
-        drawer = self._keep(keep, heads)
-        return None if drawer is None else drawer(self.positions, keys)
-
-    def _chunk_gemms(self, r, q: Tensor, names: tuple):
-        """Each local query chunk's GEMMs against the keys up to its end: chunk id i of 2·cp
-        (c tokens) sees (i + 1)·c keys (TE's per-chunk causal slices)."""
-        b, heads, n, d = q.shape
-        c = n // 2
-        for chunk in (self.index, 2 * self.size - 1 - self.index):
-            keys = (chunk + 1) * c
-            if r.attention is not None:  # the fused kernel: c queries, causal over `keys`
-                parts = {f"cp_ag_{name}_{chunk}": 2 * b * heads * c * d * keys for name in names}
-                yield from fused_core(r, AttentionShape(b, heads, heads, c, keys, d, d, True),
-                                      parts, *_kernel_share(names))
-                continue
-            for name in names:
-                yield from r.compute(f"cp_ag_{name}_{chunk}", "gemm", 2 * b * heads * c * d * keys,
-                                     gemm=(c, d, keys))
-
-    def _gather_kv(self, r, k: Tensor, v: Tensor, tag: str):
-        """All-gather K and V over the CP group -> the gathered buffer and, numeric, k, v
-        (b, G/t, s, d) each in sequence order."""
-        local = Tensor((2 * k.numel,), FP16)
-        if r.numeric:
-            local.data = np.concatenate([k.data.reshape(-1), v.data.reshape(-1)])
-        full = (self.size * local.numel,)
-        gathered = yield from tensor_collective(r, "all_gather", local, full, full,
-                                                r.key(tag), label="cp_all_gather",
-                                                group=self.members, track="cp_comm")
-        if not r.numeric:
-            return gathered, None, None
-        b, groups, n, d = k.shape
-        parts = gathered.data.reshape(self.size, 2, b, groups, n, d)
-        order = np.argsort(np.concatenate(self._all_positions()))  # (s,)
-        k_all, v_all = (np.concatenate(list(parts[:, j]), axis=2)[:, :, order] for j in (0, 1))
-        return gathered, k_all, v_all
-
-    def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
-                keep=None, p: float = 0.0):
-        """q (b, a/t, n, d), k, v (b, G/t, n, d) -> output (n, b, a/t·d), logsumexp (b, a/t, n)."""
-        b, heads, n, d = q.shape
-        gathered, k_all, v_all = yield from self._gather_kv(r, k, v, f"cp_kv_gather_{r.phase}")
-        out = r.alloc((n, b, heads * d), FP16, out_name)
-        lse = r.alloc((b, heads, n), FP32, lse_name)
-        yield from self._chunk_gemms(r, q, FORWARD_GEMMS)
-        if r.numeric:
-            s = k_all.shape[2]
-            mask = self._mask(keep, q.shape[1], np.arange(s))  # (b, a/t, n, s) or None
-            o, lse.data = block_forward(q.data, k_all, v_all, self.positions, np.arange(s),
-                                        mask, p)
-            out.data = o.transpose(2, 0, 1, 3).reshape(n, b, heads * d)
-        r.free(gathered)
-        return out, lse
-
-    def backward(self, r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                 lse: Tensor, keep=None, p: float = 0.0):
-        """dout (n, b, a/t·d) -> dq (b, a/t, n, d), dk, dv (b, G/t, n, d): K/V gathered again,
-        the whole sequence's partial dK/dV reduce-scattered to their owners."""
-        b, heads, n, d = q.shape
-        gathered, k_all, v_all = yield from self._gather_kv(r, k, v, "cp_kv_gather_backward")
-        dq = r.alloc(q.shape, FP16, "d_q")
-        partial = r.alloc((2 * self.size * k.numel,), FP16, "cp_dkv_partial")
-        phase, r.phase = r.phase, "recompute"
-        yield from self._chunk_gemms(r, q, ("recompute_scores",))
-        r.phase = phase
-        yield from self._chunk_gemms(r, q, BACKWARD_GEMMS)
-        r.free(gathered)
-        if r.numeric:
-            to_heads = lambda x: x.reshape(n, b, heads, d).transpose(1, 2, 0, 3)  # (b,a,n,d)
-            do, o = to_heads(dout.data), to_heads(out.data)
-            delta = (do * o).sum(axis=-1, keepdims=True)  # (b, a/t, n, 1)
-            keys = np.arange(k_all.shape[2])  # (s,)
-            dq.data, dk_all, dv_all = block_backward(do, q.data, k_all, v_all, self.positions,
-                                                     keys, lse.data, delta,
-                                                     self._mask(keep, heads, keys), p)
-            partial.data = np.concatenate([np.stack([dk_all[:, :, pos], dv_all[:, :, pos]])
-                                           .reshape(-1) for pos in self._all_positions()])
-        owned = yield from tensor_collective(r, "reduce_scatter", partial, partial.shape,
-                                             (2 * k.numel,), r.key("cp_dkv_scatter"),
-                                             label="cp_reduce_scatter", group=self.members,
-                                             track="cp_comm")
-        r.free(partial)
-        dk = r.alloc(k.shape, FP16, "d_k")
-        dv = r.alloc(v.shape, FP16, "d_v")
-        if r.numeric:
-            dk.data, dv.data = owned.data.reshape((2,) + k.shape)
-        r.free(owned)
-        return dq, dk, dv
-

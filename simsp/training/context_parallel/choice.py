@@ -1,17 +1,18 @@
 """Which context-parallel attention a rank runs, by --cp-comm-type (docs/context-parallel.md):
-p2p, a2a and allgather (training/context_parallel/attention.py) or a2a+p2p
+p2p and a2a (training/context_parallel/attention.py), allgather (allgather.py) or a2a+p2p
 (training/context_parallel/hierarchical.py). Kept apart from both so neither imports the other
 back: the hierarchical variant is built from the p2p and a2a ones.
 """
 
-from simsp.training.context_parallel.attention import CpAllGather, CpAttention, CpUlysses
+from simsp.training.context_parallel.allgather import CpAllGather
+from simsp.training.context_parallel.attention import CpAttention, CpUlysses
 from simsp.training.context_parallel.hierarchical import CpHierarchical
 from simsp.training.context_parallel.lone_ring import lone_ring
 
 
 def cp_attention_of(world, rank: int):
     """Rank `rank`'s CP attention by --cp-comm-type: CpAttention (p2p), CpUlysses (a2a),
-    CpAllGather (allgather) or CpHierarchical (a2a+p2p); None without context parallelism."""
+    CpAllGather (allgather, allgather.py) or CpHierarchical (a2a+p2p); None without context parallelism."""
     grid = world.grid
     if grid.cp == 1:
         return None

@@ -18,7 +18,10 @@ from functools import partial
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.group_timing import STEP_BY_STEP
 from simsp.engine.network import succeed_after
+from simsp.engine.trace import TransferRecord
 from simsp.model.replay import delay_to
+
+_new = tuple.__new__  # skips NamedTuple's Python-level constructor, as engine/network.py
 
 
 class LoneRing:
@@ -41,13 +44,29 @@ class LoneRing:
     def send(self, src: int, dst: int, nbytes: int, label: str, delivered) -> None:
         """Deliver `nbytes` from GPU src to dst at the pair's lone rate plus its latency:
         `delivered` succeeds with (start_s, end_s), the transfer recorded first."""
-        rate_Bps, latency_s = self.routes[(src, dst)]
         env, network = self.network.env, self.network
         now = env.now
-        end_s = (now + nbytes / rate_Bps) + latency_s  # drained, then the route's latency
-        delay = delay_to(now, end_s)
+        end_s, delay = self._timing(src, dst, nbytes, now)
         delivered.callbacks.insert(0, partial(_record, network, src, dst, nbytes, now, label))
         succeed_after(delivered, end_s - now if delay is None else delay, (now, end_s))
+
+    def _timing(self, src: int, dst: int, nbytes: int, start_s: float) -> tuple:
+        """(drained-plus-latency time, the delay from start_s landing on it or None)."""
+        rate_Bps, latency_s = self.routes[(src, dst)]
+        end_s = (start_s + nbytes / rate_Bps) + latency_s  # drained, then the route's latency
+        return end_s, delay_to(start_s, end_s)
+
+    def delivered_at(self, src: int, dst: int, nbytes: int, start_s: float, label: str) -> float:
+        """When `send` at start_s would deliver (start_s plus the delay it schedules), the
+        transfer recorded and counted as its delivery would (training/context_parallel/
+        ring_pass.py, which works a whole ring call out at once)."""
+        end_s, delay = self._timing(src, dst, nbytes, start_s)
+        at_s = start_s + (end_s - start_s if delay is None else delay)
+        network = self.network  # as Network.delivered, with the delivery time given
+        network.trace.add_transfer(_new(TransferRecord, (src, dst, nbytes, start_s, at_s, label)))
+        network.bytes_sent[src] += nbytes
+        network.bytes_received[dst] += nbytes
+        return at_s
 
 
 def lone_ring(world, members: tuple) -> LoneRing | None:

@@ -74,6 +74,8 @@ class CpRing:
                  ledgers: dict | None = None, prefix: str = "", lone=None):
         self.env, self.network, self.gpus, self.kv_bytes = env, network, gpus, kv_bytes
         self.lone = lone  # context_parallel/lone_ring.py LoneRing: sends timed in arithmetic
+        # context_parallel/ring_pass.py RingPass: the group's whole call worked out at once
+        self.arith = None
         self.cp = len(gpus)
         self.ledgers = {} if ledgers is None else ledgers
         self.prefix = prefix  # ledger key scope of the buffers (a layer's, in the training loop)
@@ -127,12 +129,15 @@ class CpRing:
         key = (phase, rank)
         self.timeline.waited[key] = self.timeline.waited.get(key, 0.0) + (self.env.now - start)
 
-    def _buffer(self, rank: int, key: str, nbytes: int, alloc: bool) -> None:
+    def _buffer(self, rank: int, key: str, nbytes: int, alloc: bool,
+                time_s: float | None = None) -> None:
+        """Allocate or free a ring buffer of `rank` in its ledger (at time_s, default now)."""
         ledger = self.ledgers.get(rank)
         if ledger is None or nbytes == 0:
             return
         if alloc:
-            ledger.alloc(self.prefix + key, nbytes, "communication", "cp_ring", self.env.now)
+            ledger.alloc(self.prefix + key, nbytes, "communication", "cp_ring",
+                         self.env.now if time_s is None else time_s)
         else:
             ledger.free(self.prefix + key, "cp_ring", self.env.now)
 
@@ -141,8 +146,23 @@ class CpRing:
         generator function, see _compute). `numbers`
         (numeric mode, training/context_parallel/ring_numeric.py) is told when the rank posts, computes and
         has received each step's exchange."""
-        pending = None
         self._buffer(rank, "cp_kv_0", self.kv_bytes if self.cp > 1 else 0, True)
+        if self.arith is not None:  # every step at once: block_s.seconds(phase, step)
+            yield from self.arith.side("forward", rank, [block_s.seconds("forward", step)
+                                                         for step in range(self.cp)])
+        else:
+            yield from self._forward_steps(rank, block_s, numbers)
+        for step in range(self.cp - 1):
+            self._buffer(rank, f"cp_kv_{step}", self.kv_bytes, False)
+        ledger = self.ledgers.get(rank)
+        if ledger is not None and self.cp > 1:  # TE saves the last K/V received for backward
+            ledger.retag(f"{self.prefix}cp_kv_{self.cp - 1}", "activations",
+                         f"{self.prefix}cp_kv_saved")
+        self.timeline.ends[("forward", rank)] = self.env.now
+
+    def _forward_steps(self, rank: int, block_s, numbers):
+        """The forward's steps, event by event."""
+        pending = None
         for step in range(self.cp):
             if pending is not None:
                 yield from self._wait("forward", rank, pending)
@@ -157,19 +177,23 @@ class CpRing:
                 numbers.compute("forward", step)
             yield from self._compute("forward", rank, step,
                                      block_s if callable(block_s) else block_s[step])
-        for step in range(self.cp - 1):
-            self._buffer(rank, f"cp_kv_{step}", self.kv_bytes, False)
-        ledger = self.ledgers.get(rank)
-        if ledger is not None and self.cp > 1:  # TE saves the last K/V received for backward
-            ledger.retag(f"{self.prefix}cp_kv_{self.cp - 1}", "activations",
-                         f"{self.prefix}cp_kv_saved")
-        self.timeline.ends[("forward", rank)] = self.env.now
 
     def backward(self, rank: int, block_s: list, numbers=None):
         """Rank `rank`'s backward: block_s[i] is its step-i block backward time (`numbers`: as
         in forward)."""
         buffers = 4 * self.kv_bytes if self.cp > 1 else 0  # two (K/V, dK/dV) buffers
         self._buffer(rank, "cp_kv_dkv_buffers", buffers, True)
+        if self.arith is not None:  # every step at once, as forward
+            yield from self.arith.side("backward", rank, [block_s.seconds("backward", step)
+                                                          for step in range(self.cp)])
+        else:
+            yield from self._backward_steps(rank, block_s, numbers)
+        self._buffer(rank, "cp_kv_dkv_buffers", buffers, False)
+        self._buffer(rank, "cp_kv_saved", self.kv_bytes if self.cp > 1 else 0, False)
+        self.timeline.ends[("backward", rank)] = self.env.now
+
+    def _backward_steps(self, rank: int, block_s, numbers):
+        """The backward's steps, event by event."""
         for step in range(self.cp):
             if numbers is not None:
                 numbers.post("backward", step)
@@ -181,9 +205,6 @@ class CpRing:
             yield from self._wait("backward", rank, pending)
             if numbers is not None:
                 numbers.arrived("backward", step)
-        self._buffer(rank, "cp_kv_dkv_buffers", buffers, False)
-        self._buffer(rank, "cp_kv_saved", self.kv_bytes if self.cp > 1 else 0, False)
-        self.timeline.ends[("backward", rank)] = self.env.now
 
 
 def run_ring(env: simpy.Environment, ring: CpRing, forward_s: list, backward_s: list):

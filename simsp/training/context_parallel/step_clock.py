@@ -21,6 +21,12 @@ def one_timeout(r) -> bool:
     return r.sm_share is None and (r.trace is None or "compute" in getattr(r.trace, "skip", ()))
 
 
+def charged_apart(r) -> bool:
+    """Whether r's ring steps may be charged apart from holding the stream (step_seconds):
+    one_timeout(r), and no kernel log or CUDA graphs, which note when each kernel runs."""
+    return one_timeout(r) and r.kernel_log is None and r.graphs is None
+
+
 def run_step(r, kernels, memo: dict | None = None, key=None):
     """Run `kernels(r)` (a generator function charging a step's kernels on r) on r's compute
     stream: under one timeout where one_timeout(r), else as is. `memo` (a dict kept by the
@@ -51,9 +57,21 @@ def run_step(r, kernels, memo: dict | None = None, key=None):
         yield r.env.timeout(seconds)
 
 
+def step_seconds(r, kernels, memo: dict, key) -> tuple:
+    """Charge `kernels(r)` as run_step does where one_timeout(r) (recorded once in `memo`
+    under `key`, replayed after) without holding the stream: its kernels' seconds, in order
+    (training/context_parallel/ring_pass.py adds them to the step's start)."""
+    charges = memo.get(key)
+    if charges is None:
+        charges = memo[key] = _charge(r, kernels)
+    else:
+        _recharge(r, charges)
+    return charges[2]
+
+
 def _charge(r, kernels) -> tuple:
     """Charge `kernels(r)` as Rank.compute and Rank.hold do, holding nothing: ({phase: FLOPs
-    added}, ((kind, seconds), ...) in kernel order)."""
+    added}, ((kind, seconds), ...) in kernel order, (seconds, ...) in kernel order)."""
     held = []  # (kind, seconds) of each kernel, in order
 
     def occupy(name: str, kind: str, duration: float):  # Rank._occupy, holding nothing yet
@@ -69,13 +87,13 @@ def _charge(r, kernels) -> tuple:
     finally:
         del r._occupy
     added = {phase: r.flops[phase] - flops.get(phase, 0) for phase in r.flops}
-    return added, tuple(held)
+    return added, tuple(held), tuple(seconds for _kind, seconds in held)
 
 
 def _recharge(r, charges: tuple) -> None:
     """Charge r's counters as the recorded step did: FLOPs per phase, then each kernel's busy
     seconds added in the same order (so the float sums are the same)."""
-    added, held = charges
+    added, held = charges[0], charges[1]
     for phase, flops in added.items():
         r.flops[phase] += flops
     busy = r.busy_s
