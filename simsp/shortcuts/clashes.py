@@ -41,15 +41,17 @@ def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
     return not (overlaps.p2p and "p2p" in kinds and kinds & {"tp", "ep", "amax"})
 
 
-def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
+def conflicts(users: dict[Edge, dict[Owner, int] | list[Owner]], overlaps: Overlaps):
     """(link, owner, other) for every two hops that may cross one link at the same time:
     two hops of one owner, or of two owners not in turn (_in_turn). Each clash once per link,
     in the order of its first appearance (an all-to-all puts dozens of one owner's hops on a
-    NIC: their pairs are one clash)."""
+    NIC: their pairs are one clash). Per link its owners' hop counts (shortcuts/traffic.py
+    link_users) or one entry per hop."""
     for edge, owners in users.items():
-        if len(owners) < 2:
+        # distinct owners in first-appearance order, with their hops
+        hops = owners if isinstance(owners, dict) else Counter(owners)
+        if len(hops) < 2 and sum(hops.values()) < 2:
             continue
-        hops = Counter(owners)  # distinct owners in first-appearance order, with their hops
         distinct = list(hops)
         for i, owner in enumerate(distinct):
             if hops[owner] > 1:
