@@ -8,6 +8,9 @@ of an all-to-all, or the pair's one route (cluster/topology.py hop_route). With 
 parallelism the owners are listed by shortcuts/cp_traffic.py. Read by shortcuts/clashes.py.
 """
 
+from collections import Counter
+from itertools import chain
+
 import networkx as nx
 
 from simsp.cluster.grid import RankGrid
@@ -145,8 +148,8 @@ def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, dict[Owner,
     for owner in owners:
         if owner[0] == "ep":
             crossings = all_to_all_links(graph, owner[1])
-        else:
-            crossings = ((edge, 1) for route in owner_routes(graph, owner) for edge in route)
+        else:  # its links in the order its hops first cross them, each with its hops
+            crossings = Counter(chain.from_iterable(owner_routes(graph, owner))).items()
         for edge, hops in crossings:
             bind = binds.get(edge)
             if bind is None:
