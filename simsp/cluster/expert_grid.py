@@ -9,6 +9,7 @@ over, and their gradients reduced across, the EDP group only.
 """
 
 from dataclasses import dataclass
+import math
 from typing import NamedTuple
 
 
@@ -78,5 +79,10 @@ class ExpertGrid:
         return tuple(self.rank_of(c._replace(**{axis: i})) for i in range(size))
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
-        """Every group along `axis`, ordered by their smallest rank."""
-        return sorted({self.group(axis, rank) for rank in range(self.world_size)})
+        """Every group along `axis`, ordered by their smallest rank: one per rank whose `axis`
+        digit is 0, that rank and its steps of the axis' stride (the mixed radix of coords)."""
+        sizes = self.sizes()
+        place = ExpertCoords._fields.index(axis)
+        stride, size = math.prod(sizes[:place]), sizes[place]
+        return [tuple(range(base, base + stride * size, stride))
+                for base in range(self.world_size) if base // stride % size == 0]

@@ -116,13 +116,16 @@ SECONDS_PER_FLOW_VISIT = 3.7e-7
 SECONDS_PER_GATHER_FLOW = 1.4e-5
 # Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
 # (TEMPLATE) is priced by the flows of its private simulations, run once per placement
-# (engine/communicator.py), and the check by the all-to-all pairs it routes: measured by
-# benchmarks/scale.py a2a-dispatch (EP 32 / 64 / 128: 992 / 4,032 / 16,256 flows in 0.047 /
-# 0.19 / 0.93 CPU s, the check 0.04 / 0.08 / 0.42 s) and deepseek-v3 at 1,024 GPUs (4,032
-# flows in 0.20 s, the check of 64,512 pairs 1.57 s; 2026-11-29, loaded 2-core machine):
-# 4.8e-5 to 5.7e-5 s per flow, 2e-5 to 2.6e-5 s per checked pair.
+# (engine/communicator.py): measured by benchmarks/scale.py a2a-dispatch (EP 32 / 64 / 128:
+# 992 / 4,032 / 16,256 flows in 0.047 / 0.19 / 0.93 CPU s) and deepseek-v3 at 1,024 GPUs
+# (4,032 flows in 0.20 s; 2026-11-29, loaded 2-core machine): 4.8e-5 to 5.7e-5 s per flow.
+# The check by the members of the all-to-all owners it lists (each member's links counted per
+# kind of peer, shortcuts/a2a_links.py): the check alone (Shortcuts.for_scale) of deepseek-v3
+# at 1,024 / 2,048 / 4,096 GPUs took 0.11 / 0.28 / 0.61-0.70 CPU s (2026-11-29, loaded 2-core
+# machine), 1.1e-4 to 1.7e-4 s per member, the check's other routes over the world (DP and
+# expert-DP rings, pipeline pairs) and its clashes, which grow alike, included.
 A2A_ALONE_SECONDS_PER_FLOW = 5e-5
-CHECK_SECONDS_PER_PAIR = 2.4e-5
+CHECK_SECONDS_PER_MEMBER = 1.5e-4
 # Multi-token prediction's depths run on the last stage for every micro-batch, each a layer plus
 # its own embedding norm, projection and vocabulary head, untemplated: measured with
 # benchmarks/scale.py's mtp-deep family (Llama 3 8B shape, 2 layers, one micro-batch, 8 GPUs;
@@ -215,7 +218,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each; `fsdp_flows`: the
     FSDP rings' flows counted the same way (stepped whole, run as pieces), which replace the
     d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
-    pairs) counted the same way, and `ep_pairs` the flows one stepped all-to-all starts where
+    members) counted the same way, and `ep_pairs` the flows one stepped all-to-all starts where
     not ep² (pair_seconds); `exchange_flows`: TE's ring exchanges' flows under
     --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each;
     `flow_visits`: the flows the fair-share solves take up under the quotient with EP groups
@@ -285,16 +288,17 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
                  ep_pairs: float | None = None, cp_lone: bool = False) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
     exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
-    `a2a`: (alone all-to-all flows, checked pairs) where the verdict counted them: the check's
-    pairs priced, and the all-to-alls timed alone by their flows in place of the per-pair
-    rule. `cp_ranks`: one CP group per stage runs (cp_representative); `cp_lone` its p2p ring
-    alone on its links too (meta_seconds), each call then worked out in arithmetic
-    (context_parallel/ring_pass.py) unless SMs are shared. `ep_pairs`: the flows
+    `a2a`: (alone all-to-all flows, checked members) where the verdict counted them: the
+    check's members priced (its listing grows with the members, no longer their pairs), and
+    the all-to-alls timed alone by their flows in place of the per-pair rule. `cp_ranks`: one
+    CP group per stage runs (cp_representative); `cp_lone` its p2p ring alone on its links too
+    (meta_seconds), each call then worked out in arithmetic (context_parallel/ring_pass.py)
+    unless SMs are shared. `ep_pairs`: the flows
     one all-to-all starts where the run does not start one per pair (under rail symmetry one
     per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
     p, m = sc.parallel, sc.model
-    alone_flows, pairs = (0, 0) if a2a is None else a2a
-    seconds = pairs * CHECK_SECONDS_PER_PAIR
+    alone_flows, members = (0, 0) if a2a is None else a2a
+    seconds = members * CHECK_SECONDS_PER_MEMBER
     groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
         per_pair = CP_SECONDS_PER_RANK_PAIR

@@ -27,35 +27,39 @@ class Overlaps:
     p2p: bool
 
 
-def _in_turn(edge: Edge, a: Owner, b: Owner, overlaps: Overlaps) -> bool:
-    """Two owners on a link of GPU x that both include x run one after the other: x's
-    collectives and blocking point-to-point calls complete for all members before x goes on,
-    and training/data_parallel/finalize.py reduces gradients after x's schedule, DP before the tied
-    embedding. Not so for the kinds that `overlaps` lets run at once."""
-    x = gpu_of_link(edge)
-    if x not in a[1] or x not in b[1]:
+def _in_turn(kinds: set[str], both_hold_x: bool, overlaps: Overlaps) -> bool:
+    """Two owners of `kinds` on a link of GPU x that both include x (`both_hold_x`) run one
+    after the other: x's collectives and blocking point-to-point calls complete for all members
+    before x goes on, and training/data_parallel/finalize.py reduces gradients after x's
+    schedule, DP before the tied embedding. Not so for the kinds that `overlaps` lets run at
+    once."""
+    if not both_hold_x:
         return False
-    kinds = {a[0], b[0]}
     if overlaps.grad_reduce and kinds & REDUCTIONS and kinds & {"tp", "p2p", "ep", "amax"}:
         return False
     return not (overlaps.p2p and "p2p" in kinds and kinds & {"tp", "ep", "amax"})
 
 
-def conflicts(users: dict[Edge, list[Owner]], overlaps: Overlaps):
+def conflicts(users: dict[Edge, dict[Owner, int] | list[Owner]], overlaps: Overlaps):
     """(link, owner, other) for every two hops that may cross one link at the same time:
     two hops of one owner, or of two owners not in turn (_in_turn). Each clash once per link,
     in the order of its first appearance (an all-to-all puts dozens of one owner's hops on a
-    NIC: their pairs are one clash)."""
+    NIC: their pairs are one clash). Per link its owners' hop counts (shortcuts/traffic.py
+    link_users) or one entry per hop."""
     for edge, owners in users.items():
-        if len(owners) < 2:
+        # distinct owners in first-appearance order, with their hops
+        hops = owners if isinstance(owners, dict) else Counter(owners)
+        if len(hops) < 2 and sum(hops.values()) < 2:
             continue
-        hops = Counter(owners)  # distinct owners in first-appearance order, with their hops
         distinct = list(hops)
+        x = gpu_of_link(edge)
+        holds = [x in ranks for _kind, ranks in distinct]  # [owner] includes the link's GPU
         for i, owner in enumerate(distinct):
             if hops[owner] > 1:
                 yield edge, owner, owner
-            for other in distinct[i + 1:]:
-                if not _in_turn(edge, owner, other, overlaps):
+            for j in range(i + 1, len(distinct)):
+                other = distinct[j]
+                if not _in_turn({owner[0], other[0]}, holds[i] and holds[j], overlaps):
                     yield edge, owner, other
 
 

@@ -8,6 +8,9 @@ of an all-to-all, or the pair's one route (cluster/topology.py hop_route). With 
 parallelism the owners are listed by shortcuts/cp_traffic.py. Read by shortcuts/clashes.py.
 """
 
+from collections import Counter
+from itertools import chain
+
 import networkx as nx
 
 from simsp.cluster.grid import RankGrid
@@ -17,6 +20,7 @@ from simsp.engine.collectives.nccl_tuning import TREE
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
 from simsp.hardware.constants import LinkCalibration
 from simsp.scenario.pipeline_layout import standalone_mtp_stage
+from simsp.shortcuts.a2a_links import all_to_all_links
 from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, stage_fp8_gemms
 from simsp.training.pipeline.plan import stage_plans
 
@@ -147,14 +151,24 @@ def can_bind(edge: Edge) -> bool:
     return not above_leaves(edge)
 
 
-def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, list[Owner]]:
-    """Per link that can bind: one entry per hop crossing it, naming the hop's owner."""
-    users: dict[Edge, list[Owner]] = {}
+def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, dict[Owner, int]]:
+    """Per link that can bind: the owners of the hops crossing it, each with its hop count, in
+    the order of the hop listing (owners in order, each owner's routes in order). An EP
+    group's all-to-all is counted per member, not per pair (shortcuts/a2a_links.py)."""
+    users: dict[Edge, dict[Owner, int]] = {}
+    binds: dict[Edge, bool] = {}  # can_bind per link met, once (routes share links)
     for owner in owners:
-        for route in owner_routes(graph, owner):
-            for edge in route:
-                if can_bind(edge):
-                    users.setdefault(edge, []).append(owner)
+        if owner[0] == "ep":
+            crossings = all_to_all_links(graph, owner[1])
+        else:  # its links in the order its hops first cross them, each with its hops
+            crossings = Counter(chain.from_iterable(owner_routes(graph, owner))).items()
+        for edge, hops in crossings:
+            bind = binds.get(edge)
+            if bind is None:
+                bind = binds[edge] = can_bind(edge)
+            if bind:
+                counts = users.setdefault(edge, {})
+                counts[owner] = counts.get(owner, 0) + hops
     return users
 
 

@@ -54,7 +54,7 @@ class WorkCounts(NamedTuple):
     fsdp_flows: int = 0
     piece_flows: int = 0
     a2a_flows: int = 0  # the TEMPLATE all-to-alls' private simulations (alone_a2a_flows)
-    checked_pairs: int = 0  # ordered pairs of the all-to-all owners the check routes
+    checked_members: int = 0  # members of the all-to-all owners the check lists
     ep_pairs: float | None = None  # flows per all-to-all where not one per pair (_ep_pairs)
     train_steps: int = 0  # steps of FSDP pieces of one member per node, run in arithmetic
     train_collectives: int = 0  # those pieces' collectives (phases)
@@ -97,7 +97,7 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces, piece_flows),
-                      alone_a2a_flows(sc, shortcuts, ranks), checked_pairs(sc),
+                      alone_a2a_flows(sc, shortcuts, ranks), checked_members(sc),
                       _ep_pairs(shortcuts), _fsdp_flows(sc, grid, ranks, pieces, train_steps),
                       _fsdp_flows(sc, grid, ranks, pieces, train_phases),
                       exchange_flows(sc, shortcuts.templates, len(all_tp_groups)),
@@ -197,15 +197,16 @@ def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
     return sum(len(place) * (len(place) - 1) for place in placements)
 
 
-def checked_pairs(sc) -> int:
-    """Ordered pairs of the owners the shortcut check lists as all-to-alls, each routed and
-    its links walked (shortcuts/traffic.py expert_owners: every EP group; shortcuts/cp_traffic.py:
-    every CP group but all-gather's): world/n groups of n(n − 1) pairs each."""
+def checked_members(sc) -> int:
+    """Members of the owners the shortcut check lists as all-to-alls, each member's links counted
+    once per kind of peer, on its node and off it (shortcuts/a2a_links.py; shortcuts/traffic.py
+    expert_owners: every EP group; shortcuts/cp_traffic.py: every CP group but all-gather's):
+    world/n groups of n members each."""
     p, world = sc.parallel, sc.parallel.world_size
     sizes = [p.expert_model_parallel_size] if sc.model.num_experts is not None else []
     if p.cp > 1 and p.cp_comm_type != "allgather":
         sizes.append(p.cp)
-    return sum(world // n * n * (n - 1) for n in sizes if n > 1)
+    return sum(world // n * n for n in sizes if n > 1)
 
 
 def phase_flows(shortcuts: Shortcuts, gpus_per_node: int):
@@ -336,7 +337,7 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    flows=counts.flows,
                                    fsdp_flows=(counts.fsdp_flows, counts.piece_flows,
                                                counts.train_steps, counts.train_collectives),
-                                   a2a=(counts.a2a_flows, counts.checked_pairs),
+                                   a2a=(counts.a2a_flows, counts.checked_members),
                                    ep_pairs=counts.ep_pairs,
                                    exchange_flows=counts.exchange_flows,
                                    flow_visits=counts.flow_visits,
