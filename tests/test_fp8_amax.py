@@ -94,7 +94,7 @@ def test_same_iteration_without_shortcuts(delayed_run):
 def test_shortcuts_list_the_group_only_where_nccl_runs_a_ring():
     """llama-tiny's groups (4 ranks, one node) run their 96 B and 64 B all-reduces as LL rings,
     which load the NVLink ports: listed; 16 ranks over 2 nodes run them as trees, which load no
-    link (engine/communicator.py): not listed."""
+    link (engine/timed_collectives.py): not listed."""
     sc = tiny()
     grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp, sc.parallel.cp)
     graph = build_topology(sc.cluster, nodes_hosting(range(grid.world_size), 8))

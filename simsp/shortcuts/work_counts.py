@@ -180,7 +180,7 @@ def cp_gather_phases(sc) -> int:
 
 def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
     """Flows the all-to-alls timed alone (TEMPLATE, alltoall dispatcher) start in their
-    private simulations: engine/communicator.py runs one per placement of the group on the
+    private simulations: engine/exchanges.py runs one per placement of the group on the
     fabric (cluster/topology.py placement) and byte matrix, n(n − 1) transfers each
     (engine/collectives/all_to_all.py). TEMPLATE needs uniform routing, under which every
     dispatch and combine of a group sends the same uniform matrix: one per placement of the
