@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simsp.scenario.loading import load_scenario  # noqa: E402
-from simsp.metrics import collect  # noqa: E402
+from simsp.metrics.collect import collect  # noqa: E402
 from simsp.engine.memory import CATEGORIES  # noqa: E402
 from simsp.report.run.figures import bars as bar_module, drawing  # noqa: E402
 from simsp.report.run.figures import memory as memory_figures  # noqa: E402

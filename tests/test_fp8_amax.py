@@ -9,7 +9,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.engine.collectives.ring_plan import ALL_REDUCE
 from simsp.engine.collectives.ring_timing import collective_time
-from simsp.metrics import exposure
+from simsp.metrics.timing import exposure
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.traffic import amax_owners

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.representative import sp_slices_per_dp_rank
 from simsp.training.driver.iteration import simulate_iteration

@@ -6,7 +6,7 @@ import pytest
 
 from simsp.engine.group_timing import NODE_PIECE
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.shortcuts.check import Shortcuts
 from simsp.training.driver.iteration import simulate_iteration
 

@@ -168,7 +168,7 @@ def test_plain_ring_names_nccl_s_pick_only_where_nvls_can_run():
 
 
 def test_reports_name_the_hardware_only_when_it_is_not_the_default():
-    from simsp.metrics import layout
+    from simsp.metrics.layout import layout
     from simsp.report.run.summary_md import _hardware_line
     assert "gpu" not in layout(load_scenario(None))
     lay = layout(load_scenario(None, {("cluster", "system"): "dgx-h100",

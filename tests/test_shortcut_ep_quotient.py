@@ -9,7 +9,7 @@ import pytest
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.work import check_work, meta_seconds
 from simsp.shortcuts.check import Shortcuts
