@@ -291,7 +291,7 @@ def stage_buckets(sc, stage: int) -> int:
 def _first_chunk_buckets(sc, chunks: int) -> int:
     """Buckets of the first stage's first chunk: its layers' tensors and then the embedding
     tables (the position table where positions are learned), walked in reverse module order
-    (grad_buckets.py build_buckets) and cut at the bucket size."""
+    (bucket_params.py build_buckets) and cut at the bucket size."""
     p, m = sc.parallel, sc.model
     tensors = layer_tensors(sc) * (m.num_layers // (p.pp * chunks))
     tables = [m.seq_length * m.hidden_size] if m.position_embedding_type == "learned_absolute" else []

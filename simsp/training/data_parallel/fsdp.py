@@ -33,7 +33,7 @@ from simsp.training.data_parallel.fsdp_comm import UnitStats
 from simsp.training.data_parallel.fsdp_gathers import ParamGathers
 from simsp.training.data_parallel.fsdp_reductions import GradReductions
 from simsp.training.data_parallel.fsdp_units import ROOT, WORD, sharding_of, stage_units
-from simsp.training.data_parallel.grad_buckets import module_params
+from simsp.training.data_parallel.bucket_params import module_params
 from simsp.training.data_parallel.optimizer import AdamState, allocate_optimizer
 
 
