@@ -19,7 +19,8 @@ from simsp.engine.network import Network
 from simsp.engine.collectives.nvls import nvls_all_reduce_time
 from simsp.errors import UserError
 from simsp.hardware.constants import A100_COMPUTE, LinkCalibration, compute_for, rule_calibration
-from simsp.hardware.profiles import DATA, available, gpu_profile, system_profile
+from simsp.hardware.profile_file import DATA, available
+from simsp.hardware.profiles import gpu_profile, system_profile
 from simsp.units import GiB
 
 

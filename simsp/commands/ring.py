@@ -31,7 +31,8 @@ from simsp.engine.collectives.nvls import NVLS, nvls_available
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, COLLECTIVES, channel_rings
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
-from simsp.hardware.profiles import gpu_profile, nvswitch_generation
+from simsp.hardware.cluster_hardware import nvswitch_generation
+from simsp.hardware.profiles import gpu_profile
 from simsp.io_out import check_folder, check_out_file
 from simsp.jsonout import dumps
 from simsp.outdir import prepare_out_dir

@@ -25,7 +25,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.cluster.topology import placement
 from simsp.engine.group_timing import NODE_PIECE, STEPPED, TEMPLATE
-from simsp.hardware.profiles import fabric_of
+from simsp.hardware.cluster_hardware import fabric_of
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
 from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from simsp.engine.collectives.nccl_tests import ELEM_BYTES
 from simsp.errors import UserError
-from simsp.hardware.profiles import system_cluster_fields
+from simsp.hardware.cluster_hardware import system_cluster_fields
 from simsp.scenario.config import Cluster
 from simsp.units import parse_size
 
