@@ -2,7 +2,8 @@
 (TEMPLATE) timed alone once per placement and byte matrix or plan.
 
 Mixed into engine/communicator.py Communicator, whose __init__ holds the state used here
-(env, network, trace, timing_of, pair_orbits, alone_flows and the memos _plans, _alike).
+(env, network, trace, timing_of, pair_orbits, alone_flows, the memos _plans, _alike) and
+_placement.
 """
 
 import numpy as np

@@ -2,7 +2,7 @@
 CollNet, NVLS_TREE), as a tree, alone or in closed form, as one node's piece or a ring piece.
 
 Mixed into engine/communicator.py Communicator, whose __init__ holds the state used here
-(env, network, sharp_groups and the memos _plans, _alike).
+(env, network, sharp_groups, the memos _plans, _alike) and _placement.
 """
 
 from dataclasses import replace
