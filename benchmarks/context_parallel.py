@@ -156,7 +156,7 @@ def hierarchical_table() -> None:
     a node and rings across nodes (stage 0's time, CP exposure and activations)."""
     from simsp.analytic import first_stage_activation_bytes
     from simsp.scenario.loading import load_scenario
-    from simsp.metrics import exposure
+    from simsp.metrics.timing import exposure
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     print("| layout | iteration | compute | cp_comm | stage 0 activations | closed form |")
     print("|---|---:|---:|---:|---:|---:|")

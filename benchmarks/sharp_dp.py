@@ -8,7 +8,7 @@ algorithm NCCL ran them as (docs/nccl.md, "What it costs").
 import sys
 import tomllib
 
-from simsp import metrics
+from simsp.metrics.collect import collect
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
 from simsp.training.driver.iteration import simulate_iteration
@@ -39,7 +39,7 @@ def main() -> None:
         sc = scenario(use_sharp, distributed_optimizer)
         shortcuts = Shortcuts.for_scale(sc)
         run = simulate_iteration(sc, shortcuts, trace="none")
-        m = metrics.collect(run, shortcuts)
+        m = collect(run, shortcuts)
         seconds: dict = {}
         for s in run.inputs.world.comm.stats:
             if len(s.gpus) == 64:

@@ -6,7 +6,7 @@ Usage: python benchmarks/speed.py [--only NAME ...] [--runs N] [--repeat N] [--t
 Cases (each in its own subprocess): the four paper scenarios as `simsp run` with its default
 reports; 530B with 8-way DP (2,240 GPUs) and 1T with 6-way DP (3,072 GPUs), micro-batches per
 replica unchanged; 175B with --no-shortcuts and 16 micro-batches; `simsp ring` over 512 ranks on
-64 nodes; and one 22B evaluation inside a running process (simulate_iteration + metrics.collect,
+64 nodes; and one 22B evaluation inside a running process (simulate_iteration + metrics.collect.collect,
 repeated, median). Each case runs --runs times (default 3); the row is the run of median wall
 time, with the fastest and slowest beside it. Prints wall and CPU seconds (CPU counts the
 painter process too), peak RSS, simpy events and events per CPU second,
@@ -75,7 +75,7 @@ os._exit(code)  # as the installed script: no interpreter teardown
 IN_PROCESS = """
 import json, statistics, sys, time
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 sc = load_scenario("scenarios/paper-22b.toml")
 shortcuts = Shortcuts.for_scale(sc)

@@ -5,8 +5,8 @@ simulated run, alternating the two so that a loaded machine's drift hits both al
     python benchmarks/stand_ins.py [--scenario paper-1t] [--repeats 5] [--json]
 
 Prints per stand-in the best and median seconds of each variant and the saving. The plain
-variants are the calls a reader would write first (report/run/figures/drawing.py names what
-each stand-in replaces); each must draw the same figure (the equivalence tests say how closely).
+variants are the calls a reader would write first (report/run/figures/drawing.py, pixels.py,
+panels.py and stage_ticks.py name what each stand-in replaces); each must draw the same figure (the equivalence tests say how closely).
 The PNG writer and memory.png's polygon stack were measured here too and dropped
 (docs/PERFORMANCE.md).
 """
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simsp.scenario.loading import load_scenario  # noqa: E402
-from simsp.metrics import collect  # noqa: E402
+from simsp.metrics.collect import collect  # noqa: E402
 from simsp.engine.memory import CATEGORIES  # noqa: E402
 from simsp.report.run.figures import bars as bar_module, drawing  # noqa: E402
 from simsp.report.run.figures import memory as memory_figures  # noqa: E402

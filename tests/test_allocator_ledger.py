@@ -13,7 +13,7 @@ from simsp.cli import main
 from simsp.engine.memory import Ledger
 from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
-from simsp.metrics import stage_ranks
+from simsp.metrics.timing import stage_ranks
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

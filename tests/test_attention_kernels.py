@@ -212,7 +212,8 @@ def test_gb200_model_against_the_other_published_rows(causal, rows):
 def test_a_partial_reference_shape_is_one_error(tmp_path):
     """A profile's reference shape gives all five sizes or none."""
     from simsp.errors import UserError
-    from simsp.hardware.profiles import DATA, gpu_profile
+    from simsp.hardware.profile_file import DATA
+    from simsp.hardware.profiles import gpu_profile
     text = (DATA / "gpus" / "gb200.toml").read_text().replace('name = "gb200"', 'name = "mine"')
     bad = tmp_path / "mine.toml"
     bad.write_text("\n".join(line for line in text.splitlines()

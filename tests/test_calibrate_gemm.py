@@ -62,7 +62,7 @@ def test_the_fragment_in_a_profile_reproduces_the_measured_times(tmp_path):
     subprocess.run([sys.executable, "-m", "simsp.cli", "calibrate", "gemm",
                     str(_csv(tmp_path / "probe.csv")), "--gpu", "h100-sxm-80gb", "--out",
                     str(out)], check=True, capture_output=True)
-    from simsp.hardware.profiles import DATA
+    from simsp.hardware.profile_file import DATA
     profile = tmp_path / "h100-measured.toml"
     profile.write_text((DATA / "gpus" / "h100-sxm-80gb.toml").read_text() + "\n" + out.read_text())
     for dtype, fp8 in (("bf16", False), ("fp8", True)):

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, PERSISTENT
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.model.tensor import FP16, FP32
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 

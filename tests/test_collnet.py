@@ -16,7 +16,7 @@ from simsp.engine.group_timing import RING_ALONE, EveryGroup
 from simsp.engine.network import Network
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
-from simsp.metrics import _in_network
+from simsp.metrics.sections import in_network_section
 from simsp.report.run.in_network import in_network_lines
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
@@ -244,10 +244,10 @@ def test_a_run_s_distributed_optimizer_reduce_scatters_and_gathers_in_the_networ
     without, plain_run = _dp_run(False, shortcuts=True, distributed_optimizer=True)
     assert {s.algorithm for s in without if s.collective != ALL_REDUCE} == {"ring"}
     # the run report says what ran in the network, and nothing without --use-sharp
-    lines = in_network_lines(_in_network(run))
+    lines = in_network_lines(in_network_section(run))
     assert "| reduce-scatter | collnet_direct | yes | 1 |" in lines
     assert "| all-gather | collnet_direct | yes | 1 |" in lines
-    assert _in_network(plain_run) == {} and in_network_lines({}) == []
+    assert in_network_section(plain_run) == {} and in_network_lines({}) == []
 
 
 def test_a_run_s_dp_all_reduce_is_the_closed_form_with_and_without_shortcuts():

@@ -9,10 +9,11 @@ import simpy
 from simsp.cluster.topology import build_topology
 from simsp.scenario.config import Cluster
 from simsp.engine.collectives.ring import RING_COLLECTIVES
-from simsp.engine.communicator import Communicator, collective_time
+from simsp.engine.communicator import Communicator
 from simsp.engine.group_timing import CLOSED_FORM, RING_ALONE, STEP_BY_STEP, EveryGroup
 from simsp.engine.network import Network
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+from simsp.engine.collectives.ring_timing import collective_time
 from simsp.engine.streams import COMM, COMPUTE, Stream
 from simsp.engine.trace import Trace
 from simsp.errors import SimulationError

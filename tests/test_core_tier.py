@@ -10,7 +10,7 @@ import pytest
 from simsp.cluster.topology import above_leaves, build_topology, gpu_name, route
 from simsp.engine.fair_share import max_min_rates
 from simsp.hardware.fabric import Fabric
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.scenario.config import Cluster
 from simsp.shortcuts.check import Shortcuts, check_shortcuts
 from simsp.training.driver.iteration import simulate_iteration

@@ -5,7 +5,7 @@ stress it; a wrong lone time fails the same comparison."""
 
 import pytest
 
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.context_parallel import lone_ring
 from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration

@@ -44,7 +44,7 @@ def test_cp_fast_path_equals_full_simulation(gpn, t, cp, p, d, comm_type, overla
 
 def test_the_stage_table_names_each_stages_cp0_rank():
     """t 2 cp 2 p 2 d 2: stage 1 begins at rank t·c·d = 8 (rank 2 is stage 0's cp rank 1)."""
-    from simsp.metrics import collect
+    from simsp.metrics.collect import collect
     from simsp.report.run.summary_md import summary_text
     from simsp.training.driver.iteration import simulate_iteration
     sc = cp_scenario(8, 2, 2, 2, 2, "p2p", False)

@@ -7,7 +7,7 @@ equals --no-shortcuts to 1e-9 on such layouts: tests/test_cp_shortcuts.py)."""
 
 import pytest
 
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.context_parallel.step_clock import one_timeout
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from tests.test_cp_shortcuts import cp_scenario

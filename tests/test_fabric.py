@@ -14,7 +14,8 @@ from simsp.engine.collectives.ring_alone import alone_time, shares_a_link
 from simsp.engine.fair_share import max_min_rates
 from simsp.hardware.constants import LinkCalibration
 from simsp.hardware.fabric import DEFAULT, Fabric
-from simsp.hardware.profiles import fabric_of, system_profile
+from simsp.hardware.cluster_hardware import fabric_of
+from simsp.hardware.profiles import system_profile
 from simsp.scenario.config import Cluster, Scenario, Parallel, Run
 from simsp.shortcuts.check import Shortcuts
 

@@ -10,9 +10,9 @@ import pytest
 
 from simsp.engine.memory import Ledger
 from simsp.report.run.figures.bars import column_rectangles
-from simsp.report.run.figures.drawing import (PanelGrid, nice_ticks, painted_shares,
-                                              pixel_coverage, stacked_step_polygons, step_path,
-                                              tick_labels, union)
+from simsp.report.run.figures.drawing import stacked_step_polygons, step_path
+from simsp.report.run.figures.panels import PanelGrid, nice_ticks, tick_labels
+from simsp.report.run.figures.pixels import painted_shares, pixel_coverage, union
 from simsp.report.run.figures.schedule import bar_outlines, clip, lane_strip, median_bar_px
 from simsp.report.run.memory_timeline import memory_timeline, state_at
 from simsp.report.run.trace.events import string

@@ -9,7 +9,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.engine.collectives.ring_plan import ALL_REDUCE
 from simsp.engine.collectives.ring_timing import collective_time
-from simsp.metrics import exposure
+from simsp.metrics.timing import exposure
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.traffic import amax_owners
@@ -94,7 +94,7 @@ def test_same_iteration_without_shortcuts(delayed_run):
 def test_shortcuts_list_the_group_only_where_nccl_runs_a_ring():
     """llama-tiny's groups (4 ranks, one node) run their 96 B and 64 B all-reduces as LL rings,
     which load the NVLink ports: listed; 16 ranks over 2 nodes run them as trees, which load no
-    link (engine/communicator.py): not listed."""
+    link (engine/timed_collectives.py): not listed."""
     sc = tiny()
     grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp, sc.parallel.cp)
     graph = build_topology(sc.cluster, nodes_hosting(range(grid.world_size), 8))

@@ -1,5 +1,5 @@
 """The representative under FSDP with sequence parallelism: each DP rank all-reduces over TP the
-SP-partial slice of its gradient shard (training/data_parallel/fsdp.py _sync_sp_shards), so DP
+SP-partial slice of its gradient shard (training/data_parallel/fsdp_reductions.py _sync_sp_shards), so DP
 replicas whose slices differ end at different times; TP rank 0 of one replica per kind runs
 (shortcuts/representative.py fsdp_replicas), equal to the full simulation."""
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from simsp.cluster.grid import RankGrid
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.representative import sp_slices_per_dp_rank
 from simsp.training.driver.iteration import simulate_iteration

@@ -6,7 +6,7 @@ import pytest
 
 from simsp.engine.group_timing import NODE_PIECE
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.shortcuts.check import Shortcuts
 from simsp.training.driver.iteration import simulate_iteration
 
@@ -114,18 +114,18 @@ def test_rings_of_one_member_per_node_beside_the_pipeline_sends_run_as_pieces(mo
 def test_a_piece_is_worked_out_once_per_collective_group_and_size(monkeypatch):
     """d = 16 on two nodes, 2 layers, 2 micro-batches: each unit's gathers and reduce-scatters
     repeat per micro-batch and layer, and a piece depends only on (collective, group, size,
-    element size), so node_segment runs once per such key (engine/communicator.py _segment),
+    element size), so node_segment runs once per such key (engine/timed_collectives.py _segment),
     fewer times than the piece collectives run; the results are those of the full
     simulation (test above)."""
-    import simsp.engine.communicator as communicator
+    import simsp.engine.timed_collectives as timed_collectives
     calls = []
-    real = communicator.node_segment
+    real = timed_collectives.node_segment
 
     def counting(graph, gpus, calibration, collective, nbytes, elem_bytes, **kw):
         calls.append((collective, tuple(gpus), nbytes, elem_bytes))
         return real(graph, gpus, calibration, collective, nbytes, elem_bytes, **kw)
 
-    monkeypatch.setattr(communicator, "node_segment", counting)
+    monkeypatch.setattr(timed_collectives, "node_segment", counting)
     sc = fsdp_scenario(16)
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
     pieces = [s for s in run.inputs.world.comm.stats if s.gpus == tuple(range(16))]

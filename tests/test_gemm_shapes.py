@@ -15,7 +15,8 @@ from simsp.errors import UserError
 from simsp.hardware.constants import A100_COMPUTE, compute_for
 from simsp.hardware.costmodel import gemm_operand_bytes, gemm_rate, gemm_seconds, kernel_time
 from simsp.hardware.gemm_shapes import GEMM_DATA, table_rate, wave_efficiency
-from simsp.hardware.profiles import DATA, gpu_profile
+from simsp.hardware.profile_file import DATA
+from simsp.hardware.profiles import gpu_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 

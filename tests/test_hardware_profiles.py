@@ -19,7 +19,8 @@ from simsp.engine.network import Network
 from simsp.engine.collectives.nvls import nvls_all_reduce_time
 from simsp.errors import UserError
 from simsp.hardware.constants import A100_COMPUTE, LinkCalibration, compute_for, rule_calibration
-from simsp.hardware.profiles import DATA, available, gpu_profile, system_profile
+from simsp.hardware.profile_file import DATA, available
+from simsp.hardware.profiles import gpu_profile, system_profile
 from simsp.units import GiB
 
 
@@ -168,7 +169,7 @@ def test_plain_ring_names_nccl_s_pick_only_where_nvls_can_run():
 
 
 def test_reports_name_the_hardware_only_when_it_is_not_the_default():
-    from simsp.metrics import layout
+    from simsp.metrics.layout import layout
     from simsp.report.run.summary_md import _hardware_line
     assert "gpu" not in layout(load_scenario(None))
     lay = layout(load_scenario(None, {("cluster", "system"): "dgx-h100",

@@ -259,10 +259,10 @@ def test_hardware_flops_formula_equals_counted():
                    ("parallel", "recompute_modules"): "core_attn mlp layernorm"},
                   {("parallel", "recompute_granularity"): "full"}):
         sc = llama_run(extra)
-        from simsp.metrics import _counted_flops
+        from simsp.metrics.flops import counted_flops
         from simsp.training.driver.iteration import Shortcuts, simulate_iteration
         run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
-        model, hardware = _counted_flops(run)
+        model, hardware = counted_flops(run)
         m, p = sc.padded_model, sc.parallel
         assert abs(model / analytic.megatron_model_flops(m, p) - 1) < 1e-12, extra
         assert abs(hardware / analytic.llama_hardware_flops(m, p) - 1) < 1e-12, extra
@@ -431,7 +431,7 @@ def test_report_layout_names_recompute_modules_and_uneven_split():
     """405B's report line says which modules selective recompute rebuilds and how many layers
     each stage holds (Megatron's split, worked in test_pipeline_layer_counts_follow_megatron);
     K22's layouts carry neither (their reports stay as they were)."""
-    from simsp.metrics import layout
+    from simsp.metrics.layout import layout
     from simsp.report.run.summary_md import _header
     root = Path(__file__).resolve().parents[1] / "scenarios"
     lay = layout(load_scenario(root / "llama3.1-405b.toml"))

@@ -17,7 +17,7 @@ from simsp.engine.communicator import Communicator
 from simsp.engine.network import Network
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.model.blocks.moe import router as K
 from simsp.model.blocks.moe.routing import kept_counts, routed_counts
 from simsp.training.driver.compare import compare_with_reference

@@ -9,7 +9,7 @@ import pytest
 from simsp.cluster.topology import NODES_PER_LEAF, placement
 from simsp.engine.group_timing import RING_ALONE, TEMPLATE
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 

@@ -9,7 +9,7 @@ import pytest
 from simsp.cli import main
 from simsp.commands.verify import verify_report
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.model.flops import megatron_flops
 from simsp.model.params import init_params, layer_shapes, mtp_shapes
 from simsp.training.driver.compare import compare_with_reference, gathered_grads

@@ -11,7 +11,7 @@ from simsp.engine.collectives.nccl_tuning import (ALL_REDUCE, LL, LL128, RING, S
                                                   Graph, bus_bandwidth, choose, latency_us,
                                                   nccl_graph)
 from simsp.hardware.constants import LinkCalibration
-from simsp.hardware.profiles import DATA, load_profile
+from simsp.hardware.profile_file import DATA, load_profile
 from simsp.scenario.config import Cluster
 
 SYSTEMS = DATA / "systems"

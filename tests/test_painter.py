@@ -132,7 +132,7 @@ def test_a_daemonic_process_runs_the_jobs_itself():
 @needs_fork
 def test_reports_are_the_same_bytes_painted_there_and_here(tmp_path, monkeypatch):
     from simsp.scenario.loading import load_scenario
-    from simsp.metrics import collect
+    from simsp.metrics.collect import collect
     from simsp.report.run import write_reports
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
@@ -150,7 +150,7 @@ def test_reports_are_the_same_bytes_painted_there_and_here(tmp_path, monkeypatch
 
 def test_the_label_drawn_before_the_metrics_is_the_metrics_label():
     from simsp.scenario.loading import load_scenario
-    from simsp.metrics import collect
+    from simsp.metrics.collect import collect
     from simsp.report.run.summary_md import run_label, variant_label
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration
     sc = load_scenario("scenarios/tiny.toml")
@@ -208,7 +208,7 @@ def test_the_painter_made_memory_counters_are_the_trace_writer_own(tmp_path):
     """trace.json with the stages' counters encoded by the painter equals the one the trace
     writer makes alone, byte for byte (a two-stage run: every simulated rank is a stage's)."""
     from simsp.scenario.loading import load_scenario
-    from simsp.metrics import collect
+    from simsp.metrics.collect import collect
     from simsp.report.run import write_reports
     from simsp.report.run.trace.writer import write_chrome_trace
     from simsp.training.driver.iteration import Shortcuts, simulate_iteration

@@ -113,7 +113,7 @@ def test_aligned_gather_issues_both_first_chunks_at_the_start_by_hand():
     assert end == pytest.approx(max(chunk1_start, e3) + 2 * LAYER_S, rel=1e-9)
     assert world.ranks[0].exposed_s["dp_comm"] == pytest.approx(exposed, rel=1e-9)
     assert e3 < chunk1_start  # the tiny layout hides chunk 1's gather entirely
-    report = sync.overlap_report()["all_gather"]  # metrics.py dp_overlap_per_stage
+    report = sync.overlap_report()["all_gather"]  # metrics/sections.py dp_overlap_per_stage
     assert report["comm_s"] == pytest.approx(e3, rel=1e-9)
     assert report["exposed_s"] == pytest.approx(exposed, rel=1e-9)
     assert report["hidden_s"] == pytest.approx(e3 - exposed, rel=1e-9)
@@ -155,7 +155,7 @@ def test_shortcuts_equal_the_full_run_with_chunk_ahead_gathers(p, d, align):
     """v = 3 interleaved layouts (chunk 2 issued mid-forward by the aligned schedule), with
     overlapped reduction and gather: the shortcut run (one rank per stage) equals
     `--no-shortcuts` to 1e-9 in iteration time and every stage's exposure."""
-    from simsp.metrics import collect
+    from simsp.metrics.collect import collect
     from simsp.shortcuts.check import Shortcuts
     from simsp.training.driver.iteration import simulate_iteration
     parallel = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": p,

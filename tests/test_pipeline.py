@@ -6,7 +6,7 @@ import math
 import pytest
 
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.training.driver.compare import compare_with_reference

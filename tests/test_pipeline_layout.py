@@ -13,7 +13,7 @@ from simsp.scenario.pipeline_layout import parse_layout
 from simsp.scenario.pipeline_split import (model_chunks, pipeline_layer_counts,
                                            virtual_stage_layer_counts)
 from simsp.training.driver.compare import compare_with_reference
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.pipeline.plan import stage_plans
 from test_mtp import BASE, MOE_EP
@@ -57,7 +57,7 @@ def test_the_layout_gives_each_virtual_stage_and_rank_its_layers():
 
 
 def test_the_report_names_the_layout():
-    from simsp.metrics import layout
+    from simsp.metrics.layout import layout
     from simsp.report.run.summary_md import _header
     lay = layout(dsv3_like(pipeline_model_parallel_layout="Et|(tt|)*30,mL"))
     assert lay["stage_layers"] == [3] + [4] * 14 + [2]

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from simsp.report.run.figures.drawing import add_axes_in, draw_pixels, new_figure
+from simsp.report.run.figures.drawing import add_axes_in, new_figure
+from simsp.report.run.figures.pixels import draw_pixels
 
 
 def rendered(draw, rgb: np.ndarray) -> np.ndarray:

@@ -11,7 +11,8 @@ import pytest
 
 from simsp.calibrate.attention_fit import ATTENTION_HEADER
 from simsp.hardware.attention_kernels import published_flops, reference_shape
-from simsp.hardware.profiles import DATA, gpu_profile
+from simsp.hardware.profile_file import DATA
+from simsp.hardware.profiles import gpu_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 # the figures the generated rows are made from (H100 profile: FlashAttention-3 paper Figs. 5-6)

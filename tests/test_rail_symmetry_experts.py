@@ -13,7 +13,7 @@ import pytest
 
 from simsp.cluster.topology import build_topology, hop_route, nodes_hosting
 from simsp.explore.configs.sweep_file import load_sweep_file
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.work import pair_seconds
 from simsp.shortcuts.check import Shortcuts, check_shortcuts

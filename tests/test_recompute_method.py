@@ -10,7 +10,7 @@ import pytest
 from simsp import analytic
 from simsp.scenario.loading import load_scenario
 from simsp.errors import UserError
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.pipeline.plan import Segment, recompute_segments

@@ -10,7 +10,7 @@ from browser import chromium, page_verdict, screenshot
 
 from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import Ledger
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.explore.whatif.oom_advice import bytes_at_failure, candidate_switches, explain_oom
 from simsp.report.html import to_html
 from simsp.report.run import write_reports

@@ -13,7 +13,7 @@ import pytest
 
 from simsp.scenario.loading import load_scenario
 from simsp.engine.memory import CATEGORIES, MemEvent
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.report.run import summary_text, write_reports
 from simsp.report.run.figures.memory import write_memory_plot
 from simsp.report.run.memory_timeline import MAX_MEMORY_POINTS, memory_timeline

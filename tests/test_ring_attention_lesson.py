@@ -10,7 +10,7 @@ from browser import chromium, page_verdict, screenshot
 from inprocess import cli
 
 from simsp.cluster.topology import build_topology
-from simsp.commands.ring import _placement
+from simsp.report.lessons.ring_flags import ring_placement
 from simsp.hardware.costmodel import calibration, kernel_time
 from simsp.hardware.constants import compute_for
 from simsp.model.context_split import visible_pairs
@@ -23,7 +23,7 @@ IB_RAIL_LATENCY_S = 2e-6  # GPU 0 to GPU 8: NIC to rail 0's leaf to NIC, 1 µs p
 
 
 def data_for(cp: int, shape: AttentionShape, nodes: int | None = None) -> dict:
-    cluster, gpus = _placement(cp, nodes)
+    cluster, gpus = ring_placement(cp, nodes)
     return lesson_data(build_topology(cluster), gpus, shape)
 
 

@@ -9,7 +9,7 @@ import pytest
 from browser import chromium, page_verdict, screenshot
 
 from simsp.cluster.topology import build_topology
-from simsp.commands.ring import _placement
+from simsp.report.lessons.ring_flags import ring_placement
 from simsp.engine.collectives.nccl_group import nccl_choice
 from simsp.engine.collectives.nccl_tests import simulate
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
@@ -27,7 +27,7 @@ NVLINK_RATE_BPS = 0.78 * 300e9  # nvlink_efficiency x 300 GB/s
 
 
 def data_for(ranks, collective=ALL_REDUCE, size=MiB, nodes=None):
-    cluster, gpus = _placement(ranks, nodes)
+    cluster, gpus = ring_placement(ranks, nodes)
     graph = build_topology(cluster)
     return lesson_data(collective, graph, gpus, size), graph, gpus
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from simsp.cluster.topology import build_topology
-from simsp.commands.ring import _placement
+from simsp.report.lessons.ring_flags import ring_placement
 from simsp.errors import UserError
 from simsp.report.lessons.ring import lesson_data
 from simsp.report.lessons.ring_page import lesson_html
@@ -30,7 +30,7 @@ ONE_NODE_CALL_S = 14 * (2**27 / (300e9 * 0.78) + 3.4e-6) + 8.4e-6  # 8,086.12 us
 
 
 def _lesson(ranks: int, nodes: int, size: int) -> dict:
-    cluster, gpus = _placement(ranks, nodes)
+    cluster, gpus = ring_placement(ranks, nodes)
     return lesson_data("all_reduce", build_topology(cluster), gpus, size)
 
 

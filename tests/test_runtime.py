@@ -15,7 +15,8 @@ from simsp.model.tensor import FP16, FP32, Tensor
 from simsp.training.driver.world import build_world
 from simsp.training.pipeline import p2p
 from simsp.scenario.config import bucket_size
-from simsp.training.data_parallel.grad_buckets import DDPBuckets, build_buckets
+from simsp.training.data_parallel.bucket_params import build_buckets
+from simsp.training.data_parallel.grad_buckets import DDPBuckets
 from simsp.training.pipeline.p2p_program import Exchange, call_name, megatron_program
 from simsp.training.pipeline.plan import stage_plans
 from simsp.training.pipeline.schedules import one_f_one_b, one_f_one_b_warmup

@@ -9,7 +9,7 @@ import pytest
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.work import check_work, meta_seconds
 from simsp.shortcuts.check import Shortcuts
@@ -88,9 +88,9 @@ def test_expert_groups_across_a_leaf_boundary(monkeypatch):
     {0, 1} and {2, 3}, and a node shift by one would move the EP pair 0 -> 2 (one leaf) onto
     2 -> 4 (across the spine): refused with the group named; by two every pair keeps its class,
     so ranks 0 and 2 of each stage run the quotient, equal to the full simulation."""
-    from simsp.hardware import profiles
+    from simsp.hardware import cluster_hardware
 
-    monkeypatch.setattr(profiles, "DEFAULT", replace(profiles.DEFAULT, nodes_per_leaf=2))
+    monkeypatch.setattr(cluster_hardware, "DEFAULT", replace(cluster_hardware.DEFAULT, nodes_per_leaf=2))
     sc = moe_layout("zb-h1", 2, 1, 8, 8)
     fast = Shortcuts.for_scale(sc)
     assert fast.symmetry.ranks == (0, 2, 8, 10) and fast.symmetry.link_reps

@@ -67,9 +67,9 @@ def test_expert_dp_variants_equal_the_full_simulation(schedule, gpn, d, ep):
 def test_expert_dp_rings_across_a_leaf_boundary(monkeypatch):
     """DualPipe d 16 / EP 8 on 4-GPU nodes, leaves of 2 nodes: stage 0 spans leaves {0, 1} and
     {2, 3}, every EDP ring (r, r + 8) crosses the spine; equal to the full simulation."""
-    from simsp.hardware import profiles
+    from simsp.hardware import cluster_hardware
 
-    monkeypatch.setattr(profiles, "DEFAULT", replace(profiles.DEFAULT, nodes_per_leaf=2))
+    monkeypatch.setattr(cluster_hardware, "DEFAULT", replace(cluster_hardware.DEFAULT, nodes_per_leaf=2))
     sc = moe_layout("dualpipe", 4, 1, 16, 8, global_batch_size=64)
     fast = Shortcuts.for_scale(sc)
     assert dict(fast.methods)[(0, 8)] == "step_by_step"

@@ -8,7 +8,7 @@ import pytest
 
 from simsp.engine.group_timing import NODE_PIECE, STEP_BY_STEP
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.shortcuts.check import Shortcuts
 from simsp.training.driver.iteration import simulate_iteration
 
@@ -189,9 +189,9 @@ def test_node_shifts_across_leaves_keep_route_classes(monkeypatch, per_leaf, d, 
     (NCCL's pipelined latency), and is kept where every pipeline pair keeps its route class;
     refused, with the pair named, where one does not. Equal to the full simulation."""
     from dataclasses import replace
-    import simsp.hardware.profiles as profiles
+    import simsp.hardware.cluster_hardware as cluster_hardware
 
-    monkeypatch.setattr(profiles, "DEFAULT", replace(profiles.DEFAULT, nodes_per_leaf=per_leaf))
+    monkeypatch.setattr(cluster_hardware, "DEFAULT", replace(cluster_hardware.DEFAULT, nodes_per_leaf=per_leaf))
     sc = overlapped_scenario(4, 2, 2, d, False, hidden=512, seq=256)
     fast = Shortcuts.for_scale(sc)
     assert fast.symmetry is not None and fast.symmetry.ranks == ranks

@@ -6,7 +6,7 @@ simulation (Shortcuts()) to 1e-9."""
 
 import pytest
 
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.scenario.loading import load_scenario
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.traffic import mirror_owners

@@ -17,7 +17,7 @@ from simsp.engine.streams import COMM, Stream
 from simsp.engine.trace import Trace
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
-from simsp.hardware.profiles import DATA
+from simsp.hardware.profile_file import DATA
 from simsp.model.rank import Rank, TPGroup
 from simsp.scenario.config import Cluster
 from simsp.scenario.loading import load_scenario

@@ -6,7 +6,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from simsp.report.run.figures.drawing import add_axes_in, new_figure, stage_ticks
+from simsp.report.run.figures.drawing import add_axes_in, new_figure
+from simsp.report.run.figures.stage_ticks import stage_ticks
 
 LABELS = [f"stage {s}" for s in range(12)]
 

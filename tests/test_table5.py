@@ -8,7 +8,7 @@ import pytest
 
 from simsp import analytic
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -13,7 +13,7 @@ import pytest
 from simsp.cli import main
 from simsp.commands.validate import report
 from simsp.scenario.loading import load_scenario
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.layer_sim import simulate_layer
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.validation.measurements import read_measurements

@@ -12,7 +12,7 @@ from simsp.scenario.config import Model, padded_vocab_size
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.flags import Parser, add_scenario_arguments
 from simsp.scenario.outside import scenario_from_args
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.pipeline.plan import global_batch

@@ -149,7 +149,7 @@ def moe_flags(ep: int, pp: int) -> list[str]:
 @pytest.mark.parametrize("ep, pp, flows", [(16, 1, 16 * 15), (8, 2, 8 * 7)])
 def test_all_to_alls_timed_alone_count_the_flows_their_private_runs_start(ep, pp, flows):
     """Hand-counted: uniform routing, so every dispatch and combine of an EP group sends one
-    matrix, timed alone once per placement (engine/communicator.py): EP 16 on two nodes, one
+    matrix, timed alone once per placement (engine/exchanges.py): EP 16 on two nodes, one
     group, 16 x 15 transfers; EP 8 on each of two stages' nodes, both groups one placement up
     to moving by whole nodes, 8 x 7 once. Equal to the flows the private runs started."""
     sc = scenario(moe_flags(ep, pp))

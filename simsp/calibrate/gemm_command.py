@@ -50,7 +50,7 @@ def run(args) -> int:
         peak = gpu.peak_flops if dtype == "bf16" else gpu.peak_fp8_flops
         if peak is None:
             raise UserError("--gpu", f"{gpu.name} has no FP8 peak but the file has fp8 rows")
-        if fit.ceiling_flops > peak:  # a profile's efficiency is at most 1 (simsp/hardware/profiles.py)
+        if fit.ceiling_flops > peak:  # a profile's efficiency is at most 1 (simsp/hardware/profile_file.py)
             raise UserError("--gpu", f"the fitted {dtype} ceiling {fit.ceiling_flops / 1e12:.1f} "
                                      f"TFLOP/s is above {gpu.name}'s peak {peak / 1e12:.1f}: were "
                                      "the measurements taken on another GPU?")

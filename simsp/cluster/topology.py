@@ -17,7 +17,7 @@ import networkx as nx
 
 from simsp.hardware.constants import NODES_PER_LEAF
 from simsp.hardware.fabric import Fabric
-from simsp.hardware.profiles import fabric_of
+from simsp.hardware.cluster_hardware import fabric_of
 from simsp.scenario.config import Cluster
 from simsp.units import GB
 
@@ -107,7 +107,7 @@ def build_topology(cluster: Cluster, nodes: Iterable[int] | None = None,
                    fabric: Fabric | None = None) -> nx.DiGraph:
     """The cluster's DGX nodes of `cluster.gpus_per_node` GPUs each: all of them, or only
     `nodes` (those hosting ranks), with the leaves and spines they need, on `fabric` (default:
-    the cluster's, hardware/profiles.py fabric_of)."""
+    the cluster's, hardware/cluster_hardware.py fabric_of)."""
     fabric = fabric_of(cluster) if fabric is None else fabric
     built = sorted(set(range(cluster.nodes) if nodes is None else nodes))
     if built and not 0 <= built[0] <= built[-1] < cluster.nodes:

@@ -20,8 +20,8 @@ from simsp.hardware.attention_kernels import backend_pricing
 from simsp.hardware.constants import NVLS_NVSWITCH_GENERATION, gpu_compute
 from simsp.hardware.costmodel import calibration_table
 from simsp.jsonout import dumps
-from simsp.hardware.profiles import (DATA, SYSTEM_NUMBERS, available, gpu_profile, load_profile,
-                            system_profile)
+from simsp.hardware.profile_file import DATA, SYSTEM_NUMBERS, available, load_profile
+from simsp.hardware.profiles import gpu_profile, system_profile
 
 
 def add_parser(subparsers) -> None:

@@ -10,7 +10,7 @@ from simsp.scenario.flags import add_scenario_arguments
 from simsp.scenario.outside import scenario_from_args
 from simsp.hardware.constants import cluster_compute, LinkCalibration
 from simsp.jsonout import dumps
-from simsp.metrics import oom_report
+from simsp.metrics.memory import oom_report
 from simsp.model.architecture import architecture
 from simsp.units import format_bytes, format_seconds
 

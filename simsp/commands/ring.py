@@ -15,11 +15,10 @@ closed form, an upper bound: docs/shortcuts.md); tree all-reduces in closed form
 time, algbw and busbw (GB/s = 1e9 bytes/s, NCCL PERFORMANCE.md) and the algorithm, protocol and
 channels NCCL runs; a single size adds the per-channel breakdown of a ring. The lessons
 (--explain, --html, --png) and the all_to_all and ring_attention collectives are written by
-report/lessons/. This module only reads the flags and dispatches.
+report/lessons/ (the sizes and the ranks' placement read from the flags by ring_flags.py,
+ring attention's layer by attention_flags.py). This module only reads the flags and dispatches.
 """
 
-import math
-from dataclasses import replace
 from pathlib import Path
 
 from collections import Counter
@@ -32,26 +31,26 @@ from simsp.engine.collectives.nvls import NVLS, nvls_available
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, COLLECTIVES, channel_rings
 from simsp.errors import UserError
 from simsp.hardware.constants import LinkCalibration
-from simsp.hardware.profiles import gpu_profile, nvswitch_generation, system_cluster_fields
+from simsp.hardware.cluster_hardware import nvswitch_generation
+from simsp.hardware.profiles import gpu_profile
 from simsp.io_out import check_folder, check_out_file
 from simsp.jsonout import dumps
 from simsp.outdir import prepare_out_dir
 from simsp.progress import track
 from simsp.report.lessons import RING_ATTENTION, all_to_all_table, nccl_table
+from simsp.report.lessons.attention_flags import (add_attention_flags, attention_shape,
+                                                  refuse_attention_flags)
 from simsp.report.lessons.ring import MAX_LESSON_RANKS, lesson_data
+from simsp.report.lessons.ring_flags import message_sizes, ring_placement, system_cluster
 from simsp.report.lessons.ring_page import write_page
 from simsp.report.lessons.ring_slides import write_slides
 from simsp.report.lessons.ring_text import lesson_text
-from simsp.scenario.limits import check_field
 from simsp.scenario.config import Cluster
 from simsp.scenario.flags import nonempty
-from simsp.units import parse_size
 
 AUTO = "auto"
 ALL_TO_ALL = all_to_all_table.ALL_TO_ALL
 MAX_EXPLAIN_RANKS = 8
-# The closed form plans n x channels hops per phase; 8192 ranks (on 1024 nodes) take ~1 s.
-MAX_RING_RANKS = 8192
 MAX_ALL_TO_ALL_RANKS = 64  # n(n - 1) transfers at once: 4032 at 64 ranks
 
 
@@ -88,7 +87,7 @@ def add_parser(subparsers) -> None:
                         help="write the ring lesson as a teaching page (single --size)")
     parser.add_argument("--png", metavar="DIR", default=None,
                         help="write the ring lesson as slides, one PNG per step (single --size)")
-    _add_ring_attention_flags(parser)
+    add_attention_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -96,9 +95,9 @@ def run(args) -> int:
     """Check the flags, simulate every size, print the table, explanation or JSON."""
     if args.collective == RING_ATTENTION:
         return _run_ring_attention(args)
-    _refuse_attention_flags(args)
-    sizes = _sizes(args)
-    cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
+    refuse_attention_flags(args)
+    sizes = message_sizes(args)
+    cluster, gpus = ring_placement(args.ranks, args.nodes, system_cluster(args.system))
     if args.collective == ALL_TO_ALL:
         return _run_all_to_all(args, sizes, cluster, gpus)
     _check_modes(args, sizes)
@@ -189,68 +188,6 @@ def _write_lesson(args, graph, gpus: list[int], nbytes: int) -> None:
 # Flags
 # --------------------------------------------------------------------------------------------
 
-def _sizes(args) -> list[int]:
-    """The message sizes: one --size, or min, min*F, ... up to max (nccl-tests -b/-e/-f)."""
-    sweep = args.min_size is not None or args.max_size is not None
-    if args.size is not None and sweep:
-        raise UserError("--size", "give either --size or --min-size/--max-size, not both")
-    if args.size is None and not (args.min_size and args.max_size):
-        raise UserError("--size", "give --size, or both --min-size and --max-size")
-    if args.step_factor is not None and not sweep:
-        raise UserError("--step-factor", "only applies to a --min-size/--max-size sweep")
-    if args.size is not None:
-        return [_element_size(parse_size(args.size, "--size"), "--size")]
-    low = _element_size(parse_size(args.min_size, "--min-size"), "--min-size")
-    high = parse_size(args.max_size, "--max-size")
-    factor = 2 if args.step_factor is None else args.step_factor
-    if low > high:
-        raise UserError("--min-size", f"{low} is larger than --max-size {high}")
-    if factor < 2:
-        raise UserError("--step-factor", f"must be at least 2, got {factor}")
-    sizes = [low]
-    while sizes[-1] * factor <= high:
-        sizes.append(sizes[-1] * factor)
-    return sizes
-
-
-def _element_size(nbytes: int, flag: str) -> int:
-    """Sizes must be whole float32 elements."""
-    if nbytes % ELEM_BYTES:
-        raise UserError(flag, f"{nbytes} B is not a multiple of the {ELEM_BYTES}-byte float")
-    return nbytes
-
-
-def _system_cluster(system: str | None) -> Cluster:
-    """One node of `system` (its GPUs per NVLink domain and link speeds), or a DGX A100."""
-    if system is None:
-        return Cluster()
-    return replace(Cluster(), system=system, **system_cluster_fields(system))
-
-
-def _placement(ranks: int, nodes: int | None,
-               base: Cluster = Cluster()) -> tuple[Cluster, list[int]]:
-    """Cluster and GPUs of the ring: ranks spread evenly over the nodes, in order."""
-    gpus_per_node = base.gpus_per_node
-    if ranks < 2:
-        raise UserError("--ranks", f"a ring needs at least 2 ranks, got {ranks}")
-    if ranks > MAX_RING_RANKS:
-        raise UserError("--ranks", f"a ring of {ranks} ranks plans ~{ranks * gpus_per_node} "
-                                   f"channel hops for each of its {2 * (ranks - 1)} steps; the "
-                                   f"limit is {MAX_RING_RANKS} ranks")
-    nodes = math.ceil(ranks / gpus_per_node) if nodes is None else nodes
-    if nodes < 1:
-        raise UserError("--nodes", f"must be positive, got {nodes}")
-    if ranks % nodes:
-        raise UserError("--ranks", f"{ranks} ranks do not spread evenly over {nodes} nodes "
-                                   f"(pass a --nodes that divides --ranks)")
-    per_node = ranks // nodes
-    if per_node > gpus_per_node:
-        raise UserError("--ranks", f"{ranks} ranks need {per_node} GPUs per node but a node "
-                                   f"has {gpus_per_node}; add --nodes")
-    gpus = [node * gpus_per_node + local for node in range(nodes) for local in range(per_node)]
-    return replace(base, nodes=nodes), gpus
-
-
 def _check_modes(args, sizes: list[int]) -> None:
     """--json and --explain describe one size; --explain prints one line per rank per step."""
     if args.json and args.explain:
@@ -327,64 +264,6 @@ def _run_nvls(args, cluster: Cluster, gpus: list[int], sizes: list[int]) -> int:
 # Ring attention: context parallelism's ring carrying K and V (report/lessons/ring_attention.py)
 # --------------------------------------------------------------------------------------------
 
-# flag -> (argparse dest, default: Llama 3 70B's attention, meaning)
-ATTENTION_FLAGS = {
-    "--seq-length": ("seq_length", 8192, "tokens in the sequence the CP ranks share"),
-    "--num-attention-heads": ("num_attention_heads", 64, "query heads of the layer"),
-    "--num-query-groups": ("num_query_groups", 8, "K/V heads (group-query attention)"),
-    "--kv-channels": ("kv_channels", 128, "head dimension"),
-    "--tensor-model-parallel-size": ("tensor_model_parallel_size", 8,
-                                     "TP ranks sharing the heads"),
-    "--micro-batch-size": ("micro_batch_size", 1, "sequences per micro-batch")}
-
-
-def _add_ring_attention_flags(parser) -> None:
-    """The attention whose K/V the ring carries, by Megatron-LM's flags."""
-    group = parser.add_argument_group("--collective ring_attention (Megatron-LM's flags; "
-                                      "defaults: Llama 3 70B)")
-    for flag, (dest, default, meaning) in ATTENTION_FLAGS.items():
-        group.add_argument(flag, dest=dest, type=int, default=None,
-                           help=f"{meaning} (default {default})")
-
-
-def _refuse_attention_flags(args) -> None:
-    """The attention flags describe ring_attention only."""
-    for flag, (dest, _default, _meaning) in ATTENTION_FLAGS.items():
-        if getattr(args, dest) is not None:
-            raise UserError(flag, "describes --collective ring_attention only")
-
-
-def _attention_shape(args):
-    """One TP rank's attention (report/lessons/ring_attention.py AttentionShape) from the
-    flags (defaults filled), checked."""
-    from simsp.report.lessons.ring_attention import AttentionShape
-    value = {dest: default if getattr(args, dest) is None else getattr(args, dest)
-             for dest, default, _meaning in ATTENTION_FLAGS.values()}
-    for flag, (dest, _default, _meaning) in ATTENTION_FLAGS.items():
-        if value[dest] < 1:
-            raise UserError(flag, f"must be positive, got {value[dest]}")
-        section = "parallel" if dest in ("tensor_model_parallel_size", "micro_batch_size") \
-            else "model"
-        try:  # the range table run uses (a 10**12-token sequence printed 10**50-byte blocks)
-            check_field(f"{section}.{dest}", value[dest])
-        except UserError as exc:
-            raise UserError(flag, exc.reason) from None
-    t, chunks = value["tensor_model_parallel_size"], 2 * args.ranks
-    if value["seq_length"] % chunks:
-        raise UserError("--seq-length", f"{value['seq_length']} tokens do not cut into "
-                                        f"2 x cp = {chunks} equal chunks")
-    for flag, dest in (("--num-attention-heads", "num_attention_heads"),
-                       ("--num-query-groups", "num_query_groups")):
-        if value[dest] % t:
-            raise UserError(flag, f"{value[dest]} heads do not split over "
-                                  f"--tensor-model-parallel-size {t}")
-    if value["num_attention_heads"] % value["num_query_groups"]:
-        raise UserError("--num-query-groups", "must divide --num-attention-heads")
-    return AttentionShape(value["seq_length"], value["num_attention_heads"] // t,
-                          value["num_query_groups"] // t, value["kv_channels"],
-                          value["micro_batch_size"])
-
-
 def _check_ring_attention(args) -> None:
     """The flags of a ring collective that ring attention has no use for."""
     for flag, given in (("--size", args.size), ("--min-size", args.min_size),
@@ -414,8 +293,8 @@ def _run_ring_attention(args) -> int:
     from simsp.report.lessons.ring_attention import cluster_lesson
     from simsp.report.lessons.ring_attention_page import write_page as write_attention_page
     _check_ring_attention(args)
-    cluster, gpus = _placement(args.ranks, args.nodes, _system_cluster(args.system))
-    data = cluster_lesson(cluster, gpus, _attention_shape(args))
+    cluster, gpus = ring_placement(args.ranks, args.nodes, system_cluster(args.system))
+    data = cluster_lesson(cluster, gpus, attention_shape(args))
     if args.html:
         write_attention_page(data, args.html)
     if args.json:

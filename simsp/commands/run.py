@@ -14,7 +14,9 @@ from simsp.hardware.constants import GPUS
 from simsp.units import GiB
 from simsp.explore.arguments import add_reserve_argument, check_reserve
 from simsp.memory_verdict import reserve_bytes
-from simsp.metrics import check_side_runs, collect, memory_report
+from simsp.metrics.collect import collect
+from simsp.metrics.layout import check_side_runs
+from simsp.metrics.memory import memory_report
 from simsp.outdir import default_out_dir, prepare_out_dir
 from simsp.progress import step_callback
 from simsp.explore.whatif.oom_advice import explain_oom

@@ -295,7 +295,7 @@ def attention_rates(gpu_name: str, backend: str, fp8: bool = False) -> Attention
     """The fused kernel `backend` runs on GPU profile `gpu_name`, with its figures; None for the
     unfused/local core and where the profile has no [attention] figures for that kernel (the
     core is then priced as GEMMs, simsp/model/blocks/attention/flash.py). Hopper and later:
-    a GPU with FP8 tensor cores (profiles.py LOWEST: they start at Hopper). `fp8`
+    a GPU with FP8 tensor cores (profile_file.py LOWEST: they start at Hopper). `fp8`
     (--fp8-dot-product-attention): cuDNN's forward at its published FP8 figure
     (cudnn_fp8_fwd_TFLOPs) where the profile has one; its backward keeps the BF16 figure (no
     FP8 backward figure is published)."""

@@ -2,7 +2,7 @@
 
 Sections: GPU specs; link calibration (what fraction of a link's speed NCCL rings achieve);
 the compute cost model's constants; the compute rule that derives them for any GPU profile
-(simsp/hardware/data, read by simsp/hardware/profiles.py; docs/hardware.md).
+(simsp/hardware/data, read by simsp/hardware/profile_file.py; docs/hardware.md).
 """
 
 from dataclasses import dataclass, replace
@@ -11,8 +11,9 @@ from functools import lru_cache
 from simsp.errors import UserError
 from simsp.scenario.config import Cluster
 from simsp.hardware.gemm_shapes import load_table
-from simsp.hardware.profiles import (GPUProfile, available, cpu_vendor, fabric_of, gpu_profile,
-                                     nvswitch_generation)
+from simsp.hardware.cluster_hardware import cpu_vendor, fabric_of, nvswitch_generation
+from simsp.hardware.profile_file import available
+from simsp.hardware.profiles import GPUProfile, gpu_profile
 from simsp.units import GiB
 
 

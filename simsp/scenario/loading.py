@@ -7,7 +7,7 @@ from pathlib import Path
 
 from simsp import io_in
 from simsp.errors import UserError
-from simsp.hardware.profiles import gpu_cluster_fields, system_cluster_fields
+from simsp.hardware.cluster_hardware import gpu_cluster_fields, system_cluster_fields
 from simsp.scenario.checks import validate
 from simsp.scenario.checks.rule import check
 from simsp.scenario.config import SECTIONS, Cluster, Parallel, Scenario

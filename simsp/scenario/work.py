@@ -47,7 +47,7 @@ FSDP_SECONDS_PER_FLOW = 4.4e-5
 # pieces, 14.0 / 22.0 / 38.3 / 75.7 CPU s for 93,246 / 190,558 / 385,182 / 774,430 flows at
 # 2,048 / 4,096 / 8,192 / 16,384 GPUs (2026-11-29, loaded 2-core machine): 1e-4 to 1.5e-4 s
 # per flow with the check's per-unit pieces. Since each piece and its ring's closed-form stats
-# are worked out once per collective, group and size (engine/communicator.py _segment): 5.92 /
+# are worked out once per collective, group and size (engine/timed_collectives.py _segment): 5.92 /
 # 28.70 CPU s for 93,246 / 774,430 flows at 2,048 / 16,384 GPUs (2026-11-29, loaded machine),
 # 3.6e-5 to 6.1e-5 s per flow beside the other terms.
 PIECE_SECONDS_PER_FLOW = 4.5e-5
@@ -116,7 +116,7 @@ SECONDS_PER_FLOW_VISIT = 3.7e-7
 SECONDS_PER_GATHER_FLOW = 1.4e-5
 # Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
 # (TEMPLATE) is priced by the flows of its private simulations, run once per placement
-# (engine/communicator.py): measured by benchmarks/scale.py a2a-dispatch (EP 32 / 64 / 128:
+# (engine/exchanges.py): measured by benchmarks/scale.py a2a-dispatch (EP 32 / 64 / 128:
 # 992 / 4,032 / 16,256 flows in 0.047 / 0.19 / 0.93 CPU s) and deepseek-v3 at 1,024 GPUs
 # (4,032 flows in 0.20 s; 2026-11-29, loaded 2-core machine): 4.8e-5 to 5.7e-5 s per flow.
 # The check by the members of the all-to-all owners it lists (each member's links counted per
@@ -322,7 +322,7 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
 def _ep_exchanges(sc) -> float:
     """MoE layer-steps whose all-to-alls run as flows: every one, except where nothing can
     meet them (balanced routing, ETP 1, no overlapped DP traffic): then each is timed alone
-    once per placement and byte matrix or DeepEP plan (engine/communicator.py), about once per
+    once per placement and byte matrix or DeepEP plan (engine/exchanges.py), about once per
     stage."""
     p, m = sc.parallel, sc.model
     alone = (p.moe_token_dispatcher_type in ("alltoall", "flex") and m.moe_routing_imbalance == 0

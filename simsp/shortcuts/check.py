@@ -22,7 +22,7 @@ from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.engine.collectives.ring_alone import piece_divisor
 from simsp.gc_pause import gc_paused
 from simsp.engine.group_timing import NODE_PIECE, STEP_BY_STEP, STEPPED
-from simsp.hardware.profiles import fabric_of
+from simsp.hardware.cluster_hardware import fabric_of
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.scenario.tp_overlap import dgrad_rs_on

@@ -15,7 +15,7 @@ A ring-exchange all-gather sends t − 1 steps (`aggregate`: the pair swap and t
 two chunks, t/2 in all), a ring-exchange reduce-scatter t − 1 steps; each step is one
 all-to-all over the TP group (model/base/tp_overlap.py _send_to), which starts a flow for every
 ordered pair of its t ranks, the t − 1 zero-byte ones included (engine/collectives/all_to_all.py),
-whatever the group's timing method (engine/communicator.py _all_to_all). The sites are the
+whatever the group's timing method (engine/exchanges.py _all_to_all). The sites are the
 dense MLP's and the attention's (an MoE layer's experts and MLA's projections are not TE's
 overlapped GEMMs: block_weights).
 """

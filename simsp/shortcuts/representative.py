@@ -47,7 +47,7 @@ def fsdp_replicas(sc, grid: RankGrid) -> tuple[int, ...]:
     where DP ranks are alike; under FSDP with sequence parallelism and sharded gradients, the
     first replica of each kind of SP-partial slices. Each rank all-reduces over TP, after the
     schedule, the slice of its gradient shard that holds SP-partial parameters (the norms), one
-    all-reduce per unit with such a slice (training/data_parallel/fsdp.py _sync_sp_shards), so
+    all-reduce per unit with such a slice (training/data_parallel/fsdp_reductions.py _sync_sp_shards), so
     replicas whose slices differ in size end at different times (t8 p2 d4 ZeRO-3: 5.8e-4 of the
     iteration, tests/test_fsdp_representative.py); replicas of one kind run alike. The FSDP
     units are imported only under FSDP."""
@@ -84,7 +84,7 @@ def sp_slices_per_dp_rank(sc, grid: RankGrid) -> list[list[tuple[int, ...]]]:
 
 
 def _sp_in_window(unit, start: int, stop: int) -> int:
-    """SP-partial elements of `unit` in its flat window [start, stop) (fsdp.py _sp_indices)."""
+    """SP-partial elements of `unit` in its flat window [start, stop) (fsdp_reductions.py _sp_indices)."""
     from simsp.training.data_parallel.fsdp_units import sp_partial_ranges
     return sum(hi - lo for lo, hi in sp_partial_ranges(unit, start, stop))
 

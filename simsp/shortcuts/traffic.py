@@ -97,7 +97,7 @@ def amax_owners(sc, grid: RankGrid, graph: nx.DiGraph) -> list[Owner]:
     (training/fp8_amax.py): a ring collective on the compute stream, in turn with the TP
     collectives as they are. Listed only where NCCL runs one of its two sizes (forward and
     backward amaxes of the stage's FP8 GEMMs) as a ring: a tree all-reduce loads no link
-    (engine/communicator.py)."""
+    (engine/timed_collectives.py)."""
     if not delayed_scaling(sc) or grid.tp * grid.cp * grid.dp == 1:
         return []
     calibration, owners = LinkCalibration.from_cluster(sc.cluster), []

@@ -25,7 +25,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.cluster.topology import placement
 from simsp.engine.group_timing import NODE_PIECE, STEPPED, TEMPLATE
-from simsp.hardware.profiles import fabric_of
+from simsp.hardware.cluster_hardware import fabric_of
 from simsp.scenario.pipeline_layout import standalone_mtp_stage
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
@@ -181,7 +181,7 @@ def cp_gather_phases(sc) -> int:
 
 def alone_a2a_flows(sc, shortcuts: Shortcuts, ranks) -> int:
     """Flows the all-to-alls timed alone (TEMPLATE, alltoall dispatcher) start in their
-    private simulations: engine/communicator.py runs one per placement of the group on the
+    private simulations: engine/exchanges.py runs one per placement of the group on the
     fabric (cluster/topology.py placement) and byte matrix, n(n − 1) transfers each
     (engine/collectives/all_to_all.py). TEMPLATE needs uniform routing, under which every
     dispatch and combine of a group sends the same uniform matrix: one per placement of the
@@ -296,7 +296,7 @@ def stage_buckets(sc, stage: int) -> int:
 def _first_chunk_buckets(sc, chunks: int) -> int:
     """Buckets of the first stage's first chunk: its layers' tensors and then the embedding
     tables (the position table where positions are learned), walked in reverse module order
-    (grad_buckets.py build_buckets) and cut at the bucket size."""
+    (bucket_params.py build_buckets) and cut at the bucket size."""
     p, m = sc.parallel, sc.model
     tensors = layer_tensors(sc) * (m.num_layers // (p.pp * chunks))
     tables = [m.seq_length * m.hidden_size] if m.position_embedding_type == "learned_absolute" else []

@@ -16,7 +16,8 @@ from simsp.cluster.expert_grid import ExpertGrid
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.nccl_buffers import p2p_bytes, ring_bytes
 from simsp.engine.collectives.nccl_platform import Platform, platform_of
-from simsp.hardware.profiles import cpu_vendor, gpu_profile
+from simsp.hardware.cluster_hardware import cpu_vendor
+from simsp.hardware.profiles import gpu_profile
 from simsp.scenario.tp_overlap import ub_gemms, userbuffers_bytes
 from simsp.units import GiB, MiB
 

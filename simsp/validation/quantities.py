@@ -1,6 +1,6 @@
 """What `simsp validate` can compare: each metric, its dimension, and how simsp computes it.
 
-Iteration metrics come from a whole `simsp run` iteration (simulate_iteration + metrics.collect,
+Iteration metrics come from a whole `simsp run` iteration (simulate_iteration + metrics.collect.collect,
 with the same shortcuts `simsp run` takes); layer metrics from `simsp layer`'s simulate_layer;
 activation bytes from rank 0's ledger; bus bandwidth from the engine's ring timing over every
 GPU of the scenario's cluster (NCCL PERFORMANCE.md's busbw).
@@ -15,7 +15,7 @@ from simsp.scenario.config import Scenario
 from simsp.engine.collectives.ring_alone import alone_time
 from simsp.engine.collectives.ring_timing import busbw_GBps
 from simsp.hardware.constants import LinkCalibration
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.units import GB
 

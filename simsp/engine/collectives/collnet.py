@@ -35,7 +35,7 @@ ireducescatter / iallgather, with at most one rank per CollNet head; per GPU per
   S/n down for a reduce-scatter; the reverse for an all-gather).
 - NVLS: NVLink S at nvlsEfficiency (a reduce-scatter's multimem ld_reduce reads every slice
   of this GPU once; an all-gather's multicast store writes every slice to it once); NIC S/p.
-It loads no link (as a tree or NVLS all-reduce: engine/communicator.py), so beside other
+It loads no link (as a tree or NVLS all-reduce: engine/timed_collectives.py), so beside other
 traffic on the same NICs it is as fast as alone.
 """
 

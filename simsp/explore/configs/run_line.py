@@ -6,7 +6,7 @@ import shlex
 from functools import lru_cache
 
 from simsp.errors import UserError
-from simsp.hardware.profiles import gpu_cluster_fields, system_cluster_fields
+from simsp.hardware.cluster_hardware import gpu_cluster_fields, system_cluster_fields
 from simsp.scenario import flags
 from simsp.explore.configs.grid import base_values
 from simsp.explore.configs.fields import all_fields

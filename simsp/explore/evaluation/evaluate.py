@@ -10,7 +10,7 @@ from simsp.errors import UserError
 from simsp.explore.evaluation.flatten import flatten_metrics
 from simsp.gc_pause import gc_paused
 from simsp.hardware.constants import GPUS
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.non_tensor_memory import non_tensor_bytes
 

@@ -10,7 +10,7 @@ def _present(value) -> bool:
 
 
 def bubble_seconds(row: dict) -> float:
-    """Pipeline bubble in seconds: time × bubble fraction (the idle share, metrics.bubble)."""
+    """Pipeline bubble in seconds: time × bubble fraction (the idle share, metrics.timing.bubble)."""
     return row["iteration_time_s"] * row["bubble_fraction"]
 
 
@@ -24,7 +24,7 @@ def exposed(row: dict) -> dict:
 
 def losses(row: dict) -> dict:
     """Seconds lost to the bubble and to each kind of exposed communication; pipeline waits
-    (`*_wait`) are left out: they are part of the bubble (metrics.bubble counts them there)."""
+    (`*_wait`) are left out: they are part of the bubble (metrics.timing.bubble counts them there)."""
     kinds = {kind: seconds for kind, seconds in exposed(row).items() if not kind.endswith("_wait")}
     return {"bubble": bubble_seconds(row), **kinds}
 

@@ -19,7 +19,8 @@ from simsp.scenario.loading import with_overrides
 from simsp.engine.allocator.ledger_stream import replay_ledger
 from simsp.engine.memory import CATEGORIES
 from simsp.errors import UserError
-from simsp.metrics import iteration_time, ledger_of, stage_ranks
+from simsp.metrics.memory import ledger_of
+from simsp.metrics.timing import iteration_time, stage_ranks
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 

@@ -14,7 +14,8 @@ from simsp.engine.collectives.ring import CollectiveStats
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from simsp.engine.collectives.ring_timing import algbw_GBps, busbw_GBps
 from simsp.hardware.constants import LinkCalibration
-from simsp.hardware.profiles import gpu_profile, nvswitch_generation
+from simsp.hardware.cluster_hardware import nvswitch_generation
+from simsp.hardware.profiles import gpu_profile
 from simsp.report.lessons.ring import channel_words
 from simsp.scenario.config import Cluster
 

@@ -13,7 +13,7 @@ from simsp.io_out import write_file
 from simsp.report.html import page
 from simsp.report.lessons.ring import microseconds
 from simsp.report.lessons.ring_attention import lesson_title
-from simsp.report.lessons.ring_page import STEPPING_JS
+from simsp.report.lessons.stepping_js import STEPPING_JS
 from simsp.report.lessons.ring_page import STYLE as RING_STYLE
 from simsp.units import format_bytes
 

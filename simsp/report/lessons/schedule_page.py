@@ -10,7 +10,7 @@ from pathlib import Path
 
 from simsp.io_out import write_file
 from simsp.report.html import page
-from simsp.report.lessons.ring_page import STEPPING_JS
+from simsp.report.lessons.stepping_js import STEPPING_JS
 from simsp.report.lessons.schedule import number, why
 
 UNIT_PX, ROW_PX, LEFT_PX = 36, 28, 64

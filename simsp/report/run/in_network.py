@@ -1,7 +1,7 @@
 """The run report's in-network reduction section (under --use-sharp): what the DP-CP groups'
 collectives ran as, and why the rest ran without SHARP (docs/nccl.md, "Across nodes").
 
-Read from the metrics' `in_network` counts (metrics.py `_in_network`).
+Read from the metrics' `in_network` counts (metrics/sections.py `in_network_section`).
 """
 
 IN_NETWORK = {"nvls", "nvls_tree", "collnet_direct", "collnet_chain"}

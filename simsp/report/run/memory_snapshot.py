@@ -10,7 +10,7 @@ from pathlib import Path
 
 from simsp.engine.allocator.ledger_stream import replay_ledger
 from simsp.engine.allocator.snapshot import build_snapshot, write_snapshot
-from simsp.metrics import ledger_of
+from simsp.metrics.memory import ledger_of
 
 
 def snapshot_name(rank: int) -> str:

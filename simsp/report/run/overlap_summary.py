@@ -2,7 +2,7 @@
 compute, what it ran behind, its seconds on the links, the part the compute waited for
 (exposed) and the rest (hidden). docs/overlaps.md.
 
-Read from the metrics the overlaps keep (metrics.py `_overlaps`, `_fsdp`): the DP bucket
+Read from the metrics the overlaps keep (metrics/sections.py `overlaps_section`, `fsdp_section`): the DP bucket
 collectives (training/data_parallel/grad_buckets.py), Transformer Engine's TP methods
 (model/base/tp_overlap.py), the FSDP units (training/data_parallel/fsdp.py).
 """

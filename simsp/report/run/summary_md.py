@@ -9,7 +9,7 @@ from pathlib import Path
 
 from simsp.version import __version__
 from simsp.io_out import markdown_code, markdown_text, write_file
-from simsp.metrics import layout
+from simsp.metrics.layout import layout
 from simsp.report.run.overlap_summary import overlap_lines
 from simsp.report.run.in_network import in_network_lines
 from simsp.report.run.glossary import GLOSSARY

@@ -156,7 +156,7 @@ def exposed_kinds(frame) -> list[str]:
 
 def plot_exposed(frame, path: Path) -> Path:
     """Where the best rows' time goes beyond compute, stacked per row: the pipeline bubble,
-    time × bubble fraction (the idle share, metrics.bubble), then each kind of exposed
+    time × bubble fraction (the idle share, metrics.timing.bubble), then each kind of exposed
     communication."""
     top = frame.head(TOP_BARS)
     fig, ax = plt.subplots(figsize=(14, 1.4 + 0.38 * len(top)))

@@ -17,8 +17,8 @@ AMAX_KIND = "fp8_amax"  # FP8 delayed scaling's amax all-reduces (docs/hardware.
 OPTIONAL_KINDS = (CP_KIND, EP_KIND, OFFLOAD_KIND, AMAX_KIND)
 
 
-STAGE_COLUMN = "exposed_s_stage{stage}.{key}"  # metrics.py exposure, flattened per stage
-BUBBLE_KEY = "pp_wait"  # blocked on a peer stage (fill, drain) and the idle tail: metrics.py
+STAGE_COLUMN = "exposed_s_stage{stage}.{key}"  # metrics/timing.py exposure, flattened per stage
+BUBBLE_KEY = "pp_wait"  # blocked on a peer stage (fill, drain) and the idle tail: metrics/timing.py
 
 
 def busiest_stage(row: dict) -> int:
@@ -42,7 +42,7 @@ def kinds_of(rows: list[dict]) -> tuple:
 
 
 def exposure(row: dict) -> dict:
-    """Seconds of the busiest stage's iteration by what its program was doing (metrics.py
+    """Seconds of the busiest stage's iteration by what its program was doing (metrics/timing.py
     `exposure`): the parts partition the iteration, each second counted once — compute
     (kernels), bubble (blocked on a peer stage in fill and drain, and the idle tail), each
     communication while the program was blocked on it, the optimizer step

@@ -1,7 +1,8 @@
 """Checks of the cluster: known GPU and system profiles, link efficiencies, and room for every
 rank of the layout."""
 
-from simsp.hardware.profiles import fabric_of, gpu_profile, system_profile
+from simsp.hardware.cluster_hardware import fabric_of
+from simsp.hardware.profiles import gpu_profile, system_profile
 from simsp.scenario.checks.rule import check
 from simsp.scenario.config import Cluster, Parallel
 

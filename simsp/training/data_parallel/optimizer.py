@@ -99,7 +99,7 @@ def grad_norm(r, optimizer: AdamState, weights: dict):
 
 def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):
     """The gradient norm and the Adam step; their time is the iteration's optimizer share
-    (metrics.exposure)."""
+    (metrics.timing.exposure)."""
     start = r.env.now
     yield from grad_norm(r, optimizer, weights)
     yield from adam_step(r, optimizer, weights, grads)

@@ -40,7 +40,7 @@ def _fsdp_local_grads(inputs, states: dict, dp: int) -> dict | None:
     p = inputs.sc.parallel
     if p.fsdp in (None, "no_shard"):
         return None
-    from simsp.training.data_parallel.fsdp import full_grads  # FSDP code: only FSDP runs
+    from simsp.training.data_parallel.fsdp_reductions import full_grads  # FSDP code: only FSDP runs
     group = inputs.world.grid.dp_cp_group  # the ranks a unit is sharded over, in shard order
     return {(tp, pp): full_grads([states[k].fsdp for k in group(inputs.rank_of(tp, 0, pp))])
             for tp in range(p.tp) for pp in range(p.pp)}

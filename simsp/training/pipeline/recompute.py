@@ -8,7 +8,7 @@ scheme of Megatron-LM's `tensor_parallel.checkpoint` around `custom(l, l + N)` i
 """
 
 from simsp.cluster.topology import placement
-from simsp.hardware.profiles import fabric_of
+from simsp.hardware.cluster_hardware import fabric_of
 from simsp.model.layer import LayerSpec, layer_backward, layer_forward
 from simsp.training.data_parallel.grad_scaling import loss_gradient_factor
 

@@ -256,7 +256,7 @@ def _after_backward(r, world, plan: StagePlan, state: RankState, at: tuple):
 def _serialise_spans(spans: list, first: int, count: int) -> None:
     """The pair's `count` step spans (from index `first`) made disjoint in the order they end,
     each starting no earlier than the one before ends, so the stage's work counts the pair's
-    time once (metrics.py bubble)."""
+    time once (metrics/timing.py bubble)."""
     ordered = sorted(spans[first:first + count], key=lambda span: span[4])
     for i in range(1, count):
         span = ordered[i]

@@ -8,7 +8,8 @@ import numpy as np
 
 from simsp.engine.memory import CATEGORIES
 from simsp.report.run.figures.drawing import (add_axes_in, memory_unit, new_figure, png_bytes,
-                                              stage_ticks, time_unit)
+                                              time_unit)
+from simsp.report.run.figures.stage_ticks import stage_ticks
 from simsp.report.run.figures.memory import COLORS
 from simsp.units import GiB
 

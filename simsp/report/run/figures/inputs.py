@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simsp.metrics import stage_ranks
+from simsp.metrics.timing import stage_ranks
 from simsp.report.run.figures.schedule import (replayed, stage_intervals, stage_spans,
                                                zoom_window)
 from simsp.report.run.memory_timeline import coarser, memory_timeline

@@ -2,7 +2,7 @@
 first and the last, stacked by category, the capacity dashed.
 
 Sections: every stage (small multiples of stacked step areas, each stage's peak in its title;
-drawn into one inch-scaled Axes, report/run/figures/drawing.py's small multiples: one polygon
+drawn into one inch-scaled Axes, report/run/figures/panels.py's small multiples: one polygon
 collection per category over all the panels, so the cost grows with the number of stages by a
 few milliseconds each), and memory.png (the first and the last stage).
 """
@@ -13,11 +13,11 @@ import numpy as np
 
 from simsp.engine.memory import CATEGORIES
 from simsp.io_out import write_file
-from simsp.report.run.figures.drawing import (GRID, PanelGrid, add_axes_in, frames,
-                                              grid_segments, label_axes, memory_unit, new_figure,
-                                              new_sheet, nice_ticks, panel_titles, png_bytes,
-                                              stacked_step_polygons, tick_labels, tick_segments,
-                                              time_unit)
+from simsp.report.run.figures.drawing import (add_axes_in, memory_unit, new_figure, png_bytes,
+                                              stacked_step_polygons, time_unit)
+from simsp.report.run.figures.panels import (GRID, PanelGrid, frames, grid_segments, label_axes,
+                                             new_sheet, nice_ticks, panel_titles, tick_labels,
+                                             tick_segments)
 from simsp.report.run.figures.inputs import memory_figures_of
 from simsp.units import GiB, KiB, MiB
 

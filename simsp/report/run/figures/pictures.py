@@ -3,7 +3,7 @@ every stage, the pipeline schedule, and those drawn from the metrics. Each funct
 painter job (report/run/painter.py); every PNG is a deterministic function of the run.
 """
 
-from simsp.metrics import stage_ranks
+from simsp.metrics.timing import stage_ranks
 from simsp.report.run.figures.bars import exposed_time_bars, memory_at_peak_bars, switch_bars
 from simsp.report.run.figures.memory import memory_over_time
 from simsp.report.run.figures.schedule import schedule_gantt

@@ -13,8 +13,9 @@ import numpy as np
 
 from simsp.report.run.step_kinds import paired_steps, step_kind
 
-from simsp.report.run.figures.drawing import (add_axes_in, draw_pixels, new_figure,
-                                              painted_shares, png_bytes, stage_ticks, time_unit)
+from simsp.report.run.figures.drawing import add_axes_in, new_figure, png_bytes, time_unit
+from simsp.report.run.figures.pixels import draw_pixels, painted_shares
+from simsp.report.run.figures.stage_ticks import stage_ticks
 
 
 GANTT_COLORS = {"forward": "#4c72b0", "backward": "#55a868", "weight gradient": "#937860",
