@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import simpy
 
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.scenario.work import (CP_LONE_SECONDS_PER_RANK_PAIR, CP_PASS_SECONDS_PER_RANK_PAIR,
                                  layer_steps, pair_seconds)
 from simsp.training.context_parallel import attention, ring_pass

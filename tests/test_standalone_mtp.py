@@ -10,7 +10,7 @@ import pytest
 from simsp.cli import main
 from simsp.cluster.grid import RankGrid
 from simsp.errors import UserError
-from simsp.metrics import collect
+from simsp.metrics.collect import collect
 from simsp.model.params import param_shapes
 from simsp.scenario.loading import load_scenario, with_overrides
 from simsp.shortcuts.work_counts import stage_buckets
