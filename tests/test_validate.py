@@ -67,6 +67,20 @@ def test_bundled_rows_are_reference_md_numbers():
     assert found == REFERENCE
 
 
+def test_nemo_rows_run_the_attention_and_recompute_of_the_24_07_launcher():
+    # NeMo-Framework-Launcher at tag 24.07: conf/config.yaml env_vars NVTE_FUSED_ATTN: 0 (every
+    # job; TE 1.8 DotProductAttention then drops cuDNN and runs flash-attn, FlashAttention-2);
+    # conf/training/gpt3/{5b,20b,175b}.yaml activations_checkpoint_granularity: null
+    mset = read_measurements(data_path(BUNDLED))
+    rows = [r for r in mset.rows if r.group == "nemo-24.07-h100"]
+    assert len(rows) == 9
+    for row in rows:
+        sc = scenario_of(mset, row, row.flags)
+        assert sc.model.attention_backend == "flash", row.name
+        if row.name.startswith("GPT3"):
+            assert sc.parallel.recompute_granularity == "none", row.name
+
+
 @pytest.mark.parametrize("model", ["22b", "175b"])
 def test_bundled_paper_scenarios_equal_the_repository_scenarios(model):
     mset = read_measurements(data_path(BUNDLED))
