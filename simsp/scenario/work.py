@@ -186,7 +186,8 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     elif m.num_experts is not None and ep > 1:
         moe_share = sum(map(m.is_moe_layer, range(m.num_layers))) / m.num_layers
         ep_flows = ep ** 2 if ep_pairs is None else ep_pairs
-        per_step = ep_flows * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type, 4e-5)
+        per_step = ep_flows * EP_SECONDS_PER_RANK_PAIR.get(p.moe_token_dispatcher_type,
+                                                     EP_SECONDS_PER_RANK_PAIR["alltoall"])
         if p.moe_token_dispatcher_type == "alltoall":
             per_step += ep_flows ** 2 * EP_SECONDS_PER_RANK_PAIR_SQUARED
         seconds += _ep_exchanges(sc) * moe_share * per_step

@@ -1,139 +1,126 @@
-"""The work estimate's constants (simsp/scenario/work.py): CPU seconds and bytes of simsp's own
-code per counted unit, each measured by benchmarks/estimate_constants.py in one pass on one
-machine (its speed probe, benchmarks/speed.py probe_ms, named below), and the limits.
+"""The work estimate's constants (simsp/scenario/work.py, shortcuts/work_counts.py): CPU seconds
+and bytes of simsp's own code per counted unit, and the limits.
 
-Re-measure on another machine with `python benchmarks/estimate_constants.py` (docs/PERFORMANCE.md).
+Every constant is measured by benchmarks/estimate_constants.py in one pass on one machine, by
+runs that isolate its term (the group named beside it: `--only GROUP` re-measures it), each the
+best of three by process time; the tag gives the date and the machine's speed probe
+(benchmarks/speed.py probe_ms, sum(range(10**7)) in ms) before and after the pass. A machine
+twice as fast halves them all: re-measure there with `python benchmarks/estimate_constants.py`
+(docs/PERFORMANCE.md "The work estimate's constants").
 """
 
 from simsp.units import GiB
 
-# Work limits (measured with benchmarks/work_estimate.py on this 2-core machine).
-# Measured again on today's engine: 0.03-0.08 ms per layer-step for d = 1..64 at 175B width
-# (0.18 ms on a 192-step run, where the start dominates) and 0.57 ms at d = 512; without
-# shortcuts 1.7 ms per rank-step at t = 8 and 3.4 ms at t = 64; numeric 15 ms per rank-step at
-# tiny shapes and about 3e9 FLOP/s at h = 256.
-META_SECONDS_PER_LAYER_STEP = 0.1e-3  # meta mode, all shortcuts: one layer fwd+bwd, one stage
-META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 1e-6  # the growth with d measured above
-FULL_SECONDS_PER_RANK_STEP = 2e-3  # --no-shortcuts: per simulated rank
-NUMERIC_FLOPS_PER_SECOND = 2e9  # numpy float64 GEMMs on one core, with simsp's op overhead
-NUMERIC_SECONDS_PER_LAYER_STEP = 15e-3  # numeric mode's per-op overhead per rank, tiny shapes
-# Meta mode keeps its ledger and trace: the 1T scenario (65,536 layer-steps) peaks at 526 MB
-# RSS, 476 MB above the interpreter with simsp imported: 7.3 KiB per layer-step.
-META_BYTES_PER_LAYER_STEP = 10 * 1024
-# Terms the per-layer-step cost misses, measured by benchmarks/work_estimate.py --terms:
-# each simulated rank builds its plan from every layer's parameter names (training/pipeline/plan.py
-# stage_param_names: L=p=1024, one micro-batch: 7 s, 1.5 GB); without shortcuts a rank-step
-# costs more the more ranks its TP ring has (1.7 ms at t = 8, 3.4 ms at t = 64); one collective
-# per data-parallel gradient bucket (--ddp-bucket-size with --overlap-grad-reduce).
-PLAN_SECONDS_PER_RANK_LAYER = 8e-6
-PLAN_BYTES_PER_RANK_LAYER = 1536
-FULL_SECONDS_PER_RING_RANK = 3e-5  # --no-shortcuts: per rank-step, per rank of the TP ring
-SECONDS_PER_BUCKET = 1e-4  # per simulated rank and bucket
-# FSDP (docs/fsdp.md): its DP rings run step by step; measured on Llama 3 8B under FSDP2 at
-# d = 16, 32, 64 (one micro-batch): 1.2e-4 to 1.3e-4 CPU s per collective per d².
-FSDP_SECONDS_PER_COLLECTIVE_D2 = 1.3e-4
-# Where the verdict is known its stepped FSDP rings' flows are counted instead
-# (shortcuts/work_counts.py): measured by benchmarks/scale.py llama3.1-405b-fsdp (TP 8, PP 16,
-# d 16 one DP member per node, the DP rings meeting the pipeline sends on the NICs) at 2,048
-# GPUs, 64.6 CPU s for 1,461,696 flows (2026-11-29, loaded 2-core machine): 4.4e-5 s per flow,
-# less than SECONDS_PER_FLOW's rings since one channel's flows start and end together.
-FSDP_SECONDS_PER_FLOW = 4.4e-5
-# An FSDP ring run as one node's piece (docs/shortcuts.md) starts m positions x (d - 1) flows
-# per collective: measured by the same family once its rings of one member per node ran as
-# pieces, 14.0 / 22.0 / 38.3 / 75.7 CPU s for 93,246 / 190,558 / 385,182 / 774,430 flows at
-# 2,048 / 4,096 / 8,192 / 16,384 GPUs (2026-11-29, loaded 2-core machine): 1e-4 to 1.5e-4 s
-# per flow with the check's per-unit pieces. Since each piece and its ring's closed-form stats
-# are worked out once per collective, group and size (engine/communicator.py _segment): 5.92 /
-# 28.70 CPU s for 93,246 / 774,430 flows at 2,048 / 16,384 GPUs (2026-11-29, loaded machine),
-# 3.6e-5 to 6.1e-5 s per flow beside the other terms.
-PIECE_SECONDS_PER_FLOW = 4.5e-5
-# A piece of one member per node runs its steps in arithmetic while only pieces use its NIC
-# (engine/collectives/step_trains.py): measured by the same family, 1.87 and 5.70 CPU s at
-# 2,048 and 16,384 GPUs for 6,048 such collectives of 90,720 and 768,096 steps (2026-11-29,
-# loaded 2-core machine), 1.47 and 5.10 s beside the other terms: 5.4e-6 s per step (the
-# check's routes over the world, which grow alike, included) and 1.6e-4 s per collective.
-TRAIN_SECONDS_PER_STEP = 5.4e-6
-TRAIN_SECONDS_PER_COLLECTIVE = 1.6e-4
-# A DP ring that meets only its own collectives runs as one node's piece of one channel
-# (docs/shortcuts.md): G positions x 2(d - 1) steps; measured on the same runs at d = 64 and
-# 256 (0.95 and 3.4 CPU s in all), and again by benchmarks/scale.py fsdp2-d64 (8 layers, d 16
-# to 64: 0.17 to 0.76 CPU s, 2026-11-28, loaded machine): about 4e-5 s per collective per d·G.
-FSDP_SECONDS_PER_COLLECTIVE_PIECE = 4e-5
-# Context parallelism's ring (p2p) and Ulysses all-to-all (a2a) pass a block between every pair
-# of a CP group's ranks per layer-step, each a transfer on the links: measured (a 2-layer model,
-# s 4096, cp 32 to 128, t 1-2, d 1-2, benchmarks/work_estimate.py --terms) 0.8e-4 to 1.2e-4 CPU s
-# per layer-step per t·d·cp²; cp 128 alone took 4.4 s against the 0.5 s the linear terms gave.
-CP_SECONDS_PER_RANK_PAIR = 1e-4
-# p2p rings alone on their links (context_parallel/lone_ring.py) where TP rank 0's CP ranks run:
-# scale.py cp-128k (320 layer-steps; 3.57 / 9.28 CPU s at cp 8 / 16 less the start, 2026-11-29,
-# 2 shared cores) fit a·cp + b·cp², a = 8.8e-4 s a layer-step per CP rank (TP in closed form),
-# b = 5.6e-5 to 6.8e-5 per CP pair (every send a flow: 9e-5).
-CP_SECONDS_PER_RANK_STEP, CP_LONE_SECONDS_PER_RANK_PAIR = 8.8e-4, 7e-5
+# estimate_constants.py --only start (2026-11-29, probe 241-476 ms): Every run's start: the world
+# (topology, links, ranks) and the check; the smallest meta runs (tiny and Llama 3 8B, 2 layers,
+# 8 GPUs).
+RUN_START_SECONDS = 0.0054
+# estimate_constants.py --only layer-step (2026-11-29, probe 241-476 ms): Meta mode with every
+# shortcut, one layer forward and backward on one stage, and its growth with the replicas d: GPT-3
+# 175B width (t 8, SP, selective), L 32 to 96, p 1 to 8, m 4 to 128, d 1 to 64.
+META_SECONDS_PER_LAYER_STEP = 3.5e-5
+META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 4.4e-7
+# estimate_constants.py --only full (2026-11-29, probe 241-476 ms): --no-shortcuts: per simulated
+# rank-step, and per rank of its TP ring (tiny shape, 2 layers, t 8 / 16 / 64), priced by the rule
+# alone (run_seconds under Shortcuts() adds the stepped rings' flows to it).
+FULL_SECONDS_PER_RANK_STEP = 0.0013
+FULL_SECONDS_PER_RING_RANK = 5.2e-5
+# estimate_constants.py --only numeric (2026-11-29, probe 241-476 ms): Numeric mode: numpy float64
+# GEMMs on one core with simsp's op overhead, and the per-op overhead per rank-step
+# (scenarios/tiny.toml at h 64, 128, 256).
+NUMERIC_FLOPS_PER_SECOND = 3.2e9
+NUMERIC_SECONDS_PER_LAYER_STEP = 0.0015
+# estimate_constants.py --only bytes (2026-11-29, probe 241-476 ms): Meta mode keeps its ledger and
+# trace (run's default, steps) per layer-step, and every simulated rank its plan of every layer's
+# parameter names (training/pipeline/plan.py stage_param_names): peak RSS above the loaded
+# scenario, paper-1t (65,536 layer-steps) and a tiny model at L = p = 512.
+META_BYTES_PER_LAYER_STEP = 2750
+PLAN_BYTES_PER_RANK_LAYER = 180
+# estimate_constants.py --only plan (2026-11-29, probe 241-476 ms): Each simulated rank builds its
+# plan from every layer's parameter names: a tiny model at L = p = 256 and 512, one micro-batch
+# (ranks x L grows as p²).
+PLAN_SECONDS_PER_RANK_LAYER = 1e-5
+# estimate_constants.py --only buckets (2026-11-29, probe 241-476 ms): One collective per
+# data-parallel gradient bucket and simulated rank: 22B at d 4 and 16 with one-tensor buckets
+# (--ddp-bucket-size 1, --overlap-grad-reduce).
+SECONDS_PER_BUCKET = 8.3e-5
+# estimate_constants.py --only fsdp-rule (2026-11-29, probe 241-476 ms): FSDP (docs/fsdp.md) before
+# the verdict is known: rings stepped whole, per collective per d² (Llama 3 8B, 8 layers, FSDP2 at
+# t 2, d 16 and 32), or as one node's pieces where every unit splits so, per collective per d·G
+# (the same at t 1, d 16 to 64).
+FSDP_SECONDS_PER_COLLECTIVE_D2 = 0.00011
+FSDP_SECONDS_PER_COLLECTIVE_PIECE = 2.2e-5
+# estimate_constants.py --only fsdp-flows (2026-11-29, probe 241-476 ms): Where the verdict is
+# known (shortcuts/work_counts.py): the flows of FSDP rings stepped whole and run as one node's
+# pieces, and the steps and collectives of the pieces of one member per node run in arithmetic
+# while only pieces use its NIC
+# (engine/collectives/step_trains.py): FSDP2 d 16 to 64 at t 1 and 2, and benchmarks/scale.py
+# llama3.1-405b-fsdp (TP 8, PP 16, the DP rings meeting the pipeline sends) at 2,048 and 4,096.
+FSDP_SECONDS_PER_FLOW = 1.3e-5
+PIECE_SECONDS_PER_FLOW = 2.3e-5
+TRAIN_SECONDS_PER_STEP = 7.9e-6
+TRAIN_SECONDS_PER_COLLECTIVE = 0.00029
+# estimate_constants.py --only cp-pairs (2026-11-29, probe 241-476 ms): Context parallelism's ring
+# (p2p) and Ulysses all-to-all (a2a) pass a block between every pair of a CP group's ranks per
+# layer-step, each a transfer on the links, where every rank runs: a 2-layer Llama 3 8B shape, s
+# 4096, p2p at cp 32 and 64 with d 2, a2a at cp 8 with d 4.
+CP_SECONDS_PER_RANK_PAIR = 5.8e-5
+# estimate_constants.py --only cp-lone (2026-11-29, probe 241-476 ms): p2p rings alone on their
+# links (context_parallel/lone_ring.py) where TP rank 0's CP ranks run: per layer-step per CP rank,
+# and per CP pair (the same shape at cp 16 and 64, d 1, and benchmarks/scale.py cp-128k at 256
+# GPUs).
+CP_SECONDS_PER_RANK_STEP = 0.0011
+CP_LONE_SECONDS_PER_RANK_PAIR = 5.9e-5
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
-# where nothing meets it, within a leaf or across leaf switches (engine/collectives/ring_alone.py
-# channel_segment runs one channel's piece per node), so in the linear terms (benchmarks/scale.py
-# cp-allgather, cp 64 to 512: 0.20 / 0.42 / 1.03 / 2.62 CPU s against 0.41 / 0.67 / 1.19 / 2.24
-# estimated, 2026-11-29, 2-core machine); where the verdict steps it, its flows are counted
-# (shortcuts/work_counts.py cp_gather_flows).
-# Transformer Engine's ring exchanges (--tp-comm-overlap) start t(t − 1) flows a step, all but
-# one per sender of zero bytes (latency only, no fair-share solve), each step beside a GEMM piece:
-# measured by benchmarks/work_estimate.py --exchanges (GPT-3 175B on H100 at 128 GPUs with and
-# without the overlap, best of 3: 3.27 against 6.71 and 3.63 against 7.67 CPU s for 221,184
-# exchange flows and 9,216 more ring flows at SECONDS_PER_FLOW; 2026-11-29, loaded 2-core
-# machine): 1.14e-5 and 1.41e-5 s per exchange flow.
+# where nothing meets it (engine/collectives/ring_alone.py channel_segment runs one channel's piece
+# per node), so it is in the linear terms; where the verdict steps it, its flows are counted
+# (shortcuts/work_counts.py cp_gather_flows) at SECONDS_PER_FLOW. estimate_constants.py --only
+# flows (2026-11-29, probe 241-476 ms): A ring that shares links with other traffic runs step by
+# step, every step's hops as flows on the shared links, with their events and fair-share solves
+# (the DP and TP rings of the H100 layouts, shortcuts/work_counts.py): benchmarks/scale.py
+# gpt3-175b-h100 at 128 and 256.
+SECONDS_PER_FLOW = 5.7e-5
+# estimate_constants.py --only exchange (2026-11-29, probe 241-476 ms): Transformer Engine's ring
+# exchanges (--tp-comm-overlap) start t(t − 1) flows a step, all but one per sender of zero bytes
+# (no fair-share solve): benchmarks/scale.py gpt3-175b-h100-tpo at 128 GPUs, beside the ring flows
+# it steps at SECONDS_PER_FLOW.
 EXCHANGE_SECONDS_PER_FLOW = 1.2e-5
-# Expert parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE
-# layer-step: measured (2 layers, EP 16 to 64, one or two EP groups) 3.5e-5 to 4.7e-5 CPU s per
-# MoE layer-step per ep² with the alltoall dispatcher, 1.4e-5 with allgather.
-EP_SECONDS_PER_RANK_PAIR = {"alltoall": 4e-5, "allgather": 1.5e-5}
-# Above ~128 EP ranks the all-to-all's ep² flows stop finishing together: the links' max-min
-# fair rates (engine/fair_share.py) are solved again at each finish over the flows still
-# active, up to ep⁴ flow visits per MoE layer-step. Measured: ep 256, 2 MoE layer-steps, 41.5
-# CPU s where the ep² term gives 5.2 (ep 128: 1.96 s, ep 64: 0.41 s).
-EP_SECONDS_PER_RANK_PAIR_SQUARED = 4.2e-9
-# Under the quotient by rail symmetry with stepwise EP groups every flow of a stage shares its
-# one simulated GPU's links, so each fair-share solve (engine/network.py _reschedule: linked
-# flows, memo, retimes) takes up every all-to-all flow in flight there; the solves' flows are
-# counted (shortcuts/work_counts.py ep_visits) and priced per flow taken up: measured by
-# benchmarks/work_estimate.py --visits (time.process_time inside _reschedule, a DeepSeek-V3
-# shape scaled down: 13 layers, p 4, d = EP 64, DualPipe, m 8 and 16): 0.84-0.92 / 2.99-3.14
-# CPU s for 2.29 / 8.69 million visits, 3.4e-7 to 4.0e-7 s per visit (2026-11-29, loaded 2-core
-# machine; 6.1e-7 to 6.4e-7 before linked_flows stopped its walk once it holds every flow).
-SECONDS_PER_FLOW_VISIT = 3.7e-7
-# Its token-count all-gathers' ring pieces (shortcuts/work_counts.py gather_flows), each flow's
-# events outside the solves: the same runs, m 8 to 16, 1.96 more CPU s outside _reschedule for
-# 144,192 more flows (2026-11-29, loaded machine): 1.4e-5 s per flow.
-SECONDS_PER_GATHER_FLOW = 1.4e-5
-# Where the shortcut verdict is known (shortcuts/work_counts.py), an all-to-all timed alone
-# (TEMPLATE) is priced by the flows of its private simulations, run once per placement
-# (engine/communicator.py), and the check by the all-to-all pairs it routes: measured by
-# benchmarks/scale.py a2a-dispatch (EP 32 / 64 / 128: 992 / 4,032 / 16,256 flows in 0.047 /
-# 0.19 / 0.93 CPU s, the check 0.04 / 0.08 / 0.42 s) and deepseek-v3 at 1,024 GPUs (4,032
-# flows in 0.20 s, the check of 64,512 pairs 1.57 s; 2026-11-29, loaded 2-core machine):
-# 4.8e-5 to 5.7e-5 s per flow, 2e-5 to 2.6e-5 s per checked pair.
-A2A_ALONE_SECONDS_PER_FLOW = 5e-5
-CHECK_SECONDS_PER_PAIR = 2.4e-5
-# Multi-token prediction's depths run on the last stage for every micro-batch, each a layer plus
-# its own embedding norm, projection and vocabulary head, untemplated: measured with
-# benchmarks/scale.py's mtp-deep family (Llama 3 8B shape, 2 layers, one micro-batch, 8 GPUs;
-# 2026-11-28, loaded 2-core machine): 0.84 / 3.80 / 14.02 CPU s at 256 / 1,024 / 4,096 depths,
-# 3.3e-3 to 3.7e-3 s per depth-step, linear since each depth's weights are looked up in a table
-# built once (training/pipeline/steps.py RankState.layer_tables; the scan it replaced was D²).
-MTP_SECONDS_PER_DEPTH_STEP = 3.4e-3
-# A ring that shares links with other traffic runs step by step, every step's hops as flows on
-# the shared links (the DP and TP rings of the H100 layouts, shortcuts/work_counts.py counts
-# them): measured 2.32 CPU s for 21,840 flows (GPT-3 width, 16 layers, t 4 SP p 8 interleaved,
-# d 4 on DGX H100, 32 micro-batches, 128 layer-steps), about 1e-4 s per flow with its events
-# and fair-share solves.
-SECONDS_PER_FLOW = 1e-4
-# Every run's start: the world (topology, links, ranks), the plans, the metrics; measured on the
-# smallest runs of benchmarks/scale.py (2 to 8 layers, 8 to 128 GPUs: 0.22 to 0.43 CPU s where
-# the terms above gave 0.05 to 0.26, 2026-11-28, loaded 2-core machine).
-RUN_START_SECONDS = 0.15
-# CPU seconds per rank of the world that rail symmetry's check costs (shortcuts/rail_symmetry.py
-# symmetric_steps: every owner's hops and their images' routes, per shift tried), measured with
-# benchmarks/scale.py gpt3-175b-h100 on this 2-core machine: the check alone 6.0 s at 8,192
-# GPUs and 17.1 s at 16,384, about half of it the symmetry's (cProfile at 4,096)
-SYMMETRY_SECONDS_PER_RANK = 5e-4
+# estimate_constants.py --only ep-pairs ep-allgather (2026-11-29, probe 241-476 ms): Expert
+# parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE layer-step,
+# priced by the rule before the verdict is known (after it, the stepped all-to-alls' flows are
+# counted at SECONDS_PER_FLOW): a 2-layer MoE with routing imbalance 0.5 (every all-to-all runs),
+# EP = d 32 to 128 with alltoall, 32 and 64 with allgather. Above ~128 EP ranks the all-to-all's
+# ep² flows stop finishing together and the links' fair rates are solved again at each finish
+# (engine/fair_share.py): up to ep⁴ visits.
+EP_SECONDS_PER_RANK_PAIR = {"alltoall": 1.2e-4, "allgather": 4.7e-5}
+EP_SECONDS_PER_RANK_PAIR_SQUARED = 0.0  # ep 256 (14.2 CPU s) on the ep² term alone: no ep⁴ seen
+# estimate_constants.py --only visits (2026-11-29, probe 241-476 ms): Under the quotient by rail
+# symmetry with stepwise EP groups each fair-share solve
+# (engine/network.py _reschedule) takes up every all-to-all flow in flight on the simulated GPU's
+# links; the solves' flows are counted (shortcuts/work_counts.py ep_visits) and priced per flow
+# taken up: the CPU inside _reschedule, DeepSeek-V3 scaled down (13 layers, p 4, d = EP 64,
+# DualPipe, m 8 and 16; benchmarks/work_estimate.py --visits).
+SECONDS_PER_FLOW_VISIT = 3.6e-7
+# estimate_constants.py --only gather (2026-11-29, probe 241-476 ms): Its token-count all-gathers'
+# ring pieces (shortcuts/work_counts.py gather_flows), each flow's events outside the solves: the
+# same runs, beside the other terms.
+SECONDS_PER_GATHER_FLOW = 3.2e-7
+# estimate_constants.py --only a2a-alone (2026-11-29, probe 241-476 ms): Where the verdict is
+# known, an all-to-all timed alone (TEMPLATE) is priced by the flows of its private simulations,
+# run once per placement (engine/communicator.py), and the check by the all-to-all pairs it routes:
+# benchmarks/scale.py a2a-dispatch at EP 64 and 128 and deepseek-v3 at 1,024 GPUs.
+A2A_ALONE_SECONDS_PER_FLOW = 2.4e-5
+CHECK_SECONDS_PER_PAIR = 1.5e-5
+# estimate_constants.py --only mtp (2026-11-29, probe 241-476 ms): Multi-token prediction's depths
+# run on the last stage for every micro-batch, each a layer plus its own embedding norm, projection
+# and vocabulary head, untemplated, linear in D since each depth's weights are looked up in a table
+# built once (training/pipeline/steps.py RankState.layer_tables): benchmarks/scale.py mtp-deep at
+# 256 and 1,024 depths.
+MTP_SECONDS_PER_DEPTH_STEP = 0.0019
+# estimate_constants.py --only symmetry (2026-11-29, probe 241-476 ms): Rail symmetry's check per
+# rank of the world (shortcuts/rail_symmetry.py symmetric_steps: every owner's hops and their
+# images' routes, per shift tried): the shortcut check alone on benchmarks/scale.py gpt3-175b-h100
+# at 2,048 and 4,096 GPUs.
+SYMMETRY_SECONDS_PER_RANK = 0.00037
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
