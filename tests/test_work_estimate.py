@@ -62,7 +62,7 @@ def test_pipeline_depth_memory_term():
                                     ("parallel", "global_batch_size"): 1,
                                     ("cluster", "nodes"): p // 8})
     assert 1.5e8 < meta_bytes(scenario(1024)) < 3.0e8
-    assert meta_bytes(scenario(4096)) > 16 * meta_bytes(scenario(1024)) * 0.99
+    assert meta_bytes(scenario(4096)) > 15 * meta_bytes(scenario(1024))  # the plans' p²
 
 
 PAIRS = {  # the terms that grow with the square of a group (work.pair_seconds); their CPU time
