@@ -3,6 +3,9 @@ this machine: per group of constants, runs that isolate its term, each in its ow
 of three by process time (what benchmarks/scale.py measures), printed beside work.py's value.
 
 Usage: python benchmarks/estimate_constants.py [--only GROUP ...] [--repeat N] [--json FILE]
+                                              [--from-json FILE]
+The groups and their runs are in benchmarks/estimate_cases.py; `--from-json` refits the runs
+of an earlier `--json` without measuring. Copy the printed values into work_constants.py.
 
 The estimate is linear in its constants: evaluated once with each constant a unit symbol
 (Symbol), it gives every run the count each constant multiplies (its layer-steps, flows,
