@@ -8,7 +8,9 @@ Usage: python benchmarks/scale.py [--quick] [--only FAMILY ...] [--cap S] [--jso
 Each point runs in its own subprocess under a wall-clock cap (--cap, default 120 s); a point
 past it is recorded as "> cap" and the larger sizes of its family are skipped (the cost only
 grows), so the benchmark always finishes. CPU is the child's process time (user + system),
-memory its peak RSS (getrusage). The counts are the engine's: simpy events, flows started on
+memory its peak RSS (getrusage). The machine's speed probe (benchmarks/speed.py probe_ms) is
+printed before and after: the estimate's constants were measured at the probe
+simsp/scenario/work_constants.py names. The counts are the engine's: simpy events, flows started on
 the links (engine/network.py `flows_started`, with those the all-to-alls timed alone start in
 their private simulations, engine/communicator.py `alone_flows`) and fair-share solves.
 Families (the layouts of docs/PERFORMANCE.md "Scale"):
@@ -35,6 +37,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from speed import probe_ms  # noqa: E402 (the machine's speed, printed beside the table)
+
 SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK = (128, 256, 512)
 
@@ -264,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cap", type=float, default=120.0, help="wall seconds per point")
     parser.add_argument("--json", type=Path, help="write every row here")
     args = parser.parse_args(argv)
+    before = probe_ms()
+    print(f"machine speed probe, sum(range(10**7)): {before:.0f} ms before")
     print(f"{'family':<20}{'size':>7}{'cpu s':>9}{'GiB':>7}{'events':>11}{'flows':>10}"
           f"{'est fl':>10}{'est s':>9}{'meas/est':>9}{'ranks':>7}{'stepped':>9}")
     rows = []
@@ -273,6 +280,8 @@ def main(argv: list[str] | None = None) -> None:
         measured = [(r["size"], r["cpu_s"]) for r in family if r.get("cpu_s") is not None]
         k = growth_exponent(measured)
         print(f"{name:<20} growth k = {'n/a' if k is None else format(k, '.2f')}", flush=True)
+    print(f"machine speed probe: {probe_ms():.0f} ms after (simsp/scenario/work_constants.py "
+          "names the probe its constants were measured at)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
 

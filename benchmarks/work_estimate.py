@@ -6,6 +6,10 @@ layer for one micro-batch on one simulated stage) and the CPU seconds of one sim
 
     python benchmarks/work_estimate.py
 
+The constants themselves (simsp/scenario/work_constants.py) are measured all together by
+benchmarks/estimate_constants.py, which reuses these layouts; this script keeps the per-term
+views below.
+
 `--exchanges` measures instead the CPU price of one flow of Transformer Engine's ring
 exchanges (--tp-comm-overlap; simsp/shortcuts/overlap_counts.py), work.py's
 EXCHANGE_SECONDS_PER_FLOW: benchmarks/scale.py's GPT-3 175B H100 layout at 128 GPUs with and

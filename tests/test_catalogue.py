@@ -107,10 +107,10 @@ BOUNDS_CASES = {
                                      "numeric"], "run.mode"),
     "numeric memory is never forced": (["run", str(SCENARIOS / "paper-175b.toml"), "--mode",
                                         "numeric", "--force"], "run.mode"),
-    "meta ledger beyond memory": (["run", str(SCENARIOS / "paper-1t.toml"),
-                                   "--global-batch-size", "16384"], "work"),
+    "meta ledger beyond memory": (["run", str(SCENARIOS / "paper-1t.toml"),  # 4.2M layer-steps
+                                   "--global-batch-size", "32768"], "work"),
     "meta memory is never forced": (["run", str(SCENARIOS / "paper-1t.toml"),
-                                     "--global-batch-size", "16384", "--force"], "work"),
+                                     "--global-batch-size", "32768", "--force"], "work"),
     "vocabulary of one token": (["verify", "--vocab-size", "1", "--json"], "model.vocab_size"),
 }
 

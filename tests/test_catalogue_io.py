@@ -249,9 +249,10 @@ def test_70b_sweep_without_mode_meta_is_refused_at_once(tmp_path):
 
 
 def test_row_above_the_meta_memory_limit_is_an_error_row(tmp_path):
-    """A 1T row at global batch 16384 is refused as `run` refuses it; the other rows run."""
+    """A 1T row at global batch 32768 (4.2 million layer-steps, about 11 GiB of ledger and trace)
+    is refused as `run` refuses it; the other rows run."""
     rc, out, err = cli(["sweep", str(SCENARIOS / "paper-1t.toml"), "--global-batch-size",
-                        "16384", "--workers", "0", "--quiet", "--out", str(tmp_path)])
+                        "32768", "--workers", "0", "--quiet", "--out", str(tmp_path)])
     assert rc == 0, err
     assert "error: work: meta mode would keep about" in out
 
@@ -531,9 +532,10 @@ def test_validate_only_names_a_group_once():
 
 def test_wide_context_parallel_run_is_refused_before_the_shortcut_check():
     """CP 2048: the estimate missed the cp² ring term and the shortcut check walked every route
-    first; main ran past a minute. Now one `error: work:` line at once."""
-    err = assert_error(["run", "--mode", "meta", "--json", "--context-parallel-size", "2048",
-                        "--use-flash-attn", "--nodes", "256", "--seq-length", "4096"], "work")
+    first; main ran past a minute. Now one `error: work:` line at once (at CP 4096: CP 2048's
+    estimate, 490 CPU s at the constants of 2026-11-29, is under the limit)."""
+    err = assert_error(["run", "--mode", "meta", "--json", "--context-parallel-size", "4096",
+                        "--use-flash-attn", "--nodes", "512", "--seq-length", "8192"], "work")
     assert "limit of 600 s" in err
 
 

@@ -138,11 +138,14 @@ def test_refused_with_the_reason_where_ranks_of_an_orbit_differ():
     assert "not tried with the flex dispatcher" in flex.why()["representative"]
 
 
-def test_work_estimate_counts_every_exchange_and_one_flow_per_orbit():
+def test_work_estimate_counts_every_exchange_and_one_flow_per_orbit(monkeypatch):
     """ZB-H1's sends are non-blocking, so every MoE layer-step's all-to-alls run as flows:
     4 layers x 4 micro-batches = 16 exchanges (1F1B's, timed alone, about once per stage: 4),
     each of 3 orbit flows (12 pairs / 4 shifts) in place of EP² = 16 (scenario/work.py's
-    per-pair constants: 4e-5 s a pair, 4.2e-9 s a pair squared)."""
+    per-pair constants, set here to 4e-5 s a pair and 4.2e-9 s a pair squared so that both
+    counts show)."""
+    monkeypatch.setattr("simsp.scenario.work.EP_SECONDS_PER_RANK_PAIR", {"alltoall": 4e-5})
+    monkeypatch.setattr("simsp.scenario.work.EP_SECONDS_PER_RANK_PAIR_SQUARED", 4.2e-9)
     sc = moe_scenario("zb-h1")
     counts = estimated_counts(sc, Shortcuts.for_scale(sc))
     assert counts.ep_pairs == 3.0

@@ -53,14 +53,16 @@ def test_estimate_counts_the_ranks_layer_steps_and_buckets_the_run_simulates(cas
 
 
 def test_pipeline_depth_memory_term():
-    """L = p = 1024 at one micro-batch measured 1.5 GB (the plans); 4096 would need 24 GiB."""
+    """L = p = 1024 at one micro-batch measured 150 MB of peak RSS above the loaded scenario (the
+    plans; benchmarks/estimate_constants.py's bytes measure, 2026-11-29; 1.5 GB on the engine of
+    2026-11-28): the estimate within 2x above it, and 16x that at L = p = 4096."""
     def scenario(p):
         return load_scenario(None, {**TINY, ("model", "num_layers"): p,
                                     ("parallel", "pipeline_model_parallel_size"): p,
                                     ("parallel", "global_batch_size"): 1,
                                     ("cluster", "nodes"): p // 8})
-    assert 1.2e9 < meta_bytes(scenario(1024)) < 2.0e9
-    assert meta_bytes(scenario(4096)) > 16 * meta_bytes(scenario(1024)) * 0.99
+    assert 1.5e8 < meta_bytes(scenario(1024)) < 3.0e8
+    assert meta_bytes(scenario(4096)) > 15 * meta_bytes(scenario(1024))  # the plans' p²
 
 
 PAIRS = {  # the terms that grow with the square of a group (work.pair_seconds); their CPU time

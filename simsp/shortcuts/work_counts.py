@@ -31,6 +31,7 @@ from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_coun
 from simsp.scenario.config import bucket_size
 from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,
                                  layer_tensors, meta_seconds, numeric_seconds)
+from simsp.scenario.work_constants import SYMMETRY_SECONDS_PER_RANK
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.overlap_counts import exchange_flows, overlap_counts
 from simsp.shortcuts.plan import simulated_ranks
@@ -38,11 +39,6 @@ from simsp.shortcuts.plan import simulated_ranks
 # sequence parallel -> ring phases of one layer's (forward, backward): 4 and 6 single-phase
 # collectives with SP, 2 all-reduces (4 phases) each way without
 TP_PHASES_PER_LAYER_STEP = {True: (4, 6), False: (4, 4)}
-# CPU seconds per rank of the world that rail symmetry's check costs (shortcuts/rail_symmetry.py
-# symmetric_steps: every owner's hops and their images' routes, per shift tried), measured with
-# benchmarks/scale.py gpt3-175b-h100 on this 2-core machine: the check alone 6.0 s at 8,192
-# GPUs and 17.1 s at 16,384, about half of it the symmetry's (cProfile at 4,096)
-SYMMETRY_SECONDS_PER_RANK = 5e-4
 
 
 class WorkCounts(NamedTuple):

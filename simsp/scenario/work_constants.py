@@ -1,0 +1,132 @@
+"""The work estimate's constants (simsp/scenario/work.py, shortcuts/work_counts.py): CPU seconds
+and bytes of simsp's own code per counted unit, and the limits.
+
+Every constant is measured by benchmarks/estimate_constants.py in one pass on one machine, by
+runs that isolate its term (the group named beside it: `--only GROUP` re-measures it), each the
+best of three by process time; the tag gives the date and the machine's speed probe
+(benchmarks/speed.py probe_ms, sum(range(10**7)) in ms) before and after the pass. A machine
+twice as fast halves them all: re-measure there with `python benchmarks/estimate_constants.py`
+(docs/PERFORMANCE.md "The work estimate's constants").
+"""
+
+from simsp.units import GiB
+
+# estimate_constants.py --only start (2026-11-29, probe 142-174 ms): Every run's start: the world
+# (topology, links, ranks) and the check; the smallest meta runs (tiny and Llama 3 8B, 2 layers,
+# 8 GPUs).
+RUN_START_SECONDS = 0.0057
+# estimate_constants.py --only layer-step (2026-11-29, probe 142-174 ms): Meta mode with every
+# shortcut, one layer forward and backward on one stage, and its growth with the replicas d: GPT-3
+# 175B width (t 8, SP, selective), L 32 to 96, p 1 to 8, m 4 to 128, d 1 to 64.
+META_SECONDS_PER_LAYER_STEP = 2.9e-5
+META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 6.1e-7
+# estimate_constants.py --only full (2026-11-29, probe 142-174 ms): --no-shortcuts: per simulated
+# rank-step, and per rank of its TP ring (tiny shape, 2 layers, t 8 / 16 / 64), priced by the rule
+# alone (run_seconds under Shortcuts() adds the stepped rings' flows to it).
+FULL_SECONDS_PER_RANK_STEP = 0.0013
+FULL_SECONDS_PER_RING_RANK = 4.3e-5
+# estimate_constants.py --only numeric (2026-11-29, probe 142-174 ms): Numeric mode: numpy float64
+# GEMMs on one core with simsp's op overhead, and the per-op overhead per rank-step
+# (scenarios/tiny.toml at h 64, 128, 256).
+NUMERIC_FLOPS_PER_SECOND = 3.3e9
+NUMERIC_SECONDS_PER_LAYER_STEP = 0.00073
+# estimate_constants.py --only bytes (2026-11-29, probe 142-174 ms): Meta mode keeps its ledger and
+# trace (run's default, steps) per layer-step, and every simulated rank its plan of every layer's
+# parameter names (training/pipeline/plan.py stage_param_names): peak RSS above the loaded
+# scenario, paper-1t (65,536 layer-steps) and a tiny model at L = p = 512.
+META_BYTES_PER_LAYER_STEP = 2750
+PLAN_BYTES_PER_RANK_LAYER = 180
+# estimate_constants.py --only plan (2026-11-29, probe 142-174 ms): Each simulated rank builds its
+# plan from every layer's parameter names: a tiny model at L = p = 256 and 512, one micro-batch
+# (ranks x L grows as p²).
+PLAN_SECONDS_PER_RANK_LAYER = 1.2e-5
+# estimate_constants.py --only buckets (2026-11-29, probe 142-174 ms): One collective per
+# data-parallel gradient bucket and simulated rank: 22B at d 4 and 16 with one-tensor buckets
+# (--ddp-bucket-size 1, --overlap-grad-reduce).
+SECONDS_PER_BUCKET = 8.1e-5
+# estimate_constants.py --only fsdp-rule (2026-11-29, probe 142-174 ms): FSDP (docs/fsdp.md) before
+# the verdict is known: rings stepped whole, per collective per d² (Llama 3 8B, 8 layers, FSDP2 at
+# t 2, d 16 and 32), or as one node's pieces where every unit splits so, per collective per d·G
+# (the same at t 1, d 16 to 64).
+FSDP_SECONDS_PER_COLLECTIVE_D2 = 0.00012
+FSDP_SECONDS_PER_COLLECTIVE_PIECE = 2.3e-5
+# estimate_constants.py --only fsdp-flows (2026-11-29, probe 142-174 ms): Where the verdict is
+# known (shortcuts/work_counts.py): the flows of FSDP rings stepped whole and run as one node's
+# pieces, and the steps and collectives of the pieces of one member per node run in arithmetic
+# while only pieces use its NIC
+# (engine/collectives/step_trains.py): FSDP2 d 16 to 64 at t 1 and 2, and benchmarks/scale.py
+# llama3.1-405b-fsdp (TP 8, PP 16, the DP rings meeting the pipeline sends) at 2,048 and 4,096.
+FSDP_SECONDS_PER_FLOW = 1.5e-5
+PIECE_SECONDS_PER_FLOW = 2.5e-5
+TRAIN_SECONDS_PER_STEP = 3.6e-6
+TRAIN_SECONDS_PER_COLLECTIVE = 0.00034
+# estimate_constants.py --only cp-pairs (2026-11-29, probe 142-174 ms): Context parallelism's ring
+# (p2p) and Ulysses all-to-all (a2a) pass a block between every pair of a CP group's ranks per
+# layer-step, each a transfer on the links, where every rank runs: a 2-layer Llama 3 8B shape, s
+# 4096, p2p at cp 32 and 64 with d 2, a2a at cp 8 with d 4.
+CP_SECONDS_PER_RANK_PAIR = 4.6e-5
+# estimate_constants.py --only cp-lone (2026-11-29, probe 142-174 ms): p2p rings alone on their
+# links (context_parallel/lone_ring.py) where TP rank 0's CP ranks run: per layer-step per CP rank,
+# and per CP pair (the same shape at cp 16 and 64, d 1, and benchmarks/scale.py cp-128k at 256
+# GPUs).
+CP_SECONDS_PER_RANK_STEP = 0.00092
+CP_LONE_SECONDS_PER_RANK_PAIR = 5.5e-5
+# Those rings' calls worked out in arithmetic once the group has entered (context_parallel/
+# ring_pass.py: no SM contention, no TP comm overlap; the steps' charges, sends' records and
+# receive buffers still cost per pair): per CP pair, beside the per-rank term above.
+CP_PASS_SECONDS_PER_RANK_PAIR = 2.6e-5
+# Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
+# where nothing meets it (engine/collectives/ring_alone.py channel_segment runs one channel's piece
+# per node), so it is in the linear terms; where the verdict steps it, its flows are counted
+# (shortcuts/work_counts.py cp_gather_flows) at SECONDS_PER_FLOW. estimate_constants.py --only
+# flows (2026-11-29, probe 142-174 ms): A ring that shares links with other traffic runs step by
+# step, every step's hops as flows on the shared links, with their events and fair-share solves
+# (the DP and TP rings of the H100 layouts, shortcuts/work_counts.py): benchmarks/scale.py
+# gpt3-175b-h100 at 128 and 256.
+SECONDS_PER_FLOW = 5e-5
+# estimate_constants.py --only exchange (2026-11-29, probe 142-174 ms): Transformer Engine's ring
+# exchanges (--tp-comm-overlap) start t(t − 1) flows a step, all but one per sender of zero bytes
+# (no fair-share solve): benchmarks/scale.py gpt3-175b-h100-tpo at 128 GPUs, beside the ring flows
+# it steps at SECONDS_PER_FLOW.
+EXCHANGE_SECONDS_PER_FLOW = 1.3e-5
+# estimate_constants.py --only ep-pairs ep-allgather (2026-11-29, probe 142-174 ms): Expert
+# parallelism's dispatch and combine move tokens between every pair of EP ranks per MoE layer-step,
+# priced by the rule before the verdict is known (after it, the stepped all-to-alls' flows are
+# counted at SECONDS_PER_FLOW): a 2-layer MoE with routing imbalance 0.5 (every all-to-all runs),
+# EP = d 32 to 128 with alltoall, 32 and 64 with allgather. Above ~128 EP ranks the all-to-all's
+# ep² flows stop finishing together and the links' fair rates are solved again at each finish
+# (engine/fair_share.py): up to ep⁴ visits.
+EP_SECONDS_PER_RANK_PAIR = {"alltoall": 1.1e-4, "allgather": 4.7e-5}
+EP_SECONDS_PER_RANK_PAIR_SQUARED = 0.0  # ep 256 (13.4 CPU s) on the ep² term alone: no ep⁴ seen
+# estimate_constants.py --only visits (2026-11-29, probe 142-174 ms): Under the quotient by rail
+# symmetry with stepwise EP groups each fair-share solve
+# (engine/network.py _reschedule) takes up every all-to-all flow in flight on the simulated GPU's
+# links; the solves' flows are counted (shortcuts/work_counts.py ep_visits) and priced per flow
+# taken up: the CPU inside _reschedule, DeepSeek-V3 scaled down (13 layers, p 4, d = EP 64,
+# DualPipe, m 8 and 16; benchmarks/work_estimate.py --visits).
+SECONDS_PER_FLOW_VISIT = 3.5e-7
+# estimate_constants.py --only gather (2026-11-29, probe 142-174 ms): Its token-count all-gathers'
+# ring pieces (shortcuts/work_counts.py gather_flows), each flow's events outside the solves: the
+# same runs, beside the other terms.
+SECONDS_PER_GATHER_FLOW = 0.0  # the visits' count (1.3-2.6x the solves') already holds it
+# estimate_constants.py --only a2a-alone (2026-11-29, probe 142-174 ms): Where the verdict is
+# known, an all-to-all timed alone (TEMPLATE) is priced by the flows of its private simulations,
+# run once per placement (engine/exchanges.py), and the check by the members of the all-to-all
+# owners it lists (each member's links counted per kind of peer, shortcuts/a2a_links.py; the
+# check's other routes over the world, which grow alike, included): benchmarks/scale.py
+# a2a-dispatch at EP 64 and 128 and deepseek-v3 at 1,024 GPUs.
+A2A_ALONE_SECONDS_PER_FLOW = 2.5e-5
+CHECK_SECONDS_PER_MEMBER = 1.5e-4
+# estimate_constants.py --only mtp (2026-11-29, probe 142-174 ms): Multi-token prediction's depths
+# run on the last stage for every micro-batch, each a layer plus its own embedding norm, projection
+# and vocabulary head, untemplated, linear in D since each depth's weights are looked up in a table
+# built once (training/pipeline/steps.py RankState.layer_tables): benchmarks/scale.py mtp-deep at
+# 256 and 1,024 depths.
+MTP_SECONDS_PER_DEPTH_STEP = 0.0017
+# estimate_constants.py --only symmetry (2026-11-29, probe 142-174 ms): Rail symmetry's check per
+# rank of the world (shortcuts/rail_symmetry.py symmetric_steps: every owner's hops and their
+# images' routes, per shift tried): the shortcut check alone on benchmarks/scale.py gpt3-175b-h100
+# at 2,048 and 4,096 GPUs.
+SYMMETRY_SECONDS_PER_RANK = 0.00038
+TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
+MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
