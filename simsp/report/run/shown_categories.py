@@ -10,8 +10,6 @@ from collections.abc import Iterable
 
 from simsp.engine.memory import CATEGORIES, HELD_FOR_WGRAD
 
-__all__ = ["HELD_FOR_WGRAD", "report_categories", "shown_categories"]
-
 
 def shown_categories(peaks: Iterable[dict]) -> tuple[str, ...]:
     """CATEGORIES in order, less held_for_wgrad unless one of `peaks` (each rank's own peak

@@ -8,6 +8,7 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 from pathlib import Path
 
 from simsp.version import __version__
+from simsp.engine.memory import HELD_FOR_WGRAD
 from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics.layout import layout
 from simsp.report.run.overlap_summary import overlap_lines
@@ -16,7 +17,7 @@ from simsp.report.run.glossary import glossary
 from simsp.report.run.markdown import memory_unit, pct, plural, seconds, table
 from simsp.report.run.memory_summary import (
     allocator_section, oom_categories, oom_section, switch_section)
-from simsp.report.run.shown_categories import HELD_FOR_WGRAD, report_categories
+from simsp.report.run.shown_categories import report_categories
 from simsp.units import format_bytes
 
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
