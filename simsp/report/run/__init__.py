@@ -3,6 +3,7 @@ self-contained page), metrics.json, trace.json (Perfetto) and memory.png; write_
 them all.
 
 Modules: summary_md.py (and fsdp_summary.py, glossary.py) the text, report_html.py the page,
+shown_categories.py the memory categories text and figures show,
 figures/ the PNGs, trace/ trace.json, memory_timeline.py the memory over time both read, and
 painter.py the worker processes that draw the figures while this one writes the rest.
 

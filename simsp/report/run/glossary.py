@@ -1,5 +1,7 @@
 """Every term the run report uses, defined once in plain words (with its source)."""
 
+HELD_FOR_WGRAD_TERM = "held for wgrad (held_for_wgrad)"
+
 GLOSSARY = (
     ("TP (tensor parallelism)", "Each layer's weight matrices are split over t GPUs of one "
      "node; every layer then needs collectives (all-reduce, or all-gather + reduce-scatter with "
@@ -39,7 +41,7 @@ GLOSSARY = (
      "bytes/parameter)."),
     ("temporaries, communication", "Short-lived buffers inside one op, and the buffers a "
      "collective or pipeline transfer holds while it runs."),
-    ("held for wgrad (held_for_wgrad)", "What a split backward's B step keeps for the W step "
+    (HELD_FOR_WGRAD_TERM, "What a split backward's B step keeps for the W step "
      "it defers (ZB-H1, ZB-V, DualPipe, DualPipeV; --delay-wgrad-compute): each linear's input "
      "and output gradient, from B until W has run its weight-gradient GEMM; 0 under 1F1B, "
      "whose backward is whole (docs/schedules.md)."),
@@ -73,3 +75,10 @@ GLOSSARY = (
      "time, replayed layer templates), each taken only where the layout's links keep it exact; "
      "the report says which were used and why."),
 )
+
+
+def glossary(categories: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """GLOSSARY, less the held-for-wgrad term where the report's memory `categories`
+    (shown_categories.py) leave that category out."""
+    held = "held_for_wgrad" in categories
+    return tuple(entry for entry in GLOSSARY if held or entry[0] != HELD_FOR_WGRAD_TERM)

@@ -62,13 +62,14 @@ def _allocator_verdict(oom: dict | None) -> str:
     return "fits" if oom is None else f"**OOM** ({format_bytes(oom['bytes_asked'])} asked)"
 
 
-def oom_categories(failing: list[dict], explained: dict) -> list[str]:
-    """Bytes by category at each failing stage's first failed allocation, largest first, and
-    the cause in words (the largest category)."""
+def oom_categories(failing: list[dict], explained: dict, shown: tuple[str, ...]) -> list[str]:
+    """Bytes by category (those of `shown`: shown_categories.py) at each failing stage's first
+    failed allocation, largest first, and the cause in words (the largest category)."""
     known = [explained[r["pp"]] for r in failing if r["pp"] in explained]
     if not known:
         return []
-    order = list(known[0]["in_use_by_category_bytes"])  # largest first on the first stage
+    order = [c for c in known[0]["in_use_by_category_bytes"]  # largest first on the first stage
+             if c in shown]
     unit, scale = memory_unit(failing)
     header = ["stage", "failed op (tensor)", "asked"] + [f"{c} ({unit})" for c in order]
     rows = []

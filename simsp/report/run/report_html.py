@@ -9,14 +9,15 @@ from pathlib import Path
 
 from simsp.io_out import write_file
 from simsp.report.html import figure, page, slug, to_html
-from simsp.report.run.glossary import GLOSSARY
+from simsp.report.run.glossary import glossary
+from simsp.report.run.shown_categories import report_categories
 from simsp.report.run.summary_md import summary_text, variant_label
 
 
-def glossary_html() -> str:
-    """The glossary as a definition list."""
+def glossary_html(metrics: dict) -> str:
+    """The glossary as a definition list (the terms of the categories the report shows)."""
     items = "".join(f"<dt>{html.escape(term)}</dt><dd>{html.escape(meaning)}</dd>"
-                    for term, meaning in GLOSSARY)
+                    for term, meaning in glossary(report_categories(metrics)))
     return f'<h2 id="glossary">Glossary</h2><dl class="glossary">{items}</dl>'
 
 
@@ -44,7 +45,7 @@ def report_html(metrics: dict, figures: list[tuple[str, str, bytes]] = ()) -> st
         "<p><strong>Out of memory</strong>", '<p class="callout"><strong>Out of memory</strong>')
     head, rest = text.split("\n", 1)  # the title, then everything else
     body = (head + contents(markdown, bool(figures)) + rest + figures_html(list(figures))
-            + glossary_html())
+            + glossary_html(metrics))
     return page(f"simsp run: {variant_label(metrics)}", body)
 
 

@@ -8,14 +8,16 @@ units.format_seconds (three decimals in s, ms or us), percentages with one decim
 from pathlib import Path
 
 from simsp.version import __version__
+from simsp.engine.memory import HELD_FOR_WGRAD
 from simsp.io_out import markdown_code, markdown_text, write_file
 from simsp.metrics.layout import layout
 from simsp.report.run.overlap_summary import overlap_lines
 from simsp.report.run.in_network import in_network_lines
-from simsp.report.run.glossary import GLOSSARY
+from simsp.report.run.glossary import glossary
 from simsp.report.run.markdown import memory_unit, pct, plural, seconds, table
 from simsp.report.run.memory_summary import (
     allocator_section, oom_categories, oom_section, switch_section)
+from simsp.report.run.shown_categories import report_categories
 from simsp.units import format_bytes
 
 MEMORY_COLUMNS = (("weights", "weights"), ("gradients", "gradients"),
@@ -211,27 +213,31 @@ def _stages(m: dict, stages: list[dict]) -> list[str]:
 
 
 def _memory(m: dict, stages: list[dict]) -> list[str]:
-    """Per stage: peak bytes by category and the out-of-memory verdict."""
+    """Per stage: peak bytes by category and the out-of-memory verdict; held for wgrad only
+    where the run holds some (shown_categories.py)."""
+    shown = report_categories(m)
+    columns = [(c, name) for c, name in MEMORY_COLUMNS if c in shown]
     unit, scale = memory_unit(stages)
-    header = ["stage", "rank"] + [f"{name} ({unit})" for _, name in MEMORY_COLUMNS]
+    header = ["stage", "rank"] + [f"{name} ({unit})" for _, name in columns]
     header += [f"peak total ({unit})", "verdict"]
     rows = []
     for r in stages:
         peaks = r["peak_by_category_bytes"]
-        cells = [f"{peaks.get(c, 0) / scale:.2f}" for c, _ in MEMORY_COLUMNS]
+        cells = [f"{peaks.get(c, 0) / scale:.2f}" for c, _ in columns]
         verdict = "**OOM**" if r["oom"] else "fits"
         rows.append([str(r["pp"]), str(r["rank"]), *cells, f"{r['peak_bytes'] / scale:.2f}",
                      verdict])
+    held = (" Held for wgrad: the linear inputs and output gradients a split backward's B keeps "
+            "for its deferred W step (zero-bubble, DualPipe, --delay-wgrad-compute)."
+            if HELD_FOR_WGRAD in shown else "")
     lines = ["## Memory per pipeline stage (rank tp 0, dp 0)", "",
-             "Each category's own peak; the peak total is the highest sum at one moment. Held "
-             "for wgrad: the linear inputs and output gradients a split backward's B keeps for "
-             "its deferred W step (zero-bubble, DualPipe, --delay-wgrad-compute; 0 otherwise).",
+             "Each category's own peak; the peak total is the highest sum at one moment." + held,
              "",
              *table(header, rows, left=(len(header) - 1,)), ""]
     failing = [r for r in stages if r["oom"]]
     if failing:
         explained = {s["stage"]: s for s in (m.get("oom_explanation") or {}).get("stages", [])}
-        lines += oom_section(failing[0]) + oom_categories(failing, explained)
+        lines += oom_section(failing[0]) + oom_categories(failing, explained, shown)
     return lines + switch_section(m.get("oom_explanation"))
 
 
@@ -338,10 +344,11 @@ def figure_links(figures: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def glossary_lines() -> list[str]:
-    """The glossary as a Markdown definition list (bold term, then its meaning)."""
+def glossary_lines(metrics: dict) -> list[str]:
+    """The glossary as a Markdown definition list (bold term, then its meaning), the terms of
+    the categories the report shows (glossary.glossary)."""
     lines = ["## Glossary", ""]
-    for term, meaning in GLOSSARY:
+    for term, meaning in glossary(report_categories(metrics)):
         lines += [f"**{term}**: {meaning}", ""]
     return lines
 
@@ -349,7 +356,7 @@ def glossary_lines() -> list[str]:
 def summary_document(metrics: dict, figures: list[tuple[str, str]] = ()) -> str:
     """summary.md: the summary, the figures as linked PNGs, and the glossary."""
     text = summary_text(metrics).rstrip("\n").split("\n")
-    lines = text + [""] + figure_links(list(figures)) + glossary_lines()
+    lines = text + [""] + figure_links(list(figures)) + glossary_lines(metrics)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -6,11 +6,11 @@ and metadata: the same metrics give the same bytes.
 
 import numpy as np
 
-from simsp.engine.memory import CATEGORIES
 from simsp.report.run.figures.drawing import (add_axes_in, memory_unit, new_figure, png_bytes,
                                               time_unit)
 from simsp.report.run.figures.stage_ticks import stage_ticks
 from simsp.report.run.figures.memory import COLORS
+from simsp.report.run.shown_categories import report_categories
 from simsp.units import GiB
 
 
@@ -94,6 +94,13 @@ def stage_memory_rows(metrics: dict) -> list[dict]:
     return sorted(rows, key=lambda r: r["pp"])
 
 
+def memory_at_peak_columns(metrics: dict, rows: list[dict], scale: float) -> list:
+    """[(category, colour, bytes / scale at each of `rows`' peak)] of the categories the report
+    shows (held_for_wgrad only where the run holds some: shown_categories.py)."""
+    return [(c, COLORS[c], [r["at_peak_bytes"].get(c, 0) / scale for r in rows])
+            for c in report_categories(metrics)]
+
+
 def memory_at_peak_bars(metrics: dict, capacity_bytes: int, label: str) -> bytes | None:
     """Memory by category at each stage's peak moment, with the capacity line."""
     fig, ax = bar_figure(3.8)
@@ -102,14 +109,13 @@ def memory_at_peak_bars(metrics: dict, capacity_bytes: int, label: str) -> bytes
     rows = stage_memory_rows(metrics)
     top = max(max(r["peak_bytes"] for r in rows), capacity_bytes)
     unit, scale = memory_unit(top)
-    columns = [(c, COLORS[c], [r["at_peak_bytes"].get(c, 0) / scale for r in rows])
-               for c in CATEGORIES]
+    columns = memory_at_peak_columns(metrics, rows, scale)
     _stacked_bars(ax, columns, len(rows))
     ax.axhline(capacity_bytes / scale, color="black", linestyle="--", linewidth=1,
                label="capacity")
     ax.set_ylim(0, top / scale * 1.1)
     ax.set_ylabel(unit)
-    _bar_legend(fig, ax, len(CATEGORIES) + 1)
+    _bar_legend(fig, ax, len(columns) + 1)
     ax.set_title(f"Memory by category at each stage's peak: {label}")
     return png_bytes(fig)
 

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simsp.engine.memory import CATEGORIES
 from simsp.metrics.timing import stage_ranks
 from simsp.report.run.figures.schedule import (replayed, stage_intervals, stage_spans,
                                                zoom_window)
 from simsp.report.run.memory_timeline import coarser, memory_timeline
+from simsp.report.run.shown_categories import shown_categories
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class MemoryFigures:
     label: str  # the variant in a few words (summary_md.variant_label)
     end_s: float  # the iteration's end
     memory: tuple[StageMemory, ...]  # in stage order
+    categories: tuple[str, ...] = CATEGORIES  # those drawn (shown_categories.py), in order
+
+    def columns(self) -> list[int]:
+        """The drawn categories' columns of each stage's state (indices into CATEGORIES)."""
+        return [CATEGORIES.index(c) for c in self.categories]
 
 
 @dataclass(frozen=True)
@@ -67,9 +74,12 @@ def stage_memory(run, stage: int, rank: int) -> StageMemory:
 
 
 def memory_figures_of(run, label: str) -> MemoryFigures:
-    """The memory figures' inputs from a finished run."""
+    """The memory figures' inputs from a finished run; held_for_wgrad drawn only where a
+    simulated rank (each rank's ledger or its identical representative's) held some."""
     memory = tuple(stage_memory(run, s, r) for s, r in enumerate(stage_ranks(run)))
-    return MemoryFigures(run.inputs.sc.run.name, label, _end_s(run), memory)
+    shown = shown_categories(rank.ledger.summary().peak_by_category
+                             for rank in run.inputs.world.ranks.values())
+    return MemoryFigures(run.inputs.sc.run.name, label, _end_s(run), memory, shown)
 
 
 def schedule_figure_of(run, label: str) -> ScheduleFigure:

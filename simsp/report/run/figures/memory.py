@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from simsp.engine.memory import CATEGORIES
 from simsp.io_out import write_file
 from simsp.report.run.figures.drawing import (add_axes_in, memory_unit, new_figure, png_bytes,
                                               stacked_step_polygons, time_unit)
@@ -35,27 +34,27 @@ COLS = 4
 HEADROOM = 1.08  # the y range over the larger of the highest peak and the capacity
 
 
-def stage_polygons(memory, end_s: float, y_top: float) -> np.ndarray | None:
-    """(7, m, 2): one stage's (StageMemory) stacked category areas, time / end_s
-    and bytes / y_top (each in [0, 1]), the last state held to the end of the iteration; None
-    without memory events."""
+def stage_polygons(memory, end_s: float, y_top: float, columns: list[int]) -> np.ndarray | None:
+    """(k, m, 2): one stage's (StageMemory) stacked areas of the k categories at `columns`
+    (MemoryFigures.columns), time / end_s and bytes / y_top (each in [0, 1]), the last state
+    held to the end of the iteration; None without memory events."""
     times, state = memory.timeline(MEMORY_POINTS)  # (n,), (n, 7)
     if not len(times):
         return None
     times = np.append(times, max(end_s, times[-1]))  # (n + 1,)
-    state = np.vstack([state, state[-1:]]) / y_top  # (n + 1, 7)
+    state = np.vstack([state, state[-1:]])[:, columns] / y_top  # (n + 1, k)
     return stacked_step_polygons(times / (end_s or 1.0), state)
 
 
-def _stage_areas(ax, grid: PanelGrid, stages: tuple, end_s: float, y_top: float) -> None:
-    """One PolyCollection per category holding that category's area in every panel."""
+def _stage_areas(ax, grid: PanelGrid, inputs, y_top: float) -> None:
+    """One PolyCollection per drawn category (MemoryFigures) holding its area in every panel."""
     from matplotlib.collections import PolyCollection
-    by_category = [[] for _ in CATEGORIES]
-    for panel, memory in enumerate(stages):
-        polygons = stage_polygons(memory, end_s, y_top)
+    by_category = [[] for _ in inputs.categories]
+    for panel, memory in enumerate(inputs.memory):
+        polygons = stage_polygons(memory, inputs.end_s, y_top, inputs.columns())
         for c, outline in enumerate(() if polygons is None else polygons):
             by_category[c].append(grid.place(outline[:, 0], outline[:, 1], panel))
-    for category, outlines in zip(CATEGORIES, by_category):
+    for category, outlines in zip(inputs.categories, by_category):
         ax.add_collection(PolyCollection(outlines, facecolors=COLORS[category], linewidths=0,
                                          zorder=1), autolim=False)
 
@@ -91,12 +90,18 @@ def _title(memory, units) -> tuple[str, str]:
     return text, "#b00020" if memory.oom else "black"
 
 
-def _stages_legend(fig, grid: PanelGrid) -> None:
-    """Category swatches and the capacity line, centred under the figure title."""
+def stages_legend_handles(categories: tuple[str, ...]) -> list:
+    """The every-stage figure's legend: a swatch per drawn category, then the capacity line."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-    handles = [Patch(color=COLORS[c], label=c) for c in CATEGORIES]
-    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="capacity"))
+    handles = [Patch(color=COLORS[c], label=c) for c in categories]
+    return handles + [Line2D([], [], color="black", linestyle="--", linewidth=1,
+                             label="capacity")]
+
+
+def _stages_legend(fig, grid: PanelGrid, categories: tuple[str, ...]) -> None:
+    """Category swatches and the capacity line, centred under the figure title."""
+    handles = stages_legend_handles(categories)
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 1 - 0.42 / grid.height))
 
@@ -114,13 +119,13 @@ def memory_over_time(inputs) -> bytes | None:
         return None
     ax = new_sheet(fig, grid)
     ticks = _ticks(end_s, y_top, units)
-    _stage_areas(ax, grid, stages, end_s, y_top)
+    _stage_areas(ax, grid, inputs, y_top)
     _decor(ax, grid, capacity / y_top, ticks)
     panel_titles(ax, grid, [_title(memory, units) for memory in stages])
     label_axes(ax, grid, ticks[0], ticks[1], (f"time ({units[1][0]})", units[0][0]))
     fig.suptitle(f"Memory over one iteration, every pipeline stage: {inputs.label}",
                  y=1 - 0.08 / grid.height, va="top")
-    _stages_legend(fig, grid)
+    _stages_legend(fig, grid, inputs.categories)
     return png_bytes(fig)
 
 
@@ -147,16 +152,17 @@ def _unit(nbytes: float) -> tuple[str, int]:
     return next(((n, v) for n, v in (("GiB", GiB), ("MiB", MiB)) if nbytes >= v), ("KiB", KiB))
 
 
-def _plot_areas(ax, times: np.ndarray, layers: np.ndarray) -> None:
-    """The stacked category areas of `layers` (n, 7) over `times` (n,), each value held until
-    the next time."""
+def _plot_areas(ax, times: np.ndarray, layers: np.ndarray, categories: tuple[str, ...]) -> None:
+    """The stacked areas of `layers` (n, k), a column for each of the k `categories`, over `times`
+    (n,), each value held until the next time."""
     ax.stackplot(times, layers.T, step="post", linewidth=0,
-                 colors=[COLORS[c] for c in CATEGORIES])
+                 colors=[COLORS[c] for c in categories])
 
 
-def _draw(ax, memory, title: str, end_s: float, units) -> None:
-    """One stage's panel (StageMemory): stacked areas, capacity (when in sight),
-    peak marker and title."""
+def _draw(ax, memory, title: str, inputs, units) -> None:
+    """One stage's panel (StageMemory) of MemoryFigures `inputs`: stacked areas of the drawn
+    categories, capacity (when in sight), peak marker and title."""
+    end_s = inputs.end_s
     (mem, scale), (tu, tscale) = units
     times, state = memory.times, memory.state
     if len(times) == 0:
@@ -164,7 +170,8 @@ def _draw(ax, memory, title: str, end_s: float, units) -> None:
         return
     if end_s > times[-1]:  # hold the last state to the end of the iteration
         times, state = np.append(times, end_s), np.vstack([state, state[-1:]])
-    _plot_areas(ax, times / tscale, state / scale)  # each state holds until the next event
+    _plot_areas(ax, times / tscale, state[:, inputs.columns()] / scale,  # held until the next
+                inputs.categories)
     capacity = memory.capacity_bytes
     top = memory.peak_total
     if capacity <= 4 * memory.peak_total:  # the capacity line only when it is in sight
@@ -194,12 +201,19 @@ def _plot_panels(fig, count: int) -> list:
     return axes
 
 
-def _plot_legend(fig, axes) -> None:
-    """Category swatches, the capacity line and the peak marker along the top edge."""
+def plot_legend_handles(categories: tuple[str, ...], axes) -> list:
+    """memory.png's legend: a swatch per drawn category, then the first panel's capacity line
+    and peak marker."""
     from matplotlib.patches import Patch
-    handles = [Patch(color=COLORS[c], label=c) for c in CATEGORIES]
+    handles = [Patch(color=COLORS[c], label=c) for c in categories]
     for ax in axes[:1]:
         handles += ax.get_legend_handles_labels()[0]
+    return handles
+
+
+def _plot_legend(fig, axes, categories: tuple[str, ...]) -> None:
+    """Category swatches, the capacity line and the peak marker along the top edge."""
+    handles = plot_legend_handles(categories, axes)
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
                frameon=False)
 
@@ -215,13 +229,13 @@ def memory_plot_png(inputs) -> bytes | None:
     units = (_unit(max(memory.peak_total for memory in panels)), time_unit(end_s))
     axes = _plot_panels(fig, len(panels))
     for ax, memory in zip(axes, panels):
-        _draw(ax, memory, f"{inputs.name}: stage {memory.stage} (rank {memory.rank})", end_s,
+        _draw(ax, memory, f"{inputs.name}: stage {memory.stage} (rank {memory.rank})", inputs,
               units)
         ax.set_xlim(0, end_s / units[1][1] or None)
     for ax in axes[:-1]:
         ax.tick_params(labelbottom=False)
     axes[-1].set_xlabel(f"time ({units[1][0]})")
-    _plot_legend(fig, axes)
+    _plot_legend(fig, axes, inputs.categories)
     return png_bytes(fig)  # fixed metadata: the same run gives the same bytes
 
 
