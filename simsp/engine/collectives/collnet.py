@@ -39,7 +39,9 @@ It loads no link (as a tree or NVLS all-reduce: engine/communicator.py), so besi
 traffic on the same NICs it is as fast as alone.
 """
 
+from simsp.engine.collectives import nccl_graph_search as search
 from simsp.engine.collectives import nccl_tuning as tuning
+from simsp.engine.collectives.nccl_graphs import search_topology
 from simsp.engine.collectives.nccl_platform import COMPCAP_BY_NVLINK, inter_node_speed
 from simsp.engine.collectives.nvls import NVLS_EFFICIENCY
 from simsp.units import GB
@@ -54,14 +56,24 @@ def compcap_of(nvlink_generation: int) -> str:
 
 def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
                      compcap: str) -> dict:
-    """algorithm -> SharpGraph across nodes (simplified as nccl_graph is: the first fitting
-    speed): one head per NIC for CollNet Direct, NVLS and NVLS_TREE, the ring graph's channels
-    for CollNet Chain, all at the first inter-node speed within the NIC and its PCIe path."""
+    """algorithm -> SharpGraph across nodes on the platform's search (nccl_graph_search, as
+    init.cc runs it): CollNet Chain a tree (pattern TREE, collNet) with the ring graph's
+    channels as its minChannels and maxChannels, NVLS and NVLS_TREE the NVLS heads' graph;
+    CollNet Direct one head per NIC at the first inter-node speed within the NIC and its PCIe
+    path (its search, ncclTopoSearchTryCollnetDirect, not ported)."""
+    topo = search_topology(nodes, ppn, nvlink_GBps, ib_GBps, compcap)
+    ring = search.compute(topo, search.RING)
+    chain = search.compute(topo, search.TREE, ring.channels, ring.channels)
+    nvls = search.compute(topo, search.NVLS)
     speed = inter_node_speed(compcap, ib_GBps)
-    heads = tuning.SharpGraph(min(tuning.MAX_NVLS_ARITY, ppn), speed, speed)
-    ring = tuning.nccl_graph(nodes, ppn, nvlink_GBps, ib_GBps)
-    return {tuning.COLLNET_DIRECT: heads, tuning.NVLS: heads, tuning.NVLS_TREE: heads,
-            tuning.COLLNET_CHAIN: tuning.SharpGraph(ring.channels, speed, speed)}
+    return {tuning.COLLNET_DIRECT: tuning.SharpGraph(min(tuning.MAX_NVLS_ARITY, ppn), speed, speed),
+            tuning.NVLS: _sharp(nvls), tuning.NVLS_TREE: _sharp(nvls),
+            tuning.COLLNET_CHAIN: _sharp(chain)}
+
+
+def _sharp(graph: search.SearchGraph) -> tuning.SharpGraph:
+    """The searched graph as tuning.cc reads it: channels, bwIntra, bwInter."""
+    return tuning.SharpGraph(graph.channels, graph.bw_intra, graph.bw_inter)
 
 
 def tier_bytes(algorithm: str, nbytes: int, ppn: int, nodes: int,
