@@ -6,11 +6,12 @@ CollNet), picked by NCCL's own estimate and timed in closed form over simsp's li
 NCCL's estimates (engine/collectives/nccl_tuning.py, "In-network reduction") need each
 algorithm's graph. NVIDIA/nccl commit 5067397c (2.30.7): src/init.cc builds the CollNet Chain
 graph with the ring graph's channels and the CollNet Direct and NVLS graphs (NVLS_TREE shares
-NVLS's) with one head per NIC (src/graph/search.cc ncclTopoSearchTryNet: "NVLS search only
-tries to find NIC:GPU combinations to compute the heads"); across nodes every graph takes the
-first speed of the compute capability's speedArrayInter within the GPU's path to its NIC
-(search.cc ncclTopoCompute; src/graph/topo.cc: NIC bandwidth = link speed / 8, PCIe width x
-per-lane rate / 80). simsp has one NIC per GPU (rails), so a node of p GPUs has p heads.
+NVLS's) with one head per NIC (src/graph/search.cc ncclTopoSearchRecNet: "NVLS search only
+tries to find NIC:GPU combinations to compute the heads"); the NVLS and CollNet Chain graphs are
+searched as search.cc ncclTopoCompute does (nccl_graph_search.py, on the compute capability's
+speedArrayInter; src/graph/topo.cc: NIC bandwidth = link speed / 8, PCIe width x per-lane rate
+/ 80), CollNet Direct's takes the first of those speeds within the GPU's path to its NIC.
+simsp has one NIC per GPU (rails), so a node of p GPUs has p heads.
 
 simsp times the pick, as it times one-node NVLS (engine/collectives/nvls.py), in closed form:
 NCCL's latency (nccl_tuning.sharp_latency_us) plus the slower of the node's NVLink part and
@@ -39,6 +40,8 @@ It loads no link (as a tree or NVLS all-reduce: engine/communicator.py), so besi
 traffic on the same NICs it is as fast as alone.
 """
 
+from functools import lru_cache
+
 from simsp.engine.collectives import nccl_graph_search as search
 from simsp.engine.collectives import nccl_tuning as tuning
 from simsp.engine.collectives.nccl_graphs import search_topology
@@ -54,13 +57,14 @@ def compcap_of(nvlink_generation: int) -> str:
     return COMPCAP_BY_NVLINK.get(nvlink_generation, tuning.AMPERE)
 
 
+@lru_cache(maxsize=256)
 def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
                      compcap: str) -> dict:
     """algorithm -> SharpGraph across nodes on the platform's search (nccl_graph_search, as
     init.cc runs it): CollNet Chain a tree (pattern TREE, collNet) with the ring graph's
     channels as its minChannels and maxChannels, NVLS and NVLS_TREE the NVLS heads' graph;
     CollNet Direct one head per NIC at the first inter-node speed within the NIC and its PCIe
-    path (its search, ncclTopoSearchTryCollnetDirect, not ported)."""
+    path (its search, ncclTopoSearchTryCollnetDirect, not ported). Memoised (do not mutate)."""
     topo = search_topology(nodes, ppn, nvlink_GBps, ib_GBps, compcap)
     ring = search.compute(topo, search.RING)
     chain = search.compute(topo, search.TREE, ring.channels, ring.channels)

@@ -388,6 +388,7 @@ def sharp_time_us(collective: str, algorithm: str, nbytes: int, ranks: int, node
 MAX_NVLS_ARITY = search.MAX_NVLS_ARITY  # device.h NCCL_MAX_NVLS_ARITY
 
 
+@lru_cache(maxsize=256)
 def nvls_graph(gpus: int, nvlinks: int, compcap: str) -> SharpGraph:
     """NCCL's NVLS graph on one NVSwitch node (search.cc ncclTopoCompute, pattern NVLS, ported
     in nccl_graph_search.py): one head per GPU, min(NCCL_MAX_NVLS_ARITY, gpus), forced."""
