@@ -72,10 +72,13 @@ def test_only_nvls_tree_without_collnet_nothing_forced_or_below_nvswitch_3():
     assert collnet.sharp_pick(MiB, 16, 2, 450.0, 50.0, no_collnet, 1e12, REDUCE_SCATTER) is None
     assert pick(replace(SHARP, nccl_algo="ring")) is None
     assert pick(replace(SHARP, nccl_proto="LL128")) is None
-    # DGX A100 (no NVLS): CollNet only, on Ampere's graph (24 GB/s: PCIe Gen4 x16), no x0.85:
-    # Direct 8 x 24 x 0.5 = 96 GB/s, 44 us; Chain the same bandwidth, 69.2 us: Direct
+    # DGX A100 (no NVLS): CollNet only, no x0.85: Direct 8 x 24 x 0.5 = 96 GB/s (PCIe Gen4
+    # x16), 44 us; Chain on its searched graph, 8 x bwIntra 30 x 0.5 = 120 GB/s (pass 2 raises
+    # a tree's bwIntra: tests/test_nccl_graph_search.py), 69.2 us: Direct at 1 MiB (54.9 us
+    # against 77.9), Chain at 256 MiB (2306 us against 2840)
     a100 = replace(SHARP, nvls_nvlink_generation=0)
-    assert collnet.sharp_pick(256 * MiB, 16, 2, 300.0, 25.0, a100, 1e12) == "collnet_direct"
+    assert collnet.sharp_pick(MiB, 16, 2, 300.0, 25.0, a100, 1e12) == "collnet_direct"
+    assert collnet.sharp_pick(256 * MiB, 16, 2, 300.0, 25.0, a100, 1e12) == "collnet_chain"
     assert collnet.sharp_pick(256 * MiB, 16, 2, 300.0, 25.0,
                               replace(a100, sharp_collnet=False), 1e12) is None
 
@@ -102,11 +105,12 @@ def test_the_closed_form_by_hand():
 def test_reduce_scatter_and_all_gather_picks_against_hand_worked_estimates(collective):
     """tuning.cc on 8 H100s a node, S the whole buffer (enqueue.cc: nRanks x count), busBw not
     converted to algbw: CollNet Direct 2 (3.7 + 7 x 0.4) + 31 = 44 us + S / (8 x min(48,
-    0.9 x 48)); NVLS 25 + 18 = 43 us + S / (8 x min(48 x 0.85 x 7/8 x 7/8, 48)); NVLS_TREE
-    and Chain none."""
+    0.9 x 48)); NVLS 25 + 18 = 43 us + S / (8 x min(40 x 0.85 x 7/8 x 7/8, 48)) on the
+    searched NVLS graph (8 heads, bwIntra 40, bwInter 48: tests/test_nccl_graph_search.py);
+    NVLS_TREE and Chain none."""
     def by_hand(nbytes):
         return {"collnet_direct": 44 + nbytes / (1000 * 8 * 43.2),
-                "nvls": 43 + nbytes / (1000 * 8 * 48 * 0.85 * 7 / 8 * 7 / 8)}
+                "nvls": 43 + nbytes / (1000 * 8 * 40 * 0.85 * 7 / 8 * 7 / 8)}
     for nodes in (2, 8):
         graphs = collnet.multinode_graphs(8, nodes, 450.0, 50.0, HOPPER)
         for nbytes, expected in ((64 * 1024, "nvls"), (MiB, "collnet_direct"),

@@ -13,7 +13,8 @@ from simsp.cli import main
 from simsp.cluster.topology import build_topology
 from simsp.engine.collectives.nccl_tests import simulate, simulate_nccl
 from simsp.scenario.config import Cluster
-from simsp.engine.collectives.nccl_tuning import channels_and_threads, choose, nccl_graph, nccl_time_us
+from simsp.engine.collectives.nccl_graphs import nccl_graph, nccl_graphs
+from simsp.engine.collectives.nccl_tuning import channels_and_threads, choose, nccl_time_us
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.hardware.constants import LinkCalibration
 
@@ -39,8 +40,8 @@ def test_dgx_a100_graphs_are_what_ncclTopoCompute_finds():
     # across nodes: one channel per NIC at 24 GB/s (PCIe Gen4 x16), not doubled (< 25)
     assert nccl_graph(1, 8, 300.0, 25.0) == nccl_graph(1, 2, 300.0, 25.0)
     one, two = nccl_graph(1, 8, 300.0, 25.0), nccl_graph(2, 8, 300.0, 25.0)
-    assert (one.channels, one.bw, one.comm_channels) == (12, 20.0, 24)
-    assert (two.channels, two.bw, two.comm_channels) == (8, 24.0, 16)
+    assert (one.channels, one.bw_intra, one.bw_inter, one.comm_channels) == (12, 20.0, 20.0, 24)
+    assert (two.channels, two.bw_intra, two.bw_inter, two.comm_channels) == (8, 24.0, 24.0, 16)
 
 
 @pytest.mark.parametrize("protocol, latency_us, busbw_GBps", [
@@ -145,9 +146,11 @@ def test_tree_time_on_sixteen_nodes_is_hand_worked():
 
 
 @pytest.mark.parametrize("protocol, base_us, intra_us, inter_us, fraction, correction", [
-    ("LL", 6.8, 0.6, 5.0, 22.5 / 192, 1.0),  # bus min(8x24x0.92 / 3.8, llMaxBw 22.5)
+    ("LL", 6.8, 0.6, 5.0, 22.5 / 192, 1.0),  # bus min(188.8 / 3.8, llMaxBw 22.5)
     ("LL128", 14.0, 1.25, 8.5, 160 / 192, 0.9),  # min(x120/128, 8 x 20 per channel)
-    ("Simple", 8.4, 4.0, 14.0, 0.92, 0.8)])  # tree all-reduce x0.92
+    # the tree graph: 8 x bwIntra 30 (nccl_graph_search pass 2), x0.92 = 220.8, capped at
+    # 8 x perChMaxTreeBw 23.6 = 188.8 (the LL and LL128 rows start from this 188.8 too)
+    ("Simple", 8.4, 4.0, 14.0, 188.8 / 192, 0.8)])
 def test_tree_time_per_protocol_on_two_nodes_is_hand_worked(protocol, base_us, intra_us,
                                                              inter_us, fraction, correction):
     """64 MiB over 16 GPUs of two nodes, forced tree: NCCL's base latency, 2 x (7 NVLink steps
@@ -224,13 +227,14 @@ def test_the_pick_is_the_cheapest_allowed_and_its_terms_are_fractions(collective
     if algorithm == "tree" and collective != "all_reduce":
         return
     choice = choose(collective, nbytes, ranks, nodes, 300.0, 25.0, algorithm, protocol)
-    graph = nccl_graph(nodes, ranks // nodes, 300.0, 25.0)
+    graphs = dict(zip(("ring", "tree"), nccl_graphs(nodes, ranks // nodes, 300.0, 25.0)))
     allowed = [(a, p) for a in ("tree", "ring") for p in ("LL", "LL128", "Simple")
                if (a == "ring" or collective == "all_reduce") and algorithm in (None, a)
                and protocol in (None, p)]
-    times = [nccl_time_us(collective, a, p, nbytes, ranks, nodes, graph) for a, p in allowed]
+    times = [nccl_time_us(collective, a, p, nbytes, ranks, nodes, graphs[a])
+             for a, p in allowed]
     assert choice.estimated_time_s * 1e6 == pytest.approx(min(times), rel=1e-12)
     assert (choice.algorithm, choice.protocol) == allowed[times.index(min(times))]
-    assert 1 <= choice.nchannels <= choice.max_channels == graph.comm_channels
+    assert 1 <= choice.nchannels <= choice.max_channels == graphs["ring"].comm_channels
     assert 0 < choice.bandwidth_fraction <= 1 and 0 < choice.channel_fraction <= 1
     assert choice.intra_step_s > 0 and choice.inter_step_s > 0

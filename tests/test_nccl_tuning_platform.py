@@ -7,9 +7,9 @@ import pytest
 from simsp.errors import UserError
 from simsp.engine.collectives.nccl_platform import (AMPERE, BLACKWELL, DGX_A100, HOPPER, INTEL,
                                                     Platform)
+from simsp.engine.collectives.nccl_graphs import Graph, nccl_graph
 from simsp.engine.collectives.nccl_tuning import (ALL_REDUCE, LL, LL128, RING, SIMPLE, TREE,
-                                                  Graph, bus_bandwidth, choose, latency_us,
-                                                  nccl_graph)
+                                                  bus_bandwidth, choose, latency_us)
 from simsp.hardware.constants import LinkCalibration
 from simsp.hardware.profile_file import DATA, load_profile
 from simsp.scenario.config import Cluster
@@ -18,7 +18,7 @@ SYSTEMS = DATA / "systems"
 H100 = Platform(HOPPER, INTEL)
 # two nodes: path min(50 GB/s NIC, PCIe Gen5 x16 16 x 240 / 80 = 48) = 48, the first of
 # sm90SpeedArrayInter <= 48 is 48; one channel per NIC (8); no doubling (SM90, 48 < 50, 8 > 4)
-H100_TWO_NODES = Graph(8, 48.0)
+H100_TWO_NODES = Graph(8, 48.0, 48.0)
 # busBw (GB/s) at 2 nodes (tuning.cc rows index 1): ring/Simple 8 x 48 = 384
 HAND_BUS = {(RING, SIMPLE): 384.0,
             (RING, LL): 39.0,  # min(llMaxBws Intel row N2 39.0, 384 x .5)
@@ -40,9 +40,9 @@ def test_h100_graphs():
     """One node: 18 links x 20.6 = 370.8 GB/s, first sm90 intra speed 60 -> 6 channels,
     doubled (60 >= 50) to 12 at 30 (24 communicator channels); two nodes: H100_TWO_NODES.
     B200 one node: 18 links x 40.1 = 721.8, 90 -> 8 channels, doubled to 16 at 45."""
-    assert nccl_graph(1, 8, 450.0, 50.0, H100) == Graph(12, 30.0)
+    assert nccl_graph(1, 8, 450.0, 50.0, H100) == Graph(12, 30.0, 30.0)
     assert nccl_graph(2, 8, 450.0, 50.0, H100) == H100_TWO_NODES
-    assert nccl_graph(1, 8, 900.0, 50.0, Platform(BLACKWELL, INTEL)) == Graph(16, 45.0)
+    assert nccl_graph(1, 8, 900.0, 50.0, Platform(BLACKWELL, INTEL)) == Graph(16, 45.0, 45.0)
 
 
 @pytest.mark.parametrize("algorithm,protocol", sorted(HAND_BUS))
@@ -59,8 +59,8 @@ def test_h100_fraction_and_one_node_ll_cap():
     capped by Hopper's llMaxBw 141 (12 x 30 x .5 = 180), Ampere's 87.7 (12 x 20 x .5 = 120)."""
     choice = choose(ALL_REDUCE, 1 << 30, 16, 2, 450.0, 50.0, RING, LL128, H100)
     assert choice.protocol_fraction == pytest.approx(8 * 36.7 / 384.0, rel=1e-12)
-    assert bus_bandwidth(ALL_REDUCE, RING, LL, 1, Graph(12, 30.0), platform=H100) == 141.0
-    assert bus_bandwidth(ALL_REDUCE, RING, LL, 1, Graph(12, 20.0), platform=DGX_A100) == 87.7
+    assert bus_bandwidth(ALL_REDUCE, RING, LL, 1, Graph(12, 30.0, 30.0), platform=H100) == 141.0
+    assert bus_bandwidth(ALL_REDUCE, RING, LL, 1, Graph(12, 20.0, 20.0), platform=DGX_A100) == 87.7
 
 
 def test_platform_from_profiles():

@@ -226,9 +226,11 @@ def test_tree_table_and_its_errors(capsys):
     assert nccl_columns(text) == [("tree", "Simple", 16)]
     # tuning.cc's tree over the links: base 8.4 us; 2 x (7 NVLink steps of tree/Simple's 4.0 us
     # + 1 network step of its 14 us, NCCL's own on the default links); S at half the ring's
-    # 8 NICs x 22.5 GB/s x 0.92 (tree all-reduce) x 0.9 (treeCorrectionFactor at 256 MB)
+    # 8 NICs x 22.5 GB/s x the tree's busBw over the ring's, min(8 x 30 x 0.92, 8 x 23.6) /
+    # (8 x 24) = 188.8 / 192 (the tree graph's bwIntra 30: tests/test_nccl_graph_search.py;
+    # tree all-reduce x0.92 capped at perChMaxTreeBw) x 0.9 (treeCorrectionFactor at 256 MB)
     latency_us = 8.4 + 2 * (7 * 4.0 + 14.0)
-    data_us = 256 * 2 ** 20 / (0.5 * 8 * IB_GBPS * 1e9 * 0.92 * 0.9) * 1e6
+    data_us = 256 * 2 ** 20 / (0.5 * 8 * IB_GBPS * 1e9 * 188.8 / 192 * 0.9) * 1e6
     assert row[2] == pytest.approx(latency_us + data_us, abs=0.006)
     for argv in (["--ranks", "8", "--size", "8M", "--nccl-algo", "tree", "--explain"],
                  ["--ranks", "16", "--nodes", "2", "--size", "8M", "--nccl-algo", "tree",

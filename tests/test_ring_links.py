@@ -16,7 +16,9 @@ from simsp.engine.collectives.ring_plan import COLLECTIVES
 from simsp.engine.collectives.ring_timing import collective_time
 from simsp.hardware.constants import LinkCalibration
 
-CAL = LinkCalibration()
+# the ring forced (NCCL_ALGO=ring): on two nodes of 12.5 GB/s NICs NCCL's tree graph (bwIntra
+# raised to 24 by the search's pass 2, bwInter 12) would win the all-reduce
+CAL = LinkCalibration(nccl_algo="ring")
 NVLINK_Bps = 300e9 * CAL.nvlink_efficiency  # one GPU's NVLink port, achieved
 
 

@@ -6,11 +6,12 @@ CollNet), picked by NCCL's own estimate and timed in closed form over simsp's li
 NCCL's estimates (engine/collectives/nccl_tuning.py, "In-network reduction") need each
 algorithm's graph. NVIDIA/nccl commit 5067397c (2.30.7): src/init.cc builds the CollNet Chain
 graph with the ring graph's channels and the CollNet Direct and NVLS graphs (NVLS_TREE shares
-NVLS's) with one head per NIC (src/graph/search.cc ncclTopoSearchTryNet: "NVLS search only
-tries to find NIC:GPU combinations to compute the heads"); across nodes every graph takes the
-first speed of the compute capability's speedArrayInter within the GPU's path to its NIC
-(search.cc ncclTopoCompute; src/graph/topo.cc: NIC bandwidth = link speed / 8, PCIe width x
-per-lane rate / 80). simsp has one NIC per GPU (rails), so a node of p GPUs has p heads.
+NVLS's) with one head per NIC (src/graph/search.cc ncclTopoSearchRecNet: "NVLS search only
+tries to find NIC:GPU combinations to compute the heads"); the NVLS and CollNet Chain graphs are
+searched as search.cc ncclTopoCompute does (nccl_graph_search.py, on the compute capability's
+speedArrayInter; src/graph/topo.cc: NIC bandwidth = link speed / 8, PCIe width x per-lane rate
+/ 80), CollNet Direct's takes the first of those speeds within the GPU's path to its NIC.
+simsp has one NIC per GPU (rails), so a node of p GPUs has p heads.
 
 simsp times the pick, as it times one-node NVLS (engine/collectives/nvls.py), in closed form:
 NCCL's latency (nccl_tuning.sharp_latency_us) plus the slower of the node's NVLink part and
@@ -39,7 +40,11 @@ It loads no link (as a tree or NVLS all-reduce: engine/timed_collectives.py), so
 traffic on the same NICs it is as fast as alone.
 """
 
+from functools import lru_cache
+
+from simsp.engine.collectives import nccl_graph_search as search
 from simsp.engine.collectives import nccl_tuning as tuning
+from simsp.engine.collectives.nccl_graphs import search_topology
 from simsp.engine.collectives.nccl_platform import COMPCAP_BY_NVLINK, inter_node_speed
 from simsp.engine.collectives.nvls import NVLS_EFFICIENCY
 from simsp.units import GB
@@ -52,16 +57,27 @@ def compcap_of(nvlink_generation: int) -> str:
     return COMPCAP_BY_NVLINK.get(nvlink_generation, tuning.AMPERE)
 
 
+@lru_cache(maxsize=256)
 def multinode_graphs(ppn: int, nodes: int, nvlink_GBps: float, ib_GBps: float,
                      compcap: str) -> dict:
-    """algorithm -> SharpGraph across nodes (simplified as nccl_graph is: the first fitting
-    speed): one head per NIC for CollNet Direct, NVLS and NVLS_TREE, the ring graph's channels
-    for CollNet Chain, all at the first inter-node speed within the NIC and its PCIe path."""
+    """algorithm -> SharpGraph across nodes on the platform's search (nccl_graph_search, as
+    init.cc runs it): CollNet Chain a tree (pattern TREE, collNet) with the ring graph's
+    channels as its minChannels and maxChannels, NVLS and NVLS_TREE the NVLS heads' graph;
+    CollNet Direct one head per NIC at the first inter-node speed within the NIC and its PCIe
+    path (its search, ncclTopoSearchTryCollnetDirect, not ported). Memoised (do not mutate)."""
+    topo = search_topology(nodes, ppn, nvlink_GBps, ib_GBps, compcap)
+    ring = search.compute(topo, search.RING)
+    chain = search.compute(topo, search.TREE, ring.channels, ring.channels)
+    nvls = search.compute(topo, search.NVLS)
     speed = inter_node_speed(compcap, ib_GBps)
-    heads = tuning.SharpGraph(min(tuning.MAX_NVLS_ARITY, ppn), speed, speed)
-    ring = tuning.nccl_graph(nodes, ppn, nvlink_GBps, ib_GBps)
-    return {tuning.COLLNET_DIRECT: heads, tuning.NVLS: heads, tuning.NVLS_TREE: heads,
-            tuning.COLLNET_CHAIN: tuning.SharpGraph(ring.channels, speed, speed)}
+    return {tuning.COLLNET_DIRECT: tuning.SharpGraph(min(tuning.MAX_NVLS_ARITY, ppn), speed, speed),
+            tuning.NVLS: _sharp(nvls), tuning.NVLS_TREE: _sharp(nvls),
+            tuning.COLLNET_CHAIN: _sharp(chain)}
+
+
+def _sharp(graph: search.SearchGraph) -> tuning.SharpGraph:
+    """The searched graph as tuning.cc reads it: channels, bwIntra, bwInter."""
+    return tuning.SharpGraph(graph.channels, graph.bw_intra, graph.bw_inter)
 
 
 def tier_bytes(algorithm: str, nbytes: int, ppn: int, nodes: int,

@@ -25,7 +25,7 @@ NVIDIA/nccl v2.30.7, the version simsp's tuning port follows (nccl_tuning.py):
 """
 
 from simsp.engine.collectives.nccl_platform import DGX_A100, NVLINK_LINK_GBPS, Platform
-from simsp.engine.collectives.nccl_tuning import GRAPH_MAX_CHANNELS, nccl_graph
+from simsp.engine.collectives.nccl_graphs import GRAPH_MAX_CHANNELS, nccl_graph
 
 LL_BUFFSIZE = 8 * 512 * 8 * 16  # B: init.cc DEFAULT_LL_BUFFSIZE
 LL128_BUFFSIZE = 120 * 640 * 8 * 8  # B: init.cc DEFAULT_LL128_BUFFSIZE
@@ -48,7 +48,7 @@ NET_RING_CHANNEL = (granules(LL_BUFFSIZE + LL128_BUFFSIZE + SIMPLE_BUFFSIZE + CO
                     + granules(LL128_BUFFSIZE + SIMPLE_BUFFSIZE))
 SHARED_STEPS = 16  # net.cc NCCL_SHARED_STEPS
 P2P_NET_CHUNK = 1 << 17  # B: init.cc P2P_NET_CHUNKSIZE
-P2P_MAX_CHANNELS = GRAPH_MAX_CHANNELS  # 32, the ring graph's maximum (nccl_tuning.GRAPH_MAX_CHANNELS), see above
+P2P_MAX_CHANNELS = GRAPH_MAX_CHANNELS  # 32, the ring graph's maximum (nccl_graphs.GRAPH_MAX_CHANNELS), see above
 
 
 def pow2_up(n: int) -> int:
@@ -58,7 +58,7 @@ def pow2_up(n: int) -> int:
 
 def comm_channels(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float,
                   platform: Platform = DGX_A100) -> int:
-    """The communicator's channels as NCCL's ring graph gives them (nccl_tuning.nccl_graph)."""
+    """The communicator's channels as NCCL's ring graph gives them (nccl_graphs.nccl_graph)."""
     return nccl_graph(nodes, ranks_per_node, nvlink_GBps, ib_GBps, platform).comm_channels
 
 

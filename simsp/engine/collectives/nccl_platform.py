@@ -7,8 +7,8 @@ Blackwell) and its CPU (comm->cpuArch / cpuVendor, src/graph/topo.cc from /proc/
   row, AMD or mixed -> row 1 "AMD", anything else -> row 0 "Intel"), perChMaxRingLL128Bws,
   perChMaxTreeLL128Bws, perChMaxTreeBws (by GPU), indexed by nNodes 1, 2, more;
 - tuning.cc getNetOverhead: 1 us on x86 Intel, 2 us on x86 AMD, 1 us otherwise (Arm);
-- search.cc speedArrayIntra/Inter (SM80), sm90SpeedArray*, sm100SpeedArray* and
-  ncclTopoDupChannels (above SM80 no doubling at bwIntra < 50 with more than 4 channels);
+- search.cc speedArrayIntra/Inter (SM80), sm90SpeedArray*, sm100SpeedArray* (the search:
+  nccl_graph_search.py);
 - topo.h SM80_NVLINK_BW 20, SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1 (GB/s per NVLink);
 - topo.cc PCIe bandwidth = width x per-lane rate / 80 (Gen4 16 GT/s: 120, Gen5 32 GT/s: 240).
 Arch-independent in 2.30.7: baseLatencies, hwLatencies, the ring plateau (x1.4 for SM >= 80)
@@ -77,15 +77,10 @@ class Platform:
         """tuning.cc getNetOverhead: the network post overhead per ring step (us)."""
         return NET_OVERHEAD_US[self.cpu]
 
-    def duplicates(self, speed: float, channels: int) -> bool:
-        """search.cc ncclTopoDupChannels: doubled at bwIntra >= 25, except above SM80 below 50
-        with more than 4 channels."""
-        return speed >= 25.0 and not (self.compcap != AMPERE and speed < 50.0 and channels > 4)
-
 
 def inter_node_speed(compcap: str, nic_GBps: float) -> float:
-    """search.cc ncclTopoCompute across nodes, simplified to its first fitting speed: the first
-    of the architecture's speedArrayInter within the NIC and its PCIe path (GB/s a channel)."""
+    """The first of the architecture's speedArrayInter within the NIC and its PCIe path (GB/s a
+    channel): CollNet Direct's heads (collnet.py; its search is not ported)."""
     path = min(nic_GBps, PCIE_X16_BW[compcap])
     speeds = SPEED_INTER[compcap]
     return next((s for s in speeds if s <= path), speeds[-1])

@@ -9,9 +9,9 @@ Everything here is NVIDIA/nccl v2.30.7 (makefiles/version.mk), read from its sou
   the ring plateau factor;
 - src/enqueue.cc topoGetAlgoInfo: the cheapest (algorithm, protocol), then channels and threads
   reduced while bytes < channels x threads x threadThreshold;
-- src/graph/search.cc ncclTopoCompute / ncclTopoDupChannels, src/graph/connect.cc
-  ncclTopoPostset: the ring graph (speedArrayIntra / speedArrayInter, channels doubled) and the
-  communicator's channels (twice the graph's);
+- src/graph/search.cc ncclTopoCompute (ported in nccl_graph_search.py), src/init.cc: the ring
+  graph and the tree graph (as many channels as the ring's), src/graph/connect.cc
+  ncclTopoPostset: the communicator's channels (twice the graph's);
 - src/graph/topo.h (SM80_NVLINK_BW 20 GB/s per NVLink), src/graph/topo.cc (PCIe Gen4 x16 =
   24 GB/s, NIC bandwidth = link speed / 8), src/include/device.h and comm.h (thread counts and
   thresholds).
@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 import math
 
+from simsp.engine.collectives import nccl_graph_search as search
 from simsp.engine.collectives import nccl_platform as plat
+from simsp.engine.collectives.nccl_graphs import Graph, nccl_graphs
 from simsp.engine.collectives.nccl_platform import (AMPERE, BLACKWELL, DGX_A100, HOPPER,
                                                     Platform)
 
@@ -63,24 +65,6 @@ MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}
 TREE_THREADS = 640
 THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}
 WARP_SIZE = 32
-# init.cc ringGraph->maxChannels = MAXCHANNELS/2; the speed arrays: nccl_platform.py
-SPEED_INTER = plat.SPEED_INTER[AMPERE]
-GRAPH_MAX_CHANNELS = 32
-NVLINK3_GBPS = plat.NVLINK_LINK_GBPS[AMPERE]  # one NVLink3 link per direction (A100 datasheet)
-
-@dataclass(frozen=True)
-class Graph:
-    """NCCL's ring graph for a group: channels and per-channel bandwidth (GB/s)."""
-
-    channels: int  # graph channels (ncclTopoGraph.nChannels)
-    bw: float  # per-channel bandwidth (bwIntra = bwInter on multi-node graphs)
-
-    @property
-    def comm_channels(self) -> int:
-        """The communicator's channels: connect.cc ncclTopoPostset doubles the graph's."""
-        return min(2 * self.channels, 64)
-
-
 @dataclass(frozen=True)
 class NcclChoice:
     """What NCCL would run for one collective, and how it changes simsp's ring/Simple timing."""
@@ -107,29 +91,6 @@ class NcclChoice:
         return f"{self.algorithm}/{self.protocol}"
 
 
-def nccl_graph(nodes: int, ranks_per_node: int, nvlink_GBps: float, ib_GBps: float,
-               platform: Platform = DGX_A100) -> Graph:
-    """The ring graph NCCL's search finds (search.cc ncclTopoCompute, simplified to its first
-    fitting speed): on one node as many channels of the first speed of the architecture's
-    speedArrayIntra as a GPU's NVLinks hold; across nodes one channel per NIC the node's ranks
-    own, at the first speed of speedArrayInter within the NIC and its PCIe path; then
-    ncclTopoDupChannels."""
-    cc = platform.compcap
-    if nodes == 1:  # links x NCCL's per-link bandwidth
-        total = nvlink_GBps / plat.NVLINK_LINK_GBPS[cc] * plat.NVLINK_BW[cc]
-        speeds = plat.SPEED_INTRA[cc]
-        speed = next((s for s in speeds if s <= total), speeds[-1])
-        channels = max(1, min(GRAPH_MAX_CHANNELS, int(total // speed)))
-    else:
-        speed = plat.inter_node_speed(cc, ib_GBps)
-        channels = max(1, ranks_per_node)
-    if platform.duplicates(speed, channels):  # ncclTopoDupChannels
-        doubled = min(2 * channels, GRAPH_MAX_CHANNELS)
-        speed /= math.ceil(doubled / channels)
-        channels = doubled
-    return Graph(channels, speed)
-
-
 def _nsteps(collective: str, ranks: int) -> int:
     """tuning.cc: 2(n-1) steps for all-reduce, n-1 for reduce-scatter and all-gather."""
     return 2 * (ranks - 1) if collective == ALL_REDUCE else ranks - 1
@@ -148,7 +109,7 @@ def bus_bandwidth(collective: str, algorithm: str, protocol: str, nodes: int,
     `channel_share` of the channels (busBw = channels x per-channel bandwidth; the per-channel
     caps scale with the channels, llMaxBw is a total)."""
     channels = graph.channels * channel_share
-    bus = channels * graph.bw
+    bus = channels * graph.bw(nodes)
     ll_max, cap = platform.ll_max_bw(nodes), platform.per_channel_cap
     if algorithm == RING and protocol == LL:
         bus = min(ll_max, bus * 0.5)
@@ -246,31 +207,34 @@ def choose(collective: str, nbytes: int, ranks: int, nodes: int, nvlink_GBps: fl
     `protocol` when given, tuned for `platform` (GPU architecture, CPU). Memoised: cheap to call for every collective of a run."""
     if ranks < 2:  # enqueue.cc updateCollCostTable: one rank costs nothing (ring/Simple)
         return NcclChoice(RING, SIMPLE, 1, 1, MAX_THREADS[SIMPLE], 0.0, 1.0, 1.0, 0.0, 0.0, 0.0)
-    graph = nccl_graph(nodes, max(1, ranks // nodes), nvlink_GBps, ib_GBps, platform)
+    graphs = dict(zip((RING, TREE), nccl_graphs(nodes, max(1, ranks // nodes), nvlink_GBps,
+                                                 ib_GBps, platform)))
     options = [(a, p) for a in ALGORITHMS for p in PROTOCOLS if supported(collective, a, p)
                and algorithm in (None, a) and protocol in (None, p)]
     if not options:
         raise ValueError(f"NCCL has no {algorithm} algorithm for {collective}")
-    times = {(a, p): nccl_time_us(collective, a, p, max(nbytes, 0), ranks, nodes, graph,
+    times = {(a, p): nccl_time_us(collective, a, p, max(nbytes, 0), ranks, nodes, graphs[a],
                                   platform) for a, p in options}
     best = min(options, key=lambda ap: times[ap])  # first minimum, NCCL's loop order
-    return _describe(collective, best, nbytes, ranks, nodes, graph, times[best], platform)
+    return _describe(collective, best, nbytes, ranks, nodes, graphs, times[best], platform)
 
 
 def _describe(collective: str, best: tuple[str, str], nbytes: int, ranks: int, nodes: int,
-              graph: Graph, time_us: float, platform: Platform) -> NcclChoice:
+              graphs: dict, time_us: float, platform: Platform) -> NcclChoice:
     """The choice with its channels, threads, latency scales and bandwidth fractions: NCCL's
     busBw is channels x per-channel bandwidth (tuning.cc), so fewer channels carry
     proportionally less up to the protocol's total cap (llMaxBw); threads are sized to the data
-    within a channel and change nothing."""
+    within a channel and change nothing. `graphs`: algorithm -> Graph; the communicator's
+    channels are the ring's (init.cc: min of the tree's and the ring's, equal here)."""
     algorithm, protocol = best
-    nc, nt = channels_and_threads(algorithm, protocol, nbytes, ranks, graph)
+    ring, graph = graphs[RING], graphs[algorithm]
+    nc, nt = channels_and_threads(algorithm, protocol, nbytes, ranks, ring)
     intra, inter = step_latencies_us(algorithm, protocol, ranks, nodes, platform)
-    reference_bus = bus_bandwidth(collective, RING, SIMPLE, nodes, graph, platform=platform)
+    reference_bus = bus_bandwidth(collective, RING, SIMPLE, nodes, ring, platform=platform)
     full_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph, platform=platform)
     used_bus = bus_bandwidth(collective, algorithm, protocol, nodes, graph,
-                             nc / graph.comm_channels, platform)
-    return NcclChoice(algorithm, protocol, nc, graph.comm_channels, nt,
+                             nc / ring.comm_channels, platform)
+    return NcclChoice(algorithm, protocol, nc, ring.comm_channels, nt,
                       BASE_LATENCY_US[algorithm][protocol] * 1e-6, full_bus / reference_bus,
                       used_bus / full_bus, time_us * 1e-6, intra * 1e-6, inter * 1e-6)
 
@@ -421,21 +385,16 @@ def sharp_time_us(collective: str, algorithm: str, nbytes: int, ranks: int, node
     return sharp_latency_us(algorithm, ranks, nodes) + nbytes / (1000 * bw)
 
 
-MAX_NVLS_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY
+MAX_NVLS_ARITY = search.MAX_NVLS_ARITY  # device.h NCCL_MAX_NVLS_ARITY
 
 
+@lru_cache(maxsize=256)
 def nvls_graph(gpus: int, nvlinks: int, compcap: str) -> SharpGraph:
-    """NCCL's NVLS graph on one NVSwitch node (search.cc ncclTopoCompute, first fitting
-    speed): one channel (head) per GPU, min(NCCL_MAX_NVLS_ARITY, gpus), forced for an
-    intra-node NVLS; the first speed within a GPU's NVLink total (links x NCCL's per-link
-    bandwidth) once x gpus/(gpus-1) ("algo other than RING do not need to close to the
-    starting NET")."""
-    channels = min(MAX_NVLS_ARITY, gpus)
-    total = nvlinks * plat.NVLINK_BW[compcap]  # topo.h SM90/SM100_NVLINK_BW per link
-    room = total * gpus / (gpus - 1) if gpus > 1 else total
-    speeds = plat.SPEED_INTRA[compcap]  # search.cc sm90/sm100SpeedArrayIntra
-    speed = next((s for s in speeds if s <= total and s * channels <= room), speeds[-1])
-    return SharpGraph(channels, speed, speed)
+    """NCCL's NVLS graph on one NVSwitch node (search.cc ncclTopoCompute, pattern NVLS, ported
+    in nccl_graph_search.py): one head per GPU, min(NCCL_MAX_NVLS_ARITY, gpus), forced."""
+    topo = search.Topology(gpus, False, nvlinks * plat.NVLINK_BW[compcap], 0.0, compcap)
+    found = search.compute(topo, search.NVLS)
+    return SharpGraph(found.channels, found.bw_intra, found.bw_inter)
 
 
 def sharp_choice(collective: str, nbytes: int, ranks: int, nodes: int, graphs: dict,
