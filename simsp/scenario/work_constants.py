@@ -65,16 +65,16 @@ TRAIN_SECONDS_PER_COLLECTIVE = 0.00034
 # layer-step, each a transfer on the links, where every rank runs: a 2-layer Llama 3 8B shape, s
 # 4096, p2p at cp 32 and 64 with d 2, a2a at cp 8 with d 4.
 CP_SECONDS_PER_RANK_PAIR = 4.6e-5
-# estimate_constants.py --only cp-lone (2026-11-29, probe 142-174 ms): p2p rings alone on their
-# links (context_parallel/lone_ring.py) where TP rank 0's CP ranks run: per layer-step per CP rank,
-# and per CP pair (the same shape at cp 16 and 64, d 1, and benchmarks/scale.py cp-128k at 256
-# GPUs).
-CP_SECONDS_PER_RANK_STEP = 0.00092
-CP_LONE_SECONDS_PER_RANK_PAIR = 5.5e-5
-# Those rings' calls worked out in arithmetic once the group has entered (context_parallel/
-# ring_pass.py: no SM contention, no TP comm overlap; the steps' charges, sends' records and
-# receive buffers still cost per pair): per CP pair, beside the per-rank term above.
-CP_PASS_SECONDS_PER_RANK_PAIR = 2.6e-5
+# estimate_constants.py --only cp-lone cp-lone-shared (2026-11-29, after round 11's merge, probe
+# 193 ms after the pass): p2p rings alone on their links (context_parallel/lone_ring.py) where
+# TP rank 0's CP ranks run: per layer-step per CP rank, and per CP pair, each call worked out in
+# arithmetic once the group has entered (context_parallel/ring_pass.py; the steps' charges,
+# sends' records and receive buffers still cost per pair): the same shape at cp 16 and 64, d 1,
+# and benchmarks/scale.py cp-128k at 256 GPUs; where SMs are shared (--sm-contention or TP comm
+# overlap) the pass is off and every send is a step of its own: cp 16 and 64 with --sm-contention.
+CP_SECONDS_PER_RANK_STEP = 0.0014
+CP_PASS_SECONDS_PER_RANK_PAIR = 3.3e-5
+CP_LONE_SECONDS_PER_RANK_PAIR = 1.6e-4
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it (engine/collectives/ring_alone.py channel_segment runs one channel's piece
 # per node), so it is in the linear terms; where the verdict steps it, its flows are counted
@@ -109,24 +109,24 @@ SECONDS_PER_FLOW_VISIT = 3.5e-7
 # ring pieces (shortcuts/work_counts.py gather_flows), each flow's events outside the solves: the
 # same runs, beside the other terms.
 SECONDS_PER_GATHER_FLOW = 0.0  # the visits' count (1.3-2.6x the solves') already holds it
-# estimate_constants.py --only a2a-alone (2026-11-29, probe 142-174 ms): Where the verdict is
+# estimate_constants.py --only a2a-alone (2026-11-29, after round 11's merge, probe 193 ms after): Where the verdict is
 # known, an all-to-all timed alone (TEMPLATE) is priced by the flows of its private simulations,
 # run once per placement (engine/exchanges.py), and the check by the members of the all-to-all
 # owners it lists (each member's links counted per kind of peer, shortcuts/a2a_links.py; the
 # check's other routes over the world, which grow alike, included): benchmarks/scale.py
 # a2a-dispatch at EP 64 and 128 and deepseek-v3 at 1,024 GPUs.
-A2A_ALONE_SECONDS_PER_FLOW = 2.5e-5
-CHECK_SECONDS_PER_MEMBER = 1.5e-4
+A2A_ALONE_SECONDS_PER_FLOW = 3.5e-5
+CHECK_SECONDS_PER_MEMBER = 3.3e-4
 # estimate_constants.py --only mtp (2026-11-29, probe 142-174 ms): Multi-token prediction's depths
 # run on the last stage for every micro-batch, each a layer plus its own embedding norm, projection
 # and vocabulary head, untemplated, linear in D since each depth's weights are looked up in a table
 # built once (training/pipeline/steps.py RankState.layer_tables): benchmarks/scale.py mtp-deep at
 # 256 and 1,024 depths.
 MTP_SECONDS_PER_DEPTH_STEP = 0.0017
-# estimate_constants.py --only symmetry (2026-11-29, probe 142-174 ms): Rail symmetry's check per
+# estimate_constants.py --only symmetry (2026-11-29, after round 11's merge, probe 193 ms after): Rail symmetry's check per
 # rank of the world (shortcuts/rail_symmetry.py symmetric_steps: every owner's hops and their
 # images' routes, per shift tried): the shortcut check alone on benchmarks/scale.py gpt3-175b-h100
 # at 2,048 and 4,096 GPUs.
-SYMMETRY_SECONDS_PER_RANK = 0.00038
+SYMMETRY_SECONDS_PER_RANK = 0.00035
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it
