@@ -59,3 +59,21 @@ def test_bad_sizes_and_ranks_are_rejected():
         grid.coords(2)
     with pytest.raises(ValueError):
         grid.rank_of(2, 0, 0)
+
+
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 4))
+def test_every_group_is_the_ranks_sharing_the_other_coordinates_in_axis_order(tp, pp, dp, cp):
+    """The oracle filters the whole world by coordinates and sorts by the group's axis (CP
+    fastest within DP x CP, Megatron-LM's order); the grid builds each group as a stride."""
+    grid = RankGrid(tp=tp, pp=pp, dp=dp, cp=cp)
+    world = [grid.coords(r) for r in range(grid.world_size)]
+    axes = {"tp": ("tp",), "dp": ("dp",), "pp": ("pp",), "cp": ("cp",), "dp_cp": ("dp", "cp")}
+    build = {"tp": grid.tp_group, "dp": grid.dp_group, "pp": grid.pp_group,
+             "cp": grid.cp_group, "dp_cp": grid.dp_cp_group}
+    for rank, c in enumerate(world):
+        for name, varying in axes.items():
+            kept = [f for f in Coords._fields if f not in varying]
+            members = [r for r, o in enumerate(world)
+                       if all(getattr(o, f) == getattr(c, f) for f in kept)]
+            members.sort(key=lambda r: tuple(getattr(world[r], f) for f in varying))
+            assert build[name](rank) == tuple(members), (name, rank)

@@ -55,31 +55,39 @@ class RankGrid:
         return Coords(tp=rank % self.tp, dp=(rank // tc) % self.dp,
                       pp=rank // (tc * self.dp), cp=(rank // self.tp) % self.cp)
 
+    # Each group is an arithmetic progression of ranks (rank_of is linear in each coordinate),
+    # built as a range: the CP and DP x CP groups of every rank cost O(cp) each, not O(cp) checks.
+
     def tp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks sharing `rank`'s dp and pp coordinates, in ring order (tp = 0, 1, ...)."""
-        c = self.coords(rank)
-        return tuple(self.rank_of(i, c.dp, c.pp, c.cp) for i in range(self.tp))
+        first = rank - self.coords(rank).tp
+        return tuple(range(first, first + self.tp))
 
     def dp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks sharing `rank`'s tp and pp coordinates, in ring order (dp = 0, 1, ...)."""
-        c = self.coords(rank)
-        return tuple(self.rank_of(c.tp, i, c.pp, c.cp) for i in range(self.dp))
+        c, tc = self.coords(rank), self.tp * self.cp
+        first = self.rank_of(c.tp, 0, c.pp, c.cp)
+        return tuple(range(first, first + tc * self.dp, tc))
 
     def pp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks sharing `rank`'s tp and dp coordinates, in stage order (pp = 0, 1, ...)."""
-        c = self.coords(rank)
-        return tuple(self.rank_of(c.tp, c.dp, i, c.cp) for i in range(self.pp))
+        c, stride = self.coords(rank), self.tp * self.cp * self.dp
+        first = self.rank_of(c.tp, c.dp, 0, c.cp)
+        return tuple(range(first, first + stride * self.pp, stride))
 
     def cp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks sharing `rank`'s tp, dp and pp coordinates, in ring order (cp = 0, 1, ...)."""
         c = self.coords(rank)
-        return tuple(self.rank_of(c.tp, c.dp, c.pp, i) for i in range(self.cp))
+        first = self.rank_of(c.tp, c.dp, c.pp, 0)
+        return tuple(range(first, first + self.tp * self.cp, self.tp))
 
     def dp_cp_group(self, rank: int) -> tuple[int, ...]:
         """The ranks whose gradients are reduced together: same tp and pp, every (cp, dp), CP
-        fastest (Megatron-LM's data-parallel group with context parallelism)."""
+        fastest (Megatron-LM's data-parallel group with context parallelism): rank_of(tp, d, pp,
+        k) = first + t·(k + c·d), so the group is every t-th rank from the first."""
         c = self.coords(rank)
-        return tuple(self.rank_of(c.tp, d, c.pp, k) for d in range(self.dp) for k in range(self.cp))
+        first = self.rank_of(c.tp, 0, c.pp, 0)
+        return tuple(range(first, first + self.tp * self.cp * self.dp, self.tp))
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
         """Every group along `axis` ("tp", "dp", "pp", "cp" or "dp_cp"), by their smallest rank."""
