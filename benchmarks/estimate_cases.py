@@ -148,8 +148,8 @@ GROUPS = {
         ("mtp-deep 256", _mtp(256), "run"),
         ("mtp-deep 1024", _mtp(1024), "run")]),
     "symmetry": (("SYMMETRY_SECONDS_PER_RANK",), [
-        ("gpt3-175b-h100 2048, the check", _gpt3(2048), "check"),
-        ("gpt3-175b-h100 4096, the check", _gpt3(4096), "check")]),
+        ("gpt3-175b-h100 4096, the check", _gpt3(4096), "check"),
+        ("gpt3-175b-h100 16384, the check", _gpt3(16384), "check")]),
     "numeric": (("NUMERIC_SECONDS_PER_LAYER_STEP", "NUMERIC_FLOPS_PER_SECOND"), [
         ("tiny numeric", ["scenarios/tiny.toml"], "numeric"),
         ("tiny numeric h 256", ["scenarios/tiny.toml", "--hidden-size", "256"], "numeric"),
