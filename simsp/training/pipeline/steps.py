@@ -208,21 +208,7 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
     if state.split_backward:  # B only: the weight-gradient GEMMs wait for this W step
         r.wgrad = state.deferred[(mb, chunk)] = WeightGradStore()
     if plan.is_last(chunk):
-        if state.fsdp is not None:
-            yield from state.fsdp.before_backward(r, chunk, ["head"])
-    if plan.is_last(chunk) and plan.mtp_stage is not None:
-        dx = yield from _standalone_mtp().loss_backward(r, sc, state, stash["loss"], targets)
-        yield from _grads_ready(r, plan, state, chunk, mb, ["head"])
-    elif plan.is_last(chunk):
-        # mean over B·s tokens (the replica's B/d under --ddp-average-in-collective)
-        dloss = loss_gradient_factor(sc.parallel) / (sc.model.seq_length * sc.parallel.global_batch)
-        extra = None
-        if "mtp" in stash:
-            extra = yield from _multi_token_prediction().mtp_backward(
-                r, sc, state, stash["mtp"], tokens, targets)
-        dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
-                                      stash["head"], dloss, extra)
-        yield from _grads_ready(r, plan, state, chunk, mb, ["head"])
+        dx = yield from _loss_backward(r, sc, (plan, chunk, mb), state, stash, tokens, targets)
     else:
         dx = state.inbox.pop(("grad", mb, k, plan.tp, plan.dp, plan.cp))
     begin = r.env.now
@@ -248,6 +234,28 @@ def backward_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int
         _pass_on(plan, state, ("grad", mb, k - 1, plan.tp, plan.dp, plan.cp), dx)
     r.wgrad = None
     results.record_step(r, "B", mb, chunk, begin)
+
+
+def _loss_backward(r, sc, where: tuple, state: RankState, stash: dict, tokens, targets):
+    """The last chunk's backward from the loss to its input's gradient: the head (with MTP's
+    depths where they run there) or, under standalone MTP, the loss stage's split; then the
+    head's gradients are ready. `where`: (plan, chunk, micro-batch)."""
+    plan, chunk, mb = where
+    if state.fsdp is not None:
+        yield from state.fsdp.before_backward(r, chunk, ["head"])
+    if plan.mtp_stage is not None:
+        dx = yield from _standalone_mtp().loss_backward(r, sc, state, stash["loss"], targets)
+    else:
+        # mean over B·s tokens (the replica's B/d under --ddp-average-in-collective)
+        dloss = loss_gradient_factor(sc.parallel) / (sc.model.seq_length * sc.parallel.global_batch)
+        extra = None
+        if "mtp" in stash:
+            extra = yield from _multi_token_prediction().mtp_backward(
+                r, sc, state, stash["mtp"], tokens, targets)
+        dx = yield from head_backward(r, sc.model, state.weights, state.grads, targets,
+                                      stash["head"], dloss, extra)
+    yield from _grads_ready(r, plan, state, chunk, mb, ["head"])
+    return dx
 
 
 def weight_step(r, inputs, plan: StagePlan, state: RankState, results, mb: int, chunk: int):
