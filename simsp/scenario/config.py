@@ -244,3 +244,9 @@ def bucket_size(d: int, overlap_grad_reduce: bool, given: int | None = None) -> 
     if not overlap_grad_reduce:
         return None
     return given or max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * d)
+
+
+def sms_shared(sc) -> bool:
+    """Whether communication kernels hold SMs beside compute (engine/sm_share.py): NCCL's
+    channels under --sm-contention, TE's userbuffers kernels under --tp-comm-overlap."""
+    return sc.cluster.sm_contention or sc.parallel.tp_comm_overlap

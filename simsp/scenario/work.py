@@ -8,7 +8,7 @@ simsp/scenario/work_constants.py.
 """
 
 from simsp.errors import UserError
-from simsp.scenario.config import bucket_size
+from simsp.scenario.config import bucket_size, sms_shared
 from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA,
     FULL_SECONDS_PER_RANK_STEP, NUMERIC_FLOPS_PER_SECOND, NUMERIC_SECONDS_PER_LAYER_STEP,
@@ -182,8 +182,8 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     if p.cp > 1 and p.cp_comm_type != "allgather":
         per_pair = CP_SECONDS_PER_RANK_PAIR
         if cp_ranks and cp_lone:  # ring_pass.py works the calls out where no SM is shared
-            per_pair = CP_LONE_SECONDS_PER_RANK_PAIR if sc.cluster.sm_contention or \
-                p.tp_comm_overlap else CP_PASS_SECONDS_PER_RANK_PAIR
+            per_pair = CP_LONE_SECONDS_PER_RANK_PAIR if sms_shared(sc) else \
+                CP_PASS_SECONDS_PER_RANK_PAIR
         seconds += layer_steps(sc) * groups * p.cp ** 2 * per_pair
     ep = p.expert_model_parallel_size
     if alone_flows:

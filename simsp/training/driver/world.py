@@ -9,7 +9,7 @@ import simpy
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
-from simsp.scenario.config import Scenario
+from simsp.scenario.config import Scenario, sms_shared
 from simsp.scenario.cuda_graphs import graph_impl, graph_modules
 from simsp.engine.communicator import Communicator
 from simsp.engine.group_timing import STEP_BY_STEP, EveryGroup, TimingOf
@@ -148,7 +148,7 @@ def _cuda_graphs(sc: Scenario):
 def _sm_share(sc: Scenario, env: simpy.Environment) -> SmShare | None:
     """The ranks' shared SMs (engine/sm_share.py) where communication kernels hold some: NCCL's
     channels under --sm-contention, TE's userbuffers kernels under --tp-comm-overlap."""
-    if not (sc.cluster.sm_contention or sc.parallel.tp_comm_overlap):
+    if not sms_shared(sc):
         return None
     return SmShare(env, int(gpu_profile(sc.cluster.gpu).attention["sm_count"]))
 
