@@ -1,7 +1,7 @@
 """Layer templates with context parallelism (model/replay.py SplitTemplate): a simulated rank's
 layer step is recorded once, split at its CP attention calls, and replayed with those calls run
 for real. On small CP layouts whose ranks wait on each other in every call (CP across nodes, CP
-with TP and PP interleaved, CP 3 over uneven hops, a2a+p2p, allgather, the core recomputed
+with TP and PP interleaved, CP 3 over uneven hops, a2a, a2a+p2p, allgather, the core recomputed
 inside the backward, CP inside a node) the iteration with templates equals the same run without them (every
 layer op run) and the full simulation (`Shortcuts()`): iteration time and every stage's exposure
 to 1e-9 s, every simulated rank's memory peaks and FLOPs equal, busy seconds to 1e-12. A replay
@@ -48,6 +48,7 @@ LAYOUTS = {
     "cp4_tp2_pp2_interleaved": ((2, 2, 4, 2, 1, "p2p", True), {}, False),
     "cp3_uneven_hops": ((4, 2, 3, 1, 1, "p2p", False), {}, True),
     "a2a_p2p": ((2, 1, 4, 1, 1, "a2a+p2p", False), {}, True),
+    "a2a": ((4, 2, 2, 2, 1, "a2a", False), {}, False),
     "allgather": ((4, 4, 2, 2, 1, "allgather", False), {}, False),
     "selective_core_attn": ((2, 2, 4, 2, 1, "p2p", True),
                             {"recompute_granularity": "selective"}, False),
