@@ -114,11 +114,13 @@ GROUPS = {
         ("cp 32 p2p d2", _cp(32, 2, "p2p"), "run"),
         ("cp 64 p2p d2", _cp(64, 2, "p2p"), "run"),
         ("cp 8 a2a d4", _cp(8, 4, "a2a"), "run")]),
-    "cp-lone": (("CP_SECONDS_PER_RANK_STEP", "CP_PASS_SECONDS_PER_RANK_PAIR"), [
+    # layer templates split at the CP calls (model/replay.py SplitTemplate) in these runs
+    "cp-lone": (("CP_TEMPLATE_SECONDS_PER_RANK_STEP", "CP_PASS_SECONDS_PER_RANK_PAIR"), [
         ("cp 16 p2p", _cp(16, 1, "p2p"), "run"),
         ("cp 64 p2p", _cp(64, 1, "p2p"), "run"),
         ("cp-128k 256", _cp_128k(256), "run")]),
-    "cp-lone-shared": (("CP_LONE_SECONDS_PER_RANK_PAIR",), [  # SMs shared: ring_pass.py is off
+    # SMs shared: ring_pass.py and the split templates are off
+    "cp-lone-shared": (("CP_SECONDS_PER_RANK_STEP", "CP_LONE_SECONDS_PER_RANK_PAIR"), [
         ("cp 16 p2p, SM contention", _cp(16, 1, "p2p") + ["--sm-contention"], "run"),
         ("cp 64 p2p, SM contention", _cp(64, 1, "p2p") + ["--sm-contention"], "run")]),
     "flows": (("SECONDS_PER_FLOW",), [

@@ -4,6 +4,11 @@ Used only in meta mode with one simulated rank per TP group and whole-collective
 layer step's duration and its ledger traffic cannot depend on the step (no waiting on other
 ranks, no link contention), so replaying the recording is exact; tests/test_shortcuts.py shows
 it gives the same iteration time and ledgers as executing every op.
+
+With context parallelism a layer step waits on its CP group inside the attention core (the
+rank's `r.cp` calls), so its template is split there (SplitTemplate, one per simulated rank):
+the segments before, between and after the CP calls are replayed, the CP calls themselves run
+for real on tensors rebuilt from their recorded shapes; tests/test_cp_templates.py.
 """
 
 from collections.abc import MutableMapping
@@ -49,16 +54,51 @@ class DirectLayers:
         return False
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The ops of a split layer step between two CP calls, relative to the segment's start."""
+
+    duration_s: float
+    block: OpBlock
+    spans: tuple
+
+
+@dataclass(frozen=True)
+class CpCall:
+    """One call of the rank's CP attention (`r.cp.forward` or `.backward`) in a layer step."""
+
+    method: str
+    phase: str  # the rank's phase at the call (recompute inside a recomputed core)
+    args: tuple  # after r: TensorShape for a tensor argument, else the argument itself
+
+
+@dataclass(frozen=True)
+class SplitTemplate:
+    """A layer step around its CP calls: Segment, CpCall, Segment, ..., Segment."""
+
+    pieces: tuple
+    counters: tuple  # the segments' counter changes, summed (the calls count for real)
+    result: object  # as Template.result
+
+
 class LayerTemplates:
     """Record the first layer step of each kind, replay it afterwards."""
 
     def __init__(self):
         self.templates: dict[tuple, Template] = {}
+        self.split: dict[tuple, SplitTemplate] = {}  # (rank, kind) -> its CP-split template
         self.replays: dict[tuple, int] = {}  # (rank, kind) -> replays whose counters are owed
 
     def run(self, r, kind: tuple, x: Tensor, body):
         """A generator that replays the template of `kind`, or runs `body()` (a layer
         forward/backward generator) and records it."""
+        if r.cp is not None:  # split at the CP calls, one template per rank
+            owed = (r.rank, kind)
+            split = self.split.get(owed)
+            if split is None:
+                return self._record_split(r, owed, x, body)
+            self.replays[owed] = self.replays.get(owed, 0) + 1
+            return _replay_split(r, split, x)
         template = self.templates.get(kind)
         if template is not None:
             owed = (r.rank, kind)
@@ -70,14 +110,16 @@ class LayerTemplates:
         """Add every replay's counter changes (FLOPs, bytes, busy and exposed seconds) to its
         rank, n replays as n times the change: nothing reads them during the simulation."""
         for (rank, kind), count in sorted(self.replays.items()):
-            for name, changes in self.templates[kind].counters:
+            template = self.split.get((rank, kind)) or self.templates[kind]
+            for name, changes in template.counters:
                 counter = getattr(ranks[rank], name)
                 for key, delta in changes:
                     counter[key] = counter.get(key, 0) + delta * count
         self.replays.clear()
 
     def has_template(self, kind: tuple) -> bool:
-        """Whether a layer step of this kind would be replayed."""
+        """Whether a layer step of this kind would be replayed whole (a split one never
+        chains: its CP calls run)."""
         return kind in self.templates
 
     def replay_chain(self, r, kind: tuple, x: Tensor, scopes: list[str]):
@@ -94,15 +136,31 @@ class LayerTemplates:
         self.templates[kind] = start.template(r, result)
         return result
 
+    def _record_split(self, r, owed: tuple, x: Tensor, body):
+        """Run `body()` with r's CP attention tapped (_CpTap) and keep what it did, split at
+        the CP calls, as the template of (rank, kind); none where the tap found the step
+        unlike a replay (a CP call outside the layer's scope)."""
+        tap = _CpTap(r, x)
+        r.cp = tap
+        try:
+            result = yield from body()
+        finally:
+            r.cp = tap.real
+        split = tap.template(r, result)
+        if split is not None:
+            self.split[owed] = split
+        return result
+
 
 _COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s", "moe_load", "tp_overlap_s")
 
 
 class _Snapshot:
-    """The rank's state at the start of a recorded layer step."""
+    """The rank's state at the start of a recorded layer step (or of a segment of one)."""
 
-    def __init__(self, r, x: Tensor):
-        self.t0, self.scope, self.input_key = r.env.now, r.scope, x.key
+    def __init__(self, r, x: Tensor, scope: str | None = None):
+        self.t0, self.input_key = r.env.now, x.key
+        self.scope = r.scope if scope is None else scope
         self.n_records = len(r.ledger.records)
         self.n_spans = len(r.trace.spans) if r.trace is not None else 0
         self.counters = {name: dict(getattr(r, name)) for name in _COUNTERS}
@@ -113,17 +171,24 @@ class _Snapshot:
         return key[len(self.scope):] if key.startswith(self.scope) else None
 
     def template(self, r, result) -> Template:
+        segment = self.segment(r)
+        counters = tuple((name, changes) for name in _COUNTERS
+                         if (changes := self._changes(name, getattr(r, name))))
+        return Template(segment.duration_s, segment.block, counters, segment.spans,
+                        self._shape(result))
+
+    def segment(self, r) -> Segment:
+        """What the rank did since the snapshot: time, ledger changes (of keys in the scope
+        or the input's), spans merged per track."""
         ops = tuple((e.time_s - self.t0, e.delta_bytes, rel, e.category, e.op)
                     for e in expand(r.ledger.records[self.n_records:])
                     if (rel := self.relative(e.key)) is not None)
-        counters = tuple((name, changes) for name in _COUNTERS
-                         if (changes := self._changes(name, getattr(r, name))))
         spans = ()
         if r.trace is not None:
             spans = _merge_by_track([s for s in r.trace.spans[self.n_spans:]
                                      if s.rank == r.rank and s.track not in SKIPPED_TRACKS],
                                     self.t0)
-        return Template(r.env.now - self.t0, OpBlock(ops, CATEGORIES), counters, spans, self._shape(result))
+        return Segment(r.env.now - self.t0, OpBlock(ops, CATEGORIES), spans)
 
     def _changes(self, name: str, counter: dict) -> tuple:
         """(key, delta) of each entry of a Rank counter dict that moved during the step."""
@@ -141,6 +206,53 @@ class _Snapshot:
         if t.key is None:  # not in the ledger: every alike layer step keeps the same one
             return TensorShape(None, t.shape, t.itemsize, kept=t)
         return TensorShape(self.relative(t.key) or t.key, t.shape, t.itemsize)
+
+
+class _CpTap:
+    """Stands for r.cp while a layer step is recorded: each forward or backward call closes
+    the segment before it and runs the real call; everything else is the real attention's."""
+
+    def __init__(self, r, x: Tensor):
+        self.real, self.x, self.scope = r.cp, x, r.scope
+        self.start = self.since = _Snapshot(r, x)
+        self.pieces, self.counters, self.alike = [], {}, True
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def forward(self, r, *args):
+        """The real forward, recorded as a CpCall."""
+        return self._call(r, "forward", args)
+
+    def backward(self, r, *args):
+        """The real backward, recorded as a CpCall."""
+        return self._call(r, "backward", args)
+
+    def _call(self, r, method: str, args: tuple):
+        self._close(r)
+        self.alike &= r.scope == self.scope
+        self.pieces.append(CpCall(method, r.phase, tuple(
+            self.start._one(a) if isinstance(a, Tensor) else a for a in args)))
+        result = yield from getattr(self.real, method)(r, *args)
+        self.since = _Snapshot(r, self.x, self.scope)
+        return result
+
+    def _close(self, r) -> None:
+        """End the segment running since the last snapshot; add its counter changes."""
+        self.pieces.append(self.since.segment(r))
+        for name in _COUNTERS:
+            total = self.counters.setdefault(name, {})
+            for key, delta in self.since._changes(name, getattr(r, name)):
+                total[key] = total.get(key, 0) + delta
+
+    def template(self, r, result) -> SplitTemplate | None:
+        """The recorded step; None unless every CP call ran in the layer's scope."""
+        self._close(r)
+        if not self.alike or r.scope != self.scope:
+            return None
+        counters = tuple((name, tuple(changes.items()))
+                         for name, changes in self.counters.items() if changes)
+        return SplitTemplate(tuple(self.pieces), counters, self.start._shape(result))
 
 
 def _merge_by_track(spans: list, t0: float) -> tuple:
@@ -161,6 +273,28 @@ def _replay(r, tpl: Template, x: Tensor):
     t0, scope, input_key = r.env.now, r.scope, x.key
     _apply(r, tpl, t0, scope, input_key)
     yield r.env.timeout(tpl.duration_s)
+    return _rebuild(tpl.result, scope, input_key)
+
+
+def _replay_split(r, tpl: SplitTemplate, x: Tensor):
+    """A split template's segments as _replay applies a template, its CP calls run for real
+    in the rank's phase and this step's scope on meta tensors of the recorded shapes."""
+    scope, input_key = r.scope, x.key
+    label = f"{scope}{'forward' if isinstance(tpl.result, tuple) else 'backward'}"
+    for piece in tpl.pieces:
+        if isinstance(piece, CpCall):
+            args = tuple(_meta(a, scope, input_key) if isinstance(a, TensorShape) else a
+                         for a in piece.args)
+            phase, r.phase = r.phase, piece.phase
+            yield from getattr(r.cp, piece.method)(r, *args)
+            r.phase, r.scope = phase, scope
+            continue
+        r.ledger.apply_block(piece.block, r.env.now, scope, input_key)
+        if r.trace is not None:
+            for track, _name, start, end, args in piece.spans:
+                r.trace.add_span(r.rank, track, label, r.env.now + start, r.env.now + end, args)
+        if piece.duration_s:  # no timeout where the recorded segment took none
+            yield r.env.timeout(piece.duration_s)
     return _rebuild(tpl.result, scope, input_key)
 
 

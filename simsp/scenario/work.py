@@ -17,7 +17,7 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     FSDP_SECONDS_PER_FLOW, PIECE_SECONDS_PER_FLOW, TRAIN_SECONDS_PER_STEP,
     TRAIN_SECONDS_PER_COLLECTIVE, FSDP_SECONDS_PER_COLLECTIVE_PIECE, CP_SECONDS_PER_RANK_PAIR,
     CP_SECONDS_PER_RANK_STEP, CP_LONE_SECONDS_PER_RANK_PAIR, CP_PASS_SECONDS_PER_RANK_PAIR,
-    EXCHANGE_SECONDS_PER_FLOW,
+    CP_TEMPLATE_SECONDS_PER_RANK_STEP, EXCHANGE_SECONDS_PER_FLOW,
     EP_SECONDS_PER_RANK_PAIR, EP_SECONDS_PER_RANK_PAIR_SQUARED, SECONDS_PER_FLOW_VISIT,
     SECONDS_PER_GATHER_FLOW, A2A_ALONE_SECONDS_PER_FLOW, CHECK_SECONDS_PER_MEMBER,
     MTP_SECONDS_PER_DEPTH_STEP, SECONDS_PER_FLOW, RUN_START_SECONDS, TIME_LIMIT_S,
@@ -85,7 +85,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
                  exchange_flows: int = 0, flow_visits: float = 0.0,
                  gather_flows: float = 0.0, replicas: int = 1,
-                 cp_lone: bool = False) -> float:
+                 cp_lone: bool = False, cp_templates: bool = False) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's plan (every layer's parameter
@@ -107,11 +107,13 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     fsdp_replicas), each its stages' layer-steps, plans and buckets; `cp_lone`: the verdict leaves
     the simulated CP groups' p2p rings alone on their links (timed in arithmetic,
     training/context_parallel/lone_ring.py), so their sends cost less per pair; without a
-    verdict (the check before it) the flows' price."""
+    verdict (the check before it) the flows' price; `cp_templates`: the verdict's layer
+    templates split at the CP calls (model/replay.py SplitTemplate), so a CP rank's layer-step
+    costs its CP calls and a few replayed segments."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
-    per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone)
+    per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone, cp_templates)
     ranks = simulated_ranks(sc, representative or cp_ranks) * (replicas if representative else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
@@ -124,13 +126,16 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
 
 
 def layer_step_seconds(sc, representative: bool, cp_ranks: bool, replicas: int,
-                       cp_lone: bool) -> float:
+                       cp_lone: bool, cp_templates: bool = False) -> float:
     """CPU seconds of one layer-step (meta_seconds): the representative's (growing with d, once
-    per replica it runs), TP rank 0's cp ranks' (a lone p2p ring's cheaper), or every rank's."""
+    per replica it runs), TP rank 0's cp ranks' (replayed around their CP calls where
+    templates are used, a lone p2p ring's cheaper), or every rank's."""
     p = sc.parallel
     if representative:
         return replicas * (META_SECONDS_PER_LAYER_STEP
                            + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
+    if cp_ranks and cp_templates:  # the cp ranks of TP rank 0, each step split templates
+        return p.cp * CP_TEMPLATE_SECONDS_PER_RANK_STEP
     if cp_ranks:  # the cp ranks of TP rank 0 run, without templates
         return p.cp * (CP_SECONDS_PER_RANK_STEP if cp_lone and p.cp_comm_type == "p2p" else
                        FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)

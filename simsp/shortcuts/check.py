@@ -29,8 +29,8 @@ from simsp.scenario.tp_overlap import dgrad_rs_on
 from simsp.shortcuts.clashes import Overlaps, conflicts, meeting_others, meeting_themselves
 from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
-from simsp.shortcuts.reasons import (closed_form_why, representative_why, segments_why,
-                                     templates_why)
+from simsp.shortcuts.reasons import (closed_form_why, cp_templates_why, representative_why,
+                                     segments_why, templates_why)
 from simsp.shortcuts.representative import fsdp_replicas, representative_verdict
 from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, has_expert_groups,
                                      link_users, mirror_owners, standalone_mtp_owners,
@@ -74,16 +74,16 @@ class Shortcuts:
             return cls(reasons=tuple((name, why) for name in SHORTCUTS))
         verdict = check_shortcuts(sc)
         if sc.parallel.cp > 1:  # every CP rank of the representative's TP and DP coordinates
-            # runs (shortcuts/plan.py simulated_ranks); no templates: CP steps differ per rank
-            why = "not used: context parallelism's attention steps differ per CP rank"
+            # runs (shortcuts/plan.py simulated_ranks); templates split at the CP calls
             kept = verdict.reasons[0]
             if verdict.representative:
                 kept = ("representative", f"used: TP rank 0's {sc.parallel.cp} CP ranks of each "
                         f"stage run; the other TP ranks are their images (rails renamed) and "
                         f"no link carries their traffic and a simulated rank's at once")
+            why = cp_templates_why(sc, dict(verdict.reasons)["templates"])
             return cls(representative=verdict.representative, closed_form=verdict.closed_form,
-                       methods=verdict.methods, reasons=(kept, verdict.reasons[1],
-                                                         ("templates", why)))
+                       templates=why.startswith("used"), methods=verdict.methods,
+                       reasons=(kept, verdict.reasons[1], ("templates", why)))
         return verdict
 
     def flags(self) -> dict:

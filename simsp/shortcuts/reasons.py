@@ -78,3 +78,16 @@ def templates_why(sc, not_rep: str, stepwise: frozenset, tp_groups: set,
                 "running beside it")
     return "used: every layer step of a stage is alike, recorded once and replayed"
 
+
+
+def cp_templates_why(sc, why: str) -> str:
+    """Layer templates with context parallelism (model/replay.py SplitTemplate): where they
+    would be used without it (`why`), split at the CP attention calls, which run."""
+    if not why.startswith("used"):
+        return why
+    if sc.cluster.sm_contention:  # engine/sm_share.py: CP exchanges' kernels hold SMs
+        return ("not used: SM contention could slow a layer step's compute by CP exchanges "
+                "running beside it")
+    return ("used: every layer step of a simulated rank is alike outside its CP attention "
+            "calls; the parts around them are recorded once per rank and replayed, the CP "
+            "calls run")

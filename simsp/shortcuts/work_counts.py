@@ -339,7 +339,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    flow_visits=counts.flow_visits,
                                    gather_flows=counts.gather_flows,
                                    replicas=len(shortcuts.replicas),
-                                   cp_lone=cp_lone(sc, shortcuts))
+                                   cp_lone=cp_lone(sc, shortcuts),
+                                   cp_templates=shortcuts.templates and sc.parallel.cp > 1)
 
 
 def cp_lone(sc, shortcuts: Shortcuts) -> bool:
