@@ -7,7 +7,7 @@ pieces"."""
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simsp.engine.collectives.ring_piece import RingPiece
@@ -90,6 +90,7 @@ def both_pieces(group, gpus_per_node, axes, steps):
     return quotient.ring_piece(*args), brute_ring_piece(*args)
 
 
+@settings(max_examples=60)
 @given(gpus_per_node=st.sampled_from([4, 8]), tp=st.sampled_from([1, 2, 4]),
        nodes=st.sampled_from([1, 2, 3, 4, 6]), stage=st.integers(0, 1),
        steps=st.tuples(st.sampled_from([1, 2]), st.sampled_from([1, 2]),
