@@ -132,14 +132,15 @@ CHECK_SECONDS_PER_MEMBER = 3.3e-4
 # built once (training/pipeline/steps.py RankState.layer_tables): benchmarks/scale.py mtp-deep at
 # 256 and 1,024 depths.
 MTP_SECONDS_PER_DEPTH_STEP = 0.0017
-# estimate_constants.py --only symmetry (2026-11-29, after round 11's merge, probe 193 ms after):
-# Rail symmetry's check per rank of the world (shortcuts/rail_symmetry.py symmetric_steps: every
-# owner's hops and their images' routes, per shift tried): the shortcut check alone on
-# benchmarks/scale.py gpt3-175b-h100 at 4,096 and 16,384 GPUs, 1.70 and 20.85 CPU s. It grows
-# faster than the ranks: 60% of it at 16,384 is the quotient's channel maps
-# (shortcuts/quotient.py _standing), one per member's shift, each moving every hop of every
-# channel of a DP ring: channels x d² for the d-member rings (py-spy). Priced per rank here,
-# fitted where that term weighs most; counting it is left to do.
-SYMMETRY_SECONDS_PER_RANK = 0.0005
+# estimate_constants.py --only symmetry (2026-11-29, q45a, probe 305-346 ms; a74fa45 refitted in
+# the same minutes gives 0.000524, its 0.0005 of probe 193 ms): Rail symmetry's check per rank of
+# the world (shortcuts/rail_symmetry.py symmetric_steps: every owner's hops and their images'
+# routes, per shift tried; shortcuts/quotient.py: the executed rings' pieces): the shortcut
+# check alone on benchmarks/scale.py gpt3-175b-h100 at 4,096 and 16,384 GPUs, 1.07 and 5.50
+# CPU s (a74fa45: 1.78 and 18.69). The channels x d² term of the quotient's channel maps is
+# gone (composed from per-axis steps, quotient.py ChannelMaps) and so is the d per hop of
+# comparing channel keys (rail_symmetry.py RouteSignatures numbers them); what grows faster
+# than the ranks is left to hashing and scanning d-member groups per link and clash (py-spy).
+SYMMETRY_SECONDS_PER_RANK = 0.00029
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it

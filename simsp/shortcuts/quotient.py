@@ -14,6 +14,8 @@ per orbit of its hops. An EP group's all-to-all runs as the pairs its simulated 
 token-count all-gather as its ring piece. docs/shortcuts.md, "Rings as their pieces".
 """
 
+import math
+
 import networkx as nx
 
 from simsp.engine.collectives.ring_piece import RingPiece
@@ -55,7 +57,7 @@ def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,
     executed = [pos for hop, positions in at.items() if not any(to_origin(hop[0]))
                 for pos in positions]
     index = {position: i for i, position in enumerate(executed)}
-    standing = _standing(hops, at, moved)
+    standing = _standing(hops, at, moved, {to_origin(hop[0]) for hop in at})
     source = {}  # every position -> the index of the executed one standing for it
     for hop, positions in at.items():
         for c, p in positions:
@@ -66,33 +68,103 @@ def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,
     return RingPiece(tuple(executed), tuple(source[(c, (p - 1) % n)] for c, p in executed))
 
 
-def _standing(hops: list[list[tuple]], at: dict, moved):
+def _standing(hops: list[list[tuple]], at: dict, moved, shifts: set[tuple]):
     """(hop, its channel, shift) -> the position of the hop's image that stands for it: in the
     channel the shift maps the hop's channel onto, where it maps every channel onto one
     (rail shifts permute NCCL's rotated channels: channel c of GPUs 0-7 moved by one rail is
-    channel c + 1), else as _in_channel picks it."""
-    channels: dict[frozenset, list[int]] = {}  # a channel's hops -> the channels holding them
-    for c, channel in enumerate(hops):
-        channels.setdefault(frozenset(channel), []).append(c)
-    onto: dict[tuple, list | None] = {}  # shift -> per channel the channel it maps onto
-
-    def channel_map(shift) -> list | None:
-        if shift not in onto:
-            images = [channels.get(frozenset(_moved_hop(hop, shift, moved) for hop in channel))
-                      for channel in hops]
-            onto[shift] = None if None in images else [
-                c if c in image else image[0] if len(image) == 1 else None
-                for c, image in enumerate(images)]
-        return onto[shift]
+    channel c + 1), else as _in_channel picks it. `shifts`: every shift it will be asked."""
+    maps = ChannelMaps(hops, moved, shifts)
 
     def stand(hop: tuple, channel: int, shift):
         image_hop = _moved_hop(hop, shift, moved)
-        mapped = channel_map(shift)
-        if mapped is not None and mapped[channel] is not None:
-            return mapped[channel], hops[mapped[channel]].index(image_hop)
+        mapped = maps.channel_map(shift)
+        if mapped is not None and mapped[channel] is not None:  # the image hop's first place
+            return next(pos for pos in at[image_hop] if pos[0] == mapped[channel])
         return _in_channel(at.get(image_hop, []), channel)
 
     return stand
+
+
+class ChannelMaps:
+    """Per shift, the channel each channel of a ring maps onto: c itself where the shift keeps
+    its hop set, else the one channel holding the image set (None: several, or none anywhere).
+    Shifts are integer vectors that `moved` adds (StageAxes.moved: coordinates add modulo the
+    axis sizes), so a shift's map of the ring's hop sets is the composition of its per-axis
+    steps' maps (moved(moved(h, a), b) = moved(h, a + b)): per axis every multiple of the unit
+    step (the gcd of `shifts` there) is one composition from the last, instead of moving every
+    hop of every channel once per member's shift (channels x d² on a d-member ring). A
+    composition only stands where every set it passes through is a hop set of the ring; else
+    the shift's hops are moved, as before. docs/shortcuts.md, "Rings as their pieces"."""
+
+    def __init__(self, hops: list[list[tuple]], moved, shifts: set[tuple]):
+        self.moved = moved
+        self.index: dict[frozenset, int] = {}  # a hop set -> its number
+        self.holders: list[list[int]] = []  # [hop set] the channels holding it, in order
+        self.class_of = []  # [channel] its hop set's number
+        for c, channel in enumerate(hops):
+            number = self.index.setdefault(frozenset(channel), len(self.index))
+            if number == len(self.holders):
+                self.holders.append([])
+            self.holders[number].append(c)
+            self.class_of.append(number)
+        self.sets = list(self.index)  # [hop set] its hops
+        axes = len(next(iter(shifts), ()))
+        self.units = [math.gcd(*(abs(s[axis]) for s in shifts)) for axis in range(axes)]
+        identity = tuple(range(len(self.sets)))
+        self.along: list[dict] = [{0: identity} for _ in range(axes)]  # [axis] k -> set map
+        self.onto: dict[tuple, list | None] = {}  # shift -> per channel the channel it maps onto
+
+    def channel_map(self, shift: tuple) -> list | None:
+        """Per channel the channel `shift` maps it onto (None where none is the one), or None
+        where the shift maps some channel onto no channel."""
+        if shift not in self.onto:
+            images = self._set_map(shift)
+            self.onto[shift] = None if None in images else [
+                c if images[self.class_of[c]] == self.class_of[c]
+                else self.holders[images[self.class_of[c]]][0]
+                if len(self.holders[images[self.class_of[c]]]) == 1 else None
+                for c in range(len(self.class_of))]
+        return self.onto[shift]
+
+    def _set_map(self, shift: tuple) -> tuple:
+        """[hop set] the number of its image under `shift` (None: no hop set of the ring)."""
+        composed = self.along[0][0]
+        for axis, unit in enumerate(self.units):
+            if shift[axis] % max(unit, 1):  # not on this axis's steps: move every hop
+                return self._moved_sets(shift)
+            step = self._along(axis, shift[axis] // unit if unit else 0)
+            composed = _then(composed, step)
+            if composed is None:
+                return self._moved_sets(shift)
+        return composed
+
+    def _along(self, axis: int, k: int) -> tuple | None:
+        """The set map of k unit steps along `axis`, composed from k - 1 steps and one (None
+        where a step leaves the ring's hop sets)."""
+        known = self.along[axis]
+        sign = 1 if k > 0 else -1
+        if sign not in known and k:
+            known[sign] = self._moved_sets(tuple(sign * self.units[axis] if i == axis else 0
+                                                 for i in range(len(self.units))))
+        done = k
+        while done not in known:
+            done -= sign
+        while done != k:
+            known[done + sign] = _then(known[done], known[sign])
+            done += sign
+        return known[k]
+
+    def _moved_sets(self, shift: tuple) -> tuple:
+        """[hop set] the number of its image under `shift`, every hop moved."""
+        return tuple(self.index.get(frozenset(_moved_hop(hop, shift, self.moved) for hop in hops))
+                     for hops in self.sets)
+
+
+def _then(first: tuple | None, second: tuple | None) -> tuple | None:
+    """The set map of `first` then `second`; None unless both map every set onto a set."""
+    if first is None or second is None or None in first or None in second:
+        return None
+    return tuple(second[image] for image in first)
 
 
 def _moved_hop(hop: tuple, shift, moved) -> tuple:

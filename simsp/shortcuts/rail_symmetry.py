@@ -135,6 +135,7 @@ class RouteSignatures:
         self._full: dict[Hop, tuple] = {}
         self._binding: dict[Hop, tuple] = {}
         self._keys: dict[tuple, dict] = {}
+        self._key_numbers: dict[tuple, int] = {}  # a channel's sorted hop signatures -> number
 
     def full(self, hop: Hop) -> tuple:
         """Every link's kind, speed and latency on the hop's route, in order."""
@@ -154,13 +155,15 @@ class RouteSignatures:
                                        if can_bind((u, v)))
         return self._binding[hop]
 
-    def channel_keys(self, owner: Owner) -> dict[Hop, tuple]:
+    def channel_keys(self, owner: Owner) -> dict[Hop, int]:
         """Per hop of a ring, what fixes its step latency: its channel's hop signatures,
-        sorted."""
+        sorted, as their number (equal lists, equal numbers: comparing two hops' keys then
+        costs one step, not one per member, which made _ring_breach d² per d-member ring)."""
         if owner not in self._keys:
             keys = {}
             for channel in owner_channels(self.graph, owner):
-                key = tuple(sorted(self.full(hop) for hop in channel))
+                signatures = tuple(sorted(self.full(hop) for hop in channel))
+                key = self._key_numbers.setdefault(signatures, len(self._key_numbers))
                 keys.update((hop, key) for hop in channel)
             self._keys[owner] = keys
         return self._keys[owner]
