@@ -47,6 +47,13 @@ def average_in_collective(m: Model, p: Parallel) -> None:
           "is not modelled when each expert weight is on one data-parallel rank (edp = 1)")
 
 
+def grad_reduce_in_bf16(p: Parallel) -> None:
+    """--grad-reduce-in-bf16: modelled for Megatron's DDP gradient buffers, not for FSDP's
+    (simsp's own limit; Megatron-LM accepts it with its FSDP)."""
+    check(not p.grad_reduce_in_bf16 or p.fsdp is None, "parallel.grad_reduce_in_bf16",
+          "is not modelled with FSDP")
+
+
 def distributed_optimizer_mode(s: Scenario) -> None:
     """The distributed optimizer (without FSDP) is modelled in meta mode only."""
     check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"

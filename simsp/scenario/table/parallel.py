@@ -119,6 +119,12 @@ PARALLEL = (
                "fp32grad"),
         Switch("--no-accumulate-allreduce-grads-in-fp32", False, "reduce gradients in bf16",
                "nofp32grad"))),
+    # Megatron-LM --grad-reduce-in-bf16 (arguments.py: accumulate_allreduce_grads_in_fp32 =
+    # False, so distributed_data_parallel.py builds the gradient buffer in the parameters' BF16)
+    Field("parallel", "grad_reduce_in_bf16", bool, False, switches=(
+        Switch("--grad-reduce-in-bf16", True, "the DP gradient buffer (main gradients) in bf16: "
+               "accumulated, zeroed, reduced and read by the optimizer at 2 bytes "
+               "(docs/MODEL.md)", "bf16grad"),)),
     # FP8 GEMMs (fp8_format None: BF16) and optimizer-state dtypes (docs/hardware.md)
     Field("parallel", "fp8_format", str, None, "FP8 GEMMs (Transformer Engine): e4m3, or hybrid "
           "(E5M2 gradients) (default: off, BF16)", "fp8-", choices=FP8_FORMAT_CHOICES),

@@ -3,7 +3,8 @@
 Sources: megatron/core/distributed/param_and_grad_buffer.py and distributed_data_parallel.py,
 distributed_optimizer.py (docs/MODEL.md#runtime-mechanisms). Each model chunk's gradients live
 in one contiguous
-buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes) walked in reverse parameter
+buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes; 2 under
+--grad-reduce-in-bf16, scenario/precision.py) walked in reverse parameter
 order and cut into buckets of at least max(40M, 1M·d) parameters; without
 --overlap-grad-reduce the bucket size is unlimited (one bucket per chunk), and so it is on every
 pipeline stage but the first and for every model chunk but the first (distributed_data_parallel.py
@@ -20,8 +21,9 @@ from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
 from simsp.model.fp8 import FP8_BYTES as FP8, is_fp8_param
 from simsp.model.mappings import _bytes_sent
-from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.model.tensor import FP16, Tensor
 from simsp.scenario.config import bucket_size
+from simsp.scenario.precision import grad_reduce_bytes
 from simsp.training.data_parallel.bucket_gathers import BucketGathers
 from simsp.training.data_parallel.bucket_params import Bucket, build_buckets, chunk_params
 from simsp.training.data_parallel.bucket_reductions import BucketReductions
@@ -38,7 +40,7 @@ class DDPBuckets(BucketReductions, BucketGathers):
         self.grads, self.plan = grads, plan
         self.distributed = p.distributed_optimizer
         self.fp8_params = p.fp8_param_gather and p.fp8_format is not None
-        self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
+        self.itemsize = grad_reduce_bytes(p)
         self.last_micro_batch = p.num_micro_batches - 1
         self.stream = Stream(r.env, r.rank, "dp_comm", Trace())
         self.buckets = self._buckets(p, self.group)
