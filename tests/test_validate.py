@@ -110,15 +110,24 @@ def test_nemo_rows_run_the_published_layouts():
             NEMO_LAYOUTS[key], row.name
 
 
+# optim.bucket_cap_mb of each row's config: NeMo-Framework-Launcher 24.07 conf/training/gpt3/
+# {5b,20b,175b}.yaml and llama/*.yaml; the 512-GPU 175B row's layout is gpt3/175b_mlperf.yaml's
+# at 121c975d (docs/tp-overlap.md), bucket_cap_mb 125 there
+NEMO_BUCKET_CAP_MB = {"GPT3-5B": 400, "GPT3-20B": 220, "GPT3-175B 128": 220,
+                      "GPT3-175B 512": 125, "LLAMA": 125}
+
+
 def test_nemo_rows_run_apex_distributed_adam_as_the_24_07_scripts_set_it():
     # NeMo-Framework-Launcher at tag 24.07: every row's examples/training/{gpt,llama}/h100/*fp8*.sh
-    # passes +training.model.optim.grad_sync_dtype=bf16, and every conf/training/{gpt3,llama}
-    # config names optim distributed_fused_adam (Apex), whose average_grad_sync defaults to
-    # True (ReduceOp.AVG: no scaling kernel); llama3_70b_fp8.sh names the userbuffers file
-    # ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192
+    # passes +training.model.optim.grad_sync_dtype=bf16 (175b_mlperf.yaml sets it itself), and
+    # every conf/training/{gpt3,llama} config names optim distributed_fused_adam (Apex), whose
+    # average_grad_sync defaults to True (ReduceOp.AVG: no scaling kernel);
+    # llama3_70b_fp8.sh names the userbuffers file ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192
     for row, sc in nemo_rows():
         assert sc.parallel.grad_reduce_in_bf16, row.name
         assert sc.parallel.ddp_average_in_collective, row.name
+        key = next(k for k in NEMO_BUCKET_CAP_MB if row.name.startswith(k))
+        assert sc.parallel.bucket_cap_mb == NEMO_BUCKET_CAP_MB[key], row.name
         if row.name.startswith("LLAMA3-70B"):
             assert sc.parallel.tp_comm_overlap_cfg == "ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192"
 

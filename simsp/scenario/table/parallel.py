@@ -114,6 +114,13 @@ PARALLEL = (
     Field("parallel", "ddp_bucket_size", int, None, "data-parallel gradient bucket (parameters; "
           "default: max(40M, 1M x d) with --overlap-grad-reduce, else one bucket per chunk)",
           "bucket", bound=Bound(1, 10**13, "parameters", "10x a 1T model's parameters")),
+    # NeMo's optim.bucket_cap_mb for Apex DistributedFusedAdam (training/data_parallel/
+    # apex_buckets.py)
+    Field("parallel", "bucket_cap_mb", float, None, "Apex DistributedFusedAdam's buckets as NeMo "
+          "lays them out: per layer, of this many MiB of reduced gradients each, reduced and "
+          "gathered whole; the embeddings' gradients reduced in fp32 (default: Megatron DDP's "
+          "buckets; docs/MODEL.md)", "capmb",
+          bound=Bound(0.001, 10**6, "MiB", "a bucket of at most a terabyte")),
     Field("parallel", "accumulate_allreduce_grads_in_fp32", bool, True, switches=(
         Switch("--accumulate-allreduce-grads-in-fp32", True, "reduce gradients in fp32",
                "fp32grad"),

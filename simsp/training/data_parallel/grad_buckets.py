@@ -24,6 +24,7 @@ from simsp.model.mappings import _bytes_sent
 from simsp.model.tensor import FP16, Tensor
 from simsp.scenario.config import bucket_size
 from simsp.scenario.precision import grad_reduce_bytes
+from simsp.training.data_parallel.apex_buckets import apex_buckets
 from simsp.training.data_parallel.bucket_gathers import BucketGathers
 from simsp.training.data_parallel.bucket_params import Bucket, build_buckets, chunk_params
 from simsp.training.data_parallel.bucket_reductions import BucketReductions
@@ -68,6 +69,11 @@ class DDPBuckets(BucketReductions, BucketGathers):
         for a group of one), chunks in order, each chunk's in buffer (reverse) order."""
         if len(group) == 1:
             return []
+        if p.bucket_cap_mb is not None:  # Apex DistributedFusedAdam as NeMo lays it out
+            buckets = apex_buckets(p, self.plan, self.grads, self.itemsize, len(group))
+            for bucket in buckets:
+                bucket.group = group
+            return buckets
         size = bucket_size(len(group), p.overlap_grad_reduce, p.ddp_bucket_size)
         pad = math.lcm(len(group), 128) if self.distributed else 1
         shared = "embedding.word" if self.distributed and not self.plan.holds_embedding else None
@@ -80,7 +86,7 @@ class DDPBuckets(BucketReductions, BucketGathers):
                 params = [(n, self.grads[n].numel) for n in members]
                 built = build_buckets(params, size if bucketed else None, pad, shared, chunk)
                 for bucket in built:
-                    bucket.param_bytes = itemsize
+                    bucket.param_bytes, bucket.grad_bytes = itemsize, self.itemsize
                 buckets += built
         for bucket in buckets:
             bucket.group = group
