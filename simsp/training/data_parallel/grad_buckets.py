@@ -10,7 +10,9 @@ order and cut into buckets of at least max(40M, 1M·d) parameters; without
 pipeline stage but the first and for every model chunk but the first (distributed_data_parallel.py
 "Turn off bucketing if we are on a pipeline stage that is not the first"; training.py
 disable_bucketing for chunks after the first). The buckets' reductions are bucket_reductions.py,
-their parameter all-gathers bucket_gathers.py, the parameters and the cutting bucket_params.py.
+their parameter all-gathers bucket_gathers.py, the parameters and the cutting bucket_params.py;
+with --bucket-cap-mb the buckets are Apex DistributedFusedAdam's as NeMo lays them out
+(apex_buckets.py), launched and gathered by the same code.
 """
 
 import math
