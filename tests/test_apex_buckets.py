@@ -91,3 +91,31 @@ def test_refusals(parallel, reason):
         load_scenario("scenarios/llama-tiny.toml", overrides)
     assert caught.value.field == "parallel.bucket_cap_mb"
     assert reason in str(caught.value)
+
+
+SMALL = ["scenarios/paper-22b.toml", "--micro-batch-size", "1", "--system", "dgx-h100",
+         "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "512",
+         "--num-layers", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel",
+         "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+         "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+         "--global-batch-size", "16", "--world-size", "32", "--mode", "meta"]
+
+
+@pytest.mark.parametrize("flags", [["--bucket-cap-mb", "1"], ["--bucket-cap-mb", "16"],
+                                   ["--bucket-cap-mb", "3", "--grad-reduce-in-bf16"]])
+def test_work_counts_count_the_buckets_the_ranks_build(flags):
+    """The work estimate's count per stage (shortcuts/work_counts.py stage_buckets, from the
+    scenario's sizes) against the buckets every simulated rank builds (t 4 SP, p 2, v 2, d 4,
+    tied embeddings: stage 0 holds the tables' fp32 buckets, stage 1 its copy of the word
+    table)."""
+    from simsp.cli import build_parser
+    from simsp.cluster.grid import RankGrid
+    from simsp.scenario.outside import scenario_from_args
+    from simsp.shortcuts.work_counts import stage_buckets
+    sc = scenario_from_args(build_parser().parse_args(["run", *SMALL, *flags]))
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp, sc.parallel.cp)
+    for rank, state in run.states.items():
+        built = state.ddp_buckets.buckets
+        assert any(b.grad_bytes == 4 for b in built)  # the embeddings' fp32 buckets
+        assert stage_buckets(sc, grid.coords(rank).pp) == len(built), (rank, flags)
