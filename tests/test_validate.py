@@ -81,6 +81,57 @@ def test_nemo_rows_run_the_attention_and_recompute_of_the_24_07_launcher():
             assert sc.parallel.recompute_granularity == "none", row.name
 
 
+# NVIDIA/NeMo docs/source/performance/performance_summary.md (24.07): GPUs, GBS, MBS, TP, PP, CP, VP
+NEMO_LAYOUTS = {
+    "GPT3-5B": (64, 2048, 4, 1, 1, 1, 1), "GPT3-20B": (64, 256, 2, 2, 1, 1, 1),
+    "GPT3-175B 128": (128, 256, 1, 4, 8, 1, 6), "GPT3-175B 512": (512, 2048, 2, 4, 8, 1, 6),
+    "LLAMA2-7B": (8, 128, 1, 1, 1, 1, 1), "LLAMA2-13B": (16, 128, 1, 1, 4, 1, 10),
+    "LLAMA2-70B": (64, 128, 1, 4, 4, 1, 20), "LLAMA3-8B": (8, 128, 1, 1, 1, 2, 1),
+    "LLAMA3-70B": (64, 128, 1, 4, 4, 2, 5)}
+
+
+def nemo_rows():
+    mset = read_measurements(data_path(BUNDLED))
+    rows = [r for r in mset.rows if r.group == "nemo-24.07-h100"]
+    assert len(rows) == 9
+    return [(row, scenario_of(mset, row, row.flags)) for row in rows]
+
+
+def test_nemo_rows_run_the_published_layouts():
+    """The table's columns, not the launcher script's where they differ (24.07's
+    175b_fp8_16node.sh: virtual_pipeline_model_parallel_size=12; 20b_fp8_8node.sh: gbs 2048)."""
+    for row, sc in nemo_rows():
+        key = " ".join(row.name.split()[:2]) if row.name.startswith("GPT3-175B") \
+            else row.name.split()[0]
+        p, gpus = sc.parallel, sc.cluster.num_gpus
+        vp = sc.model.num_layers // (p.pp * (p.num_layers_per_virtual_pipeline_stage
+                                             or sc.model.num_layers // p.pp))
+        assert (gpus, p.global_batch_size, p.micro_batch_size, p.tp, p.pp, p.cp, vp) == \
+            NEMO_LAYOUTS[key], row.name
+
+
+# optim.bucket_cap_mb of each row's config: NeMo-Framework-Launcher 24.07 conf/training/gpt3/
+# {5b,20b,175b}.yaml and llama/*.yaml; the 512-GPU 175B row's layout is gpt3/175b_mlperf.yaml's
+# at 121c975d (docs/tp-overlap.md), bucket_cap_mb 125 there
+NEMO_BUCKET_CAP_MB = {"GPT3-5B": 400, "GPT3-20B": 220, "GPT3-175B 128": 220,
+                      "GPT3-175B 512": 125, "LLAMA": 125}
+
+
+def test_nemo_rows_run_apex_distributed_adam_as_the_24_07_scripts_set_it():
+    # NeMo-Framework-Launcher at tag 24.07: every row's examples/training/{gpt,llama}/h100/*fp8*.sh
+    # passes +training.model.optim.grad_sync_dtype=bf16 (175b_mlperf.yaml sets it itself), and
+    # every conf/training/{gpt3,llama} config names optim distributed_fused_adam (Apex), whose
+    # average_grad_sync defaults to True (ReduceOp.AVG: no scaling kernel);
+    # llama3_70b_fp8.sh names the userbuffers file ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192
+    for row, sc in nemo_rows():
+        assert sc.parallel.grad_reduce_in_bf16, row.name
+        assert sc.parallel.ddp_average_in_collective, row.name
+        key = next(k for k in NEMO_BUCKET_CAP_MB if row.name.startswith(k))
+        assert sc.parallel.bucket_cap_mb == NEMO_BUCKET_CAP_MB[key], row.name
+        if row.name.startswith("LLAMA3-70B"):
+            assert sc.parallel.tp_comm_overlap_cfg == "ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192"
+
+
 @pytest.mark.parametrize("model", ["22b", "175b"])
 def test_bundled_paper_scenarios_equal_the_repository_scenarios(model):
     mset = read_measurements(data_path(BUNDLED))

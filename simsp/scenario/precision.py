@@ -104,5 +104,21 @@ def precision_of(sc) -> Precision:
                   compute_for(sc.cluster.gpu, fp8=True), p.fp8_amax_history_len)
     states = (("master", DTYPE_BYTES[p.main_params_dtype]),
               ("adam_m", DTYPE_BYTES[p.exp_avg_dtype]), ("adam_v", DTYPE_BYTES[p.exp_avg_sq_dtype]))
-    result = Precision(DTYPE_BYTES[p.main_grads_dtype], states, fp8)
+    result = Precision(main_grad_bytes(p), states, fp8)
     return DEFAULT if result == DEFAULT else result
+
+
+def main_grad_bytes(p) -> int:
+    """Bytes per main-gradient element, Megatron DDP's gradient buffer: BF16 under
+    --grad-reduce-in-bf16 (megatron/training/arguments.py sets accumulate_allreduce_grads_in_fp32
+    False; distributed_data_parallel.py: `grad_dtype = torch.float if grad_reduce_in_fp32 else
+    param.dtype`), else --main-grads-dtype (fp32 by default)."""
+    return DTYPE_BYTES["bf16"] if p.grad_reduce_in_bf16 else DTYPE_BYTES[p.main_grads_dtype]
+
+
+def grad_reduce_bytes(p) -> int:
+    """Bytes per element of the data-parallel gradient reduction: fp32 with
+    --accumulate-allreduce-grads-in-fp32 (the default), BF16 without it or under
+    --grad-reduce-in-bf16 (the buffer itself is reduced, in place)."""
+    fp32 = p.accumulate_allreduce_grads_in_fp32 and not p.grad_reduce_in_bf16
+    return DTYPE_BYTES["fp32"] if fp32 else DTYPE_BYTES["bf16"]

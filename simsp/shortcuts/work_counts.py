@@ -29,12 +29,15 @@ from simsp.hardware.cluster_hardware import fabric_of
 from simsp.scenario.pipeline_layout import standalone_mtp_stage
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
+from simsp.scenario.precision import grad_reduce_bytes
 from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, layer_steps,
                                  layer_tensors, meta_seconds, numeric_seconds)
 from simsp.scenario.work_constants import SYMMETRY_SECONDS_PER_RANK
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.overlap_counts import exchange_flows, overlap_counts
 from simsp.shortcuts.plan import simulated_ranks
+from simsp.training.data_parallel.apex_buckets import (ALIGNMENT_BYTES, bucket_elements,
+                                                        buckets_filled)
 
 # sequence parallel -> ring phases of one layer's (forward, backward): 4 and 6 single-phase
 # collectives with SP, 2 all-reduces (4 phases) each way without
@@ -280,6 +283,8 @@ def stage_buckets(sc, stage: int) -> int:
     bucket; with the distributed optimizer the last stage's copy of the tied word embedding
     one more; under standalone MTP the MTP stage's copy instead (docs/pipeline-layout.md)."""
     p, m = sc.parallel, sc.model
+    if p.bucket_cap_mb is not None:
+        return _apex_stage_buckets(sc, stage)
     chunks = model_chunks(m, p)
     buckets = _first_chunk_buckets(sc, chunks) + chunks - 1 if stage == 0 else chunks
     mtp = standalone_mtp_stage(p.pipeline_model_parallel_layout)
@@ -287,6 +292,37 @@ def stage_buckets(sc, stage: int) -> int:
         return buckets + (p.distributed_optimizer and stage == mtp % p.pp)
     tied_copy = p.distributed_optimizer and m.tied and p.pp > 1 and stage == p.pp - 1
     return buckets + tied_copy
+
+
+SP_LAYER_TENSORS = (3, 7, 8, 9, 10, 11)  # layer_tensors' row-parallel biases and norms
+
+
+def _apex_stage_buckets(sc, stage: int) -> int:
+    """Apex's buckets on a rank of stage `stage` (training/data_parallel/apex_buckets.py): each
+    layer's tensors filled alone, but the sequence-parallel ones; the first layer's with them,
+    the final norm and an untied output layer; the embeddings (fp32 gradients) apart."""
+    p, m = sc.parallel, sc.model
+    grad_bytes = grad_reduce_bytes(p)
+    size = bucket_elements(p.bucket_cap_mb, grad_bytes, p.dp * p.cp)
+    alignment = ALIGNMENT_BYTES // grad_bytes
+    tensors = layer_tensors(sc)  # shape (12,)
+    partial = SP_LAYER_TENSORS if p.sequence_parallel else ()
+    own = [n for i, n in enumerate(tensors) if i not in partial]
+    layers = stage_layers(sc)[stage]
+    table = m.vocab_size * m.hidden_size // p.tp
+    fp32, rest = [], (own if layers else []) + [tensors[i] for i in partial] * layers
+    if stage == 0:
+        fp32.append(table)
+        if m.position_embedding_type == "learned_absolute":
+            fp32.append(m.seq_length * m.hidden_size)
+    if stage == p.pp - 1:
+        rest += [m.hidden_size] * 2
+        if not m.tied:
+            rest.append(table)
+        elif p.pp > 1:
+            fp32.append(table)
+    return (max(layers - 1, 0) * buckets_filled(own, size, alignment)
+            + buckets_filled(fp32, size, alignment) + buckets_filled(rest, size, alignment))
 
 
 def _first_chunk_buckets(sc, chunks: int) -> int:

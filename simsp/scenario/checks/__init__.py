@@ -7,8 +7,8 @@ A new cross-field rule goes into its concept's module and is called from here.
 from simsp.scenario.checks.context_parallel import context_parallel, without_context_parallel
 from simsp.scenario.checks.cuda_graphs import cuda_graphs
 from simsp.scenario.checks.data_parallel import (
-    average_in_collective, buckets, distributed_optimizer_mode, overlap_param_gather,
-    overlap_param_gather_with_optimizer_step)
+    apex_buckets, average_in_collective, buckets, distributed_optimizer_mode, grad_reduce_in_bf16,
+    overlap_param_gather, overlap_param_gather_with_optimizer_step)
 from simsp.scenario.checks.fsdp import fsdp, offload_host_link, without_fsdp
 from simsp.scenario.checks.hardware import validate_cluster
 from simsp.scenario.checks.layout import (global_batch, sequence_parallel, tensor_parallel,
@@ -41,6 +41,8 @@ def validate_parallel(m: Model, p: Parallel) -> None:
     overlap_param_gather(p)
     overlap_param_gather_with_optimizer_step(p)
     average_in_collective(m, p)
+    grad_reduce_in_bf16(p)
+    apex_buckets(m, p)
     recompute_method(m, p)
     recompute_modules(p, m.num_experts is not None)
     expert_comm_overlap(m, p)

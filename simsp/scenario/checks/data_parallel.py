@@ -47,6 +47,28 @@ def average_in_collective(m: Model, p: Parallel) -> None:
           "is not modelled when each expert weight is on one data-parallel rank (edp = 1)")
 
 
+def grad_reduce_in_bf16(p: Parallel) -> None:
+    """--grad-reduce-in-bf16: modelled for Megatron's DDP gradient buffers, not for FSDP's
+    (simsp's own limit; Megatron-LM accepts it with its FSDP)."""
+    check(not p.grad_reduce_in_bf16 or p.fsdp is None, "parallel.grad_reduce_in_bf16",
+          "is not modelled with FSDP")
+
+
+def apex_buckets(m: Model, p: Parallel) -> None:
+    """--bucket-cap-mb (Apex DistributedFusedAdam, a ZeRO optimizer: training/data_parallel/
+    apex_buckets.py) with the distributed optimizer, not beside Megatron's own bucket settings;
+    simsp models it for dense models without FSDP."""
+    if p.bucket_cap_mb is None:
+        return
+    name = "parallel.bucket_cap_mb"
+    check(p.distributed_optimizer, name, "needs distributed_optimizer (Apex shards its state)")
+    check(p.ddp_bucket_size is None, name, "replaces ddp_bucket_size: give one of them")
+    check(not p.overlap_param_gather_with_optimizer_step, name,
+          "is not modelled with overlap_param_gather_with_optimizer_step")
+    check(p.fsdp is None, name, "is not modelled with FSDP")
+    check(m.num_experts is None, name, "is not modelled with experts")
+
+
 def distributed_optimizer_mode(s: Scenario) -> None:
     """The distributed optimizer (without FSDP) is modelled in meta mode only."""
     check(not (s.parallel.distributed_optimizer and s.run.mode == "numeric"

@@ -114,11 +114,24 @@ PARALLEL = (
     Field("parallel", "ddp_bucket_size", int, None, "data-parallel gradient bucket (parameters; "
           "default: max(40M, 1M x d) with --overlap-grad-reduce, else one bucket per chunk)",
           "bucket", bound=Bound(1, 10**13, "parameters", "10x a 1T model's parameters")),
+    # NeMo's optim.bucket_cap_mb for Apex DistributedFusedAdam (training/data_parallel/
+    # apex_buckets.py)
+    Field("parallel", "bucket_cap_mb", float, None, "Apex DistributedFusedAdam's buckets as NeMo "
+          "lays them out: per layer, of this many MiB of reduced gradients each, reduced and "
+          "gathered whole; the embeddings' gradients reduced in fp32 (default: Megatron DDP's "
+          "buckets; docs/MODEL.md)", "capmb",
+          bound=Bound(0.001, 10**6, "MiB", "a bucket of at most a terabyte")),
     Field("parallel", "accumulate_allreduce_grads_in_fp32", bool, True, switches=(
         Switch("--accumulate-allreduce-grads-in-fp32", True, "reduce gradients in fp32",
                "fp32grad"),
         Switch("--no-accumulate-allreduce-grads-in-fp32", False, "reduce gradients in bf16",
                "nofp32grad"))),
+    # Megatron-LM --grad-reduce-in-bf16 (arguments.py: accumulate_allreduce_grads_in_fp32 =
+    # False, so distributed_data_parallel.py builds the gradient buffer in the parameters' BF16)
+    Field("parallel", "grad_reduce_in_bf16", bool, False, switches=(
+        Switch("--grad-reduce-in-bf16", True, "the DP gradient buffer (main gradients) in bf16: "
+               "accumulated, zeroed, reduced and read by the optimizer at 2 bytes "
+               "(docs/MODEL.md)", "bf16grad"),)),
     # FP8 GEMMs (fp8_format None: BF16) and optimizer-state dtypes (docs/hardware.md)
     Field("parallel", "fp8_format", str, None, "FP8 GEMMs (Transformer Engine): e4m3, or hybrid "
           "(E5M2 gradients) (default: off, BF16)", "fp8-", choices=FP8_FORMAT_CHOICES),

@@ -26,6 +26,7 @@ class Bucket:
     group: tuple = ()  # the ranks reducing it: DP, or EDP for expert weights (set by DDPBuckets)
     param_bytes: int = FP16  # bytes per gathered parameter: 1 in an FP8 parameter buffer
     scale: float = 1.0  # gradient_scaling_factor (training/data_parallel/grad_scaling.py)
+    grad_bytes: int = 4  # bytes per reduced gradient (set by DDPBuckets; apex_buckets.py)
 
 
 def build_buckets(params: list[tuple[str, int]], size: int | None, pad_to: int = 1,

@@ -44,7 +44,7 @@ class BucketReductions:
         all-reduce (reduce-scatter) on the DP stream, summing or averaging."""
         kind = "reduce_scatter" if self.distributed else "all_reduce"
         flat = self._flat(bucket)
-        yield from scale_kernel(r, bucket, self.itemsize, self.average, flat.data)
+        yield from scale_kernel(r, bucket, bucket.grad_bytes, self.average, flat.data)
         pre_multiply(flat.data, self.average, len(bucket.group))
         bucket.reduce = self._launch(r, kind, flat, f"{kind}_dp", "dp_grads", bucket.group)
         if r.numeric and not self.distributed:
@@ -56,7 +56,7 @@ class BucketReductions:
         if self.grads[bucket.names[0]].data is not None:
             data = np.concatenate([self.grads[n].data.reshape(-1)
                                    for n in bucket.names])  # (numel,)
-        return Tensor((bucket.numel,), self.itemsize, data)
+        return Tensor((bucket.numel,), bucket.grad_bytes, data)
 
     def _unflat(self, bucket: Bucket, flat: np.ndarray) -> None:
         offset = 0

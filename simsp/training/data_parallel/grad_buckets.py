@@ -3,13 +3,16 @@
 Sources: megatron/core/distributed/param_and_grad_buffer.py and distributed_data_parallel.py,
 distributed_optimizer.py (docs/MODEL.md#runtime-mechanisms). Each model chunk's gradients live
 in one contiguous
-buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes) walked in reverse parameter
+buffer (fp32 with --accumulate-allreduce-grads-in-fp32, else 2 bytes; 2 under
+--grad-reduce-in-bf16, scenario/precision.py) walked in reverse parameter
 order and cut into buckets of at least max(40M, 1M·d) parameters; without
 --overlap-grad-reduce the bucket size is unlimited (one bucket per chunk), and so it is on every
 pipeline stage but the first and for every model chunk but the first (distributed_data_parallel.py
 "Turn off bucketing if we are on a pipeline stage that is not the first"; training.py
 disable_bucketing for chunks after the first). The buckets' reductions are bucket_reductions.py,
-their parameter all-gathers bucket_gathers.py, the parameters and the cutting bucket_params.py.
+their parameter all-gathers bucket_gathers.py, the parameters and the cutting bucket_params.py;
+with --bucket-cap-mb the buckets are Apex DistributedFusedAdam's as NeMo lays them out
+(apex_buckets.py), launched and gathered by the same code.
 """
 
 import math
@@ -20,8 +23,10 @@ from simsp.engine.streams import Stream
 from simsp.engine.trace import Trace
 from simsp.model.fp8 import FP8_BYTES as FP8, is_fp8_param
 from simsp.model.mappings import _bytes_sent
-from simsp.model.tensor import FP16, FP32, Tensor
+from simsp.model.tensor import FP16, Tensor
 from simsp.scenario.config import bucket_size
+from simsp.scenario.precision import grad_reduce_bytes
+from simsp.training.data_parallel.apex_buckets import apex_buckets
 from simsp.training.data_parallel.bucket_gathers import BucketGathers
 from simsp.training.data_parallel.bucket_params import Bucket, build_buckets, chunk_params
 from simsp.training.data_parallel.bucket_reductions import BucketReductions
@@ -38,7 +43,7 @@ class DDPBuckets(BucketReductions, BucketGathers):
         self.grads, self.plan = grads, plan
         self.distributed = p.distributed_optimizer
         self.fp8_params = p.fp8_param_gather and p.fp8_format is not None
-        self.itemsize = FP32 if p.accumulate_allreduce_grads_in_fp32 else FP16
+        self.itemsize = grad_reduce_bytes(p)
         self.last_micro_batch = p.num_micro_batches - 1
         self.stream = Stream(r.env, r.rank, "dp_comm", Trace())
         self.buckets = self._buckets(p, self.group)
@@ -66,6 +71,11 @@ class DDPBuckets(BucketReductions, BucketGathers):
         for a group of one), chunks in order, each chunk's in buffer (reverse) order."""
         if len(group) == 1:
             return []
+        if p.bucket_cap_mb is not None:  # Apex DistributedFusedAdam as NeMo lays it out
+            buckets = apex_buckets(p, self.plan, self.grads, self.itemsize, len(group))
+            for bucket in buckets:
+                bucket.group = group
+            return buckets
         size = bucket_size(len(group), p.overlap_grad_reduce, p.ddp_bucket_size)
         pad = math.lcm(len(group), 128) if self.distributed else 1
         shared = "embedding.word" if self.distributed and not self.plan.holds_embedding else None
@@ -78,7 +88,7 @@ class DDPBuckets(BucketReductions, BucketGathers):
                 params = [(n, self.grads[n].numel) for n in members]
                 built = build_buckets(params, size if bucketed else None, pad, shared, chunk)
                 for bucket in built:
-                    bucket.param_bytes = itemsize
+                    bucket.param_bytes, bucket.grad_bytes = itemsize, self.itemsize
                 buckets += built
         for bucket in buckets:
             bucket.group = group
