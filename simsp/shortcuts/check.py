@@ -104,12 +104,13 @@ class Shortcuts:
 
 def _cp_representative_why(sc, replicas: tuple[int, ...]) -> str:
     """The verdict's line for the CP representative: which replicas' TP rank 0 runs."""
-    which = ("" if sc.parallel.dp == 1 else
-             f" in DP replica{'s' if len(replicas) > 1 else ''} "
-             f"{', '.join(map(str, replicas))} (one per placement on the leaves)")
+    which, images = "", "TP ranks are their images (rails renamed)"
+    if sc.parallel.dp > 1:
+        which = (f" in DP replica{'s' if len(replicas) > 1 else ''} "
+                 f"{', '.join(map(str, replicas))} (one per placement on the leaves)")
+        images = "ranks are their images (rails renamed, replicas moved by whole leaves)"
     return (f"used: TP rank 0's {sc.parallel.cp} CP ranks of each stage run{which}; the other "
-            f"ranks are their images (rails renamed, replicas moved by whole leaves) and no "
-            f"link carries their traffic and a simulated rank's at once")
+            f"{images} and no link carries their traffic and a simulated rank's at once")
 
 
 def check_shortcuts(sc) -> Shortcuts:
