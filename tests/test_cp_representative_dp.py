@@ -58,12 +58,12 @@ def peaks(run_metrics) -> list[int]:
 
 
 @pytest.fixture
-def leaves(monkeypatch):
-    """Set the default fabric's nodes per leaf (scalable unit) for one test."""
-    def set_leaf(per_leaf: int):
+def fabric(monkeypatch):
+    """Set fields of the default fabric (hardware/fabric.py Fabric) for one test."""
+    def set_fields(**fields):
         monkeypatch.setattr(cluster_hardware, "DEFAULT",
-                            replace(cluster_hardware.DEFAULT, nodes_per_leaf=per_leaf))
-    return set_leaf
+                            replace(cluster_hardware.DEFAULT, **fields))
+    return set_fields
 
 
 @pytest.mark.parametrize("gpn, t, cp, p, d, comm_type, interleaved, ranks", [
@@ -93,14 +93,14 @@ def test_one_replica_stands_for_the_others(gpn, t, cp, p, d, comm_type, interlea
     (2, "p2p", False, (0, 2, 4, 6, 12, 14, 16, 18)),
     (2, "allgather", True, (0, 2, 4, 6, 12, 14, 16, 18)),
 ])
-def test_a_replica_across_a_leaf_boundary_runs_too(leaves, p, comm_type, interleaved, ranks):
+def test_a_replica_across_a_leaf_boundary_runs_too(fabric, p, comm_type, interleaved, ranks):
     """t2 c2 d3 on 2-GPU nodes and 3-node leaves: replica 0 holds nodes 0-1 (leaf 0), replica
     1 nodes 2-3, across the boundary (its CP pair 4 -> 6 climbs to the spine, replica 0's
     0 -> 2 does not), replica 2 nodes 4-5 (leaf 1, placed as replica 0): replicas 0 and 1 run
     (IB latency 20 µs, so the spine's hop shows), equal to the full simulation to 1e-9 s.
     With replica 0 alone the dp_cp rings start when replica 0 arrives, before replica 1 in
     the full simulation: 0.48 ms (p 1) short, so the test can fail."""
-    leaves(3)
+    fabric(nodes_per_leaf=3)
     sc = cp_layout(2, 2, 2, p, 3, comm_type, interleaved=interleaved, ib_latency_us=20.0)
     fast = Shortcuts.for_scale(sc)
     assert fast.replicas == (0, 1) and simulated_ranks(sc, fast) == ranks
@@ -111,6 +111,23 @@ def test_a_replica_across_a_leaf_boundary_runs_too(leaves, p, comm_type, interle
     assert peaks(mine) == peaks(full)
     if comm_type == "p2p":  # dropping replica 1's image breaks it
         assert apart(metrics(sc, replace(fast, replicas=(0,))), full) > 1e-4
+
+
+def test_a_replica_across_a_pod_boundary_runs_too(fabric):
+    """t2 c2 d3 p2 on 2-GPU nodes, one node a leaf, pods of 3 leaves under a core (a core tier
+    above 2 leaves): replica 1 holds nodes 2 (pod 0) and 3 (pod 1), so its CP pair 4 -> 6
+    climbs to the core where replica 0's 0 -> 2 turns at its pod's spine; replica 2 (nodes 4-5,
+    pod 1) is placed as replica 0. Replicas 0 and 1 run, equal to the full simulation to
+    1e-9 s; replica 0 alone is 0.72 ms short."""
+    fabric(nodes_per_leaf=1, two_tier_max_units=2, units_per_pod=3)
+    sc = cp_layout(2, 2, 2, 2, 3, "p2p", ib_latency_us=20.0)
+    fast = Shortcuts.for_scale(sc)
+    assert fast.replicas == (0, 1)
+    full = metrics(sc, Shortcuts())
+    mine = metrics(sc, fast)
+    assert apart(mine, full) <= 1e-9
+    assert peaks(mine) == peaks(full)
+    assert apart(metrics(sc, replace(fast, replicas=(0,))), full) > 1e-4
 
 
 def test_overlapped_gradient_rings_meeting_left_out_replicas_are_refused():
