@@ -22,6 +22,8 @@ Families (the layouts of docs/PERFORMANCE.md "Scale"):
 - deepseek-v3: scenarios/deepseek-v3.toml (EP 64, PP 16, MLA), d from the GPU count;
 - llama3.1-405b-fsdp: scenarios/llama3.1-405b.toml at TP 8 PP 16 with Megatron-FSDP;
 - cp-128k: scenarios/llama3-70b.toml (TP 8, PP 4 interleaved) at 128K tokens, CP 8 and 16;
+- cp-128k-dp: the same at CP 16 with d = GPUs / 512 replicas (global batch 4·d), 512 ->
+  16,384 GPUs;
 - fsdp2-d64: scenarios/llama3-8b.toml with 8 layers under FSDP2, d = GPUs;
 - mtp-deep: scenarios/llama3-8b.toml with 2 layers and D multi-token-prediction depths (the
   "size" is D; one GPU count);
@@ -82,6 +84,14 @@ def _cp_128k(gpus: int) -> list[str]:
             "--world-size", str(gpus)]
 
 
+def _cp_128k_dp(gpus: int) -> list[str]:
+    """Llama 3 70B as bundled (TP 8, PP 4 interleaved) at 128K tokens, CP 16, d = GPUs / 512
+    replicas of 4 micro-batches each."""
+    return ["scenarios/llama3-70b.toml", "--seq-length", "131072",
+            "--context-parallel-size", "16", "--global-batch-size", str(4 * (gpus // 512)),
+            "--world-size", str(gpus)]
+
+
 def _fsdp2(gpus: int) -> list[str]:
     """Llama 3 8B, 8 layers, FSDP2 over d = GPUs."""
     return ["scenarios/llama3-8b.toml", "--num-layers", "8", "--use-torch-fsdp2",
@@ -121,6 +131,7 @@ FAMILIES = {
     "deepseek-v3": (_deepseek, (1024, 2048, 4096), (1024,)),
     "llama3.1-405b-fsdp": (_llama405_fsdp, (2048, 4096, 8192, 16384), (2048,)),
     "cp-128k": (_cp_128k, (256, 512), (256,)),
+    "cp-128k-dp": (_cp_128k_dp, (512, 1024, 2048, 4096, 8192, 16384), (512, 1024)),
     "fsdp2-d64": (_fsdp2, (16, 32, 64, 128, 256), (16, 32, 64)),
     "mtp-deep": (_mtp, (64, 256, 1024, 4096), (64, 256)),
     "cp-allgather": (_cp_allgather, (64, 128, 256, 512), (64, 128)),

@@ -53,7 +53,11 @@ LAYOUTS = [  # gpn, t, cp, p, d, comm_type, interleaved, overlapped DP, lone rin
     (2, 2, 4, 2, 1, "p2p", True, False, 2),  # CP 4 over four nodes, TP and PP interleaved
     (4, 1, 4, 2, 1, "p2p", False, False, 2),  # CP 4 inside a node (NVLink), two stages
     (2, 1, 4, 1, 1, "a2a+p2p", False, False, 0),  # hierarchical: its rings stay flows
-    (8, 2, 2, 2, 2, "p2p", False, False, 8),  # d 2: every rank runs, dp_cp groups in a node
+    # d 2: the CP representative (shortcuts/representative.py cp_replicas) runs replica 0's
+    # TP rank 0, one CP pair per stage; dp_cp groups in a node
+    (8, 2, 2, 2, 2, "p2p", False, False, 2),
+    # d 3: a stage's 12 ranks do not fill whole nodes, so every rank runs: t·d = 6 CP pairs
+    (8, 2, 2, 1, 3, "p2p", False, False, 6),
     (8, 2, 2, 2, 2, "p2p", False, True, 0),  # overlapped DP meets the CP groups: flows
 ]
 

@@ -83,14 +83,15 @@ PAIRS = {  # the terms that grow with the square of a group (work.pair_seconds);
 def test_the_cp_ring_exchanges_grow_with_the_pairs_of_its_ranks(cp, t, d, layers, batch):
     """The CP pair term (work.pair_seconds) prices cp² exchanges per layer-step and (t, d) CP
     group: the run sends, per rank, cp − 1 K/V blocks forward and cp backward (K/V, then
-    dK/dV), i.e. cp·(2cp − 1) transfers per group, counted on the network."""
+    dK/dV), i.e. cp·(2cp − 1) transfers per group, counted on the network (every rank run:
+    the term prices the run without the CP representative)."""
     sc = load_scenario(None, {**TINY, ("model", "num_layers"): layers,
                               ("model", "seq_length"): 128, ("model", "attention_backend"): "flash",
                               ("parallel", "context_parallel_size"): cp,
                               ("parallel", "tensor_model_parallel_size"): t,
                               ("parallel", "data_parallel_size"): d,
                               ("parallel", "global_batch_size"): batch, ("cluster", "nodes"): 2})
-    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
+    run = simulate_iteration(sc, Shortcuts(), trace="none")
     sent = sum(tr.label.startswith("cp ") for tr in run.inputs.world.network.transfers)
     assert sent == layer_steps(sc) * t * d * cp * (2 * cp - 1)
     pairs = layer_steps(sc) * t * d * cp ** 2

@@ -104,7 +104,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each, and its token-count
     all-gathers' flows at SECONDS_PER_GATHER_FLOW; `replicas`: the DP replicas whose stages
     the representative runs (one per kind of FSDP shard, shortcuts/representative.py
-    fsdp_replicas), each its stages' layer-steps, plans and buckets; `cp_lone`: the verdict leaves
+    fsdp_replicas; with CP one per placement on the leaves, cp_replicas), each its stages'
+    layer-steps, plans and buckets; `cp_lone`: the verdict leaves
     the simulated CP groups' p2p rings alone on their links (timed in arithmetic,
     training/context_parallel/lone_ring.py), so their sends cost less per pair; without a
     verdict (the check before it) the flows' price; `cp_templates`: the verdict's layer
@@ -114,13 +115,15 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
     per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone, cp_templates)
-    ranks = simulated_ranks(sc, representative or cp_ranks) * (replicas if representative else 1)
+    ranks = simulated_ranks(sc, representative or cp_ranks) * (
+        replicas if representative or cp_ranks else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone) + flows * SECONDS_PER_FLOW
+            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas)
+            + flows * SECONDS_PER_FLOW
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
             + gather_flows * SECONDS_PER_GATHER_FLOW)
 
@@ -134,22 +137,28 @@ def layer_step_seconds(sc, representative: bool, cp_ranks: bool, replicas: int,
     if representative:
         return replicas * (META_SECONDS_PER_LAYER_STEP
                            + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
-    if cp_ranks and cp_templates:  # the cp ranks of TP rank 0, each step split templates
-        return p.cp * CP_TEMPLATE_SECONDS_PER_RANK_STEP
-    if cp_ranks:  # the cp ranks of TP rank 0 run, without templates
-        return p.cp * (CP_SECONDS_PER_RANK_STEP if cp_lone and p.cp_comm_type == "p2p" else
-                       FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
+    if cp_ranks and cp_templates:  # the cp ranks of TP rank 0 in each replica kept, each
+        return replicas * p.cp * CP_TEMPLATE_SECONDS_PER_RANK_STEP  # step split templates
+    if cp_ranks:  # the cp ranks of TP rank 0 run in each replica kept, without templates
+        lone = cp_lone and p.cp_comm_type == "p2p"
+        return replicas * p.cp * (CP_SECONDS_PER_RANK_STEP if lone else
+                                  FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
     return p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
 
 
 def cp_representative(sc, representative: bool) -> bool:
-    """Whether a context-parallel run may keep only TP rank 0's cp ranks per stage
-    (shortcuts/representative.py: d = 1, no experts, no FSDP, t dividing the GPUs per node;
-    the check's link conditions are known only to the verdict, so this is the estimate's
-    optimistic side, as the representative is without CP)."""
-    p = sc.parallel
-    return (representative and p.cp > 1 and p.dp == 1 and sc.model.num_experts is None
-            and p.fsdp is None and sc.cluster.gpus_per_node % p.tp == 0)
+    """Whether a context-parallel run may keep only TP rank 0's cp ranks per stage, in one
+    replica per placement on the leaves (shortcuts/representative.py: no experts, no FSDP, t
+    dividing the GPUs per node, replicas of t·c ranks on whole nodes or on blocks of rails of
+    whole-node stages; the check's link conditions and the replicas it keeps are known only to
+    the verdict, so this is the estimate's optimistic side, as the representative is without
+    CP)."""
+    p, per_node = sc.parallel, sc.cluster.gpus_per_node
+    replica = p.tp * p.cp
+    tiles = p.dp == 1 or replica % per_node == 0 or (
+        per_node % replica == 0 and p.dp * replica % per_node == 0)
+    return (representative and p.cp > 1 and tiles and sc.model.num_experts is None
+            and p.fsdp is None and per_node % p.tp == 0)
 
 
 def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None) -> float:
@@ -169,21 +178,22 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None) -> f
 
 
 def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
-                 ep_pairs: float | None = None, cp_lone: bool = False) -> float:
+                 ep_pairs: float | None = None, cp_lone: bool = False,
+                 replicas: int = 1) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
     exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
     `a2a`: (alone all-to-all flows, checked members) where the verdict counted them: the
     check's members priced (its listing grows with the members, no longer their pairs), and
     the all-to-alls timed alone by their flows in place of the per-pair rule. `cp_ranks`: one
-    CP group per stage runs (cp_representative); `cp_lone` its p2p ring alone on its links too
-    (meta_seconds), each call then worked out in arithmetic (context_parallel/ring_pass.py)
-    unless SMs are shared. `ep_pairs`: the flows
+    CP group per stage and replica kept (`replicas`) runs (cp_representative); `cp_lone` its
+    p2p ring alone on its links too (meta_seconds), each call then worked out in arithmetic
+    (context_parallel/ring_pass.py) unless SMs are shared. `ep_pairs`: the flows
     one all-to-all starts where the run does not start one per pair (under rail symmetry one
     per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
     p, m = sc.parallel, sc.model
     alone_flows, members = (0, 0) if a2a is None else a2a
     seconds = members * CHECK_SECONDS_PER_MEMBER
-    groups = 1 if cp_ranks else p.tp * p.dp  # CP groups per stage that run
+    groups = replicas if cp_ranks else p.tp * p.dp  # CP groups per stage that run
     if p.cp > 1 and p.cp_comm_type != "allgather":
         per_pair = CP_SECONDS_PER_RANK_PAIR
         if cp_ranks and cp_lone:  # ring_pass.py works the calls out where no SM is shared

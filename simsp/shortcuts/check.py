@@ -31,7 +31,8 @@ from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.reasons import (closed_form_why, cp_templates_why, representative_why,
                                      segments_why, templates_why)
-from simsp.shortcuts.representative import fsdp_replicas, representative_verdict
+from simsp.shortcuts.representative import (cp_replicas, fsdp_replicas,
+                                            representative_verdict)
 from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, has_expert_groups,
                                      link_users, mirror_owners, standalone_mtp_owners,
                                      traffic_owners)
@@ -77,13 +78,12 @@ class Shortcuts:
             # runs (shortcuts/plan.py simulated_ranks); templates split at the CP calls
             kept = verdict.reasons[0]
             if verdict.representative:
-                kept = ("representative", f"used: TP rank 0's {sc.parallel.cp} CP ranks of each "
-                        f"stage run; the other TP ranks are their images (rails renamed) and "
-                        f"no link carries their traffic and a simulated rank's at once")
+                kept = ("representative", _cp_representative_why(sc, verdict.replicas))
             why = cp_templates_why(sc, dict(verdict.reasons)["templates"])
             return cls(representative=verdict.representative, closed_form=verdict.closed_form,
                        templates=why.startswith("used"), methods=verdict.methods,
-                       reasons=(kept, verdict.reasons[1], ("templates", why)))
+                       reasons=(kept, verdict.reasons[1], ("templates", why)),
+                       replicas=verdict.replicas)
         return verdict
 
     def flags(self) -> dict:
@@ -100,6 +100,17 @@ class Shortcuts:
     def groups(self, *methods: str) -> frozenset[tuple[int, ...]]:
         """The checked groups given one of `methods`."""
         return frozenset(group for group, method in self.methods if method in methods)
+
+
+def _cp_representative_why(sc, replicas: tuple[int, ...]) -> str:
+    """The verdict's line for the CP representative: which replicas' TP rank 0 runs."""
+    which, images = "", "TP ranks are their images (rails renamed)"
+    if sc.parallel.dp > 1:
+        which = (f" in DP replica{'s' if len(replicas) > 1 else ''} "
+                 f"{', '.join(map(str, replicas))} (one per placement on the leaves)")
+        images = "ranks are their images (rails renamed, replicas moved by whole leaves)"
+    return (f"used: TP rank 0's {sc.parallel.cp} CP ranks of each stage run{which}; the other "
+            f"{images} and no link carries their traffic and a simulated rank's at once")
 
 
 def check_shortcuts(sc) -> Shortcuts:
@@ -128,6 +139,8 @@ def _check_shortcuts(sc) -> Shortcuts:
     stepwise = frozenset(g for g, m in methods if m in STEPPED)  # rings that load links
     not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise)
     replicas = fsdp_replicas(sc, grid) if not not_rep and symmetry is None else (0,)
+    if p.cp > 1 and not not_rep:  # CP: the first replica of each placement on the leaves
+        replicas = cp_replicas(grid, cluster, graph.graph["fabric"])
     if len(replicas) > 1 and has_expert_groups(sc):  # untested: experts grow the replicas
         not_rep, replicas = ("under FSDP the DP replicas' shards differ (fsdp_replicas) and "
                              "expert groups would grow each replica simulated"), (0,)

@@ -65,8 +65,8 @@ def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
     if shortcuts.symmetry is not None:
         return tuple(shortcuts.symmetry.ranks)
     p = sc.parallel
-    if p.cp > 1:  # every CP rank of TP rank 0, replica 0 (shortcuts/representative.py)
-        return tuple(cp_simulated_ranks(RankGrid(p.tp, p.pp, p.dp, p.cp)))
+    if p.cp > 1:  # every CP rank of TP rank 0 in each replica (shortcuts/representative.py)
+        return tuple(cp_simulated_ranks(RankGrid(p.tp, p.pp, p.dp, p.cp), shortcuts.replicas))
     grid = RankGrid(p.tp, p.pp, p.dp)
     ranks = [grid.rank_of(0, dp, pp) for dp in shortcuts.replicas for pp in range(p.pp)]
     if has_expert_groups(sc) and not routing_is_uniform(sc):

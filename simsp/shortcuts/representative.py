@@ -29,7 +29,7 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
     not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes,
                                      graph.graph["fabric"].nodes_per_leaf)
     if p.cp > 1 and not not_rep:
-        not_rep = _cp_why_not(sc, grid, clashes)
+        not_rep = _cp_why_not(sc, grid, clashes, graph.graph["fabric"])
     symmetry = None
     if not_rep.startswith("link ") and p.cp == 1 and p.fsdp is None:
         experts = experts_why_not_symmetric(sc)
@@ -89,21 +89,26 @@ def _sp_in_window(unit, start: int, stop: int) -> int:
     return sum(hi - lo for lo, hi in sp_partial_ranges(unit, start, stop))
 
 
-def _cp_why_not(sc, grid: RankGrid, clashes: list) -> str:
-    """With context parallelism every CP rank of TP rank 0 and DP rank 0 runs
-    (shortcuts/plan.py simulated_ranks). The others are their images under the shift of the TP
-    rank, a renaming of rails inside each node where t divides the GPUs per node: exact where
-    no link may carry traffic of a simulated owner and of a left-out one at once (then every
-    simulated flow shares its links as in the full simulation), with one replica (d = 1: no
-    node moves, whose leaf boundaries the check would have to follow) and no experts or FSDP
-    (whose representatives grow or whose shards differ)."""
+def _cp_why_not(sc, grid: RankGrid, clashes: list, fabric) -> str:
+    """With context parallelism every CP rank of TP rank 0 runs, in DP replica 0 and in the
+    first replica of each placement on the leaves (cp_replicas; shortcuts/plan.py
+    simulated_ranks). The others are images: the shift of the TP rank renames rails inside
+    each node (t divides the GPUs per node), and a replica moves onto the simulated one of its
+    placement by whole leaves and a renaming of rails (cp_replica_tiling). Exact where no link
+    may carry traffic of a simulated owner and of a left-out one at once: then every simulated
+    flow shares its links as in the full simulation, and a left-out member of a simulated
+    collective arrives with its image. No experts or FSDP (whose representatives grow or
+    whose shards differ)."""
     p = sc.parallel
-    if p.dp > 1 or sc.model.num_experts is not None or p.fsdp is not None:
-        return ("context parallelism keeps every CP rank of one TP rank only with d = 1, "
-                "no experts and no FSDP")
+    if sc.model.num_experts is not None or p.fsdp is not None:
+        return ("context parallelism keeps TP rank 0's CP ranks only without experts and "
+                "FSDP")
     if sc.cluster.gpus_per_node % grid.tp:
         return f"t = {grid.tp} does not divide the GPUs per node: the TP shift moves nodes"
-    simulated = set(cp_simulated_ranks(grid))
+    tiling = cp_replica_tiling(grid, sc.cluster.gpus_per_node)
+    if tiling:
+        return tiling
+    simulated = set(cp_simulated_ranks(grid, cp_replicas(grid, sc.cluster, fabric)))
     for edge, owner, other in clashes:
         if _is_simulated(owner, simulated) != _is_simulated(other, simulated):
             return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
@@ -112,10 +117,55 @@ def _cp_why_not(sc, grid: RankGrid, clashes: list) -> str:
     return ""
 
 
-def cp_simulated_ranks(grid: RankGrid) -> list[int]:
-    """The ranks a CP representative run simulates: TP rank 0 of DP replica 0, every CP rank
-    of every stage, ascending."""
-    return sorted(grid.rank_of(0, 0, pp, cp) for pp in range(grid.pp) for cp in range(grid.cp))
+def cp_replica_tiling(grid: RankGrid, gpus_per_node: int) -> str:
+    """Why DP replicas of t·c ranks are not moved onto each other by whole nodes and a renaming
+    of rails inside every node ("" when they are: d = 1; or each replica fills whole nodes; or
+    t·c divides the GPUs per node and a stage's d·t·c ranks fill whole nodes, so replica j
+    sits in block j mod (GPUs per node / t·c) of its node on every stage)."""
+    replica = grid.tp * grid.cp
+    if grid.dp == 1 or replica % gpus_per_node == 0 or (
+            gpus_per_node % replica == 0 and grid.dp * replica % gpus_per_node == 0):
+        return ""
+    return (f"a replica's t*c = {replica} ranks and a stage's d*t*c = {grid.dp * replica} do "
+            f"not tile the GPUs per node ({gpus_per_node}): replicas are not moved onto each "
+            f"other by whole nodes")
+
+
+def cp_replicas(grid: RankGrid, cluster, fabric) -> tuple[int, ...]:
+    """The DP replicas whose TP rank 0 runs all its CP ranks on every stage: the first of each
+    placement on the leaves (_leaf_pattern). Two replicas placed alike are moved onto each
+    other with every route's class kept (same node, same leaf, same pod: cluster/topology.py
+    _fabric_path), so their traffic runs alike; a replica across a leaf boundary is not placed
+    as one inside a leaf (t8 c16: 16-node replicas on 20-node leaves, 5 placements). Needs
+    cp_replica_tiling."""
+    first_of: dict[tuple, int] = {}  # placement -> the first replica placed so
+    for dp in range(grid.dp):
+        first_of.setdefault(_leaf_pattern(grid, cluster, fabric, dp), dp)
+    return tuple(sorted(first_of.values()))
+
+
+def _leaf_pattern(grid: RankGrid, cluster, fabric, dp: int) -> tuple[tuple, ...]:
+    """Replica `dp`'s nodes on every stage, each as (its scalable unit, its pod) less those of
+    the replica's first node: replica j's first node on stage s is (s·d + j)·t·c // (GPUs
+    per node), and it holds max(1, t·c / GPUs per node) nodes (cp_replica_tiling)."""
+    per_node, replica = cluster.gpus_per_node, grid.tp * grid.cp
+    span = max(1, replica // per_node)  # nodes a replica holds on one stage
+
+    def place(node: int) -> tuple[int, int]:
+        unit = node // fabric.nodes_per_leaf
+        return unit, fabric.pod_of(unit, cluster.nodes) or 0
+
+    first = place(dp * replica // per_node)
+    return tuple((unit - first[0], pod - first[1]) for unit, pod in (
+        place((pp * grid.dp + dp) * replica // per_node + k)
+        for pp in range(grid.pp) for k in range(span)))
+
+
+def cp_simulated_ranks(grid: RankGrid, replicas: tuple[int, ...] = (0,)) -> list[int]:
+    """The ranks a CP representative run simulates: TP rank 0 of each of `replicas`, every CP
+    rank of every stage, ascending."""
+    return sorted(grid.rank_of(0, dp, pp, cp) for dp in replicas for pp in range(grid.pp)
+                  for cp in range(grid.cp))
 
 
 def experts_why_not_symmetric(sc) -> str:
@@ -145,13 +195,13 @@ def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list,
     """Why one rank per stage cannot stand for the others ("" when it can); `per_leaf`: the
     fabric's nodes per leaf (hardware/fabric.py)."""
     t, d = grid.tp, grid.dp
+    if grid.cp > 1:  # its own rules: the TP shift and the replicas' tiling (_cp_why_not)
+        return ""
     if not _aligned(t * d, gpus_per_node):
         return (f"ranks per stage (t*d = {t * d}) and GPUs per node ({gpus_per_node}) do not "
                 f"tile: stages share nodes unevenly")
     if not _aligned(t, gpus_per_node):
         return f"t = {t} and GPUs per node ({gpus_per_node}) do not tile: TP groups differ"
-    if grid.cp > 1:  # its own rule (_cp_why_not) after the tiling above
-        return ""
     simulated = {grid.rank_of(0, 0, pp) for pp in range(grid.pp)}
     seen = {_clash_key(*clash) for clash in clashes}
     for edge, owner, other in clashes:
