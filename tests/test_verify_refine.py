@@ -1,5 +1,5 @@
 """verify's finite-difference criterion where the central difference meets its rounding floor
-(training/driver/gradcheck.py checked_error, docs/MODEL.md "Gradient check"): a small
+(training/driver/gradcheck.py checked_error, docs/MODEL.md#gradient-check-simsp-verify): a small
 directional derivative beside an O(1) loss is re-differenced at fourth order, which a real
 gradient error still fails; the stencil against closed forms."""
 

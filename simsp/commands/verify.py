@@ -13,7 +13,7 @@ from simsp.model.params import layer_shapes
 
 # Directional derivatives, float64: relative error of the central difference at ε = 1e-5, or,
 # where that is above this, of the fourth-order difference at gradcheck.REFINED_STEP (7.4e-4),
-# whose rounding floor is ~50 times lower (docs/MODEL.md "Gradient check").
+# whose rounding floor is ~50 times lower (docs/MODEL.md#gradient-check-simsp-verify).
 FD_TOLERANCE = 1e-5
 REFERENCE_TOLERANCE = 1e-10  # same math in another order: rounding only
 # Sums in another order over n <= 1024 terms differ by at most n*eps_mach (Higham, Accuracy and
