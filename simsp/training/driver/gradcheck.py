@@ -4,8 +4,8 @@ For each parameter tensor (and the embedding output) a random unit direction u i
 the directional derivative (L(θ+εu) − L(θ−εu)) / 2ε is compared with <∇L, u> from the simulated
 backward pass, each loss coming from a whole simulated iteration on the emulated ranks. Where
 that relative error is above the caller's tolerance, the tensor is differenced again with the
-fourth-order stencil at REFINED_STEP, and that more accurate difference decides (docs/MODEL.md
-"Gradient check").
+fourth-order stencil at REFINED_STEP, and that more accurate difference decides
+(docs/MODEL.md#gradient-check-simsp-verify).
 """
 
 from dataclasses import dataclass, field
