@@ -2,7 +2,8 @@
 
 For each parameter tensor (and the embedding output) a random unit direction u is drawn and
 the directional derivative (L(θ+εu) − L(θ−εu)) / 2ε is compared with <∇L, u> from the simulated
-backward pass, each loss coming from a whole simulated iteration on the emulated ranks. Where
+backward pass, each loss coming from a whole simulated iteration on the emulated ranks, the
+error relative to the larger of the two and of |∇L|/sqrt(n), <∇L, u>'s RMS over directions. Where
 that relative error is above the caller's tolerance, the tensor is differenced again with the
 fourth-order stencil at REFINED_STEP, and that more accurate difference decides
 (docs/MODEL.md#gradient-check-simsp-verify).
@@ -64,9 +65,16 @@ def _finite_difference(sc, params, name: str, u: np.ndarray, eps: float = EPSILO
     return (_loss(sc, plus) - _loss(sc, minus)) / (2 * eps)
 
 
-def relative_error(numeric: float, exact: float) -> float:
-    """|numeric − exact| relative to the larger of the two (1e-12 when both vanish)."""
-    return abs(numeric - exact) / max(abs(numeric), abs(exact), 1e-12)
+def relative_error(numeric: float, exact: float, typical: float = 0.0) -> float:
+    """|numeric − exact| relative to the largest of the two and `typical`, the directional
+    derivative's RMS over random directions (1e-12 when all vanish)."""
+    return abs(numeric - exact) / max(abs(numeric), abs(exact), typical, 1e-12)
+
+
+def typical_derivative(grad: np.ndarray) -> float:
+    """|grad| / sqrt(n): the RMS of <grad, u> over unit directions u uniform on the sphere
+    (E[u uᵀ] = I/n), the size a draw's <grad, u> has unless u is nearly orthogonal to grad."""
+    return float(np.linalg.norm(grad)) / float(np.sqrt(grad.size))
 
 
 def fourth_order(central, h: float) -> float:
@@ -76,16 +84,16 @@ def fourth_order(central, h: float) -> float:
     return (4 * central(h) - central(2 * h)) / 3
 
 
-def checked_error(numeric: float, exact: float, central,
-                  refine_above: float | None) -> tuple[float, float | None]:
+def checked_error(numeric: float, exact: float, central, refine_above: float | None,
+                  typical: float = 0.0) -> tuple[float, float | None]:
     """(relative error of `exact` against the deciding difference, the first difference's
     error where the fourth-order difference `central` gives at REFINED_STEP decided instead,
     else None): refined when `numeric`'s error is above refine_above, its rounding floor
     ~eps_mach·|L|/eps being then comparable to the derivative checked."""
-    first = relative_error(numeric, exact)
+    first = relative_error(numeric, exact, typical)
     if refine_above is None or first <= refine_above:
         return first, None
-    return relative_error(fourth_order(central, REFINED_STEP), exact), first
+    return relative_error(fourth_order(central, REFINED_STEP), exact, typical), first
 
 
 @dataclass
@@ -115,7 +123,8 @@ def gradient_check(sc: Scenario, names: list[str] | None = None, track=list,
         exact = float(np.sum(analytic[name] * u))
         numeric = _finite_difference(sc, params, name, u, eps)
         central = partial(_finite_difference, sc, params, name, u)  # step -> difference
-        check.errors[name], first = checked_error(numeric, exact, central, refine_above)
+        check.errors[name], first = checked_error(numeric, exact, central, refine_above,
+                                                  typical_derivative(analytic[name]))
         if first is not None:
             check.refined[name] = first
         norm = float(np.linalg.norm(params[name])) if name in params else 1.0
