@@ -11,9 +11,10 @@ import numpy as np
 from simsp.jsonout import dumps
 from simsp.model.params import layer_shapes
 
-# Directional derivatives, float64: relative error of the central difference at ε = 1e-5, or,
-# where that is above this, of the fourth-order difference at gradcheck.REFINED_STEP (7.4e-4),
-# whose rounding floor is ~50 times lower (docs/MODEL.md#gradient-check-simsp-verify).
+# Directional derivatives <g, u>, float64: the error of the central difference at ε = 1e-5
+# relative to max(|difference|, |<g, u>|, |g|/sqrt(n)), or, where that is above this, of the
+# fourth-order difference at gradcheck.REFINED_STEP (7.4e-4), whose rounding floor is ~50
+# times lower (docs/MODEL.md#gradient-check-simsp-verify).
 FD_TOLERANCE = 1e-5
 REFERENCE_TOLERANCE = 1e-10  # same math in another order: rounding only
 # Sums in another order over n <= 1024 terms differ by at most n*eps_mach (Higham, Accuracy and
@@ -24,8 +25,9 @@ SUMMATION_TERMS = 1024
 
 def tolerances(dtype) -> dict:
     """float64: relative errors 1e-5 (finite differences, re-differenced at fourth order above
-    it) and 1e-10 (reference). float32: every finite difference within its rounding bound (ratio <= 1, gradcheck.rounding_bound) and the
-    reference within SUMMATION_TERMS * eps_mach."""
+    it) and 1e-10 (reference). float32: every finite difference within its rounding bound
+    (ratio <= 1, gradcheck.rounding_bound) and the reference within SUMMATION_TERMS *
+    eps_mach."""
     if np.dtype(dtype) == np.float64:
         return {"finite_difference": FD_TOLERANCE, "reference": REFERENCE_TOLERANCE}
     reference = max(REFERENCE_TOLERANCE, SUMMATION_TERMS * float(np.finfo(dtype).eps))

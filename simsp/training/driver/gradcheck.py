@@ -3,8 +3,8 @@
 For each parameter tensor (and the embedding output) a random unit direction u is drawn and
 the directional derivative (L(θ+εu) − L(θ−εu)) / 2ε is compared with <∇L, u> from the simulated
 backward pass, each loss coming from a whole simulated iteration on the emulated ranks, the
-error relative to the larger of the two and of |∇L|/sqrt(n), <∇L, u>'s RMS over directions. Where
-that relative error is above the caller's tolerance, the tensor is differenced again with the
+error relative to the larger of the two and of |∇L|/sqrt(n), <∇L, u>'s RMS over directions.
+Where that relative error is above the caller's tolerance, the tensor is differenced again with the
 fourth-order stencil at REFINED_STEP, and that more accurate difference decides
 (docs/MODEL.md#gradient-check-simsp-verify).
 """
@@ -135,7 +135,8 @@ def gradient_check(sc: Scenario, names: list[str] | None = None, track=list,
 
 def gradient_check_with_bounds(sc: Scenario, names: list[str] | None = None,
                                track=list) -> tuple[dict, dict]:
-    """({name: relative error of <grad, u> vs the finite difference}, {name: |error| /
-    rounding_bound}) for the chosen tensors at the dtype's step fd_epsilon, never refined."""
+    """({name: relative error of <grad, u> vs the finite difference (relative_error)},
+    {name: |error| / rounding_bound}) for the chosen tensors at the dtype's step fd_epsilon,
+    never refined."""
     check = gradient_check(sc, names, track)
     return check.errors, check.ratios
