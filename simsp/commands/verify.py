@@ -11,7 +11,11 @@ import numpy as np
 from simsp.jsonout import dumps
 from simsp.model.params import layer_shapes
 
-FD_TOLERANCE = 1e-5  # directional central differences, ε = 1e-5, float64
+# Directional derivatives <g, u>, float64: the error of the central difference at ε = 1e-5
+# relative to max(|difference|, |<g, u>|, |g|/sqrt(n)), or, where that is above this, of the
+# fourth-order difference at gradcheck.REFINED_STEP (7.4e-4), whose rounding floor is ~50
+# times lower (docs/MODEL.md#gradient-check-simsp-verify).
+FD_TOLERANCE = 1e-5
 REFERENCE_TOLERANCE = 1e-10  # same math in another order: rounding only
 # Sums in another order over n <= 1024 terms differ by at most n*eps_mach (Higham, Accuracy and
 # Stability of Numerical Algorithms §4.2): the reference tolerance in a dtype whose rounding
@@ -20,9 +24,10 @@ SUMMATION_TERMS = 1024
 
 
 def tolerances(dtype) -> dict:
-    """float64: relative errors 1e-5 (finite differences) and 1e-10 (reference). float32: every
-    finite difference within its rounding bound (ratio <= 1, gradcheck.rounding_bound) and the
-    reference within SUMMATION_TERMS * eps_mach."""
+    """float64: relative errors 1e-5 (finite differences, re-differenced at fourth order above
+    it) and 1e-10 (reference). float32: every finite difference within its rounding bound
+    (ratio <= 1, gradcheck.rounding_bound) and the reference within SUMMATION_TERMS *
+    eps_mach."""
     if np.dtype(dtype) == np.float64:
         return {"finite_difference": FD_TOLERANCE, "reference": REFERENCE_TOLERANCE}
     reference = max(REFERENCE_TOLERANCE, SUMMATION_TERMS * float(np.finfo(dtype).eps))
@@ -68,12 +73,13 @@ def verify_report(sc, quiet: bool = True) -> dict:
     """Finite-difference and reference errors for every parameter and the input embeddings."""
     if sc.parallel.fp8_format is not None:
         return fp8_report(sc)
-    from simsp.training.driver.gradcheck import fd_epsilon, gradient_check_with_bounds
-    fd, ratios = gradient_check_with_bounds(
-        sc, track=lambda names: track(names, "gradient check", "param", quiet))
+    from simsp.training.driver.gradcheck import REFINED_STEP, fd_epsilon, gradient_check
+    limits = tolerances(sc.run.numeric_dtype)
+    check = gradient_check(sc, track=lambda names: track(names, "gradient check", "param", quiet),
+                           refine_above=limits.get("finite_difference"))
+    fd, ratios = check.errors, check.ratios
     ref = _reference_errors(sc)
     worst_fd, worst_ref = max(fd.values()), max(ref.values())
-    limits = tolerances(sc.run.numeric_dtype)
     fd_ok = max(ratios.values()) <= 1.0 if "finite_difference_bound_ratio" in limits else \
         worst_fd <= limits["finite_difference"]
     return {
@@ -84,6 +90,8 @@ def verify_report(sc, quiet: bool = True) -> dict:
         "fd_errors": fd,
         "reference_errors": ref,
         "fd_epsilon": fd_epsilon(sc.run.numeric_dtype),
+        "fd_refined": check.refined,
+        "fd_refined_step": REFINED_STEP,
         "fd_bound_ratio": max(ratios.values()),
         "tolerance": limits,
         "passed": bool(fd_ok and worst_ref <= limits["reference"]),
@@ -106,9 +114,16 @@ def run(args) -> int:
         print(f"verify: t={p.tp}{cp} p={p.pp} d={p.dp} SP={p.sequence_parallel} "
               f"recompute={p.recompute_granularity} schedule={p.schedule_name}")
         print(f"{'tensor':<32}{'vs finite diff':>16}{'vs reference':>16}")
+        refined = report["fd_refined"]
         for name in report["checked"]:
-            print(f"{name:<32}{report['fd_errors'][name]:>16.2e}"
+            mark = "*" if name in refined else " "
+            print(f"{name:<32}{report['fd_errors'][name]:>15.2e}{mark}"
                   f"{report['reference_errors'].get(name, float('nan')):>16.2e}")
+        if refined:
+            firsts = ", ".join(f"{name} {err:.2e}" for name, err in refined.items())
+            print(f"* fourth-order difference at step {report['fd_refined_step']:.1e}: the "
+                  f"step-{report['fd_epsilon']:.0e} error was above {FD_TOLERANCE:.0e} "
+                  f"({firsts})")
         print(f"loss vs reference: {report['reference_errors']['loss']:.2e}")
         print(f"worst: {report['max_rel_err']:.2e} (finite differences), "
               f"{report['max_rel_err_vs_reference']:.2e} (reference): "
