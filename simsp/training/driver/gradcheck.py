@@ -132,11 +132,3 @@ def gradient_check(sc: Scenario, names: list[str] | None = None, track=list,
         check.ratios[name] = abs(numeric - exact) / max(bound, np.finfo(dtype).tiny)
     return check
 
-
-def gradient_check_with_bounds(sc: Scenario, names: list[str] | None = None,
-                               track=list) -> tuple[dict, dict]:
-    """({name: relative error of <grad, u> vs the finite difference (relative_error)},
-    {name: |error| / rounding_bound}) for the chosen tensors at the dtype's step fd_epsilon,
-    never refined."""
-    check = gradient_check(sc, names, track)
-    return check.errors, check.ratios
