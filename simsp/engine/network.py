@@ -5,7 +5,10 @@ then arrives after the route's latency. Rates are recomputed once per instant at
 start or finish (a ring step's hops all start together: one computation, not one per hop), only
 for the flows joined to a link that a flow entered or left through shared links (their connected
 components: fair_share.linked_flows; the others' rates cannot move), and memoised per sequence of
-those flows' routes (a hit returns the very same floats). Only a flow whose
+those flows' routes (a hit returns the very same floats). Flows that start at one instant
+with the same route, bytes and latency (an all-to-all's orbit flows under the quotient) drain as
+one class: one flow in the solve with its links listed once per member (fair_share: the same
+rates, bit for bit), each member delivered on its own. Only a flow whose
 rate changed is touched: its bytes left are brought up to date and its finish time goes into a
 heap, so an instant costs what changed, not every flow in flight. A wake-up is only scheduled
 when the first finish changes, so no wake-up is stale. Time = latency + bytes / rate, where a
@@ -29,7 +32,7 @@ from simsp.engine.fair_share import linked_flows, max_min_rates
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware.constants import LinkCalibration
 
-_ROUTE_ID = operator.attrgetter("route_id")
+_SOLVE_ID = operator.attrgetter("solve_id")
 _new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 # A flow counts as drained when fewer than this fraction of its bytes remain (float rounding).
 DRAINED_FRACTION = 1e-9
@@ -58,6 +61,12 @@ class _Flow:
     finish_s: float = math.inf  # updated_s + remaining / rate_Bps
     drained: simpy.Event | None = None  # succeeds when the last byte has left the sender
     recorded: bool = True  # a transfer (traced, bytes counted); False: a collective's load
+    members: list | None = None  # the flows this one's class also stands for (ascending ids,
+    # same route, bytes, latency and start); their own rate fields are never read
+    solve_id: int = -1  # the route id the solve keys on: route_id, or its links x members
+
+    def __post_init__(self):
+        self.solve_id = self.route_id
 
 
 class LinkCapacities(dict):
@@ -79,6 +88,8 @@ class Network:
 
     step_trains = True  # one-hop ring pieces in arithmetic (off: stepped on the links, the
     # reference tests/test_fsdp_step_trains.py compares with)
+    flow_classes = True  # like flows starting together drain as one class (off: one by one,
+    # the reference tests/test_fair_share_classes.py compares with)
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph,
                  calibration: LinkCalibration | None = None, trace: Trace | None = None,
@@ -99,7 +110,10 @@ class Network:
         self.capacity_Bps = LinkCapacities(graph, self.calibration)
         self.bytes_sent: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered from it
         self.bytes_received: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered to it
-        self._draining: dict[int, _Flow] = {}  # flow id -> flow, in start order
+        self._draining: dict[int, _Flow] = {}  # class id (its first member's) -> the class's
+        # first flow, in start order
+        self._open: dict[tuple, _Flow] = {}  # (route id, bytes, latency, start) -> a class
+        # started since the last solve, which a like flow starting now joins
         self._finishes: list[tuple[float, int]] = []  # heap of (finish_s, flow id)
         self._users: dict[tuple[str, str], dict[int, None]] = {}  # link -> draining flow ids
         self._changed_links: list[tuple[str, str]] = []  # links a flow entered or left since
@@ -114,7 +128,8 @@ class Network:
         self._wake: tuple[float, int, int] | None = None  # (time, flow id, token) of the wake
         self._token = 0  # bumps when a new wake-up replaces the pending one
         self.rate_computations = 0  # fair-share solves actually run (memo misses)
-        self.flow_visits = 0  # flows whose rates the solves took up, summed over the solves
+        self.flow_visits = 0  # flows (classes) whose rates the solves took up, summed over
+        # the solves
         # link -> the one-hop ring pieces advanced in arithmetic on it (collectives/step_trains.py)
         self.trains: dict = {}
 
@@ -219,12 +234,41 @@ class Network:
             for group in dict.fromkeys(self.trains.get(edge) for edge in flow.edges):
                 if group is not None:
                     group.dissolve()
+        if self.flow_classes and self._join_class(flow):
+            return
         self._draining[flow.flow_id] = flow
         flow_id, users = flow.flow_id, self._users
         for edge in flow.edges:
             users.setdefault(edge, {})[flow_id] = None
         self._changed_links.extend(flow.edges)
         self._request_recompute()
+
+    def _join_class(self, flow: _Flow) -> bool:
+        """Join `flow` to the class started at this instant (not yet solved) with its route,
+        bytes and latency, if any (then True); else open a class of it."""
+        key = (flow.route_id, flow.nbytes, flow.latency_s, flow.start_s)
+        head = self._open.get(key)
+        if head is None:
+            self._open[key] = flow
+            return False
+        if head.members is None:
+            head.members = []
+        head.members.append(flow)
+        return True
+
+    def _close_classes(self) -> None:
+        """The classes started since the last solve take no more members: each solves as its
+        route's links once per member (fair_share weighs a link listed m times m-fold)."""
+        for head in self._open.values():
+            if head.members:
+                self._set_solve_id(head)
+        self._open.clear()
+
+    def _set_solve_id(self, head: _Flow) -> None:
+        """The route id of a class's links, listed once per member."""
+        count = 1 + len(head.members) if head.members else 1
+        head.solve_id = self._route_ids.setdefault(head.edges * count, len(self._route_ids)) \
+            if count > 1 else head.route_id
 
     def _request_recompute(self) -> None:
         """Recompute the rates once, after every start and finish at this instant."""
@@ -238,6 +282,8 @@ class Network:
         the others' rates cannot move), re-time those whose rate changed, and wake up when the
         first flow finishes draining."""
         self._recompute_pending = False
+        if self._open:
+            self._close_classes()
         changed, self._changed_links = self._changed_links, []
         if not self._draining:
             self._wake = None
@@ -288,46 +334,96 @@ class Network:
     def _rates(self, flows: list[_Flow]) -> tuple[float, ...]:
         """Max-min fair rates of `flows`, memoised per sequence of routes (same order, same
         floats: fair_share breaks ties by first appearance)."""
-        key = tuple(map(_ROUTE_ID, flows))
+        key = tuple(map(_SOLVE_ID, flows))
         rates = self._memo.get(key)
         if rates is None:
             self._memo_size += len(key)
             if self._memo_size > MEMO_LIMIT:
                 self._memo.clear()
                 self._memo_size = len(key)
-            solved = max_min_rates({i: f.edges for i, f in enumerate(flows)}, self.capacity_Bps)
+            solved = max_min_rates({i: f.edges * (1 + len(f.members)) if f.members else f.edges
+                                    for i, f in enumerate(flows)}, self.capacity_Bps)
             rates = self._memo[key] = tuple(solved[i] for i in range(len(flows)))
             self.rate_computations += 1
         return rates
 
     def _on_wake(self, token: int, flow_id: int, _event: simpy.Event) -> None:
-        """A flow should have drained: retire it and any finishing with it (fewer than
-        DRAINED_FRACTION of their bytes left now), then reschedule."""
+        """A flow should have drained: retire it, then each next first finish while it has
+        drained (fewer than DRAINED_FRACTION of its bytes left now), one by one in (finish,
+        id) order as the flows of the classes would go one by one, then reschedule."""
         if token != self._token:
             return
         self._wake = None
-        self._retire(self._draining[flow_id])
+        due: list = []  # heap of (finish_s, member id, member, class) of the opened classes
+        opened: dict[int, _Flow] = {}  # class id -> class taken up at this wake
+        self._open_class(self._draining[flow_id], due, opened)
+        self._deliver_after_latency(heapq.heappop(due)[2])  # the flow woken for
         now = self.env.now
-        while (flow := self._first_finish()) is not None and \
-                flow.remaining - flow.rate_Bps * (now - flow.updated_s) <= \
-                DRAINED_FRACTION * flow.nbytes:
-            self._retire(flow)
+        while True:
+            head = self._first_finish()
+            if head is not None and head.flow_id in opened:
+                heapq.heappop(self._finishes)  # taken up already: its members are in `due`
+                continue
+            if head is not None and (not due or (head.finish_s, head.flow_id) < due[0][:2]):
+                self._open_class(head, due, opened)
+                continue
+            if not due or not _drained(due[0][3], now):
+                break
+            self._deliver_after_latency(heapq.heappop(due)[2])
+        self._settle(opened, due)
         if not self._recompute_pending:  # the rates of the flows left, now (a transfer that
             self._reschedule()  # starts later in this instant asks for them again)
 
-    def _retire(self, flow: _Flow) -> None:
-        """A flow's last byte has left: it no longer shares links; delivery follows."""
-        del self._draining[flow.flow_id]
-        flow_id, users = flow.flow_id, self._users
-        for edge in flow.edges:
+    @staticmethod
+    def _open_class(head: _Flow, due: list, opened: dict) -> None:
+        """Take up a class for retiring: its members into `due` in (finish, id) order."""
+        opened[head.flow_id] = head
+        for member in (head, *head.members) if head.members else (head,):
+            heapq.heappush(due, (head.finish_s, member.flow_id, member, head))
+
+    def _settle(self, opened: dict[int, _Flow], due: list) -> None:
+        """After a wake: a class none of whose flows retired drains on as it was; one whose
+        flows all did leaves its links; the rest of one partly retired drain on as a class of
+        their own (its first member the new head, with its bytes left and rate)."""
+        left: dict[int, list[_Flow]] = {}  # class id -> its members not retired, ascending
+        for _finish_s, _member_id, member, head in sorted(due, key=operator.itemgetter(1)):
+            left.setdefault(head.flow_id, []).append(member)
+        for class_id, head in opened.items():
+            rest = left.get(class_id, [])
+            if len(rest) == 1 + len(head.members or ()):
+                heapq.heappush(self._finishes, (head.finish_s, class_id))
+                continue
+            self._unlink(head)
+            if rest:
+                self._regroup(head, rest)
+
+    def _unlink(self, head: _Flow) -> None:
+        """A class leaves its links (its flows retired, or regrouped)."""
+        del self._draining[head.flow_id]
+        flow_id, users = head.flow_id, self._users
+        for edge in head.edges:
             sharing = users.get(edge)
             if sharing is None or flow_id not in sharing:
                 continue  # a link the load lists twice, left already
             del sharing[flow_id]
             if not sharing:
                 del users[edge]
-        self._changed_links.extend(flow.edges)
-        self._deliver_after_latency(flow)
+        self._changed_links.extend(head.edges)
+
+    def _regroup(self, old: _Flow, rest: list[_Flow]) -> None:
+        """The flows of class `old` not retired (ascending ids) drain on as one class headed
+        by the first, at the old class's bytes left and rate."""
+        head = rest[0]
+        head.members = rest[1:] or None
+        head.remaining, head.updated_s = old.remaining, old.updated_s
+        head.rate_Bps, head.finish_s = old.rate_Bps, old.finish_s
+        self._set_solve_id(head)
+        self._draining[head.flow_id] = head
+        self._draining = dict(sorted(self._draining.items()))  # in start order again (rare)
+        for edge in head.edges:
+            self._users.setdefault(edge, {})[head.flow_id] = None
+        self._changed_links.extend(head.edges)
+        heapq.heappush(self._finishes, (head.finish_s, head.flow_id))
 
     def _deliver_after_latency(self, flow: _Flow) -> None:
         """The last byte arrives one route latency after it left: the delivery event is
@@ -349,6 +445,12 @@ class Network:
                                                       label)))
         self.bytes_sent[src] += nbytes
         self.bytes_received[dst] += nbytes
+
+
+def _drained(flow: _Flow, now: float) -> bool:
+    """Whether fewer than DRAINED_FRACTION of a flow's bytes are left now."""
+    return flow.remaining - flow.rate_Bps * (now - flow.updated_s) <= \
+        DRAINED_FRACTION * flow.nbytes
 
 
 def succeed_after(event: simpy.Event, delay_s: float, value) -> None:
