@@ -5,7 +5,7 @@ then arrives after the route's latency. Rates are recomputed once per instant at
 start or finish (a ring step's hops all start together: one computation, not one per hop), only
 for the flows joined to a link that a flow entered or left through shared links (their connected
 components: fair_share.linked_flows; the others' rates cannot move), and memoised per sequence of
-those flows' routes (a hit returns the very same floats). Flows that start at one instant
+those flows' routes (a hit returns the very same floats). Loads that start at one instant
 with the same route, bytes and latency (an all-to-all's orbit flows under the quotient) drain as
 one class: one flow in the solve with its links listed once per member (fair_share: the same
 rates, bit for bit), each member delivered on its own. Only a flow whose
@@ -52,6 +52,7 @@ class _Flow:
     label: str
     edges: tuple[tuple[str, str], ...]
     route_id: int
+    solve_id: int  # the route id the solve keys on: route_id, or a class's links x members
     latency_s: float
     start_s: float
     delivered: simpy.Event
@@ -63,10 +64,6 @@ class _Flow:
     recorded: bool = True  # a transfer (traced, bytes counted); False: a collective's load
     members: list | None = None  # the flows this one's class also stands for (ascending ids,
     # same route, bytes, latency and start); their own rate fields are never read
-    solve_id: int = -1  # the route id the solve keys on: route_id, or its links x members
-
-    def __post_init__(self):
-        self.solve_id = self.route_id
 
 
 class LinkCapacities(dict):
@@ -88,7 +85,7 @@ class Network:
 
     step_trains = True  # one-hop ring pieces in arithmetic (off: stepped on the links, the
     # reference tests/test_fsdp_step_trains.py compares with)
-    flow_classes = True  # like flows starting together drain as one class (off: one by one,
+    flow_classes = True  # like loads starting together drain as one class (off: one by one,
     # the reference tests/test_fair_share_classes.py compares with)
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph,
@@ -182,13 +179,13 @@ class Network:
             raise ValueError(f"cannot load {nbytes} bytes")
         now = self.env.now
         route_id = self._route_ids.setdefault(edges, len(self._route_ids))
-        flow = _Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, latency_s, now,
-                     self.env.event(), float(nbytes), now, recorded=False)
+        flow = _Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, route_id, latency_s,
+                     now, self.env.event(), float(nbytes), now, recorded=False)
         self._next_id += 1
         if nbytes == 0 or not edges:
             self._deliver_after_latency(flow)
         else:
-            self._start_draining(flow)
+            self._start_draining(flow, self.flow_classes)
         return flow.delivered
 
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
@@ -196,8 +193,8 @@ class Network:
         """A flow record for a new transfer along the cached route."""
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         now = self.env.now
-        flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
-                     now, delivered, float(nbytes), now)
+        flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, route_id,
+                     latency_s, now, delivered, float(nbytes), now)
         self._next_id += 1
         return flow
 
@@ -227,14 +224,15 @@ class Network:
             self._routes[key] = (edges, latency_s, route_id)
         return self._routes[key]
 
-    def _start_draining(self, flow: _Flow) -> None:
+    def _start_draining(self, flow: _Flow, alike: bool = False) -> None:
         """A flow starts sharing its links: index it and mark its links changed (first handing
-        back to the network any pieces running in arithmetic on them, step_trains.py)."""
+        back to the network any pieces running in arithmetic on them, step_trains.py); with
+        `alike` (a load) it joins a like load's class started now, if any."""
         if self.trains:
             for group in dict.fromkeys(self.trains.get(edge) for edge in flow.edges):
                 if group is not None:
                     group.dissolve()
-        if self.flow_classes and self._join_class(flow):
+        if alike and self._join_class(flow):
             return
         self._draining[flow.flow_id] = flow
         flow_id, users = flow.flow_id, self._users
@@ -356,21 +354,32 @@ class Network:
         self._wake = None
         due: list = []  # heap of (finish_s, member id, member, class) of the opened classes
         opened: dict[int, _Flow] = {}  # class id -> class taken up at this wake
-        self._open_class(self._draining[flow_id], due, opened)
-        self._deliver_after_latency(heapq.heappop(due)[2])  # the flow woken for
+        woken = self._draining[flow_id]
+        if woken.members is None:
+            self._retire(woken)
+        else:
+            self._open_class(woken, due, opened)
+            self._deliver_after_latency(heapq.heappop(due)[2])  # the flow woken for
         now = self.env.now
         while True:
             head = self._first_finish()
             if head is not None and head.flow_id in opened:
                 heapq.heappop(self._finishes)  # taken up already: its members are in `due`
-                continue
-            if head is not None and (not due or (head.finish_s, head.flow_id) < due[0][:2]):
+            elif not due:  # the next flow is a class's first: retire a lone one here
+                if head is None or not _drained(head, now):
+                    break
+                if head.members is None:
+                    self._retire(head)
+                else:
+                    self._open_class(head, due, opened)
+            elif head is not None and (head.finish_s, head.flow_id) < due[0][:2]:
                 self._open_class(head, due, opened)
-                continue
-            if not due or not _drained(due[0][3], now):
+            elif _drained(due[0][3], now):
+                self._deliver_after_latency(heapq.heappop(due)[2])
+            else:
                 break
-            self._deliver_after_latency(heapq.heappop(due)[2])
-        self._settle(opened, due)
+        if opened:
+            self._settle(opened, due)
         if not self._recompute_pending:  # the rates of the flows left, now (a transfer that
             self._reschedule()  # starts later in this instant asks for them again)
 
@@ -396,6 +405,11 @@ class Network:
             self._unlink(head)
             if rest:
                 self._regroup(head, rest)
+
+    def _retire(self, flow: _Flow) -> None:
+        """A lone flow's last byte has left: it no longer shares links; delivery follows."""
+        self._unlink(flow)
+        self._deliver_after_latency(flow)
 
     def _unlink(self, head: _Flow) -> None:
         """A class leaves its links (its flows retired, or regrouped)."""
