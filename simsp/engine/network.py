@@ -17,10 +17,8 @@ link's capacity is its configured bandwidth times the calibrated efficiency of i
 """
 
 from collections import defaultdict
-from dataclasses import dataclass
 from functools import partial
 import heapq
-import math
 import operator
 
 import networkx as nx
@@ -29,6 +27,7 @@ from simpy.events import NORMAL
 
 from simsp.cluster.topology import hop_route, route_latency_s
 from simsp.engine.fair_share import linked_flows, max_min_rates
+from simsp.engine.flow_classes import Flow, FlowClasses
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware.constants import LinkCalibration
 
@@ -38,32 +37,6 @@ _new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot p
 DRAINED_FRACTION = 1e-9
 # Route ids held by the memo's keys before it starts afresh (~100 MB of keys and rates).
 MEMO_LIMIT = 2_000_000
-
-
-@dataclass(slots=True)
-class _Flow:
-    """One transfer in flight: its route, bytes still to drain as of `updated_s`, its current
-    fair rate and the time its last byte leaves at that rate."""
-
-    flow_id: int
-    src: int
-    dst: int
-    nbytes: int
-    label: str
-    edges: tuple[tuple[str, str], ...]
-    route_id: int
-    solve_id: int  # the route id the solve keys on: route_id, or a class's links x members
-    latency_s: float
-    start_s: float
-    delivered: simpy.Event
-    remaining: float
-    updated_s: float  # when `remaining` was last brought up to date
-    rate_Bps: float = 0.0  # 0 until the first rate computation after its start
-    finish_s: float = math.inf  # updated_s + remaining / rate_Bps
-    drained: simpy.Event | None = None  # succeeds when the last byte has left the sender
-    recorded: bool = True  # a transfer (traced, bytes counted); False: a collective's load
-    members: list | None = None  # the flows this one's class also stands for (ascending ids,
-    # same route, bytes, latency and start); their own rate fields are never read
 
 
 class LinkCapacities(dict):
@@ -80,7 +53,7 @@ class LinkCapacities(dict):
         return capacity
 
 
-class Network:
+class Network(FlowClasses):
     """The links of one cluster graph inside one simpy environment."""
 
     step_trains = True  # one-hop ring pieces in arithmetic (off: stepped on the links, the
@@ -107,9 +80,9 @@ class Network:
         self.capacity_Bps = LinkCapacities(graph, self.calibration)
         self.bytes_sent: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered from it
         self.bytes_received: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered to it
-        self._draining: dict[int, _Flow] = {}  # class id (its first member's) -> the class's
+        self._draining: dict[int, Flow] = {}  # class id (its first member's) -> the class's
         # first flow, in start order
-        self._open: dict[tuple, _Flow] = {}  # (route id, bytes, latency, start) -> a class
+        self._open: dict[tuple, Flow] = {}  # (route id, bytes, latency, start) -> a class
         # started since the last solve, which a like flow starting now joins
         self._finishes: list[tuple[float, int]] = []  # heap of (finish_s, flow id)
         self._users: dict[tuple[str, str], dict[int, None]] = {}  # link -> draining flow ids
@@ -179,7 +152,7 @@ class Network:
             raise ValueError(f"cannot load {nbytes} bytes")
         now = self.env.now
         route_id = self._route_ids.setdefault(edges, len(self._route_ids))
-        flow = _Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, route_id, latency_s,
+        flow = Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, route_id, latency_s,
                      now, self.env.event(), float(nbytes), now, recorded=False)
         self._next_id += 1
         if nbytes == 0 or not edges:
@@ -189,11 +162,11 @@ class Network:
         return flow.delivered
 
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
-                  via_gpu: int | None, delivered: simpy.Event) -> _Flow:
+                  via_gpu: int | None, delivered: simpy.Event) -> Flow:
         """A flow record for a new transfer along the cached route."""
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         now = self.env.now
-        flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, route_id,
+        flow = Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, route_id,
                      latency_s, now, delivered, float(nbytes), now)
         self._next_id += 1
         return flow
@@ -224,7 +197,7 @@ class Network:
             self._routes[key] = (edges, latency_s, route_id)
         return self._routes[key]
 
-    def _start_draining(self, flow: _Flow, alike: bool = False) -> None:
+    def _start_draining(self, flow: Flow, alike: bool = False) -> None:
         """A flow starts sharing its links: index it and mark its links changed (first handing
         back to the network any pieces running in arithmetic on them, step_trains.py); with
         `alike` (a load) it joins a like load's class started now, if any."""
@@ -240,33 +213,6 @@ class Network:
             users.setdefault(edge, {})[flow_id] = None
         self._changed_links.extend(flow.edges)
         self._request_recompute()
-
-    def _join_class(self, flow: _Flow) -> bool:
-        """Join `flow` to the class started at this instant (not yet solved) with its route,
-        bytes and latency, if any (then True); else open a class of it."""
-        key = (flow.route_id, flow.nbytes, flow.latency_s, flow.start_s)
-        head = self._open.get(key)
-        if head is None:
-            self._open[key] = flow
-            return False
-        if head.members is None:
-            head.members = []
-        head.members.append(flow)
-        return True
-
-    def _close_classes(self) -> None:
-        """The classes started since the last solve take no more members: each solves as its
-        route's links once per member (fair_share weighs a link listed m times m-fold)."""
-        for head in self._open.values():
-            if head.members:
-                self._set_solve_id(head)
-        self._open.clear()
-
-    def _set_solve_id(self, head: _Flow) -> None:
-        """The route id of a class's links, listed once per member."""
-        count = 1 + len(head.members) if head.members else 1
-        head.solve_id = self._route_ids.setdefault(head.edges * count, len(self._route_ids)) \
-            if count > 1 else head.route_id
 
     def _request_recompute(self) -> None:
         """Recompute the rates once, after every start and finish at this instant."""
@@ -295,7 +241,7 @@ class Network:
                 self._retime(flow, rate, now)
         self._wake_at_first_finish()
 
-    def _retime(self, flow: _Flow, rate_Bps: float, now: float) -> None:
+    def _retime(self, flow: Flow, rate_Bps: float, now: float) -> None:
         """Bring a flow's bytes left up to now at its old rate, then finish it at the new one."""
         remaining = flow.remaining - flow.rate_Bps * (now - flow.updated_s)
         flow.remaining = remaining = 0.0 if 0.0 > remaining else remaining
@@ -303,7 +249,7 @@ class Network:
         flow.finish_s = now + remaining / rate_Bps  # rates are finite and positive
         heapq.heappush(self._finishes, (flow.finish_s, flow.flow_id))
 
-    def _first_finish(self) -> _Flow | None:
+    def _first_finish(self) -> Flow | None:
         """The flow that drains first (earliest started on a tie); stale heap entries (flows
         retimed or retired since) are dropped on the way."""
         heap, draining = self._finishes, self._draining
@@ -329,7 +275,7 @@ class Network:
         wake = self.env.timeout(0.0 if 0.0 > delay_s else delay_s)
         wake.callbacks.append(partial(self._on_wake, self._token, first.flow_id))
 
-    def _rates(self, flows: list[_Flow]) -> tuple[float, ...]:
+    def _rates(self, flows: list[Flow]) -> tuple[float, ...]:
         """Max-min fair rates of `flows`, memoised per sequence of routes (same order, same
         floats: fair_share breaks ties by first appearance)."""
         key = tuple(map(_SOLVE_ID, flows))
@@ -353,7 +299,7 @@ class Network:
             return
         self._wake = None
         due: list = []  # heap of (finish_s, member id, member, class) of the opened classes
-        opened: dict[int, _Flow] = {}  # class id -> class taken up at this wake
+        opened: dict[int, Flow] = {}  # class id -> class taken up at this wake
         woken = self._draining[flow_id]
         if woken.members is None:
             self._retire(woken)
@@ -383,63 +329,12 @@ class Network:
         if not self._recompute_pending:  # the rates of the flows left, now (a transfer that
             self._reschedule()  # starts later in this instant asks for them again)
 
-    @staticmethod
-    def _open_class(head: _Flow, due: list, opened: dict) -> None:
-        """Take up a class for retiring: its members into `due` in (finish, id) order."""
-        opened[head.flow_id] = head
-        for member in (head, *head.members) if head.members else (head,):
-            heapq.heappush(due, (head.finish_s, member.flow_id, member, head))
-
-    def _settle(self, opened: dict[int, _Flow], due: list) -> None:
-        """After a wake: a class none of whose flows retired drains on as it was; one whose
-        flows all did leaves its links; the rest of one partly retired drain on as a class of
-        their own (its first member the new head, with its bytes left and rate)."""
-        left: dict[int, list[_Flow]] = {}  # class id -> its members not retired, ascending
-        for _finish_s, _member_id, member, head in sorted(due, key=operator.itemgetter(1)):
-            left.setdefault(head.flow_id, []).append(member)
-        for class_id, head in opened.items():
-            rest = left.get(class_id, [])
-            if len(rest) == 1 + len(head.members or ()):
-                heapq.heappush(self._finishes, (head.finish_s, class_id))
-                continue
-            self._unlink(head)
-            if rest:
-                self._regroup(head, rest)
-
-    def _retire(self, flow: _Flow) -> None:
+    def _retire(self, flow: Flow) -> None:
         """A lone flow's last byte has left: it no longer shares links; delivery follows."""
         self._unlink(flow)
         self._deliver_after_latency(flow)
 
-    def _unlink(self, head: _Flow) -> None:
-        """A class leaves its links (its flows retired, or regrouped)."""
-        del self._draining[head.flow_id]
-        flow_id, users = head.flow_id, self._users
-        for edge in head.edges:
-            sharing = users.get(edge)
-            if sharing is None or flow_id not in sharing:
-                continue  # a link the load lists twice, left already
-            del sharing[flow_id]
-            if not sharing:
-                del users[edge]
-        self._changed_links.extend(head.edges)
-
-    def _regroup(self, old: _Flow, rest: list[_Flow]) -> None:
-        """The flows of class `old` not retired (ascending ids) drain on as one class headed
-        by the first, at the old class's bytes left and rate."""
-        head = rest[0]
-        head.members = rest[1:] or None
-        head.remaining, head.updated_s = old.remaining, old.updated_s
-        head.rate_Bps, head.finish_s = old.rate_Bps, old.finish_s
-        self._set_solve_id(head)
-        self._draining[head.flow_id] = head
-        self._draining = dict(sorted(self._draining.items()))  # in start order again (rare)
-        for edge in head.edges:
-            self._users.setdefault(edge, {})[head.flow_id] = None
-        self._changed_links.extend(head.edges)
-        heapq.heappush(self._finishes, (head.finish_s, head.flow_id))
-
-    def _deliver_after_latency(self, flow: _Flow) -> None:
+    def _deliver_after_latency(self, flow: Flow) -> None:
         """The last byte arrives one route latency after it left: the delivery event is
         scheduled for then (recorded and counted first, by its first callback)."""
         if flow.drained is not None:
@@ -448,7 +343,7 @@ class Network:
             flow.delivered.callbacks.insert(0, partial(self._finish, flow))
         succeed_after(flow.delivered, flow.latency_s, (flow.start_s, self.env.now + flow.latency_s))
 
-    def _finish(self, flow: _Flow, _event: simpy.Event) -> None:
+    def _finish(self, flow: Flow, _event: simpy.Event) -> None:
         """Record the delivered transfer and count its bytes."""
         self.delivered(flow.src, flow.dst, flow.nbytes, flow.start_s, flow.label)
 
@@ -461,7 +356,7 @@ class Network:
         self.bytes_received[dst] += nbytes
 
 
-def _drained(flow: _Flow, now: float) -> bool:
+def _drained(flow: Flow, now: float) -> bool:
     """Whether fewer than DRAINED_FRACTION of a flow's bytes are left now."""
     return flow.remaining - flow.rate_Bps * (now - flow.updated_s) <= \
         DRAINED_FRACTION * flow.nbytes
