@@ -153,7 +153,7 @@ class Network(FlowClasses):
         now = self.env.now
         route_id = self._route_ids.setdefault(edges, len(self._route_ids))
         flow = Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, route_id, latency_s,
-                     now, self.env.event(), float(nbytes), now, recorded=False)
+                    now, self.env.event(), float(nbytes), now, recorded=False)
         self._next_id += 1
         if nbytes == 0 or not edges:
             self._deliver_after_latency(flow)
@@ -167,7 +167,7 @@ class Network(FlowClasses):
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         now = self.env.now
         flow = Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, route_id,
-                     latency_s, now, delivered, float(nbytes), now)
+                    latency_s, now, delivered, float(nbytes), now)
         self._next_id += 1
         return flow
 
