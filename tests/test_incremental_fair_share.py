@@ -1,6 +1,7 @@
-"""The network re-solves only the flows a start or finish can affect (fair_share.linked_flows):
-after every solve, every flow in flight has the rate a solve of all of them gives, bit for bit
-(the full progressive filling, fair_share.max_min_rates, is the oracle)."""
+"""The network re-solves only the flows a start or finish can affect (fair_share.linked_flows),
+like flows starting together as one class: after every solve, every flow in flight has the rate
+a solve of all of them one by one gives, bit for bit (the full progressive filling,
+fair_share.max_min_rates, is the oracle)."""
 
 import hypothesis.strategies as st
 from hypothesis import given, settings
@@ -20,9 +21,14 @@ class _CheckedNetwork(Network):
 
     def _reschedule(self, _event=None):
         super()._reschedule(_event)
-        flows = list(self._draining.values())  # (flows in flight,) in start order
-        full = max_min_rates({f.flow_id: f.edges for f in flows}, self.capacity_Bps)
-        assert {f.flow_id: f.rate_Bps for f in flows} == full
+        heads = list(self._draining.values())  # (classes in flight,) in start order
+        assert [f.flow_id for f in heads] == sorted(self._draining)
+        rates = {member.flow_id: head.rate_Bps for head in heads  # each flow: its class's
+                 for member in (head, *(head.members or ()))}
+        flows = {member.flow_id: member.edges for head in heads
+                 for member in (head, *(head.members or ()))}
+        full = max_min_rates(dict(sorted(flows.items())), self.capacity_Bps)
+        assert rates == full  # bit for bit, every flow one by one
         self.checks += 1
 
 

@@ -15,7 +15,11 @@ Edge = tuple[str, str]
 
 def max_min_rates(flows: dict[int, tuple[Edge, ...]],
                   capacity_Bps: dict[Edge, float]) -> dict[int, float]:
-    """Rate (bytes/s) of each flow id given the links each crosses and every link's capacity."""
+    """Rate (bytes/s) of each flow id given the links each crosses and every link's capacity.
+    A flow listing a link m times counts m-fold on it (each of its m shares charged there): m
+    like flows on the same links solved as one, bit for bit (network.py flow classes: they
+    are fixed at one bottleneck, where each link loses the same share once per flow, and the
+    links first appear in the same order)."""
     users: dict[Edge, list[int]] = {}
     for flow_id, edges in flows.items():
         for edge in edges:
@@ -61,7 +65,7 @@ def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
                  flows: dict[int, object]) -> list[int]:
     """Ids (ascending) of the flows joined to a `changed` link through shared links,
     transitively (`users`: link -> ids of the flows crossing it; `flows`: id -> a flow with its
-    `edges`): a union of connected components of the flow-link graph. Max-min rates are solved
+    `edges`, in ascending id order): a union of connected components of the flow-link graph. Max-min rates are solved
     per component alone (progressive filling never moves a rate across components), and in
     ascending id order within it every link sees the same subtractions in the same order as in
     a solve of all flows: the rates of these flows, bit for bit, while the others' stand.
@@ -81,5 +85,5 @@ def linked_flows(changed: list[Edge], users: dict[Edge, dict[int, None]],
                 found.add(flow_id)
                 stack.extend(flows[flow_id].edges)
         if len(found) == everyone:
-            break
+            return list(flows)  # every flow, ascending
     return sorted(found)

@@ -5,7 +5,10 @@ then arrives after the route's latency. Rates are recomputed once per instant at
 start or finish (a ring step's hops all start together: one computation, not one per hop), only
 for the flows joined to a link that a flow entered or left through shared links (their connected
 components: fair_share.linked_flows; the others' rates cannot move), and memoised per sequence of
-those flows' routes (a hit returns the very same floats). Only a flow whose
+those flows' routes (a hit returns the very same floats). Loads that start at one instant
+with the same route, bytes and latency (an all-to-all's orbit flows under the quotient) drain as
+one class: one flow in the solve with its links listed once per member (fair_share: the same
+rates, bit for bit), each member delivered on its own. Only a flow whose
 rate changed is touched: its bytes left are brought up to date and its finish time goes into a
 heap, so an instant costs what changed, not every flow in flight. A wake-up is only scheduled
 when the first finish changes, so no wake-up is stale. Time = latency + bytes / rate, where a
@@ -14,10 +17,8 @@ link's capacity is its configured bandwidth times the calibrated efficiency of i
 """
 
 from collections import defaultdict
-from dataclasses import dataclass
 from functools import partial
 import heapq
-import math
 import operator
 
 import networkx as nx
@@ -26,38 +27,16 @@ from simpy.events import NORMAL
 
 from simsp.cluster.topology import hop_route, route_latency_s
 from simsp.engine.fair_share import linked_flows, max_min_rates
+from simsp.engine.flow_classes import Flow, FlowClasses
 from simsp.engine.trace import Trace, TransferRecord
 from simsp.hardware.constants import LinkCalibration
 
-_ROUTE_ID = operator.attrgetter("route_id")
+_SOLVE_ID = operator.attrgetter("solve_id")
 _new = tuple.__new__  # skips NamedTuple's Python-level constructor on the hot path
 # A flow counts as drained when fewer than this fraction of its bytes remain (float rounding).
 DRAINED_FRACTION = 1e-9
 # Route ids held by the memo's keys before it starts afresh (~100 MB of keys and rates).
 MEMO_LIMIT = 2_000_000
-
-
-@dataclass(slots=True)
-class _Flow:
-    """One transfer in flight: its route, bytes still to drain as of `updated_s`, its current
-    fair rate and the time its last byte leaves at that rate."""
-
-    flow_id: int
-    src: int
-    dst: int
-    nbytes: int
-    label: str
-    edges: tuple[tuple[str, str], ...]
-    route_id: int
-    latency_s: float
-    start_s: float
-    delivered: simpy.Event
-    remaining: float
-    updated_s: float  # when `remaining` was last brought up to date
-    rate_Bps: float = 0.0  # 0 until the first rate computation after its start
-    finish_s: float = math.inf  # updated_s + remaining / rate_Bps
-    drained: simpy.Event | None = None  # succeeds when the last byte has left the sender
-    recorded: bool = True  # a transfer (traced, bytes counted); False: a collective's load
 
 
 class LinkCapacities(dict):
@@ -74,11 +53,13 @@ class LinkCapacities(dict):
         return capacity
 
 
-class Network:
+class Network(FlowClasses):
     """The links of one cluster graph inside one simpy environment."""
 
     step_trains = True  # one-hop ring pieces in arithmetic (off: stepped on the links, the
     # reference tests/test_fsdp_step_trains.py compares with)
+    flow_classes = True  # like loads starting together drain as one class (off: one by one,
+    # the reference tests/test_fair_share_classes.py compares with)
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph,
                  calibration: LinkCalibration | None = None, trace: Trace | None = None,
@@ -99,7 +80,10 @@ class Network:
         self.capacity_Bps = LinkCapacities(graph, self.calibration)
         self.bytes_sent: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered from it
         self.bytes_received: dict[int, int] = defaultdict(int)  # GPU -> bytes delivered to it
-        self._draining: dict[int, _Flow] = {}  # flow id -> flow, in start order
+        self._draining: dict[int, Flow] = {}  # class id (its first member's) -> the class's
+        # first flow, in start order
+        self._open: dict[tuple, Flow] = {}  # (route id, bytes, latency, start) -> a class
+        # started since the last solve, which a like flow starting now joins
         self._finishes: list[tuple[float, int]] = []  # heap of (finish_s, flow id)
         self._users: dict[tuple[str, str], dict[int, None]] = {}  # link -> draining flow ids
         self._changed_links: list[tuple[str, str]] = []  # links a flow entered or left since
@@ -114,7 +98,8 @@ class Network:
         self._wake: tuple[float, int, int] | None = None  # (time, flow id, token) of the wake
         self._token = 0  # bumps when a new wake-up replaces the pending one
         self.rate_computations = 0  # fair-share solves actually run (memo misses)
-        self.flow_visits = 0  # flows whose rates the solves took up, summed over the solves
+        self.flow_visits = 0  # flows (classes) whose rates the solves took up, summed over
+        # the solves
         # link -> the one-hop ring pieces advanced in arithmetic on it (collectives/step_trains.py)
         self.trains: dict = {}
 
@@ -167,22 +152,22 @@ class Network:
             raise ValueError(f"cannot load {nbytes} bytes")
         now = self.env.now
         route_id = self._route_ids.setdefault(edges, len(self._route_ids))
-        flow = _Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, latency_s, now,
-                     self.env.event(), float(nbytes), now, recorded=False)
+        flow = Flow(self._next_id, -1, -1, nbytes, label, edges, route_id, route_id, latency_s,
+                    now, self.env.event(), float(nbytes), now, recorded=False)
         self._next_id += 1
         if nbytes == 0 or not edges:
             self._deliver_after_latency(flow)
         else:
-            self._start_draining(flow)
+            self._start_draining(flow, self.flow_classes)
         return flow.delivered
 
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
-                  via_gpu: int | None, delivered: simpy.Event) -> _Flow:
+                  via_gpu: int | None, delivered: simpy.Event) -> Flow:
         """A flow record for a new transfer along the cached route."""
         edges, latency_s, route_id = self._route(src_gpu, dst_gpu, via_gpu)
         now = self.env.now
-        flow = _Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, latency_s,
-                     now, delivered, float(nbytes), now)
+        flow = Flow(self._next_id, src_gpu, dst_gpu, nbytes, label, edges, route_id, route_id,
+                    latency_s, now, delivered, float(nbytes), now)
         self._next_id += 1
         return flow
 
@@ -212,13 +197,16 @@ class Network:
             self._routes[key] = (edges, latency_s, route_id)
         return self._routes[key]
 
-    def _start_draining(self, flow: _Flow) -> None:
+    def _start_draining(self, flow: Flow, alike: bool = False) -> None:
         """A flow starts sharing its links: index it and mark its links changed (first handing
-        back to the network any pieces running in arithmetic on them, step_trains.py)."""
+        back to the network any pieces running in arithmetic on them, step_trains.py); with
+        `alike` (a load) it joins a like load's class started now, if any."""
         if self.trains:
             for group in dict.fromkeys(self.trains.get(edge) for edge in flow.edges):
                 if group is not None:
                     group.dissolve()
+        if alike and self._join_class(flow):
+            return
         self._draining[flow.flow_id] = flow
         flow_id, users = flow.flow_id, self._users
         for edge in flow.edges:
@@ -238,6 +226,8 @@ class Network:
         the others' rates cannot move), re-time those whose rate changed, and wake up when the
         first flow finishes draining."""
         self._recompute_pending = False
+        if self._open:
+            self._close_classes()
         changed, self._changed_links = self._changed_links, []
         if not self._draining:
             self._wake = None
@@ -251,7 +241,7 @@ class Network:
                 self._retime(flow, rate, now)
         self._wake_at_first_finish()
 
-    def _retime(self, flow: _Flow, rate_Bps: float, now: float) -> None:
+    def _retime(self, flow: Flow, rate_Bps: float, now: float) -> None:
         """Bring a flow's bytes left up to now at its old rate, then finish it at the new one."""
         remaining = flow.remaining - flow.rate_Bps * (now - flow.updated_s)
         flow.remaining = remaining = 0.0 if 0.0 > remaining else remaining
@@ -259,7 +249,7 @@ class Network:
         flow.finish_s = now + remaining / rate_Bps  # rates are finite and positive
         heapq.heappush(self._finishes, (flow.finish_s, flow.flow_id))
 
-    def _first_finish(self) -> _Flow | None:
+    def _first_finish(self) -> Flow | None:
         """The flow that drains first (earliest started on a tie); stale heap entries (flows
         retimed or retired since) are dropped on the way."""
         heap, draining = self._finishes, self._draining
@@ -285,51 +275,66 @@ class Network:
         wake = self.env.timeout(0.0 if 0.0 > delay_s else delay_s)
         wake.callbacks.append(partial(self._on_wake, self._token, first.flow_id))
 
-    def _rates(self, flows: list[_Flow]) -> tuple[float, ...]:
+    def _rates(self, flows: list[Flow]) -> tuple[float, ...]:
         """Max-min fair rates of `flows`, memoised per sequence of routes (same order, same
         floats: fair_share breaks ties by first appearance)."""
-        key = tuple(map(_ROUTE_ID, flows))
+        key = tuple(map(_SOLVE_ID, flows))
         rates = self._memo.get(key)
         if rates is None:
             self._memo_size += len(key)
             if self._memo_size > MEMO_LIMIT:
                 self._memo.clear()
                 self._memo_size = len(key)
-            solved = max_min_rates({i: f.edges for i, f in enumerate(flows)}, self.capacity_Bps)
+            solved = max_min_rates({i: f.edges * (1 + len(f.members)) if f.members else f.edges
+                                    for i, f in enumerate(flows)}, self.capacity_Bps)
             rates = self._memo[key] = tuple(solved[i] for i in range(len(flows)))
             self.rate_computations += 1
         return rates
 
     def _on_wake(self, token: int, flow_id: int, _event: simpy.Event) -> None:
-        """A flow should have drained: retire it and any finishing with it (fewer than
-        DRAINED_FRACTION of their bytes left now), then reschedule."""
+        """A flow should have drained: retire it, then each next first finish while it has
+        drained (fewer than DRAINED_FRACTION of its bytes left now), one by one in (finish,
+        id) order as the flows of the classes would go one by one, then reschedule."""
         if token != self._token:
             return
         self._wake = None
-        self._retire(self._draining[flow_id])
+        due: list = []  # heap of (finish_s, member id, member, class) of the opened classes
+        opened: dict[int, Flow] = {}  # class id -> class taken up at this wake
+        woken = self._draining[flow_id]
+        if woken.members is None:
+            self._retire(woken)
+        else:
+            self._open_class(woken, due, opened)
+            self._deliver_after_latency(heapq.heappop(due)[2])  # the flow woken for
         now = self.env.now
-        while (flow := self._first_finish()) is not None and \
-                flow.remaining - flow.rate_Bps * (now - flow.updated_s) <= \
-                DRAINED_FRACTION * flow.nbytes:
-            self._retire(flow)
+        while True:
+            head = self._first_finish()
+            if head is not None and head.flow_id in opened:
+                heapq.heappop(self._finishes)  # taken up already: its members are in `due`
+            elif not due:  # the next flow is a class's first: retire a lone one here
+                if head is None or not _drained(head, now):
+                    break
+                if head.members is None:
+                    self._retire(head)
+                else:
+                    self._open_class(head, due, opened)
+            elif head is not None and (head.finish_s, head.flow_id) < due[0][:2]:
+                self._open_class(head, due, opened)
+            elif _drained(due[0][3], now):
+                self._deliver_after_latency(heapq.heappop(due)[2])
+            else:
+                break
+        if opened:
+            self._settle(opened, due)
         if not self._recompute_pending:  # the rates of the flows left, now (a transfer that
             self._reschedule()  # starts later in this instant asks for them again)
 
-    def _retire(self, flow: _Flow) -> None:
-        """A flow's last byte has left: it no longer shares links; delivery follows."""
-        del self._draining[flow.flow_id]
-        flow_id, users = flow.flow_id, self._users
-        for edge in flow.edges:
-            sharing = users.get(edge)
-            if sharing is None or flow_id not in sharing:
-                continue  # a link the load lists twice, left already
-            del sharing[flow_id]
-            if not sharing:
-                del users[edge]
-        self._changed_links.extend(flow.edges)
+    def _retire(self, flow: Flow) -> None:
+        """A lone flow's last byte has left: it no longer shares links; delivery follows."""
+        self._unlink(flow)
         self._deliver_after_latency(flow)
 
-    def _deliver_after_latency(self, flow: _Flow) -> None:
+    def _deliver_after_latency(self, flow: Flow) -> None:
         """The last byte arrives one route latency after it left: the delivery event is
         scheduled for then (recorded and counted first, by its first callback)."""
         if flow.drained is not None:
@@ -338,7 +343,7 @@ class Network:
             flow.delivered.callbacks.insert(0, partial(self._finish, flow))
         succeed_after(flow.delivered, flow.latency_s, (flow.start_s, self.env.now + flow.latency_s))
 
-    def _finish(self, flow: _Flow, _event: simpy.Event) -> None:
+    def _finish(self, flow: Flow, _event: simpy.Event) -> None:
         """Record the delivered transfer and count its bytes."""
         self.delivered(flow.src, flow.dst, flow.nbytes, flow.start_s, flow.label)
 
@@ -349,6 +354,12 @@ class Network:
                                                       label)))
         self.bytes_sent[src] += nbytes
         self.bytes_received[dst] += nbytes
+
+
+def _drained(flow: Flow, now: float) -> bool:
+    """Whether fewer than DRAINED_FRACTION of a flow's bytes are left now."""
+    return flow.remaining - flow.rate_Bps * (now - flow.updated_s) <= \
+        DRAINED_FRACTION * flow.nbytes
 
 
 def succeed_after(event: simpy.Event, delay_s: float, value) -> None:

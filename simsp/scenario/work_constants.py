@@ -107,17 +107,20 @@ EXCHANGE_SECONDS_PER_FLOW = 1.3e-5
 # (engine/fair_share.py): up to ep⁴ visits.
 EP_SECONDS_PER_RANK_PAIR = {"alltoall": 1.1e-4, "allgather": 4.7e-5}
 EP_SECONDS_PER_RANK_PAIR_SQUARED = 0.0  # ep 256 (13.4 CPU s) on the ep² term alone: no ep⁴ seen
-# estimate_constants.py --only visits (2026-11-29, probe 142-174 ms): Under the quotient by rail
-# symmetry with stepwise EP groups each fair-share solve
-# (engine/network.py _reschedule) takes up every all-to-all flow in flight on the simulated GPU's
-# links; the solves' flows are counted (shortcuts/work_counts.py ep_visits) and priced per flow
-# taken up: the CPU inside _reschedule, DeepSeek-V3 scaled down (13 layers, p 4, d = EP 64,
-# DualPipe, m 8 and 16; benchmarks/work_estimate.py --visits).
-SECONDS_PER_FLOW_VISIT = 3.5e-7
-# estimate_constants.py --only gather (2026-11-29, probe 142-174 ms): Its token-count all-gathers'
-# ring pieces (shortcuts/work_counts.py gather_flows), each flow's events outside the solves: the
-# same runs, beside the other terms.
-SECONDS_PER_GATHER_FLOW = 0.0  # the visits' count (1.3-2.6x the solves') already holds it
+# estimate_constants.py --only visits (2026-11-29, probe 297-409 ms; main's code beside it, the
+# same minutes: 3.48e-7 per visit before flow classes): Under the quotient by rail symmetry with
+# stepwise EP groups each fair-share solve (engine/network.py _reschedule) takes up every
+# all-to-all flow class in flight on the simulated GPU's links (like flows starting together
+# drain as one class); the solves' classes are counted (shortcuts/work_counts.py ep_visits) and
+# priced per class taken up: the CPU inside _reschedule, DeepSeek-V3 scaled down (13 layers,
+# p 4, d = EP 64, DualPipe, m 8 and 16; benchmarks/work_estimate.py --visits). Dearer per
+# visit than per flow (a solve's fixed work over 6x fewer visits), 2.7-3.3x less in all.
+SECONDS_PER_FLOW_VISIT = 7.3e-7
+# estimate_constants.py --only gather (2026-11-29, probe 233 ms after): Its token-count
+# all-gathers' ring pieces (shortcuts/work_counts.py gather_flows), each flow's events outside
+# the solves: the same runs, beside the other terms (0 while the visits were counted per flow,
+# 1.3-2.6x the solves': that count held their price).
+SECONDS_PER_GATHER_FLOW = 8.0e-6
 # estimate_constants.py --only a2a-alone (2026-11-29, after round 11's merge, probe 193 ms after): Where the verdict is
 # known, an all-to-all timed alone (TEMPLATE) is priced by the flows of its private simulations,
 # run once per placement (engine/exchanges.py), and the check by the members of the all-to-all

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from simsp.cluster.grid import RankGrid
 from simsp.engine.collectives.ring_plan import channel_rings
-from simsp.cluster.topology import placement
+from simsp.cluster.topology import build_topology, hop_route, nodes_hosting, placement
 from simsp.engine.group_timing import NODE_PIECE, STEPPED, TEMPLATE
 from simsp.hardware.cluster_hardware import fabric_of
 from simsp.scenario.pipeline_layout import standalone_mtp_stage
@@ -106,13 +106,32 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
 def ep_visits(sc, shortcuts: Shortcuts) -> float:
     """Flows the fair-share solves take up (engine/network.py `flow_visits`) where the quotient
     by rail symmetry runs stepwise EP groups: every EP flow a simulated rank starts (each
-    all-to-all's E orbit flows, each token-count all-gather's ring piece) is, at its start or
-    finish, solved with the all-to-all flows in flight on its GPU's links, E of them while
-    micro-batches stream (a share m/(m + p) of the schedule), since under the quotient every
-    flow of a stage shares its one simulated GPU's links (docs/PERFORMANCE.md)."""
+    all-to-all's E orbit flows, C classes of them as the network drains like flows together:
+    _ep_classes; each token-count all-gather's ring piece) is, at its start or finish, solved
+    with the all-to-all classes in flight on its GPU's links, C of them while micro-batches
+    stream (a share m/(m + p) of the schedule), since under the quotient every flow of a stage
+    shares its one simulated GPU's links (docs/PERFORMANCE.md)."""
     a2a, gathers, pairs = _ep_flows(sc, shortcuts)
+    if not pairs:
+        return 0.0
+    classes = _ep_classes(sc, shortcuts)
     p = sc.parallel
-    return (a2a + gathers) * pairs * p.num_micro_batches / (p.num_micro_batches + p.pp)
+    return ((a2a * classes / pairs + gathers) * classes * p.num_micro_batches
+            / (p.num_micro_batches + p.pp))
+
+
+def _ep_classes(sc, shortcuts: Shortcuts) -> float:
+    """Classes one all-to-all's orbit flows drain as (engine/network.py: flows starting
+    together with the same route, bytes and latency): their distinct routes on the orbits'
+    links (link_reps) with their image links, the bytes taken alike (uniform routing); the
+    mean over the EP groups run."""
+    symmetry, per_node = shortcuts.symmetry, sc.cluster.gpus_per_node
+    reps, counts = symmetry.link_reps, []
+    for group, orbits in symmetry.pair_orbits.items():
+        graph = build_topology(sc.cluster, nodes_hosting(group, per_node))
+        counts.append(len({(tuple(reps.get(edge, edge) for edge in hop_route(graph, src, dst)),
+                            images) for src, dst, images in orbits}))
+    return sum(counts) / len(counts)
 
 
 def gather_flows(sc, shortcuts: Shortcuts) -> float:
