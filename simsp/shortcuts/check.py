@@ -137,7 +137,11 @@ def _check_shortcuts(sc) -> Shortcuts:
     splits = _units_split_evenly(sc, grid, graph)
     methods = _group_methods(sc, owners, clashes, fsdp_rings, splits)
     stepwise = frozenset(g for g, m in methods if m in STEPPED)  # rings that load links
-    not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise)
+    pieced = frozenset(g for g, m in _pieces_beside_sends(methods, fsdp_rings, clashes,
+                                                          cluster.gpus_per_node)
+                       if m == NODE_PIECE and splits)  # rings a piece would quotient
+    not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise,
+                                               pieced)
     replicas = fsdp_replicas(sc, grid) if not not_rep and symmetry is None else (0,)
     if p.cp > 1 and not not_rep:  # CP: the first replica of each placement on the leaves
         replicas = cp_replicas(grid, cluster, graph.graph["fabric"])
