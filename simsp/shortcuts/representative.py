@@ -4,8 +4,11 @@ Every rank of a stage must sit on the nodes as its representative does (t*d and 
 per node), and every clash between traffic the representative run executes and traffic it
 leaves out must be mirrored: moved by whole nodes so that its link's GPU is the stage's
 representative, it is a clash the run meets among its own traffic (docs/shortcuts.md, "The
-conditions"). Where a clash is not so mirrored, the stage's rail symmetry may still let one
-rank per orbit stand for the others (shortcuts/rail_symmetry.py).
+conditions"); no ring the run executes with left-out members may meet other owners at both
+ends of its hops (_met_at_both_ends), and every replica's routes must be of the classes of
+replica 0's (replica_routes_why_not; docs/shortcuts.md, "The audit of the mirror"). Where these
+fail, the stage's rail symmetry may still let one rank per orbit stand for the others
+(shortcuts/rail_symmetry.py).
 """
 
 import functools
