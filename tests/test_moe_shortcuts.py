@@ -53,14 +53,17 @@ def _assert_equal(mine: dict, theirs: dict) -> None:
 def test_alone_all_to_alls_and_moe_templates_change_nothing():
     sc = split_units_scenario()
     fast = Shortcuts.for_scale(sc)
-    assert fast.representative and fast.templates and len(fast.groups(TEMPLATE)) == 3
+    # stage 2's pairs cross the leaf boundary for some replicas only: one rank per node runs
+    # (rail symmetry), and layer templates are refused (an expert group's simulated members
+    # may reach its all-to-all at different moments; replayed, 2.9e-3 off)
+    assert fast.representative and fast.symmetry is not None and not fast.templates
+    assert len(fast.groups(TEMPLATE)) == 3
+    full = _metrics(sc, Shortcuts())
     # every rank simulated: the all-to-alls timed alone equal their flows
     alone = replace(fast, representative=False, templates=False)
-    _assert_equal(_metrics(sc, alone), _metrics(sc, Shortcuts()))
-    # one rank per stage: replayed MoE layer steps equal running every one with flows
-    replayed = _metrics(sc, fast)
-    _assert_equal(replayed, _metrics(sc, replace(fast, templates=False,
-                                                 methods=as_flows(fast.methods))))
+    _assert_equal(_metrics(sc, alone), full)
+    # the quotient, its all-to-alls timed alone, equals the full simulation
+    _assert_equal(_metrics(sc, fast), full)
     # the split group keeps its own template (3 above); its exposure no longer differs from
     # stage 1's: what made it slower was the rings' spine latency, and NCCL's per-tier step
     # latency (docs/nccl.md) has no spine term

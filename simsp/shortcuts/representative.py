@@ -4,8 +4,11 @@ Every rank of a stage must sit on the nodes as its representative does (t*d and 
 per node), and every clash between traffic the representative run executes and traffic it
 leaves out must be mirrored: moved by whole nodes so that its link's GPU is the stage's
 representative, it is a clash the run meets among its own traffic (docs/shortcuts.md, "The
-conditions"). Where a clash is not so mirrored, the stage's rail symmetry may still let one
-rank per orbit stand for the others (shortcuts/rail_symmetry.py).
+conditions"); no ring the run executes with left-out members may meet other owners at both
+ends of its hops (_met_at_both_ends), and every replica's routes must be of the classes of
+replica 0's (replica_routes_why_not; docs/shortcuts.md, "The audit of the mirror"). Where these
+fail, the stage's rail symmetry may still let one rank per orbit stand for the others
+(shortcuts/rail_symmetry.py).
 """
 
 import functools
@@ -14,24 +17,29 @@ import networkx as nx
 
 from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import NODES_PER_LEAF, gpu_name, leaf_name, nvswitch_name
-from simsp.shortcuts.rail_symmetry import RailSymmetry, rail_symmetry
+from simsp.shortcuts.rail_symmetry import (RailSymmetry, RouteSignatures, owner_hops,
+                                           rail_symmetry)
 from simsp.shortcuts.traffic import (Edge, Owner, gpu_of_link, has_expert_groups,
                                      routing_is_uniform)
 
 
 def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[Owner],
-                           clashes: list, stepwise: frozenset) -> tuple[str, RailSymmetry | None]:
+                           clashes: list, stepwise: frozenset,
+                           pieced: frozenset = frozenset()) -> tuple[str, RailSymmetry | None]:
     """Why one rank per stage (or per orbit of its rail symmetry) cannot stand for the others
     ("" when it can), and the rail symmetry where the plain representative is refused for an
     unmirrored clash. No rail symmetry under FSDP, where DP ranks' shards may differ
-    (fsdp_replicas)."""
+    (fsdp_replicas). `pieced`: the rings that would run as the representative's piece (its
+    NIC up and down, shortcuts/check.py _pieces_beside_sends)."""
     p = sc.parallel
     not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes,
-                                     graph.graph["fabric"].nodes_per_leaf)
+                                     graph.graph["fabric"].nodes_per_leaf, pieced)
     if p.cp > 1 and not not_rep:
         not_rep = _cp_why_not(sc, grid, clashes, graph.graph["fabric"])
+    if p.cp == 1 and p.fsdp is None and not not_rep:  # FSDP: no rail symmetry to fall to
+        not_rep = replica_routes_why_not(graph, grid, owners, sc.cluster.gpus_per_node)
     symmetry = None
-    if not_rep.startswith("link ") and p.cp == 1 and p.fsdp is None:
+    if not_rep.startswith(("link ", "pair ")) and p.cp == 1 and p.fsdp is None:
         experts = experts_why_not_symmetric(sc)
         symmetry = None if experts else rail_symmetry(graph, grid, owners, stepwise)
         not_rep = "" if symmetry is not None else not_rep + experts
@@ -191,9 +199,10 @@ def _aligned(a: int, b: int) -> bool:
 
 
 def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list,
-                           per_leaf: int = NODES_PER_LEAF) -> str:
+                           per_leaf: int = NODES_PER_LEAF, pieced: frozenset = frozenset()) -> str:
     """Why one rank per stage cannot stand for the others ("" when it can); `per_leaf`: the
-    fabric's nodes per leaf (hardware/fabric.py)."""
+    fabric's nodes per leaf (hardware/fabric.py); `pieced`: rings run as the representative's
+    piece, whose one hop crosses its NIC up and down (exempt from _met_at_both_ends)."""
     t, d = grid.tp, grid.dp
     if grid.cp > 1:  # its own rules: the TP shift and the replicas' tiling (_cp_why_not)
         return ""
@@ -213,6 +222,56 @@ def representative_why_not(grid: RankGrid, gpus_per_node: int, clashes: list,
             return (f"link {edge[0]}->{edge[1]} may carry traffic of simulated and of "
                     f"represented ranks at once ({owner[0]} {owner[1][:4]}, {other[0]} "
                     f"{other[1][:4]}), unlike the representative's own")
+    return _met_at_both_ends(clashes, simulated, pieced)
+
+
+def _met_at_both_ends(clashes: list, simulated: set[int], pieced: frozenset) -> str:
+    """Why a ring the run executes with left-out members would keep a slower pace in the full
+    simulation ("" where it would not): its hops meet other owners on links of two roles (a
+    GPU's NIC or NVLink port, out or in), so each hop of the full simulation may be slowed at
+    both its ends, at different moments, while the run puts other traffic only on the
+    representative's links: there its outgoing hop meets what reaches the out-link, its incoming
+    hop what reaches the in-link, and no hop both (docs/shortcuts.md, "The conditions")."""
+    roles: dict[Owner, dict[tuple[str, str], Edge]] = {}  # ring -> link role -> a link
+    for edge, owner, other in clashes:
+        if owner == other:
+            continue
+        for ring in (owner, other):
+            if ring[0] != "p2p" and ring[1] not in pieced and _is_simulated(
+                    ring, simulated) and not simulated.issuperset(ring[1]):
+                roles.setdefault(ring, {}).setdefault(_link_role(edge), edge)
+    for ring, links in roles.items():
+        if len(links) > 1:
+            (a, b), (c, e) = list(links.values())[:2]
+            return (f"link {a}->{b} and link {c}->{e}: the hops of {ring[0]} {ring[1][:4]} may "
+                    f"meet other traffic at both ends, which the run puts only on the "
+                    f"representative's links (a hop there meets one end's)")
+    return ""
+
+
+def _link_role(edge: Edge) -> tuple[str, str]:
+    """The part a link plays for a hop through its GPU: out of or into it, by NVLink or NIC."""
+    out = edge[0].startswith("gpu")
+    far = edge[1] if out else edge[0]
+    return ("out" if out else "in", "nvlink" if far.endswith("nvswitch") else "nic")
+
+
+def replica_routes_why_not(graph: nx.DiGraph, grid: RankGrid, owners: list[Owner],
+                           gpus_per_node: int) -> str:
+    """Why some replica's pipeline pairs, tied embedding or (across nodes) TP groups cross links
+    of other classes than replica 0's ("" where none does): a stage across a leaf boundary puts
+    some replicas' pairs on a spine (other latencies), so they are not images of the
+    representative's (t1 p3 d8 on 1-GPU nodes: stage 2 on nodes 16-23, leaves of 20)."""
+    routes, per_stage = RouteSignatures(graph), grid.tp * grid.dp
+    kinds = ("p2p", "embedding") + (("tp",) if grid.tp > gpus_per_node else ())
+    for kind, ranks in owners:
+        image = tuple(r - r % per_stage + r % grid.tp for r in ranks)  # its replica 0 image
+        if kind not in kinds or image == ranks:
+            continue
+        mine = sorted(routes.full(h) for h in owner_hops(graph, (kind, ranks)))
+        if mine != sorted(routes.full(h) for h in owner_hops(graph, (kind, image))):
+            return (f"pair routes: {kind} {ranks[:4]} crosses links of other classes than its "
+                    f"image {image[:4]} in replica 0 (leaf, spine: other latencies)")
     return ""
 
 
