@@ -314,9 +314,15 @@ class _Ring:
 def channel_step_latency_s(network: Network, gpus: list[int], channel: Channel,
                            choice: NcclChoice) -> float:
     """The latency every step of `channel` pays (NCCL's pipelined ring latency over its hops,
-    nccl_group.pipelined_step_latency_s)."""
-    return pipelined_step_latency_s(ring_hop_latencies(network.graph, gpus, channel, choice,
-                                                       network.calibration.transfer_overhead_s))
+    nccl_group.pipelined_step_latency_s); a pure function of the network's links, worked out
+    once per ring, channel and choice (the full simulation runs the same rings thousands of
+    times)."""
+    key = (tuple(gpus), channel.order, channel.via, choice)
+    latency = network.step_latencies.get(key)
+    if latency is None:
+        latency = network.step_latencies[key] = pipelined_step_latency_s(ring_hop_latencies(
+            network.graph, gpus, channel, choice, network.calibration.transfer_overhead_s))
+    return latency
 
 
 def _post(inbox: simpy.Event, payload, _delivered: simpy.Event) -> None:
