@@ -37,7 +37,7 @@ class StagePlan:
     norm_stage: int | None = None
 
     def virtual_stage(self, chunk: int) -> int:
-        return self._chunk_ends[chunk][0]
+        return virtual_stage_of(chunk, self.pp, self.p, self.placement)
 
     def stage_of(self, virtual_stage: int) -> int:
         """The pipeline stage holding `virtual_stage` under this plan's placement."""
@@ -58,18 +58,10 @@ class StagePlan:
         return [i for chunk in range(self.v) for i in self.layers(chunk)]
 
     def is_first(self, chunk: int) -> bool:
-        return self._chunk_ends[chunk][1]
+        return route_ends(self.virtual_stage(chunk), self.p, self.v, self.placement)[0]
 
     def is_last(self, chunk: int) -> bool:
-        return self._chunk_ends[chunk][2]
-
-    @functools.cached_property
-    def _chunk_ends(self) -> tuple[tuple[int, bool, bool], ...]:
-        """Per chunk: its virtual stage and whether it starts and ends its micro-batch's route
-        (route_ends); asked several times every step, worked out once."""
-        stages = [virtual_stage_of(chunk, self.pp, self.p, self.placement)
-                  for chunk in range(self.v)]
-        return tuple((k, *route_ends(k, self.p, self.v, self.placement)) for k in stages)
+        return route_ends(self.virtual_stage(chunk), self.p, self.v, self.placement)[1]
 
     def is_mtp(self, chunk: int) -> bool:
         """The chunk is the standalone MTP stage (its output: the hidden states, concatenated)."""

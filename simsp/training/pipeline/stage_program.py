@@ -97,8 +97,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
         if isinstance(action, Exchange):
             yield from _exchange(r, world, plan, state, action)
             continue
-        if combined and action in combined:  # Megatron's combined 1F1B step, then the calls
-            # it deferred (`combined and`: no Step hashed where there are none)
+        if action in combined:  # Megatron's combined 1F1B step, then the calls it deferred
             j, deferred = yield from _combined_step(r, inputs, (plan, state, results),
                                                     program, j - 1, triggers)
             for call in deferred:
@@ -106,7 +105,7 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
             j = yield from _after_backward(r, world, plan, state, (program, j))
             yield from triggers.after(r, state, "B")
             continue
-        if pairs and action in pairs:  # DualPipe's F&B pair, then the calls between its steps
+        if action in pairs:  # DualPipe's F&B pair, then the calls between its steps
             j, deferred = yield from _dualpipe_pair(r, inputs, (plan, state, results),
                                                     program, j - 1, triggers)
             for call in deferred:
