@@ -64,10 +64,11 @@ def chunk_offsets(counts: list[int]) -> list[int]:
     return offsets
 
 
-@functools.cache
+@functools.lru_cache(maxsize=32)
 def _phase(phase: str, n: int, first_hop: int) -> tuple[RingStep, ...]:
     """n-1 steps in which chunk c leaves rank (c + step + first_hop) % n for the next rank
-    (immutable, so made once per ring size: the full simulation runs thousands of rings)."""
+    (immutable, so made once per ring size: the full simulation runs thousands of rings; the
+    last 32 sizes kept, (n - 1)·n Sends each)."""
     steps = []
     for step in range(n - 1):
         moves = [Send(src=(c + step + first_hop) % n, dst=(c + step + first_hop + 1) % n, chunk=c)
