@@ -102,6 +102,8 @@ class Network(FlowClasses):
         # the solves
         # link -> the one-hop ring pieces advanced in arithmetic on it (collectives/step_trains.py)
         self.trains: dict = {}
+        # (gpus, order, via, NCCL choice) -> a ring channel's step latency (collectives/ring.py)
+        self.step_latencies: dict = {}
 
     @property
     def flows_started(self) -> int:

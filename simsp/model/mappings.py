@@ -56,7 +56,7 @@ def _timed(r, call, track: tuple, name: str, nbytes: int):
     result = yield from call
     if blocking:
         r.count_exposed(track, r.env.now - start)
-    if r.trace is not None:
+    if r.trace is not None and track not in r.trace.skip:  # else no args to build
         r.trace.add_span(r.rank, track, name, start, r.env.now,
                          {"phase": r.phase, "bytes": nbytes})
     return result

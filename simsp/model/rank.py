@@ -70,6 +70,10 @@ class Rank:
     graphs: object = None  # model/cuda_graphs.py CudaGraphs under --cuda-graph-impl, else None
     kernel_log: list | None = None  # (name, phase, kind, flops, bytes, seconds) per kernel, if set
     numeric: bool = field(init=False)  # mode == "numeric" (read per op: an attribute)
+    # (kind, flops, bytes, gemm shape) -> kernel_time's seconds: a rank runs the same kernels
+    # every layer and micro-batch, and the cost model is a pure function of them and the
+    # calibration, which stays the same through a simulation
+    _kernel_s: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         self.numeric = self.mode == "numeric"
@@ -133,7 +137,10 @@ class Rank:
         """Hold the compute stream for one kernel's modelled time; count its GEMM FLOPs."""
         if kind == "gemm":
             self.flops[self.phase] += flops
-        duration = kernel_time(kind, flops, nbytes, gemm, self.compute_cal)
+        duration = self._kernel_s.get((kind, flops, nbytes, gemm))
+        if duration is None:
+            duration = self._kernel_s[kind, flops, nbytes, gemm] = kernel_time(
+                kind, flops, nbytes, gemm, self.compute_cal)
         if self.graphs is not None:
             duration = self.graphs.kernel(duration)
         self._log(name, kind, flops, nbytes, duration)
@@ -159,7 +166,7 @@ class Rank:
             yield self.env.timeout(duration)
         else:
             yield from self.sm_share.run(self.rank, duration)
-        if self.trace is not None:
+        if self.trace is not None and "compute" not in self.trace.skip:  # else no args to build
             args = {"phase": self.phase, "kind": kind}
             slowed = self.env.now - start - duration
             if self.sm_share is not None and slowed > 0:

@@ -273,6 +273,8 @@ class _Ring:
         self.chunk_bytes = chunk_bytes
         self.nbytes_total = sum(chunk_bytes)
         self.label = label
+        self.step_labels = [f"{label} step {index}" for index in range(len(steps))]  # made
+        # once per ring, not once per rank and step
         self.channel = channel
         self.position = {member: p for p, member in enumerate(channel.order)}
         n = len(gpus)
@@ -293,7 +295,7 @@ class _Ring:
         payload = None if self.holdings is None else self.holdings[rank][out.chunk]
         delivered = self.network.transfer(self.gpus[rank], self.gpus[out.dst],
                                           wire_bytes(self.chunk_bytes[out.chunk], self.choice),
-                                          f"{self.label} step {index}", self.via[rank],
+                                          self.step_labels[index], self.via[rank],
                                           latency_s=self.step_latency_s,
                                           ring_step=True)
         delivered.callbacks.append(partial(_post, self.inboxes[index][out.dst], payload))
@@ -312,9 +314,15 @@ class _Ring:
 def channel_step_latency_s(network: Network, gpus: list[int], channel: Channel,
                            choice: NcclChoice) -> float:
     """The latency every step of `channel` pays (NCCL's pipelined ring latency over its hops,
-    nccl_group.pipelined_step_latency_s)."""
-    return pipelined_step_latency_s(ring_hop_latencies(network.graph, gpus, channel, choice,
-                                                       network.calibration.transfer_overhead_s))
+    nccl_group.pipelined_step_latency_s); a pure function of the network's links, worked out
+    once per ring, channel and choice (the full simulation runs the same rings thousands of
+    times)."""
+    key = (tuple(gpus), channel.order, channel.via, choice)
+    latency = network.step_latencies.get(key)
+    if latency is None:
+        latency = network.step_latencies[key] = pipelined_step_latency_s(ring_hop_latencies(
+            network.graph, gpus, channel, choice, network.calibration.transfer_overhead_s))
+    return latency
 
 
 def _post(inbox: simpy.Event, payload, _delivered: simpy.Event) -> None:

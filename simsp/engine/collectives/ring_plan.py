@@ -10,6 +10,7 @@ numpy.array_split does). Textbook ring (tinygrad schedule/allreduce.py):
 """
 
 from dataclasses import dataclass
+import functools
 
 REDUCE_SCATTER, ALL_GATHER, ALL_REDUCE = "reduce_scatter", "all_gather", "all_reduce"
 COLLECTIVES = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
@@ -63,24 +64,27 @@ def chunk_offsets(counts: list[int]) -> list[int]:
     return offsets
 
 
-def _phase(phase: str, n: int, first_hop: int) -> list[RingStep]:
-    """n-1 steps in which chunk c leaves rank (c + step + first_hop) % n for the next rank."""
+@functools.lru_cache(maxsize=32)
+def _phase(phase: str, n: int, first_hop: int) -> tuple[RingStep, ...]:
+    """n-1 steps in which chunk c leaves rank (c + step + first_hop) % n for the next rank
+    (immutable, so made once per ring size: the full simulation runs thousands of rings; the
+    last 32 sizes kept, (n - 1)·n Sends each)."""
     steps = []
     for step in range(n - 1):
         moves = [Send(src=(c + step + first_hop) % n, dst=(c + step + first_hop + 1) % n, chunk=c)
                  for c in range(n)]
         steps.append(RingStep(phase, step, tuple(sorted(moves, key=lambda s: s.src))))
-    return steps
+    return tuple(steps)
 
 
 def reduce_scatter_steps(n: int) -> list[RingStep]:
     """Chunk c starts at rank c+1 and ends, fully reduced, at rank c after n-1 steps."""
-    return _phase(REDUCE_SCATTER, n, first_hop=1)
+    return list(_phase(REDUCE_SCATTER, n, first_hop=1))
 
 
 def all_gather_steps(n: int) -> list[RingStep]:
     """Chunk c starts at rank c and reaches every other rank after n-1 steps."""
-    return _phase(ALL_GATHER, n, first_hop=0)
+    return list(_phase(ALL_GATHER, n, first_hop=0))
 
 
 def all_reduce_steps(n: int) -> list[RingStep]:
