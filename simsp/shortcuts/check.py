@@ -150,8 +150,9 @@ def _check_shortcuts(sc) -> Shortcuts:
     if p.cp > 1 and not not_rep:  # CP: the first replica of each placement on the leaves
         replicas = cp_replicas(grid, cluster, graph.graph["fabric"])
     if len(replicas) > 1 and has_expert_groups(sc):  # untested: experts grow the replicas
-        not_rep, replicas = ("under FSDP the DP replicas' shards differ (fsdp_replicas) and "
-                             "expert groups would grow each replica simulated"), (0,)
+        not_rep, replicas = ("under FSDP the DP replicas' placements or shards differ "
+                             "(fsdp_replicas) and expert groups would grow each replica "
+                             "simulated"), (0,)
         twins = ()
     if splits and not not_rep and symmetry is None and p.cp == 1:
         methods = _pieces_beside_sends(methods, fsdp_rings, clashes, cluster.gpus_per_node)
