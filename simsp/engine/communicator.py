@@ -62,6 +62,7 @@ class Communicator(TimedCollectives, Exchanges):
         # calibration says
         self.sharp_groups: frozenset | None = None
         self.pair_orbits: dict = {}  # EP group -> its pairs' orbits (rail_symmetry.pair_orbits)
+        self.twins: dict = {}  # rank -> the first placed as it is (FSDP replicas placed unlike)
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None, sms: int | None = None, name: str = ""):

@@ -91,7 +91,8 @@ class TimedCollectives:
             gpus = list(meeting.group)
             segment = node_segment(self.network.graph, gpus, self.network.calibration,
                                    meeting.collective, meeting.nbytes, meeting.elem_bytes,
-                                   slowest_latency=True, one_per_node=True)
+                                   slowest_latency=True, one_per_node=True,
+                                   twins=self.twins, present=self.present)
             if segment is None:  # its whole ring would load links the pieces stand for
                 raise SimulationError(f"{meeting.collective} of {meeting.nbytes} B on a group "
                                       f"run as pieces of its ring does not split evenly")

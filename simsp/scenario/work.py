@@ -103,8 +103,9 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     `flow_visits`: the flows the fair-share solves take up under the quotient with EP groups
     (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each, and its token-count
     all-gathers' flows at SECONDS_PER_GATHER_FLOW; `replicas`: the DP replicas whose stages
-    the representative runs (one per kind of FSDP shard, shortcuts/representative.py
-    fsdp_replicas; with CP one per placement on the leaves, cp_replicas), each its stages'
+    the representative runs (under FSDP one per placement on the leaves and kind of shard,
+    shortcuts/representative.py fsdp_replicas; with CP one per placement, cp_replicas), each
+    its stages'
     layer-steps, plans and buckets; `cp_lone`: the verdict leaves
     the simulated CP groups' p2p rings alone on their links (timed in arithmetic,
     training/context_parallel/lone_ring.py), so their sends cost less per pair; without a

@@ -31,8 +31,7 @@ from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.reasons import (closed_form_why, cp_templates_why, representative_why,
                                      segments_why, templates_why)
-from simsp.shortcuts.representative import (cp_replicas, fsdp_replicas,
-                                            representative_verdict)
+from simsp.shortcuts.representative import cp_replicas, fsdp_replicas, representative_verdict
 from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, has_expert_groups,
                                      link_users, mirror_owners, standalone_mtp_owners,
                                      traffic_owners)
@@ -57,9 +56,13 @@ class Shortcuts:
     # representative by rail symmetry: the ranks simulated, per hop its images' links
     # (shortcuts/rail_symmetry.py)
     symmetry: RailSymmetry | None = None
-    # the DP replicas whose TP rank 0 runs on every stage: one per kind of FSDP shard
-    # (shortcuts/representative.py fsdp_replicas)
+    # the DP replicas whose TP rank 0 runs on every stage: under FSDP one per placement on the
+    # leaves and kind of shard (shortcuts/representative.py fsdp_replicas), with CP one per
+    # placement (cp_replicas)
     replicas: tuple[int, ...] = (0,)
+    # under FSDP with replicas placed unlike on the leaves: per DP replica, the first placed as
+    # it is (fsdp_replicas; () where all are placed alike)
+    twins: tuple[int, ...] = ()
 
     @classmethod
     def for_scale(cls, sc) -> "Shortcuts":
@@ -142,12 +145,15 @@ def _check_shortcuts(sc) -> Shortcuts:
                        if m == NODE_PIECE and splits)  # rings a piece would quotient
     not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise,
                                                pieced)
-    replicas = fsdp_replicas(sc, grid) if not not_rep and symmetry is None else (0,)
+    replicas, twins = ((0,), ()) if not_rep or symmetry is not None else fsdp_replicas(
+        sc, grid, graph.graph["fabric"])
     if p.cp > 1 and not not_rep:  # CP: the first replica of each placement on the leaves
         replicas = cp_replicas(grid, cluster, graph.graph["fabric"])
     if len(replicas) > 1 and has_expert_groups(sc):  # untested: experts grow the replicas
-        not_rep, replicas = ("under FSDP the DP replicas' shards differ (fsdp_replicas) and "
-                             "expert groups would grow each replica simulated"), (0,)
+        not_rep, replicas = ("under FSDP the DP replicas' placements or shards differ "
+                             "(fsdp_replicas) and expert groups would grow each replica "
+                             "simulated"), (0,)
+        twins = ()
     if splits and not not_rep and symmetry is None and p.cp == 1:
         methods = _pieces_beside_sends(methods, fsdp_rings, clashes, cluster.gpus_per_node)
     used_templates = templates_why(sc, not_rep, stepwise,
@@ -166,7 +172,8 @@ def _check_shortcuts(sc) -> Shortcuts:
                      reasons=(("representative", representative_why(not_rep, symmetry,
                                                                       replicas)),
                               ("closed_form", closed_why), ("templates", used_templates)),
-                     symmetry=symmetry, replicas=replicas)
+                     symmetry=symmetry, replicas=replicas,
+                     twins=twins if p.cp == 1 else ())
 
 
 def _owners(sc, grid: RankGrid) -> list[Owner]:

@@ -8,7 +8,7 @@ every group runs step by step.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from simsp.cluster.grid import RankGrid
@@ -36,6 +36,9 @@ class TimingPlan:
     pieces: Mapping = field(default_factory=dict, repr=False)
     # stepwise EP group -> its pairs' orbits, one flow each (shortcuts/rail_symmetry.py)
     pair_orbits: Mapping = field(default_factory=dict, repr=False)
+    # under FSDP with replicas placed unlike: rank -> the first rank placed as it is
+    # (shortcuts/representative.py fsdp_replicas), for the pieces of its DP rings
+    twins: Mapping = field(default_factory=dict, repr=False)
 
     def timing_of(self, group: tuple[int, ...]) -> str:
         """How the communicator times this group's collectives."""
@@ -50,9 +53,24 @@ def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
                (symmetry.loads, symmetry.link_reps, MappingProxyType(symmetry.pieces),
                 MappingProxyType(dict(symmetry.pair_orbits))))
     if not shortcuts.closed_form:
-        return TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, *reduced)
-    return TimingPlan(UNLISTED.name, MappingProxyType(dict(shortcuts.methods)), simulated,
-                      *reduced)
+        plan = TimingPlan(STEP_BY_STEP, MappingProxyType({}), simulated, *reduced)
+    else:
+        plan = TimingPlan(UNLISTED.name, MappingProxyType(dict(shortcuts.methods)), simulated,
+                          *reduced)
+    return replace(plan, twins=MappingProxyType(rank_twins(sc, shortcuts)))
+
+
+def rank_twins(sc, shortcuts: Shortcuts) -> dict[int, int]:
+    """Every rank's twin where FSDP replicas are placed unlike on the leaves (the first replica
+    placed as its own, same TP and pipeline ranks); empty otherwise, or where the replicas run
+    are not those the verdict keeps for it (a test's plain run)."""
+    twins, replicas = shortcuts.twins, shortcuts.replicas
+    if not shortcuts.representative or not twins or not set(twins) <= set(replicas):
+        return {}
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    return {grid.rank_of(tp, dp, pp): grid.rank_of(tp, twin, pp) for tp in range(p.tp)
+            for dp, twin in enumerate(twins) for pp in range(p.pp)}
 
 
 def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:

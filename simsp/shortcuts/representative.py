@@ -50,25 +50,40 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
     return not_rep, symmetry
 
 
-def fsdp_replicas(sc, grid: RankGrid) -> tuple[int, ...]:
-    """The DP replicas whose TP rank 0 the representative run simulates on every stage: 0 alone
-    where DP ranks are alike; under FSDP with sequence parallelism and sharded gradients, the
-    first replica of each kind of SP-partial slices. Each rank all-reduces over TP, after the
-    schedule, the slice of its gradient shard that holds SP-partial parameters (the norms), one
-    all-reduce per unit with such a slice (training/data_parallel/fsdp_reductions.py _sync_sp_shards), so
-    replicas whose slices differ in size end at different times (t8 p2 d4 ZeRO-3: 5.8e-4 of the
-    iteration, tests/test_fsdp_representative.py); replicas of one kind run alike. The FSDP
-    units are imported only under FSDP."""
+def fsdp_replicas(sc, grid: RankGrid, fabric) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the DP replicas whose TP rank 0 the representative run simulates on every stage, and
+    per replica the first placed as it is) under FSDP ((0,), () without it): the first of each
+    kind, a kind being the replica's placement on the leaves and pods (placements: a stage
+    across a leaf boundary puts some replicas' pipeline pairs on a spine, t1 p3 d8 on 1-GPU
+    nodes and leaves of 20, 2.0e-3 and 4.1e-3 short with replica 0 alone) and its SP-partial
+    slices (sp_kinds). Replicas of one kind run alike: moved onto each other by whole nodes
+    with every route's class kept, the same programs. The placements: () where all alike."""
+    if sc.parallel.fsdp is None or grid.dp == 1:
+        return (0,), ()
+    first_of: dict[tuple, int] = {}  # (placement, shard kind) -> the first replica of it
+    placed = placements(grid, sc.cluster, fabric)  # [dp]
+    for dp, kind in enumerate(zip(placed, sp_kinds(sc, grid))):
+        first_of.setdefault(kind, dp)
+    first_placed: dict[tuple, int] = {}  # placement -> the first replica placed so
+    twins = tuple(first_placed.setdefault(placement, dp) for dp, placement in enumerate(placed))
+    return tuple(sorted(first_of.values())), twins if len(first_placed) > 1 else ()
+
+
+def sp_kinds(sc, grid: RankGrid) -> list[tuple]:
+    """Per DP replica, the kind of its SP-partial slices (all alike where no slice is summed
+    over TP after the schedule). Under FSDP with sequence parallelism and sharded gradients
+    each rank all-reduces over TP, after the schedule, the slice of its gradient shard that
+    holds SP-partial parameters (the norms), one all-reduce per unit with such a slice
+    (training/data_parallel/fsdp_reductions.py _sync_sp_shards), so replicas whose slices
+    differ in size end at different times (t8 p2 d4 ZeRO-3: 5.8e-4 of the iteration,
+    tests/test_fsdp_representative.py). The FSDP units are imported only under FSDP."""
     p = sc.parallel
-    if p.fsdp is None or not p.sequence_parallel or grid.tp == 1 or grid.dp == 1:
-        return (0,)
+    if not p.sequence_parallel or grid.tp == 1:
+        return [()] * grid.dp
     from simsp.training.data_parallel.fsdp_units import sharding_of
     if not sharding_of(sc).shard_grads:  # the SP sums run on full gradients, alike
-        return (0,)
-    kinds = {}
-    for dp, kind in enumerate(zip(*sp_slices_per_dp_rank(sc, grid))):  # kind: per stage
-        kinds.setdefault(kind, dp)
-    return tuple(sorted(kinds.values()))
+        return [()] * grid.dp
+    return list(zip(*sp_slices_per_dp_rank(sc, grid)))  # per replica: its slices per stage
 
 
 def sp_slices_per_dp_rank(sc, grid: RankGrid) -> list[list[tuple[int, ...]]]:
@@ -141,15 +156,20 @@ def cp_replica_tiling(grid: RankGrid, gpus_per_node: int) -> str:
 
 def cp_replicas(grid: RankGrid, cluster, fabric) -> tuple[int, ...]:
     """The DP replicas whose TP rank 0 runs all its CP ranks on every stage: the first of each
-    placement on the leaves (_leaf_pattern). Two replicas placed alike are moved onto each
-    other with every route's class kept (same node, same leaf, same pod: cluster/topology.py
-    _fabric_path), so their traffic runs alike; a replica across a leaf boundary is not placed
-    as one inside a leaf (t8 c16: 16-node replicas on 20-node leaves, 5 placements). Needs
-    cp_replica_tiling."""
+    placement on the leaves (placements). Needs cp_replica_tiling."""
     first_of: dict[tuple, int] = {}  # placement -> the first replica placed so
-    for dp in range(grid.dp):
-        first_of.setdefault(_leaf_pattern(grid, cluster, fabric, dp), dp)
+    for dp, placement in enumerate(placements(grid, cluster, fabric)):
+        first_of.setdefault(placement, dp)
     return tuple(sorted(first_of.values()))
+
+
+def placements(grid: RankGrid, cluster, fabric) -> list[tuple[tuple, ...]]:
+    """Per DP replica, its placement on the leaves and pods (_leaf_pattern). Two replicas
+    placed alike are moved onto each other with every route's class kept (same node, same
+    leaf, same pod: cluster/topology.py _fabric_path), so their traffic runs alike; a replica
+    across a leaf boundary is not placed as one inside a leaf (t8 c16: 16-node replicas on
+    20-node leaves, 5 placements)."""
+    return [_leaf_pattern(grid, cluster, fabric, dp) for dp in range(grid.dp)]
 
 
 def _leaf_pattern(grid: RankGrid, cluster, fabric, dp: int) -> tuple[tuple, ...]:

@@ -93,12 +93,15 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
                  for g in dp_groups)
     flows += cp_gather_flows(sc, shortcuts, ranks, stepped)
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
+    hopping = _hopping_pieces(shortcuts, ranks, pieces)  # run as flows, not in arithmetic
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
-                      _fsdp_flows(sc, grid, ranks, pieces, piece_flows),
+                      _fsdp_flows(sc, grid, ranks, pieces - hopping, piece_flows)
+                      + _fsdp_flows(sc, grid, ranks, hopping, _hop_flows(set(ranks))),
                       alone_a2a_flows(sc, shortcuts, ranks), checked_members(sc),
-                      _ep_pairs(shortcuts), _fsdp_flows(sc, grid, ranks, pieces, train_steps),
-                      _fsdp_flows(sc, grid, ranks, pieces, train_phases),
+                      _ep_pairs(shortcuts),
+                      _fsdp_flows(sc, grid, ranks, pieces - hopping, train_steps),
+                      _fsdp_flows(sc, grid, ranks, pieces - hopping, train_phases),
                       exchange_flows(sc, shortcuts.templates, len(all_tp_groups)),
                       ep_visits(sc, shortcuts), gather_flows(sc, shortcuts))
 
@@ -258,6 +261,22 @@ def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
     use its NIC (engine/collectives/step_trains.py; counted by train_steps)."""
     m = len(gpus) // len({gpu // gpus_per_node for gpu in gpus})
     return 0 if m == 1 else m * (len(gpus) - 1)
+
+
+def _hopping_pieces(shortcuts: Shortcuts, ranks, pieces: frozenset) -> frozenset:
+    """The pieces of one member per node that run one hop per simulated member, as flows: under
+    FSDP with replicas placed unlike (engine/collectives/ring_alone.py _lone_member_hops)."""
+    if not shortcuts.twins or len(set(shortcuts.twins)) < 2:
+        return frozenset()
+    simulated = set(ranks)
+    return frozenset(g for g in pieces if len(simulated.intersection(g)) > 1)
+
+
+def _hop_flows(simulated: set[int]):
+    """Per phase of such a piece: one flow per simulated member x (n − 1) steps."""
+    def flows(gpus: tuple[int, ...], _gpus_per_node: int) -> int:
+        return len(simulated.intersection(gpus)) * (len(gpus) - 1)
+    return flows
 
 
 def train_steps(gpus: tuple[int, ...], gpus_per_node: int) -> int:

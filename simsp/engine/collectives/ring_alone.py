@@ -17,6 +17,7 @@ crossing hop on its NICs, run step by step, give the time of all k x n positions
 rates of the two problems are equal: the fair allocation is unique, hence symmetric).
 """
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import networkx as nx
@@ -117,7 +118,9 @@ Hop = tuple[tuple[Edge, ...], float, float]  # (links, latency_s, wire bytes per
 
 def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibration,
                  collective: str, nbytes: int, elem_bytes: int, slowest_latency: bool = False,
-                 one_per_node: bool = False) -> tuple[float, list[Hop]] | None:
+                 one_per_node: bool = False,
+                 twins: Mapping[int, int] | None = None,
+                 present: frozenset[int] | None = None) -> tuple[float, list[Hop]] | None:
     """NCCL's base latency and channel 0's hops from the first node's m members on that node's
     links (every intra hop and the crossing hop's relay leg on the first member's NVLink port,
     the crossing hop then on its rail's NIC), where the ring is that symmetric: its channels
@@ -137,8 +140,27 @@ def node_segment(graph: nx.DiGraph, gpus: list[int], calibration: LinkCalibratio
             return None
         latencies = [max(latencies[q] for q in range(p % m, n, m)) for p in range(n)]
     if m == 1:  # NICs at both ends (piece_divisor)
-        return base_s, [_lone_member_hop(routes, latencies[0], chunk)]
+        return base_s, _lone_member_hops(graph, gpus, twins, present, routes, latencies[0], chunk)
     return base_s, _node_hops(graph, gpus, by_node[0], 0, latencies, routes, chunk)
+
+
+def _lone_member_hops(graph: nx.DiGraph, gpus: list[int], twins: Mapping[int, int] | None,
+                      present: frozenset[int] | None, routes: list[tuple[Edge, ...]],
+                      latency_s: float, chunk: float) -> list[Hop]:
+    """A ring of one member per node as its first member's hop (_lone_member_hop); or, where
+    its members are placed unlike (`twins`: member -> the first placed as it is, FSDP replicas
+    across a leaf boundary, shortcuts/representative.py fsdp_replicas), one hop per simulated
+    member (`present`: the first of each kind), from its NIC up to the next simulated
+    member's NIC down, in ring order: every simulated NIC carries one hop up and one down, as
+    each NIC of the full ring does, and meets its own replica's pipeline sends, the images of
+    its kind's (docs/shortcuts.md, "The audit of the mirror")."""
+    order = channel_rings(gpus, graph.graph["gpus_per_node"])[0].order  # position -> member
+    gpu_at = [gpus[member] for member in order]  # [position]
+    if not twins or present is None or len({twins.get(g, g) for g in gpu_at}) < 2:
+        return [_lone_member_hop(routes, latency_s, chunk)]
+    run = [p for p, gpu in enumerate(gpu_at) if gpu in present]  # simulated positions
+    return [((routes[p][0], routes[q - 1][-1]), latency_s, chunk)
+            for p, q in zip(run, run[1:] + run[:1])]
 
 
 def _lone_member_hop(routes: list[tuple[Edge, ...]], latency_s: float, chunk: float) -> Hop:

@@ -91,6 +91,7 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     world = build_world(sc, simulated=plan.simulated, timing_of=plan.timing_of,
                         image_loads=plan.image_loads, link_reps=plan.link_reps,
                         pieces=plan.pieces, pair_orbits=plan.pair_orbits)
+    world.comm.twins = plan.twins  # FSDP replicas' kinds, for their rings' pieces
     _set_trace_detail(world, trace)
     inputs = RunInputs(sc, world, stage_plans(sc, world.grid), shortcuts,
                        LayerTemplates() if shortcuts.templates else DirectLayers(),
