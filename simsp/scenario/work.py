@@ -138,10 +138,12 @@ def layer_step_seconds(sc, representative: bool, cp_ranks: bool, replicas: int,
     if representative:
         return replicas * (META_SECONDS_PER_LAYER_STEP
                            + p.dp * META_SECONDS_PER_LAYER_STEP_PER_REPLICA)
-    if cp_ranks and cp_templates:  # the cp ranks of TP rank 0 in each replica kept, each
-        return replicas * p.cp * CP_TEMPLATE_SECONDS_PER_RANK_STEP  # step split templates
-    if cp_ranks:  # the cp ranks of TP rank 0 run in each replica kept, without templates
-        lone = cp_lone and p.cp_comm_type == "p2p"
+    lone = cp_lone and p.cp_comm_type == "p2p"
+    if cp_ranks and cp_templates and lone:  # split templates around a lone ring's pass: the
+        # constant's fit (cp-lone); other CP calls keep the price below (cp-allgather measured
+        # the same with and without templates, work_constants.py)
+        return replicas * p.cp * CP_TEMPLATE_SECONDS_PER_RANK_STEP
+    if cp_ranks:  # the cp ranks of TP rank 0 run in each replica kept
         return replicas * p.cp * (CP_SECONDS_PER_RANK_STEP if lone else
                                   FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
     return p.tp * p.cp * p.dp * (FULL_SECONDS_PER_RANK_STEP + p.tp * FULL_SECONDS_PER_RING_RANK)
