@@ -6,9 +6,10 @@ leaves out must be mirrored: moved by whole nodes so that its link's GPU is the 
 representative, it is a clash the run meets among its own traffic (docs/shortcuts.md, "The
 conditions"); no ring the run executes with left-out members may meet other owners at both
 ends of its hops (_met_at_both_ends), and every replica's routes must be of the classes of
-replica 0's (replica_routes_why_not; docs/shortcuts.md, "The audit of the mirror"). Where these
-fail, the stage's rail symmetry may still let one rank per orbit stand for the others
-(shortcuts/rail_symmetry.py).
+replica 0's (replica_routes_why_not; docs/shortcuts.md, "The audit of the mirror"). Where only
+the last fails, and no experts run, TP rank 0 of the first replica of each placement on the
+leaves runs on every stage (placement_replicas); where the others fail, the stage's rail
+symmetry may still let one rank per orbit stand for the others (shortcuts/rail_symmetry.py).
 """
 
 import functools
