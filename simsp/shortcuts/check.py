@@ -58,11 +58,12 @@ class Shortcuts:
     # (shortcuts/rail_symmetry.py)
     symmetry: RailSymmetry | None = None
     # the DP replicas whose TP rank 0 runs on every stage: under FSDP one per placement on the
-    # leaves and kind of shard (shortcuts/representative.py fsdp_replicas), with CP one per
-    # placement (cp_replicas)
+    # leaves and kind of shard (shortcuts/representative.py fsdp_replicas), without FSDP one
+    # per placement where only the replicas' pair routes differ (placement_replicas), with CP
+    # one per placement (cp_replicas)
     replicas: tuple[int, ...] = (0,)
-    # under FSDP with replicas placed unlike on the leaves: per DP replica, the first placed as
-    # it is (fsdp_replicas; () where all are placed alike)
+    # with replicas placed unlike on the leaves: per DP replica, the first placed as it is
+    # (placement_replicas; () where all are placed alike)
     twins: tuple[int, ...] = ()
 
     @classmethod
