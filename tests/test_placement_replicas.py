@@ -22,6 +22,8 @@ LAYOUTS = {  # label -> (gpn, t, p, d, interleaved, untied, leaf, core, twins)
     "tied embeddings": (1, 1, 3, 8, False, False, None, False, (0, 0, 0, 0, 4, 4, 4, 4)),
     # two model chunks per stage, each pair crossing as in the plain schedule
     "interleaved": (1, 1, 3, 8, True, True, None, False, (0, 0, 0, 0, 4, 4, 4, 4)),
+    # TP groups across nodes (t2 on 1-GPU nodes): stage 2's replica 2 across the leaf boundary
+    "t2 p3 d4 on 1-GPU nodes, leaves of 20": (1, 2, 3, 4, False, True, None, False, (0, 0, 2, 2)),
     # three placements, the pods' core tier crossed (leaves of 4, pods of 2 leaves)
     "t1 p3 d6 on 1-GPU nodes, leaves of 4, pods of 2": (1, 1, 3, 6, False, False, 4, True,
                                                         (0, 0, 2, 2, 4, 4)),
