@@ -1,7 +1,8 @@
 """An audit of the plain representative (one rank per stage, shortcuts/representative.py): where
 the shortcut runs, it equals the full simulation (`Shortcuts()`, every rank and ring step) to
 1e-9 in iteration time and every stage's exposure; the two layouts that broke it are refused,
-run as the quotient by rail symmetry instead, and the plain run is shown off on each."""
+run as the quotient by rail symmetry or one replica per placement instead, and the plain run is
+shown off on each."""
 
 from dataclasses import replace
 
@@ -58,6 +59,19 @@ def plain_reason(sc, monkeypatch) -> str:
     return reason
 
 
+def routes_reason(sc) -> str:
+    """Rule 2 of the plain representative (replica_routes_why_not) on `sc`'s layout."""
+    from simsp.cluster.grid import RankGrid
+    from simsp.cluster.topology import build_topology, nodes_hosting
+    from simsp.shortcuts.check import _owners
+    from simsp.shortcuts.representative import replica_routes_why_not
+    p = sc.parallel
+    grid = RankGrid(p.tp, p.pp, p.dp)
+    graph = build_topology(sc.cluster, nodes_hosting(range(grid.world_size),
+                                                     sc.cluster.gpus_per_node))
+    return replica_routes_why_not(graph, grid, _owners(sc, grid), sc.cluster.gpus_per_node)
+
+
 def plain(shortcuts):
     """The same verdict run as the plain representative (one rank per stage, no quotient)."""
     return replace(shortcuts, symmetry=None, replicas=(0,))
@@ -79,15 +93,16 @@ def test_ring_met_at_both_ends_is_refused(monkeypatch):
     assert largest_gap(metrics(sc, plain(fast)), full) > 1e-3
 
 
-def test_stage_across_a_leaf_boundary_is_refused(monkeypatch):
+def test_stage_across_a_leaf_boundary_is_refused():
     """t1 p3 d8 on 1-GPU nodes, leaves of 20 nodes, no overlap: stage 2 holds nodes 16-23, so
     replica 0's pair 8 -> 16 stays on leaf 0 while replica 4's 12 -> 20 crosses a spine (other
     latencies) and no clash names it: the plain run was 4.3e-3 of the iteration short.
-    Refused, one rank per node runs as the quotient by rail symmetry: exact."""
+    Refused (replica_routes_why_not), one replica per placement runs instead, 0 and 4
+    (tests/test_placement_replicas.py): exact."""
     sc = scenario(1, 1, 3, 8, False, False, untied=True)
-    assert "pair routes: p2p (12, 20)" in plain_reason(sc, monkeypatch)
+    assert "pair routes: p2p (12, 20)" in routes_reason(sc)
     fast = Shortcuts.for_scale(sc)
-    assert fast.symmetry is not None and len(fast.symmetry.ranks) == 24
+    assert fast.symmetry is None and fast.replicas == (0, 4)
     full = metrics(sc, Shortcuts())
     assert largest_gap(metrics(sc, fast), full) < 1e-9
     assert largest_gap(metrics(sc, plain(fast)), full) > 1e-3

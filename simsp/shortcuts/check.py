@@ -31,7 +31,8 @@ from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
 from simsp.shortcuts.reasons import (closed_form_why, cp_templates_why, representative_why,
                                      segments_why, templates_why)
-from simsp.shortcuts.representative import cp_replicas, fsdp_replicas, representative_verdict
+from simsp.shortcuts.representative import (cp_replicas, placement_replicas,
+                                            representative_verdict)
 from simsp.shortcuts.traffic import (Owner, amax_owners, expert_owners, has_expert_groups,
                                      link_users, mirror_owners, standalone_mtp_owners,
                                      traffic_owners)
@@ -57,11 +58,12 @@ class Shortcuts:
     # (shortcuts/rail_symmetry.py)
     symmetry: RailSymmetry | None = None
     # the DP replicas whose TP rank 0 runs on every stage: under FSDP one per placement on the
-    # leaves and kind of shard (shortcuts/representative.py fsdp_replicas), with CP one per
-    # placement (cp_replicas)
+    # leaves and kind of shard (shortcuts/representative.py fsdp_replicas), without FSDP one
+    # per placement where only the replicas' pair routes differ (placement_replicas), with CP
+    # one per placement (cp_replicas)
     replicas: tuple[int, ...] = (0,)
-    # under FSDP with replicas placed unlike on the leaves: per DP replica, the first placed as
-    # it is (fsdp_replicas; () where all are placed alike)
+    # with replicas placed unlike on the leaves: per DP replica, the first placed as it is
+    # (placement_replicas; () where all are placed alike)
     twins: tuple[int, ...] = ()
 
     @classmethod
@@ -143,10 +145,10 @@ def _check_shortcuts(sc) -> Shortcuts:
     pieced = frozenset(g for g, m in _pieces_beside_sends(methods, fsdp_rings, clashes,
                                                           cluster.gpus_per_node)
                        if m == NODE_PIECE and splits)  # rings a piece would quotient
-    not_rep, symmetry = representative_verdict(sc, grid, graph, owners, clashes, stepwise,
-                                               pieced)
-    replicas, twins = ((0,), ()) if not_rep or symmetry is not None else fsdp_replicas(
-        sc, grid, graph.graph["fabric"])
+    not_rep, symmetry, by_placement = representative_verdict(sc, grid, graph, owners, clashes,
+                                                             stepwise, pieced)
+    replicas, twins = ((0,), ()) if not_rep or symmetry is not None else placement_replicas(
+        sc, grid, graph.graph["fabric"], by_placement)
     if p.cp > 1 and not not_rep:  # CP: the first replica of each placement on the leaves
         replicas = cp_replicas(grid, cluster, graph.graph["fabric"])
     if len(replicas) > 1 and has_expert_groups(sc):  # untested: experts grow the replicas

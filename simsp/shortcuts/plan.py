@@ -36,8 +36,8 @@ class TimingPlan:
     pieces: Mapping = field(default_factory=dict, repr=False)
     # stepwise EP group -> its pairs' orbits, one flow each (shortcuts/rail_symmetry.py)
     pair_orbits: Mapping = field(default_factory=dict, repr=False)
-    # under FSDP with replicas placed unlike: rank -> the first rank placed as it is
-    # (shortcuts/representative.py fsdp_replicas), for the pieces of its DP rings
+    # with replicas placed unlike: rank -> the first rank placed as it is
+    # (shortcuts/representative.py placement_replicas), for the pieces of its DP rings
     twins: Mapping = field(default_factory=dict, repr=False)
 
     def timing_of(self, group: tuple[int, ...]) -> str:
@@ -61,7 +61,7 @@ def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
 
 
 def rank_twins(sc, shortcuts: Shortcuts) -> dict[int, int]:
-    """Every rank's twin where FSDP replicas are placed unlike on the leaves (the first replica
+    """Every rank's twin where DP replicas are placed unlike on the leaves (the first replica
     placed as its own, same TP and pipeline ranks); empty otherwise, or where the replicas run
     are not those the verdict keeps for it (a test's plain run)."""
     twins, replicas = shortcuts.twins, shortcuts.replicas
@@ -76,7 +76,7 @@ def rank_twins(sc, shortcuts: Shortcuts) -> dict[int, int]:
 def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
     """The ranks that run programs: all (None) without the representative shortcut; one per
     orbit of rail symmetry on every stage; else the ranks with tp = 0 and dp = 0 (and each other
-    replica of shortcuts.replicas, FSDP shards of another kind), grown to whole expert groups where routing depends on the data (they exchange their own rows;
+    replica of shortcuts.replicas: another placement or FSDP shard kind), grown to whole expert groups where routing depends on the data (they exchange their own rows;
     the MoE placement is imported only then)."""
     if not shortcuts.representative:
         return None

@@ -42,9 +42,10 @@ def representative_why(not_rep: str, symmetry: RailSymmetry | None,
     if not_rep:
         return "not used: " + not_rep
     return "used: every rank of a stage is placed and loaded as its representative" + (
-        "" if len(replicas) == 1 else f" of its DP replica's kind (FSDP replicas of "
-        f"{len(replicas)} kinds, by placement on the leaves and SP-partial slices of their "
-        f"shards: TP rank 0 of replicas {', '.join(map(str, replicas))} runs)") + (
+        "" if len(replicas) == 1 else f" of its DP replica's kind (replicas of "
+        f"{len(replicas)} kinds, by placement on the leaves, under FSDP also by the SP-partial "
+        f"slices of their shards: TP rank 0 of replicas {', '.join(map(str, replicas))} "
+        f"runs)") + (
         "" if symmetry is None else f" up to rail symmetry ({len(symmetry.ranks)} ranks "
         f"simulated): " + (f"the {len(symmetry.loads)} hops they send also load their images' "
                            f"links, for the groups they leave out" if not symmetry.pieces else

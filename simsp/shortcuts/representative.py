@@ -6,9 +6,10 @@ leaves out must be mirrored: moved by whole nodes so that its link's GPU is the 
 representative, it is a clash the run meets among its own traffic (docs/shortcuts.md, "The
 conditions"); no ring the run executes with left-out members may meet other owners at both
 ends of its hops (_met_at_both_ends), and every replica's routes must be of the classes of
-replica 0's (replica_routes_why_not; docs/shortcuts.md, "The audit of the mirror"). Where these
-fail, the stage's rail symmetry may still let one rank per orbit stand for the others
-(shortcuts/rail_symmetry.py).
+replica 0's (replica_routes_why_not; docs/shortcuts.md, "The audit of the mirror"). Where only
+the last fails, and no experts run, TP rank 0 of the first replica of each placement on the
+leaves runs on every stage (placement_replicas); where the others fail, the stage's rail
+symmetry may still let one rank per orbit stand for the others (shortcuts/rail_symmetry.py).
 """
 
 import functools
@@ -25,19 +26,25 @@ from simsp.shortcuts.traffic import (Edge, Owner, gpu_of_link, has_expert_groups
 
 def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[Owner],
                            clashes: list, stepwise: frozenset,
-                           pieced: frozenset = frozenset()) -> tuple[str, RailSymmetry | None]:
+                           pieced: frozenset = frozenset()
+                           ) -> tuple[str, RailSymmetry | None, bool]:
     """Why one rank per stage (or per orbit of its rail symmetry) cannot stand for the others
     ("" when it can), and the rail symmetry where the plain representative is refused for an
     unmirrored clash. No rail symmetry under FSDP, where DP ranks' shards may differ
     (fsdp_replicas). `pieced`: the rings that would run as the representative's piece (its
-    NIC up and down, shortcuts/check.py _pieces_beside_sends)."""
+    NIC up and down, shortcuts/check.py _pieces_beside_sends). Third: whether one replica per
+    placement on the leaves runs instead (placement_replicas), where the replicas' pair routes
+    alone differ (replica_routes_why_not; no experts, no CP or FSDP, which have their own)."""
     p = sc.parallel
     not_rep = representative_why_not(grid, sc.cluster.gpus_per_node, clashes,
                                      graph.graph["fabric"].nodes_per_leaf, pieced)
     if p.cp > 1 and not not_rep:
         not_rep = _cp_why_not(sc, grid, clashes, graph.graph["fabric"])
+    by_placement = False
     if p.cp == 1 and p.fsdp is None and not not_rep:  # FSDP: no rail symmetry to fall to
         not_rep = replica_routes_why_not(graph, grid, owners, sc.cluster.gpus_per_node)
+        by_placement = bool(not_rep) and not has_expert_groups(sc)
+        not_rep = "" if by_placement else not_rep
     symmetry = None
     if not_rep.startswith(("link ", "pair ")) and p.cp == 1 and p.fsdp is None:
         experts = experts_why_not_symmetric(sc)
@@ -47,7 +54,26 @@ def representative_verdict(sc, grid: RankGrid, graph: nx.DiGraph, owners: list[O
             p.overlap_grad_reduce or p.overlap_param_gather):
         not_rep = ("the MoE all-to-alls of represented expert groups could share NICs with "
                    "overlapped DP communication")
-    return not_rep, symmetry
+    return not_rep, symmetry, by_placement
+
+
+def placement_replicas(sc, grid: RankGrid, fabric,
+                       by_placement: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the DP replicas whose TP rank 0 runs on every stage, per replica its twin): under FSDP
+    fsdp_replicas; without it, where `by_placement` (the verdict's: pair routes differ between
+    replicas), the first replica of each placement on the leaves, every replica's twin the
+    first placed as it is; else replica 0 alone. Replicas placed alike are moved onto each
+    other by whole nodes with every route's class kept (placements), so they run alike."""
+    if sc.parallel.fsdp is not None:
+        return fsdp_replicas(sc, grid, fabric)
+    if not by_placement or grid.dp == 1:
+        return (0,), ()
+    first_placed: dict[tuple, int] = {}  # placement -> the first replica placed so
+    twins = tuple(first_placed.setdefault(placement, dp)
+                  for dp, placement in enumerate(placements(grid, sc.cluster, fabric)))
+    if len(first_placed) == 1:
+        return (0,), ()
+    return tuple(sorted(first_placed.values())), twins
 
 
 def fsdp_replicas(sc, grid: RankGrid, fabric) -> tuple[tuple[int, ...], tuple[int, ...]]:
