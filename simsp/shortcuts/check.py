@@ -147,25 +147,10 @@ def _check_shortcuts(sc) -> Shortcuts:
                        if m == NODE_PIECE and splits)  # rings a piece would quotient
     not_rep, symmetry, by_placement = representative_verdict(sc, grid, graph, owners, clashes,
                                                              stepwise, pieced)
-    replicas, twins = ((0,), ()) if not_rep or symmetry is not None else placement_replicas(
-        sc, grid, graph.graph["fabric"], by_placement)
-    if p.cp > 1 and not not_rep:  # CP: the first replica of each placement on the leaves
-        replicas = cp_replicas(grid, cluster, graph.graph["fabric"])
-    if len(replicas) > 1 and has_expert_groups(sc):  # untested: experts grow the replicas
-        not_rep, replicas = ("under FSDP the DP replicas' placements or shards differ "
-                             "(fsdp_replicas) and expert groups would grow each replica "
-                             "simulated"), (0,)
-        twins = ()
+    not_rep, replicas, twins = _replicas(sc, grid, graph, not_rep, symmetry, by_placement)
     if splits and not not_rep and symmetry is None and p.cp == 1:
         methods = _pieces_beside_sends(methods, fsdp_rings, clashes, cluster.gpus_per_node)
-    used_templates = templates_why(sc, not_rep, stepwise,
-                                   {ranks for kind, ranks in owners if kind == "tp"},
-                                   {ranks for kind, ranks in owners if kind == "ep"})
-    if symmetry is not None and has_expert_groups(sc) and used_templates.startswith("used"):
-        # a replayed step keeps its all-to-all's time, not its wait for the other simulated
-        # members of the expert group (p3 d16 EP 16 across a leaf: 2.9e-3 off, docs/shortcuts.md)
-        used_templates = ("not used: under rail symmetry an expert group's simulated members "
-                          "may reach its all-to-all at different moments")
+    used_templates = _templates_verdict(sc, not_rep, stepwise, owners, symmetry)
     pieces = frozenset(g for g, m in methods if m == NODE_PIECE)
     closed_why = closed_form_why(clashes, stepwise) + segments_why(
         pieces, cluster.gpus_per_node, graph.graph["fabric"].nodes_per_leaf)
@@ -176,6 +161,35 @@ def _check_shortcuts(sc) -> Shortcuts:
                               ("closed_form", closed_why), ("templates", used_templates)),
                      symmetry=symmetry, replicas=replicas,
                      twins=twins if p.cp == 1 else ())
+
+
+def _replicas(sc, grid: RankGrid, graph, not_rep: str, symmetry,
+              by_placement: bool) -> tuple[str, tuple[int, ...], tuple]:
+    """(why not representative, the DP replicas simulated, each replica's twin): one per
+    placement on the leaves (and FSDP shard kind, shortcuts/representative.py
+    placement_replicas), with CP the first of each placement (cp_replicas)."""
+    fabric = graph.graph["fabric"]
+    replicas, twins = ((0,), ()) if not_rep or symmetry is not None else placement_replicas(
+        sc, grid, fabric, by_placement)
+    if sc.parallel.cp > 1 and not not_rep:
+        replicas = cp_replicas(grid, sc.cluster, fabric)
+    if len(replicas) > 1 and has_expert_groups(sc):  # untested: experts grow the replicas
+        return ("under FSDP the DP replicas' placements or shards differ (fsdp_replicas) and "
+                "expert groups would grow each replica simulated"), (0,), ()
+    return not_rep, replicas, twins
+
+
+def _templates_verdict(sc, not_rep: str, stepwise: frozenset, owners: list[Owner],
+                       symmetry) -> str:
+    """Layer templates used or not, and why (shortcuts/reasons.py templates_why)."""
+    why = templates_why(sc, not_rep, stepwise, {ranks for kind, ranks in owners if kind == "tp"},
+                        {ranks for kind, ranks in owners if kind == "ep"})
+    if symmetry is not None and has_expert_groups(sc) and why.startswith("used"):
+        # a replayed step keeps its all-to-all's time, not its wait for the other simulated
+        # members of the expert group (p3 d16 EP 16 across a leaf: 2.9e-3 off, docs/shortcuts.md)
+        return ("not used: under rail symmetry an expert group's simulated members may reach "
+                "its all-to-all at different moments")
+    return why
 
 
 def _owners(sc, grid: RankGrid) -> list[Owner]:
