@@ -73,12 +73,14 @@ THREE = [_hop(0, 1, 1 * US, 1000.0), _hop(1, 2, 2 * US, 1000.0), _hop(2, 0, 0.5 
 def test_in_arithmetic_equals_stepped_on_the_links(foreign_at, collective):
     """Three unlike hops, 6 steps a phase, a foreign load meeting them at several instants
     (on the links before the ring starts: stepped; in a drain, a latency, a second phase,
-    after the end): the same ends as every step a flow, bit for bit, and no more flows
-    (none where nothing meets the ring)."""
+    after the end): the same ends as every step a flow (to 1e-12: the steps after a
+    dissolution run in step_trains.py groups, rounding as those do), and no more flows (none
+    where nothing meets the ring)."""
     at = None if foreign_at is None else foreign_at * US
     mine = _run(True, THREE, 7, at, collective)
     stepped = _run(False, THREE, 7, at, collective)
-    assert mine[:2] == stepped[:2]
+    assert mine[0] == pytest.approx(stepped[0], rel=1e-12)
+    assert mine[1] == (None if at is None else pytest.approx(stepped[1], rel=1e-12))
     assert mine[2] <= stepped[2]
     if foreign_at is None:
         assert mine[2] == 0

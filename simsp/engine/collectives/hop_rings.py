@@ -10,8 +10,9 @@ predecessor's are delivered, drains until start + chunk / R and is delivered one
 later. A `HopRing` works that out once at the phase's start and wakes the simulation at its
 end. The first other flow to start on one of its links dissolves it at that instant, as a
 step_trains.py group is: each position's step in flight becomes a real flow of its bytes left
-(or a delivery after the latency left) and the positions go on step by step. docs/fsdp.md,
-"Cost of the simulation".
+(or a delivery after the latency left) and the positions go on step by step, each step a
+one-step piece in a step_trains.py group while its links allow (a flow where not).
+docs/fsdp.md, "Cost of the simulation".
 """
 
 from bisect import bisect_right
@@ -19,6 +20,7 @@ from bisect import bisect_right
 import simpy
 
 from simsp.engine.fair_share import max_min_rates
+from simsp.engine.collectives.step_trains import joinable
 from simsp.engine.network import Network, succeed_after
 
 Edge = tuple[str, str]
@@ -133,7 +135,27 @@ def _position(env: simpy.Environment, network: Network, hops: list[Hop], positio
         if delivery is not None:
             yield delivery
     for inbox in inboxes[0 if step is None else step + 1:]:
-        delivered = network.load(edges, chunk, latency_s)
+        delivered = _step(env, network, hops[position])
         delivered.callbacks.append(lambda _e, box=inbox[after]: box.succeed())
         yield inbox[position]
         yield delivered
+
+
+def _step(env: simpy.Environment, network: Network, hop: Hop) -> simpy.Event:
+    """One step of a hop (an event succeeding at its delivery): a one-step piece in a
+    step_trains.py group where its links hold nothing but such pieces (the same updates the
+    network makes, without a rate solve), else a flow."""
+    edges, latency_s, chunk = hop
+    group = joinable(network, edges)
+    if group is None:
+        return network.load(edges, chunk, latency_s)
+    delivered = env.event()
+
+    def on_outcome(joined: simpy.Event) -> None:
+        if joined.value is None:  # delivered in arithmetic
+            delivered.succeed()
+        else:  # dissolved: the step's delivery as the network now holds it
+            joined.value[0].callbacks.append(lambda _e: delivered.succeed())
+
+    group.join(chunk, latency_s, 0).callbacks.append(on_outcome)
+    return delivered
