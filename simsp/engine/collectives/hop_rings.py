@@ -5,14 +5,15 @@ simulated member, NIC up to the next simulated member's NIC down (ring_alone.py
 _lone_member_hops). No two of those hops share a link, so while no other flow uses their
 links each hop drains every chunk at its own constant rate R (its links' max-min fair rate
 alone, the rate the network solves) and the phase is the max-plus recurrence of
-ring_alone.py _position: step i of position p starts when its step i - 1 and its
+ring_alone.py's positions: step i of position p starts when its step i - 1 and its
 predecessor's are delivered, drains until start + chunk / R and is delivered one latency
-later. A `HopRing` works that out once at the phase's start and wakes the simulation at its
+later. A `_Phase` works that out from the steps begun so far and wakes the simulation at its
 end. The first other flow to start on one of its links dissolves it at that instant, as a
 step_trains.py group is: each position's step in flight becomes a real flow of its bytes left
-(or a delivery after the latency left) and the positions go on step by step, each step a
-one-step piece in a step_trains.py group while its links allow (a flow where not).
-docs/fsdp.md, "Cost of the simulation".
+(or a delivery after the latency left) and the positions go on step by step, each step a flow,
+until a position about to start a step finds every link of the ring quiet again: every step
+begun then is delivered or in its latency (its delivery time known), and the rest is worked
+out again. docs/fsdp.md, "Cost of the simulation".
 """
 
 from bisect import bisect_right
@@ -20,50 +21,64 @@ from bisect import bisect_right
 import simpy
 
 from simsp.engine.fair_share import max_min_rates
-from simsp.engine.collectives.step_trains import joinable
 from simsp.engine.network import Network, succeed_after
 
 Edge = tuple[str, str]
 Hop = tuple[tuple[Edge, ...], float, float]  # (links, latency_s, wire bytes per step)
+NOT_BEGUN = float("-inf")  # the start and drain end of a step begun before the timeline
 
 
 def ring_phase(env: simpy.Environment, network: Network, hops: list[Hop], steps: int):
     """One phase of a ring of len(hops) positions, `steps` steps each (a process body): in
-    arithmetic where its links are quiet and no two hops share a link, else step by step."""
-    edges = [edge for hop_edges, _l, _c in hops for edge in hop_edges]
-    quiet = network.step_trains and len(set(edges)) == len(edges) and not any(
-        network._users.get(edge) or network.trains.get(edge) for edge in edges)
-    inboxes = [[env.event() for _ in hops] for _ in range(steps)]  # [step][position]
-    if not quiet:
-        yield env.all_of([env.process(_position(env, network, hops, p, inboxes))
-                          for p in range(len(hops))])
-        return
-    outcome = yield HopRing(network, hops, steps, tuple(edges)).done
-    if outcome is not None:  # dissolved: the positions going on step by step
-        yield env.all_of(outcome)
+    arithmetic while its links are quiet and no two hops share a link, else step by step."""
+    phase = _Phase(network, hops, steps)
+    phase.resume([[] for _ in hops])
+    yield phase.done
 
 
-class HopRing:
-    """One phase of a multi-hop ring, worked out at its start (registered on every link of
-    it in `network.trains`): `done` succeeds with None at its end, or with the processes of
-    its positions going on step by step if another flow dissolves it first."""
+class _Phase:
+    """One phase of a multi-hop ring: `done` succeeds at its end. In arithmetic it is
+    registered on every link of the ring in `network.trains` (dissolved by the next flow
+    there); stepped, its positions are processes of the current `generation`."""
 
-    def __init__(self, network: Network, hops: list[Hop], steps: int, edges: tuple[Edge, ...]):
-        self.network, self.env, self.hops, self.edges = network, network.env, hops, edges
+    def __init__(self, network: Network, hops: list[Hop], steps: int):
+        self.network, self.env, self.hops, self.steps = network, network.env, hops, steps
+        self.edges = tuple(edge for hop_edges, _l, _c in hops for edge in hop_edges)
+        self.distinct = len(set(self.edges)) == len(self.edges)
+        self.rates = [_rate(network, edges) for edges, _l, _c in hops]  # [position]
         self.done = self.env.event()
-        self.starts, self.drains, self.deliveries = _timeline(network, hops, steps,
-                                                              self.env.now)
-        for edge in edges:
-            network.trains[edge] = self
-        end_s = max(times[-1] for times in self.deliveries)
-        self._wake = self.env.timeout(max(end_s - self.env.now, 0.0))
-        self._wake.callbacks.append(self._end)
+        self.generation = 0
+        self.timeline: tuple = ()  # ([position][step] start, drain end, delivery)
 
-    def _end(self, _event: simpy.Event) -> None:
-        if self.done.triggered:
-            return
-        self._leave()
-        self.done.succeed(None)
+    def quiet(self) -> bool:
+        """Whether the ring may run in arithmetic now: distinct links, none in use."""
+        users, trains = self.network._users, self.network.trains
+        return self.network.step_trains and self.distinct and not any(
+            users.get(edge) or trains.get(edge) for edge in self.edges)
+
+    def resume(self, begun: list[list]) -> None:
+        """Go on from the steps begun ([position] each begun step's delivery: its time, or
+        its event): in arithmetic where every one's time is known and the links are quiet,
+        else step by step."""
+        self.generation += 1
+        known = [[_known_s(item) for item in items] for items in begun]
+        if self.quiet() and all(t is not None for times in known for t in times):
+            self._in_arithmetic(known)
+        else:
+            self._stepped(begun)
+
+    def _in_arithmetic(self, known: list[list[float]]) -> None:
+        self.timeline = _timeline(self.rates, self.hops, self.steps, known, self.env.now)
+        for edge in self.edges:
+            self.network.trains[edge] = self
+        end_s = max(times[-1] for times in self.timeline[2])
+        wake = self.env.timeout(max(end_s - self.env.now, 0.0))
+        wake.callbacks.append(lambda _e, generation=self.generation: self._end(generation))
+
+    def _end(self, generation: int) -> None:
+        if generation == self.generation:
+            self._leave()
+            self.done.succeed()
 
     def _leave(self) -> None:
         for edge in self.edges:
@@ -73,45 +88,109 @@ class HopRing:
     def dissolve(self) -> None:
         """Another flow starts on these links: each position's step in flight handed back to
         the network as it stands now, the positions then going on step by step."""
-        now, env, hops = self.env.now, self.env, self.hops
+        now = self.env.now
         self._leave()
-        inboxes = [[env.event() for _ in hops] for _ in self.starts[0]]  # [step][position]
-        current = []  # [position] (its step in flight, that step's delivery or None)
-        for p, (edges, latency_s, chunk) in enumerate(hops):
-            after = (p + 1) % len(hops)
-            step = bisect_right(self.starts[p], now) - 1  # steps start at the phase start
-            for i in range(step):
-                inboxes[i][after].succeed()
-            drain_s, delivery_s = self.drains[p][step], self.deliveries[p][step]
-            if delivery_s <= now:
-                inboxes[step][after].succeed()
-                current.append((step, None))
-                continue
-            if drain_s > now:  # draining: its bytes left as the network would hold them
-                left = chunk - _rate(self.network, edges) * (now - self.starts[p][step])
-                delivery = self.network.load(edges, max(left, 0.0), latency_s)
-            else:
-                delivery = env.event()
-                succeed_after(delivery, max(delivery_s - now, 0.0), None)
-            delivery.callbacks.append(lambda _e, box=inboxes[step][after]: box.succeed())
-            current.append((step, delivery))
-        self.done.succeed([env.process(_position(env, self.network, hops, p, inboxes, *now_at))
-                           for p, now_at in enumerate(current)])
+        starts, drains, deliveries = self.timeline
+        begun = []
+        for p, (edges, latency_s, chunk) in enumerate(self.hops):
+            step = bisect_right(starts[p], now)  # steps begun by now
+            items: list = deliveries[p][:step]
+            last = step - 1
+            if drains[p][last] > now:  # draining: its bytes left as the network holds them
+                left = _bytes_left(chunk, self.rates[p], now - starts[p][last])
+                items[last] = self.network.load(edges, left, latency_s)
+            elif deliveries[p][last] > now:  # in its latency
+                delay_s = max(deliveries[p][last] - now, 0.0)
+                items[last] = self.env.event()
+                succeed_after(items[last], delay_s, (None, now + delay_s))
+            begun.append(items)
+        self._stepped(begun)
+
+    def _stepped(self, begun: list[list]) -> None:
+        """The positions as processes from the steps begun (floats delivered by now, events
+        pending), each signalling `arrived[step][position]` at its delivery."""
+        self.generation += 1
+        env, generation = self.env, self.generation
+        arrived = [[env.event() for _ in self.hops] for _ in range(self.steps)]  # [step][pos]
+        left = {p for p, items in enumerate(begun) if len(items) < self.steps
+                or not _arrived_by(items[-1], env.now)}
+        for p, items in enumerate(begun):
+            for i, item in enumerate(items):
+                self._signal(item, arrived[i][p], generation)
+        if not left:
+            self.done.succeed()
+            return
+        for p in range(len(self.hops)):
+            env.process(self._position(p, begun, arrived, left, generation))
+
+    def _signal(self, item, event: simpy.Event, generation: int) -> None:
+        """Succeed `event` when the step's delivery `item` (a time by now, or an event) is."""
+        if not isinstance(item, simpy.Event) or item.processed:
+            event.succeed()
+        else:
+            item.callbacks.append(lambda _e: generation == self.generation and event.succeed())
+
+    def _position(self, p: int, begun: list[list], arrived: list[list[simpy.Event]],
+                  left: set[int], generation: int):
+        """Position p's steps from the first not begun: each when its last step and its
+        predecessor's are delivered, as a flow, unless the ring's links are all quiet then
+        (the rest worked out again, resume); then its last delivery."""
+        edges, latency_s, chunk = self.hops[p]
+        before = p - 1 if p else len(self.hops) - 1
+        for step in range(len(begun[p]), self.steps):
+            if step:
+                yield arrived[step - 1][before]
+                yield arrived[step - 1][p]
+                if generation != self.generation:
+                    return
+            if self.quiet():
+                self.resume(begun)
+                return
+            delivery = self.network.load(edges, chunk, latency_s)
+            begun[p].append(delivery)
+            self._signal(delivery, arrived[step][p], generation)
+        yield arrived[self.steps - 1][p]
+        if generation == self.generation:
+            left.discard(p)
+            if not left:
+                self.done.succeed()
 
 
-def _timeline(network: Network, hops: list[Hop], steps: int, start_s: float) -> tuple:
+def _bytes_left(chunk: float, rate_Bps: float, drained_s: float) -> float:
+    """A drain's bytes left after `drained_s` at its rate (network.py _retime's update)."""
+    left = chunk - rate_Bps * drained_s
+    return left if left > 0.0 else 0.0
+
+
+def _known_s(item) -> float | None:
+    """A begun step's delivery time: a float, or a pending delivery's once its drain ended
+    (network.py sets its value, (start, delivery time), then); None while it drains."""
+    if not isinstance(item, simpy.Event):
+        return item
+    return item.value[1] if item.triggered else None
+
+
+def _arrived_by(item, now: float) -> bool:
+    return item.processed if isinstance(item, simpy.Event) else item <= now
+
+
+def _timeline(rates: list[float], hops: list[Hop], steps: int, known: list[list[float]],
+              now: float) -> tuple:
     """([position][step] each step's start, drain end and delivery) of the phase run alone
-    from `start_s`: the recurrence of _position at each hop's rate alone on its links."""
-    rates = [_rate(network, edges) for edges, _l, _c in hops]
+    from `now`, the steps begun before it delivered at `known` [position][step] times: the
+    recurrence of _position at each hop's rate alone on its links."""
     n = len(hops)
-    starts = [[start_s] * steps for _ in hops]
-    drains = [[0.0] * steps for _ in hops]
-    deliveries = [[0.0] * steps for _ in hops]
-    for i in range(steps):
+    starts = [[NOT_BEGUN] * len(times) + [now] * (steps - len(times)) for times in known]
+    drains = [[NOT_BEGUN] * steps for _ in hops]
+    deliveries = [times + [0.0] * (steps - len(times)) for times in known]
+    for i in range(min(map(len, known)), steps):
         for p, (_edges, latency_s, chunk) in enumerate(hops):
+            if i < len(known[p]):
+                continue
             if i:
                 own, before = deliveries[p][i - 1], deliveries[p - 1 if p else n - 1][i - 1]
-                starts[p][i] = own if own > before else before
+                start = own if own > before else before
+                starts[p][i] = start if start > now else now
             drains[p][i] = starts[p][i] + chunk / rates[p]
             deliveries[p][i] = drains[p][i] + latency_s
     return starts, drains, deliveries
@@ -120,42 +199,3 @@ def _timeline(network: Network, hops: list[Hop], steps: int, start_s: float) -> 
 def _rate(network: Network, edges: tuple[Edge, ...]) -> float:
     """A flow's max-min fair rate alone on `edges` (as the network solves it)."""
     return max_min_rates({0: edges}, network.capacity_Bps)[0]
-
-
-def _position(env: simpy.Environment, network: Network, hops: list[Hop], position: int,
-              inboxes: list[list[simpy.Event]], step: int | None = None,
-              delivery: simpy.Event | None = None):
-    """One position's steps (from the start, or after `step`, begun already: its delivery
-    `delivery` in flight, None if delivered): send its chunk to the next position, wait for
-    its own delivery and for its predecessor's chunk (_Ring.rank_loop)."""
-    edges, latency_s, chunk = hops[position]
-    after = (position + 1) % len(hops)
-    if step is not None:
-        yield inboxes[step][position]
-        if delivery is not None:
-            yield delivery
-    for inbox in inboxes[0 if step is None else step + 1:]:
-        delivered = _step(env, network, hops[position])
-        delivered.callbacks.append(lambda _e, box=inbox[after]: box.succeed())
-        yield inbox[position]
-        yield delivered
-
-
-def _step(env: simpy.Environment, network: Network, hop: Hop) -> simpy.Event:
-    """One step of a hop (an event succeeding at its delivery): a one-step piece in a
-    step_trains.py group where its links hold nothing but such pieces (the same updates the
-    network makes, without a rate solve), else a flow."""
-    edges, latency_s, chunk = hop
-    group = joinable(network, edges)
-    if group is None:
-        return network.load(edges, chunk, latency_s)
-    delivered = env.event()
-
-    def on_outcome(joined: simpy.Event) -> None:
-        if joined.value is None:  # delivered in arithmetic
-            delivered.succeed()
-        else:  # dissolved: the step's delivery as the network now holds it
-            joined.value[0].callbacks.append(lambda _e: delivered.succeed())
-
-    group.join(chunk, latency_s, 0).callbacks.append(on_outcome)
-    return delivered
