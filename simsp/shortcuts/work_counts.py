@@ -93,14 +93,17 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
                  for g in dp_groups)
     flows += cp_gather_flows(sc, shortcuts, ranks, stepped)
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
-    hopping = _hopping_pieces(shortcuts, ranks, pieces)  # in arithmetic, one hop per member
+    hopping = _hopping_pieces(shortcuts, ranks, pieces)  # one hop per simulated member
+    hop_steps = _fsdp_flows(sc, grid, ranks, hopping, _hop_steps(set(ranks)))
+    stepped_share = _overlapping_share(sc)  # of the hop steps: those run as flows
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
-                      _fsdp_flows(sc, grid, ranks, pieces - hopping, piece_flows),
+                      _fsdp_flows(sc, grid, ranks, pieces - hopping, piece_flows)
+                      + round(hop_steps * stepped_share),
                       alone_a2a_flows(sc, shortcuts, ranks), checked_members(sc),
                       _ep_pairs(shortcuts),
                       _fsdp_flows(sc, grid, ranks, pieces - hopping, train_steps)
-                      + _fsdp_flows(sc, grid, ranks, hopping, _hop_steps(set(ranks))),
+                      + round(hop_steps * (1 - stepped_share)),
                       _fsdp_flows(sc, grid, ranks, pieces, train_phases),
                       exchange_flows(sc, shortcuts.templates, len(all_tp_groups)),
                       ep_visits(sc, shortcuts), gather_flows(sc, shortcuts))
@@ -270,6 +273,16 @@ def _hopping_pieces(shortcuts: Shortcuts, ranks, pieces: frozenset) -> frozenset
         return frozenset()
     simulated = set(ranks)
     return frozenset(g for g in pieces if len(simulated.intersection(g)) > 1)
+
+
+def _overlapping_share(sc) -> float:
+    """The share of a hopping piece's collectives that meet another on the same hops and so
+    step as flows (engine/collectives/hop_rings.py runs a ring in arithmetic only on quiet
+    links): with sharded parameters, of a layer's three per micro-batch (scenario/work.py
+    fsdp_collectives) the backward's gather of the unit before and reduce-scatter of this one
+    run together (training/data_parallel/fsdp.py, prefetch depth one), the forward's gather
+    alone; otherwise each runs alone."""
+    return 2 / 3 if sc.parallel.fsdp in ("fsdp2", "optim_grads_params") else 0.0
 
 
 def _hop_steps(simulated: set[int]):

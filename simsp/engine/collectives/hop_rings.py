@@ -111,12 +111,14 @@ class _Phase:
         pending), each signalling `arrived[step][position]` at its delivery."""
         self.generation += 1
         env, generation = self.env, self.generation
-        arrived = [[env.event() for _ in self.hops] for _ in range(self.steps)]  # [step][pos]
+        first = max(min(map(len, begun)) - 1, 0)  # no position waits on an earlier step
+        arrived = [[env.event() for _ in self.hops] if i >= first else None
+                   for i in range(self.steps)]  # [step][position]
         left = {p for p, items in enumerate(begun) if len(items) < self.steps
                 or not _arrived_by(items[-1], env.now)}
         for p, items in enumerate(begun):
-            for i, item in enumerate(items):
-                self._signal(item, arrived[i][p], generation)
+            for i in range(first, len(items)):
+                self._signal(items[i], arrived[i][p], generation)
         if not left:
             self.done.succeed()
             return
