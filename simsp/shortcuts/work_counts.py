@@ -276,13 +276,15 @@ def _hopping_pieces(shortcuts: Shortcuts, ranks, pieces: frozenset) -> frozenset
 
 
 def _overlapping_share(sc) -> float:
-    """The share of a hopping piece's collectives that meet another on the same hops and so
+    """The share of a hopping piece's steps that meet another ring on the same hops and so
     step as flows (engine/collectives/hop_rings.py runs a ring in arithmetic only on quiet
-    links): with sharded parameters, of a layer's three per micro-batch (scenario/work.py
-    fsdp_collectives) the backward's gather of the unit before and reduce-scatter of this one
-    run together (training/data_parallel/fsdp.py, prefetch depth one), the forward's gather
-    alone; otherwise each runs alone."""
-    return 2 / 3 if sc.parallel.fsdp in ("fsdp2", "optim_grads_params") else 0.0
+    links): with sharded parameters, of a layer's three collectives per micro-batch
+    (scenario/work.py fsdp_collectives) the forward's gather runs alone; in the backward the
+    gather of the unit before is prefetched as the unit's backward starts and its
+    reduce-scatter starts once that backward has computed, so the two meet for about half
+    of each: one collective's worth of steps in three (an approximation, not a count:
+    docs/PERFORMANCE.md). Otherwise each runs alone."""
+    return 1 / 3 if sc.parallel.fsdp in ("fsdp2", "optim_grads_params") else 0.0
 
 
 def _hop_steps(simulated: set[int]):
