@@ -93,15 +93,18 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
                  for g in dp_groups)
     flows += cp_gather_flows(sc, shortcuts, ranks, stepped)
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
-    hopping = _hopping_pieces(shortcuts, ranks, pieces)  # run as flows, not in arithmetic
+    hopping = _hopping_pieces(shortcuts, ranks, pieces)  # one hop per simulated member
+    hop_steps = _fsdp_flows(sc, grid, ranks, hopping, _hop_steps(set(ranks)))
+    stepped_share = _overlapping_share(sc)  # of the hop steps: those run as flows
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
                       _fsdp_flows(sc, grid, ranks, pieces - hopping, piece_flows)
-                      + _fsdp_flows(sc, grid, ranks, hopping, _hop_flows(set(ranks))),
+                      + round(hop_steps * stepped_share),
                       alone_a2a_flows(sc, shortcuts, ranks), checked_members(sc),
                       _ep_pairs(shortcuts),
-                      _fsdp_flows(sc, grid, ranks, pieces - hopping, train_steps),
-                      _fsdp_flows(sc, grid, ranks, pieces - hopping, train_phases),
+                      _fsdp_flows(sc, grid, ranks, pieces - hopping, train_steps)
+                      + round(hop_steps * (1 - stepped_share)),
+                      _fsdp_flows(sc, grid, ranks, pieces, train_phases),
                       exchange_flows(sc, shortcuts.templates, len(all_tp_groups)),
                       ep_visits(sc, shortcuts), gather_flows(sc, shortcuts))
 
@@ -264,19 +267,33 @@ def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
 
 
 def _hopping_pieces(shortcuts: Shortcuts, ranks, pieces: frozenset) -> frozenset:
-    """The pieces of one member per node that run one hop per simulated member, as flows: under
-    FSDP with replicas placed unlike (engine/collectives/ring_alone.py _lone_member_hops)."""
+    """The pieces of one member per node that run one hop per simulated member: under FSDP
+    with replicas placed unlike (engine/collectives/ring_alone.py _lone_member_hops)."""
     if not shortcuts.twins or len(set(shortcuts.twins)) < 2:
         return frozenset()
     simulated = set(ranks)
     return frozenset(g for g in pieces if len(simulated.intersection(g)) > 1)
 
 
-def _hop_flows(simulated: set[int]):
-    """Per phase of such a piece: one flow per simulated member x (n − 1) steps."""
-    def flows(gpus: tuple[int, ...], _gpus_per_node: int) -> int:
+def _overlapping_share(sc) -> float:
+    """The share of a hopping piece's steps that meet another ring on the same hops and so
+    step as flows (engine/collectives/hop_rings.py runs a ring in arithmetic only on quiet
+    links): with sharded parameters, of a layer's three collectives per micro-batch
+    (scenario/work.py fsdp_collectives) the forward's gather runs alone; in the backward the
+    gather of the unit before is prefetched as the unit's backward starts and its
+    reduce-scatter starts once that backward has computed, so the two meet for about half
+    of each: one collective's worth of steps in three (an approximation, not a count:
+    docs/PERFORMANCE.md). Otherwise each runs alone."""
+    return 1 / 3 if sc.parallel.fsdp in ("fsdp2", "optim_grads_params") else 0.0
+
+
+def _hop_steps(simulated: set[int]):
+    """Per phase of such a piece: its simulated members' (n − 1) steps each, worked out in
+    arithmetic while their links are quiet (engine/collectives/hop_rings.py; after another
+    flow meets them, one-step pieces of step_trains.py groups, each a step too)."""
+    def steps(gpus: tuple[int, ...], _gpus_per_node: int) -> int:
         return len(simulated.intersection(gpus)) * (len(gpus) - 1)
-    return flows
+    return steps
 
 
 def train_steps(gpus: tuple[int, ...], gpus_per_node: int) -> int:

@@ -30,6 +30,7 @@ from simsp.engine.collectives.nccl_group import nccl_choice, wire_bytes
 from simsp.engine.collectives.nccl_tuning import RING
 from simsp.engine.network import Network
 from simsp.engine.collectives.ring_plan import ALL_REDUCE, Channel, channel_rings, members_by_node
+from simsp.engine.collectives.hop_rings import ring_phase
 from simsp.engine.collectives.step_trains import lone_hop_steps
 from simsp.engine.collectives.ring_timing import channel_hops, closed_form_stats, collective_time
 from simsp.hardware.constants import LinkCalibration
@@ -273,21 +274,6 @@ def segment_run(env: simpy.Environment, network: Network, collective: str, n: in
     if len(hops) == 1:  # one position: its steps one after another, phase after phase
         yield from lone_hop_steps(env, network, hops[0], phases * (n - 1))
         return env.now
-    for _phase in range(phases):
-        inboxes = [[env.event() for _ in hops] for _ in range(n - 1)]  # [step][position]
-        yield env.all_of([env.process(_position(env, network, hops, p, inboxes))
-                          for p in range(len(hops))])
+    for _phase in range(phases):  # in arithmetic while its links allow (hop_rings.py)
+        yield from ring_phase(env, network, hops, n - 1)
     return env.now
-
-
-def _position(env: simpy.Environment, network: Network, hops: list[Hop], position: int,
-              inboxes: list[list[simpy.Event]]):
-    """One position's steps: send its chunk to the next position, wait for its own delivery
-    and for its predecessor's chunk (_Ring.rank_loop)."""
-    edges, latency_s, chunk = hops[position]
-    after = (position + 1) % len(hops)
-    for inbox in inboxes:
-        delivered = network.load(edges, chunk, latency_s)
-        delivered.callbacks.append(lambda _e, box=inbox[after]: box.succeed())
-        yield inbox[position]
-        yield delivered
