@@ -5,28 +5,15 @@ exposure, on CP groups inside a node and spanning nodes (tiny models, meta mode)
 
 import pytest
 
-from simsp.scenario.loading import load_scenario
 from simsp.training.driver.iteration import Shortcuts
+from tests.test_cp_representative_dp import cp_layout
 from tests.test_shortcut_layouts import assert_same, fast_and_full
 
 
 def cp_scenario(gpn, t, cp, p, d, comm_type, overlap):
     """A 2p-layer flash model of hidden 96 (12 heads, 4 KV groups, 96 tokens) on
-    ceil(t·cp·p·d / gpn) nodes, meta mode."""
-    world = t * cp * p * d
-    parallel = {"tensor_model_parallel_size": t, "context_parallel_size": cp,
-                "cp_comm_type": comm_type, "pipeline_model_parallel_size": p,
-                "data_parallel_size": d, "global_batch_size": 2 * d,
-                "overlap_grad_reduce": overlap, "distributed_optimizer": True,
-                "ddp_bucket_size": 20_000, "sequence_parallel": t > 1}
-    overrides = {("model", "num_layers"): 2 * p, ("model", "hidden_size"): 96,
-                 ("model", "num_attention_heads"): 12, ("model", "seq_length"): 96,
-                 ("model", "group_query_attention"): True, ("model", "num_query_groups"): 4,
-                 ("model", "attention_backend"): "flash", ("model", "vocab_size"): 256,
-                 ("run", "mode"): "meta", ("cluster", "gpus_per_node"): gpn,
-                 ("cluster", "nodes"): -(-world // gpn)}
-    overrides.update({("parallel", k): v for k, v in parallel.items()})
-    return load_scenario(None, overrides)
+    ceil(t·cp·p·d / gpn) nodes, meta mode (tests/test_cp_representative_dp.py cp_layout)."""
+    return cp_layout(gpn, t, cp, p, d, comm_type, overlap)
 
 
 @pytest.mark.parametrize("gpn, t, cp, p, d, comm_type, overlap", [
