@@ -211,16 +211,16 @@ def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owne
     by_key = {_owner_key(o): o for o in owners}
     for owner in owners:
         image = by_key.get(_owner_key((owner[0], tuple(shift[r] for r in owner[1]))))
-        named = f"{owner[0]} {owner[1][:4]}"
+        named = owner  # the messages name it (worked out only for one)
         if image is None or (owner[1] in stepwise) != (image[1] in stepwise):
-            return f"maps {named} onto no owner of its kind and timing"
+            return f"maps {_named(named)} onto no owner of its kind and timing"
         hops = routes.hops(owner)
         if sorted(_image_hop(shift, h) for h in hops) != routes.sorted_hops(image):
-            return f"maps the hops of {named} onto other hops than its image's"
+            return f"maps the hops of {_named(named)} onto other hops than its image's"
         if owner[0] in ("p2p", "ep"):  # direct transfers: every link alike
             if any(routes.full(h) != routes.full(_image_hop(shift, h)) for h in hops):
-                return (f"moves {named} onto a route of another class (leaf, spine, core: "
-                        f"other link latencies)")
+                return (f"moves {_named(named)} onto a route of another class (leaf, spine, "
+                        f"core: other link latencies)")
             if owner[0] == "p2p":
                 continue
             # an EP group also gathers its token counts as a ring over its ranks
@@ -228,10 +228,16 @@ def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owne
             owner, image = as_ring(owner), as_ring(image)
             hops = routes.hops(owner)
             if sorted(_image_hop(shift, h) for h in hops) != routes.sorted_hops(image):
-                return f"maps the token-count ring of {named} onto other hops than its image's"
+                return (f"maps the token-count ring of {_named(named)} onto other hops than "
+                        f"its image's")
         if _ring_breach(routes, shift, owner, image, hops):
-            return f"moves a hop of {named} into a channel of other hop routes"
+            return f"moves a hop of {_named(named)} into a channel of other hop routes"
     return ""
+
+
+def _named(owner: Owner) -> str:
+    """An owner as a refusal names it: its kind and first ranks."""
+    return f"{owner[0]} {owner[1][:4]}"
 
 
 def as_ring(owner: Owner) -> Owner:
