@@ -13,7 +13,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, hop_route
 from simsp.hardware.fabric import Fabric
 from simsp.scenario.config import Cluster
-from simsp.shortcuts import check, quotient, ranks
+from simsp.shortcuts import check, quotient, rail_symmetry, ranks
 from simsp.shortcuts.rail_symmetry import RouteSignatures, StageAxes, owner_hops
 from simsp.shortcuts.ranks import Ranks, hashed_once
 from simsp.shortcuts.traffic import can_bind, gpu_of_link, traffic_owners
@@ -158,3 +158,62 @@ def test_the_verdict_equals_the_plain_tuples(layout, monkeypatch):
     mine = Shortcuts.for_scale(sc)
     assert _verdict(mine) == _verdict(oracle)
     assert mine.representative and mine.symmetry.link_reps and mine.symmetry.pieces
+
+
+def old_symmetry_breach(graph, shift, owners, stepwise):
+    """rail_symmetry.symmetry_breach before (39d160a): every owner's hops listed, sorted and
+    their routes read off the graph per shift; a pair's hops compared as a ring's are."""
+    routes = RouteSignatures(graph)  # its channel keys, unchanged
+    by_key = {rail_symmetry._owner_key(o): o for o in owners}
+    image_hop = rail_symmetry._image_hop
+    for owner in owners:
+        image = by_key.get(rail_symmetry._owner_key((owner[0], tuple(shift[r] for r in owner[1]))))
+        named = f"{owner[0]} {owner[1][:4]}"
+        if image is None or (owner[1] in stepwise) != (image[1] in stepwise):
+            return f"maps {named} onto no owner of its kind and timing"
+        hops = owner_hops(graph, owner)
+        if sorted(image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
+            return f"maps the hops of {named} onto other hops than its image's"
+        if owner[0] in ("p2p", "ep"):
+            if any(old_full(graph, h) != old_full(graph, image_hop(shift, h)) for h in hops):
+                return (f"moves {named} onto a route of another class (leaf, spine, core: "
+                        f"other link latencies)")
+            if owner[0] == "p2p":
+                continue
+            owner, image = rail_symmetry.as_ring(owner), rail_symmetry.as_ring(image)
+            hops = owner_hops(graph, owner)
+            if sorted(image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
+                return f"maps the token-count ring of {named} onto other hops than its image's"
+        mine, theirs = routes.channel_keys(owner), routes.channel_keys(image)
+        if any(old_binding(graph, h) != old_binding(graph, image_hop(shift, h))
+               or mine[h] != theirs[image_hop(shift, h)] for h in hops):
+            return f"moves a hop of {named} into a channel of other hop routes"
+    return ""
+
+
+@pytest.mark.parametrize("fabric, d", [(Fabric(nodes_per_leaf=4), 6),  # pairs change class
+                                       (Fabric(nodes_per_leaf=2), 8),  # rings cross a spine
+                                       (CORE_TIER, 4)])  # pairs and rings through the core
+def test_symmetry_breach_equals_the_former(fabric, d, monkeypatch):
+    """Every shift along every axis of t2 p2 (interleaved) stages of d·2 ranks on 4-GPU nodes,
+    with expert groups of 4: the refusal (or none) is the former function's, word for word,
+    with plain tuples and with every group of two ranks or more hashed once."""
+    monkeypatch.setattr(ranks, "MIN_RANKS", 2)
+    cluster = Cluster(nodes=2 * 2 * d // 4, gpus_per_node=4)
+    graph = build_topology(cluster, None, fabric)
+    grid = RankGrid(2, 2, d, 1)
+    owners = traffic_owners(grid, interleaved=True) + [
+        ("ep", tuple(range(base, base + 8, 2))) for base in range(0, grid.world_size, 8)]
+    axes = StageAxes(2 * d, 4, 2)
+    stepwise = frozenset(ranks for kind, ranks in owners if kind == "dp")
+    verdicts = set()
+    for axis, size in enumerate(axes.sizes):
+        for step in range(1, size):
+            shift = axes.shift(grid.world_size, tuple(step if i == axis else 0 for i in range(3)))
+            oracle = old_symmetry_breach(graph, shift, owners, stepwise)
+            for held in (owners, hashed_once(owners)):
+                assert rail_symmetry.symmetry_breach(graph, shift, held, stepwise) == oracle
+            verdicts.add(" ".join(oracle.split(" ")[:2]))
+    assert "" in verdicts and len(verdicts) > 1  # some shifts are symmetries, some refused
+    # 3 nodes a stage on leaves of 4: a node shift moves a pair from one leaf onto the spine
+    assert ("moves p2p" in verdicts) == (fabric.nodes_per_leaf == 4)

@@ -210,19 +210,24 @@ def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owne
     routes = routes or RouteSignatures(graph)
     by_key = {_owner_key(o): o for o in owners}
     for owner in owners:
-        image = by_key.get(_owner_key((owner[0], tuple(shift[r] for r in owner[1]))))
+        moved = tuple(shift[r] for r in owner[1])
+        image = by_key.get(_owner_key((owner[0], moved)))
         named = owner  # the messages name it (worked out only for one)
         if image is None or (owner[1] in stepwise) != (image[1] in stepwise):
             return f"maps {_named(named)} onto no owner of its kind and timing"
+        if owner[0] == "p2p":  # its image is the moved pair (a pair keeps its direction), so
+            # its one hop's image is its image's hop: only the route's class to compare
+            if routes.full((*owner[1], None)) != routes.full((*moved, None)):
+                return (f"moves {_named(named)} onto a route of another class (leaf, spine, "
+                        f"core: other link latencies)")
+            continue
         hops = routes.hops(owner)
         if sorted(_image_hop(shift, h) for h in hops) != routes.sorted_hops(image):
             return f"maps the hops of {_named(named)} onto other hops than its image's"
-        if owner[0] in ("p2p", "ep"):  # direct transfers: every link alike
+        if owner[0] == "ep":  # direct transfers: every link alike
             if any(routes.full(h) != routes.full(_image_hop(shift, h)) for h in hops):
                 return (f"moves {_named(named)} onto a route of another class (leaf, spine, "
                         f"core: other link latencies)")
-            if owner[0] == "p2p":
-                continue
             # an EP group also gathers its token counts as a ring over its ranks
             # (model/blocks/moe/dispatch.py exchange_counts): checked as a ring is
             owner, image = as_ring(owner), as_ring(image)
