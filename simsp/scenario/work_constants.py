@@ -144,6 +144,11 @@ MTP_SECONDS_PER_DEPTH_STEP = 0.0017
 # gone (composed from per-axis steps, quotient.py ChannelMaps) and so is the d per hop of
 # comparing channel keys (rail_symmetry.py RouteSignatures numbers them); what grows faster
 # than the ranks is left to hashing and scanning d-member groups per link and clash (py-spy).
-SYMMETRY_SECONDS_PER_RANK = 0.00029
+# estimate_constants.py --only symmetry a2a-alone (2026-11-29, q46d, probe 241-358 ms; 39d160a
+# refitted in the same minutes gives 0.000272, its 0.00029): the check's large groups hashed once
+# (shortcuts/ranks.py), route signatures read per link, link representatives per GPU
+# (docs/shortcuts.md, "Cost of the check") take 1.00 / 5.24 -> 0.71 / 3.14 CPU s at 4,096 /
+# 16,384 GPUs; refitted 0.000181, x 0.00029 / 0.000272 for like conditions.
+SYMMETRY_SECONDS_PER_RANK = 0.00019
 TIME_LIMIT_S = 600.0  # ten minutes of estimated CPU time; --force lifts it
 MEMORY_LIMIT_BYTES = 8 * GiB  # a third of this machine's 24 GiB; --force does not lift it

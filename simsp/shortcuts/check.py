@@ -29,6 +29,7 @@ from simsp.scenario.tp_overlap import dgrad_rs_on
 from simsp.shortcuts.clashes import Overlaps, conflicts, meeting_others, meeting_themselves
 from simsp.shortcuts.methods import GroupFacts, method_for
 from simsp.shortcuts.rail_symmetry import RailSymmetry
+from simsp.shortcuts.ranks import hashed_once
 from simsp.shortcuts.reasons import (closed_form_why, cp_templates_why, representative_why,
                                      segments_why, templates_why)
 from simsp.shortcuts.representative import (cp_replicas, placement_replicas,
@@ -131,7 +132,7 @@ def _check_shortcuts(sc) -> Shortcuts:
     p, cluster = sc.parallel, sc.cluster
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     graph = build_topology(cluster, nodes_hosting(range(grid.world_size), cluster.gpus_per_node))
-    owners = _owners(sc, grid) + amax_owners(sc, grid, graph)
+    owners = hashed_once(_owners(sc, grid) + amax_owners(sc, grid, graph))
     # FSDP's gathers and reductions run beside the compute's TP and p2p traffic, and beside
     # each other on the same DP group (two streams): its DP rings run step by step (docs/fsdp.md)
     overlaps = Overlaps(p.overlap_grad_reduce or p.fsdp is not None,  # zero-bubble p2p: non-blocking

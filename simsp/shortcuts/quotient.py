@@ -18,9 +18,10 @@ import math
 
 import networkx as nx
 
+from simsp.cluster.topology import gpu_name
 from simsp.engine.collectives.ring_piece import RingPiece
 from simsp.engine.collectives.ring_plan import channel_rings
-from simsp.shortcuts.traffic import Edge, Owner, can_bind, gpu_of_link
+from simsp.shortcuts.traffic import Edge, Owner
 
 
 def _role(edge: Edge) -> tuple[bool, str]:
@@ -31,13 +32,27 @@ def _role(edge: Edge) -> tuple[bool, str]:
 
 def link_representatives(graph: nx.DiGraph, to_origin, moved) -> dict[Edge, Edge]:
     """Every binding link of a GPU -> the link of the same role of the simulated GPU in its
-    orbit (`moved(gpu, to_origin(gpu))`: the one shift mapping it there, H acting freely)."""
-    by_role: dict[int, dict] = {}
-    for edge in graph.edges:
-        if can_bind(edge):
-            by_role.setdefault(gpu_of_link(edge), {})[_role(edge)] = edge
-    return {edge: by_role[moved(gpu, to_origin(gpu))][role]
-            for gpu, roles in by_role.items() for role, edge in roles.items()}
+    orbit (`moved(gpu, to_origin(gpu))`: the one shift mapping it there, H acting freely). The
+    binding links are the GPUs' own (NVLink port and NIC, each way: can_bind), so each GPU's
+    orbit is worked out once for its four, not once per link of the graph."""
+    by_role = {gpu: _gpu_links(graph, gpu) for gpu in _gpus(graph)}
+    reps = {}
+    for gpu, roles in by_role.items():
+        origin = by_role[moved(gpu, to_origin(gpu))]
+        reps.update((edge, origin[role]) for role, edge in roles.items())
+    return reps
+
+
+def _gpus(graph: nx.DiGraph) -> list[int]:
+    """The GPUs the graph holds, in its node order."""
+    return [int(name[3:]) for name in graph if name.startswith("gpu")]
+
+
+def _gpu_links(graph: nx.DiGraph, gpu: int) -> dict[tuple[bool, str], Edge]:
+    """The GPU's links by role (_role): out to, then in from, its NVSwitch and its leaf."""
+    name = gpu_name(gpu)
+    links = [(name, far) for far in graph.succ[name]] + [(far, name) for far in graph.pred[name]]
+    return {_role(edge): edge for edge in links}
 
 
 def ring_piece(group: tuple[int, ...], gpus_per_node: int, to_origin,

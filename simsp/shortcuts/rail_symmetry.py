@@ -127,33 +127,53 @@ def symmetric_steps(graph: nx.DiGraph, axes: StageAxes, world_size: int, owners:
 
 
 class RouteSignatures:
-    """What hops meet on their routes, worked out once per hop (and per ring owner) for every
-    shift symmetric_steps tries."""
+    """What hops meet on their routes, worked out once per link, per hop (and per ring owner)
+    for every shift symmetric_steps tries."""
 
     def __init__(self, graph: nx.DiGraph):
         self.graph = graph
+        self._links: dict[Edge, tuple] = {}  # link -> (kind, speed, latency, can bind)
         self._full: dict[Hop, tuple] = {}
         self._binding: dict[Hop, tuple] = {}
+        self._hops: dict[Owner, list[Hop]] = {}
+        self._sorted: dict[Owner, list[Hop]] = {}
         self._keys: dict[tuple, dict] = {}
         self._key_numbers: dict[tuple, int] = {}  # a channel's sorted hop signatures -> number
+
+    def _link(self, edge: Edge) -> tuple:
+        """The link's kind, speed, latency and whether it can bind (read off the graph once:
+        a hop's route shares its links with thousands of others)."""
+        if edge not in self._links:
+            data = self.graph.succ[edge[0]][edge[1]]
+            self._links[edge] = (data["kind"], data["bandwidth_Bps"], data["latency_s"],
+                                 can_bind(edge))
+        return self._links[edge]
 
     def full(self, hop: Hop) -> tuple:
         """Every link's kind, speed and latency on the hop's route, in order."""
         if hop not in self._full:
-            succ = self.graph.succ
-            self._full[hop] = tuple((succ[u][v]["kind"], succ[u][v]["bandwidth_Bps"],
-                                     succ[u][v]["latency_s"])
-                                    for u, v in hop_route(self.graph, *hop))
+            links = [self._link(edge) for edge in hop_route(self.graph, *hop)]
+            self._full[hop] = tuple((kind, speed, latency) for kind, speed, latency, _ in links)
         return self._full[hop]
 
     def binding(self, hop: Hop) -> tuple:
         """The kinds and speeds of the hop's links that can bind, in order."""
         if hop not in self._binding:
-            succ = self.graph.succ
-            self._binding[hop] = tuple((succ[u][v]["kind"], succ[u][v]["bandwidth_Bps"])
-                                       for u, v in hop_route(self.graph, *hop)
-                                       if can_bind((u, v)))
+            links = [self._link(edge) for edge in hop_route(self.graph, *hop)]
+            self._binding[hop] = tuple((kind, speed) for kind, speed, _, binds in links if binds)
         return self._binding[hop]
+
+    def hops(self, owner: Owner) -> list[Hop]:
+        """The owner's hops (owner_hops), listed once for every shift tried."""
+        if owner not in self._hops:
+            self._hops[owner] = owner_hops(self.graph, owner)
+        return self._hops[owner]
+
+    def sorted_hops(self, owner: Owner) -> list[Hop]:
+        """The owner's hops in order, sorted once for every shift that maps an owner onto it."""
+        if owner not in self._sorted:
+            self._sorted[owner] = sorted(self.hops(owner))
+        return self._sorted[owner]
 
     def channel_keys(self, owner: Owner) -> dict[Hop, int]:
         """Per hop of a ring, what fixes its step latency: its channel's hop signatures,
@@ -190,28 +210,39 @@ def symmetry_breach(graph: nx.DiGraph, shift: tuple[int, ...], owners: list[Owne
     routes = routes or RouteSignatures(graph)
     by_key = {_owner_key(o): o for o in owners}
     for owner in owners:
-        image = by_key.get(_owner_key((owner[0], tuple(shift[r] for r in owner[1]))))
-        named = f"{owner[0]} {owner[1][:4]}"
+        moved = tuple(shift[r] for r in owner[1])
+        image = by_key.get(_owner_key((owner[0], moved)))
+        named = owner  # the messages name it (worked out only for one)
         if image is None or (owner[1] in stepwise) != (image[1] in stepwise):
-            return f"maps {named} onto no owner of its kind and timing"
-        hops = owner_hops(graph, owner)
-        if sorted(_image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
-            return f"maps the hops of {named} onto other hops than its image's"
-        if owner[0] in ("p2p", "ep"):  # direct transfers: every link alike
+            return f"maps {_named(named)} onto no owner of its kind and timing"
+        if owner[0] == "p2p":  # its image is the moved pair (a pair keeps its direction), so
+            # its one hop's image is its image's hop: only the route's class to compare
+            if routes.full((*owner[1], None)) != routes.full((*moved, None)):
+                return (f"moves {_named(named)} onto a route of another class (leaf, spine, "
+                        f"core: other link latencies)")
+            continue
+        hops = routes.hops(owner)
+        if sorted(_image_hop(shift, h) for h in hops) != routes.sorted_hops(image):
+            return f"maps the hops of {_named(named)} onto other hops than its image's"
+        if owner[0] == "ep":  # direct transfers: every link alike
             if any(routes.full(h) != routes.full(_image_hop(shift, h)) for h in hops):
-                return (f"moves {named} onto a route of another class (leaf, spine, core: "
-                        f"other link latencies)")
-            if owner[0] == "p2p":
-                continue
+                return (f"moves {_named(named)} onto a route of another class (leaf, spine, "
+                        f"core: other link latencies)")
             # an EP group also gathers its token counts as a ring over its ranks
             # (model/blocks/moe/dispatch.py exchange_counts): checked as a ring is
             owner, image = as_ring(owner), as_ring(image)
-            hops = owner_hops(graph, owner)
-            if sorted(_image_hop(shift, h) for h in hops) != sorted(owner_hops(graph, image)):
-                return f"maps the token-count ring of {named} onto other hops than its image's"
+            hops = routes.hops(owner)
+            if sorted(_image_hop(shift, h) for h in hops) != routes.sorted_hops(image):
+                return (f"maps the token-count ring of {_named(named)} onto other hops than "
+                        f"its image's")
         if _ring_breach(routes, shift, owner, image, hops):
-            return f"moves a hop of {named} into a channel of other hop routes"
+            return f"moves a hop of {_named(named)} into a channel of other hop routes"
     return ""
+
+
+def _named(owner: Owner) -> str:
+    """An owner as a refusal names it: its kind and first ranks."""
+    return f"{owner[0]} {owner[1][:4]}"
 
 
 def as_ring(owner: Owner) -> Owner:

@@ -370,4 +370,4 @@ def _is_simulated(owner: Owner, simulated: set[int]) -> bool:
     """The representative run executes this owner's traffic: a collective with a simulated
     member, or a point-to-point pair sent by a simulated rank."""
     kind, ranks = owner
-    return ranks[0] in simulated if kind == "p2p" else bool(simulated.intersection(ranks))
+    return ranks[0] in simulated if kind == "p2p" else not simulated.isdisjoint(_members(ranks))
