@@ -9,8 +9,9 @@ simsp/scenario/work_constants.py.
 
 from simsp.errors import UserError
 from simsp.scenario.config import bucket_size, sms_shared
+from simsp.scenario.pipeline_split import model_chunks
 from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
-    META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA,
+    META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA, META_SECONDS_PER_CHUNK_STEP,
     FULL_SECONDS_PER_RANK_STEP, NUMERIC_FLOPS_PER_SECOND, NUMERIC_SECONDS_PER_LAYER_STEP,
     META_BYTES_PER_LAYER_STEP, PLAN_SECONDS_PER_RANK_LAYER, PLAN_BYTES_PER_RANK_LAYER,
     FULL_SECONDS_PER_RING_RANK, SECONDS_PER_BUCKET, FSDP_SECONDS_PER_COLLECTIVE_D2,
@@ -33,6 +34,16 @@ def layer_steps(sc) -> int:
     """Layer-steps one meta iteration simulates with the representative shortcut: each of the p
     simulated stages runs its L/p layers forward and backward for each of the m micro-batches."""
     return sc.model.num_layers * sc.parallel.num_micro_batches
+
+
+def chunk_steps(sc) -> int:
+    """Schedule steps of one iteration on one rank per stage: each micro-batch's forward (and
+    its backward) through every model chunk it crosses, each a step of the schedule with its
+    pipeline transfer: m x v x p (v chunks per stage, pipeline_split.model_chunks; DualPipe's
+    two chunks per rank each carry half the micro-batches, docs/dualpipe.md: m x p)."""
+    p = sc.parallel
+    chunks = 1 if p.schedule_name == "dualpipe" else model_chunks(sc.model, p)
+    return p.num_micro_batches * chunks * p.pp
 
 
 def mtp_steps(sc) -> int:
@@ -89,8 +100,9 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  ranks: int | None = None) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
-    the representative shortcut; plus each simulated rank's plan (every layer's parameter
-    names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
+    the representative shortcut; plus each simulated rank's schedule steps (chunk_steps: a
+    model chunk's forward or backward of one micro-batch, with its pipeline transfer), its plan
+    (every layer's parameter names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
     rank but where its representative holds (cp_representative: TP rank 0's cp ranks per
     stage), else t*cp*d ranks per stage. `fsdp_pieces` False: the
     shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
@@ -123,10 +135,11 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
         ranks = simulated_ranks(sc, representative or cp_ranks) * (
             replicas if representative or cp_ranks else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
+    steps = chunk_steps(sc) * ranks / p.pp * META_SECONDS_PER_CHUNK_STEP  # every simulated rank's
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
-    return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
+    return (RUN_START_SECONDS + layer_steps(sc) * per_step + steps + plans + buckets + fsdp + mtp
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas)
             + flows * SECONDS_PER_FLOW
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
