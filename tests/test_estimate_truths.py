@@ -32,50 +32,53 @@ TINY = "scenarios/tiny.toml"
 TINY_TENSORS = 2 + 12 * 4 + 2 + 1
 # RMSNorm, RoPE, untied, 2 layers: the word embedding, 10 per layer (1 per norm), the final
 # norm, the output layer, the embedding output
-LLAMA_FLAGS = ["--normalization", "RMSNorm", "--position-embedding-type", "rope",
-               "--untie-embeddings-and-output-weights", "--num-layers", "2"]
 LLAMA_TENSORS = 1 + 10 * 2 + 1 + 1 + 1
 
 
 @pytest.fixture
 def iterations(monkeypatch):
-    """Count verify's simulated iterations; each after the first returns the first's run (the
-    count is what is checked, not the differences: that keeps a 320-iteration check cheap).
+    """Count verify's simulated iterations; each after the test's first returns the first's run
+    (the count is what is checked, not the differences: that keeps a 320-iteration check cheap).
     After the test the counter passes every call through: a module imported meanwhile may
     hold it."""
-    runs, counting = [], [True]
+    runs, first, counting = [], [], [True]  # the calls counted; the first run, kept
 
     def counted(sc, *args, **kwargs):
         if not counting[0]:
             return simulate_iteration(sc, *args, **kwargs)
-        runs.append(runs[0] if runs else simulate_iteration(sc, *args, **kwargs))
-        return runs[-1]
+        if not first:
+            first.append(simulate_iteration(sc, *args, **kwargs))
+        runs.append(first[0])
+        return first[0]
     monkeypatch.setattr(gradcheck, "simulate_iteration", counted)
     monkeypatch.setattr(iteration, "simulate_iteration", counted)
     yield runs
     counting[0] = False
 
 
-@pytest.mark.parametrize("flags, tensors", [([], TINY_TENSORS), (LLAMA_FLAGS, LLAMA_TENSORS)])
-def test_verify_runs_the_iterations_its_work_check_counts(iterations, monkeypatch, capsys, flags,
-                                                           tensors):
-    """No tensor re-differenced: 2 per tensor, + the gradients' run and the reference's; every
-    tensor re-differenced (the tolerance below any error): 4 more per tensor, the bound."""
-    sc = load_scenario(TINY)
-    if flags:
-        sc = load_scenario(TINY, {("model", "normalization"): "RMSNorm",
-                                  ("model", "position_embedding_type"): "rope",
-                                  ("model", "untie_embeddings_and_output_weights"): True,
-                                  ("model", "num_layers"): 2})
-    fewest, most = 2 + 2 * tensors, 2 + 6 * tensors
-    assert verify._iterations(sc) == (fewest, most)
-    for tolerance, expected, refined in ((float("inf"), fewest, 0), (-1.0, most, tensors)):
+def test_verify_runs_the_iterations_its_work_check_counts(iterations, monkeypatch, capsys):
+    """scenarios/tiny.toml: no tensor re-differenced, 2 per tensor + the gradients' run and the
+    reference's; every tensor re-differenced (the tolerance below any error), 4 more per tensor:
+    the bound the work check prices."""
+    fewest, most = 2 + 2 * TINY_TENSORS, 2 + 6 * TINY_TENSORS
+    assert verify._iterations(load_scenario(TINY)) == (fewest, most)
+    for tolerance, expected, refined in ((float("inf"), fewest, 0), (-1.0, most, TINY_TENSORS)):
         monkeypatch.setattr(verify, "FD_TOLERANCE", tolerance)
         iterations.clear()
-        main(["verify", TINY, *flags, "--json"])
+        main(["verify", TINY, "--json"])
         report = json.loads(capsys.readouterr().out)
-        assert len(report["checked"]) == tensors and len(report["fd_refined"]) == refined
+        assert len(report["checked"]) == TINY_TENSORS and len(report["fd_refined"]) == refined
         assert len(iterations) == expected
+
+
+def test_verify_counts_the_tensors_of_llama_layers():
+    """RMSNorm (one parameter per norm), RoPE (no position table), untied output: the count
+    follows the model's own parameters (the rule of 12 per layer + 5 gave 26, not 24)."""
+    sc = load_scenario(TINY, {("model", "normalization"): "RMSNorm",
+                              ("model", "position_embedding_type"): "rope",
+                              ("model", "untie_embeddings_and_output_weights"): True,
+                              ("model", "num_layers"): 2})
+    assert verify._iterations(sc) == (2 + 2 * LLAMA_TENSORS, 2 + 6 * LLAMA_TENSORS)
 
 
 def test_verify_float32_and_fp8_bounds_are_exact():
