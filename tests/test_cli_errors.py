@@ -202,7 +202,8 @@ def test_validate_and_hardware_bad_names_are_one_error_line(capsys, argv, field)
 def benchmark(script: str, argv: list[str]) -> tuple[int, str, str]:
     """benchmarks/SCRIPT.py's command line in this process (its arguments are checked before
     anything is measured)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
     import bench_args
     main = __import__(script).main
     out, err = io.StringIO(), io.StringIO()
