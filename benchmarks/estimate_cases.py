@@ -13,16 +13,20 @@ from scale import (_a2a, _cp_128k, _deepseek, _fsdp2, _gpt3,  # noqa: E402
 TINY = ["scenarios/tiny.toml"]
 
 
-def _w175(layers: int, pp: int, dp: int, batch: int) -> list[str]:
-    """GPT-3 175B width (t 8, SP, selective recompute, not interleaved), benchmarks/
-    work_estimate.py's layouts: scenario fields as JSON (the CLI keeps paper-175b's chunks)."""
-    return [json.dumps({"model.num_layers": layers, "model.hidden_size": 12288,
-                        "model.num_attention_heads": 96, "model.seq_length": 2048,
-                        "model.vocab_size": 51200, "parallel.tensor_model_parallel_size": 8,
-                        "parallel.pipeline_model_parallel_size": pp,
-                        "parallel.data_parallel_size": dp, "parallel.sequence_parallel": True,
-                        "parallel.recompute_granularity": "selective",
-                        "parallel.global_batch_size": batch, "cluster.nodes": pp * dp})]
+def _w175(layers: int, pp: int, dp: int, batch: int, chunk: int | None = None) -> list[str]:
+    """GPT-3 175B width (t 8, SP, selective recompute; interleaved in chunks of `chunk` layers
+    where given), benchmarks/work_estimate.py's layouts: scenario fields as JSON (the CLI keeps
+    paper-175b's chunks)."""
+    fields = {"model.num_layers": layers, "model.hidden_size": 12288,
+              "model.num_attention_heads": 96, "model.seq_length": 2048,
+              "model.vocab_size": 51200, "parallel.tensor_model_parallel_size": 8,
+              "parallel.pipeline_model_parallel_size": pp,
+              "parallel.data_parallel_size": dp, "parallel.sequence_parallel": True,
+              "parallel.recompute_granularity": "selective",
+              "parallel.global_batch_size": batch, "cluster.nodes": pp * dp}
+    if chunk is not None:
+        fields["parallel.num_layers_per_virtual_pipeline_stage"] = chunk
+    return [json.dumps(fields)]
 
 
 def _tiny(layers: int, tp: int, pp: int, dp: int, nodes: int, *extra: str) -> list[str]:
@@ -77,9 +81,12 @@ GROUPS = {
         ("tiny L2 meta", _tiny(2, 2, 1, 1, 1), "run"),
         ("llama3-8b L2 8 GPUs", ["scenarios/llama3-8b.toml", "--num-layers", "2",
                                  "--global-batch-size", "4", "--world-size", "8"], "run")]),
-    "layer-step": (("META_SECONDS_PER_LAYER_STEP", "META_SECONDS_PER_LAYER_STEP_PER_REPLICA"), [
+    "layer-step": (("META_SECONDS_PER_LAYER_STEP", "META_SECONDS_PER_LAYER_STEP_PER_REPLICA",
+                    "META_SECONDS_PER_CHUNK_STEP"), [
         ("175B width L48 m4", _w175(48, 1, 1, 4), "run"),
         ("175B width L96 p8 m64", _w175(96, 8, 1, 64), "run"),
+        ("175B width L96 p8 m64 chunks of 4", _w175(96, 8, 1, 64, 4), "run"),
+        ("175B width L96 p8 m64 chunks of 1", _w175(96, 8, 1, 64, 1), "run"),
         ("175B width L96 p8 m64 d4", _w175(96, 8, 4, 256), "run"),
         ("175B width L32 p4 m128 d64", _w175(32, 4, 64, 8192), "run")]),
     "full": (("FULL_SECONDS_PER_RANK_STEP", "FULL_SECONDS_PER_RING_RANK"), [

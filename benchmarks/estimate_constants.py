@@ -17,20 +17,25 @@ the others at work.py's values. The machine's speed probe (benchmarks/speed.py p
 printed before and after: compare values only at like probes.
 """
 
-import argparse
 import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from simsp.errors import UserError
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from estimate_cases import GROUPS  # noqa: E402 (the runs of each group of constants)
 from speed import probe_ms  # noqa: E402
+from bench_args import (distinct, number_in, out_file, parser, read_json,  # noqa: E402
+                        run_main)
 
+MAX_REPEAT = 100  # runs per case: best of a hundred is already hours
 # constants the estimate divides by: fitted as their reciprocal (seconds per FLOP)
 INVERSE = {"NUMERIC_FLOPS_PER_SECOND"}
 # Runs in the child: one iteration's process time (or peak RSS) and the estimate's counts.
@@ -149,7 +154,7 @@ def counts(sc, shortcuts, how: str) -> dict:
 def _counts(sc, shortcuts, how: str) -> dict:
     """The count each constant multiplies in this run's estimate ({name: count})."""
     from simsp.scenario.work import meta_bytes, meta_seconds, numeric_seconds
-    from simsp.shortcuts.work_counts import run_seconds
+    from simsp.shortcuts.work_counts import run_ranks, run_seconds
     saved = current_values(raw=True)
     _put({name: Symbol({name: 1.0}) for name in saved})
     try:
@@ -160,7 +165,7 @@ def _counts(sc, shortcuts, how: str) -> dict:
         elif how == "numeric":
             estimate = numeric_seconds(sc)
         else:
-            estimate = meta_bytes(sc, shortcuts.representative)
+            estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts))
     finally:
         _put(saved)
     alone = {"check": "SYMMETRY_SECONDS_PER_RANK", "visits": "SECONDS_PER_FLOW_VISIT"}
@@ -246,15 +251,18 @@ def report(points: dict, old: dict, new: dict, groups: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Measure the groups asked for, fit their constants, print them beside work.py's."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS))
-    parser.add_argument("--repeat", type=int, default=3, help="runs per case (best kept)")
-    parser.add_argument("--json", type=Path, help="write the runs and constants here")
-    parser.add_argument("--from-json", type=Path, help="refit the runs of an earlier --json")
-    args = parser.parse_args(argv)
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS))
+    arguments.add_argument("--repeat", type=number_in(int, 0, MAX_REPEAT), default=3,
+                           help=f"runs per case (best kept), 1 to {MAX_REPEAT}")
+    arguments.add_argument("--json", type=Path, help="write the runs and constants here")
+    arguments.add_argument("--from-json", type=Path, help="refit the runs of an earlier --json")
+    args = arguments.parse_args(argv)
+    distinct(args.only, "--only")
+    out_file(args.json, "--json", [args.from_json])
     old = current_values()
     if args.from_json:
-        points = json.loads(args.from_json.read_text())["runs"]
+        points = earlier_runs(args.from_json)
     else:
         points, before = {}, probe_ms()
         print(f"machine speed probe, sum(range(10**7)): {before:.0f} ms before", flush=True)
@@ -275,5 +283,28 @@ def main(argv: list[str] | None = None) -> None:
     report(points, old, new, args.only)
 
 
+def earlier_runs(path: Path) -> dict:
+    """The runs of an earlier --json ({label: {"measured": seconds or bytes, "counts": {how:
+    {constant: count}}}}), each checked, else one error naming the file."""
+    runs = read_json(path, "--from-json")
+    runs = runs.get("runs") if isinstance(runs, dict) else None
+    if not isinstance(runs, dict):
+        raise UserError("--from-json", f"{path}: has no \"runs\" object (an earlier --json's)")
+    for label, point in runs.items():
+        counts_ = point.get("counts") if isinstance(point, dict) else None
+        if not (isinstance(counts_, dict) and _finite(point.get("measured"))
+                and all(isinstance(c, dict) and all(map(_finite, c.values()))
+                        for c in counts_.values())):
+            raise UserError("--from-json", f"{path}: run {label!r} is not a measured value "
+                                           "with its counts")
+    return runs
+
+
+def _finite(value) -> bool:
+    """A JSON number that is finite (bool excluded)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -31,7 +31,6 @@ Families (the layouts of docs/PERFORMANCE.md "Scale"):
 - a2a-dispatch: a 2-layer MoE with the alltoall dispatcher, EP = d = GPUs.
 """
 
-import argparse
 import json
 import math
 import subprocess
@@ -41,7 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from speed import probe_ms  # noqa: E402 (the machine's speed, printed beside the table)
+from bench_args import distinct, number_in, out_file, parser, run_main  # noqa: E402
 
+MAX_CAP_S = 86400.0  # a day per point: a cap beyond it is a typo, not a plan
 SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK = (128, 256, 512)
 
@@ -274,12 +275,15 @@ def _verdict_text(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Measure the families asked for, print the table and each family's growth exponent."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the small grid")
-    parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
-    parser.add_argument("--cap", type=float, default=120.0, help="wall seconds per point")
-    parser.add_argument("--json", type=Path, help="write every row here")
-    args = parser.parse_args(argv)
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--quick", action="store_true", help="the small grid")
+    arguments.add_argument("--only", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
+    arguments.add_argument("--cap", type=number_in(float, 0, MAX_CAP_S), default=120.0,
+                           help=f"wall seconds per point, in (0, {MAX_CAP_S:g}]")
+    arguments.add_argument("--json", type=Path, help="write every row here")
+    args = arguments.parse_args(argv)
+    distinct(args.only, "--only")
+    out_file(args.json, "--json")
     before = probe_ms()
     print(f"machine speed probe, sum(range(10**7)): {before:.0f} ms before")
     print(f"{'family':<20}{'size':>7}{'cpu s':>9}{'GiB':>7}{'events':>11}{'flows':>10}"
@@ -298,4 +302,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

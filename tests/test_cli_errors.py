@@ -1,5 +1,7 @@
 """Bad input at the command line: one `error:` line naming the field, exit 2, no traceback."""
 
+import contextlib
+import io
 from pathlib import Path
 import shutil
 import subprocess
@@ -130,6 +132,113 @@ def test_argparse_errors_are_one_error_line(capsys, case):
 
 def test_verify_refuses_meta_mode(capsys):
     assert_one_error_line(*cli(["verify", "--mode", "meta"]), "run.mode")
+
+
+# --- the newest surfaces: DP gradient precision and buckets, CP types, the benchmarks ---------
+
+CP = ["scenarios/llama-tiny-cp.toml", "--mode", "meta"]
+HCP = [*CP, "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes"]
+DISTOPT = ["--mode", "meta", "--use-distributed-optimizer"]
+SURFACE_CASES = {
+    "bf16 reduce under FSDP": (["--mode", "meta", "--grad-reduce-in-bf16", "--use-torch-fsdp2"],
+                               "parallel.grad_reduce_in_bf16"),
+    "bf16 reduce with a value": (["--grad-reduce-in-bf16=yes"], "--grad-reduce-in-bf16"),
+    "bucket cap not a number": (["--bucket-cap-mb", "abc"], "--bucket-cap-mb"),
+    "bucket cap zero": ([*DISTOPT, "--bucket-cap-mb", "0"], "parallel.bucket_cap_mb"),
+    "bucket cap negative": ([*DISTOPT, "--bucket-cap-mb=-5"], "parallel.bucket_cap_mb"),
+    "bucket cap NaN": ([*DISTOPT, "--bucket-cap-mb", "nan"], "parallel.bucket_cap_mb"),
+    "bucket cap huge": ([*DISTOPT, "--bucket-cap-mb", "1e300"], "parallel.bucket_cap_mb"),
+    "bucket cap without the distributed optimizer": (["--mode", "meta", "--bucket-cap-mb", "100"],
+                                                     "parallel.bucket_cap_mb"),
+    "bucket cap beside Megatron's bucket size": (
+        [*DISTOPT, "--bucket-cap-mb", "100", "--ddp-bucket-size", "1000"], "parallel.bucket_cap_mb"),
+    "CP type unknown": ([*CP, "--cp-comm-type", "ring"], "--cp-comm-type"),
+    "a2a+p2p without sizes": ([*CP, "--cp-comm-type", "a2a+p2p"],
+                              "parallel.hierarchical_context_parallel_sizes"),
+    "hierarchical sizes not integers": ([*HCP, "x", "y"],
+                                        "parallel.hierarchical_context_parallel_sizes"),
+    "hierarchical size zero": ([*HCP, "0", "2"], "parallel.hierarchical_context_parallel_sizes"),
+    "hierarchical sizes negative": ([*HCP, "-1", "-2"],
+                                    "parallel.hierarchical_context_parallel_sizes"),
+    "hierarchical sizes huge": ([*HCP, "99999999999999999999", "1"],
+                                "parallel.hierarchical_context_parallel_sizes"),
+    "hierarchical sizes three levels": ([*HCP, "1", "1", "2"],
+                                        "parallel.hierarchical_context_parallel_sizes"),
+    "hierarchical sizes not cp": ([*CP, "--hierarchical-context-parallel-sizes", "3"],
+                                  "parallel.hierarchical_context_parallel_sizes"),
+    "hierarchical sizes empty": ([*HCP, ""], "--hierarchical-context-parallel-sizes"),
+}
+
+
+@pytest.mark.parametrize("case", SURFACE_CASES)
+def test_newest_flags_bad_values_are_one_error_line(capsys, case):
+    flags, field = SURFACE_CASES[case]
+    assert_one_error_line(*cli(["layer", *flags]), field)
+
+
+@pytest.mark.parametrize("line, field", [
+    ("hierarchical_context_parallel_sizes = 2", "parallel.hierarchical_context_parallel_sizes"),
+    ("hierarchical_context_parallel_sizes = [true, 2]",
+     "parallel.hierarchical_context_parallel_sizes"),
+    ('bucket_cap_mb = "1"', "parallel.bucket_cap_mb"),
+    ("grad_reduce_in_bf16 = 1", "parallel.grad_reduce_in_bf16"),
+])
+def test_newest_fields_bad_types_in_a_file_are_one_error_line(capsys, tmp_path, line, field):
+    text = (REPO / "scenarios" / "llama-tiny-cp.toml").read_text()
+    path = toml(tmp_path, text.replace("[parallel]", f"[parallel]\n{line}", 1))
+    assert_one_error_line(*cli(["layer", path, "--mode", "meta"]), field)
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["validate", "--only", "nosuch"], "--only"),
+    (["validate", "--only", "table4,,memory"], "--only"),
+    (["hardware", "nosuch"], "cluster.gpu"),
+    (["hardware", "/"], "/: is a folder"),
+])
+def test_validate_and_hardware_bad_names_are_one_error_line(capsys, argv, field):
+    assert_one_error_line(*cli(argv), field)
+
+
+def benchmark(script: str, argv: list[str]) -> tuple[int, str, str]:
+    """benchmarks/SCRIPT.py's command line in this process (its arguments are checked before
+    anything is measured)."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_args
+    main = __import__(script).main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            bench_args.run_main(main, argv)
+            rc = 0
+        except SystemExit as exc:
+            rc = exc.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("script, argv, field", [
+    ("scale", ["--cap", "0"], "--cap"), ("scale", ["--cap", "nan"], "--cap"),
+    ("scale", ["--cap", "inf"], "--cap"), ("scale", ["--cap=-5"], "--cap"),
+    ("scale", ["--cap", "abc"], "--cap"), ("scale", ["--only", "nosuch"], "--only"),
+    ("scale", ["--only", "mtp-deep", "mtp-deep"], "--only"),
+    ("scale", ["--json", "/nonexistent-folder/x.json"], "--json"),
+    ("scale", ["--cap", "1", "--cap", "2"], "--cap"),
+    ("estimate_constants", ["--repeat", "0"], "--repeat"),
+    ("estimate_constants", ["--repeat", "1e9"], "--repeat"),
+    ("estimate_constants", ["--only", "start", "start"], "--only"),
+    ("estimate_constants", ["--from-json", "/nonexistent.json"], "/nonexistent.json"),
+    ("estimate_constants", ["--from-json", "BAD"], "--from-json"),
+    ("estimate_constants", ["--from-json", "NORUNS"], "--from-json"),
+    ("estimate_constants", ["--from-json", "NORUNS", "--json", "NORUNS"], "--json"),
+])
+def test_benchmark_arguments_are_one_error_line(tmp_path, script, argv, field):
+    """scale.py's and estimate_constants.py's bad arguments stop before any measurement (a
+    NaN cap crashed the first point's timeout, a bad --json path the end of an hour's run)."""
+    files = {"BAD": "not json", "NORUNS": '{"runs": [1, 2]}'}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = [str(tmp_path / word) if word in files else word for word in argv]
+    assert_one_error_line(*benchmark(script, argv), field)
 
 
 # --- scenario files ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import simsp.scenario.work_constants as constants
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.work import meta_bytes, numeric_seconds
-from simsp.shortcuts.work_counts import run_seconds
+from simsp.shortcuts.work_counts import run_ranks, run_seconds
 from simsp.training.driver.iteration import Shortcuts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -44,7 +44,8 @@ def test_counts_times_values_give_the_estimate(scenario, overrides):
     values = current_values()
     before = current_values(raw=True)
     for how, estimate in (("run", run_seconds(sc, shortcuts)),
-                          ("bytes", meta_bytes(sc, shortcuts.representative))):
+                          ("bytes", meta_bytes(sc, shortcuts.representative,
+                                               run_ranks(sc, shortcuts)))):
         terms = counts(sc, shortcuts, how)[how]
         assert sum(n * values[name] for name, n in terms.items()) == pytest.approx(estimate,
                                                                                   rel=1e-12)

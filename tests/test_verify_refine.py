@@ -115,7 +115,7 @@ def test_the_table_marks_a_re_differenced_tensor(monkeypatch, capsys):
               "max_rel_err": 2e-7, "max_rel_err_vs_reference": 2e-16, "fd_epsilon": EPSILON,
               "fd_refined": {"b": 5.66e-5}, "fd_refined_step": REFINED_STEP, "passed": True}
     monkeypatch.setattr(verify, "verify_report", lambda sc, quiet: report)
-    monkeypatch.setattr(verify, "check_work", lambda sc, iterations, force: None)
+    monkeypatch.setattr(verify, "check_work", lambda sc, **work: None)
     assert main(["verify", "--force"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("a ") and lines[2].rstrip().endswith("1.00e-16")

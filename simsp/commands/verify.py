@@ -9,7 +9,7 @@ from simsp.progress import track
 import numpy as np
 
 from simsp.jsonout import dumps
-from simsp.model.params import layer_shapes
+from simsp.model.params import param_shapes
 
 # Directional derivatives <g, u>, float64: the error of the central difference at ε = 1e-5
 # relative to max(|difference|, |<g, u>|, |g|/sqrt(n)), or, where that is above this, of the
@@ -21,6 +21,9 @@ REFERENCE_TOLERANCE = 1e-10  # same math in another order: rounding only
 # Stability of Numerical Algorithms §4.2): the reference tolerance in a dtype whose rounding
 # exceeds float64's; for float64 REFERENCE_TOLERANCE (above 1024*eps64) stays.
 SUMMATION_TERMS = 1024
+# Whole iterations per checked tensor: the central difference's L(θ ± εu), and the fourth-order
+# stencil's L(θ ± hu), L(θ ± 2hu) where it re-differences (gradcheck.fourth_order)
+CENTRAL_ITERATIONS, REFINED_ITERATIONS = 2, 4
 
 
 def tolerances(dtype) -> dict:
@@ -41,13 +44,33 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def _iterations(sc) -> int:
-    """Whole iterations verify simulates: two per checked tensor (central differences), one for
-    the gradients and one against the reference."""
-    m = sc.model
-    layers = sum(len(layer_shapes(m, i)) for i in range(m.num_layers))
-    tensors = layers + 5 + (not m.tied)  # embeddings, head, input
-    return 2 * tensors + 2
+def checked_tensors(sc) -> int:
+    """Tensors verify checks: every parameter of the padded model (the names the gathered
+    gradients carry, training/driver/compare.py) and the embedding output."""
+    return len(param_shapes(sc.padded_model)) + 1
+
+
+def _iterations(sc) -> tuple[int, int]:
+    """(fewest, most) whole iterations verify simulates: under FP8 one (the reference errors);
+    else one for the gradients, one against the reference and CENTRAL_ITERATIONS per checked
+    tensor, and, in float64, REFINED_ITERATIONS more per tensor re-differenced (any may be)."""
+    if sc.parallel.fp8_format is not None:
+        return 1, 1
+    tensors = checked_tensors(sc)
+    fewest = 2 + CENTRAL_ITERATIONS * tensors
+    refined = "finite_difference" in tolerances(sc.run.numeric_dtype)
+    return fewest, fewest + (REFINED_ITERATIONS * tensors if refined else 0)
+
+
+def _worst_case(sc) -> str:
+    """check_work's account of the most iterations where it exceeds the fewest (else "")."""
+    fewest, most = _iterations(sc)
+    if most == fewest:
+        return ""
+    return (f"{CENTRAL_ITERATIONS + REFINED_ITERATIONS} per checked tensor ({CENTRAL_ITERATIONS} "
+            f"for its central difference, {REFINED_ITERATIONS} more if it is re-differenced at "
+            f"fourth order) x {checked_tensors(sc)} tensors, + 2 for the gradients and the "
+            f"reference; {fewest} if none is re-differenced")
 
 
 def _reference_errors(sc) -> dict:
@@ -102,7 +125,7 @@ def run(args) -> int:
     sc = scenario_from_args(args)
     if sc.run.mode != "numeric":
         raise UserError("run.mode", "verify needs numeric mode (--mode numeric)")
-    check_work(sc, iterations=_iterations(sc), force=args.force)
+    check_work(sc, iterations=_iterations(sc)[1], force=args.force, worst_case=_worst_case(sc))
     report = verify_report(sc, getattr(args, "quiet", False))
     if args.json:
         print(dumps(report, indent=2))

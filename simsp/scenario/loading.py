@@ -57,9 +57,10 @@ def _build_section(section: str, values: dict):
 def _joined_sizes(section: str, values: dict) -> dict:
     """hierarchical_context_parallel_sizes as TOML writes Megatron's list ([2, 2]) -> "2 2"."""
     sizes = values.get("hierarchical_context_parallel_sizes")
-    if not isinstance(sizes, list):
+    if sizes is None or isinstance(sizes, str):  # unset, or Megatron's words as one string
         return values
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+    if not (isinstance(sizes, list)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in sizes)):
         raise UserError(f"{section}.hierarchical_context_parallel_sizes",
                         f"must be a list of integers, got {sizes!r}")
     return {**values, "hierarchical_context_parallel_sizes": " ".join(map(str, sizes))}

@@ -9,8 +9,9 @@ simsp/scenario/work_constants.py.
 
 from simsp.errors import UserError
 from simsp.scenario.config import bucket_size, sms_shared
+from simsp.scenario.pipeline_split import model_chunks
 from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
-    META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA,
+    META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA, META_SECONDS_PER_CHUNK_STEP,
     FULL_SECONDS_PER_RANK_STEP, NUMERIC_FLOPS_PER_SECOND, NUMERIC_SECONDS_PER_LAYER_STEP,
     META_BYTES_PER_LAYER_STEP, PLAN_SECONDS_PER_RANK_LAYER, PLAN_BYTES_PER_RANK_LAYER,
     FULL_SECONDS_PER_RING_RANK, SECONDS_PER_BUCKET, FSDP_SECONDS_PER_COLLECTIVE_D2,
@@ -33,6 +34,16 @@ def layer_steps(sc) -> int:
     """Layer-steps one meta iteration simulates with the representative shortcut: each of the p
     simulated stages runs its L/p layers forward and backward for each of the m micro-batches."""
     return sc.model.num_layers * sc.parallel.num_micro_batches
+
+
+def chunk_steps(sc) -> int:
+    """Schedule steps of one iteration on one rank per stage: each micro-batch's forward (and
+    its backward) through every model chunk it crosses, each a step of the schedule with its
+    pipeline transfer: m x v x p (v chunks per stage, pipeline_split.model_chunks; DualPipe's
+    two chunks per rank each carry half the micro-batches, docs/dualpipe.md: m x p)."""
+    p = sc.parallel
+    chunks = 1 if p.schedule_name == "dualpipe" else model_chunks(sc.model, p)
+    return p.num_micro_batches * chunks * p.pp
 
 
 def mtp_steps(sc) -> int:
@@ -85,11 +96,13 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
                  exchange_flows: int = 0, flow_visits: float = 0.0,
                  gather_flows: float = 0.0, replicas: int = 1,
-                 cp_lone: bool = False, cp_templates: bool = False) -> float:
+                 cp_lone: bool = False, cp_templates: bool = False,
+                 ranks: int | None = None) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
-    the representative shortcut; plus each simulated rank's plan (every layer's parameter
-    names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
+    the representative shortcut; plus each simulated rank's schedule steps (chunk_steps: a
+    model chunk's forward or backward of one micro-batch, with its pipeline transfer), its plan
+    (every layer's parameter names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
     rank but where its representative holds (cp_representative: TP rank 0's cp ranks per
     stage), else t*cp*d ranks per stage. `fsdp_pieces` False: the
     shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
@@ -111,18 +124,22 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     training/context_parallel/lone_ring.py), so their sends cost less per pair; without a
     verdict (the check before it) the flows' price; `cp_templates`: the verdict's layer
     templates split at the CP calls (model/replay.py SplitTemplate), so a CP rank's layer-step
-    costs its CP calls and a few replayed segments."""
+    costs its CP calls and a few replayed segments. `ranks`: the ranks the run simulates
+    (shortcuts/work_counts.py run_ranks: the plan's, expert groups grown counted), each its plan
+    and buckets, else simulated_ranks' rule times the replicas."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
     per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone, cp_templates)
-    ranks = simulated_ranks(sc, representative or cp_ranks) * (
-        replicas if representative or cp_ranks else 1)
+    if ranks is None:
+        ranks = simulated_ranks(sc, representative or cp_ranks) * (
+            replicas if representative or cp_ranks else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
+    steps = chunk_steps(sc) * ranks / p.pp * META_SECONDS_PER_CHUNK_STEP  # every simulated rank's
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
-    return (RUN_START_SECONDS + layer_steps(sc) * per_step + plans + buckets + fsdp + mtp
+    return (RUN_START_SECONDS + layer_steps(sc) * per_step + steps + plans + buckets + fsdp + mtp
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas)
             + flows * SECONDS_PER_FLOW
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
@@ -294,11 +311,15 @@ def buckets_of(tensors: list[int], size: int | None) -> int:
     return max(1, count + (held > 0))
 
 
-def meta_bytes(sc, representative: bool = True) -> int:
-    """Bytes meta mode keeps: the ledger and trace per layer-step, and every simulated rank's
-    plan (its list of every layer's parameters: ranks x L)."""
-    ranks = simulated_ranks(sc, representative)
-    return ((layer_steps(sc) + mtp_steps(sc)) * META_BYTES_PER_LAYER_STEP
+def meta_bytes(sc, representative: bool = True, ranks: int | None = None) -> int:
+    """Bytes meta mode keeps: the ledger and trace per layer-step of every simulated rank of a
+    stage, and every simulated rank's plan (its list of every layer's parameters: ranks x L).
+    `ranks`: the ranks the run simulates (shortcuts/work_counts.py run_ranks: the plan's, its
+    replicas and expert groups counted), else simulated_ranks' rule."""
+    ranks = simulated_ranks(sc, representative) if ranks is None else ranks
+    # the layer-steps of every simulated rank of a stage, each rank its own ledger and trace
+    rank_steps = (layer_steps(sc) + mtp_steps(sc)) * ranks // sc.parallel.pp
+    return (rank_steps * META_BYTES_PER_LAYER_STEP
             + ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER)
 
 
@@ -310,21 +331,26 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
-               meta_estimate: float | None = None) -> None:
+               meta_estimate: float | None = None, worst_case: str = "",
+               meta_ranks: int | None = None) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
-    iterations (verify runs two per checked tensor); `meta_estimate`: one meta iteration's CPU
-    seconds with the work the shortcut verdict leaves counted (shortcuts/work_counts.py
-    run_seconds), else meta_seconds' rule alone."""
+    iterations, at most that many where `worst_case` accounts for them (verify: two per checked
+    tensor, four more per tensor re-differenced, commands/verify.py _iterations);
+    `meta_estimate`: one meta iteration's CPU seconds with the work the shortcut verdict leaves
+    counted (shortcuts/work_counts.py run_seconds), else meta_seconds' rule alone; `meta_ranks`
+    the ranks it simulates (work_counts.py run_ranks), else simulated_ranks' rule."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
-        _check_memory(meta_bytes(sc, shortcuts), "work", "meta mode would keep about")
+        _check_memory(meta_bytes(sc, shortcuts, meta_ranks), "work", "meta mode would keep about")
         seconds = (meta_seconds(sc, shortcuts) if meta_estimate is None
                    else meta_estimate) * iterations
     if seconds > TIME_LIMIT_S and not force:
-        raise UserError("work", f"about {seconds:.3g} CPU seconds to simulate "
-                        f"({layer_steps(sc)} layer-steps x {iterations} iteration(s)), above the "
-                        f"limit of {TIME_LIMIT_S:g} s (--force to run anyway)")
+        count = f"up to {iterations} iterations: {worst_case}" if worst_case else \
+            f"{iterations} iteration(s)"
+        raise UserError("work", f"{'up to ' if worst_case else ''}about {seconds:.3g} CPU "
+                        f"seconds to simulate ({layer_steps(sc)} layer-steps x {count}), above "
+                        f"the limit of {TIME_LIMIT_S:g} s (--force to run anyway)")

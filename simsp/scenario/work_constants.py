@@ -15,11 +15,16 @@ from simsp.units import GiB
 # (topology, links, ranks) and the check; the smallest meta runs (tiny and Llama 3 8B, 2 layers,
 # 8 GPUs).
 RUN_START_SECONDS = 0.0057
-# estimate_constants.py --only layer-step (2026-11-29, probe 142-174 ms): Meta mode with every
-# shortcut, one layer forward and backward on one stage, and its growth with the replicas d: GPT-3
-# 175B width (t 8, SP, selective), L 32 to 96, p 1 to 8, m 4 to 128, d 1 to 64.
-META_SECONDS_PER_LAYER_STEP = 2.9e-5
-META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 6.1e-7
+# estimate_constants.py --only layer-step (2026-11-29, q46f, probe 282-328 ms): Meta mode with every
+# shortcut, one layer forward and backward on one stage, its growth with the replicas d, and each
+# schedule step of a simulated rank (one model chunk's forward or backward of one micro-batch: the
+# step's bookkeeping and its pipeline send and receive): GPT-3 175B width (t 8, SP, selective), L 32
+# to 96, p 1 to 8, m 4 to 128, d 1 to 64, chunks of 1 to 48 layers. Without the chunk term the
+# layer-step absorbed the steps of 12-layer chunks, and paper-530b (chunks of one layer) ran 4.9
+# times its estimate.
+META_SECONDS_PER_LAYER_STEP = 2.5e-5
+META_SECONDS_PER_LAYER_STEP_PER_REPLICA = 1.9e-7
+META_SECONDS_PER_CHUNK_STEP = 6.6e-5
 # estimate_constants.py --only full (2026-11-29, probe 142-174 ms): --no-shortcuts: per simulated
 # rank-step, and per rank of its TP ring (tiny shape, 2 layers, t 8 / 16 / 64), priced by the rule
 # alone (run_seconds under Shortcuts() adds the stepped rings' flows to it).

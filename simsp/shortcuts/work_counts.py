@@ -431,7 +431,16 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    gather_flows=counts.gather_flows,
                                    replicas=len(shortcuts.replicas),
                                    cp_lone=cp_lone(sc, shortcuts),
-                                   cp_templates=shortcuts.templates and sc.parallel.cp > 1)
+                                   cp_templates=shortcuts.templates and sc.parallel.cp > 1,
+                                   ranks=run_ranks(sc, shortcuts))
+
+
+def run_ranks(sc, shortcuts: Shortcuts) -> int:
+    """Ranks the run simulates under `shortcuts`: the timing plan's (shortcuts/plan.py
+    simulated_ranks: replicas per placement or shard kind, CP ranks, rail symmetry's orbits,
+    expert groups grown), every rank without the representative."""
+    ranks = simulated_ranks(sc, shortcuts)
+    return sc.parallel.world_size if ranks is None else len(ranks)
 
 
 def cp_lone(sc, shortcuts: Shortcuts) -> bool:
