@@ -26,6 +26,7 @@ from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
 from simsp.training.context_parallel.ring_pass import RingPass
+from simsp.training.context_parallel.step_clock import call_seconds as call_charges
 from simsp.training.context_parallel.step_clock import charged_apart, run_step, step_seconds
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
@@ -122,6 +123,10 @@ class CpAttention(ContextParallelAttention):
             return step_seconds(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
                                 (shapes, ring_phase, step))
 
+        def call_seconds(ring_phase: str):  # the whole call charged at once, for ring_pass.py
+            return call_charges(r, lambda rank, step: kernels(rank, ring_phase, step), self.size,
+                                self.steps, (shapes, ring_phase))
+
         def kernels(r, ring_phase: str, step: int):
             yield from block(r, ring_phase, step)
             if after is not None:
@@ -146,7 +151,7 @@ class CpAttention(ContextParallelAttention):
                 r.phase = saved
             for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
-        run.seconds = seconds
+        run.seconds, run.call_seconds = seconds, call_seconds
         return run
 
     def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
