@@ -46,6 +46,7 @@ LAYOUTS = [  # gpn, t, cp, p, interleaved; against the full simulation here or n
     (2, 2, 4, 2, True, False),  # CP 4 over four nodes, TP 2, PP 2 interleaved
     (4, 1, 4, 2, False, False),  # CP 4 inside a node (NVLink), two stages
     (4, 2, 3, 1, False, True),  # CP 3 of TP 2 on 4-GPU nodes: two hops on NVLink, one on IB
+    (2, 1, 8, 1, False, True),  # CP 8 over four 2-GPU nodes: four IB, four NVLink hops
 ]
 
 

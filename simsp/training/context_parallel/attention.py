@@ -94,6 +94,7 @@ class CpAttention(ContextParallelAttention):
         shared.done += 1
         if shared.done == self.size:
             del self.rings[key]
+            shared.ring.arith = None  # its RingPass points back at it: freed now, not by the GC
 
     def _kernels(self, r, kernels: list):
         """TE's memory-bound bookkeeping kernels (te_p2p_kernels), one after the other; none
