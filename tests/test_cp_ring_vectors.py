@@ -124,3 +124,24 @@ def test_nudges_are_delay_to_per_element():
         expected.append(t - n if delay is None else delay)
     assert missed > 10  # the cases delay_to finds no delay for occur
     assert ring_pass._delays(now, target).tolist() == expected
+
+
+def test_ledger_changes_at_once_equal_one_by_one():
+    """Ledger.alloc_each and free_each (the ring's receive buffers) leave the same log, packed
+    rows, totals, live tensors and peaks as alloc and free one by one."""
+    keys = [f"layer.cp_kv_{i}" for i in range(5)]
+    times = [0.5, 0.25, 1.0, 1.0, 3.0]
+    one, each = Ledger(0, 10**12), Ledger(0, 10**12)
+    for ledger in (one, each):
+        ledger.alloc("layer.x", 7, "activations", "op", 0.1)
+    for key, time_s in zip(keys, times):
+        one.alloc(key, 11, "communication", "cp_ring", time_s)
+    each.alloc_each(keys, 11, "communication", "cp_ring", times)
+    for key in keys[:4] + ["layer.x"]:
+        one.free(key, "cp_ring", 4.0)
+    each.free_each(keys[:4] + ["layer.x"], "cp_ring", 4.0)
+    assert one.records == each.records and one.numbers.rows == each.numbers.rows
+    assert one.current == each.current and one.live == each.live
+    assert one.summary().peak_by_category == each.summary().peak_by_category
+    with pytest.raises(KeyError):
+        each.alloc_each(keys[4:], 11, "communication", "cp_ring", [5.0])  # live already

@@ -82,7 +82,7 @@ class CpAttention(ContextParallelAttention):
             ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope,
                           lone=self.lone)
             if self.lone is not None and not r.numeric and charged_apart(r):  # ring_pass.py
-                ring.arith = RingPass(ring)
+                ring.arith = RingPass(ring, steps=False)
             shared = self.rings[key] = SharedRing(ring)
         shared.ring.ledgers[self.index] = r.ledger
         return shared

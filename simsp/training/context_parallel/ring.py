@@ -161,9 +161,7 @@ class CpRing:
             yield from self._forward_steps(rank, block_s, numbers)
         ledger = self.ledgers.get(rank)
         if ledger is not None and self.kv_bytes:  # the send and receive buffers but the last
-            now = self.env.now
-            for key in self.kv_keys()[:self.cp - 1]:
-                ledger.free(key, "cp_ring", now)
+            ledger.free_each(self.kv_keys()[:self.cp - 1], "cp_ring", self.env.now)
         if ledger is not None and self.cp > 1:  # TE saves the last K/V received for backward
             ledger.retag(f"{self.prefix}cp_kv_{self.cp - 1}", "activations",
                          f"{self.prefix}cp_kv_saved")

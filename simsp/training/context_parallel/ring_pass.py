@@ -37,8 +37,11 @@ class RingPass:
     """One CP ring's arithmetic pass per phase: the ranks entered so far, then every rank's
     (end, time waited, receive buffers' post times) once the last has entered."""
 
-    def __init__(self, ring):
+    def __init__(self, ring, steps: bool = True):
         self.ring = ring  # ring.py CpRing: the group's GPUs, K/V bytes, lone sends, timeline
+        # whether each step's (start, end) goes into the ring's timeline (the training loop
+        # reads only the ranks' waits and ends: attention.py)
+        self.steps = steps
         self.entered = {}  # phase -> {cp rank: (entry s, its call's step_clock.CallCharges)}
         self.sides = {}  # phase -> per cp rank (end s, waited s, (post s of cp_kv_1.., ...))
         self.ready = {}  # phase -> the event the early ranks wait on
@@ -54,24 +57,24 @@ class RingPass:
             yield ready
         else:
             self.sides[phase] = (forward_pass if phase == "forward" else backward_pass)(
-                ring, [entered[r] for r in range(ring.cp)])
+                ring, [entered[r] for r in range(ring.cp)], self.steps)
             if phase in self.ready:
                 self.ready[phase].succeed()
         end_s, waited_s, posts = self.sides[phase][rank]
         ledger = ring.ledgers.get(rank)
-        if ledger is not None and ring.kv_bytes:  # receive buffers cp_kv_1.. at their posts
-            kv, keys = ring.kv_bytes, ring.kv_keys()
-            for step, time_s in enumerate(posts, 1):
-                ledger.alloc(keys[step], kv, "communication", "cp_ring", time_s)
+        if ledger is not None and ring.kv_bytes and posts:  # cp_kv_1.. at their posts
+            ledger.alloc_each(ring.kv_keys()[1:], ring.kv_bytes, "communication", "cp_ring",
+                              posts)
         ring.timeline.waited[(phase, rank)] = waited_s
         yield from _sleep_until(env, end_s)
 
 
-def forward_pass(ring, entries: list) -> list:
+def forward_pass(ring, entries: list, steps: bool = True) -> list:
     """Every rank's forward (ring.py CpRing.forward): step i waits for step i−1's send and
     receive, posts step i's (a receive buffer allocated) but at the last step, computes.
-    entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2)."""
-    c, compute = ring.cp, ring.timeline.compute
+    entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2);
+    `steps`: each step's (start, end) recorded in the ring's timeline."""
+    c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
     kernels = _kernels(ring, entries)  # per step (kernels, c) seconds
     previous = _neighbour(c, -1)  # (c,) cp rank r − 1 of each r
@@ -91,10 +94,10 @@ def forward_pass(ring, entries: list) -> list:
     return list(zip(clock.tolist(), waited.tolist(), posts.T.tolist()))
 
 
-def backward_pass(ring, entries: list) -> list:
+def backward_pass(ring, entries: list, steps: bool = True) -> list:
     """Every rank's backward (CpRing.backward): step i posts (to r − 1, from r + 1), computes,
     then waits for both deliveries."""
-    c, compute = ring.cp, ring.timeline.compute
+    c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
     kernels = _kernels(ring, entries)  # per step (kernels, c)
     following = _neighbour(c, 1)  # (c,) cp rank r + 1 of each r
@@ -131,12 +134,13 @@ def _kernels(ring, entries: list) -> tuple:
 
 def _compute(compute: dict, phase: str, step: int, clock, kernels):
     """Each rank's step compute from its clock, kernels (kernels, c) added one after the other
-    (step_clock): (c,) the step ends."""
+    (step_clock): (c,) the step ends, recorded in `compute` (the ring's timeline) unless None."""
     end = clock.copy()  # (c,)
     for column in kernels:  # (c,) one kernel of every rank
         end += column
-    compute.update(zip(_compute_keys(phase, step, len(clock)),
-                       zip(clock.tolist(), end.tolist())))
+    if compute is not None:
+        compute.update(zip(_compute_keys(phase, step, len(clock)),
+                           zip(clock.tolist(), end.tolist())))
     return end
 
 
