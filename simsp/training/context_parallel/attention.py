@@ -27,7 +27,7 @@ from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_st
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
 from simsp.training.context_parallel.ring_pass import RingPass
 from simsp.training.context_parallel.step_clock import call_seconds as call_charges
-from simsp.training.context_parallel.step_clock import charged_apart, run_step, step_seconds
+from simsp.training.context_parallel.step_clock import charged_apart, run_step
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -120,10 +120,6 @@ class CpAttention(ContextParallelAttention):
             yield from run_step(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
                                 (shapes, ring_phase, step))
 
-        def seconds(ring_phase: str, step: int) -> tuple:  # charged, for ring_pass.py
-            return step_seconds(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
-                                (shapes, ring_phase, step))
-
         def call_seconds(ring_phase: str):  # the whole call charged at once, for ring_pass.py
             return call_charges(r, lambda rank, step: kernels(rank, ring_phase, step), self.size,
                                 self.steps, (shapes, ring_phase))
@@ -152,7 +148,7 @@ class CpAttention(ContextParallelAttention):
                 r.phase = saved
             for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
-        run.seconds, run.call_seconds = seconds, call_seconds
+        run.call_seconds = call_seconds
         return run
 
     def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,

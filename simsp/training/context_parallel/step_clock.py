@@ -25,7 +25,7 @@ def one_timeout(r) -> bool:
 
 
 def charged_apart(r) -> bool:
-    """Whether r's ring steps may be charged apart from holding the stream (step_seconds):
+    """Whether r's ring steps may be charged apart from holding the stream (call_seconds):
     one_timeout(r), and no kernel log or CUDA graphs, which note when each kernel runs."""
     return one_timeout(r) and r.kernel_log is None and r.graphs is None
 
@@ -60,23 +60,12 @@ def run_step(r, kernels, memo: dict | None = None, key=None):
         yield r.env.timeout(seconds)
 
 
-def step_seconds(r, kernels, memo: dict, key) -> tuple:
-    """Charge `kernels(r)` as run_step does where one_timeout(r) (recorded once in `memo`
-    under `key`, replayed after) without holding the stream: its kernels' seconds, in order
-    (training/context_parallel/ring_pass.py adds them to the step's start)."""
-    charges = memo.get(key)
-    if charges is None:
-        charges = memo[key] = _charge(r, kernels)
-    else:
-        _recharge(r, charges)
-    return charges[2]
-
-
 def call_seconds(r, step_kernels, steps: int, memo: dict, key) -> "CallCharges":
     """Charge a whole ring call's steps (`step_kernels(r, step)` for step 0..steps−1) as
-    step_seconds would one after the other, recorded once in `memo` under `key` and replayed
-    after as one bundle (each counter's additions in the same order, so the same floats): the
-    call's CallCharges (ring_pass.py reads its kernel seconds)."""
+    run_step does where one_timeout(r), one after the other, without holding the stream;
+    recorded once in `memo` under `key` and replayed after as one bundle (each counter's
+    additions in the same order, so the same floats): the call's CallCharges (ring_pass.py
+    adds its kernel seconds to each step's start)."""
     charges = memo.get(key)
     if charges is None:
         charges = memo[key] = CallCharges([_charge(r, lambda rank, s=step: step_kernels(rank, s))
