@@ -125,7 +125,9 @@ GROUPS = {
     "cp-lone": (("CP_TEMPLATE_SECONDS_PER_RANK_STEP", "CP_PASS_SECONDS_PER_RANK_PAIR"), [
         ("cp 16 p2p", _cp(16, 1, "p2p"), "run"),
         ("cp 64 p2p", _cp(64, 1, "p2p"), "run"),
-        ("cp-128k 256", _cp_128k(256), "run")]),
+        ("cp-128k 256", _cp_128k(256), "run"),
+        ("cp-128k 512", _cp_128k(512), "run"),
+        ("cp-128k 1024", _cp_128k(1024), "run")]),
     # SMs shared: ring_pass.py and the split templates are off
     "cp-lone-shared": (("CP_SECONDS_PER_RANK_STEP", "CP_LONE_SECONDS_PER_RANK_PAIR"), [
         ("cp 16 p2p, SM contention", _cp(16, 1, "p2p") + ["--sm-contention"], "run"),

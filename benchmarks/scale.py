@@ -21,7 +21,7 @@ Families (the layouts of docs/PERFORMANCE.md "Scale"):
 - gpt3-175b-h100-tpo: the same with --tp-comm-overlap (TE's userbuffers ring exchanges);
 - deepseek-v3: scenarios/deepseek-v3.toml (EP 64, PP 16, MLA), d from the GPU count;
 - llama3.1-405b-fsdp: scenarios/llama3.1-405b.toml at TP 8 PP 16 with Megatron-FSDP;
-- cp-128k: scenarios/llama3-70b.toml (TP 8, PP 4 interleaved) at 128K tokens, CP 8 and 16;
+- cp-128k: scenarios/llama3-70b.toml (TP 8, PP 4 interleaved) at 128K tokens, CP 8, 16 and 32;
 - cp-128k-dp: the same at CP 16 with d = GPUs / 512 replicas (global batch 4·d), 512 ->
   16,384 GPUs;
 - fsdp2-d64: scenarios/llama3-8b.toml with 8 layers under FSDP2, d = GPUs;
@@ -131,7 +131,7 @@ FAMILIES = {
     "gpt3-175b-h100-tpo": (_gpt3_tp_overlap, (128, 512, 2048), (128,)),
     "deepseek-v3": (_deepseek, (1024, 2048, 4096), (1024,)),
     "llama3.1-405b-fsdp": (_llama405_fsdp, (2048, 4096, 8192, 16384), (2048,)),
-    "cp-128k": (_cp_128k, (256, 512), (256,)),
+    "cp-128k": (_cp_128k, (256, 512, 1024), (256,)),
     "cp-128k-dp": (_cp_128k_dp, (512, 1024, 2048, 4096, 8192, 16384), (512, 1024)),
     "fsdp2-d64": (_fsdp2, (16, 32, 64, 128, 256), (16, 32, 64)),
     "mtp-deep": (_mtp, (64, 256, 1024, 4096), (64, 256)),

@@ -78,17 +78,18 @@ CP_SECONDS_PER_RANK_PAIR = 4.6e-5
 # and benchmarks/scale.py cp-128k at 256 GPUs; where SMs are shared (--sm-contention or TP comm
 # overlap) the pass is off and every send is a step of its own: cp 16 and 64 with --sm-contention.
 CP_SECONDS_PER_RANK_STEP = 0.0014
-CP_PASS_SECONDS_PER_RANK_PAIR = 3.3e-5
+CP_PASS_SECONDS_PER_RANK_PAIR = 1.68e-5  # q46b, below
 CP_LONE_SECONDS_PER_RANK_PAIR = 1.6e-4
-# estimate_constants.py --only cp-lone (2026-11-29, q45b, probe 304-368 ms: a loaded machine):
-# where the verdict uses layer templates with context parallelism (model/replay.py SplitTemplate)
-# a CP rank's layer-step is its CP calls (TE's prologue and epilogue kernels, its side of the ring
-# pass) and a few replayed segments: per layer-step per CP rank, fitted with
-# CP_PASS_SECONDS_PER_RANK_PAIR on cp-lone's runs (cp 16 and 64 of the 2-layer Llama 3 8B shape,
-# cp-128k at 256 GPUs), which now use the templates: 1.78e-4, beside 5.65e-5 for the pass's pairs
-# (3.3e-5 above at probe 193 ms, unchanged by the templates: ratio 1.71); scaled by that ratio to
-# the probe the other constants were measured at.
-CP_TEMPLATE_SECONDS_PER_RANK_STEP = 1.0e-4
+# estimate_constants.py --only start cp-lone (2026-11-29, q46b, probe 232 ms after the pass;
+# RUN_START_SECONDS measured in the same pass at ratio 1.00, so no rescaling): where the verdict
+# uses layer templates with context parallelism (model/replay.py SplitTemplate) a CP rank's
+# layer-step is its CP calls (TE's prologue and epilogue kernels, its side of the ring pass) and a
+# few replayed segments, per layer-step per CP rank; fitted with CP_PASS_SECONDS_PER_RANK_PAIR on
+# cp-lone's runs (cp 16 and 64 of the 2-layer Llama 3 8B shape, cp-128k at 256, 512 and 1,024
+# GPUs). The pass's pairs now cost less (one charge per call, the group's arithmetic as vectors,
+# receive buffers entered at once: context_parallel/ring_pass.py) and the per-rank part more of
+# the whole: 2.1e-4 per rank-step and 1.68e-5 per pair (was 1.0e-4 and 3.3e-5).
+CP_TEMPLATE_SECONDS_PER_RANK_STEP = 2.1e-4
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it (engine/collectives/ring_alone.py channel_segment runs one channel's piece
 # per node), so it is in the linear terms; where the verdict steps it, its flows are counted

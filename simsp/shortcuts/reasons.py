@@ -91,4 +91,5 @@ def cp_templates_why(sc, why: str) -> str:
                 "running beside it")
     return ("used: every layer step of a simulated rank is alike outside its CP attention "
             "calls; the parts around them are recorded once per rank and replayed, the CP "
-            "calls run")
+            "calls run (a p2p ring alone on its links: each call's charges replayed at once "
+            "per rank, its times worked out for the whole group in one vector pass)")

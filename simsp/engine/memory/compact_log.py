@@ -8,6 +8,7 @@ built with one argsort.
 """
 
 import struct
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -93,6 +94,10 @@ class NumericLog:
     def single(self, time_s: float, code: int, delta: int) -> None:
         """One alloc (+bytes) or free (-bytes) of the category of `code`."""
         self.rows += _ROW(time_s, code, delta, -1)
+
+    def singles(self, times, codes, deltas) -> None:
+        """Several single changes at once, as `single` one after the other (iterables)."""
+        self.rows += b"".join(map(_ROW, times, codes, deltas, repeat(-1)))
 
     def block(self, start_s: float, block: OpBlock, input_code: int) -> None:
         """One block applied at `start_s` (input_code as in BlockRecord)."""

@@ -8,6 +8,7 @@ exactly the same figures (tests/test_ledger_compact.py). Running totals track wh
 """
 
 import itertools
+from itertools import repeat
 from dataclasses import dataclass, field
 
 from simsp.engine.memory.compact_log import (BlockRecord, MemEvent, NumericLog, SortedLog,
@@ -81,6 +82,34 @@ class Ledger:
         now = self.clock() if time_s is None else time_s
         self.records.append((now, key, tensor.category, -tensor.nbytes, op))
         self.numbers.single(now, CODE[tensor.category], -tensor.nbytes)
+
+    def alloc_each(self, keys, nbytes: int, category: str, op: str, times) -> None:
+        """Record tensors of one size and category, keys[i] at times[i]: the same log and
+        totals as `alloc` one by one (a CP ring's receive buffers, ring_pass.py)."""
+        if category not in self.current:
+            raise KeyError(f"unknown memory category {category!r}")
+        add = self.live_set.add
+        try:
+            for key in keys:
+                add(key, category, nbytes, op)  # checks the key is not live
+        except AlreadyLive as error:
+            raise AlreadyLive(f"rank {self.rank}: {error.args[0]}") from None
+        self.current[category] += nbytes * len(keys)
+        self.records.extend([(time_s, key, category, nbytes, op)
+                             for time_s, key in zip(times, keys, strict=True)])
+        self.numbers.singles(times, repeat(CODE[category]), repeat(nbytes))
+
+    def free_each(self, keys, op: str, time_s: float) -> None:
+        """Release live tensors at time_s: the same log and totals as `free` one by one."""
+        pop, current = self.live_set.pop, self.current
+        tensors = [pop(key) for key in keys]
+        for tensor in tensors:
+            current[tensor.category] -= tensor.nbytes
+        self.records.extend([(time_s, key, tensor.category, -tensor.nbytes, op)
+                             for key, tensor in zip(keys, tensors)])
+        self.numbers.singles(repeat(time_s, len(tensors)),
+                             [CODE[tensor.category] for tensor in tensors],
+                             [-tensor.nbytes for tensor in tensors])
 
     def retag(self, key: str, category: str, new_key: str | None = None) -> str:
         """Move a live tensor to another category (e.g. a temporary saved for backward)."""

@@ -26,7 +26,8 @@ from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
 from simsp.training.context_parallel.ring_pass import RingPass
-from simsp.training.context_parallel.step_clock import charged_apart, run_step, step_seconds
+from simsp.training.context_parallel.step_clock import call_seconds as call_charges
+from simsp.training.context_parallel.step_clock import charged_apart, run_step
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
 
 FORWARD_GEMMS = ("scores", "context")  # a block's batched GEMMs, as ops.flash_attention
@@ -81,7 +82,7 @@ class CpAttention(ContextParallelAttention):
             ring = CpRing(self.env, self.network, self.members, kv_bytes, {}, prefix=r.scope,
                           lone=self.lone)
             if self.lone is not None and not r.numeric and charged_apart(r):  # ring_pass.py
-                ring.arith = RingPass(ring)
+                ring.arith = RingPass(ring, steps=False)
             shared = self.rings[key] = SharedRing(ring)
         shared.ring.ledgers[self.index] = r.ledger
         return shared
@@ -93,6 +94,7 @@ class CpAttention(ContextParallelAttention):
         shared.done += 1
         if shared.done == self.size:
             del self.rings[key]
+            shared.ring.arith = None  # its RingPass points back at it: freed now, not by the GC
 
     def _kernels(self, r, kernels: list):
         """TE's memory-bound bookkeeping kernels (te_p2p_kernels), one after the other; none
@@ -118,9 +120,9 @@ class CpAttention(ContextParallelAttention):
             yield from run_step(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
                                 (shapes, ring_phase, step))
 
-        def seconds(ring_phase: str, step: int) -> tuple:  # charged, for ring_pass.py
-            return step_seconds(r, lambda rank: kernels(rank, ring_phase, step), self.steps,
-                                (shapes, ring_phase, step))
+        def call_seconds(ring_phase: str):  # the whole call charged at once, for ring_pass.py
+            return call_charges(r, lambda rank, step: kernels(rank, ring_phase, step), self.size,
+                                self.steps, (shapes, ring_phase))
 
         def kernels(r, ring_phase: str, step: int):
             yield from block(r, ring_phase, step)
@@ -146,7 +148,7 @@ class CpAttention(ContextParallelAttention):
                 r.phase = saved
             for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
-        run.seconds = seconds
+        run.call_seconds = call_seconds
         return run
 
     def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,

@@ -15,6 +15,8 @@ network's solve, wake-up and delivery. Recorded and counted as the network recor
 
 from functools import partial
 
+import numpy as np
+
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.group_timing import STEP_BY_STEP
 from simsp.engine.network import succeed_after
@@ -31,6 +33,8 @@ class LoneRing:
     def __init__(self, network, gpus: tuple):
         self.network = network
         self.routes = {}  # (src gpu, dst gpu) -> (lone rate in B/s, latency in s)
+        self.pass_kernels = {}  # ring_pass.py: its ranks' call charges -> their kernel seconds
+        self._pairs = {}  # (gpus, to) -> pair_arrays
         for to in (1, -1):  # forward sends go to rank + 1, backward ones to rank - 1
             pairs = [(g, gpus[(i + to) % len(gpus)]) for i, g in enumerate(gpus)]
             routes = [network.route_of(src, dst) for src, dst in pairs]
@@ -53,8 +57,27 @@ class LoneRing:
     def _timing(self, src: int, dst: int, nbytes: int, start_s: float) -> tuple:
         """(drained-plus-latency time, the delay from start_s landing on it or None)."""
         rate_Bps, latency_s = self.routes[(src, dst)]
-        end_s = (start_s + nbytes / rate_Bps) + latency_s  # drained, then the route's latency
+        end_s = self.end_time(start_s, nbytes, rate_Bps, latency_s)
         return end_s, delay_to(start_s, end_s)
+
+    @staticmethod
+    def end_time(start_s, nbytes: int, rate_Bps, latency_s):
+        """A lone send's delivery: drained at its lone rate, then the route's latency (floats,
+        or (c,) arrays for ring_pass.py: the same operations per element)."""
+        return (start_s + nbytes / rate_Bps) + latency_s
+
+    def pair_arrays(self, gpus: tuple, to: int) -> tuple:
+        """For each cp rank's send to rank + to (ring_pass.py): (src GPUs, dst GPUs, (c,) lone
+        rates in B/s, (c,) latencies in s), in cp-rank order."""
+        found = self._pairs.get((gpus, to))
+        if found is None:
+            c = len(gpus)
+            srcs, dsts = list(gpus), [gpus[(i + to) % c] for i in range(c)]
+            routes = [self.routes[pair] for pair in zip(srcs, dsts)]
+            found = self._pairs[(gpus, to)] = (
+                srcs, dsts, np.array([rate for rate, _ in routes], dtype=np.float64),
+                np.array([latency for _, latency in routes], dtype=np.float64))
+        return found
 
     def delivered_at(self, src: int, dst: int, nbytes: int, start_s: float, label: str) -> float:
         """When `send` at start_s would deliver (start_s plus the delay it schedules), the

@@ -81,6 +81,14 @@ class CpRing:
         self.prefix = prefix  # ledger key scope of the buffers (a layer's, in the training loop)
         self.timeline = RingTimeline()
         self._moving: dict = {}  # (phase, step, src cp rank) -> [sides posted, delivered]
+        self._kv_keys = None  # (cp,) ledger keys of the forward's K/V buffers, made once
+
+    def kv_keys(self) -> tuple:
+        """The ledger keys of the forward's K/V buffers cp_kv_0..cp_kv_{cp−1} (step i receives
+        into cp_kv_{i+1}), under the ring's scope."""
+        if self._kv_keys is None:
+            self._kv_keys = tuple(f"{self.prefix}cp_kv_{i}" for i in range(self.cp))
+        return self._kv_keys
 
     def _post(self, phase: str, step: int, rank: int) -> tuple:
         """Post this rank's send and receive of `step`: their delivery events (none at a step
@@ -147,14 +155,13 @@ class CpRing:
         (numeric mode, training/context_parallel/ring_numeric.py) is told when the rank posts, computes and
         has received each step's exchange."""
         self._buffer(rank, "cp_kv_0", self.kv_bytes if self.cp > 1 else 0, True)
-        if self.arith is not None:  # every step at once: block_s.seconds(phase, step)
-            yield from self.arith.side("forward", rank, [block_s.seconds("forward", step)
-                                                         for step in range(self.cp)])
+        if self.arith is not None:  # every step at once: the call's charges
+            yield from self.arith.side("forward", rank, block_s.call_seconds("forward"))
         else:
             yield from self._forward_steps(rank, block_s, numbers)
-        for step in range(self.cp - 1):
-            self._buffer(rank, f"cp_kv_{step}", self.kv_bytes, False)
         ledger = self.ledgers.get(rank)
+        if ledger is not None and self.kv_bytes:  # the send and receive buffers but the last
+            ledger.free_each(self.kv_keys()[:self.cp - 1], "cp_ring", self.env.now)
         if ledger is not None and self.cp > 1:  # TE saves the last K/V received for backward
             ledger.retag(f"{self.prefix}cp_kv_{self.cp - 1}", "activations",
                          f"{self.prefix}cp_kv_saved")
@@ -184,8 +191,7 @@ class CpRing:
         buffers = 4 * self.kv_bytes if self.cp > 1 else 0  # two (K/V, dK/dV) buffers
         self._buffer(rank, "cp_kv_dkv_buffers", buffers, True)
         if self.arith is not None:  # every step at once, as forward
-            yield from self.arith.side("backward", rank, [block_s.seconds("backward", step)
-                                                          for step in range(self.cp)])
+            yield from self.arith.side("backward", rank, block_s.call_seconds("backward"))
         else:
             yield from self._backward_steps(rank, block_s, numbers)
         self._buffer(rank, "cp_kv_dkv_buffers", buffers, False)

@@ -13,109 +13,193 @@ same order, the delay LoneRing.send schedules), and each rank sleeps once, to it
 events per call for the group instead of 2·c² (c = cp). No rank's end comes before the last
 entry: its last step waits on sends whose posts chain back, one ring hop per step, to every
 rank's entry.
+
+The arithmetic runs over the group at once (numpy vectors over the c ranks, one per step): the
+same IEEE maxima, additions and divisions per element as the per-rank loop, so the same floats
+(a step's kernels added one column at a time, zero-padded: x + 0.0 == x).
 """
 
 from functools import cache
 from heapq import heappush
+from itertools import repeat
 
+import numpy as np
 from simpy.events import NORMAL
 
+from simsp.engine.trace import TransferRecord
 from simsp.model.replay import delay_to
 from simsp.training.context_parallel.ring import exchange_bytes
+
+_new = tuple.__new__  # skips NamedTuple's Python-level constructor, as engine/network.py
 
 
 class RingPass:
     """One CP ring's arithmetic pass per phase: the ranks entered so far, then every rank's
-    (end, time waited, receive buffers allocated) once the last has entered."""
+    (end, time waited, receive buffers' post times) once the last has entered."""
 
-    def __init__(self, ring):
+    def __init__(self, ring, steps: bool = True):
         self.ring = ring  # ring.py CpRing: the group's GPUs, K/V bytes, lone sends, timeline
-        self.entered = {}  # phase -> {cp rank: (entry s, ((kernel s, ...) per step))}
-        self.sides = {}  # phase -> {cp rank: (end s, waited s, ((time s, buffer key), ...))}
+        # whether each step's (start, end) goes into the ring's timeline (the training loop
+        # reads only the ranks' waits and ends: attention.py)
+        self.steps = steps
+        self.entered = {}  # phase -> {cp rank: (entry s, its call's step_clock.CallCharges)}
+        self.sides = {}  # phase -> per cp rank (end s, waited s, (post s of cp_kv_1.., ...))
         self.ready = {}  # phase -> the event the early ranks wait on
 
-    def side(self, phase: str, rank: int, seconds: list):
-        """Rank `rank`'s side of the call (`seconds[step]`: its step's kernel seconds, charged
-        already): wait for the group, take its worked-out side, sleep to its end."""
+    def side(self, phase: str, rank: int, charges):
+        """Rank `rank`'s side of the call (`charges`: its call's step_clock.CallCharges,
+        charged already): wait for the group, take its worked-out side, sleep to its end."""
         ring, env = self.ring, self.ring.env
         entered = self.entered.setdefault(phase, {})
-        entered[rank] = (env.now, seconds)
+        entered[rank] = (env.now, charges)
         if len(entered) < ring.cp:
             ready = self.ready.get(phase) or self.ready.setdefault(phase, env.event())
             yield ready
         else:
             self.sides[phase] = (forward_pass if phase == "forward" else backward_pass)(
-                ring, [entered[r] for r in range(ring.cp)])
+                ring, [entered[r] for r in range(ring.cp)], self.steps)
             if phase in self.ready:
                 self.ready[phase].succeed()
-        end_s, waited_s, buffers = self.sides[phase][rank]
-        for time_s, key in buffers:
-            ring._buffer(rank, key, ring.kv_bytes, True, time_s)
+        end_s, waited_s, posts = self.sides[phase][rank]
+        ledger = ring.ledgers.get(rank)
+        if ledger is not None and ring.kv_bytes and posts:  # cp_kv_1.. at their posts
+            ledger.alloc_each(ring.kv_keys()[1:], ring.kv_bytes, "communication", "cp_ring",
+                              posts)
         ring.timeline.waited[(phase, rank)] = waited_s
         yield from _sleep_until(env, end_s)
 
 
-def forward_pass(ring, entries: list) -> list:
+def forward_pass(ring, entries: list, steps: bool = True) -> list:
     """Every rank's forward (ring.py CpRing.forward): step i waits for step i−1's send and
     receive, posts step i's (a receive buffer allocated) but at the last step, computes.
-    entries[r] = (entry s, per step (kernel s, ...)) -> per rank (end, waited, buffers)."""
-    c, compute = ring.cp, ring.timeline.compute
-    clock = [entry for entry, _ in entries]  # (c,) each rank's time
-    waited = [0.0] * c
-    buffers = [[] for _ in range(c)]  # per rank: (time s, key) of each receive buffer
+    entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2);
+    `steps`: each step's (start, end) recorded in the ring's timeline."""
+    c, compute = ring.cp, ring.timeline.compute if steps else None
+    clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
+    kernels = _kernels(ring, entries)  # per step (kernels, c) seconds
+    previous = _neighbour(c, -1)  # (c,) cp rank r − 1 of each r
+    waited = np.zeros(c)  # (c,)
+    posts = np.empty((max(c - 1, 0), c))  # (steps posting, c) each rank's post time
     delivered = None  # (c,) delivery of cp rank r's send of the previous step
     for step in range(c):
         if delivered is not None:
-            for r in range(c):
-                start = clock[r]
-                clock[r] = max(start, delivered[r], delivered[r - 1])  # sent, received
-                waited[r] += clock[r] - start
+            start = clock
+            clock = np.maximum(np.maximum(start, delivered), delivered[previous])  # sent, rcvd
+            waited += clock - start
         if step < c - 1:
-            for r in range(c):
-                buffers[r].append((clock[r], f"cp_kv_{step + 1}"))
+            posts[step] = clock
             delivered = _sends(ring, "forward", step, clock, 1)
-        _compute(compute, "forward", step, clock, entries)
-    return [(clock[r], waited[r], tuple(buffers[r])) for r in range(c)]
+        clock = _compute(compute, "forward", step, clock, kernels[step])
+    _count(ring, "forward", 1)
+    return list(zip(clock.tolist(), waited.tolist(), posts.T.tolist()))
 
 
-def backward_pass(ring, entries: list) -> list:
+def backward_pass(ring, entries: list, steps: bool = True) -> list:
     """Every rank's backward (CpRing.backward): step i posts (to r − 1, from r + 1), computes,
     then waits for both deliveries."""
-    c, compute = ring.cp, ring.timeline.compute
-    clock = [entry for entry, _ in entries]  # (c,) each rank's time
-    waited = [0.0] * c
+    c, compute = ring.cp, ring.timeline.compute if steps else None
+    clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
+    kernels = _kernels(ring, entries)  # per step (kernels, c)
+    following = _neighbour(c, 1)  # (c,) cp rank r + 1 of each r
+    waited = np.zeros(c)  # (c,)
     for step in range(c):
         delivered = _sends(ring, "backward", step, clock, -1)  # (c,) by sending cp rank
-        _compute(compute, "backward", step, clock, entries)
-        for r in range(c):
-            start = clock[r]
-            clock[r] = max(start, delivered[r], delivered[(r + 1) % c])  # sent, received
-            waited[r] += clock[r] - start
-    return [(clock[r], waited[r], ()) for r in range(c)]
+        clock = _compute(compute, "backward", step, clock, kernels[step])
+        start = clock
+        clock = np.maximum(np.maximum(start, delivered), delivered[following])  # sent, rcvd
+        waited += clock - start
+    _count(ring, "backward", -1)
+    return list(zip(clock.tolist(), waited.tolist(), repeat(())))
 
 
-def _compute(compute: dict, phase: str, step: int, clock: list, entries: list) -> None:
-    """Each rank's step compute from its clock: kernel seconds added in order (step_clock)."""
-    for r, (_, seconds) in enumerate(entries):
-        start = end = clock[r]
-        for kernel_s in seconds[step]:
-            end += kernel_s
-        compute[(phase, r, step)] = (start, end)
-        clock[r] = end
+def _kernels(ring, entries: list) -> tuple:
+    """Per step, (kernels, c) every rank's kernel seconds in order, zero-padded to the step's
+    most (cached per group on its LoneRing by the ranks' CallCharges: a rank's call charges
+    the same kernels each time its shapes recur)."""
+    charges = tuple(call for _, call in entries)
+    cache = ring.lone.pass_kernels
+    key = tuple(map(id, charges))
+    found = cache.get(key)
+    if found is None:  # the value keeps the CallCharges alive, so their ids stay theirs
+        steps = []
+        for step in range(ring.cp):
+            width = max(len(call.seconds[step]) for call in charges)
+            matrix = np.zeros((width, len(charges)))  # (kernels, c)
+            for r, call in enumerate(charges):
+                matrix[:len(call.seconds[step]), r] = call.seconds[step]
+            steps.append(matrix)
+        found = cache[key] = (charges, tuple(steps))
+    return found[1]
 
 
-def _sends(ring, phase: str, step: int, posts: list, to: int) -> list:
+def _compute(compute: dict, phase: str, step: int, clock, kernels):
+    """Each rank's step compute from its clock, kernels (kernels, c) added one after the other
+    (step_clock): (c,) the step ends, recorded in `compute` (the ring's timeline) unless None."""
+    end = clock.copy()  # (c,)
+    for column in kernels:  # (c,) one kernel of every rank
+        end += column
+    if compute is not None:
+        compute.update(zip(_compute_keys(phase, step, len(clock)),
+                           zip(clock.tolist(), end.tolist())))
+    return end
+
+
+def _sends(ring, phase: str, step: int, posts, to: int):
     """Each cp rank's send of `step` to rank + to, started at the later of its two posts
-    (posts: (c,) post times), delivered as LoneRing.send delivers it: (c,) delivery times."""
-    c, gpus, lone = ring.cp, ring.gpus, ring.lone
+    (posts: (c,) post times), delivered as LoneRing.send delivers it: (c,) delivery times,
+    each transfer recorded as its delivery would be (LoneRing.delivered_at; the bytes: _count)."""
+    c = ring.cp
     nbytes = exchange_bytes(phase, step, c, ring.kv_bytes)
-    delivered = [0.0] * c
-    labels = _labels(phase, step, c, to)
-    for src in range(c):
-        dst = (src + to) % c
-        delivered[src] = lone.delivered_at(gpus[src], gpus[dst], nbytes,
-                                           max(posts[src], posts[dst]), labels[src])
+    srcs, dsts, rate_Bps, latency_s = ring.lone.pair_arrays(ring.gpus, to)
+    start = np.maximum(posts, posts[_neighbour(c, to)])  # (c,) posts[src], posts[src + to]
+    end = ring.lone.end_time(start, nbytes, rate_Bps, latency_s)  # (c,)
+    delivered = start + _delays(start, end)  # (c,)
+    ring.lone.network.trace.transfers.extend(map(_new, repeat(TransferRecord), zip(
+        srcs, dsts, repeat(nbytes), start.tolist(), delivered.tolist(),
+        _labels(phase, step, c, to))))
     return delivered
+
+
+def _count(ring, phase: str, to: int) -> None:
+    """The call's sends counted on the network, each GPU's bytes of every step at once (whole
+    numbers: the same sums), in the order the per-send counts first touch them."""
+    c = ring.cp
+    nbytes = sum(exchange_bytes(phase, step, c, ring.kv_bytes) for step in range(c))
+    srcs, dsts, _, _ = ring.lone.pair_arrays(ring.gpus, to)
+    network = ring.lone.network
+    sent, received = network.bytes_sent, network.bytes_received
+    for src, dst in zip(srcs, dsts):
+        sent[src] += nbytes
+        received[dst] += nbytes
+
+
+def _delays(now, target):
+    """(c,) model/replay.py delay_to per element (its four nudges by an ulp, in the same
+    order), or target − now where it finds none, as LoneRing.delivered_at schedules."""
+    delay = target - now  # (c,)
+    landed = now + delay  # (c,)
+    if (landed == target).all():  # the first try lands everywhere
+        return delay
+    done = np.zeros(len(now), dtype=bool)  # (c,)
+    for _ in range(4):
+        low, high = landed < target, landed > target  # (c,) each
+        done |= ~(low | high)
+        delay = np.where(~done & low, np.nextafter(delay, np.inf),
+                         np.where(~done & high, np.nextafter(delay, -np.inf), delay))
+        landed = now + delay
+    return np.where(done, delay, target - now)
+
+
+@cache
+def _neighbour(c: int, to: int) -> np.ndarray:
+    """(c,) the cp rank r + to of every cp rank r (an index array)."""
+    return (np.arange(c) + to) % c
+
+
+@cache
+def _compute_keys(phase: str, step: int, c: int) -> tuple:
+    """The timeline's compute keys (phase, cp rank, step) of every rank at `step`."""
+    return tuple((phase, r, step) for r in range(c))
 
 
 @cache

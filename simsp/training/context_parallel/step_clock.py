@@ -13,6 +13,9 @@ delay_to) ends the step at the very float the kernel-by-kernel run ends it; ever
 themselves, in the same order: only holding the stream (Rank._occupy) is deferred.
 """
 
+from functools import reduce
+from operator import add
+
 from simsp.model.replay import delay_to
 
 
@@ -22,7 +25,7 @@ def one_timeout(r) -> bool:
 
 
 def charged_apart(r) -> bool:
-    """Whether r's ring steps may be charged apart from holding the stream (step_seconds):
+    """Whether r's ring steps may be charged apart from holding the stream (call_seconds):
     one_timeout(r), and no kernel log or CUDA graphs, which note when each kernel runs."""
     return one_timeout(r) and r.kernel_log is None and r.graphs is None
 
@@ -57,16 +60,46 @@ def run_step(r, kernels, memo: dict | None = None, key=None):
         yield r.env.timeout(seconds)
 
 
-def step_seconds(r, kernels, memo: dict, key) -> tuple:
-    """Charge `kernels(r)` as run_step does where one_timeout(r) (recorded once in `memo`
-    under `key`, replayed after) without holding the stream: its kernels' seconds, in order
-    (training/context_parallel/ring_pass.py adds them to the step's start)."""
+def call_seconds(r, step_kernels, steps: int, memo: dict, key) -> "CallCharges":
+    """Charge a whole ring call's steps (`step_kernels(r, step)` for step 0..steps−1) as
+    run_step does where one_timeout(r), one after the other, without holding the stream;
+    recorded once in `memo` under `key` and replayed after as one bundle (each counter's
+    additions in the same order, so the same floats): the call's CallCharges (ring_pass.py
+    adds its kernel seconds to each step's start)."""
     charges = memo.get(key)
     if charges is None:
-        charges = memo[key] = _charge(r, kernels)
+        charges = memo[key] = CallCharges([_charge(r, lambda rank, s=step: step_kernels(rank, s))
+                                           for step in range(steps)])
     else:
-        _recharge(r, charges)
-    return charges[2]
+        charges.recharge(r)
+    return charges
+
+
+class CallCharges:
+    """What a ring call's steps charged, per counter in order, and their kernel seconds."""
+
+    __slots__ = ("flops", "busy", "seconds")
+
+    def __init__(self, steps: list):
+        flops, busy = {}, {}  # phase -> FLOPs added per step; kind -> seconds per kernel
+        for added, held, _ in steps:
+            for phase, value in added.items():
+                flops.setdefault(phase, []).append(value)
+            for kind, seconds in held:
+                busy.setdefault(kind, []).append(seconds)
+        self.flops = tuple((phase, tuple(v)) for phase, v in flops.items())
+        self.busy = tuple((kind, tuple(v)) for kind, v in busy.items())
+        self.seconds = tuple(step[2] for step in steps)  # per step (kernel s, ...) in order
+
+    def recharge(self, r) -> None:
+        """Charge r's counters as the recorded steps did, one by one (_recharge per step): per
+        counter the same values added in the same order (reduce: left to right)."""
+        counts = r.flops
+        for phase, values in self.flops:
+            counts[phase] = reduce(add, values, counts[phase])
+        busy = r.busy_s
+        for kind, values in self.busy:
+            busy[kind] = reduce(add, values, busy.get(kind, 0.0))
 
 
 def _charge(r, kernels) -> tuple:
