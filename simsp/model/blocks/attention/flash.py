@@ -142,9 +142,10 @@ def fused_core(r, shape: AttentionShape, parts: dict, backward: bool, share: flo
         r.phase = phase
 
 
-def _fused_kernel(r, q: Tensor, k: Tensor, v: Tensor, parts: dict, backward: bool):
-    """The layer's causal core as one fused kernel (fused_core) of q, k, v's shapes."""
-    shape = shape_of(q.shape, k.shape[1], q.shape[2], v.shape[-1], True)
+def _fused_kernel(r, q: Tensor, k: Tensor, v: Tensor, parts: dict, backward: bool, p: float):
+    """The layer's causal core as one fused kernel (fused_core) of q, k, v's shapes, drawing its
+    dropout mask in the kernel where p > 0."""
+    shape = shape_of(q.shape, k.shape[1], q.shape[2], v.shape[-1], True, dropout=p > 0)
     yield from fused_core(r, shape, parts, backward)
 
 
@@ -162,7 +163,7 @@ def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name
     names = (f"{out_name}_scores", f"{out_name}_context")
     if r.attention is not None:
         parts = dict(zip(names, _gemm_flops(q, (d, dv))))
-        yield from _fused_kernel(r, q, k, v, parts, backward=False)
+        yield from _fused_kernel(r, q, k, v, parts, backward=False, p=p)
     else:
         yield from _flash_gemms(r, q, names, None if dv == d else (d, dv))
     return out, lse
@@ -185,7 +186,7 @@ def flash_attention_backward(r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     widths = (d, width, width, d, d)
     if r.attention is not None:
         parts = dict(zip(names, _gemm_flops(q, widths)))
-        yield from _fused_kernel(r, q, k, v, parts, backward=True)
+        yield from _fused_kernel(r, q, k, v, parts, backward=True, p=p)
         return dq, dk, dv
     phase, r.phase = r.phase, "recompute"
     yield from _flash_gemms(r, q, names[:1])
