@@ -149,6 +149,19 @@ def _fused_kernel(r, q: Tensor, k: Tensor, v: Tensor, parts: dict, backward: boo
     yield from fused_core(r, shape, parts, backward)
 
 
+def te_layout_copy(r, t: Tensor, name: str):
+    """Transformer Engine's FlashAttention returns flash-attn's (b, s, h·d) output to Megatron's
+    (s, b, h·d) by `output.view(b, s, -1).transpose(0, 1).contiguous()`, a copy, and the backward
+    reshapes the transposed gradient back for flash-attn, another (TE 1.8
+    transformer_engine/pytorch/attention.py FlashAttention.forward; the same at TE d0067d0,
+    dot_product_attention/backends.py). With b = 1 the transpose is already contiguous and
+    nothing is copied; TE's cuDNN FusedAttention takes the (s, b) layout as it is. One
+    element-wise kernel reading and writing `t`, on the fused FA2/FA3 kernels' path."""
+    if r.attention is None or r.attention.kernel == "cudnn" or t.shape[1] == 1:
+        return
+    yield from r.compute(name, "elementwise", nbytes=2 * t.nbytes)
+
+
 def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name: str,
                     lse_name: str):
     """FlashAttention forward: q (b, a/t, s, d), k, v (b, G/t, s, d) -> output (s, b, a/t·d),
@@ -164,6 +177,7 @@ def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name
     if r.attention is not None:
         parts = dict(zip(names, _gemm_flops(q, (d, dv))))
         yield from _fused_kernel(r, q, k, v, parts, backward=False, p=p)
+        yield from te_layout_copy(r, out, f"{out_name}_to_sbhd")
     else:
         yield from _flash_gemms(r, q, names, None if dv == d else (d, dv))
     return out, lse
@@ -185,6 +199,7 @@ def flash_attention_backward(r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     names = ("flash_recompute_scores", "flash_d_v", "flash_d_probs", "flash_d_q", "flash_d_k")
     widths = (d, width, width, d, d)
     if r.attention is not None:
+        yield from te_layout_copy(r, dout, "d_flash_output_to_bshd")
         parts = dict(zip(names, _gemm_flops(q, widths)))
         yield from _fused_kernel(r, q, k, v, parts, backward=True, p=p)
         return dq, dk, dv
