@@ -24,6 +24,10 @@ from simsp.hardware.constants import ComputeCalibration, compute_for
 from simsp.hardware.profiles import gpu_profile
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# --store-param-remainders: an int16 per master weight (NVIDIA/apex apex/contrib/optimizers/
+# distributed_fused_adam.py, StateBucket `param_remainders_shard`, torch.int16, in place of
+# the fp32 `params_shard`; Megatron-Core distrib_optimizer.py: `init_shard(torch.int16)`)
+REMAINDER_BYTES = 2
 BLOCK = 128  # Float8BlockScaling block length
 MX_BLOCK = 32  # MXFP8_BLOCK_SCALING_SIZE
 SCALE_BYTES = {"fp32": 4, "e8m0": 1}
@@ -86,6 +90,8 @@ class Precision:
     main_grad_bytes: int = 4
     state_bytes: tuple = (("master", 4), ("adam_m", 4), ("adam_v", 4))
     fp8: Fp8 | None = None
+    param_remainders: bool = False  # master = the fp32 master's 16 low bits (the BF16 weight's
+    # 16 high bits complete it): --store-param-remainders
 
     def state(self, name: str) -> int:
         return dict(self.state_bytes)[name]
@@ -102,9 +108,10 @@ def precision_of(sc) -> Precision:
         gpu = gpu_profile(sc.cluster.gpu)
         fp8 = Fp8(p.fp8_format, p.fp8_recipe, p.fp8_param_gather, gpu.nvlink_generation < 5,
                   compute_for(sc.cluster.gpu, fp8=True), p.fp8_amax_history_len)
-    states = (("master", DTYPE_BYTES[p.main_params_dtype]),
+    master = REMAINDER_BYTES if p.store_param_remainders else DTYPE_BYTES[p.main_params_dtype]
+    states = (("master", master),
               ("adam_m", DTYPE_BYTES[p.exp_avg_dtype]), ("adam_v", DTYPE_BYTES[p.exp_avg_sq_dtype]))
-    result = Precision(main_grad_bytes(p), states, fp8)
+    result = Precision(main_grad_bytes(p), states, fp8, p.store_param_remainders)
     return DEFAULT if result == DEFAULT else result
 
 

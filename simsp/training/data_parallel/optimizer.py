@@ -70,11 +70,16 @@ def adam_step(r, state: AdamState, weights: dict, grads: dict, step: int = 1):
 
 
 def _adam_bytes_per_param(r) -> int:
-    """Read the main gradient, master, m and v; write master, m, v and the 2-byte weight."""
+    """Read the main gradient, master, m and v; write master, m, v and the 2-byte weight. With
+    --store-param-remainders the master is the 2-byte remainder, and the step also reads the
+    BF16 weight it completes (NVIDIA/apex apex/contrib/csrc/optimizers/
+    multi_tensor_distopt_adam_kernel.cu, the remainder functor: reads and writes the 16-bit
+    parameter and remainder)."""
     if r.precision is DEFAULT:
         return 30
     states = sum(r.precision.state(s) for s in STATE_TENSORS)
-    return r.precision.main_grad_bytes + 2 * states + 2
+    weight_read = 2 if r.precision.param_remainders else 0
+    return r.precision.main_grad_bytes + 2 * states + 2 + weight_read
 
 
 def zero_grad_buffer(r, grads: dict):
