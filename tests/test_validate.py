@@ -122,7 +122,8 @@ def test_nemo_rows_run_apex_distributed_adam_as_the_24_07_scripts_set_it():
     # passes +training.model.optim.grad_sync_dtype=bf16 (175b_mlperf.yaml sets it itself), and
     # every conf/training/{gpt3,llama} config names optim distributed_fused_adam (Apex), whose
     # average_grad_sync defaults to True (ReduceOp.AVG: no scaling kernel);
-    # llama3_70b_fp8.sh names the userbuffers file ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192
+    # llama3_70b_fp8.sh names the userbuffers file ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192,
+    # gpt3/20b.yaml's defaults ub_cfg_h100_h6144_tp2_mbs2_seqlen2048 (present at the tag)
     for row, sc in nemo_rows():
         assert sc.parallel.grad_reduce_in_bf16, row.name
         assert sc.parallel.ddp_average_in_collective, row.name
@@ -130,6 +131,8 @@ def test_nemo_rows_run_apex_distributed_adam_as_the_24_07_scripts_set_it():
         assert sc.parallel.bucket_cap_mb == NEMO_BUCKET_CAP_MB[key], row.name
         if row.name.startswith("LLAMA3-70B"):
             assert sc.parallel.tp_comm_overlap_cfg == "ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192"
+        if row.name.startswith("GPT3-20B"):  # gpt3/20b.yaml's optional tp_overlap default
+            assert sc.parallel.tp_comm_overlap_cfg == "ub_cfg_h100_h6144_tp2_mbs2_seqlen2048"
 
 
 @pytest.mark.parametrize("model", ["22b", "175b"])

@@ -22,6 +22,17 @@ KERNEL_NAMES = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3",
 # the published shape every figure is measured at (FA3 paper §4.1, also the FA2 paper's setup)
 REFERENCE_TOKENS, REFERENCE_HEADS, REFERENCE_SEQ, REFERENCE_HEAD_DIM = 16384, 16, 16384, 128
 LSE_BYTES = 4  # the fp32 logsumexp (and backward's fp32 D = rowsum(dO ∘ O)) per row
+# FlashAttention-2's attention dropout draws its keep-mask in the kernel, forward and again in
+# the backward (Dao-AILab/flash-attention csrc/flash_attn/src/dropout.h apply_dropout and
+# philox.cuh at v2.5.8, the newest flash-attn Transformer Engine 1.8 accepts): one Philox-4x32
+# call per 16 score elements (its 128 bits are 16 one-byte draws), each call 7 rounds of two
+# mul.wide.u32 and four xor plus 6 key updates of two add: 54 integer instructions
+PHILOX_INSTRUCTIONS, PHILOX_ELEMENTS = 7 * (2 + 4) + 6 * 2, 16
+# applying the draws, per score element: forward, one set.le.u32.f16x2 and one and per pair of
+# 16-bit scores (the 16-bit branch of apply_dropout); backward, one compare and one select
+# (encode_dropout_in_sign_bit, flash_bwd_kernel.h)
+MASK_INSTRUCTIONS = {False: 1.0, True: 2.0}  # {backward: instructions per score element}
+INT32_OPS_PER_INSTRUCTION = 2  # a peak INT32 TOPS figure counts a multiply-add as two operations
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class AttentionShape:
     d_qk: int
     d_v: int
     causal: bool
+    dropout: bool = False  # attention dropout drawn in the kernel (FlashAttention-2 only priced)
 
 
 def fwd_tile(kernel: str, d_qk: int, d_v: int, causal: bool) -> tuple:
@@ -108,6 +120,7 @@ class KernelWork:
     tile_flops: int
     cta_bytes: int
     extra_bytes: int  # backward's pre/post-processing kernels (D, dQ and GQA's dK/dV converts)
+    tile_scores: int = 0  # score elements of one tile, bm·bn (the dropout mask's draws)
 
 
 def _waves(per_block: list, copies: int, sms: int) -> tuple:
@@ -135,7 +148,8 @@ def forward_work(kernel: str, shape: AttentionShape, sms: int) -> KernelWork:
     rows, keys = shape.batch * shape.heads * shape.s_q, shape.batch * shape.kv_heads * shape.s_k
     hbm = rows * (2 * (shape.d_qk + shape.d_v) + LSE_BYTES) + keys * 2 * (shape.d_qk + shape.d_v)
     return KernelWork(tiles, tiles * tile_flops, tiles * 2 * bn * (shape.d_qk + shape.d_v)
-                      + ctas * cta_bytes, hbm, wave_tiles, waves, tile_flops, cta_bytes, 0)
+                      + ctas * cta_bytes, hbm, wave_tiles, waves, tile_flops, cta_bytes, 0,
+                      bm * bn)
 
 
 def backward_work(kernel: str, shape: AttentionShape, sms: int) -> KernelWork:
@@ -160,7 +174,7 @@ def backward_work(kernel: str, shape: AttentionShape, sms: int) -> KernelWork:
     hbm = rows * (4 * (d_qk + d_v) + 2 * LSE_BYTES) + keys * 4 * (d_qk + d_v)
     return KernelWork(tiles, tiles * tile_flops,
                       tiles * per_tile_bytes + copies * len(per_block) * cta_bytes, hbm,
-                      wave_tiles, waves, tile_flops, cta_bytes, extra)
+                      wave_tiles, waves, tile_flops, cta_bytes, extra, bm * bn)
 
 
 @dataclass(frozen=True)
@@ -176,6 +190,7 @@ class AttentionRates:
     fwd_flops: float  # published FLOP/s at the reference shape
     bwd_flops: float
     reference: AttentionShape | None = None  # the figures' own shape; None: reference_shape()
+    int32_ops: float | None = None  # peak INT32 operations/s (the dropout mask); None: unpriced
 
 
 def _fixed_seconds(work: KernelWork, rates: AttentionRates) -> float:
@@ -216,13 +231,32 @@ def sm_rate(rates: AttentionRates, backward: bool) -> float:
     return work.wave_tiles * work.tile_flops / math_s
 
 
+def dropout_instructions(backward: bool) -> float:
+    """Integer instructions FlashAttention-2 spends per score element drawing and applying its
+    dropout mask: the Philox share plus the mask's own (constants above)."""
+    return PHILOX_INSTRUCTIONS / PHILOX_ELEMENTS + MASK_INSTRUCTIONS[backward]
+
+
+def dropout_tile_seconds(rates: AttentionRates, work: KernelWork, backward: bool) -> float:
+    """Seconds one SM spends on a tile's dropout mask at its share of the GPU's integer rate
+    (issued by the warps that run the tile's GEMMs, between them, so added to the tile's time);
+    0 where the profile has no integer rate or the kernel is not FlashAttention-2."""
+    if rates.kernel != "fa2" or rates.int32_ops is None:
+        return 0.0
+    per_sm = rates.int32_ops / INT32_OPS_PER_INSTRUCTION / rates.sms  # instructions/s per SM
+    return work.tile_scores * dropout_instructions(backward) / per_sm
+
+
 @lru_cache(maxsize=4096)
 def attention_seconds(rates: AttentionRates, shape: AttentionShape, backward: bool) -> float:
     """Seconds of one fused attention call (forward, or the whole backward with its pre/post
-    kernels): the waves' tile math at the per-SM rate plus the fixed part, and never less than
-    its HBM bytes at the streaming rate."""
+    kernels): the waves' tile math at the per-SM rate (with dropout, FlashAttention-2's mask per
+    tile) plus the fixed part, and never less than its HBM bytes at the streaming rate."""
     work = (backward_work if backward else forward_work)(rates.kernel, shape, rates.sms)
-    compute = work.wave_tiles * work.tile_flops / sm_rate(rates, backward)
+    tile_s = work.tile_flops / sm_rate(rates, backward)
+    if shape.dropout:
+        tile_s += dropout_tile_seconds(rates, work, backward)
+    compute = work.wave_tiles * tile_s
     floor = work.hbm_bytes / (rates.hbm_Bps * rates.memory_efficiency)
     return max(compute + _fixed_seconds(work, rates), floor + rates.launch_s)
 
@@ -268,7 +302,9 @@ def rates_for(kernel: str, gpu_attention: dict, hbm_Bps: float, memory_efficienc
     return AttentionRates(kernel, int(gpu_attention["sm_count"]), hbm_Bps, memory_efficiency,
                           launch_s, gpu_attention[f"{kernel}_fwd_TFLOPs"] * 1e12,
                           gpu_attention[f"{kernel}_bwd_TFLOPs"] * 1e12,
-                          profile_reference(gpu_attention))
+                          profile_reference(gpu_attention),
+                          gpu_attention["int32_TOPS"] * 1e12 if "int32_TOPS" in gpu_attention
+                          else None)
 
 
 def profile_reference(gpu_attention: dict) -> AttentionShape | None:
@@ -283,10 +319,11 @@ def profile_reference(gpu_attention: dict) -> AttentionShape | None:
                           int(gpu_attention["reference_kv_heads"]), seq, seq, dim, dim, False)
 
 
-def shape_of(q_shape: tuple, kv_heads: int, s_k: int, d_v: int, causal: bool) -> AttentionShape:
+def shape_of(q_shape: tuple, kv_heads: int, s_k: int, d_v: int, causal: bool,
+             dropout: bool = False) -> AttentionShape:
     """An AttentionShape from a (b, heads, s_q, d_qk) query tensor's shape."""
     b, heads, s_q, d_qk = q_shape
-    return AttentionShape(b, heads, kv_heads, s_q, s_k, d_qk, d_v, causal)
+    return AttentionShape(b, heads, kv_heads, s_q, s_k, d_qk, d_v, causal, dropout)
 
 
 

@@ -31,7 +31,7 @@ COMPUTE_KEYS = ("gemm_max_efficiency", "gemm_half_intensity", "memory_efficiency
 # shape (simsp/hardware/attention_kernels.py; docs/attention_kernels.md)
 ATTENTION_KEYS = ("sm_count", "fa2_fwd_TFLOPs", "fa2_bwd_TFLOPs", "fa3_fwd_TFLOPs",
                   "fa3_bwd_TFLOPs", "cudnn_fwd_TFLOPs", "cudnn_bwd_TFLOPs",
-                  "cudnn_fp8_fwd_TFLOPs")
+                  "cudnn_fp8_fwd_TFLOPs", "int32_TOPS")  # int32: FlashAttention-2's dropout mask
 # the shape a profile's figures were measured at, when not the FA3 paper's (no mask; all five)
 ATTENTION_REFERENCE_KEYS = ("reference_batch", "reference_heads", "reference_kv_heads",
                             "reference_seq", "reference_head_dim")
@@ -124,6 +124,7 @@ LOWEST = {"memory_GiB": (1, "no training GPU has under 1 GiB"),
           "sm_count": (1, "a GPU has at least one streaming multiprocessor"),
           **{key: (0.01, "a launch takes microseconds") for key in LAUNCH_KEYS},
           **{key: (1, "an attention kernel's TFLOP/s") for key in ATTENTION_KEYS[1:]},
+          "int32_TOPS": (1, "a GPU's 32-bit integer units do at least 1 TOPS"),
           **{key: (limit[2], "a fabric's counts and ratio (1:1 is non-blocking)")
              for key, limit in FABRIC_LIMITS.items()}}
 TEXT_KEYS = {"name", "description", "gpu"}  # plain strings (a system's gpu: a name or path)

@@ -27,7 +27,7 @@ def allocate_params(r, shapes: dict, canonical: dict | None, strip: str = ""):
         if r.fp8 is not None and is_fp8_param(name, part):
             add_weight_copy(r, name, weights[local])
         zeros = np.zeros(part, dtype=r.dtype) if r.numeric else None
-        grads[local] = r.alloc(part, r.precision.main_grad_bytes, f"grad.{name}", "gradients",
+        grads[local] = r.alloc(part, r.precision.grad_bytes(local), f"grad.{name}", "gradients",
                                zeros)
     return weights, grads
 

@@ -24,6 +24,15 @@ from simsp.hardware.constants import ComputeCalibration, compute_for
 from simsp.hardware.profiles import gpu_profile
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# --store-param-remainders: an int16 per master weight (NVIDIA/apex apex/contrib/optimizers/
+# distributed_fused_adam.py, StateBucket `param_remainders_shard`, torch.int16, in place of
+# the fp32 `params_shard`; Megatron-Core distrib_optimizer.py: `init_shard(torch.int16)`)
+REMAINDER_BYTES = 2
+# NeMo's with_fp32_embedding_grads (default True): megatron_gpt_model.py configure_optimizers
+# marks the word and position embeddings `_with_fp32_optimizer`, and nemo/core/optim/
+# distributed_adam.py init_params_bucket gives them buckets of grad_sync_dtype fp32, their
+# gradient buffer fp32 (NeMo r2.0.0rc1): under Apex (--bucket-cap-mb) their main gradients
+APEX_FP32_GRAD_PARAMS = frozenset({"embedding.word", "embedding.position"})
 BLOCK = 128  # Float8BlockScaling block length
 MX_BLOCK = 32  # MXFP8_BLOCK_SCALING_SIZE
 SCALE_BYTES = {"fp32": 4, "e8m0": 1}
@@ -86,6 +95,13 @@ class Precision:
     main_grad_bytes: int = 4
     state_bytes: tuple = (("master", 4), ("adam_m", 4), ("adam_v", 4))
     fp8: Fp8 | None = None
+    param_remainders: bool = False  # master = the fp32 master's 16 low bits (the BF16 weight's
+    # 16 high bits complete it): --store-param-remainders
+    fp32_grads: frozenset = frozenset()  # parameters whose main gradient is fp32 whatever the rest
+
+    def grad_bytes(self, name: str) -> int:
+        """Bytes per main-gradient element of parameter `name`."""
+        return DTYPE_BYTES["fp32"] if name in self.fp32_grads else self.main_grad_bytes
 
     def state(self, name: str) -> int:
         return dict(self.state_bytes)[name]
@@ -102,9 +118,11 @@ def precision_of(sc) -> Precision:
         gpu = gpu_profile(sc.cluster.gpu)
         fp8 = Fp8(p.fp8_format, p.fp8_recipe, p.fp8_param_gather, gpu.nvlink_generation < 5,
                   compute_for(sc.cluster.gpu, fp8=True), p.fp8_amax_history_len)
-    states = (("master", DTYPE_BYTES[p.main_params_dtype]),
+    master = REMAINDER_BYTES if p.store_param_remainders else DTYPE_BYTES[p.main_params_dtype]
+    states = (("master", master),
               ("adam_m", DTYPE_BYTES[p.exp_avg_dtype]), ("adam_v", DTYPE_BYTES[p.exp_avg_sq_dtype]))
-    result = Precision(main_grad_bytes(p), states, fp8)
+    fp32_grads = APEX_FP32_GRAD_PARAMS if p.bucket_cap_mb is not None else frozenset()
+    result = Precision(main_grad_bytes(p), states, fp8, p.store_param_remainders, fp32_grads)
     return DEFAULT if result == DEFAULT else result
 
 

@@ -147,13 +147,23 @@ def _span(r, name: str, start: float, end: float, nbytes: int) -> None:
                          {"phase": r.phase, "bytes": nbytes})
 
 
+def rs_wire_bytes(r, ub, partial) -> int:
+    """Bytes per element a pipelined reduce-scatter moves: 1 from an FP8 userbuffer (FP8
+    training with the GEMM's fp8_buf: TE 1.8 module/base.py initialize_ub allocates it uint8,
+    the GEMM writes FP8 into it, and comm_gemm_overlap.h split_overlap_rs reduces it with
+    reducescatter2_userbuff_stridedoutput_fp8, which reads the peers' FP8 chunks and writes the
+    BF16 result), else the partial output's 2."""
+    return 1 if r.fp8 is not None and ub.fp8_buf else partial.itemsize
+
+
 def _rs_splits(r, ub, partial, reduced, tag: str, computed: list, busy: list):
     """Reduce-scatter each column chunk of `partial` (s, b, h) over TP once its GEMM piece is
-    done (`computed[i]`), one after the other, into `reduced` (s/t, b, h); `busy` sums their
-    seconds."""
+    done (`computed[i]`), one after the other, into `reduced` (s/t, b, h), at rs_wire_bytes per
+    element; `busy` sums their seconds."""
     splits = len(computed)
     width = partial.shape[-1] // splits
-    piece_bytes = partial.nbytes // splits
+    wire = rs_wire_bytes(r, ub, partial)
+    piece_bytes = partial.numel * wire // splits
     for i, done in enumerate(computed):
         yield done
         start = r.env.now
@@ -161,8 +171,7 @@ def _rs_splits(r, ub, partial, reduced, tag: str, computed: list, busy: list):
         buffer = None if not r.numeric else np.ascontiguousarray(
             partial.data[..., cols]).reshape(-1)  # (s · b · h/splits,)
         result = yield from r.tp.comm.reduce_scatter(r.tp.members, r.rank, buffer, piece_bytes,
-                                                     f"{tag} split {i}",
-                                                     elem_bytes=partial.itemsize,
+                                                     f"{tag} split {i}", elem_bytes=wire,
                                                      sms=comm_sms(ub))
         if r.numeric:
             reduced.data[..., cols] = result.reshape(reduced.shape[:-1] + (width,))
@@ -175,7 +184,7 @@ def pipelined_rs(ub, reduced, tag: str):
     def run(r, name, shape, in_fp8, out, math):
         m, k, n = shape
         splits, t = ub.num_splits, r.tp.size
-        r.count_comm("reduce_scatter", (t - 1) * out.nbytes // t)
+        r.count_comm("reduce_scatter", (t - 1) * out.numel * rs_wire_bytes(r, ub, out) // t)
         if r.numeric:
             out.data = math()
             reduced.data = np.empty(reduced.shape, dtype=out.data.dtype)  # (s/t, b, h)

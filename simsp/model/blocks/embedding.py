@@ -150,7 +150,8 @@ def embedding_backward(r, model, w: dict, g: dict, tokens, saved: dict, dx,
     s_full, b, h = dfull.shape
     rows = w["embedding.word"].shape[0]
     yield from ops.run_kernels(r, "d_word_embedding", word_grad_kernels(
-        s_full * b, rows, h, dfull.itemsize, r.precision.main_grad_bytes, after_other, fold))
+        s_full * b, rows, h, dfull.itemsize, r.precision.grad_bytes("embedding.word"),
+        after_other, fold))
     r.free(demb)
     if dfull is not demb:
         r.free(dfull)

@@ -23,6 +23,21 @@ def validate_precision(p: Parallel, c: Cluster) -> None:
         value = getattr(p, name)
         check(value == "fp32" or p.use_precision_aware_optimizer, f"parallel.{name}",
               f"{value} needs use_precision_aware_optimizer (Megatron-LM)")
+    param_remainders(p)
+
+
+def param_remainders(p: Parallel) -> None:
+    """--store-param-remainders: the remainders of fp32 master weights (not of fp16 ones), in
+    a distributed optimizer that keeps them (Apex DistributedFusedAdam: --bucket-cap-mb) or
+    Megatron's TE FusedAdam (--use-precision-aware-optimizer)."""
+    if not p.store_param_remainders:
+        return
+    name = "parallel.store_param_remainders"
+    check(p.bucket_cap_mb is not None or p.use_precision_aware_optimizer, name,
+          "needs bucket_cap_mb (Apex DistributedFusedAdam) or use_precision_aware_optimizer "
+          "(Megatron's TE FusedAdam)")
+    check(p.main_params_dtype == "fp32", name,
+          f"keeps the remainders of fp32 master weights, not {p.main_params_dtype}")
 
 
 def validate_fp8_attention(m: Model, p: Parallel) -> None:

@@ -164,6 +164,13 @@ PARALLEL = (
     Field("parallel", "external_cuda_graph", bool, False, switches=(
         Switch("--external-cuda-graph", True, "deprecated Megatron spelling of "
                "--cuda-graph-impl transformer_engine", "tecg"),)),
+    # Apex DistributedFusedAdam's store_param_remainders, as NeMo sets it for an fp32 optimizer
+    # over BF16 weights (megatron_base_model.py setup_optimization); Megatron-Core's
+    # OptimizerConfig.store_param_remainders (TE FusedAdam) is the same storage
+    Field("parallel", "store_param_remainders", bool, False, switches=(
+        Switch("--store-param-remainders", True, "the fp32 master weights kept as the 16 low "
+               "bits their BF16 weights lack: 2 bytes of optimizer state per parameter, the step "
+               "reading and writing weight and remainder (docs/MODEL.md)", "remainders"),)),
     Field("parallel", "use_precision_aware_optimizer", bool, False, switches=(
         Switch("--use-precision-aware-optimizer", True, "optimizer states in the dtypes given",
                "pao"),)),

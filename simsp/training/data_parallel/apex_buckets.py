@@ -22,11 +22,12 @@ call depends on all its parameters (the "trivial" fragments), so it is ready wit
 from simsp.model.params import layer_param_names
 from simsp.model.sharding import needs_sp_grad_sync
 from simsp.model.tensor import FP32
+from simsp.scenario.precision import APEX_FP32_GRAD_PARAMS
 from simsp.training.data_parallel.bucket_params import Bucket
 
 MIB = 1024 * 1024
 ALIGNMENT_BYTES = 128  # `self.alignment = 128 // dtype_size`
-FP32_GRAD_PARAMS = ("embedding.word", "embedding.position")  # NeMo with_fp32_embedding_grads
+FP32_GRAD_PARAMS = APEX_FP32_GRAD_PARAMS  # NeMo with_fp32_embedding_grads (scenario/precision.py)
 
 
 def bucket_elements(cap_mb: float, grad_bytes: int, d: int) -> int:

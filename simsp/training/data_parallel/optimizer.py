@@ -63,18 +63,31 @@ def adam_step(r, state: AdamState, weights: dict, grads: dict, step: int = 1):
         master.data = master.data - ADAM_LR * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
         weight.data = master.data.reshape(weight.shape).astype(weight.data.dtype)
     # reads grad, master, m, v (4 B each) and writes master, m, v (4 B) and the fp16 weight (2 B)
-    yield from r.compute("adam_step", "elementwise", nbytes=_adam_bytes_per_param(r) * numel)
+    nbytes = _adam_bytes_per_param(r) * numel + _wider_grad_bytes(r, state, weights)
+    yield from r.compute("adam_step", "elementwise", nbytes=nbytes)
     if r.fp8 is not None:  # TE quantizes each weight once per iteration (simsp/model/fp8.py)
         yield from r.compute("fp8_weight_cast", "elementwise",
                              nbytes=weight_cast_bytes(r, weights))
 
 
 def _adam_bytes_per_param(r) -> int:
-    """Read the main gradient, master, m and v; write master, m, v and the 2-byte weight."""
+    """Read the main gradient, master, m and v; write master, m, v and the 2-byte weight. With
+    --store-param-remainders the master is the 2-byte remainder, and the step also reads the
+    BF16 weight it completes (NVIDIA/apex apex/contrib/csrc/optimizers/
+    multi_tensor_distopt_adam_kernel.cu, the remainder functor: reads and writes the 16-bit
+    parameter and remainder)."""
     if r.precision is DEFAULT:
         return 30
     states = sum(r.precision.state(s) for s in STATE_TENSORS)
-    return r.precision.main_grad_bytes + 2 * states + 2
+    weight_read = 2 if r.precision.param_remainders else 0
+    return r.precision.main_grad_bytes + 2 * states + 2 + weight_read
+
+
+def _wider_grad_bytes(r, state: AdamState, weights: dict) -> int:
+    """Bytes the rank's shard of fp32-gradient parameters (Apex's embeddings:
+    Precision.fp32_grads) reads beyond the main-gradient width."""
+    return sum((r.precision.grad_bytes(name) - r.precision.main_grad_bytes)
+               * state.tensors[("master", name)].numel for name in weights)
 
 
 def zero_grad_buffer(r, grads: dict):
@@ -94,7 +107,8 @@ def grad_norm(r, optimizer: AdamState, weights: dict):
     scaling by the clip coefficient runs only when the norm exceeds the threshold, which a
     timing model cannot know; it is not timed, nor the norm's all-reduce of one float."""
     numel = sum(optimizer.tensors[("master", name)].numel for name in weights)
-    yield from r.compute("grad_norm", "elementwise", nbytes=r.precision.main_grad_bytes * numel)
+    nbytes = r.precision.main_grad_bytes * numel + _wider_grad_bytes(r, optimizer, weights)
+    yield from r.compute("grad_norm", "elementwise", nbytes=nbytes)
 
 
 def optimizer_step(r, optimizer: AdamState, weights: dict, grads: dict):

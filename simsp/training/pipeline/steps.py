@@ -104,9 +104,16 @@ def _word_grad_fold(sc, plan, chunk: int) -> tuple[bool, bool]:
     it meets the gradients that reached the table first on this rank (the tied output layer's
     placeholder, which also sets grad_added_to_main_grad so Megatron's hook adds nothing; MTP's
     lookups at PP 1), and is added into the main gradient unless the tied output layer did or
-    torch's FSDP2 reduces the table itself (its reduce-scatter, training/data_parallel/fsdp.py)."""
+    torch's FSDP2 reduces the table itself (its reduce-scatter, training/data_parallel/fsdp.py).
+    Under Apex's distributed Adam (--bucket-cap-mb) no parameter carries grad_added_to_main_grad
+    (Megatron's DDP sets it; NeMo does not), so the tied output layer leaves no placeholder
+    (megatron/core/tensor_parallel/layers.py: grad_weight None without the attribute) and Apex's
+    hook adds the table into the main gradient whatever reached it (apex distributed_fused_adam.py
+    _grad_copy: grad_out.add_(grad_in))."""
     tied_head = sc.model.tied and plan.is_last(chunk)
     mtp_here = bool(sc.model.mtp_num_layers) and plan.is_last(chunk)
+    if sc.parallel.bucket_cap_mb is not None:
+        return mtp_here, True
     return tied_head or mtp_here, not tied_head and sc.parallel.fsdp != "fsdp2"
 
 

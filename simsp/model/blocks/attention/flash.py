@@ -142,10 +142,24 @@ def fused_core(r, shape: AttentionShape, parts: dict, backward: bool, share: flo
         r.phase = phase
 
 
-def _fused_kernel(r, q: Tensor, k: Tensor, v: Tensor, parts: dict, backward: bool):
-    """The layer's causal core as one fused kernel (fused_core) of q, k, v's shapes."""
-    shape = shape_of(q.shape, k.shape[1], q.shape[2], v.shape[-1], True)
+def _fused_kernel(r, q: Tensor, k: Tensor, v: Tensor, parts: dict, backward: bool, p: float):
+    """The layer's causal core as one fused kernel (fused_core) of q, k, v's shapes, drawing its
+    dropout mask in the kernel where p > 0."""
+    shape = shape_of(q.shape, k.shape[1], q.shape[2], v.shape[-1], True, dropout=p > 0)
     yield from fused_core(r, shape, parts, backward)
+
+
+def te_layout_copy(r, t: Tensor, name: str):
+    """Transformer Engine's FlashAttention returns flash-attn's (b, s, h·d) output to Megatron's
+    (s, b, h·d) by `output.view(b, s, -1).transpose(0, 1).contiguous()`, a copy, and the backward
+    reshapes the transposed gradient back for flash-attn, another (TE 1.8
+    transformer_engine/pytorch/attention.py FlashAttention.forward; the same at TE d0067d0,
+    dot_product_attention/backends.py). With b = 1 the transpose is already contiguous and
+    nothing is copied; TE's cuDNN FusedAttention takes the (s, b) layout as it is. One
+    element-wise kernel reading and writing `t`, on the fused FA2/FA3 kernels' path."""
+    if r.attention is None or r.attention.kernel == "cudnn" or t.shape[1] == 1:
+        return
+    yield from r.compute(name, "elementwise", nbytes=2 * t.nbytes)
 
 
 def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name: str,
@@ -162,7 +176,8 @@ def flash_attention(r, q: Tensor, k: Tensor, v: Tensor, keep, p: float, out_name
     names = (f"{out_name}_scores", f"{out_name}_context")
     if r.attention is not None:
         parts = dict(zip(names, _gemm_flops(q, (d, dv))))
-        yield from _fused_kernel(r, q, k, v, parts, backward=False)
+        yield from _fused_kernel(r, q, k, v, parts, backward=False, p=p)
+        yield from te_layout_copy(r, out, f"{out_name}_to_sbhd")
     else:
         yield from _flash_gemms(r, q, names, None if dv == d else (d, dv))
     return out, lse
@@ -184,8 +199,9 @@ def flash_attention_backward(r, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     names = ("flash_recompute_scores", "flash_d_v", "flash_d_probs", "flash_d_q", "flash_d_k")
     widths = (d, width, width, d, d)
     if r.attention is not None:
+        yield from te_layout_copy(r, dout, "d_flash_output_to_bshd")
         parts = dict(zip(names, _gemm_flops(q, widths)))
-        yield from _fused_kernel(r, q, k, v, parts, backward=True)
+        yield from _fused_kernel(r, q, k, v, parts, backward=True, p=p)
         return dq, dk, dv
     phase, r.phase = r.phase, "recompute"
     yield from _flash_gemms(r, q, names[:1])
