@@ -92,6 +92,8 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     pairs = _pair_forwards(r, sc.parallel, plan)
     combined = _combined_forwards(r, sc.parallel, plan)
     program, j = _program(sc.parallel, plan, state.split_backward), 0
+    work = WORK_OF_KIND if inputs.replays is None else inputs.replays.work_of(r.rank,
+                                                                              WORK_OF_KIND)
     while j < len(program):
         action, j = program[j], j + 1
         if isinstance(action, Exchange):
@@ -116,8 +118,8 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
         if state.pending:
             yield from _wait_pending(r, state, action.kind)
         triggers.before(r, state, action.kind)
-        yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
-                                             action.micro_batch, action.chunk)
+        yield from work[action.kind](r, inputs, plan, state, results, action.micro_batch,
+                                     action.chunk)
         j = yield from _after_backward(r, world, plan, state, (program, j))
         yield from triggers.after(r, state, action.kind)
     for kind in sorted(state.pending):
