@@ -51,6 +51,12 @@ class StepReplays:
             return work
         return {kind: self._step_of(kind) for kind in REAL_STEPS}
 
+    def will_replay(self, rank: int, step) -> bool:
+        """Whether the rank's `step` (a schedule Step) will replay, known already: its
+        record exists and, for a backward, its forward replayed (else it may still run)."""
+        return (record_key(rank, step.kind, step.chunk) in self.records
+                and (rank, step.micro_batch, step.chunk) not in self.real)
+
     def _step_of(self, kind: str):
         def step(r, inputs, plan, state, results, mb: int, chunk: int):
             return self.step(kind, (r, inputs, plan, state, results), mb, chunk)
