@@ -85,3 +85,17 @@ def test_the_audited_rows_replay():
                                   ("cluster", "nodes"): nodes})
         assert plan_module.step_replay_why_not(sc) == ""
 
+
+
+def test_replayed_ranks_are_left_out_of_the_trace():
+    """The replayed ranks are timing only: the trace lays out replica 0's ranks alone, and the
+    replayed ranks' memory is read from replica 0's rank of their stage."""
+    from simsp.metrics.memory import ledger_of
+    from simsp.report.run.trace.plan import trace_plan
+    from simsp.training.driver.iteration import simulate_iteration
+    sc = scenario(1, 1, 3, 8, False, False, untied=True)
+    run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="full")
+    assert run.inputs.replayed == {4, 12, 20}  # replica 4 on stages 0-2 (t1 d8)
+    assert [rank for rank, _ in trace_plan(run, "full").ranks] == [0, 8, 16]
+    assert all(ledger_of(run, rank) is run.inputs.world.ranks[rank - 4].ledger
+               for rank in (4, 12, 20))
