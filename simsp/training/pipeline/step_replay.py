@@ -14,8 +14,11 @@ partial (its memory rows are replica 0's, metrics/memory.py ledger_of) and it is
 docs/shortcuts.md, "Replicas' steps replayed".
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from simpy.events import Timeout
+
+from simsp.model.replay import delay_to
 from simsp.model.tensor import Tensor
 from simsp.training.pipeline.steps import _pass_on, backward_step, forward_step
 
@@ -27,23 +30,30 @@ REAL_STEPS = {"F": forward_step, "B": backward_step}
 class StepRecord:
     """What the first step of a (kind, chunk) did on its rank, relative to its start."""
 
-    duration_s: float  # from the step's start to its end
-    begin_s: float  # its recorded busy interval's start (after an embedding or a loss)
+    # per timeout it waited on, in order, the delays it added up (one, or a chain of layer
+    # templates' durations: model/replay.py _replay_chain; None where it waited on another
+    # event: an embedding's or a head's collectives), and how many had passed at the start of
+    # its busy interval (after an embedding or a loss)
+    delays: tuple | None
+    begin_at: int
     sent: tuple | None  # (shape, itemsize) of the tensor it passes on, None on an end stage
     loss: object  # what a last stage's forward put in results.losses (None in meta mode)
     counters: tuple  # (name of Rank dict, ((key, delta), ...))
     owed: tuple  # ((rank, layer kind), replays): its layers' template replays (model/replay.py),
     # whose counters LayerTemplates adds after the run
+    confirmed: bool = False  # a second run did the same (StepReplays._record): replayable
 
 
 class StepReplays:
-    """The replayed ranks' first steps per (rank, kind, chunk), and how often each replayed."""
+    """The replayed ranks' step records per (rank, kind, chunk), and how often each replayed."""
 
     def __init__(self, ranks: frozenset):
         self.ranks = ranks
-        self.records: dict[tuple, StepRecord] = {}  # (rank, kind, chunk) -> its first step
-        self.real: set[tuple] = set()  # (rank, mb, chunk) whose forward ran (its stash kept)
+        self.records: dict[tuple, StepRecord] = {}  # (rank, kind, chunk) -> its record
+        self.replayed: set[tuple] = set()  # (rank, mb, chunk) whose forward replayed, until
+        # its backward does
         self.replays: dict[tuple, int] = {}  # (rank, kind, chunk) -> replays, counters owed
+        self.replayed_steps = 0  # in all, kept after the counters are settled
 
     def work_of(self, rank: int, work: dict) -> dict:
         """The rank's step functions: `work` (stage_program.py WORK_OF_KIND) unless replayed."""
@@ -52,10 +62,16 @@ class StepReplays:
         return {kind: self._step_of(kind) for kind in REAL_STEPS}
 
     def will_replay(self, rank: int, step) -> bool:
-        """Whether the rank's `step` (a schedule Step) will replay, known already: its
-        record exists and, for a backward, its forward replayed (else it may still run)."""
-        return (record_key(rank, step.kind, step.chunk) in self.records
-                and (rank, step.micro_batch, step.chunk) not in self.real)
+        """Whether the rank's `step` (a schedule Step) will replay, known already: a forward
+        whose chunk's records are confirmed, a backward whose forward replayed."""
+        if step.kind == "F":
+            return self._confirmed(rank, step.chunk)
+        return (rank, step.micro_batch, step.chunk) in self.replayed
+
+    def _confirmed(self, rank: int, chunk: int) -> bool:
+        """Both the chunk's forward and backward records are confirmed (see _record)."""
+        return all((record := self.records.get(record_key(rank, kind, chunk))) is not None
+                   and record.confirmed for kind in REAL_STEPS)
 
     def _step_of(self, kind: str):
         def step(r, inputs, plan, state, results, mb: int, chunk: int):
@@ -63,39 +79,49 @@ class StepReplays:
         return step
 
     def step(self, kind: str, args: tuple, mb: int, chunk: int):
-        """A generator: the step run and recorded (the first forward of its chunk and that
-        micro-batch's backward), else replayed."""
+        """A generator: the step replayed (a forward once its chunk's records are confirmed,
+        a backward whose forward replayed), else run and recorded."""
         r = args[0]
-        record = self.records.get(record_key(r.rank, kind, chunk))
-        if kind == "F" and record is None:
-            self.real.add((r.rank, mb, chunk))
-        if (r.rank, mb, chunk) in self.real:
+        owed = (r.rank, mb, chunk)
+        if kind == "F" and self._confirmed(r.rank, chunk):
+            self.replayed.add(owed)
+        elif kind == "F" or owed not in self.replayed:  # its forward ran: its stash is kept
             return self._record(kind, args, mb, chunk)
-        if record is None:
-            raise RuntimeError(f"rank {r.rank}: {kind} {mb}.{chunk} before its chunk's first "
-                               f"{kind} ran (step replays need backwards in forward order)")
-        owed = (r.rank, kind, chunk)
-        self.replays[owed] = self.replays.get(owed, 0) + 1
-        return _replay(kind, args, mb, chunk, record)
+        else:
+            self.replayed.discard(owed)
+        count = (r.rank, kind, chunk)
+        self.replays[count] = self.replays.get(count, 0) + 1
+        self.replayed_steps += 1
+        return _replay(kind, args, mb, chunk, self.records[record_key(r.rank, kind, chunk)])
 
     def _record(self, kind: str, args: tuple, mb: int, chunk: int):
-        """Run the step for real and keep it as its (kind, chunk)'s record."""
+        """Run the step and keep it as its (kind, chunk)'s record: confirmed once two runs
+        waited on the same timeouts and passed on the same shape (the first step of a chunk
+        may record a layer template or run its layers one by one, later ones chain them: the
+        same time, not the same float additions); never replaced once confirmed."""
         r, inputs, plan, state, results = args
         start = r.env.now
         before = {name: dict(getattr(r, name)) for name in COUNTERS}
         layers = getattr(inputs.layers, "replays", {})
         owed_before = {key: n for key, n in layers.items() if key[0] == r.rank}
-        yield from REAL_STEPS[kind](*args, mb, chunk)
+        delays, times = [], [start]
+        yield from _timed(r.env, REAL_STEPS[kind](*args, mb, chunk), delays, times)
         key = _sent_key(kind, plan, mb, chunk)
-        sent = state.outbox.get(key) if key is not None else None
+        sent = state.outbox.get(key)
         changes = tuple((name, delta) for name in COUNTERS
                         if (delta := _changes(before[name], getattr(r, name))))
-        self.records.setdefault(record_key(r.rank, kind, chunk), StepRecord(
-            r.env.now - start, results.steps[r.rank][-1][3] - start,
+        begin = results.steps[r.rank][-1][3]
+        exact = None not in delays and begin in times
+        new = StepRecord(
+            tuple(delays) if exact else None, times.index(begin) if exact else 0,
             None if sent is None else (sent[1].shape, sent[1].itemsize),
             results.losses.get((plan.dp, mb, plan.cp)) if kind == "F" else None, changes,
             tuple((key, n - owed_before.get(key, 0)) for key, n in layers.items()
-                  if key[0] == r.rank and n != owed_before.get(key, 0))))
+                  if key[0] == r.rank and n != owed_before.get(key, 0)))
+        old = self.records.get(record_key(r.rank, kind, chunk))
+        if old is None or not old.confirmed:
+            self.records[record_key(r.rank, kind, chunk)] = replace(new, confirmed=_alike(
+                old, new))
 
     def settle_counters(self, ranks: dict) -> None:
         """Add every replay's counter changes (FLOPs, bytes, busy and exposed seconds) to its
@@ -106,6 +132,13 @@ class StepReplays:
                 for key, delta in changes:
                     counter[key] = counter.get(key, 0) + delta * count
         self.replays.clear()
+
+
+def _alike(old: StepRecord | None, new: StepRecord) -> bool:
+    """Two runs of a step waited on the same timeouts, began their busy interval after the
+    same ones and passed on the same shape."""
+    return (old is not None and old.delays is not None and old.delays == new.delays
+            and old.begin_at == new.begin_at and old.sent == new.sent)
 
 
 def record_key(rank: int, kind: str, chunk: int) -> tuple:
@@ -126,14 +159,55 @@ def _replay(kind: str, args: tuple, mb: int, chunk: int, record: StepRecord):
     if not (plan.is_first(chunk) if forward else plan.is_last(chunk)):
         r.free(state.inbox.pop(("act" if forward else "grad", mb, k, plan.tp, plan.dp,
                                 plan.cp)))
-    start = r.env.now
-    yield r.env.timeout(record.duration_s)
+    begin = yield from _wait_delays(r.env, record.delays, record.begin_at)
     key = _sent_key(kind, plan, mb, chunk)
     if record.sent is not None:
         _pass_on(plan, state, key, Tensor.meta(*record.sent, None))
     elif forward and plan.is_last(chunk):
         results.losses[(plan.dp, mb, plan.cp)] = record.loss
-    results.record_step(r, kind, mb, chunk, start + record.begin_s)
+    results.record_step(r, kind, mb, chunk, begin)
+
+
+def _wait_delays(env, delays: tuple, begin_at: int):
+    """Wait the recorded timeouts, ending at the very float time they would (each part
+    added to the clock in turn, as simpy and a chain of layer templates add them: model/replay.py
+    _replay_chain), in one timeout where one lands there, else part by part; returns the clock
+    after the first `begin_at` timeouts."""
+    start = end = env.now
+    begin = start if begin_at == 0 else None
+    for i, parts in enumerate(delays, 1):
+        for part in parts:
+            end = end + part
+        if i == begin_at:
+            begin = end
+    delay = delay_to(start, end)
+    if delay is not None:
+        yield env.timeout(delay)
+    else:
+        for parts in delays:
+            for part in parts:
+                yield env.timeout(part)
+    return begin
+
+
+def _timed(env, steps, delays: list, times: list):
+    """Run the generator `steps` as `yield from` would, noting each event it waits on: a
+    timeout's delay (None for any other event) and the clock when it resumes."""
+    try:
+        event = next(steps)
+        while True:
+            delays.append(getattr(event, "parts", (event._delay,)) if type(event) is Timeout
+                          else None)
+            try:
+                value = yield event
+            except BaseException as error:  # an interrupt: passed on, as yield from does
+                times.append(env.now)
+                event = steps.throw(error)
+                continue
+            times.append(env.now)
+            event = steps.send(value)
+    except StopIteration as stop:
+        return stop.value
 
 
 def _sent_key(kind: str, plan, mb: int, chunk: int) -> tuple:
