@@ -1,13 +1,14 @@
 """Step replays of the DP replicas the representative run keeps beside replica 0 (one per
 placement on the leaves, shortcuts/representative.py placement_replicas): each of their ranks
-runs the first forward and backward of every model chunk, and replays the rest.
+runs the forwards and backwards of a model chunk until two runs of each agree, then replays
+the rest, ending each at the very float time it would.
 
 Where the plan allows it (shortcuts/plan.py step_replay_why_not: layer templates, blocking p2p,
 no overlapped DP communication, no FSDP, CP, experts, MTP, FP8 amax or offload), a schedule
 step is a pure delay: its layers replay their templates, its TP collectives are timed whole,
 nothing else runs on the rank meanwhile, and it does the same work in every micro-batch. So a
-later step of the same kind and chunk takes the same time from its start and sends a tensor of
-the same shape; only the p2p calls between steps (real, through the mailbox and the network)
+later step of the same kind and chunk waits on the same timeouts and sends a tensor of the
+same shape; only the p2p calls between steps (real, through the mailbox and the network)
 carry what differs between placements: their routes' latencies. Replica 0's ranks, whose
 ledgers, traces and step rows the reports show, run every step; a replayed rank's ledger is
 partial (its memory rows are replica 0's, metrics/memory.py ledger_of) and it is not traced.
@@ -28,7 +29,7 @@ REAL_STEPS = {"F": forward_step, "B": backward_step}
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What the first step of a (kind, chunk) did on its rank, relative to its start."""
+    """What a step of a (kind, chunk) did on its rank, relative to its start."""
 
     # per timeout it waited on, in order, the delays it added up (one, or a chain of layer
     # templates' durations: model/replay.py _replay_chain; None where it waited on another
