@@ -83,13 +83,13 @@ class StepReplays:
         """A generator: the step replayed (a forward once its chunk's records are confirmed,
         a backward whose forward replayed), else run and recorded."""
         r = args[0]
-        owed = (r.rank, mb, chunk)
+        batch = (r.rank, mb, chunk)
         if kind == "F" and self._confirmed(r.rank, chunk):
-            self.replayed.add(owed)
-        elif kind == "F" or owed not in self.replayed:  # its forward ran: its stash is kept
+            self.replayed.add(batch)
+        elif kind == "F" or batch not in self.replayed:  # its forward ran: its stash is kept
             return self._record(kind, args, mb, chunk)
         else:
-            self.replayed.discard(owed)
+            self.replayed.discard(batch)
         count = (r.rank, kind, chunk)
         self.replays[count] = self.replays.get(count, 0) + 1
         self.replayed_steps += 1
