@@ -22,8 +22,8 @@ def oom_report(oom) -> dict | None:
 def ledger_of(run, rank: int):
     """The ledger of `rank`, or of the simulated rank identical to it when it was not simulated."""
     inputs, ranks = run.inputs, run.inputs.world.ranks
-    if rank in ranks:
-        return ranks[rank].ledger
+    if rank in ranks and rank not in inputs.replayed:
+        return ranks[rank].ledger  # not a replayed rank, whose ledger is partial
     coords = inputs.world.grid.coords(rank)
     source = inputs.rank_of(0, 0, coords.pp, coords.cp)  # an identical representative
     if inputs.sc.model.num_experts is not None:

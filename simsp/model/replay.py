@@ -311,7 +311,9 @@ def _replay_chain(r, tpl: Template, x: Tensor, scopes: list[str]):
         t = t + tpl.duration_s
     delay = delay_to(r.env.now, t)
     if delay is not None:
-        yield r.env.timeout(delay)
+        timeout = r.env.timeout(delay)
+        timeout.parts = (tpl.duration_s,) * len(scopes)  # the durations it adds up, in turn
+        yield timeout  # (training/pipeline/step_replay.py replays a step by its parts)
     else:  # no single delay lands exactly there: one timeout per layer, as unchained
         for _ in scopes:
             yield r.env.timeout(tpl.duration_s)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from simsp.cluster.grid import RankGrid
+from simsp.scenario.config import sms_shared
 from simsp.engine.group_timing import STEP_BY_STEP
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.methods import UNLISTED
@@ -39,6 +40,9 @@ class TimingPlan:
     # with replicas placed unlike: rank -> the first rank placed as it is
     # (shortcuts/representative.py placement_replicas), for the pieces of its DP rings
     twins: Mapping = field(default_factory=dict, repr=False)
+    # the ranks of those replicas (not replica 0) whose steps after their chunk's first replay
+    # it (training/pipeline/step_replay.py; step_replay_why_not)
+    replayed: frozenset = frozenset()
 
     def timing_of(self, group: tuple[int, ...]) -> str:
         """How the communicator times this group's collectives."""
@@ -57,7 +61,31 @@ def timing_plan(sc, shortcuts: Shortcuts) -> TimingPlan:
     else:
         plan = TimingPlan(UNLISTED.name, MappingProxyType(dict(shortcuts.methods)), simulated,
                           *reduced)
-    return replace(plan, twins=MappingProxyType(rank_twins(sc, shortcuts)))
+    twins = rank_twins(sc, shortcuts)
+    replayed = frozenset() if not twins or step_replay_why_not(sc) else frozenset(
+        r for r in simulated if twins[r] == r and r % (sc.parallel.tp * sc.parallel.dp) > 0)
+    return replace(plan, twins=MappingProxyType(twins), replayed=replayed)
+
+
+def step_replay_why_not(sc) -> str:
+    """Why the replicas kept beside replica 0 (one per placement on the leaves) cannot replay
+    their steps after each chunk's first ("" when they can): a step must be a pure delay, the
+    same in every micro-batch (training/pipeline/step_replay.py). So layer templates and the
+    representative without FSDP, CP, experts or multi-token prediction (each has its own
+    replicas or calls inside a step); blocking p2p calls; no DP communication overlapping the
+    schedule, no FP8 amax reduction inside a step (its group spans replicas), no offload,
+    deferred weight gradients, SMs shared with communication kernels or split backward."""
+    from simsp.training.fp8_amax import delayed_scaling  # run-time module: imported on use
+    p, m = sc.parallel, sc.model
+    blockers = {"FSDP": p.fsdp is not None, "context parallelism": p.cp > 1,
+                "experts": m.num_experts is not None, "multi-token prediction":
+                bool(m.mtp_num_layers), "overlapped p2p": p.overlap_p2p_communication,
+                "overlapped DP communication": p.overlap_grad_reduce or p.overlap_param_gather,
+                "FP8 delayed scaling": delayed_scaling(sc), "offload": p.cpu_offloading,
+                "delayed weight gradients": p.delay_wgrad_compute,
+                "SMs shared with communication": sms_shared(sc),
+                f"the {p.schedule_name} schedule": p.schedule_name not in ("1f1b", "interleaved")}
+    return ", ".join(name for name, on in blockers.items() if on)
 
 
 def rank_twins(sc, shortcuts: Shortcuts) -> dict[int, int]:

@@ -24,6 +24,7 @@ from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.plan import timing_plan
 from simsp.training.pipeline.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.pipeline.stage_program import run_schedule
+from simsp.training.pipeline.step_replay import StepReplays
 from simsp.training.pipeline.steps import RankState
 
 
@@ -93,9 +94,12 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
                         pieces=plan.pieces, pair_orbits=plan.pair_orbits)
     world.comm.twins = plan.twins  # FSDP replicas' kinds, for their rings' pieces
     _set_trace_detail(world, trace)
+    for rank in plan.replayed:  # timing only: replica 0's ranks are the ones reported
+        world.ranks[rank].trace = None
     inputs = RunInputs(sc, world, stage_plans(sc, world.grid), shortcuts,
                        LayerTemplates() if shortcuts.templates else DirectLayers(),
-                       _numeric_data(sc, canonical, embedding_delta))
+                       _numeric_data(sc, canonical, embedding_delta),
+                       StepReplays(plan.replayed) if plan.replayed else None)
     results = RunResults(on_step=None if on_step is None
                          else functools.partial(on_step, inputs.total_steps))
     run = Run(inputs, {}, results)
@@ -136,4 +140,6 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         run = _build_run(sc, shortcuts, canonical, embedding_delta, on_step, trace)
         run.inputs.world.env.run()
     run.inputs.layers.settle_counters(run.inputs.world.ranks)
+    if run.inputs.replays is not None:
+        run.inputs.replays.settle_counters(run.inputs.world.ranks)
     return run

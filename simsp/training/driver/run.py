@@ -34,6 +34,15 @@ class RunInputs:
     shortcuts: object  # the Shortcuts verdict this run takes (which scale shortcuts)
     layers: object  # model/replay.py DirectLayers, or LayerTemplates under shortcuts.templates
     data: NumericData | None = None  # numeric mode only
+    # training/pipeline/step_replay.py StepReplays of the replicas placed unlike replica 0
+    # (shortcuts/plan.py step_replay_why_not), else None
+    replays: object = None
+
+    @property
+    def replayed(self) -> frozenset:
+        """The simulated ranks that replay their steps (timing only: their ledgers partial,
+        untraced; the reports show replica 0's rank of their stage in their place)."""
+        return frozenset() if self.replays is None else self.replays.ranks
 
     def rank_of(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
         """The global rank at these coordinates (cluster/grid.py)."""

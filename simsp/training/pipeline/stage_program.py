@@ -6,12 +6,13 @@ the next compute of its direction (Megatron's wait_handles). Without SP, p2p ten
 scattered over the TP ranks and all-gathered on arrival (Megatron's scatter/gather, default on).
 """
 
+import dataclasses
 from dataclasses import dataclass
 import functools
 import math
 
 from simsp.model import mappings
-from simsp.model.tensor import FP16
+from simsp.model.tensor import FP16, Tensor
 from simsp.training.fp8_amax import AmaxReduction
 from simsp.training.pipeline import delay_wgrad, p2p
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
@@ -47,6 +48,9 @@ class P2PSetup:
     # input gradients to k - 1; in the V chunk 1 runs towards stage 0)
     mtp_stage: int | None = None  # standalone MTP: past it the tensors are 1 + D times as long
     rows_factor: int = 1  # 1 + D under standalone MTP
+    # a replayed rank's StepReplays (training/pipeline/step_replay.py): the receives of steps
+    # it will replay take no ledger entry; None on every other rank
+    replays: object = None
 
     def shape_of(self, key: tuple) -> tuple:
         """The full shape of a p2p tensor: (s_l, b, h), or (s_l·(1+D), b, h) between the
@@ -87,11 +91,15 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
     state.ddp_buckets.start_param_gather(r)
     state.split_backward = sc.parallel.schedule_name in SPLIT_BACKWARD
     state.p2p = P2PSetup.of(r, sc, world.grid, plan, state.split_backward)
+    if r.rank in inputs.replayed:
+        state.p2p = dataclasses.replace(state.p2p, replays=inputs.replays)
     state.amax = AmaxReduction.of(sc, world.grid, r.rank, plan)
     triggers = _Triggers(*_chunk_triggers(state, plan), plan.placement)
     pairs = _pair_forwards(r, sc.parallel, plan)
     combined = _combined_forwards(r, sc.parallel, plan)
     program, j = _program(sc.parallel, plan, state.split_backward), 0
+    work = WORK_OF_KIND if inputs.replays is None else inputs.replays.work_of(r.rank,
+                                                                              WORK_OF_KIND)
     while j < len(program):
         action, j = program[j], j + 1
         if isinstance(action, Exchange):
@@ -116,8 +124,8 @@ def run_schedule(r, inputs, plan: StagePlan, state: RankState, results):
         if state.pending:
             yield from _wait_pending(r, state, action.kind)
         triggers.before(r, state, action.kind)
-        yield from WORK_OF_KIND[action.kind](r, inputs, plan, state, results,
-                                             action.micro_batch, action.chunk)
+        yield from work[action.kind](r, inputs, plan, state, results, action.micro_batch,
+                                     action.chunk)
         j = yield from _after_backward(r, world, plan, state, (program, j))
         yield from triggers.after(r, state, action.kind)
     for kind in sorted(state.pending):
@@ -387,8 +395,10 @@ def _recv_op(r, plan: StagePlan, setup: P2PSetup, step) -> p2p.RecvOp | None:
         return None  # the embedding makes the input / the loss makes the gradient
     if plan.stage_of(k - 1 if forward else k + 1) == plan.pp:
         return None  # the V's turn: the other chunk of this rank made it (steps.py)
-    r.scope = f"mb{step.micro_batch}.c{step.chunk}."
     key = ("act" if forward else "grad", step.micro_batch, k, plan.tp, plan.dp, plan.cp)
+    if setup.replays is not None and setup.replays.will_replay(r.rank, step):
+        return p2p.RecvOp(key, Tensor.meta(setup.received_of(key), FP16, None))  # no ledger
+    r.scope = f"mb{step.micro_batch}.c{step.chunk}."
     buffer = r.alloc(setup.received_of(key), FP16,
                      "recv_activation" if forward else "recv_gradient",
                      category="communication")

@@ -77,8 +77,9 @@ def memory_figures_of(run, label: str) -> MemoryFigures:
     """The memory figures' inputs from a finished run; held_for_wgrad drawn only where a
     simulated rank (each rank's ledger or its identical representative's) held some."""
     memory = tuple(stage_memory(run, s, r) for s, r in enumerate(stage_ranks(run)))
-    shown = shown_categories(rank.ledger.summary().peak_by_category
-                             for rank in run.inputs.world.ranks.values())
+    shown = shown_categories(rank.ledger.summary().peak_by_category  # replayed: partial
+                             for rank in run.inputs.world.ranks.values()
+                             if rank.rank not in run.inputs.replayed)
     return MemoryFigures(run.inputs.sc.run.name, label, _end_s(run), memory, shown)
 
 

@@ -52,7 +52,8 @@ def trace_plan(run, detail: str) -> TracePlan:
     """Every event of the trace but the memory counters, laid out: per rank (pipeline order)
     process and thread metadata and its spans' Lanes; then the flow arrows."""
     grid = run.inputs.world.grid
-    ranks = sorted(run.inputs.world.ranks, key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
+    ranks = sorted(set(run.inputs.world.ranks) - run.inputs.replayed,  # replayed: untraced
+                   key=lambda r: (grid.coords(r).pp, grid.coords(r).dp, r))
     names: dict[str, int] = {}
     spans = _recorded(run.inputs.world.trace.spans, set(ranks), detail, names)
     groups = _groups(spans)

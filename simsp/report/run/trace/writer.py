@@ -38,9 +38,10 @@ MIN_MEMORY_POINTS = 200  # per rank, whatever the budget
 # ---------------------------------------------------------------- memory counter
 
 def counter_points(run) -> int:
-    """Memory samples per rank: MEMORY_POINTS_BUDGET shared by the simulated ranks, within
-    [MIN_MEMORY_POINTS, MAX_MEMORY_POINTS]."""
-    share = MEMORY_POINTS_BUDGET // max(len(run.inputs.world.ranks), 1)
+    """Memory samples per rank: MEMORY_POINTS_BUDGET shared by the traced ranks (simulated,
+    not replayed), within [MIN_MEMORY_POINTS, MAX_MEMORY_POINTS]."""
+    traced = len(run.inputs.world.ranks) - len(run.inputs.replayed)
+    share = MEMORY_POINTS_BUDGET // max(traced, 1)
     return min(MAX_MEMORY_POINTS, max(MIN_MEMORY_POINTS, share))
 
 
