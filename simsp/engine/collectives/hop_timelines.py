@@ -167,7 +167,9 @@ class _Replay:
         self.changed: set[int] = set()  # hops whose draining count moved this instant
         for r, (_hops, _steps, begun) in enumerate(rings):
             for p, state in enumerate(begun.draining):
-                if state is not None:
+                if state is not None and state[2] == 0.0:  # started now, its rate not yet
+                    self._drain(r, p, [state[0], now, 0.0, math.inf, 0, []])  # solved
+                elif state is not None:
                     left, since, rate = state
                     self.token += 1
                     self._drain(r, p, [left, since, rate, since + left / rate, self.token,
