@@ -1,19 +1,20 @@
-"""A multi-hop ring piece's phase advanced in arithmetic while nothing else uses its links.
+"""A multi-hop ring piece's phase advanced in arithmetic while only it and the other ring of
+the same hops use its links.
 
 FSDP replicas placed unlike on the leaves run a DP ring of one member per node as one hop per
 simulated member, NIC up to the next simulated member's NIC down (ring_alone.py
 _lone_member_hops). No two of those hops share a link, so while no other flow uses their
-links each hop drains every chunk at its own constant rate R (its links' max-min fair rate
-alone, the rate the network solves) and the phase is the max-plus recurrence of
-ring_alone.py's positions: step i of position p starts when its step i - 1 and its
-predecessor's are delivered, drains until start + chunk / R and is delivered one latency
-later. A `_Phase` works that out from the steps begun so far and wakes the simulation at its
-end. The first other flow to start on one of its links dissolves it at that instant, as a
-step_trains.py group is: each position's step in flight becomes a real flow of its bytes left
-(or a delivery after the latency left) and the positions go on step by step, each step a flow,
-until a position about to start a step finds every link of the ring quiet again: every step
-begun then is delivered or in its latency (its delivery time known), and the rest is worked
-out again. docs/fsdp.md, "Cost of the simulation".
+links each hop drains every chunk at its own constant rate R and the phase is the max-plus
+recurrence of ring_alone.py's positions; with the other ring of the same DP group on the same
+hops (the backward's gather beside the reduce-scatter) the two are worked out together by the
+hops' fair shares (hop_timelines.py). A `_Phase` works that out from the steps begun so far and
+wakes the simulation at its end. The first other flow to start on one of its links dissolves
+it (and its pair) at that instant, as a step_trains.py group is: each position's step in
+flight becomes a real flow of its bytes left (or a delivery after the latency left) and the
+positions go on step by step, each step a flow, until a position about to start a step finds
+only this ring's and the other ring's steps on the links: those are taken off the links
+(network.py withdraw) and the rest is worked out again. docs/fsdp.md, "Cost of the
+simulation".
 """
 
 from weakref import WeakKeyDictionary
