@@ -87,14 +87,18 @@ def test_pairs_equal_the_rings_stepped_on_the_links(b_at, foreign_at):
         assert mine_flows == 0
 
 
-def test_lockstep_equals_every_position_worked_out(monkeypatch):
-    """Rings of alike hops begun together are worked out for one position: the same floats as
-    every position worked out (the shortcut refused), pair and alone phases both."""
+@pytest.mark.parametrize("foreign_at", [None, 2.2, 6.0])
+@pytest.mark.parametrize("b_at", [0.0, 1.3, 4.0])
+def test_lockstep_equals_every_position_worked_out(b_at, foreign_at, monkeypatch):
+    """Rings of alike hops begun together are worked out for one position (hop_timelines.py
+    _one_hop): the same floats and flows as every position replayed (_Replay, the shortcut
+    refused), pairs and phases alone, with and without a foreign load desynchronising them."""
     hops_a, hops_b = _bytes(ALIKE, 1000.0), _bytes(ALIKE, 3000.0)
-    lockstep = _run(True, hops_a, hops_b, 5, 1.3 * US)
-    assert lockstep[1] == 0
+    at = None if foreign_at is None else foreign_at * US
+    lockstep = _run(True, hops_a, hops_b, 5, b_at * US, at)
+    assert (lockstep[1] == 0) == (foreign_at is None)
     monkeypatch.setattr(hop_timelines, "_alike", lambda _rates, _hops: False)
-    assert _run(True, hops_a, hops_b, 5, 1.3 * US) == lockstep
+    assert _run(True, hops_a, hops_b, 5, b_at * US, at) == lockstep
 
 
 @pytest.mark.parametrize("label", sorted(LAYOUTS))

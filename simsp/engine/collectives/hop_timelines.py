@@ -132,11 +132,72 @@ def joint_timelines(rings: list[tuple[list[Hop], int, Begun]], rates: list[tuple
     n = len(rates)
     if n > 1 and all(r == rates[0] for r in rates) and all(
             _alike(rates, hops) and _alike_begun(begun) for hops, _s, begun in rings):
-        ones = _Replay([(hops[:1], steps, _first(begun)) for hops, steps, begun in rings],
-                       rates[:1], now).run()
+        ones = _one_hop([(hops[0], steps, _first(begun)) for hops, steps, begun in rings],
+                        rates[0], now)
         return [Timeline(one.starts * n, one.drains * n, one.deliveries * n, one.alone * n,
                          one.chunks * n, one.history, lockstep=True) for one in ones]
     return _Replay(rings, rates, now).run()
+
+
+def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> list[Timeline]:
+    """_Replay of rings of one position each (lockstep: the position its own predecessor), in
+    a plain loop: each instant the drains ending there (and those within DRAINED_FRACTION of
+    their bytes), then the deliveries there starting the next steps, then the draining steps
+    retimed at the hop's fair share (network.py _retime)."""
+    flows: list = [None] * len(rings)  # [ring] [bytes left, as of, rate, finish, history]
+    due: list = [None] * len(rings)  # [ring] its last step's delivery, while pending
+    lists = [(list(b.starts[0]), list(b.drains[0]), list(b.deliveries[0])) for _h, _s, b in rings]
+    history: list[dict] = [{} for _ in rings]
+    for r, (_hop, _steps, begun) in enumerate(rings):
+        state = begun.draining[0]
+        if state is not None and state[2] == 0.0:  # started now, its rate not yet solved
+            flows[r] = [state[0], now, 0.0, math.inf, []]
+        elif state is not None:
+            left, since, rate = state
+            flows[r] = [left, since, rate, since + left / rate, [(since, left, rate)]]
+        elif lists[r][2] and lists[r][2][-1] > now:
+            due[r] = lists[r][2][-1]
+    ended: list = []
+    delivered = [r for r in range(len(rings)) if due[r] is None]
+    changed = any(flow is not None for flow in flows)  # steps in flight: their rates now
+    while True:
+        changed = changed or bool(ended)
+        for r in ended:
+            flow, flows[r] = flows[r], None
+            starts, drains, deliveries = lists[r]
+            history[r][(0, len(drains))] = flow[4]
+            drains.append(now)
+            deliveries.append(now + rings[r][0][1])
+            due[r] = now + rings[r][0][1]
+        for r in delivered:
+            due[r] = None
+            (_edges, _latency_s, chunk), steps, _begun = rings[r]
+            starts, _drains, deliveries = lists[r]
+            if len(starts) < steps and flows[r] is None and len(deliveries) == len(starts):
+                starts.append(now)
+                flows[r] = [float(chunk), now, 0.0, math.inf, []]
+                changed = True
+        if changed:
+            rate = rates[sum(flow is not None for flow in flows)]
+            for flow in flows:
+                if flow is not None and flow[2] != rate:
+                    left = flow[0] - flow[2] * (now - flow[1])
+                    flow[0] = left = left if left > 0.0 else 0.0
+                    flow[1], flow[2], flow[3] = now, rate, now + left / rate
+                    flow[4].append((now, left, rate))
+        times = [flow[3] for flow in flows if flow is not None] + [t for t in due if t is not None]
+        if not times:
+            break
+        changed = False
+        now = min(times)
+        ended = [r for r, flow in enumerate(flows) if flow is not None and flow[3] == now]
+        if ended:
+            ended += [r for r, flow in enumerate(flows) if flow is not None and r not in ended
+                      and flow[0] - flow[2] * (now - flow[1])
+                      <= DRAINED_FRACTION * rings[r][0][2]]
+        delivered = [r for r, t in enumerate(due) if t == now]
+    return [Timeline([starts], [drains], [deliveries], [rates[1]], [hop[2]], history[r])
+            for r, ((starts, drains, deliveries), (hop, _s, _b)) in enumerate(zip(lists, rings))]
 
 
 def _alike_begun(begun: Begun) -> bool:
