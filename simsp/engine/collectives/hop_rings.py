@@ -30,6 +30,8 @@ from simsp.engine.network import Network, succeed_after
 
 # network -> the multi-hop ring phases stepping on its links now (insertion-ordered keys)
 _STEPPING: WeakKeyDictionary = WeakKeyDictionary()
+# network -> {a hop's links (listed twice for two flows): a flow's fair rate on them}
+_RATES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def ring_phase(env: simpy.Environment, network: Network, hops: list[Hop], steps: int):
@@ -274,8 +276,13 @@ def _arrived_by(item, now: float) -> bool:
 
 def _rate(network: Network, edges: tuple) -> float:
     """A flow's max-min fair rate alone on `edges` (as the network solves it; each of two
-    like flows' where the links are listed twice: fair_share weighs them so)."""
-    return max_min_rates({0: edges}, network.capacity_Bps)[0]
+    like flows' where the links are listed twice: fair_share weighs them so), solved once
+    per network and links."""
+    rates = _RATES.setdefault(network, {})
+    if edges not in rates:
+        rates[edges] = max_min_rates({0: edges}, network.capacity_Bps)[0]
+    return rates[edges]
+
 
 
 class _Pair:
