@@ -90,25 +90,28 @@ class _Phase:
             rings.append((other, state))
         for phase, _state in rings:
             _STEPPING.get(self.network, {}).pop(phase, None)
-        if len(rings) == 1 and not mine:
-            known = [list(times) for times in rings[0][1].deliveries]
-            timelines = [alone_timeline(self.rates, self.hops, self.steps, known, now)]
-        else:
-            rates = [(0.0, alone, _rate(self.network, edges + edges))
-                     for alone, edges in zip(self.rates, self.hop_edges)]
-            timelines = joint_timelines([(phase.hops, phase.steps, state)
-                                         for phase, state in rings], rates, now)
         if other:
             self.pair = other.pair = _Pair(self, other)
         else:
             for edge in self.edges:
                 self.network.trains[edge] = self
-        for (phase, _state), timeline in zip(rings, timelines):
+        for (phase, _state), timeline in zip(rings, self._work_out(rings, now)):
             phase.timeline = timeline
             wake = self.env.timeout(max(timeline.end_s() - now, 0.0))
             wake.callbacks.append(lambda _e, phase=phase, generation=phase.generation:
                                   phase._end(generation))
         return True
+
+    def _work_out(self, rings: list[tuple], now: float) -> list[Timeline]:
+        """The timelines of `rings` ((phase, steps begun) each) from now: one ring with no
+        step draining by the recurrence, else by the fair shares of its hops."""
+        if len(rings) == 1 and not any(state is not None for state in rings[0][1].draining):
+            known = [list(times) for times in rings[0][1].deliveries]
+            return [alone_timeline(self.rates, self.hops, self.steps, known, now)]
+        rates = [(0.0, alone, _rate(self.network, edges + edges))
+                 for alone, edges in zip(self.rates, self.hop_edges)]  # [position] by draining
+        return joint_timelines([(phase.hops, phase.steps, state) for phase, state in rings],
+                               rates, now)
 
     def _other(self):
         """The other ring on exactly these hops (stepped, or alone in arithmetic), None where
