@@ -157,27 +157,30 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
             flows[r] = [left, since, rate, since + left / rate, [(since, left, rate)]]
         elif lists[r][2] and lists[r][2][-1] > now:
             due[r] = lists[r][2][-1]
+    latencies = [hop[1] for hop, _s, _b in rings]  # [ring]
+    chunks = [float(hop[2]) for hop, _s, _b in rings]  # [ring]
+    limits = [DRAINED_FRACTION * hop[2] for hop, _s, _b in rings]  # [ring] bytes left: drained
+    steps = [count for _h, count, _b in rings]  # [ring]
+    each = range(len(rings))
     ended: list = []
-    delivered = [r for r in range(len(rings)) if due[r] is None]
+    delivered = [r for r in each if due[r] is None]
     changed = any(flow is not None for flow in flows)  # steps in flight: their rates now
     while True:
-        changed = changed or bool(ended)
         for r in ended:
             flow, flows[r] = flows[r], None
-            starts, drains, deliveries = lists[r]
+            drains, deliveries = lists[r][1], lists[r][2]
             history[r][(0, len(drains))] = flow[4]
             drains.append(now)
-            deliveries.append(now + rings[r][0][1])
-            due[r] = now + rings[r][0][1]
+            deliveries.append(now + latencies[r])
+            due[r] = now + latencies[r]
         for r in delivered:
             due[r] = None
-            (_edges, _latency_s, chunk), steps, _begun = rings[r]
-            starts, _drains, deliveries = lists[r]
-            if len(starts) < steps and flows[r] is None and len(deliveries) == len(starts):
+            starts, deliveries = lists[r][0], lists[r][2]
+            if len(starts) < steps[r] and flows[r] is None and len(deliveries) == len(starts):
                 starts.append(now)
-                flows[r] = [float(chunk), now, 0.0, math.inf, []]
+                flows[r] = [chunks[r], now, 0.0, math.inf, []]
                 changed = True
-        if changed:
+        if changed or ended:
             rate = rates[sum(flow is not None for flow in flows)]
             for flow in flows:
                 if flow is not None and flow[2] != rate:
@@ -185,17 +188,23 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
                     flow[0] = left = left if left > 0.0 else 0.0
                     flow[1], flow[2], flow[3] = now, rate, now + left / rate
                     flow[4].append((now, left, rate))
-        times = [flow[3] for flow in flows if flow is not None] + [t for t in due if t is not None]
-        if not times:
+        now, changed, ended, delivered = math.inf, False, [], []
+        for r in each:  # the next instant: a drain's end or a delivery
+            flow = flows[r]
+            due_s = flow[3] if flow is not None else due[r]
+            if due_s is not None and due_s < now:
+                now = due_s
+        if now == math.inf:
             break
-        changed = False
-        now = min(times)
-        ended = [r for r, flow in enumerate(flows) if flow is not None and flow[3] == now]
+        for r in each:
+            flow = flows[r]
+            if flow is not None and flow[3] == now:
+                ended.append(r)
+            elif flow is None and due[r] == now:
+                delivered.append(r)
         if ended:
-            ended += [r for r, flow in enumerate(flows) if flow is not None and r not in ended
-                      and flow[0] - flow[2] * (now - flow[1])
-                      <= DRAINED_FRACTION * rings[r][0][2]]
-        delivered = [r for r, t in enumerate(due) if t == now]
+            ended += [r for r in each if r not in ended and flows[r] is not None and flows[r][0]
+                      - flows[r][2] * (now - flows[r][1]) <= limits[r]]
     return [Timeline([starts], [drains], [deliveries], [rates[1]], [hop[2]], history[r])
             for r, ((starts, drains, deliveries), (hop, _s, _b)) in enumerate(zip(lists, rings))]
 
