@@ -171,3 +171,30 @@ def test_break_a_pair_sharing_wrongly_is_caught(monkeypatch):
     monkeypatch.setattr(hop_rings.Network, "withdraw", whole)
     broken = _run(True, THREE, hops_b, 7, 0.3 * US, 3.3 * US)[0]
     assert broken != _run(False, THREE, hops_b, 7, 0.3 * US, 3.3 * US)[0]
+
+
+def test_a_load_withdrawn_mid_drain_frees_its_share():
+    """network.py withdraw, by hand: loads of 1000 and 999 B on NIC 0's uplink (1 GB/s) from 0
+    drain at 0.5 GB/s each; the 999 B one taken off at 1 µs returns (999 B as of 0, 0.5
+    GB/s) and never delivers, and the other drains its last 500 B alone: through at 1.5 µs,
+    delivered at 2.5. Like loads started together drain as one class: not taken off (None)."""
+    link = (("gpu0", "leaf0"),)
+    for like in (False, True):
+        env = simpy.Environment()
+        network = _network(env, True)
+        kept = network.load(link, 1000.0, US)
+        taken = network.load(link, 1000.0 if like else 999.0, US)
+        states = []
+
+        def take(network=network, taken=taken, states=states):
+            yield network.env.timeout(1 * US)
+            states.append(network.withdraw(link, taken))
+
+        env.process(take())
+        env.run()
+        if like:
+            assert states == [None] and taken.triggered
+            continue
+        assert states == [(999.0, 0.0, 0.5e9)]
+        assert not taken.triggered
+        assert kept.value[1] == pytest.approx(2.5 * US, rel=1e-12)
