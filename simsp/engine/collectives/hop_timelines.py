@@ -162,6 +162,7 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
     limits = [DRAINED_FRACTION * hop[2] for hop, _s, _b in rings]  # [ring] bytes left: drained
     steps = [count for _h, count, _b in rings]  # [ring]
     each = range(len(rings))
+    finished: set[int] = set()  # rings whose last step is delivered
     ended: list = []
     delivered = [r for r in each if due[r] is None]
     changed = any(flow is not None for flow in flows)  # steps in flight: their rates now
@@ -180,6 +181,8 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
                 starts.append(now)
                 flows[r] = [chunks[r], now, 0.0, math.inf, []]
                 changed = True
+            elif len(starts) == steps[r] == len(deliveries):
+                finished.add(r)
         if changed or ended:
             rate = rates[sum(flow is not None for flow in flows)]
             for flow in flows:
@@ -188,6 +191,11 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
                     flow[0] = left = left if left > 0.0 else 0.0
                     flow[1], flow[2], flow[3] = now, rate, now + left / rate
                     flow[4].append((now, left, rate))
+        if len(finished) == len(rings) - 1:  # one ring left: alone on the hop from here
+            r = next(r for r in each if r not in finished)
+            _rest_alone(lists[r], history[r], flows[r], due[r], steps[r], chunks[r] / rates[1],
+                        latencies[r])
+            break
         now, changed, ended, delivered = math.inf, False, [], []
         for r in each:  # the next instant: a drain's end or a delivery
             flow = flows[r]
@@ -207,6 +215,27 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
                       - flows[r][2] * (now - flows[r][1]) <= limits[r]]
     return [Timeline([starts], [drains], [deliveries], [rates[1]], [hop[2]], history[r])
             for r, ((starts, drains, deliveries), (hop, _s, _b)) in enumerate(zip(lists, rings))]
+
+
+def _rest_alone(lists: tuple, history: dict, flow: list | None, due_s: float | None,
+                steps: int, drain_s: float, latency_s: float) -> None:
+    """The rest of a ring of one position alone on its hop, appended to its (starts, drains,
+    deliveries): the step draining (`flow`, at the rate alone now) ends at its finish, or the
+    step in its latency is delivered at `due_s`; each next step starts at the last one's
+    delivery, drains chunk / R (`drain_s`, the network's start + chunk / rate) and is delivered
+    one latency later."""
+    starts, drains, deliveries = lists
+    if flow is not None:
+        history[(0, len(drains))] = flow[4]
+        drains.append(flow[3])
+        deliveries.append(flow[3] + latency_s)
+    elif due_s is None and len(starts) == len(deliveries) == 0:
+        return
+    while len(starts) < steps:
+        start = deliveries[-1]
+        starts.append(start)
+        drains.append(start + drain_s)
+        deliveries.append(drains[-1] + latency_s)
 
 
 def _alike_begun(begun: Begun) -> bool:
