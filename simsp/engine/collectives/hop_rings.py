@@ -36,7 +36,8 @@ _RATES: WeakKeyDictionary = WeakKeyDictionary()
 
 def ring_phase(env: simpy.Environment, network: Network, hops: list[Hop], steps: int):
     """One phase of a ring of len(hops) positions, `steps` steps each (a process body): in
-    arithmetic while its links are quiet and no two hops share a link, else step by step."""
+    arithmetic while no two hops share a link and only it and the other ring of its hops use
+    their links, else step by step."""
     phase = _Phase(network, hops, steps)
     phase.resume([[] for _ in hops])
     yield phase.done

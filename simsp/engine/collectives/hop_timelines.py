@@ -31,8 +31,9 @@ _DRAIN, _DELIVERY = 0, 1  # event kinds, in the order an instant takes them up
 @dataclass(slots=True)
 class Timeline:
     """A phase's steps as worked out ([position][step] lists, one list shared by every position
-    in lockstep) and the rate history of the steps that did not drain at their hop's rate
-    alone from their start ({(position, step): [(since_s, bytes left then, rate)]})."""
+    in lockstep) and the rate history of steps whose rate may have moved while they drained
+    ({(position, step): [(since_s, bytes left then, rate)]}; a step without one drained at its
+    hop's rate alone from its start)."""
 
     starts: list[list[float]]
     drains: list[list[float]]
