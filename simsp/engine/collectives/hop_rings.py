@@ -59,6 +59,7 @@ class _Phase:
         self.generation = 0
         self.timeline: Timeline | None = None  # the steps worked out in arithmetic
         self.begun: list[list] = []  # stepped: [position] each begun step's delivery
+        self.arrived: list = []  # stepped: [step][position] its delivery signalled
         self.pair: _Pair | None = None  # the pair it runs in, if any
 
     def resume(self, begun: list[list]) -> None:
@@ -91,6 +92,9 @@ class _Phase:
             rings.append((other, state))
         for phase, _state in rings:
             _STEPPING.get(self.network, {}).pop(phase, None)
+        self._release(mine)
+        if other and other.timeline is None:
+            other._release(theirs)
         if other:
             self.pair = other.pair = _Pair(self, other)
         else:
@@ -102,6 +106,19 @@ class _Phase:
             wake.callbacks.append(lambda _e, phase=phase, generation=phase.generation:
                                   phase._end(generation))
         return True
+
+    def _release(self, draining: dict) -> None:
+        """Let go of the positions' processes of the last stepped generation (each waits on
+        an event of `arrived` that now never comes) and the deliveries of the steps taken off
+        the links: their callbacks cleared, so they are freed by reference counting (the
+        cyclic collector is paused during a run, gc_pause.py)."""
+        for events in self.arrived:
+            for event in events or ():
+                if not event.triggered:
+                    event.callbacks.clear()
+        for delivery in draining.values():
+            delivery.callbacks.clear()
+        self.arrived = []
 
     def _work_out(self, rings: list[tuple], now: float) -> list[Timeline]:
         """The timelines of `rings` ((phase, steps begun) each) from now: one ring with no
@@ -213,6 +230,7 @@ class _Phase:
         first = max(min(map(len, begun)) - 1, 0)  # no position waits on an earlier step
         arrived = [[env.event() for _ in self.hops] if i >= first else None
                    for i in range(self.steps)]  # [step][position]
+        self.arrived = arrived
         left = {p for p, items in enumerate(begun) if len(items) < self.steps
                 or not _arrived_by(items[-1], env.now)}
         for p, items in enumerate(begun):
