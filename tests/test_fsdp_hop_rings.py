@@ -106,8 +106,9 @@ def test_layouts_in_arithmetic_equal_stepped(label, tmp_path, monkeypatch):
     start, dissolve = hop_rings._Phase._in_arithmetic, hop_rings._Phase.dissolve
 
     def counted_start(self, *args):
-        seen["run"] += 1
-        start(self, *args)
+        ran = start(self, *args)
+        seen["run"] += ran
+        return ran
 
     def counted_dissolve(self):
         seen["dissolved"] += 1

@@ -163,6 +163,28 @@ class Network(FlowClasses):
             self._start_draining(flow, self.flow_classes)
         return flow.delivered
 
+    def withdraw(self, edges: tuple[tuple[str, str], ...], delivered: simpy.Event
+                 ) -> tuple[float, float, float] | None:
+        """Take the load on `edges` whose delivery is `delivered` off the links while it
+        drains (that delivery never comes: engine/collectives/hop_rings.py works the rest out
+        in arithmetic): its (bytes left, as of when, rate) as held; None where it is not a
+        lone load draining (a class's member or head, or drained)."""
+        for flow_id in self._users.get(edges[0], ()):
+            flow = self._draining[flow_id]
+            if flow.delivered is delivered:
+                break
+        else:
+            return None
+        if flow.members:
+            return None
+        if self._open.get((flow.route_id, flow.nbytes, flow.latency_s, flow.start_s)) is flow:
+            del self._open[(flow.route_id, flow.nbytes, flow.latency_s, flow.start_s)]
+        self._unlink(flow)
+        if self._wake is not None and self._wake[1] == flow.flow_id:
+            self._wake, self._token = None, self._token + 1  # its wake-up no longer holds
+        self._request_recompute()
+        return flow.remaining, flow.updated_s, flow.rate_Bps
+
     def _new_flow(self, src_gpu: int, dst_gpu: int, nbytes: int, label: str,
                   via_gpu: int | None, delivered: simpy.Event) -> Flow:
         """A flow record for a new transfer along the cached route."""

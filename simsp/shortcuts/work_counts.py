@@ -94,16 +94,13 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     flows += cp_gather_flows(sc, shortcuts, ranks, stepped)
     pieces = shortcuts.groups(NODE_PIECE) if shortcuts.closed_form else frozenset()
     hopping = _hopping_pieces(shortcuts, ranks, pieces)  # one hop per simulated member
-    hop_steps = _fsdp_flows(sc, grid, ranks, hopping, _hop_steps(set(ranks)))
-    stepped_share = _overlapping_share(sc)  # of the hop steps: those run as flows
+    hop_steps = _fsdp_flows(sc, grid, ranks, hopping, train_steps)  # in lockstep: one position
     return WorkCounts(layer_steps(sc), round(flows),
                       _fsdp_flows(sc, grid, ranks, stepped - pieces, ring_flows),
-                      _fsdp_flows(sc, grid, ranks, pieces - hopping, piece_flows)
-                      + round(hop_steps * stepped_share),
+                      _fsdp_flows(sc, grid, ranks, pieces - hopping, piece_flows),
                       alone_a2a_flows(sc, shortcuts, ranks), checked_members(sc),
                       _ep_pairs(shortcuts),
-                      _fsdp_flows(sc, grid, ranks, pieces - hopping, train_steps)
-                      + round(hop_steps * (1 - stepped_share)),
+                      _fsdp_flows(sc, grid, ranks, pieces - hopping, train_steps) + hop_steps,
                       _fsdp_flows(sc, grid, ranks, pieces, train_phases),
                       exchange_flows(sc, shortcuts.templates, len(all_tp_groups)),
                       ep_visits(sc, shortcuts), gather_flows(sc, shortcuts))
@@ -268,32 +265,17 @@ def piece_flows(gpus: tuple[int, ...], gpus_per_node: int) -> int:
 
 def _hopping_pieces(shortcuts: Shortcuts, ranks, pieces: frozenset) -> frozenset:
     """The pieces of one member per node that run one hop per simulated member: under FSDP
-    with replicas placed unlike (engine/collectives/ring_alone.py _lone_member_hops)."""
+    with replicas placed unlike (engine/collectives/ring_alone.py _lone_member_hops). Each
+    phase runs in arithmetic, alone or with the other ring of its hops (hop_rings.py), its
+    positions in lockstep (alike hops, begun together: hop_timelines.py works out one
+    position for all), so it costs its n − 1 steps (train_steps), not members x (n − 1);
+    the steps that meet a pipeline send on a member's NIC step as flows until the send
+    ends (not counted: 1.3% of the members' steps at 2,048 GPUs, 0.5% at 16,384,
+    docs/fsdp.md), as do the positions of a ring desynchronised by one."""
     if not shortcuts.twins or len(set(shortcuts.twins)) < 2:
         return frozenset()
     simulated = set(ranks)
     return frozenset(g for g in pieces if len(simulated.intersection(g)) > 1)
-
-
-def _overlapping_share(sc) -> float:
-    """The share of a hopping piece's steps that meet another ring on the same hops and so
-    step as flows (engine/collectives/hop_rings.py runs a ring in arithmetic only on quiet
-    links): with sharded parameters, of a layer's three collectives per micro-batch
-    (scenario/work.py fsdp_collectives) the forward's gather runs alone; in the backward the
-    gather of the unit before is prefetched as the unit's backward starts and its
-    reduce-scatter starts once that backward has computed, so the two meet for about half
-    of each: one collective's worth of steps in three (an approximation, not a count:
-    docs/PERFORMANCE.md). Otherwise each runs alone."""
-    return 1 / 3 if sc.parallel.fsdp in ("fsdp2", "optim_grads_params") else 0.0
-
-
-def _hop_steps(simulated: set[int]):
-    """Per phase of such a piece: its simulated members' (n − 1) steps each, worked out in
-    arithmetic while their links are quiet (engine/collectives/hop_rings.py; after another
-    flow meets them, one-step pieces of step_trains.py groups, each a step too)."""
-    def steps(gpus: tuple[int, ...], _gpus_per_node: int) -> int:
-        return len(simulated.intersection(gpus)) * (len(gpus) - 1)
-    return steps
 
 
 def train_steps(gpus: tuple[int, ...], gpus_per_node: int) -> int:
