@@ -145,19 +145,8 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
     a plain loop: each instant the drains ending there (and those within DRAINED_FRACTION of
     their bytes), then the deliveries there starting the next steps, then the draining steps
     retimed at the hop's fair share (network.py _retime)."""
-    flows: list = [None] * len(rings)  # [ring] [bytes left, as of, rate, finish, history]
-    due: list = [None] * len(rings)  # [ring] its last step's delivery, while pending
-    lists = [(list(b.starts[0]), list(b.drains[0]), list(b.deliveries[0])) for _h, _s, b in rings]
+    flows, due, lists = _one_hop_state(rings, now)
     history: list[dict] = [{} for _ in rings]
-    for r, (_hop, _steps, begun) in enumerate(rings):
-        state = begun.draining[0]
-        if state is not None and state[2] == 0.0:  # started now, its rate not yet solved
-            flows[r] = [state[0], now, 0.0, math.inf, []]
-        elif state is not None:
-            left, since, rate = state
-            flows[r] = [left, since, rate, since + left / rate, [(since, left, rate)]]
-        elif lists[r][2] and lists[r][2][-1] > now:
-            due[r] = lists[r][2][-1]
     latencies = [hop[1] for hop, _s, _b in rings]  # [ring]
     chunks = [float(hop[2]) for hop, _s, _b in rings]  # [ring]
     limits = [DRAINED_FRACTION * hop[2] for hop, _s, _b in rings]  # [ring] bytes left: drained
@@ -197,25 +186,51 @@ def _one_hop(rings: list[tuple[Hop, int, Begun]], rates: tuple, now: float) -> l
             _rest_alone(lists[r], history[r], flows[r], due[r], steps[r], chunks[r] / rates[1],
                         latencies[r])
             break
-        now, changed, ended, delivered = math.inf, False, [], []
-        for r in each:  # the next instant: a drain's end or a delivery
-            flow = flows[r]
-            due_s = flow[3] if flow is not None else due[r]
-            if due_s is not None and due_s < now:
-                now = due_s
+        changed = False
+        now, ended, delivered = _next_instant(flows, due, limits)
         if now == math.inf:
             break
-        for r in each:
-            flow = flows[r]
-            if flow is not None and flow[3] == now:
-                ended.append(r)
-            elif flow is None and due[r] == now:
-                delivered.append(r)
-        if ended:
-            ended += [r for r in each if r not in ended and flows[r] is not None and flows[r][0]
-                      - flows[r][2] * (now - flows[r][1]) <= limits[r]]
     return [Timeline([starts], [drains], [deliveries], [rates[1]], [hop[2]], history[r])
             for r, ((starts, drains, deliveries), (hop, _s, _b)) in enumerate(zip(lists, rings))]
+
+
+def _one_hop_state(rings: list[tuple[Hop, int, Begun]], now: float) -> tuple[list, list, list]:
+    """_one_hop's state at `now` from the steps begun: each ring's step draining ([bytes left,
+    as of, rate, finish, history]; rate 0 where it started now, not yet solved), its last
+    delivery while pending, and copies of its (starts, drains, deliveries)."""
+    flows: list = [None] * len(rings)  # [ring] [bytes left, as of, rate, finish, history]
+    due: list = [None] * len(rings)  # [ring] its last step's delivery, while pending
+    lists = [(list(b.starts[0]), list(b.drains[0]), list(b.deliveries[0])) for _h, _s, b in rings]
+    for r, (_hop, _steps, begun) in enumerate(rings):
+        state = begun.draining[0]
+        if state is not None and state[2] == 0.0:  # started now, its rate not yet solved
+            flows[r] = [state[0], now, 0.0, math.inf, []]
+        elif state is not None:
+            left, since, rate = state
+            flows[r] = [left, since, rate, since + left / rate, [(since, left, rate)]]
+        elif lists[r][2] and lists[r][2][-1] > now:
+            due[r] = lists[r][2][-1]
+    return flows, due, lists
+
+
+def _next_instant(flows: list, due: list, limits: list) -> tuple[float, list, list]:
+    """The next instant of _one_hop (a drain's end or a delivery; inf when none), the rings
+    whose drains end there (with those within their DRAINED_FRACTION limit) and those whose
+    deliveries fall there."""
+    now, ended, delivered = math.inf, [], []
+    for r, flow in enumerate(flows):
+        due_s = flow[3] if flow is not None else due[r]
+        if due_s is not None and due_s < now:
+            now = due_s
+    for r, flow in enumerate(flows):
+        if flow is not None and flow[3] == now:
+            ended.append(r)
+        elif flow is None and due[r] == now:
+            delivered.append(r)
+    if ended:
+        ended += [r for r, flow in enumerate(flows) if r not in ended and flow is not None
+                  and flow[0] - flow[2] * (now - flow[1]) <= limits[r]]
+    return now, ended, delivered
 
 
 def _rest_alone(lists: tuple, history: dict, flow: list | None, due_s: float | None,
