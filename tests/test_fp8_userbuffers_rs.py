@@ -4,14 +4,10 @@ rs_wire_bytes): TE 1.8 allocates the buffer uint8 under FP8 with the GEMM's fp8_
 (csrc/comm_gemm_overlap.h split_overlap_rs), which reads the peers' 1-byte chunks."""
 
 import pytest
-import simpy
 
-from simsp.model.base import ops, tp_overlap
-from simsp.model.tensor import FP16
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.precision import precision_of
-from simsp.scenario.tp_overlap import PIPELINE, UbGemm
-from tests.test_tp_overlap import SHAPE, FixedComm, meta_rank
+from tests.test_tp_overlap import run_pipelined_rs
 
 H100_FP8 = {("cluster", "gpu"): "h100-sxm-80gb", ("parallel", "fp8_format"): "hybrid",
             ("run", "mode"): "meta"}
@@ -19,18 +15,8 @@ H100_FP8 = {("cluster", "gpu"): "h100-sxm-80gb", ("parallel", "fp8_format"): "hy
 
 def _pipelined_rs(fp8: bool, fp8_buf: bool):
     """(bytes of each RS piece, reduce-scatter bytes counted) of a t 2 proj_fprop in 4 splits."""
-    env = simpy.Environment()
-    comm = FixedComm(env, 1e-6)
-    r = meta_rank(env, comm)
-    if fp8:
-        r.fp8 = precision_of(load_scenario("scenarios/tiny.toml", H100_FP8)).fp8
-    ub = UbGemm("proj_fprop", PIPELINE, 16, 4, True, True, fp8_buf=fp8_buf)
-    m, k, n = SHAPE
-    x, w = r.alloc((m, 1, k), FP16, "x"), r.alloc((k, n), FP16, "w")
-    reduced = r.alloc((m // 2, 1, n), FP16, "reduced")
-    env.process(ops.linear(r, x, w, None, "proj", runner=tp_overlap.pipelined_rs(ub, reduced,
-                                                                                 "proj_exit")))
-    env.run()
+    recipe = precision_of(load_scenario("scenarios/tiny.toml", H100_FP8)).fp8 if fp8 else None
+    _end, r, comm = run_pipelined_rs(1e-6, fp8=recipe, fp8_buf=fp8_buf)
     counted = sum(v for (_, kind), v in r.comm_bytes.items() if kind == "reduce_scatter")
     return {call[2] for call in comm.calls}, counted
 

@@ -6,7 +6,6 @@ several instants, the lockstep shortcut against every position worked out, the F
 layouts (a pair must form there), the work estimate's count of the steps worked out, and a
 break test."""
 
-from dataclasses import replace
 
 import pytest
 import simpy
@@ -16,8 +15,8 @@ from simsp.engine.collectives.ring_alone import segment_run
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.work_counts import estimated_counts
 from tests.test_fsdp_hop_rings import THREE, US, _hop, _network
-from tests.test_fsdp_leaf_replicas import LAYOUTS, fsdp, tiny_leaves
-from tests.test_representative_audit import metrics, scenario
+from tests.test_fsdp_leaf_replicas import LAYOUTS, leaf_layout
+from tests.test_representative_audit import metrics
 
 
 def _run(trains: bool, hops_a: list, hops_b: list, n: int, b_at: float,
@@ -110,10 +109,7 @@ def test_layouts_pair_and_count_their_steps(label, tmp_path, monkeypatch):
     train_steps within 2x. Under ZeRO-2 on these tiny layouts the reduce-scatters run under
     the backward's pipeline sends, which dissolve them and desynchronise their positions
     (steps worked out again, per position): 2.7x the count there, not asserted."""
-    gpn, t, p, d, leaf, core, strategy, sp = LAYOUTS[label]
-    sc = scenario(gpn, t, p, d, False, False, untied=True)
-    sc = replace(sc, parallel=replace(sc.parallel, sequence_parallel=sp))
-    sc = fsdp(sc, strategy, system=tiny_leaves(tmp_path, gpn, leaf, core))
+    sc, strategy = leaf_layout(label, tmp_path), LAYOUTS[label][6]
     fast = Shortcuts.for_scale(sc)
     seen = {"pairs": 0, "steps": 0}
     pair, timelines = hop_rings._Pair.__init__, hop_timelines._Replay.run

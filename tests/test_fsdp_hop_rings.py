@@ -3,7 +3,6 @@ leaves) advanced in arithmetic while their links are quiet (engine/collectives/h
 against a hand-worked timeline, the same pieces stepped on the links (step_trains off), and
 the whole FSDP layouts of tests/test_fsdp_leaf_replicas.py run both ways."""
 
-from dataclasses import replace
 
 import networkx as nx
 import pytest
@@ -14,8 +13,8 @@ from simsp.engine.collectives.ring_alone import segment_run
 from simsp.engine.network import Network
 from simsp.hardware.constants import LinkCalibration
 from simsp.shortcuts.check import Shortcuts
-from tests.test_fsdp_leaf_replicas import LAYOUTS, fsdp, tiny_leaves
-from tests.test_representative_audit import metrics, scenario
+from tests.test_fsdp_leaf_replicas import LAYOUTS, leaf_layout
+from tests.test_representative_audit import metrics
 
 US = 1e-6
 NICS = {0: 1e9, 1: 0.5e9, 2: 2e9}  # NIC -> bytes/s each way
@@ -97,10 +96,7 @@ def test_layouts_in_arithmetic_equal_stepped(label, tmp_path, monkeypatch):
     """The FSDP layouts across leaves (several placements, a core tier): iteration time and
     every stage's exposure bit-equal with the pieces in arithmetic and stepped as flows; the
     arithmetic ran and was dissolved by pipeline sends on its NICs."""
-    gpn, t, p, d, leaf, core, strategy, sp = LAYOUTS[label]
-    sc = scenario(gpn, t, p, d, False, False, untied=True)
-    sc = replace(sc, parallel=replace(sc.parallel, sequence_parallel=sp))
-    sc = fsdp(sc, strategy, system=tiny_leaves(tmp_path, gpn, leaf, core))
+    sc = leaf_layout(label, tmp_path)
     fast = Shortcuts.for_scale(sc)
     seen = {"run": 0, "dissolved": 0}
     start, dissolve = hop_rings._Phase._in_arithmetic, hop_rings._Phase.dissolve

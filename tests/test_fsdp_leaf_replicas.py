@@ -83,13 +83,18 @@ LAYOUTS = {  # label -> (gpn, t, p, d, leaf, core, strategy, SP): one member per
 }
 
 
-@pytest.mark.parametrize("label", sorted(LAYOUTS))
-def test_more_layouts_across_leaves(label, tmp_path):
-    """Equal to the full simulation to 1e-9 (iteration and every stage's exposure)."""
+def leaf_layout(label: str, tmp_path):
+    """One of the FSDP layouts across leaves, on its tiny fabric."""
     gpn, t, p, d, leaf, core, strategy, sp = LAYOUTS[label]
     sc = scenario(gpn, t, p, d, False, False, untied=True)
     sc = replace(sc, parallel=replace(sc.parallel, sequence_parallel=sp))
-    sc = fsdp(sc, strategy, system=tiny_leaves(tmp_path, gpn, leaf, core))
+    return fsdp(sc, strategy, system=tiny_leaves(tmp_path, gpn, leaf, core))
+
+
+@pytest.mark.parametrize("label", sorted(LAYOUTS))
+def test_more_layouts_across_leaves(label, tmp_path):
+    """Equal to the full simulation to 1e-9 (iteration and every stage's exposure)."""
+    sc, d = leaf_layout(label, tmp_path), LAYOUTS[label][3]
     fast = Shortcuts.for_scale(sc)
     assert fast.representative and len(set(fast.twins)) > 1 and len(fast.replicas) < d
     assert largest_gap(metrics(sc, fast), metrics(sc, Shortcuts())) < 1e-9

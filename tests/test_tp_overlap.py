@@ -53,11 +53,16 @@ def gemm_s(r) -> float:
     return ops.gemm_seconds(r, SHAPE, False)
 
 
-def run_pipelined_rs(comm_s: float, num_sm: int = 16, margin: bool = True):
+def run_pipelined_rs(comm_s: float, num_sm: int = 16, margin: bool = True, fp8=None,
+                     fp8_buf: bool = False):
+    """A pipelined GEMM+RS of proj_fprop in 4 splits on a meta rank (FP8 training where `fp8`
+    is a recipe, its userbuffer FP8 where `fp8_buf`): (end time, the rank, its comm)."""
     env = simpy.Environment()
     comm = FixedComm(env, comm_s)
     r = meta_rank(env, comm)
-    ub = UbGemm("proj_fprop", PIPELINE, num_sm, 4, margin, True)
+    if fp8 is not None:
+        r.fp8 = fp8
+    ub = UbGemm("proj_fprop", PIPELINE, num_sm, 4, margin, True, fp8_buf=fp8_buf)
     m, k, n = SHAPE
     x, w = r.alloc((m, 1, k), FP16, "x"), r.alloc((k, n), FP16, "w")
     reduced = r.alloc((m // 2, 1, n), FP16, "reduced")
