@@ -41,6 +41,11 @@ def replayed_metrics(sc, shortcuts) -> tuple[dict, int]:
     return collect(run, shortcuts), run.inputs.replays.replayed_steps if run.inputs.replays else 0
 
 
+def replayed_ranks(sc, shortcuts) -> int:
+    """How many ranks the timing plan marks replayed (training/pipeline/step_replay.py)."""
+    return len(plan_module.timing_plan(sc, shortcuts).replayed)
+
+
 @pytest.mark.parametrize("label", sorted(LAYOUTS))
 def test_replays_equal_every_step_run(label, tmp_path, monkeypatch):
     """The replicas beside replica 0 replay most of their steps: equal to `Shortcuts()` to
@@ -51,12 +56,20 @@ def test_replays_equal_every_step_run(label, tmp_path, monkeypatch):
     assert len(fast.replicas) > 1
     replayed, replays = replayed_metrics(sc, fast)
     assert replays > 0
+    replaying = replayed_ranks(sc, fast)
     assert largest_gap(replayed, metrics(sc, Shortcuts())) < 1e-9
     monkeypatch.setattr(plan_module, "step_replay_why_not", lambda sc: "off")
     executed, replays = replayed_metrics(sc, fast)
     assert replays == 0
-    for key in ("iteration_time_s", "exposed_s_per_stage", "ranks", "counted_hardware_flops"):
+    for key in ("iteration_time_s", "exposed_s_per_stage", "counted_hardware_flops"):
         assert replayed[key] == executed[key], key
+    assert [dict(r, simulated=None) for r in replayed["ranks"]] == [
+        dict(r, simulated=None) for r in executed["ranks"]]
+    # a replayed rank's memory row is its stage's replica 0's: not its own, so not "simulated"
+    mine = sum(r["simulated"] for r in replayed["ranks"])
+    assert mine == sum(r["simulated"] for r in executed["ranks"]) - replaying
+    assert "replay their steps" in replayed["shortcuts_used"]["representative"]
+    assert "replay" not in executed["shortcuts_used"]["representative"]
 
 
 def test_a_replay_that_loses_its_step_is_off(monkeypatch):

@@ -55,7 +55,7 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         "loss": run.loss,
         "calibration": {"compute": calibration_table(cluster_compute(sc.cluster)), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": shortcuts.flags(),
-        "shortcuts_used": shortcuts.why(),
+        "shortcuts_used": shortcuts_used(shortcuts, run.inputs.replayed),
         **architecture_section(sc),
         **fsdp_section(run),
         **overlaps_section(run),
@@ -63,3 +63,15 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         **moe_section(run),
         **in_network_section(run),
     }
+
+
+def shortcuts_used(shortcuts, replayed: frozenset) -> dict:
+    """The verdict's reasons (Shortcuts.why), the representative's naming the ranks of other
+    replicas that replayed their steps after each chunk's first (training/pipeline/
+    step_replay.py): timing only, their memory rows their stage's replica 0's."""
+    why = shortcuts.why()
+    if replayed:
+        why["representative"] += (f"; the {len(replayed)} ranks of the other replicas replay "
+                                  f"their steps after each chunk's first (each a pure delay), "
+                                  f"their memory rows replica 0's of their stage")
+    return why
