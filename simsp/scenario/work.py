@@ -14,6 +14,7 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA, META_SECONDS_PER_CHUNK_STEP,
     FULL_SECONDS_PER_RANK_STEP, NUMERIC_FLOPS_PER_SECOND, NUMERIC_SECONDS_PER_LAYER_STEP,
     META_BYTES_PER_LAYER_STEP, PLAN_SECONDS_PER_RANK_LAYER, PLAN_BYTES_PER_RANK_LAYER,
+    FULL_BYTES_PER_RANK_STEP, FULL_BYTES_PER_RING_STEP, FULL_BYTES_PER_RANK,
     FULL_SECONDS_PER_RING_RANK, SECONDS_PER_BUCKET, FSDP_SECONDS_PER_COLLECTIVE_D2,
     FSDP_SECONDS_PER_FLOW, PIECE_SECONDS_PER_FLOW, TRAIN_SECONDS_PER_STEP,
     TRAIN_SECONDS_PER_COLLECTIVE, FSDP_SECONDS_PER_COLLECTIVE_PIECE, CP_SECONDS_PER_RANK_PAIR,
@@ -313,14 +314,27 @@ def buckets_of(tensors: list[int], size: int | None) -> int:
 
 def meta_bytes(sc, representative: bool = True, ranks: int | None = None) -> int:
     """Bytes meta mode keeps: the ledger and trace per layer-step of every simulated rank of a
-    stage, and every simulated rank's plan (its list of every layer's parameters: ranks x L).
+    stage, and every simulated rank's plan (its list of every layer's parameter names: ranks x L).
     `ranks`: the ranks the run simulates (shortcuts/work_counts.py run_ranks: the plan's, its
-    replicas and expert groups counted), else simulated_ranks' rule."""
+    replicas and expert groups counted), else simulated_ranks' rule. Without the representative
+    every rank runs untemplated and keeps far more per layer-step (full_bytes)."""
     ranks = simulated_ranks(sc, representative) if ranks is None else ranks
     # the layer-steps of every simulated rank of a stage, each rank its own ledger and trace
     rank_steps = (layer_steps(sc) + mtp_steps(sc)) * ranks // sc.parallel.pp
-    return (rank_steps * META_BYTES_PER_LAYER_STEP
-            + ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER)
+    plans = ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER
+    if not representative:
+        return full_bytes(sc, rank_steps, ranks) + plans
+    return rank_steps * META_BYTES_PER_LAYER_STEP + plans
+
+
+def full_bytes(sc, rank_steps: int, ranks: int) -> int:
+    """Bytes a run without the representative keeps beside the plans: every rank-step's ledger
+    records (each allocation and free of the layer, untemplated) and trace spans; every
+    rank-step's TP ring steps' transfer records (t − 1 a ring collective, network.py keeps every
+    delivered transfer); every rank's own state (its rank, ledger, parameters, program)."""
+    ring_steps = rank_steps * (sc.parallel.tp - 1)
+    return (rank_steps * FULL_BYTES_PER_RANK_STEP + ring_steps * FULL_BYTES_PER_RING_STEP
+            + ranks * FULL_BYTES_PER_RANK)
 
 
 def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
