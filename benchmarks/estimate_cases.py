@@ -169,10 +169,12 @@ GROUPS = {
     "bytes": (("META_BYTES_PER_LAYER_STEP", "PLAN_BYTES_PER_RANK_LAYER"), [
         ("paper-1t, peak RSS", ["scenarios/paper-1t.toml"], "bytes"),
         ("tiny L = p = 512, peak RSS", _tiny(512, 1, 512, 1, 64), "bytes")]),
-    "full-bytes": (("FULL_BYTES_PER_RANK_STEP", "FULL_BYTES_PER_RING_STEP", "FULL_BYTES_PER_RANK"), [
+    "full-bytes": (("FULL_BYTES_PER_RANK_STEP", "FULL_BYTES_PER_RING_STEP",
+                    "FULL_BYTES_PER_RANK_LAYER", "FULL_BYTES_PER_RANK"), [
         ("175B width L8 t8 m4, full", _w175(8, 1, 1, 4), "full-bytes"),
         ("175B width L16 t8 m8, full", _w175(16, 1, 1, 8), "full-bytes"),
         ("175B width L16 t4 p2 d2 m8, full", _w175(16, 2, 2, 16, tp=4), "full-bytes"),
         ("175B width L32 t8 p4 d2 m8, full", _w175(32, 4, 2, 16), "full-bytes"),
-        ("175B width L8 t2 d8 m4, full", _w175(8, 1, 8, 32, tp=2), "full-bytes")]),
+        ("175B width L8 t2 d8 m4, full", _w175(8, 1, 8, 32, tp=2), "full-bytes"),
+        ("175B width L8 t8 p8 m8, full", _w175(8, 8, 1, 8), "full-bytes")]),
 }

@@ -166,10 +166,10 @@ LAYER_COLLECTIVES = ("qkv_enter", "attn_exit", "fc1_enter", "mlp_exit", "mlp.fc2
 
 @pytest.mark.parametrize("tp, dp", [(2, 2), (4, 1)])
 def test_the_full_estimate_counts_what_a_full_run_keeps(tp, dp):
-    """Without shortcuts (tiny in meta mode, 2 stages) every rank runs and keeps its state, a
-    ledger of its layer-steps and the transfer records of its TP rings: the estimate's ranks,
-    rank-steps and ring steps are the run's ranks, forward layer-steps and each layer
-    collective's transfers."""
+    """Without shortcuts (tiny in meta mode, 2 stages) every rank runs and keeps its state and
+    its layers', a ledger of its layer-steps and the transfer records of its TP rings: the
+    estimate's ranks, rank-layers, rank-steps and ring steps are the run's ranks, the layers
+    of their plans, forward layer-steps and each layer collective's transfers."""
     sc = load_scenario(TINY, {("run", "mode"): "meta", ("parallel", "data_parallel_size"): dp,
                               ("parallel", "tensor_model_parallel_size"): tp})
     full = Shortcuts()
@@ -177,6 +177,9 @@ def test_the_full_estimate_counts_what_a_full_run_keeps(tp, dp):
     terms = counts(sc, full, "full-bytes")["full-bytes"]
     ranks = sorted(run.results.end_s)
     assert len(ranks) == 8 == terms["FULL_BYTES_PER_RANK"]  # t·p·d = 8
+    plans = [run.inputs.plans[r] for r in ranks]
+    held = sum(len(plan.layers(chunk)) for plan in plans for chunk in range(plan.v))
+    assert held == 8 * 2 == terms["FULL_BYTES_PER_RANK_LAYER"]  # each its stage's 2 layers
     assert terms["PLAN_BYTES_PER_RANK_LAYER"] == 8 * 4 and "META_BYTES_PER_LAYER_STEP" not in terms
     forwards = sum(len(run.inputs.plans[r].layers(chunk)) for r in ranks
                    for kind, _, chunk, *_ in run.results.steps[r] if kind == "F")
@@ -189,7 +192,7 @@ def test_the_full_estimate_counts_what_a_full_run_keeps(tp, dp):
 
 def test_a_full_run_above_the_memory_limit_is_refused_before_it_runs(monkeypatch, capsys):
     """paper-175b at 1,024 micro-batches without shortcuts: 64 ranks x 12 layers x 1,024
-    micro-batches = 786,432 rank-steps, each its ledger and 7 ring steps (about 46 GB, above
+    micro-batches = 786,432 rank-steps, each its ledger and 7 ring steps (about 43 GB, above
     8 GiB) is refused even under --force, one line, exit 2; the representative's estimate of the
     same scenario is below the limit (the full side alone refuses it)."""
     def never(*args, **kwargs):

@@ -14,7 +14,8 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA, META_SECONDS_PER_CHUNK_STEP,
     FULL_SECONDS_PER_RANK_STEP, NUMERIC_FLOPS_PER_SECOND, NUMERIC_SECONDS_PER_LAYER_STEP,
     META_BYTES_PER_LAYER_STEP, PLAN_SECONDS_PER_RANK_LAYER, PLAN_BYTES_PER_RANK_LAYER,
-    FULL_BYTES_PER_RANK_STEP, FULL_BYTES_PER_RING_STEP, FULL_BYTES_PER_RANK,
+    FULL_BYTES_PER_RANK_STEP, FULL_BYTES_PER_RING_STEP, FULL_BYTES_PER_RANK_LAYER,
+    FULL_BYTES_PER_RANK,
     FULL_SECONDS_PER_RING_RANK, SECONDS_PER_BUCKET, FSDP_SECONDS_PER_COLLECTIVE_D2,
     FSDP_SECONDS_PER_FLOW, PIECE_SECONDS_PER_FLOW, TRAIN_SECONDS_PER_STEP,
     TRAIN_SECONDS_PER_COLLECTIVE, FSDP_SECONDS_PER_COLLECTIVE_PIECE, CP_SECONDS_PER_RANK_PAIR,
@@ -331,10 +332,13 @@ def full_bytes(sc, rank_steps: int, ranks: int) -> int:
     """Bytes a run without the representative keeps beside the plans: every rank-step's ledger
     records (each allocation and free of the layer, untemplated) and trace spans; every
     rank-step's TP ring steps' transfer records (t − 1 a ring collective, network.py keeps every
-    delivered transfer); every rank's own state (its rank, ledger, parameters, program)."""
-    ring_steps = rank_steps * (sc.parallel.tp - 1)
+    delivered transfer); every rank's state of each of its stage's layers (parameters,
+    gradients, optimizer) and its own (its rank, ledger, program)."""
+    p = sc.parallel
+    ring_steps = rank_steps * (p.tp - 1)
+    rank_layers = ranks * sc.model.num_layers // p.pp
     return (rank_steps * FULL_BYTES_PER_RANK_STEP + ring_steps * FULL_BYTES_PER_RING_STEP
-            + ranks * FULL_BYTES_PER_RANK)
+            + rank_layers * FULL_BYTES_PER_RANK_LAYER + ranks * FULL_BYTES_PER_RANK)
 
 
 def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
