@@ -166,7 +166,8 @@ def _counts(sc, shortcuts, how: str) -> dict:
         elif how == "numeric":
             estimate = numeric_seconds(sc)
         else:
-            estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts))
+            estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts),
+                                  shortcuts.templates)
     finally:
         _put(saved)
     alone = {"check": "SYMMETRY_SECONDS_PER_RANK", "visits": "SECONDS_PER_FLOW_VISIT"}

@@ -152,7 +152,9 @@ def test_the_estimate_counts_the_ranks_the_run_simulates(label, monkeypatch):
     assert terms["PLAN_BYTES_PER_RANK_LAYER"] == plans
     forwards = sum(len(run.inputs.plans[r].layers(chunk)) for r in ranks
                    for kind, _, chunk, *_ in run.results.steps[r] if kind == "F")
-    assert terms["META_BYTES_PER_LAYER_STEP"] == forwards
+    # the ledger per layer-step: a template's replay, else every record of the layer (full_bytes)
+    per_step = "META_BYTES_PER_LAYER_STEP" if fast.templates else "FULL_BYTES_PER_RANK_STEP"
+    assert terms[per_step] == forwards
 
 
 # A TP layer's ring collectives under SP (Megatron's sequence-parallel linears, hand-listed):

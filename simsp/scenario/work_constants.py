@@ -41,8 +41,9 @@ NUMERIC_SECONDS_PER_LAYER_STEP = 0.00073
 # scenario, paper-1t (65,536 layer-steps) and a tiny model at L = p = 512.
 META_BYTES_PER_LAYER_STEP = 2750
 PLAN_BYTES_PER_RANK_LAYER = 180
-# estimate_constants.py --only full-bytes (2026-11-29, q46g, probe 124-138 ms): --no-shortcuts
-# (Shortcuts()): every rank runs untemplated, so per rank-step it keeps its ledger's records (about
+# estimate_constants.py --only full-bytes (2026-11-29, q46g, probe 124-138 ms): a rank that runs
+# without layer templates (every rank under --no-shortcuts, Shortcuts(); the representative where
+# the verdict keeps no templates) keeps per rank-step its ledger's records (about
 # 145 a layer-step of 175B width) and the trace's spans; per rank-step and ring rank (t − 1) the
 # transfer records of its TP ring steps (engine/network.py keeps every delivered transfer, trace
 # or not); per rank and layer of its stage its parameters', gradients' and optimizer's state; per
