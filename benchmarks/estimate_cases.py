@@ -13,17 +13,18 @@ from scale import (_a2a, _cp_128k, _deepseek, _fsdp2, _gpt3,  # noqa: E402
 TINY = ["scenarios/tiny.toml"]
 
 
-def _w175(layers: int, pp: int, dp: int, batch: int, chunk: int | None = None) -> list[str]:
-    """GPT-3 175B width (t 8, SP, selective recompute; interleaved in chunks of `chunk` layers
-    where given), benchmarks/work_estimate.py's layouts: scenario fields as JSON (the CLI keeps
+def _w175(layers: int, pp: int, dp: int, batch: int, chunk: int | None = None,
+          tp: int = 8) -> list[str]:
+    """GPT-3 175B width (t 8 unless given, SP, selective recompute; interleaved in chunks of
+    `chunk` layers where given, on whole nodes of 8 GPUs), benchmarks/work_estimate.py's layouts: scenario fields as JSON (the CLI keeps
     paper-175b's chunks)."""
     fields = {"model.num_layers": layers, "model.hidden_size": 12288,
               "model.num_attention_heads": 96, "model.seq_length": 2048,
-              "model.vocab_size": 51200, "parallel.tensor_model_parallel_size": 8,
+              "model.vocab_size": 51200, "parallel.tensor_model_parallel_size": tp,
               "parallel.pipeline_model_parallel_size": pp,
               "parallel.data_parallel_size": dp, "parallel.sequence_parallel": True,
               "parallel.recompute_granularity": "selective",
-              "parallel.global_batch_size": batch, "cluster.nodes": pp * dp}
+              "parallel.global_batch_size": batch, "cluster.nodes": max(1, tp * pp * dp // 8)}
     if chunk is not None:
         fields["parallel.num_layers_per_virtual_pipeline_stage"] = chunk
     return [json.dumps(fields)]
@@ -75,7 +76,7 @@ def _fsdp2_t2(gpus: int) -> list[str]:
 # cheapest price), "full" the rule under Shortcuts(), "check" the shortcut check alone, "visits"
 # the CPU inside Network._reschedule against the visits the solves made (the estimate counts
 # them, work_counts.py ep_visits, within 2.6x: docs/PERFORMANCE.md), "numeric" numeric_seconds, "bytes"
-# peak RSS with run's default trace against meta_bytes))
+# peak RSS with run's default trace against meta_bytes, "full-bytes" the same under Shortcuts()))
 GROUPS = {
     "start": (("RUN_START_SECONDS",), [
         ("tiny L2 meta", _tiny(2, 2, 1, 1, 1), "run"),
@@ -168,4 +169,12 @@ GROUPS = {
     "bytes": (("META_BYTES_PER_LAYER_STEP", "PLAN_BYTES_PER_RANK_LAYER"), [
         ("paper-1t, peak RSS", ["scenarios/paper-1t.toml"], "bytes"),
         ("tiny L = p = 512, peak RSS", _tiny(512, 1, 512, 1, 64), "bytes")]),
+    "full-bytes": (("FULL_BYTES_PER_RANK_STEP", "FULL_BYTES_PER_RING_STEP",
+                    "FULL_BYTES_PER_RANK_LAYER", "FULL_BYTES_PER_RANK"), [
+        ("175B width L8 t8 m4, full", _w175(8, 1, 1, 4), "full-bytes"),
+        ("175B width L16 t8 m8, full", _w175(16, 1, 1, 8), "full-bytes"),
+        ("175B width L16 t4 p2 d2 m8, full", _w175(16, 2, 2, 16, tp=4), "full-bytes"),
+        ("175B width L32 t8 p4 d2 m8, full", _w175(32, 4, 2, 16), "full-bytes"),
+        ("175B width L8 t2 d8 m4, full", _w175(8, 1, 8, 32, tp=2), "full-bytes"),
+        ("175B width L8 t8 p8 m8, full", _w175(8, 8, 1, 8), "full-bytes")]),
 }

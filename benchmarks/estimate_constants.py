@@ -48,6 +48,7 @@ sys.path.insert(0, "benchmarks")
 from estimate_constants import counts
 from simsp.scenario.loading import load_scenario
 how, argv = sys.argv[1], sys.argv[2:]
+BYTES = ("bytes", "full-bytes")  # peak RSS measured
 if argv[0].startswith("{"):  # scenario fields, "section.key": value
     fields = {tuple(key.split(".")): value for key, value in json.loads(argv[0]).items()}
     sc = load_scenario(None, {**fields, ("run", "mode"): "meta"})
@@ -56,7 +57,7 @@ else:
     sc = scenario_from_args(build_parser().parse_args(["run", *argv, *mode]))
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 start = time.process_time()
-shortcuts = Shortcuts() if how == "full" else Shortcuts.for_scale(sc)
+shortcuts = Shortcuts() if how in ("full", "full-bytes") else Shortcuts.for_scale(sc)
 if how == "visits":  # the solves alone (work_estimate.py --visits)
     from simsp.engine.network import Network
     solves, reschedule = [0.0], Network._reschedule
@@ -66,9 +67,9 @@ if how == "visits":  # the solves alone (work_estimate.py --visits)
         solves[0] += time.process_time() - begin
     Network._reschedule = timed
 if how != "check":
-    run = simulate_iteration(sc, shortcuts, trace="steps" if how == "bytes" else "none")
+    run = simulate_iteration(sc, shortcuts, trace="steps" if how in BYTES else "none")
 spent = solves[0] if how == "visits" else time.process_time() - start
-if how == "bytes":
+if how in BYTES:
     spent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss
 found = counts(sc, shortcuts, how)
 if how == "visits":  # priced per visit the solves made (Network.flow_visits), as counted
@@ -165,7 +166,8 @@ def _counts(sc, shortcuts, how: str) -> dict:
         elif how == "numeric":
             estimate = numeric_seconds(sc)
         else:
-            estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts))
+            estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts),
+                                  shortcuts.templates)
     finally:
         _put(saved)
     alone = {"check": "SYMMETRY_SECONDS_PER_RANK", "visits": "SECONDS_PER_FLOW_VISIT"}

@@ -122,9 +122,13 @@ def test_bounds_before_work(case):
 
 
 def test_time_limit_error_gives_estimate_and_limit():
-    """22B without shortcuts, 1024 micro-batches: 49152 layer-steps on 8 ranks, ~15 minutes."""
-    err = assert_error(["run", str(SCENARIOS / "paper-22b.toml"), "--no-shortcuts",
-                        "--global-batch-size", "4096"], "work")
+    """Llama 3 8B without shortcuts over CP 128 (s 8192, t 2, 16 micro-batches): every pair of
+    a CP ring's ranks per layer-step, ~16 minutes in about 6 GiB (a full run's memory, not its
+    time, refuses 22B at 1,024 micro-batches: tests/test_estimate_truths.py)."""
+    err = assert_error(["run", str(SCENARIOS / "llama3-8b.toml"), "--no-shortcuts",
+                        "--context-parallel-size", "128", "--data-parallel-size", "1",
+                        "--nodes", "32", "--seq-length", "8192", "--global-batch-size", "16"],
+                       "work")
     assert "CPU seconds" in err and "limit of 600 s" in err and "--force" in err
 
 

@@ -37,8 +37,8 @@ def test_every_constant_is_measured_by_a_group():
     ("scenarios/mixtral-8x7b.toml", {}),
 ])
 def test_counts_times_values_give_the_estimate(scenario, overrides):
-    """Σ count × value over the constants equals run_seconds and meta_bytes (to rounding), and
-    the constants are left as they were."""
+    """Σ count × value over the constants equals run_seconds and meta_bytes (to rounding, with
+    the shortcuts and without), and the constants are left as they were."""
     sc = load_scenario(scenario, overrides)
     shortcuts = Shortcuts.for_scale(sc)
     values = current_values()
@@ -49,6 +49,10 @@ def test_counts_times_values_give_the_estimate(scenario, overrides):
         terms = counts(sc, shortcuts, how)[how]
         assert sum(n * values[name] for name, n in terms.items()) == pytest.approx(estimate,
                                                                                   rel=1e-12)
+    full = Shortcuts()  # --no-shortcuts: every rank, full_bytes' terms
+    terms = counts(sc, full, "full-bytes")["full-bytes"]
+    assert sum(n * values[name] for name, n in terms.items()) == pytest.approx(
+        meta_bytes(sc, False, run_ranks(sc, full)), rel=1e-12)
     assert current_values(raw=True) == before
 
 

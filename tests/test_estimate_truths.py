@@ -5,6 +5,7 @@ the ranks meta_seconds and meta_bytes count (shortcuts/work_counts.py run_ranks)
 
 import json
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +13,9 @@ import pytest
 
 import simsp.hardware.cluster_hardware as cluster_hardware
 from simsp.cli import main
-from simsp.commands import verify
+from simsp.commands import run as run_command, verify
 from simsp.scenario.loading import load_scenario
+from simsp.scenario.work import check_work
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.work_counts import run_ranks
 from simsp.training.driver import gradcheck, iteration
@@ -150,4 +152,57 @@ def test_the_estimate_counts_the_ranks_the_run_simulates(label, monkeypatch):
     assert terms["PLAN_BYTES_PER_RANK_LAYER"] == plans
     forwards = sum(len(run.inputs.plans[r].layers(chunk)) for r in ranks
                    for kind, _, chunk, *_ in run.results.steps[r] if kind == "F")
-    assert terms["META_BYTES_PER_LAYER_STEP"] == forwards
+    # the ledger per layer-step: a template's replay, else every record of the layer (full_bytes)
+    per_step = "META_BYTES_PER_LAYER_STEP" if fast.templates else "FULL_BYTES_PER_RANK_STEP"
+    assert terms[per_step] == forwards
+
+
+# A TP layer's ring collectives under SP (Megatron's sequence-parallel linears, hand-listed):
+# forward, the all-gathers before QKV and fc1 and the reduce-scatters after the projection and
+# fc2; backward, their transposes and the re-gathers of QKV's and fc1's inputs for the weight
+# gradients. Each is a ring of t − 1 steps, one transfer a step from every rank.
+LAYER_COLLECTIVES = ("qkv_enter", "attn_exit", "fc1_enter", "mlp_exit", "mlp.fc2_exit_grad",
+                     "mlp.fc1_regather", "mlp.fc1_enter_grad", "attn.proj_exit_grad",
+                     "attn.qkv_regather", "attn.qkv_enter_grad")
+
+
+@pytest.mark.parametrize("tp, dp", [(2, 2), (4, 1)])
+def test_the_full_estimate_counts_what_a_full_run_keeps(tp, dp):
+    """Without shortcuts (tiny in meta mode, 2 stages) every rank runs and keeps its state and
+    its layers', a ledger of its layer-steps and the transfer records of its TP rings: the
+    estimate's ranks, rank-layers, rank-steps and ring steps are the run's ranks, the layers
+    of their plans, forward layer-steps and each layer collective's transfers."""
+    sc = load_scenario(TINY, {("run", "mode"): "meta", ("parallel", "data_parallel_size"): dp,
+                              ("parallel", "tensor_model_parallel_size"): tp})
+    full = Shortcuts()
+    run = simulate_iteration(sc, full, trace="steps")
+    terms = counts(sc, full, "full-bytes")["full-bytes"]
+    ranks = sorted(run.results.end_s)
+    assert len(ranks) == 8 == terms["FULL_BYTES_PER_RANK"]  # t·p·d = 8
+    plans = [run.inputs.plans[r] for r in ranks]
+    held = sum(len(plan.layers(chunk)) for plan in plans for chunk in range(plan.v))
+    assert held == 8 * 2 == terms["FULL_BYTES_PER_RANK_LAYER"]  # each its stage's 2 layers
+    assert terms["PLAN_BYTES_PER_RANK_LAYER"] == 8 * 4 and "META_BYTES_PER_LAYER_STEP" not in terms
+    forwards = sum(len(run.inputs.plans[r].layers(chunk)) for r in ranks
+                   for kind, _, chunk, *_ in run.results.steps[r] if kind == "F")
+    m = 16 // (2 * dp)  # micro-batches of 2 samples per replica
+    assert forwards == 8 * 2 * m == terms["FULL_BYTES_PER_RANK_STEP"]  # 2 layers a stage
+    per_collective = Counter(t.label.split(" step ")[0] for t in run.inputs.world.network.transfers)
+    assert terms["FULL_BYTES_PER_RING_STEP"] == forwards * (tp - 1)
+    assert [per_collective[name] for name in LAYER_COLLECTIVES] == [forwards * (tp - 1)] * 10
+
+
+def test_a_full_run_above_the_memory_limit_is_refused_before_it_runs(monkeypatch, capsys):
+    """paper-175b at 1,024 micro-batches without shortcuts: 64 ranks x 12 layers x 1,024
+    micro-batches = 786,432 rank-steps, each its ledger and 7 ring steps (about 43 GB, above
+    8 GiB) is refused even under --force, one line, exit 2; the representative's estimate of the
+    same scenario is below the limit (the full side alone refuses it)."""
+    def never(*args, **kwargs):
+        raise AssertionError("a refused run must not simulate")
+    monkeypatch.setattr(run_command, "simulate_iteration", never)
+    argv = ["scenarios/paper-175b.toml", "--global-batch-size", "1024"]
+    rc = main(["run", *argv, "--no-shortcuts", "--force"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: work: meta mode would keep about ") and "above the limit" in err
+    check_work(load_scenario(argv[0], {("parallel", "global_batch_size"): 1024}), force=True)

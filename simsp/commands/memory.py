@@ -61,7 +61,8 @@ def simsp_snapshot(args, sc) -> dict:
     check_work(sc, shortcuts=True, force=args.force)
     shortcuts = Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
-               meta_estimate=run_seconds(sc, shortcuts), meta_ranks=run_ranks(sc, shortcuts))
+               meta_estimate=run_seconds(sc, shortcuts), meta_ranks=run_ranks(sc, shortcuts),
+               meta_templates=shortcuts.templates)
     run_ = simulate_iteration(sc, shortcuts, trace="none", keep_until_exit=args.process_ends)
     return rank_snapshot(run_, args.rank)
 

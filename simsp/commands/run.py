@@ -126,7 +126,8 @@ def run(args) -> int:
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
-               meta_estimate=run_seconds(sc, shortcuts), meta_ranks=run_ranks(sc, shortcuts))
+               meta_estimate=run_seconds(sc, shortcuts), meta_ranks=run_ranks(sc, shortcuts),
+               meta_templates=shortcuts.templates)
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

@@ -14,6 +14,8 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     META_SECONDS_PER_LAYER_STEP, META_SECONDS_PER_LAYER_STEP_PER_REPLICA, META_SECONDS_PER_CHUNK_STEP,
     FULL_SECONDS_PER_RANK_STEP, NUMERIC_FLOPS_PER_SECOND, NUMERIC_SECONDS_PER_LAYER_STEP,
     META_BYTES_PER_LAYER_STEP, PLAN_SECONDS_PER_RANK_LAYER, PLAN_BYTES_PER_RANK_LAYER,
+    FULL_BYTES_PER_RANK_STEP, FULL_BYTES_PER_RING_STEP, FULL_BYTES_PER_RANK_LAYER,
+    FULL_BYTES_PER_RANK,
     FULL_SECONDS_PER_RING_RANK, SECONDS_PER_BUCKET, FSDP_SECONDS_PER_COLLECTIVE_D2,
     FSDP_SECONDS_PER_FLOW, PIECE_SECONDS_PER_FLOW, TRAIN_SECONDS_PER_STEP,
     TRAIN_SECONDS_PER_COLLECTIVE, FSDP_SECONDS_PER_COLLECTIVE_PIECE, CP_SECONDS_PER_RANK_PAIR,
@@ -311,16 +313,36 @@ def buckets_of(tensors: list[int], size: int | None) -> int:
     return max(1, count + (held > 0))
 
 
-def meta_bytes(sc, representative: bool = True, ranks: int | None = None) -> int:
+def meta_bytes(sc, representative: bool = True, ranks: int | None = None,
+               templates: bool | None = None) -> int:
     """Bytes meta mode keeps: the ledger and trace per layer-step of every simulated rank of a
-    stage, and every simulated rank's plan (its list of every layer's parameters: ranks x L).
+    stage, and every simulated rank's plan (its list of every layer's parameter names: ranks x L).
     `ranks`: the ranks the run simulates (shortcuts/work_counts.py run_ranks: the plan's, its
-    replicas and expert groups counted), else simulated_ranks' rule."""
+    replicas and expert groups counted), else simulated_ranks' rule. `templates`: whether the
+    verdict replays layer templates (else as the representative: templates need it); a rank
+    that runs its layers untemplated keeps far more per layer-step (full_bytes)."""
     ranks = simulated_ranks(sc, representative) if ranks is None else ranks
+    templates = representative if templates is None else templates
     # the layer-steps of every simulated rank of a stage, each rank its own ledger and trace
     rank_steps = (layer_steps(sc) + mtp_steps(sc)) * ranks // sc.parallel.pp
-    return (rank_steps * META_BYTES_PER_LAYER_STEP
-            + ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER)
+    plans = ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER
+    if not templates:
+        return full_bytes(sc, rank_steps, ranks) + plans
+    return rank_steps * META_BYTES_PER_LAYER_STEP + plans
+
+
+def full_bytes(sc, rank_steps: int, ranks: int) -> int:
+    """Bytes the simulated ranks keep beside their plans where they run untemplated (every
+    rank without the representative): every rank-step's ledger
+    records (each allocation and free of the layer, untemplated) and trace spans; every
+    rank-step's TP ring steps' transfer records (t − 1 a ring collective, network.py keeps every
+    delivered transfer); every rank's state of each of its stage's layers (parameters,
+    gradients, optimizer) and its own (its rank, ledger, program)."""
+    p = sc.parallel
+    ring_steps = rank_steps * (p.tp - 1)
+    rank_layers = ranks * sc.model.num_layers // p.pp
+    return (rank_steps * FULL_BYTES_PER_RANK_STEP + ring_steps * FULL_BYTES_PER_RING_STEP
+            + rank_layers * FULL_BYTES_PER_RANK_LAYER + ranks * FULL_BYTES_PER_RANK)
 
 
 def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
@@ -332,20 +354,22 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                meta_estimate: float | None = None, worst_case: str = "",
-               meta_ranks: int | None = None) -> None:
+               meta_ranks: int | None = None, meta_templates: bool | None = None) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
     iterations, at most that many where `worst_case` accounts for them (verify: two per checked
     tensor, four more per tensor re-differenced, commands/verify.py _iterations);
     `meta_estimate`: one meta iteration's CPU seconds with the work the shortcut verdict leaves
     counted (shortcuts/work_counts.py run_seconds), else meta_seconds' rule alone; `meta_ranks`
-    the ranks it simulates (work_counts.py run_ranks), else simulated_ranks' rule."""
+    the ranks it simulates (work_counts.py run_ranks), else simulated_ranks' rule;
+    `meta_templates` whether the verdict replays layer templates (meta_bytes)."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
-        _check_memory(meta_bytes(sc, shortcuts, meta_ranks), "work", "meta mode would keep about")
+        _check_memory(meta_bytes(sc, shortcuts, meta_ranks, meta_templates), "work",
+                      "meta mode would keep about")
         seconds = (meta_seconds(sc, shortcuts) if meta_estimate is None
                    else meta_estimate) * iterations
     if seconds > TIME_LIMIT_S and not force:

@@ -41,6 +41,18 @@ NUMERIC_SECONDS_PER_LAYER_STEP = 0.00073
 # scenario, paper-1t (65,536 layer-steps) and a tiny model at L = p = 512.
 META_BYTES_PER_LAYER_STEP = 2750
 PLAN_BYTES_PER_RANK_LAYER = 180
+# estimate_constants.py --only full-bytes (2026-11-29, q46g, probe 124-138 ms): a rank that runs
+# without layer templates (every rank under --no-shortcuts, Shortcuts(); the representative where
+# the verdict keeps no templates) keeps per rank-step its ledger's records (about
+# 145 a layer-step of 175B width) and the trace's spans; per rank-step and ring rank (t − 1) the
+# transfer records of its TP ring steps (engine/network.py keeps every delivered transfer, trace
+# or not); per rank and layer of its stage its parameters', gradients' and optimizer's state; per
+# rank its own: peak RSS above the loaded scenario, run's default trace (steps), 175B width (SP,
+# selective) at L 8 to 32, t 2 to 8, p 1 to 8, d 1 to 8, m 4 and 8 (6 runs, each within 1%).
+FULL_BYTES_PER_RANK_STEP = 42100
+FULL_BYTES_PER_RING_STEP = 1790
+FULL_BYTES_PER_RANK_LAYER = 73400
+FULL_BYTES_PER_RANK = 84400
 # estimate_constants.py --only plan (2026-11-29, probe 142-174 ms): Each simulated rank builds its
 # plan from every layer's parameter names: a tiny model at L = p = 256 and 512, one micro-batch
 # (ranks x L grows as p²).
