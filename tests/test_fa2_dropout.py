@@ -8,7 +8,7 @@ import json
 import pytest
 
 from simsp.hardware.attention_kernels import (AttentionRates, AttentionShape, attention_rates,
-                                              attention_seconds)
+                                              attention_seconds, sm_rate)
 
 # one H100 SM's integer instructions per second: 33.5e12 / 2 / 132 SMs
 H100_SM_INSTRUCTIONS_PER_S = 33.5e12 / 2 / 132
@@ -29,10 +29,11 @@ def _both(shape):
 
 
 def test_mask_seconds_by_hand():
-    # b 1, 2 heads of 128, s 256, causal. Forward tiles 128 x 64: row block 0 runs 2 key tiles,
-    # row block 1 runs 4; 2 heads -> 4 CTAs on 132 SMs, one wave whose longest CTA runs 4 tiles
-    # of 8192 scores. Backward tiles 64 x 128: key block 0 runs 4 query tiles, key block 1
-    # runs 2 (rows 128 on): the longest CTA runs 4 tiles of 8192.
+    # b 1, 2 heads of 128, s 256, causal. Forward tiles 128 x 32 with dropout (128 x 64
+    # without: the same keys, test_fa2_dropout_tiles.py): row block 0 runs 4 key tiles, row
+    # block 1 runs 8; 2 heads -> 4 CTAs on 132 SMs, one wave whose longest CTA runs 8 tiles of
+    # 4096 scores (= 4 x 8192). Backward tiles 64 x 128: key block 0 runs 4 query tiles, key
+    # block 1 runs 2 (rows 128 on): the longest CTA runs 4 tiles of 8192.
     shape = AttentionShape(1, 2, 2, 256, 256, 128, 128, True, True)
     (fwd, fwd0), (bwd, bwd0) = _both(shape)
     assert fwd - fwd0 == pytest.approx(4 * 8192 * FORWARD_PER_SCORE / H100_SM_INSTRUCTIONS_PER_S,
@@ -45,10 +46,11 @@ def test_mask_seconds_by_hand():
 
 
 def test_waves_multiply_the_mask():
-    # b 1, 264 heads, s 1024, d 128, causal: row block i runs 2(i + 1) key tiles of 64, and each
-    # row block's 264 CTAs take two waves of 132 on the H100 (longest first), so the waves' longest
-    # CTAs run 2 x (2 + 4 + ... + 16) = 144 tiles of 128 x 64 (compute-bound: the tiles' math
-    # exceeds the HBM floor with or without the mask)
+    # b 1, 264 heads, s 1024, d 128, causal: row block i runs 4(i + 1) key tiles of 32 with
+    # dropout (the keys of 2(i + 1) tiles of 64 without), and each row block's 264 CTAs take
+    # two waves of 132 on the H100 (longest first), so the waves' longest CTAs run the scores of
+    # 2 x (2 + 4 + ... + 16) = 144 tiles of 128 x 64 (compute-bound: the tiles' math exceeds the
+    # HBM floor with or without the mask)
     shape = AttentionShape(1, 264, 264, 1024, 1024, 128, 128, True, True)
     (fwd, fwd0), _ = _both(shape)
     assert fwd - fwd0 == pytest.approx(144 * 8192 * FORWARD_PER_SCORE
@@ -77,8 +79,10 @@ def test_profiles_carry_the_integer_rate():
 
 def test_layer_charges_the_mask_only_with_attention_dropout():
     # llama-tiny on an H100 with flash and --attention-dropout 0.1: rank 0's forward core is one
-    # causal FA2 call of 2 query heads (1 K/V head) of d 8, s 32: one 128 x 112 tile (FA2's tile
-    # at d <= 64), masked; the core costs the call without dropout plus that tile's mask, 14,336
+    # causal FA2 call of 2 query heads (1 K/V head) of d 8, s 32: without dropout one 128 x 112
+    # tile (FA2's at d <= 64); with dropout one 128 x 128 tile (v2.5.8 flash_fwd_launch_template.h
+    # run_mha_fwd_hdim32, Is_dropout): the core costs the call without dropout, plus the wider
+    # tile's 128 x 16 more scores of 2 x (8 + 8) FLOPs at the per-SM rate, plus its mask's 16,384
     # scores
     from tests.inprocess import cli
     rc, out, err = cli(["layer", "scenarios/llama-tiny.toml", "--gpu", "h100-sxm-80gb",
@@ -89,5 +93,6 @@ def test_layer_charges_the_mask_only_with_attention_dropout():
                if row["name"].endswith(("_scores", "_context")) and "recompute" not in row["name"])
     plain = attention_seconds(attention_rates("h100-sxm-80gb", "flash"),
                               AttentionShape(1, 2, 1, 32, 32, 8, 8, True), False)
-    assert core - plain == pytest.approx(128 * 112 * FORWARD_PER_SCORE
+    wider = 128 * 16 * 2 * (8 + 8) / sm_rate(attention_rates("h100-sxm-80gb", "flash"), False)
+    assert core - plain == pytest.approx(wider + 128 * 128 * FORWARD_PER_SCORE
                                          / H100_SM_INSTRUCTIONS_PER_S, rel=1e-9)

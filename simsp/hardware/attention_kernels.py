@@ -51,11 +51,24 @@ class AttentionShape:
     dropout: bool = False  # attention dropout drawn in the kernel (FlashAttention-2 only priced)
 
 
-def fwd_tile(kernel: str, d_qk: int, d_v: int, causal: bool) -> tuple:
+# FlashAttention-2's forward tile with dropout, (largest head dim, (block_m, block_n)):
+# csrc/flash_attn/src/flash_fwd_launch_template.h run_mha_fwd_hdim{32..256} at v2.5.8, the
+# Is_dropout branch on a GPU that is not "sm8x" (is_sm8x = major 8 and minor > 0: the A100's 8.0
+# and the H100's 9.0 are not); hdim224 and hdim256 branch on shared memory, not dropout (both
+# with ≥ 112 KiB a block; hdim256 64 × 64 where an SM has ≥ 192 KiB, the H100's 228)
+FA2_DROPOUT_FWD_TILES = ((32, (128, 128)), (64, (128, 64)), (96, (128, 64)), (128, (128, 32)),
+                         (160, (128, 32)), (192, (64, 64)), (224, (128, 64)), (256, (64, 64)))
+
+
+def fwd_tile(kernel: str, d_qk: int, d_v: int, causal: bool, dropout: bool = False) -> tuple:
     """(block_m, block_n) of the forward kernel at 16-bit: FlashAttention-3 from
     hopper/tile_size.h tile_size_fwd_sm90; FlashAttention-2 from tile_size_fwd_sm8x (A100's,
-    128 × 64 at d = 128 as csrc/flash_attn/src/flash_fwd_launch_template.h); cuDNN's tiles are
-    not published: FlashAttention-3's (the Hopper kernels share the wgmma tile shapes)."""
+    128 × 64 at d = 128 as csrc/flash_attn/src/flash_fwd_launch_template.h), with dropout from
+    that template's Is_dropout branch (FA2_DROPOUT_FWD_TILES); cuDNN's tiles are not published:
+    FlashAttention-3's (the Hopper kernels share the wgmma tile shapes)."""
+    if kernel == "fa2" and dropout:
+        return next((tile for top, tile in FA2_DROPOUT_FWD_TILES if d_qk <= top),
+                    FA2_DROPOUT_FWD_TILES[-1][1])
     if kernel == "fa2":
         return (128, 112) if d_qk <= 64 else (128, 64) if d_qk <= 128 else (128, 96)
     if d_qk <= 64:
@@ -72,7 +85,8 @@ def fwd_tile(kernel: str, d_qk: int, d_v: int, causal: bool) -> tuple:
 def bwd_tile(kernel: str, d_qk: int, causal: bool) -> tuple:
     """(block_m, block_n) of the backward kernel (hopper/flash_bwd_launch_template.h
     run_mha_bwd_hdim*: the Arch >= 90 branch for FlashAttention-3 and cuDNN, the Arch 80 branch
-    for FlashAttention-2)."""
+    for FlashAttention-2). Dropout keeps FlashAttention-2's tile: v2.5.8's csrc/flash_attn/src/
+    flash_bwd_launch_template.h branches on Is_dropout only for keeping V in registers."""
     if kernel == "fa2":
         return ((128, 128) if d_qk <= 64 else (64, 128) if d_qk <= 128 else (64, 80)
                 if d_qk <= 192 else (64, 64))
@@ -137,7 +151,7 @@ def _waves(per_block: list, copies: int, sms: int) -> tuple:
 def forward_work(kernel: str, shape: AttentionShape, sms: int) -> KernelWork:
     """The forward kernel's work: per tile 2·bm·bn·(d_qk + d_v) FLOPs and the K, V tiles read;
     per CTA Q read, O and the logsumexp written."""
-    bm, bn = fwd_tile(kernel, shape.d_qk, shape.d_v, shape.causal)
+    bm, bn = fwd_tile(kernel, shape.d_qk, shape.d_v, shape.causal, shape.dropout)
     per_block = row_block_tiles(shape.s_q, shape.s_k, bm, bn, shape.causal)
     copies = shape.batch * shape.heads
     tiles = copies * sum(per_block)

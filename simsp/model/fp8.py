@@ -81,16 +81,28 @@ def quantize(r, name: str, numel: int):
 def normed_cast_bytes(r, numel: int) -> int:
     """What a norm fused with the following FP8 cast writes (TE LayerNormLinear's quantized
     norm, module/layernorm_linear.py with_quantized_norm): 1-byte data and scales per direction,
-    row-wise only under SP (the direction TE all-gathers)."""
-    directions = 1 if r.tp.sequence_parallel else r.fp8.directions("input")
+    row-wise only under SP (the direction TE all-gathers) and under TE 1.8."""
+    rowwise = r.tp.sequence_parallel or r.fp8.norm_rowwise
+    directions = 1 if rowwise else r.fp8.directions("input")
     return directions * (numel + r.fp8.scale_bytes(numel, "input"))
 
 
 def gathered_transpose(r, name: str, numel: int):
     """Under SP, the column-wise copy of an all-gathered FP8 norm output when the GEMMs need
     it (Hopper per-tensor, the block recipes): a transpose kernel reading and writing 1 byte
-    per element of the gathered tensor."""
-    if r.tp.sequence_parallel and r.fp8.directions("input") == 2:
+    per element of the gathered tensor. TE 1.8 runs it in the backward (normed_transpose)."""
+    if (r.tp.sequence_parallel and not r.fp8.norm_rowwise
+            and r.fp8.directions("input") == 2):
+        yield from r.compute(f"{name}_fp8_transpose", "elementwise", nbytes=2 * numel)
+
+
+def normed_transpose(r, name: str, weight, numel: int):
+    """TE 1.8's LayerNormLinear and LayerNormMLP backward (module/layernorm_linear.py,
+    layernorm_mlp.py at v1.8: `ln_out_total_t = tex.fp8_transpose(ln_out_total, ...)` before
+    the wgrad GEMM): the row-wise FP8 norm output (gathered under SP) transposed, reading and
+    writing 1 byte per element, where the weight runs in FP8 and the GEMMs need the transpose."""
+    if (r.fp8 is not None and r.fp8.norm_rowwise and is_fp8_weight(weight)
+            and r.fp8.directions("input") == 2):
         yield from r.compute(f"{name}_fp8_transpose", "elementwise", nbytes=2 * numel)
 
 

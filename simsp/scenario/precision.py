@@ -48,6 +48,7 @@ class Fp8:
     tn_only: bool  # Hopper: FP8 GEMMs take only TN, so per-tensor weights keep a transpose
     cal: ComputeCalibration  # FP8 GEMM rates
     amax_history_len: int = 1  # delayed scaling's amax history, steps
+    norm_rowwise: bool = False  # TE 1.8: FP8 norm output row-wise, transposed in the backward
 
     def scaling_state_bytes(self) -> int:
         """Delayed scaling's state of one TE linear module (one GEMM): forward 3 quantizers
@@ -117,7 +118,8 @@ def precision_of(sc) -> Precision:
     if p.fp8_format is not None:
         gpu = gpu_profile(sc.cluster.gpu)
         fp8 = Fp8(p.fp8_format, p.fp8_recipe, p.fp8_param_gather, gpu.nvlink_generation < 5,
-                  compute_for(sc.cluster.gpu, fp8=True), p.fp8_amax_history_len)
+                  compute_for(sc.cluster.gpu, fp8=True), p.fp8_amax_history_len,
+                  p.te_version == "1.8")
     master = REMAINDER_BYTES if p.store_param_remainders else DTYPE_BYTES[p.main_params_dtype]
     states = (("master", master),
               ("adam_m", DTYPE_BYTES[p.exp_avg_dtype]), ("adam_v", DTYPE_BYTES[p.exp_avg_sq_dtype]))

@@ -10,7 +10,7 @@ dgrad reduce-scatter overlap the input gradient is reduce-scattered beside its o
 (docs/tp-overlap.md).
 """
 
-from simsp.model import mappings
+from simsp.model import fp8, mappings
 from simsp.model.base import ops, tp_overlap
 from simsp.model.base.dropout_sites import dropout_add
 from simsp.model.tensor import FP16
@@ -67,14 +67,16 @@ def row_parallel(r, spec, x, weight, bias, name: str, residual, out_name: str):
 
 
 def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
-                             has_bias: bool = True):
+                             has_bias: bool = True, normed: bool = False):
     """dy (s, b, n/t) of y = x W + b with x kept as `saved_input` -> dx (s_l, b, k). Under TP
-    overlap both pairs are TE's bulk overlaps, the GEMMs sharing the SMs (base/tp_overlap.py)."""
+    overlap both pairs are TE's bulk overlaps, the GEMMs sharing the SMs (base/tp_overlap.py).
+    `normed`: x is a TE LayerNormLinear's norm output (TE 1.8 transposes it here,
+    fp8.normed_transpose)."""
     weight = w[f"{prefix}.weight"]
     ub_dgrad, ub_wgrad = _ub(r, prefix, "dgrad"), _ub(r, prefix, "wgrad")
     if ub_dgrad is not None and is_dgrad_rs(ub_dgrad):
         return (yield from _dgrad_rs_backward(r, dy, saved_input, w, g, prefix, has_bias,
-                                              ub_dgrad))
+                                              ub_dgrad, normed))
     gather = None
     if r.tp.sequence_parallel:
         gather = _start(r, ub_dgrad, mappings.all_gather_seq(
@@ -85,6 +87,8 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
     x_full = (yield from _finish(r, ub_dgrad, gather)) if gather else saved_input  # (s, b, k)
     reduce = _start(r, ub_wgrad, mappings.enter_backward(r, dx_full, f"{prefix}_enter_grad",
                                                          blocking=False, sms=_sms(ub_wgrad)))
+    if normed:
+        yield from fp8.normed_transpose(r, f"d_{prefix}_weight", weight, x_full.numel)
     yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight",
                                       f"{prefix}.bias" if has_bias else None,
                                       f"d_{prefix}_weight", _beside(ub_wgrad, reduce, wgrad=True))
@@ -98,7 +102,7 @@ def column_parallel_backward(r, dy, saved_input, w: dict, g: dict, prefix: str,
 
 
 def _dgrad_rs_backward(r, dy, saved_input, w: dict, g: dict, prefix: str, has_bias: bool,
-                       ub):
+                       ub, normed: bool = False):
     """`column_parallel_backward` under TE's ub_overlap_rs_dgrad (transformer_engine/pytorch/
     module/layernorm_linear.py backward at d0067d0d; Megatron-Core's qkv and fc1 are TE
     LayerNormLinears): the saved input's
@@ -116,6 +120,8 @@ def _dgrad_rs_backward(r, dy, saved_input, w: dict, g: dict, prefix: str, has_bi
     dx_full = yield from ops.linear_grad_input(r, dy, weight, f"d_{prefix}_input",
                                                runner(ub, dx, f"{prefix}_enter_grad"))
     x_full = yield from mappings.finish(r, gather)  # (s, b, k)
+    if normed:
+        yield from fp8.normed_transpose(r, f"d_{prefix}_weight", weight, x_full.numel)
     yield from ops.linear_grad_weight(r, dy, x_full, g, f"{prefix}.weight",
                                       f"{prefix}.bias" if has_bias else None,
                                       f"d_{prefix}_weight")

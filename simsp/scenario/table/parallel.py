@@ -19,6 +19,7 @@ MOE_DISPATCHER_CHOICES = ("allgather", "alltoall", "flex")  # --moe-token-dispat
 # FP8 training and optimizer-state precision (Transformer Engine names; scenario/precision.py)
 FP8_FORMAT_CHOICES = ("e4m3", "hybrid")  # hybrid: E4M3 forward, E5M2 gradients
 FP8_RECIPE_CHOICES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+TE_VERSION_CHOICES = ("1.8",)
 FP8_AMAX_COMPUTE_ALGO_CHOICES = ("most_recent", "max")  # Megatron-LM arguments.py
 # Megatron-LM transformer_config.py cuda_graph_impl (docs/launch.md)
 CUDA_GRAPH_IMPL_CHOICES = ("none", "local", "transformer_engine", "full_iteration")
@@ -143,6 +144,13 @@ PARALLEL = (
     Field("parallel", "fp8_amax_compute_algo", str, "most_recent", "delayed scaling: the scale "
           "from the most recent amax or the history's max", "amaxalg-",
           choices=FP8_AMAX_COMPUTE_ALGO_CHOICES),
+    # Transformer Engine 1.8 (NeMo 24.07's): LayerNormLinear and LayerNormMLP write the FP8 norm
+    # output row-wise only and transpose it in the backward (module/layernorm_linear.py and
+    # layernorm_mlp.py at v1.8: tex.fp8_transpose(ln_out_total) before the wgrad GEMM)
+    Field("parallel", "te_version", str, None, "Transformer Engine release where its FP8 kernels "
+          "differ from today's: 1.8, the FP8 norm output written row-wise and transposed in the "
+          "backward (default: today's TE, both directions from the norm)", "te-",
+          choices=TE_VERSION_CHOICES),
     Field("parallel", "fp8_param_gather", bool, False, switches=(
         Switch("--fp8-param-gather", True, "FP8 parameters: no BF16 weight beside the FP8 copy",
                "fp8pg"),)),

@@ -104,7 +104,7 @@ def backward(r, spec, w: dict, g: dict, saved: dict, dres):
     if INPUT not in saved:  # layernorm recomputed
         saved[INPUT] = yield from recompute_norm(r, m, w, saved["ln1_input"], "ln1", INPUT)
     return (yield from column_parallel_backward(r, dqkv, saved.pop(INPUT), w, g, "attn.qkv",
-                                                "attn.qkv.bias" in g))
+                                                "attn.qkv.bias" in g, normed=True))
 
 
 def _heads_backward(r, spec, dq, dk, dv):

@@ -118,7 +118,8 @@ def backward(r, spec, w, g, saved, dout):
                                   fused_with_bias(m, act))
     r.free(dg, saved.pop(name))
     return (yield from column_parallel_backward(r, dh, saved.pop(INPUT), fc1_views(m, w),
-                                                fc1_views(m, g), "mlp.fc1", "mlp.fc1.bias" in g))
+                                                fc1_views(m, g), "mlp.fc1", "mlp.fc1.bias" in g,
+                                                normed=True))
 
 
 def _recompute(r, spec, w, saved):
