@@ -163,6 +163,15 @@ class Network(FlowClasses):
             self._start_draining(flow, self.flow_classes)
         return flow.delivered
 
+    def flows_on(self, edges) -> list:
+        """The flows draining on any of `edges` (links), each once."""
+        ids = {flow_id for edge in edges for flow_id in self._users.get(edge, ())}
+        return [self._draining[flow_id] for flow_id in ids]
+
+    def quiet(self, edges) -> bool:
+        """Whether no flow drains on any of `edges` (links)."""
+        return not any(self._users.get(edge) for edge in edges)
+
     def withdraw(self, edges: tuple[tuple[str, str], ...], delivered: simpy.Event
                  ) -> tuple[float, float, float] | None:
         """Take the load on `edges` whose delivery is `delivered` off the links while it

@@ -166,9 +166,7 @@ class _Phase:
     def _only(self, mine: dict, theirs: dict) -> bool:
         """Whether the flows on the ring's links are exactly these steps draining, each a
         lone flow (not a class: network.py withdraw)."""
-        users, draining = self.network._users, self.network._draining
-        flows = [draining[flow_id] for flow_id in
-                 {flow_id for edge in self.edges for flow_id in users.get(edge, ())}]
+        flows = self.network.flows_on(self.edges)
         ours = {id(event) for event in (*mine.values(), *theirs.values())}
         return len(flows) == len(ours) and all(
             id(flow.delivered) in ours and not flow.members for flow in flows)

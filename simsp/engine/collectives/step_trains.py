@@ -220,7 +220,7 @@ def _retime(trains: list[_Train], now: float, rates: list[float]) -> None:
 def joinable(network: Network, edges: tuple[Edge, ...]) -> StepTrains | None:
     """The group a piece stepping on `edges` may run in now: the one on exactly these links,
     or a new one; None where a real flow or another group uses one of them."""
-    if not network.step_trains or any(network._users.get(edge) for edge in edges):
+    if not network.step_trains or not network.quiet(edges):
         return None
     groups = {network.trains.get(edge) for edge in edges}
     if groups == {None}:
