@@ -452,3 +452,17 @@ def row_seconds(sc) -> float:
         return numeric_seconds(sc)
     cheapest = meta_seconds(sc, True)
     return cheapest if cheapest > TIME_LIMIT_S else run_seconds(sc)
+
+
+def dp_ring_records(sc, shortcuts: Shortcuts) -> int:
+    """Transfer records the data-parallel rings leave in the network's trace (engine/network.py
+    keeps every delivered ring step where every rank runs, `record_ring_steps`; the
+    representative keeps none): per simulated rank's stepped DP group, each gradient bucket of
+    its stage (stage_buckets) two ring phases of phase_flows flows, one record each."""
+    p = sc.parallel
+    if shortcuts.representative or p.dp * p.cp == 1 or p.fsdp is not None:
+        return 0
+    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
+    per_phase = phase_flows(shortcuts, sc.cluster.gpus_per_node)
+    groups = set(grid.groups("dp_cp")) & _stepped_groups(sc, shortcuts)
+    return sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * per_phase(g) for g in groups)
