@@ -13,12 +13,13 @@ SP_GRAD_MARK = " sp_grad "
 
 
 def detail_spans(sc, trace: str) -> DetailSpans | None:
-    """The detail spans of one layer on one rank (None unless `trace` is "full"): every kernel
+    """The detail spans of one layer on one rank (None unless `trace` is "full" in meta mode,
+    the mode whose memory is estimated so; numeric mode's arrays dwarf them): every kernel
     and TP collective of a layer-step, untemplated (the forward's again where it is
     recomputed, as layer_backward runs it); a templated step's merged spans, one per detail
     track of its replayed forward and of its backward (model/replay.py _merge_by_track); the
     sequence-parallel gradients' all-reduces of the layer."""
-    if trace != "full":
+    if trace != "full" or sc.run.mode != "meta":
         return None
     layer = simulate_layer(sc)
     rank = layer.ranks[0].rank
