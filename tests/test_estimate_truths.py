@@ -264,3 +264,19 @@ def test_a_full_run_above_the_memory_limit_is_refused_before_it_runs(monkeypatch
     assert rc == 2 and err.count("\n") == 1
     assert err.startswith("error: work: meta mode would keep about ") and "above the limit" in err
     check_work(load_scenario(argv[0], {("parallel", "global_batch_size"): 1024}), force=True)
+
+
+def test_a_full_trace_above_the_memory_limit_is_refused_before_it_runs(monkeypatch, capsys):
+    """paper-175b at 160 micro-batches without shortcuts: its ledgers and records alone are
+    estimated below 8 GiB (run at --trace steps), but --trace full's spans (55 a rank-step,
+    about 123,000 rank-steps) take it above: refused under --force, one line, exit 2."""
+    def never(*args, **kwargs):
+        raise AssertionError("a refused run must not simulate")
+    monkeypatch.setattr(run_command, "simulate_iteration", never)
+    argv = ["scenarios/paper-175b.toml", "--global-batch-size", "160", "--no-shortcuts"]
+    rc = main(["run", *argv, "--trace", "full", "--force"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: work: meta mode would keep about ") and "above the limit" in err
+    sc = load_scenario(argv[0], {("parallel", "global_batch_size"): 160})
+    check_work(sc, shortcuts=False, force=True, meta_templates=False)
