@@ -226,19 +226,26 @@ def estimated_spans(sc, shortcuts, monkeypatch) -> tuple[int, int]:
     return counted[0], counted[1]
 
 
-@pytest.mark.parametrize("templates", [False, True])
-def test_the_estimate_counts_the_spans_a_full_trace_keeps(templates, monkeypatch):
+MOE = {("model", "add_bias_linear"): False, ("model", "num_experts"): 4,
+       ("parallel", "data_parallel_size"): 2, ("parallel", "expert_model_parallel_size"): 2}
+
+
+@pytest.mark.parametrize("templates, moe", [(False, False), (True, False), (False, True)])
+def test_the_estimate_counts_the_spans_a_full_trace_keeps(templates, moe, monkeypatch):
     """--trace full keeps, per layer-step of every rank, a span per kernel and TP collective
     (untemplated) or one per detail track of each replayed forward and backward (templated),
     and per layer of every rank one per sequence-parallel gradient all-reduce: from 4 to 8
-    layers (tiny, t 2, p 2, 4 micro-batches) the run's trace gains exactly the spans the
-    estimate adds (the spans that do not grow with the layers cancel: embedding, loss,
-    optimizer, a template's recorded step); untemplated those uncounted are under 10%."""
+    layers (tiny, t 2, p 2, 4 micro-batches; or a dense layer then MoE layers of 2 local
+    experts of 4, EP 2) the run's trace gains exactly the spans the estimate adds (the spans
+    that do not grow with the layers cancel: embedding, loss, optimizer, a template's
+    recorded step); untemplated those uncounted are under 15%."""
     kept, estimated = [], []
     for layers in (4, 8):
-        sc = load_scenario(TINY, {("run", "mode"): "meta", ("model", "num_layers"): layers,
-                                  ("parallel", "data_parallel_size"): 1,
-                                  ("parallel", "global_batch_size"): 8})
+        fields = {("run", "mode"): "meta", ("model", "num_layers"): layers,
+                  ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8}
+        if moe:
+            fields.update({**MOE, ("model", "moe_layer_freq"): f"([0]*1+[1]*{layers - 1})"})
+        sc = load_scenario(TINY, fields)
         shortcuts = Shortcuts.for_scale(sc) if templates else Shortcuts()
         assert shortcuts.templates == templates
         kept.append(spans_kept(simulate_iteration(sc, shortcuts, trace="full")))
@@ -247,7 +254,7 @@ def test_the_estimate_counts_the_spans_a_full_trace_keeps(templates, monkeypatch
     assert grown == [after - before for before, after in zip(*estimated)]
     assert grown[1] > 0 if templates else grown == [grown[0], 0]
     if not templates:
-        assert estimated[1][0] <= kept[1][0] < 1.1 * estimated[1][0]
+        assert estimated[1][0] <= kept[1][0] < 1.15 * estimated[1][0]
 
 
 def test_a_full_run_above_the_memory_limit_is_refused_before_it_runs(monkeypatch, capsys):

@@ -17,9 +17,9 @@ class DetailSpans(NamedTuple):
     merged span per detail track of each replayed forward and backward, model/replay.py), per
     rank-layer (the sequence-parallel gradients' all-reduces after the schedule)."""
 
-    per_step: int
-    merged_per_step: int
-    per_layer: int
+    per_step: float  # a mean over the layers' kinds where they differ (an int where alike)
+    merged_per_step: float
+    per_layer: float
 
 
 def detail_bytes(sc, detail: DetailSpans | None, templates: bool, rank_steps: int,
@@ -31,7 +31,7 @@ def detail_bytes(sc, detail: DetailSpans | None, templates: bool, rank_steps: in
     rank_layers = ranks * sc.model.num_layers // sc.parallel.pp
     own = rank_layers * detail.per_layer + (0 if templates else rank_steps * detail.per_step)
     merged = rank_steps * detail.merged_per_step if templates else 0
-    return own * BYTES_PER_SPAN + merged * BYTES_PER_MERGED_SPAN
+    return round(own * BYTES_PER_SPAN + merged * BYTES_PER_MERGED_SPAN)
 
 
 def full_bytes(sc, rank_steps: int, ranks: int, records: int = 0) -> int:
