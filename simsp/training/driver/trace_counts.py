@@ -12,6 +12,11 @@ from simsp.scenario.loading import with_overrides
 from simsp.scenario.work import DetailSpans
 from simsp.training.driver.layer_sim import simulate_layer
 
+# the most ranks a MoE layer's expert grid may hold to be run whole for the count (each rank's
+# own experts' kernels, its dispatch's): DeepSeek-V3's 64 took 2.2 CPU s (6.5 with DeepEP),
+# Mixtral's 16 0.02; a larger grid's layer runs on one TP group, its experts all local (7% fewer
+# spans a MoE layer-step at DeepSeek-V3: no dispatch kernels)
+MAX_GRID_RANKS = 16
 # the sequence-parallel gradients' all-reduces (training/data_parallel/finalize.py), once per
 # layer and iteration, not per micro-batch: their spans' names hold this
 SP_GRAD_MARK = " sp_grad "
@@ -38,8 +43,11 @@ def detail_spans(sc, trace: str) -> DetailSpans | None:
 
 
 def _layer_spans(sc) -> DetailSpans:
-    """The detail spans of the scenario's layer 0 (DetailSpans, per layer-step and layer)."""
-    layer = simulate_layer(sc, keep_experts=sc.model.num_experts is not None)
+    """The detail spans of the scenario's layer 0 (DetailSpans, per layer-step and layer), a
+    MoE layer on its expert grid where it holds at most MAX_GRID_RANKS ranks."""
+    p = sc.parallel
+    grid = sc.model.num_experts is not None and p.tp * p.cp * p.dp <= MAX_GRID_RANKS
+    layer = simulate_layer(sc, keep_experts=grid)
     rank = layer.ranks[0].rank
     spans = [s for s in layer.ranks[0].trace.spans if s.rank == rank and s.track in DETAIL_TRACKS]
     once = [s for s in spans if SP_GRAD_MARK in f" {s.name} "]
