@@ -235,7 +235,7 @@ def test_the_estimate_counts_the_spans_a_full_trace_keeps(templates, moe, monkey
     """--trace full keeps, per layer-step of every rank, a span per kernel and TP collective
     (untemplated) or one per detail track of each replayed forward and backward (templated),
     and per layer of every rank one per sequence-parallel gradient all-reduce: from 4 to 8
-    layers (tiny, t 2, p 2, 4 micro-batches; or a dense layer then MoE layers of 2 local
+    layers (tiny, t 2, p 2, a global batch of 8; or a dense layer then MoE layers of 2 local
     experts of 4, EP 2) the run's trace gains exactly the spans the estimate adds (the spans
     that do not grow with the layers cancel: embedding, loss, optimizer, a template's
     recorded step); untemplated those uncounted are under 15%."""
