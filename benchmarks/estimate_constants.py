@@ -166,7 +166,8 @@ def counts(sc, shortcuts, how: str) -> dict:
 def _counts(sc, shortcuts, how: str) -> dict:
     """The count each constant multiplies in this run's estimate ({name: count})."""
     from simsp.scenario.work import meta_bytes, meta_seconds, numeric_seconds
-    from simsp.shortcuts.work_counts import dp_ring_records, run_ranks, run_seconds
+    from simsp.shortcuts.record_counts import dp_ring_records
+    from simsp.shortcuts.work_counts import run_ranks, run_seconds
     saved = current_values(raw=True)
     _put({name: Symbol({name: 1.0}) for name in saved})
     try:

@@ -11,7 +11,8 @@ import pytest
 import simsp.scenario.work_constants as constants
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.work import meta_bytes, numeric_seconds
-from simsp.shortcuts.work_counts import dp_ring_records, run_ranks, run_seconds
+from simsp.shortcuts.record_counts import dp_ring_records
+from simsp.shortcuts.work_counts import run_ranks, run_seconds
 from simsp.training.driver.iteration import Shortcuts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

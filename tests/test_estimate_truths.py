@@ -20,6 +20,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.engine.trace import DETAIL_TRACKS
 from simsp.scenario.work import check_work, meta_bytes
 from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.record_counts import dp_ring_records
 from simsp.shortcuts.work_counts import run_ranks
 from simsp.training.driver import gradcheck, iteration
 from simsp.training.driver.iteration import simulate_iteration
@@ -205,6 +206,33 @@ def test_the_full_estimate_counts_what_a_full_run_keeps(tp, dp):
     assert (dp_records > 2 * 2 * len(groups)) == (dp > 1)  # several buckets a group
 
 
+MOE = {("model", "add_bias_linear"): False, ("model", "num_experts"): 4,
+       ("parallel", "data_parallel_size"): 2, ("parallel", "expert_model_parallel_size"): 2}
+
+
+def test_the_dp_records_count_the_expert_buckets_rings():
+    """A MoE model keeps its experts' gradients in buckets of their own reduced over the
+    expert-data-parallel group (grad_buckets.py expert_buckets): tiny without shortcuts, t 1,
+    p 2, d 4, EP 2 (EDP 2), a dense layer then MoE layers, overlapped 3,000-element buckets.
+    The DP records the estimate counts are the run's, and each bucket the run built gives two
+    ring phases of n(n − 1) transfers over its group of n (one channel on one node)."""
+    sc = load_scenario(TINY, {("run", "mode"): "meta", **MOE,
+                              ("model", "moe_layer_freq"): "([0]*1+[1]*3)",
+                              ("parallel", "tensor_model_parallel_size"): 1,
+                              ("parallel", "sequence_parallel"): False,
+                              ("parallel", "data_parallel_size"): 4,
+                              ("parallel", "overlap_grad_reduce"): True,
+                              ("parallel", "ddp_bucket_size"): 3000})
+    full = Shortcuts()
+    run = simulate_iteration(sc, full, trace="none")
+    records = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+    built = {(b.group, b.chunk, b.names) for state in run.states.values()
+             for b in state.ddp_buckets.buckets}
+    assert {len(group) for group, _, _ in built} == {4, 2}  # DP and EDP buckets both
+    assert records == sum(2 * len(g) * (len(g) - 1) for g, _, _ in built)
+    assert dp_ring_records(sc, full) == records
+
+
 def spans_kept(run) -> tuple[int, int]:
     """The run's detail-track spans (engine/trace.py DETAIL_TRACKS): (each its own, merged by
     a template's replay: args {"spans", "busy_s"}, model/replay.py)."""
@@ -224,10 +252,6 @@ def estimated_spans(sc, shortcuts, monkeypatch) -> tuple[int, int]:
         args = (sc, shortcuts.representative, run_ranks(sc, shortcuts), shortcuts.templates)
         counted.append(meta_bytes(*args, detail=detail) - meta_bytes(*args))
     return counted[0], counted[1]
-
-
-MOE = {("model", "add_bias_linear"): False, ("model", "num_experts"): 4,
-       ("parallel", "data_parallel_size"): 2, ("parallel", "expert_model_parallel_size"): 2}
 
 
 @pytest.mark.parametrize("templates, moe", [(False, False), (True, False), (False, True)])

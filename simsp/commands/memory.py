@@ -16,7 +16,8 @@ from simsp.scenario.flags import add_scenario_arguments, nonempty, override_toke
 from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.work import check_work
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
-from simsp.shortcuts.work_counts import dp_ring_records, run_ranks, run_seconds
+from simsp.shortcuts.record_counts import dp_ring_records
+from simsp.shortcuts.work_counts import run_ranks, run_seconds
 from simsp.units import format_bytes
 
 

@@ -25,7 +25,8 @@ from simsp.report.run.figures.drawing import warm_up
 from simsp.report.run.memory_snapshot import snapshot_name, write_memory_snapshots
 from simsp.report.run.painter import start_painter
 from simsp.report.run.summary_md import run_label
-from simsp.shortcuts.work_counts import dp_ring_records, run_ranks, run_seconds
+from simsp.shortcuts.record_counts import dp_ring_records
+from simsp.shortcuts.work_counts import run_ranks, run_seconds
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.driver.trace_counts import detail_spans
 

@@ -324,7 +324,7 @@ def meta_bytes(sc, representative: bool = True, ranks: int | None = None,
     verdict replays layer templates (else as the representative: templates need it); a rank
     that runs its layers untemplated keeps far more per layer-step (full_bytes). `detail`: the
     spans of `--trace full` (DetailSpans; None below it); `records`: the data-parallel rings'
-    transfer records the network keeps (shortcuts/work_counts.py dp_ring_records)."""
+    transfer records the network keeps (shortcuts/record_counts.py dp_ring_records)."""
     ranks = simulated_ranks(sc, representative) if ranks is None else ranks
     templates = representative if templates is None else templates
     # the layer-steps of every simulated rank of a stage, each rank its own ledger and trace

@@ -36,12 +36,12 @@ def detail_bytes(sc, detail: DetailSpans | None, templates: bool, rank_steps: in
 
 def full_bytes(sc, rank_steps: int, ranks: int, records: int = 0) -> int:
     """Bytes the simulated ranks keep beside their plans where they run untemplated (every
-    rank without the representative): every rank-step's ledger
-    records (each allocation and free of the layer, untemplated) and trace spans; every
-    rank-step's TP ring steps' transfer records (t − 1 a ring collective, network.py keeps every
-    delivered transfer); the data-parallel rings' `records` (dp_ring_records); every rank's
-    state of each of its stage's layers (parameters, gradients, optimizer) and its own (its
-    rank, ledger, program)."""
+    rank without the representative): every rank-step's ledger records (each allocation and
+    free of the layer, untemplated) and trace spans; every rank-step's TP ring steps' transfer
+    records (t − 1 a ring collective, network.py keeps every delivered transfer); the
+    data-parallel rings' `records` (shortcuts/record_counts.py); every rank's state of each of
+    its stage's layers (parameters, gradients, optimizer) and its own (its rank, ledger,
+    program)."""
     p = sc.parallel
     ring_steps = rank_steps * (p.tp - 1)
     rank_layers = ranks * sc.model.num_layers // p.pp

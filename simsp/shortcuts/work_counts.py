@@ -78,7 +78,7 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     ranks = simulated_ranks(sc, shortcuts)
     ranks = range(grid.world_size) if ranks is None else ranks
-    stepped = _stepped_groups(sc, shortcuts)
+    stepped = stepped_groups(sc, shortcuts)
     per_node = sc.cluster.gpus_per_node
     all_tp_groups = {grid.tp_group(r) for r in ranks} if p.tp > 1 else set()
     tp_groups = all_tp_groups & stepped
@@ -399,7 +399,7 @@ def _layer_of(name: str) -> int:
     return int(name.split(".")[1]) if name.startswith("layers.") else 1 << 62
 
 
-def _stepped_groups(sc, shortcuts: Shortcuts) -> set:
+def stepped_groups(sc, shortcuts: Shortcuts) -> set:
     """The groups whose rings run as flows: every group without whole-collective timing."""
     if not shortcuts.closed_form:
         p = sc.parallel
@@ -458,7 +458,7 @@ def cp_lone(sc, shortcuts: Shortcuts) -> bool:
         return False
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     ranks = simulated_ranks(sc, shortcuts) or range(grid.world_size)
-    return not {grid.cp_group(r) for r in ranks} & _stepped_groups(sc, shortcuts)
+    return not {grid.cp_group(r) for r in ranks} & stepped_groups(sc, shortcuts)
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
@@ -476,16 +476,3 @@ def row_seconds(sc) -> float:
     cheapest = meta_seconds(sc, True)
     return cheapest if cheapest > TIME_LIMIT_S else run_seconds(sc)
 
-
-def dp_ring_records(sc, shortcuts: Shortcuts) -> int:
-    """Transfer records the data-parallel rings leave in the network's trace (engine/network.py
-    keeps every delivered ring step where every rank runs, `record_ring_steps`; the
-    representative keeps none): per simulated rank's stepped DP group, each gradient bucket of
-    its stage (stage_buckets) two ring phases of phase_flows flows, one record each."""
-    p = sc.parallel
-    if shortcuts.representative or p.dp * p.cp == 1 or p.fsdp is not None:
-        return 0
-    grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
-    per_phase = phase_flows(shortcuts, sc.cluster.gpus_per_node)
-    groups = set(grid.groups("dp_cp")) & _stepped_groups(sc, shortcuts)
-    return sum(2 * stage_buckets(sc, grid.coords(g[0]).pp) * per_phase(g) for g in groups)
