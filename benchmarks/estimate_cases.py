@@ -190,5 +190,7 @@ GROUPS = {
         ("paper-175b m16, templated, full trace",
          ["scenarios/paper-175b.toml", "--global-batch-size", "16"], "merged-span-bytes")]),
     "record-bytes": (("BYTES_PER_TRANSFER_RECORD",), [
-        ("tiny t1 p2 d8 on 2 nodes, DP rings", _tiny(4, 1, 2, 8, 2), "record-bytes")]),
+        ("tiny t1 p2 d8 on 2 nodes, DP rings", _tiny(4, 1, 2, 8, 2), "record-bytes"),
+        ("tiny t1 d32 on 4 nodes, distributed optimizer, DP rings",
+         _tiny(4, 1, 1, 32, 4, "--use-distributed-optimizer"), "record-bytes")]),
 }

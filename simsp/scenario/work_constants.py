@@ -65,9 +65,11 @@ BYTES_PER_SPAN = 354
 BYTES_PER_MERGED_SPAN = 185
 # estimate_constants.py --only record-bytes (2026-11-29, q47b, tracemalloc): bytes one delivered
 # transfer record holds (engine/trace.py TransferRecord: the tuple, its end time, its label, its
-# list slot), freed by dropping a full run's data-parallel ring records (tiny t1 p2 d8 on 2
-# nodes: 224 records).
-BYTES_PER_TRANSFER_RECORD = 187
+# list slot), freed by dropping a full run's data-parallel ring records: tiny t1 p2 d8 on 2
+# nodes (224 records, 187 bytes each) and t1 d32 on 4 nodes with the distributed optimizer
+# (15,872, 175 each); larger rings share more end times and labels (Llama 3 8B t1 d32 L4, 8
+# channels: 159 each).
+BYTES_PER_TRANSFER_RECORD = 181
 # estimate_constants.py --only plan (2026-11-29, probe 142-174 ms): Each simulated rank builds its
 # plan from every layer's parameter names: a tiny model at L = p = 256 and 512, one micro-batch
 # (ranks x L grows as p²).
