@@ -76,7 +76,10 @@ def _fsdp2_t2(gpus: int) -> list[str]:
 # cheapest price), "full" the rule under Shortcuts(), "check" the shortcut check alone, "visits"
 # the CPU inside Network._reschedule against the visits the solves made (the estimate counts
 # them, work_counts.py ep_visits, within 2.6x: docs/PERFORMANCE.md), "numeric" numeric_seconds, "bytes"
-# peak RSS with run's default trace against meta_bytes, "full-bytes" the same under Shortcuts()))
+# peak RSS with run's default trace against meta_bytes, "full-bytes" the same under Shortcuts(),
+# "span-bytes", "merged-span-bytes", "record-bytes" the bytes a run at --trace full frees when its
+# detail spans, merged spans or DP ring records are dropped, per record (estimate_constants.py
+# KEPT); spans and records under Shortcuts(), merged spans under the verdict's templates))
 GROUPS = {
     "start": (("RUN_START_SECONDS",), [
         ("tiny L2 meta", _tiny(2, 2, 1, 1, 1), "run"),
@@ -177,4 +180,17 @@ GROUPS = {
         ("175B width L32 t8 p4 d2 m8, full", _w175(32, 4, 2, 16), "full-bytes"),
         ("175B width L8 t2 d8 m4, full", _w175(8, 1, 8, 32, tp=2), "full-bytes"),
         ("175B width L8 t8 p8 m8, full", _w175(8, 8, 1, 8), "full-bytes")]),
+    "span-bytes": (("BYTES_PER_SPAN",), [
+        ("tiny L8, full trace", [*TINY, "--num-layers", "8"], "span-bytes"),
+        ("llama3-8b L2 t2, full trace", ["scenarios/llama3-8b.toml", "--num-layers", "2",
+                                         "--tensor-model-parallel-size", "2",
+                                         "--global-batch-size", "4", "--world-size", "2"],
+         "span-bytes")]),
+    "merged-span-bytes": (("BYTES_PER_MERGED_SPAN",), [
+        ("paper-175b m16, templated, full trace",
+         ["scenarios/paper-175b.toml", "--global-batch-size", "16"], "merged-span-bytes")]),
+    "record-bytes": (("BYTES_PER_TRANSFER_RECORD",), [
+        ("tiny t1 p2 d8 on 2 nodes, DP rings", _tiny(4, 1, 2, 8, 2), "record-bytes"),
+        ("tiny t1 d32 on 4 nodes, distributed optimizer, DP rings",
+         _tiny(4, 1, 1, 32, 4, "--use-distributed-optimizer"), "record-bytes")]),
 }

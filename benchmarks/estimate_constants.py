@@ -38,6 +38,10 @@ from bench_args import (distinct, number_in, out_file, parser, read_json,  # noq
 MAX_REPEAT = 100  # runs per case: best of a hundred is already hours
 # constants the estimate divides by: fitted as their reciprocal (seconds per FLOP)
 INVERSE = {"NUMERIC_FLOPS_PER_SECOND"}
+# how -> the constant of the records a run keeps that it measures: bytes freed (tracemalloc) by
+# dropping them from the run's trace, over their number
+KEPT = {"span-bytes": "BYTES_PER_SPAN", "merged-span-bytes": "BYTES_PER_MERGED_SPAN",
+        "record-bytes": "BYTES_PER_TRANSFER_RECORD"}
 # Runs in the child: one iteration's process time (or peak RSS) and the estimate's counts.
 CHILD = """
 import json, resource, sys, time
@@ -45,10 +49,11 @@ from simsp.cli import build_parser
 from simsp.scenario.outside import scenario_from_args
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 sys.path.insert(0, "benchmarks")
-from estimate_constants import counts
+from estimate_constants import KEPT, counts
 from simsp.scenario.loading import load_scenario
 how, argv = sys.argv[1], sys.argv[2:]
 BYTES = ("bytes", "full-bytes")  # peak RSS measured
+FULL = ("full", "full-bytes", "span-bytes", "record-bytes")  # under Shortcuts()
 if argv[0].startswith("{"):  # scenario fields, "section.key": value
     fields = {tuple(key.split(".")): value for key, value in json.loads(argv[0]).items()}
     sc = load_scenario(None, {**fields, ("run", "mode"): "meta"})
@@ -57,7 +62,7 @@ else:
     sc = scenario_from_args(build_parser().parse_args(["run", *argv, *mode]))
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 start = time.process_time()
-shortcuts = Shortcuts() if how in ("full", "full-bytes") else Shortcuts.for_scale(sc)
+shortcuts = Shortcuts() if how in FULL else Shortcuts.for_scale(sc)
 if how == "visits":  # the solves alone (work_estimate.py --visits)
     from simsp.engine.network import Network
     solves, reschedule = [0.0], Network._reschedule
@@ -66,12 +71,17 @@ if how == "visits":  # the solves alone (work_estimate.py --visits)
         reschedule(self, event)
         solves[0] += time.process_time() - begin
     Network._reschedule = timed
-if how != "check":
+if how in KEPT:  # bytes per kept record: what dropping them frees, traced
+    from estimate_constants import dropped_bytes
+    spent, dropped = dropped_bytes(sc, shortcuts, how)
+elif how != "check":
     run = simulate_iteration(sc, shortcuts, trace="steps" if how in BYTES else "none")
-spent = solves[0] if how == "visits" else time.process_time() - start
+    spent = solves[0] if how == "visits" else time.process_time() - start
 if how in BYTES:
     spent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss
 found = counts(sc, shortcuts, how)
+if how in KEPT:  # priced per record the run dropped, counted
+    found = {how: {KEPT[how]: dropped}}
 if how == "visits":  # priced per visit the solves made (Network.flow_visits), as counted
     found = {how: {"SECONDS_PER_FLOW_VISIT": run.inputs.world.network.flow_visits}}
 print(json.dumps({"measured": spent, "counts": found}))
@@ -108,9 +118,10 @@ class Symbol:
 def _modules():
     """The modules that hold the constants by name (work_constants and its importers)."""
     import simsp.scenario.work as work
+    import simsp.scenario.work_bytes as work_bytes
     import simsp.scenario.work_constants as constants
     import simsp.shortcuts.work_counts as work_counts
-    return constants, work, work_counts
+    return constants, work, work_bytes, work_counts
 
 
 def _put(values: dict) -> None:
@@ -155,6 +166,7 @@ def counts(sc, shortcuts, how: str) -> dict:
 def _counts(sc, shortcuts, how: str) -> dict:
     """The count each constant multiplies in this run's estimate ({name: count})."""
     from simsp.scenario.work import meta_bytes, meta_seconds, numeric_seconds
+    from simsp.shortcuts.record_counts import dp_ring_records
     from simsp.shortcuts.work_counts import run_ranks, run_seconds
     saved = current_values(raw=True)
     _put({name: Symbol({name: 1.0}) for name in saved})
@@ -165,15 +177,45 @@ def _counts(sc, shortcuts, how: str) -> dict:
             estimate = meta_seconds(sc, shortcuts.representative)
         elif how == "numeric":
             estimate = numeric_seconds(sc)
-        else:
+        else:  # peak RSS at run's default trace: no detail spans
             estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts),
-                                  shortcuts.templates)
+                                  shortcuts.templates,
+                                  records=dp_ring_records(sc, shortcuts))
     finally:
         _put(saved)
-    alone = {"check": "SYMMETRY_SECONDS_PER_RANK", "visits": "SECONDS_PER_FLOW_VISIT"}
+    alone = {"check": "SYMMETRY_SECONDS_PER_RANK", "visits": "SECONDS_PER_FLOW_VISIT", **KEPT}
     if how in alone:  # the check, the solves: their own term only
         estimate = Symbol({alone[how]: estimate.terms.get(alone[how], 0.0)})
     return dict(estimate.terms)
+
+
+def dropped_bytes(sc, shortcuts, how: str) -> tuple[int, int]:
+    """Bytes (tracemalloc) freed by dropping the records `how` names (KEPT) from a run at
+    `--trace full`, and their number: the detail tracks' spans with their own args
+    ("span-bytes"), a template's merged spans ("merged-span-bytes", args {"spans", "busy_s"}),
+    the data-parallel rings' transfer records ("record-bytes", labelled dp_)."""
+    import gc
+    import tracemalloc
+    from simsp.engine.trace import DETAIL_TRACKS
+    from simsp.training.driver.iteration import simulate_iteration
+    tracemalloc.start()
+    trace = simulate_iteration(sc, shortcuts, trace="full").inputs.world.trace
+    if how == "record-bytes":
+        drop = lambda t: t.label.startswith("dp_")  # noqa: E731
+        kept, name = trace.transfers, "transfers"
+    else:
+        merged = how == "merged-span-bytes"
+        drop = lambda s: s.track in DETAIL_TRACKS and ("spans" in s.args) == merged  # noqa: E731
+        kept, name = trace.spans, "spans"
+    dropped = sum(map(drop, kept))
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    setattr(trace, name, [each for each in kept if not drop(each)])
+    del kept
+    gc.collect()
+    freed = before - tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return freed, dropped
 
 
 def measure(argv: list[str], how: str, repeat: int) -> dict:

@@ -11,6 +11,7 @@ import pytest
 import simsp.scenario.work_constants as constants
 from simsp.scenario.loading import load_scenario
 from simsp.scenario.work import meta_bytes, numeric_seconds
+from simsp.shortcuts.record_counts import dp_ring_records
 from simsp.shortcuts.work_counts import run_ranks, run_seconds
 from simsp.training.driver.iteration import Shortcuts
 
@@ -49,10 +50,11 @@ def test_counts_times_values_give_the_estimate(scenario, overrides):
         terms = counts(sc, shortcuts, how)[how]
         assert sum(n * values[name] for name, n in terms.items()) == pytest.approx(estimate,
                                                                                   rel=1e-12)
-    full = Shortcuts()  # --no-shortcuts: every rank, full_bytes' terms
+    full = Shortcuts()  # --no-shortcuts: every rank, full_bytes' terms, the DP rings' records
     terms = counts(sc, full, "full-bytes")["full-bytes"]
     assert sum(n * values[name] for name, n in terms.items()) == pytest.approx(
-        meta_bytes(sc, False, run_ranks(sc, full)), rel=1e-12)
+        meta_bytes(sc, False, run_ranks(sc, full), records=dp_ring_records(sc, full)),
+        rel=1e-12)
     assert current_values(raw=True) == before
 
 

@@ -15,11 +15,16 @@ import simsp.hardware.cluster_hardware as cluster_hardware
 from simsp.cli import main
 from simsp.commands import run as run_command, verify
 from simsp.scenario.loading import load_scenario
-from simsp.scenario.work import check_work
+import simsp.scenario.work_bytes as work_bytes
+from simsp.cluster.grid import RankGrid
+from simsp.engine.trace import DETAIL_TRACKS
+from simsp.scenario.work import check_work, meta_bytes
 from simsp.shortcuts.check import Shortcuts
+from simsp.shortcuts.record_counts import dp_ring_records
 from simsp.shortcuts.work_counts import run_ranks
 from simsp.training.driver import gradcheck, iteration
 from simsp.training.driver.iteration import simulate_iteration
+from simsp.training.driver.trace_counts import detail_spans
 from tests.test_cp_representative_dp import cp_layout
 from tests.test_fsdp_leaf_replicas import fsdp
 from tests.test_representative_audit import scenario as dp_layout
@@ -169,11 +174,15 @@ LAYER_COLLECTIVES = ("qkv_enter", "attn_exit", "fc1_enter", "mlp_exit", "mlp.fc2
 @pytest.mark.parametrize("tp, dp", [(2, 2), (4, 1)])
 def test_the_full_estimate_counts_what_a_full_run_keeps(tp, dp):
     """Without shortcuts (tiny in meta mode, 2 stages) every rank runs and keeps its state and
-    its layers', a ledger of its layer-steps and the transfer records of its TP rings: the
-    estimate's ranks, rank-layers, rank-steps and ring steps are the run's ranks, the layers
-    of their plans, forward layer-steps and each layer collective's transfers."""
+    its layers', a ledger of its layer-steps and the transfer records of its TP rings and DP
+    rings: the estimate's ranks, rank-layers, rank-steps, ring steps and DP records are the
+    run's ranks, the layers of their plans, forward layer-steps, each layer collective's
+    transfers and the DP rings' (at d 2 with overlapped 3,000-element buckets: each bucket of
+    each DP group of 2 a reduce-scatter and an all-gather, 2 transfers each)."""
     sc = load_scenario(TINY, {("run", "mode"): "meta", ("parallel", "data_parallel_size"): dp,
-                              ("parallel", "tensor_model_parallel_size"): tp})
+                              ("parallel", "tensor_model_parallel_size"): tp,
+                              ("parallel", "overlap_grad_reduce"): True,
+                              ("parallel", "ddp_bucket_size"): 3000})
     full = Shortcuts()
     run = simulate_iteration(sc, full, trace="steps")
     terms = counts(sc, full, "full-bytes")["full-bytes"]
@@ -190,6 +199,86 @@ def test_the_full_estimate_counts_what_a_full_run_keeps(tp, dp):
     per_collective = Counter(t.label.split(" step ")[0] for t in run.inputs.world.network.transfers)
     assert terms["FULL_BYTES_PER_RING_STEP"] == forwards * (tp - 1)
     assert [per_collective[name] for name in LAYER_COLLECTIVES] == [forwards * (tp - 1)] * 10
+    dp_records = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+    groups = {RankGrid(tp, 2, dp).dp_group(r) for r in ranks} if dp > 1 else set()
+    built = sum(len(run.states[g[0]].ddp_buckets.buckets) for g in groups)
+    assert dp_records == 2 * 2 * built == terms.get("BYTES_PER_TRANSFER_RECORD", 0)
+    assert (dp_records > 2 * 2 * len(groups)) == (dp > 1)  # several buckets a group
+
+
+MOE = {("model", "add_bias_linear"): False, ("model", "num_experts"): 4,
+       ("parallel", "data_parallel_size"): 2, ("parallel", "expert_model_parallel_size"): 2}
+
+
+def test_the_dp_records_count_the_expert_buckets_rings():
+    """A MoE model keeps its experts' gradients in buckets of their own reduced over the
+    expert-data-parallel group (grad_buckets.py expert_buckets): tiny without shortcuts, t 1,
+    p 2, d 4, EP 2 (EDP 2), a dense layer then MoE layers, overlapped 3,000-element buckets.
+    The DP records the estimate counts are the run's, and each bucket the run built gives two
+    ring phases of n(n − 1) transfers over its group of n (one channel on one node)."""
+    sc = load_scenario(TINY, {("run", "mode"): "meta", **MOE,
+                              ("model", "moe_layer_freq"): "([0]*1+[1]*3)",
+                              ("parallel", "tensor_model_parallel_size"): 1,
+                              ("parallel", "sequence_parallel"): False,
+                              ("parallel", "data_parallel_size"): 4,
+                              ("parallel", "overlap_grad_reduce"): True,
+                              ("parallel", "ddp_bucket_size"): 3000})
+    full = Shortcuts()
+    run = simulate_iteration(sc, full, trace="none")
+    records = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+    built = {(b.group, b.chunk, b.names) for state in run.states.values()
+             for b in state.ddp_buckets.buckets}
+    assert {len(group) for group, _, _ in built} == {4, 2}  # DP and EDP buckets both
+    assert records == sum(2 * len(g) * (len(g) - 1) for g, _, _ in built)
+    assert dp_ring_records(sc, full) == records
+
+
+def spans_kept(run) -> tuple[int, int]:
+    """The run's detail-track spans (engine/trace.py DETAIL_TRACKS): (each its own, merged by
+    a template's replay: args {"spans", "busy_s"}, model/replay.py)."""
+    detail = [s for s in run.inputs.world.trace.spans if s.track in DETAIL_TRACKS]
+    merged = sum("spans" in s.args for s in detail)
+    return len(detail) - merged, merged
+
+
+def estimated_spans(sc, shortcuts, monkeypatch) -> tuple[int, int]:
+    """The spans run's estimate adds for --trace full, (own, merged): meta_bytes with and
+    without them, one byte a span of the kind counted."""
+    detail = detail_spans(sc, "full")
+    counted = []
+    for own in (1, 0):
+        monkeypatch.setattr(work_bytes, "BYTES_PER_SPAN", own)
+        monkeypatch.setattr(work_bytes, "BYTES_PER_MERGED_SPAN", 1 - own)
+        args = (sc, shortcuts.representative, run_ranks(sc, shortcuts), shortcuts.templates)
+        counted.append(meta_bytes(*args, detail=detail) - meta_bytes(*args))
+    return counted[0], counted[1]
+
+
+@pytest.mark.parametrize("templates, moe", [(False, False), (True, False), (False, True)])
+def test_the_estimate_counts_the_spans_a_full_trace_keeps(templates, moe, monkeypatch):
+    """--trace full keeps, per layer-step of every rank, a span per kernel and TP collective
+    (untemplated) or one per detail track of each replayed forward and backward (templated),
+    and per layer of every rank one per sequence-parallel gradient all-reduce: from 4 to 8
+    layers (tiny, t 2, p 2, a global batch of 8; or a dense layer then MoE layers of 2 local
+    experts of 4, EP 2) the run's trace gains exactly the spans the estimate adds (the spans
+    that do not grow with the layers cancel: embedding, loss, optimizer, a template's
+    recorded step); untemplated those uncounted are under 15%."""
+    kept, estimated = [], []
+    for layers in (4, 8):
+        fields = {("run", "mode"): "meta", ("model", "num_layers"): layers,
+                  ("parallel", "data_parallel_size"): 1, ("parallel", "global_batch_size"): 8}
+        if moe:
+            fields.update({**MOE, ("model", "moe_layer_freq"): f"([0]*1+[1]*{layers - 1})"})
+        sc = load_scenario(TINY, fields)
+        shortcuts = Shortcuts.for_scale(sc) if templates else Shortcuts()
+        assert shortcuts.templates == templates
+        kept.append(spans_kept(simulate_iteration(sc, shortcuts, trace="full")))
+        estimated.append(estimated_spans(sc, shortcuts, monkeypatch))
+    grown = [after - before for before, after in zip(*kept)]
+    assert grown == [after - before for before, after in zip(*estimated)]
+    assert grown[1] > 0 if templates else grown == [grown[0], 0]
+    if not templates:
+        assert estimated[1][0] <= kept[1][0] < 1.15 * estimated[1][0]
 
 
 def test_a_full_run_above_the_memory_limit_is_refused_before_it_runs(monkeypatch, capsys):
@@ -206,3 +295,19 @@ def test_a_full_run_above_the_memory_limit_is_refused_before_it_runs(monkeypatch
     assert rc == 2 and err.count("\n") == 1
     assert err.startswith("error: work: meta mode would keep about ") and "above the limit" in err
     check_work(load_scenario(argv[0], {("parallel", "global_batch_size"): 1024}), force=True)
+
+
+def test_a_full_trace_above_the_memory_limit_is_refused_before_it_runs(monkeypatch, capsys):
+    """paper-175b at 160 micro-batches without shortcuts: its ledgers and records alone are
+    estimated below 8 GiB (run at --trace steps), but --trace full's spans (55 a rank-step,
+    about 123,000 rank-steps) take it above: refused under --force, one line, exit 2."""
+    def never(*args, **kwargs):
+        raise AssertionError("a refused run must not simulate")
+    monkeypatch.setattr(run_command, "simulate_iteration", never)
+    argv = ["scenarios/paper-175b.toml", "--global-batch-size", "160", "--no-shortcuts"]
+    rc = main(["run", *argv, "--trace", "full", "--force"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: work: meta mode would keep about ") and "above the limit" in err
+    sc = load_scenario(argv[0], {("parallel", "global_batch_size"): 160})
+    check_work(sc, shortcuts=False, force=True, meta_templates=False)

@@ -25,6 +25,7 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     SECONDS_PER_GATHER_FLOW, A2A_ALONE_SECONDS_PER_FLOW, CHECK_SECONDS_PER_MEMBER,
     MTP_SECONDS_PER_DEPTH_STEP, SECONDS_PER_FLOW, RUN_START_SECONDS, TIME_LIMIT_S,
     MEMORY_LIMIT_BYTES)
+from simsp.scenario.work_bytes import DetailSpans, detail_bytes, full_bytes  # noqa: F401
 from simsp.units import format_bytes
 
 # the schedules whose backward is split into B and W, their sends non-blocking
@@ -314,35 +315,25 @@ def buckets_of(tensors: list[int], size: int | None) -> int:
 
 
 def meta_bytes(sc, representative: bool = True, ranks: int | None = None,
-               templates: bool | None = None) -> int:
+               templates: bool | None = None, detail: DetailSpans | None = None,
+               records: int = 0) -> int:
     """Bytes meta mode keeps: the ledger and trace per layer-step of every simulated rank of a
     stage, and every simulated rank's plan (its list of every layer's parameter names: ranks x L).
     `ranks`: the ranks the run simulates (shortcuts/work_counts.py run_ranks: the plan's, its
     replicas and expert groups counted), else simulated_ranks' rule. `templates`: whether the
     verdict replays layer templates (else as the representative: templates need it); a rank
-    that runs its layers untemplated keeps far more per layer-step (full_bytes)."""
+    that runs its layers untemplated keeps far more per layer-step (full_bytes). `detail`: the
+    spans of `--trace full` (DetailSpans; None below it); `records`: the data-parallel rings'
+    transfer records the network keeps (shortcuts/record_counts.py dp_ring_records)."""
     ranks = simulated_ranks(sc, representative) if ranks is None else ranks
     templates = representative if templates is None else templates
     # the layer-steps of every simulated rank of a stage, each rank its own ledger and trace
     rank_steps = (layer_steps(sc) + mtp_steps(sc)) * ranks // sc.parallel.pp
     plans = ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER
+    spans = detail_bytes(sc, detail, templates, rank_steps, ranks)
     if not templates:
-        return full_bytes(sc, rank_steps, ranks) + plans
-    return rank_steps * META_BYTES_PER_LAYER_STEP + plans
-
-
-def full_bytes(sc, rank_steps: int, ranks: int) -> int:
-    """Bytes the simulated ranks keep beside their plans where they run untemplated (every
-    rank without the representative): every rank-step's ledger
-    records (each allocation and free of the layer, untemplated) and trace spans; every
-    rank-step's TP ring steps' transfer records (t − 1 a ring collective, network.py keeps every
-    delivered transfer); every rank's state of each of its stage's layers (parameters,
-    gradients, optimizer) and its own (its rank, ledger, program)."""
-    p = sc.parallel
-    ring_steps = rank_steps * (p.tp - 1)
-    rank_layers = ranks * sc.model.num_layers // p.pp
-    return (rank_steps * FULL_BYTES_PER_RANK_STEP + ring_steps * FULL_BYTES_PER_RING_STEP
-            + rank_layers * FULL_BYTES_PER_RANK_LAYER + ranks * FULL_BYTES_PER_RANK)
+        return full_bytes(sc, rank_steps, ranks, records) + plans + spans
+    return rank_steps * META_BYTES_PER_LAYER_STEP + plans + spans
 
 
 def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
@@ -354,7 +345,8 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                meta_estimate: float | None = None, worst_case: str = "",
-               meta_ranks: int | None = None, meta_templates: bool | None = None) -> None:
+               meta_ranks: int | None = None, meta_templates: bool | None = None,
+               meta_detail: DetailSpans | None = None, meta_records: int = 0) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
     iterations, at most that many where `worst_case` accounts for them (verify: two per checked
@@ -362,13 +354,15 @@ def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = Fa
     `meta_estimate`: one meta iteration's CPU seconds with the work the shortcut verdict leaves
     counted (shortcuts/work_counts.py run_seconds), else meta_seconds' rule alone; `meta_ranks`
     the ranks it simulates (work_counts.py run_ranks), else simulated_ranks' rule;
-    `meta_templates` whether the verdict replays layer templates (meta_bytes)."""
+    `meta_templates` whether the verdict replays layer templates, `meta_detail` the spans of
+    `--trace full` and `meta_records` the data-parallel rings' transfer records (meta_bytes)."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
-        _check_memory(meta_bytes(sc, shortcuts, meta_ranks, meta_templates), "work",
+        _check_memory(meta_bytes(sc, shortcuts, meta_ranks, meta_templates, meta_detail,
+                                 meta_records), "work",
                       "meta mode would keep about")
         seconds = (meta_seconds(sc, shortcuts) if meta_estimate is None
                    else meta_estimate) * iterations

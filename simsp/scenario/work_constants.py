@@ -41,18 +41,35 @@ NUMERIC_SECONDS_PER_LAYER_STEP = 0.00073
 # scenario, paper-1t (65,536 layer-steps) and a tiny model at L = p = 512.
 META_BYTES_PER_LAYER_STEP = 2750
 PLAN_BYTES_PER_RANK_LAYER = 180
-# estimate_constants.py --only full-bytes (2026-11-29, q46g, probe 124-138 ms): a rank that runs
+# estimate_constants.py --only full-bytes (2026-11-29, q47b refit with the DP ring records
+# counted apart, probe 118-146 ms; q46g's: 42100, 1790, 73400, 84400): a rank that runs
 # without layer templates (every rank under --no-shortcuts, Shortcuts(); the representative where
 # the verdict keeps no templates) keeps per rank-step its ledger's records (about
 # 145 a layer-step of 175B width) and the trace's spans; per rank-step and ring rank (t − 1) the
 # transfer records of its TP ring steps (engine/network.py keeps every delivered transfer, trace
 # or not); per rank and layer of its stage its parameters', gradients' and optimizer's state; per
 # rank its own: peak RSS above the loaded scenario, run's default trace (steps), 175B width (SP,
-# selective) at L 8 to 32, t 2 to 8, p 1 to 8, d 1 to 8, m 4 and 8 (6 runs, each within 1%).
-FULL_BYTES_PER_RANK_STEP = 42100
-FULL_BYTES_PER_RING_STEP = 1790
-FULL_BYTES_PER_RANK_LAYER = 73400
-FULL_BYTES_PER_RANK = 84400
+# selective) at L 8 to 32, t 2 to 8, p 1 to 8, d 1 to 8, m 4 and 8 (6 runs, each within 1.2%),
+# the data-parallel rings' records (BYTES_PER_TRANSFER_RECORD each) subtracted.
+FULL_BYTES_PER_RANK_STEP = 41700
+FULL_BYTES_PER_RING_STEP = 1810
+FULL_BYTES_PER_RANK_LAYER = 78800
+FULL_BYTES_PER_RANK = 76200
+# estimate_constants.py --only span-bytes merged-span-bytes (2026-11-29, q47b, tracemalloc):
+# bytes one span of `--trace full`'s detail tracks holds (engine/trace.py Span: the tuple, its
+# two float times, its name, its own args dict, its list slot), freed by dropping them from the
+# trace of a full run (tiny L8; llama3-8b L2 t2: 7,700 and 930 spans, 353 and 354 bytes
+# each); a template's merged span (model/replay.py) shares its template's args dict
+# (paper-175b m16 templated: 6,200 spans).
+BYTES_PER_SPAN = 354
+BYTES_PER_MERGED_SPAN = 185
+# estimate_constants.py --only record-bytes (2026-11-29, q47b, tracemalloc): bytes one delivered
+# transfer record holds (engine/trace.py TransferRecord: the tuple, its end time, its label, its
+# list slot), freed by dropping a full run's data-parallel ring records: tiny t1 p2 d8 on 2
+# nodes (224 records, 187 bytes each) and t1 d32 on 4 nodes with the distributed optimizer
+# (15,872, 175 each); larger rings share more end times and labels (Llama 3 8B t1 d32 L4, 8
+# channels: 159 each).
+BYTES_PER_TRANSFER_RECORD = 181
 # estimate_constants.py --only plan (2026-11-29, probe 142-174 ms): Each simulated rank builds its
 # plan from every layer's parameter names: a tiny model at L = p = 256 and 512, one micro-batch
 # (ranks x L grows as p²).

@@ -19,6 +19,7 @@ chunk is cut at the bucket size; training/data_parallel/grad_buckets.py). A CP a
 shortcuts/overlap_counts.py.
 """
 
+import math
 from typing import NamedTuple
 
 from simsp.cluster.grid import RankGrid
@@ -26,6 +27,8 @@ from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.cluster.topology import build_topology, hop_route, nodes_hosting, placement
 from simsp.engine.group_timing import NODE_PIECE, STEPPED, TEMPLATE
 from simsp.hardware.cluster_hardware import fabric_of
+from simsp.model.params import param_shapes
+from simsp.model.sharding import local_shape
 from simsp.scenario.pipeline_layout import standalone_mtp_stage
 from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
 from simsp.scenario.config import bucket_size
@@ -75,7 +78,7 @@ def estimated_counts(sc, shortcuts: Shortcuts) -> WorkCounts:
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     ranks = simulated_ranks(sc, shortcuts)
     ranks = range(grid.world_size) if ranks is None else ranks
-    stepped = _stepped_groups(sc, shortcuts)
+    stepped = stepped_groups(sc, shortcuts)
     per_node = sc.cluster.gpus_per_node
     all_tp_groups = {grid.tp_group(r) for r in ranks} if p.tp > 1 else set()
     tp_groups = all_tp_groups & stepped
@@ -363,20 +366,40 @@ def _apex_stage_buckets(sc, stage: int) -> int:
 
 
 def _first_chunk_buckets(sc, chunks: int) -> int:
-    """Buckets of the first stage's first chunk: its layers' tensors and then the embedding
-    tables (the position table where positions are learned), walked in reverse module order
-    (bucket_params.py build_buckets) and cut at the bucket size."""
+    """Buckets of the first stage's first chunk: its parameters (model/params.py param_shapes,
+    a TP rank's shard each: model/sharding.py local_shape; the experts' apart, reduced over
+    their own group) in module order, the embedding tables first, the head last where the chunk
+    is also the last (one stage, one chunk: bucket_params.py chunk_params), walked in reverse
+    (build_buckets) and cut at the bucket size."""
     p, m = sc.parallel, sc.model
-    tensors = layer_tensors(sc) * (m.num_layers // (p.pp * chunks))
-    tables = [m.seq_length * m.hidden_size] if m.position_embedding_type == "learned_absolute" else []
-    tables.append(m.vocab_size * m.hidden_size // p.tp)  # shape (1 or 2,): elements per table
+    layers = virtual_stage_layer_counts(m, p)[0]
+    last = p.pp == 1 and chunks == 1
+    shapes = param_shapes(m)
+    kept = [name for name in shapes if not _expert(m, name) and (
+        name.startswith("embedding.") or _layer_of(name) < layers
+        or (last and not name.startswith("layers.")))]
+    tensors = [math.prod(local_shape(n, shapes[n], p.tp)) for n in kept]  # shape (kept,)
     size = bucket_size(p.dp, p.overlap_grad_reduce, p.ddp_bucket_size)
     if p.overlap_param_gather_with_optimizer_step:  # Megatron's training.py: every chunk whole
         size = None
-    return buckets_of(tensors[::-1] + tables, size)
+    return buckets_of(tensors[::-1], size)
 
 
-def _stepped_groups(sc, shortcuts: Shortcuts) -> set:
+def _expert(m, name: str) -> bool:
+    """Whether a parameter is an expert weight (model/blocks/moe/placement.py is_expert_param,
+    imported only for a model with experts)."""
+    if m.num_experts is None:
+        return False
+    from simsp.model.blocks.moe.placement import is_expert_param
+    return is_expert_param(name)
+
+
+def _layer_of(name: str) -> int:
+    """The layer index of a `layers.{i}.` parameter, else a number past every layer."""
+    return int(name.split(".")[1]) if name.startswith("layers.") else 1 << 62
+
+
+def stepped_groups(sc, shortcuts: Shortcuts) -> set:
     """The groups whose rings run as flows: every group without whole-collective timing."""
     if not shortcuts.closed_form:
         p = sc.parallel
@@ -435,7 +458,7 @@ def cp_lone(sc, shortcuts: Shortcuts) -> bool:
         return False
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
     ranks = simulated_ranks(sc, shortcuts) or range(grid.world_size)
-    return not {grid.cp_group(r) for r in ranks} & _stepped_groups(sc, shortcuts)
+    return not {grid.cp_group(r) for r in ranks} & stepped_groups(sc, shortcuts)
 
 
 def _pieces(shortcuts: Shortcuts) -> bool:
@@ -452,3 +475,4 @@ def row_seconds(sc) -> float:
         return numeric_seconds(sc)
     cheapest = meta_seconds(sc, True)
     return cheapest if cheapest > TIME_LIMIT_S else run_seconds(sc)
+
