@@ -27,7 +27,9 @@ COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s", "tp_overlap_s")
 REAL_STEPS = {"F": forward_step, "B": backward_step}
 # Runs of a step in a row that waited on another event than a timeout (an embedding's or a
 # head's collectives) after which its (rank, kind, chunk) is no longer recorded, only run: such
-# a step is never confirmed (StepReplays._record), so the recording bought nothing
+# a step is never confirmed (StepReplays._record), so the recording bought nothing. Three: a
+# chunk's first run may wait on its layers' first runs, before their templates (model/replay.py),
+# and still confirm on the next two; a cost rule only, the times are the same either way
 GIVE_UP_AFTER = 3
 
 
