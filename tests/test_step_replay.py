@@ -90,6 +90,25 @@ def test_a_replay_that_loses_its_step_is_off(monkeypatch):
     assert largest_gap(metrics(sc, fast), full) > 1e-3
 
 
+def test_steps_never_confirmed_stop_being_recorded(monkeypatch):
+    """A step that waits on another event than a timeout (the last stage's backward, on its
+    loss's collectives) is never confirmed: after GIVE_UP_AFTER such runs in a row it runs
+    unrecorded. Bit for bit (iteration, every stage's exposure, memory rows, counted FLOPs)
+    the run that records every step, the other steps replaying as many times (t1 p3 d8,
+    leaves of 20: replica 4 on stages 0-2)."""
+    sc = scenario(1, 1, 3, 8, False, False, untied=True, micro=6)
+    fast = Shortcuts.for_scale(sc)
+    monkeypatch.setattr(step_replay, "GIVE_UP_AFTER", 10 ** 9)
+    recorded, replays = replayed_metrics(sc, fast)
+    monkeypatch.setattr(step_replay, "GIVE_UP_AFTER", 1)
+    run = simulate_iteration(sc, fast, trace="none")
+    assert {key for key, n in run.inputs.replays.inexact.items() if n} == {(20, "B", 0)}
+    assert run.inputs.replays.replayed_steps == replays > 0
+    unrecorded = collect(run, fast)
+    for key in ("iteration_time_s", "exposed_s_per_stage", "counted_hardware_flops", "ranks"):
+        assert unrecorded[key] == recorded[key], key
+
+
 @pytest.mark.parametrize("overrides, blocker", [
     ({"overlap_grad_reduce": True}, "overlapped DP communication"),
     ({"overlap_p2p_communication": True, "num_layers_per_virtual_pipeline_stage": 1},

@@ -25,6 +25,12 @@ from simsp.training.pipeline.steps import _pass_on, backward_step, forward_step
 
 COUNTERS = ("flops", "comm_bytes", "busy_s", "exposed_s", "tp_overlap_s")
 REAL_STEPS = {"F": forward_step, "B": backward_step}
+# Runs of a step in a row that waited on another event than a timeout (an embedding's or a
+# head's collectives) after which its (rank, kind, chunk) is no longer recorded, only run: such
+# a step is never confirmed (StepReplays._record), so the recording bought nothing. Three: a
+# chunk's first run may wait on its layers' first runs, before their templates (model/replay.py),
+# and still confirm on the next two; a cost rule only, the times are the same either way
+GIVE_UP_AFTER = 3
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,11 @@ class StepReplays:
         # its backward does
         self.replays: dict[tuple, int] = {}  # (rank, kind, chunk) -> replays, counters owed
         self.replayed_steps = 0  # in all, kept after the counters are settled
+        self.ready: set[tuple] = set()  # (rank, chunk) whose F and B records are confirmed
+        self.inexact: dict[tuple, int] = {}  # (rank, kind, chunk) -> its runs in a row that
+        # waited on another event (GIVE_UP_AFTER of them: run from then on, not recorded)
+        self._layer_keys: dict[int, tuple] = {}  # rank -> (len of the layers' replays, the
+        # rank's keys there, in their order)
 
     def work_of(self, rank: int, work: dict) -> dict:
         """The rank's step functions: `work` (stage_program.py WORK_OF_KIND) unless replayed."""
@@ -70,9 +81,15 @@ class StepReplays:
         return (rank, step.micro_batch, step.chunk) in self.replayed
 
     def _confirmed(self, rank: int, chunk: int) -> bool:
-        """Both the chunk's forward and backward records are confirmed (see _record)."""
-        return all((record := self.records.get(record_key(rank, kind, chunk))) is not None
-                   and record.confirmed for kind in REAL_STEPS)
+        """Both the chunk's forward and backward records are confirmed (see _record; once
+        confirmed a record is never replaced, so the answer is kept)."""
+        if (rank, chunk) in self.ready:
+            return True
+        if all((record := self.records.get(record_key(rank, kind, chunk))) is not None
+               and record.confirmed for kind in REAL_STEPS):
+            self.ready.add((rank, chunk))
+            return True
+        return False
 
     def _step_of(self, kind: str):
         def step(r, inputs, plan, state, results, mb: int, chunk: int):
@@ -87,6 +104,8 @@ class StepReplays:
         if kind == "F" and self._confirmed(r.rank, chunk):
             self.replayed.add(batch)
         elif kind == "F" or batch not in self.replayed:  # its forward ran: its stash is kept
+            if self.inexact.get((r.rank, kind, chunk), 0) >= GIVE_UP_AFTER:
+                return REAL_STEPS[kind](*args, mb, chunk)
             return self._record(kind, args, mb, chunk)
         else:
             self.replayed.discard(batch)
@@ -104,7 +123,7 @@ class StepReplays:
         start = r.env.now
         before = {name: dict(getattr(r, name)) for name in COUNTERS}
         layers = getattr(inputs.layers, "replays", {})
-        owed_before = {key: n for key, n in layers.items() if key[0] == r.rank}
+        owed_before = {key: layers[key] for key in self._keys_of(layers, r.rank)}
         delays, times = [], [start]
         yield from _timed(r.env, REAL_STEPS[kind](*args, mb, chunk), delays, times)
         key = _sent_key(kind, plan, mb, chunk)
@@ -117,12 +136,24 @@ class StepReplays:
             tuple(delays) if exact else None, times.index(begin) if exact else 0,
             None if sent is None else (sent[1].shape, sent[1].itemsize),
             results.losses.get((plan.dp, mb, plan.cp)) if kind == "F" else None, changes,
-            tuple((key, n - owed_before.get(key, 0)) for key, n in layers.items()
-                  if key[0] == r.rank and n != owed_before.get(key, 0)))
+            tuple((key, layers[key] - owed_before.get(key, 0))
+                  for key in self._keys_of(layers, r.rank)
+                  if layers[key] != owed_before.get(key, 0)))
+        count = (r.rank, kind, chunk)
+        self.inexact[count] = 0 if exact else self.inexact.get(count, 0) + 1
         old = self.records.get(record_key(r.rank, kind, chunk))
         if old is None or not old.confirmed:
             self.records[record_key(r.rank, kind, chunk)] = replace(new, confirmed=_alike(
                 old, new))
+
+    def _keys_of(self, layers: dict, rank: int) -> tuple:
+        """The rank's keys (rank, layer kind) among the layers' replays, in the dict's order
+        (keys are only added during a run: worked out again when it grew)."""
+        known = self._layer_keys.get(rank)
+        if known is None or known[0] != len(layers):
+            known = self._layer_keys[rank] = (len(layers),
+                                              tuple(key for key in layers if key[0] == rank))
+        return known[1]
 
     def settle_counters(self, ranks: dict) -> None:
         """Add every replay's counter changes (FLOPs, bytes, busy and exposed seconds) to its
