@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import simpy
 
 from simsp.cluster.grid import RankGrid
-from simsp.cluster.topology import build_topology, nodes_hosting, placement
+from simsp.cluster.topology import build_topology
 from simsp.engine.collectives.ring_plan import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from simsp.engine.communicator import Communicator
 from simsp.engine.group_timing import STEP_BY_STEP
@@ -46,25 +46,29 @@ def dp_ring_records(sc, shortcuts: Shortcuts) -> int:
     if shortcuts.representative or p.dp * p.cp == 1:
         return 0
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
-    groups = [g for g in grid.groups("dp_cp") if _steps(shortcuts, g)]
+    groups = _stepped(shortcuts, grid.groups("dp_cp"))
     if not groups:
         return _expert_records(sc, shortcuts)
-    rings, plans = RingChoice(sc, grid), stage_plans(sc, grid)
+    rings = RingChoice(sc, grid)
+    plans = stage_plans(sc, RankGrid(1, p.pp, 1, 1))  # [stage] its plan (alike over t, d, c)
     collectives = fsdp_collectives if p.fsdp is not None else bucket_collectives
     per_stage = {}  # pipeline stage -> its collectives (every DP group of a stage alike)
     records = 0
     for g in groups:
         stage = grid.coords(g[0]).pp
         if stage not in per_stage:
-            per_stage[stage] = collectives(sc, grid, plans[g[0]])
+            per_stage[stage] = collectives(sc, grid, plans[stage], g[0])
         records += group_records(rings, g, per_stage[stage])
     return records + _expert_records(sc, shortcuts)
 
 
-def _steps(shortcuts: Shortcuts, group: tuple) -> bool:
-    """Whether the group's rings run step by step, as transfers (every group without closed
+def _stepped(shortcuts: Shortcuts, groups: list) -> list:
+    """The `groups` whose rings run step by step, as transfers (every one without closed
     forms)."""
-    return not shortcuts.closed_form or group in shortcuts.groups(STEP_BY_STEP)
+    if not shortcuts.closed_form:
+        return groups
+    stepped = shortcuts.groups(STEP_BY_STEP)
+    return [g for g in groups if g in stepped]
 
 
 def group_records(rings, group: tuple, collectives: list) -> int:
@@ -77,26 +81,24 @@ def group_records(rings, group: tuple, collectives: list) -> int:
 
 class RingChoice:
     """Whether NCCL runs a collective as rings in the run: the communicator's own test
-    (engine/timed_collectives.py runs_as_rings) on the run's topology and calibration, with
-    --use-sharp's DP-CP groups (training/driver/world.py), memoised per placement."""
+    (engine/timed_collectives.py runs_as_rings) with the run's calibration and --use-sharp's
+    DP-CP groups (training/driver/world.py). The test reads of the topology only its GPUs per
+    node and link speeds (collectives/nccl_group.py nccl_choice: the nodes a group spans come
+    from its GPUs), so one node's stands for the run's (a 4,096-node graph took 0.6 CPU s);
+    memoised per collective, group and size."""
 
     def __init__(self, sc, grid: RankGrid):
         self.gpus_per_node = sc.cluster.gpus_per_node
         env = simpy.Environment()
-        hosts = nodes_hosting(range(grid.world_size), self.gpus_per_node)
-        network = Network(env, build_topology(sc.cluster, hosts),
+        network = Network(env, build_topology(sc.cluster, [0]),
                           LinkCalibration.from_cluster(sc.cluster))
         self.comm = Communicator(env, network)
         if sc.cluster.use_sharp:
             self.comm.sharp_groups = frozenset(grid.groups("dp_cp"))
-        self.graph = network.graph.graph
         self._memo: dict[tuple, bool] = {}
 
     def __call__(self, collective: str, group: tuple, nbytes: int, elem_bytes: int) -> bool:
-        where = placement(group, self.gpus_per_node, self.graph["nodes"],
-                          self.graph.get("fabric"))
-        sharp = self.comm.sharp_groups is not None and group in self.comm.sharp_groups
-        key = (collective, where, sharp, nbytes, elem_bytes)
+        key = (collective, group, nbytes, elem_bytes)
         if key not in self._memo:
             meeting = Meeting(collective, group, nbytes, "", frozenset(group),
                               self.comm.env.event(), elem_bytes)
@@ -111,8 +113,8 @@ def _stage_shapes(sc, plan) -> dict:
     return {n: shapes[n] for n in stage_param_names(shapes, plan)}
 
 
-def bucket_collectives(sc, grid: RankGrid, plan) -> list:
-    """The dense gradient buckets' collectives of a rank of `plan`'s stage, [(collective,
+def bucket_collectives(sc, grid: RankGrid, plan, rank: int) -> list:
+    """The dense gradient buckets' collectives of `rank` of `plan`'s stage, [(collective,
     bytes, element bytes, 1)]: DDPBuckets built on its TP shards of the stage's dense
     parameters (a ledger-less rank: the buckets need only its rank and clock), each bucket a
     reduce-scatter of its gradients and an all-gather of its parameters (distributed
@@ -121,8 +123,8 @@ def bucket_collectives(sc, grid: RankGrid, plan) -> list:
     expert = _expert_test(sc)
     grads = {n: Tensor(local_shape(n, shape, p.tp), FP16)
              for n, shape in _stage_shapes(sc, plan).items() if not expert(n)}
-    rank = SimpleNamespace(env=simpy.Environment(), rank=plan.rank, moe=None)
-    ddp = DDPBuckets(rank, p, grid, plan, grads)
+    ddp = DDPBuckets(SimpleNamespace(env=simpy.Environment(), rank=rank, moe=None), p, grid,
+                     plan, grads)
     collectives = []
     for b in ddp.buckets:
         n = len(b.group)
@@ -134,14 +136,15 @@ def bucket_collectives(sc, grid: RankGrid, plan) -> list:
     return collectives
 
 
-def fsdp_collectives(sc, grid: RankGrid, plan) -> list:
-    """A rank's FSDP collectives of one iteration, [(collective, bytes, element bytes,
-    calls)] per unit of its stage (fsdp_units.py stage_units): with sharded parameters two
-    gathers of a layer unit per micro-batch (before its forward and its backward), one of a
-    root unit (kept until the schedule ends); a reduction (reduce-scatter, all-reduce under
-    no_shard) per micro-batch with sharded gradients, else once; with only the optimizer
-    sharded a gather of every unit after the step (fsdp_gathers.py, fsdp_reductions.py). The
-    FSDP code is imported only for a run that uses it."""
+def fsdp_collectives(sc, grid: RankGrid, plan, rank: int) -> list:
+    """The FSDP collectives of one iteration of a rank of `plan`'s stage (every rank of it
+    alike: `grid`, `rank` unused), [(collective, bytes, element bytes, calls)] per unit
+    (fsdp_units.py stage_units): with sharded parameters two gathers of a layer unit per
+    micro-batch (before its forward and its backward), one of a root unit (kept until the
+    schedule ends); a reduction (reduce-scatter, all-reduce under no_shard) per micro-batch
+    with sharded gradients, else once; with only the optimizer sharded a gather of every unit
+    after the step (fsdp_gathers.py, fsdp_reductions.py). The FSDP code is imported only for
+    a run that uses it."""
     from simsp.training.data_parallel.fsdp_units import GATHERED_BYTES, sharding_of, stage_units
     p, s = sc.parallel, sharding_of(sc)
     local = {n: math.prod(local_shape(n, shape, p.tp))
@@ -177,7 +180,7 @@ def _expert_records(sc, shortcuts: Shortcuts) -> int:
         return 0
     from simsp.model.blocks.moe.placement import expert_grid
     grid = expert_grid(sc)
-    groups = [g for g in grid.groups("edp") if len(g) > 1 and _steps(shortcuts, g)]
+    groups = _stepped(shortcuts, [g for g in grid.groups("edp") if len(g) > 1])
     return sum(2 * expert_buckets(sc, grid.coords(g[0]).pp, len(g))
                * ring_flows(g, sc.cluster.gpus_per_node) for g in groups)
 
