@@ -381,3 +381,31 @@ def test_the_dp_records_follow_each_bucket_s_algorithm():
     buckets = len(run.states[0].ddp_buckets.buckets)
     assert buckets == 4 and kept == 3 * 2 * 8 * 16 * 15 == dp_ring_records(sc, full)
     assert buckets * 2 * 8 * 16 * 15 != kept
+
+
+def test_the_dp_records_count_the_buckets_the_run_builds():
+    """The buckets are the run's own (DDPBuckets on a ledger-less rank of each stage): tiny t2
+    p2 d2, untied, one multi-token prediction depth, the distributed optimizer. The first
+    stage reduces one bucket; the last two, its chunk's and the MTP's copy of the word table,
+    a bucket of its own (bucket_params.py `shared`): 2 groups a stage x 3 buckets x 2 phases
+    x 2 transfers = 24, the run's (the count from work_counts.py stage_buckets gave 16)."""
+    sc = load_scenario(TINY, {("run", "mode"): "meta", ("model", "position_embedding_type"): "rope",
+                              ("model", "untie_embeddings_and_output_weights"): True,
+                              ("model", "mtp_num_layers"): 1,
+                              ("parallel", "distributed_optimizer"): True})
+    run = simulate_iteration(sc, Shortcuts(), trace="none")
+    kept = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+    assert kept == 2 * 3 * 2 * 2 == dp_ring_records(sc, Shortcuts())
+
+
+def test_the_dp_records_leave_out_expert_all_reduces_run_as_trees():
+    """A MoE tiny, t1 p1 d32 EP 2 on 4 nodes: the dense bucket over 32 ranks and the expert
+    buckets over the two EDP groups of 16 (4 nodes each) are all-reduced as trees: no record
+    kept or counted; NCCL_ALGO forced to ring, the run keeps both kinds' rings and the
+    estimate counts them."""
+    for algo in ("auto", "ring"):
+        sc = load_scenario(TINY, {**MOE, **TREE, ("cluster", "nccl_algo"): algo})
+        run = simulate_iteration(sc, Shortcuts(), trace="none")
+        kept = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+        assert kept == dp_ring_records(sc, Shortcuts())
+        assert kept > 2 * 8 * 32 * 31 if algo == "ring" else kept == 0  # ring: the experts' too

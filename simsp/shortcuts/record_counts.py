@@ -27,9 +27,6 @@ from simsp.hardware.constants import LinkCalibration
 from simsp.model.params import param_shapes
 from simsp.model.sharding import local_shape
 from simsp.model.tensor import FP16, Tensor
-from simsp.scenario.config import bucket_size
-from simsp.scenario.pipeline_split import model_chunks, virtual_stage_layer_counts
-from simsp.scenario.work import buckets_of
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.work_counts import ring_flows
 from simsp.training.data_parallel.grad_buckets import DDPBuckets
@@ -41,25 +38,31 @@ PHASES = {ALL_REDUCE: 2, REDUCE_SCATTER: 1, ALL_GATHER: 1}  # ring phases of eac
 def dp_ring_records(sc, shortcuts: Shortcuts) -> int:
     """Transfer records the data-parallel rings of one iteration leave: per DP group timed step
     by step its stage's bucket collectives (FSDP: its units'), per expert-data-parallel group
-    its stage's expert buckets (none where the representative runs)."""
+    of more than one rank its stage's expert buckets' (none where the representative runs)."""
     p = sc.parallel
     if shortcuts.representative or p.dp * p.cp == 1:
         return 0
     grid = RankGrid(p.tp, p.pp, p.dp, p.cp)
-    groups = _stepped(shortcuts, grid.groups("dp_cp"))
-    if not groups:
-        return _expert_records(sc, shortcuts)
+    rounds = [(_stepped(shortcuts, grid.groups("dp_cp")), grid.coords)]  # (groups, coords)
+    if sc.model.num_experts is not None:
+        from simsp.model.blocks.moe.placement import expert_grid
+        experts = expert_grid(sc)
+        rounds.append((_stepped(shortcuts, [g for g in experts.groups("edp") if len(g) > 1]),
+                       experts.coords))
+    if not any(groups for groups, _ in rounds):
+        return 0
     rings = RingChoice(sc, grid)
     plans = stage_plans(sc, RankGrid(1, p.pp, 1, 1))  # [stage] its plan (alike over t, d, c)
     collectives = fsdp_collectives if p.fsdp is not None else bucket_collectives
-    per_stage = {}  # pipeline stage -> its collectives (every DP group of a stage alike)
+    per_stage = {}  # pipeline stage -> (DP, EDP) collectives: every group of a stage alike
     records = 0
-    for g in groups:
-        stage = grid.coords(g[0]).pp
-        if stage not in per_stage:
-            per_stage[stage] = collectives(sc, grid, plans[stage], g[0])
-        records += group_records(rings, g, per_stage[stage])
-    return records + _expert_records(sc, shortcuts)
+    for kind, (groups, coords) in enumerate(rounds):
+        for g in groups:
+            stage = coords(g[0]).pp
+            if stage not in per_stage:
+                per_stage[stage] = collectives(sc, grid, plans[stage], grid.rank_of(0, 0, stage))
+            records += group_records(rings, g, per_stage[stage][kind])
+    return records
 
 
 def _stepped(shortcuts: Shortcuts, groups: list) -> list:
@@ -113,32 +116,36 @@ def _stage_shapes(sc, plan) -> dict:
     return {n: shapes[n] for n in stage_param_names(shapes, plan)}
 
 
-def bucket_collectives(sc, grid: RankGrid, plan, rank: int) -> list:
-    """The dense gradient buckets' collectives of `rank` of `plan`'s stage, [(collective,
-    bytes, element bytes, 1)]: DDPBuckets built on its TP shards of the stage's dense
-    parameters (a ledger-less rank: the buckets need only its rank and clock), each bucket a
-    reduce-scatter of its gradients and an all-gather of its parameters (distributed
-    optimizer, bucket_reductions.py, bucket_gathers.py) or an all-reduce."""
+def bucket_collectives(sc, grid: RankGrid, plan, rank: int) -> tuple[list, list]:
+    """The gradient buckets' collectives of `rank` of `plan`'s stage, ([dense], [expert]) of
+    (collective, bytes, element bytes, 1): DDPBuckets built on its shards of the stage's
+    parameters as the run allocates them (model/weights.py allocate_params: TP shards, a MoE
+    rank's E/EP experts with f over ETP) on a ledger-less rank (the buckets need its rank,
+    clock and expert placement), each bucket a reduce-scatter of its gradients and an
+    all-gather of its parameters (distributed optimizer, bucket_reductions.py,
+    bucket_gathers.py) or an all-reduce."""
     p = sc.parallel
-    expert = _expert_test(sc)
-    grads = {n: Tensor(local_shape(n, shape, p.tp), FP16)
-             for n, shape in _stage_shapes(sc, plan).items() if not expert(n)}
-    ddp = DDPBuckets(SimpleNamespace(env=simpy.Environment(), rank=rank, moe=None), p, grid,
+    moe = _expert_rank(sc, rank)
+    grads = {n: Tensor(moe.shard_shape(n, shape) if moe is not None and moe.holds(n)
+                       else local_shape(n, shape, p.tp), FP16)
+             for n, shape in _stage_shapes(sc, plan).items()}
+    ddp = DDPBuckets(SimpleNamespace(env=simpy.Environment(), rank=rank, moe=moe), p, grid,
                      plan, grads)
-    collectives = []
+    dense, expert = [], []
     for b in ddp.buckets:
         n = len(b.group)
         if ddp.distributed:
-            collectives += [(REDUCE_SCATTER, b.numel * b.grad_bytes, b.grad_bytes, 1),
-                            (ALL_GATHER, b.numel // n * b.param_bytes * n, b.param_bytes, 1)]
+            kinds = [(REDUCE_SCATTER, b.numel * b.grad_bytes, b.grad_bytes, 1),
+                     (ALL_GATHER, b.numel // n * b.param_bytes * n, b.param_bytes, 1)]
         else:
-            collectives.append((ALL_REDUCE, b.numel * b.grad_bytes, b.grad_bytes, 1))
-    return collectives
+            kinds = [(ALL_REDUCE, b.numel * b.grad_bytes, b.grad_bytes, 1)]
+        (expert if moe is not None and _is_expert(b.names[0]) else dense).extend(kinds)
+    return dense, expert
 
 
-def fsdp_collectives(sc, grid: RankGrid, plan, rank: int) -> list:
+def fsdp_collectives(sc, grid: RankGrid, plan, rank: int) -> tuple[list, list]:
     """The FSDP collectives of one iteration of a rank of `plan`'s stage (every rank of it
-    alike: `grid`, `rank` unused), [(collective, bytes, element bytes, calls)] per unit
+    alike: `grid`, `rank` unused), ([(collective, bytes, element bytes, calls)] per unit, [])
     (fsdp_units.py stage_units): with sharded parameters two gathers of a layer unit per
     micro-batch (before its forward and its backward), one of a root unit (kept until the
     schedule ends); a reduction (reduce-scatter, all-reduce under no_shard) per micro-batch
@@ -151,7 +158,7 @@ def fsdp_collectives(sc, grid: RankGrid, plan, rank: int) -> list:
              for n, shape in _stage_shapes(sc, plan).items()}
     m = p.num_micro_batches
     reduce = REDUCE_SCATTER if s.shard_optim else ALL_REDUCE
-    collectives = []
+    collectives = []  # FSDP has no expert buckets (scenario/checks/fsdp.py: no MoE)
     for unit in stage_units(local, p.dp * p.cp):
         gathers = (2 * m if unit.layer is not None else 1) if s.shard_params else 0
         gathers += s.shard_optim and not s.shard_params  # after the step
@@ -159,60 +166,20 @@ def fsdp_collectives(sc, grid: RankGrid, plan, rank: int) -> list:
         collectives += [(ALL_GATHER, gathered, GATHERED_BYTES, gathers),
                         (reduce, unit.padded * s.reduce_bytes, s.reduce_bytes,
                          m if s.per_step_reduce else 1)]
-    return collectives
+    return collectives, []
 
 
-def _expert_test(sc):
-    """name -> whether it is an expert weight (reduced over its own group; the MoE code is
-    imported only for a model with experts)."""
+def _expert_rank(sc, rank: int):
+    """The rank's expert placement (model/blocks/moe/placement.py expert_rank), None for a
+    dense model (the MoE code is imported only for a model with experts)."""
     if sc.model.num_experts is None:
-        return lambda name: False
+        return None
+    from simsp.model.blocks.moe.placement import expert_rank
+    return expert_rank(sc, rank)
+
+
+def _is_expert(name: str) -> bool:
+    """Whether a parameter is an expert weight, in buckets of its own (MoE code, imported only
+    for a model with experts)."""
     from simsp.model.blocks.moe.placement import is_expert_param
-    return is_expert_param
-
-
-def _expert_records(sc, shortcuts: Shortcuts) -> int:
-    """The expert buckets' rings: per expert-data-parallel group of more than one rank timed
-    step by step two phases per expert bucket of its stage, each taken as rings (their sizes
-    are not worked out: a tree or NVLS expert all-reduce is overcounted). The MoE placement
-    is imported only for a model with experts."""
-    if sc.model.num_experts is None:
-        return 0
-    from simsp.model.blocks.moe.placement import expert_grid
-    grid = expert_grid(sc)
-    groups = _stepped(shortcuts, [g for g in grid.groups("edp") if len(g) > 1])
-    return sum(2 * expert_buckets(sc, grid.coords(g[0]).pp, len(g))
-               * ring_flows(g, sc.cluster.gpus_per_node) for g in groups)
-
-
-def expert_buckets(sc, stage: int, edp: int) -> int:
-    """Expert buckets on a rank of pipeline stage `stage` (grad_buckets.py expert_buckets,
-    built as the dense ones): one per model chunk holding MoE layers, the first stage's first
-    chunk cut at the bucket size for `edp` ranks, its experts' weights (model/params.py
-    shapes) a rank's E/EP experts, f split over ETP, walked in reverse."""
-    m, p = sc.model, sc.parallel
-    counts = virtual_stage_layer_counts(m, p)  # shape (p·v,): layers per virtual stage
-    chunks = model_chunks(m, p)
-    buckets = 0
-    for chunk in range(chunks):
-        first = sum(counts[:chunk * p.pp + stage])
-        layers = range(first, first + counts[chunk * p.pp + stage])
-        if not any(map(m.is_moe_layer, layers)):
-            continue
-        if stage == 0 and chunk == 0 and not p.overlap_param_gather_with_optimizer_step:
-            buckets += buckets_of(_expert_shards(sc, layers)[::-1],
-                                  bucket_size(edp, p.overlap_grad_reduce, p.ddp_bucket_size))
-        else:
-            buckets += 1
-    return buckets
-
-
-def _expert_shards(sc, layers: range) -> list[int]:
-    """Elements of a rank's shard of each expert weight of `layers`, in module order: E/EP of
-    the experts, f split over ETP (model/blocks/moe/placement.py shard_shape)."""
-    from simsp.model.blocks.moe.placement import is_expert_param
-    p = sc.parallel
-    names = {f"layers.{i}." for i in layers}
-    return [math.prod(shape) // (p.expert_model_parallel_size * p.etp)
-            for name, shape in param_shapes(sc.model).items()
-            if is_expert_param(name) and name[:name.index(".", 7) + 1] in names]
+    return is_expert_param(name)
