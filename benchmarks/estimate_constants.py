@@ -193,7 +193,7 @@ def dropped_bytes(sc, shortcuts, how: str) -> tuple[int, int]:
     """Bytes (tracemalloc) freed by dropping the records `how` names (KEPT) from a run at
     `--trace full`, and their number: the detail tracks' spans with their own args
     ("span-bytes"), a template's merged spans ("merged-span-bytes", args {"spans", "busy_s"}),
-    the data-parallel rings' transfer records ("record-bytes", labelled dp_)."""
+    the data-parallel rings' transfer records ("record-bytes", labelled dp_, FSDP's fsdp)."""
     import gc
     import tracemalloc
     from simsp.engine.trace import DETAIL_TRACKS
@@ -201,7 +201,7 @@ def dropped_bytes(sc, shortcuts, how: str) -> tuple[int, int]:
     tracemalloc.start()
     trace = simulate_iteration(sc, shortcuts, trace="full").inputs.world.trace
     if how == "record-bytes":
-        drop = lambda t: t.label.startswith("dp_")  # noqa: E731
+        drop = lambda t: t.label.startswith(("dp_", "fsdp "))  # noqa: E731
         kept, name = trace.transfers, "transfers"
     else:
         merged = how == "merged-span-bytes"

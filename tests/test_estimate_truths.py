@@ -18,7 +18,7 @@ from simsp.scenario.loading import load_scenario
 import simsp.scenario.work_bytes as work_bytes
 from simsp.cluster.grid import RankGrid
 from simsp.engine.trace import DETAIL_TRACKS
-from simsp.scenario.work import check_work, meta_bytes
+from simsp.scenario.work import check_work, fsdp_collectives, meta_bytes
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.record_counts import dp_ring_records
 from simsp.shortcuts.work_counts import run_ranks
@@ -311,3 +311,101 @@ def test_a_full_trace_above_the_memory_limit_is_refused_before_it_runs(monkeypat
     assert err.startswith("error: work: meta mode would keep about ") and "above the limit" in err
     sc = load_scenario(argv[0], {("parallel", "global_batch_size"): 160})
     check_work(sc, shortcuts=False, force=True, meta_templates=False)
+
+
+def fsdp_records_kept(run) -> int:
+    """The FSDP rings' transfer records the run keeps (fsdp_comm.py labels them `fsdp <unit>`)."""
+    return sum(t.label.startswith("fsdp ") for t in run.inputs.world.network.transfers)
+
+
+FSDP_TINY = {("run", "mode"): "meta", ("parallel", "tensor_model_parallel_size"): 1,
+             ("parallel", "sequence_parallel"): False}
+# tiny t1 p2 d2, 4 micro-batches: per DP group (2 a stage) 2 layer units and 2 root units (word
+# embedding and position table; the tied copy and the final norm), each collective a ring of 2
+# on one channel: 2 records. Per strategy a layer unit's collectives, a root unit's, by hand
+# (fsdp.py: gathers before forward and backward per micro-batch, a root's once; a reduction
+# per micro-batch with sharded gradients, else once; a gather after the step under optim)
+FSDP_CASES = {"optim_grads_params": (3 * 4, 1 + 4), "fsdp2": (3 * 4, 1 + 4),
+              "optim": (2, 2), "no_shard": (1 * 2, 1 * 2)}  # no_shard: an all-reduce, 2 phases
+
+
+@pytest.mark.parametrize("strategy", FSDP_CASES)
+def test_the_dp_records_count_the_fsdp_rings(strategy):
+    """Megatron-FSDP's strategies and torch FSDP2 without shortcuts: the records the estimate
+    counts are the run's, the hand count above (2 groups x 2 records x per unit). Broken: the
+    work estimate's rule (scenario/work.py fsdp_collectives, the layers' collectives alone)
+    misses the root units'."""
+    fields = ({("parallel", "use_torch_fsdp2"): True} if strategy == "fsdp2" else
+              {("parallel", "use_megatron_fsdp"): True,
+               ("parallel", "data_parallel_sharding_strategy"): strategy})
+    sc = load_scenario(TINY, {**FSDP_TINY, **fields})
+    full = Shortcuts()
+    kept = fsdp_records_kept(simulate_iteration(sc, full, trace="none"))
+    layer, root = FSDP_CASES[strategy]
+    assert kept == 2 * 2 * (2 * layer + 2 * root) == dp_ring_records(sc, full)
+    assert 2 * 2 * fsdp_collectives(sc) != kept
+
+
+TREE = {("run", "mode"): "meta", ("parallel", "tensor_model_parallel_size"): 1,
+        ("parallel", "sequence_parallel"): False, ("parallel", "pipeline_model_parallel_size"): 1,
+        ("parallel", "data_parallel_size"): 32, ("parallel", "global_batch_size"): 64,
+        ("cluster", "nodes"): 4}
+
+
+def test_the_dp_records_leave_out_the_all_reduces_nccl_runs_as_a_tree():
+    """tiny t1 p1 d32 on 4 nodes: its one gradient bucket (under a MB) NCCL all-reduces as a
+    tree across the nodes, timed whole: no record kept, none counted. The break test: NCCL_ALGO
+    forced to ring (cluster.nccl_algo) and the run keeps the ring's 2 phases x 8 channels x 32
+    x 31 steps, which the estimate counts (it asks the run's own choice)."""
+    for algo, expected in (("auto", 0), ("ring", 2 * 8 * 32 * 31)):
+        sc = load_scenario(TINY, {**TREE, ("cluster", "nccl_algo"): algo})
+        run = simulate_iteration(sc, Shortcuts(), trace="none")
+        kept = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+        assert kept == expected == dp_ring_records(sc, Shortcuts())
+
+
+def test_the_dp_records_follow_each_bucket_s_algorithm():
+    """Llama-width tiny (h 512), t1 p1 d16 on 2 nodes, overlapped 4M-element buckets: three
+    buckets of 16 MB NCCL all-reduces as rings, the last (0.3 MB, the embeddings) as a tree:
+    the records counted are the run's, three buckets' rings (2 phases x 8 channels x 16 x 15
+    steps each). Broken: every bucket taken as rings counts the fourth's too."""
+    sc = load_scenario(TINY, {**TREE, ("model", "hidden_size"): 512,
+                              ("model", "num_attention_heads"): 8,
+                              ("parallel", "data_parallel_size"): 16,
+                              ("parallel", "global_batch_size"): 32, ("cluster", "nodes"): 2,
+                              ("parallel", "overlap_grad_reduce"): True,
+                              ("parallel", "ddp_bucket_size"): 4_000_000})
+    full = Shortcuts()
+    run = simulate_iteration(sc, full, trace="none")
+    kept = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+    buckets = len(run.states[0].ddp_buckets.buckets)
+    assert buckets == 4 and kept == 3 * 2 * 8 * 16 * 15 == dp_ring_records(sc, full)
+    assert buckets * 2 * 8 * 16 * 15 != kept
+
+
+def test_the_dp_records_count_the_buckets_the_run_builds():
+    """The buckets are the run's own (DDPBuckets on a ledger-less rank of each stage): tiny t2
+    p2 d2, untied, one multi-token prediction depth, the distributed optimizer. The first
+    stage reduces one bucket; the last two, its chunk's and the MTP's copy of the word table,
+    a bucket of its own (bucket_params.py `shared`): 2 groups a stage x 3 buckets x 2 phases
+    x 2 transfers = 24, the run's (the count from work_counts.py stage_buckets gave 16)."""
+    sc = load_scenario(TINY, {("run", "mode"): "meta", ("model", "position_embedding_type"): "rope",
+                              ("model", "untie_embeddings_and_output_weights"): True,
+                              ("model", "mtp_num_layers"): 1,
+                              ("parallel", "distributed_optimizer"): True})
+    run = simulate_iteration(sc, Shortcuts(), trace="none")
+    kept = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+    assert kept == 2 * 3 * 2 * 2 == dp_ring_records(sc, Shortcuts())
+
+
+def test_the_dp_records_leave_out_expert_all_reduces_run_as_trees():
+    """A MoE tiny, t1 p1 d32 EP 2 on 4 nodes: the dense bucket over 32 ranks and the expert
+    buckets over the two EDP groups of 16 (4 nodes each) are all-reduced as trees: no record
+    kept or counted; NCCL_ALGO forced to ring, the run keeps both kinds' rings and the
+    estimate counts them."""
+    for algo in ("auto", "ring"):
+        sc = load_scenario(TINY, {**MOE, **TREE, ("cluster", "nccl_algo"): algo})
+        run = simulate_iteration(sc, Shortcuts(), trace="none")
+        kept = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
+        assert kept == dp_ring_records(sc, Shortcuts())
+        assert kept > 2 * 8 * 32 * 31 if algo == "ring" else kept == 0  # ring: the experts' too

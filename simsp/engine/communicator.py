@@ -199,8 +199,7 @@ class Communicator(TimedCollectives, Exchanges):
             meeting.done.succeed(results)
             return
         method = self.timing_of(meeting.group)
-        nvls = self._nvls(meeting)
-        ring_steps = method in STEPPED and nvls is None and not self._runs_as_tree(meeting)
+        ring_steps = method in STEPPED and self.runs_as_rings(meeting)
         segment = self._segment(meeting) if ring_steps and method == NODE_PIECE else None
         piece = self.pieces.get(meeting.group) if ring_steps and all(
             b is None for b in buffers) else None
@@ -213,7 +212,7 @@ class Communicator(TimedCollectives, Exchanges):
                                              buffers, meeting.nbytes, meeting.elem_bytes,
                                              meeting.tag or meeting.collective)
         else:
-            stats = yield from self._as_a_whole(meeting, method, nvls)
+            stats = yield from self._as_a_whole(meeting, method, self._nvls(meeting))
             results = direct_results(meeting.collective, buffers, meeting.nbytes,
                                       meeting.elem_bytes)
         self.stats.append(stats)

@@ -134,6 +134,11 @@ class TimedCollectives:
                 piece))
         return self._plans[key]
 
+    def runs_as_rings(self, meeting: Meeting) -> bool:
+        """NCCL runs this collective as rings, neither in-network nor as a tree: only then do
+        its steps run as flows and leave transfer records (shortcuts/record_counts.py asks)."""
+        return self._nvls(meeting) is None and not self._runs_as_tree(meeting)
+
     def _runs_as_tree(self, meeting: Meeting) -> bool:
         """NCCL runs this all-reduce as a tree: timed in closed form whatever the group's method
         (ring_timing.tree_time; the stepwise tree is engine/collectives/tree.py, for `simsp ring`)."""

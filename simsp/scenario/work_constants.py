@@ -67,8 +67,13 @@ BYTES_PER_MERGED_SPAN = 185
 # transfer record holds (engine/trace.py TransferRecord: the tuple, its end time, its label, its
 # list slot), freed by dropping a full run's data-parallel ring records: tiny t1 p2 d8 on 2
 # nodes (224 records, 187 bytes each) and t1 d32 on 4 nodes with the distributed optimizer
-# (15,872, 175 each); larger rings share more end times and labels (Llama 3 8B t1 d32 L4, 8
-# channels: 159 each).
+# (15,872, 175 each). Large rings keep less (q47d, the records' objects counted): every record
+# its 6-tuple (88 bytes, sys.getsizeof), list slot and two float times of its own (24 each);
+# its size a float of its own (24) where NCCL runs LL or LL128 (collectives/nccl_group.py
+# wire_bytes divides by the protocol's fraction: the fit's small buckets), else an int shared
+# from the ring's chunk sizes; its label one string per ring channel and step (ring.py
+# step_labels), shared by the ring's n records: Llama 3 8B t1 d32 L4 (Simple, n 32) 159 each,
+# FSDP2 t1 d16 L4 156 (not priced apart: the count would need each collective's protocol).
 BYTES_PER_TRANSFER_RECORD = 181
 # estimate_constants.py --only plan (2026-11-29, probe 142-174 ms): Each simulated rank builds its
 # plan from every layer's parameter names: a tiny model at L = p = 256 and 512, one micro-batch
