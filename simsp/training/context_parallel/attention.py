@@ -25,7 +25,7 @@ from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to
 from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
-from simsp.training.context_parallel.ring_pass import RingPass
+from simsp.training.context_parallel.ring_pass import GroupCharges, RingPass
 from simsp.training.context_parallel.step_clock import call_seconds as call_charges
 from simsp.training.context_parallel.step_clock import charged_apart, run_step
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
@@ -60,6 +60,9 @@ class CpAttention(ContextParallelAttention):
         self.held = {}  # ledger scope -> the K/V block the forward ended on (numeric)
         self.steps = {}  # a ring step's kernels -> what they charge (step_clock.run_step)
         self.lone = None  # context_parallel/lone_ring.py LoneRing, where the plan allows it
+        # a CP leader's group, its own Rank first, and the run's slices
+        # (context_parallel/shadows.py); None on every other rank
+        self.shadows = self.slices = None
 
     @staticmethod
     def _keep(keep, heads: int, first: int = 0):
@@ -92,6 +95,7 @@ class CpAttention(ContextParallelAttention):
         key = (self.members, r.scope, phase)
         shared = self.rings[key]
         shared.done += 1
+        shared.done += self.size - 1 if self.shadows is not None else 0  # theirs with it
         if shared.done == self.size:
             del self.rings[key]
             shared.ring.arith = None  # its RingPass points back at it: freed now, not by the GC
@@ -107,6 +111,33 @@ class CpAttention(ContextParallelAttention):
         timeout as a ring step's (step_clock.run_step)."""
         yield from run_step(r, lambda rank: self._kernels(rank, kernels), self.steps,
                             ("kernels", tuple(kernels), r.phase))
+
+    def _group_bookkeeping(self, r, kernels_of):
+        """_bookkeeping of `kernels_of(cp index)`; on a CP leader for its whole group, each
+        slice's clock then its rank's (context_parallel/shadows.py)."""
+        if self.shadows is None:
+            yield from self._bookkeeping(r, kernels_of(self.index))
+            return
+        start = self.slices.clocks.now  # (c,)
+        yield from self._bookkeeping(r, kernels_of(0))
+        self.slices.land(self.slices.kernels_end(start, self.shadows, kernels_of))
+
+    def _group_blocks(self, r, q, phase: str, after_of, after_bytes: tuple):
+        """_blocks with `after_of(cp index)`'s kernels; on a CP leader its call_seconds gives
+        the whole group's charges, each rank's own (ring_pass.py GroupCharges)."""
+        run = self._blocks(r, q, phase, after_of(self.index), after_bytes)
+        if self.shadows is None:
+            return run
+        for rank in self.shadows[1:]:
+            rank.phase = r.phase
+        seconds = [run.call_seconds] + [
+            rank.cp._blocks(rank, q, phase, after_of(j), after_bytes).call_seconds
+            for j, rank in enumerate(self.shadows[1:], start=1)]
+
+        def call_seconds(ring_phase: str):
+            return GroupCharges([each(ring_phase) for each in seconds], self.slices)
+        run.call_seconds = call_seconds
+        return run
 
     def _blocks(self, r, q, phase: str, after=None, after_bytes: tuple = ()):
         """The step's block attention on r's compute stream: TE's causal slices
@@ -165,12 +196,16 @@ class CpAttention(ContextParallelAttention):
             shard = CpShard(q.data, k.data, v.data, self.positions)
             numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
-        yield from self._bookkeeping(r, te_kernels.forward_prologue(k.nbytes + v.nbytes))
-        lse_step = lambda step: te_kernels.forward_step(step, self.index, lse.nbytes)
-        yield from shared.ring.forward(self.index, self._blocks(r, q, phase, lse_step,
-                                                                 (lse.nbytes,)), numbers)
-        yield from self._bookkeeping(r, te_kernels.forward_epilogue(self.size, self.index,
-                                                                    out.nbytes))
+        flops = dict(r.flops) if self.shadows is not None else None
+        yield from self._group_bookkeeping(
+            r, lambda j: te_kernels.forward_prologue(k.nbytes + v.nbytes))
+        after = lambda j: lambda step: te_kernels.forward_step(step, j, lse.nbytes)
+        yield from shared.ring.forward(self.index, self._group_blocks(
+            r, q, phase, after, (lse.nbytes,)), numbers)
+        yield from self._group_bookkeeping(
+            r, lambda j: te_kernels.forward_epilogue(self.size, j, out.nbytes))
+        if flops is not None:
+            self.slices.count_cp_flops(r.rank, flops, r.flops)
         self._count_exposed(r, shared.ring, "forward")
         r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
         self._finished(r, phase)
@@ -208,12 +243,15 @@ class CpAttention(ContextParallelAttention):
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
             numbers.out, numbers.lse = to_heads(out.data), lse.data
             numbers.start_backward(to_heads(dout.data))
-        yield from self._bookkeeping(r, te_kernels.backward_prologue(k.nbytes + v.nbytes))
-        grads = lambda step: te_kernels.backward_step(step, self.size, self.index, q.nbytes,
-                                                      k.nbytes, v.nbytes)
-        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward", grads, (
-                                            q.nbytes, k.nbytes, v.nbytes)),
-                                        numbers)
+        flops = dict(r.flops) if self.shadows is not None else None
+        yield from self._group_bookkeeping(
+            r, lambda j: te_kernels.backward_prologue(k.nbytes + v.nbytes))
+        grads = lambda j: lambda step: te_kernels.backward_step(step, self.size, j, q.nbytes,
+                                                                k.nbytes, v.nbytes)
+        yield from shared.ring.backward(self.index, self._group_blocks(
+            r, q, "backward", grads, (q.nbytes, k.nbytes, v.nbytes)), numbers)
+        if flops is not None:
+            self.slices.count_cp_flops(r.rank, flops, r.flops)
         self._count_exposed(r, shared.ring, "backward")
         r.count_comm("cp_ring", sum(exchange_bytes("backward", step, self.size,
                                                    shared.ring.kv_bytes)

@@ -48,7 +48,11 @@ class RingPass:
 
     def side(self, phase: str, rank: int, charges):
         """Rank `rank`'s side of the call (`charges`: its call's step_clock.CallCharges,
-        charged already): wait for the group, take its worked-out side, sleep to its end."""
+        charged already): wait for the group, take its worked-out side, sleep to its end;
+        a leader's GroupCharges: the whole group's call at once (group_side)."""
+        if isinstance(charges, GroupCharges):
+            yield from self.group_side(phase, charges)
+            return
         ring, env = self.ring, self.ring.env
         entered = self.entered.setdefault(phase, {})
         entered[rank] = (env.now, charges)
@@ -67,6 +71,32 @@ class RingPass:
                               posts)
         ring.timeline.waited[(phase, rank)] = waited_s
         yield from _sleep_until(env, end_s)
+
+
+    def group_side(self, phase: str, group):
+        """A CP leader's call for its whole group (context_parallel/shadows.py): every rank's
+        entry its slice's clock, the leader's side taken, every slice's clock set to its
+        rank's end."""
+        ring, clocks = self.ring, group.slices.clocks
+        entries = list(zip(clocks.now.tolist(), group.charges))
+        sides = (forward_pass if phase == "forward" else backward_pass)(ring, entries, self.steps)
+        end_s, waited_s, posts = sides[0]
+        ledger = ring.ledgers.get(0)
+        if ledger is not None and ring.kv_bytes and posts:  # cp_kv_1.. at their posts
+            ledger.alloc_each(ring.kv_keys()[1:], ring.kv_bytes, "communication", "cp_ring",
+                              posts)
+        ring.timeline.waited[(phase, 0)] = waited_s
+        ends = np.array([side[0] for side in sides])  # (c,)
+        yield from _sleep_until(ring.env, end_s, clocks, ends)
+
+
+class GroupCharges:
+    """Every rank's CallCharges of one call, the leader's first, and the run's slices."""
+
+    __slots__ = ("charges", "slices")
+
+    def __init__(self, charges: list, slices):
+        self.charges, self.slices = charges, slices
 
 
 def forward_pass(ring, entries: list, steps: bool = True) -> list:
@@ -208,15 +238,21 @@ def _labels(phase: str, step: int, c: int, to: int) -> tuple:
     return tuple(f"cp {phase} step {step} {src}->{(src + to) % c}" for src in range(c))
 
 
-def _sleep_until(env, end_s: float):
+def _sleep_until(env, end_s: float, clocks=None, ends=None):
     """Wait until exactly end_s: one timeout where a delay lands on it (model/replay.py
     delay_to), else an event put on simpy's queue at that time (Environment.schedule's
-    entry, with the time given instead of now + delay)."""
+    entry, with the time given instead of now + delay); with slice clocks (engine/
+    slice_clocks.py) the wake-up's vector is `ends` (c,)."""
     delay = delay_to(env.now, end_s)
     if delay is not None:
-        yield env.timeout(delay)
+        timeout = env.timeout(delay)
+        if clocks is not None:
+            clocks.at(timeout, ends)
+        yield timeout
         return
     wake = env.event()
     wake._ok, wake._value = True, None
+    if clocks is not None:
+        clocks.at(wake, ends)
     heappush(env._queue, (end_s, NORMAL, next(env._eid), wake))
     yield wake

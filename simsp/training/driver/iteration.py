@@ -21,7 +21,7 @@ from simsp.training.data_parallel.finalize import finalize_grads
 from simsp.training.data_parallel.optimizer import (allocate_optimizer, chained_step,
                                                     optimizer_step, zero_grad_buffer)
 from simsp.shortcuts.check import Shortcuts
-from simsp.shortcuts.plan import timing_plan
+from simsp.shortcuts.plan import cp_shadow_why_not, timing_plan
 from simsp.training.pipeline.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.pipeline.stage_program import run_schedule
 from simsp.training.pipeline.step_replay import StepReplays
@@ -47,6 +47,9 @@ def rank_program(r, inputs: RunInputs, plan: StagePlan, states: dict, results: R
         yield from optimizer_step(r, optimizer, weights, grads)
         yield from state.ddp_buckets.gather_params(r)
     results.end_s[r.rank] = r.env.now
+    slices = getattr(r.cp, "slices", None)
+    if slices is not None and r.cp.shadows is not None:  # its shadows' ends: their clocks
+        slices.ends[r.rank] = slices.clocks.now
 
 
 def _allocate(r, inputs: RunInputs, plan: StagePlan) -> tuple[RankState, object]:
@@ -103,9 +106,25 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     results = RunResults(on_step=None if on_step is None
                          else functools.partial(on_step, inputs.total_steps))
     run = Run(inputs, {}, results)
+    shadowed = _cp_shadows(sc, shortcuts, world, trace)
     for rank, r in sorted(world.ranks.items()):
-        world.env.process(rank_program(r, inputs, inputs.plans[rank], run.states, results))
+        if rank not in shadowed:
+            world.env.process(rank_program(r, inputs, inputs.plans[rank], run.states, results))
     return run
+
+
+def _cp_shadows(sc: Scenario, shortcuts: Shortcuts, world: World, trace: str) -> frozenset:
+    """The CP ranks that run as their leader's shadows (training/context_parallel/shadows.py)
+    where shortcuts/plan.py cp_shadow_why_not finds nothing against it; else none."""
+    if cp_shadow_why_not(sc, shortcuts, trace):
+        return frozenset()
+    from simsp.training.context_parallel.shadows import CpShadows  # CP runs only
+    grid = world.grid
+    leaders = {group[0]: group for group in grid.groups("cp") if group[0] in world.ranks}
+    if not leaders or any(world.ranks[lead].cp.lone is None for lead in leaders):
+        return frozenset()  # a ring whose sends run as flows: each rank's call its own
+    world.shadows = CpShadows(world, leaders)
+    return world.shadows.shadowed()
 
 
 def _numeric_data(sc: Scenario, canonical: dict | None,
@@ -140,6 +159,8 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         run = _build_run(sc, shortcuts, canonical, embedding_delta, on_step, trace)
         run.inputs.world.env.run()
     run.inputs.layers.settle_counters(run.inputs.world.ranks)
+    if getattr(run.inputs.world, "shadows", None) is not None:
+        run.inputs.world.shadows.settle(run.results)
     if run.inputs.replays is not None:
         run.inputs.replays.settle_counters(run.inputs.world.ranks)
     return run

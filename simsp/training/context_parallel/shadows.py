@@ -1,0 +1,146 @@
+"""A CP group run as one program (docs/context-parallel.md, "A CP group as one program").
+
+With d = 1 every op a CP rank runs outside its CP attention calls is the same on each CP rank
+of its stage; so CP rank 0 of each stage (the leader) runs as a simpy process and CP ranks
+1..c−1 (its shadows) run no program: the ranks of CP index j on every stage form slice j, and
+engine/slice_clocks.py carries every event's time in each slice, (c,) floats. A slice's time
+moves as its own run would move it: a pure delay by the same addition; the points where slices
+differ set their vectors from arithmetic each rank's run makes:
+- a CP ring call: the prologue and epilogue kernels (TE's bookkeeping, per CP rank: its own
+  kernel seconds added in turn) and the ring pass (ring_pass.py group_side, every rank's entry
+  its slice's clock, its ends the pass's);
+- a pipeline transfer: it starts at the later of its two posts in each slice and drains alone
+  on its links (`cp_shadow_why_not` proves no link carries two of them), delivered as the
+  network delivers a lone flow: (start + bytes / lone rate) + latency;
+- a collective over ranks of several slices (the dp_cp gradient reduce-scatter and parameter
+  all-gather): it starts at the latest slice's arrival, the leader waiting there, the shadows
+  joining with it; after it every slice is at the same time.
+A shadow's counters are charged its own CP kernels; its other FLOPs are the leader's (settled at
+the end); its memory rows are its leader's (the same allocations in the same order).
+"""
+
+import numpy as np
+
+from simsp.engine.fair_share import max_min_rates
+from simsp.engine.slice_clocks import SliceClocks
+from simsp.model.replay import delay_to
+from simsp.training.context_parallel.step_clock import _charge, _recharge
+
+
+class CpShadows:
+    """The run's slices: the leaders, each leader's shadows, the slice clocks."""
+
+    def __init__(self, world, leaders: dict):
+        """`leaders`: leader rank -> its CP group's ranks in cp order (the leader first)."""
+        self.world, self.grid = world, world.grid
+        self.c = world.grid.cp
+        self.clocks = SliceClocks(world.env, self.c)
+        self.groups = dict(leaders)  # leader -> (c,) ranks
+        self.leader_of = {s: lead for lead, group in leaders.items() for s in group[1:]}
+        self._shadowed = frozenset(self.leader_of)
+        self.cp_flops = {lead: {} for lead in leaders}  # leader -> FLOPs its CP calls added
+        self.ends = {}  # leader -> (c,) its slices' clocks at its end
+        self._p2p = {}  # (src, dst) leader ranks -> ((c,) lone rates B/s, (c,) latencies s)
+        world.comm.slices = self
+        world.mailbox.slices = self
+        for lead, group in leaders.items():
+            cp = world.ranks[lead].cp
+            cp.shadows, cp.slices = [world.ranks[rank] for rank in group], self
+
+    def shadowed(self) -> frozenset:
+        """The ranks that run no program."""
+        return self._shadowed
+
+    # --- CP calls -----------------------------------------------------------------------
+    def kernels_end(self, start, group: list, kernels_of) -> np.ndarray:
+        """(c,) each rank's clock after its bookkeeping kernels `kernels_of(cp)`, the leader's
+        run already (step_clock.run_step, its charges memoised): each rank's `start` plus its
+        kernels' seconds added in turn, each shadow's counters charged as run_step charges."""
+        end = start.copy()  # (c,)
+        leader = group[0]
+        for j, rank in enumerate(group):
+            kernels = kernels_of(j)
+            if rank.cp.size == 1 or not kernels:
+                continue
+            key = ("kernels", tuple(kernels), leader.phase)
+            charges = rank.cp.steps.get(key)
+            if j and charges is None:
+                rank.phase = leader.phase
+                charges = rank.cp.steps[key] = _charge(
+                    rank, lambda r, cp=rank.cp, k=kernels: cp._kernels(r, k))
+            elif j:
+                rank.phase = leader.phase
+                _recharge(rank, charges)
+            for _kind, seconds in charges[1]:
+                end[j] += seconds
+        return end
+
+    def land(self, vector) -> None:
+        """The current clock becomes `vector` (slice 0 checked against the simulation's)."""
+        self.clocks.landed(vector)
+
+    def count_cp_flops(self, leader: int, before: dict, after: dict) -> None:
+        """Add the FLOPs a leader's CP call charged it (its shadows get the rest as its)."""
+        total = self.cp_flops[leader]
+        for phase, value in after.items():
+            delta = value - before.get(phase, 0)
+            if delta:
+                total[phase] = total.get(phase, 0) + delta
+
+    # --- pipeline transfers -------------------------------------------------------------
+    def delivery(self, src: int, dst: int, nbytes: int, start) -> np.ndarray:
+        """(c,) each slice's delivery of a transfer src -> dst (leader ranks) started at
+        `start` (c,), as the network delivers a lone flow."""
+        rates, latencies = self._p2p.get((src, dst)) or self._routes(src, dst)
+        if nbytes == 0:
+            return start + latencies
+        # engine/network.py: finish = start + bytes / rate (_retime), a wake-up that far
+        # after the start (_wake_at_first_finish), then the latency (_deliver_after_latency)
+        drained = start + ((start + nbytes / rates) - start)  # (c,)
+        return drained + latencies
+
+    def _routes(self, src: int, dst: int) -> tuple:
+        network, grid = self.world.network, self.grid
+        a, b = grid.coords(src), grid.coords(dst)
+        rates, latencies = np.empty(self.c), np.empty(self.c)  # (c,) each
+        for j in range(self.c):
+            edges, latency = network.route_of(grid.rank_of(a.tp, a.dp, a.pp, j),
+                                              grid.rank_of(b.tp, b.dp, b.pp, j))
+            rates[j] = max_min_rates({0: edges}, network.capacity_Bps)[0] if edges else np.inf
+            latencies[j] = latency
+        self._p2p[(src, dst)] = (rates, latencies)
+        return rates, latencies
+
+    # --- collectives over several slices ------------------------------------------------
+    def spans(self, group: tuple) -> list:
+        """The shadows in `group` (a collective over several slices), else []."""
+        return [rank for rank in group if rank in self.leader_of]
+
+    def meet(self):
+        """Wait until the latest slice's time, every slice then at it (a generator)."""
+        env, clocks = self.world.env, self.clocks
+        latest = float(clocks.now.max())
+        if latest > env.now:
+            delay = delay_to(env.now, latest)
+            if delay is None:
+                raise AssertionError("no delay lands on the slices' latest arrival")
+            timeout = env.timeout(delay)
+            clocks.at(timeout, np.full(self.c, latest))
+            yield timeout
+        clocks.landed(np.full(self.c, latest))
+
+    # --- after the run ------------------------------------------------------------------
+    def settle(self, results) -> None:
+        """Each shadow's end (its slice's clock at its leader's end) and FLOPs (its CP
+        calls' own, the rest its leader's)."""
+        ranks = self.world.ranks
+        for lead, group in self.groups.items():
+            leader = ranks[lead]
+            ends = self.ends[lead]
+            cp_flops = self.cp_flops[lead]
+            for j, rank in enumerate(group[1:], start=1):
+                results.end_s[rank] = float(ends[j])
+                shadow = ranks[rank]
+                for phase, value in leader.flops.items():
+                    shadow.flops[phase] = (value - cp_flops.get(phase, 0)) + \
+                        shadow.flops.get(phase, 0)
