@@ -144,3 +144,22 @@ class CpShadows:
                 for phase, value in leader.flops.items():
                     shadow.flops[phase] = (value - cp_flops.get(phase, 0)) + \
                         shadow.flops.get(phase, 0)
+
+
+def p2p_alone(world) -> bool:
+    """Whether no link carries two pipeline transfers of TP rank 0's ranks (any slice, either
+    direction, the interleaved wrap included) with their image loads: each then drains alone
+    at its lone rate in every slice, as `delivery` times it."""
+    grid, network = world.grid, world.network
+    users = {}  # link -> the (src, dst) pair using it
+    for j in range(grid.cp):
+        for pp in range(grid.pp):
+            for step in (1, -1):
+                src = grid.rank_of(0, 0, pp, j)
+                dst = grid.rank_of(0, 0, (pp + step) % grid.pp, j)
+                if src == dst:
+                    continue
+                for edge in network._route(src, dst, None)[0]:
+                    if users.setdefault(edge, (src, dst)) != (src, dst):
+                        return False
+    return True

@@ -118,11 +118,15 @@ def _cp_shadows(sc: Scenario, shortcuts: Shortcuts, world: World, trace: str) ->
     where shortcuts/plan.py cp_shadow_why_not finds nothing against it; else none."""
     if cp_shadow_why_not(sc, shortcuts, trace):
         return frozenset()
-    from simsp.training.context_parallel.shadows import CpShadows  # CP runs only
+    from simsp.training.context_parallel import attention  # CP runs only
+    from simsp.training.context_parallel.shadows import CpShadows, p2p_alone
     grid = world.grid
     leaders = {group[0]: group for group in grid.groups("cp") if group[0] in world.ranks}
-    if not leaders or any(world.ranks[lead].cp.lone is None for lead in leaders):
-        return frozenset()  # a ring whose sends run as flows: each rank's call its own
+    if not leaders or any(world.ranks[lead].cp.lone is None or not attention.charged_apart(
+            world.ranks[lead]) for lead in leaders):
+        return frozenset()  # calls not worked out in arithmetic: each rank's call its own
+    if not p2p_alone(world):
+        return frozenset()  # a pipeline transfer may share a link: timed by the network
     world.shadows = CpShadows(world, leaders)
     return world.shadows.shadowed()
 
