@@ -20,6 +20,11 @@ from simpy.events import NORMAL, AllOf, Process
 ULPS_OFF = 1e-12  # relative: what a transfer's delivery may differ by from its arithmetic
 
 
+class SlicesRefused(Exception):
+    """A slice's time could not be followed (a transfer met another on a link): the run is
+    to be made again with every rank its own program."""
+
+
 class SliceClocks:
     """The (c,) clock of the running event and each event's vector, on one simpy env."""
 
@@ -82,8 +87,7 @@ class SliceClocks:
         or two); a larger gap is a bug."""
         now = self.env._now
         if abs(vector[0] - now) > ULPS_OFF * abs(now):
-            raise AssertionError(f"slice clock {vector[0]!r} off the simulation's {now!r} "
-                                 f"({event!r})")
+            raise SlicesRefused(f"slice clock {vector[0]!r} off the simulation's {now!r}")
         vector = vector.copy()  # (c,)
         vector[0] = now
         event._v = vector

@@ -121,9 +121,6 @@ def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
     return tuple(ranks)
 
 
-SHADOWS_PROVEN = False  # tests/test_cp_shadows.py switches it on to exercise the shadows
-
-
 def cp_shadow_why_not(sc, shortcuts: Shortcuts, trace: str = "steps") -> str:
     """Why a CP group's ranks cannot run as one program, CP rank 0 of each stage with its
     shadows (training/context_parallel/shadows.py; "" when they can): the representative's
@@ -155,8 +152,6 @@ def cp_shadow_why_not(sc, shortcuts: Shortcuts, trace: str = "steps") -> str:
         "CUDA graphs": graph_impl(p) != "none",
         "tied embeddings": p.pp > 1 and not m.untie_embeddings_and_output_weights,
         "traced compute": trace == "full",
-        # not yet proven: a p2p flow's delivery per slice (engine/network.py times its wake-up
-        # from its last rate solve, and shared links change its rate); on until it is
-        "pipeline transfers not proven alone on their links": not SHADOWS_PROVEN,
+
         f"the {p.schedule_name} schedule": p.schedule_name not in ("1f1b", "interleaved")}
     return ", ".join(name for name, on in blockers.items() if on)

@@ -19,10 +19,12 @@ A shadow's counters are charged its own CP kernels; its other FLOPs are the lead
 the end); its memory rows are its leader's (the same allocations in the same order).
 """
 
+from collections import Counter
+
 import numpy as np
 
 from simsp.engine.fair_share import max_min_rates
-from simsp.engine.slice_clocks import SliceClocks
+from simsp.engine.slice_clocks import SliceClocks, SlicesRefused
 from simsp.model.replay import delay_to
 from simsp.training.context_parallel.step_clock import _charge, _recharge
 
@@ -40,7 +42,9 @@ class CpShadows:
         self._shadowed = frozenset(self.leader_of)
         self.cp_flops = {lead: {} for lead in leaders}  # leader -> FLOPs its CP calls added
         self.ends = {}  # leader -> (c,) its slices' clocks at its end
-        self._p2p = {}  # (src, dst) leader ranks -> ((c,) lone rates B/s, (c,) latencies s)
+        # (src, dst) leader ranks -> ((c,) lone rates B/s, (c,) latencies s, per slice links)
+        self._p2p = {}
+        self._busy = {}  # link -> [(start s, finish s)] of the transfers on it, every slice
         world.comm.slices = self
         world.mailbox.slices = self
         for lead, group in leaders.items():
@@ -91,25 +95,45 @@ class CpShadows:
     def delivery(self, src: int, dst: int, nbytes: int, start) -> np.ndarray:
         """(c,) each slice's delivery of a transfer src -> dst (leader ranks) started at
         `start` (c,), as the network delivers a lone flow."""
-        rates, latencies = self._p2p.get((src, dst)) or self._routes(src, dst)
+        rates, latencies, links = self._p2p.get((src, dst)) or self._routes(src, dst)
         if nbytes == 0:
             return start + latencies
         # engine/network.py: finish = start + bytes / rate (_retime), a wake-up that far
         # after the start (_wake_at_first_finish), then the latency (_deliver_after_latency)
-        drained = start + ((start + nbytes / rates) - start)  # (c,)
+        finish = start + nbytes / rates  # (c,)
+        self._alone(links, rates.tolist(), start.tolist(), finish.tolist())
+        drained = start + (finish - start)  # (c,)
         return drained + latencies
+
+    def _alone(self, links: list, rates: list, starts: list, finishes: list) -> None:
+        """Record each slice's transfer on its links from start to finish at its lone rate;
+        where the lone rates of the transfers a link carries meanwhile (any slice or stage,
+        whether or not at once) exceed its capacity, the network would share it, which the
+        arithmetic does not: the run is refused (SlicesRefused). Within capacity every
+        transfer keeps its lone rate under max-min fairness (engine/fair_share.py)."""
+        busy, capacity = self._busy, self.world.network.capacity_Bps
+        for edges, rate, start, finish in zip(links, rates, starts, finishes):
+            for edge, copies in Counter(edges).items():
+                held = busy.setdefault(edge, [])
+                load = rate * copies + sum(other for other_start, other_finish, other in held
+                                           if start <= other_finish and other_start <= finish)
+                if load > capacity[edge]:
+                    raise SlicesRefused(f"pipeline transfers share link {edge}")
+                held.append((start, finish, rate * copies))
 
     def _routes(self, src: int, dst: int) -> tuple:
         network, grid = self.world.network, self.grid
         a, b = grid.coords(src), grid.coords(dst)
         rates, latencies = np.empty(self.c), np.empty(self.c)  # (c,) each
+        links = []  # per slice its route's links, its images' loads included
         for j in range(self.c):
-            edges, latency = network.route_of(grid.rank_of(a.tp, a.dp, a.pp, j),
-                                              grid.rank_of(b.tp, b.dp, b.pp, j))
+            edges, latency, _ = network._route(grid.rank_of(a.tp, a.dp, a.pp, j),
+                                               grid.rank_of(b.tp, b.dp, b.pp, j), None)
             rates[j] = max_min_rates({0: edges}, network.capacity_Bps)[0] if edges else np.inf
             latencies[j] = latency
-        self._p2p[(src, dst)] = (rates, latencies)
-        return rates, latencies
+            links.append(edges)
+        found = self._p2p[(src, dst)] = (rates, latencies, links)
+        return found
 
     # --- collectives over several slices ------------------------------------------------
     def spans(self, group: tuple) -> list:
@@ -145,21 +169,3 @@ class CpShadows:
                     shadow.flops[phase] = (value - cp_flops.get(phase, 0)) + \
                         shadow.flops.get(phase, 0)
 
-
-def p2p_alone(world) -> bool:
-    """Whether no link carries two pipeline transfers of TP rank 0's ranks (any slice, either
-    direction, the interleaved wrap included) with their image loads: each then drains alone
-    at its lone rate in every slice, as `delivery` times it."""
-    grid, network = world.grid, world.network
-    users = {}  # link -> the (src, dst) pair using it
-    for j in range(grid.cp):
-        for pp in range(grid.pp):
-            for step in (1, -1):
-                src = grid.rank_of(0, 0, pp, j)
-                dst = grid.rank_of(0, 0, (pp + step) % grid.pp, j)
-                if src == dst:
-                    continue
-                for edge in network._route(src, dst, None)[0]:
-                    if users.setdefault(edge, (src, dst)) != (src, dst):
-                        return False
-    return True
