@@ -112,15 +112,17 @@ class CpAttention(ContextParallelAttention):
         yield from run_step(r, lambda rank: self._kernels(rank, kernels), self.steps,
                             ("kernels", tuple(kernels), r.phase))
 
-    def _group_bookkeeping(self, r, kernels_of):
+    def _group_bookkeeping(self, r, kernels_of, key: tuple):
         """_bookkeeping of `kernels_of(cp index)`; on a CP leader for its whole group, each
-        slice's clock then its rank's (context_parallel/shadows.py)."""
+        slice's clock then its rank's (context_parallel/shadows.py; `key`: what the kernels
+        depend on beside the rank and phase)."""
         if self.shadows is None:
             yield from self._bookkeeping(r, kernels_of(self.index))
             return
         start = self.slices.clocks.now  # (c,)
         yield from self._bookkeeping(r, kernels_of(0))
-        self.slices.land(self.slices.kernels_end(start, self.shadows, kernels_of))
+        self.slices.land(self.slices.kernels_end(start, self.shadows, kernels_of,
+                                                 key + (r.phase,)))
 
     def _group_blocks(self, r, q, phase: str, after_of, after_bytes: tuple):
         """_blocks with `after_of(cp index)`'s kernels; on a CP leader its call_seconds gives
@@ -128,14 +130,17 @@ class CpAttention(ContextParallelAttention):
         run = self._blocks(r, q, phase, after_of(self.index), after_bytes)
         if self.shadows is None:
             return run
-        for rank in self.shadows[1:]:
+        own, shapes = run.call_seconds, (q.shape, phase, r.phase, False, after_bytes)
+
+        def shadow(j: int, rank, ring_phase: str):  # its memo, else charged the first time
             rank.phase = r.phase
-        seconds = [run.call_seconds] + [
-            rank.cp._blocks(rank, q, phase, after_of(j), after_bytes).call_seconds
-            for j, rank in enumerate(self.shadows[1:], start=1)]
+            return self.slices.call_charges(rank, (shapes, ring_phase), lambda: rank.cp._blocks(
+                rank, q, phase, after_of(j), after_bytes).call_seconds(ring_phase))
 
         def call_seconds(ring_phase: str):
-            return GroupCharges([each(ring_phase) for each in seconds], self.slices)
+            return GroupCharges([own(ring_phase)] + [
+                shadow(j, rank, ring_phase) for j, rank in enumerate(self.shadows[1:], 1)],
+                self.slices)
         run.call_seconds = call_seconds
         return run
 
@@ -198,12 +203,14 @@ class CpAttention(ContextParallelAttention):
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
         flops = dict(r.flops) if self.shadows is not None else None
         yield from self._group_bookkeeping(
-            r, lambda j: te_kernels.forward_prologue(k.nbytes + v.nbytes))
+            r, lambda j: te_kernels.forward_prologue(k.nbytes + v.nbytes),
+            ("forward_prologue", k.nbytes + v.nbytes))
         after = lambda j: lambda step: te_kernels.forward_step(step, j, lse.nbytes)
         yield from shared.ring.forward(self.index, self._group_blocks(
             r, q, phase, after, (lse.nbytes,)), numbers)
         yield from self._group_bookkeeping(
-            r, lambda j: te_kernels.forward_epilogue(self.size, j, out.nbytes))
+            r, lambda j: te_kernels.forward_epilogue(self.size, j, out.nbytes),
+            ("forward_epilogue", out.nbytes))
         if flops is not None:
             self.slices.count_cp_flops(r.rank, flops, r.flops)
         self._count_exposed(r, shared.ring, "forward")
@@ -245,7 +252,8 @@ class CpAttention(ContextParallelAttention):
             numbers.start_backward(to_heads(dout.data))
         flops = dict(r.flops) if self.shadows is not None else None
         yield from self._group_bookkeeping(
-            r, lambda j: te_kernels.backward_prologue(k.nbytes + v.nbytes))
+            r, lambda j: te_kernels.backward_prologue(k.nbytes + v.nbytes),
+            ("backward_prologue", k.nbytes + v.nbytes))
         grads = lambda j: lambda step: te_kernels.backward_step(step, self.size, j, q.nbytes,
                                                                 k.nbytes, v.nbytes)
         yield from shared.ring.backward(self.index, self._group_blocks(

@@ -26,7 +26,7 @@ import numpy as np
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.slice_clocks import SliceClocks, SlicesRefused
 from simsp.model.replay import delay_to
-from simsp.training.context_parallel.step_clock import _charge, _recharge
+from simsp.training.context_parallel.step_clock import _charge
 
 
 class CpShadows:
@@ -44,7 +44,10 @@ class CpShadows:
         self.ends = {}  # leader -> (c,) its slices' clocks at its end
         # (src, dst) leader ranks -> ((c,) lone rates B/s, (c,) latencies s, per slice links)
         self._p2p = {}
-        self._busy = {}  # link -> [(start s, finish s)] of the transfers on it, every slice
+        self._busy = {}  # link -> [(start s, finish s, B/s)] of the transfers on it
+        self._kernels = {}  # (leader, bookkeeping key) -> (kernels, c) their seconds
+        self._owed = {}  # shadow -> {id: [CallCharges, calls whose FLOPs are owed]}
+        self._safe = _safe_links(world, leaders)  # links no pipeline transfers can fill
         world.comm.slices = self
         world.mailbox.slices = self
         for lead, group in leaders.items():
@@ -56,28 +59,54 @@ class CpShadows:
         return self._shadowed
 
     # --- CP calls -----------------------------------------------------------------------
-    def kernels_end(self, start, group: list, kernels_of) -> np.ndarray:
-        """(c,) each rank's clock after its bookkeeping kernels `kernels_of(cp)`, the leader's
-        run already (step_clock.run_step, its charges memoised): each rank's `start` plus its
-        kernels' seconds added in turn, each shadow's counters charged as run_step charges."""
+    def kernels_end(self, start, group: list, kernels_of, key: tuple) -> np.ndarray:
+        """(c,) each rank's clock after its bookkeeping kernels `kernels_of(cp)` (`key`: what
+        they depend on), the leader's run already (step_clock.run_step, its charges memoised):
+        each rank's `start` plus its kernels' seconds added in turn, a column at a time
+        (zero-padded: x + 0.0 == x). Elementwise kernels count no FLOPs: a shadow's are
+        timed, not charged."""
+        matrix = self._kernels.get((group[0].rank, key))
+        if matrix is None:
+            matrix = self._kernels[(group[0].rank, key)] = self._kernel_matrix(group, kernels_of)
         end = start.copy()  # (c,)
-        leader = group[0]
-        for j, rank in enumerate(group):
-            kernels = kernels_of(j)
-            if rank.cp.size == 1 or not kernels:
-                continue
-            key = ("kernels", tuple(kernels), leader.phase)
-            charges = rank.cp.steps.get(key)
-            if j and charges is None:
-                rank.phase = leader.phase
-                charges = rank.cp.steps[key] = _charge(
-                    rank, lambda r, cp=rank.cp, k=kernels: cp._kernels(r, k))
-            elif j:
-                rank.phase = leader.phase
-                _recharge(rank, charges)
-            for _kind, seconds in charges[1]:
-                end[j] += seconds
+        for column in matrix:  # (c,) one kernel of every rank
+            end += column
         return end
+
+    def _kernel_matrix(self, group: list, kernels_of) -> np.ndarray:
+        """(kernels, c) every rank's bookkeeping kernel seconds in order, zero-padded."""
+        leader, seconds = group[0], []
+        for j, rank in enumerate(group):
+            kernels = kernels_of(j) if rank.cp.size > 1 else []
+            if j == 0:
+                memo = rank.cp.steps.get(("kernels", tuple(kernels), leader.phase))
+                seconds.append(() if memo is None else tuple(s for _, s in memo[1]))
+                continue
+            rank.phase = leader.phase
+            added, held, _ = _charge(rank, lambda r, cp=rank.cp, k=kernels: cp._kernels(r, k))
+            if any(added.values()):
+                raise SlicesRefused("a bookkeeping kernel counted FLOPs")
+            seconds.append(tuple(s for _, s in held))
+        matrix = np.zeros((max(map(len, seconds)), len(group)))  # (kernels, c)
+        for j, column in enumerate(seconds):
+            matrix[:len(column), j] = column
+        return matrix
+
+    def call_charges(self, rank, key, charge):
+        """A shadow's CallCharges of a ring call (its memo under `key`, else `charge()` the
+        first time, charging it): after the first, its FLOPs owed, added at the end
+        (`settle`: whole numbers, so in any order the same sums)."""
+        found = rank.cp.steps.get(key)
+        if found is None:
+            return charge()
+        owed = self._owed.setdefault(rank.rank, {})
+        if id(found) not in owed:
+            if not all(float(v).is_integer() for _, values in found.flops for v in values):
+                found.recharge(rank)  # fractional FLOPs: charged in order, as the rank would
+                return found
+            owed[id(found)] = [found, 0]
+        owed[id(found)][1] += 1
+        return found
 
     def land(self, vector) -> None:
         """The current clock becomes `vector` (slice 0 checked against the simulation's)."""
@@ -114,6 +143,8 @@ class CpShadows:
         busy, capacity = self._busy, self.world.network.capacity_Bps
         for edges, rate, start, finish in zip(links, rates, starts, finishes):
             for edge, copies in Counter(edges).items():
+                if edge in self._safe:
+                    continue
                 held = busy.setdefault(edge, [])
                 load = rate * copies + sum(other for other_start, other_finish, other in held
                                            if start <= other_finish and other_start <= finish)
@@ -165,7 +196,34 @@ class CpShadows:
             for j, rank in enumerate(group[1:], start=1):
                 results.end_s[rank] = float(ends[j])
                 shadow = ranks[rank]
+                for found, calls in self._owed.get(rank, {}).values():
+                    for phase, values in found.flops:
+                        shadow.flops[phase] += calls * sum(values)
                 for phase, value in leader.flops.items():
                     shadow.flops[phase] = (value - cp_flops.get(phase, 0)) + \
                         shadow.flops.get(phase, 0)
 
+
+
+def _safe_links(world, leaders: dict) -> frozenset:
+    """The links whose capacity holds twice the lone rate of every pipeline transfer route
+    crossing them (any slice, either direction, the interleaved wrap included): a blocking
+    call sends at most two at once from a rank, so no transfers there ever exceed it."""
+    grid, network = world.grid, world.network
+    loads = {}  # link -> summed lone rates of the routes crossing it, B/s
+    for lead in leaders:
+        a = grid.coords(lead)
+        for step in (1, -1):
+            if grid.pp == 1:
+                continue
+            for j in range(grid.cp):
+                src = grid.rank_of(a.tp, a.dp, a.pp, j)
+                dst = grid.rank_of(a.tp, a.dp, (a.pp + step) % grid.pp, j)
+                edges = network._route(src, dst, None)[0]
+                if not edges:
+                    continue
+                rate = max_min_rates({0: edges}, network.capacity_Bps)[0]
+                for edge, copies in Counter(edges).items():
+                    loads[edge] = loads.get(edge, 0.0) + 2 * copies * rate
+    return frozenset(edge for edge, load in loads.items()
+                     if load <= network.capacity_Bps[edge])
