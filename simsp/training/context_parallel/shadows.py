@@ -19,6 +19,7 @@ A shadow's counters are charged its own CP kernels; its other FLOPs are the lead
 the end); its memory rows are its leader's (the same allocations in the same order).
 """
 
+from bisect import bisect_left, bisect_right
 from collections import Counter
 
 import numpy as np
@@ -44,7 +45,8 @@ class CpShadows:
         self.ends = {}  # leader -> (c,) its slices' clocks at its end
         # (src, dst) leader ranks -> ((c,) lone rates B/s, (c,) latencies s, per slice links)
         self._p2p = {}
-        self._busy = {}  # link -> [(start s, finish s, B/s)] of the transfers on it
+        # link -> ([finish s], [(start s, B/s)]) of the transfers on it, in finish order
+        self._busy = {}
         self._kernels = {}  # (leader, bookkeeping key) -> (kernels, c) their seconds
         self._owed = {}  # shadow -> {id: [CallCharges, calls whose FLOPs are owed]}
         self._safe = _safe_links(world, leaders)  # links no pipeline transfers can fill
@@ -145,12 +147,15 @@ class CpShadows:
             for edge, copies in Counter(edges).items():
                 if edge in self._safe:
                     continue
-                held = busy.setdefault(edge, [])
-                load = rate * copies + sum(other for other_start, other_finish, other in held
-                                           if start <= other_finish and other_start <= finish)
+                finishes, held = busy.get(edge) or busy.setdefault(edge, ([], []))
+                first = bisect_left(finishes, start)  # those finished before start: apart
+                load = rate * copies + sum(other for other_start, other in held[first:]
+                                           if other_start <= finish)
                 if load > capacity[edge]:
                     raise SlicesRefused(f"pipeline transfers share link {edge}")
-                held.append((start, finish, rate * copies))
+                at = bisect_right(finishes, finish)  # kept in finish order
+                finishes.insert(at, finish)
+                held.insert(at, (start, rate * copies))
 
     def _routes(self, src: int, dst: int) -> tuple:
         network, grid = self.world.network, self.grid
