@@ -115,7 +115,7 @@ class Communicator(TimedCollectives, Exchanges):
 
         `elem_bytes` (default: the communicator's) sizes the elements, e.g. 4 for fp32 grads."""
         group = tuple(group)
-        shadows = self.slices.spans(group) if self.slices is not None else ()
+        shadows = self.slices.spans(group, rank) if self.slices is not None else ()
         if shadows:  # a CP leader for its shadows too, at the latest slice's arrival
             yield from self.slices.meet()
             for shadow in shadows:

@@ -30,9 +30,11 @@ def ledger_of(run, rank: int):
     inputs, ranks = run.inputs, run.inputs.world.ranks
     if rank in ranks and rank not in inputs.replayed and rank not in _shadowed(run):
         return ranks[rank].ledger  # not a replayed rank, whose ledger is partial
+    if rank in _shadowed(run):  # a shadow's rows are its CP leader's
+        return ranks[inputs.world.shadows.leader_of[rank]].ledger
     coords = inputs.world.grid.coords(rank)
     source = inputs.rank_of(0, 0, coords.pp, coords.cp)  # an identical representative
-    if source in _shadowed(run):  # a shadow's rows are its CP leader's
+    if source in _shadowed(run):  # its replica 0's rank a shadow: that one's leader's
         source = inputs.world.shadows.leader_of[source]
     if inputs.sc.model.num_experts is not None:
         from simsp.model.blocks.moe.placement import represented_by  # MoE only

@@ -20,7 +20,8 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     FSDP_SECONDS_PER_FLOW, PIECE_SECONDS_PER_FLOW, TRAIN_SECONDS_PER_STEP,
     TRAIN_SECONDS_PER_COLLECTIVE, FSDP_SECONDS_PER_COLLECTIVE_PIECE, CP_SECONDS_PER_RANK_PAIR,
     CP_SECONDS_PER_RANK_STEP, CP_LONE_SECONDS_PER_RANK_PAIR, CP_PASS_SECONDS_PER_RANK_PAIR,
-    CP_TEMPLATE_SECONDS_PER_RANK_STEP, EXCHANGE_SECONDS_PER_FLOW,
+    CP_TEMPLATE_SECONDS_PER_RANK_STEP, CP_SHADOW_SECONDS_PER_LEADER_STEP,
+    CP_SHADOW_SECONDS_PER_RANK_STEP, CP_SHADOW_SECONDS_PER_RANK_PAIR, EXCHANGE_SECONDS_PER_FLOW,
     EP_SECONDS_PER_RANK_PAIR, EP_SECONDS_PER_RANK_PAIR_SQUARED, SECONDS_PER_FLOW_VISIT,
     SECONDS_PER_GATHER_FLOW, A2A_ALONE_SECONDS_PER_FLOW, CHECK_SECONDS_PER_MEMBER,
     MTP_SECONDS_PER_DEPTH_STEP, SECONDS_PER_FLOW, RUN_START_SECONDS, TIME_LIMIT_S,
@@ -99,7 +100,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  exchange_flows: int = 0, flow_visits: float = 0.0,
                  gather_flows: float = 0.0, replicas: int = 1,
                  cp_lone: bool = False, cp_templates: bool = False,
-                 ranks: int | None = None) -> float:
+                 ranks: int | None = None, cp_shadows: bool = False) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's schedule steps (chunk_steps: a
@@ -128,21 +129,28 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     templates split at the CP calls (model/replay.py SplitTemplate), so a CP rank's layer-step
     costs its CP calls and a few replayed segments. `ranks`: the ranks the run simulates
     (shortcuts/work_counts.py run_ranks: the plan's, expert groups grown counted), each its plan
-    and buckets, else simulated_ranks' rule times the replicas."""
+    and buckets, else simulated_ranks' rule times the replicas. `cp_shadows`: CP rank 0 of each
+    stage runs for its group (training/context_parallel/shadows.py): its layer-steps and
+    schedule steps once, the group's vectors per CP rank, the ring pass's pairs among them."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
     per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone, cp_templates)
+    if cp_shadows and cp_ranks:
+        per_step = replicas * (CP_SHADOW_SECONDS_PER_LEADER_STEP
+                               + p.cp * CP_SHADOW_SECONDS_PER_RANK_STEP)
     if ranks is None:
         ranks = simulated_ranks(sc, representative or cp_ranks) * (
             replicas if representative or cp_ranks else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
-    steps = chunk_steps(sc) * ranks / p.pp * META_SECONDS_PER_CHUNK_STEP  # every simulated rank's
+    running = ranks / p.cp if cp_shadows and cp_ranks else ranks  # those with a program
+    steps = chunk_steps(sc) * running / p.pp * META_SECONDS_PER_CHUNK_STEP  # each one's
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + steps + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas)
+            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas,
+                           cp_shadows and cp_ranks)
             + flows * SECONDS_PER_FLOW
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
             + gather_flows * SECONDS_PER_GATHER_FLOW)
@@ -201,7 +209,7 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None) -> f
 
 def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
                  ep_pairs: float | None = None, cp_lone: bool = False,
-                 replicas: int = 1) -> float:
+                 replicas: int = 1, cp_shadows: bool = False) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
     exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
     `a2a`: (alone all-to-all flows, checked members) where the verdict counted them: the
@@ -211,12 +219,16 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     p2p ring alone on its links too (meta_seconds), each call then worked out in arithmetic
     (context_parallel/ring_pass.py) unless SMs are shared. `ep_pairs`: the flows
     one all-to-all starts where the run does not start one per pair (under rail symmetry one
-    per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
+    per orbit of its pairs: shortcuts/work_counts.py), in place of ep². `cp_shadows`: the
+    ring's pairs of each call priced with the group's vectors (meta_seconds); here once per
+    run, each CP index's charges of its c steps (shared by the stages: shadows.py)."""
     p, m = sc.parallel, sc.model
     alone_flows, members = (0, 0) if a2a is None else a2a
     seconds = members * CHECK_SECONDS_PER_MEMBER
     groups = replicas if cp_ranks else p.tp * p.dp  # CP groups per stage that run
-    if p.cp > 1 and p.cp_comm_type != "allgather":
+    if cp_shadows:
+        seconds += groups * p.cp ** 2 * CP_SHADOW_SECONDS_PER_RANK_PAIR
+    if p.cp > 1 and p.cp_comm_type != "allgather" and not cp_shadows:
         per_pair = CP_SECONDS_PER_RANK_PAIR
         if cp_ranks and cp_lone:  # ring_pass.py works the calls out where no SM is shared
             per_pair = CP_LONE_SECONDS_PER_RANK_PAIR if sms_shared(sc) else \

@@ -140,7 +140,7 @@ def cp_shadow_why_not(sc, shortcuts: Shortcuts, trace: str = "steps") -> str:
         "the full simulation": not (shortcuts.representative and shortcuts.closed_form
                                     and shortcuts.templates),
         "rail symmetry": shortcuts.symmetry is not None,
-        "d > 1": p.dp > 1, "FSDP": p.fsdp is not None,
+        "FSDP": p.fsdp is not None,
         "experts": m.num_experts is not None, "multi-token prediction": bool(m.mtp_num_layers),
         "overlapped p2p": p.overlap_p2p_communication,
         "scattered p2p": p.scatter_gather_tensors_in_pipeline and not p.sequence_parallel

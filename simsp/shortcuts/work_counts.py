@@ -35,7 +35,7 @@ from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, lay
 from simsp.scenario.work_constants import SYMMETRY_SECONDS_PER_RANK
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.overlap_counts import exchange_flows, overlap_counts
-from simsp.shortcuts.plan import simulated_ranks
+from simsp.shortcuts.plan import cp_shadow_why_not, simulated_ranks
 from simsp.training.data_parallel.apex_buckets import (ALIGNMENT_BYTES, bucket_elements,
                                                         buckets_filled)
 
@@ -414,7 +414,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    replicas=len(shortcuts.replicas),
                                    cp_lone=cp_lone(sc, shortcuts),
                                    cp_templates=shortcuts.templates and sc.parallel.cp > 1,
-                                   ranks=run_ranks(sc, shortcuts))
+                                   ranks=run_ranks(sc, shortcuts),
+                                   cp_shadows=cp_shadows(sc, shortcuts))
 
 
 def run_ranks(sc, shortcuts: Shortcuts) -> int:
@@ -423,6 +424,15 @@ def run_ranks(sc, shortcuts: Shortcuts) -> int:
     expert groups grown), every rank without the representative."""
     ranks = simulated_ranks(sc, shortcuts)
     return sc.parallel.world_size if ranks is None else len(ranks)
+
+
+def cp_shadows(sc, shortcuts: Shortcuts) -> bool:
+    """Whether CP rank 0 of each stage runs for its group (training/context_parallel/
+    shadows.py: shortcuts/plan.py cp_shadow_why_not finds nothing against it, at the trace
+    detail a benchmark takes, and the ring runs in arithmetic); the run may still refuse it
+    (pipeline transfers over a link's capacity) and run every rank: the estimate's
+    optimistic side."""
+    return cp_lone(sc, shortcuts) and not cp_shadow_why_not(sc, shortcuts, "none")
 
 
 def cp_lone(sc, shortcuts: Shortcuts) -> bool:

@@ -134,7 +134,7 @@ class CpAttention(ContextParallelAttention):
 
         def shadow(j: int, rank, ring_phase: str):  # its memo, else charged the first time
             rank.phase = r.phase
-            return self.slices.call_charges(rank, (shapes, ring_phase), lambda: rank.cp._blocks(
+            return self.slices.call_charges(rank, (shapes, ring_phase, j), lambda: rank.cp._blocks(
                 rank, q, phase, after_of(j), after_bytes).call_seconds(ring_phase))
 
         def call_seconds(ring_phase: str):

@@ -49,6 +49,7 @@ class CpShadows:
         self._busy = {}
         self._kernels = {}  # (leader, bookkeeping key) -> (kernels, c) their seconds
         self._owed = {}  # shadow -> {id: [CallCharges, calls whose FLOPs are owed]}
+        self._calls = {}  # (call shapes, ring phase, cp index) -> the CallCharges
         self._safe = _safe_links(world, leaders)  # links no pipeline transfers can fill
         world.comm.slices = self
         world.mailbox.slices = self
@@ -95,12 +96,15 @@ class CpShadows:
         return matrix
 
     def call_charges(self, rank, key, charge):
-        """A shadow's CallCharges of a ring call (its memo under `key`, else `charge()` the
-        first time, charging it): after the first, its FLOPs owed, added at the end
-        (`settle`: whole numbers, so in any order the same sums)."""
-        found = rank.cp.steps.get(key)
+        """A shadow's CallCharges of a ring call: the first CP rank of its index to make the
+        call with these shapes (`key`) charges it (`charge()`); every later call, its own or
+        another stage's same-index rank's, takes the same charges (the same kernels on the same
+        GPU model) with its FLOPs owed, added at the end (`settle`: whole numbers, so in any
+        order the same sums)."""
+        found = self._calls.get(key)
         if found is None:
-            return charge()
+            found = self._calls[key] = charge()
+            return found
         owed = self._owed.setdefault(rank.rank, {})
         if id(found) not in owed:
             if not all(float(v).is_integer() for _, values in found.flops for v in values):
@@ -172,9 +176,11 @@ class CpShadows:
         return found
 
     # --- collectives over several slices ------------------------------------------------
-    def spans(self, group: tuple) -> list:
-        """The shadows in `group` (a collective over several slices), else []."""
-        return [rank for rank in group if rank in self.leader_of]
+    def spans(self, group: tuple, rank: int) -> list:
+        """The shadows of leader `rank` in `group` (a collective over several slices), else
+        []."""
+        leader_of = self.leader_of
+        return [member for member in group if leader_of.get(member) == rank]
 
     def meet(self):
         """Wait until the latest slice's time, every slice then at it (a generator)."""
