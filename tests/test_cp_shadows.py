@@ -1,7 +1,8 @@
 """A CP group run as one program (training/context_parallel/shadows.py, engine/slice_clocks.py):
 CP rank 0 of each stage runs, its shadows follow in vector clocks. Against the run where every
-CP rank runs its own program (the oracle: the same shortcuts with the shadows refused), the
-iteration time agrees to 1e-12 relative and every stage's exposure to 1e-12 of it (the network
+CP rank runs its own program (the oracle: the same shortcuts with the shadows refused) and the
+full simulation (`Shortcuts()`: every rank, every send a fair-shared flow), the iteration time
+agrees to 1e-12 relative and every stage's exposure to 1e-12 of it (the network
 times a p2p flow's wake-up from its last rate solve, which other transfers move by an ulp), the
 counted FLOPs and every rank's memory peak exactly; a shadow left at its entry clock after its
 CP calls' own TE kernels, or sent out of the ring at its leader's end, fails. Where pipeline
@@ -52,16 +53,17 @@ def _agree(fast: dict, oracle: dict) -> bool:
             [r["peak_bytes"] for r in oracle["ranks"]])
 
 
-LAYOUTS = [  # gpn, t, cp, p, d, interleaved, InfiniBand GB/s
-    (2, 2, 4, 2, 1, False, 2.0),  # CP 4 over four nodes, TP 2, PP 2 (1F1B): CP ranks wait
-    (2, 2, 4, 4, 1, True, 6.0),  # the same at PP 4 interleaved (at 2 GB/s its sends meet)
-    (4, 4, 2, 2, 1, False, 2.0),  # CP pairs across nodes, each TP group a node
-    (2, 2, 4, 2, 2, False, 2.0),  # two replicas: their gradients reduced over both groups
+LAYOUTS = [  # gpn, t, cp, p, d, interleaved, InfiniBand GB/s; against the full simulation
+    (2, 2, 4, 2, 1, False, 2.0, True),  # CP 4 over four nodes, TP 2, PP 2 (1F1B): CP ranks wait
+    (2, 2, 4, 4, 1, True, 6.0, False),  # PP 4 interleaved (at 2 GB/s its sends would meet)
+    (4, 4, 2, 2, 1, False, 2.0, True),  # CP pairs across nodes, each TP group a node
+    (2, 2, 4, 2, 2, False, 2.0, False),  # two replicas: gradients reduced over both groups
 ]
 
 
-@pytest.mark.parametrize("gpn, t, cp, p, d, interleaved, ib", LAYOUTS)
-def test_shadows_equal_every_cp_rank_run(gpn, t, cp, p, d, interleaved, ib, monkeypatch):
+@pytest.mark.parametrize("gpn, t, cp, p, d, interleaved, ib, against_full", LAYOUTS)
+def test_shadows_equal_every_cp_rank_run(gpn, t, cp, p, d, interleaved, ib, against_full,
+                                         monkeypatch):
     sc = cp_scenario(gpn, t, cp, p, d, "p2p", interleaved, seq=96 * cp, ib_GBps=ib)
     assert cp_shadow_why_not(sc, Shortcuts.for_scale(sc), "none") == ""
     fast, shadowed = _metrics(sc, monkeypatch, True)
@@ -69,6 +71,9 @@ def test_shadows_equal_every_cp_rank_run(gpn, t, cp, p, d, interleaved, ib, monk
     leaders = p * len(Shortcuts.for_scale(sc).replicas)  # CP rank 0 of each stage and replica
     assert len(shadowed) == leaders * (cp - 1) and not none
     assert _agree(fast, oracle)
+    if against_full:  # the full simulation: every rank, every send a fair-shared flow
+        assert _agree(fast, collect(simulate_iteration(sc, Shortcuts(), trace="none"),
+                                    Shortcuts()))
     rows = [r for r in fast["ranks"] if r["tp"] == 0]
     assert sum(not r["simulated"] for r in rows) >= leaders * (cp - 1)  # the leader's rows
 
