@@ -87,8 +87,8 @@ def test_a_shadow_left_behind_fails(broken, monkeypatch):
             patch.setattr(shadows_module.CpShadows, "land", lambda self, vector: None)
         else:  # every slice leaves the ring at the leader's end
             work = ring_pass.forward_pass
-            patch.setattr(ring_pass, "forward_pass", lambda ring, entries, steps=True: [
-                work(ring, entries, steps)[0]] * ring.cp)
+            patch.setattr(ring_pass, "forward_pass", lambda ring, *args: [
+                work(ring, *args)[0]] * ring.cp)
         fast, shadowed = _metrics(sc, monkeypatch, True)
     assert shadowed and not _agree(fast, oracle)
 

@@ -25,7 +25,7 @@ from simsp.training.context_parallel.ulysses_kernels import heads_to_seq, seq_to
 from simsp.training.context_parallel.a2a import CpAllToAll
 from simsp.training.context_parallel.ring import CpRing, block_gemm, diagonal_step, exchange_bytes
 from simsp.training.context_parallel.ring_numeric import RankRingNumbers, RingMailbox
-from simsp.training.context_parallel.ring_pass import GroupCharges, RingPass
+from simsp.training.context_parallel.ring_pass import RingPass
 from simsp.training.context_parallel.step_clock import call_seconds as call_charges
 from simsp.training.context_parallel.step_clock import charged_apart, run_step
 from simsp.training.context_parallel import te_p2p_kernels as te_kernels
@@ -132,15 +132,15 @@ class CpAttention(ContextParallelAttention):
             return run
         own, shapes = run.call_seconds, (q.shape, phase, r.phase, False, after_bytes)
 
-        def shadow(j: int, rank, ring_phase: str):  # its memo, else charged the first time
+        def shadow(j: int, rank, ring_phase: str):  # charged the first time
             rank.phase = r.phase
-            return self.slices.call_charges(rank, (shapes, ring_phase, j), lambda: rank.cp._blocks(
-                rank, q, phase, after_of(j), after_bytes).call_seconds(ring_phase))
+            return rank.cp._blocks(rank, q, phase, after_of(j), after_bytes).call_seconds(
+                ring_phase)
 
         def call_seconds(ring_phase: str):
-            return GroupCharges([own(ring_phase)] + [
-                shadow(j, rank, ring_phase) for j, rank in enumerate(self.shadows[1:], 1)],
-                self.slices)
+            return self.slices.group_charges(self.shadows, (shapes, ring_phase),
+                                             own(ring_phase), lambda j, rank: shadow(
+                                                 j, rank, ring_phase))
         run.call_seconds = call_seconds
         return run
 

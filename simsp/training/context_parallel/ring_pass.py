@@ -26,11 +26,9 @@ from itertools import repeat
 import numpy as np
 from simpy.events import NORMAL
 
-from simsp.engine.trace import TransferRecord
 from simsp.model.replay import delay_to
 from simsp.training.context_parallel.ring import exchange_bytes
 
-_new = tuple.__new__  # skips NamedTuple's Python-level constructor, as engine/network.py
 
 
 class RingPass:
@@ -79,7 +77,10 @@ class RingPass:
         rank's end."""
         ring, clocks = self.ring, group.slices.clocks
         entries = list(zip(clocks.now.tolist(), group.charges))
-        sides = (forward_pass if phase == "forward" else backward_pass)(ring, entries, self.steps)
+        if group.kernels is None:
+            group.kernels = _kernels(ring, entries)
+        sides = (forward_pass if phase == "forward" else backward_pass)(ring, entries, self.steps,
+                                                                       group.kernels)
         end_s, waited_s, posts = sides[0]
         ledger = ring.ledgers.get(0)
         if ledger is not None and ring.kv_bytes and posts:  # cp_kv_1.. at their posts
@@ -91,22 +92,24 @@ class RingPass:
 
 
 class GroupCharges:
-    """Every rank's CallCharges of one call, the leader's first, and the run's slices."""
+    """Every rank's CallCharges of one kind of call, the leader's first, and the run's slices;
+    how many calls took them after the first (their FLOPs owed: shadows.py settle) and their
+    kernels per step (_kernels), found once."""
 
-    __slots__ = ("charges", "slices")
+    __slots__ = ("charges", "slices", "calls", "kernels")
 
     def __init__(self, charges: list, slices):
-        self.charges, self.slices = charges, slices
+        self.charges, self.slices, self.calls, self.kernels = charges, slices, 0, None
 
 
-def forward_pass(ring, entries: list, steps: bool = True) -> list:
+def forward_pass(ring, entries: list, steps: bool = True, kernels=None) -> list:
     """Every rank's forward (ring.py CpRing.forward): step i waits for step i−1's send and
     receive, posts step i's (a receive buffer allocated) but at the last step, computes.
     entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2);
     `steps`: each step's (start, end) recorded in the ring's timeline."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
-    kernels = _kernels(ring, entries)  # per step (kernels, c) seconds
+    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c) seconds
     previous = _neighbour(c, -1)  # (c,) cp rank r − 1 of each r
     waited = np.zeros(c)  # (c,)
     posts = np.empty((max(c - 1, 0), c))  # (steps posting, c) each rank's post time
@@ -124,12 +127,12 @@ def forward_pass(ring, entries: list, steps: bool = True) -> list:
     return list(zip(clock.tolist(), waited.tolist(), posts.T.tolist()))
 
 
-def backward_pass(ring, entries: list, steps: bool = True) -> list:
+def backward_pass(ring, entries: list, steps: bool = True, kernels=None) -> list:
     """Every rank's backward (CpRing.backward): step i posts (to r − 1, from r + 1), computes,
     then waits for both deliveries."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
-    kernels = _kernels(ring, entries)  # per step (kernels, c)
+    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c)
     following = _neighbour(c, 1)  # (c,) cp rank r + 1 of each r
     waited = np.zeros(c)  # (c,)
     for step in range(c):
@@ -184,9 +187,8 @@ def _sends(ring, phase: str, step: int, posts, to: int):
     start = np.maximum(posts, posts[_neighbour(c, to)])  # (c,) posts[src], posts[src + to]
     end = ring.lone.end_time(start, nbytes, rate_Bps, latency_s)  # (c,)
     delivered = start + _delays(start, end)  # (c,)
-    ring.lone.network.trace.transfers.extend(map(_new, repeat(TransferRecord), zip(
-        srcs, dsts, repeat(nbytes), start.tolist(), delivered.tolist(),
-        _labels(phase, step, c, to))))
+    ring.lone.network.trace.add_transfers(srcs, dsts, nbytes, start, delivered,
+                                          _labels(phase, step, c, to))
     return delivered
 
 

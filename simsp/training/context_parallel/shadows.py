@@ -27,6 +27,7 @@ import numpy as np
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.slice_clocks import SliceClocks, SlicesRefused
 from simsp.model.replay import delay_to
+from simsp.training.context_parallel.ring_pass import GroupCharges
 from simsp.training.context_parallel.step_clock import _charge
 
 
@@ -50,6 +51,7 @@ class CpShadows:
         self._kernels = {}  # (leader, bookkeeping key) -> (kernels, c) their seconds
         self._owed = {}  # shadow -> {id: [CallCharges, calls whose FLOPs are owed]}
         self._calls = {}  # (call shapes, ring phase, cp index) -> the CallCharges
+        self._groups = {}  # (leader, call shapes, ring phase) -> its GroupCharges
         self._safe = _safe_links(world, leaders)  # links no pipeline transfers can fill
         world.comm.slices = self
         world.mailbox.slices = self
@@ -95,6 +97,22 @@ class CpShadows:
             matrix[:len(column), j] = column
         return matrix
 
+    def group_charges(self, group: list, key: tuple, own, charge) -> GroupCharges:
+        """The group's charges of a ring call (`key`: its shapes and ring phase; `own`: the
+        leader's, charged by its run; `charge(j, rank)`: a shadow's, charging it), found the
+        first time and taken again after while the leader's are the same (its memo's), each
+        later call counted: its shadows' FLOPs owed (`settle`), whole numbers only."""
+        found = self._groups.get((group[0].rank, key))
+        if found is not None and found.charges[0] is own:
+            found.calls += 1
+            return found
+        found = GroupCharges([own] + [
+            self.call_charges(rank, key + (j,), lambda j=j, rank=rank: charge(j, rank))
+            for j, rank in enumerate(group[1:], start=1)], self)
+        if all(_whole(charges) for charges in found.charges[1:]):  # else each call charges
+            self._groups[(group[0].rank, key)] = found
+        return found
+
     def call_charges(self, rank, key, charge):
         """A shadow's CallCharges of a ring call: the first CP rank of its index to make the
         call with these shapes (`key`) charges it (`charge()`); every later call, its own or
@@ -107,7 +125,7 @@ class CpShadows:
             return found
         owed = self._owed.setdefault(rank.rank, {})
         if id(found) not in owed:
-            if not all(float(v).is_integer() for _, values in found.flops for v in values):
+            if not _whole(found):
                 found.recharge(rank)  # fractional FLOPs: charged in order, as the rank would
                 return found
             owed[id(found)] = [found, 0]
@@ -210,6 +228,10 @@ class CpShadows:
                 for found, calls in self._owed.get(rank, {}).values():
                     for phase, values in found.flops:
                         shadow.flops[phase] += calls * sum(values)
+                for (owner, _), group_calls in self._groups.items():
+                    if owner == lead and group_calls.calls:
+                        for phase, values in group_calls.charges[j].flops:
+                            shadow.flops[phase] += group_calls.calls * sum(values)
                 for phase, value in leader.flops.items():
                     shadow.flops[phase] = (value - cp_flops.get(phase, 0)) + \
                         shadow.flops.get(phase, 0)
@@ -238,3 +260,8 @@ def _safe_links(world, leaders: dict) -> frozenset:
                     loads[edge] = loads.get(edge, 0.0) + 2 * copies * rate
     return frozenset(edge for edge, load in loads.items()
                      if load <= network.capacity_Bps[edge])
+
+
+def _whole(charges) -> bool:
+    """Whether a call's FLOPs are whole numbers (so their sums are the same in any order)."""
+    return all(float(value).is_integer() for _, values in charges.flops for value in values)
