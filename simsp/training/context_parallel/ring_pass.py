@@ -168,9 +168,12 @@ def _kernels(ring, entries: list) -> tuple:
 def _compute(compute: dict, phase: str, step: int, clock, kernels):
     """Each rank's step compute from its clock, kernels (kernels, c) added one after the other
     (step_clock): (c,) the step ends, recorded in `compute` (the ring's timeline) unless None."""
-    end = clock.copy()  # (c,)
-    for column in kernels:  # (c,) one kernel of every rank
-        end += column
+    if len(kernels) == 1:
+        end = clock + kernels[0]  # (c,)
+    else:
+        end = clock.copy()  # (c,)
+        for column in kernels:  # (c,) one kernel of every rank
+            end += column
     if compute is not None:
         compute.update(zip(_compute_keys(phase, step, len(clock)),
                            zip(clock.tolist(), end.tolist())))
@@ -186,7 +189,7 @@ def _sends(ring, phase: str, step: int, posts, to: int):
     srcs, dsts, rate_Bps, latency_s = ring.lone.pair_arrays(ring.gpus, to)
     start = np.maximum(posts, posts[_neighbour(c, to)])  # (c,) posts[src], posts[src + to]
     end = ring.lone.end_time(start, nbytes, rate_Bps, latency_s)  # (c,)
-    delivered = start + _delays(start, end)  # (c,)
+    delivered = _landed(start, end)  # (c,)
     ring.lone.network.trace.add_transfers(srcs, dsts, nbytes, start, delivered,
                                           _labels(phase, step, c, to))
     return delivered
@@ -203,6 +206,16 @@ def _count(ring, phase: str, to: int) -> None:
     for src, dst in zip(srcs, dsts):
         sent[src] += nbytes
         received[dst] += nbytes
+
+
+def _landed(now, target):
+    """(c,) now + _delays(now, target): where the first try lands everywhere, that sum
+    itself."""
+    delay = target - now  # (c,)
+    landed = now + delay  # (c,)
+    if (landed == target).all():
+        return landed
+    return now + _delays(now, target)
 
 
 def _delays(now, target):
