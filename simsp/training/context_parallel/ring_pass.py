@@ -146,9 +146,9 @@ def backward_pass(ring, entries: list, steps: bool = True, kernels=None) -> list
 
 
 def _kernels(ring, entries: list) -> tuple:
-    """Per step, (kernels, c) every rank's kernel seconds in order, zero-padded to the step's
-    most (cached per group on its LoneRing by the ranks' CallCharges: a rank's call charges
-    the same kernels each time its shapes recur)."""
+    """Per step, (1 + kernels, c) every rank's kernel seconds in order below a row for its
+    clock (_compute), zero-padded to the step's most (cached per group on its LoneRing by the
+    ranks' CallCharges: a rank's call charges the same kernels each time its shapes recur)."""
     charges = tuple(call for _, call in entries)
     cache = ring.lone.pass_kernels
     key = tuple(map(id, charges))
@@ -157,23 +157,24 @@ def _kernels(ring, entries: list) -> tuple:
         steps = []
         for step in range(ring.cp):
             width = max(len(call.seconds[step]) for call in charges)
-            matrix = np.zeros((width, len(charges)))  # (kernels, c)
+            matrix = np.zeros((1 + width, len(charges)))  # (1 + kernels, c)
             for r, call in enumerate(charges):
-                matrix[:len(call.seconds[step]), r] = call.seconds[step]
+                matrix[1:1 + len(call.seconds[step]), r] = call.seconds[step]
             steps.append(matrix)
         found = cache[key] = (charges, tuple(steps))
     return found[1]
 
 
 def _compute(compute: dict, phase: str, step: int, clock, kernels):
-    """Each rank's step compute from its clock, kernels (kernels, c) added one after the other
-    (step_clock): (c,) the step ends, recorded in `compute` (the ring's timeline) unless None."""
-    if len(kernels) == 1:
-        end = clock + kernels[0]  # (c,)
+    """Each rank's step compute from its clock, kernels (1 + kernels, c: _kernels) added one
+    after the other (step_clock; np.add.accumulate down the rows adds them in turn, no
+    pairwise sums): (c,) the step ends, recorded in `compute` (the ring's timeline) unless
+    None."""
+    if len(kernels) == 2:
+        end = clock + kernels[1]  # (c,)
     else:
-        end = clock.copy()  # (c,)
-        for column in kernels:  # (c,) one kernel of every rank
-            end += column
+        kernels[0] = clock  # the row kept for it
+        end = np.add.accumulate(kernels, axis=0)[-1]  # (c,)
     if compute is not None:
         compute.update(zip(_compute_keys(phase, step, len(clock)),
                            zip(clock.tolist(), end.tolist())))
