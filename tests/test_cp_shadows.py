@@ -10,6 +10,7 @@ transfers would share a link beyond its capacity the run is made again per rank.
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from simsp.metrics.collect import collect
@@ -87,8 +88,10 @@ def test_a_shadow_left_behind_fails(broken, monkeypatch):
             patch.setattr(shadows_module.CpShadows, "land", lambda self, vector: None)
         else:  # every slice leaves the ring at the leader's end
             work = ring_pass.forward_pass
-            patch.setattr(ring_pass, "forward_pass", lambda ring, *args: [
-                work(ring, *args)[0]] * ring.cp)
+            def leader_end(ring, *args, **kwargs):
+                ends, waited, posts = work(ring, *args, **kwargs)
+                return np.full_like(ends, ends[0]), waited, posts
+            patch.setattr(ring_pass, "forward_pass", leader_end)
         fast, shadowed = _metrics(sc, monkeypatch, True)
     assert shadowed and not _agree(fast, oracle)
 

@@ -79,16 +79,14 @@ class RingPass:
         entries = list(zip(clocks.now.tolist(), group.charges))
         if group.kernels is None:
             group.kernels = _kernels(ring, entries)
-        sides = (forward_pass if phase == "forward" else backward_pass)(ring, entries, self.steps,
-                                                                       group.kernels)
-        end_s, waited_s, posts = sides[0]
+        ends, waited, posts = (forward_pass if phase == "forward" else backward_pass)(
+            ring, entries, self.steps, group.kernels, arrays=True)  # (c,), (c,), (steps, c)
         ledger = ring.ledgers.get(0)
-        if ledger is not None and ring.kv_bytes and posts:  # cp_kv_1.. at their posts
+        if ledger is not None and ring.kv_bytes and len(posts):  # cp_kv_1.. at their posts
             ledger.alloc_each(ring.kv_keys()[1:], ring.kv_bytes, "communication", "cp_ring",
-                              posts)
-        ring.timeline.waited[(phase, 0)] = waited_s
-        ends = np.array([side[0] for side in sides])  # (c,)
-        yield from _sleep_until(ring.env, end_s, clocks, ends)
+                              posts[:, 0].tolist())
+        ring.timeline.waited[(phase, 0)] = float(waited[0])
+        yield from _sleep_until(ring.env, float(ends[0]), clocks, ends)
 
 
 class GroupCharges:
@@ -102,11 +100,12 @@ class GroupCharges:
         self.charges, self.slices, self.calls, self.kernels = charges, slices, 0, None
 
 
-def forward_pass(ring, entries: list, steps: bool = True, kernels=None) -> list:
+def forward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: bool = False):
     """Every rank's forward (ring.py CpRing.forward): step i waits for step i−1's send and
     receive, posts step i's (a receive buffer allocated) but at the last step, computes.
-    entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2);
-    `steps`: each step's (start, end) recorded in the ring's timeline."""
+    entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2)
+    (`arrays`: as (c,), (c,) and (c − 1, c) arrays); `steps`: each step's (start, end)
+    recorded in the ring's timeline; `kernels`: _kernels' found already."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
     kernels = kernels or _kernels(ring, entries)  # per step (kernels, c) seconds
@@ -124,12 +123,14 @@ def forward_pass(ring, entries: list, steps: bool = True, kernels=None) -> list:
             delivered = _sends(ring, "forward", step, clock, 1)
         clock = _compute(compute, "forward", step, clock, kernels[step])
     _count(ring, "forward", 1)
+    if arrays:
+        return clock, waited, posts
     return list(zip(clock.tolist(), waited.tolist(), posts.T.tolist()))
 
 
-def backward_pass(ring, entries: list, steps: bool = True, kernels=None) -> list:
+def backward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: bool = False):
     """Every rank's backward (CpRing.backward): step i posts (to r − 1, from r + 1), computes,
-    then waits for both deliveries."""
+    then waits for both deliveries (as forward_pass; no receive buffer posted apart)."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
     kernels = kernels or _kernels(ring, entries)  # per step (kernels, c)
@@ -142,6 +143,8 @@ def backward_pass(ring, entries: list, steps: bool = True, kernels=None) -> list
         clock = np.maximum(np.maximum(start, delivered), delivered[following])  # sent, rcvd
         waited += clock - start
     _count(ring, "backward", -1)
+    if arrays:
+        return clock, waited, np.empty((0, c))
     return list(zip(clock.tolist(), waited.tolist(), repeat(())))
 
 
