@@ -132,15 +132,14 @@ class CpAttention(ContextParallelAttention):
             return run
         own, shapes = run.call_seconds, (q.shape, phase, r.phase, False, after_bytes)
 
-        def shadow(j: int, rank, ring_phase: str):  # charged the first time
+        def shadow(j: int, rank):  # its bookkeeping kernels per step, and its step kernels
             rank.phase = r.phase
-            return rank.cp._blocks(rank, q, phase, after_of(j), after_bytes).call_seconds(
-                ring_phase)
+            after = after_of(j)
+            return after, rank.cp._blocks(rank, q, phase, after, after_bytes).kernels
 
         def call_seconds(ring_phase: str):
             return self.slices.group_charges(self.shadows, (shapes, ring_phase),
-                                             own(ring_phase), lambda j, rank: shadow(
-                                                 j, rank, ring_phase))
+                                             own(ring_phase), shadow)
         run.call_seconds = call_seconds
         return run
 
@@ -184,7 +183,7 @@ class CpAttention(ContextParallelAttention):
                 r.phase = saved
             for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
-        run.call_seconds = call_seconds
+        run.call_seconds, run.kernels = call_seconds, kernels
         return run
 
     def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,

@@ -27,8 +27,9 @@ import numpy as np
 from simsp.engine.fair_share import max_min_rates
 from simsp.engine.slice_clocks import SliceClocks, SlicesRefused
 from simsp.model.replay import delay_to
+from simsp.training.context_parallel.ring import diagonal_step
 from simsp.training.context_parallel.ring_pass import GroupCharges
-from simsp.training.context_parallel.step_clock import _charge
+from simsp.training.context_parallel.step_clock import CallCharges, _charge
 
 
 class CpShadows:
@@ -49,9 +50,10 @@ class CpShadows:
         # link -> ([finish s], [(start s, B/s)]) of the transfers on it, in finish order
         self._busy = {}
         self._kernels = {}  # (leader, bookkeeping key) -> (kernels, c) their seconds
-        self._owed = {}  # shadow -> {id: [CallCharges, calls whose FLOPs are owed]}
-        self._calls = {}  # (call shapes, ring phase, cp index) -> the CallCharges
         self._groups = {}  # (leader, call shapes, ring phase) -> its GroupCharges
+        # (call shapes, ring phase, diagonal, bookkeeping bytes) -> a step's charges
+        self._steps = {}
+        self._bookkeeping = {}  # (phase, kernels' bytes) -> their seconds
         self._safe = _safe_links(world, leaders)  # links no pipeline transfers can fill
         world.comm.slices = self
         world.mailbox.slices = self
@@ -67,19 +69,18 @@ class CpShadows:
     def kernels_end(self, start, group: list, kernels_of, key: tuple) -> np.ndarray:
         """(c,) each rank's clock after its bookkeeping kernels `kernels_of(cp)` (`key`: what
         they depend on), the leader's run already (step_clock.run_step, its charges memoised):
-        each rank's `start` plus its kernels' seconds added in turn, a column at a time
-        (zero-padded: x + 0.0 == x). Elementwise kernels count no FLOPs: a shadow's are
-        timed, not charged."""
+        each rank's `start` plus its kernels' seconds added in turn (np.add.accumulate down a
+        (1 + kernels, c) matrix, zero-padded: x + 0.0 == x). Elementwise kernels count no
+        FLOPs: a shadow's are timed, not charged."""
         matrix = self._kernels.get((group[0].rank, key))
         if matrix is None:
             matrix = self._kernels[(group[0].rank, key)] = self._kernel_matrix(group, kernels_of)
-        end = start.copy()  # (c,)
-        for column in matrix:  # (c,) one kernel of every rank
-            end += column
-        return end
+        matrix[0] = start  # the row kept for the clocks
+        return np.add.accumulate(matrix, axis=0)[-1]  # (c,)
 
     def _kernel_matrix(self, group: list, kernels_of) -> np.ndarray:
-        """(kernels, c) every rank's bookkeeping kernel seconds in order, zero-padded."""
+        """(1 + kernels, c) every rank's bookkeeping kernel seconds in order below a row for
+        its clock, zero-padded."""
         leader, seconds = group[0], []
         for j, rank in enumerate(group):
             kernels = kernels_of(j) if rank.cp.size > 1 else []
@@ -87,50 +88,60 @@ class CpShadows:
                 memo = rank.cp.steps.get(("kernels", tuple(kernels), leader.phase))
                 seconds.append(() if memo is None else tuple(s for _, s in memo[1]))
                 continue
-            rank.phase = leader.phase
-            added, held, _ = _charge(rank, lambda r, cp=rank.cp, k=kernels: cp._kernels(r, k))
-            if any(added.values()):
-                raise SlicesRefused("a bookkeeping kernel counted FLOPs")
-            seconds.append(tuple(s for _, s in held))
-        matrix = np.zeros((max(map(len, seconds)), len(group)))  # (kernels, c)
+            seconds.append(self._bookkeeping_seconds(rank, leader.phase, kernels))
+        matrix = np.zeros((1 + max(map(len, seconds)), len(group)))  # (1 + kernels, c)
         for j, column in enumerate(seconds):
-            matrix[:len(column), j] = column
+            matrix[1:1 + len(column), j] = column
         return matrix
 
-    def group_charges(self, group: list, key: tuple, own, charge) -> GroupCharges:
+    def _bookkeeping_seconds(self, rank, phase: str, kernels: list) -> tuple:
+        """A shadow's bookkeeping kernel seconds (the same kernels on the same GPU model take
+        the same time: found once per kernel list), charging nothing."""
+        key = (phase, tuple(nbytes for _, nbytes in kernels))
+        found = self._bookkeeping.get(key)
+        if found is None:
+            rank.phase = phase
+            added, held, _ = _apart(rank, lambda r: rank.cp._kernels(r, kernels))
+            if any(added.values()):
+                raise SlicesRefused("a bookkeeping kernel counted FLOPs")
+            found = self._bookkeeping[key] = tuple(s for _, s in held)
+        return found
+
+    def group_charges(self, group: list, key: tuple, own, kernels_of) -> GroupCharges:
         """The group's charges of a ring call (`key`: its shapes and ring phase; `own`: the
-        leader's, charged by its run; `charge(j, rank)`: a shadow's, charging it), found the
-        first time and taken again after while the leader's are the same (its memo's), each
-        later call counted: its shadows' FLOPs owed (`settle`), whole numbers only."""
+        leader's, charged by its run; `kernels_of(j, rank)`: shadow j's (after(step): a step's
+        bookkeeping kernels, kernels(r, ring phase, step): a step's kernels)), found the first
+        time and taken again after while the leader's are the same (its memo's), every call
+        counted: its shadows' FLOPs owed (`settle`), whole numbers only."""
         found = self._groups.get((group[0].rank, key))
         if found is not None and found.charges[0] is own:
             found.calls += 1
             return found
-        found = GroupCharges([own] + [
-            self.call_charges(rank, key + (j,), lambda j=j, rank=rank: charge(j, rank))
-            for j, rank in enumerate(group[1:], start=1)], self)
-        if all(_whole(charges) for charges in found.charges[1:]):  # else each call charges
+        found = GroupCharges([own] + [self._shadow_charges(rank, key, *kernels_of(j, rank))
+                                      for j, rank in enumerate(group[1:], start=1)], self)
+        if all(_whole(charges) for charges in found.charges[1:]):
+            found.calls = 1
             self._groups[(group[0].rank, key)] = found
+        else:  # fractional FLOPs: each shadow charged in order, as its own run would
+            for rank, charges in zip(group[1:], found.charges[1:]):
+                charges.recharge(rank)
         return found
 
-    def call_charges(self, rank, key, charge):
-        """A shadow's CallCharges of a ring call: the first CP rank of its index to make the
-        call with these shapes (`key`) charges it (`charge()`); every later call, its own or
-        another stage's same-index rank's, takes the same charges (the same kernels on the same
-        GPU model) with its FLOPs owed, added at the end (`settle`: whole numbers, so in any
-        order the same sums)."""
-        found = self._calls.get(key)
-        if found is None:
-            found = self._calls[key] = charge()
-            return found
-        owed = self._owed.setdefault(rank.rank, {})
-        if id(found) not in owed:
-            if not _whole(found):
-                found.recharge(rank)  # fractional FLOPs: charged in order, as the rank would
-                return found
-            owed[id(found)] = [found, 0]
-        owed[id(found)][1] += 1
-        return found
+    def _shadow_charges(self, rank, key: tuple, after, kernels) -> CallCharges:
+        """A shadow's CallCharges of a ring call, charging nothing: step by step, a step's
+        charges found once per (call, diagonal or not, its bookkeeping kernels' bytes): the
+        same kernels on the same GPU model."""
+        ring_phase, c = key[1], rank.cp.size
+        diagonal = diagonal_step(ring_phase, c)
+        steps = []
+        for step in range(c):
+            sig = (key, step == diagonal, tuple(nbytes for _, nbytes in after(step)))
+            found = self._steps.get(sig)
+            if found is None:
+                found = self._steps[sig] = _apart(
+                    rank, lambda r, s=step: kernels(r, ring_phase, s))
+            steps.append(found)
+        return CallCharges(steps)
 
     def land(self, vector) -> None:
         """The current clock becomes `vector` (slice 0 checked against the simulation's)."""
@@ -225,9 +236,6 @@ class CpShadows:
             for j, rank in enumerate(group[1:], start=1):
                 results.end_s[rank] = float(ends[j])
                 shadow = ranks[rank]
-                for found, calls in self._owed.get(rank, {}).values():
-                    for phase, values in found.flops:
-                        shadow.flops[phase] += calls * sum(values)
                 for (owner, _), group_calls in self._groups.items():
                     if owner == lead and group_calls.calls:
                         for phase, values in group_calls.charges[j].flops:
@@ -265,3 +273,16 @@ def _safe_links(world, leaders: dict) -> frozenset:
 def _whole(charges) -> bool:
     """Whether a call's FLOPs are whole numbers (so their sums are the same in any order)."""
     return all(float(value).is_integer() for _, values in charges.flops for value in values)
+
+
+def _apart(rank, kernels) -> tuple:
+    """step_clock._charge of `kernels` on `rank`, its counters left as they were (a shadow's
+    FLOPs are settled at the end)."""
+    flops, busy = dict(rank.flops), dict(rank.busy_s)
+    try:
+        return _charge(rank, kernels)
+    finally:
+        rank.flops.clear()
+        rank.flops.update(flops)
+        rank.busy_s.clear()
+        rank.busy_s.update(busy)
