@@ -110,19 +110,20 @@ def forward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: 
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
     kernels = kernels or _kernels(ring, entries)  # per step (kernels, c) seconds
     previous = _neighbour(c, -1)  # (c,) cp rank r − 1 of each r
-    waited = np.zeros(c)  # (c,)
+    waits = np.zeros((max(c - 1, 1), c))  # (steps waiting, c) each rank's wait per step
     posts = np.empty((max(c - 1, 0), c))  # (steps posting, c) each rank's post time
     delivered = None  # (c,) delivery of cp rank r's send of the previous step
     for step in range(c):
         if delivered is not None:
             start = clock
             clock = np.maximum(np.maximum(start, delivered), delivered[previous])  # sent, rcvd
-            waited += clock - start
+            np.subtract(clock, start, out=waits[step - 1])
         if step < c - 1:
             posts[step] = clock
             delivered = _sends(ring, "forward", step, clock, 1)
         clock = _compute(compute, "forward", step, clock, kernels[step])
     _count(ring, "forward", 1)
+    waited = _summed(waits)  # (c,)
     if arrays:
         return clock, waited, posts
     return list(zip(clock.tolist(), waited.tolist(), posts.T.tolist()))
@@ -135,17 +136,24 @@ def backward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays:
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
     kernels = kernels or _kernels(ring, entries)  # per step (kernels, c)
     following = _neighbour(c, 1)  # (c,) cp rank r + 1 of each r
-    waited = np.zeros(c)  # (c,)
+    waits = np.empty((c, c))  # (steps, c) each rank's wait per step
     for step in range(c):
         delivered = _sends(ring, "backward", step, clock, -1)  # (c,) by sending cp rank
         clock = _compute(compute, "backward", step, clock, kernels[step])
         start = clock
         clock = np.maximum(np.maximum(start, delivered), delivered[following])  # sent, rcvd
-        waited += clock - start
+        np.subtract(clock, start, out=waits[step])
     _count(ring, "backward", -1)
+    waited = _summed(waits)  # (c,)
     if arrays:
         return clock, waited, np.empty((0, c))
     return list(zip(clock.tolist(), waited.tolist(), repeat(())))
+
+
+def _summed(waits):
+    """(c,) each rank's waits (steps, c) added in step order from 0 (np.add.accumulate down
+    the rows: in turn, no pairwise sums; a wait is never negative, so 0 + w == w)."""
+    return np.add.accumulate(waits, axis=0)[-1]
 
 
 def _kernels(ring, entries: list) -> tuple:

@@ -165,7 +165,8 @@ class CpShadows:
         # engine/network.py: finish = start + bytes / rate (_retime), a wake-up that far
         # after the start (_wake_at_first_finish), then the latency (_deliver_after_latency)
         finish = start + nbytes / rates  # (c,)
-        self._alone(links, rates.tolist(), start.tolist(), finish.tolist())
+        if links:
+            self._alone(links, rates.tolist(), start.tolist(), finish.tolist())
         drained = start + (finish - start)  # (c,)
         return drained + latencies
 
@@ -175,16 +176,14 @@ class CpShadows:
         whether or not at once) exceed its capacity, the network would share it, which the
         arithmetic does not: the run is refused (SlicesRefused). Within capacity every
         transfer keeps its lone rate under max-min fairness (engine/fair_share.py)."""
-        busy, capacity = self._busy, self.world.network.capacity_Bps
+        busy = self._busy
         for edges, rate, start, finish in zip(links, rates, starts, finishes):
-            for edge, copies in Counter(edges).items():
-                if edge in self._safe:
-                    continue
+            for edge, copies, capacity in edges:
                 finishes, held = busy.get(edge) or busy.setdefault(edge, ([], []))
                 first = bisect_left(finishes, start)  # those finished before start: apart
                 load = rate * copies + sum(other for other_start, other in held[first:]
                                            if other_start <= finish)
-                if load > capacity[edge]:
+                if load > capacity:
                     raise SlicesRefused(f"pipeline transfers share link {edge}")
                 at = bisect_right(finishes, finish)  # kept in finish order
                 finishes.insert(at, finish)
@@ -194,14 +193,15 @@ class CpShadows:
         network, grid = self.world.network, self.grid
         a, b = grid.coords(src), grid.coords(dst)
         rates, latencies = np.empty(self.c), np.empty(self.c)  # (c,) each
-        links = []  # per slice its route's links, its images' loads included
+        links = []  # per slice (link, copies, capacity) of its route's links others may fill
         for j in range(self.c):
             edges, latency, _ = network._route(grid.rank_of(a.tp, a.dp, a.pp, j),
                                                grid.rank_of(b.tp, b.dp, b.pp, j), None)
             rates[j] = max_min_rates({0: edges}, network.capacity_Bps)[0] if edges else np.inf
             latencies[j] = latency
-            links.append(edges)
-        found = self._p2p[(src, dst)] = (rates, latencies, links)
+            links.append(tuple((edge, copies, network.capacity_Bps[edge]) for edge, copies
+                               in Counter(edges).items() if edge not in self._safe))
+        found = self._p2p[(src, dst)] = (rates, latencies, links if any(links) else ())
         return found
 
     # --- collectives over several slices ------------------------------------------------
