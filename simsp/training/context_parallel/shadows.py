@@ -21,6 +21,7 @@ the end); its memory rows are its leader's (the same allocations in the same ord
 
 from bisect import bisect_left, bisect_right
 from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -119,7 +120,7 @@ class CpShadows:
             return found
         found = GroupCharges([own] + [self._shadow_charges(rank, key, *kernels_of(j, rank))
                                       for j, rank in enumerate(group[1:], start=1)], self)
-        if all(_whole(charges) for charges in found.charges[1:]):
+        if all(type(charges) is ShadowCall for charges in found.charges[1:]):
             found.calls = 1
             self._groups[(group[0].rank, key)] = found
         else:  # fractional FLOPs: each shadow charged in order, as its own run would
@@ -127,10 +128,11 @@ class CpShadows:
                 charges.recharge(rank)
         return found
 
-    def _shadow_charges(self, rank, key: tuple, after, kernels) -> CallCharges:
-        """A shadow's CallCharges of a ring call, charging nothing: step by step, a step's
+    def _shadow_charges(self, rank, key: tuple, after, kernels):
+        """A shadow's charges of a ring call, charging nothing: step by step, a step's
         charges found once per (call, diagonal or not, its bookkeeping kernels' bytes): the
-        same kernels on the same GPU model."""
+        same kernels on the same GPU model. A ShadowCall where its FLOPs are whole numbers,
+        else the CallCharges its own run would recharge."""
         ring_phase, c = key[1], rank.cp.size
         diagonal = diagonal_step(ring_phase, c)
         steps = []
@@ -141,7 +143,14 @@ class CpShadows:
                 found = self._steps[sig] = _apart(
                     rank, lambda r, s=step: kernels(r, ring_phase, s))
             steps.append(found)
-        return CallCharges(steps)
+        flops = {}  # phase -> FLOPs of the call, whole numbers
+        for added, _, _ in steps:
+            for phase, value in added.items():
+                if not float(value).is_integer():
+                    return CallCharges(steps)
+                flops[phase] = flops.get(phase, 0) + value
+        return ShadowCall(tuple(step[2] for step in steps), tuple(
+            (phase, (value,)) for phase, value in flops.items()))
 
     def land(self, vector) -> None:
         """The current clock becomes `vector` (slice 0 checked against the simulation's)."""
@@ -270,9 +279,12 @@ def _safe_links(world, leaders: dict) -> frozenset:
                      if load <= network.capacity_Bps[edge])
 
 
-def _whole(charges) -> bool:
-    """Whether a call's FLOPs are whole numbers (so their sums are the same in any order)."""
-    return all(float(value).is_integer() for _, values in charges.flops for value in values)
+class ShadowCall(NamedTuple):
+    """A shadow's ring call as ring_pass.py reads it (its kernel seconds per step) and its
+    FLOPs per phase, whole numbers (so added at the end in any order, the same sums)."""
+
+    seconds: tuple  # per step (kernel s, ...) in order
+    flops: tuple  # ((phase, (FLOPs,)), ...)
 
 
 def _apart(rank, kernels) -> tuple:
