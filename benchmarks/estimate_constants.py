@@ -155,7 +155,7 @@ def counts(sc, shortcuts, how: str) -> dict:
 def _counts(sc, shortcuts, how: str) -> dict:
     """The count each constant multiplies in this run's estimate ({name: count})."""
     from simsp.scenario.work import meta_bytes, meta_seconds, numeric_seconds
-    from simsp.shortcuts.work_counts import run_ranks, run_seconds
+    from simsp.shortcuts.work_counts import cp_shadows, run_ranks, run_seconds
     saved = current_values(raw=True)
     _put({name: Symbol({name: 1.0}) for name in saved})
     try:
@@ -167,7 +167,7 @@ def _counts(sc, shortcuts, how: str) -> dict:
             estimate = numeric_seconds(sc)
         else:
             estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts),
-                                  shortcuts.templates)
+                                  shortcuts.templates, cp_shadows(sc, shortcuts))
     finally:
         _put(saved)
     alone = {"check": "SYMMETRY_SECONDS_PER_RANK", "visits": "SECONDS_PER_FLOW_VISIT"}

@@ -326,17 +326,20 @@ def buckets_of(tensors: list[int], size: int | None) -> int:
 
 
 def meta_bytes(sc, representative: bool = True, ranks: int | None = None,
-               templates: bool | None = None) -> int:
+               templates: bool | None = None, cp_shadows: bool = False) -> int:
     """Bytes meta mode keeps: the ledger and trace per layer-step of every simulated rank of a
     stage, and every simulated rank's plan (its list of every layer's parameter names: ranks x L).
     `ranks`: the ranks the run simulates (shortcuts/work_counts.py run_ranks: the plan's, its
     replicas and expert groups counted), else simulated_ranks' rule. `templates`: whether the
     verdict replays layer templates (else as the representative: templates need it); a rank
-    that runs its layers untemplated keeps far more per layer-step (full_bytes)."""
+    that runs its layers untemplated keeps far more per layer-step (full_bytes). `cp_shadows`:
+    only CP rank 0 of each CP group runs its layer-steps (training/context_parallel/
+    shadows.py)."""
     ranks = simulated_ranks(sc, representative) if ranks is None else ranks
     templates = representative if templates is None else templates
+    running = ranks // sc.parallel.cp if cp_shadows else ranks  # those with a program
     # the layer-steps of every simulated rank of a stage, each rank its own ledger and trace
-    rank_steps = (layer_steps(sc) + mtp_steps(sc)) * ranks // sc.parallel.pp
+    rank_steps = (layer_steps(sc) + mtp_steps(sc)) * running // sc.parallel.pp
     plans = ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER
     if not templates:
         return full_bytes(sc, rank_steps, ranks) + plans
@@ -366,7 +369,8 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                meta_estimate: float | None = None, worst_case: str = "",
-               meta_ranks: int | None = None, meta_templates: bool | None = None) -> None:
+               meta_ranks: int | None = None, meta_templates: bool | None = None,
+               meta_shadows: bool = False) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
     iterations, at most that many where `worst_case` accounts for them (verify: two per checked
@@ -374,13 +378,15 @@ def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = Fa
     `meta_estimate`: one meta iteration's CPU seconds with the work the shortcut verdict leaves
     counted (shortcuts/work_counts.py run_seconds), else meta_seconds' rule alone; `meta_ranks`
     the ranks it simulates (work_counts.py run_ranks), else simulated_ranks' rule;
-    `meta_templates` whether the verdict replays layer templates (meta_bytes)."""
+    `meta_templates` whether the verdict replays layer templates and `meta_shadows` whether
+    its CP groups run as one program (meta_bytes)."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
-        _check_memory(meta_bytes(sc, shortcuts, meta_ranks, meta_templates), "work",
+        _check_memory(meta_bytes(sc, shortcuts, meta_ranks, meta_templates, meta_shadows),
+                      "work",
                       "meta mode would keep about")
         seconds = (meta_seconds(sc, shortcuts) if meta_estimate is None
                    else meta_estimate) * iterations
