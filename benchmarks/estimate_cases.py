@@ -131,12 +131,15 @@ GROUPS = {
         ("cp-128k-dp 1024", _cp_128k_dp(1024), "run")]),
     # a CP group run as one program (training/context_parallel/shadows.py): d = 1
     "cp-shadows": (("CP_SHADOW_SECONDS_PER_LEADER_STEP", "CP_SHADOW_SECONDS_PER_RANK_STEP",
-                    "CP_SHADOW_SECONDS_PER_RANK_PAIR"), [
+                    "CP_SHADOW_SECONDS_PER_RANK_PAIR", "CP_CHECK_SECONDS_PER_MEMBER"), [
         ("cp 16 p2p", _cp(16, 1, "p2p"), "run"),
         ("cp 64 p2p", _cp(64, 1, "p2p"), "run"),
         ("cp-128k 256", _cp_128k(256), "run"),
         ("cp-128k 512", _cp_128k(512), "run"),
-        ("cp-128k 1024", _cp_128k(1024), "run")]),
+        ("cp-128k 1024", _cp_128k(1024), "run"),
+        ("cp-128k-dp 2048", _cp_128k_dp(2048), "run"),
+        ("cp-128k-dp 8192", _cp_128k_dp(8192), "run"),
+        ("cp-128k-dp 16384", _cp_128k_dp(16384), "run")]),
     # SMs shared: ring_pass.py and the split templates are off
     "cp-lone-shared": (("CP_SECONDS_PER_RANK_STEP", "CP_LONE_SECONDS_PER_RANK_PAIR"), [
         ("cp 16 p2p, SM contention", _cp(16, 1, "p2p") + ["--sm-contention"], "run"),

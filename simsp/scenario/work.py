@@ -21,7 +21,8 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     TRAIN_SECONDS_PER_COLLECTIVE, FSDP_SECONDS_PER_COLLECTIVE_PIECE, CP_SECONDS_PER_RANK_PAIR,
     CP_SECONDS_PER_RANK_STEP, CP_LONE_SECONDS_PER_RANK_PAIR, CP_PASS_SECONDS_PER_RANK_PAIR,
     CP_TEMPLATE_SECONDS_PER_RANK_STEP, CP_SHADOW_SECONDS_PER_LEADER_STEP,
-    CP_SHADOW_SECONDS_PER_RANK_STEP, CP_SHADOW_SECONDS_PER_RANK_PAIR, EXCHANGE_SECONDS_PER_FLOW,
+    CP_SHADOW_SECONDS_PER_RANK_STEP, CP_SHADOW_SECONDS_PER_RANK_PAIR, CP_CHECK_SECONDS_PER_MEMBER,
+    EXCHANGE_SECONDS_PER_FLOW,
     EP_SECONDS_PER_RANK_PAIR, EP_SECONDS_PER_RANK_PAIR_SQUARED, SECONDS_PER_FLOW_VISIT,
     SECONDS_PER_GATHER_FLOW, A2A_ALONE_SECONDS_PER_FLOW, CHECK_SECONDS_PER_MEMBER,
     MTP_SECONDS_PER_DEPTH_STEP, SECONDS_PER_FLOW, RUN_START_SECONDS, TIME_LIMIT_S,
@@ -100,7 +101,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  exchange_flows: int = 0, flow_visits: float = 0.0,
                  gather_flows: float = 0.0, replicas: int = 1,
                  cp_lone: bool = False, cp_templates: bool = False,
-                 ranks: int | None = None, cp_shadows: bool = False) -> float:
+                 ranks: int | None = None, cp_shadows: bool = False,
+                 cp_members: int = 0) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's schedule steps (chunk_steps: a
@@ -131,7 +133,9 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     (shortcuts/work_counts.py run_ranks: the plan's, expert groups grown counted), each its plan
     and buckets, else simulated_ranks' rule times the replicas. `cp_shadows`: CP rank 0 of each
     stage runs for its group (training/context_parallel/shadows.py): its layer-steps and
-    schedule steps once, the group's vectors per CP rank, the ring pass's pairs among them."""
+    schedule steps once, the group's vectors per CP rank, the ring pass's pairs among them.
+    `cp_members`: the members of the CP groups the shortcut check lists as all-to-alls
+    (shortcuts/work_counts.py cp_checked_members), priced apart from `a2a`'s."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
@@ -151,7 +155,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + steps + plans + buckets + fsdp + mtp
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas,
                            cp_shadows and cp_ranks)
-            + flows * SECONDS_PER_FLOW
+            + flows * SECONDS_PER_FLOW + cp_members * CP_CHECK_SECONDS_PER_MEMBER
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
             + gather_flows * SECONDS_PER_GATHER_FLOW)
 

@@ -230,6 +230,13 @@ def checked_members(sc) -> int:
     return sum(world // n * n for n in sizes if n > 1)
 
 
+def cp_checked_members(sc) -> int:
+    """checked_members' CP part: every rank once where CP groups are listed as all-to-alls
+    (priced apart: scenario/work.py meta_seconds cp_members)."""
+    p = sc.parallel
+    return p.world_size if p.cp > 1 and p.cp_comm_type != "allgather" else 0
+
+
 def phase_flows(shortcuts: Shortcuts, gpus_per_node: int):
     """Flows of one phase of a stepped ring: ring_flows, or where the representative run is
     the quotient by rail symmetry (shortcuts/quotient.py) its piece's positions x (n − 1)
@@ -406,7 +413,9 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    flows=counts.flows,
                                    fsdp_flows=(counts.fsdp_flows, counts.piece_flows,
                                                counts.train_steps, counts.train_collectives),
-                                   a2a=(counts.a2a_flows, counts.checked_members),
+                                   a2a=(counts.a2a_flows,
+                                        counts.checked_members - cp_checked_members(sc)),
+                                   cp_members=cp_checked_members(sc),
                                    ep_pairs=counts.ep_pairs,
                                    exchange_flows=counts.exchange_flows,
                                    flow_visits=counts.flow_visits,
