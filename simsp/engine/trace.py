@@ -106,7 +106,7 @@ class Trace:
                       labels: tuple) -> None:
         """Record transfers i = 0.. of srcs[i] -> dsts[i], `nbytes` each, over
         [starts[i], ends[i]) ((n,) arrays, never changed after), labels[i], as one block."""
-        self._transfers.append(_Block(srcs, dsts, nbytes, starts, ends, labels))
+        self._transfers.append(_new_span(_Block, (srcs, dsts, nbytes, starts, ends, labels)))
         self._blocks += 1
 
     def spans_of(self, rank: int, track: str | None = None) -> list[Span]:

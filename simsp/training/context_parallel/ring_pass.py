@@ -198,7 +198,13 @@ def _sends(ring, phase: str, step: int, posts, to: int):
     each transfer recorded as its delivery would be (LoneRing.delivered_at; the bytes: _count)."""
     c = ring.cp
     nbytes = exchange_bytes(phase, step, c, ring.kv_bytes)
-    srcs, dsts, rate_Bps, latency_s = ring.lone.pair_arrays(ring.gpus, to)
+    pairs = ring.__dict__.get("_pair_arrays")  # per direction, found once per call's ring
+    if pairs is None:
+        pairs = ring._pair_arrays = {}
+    found = pairs.get(to)
+    if found is None:
+        found = pairs[to] = ring.lone.pair_arrays(ring.gpus, to)
+    srcs, dsts, rate_Bps, latency_s = found
     start = np.maximum(posts, posts[_neighbour(c, to)])  # (c,) posts[src], posts[src + to]
     end = ring.lone.end_time(start, nbytes, rate_Bps, latency_s)  # (c,)
     delivered = _landed(start, end)  # (c,)
