@@ -181,8 +181,10 @@ def _compute(compute: dict, phase: str, step: int, clock, kernels):
     after the other (step_clock; np.add.accumulate down the rows adds them in turn, no
     pairwise sums): (c,) the step ends, recorded in `compute` (the ring's timeline) unless
     None."""
-    if len(kernels) == 2:
-        end = clock + kernels[1]  # (c,)
+    if len(kernels) <= 4:  # a few: added in place (cheaper than accumulate's array)
+        end = clock + kernels[1] if len(kernels) > 1 else clock.copy()  # (c,)
+        for column in kernels[2:]:  # (c,) one kernel of every rank
+            end += column
     else:
         kernels[0] = clock  # the row kept for it
         end = np.add.accumulate(kernels, axis=0)[-1]  # (c,)
@@ -207,7 +209,9 @@ def _sends(ring, phase: str, step: int, posts, to: int):
     srcs, dsts, rate_Bps, latency_s = found
     start = np.maximum(posts, posts[_neighbour(c, to)])  # (c,) posts[src], posts[src + to]
     end = ring.lone.end_time(start, nbytes, rate_Bps, latency_s)  # (c,)
-    delivered = _landed(start, end)  # (c,)
+    delivered = start + (end - start)  # (c,) _delays' first try, where it lands everywhere
+    if not (delivered == end).all():
+        delivered = start + _delays(start, end)
     ring.lone.network.trace.add_transfers(srcs, dsts, nbytes, start, delivered,
                                           _labels(phase, step, c, to))
     return delivered
@@ -224,16 +228,6 @@ def _count(ring, phase: str, to: int) -> None:
     for src, dst in zip(srcs, dsts):
         sent[src] += nbytes
         received[dst] += nbytes
-
-
-def _landed(now, target):
-    """(c,) now + _delays(now, target): where the first try lands everywhere, that sum
-    itself."""
-    delay = target - now  # (c,)
-    landed = now + delay  # (c,)
-    if (landed == target).all():
-        return landed
-    return now + _delays(now, target)
 
 
 def _delays(now, target):
