@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import (_a2a, _cp_128k, _deepseek, _fsdp2, _gpt3,  # noqa: E402
+from scale import (_a2a, _cp_128k, _cp_128k_dp, _deepseek, _fsdp2, _gpt3,  # noqa: E402
                    _gpt3_tp_overlap, _llama405_fsdp, _mtp)
 
 TINY = ["scenarios/tiny.toml"]
@@ -125,13 +125,24 @@ GROUPS = {
         ("cp 32 p2p d2", _cp(32, 2, "p2p"), "run"),
         ("cp 64 p2p d2", _cp(64, 2, "p2p"), "run"),
         ("cp 8 a2a d4", _cp(8, 4, "a2a"), "run")]),
-    # layer templates split at the CP calls (model/replay.py SplitTemplate) in these runs
+    # layer templates split at the CP calls (model/replay.py SplitTemplate) in these runs,
+    # every CP rank its own program (d = 2: no CP shadows); fitted (q46b) on the d = 1 runs of
+    # cp-shadows below, before the shadows ran them
     "cp-lone": (("CP_TEMPLATE_SECONDS_PER_RANK_STEP", "CP_PASS_SECONDS_PER_RANK_PAIR"), [
+        ("cp 16 p2p d2", _cp(16, 2, "p2p"), "run"),
+        ("cp 64 p2p d2", _cp(64, 2, "p2p"), "run"),
+        ("cp-128k-dp 1024", _cp_128k_dp(1024), "run")]),
+    # a CP group run as one program (training/context_parallel/shadows.py): d = 1
+    "cp-shadows": (("CP_SHADOW_SECONDS_PER_LEADER_STEP", "CP_SHADOW_SECONDS_PER_RANK_STEP",
+                    "CP_SHADOW_SECONDS_PER_RANK_PAIR", "CP_CHECK_SECONDS_PER_MEMBER"), [
         ("cp 16 p2p", _cp(16, 1, "p2p"), "run"),
         ("cp 64 p2p", _cp(64, 1, "p2p"), "run"),
         ("cp-128k 256", _cp_128k(256), "run"),
         ("cp-128k 512", _cp_128k(512), "run"),
-        ("cp-128k 1024", _cp_128k(1024), "run")]),
+        ("cp-128k 1024", _cp_128k(1024), "run"),
+        ("cp-128k-dp 2048", _cp_128k_dp(2048), "run"),
+        ("cp-128k-dp 8192", _cp_128k_dp(8192), "run"),
+        ("cp-128k-dp 16384", _cp_128k_dp(16384), "run")]),
     # SMs shared: ring_pass.py and the split templates are off
     "cp-lone-shared": (("CP_SECONDS_PER_RANK_STEP", "CP_LONE_SECONDS_PER_RANK_PAIR"), [
         ("cp 16 p2p, SM contention", _cp(16, 1, "p2p") + ["--sm-contention"], "run"),

@@ -167,7 +167,7 @@ def _counts(sc, shortcuts, how: str) -> dict:
     """The count each constant multiplies in this run's estimate ({name: count})."""
     from simsp.scenario.work import meta_bytes, meta_seconds, numeric_seconds
     from simsp.shortcuts.record_counts import dp_ring_records
-    from simsp.shortcuts.work_counts import run_ranks, run_seconds
+    from simsp.shortcuts.work_counts import cp_shadows, run_ranks, run_seconds
     saved = current_values(raw=True)
     _put({name: Symbol({name: 1.0}) for name in saved})
     try:
@@ -179,7 +179,7 @@ def _counts(sc, shortcuts, how: str) -> dict:
             estimate = numeric_seconds(sc)
         else:  # peak RSS at run's default trace: no detail spans
             estimate = meta_bytes(sc, shortcuts.representative, run_ranks(sc, shortcuts),
-                                  shortcuts.templates,
+                                  shortcuts.templates, cp_shadows=cp_shadows(sc, shortcuts),
                                   records=dp_ring_records(sc, shortcuts))
     finally:
         _put(saved)

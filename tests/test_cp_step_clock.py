@@ -9,8 +9,16 @@ import pytest
 
 from simsp.metrics.collect import collect
 from simsp.training.context_parallel.step_clock import one_timeout
+from simsp.training.driver import iteration
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from tests.test_cp_shortcuts import cp_scenario
+
+
+@pytest.fixture(autouse=True)
+def every_cp_rank_runs(monkeypatch):
+    """Every simulated CP rank runs its own program, its own counters and ledger compared
+    (a CP group as one program: tests/test_cp_shadows.py)."""
+    monkeypatch.setattr(iteration, "cp_shadow_why_not", lambda *args: "each rank compared")
 
 
 def _run(sc, shortcuts, trace):

@@ -13,9 +13,17 @@ import pytest
 
 from simsp.metrics.collect import collect
 from simsp.model import replay
+from simsp.training.driver import iteration
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from tests.test_cp_lone_ring import cp_scenario
 from tests.test_cp_shortcuts import exposures_apart
+
+
+@pytest.fixture(autouse=True)
+def every_cp_rank_runs(monkeypatch):
+    """Every simulated CP rank runs its own program, its own counters and ledger compared
+    (a CP group as one program: tests/test_cp_shadows.py)."""
+    monkeypatch.setattr(iteration, "cp_shadow_why_not", lambda *args: "each rank compared")
 
 
 def _run(sc, shortcuts):

@@ -93,7 +93,17 @@ class RankGrid:
         """Every group along `axis` ("tp", "dp", "pp", "cp" or "dp_cp"), by their smallest rank."""
         group_of = {"tp": self.tp_group, "dp": self.dp_group, "pp": self.pp_group,
                     "cp": self.cp_group, "dp_cp": self.dp_cp_group}[axis]
-        return sorted({group_of(rank) for rank in range(self.world_size)})
+        return [group_of(rank) for rank in self._firsts(axis)]
+
+    def _firsts(self, axis: str) -> list[int]:
+        """The smallest rank of every group along `axis`, ascending: the ranks whose
+        coordinate on it is 0 (dp_cp: both), as rank_of places them."""
+        fixed = {"tp": ("tp",), "dp": ("dp",), "pp": ("pp",), "cp": ("cp",),
+                 "dp_cp": ("dp", "cp")}[axis]
+        free = [range(1) if name in fixed else range(getattr(self, name))
+                for name in ("tp", "dp", "pp", "cp")]
+        return sorted(self.rank_of(tp, dp, pp, cp) for tp in free[0] for dp in free[1]
+                      for pp in free[2] for cp in free[3])
 
     def _check_rank(self, rank: int) -> None:
         """Reject ranks outside the world."""

@@ -26,7 +26,7 @@ from simsp.report.run.memory_snapshot import snapshot_name, write_memory_snapsho
 from simsp.report.run.painter import start_painter
 from simsp.report.run.summary_md import run_label
 from simsp.shortcuts.record_counts import dp_ring_records
-from simsp.shortcuts.work_counts import run_ranks, run_seconds
+from simsp.shortcuts.work_counts import cp_shadows, run_ranks, run_seconds
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.driver.trace_counts import detail_spans
 
@@ -130,7 +130,8 @@ def run(args) -> int:
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
                meta_estimate=run_seconds(sc, shortcuts), meta_ranks=run_ranks(sc, shortcuts),
                meta_templates=shortcuts.templates, meta_detail=detail_spans(sc, args.trace),
-               meta_records=dp_ring_records(sc, shortcuts))
+               meta_records=dp_ring_records(sc, shortcuts),
+               meta_shadows=cp_shadows(sc, shortcuts))
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

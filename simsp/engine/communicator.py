@@ -63,6 +63,9 @@ class Communicator(TimedCollectives, Exchanges):
         self.sharp_groups: frozenset | None = None
         self.pair_orbits: dict = {}  # EP group -> its pairs' orbits (rail_symmetry.pair_orbits)
         self.twins: dict = {}  # rank -> the first placed as it is (FSDP replicas placed unlike)
+        # CP leaders' slices (training/context_parallel/shadows.py): a leader joins a
+        # collective for its shadows
+        self.slices = None
 
     def all_reduce(self, group, rank: int, buffer, nbytes: int, tag: str = "",
                    elem_bytes: int | None = None, sms: int | None = None, name: str = ""):
@@ -112,6 +115,12 @@ class Communicator(TimedCollectives, Exchanges):
 
         `elem_bytes` (default: the communicator's) sizes the elements, e.g. 4 for fp32 grads."""
         group = tuple(group)
+        shadows = self.slices.spans(group, rank) if self.slices is not None else ()
+        if shadows:  # a CP leader for its shadows too, at the latest slice's arrival
+            yield from self.slices.meet()
+            for shadow in shadows:
+                self._join(collective, group, shadow, None, nbytes, tag,
+                           elem_bytes or self.elem_bytes, name)
         meeting = self._join(collective, group, rank, buffer, nbytes, tag,
                              elem_bytes or self.elem_bytes, name)
         results = yield from self._hold_sms(meeting, rank, sms)

@@ -4,6 +4,7 @@ Plain records, no I/O: metrics and reports read them later.
 """
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import NamedTuple
 
 TRACE_DETAILS = ("none", "steps", "full")  # `simsp run --trace`
@@ -43,15 +44,48 @@ class TransferRecord(NamedTuple):
     label: str
 
 
+class _Block(NamedTuple):
+    """Transfers recorded at once (Trace.add_transfers)."""
+
+    srcs: list
+    dsts: list
+    nbytes: int
+    starts: object  # (n,) float array
+    ends: object  # (n,) float array
+    labels: tuple
+
+    def records(self):
+        """The block's TransferRecords, in order."""
+        return map(_new_span, repeat(TransferRecord), zip(
+            self.srcs, self.dsts, repeat(self.nbytes), self.starts.tolist(), self.ends.tolist(),
+            self.labels))
+
+
 @dataclass
 class Trace:
     """Every span and transfer of one simulation, in the order they were recorded.
 
-    Spans on a track in `skip` are not recorded (a trace written at lower detail)."""
+    Spans on a track in `skip` are not recorded (a trace written at lower detail). Transfers
+    may come in blocks (add_transfers: a CP ring step's sends at once, their times as arrays),
+    turned into records, in order, when `transfers` is read."""
 
     spans: list[Span] = field(default_factory=list)
-    transfers: list[TransferRecord] = field(default_factory=list)
+    _transfers: list = field(default_factory=list)  # TransferRecord, or a block of them
     skip: frozenset = frozenset()
+    _blocks: int = 0  # blocks in _transfers not yet turned into records
+
+    @property
+    def transfers(self) -> list[TransferRecord]:
+        """Every transfer recorded, in order (blocks turned into records on first read)."""
+        if self._blocks:
+            records = []
+            for item in self._transfers:
+                if type(item) is _Block:
+                    records.extend(item.records())
+                else:
+                    records.append(item)
+            self._transfers, self._blocks = records, 0
+        return self._transfers
 
     def add_span(self, rank: int, track: str, name: str, start_s: float, end_s: float,
                  args: dict | None = None) -> Span | None:
@@ -66,7 +100,14 @@ class Trace:
 
     def add_transfer(self, record: TransferRecord) -> None:
         """Record one finished point-to-point transfer."""
-        self.transfers.append(record)
+        self._transfers.append(record)
+
+    def add_transfers(self, srcs: list, dsts: list, nbytes: int, starts, ends,
+                      labels: tuple) -> None:
+        """Record transfers i = 0.. of srcs[i] -> dsts[i], `nbytes` each, over
+        [starts[i], ends[i]) ((n,) arrays, never changed after), labels[i], as one block."""
+        self._transfers.append(_new_span(_Block, (srcs, dsts, nbytes, starts, ends, labels)))
+        self._blocks += 1
 
     def spans_of(self, rank: int, track: str | None = None) -> list[Span]:
         """The spans of `rank`, optionally only those on `track`, in recording order."""

@@ -55,7 +55,8 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
         "loss": run.loss,
         "calibration": {"compute": calibration_table(cluster_compute(sc.cluster)), "links": LinkCalibration.from_cluster(sc.cluster).describe()},
         "shortcuts": shortcuts.flags(),
-        "shortcuts_used": shortcuts_used(shortcuts, run.inputs.replayed),
+        "shortcuts_used": shortcuts_used(shortcuts, run.inputs.replayed,
+                                         run.inputs.world.shadows),
         **architecture_section(sc),
         **fsdp_section(run),
         **overlaps_section(run),
@@ -65,11 +66,17 @@ def collect(run, shortcuts, name_live: bool = True) -> dict:
     }
 
 
-def shortcuts_used(shortcuts, replayed: frozenset) -> dict:
+def shortcuts_used(shortcuts, replayed: frozenset, shadows=None) -> dict:
     """The verdict's reasons (Shortcuts.why), the representative's naming the ranks of other
     replicas that replayed their steps after each chunk's first (training/pipeline/
-    step_replay.py): timing only, their memory rows their stage's replica 0's."""
+    step_replay.py): timing only, their memory rows their stage's replica 0's; and the CP
+    ranks that ran as their leader's shadows (training/context_parallel/shadows.py)."""
     why = shortcuts.why()
+    if shadows is not None:
+        why["representative"] += (f"; CP rank 0 of each stage runs for its group, the other "
+                                  f"{len(shadows.shadowed())} CP ranks following it in vector "
+                                  f"clocks (their own CP kernels, ring ends and pipeline "
+                                  f"transfers), their memory rows their leader's")
     if replayed:
         why["representative"] += (f"; the {len(replayed)} ranks of the other replicas replay "
                                   f"their steps after each chunk's first (each a pure delay), "

@@ -19,13 +19,23 @@ def oom_report(oom) -> dict | None:
                              for t in oom.largest_live]}
 
 
+def _shadowed(run) -> frozenset:
+    """The CP ranks that ran as their leader's shadows (their ledger its)."""
+    shadows = run.inputs.world.shadows
+    return frozenset() if shadows is None else shadows.shadowed()
+
+
 def ledger_of(run, rank: int):
     """The ledger of `rank`, or of the simulated rank identical to it when it was not simulated."""
     inputs, ranks = run.inputs, run.inputs.world.ranks
-    if rank in ranks and rank not in inputs.replayed:
+    if rank in ranks and rank not in inputs.replayed and rank not in _shadowed(run):
         return ranks[rank].ledger  # not a replayed rank, whose ledger is partial
+    if rank in _shadowed(run):  # a shadow's rows are its CP leader's
+        return ranks[inputs.world.shadows.leader_of[rank]].ledger
     coords = inputs.world.grid.coords(rank)
     source = inputs.rank_of(0, 0, coords.pp, coords.cp)  # an identical representative
+    if source in _shadowed(run):  # its replica 0's rank a shadow: that one's leader's
+        source = inputs.world.shadows.leader_of[source]
     if inputs.sc.model.num_experts is not None:
         from simsp.model.blocks.moe.placement import represented_by  # MoE only
         if represented_by(inputs.sc, rank) in ranks:
@@ -38,7 +48,8 @@ def rank_memory(run, rank: int, name_live: bool = True) -> dict:
     (`name_live=False`: the verdict's largest live tensors left out, its bytes the same)."""
     inputs = run.inputs
     c = inputs.world.grid.coords(rank)
-    simulated = rank in inputs.world.ranks and rank not in inputs.replayed  # its own row
+    simulated = (rank in inputs.world.ranks and rank not in inputs.replayed
+                 and rank not in _shadowed(run))  # its own row
     ledger = ledger_of(run, rank)
     summary = ledger.summary(name_live)
     peaks = summary.peak_by_category

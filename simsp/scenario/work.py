@@ -20,7 +20,9 @@ from simsp.scenario.work_constants import (  # noqa: F401 (re-exported)
     FSDP_SECONDS_PER_FLOW, PIECE_SECONDS_PER_FLOW, TRAIN_SECONDS_PER_STEP,
     TRAIN_SECONDS_PER_COLLECTIVE, FSDP_SECONDS_PER_COLLECTIVE_PIECE, CP_SECONDS_PER_RANK_PAIR,
     CP_SECONDS_PER_RANK_STEP, CP_LONE_SECONDS_PER_RANK_PAIR, CP_PASS_SECONDS_PER_RANK_PAIR,
-    CP_TEMPLATE_SECONDS_PER_RANK_STEP, EXCHANGE_SECONDS_PER_FLOW,
+    CP_TEMPLATE_SECONDS_PER_RANK_STEP, CP_SHADOW_SECONDS_PER_LEADER_STEP,
+    CP_SHADOW_SECONDS_PER_RANK_STEP, CP_SHADOW_SECONDS_PER_RANK_PAIR, CP_CHECK_SECONDS_PER_MEMBER,
+    EXCHANGE_SECONDS_PER_FLOW,
     EP_SECONDS_PER_RANK_PAIR, EP_SECONDS_PER_RANK_PAIR_SQUARED, SECONDS_PER_FLOW_VISIT,
     SECONDS_PER_GATHER_FLOW, A2A_ALONE_SECONDS_PER_FLOW, CHECK_SECONDS_PER_MEMBER,
     MTP_SECONDS_PER_DEPTH_STEP, SECONDS_PER_FLOW, RUN_START_SECONDS, TIME_LIMIT_S,
@@ -100,7 +102,8 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
                  exchange_flows: int = 0, flow_visits: float = 0.0,
                  gather_flows: float = 0.0, replicas: int = 1,
                  cp_lone: bool = False, cp_templates: bool = False,
-                 ranks: int | None = None) -> float:
+                 ranks: int | None = None, cp_shadows: bool = False,
+                 cp_members: int = 0) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's schedule steps (chunk_steps: a
@@ -129,22 +132,31 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     templates split at the CP calls (model/replay.py SplitTemplate), so a CP rank's layer-step
     costs its CP calls and a few replayed segments. `ranks`: the ranks the run simulates
     (shortcuts/work_counts.py run_ranks: the plan's, expert groups grown counted), each its plan
-    and buckets, else simulated_ranks' rule times the replicas."""
+    and buckets, else simulated_ranks' rule times the replicas. `cp_shadows`: CP rank 0 of each
+    stage runs for its group (training/context_parallel/shadows.py): its layer-steps and
+    schedule steps once, the group's vectors per CP rank, the ring pass's pairs among them.
+    `cp_members`: the members of the CP groups the shortcut check lists as all-to-alls
+    (shortcuts/work_counts.py cp_checked_members), priced apart from `a2a`'s."""
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
     per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone, cp_templates)
+    if cp_shadows and cp_ranks:
+        per_step = replicas * (CP_SHADOW_SECONDS_PER_LEADER_STEP
+                               + p.cp * CP_SHADOW_SECONDS_PER_RANK_STEP)
     if ranks is None:
         ranks = simulated_ranks(sc, representative or cp_ranks) * (
             replicas if representative or cp_ranks else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
-    steps = chunk_steps(sc) * ranks / p.pp * META_SECONDS_PER_CHUNK_STEP  # every simulated rank's
+    running = ranks / p.cp if cp_shadows and cp_ranks else ranks  # those with a program
+    steps = chunk_steps(sc) * running / p.pp * META_SECONDS_PER_CHUNK_STEP  # each one's
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
     fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + steps + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas)
-            + flows * SECONDS_PER_FLOW
+            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas,
+                           cp_shadows and cp_ranks)
+            + flows * SECONDS_PER_FLOW + cp_members * CP_CHECK_SECONDS_PER_MEMBER
             + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
             + gather_flows * SECONDS_PER_GATHER_FLOW)
 
@@ -202,7 +214,7 @@ def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None) -> f
 
 def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
                  ep_pairs: float | None = None, cp_lone: bool = False,
-                 replicas: int = 1) -> float:
+                 replicas: int = 1, cp_shadows: bool = False) -> float:
     """The terms that grow with the square of a group: every pair of a CP group's ranks
     exchanges K/V blocks (p2p ring, a2a), every pair of EP ranks tokens (MoE dispatch).
     `a2a`: (alone all-to-all flows, checked members) where the verdict counted them: the
@@ -212,12 +224,16 @@ def pair_seconds(sc, a2a: tuple[int, int] | None = None, cp_ranks: bool = False,
     p2p ring alone on its links too (meta_seconds), each call then worked out in arithmetic
     (context_parallel/ring_pass.py) unless SMs are shared. `ep_pairs`: the flows
     one all-to-all starts where the run does not start one per pair (under rail symmetry one
-    per orbit of its pairs: shortcuts/work_counts.py), in place of ep²."""
+    per orbit of its pairs: shortcuts/work_counts.py), in place of ep². `cp_shadows`: the
+    ring's pairs of each call priced with the group's vectors (meta_seconds); here once per
+    run, each CP index's charges of its c steps (shared by the stages: shadows.py)."""
     p, m = sc.parallel, sc.model
     alone_flows, members = (0, 0) if a2a is None else a2a
     seconds = members * CHECK_SECONDS_PER_MEMBER
     groups = replicas if cp_ranks else p.tp * p.dp  # CP groups per stage that run
-    if p.cp > 1 and p.cp_comm_type != "allgather":
+    if cp_shadows:
+        seconds += groups * p.cp ** 2 * CP_SHADOW_SECONDS_PER_RANK_PAIR
+    if p.cp > 1 and p.cp_comm_type != "allgather" and not cp_shadows:
         per_pair = CP_SECONDS_PER_RANK_PAIR
         if cp_ranks and cp_lone:  # ring_pass.py works the calls out where no SM is shared
             per_pair = CP_LONE_SECONDS_PER_RANK_PAIR if sms_shared(sc) else \
@@ -316,7 +332,7 @@ def buckets_of(tensors: list[int], size: int | None) -> int:
 
 def meta_bytes(sc, representative: bool = True, ranks: int | None = None,
                templates: bool | None = None, detail: DetailSpans | None = None,
-               records: int = 0) -> int:
+               records: int = 0, cp_shadows: bool = False) -> int:
     """Bytes meta mode keeps: the ledger and trace per layer-step of every simulated rank of a
     stage, and every simulated rank's plan (its list of every layer's parameter names: ranks x L).
     `ranks`: the ranks the run simulates (shortcuts/work_counts.py run_ranks: the plan's, its
@@ -324,11 +340,14 @@ def meta_bytes(sc, representative: bool = True, ranks: int | None = None,
     verdict replays layer templates (else as the representative: templates need it); a rank
     that runs its layers untemplated keeps far more per layer-step (full_bytes). `detail`: the
     spans of `--trace full` (DetailSpans; None below it); `records`: the data-parallel rings'
-    transfer records the network keeps (shortcuts/record_counts.py dp_ring_records)."""
+    transfer records the network keeps (shortcuts/record_counts.py dp_ring_records);
+    `cp_shadows`: only CP rank 0 of each CP group runs its layer-steps
+    (training/context_parallel/shadows.py)."""
     ranks = simulated_ranks(sc, representative) if ranks is None else ranks
     templates = representative if templates is None else templates
+    running = ranks // sc.parallel.cp if cp_shadows else ranks  # those with a program
     # the layer-steps of every simulated rank of a stage, each rank its own ledger and trace
-    rank_steps = (layer_steps(sc) + mtp_steps(sc)) * ranks // sc.parallel.pp
+    rank_steps = (layer_steps(sc) + mtp_steps(sc)) * running // sc.parallel.pp
     plans = ranks * sc.model.num_layers * PLAN_BYTES_PER_RANK_LAYER
     spans = detail_bytes(sc, detail, templates, rank_steps, ranks)
     if not templates:
@@ -346,7 +365,8 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
                meta_estimate: float | None = None, worst_case: str = "",
                meta_ranks: int | None = None, meta_templates: bool | None = None,
-               meta_detail: DetailSpans | None = None, meta_records: int = 0) -> None:
+               meta_detail: DetailSpans | None = None, meta_records: int = 0,
+               meta_shadows: bool = False) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
     iterations, at most that many where `worst_case` accounts for them (verify: two per checked
@@ -355,14 +375,15 @@ def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = Fa
     counted (shortcuts/work_counts.py run_seconds), else meta_seconds' rule alone; `meta_ranks`
     the ranks it simulates (work_counts.py run_ranks), else simulated_ranks' rule;
     `meta_templates` whether the verdict replays layer templates, `meta_detail` the spans of
-    `--trace full` and `meta_records` the data-parallel rings' transfer records (meta_bytes)."""
+    `--trace full`, `meta_records` the data-parallel rings' transfer records and
+    `meta_shadows` whether its CP groups run as one program (meta_bytes)."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
         _check_memory(meta_bytes(sc, shortcuts, meta_ranks, meta_templates, meta_detail,
-                                 meta_records), "work",
+                                 meta_records, meta_shadows), "work",
                       "meta mode would keep about")
         seconds = (meta_seconds(sc, shortcuts) if meta_estimate is None
                    else meta_estimate) * iterations

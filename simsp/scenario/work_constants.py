@@ -124,6 +124,20 @@ CP_LONE_SECONDS_PER_RANK_PAIR = 1.6e-4
 # receive buffers entered at once: context_parallel/ring_pass.py) and the per-rank part more of
 # the whole: 2.1e-4 per rank-step and 1.68e-5 per pair (was 1.0e-4 and 3.3e-5).
 CP_TEMPLATE_SECONDS_PER_RANK_STEP = 2.1e-4
+# estimate_constants.py --only cp-shadows (2026-11-29, q47a, probe about 131 ms): a CP group run
+# as one program (training/context_parallel/shadows.py, d >= 1): per layer-step the leader's
+# program (its replayed segments and calls) and, per CP rank, the group's vectors (the ring
+# pass's steps, each shadow's bookkeeping column); once per run, per CP pair, each CP index's
+# charges of its c steps; and the shortcut check's cost per member of the CP groups it lists as
+# all-to-alls (shortcuts/cp_traffic.py; every rank of the world once: CHECK_SECONDS_PER_MEMBER,
+# fitted on expert all-to-alls, priced them about four times over). Runs: the cp 16 and 64 runs
+# of cp-lone's shape, benchmarks/scale.py cp-128k at 256, 512 and 1,024 GPUs and cp-128k-dp at
+# 2,048, 8,192 and 16,384 (within 5% of each but the 2-layer cp 16, whose fixed costs are
+# most of it: measured 3x).
+CP_SHADOW_SECONDS_PER_LEADER_STEP = 3.51e-4
+CP_SHADOW_SECONDS_PER_RANK_STEP = 1.93e-5
+CP_SHADOW_SECONDS_PER_RANK_PAIR = 2.34e-5
+CP_CHECK_SECONDS_PER_MEMBER = 8.26e-5
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it (engine/collectives/ring_alone.py channel_segment runs one channel's piece
 # per node), so it is in the linear terms; where the verdict steps it, its flows are counted

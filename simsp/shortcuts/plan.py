@@ -119,3 +119,39 @@ def simulated_ranks(sc, shortcuts: Shortcuts) -> tuple[int, ...] | None:
         from simsp.model.blocks.moe.placement import representatives
         return tuple(representatives(sc, ranks))
     return tuple(ranks)
+
+
+def cp_shadow_why_not(sc, shortcuts: Shortcuts, trace: str = "steps") -> str:
+    """Why a CP group's ranks cannot run as one program, CP rank 0 of each stage with its
+    shadows (training/context_parallel/shadows.py; "" when they can): the representative's
+    CP ranks with layer templates and closed-form collectives, a p2p ring whose calls run in
+    arithmetic (ring_pass.py: no compute spans traced, no SM contention, kernel log or CUDA
+    graphs), d = 1, blocking p2p without scatter/gather, untied embeddings, and nothing whose
+    timing reads another slice: no experts, FSDP, overlapped DP communication, offload,
+    multi-token prediction, FP8 delayed scaling, deferred weight gradients or split-backward
+    schedules."""
+    from simsp.training.fp8_amax import delayed_scaling  # run-time module: imported on use
+    from simsp.scenario.cuda_graphs import graph_impl
+    p, m = sc.parallel, sc.model
+    blockers = {
+        "no context parallelism": p.cp == 1,
+        f"--cp-comm-type {p.cp_comm_type}": p.cp_comm_type != "p2p",
+        "numeric mode": sc.run.mode != "meta",
+        "the full simulation": not (shortcuts.representative and shortcuts.closed_form
+                                    and shortcuts.templates),
+        "rail symmetry": shortcuts.symmetry is not None,
+        "FSDP": p.fsdp is not None,
+        "experts": m.num_experts is not None, "multi-token prediction": bool(m.mtp_num_layers),
+        "overlapped p2p": p.overlap_p2p_communication,
+        "scattered p2p": p.scatter_gather_tensors_in_pipeline and not p.sequence_parallel
+        and p.tp > 1,
+        "overlapped DP communication": p.overlap_grad_reduce or p.overlap_param_gather,
+        "FP8 delayed scaling": delayed_scaling(sc), "offload": p.cpu_offloading,
+        "delayed weight gradients": p.delay_wgrad_compute,
+        "SMs shared with communication": sms_shared(sc),
+        "CUDA graphs": graph_impl(p) != "none",
+        "tied embeddings": p.pp > 1 and not m.untie_embeddings_and_output_weights,
+        "traced compute": trace == "full",
+
+        f"the {p.schedule_name} schedule": p.schedule_name not in ("1f1b", "interleaved")}
+    return ", ".join(name for name, on in blockers.items() if on)

@@ -38,7 +38,7 @@ from simsp.scenario.work import (TIME_LIMIT_S, buckets_of, fsdp_collectives, lay
 from simsp.scenario.work_constants import SYMMETRY_SECONDS_PER_RANK
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.overlap_counts import exchange_flows, overlap_counts
-from simsp.shortcuts.plan import simulated_ranks
+from simsp.shortcuts.plan import cp_shadow_why_not, simulated_ranks
 from simsp.training.data_parallel.apex_buckets import (ALIGNMENT_BYTES, bucket_elements,
                                                         buckets_filled)
 
@@ -231,6 +231,13 @@ def checked_members(sc) -> int:
     if p.cp > 1 and p.cp_comm_type != "allgather":
         sizes.append(p.cp)
     return sum(world // n * n for n in sizes if n > 1)
+
+
+def cp_checked_members(sc) -> int:
+    """checked_members' CP part: every rank once where CP groups are listed as all-to-alls
+    (priced apart: scenario/work.py meta_seconds cp_members)."""
+    p = sc.parallel
+    return p.world_size if p.cp > 1 and p.cp_comm_type != "allgather" else 0
 
 
 def phase_flows(shortcuts: Shortcuts, gpus_per_node: int):
@@ -429,7 +436,9 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    flows=counts.flows,
                                    fsdp_flows=(counts.fsdp_flows, counts.piece_flows,
                                                counts.train_steps, counts.train_collectives),
-                                   a2a=(counts.a2a_flows, counts.checked_members),
+                                   a2a=(counts.a2a_flows,
+                                        counts.checked_members - cp_checked_members(sc)),
+                                   cp_members=cp_checked_members(sc),
                                    ep_pairs=counts.ep_pairs,
                                    exchange_flows=counts.exchange_flows,
                                    flow_visits=counts.flow_visits,
@@ -437,7 +446,8 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
                                    replicas=len(shortcuts.replicas),
                                    cp_lone=cp_lone(sc, shortcuts),
                                    cp_templates=shortcuts.templates and sc.parallel.cp > 1,
-                                   ranks=run_ranks(sc, shortcuts))
+                                   ranks=run_ranks(sc, shortcuts),
+                                   cp_shadows=cp_shadows(sc, shortcuts))
 
 
 def run_ranks(sc, shortcuts: Shortcuts) -> int:
@@ -446,6 +456,15 @@ def run_ranks(sc, shortcuts: Shortcuts) -> int:
     expert groups grown), every rank without the representative."""
     ranks = simulated_ranks(sc, shortcuts)
     return sc.parallel.world_size if ranks is None else len(ranks)
+
+
+def cp_shadows(sc, shortcuts: Shortcuts) -> bool:
+    """Whether CP rank 0 of each stage runs for its group (training/context_parallel/
+    shadows.py: shortcuts/plan.py cp_shadow_why_not finds nothing against it, at the trace
+    detail a benchmark takes, and the ring runs in arithmetic); the run may still refuse it
+    (pipeline transfers over a link's capacity) and run every rank: the estimate's
+    optimistic side."""
+    return cp_lone(sc, shortcuts) and not cp_shadow_why_not(sc, shortcuts, "none")
 
 
 def cp_lone(sc, shortcuts: Shortcuts) -> bool:

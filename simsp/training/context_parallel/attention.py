@@ -60,6 +60,9 @@ class CpAttention(ContextParallelAttention):
         self.held = {}  # ledger scope -> the K/V block the forward ended on (numeric)
         self.steps = {}  # a ring step's kernels -> what they charge (step_clock.run_step)
         self.lone = None  # context_parallel/lone_ring.py LoneRing, where the plan allows it
+        # a CP leader's group, its own Rank first, and the run's slices
+        # (context_parallel/shadows.py); None on every other rank
+        self.shadows = self.slices = None
 
     @staticmethod
     def _keep(keep, heads: int, first: int = 0):
@@ -92,6 +95,7 @@ class CpAttention(ContextParallelAttention):
         key = (self.members, r.scope, phase)
         shared = self.rings[key]
         shared.done += 1
+        shared.done += self.size - 1 if self.shadows is not None else 0  # theirs with it
         if shared.done == self.size:
             del self.rings[key]
             shared.ring.arith = None  # its RingPass points back at it: freed now, not by the GC
@@ -107,6 +111,37 @@ class CpAttention(ContextParallelAttention):
         timeout as a ring step's (step_clock.run_step)."""
         yield from run_step(r, lambda rank: self._kernels(rank, kernels), self.steps,
                             ("kernels", tuple(kernels), r.phase))
+
+    def _group_bookkeeping(self, r, kernels_of, key: tuple):
+        """_bookkeeping of `kernels_of(cp index)`; on a CP leader for its whole group, each
+        slice's clock then its rank's (context_parallel/shadows.py; `key`: what the kernels
+        depend on beside the rank and phase)."""
+        if self.shadows is None:
+            yield from self._bookkeeping(r, kernels_of(self.index))
+            return
+        start = self.slices.clocks.now  # (c,)
+        yield from self._bookkeeping(r, kernels_of(0))
+        self.slices.land(self.slices.kernels_end(start, self.shadows, kernels_of,
+                                                 key + (r.phase,)))
+
+    def _group_blocks(self, r, q, phase: str, after_of, after_bytes: tuple):
+        """_blocks with `after_of(cp index)`'s kernels; on a CP leader its call_seconds gives
+        the whole group's charges, each rank's own (ring_pass.py GroupCharges)."""
+        run = self._blocks(r, q, phase, after_of(self.index), after_bytes)
+        if self.shadows is None:
+            return run
+        own, shapes = run.call_seconds, (q.shape, phase, r.phase, False, after_bytes)
+
+        def shadow(j: int, rank):  # its bookkeeping kernels per step, and its step kernels
+            rank.phase = r.phase
+            after = after_of(j)
+            return after, rank.cp._blocks(rank, q, phase, after, after_bytes).kernels
+
+        def call_seconds(ring_phase: str):
+            return self.slices.group_charges(self.shadows, (shapes, ring_phase),
+                                             own(ring_phase), shadow)
+        run.call_seconds = call_seconds
+        return run
 
     def _blocks(self, r, q, phase: str, after=None, after_bytes: tuple = ()):
         """The step's block attention on r's compute stream: TE's causal slices
@@ -148,7 +183,7 @@ class CpAttention(ContextParallelAttention):
                 r.phase = saved
             for name in BACKWARD_GEMMS if ring_phase == "backward" else FORWARD_GEMMS:
                 yield from r.compute(f"cp_{name}_{step}", "gemm", flops, gemm=(m, k, cols))
-        run.call_seconds = call_seconds
+        run.call_seconds, run.kernels = call_seconds, kernels
         return run
 
     def forward(self, r, q: Tensor, k: Tensor, v: Tensor, out_name: str, lse_name: str,
@@ -165,12 +200,18 @@ class CpAttention(ContextParallelAttention):
             shard = CpShard(q.data, k.data, v.data, self.positions)
             numbers = RankRingNumbers(self.index, self.size, shard, shared.mailbox)
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
-        yield from self._bookkeeping(r, te_kernels.forward_prologue(k.nbytes + v.nbytes))
-        lse_step = lambda step: te_kernels.forward_step(step, self.index, lse.nbytes)
-        yield from shared.ring.forward(self.index, self._blocks(r, q, phase, lse_step,
-                                                                 (lse.nbytes,)), numbers)
-        yield from self._bookkeeping(r, te_kernels.forward_epilogue(self.size, self.index,
-                                                                    out.nbytes))
+        flops = dict(r.flops) if self.shadows is not None else None
+        yield from self._group_bookkeeping(
+            r, lambda j: te_kernels.forward_prologue(k.nbytes + v.nbytes),
+            ("forward_prologue", k.nbytes + v.nbytes))
+        after = lambda j: lambda step: te_kernels.forward_step(step, j, lse.nbytes)
+        yield from shared.ring.forward(self.index, self._group_blocks(
+            r, q, phase, after, (lse.nbytes,)), numbers)
+        yield from self._group_bookkeeping(
+            r, lambda j: te_kernels.forward_epilogue(self.size, j, out.nbytes),
+            ("forward_epilogue", out.nbytes))
+        if flops is not None:
+            self.slices.count_cp_flops(r.rank, flops, r.flops)
         self._count_exposed(r, shared.ring, "forward")
         r.count_comm("cp_ring", (self.size - 1) * shared.ring.kv_bytes)  # K/V, steps 0..cp-2
         self._finished(r, phase)
@@ -208,12 +249,16 @@ class CpAttention(ContextParallelAttention):
             numbers.keep, numbers.p = self._keep(keep, q.shape[1]), p
             numbers.out, numbers.lse = to_heads(out.data), lse.data
             numbers.start_backward(to_heads(dout.data))
-        yield from self._bookkeeping(r, te_kernels.backward_prologue(k.nbytes + v.nbytes))
-        grads = lambda step: te_kernels.backward_step(step, self.size, self.index, q.nbytes,
-                                                      k.nbytes, v.nbytes)
-        yield from shared.ring.backward(self.index, self._blocks(r, q, "backward", grads, (
-                                            q.nbytes, k.nbytes, v.nbytes)),
-                                        numbers)
+        flops = dict(r.flops) if self.shadows is not None else None
+        yield from self._group_bookkeeping(
+            r, lambda j: te_kernels.backward_prologue(k.nbytes + v.nbytes),
+            ("backward_prologue", k.nbytes + v.nbytes))
+        grads = lambda j: lambda step: te_kernels.backward_step(step, self.size, j, q.nbytes,
+                                                                k.nbytes, v.nbytes)
+        yield from shared.ring.backward(self.index, self._group_blocks(
+            r, q, "backward", grads, (q.nbytes, k.nbytes, v.nbytes)), numbers)
+        if flops is not None:
+            self.slices.count_cp_flops(r.rank, flops, r.flops)
         self._count_exposed(r, shared.ring, "backward")
         r.count_comm("cp_ring", sum(exchange_bytes("backward", step, self.size,
                                                    shared.ring.kv_bytes)

@@ -26,11 +26,9 @@ from itertools import repeat
 import numpy as np
 from simpy.events import NORMAL
 
-from simsp.engine.trace import TransferRecord
 from simsp.model.replay import delay_to
 from simsp.training.context_parallel.ring import exchange_bytes
 
-_new = tuple.__new__  # skips NamedTuple's Python-level constructor, as engine/network.py
 
 
 class RingPass:
@@ -48,7 +46,11 @@ class RingPass:
 
     def side(self, phase: str, rank: int, charges):
         """Rank `rank`'s side of the call (`charges`: its call's step_clock.CallCharges,
-        charged already): wait for the group, take its worked-out side, sleep to its end."""
+        charged already): wait for the group, take its worked-out side, sleep to its end;
+        a leader's GroupCharges: the whole group's call at once (group_side)."""
+        if isinstance(charges, GroupCharges):
+            yield from self.group_side(phase, charges)
+            return
         ring, env = self.ring, self.ring.env
         entered = self.entered.setdefault(phase, {})
         entered[rank] = (env.now, charges)
@@ -69,53 +71,95 @@ class RingPass:
         yield from _sleep_until(env, end_s)
 
 
-def forward_pass(ring, entries: list, steps: bool = True) -> list:
+    def group_side(self, phase: str, group):
+        """A CP leader's call for its whole group (context_parallel/shadows.py): every rank's
+        entry its slice's clock, the leader's side taken, every slice's clock set to its
+        rank's end."""
+        ring, clocks = self.ring, group.slices.clocks
+        entries = list(zip(clocks.now.tolist(), group.charges))
+        if group.kernels is None:
+            group.kernels = _kernels(ring, entries)
+        ends, waited, posts = (forward_pass if phase == "forward" else backward_pass)(
+            ring, entries, self.steps, group.kernels, arrays=True)  # (c,), (c,), (steps, c)
+        ledger = ring.ledgers.get(0)
+        if ledger is not None and ring.kv_bytes and len(posts):  # cp_kv_1.. at their posts
+            ledger.alloc_each(ring.kv_keys()[1:], ring.kv_bytes, "communication", "cp_ring",
+                              posts[:, 0].tolist())
+        ring.timeline.waited[(phase, 0)] = float(waited[0])
+        yield from _sleep_until(ring.env, float(ends[0]), clocks, ends)
+
+
+class GroupCharges:
+    """Every rank's CallCharges of one kind of call, the leader's first, and the run's slices;
+    how many calls took them after the first (their FLOPs owed: shadows.py settle) and their
+    kernels per step (_kernels), found once."""
+
+    __slots__ = ("charges", "slices", "calls", "kernels")
+
+    def __init__(self, charges: list, slices):
+        self.charges, self.slices, self.calls, self.kernels = charges, slices, 0, None
+
+
+def forward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: bool = False):
     """Every rank's forward (ring.py CpRing.forward): step i waits for step i−1's send and
     receive, posts step i's (a receive buffer allocated) but at the last step, computes.
-    entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2);
-    `steps`: each step's (start, end) recorded in the ring's timeline."""
+    entries[r] = (entry s, CallCharges) -> per rank (end, waited, post times of steps 0..c−2)
+    (`arrays`: as (c,), (c,) and (c − 1, c) arrays); `steps`: each step's (start, end)
+    recorded in the ring's timeline; `kernels`: _kernels' found already."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
-    kernels = _kernels(ring, entries)  # per step (kernels, c) seconds
+    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c) seconds
     previous = _neighbour(c, -1)  # (c,) cp rank r − 1 of each r
-    waited = np.zeros(c)  # (c,)
+    waits = np.zeros((max(c - 1, 1), c))  # (steps waiting, c) each rank's wait per step
     posts = np.empty((max(c - 1, 0), c))  # (steps posting, c) each rank's post time
     delivered = None  # (c,) delivery of cp rank r's send of the previous step
     for step in range(c):
         if delivered is not None:
             start = clock
             clock = np.maximum(np.maximum(start, delivered), delivered[previous])  # sent, rcvd
-            waited += clock - start
+            np.subtract(clock, start, out=waits[step - 1])
         if step < c - 1:
             posts[step] = clock
             delivered = _sends(ring, "forward", step, clock, 1)
         clock = _compute(compute, "forward", step, clock, kernels[step])
     _count(ring, "forward", 1)
+    waited = _summed(waits)  # (c,)
+    if arrays:
+        return clock, waited, posts
     return list(zip(clock.tolist(), waited.tolist(), posts.T.tolist()))
 
 
-def backward_pass(ring, entries: list, steps: bool = True) -> list:
+def backward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: bool = False):
     """Every rank's backward (CpRing.backward): step i posts (to r − 1, from r + 1), computes,
-    then waits for both deliveries."""
+    then waits for both deliveries (as forward_pass; no receive buffer posted apart)."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
-    kernels = _kernels(ring, entries)  # per step (kernels, c)
+    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c)
     following = _neighbour(c, 1)  # (c,) cp rank r + 1 of each r
-    waited = np.zeros(c)  # (c,)
+    waits = np.empty((c, c))  # (steps, c) each rank's wait per step
     for step in range(c):
         delivered = _sends(ring, "backward", step, clock, -1)  # (c,) by sending cp rank
         clock = _compute(compute, "backward", step, clock, kernels[step])
         start = clock
         clock = np.maximum(np.maximum(start, delivered), delivered[following])  # sent, rcvd
-        waited += clock - start
+        np.subtract(clock, start, out=waits[step])
     _count(ring, "backward", -1)
+    waited = _summed(waits)  # (c,)
+    if arrays:
+        return clock, waited, np.empty((0, c))
     return list(zip(clock.tolist(), waited.tolist(), repeat(())))
 
 
+def _summed(waits):
+    """(c,) each rank's waits (steps, c) added in step order from 0 (np.add.accumulate down
+    the rows: in turn, no pairwise sums; a wait is never negative, so 0 + w == w)."""
+    return np.add.accumulate(waits, axis=0)[-1]
+
+
 def _kernels(ring, entries: list) -> tuple:
-    """Per step, (kernels, c) every rank's kernel seconds in order, zero-padded to the step's
-    most (cached per group on its LoneRing by the ranks' CallCharges: a rank's call charges
-    the same kernels each time its shapes recur)."""
+    """Per step, (1 + kernels, c) every rank's kernel seconds in order below a row for its
+    clock (_compute), zero-padded to the step's most (cached per group on its LoneRing by the
+    ranks' CallCharges: a rank's call charges the same kernels each time its shapes recur)."""
     charges = tuple(call for _, call in entries)
     cache = ring.lone.pass_kernels
     key = tuple(map(id, charges))
@@ -124,20 +168,26 @@ def _kernels(ring, entries: list) -> tuple:
         steps = []
         for step in range(ring.cp):
             width = max(len(call.seconds[step]) for call in charges)
-            matrix = np.zeros((width, len(charges)))  # (kernels, c)
+            matrix = np.zeros((1 + width, len(charges)))  # (1 + kernels, c)
             for r, call in enumerate(charges):
-                matrix[:len(call.seconds[step]), r] = call.seconds[step]
+                matrix[1:1 + len(call.seconds[step]), r] = call.seconds[step]
             steps.append(matrix)
         found = cache[key] = (charges, tuple(steps))
     return found[1]
 
 
 def _compute(compute: dict, phase: str, step: int, clock, kernels):
-    """Each rank's step compute from its clock, kernels (kernels, c) added one after the other
-    (step_clock): (c,) the step ends, recorded in `compute` (the ring's timeline) unless None."""
-    end = clock.copy()  # (c,)
-    for column in kernels:  # (c,) one kernel of every rank
-        end += column
+    """Each rank's step compute from its clock, kernels (1 + kernels, c: _kernels) added one
+    after the other (step_clock; np.add.accumulate down the rows adds them in turn, no
+    pairwise sums): (c,) the step ends, recorded in `compute` (the ring's timeline) unless
+    None."""
+    if len(kernels) <= 4:  # a few: added in place (cheaper than accumulate's array)
+        end = clock + kernels[1] if len(kernels) > 1 else clock.copy()  # (c,)
+        for column in kernels[2:]:  # (c,) one kernel of every rank
+            end += column
+    else:
+        kernels[0] = clock  # the row kept for it
+        end = np.add.accumulate(kernels, axis=0)[-1]  # (c,)
     if compute is not None:
         compute.update(zip(_compute_keys(phase, step, len(clock)),
                            zip(clock.tolist(), end.tolist())))
@@ -150,13 +200,20 @@ def _sends(ring, phase: str, step: int, posts, to: int):
     each transfer recorded as its delivery would be (LoneRing.delivered_at; the bytes: _count)."""
     c = ring.cp
     nbytes = exchange_bytes(phase, step, c, ring.kv_bytes)
-    srcs, dsts, rate_Bps, latency_s = ring.lone.pair_arrays(ring.gpus, to)
+    pairs = ring.__dict__.get("_pair_arrays")  # per direction, found once per call's ring
+    if pairs is None:
+        pairs = ring._pair_arrays = {}
+    found = pairs.get(to)
+    if found is None:
+        found = pairs[to] = ring.lone.pair_arrays(ring.gpus, to)
+    srcs, dsts, rate_Bps, latency_s = found
     start = np.maximum(posts, posts[_neighbour(c, to)])  # (c,) posts[src], posts[src + to]
     end = ring.lone.end_time(start, nbytes, rate_Bps, latency_s)  # (c,)
-    delivered = start + _delays(start, end)  # (c,)
-    ring.lone.network.trace.transfers.extend(map(_new, repeat(TransferRecord), zip(
-        srcs, dsts, repeat(nbytes), start.tolist(), delivered.tolist(),
-        _labels(phase, step, c, to))))
+    delivered = start + (end - start)  # (c,) _delays' first try, where it lands everywhere
+    if not (delivered == end).all():
+        delivered = start + _delays(start, end)
+    ring.lone.network.trace.add_transfers(srcs, dsts, nbytes, start, delivered,
+                                          _labels(phase, step, c, to))
     return delivered
 
 
@@ -208,15 +265,21 @@ def _labels(phase: str, step: int, c: int, to: int) -> tuple:
     return tuple(f"cp {phase} step {step} {src}->{(src + to) % c}" for src in range(c))
 
 
-def _sleep_until(env, end_s: float):
+def _sleep_until(env, end_s: float, clocks=None, ends=None):
     """Wait until exactly end_s: one timeout where a delay lands on it (model/replay.py
     delay_to), else an event put on simpy's queue at that time (Environment.schedule's
-    entry, with the time given instead of now + delay)."""
+    entry, with the time given instead of now + delay); with slice clocks (engine/
+    slice_clocks.py) the wake-up's vector is `ends` (c,)."""
     delay = delay_to(env.now, end_s)
     if delay is not None:
-        yield env.timeout(delay)
+        timeout = env.timeout(delay)
+        if clocks is not None:
+            clocks.at(timeout, ends)
+        yield timeout
         return
     wake = env.event()
     wake._ok, wake._value = True, None
+    if clocks is not None:
+        clocks.at(wake, ends)
     heappush(env._queue, (end_s, NORMAL, next(env._eid), wake))
     yield wake

@@ -11,6 +11,7 @@ import numpy as np
 
 from simsp.scenario.config import Scenario
 from simsp.gc_pause import gc_paused
+from simsp.engine.slice_clocks import SlicesRefused
 from simsp.engine.trace import DETAIL_TRACKS, TRACE_DETAILS
 from simsp.model.params import init_params, param_shapes
 from simsp.model.replay import DirectLayers, LayerTemplates
@@ -21,7 +22,7 @@ from simsp.training.data_parallel.finalize import finalize_grads
 from simsp.training.data_parallel.optimizer import (allocate_optimizer, chained_step,
                                                     optimizer_step, zero_grad_buffer)
 from simsp.shortcuts.check import Shortcuts
-from simsp.shortcuts.plan import timing_plan
+from simsp.shortcuts.plan import cp_shadow_why_not, timing_plan
 from simsp.training.pipeline.plan import StagePlan, global_batch, stage_param_names, stage_plans
 from simsp.training.pipeline.stage_program import run_schedule
 from simsp.training.pipeline.step_replay import StepReplays
@@ -47,6 +48,9 @@ def rank_program(r, inputs: RunInputs, plan: StagePlan, states: dict, results: R
         yield from optimizer_step(r, optimizer, weights, grads)
         yield from state.ddp_buckets.gather_params(r)
     results.end_s[r.rank] = r.env.now
+    slices = getattr(r.cp, "slices", None)
+    if slices is not None and r.cp.shadows is not None:  # its shadows' ends: their clocks
+        slices.ends[r.rank] = slices.clocks.now
 
 
 def _allocate(r, inputs: RunInputs, plan: StagePlan) -> tuple[RankState, object]:
@@ -86,8 +90,10 @@ def _set_trace_detail(world: World, detail: str) -> None:
 
 
 def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
-               embedding_delta: np.ndarray | None, on_step, trace: str) -> Run:
-    """The world, the plans and one simpy process per simulated rank, ready to run."""
+               embedding_delta: np.ndarray | None, on_step, trace: str,
+               shadows: bool = True) -> Run:
+    """The world, the plans and one simpy process per simulated rank (but CP shadows: none
+    where `shadows` is off), ready to run."""
     plan = timing_plan(sc, shortcuts)  # decided before the run (shortcuts/plan.py)
     world = build_world(sc, simulated=plan.simulated, timing_of=plan.timing_of,
                         image_loads=plan.image_loads, link_reps=plan.link_reps,
@@ -103,9 +109,27 @@ def _build_run(sc: Scenario, shortcuts: Shortcuts, canonical: dict | None,
     results = RunResults(on_step=None if on_step is None
                          else functools.partial(on_step, inputs.total_steps))
     run = Run(inputs, {}, results)
+    shadowed = _cp_shadows(sc, shortcuts, world, trace) if shadows else frozenset()
     for rank, r in sorted(world.ranks.items()):
-        world.env.process(rank_program(r, inputs, inputs.plans[rank], run.states, results))
+        if rank not in shadowed:
+            world.env.process(rank_program(r, inputs, inputs.plans[rank], run.states, results))
     return run
+
+
+def _cp_shadows(sc: Scenario, shortcuts: Shortcuts, world: World, trace: str) -> frozenset:
+    """The CP ranks that run as their leader's shadows (training/context_parallel/shadows.py)
+    where shortcuts/plan.py cp_shadow_why_not finds nothing against it; else none."""
+    if cp_shadow_why_not(sc, shortcuts, trace):
+        return frozenset()
+    from simsp.training.context_parallel import attention  # CP runs only
+    from simsp.training.context_parallel.shadows import CpShadows
+    grid = world.grid
+    leaders = {group[0]: group for group in grid.groups("cp") if group[0] in world.ranks}
+    if not leaders or any(world.ranks[lead].cp.lone is None or not attention.charged_apart(
+            world.ranks[lead]) for lead in leaders):
+        return frozenset()  # calls not worked out in arithmetic: each rank's call its own
+    world.shadows = CpShadows(world, leaders)
+    return world.shadows.shadowed()
 
 
 def _numeric_data(sc: Scenario, canonical: dict | None,
@@ -138,8 +162,15 @@ def simulate_iteration(sc: Scenario, shortcuts: Shortcuts = Shortcuts(),
         raise ValueError("layer templates need the representative and closed-form shortcuts")
     with gc_paused(freeze=keep_until_exit):  # building the world makes many objects too
         run = _build_run(sc, shortcuts, canonical, embedding_delta, on_step, trace)
-        run.inputs.world.env.run()
+        try:
+            run.inputs.world.env.run()
+        except SlicesRefused:  # a CP shadow could not be followed: every rank its own program
+            run.inputs.world.release()
+            run = _build_run(sc, shortcuts, canonical, embedding_delta, on_step, trace, False)
+            run.inputs.world.env.run()
     run.inputs.layers.settle_counters(run.inputs.world.ranks)
+    if getattr(run.inputs.world, "shadows", None) is not None:
+        run.inputs.world.shadows.settle(run.results)
     if run.inputs.replays is not None:
         run.inputs.replays.settle_counters(run.inputs.world.ranks)
     return run

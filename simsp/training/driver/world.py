@@ -48,6 +48,8 @@ class World:
     # (first stage rank, last stage rank) -> {rank: arrival_s} at the tied embedding's
     # all-reduce (training/data_parallel/finalize.py)
     tied_embedding_arrivals: dict = field(default_factory=dict)
+    # CP leaders and their shadows (training/context_parallel/shadows.py CpShadows), or None
+    shadows: object = None
 
     def __post_init__(self):
         """The p2p mailbox runs on the world's clock."""

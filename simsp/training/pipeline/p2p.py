@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
 
+import numpy as np
 import simpy
 
 from simsp.model.tensor import Tensor
@@ -30,6 +31,9 @@ class Mailbox:
         self._posted: dict[tuple, list] = {}  # key -> [event, send (network, src, dst, nbytes)
         #                                        or None, receive posted]
         self.payloads: dict[tuple, object] = {}  # key -> data on its way (numeric mode)
+        # CP leaders' slices (training/context_parallel/shadows.py), else None; then
+        # key -> (c,) each slice's clock at the first post
+        self.slices, self._posted_at = None, {}
 
     def post_send(self, key: tuple, network, src: int, dst: int, nbytes: int, payload):
         """Post a send; its event succeeds once the data has crossed."""
@@ -39,6 +43,8 @@ class Mailbox:
         if entry is None:  # the receive is not posted yet
             event = self.env.event()
             self._posted[key] = [event, (network, src, dst, nbytes), False]
+            if self.slices is not None:
+                self._posted_at[key] = self.slices.clocks.now
             return event
         entry[1] = (network, src, dst, nbytes)
         self._start(key, entry)
@@ -50,6 +56,8 @@ class Mailbox:
         if entry is None:  # the send is not posted yet
             event = self.env.event()
             self._posted[key] = [event, None, True]
+            if self.slices is not None:
+                self._posted_at[key] = self.slices.clocks.now
             return event
         entry[2] = True
         self._start(key, entry)
@@ -59,6 +67,9 @@ class Mailbox:
         """Both sides posted: the transfer starts now (NCCL p2p is a rendezvous)."""
         del self._posted[key]
         network, src, dst, nbytes = entry[1]
+        if self.slices is not None:  # each slice's transfer from its later post, alone
+            start = np.maximum(self._posted_at.pop(key), self.slices.clocks.now)  # (c,)
+            self.slices.clocks.fix(entry[0], self.slices.delivery(src, dst, nbytes, start))
         network.transfer(src, dst, nbytes, label=_label(key), delivered=entry[0])
 
 
@@ -126,7 +137,9 @@ def wait(r, handle: Handle) -> dict:
     """Block until the call completed; count transfer vs wait; return {key: received tensor}."""
     start = r.env.now
     for event in handle.events:  # resumes when the last one is done, as AllOf would
-        if event.callbacks is not None:  # not processed yet (simpy's Event.processed)
+        # not processed yet (simpy's Event.processed); with slices every one, each slice's
+        # clock then the later of its own and the event's (engine/slice_clocks.py)
+        if event.callbacks is not None or handle.mailbox.slices is not None:
             yield event
     moving, now = _moving_s(handle.events, start), r.env.now
     r.count_exposed("pp_transfer", moving)
