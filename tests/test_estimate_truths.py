@@ -18,7 +18,7 @@ from simsp.scenario.loading import load_scenario
 import simsp.scenario.work_bytes as work_bytes
 from simsp.cluster.grid import RankGrid
 from simsp.engine.trace import DETAIL_TRACKS
-from simsp.scenario.work import check_work, fsdp_collectives, meta_bytes
+from simsp.scenario.work import MetaWork, check_work, fsdp_collectives, meta_bytes
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.record_counts import dp_ring_records
 from simsp.shortcuts.work_counts import run_ranks
@@ -310,7 +310,7 @@ def test_a_full_trace_above_the_memory_limit_is_refused_before_it_runs(monkeypat
     assert rc == 2 and err.count("\n") == 1
     assert err.startswith("error: work: meta mode would keep about ") and "above the limit" in err
     sc = load_scenario(argv[0], {("parallel", "global_batch_size"): 160})
-    check_work(sc, shortcuts=False, force=True, meta_templates=False)
+    check_work(sc, shortcuts=False, force=True, meta=MetaWork(templates=False))
 
 
 def fsdp_records_kept(run) -> int:

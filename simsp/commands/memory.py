@@ -16,8 +16,7 @@ from simsp.scenario.flags import add_scenario_arguments, nonempty, override_toke
 from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.work import check_work
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
-from simsp.shortcuts.record_counts import dp_ring_records
-from simsp.shortcuts.work_counts import cp_shadows, run_ranks, run_seconds
+from simsp.training.driver.work_verdict import verdict_work
 from simsp.units import format_bytes
 
 
@@ -62,9 +61,7 @@ def simsp_snapshot(args, sc) -> dict:
     check_work(sc, shortcuts=True, force=args.force)
     shortcuts = Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
-               meta_estimate=run_seconds(sc, shortcuts), meta_ranks=run_ranks(sc, shortcuts),
-               meta_templates=shortcuts.templates, meta_records=dp_ring_records(sc, shortcuts),
-               meta_shadows=cp_shadows(sc, shortcuts))
+               meta=verdict_work(sc, shortcuts))
     run_ = simulate_iteration(sc, shortcuts, trace="none", keep_until_exit=args.process_ends)
     return rank_snapshot(run_, args.rank)
 

@@ -25,10 +25,8 @@ from simsp.report.run.figures.drawing import warm_up
 from simsp.report.run.memory_snapshot import snapshot_name, write_memory_snapshots
 from simsp.report.run.painter import start_painter
 from simsp.report.run.summary_md import run_label
-from simsp.shortcuts.record_counts import dp_ring_records
-from simsp.shortcuts.work_counts import cp_shadows, run_ranks, run_seconds
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
-from simsp.training.driver.trace_counts import detail_spans
+from simsp.training.driver.work_verdict import verdict_work
 
 
 def add_parser(subparsers) -> None:
@@ -128,10 +126,7 @@ def run(args) -> int:
     check_work(sc, shortcuts=not args.no_shortcuts, force=args.force)
     shortcuts = Shortcuts() if args.no_shortcuts else Shortcuts.for_scale(sc)
     check_work(sc, shortcuts=shortcuts.representative, force=args.force,
-               meta_estimate=run_seconds(sc, shortcuts), meta_ranks=run_ranks(sc, shortcuts),
-               meta_templates=shortcuts.templates, meta_detail=detail_spans(sc, args.trace),
-               meta_records=dp_ring_records(sc, shortcuts),
-               meta_shadows=cp_shadows(sc, shortcuts))
+               meta=verdict_work(sc, shortcuts, args.trace))
     out_dir = report_folder(args, sc, snapshots)
     with start_painter(wanted=out_dir is not None, warm_up=warm_up) as painter:
         result = simulate(args, sc, shortcuts)

@@ -7,6 +7,8 @@ The limits are what this machine (2 cores, 24 GiB) does in reasonable time and m
 simsp/scenario/work_constants.py.
 """
 
+from typing import NamedTuple
+
 from simsp.errors import UserError
 from simsp.scenario.config import bucket_size, sms_shared
 from simsp.scenario.pipeline_split import model_chunks
@@ -362,31 +364,37 @@ def _check_memory(need: int, field: str, what: str, hint: str = "") -> None:
                                f"{format_bytes(MEMORY_LIMIT_BYTES)}{hint}")
 
 
+class MetaWork(NamedTuple):
+    """What a shortcut verdict leaves a meta iteration, counted before it runs
+    (training/driver/work_verdict.py verdict_work); the defaults are the rules' alone."""
+
+    seconds: float | None = None  # CPU s (shortcuts/work_counts.py run_seconds), else
+    # meta_seconds' rule
+    ranks: int | None = None  # the ranks it simulates (work_counts.py run_ranks), else
+    # simulated_ranks' rule
+    templates: bool | None = None  # whether it replays layer templates (meta_bytes)
+    detail: DetailSpans | None = None  # the spans of `--trace full` (None below it)
+    records: int = 0  # the data-parallel rings' transfer records (record_counts.py)
+    shadows: bool = False  # whether its CP groups run as one program (meta_bytes)
+
+
 def check_work(sc, iterations: int = 1, shortcuts: bool = True, force: bool = False,
-               meta_estimate: float | None = None, worst_case: str = "",
-               meta_ranks: int | None = None, meta_templates: bool | None = None,
-               meta_detail: DetailSpans | None = None, meta_records: int = 0,
-               meta_shadows: bool = False) -> None:
+               worst_case: str = "", meta: MetaWork = MetaWork()) -> None:
     """Refuse work beyond the limits with one error giving the estimate and the limit:
     memory (numeric mode) always, time unless `force`. `iterations` counts whole simulated
     iterations, at most that many where `worst_case` accounts for them (verify: two per checked
-    tensor, four more per tensor re-differenced, commands/verify.py _iterations);
-    `meta_estimate`: one meta iteration's CPU seconds with the work the shortcut verdict leaves
-    counted (shortcuts/work_counts.py run_seconds), else meta_seconds' rule alone; `meta_ranks`
-    the ranks it simulates (work_counts.py run_ranks), else simulated_ranks' rule;
-    `meta_templates` whether the verdict replays layer templates, `meta_detail` the spans of
-    `--trace full`, `meta_records` the data-parallel rings' transfer records and
-    `meta_shadows` whether its CP groups run as one program (meta_bytes)."""
+    tensor, four more per tensor re-differenced, commands/verify.py _iterations); `meta`: what
+    the shortcut verdict leaves a meta iteration (MetaWork)."""
     if sc.run.mode == "numeric":
         _check_memory(numeric_bytes(sc), "run.mode", "numeric mode would allocate about",
                       " (use --mode meta)")
         seconds = numeric_seconds(sc) * iterations
     else:
-        _check_memory(meta_bytes(sc, shortcuts, meta_ranks, meta_templates, meta_detail,
-                                 meta_records, meta_shadows), "work",
+        _check_memory(meta_bytes(sc, shortcuts, meta.ranks, meta.templates, meta.detail,
+                                 meta.records, meta.shadows), "work",
                       "meta mode would keep about")
-        seconds = (meta_seconds(sc, shortcuts) if meta_estimate is None
-                   else meta_estimate) * iterations
+        seconds = (meta_seconds(sc, shortcuts) if meta.seconds is None
+                   else meta.seconds) * iterations
     if seconds > TIME_LIMIT_S and not force:
         count = f"up to {iterations} iterations: {worst_case}" if worst_case else \
             f"{iterations} iteration(s)"
