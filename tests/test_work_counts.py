@@ -122,6 +122,22 @@ def test_each_stage_counts_the_buckets_its_ranks_build():
         assert stage_buckets(sc, stage) == built, (rank, stage, built)
 
 
+def test_the_last_stage_counts_the_mtp_depths_copy_of_the_word_table():
+    """An untied model with a multi-token prediction depth: the last stage embeds for the MTP
+    depths (training/pipeline/plan.py stage_param_names), so under the distributed optimizer
+    its copy of the word table is a bucket of its own, as the first stage's table is not
+    (tiny t2 p2 d2: 1 bucket on stage 0, the chunk's and the copy's 2 on stage 1), against
+    the buckets the engine builds on every rank."""
+    sc = scenario(["scenarios/tiny.toml", "--position-embedding-type", "rope",
+                   "--untie-embeddings-and-output-weights", "--mtp-num-layers", "1",
+                   "--use-distributed-optimizer"])
+    run = simulate_iteration(sc, Shortcuts(), trace="none")
+    grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp, sc.parallel.cp)
+    built = {grid.coords(rank).pp: len(run.states[rank].ddp_buckets.buckets)
+             for rank in run.results.end_s}
+    assert built == {0: 1, 1: 2} == {stage: stage_buckets(sc, stage) for stage in (0, 1)}
+
+
 def test_rings_run_as_pieces_count_the_hops_they_run():
     """t4 SP p2 interleaved d4 on 8-GPU nodes: one rank per stage runs (the quotient by rail
     symmetry), each ring as the hops it sends: a TP ring of 4 in one node (one channel) 1 hop a

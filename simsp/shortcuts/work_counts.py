@@ -327,8 +327,10 @@ def stage_buckets(sc, stage: int) -> int:
     megatron/core/distributed/distributed_data_parallel.py (bucket_size None on pipeline ranks
     > 0 and for model chunks after the first): the first stage's first chunk cut at the bucket
     size (its layers and the embedding, scenario/work.py bucket_count), every other chunk one
-    bucket; with the distributed optimizer the last stage's copy of the tied word embedding
-    one more; under standalone MTP the MTP stage's copy instead (docs/pipeline-layout.md)."""
+    bucket; with the distributed optimizer the last stage's copy of the word embedding one
+    more (tied to the output layer, or the multi-token prediction depths' embedding: plan.py
+    stage_param_names); under standalone MTP the MTP stage's copy instead
+    (docs/pipeline-layout.md)."""
     p, m = sc.parallel, sc.model
     if p.bucket_cap_mb is not None:
         return _apex_stage_buckets(sc, stage)
@@ -337,8 +339,8 @@ def stage_buckets(sc, stage: int) -> int:
     mtp = standalone_mtp_stage(p.pipeline_model_parallel_layout)
     if mtp is not None:  # the MTP chunk's copy of the table; the loss chunk holds its copy alone
         return buckets + (p.distributed_optimizer and stage == mtp % p.pp)
-    tied_copy = p.distributed_optimizer and m.tied and p.pp > 1 and stage == p.pp - 1
-    return buckets + tied_copy
+    word_copy = m.tied or bool(m.mtp_num_layers)  # the head's, or the MTP depths' embedding
+    return buckets + (p.distributed_optimizer and word_copy and p.pp > 1 and stage == p.pp - 1)
 
 
 SP_LAYER_TENSORS = (3, 7, 8, 9, 10, 11)  # layer_tensors' row-parallel biases and norms
