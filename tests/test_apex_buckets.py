@@ -104,14 +104,14 @@ SMALL = ["scenarios/paper-22b.toml", "--micro-batch-size", "1", "--system", "dgx
 @pytest.mark.parametrize("flags", [["--bucket-cap-mb", "1"], ["--bucket-cap-mb", "16"],
                                    ["--bucket-cap-mb", "3", "--grad-reduce-in-bf16"]])
 def test_work_counts_count_the_buckets_the_ranks_build(flags):
-    """The work estimate's count per stage (shortcuts/work_counts.py stage_buckets, from the
+    """The work estimate's count per stage (shortcuts/bucket_counts.py stage_buckets, from the
     scenario's sizes) against the buckets every simulated rank builds (t 4 SP, p 2, v 2, d 4,
     tied embeddings: stage 0 holds the tables' fp32 buckets, stage 1 its copy of the word
     table)."""
     from simsp.cli import build_parser
     from simsp.cluster.grid import RankGrid
     from simsp.scenario.outside import scenario_from_args
-    from simsp.shortcuts.work_counts import stage_buckets
+    from simsp.shortcuts.bucket_counts import stage_buckets
     sc = scenario_from_args(build_parser().parse_args(["run", *SMALL, *flags]))
     run = simulate_iteration(sc, Shortcuts.for_scale(sc), trace="none")
     grid = RankGrid(sc.parallel.tp, sc.parallel.pp, sc.parallel.dp, sc.parallel.cp)

@@ -388,7 +388,7 @@ def test_the_dp_records_count_the_buckets_the_run_builds():
     p2 d2, untied, one multi-token prediction depth, the distributed optimizer. The first
     stage reduces one bucket; the last two, its chunk's and the MTP's copy of the word table,
     a bucket of its own (bucket_params.py `shared`): 2 groups a stage x 3 buckets x 2 phases
-    x 2 transfers = 24, the run's (work_counts.py stage_buckets missed the MTP copy before)."""
+    x 2 transfers = 24, the run's (bucket_counts.py stage_buckets missed the MTP copy before)."""
     sc = load_scenario(TINY, {("run", "mode"): "meta", ("model", "position_embedding_type"): "rope",
                               ("model", "untie_embeddings_and_output_weights"): True,
                               ("model", "mtp_num_layers"): 1,

@@ -13,7 +13,7 @@ from simsp.errors import UserError
 from simsp.metrics.collect import collect
 from simsp.model.params import param_shapes
 from simsp.scenario.loading import load_scenario, with_overrides
-from simsp.shortcuts.work_counts import stage_buckets
+from simsp.shortcuts.bucket_counts import stage_buckets
 from simsp.training.driver.compare import compare_with_reference
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 from simsp.training.pipeline.plan import stage_param_names, stage_plans

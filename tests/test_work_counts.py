@@ -13,8 +13,8 @@ from simsp.scenario.outside import scenario_from_args
 from simsp.scenario.work import bucket_count
 from simsp.cluster.grid import RankGrid
 from simsp.scenario.loading import load_scenario
-from simsp.shortcuts.work_counts import (cp_gather_flows, estimated_counts, ring_flows,
-                                         stage_buckets)
+from simsp.shortcuts.bucket_counts import stage_buckets
+from simsp.shortcuts.work_counts import cp_gather_flows, estimated_counts, ring_flows
 from simsp.training.driver.iteration import Shortcuts, simulate_iteration
 
 H100 = ["scenarios/paper-22b.toml", "--micro-batch-size", "1", "--system", "dgx-h100",
