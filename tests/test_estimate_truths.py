@@ -409,3 +409,25 @@ def test_the_dp_records_leave_out_expert_all_reduces_run_as_trees():
         kept = sum(t.label.startswith("dp_") for t in run.inputs.world.network.transfers)
         assert kept == dp_ring_records(sc, Shortcuts())
         assert kept > 2 * 8 * 32 * 31 if algo == "ring" else kept == 0  # ring: the experts' too
+
+
+@pytest.mark.parametrize("gpus", [4096, 16384])
+def test_the_check_before_the_verdict_is_a_lower_bound_on_fsdp_rings_in_arithmetic(gpus):
+    """`run` checks the work first by the rule alone (no shortcut check yet), so that rule must
+    not price above what the verdict makes it: Llama 3.1 405B at TP 8 PP 16 under
+    Megatron-FSDP (benchmarks/scale.py llama3.1-405b-fsdp), whose rings of one member per node
+    run in arithmetic, was refused at 4,096 GPUs and more (the whole rings' d² rule: 661 CPU s
+    at 4,096, 1.06e4 at 16,384) though it runs in seconds. The rule now stays under the
+    verdict's own estimate (run_seconds, the flows and steps it counts) and under the limit."""
+    from simsp.scenario.work import TIME_LIMIT_S, meta_seconds
+    from simsp.shortcuts.work_counts import run_seconds
+    from simsp.cli import build_parser
+    from simsp.scenario.outside import scenario_from_args
+    sc = scenario_from_args(build_parser().parse_args([  # as benchmarks/scale.py builds it
+        "run", "scenarios/llama3.1-405b.toml", "--pipeline-model-parallel-size", "16",
+        "--num-layers-per-virtual-pipeline-stage", "2", "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy", "optim_grads_params",
+        "--global-batch-size", str(gpus // 8), "--world-size", str(gpus), "--mode", "meta"]))
+    rule = meta_seconds(sc, True)
+    assert rule <= run_seconds(sc, Shortcuts.for_scale(sc)) < TIME_LIMIT_S
+    check_work(sc)  # no error

@@ -153,7 +153,7 @@ def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int 
     running = ranks / p.cp if cp_shadows and cp_ranks else ranks  # those with a program
     steps = chunk_steps(sc) * running / p.pp * META_SECONDS_PER_CHUNK_STEP  # each one's
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
-    fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows)
+    fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows, representative or cp_ranks)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + steps + plans + buckets + fsdp + mtp
             + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas,
@@ -198,17 +198,24 @@ def cp_representative(sc, representative: bool) -> bool:
             and p.fsdp is None and per_node % p.tp == 0)
 
 
-def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None) -> float:
+def fsdp_seconds(sc, fsdp_pieces: bool, fsdp_flows: tuple[int, ...] | None,
+                 representative: bool = False) -> float:
     """CPU seconds of the FSDP rings (as meta_seconds takes its arguments): their counted
     flows (stepped whole, as pieces) and the steps and collectives run in arithmetic (pieces
-    of one member per node) where given, else one node's pieces where every unit
-    splits so, else the whole rings' d² rule."""
+    of one member per node) where given; else (no verdict yet) with the representative, where
+    every ring holds one member per node (t >= GPUs per node: a DP x CP group is every t-th
+    rank), the cheapest the verdict can make them, each stage's collectives in arithmetic
+    (n − 1 lockstep steps each: shortcuts/work_counts.py train_steps); else one node's pieces
+    where every unit splits so, else the whole rings' d² rule."""
     p = sc.parallel
     d, per_node = p.dp * p.cp, sc.cluster.gpus_per_node
     if fsdp_flows is not None:
         stepped, pieces, steps, collectives = (*fsdp_flows, 0, 0)[:4]
         return (stepped * FSDP_SECONDS_PER_FLOW + pieces * PIECE_SECONDS_PER_FLOW
                 + steps * TRAIN_SECONDS_PER_STEP + collectives * TRAIN_SECONDS_PER_COLLECTIVE)
+    if representative and fsdp_pieces and p.tp >= per_node:
+        return p.pp * fsdp_collectives(sc) * (TRAIN_SECONDS_PER_COLLECTIVE
+                                              + (d - 1) * TRAIN_SECONDS_PER_STEP)
     if fsdp_pieces and p.tp * p.cp * p.pp == 1 and d > per_node and d % per_node == 0:
         return fsdp_collectives(sc) * d * per_node * FSDP_SECONDS_PER_COLLECTIVE_PIECE
     return p.pp * fsdp_collectives(sc) * d ** 2 * FSDP_SECONDS_PER_COLLECTIVE_D2
