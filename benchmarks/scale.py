@@ -12,7 +12,9 @@ memory its peak RSS (getrusage). The machine's speed probe (benchmarks/speed.py 
 printed before and after: the estimate's constants were measured at the probe
 simsp/scenario/work_constants.py names. The counts are the engine's: simpy events, flows started on
 the links (engine/network.py `flows_started`, with those the all-to-alls timed alone start in
-their private simulations, engine/communicator.py `alone_flows`) and fair-share solves.
+their private simulations, engine/communicator.py `alone_flows`) and fair-share solves. Each
+point is also put to `simsp run`'s own work check (the rule before the verdict, then the
+verdict's counts: commands/run.py), and a line says so where run would refuse it.
 Families (the layouts of docs/PERFORMANCE.md "Scale"):
 - gpt3-175b-h100: GPT-3 175B on DGX H100 as NeMo's recipe runs it (NVIDIA/NeMo
   examples/nlp/language_modeling/conf/gpt3_175b.yaml style: TP 4 with SP, PP 8 interleaved,
@@ -153,6 +155,20 @@ def verdict(sc, shortcuts):
             "stepped": (sum(method in STEPPED for _, method in shortcuts.methods)
                         if shortcuts.closed_form else None),
             "refused": refused[0] if refused else None}
+
+
+def run_gate(sc, shortcuts):
+    # what `simsp run` says before simulating (commands/run.py: the rule, then the verdict's
+    # work): None where it would go on, else its error
+    from simsp.errors import UserError
+    from simsp.scenario.work import check_work
+    from simsp.training.driver.work_verdict import verdict_work
+    try:
+        check_work(sc)
+        check_work(sc, shortcuts=shortcuts.representative, meta=verdict_work(sc, shortcuts))
+    except UserError as error:
+        return str(error)
+    return None
 """
 
 # Runs in the child: one meta iteration, its counts, CPU and peak memory, and the estimate.
@@ -176,7 +192,7 @@ print(json.dumps({"cpu_s": spent, "rss_bytes": usage.ru_maxrss * 1024,
                   "solves": network.rate_computations,
                   "estimate_s": run_seconds(sc, shortcuts),
                   "estimate": estimated_counts(sc, shortcuts)._asdict(),
-                  "verdict": verdict(sc, shortcuts)}))
+                  "verdict": verdict(sc, shortcuts), "run_gate": run_gate(sc, shortcuts)}))
 """
 
 # Runs in the child for a point past the cap: the estimate alone (the shortcut check, no run).
@@ -190,7 +206,7 @@ sc = scenario_from_args(build_parser().parse_args(["run", *sys.argv[1:], "--mode
 shortcuts = Shortcuts.for_scale(sc)
 print(json.dumps({"cpu_s": None, "estimate_s": run_seconds(sc, shortcuts),
                   "estimate": estimated_counts(sc, shortcuts)._asdict(),
-                  "verdict": verdict(sc, shortcuts)}))
+                  "verdict": verdict(sc, shortcuts), "run_gate": run_gate(sc, shortcuts)}))
 """
 
 
@@ -248,11 +264,18 @@ def _row_text(row: dict, cap_s: float) -> str:
     if row["cpu_s"] is None:
         estimate = (f"{'':>27}{_flows(row['estimate']):>10}{row['estimate_s']:>9.2f}{'':>9}"
                     if "estimate" in row else "")
-        return f"{head}{'> ' + format(cap_s, 'g'):>9}{estimate}{_verdict_text(row)}"
+        return (f"{head}{'> ' + format(cap_s, 'g'):>9}{estimate}{_verdict_text(row)}"
+                f"{_gate_text(row)}")
     ratio = row["cpu_s"] / row["estimate_s"] if row["estimate_s"] else math.inf
     return (f"{head}{row['cpu_s']:>9.2f}{row['rss_bytes'] / 2 ** 30:>7.2f}{row['events']:>11}"
             f"{row['flows']:>10}{_flows(row['estimate']):>10}{row['estimate_s']:>9.2f}"
-            f"{ratio:>9.2f}{_verdict_text(row)}")
+            f"{ratio:>9.2f}{_verdict_text(row)}{_gate_text(row)}")
+
+
+def _gate_text(row: dict) -> str:
+    """A line of its own where `simsp run` would refuse the point before simulating it."""
+    gate = row.get("run_gate")
+    return f"\n{'':>27}simsp run refuses it: {gate}" if gate else ""
 
 
 def _flows(estimate: dict) -> int:
