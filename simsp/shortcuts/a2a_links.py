@@ -12,7 +12,7 @@ listing as its oracle, link order included (the clash order names a refusal's fi
 
 import networkx as nx
 
-from simsp.cluster.topology import hop_route
+from simsp.shortcuts.route_ends import segment_ends
 
 Edge = tuple[str, str]
 
@@ -34,14 +34,7 @@ def all_to_all_links(graph: nx.DiGraph, ranks: tuple[int, ...]) -> list[tuple[Ed
         for peer, hops in ((mates[0] if same else None, same),
                            (first_away, len(ranks) - 1 - same)):
             if hops:  # peer: the first to send to it and the first it sends to, of this kind
-                up = _ends(graph, ranks[index], ranks[peer])[0]
-                down = _ends(graph, ranks[peer], ranks[index])[1]
+                up = segment_ends(graph, ranks[index], ranks[peer])[0]
+                down = segment_ends(graph, ranks[peer], ranks[index])[1]
                 events += [((index, peer, 0), up, hops), ((peer, index, 1), down, hops)]
     return [(link, hops) for _, link, hops in sorted(events)]
-
-
-def _ends(graph: nx.DiGraph, src: int, dst: int) -> tuple[Edge, Edge]:
-    """The two links of a direct route that can bind, its first and last: the sender's port or
-    NIC up, the receiver's down (every link between them has a spine at one end)."""
-    route = hop_route(graph, src, dst)
-    return route[0], route[-1]
