@@ -12,7 +12,7 @@ listing as its oracle, link order included (the clash order names a refusal's fi
 
 import networkx as nx
 
-from simsp.shortcuts.route_ends import segment_ends
+from simsp.shortcuts.route_ends import hop_ends
 
 Edge = tuple[str, str]
 
@@ -20,7 +20,7 @@ Edge = tuple[str, str]
 def all_to_all_links(graph: nx.DiGraph, ranks: tuple[int, ...]) -> list[tuple[Edge, int]]:
     """(link, hops) for every link that can bind under the all-to-all of `ranks` (rank r on
     GPU r), in the order the pair-by-pair listing (a over ranks, then b) first crosses it."""
-    per_node = graph.graph["gpus_per_node"]
+    per_node, segment = graph.graph["gpus_per_node"], hop_ends(graph).segment
     nodes = [rank // per_node for rank in ranks]  # shape (members,)
     members: dict[int, list[int]] = {}  # node -> its members' indices, in order
     for index, node in enumerate(nodes):
@@ -34,7 +34,7 @@ def all_to_all_links(graph: nx.DiGraph, ranks: tuple[int, ...]) -> list[tuple[Ed
         for peer, hops in ((mates[0] if same else None, same),
                            (first_away, len(ranks) - 1 - same)):
             if hops:  # peer: the first to send to it and the first it sends to, of this kind
-                up = segment_ends(graph, ranks[index], ranks[peer])[0]
-                down = segment_ends(graph, ranks[peer], ranks[index])[1]
+                up = segment(ranks[index], ranks[peer])[0]
+                down = segment(ranks[peer], ranks[index])[1]
                 events += [((index, peer, 0), up, hops), ((peer, index, 1), down, hops)]
     return [(link, hops) for _, link, hops in sorted(events)]

@@ -17,34 +17,45 @@ from simsp.hardware.constants import NODES_PER_LEAF
 Edge = tuple[str, str]
 
 
-def gpu_links(graph: nx.DiGraph, gpu: int) -> tuple[Edge, Edge, Edge, Edge]:
-    """GPU `gpu`'s links that can bind: (NVLink up, NVLink down, NIC up, NIC down), each made
-    once per graph (cached on it, as cluster/topology.py caches routes)."""
-    cache = graph.graph.setdefault("gpu_links", {})
-    links = cache.get(gpu)
-    if links is None:
-        per_node = graph.graph["gpus_per_node"]
+class HopEnds:
+    """The binding links of a graph's hops, each GPU's four named once (cached on the graph,
+    as cluster/topology.py caches routes: hop_ends)."""
+
+    def __init__(self, graph: nx.DiGraph):
         fabric = graph.graph.get("fabric")
-        per_leaf = NODES_PER_LEAF if fabric is None else fabric.nodes_per_leaf
-        node, rail = divmod(gpu, per_node)
-        name, switch, leaf = gpu_name(gpu), nvswitch_name(node), leaf_name(node // per_leaf, rail)
-        links = cache[gpu] = ((name, switch), (switch, name), (name, leaf), (leaf, name))
-    return links
+        self.per_node = graph.graph["gpus_per_node"]
+        self.per_leaf = NODES_PER_LEAF if fabric is None else fabric.nodes_per_leaf
+        self.links: dict[int, tuple[Edge, Edge, Edge, Edge]] = {}  # GPU -> gpu_links
+
+    def gpu_links(self, gpu: int) -> tuple[Edge, Edge, Edge, Edge]:
+        """GPU `gpu`'s links that can bind: (NVLink up, NVLink down, NIC up, NIC down)."""
+        links = self.links.get(gpu)
+        if links is None:
+            node, rail = divmod(gpu, self.per_node)
+            name, switch = gpu_name(gpu), nvswitch_name(node)
+            leaf = leaf_name(node // self.per_leaf, rail)
+            links = self.links[gpu] = ((name, switch), (switch, name), (name, leaf), (leaf, name))
+        return links
+
+    def segment(self, src: int, dst: int) -> tuple[Edge, ...]:
+        """The binding links of the direct route from GPU `src` to GPU `dst`, in route order:
+        the sender's port up and the receiver's down on one node, else their NICs; none to
+        itself."""
+        if src == dst:
+            return ()
+        kind = 0 if src // self.per_node == dst // self.per_node else 2  # NVLink or NIC
+        return self.gpu_links(src)[kind], self.gpu_links(dst)[kind + 1]
+
+    def hop(self, src: int, dst: int, via: int | None = None) -> tuple[Edge, ...]:
+        """The links of hop_route(graph, src, dst, via) that can bind, in route order."""
+        if via is None or via in (src, dst):
+            return self.segment(src, dst)
+        return self.segment(src, via) + self.segment(via, dst)
 
 
-def segment_ends(graph: nx.DiGraph, src: int, dst: int) -> tuple[Edge, ...]:
-    """The binding links of the direct route from GPU `src` to GPU `dst`, in route order: the
-    sender's port up and the receiver's down on one node, else their NICs; none to itself."""
-    if src == dst:
-        return ()
-    per_node = graph.graph["gpus_per_node"]
-    kind = 0 if src // per_node == dst // per_node else 2  # NVLink or NIC
-    return gpu_links(graph, src)[kind], gpu_links(graph, dst)[kind + 1]
-
-
-def binding_links(graph: nx.DiGraph, src: int, dst: int,
-                  via: int | None = None) -> tuple[Edge, ...]:
-    """The links of hop_route(graph, src, dst, via) that can bind, in route order."""
-    if via is None or via in (src, dst):
-        return segment_ends(graph, src, dst)
-    return segment_ends(graph, src, via) + segment_ends(graph, via, dst)
+def hop_ends(graph: nx.DiGraph) -> HopEnds:
+    """The graph's HopEnds, made once."""
+    ends = graph.graph.get("hop_ends")
+    if ends is None:
+        ends = graph.graph["hop_ends"] = HopEnds(graph)
+    return ends

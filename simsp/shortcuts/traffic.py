@@ -20,7 +20,7 @@ from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
 from simsp.hardware.constants import LinkCalibration
 from simsp.scenario.pipeline_layout import standalone_mtp_stage
 from simsp.shortcuts.a2a_links import all_to_all_links
-from simsp.shortcuts.route_ends import binding_links
+from simsp.shortcuts.route_ends import hop_ends
 from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, stage_fp8_gemms
 from simsp.training.pipeline.plan import stage_plans
 
@@ -155,14 +155,14 @@ def owner_binding_links(graph: nx.DiGraph, owner: Owner) -> list[Edge]:
     """The links that can bind of every hop of a collective's or a pair's owner_routes, hop by
     hop in their order (shortcuts/route_ends.py: each hop's ends, not its whole route)."""
     kind, ranks = owner
+    hop = hop_ends(graph).hop
     if kind == "p2p":
-        return list(binding_links(graph, ranks[0], ranks[1]))
+        return list(hop(*ranks))
     gpus, links = list(ranks), []
     for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
         order, via = channel.order, channel.via
         for i in range(len(order)):
-            links += binding_links(graph, gpus[order[i]], gpus[order[(i + 1) % len(order)]],
-                                   via[i])
+            links += hop(gpus[order[i]], gpus[order[(i + 1) % len(order)]], via[i])
     return links
 
 
@@ -174,6 +174,8 @@ def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, dict[Owner,
     for owner in owners:
         if owner[0] == "ep":
             crossings = all_to_all_links(graph, owner[1])
+        elif owner[0] == "p2p":  # one hop: its two links (up and down) differ
+            crossings = [(edge, 1) for edge in hop_ends(graph).hop(*owner[1])]
         else:  # its links in the order its hops first cross them, each with its hops
             crossings = Counter(owner_binding_links(graph, owner)).items()
         for edge, hops in crossings:
