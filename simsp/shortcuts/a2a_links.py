@@ -5,7 +5,8 @@ its route (cluster/topology.py _structural_route). Of that route only the first 
 link can bind (shortcuts/traffic.py can_bind: the rest touch a spine): a's NVLink port up and
 b's down where a and b share a node, else a's NIC up and b's down (the leaf of b's rail and
 unit). So a's port carries one hop per peer on its node, a's NIC one per peer off it, and the
-same down for b: counts that need one route per member and kind, not one per pair.
+same down for b: counts that need one link per member and kind, not one route per pair (the
+links named from the GPUs' own, shortcuts/route_ends.py).
 docs/shortcuts.md, "The traffic and its links"; tests/test_a2a_links.py takes the pair-by-pair
 listing as its oracle, link order included (the clash order names a refusal's first link).
 """
