@@ -133,11 +133,14 @@ CP_TEMPLATE_SECONDS_PER_RANK_STEP = 2.1e-4
 # fitted on expert all-to-alls, priced them about four times over). Runs: the cp 16 and 64 runs
 # of cp-lone's shape, benchmarks/scale.py cp-128k at 256, 512 and 1,024 GPUs and cp-128k-dp at
 # 2,048, 8,192 and 16,384 (within 5% of each but the 2-layer cp 16, whose fixed costs are
-# most of it: measured 3x).
+# most of it: measured 3x). The check's binding links named without routes (q47f,
+# shortcuts/route_ends.py): refitted 7.07e-5 per member beside 1e609d2's 8.18e-5 in the same
+# minutes (probe 173-185 ms), scaled to like conditions: 8.26e-5 -> 7.14e-5 (the other three
+# kept: the same fit moved them 0.79-1.20 with nothing of theirs changed, base 0.99-1.20).
 CP_SHADOW_SECONDS_PER_LEADER_STEP = 3.51e-4
 CP_SHADOW_SECONDS_PER_RANK_STEP = 1.93e-5
 CP_SHADOW_SECONDS_PER_RANK_PAIR = 2.34e-5
-CP_CHECK_SECONDS_PER_MEMBER = 8.26e-5
+CP_CHECK_SECONDS_PER_MEMBER = 7.14e-5
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it (engine/collectives/ring_alone.py channel_segment runs one channel's piece
 # per node), so it is in the linear terms; where the verdict steps it, its flows are counted

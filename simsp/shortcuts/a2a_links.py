@@ -5,14 +5,15 @@ its route (cluster/topology.py _structural_route). Of that route only the first 
 link can bind (shortcuts/traffic.py can_bind: the rest touch a spine): a's NVLink port up and
 b's down where a and b share a node, else a's NIC up and b's down (the leaf of b's rail and
 unit). So a's port carries one hop per peer on its node, a's NIC one per peer off it, and the
-same down for b: counts that need one route per member and kind, not one per pair.
+same down for b: counts that need one link per member and kind, not one route per pair (the
+links named from the GPUs' own, shortcuts/route_ends.py).
 docs/shortcuts.md, "The traffic and its links"; tests/test_a2a_links.py takes the pair-by-pair
 listing as its oracle, link order included (the clash order names a refusal's first link).
 """
 
 import networkx as nx
 
-from simsp.cluster.topology import hop_route
+from simsp.shortcuts.route_ends import hop_ends
 
 Edge = tuple[str, str]
 
@@ -20,7 +21,7 @@ Edge = tuple[str, str]
 def all_to_all_links(graph: nx.DiGraph, ranks: tuple[int, ...]) -> list[tuple[Edge, int]]:
     """(link, hops) for every link that can bind under the all-to-all of `ranks` (rank r on
     GPU r), in the order the pair-by-pair listing (a over ranks, then b) first crosses it."""
-    per_node = graph.graph["gpus_per_node"]
+    per_node, segment = graph.graph["gpus_per_node"], hop_ends(graph).segment
     nodes = [rank // per_node for rank in ranks]  # shape (members,)
     members: dict[int, list[int]] = {}  # node -> its members' indices, in order
     for index, node in enumerate(nodes):
@@ -34,14 +35,7 @@ def all_to_all_links(graph: nx.DiGraph, ranks: tuple[int, ...]) -> list[tuple[Ed
         for peer, hops in ((mates[0] if same else None, same),
                            (first_away, len(ranks) - 1 - same)):
             if hops:  # peer: the first to send to it and the first it sends to, of this kind
-                up = _ends(graph, ranks[index], ranks[peer])[0]
-                down = _ends(graph, ranks[peer], ranks[index])[1]
+                up = segment(ranks[index], ranks[peer])[0]
+                down = segment(ranks[peer], ranks[index])[1]
                 events += [((index, peer, 0), up, hops), ((peer, index, 1), down, hops)]
     return [(link, hops) for _, link, hops in sorted(events)]
-
-
-def _ends(graph: nx.DiGraph, src: int, dst: int) -> tuple[Edge, Edge]:
-    """The two links of a direct route that can bind, its first and last: the sender's port or
-    NIC up, the receiver's down (every link between them has a spine at one end)."""
-    route = hop_route(graph, src, dst)
-    return route[0], route[-1]

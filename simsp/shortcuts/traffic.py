@@ -9,7 +9,6 @@ parallelism the owners are listed by shortcuts/cp_traffic.py. Read by shortcuts/
 """
 
 from collections import Counter
-from itertools import chain
 
 import networkx as nx
 
@@ -21,6 +20,7 @@ from simsp.engine.collectives.ring_plan import ALL_REDUCE, channel_rings
 from simsp.hardware.constants import LinkCalibration
 from simsp.scenario.pipeline_layout import standalone_mtp_stage
 from simsp.shortcuts.a2a_links import all_to_all_links
+from simsp.shortcuts.route_ends import hop_ends
 from simsp.training.fp8_amax import amax_bytes, amax_group, delayed_scaling, stage_fp8_gemms
 from simsp.training.pipeline.plan import stage_plans
 
@@ -151,24 +151,38 @@ def can_bind(edge: Edge) -> bool:
     return not above_leaves(edge)
 
 
+def owner_binding_links(graph: nx.DiGraph, owner: Owner) -> list[Edge]:
+    """The links that can bind of every hop of a collective's or a pair's owner_routes, hop by
+    hop in their order (shortcuts/route_ends.py: each hop's ends, not its whole route)."""
+    kind, ranks = owner
+    hop = hop_ends(graph).hop
+    if kind == "p2p":
+        return list(hop(*ranks))
+    gpus, links = list(ranks), []
+    for channel in channel_rings(gpus, graph.graph["gpus_per_node"]):
+        order, via = channel.order, channel.via
+        for i in range(len(order)):
+            links += hop(gpus[order[i]], gpus[order[(i + 1) % len(order)]], via[i])
+    return links
+
+
 def link_users(graph: nx.DiGraph, owners: list[Owner]) -> dict[Edge, dict[Owner, int]]:
     """Per link that can bind: the owners of the hops crossing it, each with its hop count, in
     the order of the hop listing (owners in order, each owner's routes in order). An EP
     group's all-to-all is counted per member, not per pair (shortcuts/a2a_links.py)."""
     users: dict[Edge, dict[Owner, int]] = {}
-    binds: dict[Edge, bool] = {}  # can_bind per link met, once (routes share links)
     for owner in owners:
         if owner[0] == "ep":
             crossings = all_to_all_links(graph, owner[1])
+        elif owner[0] == "p2p":  # one hop: its two links (up and down) differ
+            crossings = [(edge, 1) for edge in hop_ends(graph).hop(*owner[1])]
         else:  # its links in the order its hops first cross them, each with its hops
-            crossings = Counter(chain.from_iterable(owner_routes(graph, owner))).items()
+            crossings = Counter(owner_binding_links(graph, owner)).items()
         for edge, hops in crossings:
-            bind = binds.get(edge)
-            if bind is None:
-                bind = binds[edge] = can_bind(edge)
-            if bind:
-                counts = users.setdefault(edge, {})
-                counts[owner] = counts.get(owner, 0) + hops
+            counts = users.get(edge)
+            if counts is None:
+                counts = users[edge] = {}
+            counts[owner] = counts.get(owner, 0) + hops
     return users
 
 
