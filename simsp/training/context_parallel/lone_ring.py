@@ -34,6 +34,7 @@ class LoneRing:
         self.network = network
         self.routes = {}  # (src gpu, dst gpu) -> (lone rate in B/s, latency in s)
         self.pass_kernels = {}  # ring_pass.py: its ranks' call charges -> their kernel seconds
+        self.kinds = {}  # ring_pass.py: (gpus, phase, K/V bytes) -> its sends, found once
         self._pairs = {}  # (gpus, to) -> pair_arrays
         for to in (1, -1):  # forward sends go to rank + 1, backward ones to rank - 1
             pairs = [(g, gpus[(i + to) % len(gpus)]) for i, g in enumerate(gpus)]
