@@ -27,6 +27,7 @@ import numpy as np
 from simpy.events import NORMAL
 
 from simsp.model.replay import delay_to
+from simsp.training.context_parallel.lone_ring import LoneRing
 from simsp.training.context_parallel.ring import exchange_bytes
 
 
@@ -209,7 +210,7 @@ def _compute(compute: dict, phase: str, step: int, clock, kernels, end):
 
 class _Kind:
     """One kind of ring call's sends (a phase of one group), found once: each cp rank's to
-    rank + to, their (c,) lone rates' drain seconds per step (bytes / rate: the division
+    rank + to, their (c,) lone rates' drain seconds per step (LoneRing.drain_s: the division
     LoneRing.end_time makes), latencies, counts and the call's records' fixed fields."""
 
     __slots__ = ("srcs", "dsts", "other", "drained", "latency_s", "nbytes", "total", "bound",
@@ -221,7 +222,7 @@ class _Kind:
         self.other = _neighbour(c, to)  # (c,) each send's receiving cp rank
         sends = c - 1 if phase == "forward" else c
         self.nbytes = [exchange_bytes(phase, step, c, ring.kv_bytes) for step in range(sends)]
-        self.drained = [nbytes / rate_Bps for nbytes in self.nbytes]  # per step (c,) seconds
+        self.drained = [LoneRing.drain_s(nbytes, rate_Bps) for nbytes in self.nbytes]  # (c,)
         self.total = sum(exchange_bytes(phase, step, c, ring.kv_bytes) for step in range(c))
         # the longest send, drained plus latency (lands)
         self.bound = max((float(d.max()) for d in self.drained), default=0.0) + \
