@@ -108,7 +108,7 @@ def forward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: 
     (`arrays`: as (c,), (c,) and (c − 1, c) arrays); `steps`: each step's (start, end)
     recorded in the ring's timeline; `kernels`: _kernels' found already."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
-    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c) seconds
+    kernels = kernels or _kernels(ring, entries)  # per step, rows of (c,) kernel seconds
     kind = _kind(ring, "forward", 1)
     previous = _neighbour(c, -1)  # (c,) cp rank r − 1 of each r
     waited_at = np.empty((c, c))  # (steps, c) each rank's clock after its wait (0: its entry)
@@ -137,7 +137,7 @@ def backward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays:
     """Every rank's backward (CpRing.backward): step i posts (to r − 1, from r + 1), computes,
     then waits for both deliveries (as forward_pass; no receive buffer posted apart)."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
-    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c)
+    kernels = kernels or _kernels(ring, entries)  # per step, rows of (c,)
     kind = _kind(ring, "backward", -1)
     following = _neighbour(c, 1)  # (c,) cp rank r + 1 of each r
     clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
@@ -169,9 +169,9 @@ def _summed(waits, c: int):
 
 
 def _kernels(ring, entries: list) -> tuple:
-    """Per step, (1 + kernels, c) every rank's kernel seconds in order below a row for its
-    clock (_compute), zero-padded to the step's most (cached per group on its LoneRing by the
-    ranks' CallCharges: a rank's call charges the same kernels each time its shapes recur)."""
+    """Per step, every rank's kernel seconds in order as rows ((c,) each: one kernel of every
+    rank), zero-padded to the step's most (cached per group on its LoneRing by the ranks'
+    CallCharges: a rank's call charges the same kernels each time its shapes recur)."""
     charges = tuple(call for _, call in entries)
     cache = ring.lone.pass_kernels
     key = tuple(map(id, charges))
@@ -180,29 +180,25 @@ def _kernels(ring, entries: list) -> tuple:
         steps = []
         for step in range(ring.cp):
             width = max(len(call.seconds[step]) for call in charges)
-            matrix = np.zeros((1 + width, len(charges)))  # (1 + kernels, c)
+            matrix = np.zeros((width, len(charges)))  # (kernels, c)
             for r, call in enumerate(charges):
-                matrix[1:1 + len(call.seconds[step]), r] = call.seconds[step]
-            steps.append(matrix)
+                matrix[:len(call.seconds[step]), r] = call.seconds[step]
+            steps.append(tuple(matrix))
         found = cache[key] = (charges, tuple(steps))
     return found[1]
 
 
 def _compute(compute: dict, phase: str, step: int, clock, kernels, end):
-    """Each rank's step compute from its clock, kernels (1 + kernels, c: _kernels) added one
-    after the other (step_clock; np.add.accumulate down the rows adds them in turn, no
-    pairwise sums): the step ends written into `end` (c,), recorded in `compute` (the ring's
-    timeline) unless None."""
-    if len(kernels) <= 4:  # a few: added in place (cheaper than accumulate's array)
-        if len(kernels) > 1:
-            np.add(clock, kernels[1], out=end)
-        else:
-            end[:] = clock
-        for column in kernels[2:]:  # (c,) one kernel of every rank
+    """Each rank's step compute from its clock, its kernels (rows of (c,): _kernels) added one
+    after the other in place (step_clock's additions in turn; a padded 0.0 leaves x as is):
+    the step ends written into `end` (c,), recorded in `compute` (the ring's timeline) unless
+    None."""
+    if kernels:
+        np.add(clock, kernels[0], out=end)
+        for column in kernels[1:]:  # (c,) one kernel of every rank
             end += column
     else:
-        kernels[0] = clock  # the row kept for it
-        end[:] = np.add.accumulate(kernels, axis=0)[-1]  # (c,)
+        end[:] = clock
     if compute is not None:
         compute.update(zip(_compute_keys(phase, step, len(clock)),
                            zip(clock.tolist(), end.tolist())))
