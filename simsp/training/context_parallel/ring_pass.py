@@ -30,6 +30,8 @@ from simsp.model.replay import delay_to
 from simsp.training.context_parallel.lone_ring import LoneRing
 from simsp.training.context_parallel.ring import exchange_bytes
 
+_add, _maximum = np.add, np.maximum  # the ufuncs of the pass's hot loop
+
 
 
 class RingPass:
@@ -116,15 +118,17 @@ def forward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: 
     ends = np.empty((c, c))  # (steps, c) each rank's step compute end
     starts, delivered = np.empty((c - 1, c)), np.empty((c - 1, c))  # (sends, c) each send's
     lands = kind.lands(waited_at[0].min())
-    for step in range(c):
-        clock = waited_at[step]  # (c,)
-        if step:
-            arrived = delivered[step - 1]  # (c,) by sending cp rank
-            np.maximum(ends[step - 1], arrived, out=clock)  # sent
-            np.maximum(clock, arrived[previous], out=clock)  # received
+    send, step_compute, maximum = _send, _compute, np.maximum
+    end, arrived = None, None  # (c,) the previous step's compute end and deliveries
+    for step, clock, step_end, step_kernels in zip(range(c), waited_at, ends, kernels):
+        if step:  # clock: (c,) a row of waited_at
+            maximum(end, arrived, out=clock)  # sent
+            maximum(clock, arrived[previous], out=clock)  # received
         if step < c - 1:
-            _send(kind, step, clock, starts[step], delivered[step], lands)
-        _compute(compute, "forward", step, clock, kernels[step], ends[step])
+            arrived = delivered[step]  # (c,) by sending cp rank
+            send(kind, step, clock, starts[step], arrived, lands)
+        step_compute(compute, "forward", step, clock, step_kernels, step_end)
+        end = step_end
     _record(ring, kind, starts, delivered)
     waited = _summed(waited_at[1:] - ends[:-1], c)  # (c,)
     posts = waited_at[:-1]  # (c − 1, c)
@@ -145,13 +149,14 @@ def backward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays:
     ends = np.empty((c, c))  # (steps, c) each rank's step compute end
     starts, delivered = np.empty((c, c)), np.empty((c, c))  # (steps, c) each send's
     lands = kind.lands(clock.min())
-    for step in range(c):
-        arrived = delivered[step]  # (c,) by sending cp rank
-        _send(kind, step, clock, starts[step], arrived, lands)
-        _compute(compute, "backward", step, clock, kernels[step], ends[step])
-        clock = waited_at[step]
-        np.maximum(ends[step], arrived, out=clock)  # sent
-        np.maximum(clock, arrived[following], out=clock)  # received
+    send, step_compute, maximum = _send, _compute, np.maximum
+    for step, start, arrived, end, waited_row, step_kernels in zip(
+            range(c), starts, delivered, ends, waited_at, kernels):  # (c,) rows of each
+        send(kind, step, clock, start, arrived, lands)
+        step_compute(compute, "backward", step, clock, step_kernels, end)
+        clock = waited_row
+        maximum(end, arrived, out=clock)  # sent
+        maximum(clock, arrived[following], out=clock)  # received
     _record(ring, kind, starts, delivered)
     waited = _summed(waited_at - ends, c)  # (c,)
     if arrays:
@@ -170,7 +175,7 @@ def _summed(waits, c: int):
 
 def _kernels(ring, entries: list) -> tuple:
     """Per step, every rank's kernel seconds in order as rows ((c,) each: one kernel of every
-    rank), zero-padded to the step's most (cached per group on its LoneRing by the ranks'
+    rank; the first, then the rest; () for none), zero-padded to the step's most (cached per group on its LoneRing by the ranks'
     CallCharges: a rank's call charges the same kernels each time its shapes recur)."""
     charges = tuple(call for _, call in entries)
     cache = ring.lone.pass_kernels
@@ -183,19 +188,20 @@ def _kernels(ring, entries: list) -> tuple:
             matrix = np.zeros((width, len(charges)))  # (kernels, c)
             for r, call in enumerate(charges):
                 matrix[:len(call.seconds[step]), r] = call.seconds[step]
-            steps.append(tuple(matrix))
+            steps.append((matrix[0], tuple(matrix[1:])) if width else ())  # (c,), ((c,), ..)
         found = cache[key] = (charges, tuple(steps))
     return found[1]
 
 
 def _compute(compute: dict, phase: str, step: int, clock, kernels, end):
-    """Each rank's step compute from its clock, its kernels (rows of (c,): _kernels) added one
+    """Each rank's step compute from its clock, its kernels ((c,) rows: _kernels) added one
     after the other in place (step_clock's additions in turn; a padded 0.0 leaves x as is):
     the step ends written into `end` (c,), recorded in `compute` (the ring's timeline) unless
     None."""
     if kernels:
-        np.add(clock, kernels[0], out=end)
-        for column in kernels[1:]:  # (c,) one kernel of every rank
+        first, rest = kernels
+        _add(clock, first, out=end)
+        for column in rest:  # (c,) one kernel of every rank
             end += column
     else:
         end[:] = clock
@@ -249,8 +255,8 @@ def _send(kind: _Kind, step: int, posts, start, delivered, lands: bool) -> None:
     (posts: (c,) post times) into `start` (c,), delivered as LoneRing.send delivers it into
     `delivered` (c,): (start + drained) + latency, or where `lands` has not proved it,
     start + _delays(start, that)."""
-    np.maximum(posts, posts[kind.other], out=start)  # posts[src], posts[src + to]
-    np.add(start, kind.drained[step], out=delivered)
+    _maximum(posts, posts[kind.other], out=start)  # posts[src], posts[src + to]
+    _add(start, kind.drained[step], out=delivered)
     delivered += kind.latency_s  # (c,) LoneRing.end_time
     if not lands and not (start + (delivered - start) == delivered).all():
         delivered[:] = start + _delays(start, delivered)
