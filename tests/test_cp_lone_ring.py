@@ -74,12 +74,12 @@ def test_lone_ring_equals_full_simulation(gpn, t, cp, p, d, comm_type, interleav
 def test_a_wrong_lone_time_fails(monkeypatch):
     """Sends 1% slower than their lone rate move the iteration past the tolerance."""
     sc = cp_scenario(4, 4, 2, 2, 1, "p2p")
-    timing = lone_ring.LoneRing.end_time  # both send's and the ring pass's (ring_pass.py)
+    drain = lone_ring.LoneRing.drain_s  # both send's and the ring pass's (ring_pass.py)
 
-    def slow(start_s, nbytes, rate_Bps, latency_s):
-        return timing(start_s, int(nbytes * 1.01), rate_Bps, latency_s)
+    def slow(nbytes, rate_Bps):
+        return drain(int(nbytes * 1.01), rate_Bps)
 
-    monkeypatch.setattr(lone_ring.LoneRing, "end_time", staticmethod(slow))
+    monkeypatch.setattr(lone_ring.LoneRing, "drain_s", staticmethod(slow))
     fast, full, lone = _fast_and_full(sc)
     assert lone and exposures_apart(fast, full) > 1e-9
 

@@ -88,24 +88,65 @@ def test_vector_pass_equals_event_run_to_the_bit(gpus, seed):
     assert fast[0].waited and any(w > 0 for w in fast[0].waited.values())  # sends show
 
 
+@pytest.mark.parametrize("gpus", [GROUPS[1], GROUPS[3]])
+def test_proved_landing_pass_equals_event_run_to_the_bit(gpus):
+    """Entries late enough that every send is proved to land unnudged (_Kind.lands, no
+    per-step check) still give the event run's floats."""
+    cp = len(gpus)
+    rng = random.Random(5)
+    entries = [0.75 + rng.uniform(0, 2e-4) for _ in range(cp)]
+    steps = _steps(5, cp)
+    send, proved = ring_pass._send, []
+
+    def spy(kind, step, posts, start, delivered, lands):
+        proved.append(lands)
+        send(kind, step, posts, start, delivered, lands)
+
+    ring_pass._send = spy
+    try:
+        fast = _run(gpus, entries, steps, True)
+    finally:
+        ring_pass._send = send
+    assert proved and all(proved)
+    assert fast == _run(gpus, entries, steps, False)
+
+
+def test_landing_proof_holds_where_it_claims():
+    """Where _Kind.lands passes (the longest drain plus latency within 2^-45 of the earliest
+    start), start + (end − start) == end for end = (start + drained) + latency, at starts
+    down to the bound; far earlier starts miss it (what the per-step check is for)."""
+    rng = np.random.default_rng(11)
+    drained = rng.uniform(0, 1, 20000) * 10.0 ** rng.integers(-7, 0, 20000)  # (n,)
+    latency = rng.uniform(0, 1e-5, 20000)  # (n,)
+    for scale in (0.5, 0.9, 1.0, 1.0 + 1e-15, 1.0 + 1e-9, 3.0):
+        start = (drained + latency) / (1 - 2.0 ** -45) * scale  # (n,)
+        end = (start + drained) + latency  # (n,)
+        claimed = np.array([ring_pass._Kind.lands(SimpleNamespace(bound=float(d + lat)), s)
+                            for d, lat, s in zip(drained, latency, start)])  # (n,)
+        assert (start + (end - start) == end)[claimed].all()
+        assert claimed.mean() > 0.4 if scale >= 1 else not claimed.any()
+    start = (drained + latency) * 0.5  # (n,) starts half the bound: some miss, so a proof
+    end = (start + drained) + latency  # claiming them would fail above
+    assert not (start + (end - start) == end).all()
+
+
 def test_a_pass_one_ulp_late_fails():
     """A delivery one ulp later than the lone send's (a rank's step 1 receive) is seen."""
     gpus = GROUPS[1]
     steps = _steps(3, len(gpus))
     entries = [0.0] * len(gpus)
     event = _run(gpus, entries, steps, False)
-    sends = ring_pass._sends
+    send = ring_pass._send
 
-    def late(ring, phase, step, posts, to):
-        delivered = sends(ring, phase, step, posts, to).copy()  # (c,)
-        delivered[0] = np.nextafter(delivered[0], np.inf)
-        return delivered
+    def late(kind, step, posts, start, delivered, lands):
+        send(kind, step, posts, start, delivered, lands)
+        delivered[0] = np.nextafter(delivered[0], np.inf)  # (c,) written in place
 
-    ring_pass._sends = late
+    ring_pass._send = late
     try:
         fast = _run(gpus, entries, steps, True)
     finally:
-        ring_pass._sends = sends
+        ring_pass._send = send
     assert fast[0] != event[0]
 
 

@@ -49,16 +49,16 @@ class _Block(NamedTuple):
 
     srcs: list
     dsts: list
-    nbytes: int
-    starts: object  # (n,) float array
-    ends: object  # (n,) float array
+    nbytes: tuple  # (n,) each transfer's bytes
+    starts: object  # float array of n elements, any shape (read in C order)
+    ends: object  # float array of n elements, as starts
     labels: tuple
 
     def records(self):
         """The block's TransferRecords, in order."""
         return map(_new_span, repeat(TransferRecord), zip(
-            self.srcs, self.dsts, repeat(self.nbytes), self.starts.tolist(), self.ends.tolist(),
-            self.labels))
+            self.srcs, self.dsts, self.nbytes, self.starts.ravel().tolist(),
+            self.ends.ravel().tolist(), self.labels))
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Trace:
     """Every span and transfer of one simulation, in the order they were recorded.
 
     Spans on a track in `skip` are not recorded (a trace written at lower detail). Transfers
-    may come in blocks (add_transfers: a CP ring step's sends at once, their times as arrays),
+    may come in blocks (add_transfers: a CP ring call's sends at once, their times as arrays),
     turned into records, in order, when `transfers` is read."""
 
     spans: list[Span] = field(default_factory=list)
@@ -102,10 +102,11 @@ class Trace:
         """Record one finished point-to-point transfer."""
         self._transfers.append(record)
 
-    def add_transfers(self, srcs: list, dsts: list, nbytes: int, starts, ends,
+    def add_transfers(self, srcs: list, dsts: list, nbytes: tuple, starts, ends,
                       labels: tuple) -> None:
-        """Record transfers i = 0.. of srcs[i] -> dsts[i], `nbytes` each, over
-        [starts[i], ends[i]) ((n,) arrays, never changed after), labels[i], as one block."""
+        """Record transfers i = 0.. of srcs[i] -> dsts[i], nbytes[i] each, over
+        [starts[i], ends[i]) (arrays of n elements in C order, e.g. (steps, c) a CP ring call's
+        sends, never changed after), labels[i], as one block."""
         self._transfers.append(_new_span(_Block, (srcs, dsts, nbytes, starts, ends, labels)))
         self._blocks += 1
 

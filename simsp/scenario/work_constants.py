@@ -133,13 +133,16 @@ CP_TEMPLATE_SECONDS_PER_RANK_STEP = 2.1e-4
 # fitted on expert all-to-alls, priced them about four times over). Runs: the cp 16 and 64 runs
 # of cp-lone's shape, benchmarks/scale.py cp-128k at 256, 512 and 1,024 GPUs and cp-128k-dp at
 # 2,048, 8,192 and 16,384 (within 5% of each but the 2-layer cp 16, whose fixed costs are
-# most of it: measured 3x). The check's binding links named without routes (q47f,
+# most of it: measured 3x). Refitted (2026-11-29, q47e, probe 129-139 ms) after the ring pass's
+# steps got cheaper (sends found once per kind of call, one landing proof per call, kernels added
+# in place: context_parallel/ring_pass.py): per rank-step 1.93e-5 -> 7.97e-6, per leader-step
+# 3.51e-4 -> 3.85e-4, per pair 2.34e-5 -> 2.36e-5; est. / measured 0.97-1.10 on these runs but
+# the 2-layer cp 16 (0.33, as before). The check's binding links named without routes (q47f,
 # shortcuts/route_ends.py): refitted 7.07e-5 per member beside 1e609d2's 8.18e-5 in the same
-# minutes (probe 173-185 ms), scaled to like conditions: 8.26e-5 -> 7.14e-5 (the other three
-# kept: the same fit moved them 0.79-1.20 with nothing of theirs changed, base 0.99-1.20).
-CP_SHADOW_SECONDS_PER_LEADER_STEP = 3.51e-4
-CP_SHADOW_SECONDS_PER_RANK_STEP = 1.93e-5
-CP_SHADOW_SECONDS_PER_RANK_PAIR = 2.34e-5
+# minutes (probe 173-185 ms), scaled to like conditions: 8.26e-5 -> 7.14e-5.
+CP_SHADOW_SECONDS_PER_LEADER_STEP = 3.85e-4
+CP_SHADOW_SECONDS_PER_RANK_STEP = 7.97e-6
+CP_SHADOW_SECONDS_PER_RANK_PAIR = 2.36e-5
 CP_CHECK_SECONDS_PER_MEMBER = 7.14e-5
 # Context parallelism's all-gather (--cp-comm-type allgather) is a ring collective: timed alone
 # where nothing meets it (engine/collectives/ring_alone.py channel_segment runs one channel's piece

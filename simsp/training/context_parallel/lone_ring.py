@@ -34,6 +34,7 @@ class LoneRing:
         self.network = network
         self.routes = {}  # (src gpu, dst gpu) -> (lone rate in B/s, latency in s)
         self.pass_kernels = {}  # ring_pass.py: its ranks' call charges -> their kernel seconds
+        self.kinds = {}  # ring_pass.py: (gpus, phase, K/V bytes) -> its sends, found once
         self._pairs = {}  # (gpus, to) -> pair_arrays
         for to in (1, -1):  # forward sends go to rank + 1, backward ones to rank - 1
             pairs = [(g, gpus[(i + to) % len(gpus)]) for i, g in enumerate(gpus)]
@@ -62,9 +63,14 @@ class LoneRing:
 
     @staticmethod
     def end_time(start_s, nbytes: int, rate_Bps, latency_s):
-        """A lone send's delivery: drained at its lone rate, then the route's latency (floats,
-        or (c,) arrays for ring_pass.py: the same operations per element)."""
-        return (start_s + nbytes / rate_Bps) + latency_s
+        """A lone send's delivery: drained at its lone rate, then the route's latency (floats;
+        ring_pass.py makes the same operations per element on (c,) arrays)."""
+        return (start_s + LoneRing.drain_s(nbytes, rate_Bps)) + latency_s
+
+    @staticmethod
+    def drain_s(nbytes: int, rate_Bps):
+        """Seconds `nbytes` take at the lone rate (a float, or (c,) for (c,) rates)."""
+        return nbytes / rate_Bps
 
     def pair_arrays(self, gpus: tuple, to: int) -> tuple:
         """For each cp rank's send to rank + to (ring_pass.py): (src GPUs, dst GPUs, (c,) lone

@@ -27,7 +27,10 @@ import numpy as np
 from simpy.events import NORMAL
 
 from simsp.model.replay import delay_to
+from simsp.training.context_parallel.lone_ring import LoneRing
 from simsp.training.context_parallel.ring import exchange_bytes
+
+_add, _maximum = np.add, np.maximum  # the ufuncs of the pass's hot loop
 
 
 
@@ -107,59 +110,73 @@ def forward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: 
     (`arrays`: as (c,), (c,) and (c − 1, c) arrays); `steps`: each step's (start, end)
     recorded in the ring's timeline; `kernels`: _kernels' found already."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
-    clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
-    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c) seconds
+    kernels = kernels or _kernels(ring, entries)  # per step, rows of (c,) kernel seconds
+    kind = _kind(ring, "forward", 1)
     previous = _neighbour(c, -1)  # (c,) cp rank r − 1 of each r
-    waits = np.zeros((max(c - 1, 1), c))  # (steps waiting, c) each rank's wait per step
-    posts = np.empty((max(c - 1, 0), c))  # (steps posting, c) each rank's post time
-    delivered = None  # (c,) delivery of cp rank r's send of the previous step
-    for step in range(c):
-        if delivered is not None:
-            start = clock
-            clock = np.maximum(np.maximum(start, delivered), delivered[previous])  # sent, rcvd
-            np.subtract(clock, start, out=waits[step - 1])
+    waited_at = np.empty((c, c))  # (steps, c) each rank's clock after its wait (0: its entry)
+    waited_at[0] = [entry for entry, _ in entries]
+    ends = np.empty((c, c))  # (steps, c) each rank's step compute end
+    starts, delivered = np.empty((c - 1, c)), np.empty((c - 1, c))  # (sends, c) each send's
+    lands = kind.lands(waited_at[0].min())
+    send, step_compute, maximum = _send, _compute, np.maximum
+    end, arrived = None, None  # (c,) the previous step's compute end and deliveries
+    for step, clock, step_end, step_kernels in zip(range(c), waited_at, ends, kernels):
+        if step:  # clock: (c,) a row of waited_at
+            maximum(end, arrived, out=clock)  # sent
+            maximum(clock, arrived[previous], out=clock)  # received
         if step < c - 1:
-            posts[step] = clock
-            delivered = _sends(ring, "forward", step, clock, 1)
-        clock = _compute(compute, "forward", step, clock, kernels[step])
-    _count(ring, "forward", 1)
-    waited = _summed(waits)  # (c,)
+            arrived = delivered[step]  # (c,) by sending cp rank
+            send(kind, step, clock, starts[step], arrived, lands)
+        step_compute(compute, "forward", step, clock, step_kernels, step_end)
+        end = step_end
+    _record(ring, kind, starts, delivered)
+    waited = _summed(waited_at[1:] - ends[:-1], c)  # (c,)
+    posts = waited_at[:-1]  # (c − 1, c)
     if arrays:
-        return clock, waited, posts
-    return list(zip(clock.tolist(), waited.tolist(), posts.T.tolist()))
+        return ends[-1], waited, posts
+    return list(zip(ends[-1].tolist(), waited.tolist(), posts.T.tolist()))
 
 
 def backward_pass(ring, entries: list, steps: bool = True, kernels=None, arrays: bool = False):
     """Every rank's backward (CpRing.backward): step i posts (to r − 1, from r + 1), computes,
     then waits for both deliveries (as forward_pass; no receive buffer posted apart)."""
     c, compute = ring.cp, ring.timeline.compute if steps else None
-    clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
-    kernels = kernels or _kernels(ring, entries)  # per step (kernels, c)
+    kernels = kernels or _kernels(ring, entries)  # per step, rows of (c,)
+    kind = _kind(ring, "backward", -1)
     following = _neighbour(c, 1)  # (c,) cp rank r + 1 of each r
-    waits = np.empty((c, c))  # (steps, c) each rank's wait per step
-    for step in range(c):
-        delivered = _sends(ring, "backward", step, clock, -1)  # (c,) by sending cp rank
-        clock = _compute(compute, "backward", step, clock, kernels[step])
-        start = clock
-        clock = np.maximum(np.maximum(start, delivered), delivered[following])  # sent, rcvd
-        np.subtract(clock, start, out=waits[step])
-    _count(ring, "backward", -1)
-    waited = _summed(waits)  # (c,)
+    clock = np.array([entry for entry, _ in entries], dtype=np.float64)  # (c,) each rank's time
+    waited_at = np.empty((c, c))  # (steps, c) each rank's clock after its step's wait
+    ends = np.empty((c, c))  # (steps, c) each rank's step compute end
+    starts, delivered = np.empty((c, c)), np.empty((c, c))  # (steps, c) each send's
+    lands = kind.lands(clock.min())
+    send, step_compute, maximum = _send, _compute, np.maximum
+    for step, start, arrived, end, waited_row, step_kernels in zip(
+            range(c), starts, delivered, ends, waited_at, kernels):  # (c,) rows of each
+        send(kind, step, clock, start, arrived, lands)
+        step_compute(compute, "backward", step, clock, step_kernels, end)
+        clock = waited_row
+        maximum(end, arrived, out=clock)  # sent
+        maximum(clock, arrived[following], out=clock)  # received
+    _record(ring, kind, starts, delivered)
+    waited = _summed(waited_at - ends, c)  # (c,)
     if arrays:
         return clock, waited, np.empty((0, c))
     return list(zip(clock.tolist(), waited.tolist(), repeat(())))
 
 
-def _summed(waits):
+def _summed(waits, c: int):
     """(c,) each rank's waits (steps, c) added in step order from 0 (np.add.accumulate down
-    the rows: in turn, no pairwise sums; a wait is never negative, so 0 + w == w)."""
+    the rows: in turn, no pairwise sums; a wait is never negative, so 0 + w == w); none:
+    zeros."""
+    if not len(waits):
+        return np.zeros(c)
     return np.add.accumulate(waits, axis=0)[-1]
 
 
 def _kernels(ring, entries: list) -> tuple:
-    """Per step, (1 + kernels, c) every rank's kernel seconds in order below a row for its
-    clock (_compute), zero-padded to the step's most (cached per group on its LoneRing by the
-    ranks' CallCharges: a rank's call charges the same kernels each time its shapes recur)."""
+    """Per step, every rank's kernel seconds in order as rows ((c,) each: one kernel of every
+    rank; the first, then the rest; () for none), zero-padded to the step's most (cached per group on its LoneRing by the ranks'
+    CallCharges: a rank's call charges the same kernels each time its shapes recur)."""
     charges = tuple(call for _, call in entries)
     cache = ring.lone.pass_kernels
     key = tuple(map(id, charges))
@@ -168,64 +185,92 @@ def _kernels(ring, entries: list) -> tuple:
         steps = []
         for step in range(ring.cp):
             width = max(len(call.seconds[step]) for call in charges)
-            matrix = np.zeros((1 + width, len(charges)))  # (1 + kernels, c)
+            matrix = np.zeros((width, len(charges)))  # (kernels, c)
             for r, call in enumerate(charges):
-                matrix[1:1 + len(call.seconds[step]), r] = call.seconds[step]
-            steps.append(matrix)
+                matrix[:len(call.seconds[step]), r] = call.seconds[step]
+            steps.append((matrix[0], tuple(matrix[1:])) if width else ())  # (c,), ((c,), ..)
         found = cache[key] = (charges, tuple(steps))
     return found[1]
 
 
-def _compute(compute: dict, phase: str, step: int, clock, kernels):
-    """Each rank's step compute from its clock, kernels (1 + kernels, c: _kernels) added one
-    after the other (step_clock; np.add.accumulate down the rows adds them in turn, no
-    pairwise sums): (c,) the step ends, recorded in `compute` (the ring's timeline) unless
+def _compute(compute: dict, phase: str, step: int, clock, kernels, end):
+    """Each rank's step compute from its clock, its kernels ((c,) rows: _kernels) added one
+    after the other in place (step_clock's additions in turn; a padded 0.0 leaves x as is):
+    the step ends written into `end` (c,), recorded in `compute` (the ring's timeline) unless
     None."""
-    if len(kernels) <= 4:  # a few: added in place (cheaper than accumulate's array)
-        end = clock + kernels[1] if len(kernels) > 1 else clock.copy()  # (c,)
-        for column in kernels[2:]:  # (c,) one kernel of every rank
+    if kernels:
+        first, rest = kernels
+        _add(clock, first, out=end)
+        for column in rest:  # (c,) one kernel of every rank
             end += column
     else:
-        kernels[0] = clock  # the row kept for it
-        end = np.add.accumulate(kernels, axis=0)[-1]  # (c,)
+        end[:] = clock
     if compute is not None:
         compute.update(zip(_compute_keys(phase, step, len(clock)),
                            zip(clock.tolist(), end.tolist())))
-    return end
 
 
-def _sends(ring, phase: str, step: int, posts, to: int):
-    """Each cp rank's send of `step` to rank + to, started at the later of its two posts
-    (posts: (c,) post times), delivered as LoneRing.send delivers it: (c,) delivery times,
-    each transfer recorded as its delivery would be (LoneRing.delivered_at; the bytes: _count)."""
-    c = ring.cp
-    nbytes = exchange_bytes(phase, step, c, ring.kv_bytes)
-    pairs = ring.__dict__.get("_pair_arrays")  # per direction, found once per call's ring
-    if pairs is None:
-        pairs = ring._pair_arrays = {}
-    found = pairs.get(to)
+class _Kind:
+    """One kind of ring call's sends (a phase of one group), found once: each cp rank's to
+    rank + to, their (c,) lone rates' drain seconds per step (LoneRing.drain_s: the division
+    LoneRing.end_time makes), latencies, counts and the call's records' fixed fields."""
+
+    __slots__ = ("srcs", "dsts", "other", "drained", "latency_s", "nbytes", "total", "bound",
+                 "records")
+
+    def __init__(self, ring, phase: str, to: int):
+        c = ring.cp
+        self.srcs, self.dsts, rate_Bps, self.latency_s = ring.lone.pair_arrays(ring.gpus, to)
+        self.other = _neighbour(c, to)  # (c,) each send's receiving cp rank
+        sends = c - 1 if phase == "forward" else c
+        self.nbytes = [exchange_bytes(phase, step, c, ring.kv_bytes) for step in range(sends)]
+        self.drained = [LoneRing.drain_s(nbytes, rate_Bps) for nbytes in self.nbytes]  # (c,)
+        self.total = sum(exchange_bytes(phase, step, c, ring.kv_bytes) for step in range(c))
+        # the longest send, drained plus latency (lands)
+        self.bound = max((float(d.max()) for d in self.drained), default=0.0) + \
+            float(self.latency_s.max())
+        self.records = (self.srcs * sends, self.dsts * sends, tuple(
+            nbytes for nbytes in self.nbytes for _ in range(c)), tuple(
+            label for step in range(sends) for label in _labels(phase, step, c, to)))
+
+    def lands(self, earliest_s: float) -> bool:
+        """Whether every send starting at or after earliest_s is delivered at its end with no
+        nudge: end = (start + drained) + latency <= 2·start there (the margin covers the two
+        roundings), so end − start is exact (Sterbenz) and start + (end − start) == end."""
+        return self.bound <= earliest_s * (1 - 2.0 ** -45)
+
+
+def _kind(ring, phase: str, to: int) -> _Kind:
+    """The ring's _Kind of `phase`, found once per group (cached on its LoneRing)."""
+    kinds = ring.lone.kinds
+    key = (ring.gpus, phase, ring.kv_bytes)
+    found = kinds.get(key)
     if found is None:
-        found = pairs[to] = ring.lone.pair_arrays(ring.gpus, to)
-    srcs, dsts, rate_Bps, latency_s = found
-    start = np.maximum(posts, posts[_neighbour(c, to)])  # (c,) posts[src], posts[src + to]
-    end = ring.lone.end_time(start, nbytes, rate_Bps, latency_s)  # (c,)
-    delivered = start + (end - start)  # (c,) _delays' first try, where it lands everywhere
-    if not (delivered == end).all():
-        delivered = start + _delays(start, end)
-    ring.lone.network.trace.add_transfers(srcs, dsts, nbytes, start, delivered,
-                                          _labels(phase, step, c, to))
-    return delivered
+        found = kinds[key] = _Kind(ring, phase, to)
+    return found
 
 
-def _count(ring, phase: str, to: int) -> None:
-    """The call's sends counted on the network, each GPU's bytes of every step at once (whole
-    numbers: the same sums), in the order the per-send counts first touch them."""
-    c = ring.cp
-    nbytes = sum(exchange_bytes(phase, step, c, ring.kv_bytes) for step in range(c))
-    srcs, dsts, _, _ = ring.lone.pair_arrays(ring.gpus, to)
+def _send(kind: _Kind, step: int, posts, start, delivered, lands: bool) -> None:
+    """Each cp rank's send of `step` to rank + to, started at the later of its two posts
+    (posts: (c,) post times) into `start` (c,), delivered as LoneRing.send delivers it into
+    `delivered` (c,): (start + drained) + latency, or where `lands` has not proved it,
+    start + _delays(start, that)."""
+    _maximum(posts, posts[kind.other], out=start)  # posts[src], posts[src + to]
+    _add(start, kind.drained[step], out=delivered)
+    delivered += kind.latency_s  # (c,) LoneRing.end_time
+    if not lands and not (start + (delivered - start) == delivered).all():
+        delivered[:] = start + _delays(start, delivered)
+
+
+def _record(ring, kind: _Kind, starts, delivered) -> None:
+    """The call's sends recorded as their deliveries would be (LoneRing.delivered_at), one
+    block in step order ((sends, c) arrays), and counted on the network, each GPU's bytes of
+    every step at once (whole numbers: the same sums), in the order the per-send counts first
+    touch them."""
     network = ring.lone.network
-    sent, received = network.bytes_sent, network.bytes_received
-    for src, dst in zip(srcs, dsts):
+    network.trace.add_transfers(*kind.records[:3], starts, delivered, kind.records[3])
+    sent, received, nbytes = network.bytes_sent, network.bytes_received, kind.total
+    for src, dst in zip(kind.srcs, kind.dsts):
         sent[src] += nbytes
         received[dst] += nbytes
 

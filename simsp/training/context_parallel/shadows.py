@@ -52,6 +52,7 @@ class CpShadows:
         self._busy = {}
         self._kernels = {}  # (leader, bookkeeping key) -> (kernels, c) their seconds
         self._groups = {}  # (leader, call shapes, ring phase) -> its GroupCharges
+        self._calls = {}  # ((call shapes, ring phase), CP index) -> a shadow's charges
         # (call shapes, ring phase, diagonal, bookkeeping bytes) -> a step's charges
         self._steps = {}
         self._bookkeeping = {}  # (phase, kernels' bytes) -> their seconds
@@ -118,7 +119,7 @@ class CpShadows:
         if found is not None and found.charges[0] is own:
             found.calls += 1
             return found
-        found = GroupCharges([own] + [self._shadow_charges(rank, key, *kernels_of(j, rank))
+        found = GroupCharges([own] + [self._shadow_call(j, rank, key, kernels_of)
                                       for j, rank in enumerate(group[1:], start=1)], self)
         if all(type(charges) is ShadowCall for charges in found.charges[1:]):
             found.calls = 1
@@ -126,6 +127,16 @@ class CpShadows:
         else:  # fractional FLOPs: each shadow charged in order, as its own run would
             for rank, charges in zip(group[1:], found.charges[1:]):
                 charges.recharge(rank)
+        return found
+
+    def _shadow_call(self, j: int, rank, key: tuple, kernels_of):
+        """Shadow j's charges of a ring call of `key` (_shadow_charges), found once per run:
+        its kernels depend on the call's shapes, its CP index and the GPU model alone (the
+        bookkeeping bytes te_p2p_kernels gives j's steps, the block at the diagonal step), so
+        each stage's shadow j takes the first's."""
+        found = self._calls.get((key, j))
+        if found is None:
+            found = self._calls[(key, j)] = self._shadow_charges(rank, key, *kernels_of(j, rank))
         return found
 
     def _shadow_charges(self, rank, key: tuple, after, kernels):

@@ -43,8 +43,8 @@ def run_step(r, kernels, memo: dict | None = None, key=None):
     charges = None if memo is None else memo.get(key)
     if charges is None:
         charges = _charge(r, kernels)
-        if memo is not None:
-            memo[key] = charges
+        if memo is not None:  # kept with its busy seconds per kind (_recharge)
+            memo[key] = charges = charges + (_by_kind(charges[1]),)
     else:
         _recharge(r, charges)
     if not charges[1]:  # no kernel: nothing to wait for, as the kernel-by-kernel run
@@ -124,11 +124,20 @@ def _charge(r, kernels) -> tuple:
 
 
 def _recharge(r, charges: tuple) -> None:
-    """Charge r's counters as the recorded step did: FLOPs per phase, then each kernel's busy
-    seconds added in the same order (so the float sums are the same)."""
-    added, held = charges[0], charges[1]
-    for phase, flops in added.items():
+    """Charge r's counters as the recorded step did (charges: _charge's and _by_kind's): FLOPs
+    per phase, then each kind's busy seconds added in kernel order (reduce: left to right, so
+    the float sums are the same; the kinds are separate counters)."""
+    for phase, flops in charges[0].items():
         r.flops[phase] += flops
     busy = r.busy_s
+    for kind, values in charges[3]:
+        busy[kind] = reduce(add, values, busy.get(kind, 0.0))
+
+
+def _by_kind(held: tuple) -> tuple:
+    """((kind, (seconds, ...) in kernel order), ...) of ((kind, seconds), ...), the kinds in
+    the order they first come."""
+    kinds = {}  # kind -> [seconds, ...]
     for kind, seconds in held:
-        busy[kind] = busy.get(kind, 0.0) + seconds
+        kinds.setdefault(kind, []).append(seconds)
+    return tuple((kind, tuple(values)) for kind, values in kinds.items())
