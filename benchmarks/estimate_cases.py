@@ -163,7 +163,8 @@ GROUPS = {
     "a2a-alone": (("A2A_ALONE_SECONDS_PER_FLOW", "CHECK_SECONDS_PER_MEMBER"), [
         ("a2a-dispatch 64", _a2a(64), "run"),
         ("a2a-dispatch 128", _a2a(128), "run"),
-        ("deepseek-v3 1024", _deepseek(1024), "run")]),
+        ("deepseek-v3 1024", _deepseek(1024), "run"),
+        ("deepseek-v3 4096", _deepseek(4096), "run")]),
     "visits": (("SECONDS_PER_FLOW_VISIT",), [
         ("deepseek-v3 L13 p4 dualpipe m8, solves", _visits(512), "visits"),
         ("deepseek-v3 L13 p4 dualpipe m16, solves", _visits(1024), "visits")]),

@@ -186,9 +186,13 @@ SECONDS_PER_GATHER_FLOW = 8.0e-6
 # run once per placement (engine/exchanges.py), and the check by the members of the all-to-all
 # owners it lists (each member's links counted per kind of peer, shortcuts/a2a_links.py; the
 # check's other routes over the world, which grow alike, included): benchmarks/scale.py
-# a2a-dispatch at EP 64 and 128 and deepseek-v3 at 1,024 GPUs.
-A2A_ALONE_SECONDS_PER_FLOW = 3.5e-5
-CHECK_SECONDS_PER_MEMBER = 3.3e-4
+# a2a-dispatch at EP 64 and 128 and deepseek-v3 at 1,024 GPUs. Refitted (2026-11-29, round 14,
+# probe 131 / 128 ms, best of two) after the check named its binding links without routes
+# (shortcuts/route_ends.py), deepseek-v3 at 4,096 GPUs added (measured / estimated 0.52 there
+# with the old constants): 3.5e-5 -> 2.45e-5 per flow, 3.3e-4 -> 1.72e-4 per member; est. /
+# measured 0.83-1.07 on the four runs.
+A2A_ALONE_SECONDS_PER_FLOW = 2.45e-5
+CHECK_SECONDS_PER_MEMBER = 1.72e-4
 # estimate_constants.py --only mtp (2026-11-29, probe 142-174 ms): Multi-token prediction's depths
 # run on the last stage for every micro-batch, each a layer plus its own embedding norm, projection
 # and vocabulary head, untemplated, linear in D since each depth's weights are looked up in a table
