@@ -16,7 +16,7 @@ from simsp.engine.allocator.snapshot_read import read_snapshot
 from simsp.engine.group_timing import NODE_PIECE
 from simsp.errors import UserError
 from simsp.scenario.loading import load_scenario
-from simsp.scenario.work import meta_seconds
+from simsp.scenario.work import VerdictCounts, meta_seconds
 from simsp.shortcuts.check import Shortcuts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,7 +229,7 @@ def test_fsdp_rings_the_shortcuts_step_whole_are_priced_per_d_squared():
                               ("parallel", "global_batch_size"): 64})
     methods = {method for _, method in Shortcuts.for_scale(sc).methods}
     assert NODE_PIECE not in methods
-    assert 40.5 / 4 <= meta_seconds(sc, True, fsdp_pieces=False) <= 40.5 * 4
+    assert 40.5 / 4 <= meta_seconds(sc, True, VerdictCounts(fsdp_pieces=False)) <= 40.5 * 4
     err = one_error(["run", "--num-layers", "32", "--data-parallel-size", "256",
                      "--global-batch-size", "256", "--use-megatron-fsdp",
                      "--data-parallel-sharding-strategy", "optim_grads_params", "--nodes", "32",

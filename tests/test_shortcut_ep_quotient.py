@@ -11,7 +11,7 @@ from simsp.cluster.grid import RankGrid
 from simsp.cluster.topology import build_topology, nodes_hosting
 from simsp.metrics.collect import collect
 from simsp.scenario.loading import load_scenario
-from simsp.scenario.work import MetaWork, check_work, meta_seconds
+from simsp.scenario.work import MetaWork, VerdictCounts, check_work, meta_seconds
 from simsp.shortcuts.check import Shortcuts
 from simsp.shortcuts.rail_symmetry import stage_axes, symmetry_breach
 from simsp.shortcuts.traffic import expert_owners, traffic_owners
@@ -124,7 +124,8 @@ def test_the_work_check_takes_the_orbit_flows():
     shortcuts = Shortcuts.for_scale(sc)
     assert estimated_counts(sc, shortcuts).ep_pairs is not None
     estimate = run_seconds(sc, shortcuts)
-    assert estimate > meta_seconds(sc, True, a2a=(0, 0), ep_pairs=0.0)  # no all-to-all work
+    no_all_to_all = VerdictCounts(a2a=(0, 0), ep_pairs=0.0)
+    assert estimate > meta_seconds(sc, True, no_all_to_all)
     check_work(sc, shortcuts=True, meta=MetaWork(seconds=estimate))
 
 

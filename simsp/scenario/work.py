@@ -98,69 +98,68 @@ def numeric_seconds(sc) -> float:
     return flops / NUMERIC_FLOPS_PER_SECOND + overhead
 
 
-def meta_seconds(sc, representative: bool, fsdp_pieces: bool = True, flows: int = 0,
-                 fsdp_flows: tuple[int, ...] | None = None,
-                 a2a: tuple[int, int] | None = None, ep_pairs: float | None = None,
-                 exchange_flows: int = 0, flow_visits: float = 0.0,
-                 gather_flows: float = 0.0, replicas: int = 1,
-                 cp_lone: bool = False, cp_templates: bool = False,
-                 ranks: int | None = None, cp_shadows: bool = False,
-                 cp_members: int = 0) -> float:
+class VerdictCounts(NamedTuple):
+    """What the shortcut verdict leaves one meta iteration, counted before it runs
+    (shortcuts/work_counts.py run_seconds); the defaults are the rule's before any verdict."""
+
+    # False: the check steps the FSDP rings whole (units that do not cut into equal node
+    # pieces), priced per d²
+    fsdp_pieces: bool = True
+    flows: int = 0  # the stepped rings' flows (work_counts.py estimated_counts)
+    # the FSDP rings' (stepped whole, as pieces, arithmetic steps, arithmetic collectives),
+    # replacing the d² and per-piece rules
+    fsdp_flows: tuple[int, ...] | None = None
+    a2a: tuple[int, int] | None = None  # (alone all-to-alls' flows, the check's members)
+    ep_pairs: float | None = None  # flows one stepped all-to-all starts where not ep²
+    exchange_flows: int = 0  # TE's ring exchanges' flows (shortcuts/overlap_counts.py)
+    flow_visits: float = 0.0  # flows the fair-share solves take up (work_counts.py ep_visits)
+    gather_flows: float = 0.0  # the token-count all-gathers' flows
+    # the DP replicas whose stages the representative runs (FSDP: per placement and kind of
+    # shard, shortcuts/representative.py fsdp_replicas; CP: per placement, cp_replicas)
+    replicas: int = 1
+    cp_lone: bool = False  # the CP p2p rings alone on their links (lone_ring.py): cheaper sends
+    cp_templates: bool = False  # layer templates split at the CP calls (model/replay.py)
+    ranks: int | None = None  # the ranks the run simulates (work_counts.py run_ranks)
+    cp_shadows: bool = False  # CP rank 0 of each stage runs for its group (shadows.py)
+    cp_members: int = 0  # the CP groups' members the check lists as all-to-alls
+
+
+def meta_seconds(sc, representative: bool, counts: VerdictCounts = VerdictCounts()) -> float:
     """CPU seconds of one meta iteration: layer-steps x the measured cost per step (which grows
     with d), or x every rank of a stage (t*d, each TP ring step costing more with t) without
     the representative shortcut; plus each simulated rank's schedule steps (chunk_steps: a
     model chunk's forward or backward of one micro-batch, with its pipeline transfer), its plan
-    (every layer's parameter names: ranks x L) and its data-parallel gradient buckets. Context parallelism runs every
-    rank but where its representative holds (cp_representative: TP rank 0's cp ranks per
-    stage), else t*cp*d ranks per stage. `fsdp_pieces` False: the
-    shortcut check steps the FSDP rings whole (shortcuts/check.py; e.g. units that do not cut
-    into equal node pieces), so they are priced per d². `flows`: the stepped rings' flows
-    (shortcuts/work_counts.py estimated_counts), at SECONDS_PER_FLOW each; `fsdp_flows`: the
-    FSDP rings' flows counted the same way (stepped whole, run as pieces), which replace the
-    d² and per-piece rules; `a2a`: (the alone all-to-alls' flows, the check's all-to-all
-    members) counted the same way, and `ep_pairs` the flows one stepped all-to-all starts where
-    not ep² (pair_seconds); `exchange_flows`: TE's ring exchanges' flows under
-    --tp-comm-overlap (shortcuts/overlap_counts.py), at EXCHANGE_SECONDS_PER_FLOW each;
-    `flow_visits`: the flows the fair-share solves take up under the quotient with EP groups
-    (work_counts.py ep_visits), at SECONDS_PER_FLOW_VISIT each, and its token-count
-    all-gathers' flows at SECONDS_PER_GATHER_FLOW; `replicas`: the DP replicas whose stages
-    the representative runs (under FSDP one per placement on the leaves and kind of shard,
-    shortcuts/representative.py fsdp_replicas; with CP one per placement, cp_replicas), each
-    its stages'
-    layer-steps, plans and buckets; `cp_lone`: the verdict leaves
-    the simulated CP groups' p2p rings alone on their links (timed in arithmetic,
-    training/context_parallel/lone_ring.py), so their sends cost less per pair; without a
-    verdict (the check before it) the flows' price; `cp_templates`: the verdict's layer
-    templates split at the CP calls (model/replay.py SplitTemplate), so a CP rank's layer-step
-    costs its CP calls and a few replayed segments. `ranks`: the ranks the run simulates
-    (shortcuts/work_counts.py run_ranks: the plan's, expert groups grown counted), each its plan
-    and buckets, else simulated_ranks' rule times the replicas. `cp_shadows`: CP rank 0 of each
-    stage runs for its group (training/context_parallel/shadows.py): its layer-steps and
-    schedule steps once, the group's vectors per CP rank, the ring pass's pairs among them.
-    `cp_members`: the members of the CP groups the shortcut check lists as all-to-alls
-    (shortcuts/work_counts.py cp_checked_members), priced apart from `a2a`'s."""
+    (every layer's parameter names: ranks x L) and its data-parallel gradient buckets; plus
+    the FSDP rings (fsdp_seconds), the pair terms (pair_seconds) and each counted flow at its
+    price (`counts`: VerdictCounts). Context parallelism runs every rank but where its
+    representative holds (cp_representative: TP rank 0's cp ranks per stage), else t*cp*d
+    ranks per stage; with shadows the leader's layer-steps and schedule steps once, the
+    group's vectors per CP rank."""
+    c = counts
     p = sc.parallel
     cp_ranks = cp_representative(sc, representative)
     representative = representative and p.cp == 1
-    per_step = layer_step_seconds(sc, representative, cp_ranks, replicas, cp_lone, cp_templates)
-    if cp_shadows and cp_ranks:
-        per_step = replicas * (CP_SHADOW_SECONDS_PER_LEADER_STEP
-                               + p.cp * CP_SHADOW_SECONDS_PER_RANK_STEP)
+    shadows = c.cp_shadows and cp_ranks
+    per_step = layer_step_seconds(sc, representative, cp_ranks, c.replicas, c.cp_lone,
+                                  c.cp_templates)
+    if shadows:
+        per_step = c.replicas * (CP_SHADOW_SECONDS_PER_LEADER_STEP
+                                 + p.cp * CP_SHADOW_SECONDS_PER_RANK_STEP)
+    ranks = c.ranks
     if ranks is None:
         ranks = simulated_ranks(sc, representative or cp_ranks) * (
-            replicas if representative or cp_ranks else 1)
+            c.replicas if representative or cp_ranks else 1)
     plans = ranks * sc.model.num_layers * PLAN_SECONDS_PER_RANK_LAYER
-    running = ranks / p.cp if cp_shadows and cp_ranks else ranks  # those with a program
+    running = ranks / p.cp if shadows else ranks  # those with a program
     steps = chunk_steps(sc) * running / p.pp * META_SECONDS_PER_CHUNK_STEP  # each one's
     buckets = ranks * bucket_count(sc) * SECONDS_PER_BUCKET if p.dp > 1 else 0.0
-    fsdp = fsdp_seconds(sc, fsdp_pieces, fsdp_flows, representative or cp_ranks)
+    fsdp = fsdp_seconds(sc, c.fsdp_pieces, c.fsdp_flows, representative or cp_ranks)
     mtp = mtp_steps(sc) * MTP_SECONDS_PER_DEPTH_STEP * (1 if representative else p.tp * p.dp)
     return (RUN_START_SECONDS + layer_steps(sc) * per_step + steps + plans + buckets + fsdp + mtp
-            + pair_seconds(sc, a2a, cp_ranks, ep_pairs, cp_lone, replicas,
-                           cp_shadows and cp_ranks)
-            + flows * SECONDS_PER_FLOW + cp_members * CP_CHECK_SECONDS_PER_MEMBER
-            + exchange_flows * EXCHANGE_SECONDS_PER_FLOW + flow_visits * SECONDS_PER_FLOW_VISIT
-            + gather_flows * SECONDS_PER_GATHER_FLOW)
+            + pair_seconds(sc, c.a2a, cp_ranks, c.ep_pairs, c.cp_lone, c.replicas, shadows)
+            + c.flows * SECONDS_PER_FLOW + c.cp_members * CP_CHECK_SECONDS_PER_MEMBER
+            + c.exchange_flows * EXCHANGE_SECONDS_PER_FLOW
+            + c.flow_visits * SECONDS_PER_FLOW_VISIT + c.gather_flows * SECONDS_PER_GATHER_FLOW)
 
 
 def layer_step_seconds(sc, representative: bool, cp_ranks: bool, replicas: int,

@@ -27,8 +27,8 @@ from simsp.engine.collectives.ring_plan import channel_rings
 from simsp.cluster.topology import build_topology, hop_route, nodes_hosting, placement
 from simsp.engine.group_timing import NODE_PIECE, STEPPED, TEMPLATE
 from simsp.hardware.cluster_hardware import fabric_of
-from simsp.scenario.work import (TIME_LIMIT_S, fsdp_collectives, layer_steps,
-                                 meta_seconds, numeric_seconds)
+from simsp.scenario.work import (TIME_LIMIT_S, VerdictCounts, fsdp_collectives,
+                                 layer_steps, meta_seconds, numeric_seconds)
 from simsp.scenario.work_constants import SYMMETRY_SECONDS_PER_RANK
 from simsp.shortcuts.bucket_counts import stage_buckets, stage_layers
 from simsp.shortcuts.check import Shortcuts
@@ -228,7 +228,7 @@ def checked_members(sc) -> int:
 
 def cp_checked_members(sc) -> int:
     """checked_members' CP part: every rank once where CP groups are listed as all-to-alls
-    (priced apart: scenario/work.py meta_seconds cp_members)."""
+    (priced apart: scenario/work.py VerdictCounts.cp_members)."""
     p = sc.parallel
     return p.world_size if p.cp > 1 and p.cp_comm_type != "allgather" else 0
 
@@ -330,22 +330,16 @@ def run_seconds(sc, shortcuts: Shortcuts | None = None) -> float:
     counts = estimated_counts(sc, shortcuts)
     symmetry = (sc.parallel.tp * sc.parallel.pp * sc.parallel.dp * SYMMETRY_SECONDS_PER_RANK
                 if shortcuts.symmetry is not None else 0.0)
-    return symmetry + meta_seconds(sc, shortcuts.representative, _pieces(shortcuts),
-                                   flows=counts.flows,
-                                   fsdp_flows=(counts.fsdp_flows, counts.piece_flows,
-                                               counts.train_steps, counts.train_collectives),
-                                   a2a=(counts.a2a_flows,
-                                        counts.checked_members - cp_checked_members(sc)),
-                                   cp_members=cp_checked_members(sc),
-                                   ep_pairs=counts.ep_pairs,
-                                   exchange_flows=counts.exchange_flows,
-                                   flow_visits=counts.flow_visits,
-                                   gather_flows=counts.gather_flows,
-                                   replicas=len(shortcuts.replicas),
-                                   cp_lone=cp_lone(sc, shortcuts),
-                                   cp_templates=shortcuts.templates and sc.parallel.cp > 1,
-                                   ranks=run_ranks(sc, shortcuts),
-                                   cp_shadows=cp_shadows(sc, shortcuts))
+    return symmetry + meta_seconds(sc, shortcuts.representative, VerdictCounts(
+        fsdp_pieces=_pieces(shortcuts), flows=counts.flows,
+        fsdp_flows=(counts.fsdp_flows, counts.piece_flows, counts.train_steps,
+                    counts.train_collectives),
+        a2a=(counts.a2a_flows, counts.checked_members - cp_checked_members(sc)),
+        cp_members=cp_checked_members(sc), ep_pairs=counts.ep_pairs,
+        exchange_flows=counts.exchange_flows, flow_visits=counts.flow_visits,
+        gather_flows=counts.gather_flows, replicas=len(shortcuts.replicas),
+        cp_lone=cp_lone(sc, shortcuts), cp_templates=shortcuts.templates and sc.parallel.cp > 1,
+        ranks=run_ranks(sc, shortcuts), cp_shadows=cp_shadows(sc, shortcuts)))
 
 
 def run_ranks(sc, shortcuts: Shortcuts) -> int:
