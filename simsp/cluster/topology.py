@@ -10,7 +10,7 @@ core's. Edges carry `bandwidth_Bps` (bytes/s, per direction), `latency_s` and `k
 "ib").
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 import functools
 
 import networkx as nx
@@ -51,25 +51,29 @@ def spine_name(pod: int | None) -> str:
     return SPINE if pod is None else f"pod{pod}/{SPINE}"
 
 
-def _link(graph: nx.DiGraph, a: str, b: str, bandwidth_Bps: float, latency_s: float,
-          kind: str) -> None:
-    """Add a full-duplex link: one directed edge each way with the same speed and latency."""
-    for u, v in ((a, b), (b, a)):
-        graph.add_edge(u, v, bandwidth_Bps=bandwidth_Bps, latency_s=latency_s, kind=kind)
+Link = tuple[str, str, dict]  # (u, v, the edge's attributes): one direction of a link
+
+
+def _link(a: str, b: str, bandwidth_Bps: float, latency_s: float, kind: str) -> list[Link]:
+    """A full-duplex link: one directed edge each way with the same speed and latency."""
+    return [(a, b, {"bandwidth_Bps": bandwidth_Bps, "latency_s": latency_s, "kind": kind}),
+            (b, a, {"bandwidth_Bps": bandwidth_Bps, "latency_s": latency_s, "kind": kind})]
 
 
 def _add_node(graph: nx.DiGraph, cluster: Cluster, node: int) -> None:
-    """One DGX node: its GPUs, each linked to the node's NVSwitch fabric."""
+    """One DGX node: its NVSwitch fabric and its GPUs, each linked to the fabric."""
     nvlink_Bps = cluster.nvlink_bandwidth_GBps * GB
     # cluster.nvlink_latency_us is per hop *through* the switch: half on each GPU<->switch edge.
     half_hop_s = cluster.nvlink_latency_us * 1e-6 / 2
+    switch, first = nvswitch_name(node), node * cluster.gpus_per_node
+    graph.add_node(switch, kind="switch")
     for local in range(cluster.gpus_per_node):
-        gpu = gpu_name(node * cluster.gpus_per_node + local)
+        gpu = gpu_name(first + local)
         graph.add_node(gpu, kind="gpu", node=node, local=local)
-        _link(graph, gpu, nvswitch_name(node), nvlink_Bps, half_hop_s, "nvlink")
+        graph.add_edges_from(_link(gpu, switch, nvlink_Bps, half_hop_s, "nvlink"))
 
 
-def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int], fabric: Fabric) -> None:
+def _fabric_links(cluster: Cluster, nodes: list[int], fabric: Fabric) -> Iterator[Link]:
     """Rail-optimised leaves (one per rail per scalable unit) under the spine (or their pod's
     spine, the pods' spines under the core)."""
     ib_Bps = cluster.ib_bandwidth_GBps * GB
@@ -79,7 +83,8 @@ def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int], fabric: F
     for node in nodes:
         for rail in range(cluster.gpus_per_node):
             leaf = leaf_name(node // per_leaf, rail)
-            _link(graph, gpu_name(node * cluster.gpus_per_node + rail), leaf, ib_Bps, ib_s, "ib")
+            yield from _link(gpu_name(node * cluster.gpus_per_node + rail), leaf, ib_Bps, ib_s,
+                             "ib")
             leaves[leaf] = node // per_leaf
     # A leaf's bundle of uplinks carries all its downlinks (every node of its scalable unit in
     # the whole cluster, built or not) over the oversubscription (1: full bisection).
@@ -87,11 +92,12 @@ def _add_fabric(graph: nx.DiGraph, cluster: Cluster, nodes: list[int], fabric: F
     for leaf, unit in leaves.items():
         count = min(per_leaf, cluster.nodes - unit * per_leaf)
         pod = fabric.pod_of(unit, cluster.nodes)
-        _link(graph, leaf, spine_name(pod), count * ib_Bps / fabric.oversubscription, ib_s, "ib")
+        yield from _link(leaf, spine_name(pod), count * ib_Bps / fabric.oversubscription, ib_s,
+                         "ib")
         if pod is not None:
             pods[pod] = _pod_uplink_Bps(cluster, fabric, pod, ib_Bps)
     for pod, uplink_Bps in pods.items():
-        _link(graph, spine_name(pod), CORE, uplink_Bps, ib_s, "ib")
+        yield from _link(spine_name(pod), CORE, uplink_Bps, ib_s, "ib")
 
 
 def _pod_uplink_Bps(cluster: Cluster, fabric: Fabric, pod: int, ib_Bps: float) -> float:
@@ -115,9 +121,8 @@ def build_topology(cluster: Cluster, nodes: Iterable[int] | None = None,
     graph = nx.DiGraph(num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node,
                        nodes=cluster.nodes, route_cache={}, fabric=fabric)
     for node in built:
-        graph.add_node(nvswitch_name(node), kind="switch")
         _add_node(graph, cluster, node)
-    _add_fabric(graph, cluster, built, fabric)
+    graph.add_edges_from(_fabric_links(cluster, built, fabric))
     return graph
 
 
