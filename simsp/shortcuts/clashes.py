@@ -46,21 +46,38 @@ def conflicts(users: dict[Edge, dict[Owner, int] | list[Owner]], overlaps: Overl
     in the order of its first appearance (an all-to-all puts dozens of one owner's hops on a
     NIC: their pairs are one clash). Per link its owners' hop counts (shortcuts/traffic.py
     link_users) or one entry per hop."""
+    patterns: dict[tuple, tuple[tuple[int, int], ...]] = {}  # a link's owners -> its clashes
     for edge, owners in users.items():
         # distinct owners in first-appearance order, with their hops
         hops = owners if isinstance(owners, dict) else Counter(owners)
-        if len(hops) < 2 and sum(hops.values()) < 2:
+        if len(hops) < 2:
+            if sum(hops.values()) > 1:
+                yield edge, *hops, *hops
             continue
         distinct = list(hops)
         x = gpu_of_link(edge)
-        holds = [x in ranks for _kind, ranks in distinct]  # [owner] includes the link's GPU
-        for i, owner in enumerate(distinct):
-            if hops[owner] > 1:
-                yield edge, owner, owner
-            for j in range(i + 1, len(distinct)):
-                other = distinct[j]
-                if not _in_turn({owner[0], other[0]}, holds[i] and holds[j], overlaps):
-                    yield edge, owner, other
+        # per owner: its kind, whether it includes the link's GPU, whether it has two hops here
+        shape = tuple((owner[0], x in owner[1], hops[owner] > 1) for owner in distinct)
+        pairs = patterns.get(shape)
+        if pairs is None:
+            pairs = patterns[shape] = _clashing_pairs(shape, overlaps)
+        for i, j in pairs:
+            yield edge, distinct[i], distinct[j]
+
+
+def _clashing_pairs(shape: tuple[tuple[str, bool, bool], ...],
+                    overlaps: Overlaps) -> tuple[tuple[int, int], ...]:
+    """The (owner, other) positions that clash on a link whose owners have this shape (per
+    owner: kind, holds the link's GPU, more than one hop), in conflicts' order: links of one
+    shape clash alike, so a 16,384-GPU check works each shape out once, not per link."""
+    pairs = []
+    for i, (kind, holds, many) in enumerate(shape):
+        if many:
+            pairs.append((i, i))
+        for j in range(i + 1, len(shape)):
+            if not _in_turn({kind, shape[j][0]}, holds and shape[j][1], overlaps):
+                pairs.append((i, j))
+    return tuple(pairs)
 
 
 def meeting_others(clashes: list) -> frozenset[tuple[int, ...]]:

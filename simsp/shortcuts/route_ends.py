@@ -44,7 +44,10 @@ class HopEnds:
         if src == dst:
             return ()
         kind = 0 if src // self.per_node == dst // self.per_node else 2  # NVLink or NIC
-        return self.gpu_links(src)[kind], self.gpu_links(dst)[kind + 1]
+        # each GPU's links named once (gpu_links), looked up here without a call per end
+        links = self.links
+        ups, downs = links.get(src) or self.gpu_links(src), links.get(dst) or self.gpu_links(dst)
+        return ups[kind], downs[kind + 1]
 
     def hop(self, src: int, dst: int, via: int | None = None) -> tuple[Edge, ...]:
         """The links of hop_route(graph, src, dst, via) that can bind, in route order."""
