@@ -80,7 +80,6 @@ class SliceClocks:
             exc.__cause__ = event._value
             raise exc
 
-
     def _own(self, vector, event):
         """`vector` with slice 0 the simulation's own time, where they differ by the network's
         rounding (engine/network.py times a flow's wake-up from its last rate solve: an ulp

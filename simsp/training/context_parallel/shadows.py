@@ -217,7 +217,7 @@ class CpShadows:
         for j in range(self.c):
             edges, latency, _ = network._route(grid.rank_of(a.tp, a.dp, a.pp, j),
                                                grid.rank_of(b.tp, b.dp, b.pp, j), None)
-            rates[j] = max_min_rates({0: edges}, network.capacity_Bps)[0] if edges else np.inf
+            rates[j] = _lone_rate(network, edges) if edges else np.inf
             latencies[j] = latency
             links.append(tuple((edge, copies, network.capacity_Bps[edge]) for edge, copies
                                in Counter(edges).items() if edge not in self._safe))
@@ -265,6 +265,11 @@ class CpShadows:
                         shadow.flops.get(phase, 0)
 
 
+def _lone_rate(network, edges: list) -> float:
+    """B/s a flow over `edges` drains at alone on them (engine/fair_share.py, the network's
+    own solve with it the only flow)."""
+    return max_min_rates({0: edges}, network.capacity_Bps)[0]
+
 
 def _safe_links(world, leaders: dict) -> frozenset:
     """The links whose capacity holds twice the lone rate of every pipeline transfer route
@@ -283,7 +288,7 @@ def _safe_links(world, leaders: dict) -> frozenset:
                 edges = network._route(src, dst, None)[0]
                 if not edges:
                     continue
-                rate = max_min_rates({0: edges}, network.capacity_Bps)[0]
+                rate = _lone_rate(network, edges)
                 for edge, copies in Counter(edges).items():
                     loads[edge] = loads.get(edge, 0.0) + 2 * copies * rate
     return frozenset(edge for edge, load in loads.items()
